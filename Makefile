@@ -1,0 +1,56 @@
+# inferstack: the two commands a newcomer needs are `make local` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+ENGINE_VENV := .venv-engine
+TOOLS_VENV := .venv-tools
+STACK ?= prod
+
+.PHONY: test lint typecheck unit plan local bench clean venv engine-venv tools-venv schema
+
+## venvs ---------------------------------------------------------------------------------------
+# The project, its runtime services and the dev tools.
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+venv: $(BIN)/.installed
+
+# Real vLLM on CPU, in its own venv: its pins clash with the project's (see DESIGN.md).
+$(ENGINE_VENV)/.installed: scripts/engine-venv.sh
+	bash scripts/engine-venv.sh $(ENGINE_VENV)
+	touch $@
+engine-venv: $(ENGINE_VENV)/.installed
+
+# Outside checkers that pin old libraries (checkov).
+$(TOOLS_VENV)/.installed: scripts/tools-requirements.txt
+	test -x $(TOOLS_VENV)/bin/python || $(PYTHON) -m venv $(TOOLS_VENV)
+	$(TOOLS_VENV)/bin/python -m pip install --quiet -r scripts/tools-requirements.txt
+	touch $@
+tools-venv: $(TOOLS_VENV)/.installed
+
+## checks --------------------------------------------------------------------------------------
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy components runtime policies
+
+unit: venv
+	$(BIN)/pytest -m 'not engine'
+
+test: venv engine-venv tools-venv lint typecheck
+	$(BIN)/pytest
+
+## product -------------------------------------------------------------------------------------
+schema: venv
+	$(BIN)/inferstack schema
+
+plan: venv
+	$(BIN)/inferstack plan -s $(STACK) --out build/$(STACK)
+
+clean:
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache

