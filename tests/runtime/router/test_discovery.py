@@ -14,7 +14,7 @@ from runtime.config import KubernetesDiscovery, ModelTarget, StaticBackend
 from runtime.discovery import KubeApi, fleet_urls, slice_urls, watch_backends
 
 
-def _slice(name: str, addrs: list[tuple[str, bool | None]], port: int = 8000, rv: str = "1") -> dict[str, Any]:
+def _slice(name: str, addrs: list[tuple[str, bool | None]], rv: str = "1") -> dict[str, Any]:
     endpoints = []
     for addr, ready in addrs:
         ep: dict[str, Any] = {"addresses": [addr]}
@@ -23,7 +23,7 @@ def _slice(name: str, addrs: list[tuple[str, bool | None]], port: int = 8000, rv
         endpoints.append(ep)
     return {
         "metadata": {"name": name, "resourceVersion": rv, "labels": {"kubernetes.io/service-name": "llama"}},
-        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
         "endpoints": endpoints,
     }
 
@@ -168,7 +168,8 @@ async def test_expiry_relists_and_errors_back_off(fake_api: FakeApiServer) -> No
 
     # ERROR 410 inside the watch: list again, and see the state the list reports
     fake_api.items = [_slice("llama-a", [("10.0.0.9", True)])]
-    await fake_api.events.put({"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}})
+    expired = {"kind": "Status", "code": 410, "reason": "Expired"}
+    await fake_api.events.put({"type": "ERROR", "object": expired})
     assert await _next(it) == ["http://10.0.0.9:8000"]
     assert fake_api.list_calls == 4
 
