@@ -170,6 +170,9 @@ class HealthSettings(_Strict):
     eject_after_failures: int = Field(default=3, ge=1)
     readmit_after_successes: int = Field(default=2, ge=1)
     synthetic_probe_every: int = Field(default=0, ge=0, description="Intervals between one-token probes; 0 = off.")
+    synthetic_timeout_ms: int = Field(
+        default=10_000, ge=10, description="Budget of the one-token probe; beyond it the engine counts as hung."
+    )
     window_s: int = Field(default=60, ge=1, description="Window for TTFT / inter-token percentiles.")
     max_metrics_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     kubernetes_events: bool = Field(default=False, description="Emit Events on ejection and readmission.")

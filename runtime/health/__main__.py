@@ -1,0 +1,51 @@
+"""``python -m runtime.health --config FILE``: run the health monitor."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from pathlib import Path
+
+import uvloop
+from aiohttp import web
+
+from runtime.config import RuntimeConfig
+from runtime.discovery import watch_backends
+from runtime.health.app import make_app
+from runtime.health.cli import load_config_or_exit, setup_logging
+from runtime.health.kube import Actions, KubernetesActions, NoActions
+from runtime.health.monitor import Monitor
+
+
+def build_actions(config: RuntimeConfig) -> Actions:
+    s = config.health
+    if not (s.kubernetes_events or s.remediate_after_s is not None):
+        return NoActions()
+    return KubernetesActions.in_cluster(
+        events=s.kubernetes_events, remediation=s.remediate_after_s is not None
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m runtime.health", description=__doc__)
+    parser.add_argument("--config", type=Path, required=True, help="runtime config YAML (RuntimeConfig)")
+    parser.add_argument("--host", help="override health.host")
+    parser.add_argument("--port", type=int, help="override health.port")
+    args = parser.parse_args(argv)
+    setup_logging(os.environ.get("LOG_LEVEL", "INFO"))
+    config = load_config_or_exit(args.config)
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    monitor = Monitor(config, watch=watch_backends, actions=build_actions(config))
+    web.run_app(
+        make_app(monitor),
+        host=args.host or config.health.host,
+        port=args.port or config.health.port,
+        access_log=None,
+        print=None,
+        shutdown_timeout=5,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""The health monitor's HTTP surface: ``/v1/backends``, ``/metrics``, ``/healthz``, ``/readyz``."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from runtime.health.exposition import CONTENT_TYPE, registry_for, render
+from runtime.health.monitor import Monitor
+
+MONITOR_KEY = web.AppKey("monitor", Monitor)
+
+
+async def backends(request: web.Request) -> web.Response:
+    feed = request.app[MONITOR_KEY].feed()
+    return web.Response(body=feed.model_dump_json().encode(), content_type="application/json")
+
+
+def make_app(monitor: Monitor) -> web.Application:
+    registry = registry_for(monitor)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=render(registry), headers={"Content-Type": CONTENT_TYPE})
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(request: web.Request) -> web.Response:
+        ready = request.app[MONITOR_KEY].ready
+        return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+    app = web.Application()
+    app[MONITOR_KEY] = monitor
+    app.router.add_get("/v1/backends", backends)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+
+    async def lifecycle(_: web.Application):  # type: ignore[no-untyped-def]
+        await monitor.start()
+        yield
+        await monitor.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app

@@ -1,0 +1,248 @@
+"""The health monitor: discovery in, one probe loop per replica, feed and metrics out.
+
+Orchestration only; decisions live in ``state`` (eject/readmit), ``window`` (percentiles) and
+``tracker`` (signals). Each replica has its own loop, so a slow or hostile engine delays nobody
+else, and every probe is bounded by timeouts and byte limits (``probe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from runtime.config import HealthSettings, ModelTarget, RuntimeConfig
+from runtime.health import state as st
+from runtime.health.feed import BackendsFeed
+from runtime.health.kube import Actions, NoActions
+from runtime.health.probe import ProbeSpec, probe
+from runtime.health.tracker import Tracker, summarize, wanted_for
+
+log = logging.getLogger("inferstack.health")
+
+WatchFn = Callable[[ModelTarget], AsyncIterator[list[str]]]
+DISCOVERY_RETRY_S = 2.0
+
+
+@dataclass
+class Counters:
+    """Lifetime event counts per (model, backend) for ``/metrics``."""
+
+    probes: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (model, url, result)
+    ejections: Counter[tuple[str, str]] = field(default_factory=Counter)
+    readmissions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    remediations: Counter[str] = field(default_factory=Counter)
+
+
+class Monitor:
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        *,
+        watch: WatchFn,
+        actions: Actions | None = None,
+        clock: Callable[[], float] = time.time,
+        run_loops: bool = True,
+    ) -> None:
+        self.config = config
+        self.settings: HealthSettings = config.health
+        self._watch = watch
+        self.actions: Actions = actions or NoActions()
+        self._clock = clock
+        self._run_loops = run_loops  # False: tests drive rounds with probe_all()
+        self.trackers: dict[str, dict[str, Tracker]] = {m.name: {} for m in config.models}
+        self._loops: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._discovery: list[asyncio.Task[None]] = []
+        self._side_tasks: set[asyncio.Task[Any]] = set()
+        self._remediated: set[tuple[str, str, float]] = set()
+        self.counters = Counters()
+        self.discovered: set[str] = set()  # models whose discovery has reported at least once
+        self._session: aiohttp.ClientSession | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.settings.timeout_ms / 1000)
+        # Own connection limits: one slow replica may hold at most a few sockets.
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=4, ttl_dns_cache=30)
+        self._session = aiohttp.ClientSession(timeout=timeout, connector=connector, auto_decompress=False)
+        for target in self.config.models:
+            self._discovery.append(
+                asyncio.create_task(self._discover(target), name=f"discover:{target.name}")
+            )
+
+    async def stop(self) -> None:
+        tasks = [*self._discovery, *self._loops.values(), *self._side_tasks]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._loops.clear()
+        if self._session is not None:
+            await self._session.close()
+        await self.actions.close()
+
+    @property
+    def ready(self) -> bool:
+        return len(self.discovered) == len(self.config.models)
+
+    # --- discovery ---------------------------------------------------------------------------
+
+    async def _discover(self, target: ModelTarget) -> None:
+        while True:
+            try:
+                async for urls in self._watch(target):
+                    self._set_backends(target, urls)
+                    self.discovered.add(target.name)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # discovery trouble keeps the last known fleet
+                log.warning("discovery for %s failed: %s; retrying", target.name, err)
+            await asyncio.sleep(DISCOVERY_RETRY_S)
+
+    def _set_backends(self, target: ModelTarget, urls: list[str]) -> None:
+        current = self.trackers[target.name]
+        wanted = {u.rstrip("/") for u in urls}
+        for url in sorted(set(current) - wanted):
+            task = self._loops.pop((target.name, url), None)
+            if task is not None:
+                task.cancel()
+            del current[url]
+            log.info("replica left", extra={"model": target.name, "backend": url})
+        for url in sorted(wanted - set(current)):
+            tracker = Tracker.new(url, target.name, target.engine, self.settings.window_s, self._clock())
+            current[url] = tracker
+            if self._run_loops:
+                self._loops[(target.name, url)] = asyncio.create_task(
+                    self._probe_loop(target, tracker), name=f"probe:{target.name}:{url}"
+                )
+            log.info("replica joined", extra={"model": target.name, "backend": url})
+
+    # --- probing -----------------------------------------------------------------------------
+
+    def _spec(self, target: ModelTarget, url: str) -> ProbeSpec:
+        s = self.settings
+        return ProbeSpec(
+            url=url,
+            model=target.name,
+            engine=target.engine,
+            task=target.task,
+            timeout_s=s.timeout_ms / 1000,
+            synthetic_timeout_s=s.synthetic_timeout_ms / 1000,
+            max_metrics_bytes=s.max_metrics_bytes,
+            wanted=wanted_for(target.engine),
+        )
+
+    async def _probe_loop(self, target: ModelTarget, tracker: Tracker) -> None:
+        spec = self._spec(target, tracker.url)
+        interval_s = self.settings.interval_ms / 1000
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                await self.probe_once(target, tracker, spec)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug here must not end this replica's monitoring
+                log.exception("probe loop error for %s", tracker.url)
+            await asyncio.sleep(max(0.0, interval_s - (loop.time() - started)))
+
+    async def probe_once(self, target: ModelTarget, tracker: Tracker, spec: ProbeSpec | None = None) -> None:
+        """One probe round and its consequences (state, counters, events, remediation)."""
+        assert self._session is not None, "start() first"
+        spec = spec or self._spec(target, tracker.url)
+        every = self.settings.synthetic_probe_every
+        synthetic = every > 0 and tracker.probes % every == 0
+        result = await probe(self._session, spec, synthetic=synthetic)
+        now = self._clock()
+        if result.metrics is not None:
+            tracker.observe_metrics(result.metrics, now)
+        else:
+            tracker.metrics_failed()
+        s = self.settings
+        transition = tracker.apply(
+            result.outcome, now, eject_after=s.eject_after_failures, readmit_after=s.readmit_after_successes
+        )
+        key = (target.name, tracker.url)
+        code = result.outcome.hard or result.outcome.soft
+        self.counters.probes[(*key, code.value if code else "ok")] += 1
+        if transition is not None:
+            self._on_transition(target, tracker, transition)
+        self._maybe_remediate(target, tracker, now)
+
+    async def probe_all(self) -> None:
+        """One round for every known replica, concurrently."""
+        targets = {m.name: m for m in self.config.models}
+        await asyncio.gather(
+            *(self.probe_once(targets[t.model], t) for t in self.all_trackers()), return_exceptions=False
+        )
+
+    def _on_transition(self, target: ModelTarget, tracker: Tracker, t: st.Transition) -> None:
+        key = (target.name, tracker.url)
+        if st.is_ejection(t):
+            if t.before is not st.State.EJECTED:
+                self.counters.ejections[key] += 1
+            log.warning(
+                "replica ejected: %s %s (%s) %s",
+                target.name,
+                tracker.url,
+                t.reason.value if t.reason else "",
+                t.detail,
+            )
+        elif st.is_readmission(t):
+            self.counters.readmissions[key] += 1
+            log.info("replica readmitted: %s %s", target.name, tracker.url)
+        elif t.first_admission:
+            log.info("replica admitted: %s %s", target.name, tracker.url)
+            return
+        else:
+            log.info("replica %s %s: %s -> %s (%s)", target.name, tracker.url, t.before, t.after, t.detail)
+            return
+        self._spawn(self.actions.on_transition(target, tracker.url, t))
+
+    def _maybe_remediate(self, target: ModelTarget, tracker: Tracker, now: float) -> None:
+        after = self.settings.remediate_after_s
+        if after is None:
+            return
+        wedged = st.wedged_for_s(tracker.health, now)
+        episode = tracker.health.ejected_since_s
+        if wedged < after or episode is None:
+            return
+        key = (target.name, tracker.url, episode)
+        if key in self._remediated:
+            return  # once per ejection episode
+        self._remediated.add(key)
+        self.counters.remediations[target.name] += 1
+        self._spawn(self.actions.remediate(target, tracker.url, wedged))
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    # --- outputs -----------------------------------------------------------------------------
+
+    def all_trackers(self) -> list[Tracker]:
+        return [t for model in self.trackers.values() for t in model.values()]
+
+    def feed(self) -> BackendsFeed:
+        now = self._clock()
+        interval_s = self.settings.interval_ms / 1000
+        return BackendsFeed(
+            generated_at=now,
+            interval_ms=self.settings.interval_ms,
+            stale_after_s=max(3 * interval_s, interval_s + self.settings.timeout_ms / 1000),
+            backends=[t.status(now) for t in sorted(self.all_trackers(), key=lambda t: (t.model, t.url))],
+            models=[summarize(name, list(ts.values())) for name, ts in self.trackers.items()],
+        )
+
+    async def wait_idle(self) -> None:
+        """Let pending side tasks (events, remediation) finish; tests and shutdown use it."""
+        with contextlib.suppress(Exception):
+            await asyncio.gather(*list(self._side_tasks), return_exceptions=True)
