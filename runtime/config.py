@@ -56,7 +56,9 @@ class Strategy(StrEnum):
 class StaticBackend(_Strict):
     """One engine replica at a fixed address (``make local``, tests, or clusters without discovery)."""
 
-    url: HttpUrl = Field(description="Base URL of the engine's OpenAI-compatible server, e.g. http://10.0.0.5:8000.")
+    url: HttpUrl = Field(
+        description="Base URL of the engine's OpenAI-compatible server, e.g. http://10.0.0.5:8000."
+    )
     weight: float = Field(default=1.0, gt=0, description="Relative share for strategies that use weights.")
 
 
@@ -90,7 +92,9 @@ class ModelTarget(_Strict):
     @model_validator(mode="after")
     def _has_backends(self) -> ModelTarget:
         if not self.static_backends and self.discovery is None:
-            raise ValueError(f"model {self.name!r}: give static_backends or discovery, or the model has no replicas")
+            raise ValueError(
+                f"model {self.name!r}: give static_backends or discovery, or the model has no replicas"
+            )
         if self.static_backends and self.discovery is not None:
             raise ValueError(f"model {self.name!r}: give static_backends or discovery, not both")
         return self
@@ -105,12 +109,28 @@ class StrategyConfig(_Strict):
     )
     session_header: str = Field(default="x-session-id", description="Header that carries the session key.")
     prefix_block_tokens: int = Field(default=64, ge=1, description="Block size of the prefix index.")
-    prefix_index_max_entries: int = Field(default=100_000, ge=1, description="Bound of the prefix index (LRU).")
+    prefix_index_max_entries: int = Field(
+        default=100_000, ge=1, description="Bound of the prefix index (LRU)."
+    )
     load_guard_ratio: float = Field(
         default=0.8,
         gt=0,
         le=1,
         description="Affinity is ignored for a replica whose in-flight share of its cap exceeds this.",
+    )
+    prefix_chars_per_token: int = Field(
+        default=4,
+        ge=1,
+        description="The router hashes characters, not tokens: a block is prefix_block_tokens x this many.",
+    )
+    prefix_max_blocks: int = Field(
+        default=128, ge=1, description="Blocks of a prompt that are hashed at most (bounds CPU per request)."
+    )
+    session_index_max_entries: int = Field(
+        default=100_000, ge=1, description="Bound of the session -> replica map (LRU)."
+    )
+    latency_ewma_alpha: float = Field(
+        default=0.3, gt=0, le=1, description="Weight of the newest TTFT sample in a replica's latency mean."
     )
 
 
@@ -120,7 +140,7 @@ class ModelRoute(_Strict):
     model: str = Field(description="Name of a ModelTarget.")
     strategy: StrategyConfig = Field(default_factory=StrategyConfig)
     batcher_url: HttpUrl | None = Field(
-        default=None, description="Send pooling requests through this batcher instead of straight to replicas."
+        default=None, description="Send pooling requests through this batcher, not straight to replicas."
     )
 
 
@@ -137,27 +157,54 @@ class ApiKey(_Strict):
 class RouterSettings(_Strict):
     """The router's listener, limits and resilience knobs."""
 
-    host: str = "0.0.0.0"  # noqa: S104 - in-cluster listener; the NetworkPolicy restricts who reaches it
+    host: str = "0.0.0.0"  # in-cluster listener; the NetworkPolicy restricts who reaches it
     port: int = Field(default=8080, ge=1, le=65535)
-    routes: list[ModelRoute] = Field(default_factory=list, description="Per-model routing; defaults apply to others.")
+    routes: list[ModelRoute] = Field(
+        default_factory=list, description="Per-model routing; defaults apply to others."
+    )
     default_strategy: StrategyConfig = Field(default_factory=StrategyConfig)
     require_api_key: bool = Field(default=False, description="Reject requests without a known API key.")
     api_keys_file: Path | None = Field(
         default=None, description="YAML list of ApiKey, mounted from a Kubernetes Secret; re-read on change."
     )
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    queue_max_requests: int = Field(default=1024, ge=0, description="Requests that may wait for a free replica.")
+    queue_max_requests: int = Field(
+        default=1024, ge=0, description="Requests that may wait for a free replica."
+    )
     queue_deadline_ms: int = Field(default=10_000, ge=1, description="Longest wait before 429.")
     connect_timeout_ms: int = Field(default=2_000, ge=1)
     first_byte_timeout_ms: int = Field(default=120_000, ge=1)
     stream_idle_timeout_ms: int = Field(default=60_000, ge=1)
-    retries_max: int = Field(default=2, ge=0, description="Extra attempts on another replica, before first byte.")
-    retry_budget_ratio: float = Field(default=0.2, ge=0, le=1, description="Retries allowed per request, fleet-wide.")
-    breaker_failures: int = Field(default=5, ge=1, description="Consecutive failures that open a replica's circuit.")
-    breaker_open_ms: int = Field(default=10_000, ge=1, description="How long an open circuit rejects traffic.")
+    retries_max: int = Field(
+        default=2, ge=0, description="Extra attempts on another replica, before first byte."
+    )
+    retry_budget_ratio: float = Field(
+        default=0.2, ge=0, le=1, description="Retries allowed per request, fleet-wide."
+    )
+    breaker_failures: int = Field(
+        default=5, ge=1, description="Consecutive failures that open a replica's circuit."
+    )
+    breaker_open_ms: int = Field(
+        default=10_000, ge=1, description="How long an open circuit rejects traffic."
+    )
     health_feed_url: HttpUrl | None = Field(default=None, description="The health monitor's /v1/backends.")
     probe_interval_ms: int = Field(default=2_000, ge=100, description="Own probing when the feed is absent.")
-    drain_grace_s: int = Field(default=30, ge=0, description="Graceful shutdown budget for in-flight streams.")
+    drain_grace_s: int = Field(
+        default=30, ge=0, description="Graceful shutdown budget for in-flight streams."
+    )
+    api_keys: list[ApiKey] = Field(
+        default_factory=list, description="Keys given inline (make local, tests); merged with api_keys_file."
+    )
+    request_id_header: str = Field(
+        default="x-request-id", description="Header that carries the request id to the engine and back."
+    )
+    retry_backoff_ms: int = Field(
+        default=20, ge=0, description="Wait before the first retry; doubles per attempt, with jitter."
+    )
+    config_reload_interval_ms: int = Field(
+        default=2_000, ge=100, description="How often the config and keys files are checked for changes."
+    )
+    access_log: bool = Field(default=False, description="Log one JSON line per request (costs ~10 us each).")
 
 
 class HealthSettings(_Strict):
@@ -169,9 +216,13 @@ class HealthSettings(_Strict):
     timeout_ms: int = Field(default=2_000, ge=10)
     eject_after_failures: int = Field(default=3, ge=1)
     readmit_after_successes: int = Field(default=2, ge=1)
-    synthetic_probe_every: int = Field(default=0, ge=0, description="Intervals between one-token probes; 0 = off.")
+    synthetic_probe_every: int = Field(
+        default=0, ge=0, description="Intervals between one-token probes; 0 = off."
+    )
     synthetic_timeout_ms: int = Field(
-        default=10_000, ge=10, description="Budget of the one-token probe; beyond it the engine counts as hung."
+        default=10_000,
+        ge=10,
+        description="Budget of the one-token probe; beyond it the engine counts as hung.",
     )
     window_s: int = Field(default=60, ge=1, description="Window for TTFT / inter-token percentiles.")
     max_metrics_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
@@ -221,7 +272,9 @@ class RuntimeConfig(_Strict):
         embed = {m.name for m in self.models if m.task is Task.EMBED}
         for policy in self.batcher.policies:
             if policy.model not in embed:
-                raise ValueError(f"batcher.policies: {policy.model!r} is not an embedding model; known: {sorted(embed)}")
+                raise ValueError(
+                    f"batcher.policies: {policy.model!r} is not an embedding model; known: {sorted(embed)}"
+                )
         return self
 
     def model(self, name: str) -> ModelTarget | None:
