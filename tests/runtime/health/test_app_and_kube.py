@@ -11,7 +11,7 @@ import pytest_asyncio
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.config import RuntimeConfig
+from runtime.config import KubernetesDiscovery
 from runtime.discovery import watch_backends
 from runtime.health.app import make_app
 from runtime.health.feed import BackendsFeed
@@ -108,23 +108,16 @@ async def api_server():
     await runner.cleanup()
 
 
-def kube_config(url: str, **health) -> RuntimeConfig:
-    cfg = config_for([url], **health).model_dump()
-    cfg["models"][0]["static_backends"] = [{"url": url}]
-    return RuntimeConfig.model_validate(cfg)
-
-
 async def test_events_on_ejection_and_readmission(fakes, api_server):
     fake, api_base = api_server
     engine = await fakes()
     target = (
         config_for([engine.url])
         .models[0]
-        .model_copy(update={"static_backends": [], "discovery": {"namespace": "llm", "service": "tiny"}})
+        .model_copy(
+            update={"static_backends": [], "discovery": KubernetesDiscovery(namespace="llm", service="tiny")}
+        )
     )
-    from runtime.config import KubernetesDiscovery
-
-    target = target.model_copy(update={"discovery": KubernetesDiscovery(namespace="llm", service="tiny")})
     actions = KubernetesActions.for_host(api_base, events=True, remediation=True)
     try:
         eject = Transition(State.DEGRADED, State.EJECTED, Reason.TIMEOUT, "GET /health: timeout")
@@ -171,8 +164,6 @@ async def test_monitor_remediates_once_per_episode(fakes, api_server):
 
 
 async def test_api_server_down_never_breaks_the_monitor(fakes, unused_tcp_port):
-    from runtime.config import KubernetesDiscovery
-
     engine = await fakes()
     target = config_for([engine.url]).models[0]
     target = target.model_copy(
@@ -200,7 +191,8 @@ def test_event_text_is_pure():
 def test_bad_config_is_one_clear_message_and_exit_2(tmp_path):
     bad = tmp_path / "health.yaml"
     bad.write_text(
-        "models:\n  - name: m\n    static_backends: [{url: 'http://127.0.0.1:1'}]\nhealth:\n  interval_ms: 5\n"
+        "models:\n  - name: m\n    static_backends: [{url: 'http://127.0.0.1:1'}]\n"
+        "health:\n  interval_ms: 5\n"
     )
     proc = subprocess.run(
         [sys.executable, "-m", "runtime.health", "--config", str(bad)],
