@@ -80,12 +80,17 @@ ENGINES: dict[EngineKind, EngineFacts] = {
     ),
     EngineKind.TRTLLM: EngineFacts(
         health_path="/health",
-        metrics_path="/prometheus/metrics",
+        metrics_path="/prometheus/metrics",  # mounted only with return_perf_metrics: true (rendered)
         models_path="/v1/models",
         metrics={
             Signal.QUEUED: ("trtllm_num_requests_waiting",),
             Signal.RUNNING: ("trtllm_num_requests_running",),
             Signal.KV_USAGE: ("trtllm_kv_cache_utilization",),
+            Signal.PREFIX_HIT_RATE: ("trtllm_kv_cache_hit_rate",),
+            Signal.TTFT: ("trtllm_time_to_first_token_seconds",),
+            Signal.INTER_TOKEN: ("trtllm_time_per_output_token_seconds",),
+            Signal.PROMPT_TOKENS: ("trtllm_prompt_tokens_total",),
+            Signal.GENERATION_TOKENS: ("trtllm_generation_tokens_total",),
         },
     ),
 }

@@ -1,0 +1,260 @@
+"""Hardware and model facts: GPUs, AWS GPU instance types, known model architectures.
+
+Data, not logic. Every table says where its figures come from and when they were read, because
+prices and specs drift: update the figures and the date together. Sizing and cost read these tables;
+nothing else hard-codes a GPU or a price.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class GpuArch(StrEnum):
+    TURING = "turing"
+    AMPERE = "ampere"
+    ADA = "ada"
+    HOPPER = "hopper"
+    BLACKWELL = "blackwell"
+
+
+_FP8_ARCHS = frozenset({GpuArch.ADA, GpuArch.HOPPER, GpuArch.BLACKWELL})
+_BF16_ARCHS = frozenset({GpuArch.AMPERE, GpuArch.ADA, GpuArch.HOPPER, GpuArch.BLACKWELL})
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU model. ``memory_gib`` is what the driver reports as total (nvidia-smi), not the marketing GB."""
+
+    name: str
+    arch: GpuArch
+    memory_gib: float
+    bf16_dense_tflops: float  # tensor-core dense throughput (fp16 on Turing, which has no bf16)
+    memory_bandwidth_gbps: float  # GB/s
+    product_label: str  # value of the `nvidia.com/gpu.product` node label that GPU feature discovery sets
+
+    @property
+    def supports_fp8(self) -> bool:
+        return self.arch in _FP8_ARCHS
+
+    @property
+    def supports_bf16(self) -> bool:
+        return self.arch in _BF16_ARCHS
+
+
+# Sources: NVIDIA data sheets (T4, A10, L4, L40S, A100, H100 SXM, H200 SXM, HGX B200), read 2025-06;
+# memory as nvidia-smi reports it on the AWS instances that carry each GPU.
+GPUS: dict[str, Gpu] = {
+    g.name: g
+    for g in (
+        Gpu("T4", GpuArch.TURING, 15.0, 65.0, 320.0, "Tesla-T4"),
+        Gpu("A10G", GpuArch.AMPERE, 22.0, 70.0, 600.0, "NVIDIA-A10G"),
+        Gpu("L4", GpuArch.ADA, 22.0, 121.0, 300.0, "NVIDIA-L4"),
+        Gpu("L40S", GpuArch.ADA, 44.5, 362.0, 864.0, "NVIDIA-L40S"),
+        Gpu("A100-40GB", GpuArch.AMPERE, 39.4, 312.0, 1555.0, "NVIDIA-A100-SXM4-40GB"),
+        Gpu("A100-80GB", GpuArch.AMPERE, 79.2, 312.0, 2039.0, "NVIDIA-A100-SXM4-80GB"),
+        Gpu("H100", GpuArch.HOPPER, 79.6, 989.0, 3350.0, "NVIDIA-H100-80GB-HBM3"),
+        Gpu("H200", GpuArch.HOPPER, 139.8, 989.0, 4800.0, "NVIDIA-H200"),
+        Gpu("B200", GpuArch.BLACKWELL, 178.4, 2250.0, 8000.0, "NVIDIA-B200"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """An AWS EC2 GPU instance type and its on-demand Linux price."""
+
+    name: str
+    gpu: str  # key of GPUS
+    gpus: int
+    vcpus: int
+    memory_gib: int
+    on_demand_usd_per_hour: float
+
+    @property
+    def family(self) -> str:
+        return self.name.split(".")[0]
+
+    @property
+    def gpu_spec(self) -> Gpu:
+        return GPUS[self.gpu]
+
+
+PRICE_REGION = "us-east-1"
+PRICE_READ_ON = "2026-02-09"
+PRICE_SOURCE = (
+    "AWS Pricing API, EC2 On-Demand Linux us-east-1 (as snapshotted in Karpenter's generated price table), "
+    "after the June 2025 P4/P5 price reduction"
+)
+
+# Average spot price as a fraction of on-demand, per family; an estimate (spot moves hourly and by AZ).
+SPOT_FRACTION: dict[str, float] = {
+    "g4dn": 0.40,
+    "g5": 0.45,
+    "g6": 0.45,
+    "g6e": 0.50,
+    "p4d": 0.55,
+    "p4de": 0.60,
+    "p5": 0.60,
+    "p5en": 0.65,
+    "p6-b200": 0.70,
+}
+
+# p5e.48xlarge (8 x H200) has no us-east-1 on-demand price (Capacity Blocks only there); p5en carries H200.
+# g4dn/g5/g6/g6e sizes not in the snapshot (g5.8xlarge, g6.8xlarge, g6e.4xlarge, ...) are from the AWS pricing
+# page on the same date; vCPU and memory are AWS's published specs.
+INSTANCE_TYPES: dict[str, InstanceType] = {
+    i.name: i
+    for i in (
+        InstanceType("g4dn.xlarge", "T4", 1, 4, 16, 0.526),
+        InstanceType("g4dn.2xlarge", "T4", 1, 8, 32, 0.752),
+        InstanceType("g4dn.4xlarge", "T4", 1, 16, 64, 1.204),
+        InstanceType("g4dn.12xlarge", "T4", 4, 48, 192, 3.912),
+        InstanceType("g4dn.metal", "T4", 8, 96, 384, 7.824),
+        InstanceType("g5.xlarge", "A10G", 1, 4, 16, 1.006),
+        InstanceType("g5.2xlarge", "A10G", 1, 8, 32, 1.212),
+        InstanceType("g5.4xlarge", "A10G", 1, 16, 64, 1.624),
+        InstanceType("g5.8xlarge", "A10G", 1, 32, 128, 2.448),
+        InstanceType("g5.12xlarge", "A10G", 4, 48, 192, 5.672),
+        InstanceType("g5.24xlarge", "A10G", 4, 96, 384, 8.144),
+        InstanceType("g5.48xlarge", "A10G", 8, 192, 768, 16.288),
+        InstanceType("g6.xlarge", "L4", 1, 4, 16, 0.8048),
+        InstanceType("g6.2xlarge", "L4", 1, 8, 32, 0.9776),
+        InstanceType("g6.4xlarge", "L4", 1, 16, 64, 1.3232),
+        InstanceType("g6.8xlarge", "L4", 1, 32, 128, 2.014),
+        InstanceType("g6.12xlarge", "L4", 4, 48, 192, 4.6016),
+        InstanceType("g6.24xlarge", "L4", 4, 96, 384, 6.675),
+        InstanceType("g6.48xlarge", "L4", 8, 192, 768, 13.3504),
+        InstanceType("g6e.xlarge", "L40S", 1, 4, 32, 1.861),
+        InstanceType("g6e.2xlarge", "L40S", 1, 8, 64, 2.24208),
+        InstanceType("g6e.4xlarge", "L40S", 1, 16, 128, 3.004),
+        InstanceType("g6e.8xlarge", "L40S", 1, 32, 256, 4.529),
+        InstanceType("g6e.12xlarge", "L40S", 4, 48, 384, 10.49264),
+        InstanceType("g6e.24xlarge", "L40S", 4, 96, 768, 15.066),
+        InstanceType("g6e.48xlarge", "L40S", 8, 192, 1536, 30.13118),
+        InstanceType("p4d.24xlarge", "A100-40GB", 8, 96, 1152, 21.957642),
+        InstanceType("p4de.24xlarge", "A100-80GB", 8, 96, 1152, 27.44705),
+        InstanceType("p5.48xlarge", "H100", 8, 192, 2048, 55.040),
+        InstanceType("p5en.48xlarge", "H200", 8, 192, 2048, 63.296),
+        InstanceType("p6-b200.48xlarge", "B200", 8, 192, 2048, 113.9328),
+    )
+}
+
+# A CPU instance for the system node group (gateway, monitoring) and its price, same source and date.
+SYSTEM_INSTANCE_TYPE = "m7i.xlarge"
+SYSTEM_INSTANCE_USD_PER_HOUR = 0.2016
+EKS_CONTROL_PLANE_USD_PER_HOUR = 0.10
+NAT_GATEWAY_USD_PER_HOUR = 0.045
+HOURS_PER_MONTH = 730.0
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """What sizing needs to know about a model; ``source`` is the config.json the figures come from."""
+
+    params_b: float  # billions of parameters (all experts, for mixture-of-experts models)
+    layers: int
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    max_context_tokens: int
+    vocab_size: int = 32_000
+    active_params_b: float | None = None  # mixture-of-experts: parameters used per token
+    pooling: bool = False  # an embedding model (served by the pooling runner)
+    source: str = ""
+
+    @property
+    def params_per_token_b(self) -> float:
+        return self.active_params_b or self.params_b
+
+
+def _hf(repo: str) -> str:
+    return f"https://huggingface.co/{repo}/blob/main/config.json"
+
+
+# Keyed by the Hugging Face repository id; `lookup` also accepts the short alias.
+MODELS: dict[str, ModelArch] = {
+    "meta-llama/Llama-3.1-8B-Instruct": ModelArch(
+        8.03, 32, 8, 128, 4096, 131_072, 128_256, source=_hf("meta-llama/Llama-3.1-8B-Instruct")
+    ),
+    "meta-llama/Llama-3.1-70B-Instruct": ModelArch(
+        70.6, 80, 8, 128, 8192, 131_072, 128_256, source=_hf("meta-llama/Llama-3.1-70B-Instruct")
+    ),
+    "meta-llama/Llama-3.3-70B-Instruct": ModelArch(
+        70.6, 80, 8, 128, 8192, 131_072, 128_256, source=_hf("meta-llama/Llama-3.3-70B-Instruct")
+    ),
+    "meta-llama/Llama-3.1-405B-Instruct": ModelArch(
+        405.9, 126, 8, 128, 16_384, 131_072, 128_256, source=_hf("meta-llama/Llama-3.1-405B-Instruct")
+    ),
+    "meta-llama/Llama-3.2-1B-Instruct": ModelArch(
+        1.24, 16, 8, 64, 2048, 131_072, 128_256, source=_hf("meta-llama/Llama-3.2-1B-Instruct")
+    ),
+    "meta-llama/Llama-3.2-3B-Instruct": ModelArch(
+        3.21, 28, 8, 128, 3072, 131_072, 128_256, source=_hf("meta-llama/Llama-3.2-3B-Instruct")
+    ),
+    "Qwen/Qwen2.5-0.5B-Instruct": ModelArch(
+        0.49, 24, 2, 64, 896, 32_768, 151_936, source=_hf("Qwen/Qwen2.5-0.5B-Instruct")
+    ),
+    "Qwen/Qwen2.5-7B-Instruct": ModelArch(
+        7.62, 28, 4, 128, 3584, 32_768, 152_064, source=_hf("Qwen/Qwen2.5-7B-Instruct")
+    ),
+    "Qwen/Qwen2.5-32B-Instruct": ModelArch(
+        32.8, 64, 8, 128, 5120, 32_768, 152_064, source=_hf("Qwen/Qwen2.5-32B-Instruct")
+    ),
+    "Qwen/Qwen2.5-72B-Instruct": ModelArch(
+        72.7, 80, 8, 128, 8192, 32_768, 152_064, source=_hf("Qwen/Qwen2.5-72B-Instruct")
+    ),
+    "mistralai/Mistral-7B-Instruct-v0.3": ModelArch(
+        7.25, 32, 8, 128, 4096, 32_768, 32_768, source=_hf("mistralai/Mistral-7B-Instruct-v0.3")
+    ),
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": ModelArch(
+        46.7, 32, 8, 128, 4096, 32_768, 32_000, active_params_b=12.9,
+        source=_hf("mistralai/Mixtral-8x7B-Instruct-v0.1"),
+    ),
+    "BAAI/bge-large-en-v1.5": ModelArch(
+        0.335, 24, 16, 64, 1024, 512, 30_522, pooling=True, source=_hf("BAAI/bge-large-en-v1.5")
+    ),
+    "BAAI/bge-m3": ModelArch(0.568, 24, 16, 64, 1024, 8192, 250_002, pooling=True, source=_hf("BAAI/bge-m3")),
+    "intfloat/e5-mistral-7b-instruct": ModelArch(
+        7.11, 32, 8, 128, 4096, 32_768, 32_000, pooling=True, source=_hf("intfloat/e5-mistral-7b-instruct")
+    ),
+    "sentence-transformers/all-MiniLM-L6-v2": ModelArch(
+        0.0227, 6, 12, 32, 384, 512, 30_522, pooling=True, source=_hf("sentence-transformers/all-MiniLM-L6-v2")
+    ),
+}
+
+ALIASES: dict[str, str] = {
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "llama-3.3-70b": "meta-llama/Llama-3.3-70B-Instruct",
+    "llama-3.1-405b": "meta-llama/Llama-3.1-405B-Instruct",
+    "llama-3.2-1b": "meta-llama/Llama-3.2-1B-Instruct",
+    "llama-3.2-3b": "meta-llama/Llama-3.2-3B-Instruct",
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B-Instruct",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
+    "qwen2.5-32b": "Qwen/Qwen2.5-32B-Instruct",
+    "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
+    "mistral-7b": "mistralai/Mistral-7B-Instruct-v0.3",
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1",
+    "bge-large-en-v1.5": "BAAI/bge-large-en-v1.5",
+    "bge-m3": "BAAI/bge-m3",
+    "e5-mistral-7b": "intfloat/e5-mistral-7b-instruct",
+    "all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2",
+}
+
+
+def lookup_model(name: str) -> tuple[str, ModelArch] | None:
+    """Find a known architecture by Hugging Face id (case-insensitive, quantized suffixes ignored) or alias."""
+    key = ALIASES.get(name.lower(), name)
+    by_lower = {k.lower(): k for k in MODELS}
+    if key.lower() in by_lower:
+        canonical = by_lower[key.lower()]
+        return canonical, MODELS[canonical]
+    # Quantized re-uploads keep the base architecture: "hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4".
+    base = key.rsplit("/", 1)[-1].lower().removeprefix("meta-")
+    for canonical, arch in MODELS.items():
+        short = canonical.rsplit("/", 1)[-1].lower()
+        if base.startswith(short):
+            return canonical, arch
+    return None

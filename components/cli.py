@@ -1,0 +1,159 @@
+"""The `inferstack` command: size a model, write the JSON Schema, plan a stack offline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from components import catalog, sizing
+from components.problems import SpecError
+from components.spec import KvCacheDType, Quantization, spec_json_schema
+from components.stackfile import STACKS_DIR
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Typed model specs in, a production LLM inference platform out.",
+)
+out = Console()
+err = Console(stderr=True)
+
+SCHEMA_PATH = STACKS_DIR / "platform.schema.json"
+EXIT_INVALID = 2
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(message, markup=False, highlight=False)
+    return typer.Exit(EXIT_INVALID)
+
+
+def schema_text() -> str:
+    return json.dumps(spec_json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+@app.command()
+def schema(
+    path: Annotated[Path, typer.Option("--out", help="Where to write the schema.")] = SCHEMA_PATH,
+    check: Annotated[bool, typer.Option(help="Exit 1 when the file on disk is stale instead of writing it.")] = False,
+) -> None:
+    """Write the stack files' JSON Schema (editor completion and validation)."""
+    text = schema_text()
+    if check:
+        current = path.read_text() if path.is_file() else ""
+        if current != text:
+            err.print(f"{path} is stale; run `inferstack schema` and commit it")
+            raise typer.Exit(1)
+        return
+    path.write_text(text)
+    out.print(f"wrote {path}")
+
+
+@app.command()
+def size(
+    model: Annotated[str, typer.Argument(help="A catalog model: alias (llama-3.1-70b) or Hugging Face id.")] = "",
+    quant: Annotated[Quantization, typer.Option("--quant", help="Weight quantization.")] = Quantization.NONE,
+    max_model_len: Annotated[int, typer.Option(min=16, help="Context length in tokens.")] = 8192,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="Concurrent sequences.")] = 256,
+    kv_cache_dtype: Annotated[KvCacheDType, typer.Option(help="KV cache precision.")] = KvCacheDType.AUTO,
+    gpu_memory_utilization: Annotated[float, typer.Option(min=0.1, max=0.98)] = 0.90,
+    top: Annotated[int, typer.Option(min=1, help="How many instance types to list.")] = 10,
+    list_models: Annotated[bool, typer.Option("--list", help="List the models the catalog knows.")] = False,
+) -> None:
+    """Memory breakdown of a model and the instance types that fit it, cheapest first."""
+    if list_models or not model:
+        table = Table("alias", "model", "params (B)", "layers", "KV heads", "context")
+        for alias, repo in sorted(catalog.ALIASES.items()):
+            a = catalog.MODELS[repo]
+            table.add_row(alias, repo, f"{a.params_b:g}", str(a.layers), str(a.kv_heads), f"{a.max_context_tokens:,}")
+        out.print(table)
+        return
+    found = catalog.lookup_model(model)
+    if found is None:
+        raise _fail(
+            f"unknown model {model!r}; known: {', '.join(sorted(catalog.ALIASES))} "
+            "(or a Hugging Face id of one of them). For other models, put an architecture block in the stack file."
+        )
+    repo, arch = found
+    shape = sizing.EngineShape(
+        quantization=quant.value,
+        kv_cache_dtype=kv_cache_dtype.value,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        gpu_memory_utilization=gpu_memory_utilization,
+    )
+    from components import report  # deferred: pulls the Pulumi SDK, which `size` does not otherwise need
+
+    weights = sizing.weight_bytes(arch, sizing.weight_precision(quant.value, "auto")) / sizing.GIB
+    kv_token = sizing.kv_bytes_per_token(arch, sizing.kv_precision(kv_cache_dtype.value, "auto")) / sizing.KIB
+    out.print(f"[bold]{repo}[/bold] ({arch.params_b:g}B parameters, source {arch.source})")
+    out.print(
+        f"weights {weights:.1f} GiB ({quant.value}); KV cache {kv_token:.0f} KiB per token, "
+        f"{kv_token * max_model_len / 1024 / 1024:.2f} GiB per {max_model_len:,}-token sequence, "
+        f"{kv_token * max_model_len * max_num_seqs / 1024 / 1024:.1f} GiB for all {max_num_seqs} at full length"
+    )
+    ranked = sizing.candidates(arch, shape, fixed_parallelism=False)
+    if not ranked:
+        raise _fail(
+            f"{repo} does not fit any single instance type with these settings; quantize (--quant awq|fp8) "
+            "or lower --max-model-len"
+        )
+    best = ranked[0]
+    out.print()
+    out.print(f"Cheapest fit: {best.instance.name} with TP {best.tensor_parallel_size}:")
+    for line in best.fit.lines():
+        out.print(f"  {line}", markup=False, highlight=False)
+    table = Table(*report.SIZE_COLUMNS, title=f"Instance types that fit, by on-demand cost per replica ({catalog.PRICE_REGION})")
+    for row in report.size_rows(ranked[:top]):
+        table.add_row(*row)
+    out.print(table)
+    out.print(f"Prices read {catalog.PRICE_READ_ON}: {catalog.PRICE_SOURCE}. Spot is an average estimate.")
+
+
+@app.command()
+def plan(
+    stack: Annotated[str, typer.Option("-s", "--stack", help="Stack name: stacks/Pulumi.<stack>.yaml.")],
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write manifests/, resources.json, summary.md here.")] = None,
+    stacks_dir: Annotated[Path, typer.Option(help="Where the stack files are.")] = STACKS_DIR,
+) -> None:
+    """Run the Pulumi program offline (mock runtime): resources, manifests, cost. No credentials needed."""
+    from components import plan as planner
+    from components import report
+    from components.stackfile import load
+
+    try:
+        loaded = load(stack, stacks_dir)
+    except SpecError as error:
+        raise _fail(error.render()) from None
+    rep = report.plan_report(loaded)
+    synthesis = planner.synthesize(loaded) if loaded.spec.target.value != "local" else planner.Synthesis()
+    table = Table(*report.PLAN_COLUMNS, title=f"inferstack plan: {stack} ({loaded.spec.target.value})")
+    for row in rep.rows:
+        table.add_row(*row)
+    out.print(table)
+    out.print(
+        f"Monthly cost: {report.cost.monthly(rep.bill.min_usd_month)} at min replicas, "
+        f"{report.cost.monthly(rep.bill.max_usd_month)} at max replicas"
+    )
+    for note in rep.notes:
+        out.print(f"  - {note}", markup=False, highlight=False)
+    if loaded.spec.target.value == "local":
+        out.print("target local has no cloud or cluster resources; `make local` runs it on this machine")
+    else:
+        out.print(f"{len(synthesis.resources)} resources, {len(synthesis.kubernetes_manifests())} Kubernetes objects")
+    if out_dir is not None:
+        planner.write(synthesis, out_dir, rep.markdown(loaded, synthesis))
+        out.print(f"wrote {out_dir}/manifests/, {out_dir}/resources.json, {out_dir}/summary.md")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

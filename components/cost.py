@@ -1,0 +1,145 @@
+"""Money: monthly cost per model and per stack, and an estimated price per million tokens.
+
+Pure functions over a spec's layout and the catalog's prices. GPU nodes are the bill; a replica is
+charged its share of a node (the GPUs it takes), and a pool is charged whole nodes. Throughput, and so
+USD per million tokens, is an estimate from a decode roofline, and is always labelled as one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from components import catalog, sizing
+from components.placement import Layout, Placement, PoolPlan
+from components.spec import CapacityType, PlatformSpec, Target
+
+# The throughput assumption behind USD per million tokens, stated once and printed with the figure.
+ROOFLINE_BANDWIDTH_EFFICIENCY = 0.6
+ROOFLINE_AVG_CONTEXT_TOKENS = 1024
+THROUGHPUT_ASSUMPTION = (
+    f"decode-bound estimate: each step reads the weights and the batch's KV cache at "
+    f"{ROOFLINE_BANDWIDTH_EFFICIENCY:.0%} of memory bandwidth, {ROOFLINE_AVG_CONTEXT_TOKENS:,}-token average context, "
+    "batch = min(max_num_seqs, what the KV cache holds)"
+)
+SYSTEM_NODES = 2  # CPU nodes for the gateway and monitoring (target eks)
+NAT_GATEWAYS = 3  # one per availability zone
+
+
+def hourly(instance: catalog.InstanceType, capacity: CapacityType) -> float:
+    fraction = catalog.SPOT_FRACTION.get(instance.family, 1.0) if capacity is CapacityType.SPOT else 1.0
+    return instance.on_demand_usd_per_hour * fraction
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    model: str
+    capacity: CapacityType
+    usd_per_replica_month: float
+    min_usd_month: float
+    max_usd_month: float
+    on_demand_max_usd_month: float
+    spot_max_usd_month: float
+    tokens_per_second_per_replica: float | None  # estimate; None for CPU engines and pooling models
+    usd_per_million_tokens: float | None  # estimate at full utilisation
+
+
+def decode_tokens_per_second(placement: Placement) -> float | None:
+    """Roofline estimate of one replica's generated tokens/s (see THROUGHPUT_ASSUMPTION)."""
+    fit, instance = placement.fit, placement.instance
+    if fit is None or instance is None or placement.arch.pooling:
+        return None
+    per_token_kv = fit.kv_per_token_kib * 1024
+    batch = max(1, min(fit.max_num_seqs, fit.kv_capacity_tokens // ROOFLINE_AVG_CONTEXT_TOKENS))
+    # Mixture-of-experts reads only the active experts' weights per token (upper bound: all of them at batch 1).
+    active = placement.arch.params_per_token_b / placement.arch.params_b
+    bytes_per_step = fit.weights_gib * sizing.GIB * active + batch * ROOFLINE_AVG_CONTEXT_TOKENS * per_token_kv
+    bandwidth = instance.gpu_spec.memory_bandwidth_gbps * 1e9 * ROOFLINE_BANDWIDTH_EFFICIENCY
+    steps_per_second = bandwidth / bytes_per_step
+    return steps_per_second * batch
+
+
+def model_cost(spec: PlatformSpec, layout: Layout, name: str) -> ModelCost:
+    model = next(m for m in spec.models if m.name == name)
+    placement = layout.placements[name]
+    if placement.instance is None or placement.pool is None:
+        return ModelCost(name, CapacityType.ON_DEMAND, 0.0, 0.0, 0.0, 0.0, 0.0, None, None)
+    pool = layout.pools[placement.pool]
+    share = placement.gpus_per_replica / placement.instance.gpus
+    per_replica = hourly(placement.instance, pool.capacity_type) * share * catalog.HOURS_PER_MONTH
+    on_demand = hourly(placement.instance, CapacityType.ON_DEMAND) * share * catalog.HOURS_PER_MONTH
+    spot = hourly(placement.instance, CapacityType.SPOT) * share * catalog.HOURS_PER_MONTH
+    tps = decode_tokens_per_second(placement)
+    per_million = (per_replica / catalog.HOURS_PER_MONTH / 3600) / tps * 1e6 if tps else None
+    return ModelCost(
+        model=name,
+        capacity=pool.capacity_type,
+        usd_per_replica_month=per_replica,
+        min_usd_month=per_replica * model.scaling.min_replicas,
+        max_usd_month=per_replica * model.scaling.max_replicas,
+        on_demand_max_usd_month=on_demand * model.scaling.max_replicas,
+        spot_max_usd_month=spot * model.scaling.max_replicas,
+        tokens_per_second_per_replica=tps,
+        usd_per_million_tokens=per_million,
+    )
+
+
+@dataclass(frozen=True)
+class LineItem:
+    """One row of the stack's bill."""
+
+    name: str
+    kind: str  # gpu-pool, eks, system-nodes, nat
+    min_usd_month: float
+    max_usd_month: float
+
+
+def pool_cost(pool: PoolPlan) -> LineItem:
+    per_node = hourly(pool.instance, pool.capacity_type) * catalog.HOURS_PER_MONTH
+    return LineItem(
+        f"pool {pool.name} ({pool.min_nodes}-{pool.max_nodes} x {pool.instance.name}, {pool.capacity_type.value})",
+        "gpu-pool",
+        per_node * pool.min_nodes,
+        per_node * pool.max_nodes,
+    )
+
+
+def fixed_costs(spec: PlatformSpec) -> list[LineItem]:
+    """What an EKS environment costs before any GPU: control plane, system nodes, NAT gateways."""
+    if spec.target is not Target.EKS:
+        return []
+    month = catalog.HOURS_PER_MONTH
+    items = [
+        ("EKS control plane", "eks", catalog.EKS_CONTROL_PLANE_USD_PER_HOUR),
+        (
+            f"system nodes ({SYSTEM_NODES} x {catalog.SYSTEM_INSTANCE_TYPE})",
+            "system-nodes",
+            SYSTEM_NODES * catalog.SYSTEM_INSTANCE_USD_PER_HOUR,
+        ),
+        (f"NAT gateways ({NAT_GATEWAYS})", "nat", NAT_GATEWAYS * catalog.NAT_GATEWAY_USD_PER_HOUR),
+    ]
+    return [LineItem(name, kind, usd * month, usd * month) for name, kind, usd in items]
+
+
+@dataclass(frozen=True)
+class StackCost:
+    items: tuple[LineItem, ...]
+    models: tuple[ModelCost, ...]
+
+    @property
+    def min_usd_month(self) -> float:
+        return sum(i.min_usd_month for i in self.items)
+
+    @property
+    def max_usd_month(self) -> float:
+        return sum(i.max_usd_month for i in self.items)
+
+
+def stack_cost(spec: PlatformSpec, layout: Layout) -> StackCost:
+    items = [pool_cost(p) for p in layout.pools.values()] + fixed_costs(spec)
+    models = [model_cost(spec, layout, m.name) for m in spec.models]
+    return StackCost(tuple(items), tuple(models))
+
+
+def monthly(usd: float) -> str:
+    return f"${usd:,.0f}" if usd >= 1 or usd == 0 else f"${usd:,.2f}"
+

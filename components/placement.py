@@ -1,0 +1,389 @@
+"""Where every model runs: pools resolved to instance types, models to pools, with the reasons.
+
+The rules that need the catalog (fit, parallelism against a node's GPUs, precision against the GPU,
+pool capacity) are checked here, once, and reported with the spec's field paths. Everything downstream
+(renderers, AWS node groups, cost, policies) reads the resulting ``Layout`` instead of deciding again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from components import catalog, sizing
+from components.problems import Problem, SpecError
+from components.spec import AUTO, CapacityType, Device, ModelSpec, PlatformSpec, Target
+
+IMAGE_DISK_GIB = 60  # engine images (vLLM's is ~10 GiB compressed) and the kubelet's working space
+DISK_STEP_GIB = 50
+
+
+def engine_shape(model: ModelSpec) -> sizing.EngineShape:
+    e = model.engine
+    return sizing.EngineShape(
+        quantization=e.quantization.value,
+        dtype=e.dtype.value,
+        kv_cache_dtype=e.kv_cache_dtype.value,
+        tensor_parallel_size=e.tensor_parallel_size,
+        pipeline_parallel_size=e.pipeline_parallel_size,
+        max_model_len=e.max_model_len,
+        max_num_seqs=e.max_num_seqs,
+        max_num_batched_tokens=e.max_num_batched_tokens,
+        gpu_memory_utilization=e.gpu_memory_utilization,
+        enforce_eager=e.enforce_eager,
+    )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One model's resolved home."""
+
+    model: str
+    arch: catalog.ModelArch
+    pool: str | None  # None: a CPU engine on the general nodes
+    instance: catalog.InstanceType | None
+    gpus_per_replica: int
+    fit: sizing.MemoryFit | None
+    reason: str
+
+    @property
+    def replicas_per_node(self) -> int:
+        if self.instance is None or self.gpus_per_replica == 0:
+            return 1
+        return self.instance.gpus // self.gpus_per_replica
+
+    @property
+    def weights_gib(self) -> float:
+        return self.fit.weights_gib * self.gpus_per_replica if self.fit else 0.0
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """A GPU pool with its instance type and node bounds derived from the models placed on it."""
+
+    name: str
+    instance: catalog.InstanceType
+    capacity_type: CapacityType
+    min_nodes: int
+    max_nodes: int
+    root_disk_gib: int
+    labels: dict[str, str]
+    models: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    placements: dict[str, Placement] = field(default_factory=dict)
+    pools: dict[str, PoolPlan] = field(default_factory=dict)
+
+
+def _nodes_for(gpus: int, per_node: int) -> int:
+    return math.ceil(gpus / per_node) if gpus else 0
+
+
+def _model_path(spec: PlatformSpec, model: ModelSpec) -> str:
+    return f"models[{spec.models.index(model)}]"
+
+
+def _check_on_instance(
+    path: str, model: ModelSpec, arch: catalog.ModelArch, instance: catalog.InstanceType
+) -> tuple[list[Problem], sizing.MemoryFit | None]:
+    """Parallelism, precision and memory of ``model`` on one node of ``instance``."""
+    shape = engine_shape(model)
+    gpus = shape.gpus
+    if gpus > instance.gpus:
+        return [
+            Problem(
+                f"{path}.engine.tensor_parallel_size",
+                f"tensor_parallel_size x pipeline_parallel_size = {gpus} needs more GPUs than one "
+                f"{instance.name} has ({instance.gpus}); multi-node serving is not supported yet: use a larger "
+                f"instance or a smaller parallel size ({_divisors(instance.gpus)})",
+            )
+        ], None
+    if instance.gpus % gpus:
+        return [
+            Problem(
+                f"{path}.engine.tensor_parallel_size",
+                f"{model.engine.tensor_parallel_size} x pipeline {model.engine.pipeline_parallel_size} does not "
+                f"divide the {instance.gpus} GPUs of {instance.name}; use {_divisors(instance.gpus)}",
+            )
+        ], None
+    unsupported = sizing.gpu_supports(instance.gpu_spec, shape)
+    if unsupported:
+        return [Problem(f"{path}.engine", unsupported)], None
+    fit = sizing.memory_fit(arch, shape, instance.gpu_spec)
+    if not fit.fits:
+        return [
+            Problem(
+                f"{path}",
+                f"{model.name} does not fit {instance.name} with tensor_parallel_size "
+                f"{model.engine.tensor_parallel_size}: {_fit_advice(model, arch, instance)}",
+                tuple(fit.lines()),
+            )
+        ], fit
+    return [], fit
+
+
+def _divisors(gpus: int) -> str:
+    options = [str(d) for d in (1, 2, 4, 8) if gpus % d == 0 and d <= gpus]
+    return ", ".join(options[:-1]) + (" or " if len(options) > 1 else "") + options[-1]
+
+
+def _fit_advice(model: ModelSpec, arch: catalog.ModelArch, instance: catalog.InstanceType) -> str:
+    """What would make it fit: a larger tensor-parallel size on this node, quantization, or another type."""
+    shape = engine_shape(model)
+    for tp in sizing.parallel_options(instance, shape.pipeline_parallel_size):
+        if tp <= shape.tensor_parallel_size:
+            continue
+        trial = sizing.EngineShape(**{**shape.__dict__, "tensor_parallel_size": tp})
+        if sizing.memory_fit(arch, trial, instance.gpu_spec).fits:
+            return f"set engine.tensor_parallel_size to {tp}"
+    cheaper = sizing.candidates(arch, shape, fixed_parallelism=False)
+    if cheaper:
+        best = cheaper[0]
+        return (
+            f"use instance {best.instance.name} with tensor_parallel_size {best.tensor_parallel_size}, "
+            "or quantize (awq, gptq, fp8), or lower max_model_len"
+        )
+    return "quantize it (awq, gptq, fp8) or lower max_model_len; no single instance type holds it as configured"
+
+
+def _resolve_arch(spec: PlatformSpec, model: ModelSpec) -> tuple[catalog.ModelArch | None, list[Problem]]:
+    arch = model.arch()
+    if arch is None:
+        return None, [
+            Problem(
+                f"{_model_path(spec, model)}.architecture",
+                f"the catalog does not know {model.source!r}; add an architecture block (params_b, layers, kv_heads, "
+                "head_dim, hidden_size) from the model's config.json, or use a known model "
+                f"(e.g. {', '.join(sorted(catalog.ALIASES)[:4])}, ...)",
+            )
+        ]
+    return arch, []
+
+
+def place(spec: PlatformSpec, source: str = "<spec>") -> Layout:
+    """Resolve pools and placements; raise ``SpecError`` with every problem found."""
+    problems: list[Problem] = []
+    problems += _source_rules(spec)
+    archs: dict[str, catalog.ModelArch] = {}
+    for model in spec.models:
+        arch, found = _resolve_arch(spec, model)
+        problems += found
+        if arch is not None:
+            archs[model.name] = arch
+    problems += _unique_names(spec)
+    problems += _pool_references(spec)
+    if problems:
+        raise SpecError(source, problems)
+
+    instances, pool_reasons, found = _resolve_pool_instances(spec, archs)
+    problems += found
+    placements: dict[str, Placement] = {}
+    for model in spec.models:
+        placement, found = _place_model(spec, model, archs[model.name], instances)
+        problems += found
+        if placement is not None:
+            placements[model.name] = placement
+    if problems:
+        raise SpecError(source, problems)
+
+    pools, found = _pool_plans(spec, placements, instances, pool_reasons)
+    if found:
+        raise SpecError(source, found)
+    return Layout(placements=placements, pools=pools)
+
+
+def _source_rules(spec: PlatformSpec) -> list[Problem]:
+    problems = []
+    for i, model in enumerate(spec.models):
+        if model.is_local_path and spec.target is not Target.LOCAL:
+            problems.append(
+                Problem(
+                    f"models[{i}].source",
+                    f"a local path ({model.source}) only works with target: local; on {spec.target.value}, "
+                    "upload the weights to S3 ('s3://bucket/prefix') or use a Hugging Face repo id",
+                )
+            )
+        if model.engine.device is Device.GPU and spec.target is Target.LOCAL:
+            problems.append(
+                Problem(
+                    f"models[{i}].engine.device",
+                    "target: local runs engines on this machine's CPU; set engine.device: cpu",
+                )
+            )
+    return problems
+
+
+def _unique_names(spec: PlatformSpec) -> list[Problem]:
+    problems = []
+    for kind, names in (("models", [m.name for m in spec.models]), ("gpu_pools", [p.name for p in spec.gpu_pools])):
+        seen: set[str] = set()
+        for i, name in enumerate(names):
+            if name in seen:
+                problems.append(
+                    Problem(f"{kind}[{i}].name", f"{name!r} is used twice; names must be unique within {kind}")
+                )
+            seen.add(name)
+    return problems
+
+
+def _pool_references(spec: PlatformSpec) -> list[Problem]:
+    problems = []
+    names = [p.name for p in spec.gpu_pools]
+    for i, model in enumerate(spec.models):
+        if model.engine.device is Device.CPU:
+            if model.pool != AUTO:
+                problems.append(
+                    Problem(f"models[{i}].pool", "CPU engines run on the general nodes; remove pool or set it to auto")
+                )
+            continue
+        if model.pool != AUTO and model.pool not in names:
+            known = ", ".join(names) if names else "none are declared"
+            problems.append(
+                Problem(f"models[{i}].pool", f"unknown pool {model.pool!r}; declared pools: {known} (or use auto)")
+            )
+        if model.pool == AUTO and not names:
+            problems.append(
+                Problem(f"models[{i}].pool", "no gpu_pools are declared; add one under gpu_pools (instance_type auto works)")
+            )
+    return problems
+
+
+def _resolve_pool_instances(
+    spec: PlatformSpec, archs: dict[str, catalog.ModelArch]
+) -> tuple[dict[str, catalog.InstanceType], dict[str, str], list[Problem]]:
+    """Pools with instance_type auto take the cheapest type that fits every model that names them."""
+    instances: dict[str, catalog.InstanceType] = {}
+    reasons: dict[str, str] = {}
+    problems: list[Problem] = []
+    for i, pool in enumerate(spec.gpu_pools):
+        if pool.instance_type != AUTO:
+            instances[pool.name] = catalog.INSTANCE_TYPES[pool.instance_type]
+            reasons[pool.name] = "instance type set in the stack file"
+            continue
+        members = [m for m in spec.models if m.pool == pool.name and m.engine.device is Device.GPU]
+        if not members:
+            problems.append(
+                Problem(
+                    f"gpu_pools[{i}].instance_type",
+                    f"pool {pool.name!r} has instance_type auto but no model names it; name it from a model's pool "
+                    "or set instance_type",
+                )
+            )
+            continue
+        best: tuple[float, catalog.InstanceType] | None = None
+        for instance in catalog.INSTANCE_TYPES.values():
+            costs = []
+            for model in members:
+                found, _ = _check_on_instance("", model, archs[model.name], instance)
+                if found:
+                    break
+                costs.append(instance.on_demand_usd_per_hour * model.engine.gpus / instance.gpus)
+            else:
+                total = sum(costs)
+                if best is None or total < best[0]:
+                    best = (total, instance)
+        if best is None:
+            problems.append(
+                Problem(
+                    f"gpu_pools[{i}].instance_type",
+                    f"no single instance type fits every model on pool {pool.name!r} "
+                    f"({', '.join(m.name for m in members)}) with their parallel sizes; split them across pools "
+                    "or raise tensor_parallel_size",
+                )
+            )
+            continue
+        instances[pool.name] = best[1]
+        reasons[pool.name] = (
+            f"auto: {best[1].name} is the cheapest type where {', '.join(m.name for m in members)} fit "
+            f"({best[1].gpus} x {best[1].gpu}, ${best[1].on_demand_usd_per_hour:.2f}/h on demand)"
+        )
+    return instances, reasons, problems
+
+
+def _place_model(
+    spec: PlatformSpec,
+    model: ModelSpec,
+    arch: catalog.ModelArch,
+    instances: dict[str, catalog.InstanceType],
+) -> tuple[Placement | None, list[Problem]]:
+    path = _model_path(spec, model)
+    if model.engine.device is Device.CPU:
+        return Placement(model.name, arch, None, None, 0, None, "CPU engine on the general nodes"), []
+    if model.pool != AUTO:
+        instance = instances.get(model.pool)
+        if instance is None:
+            return None, []  # the pool's own problem is already reported
+        problems, fit = _check_on_instance(path, model, arch, instance)
+        if problems:
+            return None, problems
+        return Placement(
+            model.name, arch, model.pool, instance, model.engine.gpus, fit, f"pool {model.pool} named in the stack file"
+        ), []
+    options: list[tuple[float, str, sizing.MemoryFit]] = []
+    rejected: list[str] = []
+    for pool_name, instance in instances.items():
+        found, fit = _check_on_instance(path, model, arch, instance)
+        if found or fit is None:
+            rejected.append(f"{pool_name} ({instance.name}): {found[0].message.split(': ', 1)[-1]}")
+            continue
+        options.append((instance.on_demand_usd_per_hour * model.engine.gpus / instance.gpus, pool_name, fit))
+    if not options:
+        return None, [
+            Problem(
+                f"{path}.pool",
+                f"pool auto found no declared pool where {model.name} fits; add a pool with a larger GPU",
+                tuple(rejected),
+            )
+        ]
+    cost, pool_name, fit = min(options)
+    instance = instances[pool_name]
+    reason = f"auto: cheapest pool that fits ({pool_name}: {instance.name}, ${cost * catalog.HOURS_PER_MONTH:,.0f}/month per replica)"
+    return Placement(model.name, arch, pool_name, instance, model.engine.gpus, fit, reason), []
+
+
+def _pool_plans(
+    spec: PlatformSpec,
+    placements: dict[str, Placement],
+    instances: dict[str, catalog.InstanceType],
+    reasons: dict[str, str],
+) -> tuple[dict[str, PoolPlan], list[Problem]]:
+    plans: dict[str, PoolPlan] = {}
+    problems: list[Problem] = []
+    for i, pool in enumerate(spec.gpu_pools):
+        instance = instances[pool.name]
+        members = [m for m in spec.models if (p := placements.get(m.name)) is not None and p.pool == pool.name]
+        gpus_min = sum(m.scaling.min_replicas * m.engine.gpus for m in members)
+        gpus_max = sum(m.scaling.max_replicas * m.engine.gpus for m in members)
+        need_max = _nodes_for(gpus_max, instance.gpus)
+        min_nodes = max(pool.min_nodes, _nodes_for(gpus_min, instance.gpus))
+        max_nodes = pool.max_nodes if pool.max_nodes is not None else max(need_max, min_nodes, 1)
+        if pool.max_nodes is not None and pool.max_nodes < need_max:
+            problems.append(
+                Problem(
+                    f"gpu_pools[{i}].max_nodes",
+                    f"{pool.max_nodes} nodes of {instance.name} cannot hold the max replicas of "
+                    f"{', '.join(m.name for m in members)} ({gpus_max} GPUs = {need_max} nodes); raise max_nodes to "
+                    f"{need_max} or lower the models' max_replicas",
+                )
+            )
+        if min_nodes > max_nodes:
+            problems.append(
+                Problem(f"gpu_pools[{i}].min_nodes", f"min_nodes {min_nodes} is above max_nodes {max_nodes}")
+            )
+        weights = sum(placements[m.name].weights_gib for m in members)
+        disk = pool.root_disk_gib or int(math.ceil((weights * 1.2 + IMAGE_DISK_GIB) / DISK_STEP_GIB) * DISK_STEP_GIB)
+        plans[pool.name] = PoolPlan(
+            name=pool.name,
+            instance=instance,
+            capacity_type=pool.capacity_type,
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            root_disk_gib=disk,
+            labels=dict(pool.labels),
+            models=tuple(m.name for m in members),
+            reason=reasons[pool.name],
+        )
+    return plans, problems

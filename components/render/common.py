@@ -1,0 +1,64 @@
+"""Names, labels and small building blocks every renderer shares, so they are spelled once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.spec import PlatformSpec
+
+Manifest = dict[str, Any]
+
+PART_OF = "inferstack"
+MANAGED_BY = "pulumi"
+POOL_LABEL = "inferstack.io/pool"
+MODEL_LABEL = "inferstack.io/model"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TAINT_EFFECT = "NoSchedule"  # Kubernetes spelling; the EKS API spells it NO_SCHEDULE
+ENGINE_PORT = 8000
+RUNTIME_UID = 1000
+
+
+def engine_name(model: str) -> str:
+    return f"{model}-engine"
+
+
+def labels(spec: PlatformSpec, name: str, component: str, version: str | None = None) -> dict[str, str]:
+    """The recommended ``app.kubernetes.io/*`` labels plus the environment."""
+    out = {
+        "app.kubernetes.io/name": name,
+        "app.kubernetes.io/instance": f"{spec.name}-{spec.environment}",
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": PART_OF,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "inferstack.io/environment": spec.environment,
+    }
+    if version:
+        out["app.kubernetes.io/version"] = version[:63]
+    return out
+
+
+def selector(spec: PlatformSpec, name: str, component: str) -> dict[str, str]:
+    """The immutable subset of ``labels`` that selectors use (never the version)."""
+    full = labels(spec, name, component)
+    return {k: full[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component")}
+
+
+def metadata(spec: PlatformSpec, name: str, component: str, version: str | None = None, **extra: Any) -> Manifest:
+    return {"name": name, "namespace": spec.cluster.namespace, "labels": labels(spec, name, component, version), **extra}
+
+
+def image_version(image: str) -> str:
+    """The tag (or digest) of an image reference, for the version label."""
+    if "@" in image:
+        return image.rsplit("@", 1)[1].replace(":", "-")[:63]
+    return image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else "unknown"
+
+
+def quantity_gib(value: float) -> str:
+    """A Kubernetes memory quantity in Mi (integral, so diffs stay stable)."""
+    return f"{int(value * 1024)}Mi"
+
+
+def quantity_cpu(value: float) -> str:
+    return f"{int(value * 1000)}m"

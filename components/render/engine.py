@@ -1,0 +1,226 @@
+"""Engine Deployment, Service (and ConfigMap where the engine takes a file) for one model. Pure."""
+
+from __future__ import annotations
+
+import math
+
+from components.placement import Placement
+from components.render import common
+from components.render.common import Manifest
+from components.render.engine_args import (
+    MODEL_DIR,
+    S3_MODEL_DIR,
+    TRTLLM_CONFIG_DIR,
+    EngineCommand,
+    engine_command,
+)
+from components.spec import ModelSpec, PlatformSpec
+
+AWS_CLI_IMAGE = "public.ecr.aws/aws-cli/aws-cli:2.27.50"
+HF_TOKEN_KEY = "token"
+# Node resources the kubelet, system daemons and DaemonSets keep; the rest is shared by GPU share.
+_NODE_RESERVED_CPU = 2.0
+_NODE_RESERVED_MEMORY_FRACTION = 0.10
+_CPU_ENGINE_DEFAULTS = (2.0, 8.0)  # cores, GiB
+_OFFLOAD_BASE_GIB = 16  # host memory the engine needs besides a KV offload buffer
+# Startup budget: a base plus time to pull and load weights (~100 MiB/s end to end, conservatively).
+_STARTUP_BASE_S = 180
+_STARTUP_S_PER_GIB = 10
+_STARTUP_MAX_S = 3600
+_PROBE_PERIOD_S = 10
+
+
+def hf_token_secret_name(spec: PlatformSpec) -> str:
+    return f"{spec.name}-hf-token"
+
+
+def engine_resources(model: ModelSpec, placement: Placement) -> tuple[float, float]:
+    """CPU cores and memory GiB per replica: the spec's, else the node's share by GPUs used."""
+    e = model.engine
+    if placement.instance is None:
+        cores, memory = _CPU_ENGINE_DEFAULTS
+        return e.cpu_cores or cores, e.memory_gib or memory
+    instance = placement.instance
+    share = placement.gpus_per_replica / instance.gpus
+    cores = max(1.0, math.floor((instance.vcpus - _NODE_RESERVED_CPU) * share))
+    memory = math.floor(instance.memory_gib * (1 - _NODE_RESERVED_MEMORY_FRACTION) * share)
+    memory = max(memory, math.ceil(e.cpu_kv_offload_gib + _OFFLOAD_BASE_GIB)) if e.cpu_kv_offload_gib else memory
+    return e.cpu_cores or cores, e.memory_gib or float(memory)
+
+
+def startup_budget_s(placement: Placement) -> int:
+    """Seconds a replica may take to become healthy; grows with the weights it loads."""
+    return min(_STARTUP_MAX_S, int(_STARTUP_BASE_S + _STARTUP_S_PER_GIB * placement.weights_gib))
+
+
+def _shm_gib(model: ModelSpec) -> float:
+    # NCCL and the engines' worker processes exchange tensors through /dev/shm when TP/PP > 1.
+    return 16.0 if model.engine.gpus > 1 else 2.0
+
+
+def _model_cache_gib(placement: Placement) -> int:
+    return max(20, math.ceil(placement.weights_gib * 1.25 + 5))
+
+
+def _http_probe(period_s: int, failure_threshold: int, timeout_s: int = 5) -> Manifest:
+    return {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": period_s,
+        "timeoutSeconds": timeout_s,
+        "failureThreshold": failure_threshold,
+    }
+
+
+def _env(spec: PlatformSpec, cmd: EngineCommand) -> list[Manifest]:
+    env: list[Manifest] = [{"name": k, "value": v} for k, v in sorted(cmd.env.items())]
+    if spec.huggingface_token_config_key:
+        env.append(
+            {
+                "name": "HF_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": hf_token_secret_name(spec), "key": HF_TOKEN_KEY}},
+            }
+        )
+    return env
+
+
+def _container_security() -> Manifest:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": common.RUNTIME_UID,
+        "runAsGroup": common.RUNTIME_UID,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _s3_sync(model: ModelSpec) -> Manifest:
+    """An init container that copies the weights from S3 into the model cache before the engine starts."""
+    return {
+        "name": "fetch-weights",
+        "image": AWS_CLI_IMAGE,
+        "command": ["aws", "s3", "sync", "--only-show-errors", model.source, S3_MODEL_DIR],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "resources": {
+            "requests": {"cpu": "500m", "memory": "1Gi"},
+            "limits": {"cpu": "2", "memory": "2Gi"},
+        },
+        "securityContext": _container_security(),
+        "volumeMounts": [{"name": "model-cache", "mountPath": MODEL_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def config_map(spec: PlatformSpec, model: ModelSpec) -> Manifest | None:
+    """Files the engine reads (TensorRT-LLM's extra options); None when the engine needs none."""
+    cmd = engine_command(model)
+    if not cmd.files:
+        return None
+    name = common.engine_name(model.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": common.metadata(spec, name, "engine"),
+        "data": dict(cmd.files),
+    }
+
+
+def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Manifest:
+    name = common.engine_name(model.name)
+    image = model.engine.resolved_image
+    version = common.image_version(image)
+    cmd = engine_command(model)
+    cores, memory_gib = engine_resources(model, placement)
+    resources: Manifest = {
+        "requests": {"cpu": common.quantity_cpu(cores), "memory": common.quantity_gib(memory_gib)},
+        "limits": {"cpu": common.quantity_cpu(cores), "memory": common.quantity_gib(memory_gib)},
+    }
+    if placement.gpus_per_replica:
+        resources["requests"][common.GPU_RESOURCE] = str(placement.gpus_per_replica)
+        resources["limits"][common.GPU_RESOURCE] = str(placement.gpus_per_replica)
+    mounts: list[Manifest] = [
+        {"name": "model-cache", "mountPath": MODEL_DIR},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes: list[Manifest] = [
+        {"name": "model-cache", "emptyDir": {"sizeLimit": f"{_model_cache_gib(placement)}Gi"}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{_shm_gib(model):g}Gi"}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "10Gi"}},
+    ]
+    if cmd.files:
+        mounts.append({"name": "engine-config", "mountPath": TRTLLM_CONFIG_DIR, "readOnly": True})
+        volumes.append({"name": "engine-config", "configMap": {"name": name}})
+    startup_failures = math.ceil(startup_budget_s(placement) / _PROBE_PERIOD_S)
+    container: Manifest = {
+        "name": "engine",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": cmd.command,
+        "args": cmd.args,
+        "env": _env(spec, cmd),
+        "ports": [{"name": "http", "containerPort": common.ENGINE_PORT, "protocol": "TCP"}],
+        "resources": resources,
+        "startupProbe": _http_probe(_PROBE_PERIOD_S, startup_failures),
+        "readinessProbe": _http_probe(5, 3),
+        "livenessProbe": _http_probe(15, 4),
+        # Let the Service stop sending new requests before the engine receives SIGTERM.
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "10"]}}},
+        "securityContext": _container_security(),
+        "volumeMounts": mounts,
+    }
+    pod_spec: Manifest = {
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 120,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": common.RUNTIME_UID,
+            "runAsGroup": common.RUNTIME_UID,
+            "fsGroup": common.RUNTIME_UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if model.source.startswith("s3://"):
+        pod_spec["initContainers"] = [_s3_sync(model)]
+    if placement.pool is not None and placement.instance is not None:
+        pod_spec["nodeSelector"] = {common.POOL_LABEL: placement.pool}
+        pod_spec["tolerations"] = [
+            {"key": common.GPU_TAINT_KEY, "operator": "Exists", "effect": common.GPU_TAINT_EFFECT}
+        ]
+    pod_labels = {**common.labels(spec, name, "engine", version), common.MODEL_LABEL: model.name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {**common.metadata(spec, name, "engine", version), "labels": pod_labels},
+        "spec": {
+            "replicas": model.scaling.min_replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": common.selector(spec, name, "engine")},
+            # GPUs are scarce: replace one replica at a time and never run two copies' worth of GPUs.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+        },
+    }
+
+
+def service(spec: PlatformSpec, model: ModelSpec) -> Manifest:
+    name = common.engine_name(model.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": common.metadata(spec, name, "engine"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": common.selector(spec, name, "engine"),
+            "ports": [{"name": "http", "port": common.ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def render(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> list[Manifest]:
+    """Every Kubernetes object of one model's engine, in apply order."""
+    out = [m for m in (config_map(spec, model),) if m is not None]
+    return [*out, deployment(spec, model, placement), service(spec, model)]
+

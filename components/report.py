@@ -1,0 +1,124 @@
+"""What `inferstack plan` and `inferstack size` show: rows and Markdown built from pure data."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from components import catalog, cost, sizing
+from components.plan import Synthesis
+from components.stackfile import Stack
+
+PLAN_COLUMNS = (
+    "model",
+    "engine",
+    "instance",
+    "TP x PP",
+    "replicas",
+    "GPUs (max)",
+    "KV headroom",
+    "$/month min",
+    "$/month max",
+    "$/M tokens (est.)",
+)
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    rows: list[tuple[str, ...]]
+    bill: cost.StackCost
+    notes: list[str]
+
+    def markdown(self, stack: Stack, synthesis: Synthesis) -> str:
+        lines = [
+            f"# inferstack plan: {stack.name}",
+            "",
+            f"Stack file `{stack.source}`, target `{stack.spec.target.value}`, "
+            f"environment `{stack.spec.environment}`, namespace `{stack.spec.cluster.namespace}`.",
+            "",
+            "## Models",
+            "",
+            "| " + " | ".join(PLAN_COLUMNS) + " |",
+            "|" + "---|" * len(PLAN_COLUMNS),
+            *("| " + " | ".join(row) + " |" for row in self.rows),
+            "",
+            "## Monthly cost",
+            "",
+            "| item | min | max |",
+            "|---|---:|---:|",
+            *(f"| {i.name} | {cost.monthly(i.min_usd_month)} | {cost.monthly(i.max_usd_month)} |" for i in self.bill.items),
+            f"| **total** | **{cost.monthly(self.bill.min_usd_month)}** | **{cost.monthly(self.bill.max_usd_month)}** |",
+            "",
+            f"Prices: {catalog.PRICE_SOURCE}, read {catalog.PRICE_READ_ON}. Spot uses an average discount per family.",
+            f"$/M tokens is an estimate ({cost.THROUGHPUT_ASSUMPTION}).",
+            "",
+            "## Resources",
+            "",
+            "| type | count |",
+            "|---|---:|",
+            *(f"| `{t}` | {n} |" for t, n in sorted(Counter(r.type for r in synthesis.resources).items())),
+            "",
+            "## Decisions",
+            "",
+            *(f"- {note}" for note in self.notes),
+            "",
+        ]
+        return "\n".join(lines)
+
+
+def plan_report(stack: Stack) -> PlanReport:
+    spec, layout = stack.spec, stack.layout
+    bill = cost.stack_cost(spec, layout)
+    by_model = {c.model: c for c in bill.models}
+    rows: list[tuple[str, ...]] = []
+    notes: list[str] = []
+    for model in spec.models:
+        placement = layout.placements[model.name]
+        c = by_model[model.name]
+        e = model.engine
+        instance = placement.instance.name if placement.instance else "cpu"
+        headroom = f"{placement.fit.headroom_gib:.1f} GiB" if placement.fit else "-"
+        per_m = f"${c.usd_per_million_tokens:.2f}" if c.usd_per_million_tokens else "-"
+        rows.append(
+            (
+                model.name,
+                f"{e.kind.value} ({model.resolved_task().value})",
+                instance,
+                f"{e.tensor_parallel_size} x {e.pipeline_parallel_size}",
+                f"{model.scaling.min_replicas}-{model.scaling.max_replicas}",
+                str(model.scaling.max_replicas * placement.gpus_per_replica),
+                headroom,
+                cost.monthly(c.min_usd_month),
+                cost.monthly(c.max_usd_month),
+                per_m,
+            )
+        )
+        notes.append(f"{model.name}: {placement.reason}")
+    for pool in layout.pools.values():
+        notes.append(
+            f"pool {pool.name}: {pool.reason}; {pool.min_nodes}-{pool.max_nodes} nodes, "
+            f"{pool.root_disk_gib} GiB root disk"
+        )
+    return PlanReport(rows=rows, bill=bill, notes=notes)
+
+
+SIZE_COLUMNS = ("instance", "GPUs", "TP", "replicas/node", "KV headroom", "seqs at full length", "$/month/replica", "spot")
+
+
+def size_rows(found: list[sizing.Candidate]) -> list[tuple[str, ...]]:
+    rows = []
+    for c in found:
+        spot = c.usd_per_replica_month * catalog.SPOT_FRACTION.get(c.instance.family, 1.0)
+        rows.append(
+            (
+                c.instance.name,
+                f"{c.instance.gpus} x {c.instance.gpu}",
+                str(c.tensor_parallel_size),
+                str(c.replicas_per_node),
+                f"{c.fit.headroom_gib:.1f} GiB",
+                f"{c.fit.full_length_sequences} ({c.fit.kv_coverage:.0%})",
+                cost.monthly(c.usd_per_replica_month),
+                cost.monthly(spot),
+            )
+        )
+    return rows

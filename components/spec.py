@@ -1,0 +1,449 @@
+"""The platform spec: what a platform engineer writes in ``stacks/Pulumi.<env>.yaml``.
+
+The one source of truth. Every knob is a documented field with a default and, where it has one, a unit
+in its name. Structure and single-field rules live here (pydantic); rules that need the hardware
+catalog (fit, parallelism against a node's GPUs, pool placement) live in ``components.placement``,
+which reports them with the same field paths.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from components import catalog
+from runtime.config import EngineKind, Strategy, Task
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")
+PINNED_IMAGE = re.compile(r"^[^\s@]+(@sha256:[0-9a-f]{64}|:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})$")
+MAX_MODEL_NAME = 40  # leaves room for suffixes in 63-character Kubernetes names
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+class Target(StrEnum):
+    EKS = "eks"
+    KUBERNETES = "kubernetes"
+    LOCAL = "local"
+
+
+class CapacityType(StrEnum):
+    ON_DEMAND = "on-demand"
+    SPOT = "spot"
+
+
+class Quantization(StrEnum):
+    NONE = "none"
+    AWQ = "awq"
+    GPTQ = "gptq"
+    FP8 = "fp8"
+    INT8 = "int8"
+
+
+class DType(StrEnum):
+    AUTO = "auto"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+
+
+class KvCacheDType(StrEnum):
+    AUTO = "auto"
+    FP8 = "fp8"
+    FP8_E4M3 = "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2"
+
+
+class Device(StrEnum):
+    GPU = "gpu"
+    CPU = "cpu"
+
+
+AUTO = "auto"
+
+DEFAULT_IMAGES: dict[EngineKind, str] = {
+    EngineKind.VLLM: "vllm/vllm-openai:v0.32.0",
+    EngineKind.SGLANG: "lmsysorg/sglang:v0.5.3-cu126",
+    EngineKind.TRTLLM: "nvcr.io/nvidia/tensorrt-llm/release:1.0.0",
+}
+CPU_IMAGES: dict[EngineKind, str] = {
+    EngineKind.VLLM: "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0",
+}
+
+
+def _dns_label(value: str) -> str:
+    if not DNS_LABEL.match(value) or len(value) > MAX_MODEL_NAME:
+        raise ValueError(
+            f"{value!r} is not a DNS label: use lowercase letters, digits and '-', starting and ending "
+            f"with a letter or digit, at most {MAX_MODEL_NAME} characters (e.g. 'llama-3-70b')"
+        )
+    return value
+
+
+DnsLabel = Annotated[str, AfterValidator(_dns_label)]
+
+
+class ClusterSpec(_Spec):
+    """Where the platform runs."""
+
+    name: str | None = None
+    """Cluster name; defaults to '<platform name>-<environment>'."""
+    region: str = "us-east-1"
+    """AWS region (target eks); also the region prices are read for."""
+    kubernetes_version: Annotated[str, Field(pattern=r"^1\.(2[5-9]|3[0-7])$")] = "1.33"
+    """Kubernetes minor version, e.g. '1.33'; manifests are validated against it."""
+    namespace: DnsLabel = "inferstack"
+    """Namespace for engines and the gateway."""
+    endpoint_public_access: bool = False
+    """Expose the EKS API endpoint publicly (private by default)."""
+
+
+
+class GpuPoolSpec(_Spec):
+    """A group of identical GPU nodes that engines are placed on."""
+
+    name: DnsLabel
+    """Pool name, referenced by models' `pool`."""
+    instance_type: str = AUTO
+    """AWS instance type (e.g. 'p5.48xlarge'), or 'auto' for the cheapest type that fits its models."""
+    capacity_type: CapacityType = CapacityType.ON_DEMAND
+    """on-demand or spot."""
+    min_nodes: Annotated[int, Field(ge=0)] = 0
+    """Nodes kept even when no engine needs them."""
+    max_nodes: Annotated[int, Field(ge=1)] | None = None
+    """Upper bound on nodes; defaults to what the models' max replicas need."""
+    root_disk_gib: Annotated[int, Field(ge=20, le=16_384)] | None = None
+    """Root volume per node; defaults to the weights of the pool's models plus images and slack."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Extra node labels."""
+
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known_instance(cls, value: str) -> str:
+        if value != AUTO and value not in catalog.INSTANCE_TYPES:
+            families = sorted({i.family for i in catalog.INSTANCE_TYPES.values()})
+            raise ValueError(
+                f"unknown GPU instance type {value!r}; use 'auto' or one of the families {', '.join(families)} "
+                f"(e.g. 'g6.xlarge', 'p5.48xlarge')"
+            )
+        return value
+
+
+class ArchitectureSpec(_Spec):
+    """Model shape, for models the catalog does not know."""
+
+    params_b: Annotated[float, Field(gt=0)]
+    """Parameters, in billions (all experts for mixture-of-experts)."""
+    layers: Annotated[int, Field(ge=1)]
+    kv_heads: Annotated[int, Field(ge=1)]
+    """Key/value heads (grouped-query attention)."""
+    head_dim: Annotated[int, Field(ge=1)]
+    hidden_size: Annotated[int, Field(ge=1)]
+    max_context_tokens: Annotated[int, Field(ge=1)] = 8192
+    vocab_size: Annotated[int, Field(ge=1)] = 32_000
+    active_params_b: Annotated[float, Field(gt=0)] | None = None
+    """Parameters used per token, for mixture-of-experts models."""
+    pooling: bool = False
+    """An embedding model."""
+
+    def to_catalog(self) -> catalog.ModelArch:
+        return catalog.ModelArch(
+            params_b=self.params_b,
+            layers=self.layers,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            hidden_size=self.hidden_size,
+            max_context_tokens=self.max_context_tokens,
+            vocab_size=self.vocab_size,
+            active_params_b=self.active_params_b,
+            pooling=self.pooling,
+            source="stack file",
+        )
+
+
+class EngineSpec(_Spec):
+    """The serving engine and every launch knob it takes."""
+
+    kind: EngineKind = EngineKind.VLLM
+    """vllm, sglang or trtllm."""
+    image: str | None = None
+    """Container image pinned by tag or digest; defaults to the tested image for the engine and device."""
+    device: Device = Device.GPU
+    """gpu, or cpu for small models on CPU nodes (kind clusters, local)."""
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
+    pipeline_parallel_size: Annotated[int, Field(ge=1, le=16)] = 1
+    dtype: DType = DType.AUTO
+    """Activation and weight precision before quantization."""
+    quantization: Quantization = Quantization.NONE
+    kv_cache_dtype: KvCacheDType = KvCacheDType.AUTO
+    gpu_memory_utilization: Annotated[float, Field(gt=0.1, le=0.98)] = 0.90
+    """Share of each GPU's memory the engine may use (weights, KV cache, activations)."""
+    max_model_len: Annotated[int, Field(ge=16)] = 8192
+    """Longest prompt plus completion, in tokens."""
+    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = 256
+    """Sequences decoded together; also the router's per-replica concurrency cap."""
+    max_num_batched_tokens: Annotated[int, Field(ge=16)] | None = None
+    """Tokens per scheduler step; defaults to the engine's choice (8192 with chunked prefill)."""
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    enforce_eager: bool = False
+    """Disable CUDA graphs (less memory, slower decode)."""
+    cpu_kv_offload_gib: Annotated[float, Field(ge=0, le=4096)] = 0
+    """CPU memory per replica that extends the KV cache (vLLM --kv-offloading-size, which replaced the
+    removed --swap-space: preempted and evicted prefixes are kept in host memory); 0 = off."""
+    trust_remote_code: bool = False
+    extra_args: list[str] = Field(default_factory=list)
+    """Extra command-line arguments appended verbatim."""
+    cpu_cores: Annotated[float, Field(gt=0)] | None = None
+    """CPU request per replica; defaults to the instance's share (GPU) or 2 (CPU engines)."""
+    memory_gib: Annotated[float, Field(gt=0)] | None = None
+    """Memory request per replica; defaults to the instance's share (GPU) or 8 (CPU engines)."""
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if not PINNED_IMAGE.match(value) or value.endswith(":latest"):
+            raise ValueError(
+                f"image {value!r} is not pinned: give an immutable tag or a digest, "
+                "e.g. 'vllm/vllm-openai:v0.32.0' or 'repo/image@sha256:<64 hex>' (never ':latest')"
+            )
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_listener_overrides(cls, value: list[str]) -> list[str]:
+        owned = {"--host", "--port", "--served-model-name", "--model", "--model-path"}
+        clash = sorted({a.split("=", 1)[0] for a in value} & owned)
+        if clash:
+            raise ValueError(f"extra_args may not set {', '.join(clash)}: inferstack renders them from the spec")
+        return value
+
+    @model_validator(mode="after")
+    def _engine_rules(self) -> EngineSpec:
+        if self.device is Device.CPU and self.kind is not EngineKind.VLLM:
+            raise ValueError(f"device: cpu is supported for vllm only, not {self.kind.value}; use kind: vllm")
+        if self.device is Device.CPU and (self.tensor_parallel_size, self.pipeline_parallel_size) != (1, 1):
+            raise ValueError("device: cpu runs one engine process; set tensor_parallel_size and pipeline_parallel_size to 1")
+        if self.cpu_kv_offload_gib and (self.kind is not EngineKind.VLLM or self.device is Device.CPU):
+            raise ValueError("cpu_kv_offload_gib works with kind: vllm on GPUs only; set it to 0")
+        if self.kind is EngineKind.TRTLLM and self.quantization in (Quantization.AWQ, Quantization.GPTQ):
+            raise ValueError(
+                f"quantization: {self.quantization.value} checkpoints are not served by trtllm-serve here; "
+                "use a pre-quantized TensorRT-LLM checkpoint with quantization: fp8, or kind: vllm"
+            )
+        if (
+            not self.enable_chunked_prefill
+            and self.max_num_batched_tokens is not None
+            and self.max_num_batched_tokens < self.max_model_len
+        ):
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is below max_model_len "
+                f"({self.max_model_len}) with chunked prefill off, so a full-length prompt can never be "
+                f"scheduled; raise it to at least {self.max_model_len} or set enable_chunked_prefill: true"
+            )
+        return self
+
+    @property
+    def gpus(self) -> int:
+        return 0 if self.device is Device.CPU else self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def resolved_image(self) -> str:
+        if self.image:
+            return self.image
+        table = CPU_IMAGES if self.device is Device.CPU else DEFAULT_IMAGES
+        return table[self.kind]
+
+
+class ScalingSpec(_Spec):
+    """When to add and remove replicas (the thresholds derive from the SLO and engine limits)."""
+
+    min_replicas: Annotated[int, Field(ge=0)] = 1
+    """0 enables scale-to-zero: the first request wakes the model."""
+    max_replicas: Annotated[int, Field(ge=1)] = 1
+    queue_per_replica: Annotated[float, Field(gt=0)] | None = None
+    """Waiting requests per replica that trigger scale-up; defaults to 10% of max_num_seqs."""
+    kv_cache_usage_target: Annotated[float, Field(gt=0, le=1)] = 0.85
+    """KV cache usage (0-1) above which to scale up."""
+    scale_up_stabilization_s: Annotated[int, Field(ge=0, le=3600)] = 30
+    scale_down_stabilization_s: Annotated[int, Field(ge=0, le=3600)] = 600
+    """Cooldown: how long load must stay low before replicas are removed."""
+    idle_before_zero_s: Annotated[int, Field(ge=60)] = 900
+    """With min_replicas 0: idle time before the last replica goes."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ScalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas}); "
+                f"raise max_replicas to at least {self.min_replicas}"
+            )
+        return self
+
+
+class SloSpec(_Spec):
+    """Latency objectives; scaling and alerts are derived from them."""
+
+    ttft_p95_ms: Annotated[int, Field(ge=1)] = 2000
+    """95th percentile time to first token."""
+    inter_token_p95_ms: Annotated[int, Field(ge=1)] = 100
+    """95th percentile time between streamed tokens."""
+
+
+class RoutingSpec(_Spec):
+    """How the gateway spreads this model's requests over its replicas."""
+
+    strategy: Strategy = Strategy.PREFIX_AWARE
+    weights: dict[str, float] = Field(default_factory=dict)
+    """Scorer weights for the weighted strategy, e.g. {load: 0.7, latency: 0.3}."""
+
+
+class ModelSpec(_Spec):
+    """A model to serve, its engine, placement, scale and objectives."""
+
+    name: DnsLabel
+    """Served model name: what clients put in `model`; a DNS label, unique in the stack."""
+    source: str
+    """Hugging Face repo id ('org/name'), an 's3://bucket/prefix' URI, or (target local) a local path."""
+    architecture: ArchitectureSpec | None = None
+    """Required when the catalog does not know the source; see `inferstack size --list`."""
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    pool: str = AUTO
+    """GPU pool name, or 'auto' for the cheapest declared pool that fits."""
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
+    slo: SloSpec = Field(default_factory=SloSpec)
+    task: Task | None = None
+    """generate or embed; defaults from the architecture (embedding models pool)."""
+
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        if value.startswith("s3://"):
+            if not S3_URI.match(value):
+                raise ValueError(f"{value!r} is not a valid S3 URI; write 's3://<bucket>/<prefix>'")
+            return value
+        if value.startswith(("/", "./", "../", "~")):
+            return value
+        if not HF_REPO.match(value):
+            raise ValueError(
+                f"{value!r} is not a model source: use a Hugging Face repo id like 'meta-llama/Llama-3.1-8B-Instruct', "
+                "an S3 URI like 's3://models/llama-3.1-8b/', or a local path starting with '/' or './'"
+            )
+        return value
+
+    @property
+    def is_local_path(self) -> bool:
+        return self.source.startswith(("/", "./", "../", "~"))
+
+    def arch(self) -> catalog.ModelArch | None:
+        """The architecture from the stack file, else from the catalog; None when neither knows it."""
+        if self.architecture is not None:
+            return self.architecture.to_catalog()
+        found = catalog.lookup_model(self.source) or catalog.lookup_model(self.name)
+        return found[1] if found else None
+
+    def resolved_task(self) -> Task:
+        if self.task is not None:
+            return self.task
+        arch = self.arch()
+        return Task.EMBED if arch is not None and arch.pooling else Task.GENERATE
+
+
+class IngressKind(StrEnum):
+    NONE = "none"
+    ALB = "alb"
+    GATEWAY_API = "gateway-api"
+
+
+class GatewaySpec(_Spec):
+    """The router in front of the engines, and how traffic reaches it."""
+
+    replicas: Annotated[int, Field(ge=1)] = 2
+    max_replicas: Annotated[int, Field(ge=1)] = 6
+    ingress: IngressKind = IngressKind.NONE
+    hostname: str | None = None
+    """Public host name for the ingress."""
+    require_api_key: bool = True
+    api_keys_config_key: str | None = None
+    """Pulumi secret config key holding a YAML/JSON list of {name, key, models} (stored hashed in the cluster)."""
+    gateway_class: str = "istio"
+    """GatewayClass of the parent Gateway when ingress is gateway-api."""
+
+
+class ObservabilitySpec(_Spec):
+    """What gets installed and rendered to watch the platform."""
+
+    prometheus: bool = True
+    grafana_dashboards: bool = True
+    alerts: bool = True
+    dcgm_exporter: bool = True
+
+
+class BudgetSpec(_Spec):
+    """Money: what the environment may cost."""
+
+    monthly_usd_cap: Annotated[float, Field(gt=0)] | None = None
+    """Projected monthly cost at max replicas must stay under this; None = no cap."""
+    allow_spot_in_prod: bool = False
+
+
+class PlatformSpec(_Spec):
+    """One environment of the platform: everything `pulumi up` creates."""
+
+    name: DnsLabel = "inferstack"
+    environment: DnsLabel
+    """dev, staging, prod, ... (labels, tags, policy enforcement)."""
+    target: Target = Target.EKS
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    gpu_pools: list[GpuPoolSpec] = Field(default_factory=list)
+    models: list[ModelSpec] = Field(min_length=1)
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+    observability: ObservabilitySpec = Field(default_factory=ObservabilitySpec)
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    huggingface_token_config_key: str | None = None
+    """Pulumi secret config key with a Hugging Face token (for gated models)."""
+    tags: dict[str, str] = Field(default_factory=dict)
+    """Cost-allocation tags on every cloud resource."""
+
+
+    @property
+    def cluster_name(self) -> str:
+        return self.cluster.name or f"{self.name}-{self.environment}"
+
+    def pool(self, name: str) -> GpuPoolSpec | None:
+        return next((p for p in self.gpu_pools if p.name == name), None)
+
+
+def spec_json_schema() -> dict[str, Any]:
+    """JSON Schema of a whole stack file (`config: {inferstack:platform: ...}`), for editor completion."""
+    platform = PlatformSpec.model_json_schema()
+    defs = platform.pop("$defs", {})
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "inferstack stack file",
+        "type": "object",
+        "properties": {
+            "config": {
+                "type": "object",
+                "properties": {"inferstack:platform": platform},
+                "required": ["inferstack:platform"],
+            },
+            "secretsprovider": {"type": "string"},
+            "encryptedkey": {"type": "string"},
+            "encryptionsalt": {"type": "string"},
+        },
+        "required": ["config"],
+        "$defs": defs,
+    }
