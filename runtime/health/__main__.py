@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 from pathlib import Path
 
 import uvloop
@@ -13,7 +14,7 @@ from aiohttp import web
 from runtime.config import RuntimeConfig
 from runtime.discovery import watch_backends
 from runtime.health.app import make_app
-from runtime.health.cli import load_config_or_exit, setup_logging
+from runtime.health.cli import EXIT_BAD_CONFIG, load_config_or_exit, setup_logging
 from runtime.health.kube import Actions, KubernetesActions, NoActions
 from runtime.health.monitor import Monitor
 
@@ -36,7 +37,15 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(os.environ.get("LOG_LEVEL", "INFO"))
     config = load_config_or_exit(args.config)
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    monitor = Monitor(config, watch=watch_backends, actions=build_actions(config))
+    try:
+        actions = build_actions(config)
+    except Exception as err:  # no in-cluster credentials: a deployment mistake, said plainly
+        print(
+            f"{args.config}: health.kubernetes_events/remediate_after_s need the Kubernetes API: {err}",
+            file=sys.stderr,
+        )
+        raise SystemExit(EXIT_BAD_CONFIG) from None
+    monitor = Monitor(config, watch=watch_backends, actions=actions)
     web.run_app(
         make_app(monitor),
         host=args.host or config.health.host,

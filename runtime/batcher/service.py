@@ -1,0 +1,359 @@
+"""The batcher's engine side: per-model queues, a dispatcher that forms batches, result delivery.
+
+Flow per model: a request's inputs become ``Item``s on the queue of its batch key (requests that
+differ in model parameters never share a call). The dispatcher waits for a free engine slot, then
+for the batch to fill (``max_batch_size`` inputs or ``max_batch_tokens``) or for the oldest item's
+``max_wait_ms`` to run out, and sends one engine call. Results go back to each owner in its own
+order. Waiting for a slot first is deliberate: while the engine is busy, arrivals pile up and the
+next call is fuller, which is exactly when batching pays.
+
+When a batch call fails, every member request is retried alone, so one poison input fails only its
+own request (``core`` has the pure parts: assembly, splitting, usage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from runtime.batcher import core
+from runtime.batcher.metrics import BatcherMetrics
+from runtime.config import BatchingPolicy, ModelTarget
+
+log = logging.getLogger("inferstack.batcher")
+
+WatchFn = Callable[[ModelTarget], AsyncIterator[list[str]]]
+EMBEDDINGS_PATH = "/v1/embeddings"
+ERROR_BODY_MAX_BYTES = 64 * 1024
+
+
+class QueueFullError(Exception):
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"queue full; retry after {retry_after_s}s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class EngineError(Exception):
+    """The engine (or the way to it) failed; carries what the client should see."""
+
+    status: int
+    body: dict[str, Any]
+
+
+def error_body(message: str, kind: str, code: int) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+@dataclass
+class Pending:
+    """One client request in flight: its inputs' results fill in as batches come back."""
+
+    body: dict[str, Any]
+    size: int
+    future: asyncio.Future[dict[str, Any]]
+    alive: Callable[[], bool] = lambda: True  # False once the client has gone
+    data: list[dict[str, Any] | None] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    remaining: int = 0
+    created: int = 0
+    model: str = ""
+
+    def __post_init__(self) -> None:
+        self.data = [None] * self.size
+        self.tokens = [0] * self.size
+        self.remaining = self.size
+
+    def wants_results(self) -> bool:
+        return not self.future.done() and self.alive()
+
+    def fill(self, position: int, entry: dict[str, Any], tokens: int) -> None:
+        if self.future.done() or self.data[position] is not None:
+            return
+        self.data[position] = entry
+        self.tokens[position] = tokens
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.future.set_result(
+                core.response_for(
+                    [d for d in self.data if d is not None],
+                    sum(self.tokens),
+                    model=self.model or str(self.body.get("model", "")),
+                    request_id=f"embd-{uuid.uuid4().hex}",
+                    created=self.created or int(time.time()),
+                )
+            )
+
+    def fail(self, err: EngineError) -> None:
+        if not self.future.done():
+            self.future.set_exception(err)
+
+
+def _alive(owner: Any) -> bool:
+    return bool(owner.wants_results())
+
+
+@dataclass
+class Backend:
+    url: str
+    inflight: int = 0
+
+
+class ModelBatcher:
+    """Queues, dispatcher and replicas of one pooling model."""
+
+    def __init__(
+        self,
+        target: ModelTarget,
+        policy: BatchingPolicy,
+        session: aiohttp.ClientSession,
+        metrics: BatcherMetrics,
+        watch: WatchFn,
+    ) -> None:
+        self.target = target
+        self.policy = policy
+        self._session = session
+        self._metrics = metrics
+        self._watch = watch
+        self.queues: dict[str, deque[core.Item]] = {}
+        self.depth = 0  # items waiting (not yet dispatched)
+        self.backends: list[Backend] = []
+        self._arrived = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._calls: set[asyncio.Task[None]] = set()
+        self._have_backends = asyncio.Event()
+        self._done_window: deque[tuple[float, int]] = deque()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._discover(), name=f"batcher-discover:{self.target.name}"),
+            asyncio.create_task(self._dispatch_loop(), name=f"batcher-dispatch:{self.target.name}"),
+        ]
+
+    async def stop(self) -> None:
+        tasks = [*self._tasks, *self._calls]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        err = EngineError(503, error_body("batcher shutting down", "service_unavailable", 503))
+        for q in self.queues.values():
+            while q:
+                q.popleft().owner.fail(err)
+
+    async def _discover(self) -> None:
+        while True:
+            try:
+                async for urls in self._watch(self.target):
+                    known = {b.url: b for b in self.backends}
+                    self.backends = [known.get(u.rstrip("/")) or Backend(u.rstrip("/")) for u in urls]
+                    if self.backends:
+                        self._have_backends.set()
+                        self._slot_freed.set()
+                    else:
+                        self._have_backends.clear()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # keep the last known replicas
+                log.warning("discovery for %s failed: %s", self.target.name, err)
+            await asyncio.sleep(2.0)
+
+    # --- intake ------------------------------------------------------------------------------
+
+    def retry_after_s(self) -> int:
+        rate = self.items_per_second()
+        if rate <= 0:
+            return 1
+        return max(1, min(60, math.ceil(self.depth / rate)))
+
+    def items_per_second(self, window_s: float = 10.0) -> float:
+        now = time.monotonic()
+        while self._done_window and self._done_window[0][0] < now - window_s:
+            self._done_window.popleft()
+        return sum(n for _, n in self._done_window) / window_s
+
+    def submit(self, body: dict[str, Any], inputs: list[core.Input], alive: Callable[[], bool]) -> Pending:
+        """Queue a request's inputs; raises ``QueueFullError`` beyond ``max_queue`` (nothing queued)."""
+        if self.depth + len(inputs) > self.policy.max_queue:
+            raise QueueFullError(self.retry_after_s())
+        loop = asyncio.get_running_loop()
+        pending = Pending(body=body, size=len(inputs), future=loop.create_future(), alive=alive)
+        key = core.batch_key(body)
+        queue = self.queues.setdefault(key, deque())
+        now = loop.time()
+        for i, value in enumerate(inputs):
+            queue.append(core.Item(pending, i, value, core.estimate_tokens(value), now))
+        self.depth += len(inputs)
+        self._metrics.queue_depth.labels(self.target.name).set(self.depth)
+        self._arrived.set()
+        return pending
+
+    # --- dispatch ----------------------------------------------------------------------------
+
+    def _capacity(self) -> int:
+        return len(self.backends) * self.policy.max_inflight_batches_per_backend - len(self._calls)
+
+    def _oldest_queue(self) -> deque[core.Item] | None:
+        live = [q for q in self.queues.values() if q]
+        return min(live, key=lambda q: q[0].enqueued_s) if live else None
+
+    async def _dispatch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        wait_s = self.policy.max_wait_ms / 1000
+        p = self.policy
+        while True:
+            queue = self._oldest_queue()
+            if queue is None:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            if self._capacity() <= 0:  # engine slots full: let the queue grow into a fuller batch
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                continue
+            deadline = queue[0].enqueued_s + wait_s
+            while not core.ready_to_send(queue, max_size=p.max_batch_size, max_tokens=p.max_batch_tokens):
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                self._arrived.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await self._arrived.wait()
+            batch, dropped = core.take_batch(
+                queue, max_size=p.max_batch_size, max_tokens=p.max_batch_tokens, alive=_alive
+            )
+            self.depth -= len(batch) + dropped
+            self._metrics.queue_depth.labels(self.target.name).set(self.depth)
+            if dropped:
+                self._metrics.items.labels(self.target.name, "dropped").inc(dropped)
+            if not batch:
+                continue
+            now = loop.time()
+            for item in batch:
+                self._metrics.wait.labels(self.target.name).observe(now - item.enqueued_s)
+            task = asyncio.create_task(self._send(batch))
+            self._calls.add(task)
+            task.add_done_callback(self._call_done)
+
+    def _call_done(self, task: asyncio.Task[None]) -> None:
+        self._calls.discard(task)
+        self._slot_freed.set()
+
+    def _pick(self, exclude: set[str]) -> Backend | None:
+        choices = [b for b in self.backends if b.url not in exclude]
+        return min(choices, key=lambda b: b.inflight) if choices else None
+
+    async def _call(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """One engine call with one retry on another replica when the first cannot be reached."""
+        tried: set[str] = set()
+        last: EngineError = EngineError(503, error_body("no replica available", "service_unavailable", 503))
+        for _ in range(2):
+            backend = self._pick(tried)
+            if backend is None:
+                break
+            tried.add(backend.url)
+            backend.inflight += 1
+            try:
+                return await self._post(backend.url, payload)
+            except aiohttp.ClientConnectorError as err:
+                last = EngineError(502, error_body(f"replica unreachable: {err}", "bad_gateway", 502))
+            finally:
+                backend.inflight -= 1
+        raise last
+
+    async def _post(self, url: str, payload: dict[str, Any]) -> dict[str, Any]:
+        timeout = aiohttp.ClientTimeout(total=self.policy.engine_timeout_ms / 1000)
+        try:
+            async with self._session.post(url + EMBEDDINGS_PATH, json=payload, timeout=timeout) as resp:
+                if resp.status == 200:
+                    body: dict[str, Any] = await resp.json(content_type=None)
+                    return body
+                raw = await resp.content.read(ERROR_BODY_MAX_BYTES)
+        except TimeoutError as err:
+            raise EngineError(504, error_body("engine timed out", "timeout", 504)) from err
+        except aiohttp.ClientConnectorError:
+            raise
+        except (aiohttp.ClientError, ValueError) as err:
+            raise EngineError(502, error_body(f"engine answer unusable: {err}", "bad_gateway", 502)) from err
+        raise EngineError(resp.status, _engine_error_body(raw, resp.status))
+
+    async def _send(self, batch: list[core.Item]) -> None:
+        name = self.target.name
+        owners = list(dict.fromkeys(item.owner for item in batch))
+        payload = {**owners[0].body, "input": [item.value for item in batch]}
+        self._metrics.batch_size.labels(name).observe(len(batch))
+        self._metrics.batch_tokens.labels(name).observe(sum(i.tokens for i in batch))
+        try:
+            body = await self._call(payload)
+            self._deliver(batch, body)
+            self._metrics.engine_calls.labels(name, "ok").inc()
+            return
+        except (EngineError, core.EngineResponseError) as err:
+            self._metrics.engine_calls.labels(name, "error").inc()
+            first = err
+        if len(owners) == 1:
+            owners[0].fail(_as_engine_error(first))
+            self._metrics.items.labels(name, "error").inc(len(batch))
+            return
+        # One bad input must not fail its neighbours: each member request alone, concurrently.
+        await asyncio.gather(*(self._send_alone(o, [i for i in batch if i.owner is o]) for o in owners))
+
+    async def _send_alone(self, owner: Pending, items: list[core.Item]) -> None:
+        name = self.target.name
+        if not owner.wants_results():
+            self._metrics.items.labels(name, "dropped").inc(len(items))
+            return
+        self._metrics.engine_calls.labels(name, "retry_alone").inc()
+        try:
+            body = await self._call({**owner.body, "input": [i.value for i in items]})
+            self._deliver(items, body)
+        except (EngineError, core.EngineResponseError) as err:
+            owner.fail(_as_engine_error(err))
+            self._metrics.items.labels(name, "error").inc(len(items))
+
+    def _deliver(self, batch: list[core.Item], body: dict[str, Any]) -> None:
+        data = core.engine_vectors(body, len(batch))
+        shares = core.usage_shares(body, batch)
+        created = int(body.get("created") or time.time())
+        model = str(body.get("model") or self.target.name)
+        for item, entry, tokens in zip(batch, data, shares, strict=True):
+            owner: Pending = item.owner
+            owner.created, owner.model = created, model
+            owner.fill(item.position, entry, tokens)
+        self._metrics.items.labels(self.target.name, "ok").inc(len(batch))
+        self._done_window.append((time.monotonic(), len(batch)))
+
+
+def _engine_error_body(raw: bytes, status: int) -> dict[str, Any]:
+    """The engine's own error, reshaped to OpenAI's ``{"error": {...}}`` when vLLM sent its flat form."""
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return error_body(
+            raw.decode("utf-8", "replace")[:500] or f"engine returned HTTP {status}", "engine_error", status
+        )
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        return parsed
+    if isinstance(parsed, dict) and "message" in parsed:
+        return error_body(str(parsed["message"]), str(parsed.get("type", "engine_error")), status)
+    return error_body(f"engine returned HTTP {status}", "engine_error", status)
+
+
+def _as_engine_error(err: Exception) -> EngineError:
+    if isinstance(err, EngineError):
+        return err
+    return EngineError(502, error_body(str(err), "bad_gateway", 502))
