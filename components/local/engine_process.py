@@ -147,7 +147,7 @@ class EngineProcess:
         mode: Mode = "generate",
         host: str = "127.0.0.1",
         port: int = 0,
-        max_model_len: int = 512,
+        max_model_len: int | None = 512,
         enable_prefix_caching: bool | None = None,
         cpu_cores: str | None = None,
         kv_cache_space_gib: int = 1,
@@ -160,13 +160,14 @@ class EngineProcess:
     ) -> None:
         """``cpu_cores`` is ``VLLM_CPU_OMP_THREADS_BIND`` ("0", "1", "0-1"); give each engine its own.
 
-        ``port=0`` picks a free port at ``start()``. ``enable_prefix_caching=None`` keeps vLLM's
+        ``port=0`` picks a free port at ``start()``. ``max_model_len=None`` takes the model's own
+        limit (all-MiniLM-L6-v2 allows 256 tokens). ``enable_prefix_caching=None`` keeps vLLM's
         default. In ``embed`` mode the engine runs ``--runner pooling`` and, for a generative
         checkpoint, ``--convert embed``. ``extra_args`` go last, so they win over the above.
         """
         if host not in {"127.0.0.1", "localhost", "::1"}:
             raise ValueError(f"host {host!r}: test engines bind loopback only")
-        if max_model_len <= 0:
+        if max_model_len is not None and max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {max_model_len}")
         path = Path(model)
         self.model = str(path.resolve()) if path.exists() else str(model)
@@ -204,9 +205,9 @@ class EngineProcess:
             str(self.port),
             "--dtype",
             self.dtype,
-            "--max-model-len",
-            str(self.max_model_len),
         ]
+        if self.max_model_len is not None:
+            args += ["--max-model-len", str(self.max_model_len)]
         if self.mode == "embed":
             args += ["--runner", "pooling"]
             if _is_decoder(self.model):
