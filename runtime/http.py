@@ -1,0 +1,98 @@
+"""Small helpers every runtime service shares: OpenAI-shaped errors, metrics exposition, JSON logs.
+
+Framework-free on purpose (bytes in, bytes out) so the router's lean server, and the health monitor
+and batcher on whatever server they choose, answer errors and ``/metrics`` identically.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# OpenAI's error ``type`` for each status we produce; clients (the openai SDK) map status to exceptions.
+ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_error",
+    502: "bad_gateway",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+
+REASONS: dict[int, str] = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+
+
+def error_body(status: int, message: str, *, code: str | None = None, param: str | None = None) -> bytes:
+    """The JSON body OpenAI's API returns for an error, so SDKs raise their usual exceptions."""
+    payload = {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "api_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def metrics_payload(registry: CollectorRegistry) -> bytes:
+    """Prometheus text exposition of one registry (each service keeps its own, never the global one)."""
+    return generate_latest(registry)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; ``extra={...}`` fields (request_id, backend, ...) become keys."""
+
+    _SKIP = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in self._SKIP:
+                out[key] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def setup_logging(level: str = "INFO") -> None:
+    """Route the root logger to stderr as JSON lines (what log collectors in the cluster parse)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -1,0 +1,147 @@
+"""API keys (only SHA-256 hashes are held), model scopes, and per-key request/token rate limits.
+
+Decisions are pure functions of (key table, buckets, now); the app turns them into 401/403/429.
+Limits are token buckets refilled continuously: ``requests_per_minute`` is charged one per request
+on admission; ``tokens_per_minute`` is charged the real usage (prompt + completion) when the answer
+is known, and a key whose token bucket is below zero is refused until it refills.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import TypeAdapter, ValidationError
+
+from runtime.config import ApiKey
+
+_KEYS = TypeAdapter(list[ApiKey])
+
+
+class Bucket:
+    """A token bucket of ``per_minute`` capacity refilled at ``per_minute / 60`` per second."""
+
+    __slots__ = ("capacity", "level", "rate_per_s", "updated")
+
+    def __init__(self, per_minute: int, now: float) -> None:
+        self.capacity = float(per_minute)
+        self.rate_per_s = per_minute / 60.0
+        self.level = float(per_minute)
+        self.updated = now
+
+    def refill(self, now: float) -> float:
+        elapsed = now - self.updated
+        if elapsed > 0:
+            self.level = min(self.capacity, self.level + elapsed * self.rate_per_s)
+            self.updated = now
+        return self.level
+
+    def seconds_until_positive(self) -> float:
+        return max(1.0, (1.0 - self.level) / self.rate_per_s) if self.rate_per_s > 0 else 60.0
+
+
+@dataclass
+class Principal:
+    """A known key holder and its live buckets."""
+
+    key: ApiKey
+    requests: Bucket | None
+    tokens: Bucket | None
+
+    @property
+    def name(self) -> str:
+        return self.key.name
+
+
+@dataclass(frozen=True)
+class Denied:
+    status: int
+    message: str
+    code: str
+    retry_after_s: float | None = None
+
+
+def hash_key(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def load_keys_file(path: Path) -> list[ApiKey]:
+    """Read a YAML list of ApiKey (a mounted Secret); raises ValueError naming the file."""
+    try:
+        raw = yaml.safe_load(path.read_text()) or []
+        return _KEYS.validate_python(raw)
+    except (OSError, yaml.YAMLError, ValidationError) as err:
+        raise ValueError(f"{path}: invalid API keys file: {err}") from err
+
+
+class KeyTable:
+    """Hash -> principal. Rebuilt on reload; buckets of keys that stay are carried over."""
+
+    def __init__(self, keys: list[ApiKey], now: float, previous: KeyTable | None = None) -> None:
+        self.by_hash: dict[str, Principal] = {}
+        for key in keys:
+            old = previous.by_hash.get(key.sha256) if previous else None
+            if old is not None and old.key == key:
+                self.by_hash[key.sha256] = old
+                continue
+            self.by_hash[key.sha256] = Principal(
+                key,
+                Bucket(key.requests_per_minute, now) if key.requests_per_minute else None,
+                Bucket(key.tokens_per_minute, now) if key.tokens_per_minute else None,
+            )
+
+    def __len__(self) -> int:
+        return len(self.by_hash)
+
+    def authenticate(self, authorization: bytes | None, required: bool) -> Principal | Denied | None:
+        """The caller's principal; None when no key is required and none (or an unknown one) is given."""
+        if authorization is None:
+            if required:
+                return Denied(401, "missing API key: send 'Authorization: Bearer <key>'", "invalid_api_key")
+            return None
+        scheme, _, token = authorization.partition(b" ")
+        if scheme.lower() != b"bearer" or not token.strip():
+            if required:
+                return Denied(
+                    401, "malformed Authorization header: expected 'Bearer <key>'", "invalid_api_key"
+                )
+            return None
+        principal = self.by_hash.get(hashlib.sha256(token.strip()).hexdigest())
+        if principal is None and required:
+            return Denied(401, "invalid API key", "invalid_api_key")
+        return principal
+
+
+def admit(principal: Principal, model: str, now: float) -> Denied | None:
+    """Scope and rate checks for one request; charges the request bucket when admitted."""
+    scopes = principal.key.models
+    if scopes and model not in scopes:
+        return Denied(403, f"key {principal.name!r} may not use model {model!r}", "model_not_allowed")
+    tokens = principal.tokens
+    if tokens is not None and tokens.refill(now) < 0:
+        return Denied(
+            429,
+            f"key {principal.name!r} exceeded {int(tokens.capacity)} tokens per minute",
+            "rate_limit_exceeded",
+            tokens.seconds_until_positive(),
+        )
+    reqs = principal.requests
+    if reqs is not None:
+        if reqs.refill(now) < 1.0:
+            return Denied(
+                429,
+                f"key {principal.name!r} exceeded {int(reqs.capacity)} requests per minute",
+                "rate_limit_exceeded",
+                reqs.seconds_until_positive(),
+            )
+        reqs.level -= 1.0
+    return None
+
+
+def charge_tokens(principal: Principal | None, tokens: int, now: float) -> None:
+    if principal is None or principal.tokens is None or tokens <= 0:
+        return
+    principal.tokens.refill(now)
+    principal.tokens.level -= tokens

@@ -1,0 +1,123 @@
+"""What the router knows about each engine replica: load, latency, health signals and its circuit.
+
+Plain mutable state, updated by the proxy (in-flight, TTFT, outcomes), by the health feed or our
+own probing (engine queue, KV usage, health), and read by the strategies. No I/O here.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import IntEnum
+from urllib.parse import urlsplit
+
+from runtime.router.upstream import Pool
+
+
+class Circuit(IntEnum):
+    """Breaker states; the value is what ``inferstack_router_circuit_state`` exports."""
+
+    CLOSED = 0
+    HALF_OPEN = 1
+    OPEN = 2
+
+
+class Breaker:
+    """Consecutive-failure circuit breaker with a single trial request when the open period ends."""
+
+    __slots__ = ("failures", "open_s", "opened_at", "state", "threshold", "trial_in_flight")
+
+    def __init__(self, threshold: int, open_s: float) -> None:
+        self.threshold = threshold
+        self.open_s = open_s
+        self.failures = 0
+        self.state = Circuit.CLOSED
+        self.opened_at = 0.0
+        self.trial_in_flight = False
+
+    def allows(self, now: float) -> bool:
+        """May a request go to this replica now? (Does not reserve the trial; see :meth:`on_start`.)"""
+        if self.state is Circuit.CLOSED:
+            return True
+        if self.state is Circuit.OPEN:
+            return now - self.opened_at >= self.open_s
+        return not self.trial_in_flight
+
+    def on_start(self, now: float) -> None:
+        if self.state is Circuit.OPEN and now - self.opened_at >= self.open_s:
+            self.state = Circuit.HALF_OPEN
+        if self.state is Circuit.HALF_OPEN:
+            self.trial_in_flight = True
+
+    def on_success(self) -> None:
+        self.failures = 0
+        self.trial_in_flight = False
+        self.state = Circuit.CLOSED
+
+    def on_failure(self, now: float) -> None:
+        self.failures += 1
+        self.trial_in_flight = False
+        if self.state is Circuit.HALF_OPEN or self.failures >= self.threshold:
+            self.state = Circuit.OPEN
+            self.opened_at = now
+
+
+class Backend:
+    """One replica of one model."""
+
+    __slots__ = (
+        "breaker",
+        "cap",
+        "engine_queued",
+        "engine_running",
+        "healthy",
+        "inflight",
+        "kv_usage",
+        "pool",
+        "signals_at",
+        "ttft_ewma_s",
+        "url",
+        "weight",
+    )
+
+    def __init__(self, url: str, cap: int, breaker: Breaker, weight: float = 1.0) -> None:
+        self.url = url
+        parts = urlsplit(url)
+        self.pool = Pool(parts.hostname or "127.0.0.1", parts.port or 80, max_idle=cap)
+        self.cap = cap
+        self.weight = weight
+        self.breaker = breaker
+        self.inflight = 0
+        self.healthy = True  # until the feed or a probe says otherwise
+        self.engine_queued = 0.0
+        self.engine_running = 0.0
+        self.kv_usage: float | None = None
+        self.signals_at = 0.0
+        self.ttft_ewma_s: float | None = None
+
+    def __repr__(self) -> str:
+        return f"Backend({self.url}, inflight={self.inflight})"
+
+    @property
+    def load(self) -> float:
+        """In-flight requests plus what the engine reports waiting in its own queue."""
+        return self.inflight + self.engine_queued
+
+    @property
+    def load_ratio(self) -> float:
+        return self.inflight / self.cap
+
+    def has_room(self) -> bool:
+        return self.inflight < self.cap
+
+    def observe_ttft(self, seconds: float, alpha: float) -> None:
+        prev = self.ttft_ewma_s
+        self.ttft_ewma_s = seconds if prev is None else prev + alpha * (seconds - prev)
+
+    def update_signals(
+        self, *, healthy: bool, queued: float | None, running: float | None, kv_usage: float | None
+    ) -> None:
+        self.healthy = healthy
+        self.engine_queued = queued or 0.0
+        self.engine_running = running or 0.0
+        self.kv_usage = kv_usage
+        self.signals_at = time.monotonic()

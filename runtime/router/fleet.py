@@ -1,0 +1,276 @@
+"""The live fleet: per model, its replicas (from discovery), its strategy, and its wait line; plus the
+loop that keeps replicas' load and health signals fresh (health monitor feed, else our own probe).
+
+Reconfiguration swaps whole ``ModelState`` objects; replicas that survive a change keep their
+counters, pools and circuits, so a config reload or a scale-up does not reset what we learned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from runtime.config import EngineKind, ModelRoute, ModelTarget, RouterSettings, RuntimeConfig, Task
+from runtime.discovery import watch_backends
+from runtime.engines import Signal, facts
+from runtime.router.admission import WaitQueue
+from runtime.router.backends import Backend, Breaker
+from runtime.router.strategies import Strategy, build
+
+log = logging.getLogger("inferstack.router.fleet")
+
+PROBE_MAX_BYTES = 4 * 1024 * 1024
+PROBE_FAILURES_TO_UNHEALTHY = 2
+
+
+class ModelState:
+    """Everything the router needs to route one model."""
+
+    def __init__(self, target: ModelTarget, route: ModelRoute, settings: RouterSettings) -> None:
+        self.target = target
+        self.route = route
+        self.name = target.name
+        self.strategy: Strategy = build(route.strategy)
+        self.needs_prompt = any(s.name == "prefix" for s, _ in self.strategy.scorers)
+        self.session_header = route.strategy.session_header.lower().encode()
+        self.needs_session = any(s.name == "session" for s, _ in self.strategy.scorers)
+        self.ewma_alpha = route.strategy.latency_ewma_alpha
+        self.settings = settings
+        self.backends: list[Backend] = []
+        self.by_url: dict[str, Backend] = {}
+        self.queue = WaitQueue(settings.queue_max_requests)
+        self.weights = {str(b.url).rstrip("/"): b.weight for b in target.static_backends}
+        self.batcher: Backend | None = None
+        if route.batcher_url is not None and target.task is Task.EMBED:
+            self.batcher = self._new_backend(str(route.batcher_url).rstrip("/"), cap=1 << 30)
+        self.probe_failures: dict[str, int] = {}
+
+    def _new_backend(self, url: str, cap: int | None = None) -> Backend:
+        s = self.settings
+        breaker = Breaker(s.breaker_failures, s.breaker_open_ms / 1000)
+        return Backend(
+            url, cap or self.target.max_concurrency_per_backend, breaker, self.weights.get(url, 1.0)
+        )
+
+    def set_backends(self, urls: list[str], previous: dict[str, Backend] | None = None) -> None:
+        old = {**(previous or {}), **self.by_url}
+        fresh: list[Backend] = []
+        for url in sorted(set(urls)):
+            b = old.get(url)
+            if b is None or b.cap != self.target.max_concurrency_per_backend:
+                b = self._new_backend(url)
+            fresh.append(b)
+        for url, b in old.items():
+            if url not in urls:
+                b.pool.close()
+        self.backends = fresh
+        self.by_url = {b.url: b for b in fresh}
+        self.queue.wake_all()  # new capacity, or nothing left: waiters re-decide
+
+    def healthy_count(self) -> int:
+        return sum(1 for b in self.backends if b.healthy)
+
+
+class Fleet:
+    """All models; owns the discovery watches and the signal loop."""
+
+    def __init__(self, cfg: RuntimeConfig, discover: Callable[[ModelTarget], Any] = watch_backends) -> None:
+        self.cfg = cfg
+        self.discover = discover
+        self.models: dict[str, ModelState] = {}
+        self._watches: dict[str, tuple[ModelTarget, asyncio.Task[None]]] = {}
+        self._signals_task: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.feed_ok = False
+        self.apply(cfg)
+
+    # --- configuration ---------------------------------------------------------------------------
+    def apply(self, cfg: RuntimeConfig) -> None:
+        """Install a (new) config: rebuild model states, keep replicas and restart changed watches."""
+        self.cfg = cfg
+        fresh: dict[str, ModelState] = {}
+        for target in cfg.models:
+            state = ModelState(target, cfg.route(target.name), cfg.router)
+            old = self.models.get(target.name)
+            if old is not None and old.target == target:
+                state.set_backends([b.url for b in old.backends], old.by_url)
+            fresh[target.name] = state
+        self.models = fresh
+        with contextlib.suppress(RuntimeError):  # no loop yet: start() will start the watches
+            asyncio.get_running_loop()
+            self._sync_watches()
+
+    def _sync_watches(self) -> None:
+        for name, (target, task) in list(self._watches.items()):
+            state = self.models.get(name)
+            if state is None or state.target != target:
+                task.cancel()
+                del self._watches[name]
+        for name, state in self.models.items():
+            if name not in self._watches:
+                task = asyncio.get_running_loop().create_task(self._watch(state.target))
+                self._watches[name] = (state.target, task)
+
+    async def _watch(self, target: ModelTarget) -> None:
+        async for urls in self.discover(target):
+            state = self.models.get(target.name)
+            if state is not None and state.target == target:
+                if urls != [b.url for b in state.backends]:
+                    log.info("replicas of %s: %s", target.name, urls)
+                state.set_backends(urls)
+
+    async def start(self) -> None:
+        self._sync_watches()
+        self._session = aiohttp.ClientSession()
+        self._signals_task = asyncio.get_running_loop().create_task(self._signals_loop())
+        # static targets yield at once: let the first lists land before we report ready
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    async def stop(self) -> None:
+        tasks = [t for _, t in self._watches.values()]
+        if self._signals_task is not None:
+            tasks.append(self._signals_task)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._watches.clear()
+        if self._session is not None:
+            await self._session.close()
+        for state in self.models.values():
+            for b in state.backends:
+                b.pool.close()
+
+    # --- load and health signals -----------------------------------------------------------------
+    async def _signals_loop(self) -> None:
+        while True:
+            interval = self.cfg.router.probe_interval_ms / 1000
+            try:
+                self.feed_ok = await self._read_feed() if self.cfg.router.health_feed_url else False
+                if not self.feed_ok:
+                    await self._probe_all()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the signal loop must outlive any one bad answer
+                log.exception("signal refresh failed")
+            await asyncio.sleep(interval)
+
+    async def _read_feed(self) -> bool:
+        """Apply the health monitor's ``/v1/backends``; False if it is unreachable or stale."""
+        assert self._session is not None
+        url = str(self.cfg.router.health_feed_url)
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.cfg.router.probe_interval_ms / 1000)
+            async with self._session.get(url, timeout=timeout) as resp:
+                if resp.status != 200:
+                    return False
+                feed = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+            log.warning("health feed %s unavailable (%s); probing engines directly", url, err)
+            return False
+        return apply_feed(self.models, feed, time.time())
+
+    async def _probe_all(self) -> None:
+        jobs = [self._probe(state, b) for state in self.models.values() for b in state.backends]
+        if jobs:
+            await asyncio.gather(*jobs)
+
+    async def _probe(self, state: ModelState, b: Backend) -> None:
+        assert self._session is not None
+        engine = facts(state.target.engine)
+        timeout = aiohttp.ClientTimeout(total=max(0.5, self.cfg.router.probe_interval_ms / 1000 * 0.8))
+        healthy = False
+        text = ""
+        try:
+            async with self._session.get(b.url + engine.health_path, timeout=timeout) as resp:
+                healthy = resp.status == 200
+            if healthy:
+                async with self._session.get(b.url + engine.metrics_path, timeout=timeout) as resp:
+                    if resp.status == 200:
+                        text = (await resp.content.read(PROBE_MAX_BYTES)).decode("utf-8", "replace")
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            healthy = False
+        fails = 0 if healthy else state.probe_failures.get(b.url, 0) + 1
+        state.probe_failures[b.url] = fails
+        signals = parse_signals(text, state.target.engine.value) if text else {}
+        was = b.healthy
+        b.update_signals(
+            healthy=fails < PROBE_FAILURES_TO_UNHEALTHY,
+            queued=signals.get(Signal.QUEUED),
+            running=signals.get(Signal.RUNNING),
+            kv_usage=signals.get(Signal.KV_USAGE),
+        )
+        if b.healthy != was:
+            log.warning(
+                "replica %s of %s is now %s", b.url, state.name, "healthy" if b.healthy else "unhealthy"
+            )
+            state.queue.wake_all()
+
+
+def apply_feed(models: dict[str, ModelState], feed: dict[str, Any], now: float) -> bool:
+    """Copy routable/queued/running/kv from a feed onto our replicas; False if the feed is stale."""
+    generated = float(feed.get("generated_at") or 0)
+    stale_after = float(feed.get("stale_after_s") or 15)
+    if now - generated > stale_after:
+        return False
+    for entry in feed.get("backends") or []:
+        state = models.get(str(entry.get("model")))
+        if state is None:
+            continue
+        b = state.by_url.get(str(entry.get("url", "")).rstrip("/"))
+        if b is None:
+            continue
+        m = entry.get("metrics") or {}
+        fresh = not entry.get("metrics_stale", False)
+        was = b.healthy
+        b.update_signals(
+            healthy=bool(entry.get("routable", entry.get("state") != "ejected")),
+            queued=m.get("queued") if fresh else None,
+            running=m.get("running") if fresh else None,
+            kv_usage=m.get("kv_usage") if fresh else None,
+        )
+        if b.healthy != was:
+            state.queue.wake_all()
+    return True
+
+
+def parse_signals(text: str, engine: str) -> dict[Signal, float]:
+    """Sum queued / running / KV usage over label sets from an engine's Prometheus text."""
+    names: dict[str, Signal] = {}
+    engine_facts = facts(EngineKind(engine))
+    for wanted in (Signal.QUEUED, Signal.RUNNING, Signal.KV_USAGE):
+        for n in engine_facts.names(wanted):
+            names[n] = wanted
+    sums: dict[Signal, float] = {}
+    kv_count = 0
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        end = brace if 0 <= brace < space or (brace >= 0 > space) else space
+        name = line[:end] if end > 0 else line
+        found = names.get(name)
+        if found is None:
+            continue
+        signal = found
+        tail = line[line.rfind("}") + 1 :] if brace >= 0 else line[space:]
+        try:
+            value = float(tail.split()[0])
+        except (ValueError, IndexError):
+            continue
+        if math.isnan(value):
+            continue
+        sums[signal] = sums.get(signal, 0.0) + value
+        if signal is Signal.KV_USAGE:
+            kv_count += 1
+    if kv_count > 1:  # usage is a ratio: average it over engines (data-parallel ranks), do not sum
+        sums[Signal.KV_USAGE] /= kv_count
+    return sums
