@@ -209,7 +209,14 @@ MODELS: dict[str, ModelArch] = {
         7.25, 32, 8, 128, 4096, 32_768, 32_768, source=_hf("mistralai/Mistral-7B-Instruct-v0.3")
     ),
     "mistralai/Mixtral-8x7B-Instruct-v0.1": ModelArch(
-        46.7, 32, 8, 128, 4096, 32_768, 32_000, active_params_b=12.9,
+        46.7,
+        32,
+        8,
+        128,
+        4096,
+        32_768,
+        32_000,
+        active_params_b=12.9,
         source=_hf("mistralai/Mixtral-8x7B-Instruct-v0.1"),
     ),
     "BAAI/bge-large-en-v1.5": ModelArch(
@@ -220,7 +227,15 @@ MODELS: dict[str, ModelArch] = {
         7.11, 32, 8, 128, 4096, 32_768, 32_000, pooling=True, source=_hf("intfloat/e5-mistral-7b-instruct")
     ),
     "sentence-transformers/all-MiniLM-L6-v2": ModelArch(
-        0.0227, 6, 12, 32, 384, 512, 30_522, pooling=True, source=_hf("sentence-transformers/all-MiniLM-L6-v2")
+        0.0227,
+        6,
+        12,
+        32,
+        384,
+        512,
+        30_522,
+        pooling=True,
+        source=_hf("sentence-transformers/all-MiniLM-L6-v2"),
     ),
 }
 

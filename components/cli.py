@@ -10,10 +10,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from components import catalog, sizing
+from components import catalog, cost, report, sizing
+from components import plan as planner
 from components.problems import SpecError
-from components.spec import KvCacheDType, Quantization, spec_json_schema
-from components.stackfile import STACKS_DIR
+from components.spec import KvCacheDType, Quantization, Target, spec_json_schema
+from components.stackfile import STACKS_DIR, load
 
 app = typer.Typer(
     add_completion=False,
@@ -40,7 +41,9 @@ def schema_text() -> str:
 @app.command()
 def schema(
     path: Annotated[Path, typer.Option("--out", help="Where to write the schema.")] = SCHEMA_PATH,
-    check: Annotated[bool, typer.Option(help="Exit 1 when the file on disk is stale instead of writing it.")] = False,
+    check: Annotated[
+        bool, typer.Option(help="Exit 1 when the file on disk is stale instead of writing it.")
+    ] = False,
 ) -> None:
     """Write the stack files' JSON Schema (editor completion and validation)."""
     text = schema_text()
@@ -56,7 +59,9 @@ def schema(
 
 @app.command()
 def size(
-    model: Annotated[str, typer.Argument(help="A catalog model: alias (llama-3.1-70b) or Hugging Face id.")] = "",
+    model: Annotated[
+        str, typer.Argument(help="A catalog model: alias (llama-3.1-70b) or Hugging Face id.")
+    ] = "",
     quant: Annotated[Quantization, typer.Option("--quant", help="Weight quantization.")] = Quantization.NONE,
     max_model_len: Annotated[int, typer.Option(min=16, help="Context length in tokens.")] = 8192,
     max_num_seqs: Annotated[int, typer.Option(min=1, help="Concurrent sequences.")] = 256,
@@ -70,7 +75,9 @@ def size(
         table = Table("alias", "model", "params (B)", "layers", "KV heads", "context")
         for alias, repo in sorted(catalog.ALIASES.items()):
             a = catalog.MODELS[repo]
-            table.add_row(alias, repo, f"{a.params_b:g}", str(a.layers), str(a.kv_heads), f"{a.max_context_tokens:,}")
+            table.add_row(
+                alias, repo, f"{a.params_b:g}", str(a.layers), str(a.kv_heads), f"{a.max_context_tokens:,}"
+            )
         out.print(table)
         return
     found = catalog.lookup_model(model)
@@ -87,8 +94,6 @@ def size(
         max_num_seqs=max_num_seqs,
         gpu_memory_utilization=gpu_memory_utilization,
     )
-    from components import report  # deferred: pulls the Pulumi SDK, which `size` does not otherwise need
-
     weights = sizing.weight_bytes(arch, sizing.weight_precision(quant.value, "auto")) / sizing.GIB
     kv_token = sizing.kv_bytes_per_token(arch, sizing.kv_precision(kv_cache_dtype.value, "auto")) / sizing.KIB
     out.print(f"[bold]{repo}[/bold] ({arch.params_b:g}B parameters, source {arch.source})")
@@ -108,7 +113,10 @@ def size(
     out.print(f"Cheapest fit: {best.instance.name} with TP {best.tensor_parallel_size}:")
     for line in best.fit.lines():
         out.print(f"  {line}", markup=False, highlight=False)
-    table = Table(*report.SIZE_COLUMNS, title=f"Instance types that fit, by on-demand cost per replica ({catalog.PRICE_REGION})")
+    table = Table(
+        *report.SIZE_COLUMNS,
+        title=f"Instance types that fit, by on-demand cost per replica ({catalog.PRICE_REGION})",
+    )
     for row in report.size_rows(ranked[:top]):
         table.add_row(*row)
     out.print(table)
@@ -118,34 +126,35 @@ def size(
 @app.command()
 def plan(
     stack: Annotated[str, typer.Option("-s", "--stack", help="Stack name: stacks/Pulumi.<stack>.yaml.")],
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Write manifests/, resources.json, summary.md here.")] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Write manifests/, resources.json, summary.md here.")
+    ] = None,
     stacks_dir: Annotated[Path, typer.Option(help="Where the stack files are.")] = STACKS_DIR,
 ) -> None:
     """Run the Pulumi program offline (mock runtime): resources, manifests, cost. No credentials needed."""
-    from components import plan as planner
-    from components import report
-    from components.stackfile import load
-
     try:
         loaded = load(stack, stacks_dir)
     except SpecError as error:
         raise _fail(error.render()) from None
     rep = report.plan_report(loaded)
-    synthesis = planner.synthesize(loaded) if loaded.spec.target.value != "local" else planner.Synthesis()
+    is_local = loaded.spec.target is Target.LOCAL
+    synthesis = planner.Synthesis() if is_local else planner.synthesize(loaded)
     table = Table(*report.PLAN_COLUMNS, title=f"inferstack plan: {stack} ({loaded.spec.target.value})")
     for row in rep.rows:
         table.add_row(*row)
     out.print(table)
     out.print(
-        f"Monthly cost: {report.cost.monthly(rep.bill.min_usd_month)} at min replicas, "
-        f"{report.cost.monthly(rep.bill.max_usd_month)} at max replicas"
+        f"Monthly cost: {cost.monthly(rep.bill.min_usd_month)} at min replicas, "
+        f"{cost.monthly(rep.bill.max_usd_month)} at max replicas"
     )
     for note in rep.notes:
         out.print(f"  - {note}", markup=False, highlight=False)
-    if loaded.spec.target.value == "local":
+    if is_local:
         out.print("target local has no cloud or cluster resources; `make local` runs it on this machine")
     else:
-        out.print(f"{len(synthesis.resources)} resources, {len(synthesis.kubernetes_manifests())} Kubernetes objects")
+        out.print(
+            f"{len(synthesis.resources)} resources, {len(synthesis.kubernetes_manifests())} Kubernetes objects"
+        )
     if out_dir is not None:
         planner.write(synthesis, out_dir, rep.markdown(loaded, synthesis))
         out.print(f"wrote {out_dir}/manifests/, {out_dir}/resources.json, {out_dir}/summary.md")

@@ -52,7 +52,9 @@ def decode_tokens_per_second(placement: Placement) -> float | None:
     batch = max(1, min(fit.max_num_seqs, fit.kv_capacity_tokens // ROOFLINE_AVG_CONTEXT_TOKENS))
     # Mixture-of-experts reads only the active experts' weights per token (upper bound: all of them at batch 1).
     active = placement.arch.params_per_token_b / placement.arch.params_b
-    bytes_per_step = fit.weights_gib * sizing.GIB * active + batch * ROOFLINE_AVG_CONTEXT_TOKENS * per_token_kv
+    bytes_per_step = (
+        fit.weights_gib * sizing.GIB * active + batch * ROOFLINE_AVG_CONTEXT_TOKENS * per_token_kv
+    )
     bandwidth = instance.gpu_spec.memory_bandwidth_gbps * 1e9 * ROOFLINE_BANDWIDTH_EFFICIENCY
     steps_per_second = bandwidth / bytes_per_step
     return steps_per_second * batch
@@ -142,4 +144,3 @@ def stack_cost(spec: PlatformSpec, layout: Layout) -> StackCost:
 
 def monthly(usd: float) -> str:
     return f"${usd:,.0f}" if usd >= 1 or usd == 0 else f"${usd:,.2f}"
-

@@ -146,7 +146,9 @@ def _fit_advice(model: ModelSpec, arch: catalog.ModelArch, instance: catalog.Ins
             f"use instance {best.instance.name} with tensor_parallel_size {best.tensor_parallel_size}, "
             "or quantize (awq, gptq, fp8), or lower max_model_len"
         )
-    return "quantize it (awq, gptq, fp8) or lower max_model_len; no single instance type holds it as configured"
+    return (
+        "quantize it (awq, gptq, fp8) or lower max_model_len; no single instance type holds it as configured"
+    )
 
 
 def _resolve_arch(spec: PlatformSpec, model: ModelSpec) -> tuple[catalog.ModelArch | None, list[Problem]]:
@@ -218,12 +220,17 @@ def _source_rules(spec: PlatformSpec) -> list[Problem]:
 
 def _unique_names(spec: PlatformSpec) -> list[Problem]:
     problems = []
-    for kind, names in (("models", [m.name for m in spec.models]), ("gpu_pools", [p.name for p in spec.gpu_pools])):
+    for kind, names in (
+        ("models", [m.name for m in spec.models]),
+        ("gpu_pools", [p.name for p in spec.gpu_pools]),
+    ):
         seen: set[str] = set()
         for i, name in enumerate(names):
             if name in seen:
                 problems.append(
-                    Problem(f"{kind}[{i}].name", f"{name!r} is used twice; names must be unique within {kind}")
+                    Problem(
+                        f"{kind}[{i}].name", f"{name!r} is used twice; names must be unique within {kind}"
+                    )
                 )
             seen.add(name)
     return problems
@@ -236,17 +243,25 @@ def _pool_references(spec: PlatformSpec) -> list[Problem]:
         if model.engine.device is Device.CPU:
             if model.pool != AUTO:
                 problems.append(
-                    Problem(f"models[{i}].pool", "CPU engines run on the general nodes; remove pool or set it to auto")
+                    Problem(
+                        f"models[{i}].pool",
+                        "CPU engines run on the general nodes; remove pool or set it to auto",
+                    )
                 )
             continue
         if model.pool != AUTO and model.pool not in names:
             known = ", ".join(names) if names else "none are declared"
             problems.append(
-                Problem(f"models[{i}].pool", f"unknown pool {model.pool!r}; declared pools: {known} (or use auto)")
+                Problem(
+                    f"models[{i}].pool", f"unknown pool {model.pool!r}; declared pools: {known} (or use auto)"
+                )
             )
         if model.pool == AUTO and not names:
             problems.append(
-                Problem(f"models[{i}].pool", "no gpu_pools are declared; add one under gpu_pools (instance_type auto works)")
+                Problem(
+                    f"models[{i}].pool",
+                    "no gpu_pools are declared; add one under gpu_pools (instance_type auto works)",
+                )
             )
     return problems
 
@@ -320,7 +335,13 @@ def _place_model(
         if problems:
             return None, problems
         return Placement(
-            model.name, arch, model.pool, instance, model.engine.gpus, fit, f"pool {model.pool} named in the stack file"
+            model.name,
+            arch,
+            model.pool,
+            instance,
+            model.engine.gpus,
+            fit,
+            f"pool {model.pool} named in the stack file",
         ), []
     options: list[tuple[float, str, sizing.MemoryFit]] = []
     rejected: list[str] = []
@@ -354,7 +375,9 @@ def _pool_plans(
     problems: list[Problem] = []
     for i, pool in enumerate(spec.gpu_pools):
         instance = instances[pool.name]
-        members = [m for m in spec.models if (p := placements.get(m.name)) is not None and p.pool == pool.name]
+        members = [
+            m for m in spec.models if (p := placements.get(m.name)) is not None and p.pool == pool.name
+        ]
         gpus_min = sum(m.scaling.min_replicas * m.engine.gpus for m in members)
         gpus_max = sum(m.scaling.max_replicas * m.engine.gpus for m in members)
         need_max = _nodes_for(gpus_max, instance.gpus)
@@ -374,7 +397,9 @@ def _pool_plans(
                 Problem(f"gpu_pools[{i}].min_nodes", f"min_nodes {min_nodes} is above max_nodes {max_nodes}")
             )
         weights = sum(placements[m.name].weights_gib for m in members)
-        disk = pool.root_disk_gib or int(math.ceil((weights * 1.2 + IMAGE_DISK_GIB) / DISK_STEP_GIB) * DISK_STEP_GIB)
+        disk = pool.root_disk_gib or int(
+            math.ceil((weights * 1.2 + IMAGE_DISK_GIB) / DISK_STEP_GIB) * DISK_STEP_GIB
+        )
         plans[pool.name] = PoolPlan(
             name=pool.name,
             instance=instance,

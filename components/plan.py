@@ -60,7 +60,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         sig = value.get(_SIG)
         if sig == _SECRET:
-            return REDACTED
+            inner = value.get("value")
+            # Keep the shape of secret maps (a Secret's stringData keys) so manifests still validate.
+            return {k: REDACTED for k in inner} if isinstance(inner, dict) else REDACTED
         if sig == _RESOURCE:
             return value.get("urn", "")
         return {k: _plain(v) for k, v in value.items()}
@@ -75,8 +77,8 @@ class _Mocks(pulumi.runtime.Mocks):
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         return f"{args.name}-id", dict(args.inputs)
 
-    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
-        return {}
+    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
+        return {}, None
 
 
 class CapturingMonitor(pulumi_mocks.MockMonitor):
@@ -87,7 +89,7 @@ class CapturingMonitor(pulumi_mocks.MockMonitor):
         self.captured: list[Resource] = []
 
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
-        response = super().RegisterResource(request)
+        response = super().RegisterResource(request)  # type: ignore[no-untyped-call]
         if request.type != "pulumi:pulumi:Stack":
             inputs = _plain(json_format.MessageToDict(request.object))
             self.captured.append(
@@ -131,21 +133,36 @@ def _mock_config(stack: Stack) -> tuple[dict[str, str], list[str]]:
     return values, secret_keys
 
 
+def _run_program() -> None:
+    program.run()
+
+
+def _current_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_event_loop_policy().get_event_loop()
+    except RuntimeError:
+        return None
+
+
 def synthesize(stack: Stack) -> Synthesis:
     """Run the Pulumi program for ``stack`` under mocks and return every resource it registered."""
-    monitor = CapturingMonitor(_Mocks())
-    pulumi.runtime.set_mocks(_Mocks(), project=PROJECT, stack=stack.name, preview=False, monitor=monitor)
-    values, secret_keys = _mock_config(stack)
-    pulumi.runtime.set_all_config(values, secret_keys)
-    SETTINGS.rpc_manager.clear()
-    SETTINGS.outputs.clear()
+    # A fresh event loop per synthesis, closed with its executor: the mock monitor runs in executor threads
+    # that each open a loop, and those must end now, while their file descriptors are valid.
+    loop = asyncio.new_event_loop()
+    previous = _current_loop()
+    asyncio.set_event_loop(loop)
     try:
-        _sync_await(run_pulumi_func(program.run))
+        monitor = CapturingMonitor(_Mocks())
+        pulumi.runtime.set_mocks(_Mocks(), project=PROJECT, stack=stack.name, preview=False, monitor=monitor)
+        values, secret_keys = _mock_config(stack)
+        pulumi.runtime.set_all_config(values, secret_keys)
+        SETTINGS.rpc_manager.clear()
+        SETTINGS.outputs.clear()
+        _sync_await(run_pulumi_func(_run_program))
     finally:
-        # The mock monitor runs in executor threads that each open an event loop; end them now, while their
-        # file descriptors are valid, rather than at interpreter exit (where they fail noisily).
-        loop = asyncio.get_event_loop()
         loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+        asyncio.set_event_loop(previous)
     return Synthesis(resources=list(monitor.captured))
 
 

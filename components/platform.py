@@ -50,8 +50,11 @@ class InferencePlatform(pulumi.ComponentResource):
         self.namespace = apply(namespace(spec), child)
         in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
         if spec.huggingface_token_config_key and secrets.huggingface_token is not None:
-            manifest = {**hf_token_secret(spec), "stringData": {engine.HF_TOKEN_KEY: secrets.huggingface_token}}
-            apply(manifest, in_namespace, secret_fields=("stringData",))
+            manifest = {
+                **hf_token_secret(spec),
+                "stringData": {engine.HF_TOKEN_KEY: secrets.huggingface_token},
+            }
+            apply(manifest, in_namespace)
         self.engines = {
             m.name: ModelEngine(spec, m, layout.placements[m.name], in_namespace) for m in spec.models
         }

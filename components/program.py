@@ -23,7 +23,9 @@ def run() -> InferencePlatform:
         # A RunError prints its message without a Python traceback: the user sees only the problems.
         raise pulumi.RunError(err.render()) from None
     if spec.target is Target.LOCAL:
-        raise pulumi.RunError(f"{source}: target local runs on this machine with `make local`, not with pulumi")
+        raise pulumi.RunError(
+            f"{source}: target local runs on this machine with `make local`, not with pulumi"
+        )
     token_key = spec.huggingface_token_config_key
     secrets = PlatformSecrets(huggingface_token=config.require_secret(token_key) if token_key else None)
     platform = InferencePlatform(spec, layout, secrets)

@@ -46,7 +46,10 @@ class PlanReport:
             "",
             "| item | min | max |",
             "|---|---:|---:|",
-            *(f"| {i.name} | {cost.monthly(i.min_usd_month)} | {cost.monthly(i.max_usd_month)} |" for i in self.bill.items),
+            *(
+                f"| {i.name} | {cost.monthly(i.min_usd_month)} | {cost.monthly(i.max_usd_month)} |"
+                for i in self.bill.items
+            ),
             f"| **total** | **{cost.monthly(self.bill.min_usd_month)}** | **{cost.monthly(self.bill.max_usd_month)}** |",
             "",
             f"Prices: {catalog.PRICE_SOURCE}, read {catalog.PRICE_READ_ON}. Spot uses an average discount per family.",
@@ -102,11 +105,20 @@ def plan_report(stack: Stack) -> PlanReport:
     return PlanReport(rows=rows, bill=bill, notes=notes)
 
 
-SIZE_COLUMNS = ("instance", "GPUs", "TP", "replicas/node", "KV headroom", "seqs at full length", "$/month/replica", "spot")
+SIZE_COLUMNS = (
+    "instance",
+    "GPUs",
+    "TP",
+    "replicas/node",
+    "KV headroom",
+    "seqs at full length",
+    "$/month/replica",
+    "spot",
+)
 
 
 def size_rows(found: list[sizing.Candidate]) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for c in found:
         spot = c.usd_per_replica_month * catalog.SPOT_FRACTION.get(c.instance.family, 1.0)
         rows.append(

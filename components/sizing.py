@@ -170,7 +170,9 @@ def memory_fit(arch: catalog.ModelArch, shape: EngineShape, gpu: catalog.Gpu) ->
         shape.batched_tokens * arch.hidden_size * dense * _ACTIVATION_FACTOR / tp
         + shape.max_num_seqs * arch.vocab_size * 4 / tp  # fp32 logits of the sampled positions
     )
-    runtime = (_RUNTIME_GIB + (_NCCL_GIB if tp * pp > 1 else 0) + (0 if shape.enforce_eager else _CUDA_GRAPHS_GIB)) * GIB
+    runtime = (
+        _RUNTIME_GIB + (_NCCL_GIB if tp * pp > 1 else 0) + (0 if shape.enforce_eager else _CUDA_GRAPHS_GIB)
+    ) * GIB
     budget = shape.gpu_memory_utilization * gpu.memory_gib * GIB
     kv_budget = budget - weights - activations - runtime
     per_token = kv_bytes_per_token(arch, kv_precision(shape.kv_cache_dtype, shape.dtype), tp, pp)

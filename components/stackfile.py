@@ -39,7 +39,9 @@ def stack_path(stack: str, stacks_dir: Path = STACKS_DIR) -> Path:
 
 
 def available_stacks(stacks_dir: Path = STACKS_DIR) -> list[str]:
-    return sorted(p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in stacks_dir.glob("Pulumi.*.yaml"))
+    return sorted(
+        p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in stacks_dir.glob("Pulumi.*.yaml")
+    )
 
 
 def load(stack: str, stacks_dir: Path = STACKS_DIR) -> Stack:
@@ -61,7 +63,9 @@ def load(stack: str, stacks_dir: Path = STACKS_DIR) -> Stack:
         raise SpecError(source, [Problem("", "a stack file needs a top-level 'config:' mapping")])
     config: dict[str, Any] = document["config"]
     if CONFIG_KEY not in config:
-        raise SpecError(source, [Problem("config", f"missing the '{CONFIG_KEY}' key that holds the platform spec")])
+        raise SpecError(
+            source, [Problem("config", f"missing the '{CONFIG_KEY}' key that holds the platform spec")]
+        )
     spec, layout = validate(config[CONFIG_KEY], source)
     return Stack(name=stack, source=source, spec=spec, layout=layout, config=config)
 

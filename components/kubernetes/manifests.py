@@ -51,7 +51,9 @@ def is_typed(manifest: Manifest) -> bool:
     return (manifest["apiVersion"], manifest["kind"]) in _TYPED
 
 
-def apply(manifest: Manifest, opts: pulumi.ResourceOptions, secret_fields: tuple[str, ...] = ()) -> pulumi.Resource:
+def apply(
+    manifest: Manifest, opts: pulumi.ResourceOptions, secret_fields: tuple[str, ...] = ()
+) -> pulumi.Resource:
     """Create the resource for one manifest; ``secret_fields`` top-level keys are wrapped as Pulumi secrets."""
     body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
     for key in secret_fields:
@@ -60,7 +62,8 @@ def apply(manifest: Manifest, opts: pulumi.ResourceOptions, secret_fields: tuple
     name = logical_name(manifest)
     cls = _TYPED.get((manifest["apiVersion"], manifest["kind"]))
     if cls is not None:
-        return cls(name, opts=opts, **{_snake(k): v for k, v in body.items()})
+        resource: pulumi.Resource = cls(name, opts=opts, **{_snake(k): v for k, v in body.items()})
+        return resource
     return k8s.apiextensions.CustomResource(
         name, api_version=manifest["apiVersion"], kind=manifest["kind"], opts=opts, **body
     )

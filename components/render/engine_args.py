@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from components.render.common import ENGINE_PORT
-from components.spec import EngineKind, KvCacheDType, ModelSpec, Quantization
+from components.spec import KvCacheDType, ModelSpec, Quantization
+from runtime.config import EngineKind
 
 MODEL_DIR = "/models"  # the model cache volume: downloads, S3 syncs and the Hugging Face cache
 S3_MODEL_DIR = f"{MODEL_DIR}/weights"
@@ -164,7 +165,9 @@ def trtllm(model: ModelSpec) -> EngineCommand:
         f"  enable_block_reuse: {'true' if e.enable_prefix_caching else 'false'}\n"
         f"  dtype: {kv_dtype}\n"
         f"  free_gpu_memory_fraction: {e.gpu_memory_utilization:g}\n"
-        "cuda_graph_config: " + ("null" if e.enforce_eager else f"{{max_batch_size: {min(e.max_num_seqs, 512)}}}") + "\n"
+        "cuda_graph_config: "
+        + ("null" if e.enforce_eager else f"{{max_batch_size: {min(e.max_num_seqs, 512)}}}")
+        + "\n"
     )
     return EngineCommand(
         command=["trtllm-serve"], args=args, env=dict(COMMON_ENV), files={TRTLLM_OPTIONS_FILE: options}

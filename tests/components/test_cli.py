@@ -1,0 +1,125 @@
+"""`inferstack` end to end: plan on every committed stack, size, schema, and bad input without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from components.cli import SCHEMA_PATH, app, schema_text
+from components.stackfile import STACKS_DIR, available_stacks
+from tests.components.helpers import minimal, write_stack
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("stack", available_stacks(STACKS_DIR))
+def test_plan_writes_manifests_resources_and_summary_for_every_committed_stack(
+    stack: str, tmp_path: Path
+) -> None:
+    result = runner.invoke(app, ["plan", "-s", stack, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "$/month" in result.output or "Monthly cost" in result.output
+    summary = (tmp_path / "summary.md").read_text()
+    assert f"# inferstack plan: {stack}" in summary
+    resources = json.loads((tmp_path / "resources.json").read_text())
+    manifests = sorted((tmp_path / "manifests").glob("*.yaml"))
+    if stack == "local":
+        assert resources == [] and manifests == []
+        return
+    assert resources and manifests
+    assert len(manifests) == len({m.name for m in manifests})
+    for path in manifests:
+        docs = list(yaml.safe_load_all(path.read_text()))
+        assert len(docs) == 1, f"{path.name} holds {len(docs)} objects"
+        assert list(docs[0])[:3] == ["apiVersion", "kind", "metadata"]
+    deployment = next(p for p in manifests if p.name.startswith("deployment-"))
+    port = yaml.safe_load(deployment.read_text())["spec"]["template"]["spec"]["containers"][0]["ports"][0]
+    assert port["containerPort"] == 8000 and isinstance(port["containerPort"], int)
+
+
+def test_plan_never_writes_secret_values(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["plan", "-s", "prod", "--out", str(tmp_path)])
+    assert result.exit_code == 0
+    committed = yaml.safe_load((STACKS_DIR / "Pulumi.prod.yaml").read_text())["config"]
+    ciphertexts = [v["secure"] for v in committed.values() if isinstance(v, dict) and "secure" in v]
+    assert ciphertexts
+    for path in [tmp_path / "resources.json", *tmp_path.glob("manifests/*.yaml")]:
+        text = path.read_text()
+        assert not any(c in text for c in ciphertexts)
+
+
+def test_plan_of_a_bad_stack_exits_2_with_the_problem_and_writes_nothing(tmp_path: Path) -> None:
+    spec = minimal()
+    spec["models"][0]["engine"]["tensor_parallel_size"] = 3
+    write_stack(tmp_path, "bad", spec)
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "components.cli",
+            "plan",
+            "-s",
+            "bad",
+            "--stacks-dir",
+            str(tmp_path),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "models[0].engine.tensor_parallel_size" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not out.exists()
+
+
+def test_plan_of_a_missing_stack_exits_2_and_lists_the_stacks(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["plan", "-s", "nope"])
+    assert result.exit_code == 2
+    assert "no such stack file" in result.output and "prod" in result.output
+
+
+def test_plan_of_a_model_that_does_not_fit_prints_the_breakdown(tmp_path: Path) -> None:
+    spec = minimal()
+    spec["gpu_pools"][0]["instance_type"] = "g6.xlarge"
+    spec["models"][0]["source"] = "meta-llama/Llama-3.1-70B-Instruct"
+    write_stack(tmp_path, "big", spec)
+    result = runner.invoke(app, ["plan", "-s", "big", "--stacks-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "does not fit g6.xlarge" in result.output
+    assert "weights" in result.output and "KV budget" in result.output
+
+
+def test_size_prints_a_breakdown_and_instances_ranked_by_cost() -> None:
+    result = runner.invoke(app, ["size", "llama-3.1-70b", "--quant", "awq"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "320 KiB per token" in result.output
+    assert "Cheapest fit" in result.output and "weights" in result.output
+    assert "p5.48xlarge" in result.output
+
+
+def test_size_of_an_unknown_model_exits_2_and_lists_known_ones() -> None:
+    result = runner.invoke(app, ["size", "gpt-17"])
+    assert result.exit_code == 2
+    assert "unknown model 'gpt-17'" in result.output and "llama-3.1-70b" in result.output
+
+
+def test_committed_schema_is_current() -> None:
+    assert SCHEMA_PATH.read_text() == schema_text(), (
+        "run `inferstack schema` and commit stacks/platform.schema.json"
+    )
+
+
+@pytest.mark.parametrize("stack", available_stacks(STACKS_DIR))
+def test_stack_files_point_editors_at_the_schema(stack: str) -> None:
+    first = (STACKS_DIR / f"Pulumi.{stack}.yaml").read_text().splitlines()[0]
+    assert first == "# yaml-language-server: $schema=./platform.schema.json"

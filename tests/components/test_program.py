@@ -1,0 +1,171 @@
+"""The real Pulumi program under the SDK's mock runtime: the resources each committed stack creates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from components import plan
+from components.render import common
+from components.stackfile import STACKS_DIR, Stack, available_stacks, load
+
+PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
+
+
+def _synth(stack: Stack) -> plan.Synthesis:
+    return plan.synthesize(stack)
+
+
+def _engine_deployments(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:
+    return {
+        m["metadata"]["labels"][common.MODEL_LABEL]: m
+        for m in synthesis.kubernetes_manifests()
+        if m["kind"] == "Deployment"
+        and m["metadata"]["labels"].get("app.kubernetes.io/component") == "engine"
+    }
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_every_kubernetes_manifest_passes_strict_validation_for_the_stack_version(name: str) -> None:
+    stack = load(name)
+    version = f"{stack.spec.cluster.kubernetes_version}.0"
+    manifests = _synth(stack).kubernetes_manifests()
+    assert manifests
+    checked = 0
+    for manifest in manifests:
+        try:
+            kubernetes_validate.validate(manifest, version, strict=True)
+            checked += 1
+        except kubernetes_validate.SchemaNotFoundError:
+            continue  # custom resources: their own tests check the fields their controllers need
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(
+                f"{manifest['kind']} {manifest['metadata']['name']}: {err.message} at {list(err.path)}"
+            )
+    assert checked >= 2 * len(stack.spec.models)
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_each_model_gets_an_engine_deployment_and_service_with_deterministic_names(name: str) -> None:
+    stack = load(name)
+    synthesis = _synth(stack)
+    manifests = synthesis.kubernetes_manifests()
+    deployments = _engine_deployments(synthesis)
+    assert set(deployments) == {m.name for m in stack.spec.models}
+    services = {m["metadata"]["name"] for m in manifests if m["kind"] == "Service"}
+    for model in stack.spec.models:
+        assert deployments[model.name]["metadata"]["name"] == common.engine_name(model.name)
+        assert common.engine_name(model.name) in services
+    keys = [(m["kind"], m["metadata"].get("namespace"), m["metadata"]["name"]) for m in manifests]
+    assert len(keys) == len(set(keys)), "two objects share a kind, namespace and name"
+    urns = [r.urn for r in synthesis.resources]
+    assert len(urns) == len(set(urns))
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_engine_pods_get_gpus_probes_placement_shm_and_labels_from_the_spec(name: str) -> None:
+    stack = load(name)
+    deployments = _engine_deployments(_synth(stack))
+    for model in stack.spec.models:
+        placement = stack.layout.placements[model.name]
+        pod = deployments[model.name]["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        resources = container["resources"]
+        gpus = model.engine.tensor_parallel_size * model.engine.pipeline_parallel_size
+        if placement.instance is not None:
+            assert (
+                resources["requests"][common.GPU_RESOURCE]
+                == resources["limits"][common.GPU_RESOURCE]
+                == str(gpus)
+            )
+            assert pod["nodeSelector"] == {common.POOL_LABEL: placement.pool}
+            assert {"key": common.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in pod[
+                "tolerations"
+            ]
+        else:
+            assert common.GPU_RESOURCE not in resources["requests"]
+            assert "tolerations" not in pod
+        assert resources["requests"]["cpu"] == resources["limits"]["cpu"]
+        assert resources["requests"]["memory"] == resources["limits"]["memory"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["httpGet"]["path"] == "/health"
+        shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+        assert shm["emptyDir"]["medium"] == "Memory"
+        assert pod["terminationGracePeriodSeconds"] >= 60
+        labels = deployments[model.name]["metadata"]["labels"]
+        for key in ("name", "instance", "component", "part-of", "managed-by", "version"):
+            assert f"app.kubernetes.io/{key}" in labels
+        assert container["image"] == model.engine.resolved_image
+
+
+def test_vllm_command_line_carries_every_engine_knob_of_the_spec() -> None:
+    stack = load("prod")
+    model = next(m for m in stack.spec.models if m.name == "llama-3-70b")
+    container = _engine_deployments(_synth(stack))[model.name]["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert container["command"] == ["vllm", "serve"]
+    assert args[0] == model.source
+
+    def value(flag: str) -> str:
+        return str(args[args.index(flag) + 1])
+
+    assert value("--served-model-name") == "llama-3-70b"
+    assert value("--tensor-parallel-size") == "2"
+    assert value("--quantization") == "awq"
+    assert value("--dtype") == "float16"
+    assert value("--max-model-len") == "8192"
+    assert value("--max-num-seqs") == "256"
+    assert value("--gpu-memory-utilization") == "0.9"
+    assert value("--kv-offloading-size") == "64"
+    assert "--enable-prefix-caching" in args and "--enable-chunked-prefill" in args
+    env = {e["name"]: e for e in container["env"]}
+    assert env["VLLM_NO_USAGE_STATS"]["value"] == "1"
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
+
+
+def test_startup_budget_grows_with_model_size() -> None:
+    stack = load("prod")
+    deployments = _engine_deployments(_synth(stack))
+
+    def budget(model: str) -> int:
+        probe = deployments[model]["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+        return int(probe["periodSeconds"]) * int(probe["failureThreshold"])
+
+    assert budget("llama-3-70b") > budget("llama-3-8b") > budget("bge-large")
+
+
+def test_hf_token_reaches_kubernetes_only_as_a_pulumi_secret() -> None:
+    synthesis = _synth(load("prod"))
+    secret = next(
+        r for r in synthesis.resources if r.type == "kubernetes:core/v1:Secret" and "hf-token" in r.name
+    )
+    assert secret.inputs["stringData"] == {"token": plan.REDACTED}
+
+
+def test_sglang_and_embedding_engines_render_their_own_flags() -> None:
+    dev = load("dev")
+    container = _engine_deployments(_synth(dev))["qwen-7b-sglang"]["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    assert container["args"][:2] == ["-m", "sglang.launch_server"]
+    assert "--enable-metrics" in container["args"]
+    assert container["args"][container["args"].index("--tp-size") + 1] == "1"
+    prod = load("prod")
+    embed = _engine_deployments(_synth(prod))["bge-large"]["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert embed[embed.index("--runner") + 1] == "pooling"
+    assert embed[embed.index("--convert") + 1] == "embed"
+
+
+def test_components_parent_their_resources() -> None:
+    synthesis = _synth(load("kind"))
+    platform = next(r for r in synthesis.resources if r.type == "inferstack:index:InferencePlatform")
+    engine = next(r for r in synthesis.resources if r.type == "inferstack:kubernetes:ModelEngine")
+    assert engine.parent == platform.urn
+    deployment = next(
+        r for r in synthesis.resources if r.type == "kubernetes:apps/v1:Deployment" and "qwen" in r.name
+    )
+    assert deployment.parent == engine.urn

@@ -1,0 +1,340 @@
+"""The spec: every committed stack validates; every kind of mistake gets one clear, located message."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.problems import SpecError
+from components.stackfile import STACKS_DIR, available_stacks, load
+from tests.components.helpers import minimal, write_stack
+
+COMMITTED = available_stacks(STACKS_DIR)
+
+
+def test_every_expected_environment_has_a_stack_file() -> None:
+    assert {"local", "kind", "dev", "staging", "prod"} <= set(COMMITTED)
+
+
+@pytest.mark.parametrize("stack", COMMITTED)
+def test_committed_stack_validates(stack: str) -> None:
+    loaded = load(stack)
+    assert loaded.spec.models
+    assert set(loaded.layout.placements) == {m.name for m in loaded.spec.models}
+
+
+def test_prod_serves_a_70b_awq_model_with_tensor_parallelism_on_h100_an_8b_and_an_embedding_model() -> None:
+    prod = load("prod")
+    by_name = {m.name: m for m in prod.spec.models}
+    big = next(m for m in prod.spec.models if (m.arch() or None) and m.arch().params_b > 60)  # type: ignore[union-attr]
+    assert big.engine.quantization.value == "awq"
+    assert big.engine.tensor_parallel_size > 1
+    assert prod.layout.placements[big.name].instance.gpu == "H100"  # type: ignore[union-attr]
+    gpus = {prod.layout.placements[n].instance.gpu for n in by_name}  # type: ignore[union-attr]
+    assert gpus & {"L4", "L40S"}
+    assert any(m.resolved_task().value == "embed" for m in prod.spec.models)
+
+
+def test_dev_uses_spot_g6() -> None:
+    dev = load("dev")
+    assert all(
+        p.capacity_type.value == "spot" and p.instance.family == "g6" for p in dev.layout.pools.values()
+    )
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    """A mutation of the minimal spec at a dotted path (list indices as numbers)."""
+
+    def mutate(spec: dict[str, Any]) -> None:
+        parts = path.split(".")
+        node: Any = spec
+        for part in parts[:-1]:
+            node = node[int(part)] if part.isdigit() else node.setdefault(part, {})
+        last = parts[-1]
+        if last.isdigit() and int(last) == len(node):
+            node.append(value)
+        elif last.isdigit():
+            node[int(last)] = value
+        else:
+            node[last] = value
+
+    return mutate
+
+
+def _add_model(**fields: Any) -> Callable[[dict[str, Any]], None]:
+    def mutate(spec: dict[str, Any]) -> None:
+        spec["models"].append(
+            {"name": "second", "source": "meta-llama/Llama-3.1-8B-Instruct", "pool": "l40s", **fields}
+        )
+
+    return mutate
+
+
+def _delete(path: str) -> Callable[[dict[str, Any]], None]:
+    def mutate(spec: dict[str, Any]) -> None:
+        parts = path.split(".")
+        node: Any = spec
+        for part in parts[:-1]:
+            node = node[int(part)] if part.isdigit() else node[part]
+        del node[parts[-1]]
+
+    return mutate
+
+
+def _tp_not_dividing(spec: dict[str, Any]) -> None:
+    spec["gpu_pools"][0]["instance_type"] = "g6e.12xlarge"
+    spec["models"][0]["engine"]["tensor_parallel_size"] = 3
+
+
+def _fp8_on_ampere(spec: dict[str, Any]) -> None:
+    spec["gpu_pools"][0]["instance_type"] = "g5.2xlarge"
+    spec["models"][0]["engine"]["quantization"] = "fp8"
+
+
+def _pool_too_small(spec: dict[str, Any]) -> None:
+    spec["gpu_pools"][0]["max_nodes"] = 1
+    spec["models"][0]["scaling"]["max_replicas"] = 3
+
+
+# (id, mutation, field path expected in the message, words the message must contain)
+BAD_INPUTS: list[tuple[str, Callable[[dict[str, Any]], None], str, list[str]]] = [
+    ("unknown top-level key", _set("modles", []), "modles", ["unknown key 'modles'", "models"]),
+    (
+        "unknown engine key",
+        _set("models.0.engine.tensor_paralel_size", 2),
+        "models[0].engine.tensor_paralel_size",
+        ["unknown key", "tensor_parallel_size"],
+    ),
+    (
+        "wrong type",
+        _set("models.0.engine.max_num_seqs", "many"),
+        "models[0].engine.max_num_seqs",
+        ["integer", "many"],
+    ),
+    (
+        "negative replicas",
+        _set("models.0.scaling.min_replicas", -1),
+        "models[0].scaling.min_replicas",
+        ["greater than or equal to 0"],
+    ),
+    (
+        "min above max",
+        _set("models.0.scaling", {"min_replicas": 3, "max_replicas": 2}),
+        "models[0].scaling",
+        ["min_replicas (3) is above max_replicas (2)", "raise max_replicas"],
+    ),
+    (
+        "unknown engine kind",
+        _set("models.0.engine.kind", "ollama"),
+        "models[0].engine.kind",
+        ["vllm", "sglang"],
+    ),
+    (
+        "unknown quantization",
+        _set("models.0.engine.quantization", "int3"),
+        "models[0].engine.quantization",
+        ["awq"],
+    ),
+    (
+        "gpu memory utilization too high",
+        _set("models.0.engine.gpu_memory_utilization", 1.5),
+        "models[0].engine.gpu_memory_utilization",
+        ["0.98"],
+    ),
+    ("model name not DNS-safe", _set("models.0.name", "Llama_8B"), "models[0].name", ["not a DNS label"]),
+    ("model name too long", _set("models.0.name", "a" * 50), "models[0].name", ["at most 40"]),
+    ("duplicate model names", _add_model(name="llama-8b"), "models[1].name", ["used twice"]),
+    (
+        "duplicate pool names",
+        _set("gpu_pools.1", {"name": "l40s", "instance_type": "g6.xlarge"}),
+        "gpu_pools[1].name",
+        ["used twice"],
+    ),
+    ("unknown pool", _set("models.0.pool", "h100"), "models[0].pool", ["unknown pool 'h100'", "l40s"]),
+    (
+        "bad model source",
+        _set("models.0.source", "not a model"),
+        "models[0].source",
+        ["Hugging Face repo id", "s3://"],
+    ),
+    ("bad s3 uri", _set("models.0.source", "s3://UPPER/x"), "models[0].source", ["S3 URI"]),
+    (
+        "local path outside target local",
+        _set("models.0.source", "./weights"),
+        "models[0].source",
+        ["target: local"],
+    ),
+    (
+        "unknown model without architecture",
+        _set("models.0.source", "acme/secret-model-13b"),
+        "models[0].architecture",
+        ["catalog does not know", "params_b"],
+    ),
+    (
+        "unknown instance type",
+        _set("gpu_pools.0.instance_type", "g7.huge"),
+        "gpu_pools[0].instance_type",
+        ["unknown GPU instance type", "g6"],
+    ),
+    (
+        "tensor parallel above node GPUs",
+        _set("models.0.engine.tensor_parallel_size", 2),
+        "models[0].engine.tensor_parallel_size",
+        ["multi-node serving is not supported yet", "g6e.xlarge"],
+    ),
+    (
+        "tensor parallel not dividing GPUs",
+        _tp_not_dividing,
+        "models[0].engine.tensor_parallel_size",
+        ["does not divide the 4 GPUs of g6e.12xlarge", "1, 2 or 4"],
+    ),
+    (
+        "model does not fit",
+        _set("models.0.source", "meta-llama/Llama-3.1-70B-Instruct"),
+        "models[0]",
+        ["does not fit g6e.xlarge", "weights", "KV budget"],
+    ),
+    ("fp8 on a GPU without fp8", _fp8_on_ampere, "models[0].engine", ["fp8 weights need an Ada", "A10G"]),
+    (
+        "chunked prefill off with too few batched tokens",
+        _set(
+            "models.0.engine",
+            {"enable_chunked_prefill": False, "max_num_batched_tokens": 2048, "max_model_len": 8192},
+        ),
+        "models[0].engine",
+        ["max_num_batched_tokens (2048) is below max_model_len (8192)"],
+    ),
+    (
+        "unpinned image",
+        _set("models.0.engine.image", "vllm/vllm-openai:latest"),
+        "models[0].engine.image",
+        ["not pinned", "digest"],
+    ),
+    (
+        "untagged image",
+        _set("models.0.engine.image", "vllm/vllm-openai"),
+        "models[0].engine.image",
+        ["not pinned"],
+    ),
+    (
+        "extra args overriding the port",
+        _set("models.0.engine.extra_args", ["--port", "9000"]),
+        "models[0].engine.extra_args",
+        ["--port"],
+    ),
+    (
+        "pool max nodes too small",
+        _pool_too_small,
+        "gpu_pools[0].max_nodes",
+        ["cannot hold", "raise max_nodes to 3"],
+    ),
+    (
+        "auto pool with no model",
+        _set("gpu_pools.1", {"name": "spare", "instance_type": "auto"}),
+        "gpu_pools[1].instance_type",
+        ["no model names it"],
+    ),
+    ("no models", _set("models", []), "models", ["at least 1"]),
+    ("missing environment", _delete("environment"), "environment", ["required"]),
+    (
+        "bad kubernetes version",
+        _set("cluster.kubernetes_version", "1.12"),
+        "cluster.kubernetes_version",
+        ["pattern"],
+    ),
+    (
+        "gpu model on target local",
+        _set("target", "local"),
+        "models[0].engine.device",
+        ["set engine.device: cpu"],
+    ),
+    (
+        "cpu engine with tensor parallelism",
+        _set("models.0.engine", {"device": "cpu", "tensor_parallel_size": 2}),
+        "models[0].engine",
+        ["device: cpu"],
+    ),
+    (
+        "awq on trtllm",
+        _set("models.0.engine", {"kind": "trtllm", "quantization": "awq"}),
+        "models[0].engine",
+        ["trtllm-serve"],
+    ),
+]
+
+
+def test_there_are_at_least_25_distinct_bad_inputs() -> None:
+    assert len({case[0] for case in BAD_INPUTS}) >= 25
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path", "words"), [c[1:] for c in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS]
+)
+def test_bad_input_gets_a_located_message_that_says_how_to_fix(
+    tmp_path: Path, mutate: Callable[[dict[str, Any]], None], path: str, words: list[str]
+) -> None:
+    spec = minimal()
+    mutate(spec)
+    write_stack(tmp_path, "bad", spec)
+    with pytest.raises(SpecError) as caught:
+        load("bad", tmp_path)
+    rendered = caught.value.render()
+    assert rendered.startswith(str(tmp_path / "Pulumi.bad.yaml"))
+    assert f": {path}: " in rendered
+    for word in words:
+        assert word in rendered, rendered
+
+
+def test_missing_stack_file_lists_the_stacks_that_exist(tmp_path: Path) -> None:
+    write_stack(tmp_path, "dev", minimal())
+    with pytest.raises(SpecError, match=r"no such stack file; stacks in .*: dev"):
+        load("prod", tmp_path)
+
+
+def test_malformed_yaml_names_line_and_column(tmp_path: Path) -> None:
+    (tmp_path / "Pulumi.broken.yaml").write_text("config:\n  inferstack:platform:\n    name: [unclosed\n")
+    with pytest.raises(SpecError, match=r"not valid YAML at line \d+, column \d+"):
+        load("broken", tmp_path)
+
+
+def test_stack_file_without_the_platform_key_says_which_key(tmp_path: Path) -> None:
+    (tmp_path / "Pulumi.empty.yaml").write_text("config:\n  aws:region: us-east-1\n")
+    with pytest.raises(SpecError, match="missing the 'inferstack:platform' key"):
+        load("empty", tmp_path)
+
+
+def test_every_problem_is_reported_not_just_the_first(tmp_path: Path) -> None:
+    spec = minimal()
+    spec["models"][0]["engine"]["max_num_seqs"] = "many"
+    spec["models"][0]["name"] = "Bad_Name"
+    write_stack(tmp_path, "two", spec)
+    with pytest.raises(SpecError) as caught:
+        load("two", tmp_path)
+    assert {p.path for p in caught.value.problems} == {"models[0].engine.max_num_seqs", "models[0].name"}
+
+
+def test_auto_pool_picks_the_cheapest_instance_that_fits_and_says_why(tmp_path: Path) -> None:
+    spec = minimal()
+    spec["gpu_pools"][0]["instance_type"] = "auto"
+    write_stack(tmp_path, "auto", spec)
+    loaded = load("auto", tmp_path)
+    pool = loaded.layout.pools["l40s"]
+    assert pool.reason.startswith("auto: ")
+    assert loaded.layout.placements["llama-8b"].fit.fits  # type: ignore[union-attr]
+
+
+def test_auto_model_placement_takes_the_cheapest_declared_pool_that_fits(tmp_path: Path) -> None:
+    spec = minimal()
+    spec["gpu_pools"] = [
+        {"name": "big", "instance_type": "p5.48xlarge"},
+        {"name": "small", "instance_type": "g6e.xlarge"},
+        {"name": "tiny", "instance_type": "g4dn.xlarge"},
+    ]
+    spec["models"][0]["pool"] = "auto"
+    write_stack(tmp_path, "auto", spec)
+    placement = load("auto", tmp_path).layout.placements["llama-8b"]
+    assert placement.pool == "small"
+    assert "cheapest pool that fits" in placement.reason
