@@ -80,7 +80,7 @@ async def serve(router: Router, config_path: Path | None, ready: asyncio.Event |
     s = router.cfg.router
     server = Server(router.handle, s.max_body_bytes)
     await router.fleet.start()
-    port = await server.start(s.host, s.port)
+    port = router.port = await server.start(s.host, s.port)
     log.info("router listening", extra={"host": s.host, "port": port, "models": list(router.fleet.models)})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

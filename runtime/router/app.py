@@ -125,6 +125,7 @@ class Router:
         self.retry_budget = RetryBudget(cfg.router.retry_budget_ratio)
         self.draining = False
         self.inflight = 0
+        self.port = 0  # the bound port, once serving
         self._rid_prefix = os.urandom(4).hex()
         self._rid_counter = 0
         self._configure(cfg)
@@ -393,7 +394,7 @@ class Router:
     async def _attempt(self, call: Call, b: Backend) -> tuple[int, str] | None:
         """One try on one replica. None when the client got its answer (or left); otherwise the
         (status, message) of a failure that is safe to retry elsewhere."""
-        conn, state, rid, stream, principal = call.conn, call.state, call.rid, call.stream, call.principal
+        conn, state, rid, principal = call.conn, call.state, call.rid, call.principal
         b.inflight += 1
         sent_at = time.monotonic()
         b.breaker.on_start(sent_at)
@@ -410,27 +411,25 @@ class Router:
                 body = await ex.read_all(self.idle_timeout_s)
                 b.breaker.on_failure(time.monotonic())
                 return status, f"replica answered {status}: {body[:200].decode('utf-8', 'replace')}"
-            if status == 200 and stream and not ctype.startswith(b"text/event-stream"):
+            if status == 200 and ctype.startswith(b"text/event-stream"):
+                return await self._relay_stream(call, b, ex, sent_at)
+            if status == 200 and not ctype.startswith(_JSON):
+                # neither JSON nor SSE: a proxy error page or a confused engine; try another replica
                 ex.abort()
                 b.breaker.on_failure(time.monotonic())
-                return 502, f"replica answered a stream with content-type {ctype.decode('latin-1')!r}"
-            if not stream or status != 200:
-                if status == 200 and not ctype.startswith(_JSON):
-                    ex.abort()
-                    b.breaker.on_failure(time.monotonic())
-                    return 502, f"replica answered with content-type {ctype.decode('latin-1')!r}"
-                body = await ex.read_all(self.idle_timeout_s)
-                first = time.monotonic()
-                extra = [(self.rid_header, rid)]
-                conn.send(status, body, ctype or _JSON, extra)
-                ok = True
-                if status == 200:
-                    b.observe_ttft(first - sent_at, state.ewma_alpha)
-                    self.metrics.first_byte(state.name, first - sent_at)
-                    p, c = usage_of(body)
-                    self._account(state.name, principal, p, c)
-                return None
-            return await self._relay_stream(call, b, ex, sent_at)
+                return 502, f"replica answered with content-type {ctype.decode('latin-1')!r}"
+            # a complete JSON answer (or an engine error, passed through as it is)
+            body = await ex.read_all(self.idle_timeout_s)
+            first = time.monotonic()
+            extra = [(self.rid_header, rid)]
+            conn.send(status, body, ctype or _JSON, extra)
+            ok = True
+            if status == 200:
+                b.observe_ttft(first - sent_at, state.ewma_alpha)
+                self.metrics.first_byte(state.name, first - sent_at)
+                p, c = usage_of(body)
+                self._account(state.name, principal, p, c)
+            return None
         except UpstreamError as err:
             if ex is not None:
                 ex.abort()

@@ -1,0 +1,156 @@
+"""The router's HTTP surface with engine doubles: proxying, streaming, bad input, endpoints."""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+from tests.runtime.router.harness import completion
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+
+
+def test_non_stream_is_proxied_byte_for_byte_with_request_id(doubles, make_router) -> None:
+    (d,) = doubles(1)
+    r = make_router([d.url])
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "weird_extra": {"kept": true}}'
+    status, headers, body = r.request(
+        "POST", "/v1/chat/completions", raw, {"X-Request-Id": "abc-123", "Authorization": "Bearer x"}
+    )
+    assert status == 200
+    assert body == completion("m")
+    assert headers["x-request-id"] == "abc-123"
+    seen = d.requests[0]
+    assert seen["raw"] == raw  # unknown keys and formatting pass through untouched
+    assert seen["headers"]["x-request-id"] == "abc-123"
+    assert "authorization" not in seen["headers"]  # the client's key is never forwarded
+
+
+def test_request_id_is_generated_when_absent_or_unsafe(doubles, make_router) -> None:
+    (d,) = doubles(1)
+    r = make_router([d.url])
+    _, h1, _ = r.request("POST", "/v1/chat/completions", CHAT)
+    _, h2, _ = r.request("POST", "/v1/chat/completions", CHAT, {"X-Request-Id": "bad id\twith spaces"})
+    assert h1["x-request-id"] and h2["x-request-id"] and h1["x-request-id"] != h2["x-request-id"]
+    assert d.requests[1]["headers"]["x-request-id"] == h2["x-request-id"]
+
+
+def test_stream_passes_through_chunk_by_chunk(doubles, make_router) -> None:
+    (d,) = doubles(1, chunks=4)
+    r = make_router([d.url])
+    conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
+    conn.request("POST", "/v1/chat/completions", json.dumps({**CHAT, "stream": True}).encode())
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.getheader("content-type") == "text/event-stream"
+    events = [e for e in resp.read().split(b"\n\n") if e]
+    assert [json.loads(e[6:])["choices"][0]["delta"]["content"] for e in events[:4]] == [
+        "t0",
+        "t1",
+        "t2",
+        "t3",
+    ]
+    assert events[-1] == b"data: [DONE]"
+    conn.close()
+    metrics = r.request("GET", "/metrics")[2].decode()
+    assert 'inferstack_router_tokens_total{direction="out",model="m"} 3.0' in metrics  # from the final chunk
+
+
+def test_bad_input_is_4xx_openai_shaped(doubles, make_router) -> None:
+    (d,) = doubles(1)
+    r = make_router([d.url], max_body_bytes=2048)
+    cases = [
+        (b"{not json", 400, "invalid_json"),
+        (b"[1, 2]", 400, "invalid_json"),
+        (b'{"messages": []}', 400, None),
+        (b'{"model": 7}', 400, None),
+        (b'{"model": "m", "stream": "yes"}', 400, None),
+        (b'{"model": "other"}', 404, "model_not_found"),
+        (b"\xff\xfe", 400, "invalid_json"),
+        (b'{"model": "m", "pad": "' + b"x" * 4096 + b'"}', 413, None),
+    ]
+    for raw, status, code in cases:
+        got, _, body = r.request("POST", "/v1/chat/completions", raw)
+        assert got == status, raw[:40]
+        err = json.loads(body)["error"]
+        assert err["message"] and err["type"]
+        if code:
+            assert err["code"] == code
+    _, _, body = r.request("POST", "/v1/chat/completions", {"model": "other"})
+    assert "served: m" in json.loads(body)["error"]["message"]
+    assert not d.requests  # nothing bad reached the engine
+
+
+def test_stream_null_means_false(doubles, make_router) -> None:
+    (d,) = doubles(1)
+    r = make_router([d.url])
+    status, _, body = r.request("POST", "/v1/completions", {"model": "m", "prompt": "x", "stream": None})
+    assert status == 200 and json.loads(body)["object"] == "chat.completion"
+
+
+def test_methods_paths_and_service_endpoints(doubles, make_router) -> None:
+    (d,) = doubles(1)
+    r = make_router([d.url])
+    assert r.request("GET", "/v1/chat/completions")[0] == 405
+    assert r.request("POST", "/v1/models")[0] == 405
+    assert r.request("GET", "/nope")[0] == 404
+    assert r.request("GET", "/healthz")[0] == 200
+    assert r.request("GET", "/readyz")[0] == 200
+    status, _, body = r.request("GET", "/v1/models")
+    models = json.loads(body)
+    assert status == 200 and models["object"] == "list" and models["data"][0]["id"] == "m"
+    r.request("POST", "/v1/chat/completions", CHAT)
+    metrics = r.request("GET", "/metrics")[2].decode()
+    for name in (
+        "inferstack_router_requests_total",
+        "inferstack_router_request_duration_seconds_bucket",
+        "inferstack_router_ttft_seconds_bucket",
+        "inferstack_router_tokens_total",
+        "inferstack_router_queue_depth",
+        "inferstack_router_circuit_state",
+        "inferstack_router_backend_inflight",
+    ):
+        assert name in metrics
+    assert "vllm:" not in metrics
+
+
+def test_embeddings_route(doubles, make_router) -> None:
+    (d,) = doubles(1)
+    models = [{"name": "e", "task": "embed", "static_backends": [{"url": d.url}]}]
+    r = make_router([], models=models)
+    status, _, body = r.request("POST", "/v1/embeddings", {"model": "e", "input": ["a"]})
+    assert status == 200 and json.loads(body)["data"][0]["embedding"] == [0.1, 0.2]
+
+
+def test_embeddings_go_through_the_batcher_when_configured(doubles, make_router) -> None:
+    engine, batcher = doubles(2)
+    models = [{"name": "e", "task": "embed", "static_backends": [{"url": engine.url}]}]
+    routes = [{"model": "e", "batcher_url": batcher.url}]
+    r = make_router([], models=models, routes=routes)
+    status, _, _ = r.request("POST", "/v1/embeddings", {"model": "e", "input": "a"})
+    assert status == 200
+    assert len(batcher.requests) == 1 and not engine.requests
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(doubles, make_router) -> None:
+    (d,) = doubles(1)
+    r = make_router([d.url])
+    conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
+    for _ in range(20):
+        conn.request("POST", "/v1/chat/completions", json.dumps(CHAT).encode())
+        resp = conn.getresponse()
+        assert resp.status == 200
+        resp.read()
+    conn.close()
+    assert len(d.requests) == 20
+
+
+def test_chunked_request_body_is_accepted(doubles, make_router) -> None:
+    (d,) = doubles(1)
+    r = make_router([d.url])
+    conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
+    body = json.dumps(CHAT).encode()
+    conn.request("POST", "/v1/chat/completions", iter([body[:10], body[10:]]), encode_chunked=True)
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert d.requests[0]["raw"] == body

@@ -1,0 +1,220 @@
+"""Property tests for every strategy: pure functions of replicas and request, no network."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.config import Strategy as Name
+from runtime.config import StrategyConfig
+from runtime.router.backends import Backend, Breaker, Circuit
+from runtime.router.lru import BoundedLru
+from runtime.router.strategies import BUILDERS, Context, build
+from runtime.router.strategies.prefix_aware import block_hashes
+
+replica = st.fixed_dictionaries(
+    {
+        "inflight": st.integers(0, 8),
+        "cap": st.integers(1, 8),
+        "healthy": st.booleans(),
+        "open": st.booleans(),
+        "queued": st.floats(0, 20),
+        "kv": st.one_of(st.none(), st.floats(0, 1)),
+        "ttft": st.one_of(st.none(), st.floats(0.001, 5)),
+        "weight": st.floats(0.1, 5),
+    }
+)
+
+
+def make_backends(specs: list[dict]) -> list[Backend]:
+    out = []
+    for i, s in enumerate(specs):
+        breaker = Breaker(1, 60.0)
+        if s["open"]:
+            breaker.on_failure(now=0.0)
+        b = Backend(f"http://10.0.0.{i}:8000", s["cap"], breaker, s["weight"])
+        b.inflight = min(s["inflight"], s["cap"] + 1)
+        b.healthy = s["healthy"]
+        b.engine_queued = s["queued"]
+        b.kv_usage = s["kv"]
+        b.ttft_ewma_s = s["ttft"]
+        out.append(b)
+    return out
+
+
+def eligible(b: Backend, ctx: Context) -> bool:
+    return b.healthy and b.inflight < b.cap and b.breaker.allows(ctx.now) and b.url not in ctx.exclude
+
+
+@pytest.mark.parametrize("name", list(Name))
+@settings(max_examples=150, deadline=None)
+@given(
+    specs=st.lists(replica, max_size=6), prompt=st.text(max_size=600), session=st.one_of(st.none(), st.text())
+)
+def test_only_eligible_replicas_are_picked(name: Name, specs, prompt, session) -> None:
+    strategy = build(StrategyConfig(name=name, prefix_block_tokens=4, prefix_chars_per_token=1))
+    backends = make_backends(specs)
+    ctx = Context(model="m", prompt=prompt, session=session, now=1.0)
+    picked = strategy.pick(backends, ctx)
+    if any(eligible(b, ctx) for b in backends):
+        assert picked is not None and eligible(picked, ctx)
+        strategy.on_routed(picked, ctx)
+    else:
+        assert picked is None
+
+
+def test_every_strategy_has_a_builder() -> None:
+    assert set(BUILDERS) == set(Name)
+
+
+@settings(max_examples=100, deadline=None)
+@given(prompts=st.lists(st.text(min_size=40, max_size=200), min_size=1, max_size=10))
+def test_prefix_aware_sends_equal_prefixes_to_the_same_replica_under_the_load_bound(prompts) -> None:
+    cfg = StrategyConfig(
+        name=Name.PREFIX_AWARE, prefix_block_tokens=4, prefix_chars_per_token=4, load_guard_ratio=0.5
+    )
+    strategy = build(cfg)
+    backends = make_backends([{**_idle(), "cap": 100} for _ in range(4)])
+    first: dict[str, str] = {}
+    for prompt in prompts * 3:
+        ctx = Context(model="m", prompt=prompt, now=1.0)
+        b = strategy.pick(backends, ctx)
+        assert b is not None
+        strategy.on_routed(b, ctx)
+        b.inflight += 1  # load grows, but stays under the guard (at most 30 of 100)
+        if len(prompt) >= 16:
+            assert first.setdefault(prompt, b.url) == b.url
+
+
+def test_prefix_load_guard_moves_a_hot_prefix_off_an_overloaded_replica() -> None:
+    strategy = build(StrategyConfig(name=Name.PREFIX_AWARE, prefix_block_tokens=4, load_guard_ratio=0.5))
+    backends = make_backends([{**_idle(), "cap": 10} for _ in range(2)])
+    prompt = "system prompt " * 20
+    ctx = Context(model="m", prompt=prompt, now=1.0)
+    home = strategy.pick(backends, ctx)
+    assert home is not None
+    strategy.on_routed(home, ctx)
+    home.inflight = 6  # above the guard (0.5 x 10)
+    other = strategy.pick(backends, Context(model="m", prompt=prompt, now=1.0))
+    assert other is not None and other is not home
+
+
+@settings(max_examples=50, deadline=None)
+@given(bound=st.integers(1, 50), prompts=st.lists(st.text(min_size=0, max_size=400), max_size=40))
+def test_prefix_index_never_exceeds_its_bound(bound, prompts) -> None:
+    cfg = StrategyConfig(
+        name=Name.PREFIX_AWARE,
+        prefix_block_tokens=2,
+        prefix_chars_per_token=2,
+        prefix_index_max_entries=bound,
+    )
+    strategy = build(cfg)
+    backends = make_backends([{**_idle(), "cap": 1000} for _ in range(3)])
+    for p in prompts:
+        ctx = Context(model="m", prompt=p, now=1.0)
+        b = strategy.pick(backends, ctx)
+        assert b is not None
+        strategy.on_routed(b, ctx)
+        assert strategy.index_sizes()["prefix"] <= bound
+
+
+def test_block_hashes_chain_and_bound() -> None:
+    a = block_hashes("abcdefgh", 4, 10)
+    b = block_hashes("abcdXXXX", 4, 10)
+    assert len(a) == 2 and a[0] == b[0] and a[1] != b[1]
+    assert block_hashes("abcdefgh" * 100, 4, 3) == block_hashes("abcdefgh" * 2 + "abcd", 4, 3)
+    assert block_hashes("abc", 4, 10) == []
+
+
+def test_session_affinity_and_fallback_when_the_replica_leaves() -> None:
+    strategy = build(StrategyConfig(name=Name.SESSION))
+    backends = make_backends([_idle() for _ in range(3)])
+    ctx = Context(model="m", session="user-1", now=1.0)
+    home = strategy.pick(backends, ctx)
+    assert home is not None
+    strategy.on_routed(home, ctx)
+    for _ in range(10):
+        c = Context(model="m", session="user-1", now=1.0)
+        assert strategy.pick(backends, c) is home
+    rest = [b for b in backends if b is not home]
+    moved = strategy.pick(rest, Context(model="m", session="user-1", now=1.0))
+    assert moved in rest
+
+
+def test_round_robin_cycles_evenly() -> None:
+    strategy = build(StrategyConfig(name=Name.ROUND_ROBIN))
+    backends = make_backends([_idle() for _ in range(3)])
+    picks = [strategy.pick(backends, Context(model="m", now=1.0)) for _ in range(9)]
+    assert all(picks.count(b) == 3 for b in backends)
+
+
+def test_least_load_and_least_latency_and_kv() -> None:
+    backends = make_backends([_idle() for _ in range(3)])
+    backends[0].inflight, backends[1].inflight, backends[2].inflight = 3, 1, 2
+    assert build(StrategyConfig(name=Name.LEAST_LOAD)).pick(backends, Context("m", now=1.0)) is backends[1]
+    backends[0].ttft_ewma_s, backends[1].ttft_ewma_s, backends[2].ttft_ewma_s = 0.5, 0.9, 0.1
+    assert build(StrategyConfig(name=Name.LEAST_LATENCY)).pick(backends, Context("m", now=1.0)) is backends[2]
+    for b in backends:
+        b.inflight = 0
+    backends[0].kv_usage, backends[1].kv_usage, backends[2].kv_usage = 0.9, 0.1, 0.5
+    assert build(StrategyConfig(name=Name.KV_AWARE)).pick(backends, Context("m", now=1.0)) is backends[1]
+
+
+def test_weighted_blends_from_config_and_rejects_unknown_scorers() -> None:
+    backends = make_backends([_idle() for _ in range(2)])
+    backends[0].weight, backends[1].weight = 1.0, 3.0
+    s = build(StrategyConfig(name=Name.WEIGHTED, weights={"weight": 1.0}))
+    assert s.pick(backends, Context("m", now=1.0)) is backends[1]
+    with pytest.raises(ValueError, match="unknown scorers"):
+        build(StrategyConfig(name=Name.WEIGHTED, weights={"vibes": 1.0}))
+
+
+def test_power_of_two_picks_the_lighter_of_its_sample() -> None:
+    backends = make_backends([_idle() for _ in range(5)])
+    for i, b in enumerate(backends):
+        b.inflight = i
+    s = build(StrategyConfig(name=Name.POWER_OF_TWO))
+    s.filters[1].rng = random.Random(1)  # type: ignore[attr-defined]
+    picks = [s.pick(backends, Context("m", now=1.0)) for _ in range(200)]
+    assert backends[4] not in picks  # the busiest replica always loses its pairing
+
+
+def test_breaker_half_open_allows_one_trial() -> None:
+    br = Breaker(2, open_s=5.0)
+    br.on_failure(0.0)
+    assert br.state is Circuit.CLOSED
+    br.on_failure(0.0)
+    assert br.state is Circuit.OPEN and not br.allows(1.0)
+    assert br.allows(6.0)
+    br.on_start(6.0)
+    assert br.state is Circuit.HALF_OPEN and not br.allows(6.0)
+    br.on_failure(6.1)
+    assert br.state is Circuit.OPEN
+    br.on_start(12.0)
+    br.on_success()
+    assert br.state is Circuit.CLOSED and br.allows(12.0)
+
+
+def test_bounded_lru_evicts_oldest() -> None:
+    lru: BoundedLru[int, str] = BoundedLru(2)
+    lru.put(1, "a")
+    lru.put(2, "b")
+    assert lru.get(1) == "a"
+    lru.put(3, "c")
+    assert 2 not in lru and 1 in lru and len(lru) == 2 and lru.evictions == 1
+
+
+def _idle() -> dict:
+    return {
+        "inflight": 0,
+        "cap": 10,
+        "healthy": True,
+        "open": False,
+        "queued": 0.0,
+        "kv": None,
+        "ttft": None,
+        "weight": 1.0,
+    }

@@ -1,0 +1,132 @@
+"""Pure helpers: usage scanning, prompt extraction, engine metric parsing, the health feed, the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from runtime.config import RuntimeConfig
+from runtime.engines import Signal
+from runtime.router.app import prompt_text, usage_of
+from runtime.router.fleet import Fleet, apply_feed, parse_signals
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_usage_of_finds_the_last_usage() -> None:
+    body = b'{"choices":[],"usage":{"prompt_tokens": 12,"completion_tokens":3,"total_tokens":15}}'
+    assert usage_of(body) == (12, 3)
+    assert usage_of(b'{"choices": []}') == (0, 0)
+    assert usage_of(b'data: {"usage": null}\n\n') == (0, 0)
+
+
+def test_prompt_text_for_chat_completions_and_embeddings() -> None:
+    chat = {
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"text": "hi"}]}]
+    }
+    assert prompt_text(chat) == "system\x1ebe brief\x1euser\x1ehi"
+    assert prompt_text({"prompt": "once upon"}) == "once upon"
+    assert prompt_text({"prompt": ["a", "b"]}) == "a"
+    assert prompt_text({"prompt": [[1, 2, 3]]}) == "[[1, 2, 3]]"
+    assert prompt_text({"input": "x"}) == "x"
+    assert prompt_text({"messages": ["junk", {"content": None}]}) == ""
+
+
+def test_parse_signals_vllm_old_and_new_names_sglang() -> None:
+    text = """# HELP vllm:num_requests_waiting waiting
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 2.0
+vllm:num_requests_running{engine="0"} 4
+vllm:gpu_cache_usage_perc{engine="0"} 0.5
+vllm:gpu_cache_usage_perc{engine="1"} 0.3
+vllm:num_requests_waiting_by_reason{reason="x"} 99
+garbage line without value
+vllm:num_requests_running NaN
+"""
+    s = parse_signals(text, "vllm")
+    assert s[Signal.QUEUED] == 5.0
+    assert s[Signal.RUNNING] == 4.0
+    assert abs(s[Signal.KV_USAGE] - 0.4) < 1e-9
+    sg = parse_signals('sglang:num_queue_reqs{model_name="m"} 7\nsglang:token_usage 0.25\n', "sglang")
+    assert sg[Signal.QUEUED] == 7 and sg[Signal.KV_USAGE] == 0.25
+
+
+def _fleet() -> Fleet:
+    cfg = RuntimeConfig.model_validate(
+        {
+            "models": [
+                {
+                    "name": "m",
+                    "static_backends": [{"url": "http://10.0.0.1:8000"}, {"url": "http://10.0.0.2:8000"}],
+                }
+            ]
+        }
+    )
+    fleet = Fleet(cfg)
+    fleet.models["m"].set_backends(["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
+    return fleet
+
+
+def test_apply_feed_sets_health_and_load_and_ignores_stale_feeds() -> None:
+    fleet = _fleet()
+    now = time.time()
+    feed = {
+        "generated_at": now,
+        "stale_after_s": 15,
+        "backends": [
+            {"url": "http://10.0.0.1:8000", "model": "m", "routable": False, "metrics": {}},
+            {
+                "url": "http://10.0.0.2:8000/",
+                "model": "m",
+                "routable": True,
+                "metrics": {"queued": 4.0, "running": 2.0, "kv_usage": 0.7},
+                "metrics_stale": False,
+            },
+            {"url": "http://10.9.9.9:8000", "model": "unknown", "routable": True},
+        ],
+    }
+    assert apply_feed(fleet.models, feed, now)
+    a, b = fleet.models["m"].backends
+    assert not a.healthy
+    assert b.healthy and b.engine_queued == 4.0 and b.kv_usage == 0.7
+    assert not apply_feed(fleet.models, {**feed, "generated_at": now - 60}, now)
+
+
+def test_cli_bad_config_exits_2_naming_file_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "router.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {"models": [{"name": "m", "static_backends": [{"url": "http://x:1"}]}], "router": {"port": 0}}
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime.router", "--config", str(bad)],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert str(bad) in proc.stderr and "router.port" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    missing = subprocess.run(
+        [sys.executable, "-m", "runtime.router", "--config", str(tmp_path / "nope.yaml")],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert missing.returncode == 2 and "nope.yaml" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_example_configs_load() -> None:
+    from runtime.config import load
+
+    for path in sorted((ROOT / "examples").glob("router*.yaml")):
+        assert load(path).models
