@@ -1,0 +1,31 @@
+# syntax=docker/dockerfile:1
+# The inferstack router: python -m runtime.router --config /etc/inferstack/runtime.yaml
+# Build from the repository root:  docker build -f runtime/images/router.Dockerfile -t inferstack-router .
+
+FROM python:3.11.11-slim-bookworm AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY runtime/images/requirements.txt /tmp/requirements.txt
+RUN python -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-compile --only-binary=:all: -r /tmp/requirements.txt
+
+FROM python:3.11.11-slim-bookworm
+LABEL org.opencontainers.image.title="inferstack-router" \
+      org.opencontainers.image.description="OpenAI-compatible, cache- and load-aware gateway for vLLM/SGLang fleets"
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PYTHONPATH=/app
+RUN groupadd --system --gid 10001 inferstack \
+    && useradd --system --uid 10001 --gid inferstack --no-create-home --shell /usr/sbin/nologin inferstack
+COPY --from=build /opt/venv /opt/venv
+WORKDIR /app
+# Only what the router imports: the contract, engine facts, discovery, shared HTTP helpers, the router.
+COPY runtime/__init__.py runtime/config.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/py.typed /app/runtime/
+COPY runtime/router /app/runtime/router
+USER 10001:10001
+EXPOSE 8080
+HEALTHCHECK --interval=10s --timeout=2s --start-period=5s --retries=3 \
+    CMD ["python", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2).status == 200 else 1)"]
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["python", "-m", "runtime.router"]
+CMD ["--config", "/etc/inferstack/runtime.yaml"]
