@@ -56,7 +56,7 @@ def error_body(message: str, kind: str, code: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: owners are grouped by object
 class Pending:
     """One client request in flight: its inputs' results fill in as batches come back."""
 
@@ -292,6 +292,15 @@ class ModelBatcher:
         raise EngineError(resp.status, _engine_error_body(raw, resp.status))
 
     async def _send(self, batch: list[core.Item]) -> None:
+        try:
+            await self._send_batch(batch)
+        except Exception:  # a bug must not leave clients waiting forever
+            log.exception("batch dispatch failed")
+            err = EngineError(500, error_body("internal batcher error", "internal_error", 500))
+            for item in batch:
+                item.owner.fail(err)
+
+    async def _send_batch(self, batch: list[core.Item]) -> None:
         name = self.target.name
         owners = list(dict.fromkeys(item.owner for item in batch))
         payload = {**owners[0].body, "input": [item.value for item in batch]}

@@ -125,6 +125,15 @@ class FakeEngine:
         )
 
 
+async def _score(self: FakeEngine, request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    self.calls.append({"path": request.path, "body": body})
+    return web.json_response({"object": "list", "data": [{"index": 0, "score": 0.5}], "echo": body})
+
+
+FakeEngine.score = _score  # type: ignore[attr-defined]
+
+
 def fake_vector(x: Any) -> list[float]:
     """A deterministic 4-d vector per input, so tests can check each result went to its owner."""
     text = json.dumps(x)
@@ -150,6 +159,7 @@ async def serve(engine: FakeEngine) -> Served:
     app.router.add_get("/metrics", engine.metrics)
     app.router.add_post("/v1/completions", engine.completions)
     app.router.add_post("/v1/embeddings", engine.embeddings)
+    app.router.add_post("/v1/score", engine.score)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

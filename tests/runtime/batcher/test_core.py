@@ -1,0 +1,99 @@
+"""Pure batch assembly, splitting and usage apportioning."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as hs
+
+from runtime.batcher import core
+
+
+class Owner:
+    def __init__(self, alive: bool = True) -> None:
+        self.is_alive = alive
+
+
+def items(*specs):
+    return deque(core.Item(owner, i, "x", tokens, 0.0) for i, (owner, tokens) in enumerate(specs))
+
+
+def alive(o):
+    return o.is_alive
+
+
+def test_normalize_inputs_accepts_the_api_shapes():
+    assert core.normalize_inputs("a") == ["a"]
+    assert core.normalize_inputs(["a", "b"]) == ["a", "b"]
+    assert core.normalize_inputs([1, 2, 3]) == [[1, 2, 3]]
+    assert core.normalize_inputs([[1], [2, 3]]) == [[1], [2, 3]]
+
+
+@pytest.mark.parametrize("bad", [None, [], 3, ["a", 1], [[1], "a"], [True, False], [[]], {"a": 1}])
+def test_normalize_inputs_rejects_the_rest(bad):
+    with pytest.raises(core.BadInputError):
+        core.normalize_inputs(bad)
+
+
+def test_take_batch_respects_size_and_tokens():
+    o = Owner()
+    q = items(*[(o, 10)] * 5)
+    batch, dropped = core.take_batch(q, max_size=3, max_tokens=1000, alive=alive)
+    assert len(batch) == 3 and dropped == 0 and len(q) == 2
+    q = items(*[(o, 10)] * 5)
+    batch, _ = core.take_batch(q, max_size=10, max_tokens=25, alive=alive)
+    assert len(batch) == 2
+
+
+def test_take_batch_always_takes_one_even_if_too_long():
+    q = items((Owner(), 10_000))
+    batch, _ = core.take_batch(q, max_size=10, max_tokens=10, alive=alive)
+    assert len(batch) == 1
+
+
+def test_take_batch_drops_departed_clients_before_dispatch():
+    gone, here = Owner(alive=False), Owner()
+    q = items((gone, 1), (here, 1), (gone, 1), (here, 1))
+    batch, dropped = core.take_batch(q, max_size=10, max_tokens=100, alive=alive)
+    assert [i.owner for i in batch] == [here, here] and dropped == 2
+
+
+def test_ready_to_send():
+    o = Owner()
+    assert core.ready_to_send(list(items(*[(o, 1)] * 4)), max_size=4, max_tokens=100)
+    assert core.ready_to_send(list(items((o, 60), (o, 60))), max_size=4, max_tokens=100)
+    assert not core.ready_to_send(list(items((o, 1))), max_size=4, max_tokens=100)
+
+
+def test_batch_key_ignores_input_and_user_only():
+    a = core.batch_key({"model": "m", "input": "x", "user": "u1"})
+    b = core.batch_key({"model": "m", "input": ["y", "z"], "user": "u2"})
+    c = core.batch_key({"model": "m", "input": "x", "dimensions": 64})
+    assert a == b != c
+
+
+@given(hs.integers(0, 10_000), hs.lists(hs.integers(0, 500), min_size=1, max_size=64))
+def test_apportion_sums_exactly_and_is_proportional(total, weights):
+    parts = core.apportion(total, weights)
+    assert sum(parts) == total and len(parts) == len(weights)
+    wsum = sum(weights)
+    if wsum:
+        for part, w in zip(parts, weights, strict=True):
+            assert abs(part - total * w / wsum) < 1 + 1e-9
+
+
+def test_engine_vectors_orders_and_checks():
+    body = {"data": [{"index": 1, "embedding": [1]}, {"index": 0, "embedding": [0]}]}
+    assert [d["embedding"] for d in core.engine_vectors(body, 2)] == [[0], [1]]
+    for bad in ({"data": [{"index": 0}]}, {"nope": 1}, {"data": [{"index": 0}, {"index": 0}]}):
+        with pytest.raises(core.EngineResponseError):
+            core.engine_vectors(bad, 2)
+
+
+def test_response_reindexes_per_client():
+    out = core.response_for(
+        [{"object": "embedding", "index": 7, "embedding": [1.0]}], 3, model="m", request_id="r", created=1
+    )
+    assert out["data"][0]["index"] == 0 and out["usage"] == {"prompt_tokens": 3, "total_tokens": 3}

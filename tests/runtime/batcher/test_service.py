@@ -1,0 +1,187 @@
+"""The batcher against a fake pooling engine: coalescing, order, poison isolation, backpressure."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.runtime.batcher.conftest import batcher_config
+from tests.runtime.health.conftest import wait_for
+from tests.runtime.health.doubles import fake_vector
+
+
+async def post(session, url, body):
+    async with session.post(url + "/v1/embeddings", json=body) as r:
+        return r.status, await r.json(), dict(r.headers)
+
+
+def embed_calls(engine):
+    return [c for c in engine.engine.calls if c["path"] == "/v1/embeddings"]
+
+
+async def test_concurrent_requests_share_engine_calls_and_get_their_own_results(fake_engine, batcher_at):
+    engine = await fake_engine(embed_delay_s=0.2)
+    b = await batcher_at(
+        batcher_config([engine.url], max_batch_size=64, max_wait_ms=20, max_inflight_batches_per_backend=1)
+    )
+    requests = [{"model": "emb", "input": [f"req{i} item{j}" for j in range(1 + i % 3)]} for i in range(20)]
+    requests.append({"model": "emb", "input": [5, 6, 7]})  # token ids
+    requests.append({"model": "emb", "input": "a single string"})
+    async with aiohttp.ClientSession() as s:
+        results = await asyncio.gather(*(post(s, b.url, r) for r in requests))
+    for req, (status, body, _) in zip(requests, results, strict=True):
+        assert status == 200, body
+        inputs = (
+            req["input"]
+            if isinstance(req["input"], list) and not isinstance(req["input"][0], int)
+            else [req["input"]]
+        )
+        assert [d["index"] for d in body["data"]] == list(range(len(inputs)))
+        assert [d["embedding"] for d in body["data"]] == [fake_vector(x) for x in inputs]
+        assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] >= 0
+    calls = embed_calls(engine)
+    assert len(calls) < len(requests)  # coalesced
+    engine_total = sum(len(c["body"]["input"]) for c in calls)
+    assert engine_total == sum(len(r["data"]) for _, r, _ in results)
+    # usage: the engine's per-call totals are split exactly, never invented
+    fake_tokens = sum(
+        len(x) if isinstance(x, list) else len(str(x).split()) for c in calls for x in c["body"]["input"]
+    )
+    assert sum(r["usage"]["prompt_tokens"] for _, r, _ in results) == fake_tokens
+
+
+async def test_batches_respect_max_batch_size(fake_engine, batcher_at):
+    engine = await fake_engine(embed_delay_s=0.05)
+    b = await batcher_at(batcher_config([engine.url], max_batch_size=4, max_wait_ms=50))
+    async with aiohttp.ClientSession() as s:
+        results = await asyncio.gather(
+            *(post(s, b.url, {"model": "emb", "input": f"x{i}"}) for i in range(17))
+        )
+    assert all(status == 200 for status, _, _ in results)
+    assert all(len(c["body"]["input"]) <= 4 for c in embed_calls(engine))
+
+
+async def test_poison_input_fails_alone(fake_engine, batcher_at):
+    engine = await fake_engine(embed_fail_on="POISON", embed_delay_s=0.1)
+    b = await batcher_at(batcher_config([engine.url], max_wait_ms=50, max_inflight_batches_per_backend=1))
+    bodies = [{"model": "emb", "input": f"fine {i}"} for i in range(6)]
+    bodies.insert(3, {"model": "emb", "input": ["ok part", "POISON"]})
+    async with aiohttp.ClientSession() as s:
+        results = await asyncio.gather(*(post(s, b.url, body) for body in bodies))
+    statuses = [status for status, _, _ in results]
+    assert statuses == [200, 200, 200, 400, 200, 200, 200]
+    assert results[3][1]["error"]["message"] == "poison input"
+    for body, (_, out, _) in zip(bodies, results, strict=True):
+        if body["input"] != ["ok part", "POISON"]:
+            assert out["data"][0]["embedding"] == fake_vector(body["input"])
+
+
+async def test_queue_full_is_429_with_retry_after(fake_engine, batcher_at):
+    engine = await fake_engine(embed_delay_s=30)  # the engine holds the first batch
+    b = await batcher_at(
+        batcher_config(
+            [engine.url], max_queue=4, max_batch_size=2, max_wait_ms=0, max_inflight_batches_per_backend=1
+        )
+    )
+    async with aiohttp.ClientSession() as s:
+        first = [asyncio.create_task(post(s, b.url, {"model": "emb", "input": ["a", "b"]}))]
+        await wait_for(lambda: len(embed_calls(engine)) == 1)  # dispatched, engine busy
+        waiting = [
+            asyncio.create_task(post(s, b.url, {"model": "emb", "input": ["c", "d"]})) for _ in range(2)
+        ]
+        await wait_for(lambda: b.batcher.models["emb"].depth == 4)
+        status, body, headers = await post(s, b.url, {"model": "emb", "input": "e"})
+        assert status == 429 and int(headers["Retry-After"]) >= 1
+        assert body["error"]["type"] == "rate_limit_exceeded"
+        for t in [*first, *waiting]:
+            t.cancel()
+        await asyncio.gather(*first, *waiting, return_exceptions=True)
+
+
+async def test_client_disconnect_drops_its_inputs_before_dispatch(fake_engine, batcher_at):
+    engine = await fake_engine(embed_delay_s=0.5)
+    b = await batcher_at(batcher_config([engine.url], max_wait_ms=0, max_inflight_batches_per_backend=1))
+    mb = b.batcher.models["emb"]
+    async with aiohttp.ClientSession() as s:
+        busy = asyncio.create_task(post(s, b.url, {"model": "emb", "input": "keeps the engine busy"}))
+        await wait_for(lambda: len(embed_calls(engine)) == 1)
+        leaver = asyncio.create_task(post(s, b.url, {"model": "emb", "input": "LEAVER"}))
+        await wait_for(lambda: mb.depth == 1)
+        leaver.cancel()  # closes the connection: the server cancels the handler
+        await asyncio.gather(leaver, return_exceptions=True)
+        stayer = await post(s, b.url, {"model": "emb", "input": "stayer"})
+        assert stayer[0] == 200
+        assert (await busy)[0] == 200
+    sent = [x for c in embed_calls(engine) for x in c["body"]["input"]]
+    assert "LEAVER" not in sent and "stayer" in sent
+
+
+async def test_requests_with_different_parameters_are_not_mixed(fake_engine, batcher_at):
+    engine = await fake_engine(embed_delay_s=0.1)
+    b = await batcher_at(batcher_config([engine.url], max_wait_ms=30))
+    async with aiohttp.ClientSession() as s:
+        await asyncio.gather(
+            *(
+                post(s, b.url, {"model": "emb", "input": f"x{i}", "dimensions": 8 if i % 2 else None})
+                for i in range(8)
+            )
+        )
+    for call in embed_calls(engine):
+        assert len({call["body"].get("dimensions")}) == 1
+        dims = call["body"].get("dimensions")
+        assert all((int(x[1:]) % 2 == 1) == (dims == 8) for x in call["body"]["input"])
+
+
+async def test_client_mistakes_are_4xx(fake_engine, batcher_at):
+    engine = await fake_engine()
+    b = await batcher_at(batcher_config([engine.url]))
+    async with aiohttp.ClientSession() as s:
+        async with s.post(b.url + "/v1/embeddings", data=b"{not json") as r:
+            assert r.status == 400
+        async with s.post(b.url + "/v1/embeddings", json=[1, 2]) as r:
+            assert r.status == 400
+        async with s.post(b.url + "/v1/embeddings", json={"input": "x"}) as r:
+            assert r.status == 400
+        async with s.post(b.url + "/v1/embeddings", json={"model": "nope", "input": "x"}) as r:
+            assert r.status == 404 and "emb" in (await r.json())["error"]["message"]
+        async with s.post(b.url + "/v1/embeddings", json={"model": "emb", "input": {"a": 1}}) as r:
+            assert r.status == 400
+        async with s.post(b.url + "/v1/embeddings", json={"model": "emb", "input": "x" * 100_000}) as r:
+            assert r.status == 413
+
+
+async def test_engine_unreachable_is_502(batcher_at, unused_tcp_port):
+    b = await batcher_at(batcher_config([f"http://127.0.0.1:{unused_tcp_port}"]))
+    async with aiohttp.ClientSession() as s:
+        status, body, _ = await post(s, b.url, {"model": "emb", "input": "x"})
+    assert status == 502 and body["error"]["type"] == "bad_gateway"
+
+
+async def test_score_passes_through(fake_engine, batcher_at):
+    engine = await fake_engine()
+    b = await batcher_at(batcher_config([engine.url]))
+    body = {"model": "emb", "text_1": "a", "text_2": ["b"]}
+    async with aiohttp.ClientSession() as s, s.post(b.url + "/v1/score", json=body) as r:
+        assert r.status == 200 and (await r.json())["echo"]["text_1"] == "a"
+
+
+async def test_metrics(fake_engine, batcher_at):
+    engine = await fake_engine()
+    b = await batcher_at(batcher_config([engine.url]))
+    async with aiohttp.ClientSession() as s:
+        await post(s, b.url, {"model": "emb", "input": ["a", "b", "c"]})
+        async with s.get(b.url + "/metrics") as r:
+            text = await r.text()
+    samples = {
+        (x.name, tuple(sorted(x.labels.items()))): x.value
+        for f in text_string_to_metric_families(text)
+        for x in f.samples
+    }
+    assert samples[("inferstack_batcher_batch_size_count", (("model", "emb"),))] == 1
+    assert samples[("inferstack_batcher_batch_size_sum", (("model", "emb"),))] == 3
+    assert samples[("inferstack_batcher_items_total", (("model", "emb"), ("outcome", "ok")))] == 3
+    assert samples[("inferstack_batcher_queue_depth", (("model", "emb"),))] == 0
+    assert ("inferstack_batcher_items_per_second", (("model", "emb"),)) in samples
+    assert samples[("inferstack_batcher_wait_seconds_count", (("model", "emb"),))] == 3
