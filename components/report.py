@@ -42,7 +42,20 @@ class PlanReport:
             "|" + "---|" * len(PLAN_COLUMNS),
             *("| " + " | ".join(row) + " |" for row in self.rows),
             "",
-            "## Monthly cost",
+            "## Cost per model (monthly)",
+            "",
+            "| model | capacity | per replica | at min replicas | at max replicas | max, on-demand | max, spot | "
+            "tokens/s per replica (est.) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+            *(
+                f"| {c.model} | {c.capacity.value} | {cost.monthly(c.usd_per_replica_month)} | "
+                f"{cost.monthly(c.min_usd_month)} | {cost.monthly(c.max_usd_month)} | "
+                f"{cost.monthly(c.on_demand_max_usd_month)} | {cost.monthly(c.spot_max_usd_month)} | "
+                f"{f'{c.tokens_per_second_per_replica:,.0f}' if c.tokens_per_second_per_replica else '-'} |"
+                for c in self.bill.models
+            ),
+            "",
+            "## Monthly cost of the stack",
             "",
             "| item | min | max |",
             "|---|---:|---:|",
