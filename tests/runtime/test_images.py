@@ -217,3 +217,16 @@ def test_entry_point_starts_with_only_the_image_requirements(image: Image, venv_
         timeout=120,
     )
     assert isolated.returncode == 0 and isolated.stdout.strip() == "[]", isolated.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "example",
+    sorted((ROOT / "examples").glob("health*.yaml")) + sorted((ROOT / "examples").glob("batcher*.yaml")),
+    ids=lambda p: p.name,
+)
+def test_examples_are_valid_configs(example: Path):
+    from runtime.config import load
+
+    config = load(example)
+    if example.name.startswith("batcher"):
+        assert config.batcher.policies

