@@ -241,7 +241,9 @@ class BatchingPolicy(_Strict):
     max_wait_ms: float = Field(default=5.0, ge=0, description="Longest a request waits for companions.")
     max_queue: int = Field(default=4_096, ge=1, description="Inputs that may wait; beyond it, 429.")
     max_inflight_batches_per_backend: int = Field(
-        default=2, ge=1, description="Engine calls one replica may hold at once; more inputs wait and coalesce."
+        default=2,
+        ge=1,
+        description="Engine calls one replica may hold at once; more inputs wait and coalesce.",
     )
     engine_timeout_ms: int = Field(default=60_000, ge=1, description="Budget of one engine call.")
 
@@ -252,7 +254,9 @@ class BatcherSettings(_Strict):
     host: str = "0.0.0.0"  # noqa: S104 - in-cluster listener; the NetworkPolicy restricts who reaches it
     port: int = Field(default=8082, ge=1, le=65535)
     policies: list[BatchingPolicy] = Field(default_factory=list)
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="Largest request body; beyond it 413.")
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024, description="Largest request body; beyond it 413."
+    )
     connect_timeout_ms: int = Field(default=2_000, ge=1, description="Connect budget towards a replica.")
 
 
