@@ -18,6 +18,7 @@ import time
 from typing import cast
 
 import httptools
+import uvloop
 
 MODEL = "tiny"
 COMPLETION = json.dumps(
@@ -54,6 +55,7 @@ class Engine(asyncio.Protocol):
         self.url = b""
         self.body: list[bytes] = []
         self.transport: asyncio.Transport | None = None
+        self.task: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
@@ -81,7 +83,7 @@ class Engine(asyncio.Protocol):
         if path in (b"/v1/chat/completions", b"/v1/completions", b"/generate"):
             streaming = b'"stream":true' in body.replace(b" ", b"")
             if streaming:
-                asyncio.ensure_future(self.stream())
+                self.task = asyncio.ensure_future(self.stream())
             elif self.args.delay_ms > 0:
                 asyncio.get_running_loop().call_later(self.args.delay_ms / 1000, self.reply, COMPLETION)
             else:
@@ -137,12 +139,7 @@ def main() -> None:
     ap.add_argument("--stream-interval-ms", type=float, default=5.0)
     ap.add_argument("--tokenizer-path", default="/nonexistent-local-tokenizer")
     args = ap.parse_args()
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()

@@ -11,11 +11,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+import aiohttp
+import uvloop
+from aiohttp import web
+
+from runtime.router.server import Connection, Request, Server
+from runtime.router.upstream import Exchange, Pool
+
 
 async def run_aiohttp(port: int, backend: str) -> None:
-    import aiohttp
-    from aiohttp import web
-
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
     async def proxy(request: web.Request) -> web.Response:
@@ -36,9 +40,6 @@ async def run_aiohttp(port: int, backend: str) -> None:
 
 
 async def run_lean(port: int, backend: str) -> None:
-    from runtime.router.server import Connection, Request, Server
-    from runtime.router.upstream import Exchange, Pool
-
     host, _, p = backend.partition(":")
     pool = Pool(host, int(p))
 
@@ -70,9 +71,7 @@ def main() -> None:
     ap.add_argument("--no-uvloop", action="store_true")
     args = ap.parse_args()
     if not args.no_uvloop:
-        import uvloop
-
-        uvloop.install()
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     coro = run_lean if args.stack == "lean" else run_aiohttp
     asyncio.run(coro(args.port, args.backend))
 

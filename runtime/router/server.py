@@ -91,6 +91,9 @@ class Connection(asyncio.Protocol):
             self._reject(400, "protocol upgrades are not supported")
         except httptools.HttpParserError:
             self._reject(400, "malformed HTTP request")
+        if self._too_large and self._task is None and not self.closed:
+            # answer an oversized body at once instead of reading all of it first
+            self._reject(413, f"request body exceeds {self._max_body} bytes")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -163,6 +163,7 @@ class Pool:
         self.host_header = f"{host}:{port}".encode()
         self.max_idle = max_idle
         self._idle: list[_Conn] = []
+        self.closed = False  # the replica left the fleet: connections in use close when done
 
     async def _connect(self, timeout_s: float) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -201,6 +202,7 @@ class Pool:
             conn.transport.close()
 
     def close(self) -> None:
+        self.closed = True
         for conn in self._idle:
             if conn.transport is not None:
                 conn.transport.close()

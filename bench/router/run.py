@@ -1,0 +1,484 @@
+"""Side-by-side router benchmark on loopback: direct, inferstack, vllm-router, sglang-router.
+
+    .venv/bin/python bench/router/run.py                       # everything, ~6 minutes
+    .venv/bin/python bench/router/run.py --targets direct,inferstack --duration 3
+
+Same fake engines (bench/router/fake_engine.py: instant, 20 ms, streaming), same bounded load
+(``wrk``, one thread, fixed duration) at concurrency 1 and 32. For each target it records req/s,
+p50/p99 latency, the router's own CPU time per request (utime+stime from /proc/PID/stat, all threads)
+and its resident memory, and, for streams, time to first byte measured by a TCP_NODELAY client.
+Every process binds 127.0.0.1; nothing leaves the machine. Results go to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = ROOT / ".venv" / "bin" / "python"
+BENCH_PY = ROOT / ".cache" / "venv-bench" / "bin" / "python"
+RESULTS = ROOT / "bench" / "results"
+API_KEY = "sk-bench"
+MODEL = "tiny"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 1})
+STREAM_BODY = json.dumps(
+    {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": 16,
+        "stream": True,
+    }
+)
+SCENARIOS = {"instant": {"delay_ms": 0}, "delay20": {"delay_ms": 20}, "stream": {"delay_ms": 0}}
+PORTS = {"instant": (19101, 19102), "delay20": (19111, 19112), "stream": (19121, 19122)}
+ROUTER_PORT = 19200
+
+
+@dataclass
+class Row:
+    target: str
+    scenario: str
+    concurrency: int
+    requests: int
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    cpu_us_per_req: float | None
+    rss_mib: float | None
+    ttfb_p50_ms: float | None = None
+    ttfb_p99_ms: float | None = None
+
+
+def wait_port(port: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s}s")
+
+
+def wait_http(port: int, path: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}{path}",
+                data=BODY.encode(),
+                headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"},
+            )
+            with urllib.request.urlopen(req, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"127.0.0.1:{port}{path} never answered 200")
+
+
+@contextmanager
+def process(
+    argv: list[str], env: dict[str, str] | None = None, log: Path | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
+    )
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        if log:
+            out.close()  # type: ignore[union-attr]
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of the full line)
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _ms(text: str) -> float:
+    m = re.match(r"([\d.]+)(us|ms|s)", text)
+    if not m:
+        return float("nan")
+    v, unit = float(m.group(1)), m.group(2)
+    return v / 1000 if unit == "us" else v * 1000 if unit == "s" else v
+
+
+def wrk(port: int, path: str, concurrency: int, duration_s: int, lua: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{concurrency}",
+            f"-d{duration_s}s",
+            "--latency",
+            "-s",
+            str(lua),
+            f"http://127.0.0.1:{port}{path}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=duration_s + 30,
+    ).stdout
+    res: dict[str, float] = {
+        "requests": 0,
+        "rps": 0.0,
+        "p50_ms": float("nan"),
+        "p99_ms": float("nan"),
+        "errors": 0,
+    }
+    for line in out.splitlines():
+        s = line.strip()
+        if "requests in" in s:
+            res["requests"] = int(s.split()[0])
+        elif s.startswith("Requests/sec:"):
+            res["rps"] = float(s.split()[1])
+        elif s.startswith("50%"):
+            res["p50_ms"] = _ms(s.split()[1])
+        elif s.startswith("99%"):
+            res["p99_ms"] = _ms(s.split()[1])
+        elif s.startswith("Non-2xx") or s.startswith("Socket errors"):
+            res["errors"] += sum(int(n) for n in re.findall(r"\d+", s))
+    return res
+
+
+def ttfb(port: int, path: str, n: int) -> tuple[float, float]:
+    """Sequential streaming requests; time from sending the request to the first SSE bytes."""
+    samples = []
+    body = STREAM_BODY.encode()
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    for _ in range(n):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            t0 = time.perf_counter()
+            sock.sendall(request)
+            buf = b""
+            while b"data:" not in buf:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+            samples.append((time.perf_counter() - t0) * 1000)
+            while b"[DONE]" not in buf:  # drain the stream so the backend finishes cleanly
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+    samples.sort()
+    return statistics.median(samples), samples[int(len(samples) * 0.99) - 1]
+
+
+def inferstack_config(workers: list[str], tmp: Path) -> Path:
+    cfg = {
+        "models": [
+            {
+                "name": MODEL,
+                "static_backends": [{"url": u} for u in workers],
+                "max_concurrency_per_backend": 256,
+            }
+        ],
+        "router": {
+            "host": "127.0.0.1",
+            "port": ROUTER_PORT,
+            "default_strategy": {"name": "prefix_aware"},
+            "require_api_key": True,
+            "api_keys": [
+                {
+                    "name": "bench",
+                    "sha256": hashlib.sha256(API_KEY.encode()).hexdigest(),
+                    "requests_per_minute": 100_000_000,
+                    "tokens_per_minute": 1_000_000_000,
+                }
+            ],
+            "queue_max_requests": 1024,
+            "probe_interval_ms": 2000,
+        },
+    }
+    path = tmp / "inferstack.yaml"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def router_argv(target: str, workers: list[str], tmp: Path) -> list[str] | None:
+    if target == "inferstack":
+        return [
+            str(PY),
+            "-m",
+            "runtime.router",
+            "--config",
+            str(inferstack_config(workers, tmp)),
+            "--log-level",
+            "WARNING",
+        ]
+    if target in ("vllm-router", "sglang-router"):
+        module = "vllm_router.launch_router" if target == "vllm-router" else "sglang_router.launch_router"
+        level = "warning" if target == "vllm-router" else "warn"
+        return [
+            str(BENCH_PY),
+            "-m",
+            module,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(ROUTER_PORT),
+            "--worker-urls",
+            *workers,
+            "--policy",
+            "round_robin",
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(ROUTER_PORT + 1),
+            "--log-level",
+            level,
+        ]
+    return None
+
+
+def machine() -> dict[str, str]:
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
+
+    def version(py: Path, dist: str) -> str:
+        if not py.exists():
+            return "absent"
+        out = subprocess.run(
+            [str(py), "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return out.stdout.strip() or "absent"
+
+    return {
+        "cpu": cpu,
+        "cores": str(os.cpu_count()),
+        "memory_gib": f"{mem_kib / 1024 / 1024:.1f}",
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "wrk": subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False).stdout.split("\n")[
+            0
+        ],
+        "vllm-router": version(BENCH_PY, "vllm-router"),
+        "sglang-router": version(BENCH_PY, "sglang-router"),
+        "uvloop": version(PY, "uvloop"),
+        "httptools": version(PY, "httptools"),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "loadavg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+
+
+def run(targets: list[str], duration_s: int, ttfb_n: int) -> list[Row]:
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        lua = tmp / "post.lua"
+        lua.write_text(
+            'wrk.method = "POST"\n'
+            f"wrk.body = '{BODY}'\n"
+            'wrk.headers["Content-Type"] = "application/json"\n'
+            f'wrk.headers["Authorization"] = "Bearer {API_KEY}"\n'
+        )
+        engines = []
+        for scenario, ports in PORTS.items():
+            for port in ports:
+                argv = [str(PY), str(ROOT / "bench/router/fake_engine.py"), "--port", str(port)]
+                argv += ["--delay-ms", str(SCENARIOS[scenario]["delay_ms"]), "--tokenizer-path", str(tmp)]
+                argv += ["--stream-chunks", "16", "--stream-interval-ms", "5"]
+                engines.append(process(argv))
+        with contextlib_exit(engines):
+            for ports in PORTS.values():
+                for port in ports:
+                    wait_port(port)
+            for target in targets:
+                for scenario, ports in PORTS.items():
+                    workers = [f"http://127.0.0.1:{p}" for p in ports]
+                    argv = router_argv(target, workers, tmp)
+                    if argv is None and target != "direct":
+                        print(f"skip {target}: not installed", file=sys.stderr)
+                        continue
+                    log = RESULTS / f".{target}-{scenario}.log"
+                    ctx = process(argv, log=log) if argv else _nothing()
+                    with ctx as proc:
+                        port = ROUTER_PORT if argv else ports[0]
+                        wait_http(port, "/v1/chat/completions")
+                        pid = proc.pid if proc else None
+                        if scenario == "stream":
+                            ttfb(port, "/v1/chat/completions", 20)  # warm-up
+                            p50, p99 = ttfb(port, "/v1/chat/completions", ttfb_n)
+                            rows.append(
+                                Row(
+                                    target,
+                                    scenario,
+                                    1,
+                                    ttfb_n,
+                                    0,
+                                    0,
+                                    0,
+                                    0,
+                                    None,
+                                    rss_mib(pid) if pid else None,
+                                    p50,
+                                    p99,
+                                )
+                            )
+                            print(
+                                f"{target:14} {scenario:8} ttfb p50 {p50:.3f} ms p99 {p99:.3f} ms", flush=True
+                            )
+                            continue
+                        for c in (1, 32):
+                            wrk(port, "/v1/chat/completions", c, 1, lua)  # warm-up, fills pools
+                            t0 = cpu_ticks(pid) if pid else 0
+                            res = wrk(port, "/v1/chat/completions", c, duration_s, lua)
+                            cpu = (
+                                (cpu_ticks(pid) - t0) / CLK_TCK * 1e6 / res["requests"]
+                                if pid and res["requests"]
+                                else None
+                            )
+                            row = Row(
+                                target,
+                                scenario,
+                                c,
+                                int(res["requests"]),
+                                res["rps"],
+                                res["p50_ms"],
+                                res["p99_ms"],
+                                int(res["errors"]),
+                                round(cpu, 1) if cpu else None,
+                                round(rss_mib(pid), 1) if pid else None,
+                            )
+                            rows.append(row)
+                            print(
+                                f"{target:14} {scenario:8} c={c:<3} {row.rps:9.0f} req/s p50 {row.p50_ms:.3f} ms "
+                                f"p99 {row.p99_ms:.3f} ms cpu/req {row.cpu_us_per_req} us rss {row.rss_mib} MiB "
+                                f"errors {row.errors}",
+                                flush=True,
+                            )
+    return rows
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield None
+
+
+@contextmanager
+def contextlib_exit(managers: list) -> Iterator[None]:  # type: ignore[type-arg]
+    with contextlib.ExitStack() as stack:
+        for m in managers:
+            stack.enter_context(m)
+        yield
+
+
+def report(rows: list[Row], info: dict[str, str]) -> str:
+    direct = {(r.scenario, r.concurrency): r for r in rows if r.target == "direct"}
+    lines = [
+        "# Router benchmark",
+        "",
+        "Machine: " + ", ".join(f"{k} {v}" for k, v in info.items()),
+        "",
+        "Load: wrk, 1 thread, POST /v1/chat/completions (non-streaming) with an Authorization header; two fake",
+        "engine replicas behind each router (direct = one replica). inferstack runs with API-key auth, per-key",
+        "request and token limits, metrics, the prefix_aware strategy and its wait queue all on. CPU/request is",
+        "the router process's utime+stime over the run divided by requests served. Ratios are to direct.",
+        "",
+        "| target | scenario | c | req/s | x direct | p50 ms | +p50 ms | p99 ms | p99 / direct | CPU us/req | RSS MiB | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.scenario == "stream":
+            continue
+        d = direct.get((r.scenario, r.concurrency))
+        ratio = f"{r.rps / d.rps:.2f}" if d and d.rps else ""
+        added = f"{r.p50_ms - d.p50_ms:+.3f}" if d else ""
+        p99r = f"{r.p99_ms / d.p99_ms:.2f}" if d and d.p99_ms else ""
+        lines.append(
+            f"| {r.target} | {r.scenario} | {r.concurrency} | {r.rps:.0f} | {ratio} | {r.p50_ms:.3f} | {added} | "
+            f"{r.p99_ms:.3f} | {p99r} | {r.cpu_us_per_req if r.cpu_us_per_req is not None else ''} | "
+            f"{r.rss_mib if r.rss_mib is not None else ''} | {r.errors} |"
+        )
+    lines += ["", "Streaming (16 SSE chunks 5 ms apart), time to first byte, sequential requests:", ""]
+    lines += ["| target | TTFB p50 ms | +p50 ms | TTFB p99 ms | RSS MiB |", "|---|---|---|---|---|"]
+    ds = next((r for r in rows if r.target == "direct" and r.scenario == "stream"), None)
+    for r in rows:
+        if r.scenario != "stream":
+            continue
+        added = f"{(r.ttfb_p50_ms or 0) - (ds.ttfb_p50_ms or 0):+.3f}" if ds else ""
+        lines.append(
+            f"| {r.target} | {r.ttfb_p50_ms:.3f} | {added} | {r.ttfb_p99_ms:.3f} | "
+            f"{round(r.rss_mib, 1) if r.rss_mib is not None else ''} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--targets", default="direct,inferstack,vllm-router,sglang-router")
+    ap.add_argument("--duration", type=int, default=8, help="seconds of load per measurement")
+    ap.add_argument("--ttfb-requests", type=int, default=200)
+    ap.add_argument("--name", default=None, help="results file stem (default router-YYYYMMDD-HHMM)")
+    args = ap.parse_args()
+    if shutil.which("wrk") is None:
+        print("error: wrk is not installed (apt-get install -y wrk)", file=sys.stderr)
+        return 2
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    info = machine()
+    rows = run(args.targets.split(","), args.duration, args.ttfb_requests)
+    info["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    stem = args.name or "router-" + dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M")
+    (RESULTS / f"{stem}.json").write_text(
+        json.dumps({"machine": info, "rows": [asdict(r) for r in rows]}, indent=2)
+    )
+    (RESULTS / f"{stem}.md").write_text(report(rows, info))
+    print(f"wrote {RESULTS / stem}.md and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
