@@ -19,7 +19,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from runtime.config import RuntimeConfig, load
+import yaml
+from pydantic import ValidationError
+
+from runtime.config import RuntimeConfig
 from runtime.http import setup_logging
 from runtime.router.app import Router
 from runtime.router.auth import KeyTable, load_keys_file
@@ -37,9 +40,36 @@ def _digest(*paths: Path | None) -> str:
     return h.hexdigest()
 
 
+def _location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def load_config(path: Path) -> RuntimeConfig:
+    """The runtime config; ValueError with one line per mistake: ``file: field.path: what is wrong``."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"{path}: cannot read runtime config: {err}") from None
+    try:
+        return RuntimeConfig.model_validate(raw)
+    except ValidationError as err:
+        lines = []
+        for e in err.errors(include_url=False):
+            got = (
+                f" (got {e['input']!r})"
+                if e["type"] != "missing" and not isinstance(e["input"], dict)
+                else ""
+            )
+            lines.append(f"{path}: {_location(e['loc'])}: {e['msg']}{got}")
+        raise ValueError("\n".join(lines)) from None
+
+
 def load_everything(path: Path, previous: KeyTable | None = None) -> tuple[RuntimeConfig, KeyTable]:
     """Config plus the merged key table; ValueError (naming the file) on any problem."""
-    cfg = load(path)
+    cfg = load_config(path)
     keys = list(cfg.router.api_keys)
     if cfg.router.api_keys_file is not None:
         keys_path = cfg.router.api_keys_file
