@@ -10,10 +10,14 @@ from dataclasses import dataclass
 
 import pulumi
 
+from components.kubernetes.addons import ClusterAddons
 from components.kubernetes.engine import ModelEngine
+from components.kubernetes.gateway import Gateway, NetworkPolicies
 from components.kubernetes.manifests import apply
+from components.kubernetes.observability import Observability
+from components.kubernetes.scaling import ModelScaling
 from components.placement import Layout
-from components.render import common, engine
+from components.render import common, engine, hardening
 from components.render.namespace import namespace
 from components.spec import PlatformSpec
 
@@ -23,6 +27,22 @@ class PlatformSecrets:
     """Secret values from Pulumi config; they only ever travel as Pulumi secrets."""
 
     huggingface_token: pulumi.Output[str] | None = None
+    api_keys: pulumi.Output[str] | None = None
+    """The plain API keys (YAML/JSON list of {name, key, models}); read from gateway.api_keys_config_key
+    when not given."""
+
+
+def _api_keys(spec: PlatformSpec, secrets: PlatformSecrets) -> pulumi.Output[str] | None:
+    key = spec.gateway.api_keys_config_key
+    if secrets.api_keys is not None or not key:
+        return secrets.api_keys
+    value = pulumi.Config("inferstack").get_secret(key)
+    if value is None:
+        raise pulumi.RunError(
+            f"gateway.api_keys_config_key names 'inferstack:{key}', which is not set; "
+            f"run `pulumi config set --secret {key} '<YAML list of {{name, key, models}}>'`"
+        )
+    return value
 
 
 def hf_token_secret(spec: PlatformSpec) -> common.Manifest:
@@ -55,9 +75,26 @@ class InferencePlatform(pulumi.ComponentResource):
                 "stringData": {engine.HF_TOKEN_KEY: secrets.huggingface_token},
             }
             apply(manifest, in_namespace)
+        # Add-ons first: scaled objects and monitors are custom resources their charts define.
+        self.addons = ClusterAddons(spec, child)
+        self.priority_class = apply(hardening.priority_class(spec), child)
+        engines_opts = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, self.priority_class])
         self.engines = {
-            m.name: ModelEngine(spec, m, layout.placements[m.name], in_namespace) for m in spec.models
+            m.name: ModelEngine(spec, m, layout.placements[m.name], engines_opts) for m in spec.models
         }
+        self.network = NetworkPolicies(spec, in_namespace)
+        self.gateway = Gateway(spec, _api_keys(spec, secrets), in_namespace)
+        crds = self.addons.installed("keda", "prometheus-adapter")
+        self.scaling = {
+            m.name: ModelScaling(
+                spec, m, pulumi.ResourceOptions(parent=self, depends_on=[self.engines[m.name], *crds])
+            )
+            for m in spec.models
+        }
+        monitoring = self.addons.installed("kube-prometheus-stack")
+        self.observability = Observability(
+            spec, pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, *monitoring])
+        )
         self.register_outputs(
             {
                 "namespace": spec.cluster.namespace,

@@ -8,6 +8,7 @@ which reports them with the same field paths.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from enum import StrEnum
 from typing import Annotated, Any
@@ -367,6 +368,36 @@ class IngressKind(StrEnum):
     GATEWAY_API = "gateway-api"
 
 
+RUNTIME_IMAGES = {
+    "router": "ghcr.io/inferstack/router:0.1.0",
+    "health": "ghcr.io/inferstack/health:0.1.0",
+    "batcher": "ghcr.io/inferstack/batcher:0.1.0",
+}
+
+
+def _pinned_image(value: str) -> str:
+    if not PINNED_IMAGE.match(value) or value.endswith(":latest"):
+        raise ValueError(
+            f"image {value!r} is not pinned: give an immutable tag or a digest, "
+            "e.g. 'ghcr.io/inferstack/router:0.1.0' or 'repo/image@sha256:<64 hex>' (never ':latest')"
+        )
+    return value
+
+
+PinnedImage = Annotated[str, AfterValidator(_pinned_image)]
+
+
+def _cidr(value: str) -> str:
+    try:
+        ipaddress.ip_network(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a CIDR block; write e.g. '10.0.0.0/16'") from None
+    return value
+
+
+Cidr = Annotated[str, AfterValidator(_cidr)]
+
+
 class GatewaySpec(_Spec):
     """The router in front of the engines, and how traffic reaches it."""
 
@@ -380,6 +411,35 @@ class GatewaySpec(_Spec):
     """Pulumi secret config key holding a YAML/JSON list of {name, key, models} (stored hashed in the cluster)."""
     gateway_class: str = "istio"
     """GatewayClass of the parent Gateway when ingress is gateway-api."""
+    tls_secret_name: str | None = None
+    """TLS Secret (e.g. from cert-manager) for the Gateway's HTTPS listener (gateway-api); None = HTTP only.
+    The ALB finds its ACM certificate by hostname."""
+    ingress_source_cidrs: list[Cidr] = Field(default_factory=lambda: ["10.0.0.0/8"])
+    """Where traffic to the router pods may come from (the VPC, where an ALB with target-type ip sits)."""
+    router_image: PinnedImage = RUNTIME_IMAGES["router"]
+    """Router image, pinned by tag or digest."""
+    health_image: PinnedImage = RUNTIME_IMAGES["health"]
+    """Health monitor image, pinned by tag or digest."""
+    batcher_image: PinnedImage = RUNTIME_IMAGES["batcher"]
+    """Batcher image (embedding models only), pinned by tag or digest."""
+    router_cpu_cores: Annotated[float, Field(gt=0, le=64)] = 1.0
+    """CPU request and limit per router replica."""
+    router_memory_gib: Annotated[float, Field(gt=0, le=256)] = 1.0
+    """Memory request and limit per router replica."""
+
+    @model_validator(mode="after")
+    def _replicas_ordered(self) -> GatewaySpec:
+        if self.ingress is not IngressKind.NONE and not self.hostname:
+            raise ValueError(
+                f"ingress {self.ingress.value} needs a hostname (the ALB finds its certificate by it, "
+                "the HTTPRoute matches it); set gateway.hostname, e.g. 'llm.example.com'"
+            )
+        if self.replicas > self.max_replicas:
+            raise ValueError(
+                f"replicas ({self.replicas}) is above max_replicas ({self.max_replicas}); "
+                f"raise max_replicas to at least {self.replicas}"
+            )
+        return self
 
 
 class ObservabilitySpec(_Spec):
@@ -389,6 +449,70 @@ class ObservabilitySpec(_Spec):
     grafana_dashboards: bool = True
     alerts: bool = True
     dcgm_exporter: bool = True
+    namespace: DnsLabel = "monitoring"
+    """Namespace of Prometheus and Grafana (kube-prometheus-stack); engines admit scrapes from it."""
+    prometheus_url: str | None = None
+    """Prometheus query URL for scaling triggers and adapter rules; defaults to kube-prometheus-stack's
+    in `namespace` (e.g. 'http://prometheus-operated.monitoring.svc:9090' for your own)."""
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^\s/]+(:\d+)?(/[^\s]*)?$", value):
+            raise ValueError(
+                f"{value!r} is not an http(s) URL; write e.g. 'http://prometheus.monitoring.svc:9090'"
+            )
+        return value
+
+
+class Autoscaler(StrEnum):
+    KEDA = "keda"
+    HPA = "hpa"
+
+
+class GpuPlugin(StrEnum):
+    DEVICE_PLUGIN = "nvidia-device-plugin"
+    GPU_OPERATOR = "gpu-operator"
+    NONE = "none"
+
+
+class ChartVersionsSpec(_Spec):
+    """Pinned Helm chart versions of the add-ons (tested together; bump deliberately)."""
+
+    nvidia_device_plugin: str = "0.17.1"
+    gpu_operator: str = "v25.3.0"
+    dcgm_exporter: str = "4.1.1"
+    keda: str = "2.17.1"
+    kube_prometheus_stack: str = "75.6.1"
+    prometheus_adapter: str = "4.14.1"
+    aws_load_balancer_controller: str = "1.13.3"
+
+    @field_validator("*")
+    @classmethod
+    def _exact(cls, value: str) -> str:
+        if not re.fullmatch(r"v?\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?", value):
+            raise ValueError(
+                f"chart version {value!r} is not an exact version; write e.g. '2.17.1' (no ranges)"
+            )
+        return value
+
+
+class AddonsSpec(_Spec):
+    """Cluster add-ons installed with Helm at pinned versions, and how engines are autoscaled."""
+
+    autoscaler: Autoscaler = Autoscaler.KEDA
+    """keda (ScaledObjects; scale to zero) or hpa (autoscaling/v2 through prometheus-adapter rules)."""
+    gpu_plugin: GpuPlugin = GpuPlugin.DEVICE_PLUGIN
+    """How GPUs become schedulable: the NVIDIA device plugin, the GPU operator, or none (already there)."""
+    install_keda: bool = True
+    """Install KEDA (autoscaler keda); false when the cluster already runs it."""
+    install_prometheus_stack: bool = True
+    """Install kube-prometheus-stack (observability.prometheus); false when the cluster already runs it."""
+    install_prometheus_adapter: bool = True
+    """Install prometheus-adapter (autoscaler hpa)."""
+    install_aws_load_balancer_controller: bool = True
+    """Install the AWS Load Balancer Controller (target eks with ingress alb)."""
+    versions: ChartVersionsSpec = Field(default_factory=ChartVersionsSpec)
 
 
 class BudgetSpec(_Spec):
@@ -411,12 +535,23 @@ class PlatformSpec(_Spec):
     models: list[ModelSpec] = Field(min_length=1)
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
     observability: ObservabilitySpec = Field(default_factory=ObservabilitySpec)
+    addons: AddonsSpec = Field(default_factory=AddonsSpec)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     huggingface_token_config_key: str | None = None
     """Pulumi secret config key with a Hugging Face token (for gated models)."""
     tags: dict[str, str] = Field(default_factory=dict)
     """Cost-allocation tags on every cloud resource."""
 
+    @model_validator(mode="after")
+    def _hpa_cannot_reach_zero(self) -> PlatformSpec:
+        if self.addons.autoscaler is Autoscaler.HPA:
+            zero = [m.name for m in self.models if m.scaling.min_replicas == 0]
+            if zero:
+                raise ValueError(
+                    f"addons.autoscaler: hpa cannot scale to zero, but min_replicas is 0 for {', '.join(zero)}; "
+                    "use autoscaler: keda or set min_replicas to at least 1"
+                )
+        return self
 
     @property
     def cluster_name(self) -> str:

@@ -16,7 +16,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_EFFECT = "NoSchedule"  # Kubernetes spelling; the EKS API spells it NO_SCHEDULE
 ENGINE_PORT = 8000
-RUNTIME_UID = 1000
+RUNTIME_UID = 10001  # the runtime images' user; high, so it never matches a host account
 
 
 def engine_name(model: str) -> str:
@@ -41,11 +41,21 @@ def labels(spec: PlatformSpec, name: str, component: str, version: str | None = 
 def selector(spec: PlatformSpec, name: str, component: str) -> dict[str, str]:
     """The immutable subset of ``labels`` that selectors use (never the version)."""
     full = labels(spec, name, component)
-    return {k: full[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component")}
+    return {
+        k: full[k]
+        for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component")
+    }
 
 
-def metadata(spec: PlatformSpec, name: str, component: str, version: str | None = None, **extra: Any) -> Manifest:
-    return {"name": name, "namespace": spec.cluster.namespace, "labels": labels(spec, name, component, version), **extra}
+def metadata(
+    spec: PlatformSpec, name: str, component: str, version: str | None = None, **extra: Any
+) -> Manifest:
+    return {
+        "name": name,
+        "namespace": spec.cluster.namespace,
+        "labels": labels(spec, name, component, version),
+        **extra,
+    }
 
 
 def image_version(image: str) -> str:
@@ -62,3 +72,35 @@ def quantity_gib(value: float) -> str:
 
 def quantity_cpu(value: float) -> str:
     return f"{int(value * 1000)}m"
+
+
+# Runtime services (router, health monitor, batcher) and cluster-wide names -------------------------
+ROUTER = "router"
+HEALTH = "health"
+BATCHER = "batcher"
+RUNTIME_CONFIG_FILE = "runtime.yaml"  # the images' default --config
+RUNTIME_CONFIG_DIR = "/etc/inferstack"
+API_KEYS_FILE = "api-keys.yaml"
+API_KEYS_DIR = "/etc/inferstack/keys"
+
+
+def runtime_name(spec: PlatformSpec, part: str) -> str:
+    """Name of a runtime service's objects, e.g. 'inferstack-router'."""
+    return f"{spec.name}-{part}"
+
+
+def runtime_config_name(spec: PlatformSpec) -> str:
+    return f"{spec.name}-runtime-config"
+
+
+def api_keys_secret_name(spec: PlatformSpec) -> str:
+    return f"{spec.name}-api-keys"
+
+
+def priority_class_name(spec: PlatformSpec) -> str:
+    """Cluster-scoped, so it carries the environment: two environments may share a cluster."""
+    return f"{spec.name}-{spec.environment}-engine"
+
+
+def engine_selector(spec: PlatformSpec, model: str) -> dict[str, str]:
+    return selector(spec, engine_name(model), "engine")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from components.placement import Placement
-from components.render import common
+from components.render import common, hardening, scaling
 from components.render.common import Manifest
 from components.render.engine_args import (
     MODEL_DIR,
@@ -18,6 +18,8 @@ from components.spec import ModelSpec, PlatformSpec
 
 AWS_CLI_IMAGE = "public.ecr.aws/aws-cli/aws-cli:2.27.50"
 HF_TOKEN_KEY = "token"
+HF_TOKEN_DIR = "/var/run/secrets/huggingface"
+"""The token is a file (huggingface_hub reads HF_TOKEN_PATH), never an environment variable."""
 # Node resources the kubelet, system daemons and DaemonSets keep; the rest is shared by GPU share.
 _NODE_RESERVED_CPU = 2.0
 _NODE_RESERVED_MEMORY_FRACTION = 0.10
@@ -44,7 +46,9 @@ def engine_resources(model: ModelSpec, placement: Placement) -> tuple[float, flo
     share = placement.gpus_per_replica / instance.gpus
     cores = max(1.0, math.floor((instance.vcpus - _NODE_RESERVED_CPU) * share))
     memory = math.floor(instance.memory_gib * (1 - _NODE_RESERVED_MEMORY_FRACTION) * share)
-    memory = max(memory, math.ceil(e.cpu_kv_offload_gib + _OFFLOAD_BASE_GIB)) if e.cpu_kv_offload_gib else memory
+    memory = (
+        max(memory, math.ceil(e.cpu_kv_offload_gib + _OFFLOAD_BASE_GIB)) if e.cpu_kv_offload_gib else memory
+    )
     return e.cpu_cores or cores, e.memory_gib or float(memory)
 
 
@@ -74,12 +78,7 @@ def _http_probe(period_s: int, failure_threshold: int, timeout_s: int = 5) -> Ma
 def _env(spec: PlatformSpec, cmd: EngineCommand) -> list[Manifest]:
     env: list[Manifest] = [{"name": k, "value": v} for k, v in sorted(cmd.env.items())]
     if spec.huggingface_token_config_key:
-        env.append(
-            {
-                "name": "HF_TOKEN",
-                "valueFrom": {"secretKeyRef": {"name": hf_token_secret_name(spec), "key": HF_TOKEN_KEY}},
-            }
-        )
+        env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/{HF_TOKEN_KEY}"})
     return env
 
 
@@ -100,6 +99,7 @@ def _s3_sync(model: ModelSpec) -> Manifest:
     return {
         "name": "fetch-weights",
         "image": AWS_CLI_IMAGE,
+        "imagePullPolicy": "Always",
         "command": ["aws", "s3", "sync", "--only-show-errors", model.source, S3_MODEL_DIR],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "resources": {
@@ -107,7 +107,10 @@ def _s3_sync(model: ModelSpec) -> Manifest:
             "limits": {"cpu": "2", "memory": "2Gi"},
         },
         "securityContext": _container_security(),
-        "volumeMounts": [{"name": "model-cache", "mountPath": MODEL_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [
+            {"name": "model-cache", "mountPath": MODEL_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
     }
 
 
@@ -148,6 +151,14 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{_shm_gib(model):g}Gi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "10Gi"}},
     ]
+    if spec.huggingface_token_config_key:
+        mounts.append({"name": "hf-token", "mountPath": HF_TOKEN_DIR, "readOnly": True})
+        volumes.append(
+            {
+                "name": "hf-token",
+                "secret": {"secretName": hf_token_secret_name(spec), "defaultMode": 0o440},
+            }
+        )
     if cmd.files:
         mounts.append({"name": "engine-config", "mountPath": TRTLLM_CONFIG_DIR, "readOnly": True})
         volumes.append({"name": "engine-config", "configMap": {"name": name}})
@@ -155,7 +166,8 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
     container: Manifest = {
         "name": "engine",
         "image": image,
-        "imagePullPolicy": "IfNotPresent",
+        # Always only re-checks the tag's digest with the registry; cached layers are reused.
+        "imagePullPolicy": "Always",
         "command": cmd.command,
         "args": cmd.args,
         "env": _env(spec, cmd),
@@ -181,6 +193,11 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
         },
         "containers": [container],
         "volumes": volumes,
+        "priorityClassName": common.priority_class_name(spec),
+        # GPU nodes are scarce: spreading is preferred, never a reason to stay Pending.
+        "topologySpreadConstraints": hardening.topology_spread(
+            common.selector(spec, name, "engine"), strict_hosts=False
+        ),
     }
     if model.source.startswith("s3://"):
         pod_spec["initContainers"] = [_s3_sync(model)]
@@ -190,12 +207,14 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
             {"key": common.GPU_TAINT_KEY, "operator": "Exists", "effect": common.GPU_TAINT_EFFECT}
         ]
     pod_labels = {**common.labels(spec, name, "engine", version), common.MODEL_LABEL: model.name}
+    # A scaler (KEDA or HPA) owns the count when min and max differ; a fixed count is set here.
+    replicas = {} if scaling.scales(model) else {"replicas": model.scaling.min_replicas}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {**common.metadata(spec, name, "engine", version), "labels": pod_labels},
         "spec": {
-            "replicas": model.scaling.min_replicas,
+            **replicas,
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": common.selector(spec, name, "engine")},
             # GPUs are scarce: replace one replica at a time and never run two copies' worth of GPUs.
@@ -223,4 +242,3 @@ def render(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> list[M
     """Every Kubernetes object of one model's engine, in apply order."""
     out = [m for m in (config_map(spec, model),) if m is not None]
     return [*out, deployment(spec, model, placement), service(spec, model)]
-

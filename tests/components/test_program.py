@@ -122,7 +122,8 @@ def test_vllm_command_line_carries_every_engine_knob_of_the_spec() -> None:
     assert "--enable-prefix-caching" in args and "--enable-chunked-prefill" in args
     env = {e["name"]: e for e in container["env"]}
     assert env["VLLM_NO_USAGE_STATS"]["value"] == "1"
-    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "token"
+    assert env["HF_TOKEN_PATH"]["value"].endswith("/token")  # a mounted file, never an env var
+    assert "HF_TOKEN" not in env
 
 
 def test_startup_budget_grows_with_model_size() -> None:

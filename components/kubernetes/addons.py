@@ -1,0 +1,67 @@
+"""Cluster add-ons as ``helm.v4.Chart`` releases: a thin component over ``components.render.addons``."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.kubernetes.manifests import apply
+from components.render import addons, common, scaling
+from components.render.common import Manifest
+from components.spec import PlatformSpec
+
+# Namespaces whose workloads need host access (device plugin, node exporter) keep the privileged level.
+_PRIVILEGED = {addons.GPU_NAMESPACE}
+_EXISTING = {"kube-system", "default"}
+
+
+def namespace(spec: PlatformSpec, name: str) -> Manifest:
+    meta = common.metadata(spec, name, "addons")
+    meta.pop("namespace")
+    level = "privileged" if name in _PRIVILEGED or name == spec.observability.namespace else "baseline"
+    meta["labels"]["pod-security.kubernetes.io/enforce"] = level
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+
+
+class ClusterAddons(pulumi.ComponentResource):
+    """Every add-on the stack needs (``addons.releases``), each a pinned Helm chart in its namespace."""
+
+    def __init__(
+        self,
+        spec: PlatformSpec,
+        opts: pulumi.ResourceOptions | None = None,
+        aws_load_balancer_controller_role_arn: pulumi.Input[str] | None = None,
+    ) -> None:
+        super().__init__(
+            "inferstack:kubernetes:ClusterAddons", f"{spec.name}-{spec.environment}-addons", None, opts
+        )
+        self.releases = addons.releases(spec, scaling.adapter_rules(spec))
+        names = sorted({r.namespace for r in self.releases} - _EXISTING - {spec.cluster.namespace})
+        self.namespaces = {n: apply(namespace(spec, n), pulumi.ResourceOptions(parent=self)) for n in names}
+        self.charts: dict[str, k8s.helm.v4.Chart] = {}
+        for release in self.releases:
+            values = dict(release.values)
+            if (
+                release.name == "aws-load-balancer-controller"
+                and aws_load_balancer_controller_role_arn is not None
+            ):
+                values["serviceAccount"] = {
+                    **values["serviceAccount"],
+                    "annotations": {"eks.amazonaws.com/role-arn": aws_load_balancer_controller_role_arn},
+                }
+            depends = [self.namespaces[release.namespace]] if release.namespace in self.namespaces else []
+            self.charts[release.name] = k8s.helm.v4.Chart(
+                release.name,
+                chart=release.chart,
+                version=release.version,
+                namespace=release.namespace,
+                repository_opts=k8s.helm.v4.RepositoryOptsArgs(repo=release.repository),
+                values=values,
+                skip_await=False,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=depends),
+            )
+        self.register_outputs({"releases": {r.name: r.version for r in self.releases}})
+
+    def installed(self, *names: str) -> list[pulumi.Resource]:
+        """The charts among ``names`` this stack installs (custom resources depend on their CRDs)."""
+        return [self.charts[n] for n in names if n in self.charts]

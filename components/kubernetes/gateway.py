@@ -1,0 +1,58 @@
+"""The gateway (router, health monitor, batcher, config, keys, ingress) and the namespace's network policies.
+
+Thin components over ``components.render.gateway`` and ``components.render.network``.
+"""
+
+from __future__ import annotations
+
+import pulumi
+
+from components.kubernetes.manifests import apply
+from components.render import common, gateway, network
+from components.spec import PlatformSpec
+
+
+def _hashed(raw: str, source: str) -> str:
+    try:
+        return gateway.hash_api_keys(raw, source)
+    except ValueError as err:
+        # A RunError prints its message without a Python traceback (and never the key).
+        raise pulumi.RunError(str(err)) from None
+
+
+class Gateway(pulumi.ComponentResource):
+    """Everything in front of the engines; ``api_keys`` is the Pulumi secret with the plain keys."""
+
+    def __init__(
+        self,
+        spec: PlatformSpec,
+        api_keys: pulumi.Output[str] | None,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("inferstack:kubernetes:Gateway", f"{spec.name}-{spec.environment}", None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.manifests = gateway.render(spec)
+        depends: list[pulumi.Resource] = []
+        key = spec.gateway.api_keys_config_key
+        if key and api_keys is not None:
+            source = f"inferstack:{key}"
+            hashed = api_keys.apply(lambda raw: _hashed(raw, source))
+            manifest = {**gateway.api_keys_secret(spec), "stringData": {common.API_KEYS_FILE: hashed}}
+            depends.append(apply(manifest, child, secret_fields=("stringData",)))
+        after = pulumi.ResourceOptions(parent=self, depends_on=depends)
+        self.resources = [apply(m, after) for m in self.manifests]
+        self.router_service = common.runtime_name(spec, common.ROUTER)
+        self.register_outputs({"router_service": self.router_service, "hostname": spec.gateway.hostname})
+
+
+class NetworkPolicies(pulumi.ComponentResource):
+    """Default deny in the namespace, then the flows the platform needs."""
+
+    def __init__(self, spec: PlatformSpec, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(
+            "inferstack:kubernetes:NetworkPolicies", f"{spec.name}-{spec.environment}", None, opts
+        )
+        child = pulumi.ResourceOptions(parent=self)
+        self.manifests = network.render(spec)
+        self.resources = [apply(m, child) for m in self.manifests]
+        self.register_outputs({"policies": [m["metadata"]["name"] for m in self.manifests]})

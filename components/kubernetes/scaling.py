@@ -1,0 +1,28 @@
+"""One model's scaler and disruption budget: a thin component over ``components.render.scaling``."""
+
+from __future__ import annotations
+
+import pulumi
+
+from components.kubernetes.manifests import apply
+from components.render import common, hardening, scaling
+from components.spec import ModelSpec, PlatformSpec
+
+
+def render(spec: PlatformSpec, model: ModelSpec) -> list[common.Manifest]:
+    name = common.engine_name(model.name)
+    budget = hardening.pdb(spec, name, "engine", common.engine_selector(spec, model.name))
+    return [*scaling.render(spec, model), budget]
+
+
+class ModelScaling(pulumi.ComponentResource):
+    """The ScaledObject (keda) or HPA (hpa) of one model's engines, and their PodDisruptionBudget."""
+
+    def __init__(
+        self, spec: PlatformSpec, model: ModelSpec, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("inferstack:kubernetes:ModelScaling", model.name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.manifests = render(spec, model)
+        self.resources = [apply(m, child) for m in self.manifests]
+        self.register_outputs({"thresholds": scaling.thresholds(model).__dict__})

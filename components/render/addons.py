@@ -1,0 +1,223 @@
+"""Cluster add-ons as Helm releases: which charts, at which pinned versions, with which values. Pure.
+
+Each add-on is a ``Release`` (repository, chart, version, namespace, values) that
+``components.kubernetes.addons`` hands to ``helm.v4.Chart``. Which add-ons a stack gets follows from the
+spec: GPU models need a device plugin, KEDA mode needs KEDA, HPA mode needs prometheus-adapter with
+rules rendered from the models, ALB ingress on EKS needs the AWS Load Balancer Controller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from components.render import common
+from components.spec import Autoscaler, Device, GpuPlugin, IngressKind, PlatformSpec, Target
+
+PROMETHEUS_STACK_RELEASE = "kube-prometheus-stack"
+PROMETHEUS_PORT = 9090
+GRAFANA_DASHBOARD_LABEL = "grafana_dashboard"
+"""The label kube-prometheus-stack's Grafana sidecar looks for on dashboard ConfigMaps."""
+KEDA_NAMESPACE = "keda"
+GPU_NAMESPACE = "gpu-system"
+AWS_LB_CONTROLLER_NAMESPACE = "kube-system"
+AWS_LB_CONTROLLER_SERVICE_ACCOUNT = "aws-load-balancer-controller"
+
+
+@dataclass(frozen=True)
+class Release:
+    """One Helm release: everything ``helm.v4.Chart`` is given."""
+
+    name: str
+    chart: str
+    repository: str
+    version: str
+    namespace: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+def prometheus_url(spec: PlatformSpec) -> str:
+    """Where scaling triggers and prometheus-adapter query Prometheus."""
+    if spec.observability.prometheus_url:
+        return spec.observability.prometheus_url
+    # kube-prometheus-stack names the Prometheus Service '<release>-prometheus' when the release name
+    # contains the chart name.
+    ns = spec.observability.namespace
+    return f"http://{PROMETHEUS_STACK_RELEASE}-prometheus.{ns}.svc:{PROMETHEUS_PORT}"
+
+
+def uses_gpus(spec: PlatformSpec) -> bool:
+    return any(m.engine.device is Device.GPU for m in spec.models)
+
+
+def _gpu_toleration() -> dict[str, str]:
+    return {"key": common.GPU_TAINT_KEY, "operator": "Exists", "effect": common.GPU_TAINT_EFFECT}
+
+
+def _gpu_node_affinity() -> dict[str, Any]:
+    # Only nodes of inferstack's GPU pools (they carry the pool label); CPU nodes need no GPU daemons.
+    term = {"matchExpressions": [{"key": common.POOL_LABEL, "operator": "Exists"}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def device_plugin(spec: PlatformSpec) -> Release:
+    return Release(
+        name="nvidia-device-plugin",
+        chart="nvidia-device-plugin",
+        repository="https://nvidia.github.io/k8s-device-plugin",
+        version=spec.addons.versions.nvidia_device_plugin,
+        namespace=GPU_NAMESPACE,
+        values={
+            "tolerations": [_gpu_toleration()],
+            "affinity": _gpu_node_affinity(),
+            "priorityClassName": "system-node-critical",
+        },
+    )
+
+
+def gpu_operator(spec: PlatformSpec) -> Release:
+    return Release(
+        name="gpu-operator",
+        chart="gpu-operator",
+        repository="https://helm.ngc.nvidia.com/nvidia",
+        version=spec.addons.versions.gpu_operator,
+        namespace=GPU_NAMESPACE,
+        values={
+            # EKS AL2023 NVIDIA AMIs ship the driver and container toolkit already.
+            "driver": {"enabled": spec.target is not Target.EKS},
+            "toolkit": {"enabled": spec.target is not Target.EKS},
+            # DCGM exporter is its own release (observability.dcgm_exporter) so both modes match.
+            "dcgmExporter": {"enabled": False},
+            "daemonsets": {"tolerations": [_gpu_toleration()]},
+        },
+    )
+
+
+def dcgm_exporter(spec: PlatformSpec) -> Release:
+    return Release(
+        name="dcgm-exporter",
+        chart="dcgm-exporter",
+        repository="https://nvidia.github.io/dcgm-exporter/helm-charts",
+        version=spec.addons.versions.dcgm_exporter,
+        namespace=GPU_NAMESPACE,
+        values={
+            "tolerations": [_gpu_toleration()],
+            "affinity": _gpu_node_affinity(),
+            # Keep the pod and namespace labels DCGM attaches (the engine pod using the GPU).
+            "serviceMonitor": {
+                "enabled": spec.observability.prometheus,
+                "interval": "15s",
+                "honorLabels": True,
+            },
+        },
+    )
+
+
+def keda(spec: PlatformSpec) -> Release:
+    return Release(
+        name="keda",
+        chart="keda",
+        repository="https://kedacore.github.io/charts",
+        version=spec.addons.versions.keda,
+        namespace=KEDA_NAMESPACE,
+        values={
+            "prometheus": {
+                "operator": {"enabled": True, "serviceMonitor": {"enabled": spec.observability.prometheus}},
+                "metricServer": {
+                    "enabled": True,
+                    "serviceMonitor": {"enabled": spec.observability.prometheus},
+                },
+            },
+        },
+    )
+
+
+def kube_prometheus_stack(spec: PlatformSpec) -> Release:
+    return Release(
+        name=PROMETHEUS_STACK_RELEASE,
+        chart="kube-prometheus-stack",
+        repository="https://prometheus-community.github.io/helm-charts",
+        version=spec.addons.versions.kube_prometheus_stack,
+        namespace=spec.observability.namespace,
+        values={
+            "prometheus": {
+                "prometheusSpec": {
+                    # Select every ServiceMonitor/PodMonitor/PrometheusRule, not only this release's.
+                    "serviceMonitorSelectorNilUsesHelmValues": False,
+                    "podMonitorSelectorNilUsesHelmValues": False,
+                    "ruleSelectorNilUsesHelmValues": False,
+                    "retention": "15d",
+                }
+            },
+            "grafana": {
+                "enabled": spec.observability.grafana_dashboards,
+                "sidecar": {
+                    "dashboards": {
+                        "enabled": True,
+                        "label": GRAFANA_DASHBOARD_LABEL,
+                        "labelValue": "1",
+                        "searchNamespace": "ALL",
+                        "folderAnnotation": "grafana_folder",
+                        "provider": {"foldersFromFilesStructure": True},
+                    }
+                },
+            },
+        },
+    )
+
+
+def prometheus_adapter(spec: PlatformSpec, rules: list[dict[str, Any]]) -> Release:
+    url = urlsplit(prometheus_url(spec))
+    port = url.port or (443 if url.scheme == "https" else 80)
+    return Release(
+        name="prometheus-adapter",
+        chart="prometheus-adapter",
+        repository="https://prometheus-community.github.io/helm-charts",
+        version=spec.addons.versions.prometheus_adapter,
+        namespace=spec.observability.namespace,
+        values={
+            "prometheus": {"url": f"{url.scheme}://{url.hostname}{url.path}", "port": port},
+            "rules": {"default": False, "custom": rules},
+        },
+    )
+
+
+def aws_load_balancer_controller(spec: PlatformSpec) -> Release:
+    return Release(
+        name="aws-load-balancer-controller",
+        chart="aws-load-balancer-controller",
+        repository="https://aws.github.io/eks-charts",
+        version=spec.addons.versions.aws_load_balancer_controller,
+        namespace=AWS_LB_CONTROLLER_NAMESPACE,
+        values={
+            "clusterName": spec.cluster_name,
+            "region": spec.cluster.region,
+            "serviceAccount": {"create": True, "name": AWS_LB_CONTROLLER_SERVICE_ACCOUNT},
+        },
+    )
+
+
+def releases(spec: PlatformSpec, adapter_rules: list[dict[str, Any]]) -> list[Release]:
+    """The add-ons this stack needs, in install order."""
+    addons = spec.addons
+    out: list[Release] = []
+    if uses_gpus(spec) and addons.gpu_plugin is GpuPlugin.DEVICE_PLUGIN:
+        out.append(device_plugin(spec))
+    if uses_gpus(spec) and addons.gpu_plugin is GpuPlugin.GPU_OPERATOR:
+        out.append(gpu_operator(spec))
+    if spec.observability.prometheus and addons.install_prometheus_stack:
+        out.append(kube_prometheus_stack(spec))
+    if uses_gpus(spec) and spec.observability.dcgm_exporter:
+        out.append(dcgm_exporter(spec))
+    if addons.autoscaler is Autoscaler.KEDA and addons.install_keda:
+        out.append(keda(spec))
+    if addons.autoscaler is Autoscaler.HPA and addons.install_prometheus_adapter:
+        out.append(prometheus_adapter(spec, adapter_rules))
+    if (
+        spec.target is Target.EKS
+        and spec.gateway.ingress is IngressKind.ALB
+        and addons.install_aws_load_balancer_controller
+    ):
+        out.append(aws_load_balancer_controller(spec))
+    return out

@@ -1,0 +1,472 @@
+"""The gateway: router, health monitor and batcher Deployments, their configuration, keys and ingress. Pure.
+
+- One ConfigMap holds the ``RuntimeConfig`` rendered by ``components.render.runtime_config``; pods carry
+  its checksum, so a changed config rolls them.
+- Router, health monitor and batcher (embedding models only) run as hardened Deployments with their
+  own ServiceAccounts: each mounts a short-lived projected token because each watches EndpointSlices;
+  the health monitor may also list pods and create Events (least-privilege Roles below).
+- API keys arrive as a Pulumi secret and are stored only as SHA-256 hashes (``hash_api_keys``).
+- Ingress: an ALB Ingress (AWS Load Balancer Controller) or a Gateway API Gateway + HTTPRoute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from components.render import common, hardening
+from components.render.common import Manifest
+from components.render.runtime_config import has_batcher, runtime_config
+from components.spec import IngressKind, PlatformSpec
+from runtime.config import ApiKey, RuntimeConfig
+
+CONFIG_CHECKSUM_ANNOTATION = "inferstack.io/config-sha256"
+ROUTER_CPU_TARGET_PERCENT = 70
+"""Router HPA target: the router is CPU-bound (hashing prompts, proxying streams)."""
+# Health monitor and batcher are small, steady services; the router's size is a spec knob.
+_HEALTH_RESOURCES = (0.25, 0.25)  # cores, GiB
+_BATCHER_RESOURCES = (1.0, 1.0)
+_ALB_SSL_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
+GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
+"""Label Gateway API implementations (Istio, Envoy Gateway) put on the proxy pods of a Gateway."""
+REDACTED = "[secret]"
+"""What ``inferstack plan`` passes for secret config values (``components.plan.REDACTED``)."""
+
+
+def config_text(config: RuntimeConfig) -> str:
+    return config.to_yaml()
+
+
+def config_map(spec: PlatformSpec) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": common.metadata(spec, common.runtime_config_name(spec), "gateway"),
+        "data": {common.RUNTIME_CONFIG_FILE: config_text(runtime_config(spec))},
+    }
+
+
+def _checksum(spec: PlatformSpec) -> str:
+    return hashlib.sha256(config_text(runtime_config(spec)).encode()).hexdigest()
+
+
+# Identity and access --------------------------------------------------------------------------------
+
+
+def service_account(spec: PlatformSpec, part: str) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": common.metadata(spec, common.runtime_name(spec, part), part),
+        "automountServiceAccountToken": False,
+    }
+
+
+def _rules(spec: PlatformSpec, part: str) -> list[Manifest]:
+    rules: list[Manifest] = [
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    if part == common.HEALTH:
+        health = runtime_config(spec).health
+        pod_verbs = ["list"] + (["delete"] if health.remediate_after_s is not None else [])
+        rules.append({"apiGroups": [""], "resources": ["pods"], "verbs": pod_verbs})
+        if health.kubernetes_events:
+            rules.append({"apiGroups": [""], "resources": ["events"], "verbs": ["create"]})
+    return rules
+
+
+def role(spec: PlatformSpec, part: str) -> Manifest:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": common.metadata(spec, common.runtime_name(spec, part), part),
+        "rules": _rules(spec, part),
+    }
+
+
+def role_binding(spec: PlatformSpec, part: str) -> Manifest:
+    name = common.runtime_name(spec, part)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": common.metadata(spec, name, part),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": spec.cluster.namespace}],
+    }
+
+
+# Workloads ------------------------------------------------------------------------------------------
+
+
+def _probe(path: str, period_s: int, failures: int) -> Manifest:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period_s,
+        "timeoutSeconds": 2,
+        "failureThreshold": failures,
+    }
+
+
+def _resources(cores: float, memory_gib: float) -> Manifest:
+    quantities = {"cpu": common.quantity_cpu(cores), "memory": common.quantity_gib(memory_gib)}
+    return {"requests": dict(quantities), "limits": dict(quantities)}
+
+
+def runtime_selector(spec: PlatformSpec, part: str) -> dict[str, str]:
+    return common.selector(spec, common.runtime_name(spec, part), part)
+
+
+def deployment(
+    spec: PlatformSpec,
+    part: str,
+    image: str,
+    port: int,
+    replicas: int | None,
+    resources: tuple[float, float],
+    extra_mounts: tuple[tuple[Manifest, Manifest], ...] = (),
+) -> Manifest:
+    """A runtime service: ``python -m runtime.<part> --config ...`` with the config, a token, and /tmp."""
+    name = common.runtime_name(spec, part)
+    version = common.image_version(image)
+    pod_labels = common.labels(spec, name, part, version)
+    token = hardening.service_account_token_volume()
+    mounts: list[Manifest] = [
+        {"name": "config", "mountPath": common.RUNTIME_CONFIG_DIR, "readOnly": True},
+        {"name": token["name"], "mountPath": hardening.SERVICE_ACCOUNT_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes: list[Manifest] = [
+        {
+            "name": "config",
+            "configMap": {
+                "name": common.runtime_config_name(spec),
+                "items": [{"key": common.RUNTIME_CONFIG_FILE, "path": common.RUNTIME_CONFIG_FILE}],
+            },
+        },
+        token,
+        {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
+    ]
+    for mount, volume in extra_mounts:
+        mounts.append(mount)
+        volumes.append(volume)
+    config_path = f"{common.RUNTIME_CONFIG_DIR}/{common.RUNTIME_CONFIG_FILE}"
+    container: Manifest = {
+        "name": part,
+        "image": image,
+        "imagePullPolicy": "Always",
+        "command": ["python", "-m", f"runtime.{part}", "--config", config_path],
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "resources": _resources(*resources),
+        "readinessProbe": _probe("/readyz", 5, 2),
+        "livenessProbe": _probe("/healthz", 10, 3),
+        # Let endpoints drop this pod before it stops accepting connections.
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}},
+        "securityContext": hardening.container_security(),
+        "volumeMounts": mounts,
+    }
+    selector = runtime_selector(spec, part)
+    body: Manifest = {
+        "revisionHistoryLimit": 3,
+        "selector": {"matchLabels": selector},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "template": {
+            "metadata": {"labels": pod_labels, "annotations": {CONFIG_CHECKSUM_ANNOTATION: _checksum(spec)}},
+            "spec": {
+                "serviceAccountName": name,
+                "automountServiceAccountToken": False,
+                "terminationGracePeriodSeconds": runtime_config(spec).router.drain_grace_s + 15,
+                "securityContext": hardening.pod_security(),
+                "topologySpreadConstraints": hardening.topology_spread(selector, strict_hosts=False),
+                "containers": [container],
+                "volumes": volumes,
+            },
+        },
+    }
+    if replicas is not None:
+        body = {"replicas": replicas, **body}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": common.metadata(spec, name, part, version),
+        "spec": body,
+    }
+
+
+def service(spec: PlatformSpec, part: str, port: int) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": common.metadata(spec, common.runtime_name(spec, part), part),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": runtime_selector(spec, part),
+            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def router_scales(spec: PlatformSpec) -> bool:
+    return spec.gateway.max_replicas > spec.gateway.replicas
+
+
+def router_hpa(spec: PlatformSpec) -> Manifest:
+    name = common.runtime_name(spec, common.ROUTER)
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": common.metadata(spec, name, common.ROUTER),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicas": spec.gateway.replicas,
+            "maxReplicas": spec.gateway.max_replicas,
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {
+                        "name": "cpu",
+                        "target": {"type": "Utilization", "averageUtilization": ROUTER_CPU_TARGET_PERCENT},
+                    },
+                }
+            ],
+            "behavior": {
+                "scaleDown": {
+                    "stabilizationWindowSeconds": 300,
+                    "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
+                }
+            },
+        },
+    }
+
+
+# API keys -------------------------------------------------------------------------------------------
+
+
+def api_keys_secret(spec: PlatformSpec) -> Manifest:
+    """The Secret the router reads hashed keys from; ``stringData`` is filled in as a Pulumi secret."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": common.metadata(spec, common.api_keys_secret_name(spec), common.ROUTER),
+        "type": "Opaque",
+    }
+
+
+def hash_api_keys(raw: str, source: str) -> str:
+    """A YAML/JSON list of {name, key, models?, requests_per_minute?, tokens_per_minute?} -> ApiKey YAML.
+
+    Raises ``ValueError`` naming ``source`` (the config key) and the entry for any mistake; the message never
+    contains a key.
+    """
+    if raw == REDACTED:  # inferstack plan: the value is not known offline
+        return REDACTED
+    try:
+        entries = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise ValueError(f"{source}: not valid YAML or JSON; give a list of {{name, key, models}}") from None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{source}: give a non-empty list of {{name, key, models}}")
+    out: list[dict[str, Any]] = []
+    names: set[str] = set()
+    for i, entry in enumerate(entries):
+        where = f"{source}[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: each entry is a mapping with name and key")
+        key = entry.get("key")
+        name = entry.get("name")
+        if not isinstance(key, str) or len(key) < 16:
+            raise ValueError(f"{where}: 'key' must be a string of at least 16 characters")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where}: 'name' is required (who holds the key)")
+        if name in names:
+            raise ValueError(f"{where}: name {name!r} is used twice")
+        names.add(name)
+        unknown = set(entry) - {"name", "key", "models", "requests_per_minute", "tokens_per_minute"}
+        if unknown:
+            raise ValueError(f"{where}: unknown fields {sorted(unknown)}")
+        fields = {k: v for k, v in entry.items() if k != "key"}
+        try:
+            hashed = ApiKey.model_validate({**fields, "sha256": hashlib.sha256(key.encode()).hexdigest()})
+        except ValidationError as err:
+            first = err.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"{where}.{loc}: {first['msg']}") from None
+        out.append(hashed.model_dump(mode="json", exclude_none=True))
+    return yaml.safe_dump(out, sort_keys=False)
+
+
+# Ingress --------------------------------------------------------------------------------------------
+
+
+def _alb_annotations(spec: PlatformSpec) -> dict[str, str]:
+    router = runtime_config(spec).router
+    # Streams may be quiet until the first token; the ALB must not cut them earlier than the router would.
+    idle_s = max(router.first_byte_timeout_ms, router.stream_idle_timeout_ms) // 1000 + 5
+    return {
+        "alb.ingress.kubernetes.io/scheme": "internet-facing",
+        "alb.ingress.kubernetes.io/target-type": "ip",
+        "alb.ingress.kubernetes.io/listen-ports": json.dumps([{"HTTPS": 443}]),
+        "alb.ingress.kubernetes.io/ssl-policy": _ALB_SSL_POLICY,
+        "alb.ingress.kubernetes.io/backend-protocol": "HTTP",
+        "alb.ingress.kubernetes.io/healthcheck-path": "/readyz",
+        "alb.ingress.kubernetes.io/load-balancer-attributes": (
+            f"idle_timeout.timeout_seconds={idle_s},routing.http.drop_invalid_header_fields.enabled=true"
+        ),
+        "alb.ingress.kubernetes.io/target-group-attributes": (
+            f"deregistration_delay.timeout_seconds={router.drain_grace_s}"
+        ),
+    }
+
+
+def ingress(spec: PlatformSpec) -> Manifest:
+    meta = common.metadata(spec, common.runtime_name(spec, common.ROUTER), common.ROUTER)
+    meta["annotations"] = _alb_annotations(spec)
+    backend = {"service": {"name": common.runtime_name(spec, common.ROUTER), "port": {"name": "http"}}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "Ingress",
+        "metadata": meta,
+        "spec": {
+            "ingressClassName": "alb",
+            "rules": [
+                {
+                    "host": spec.gateway.hostname,
+                    "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]},
+                }
+            ],
+        },
+    }
+
+
+def gateway_name(spec: PlatformSpec) -> str:
+    return f"{spec.name}-gateway"
+
+
+def gateway(spec: PlatformSpec) -> Manifest:
+    g = spec.gateway
+    listener: Manifest = {
+        "name": "http",
+        "protocol": "HTTP",
+        "port": 80,
+        "allowedRoutes": {"namespaces": {"from": "Same"}},
+    }
+    if g.tls_secret_name:
+        listener = {
+            "name": "https",
+            "protocol": "HTTPS",
+            "port": 443,
+            "tls": {"mode": "Terminate", "certificateRefs": [{"kind": "Secret", "name": g.tls_secret_name}]},
+            "allowedRoutes": {"namespaces": {"from": "Same"}},
+        }
+    if g.hostname:
+        listener["hostname"] = g.hostname
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": common.metadata(spec, gateway_name(spec), common.ROUTER),
+        "spec": {"gatewayClassName": g.gateway_class, "listeners": [listener]},
+    }
+
+
+def gateway_listener_port(spec: PlatformSpec) -> int:
+    return 443 if spec.gateway.tls_secret_name else 80
+
+
+def http_route(spec: PlatformSpec) -> Manifest:
+    route: Manifest = {
+        "parentRefs": [{"name": gateway_name(spec)}],
+        "rules": [
+            {
+                "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                "backendRefs": [
+                    {
+                        "name": common.runtime_name(spec, common.ROUTER),
+                        "port": runtime_config(spec).router.port,
+                    }
+                ],
+            }
+        ],
+    }
+    if spec.gateway.hostname:
+        route["hostnames"] = [spec.gateway.hostname]
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": common.metadata(spec, common.runtime_name(spec, common.ROUTER), common.ROUTER),
+        "spec": route,
+    }
+
+
+# Everything -----------------------------------------------------------------------------------------
+
+
+def parts(spec: PlatformSpec) -> list[str]:
+    """The runtime services this stack runs."""
+    return [common.ROUTER, common.HEALTH, *([common.BATCHER] if has_batcher(spec) else [])]
+
+
+def render(spec: PlatformSpec) -> list[Manifest]:
+    """Every gateway object except the API keys Secret's value, in apply order."""
+    config = runtime_config(spec)
+    g = spec.gateway
+    out: list[Manifest] = [config_map(spec)]
+    for part in parts(spec):
+        out += [service_account(spec, part), role(spec, part), role_binding(spec, part)]
+    keys_mount: tuple[tuple[Manifest, Manifest], ...] = ()
+    if g.api_keys_config_key:
+        keys_mount = (
+            (
+                {"name": "api-keys", "mountPath": common.API_KEYS_DIR, "readOnly": True},
+                {"name": "api-keys", "secret": {"secretName": common.api_keys_secret_name(spec)}},
+            ),
+        )
+    router_replicas = None if router_scales(spec) else g.replicas
+    out += [
+        deployment(
+            spec,
+            common.ROUTER,
+            g.router_image,
+            config.router.port,
+            router_replicas,
+            (g.router_cpu_cores, g.router_memory_gib),
+            keys_mount,
+        ),
+        service(spec, common.ROUTER, config.router.port),
+        hardening.pdb(
+            spec,
+            common.runtime_name(spec, common.ROUTER),
+            common.ROUTER,
+            runtime_selector(spec, common.ROUTER),
+        ),
+    ]
+    if router_scales(spec):
+        out.append(router_hpa(spec))
+    # One health monitor: its state (ejections) is per process, and the router tolerates its absence.
+    out += [
+        deployment(spec, common.HEALTH, g.health_image, config.health.port, 1, _HEALTH_RESOURCES),
+        service(spec, common.HEALTH, config.health.port),
+    ]
+    if has_batcher(spec):
+        out += [
+            deployment(spec, common.BATCHER, g.batcher_image, config.batcher.port, 2, _BATCHER_RESOURCES),
+            service(spec, common.BATCHER, config.batcher.port),
+            hardening.pdb(
+                spec,
+                common.runtime_name(spec, common.BATCHER),
+                common.BATCHER,
+                runtime_selector(spec, common.BATCHER),
+            ),
+        ]
+    if g.ingress is IngressKind.ALB:
+        out.append(ingress(spec))
+    elif g.ingress is IngressKind.GATEWAY_API:
+        out += [gateway(spec), http_route(spec)]
+    return out

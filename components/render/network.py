@@ -1,0 +1,160 @@
+"""NetworkPolicies: deny by default, then exactly the flows the platform needs. Pure.
+
+- Everything in the namespace: no traffic in or out, except DNS to kube-dns.
+- Engines: reached only by the router, the health monitor, the batcher and Prometheus; may reach HTTPS
+  (model weights from the Hugging Face hub or S3).
+- Router: reached only from the ingress (the ALB's VPC addresses, or the Gateway's proxy pods) and
+  Prometheus; reaches engines, the health monitor, the batcher and the Kubernetes API.
+- Health monitor and batcher: reached by the router and Prometheus; reach engines and the Kubernetes API.
+"""
+
+from __future__ import annotations
+
+from components.render import common
+from components.render.common import Manifest
+from components.render.gateway import GATEWAY_NAME_LABEL, gateway_listener_port, gateway_name, parts
+from components.render.runtime_config import batcher_port, health_port, router_port
+from components.spec import IngressKind, PlatformSpec
+
+PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
+"""Where a cluster's API server endpoints live (EKS private endpoint ENIs, kind's node network)."""
+API_SERVER_PORTS = (443, 6443)
+ANYWHERE = "0.0.0.0/0"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def _policy(spec: PlatformSpec, name: str, pod_selector: dict[str, str], body: Manifest) -> Manifest:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": common.metadata(spec, name, "network-policy"),
+        "spec": {"podSelector": {"matchLabels": pod_selector} if pod_selector else {}, **body},
+    }
+
+
+def _tcp(*ports: int) -> list[Manifest]:
+    return [{"protocol": "TCP", "port": p} for p in ports]
+
+
+def _instance(spec: PlatformSpec, component: str) -> dict[str, str]:
+    full = common.labels(spec, "x", component)
+    return {k: full[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
+
+
+def _pods(spec: PlatformSpec, component: str) -> Manifest:
+    return {"podSelector": {"matchLabels": _instance(spec, component)}}
+
+
+def _prometheus(spec: PlatformSpec) -> Manifest:
+    return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: spec.observability.namespace}}}
+
+
+def _api_server() -> Manifest:
+    return {"to": [{"ipBlock": {"cidr": c}} for c in PRIVATE_CIDRS], "ports": _tcp(*API_SERVER_PORTS)}
+
+
+def default_deny(spec: PlatformSpec) -> Manifest:
+    return _policy(spec, "default-deny", {}, {"policyTypes": ["Ingress", "Egress"]})
+
+
+def allow_dns(spec: PlatformSpec) -> Manifest:
+    dns = {
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: "kube-system"}},
+        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+    }
+    ports = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    return _policy(
+        spec, "allow-dns", {}, {"policyTypes": ["Egress"], "egress": [{"to": [dns], "ports": ports}]}
+    )
+
+
+def engines(spec: PlatformSpec) -> Manifest:
+    callers = [_pods(spec, part) for part in parts(spec)]
+    return _policy(
+        spec,
+        "engines",
+        _instance(spec, "engine"),
+        {
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {"from": callers, "ports": _tcp(common.ENGINE_PORT)},
+                {"from": [_prometheus(spec)], "ports": _tcp(common.ENGINE_PORT)},
+            ],
+            # Weights come from the Hugging Face hub or S3 over HTTPS.
+            "egress": [{"to": [{"ipBlock": {"cidr": ANYWHERE}}], "ports": _tcp(443)}],
+        },
+    )
+
+
+def _router_sources(spec: PlatformSpec) -> list[Manifest]:
+    if spec.gateway.ingress is IngressKind.GATEWAY_API:
+        return [{"podSelector": {"matchLabels": {GATEWAY_NAME_LABEL: gateway_name(spec)}}}]
+    return [{"ipBlock": {"cidr": c}} for c in spec.gateway.ingress_source_cidrs]
+
+
+def router(spec: PlatformSpec) -> Manifest:
+    peers = [_pods(spec, "engine")]
+    ports = [common.ENGINE_PORT, health_port()]
+    if common.BATCHER in parts(spec):
+        peers.append(_pods(spec, common.BATCHER))
+        ports.append(batcher_port())
+    peers += [_pods(spec, common.HEALTH)]
+    return _policy(
+        spec,
+        common.runtime_name(spec, common.ROUTER),
+        _instance(spec, common.ROUTER),
+        {
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {"from": _router_sources(spec), "ports": _tcp(router_port())},
+                {"from": [_prometheus(spec)], "ports": _tcp(router_port())},
+            ],
+            "egress": [{"to": peers, "ports": _tcp(*ports)}, _api_server()],
+        },
+    )
+
+
+def _backend_service(spec: PlatformSpec, part: str, port: int) -> Manifest:
+    return _policy(
+        spec,
+        common.runtime_name(spec, part),
+        _instance(spec, part),
+        {
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {"from": [_pods(spec, common.ROUTER)], "ports": _tcp(port)},
+                {"from": [_prometheus(spec)], "ports": _tcp(port)},
+            ],
+            "egress": [{"to": [_pods(spec, "engine")], "ports": _tcp(common.ENGINE_PORT)}, _api_server()],
+        },
+    )
+
+
+def gateway_proxies(spec: PlatformSpec) -> Manifest:
+    """The Gateway's proxy pods (created in this namespace by the Gateway API implementation)."""
+    return _policy(
+        spec,
+        gateway_name(spec),
+        {GATEWAY_NAME_LABEL: gateway_name(spec)},
+        {
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {"from": [{"ipBlock": {"cidr": ANYWHERE}}], "ports": _tcp(gateway_listener_port(spec))}
+            ],
+            "egress": [
+                {"to": [_pods(spec, common.ROUTER)], "ports": _tcp(router_port())},
+                # The implementation's control plane (istiod, envoy-gateway) lives in its own namespace.
+                {"to": [{"namespaceSelector": {}}]},
+            ],
+        },
+    )
+
+
+def render(spec: PlatformSpec) -> list[Manifest]:
+    out = [default_deny(spec), allow_dns(spec), engines(spec), router(spec)]
+    out.append(_backend_service(spec, common.HEALTH, health_port()))
+    if common.BATCHER in parts(spec):
+        out.append(_backend_service(spec, common.BATCHER, batcher_port()))
+    if spec.gateway.ingress is IngressKind.GATEWAY_API:
+        out.append(gateway_proxies(spec))
+    return out

@@ -1,0 +1,312 @@
+"""How each model's engines scale: KEDA ScaledObjects, or autoscaling/v2 HPAs with prometheus-adapter. Pure.
+
+Every number comes from the spec: the queue per replica defaults to a tenth of ``max_num_seqs`` (a
+replica with that many requests waiting is saturated for a while), the KV cache target and the TTFT
+target are the model's own (``scaling.kv_cache_usage_target``, ``slo.ttft_p95_ms``), the windows are
+the stabilisation windows the spec sets, and scale-to-zero waits ``idle_before_zero_s``.
+
+A model whose min and max replicas are equal gets no scaler: its Deployment keeps a fixed count. A
+model with a scaler has no ``replicas`` in its Deployment: the scaler owns the count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from components.render import addons, common, signals
+from components.render.common import Manifest
+from components.spec import Autoscaler, ModelSpec, PlatformSpec
+from runtime.engines import Signal
+
+QUEUE_SHARE_OF_MAX_NUM_SEQS = 0.10
+"""Default waiting requests per replica before scaling up, as a share of the engine's max_num_seqs."""
+POLLING_INTERVAL_S = 15
+"""How often KEDA evaluates triggers (matches the scrape interval)."""
+SCALE_UP_PERIOD_S = 60
+"""Period of the scale-up step policies."""
+SCALE_UP_SHARE_OF_MAX = 0.25
+"""At most this share of max_replicas (at least one) is added per period, or the count doubles."""
+SCALE_DOWN_PERIOD_S = 120
+"""One replica removed per period: the engines' termination grace, so drains never overlap."""
+TTFT_QUANTILE = 0.95
+PROMETHEUS_TRIGGER = "prometheus"
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """A model's scaling targets, all derived from its spec."""
+
+    min_replicas: int
+    max_replicas: int
+    queue_per_replica: float
+    kv_cache_usage: float
+    ttft_p95_s: float
+    scale_up_window_s: int
+    scale_down_window_s: int
+    scale_up_step_pods: int
+    idle_before_zero_s: int
+
+
+def thresholds(model: ModelSpec) -> Thresholds:
+    s = model.scaling
+    queue = s.queue_per_replica
+    if queue is None:
+        queue = max(1.0, round(model.engine.max_num_seqs * QUEUE_SHARE_OF_MAX_NUM_SEQS, 1))
+    return Thresholds(
+        min_replicas=s.min_replicas,
+        max_replicas=s.max_replicas,
+        queue_per_replica=queue,
+        kv_cache_usage=s.kv_cache_usage_target,
+        ttft_p95_s=model.slo.ttft_p95_ms / 1000,
+        scale_up_window_s=s.scale_up_stabilization_s,
+        scale_down_window_s=s.scale_down_stabilization_s,
+        scale_up_step_pods=max(1, math.ceil(s.max_replicas * SCALE_UP_SHARE_OF_MAX)),
+        idle_before_zero_s=s.idle_before_zero_s,
+    )
+
+
+def scales(model: ModelSpec) -> bool:
+    """True when a scaler owns the replica count (min and max differ)."""
+    return model.scaling.min_replicas != model.scaling.max_replicas
+
+
+def scaler_name(model: ModelSpec) -> str:
+    return common.engine_name(model.name)
+
+
+def hpa_name(spec: PlatformSpec, model: ModelSpec) -> str:
+    """The HPA that scales the engines (KEDA creates it under this name, from ``horizontalPodAutoscalerConfig``)."""
+    return scaler_name(model)
+
+
+def behavior(t: Thresholds) -> Manifest:
+    """HPA behaviour: stabilisation windows from the spec, step policies as cooldown."""
+    return {
+        "scaleUp": {
+            "stabilizationWindowSeconds": t.scale_up_window_s,
+            "selectPolicy": "Max",
+            "policies": [
+                {"type": "Pods", "value": t.scale_up_step_pods, "periodSeconds": SCALE_UP_PERIOD_S},
+                {"type": "Percent", "value": 100, "periodSeconds": SCALE_UP_PERIOD_S},
+            ],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": t.scale_down_window_s,
+            "selectPolicy": "Min",
+            "policies": [{"type": "Pods", "value": 1, "periodSeconds": SCALE_DOWN_PERIOD_S}],
+        },
+    }
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def router_queue(spec: PlatformSpec, model: ModelSpec) -> str:
+    """Requests the router holds for this model: the only signal there is while it has no replicas."""
+    return f'sum(inferstack_router_queue_depth{{namespace="{spec.cluster.namespace}",model="{model.name}"}})'
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """One scaling signal: a query and its target, rendered as a KEDA trigger or an HPA metric."""
+
+    name: str
+    query: str
+    target: float
+    metric_type: str  # AverageValue: per replica; Value: the whole model
+
+
+def triggers(spec: PlatformSpec, model: ModelSpec) -> list[Trigger]:
+    t = thresholds(model)
+    out = [
+        Trigger("queued", signals.total(spec, model, Signal.QUEUED), t.queue_per_replica, "AverageValue"),
+        Trigger("router-queue", router_queue(spec, model), t.queue_per_replica, "AverageValue"),
+        Trigger("kv-cache", signals.average(spec, model, Signal.KV_USAGE), t.kv_cache_usage, "Value"),
+    ]
+    if signals.has(model, Signal.TTFT):
+        ttft = signals.quantile(spec, model, Signal.TTFT, TTFT_QUANTILE)
+        out.append(Trigger("ttft-p95", signals.zero_if_absent(ttft), t.ttft_p95_s, "Value"))
+    return out
+
+
+def scaled_object(spec: PlatformSpec, model: ModelSpec) -> Manifest:
+    t = thresholds(model)
+    name = scaler_name(model)
+    server = addons.prometheus_url(spec)
+    keda_triggers: list[Manifest] = []
+    for trig in triggers(spec, model):
+        keda_triggers.append(
+            {
+                "type": PROMETHEUS_TRIGGER,
+                "name": trig.name,
+                "metricType": trig.metric_type,
+                "metadata": {
+                    "serverAddress": server,
+                    "query": trig.query,
+                    "threshold": _number(trig.target),
+                    # Any waiting request, any KV block in use, any recent request keeps the model awake
+                    # (and wakes it from zero); all at zero for idle_before_zero_s lets it go.
+                    "activationThreshold": "0",
+                    "ignoreNullValues": "true",
+                },
+            }
+        )
+    body: Manifest = {
+        "scaleTargetRef": {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": common.engine_name(model.name),
+        },
+        "pollingInterval": POLLING_INTERVAL_S,
+        "cooldownPeriod": t.idle_before_zero_s,
+        "minReplicaCount": t.min_replicas,
+        "maxReplicaCount": t.max_replicas,
+        "advanced": {
+            "horizontalPodAutoscalerConfig": {"name": hpa_name(spec, model), "behavior": behavior(t)},
+        },
+        "triggers": keda_triggers,
+    }
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": common.metadata(spec, name, "autoscaling"),
+        "spec": body,
+    }
+
+
+# HPA mode: prometheus-adapter exposes the same signals as custom metrics ---------------------------
+
+
+def adapter_metric(model: ModelSpec, trigger: str) -> str:
+    """Custom-metric name prometheus-adapter serves for one engine kind's signal."""
+    return f"inferstack_{model.engine.kind.value}_{trigger.replace('-', '_')}"
+
+
+def _milli(value: float) -> str:
+    """A Kubernetes quantity with milli precision (0.85 -> '850m')."""
+    return f"{round(value * 1000)}m"
+
+
+def hpa(spec: PlatformSpec, model: ModelSpec) -> Manifest:
+    """autoscaling/v2 HPA on queue depth and KV usage per pod and TTFT p95 of the Service."""
+    t = thresholds(model)
+    name = hpa_name(spec, model)
+    metrics: list[Manifest] = [
+        {
+            "type": "Pods",
+            "pods": {
+                "metric": {"name": adapter_metric(model, "queued")},
+                "target": {"type": "AverageValue", "averageValue": _milli(t.queue_per_replica)},
+            },
+        },
+        {
+            "type": "Pods",
+            "pods": {
+                "metric": {"name": adapter_metric(model, "kv-cache")},
+                "target": {"type": "AverageValue", "averageValue": _milli(t.kv_cache_usage)},
+            },
+        },
+    ]
+    if signals.has(model, Signal.TTFT):
+        metrics.append(
+            {
+                "type": "Object",
+                "object": {
+                    "describedObject": {
+                        "apiVersion": "v1",
+                        "kind": "Service",
+                        "name": common.engine_name(model.name),
+                    },
+                    "metric": {"name": adapter_metric(model, "ttft-p95")},
+                    "target": {"type": "Value", "value": _milli(t.ttft_p95_s)},
+                },
+            }
+        )
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": common.metadata(spec, name, "autoscaling"),
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": common.engine_name(model.name),
+            },
+            "minReplicas": t.min_replicas,
+            "maxReplicas": t.max_replicas,
+            "metrics": metrics,
+            "behavior": behavior(t),
+        },
+    }
+
+
+_POD_RESOURCES = {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}
+_SERVICE_RESOURCES = {"namespace": {"resource": "namespace"}, "service": {"resource": "service"}}
+
+
+def adapter_rules(spec: PlatformSpec) -> list[dict[str, Any]]:
+    """prometheus-adapter ``rules.custom``: one rule per engine kind and signal the stack's models use."""
+    rules: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for model in spec.models:
+        as_name = adapter_metric(model, "queued")
+        if as_name in seen:
+            continue
+        seen.add(as_name)
+        queued = signals.names(model, Signal.QUEUED)[0]
+        kv = signals.names(model, Signal.KV_USAGE)[0]
+        rules.append(
+            {
+                "seriesQuery": f'{queued}{{namespace!="",pod!=""}}',
+                "resources": {"overrides": _POD_RESOURCES},
+                "name": {"matches": f"^{queued}$", "as": as_name},
+                "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
+            }
+        )
+        rules.append(
+            {
+                "seriesQuery": f'{kv}{{namespace!="",pod!=""}}',
+                "resources": {"overrides": _POD_RESOURCES},
+                "name": {"matches": f"^{kv}$", "as": adapter_metric(model, "kv-cache")},
+                "metricsQuery": "max(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
+            }
+        )
+        if signals.has(model, Signal.TTFT):
+            ttft = f"{signals.names(model, Signal.TTFT)[0]}_bucket"
+            rules.append(
+                {
+                    "seriesQuery": f'{ttft}{{namespace!="",service!=""}}',
+                    "resources": {"overrides": _SERVICE_RESOURCES},
+                    "name": {"matches": f"^{ttft}$", "as": adapter_metric(model, "ttft-p95")},
+                    "metricsQuery": (
+                        f"histogram_quantile({TTFT_QUANTILE:g}, sum(rate(<<.Series>>{{<<.LabelMatchers>>}}"
+                        f"[{signals.RATE_WINDOW}])) by (le, <<.GroupBy>>))"
+                    ),
+                }
+            )
+    return rules
+
+
+def render(spec: PlatformSpec, model: ModelSpec) -> list[Manifest]:
+    """The scaler of one model: a ScaledObject (keda) or an HPA (hpa); nothing when min equals max."""
+    if not scales(model):
+        return []
+    if spec.addons.autoscaler is Autoscaler.KEDA:
+        return [scaled_object(spec, model)]
+    return [hpa(spec, model)]
+
+
+def promql(spec: PlatformSpec) -> list[str]:
+    """Every PromQL expression this module renders (adapter templates filled in), for the parser check."""
+    out = [trig.query for m in spec.models for trig in triggers(spec, m)]
+    for rule in adapter_rules(spec):
+        out.append(
+            rule["metricsQuery"]
+            .replace("<<.Series>>", rule["name"]["matches"].strip("^$"))
+            .replace("<<.LabelMatchers>>", f'namespace="{spec.cluster.namespace}"')
+            .replace("<<.GroupBy>>", "pod")
+        )
+    return out

@@ -1,0 +1,86 @@
+"""PromQL for serving signals, spelled once from the engine metric map (``runtime.engines``). Pure.
+
+Scaling triggers, prometheus-adapter rules, alerts and dashboards all read engine signals through
+these functions, so a renamed metric is fixed in ``runtime.engines`` and nowhere else. Every signal
+accepts the old metric names too (``a or b``) and sums across the ``engine`` label. Engine series are
+selected by the labels the ServiceMonitor attaches: ``namespace`` and ``service``.
+"""
+
+from __future__ import annotations
+
+from components.render import common
+from components.spec import ModelSpec, PlatformSpec
+from runtime.engines import Signal, facts
+
+RATE_WINDOW = "2m"
+"""Window of rate() over engine counters and histograms: eight scrapes, so one missed scrape does not matter."""
+SCRAPE_INTERVAL = "15s"
+"""How often engines and runtime services are scraped (ServiceMonitor interval)."""
+
+
+def engine_labels(spec: PlatformSpec, model: ModelSpec) -> str:
+    return f'namespace="{spec.cluster.namespace}",service="{common.engine_name(model.name)}"'
+
+
+def names(model: ModelSpec, signal: Signal) -> tuple[str, ...]:
+    return facts(model.engine.kind).names(signal)
+
+
+def has(model: ModelSpec, signal: Signal) -> bool:
+    return bool(names(model, signal))
+
+
+def series(spec: PlatformSpec, model: ModelSpec, signal: Signal, suffix: str = "") -> str:
+    """Every name of a signal for one model's engines, joined with ``or`` (old names still count)."""
+    found = names(model, signal)
+    if not found:
+        raise ValueError(f"{model.engine.kind.value} exports no {signal.value} metric")
+    sel = engine_labels(spec, model)
+    return " or ".join(f"{name}{suffix}{{{sel}}}" for name in found)
+
+
+def _rate(spec: PlatformSpec, model: ModelSpec, signal: Signal, suffix: str, window: str) -> str:
+    sel = engine_labels(spec, model)
+    return " or ".join(f"rate({name}{suffix}{{{sel}}}[{window}])" for name in names(model, signal))
+
+
+def total(spec: PlatformSpec, model: ModelSpec, signal: Signal) -> str:
+    """Sum of a gauge over every replica of the model (e.g. requests waiting)."""
+    return f"sum({series(spec, model, signal)})"
+
+
+def average(spec: PlatformSpec, model: ModelSpec, signal: Signal) -> str:
+    """Mean of a gauge over replicas (e.g. KV cache usage 0-1): the worst engine of a pod, then the mean."""
+    return f"avg(max by (pod) ({series(spec, model, signal)}))"
+
+
+def maximum(spec: PlatformSpec, model: ModelSpec, signal: Signal) -> str:
+    return f"max({series(spec, model, signal)})"
+
+
+def rate(spec: PlatformSpec, model: ModelSpec, signal: Signal, window: str = RATE_WINDOW) -> str:
+    """Per-second rate of a counter over every replica."""
+    return f"sum({_rate(spec, model, signal, '', window)})"
+
+
+def quantile(
+    spec: PlatformSpec, model: ModelSpec, signal: Signal, q: float, window: str = RATE_WINDOW
+) -> str:
+    """A latency quantile in seconds from the engines' histogram, across every replica."""
+    return f"histogram_quantile({q:g}, sum by (le) ({_rate(spec, model, signal, '_bucket', window)}))"
+
+
+def prefix_hit_rate(spec: PlatformSpec, model: ModelSpec, window: str = RATE_WINDOW) -> str | None:
+    """Share of prompt tokens served from the prefix cache, 0-1; None when the engine exports none."""
+    if has(model, Signal.PREFIX_HITS) and has(model, Signal.PREFIX_QUERIES):
+        hits = rate(spec, model, Signal.PREFIX_HITS, window)
+        queries = rate(spec, model, Signal.PREFIX_QUERIES, window)
+        return f"{hits} / clamp_min({queries}, 1e-9)"
+    if has(model, Signal.PREFIX_HIT_RATE):
+        return average(spec, model, Signal.PREFIX_HIT_RATE)
+    return None
+
+
+def zero_if_absent(expr: str) -> str:
+    """NaN (no traffic in a quantile's window) and no series both read as 0: idle, not broken."""
+    return f"(({expr}) >= 0) or on() vector(0)"

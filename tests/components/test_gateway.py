@@ -1,0 +1,205 @@
+"""Gateway wiring: runtime config round-trip, router/health/batcher workloads, API keys, ingress."""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from components import plan
+from components.problems import SpecError
+from components.render import common, gateway
+from components.render.runtime_config import runtime_config
+from components.spec import PlatformSpec
+from components.stackfile import STACKS_DIR, available_stacks, load
+from runtime.config import RuntimeConfig
+from tests.components.helpers import minimal, write_stack
+
+PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
+
+
+@cache
+def _manifests(name: str) -> tuple[dict[str, Any], ...]:
+    return tuple(plan.synthesize(load(name)).kubernetes_manifests())
+
+
+def _get(name: str, kind: str, object_name: str) -> dict[str, Any]:
+    return next(m for m in _manifests(name) if m["kind"] == kind and m["metadata"]["name"] == object_name)
+
+
+def _has(name: str, kind: str, object_name: str) -> bool:
+    return any(m["kind"] == kind and m["metadata"]["name"] == object_name for m in _manifests(name))
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_the_config_map_round_trips_through_the_runtime_contract(name: str) -> None:
+    spec = load(name).spec
+    cm = _get(name, "ConfigMap", common.runtime_config_name(spec))
+    parsed = RuntimeConfig.model_validate(yaml.safe_load(cm["data"][common.RUNTIME_CONFIG_FILE]))
+    assert parsed == runtime_config(spec)
+    for model in spec.models:
+        target = parsed.model(model.name)
+        assert target is not None and target.discovery is not None
+        assert target.discovery.service == common.engine_name(model.name)
+        assert target.discovery.namespace == spec.cluster.namespace
+        assert target.max_concurrency_per_backend == model.engine.max_num_seqs
+        assert target.max_model_len_tokens == model.engine.max_model_len
+        assert parsed.route(model.name).strategy.name == model.routing.strategy
+    assert parsed.router.require_api_key == spec.gateway.require_api_key
+    assert str(parsed.router.health_feed_url).endswith("/v1/backends")
+
+
+def test_embedding_models_are_routed_through_a_batcher_sized_from_the_engine() -> None:
+    spec = load("prod").spec
+    config = runtime_config(spec)
+    assert config.route("bge-large").batcher_url is not None
+    assert config.route("llama-3-8b").batcher_url is None
+    [policy] = config.batcher.policies
+    assert policy.model == "bge-large" and policy.max_batch_size <= 256
+    assert _has("prod", "Deployment", "inferstack-batcher")
+    assert not _has("dev", "Deployment", "inferstack-batcher")  # no embedding model there
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_router_and_health_monitor_run_hardened_with_the_config_mounted(name: str) -> None:
+    spec = load(name).spec
+    for part, port in (("router", 8080), ("health", 8081)):
+        deployment = _get(name, "Deployment", f"inferstack-{part}")
+        pod = deployment["spec"]["template"]["spec"]
+        [container] = pod["containers"]
+        assert container["command"][:3] == ["python", "-m", f"runtime.{part}"]
+        assert container["command"][-1] == f"{common.RUNTIME_CONFIG_DIR}/{common.RUNTIME_CONFIG_FILE}"
+        assert container["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        sc = container["securityContext"]
+        assert sc["readOnlyRootFilesystem"] and sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"]
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert container["resources"]["limits"] and container["resources"]["requests"]
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["serviceAccountName"] == f"inferstack-{part}"
+        token = next(v for v in pod["volumes"] if "projected" in v)
+        assert token["projected"]["sources"][0]["serviceAccountToken"]["expirationSeconds"] <= 3600
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        assert len(annotations[gateway.CONFIG_CHECKSUM_ANNOTATION]) == 64
+        service = _get(name, "Service", f"inferstack-{part}")
+        assert service["spec"]["ports"][0]["port"] == port
+    role = _get(name, "Role", "inferstack-router")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    health_verbs = {r["resources"][0]: r["verbs"] for r in _get(name, "Role", "inferstack-health")["rules"]}
+    assert health_verbs["pods"] == ["list"]  # no remediation configured: never delete
+    assert health_verbs["events"] == ["create"]
+    if spec.gateway.max_replicas > spec.gateway.replicas:
+        hpa = _get(name, "HorizontalPodAutoscaler", "inferstack-router")["spec"]
+        assert (hpa["minReplicas"], hpa["maxReplicas"]) == (spec.gateway.replicas, spec.gateway.max_replicas)
+        assert "replicas" not in _get(name, "Deployment", "inferstack-router")["spec"]
+
+
+def test_api_keys_are_stored_only_as_sha256_hashes() -> None:
+    raw = yaml.safe_dump(
+        [
+            {"name": "team-a", "key": "sk-team-a-0123456789abcdef", "models": ["llama-3-8b"]},
+            {"name": "team-b", "key": "sk-team-b-0123456789abcdef", "requests_per_minute": 60},
+        ]
+    )
+    stored = gateway.hash_api_keys(raw, "inferstack:apiKeys")
+    assert "sk-team" not in stored
+    keys = yaml.safe_load(stored)
+    assert keys[0] == {
+        "name": "team-a",
+        "sha256": hashlib.sha256(b"sk-team-a-0123456789abcdef").hexdigest(),
+        "models": ["llama-3-8b"],
+    }
+    assert keys[1]["requests_per_minute"] == 60
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("{not yaml", "not valid YAML"),
+        ("[]", "non-empty list"),
+        ("- just a string", "each entry is a mapping"),
+        ("- {name: a, key: short}", "at least 16 characters"),
+        ("- {key: sk-0123456789abcdef}", "'name' is required"),
+        ("- {name: a, key: sk-0123456789abcdef}\n- {name: a, key: sk-fedcba9876543210}", "used twice"),
+        ("- {name: a, key: sk-0123456789abcdef, rpm: 3}", "unknown fields"),
+        ("- {name: a, key: sk-0123456789abcdef, requests_per_minute: 0}", "requests_per_minute"),
+    ],
+)
+def test_bad_api_keys_get_a_located_message_that_never_echoes_a_key(raw: str, message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        gateway.hash_api_keys(raw, "inferstack:apiKeys")
+    assert message in str(err.value) and str(err.value).startswith("inferstack:apiKeys")
+    assert "0123456789abcdef" not in str(err.value)
+
+
+def test_the_api_keys_secret_is_mounted_and_its_value_stays_secret() -> None:
+    secret = _get("prod", "Secret", "inferstack-api-keys")
+    assert secret["stringData"] == {common.API_KEYS_FILE: plan.REDACTED}
+    router = _get("prod", "Deployment", "inferstack-router")["spec"]["template"]["spec"]
+    volume = next(v for v in router["volumes"] if v["name"] == "api-keys")
+    assert volume["secret"]["secretName"] == "inferstack-api-keys"
+    config = runtime_config(load("prod").spec)
+    assert str(config.router.api_keys_file) == f"{common.API_KEYS_DIR}/{common.API_KEYS_FILE}"
+    assert gateway.REDACTED == plan.REDACTED
+
+
+def test_prod_enters_through_an_alb_ingress_to_the_router() -> None:
+    ingress = _get("prod", "Ingress", "inferstack-router")
+    ann = ingress["metadata"]["annotations"]
+    assert ann["alb.ingress.kubernetes.io/target-type"] == "ip"
+    assert ann["alb.ingress.kubernetes.io/scheme"] == "internet-facing"
+    assert '"HTTPS": 443' in ann["alb.ingress.kubernetes.io/listen-ports"]
+    assert ann["alb.ingress.kubernetes.io/healthcheck-path"] == "/readyz"
+    assert ingress["spec"]["ingressClassName"] == "alb"
+    [rule] = ingress["spec"]["rules"]
+    assert rule["host"] == "llm.example.com"
+    backend = rule["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": "inferstack-router", "port": {"name": "http"}}
+    assert not _has("dev", "Ingress", "inferstack-router")  # ingress: none
+
+
+def test_gateway_api_renders_a_gateway_and_an_http_route_to_the_router() -> None:
+    raw = minimal()
+    raw["gateway"] = {"ingress": "gateway-api", "hostname": "llm.example.com", "tls_secret_name": "llm-tls"}
+    spec = PlatformSpec.model_validate(raw)
+    objects = {m["kind"]: m for m in gateway.render(spec)}
+    gw = objects["Gateway"]["spec"]
+    assert gw["gatewayClassName"] == "istio"
+    [listener] = gw["listeners"]
+    assert listener["protocol"] == "HTTPS" and listener["tls"]["certificateRefs"] == [
+        {"kind": "Secret", "name": "llm-tls"}
+    ]
+    route = objects["HTTPRoute"]["spec"]
+    assert route["parentRefs"] == [{"name": "inferstack-gateway"}]
+    assert route["hostnames"] == ["llm.example.com"]
+    assert route["rules"][0]["backendRefs"] == [{"name": "inferstack-router", "port": 8080}]
+    assert "Ingress" not in objects
+
+
+def test_an_ingress_without_a_hostname_is_a_located_mistake(tmp_path: Path) -> None:
+    raw = minimal()
+    raw["gateway"] = {"ingress": "alb"}
+    write_stack(tmp_path, "nohost", raw)
+    with pytest.raises(SpecError) as err:
+        load("nohost", tmp_path)
+    assert "gateway" in err.value.render() and "needs a hostname" in err.value.render()
+
+
+def test_runtime_images_must_be_pinned(tmp_path: Path) -> None:
+    raw = minimal()
+    raw["gateway"] = {"router_image": "ghcr.io/inferstack/router:latest"}
+    write_stack(tmp_path, "latest", raw)
+    with pytest.raises(SpecError) as err:
+        load("latest", tmp_path)
+    assert "gateway.router_image" in err.value.render() and "not pinned" in err.value.render()

@@ -1,0 +1,122 @@
+"""ServiceMonitors, PrometheusRule alerts and Grafana dashboards rendered from the spec."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any
+
+import pytest
+
+from components import plan
+from components.render import observability
+from components.stackfile import STACKS_DIR, available_stacks, load
+from runtime.engines import facts
+
+PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
+
+
+@cache
+def _manifests(name: str) -> tuple[dict[str, Any], ...]:
+    return tuple(plan.synthesize(load(name)).kubernetes_manifests())
+
+
+def _kind(name: str, kind: str) -> dict[str, dict[str, Any]]:
+    return {m["metadata"]["name"]: m for m in _manifests(name) if m["kind"] == kind}
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_every_engine_and_runtime_service_is_scraped(name: str) -> None:
+    spec = load(name).spec
+    monitors = _kind(name, "ServiceMonitor")
+    services = _kind(name, "Service")
+    for model in spec.models:
+        monitor = monitors[f"{model.name}-engine"]["spec"]
+        [endpoint] = monitor["endpoints"]
+        assert endpoint["port"] == "http" and endpoint["path"] == facts(model.engine.kind).metrics_path
+        labels = services[f"{model.name}-engine"]["metadata"]["labels"]
+        assert monitor["selector"]["matchLabels"].items() <= labels.items()
+        assert monitor["namespaceSelector"] == {"matchNames": [spec.cluster.namespace]}
+    runtime = monitors["inferstack-runtime"]["spec"]
+    components = set(runtime["selector"]["matchExpressions"][0]["values"])
+    assert {"router", "health"} <= components
+    for part in components:
+        labels = services[f"inferstack-{part}"]["metadata"]["labels"]
+        assert labels["app.kubernetes.io/component"] == part
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_alerts_cover_every_failure_the_issue_names_with_spec_thresholds(name: str) -> None:
+    spec = load(name).spec
+    [rule] = _kind(name, "PrometheusRule").values()
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    for alert in alerts:
+        assert alert["expr"] and alert["for"] and alert["labels"]["severity"] in {"warning", "critical"}
+        assert alert["annotations"]["summary"]
+    names = {a["alert"] for a in alerts}
+    assert {
+        "InferenceEngineDown",
+        "InferenceQueueBacklog",
+        "InferenceKVCacheNearlyFull",
+        "InferenceTTFTSLOBurn5M",
+        "InferenceRouter5xxRate",
+        "InferenceHealthEjections",
+        "InferenceRouterDown",
+    } <= names
+    if any(m.scaling.min_replicas != m.scaling.max_replicas for m in spec.models):
+        assert "InferenceScalingPinnedAtMax" in names
+    for model in spec.models:
+        burn = next(
+            a for a in alerts if a["alert"] == "InferenceTTFTSLOBurn5M" and a["labels"]["model"] == model.name
+        )
+        assert f"> {model.slo.ttft_p95_ms / 1000:g}" in burn["expr"]
+        kv = next(
+            a
+            for a in alerts
+            if a["alert"] == "InferenceKVCacheNearlyFull" and a["labels"]["model"] == model.name
+        )
+        assert kv["expr"].endswith("> 0.9")
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_dashboards_are_grafana_json_in_sidecar_config_maps(name: str) -> None:
+    spec = load(name).spec
+    maps = [
+        m
+        for m in _manifests(name)
+        if m["kind"] == "ConfigMap" and "grafana_dashboard" in m["metadata"]["labels"]
+    ]
+    assert len(maps) == len(spec.models) + 1
+    titles = set()
+    for cm in maps:
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        [(key, text)] = cm["data"].items()
+        assert key.endswith(".json")
+        dashboard = json.loads(text)
+        assert dashboard["uid"] and len(dashboard["uid"]) <= 40
+        panels = {p["title"] for p in dashboard["panels"]}
+        titles |= panels
+        for panel in dashboard["panels"]:
+            assert panel["targets"] and all(t["expr"] for t in panel["targets"])
+    assert {
+        "Time to first token",
+        "Inter-token latency",
+        "KV cache usage",
+        "Replicas",
+        "Queued and running requests",
+    } <= titles
+    assert "Requests per second by model" in titles  # the gateway dashboard
+    if any(m.engine.gpus for m in spec.models):
+        assert "GPU utilisation (DCGM)" in titles
+
+
+def test_observability_toggles_turn_objects_off() -> None:
+    spec = load("prod").spec.model_copy(
+        update={
+            "observability": load("prod").spec.observability.model_copy(
+                update={"alerts": False, "grafana_dashboards": False}
+            )
+        }
+    )
+    kinds = {m["kind"] for m in observability.render(spec)}
+    assert kinds == {"ServiceMonitor"}

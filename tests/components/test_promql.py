@@ -1,0 +1,32 @@
+"""Every PromQL expression we render parses with promql-parser (scaling triggers, adapter rules, alerts, dashboards)."""
+
+from __future__ import annotations
+
+import promql_parser
+import pytest
+
+from components.render import observability, scaling
+from components.spec import PlatformSpec
+from components.stackfile import STACKS_DIR, available_stacks, load
+from tests.components.helpers import minimal
+
+
+def _specs() -> list[tuple[str, PlatformSpec]]:
+    out = [(name, load(name).spec) for name in available_stacks(STACKS_DIR)]
+    for kind in ("sglang", "trtllm"):
+        raw = minimal()
+        raw["models"][0]["engine"]["kind"] = kind
+        raw["addons"] = {"autoscaler": "hpa"}
+        out.append((f"minimal-{kind}-hpa", PlatformSpec.model_validate(raw)))
+    return out
+
+
+@pytest.mark.parametrize(("name", "spec"), _specs(), ids=[n for n, _ in _specs()])
+def test_every_rendered_expression_parses(name: str, spec: PlatformSpec) -> None:
+    expressions = scaling.promql(spec) + observability.promql(spec)
+    assert len(expressions) > 10
+    for expr in expressions:
+        try:
+            promql_parser.parse(expr)
+        except Exception as err:  # the parser raises its own error types
+            pytest.fail(f"{name}: {expr!r} does not parse: {err}")
