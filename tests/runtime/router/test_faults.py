@@ -70,7 +70,7 @@ def test_retry_budget_caps_retries(doubles, make_router) -> None:
 def test_hang_before_first_byte_times_out_and_is_retried(doubles, make_router) -> None:
     hung, good = doubles(2)
     hung.mode = "hang"
-    r = make_router([hung.url, good.url], default_strategy={"name": "round_robin"}, first_byte_timeout_ms=200)
+    r = make_router([hung.url, good.url], default_strategy={"name": "round_robin"}, first_byte_timeout_ms=1000)
     for _ in range(2):
         assert r.request("POST", "/v1/chat/completions", CHAT)[0] == 200
     assert len(hung.requests) >= 1
@@ -150,8 +150,8 @@ def test_client_disconnect_mid_stream_cancels_the_engine_request(doubles, make_r
 
 
 def test_full_replicas_queue_then_429_with_retry_after(doubles, make_router) -> None:
-    (d,) = doubles(1, delay_s=0.5)
-    r = make_router([d.url], cap=1, queue_max_requests=1, queue_deadline_ms=5000)
+    (d,) = doubles(1, delay_s=2.0)  # long enough that the first request still holds the slot below
+    r = make_router([d.url], cap=1, queue_max_requests=1, queue_deadline_ms=20000)
     with ThreadPoolExecutor(3) as pool:
         first = pool.submit(r.request, "POST", "/v1/chat/completions", CHAT)
         for _ in range(100):  # wait until the first one holds the only slot
@@ -172,7 +172,7 @@ def test_full_replicas_queue_then_429_with_retry_after(doubles, make_router) -> 
 
 
 def test_queue_deadline_gives_429(doubles, make_router) -> None:
-    (d,) = doubles(1, delay_s=1.0)
+    (d,) = doubles(1, delay_s=3.0)
     r = make_router([d.url], cap=1, queue_deadline_ms=100)
     with ThreadPoolExecutor(2) as pool:
         first = pool.submit(r.request, "POST", "/v1/chat/completions", CHAT)
