@@ -335,7 +335,8 @@ class EngineProcess:
         for pid, (ppid, _pgid, _state, _start) in stats.items():
             children.setdefault(ppid, []).append(pid)
         found = {pid for pid, (_ppid, pgid, _s, _t) in stats.items() if pgid == root}
-        stack = [root]
+        # Walk descendants only while our child is unreaped: after that its pid may be reused.
+        stack = [root] if self._proc.returncode is None else []
         while stack:
             pid = stack.pop()
             if pid in stats:
