@@ -12,9 +12,11 @@ from rich.table import Table
 
 from components import catalog, cost, report, sizing
 from components import plan as planner
+from components.local.cli import local_app
 from components.problems import SpecError
 from components.spec import KvCacheDType, Quantization, Target, spec_json_schema
 from components.stackfile import STACKS_DIR, load
+from policies.inference import offline
 
 app = typer.Typer(
     add_completion=False,
@@ -130,12 +132,17 @@ def plan(
         Path | None, typer.Option("--out", help="Write manifests/, resources.json, summary.md here.")
     ] = None,
     stacks_dir: Annotated[Path, typer.Option(help="Where the stack files are.")] = STACKS_DIR,
+    policy_config: Annotated[
+        Path | None,
+        typer.Option("--policy-config", help="Policy config (the pack's --policy-pack-config format)."),
+    ] = None,
 ) -> None:
-    """Run the Pulumi program offline (mock runtime): resources, manifests, cost. No credentials needed."""
+    """Run the Pulumi program offline (mock runtime): resources, manifests, cost, policy. No credentials needed."""
     try:
         loaded = load(stack, stacks_dir)
-    except SpecError as error:
-        raise _fail(error.render()) from None
+        policy = offline.prepare(loaded, policy_config)
+    except (SpecError, offline.PolicyConfigError) as error:
+        raise _fail(error.render() if isinstance(error, SpecError) else str(error)) from None
     rep = report.plan_report(loaded)
     is_local = loaded.spec.target is Target.LOCAL
     synthesis = planner.Synthesis() if is_local else planner.synthesize(loaded)
@@ -158,6 +165,16 @@ def plan(
     if out_dir is not None:
         planner.write(synthesis, out_dir, rep.markdown(loaded, synthesis))
         out.print(f"wrote {out_dir}/manifests/, {out_dir}/resources.json, {out_dir}/summary.md")
+    verdicts = policy.run(synthesis, has_resources=not is_local)
+    if out_dir is not None:
+        verdicts.write(out_dir)
+    for line in verdicts.lines():
+        out.print(line, markup=False, highlight=False)
+    if verdicts.failed:
+        raise typer.Exit(1)
+
+
+app.add_typer(local_app, name="local")
 
 
 def main() -> None:

@@ -1,0 +1,265 @@
+"""`inferstack local up|down|status|logs`: the data plane of ``stacks/Pulumi.local.yaml`` on this machine.
+
+``up`` runs in the foreground (Ctrl-C stops everything) or, with ``--detach``, in the background; the
+other commands find it through its state directory (``.local/``). Mistakes exit 2 with one message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from components.local import state
+from components.local.plan import (
+    DEFAULT_BATCHER_PORT,
+    DEFAULT_ENGINE_PORT,
+    DEFAULT_HEALTH_PORT,
+    DEFAULT_ROUTER_PORT,
+    DEFAULT_STATE_DIR,
+    LocalOptions,
+    LocalPlan,
+    PlanError,
+    build_plan,
+    pick_cpus,
+)
+from components.local.supervisor import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    StartError,
+    Supervisor,
+    check_ports_free,
+    http_get,
+    tail,
+)
+from components.problems import SpecError
+from components.stackfile import STACKS_DIR, load
+
+local_app = typer.Typer(
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    help="Run the local stack (real vLLM on CPU, health monitor, batcher, router) on this machine.",
+)
+
+SUPERVISOR_LOG = "supervisor.log"
+DOWN_TIMEOUT_S = 90.0
+
+StateDirOpt = Annotated[
+    Path, typer.Option("--state-dir", help="Lock, state file, rendered config and logs/ of the stack.")
+]
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return typer.Exit(code)
+
+
+def _plan(stack: str, stacks_dir: Path, options: LocalOptions) -> LocalPlan:
+    try:
+        return build_plan(load(stack, stacks_dir), options, Path.cwd())
+    except SpecError as err:
+        raise _fail(err.render()) from None
+    except PlanError as err:
+        raise _fail(str(err)) from None
+
+
+@local_app.command()
+def up(
+    stack: Annotated[
+        str, typer.Option("-s", "--stack", help="stacks/Pulumi.<stack>.yaml (target: local).")
+    ] = "local",
+    stacks_dir: Annotated[Path, typer.Option(help="Where the stack files are.")] = STACKS_DIR,
+    port: Annotated[
+        int, typer.Option("--port", help="The router's port: the OpenAI API.")
+    ] = DEFAULT_ROUTER_PORT,
+    health_port: Annotated[int, typer.Option(help="The health monitor's port.")] = DEFAULT_HEALTH_PORT,
+    batcher_port: Annotated[int, typer.Option(help="The batcher's port.")] = DEFAULT_BATCHER_PORT,
+    engine_port: Annotated[
+        int, typer.Option(help="The first engine's port; the others take the next ones.")
+    ] = DEFAULT_ENGINE_PORT,
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Run in the background; stop with `inferstack local down`.")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds the engines may take to become ready.")] = 900.0,
+    detached_child: Annotated[bool, typer.Option("--detached-child", hidden=True)] = False,
+) -> None:
+    """Start the local stack and wait until the router is ready; foreground unless --detach."""
+    options = LocalOptions(
+        router_port=port,
+        health_port=health_port,
+        batcher_port=batcher_port,
+        engine_port=engine_port,
+        state_dir=state_dir,
+        cpus=pick_cpus(lambda: os.sched_getaffinity(0)),
+    )
+    plan = _plan(stack, stacks_dir, options)
+    if detach:
+        raise typer.Exit(_up_detached(plan, stack, stacks_dir, timeout))
+    try:
+        lock = state.acquire(state_dir)
+    except state.AlreadyRunningError as err:
+        raise _fail(str(err)) from None
+    try:
+        check_ports_free(plan)
+    except StartError as err:
+        lock.release()
+        raise _fail(str(err), err.exit_code) from None
+    code = Supervisor(plan, detached=detached_child, timeout_s=timeout).run(lock)
+    raise typer.Exit(code)
+
+
+def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) -> int:
+    """Checks what fails fast here, starts the supervisor in its own session, waits for it to be ready."""
+    state_dir = plan.state_dir
+    pid = state.running_pid(state_dir)
+    if pid is not None:
+        print(
+            f"error: {state.AlreadyRunningError(state_dir, pid, state.read_state(state_dir))}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        check_ports_free(plan)
+    except StartError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    plan.logs_dir.mkdir(parents=True, exist_ok=True)
+    log = plan.logs_dir / SUPERVISOR_LOG
+    argv = [sys.executable, "-m", "components.local", "up", "--detached-child", "--stack", stack]
+    argv += ["--stacks-dir", str(stacks_dir), "--state-dir", str(state_dir), "--timeout", str(timeout)]
+    argv += ["--port", str(plan.router.port), "--engine-port", str(plan.engines[0].port)]
+    for service in plan.services[:-1]:
+        argv += [f"--{service.name}-port", str(service.port)]
+    with log.open("wb") as sink:
+        child = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    print(f"starting in the background (pid {child.pid}); progress in {log}", flush=True)
+    try:
+        while True:
+            code = child.poll()
+            if code is not None:
+                print(tail(log, 40), file=sys.stderr)
+                print(f"error: the local stack did not start (exit {code}); full log {log}", file=sys.stderr)
+                return code or EXIT_FAILED
+            current = state.read_state(state_dir) or {}
+            if current.get("pid") == child.pid and current.get("phase") == "ready":
+                print(current.get("banner") or f"ready: {current.get('base_url')}", flush=True)
+                return 0
+            time.sleep(0.25)
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping the background stack...", file=sys.stderr, flush=True)
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signal.SIGTERM)
+        child.wait()
+        return 130
+
+
+@local_app.command()
+def down(state_dir: StateDirOpt = DEFAULT_STATE_DIR) -> None:
+    """Stop a running local stack (detached or not) and everything it started."""
+    pid = state.running_pid(state_dir)
+    if pid is None:
+        left = state.tagged_pids(state_dir)
+        if left:
+            state.kill_pids(left)
+            state.wait_gone(left, 10.0)
+            print(f"inferstack local was not running; killed {len(left)} leftover processes")
+        else:
+            print(f"inferstack local is not running (state dir {state_dir}/)")
+        return
+    if pid > 0:
+        print(f"stopping inferstack local (pid {pid})...", flush=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + DOWN_TIMEOUT_S
+    while state.running_pid(state_dir) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if state.running_pid(state_dir) is not None and pid > 0:
+        print(f"pid {pid} did not stop within {DOWN_TIMEOUT_S:.0f}s: killing it", file=sys.stderr)
+        state.kill_pids([pid])
+        state.wait_gone([pid], 10.0)
+    left = state.tagged_pids(state_dir)
+    if left:
+        state.kill_pids(left)
+        state.wait_gone(left, 10.0)
+    state.clear_state(state_dir)
+    print("stopped; no process left")
+
+
+@local_app.command()
+def status(state_dir: StateDirOpt = DEFAULT_STATE_DIR) -> None:
+    """Is the local stack running, and what are its processes? Exit 0 when running, 1 when not."""
+    pid = state.running_pid(state_dir)
+    current = state.read_state(state_dir)
+    if pid is None or current is None:
+        print(f"inferstack local is not running (state dir {state_dir}/)")
+        raise typer.Exit(1)
+    up_s = time.time() - float(current.get("started_at") or time.time())
+    url = current.get("router_url", "")
+    ready = http_get(f"{url}/readyz")[0] == 200 if url else False
+    print(
+        f"inferstack local: {current.get('phase')} (pid {pid}, up {up_s:.0f}s, stack {current.get('stack')}); "
+        f"router {url}/v1 {'ready' if ready else 'NOT ready'}"
+    )
+    for proc in current.get("processes", []):
+        alive = state.pid_alive(int(proc["pid"])) if proc.get("pid") else False
+        print(
+            f"  {proc['name']:<26} pid {proc.get('pid')!s:<8} {'running' if alive else 'EXITED '}  "
+            f"{proc['url']:<24} {proc['log']}"
+        )
+
+
+@local_app.command()
+def logs(
+    name: Annotated[
+        str | None, typer.Argument(help="One log: router, health, batcher, engine-<model>-<n>, supervisor.")
+    ] = None,
+    lines: Annotated[int, typer.Option("-n", "--lines", min=1, help="Lines per log.")] = 20,
+    follow: Annotated[
+        bool, typer.Option("-f", "--follow", help="Keep printing new lines (Ctrl-C ends).")
+    ] = False,
+    state_dir: StateDirOpt = DEFAULT_STATE_DIR,
+) -> None:
+    """Print the tail of each process's log (or of one), from <state dir>/logs/."""
+    logs_dir = state_dir / "logs"
+    files = sorted(logs_dir.glob("*.log"))
+    if not files:
+        raise _fail(f"no logs in {logs_dir}/: start the stack with `inferstack local up`", 1)
+    if name is not None:
+        files = [f for f in files if f.stem == name]
+        if not files:
+            known = ", ".join(f.stem for f in sorted(logs_dir.glob("*.log")))
+            raise _fail(f"no log named {name!r} in {logs_dir}/; there are: {known}")
+    for path in files:
+        if len(files) > 1:
+            print(f"==> {path} <==")
+        print(tail(path, lines))
+    if follow:
+        _follow(files)
+
+
+def _follow(files: list[Path]) -> None:
+    offsets = {f: f.stat().st_size for f in files}
+    try:
+        while True:
+            for path, seen in offsets.items():
+                with contextlib.suppress(OSError), path.open("rb") as handle:
+                    start = 0 if path.stat().st_size < seen else seen  # 0: rewritten by a new start
+                    handle.seek(start)
+                    chunk = handle.read()
+                    offsets[path] = start + len(chunk)
+                    for line in chunk.decode(errors="replace").splitlines():
+                        print(f"{path.stem}: {line}" if len(files) > 1 else line, flush=True)
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return

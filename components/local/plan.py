@@ -1,0 +1,362 @@
+"""What `make local` runs, decided by pure functions: the process plan, the rendered config, the banner.
+
+``build_plan(stack, options)`` turns a validated ``target: local`` stack into a ``LocalPlan``: which
+models to make, which engines to start (one per replica, each on its own port and CPU core), which
+runtime services to start after them (health monitor, batcher when there is an embedding model,
+router last) and the ``RuntimeConfig`` they all read. That config comes from the same renderer as the
+Kubernetes stacks' ConfigMap (``components.render.runtime_config``); only the addresses differ
+(static 127.0.0.1 backends instead of EndpointSlice discovery, loopback listeners, no Kubernetes
+events). Nothing here touches a process, a socket or the disk, so all of it is unit-tested without
+engines; ``components.local.supervisor`` is the thin shell that carries the plan out.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from components.render import runtime_config as rendered
+from components.spec import ModelSpec, PlatformSpec, Target
+from components.stackfile import Stack
+from runtime.config import EngineKind, RuntimeConfig, Task
+
+HOST = "127.0.0.1"
+DEFAULT_ROUTER_PORT = 8080
+DEFAULT_HEALTH_PORT = 8081
+DEFAULT_BATCHER_PORT = 8082
+DEFAULT_ENGINE_PORT = 8100
+DEFAULT_STATE_DIR = Path(".local")
+#: Generated models live here; a missing model directory elsewhere is the user's to provide.
+GENERATED_MODELS_DIR = Path(".cache/models")
+#: Local routers drain in-flight requests for this long at Ctrl-C (the cluster default is 30 s).
+LOCAL_DRAIN_GRACE_S = 5
+#: vLLM-CPU KV cache per engine (VLLM_CPU_KVCACHE_SPACE), GiB: enough for a tiny model, small on a laptop.
+KV_CACHE_GIB = 1
+#: Environment variable every process of one local stack carries (its state dir): finds stragglers.
+TAG_ENV = "INFERSTACK_LOCAL_STACK"
+
+Mode = Literal["generate", "embed"]
+ModelKind = Literal["chat", "embed"]
+
+
+class PlanError(Exception):
+    """A user mistake found while planning: one message that says what to change. Exit code 2."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    """What the user can choose on the command line (`inferstack local up --help`)."""
+
+    router_port: int = DEFAULT_ROUTER_PORT
+    health_port: int = DEFAULT_HEALTH_PORT
+    batcher_port: int = DEFAULT_BATCHER_PORT
+    engine_port: int = DEFAULT_ENGINE_PORT
+    """The first engine's port; the others take the next ones."""
+    state_dir: Path = DEFAULT_STATE_DIR
+    cpus: tuple[int, ...] = (0,)
+    """CPU cores engines are pinned to, in turn (VLLM_CPU_OMP_THREADS_BIND): one core each."""
+
+
+@dataclass(frozen=True)
+class ModelPrep:
+    """A model directory that must exist before its engines start."""
+
+    model: str
+    path: Path
+    kind: ModelKind
+    generate: bool
+    """True: made here (no download) when missing; False: the user's directory, must exist."""
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """One engine replica: the arguments of ``EngineProcess``."""
+
+    name: str  # tiny-chat-0: also the log file's name
+    model: str  # served model name
+    path: Path
+    mode: Mode
+    port: int
+    cpu_cores: str
+    dtype: str
+    max_model_len: int
+    enable_prefix_caching: bool | None
+    extra_args: tuple[str, ...]
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ServiceLaunch:
+    """One runtime service (health monitor, batcher, router) started with the project's python."""
+
+    name: str
+    module: str
+    port: int
+    option: str
+    """The command-line option that changes this port (for the port-in-use message)."""
+
+    def argv(self, python: str, config: Path) -> list[str]:
+        return [python, "-m", self.module, "--config", str(config)]
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """Everything `inferstack local up` does, in order."""
+
+    stack: str
+    source: str
+    state_dir: Path
+    models: tuple[ModelPrep, ...]
+    engines: tuple[EngineLaunch, ...]
+    services: tuple[ServiceLaunch, ...]  # start order; stop order is the reverse, engines last
+    config: RuntimeConfig
+    generate_models: tuple[str, ...] = field(default=())
+    embed_models: tuple[str, ...] = field(default=())
+
+    @property
+    def router(self) -> ServiceLaunch:
+        return self.services[-1]
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.router.url}/v1"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def config_path(self) -> Path:
+        return self.state_dir / "runtime.yaml"
+
+    def ports(self) -> list[tuple[int, str, str]]:
+        """(port, what listens there, how to change it), services first."""
+        out = [(s.port, s.name, s.option) for s in self.services]
+        out += [(e.port, f"engine {e.name}", "--engine-port") for e in self.engines]
+        return out
+
+
+def _problem(stack: Stack, where: str, message: str) -> PlanError:
+    return PlanError(f"{stack.source}: {where}: {message}" if where else f"{stack.source}: {message}")
+
+
+def model_dir(model: ModelSpec, repo_root: Path) -> Path:
+    """Where a local model's files are: a relative source is relative to the repository root."""
+    path = Path(model.source).expanduser()
+    return path if path.is_absolute() else repo_root / path
+
+
+def model_preps(spec: PlatformSpec, repo_root: Path, source: str = "stack file") -> list[ModelPrep]:
+    """The model directories the engines load; the ones under .cache/models are generated if missing."""
+    preps: list[ModelPrep] = []
+    generated = (repo_root / GENERATED_MODELS_DIR).resolve()
+    for i, model in enumerate(spec.models):
+        if not model.is_local_path:
+            raise PlanError(
+                f"{source}: models[{i}].source: {model.source!r} is not a directory on this machine; "
+                "the local target serves models from disk with HF_HUB_OFFLINE=1 (nothing is downloaded): "
+                "give a path such as './models/my-model' or '/data/llama'"
+            )
+        path = model_dir(model, repo_root)
+        kind: ModelKind = "embed" if model.resolved_task() is Task.EMBED else "chat"
+        inside = path.resolve().is_relative_to(generated)
+        preps.append(ModelPrep(model.name, path, kind, generate=inside))
+    return preps
+
+
+def _engine_extra_args(model: ModelSpec) -> list[str]:
+    e = model.engine
+    args = ["--max-num-seqs", str(e.max_num_seqs)]
+    if e.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(e.max_num_batched_tokens)]
+    if e.enforce_eager:
+        args.append("--enforce-eager")
+    if e.trust_remote_code:
+        args.append("--trust-remote-code")
+    return args + list(e.extra_args)
+
+
+def replicas(model: ModelSpec) -> int:
+    """Engines started for a model: its min_replicas, at least one (nothing here scales from zero)."""
+    return max(1, model.scaling.min_replicas)
+
+
+def check_stack(stack: Stack) -> None:
+    """Rejects what the local target cannot run, with the field and the fix."""
+    spec = stack.spec
+    if spec.target is not Target.LOCAL:
+        raise _problem(
+            stack,
+            "target",
+            f"{spec.target.value}: `inferstack local` runs stacks with target: local "
+            f"(stacks/Pulumi.local.yaml); deploy this one with `pulumi up -s {stack.name}`",
+        )
+    for i, model in enumerate(spec.models):
+        if model.engine.kind is not EngineKind.VLLM:
+            raise _problem(
+                stack,
+                f"models[{i}].engine.kind",
+                f"{model.engine.kind.value}: the local target runs vLLM on CPU only; set kind: vllm",
+            )
+    if spec.gateway.require_api_key:
+        raise _problem(
+            stack,
+            "gateway.require_api_key",
+            "the local target has no key store and listens on 127.0.0.1 only; set it to false",
+        )
+
+
+def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPlan:
+    """The whole process plan for ``stack``; ``PlanError`` on anything the user must change."""
+    check_stack(stack)
+    spec = stack.spec
+    if not options.cpus:
+        raise PlanError("no CPU cores to pin engines to")
+    preps = model_preps(spec, repo_root, stack.source)
+    engines: list[EngineLaunch] = []
+    port = options.engine_port
+    for model, prep in zip(spec.models, preps, strict=True):
+        mode: Mode = "embed" if prep.kind == "embed" else "generate"
+        for r in range(replicas(model)):
+            core = options.cpus[len(engines) % len(options.cpus)]
+            engines.append(
+                EngineLaunch(
+                    name=f"{model.name}-{r}",
+                    model=model.name,
+                    path=prep.path,
+                    mode=mode,
+                    port=port,
+                    cpu_cores=str(core),
+                    dtype=model.engine.dtype.value,
+                    max_model_len=model.engine.max_model_len,
+                    enable_prefix_caching=model.engine.enable_prefix_caching if mode == "generate" else None,
+                    extra_args=tuple(_engine_extra_args(model)),
+                )
+            )
+            port += 1
+    services = [ServiceLaunch("health", "runtime.health", options.health_port, "--health-port")]
+    if rendered.has_batcher(spec):
+        services.append(ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port"))
+    services.append(ServiceLaunch("router", "runtime.router", options.router_port, "--port"))
+    plan = LocalPlan(
+        stack=stack.name,
+        source=stack.source,
+        state_dir=options.state_dir,
+        models=tuple(preps),
+        engines=tuple(engines),
+        services=tuple(services),
+        config=local_runtime_config(spec, engines, {s.name: s.port for s in services}),
+        generate_models=tuple(m.name for m in spec.models if m.resolved_task() is not Task.EMBED),
+        embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
+    )
+    check_ports(plan)
+    return plan
+
+
+def check_ports(plan: LocalPlan) -> None:
+    """Every listener needs its own valid port."""
+    seen: dict[int, str] = {}
+    for port, what, option in plan.ports():
+        if not 1 <= port <= 65535:
+            raise PlanError(f"port {port} for {what} is outside 1-65535; change it with {option}")
+        if port in seen:
+            raise PlanError(
+                f"port {port} is planned for both {seen[port]} and {what}; give them different ports "
+                f"({option} changes the {what} one)"
+            )
+        seen[port] = what
+
+
+def local_runtime_config(
+    spec: PlatformSpec, engines: Sequence[EngineLaunch], ports: dict[str, int]
+) -> RuntimeConfig:
+    """The cluster's RuntimeConfig (same renderer), with this machine's addresses."""
+    backends: dict[str, list[str]] = {}
+    for engine in engines:
+        backends.setdefault(engine.model, []).append(engine.url)
+    base = rendered.runtime_config(spec, static_backends=backends)
+    doc = base.model_dump(mode="json", exclude_none=True)
+    doc["router"].update(
+        host=HOST,
+        port=ports["router"],
+        health_feed_url=f"http://{HOST}:{ports['health']}/v1/backends",
+        drain_grace_s=LOCAL_DRAIN_GRACE_S,
+    )
+    for route in doc["router"].get("routes", []):
+        if route.get("batcher_url"):
+            route["batcher_url"] = f"http://{HOST}:{ports['batcher']}"
+    doc["health"].update(host=HOST, port=ports["health"], kubernetes_events=False)
+    doc["health"].pop("remediate_after_s", None)
+    doc["batcher"].update(host=HOST, port=ports.get("batcher", DEFAULT_BATCHER_PORT))
+    return RuntimeConfig.model_validate(doc)
+
+
+def describe(plan: LocalPlan) -> list[str]:
+    """The plan in a few lines (printed before starting, and by `status`)."""
+    lines = [
+        f"stack {plan.stack} ({plan.source}): {len(plan.engines)} engines, then {', '.join(s.name for s in plan.services)}"
+    ]
+    for e in plan.engines:
+        lines.append(f"  engine {e.name:<24} {e.url}  core {e.cpu_cores}  {e.path}")
+    for s in plan.services:
+        lines.append(f"  {s.name:<31} {s.url}")
+    return lines
+
+
+def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
+    """What the user sees once the router is ready: the URL, a curl line and an openai snippet."""
+    url = plan.router.url
+    chat = plan.generate_models[0] if plan.generate_models else None
+    lines = [
+        "",
+        f"inferstack local is ready in {ready_s:.0f}s: {len(plan.engines)} vLLM engines behind the router",
+        "",
+        f"  OpenAI API  {url}/v1   models: {', '.join(plan.generate_models + plan.embed_models)}",
+        f"  metrics     {url}/metrics   (health monitor: {plan.services[0].url}/v1/backends)",
+        f"  logs        {plan.logs_dir}/",
+        "",
+    ]
+    if chat is not None:
+        body = (
+            f'{{"model": "{chat}", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 16}}'
+        )
+        lines += [
+            f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\",
+            f"    -d {shlex.quote(body)}",
+            "",
+            "  from openai import OpenAI",
+            f'  client = OpenAI(base_url="{url}/v1", api_key="unused")',
+            f'  reply = client.chat.completions.create(model="{chat}", max_tokens=16,',
+            '                                          messages=[{"role": "user", "content": "Hello"}])',
+            "  print(reply.choices[0].message.content)",
+        ]
+    if plan.embed_models:
+        embed = plan.embed_models[0]
+        lines.append(f'  client.embeddings.create(model="{embed}", input=["a sentence"]).data[0].embedding')
+    lines.append("")
+    if detached:
+        lines.append("Running in the background: `inferstack local status|logs|down` (or `make local-down`).")
+    else:
+        lines.append("Ctrl-C stops everything. Logs: `inferstack local logs` in another terminal.")
+    return "\n".join(lines)
+
+
+def pick_cpus(available: Callable[[], set[int]]) -> tuple[int, ...]:
+    """The cores engines may use, sorted (the process's affinity mask, not the machine's count)."""
+    try:
+        cores = tuple(sorted(available()))
+    except OSError:
+        cores = ()
+    return cores or (0,)

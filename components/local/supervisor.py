@@ -1,0 +1,465 @@
+"""The thin process shell behind `inferstack local up`: carries out a ``LocalPlan``, then waits.
+
+Order: make missing models, start every engine (their minute of warm-up overlaps), wait for all of
+them, start the health monitor, the batcher and the router (each waits for the one before to listen),
+wait until the router reports ready and serves every model, print the banner. Then watch: an engine
+that dies is reported and the router routes around it (this is not an orchestrator: nothing is
+restarted); a runtime service that dies stops the stack.
+
+SIGINT, SIGTERM and SIGHUP only set a flag; every wait polls it, so a signal at any moment (also
+while models are made or engines warm up) leads to the same ordered stop: router (drains), batcher,
+health monitor, then the engines' process groups, then anything else that carries the stack's tag.
+A second signal shortens the grace periods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+from components.local import state
+from components.local.engine_process import REPO_ROOT, EngineError, EngineProcess, engine_python
+from components.local.plan import HOST, KV_CACHE_GIB, TAG_ENV, LocalPlan, banner, describe
+from components.local.tiny_model import is_complete
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+ENGINE_STOP_GRACE_S = 20.0
+SERVICE_STOP_GRACE_S = 10.0
+POLL_S = 0.25
+
+
+class StartError(Exception):
+    """Starting failed; ``exit_code`` 2 for a user mistake (port in use, missing model), 1 otherwise."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class StoppedError(Exception):
+    """A stop signal arrived while starting."""
+
+
+def port_in_use(port: int, host: str = HOST) -> bool:
+    """True when binding ``host:port`` fails the way our servers' bind would (they set SO_REUSEADDR)."""
+    import socket  # noqa: PLC0415 - only here
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def check_ports_free(plan: LocalPlan, in_use: Callable[[int], bool] = port_in_use) -> None:
+    for port, what, option in plan.ports():
+        if in_use(port):
+            make_hint = " (or `make local PORT=...`)" if option == "--port" else ""
+            raise StartError(
+                f"port {port} on {HOST} is already in use, and the local stack needs it for {what}; "
+                f"stop whatever listens there, or choose another port with `inferstack local up {option} N`"
+                f"{make_hint}",
+                EXIT_USAGE,
+            )
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    """(status, body); status 0 when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status), response.read()
+    except urllib.error.HTTPError as err:
+        return int(err.code), b""
+    except (urllib.error.URLError, OSError, ValueError):
+        return 0, b""
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the service gets SIGTERM if the supervisor dies without stopping it (kill -9)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class Service:
+    name: str
+    port: int
+    url: str
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+
+@dataclass
+class Supervisor:
+    plan: LocalPlan
+    detached: bool = False
+    timeout_s: float = 900.0
+    python: str = sys.executable
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+    engines: list[EngineProcess] = field(default_factory=list)
+    services: list[Service] = field(default_factory=list)
+    stop_requested: bool = False
+    hurry: bool = False
+    phase: str = "starting"
+    started: float = field(default_factory=time.monotonic)
+    _reported_dead: set[str] = field(default_factory=set)
+
+    # -- output ----------------------------------------------------------------------------------
+    def say(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.started:6.1f}s] {message}", file=self.out, flush=True)
+
+    # -- signals ---------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.stop_requested:
+            self.hurry = True
+            return
+        self.stop_requested = True
+        name = signal.Signals(signum).name
+        with contextlib.suppress(Exception):
+            print(
+                f"\n{name}: stopping everything (again to hurry)...",
+                file=self.out,
+                flush=True,
+            )
+
+    def _check_stop(self) -> None:
+        if self.stop_requested:
+            raise StoppedError
+
+    # -- the run ---------------------------------------------------------------------------------
+    def run(self, lock: state.Lock) -> int:
+        """Start, serve until told to stop, stop. Returns the exit code."""
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        code = EXIT_OK
+        try:
+            self._write_state()
+            self.start()
+            self.phase = "ready"
+            self._write_state()
+            code = self.watch()
+        except StoppedError:
+            code = EXIT_OK
+        except StartError as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            code = err.exit_code
+        finally:
+            self.phase = "stopping"
+            with contextlib.suppress(OSError):
+                self._write_state()
+            self.stop()
+            state.clear_state(self.plan.state_dir)
+            lock.release()
+        return code
+
+    def start(self) -> None:
+        plan = self.plan
+        for line in describe(plan):
+            self.say(line)
+        plan.logs_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            python = engine_python()
+        except EngineError as err:
+            raise StartError(str(err), EXIT_USAGE) from None
+        self.make_models(python)
+        plan.config_path.write_text(
+            "# Rendered by `inferstack local up` from "
+            f"{plan.source} (components/render/runtime_config.py); rewritten at every start.\n"
+            + plan.config.to_yaml()
+        )
+        self.start_engines(python)
+        for spec in plan.services:
+            self._check_stop()
+            self.start_service(spec.name, spec.argv(self.python, plan.config_path.resolve()), spec.port)
+        self.wait_router()
+        ready_s = time.monotonic() - self.started
+        print(banner(plan, ready_s, self.detached), file=self.out, flush=True)
+
+    # -- models ----------------------------------------------------------------------------------
+    def make_models(self, python: Path) -> None:
+        done: set[Path] = set()
+        for prep in self.plan.models:
+            if prep.path in done:
+                continue
+            done.add(prep.path)
+            if not prep.generate:
+                if not (prep.path / "config.json").is_file():
+                    raise StartError(
+                        f"{self.plan.source}: model {prep.model}: {prep.path} is not a model directory "
+                        "(no config.json there); point `source` at a directory with the model's "
+                        "config.json, tokenizer and weights",
+                        EXIT_USAGE,
+                    )
+                continue
+            if is_complete(prep.path, prep.kind):
+                continue
+            self.say(f"making the {prep.kind} model {prep.path} (no download; seconds)")
+            log = self.plan.logs_dir / f"make-model-{prep.model}.log"
+            with log.open("wb") as sink:
+                proc = subprocess.Popen(
+                    [
+                        str(python),
+                        "-m",
+                        "components.local.tiny_model",
+                        "--out",
+                        str(prep.path),
+                        "--kind",
+                        prep.kind,
+                    ],
+                    cwd=REPO_ROOT,
+                    env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)},
+                    stdin=subprocess.DEVNULL,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                )
+                while proc.poll() is None:
+                    if self.stop_requested:
+                        proc.terminate()
+                        proc.wait()
+                        raise StoppedError
+                    time.sleep(POLL_S)
+            if proc.returncode != 0:
+                raise StartError(f"making {prep.path} failed; log {log}:\n{tail(log)}")
+
+    # -- engines ---------------------------------------------------------------------------------
+    def start_engines(self, python: Path) -> None:
+        tag = state.tag_value(self.plan.state_dir)
+        for launch in self.plan.engines:
+            self._check_stop()
+            engine = EngineProcess(
+                launch.path,
+                served_model_name=launch.model,
+                mode=launch.mode,
+                host=HOST,
+                port=launch.port,
+                max_model_len=launch.max_model_len,
+                enable_prefix_caching=launch.enable_prefix_caching,
+                cpu_cores=launch.cpu_cores,
+                kv_cache_space_gib=KV_CACHE_GIB,
+                dtype=launch.dtype,
+                extra_args=launch.extra_args,
+                env={TAG_ENV: tag},
+                log_path=self.plan.logs_dir / f"engine-{launch.name}.log",
+                python=python,
+            )
+            engine.start()
+            self.engines.append(engine)
+            self._write_state()
+        self.say(f"{len(self.engines)} engines starting (about a minute; logs in {self.plan.logs_dir}/)")
+        waiting = dict(zip((e.name for e in self.plan.engines), self.engines, strict=True))
+        deadline = time.monotonic() + self.timeout_s
+        while waiting:
+            self._check_stop()
+            for name, engine in list(waiting.items()):
+                if not engine.running():
+                    raise StartError(
+                        f"engine {name} exited before it was ready; log {engine.log_file}:\n"
+                        f"{engine.log_tail(30)}"
+                    )
+                if http_get(f"{engine.base_url}/health")[0] == 200:
+                    self.say(f"engine {name} ready at {engine.base_url}")
+                    del waiting[name]
+            if waiting and time.monotonic() > deadline:
+                raise StartError(
+                    f"engines {', '.join(waiting)} not ready after {self.timeout_s:.0f}s; "
+                    f"see {self.plan.logs_dir}/ (raise the limit with --timeout)"
+                )
+            time.sleep(POLL_S)
+
+    # -- runtime services ------------------------------------------------------------------------
+    def start_service(self, name: str, argv: list[str], port: int) -> None:
+        log = self.plan.logs_dir / f"{name}.log"
+        env = {
+            **os.environ,
+            TAG_ENV: state.tag_value(self.plan.state_dir),
+            "PYTHONUNBUFFERED": "1",
+            "LOG_LEVEL": "INFO",
+        }
+        with log.open("wb") as sink:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops us in order
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks taken
+            )
+        url = f"http://{HOST}:{port}"
+        service = Service(name, port, url, log, proc)
+        self.services.append(service)
+        self._write_state()
+        deadline = time.monotonic() + 60.0
+        while http_get(f"{url}/healthz")[0] != 200:
+            self._check_stop()
+            if proc.poll() is not None:
+                raise StartError(
+                    f"{name} exited with code {proc.returncode} at start; log {log}:\n{tail(log)}"
+                )
+            if time.monotonic() > deadline:
+                raise StartError(f"{name} does not answer on {url} after 60s; log {log}:\n{tail(log)}")
+            time.sleep(0.1)
+        self.say(f"{name} listening on {url}")
+
+    def wait_router(self) -> None:
+        router = self.services[-1]
+        want = {m.name for m in self.plan.config.models}
+        deadline = time.monotonic() + 120.0
+        while True:
+            self._check_stop()
+            self._check_services()
+            status, _ = http_get(f"{router.url}/readyz")
+            if status == 200:
+                code, body = http_get(f"{router.url}/v1/models")
+                with contextlib.suppress(ValueError, TypeError, AttributeError):
+                    served = {m["id"] for m in json.loads(body)["data"]} if code == 200 else set()
+                    if want <= served:
+                        self.say(f"router ready: serving {', '.join(sorted(want))}")
+                        return
+            if time.monotonic() > deadline:
+                raise StartError(
+                    f"the router at {router.url} did not become ready within 120s; "
+                    f"logs {router.log} and {self.plan.logs_dir}/health.log:\n{tail(router.log)}"
+                )
+            time.sleep(POLL_S)
+
+    def _check_services(self) -> None:
+        for service in self.services:
+            if service.proc.poll() is not None:
+                raise StartError(
+                    f"{service.name} exited with code {service.proc.returncode}; log {service.log}:\n"
+                    f"{tail(service.log)}"
+                )
+
+    # -- serving ---------------------------------------------------------------------------------
+    def watch(self) -> int:
+        """Until a stop signal: report dead engines once; a dead runtime service stops the stack."""
+        while not self.stop_requested:
+            for launch, engine in zip(self.plan.engines, self.engines, strict=True):
+                if launch.name not in self._reported_dead and not engine.running():
+                    self._reported_dead.add(launch.name)
+                    self.say(
+                        f"warning: engine {launch.name} exited; the router serves {launch.model} "
+                        f"through its other replicas, if any (log {engine.log_file})"
+                    )
+                    self._write_state()
+            try:
+                self._check_services()
+            except StartError as err:
+                print(f"error: {err}", file=sys.stderr, flush=True)
+                return EXIT_FAILED
+            time.sleep(POLL_S)
+        return EXIT_OK
+
+    # -- stopping --------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Router first (it drains), then batcher and health monitor, then all engines, then stragglers."""
+        if not self.services and not self.engines:
+            return
+        self.say("stopping")
+        for service in reversed(self.services):
+            self._stop_service(service)
+        threads = [
+            threading.Thread(target=engine.stop, args=(5.0 if self.hurry else ENGINE_STOP_GRACE_S,))
+            for engine in self.engines
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if self.engines:
+            self.say(f"{len(self.engines)} engines stopped")
+        left = state.tagged_pids(self.plan.state_dir)
+        if left:
+            self.say(f"killing {len(left)} leftover processes: {left}")
+            state.kill_pids(left)
+            state.wait_gone(left, 10.0)
+        self.say("stopped; no process left")
+
+    def _stop_service(self, service: Service) -> None:
+        proc = service.proc
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            grace = 2.0 if self.hurry else SERVICE_STOP_GRACE_S
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            self.say(f"{service.name} stopped")
+        else:
+            proc.wait()
+
+    # -- state file ------------------------------------------------------------------------------
+    def _write_state(self) -> None:
+        procs: list[dict[str, Any]] = []
+        for launch, engine in zip(self.plan.engines, self.engines, strict=False):
+            procs.append(
+                {
+                    "name": launch.name,
+                    "kind": "engine",
+                    "pid": engine.pid,
+                    "port": launch.port,
+                    "url": launch.url,
+                    "log": str(engine.log_file),
+                }
+            )
+        for service in self.services:
+            procs.append(
+                {
+                    "name": service.name,
+                    "kind": "service",
+                    "pid": service.proc.pid,
+                    "port": service.port,
+                    "url": service.url,
+                    "log": str(service.log),
+                }
+            )
+        state.write_state(
+            self.plan.state_dir,
+            {
+                "pid": os.getpid(),
+                "phase": self.phase,
+                "stack": self.plan.stack,
+                "source": self.plan.source,
+                "router_url": self.plan.router.url,
+                "base_url": self.plan.base_url,
+                "logs": str(self.plan.logs_dir),
+                "detached": self.detached,
+                "started_at": time.time() - (time.monotonic() - self.started),
+                "ready_s": round(time.monotonic() - self.started, 1) if self.phase == "ready" else None,
+                "banner": banner(self.plan, time.monotonic() - self.started, self.detached)
+                if self.phase == "ready"
+                else None,
+                "processes": procs,
+            },
+        )
