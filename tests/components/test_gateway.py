@@ -203,3 +203,16 @@ def test_runtime_images_must_be_pinned(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as err:
         load("latest", tmp_path)
     assert "gateway.router_image" in err.value.render() and "not pinned" in err.value.render()
+
+
+@pytest.mark.parametrize("ingress", ["none", "alb", "gateway-api"])
+def test_gateway_objects_pass_strict_validation_for_each_ingress(ingress: str) -> None:
+    import kubernetes_validate
+
+    raw = minimal()
+    raw["gateway"] = {"ingress": ingress, **({"hostname": "llm.example.com"} if ingress != "none" else {})}
+    spec = PlatformSpec.model_validate(raw)
+    for manifest in gateway.render(spec):
+        if manifest["apiVersion"].startswith("gateway.networking.k8s.io/"):
+            continue  # custom resources: checked in test_gateway_api_renders_...
+        kubernetes_validate.validate(manifest, f"{spec.cluster.kubernetes_version}.0", strict=True)

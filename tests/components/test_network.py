@@ -79,3 +79,14 @@ def test_with_gateway_api_the_router_accepts_only_the_gateway_proxies() -> None:
     ]
     proxies = policies["inferstack-gateway"]
     assert proxies["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 80}]
+
+
+@pytest.mark.parametrize("ingress", ["none", "alb", "gateway-api"])
+def test_every_policy_passes_strict_validation_for_each_ingress(ingress: str) -> None:
+    import kubernetes_validate
+
+    raw = minimal()
+    raw["gateway"] = {"ingress": ingress, **({"hostname": "llm.example.com"} if ingress != "none" else {})}
+    spec = PlatformSpec.model_validate(raw)
+    for policy in network.render(spec):
+        kubernetes_validate.validate(policy, f"{spec.cluster.kubernetes_version}.0", strict=True)

@@ -120,3 +120,46 @@ def test_observability_toggles_turn_objects_off() -> None:
     )
     kinds = {m["kind"] for m in observability.render(spec)}
     assert kinds == {"ServiceMonitor"}
+
+
+# Fields each custom resource's controller refuses to work without (from the CRDs' required lists).
+_REQUIRED: dict[str, tuple[tuple[str, ...], ...]] = {
+    "ScaledObject": (("spec", "scaleTargetRef", "name"), ("spec", "triggers")),
+    "ServiceMonitor": (("spec", "selector"), ("spec", "endpoints")),
+    "PrometheusRule": (("spec", "groups"),),
+    "Gateway": (("spec", "gatewayClassName"), ("spec", "listeners")),
+    "HTTPRoute": (("spec", "parentRefs"),),
+}
+
+
+def _at(obj: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        obj = obj[key]
+    return obj
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_custom_resources_carry_the_fields_their_controllers_require(name: str) -> None:
+    seen = set()
+    for manifest in _manifests(name):
+        required = _REQUIRED.get(manifest["kind"])
+        if required is None:
+            continue
+        seen.add(manifest["kind"])
+        for path in required:
+            assert _at(manifest, path), f"{manifest['kind']} {manifest['metadata']['name']}: {'.'.join(path)}"
+        if manifest["kind"] == "ScaledObject":
+            spec = manifest["spec"]
+            assert 0 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+            for trigger in spec["triggers"]:
+                assert {"serverAddress", "query", "threshold"} <= set(trigger["metadata"])
+                assert all(isinstance(v, str) for v in trigger["metadata"].values())  # KEDA wants strings
+        if manifest["kind"] == "PrometheusRule":
+            for group in manifest["spec"]["groups"]:
+                assert group["name"] and group["rules"]
+                names = [r["alert"] for r in group["rules"]]
+                assert len(names) == len(set(names)), f"duplicate alerts in {group['name']}"
+        if manifest["kind"] == "ServiceMonitor":
+            for endpoint in manifest["spec"]["endpoints"]:
+                assert endpoint["port"] and endpoint["path"].startswith("/")
+    assert {"ScaledObject", "ServiceMonitor", "PrometheusRule"} <= seen

@@ -148,3 +148,18 @@ def test_every_engine_has_a_disruption_budget(name: str) -> None:
         budget = budgets[f"{model.name}-engine"]["spec"]
         assert budget["maxUnavailable"] == 1
         assert budget["selector"]["matchLabels"]["app.kubernetes.io/name"] == f"{model.name}-engine"
+
+
+@pytest.mark.parametrize("autoscaler", ["keda", "hpa"])
+def test_built_in_scaling_objects_pass_strict_validation_in_both_modes(autoscaler: str) -> None:
+    import kubernetes_validate
+
+    raw = minimal()
+    raw["addons"] = {"autoscaler": autoscaler}
+    spec = PlatformSpec.model_validate(raw)
+    version = f"{spec.cluster.kubernetes_version}.0"
+    for model in spec.models:
+        for manifest in scaling.render(spec, model):
+            if manifest["apiVersion"].startswith("keda.sh/"):
+                continue  # a custom resource: its fields are checked above
+            kubernetes_validate.validate(manifest, version, strict=True)
