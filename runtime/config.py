@@ -205,6 +205,11 @@ class RouterSettings(_Strict):
         default=2_000, ge=100, description="How often the config and keys files are checked for changes."
     )
     access_log: bool = Field(default=False, description="Log one JSON line per request (costs ~10 us each).")
+    client_idle_timeout_s: int = Field(
+        default=75,
+        ge=1,
+        description="Close a client connection silent this long with nothing in flight (above the LB's 60 s).",
+    )
 
 
 class HealthSettings(_Strict):

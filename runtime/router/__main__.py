@@ -108,7 +108,7 @@ async def _reload_loop(router: Router, path: Path) -> None:
 async def serve(router: Router, config_path: Path | None, ready: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or cancellation), then drain."""
     s = router.cfg.router
-    server = Server(router.handle, s.max_body_bytes)
+    server = Server(router.handle, s.max_body_bytes, s.client_idle_timeout_s)
     await router.fleet.start()
     port = router.port = await server.start(s.host, s.port)
     log.info("router listening", extra={"host": s.host, "port": port, "models": list(router.fleet.models)})

@@ -130,6 +130,7 @@ class Router:
         self._rid_counter = 0
         self._configure(cfg)
         self.metrics.attach_live(self.snapshot)
+        self.fleet.on_departed = self.metrics.forget_backend
 
     def _configure(self, cfg: RuntimeConfig) -> None:
         s = cfg.router

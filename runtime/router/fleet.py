@@ -51,6 +51,7 @@ class ModelState:
         if route.batcher_url is not None and target.task is Task.EMBED:
             self.batcher = self._new_backend(str(route.batcher_url).rstrip("/"), cap=1 << 30)
         self.probe_failures: dict[str, int] = {}
+        self.on_departed: Callable[[str, str], None] | None = None  # (model, url), e.g. to drop metrics
 
     def _new_backend(self, url: str, cap: int | None = None) -> Backend:
         s = self.settings
@@ -70,6 +71,9 @@ class ModelState:
         for url, b in old.items():
             if url not in urls:
                 b.pool.close()
+                self.probe_failures.pop(url, None)
+                if self.on_departed is not None:
+                    self.on_departed(self.name, url)
         self.backends = fresh
         self.by_url = {b.url: b for b in fresh}
         self.queue.wake_all()  # new capacity, or nothing left: waiters re-decide
@@ -85,6 +89,7 @@ class Fleet:
         self.cfg = cfg
         self.discover = discover
         self.models: dict[str, ModelState] = {}
+        self.on_departed: Callable[[str, str], None] | None = None
         self._watches: dict[str, tuple[ModelTarget, asyncio.Task[None]]] = {}
         self._signals_task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -98,14 +103,23 @@ class Fleet:
         fresh: dict[str, ModelState] = {}
         for target in cfg.models:
             state = ModelState(target, cfg.route(target.name), cfg.router)
+            state.on_departed = self._departed
             old = self.models.get(target.name)
-            if old is not None and old.target == target:
+            same_source = old is not None and (old.target.discovery, old.target.static_backends) == (
+                target.discovery,
+                target.static_backends,
+            )
+            if old is not None and same_source:  # keep replicas (and what we learned) across a reload
                 state.set_backends([b.url for b in old.backends], old.by_url)
             fresh[target.name] = state
         self.models = fresh
         with contextlib.suppress(RuntimeError):  # no loop yet: start() will start the watches
             asyncio.get_running_loop()
             self._sync_watches()
+
+    def _departed(self, model: str, url: str) -> None:
+        if self.on_departed is not None:
+            self.on_departed(model, url)
 
     def _sync_watches(self) -> None:
         for name, (target, task) in list(self._watches.items()):

@@ -93,6 +93,12 @@ class RouterMetrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
+    def forget_backend(self, model: str, backend: str) -> None:
+        """Drop a departed replica's series, so pod churn does not grow /metrics without bound."""
+        for key in [k for k in self._children if k[0] == id(self.requests) and k[1:3] == (model, backend)]:
+            del self._children[key]
+            self.requests.remove(*key[1:])
+
     def request(self, model: str, backend: str, status: int, duration_s: float) -> None:
         self._child(self.requests, model, backend, str(status)).inc()
         if duration_s >= 0:

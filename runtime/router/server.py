@@ -13,7 +13,9 @@ when the client goes away (which is how a disconnect reaches the engine).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -78,6 +80,7 @@ class Connection(asyncio.Protocol):
         self.idle = True  # no request in flight (graceful shutdown closes idle connections at once)
         self._chunked = False
         self._keep_alive = True
+        self.last_active = time.monotonic()
 
     # --- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -85,6 +88,7 @@ class Connection(asyncio.Protocol):
         self._connections.add(self)
 
     def data_received(self, data: bytes) -> None:
+        self.last_active = time.monotonic()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -247,6 +251,12 @@ class Connection(asyncio.Protocol):
             self._transport.close()
         self.closed = True
 
+    def idle_for(self, now: float) -> float:
+        """Seconds since the client last sent anything, or 0 while a request is being handled."""
+        if self._task is not None:
+            return 0.0
+        return now - self.last_active
+
     def peer(self) -> Any:
         return self._transport.get_extra_info("peername") if self._transport else None
 
@@ -254,11 +264,13 @@ class Connection(asyncio.Protocol):
 class Server:
     """The listener; :meth:`shutdown` stops accepting and closes connections as they go idle."""
 
-    def __init__(self, handler: Handler, max_body_bytes: int) -> None:
+    def __init__(self, handler: Handler, max_body_bytes: int, idle_timeout_s: float = 75.0) -> None:
         self.handler = handler
         self.max_body_bytes = max_body_bytes
+        self.idle_timeout_s = idle_timeout_s
         self.connections: set[Connection] = set()
         self._server: asyncio.base_events.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
@@ -269,10 +281,32 @@ class Server:
             backlog=2048,
             reuse_address=True,
         )
+        self._sweeper = loop.create_task(self._sweep())
         sock = self._server.sockets[0]
         return int(sock.getsockname()[1])
 
+    async def _sweep(self) -> None:
+        """Close connections that went silent with nothing in flight (abandoned keep-alives, or
+        clients that stopped half-way through a request): one pass every few seconds, no timer per
+        connection on the hot path."""
+        period = min(5.0, self.idle_timeout_s / 2)
+        while True:
+            await asyncio.sleep(period)
+            self.close_silent(time.monotonic())
+
+    def close_silent(self, now: float) -> int:
+        closed = 0
+        for conn in list(self.connections):
+            if conn.idle_for(now) > self.idle_timeout_s:
+                conn.close()
+                closed += 1
+        return closed
+
     async def stop_accepting(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         if self._server is not None:
             self._server.close()
 

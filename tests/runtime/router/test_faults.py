@@ -70,7 +70,9 @@ def test_retry_budget_caps_retries(doubles, make_router) -> None:
 def test_hang_before_first_byte_times_out_and_is_retried(doubles, make_router) -> None:
     hung, good = doubles(2)
     hung.mode = "hang"
-    r = make_router([hung.url, good.url], default_strategy={"name": "round_robin"}, first_byte_timeout_ms=1000)
+    r = make_router(
+        [hung.url, good.url], default_strategy={"name": "round_robin"}, first_byte_timeout_ms=1000
+    )
     for _ in range(2):
         assert r.request("POST", "/v1/chat/completions", CHAT)[0] == 200
     assert len(hung.requests) >= 1

@@ -62,6 +62,8 @@ def test_discovered_replicas_are_followed_without_restart(doubles, lt) -> None:
         for _ in range(5):
             assert rut.request("POST", "/v1/chat/completions", CHAT)[0] == 200
         assert len(a.requests) == before and len(b.requests) == 5
+        metrics = rut.request("GET", "/metrics")[2].decode()
+        assert f'backend="{b.url}"' in metrics and f'backend="{a.url}"' not in metrics  # departed: forgotten
     finally:
         rut.stop()
 
