@@ -105,8 +105,19 @@ def _number(value: float) -> str:
 
 
 def router_queue(spec: PlatformSpec, model: ModelSpec) -> str:
-    """Requests the router holds for this model: the only signal there is while it has no replicas."""
+    """Requests the router holds for this model (a dashboard and alert signal)."""
     return f'sum(inferstack_router_queue_depth{{namespace="{spec.cluster.namespace}",model="{model.name}"}})'
+
+
+def router_demand(spec: PlatformSpec, model: ModelSpec) -> str:
+    """Demand the engines cannot see: requests waiting in the router, plus requests it turned away for want of
+    a replica (per second over the rate window). The only signal there is while a model has zero replicas,
+    so it is what wakes a model from zero."""
+    refused = (
+        f'sum(rate(inferstack_router_rejections_total{{namespace="{spec.cluster.namespace}",'
+        f'model="{model.name}",reason="no_backend"}}[{signals.RATE_WINDOW}]))'
+    )
+    return f"({router_queue(spec, model)} or on() vector(0)) + ({refused} or on() vector(0))"
 
 
 @dataclass(frozen=True)
@@ -123,7 +134,7 @@ def triggers(spec: PlatformSpec, model: ModelSpec) -> list[Trigger]:
     t = thresholds(model)
     out = [
         Trigger("queued", signals.total(spec, model, Signal.QUEUED), t.queue_per_replica, "AverageValue"),
-        Trigger("router-queue", router_queue(spec, model), t.queue_per_replica, "AverageValue"),
+        Trigger("router-queue", router_demand(spec, model), t.queue_per_replica, "AverageValue"),
         Trigger("kv-cache", signals.average(spec, model, Signal.KV_USAGE), t.kv_cache_usage, "Value"),
     ]
     if signals.has(model, Signal.TTFT):

@@ -94,7 +94,10 @@ def test_scale_to_zero_models_wake_on_the_router_queue_and_sleep_after_their_idl
         assert obj["minReplicaCount"] == 0
         assert obj["cooldownPeriod"] == model.scaling.idle_before_zero_s
         router = next(t for t in obj["triggers"] if t["name"] == "router-queue")
-        assert "inferstack_router_queue_depth" in router["metadata"]["query"]
+        query = router["metadata"]["query"]
+        assert "inferstack_router_queue_depth" in query
+        # With zero replicas the router refuses at once (503 no_backend): that refusal is demand too.
+        assert 'reason="no_backend"' in query and f'model="{model.name}"' in query
 
 
 def test_sglang_triggers_use_sglang_metric_names() -> None:
