@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from components.render import common, hardening
 from components.render.common import Manifest
-from components.render.runtime_config import has_batcher, runtime_config
+from components.render.runtime_config import has_batcher, lb_idle_timeout_s, runtime_config
 from components.spec import IngressKind, PlatformSpec
 from runtime.config import ApiKey, RuntimeConfig
 
@@ -308,8 +308,9 @@ def hash_api_keys(raw: str, source: str) -> str:
 
 def _alb_annotations(spec: PlatformSpec) -> dict[str, str]:
     router = runtime_config(spec).router
-    # Streams may be quiet until the first token; the ALB must not cut them earlier than the router would.
-    idle_s = max(router.first_byte_timeout_ms, router.stream_idle_timeout_ms) // 1000 + 5
+    # Streams may be quiet until the first token; the ALB must not cut them earlier than the router would,
+    # and the router keeps client connections open longer than this (client_idle_timeout_s).
+    idle_s = lb_idle_timeout_s()
     return {
         "alb.ingress.kubernetes.io/scheme": "internet-facing",
         "alb.ingress.kubernetes.io/target-type": "ip",

@@ -94,6 +94,22 @@ def _batching(model: ModelSpec) -> BatchingPolicy:
     return BatchingPolicy(model=model.name, max_batch_size=size, max_batch_tokens=tokens)
 
 
+LB_IDLE_MARGIN_S = 5
+"""Seconds between the router's budgets, the load balancer's idle timeout and the router's client keep-alive."""
+
+
+def lb_idle_timeout_s() -> int:
+    """The load balancer's idle timeout: longer than the router waits for a first byte or a stream chunk."""
+    router = RouterSettings()
+    return max(router.first_byte_timeout_ms, router.stream_idle_timeout_ms) // 1000 + LB_IDLE_MARGIN_S
+
+
+def client_idle_timeout_s() -> int:
+    """The router keeps idle client connections open longer than the load balancer does, so the load balancer
+    never reuses a connection the router already closed (a 502)."""
+    return lb_idle_timeout_s() + LB_IDLE_MARGIN_S
+
+
 def runtime_config(
     spec: PlatformSpec, static_backends: Mapping[str, Sequence[str]] | None = None
 ) -> RuntimeConfig:
@@ -105,6 +121,7 @@ def runtime_config(
             "require_api_key": spec.gateway.require_api_key,
             "api_keys_file": keys_file,
             "health_feed_url": f"{service_url(spec, common.HEALTH, health_port())}/v1/backends",
+            "client_idle_timeout_s": client_idle_timeout_s(),
         }
     )
     return RuntimeConfig(

@@ -161,6 +161,14 @@ def test_prod_enters_through_an_alb_ingress_to_the_router() -> None:
     assert ann["alb.ingress.kubernetes.io/scheme"] == "internet-facing"
     assert '"HTTPS": 443' in ann["alb.ingress.kubernetes.io/listen-ports"]
     assert ann["alb.ingress.kubernetes.io/healthcheck-path"] == "/readyz"
+    idle = int(
+        ann["alb.ingress.kubernetes.io/load-balancer-attributes"]
+        .split("idle_timeout.timeout_seconds=")[1]
+        .split(",")[0]
+    )
+    router = runtime_config(load("prod").spec).router
+    assert idle * 1000 > max(router.first_byte_timeout_ms, router.stream_idle_timeout_ms)
+    assert router.client_idle_timeout_s > idle, "the router must outlive the ALB's idle connections"
     assert ingress["spec"]["ingressClassName"] == "alb"
     [rule] = ingress["spec"]["rules"]
     assert rule["host"] == "llm.example.com"
