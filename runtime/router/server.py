@@ -134,6 +134,8 @@ class Connection(asyncio.Protocol):
         length = self._headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self._max_body:
             self._too_large = True
+        elif self._headers.get(b"expect", b"").lower() == b"100-continue" and self._transport is not None:
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits 1 s for this otherwise
 
     def on_body(self, body: bytes) -> None:
         if self._too_large:

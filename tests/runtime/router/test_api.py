@@ -178,3 +178,19 @@ def test_silent_connections_are_swept_but_busy_ones_are_not(doubles, make_router
     half.close()
     assert resp.read().rstrip().endswith(b"data: [DONE]")  # the streaming one was left alone
     busy.close()
+
+
+def test_expect_100_continue_is_answered(doubles, make_router) -> None:
+    import socket
+
+    (d,) = doubles(1)
+    r = make_router([d.url])
+    body = json.dumps(CHAT).encode()
+    with socket.create_connection(("127.0.0.1", r.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
+        assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(body)
+        assert sock.recv(1000).startswith(b"HTTP/1.1 200")
