@@ -27,7 +27,7 @@ HOST = "127.0.0.1"
 DEFAULT_ROUTER_PORT = 8080
 DEFAULT_HEALTH_PORT = 8081
 DEFAULT_BATCHER_PORT = 8082
-DEFAULT_ENGINE_PORT = 8100
+DEFAULT_ENGINE_PORT = 8000
 DEFAULT_STATE_DIR = Path(".local")
 #: Generated models live here; a missing model directory elsewhere is the user's to provide.
 GENERATED_MODELS_DIR = Path(".cache/models")
@@ -142,10 +142,10 @@ class LocalPlan:
         return self.state_dir / "runtime.yaml"
 
     def ports(self) -> list[tuple[int, str, str]]:
-        """(port, what listens there, how to change it), services first."""
-        out = [(s.port, s.name, s.option) for s in self.services]
-        out += [(e.port, f"engine {e.name}", "--engine-port") for e in self.engines]
-        return out
+        """(port, what listens there, the option that changes it): the router first, engines last."""
+        return [(s.port, s.name, s.option) for s in reversed(self.services)] + [
+            (e.port, f"engine {e.name}", "--engine-port") for e in self.engines
+        ]
 
 
 def _problem(stack: Stack, where: str, message: str) -> PlanError:
@@ -250,7 +250,11 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     if rendered.has_batcher(spec):
         services.append(ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port"))
     services.append(ServiceLaunch("router", "runtime.router", options.router_port, "--port"))
-    plan = LocalPlan(
+    check_ports(
+        [(s.port, s.name, s.option) for s in services]
+        + [(e.port, f"engine {e.name}", "--engine-port") for e in engines]
+    )
+    return LocalPlan(
         stack=stack.name,
         source=stack.source,
         state_dir=options.state_dir,
@@ -261,14 +265,12 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         generate_models=tuple(m.name for m in spec.models if m.resolved_task() is not Task.EMBED),
         embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
     )
-    check_ports(plan)
-    return plan
 
 
-def check_ports(plan: LocalPlan) -> None:
-    """Every listener needs its own valid port."""
+def check_ports(ports: Sequence[tuple[int, str, str]]) -> None:
+    """Every listener needs its own valid port: ``(port, what listens, the option that changes it)``."""
     seen: dict[int, str] = {}
-    for port, what, option in plan.ports():
+    for port, what, option in ports:
         if not 1 <= port <= 65535:
             raise PlanError(f"port {port} for {what} is outside 1-65535; change it with {option}")
         if port in seen:

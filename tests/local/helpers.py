@@ -1,0 +1,97 @@
+"""Running `inferstack local` as a user would, and finding every process a local stack left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from components.local import state
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port_block(count: int) -> int:
+    """The first of ``count`` consecutive ports that are free right now."""
+    for _ in range(200):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            base = int(sock.getsockname()[1])
+        if base + count >= 65000:
+            continue
+        socks = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no block of free ports")
+
+
+def port_args(base: int, engines_base: int) -> list[str]:
+    return [
+        "--port", str(base), "--health-port", str(base + 1), "--batcher-port", str(base + 2),
+        "--engine-port", str(engines_base),
+    ]  # fmt: skip
+
+
+def local_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "components.local", *args]
+
+
+def run_local(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        local_cmd(*args), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def stack_pids(state_dir: Path) -> set[int]:
+    """Every live process of the stack: the supervisor, what state.json lists, whatever carries the tag."""
+    pids = set(state.tagged_pids(state_dir))
+    current = state.read_state(state_dir) or {}
+    if current.get("pid"):
+        pids.add(int(current["pid"]))
+    pids |= {int(p["pid"]) for p in current.get("processes", []) if p.get("pid")}
+    return {p for p in pids if state.pid_alive(p)}
+
+
+def assert_nothing_left(state_dir: Path, known: set[int]) -> None:
+    alive = {p for p in known if state.pid_alive(p)} | set(state.tagged_pids(state_dir))
+    assert not alive, f"processes left behind: {sorted(alive)}"
+    assert state.running_pid(state_dir) is None
+    assert state.read_state(state_dir) is None
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def post_json(url: str, body: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        result: dict[str, Any] = json.loads(response.read())
+        return result
+
+
+def environment(**extra: str) -> dict[str, str]:
+    return {**os.environ, **extra}

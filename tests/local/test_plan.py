@@ -1,0 +1,165 @@
+"""The process plan and the local runtime config: pure functions, no processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.local.plan import (
+    HOST,
+    LocalOptions,
+    PlanError,
+    banner,
+    build_plan,
+    describe,
+    model_preps,
+    pick_cpus,
+)
+from components.local.supervisor import StartError, check_ports_free
+from components.render.runtime_config import runtime_config
+from components.stackfile import Stack, load, validate
+from runtime.config import Task
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def local_stack() -> Stack:
+    return load("local", REPO / "stacks")
+
+
+def stack_from(raw: dict) -> Stack:
+    spec, layout = validate(raw, "stacks/Pulumi.test.yaml")
+    return Stack(name="test", source="stacks/Pulumi.test.yaml", spec=spec, layout=layout, config={})
+
+
+def raw_local() -> dict:
+    doc = yaml.safe_load((REPO / "stacks" / "Pulumi.local.yaml").read_text())
+    return doc["config"]["inferstack:platform"]
+
+
+def test_the_local_stack_plans_engines_then_health_batcher_router() -> None:
+    plan = build_plan(local_stack(), LocalOptions(cpus=(0, 1)), REPO)
+    assert [e.name for e in plan.engines] == ["tiny-llama-0", "tiny-llama-1", "all-minilm-l6-v2-0"]
+    assert [e.port for e in plan.engines] == [8000, 8001, 8002]
+    assert [e.cpu_cores for e in plan.engines] == ["0", "1", "0"]  # each engine its own core, in turn
+    assert [e.mode for e in plan.engines] == ["generate", "generate", "embed"]
+    assert [s.name for s in plan.services] == ["health", "batcher", "router"]
+    assert plan.router.port == 8080
+    assert plan.base_url == "http://127.0.0.1:8080/v1"
+    chat = plan.engines[0]
+    assert chat.max_model_len == 2048 and chat.enable_prefix_caching is True
+    assert chat.extra_args[:2] == ("--max-num-seqs", "32")
+    assert plan.engines[2].enable_prefix_caching is None
+    assert all(p.generate for p in plan.models)  # under .cache/models: made when missing
+    assert len(describe(plan)) == 1 + 3 + 3
+
+
+def test_local_config_is_the_cluster_config_with_local_addresses() -> None:
+    stack = local_stack()
+    plan = build_plan(
+        stack, LocalOptions(router_port=9000, health_port=9001, batcher_port=9002, engine_port=9100), REPO
+    )
+    local = plan.config
+    cluster = runtime_config(stack.spec)
+    # Same renderer: routes, strategies, batching, caps are identical; only addresses differ.
+    assert [r.strategy for r in local.router.routes] == [r.strategy for r in cluster.router.routes]
+    assert local.batcher.policies == cluster.batcher.policies
+    assert [
+        (m.name, m.task, m.max_concurrency_per_backend, m.max_model_len_tokens) for m in local.models
+    ] == [(m.name, m.task, m.max_concurrency_per_backend, m.max_model_len_tokens) for m in cluster.models]
+    assert all(m.discovery is not None for m in cluster.models)
+    assert all(m.discovery is None for m in local.models)
+    urls = {m.name: [str(b.url).rstrip("/") for b in m.static_backends] for m in local.models}
+    assert urls == {
+        "tiny-llama": ["http://127.0.0.1:9100", "http://127.0.0.1:9101"],
+        "all-minilm-l6-v2": ["http://127.0.0.1:9102"],
+    }
+    assert (local.router.host, local.router.port) == (HOST, 9000)
+    assert (local.health.host, local.health.port) == (HOST, 9001)
+    assert (local.batcher.host, local.batcher.port) == (HOST, 9002)
+    assert str(local.router.health_feed_url) == "http://127.0.0.1:9001/v1/backends"
+    embed = next(r for r in local.router.routes if r.model == "all-minilm-l6-v2")
+    assert str(embed.batcher_url).rstrip("/") == "http://127.0.0.1:9002"
+    assert local.health.kubernetes_events is False and local.health.remediate_after_s is None
+    assert {m.task for m in local.models} == {Task.GENERATE, Task.EMBED}
+
+
+def test_no_embedding_model_means_no_batcher_and_min_replicas_zero_still_starts_one() -> None:
+    raw = raw_local()
+    raw["models"] = [raw["models"][0]]
+    raw["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 2}
+    plan = build_plan(stack_from(raw), LocalOptions(), REPO)
+    assert [s.name for s in plan.services] == ["health", "router"]
+    assert len(plan.engines) == 1
+    assert "embeddings" not in banner(plan, 1.0, detached=False)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (LocalOptions(router_port=8081), "port 8081 is planned for both health and router"),
+        (LocalOptions(engine_port=8079), "port 8080 is planned for both router and engine tiny-llama-1"),
+        (LocalOptions(engine_port=65534), "outside 1-65535; change it with --engine-port"),
+    ],
+)
+def test_port_clashes_are_refused_with_the_option_to_change(options: LocalOptions, message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        build_plan(local_stack(), options, REPO)
+
+
+def test_only_target_local_stacks_run_here() -> None:
+    with pytest.raises(PlanError, match=r"Pulumi.prod.yaml: target: eks: .*target: local.*pulumi up -s prod"):
+        build_plan(load("prod", REPO / "stacks"), LocalOptions(), REPO)
+
+
+def test_a_hub_model_is_refused_with_the_fix() -> None:
+    raw = raw_local()
+    raw["models"][0]["source"] = "meta-llama/Llama-3.1-8B-Instruct"
+    with pytest.raises(PlanError, match=r"models\[0\].source: .*not a directory on this machine"):
+        build_plan(stack_from(raw), LocalOptions(), REPO)
+
+
+def test_api_keys_are_refused_locally() -> None:
+    raw = raw_local()
+    raw["gateway"]["require_api_key"] = True
+    with pytest.raises(PlanError, match=r"gateway\.require_api_key"):
+        build_plan(stack_from(raw), LocalOptions(), REPO)
+
+
+def test_models_outside_the_cache_are_the_users_to_provide(tmp_path: Path) -> None:
+    raw = raw_local()
+    raw["models"][0]["source"] = str(tmp_path / "my-model")
+    preps = model_preps(stack_from(raw).spec, REPO)
+    assert [(p.kind, p.generate) for p in preps] == [("chat", False), ("embed", True)]
+    assert preps[0].path == tmp_path / "my-model"
+
+
+def test_banner_has_url_curl_and_openai_snippet() -> None:
+    plan = build_plan(local_stack(), LocalOptions(router_port=9090, engine_port=9100), REPO)
+    text = banner(plan, 61.2, detached=True)
+    assert "ready in 61s" in text
+    assert "http://127.0.0.1:9090/v1" in text
+    assert "curl -s http://127.0.0.1:9090/v1/chat/completions" in text
+    assert 'OpenAI(base_url="http://127.0.0.1:9090/v1"' in text
+    assert 'model="all-minilm-l6-v2"' in text
+    assert "inferstack local status|logs|down" in text
+    assert "Ctrl-C" in banner(plan, 1.0, detached=False)
+
+
+def test_a_port_in_use_is_a_usage_error_naming_port_and_option() -> None:
+    plan = build_plan(local_stack(), LocalOptions(), REPO)
+    with pytest.raises(StartError) as caught:
+        check_ports_free(plan, in_use=lambda port: port == 8080)
+    assert caught.value.exit_code == 2
+    assert "port 8080 on 127.0.0.1 is already in use" in str(caught.value)
+    assert "--port N" in str(caught.value) and "make local PORT=" in str(caught.value)
+    with pytest.raises(StartError, match=r"engine tiny-llama-1.*--engine-port N"):
+        check_ports_free(plan, in_use=lambda port: port == 8001)
+    check_ports_free(plan, in_use=lambda port: False)
+
+
+def test_cpus_come_from_the_affinity_mask() -> None:
+    assert pick_cpus(lambda: {3, 1}) == (1, 3)
+    assert pick_cpus(set) == (0,)
