@@ -52,5 +52,24 @@ schema: venv
 plan: venv
 	$(BIN)/inferstack plan -s $(STACK) --out build/$(STACK)
 
+## local ---------------------------------------------------------------------------------------
+# The data plane of stacks/Pulumi.local.yaml on this machine: real vLLM on CPU behind the router on
+# http://127.0.0.1:8080. Foreground (Ctrl-C stops everything); DETACH=1 runs it in the background
+# (then `make local-status`, `make local-logs`, `make local-down`). PORT=N moves the router;
+# LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the state directory.
+.PHONY: local local-down local-status local-logs
+LOCAL_STATE_ARG = $(if $(LOCAL_STATE),--state-dir $(LOCAL_STATE))
+local: venv engine-venv
+	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(DETACH),--detach) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
+
+local-down: venv
+	$(BIN)/inferstack local down $(LOCAL_STATE_ARG)
+
+local-status: venv
+	$(BIN)/inferstack local status $(LOCAL_STATE_ARG)
+
+local-logs: venv
+	$(BIN)/inferstack local logs $(LOCAL_STATE_ARG)
+
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache
