@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components import catalog, sizing
+from components.aws import decisions
 from components.placement import Layout, Placement, PoolPlan
 from components.spec import CapacityType, PlatformSpec, Target
 
@@ -105,21 +106,45 @@ def pool_cost(pool: PoolPlan) -> LineItem:
     )
 
 
-def fixed_costs(spec: PlatformSpec) -> list[LineItem]:
-    """What an EKS environment costs before any GPU: control plane, system nodes, NAT gateways."""
+def root_volume_usd_month(group: decisions.NodeGroupPlan) -> float:
+    """One node's gp3 root disk: size, plus IOPS and throughput bought above the gp3 baseline."""
+    return (
+        group.root_disk_gib * catalog.EBS_GP3_USD_PER_GIB_MONTH
+        + max(0, group.disk_iops - decisions.GP3_BASELINE_IOPS) * catalog.EBS_GP3_USD_PER_IOPS_MONTH
+        + max(0, group.disk_throughput_mibps - decisions.GP3_BASELINE_THROUGHPUT_MIBPS)
+        * catalog.EBS_GP3_USD_PER_MIBPS_MONTH
+    )
+
+
+def fixed_costs(spec: PlatformSpec, layout: Layout | None = None) -> list[LineItem]:
+    """What the AWS layer costs besides GPU instances, read from the same decisions that build it: control
+    plane, system nodes, NAT gateways, node root disks (GPU pools' too, with ``layout``), the secrets key."""
     if spec.target is not Target.EKS:
         return []
     month = catalog.HOURS_PER_MONTH
+    system = decisions.system_node_group(spec)
+    nats = decisions.network_plan(spec).nat_gateways
+    nodes = catalog.SYSTEM_INSTANCE_USD_PER_HOUR * month
+    eks = catalog.EKS_CONTROL_PLANE_USD_PER_HOUR * month
+    kms = catalog.KMS_KEY_USD_PER_MONTH
     items = [
-        ("EKS control plane", "eks", catalog.EKS_CONTROL_PLANE_USD_PER_HOUR),
-        (
-            f"system nodes ({SYSTEM_NODES} x {catalog.SYSTEM_INSTANCE_TYPE})",
+        LineItem("EKS control plane", "eks", eks, eks),
+        LineItem(
+            f"system nodes ({system.min_size}-{system.max_size} x {catalog.SYSTEM_INSTANCE_TYPE})",
             "system-nodes",
-            SYSTEM_NODES * catalog.SYSTEM_INSTANCE_USD_PER_HOUR,
+            nodes * system.min_size,
+            nodes * system.max_size,
         ),
-        (f"NAT gateways ({NAT_GATEWAYS})", "nat", NAT_GATEWAYS * catalog.NAT_GATEWAY_USD_PER_HOUR),
     ]
-    return [LineItem(name, kind, usd * month, usd * month) for name, kind, usd in items]
+    if nats:
+        nat = nats * catalog.NAT_GATEWAY_USD_PER_HOUR * month
+        items.append(LineItem(f"NAT gateways ({nats}, hourly; data processed not included)", "nat", nat, nat))
+    groups = decisions.node_groups(spec, layout) if layout is not None else [system]
+    disks_min = sum(root_volume_usd_month(g) * g.min_size for g in groups)
+    disks_max = sum(root_volume_usd_month(g) * g.max_size for g in groups)
+    items.append(LineItem("node root disks (gp3)", "ebs", disks_min, disks_max))
+    items.append(LineItem("KMS key (Secrets encryption)", "kms", kms, kms))
+    return items
 
 
 @dataclass(frozen=True)
@@ -137,7 +162,7 @@ class StackCost:
 
 
 def stack_cost(spec: PlatformSpec, layout: Layout) -> StackCost:
-    items = [pool_cost(p) for p in layout.pools.values()] + fixed_costs(spec)
+    items = [pool_cost(p) for p in layout.pools.values()] + fixed_costs(spec, layout)
     models = [model_cost(spec, layout, m.name) for m in spec.models]
     return StackCost(tuple(items), tuple(models))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pulumi
 
+from components.aws.layer import AwsLayer
 from components.platform import InferencePlatform, PlatformSecrets
 from components.problems import SpecError
 from components.spec import Target
@@ -28,7 +29,13 @@ def run() -> InferencePlatform:
         )
     token_key = spec.huggingface_token_config_key
     secrets = PlatformSecrets(huggingface_token=config.require_secret(token_key) if token_key else None)
-    platform = InferencePlatform(spec, layout, secrets)
+    kubernetes: pulumi.ResourceOptions | None = None
+    if spec.target is Target.EKS:
+        # AWS first; every Kubernetes resource then goes to the new cluster through its provider.
+        aws_layer = AwsLayer(spec, layout, pulumi.get_stack())
+        aws_layer.export()
+        kubernetes = aws_layer.kubernetes_options()
+    platform = InferencePlatform(spec, layout, secrets, kubernetes)
     pulumi.export("namespace", spec.cluster.namespace)
     pulumi.export("models", [m.name for m in spec.models])
     return platform

@@ -1,0 +1,197 @@
+"""The EKS control plane: KMS-encrypted Secrets, logs, endpoint access, access entries, managed add-ons,
+and the Kubernetes provider every Kubernetes resource of the stack uses.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from components.aws import decisions, identity, policies
+from components.spec import PlatformSpec
+
+KMS_DELETION_WINDOW_DAYS = 30
+
+
+def kubeconfig(cluster_name: str, endpoint: str, ca_data: str, region: str) -> dict[str, Any]:
+    """A kubeconfig that authenticates with ``aws eks get-token`` (the caller's AWS identity, no static secret)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": cluster_name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data}}
+        ],
+        "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": cluster_name}}],
+        "current-context": cluster_name,
+        "users": [
+            {
+                "name": cluster_name,
+                "user": {
+                    "exec": {
+                        "apiVersion": "client.authentication.k8s.io/v1beta1",
+                        "command": "aws",
+                        "args": [
+                            "eks",
+                            "get-token",
+                            "--cluster-name",
+                            cluster_name,
+                            "--region",
+                            region,
+                            "--output",
+                            "json",
+                        ],
+                        "interactiveMode": "Never",
+                    }
+                },
+            }
+        ],
+    }
+
+
+def _role_short_name(arn: str) -> str:
+    return arn.rsplit("/", 1)[-1].lower()
+
+
+class Cluster(pulumi.ComponentResource):
+    """``aws.eks.Cluster`` with its role, key, log group and admins; ``provider`` talks to it."""
+
+    cluster: aws.eks.Cluster
+    provider: k8s.Provider
+    kubeconfig: pulumi.Output[str]
+
+    def __init__(
+        self,
+        spec: PlatformSpec,
+        subnet_ids: Sequence[pulumi.Input[str]],
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        name = spec.cluster_name
+        super().__init__("inferstack:aws:Cluster", name, None, opts)
+        self.spec, self.tags = spec, tags
+        region = spec.cluster.region
+        child = pulumi.ResourceOptions(parent=self)
+        key = aws.kms.Key(
+            f"{name}-secrets",
+            description=f"Envelope encryption of Kubernetes Secrets in EKS cluster {name}",
+            enable_key_rotation=True,
+            deletion_window_in_days=KMS_DELETION_WINDOW_DAYS,
+            tags=tags,
+            opts=child,
+        )
+        aws.kms.Alias(
+            f"{name}-secrets", name=f"alias/{name}-eks-secrets", target_key_id=key.key_id, opts=child
+        )
+        log_group = aws.cloudwatch.LogGroup(
+            f"{name}-control-plane",
+            # EKS writes to this exact name; creating it first lets us set retention and tags.
+            name=f"/aws/eks/{name}/cluster",
+            retention_in_days=spec.cluster.control_plane_log_retention_days,
+            tags=tags,
+            opts=child,
+        )
+        role = identity.ServiceRole(
+            f"{name}-cluster",
+            policies.cluster_trust(),
+            region,
+            tags,
+            child,
+            managed=policies.CLUSTER_MANAGED_POLICIES,
+            inline={
+                "secrets-encryption": key.arn.apply(
+                    lambda arn: policies.dumps(policies.cluster_encryption(arn))
+                )
+            },
+            description=f"EKS control plane of {name}",
+        )
+        self.cluster = aws.eks.Cluster(
+            name,
+            name=name,
+            role_arn=role.arn,
+            version=spec.cluster.kubernetes_version,
+            vpc_config=aws.eks.ClusterVpcConfigArgs(
+                subnet_ids=list(subnet_ids),
+                endpoint_private_access=True,
+                endpoint_public_access=spec.cluster.endpoint_public_access,
+            ),
+            encryption_config=aws.eks.ClusterEncryptionConfigArgs(
+                provider=aws.eks.ClusterEncryptionConfigProviderArgs(key_arn=key.arn),
+                resources=["secrets"],
+            ),
+            enabled_cluster_log_types=list(decisions.CONTROL_PLANE_LOG_TYPES),
+            access_config=aws.eks.ClusterAccessConfigArgs(
+                authentication_mode="API",
+                # The identity running `pulumi up` must reach the API to create the Kubernetes resources.
+                bootstrap_cluster_creator_admin_permissions=True,
+            ),
+            # vpc-cni, kube-proxy and coredns come as managed add-ons below, versioned with the cluster.
+            bootstrap_self_managed_addons=False,
+            # Standard support only: extended support costs six times the control-plane price.
+            upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type="STANDARD"),
+            tags=tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[log_group, role]),
+        )
+        self.name: pulumi.Output[str] = self.cluster.name
+        admins = self._admins(spec)
+        self.addons = {a: self.addon(a) for a in decisions.ADDONS_BEFORE_NODES}
+        ca = self.cluster.certificate_authority.apply(lambda c: (c.data if c else None) or "")
+        self.kubeconfig = pulumi.Output.secret(
+            pulumi.Output.all(self.cluster.name, self.cluster.endpoint, ca).apply(
+                lambda args: json.dumps(kubeconfig(str(args[0]), str(args[1] or ""), str(args[2]), region))
+            )
+        )
+        self.provider = k8s.Provider(
+            name,
+            kubeconfig=self.kubeconfig,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.cluster, *admins]),
+        )
+        self.register_outputs({"name": self.cluster.name, "kubeconfig": self.kubeconfig})
+
+    def _admins(self, spec: PlatformSpec) -> list[pulumi.Resource]:
+        """Cluster-admin access entries for the spec's admin roles."""
+        out: list[pulumi.Resource] = []
+        policy = policies.access_policy_arn(spec.cluster.region, policies.EKS_CLUSTER_ADMIN_POLICY)
+        for arn in spec.cluster.admin_role_arns:
+            resource = f"{spec.cluster_name}-admin-{_role_short_name(arn)}"
+            entry = aws.eks.AccessEntry(
+                resource,
+                cluster_name=self.cluster.name,
+                principal_arn=arn,
+                type="STANDARD",
+                tags=self.tags,
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            out.append(
+                aws.eks.AccessPolicyAssociation(
+                    resource,
+                    cluster_name=self.cluster.name,
+                    principal_arn=arn,
+                    policy_arn=policy,
+                    access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"),
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[entry]),
+                )
+            )
+        return out
+
+    def addon(
+        self,
+        addon: str,
+        pod_identities: Sequence[aws.eks.AddonPodIdentityAssociationArgs] = (),
+        depends_on: Sequence[pulumi.Resource] = (),
+    ) -> aws.eks.Addon:
+        """A managed add-on at EKS's default version for the cluster's Kubernetes version."""
+        return aws.eks.Addon(
+            f"{self.spec.cluster_name}-{addon}",
+            cluster_name=self.cluster.name,
+            addon_name=addon,
+            resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="PRESERVE",
+            pod_identity_associations=list(pod_identities) or None,
+            tags=self.tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on)),
+        )

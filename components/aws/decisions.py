@@ -1,0 +1,254 @@
+"""Every AWS decision as a pure function: zones, subnet ranges, NAT, node group shapes, names, tags.
+
+No Pulumi SDK here, so ``components.cost``, the policies and the tests read the same decisions the
+components register. The components in this package only turn these values into resources.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from components import catalog
+from components.placement import Layout, PoolPlan
+from components.render import common
+from components.spec import CapacityType, PlatformSpec
+
+# Tag keys every AWS resource carries (plus the spec's cost-allocation tags).
+STACK_TAG = "inferstack:stack"
+ENVIRONMENT_TAG = "inferstack:environment"
+
+# Zones per region where "<region>a, b, c" is wrong (letters that new accounts do not get).
+_ZONE_LETTERS: dict[str, str] = {"us-west-1": "bc", "ap-northeast-1": "acd", "ca-central-1": "abd"}
+DEFAULT_ZONES = 3
+
+GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"  # drivers included; the device plugin is installed in-cluster
+SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
+SYSTEM_POOL = "system"
+SYSTEM_ROOT_DISK_GIB = 50
+ROLE_LABEL = "inferstack.io/node-role"
+GPU_PRODUCT_LABEL = "inferstack.io/gpu-product"
+ROOT_DEVICE = "/dev/xvda"  # AL2023 EKS AMIs boot from xvda
+GP3_BASELINE_IOPS = 3000
+GP3_BASELINE_THROUGHPUT_MIBPS = 125
+# GPU nodes pull ~10 GiB engine images and stage weights on the root disk: buy gp3 throughput (at most
+# iops / 4 MiB/s) so a cold start is not disk-bound; it costs tens of dollars a month next to thousands.
+GPU_DISK_IOPS = 4000
+GPU_DISK_THROUGHPUT_MIBPS = 1000
+# IMDSv2 only, one hop: node daemons on the host network reach the instance metadata service; pods do
+# not (they get credentials from EKS Pod Identity), so a compromised pod cannot take the node's role.
+IMDS_HOP_LIMIT = 1
+
+# Kubernetes taint effects in the EKS API's spelling.
+EKS_TAINT_EFFECT: dict[str, str] = {
+    "NoSchedule": "NO_SCHEDULE",
+    "NoExecute": "NO_EXECUTE",
+    "PreferNoSchedule": "PREFER_NO_SCHEDULE",
+}
+EKS_CAPACITY_TYPE: dict[CapacityType, str] = {CapacityType.ON_DEMAND: "ON_DEMAND", CapacityType.SPOT: "SPOT"}
+
+CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
+# Managed add-ons; the first group runs as DaemonSets and goes before any node, the rest need nodes.
+ADDONS_BEFORE_NODES = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
+ADDONS_AFTER_NODES = ("coredns", "aws-ebs-csi-driver")
+
+# Service accounts that get AWS credentials through EKS Pod Identity.
+EBS_CSI_SERVICE_ACCOUNT = ("kube-system", "ebs-csi-controller-sa")
+LB_CONTROLLER_SERVICE_ACCOUNT = ("kube-system", "aws-load-balancer-controller")
+
+
+def engine_service_account(spec: PlatformSpec) -> tuple[str, str]:
+    """Namespace and name of the service account engine pods run as (it reads the model bucket)."""
+    return spec.cluster.namespace, f"{spec.name}-engine"
+
+
+def tags(spec: PlatformSpec, stack: str) -> dict[str, str]:
+    """The tags on every taggable AWS resource: the spec's cost-allocation tags, then ours (ours win)."""
+    return {**spec.tags, STACK_TAG: stack, ENVIRONMENT_TAG: spec.environment}
+
+
+def zones(spec: PlatformSpec) -> list[str]:
+    if spec.cluster.availability_zones:
+        return list(spec.cluster.availability_zones)
+    region = spec.cluster.region
+    letters = _ZONE_LETTERS.get(region, "abc")[:DEFAULT_ZONES]
+    return [f"{region}{letter}" for letter in letters]
+
+
+@dataclass(frozen=True)
+class SubnetPlan:
+    zone: str
+    cidr: str
+    public: bool
+
+
+@dataclass(frozen=True)
+class NetworkPlan:
+    """The VPC the stack creates, or the existing subnets it uses (then ``create_vpc`` is False)."""
+
+    create_vpc: bool
+    vpc_cidr: str
+    zones: list[str]
+    public: list[SubnetPlan] = field(default_factory=list)
+    private: list[SubnetPlan] = field(default_factory=list)
+    nat_gateways: int = 0
+    existing_private_subnet_ids: list[str] = field(default_factory=list)
+    existing_public_subnet_ids: list[str] = field(default_factory=list)
+
+    def nat_zone(self, index: int) -> int:
+        """Which NAT gateway the private subnet of zone ``index`` routes through."""
+        return index if self.nat_gateways > 1 else 0
+
+
+def network_plan(spec: PlatformSpec) -> NetworkPlan:
+    """Private subnets take three of the VPC's four quarters (pods get VPC addresses); public ones share the
+    fourth in /(prefix+6) blocks: load balancers and NAT gateways need few addresses."""
+    c = spec.cluster
+    if c.existing_private_subnet_ids:
+        return NetworkPlan(
+            create_vpc=False,
+            vpc_cidr="",
+            zones=[],
+            existing_private_subnet_ids=list(c.existing_private_subnet_ids),
+            existing_public_subnet_ids=list(c.existing_public_subnet_ids),
+        )
+    vpc = ipaddress.IPv4Network(c.vpc_cidr, strict=False)
+    names = zones(spec)
+    quarters = list(vpc.subnets(prefixlen_diff=2))
+    public_blocks = list(quarters[3].subnets(prefixlen_diff=4))
+    return NetworkPlan(
+        create_vpc=True,
+        vpc_cidr=str(vpc),
+        zones=names,
+        public=[SubnetPlan(z, str(public_blocks[i]), True) for i, z in enumerate(names)],
+        private=[SubnetPlan(z, str(quarters[i]), False) for i, z in enumerate(names)],
+        nat_gateways=1 if c.single_nat_gateway else len(names),
+    )
+
+
+def subnet_tags(spec: PlatformSpec, public: bool) -> dict[str, str]:
+    """Discovery tags: the AWS Load Balancer Controller finds subnets by role; Karpenter by discovery tag."""
+    out = {f"kubernetes.io/cluster/{spec.cluster_name}": "shared"}
+    if public:
+        out["kubernetes.io/role/elb"] = "1"
+    else:
+        out["kubernetes.io/role/internal-elb"] = "1"
+        out["karpenter.sh/discovery"] = spec.cluster_name
+    return out
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    effect: str  # Kubernetes spelling
+    value: str | None = None
+
+    def eks(self) -> dict[str, str]:
+        out = {"key": self.key, "effect": EKS_TAINT_EFFECT[self.effect]}
+        if self.value is not None:
+            out["value"] = self.value
+        return out
+
+
+@dataclass(frozen=True)
+class NodeGroupPlan:
+    """One managed node group: what ``aws.eks.NodeGroup`` and its launch template get."""
+
+    pool: str
+    node_group_name: str
+    instance_types: list[str]
+    ami_type: str
+    capacity_type: str
+    min_size: int
+    desired_size: int
+    max_size: int
+    root_disk_gib: int
+    disk_iops: int
+    disk_throughput_mibps: int
+    labels: dict[str, str]
+    taints: list[Taint]
+
+
+def node_group_name(spec: PlatformSpec, pool: str) -> str:
+    return f"{spec.cluster_name}-{pool}"[:63]
+
+
+def gpu_taint() -> Taint:
+    """The taint that keeps everything but GPU workloads off GPU nodes; engines tolerate it."""
+    return Taint(common.GPU_TAINT_KEY, common.GPU_TAINT_EFFECT)
+
+
+def gpu_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan:
+    """A GPU pool's node group, from the placement's plan (instance, bounds from replicas x GPUs, disk)."""
+    labels = {
+        **pool.labels,
+        common.POOL_LABEL: pool.name,
+        ROLE_LABEL: "gpu",
+        GPU_PRODUCT_LABEL: pool.instance.gpu_spec.product_label,
+    }
+    return NodeGroupPlan(
+        pool=pool.name,
+        node_group_name=node_group_name(spec, pool.name),
+        instance_types=[pool.instance.name],
+        ami_type=GPU_AMI_TYPE,
+        capacity_type=EKS_CAPACITY_TYPE[pool.capacity_type],
+        min_size=pool.min_nodes,
+        desired_size=pool.min_nodes,
+        # EKS needs max >= 1 even for a pool that idles at zero.
+        max_size=max(pool.max_nodes, 1),
+        root_disk_gib=pool.root_disk_gib,
+        disk_iops=GPU_DISK_IOPS,
+        disk_throughput_mibps=GPU_DISK_THROUGHPUT_MIBPS,
+        labels=labels,
+        taints=[gpu_taint()],
+    )
+
+
+def system_node_group(spec: PlatformSpec) -> NodeGroupPlan:
+    """CPU nodes for the gateway, monitoring, CoreDNS and controllers; untainted."""
+    n = spec.cluster.system_nodes
+    return NodeGroupPlan(
+        pool=SYSTEM_POOL,
+        node_group_name=node_group_name(spec, SYSTEM_POOL),
+        instance_types=[catalog.SYSTEM_INSTANCE_TYPE],
+        ami_type=SYSTEM_AMI_TYPE,
+        capacity_type="ON_DEMAND",
+        min_size=n,
+        desired_size=n,
+        max_size=2 * n,
+        root_disk_gib=SYSTEM_ROOT_DISK_GIB,
+        disk_iops=GP3_BASELINE_IOPS,
+        disk_throughput_mibps=GP3_BASELINE_THROUGHPUT_MIBPS,
+        labels={ROLE_LABEL: SYSTEM_POOL},
+        taints=[],
+    )
+
+
+def node_groups(spec: PlatformSpec, layout: Layout) -> list[NodeGroupPlan]:
+    """The system group first, then one per GPU pool in stack-file order."""
+    return [system_node_group(spec), *(gpu_node_group(spec, p) for p in layout.pools.values())]
+
+
+def tolerates(tolerations: list[dict[str, str]], taint: Taint) -> bool:
+    """Kubernetes' rule: does any toleration match this taint (key, operator, value, effect)?"""
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.effect:
+            continue
+        operator = t.get("operator", "Equal")
+        if not t.get("key") and operator == "Exists":
+            return True
+        if t.get("key") != taint.key:
+            continue
+        if operator == "Exists" or t.get("value", "") == (taint.value or ""):
+            return True
+    return False
+
+
+def schedulable(pod_spec: dict[str, object], group: NodeGroupPlan) -> bool:
+    """Whether a pod with this spec may land on the node group's nodes: selector labels present, taints tolerated."""
+    selector = pod_spec.get("nodeSelector") or {}
+    tolerations = pod_spec.get("tolerations") or []
+    if not isinstance(selector, dict) or not isinstance(tolerations, list):
+        return False
+    labels_ok = all(group.labels.get(k) == v for k, v in selector.items())
+    return labels_ok and all(tolerates(tolerations, t) for t in group.taints)

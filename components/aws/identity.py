@@ -1,0 +1,80 @@
+"""IAM roles: one per job, each with the documents from ``components.aws.policies``.
+
+``ServiceRole`` builds a role with AWS managed policies and inline documents; ``pod_identity`` adds the
+EKS Pod Identity association that hands the role to one Kubernetes service account.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pulumi
+import pulumi_aws as aws
+
+from components.aws import policies
+
+
+class ServiceRole(pulumi.ComponentResource):
+    """A role trusted by one service principal, with AWS managed policies and inline JSON documents.
+
+    A component, so ``depends_on=[role]`` waits for its policies too (a node must not boot before its
+    role may join the cluster).
+    """
+
+    role: aws.iam.Role
+
+    def __init__(
+        self,
+        name: str,
+        trust: policies.PolicyDocument,
+        region: str,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+        managed: Sequence[str] = (),
+        inline: Mapping[str, pulumi.Input[str]] | None = None,
+        description: str = "",
+    ) -> None:
+        super().__init__("inferstack:aws:ServiceRole", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.role = aws.iam.Role(
+            name,
+            assume_role_policy=policies.dumps(trust),
+            description=description or None,
+            max_session_duration=3600,
+            tags=tags,
+            opts=child,
+        )
+        for policy in managed:
+            aws.iam.RolePolicyAttachment(
+                f"{name}-{policy.rsplit('/', 1)[-1]}",
+                role=self.role.name,
+                policy_arn=policies.managed_policy_arn(region, policy),
+                opts=child,
+            )
+        for suffix, document in (inline or {}).items():
+            aws.iam.RolePolicy(
+                f"{name}-{suffix}", role=self.role.id, name=suffix, policy=document, opts=child
+            )
+        self.arn: pulumi.Output[str] = self.role.arn
+        self.register_outputs({"arn": self.role.arn})
+
+
+def pod_identity(
+    name: str,
+    cluster_name: pulumi.Input[str],
+    service_account: tuple[str, str],
+    role: ServiceRole,
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> aws.eks.PodIdentityAssociation:
+    """Give ``role`` to pods running as ``service_account`` (namespace, name) through the Pod Identity agent."""
+    namespace, account = service_account
+    return aws.eks.PodIdentityAssociation(
+        name,
+        cluster_name=cluster_name,
+        namespace=namespace,
+        service_account=account,
+        role_arn=role.arn,
+        tags=tags,
+        opts=opts,
+    )

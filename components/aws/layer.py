@@ -1,0 +1,143 @@
+"""The AWS layer of a ``target: eks`` stack, built before anything in Kubernetes.
+
+Network -> cluster (+ add-ons that run before nodes) -> node role -> system and GPU node groups ->
+add-ons that need nodes -> model bucket, engine and load-balancer identities ->
+registry and images. ``kubernetes_options()`` hands every Kubernetes resource the cluster's provider.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pulumi
+import pulumi_aws as aws
+
+from components.aws import decisions, policies
+from components.aws.cluster import Cluster
+from components.aws.identity import ServiceRole, pod_identity
+from components.aws.network import Network
+from components.aws.nodes import NodeGroup
+from components.aws.registry import Registry
+from components.aws.storage import ModelStorage
+from components.placement import Layout
+from components.spec import PlatformSpec
+
+
+class AwsLayer(pulumi.ComponentResource):
+    """Everything on AWS for one environment; see the module docstring for the order."""
+
+    def __init__(
+        self,
+        spec: PlatformSpec,
+        layout: Layout,
+        stack: str,
+        root: Path = Path(),
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        name = spec.cluster_name
+        super().__init__("inferstack:aws:AwsLayer", name, None, opts)
+        region = spec.cluster.region
+        self.tags = tags = decisions.tags(spec, stack)
+        provider = aws.Provider(name, region=region, opts=pulumi.ResourceOptions(parent=self))
+        on_aws = pulumi.ResourceOptions(parent=self, providers={"aws": provider})
+
+        self.network = Network(spec, tags, on_aws)
+        self.cluster = Cluster(spec, self.network.private_subnet_ids, tags, on_aws)
+        cluster_name = self.cluster.name
+
+        node_role = ServiceRole(
+            f"{name}-node",
+            policies.node_trust(),
+            region,
+            tags,
+            on_aws,
+            managed=policies.NODE_MANAGED_POLICIES,
+            description=f"EKS nodes of {name}",
+        )
+        before_nodes = [node_role, *self.cluster.addons.values()]
+        self.node_groups: dict[str, NodeGroup] = {}
+        for plan in decisions.node_groups(spec, layout):
+            self.node_groups[plan.pool] = NodeGroup(
+                plan,
+                cluster_name,
+                node_role.arn,
+                self.network.private_subnet_ids,
+                tags,
+                pulumi.ResourceOptions(parent=self, providers={"aws": provider}, depends_on=before_nodes),
+            )
+        system = self.node_groups[decisions.SYSTEM_POOL]
+
+        ebs_role = ServiceRole(
+            f"{name}-ebs-csi",
+            policies.pod_identity_trust(),
+            region,
+            tags,
+            on_aws,
+            managed=policies.EBS_CSI_MANAGED_POLICIES,
+            description=f"EBS CSI controller of {name}",
+        )
+        self.late_addons = [
+            self.cluster.addon("coredns", depends_on=[system]),
+            self.cluster.addon(
+                "aws-ebs-csi-driver",
+                pod_identities=[
+                    aws.eks.AddonPodIdentityAssociationArgs(
+                        role_arn=ebs_role.arn, service_account=decisions.EBS_CSI_SERVICE_ACCOUNT[1]
+                    )
+                ],
+                depends_on=[system, ebs_role],
+            ),
+        ]
+
+        self.storage = ModelStorage(spec, tags, on_aws)
+        sources = [m.source for m in spec.models]
+        read = self.storage.bucket.arn.apply(
+            lambda arn: policies.dumps(policies.model_read(region, arn, sources))
+        )
+        engine_role = ServiceRole(
+            f"{name}-engine",
+            policies.pod_identity_trust(),
+            region,
+            tags,
+            on_aws,
+            inline={"read-models": read},
+            description=f"Engines of {name}: read model weights",
+        )
+        pod_identity(
+            f"{name}-engine", cluster_name, decisions.engine_service_account(spec), engine_role, tags, on_aws
+        )
+        lb_role = ServiceRole(
+            f"{name}-lb-controller",
+            policies.pod_identity_trust(),
+            region,
+            tags,
+            on_aws,
+            inline={"load-balancers": policies.dumps(policies.load_balancer_controller(region))},
+            description=f"AWS Load Balancer Controller of {name}",
+        )
+        pod_identity(
+            f"{name}-lb-controller",
+            cluster_name,
+            decisions.LB_CONTROLLER_SERVICE_ACCOUNT,
+            lb_role,
+            tags,
+            on_aws,
+        )
+        self.registry = Registry(spec, tags, root, on_aws)
+
+        self.kubernetes_provider = self.cluster.provider
+        self.ready: list[pulumi.Resource] = [*self.node_groups.values(), *self.late_addons]
+        self.register_outputs({"cluster_name": cluster_name})
+
+    def kubernetes_options(self) -> pulumi.ResourceOptions:
+        """Options for the Kubernetes side: the cluster's provider, created once nodes and add-ons are up."""
+        return pulumi.ResourceOptions(
+            providers={"kubernetes": self.kubernetes_provider}, depends_on=self.ready
+        )
+
+    def export(self) -> None:
+        pulumi.export("cluster_name", self.cluster.name)
+        pulumi.export("kubeconfig", self.cluster.kubeconfig)
+        pulumi.export("model_bucket", self.storage.bucket.bucket)
+        pulumi.export("node_groups", {p: g.node_group.node_group_name for p, g in self.node_groups.items()})
+        pulumi.export("images", self.registry.images)

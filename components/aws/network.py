@@ -1,0 +1,110 @@
+"""The VPC: public and private subnets per zone, an internet gateway, NAT; or the spec's existing subnets.
+
+Thin: ``decisions.network_plan`` chose every range and count; this registers them.
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_aws as aws
+
+from components.aws import decisions
+from components.spec import PlatformSpec
+
+
+class Network(pulumi.ComponentResource):
+    """``private_subnet_ids`` host nodes and internal load balancers; ``public_subnet_ids`` internet-facing ones."""
+
+    private_subnet_ids: list[pulumi.Input[str]]
+    public_subnet_ids: list[pulumi.Input[str]]
+    vpc_id: pulumi.Output[str] | None
+
+    def __init__(
+        self, spec: PlatformSpec, tags: dict[str, str], opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("inferstack:aws:Network", spec.cluster_name, None, opts)
+        plan = decisions.network_plan(spec)
+        self.plan = plan
+        self.vpc_id = None
+        if not plan.create_vpc:
+            self.private_subnet_ids = list(plan.existing_private_subnet_ids)
+            self.public_subnet_ids = list(plan.existing_public_subnet_ids)
+            self.register_outputs({"private_subnet_ids": self.private_subnet_ids})
+            return
+        name = spec.cluster_name
+        child = pulumi.ResourceOptions(parent=self)
+        vpc = aws.ec2.Vpc(
+            name,
+            cidr_block=plan.vpc_cidr,
+            enable_dns_hostnames=True,  # EKS nodes register by their private DNS names
+            enable_dns_support=True,
+            tags={**tags, "Name": name},
+            opts=child,
+        )
+        self.vpc_id = vpc.id
+        igw = aws.ec2.InternetGateway(name, vpc_id=vpc.id, tags={**tags, "Name": name}, opts=child)
+        public_rt = aws.ec2.RouteTable(
+            f"{name}-public",
+            vpc_id=vpc.id,
+            routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", gateway_id=igw.id)],
+            tags={**tags, "Name": f"{name}-public"},
+            opts=child,
+        )
+        public: list[aws.ec2.Subnet] = []
+        for s in plan.public:
+            subnet_name = f"{name}-public-{s.zone}"
+            subnet = aws.ec2.Subnet(
+                subnet_name,
+                vpc_id=vpc.id,
+                cidr_block=s.cidr,
+                availability_zone=s.zone,
+                map_public_ip_on_launch=False,  # only load balancers and NAT gateways live here
+                tags={**tags, **decisions.subnet_tags(spec, public=True), "Name": subnet_name},
+                opts=child,
+            )
+            aws.ec2.RouteTableAssociation(
+                subnet_name, subnet_id=subnet.id, route_table_id=public_rt.id, opts=child
+            )
+            public.append(subnet)
+        nats: list[aws.ec2.NatGateway] = []
+        for i in range(plan.nat_gateways):
+            zone = plan.zones[i]
+            eip = aws.ec2.Eip(
+                f"{name}-nat-{zone}", domain="vpc", tags={**tags, "Name": f"{name}-nat-{zone}"}, opts=child
+            )
+            nats.append(
+                aws.ec2.NatGateway(
+                    f"{name}-{zone}",
+                    allocation_id=eip.id,
+                    subnet_id=public[i].id,
+                    tags={**tags, "Name": f"{name}-{zone}"},
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]),
+                )
+            )
+        private: list[aws.ec2.Subnet] = []
+        for i, s in enumerate(plan.private):
+            subnet_name = f"{name}-private-{s.zone}"
+            subnet = aws.ec2.Subnet(
+                subnet_name,
+                vpc_id=vpc.id,
+                cidr_block=s.cidr,
+                availability_zone=s.zone,
+                tags={**tags, **decisions.subnet_tags(spec, public=False), "Name": subnet_name},
+                opts=child,
+            )
+            rt = aws.ec2.RouteTable(
+                subnet_name,
+                vpc_id=vpc.id,
+                routes=[
+                    aws.ec2.RouteTableRouteArgs(
+                        cidr_block="0.0.0.0/0", nat_gateway_id=nats[plan.nat_zone(i)].id
+                    )
+                ],
+                tags={**tags, "Name": subnet_name},
+                opts=child,
+            )
+            aws.ec2.RouteTableAssociation(subnet_name, subnet_id=subnet.id, route_table_id=rt.id, opts=child)
+            private.append(subnet)
+        self.private_subnet_ids = [s.id for s in private]
+        self.public_subnet_ids = [s.id for s in public]
+        self.register_outputs({"vpc_id": vpc.id, "private_subnet_ids": self.private_subnet_ids})

@@ -1,0 +1,90 @@
+"""Managed node groups: the CPU system group and one per GPU pool, each with an IMDSv2-only launch template.
+
+Thin: ``decisions.node_groups`` derived instance types, bounds (from the models' replicas x GPUs), disk
+(from their weights), labels and taints; this registers a launch template and a node group per plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pulumi
+import pulumi_aws as aws
+
+from components.aws import decisions
+
+TAGGED_AT_LAUNCH = ("instance", "volume", "network-interface")
+
+
+class NodeGroup(pulumi.ComponentResource):
+    """One ``aws.eks.NodeGroup`` and the launch template that fixes IMDSv2, the root disk and launch tags."""
+
+    node_group: aws.eks.NodeGroup
+
+    def __init__(
+        self,
+        plan: decisions.NodeGroupPlan,
+        cluster_name: pulumi.Input[str],
+        node_role_arn: pulumi.Input[str],
+        subnet_ids: Sequence[pulumi.Input[str]],
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("inferstack:aws:NodeGroup", plan.node_group_name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        named = {**tags, "Name": plan.node_group_name}
+        template = aws.ec2.LaunchTemplate(
+            plan.node_group_name,
+            description=f"{plan.node_group_name}: IMDSv2 only, encrypted gp3 root disk, cost tags at launch",
+            update_default_version=True,
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled",
+                http_tokens="required",
+                http_put_response_hop_limit=decisions.IMDS_HOP_LIMIT,
+            ),
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name=decisions.ROOT_DEVICE,
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        volume_size=plan.root_disk_gib,
+                        volume_type="gp3",
+                        iops=plan.disk_iops,
+                        throughput=plan.disk_throughput_mibps,
+                        encrypted="true",
+                        delete_on_termination="true",
+                    ),
+                )
+            ],
+            # Node group tags stay on the node group; these reach the instances and disks the bill is for.
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=named)
+                for kind in TAGGED_AT_LAUNCH
+            ],
+            tags=tags,
+            opts=child,
+        )
+        self.node_group = aws.eks.NodeGroup(
+            plan.node_group_name,
+            cluster_name=cluster_name,
+            node_group_name=plan.node_group_name,
+            node_role_arn=node_role_arn,
+            subnet_ids=list(subnet_ids),
+            instance_types=plan.instance_types,
+            ami_type=plan.ami_type,
+            capacity_type=plan.capacity_type,
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                min_size=plan.min_size, desired_size=plan.desired_size, max_size=plan.max_size
+            ),
+            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=template.id, version=template.latest_version.apply(str)
+            ),
+            labels=plan.labels,
+            taints=[aws.eks.NodeGroupTaintArgs(**t.eks()) for t in plan.taints] or None,
+            # Replace nodes whose GPUs or kubelet fail health checks instead of leaving them cordoned.
+            node_repair_config=aws.eks.NodeGroupNodeRepairConfigArgs(enabled=True),
+            tags=tags,
+            # The autoscaler owns the current size; a later `pulumi up` must not reset it.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"]),
+        )
+        self.register_outputs({"node_group_name": self.node_group.node_group_name})

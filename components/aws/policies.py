@@ -1,0 +1,394 @@
+"""IAM policy documents as plain dicts: pure, so tests parse and audit them without AWS.
+
+Least privilege: each role gets the actions its one job needs, scoped to the resources it touches.
+Where AWS allows no resource-level scope for an action, the statement's ``Sid`` says so (``...AnyResource``
+statements list their actions one by one; no statement grants ``*`` actions).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+PolicyDocument = dict[str, Any]
+VERSION = "2012-10-17"
+
+EKS_CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"  # an EKS access policy, not an IAM policy
+
+
+def partition(region: str) -> str:
+    if region.startswith("cn-"):
+        return "aws-cn"
+    if region.startswith("us-gov-"):
+        return "aws-us-gov"
+    return "aws"
+
+
+def managed_policy_arn(region: str, name: str) -> str:
+    return f"arn:{partition(region)}:iam::aws:policy/{name}"
+
+
+def access_policy_arn(region: str, name: str) -> str:
+    return f"arn:{partition(region)}:eks::aws:cluster-access-policy/{name}"
+
+
+# AWS managed policies per role, each the narrowest AWS offers for the job.
+CLUSTER_MANAGED_POLICIES = ("AmazonEKSClusterPolicy",)
+NODE_MANAGED_POLICIES = (
+    "AmazonEKSWorkerNodePolicy",
+    # Pull-only (no ListImages/DescribeRepositories) ECR access for the kubelet.
+    "AmazonEC2ContainerRegistryPullOnly",
+    # vpc-cni (aws-node) takes the node's credentials: it assigns pod IPs before Pod Identity can run.
+    "AmazonEKS_CNI_Policy",
+)
+EBS_CSI_MANAGED_POLICIES = ("service-role/AmazonEBSCSIDriverPolicy",)
+
+
+def trust(service: str, tag_session: bool = False) -> PolicyDocument:
+    """A role that one AWS service principal may assume."""
+    actions = ["sts:AssumeRole", "sts:TagSession"] if tag_session else ["sts:AssumeRole"]
+    return {
+        "Version": VERSION,
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": actions}],
+    }
+
+
+def cluster_trust() -> PolicyDocument:
+    return trust("eks.amazonaws.com", tag_session=True)
+
+
+def node_trust() -> PolicyDocument:
+    return trust("ec2.amazonaws.com")
+
+
+def pod_identity_trust() -> PolicyDocument:
+    """EKS Pod Identity: the agent assumes the role and tags the session with the pod's namespace and SA."""
+    return trust("pods.eks.amazonaws.com", tag_session=True)
+
+
+def cluster_encryption(key_arn: str) -> PolicyDocument:
+    """What the EKS control plane needs on its envelope-encryption key (Kubernetes Secrets)."""
+    return {
+        "Version": VERSION,
+        "Statement": [
+            {
+                "Sid": "EnvelopeEncryptSecrets",
+                "Effect": "Allow",
+                "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ListGrants", "kms:DescribeKey"],
+                "Resource": key_arn,
+            }
+        ],
+    }
+
+
+_S3_URI = re.compile(r"^s3://([^/]+)/?(.*)$")
+
+
+def s3_sources(sources: list[str]) -> dict[str, set[str]]:
+    """Bucket -> key prefixes ('' = the whole bucket) for the ``s3://`` model sources."""
+    out: dict[str, set[str]] = {}
+    for source in sources:
+        match = _S3_URI.match(source)
+        if match:
+            out.setdefault(match.group(1), set()).add(match.group(2))
+    return out
+
+
+def model_read(region: str, model_bucket_arn: str, sources: list[str]) -> PolicyDocument:
+    """Engines read weights: the stack's model bucket, plus the exact prefixes of ``s3://`` sources elsewhere."""
+    p = partition(region)
+    statements: list[dict[str, Any]] = [
+        {
+            "Sid": "ListModelBucket",
+            "Effect": "Allow",
+            "Action": ["s3:ListBucket"],
+            "Resource": model_bucket_arn,
+        },
+        {
+            "Sid": "ReadModelBucket",
+            "Effect": "Allow",
+            "Action": ["s3:GetObject"],
+            "Resource": f"{model_bucket_arn}/*",
+        },
+    ]
+    for i, (bucket, prefixes) in enumerate(sorted(s3_sources(sources).items())):
+        bucket_arn = f"arn:{p}:s3:::{bucket}"
+        whole = "" in prefixes
+        listing: dict[str, Any] = {
+            "Sid": f"ListSource{i}",
+            "Effect": "Allow",
+            "Action": ["s3:ListBucket"],
+            "Resource": bucket_arn,
+        }
+        if not whole:
+            listing["Condition"] = {
+                "StringLike": {"s3:prefix": sorted(f"{x.rstrip('/')}/*" for x in prefixes)}
+            }
+        statements.append(listing)
+        objects = (
+            [f"{bucket_arn}/*"] if whole else sorted(f"{bucket_arn}/{x.rstrip('/')}/*" for x in prefixes)
+        )
+        statements.append(
+            {"Sid": f"ReadSource{i}", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": objects}
+        )
+    return {"Version": VERSION, "Statement": statements}
+
+
+_CLUSTER_TAG = "elbv2.k8s.aws/cluster"
+
+
+def load_balancer_controller(region: str) -> PolicyDocument:
+    """The AWS Load Balancer Controller's policy, after its published ``iam_policy.json`` (v2.13).
+
+    Describe/Get calls and create calls have no resource-level scope in IAM, so they name ``*``
+    resources (statements ``...AnyResource``); everything that changes or deletes a load balancer,
+    target group or security group is limited to resources tagged with ``elbv2.k8s.aws/cluster``.
+    """
+    p = partition(region)
+    elb = f"arn:{p}:elasticloadbalancing:*:*"
+    tagged = {"Null": {f"aws:ResourceTag/{_CLUSTER_TAG}": "false"}}
+    requested = {"Null": {f"aws:RequestTag/{_CLUSTER_TAG}": "false"}}
+    lb_and_tg = [f"{elb}:targetgroup/*/*", f"{elb}:loadbalancer/net/*/*", f"{elb}:loadbalancer/app/*/*"]
+    statements: list[dict[str, Any]] = [
+        {
+            "Sid": "ServiceLinkedRoleAnyResource",
+            "Effect": "Allow",
+            "Action": ["iam:CreateServiceLinkedRole"],
+            "Resource": "*",
+            "Condition": {"StringEquals": {"iam:AWSServiceName": "elasticloadbalancing.amazonaws.com"}},
+        },
+        {
+            "Sid": "DescribeAnyResource",
+            "Effect": "Allow",
+            "Action": [
+                "ec2:DescribeAccountAttributes",
+                "ec2:DescribeAddresses",
+                "ec2:DescribeAvailabilityZones",
+                "ec2:DescribeInternetGateways",
+                "ec2:DescribeVpcs",
+                "ec2:DescribeVpcPeeringConnections",
+                "ec2:DescribeSubnets",
+                "ec2:DescribeSecurityGroups",
+                "ec2:DescribeInstances",
+                "ec2:DescribeNetworkInterfaces",
+                "ec2:DescribeTags",
+                "ec2:DescribeRouteTables",
+                "ec2:GetCoipPoolUsage",
+                "ec2:DescribeCoipPools",
+                "ec2:GetSecurityGroupsForVpc",
+                "ec2:DescribeIpamPools",
+                "elasticloadbalancing:DescribeLoadBalancers",
+                "elasticloadbalancing:DescribeLoadBalancerAttributes",
+                "elasticloadbalancing:DescribeListeners",
+                "elasticloadbalancing:DescribeListenerCertificates",
+                "elasticloadbalancing:DescribeListenerAttributes",
+                "elasticloadbalancing:DescribeSSLPolicies",
+                "elasticloadbalancing:DescribeRules",
+                "elasticloadbalancing:DescribeTargetGroups",
+                "elasticloadbalancing:DescribeTargetGroupAttributes",
+                "elasticloadbalancing:DescribeTargetHealth",
+                "elasticloadbalancing:DescribeTags",
+                "elasticloadbalancing:DescribeTrustStores",
+                "elasticloadbalancing:DescribeCapacityReservation",
+            ],
+            "Resource": "*",
+        },
+        {
+            "Sid": "CertificatesAndWafAnyResource",
+            "Effect": "Allow",
+            "Action": [
+                "cognito-idp:DescribeUserPoolClient",
+                "acm:ListCertificates",
+                "acm:DescribeCertificate",
+                "iam:ListServerCertificates",
+                "iam:GetServerCertificate",
+                "waf-regional:GetWebACL",
+                "waf-regional:GetWebACLForResource",
+                "waf-regional:AssociateWebACL",
+                "waf-regional:DisassociateWebACL",
+                "wafv2:GetWebACL",
+                "wafv2:GetWebACLForResource",
+                "wafv2:AssociateWebACL",
+                "wafv2:DisassociateWebACL",
+                "shield:GetSubscriptionState",
+                "shield:DescribeProtection",
+                "shield:CreateProtection",
+                "shield:DeleteProtection",
+            ],
+            "Resource": "*",
+        },
+        {
+            "Sid": "CreateSecurityGroupAnyResource",
+            "Effect": "Allow",
+            "Action": ["ec2:CreateSecurityGroup"],
+            "Resource": "*",
+        },
+        {
+            "Sid": "TagNewSecurityGroups",
+            "Effect": "Allow",
+            "Action": ["ec2:CreateTags"],
+            "Resource": f"arn:{p}:ec2:*:*:security-group/*",
+            "Condition": {"StringEquals": {"ec2:CreateAction": "CreateSecurityGroup"}, **requested},
+        },
+        {
+            "Sid": "RetagOwnSecurityGroups",
+            "Effect": "Allow",
+            "Action": ["ec2:CreateTags", "ec2:DeleteTags"],
+            "Resource": f"arn:{p}:ec2:*:*:security-group/*",
+            "Condition": {
+                "Null": {f"aws:RequestTag/{_CLUSTER_TAG}": "true", f"aws:ResourceTag/{_CLUSTER_TAG}": "false"}
+            },
+        },
+        {
+            "Sid": "ChangeOwnSecurityGroupsTaggedAnyResource",
+            "Effect": "Allow",
+            "Action": [
+                "ec2:AuthorizeSecurityGroupIngress",
+                "ec2:RevokeSecurityGroupIngress",
+                "ec2:DeleteSecurityGroup",
+            ],
+            "Resource": "*",
+            "Condition": tagged,
+        },
+        {
+            "Sid": "CreateTaggedLoadBalancersAnyResource",
+            "Effect": "Allow",
+            "Action": ["elasticloadbalancing:CreateLoadBalancer", "elasticloadbalancing:CreateTargetGroup"],
+            "Resource": "*",
+            "Condition": requested,
+        },
+        {
+            "Sid": "ListenersAndRulesAnyResource",
+            "Effect": "Allow",
+            "Action": [
+                "elasticloadbalancing:CreateListener",
+                "elasticloadbalancing:DeleteListener",
+                "elasticloadbalancing:CreateRule",
+                "elasticloadbalancing:DeleteRule",
+            ],
+            "Resource": "*",
+        },
+        {
+            "Sid": "RetagOwnLoadBalancers",
+            "Effect": "Allow",
+            "Action": ["elasticloadbalancing:AddTags", "elasticloadbalancing:RemoveTags"],
+            "Resource": lb_and_tg,
+            "Condition": {
+                "Null": {f"aws:RequestTag/{_CLUSTER_TAG}": "true", f"aws:ResourceTag/{_CLUSTER_TAG}": "false"}
+            },
+        },
+        {
+            "Sid": "TagListenersAndRules",
+            "Effect": "Allow",
+            "Action": ["elasticloadbalancing:AddTags", "elasticloadbalancing:RemoveTags"],
+            "Resource": [
+                f"{elb}:listener/net/*/*/*",
+                f"{elb}:listener/app/*/*/*",
+                f"{elb}:listener-rule/net/*/*/*",
+                f"{elb}:listener-rule/app/*/*/*",
+            ],
+        },
+        {
+            "Sid": "ChangeOwnLoadBalancersTaggedAnyResource",
+            "Effect": "Allow",
+            "Action": [
+                "elasticloadbalancing:ModifyLoadBalancerAttributes",
+                "elasticloadbalancing:SetIpAddressType",
+                "elasticloadbalancing:SetSecurityGroups",
+                "elasticloadbalancing:SetSubnets",
+                "elasticloadbalancing:DeleteLoadBalancer",
+                "elasticloadbalancing:ModifyTargetGroup",
+                "elasticloadbalancing:ModifyTargetGroupAttributes",
+                "elasticloadbalancing:DeleteTargetGroup",
+                "elasticloadbalancing:ModifyListenerAttributes",
+                "elasticloadbalancing:ModifyCapacityReservation",
+                "elasticloadbalancing:ModifyIpPools",
+            ],
+            "Resource": "*",
+            "Condition": tagged,
+        },
+        {
+            "Sid": "TagOnCreate",
+            "Effect": "Allow",
+            "Action": ["elasticloadbalancing:AddTags"],
+            "Resource": lb_and_tg,
+            "Condition": {
+                "StringEquals": {
+                    "elasticloadbalancing:CreateAction": ["CreateTargetGroup", "CreateLoadBalancer"]
+                },
+                **requested,
+            },
+        },
+        {
+            "Sid": "RegisterTargets",
+            "Effect": "Allow",
+            "Action": ["elasticloadbalancing:RegisterTargets", "elasticloadbalancing:DeregisterTargets"],
+            "Resource": f"{elb}:targetgroup/*/*",
+        },
+        {
+            "Sid": "ListenerSettingsAnyResource",
+            "Effect": "Allow",
+            "Action": [
+                "elasticloadbalancing:SetWebAcl",
+                "elasticloadbalancing:ModifyListener",
+                "elasticloadbalancing:AddListenerCertificates",
+                "elasticloadbalancing:RemoveListenerCertificates",
+                "elasticloadbalancing:ModifyRule",
+                "elasticloadbalancing:SetRulePriorities",
+            ],
+            "Resource": "*",
+        },
+    ]
+    return {"Version": VERSION, "Statement": statements}
+
+
+def dumps(document: PolicyDocument) -> str:
+    return json.dumps(document, sort_keys=False)
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def audit(document: PolicyDocument) -> list[str]:
+    """Least-privilege problems in one document: wildcard actions, and any wildcard action on ``*``.
+
+    Trust policies (with a Principal) are audited for wildcard principals instead.
+    """
+    problems: list[str] = []
+    for i, statement in enumerate(_as_list(document.get("Statement", []))):
+        if statement.get("Effect") != "Allow":
+            continue
+        actions = [str(a) for a in _as_list(statement.get("Action", []))]
+        resources = [str(r) for r in _as_list(statement.get("Resource", []))]
+        principal = statement.get("Principal")
+        if principal is not None and (principal == "*" or "*" in json.dumps(principal)):
+            problems.append(f"statement {i}: wildcard principal {principal}")
+        if "NotAction" in statement or "NotResource" in statement:
+            problems.append(f"statement {i}: NotAction/NotResource grants more than it names")
+        wild = [a for a in actions if "*" in a]
+        if wild and "*" in resources:
+            problems.append(f"statement {i}: wildcard actions {wild} on resource *")
+        elif wild:
+            problems.append(f"statement {i}: wildcard actions {wild}")
+        if "*" in resources and not str(statement.get("Sid", "")).endswith("AnyResource"):
+            problems.append(f"statement {i}: resource * without an ...AnyResource Sid saying why")
+    return problems
+
+
+def bucket_tls_only(bucket_arn: str) -> PolicyDocument:
+    """A bucket policy that refuses every request not made over TLS."""
+    return {
+        "Version": VERSION,
+        "Statement": [
+            {
+                "Sid": "DenyInsecureTransport",
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": "s3:*",
+                "Resource": [bucket_arn, f"{bucket_arn}/*"],
+                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+            }
+        ],
+    }

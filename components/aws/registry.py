@@ -1,0 +1,142 @@
+"""ECR repositories for the runtime images, and the images built from ``runtime/images/`` and pushed there.
+
+Tags are immutable, so an image's tag is the digest of what goes into it (its Dockerfile, ``runtime/`` and
+``pyproject.toml``): unchanged sources push nothing, changed ones get a new tag. The pushed references
+(``repo:tag@sha256:...``) are what the gateway deployments should run.
+
+Pushing uses the deploying host's Docker credentials for ECR: the amazon-ecr-credential-helper, or
+``aws ecr get-login-password | docker login --username AWS --password-stdin <account>.dkr.ecr.<region>.amazonaws.com``
+before ``pulumi up``. (An ``aws.ecr.get_authorization_token`` invoke would make this automatic; the offline
+planner's mocks cannot answer invokes yet.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pulumi
+import pulumi_aws as aws
+
+from components.spec import PlatformSpec
+
+RUNTIME_IMAGES = ("router", "health", "batcher")
+DOCKERFILE_DIR = Path("runtime/images")
+CONTEXT_INPUTS = ("runtime", "pyproject.toml")
+UNTAGGED_EXPIRY_DAYS = 14
+KEEP_IMAGES = 30
+PLATFORM = "linux/amd64"
+
+
+def dockerfile(root: Path, image: str) -> Path:
+    return root / DOCKERFILE_DIR / f"{image}.Dockerfile"
+
+
+def context_tag(root: Path, image: str) -> str:
+    """A content tag: sha256 over the Dockerfile and the build inputs (paths and bytes, in sorted order)."""
+    digest = hashlib.sha256()
+    files = [dockerfile(root, image)]
+    for entry in CONTEXT_INPUTS:
+        path = root / entry
+        files += sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for path in files:
+        if not path.is_file() or "__pycache__" in path.parts:
+            continue
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"src-{digest.hexdigest()[:16]}"
+
+
+def lifecycle_policy() -> str:
+    """Expire untagged layers after two weeks; keep the newest tagged images."""
+    return json.dumps(
+        {
+            "rules": [
+                {
+                    "rulePriority": 1,
+                    "description": f"expire untagged images after {UNTAGGED_EXPIRY_DAYS} days",
+                    "selection": {
+                        "tagStatus": "untagged",
+                        "countType": "sinceImagePushed",
+                        "countUnit": "days",
+                        "countNumber": UNTAGGED_EXPIRY_DAYS,
+                    },
+                    "action": {"type": "expire"},
+                },
+                {
+                    "rulePriority": 2,
+                    "description": f"keep the newest {KEEP_IMAGES} images",
+                    "selection": {
+                        "tagStatus": "any",
+                        "countType": "imageCountMoreThan",
+                        "countNumber": KEEP_IMAGES,
+                    },
+                    "action": {"type": "expire"},
+                },
+            ]
+        }
+    )
+
+
+class Registry(pulumi.ComponentResource):
+    """One ECR repository per runtime image; ``images`` maps image -> pushed reference with digest."""
+
+    repositories: dict[str, aws.ecr.Repository]
+    images: dict[str, pulumi.Output[str]]
+
+    def __init__(
+        self,
+        spec: PlatformSpec,
+        tags: dict[str, str],
+        root: Path,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("inferstack:aws:Registry", spec.cluster_name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.repositories = {}
+        self.images = {}
+        for image in RUNTIME_IMAGES:
+            repo = aws.ecr.Repository(
+                f"{spec.cluster_name}-{image}",
+                name=f"{spec.name}/{spec.environment}/{image}",
+                image_tag_mutability="IMMUTABLE",
+                image_scanning_configuration=aws.ecr.RepositoryImageScanningConfigurationArgs(
+                    scan_on_push=True
+                ),
+                encryption_configurations=[
+                    aws.ecr.RepositoryEncryptionConfigurationArgs(encryption_type="AES256")
+                ],
+                force_delete=False,
+                tags=tags,
+                opts=child,
+            )
+            aws.ecr.LifecyclePolicy(
+                f"{spec.cluster_name}-{image}", repository=repo.name, policy=lifecycle_policy(), opts=child
+            )
+            self.repositories[image] = repo
+            if dockerfile(root, image).is_file():
+                self.images[image] = self._build(spec, image, repo, root)
+            else:
+                pulumi.log.warn(
+                    f"{dockerfile(root, image)} does not exist: repository {image} is created, no image is built",
+                    self,
+                )
+        self.register_outputs({"images": self.images})
+
+    def _build(
+        self, spec: PlatformSpec, image: str, repo: aws.ecr.Repository, root: Path
+    ) -> pulumi.Output[str]:
+        import pulumi_docker_build as docker_build  # noqa: PLC0415 - only stacks that build images need it
+
+        tag = context_tag(root, image)
+        built = docker_build.Image(
+            f"{spec.cluster_name}-{image}",
+            context=docker_build.BuildContextArgs(location=str(root)),
+            dockerfile=docker_build.DockerfileArgs(location=str(dockerfile(root, image))),
+            platforms=[docker_build.Platform(PLATFORM)],
+            push=True,
+            tags=[repo.repository_url.apply(lambda url: f"{url}:{tag}")],
+            # Pushes with the host's Docker credentials for ECR (see the module docstring).
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        return built.ref

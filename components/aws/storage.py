@@ -1,0 +1,90 @@
+"""The model bucket: versioned, encrypted, private, TLS only; engines read weights from it."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_aws as aws
+
+from components.aws import policies
+from components.spec import PlatformSpec
+
+NONCURRENT_VERSION_DAYS = 30
+ABORT_UPLOADS_DAYS = 7
+
+
+class ModelStorage(pulumi.ComponentResource):
+    bucket: aws.s3.Bucket
+
+    def __init__(
+        self, spec: PlatformSpec, tags: dict[str, str], opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        name = f"{spec.cluster_name}-models"
+        super().__init__("inferstack:aws:ModelStorage", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.bucket = aws.s3.Bucket(
+            name,
+            # Without a name Pulumi generates '<cluster>-models-<suffix>', unique across AWS.
+            bucket=spec.cluster.model_bucket,
+            force_destroy=False,  # weights are slow to re-upload: deleting the stack keeps a non-empty bucket
+            tags=tags,
+            opts=child,
+        )
+        aws.s3.BucketOwnershipControls(
+            name,
+            bucket=self.bucket.id,
+            rule=aws.s3.BucketOwnershipControlsRuleArgs(object_ownership="BucketOwnerEnforced"),
+            opts=child,
+        )
+        block = aws.s3.BucketPublicAccessBlock(
+            name,
+            bucket=self.bucket.id,
+            block_public_acls=True,
+            block_public_policy=True,
+            ignore_public_acls=True,
+            restrict_public_buckets=True,
+            opts=child,
+        )
+        aws.s3.BucketVersioning(
+            name,
+            bucket=self.bucket.id,
+            versioning_configuration=aws.s3.BucketVersioningVersioningConfigurationArgs(status="Enabled"),
+            opts=child,
+        )
+        aws.s3.BucketServerSideEncryptionConfiguration(
+            name,
+            bucket=self.bucket.id,
+            rules=[
+                aws.s3.BucketServerSideEncryptionConfigurationRuleArgs(
+                    apply_server_side_encryption_by_default=aws.s3.BucketServerSideEncryptionConfigurationRuleApplyServerSideEncryptionByDefaultArgs(
+                        sse_algorithm="AES256"
+                    ),
+                    bucket_key_enabled=True,
+                )
+            ],
+            opts=child,
+        )
+        aws.s3.BucketLifecycleConfiguration(
+            name,
+            bucket=self.bucket.id,
+            rules=[
+                aws.s3.BucketLifecycleConfigurationRuleArgs(
+                    id="tidy",
+                    status="Enabled",
+                    filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
+                    abort_incomplete_multipart_upload=aws.s3.BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
+                        days_after_initiation=ABORT_UPLOADS_DAYS
+                    ),
+                    noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
+                        noncurrent_days=NONCURRENT_VERSION_DAYS
+                    ),
+                )
+            ],
+            opts=child,
+        )
+        aws.s3.BucketPolicy(
+            name,
+            bucket=self.bucket.id,
+            policy=self.bucket.arn.apply(lambda arn: policies.dumps(policies.bucket_tls_only(arn))),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[block]),
+        )
+        self.register_outputs({"bucket": self.bucket.bucket})

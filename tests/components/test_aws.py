@@ -1,0 +1,498 @@
+"""The AWS layer under Pulumi's mocks: what each committed stack creates on AWS, with which inputs."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import ipaddress
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components import catalog, cost, plan
+from components.aws import decisions, registry
+from components.render import common
+from components.spec import PlatformSpec, Target
+from components.stackfile import STACKS_DIR, Stack, available_stacks, load
+from tests.components.helpers import minimal, write_stack
+
+
+@functools.cache
+def _synth(name: str) -> plan.Synthesis:
+    """One synthesis per committed stack (fresh mocks each; the result is plain data, shared read-only)."""
+    return plan.synthesize(load(name))
+
+
+EKS_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target is Target.EKS]
+KUBERNETES_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target is Target.KUBERNETES]
+K8S_EFFECT = {v: k for k, v in decisions.EKS_TAINT_EFFECT.items()}
+
+
+def _of(synthesis: plan.Synthesis, type_: str) -> list[plan.Resource]:
+    return [r for r in synthesis.resources if r.type == type_]
+
+
+def _one(synthesis: plan.Synthesis, type_: str) -> plan.Resource:
+    found = _of(synthesis, type_)
+    assert len(found) == 1, f"{type_}: {len(found)}"
+    return found[0]
+
+
+def _node_groups(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:
+    return {r.inputs["nodeGroupName"]: r.inputs for r in _of(synthesis, "aws:eks/nodeGroup:NodeGroup")}
+
+
+def _as_plan(inputs: dict[str, Any]) -> decisions.NodeGroupPlan:
+    """A node group as AWS would get it (from the captured inputs), in the shape ``schedulable`` reads."""
+    taints = [
+        decisions.Taint(t["key"], K8S_EFFECT[t["effect"]], t.get("value")) for t in inputs.get("taints", [])
+    ]
+    return decisions.NodeGroupPlan(
+        pool="",
+        node_group_name=inputs["nodeGroupName"],
+        instance_types=inputs["instanceTypes"],
+        ami_type=inputs["amiType"],
+        capacity_type=inputs["capacityType"],
+        min_size=0,
+        desired_size=0,
+        max_size=0,
+        root_disk_gib=0,
+        disk_iops=0,
+        disk_throughput_mibps=0,
+        labels=inputs.get("labels", {}),
+        taints=taints,
+    )
+
+
+@pytest.mark.parametrize("name", EKS_STACKS)
+def test_network_spans_the_zones_with_public_private_subnets_nat_and_discovery_tags(name: str) -> None:
+    stack = load(name)
+    spec = stack.spec
+    synthesis = _synth(stack.name)
+    net = decisions.network_plan(spec)
+    vpc = _one(synthesis, "aws:ec2/vpc:Vpc").inputs
+    assert vpc["cidrBlock"] == spec.cluster.vpc_cidr
+    assert vpc["enableDnsHostnames"] is True
+    subnets = [r.inputs for r in _of(synthesis, "aws:ec2/subnet:Subnet")]
+    public = [s for s in subnets if "kubernetes.io/role/elb" in s["tags"]]
+    private = [s for s in subnets if "kubernetes.io/role/internal-elb" in s["tags"]]
+    assert len(public) == len(private) == len(net.zones) >= 2
+    assert (
+        {s["availabilityZone"] for s in private} == set(net.zones) == {s["availabilityZone"] for s in public}
+    )
+    blocks = [ipaddress.ip_network(s["cidrBlock"]) for s in subnets]
+    assert all(b.subnet_of(ipaddress.ip_network(spec.cluster.vpc_cidr)) for b in blocks)  # type: ignore[arg-type]
+    assert not any(a.overlaps(b) for i, a in enumerate(blocks) for b in blocks[i + 1 :])
+    for s in private:
+        assert s["tags"]["karpenter.sh/discovery"] == spec.cluster_name
+        assert s["tags"][f"kubernetes.io/cluster/{spec.cluster_name}"] == "shared"
+    assert all(s.get("mapPublicIpOnLaunch") is False for s in public)
+    assert len(_of(synthesis, "aws:ec2/natGateway:NatGateway")) == net.nat_gateways == len(net.zones)
+    # Every private route table sends the internet through a NAT gateway; the public one through the IGW.
+    tables = [r.inputs for r in _of(synthesis, "aws:ec2/routeTable:RouteTable")]
+    assert sum(1 for t in tables if t["routes"][0].get("natGatewayId")) == len(private)
+    assert sum(1 for t in tables if t["routes"][0].get("gatewayId")) == 1
+
+
+@pytest.mark.parametrize("name", EKS_STACKS)
+def test_cluster_has_version_kms_secrets_logs_endpoint_access_and_addons(name: str) -> None:
+    stack = load(name)
+    spec = stack.spec
+    synthesis = _synth(stack.name)
+    cluster = _one(synthesis, "aws:eks/cluster:Cluster").inputs
+    key = _one(synthesis, "aws:kms/key:Key")
+    assert cluster["name"] == spec.cluster_name
+    assert cluster["version"] == spec.cluster.kubernetes_version
+    assert cluster["encryptionConfig"]["resources"] == ["secrets"]
+    assert "keyArn" in cluster["encryptionConfig"]["provider"]
+    assert key.inputs["enableKeyRotation"] is True
+    assert set(cluster["enabledClusterLogTypes"]) == {
+        "api",
+        "audit",
+        "authenticator",
+        "controllerManager",
+        "scheduler",
+    }
+    assert cluster["vpcConfig"]["endpointPrivateAccess"] is True
+    assert cluster["vpcConfig"]["endpointPublicAccess"] is spec.cluster.endpoint_public_access
+    assert len(cluster["vpcConfig"]["subnetIds"]) == len(decisions.network_plan(spec).zones)
+    assert cluster["accessConfig"]["authenticationMode"] == "API"
+    assert cluster["upgradePolicy"]["supportType"] == "STANDARD"
+    log_group = _one(synthesis, "aws:cloudwatch/logGroup:LogGroup").inputs
+    assert log_group["name"] == f"/aws/eks/{spec.cluster_name}/cluster"
+    assert log_group["retentionInDays"] == spec.cluster.control_plane_log_retention_days
+    addons = {r.inputs["addonName"]: r.inputs for r in _of(synthesis, "aws:eks/addon:Addon")}
+    assert set(addons) == {"vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent", "aws-ebs-csi-driver"}
+    assert (
+        addons["aws-ebs-csi-driver"]["podIdentityAssociations"][0]["serviceAccount"]
+        == "ebs-csi-controller-sa"
+    )
+
+
+def test_prod_keeps_the_api_endpoint_private() -> None:
+    cluster = _one(_synth("prod"), "aws:eks/cluster:Cluster").inputs
+    assert cluster["vpcConfig"]["endpointPublicAccess"] is False
+
+
+@pytest.mark.parametrize("name", EKS_STACKS)
+def test_gpu_node_groups_follow_the_placement_of_models_and_their_weights(name: str) -> None:
+    stack = load(name)
+    spec, layout = stack.spec, stack.layout
+    synthesis = _synth(stack.name)
+    groups = _node_groups(synthesis)
+    templates = {r.name: r.inputs for r in _of(synthesis, "aws:ec2/launchTemplate:LaunchTemplate")}
+    assert len(groups) == len(layout.pools) + 1
+    for pool in layout.pools.values():
+        group = groups[decisions.node_group_name(spec, pool.name)]
+        pool_spec = spec.pool(pool.name)
+        assert pool_spec is not None
+        members = [m for m in spec.models if layout.placements[m.name].pool == pool.name]
+        gpus_max = sum(m.scaling.max_replicas * m.engine.gpus for m in members)
+        gpus_min = sum(m.scaling.min_replicas * m.engine.gpus for m in members)
+        expected_max = pool_spec.max_nodes or max(math.ceil(gpus_max / pool.instance.gpus), 1)
+        assert group["scalingConfig"]["maxSize"] == expected_max
+        assert group["scalingConfig"]["minSize"] == max(
+            pool_spec.min_nodes, math.ceil(gpus_min / pool.instance.gpus)
+        )
+        assert group["scalingConfig"]["desiredSize"] == group["scalingConfig"]["minSize"]
+        assert group["instanceTypes"] == [pool.instance.name]
+        assert group["amiType"] == "AL2023_x86_64_NVIDIA"
+        assert group["capacityType"] == pool_spec.capacity_type.value.upper().replace("-", "_")
+        assert group["labels"][common.POOL_LABEL] == pool.name
+        assert group["labels"][decisions.GPU_PRODUCT_LABEL] == pool.instance.gpu_spec.product_label
+        assert group["taints"] == [{"key": "nvidia.com/gpu", "effect": "NO_SCHEDULE"}]
+        template = templates[group["nodeGroupName"]]
+        assert group["launchTemplate"]["id"] == f"{group['nodeGroupName']}-id"
+        assert "diskSize" not in group  # the launch template owns the disk
+        disk = template["blockDeviceMappings"][0]["ebs"]
+        weights = sum(layout.placements[m.name].weights_gib for m in members)
+        assert disk["volumeSize"] == pool.root_disk_gib >= weights
+        assert disk["volumeType"] == "gp3"
+        assert disk["encrypted"] == "true"
+        meta = template["metadataOptions"]
+        assert meta["httpTokens"] == "required"
+        assert meta["httpPutResponseHopLimit"] == 1
+
+
+@pytest.mark.parametrize("name", EKS_STACKS)
+def test_every_launch_template_enforces_imdsv2_and_tags_what_it_launches(name: str) -> None:
+    stack = load(name)
+    synthesis = _synth(stack.name)
+    expected = decisions.tags(stack.spec, name)
+    for template in _of(synthesis, "aws:ec2/launchTemplate:LaunchTemplate"):
+        assert template.inputs["metadataOptions"]["httpTokens"] == "required"
+        kinds = {t["resourceType"] for t in template.inputs["tagSpecifications"]}
+        assert kinds == {"instance", "volume", "network-interface"}
+        for spec_ in template.inputs["tagSpecifications"]:
+            assert expected.items() <= spec_["tags"].items()
+
+
+@pytest.mark.parametrize("name", EKS_STACKS)
+def test_engine_pods_land_only_on_their_pool_and_nothing_else_lands_on_gpu_nodes(name: str) -> None:
+    """The pairing: each engine's rendered nodeSelector and tolerations against the node groups' inputs."""
+    stack = load(name)
+    synthesis = _synth(stack.name)
+    groups = {n: _as_plan(i) for n, i in _node_groups(synthesis).items()}
+    system = groups[decisions.node_group_name(stack.spec, decisions.SYSTEM_POOL)]
+    deployments = [
+        m
+        for m in synthesis.kubernetes_manifests()
+        if m["kind"] == "Deployment"
+        and m["metadata"]["labels"].get("app.kubernetes.io/component") == "engine"
+    ]
+    assert len(deployments) == len(stack.spec.models)
+    for deployment in deployments:
+        model = deployment["metadata"]["labels"][common.MODEL_LABEL]
+        pod = deployment["spec"]["template"]["spec"]
+        fits = sorted(n for n, g in groups.items() if decisions.schedulable(pod, g))
+        pool = stack.layout.placements[model].pool
+        if pool is None:
+            assert system.node_group_name in fits
+        else:
+            assert fits == [decisions.node_group_name(stack.spec, pool)], model
+    # A pod with no toleration (the gateway, monitoring) may use the system nodes and no GPU node.
+    plain: dict[str, object] = {}
+    assert [n for n, g in groups.items() if decisions.schedulable(plain, g)] == [system.node_group_name]
+
+
+def test_tolerates_follows_kubernetes_matching_rules() -> None:
+    taint = decisions.Taint("nvidia.com/gpu", "NoSchedule")
+    assert decisions.tolerates(
+        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], taint
+    )
+    assert decisions.tolerates([{"key": "nvidia.com/gpu", "operator": "Exists"}], taint)
+    assert decisions.tolerates([{"operator": "Exists"}], taint)
+    assert not decisions.tolerates(
+        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}], taint
+    )
+    assert not decisions.tolerates([{"key": "other", "operator": "Exists"}], taint)
+    assert not decisions.tolerates([{"key": "nvidia.com/gpu", "value": "true"}], taint)
+    assert decisions.tolerates(
+        [{"key": "nvidia.com/gpu", "value": "true"}], decisions.Taint("nvidia.com/gpu", "NoSchedule", "true")
+    )
+    assert not decisions.tolerates([], taint)
+
+
+def test_engine_taint_is_the_one_the_renderer_tolerates() -> None:
+    assert decisions.gpu_taint().eks() == {"key": common.GPU_TAINT_KEY, "effect": "NO_SCHEDULE"}
+
+
+def _taggable(type_: str) -> bool:
+    """Whether the pulumi_aws resource class behind a type token takes ``tags``."""
+    _, module, name = type_.split(":")
+    cls = getattr(importlib.import_module(f"pulumi_aws.{module.split('/')[0]}"), name)
+    return "tags" in inspect.signature(cls._internal_init).parameters
+
+
+@pytest.mark.parametrize("name", EKS_STACKS)
+def test_every_taggable_aws_resource_carries_stack_environment_and_cost_tags(name: str) -> None:
+    stack = load(name)
+    synthesis = _synth(stack.name)
+    expected = {"inferstack:stack": name, "inferstack:environment": stack.spec.environment, **stack.spec.tags}
+    aws_resources = [r for r in synthesis.resources if r.type.startswith("aws:")]
+    taggable = [r for r in aws_resources if _taggable(r.type)]
+    assert len(taggable) > 30
+    missing = [
+        f"{r.type} {r.name}" for r in taggable if not expected.items() <= (r.inputs.get("tags") or {}).items()
+    ]
+    assert missing == []
+
+
+@pytest.mark.parametrize("name", KUBERNETES_STACKS)
+def test_kubernetes_target_stacks_create_nothing_on_aws(name: str) -> None:
+    synthesis = _synth(name)
+    assert synthesis.resources
+    cloud = [
+        r.type
+        for r in synthesis.resources
+        if r.type.startswith(("aws:", "pulumi:providers:aws", "docker-build:"))
+    ]
+    assert cloud == []
+    assert not [r for r in synthesis.resources if r.type.startswith("inferstack:aws:")]
+    assert cost.fixed_costs(load(name).spec) == []
+
+
+class _ProviderMonitor(plan.CapturingMonitor):
+    """Also records which provider each custom resource was registered with."""
+
+    providers: dict[str, str]
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802
+        response = super().RegisterResource(request)
+        type(self).providers[response.urn] = request.provider
+        return response
+
+
+@pytest.mark.parametrize("name", EKS_STACKS)
+def test_every_kubernetes_resource_uses_the_provider_built_from_the_cluster(name: str, monkeypatch) -> None:
+    _ProviderMonitor.providers = {}
+    monkeypatch.setattr(plan, "CapturingMonitor", _ProviderMonitor)
+    synthesis = plan.synthesize(load(name))
+    provider = _one(synthesis, "pulumi:providers:kubernetes")
+    assert provider.inputs["kubeconfig"] == plan.REDACTED  # the kubeconfig is a secret
+    k8s = [r for r in synthesis.resources if r.custom and r.type.startswith("kubernetes:")]
+    assert len(k8s) >= 2 * len(load(name).spec.models)
+    wrong = [r.name for r in k8s if not _ProviderMonitor.providers[r.urn].startswith(provider.urn + "::")]
+    assert wrong == []
+
+
+def test_kubeconfig_authenticates_with_aws_eks_get_token() -> None:
+    from components.aws.cluster import kubeconfig
+
+    config = kubeconfig("c1", "https://example.eks", "Q0E=", "eu-west-1")
+    user = config["users"][0]["user"]["exec"]
+    assert user["command"] == "aws"
+    assert user["args"] == [
+        "eks",
+        "get-token",
+        "--cluster-name",
+        "c1",
+        "--region",
+        "eu-west-1",
+        "--output",
+        "json",
+    ]
+    assert config["clusters"][0]["cluster"] == {
+        "server": "https://example.eks",
+        "certificate-authority-data": "Q0E=",
+    }
+
+
+def test_subnet_plan_splits_the_vpc_into_private_quarters_and_small_public_blocks() -> None:
+    spec = PlatformSpec.model_validate(
+        {**minimal(), "cluster": {"vpc_cidr": "10.8.0.0/16", "region": "eu-west-1"}}
+    )
+    net = decisions.network_plan(spec)
+    assert net.zones == ["eu-west-1a", "eu-west-1b", "eu-west-1c"]
+    assert [s.cidr for s in net.private] == ["10.8.0.0/18", "10.8.64.0/18", "10.8.128.0/18"]
+    assert [s.cidr for s in net.public] == ["10.8.192.0/22", "10.8.196.0/22", "10.8.200.0/22"]
+    assert net.nat_gateways == 3
+    single = PlatformSpec.model_validate(
+        {
+            **minimal(),
+            "cluster": {"single_nat_gateway": True, "availability_zones": ["us-east-1d", "us-east-1f"]},
+        }
+    )
+    plan_ = decisions.network_plan(single)
+    assert plan_.nat_gateways == 1 and plan_.zones == ["us-east-1d", "us-east-1f"]
+    assert [plan_.nat_zone(i) for i in range(2)] == [0, 0]
+    assert decisions.zones(
+        PlatformSpec.model_validate({**minimal(), "cluster": {"region": "ap-northeast-1"}})
+    ) == [
+        "ap-northeast-1a",
+        "ap-northeast-1c",
+        "ap-northeast-1d",
+    ]
+
+
+def _write(tmp_path: Path, name: str, cluster: dict[str, Any]) -> Stack:
+    platform = {**minimal(), "environment": name, "cluster": cluster}
+    write_stack(tmp_path, name, platform)
+    return load(name, tmp_path)
+
+
+def test_existing_subnets_replace_the_vpc_and_admin_roles_get_access_entries(tmp_path: Path) -> None:
+    private = ["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"]
+    admin = "arn:aws:iam::123456789012:role/platform-admins"
+    stack = _write(tmp_path, "byo", {"existing_private_subnet_ids": private, "admin_role_arns": [admin]})
+    synthesis = plan.synthesize(stack)
+    for type_ in (
+        "aws:ec2/vpc:Vpc",
+        "aws:ec2/subnet:Subnet",
+        "aws:ec2/natGateway:NatGateway",
+        "aws:ec2/eip:Eip",
+    ):
+        assert _of(synthesis, type_) == []
+    assert _one(synthesis, "aws:eks/cluster:Cluster").inputs["vpcConfig"]["subnetIds"] == private
+    assert all(g["subnetIds"] == private for g in _node_groups(synthesis).values())
+    entry = _one(synthesis, "aws:eks/accessEntry:AccessEntry").inputs
+    assert entry["principalArn"] == admin and entry["type"] == "STANDARD"
+    association = _one(synthesis, "aws:eks/accessPolicyAssociation:AccessPolicyAssociation").inputs
+    assert association["policyArn"].endswith(":cluster-access-policy/AmazonEKSClusterAdminPolicy")
+    assert association["accessScope"] == {"type": "cluster"}
+    assert [i.kind for i in cost.fixed_costs(stack.spec, stack.layout)].count("nat") == 0
+
+
+@pytest.mark.parametrize(
+    ("cluster", "message"),
+    [
+        ({"existing_private_subnet_ids": ["subnet-0123456789abcdef0"]}, "at least two zones"),
+        ({"existing_private_subnet_ids": ["vpc-1", "subnet-0123456789abcdef0"]}, "not a subnet id"),
+        ({"vpc_cidr": "10.0.0.0/24"}, "/16 to /20"),
+        ({"vpc_cidr": "10.0.0.300/16"}, "not an IPv4 CIDR"),
+        ({"availability_zones": ["eu-west-1a", "eu-west-1b"]}, "not zones of region us-east-1"),
+        ({"availability_zones": ["us-east-1a"]}, "2 to 4 zones"),
+        ({"admin_role_arns": ["arn:aws:iam::123:user/bob"]}, "not an IAM role ARN"),
+        ({"control_plane_log_retention_days": 100}, "use e.g. 90"),
+        ({"model_bucket": "Models_Bucket"}, "not an S3 bucket name"),
+        ({"existing_public_subnet_ids": ["subnet-0123456789abcdef0"]}, "needs existing_private_subnet_ids"),
+    ],
+)
+def test_aws_spec_mistakes_are_reported_with_the_field(
+    tmp_path: Path, cluster: dict[str, Any], message: str
+) -> None:
+    from components.problems import SpecError
+
+    write_stack(tmp_path, "bad", {**minimal(), "cluster": cluster})
+    with pytest.raises(SpecError) as err:
+        load("bad", tmp_path)
+    text = err.value.render()
+    assert message in text and "cluster" in text
+
+
+@pytest.mark.parametrize("name", EKS_STACKS)
+def test_plan_bills_the_aws_items_from_the_resources_it_creates(name: str, tmp_path: Path) -> None:
+    stack = load(name)
+    synthesis = _synth(stack.name)
+    items = {i.kind: i for i in cost.fixed_costs(stack.spec, stack.layout)}
+    month = catalog.HOURS_PER_MONTH
+    nats = len(_of(synthesis, "aws:ec2/natGateway:NatGateway"))
+    assert items["nat"].max_usd_month == pytest.approx(nats * catalog.NAT_GATEWAY_USD_PER_HOUR * month)
+    system = _node_groups(synthesis)[decisions.node_group_name(stack.spec, decisions.SYSTEM_POOL)]
+    per_node = catalog.SYSTEM_INSTANCE_USD_PER_HOUR * month
+    assert items["system-nodes"].min_usd_month == pytest.approx(system["scalingConfig"]["minSize"] * per_node)
+    assert items["system-nodes"].max_usd_month == pytest.approx(system["scalingConfig"]["maxSize"] * per_node)
+    assert items["eks"].min_usd_month == pytest.approx(catalog.EKS_CONTROL_PLANE_USD_PER_HOUR * month)
+    templates = {r.name: r.inputs for r in _of(synthesis, "aws:ec2/launchTemplate:LaunchTemplate")}
+    disk_gib_max = sum(
+        templates[n]["blockDeviceMappings"][0]["ebs"]["volumeSize"] * g["scalingConfig"]["maxSize"]
+        for n, g in _node_groups(synthesis).items()
+    )
+    assert items["ebs"].max_usd_month >= disk_gib_max * catalog.EBS_GP3_USD_PER_GIB_MONTH
+    bill = cost.stack_cost(stack.spec, stack.layout)
+    assert {"gpu-pool", "eks", "system-nodes", "nat", "ebs", "kms"} <= {i.kind for i in bill.items}
+    # resources.json lists the AWS resources the summary prices.
+    plan.write(synthesis, tmp_path, "summary\n")
+    written = json.loads((tmp_path / "resources.json").read_text())
+    assert (
+        sum(1 for r in written if r["type"] == "aws:eks/nodeGroup:NodeGroup") == len(stack.layout.pools) + 1
+    )
+
+
+@pytest.mark.parametrize("name", EKS_STACKS)
+def test_model_bucket_is_versioned_encrypted_private_and_tls_only(name: str) -> None:
+    synthesis = _synth(name)
+    assert _one(synthesis, "aws:s3/bucketVersioning:BucketVersioning").inputs["versioningConfiguration"] == {
+        "status": "Enabled"
+    }
+    sse = _one(
+        synthesis, "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
+    )
+    assert sse.inputs["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] in (
+        "AES256",
+        "aws:kms",
+    )
+    block = _one(synthesis, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
+    assert all(
+        block[k] is True
+        for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
+    )
+    policy = json.loads(_one(synthesis, "aws:s3/bucketPolicy:BucketPolicy").inputs["policy"])
+    assert policy["Statement"][0]["Effect"] == "Deny"
+    assert policy["Statement"][0]["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+
+
+@pytest.mark.parametrize("name", EKS_STACKS)
+def test_runtime_images_get_immutable_scanned_ecr_repositories(name: str) -> None:
+    synthesis = _synth(name)
+    repos = {
+        r.inputs["name"].rsplit("/", 1)[-1]: r.inputs for r in _of(synthesis, "aws:ecr/repository:Repository")
+    }
+    assert set(repos) == set(registry.RUNTIME_IMAGES)
+    for repo in repos.values():
+        assert repo["imageTagMutability"] == "IMMUTABLE"
+        assert repo["imageScanningConfiguration"] == {"scanOnPush": True}
+    assert len(_of(synthesis, "aws:ecr/lifecyclePolicy:LifecyclePolicy")) == len(repos)
+
+
+def test_images_are_built_from_runtime_images_with_content_tags_and_pushed(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """docker-build is opaque without its plugin: assert what it is asked to build and push."""
+    root = tmp_path / "repo"
+    (root / "runtime" / "images").mkdir(parents=True)
+    (root / "runtime" / "images" / "router.Dockerfile").write_text("FROM python:3.11-slim\n")
+    (root / "runtime" / "app.py").write_text("print('hi')\n")
+    (root / "pyproject.toml").write_text("[project]\nname='x'\n")
+    stack = load("prod")
+
+    def program() -> None:
+        registry.Registry(stack.spec, decisions.tags(stack.spec, "prod"), root)
+
+    monkeypatch.setattr(plan, "_run_program", program)
+    synthesis = plan.synthesize(stack)
+    image = _one(synthesis, "docker-build:index:Image").inputs
+    tag = registry.context_tag(root, "router")
+    assert image["push"] is True
+    assert image["platforms"] == ["linux/amd64"]
+    assert image["dockerfile"]["location"] == str(root / "runtime/images/router.Dockerfile")
+    assert image["context"]["location"] == str(root)
+    assert image["tags"][0].endswith(f":{tag}")
+    # The tag follows the sources: same sources, same tag; a changed file, a new tag.
+    assert registry.context_tag(root, "router") == tag
+    (root / "runtime" / "app.py").write_text("print('changed')\n")
+    assert registry.context_tag(root, "router") != tag

@@ -1,0 +1,139 @@
+"""IAM: every policy document the stacks create parses, grants no wildcard action, and is scoped."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import pytest
+
+from components import plan
+from components.aws import decisions, policies
+from components.spec import Target
+from components.stackfile import STACKS_DIR, available_stacks, load
+
+
+@functools.cache
+def _synth(name: str) -> plan.Synthesis:
+    """One synthesis per committed stack (fresh mocks each; the result is plain data, shared read-only)."""
+    return plan.synthesize(load(name))
+
+
+EKS_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target is Target.EKS]
+
+
+def _documents(synthesis: plan.Synthesis) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for r in synthesis.resources:
+        for key in ("assumeRolePolicy", "policy"):
+            value = r.inputs.get(key)
+            audited = r.type.startswith("aws:iam/") or r.type == "aws:s3/bucketPolicy:BucketPolicy"
+            if audited and isinstance(value, str):
+                out.append((f"{r.type} {r.name}", json.loads(value)))
+    return out
+
+
+@pytest.mark.parametrize("name", EKS_STACKS)
+def test_every_policy_document_parses_and_passes_the_least_privilege_audit(name: str) -> None:
+    documents = _documents(_synth(name))
+    assert len(documents) >= 8
+    for where, document in documents:
+        assert document["Version"] == policies.VERSION, where
+        assert policies.audit(document) == [], where
+        for statement in document["Statement"]:
+            if statement["Effect"] == "Allow":
+                actions = (
+                    statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+                )
+                assert "*" not in actions, where
+
+
+@pytest.mark.parametrize("name", EKS_STACKS)
+def test_roles_trust_exactly_one_service_and_engines_use_pod_identity(name: str) -> None:
+    stack = load(name)
+    synthesis = _synth(stack.name)
+    roles = {
+        r.name: json.loads(r.inputs["assumeRolePolicy"])
+        for r in synthesis.resources
+        if r.type == "aws:iam/role:Role"
+    }
+    cluster = stack.spec.cluster_name
+    principal = {n: d["Statement"][0]["Principal"]["Service"] for n, d in roles.items()}
+    assert principal[f"{cluster}-cluster"] == "eks.amazonaws.com"
+    assert principal[f"{cluster}-node"] == "ec2.amazonaws.com"
+    for job in ("engine", "lb-controller", "ebs-csi"):
+        assert principal[f"{cluster}-{job}"] == "pods.eks.amazonaws.com"
+        assert roles[f"{cluster}-{job}"]["Statement"][0]["Action"] == ["sts:AssumeRole", "sts:TagSession"]
+    associations = {
+        r.inputs["serviceAccount"]: r.inputs
+        for r in synthesis.resources
+        if r.type == "aws:eks/podIdentityAssociation:PodIdentityAssociation"
+    }
+    namespace, account = decisions.engine_service_account(stack.spec)
+    assert associations[account]["namespace"] == namespace == stack.spec.cluster.namespace
+    assert associations["aws-load-balancer-controller"]["namespace"] == "kube-system"
+    inline = {r.name: r.inputs for r in synthesis.resources if r.type == "aws:iam/rolePolicy:RolePolicy"}
+    read = json.loads(inline[f"{cluster}-engine-read-models"]["policy"])
+    actions = sorted({a for s in read["Statement"] for a in s["Action"]})
+    assert actions == ["s3:GetObject", "s3:ListBucket"]
+
+
+def test_model_read_scopes_s3_sources_to_their_prefixes() -> None:
+    doc = policies.model_read(
+        "us-east-1",
+        "arn:aws:s3:::stack-models",
+        ["s3://weights/llama/70b/", "s3://weights/qwen", "s3://other", "meta-llama/Llama-3.1-8B-Instruct"],
+    )
+    by_sid = {s["Sid"]: s for s in doc["Statement"]}
+    assert by_sid["ReadModelBucket"]["Resource"] == "arn:aws:s3:::stack-models/*"
+    assert by_sid["ListModelBucket"]["Resource"] == "arn:aws:s3:::stack-models"
+    assert by_sid["ReadSource0"]["Resource"] == ["arn:aws:s3:::other/*"]
+    assert "Condition" not in by_sid["ListSource0"]
+    assert by_sid["ReadSource1"]["Resource"] == [
+        "arn:aws:s3:::weights/llama/70b/*",
+        "arn:aws:s3:::weights/qwen/*",
+    ]
+    assert by_sid["ListSource1"]["Condition"] == {"StringLike": {"s3:prefix": ["llama/70b/*", "qwen/*"]}}
+    assert policies.audit(doc) == []
+    json.loads(policies.dumps(doc))
+
+
+def test_partitions_follow_the_region() -> None:
+    assert policies.managed_policy_arn("cn-north-1", "AmazonEKSClusterPolicy").startswith(
+        "arn:aws-cn:iam::aws:"
+    )
+    assert policies.managed_policy_arn("us-gov-west-1", "X").startswith("arn:aws-us-gov:")
+    lb = policies.dumps(policies.load_balancer_controller("cn-north-1"))
+    assert "arn:aws-cn:elasticloadbalancing" in lb and "arn:aws:" not in lb
+
+
+@pytest.mark.parametrize(
+    ("statement", "problem"),
+    [
+        ({"Effect": "Allow", "Action": "*", "Resource": "*"}, "on resource *"),
+        ({"Effect": "Allow", "Action": ["s3:*"], "Resource": "arn:aws:s3:::b"}, "wildcard actions"),
+        ({"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": "*"}, "without an ...AnyResource Sid"),
+        ({"Effect": "Allow", "Principal": "*", "Action": ["sts:AssumeRole"]}, "wildcard principal"),
+        ({"Effect": "Allow", "NotAction": ["iam:*"], "Resource": "arn:aws:s3:::b"}, "NotAction"),
+    ],
+)
+def test_audit_catches_over_broad_statements(statement: dict[str, Any], problem: str) -> None:
+    found = policies.audit({"Version": policies.VERSION, "Statement": [statement]})
+    assert any(problem in p for p in found), found
+
+
+def test_load_balancer_controller_changes_only_what_it_tagged() -> None:
+    doc = policies.load_balancer_controller("us-east-1")
+    assert policies.audit(doc) == []
+    for statement in doc["Statement"]:
+        mutating = [
+            a
+            for a in statement["Action"]
+            if a.startswith(("ec2:", "elasticloadbalancing:"))
+            and a.split(":")[1].startswith(("Delete", "Modify", "Set"))
+        ]
+        # Listeners and rules carry no cluster tag to condition on (as in the controller's published policy).
+        untaggable = statement["Sid"] in ("ListenerSettingsAnyResource", "ListenersAndRulesAnyResource")
+        if mutating and statement["Resource"] == "*" and not untaggable:
+            assert "aws:ResourceTag/elbv2.k8s.aws/cluster" in json.dumps(statement.get("Condition", {}))
