@@ -1,0 +1,18 @@
+"""The inference guardrails: every rule, in report order."""
+
+from __future__ import annotations
+
+from policies.inference.rules import fit, hygiene, money, placement, reliability, security
+from policies.inference.rules.base import Category, Finding, Res, Rule, Setting, Severity
+
+RULES: tuple[Rule, ...] = (
+    *fit.RULES,
+    *placement.RULES,
+    *reliability.RULES,
+    *security.RULES,
+    *money.RULES,
+    *hygiene.RULES,
+)
+BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
+
+__all__ = ["BY_NAME", "RULES", "Category", "Finding", "Res", "Rule", "Setting", "Severity"]

@@ -1,0 +1,294 @@
+"""Engines and GPU nodes read back from resources: which model, which shape, which node it selects.
+
+An engine is a workload whose app container runs vLLM, SGLang or trtllm-serve. Its model and memory
+shape come from the command line it will actually run (later flags win, as with argparse), so a flag
+appended by hand or through ``extra_args`` counts. Its node comes from the EKS node group whose labels
+its nodeSelector matches (or, for clusters the stack does not create, the rule's ``pool_instance_types``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from components import catalog, sizing
+from policies.inference.rules.base import Config, Props, Res, as_list, as_map, dig, number
+from policies.inference.rules.k8s import Container, containers, gpus_requested, pod_labels, workloads
+
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+SYSTEM_ROLE = "system"
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    kind: str  # vllm, sglang, trtllm
+    model: str | None
+    served_name: str | None
+    tp: int
+    pp: int
+    dtype: str
+    quantization: str
+    kv_cache_dtype: str
+    max_model_len: int | None
+    max_num_seqs: int
+    max_num_batched_tokens: int | None
+    gpu_memory_utilization: float
+    enforce_eager: bool
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+    def shape(self, arch: catalog.ModelArch) -> sizing.EngineShape:
+        return sizing.EngineShape(
+            quantization=self.quantization,
+            dtype=self.dtype,
+            kv_cache_dtype=self.kv_cache_dtype,
+            tensor_parallel_size=self.tp,
+            pipeline_parallel_size=self.pp,
+            # Without --max-model-len the engines use the model's whole context.
+            max_model_len=self.max_model_len or arch.max_context_tokens,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            enforce_eager=self.enforce_eager,
+        )
+
+
+def _flags(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """``--flag value`` / ``--flag=value`` / bare ``--flag`` into a dict (last one wins) and positionals."""
+    flags: dict[str, str] = {}
+    positional: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("-") and len(arg) > 1 and not _is_number(arg):
+            if "=" in arg:
+                key, value = arg.split("=", 1)
+                flags[key] = value
+            elif i + 1 < len(argv) and not (argv[i + 1].startswith("-") and not _is_number(argv[i + 1])):
+                flags[arg] = argv[i + 1]
+                i += 1
+            else:
+                flags[arg] = ""
+        else:
+            positional.append(arg)
+        i += 1
+    return flags, positional
+
+
+def _is_number(text: str) -> bool:
+    return number(text) is not None
+
+
+def _int(flags: Mapping[str, str], *names: str, default: int | None = None) -> int | None:
+    for name in names:
+        value = number(flags.get(name))
+        if value is not None:
+            return int(value)
+    return default
+
+
+def _float(flags: Mapping[str, str], *names: str, default: float) -> float:
+    for name in names:
+        value = number(flags.get(name))
+        if value is not None:
+            return value
+    return default
+
+
+def _quantization(value: str | None) -> str:
+    value = (value or "none").lower()
+    for prefix, name in (
+        ("awq", "awq"),
+        ("gptq", "gptq"),
+        ("fp8", "fp8"),
+        ("w8a8", "int8"),
+        ("int8", "int8"),
+    ):
+        if value.startswith(prefix):
+            return name
+    return "none"
+
+
+def parse_engine(container: Container) -> EngineArgs | None:
+    """The engine a container runs, from its command and args; None when it runs none of them."""
+    argv = [str(a) for a in as_list(container.props.get("command")) + as_list(container.props.get("args"))]
+    flags, positional = _flags(argv)
+    words = [p.rsplit("/", 1)[-1] for p in positional]
+    if "vllm" in words and "serve" in words:
+        kind = "vllm"
+        after = positional[words.index("serve") + 1 :]
+        model = flags.get("--model") or (after[0] if after else None)
+    elif "sglang.launch_server" in positional or any("sglang" in w for w in words):
+        kind, model = "sglang", flags.get("--model-path") or flags.get("--model")
+    elif "trtllm-serve" in words:
+        kind = "trtllm"
+        after = positional[words.index("trtllm-serve") + 1 :]
+        after = after[1:] if after[:1] == ["serve"] else after
+        model = after[0] if after else None
+    else:
+        return None
+    tp = _int(flags, "--tensor-parallel-size", "-tp", "--tp-size", "--tp_size", "--tp", default=1) or 1
+    pp = _int(flags, "--pipeline-parallel-size", "-pp", "--pp-size", "--pp_size", default=1) or 1
+    return EngineArgs(
+        kind=kind,
+        model=model,
+        served_name=flags.get("--served-model-name"),
+        tp=max(tp, 1),
+        pp=max(pp, 1),
+        dtype=(flags.get("--dtype") or "auto").lower(),
+        quantization=_quantization(flags.get("--quantization") or flags.get("-q")),
+        kv_cache_dtype=(flags.get("--kv-cache-dtype") or "auto").lower(),
+        max_model_len=_int(flags, "--max-model-len", "--context-length", "--max_seq_len"),
+        max_num_seqs=_int(flags, "--max-num-seqs", "--max-running-requests", "--max_batch_size", default=256)
+        or 256,
+        max_num_batched_tokens=_int(flags, "--max-num-batched-tokens", "--max_num_tokens"),
+        gpu_memory_utilization=_float(
+            flags,
+            "--gpu-memory-utilization",
+            "--mem-fraction-static",
+            "--kv_cache_free_gpu_memory_fraction",
+            default=0.9,
+        ),
+        enforce_eager="--enforce-eager" in flags or "--disable-cuda-graph" in flags,
+    )
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine workload: the resource, its pod spec, the engine container and what it runs."""
+
+    res: Res
+    pod: Props
+    container: Container
+    args: EngineArgs
+
+    @property
+    def gpus(self) -> int:
+        return gpus_requested(self.pod)
+
+    @property
+    def node_selector(self) -> Mapping[str, str]:
+        return as_map(self.pod.get("nodeSelector"))
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return pod_labels(self.res)
+
+    def arch(self) -> tuple[str, catalog.ModelArch] | None:
+        """The model's architecture from the catalog, by what the engine loads or serves, or the S3 prefix."""
+        candidates = [self.args.model, self.args.served_name]
+        for c in containers(self.pod):
+            candidates += [a.rstrip("/") for a in as_list(c.props.get("args")) + as_list(c.props.get("command"))
+                           if isinstance(a, str) and a.startswith("s3://")]  # fmt: skip
+        for name in candidates:
+            if not name:
+                continue
+            for key in (name, name.rstrip("/").rsplit("/", 1)[-1]):
+                found = catalog.lookup_model(key)
+                if found is not None:
+                    return found
+        return None
+
+
+def engines(resources: Sequence[Res]) -> list[Engine]:
+    out = []
+    for res, pod in workloads(resources):
+        for c in containers(pod, init=False):
+            parsed = parse_engine(c)
+            if parsed is not None:
+                out.append(Engine(res, pod, c, parsed))
+                break
+    return out
+
+
+@dataclass(frozen=True)
+class NodePool:
+    """A group of nodes pods can select: its labels, instance type, taints (Kubernetes spelling), bounds."""
+
+    res: Res | None
+    name: str
+    labels: Mapping[str, str]
+    instance_type: str | None
+    taints: tuple[tuple[str, str, str], ...]  # key, value, effect
+    capacity_type: str
+    max_size: int | None
+
+    @property
+    def instance(self) -> catalog.InstanceType | None:
+        return catalog.INSTANCE_TYPES.get(self.instance_type or "")
+
+    @property
+    def is_gpu(self) -> bool:
+        ami = str(self.res.props.get("amiType", "")) if self.res else ""
+        return self.instance is not None or "NVIDIA" in ami or "GPU" in ami
+
+    @property
+    def is_system(self) -> bool:
+        return self.labels.get("inferstack.io/node-role") == SYSTEM_ROLE
+
+
+_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
+
+
+def node_pools(resources: Sequence[Res], config: Config | None = None) -> list[NodePool]:
+    """EKS node groups, plus pools the rule config names for clusters the stack does not create."""
+    out = []
+    for r in resources:
+        if r.type != NODE_GROUP:
+            continue
+        p = r.props
+        taints = tuple(
+            (
+                str(as_map(t).get("key", "")),
+                str(as_map(t).get("value") or ""),
+                _EFFECTS.get(str(as_map(t).get("effect", "")), str(as_map(t).get("effect", ""))),
+            )
+            for t in as_list(p.get("taints"))
+        )
+        types = [str(t) for t in as_list(p.get("instanceTypes"))]
+        size = number(dig(p, "scalingConfig", "maxSize"))
+        labels = {str(k): str(v) for k, v in as_map(p.get("labels")).items()}
+        out.append(
+            NodePool(
+                r,
+                labels.get("inferstack.io/pool") or str(p.get("nodeGroupName") or r.name),
+                labels,
+                types[0] if types else None,
+                taints,
+                str(p.get("capacityType") or "ON_DEMAND"),
+                int(size) if size is not None else None,
+            )
+        )
+    known = {p.labels.get("inferstack.io/pool") for p in out}
+    for pool, instance in as_map((config or {}).get("pool_instance_types")).items():
+        if pool not in known:
+            out.append(
+                NodePool(
+                    None,
+                    str(pool),
+                    {"inferstack.io/pool": str(pool)},
+                    str(instance),
+                    (("nvidia.com/gpu", "", "NoSchedule"),),
+                    "ON_DEMAND",
+                    None,
+                )
+            )
+    return out
+
+
+def pools_for(selector: Mapping[str, str], pools: Sequence[NodePool]) -> list[NodePool]:
+    """The pools whose node labels a nodeSelector matches (an empty selector matches every pool)."""
+    return [p for p in pools if all(p.labels.get(k) == v for k, v in selector.items())]
+
+
+def gpu_pool_of(engine: Engine, pools: Sequence[NodePool]) -> NodePool | None:
+    """The one GPU pool an engine's nodeSelector picks with a known instance type, or None."""
+    if not engine.node_selector:
+        return None
+    found = [p for p in pools_for(engine.node_selector, pools) if p.instance is not None]
+    return found[0] if len(found) == 1 else None
+
+
+POOL_INSTANCE_TYPES_SCHEMA = {"type": "object", "additionalProperties": {"type": "string"}}

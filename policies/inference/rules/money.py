@@ -1,0 +1,174 @@
+"""Money: the stack's projected monthly bill at max scale stays within budget; no spot in production
+unless allowed.
+
+The bill is read from the resources themselves (node groups at maxSize with their instance and capacity
+types, root disks from launch templates, control planes, NAT gateways, KMS keys) priced with the same
+catalog and formulas as ``components.cost``, so `inferstack plan`'s figure and the policy agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from components import catalog, cost
+from components.aws import decisions
+from components.spec import CapacityType
+from policies.inference.rules.base import (
+    Category,
+    Config,
+    Finding,
+    Res,
+    Rule,
+    Setting,
+    Severity,
+    as_list,
+    as_map,
+    dig,
+    number,
+    of_type,
+)
+from policies.inference.rules.engines import NODE_GROUP, node_pools
+from policies.inference.rules.k8s import environment_of
+from policies.inference.rules.reliability import ENVIRONMENTS_SCHEMA
+
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+MONTH = catalog.HOURS_PER_MONTH
+
+
+@dataclass(frozen=True)
+class Line:
+    what: str
+    usd_month: float
+    urn: str | None = None
+
+
+def _disk_usd(template: Res | None) -> float:
+    if template is None:
+        return 0.0
+    total = 0.0
+    for mapping in as_list(template.props.get("blockDeviceMappings")):
+        ebs = as_map(as_map(mapping).get("ebs"))
+        size = number(ebs.get("volumeSize")) or 0.0
+        iops = number(ebs.get("iops")) or decisions.GP3_BASELINE_IOPS
+        throughput = number(ebs.get("throughput")) or decisions.GP3_BASELINE_THROUGHPUT_MIBPS
+        total += (
+            size * catalog.EBS_GP3_USD_PER_GIB_MONTH
+            + max(0.0, iops - decisions.GP3_BASELINE_IOPS) * catalog.EBS_GP3_USD_PER_IOPS_MONTH
+            + max(0.0, throughput - decisions.GP3_BASELINE_THROUGHPUT_MIBPS)
+            * catalog.EBS_GP3_USD_PER_MIBPS_MONTH
+        )
+    return total
+
+
+def bill(resources: Sequence[Res]) -> tuple[list[Line], list[str]]:
+    """Monthly cost at max scale, one line per billable resource, and what could not be priced."""
+    lines: list[Line] = []
+    unpriced: list[str] = []
+    templates = of_type(resources, LAUNCH_TEMPLATE)
+    for pool in node_pools(resources):
+        if pool.res is None:
+            continue
+        nodes = pool.max_size or 0
+        capacity = CapacityType.SPOT if pool.capacity_type.upper() == "SPOT" else CapacityType.ON_DEMAND
+        if pool.instance is not None:
+            hourly = cost.hourly(pool.instance, capacity)
+        elif pool.instance_type == catalog.SYSTEM_INSTANCE_TYPE:
+            hourly = catalog.SYSTEM_INSTANCE_USD_PER_HOUR
+        else:
+            unpriced.append(f"node group {pool.res.name} ({pool.instance_type})")
+            continue
+        ref = dig(pool.res.props, "launchTemplate", "id")
+        template = next(
+            (t for t in templates if ref in (f"{t.name}-id", t.name) or t.name == pool.res.name), None
+        )
+        per_node = hourly * MONTH + _disk_usd(template)
+        lines.append(
+            Line(
+                f"node group {pool.res.name}: {nodes} x {pool.instance_type} {capacity.value}",
+                per_node * nodes,
+                pool.res.urn,
+            )
+        )
+    for r in of_type(resources, "aws:eks/cluster:Cluster"):
+        lines.append(
+            Line(f"EKS control plane {r.name}", catalog.EKS_CONTROL_PLANE_USD_PER_HOUR * MONTH, r.urn)
+        )
+    nats = of_type(resources, "aws:ec2/natGateway:NatGateway")
+    if nats:
+        lines.append(
+            Line(f"{len(nats)} NAT gateways (hourly)", len(nats) * catalog.NAT_GATEWAY_USD_PER_HOUR * MONTH)
+        )
+    keys = of_type(resources, "aws:kms/key:Key")
+    if keys:
+        lines.append(Line(f"KMS keys ({len(keys)})", len(keys) * catalog.KMS_KEY_USD_PER_MONTH))
+    return lines, unpriced
+
+
+def _budget(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
+    budget = number(config.get("monthly_budget_usd"))
+    if budget is None:
+        return
+    lines, unpriced = bill(resources)
+    total = sum(line.usd_month for line in lines)
+    if total <= budget:
+        return
+    top = sorted(lines, key=lambda line: -line.usd_month)[: int(config["top_contributors"])]
+    listing = "\n".join(f"  {cost.monthly(line.usd_month):>10}  {line.what}" for line in top)
+    also = f"\n  (not priced: {', '.join(unpriced)})" if unpriced else ""
+    yield Finding(
+        f"projected monthly cost at max replicas is {cost.monthly(total)}, over the budget of "
+        f"{cost.monthly(budget)} by {cost.monthly(total - budget)}; lower max_replicas or max_nodes of the "
+        f"largest pools, use cheaper instance types or quantized models, or raise budget.monthly_usd_cap. "
+        f"Top contributors:\n{listing}{also}",
+        top[0].urn if top else None,
+    )
+
+
+BUDGET = Rule(
+    name="monthly-cost-within-budget",
+    category=Category.MONEY,
+    severity=Severity.HIGH,
+    description="Projected monthly cost with every node group at maxSize (GPU and system nodes, root disks, "
+    "EKS, NAT, KMS; catalog prices) is at most monthly_budget_usd.",
+    remediation="Lower max_replicas / max_nodes, pick cheaper instances or quantized models, or raise the budget.",
+    stack_check=_budget,
+    settings=(
+        Setting(
+            "monthly_budget_usd",
+            {"type": ["number", "null"], "exclusiveMinimum": 0},
+            None,
+            "The environment's monthly budget in USD (None: no cap). `inferstack plan` takes budget.monthly_usd_cap.",
+        ),
+        Setting("top_contributors", {"type": "integer", "minimum": 1}, 5, "Bill lines shown in the message."),
+    ),
+)
+
+
+def _spot(res: Res, config: Config) -> Iterator[str]:
+    if res.type != NODE_GROUP or str(res.props.get("capacityType", "")).upper() != "SPOT":
+        return
+    env = environment_of(res)
+    if env in set(config["environments"]) and not config["allow_spot"]:
+        yield (
+            f"node group {res.name}: spot capacity in {env}; AWS may reclaim every node with two minutes' "
+            "notice. Use capacity_type: on-demand, or set budget.allow_spot_in_prod: true (policy config "
+            "allow_spot) if interruptions are acceptable"
+        )
+
+
+SPOT = Rule(
+    name="no-spot-in-prod",
+    category=Category.MONEY,
+    severity=Severity.MEDIUM,
+    description="Node groups in the listed environments (prod by default) use on-demand capacity unless spot is "
+    "explicitly allowed.",
+    remediation="Set capacity_type: on-demand for the pool, or allow spot in the policy config.",
+    resource_check=_spot,
+    settings=(
+        Setting("allow_spot", {"type": "boolean"}, False, "Allow spot capacity in the listed environments."),
+        Setting("environments", ENVIRONMENTS_SCHEMA, ["prod"], "Environments where spot needs allow_spot."),
+    ),
+)
+
+RULES = (BUDGET, SPOT)

@@ -1,0 +1,285 @@
+"""Reliability: probes, redundancy and disruption budgets in production, scalers that exist and point at
+something, pools big enough for max replicas, startup probes patient enough for the weights."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+from components import sizing
+from policies.inference.rules.base import (
+    Category,
+    Config,
+    Finding,
+    Res,
+    Rule,
+    Setting,
+    Severity,
+    as_map,
+    dig,
+    number,
+    of_kind,
+)
+from policies.inference.rules.engines import engines, gpu_pool_of, node_pools
+from policies.inference.rules.fit import POOL_SETTING
+from policies.inference.rules.k8s import (
+    containers,
+    environment_of,
+    pod_labels,
+    pod_spec,
+    replica_range,
+    scalers,
+    scalers_of,
+    selects,
+)
+
+ENVIRONMENTS_SCHEMA = {"type": "array", "items": {"type": "string"}}
+
+
+def _probes(res: Res, config: Config) -> Iterator[str]:
+    pod = pod_spec(res)
+    if pod is None or res.kind in ("Job", "CronJob"):
+        return
+    exempt = set(config["exempt_containers"])
+    for c in containers(pod, init=False):
+        if f"{res.namespace}/{res.k8s_name}/{c.name}" in exempt:
+            continue
+        missing = [p for p in ("readinessProbe", "livenessProbe") if not as_map(c.props.get(p))]
+        if missing:
+            yield (
+                f"{res.display}: container {c.name} has no {' and no '.join(missing)}; without them a hung or "
+                "still-loading replica keeps receiving traffic. Add an httpGet probe on the health endpoint "
+                "(engines: /health; router, health monitor, batcher: /readyz and /healthz)"
+            )
+
+
+PROBES = Rule(
+    name="containers-have-probes",
+    category=Category.RELIABILITY,
+    severity=Severity.MEDIUM,
+    description="Every long-running container has a readiness and a liveness probe (init containers and Jobs "
+    "excepted).",
+    remediation="Add readinessProbe and livenessProbe (httpGet on the container's health path).",
+    resource_check=_probes,
+    settings=(
+        Setting(
+            "exempt_containers",
+            {"type": "array", "items": {"type": "string"}},
+            [],
+            "Containers exempt from the rule, as 'namespace/workload/container'.",
+        ),
+    ),
+)
+
+
+def _in_environments(res: Res, config: Config) -> bool:
+    return environment_of(res) in set(config["environments"])
+
+
+def _min_replicas(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
+    minimum = int(config["min_replicas"])
+    all_scalers = scalers(resources)
+    for e in engines(resources):
+        if not _in_environments(e.res, config):
+            continue
+        lo, _ = replica_range(e.res, all_scalers)
+        if lo < minimum:
+            yield Finding(
+                f"{e.res.display}: runs {lo} replica(s) at minimum in {environment_of(e.res)}; one node drain or "
+                f"engine crash takes the model offline. Set scaling.min_replicas to at least {minimum}",
+                e.res.urn,
+            )
+
+
+MIN_REPLICAS = Rule(
+    name="engine-min-replicas",
+    category=Category.RELIABILITY,
+    severity=Severity.HIGH,
+    description="In the listed environments (prod by default) every engine keeps at least min_replicas "
+    "replicas (the scaler's minimum, or spec.replicas).",
+    remediation="Raise the model's scaling.min_replicas to 2 or more.",
+    stack_check=_min_replicas,
+    settings=(
+        Setting("min_replicas", {"type": "integer", "minimum": 1}, 2, "Fewest replicas an engine may run."),
+        Setting("environments", ENVIRONMENTS_SCHEMA, ["prod"], "Environments the rule applies to."),
+    ),
+)
+
+
+def _pdb(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
+    budgets = of_kind(resources, "PodDisruptionBudget")
+    all_scalers = scalers(resources)
+    for e in engines(resources):
+        if not _in_environments(e.res, config):
+            continue
+        labels = pod_labels(e.res)
+        mine = [
+            b
+            for b in budgets
+            if b.namespace == e.res.namespace and selects(as_map(dig(b.props, "spec", "selector")), labels)
+        ]
+        if not mine:
+            yield Finding(
+                f"{e.res.display}: no PodDisruptionBudget selects its pods, so a node upgrade may evict every "
+                "replica at once; add one with maxUnavailable: 1 and the engine's selector labels",
+                e.res.urn,
+            )
+            continue
+        lo, _ = replica_range(e.res, all_scalers)
+        for b in mine:
+            min_available = number(dig(b.props, "spec", "minAvailable"))
+            max_unavailable = dig(b.props, "spec", "maxUnavailable")
+            if (min_available is not None and min_available >= lo) or number(max_unavailable) == 0:
+                yield Finding(
+                    f"{b.display}: allows no voluntary disruption of {e.res.k8s_name} ({lo} replica(s) at "
+                    "minimum), so node drains and upgrades hang; use maxUnavailable: 1",
+                    b.urn,
+                )
+
+
+PDB = Rule(
+    name="engine-has-disruption-budget",
+    category=Category.RELIABILITY,
+    severity=Severity.MEDIUM,
+    description="In the listed environments every engine has a PodDisruptionBudget selecting its pods, and the "
+    "budget still lets node drains proceed.",
+    remediation="Add a PodDisruptionBudget with maxUnavailable: 1 and the engine's selector labels.",
+    stack_check=_pdb,
+    settings=(Setting("environments", ENVIRONMENTS_SCHEMA, ["prod"], "Environments the rule applies to."),),
+)
+
+
+def _capacity(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
+    pools = node_pools(resources, config)
+    all_scalers = scalers(resources)
+    demand: dict[str, list[tuple[str, int, int]]] = {}
+    for e in engines(resources):
+        pool = gpu_pool_of(e, pools)
+        if pool is None or pool.instance is None or e.gpus == 0:
+            continue
+        _, hi = replica_range(e.res, all_scalers)
+        demand.setdefault(pool.name, []).append((e.res.k8s_name, hi, e.gpus))
+    for pool in pools:
+        members = demand.get(pool.name)
+        if not members or pool.instance is None or pool.max_size is None:
+            continue
+        per_node = pool.instance.gpus
+        # Replicas do not span nodes: each node holds floor(GPUs / GPUs per replica) of one shape.
+        nodes = sum(math.ceil(hi / max(1, per_node // gpus)) for _, hi, gpus in members)
+        if nodes > pool.max_size:
+            detail = ", ".join(f"{name} {hi} x {gpus} GPU" for name, hi, gpus in members)
+            yield Finding(
+                f"pool {pool.name}: max replicas ({detail}) need {nodes} nodes of {pool.instance.name} but the node "
+                f"group stops at {pool.max_size}; raise the pool's max_nodes to {nodes} or lower max_replicas",
+                pool.res.urn if pool.res else None,
+            )
+
+
+CAPACITY = Rule(
+    name="max-replicas-within-pool-capacity",
+    category=Category.RELIABILITY,
+    severity=Severity.HIGH,
+    description="The engines on each GPU pool can all reach their max replicas within the node group's maxSize.",
+    remediation="Raise gpu_pools[].max_nodes or lower the models' scaling.max_replicas.",
+    stack_check=_capacity,
+    settings=(POOL_SETTING,),
+)
+
+
+def _scaled(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
+    all_scalers = scalers(resources)
+    targets = {(r.kind, r.namespace, r.k8s_name) for r in resources if r.kind}
+    for s in all_scalers:
+        if (s.target_kind, s.res.namespace, s.target_name) not in targets:
+            yield Finding(
+                f"{s.res.display}: scaleTargetRef {s.target_kind}/{s.target_name} names nothing in this stack, so "
+                "it scales nothing; point it at the engine Deployment",
+                s.res.urn,
+            )
+    for e in engines(resources):
+        mine = scalers_of(e.res, all_scalers)
+        fixed = number(dig(e.res.props, "spec", "replicas"))
+        if len(mine) > 1:
+            yield Finding(
+                f"{e.res.display}: {len(mine)} scalers target it ({', '.join(s.res.display for s in mine)}); they "
+                "fight over the replica count. Keep one",
+                e.res.urn,
+            )
+        elif not mine and (fixed is None or config["require_scaler_for_fixed"]):
+            what = "sets no replica count" if fixed is None else f"is fixed at {fixed:g} replicas"
+            yield Finding(
+                f"{e.res.display}: no ScaledObject or HorizontalPodAutoscaler targets it and it {what}; give the "
+                "model scaling.max_replicas above min_replicas so a scaler is rendered, or fix replicas",
+                e.res.urn,
+            )
+
+
+SCALED = Rule(
+    name="engine-has-scaler",
+    category=Category.RELIABILITY,
+    severity=Severity.MEDIUM,
+    description="Every engine whose replica count is not fixed is the target of exactly one scaler "
+    "(KEDA ScaledObject or HPA), and every scaler's scaleTargetRef names a workload of the stack.",
+    remediation="Render one ScaledObject/HPA per engine with scaleTargetRef pointing at the engine Deployment.",
+    stack_check=_scaled,
+    settings=(
+        Setting(
+            "require_scaler_for_fixed",
+            {"type": "boolean"},
+            False,
+            "Also require a scaler for engines with a fixed spec.replicas.",
+        ),
+    ),
+)
+
+
+def _startup(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
+    base, per_gib = float(config["base_seconds"]), float(config["seconds_per_gib"])
+    for e in engines(resources):
+        found = e.arch()
+        if found is None:
+            continue
+        repo, arch = found
+        precision = sizing.weight_precision(e.args.quantization, e.args.dtype)
+        weights = sizing.weight_bytes(arch, precision, e.args.dtype) / sizing.GIB
+        need = base + per_gib * weights
+        probe = as_map(e.container.props.get("startupProbe"))
+        name = "startupProbe"
+        if not probe:
+            probe, name = as_map(e.container.props.get("livenessProbe")), "livenessProbe (no startupProbe)"
+        period = number(probe.get("periodSeconds")) or 10.0
+        failures = number(probe.get("failureThreshold")) or 3.0
+        delay = number(probe.get("initialDelaySeconds")) or 0.0
+        budget = delay + period * failures
+        if budget < need:
+            yield Finding(
+                f"{e.res.display}: {name} gives the engine {budget:.0f} s to start, but loading {weights:.1f} GiB "
+                f"of {repo} needs about {need:.0f} s ({base:.0f} s + {per_gib:g} s/GiB); the kubelet would kill it "
+                f"mid-load forever. Set a startupProbe with failureThreshold x periodSeconds >= {math.ceil(need)}",
+                e.res.urn,
+            )
+
+
+STARTUP = Rule(
+    name="engine-startup-probe-budget",
+    category=Category.RELIABILITY,
+    severity=Severity.HIGH,
+    description="An engine's startup probe allows at least base_seconds + seconds_per_gib x the model's "
+    "weights before the kubelet restarts it.",
+    remediation="Raise startupProbe.failureThreshold (or periodSeconds) so it covers downloading and loading "
+    "the weights.",
+    stack_check=_startup,
+    settings=(
+        Setting(
+            "base_seconds", {"type": "number", "minimum": 0}, 120, "Start-up time besides loading weights."
+        ),
+        Setting(
+            "seconds_per_gib",
+            {"type": "number", "minimum": 0},
+            5,
+            "Seconds to fetch and load one GiB of weights (about 200 MiB/s).",
+        ),
+    ),
+)
+
+RULES = (PROBES, MIN_REPLICAS, PDB, CAPACITY, SCALED, STARTUP)

@@ -1,0 +1,504 @@
+"""Each rule passes on the committed stacks and fails on a real rendered resource with one thing broken.
+
+Resources come from synthesizing the real stacks; each failing case copies them and changes one property,
+then runs the rule through its CrossGuard policy object (proxied properties, report callback).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from policies.inference.rules import RULES, Res
+from tests.policies.helpers import COMMITTED, aws, container, crossguard, drop, k8s, mutate, rendered
+
+ENGINE_70B = k8s("Deployment", "llama-3-70b-engine")
+ENGINE_8B = k8s("Deployment", "llama-3-8b-engine")
+BGE = k8s("Deployment", "bge-large-engine")
+ROUTER = k8s("Deployment", "inferstack-router")
+H100 = aws("nodeGroup:NodeGroup", "inferstack-prod-h100")
+
+
+def set_flag(props: dict[str, Any], flag: str, value: str) -> None:
+    args = container(props, "engine")["args"]
+    args[args.index(flag) + 1] = value
+
+
+def gpu(props: dict[str, Any], request: str, limit: str) -> None:
+    resources = container(props, "engine")["resources"]
+    resources["requests"]["nvidia.com/gpu"] = request
+    resources["limits"]["nvidia.com/gpu"] = limit
+
+
+def runtime_config(change: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    import yaml
+
+    def apply(props: dict[str, Any]) -> None:
+        doc = yaml.safe_load(props["data"]["runtime.yaml"])
+        change(doc)
+        props["data"]["runtime.yaml"] = yaml.safe_dump(doc)
+
+    return apply
+
+
+def iam_policy(props: dict[str, Any]) -> None:
+    props["policy"] = json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [{"Sid": "Admin", "Effect": "Allow", "Action": "*", "Resource": "*"}],
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    rule: str
+    stack: str
+    broken: Callable[[list[Res]], list[Res]]
+    expect: tuple[str, ...]
+    config: dict[str, Any] | None = None
+
+
+def m(
+    select: Callable[[Res], bool], change: Callable[[dict[str, Any]], object]
+) -> Callable[[list[Res]], list[Res]]:
+    return lambda resources: mutate(resources, select, change)
+
+
+def d(select: Callable[[Res], bool]) -> Callable[[list[Res]], list[Res]]:
+    return lambda resources: drop(resources, select)
+
+
+CASES = [
+    # fit
+    Case(
+        "70b-fp16-on-one-l4",
+        "engine-model-fits-gpus",
+        "dev",
+        m(
+            ENGINE_8B,
+            lambda p: (
+                container(p, "engine")["args"].__setitem__(0, "meta-llama/Llama-3.1-70B-Instruct"),
+                set_flag(p, "--dtype", "float16"),
+            ),
+        ),
+        (
+            "Llama-3.1-70B-Instruct",
+            "does not fit the L4 GPUs of g6.2xlarge",
+            "does NOT fit",
+            "weights",
+            "quantize",
+        ),
+    ),
+    Case(
+        "context-raised-in-args",
+        "engine-model-fits-gpus",
+        "prod",
+        m(BGE, lambda p: container(p, "engine")["args"].extend(["--gpu-memory-utilization", "0.05"])),
+        ("bge-large-engine", "does NOT fit"),
+    ),
+    Case(
+        "tp-3-on-8-gpus",
+        "engine-parallelism-divides-node",
+        "prod",
+        m(ENGINE_70B, lambda p: set_flag(p, "--tensor-parallel-size", "3")),
+        ("3 x 1 = 3 GPUs does not divide the 8 GPUs of p5.48xlarge", "1, 2, 4, 8"),
+    ),
+    Case(
+        "request-ne-limit",
+        "engine-gpu-request-matches-parallelism",
+        "prod",
+        m(ENGINE_70B, lambda p: gpu(p, "2", "1")),
+        ("requests 2 nvidia.com/gpu but limits 1", "set both to 2"),
+    ),
+    Case(
+        "gpus-ne-tp",
+        "engine-gpu-request-matches-parallelism",
+        "prod",
+        m(ENGINE_70B, lambda p: gpu(p, "1", "1")),
+        ("gets 1 nvidia.com/gpu but runs tensor x pipeline parallel 2 x 1 = 2",),
+    ),
+    Case(
+        "memory-over-node-share",
+        "engine-requests-fit-node",
+        "prod",
+        m(BGE, lambda p: container(p, "engine")["resources"]["requests"].__setitem__("memory", "64Gi")),
+        ("memory 64.0 GiB > 28.8 GiB", "g6.2xlarge"),
+    ),
+    # placement
+    Case(
+        "no-toleration",
+        "engine-tolerates-pool-taint",
+        "prod",
+        m(ENGINE_70B, lambda p: p["spec"]["template"]["spec"].pop("tolerations")),
+        ("does not tolerate its taint nvidia.com/gpu:NoSchedule",),
+    ),
+    Case(
+        "extra-toleration",
+        "engine-tolerates-pool-taint",
+        "prod",
+        m(
+            ENGINE_70B,
+            lambda p: p["spec"]["template"]["spec"]["tolerations"].append(
+                {"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}
+            ),
+        ),
+        ("tolerates dedicated (Exists), which pool h100 does not carry",),
+    ),
+    Case(
+        "untainted-gpu-pool",
+        "gpu-pool-has-gpu-taint",
+        "prod",
+        m(H100, lambda p: p.__setitem__("taints", [])),
+        ("inferstack-prod-h100 (p5.48xlarge) has GPUs but no nvidia.com/gpu:NO_SCHEDULE taint",),
+    ),
+    Case(
+        "gpu-pod-selects-system",
+        "no-gpu-pods-on-system-pool",
+        "prod",
+        m(
+            BGE,
+            lambda p: p["spec"]["template"]["spec"].__setitem__(
+                "nodeSelector", {"inferstack.io/node-role": "system"}
+            ),
+        ),
+        ("matches the system pool (inferstack-prod-system)",),
+    ),
+    Case(
+        "gpu-pod-without-selector",
+        "no-gpu-pods-on-system-pool",
+        "prod",
+        m(BGE, lambda p: p["spec"]["template"]["spec"].pop("nodeSelector")),
+        ("asks for GPUs but has no nodeSelector",),
+    ),
+    # reliability
+    Case(
+        "router-without-readiness",
+        "containers-have-probes",
+        "prod",
+        m(ROUTER, lambda p: container(p, "router").pop("readinessProbe")),
+        ("container router has no readinessProbe",),
+    ),
+    Case(
+        "one-replica-in-prod",
+        "engine-min-replicas",
+        "prod",
+        m(k8s("ScaledObject", "llama-3-8b-engine"), lambda p: p["spec"].__setitem__("minReplicaCount", 1)),
+        ("runs 1 replica(s) at minimum in prod", "at least 2"),
+    ),
+    Case(
+        "no-pdb",
+        "engine-has-disruption-budget",
+        "prod",
+        d(k8s("PodDisruptionBudget", "llama-3-8b-engine")),
+        ("llama-3-8b-engine: no PodDisruptionBudget selects its pods",),
+    ),
+    Case(
+        "pdb-blocks-drains",
+        "engine-has-disruption-budget",
+        "prod",
+        m(
+            k8s("PodDisruptionBudget", "llama-3-8b-engine"),
+            lambda p: p["spec"].__setitem__("maxUnavailable", 0),
+        ),
+        ("allows no voluntary disruption", "maxUnavailable: 1"),
+    ),
+    Case(
+        "pool-too-small",
+        "max-replicas-within-pool-capacity",
+        "prod",
+        m(H100, lambda p: p["scalingConfig"].__setitem__("maxSize", 1)),
+        (
+            "pool h100",
+            "need 2 nodes of p5.48xlarge but the node group stops at 1",
+            "raise the pool's max_nodes to 2",
+        ),
+    ),
+    Case(
+        "no-scaler",
+        "engine-has-scaler",
+        "prod",
+        d(k8s("ScaledObject", "llama-3-8b-engine")),
+        ("llama-3-8b-engine: no ScaledObject or HorizontalPodAutoscaler targets it",),
+    ),
+    Case(
+        "dangling-scaler",
+        "engine-has-scaler",
+        "prod",
+        m(
+            k8s("ScaledObject", "bge-large-engine"),
+            lambda p: p["spec"]["scaleTargetRef"].__setitem__("name", "bge-engine"),
+        ),
+        ("scaleTargetRef Deployment/bge-engine names nothing",),
+    ),
+    Case(
+        "impatient-startup-probe",
+        "engine-startup-probe-budget",
+        "prod",
+        m(ENGINE_70B, lambda p: container(p, "engine")["startupProbe"].__setitem__("failureThreshold", 3)),
+        ("startupProbe gives the engine 30 s to start", "failureThreshold x periodSeconds >="),
+    ),
+    # security
+    Case(
+        "router-latest",
+        "images-pinned",
+        "prod",
+        m(ROUTER, lambda p: container(p, "router").__setitem__("image", "ghcr.io/inferstack/router:latest")),
+        ("'ghcr.io/inferstack/router:latest' uses the moving tag ':latest'", "pin it by digest"),
+    ),
+    Case(
+        "untagged-init-image",
+        "images-pinned",
+        "prod",
+        m(
+            ENGINE_70B,
+            lambda p: p["spec"]["template"]["spec"].__setitem__(
+                "initContainers", [{"name": "warm", "image": "busybox"}]
+            ),
+        ),
+        ("container warm image 'busybox' has no tag",),
+    ),
+    Case(
+        "chart-override-latest",
+        "images-pinned",
+        "prod",
+        m(
+            aws("Chart", "dcgm-exporter"),
+            lambda p: p["values"].__setitem__(
+                "image", {"repository": "nvcr.io/nvidia/k8s/dcgm-exporter", "tag": "latest"}
+            ),
+        ),
+        ("Helm chart dcgm-exporter: values.image", ":latest"),
+    ),
+    Case(
+        "chart-range",
+        "helm-charts-pinned",
+        "prod",
+        m(aws("Chart", "keda"), lambda p: p.__setitem__("version", "^2.17")),
+        ("Helm chart keda (keda): '^2.17' is not an exact chart version",),
+    ),
+    Case(
+        "engine-as-root",
+        "no-privileged-or-root-containers",
+        "prod",
+        m(
+            ENGINE_70B,
+            lambda p: container(p, "engine")["securityContext"].update(runAsUser=0, runAsNonRoot=False),
+        ),
+        ("container engine runs as user 0 (root)",),
+    ),
+    Case(
+        "router-privileged",
+        "no-privileged-or-root-containers",
+        "prod",
+        m(ROUTER, lambda p: container(p, "router")["securityContext"].__setitem__("privileged", True)),
+        ("container router is privileged",),
+    ),
+    Case(
+        "hf-token-in-env",
+        "no-plaintext-secrets",
+        "prod",
+        m(
+            ENGINE_70B,
+            lambda p: container(p, "engine")["env"].append({"name": "HF_TOKEN", "value": "hf_" + "a" * 34}),
+        ),
+        ("env HF_TOKEN holds a literal in the pod spec", "Kubernetes Secret"),
+    ),
+    Case(
+        "api-key-on-command-line",
+        "no-plaintext-secrets",
+        "prod",
+        m(ENGINE_8B, lambda p: container(p, "engine")["args"].extend(["--api-key", "s3cr3t"])),
+        ("passes a secret on its command line (--api-key)",),
+    ),
+    Case(
+        "inline-api-keys-in-configmap",
+        "no-plaintext-secrets",
+        "prod",
+        m(
+            k8s("ConfigMap", "inferstack-runtime-config"),
+            runtime_config(
+                lambda doc: doc["router"].__setitem__(
+                    "api_keys", [{"name": "ci", "key": "k-123", "models": []}]
+                )
+            ),
+        ),
+        ("data[runtime.yaml] sets router.api_keys inline",),
+    ),
+    Case(
+        "no-default-deny",
+        "namespaces-have-network-policy",
+        "prod",
+        d(k8s("NetworkPolicy", "default-deny")),
+        ("namespace inference: no NetworkPolicy with an empty podSelector",),
+    ),
+    Case(
+        "public-without-keys",
+        "public-ingress-requires-api-key",
+        "prod",
+        m(
+            k8s("ConfigMap", "inferstack-runtime-config"),
+            runtime_config(lambda doc: doc["router"].__setitem__("require_api_key", False)),
+        ),
+        (
+            "Ingress inference/inferstack-router: is public, but the router in inference does not require API keys",
+        ),
+    ),
+    Case(
+        "public-to-engine",
+        "public-ingress-requires-api-key",
+        "prod",
+        m(
+            k8s("Ingress", "inferstack-router"),
+            lambda p: p["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"].__setitem__(
+                "name", "llama-3-70b-engine"
+            ),
+        ),
+        ("exposes llama-3-70b-engine publicly without the router",),
+    ),
+    Case(
+        "bucket-unencrypted",
+        "s3-buckets-encrypted-private",
+        "prod",
+        d(aws("BucketServerSideEncryptionConfiguration", "inferstack-prod-models")),
+        ("S3 bucket inferstack-prod-models: no default encryption",),
+    ),
+    Case(
+        "bucket-public-policy",
+        "s3-buckets-encrypted-private",
+        "prod",
+        m(
+            aws("BucketPublicAccessBlock", "inferstack-prod-models"),
+            lambda p: p.__setitem__("blockPublicPolicy", False),
+        ),
+        ("public access block leaves blockPublicPolicy off",),
+    ),
+    Case(
+        "star-on-star",
+        "iam-no-wildcard-admin",
+        "prod",
+        m(aws("rolePolicy:RolePolicy", "inferstack-prod-engine-read-models"), iam_policy),
+        ("statement Admin allows every action on every resource",),
+    ),
+    Case(
+        "admin-attachment",
+        "iam-no-wildcard-admin",
+        "prod",
+        m(
+            aws("RolePolicyAttachment", "inferstack-prod-node-AmazonEKSWorkerNodePolicy"),
+            lambda p: p.__setitem__("policyArn", "arn:aws:iam::aws:policy/AdministratorAccess"),
+        ),
+        ("attaches arn:aws:iam::aws:policy/AdministratorAccess",),
+    ),
+    Case(
+        "no-secrets-encryption",
+        "eks-secrets-encryption",
+        "prod",
+        m(aws("cluster:Cluster", "inferstack-prod"), lambda p: p.pop("encryptionConfig")),
+        ("Secrets (API keys, HF token) are not envelope-encrypted",),
+    ),
+    Case(
+        "public-endpoint-in-prod",
+        "eks-endpoint-private",
+        "prod",
+        m(
+            aws("cluster:Cluster", "inferstack-prod"),
+            lambda p: p["vpcConfig"].__setitem__("endpointPublicAccess", True),
+        ),
+        ("the Kubernetes API endpoint is public", "endpoint_public_access: false"),
+    ),
+    # money
+    Case(
+        "over-budget",
+        "monthly-cost-within-budget",
+        "prod",
+        m(H100, lambda p: p["scalingConfig"].__setitem__("maxSize", 8)),
+        ("over the budget of $250,000", "Top contributors", "inferstack-prod-h100: 8 x p5.48xlarge"),
+        {"monthly_budget_usd": 250_000},
+    ),
+    Case(
+        "spot-in-prod",
+        "no-spot-in-prod",
+        "prod",
+        m(H100, lambda p: p.__setitem__("capacityType", "SPOT")),
+        ("spot capacity in prod",),
+    ),
+    # hygiene
+    Case(
+        "missing-cost-center",
+        "aws-required-tags",
+        "prod",
+        m(aws("vpc:Vpc", "inferstack-prod"), lambda p: p["tags"].pop("cost-center")),
+        ("Vpc inferstack-prod: missing tag(s) cost-center",),
+    ),
+    Case(
+        "missing-part-of",
+        "workload-recommended-labels",
+        "prod",
+        m(ROUTER, lambda p: p["metadata"]["labels"].pop("app.kubernetes.io/part-of")),
+        ("metadata.labels lack app.kubernetes.io/part-of",),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_rule_fails_on_broken_resource(case: Case) -> None:
+    resources = rendered(case.stack)
+    assert crossguard(case.rule, resources, case.config) == [], "the unbroken stack must pass"
+    messages = crossguard(case.rule, case.broken(resources), case.config)
+    assert messages, "the broken resource must fail"
+    joined = "\n".join(messages)
+    for text in case.expect:
+        assert text in joined, f"{text!r} not in {joined!r}"
+
+
+def test_every_rule_has_a_failing_case() -> None:
+    assert {r.name for r in RULES} <= {c.rule for c in CASES}
+
+
+@pytest.mark.parametrize("stack", COMMITTED)
+@pytest.mark.parametrize("rule", [r.name for r in RULES])
+def test_committed_stacks_pass_every_rule(stack: str, rule: str) -> None:
+    from components.stackfile import load
+    from policies.inference import config as policy_config
+
+    settings = policy_config.resolve(policy_config.for_spec(load(stack).spec))[rule].settings
+    assert crossguard(rule, rendered(stack), settings) == []
+
+
+def test_environment_scoped_rules_leave_dev_alone() -> None:
+    """dev uses spot, a public endpoint and scale-to-zero engines: the prod-only rules do not apply there."""
+    resources = rendered("dev")
+    for rule in (
+        "no-spot-in-prod",
+        "eks-endpoint-private",
+        "engine-min-replicas",
+        "engine-has-disruption-budget",
+    ):
+        assert crossguard(rule, resources) == []
+    assert crossguard("engine-min-replicas", resources, {"environments": ["dev"]})
+
+
+def test_spot_in_prod_when_allowed() -> None:
+    broken = mutate(rendered("prod"), H100, lambda p: p.__setitem__("capacityType", "SPOT"))
+    assert crossguard("no-spot-in-prod", broken, {"allow_spot": True}) == []
+
+
+def test_budget_matches_plan_cost() -> None:
+    """The policy prices the resources exactly as `inferstack plan` prices the spec."""
+    from components import cost
+    from components.stackfile import load
+    from policies.inference.rules.money import bill
+
+    for stack in ("prod", "staging", "dev"):
+        loaded = load(stack)
+        lines, unpriced = bill(rendered(stack))
+        assert unpriced == []
+        assert sum(line.usd_month for line in lines) == pytest.approx(
+            cost.stack_cost(loaded.spec, loaded.layout).max_usd_month
+        )
