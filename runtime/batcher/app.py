@@ -8,10 +8,10 @@ which cancels its pending record, and its inputs are dropped before the next dis
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 from prometheus_client import generate_latest
 
@@ -67,8 +67,8 @@ class Batcher:
             limit = self.config.batcher.max_body_bytes
             return None, _error(413, f"request body exceeds {limit} bytes", "invalid_request_error")
         try:
-            body = json.loads(raw)
-        except ValueError:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
             return None, _error(400, "request body is not valid JSON", "invalid_request_error")
         if not isinstance(body, dict):
             return None, _error(400, "request body must be a JSON object", "invalid_request_error")
@@ -127,7 +127,8 @@ class Batcher:
         except asyncio.CancelledError:
             pending.future.cancel()  # the client left: its queued inputs are dropped before dispatch
             raise
-        return web.json_response(result)
+        # orjson: the float vectors are most of the bytes, and the stdlib encoder is ~10x slower on them
+        return web.Response(body=orjson.dumps(result), content_type="application/json")
 
     async def passthrough(self, request: web.Request) -> web.StreamResponse:
         """Score / rerank / classify go straight to a replica: no coalescing (different shapes)."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 
 from runtime.batcher import core
 from runtime.batcher.metrics import BatcherMetrics
@@ -36,6 +37,7 @@ log = logging.getLogger("inferstack.batcher")
 WatchFn = Callable[[ModelTarget], AsyncIterator[list[str]]]
 EMBEDDINGS_PATH = "/v1/embeddings"
 ERROR_BODY_MAX_BYTES = 64 * 1024
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class QueueFullError(Exception):
@@ -135,6 +137,13 @@ class ModelBatcher:
         self._calls: set[asyncio.Task[None]] = set()
         self._have_backends = asyncio.Event()
         self._done_window: deque[tuple[float, int]] = deque()
+        m, name = metrics, target.name  # labelled children resolved once: labels() is not free per item
+        self._m_depth = m.queue_depth.labels(name)
+        self._m_wait = m.wait.labels(name)
+        self._m_size = m.batch_size.labels(name)
+        self._m_tokens = m.batch_tokens.labels(name)
+        self._m_items = {o: m.items.labels(name, o) for o in ("ok", "error", "dropped", "rejected")}
+        self._m_calls = {o: m.engine_calls.labels(name, o) for o in ("ok", "error", "retry_alone")}
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -197,7 +206,7 @@ class ModelBatcher:
         for i, value in enumerate(inputs):
             queue.append(core.Item(pending, i, value, core.estimate_tokens(value), now))
         self.depth += len(inputs)
-        self._metrics.queue_depth.labels(self.target.name).set(self.depth)
+        self._m_depth.set(self.depth)
         self._arrived.set()
         return pending
 
@@ -237,14 +246,14 @@ class ModelBatcher:
                 queue, max_size=p.max_batch_size, max_tokens=p.max_batch_tokens, alive=_alive
             )
             self.depth -= len(batch) + dropped
-            self._metrics.queue_depth.labels(self.target.name).set(self.depth)
+            self._m_depth.set(self.depth)
             if dropped:
-                self._metrics.items.labels(self.target.name, "dropped").inc(dropped)
+                self._m_items["dropped"].inc(dropped)
             if not batch:
                 continue
             now = loop.time()
             for item in batch:
-                self._metrics.wait.labels(self.target.name).observe(now - item.enqueued_s)
+                self._m_wait.observe(now - item.enqueued_s)
             task = asyncio.create_task(self._send(batch))
             self._calls.add(task)
             task.add_done_callback(self._call_done)
@@ -278,16 +287,20 @@ class ModelBatcher:
     async def _post(self, url: str, payload: dict[str, Any]) -> dict[str, Any]:
         timeout = aiohttp.ClientTimeout(total=self.policy.engine_timeout_ms / 1000)
         try:
-            async with self._session.post(url + EMBEDDINGS_PATH, json=payload, timeout=timeout) as resp:
+            async with self._session.post(
+                url + EMBEDDINGS_PATH, data=orjson.dumps(payload), headers=JSON_HEADERS, timeout=timeout
+            ) as resp:
                 if resp.status == 200:
-                    body: dict[str, Any] = await resp.json(content_type=None)
+                    body = orjson.loads(await resp.read())
+                    if not isinstance(body, dict):
+                        raise ValueError("engine answered 200 with a non-object body")
                     return body
                 raw = await resp.content.read(ERROR_BODY_MAX_BYTES)
         except TimeoutError as err:
             raise EngineError(504, error_body("engine timed out", "timeout", 504)) from err
         except aiohttp.ClientConnectorError:
             raise
-        except (aiohttp.ClientError, ValueError) as err:
+        except (aiohttp.ClientError, ValueError, orjson.JSONDecodeError) as err:
             raise EngineError(502, error_body(f"engine answer unusable: {err}", "bad_gateway", 502)) from err
         raise EngineError(resp.status, _engine_error_body(raw, resp.status))
 
@@ -301,38 +314,36 @@ class ModelBatcher:
                 item.owner.fail(err)
 
     async def _send_batch(self, batch: list[core.Item]) -> None:
-        name = self.target.name
         owners = list(dict.fromkeys(item.owner for item in batch))
         payload = {**owners[0].body, "input": [item.value for item in batch]}
-        self._metrics.batch_size.labels(name).observe(len(batch))
-        self._metrics.batch_tokens.labels(name).observe(sum(i.tokens for i in batch))
+        self._m_size.observe(len(batch))
+        self._m_tokens.observe(sum(i.tokens for i in batch))
         try:
             body = await self._call(payload)
             self._deliver(batch, body)
-            self._metrics.engine_calls.labels(name, "ok").inc()
+            self._m_calls["ok"].inc()
             return
         except (EngineError, core.EngineResponseError) as err:
-            self._metrics.engine_calls.labels(name, "error").inc()
+            self._m_calls["error"].inc()
             first = err
         if len(owners) == 1:
             owners[0].fail(_as_engine_error(first))
-            self._metrics.items.labels(name, "error").inc(len(batch))
+            self._m_items["error"].inc(len(batch))
             return
         # One bad input must not fail its neighbours: each member request alone, concurrently.
         await asyncio.gather(*(self._send_alone(o, [i for i in batch if i.owner is o]) for o in owners))
 
     async def _send_alone(self, owner: Pending, items: list[core.Item]) -> None:
-        name = self.target.name
         if not owner.wants_results():
-            self._metrics.items.labels(name, "dropped").inc(len(items))
+            self._m_items["dropped"].inc(len(items))
             return
-        self._metrics.engine_calls.labels(name, "retry_alone").inc()
+        self._m_calls["retry_alone"].inc()
         try:
             body = await self._call({**owner.body, "input": [i.value for i in items]})
             self._deliver(items, body)
         except (EngineError, core.EngineResponseError) as err:
             owner.fail(_as_engine_error(err))
-            self._metrics.items.labels(name, "error").inc(len(items))
+            self._m_items["error"].inc(len(items))
 
     def _deliver(self, batch: list[core.Item], body: dict[str, Any]) -> None:
         data = core.engine_vectors(body, len(batch))
@@ -343,7 +354,7 @@ class ModelBatcher:
             owner: Pending = item.owner
             owner.created, owner.model = created, model
             owner.fill(item.position, entry, tokens)
-        self._metrics.items.labels(self.target.name, "ok").inc(len(batch))
+        self._m_items["ok"].inc(len(batch))
         self._done_window.append((time.monotonic(), len(batch)))
 
 
