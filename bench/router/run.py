@@ -343,7 +343,7 @@ def run(targets: list[str], duration_s: int, ttfb_n: int, repeat: int = 1) -> li
                     if argv is None and target != "direct":
                         print(f"skip {target}: not installed", file=sys.stderr)
                         continue
-                    log = RESULTS / f".{target}-{scenario}.log"
+                    log = tmp / f"{target}-{scenario}.log"
                     ctx = process(argv, log=log) if argv else _nothing()
                     with ctx as proc:
                         port = ROUTER_PORT if argv else ports[0]
