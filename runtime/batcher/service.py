@@ -38,6 +38,7 @@ WatchFn = Callable[[ModelTarget], AsyncIterator[list[str]]]
 EMBEDDINGS_PATH = "/v1/embeddings"
 ERROR_BODY_MAX_BYTES = 64 * 1024
 JSON_HEADERS = {"Content-Type": "application/json"}
+GATEWAY_STATUSES = frozenset({502, 503, 504})  # no answer from the engine: not an input's fault
 
 
 class QueueFullError(Exception):
@@ -326,8 +327,12 @@ class ModelBatcher:
         except (EngineError, core.EngineResponseError) as err:
             self._m_calls["error"].inc()
             first = err
-        if len(owners) == 1:
-            owners[0].fail(_as_engine_error(first))
+        error = _as_engine_error(first)
+        if len(owners) == 1 or error.status in GATEWAY_STATUSES:
+            # One member, or the replica itself is unreachable/overloaded/slow: retrying each member
+            # alone would only multiply the load on a struggling engine.
+            for owner in owners:
+                owner.fail(error)
             self._m_items["error"].inc(len(batch))
             return
         # One bad input must not fail its neighbours: each member request alone, concurrently.

@@ -152,11 +152,15 @@ async def test_client_mistakes_are_4xx(fake_engine, batcher_at):
             assert r.status == 413
 
 
-async def test_engine_unreachable_is_502(batcher_at, unused_tcp_port):
-    b = await batcher_at(batcher_config([f"http://127.0.0.1:{unused_tcp_port}"]))
+async def test_engine_unreachable_is_502_without_per_member_retries(batcher_at, unused_tcp_port):
+    b = await batcher_at(batcher_config([f"http://127.0.0.1:{unused_tcp_port}"], max_wait_ms=50))
     async with aiohttp.ClientSession() as s:
-        status, body, _ = await post(s, b.url, {"model": "emb", "input": "x"})
-    assert status == 502 and body["error"]["type"] == "bad_gateway"
+        results = await asyncio.gather(
+            *(post(s, b.url, {"model": "emb", "input": f"x{i}"}) for i in range(4))
+        )
+    assert all(status == 502 and body["error"]["type"] == "bad_gateway" for status, body, _ in results)
+    calls = b.batcher.metrics.engine_calls
+    assert calls.labels("emb", "retry_alone")._value.get() == 0
 
 
 async def test_score_passes_through(fake_engine, batcher_at):
