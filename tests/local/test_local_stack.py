@@ -1,0 +1,146 @@
+"""`make local` for real: vLLM on CPU behind the health monitor, batcher and router, talked to with the
+``openai`` SDK. One stack serves every assertion (engines take a minute to start); it is brought up the
+way the README says (`make local`, here with DETACH=1 and its own ports and state dir, so a stack the
+developer runs on the default ports is left alone) and brought down with `make local-down`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+
+from components.local import state
+from tests.local.helpers import REPO, assert_nothing_left, free_port_block, port_args, run_local, stack_pids
+
+pytestmark = pytest.mark.engine
+
+CHAT = "tiny-llama"
+EMBED = "all-minilm-l6-v2"
+START_TIMEOUT_S = 560
+
+
+@dataclass
+class LocalStack:
+    state_dir: Path
+    router_url: str
+    make_args: list[str]
+    pids: set[int]
+    started_s: float
+
+    @property
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.router_url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def _make(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKEFLAGS", "MFLAGS", "MAKELEVEL"))}
+    return subprocess.run(
+        ["make", "-s", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def local_stack(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    state_dir = tmp_path_factory.mktemp("local") / "state"
+    base, engines = free_port_block(3), free_port_block(3)
+    args = " ".join([*port_args(base, engines), "--timeout", str(START_TIMEOUT_S - 20)])
+    make_args = [f"LOCAL_STATE={state_dir}", f"LOCAL_ARGS={args}"]
+    started = time.monotonic()
+    up = _make("local", "DETACH=1", *make_args, timeout=START_TIMEOUT_S)
+    took = time.monotonic() - started
+    stack = LocalStack(state_dir, f"http://127.0.0.1:{base}", make_args, stack_pids(state_dir), took)
+    try:
+        assert up.returncode == 0, f"make local failed:\n{up.stdout}\n{up.stderr}"
+        assert "is ready in" in up.stdout, up.stdout
+        yield stack
+    finally:
+        down = _make("local-down", f"LOCAL_STATE={state_dir}", timeout=120)
+        for pid in stack_pids(state_dir):  # belt and braces: never leave an engine behind
+            os.kill(pid, signal.SIGKILL)
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
+def test_models_chat_completion_and_streaming(local_stack: LocalStack) -> None:
+    client = local_stack.client
+    assert {m.id for m in client.models.list().data} == {CHAT, EMBED}
+    chat = client.chat.completions.create(
+        model=CHAT, messages=[{"role": "user", "content": "Hello there"}], max_tokens=8
+    )
+    assert chat.model == CHAT and chat.usage is not None and chat.usage.completion_tokens > 0
+    assert isinstance(chat.choices[0].message.content, str)
+    completion = client.completions.create(model=CHAT, prompt="The quick brown fox", max_tokens=8)
+    assert completion.usage is not None and completion.usage.completion_tokens > 0
+    chunks = list(
+        client.chat.completions.create(
+            model=CHAT, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=12, stream=True
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(chunks) > 2 and text
+    assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+
+
+def test_embeddings_are_real_sentence_embeddings(local_stack: LocalStack) -> None:
+    sentences = ["A cat sits on the mat.", "A kitten is sitting on a rug.", "Interest rates rose again."]
+    result = local_stack.client.embeddings.create(model=EMBED, input=sentences)
+    vectors = [d.embedding for d in sorted(result.data, key=lambda d: d.index)]
+    assert [len(v) for v in vectors] == [384, 384, 384]
+    assert all(abs(math.hypot(*v) - 1) < 1e-2 for v in vectors)
+    cos = [sum(a * b for a, b in zip(vectors[0], v, strict=True)) for v in vectors[1:]]
+    assert cos[0] > cos[1] + 0.2, cos  # all-MiniLM-L6-v2 knows a cat from a central bank
+
+
+def test_router_metrics_and_status(local_stack: LocalStack) -> None:
+    with urllib.request.urlopen(f"{local_stack.router_url}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    assert "inferstack_router_requests_total{" in metrics and f'model="{CHAT}"' in metrics
+    healthy = [line for line in metrics.splitlines() if line.startswith("inferstack_router_backend_healthy")]
+    assert len(healthy) == 3 and all(line.endswith(" 1.0") for line in healthy), healthy
+    status = run_local("status", "--state-dir", str(local_stack.state_dir))
+    assert status.returncode == 0 and "ready (pid" in status.stdout and "NOT ready" not in status.stdout
+
+
+def test_a_second_make_local_fails_fast(local_stack: LocalStack) -> None:
+    # The venvs are make prerequisites: bring them up to date first (untimed), so the clock below
+    # measures the refusal, not a reinstall after someone touched pyproject.toml.
+    assert _make("venv", "engine-venv", timeout=900).returncode == 0
+    started = time.monotonic()
+    second = _make("local", *local_stack.make_args, timeout=120)
+    assert second.returncode != 0
+    assert "inferstack local is already running (pid" in second.stderr
+    assert "Traceback" not in second.stderr
+    assert time.monotonic() - started < 20
+
+
+def test_serving_goes_on_when_one_chat_replica_dies(local_stack: LocalStack) -> None:
+    current = state.read_state(local_stack.state_dir)
+    assert current is not None
+    victim = next(p for p in current["processes"] if p["name"] == f"{CHAT}-0")
+    os.killpg(victim["pid"], signal.SIGKILL)  # the engine and its EngineCore
+    client = local_stack.client
+    for i in range(8):
+        reply = client.chat.completions.create(
+            model=CHAT, messages=[{"role": "user", "content": f"still there? {i}"}], max_tokens=4
+        )
+        assert reply.usage is not None and reply.usage.completion_tokens > 0
+    status = run_local("status", "--state-dir", str(local_stack.state_dir))
+    assert "EXITED" in status.stdout
+
+
+def test_down_leaves_no_process(local_stack: LocalStack) -> None:
+    """Last: `make local-down` stops everything; no pid of the stack survives."""
+    pids = stack_pids(local_stack.state_dir) | local_stack.pids
+    assert len(pids) >= 7
+    down = _make("local-down", f"LOCAL_STATE={local_stack.state_dir}", timeout=120)
+    assert down.returncode == 0 and "no process left" in down.stdout, down.stdout + down.stderr
+    assert_nothing_left(local_stack.state_dir, pids)
