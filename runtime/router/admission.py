@@ -23,18 +23,26 @@ class WaitQueue:
     def __len__(self) -> int:
         return len(self._waiters)
 
-    async def wait(self, timeout_s: float) -> bool:
-        """Wait for a wake-up; False if the deadline passed first."""
-        if len(self._waiters) >= self.max_waiting:
+    async def wait(self, timeout_s: float, front: bool = False) -> bool:
+        """Wait for a wake-up; False if the deadline passed first. ``front`` re-queues a request
+        that was woken but lost the slot, ahead of later arrivals."""
+        if len(self._waiters) >= self.max_waiting and not front:
             raise QueueFullError
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+        if front:
+            self._waiters.appendleft(fut)
+        else:
+            self._waiters.append(fut)
         try:
             async with asyncio.timeout(timeout_s):
                 await fut
             return True
         except TimeoutError:
-            return False
+            return fut.done() and not fut.cancelled()  # woken as the deadline hit: still a wake-up
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.wake_one()  # we were handed a slot but are leaving: pass it on
+            raise
         finally:
             if not fut.done():
                 fut.cancel()

@@ -313,7 +313,11 @@ class Router:
         waited_from = 0.0
         while True:
             ctx.now = time.monotonic()
-            backend = state.strategy.pick(state.backends, ctx)
+            # first come, first served: a newcomer does not overtake requests already in line
+            jump = not waited_from and len(state.queue) > 0
+            if jump and any(b.inflight < b.cap and b.healthy for b in state.backends):
+                state.queue.wake_one()  # a slot is free: make sure the head of the line gets it
+            backend = None if jump else state.strategy.pick(state.backends, ctx)
             if backend is not None:
                 if waited_from:
                     self.metrics.waited(state.name, ctx.now - waited_from)
@@ -334,11 +338,13 @@ class Router:
                     retry_after_s=state.settings.breaker_open_ms / 1000,
                 )
                 return None
+            again = bool(waited_from)
             if not waited_from:
                 waited_from = now
             remaining = self.queue_deadline_s - (now - waited_from)
             try:
-                woke = remaining > 0 and await state.queue.wait(remaining)
+                # woken but beaten to the slot: back to the front of the line, not the end
+                woke = remaining > 0 and await state.queue.wait(remaining, front=again)
             except QueueFullError:
                 woke = False
             if not woke:
