@@ -33,6 +33,13 @@ class BatcherMetrics:
             buckets=WAIT_BUCKETS,
             registry=r,
         )
+        self.engine_seconds = Histogram(
+            f"{NS}_engine_seconds",
+            "Duration of one engine call.",
+            ["model"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
         self.queue_depth = Gauge(f"{NS}_queue_depth", "Inputs waiting for a batch.", ["model"], registry=r)
         self.items = Counter(
             f"{NS}_items",

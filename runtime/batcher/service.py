@@ -143,6 +143,7 @@ class ModelBatcher:
         self._m_wait = m.wait.labels(name)
         self._m_size = m.batch_size.labels(name)
         self._m_tokens = m.batch_tokens.labels(name)
+        self._m_engine = m.engine_seconds.labels(name)
         self._m_items = {o: m.items.labels(name, o) for o in ("ok", "error", "dropped", "rejected")}
         self._m_calls = {o: m.engine_calls.labels(name, o) for o in ("ok", "error", "retry_alone")}
 
@@ -277,12 +278,14 @@ class ModelBatcher:
                 break
             tried.add(backend.url)
             backend.inflight += 1
+            started = time.perf_counter()
             try:
                 return await self._post(backend.url, payload)
             except aiohttp.ClientConnectorError as err:
                 last = EngineError(502, error_body(f"replica unreachable: {err}", "bad_gateway", 502))
             finally:
                 backend.inflight -= 1
+                self._m_engine.observe(time.perf_counter() - started)
         raise last
 
     async def _post(self, url: str, payload: dict[str, Any]) -> dict[str, Any]:
