@@ -451,6 +451,8 @@ class Router:
             b.inflight -= 1
             if ok:
                 b.breaker.on_success()
+            else:
+                b.breaker.on_abandon()
             state.queue.wake_one()
             self.metrics.request(state.name, b.url, status or 502, time.monotonic() - call.started)
             if self.cfg.router.access_log:

@@ -53,6 +53,11 @@ class Breaker:
         self.trial_in_flight = False
         self.state = Circuit.CLOSED
 
+    def on_abandon(self) -> None:
+        """The trial request ended without a verdict (its client left): let another one try."""
+        if self.state is Circuit.HALF_OPEN:
+            self.trial_in_flight = False
+
     def on_failure(self, now: float) -> None:
         self.failures += 1
         self.trial_in_flight = False

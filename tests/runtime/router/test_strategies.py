@@ -194,6 +194,9 @@ def test_breaker_half_open_allows_one_trial() -> None:
     br.on_failure(6.1)
     assert br.state is Circuit.OPEN
     br.on_start(12.0)
+    br.on_abandon()  # the trial's client left: another request may try
+    assert br.state is Circuit.HALF_OPEN and br.allows(12.0)
+    br.on_start(12.0)
     br.on_success()
     assert br.state is Circuit.CLOSED and br.allows(12.0)
 
