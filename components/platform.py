@@ -32,17 +32,23 @@ class PlatformSecrets:
     when not given."""
 
 
-def _api_keys(spec: PlatformSpec, secrets: PlatformSecrets) -> pulumi.Output[str] | None:
-    key = spec.gateway.api_keys_config_key
-    if secrets.api_keys is not None or not key:
-        return secrets.api_keys
+def _secret_config(field: str, key: str | None, example: str) -> pulumi.Output[str] | None:
+    """The Pulumi secret a spec field names, or a message (not a traceback) when it is not set."""
+    if not key:
+        return None
     value = pulumi.Config("inferstack").get_secret(key)
     if value is None:
         raise pulumi.RunError(
-            f"gateway.api_keys_config_key names 'inferstack:{key}', which is not set; "
-            f"run `pulumi config set --secret {key} '<YAML list of {{name, key, models}}>'`"
+            f"{field} names 'inferstack:{key}', which is not set; run `pulumi config set --secret {key} {example}`"
         )
     return value
+
+
+def _api_keys(spec: PlatformSpec, secrets: PlatformSecrets) -> pulumi.Output[str] | None:
+    if secrets.api_keys is not None:
+        return secrets.api_keys
+    example = "'<YAML list of {name, key, models}>'"
+    return _secret_config("gateway.api_keys_config_key", spec.gateway.api_keys_config_key, example)
 
 
 def hf_token_secret(spec: PlatformSpec) -> common.Manifest:
@@ -76,7 +82,12 @@ class InferencePlatform(pulumi.ComponentResource):
             }
             apply(manifest, in_namespace)
         # Add-ons first: scaled objects and monitors are custom resources their charts define.
-        self.addons = ClusterAddons(spec, child)
+        grafana_password = _secret_config(
+            "observability.grafana_admin_password_config_key",
+            spec.observability.grafana_admin_password_config_key,
+            "'<password>'",
+        )
+        self.addons = ClusterAddons(spec, child, grafana_admin_password=grafana_password)
         self.priority_class = apply(hardening.priority_class(spec), child)
         engines_opts = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, self.priority_class])
         self.engines = {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pulumi
 import pulumi_kubernetes as k8s
 
@@ -31,6 +33,8 @@ class ClusterAddons(pulumi.ComponentResource):
         spec: PlatformSpec,
         opts: pulumi.ResourceOptions | None = None,
         aws_load_balancer_controller_role_arn: pulumi.Input[str] | None = None,
+        vpc_id: pulumi.Input[str] | None = None,
+        grafana_admin_password: pulumi.Output[str] | None = None,
     ) -> None:
         super().__init__(
             "inferstack:kubernetes:ClusterAddons", f"{spec.name}-{spec.environment}-addons", None, opts
@@ -40,16 +44,21 @@ class ClusterAddons(pulumi.ComponentResource):
         self.namespaces = {n: apply(namespace(spec, n), pulumi.ResourceOptions(parent=self)) for n in names}
         self.charts: dict[str, k8s.helm.v4.Chart] = {}
         for release in self.releases:
-            values = dict(release.values)
-            if (
-                release.name == "aws-load-balancer-controller"
-                and aws_load_balancer_controller_role_arn is not None
-            ):
-                values["serviceAccount"] = {
-                    **values["serviceAccount"],
-                    "annotations": {"eks.amazonaws.com/role-arn": aws_load_balancer_controller_role_arn},
-                }
+            values: dict[str, Any] = dict(release.values)
             depends = [self.namespaces[release.namespace]] if release.namespace in self.namespaces else []
+            if release.name == "aws-load-balancer-controller":
+                if aws_load_balancer_controller_role_arn is not None:  # IRSA; EKS Pod Identity needs nothing
+                    values["serviceAccount"] = {
+                        **values["serviceAccount"],
+                        "annotations": {"eks.amazonaws.com/role-arn": aws_load_balancer_controller_role_arn},
+                    }
+                if vpc_id is not None:
+                    values["vpcId"] = vpc_id
+            if release.name == addons.PROMETHEUS_STACK_RELEASE and grafana_admin_password is not None:
+                login = {"admin-user": addons.GRAFANA_ADMIN_USER, "admin-password": grafana_admin_password}
+                secret = {**addons.grafana_admin_secret(spec), "stringData": login}
+                after_namespace = pulumi.ResourceOptions(parent=self, depends_on=list(depends))
+                depends.append(apply(secret, after_namespace, secret_fields=("stringData",)))
             self.charts[release.name] = k8s.helm.v4.Chart(
                 release.name,
                 chart=release.chart,

@@ -17,6 +17,8 @@ from components.spec import Autoscaler, Device, GpuPlugin, IngressKind, Platform
 
 PROMETHEUS_STACK_RELEASE = "kube-prometheus-stack"
 PROMETHEUS_PORT = 9090
+GRAFANA_ADMIN_SECRET = "grafana-admin"
+GRAFANA_ADMIN_USER = "admin"
 GRAFANA_DASHBOARD_LABEL = "grafana_dashboard"
 """The label kube-prometheus-stack's Grafana sidecar looks for on dashboard ConfigMaps."""
 KEDA_NAMESPACE = "keda"
@@ -133,6 +135,32 @@ def keda(spec: PlatformSpec) -> Release:
     )
 
 
+def grafana_admin_secret(spec: PlatformSpec) -> dict[str, Any]:
+    """The Secret Grafana reads its admin login from; ``stringData`` is filled in as a Pulumi secret."""
+    meta = common.metadata(spec, GRAFANA_ADMIN_SECRET, "addons")
+    meta["namespace"] = spec.observability.namespace
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque"}
+
+
+def _grafana_auth(spec: PlatformSpec) -> dict[str, Any]:
+    if spec.observability.grafana_admin_password_config_key:
+        return {
+            "admin": {
+                "existingSecret": GRAFANA_ADMIN_SECRET,
+                "userKey": "admin-user",
+                "passwordKey": "admin-password",
+            }
+        }
+    # No password given: never the chart's well-known default. No login form, no basic auth; viewers only.
+    return {
+        "grafana.ini": {
+            "auth": {"disable_login_form": True},
+            "auth.basic": {"enabled": False},
+            "auth.anonymous": {"enabled": True, "org_role": "Viewer"},
+        }
+    }
+
+
 def kube_prometheus_stack(spec: PlatformSpec) -> Release:
     return Release(
         name=PROMETHEUS_STACK_RELEASE,
@@ -152,6 +180,7 @@ def kube_prometheus_stack(spec: PlatformSpec) -> Release:
             },
             "grafana": {
                 "enabled": spec.observability.grafana_dashboards,
+                **_grafana_auth(spec),
                 "sidecar": {
                     "dashboards": {
                         "enabled": True,
@@ -192,6 +221,7 @@ def aws_load_balancer_controller(spec: PlatformSpec) -> Release:
         namespace=AWS_LB_CONTROLLER_NAMESPACE,
         values={
             "clusterName": spec.cluster_name,
+            # vpcId is set by ClusterAddons from the AWS layer when known (IMDS is out of reach of pods on EKS).
             "region": spec.cluster.region,
             "serviceAccount": {"create": True, "name": AWS_LB_CONTROLLER_SERVICE_ACCOUNT},
         },

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from components import plan
 from components.render import addons, scaling
 from components.spec import PlatformSpec
 from components.stackfile import STACKS_DIR, available_stacks, load
-from tests.components.helpers import minimal
+from tests.components.helpers import minimal, write_stack
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 HELM = "kubernetes:helm.sh/v4:Chart"
@@ -103,3 +104,29 @@ def test_a_chart_version_range_is_refused() -> None:
     raw["addons"] = {"versions": {"keda": "^2.17"}}
     with pytest.raises(ValueError, match="not an exact version"):
         PlatformSpec.model_validate(raw)
+
+
+def test_grafana_never_keeps_the_charts_default_admin_password() -> None:
+    values = addons.kube_prometheus_stack(PlatformSpec.model_validate(minimal())).values["grafana"]
+    assert "adminPassword" not in values
+    ini = values["grafana.ini"]
+    assert ini["auth"]["disable_login_form"] is True and ini["auth.basic"]["enabled"] is False
+    assert ini["auth.anonymous"]["org_role"] == "Viewer"
+
+
+def test_a_grafana_password_from_a_pulumi_secret_becomes_the_admin_login(tmp_path: Path) -> None:
+    raw = minimal()
+    raw["target"] = "kubernetes"
+    raw["observability"] = {"grafana_admin_password_config_key": "grafanaPassword"}
+    write_stack(tmp_path, "grafana", raw, {"inferstack:grafanaPassword": {"secure": "AAABAJdWm7lKz4p="}})
+    synthesis = plan.synthesize(load("grafana", tmp_path))
+    chart = next(r for r in synthesis.resources if r.type == HELM and r.name == "kube-prometheus-stack")
+    admin = chart.inputs["values"]["grafana"]["admin"]
+    assert admin["existingSecret"] == addons.GRAFANA_ADMIN_SECRET
+    secret = next(
+        m
+        for m in synthesis.kubernetes_manifests()
+        if m["kind"] == "Secret" and m["metadata"]["name"] == "grafana-admin"
+    )
+    assert secret["metadata"]["namespace"] == "monitoring"
+    assert secret["stringData"] == {"admin-user": plan.REDACTED, "admin-password": plan.REDACTED}
