@@ -91,6 +91,11 @@ def _dns_label(value: str) -> str:
 DnsLabel = Annotated[str, AfterValidator(_dns_label)]
 
 
+# Retention periods CloudWatch Logs accepts, in days.
+_RETENTION = "1 3 5 7 14 30 60 90 120 150 180 365 400 545 731 1096 1827 2192 2557 2922 3288 3653"
+CLOUDWATCH_RETENTION_DAYS = tuple(int(d) for d in _RETENTION.split())
+
+
 class ClusterSpec(_Spec):
     """Where the platform runs."""
 
@@ -103,7 +108,102 @@ class ClusterSpec(_Spec):
     namespace: DnsLabel = "inferstack"
     """Namespace for engines and the gateway."""
     endpoint_public_access: bool = False
-    """Expose the EKS API endpoint publicly (private by default)."""
+    """Expose the EKS API endpoint publicly (private by default; the private endpoint is always on)."""
+    vpc_cidr: str = "10.0.0.0/16"
+    """IPv4 range of the VPC the stack creates (target eks), /16 to /20: three quarters go to private subnets."""
+    availability_zones: list[str] = Field(default_factory=list)
+    """Zones for subnets and nodes (2-4, e.g. ['us-east-1a', 'us-east-1b']); defaults to three of the region's."""
+    existing_private_subnet_ids: list[str] = Field(default_factory=list)
+    """Use these private subnets (in at least two zones, with NAT egress) instead of creating a VPC."""
+    existing_public_subnet_ids: list[str] = Field(default_factory=list)
+    """Public subnets for internet-facing load balancers, used with existing_private_subnet_ids."""
+    single_nat_gateway: bool = False
+    """One NAT gateway for every zone (cheaper, not zone-redundant); the default is one per zone."""
+    admin_role_arns: list[str] = Field(default_factory=list)
+    """IAM roles granted cluster-admin by EKS access entries (the identity running pulumi up is admin already)."""
+    system_nodes: Annotated[int, Field(ge=1, le=50)] = 2
+    """CPU nodes (catalog SYSTEM_INSTANCE_TYPE) for the gateway and monitoring; the group may grow to twice this."""
+    control_plane_log_retention_days: int = 90
+    """Days CloudWatch keeps the EKS control-plane logs (a CloudWatch retention value: 1, 3, 5, 7, 14, 30, 60,
+    90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288 or 3653)."""
+    model_bucket: str | None = None
+    """Name of the S3 bucket the stack creates for model weights; defaults to a generated '<cluster>-models-*'."""
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _vpc_cidr(cls, value: str) -> str:
+        match = re.fullmatch(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})/(\d{1,2})", value)
+        if not match or any(int(octet) > 255 for octet in match.groups()[:4]):
+            raise ValueError(f"{value!r} is not an IPv4 CIDR block; write e.g. '10.0.0.0/16'")
+        if not 16 <= int(match.group(5)) <= 20:
+            raise ValueError(
+                f"{value!r}: use a /16 to /20 block (EKS pods take VPC addresses), e.g. '10.0.0.0/16'"
+            )
+        return value
+
+    @field_validator("existing_private_subnet_ids", "existing_public_subnet_ids")
+    @classmethod
+    def _subnet_ids(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not re.fullmatch(r"subnet-[0-9a-f]{8,17}", v)]
+        if bad:
+            raise ValueError(
+                f"{', '.join(map(repr, bad))} not a subnet id; write e.g. 'subnet-0123456789abcdef0'"
+            )
+        return value
+
+    @field_validator("admin_role_arns")
+    @classmethod
+    def _role_arns(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+", v)]
+        if bad:
+            raise ValueError(
+                f"{', '.join(map(repr, bad))} not an IAM role ARN; write 'arn:aws:iam::<account>:role/<name>'"
+            )
+        return value
+
+    @field_validator("control_plane_log_retention_days")
+    @classmethod
+    def _retention(cls, value: int) -> int:
+        allowed = CLOUDWATCH_RETENTION_DAYS
+        if value not in allowed:
+            nearest = min(allowed, key=lambda a: abs(a - value))
+            raise ValueError(
+                f"CloudWatch keeps logs for one of {', '.join(map(str, allowed))} days; use e.g. {nearest}"
+            )
+        return value
+
+    @field_validator("model_bucket")
+    @classmethod
+    def _bucket(cls, value: str | None) -> str | None:
+        if value is not None and (
+            not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", value) or ".." in value
+        ):
+            raise ValueError(
+                f"{value!r} is not an S3 bucket name: 3-63 lowercase letters, digits, '.' and '-'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _network(self) -> ClusterSpec:
+        zones = self.availability_zones
+        if zones and not 2 <= len(zones) <= 4:
+            raise ValueError(f"availability_zones: give 2 to 4 zones, not {len(zones)}")
+        if len(set(zones)) != len(zones):
+            raise ValueError("availability_zones: a zone is listed twice")
+        foreign = [z for z in zones if not re.fullmatch(re.escape(self.region) + r"[a-z]", z)]
+        if foreign:
+            raise ValueError(
+                f"availability_zones {foreign} are not zones of region {self.region} (e.g. '{self.region}a')"
+            )
+        if len(self.existing_private_subnet_ids) == 1:
+            raise ValueError(
+                "existing_private_subnet_ids: EKS needs subnets in at least two zones; list two or more"
+            )
+        if self.existing_public_subnet_ids and not self.existing_private_subnet_ids:
+            raise ValueError(
+                "existing_public_subnet_ids needs existing_private_subnet_ids (nodes run in private subnets)"
+            )
+        return self
 
 
 
