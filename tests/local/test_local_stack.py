@@ -6,10 +6,13 @@ developer runs on the default ports is left alone) and brought down with `make l
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +24,7 @@ import pytest
 
 from components.local import state
 from tests.local.helpers import REPO, assert_nothing_left, free_port_block, port_args, run_local, stack_pids
+from tests.local.test_readme import readme_curls, readme_python_snippet
 
 pytestmark = pytest.mark.engine
 
@@ -108,6 +112,36 @@ def test_router_metrics_and_status(local_stack: LocalStack) -> None:
     assert len(healthy) == 3 and all(line.endswith(" 1.0") for line in healthy), healthy
     status = run_local("status", "--state-dir", str(local_stack.state_dir))
     assert status.returncode == 0 and "ready (pid" in status.stdout and "NOT ready" not in status.stdout
+
+
+def test_the_readmes_curl_lines_and_openai_snippet_work(local_stack: LocalStack) -> None:
+    """As written in README.md, with the test stack's ports in place of the defaults."""
+    base = int(local_stack.router_url.rsplit(":", 1)[1])
+    ports = {"8080": str(base), "8081": str(base + 1), "8082": str(base + 2)}
+
+    def here(text: str) -> str:
+        return re.sub(r"127\.0\.0\.1:(808[012])", lambda m: f"127.0.0.1:{ports[m.group(1)]}", text)
+
+    curls = readme_curls()
+    assert len(curls) >= 3
+    for command in curls:
+        result = subprocess.run(
+            here(command), shell=True, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode == 0 and result.stdout, command
+        if "/v1/chat/completions" in command:
+            assert json.loads(result.stdout)["choices"][0]["message"]["content"]
+        if "/v1/backends" in command:
+            assert len(json.loads(result.stdout)["backends"]) == 3
+    snippet = subprocess.run(
+        [sys.executable, "-c", here(readme_python_snippet())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert snippet.returncode == 0, snippet.stderr
+    assert snippet.stdout.splitlines()[-1] == "384"
 
 
 def test_a_second_make_local_fails_fast(local_stack: LocalStack) -> None:
