@@ -62,6 +62,7 @@ _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _RID_OK = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
 _JSON = b"application/json"
+_TAIL_BYTES = 4096  # enough of a large answer's end to find its usage
 
 
 def usage_of(body: bytes) -> tuple[int, int]:
@@ -425,11 +426,14 @@ class Router:
                 ex.abort()
                 b.breaker.on_failure(time.monotonic())
                 return 502, f"replica answered with content-type {ctype.decode('latin-1')!r}"
-            # a complete JSON answer (or an engine error, passed through as it is)
-            body = await ex.read_all(self.idle_timeout_s)
+            # a JSON answer (or an engine error, passed through as it is)
+            body = await ex.next_chunk(self.idle_timeout_s) or b""
             first = time.monotonic()
             extra = [(self.rid_header, rid)]
-            conn.send(status, body, ctype or _JSON, extra)
+            if ex.drained or not body:
+                conn.send(status, body, ctype or _JSON, extra)  # the usual case: one write
+            else:
+                body = await self._relay_large(call, ex, status, ctype or _JSON, body)
             ok = True
             if status == 200:
                 b.observe_ttft(first - sent_at, state.ewma_alpha)
@@ -466,6 +470,33 @@ class Router:
                         "duration_ms": round((time.monotonic() - call.started) * 1000, 2),
                     },
                 )
+
+    async def _relay_large(self, call: Call, ex: Exchange, status: int, ctype: bytes, first: bytes) -> bytes:
+        """Pass a big answer (many embeddings) through piece by piece instead of holding it whole;
+        returns its tail, where ``usage`` is."""
+        conn = call.conn
+        headers = [(b"content-type", ctype), (self.rid_header, call.rid)]
+        length = ex.headers.get(b"content-length", b"")
+        sized = length.isdigit()
+        if sized:
+            conn.start_sized(status, headers, int(length), first)
+        else:
+            conn.start(status, headers, first)
+        tail = first[-_TAIL_BYTES:]
+        try:
+            while (piece := await ex.next_chunk(self.idle_timeout_s)) is not None:
+                await (conn.write(piece) if sized else conn.chunk(piece))
+                tail = (tail + piece)[-_TAIL_BYTES:]
+        except UpstreamError as err:
+            ex.abort()
+            log.warning("answer broke mid-way", extra={"request_id": call.rid.decode(), "error": str(err)})
+            conn.close()  # the client sees a short body, never a truncated one passed off as whole
+            return tail
+        if sized:
+            conn.end_sized()
+        else:
+            conn.end()
+        return tail
 
     async def _relay_stream(
         self, call: Call, b: Backend, ex: Exchange, sent_at: float

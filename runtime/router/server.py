@@ -235,14 +235,33 @@ class Connection(asyncio.Protocol):
 
     async def chunk(self, data: bytes) -> None:
         """Send one chunk now; waits only if the client is slower than the engine (back-pressure)."""
+        await self.write(b"%x\r\n%b\r\n" % (len(data), data) if data else b"")
+
+    def start_sized(self, status: int, headers: list[tuple[bytes, bytes]], length: int, first: bytes) -> None:
+        """Begin a response of known length whose body follows in pieces (large engine answers)."""
+        if self.closed or self._transport is None:
+            raise ClientGoneError
+        hs = [*headers, (b"content-length", b"%d" % length)]
+        if not self._keep_alive:
+            hs.append((b"connection", b"close"))
+        self._chunked = True  # a failure now can only be reported by closing the connection
+        self._transport.write(_head(status, hs, b"\r\n") + first)
+
+    async def write(self, data: bytes) -> None:
+        """Raw body bytes (after :meth:`start_sized`), with back-pressure."""
         if self.closed or self._transport is None:
             raise ClientGoneError
         if data:
-            self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            self._transport.write(data)
         if self._paused:
             loop = asyncio.get_running_loop()
             self._drain = loop.create_future()
             await self._drain
+
+    def end_sized(self) -> None:
+        self._chunked = False
+        if not self._keep_alive:
+            self.close()
 
     def end(self) -> None:
         """Finish a chunked response."""

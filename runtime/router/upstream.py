@@ -265,8 +265,9 @@ class Exchange:
         self.headers = conn._headers
 
     @property
-    def complete(self) -> bool:
-        return self._conn.done
+    def drained(self) -> bool:
+        """The whole body arrived and was taken."""
+        return self._conn.done and not self._conn._chunks
 
     async def next_chunk(self, timeout_s: float) -> bytes | None:
         """The body bytes received since the last call, or None at the end of the response."""

@@ -124,6 +124,26 @@ class Double:
             request.transport.write(b"HTTP/1.1 2OO NOPE\r\n\r\n\x00\x01garbage")
             request.transport.close()
             return web.Response()
+        if mode in ("big", "big_chunked"):
+            payload = json.dumps(
+                {
+                    "object": "list",
+                    "data": [
+                        {"object": "embedding", "index": i, "embedding": [0.125] * 1000} for i in range(300)
+                    ],
+                    "usage": {"prompt_tokens": 300, "total_tokens": 300},
+                }
+            ).encode()
+            if mode == "big":
+                return web.Response(body=payload, content_type="application/json")
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            for i in range(0, len(payload), 65536):
+                await resp.write(payload[i : i + 65536])
+                await asyncio.sleep(0.001)
+            await resp.write_eof()
+            return resp
         if request.path == "/v1/embeddings":
             return web.json_response(
                 {

@@ -194,3 +194,16 @@ def test_expect_100_continue_is_answered(doubles, make_router) -> None:
         assert sock.recv(100).startswith(b"HTTP/1.1 100 Continue")
         sock.sendall(body)
         assert sock.recv(1000).startswith(b"HTTP/1.1 200")
+
+
+def test_large_answers_pass_through_whole_sized_or_chunked(doubles, make_router) -> None:
+    for mode in ("big", "big_chunked"):
+        (d,) = doubles(1, mode=mode)
+        r = make_router([d.url])
+        status, headers, body = r.request("POST", "/v1/embeddings", {"model": "m", "input": ["x"] * 300})
+        assert status == 200, mode
+        out = json.loads(body)
+        assert len(out["data"]) == 300 and out["data"][299]["index"] == 299
+        assert ("content-length" in headers) == (mode == "big")
+        metrics = r.request("GET", "/metrics")[2].decode()
+        assert 'inferstack_router_tokens_total{direction="in",model="m"} 300.0' in metrics
