@@ -331,6 +331,16 @@ CASES = [
         ("data[runtime.yaml] sets router.api_keys inline",),
     ),
     Case(
+        "grafana-password-in-chart-values",
+        "no-plaintext-secrets",
+        "prod",
+        m(
+            aws("Chart", "kube-prometheus-stack"),
+            lambda p: p["values"]["grafana"].__setitem__("adminPassword", "hunter2"),
+        ),
+        ("Helm chart kube-prometheus-stack: values.grafana.adminPassword is a credential in plain values",),
+    ),
+    Case(
         "no-default-deny",
         "namespaces-have-network-policy",
         "prod",
@@ -502,3 +512,50 @@ def test_budget_matches_plan_cost() -> None:
         assert sum(line.usd_month for line in lines) == pytest.approx(
             cost.stack_cost(loaded.spec, loaded.layout).max_usd_month
         )
+
+
+def test_references_and_pulumi_secrets_in_chart_values_are_not_plaintext() -> None:
+    def refs(p: dict[str, Any]) -> None:
+        p["values"]["grafana"]["admin"] = {"existingSecret": "grafana-admin", "passwordKey": "admin-password"}
+        p["values"]["grafana"]["existing_secret"] = "grafana-admin"
+        p["values"]["grafana"]["adminPassword"] = "[secret]"
+
+    resources = mutate(rendered("prod"), aws("Chart", "kube-prometheus-stack"), refs)
+    assert crossguard("no-plaintext-secrets", resources) == []
+
+
+def test_pulumi_secret_in_env_is_still_plaintext_in_the_pod_spec() -> None:
+    resources = mutate(
+        rendered("prod"),
+        ROUTER,
+        lambda p: container(p, "router")["env"].append({"name": "API_KEY", "value": "[secret]"}),
+    )
+    assert (
+        "env API_KEY holds a Pulumi secret in the pod spec"
+        in crossguard("no-plaintext-secrets", resources)[0]
+    )
+
+
+def _as_chart_child(r: Res, namespace: str) -> Res:
+    """How a chart's Deployment reads in a real preview: URN under the Chart, chart labels, chart namespace."""
+    props = json.loads(json.dumps(r.props))
+    props["metadata"] = {"name": "kps-operator", "namespace": namespace, "labels": {"app": "kps"}}
+    props["spec"]["template"]["metadata"]["labels"] = {"app": "kps"}
+    container(props).pop("readinessProbe")
+    urn = "urn:pulumi:prod::inferstack::inferstack:index:InferencePlatform$kubernetes:helm.sh/v4:Chart$kubernetes:apps/v1:Deployment::monitoring/kps-operator"
+    return Res(r.type, "monitoring/kps-operator", urn, props)
+
+
+def test_chart_rendered_workloads_follow_the_chart() -> None:
+    """During a real preview, Helm charts' own workloads appear; our label/probe/namespace conventions are not theirs."""
+    resources = rendered("prod")
+    router = next(r for r in resources if ROUTER(r))
+    child = _as_chart_child(router, "monitoring")
+    assert child.from_chart and not router.from_chart
+    with_child = [*resources, child]
+    for rule in ("workload-recommended-labels", "containers-have-probes", "namespaces-have-network-policy"):
+        assert crossguard(rule, with_child) == [], rule
+    assert crossguard("containers-have-probes", with_child, {"include_chart_workloads": True})
+    # Security still applies to chart workloads.
+    container(child.props)["securityContext"]["privileged"] = True
+    assert crossguard("no-privileged-or-root-containers", [child])

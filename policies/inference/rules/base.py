@@ -70,6 +70,16 @@ class Res:
         return labels if isinstance(labels, Mapping) else {}
 
     @property
+    def from_chart(self) -> bool:
+        """Rendered by a Helm chart during a real preview (its URN's type chain runs through a Chart).
+
+        Under `inferstack plan` charts are opaque, so only the Chart resource itself is seen.
+        """
+        parts = self.urn.split("::")
+        parents = parts[2].split("$")[:-1] if len(parts) >= 4 else []
+        return any(t.startswith("kubernetes:helm.sh/") for t in parents)
+
+    @property
     def display(self) -> str:
         """How a verdict names the resource: 'Deployment inference/llama-3-8b-engine' or the type and name."""
         if self.kind:

@@ -111,6 +111,12 @@ def _quantization(value: str | None) -> str:
     return "none"
 
 
+def _hint(model: str | None) -> str | None:
+    """Pre-quantized checkpoints name their format (…-AWQ-INT4, …-FP8); engines detect it from config.json."""
+    name = (model or "").rsplit("/", 1)[-1].lower()
+    return next((q for q in ("awq", "gptq", "fp8", "w8a8", "int8") if q in name), None)
+
+
 def parse_engine(container: Container) -> EngineArgs | None:
     """The engine a container runs, from its command and args; None when it runs none of them."""
     argv = [str(a) for a in as_list(container.props.get("command")) + as_list(container.props.get("args"))]
@@ -120,7 +126,7 @@ def parse_engine(container: Container) -> EngineArgs | None:
         kind = "vllm"
         after = positional[words.index("serve") + 1 :]
         model = flags.get("--model") or (after[0] if after else None)
-    elif "sglang.launch_server" in positional or any("sglang" in w for w in words):
+    elif flags.get("-m", "").startswith("sglang") or any(w.startswith("sglang") for w in words):
         kind, model = "sglang", flags.get("--model-path") or flags.get("--model")
     elif "trtllm-serve" in words:
         kind = "trtllm"
@@ -138,7 +144,7 @@ def parse_engine(container: Container) -> EngineArgs | None:
         tp=max(tp, 1),
         pp=max(pp, 1),
         dtype=(flags.get("--dtype") or "auto").lower(),
-        quantization=_quantization(flags.get("--quantization") or flags.get("-q")),
+        quantization=_quantization(flags.get("--quantization") or flags.get("-q") or _hint(model)),
         kv_cache_dtype=(flags.get("--kv-cache-dtype") or "auto").lower(),
         max_model_len=_int(flags, "--max-model-len", "--context-length", "--max_seq_len"),
         max_num_seqs=_int(flags, "--max-num-seqs", "--max-running-requests", "--max_batch_size", default=256)

@@ -65,8 +65,8 @@ TAGS = Rule(
 
 
 def _labels(res: Res, config: Config) -> Iterator[str]:
-    if pod_spec(res) is None:
-        return
+    if pod_spec(res) is None or res.from_chart:
+        return  # a chart's workloads carry the chart's labels
     required = list(config["required_labels"])
     for where, labels in (("metadata.labels", res.labels), ("pod template labels", pod_labels(res))):
         missing = [k for k in required if not labels.get(k)]

@@ -38,7 +38,11 @@ ENVIRONMENTS_SCHEMA = {"type": "array", "items": {"type": "string"}}
 
 def _probes(res: Res, config: Config) -> Iterator[str]:
     pod = pod_spec(res)
-    if pod is None or res.kind in ("Job", "CronJob"):
+    if (
+        pod is None
+        or res.kind in ("Job", "CronJob")
+        or (res.from_chart and not config["include_chart_workloads"])
+    ):
         return
     exempt = set(config["exempt_containers"])
     for c in containers(pod, init=False):
@@ -67,6 +71,12 @@ PROBES = Rule(
             {"type": "array", "items": {"type": "string"}},
             [],
             "Containers exempt from the rule, as 'namespace/workload/container'.",
+        ),
+        Setting(
+            "include_chart_workloads",
+            {"type": "boolean"},
+            False,
+            "Also check workloads a Helm chart renders during a real preview (their probes are the chart's).",
         ),
     ),
 )

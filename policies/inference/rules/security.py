@@ -210,25 +210,37 @@ SECRET_VALUE = re.compile(
 SECRET_FLAGS = ("--api-key", "--hf-token", "--token", "--hf_token", "--api_key")
 
 
+def _names_secret(key: str) -> bool:
+    """A key or variable name that holds a credential: API_KEY, hf_token, adminPassword, clientSecret."""
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key)
+    return bool(SECRET_NAME.match(snake)) and not key.lower().startswith("existing")
+
+
 def _is_reference(value: str) -> bool:
     return value.startswith(("/", "./", "http://", "https://", "${", "$(")) or value == ""
 
 
-def _secret_keys(value: Any, path: str) -> Iterator[str]:
-    """Paths of keys that name a secret and hold inline material (non-empty strings, lists or maps)."""
+def _secret_keys(value: Any, path: str, *, pulumi_secrets_ok: bool = False) -> Iterator[str]:
+    """Paths of keys that name a secret and hold inline material (non-empty strings, lists or maps).
+
+    Keys that name a Secret object rather than hold one ('existingSecret', 'existing_secret') do not count.
+    With ``pulumi_secrets_ok`` (Helm values: Helm keeps release values in a Secret), a Pulumi secret does not
+    count either.
+    """
     if isinstance(value, Mapping):
         for key, inner in value.items():
             here = f"{path}.{key}" if path else str(key)
-            if SECRET_NAME.match(str(key)) and (
-                (isinstance(inner, str) and not _is_reference(inner))
-                or (isinstance(inner, list | dict) and inner)
-            ):
+            named = _names_secret(str(key))
+            material = (isinstance(inner, str) and not _is_reference(inner)) or (
+                isinstance(inner, list | dict) and bool(inner)
+            )
+            if named and material and not (pulumi_secrets_ok and inner == SECRET):
                 yield here
             else:
-                yield from _secret_keys(inner, here)
+                yield from _secret_keys(inner, here, pulumi_secrets_ok=pulumi_secrets_ok)
     elif isinstance(value, list):
         for i, inner in enumerate(value):
-            yield from _secret_keys(inner, f"{path}[{i}]")
+            yield from _secret_keys(inner, f"{path}[{i}]", pulumi_secrets_ok=pulumi_secrets_ok)
 
 
 def _parsed(text: str) -> Any:
@@ -251,7 +263,7 @@ def _plaintext(res: Res, config: Config) -> Iterator[str]:
                 env = as_map(item)
                 name, value = str(env.get("name", "")), env.get("value")
                 if isinstance(value, str) and (
-                    (SECRET_NAME.match(name) and not _is_reference(value)) or SECRET_VALUE.search(value)
+                    (_names_secret(name) and not _is_reference(value)) or SECRET_VALUE.search(value)
                 ):
                     shown = "a Pulumi secret" if value == SECRET else "a literal"
                     yield f"{res.display}: container {c.name} env {name} holds {shown} in the pod spec; {fix}"
@@ -265,13 +277,13 @@ def _plaintext(res: Res, config: Config) -> Iterator[str]:
         for key, text in as_map(res.props.get("data")).items():
             if not isinstance(text, str):
                 continue
-            if (SECRET_NAME.match(str(key)) and not _is_reference(text)) or SECRET_VALUE.search(text):
+            if (_names_secret(str(key)) and not _is_reference(text)) or SECRET_VALUE.search(text):
                 yield f"{res.display}: data[{key}] looks like a credential; {fix}"
                 continue
             for path in _secret_keys(_parsed(text), ""):
                 yield f"{res.display}: data[{key}] sets {path} inline; {fix}"
     if res.type in CHARTS:
-        for path in _secret_keys(res.props.get("values"), "values"):
+        for path in _secret_keys(res.props.get("values"), "values", pulumi_secrets_ok=True):
             yield f"Helm chart {res.name}: {path} is a credential in plain values; {fix} and reference it"
         for text in strings(res.props.get("values")):
             if SECRET_VALUE.search(text):
@@ -299,7 +311,7 @@ def _network(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
         if r.k8s_name not in addon or config["include_addon_namespaces"]:
             namespaces.setdefault(r.k8s_name, r.urn)
     for r, _ in workloads(resources):
-        if r.namespace:
+        if r.namespace and not r.from_chart:
             namespaces.setdefault(r.namespace, r.urn)
     policies = of_kind(resources, "NetworkPolicy")
     for ns, urn in sorted(namespaces.items()):
