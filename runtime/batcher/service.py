@@ -160,10 +160,16 @@ class ModelBatcher:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        err = EngineError(503, error_body("batcher shutting down", "service_unavailable", 503))
+        self._fail_queued(503, "batcher shutting down")
+
+    def _fail_queued(self, status: int, message: str) -> None:
+        """Answer everything still waiting (no replica left, or shutdown) instead of letting it hang."""
+        err = EngineError(status, error_body(message, "service_unavailable", status))
         for q in self.queues.values():
             while q:
                 q.popleft().owner.fail(err)
+        self.depth = 0
+        self._m_depth.set(0)
 
     async def _discover(self) -> None:
         while True:
@@ -176,6 +182,7 @@ class ModelBatcher:
                         self._slot_freed.set()
                     else:
                         self._have_backends.clear()
+                        self._fail_queued(503, "model has no replica right now")
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # keep the last known replicas
@@ -218,7 +225,9 @@ class ModelBatcher:
         return len(self.backends) * self.policy.max_inflight_batches_per_backend - len(self._calls)
 
     def _oldest_queue(self) -> deque[core.Item] | None:
-        live = [q for q in self.queues.values() if q]
+        for key in [k for k, q in self.queues.items() if not q]:
+            del self.queues[key]  # keys come from clients' parameters: never keep empty ones around
+        live = list(self.queues.values())
         return min(live, key=lambda q: q[0].enqueued_s) if live else None
 
     async def _dispatch_loop(self) -> None:

@@ -189,3 +189,51 @@ async def test_metrics(fake_engine, batcher_at):
     assert samples[("inferstack_batcher_queue_depth", (("model", "emb"),))] == 0
     assert ("inferstack_batcher_items_per_second", (("model", "emb"),)) in samples
     assert samples[("inferstack_batcher_wait_seconds_count", (("model", "emb"),))] == 3
+
+
+async def test_queued_requests_fail_fast_when_the_last_replica_leaves(fake_engine):
+    from aiohttp import web
+
+    from runtime.batcher.app import Batcher, make_app
+    from tests.runtime.health.conftest import wait_for as wait
+
+    engine = await fake_engine(embed_delay_s=30)
+    lists: asyncio.Queue[list[str]] = asyncio.Queue()
+
+    async def watch(_target):
+        while True:
+            yield await lists.get()
+
+    batcher = Batcher(batcher_config([engine.url], max_wait_ms=0), watch=watch)
+    runner = web.AppRunner(make_app(batcher), access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    try:
+        await lists.put([engine.url])
+        await wait(lambda: batcher.ready)
+        async with aiohttp.ClientSession() as s:
+            busy = asyncio.create_task(post(s, url, {"model": "emb", "input": "busy"}))
+            await wait(lambda: len(embed_calls(engine)) == 1)
+            queued = asyncio.create_task(post(s, url, {"model": "emb", "input": "queued"}))
+            await wait(lambda: batcher.models["emb"].depth == 1)
+            await lists.put([])  # the replica is gone
+            status, body, _ = await queued
+            assert status == 503 and body["error"]["type"] == "service_unavailable"
+            status, _, _ = await post(s, url, {"model": "emb", "input": "late"})
+            assert status == 503
+            busy.cancel()
+            await asyncio.gather(busy, return_exceptions=True)
+    finally:
+        await runner.cleanup()
+
+
+async def test_queues_for_distinct_parameters_do_not_accumulate(fake_engine, batcher_at):
+    engine = await fake_engine()
+    b = await batcher_at(batcher_config([engine.url], max_wait_ms=0))
+    async with aiohttp.ClientSession() as s:
+        for i in range(20):
+            status, _, _ = await post(s, b.url, {"model": "emb", "input": "x", "extra": i})
+            assert status == 200
+    await wait_for(lambda: len(b.batcher.models["emb"].queues) <= 1)
