@@ -514,8 +514,9 @@ class GatewaySpec(_Spec):
     tls_secret_name: str | None = None
     """TLS Secret (e.g. from cert-manager) for the Gateway's HTTPS listener (gateway-api); None = HTTP only.
     The ALB finds its ACM certificate by hostname."""
-    ingress_source_cidrs: list[Cidr] = Field(default_factory=lambda: ["10.0.0.0/8"])
-    """Where traffic to the router pods may come from (the VPC, where an ALB with target-type ip sits)."""
+    ingress_source_cidrs: list[Cidr] | None = None
+    """Where traffic to the router pods may come from (where an ALB with target-type ip sits); defaults to
+    cluster.vpc_cidr on eks when the stack creates the VPC, else the private ranges."""
     router_image: PinnedImage = RUNTIME_IMAGES["router"]
     """Router image, pinned by tag or digest."""
     health_image: PinnedImage = RUNTIME_IMAGES["health"]

@@ -14,10 +14,10 @@ from components.render import common
 from components.render.common import Manifest
 from components.render.gateway import GATEWAY_NAME_LABEL, gateway_listener_port, gateway_name, parts
 from components.render.runtime_config import batcher_port, health_port, router_port
-from components.spec import IngressKind, PlatformSpec
+from components.spec import IngressKind, PlatformSpec, Target
 
 PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
-"""Where a cluster's API server endpoints live (EKS private endpoint ENIs, kind's node network)."""
+"""Private address ranges: where the VPC or node network is when the stack does not create it."""
 API_SERVER_PORTS = (443, 6443)
 ANYWHERE = "0.0.0.0/0"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -49,8 +49,23 @@ def _prometheus(spec: PlatformSpec) -> Manifest:
     return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: spec.observability.namespace}}}
 
 
-def _api_server() -> Manifest:
-    return {"to": [{"ipBlock": {"cidr": c}} for c in PRIVATE_CIDRS], "ports": _tcp(*API_SERVER_PORTS)}
+def cluster_network(spec: PlatformSpec) -> list[str]:
+    """The VPC the stack creates (eks), else the private ranges (existing subnets, kind, other clusters)."""
+    if spec.target is Target.EKS and not spec.cluster.existing_private_subnet_ids:
+        return [spec.cluster.vpc_cidr]
+    return list(PRIVATE_CIDRS)
+
+
+def router_source_cidrs(spec: PlatformSpec) -> list[str]:
+    """Where requests to the router come from: the ALB's addresses in the cluster network, unless set."""
+    if spec.gateway.ingress_source_cidrs is not None:
+        return list(spec.gateway.ingress_source_cidrs)
+    return cluster_network(spec)
+
+
+def _api_server(spec: PlatformSpec) -> Manifest:
+    """The Kubernetes API: EKS private endpoint ENIs sit in the VPC; kind's in the node network."""
+    return {"to": [{"ipBlock": {"cidr": c}} for c in cluster_network(spec)], "ports": _tcp(*API_SERVER_PORTS)}
 
 
 def default_deny(spec: PlatformSpec) -> Manifest:
@@ -89,7 +104,7 @@ def engines(spec: PlatformSpec) -> Manifest:
 def _router_sources(spec: PlatformSpec) -> list[Manifest]:
     if spec.gateway.ingress is IngressKind.GATEWAY_API:
         return [{"podSelector": {"matchLabels": {GATEWAY_NAME_LABEL: gateway_name(spec)}}}]
-    return [{"ipBlock": {"cidr": c}} for c in spec.gateway.ingress_source_cidrs]
+    return [{"ipBlock": {"cidr": c}} for c in router_source_cidrs(spec)]
 
 
 def router(spec: PlatformSpec) -> Manifest:
@@ -109,7 +124,7 @@ def router(spec: PlatformSpec) -> Manifest:
                 {"from": _router_sources(spec), "ports": _tcp(router_port())},
                 {"from": [_prometheus(spec)], "ports": _tcp(router_port())},
             ],
-            "egress": [{"to": peers, "ports": _tcp(*ports)}, _api_server()],
+            "egress": [{"to": peers, "ports": _tcp(*ports)}, _api_server(spec)],
         },
     )
 
@@ -125,7 +140,7 @@ def _backend_service(spec: PlatformSpec, part: str, port: int) -> Manifest:
                 {"from": [_pods(spec, common.ROUTER)], "ports": _tcp(port)},
                 {"from": [_prometheus(spec)], "ports": _tcp(port)},
             ],
-            "egress": [{"to": [_pods(spec, "engine")], "ports": _tcp(common.ENGINE_PORT)}, _api_server()],
+            "egress": [{"to": [_pods(spec, "engine")], "ports": _tcp(common.ENGINE_PORT)}, _api_server(spec)],
         },
     )
 

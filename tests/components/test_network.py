@@ -61,7 +61,7 @@ def test_the_router_accepts_only_the_ingress_and_prometheus(name: str) -> None:
     spec = load(name).spec
     router = _policies(name)["inferstack-router"]
     sources, scrape = router["ingress"]
-    assert sources["from"] == [{"ipBlock": {"cidr": c}} for c in spec.gateway.ingress_source_cidrs]
+    assert sources["from"] == [{"ipBlock": {"cidr": c}} for c in network.router_source_cidrs(spec)]
     assert [p["port"] for p in sources["ports"]] == [8080]
     assert "namespaceSelector" in scrape["from"][0]
     reach = _components(router["egress"][0]["to"])
@@ -90,3 +90,15 @@ def test_every_policy_passes_strict_validation_for_each_ingress(ingress: str) ->
     spec = PlatformSpec.model_validate(raw)
     for policy in network.render(spec):
         kubernetes_validate.validate(policy, f"{spec.cluster.kubernetes_version}.0", strict=True)
+
+
+def test_router_sources_default_to_the_vpc_the_stack_creates_else_the_private_ranges() -> None:
+    raw = minimal()
+    raw["cluster"] = {"vpc_cidr": "10.42.0.0/16"}
+    assert network.router_source_cidrs(PlatformSpec.model_validate(raw)) == ["10.42.0.0/16"]
+    raw["target"] = "kubernetes"
+    assert network.router_source_cidrs(PlatformSpec.model_validate(raw)) == list(network.PRIVATE_CIDRS)
+    raw["gateway"] = {"ingress_source_cidrs": ["192.168.10.0/24"]}
+    spec = PlatformSpec.model_validate(raw)
+    assert network.router_source_cidrs(spec) == ["192.168.10.0/24"]
+    assert network.router(spec)["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "192.168.10.0/24"}}]
