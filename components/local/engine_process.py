@@ -161,6 +161,7 @@ class EngineProcess:
         log_path: str | os.PathLike[str] | None = None,
         python: str | os.PathLike[str] | None = None,
         access_log: bool = False,
+        ready_timeout: float = 600.0,
     ) -> None:
         """``cpu_cores`` is ``VLLM_CPU_OMP_THREADS_BIND`` ("0", "1", "0-1"); give each engine its own.
 
@@ -168,6 +169,8 @@ class EngineProcess:
         limit (all-MiniLM-L6-v2 allows 256 tokens). ``enable_prefix_caching=None`` keeps vLLM's
         default. In ``embed`` mode the engine runs ``--runner pooling`` and, for a generative
         checkpoint, ``--convert embed``. ``extra_args`` go last, so they win over the above.
+        ``ready_timeout`` bounds ``wait_ready()`` when none is given (and the ``with`` block): an
+        engine is ready in well under a minute on an idle machine, much later on a crowded one.
         """
         if host not in {"127.0.0.1", "localhost", "::1"}:
             raise ValueError(f"host {host!r}: test engines bind loopback only")
@@ -190,6 +193,7 @@ class EngineProcess:
         self.log_path = Path(log_path) if log_path is not None else None
         self.python = Path(python) if python is not None else None
         self.access_log = access_log
+        self.ready_timeout = ready_timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._run_dir: Path | None = None
         self._log_file: Path | None = None
@@ -290,8 +294,9 @@ class EngineProcess:
             )
         return self
 
-    def wait_ready(self, timeout: float = 300.0) -> Self:
+    def wait_ready(self, timeout: float | None = None) -> Self:
         """Polls ``/health`` until it answers 200; fails fast, with the log's tail, if the engine exits."""
+        timeout = self.ready_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while True:
             proc = self._proc

@@ -22,7 +22,7 @@ import pytest
 
 from components.local import engine_process
 from components.local.engine_process import EngineError, EngineProcess
-from tests.conftest import CHECK_VLLM_ARGS, REPO_ROOT
+from tests.conftest import CHECK_VLLM_ARGS, ENGINE_READY_TIMEOUT_S, REPO_ROOT
 
 pytestmark = pytest.mark.engine
 
@@ -193,6 +193,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.engine
+@pytest.mark.timeout(900)  # two engine starts (the first loses its port) on a possibly crowded machine
 def test_stop_leaves_no_process_behind(tiny_chat_model, tmp_path, monkeypatch):
     # Someone takes the "free" port before vLLM binds it: the engine comes up on another one.
     taken = socket.socket()
@@ -208,6 +209,7 @@ def test_stop_leaves_no_process_behind(tiny_chat_model, tmp_path, monkeypatch):
         cpu_cores="0",
         extra_args=["--enforce-eager"],  # starts faster; compilation is not what this test is about
         log_path=tmp_path / "engine.log",
+        ready_timeout=ENGINE_READY_TIMEOUT_S,
     )
     with taken, engine:
         assert engine.port != taken.getsockname()[1]
@@ -237,6 +239,7 @@ os._exit(0)  # dies without stop(): the engine must notice and go away by itself
 
 
 @pytest.mark.engine
+@pytest.mark.timeout(900)
 def test_engine_goes_away_when_its_parent_dies(tiny_chat_model, tmp_path):
     parent = subprocess.run(
         [sys.executable, "-c", ORPHANING_PARENT, str(tiny_chat_model), str(tmp_path / "engine.log")],
