@@ -115,3 +115,9 @@ def test_bad_policy_config_is_a_message_not_a_traceback(tmp_path: Path) -> None:
     assert "engine-min-replicas.min: unknown setting" in output and "Traceback" not in output
     code, output = plan("over-budget", "--policy-config", str(tmp_path / "nope.json"))
     assert code == 2 and "cannot read the policy config" in output
+
+
+def test_karpenter_stack_is_clean() -> None:
+    code, output = plan("karpenter")
+    assert code == 0, output
+    assert "clean, no violations" in output

@@ -215,7 +215,7 @@ CASES = [
         m(H100, lambda p: p["scalingConfig"].__setitem__("maxSize", 1)),
         (
             "pool h100",
-            "need 2 nodes of p5.48xlarge but the node group stops at 1",
+            "need 2 nodes of p5.48xlarge but the pool stops at 1",
             "raise the pool's max_nodes to 2",
         ),
     ),
@@ -559,3 +559,55 @@ def test_chart_rendered_workloads_follow_the_chart() -> None:
     # Security still applies to chart workloads.
     container(child.props)["securityContext"]["privileged"] = True
     assert crossguard("no-privileged-or-root-containers", [child])
+
+
+KARPENTER_H100 = k8s("NodePool", "h100")
+
+
+def _requirement(p: dict[str, Any], key: str, values: list[str]) -> None:
+    for req in p["spec"]["template"]["spec"]["requirements"]:
+        if req["key"] == key:
+            req["values"] = values
+
+
+KARPENTER_CASES = [
+    ("gpu-pool-has-gpu-taint", lambda p: p["spec"]["template"]["spec"].__setitem__("taints", []),
+     "Karpenter NodePool h100 (p5.48xlarge) has GPUs but no nvidia.com/gpu:NoSchedule taint"),
+    ("no-spot-in-prod", lambda p: _requirement(p, "karpenter.sh/capacity-type", ["spot"]),
+     "Karpenter NodePool h100: spot capacity in prod"),
+    ("max-replicas-within-pool-capacity", lambda p: p["spec"]["limits"].__setitem__("nvidia.com/gpu", "8"),
+     "need 2 nodes of p5.48xlarge but the pool stops at 1"),
+    ("engine-model-fits-gpus", lambda p: _requirement(p, "node.kubernetes.io/instance-type", ["g6.2xlarge"]),
+     "does not fit the L4 GPUs of g6.2xlarge (pool h100)"),
+    ("engine-parallelism-divides-node", lambda p: _requirement(p, "node.kubernetes.io/instance-type", ["g6e.xlarge"]),
+     "2 GPUs exceeds the 1 GPUs of g6e.xlarge"),
+    ("engine-tolerates-pool-taint", lambda p: p["spec"]["template"]["spec"]["taints"].append(
+        {"key": "dedicated", "value": "llm", "effect": "NoSchedule"}),
+     "does not tolerate its taint dedicated=llm:NoSchedule"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("rule", "change", "expect"), KARPENTER_CASES, ids=[c[0] for c in KARPENTER_CASES])
+def test_karpenter_node_pools(rule: str, change: Callable[[dict[str, Any]], object], expect: str) -> None:
+    from tests.policies.helpers import BROKEN
+
+    resources = rendered("karpenter", BROKEN)
+    assert (
+        crossguard(rule, resources, {"monthly_budget_usd": 100_000} if rule.startswith("monthly") else None)
+        == []
+    )
+    messages = crossguard(rule, mutate(resources, KARPENTER_H100, change))
+    assert any(expect in m for m in messages), messages
+
+
+def test_karpenter_budget_counts_node_pools() -> None:
+    from components import cost
+    from components.stackfile import load
+    from policies.inference.rules.money import bill
+    from tests.policies.helpers import BROKEN
+
+    loaded = load("karpenter", BROKEN)
+    lines, _ = bill(rendered("karpenter", BROKEN))
+    assert any("Karpenter NodePool h100: 2 x p5.48xlarge" in line.what for line in lines)
+    total = sum(line.usd_month for line in lines)
+    assert total == pytest.approx(cost.stack_cost(loaded.spec, loaded.layout).max_usd_month)

@@ -267,6 +267,7 @@ def node_pools(resources: Sequence[Res], config: Config | None = None) -> list[N
                 int(size) if size is not None else None,
             )
         )
+    out += [k for r in resources if (k := karpenter_pool(r)) is not None]
     known = {p.labels.get("inferstack.io/pool") for p in out}
     for pool, instance in as_map((config or {}).get("pool_instance_types")).items():
         if pool not in known:
@@ -282,6 +283,51 @@ def node_pools(resources: Sequence[Res], config: Config | None = None) -> list[N
                 )
             )
     return out
+
+
+def is_karpenter_pool(res: Res) -> bool:
+    return res.kind == "NodePool" and str(res.props.get("apiVersion", "")).startswith("karpenter.sh/")
+
+
+def karpenter_pool(res: Res) -> NodePool | None:
+    """A Karpenter NodePool read as a pool: template labels and taints, instance and capacity type from its
+    requirements (the smallest-memory GPU type when several are allowed: fit is judged against the worst
+    node it may launch), and node bound from its nvidia.com/gpu limit."""
+    if not is_karpenter_pool(res):
+        return None
+    template = as_map(dig(res.props, "spec", "template"))
+    labels = {str(k): str(v) for k, v in as_map(dig(template, "metadata", "labels")).items()}
+    allowed: dict[str, list[str]] = {}
+    for item in as_list(dig(template, "spec", "requirements")):
+        req = as_map(item)
+        if req.get("operator") == "In":
+            allowed[str(req.get("key"))] = [str(v) for v in as_list(req.get("values"))]
+    types = allowed.get("node.kubernetes.io/instance-type", [])
+    known = sorted(
+        (catalog.INSTANCE_TYPES[t] for t in types if t in catalog.INSTANCE_TYPES),
+        key=lambda i: (i.gpu_spec.memory_gib, i.gpus),
+    )
+    instance_type = known[0].name if known else (types[0] if types else None)
+    taints = tuple(
+        (
+            str(as_map(t).get("key", "")),
+            str(as_map(t).get("value") or ""),
+            _EFFECTS.get(str(as_map(t).get("effect", "")), str(as_map(t).get("effect", ""))),
+        )
+        for t in as_list(dig(template, "spec", "taints"))
+    )
+    gpu_limit = number(dig(res.props, "spec", "limits", "nvidia.com/gpu"))
+    max_size = int(gpu_limit // known[0].gpus) if gpu_limit is not None and known else None
+    spot = "spot" in allowed.get("karpenter.sh/capacity-type", [])
+    return NodePool(
+        res,
+        labels.get("inferstack.io/pool") or res.k8s_name,
+        labels,
+        instance_type,
+        taints,
+        "SPOT" if spot else "ON_DEMAND",
+        max_size,
+    )
 
 
 def pools_for(selector: Mapping[str, str], pools: Sequence[NodePool]) -> list[NodePool]:

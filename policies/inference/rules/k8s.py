@@ -150,6 +150,16 @@ def environment_of(res: Res) -> str | None:
     return str(env) if env else None
 
 
+def stack_environment(resources: Sequence[Res]) -> str | None:
+    """The environment most of the stack's resources say they belong to."""
+    counts: dict[str, int] = {}
+    for r in resources:
+        env = environment_of(r)
+        if env:
+            counts[env] = counts.get(env, 0) + 1
+    return max(counts, key=lambda e: counts[e]) if counts else None
+
+
 @dataclass(frozen=True)
 class Scaler:
     res: Res

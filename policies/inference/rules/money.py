@@ -26,10 +26,11 @@ from policies.inference.rules.base import (
     as_map,
     dig,
     number,
+    of_kind,
     of_type,
 )
-from policies.inference.rules.engines import NODE_GROUP, node_pools
-from policies.inference.rules.k8s import environment_of
+from policies.inference.rules.engines import is_karpenter_pool, node_pools
+from policies.inference.rules.k8s import environment_of, memory_gib, stack_environment
 from policies.inference.rules.reliability import ENVIRONMENTS_SCHEMA
 
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -47,9 +48,10 @@ def _disk_usd(template: Res | None) -> float:
     if template is None:
         return 0.0
     total = 0.0
-    for mapping in as_list(template.props.get("blockDeviceMappings")):
+    mappings = template.props.get("blockDeviceMappings") or dig(template.props, "spec", "blockDeviceMappings")
+    for mapping in as_list(mappings):
         ebs = as_map(as_map(mapping).get("ebs"))
-        size = number(ebs.get("volumeSize")) or 0.0
+        size = number(ebs.get("volumeSize")) or memory_gib(ebs.get("volumeSize")) or 0.0
         iops = number(ebs.get("iops")) or decisions.GP3_BASELINE_IOPS
         throughput = number(ebs.get("throughput")) or decisions.GP3_BASELINE_THROUGHPUT_MIBPS
         total += (
@@ -78,14 +80,20 @@ def bill(resources: Sequence[Res]) -> tuple[list[Line], list[str]]:
         else:
             unpriced.append(f"node group {pool.res.name} ({pool.instance_type})")
             continue
-        ref = dig(pool.res.props, "launchTemplate", "id")
-        template = next(
-            (t for t in templates if ref in (f"{t.name}-id", t.name) or t.name == pool.res.name), None
-        )
+        if is_karpenter_pool(pool.res):
+            ref = dig(pool.res.props, "spec", "template", "spec", "nodeClassRef", "name")
+            template = next((c for c in of_kind(resources, "EC2NodeClass") if c.k8s_name == ref), None)
+            what = f"Karpenter NodePool {pool.res.k8s_name}"
+        else:
+            ref = dig(pool.res.props, "launchTemplate", "id")
+            template = next(
+                (t for t in templates if ref in (f"{t.name}-id", t.name) or t.name == pool.res.name), None
+            )
+            what = f"node group {pool.res.name}"
         per_node = hourly * MONTH + _disk_usd(template)
         lines.append(
             Line(
-                f"node group {pool.res.name}: {nodes} x {pool.instance_type} {capacity.value}",
+                f"{what}: {nodes} x {pool.instance_type} {capacity.value}",
                 per_node * nodes,
                 pool.res.urn,
             )
@@ -145,26 +153,30 @@ BUDGET = Rule(
 )
 
 
-def _spot(res: Res, config: Config) -> Iterator[str]:
-    if res.type != NODE_GROUP or str(res.props.get("capacityType", "")).upper() != "SPOT":
-        return
-    env = environment_of(res)
-    if env in set(config["environments"]) and not config["allow_spot"]:
-        yield (
-            f"node group {res.name}: spot capacity in {env}; AWS may reclaim every node with two minutes' "
-            "notice. Use capacity_type: on-demand, or set budget.allow_spot_in_prod: true (policy config "
-            "allow_spot) if interruptions are acceptable"
-        )
+def _spot(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
+    stack_env = stack_environment(resources)
+    for pool in node_pools(resources):
+        if pool.res is None or pool.capacity_type.upper() != "SPOT":
+            continue
+        env = environment_of(pool.res) or stack_env
+        if env in set(config["environments"]) and not config["allow_spot"]:
+            what = "Karpenter NodePool" if is_karpenter_pool(pool.res) else "node group"
+            yield Finding(
+                f"{what} {pool.res.k8s_name if pool.res.kind else pool.res.name}: spot capacity in {env}; AWS may "
+                "reclaim every node with two minutes' notice. Use capacity_type: on-demand, or set "
+                "budget.allow_spot_in_prod: true (policy config allow_spot) if interruptions are acceptable",
+                pool.res.urn,
+            )
 
 
 SPOT = Rule(
     name="no-spot-in-prod",
     category=Category.MONEY,
     severity=Severity.MEDIUM,
-    description="Node groups in the listed environments (prod by default) use on-demand capacity unless spot is "
+    description="GPU node groups and Karpenter NodePools in the listed environments (prod by default) use on-demand capacity unless spot is "
     "explicitly allowed.",
     remediation="Set capacity_type: on-demand for the pool, or allow spot in the policy config.",
-    resource_check=_spot,
+    stack_check=_spot,
     settings=(
         Setting("allow_spot", {"type": "boolean"}, False, "Allow spot capacity in the listed environments."),
         Setting("environments", ENVIRONMENTS_SCHEMA, ["prod"], "Environments where spot needs allow_spot."),

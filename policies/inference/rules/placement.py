@@ -6,7 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from policies.inference.rules.base import Category, Config, Finding, Res, Rule, Severity, as_list, as_map
-from policies.inference.rules.engines import NODE_GROUP, NodePool, engines, node_pools, pools_for
+from policies.inference.rules.engines import (
+    NODE_GROUP,
+    NodePool,
+    engines,
+    is_karpenter_pool,
+    node_pools,
+    pools_for,
+)
 from policies.inference.rules.fit import POOL_SETTING
 from policies.inference.rules.k8s import gpus_requested, workloads
 
@@ -81,16 +88,19 @@ ENGINE_TOLERATIONS = Rule(
 
 
 def _pool_tainted(res: Res, config: Config) -> Iterator[str]:
-    if res.type != NODE_GROUP:
+    if res.type != NODE_GROUP and not is_karpenter_pool(res):
         return
     pool = next(iter(node_pools([res])), None)
     if pool is None or not pool.is_gpu:
         return
     if not any(k == GPU_TAINT[0] and eff == GPU_TAINT[1] for k, _, eff in pool.taints):
+        what, effect = (
+            ("node group", "NO_SCHEDULE") if res.type == NODE_GROUP else ("Karpenter NodePool", "NoSchedule")
+        )
         yield (
-            f"node group {res.name} ({pool.instance_type}) has GPUs but no nvidia.com/gpu:NO_SCHEDULE taint, so "
-            "ordinary pods fill its nodes and engines stay Pending; add the taint "
-            "{key: nvidia.com/gpu, effect: NO_SCHEDULE}"
+            f"{what} {res.k8s_name if res.kind else res.name} ({pool.instance_type}) has GPUs but no "
+            f"nvidia.com/gpu:{effect} taint, so ordinary pods fill its nodes and engines stay Pending; add the "
+            f"taint {{key: nvidia.com/gpu, effect: {effect}}}"
         )
 
 
@@ -98,7 +108,7 @@ GPU_POOL_TAINT = Rule(
     name="gpu-pool-has-gpu-taint",
     category=Category.PLACEMENT,
     severity=Severity.HIGH,
-    description="Every GPU node group carries the nvidia.com/gpu NO_SCHEDULE taint, so only pods that ask for "
+    description="Every GPU node group (and Karpenter NodePool) carries the nvidia.com/gpu NO_SCHEDULE taint, so only pods that ask for "
     "GPUs land there.",
     remediation="Add taints: [{key: nvidia.com/gpu, effect: NO_SCHEDULE}] to the node group.",
     resource_check=_pool_tainted,

@@ -179,8 +179,9 @@ def _capacity(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
         if nodes > pool.max_size:
             detail = ", ".join(f"{name} {hi} x {gpus} GPU" for name, hi, gpus in members)
             yield Finding(
-                f"pool {pool.name}: max replicas ({detail}) need {nodes} nodes of {pool.instance.name} but the node "
-                f"group stops at {pool.max_size}; raise the pool's max_nodes to {nodes} or lower max_replicas",
+                f"pool {pool.name}: max replicas ({detail}) need {nodes} nodes of {pool.instance.name} but the pool "
+                f"stops at {pool.max_size} (node group maxSize or NodePool GPU limit); raise the pool's max_nodes "
+                f"to {nodes} or lower max_replicas",
                 pool.res.urn if pool.res else None,
             )
 
