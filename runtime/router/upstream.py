@@ -274,7 +274,10 @@ class Exchange:
         conn = self._conn
         while True:
             if conn._chunks:
-                return conn.take()
+                data = conn.take()
+                if conn.done:
+                    self.finish()  # the body is complete: the connection goes back to the pool now
+                return data
             if conn.done:
                 self.finish()
                 return None

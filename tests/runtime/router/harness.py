@@ -101,7 +101,10 @@ class Double:
         except ValueError:
             body = {}
         headers = {k.lower(): v for k, v in request.headers.items()}
-        self.requests.append({"path": request.path, "headers": headers, "raw": raw, "body": body})
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.requests.append(
+            {"path": request.path, "headers": headers, "raw": raw, "body": body, "peer": peer}
+        )
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         mode = self.mode

@@ -143,6 +143,8 @@ def test_keep_alive_serves_many_requests_on_one_connection(doubles, make_router)
         resp.read()
     conn.close()
     assert len(d.requests) == 20
+    # and the router reused one keep-alive connection to the engine for all of them
+    assert len({req["peer"] for req in d.requests}) == 1
 
 
 def test_chunked_request_body_is_accepted(doubles, make_router) -> None:
