@@ -209,3 +209,27 @@ def test_large_answers_pass_through_whole_sized_or_chunked(doubles, make_router)
         assert ("content-length" in headers) == (mode == "big")
         metrics = r.request("GET", "/metrics")[2].decode()
         assert 'inferstack_router_tokens_total{direction="in",model="m"} 300.0' in metrics
+
+
+def test_engine_connections_stay_bounded_under_concurrency(doubles, make_router) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    a, b = doubles(2)
+    r = make_router([a.url, b.url], default_strategy={"name": "least_load"})
+
+    def client(n: int) -> list[int]:
+        conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=30)
+        out = []
+        for _ in range(n):
+            conn.request("POST", "/v1/chat/completions", json.dumps(CHAT).encode())
+            resp = conn.getresponse()
+            resp.read()
+            out.append(resp.status)
+        conn.close()
+        return out
+
+    with ThreadPoolExecutor(6) as pool:
+        statuses = [s for f in [pool.submit(client, 30) for _ in range(6)] for s in f.result()]
+    assert statuses == [200] * 180
+    peers = {req["peer"] for d in (a, b) for req in d.requests}
+    assert len(peers) <= 12  # never more engine connections than requests in flight at once
