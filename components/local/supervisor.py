@@ -42,6 +42,8 @@ EXIT_USAGE = 2
 
 ENGINE_STOP_GRACE_S = 20.0
 SERVICE_STOP_GRACE_S = 10.0
+#: A runtime service listens within a second or two; generous for a machine under heavy load.
+SERVICE_START_TIMEOUT_S = 180.0
 POLL_S = 0.25
 
 
@@ -316,7 +318,7 @@ class Supervisor:
         service = Service(name, port, url, log, proc)
         self.services.append(service)
         self._write_state()
-        deadline = time.monotonic() + 60.0
+        deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
         while http_get(f"{url}/healthz")[0] != 200:
             self._check_stop()
             if proc.poll() is not None:
@@ -324,14 +326,16 @@ class Supervisor:
                     f"{name} exited with code {proc.returncode} at start; log {log}:\n{tail(log)}"
                 )
             if time.monotonic() > deadline:
-                raise StartError(f"{name} does not answer on {url} after 60s; log {log}:\n{tail(log)}")
+                raise StartError(
+                    f"{name} does not answer on {url} after {SERVICE_START_TIMEOUT_S:.0f}s; log {log}:\n{tail(log)}"
+                )
             time.sleep(0.1)
         self.say(f"{name} listening on {url}")
 
     def wait_router(self) -> None:
         router = self.services[-1]
         want = {m.name for m in self.plan.config.models}
-        deadline = time.monotonic() + 120.0
+        deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
         while True:
             self._check_stop()
             self._check_services()
@@ -345,7 +349,7 @@ class Supervisor:
                         return
             if time.monotonic() > deadline:
                 raise StartError(
-                    f"the router at {router.url} did not become ready within 120s; "
+                    f"the router at {router.url} did not become ready within {SERVICE_START_TIMEOUT_S:.0f}s; "
                     f"logs {router.log} and {self.plan.logs_dir}/health.log:\n{tail(router.log)}"
                 )
             time.sleep(POLL_S)

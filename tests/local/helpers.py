@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -18,18 +19,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port_block(count: int) -> int:
-    """The first of ``count`` consecutive ports that are free right now."""
-    for _ in range(200):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base = int(sock.getsockname()[1])
-        if base + count >= 65000:
-            continue
-        socks = []
+    """The first of ``count`` consecutive ports that are free now, below the ephemeral range.
+
+    Ephemeral ports (32768 and up) are handed to every outgoing connection on the machine, so one that
+    is free at this moment may be a client's local port the next; listeners of a test stay below.
+    """
+    rng = random.Random()
+    for _ in range(500):
+        base = rng.randrange(20000, 32000 - count)
+        socks: list[socket.socket] = []
         try:
             for port in range(base, base + count):
                 s = socket.socket()
                 socks.append(s)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 s.bind(("127.0.0.1", port))
             return base
         except OSError:

@@ -55,7 +55,8 @@ def fake(tmp_path: Path) -> Iterator[tuple[list[str], dict[str, str], Path]]:
     stacks.mkdir()
     (stacks / "Pulumi.fake.yaml").write_text(yaml.safe_dump(raw))
     state_dir = tmp_path / "state"
-    base, engines = free_port_block(3), free_port_block(3)
+    base = free_port_block(6)
+    engines = base + 3
     args = [
         "-s",
         "fake",
@@ -82,7 +83,7 @@ def test_foreground_serves_refuses_a_second_instance_and_stops_everything_in_ord
     )
     assert proc.stdout is not None
     lines: list[str] = []
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while not any("is ready in" in line for line in lines):
         line = proc.stdout.readline()
         assert line or proc.poll() is None, "".join(lines)
@@ -124,7 +125,7 @@ def test_foreground_serves_refuses_a_second_instance_and_stops_everything_in_ord
 
 def test_detach_status_logs_kill_a_replica_and_down(fake) -> None:
     args, env, state_dir = fake
-    up = run_local("up", "--detach", *args, env=env, timeout=90)
+    up = run_local("up", "--detach", *args, env=env, timeout=240)
     assert up.returncode == 0, up.stdout + up.stderr
     assert "is ready in" in up.stdout and "inferstack local status|logs|down" in up.stdout
     current = state.read_state(state_dir)
@@ -165,6 +166,35 @@ def test_detach_status_logs_kill_a_replica_and_down(fake) -> None:
     assert after.returncode == 1 and "not running" in after.stdout
     again = run_local("down", "--state-dir", str(state_dir), env=env)
     assert again.returncode == 0 and "not running" in again.stdout
+
+
+def test_down_cleans_up_after_a_supervisor_killed_with_sigkill(fake) -> None:
+    args, env, state_dir = fake
+    up = run_local("up", "--detach", *args, env=env, timeout=240)
+    assert up.returncode == 0, up.stdout + up.stderr
+    current = state.read_state(state_dir)
+    assert current is not None
+    pids = stack_pids(state_dir)
+    os.kill(current["pid"], signal.SIGKILL)
+    wait_for(lambda: state.running_pid(state_dir) is None, 10, "the lock to be released")
+    services = [p["pid"] for p in current["processes"] if p["kind"] == "service"]
+    wait_for(lambda: not any(state.pid_alive(p) for p in services), 10, "services to follow their parent")
+    status = run_local("status", "--state-dir", str(state_dir), env=env)
+    assert status.returncode == 1
+    down = run_local("down", "--state-dir", str(state_dir), env=env)
+    assert down.returncode == 0 and "killed" in down.stdout and "leftover" in down.stdout, down.stdout
+    state.clear_state(state_dir)
+    assert_nothing_left(state_dir, pids)
+
+
+def test_a_missing_engine_venv_says_how_to_make_it(fake) -> None:
+    args, env, state_dir = fake
+    result = run_local(
+        "up", *args, env={**env, "INFERSTACK_ENGINE_PYTHON": "/nonexistent/python"}, timeout=60
+    )
+    assert result.returncode == 2
+    assert "make engine-venv" in result.stderr and "Traceback" not in result.stderr
+    assert_nothing_left(state_dir, set())
 
 
 def test_an_engine_that_cannot_start_stops_the_rest_and_shows_its_log(fake) -> None:
