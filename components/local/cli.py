@@ -201,9 +201,12 @@ def status(state_dir: StateDirOpt = DEFAULT_STATE_DIR) -> None:
     """Is the local stack running, and what are its processes? Exit 0 when running, 1 when not."""
     pid = state.running_pid(state_dir)
     current = state.read_state(state_dir)
-    if pid is None or current is None:
+    if pid is None:
         print(f"inferstack local is not running (state dir {state_dir}/)")
         raise typer.Exit(1)
+    if current is None:
+        print(f"inferstack local is starting (pid {pid}); progress in {state_dir}/logs/")
+        return
     up_s = time.time() - float(current.get("started_at") or time.time())
     url = current.get("router_url", "")
     ready = http_get(f"{url}/readyz")[0] == 200 if url else False
