@@ -109,8 +109,11 @@ def validate(config: Any, source: str) -> dict[str, Any]:
                 names = ", ".join(sorted(known)) or "none"
                 problems.append(f"{source}: {key}.{name}: unknown setting; {key} takes: {names}")
             elif not _type_ok(known[name].schema, setting_value):
+                schema = known[name].schema
+                bounds = {k: schema[k] for k in ("minimum", "exclusiveMinimum", "maximum") if k in schema}
+                limits = f" ({', '.join(f'{k} {v}' for k, v in bounds.items())})" if bounds else ""
                 problems.append(
-                    f"{source}: {key}.{name}: {setting_value!r} is not a valid {known[name].schema.get('type')}"
+                    f"{source}: {key}.{name}: {setting_value!r} is not a valid {schema.get('type')}{limits}"
                 )
     if problems:
         raise PolicyConfigError("\n".join(problems))
@@ -129,7 +132,18 @@ def _type_ok(schema: Mapping[str, Any], value: Any) -> bool:
         "object": lambda v: isinstance(v, dict),
         "null": lambda v: v is None,
     }
-    return any(checks.get(str(k), lambda v: True)(value) for k in allowed)
+    if not any(checks.get(str(k), lambda v: True)(value) for k in allowed):
+        return False
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if "minimum" in schema and value < schema["minimum"]:
+            return False
+        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+            return False
+        if "maximum" in schema and value > schema["maximum"]:
+            return False
+    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        return all(_type_ok(schema["items"], v) for v in value)
+    return True
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -52,6 +52,8 @@ def test_resolve_and_merge() -> None:
             {"engine-min-replicas": {"min_replicas": "two"}},
             "engine-min-replicas.min_replicas: 'two' is not a valid integer",
         ),
+        ({"monthly-cost-within-budget": {"monthly_budget_usd": -5}}, "-5 is not a valid ['number', 'null']"),
+        ({"engine-min-replicas": {"environments": "prod"}}, "'prod' is not a valid array"),
         ({"images-pinned": {"enforcementLevel": "strict"}}, "images-pinned.enforcementLevel: 'strict'"),
         ([1, 2], "a policy config is a JSON object"),
     ],

@@ -81,3 +81,9 @@ def test_unknown_values_do_not_break_rules() -> None:
         },
     )
     assert crossguard("eks-secrets-encryption", [cluster]) == []
+
+
+def test_readme_lists_every_rule() -> None:
+    text = (PACK_DIR / "README.md").read_text()
+    for rule in RULES:
+        assert f"| `{rule.name}` |" in text and rule.description in text

@@ -121,3 +121,20 @@ def test_karpenter_stack_is_clean() -> None:
     code, output = plan("karpenter")
     assert code == 0, output
     assert "clean, no violations" in output
+
+
+def test_a_crashing_rule_is_a_verdict_not_a_traceback(monkeypatch) -> None:
+    """A bug in a rule must neither hide the other verdicts nor pass silently."""
+    from policies.inference import offline
+    from policies.inference.rules import RULES, Rule
+    from policies.inference.rules.base import Category, Severity
+
+    def boom(resources, config):
+        raise KeyError("spec")
+
+    broken = Rule("exploding-rule", Category.HYGIENE, Severity.LOW, "explodes", "fix it", stack_check=boom)
+    monkeypatch.setattr(offline, "RULES", (*RULES, broken))
+    monkeypatch.setattr("policies.inference.config.BY_NAME", {r.name: r for r in (*RULES, broken)})
+    verdicts = offline.evaluate([], {"all": "mandatory"})
+    assert [(v.rule, v.level) for v in verdicts] == [("exploding-rule", "mandatory")]
+    assert "failed to run (KeyError('spec'))" in verdicts[0].message
