@@ -11,14 +11,16 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from components.plan import Synthesis
 from components.stackfile import Stack
 from policies.inference import config as policy_config
 from policies.inference.config import PolicyConfigError
 from policies.inference.pack import PACK_NAME
 from policies.inference.rules import RULES, Res
+
+if TYPE_CHECKING:  # the plan module runs the Pulumi program; the policies only read what it captured
+    from components.plan import Synthesis
 
 __all__ = ["Policy", "PolicyConfigError", "PolicyResult", "Verdict", "evaluate", "prepare", "resources_of"]
 

@@ -87,3 +87,19 @@ def test_readme_lists_every_rule() -> None:
     text = (PACK_DIR / "README.md").read_text()
     for rule in RULES:
         assert f"| `{rule.name}` |" in text and rule.description in text
+
+
+def test_policies_never_import_the_cloud_sdks() -> None:
+    """The pack and the offline runner read properties; pulumi_aws / pulumi_kubernetes stay out."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import policies.inference.__main__, policies.inference.offline; "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pulumi_aws', 'pulumi_kubernetes')); "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
