@@ -138,3 +138,12 @@ def test_a_crashing_rule_is_a_verdict_not_a_traceback(monkeypatch) -> None:
     verdicts = offline.evaluate([], {"all": "mandatory"})
     assert [(v.rule, v.level) for v in verdicts] == [("exploding-rule", "mandatory")]
     assert "failed to run (KeyError('spec'))" in verdicts[0].message
+
+
+def test_moving_tag_past_the_spec_fails_images_pinned() -> None:
+    code, output = plan("moving-tag")
+    assert code == 1, output
+    assert "MANDATORY images-pinned" in output
+    assert (
+        "'vllm/vllm-openai:nightly' uses the moving tag ':nightly'" in output and "pin it by digest" in output
+    )
