@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import hashlib
 import logging
 import signal
@@ -111,6 +112,11 @@ async def serve(router: Router, config_path: Path | None, ready: asyncio.Event |
     server = Server(router.handle, s.max_body_bytes, s.client_idle_timeout_s)
     await router.fleet.start()
     port = router.port = await server.start(s.host, s.port)
+    # Everything imported and built so far lives as long as the process: take it out of the cyclic
+    # GC's reach. A full collection over it costs 8-16 ms here, a stall for every request in flight,
+    # and the first thing that showed up in p99 with a 20 ms engine.
+    gc.collect()
+    gc.freeze()
     log.info("router listening", extra={"host": s.host, "port": port, "models": list(router.fleet.models)})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
