@@ -30,6 +30,9 @@ TAGGABLE = frozenset(
         "aws:s3/bucketV2:BucketV2",
         "aws:ecr/repository:Repository",
         "aws:cloudwatch/logGroup:LogGroup",
+        "aws:cloudwatch/eventRule:EventRule",
+        "aws:sqs/queue:Queue",
+        "aws:eks/accessEntry:AccessEntry",
     }
 )
 
