@@ -117,8 +117,9 @@ def test_bad_policy_config_is_a_message_not_a_traceback(tmp_path: Path) -> None:
     assert code == 2 and "cannot read the policy config" in output
 
 
-def test_karpenter_stack_is_clean() -> None:
-    code, output = plan("karpenter")
+@pytest.mark.parametrize("stack", ["karpenter", "byo-cluster"])
+def test_valid_test_stacks_are_clean(stack: str) -> None:
+    code, output = plan(stack)
     assert code == 0, output
     assert "clean, no violations" in output
 

@@ -611,3 +611,23 @@ def test_karpenter_budget_counts_node_pools() -> None:
     assert any("Karpenter NodePool h100: 2 x p5.48xlarge" in line.what for line in lines)
     total = sum(line.usd_month for line in lines)
     assert total == pytest.approx(cost.stack_cost(loaded.spec, loaded.layout).max_usd_month)
+
+
+def test_pools_of_clusters_the_stack_does_not_create() -> None:
+    """target kubernetes: no node groups in the stack; pool_instance_types says what the pool's nodes are."""
+    from tests.policies.helpers import BROKEN
+
+    resources = rendered("byo-cluster", BROKEN)
+    assert crossguard("engine-model-fits-gpus", resources) == []  # nothing known about the nodes: no verdict
+    assert (
+        crossguard("engine-model-fits-gpus", resources, {"pool_instance_types": {"h100": "p5.48xlarge"}})
+        == []
+    )
+    messages = crossguard(
+        "engine-model-fits-gpus", resources, {"pool_instance_types": {"h100": "g6.12xlarge"}}
+    )
+    assert messages and "does not fit the L4 GPUs of g6.12xlarge (pool h100)" in messages[0]
+    messages = crossguard(
+        "engine-parallelism-divides-node", resources, {"pool_instance_types": {"h100": "g6e.xlarge"}}
+    )
+    assert messages and "exceeds the 1 GPUs of g6e.xlarge" in messages[0]
