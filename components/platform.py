@@ -70,6 +70,7 @@ class InferencePlatform(pulumi.ComponentResource):
         layout: Layout,
         secrets: PlatformSecrets,
         opts: pulumi.ResourceOptions | None = None,
+        vpc_id: pulumi.Input[str] | None = None,
     ) -> None:
         super().__init__("inferstack:index:InferencePlatform", f"{spec.name}-{spec.environment}", None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -87,7 +88,7 @@ class InferencePlatform(pulumi.ComponentResource):
             spec.observability.grafana_admin_password_config_key,
             "'<password>'",
         )
-        self.addons = ClusterAddons(spec, child, grafana_admin_password=grafana_password)
+        self.addons = ClusterAddons(spec, child, vpc_id=vpc_id, grafana_admin_password=grafana_password)
         self.priority_class = apply(hardening.priority_class(spec), child)
         engines_opts = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, self.priority_class])
         self.engines = {

@@ -30,12 +30,14 @@ def run() -> InferencePlatform:
     token_key = spec.huggingface_token_config_key
     secrets = PlatformSecrets(huggingface_token=config.require_secret(token_key) if token_key else None)
     kubernetes: pulumi.ResourceOptions | None = None
+    vpc_id: pulumi.Input[str] | None = None
     if spec.target is Target.EKS:
         # AWS first; every Kubernetes resource then goes to the new cluster through its provider.
         aws_layer = AwsLayer(spec, layout, pulumi.get_stack())
         aws_layer.export()
         kubernetes = aws_layer.kubernetes_options()
-    platform = InferencePlatform(spec, layout, secrets, kubernetes)
+        vpc_id = aws_layer.network.vpc_id
+    platform = InferencePlatform(spec, layout, secrets, kubernetes, vpc_id=vpc_id)
     pulumi.export("namespace", spec.cluster.namespace)
     pulumi.export("models", [m.name for m in spec.models])
     return platform

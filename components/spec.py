@@ -23,6 +23,7 @@ HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")
 PINNED_IMAGE = re.compile(r"^[^\s@]+(@sha256:[0-9a-f]{64}|:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})$")
 MAX_MODEL_NAME = 40  # leaves room for suffixes in 63-character Kubernetes names
+MAX_EKS_CLUSTER_NAME = 40  # leaves room for suffixes in 64-character IAM role names
 
 
 class _Spec(BaseModel):
@@ -38,6 +39,11 @@ class Target(StrEnum):
 class CapacityType(StrEnum):
     ON_DEMAND = "on-demand"
     SPOT = "spot"
+
+
+class NodeProvisioner(StrEnum):
+    MANAGED = "managed"
+    KARPENTER = "karpenter"
 
 
 class Quantization(StrEnum):
@@ -117,6 +123,8 @@ class ClusterSpec(_Spec):
     """Use these private subnets (in at least two zones, with NAT egress) instead of creating a VPC."""
     existing_public_subnet_ids: list[str] = Field(default_factory=list)
     """Public subnets for internet-facing load balancers, used with existing_private_subnet_ids."""
+    existing_vpc_id: str | None = None
+    """The VPC of existing_private_subnet_ids (the AWS Load Balancer Controller is told it; pods reach no IMDS)."""
     single_nat_gateway: bool = False
     """One NAT gateway for every zone (cheaper, not zone-redundant); the default is one per zone."""
     admin_role_arns: list[str] = Field(default_factory=list)
@@ -128,6 +136,9 @@ class ClusterSpec(_Spec):
     90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288 or 3653)."""
     model_bucket: str | None = None
     """Name of the S3 bucket the stack creates for model weights; defaults to a generated '<cluster>-models-*'."""
+    node_provisioner: NodeProvisioner = NodeProvisioner.MANAGED
+    """GPU nodes from 'managed' EKS node groups (one per pool, min/max nodes from the models), or from
+    'karpenter' NodePools (nodes of the pool's type launched for pending engines, up to the pool's GPUs)."""
 
     @field_validator("vpc_cidr")
     @classmethod
@@ -202,6 +213,14 @@ class ClusterSpec(_Spec):
         if self.existing_public_subnet_ids and not self.existing_private_subnet_ids:
             raise ValueError(
                 "existing_public_subnet_ids needs existing_private_subnet_ids (nodes run in private subnets)"
+            )
+        if bool(self.existing_private_subnet_ids) != bool(self.existing_vpc_id):
+            raise ValueError(
+                "existing_private_subnet_ids and existing_vpc_id go together: set both or neither"
+            )
+        if self.existing_vpc_id and not re.fullmatch(r"vpc-[0-9a-f]{8,17}", self.existing_vpc_id):
+            raise ValueError(
+                f"existing_vpc_id {self.existing_vpc_id!r} is not a VPC id; write e.g. 'vpc-0123456789abcdef0'"
             )
         return self
 
@@ -655,6 +674,16 @@ class PlatformSpec(_Spec):
                     f"addons.autoscaler: hpa cannot scale to zero, but min_replicas is 0 for {', '.join(zero)}; "
                     "use autoscaler: keda or set min_replicas to at least 1"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _eks_name_length(self) -> PlatformSpec:
+        # IAM role names (64 characters) are the cluster name, a job suffix and Pulumi's random suffix.
+        if self.target is Target.EKS and len(self.cluster_name) > MAX_EKS_CLUSTER_NAME:
+            raise ValueError(
+                f"cluster.name: {self.cluster_name!r} is {len(self.cluster_name)} characters; AWS names derived "
+                f"from it allow at most {MAX_EKS_CLUSTER_NAME}: set a shorter cluster.name"
+            )
         return self
 
     @property

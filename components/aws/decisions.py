@@ -94,6 +94,7 @@ class NetworkPlan:
     nat_gateways: int = 0
     existing_private_subnet_ids: list[str] = field(default_factory=list)
     existing_public_subnet_ids: list[str] = field(default_factory=list)
+    existing_vpc_id: str | None = None
 
     def nat_zone(self, index: int) -> int:
         """Which NAT gateway the private subnet of zone ``index`` routes through."""
@@ -111,6 +112,7 @@ def network_plan(spec: PlatformSpec) -> NetworkPlan:
             zones=[],
             existing_private_subnet_ids=list(c.existing_private_subnet_ids),
             existing_public_subnet_ids=list(c.existing_public_subnet_ids),
+            existing_vpc_id=c.existing_vpc_id,
         )
     vpc = ipaddress.IPv4Network(c.vpc_cidr, strict=False)
     names = zones(spec)
@@ -167,6 +169,11 @@ class NodeGroupPlan:
     disk_throughput_mibps: int
     labels: dict[str, str]
     taints: list[Taint]
+
+
+def node_role_name(spec: PlatformSpec) -> str:
+    """A fixed name (Karpenter's node classes name the role): IAM is global, so the region is part of it."""
+    return f"{spec.cluster_name}-{spec.cluster.region}-node"[:64]
 
 
 def node_group_name(spec: PlatformSpec, pool: str) -> str:

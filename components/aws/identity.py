@@ -33,11 +33,13 @@ class ServiceRole(pulumi.ComponentResource):
         managed: Sequence[str] = (),
         inline: Mapping[str, pulumi.Input[str]] | None = None,
         description: str = "",
+        role_name: str | None = None,
     ) -> None:
         super().__init__("inferstack:aws:ServiceRole", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.role = aws.iam.Role(
             name,
+            name=role_name,  # None: Pulumi's unique generated name
             assume_role_policy=policies.dumps(trust),
             description=description or None,
             max_session_duration=3600,

@@ -15,12 +15,13 @@ import pulumi_aws as aws
 from components.aws import decisions, policies
 from components.aws.cluster import Cluster
 from components.aws.identity import ServiceRole, pod_identity
+from components.aws.karpenter import Karpenter
 from components.aws.network import Network
 from components.aws.nodes import NodeGroup
 from components.aws.registry import Registry
 from components.aws.storage import ModelStorage
 from components.placement import Layout
-from components.spec import PlatformSpec
+from components.spec import NodeProvisioner, PlatformSpec
 
 
 class AwsLayer(pulumi.ComponentResource):
@@ -53,10 +54,14 @@ class AwsLayer(pulumi.ComponentResource):
             on_aws,
             managed=policies.NODE_MANAGED_POLICIES,
             description=f"EKS nodes of {name}",
+            role_name=decisions.node_role_name(spec),
         )
         before_nodes = [node_role, *self.cluster.addons.values()]
         self.node_groups: dict[str, NodeGroup] = {}
-        for plan in decisions.node_groups(spec, layout):
+        karpenter = spec.cluster.node_provisioner is NodeProvisioner.KARPENTER
+        # With Karpenter, only the system group is managed; GPU nodes come from its NodePools.
+        plans = [decisions.system_node_group(spec)] if karpenter else decisions.node_groups(spec, layout)
+        for plan in plans:
             self.node_groups[plan.pool] = NodeGroup(
                 plan,
                 cluster_name,
@@ -103,7 +108,7 @@ class AwsLayer(pulumi.ComponentResource):
             inline={"read-models": read},
             description=f"Engines of {name}: read model weights",
         )
-        pod_identity(
+        engine_identity = pod_identity(
             f"{name}-engine", cluster_name, decisions.engine_service_account(spec), engine_role, tags, on_aws
         )
         lb_role = ServiceRole(
@@ -115,7 +120,7 @@ class AwsLayer(pulumi.ComponentResource):
             inline={"load-balancers": policies.dumps(policies.load_balancer_controller(region))},
             description=f"AWS Load Balancer Controller of {name}",
         )
-        pod_identity(
+        lb_identity = pod_identity(
             f"{name}-lb-controller",
             cluster_name,
             decisions.LB_CONTROLLER_SERVICE_ACCOUNT,
@@ -126,7 +131,25 @@ class AwsLayer(pulumi.ComponentResource):
         self.registry = Registry(spec, tags, root, on_aws)
 
         self.kubernetes_provider = self.cluster.provider
-        self.ready: list[pulumi.Resource] = [*self.node_groups.values(), *self.late_addons]
+        self.karpenter: Karpenter | None = None
+        if karpenter:
+            self.karpenter = Karpenter(
+                spec,
+                layout.pools,
+                node_role,
+                decisions.node_role_name(spec),
+                cluster_name,
+                self.kubernetes_provider,
+                tags,
+                on_aws,
+                depends_on=[system, *self.late_addons],
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+        # Engines fetch weights and the controller manages load balancers from their first start.
+        identities = [engine_identity, lb_identity]
+        self.ready: list[pulumi.Resource] = [*self.node_groups.values(), *self.late_addons, *identities]
+        if self.karpenter is not None:
+            self.ready.append(self.karpenter)
         self.register_outputs({"cluster_name": cluster_name})
 
     def kubernetes_options(self) -> pulumi.ResourceOptions:
@@ -137,7 +160,10 @@ class AwsLayer(pulumi.ComponentResource):
 
     def export(self) -> None:
         pulumi.export("cluster_name", self.cluster.name)
+        pulumi.export("vpc_id", self.network.vpc_id)
         pulumi.export("kubeconfig", self.cluster.kubeconfig)
         pulumi.export("model_bucket", self.storage.bucket.bucket)
         pulumi.export("node_groups", {p: g.node_group.node_group_name for p, g in self.node_groups.items()})
+        if self.karpenter is not None:
+            pulumi.export("node_pools", self.karpenter.node_pools)
         pulumi.export("images", self.registry.images)

@@ -17,7 +17,7 @@ class Network(pulumi.ComponentResource):
 
     private_subnet_ids: list[pulumi.Input[str]]
     public_subnet_ids: list[pulumi.Input[str]]
-    vpc_id: pulumi.Output[str] | None
+    vpc_id: pulumi.Input[str] | None
 
     def __init__(
         self, spec: PlatformSpec, tags: dict[str, str], opts: pulumi.ResourceOptions | None = None
@@ -25,7 +25,7 @@ class Network(pulumi.ComponentResource):
         super().__init__("inferstack:aws:Network", spec.cluster_name, None, opts)
         plan = decisions.network_plan(spec)
         self.plan = plan
-        self.vpc_id = None
+        self.vpc_id = plan.existing_vpc_id
         if not plan.create_vpc:
             self.private_subnet_ids = list(plan.existing_private_subnet_ids)
             self.public_subnet_ids = list(plan.existing_public_subnet_ids)

@@ -392,3 +392,226 @@ def bucket_tls_only(bucket_arn: str) -> PolicyDocument:
             }
         ],
     }
+
+
+def karpenter_controller(
+    region: str, cluster_name: str, queue_arn: str, node_role_arn: str
+) -> PolicyDocument:
+    """Karpenter's controller policy, after its v1 getting-started CloudFormation template.
+
+    Launch and tag calls are limited to requests that tag what they create with this cluster (and a
+    NodePool); terminate and delete only touch resources carrying those tags. Describe, pricing and
+    instance-profile listing have no resource-level scope (``...AnyResource``).
+    """
+    p = partition(region)
+    ec2 = f"arn:{p}:ec2:{region}:*"
+    profile = f"arn:{p}:iam::*:instance-profile/*"
+    owned = f"kubernetes.io/cluster/{cluster_name}"
+    launched = [
+        f"{ec2}:{kind}/*"
+        for kind in (
+            "fleet",
+            "instance",
+            "volume",
+            "network-interface",
+            "launch-template",
+            "spot-instances-request",
+        )
+    ]
+    request_owned = {
+        f"aws:RequestTag/{owned}": "owned",
+        "aws:RequestTag/eks:eks-cluster-name": cluster_name,
+    }
+    statements: list[dict[str, Any]] = [
+        {
+            "Sid": "LaunchFromSharedResources",
+            "Effect": "Allow",
+            "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+            "Resource": [
+                f"{ec2}:{k}/*"
+                for k in ("image", "snapshot", "security-group", "subnet", "capacity-reservation")
+            ],
+        },
+        {
+            "Sid": "LaunchFromOwnTemplates",
+            "Effect": "Allow",
+            "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+            "Resource": f"{ec2}:launch-template/*",
+            "Condition": {
+                "StringEquals": {f"aws:ResourceTag/{owned}": "owned"},
+                "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"},
+            },
+        },
+        {
+            "Sid": "LaunchTagged",
+            "Effect": "Allow",
+            "Action": ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"],
+            "Resource": launched,
+            "Condition": {
+                "StringEquals": request_owned,
+                "StringLike": {"aws:RequestTag/karpenter.sh/nodepool": "*"},
+            },
+        },
+        {
+            "Sid": "TagOnLaunch",
+            "Effect": "Allow",
+            "Action": ["ec2:CreateTags"],
+            "Resource": launched,
+            "Condition": {
+                "StringEquals": {
+                    **request_owned,
+                    "ec2:CreateAction": ["RunInstances", "CreateFleet", "CreateLaunchTemplate"],
+                },
+                "StringLike": {"aws:RequestTag/karpenter.sh/nodepool": "*"},
+            },
+        },
+        {
+            "Sid": "TagOwnInstances",
+            "Effect": "Allow",
+            "Action": ["ec2:CreateTags"],
+            "Resource": f"{ec2}:instance/*",
+            "Condition": {
+                "StringEquals": {f"aws:ResourceTag/{owned}": "owned"},
+                "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"},
+                "StringEqualsIfExists": {"aws:RequestTag/eks:eks-cluster-name": cluster_name},
+                "ForAllValues:StringEquals": {
+                    "aws:TagKeys": ["eks:eks-cluster-name", "karpenter.sh/nodeclaim", "Name"]
+                },
+            },
+        },
+        {
+            "Sid": "DeleteOwn",
+            "Effect": "Allow",
+            "Action": ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
+            "Resource": [f"{ec2}:instance/*", f"{ec2}:launch-template/*"],
+            "Condition": {
+                "StringEquals": {f"aws:ResourceTag/{owned}": "owned"},
+                "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"},
+            },
+        },
+        {
+            "Sid": "RegionalReadAnyResource",
+            "Effect": "Allow",
+            "Action": [
+                "ec2:DescribeCapacityReservations",
+                "ec2:DescribeImages",
+                "ec2:DescribeInstances",
+                "ec2:DescribeInstanceTypeOfferings",
+                "ec2:DescribeInstanceTypes",
+                "ec2:DescribeLaunchTemplates",
+                "ec2:DescribeSecurityGroups",
+                "ec2:DescribeSpotPriceHistory",
+                "ec2:DescribeSubnets",
+            ],
+            "Resource": "*",
+            "Condition": {"StringEquals": {"aws:RequestedRegion": region}},
+        },
+        {
+            "Sid": "ReadAmiParameters",
+            "Effect": "Allow",
+            "Action": ["ssm:GetParameter"],
+            "Resource": f"arn:{p}:ssm:{region}::parameter/aws/service/*",
+        },
+        {"Sid": "PricingAnyResource", "Effect": "Allow", "Action": ["pricing:GetProducts"], "Resource": "*"},
+        {
+            "Sid": "InterruptionQueue",
+            "Effect": "Allow",
+            "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"],
+            "Resource": queue_arn,
+        },
+        {
+            "Sid": "PassNodeRole",
+            "Effect": "Allow",
+            "Action": ["iam:PassRole"],
+            "Resource": node_role_arn,
+            "Condition": {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com"]}},
+        },
+        {
+            "Sid": "CreateInstanceProfiles",
+            "Effect": "Allow",
+            "Action": ["iam:CreateInstanceProfile"],
+            "Resource": profile,
+            "Condition": {
+                "StringEquals": {**request_owned, "aws:RequestTag/topology.kubernetes.io/region": region},
+                "StringLike": {"aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": "*"},
+            },
+        },
+        {
+            "Sid": "TagOwnInstanceProfiles",
+            "Effect": "Allow",
+            "Action": ["iam:TagInstanceProfile"],
+            "Resource": profile,
+            "Condition": {
+                "StringEquals": {
+                    f"aws:ResourceTag/{owned}": "owned",
+                    "aws:ResourceTag/topology.kubernetes.io/region": region,
+                    **request_owned,
+                    "aws:RequestTag/topology.kubernetes.io/region": region,
+                },
+                "StringLike": {
+                    "aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*",
+                    "aws:RequestTag/karpenter.k8s.aws/ec2nodeclass": "*",
+                },
+            },
+        },
+        {
+            "Sid": "ManageOwnInstanceProfiles",
+            "Effect": "Allow",
+            "Action": [
+                "iam:AddRoleToInstanceProfile",
+                "iam:RemoveRoleFromInstanceProfile",
+                "iam:DeleteInstanceProfile",
+            ],
+            "Resource": profile,
+            "Condition": {
+                "StringEquals": {
+                    f"aws:ResourceTag/{owned}": "owned",
+                    "aws:ResourceTag/topology.kubernetes.io/region": region,
+                },
+                "StringLike": {"aws:ResourceTag/karpenter.k8s.aws/ec2nodeclass": "*"},
+            },
+        },
+        {
+            "Sid": "ReadInstanceProfiles",
+            "Effect": "Allow",
+            "Action": ["iam:GetInstanceProfile"],
+            "Resource": profile,
+        },
+        {
+            "Sid": "ListInstanceProfilesAnyResource",
+            "Effect": "Allow",
+            "Action": ["iam:ListInstanceProfiles"],
+            "Resource": "*",
+        },
+        {
+            "Sid": "DiscoverApiEndpoint",
+            "Effect": "Allow",
+            "Action": ["eks:DescribeCluster"],
+            "Resource": f"arn:{p}:eks:{region}:*:cluster/{cluster_name}",
+        },
+    ]
+    return {"Version": VERSION, "Statement": statements}
+
+
+def interruption_queue(queue_arn: str) -> PolicyDocument:
+    """EventBridge (and SQS itself) may deliver interruption events; nothing is accepted without TLS."""
+    return {
+        "Version": VERSION,
+        "Statement": [
+            {
+                "Sid": "EventsDeliver",
+                "Effect": "Allow",
+                "Principal": {"Service": ["events.amazonaws.com", "sqs.amazonaws.com"]},
+                "Action": "sqs:SendMessage",
+                "Resource": queue_arn,
+            },
+            {
+                "Sid": "DenyInsecureTransport",
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": "sqs:*",
+                "Resource": queue_arn,
+                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+            },
+        ],
+    }

@@ -358,7 +358,15 @@ def _write(tmp_path: Path, name: str, cluster: dict[str, Any]) -> Stack:
 def test_existing_subnets_replace_the_vpc_and_admin_roles_get_access_entries(tmp_path: Path) -> None:
     private = ["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"]
     admin = "arn:aws:iam::123456789012:role/platform-admins"
-    stack = _write(tmp_path, "byo", {"existing_private_subnet_ids": private, "admin_role_arns": [admin]})
+    stack = _write(
+        tmp_path,
+        "byo",
+        {
+            "existing_private_subnet_ids": private,
+            "existing_vpc_id": "vpc-0123456789abcdef0",
+            "admin_role_arns": [admin],
+        },
+    )
     synthesis = plan.synthesize(stack)
     for type_ in (
         "aws:ec2/vpc:Vpc",
@@ -381,6 +389,15 @@ def test_existing_subnets_replace_the_vpc_and_admin_roles_get_access_entries(tmp
     ("cluster", "message"),
     [
         ({"existing_private_subnet_ids": ["subnet-0123456789abcdef0"]}, "at least two zones"),
+        (
+            {"existing_private_subnet_ids": ["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"]},
+            "go together",
+        ),
+        (
+            {"existing_vpc_id": "vpc-12", "existing_private_subnet_ids": ["subnet-0123456789abcdef0"] * 2},
+            "not a VPC id",
+        ),
+        ({"name": "a-very-long-cluster-name-that-does-not-fit-in-iam"}, "at most 40"),
         ({"existing_private_subnet_ids": ["vpc-1", "subnet-0123456789abcdef0"]}, "not a subnet id"),
         ({"vpc_cidr": "10.0.0.0/24"}, "/16 to /20"),
         ({"vpc_cidr": "10.0.0.300/16"}, "not an IPv4 CIDR"),
@@ -402,6 +419,7 @@ def test_aws_spec_mistakes_are_reported_with_the_field(
         load("bad", tmp_path)
     text = err.value.render()
     assert message in text and "cluster" in text
+    assert "Traceback" not in text
 
 
 @pytest.mark.parametrize("name", EKS_STACKS)
@@ -496,3 +514,27 @@ def test_images_are_built_from_runtime_images_with_content_tags_and_pushed(
     assert registry.context_tag(root, "router") == tag
     (root / "runtime" / "app.py").write_text("print('changed')\n")
     assert registry.context_tag(root, "router") != tag
+
+
+@pytest.mark.parametrize("name", EKS_STACKS)
+def test_load_balancer_controller_gets_the_vpc_and_runs_as_the_pod_identity_account(name: str) -> None:
+    synthesis = _synth(name)
+    vpc = _one(synthesis, "aws:ec2/vpc:Vpc")
+    charts = [
+        r.inputs
+        for r in _of(synthesis, "kubernetes:helm.sh/v4:Chart")
+        if r.inputs.get("chart") == "aws-load-balancer-controller"
+    ]
+    if name == "prod":
+        assert charts
+    namespace, account = decisions.LB_CONTROLLER_SERVICE_ACCOUNT
+    association = next(
+        r.inputs
+        for r in _of(synthesis, "aws:eks/podIdentityAssociation:PodIdentityAssociation")
+        if r.inputs["serviceAccount"] == account
+    )
+    assert association["namespace"] == namespace
+    for chart in charts:
+        assert chart["values"]["vpcId"] == f"{vpc.name}-id"  # the mocks' id of the VPC the layer created
+        assert chart["values"]["serviceAccount"]["name"] == account
+        assert chart["namespace"] == namespace
