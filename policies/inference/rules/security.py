@@ -473,9 +473,7 @@ def _belongs(child: Res, bucket: Res) -> bool:
 
 def _s3(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
     for b in of_type(resources, BUCKET, BUCKET_V2):
-        inline_sse = as_list(as_map(b.props.get("serverSideEncryptionConfiguration")).get("rule")) or as_map(
-            b.props.get("serverSideEncryptionConfiguration")
-        )
+        inline_sse = bool(as_map(b.props.get("serverSideEncryptionConfiguration")))
         sse = [r for r in of_type(resources, *SSE) if _belongs(r, b)]
         if not sse and not inline_sse:
             yield Finding(
