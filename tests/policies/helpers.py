@@ -12,13 +12,15 @@ from pulumi_policy import PolicyResource, ResourceValidationArgs, StackValidatio
 from pulumi_policy.proxy import unknown_checking_proxy
 
 from components import plan
-from components.stackfile import load
+from components.spec import Target
+from components.stackfile import available_stacks, load
 from policies.inference import pack
 from policies.inference.offline import resources_of
 from policies.inference.rules import BY_NAME, Res
 
 BROKEN = Path(__file__).parent / "stacks"
-COMMITTED = ("prod", "staging", "dev", "kind")
+# Every committed stack with cloud or cluster resources (target local has none to judge).
+COMMITTED = tuple(s for s in available_stacks() if load(s).spec.target is not Target.LOCAL)
 
 
 @cache

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from components.cli import app
-from tests.policies.helpers import BROKEN
+from tests.policies.helpers import BROKEN, COMMITTED
 
 runner = CliRunner()
 
@@ -23,7 +23,7 @@ def plan(stack: str, *extra: str, stacks_dir: Path = BROKEN) -> tuple[int, str]:
     return result.exit_code, " ".join(result.output.split())
 
 
-@pytest.mark.parametrize("stack", ["prod", "staging", "dev", "kind"])
+@pytest.mark.parametrize("stack", COMMITTED)
 def test_committed_stacks_are_clean(stack: str) -> None:
     code, output = plan(stack, stacks_dir=Path("stacks"))
     assert code == 0, output
