@@ -209,7 +209,7 @@ def status(state_dir: StateDirOpt = DEFAULT_STATE_DIR) -> None:
         return
     up_s = time.time() - float(current.get("started_at") or time.time())
     url = current.get("router_url", "")
-    ready = http_get(f"{url}/readyz")[0] == 200 if url else False
+    ready = http_get(f"{url}/readyz", timeout=10.0)[0] == 200 if url else False
     print(
         f"inferstack local: {current.get('phase')} (pid {pid}, up {up_s:.0f}s, stack {current.get('stack')}); "
         f"router {url}/v1 {'ready' if ready else 'NOT ready'}"

@@ -133,7 +133,7 @@ def test_detach_status_logs_kill_a_replica_and_down(fake) -> None:
     pids = stack_pids(state_dir)
 
     status = run_local("status", "--state-dir", str(state_dir), env=env)
-    assert status.returncode == 0 and "ready" in status.stdout and "NOT" not in status.stdout
+    assert status.returncode == 0 and "ready" in status.stdout and "NOT" not in status.stdout, status.stdout
     logs = run_local("logs", "router", "-n", "3", "--state-dir", str(state_dir), env=env)
     assert logs.returncode == 0 and "router listening" in logs.stdout
     every = run_local("logs", "--state-dir", str(state_dir), env=env)
@@ -153,7 +153,7 @@ def test_detach_status_logs_kill_a_replica_and_down(fake) -> None:
         assert reply["choices"][0]["message"]["content"] == f"port {replica['port'] + 1}"
     wait_for(
         lambda: "warning: engine tiny-llama-0 exited" in (state_dir / "logs" / "supervisor.log").read_text(),
-        10,
+        30,
         "the warning",
     )
     status = run_local("status", "--state-dir", str(state_dir), env=env)
@@ -176,9 +176,9 @@ def test_down_cleans_up_after_a_supervisor_killed_with_sigkill(fake) -> None:
     assert current is not None
     pids = stack_pids(state_dir)
     os.kill(current["pid"], signal.SIGKILL)
-    wait_for(lambda: state.running_pid(state_dir) is None, 10, "the lock to be released")
+    wait_for(lambda: state.running_pid(state_dir) is None, 30, "the lock to be released")
     services = [p["pid"] for p in current["processes"] if p["kind"] == "service"]
-    wait_for(lambda: not any(state.pid_alive(p) for p in services), 10, "services to follow their parent")
+    wait_for(lambda: not any(state.pid_alive(p) for p in services), 30, "services to follow their parent")
     status = run_local("status", "--state-dir", str(state_dir), env=env)
     assert status.returncode == 1
     down = run_local("down", "--state-dir", str(state_dir), env=env)
