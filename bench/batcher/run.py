@@ -204,8 +204,8 @@ def main() -> None:
         "--engine-cores", default="1", help="VLLM_CPU_OMP_THREADS_BIND of the engine we start"
     )
     parser.add_argument("--max-batch-size", type=int, default=32)
-    parser.add_argument("--max-wait-ms", type=float, default=5.0)
-    parser.add_argument("--inflight", type=int, default=1, help="max_inflight_batches_per_backend")
+    parser.add_argument("--max-wait-ms", type=float, default=20.0)
+    parser.add_argument("--inflight", type=int, default=2, help="max_inflight_batches_per_backend")
     parser.add_argument("--rounds", type=int, default=2, help="measured rounds per path (alternating)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()

