@@ -422,6 +422,28 @@ CASES = [
         ),
         ("the Kubernetes API endpoint is public", "endpoint_public_access: false"),
     ),
+    Case(
+        "telemetry-on",
+        "engine-telemetry-off",
+        "prod",
+        m(
+            ENGINE_8B,
+            lambda p: container(p, "engine").__setitem__(
+                "env", [v for v in container(p, "engine")["env"] if v["name"] != "VLLM_NO_USAGE_STATS"]
+            ),
+        ),
+        ("llama-3-8b-engine: engine container does not opt out", "VLLM_NO_USAGE_STATS=1"),
+    ),
+    Case(
+        "sglang-without-metrics",
+        "engine-exports-metrics",
+        "dev",
+        m(
+            k8s("Deployment", "qwen-7b-sglang-engine"),
+            lambda p: container(p, "engine")["args"].remove("--enable-metrics"),
+        ),
+        ("SGLang exports metrics only with --enable-metrics", "scaler's Prometheus triggers"),
+    ),
     # money
     Case(
         "over-budget",

@@ -293,4 +293,32 @@ STARTUP = Rule(
     ),
 )
 
-RULES = (PROBES, MIN_REPLICAS, PDB, CAPACITY, SCALED, STARTUP)
+
+def _metrics(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
+    all_scalers = scalers(resources)
+    for e in engines(resources):
+        argv = [str(a) for a in e.container.props.get("args") or []]
+        if e.args.kind == "sglang" and "--enable-metrics" not in argv:
+            scaled = (
+                " Its scaler's Prometheus triggers would never see a value."
+                if scalers_of(e.res, all_scalers)
+                else ""
+            )
+            yield Finding(
+                f"{e.res.display}: SGLang exports metrics only with --enable-metrics, so queue, KV-cache and "
+                f"latency signals are missing.{scaled} Add --enable-metrics to the engine's arguments",
+                e.res.urn,
+            )
+
+
+METRICS = Rule(
+    name="engine-exports-metrics",
+    category=Category.RELIABILITY,
+    severity=Severity.MEDIUM,
+    description="Every engine exports the metrics that autoscaling, alerts and the router's health feed read "
+    "(SGLang only with --enable-metrics).",
+    remediation="Add --enable-metrics to SGLang engines.",
+    stack_check=_metrics,
+)
+
+RULES = (PROBES, MIN_REPLICAS, PDB, CAPACITY, SCALED, STARTUP, METRICS)

@@ -28,6 +28,7 @@ from policies.inference.rules.base import (
     of_type,
     strings,
 )
+from policies.inference.rules.engines import engines
 from policies.inference.rules.k8s import containers, environment_of, pod_spec, workloads
 from policies.inference.rules.reliability import ENVIRONMENTS_SCHEMA
 
@@ -608,6 +609,43 @@ EKS_ENDPOINT = Rule(
     settings=(Setting("environments", ENVIRONMENTS_SCHEMA, ["prod"], "Environments the rule applies to."),),
 )
 
+
+TELEMETRY_OFF = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def _telemetry(res: Res, config: Config) -> Iterator[str]:
+    required = dict(config["required_env"])
+    for e in engines([res]):
+        env = {
+            str(as_map(v).get("name")): as_map(v).get("value") for v in as_list(e.container.props.get("env"))
+        }
+        wrong = [f"{k}={v}" for k, v in required.items() if str(env.get(k)) != str(v)]
+        if wrong:
+            yield (
+                f"{res.display}: engine container does not opt out of usage statistics and telemetry (needs "
+                f"{', '.join(wrong)}); vLLM reports usage to its authors' server unless told not to. Set these "
+                "environment variables on the engine"
+            )
+
+
+TELEMETRY = Rule(
+    name="engine-telemetry-off",
+    category=Category.SECURITY,
+    severity=Severity.MEDIUM,
+    description="Engine containers opt out of usage statistics and telemetry (VLLM_NO_USAGE_STATS, DO_NOT_TRACK, "
+    "HF_HUB_DISABLE_TELEMETRY), so serving pods never phone home.",
+    remediation="Set VLLM_NO_USAGE_STATS=1, DO_NOT_TRACK=1 and HF_HUB_DISABLE_TELEMETRY=1 on engine containers.",
+    resource_check=_telemetry,
+    settings=(
+        Setting(
+            "required_env",
+            {"type": "object", "additionalProperties": {"type": "string"}},
+            TELEMETRY_OFF,
+            "Environment variables (name -> value) every engine container must set.",
+        ),
+    ),
+)
+
 RULES = (
     IMAGES_PINNED,
     CHARTS_PINNED,
@@ -619,4 +657,5 @@ RULES = (
     IAM,
     EKS_ENCRYPTION,
     EKS_ENDPOINT,
+    TELEMETRY,
 )
