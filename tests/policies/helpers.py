@@ -110,3 +110,6 @@ def crossguard(rule_name: str, resources: Sequence[Res], config: dict[str, Any] 
         ]
         policy.validate(StackValidationArgs(items, config), report)
     return messages
+
+
+ENGINE_8B_DEV = k8s("Deployment", "llama-3-8b-engine")
