@@ -115,6 +115,8 @@ class ClusterSpec(_Spec):
     """Namespace for engines and the gateway."""
     endpoint_public_access: bool = False
     """Expose the EKS API endpoint publicly (private by default; the private endpoint is always on)."""
+    api_public_cidrs: list[str] = Field(default_factory=list)
+    """IPv4 ranges that may reach the public API endpoint (with endpoint_public_access); empty = anywhere."""
     vpc_cidr: str = "10.0.0.0/16"
     """IPv4 range of the VPC the stack creates (target eks), /16 to /20: three quarters go to private subnets."""
     availability_zones: list[str] = Field(default_factory=list)
@@ -149,6 +151,17 @@ class ClusterSpec(_Spec):
         if not 16 <= int(match.group(5)) <= 20:
             raise ValueError(
                 f"{value!r}: use a /16 to /20 block (EKS pods take VPC addresses), e.g. '10.0.0.0/16'"
+            )
+        return value
+
+    @field_validator("api_public_cidrs")
+    @classmethod
+    def _api_cidrs(cls, value: list[str]) -> list[str]:
+        pattern = r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})/(\d{1,2})"
+        bad = [v for v in value if not (m := re.fullmatch(pattern, v)) or max(map(int, m.groups()[:4])) > 255]
+        if bad:
+            raise ValueError(
+                f"{', '.join(map(repr, bad))} not an IPv4 CIDR block; write e.g. '203.0.113.0/24'"
             )
         return value
 
@@ -213,6 +226,10 @@ class ClusterSpec(_Spec):
         if self.existing_public_subnet_ids and not self.existing_private_subnet_ids:
             raise ValueError(
                 "existing_public_subnet_ids needs existing_private_subnet_ids (nodes run in private subnets)"
+            )
+        if self.api_public_cidrs and not self.endpoint_public_access:
+            raise ValueError(
+                "api_public_cidrs limit a public endpoint: set endpoint_public_access: true or drop them"
             )
         if bool(self.existing_private_subnet_ids) != bool(self.existing_vpc_id):
             raise ValueError(

@@ -118,6 +118,7 @@ class Cluster(pulumi.ComponentResource):
                 subnet_ids=list(subnet_ids),
                 endpoint_private_access=True,
                 endpoint_public_access=spec.cluster.endpoint_public_access,
+                public_access_cidrs=list(spec.cluster.api_public_cidrs) or None,
             ),
             encryption_config=aws.eks.ClusterEncryptionConfigArgs(
                 provider=aws.eks.ClusterEncryptionConfigProviderArgs(key_arn=key.arn),

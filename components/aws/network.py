@@ -82,6 +82,7 @@ class Network(pulumi.ComponentResource):
                 )
             )
         private: list[aws.ec2.Subnet] = []
+        private_tables: list[aws.ec2.RouteTable] = []
         for i, s in enumerate(plan.private):
             subnet_name = f"{name}-private-{s.zone}"
             subnet = aws.ec2.Subnet(
@@ -105,6 +106,18 @@ class Network(pulumi.ComponentResource):
             )
             aws.ec2.RouteTableAssociation(subnet_name, subnet_id=subnet.id, route_table_id=rt.id, opts=child)
             private.append(subnet)
+            private_tables.append(rt)
+        # S3 without NAT: weights and ECR image layers come from S3, and a gateway endpoint is free where
+        # NAT charges per GB processed.
+        aws.ec2.VpcEndpoint(
+            f"{name}-s3",
+            vpc_id=vpc.id,
+            service_name=f"com.amazonaws.{spec.cluster.region}.s3",
+            vpc_endpoint_type="Gateway",
+            route_table_ids=[rt.id for rt in private_tables],
+            tags={**tags, "Name": f"{name}-s3"},
+            opts=child,
+        )
         self.private_subnet_ids = [s.id for s in private]
         self.public_subnet_ids = [s.id for s in public]
         self.register_outputs({"vpc_id": vpc.id, "private_subnet_ids": self.private_subnet_ids})

@@ -96,6 +96,10 @@ def test_network_spans_the_zones_with_public_private_subnets_nat_and_discovery_t
     tables = [r.inputs for r in _of(synthesis, "aws:ec2/routeTable:RouteTable")]
     assert sum(1 for t in tables if t["routes"][0].get("natGatewayId")) == len(private)
     assert sum(1 for t in tables if t["routes"][0].get("gatewayId")) == 1
+    endpoint = _one(synthesis, "aws:ec2/vpcEndpoint:VpcEndpoint").inputs
+    assert endpoint["serviceName"] == f"com.amazonaws.{spec.cluster.region}.s3"
+    assert endpoint["vpcEndpointType"] == "Gateway"
+    assert len(endpoint["routeTableIds"]) == len(private)
 
 
 @pytest.mark.parametrize("name", EKS_STACKS)
@@ -136,6 +140,14 @@ def test_cluster_has_version_kms_secrets_logs_endpoint_access_and_addons(name: s
 def test_prod_keeps_the_api_endpoint_private() -> None:
     cluster = _one(_synth("prod"), "aws:eks/cluster:Cluster").inputs
     assert cluster["vpcConfig"]["endpointPublicAccess"] is False
+
+
+def test_a_public_endpoint_can_be_limited_to_source_ranges(tmp_path: Path) -> None:
+    cidrs = ["203.0.113.0/24", "198.51.100.7/32"]
+    stack = _write(tmp_path, "pub", {"endpoint_public_access": True, "api_public_cidrs": cidrs})
+    vpc_config = _one(plan.synthesize(stack), "aws:eks/cluster:Cluster").inputs["vpcConfig"]
+    assert vpc_config["endpointPublicAccess"] is True
+    assert vpc_config["publicAccessCidrs"] == cidrs
 
 
 @pytest.mark.parametrize("name", EKS_STACKS)
@@ -406,6 +418,8 @@ def test_existing_subnets_replace_the_vpc_and_admin_roles_get_access_entries(tmp
         ({"admin_role_arns": ["arn:aws:iam::123:user/bob"]}, "not an IAM role ARN"),
         ({"control_plane_log_retention_days": 100}, "use e.g. 90"),
         ({"model_bucket": "Models_Bucket"}, "not an S3 bucket name"),
+        ({"api_public_cidrs": ["203.0.113.0/24"]}, "set endpoint_public_access: true"),
+        ({"endpoint_public_access": True, "api_public_cidrs": ["203.0.113/24"]}, "not an IPv4 CIDR"),
         ({"existing_public_subnet_ids": ["subnet-0123456789abcdef0"]}, "needs existing_private_subnet_ids"),
     ],
 )
@@ -538,3 +552,23 @@ def test_load_balancer_controller_gets_the_vpc_and_runs_as_the_pod_identity_acco
         assert chart["values"]["vpcId"] == f"{vpc.name}-id"  # the mocks' id of the VPC the layer created
         assert chart["values"]["serviceAccount"]["name"] == account
         assert chart["namespace"] == namespace
+
+
+def test_inferstack_plan_shows_the_aws_footprint_with_cost_for_prod_and_none_for_kind(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from components.cli import app
+
+    runner = CliRunner()
+    prod, kind = tmp_path / "prod", tmp_path / "kind"
+    assert runner.invoke(app, ["plan", "-s", "prod", "--out", str(prod)]).exit_code == 0
+    assert runner.invoke(app, ["plan", "-s", "kind", "--out", str(kind)]).exit_code == 0
+    summary = (prod / "summary.md").read_text()
+    for line in ("EKS control plane", "system nodes", "NAT gateways", "node root disks", "pool h100"):
+        assert line in summary
+    assert "`aws:eks/cluster:Cluster` | 1" in summary
+    types = {r["type"] for r in json.loads((prod / "resources.json").read_text())}
+    assert {"aws:eks/cluster:Cluster", "aws:eks/nodeGroup:NodeGroup", "aws:s3/bucket:Bucket"} <= types
+    kind_summary = (kind / "summary.md").read_text()
+    assert "EKS control plane" not in kind_summary and "aws:" not in kind_summary
+    assert not [r for r in json.loads((kind / "resources.json").read_text()) if r["type"].startswith("aws:")]
