@@ -81,6 +81,7 @@ class Connection(asyncio.Protocol):
         self.idle = True  # no request in flight (graceful shutdown closes idle connections at once)
         self._chunked = False
         self._keep_alive = True
+        self._head_only = False
         self.last_active = time.monotonic()
 
     # --- asyncio.Protocol ------------------------------------------------------------------------
@@ -176,6 +177,7 @@ class Connection(asyncio.Protocol):
         self.idle = False
         req = self._pending.popleft()
         self._keep_alive = req.keep_alive
+        self._head_only = req.method == b"HEAD"
         self._chunked = False
         if req.path == b"\x00too-large":
             self.send(413, error_body(413, f"request body exceeds {self._max_body} bytes"))
@@ -218,7 +220,7 @@ class Connection(asyncio.Protocol):
             headers.extend(extra)
         if not self._keep_alive:
             headers.append((b"connection", b"close"))
-        self._transport.write(_head(status, headers, b"\r\n") + body)
+        self._transport.write(_head(status, headers, b"\r\n") + (b"" if self._head_only else body))
         if not self._keep_alive:
             self.close()
 

@@ -233,3 +233,16 @@ def test_engine_connections_stay_bounded_under_concurrency(doubles, make_router)
     assert statuses == [200] * 180
     peers = {req["peer"] for d in (a, b) for req in d.requests}
     assert len(peers) <= 12  # never more engine connections than requests in flight at once
+
+
+def test_head_has_no_body_and_keeps_the_connection_usable(doubles, make_router) -> None:
+    (d,) = doubles(1)
+    r = make_router([d.url])
+    conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
+    conn.request("HEAD", "/healthz")
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.read() == b""
+    conn.request("GET", "/healthz")
+    resp = conn.getresponse()
+    assert resp.status == 200 and json.loads(resp.read()) == {"status": "ok"}
+    conn.close()
