@@ -108,6 +108,10 @@ def up(
         lock = state.acquire(state_dir)
     except state.AlreadyRunningError as err:
         raise _fail(str(err)) from None
+    except OSError as err:
+        raise _fail(
+            f"cannot use {state_dir}/ for the lock, state and logs: {err}; choose another --state-dir"
+        ) from None
     try:
         check_ports_free(plan)
     except StartError as err:
@@ -132,7 +136,11 @@ def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) 
     except StartError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
-    plan.logs_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        plan.logs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        print(f"error: cannot use {state_dir}/ for the lock, state and logs: {err}", file=sys.stderr)
+        return EXIT_USAGE
     log = plan.logs_dir / SUPERVISOR_LOG
     argv = [sys.executable, "-m", "components.local", "up", "--detached-child", "--stack", stack]
     argv += ["--stacks-dir", str(stacks_dir), "--state-dir", str(state_dir), "--timeout", str(timeout)]

@@ -172,6 +172,12 @@ class Supervisor:
         except StartError as err:
             print(f"error: {err}", file=sys.stderr, flush=True)
             code = err.exit_code
+        except (
+            EngineError,
+            OSError,
+        ) as err:  # a process that cannot be launched, a directory we cannot write
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            code = EXIT_FAILED
         finally:
             self.phase = "stopping"
             with contextlib.suppress(OSError):

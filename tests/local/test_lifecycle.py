@@ -272,3 +272,13 @@ def test_no_logs_yet_and_unknown_stack(tmp_path: Path) -> None:
     result = run_local("up", "-s", "nosuch", "--state-dir", str(tmp_path / "none"))
     assert result.returncode == 2 and "no such stack file" in result.stderr
     assert json.dumps  # keep the import for debugging helpers
+
+
+def test_an_unusable_state_dir_is_a_usage_error(fake, tmp_path: Path) -> None:
+    args, env, _ = fake
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for extra in ([], ["--detach"]):
+        result = run_local("up", *extra, *args, "--state-dir", str(blocker / "state"), env=env, timeout=60)
+        assert result.returncode == 2
+        assert "cannot use" in result.stderr and "Traceback" not in result.stderr
