@@ -70,6 +70,7 @@ class Coverage:
 
 COVERAGE = [
     Coverage(r"make local( DETACH=1)?", ((LOCAL_TEST, '_make("local", "DETACH=1"'), (LOCAL_TEST, '_make("local", *'),), "run for real"),
+    Coverage(r'make local LOCAL_ARGS=".*"', ((LOCAL_TEST, 'f"LOCAL_ARGS={args}"'), (HERE, 'LOCAL_ARGS=--engine-port 8100')), "run for real; dry run here"),
     Coverage(r"make local PORT=\d+", ((HERE, "def test_make_targets_run_the_documented_commands"),), "dry run here"),
     Coverage(r"make local-down", ((LOCAL_TEST, '_make("local-down"'),), "run for real"),
     Coverage(r"make local-(status|logs)", ((HERE, "def test_make_targets_run_the_documented_commands"), (LIFECYCLE, 'run_local("status"'), (LIFECYCLE, 'run_local("logs"')), "dry run here; the command runs in the lifecycle test"),
@@ -135,6 +136,10 @@ def test_make_targets_run_the_documented_commands() -> None:
     assert _make_dry("local-logs") == ".venv/bin/inferstack local logs"
     assert (
         _make_dry("local-down", "LOCAL_STATE=/tmp/x") == ".venv/bin/inferstack local down --state-dir /tmp/x"
+    )
+    assert re.fullmatch(
+        r"\.venv/bin/inferstack local up\s+--engine-port 8100",
+        _make_dry("local", "LOCAL_ARGS=--engine-port 8100"),
     )
     assert _make_dry("unit") == ".venv/bin/pytest -m 'not engine'"
 
