@@ -215,7 +215,7 @@ class RouterSettings(_Strict):
 class HealthSettings(_Strict):
     """The health monitor's cadence and thresholds."""
 
-    host: str = "0.0.0.0"  # noqa: S104 - in-cluster listener; the NetworkPolicy restricts who reaches it
+    host: str = "0.0.0.0"  # in-cluster listener; the NetworkPolicy restricts who reaches it
     port: int = Field(default=8081, ge=1, le=65535)
     interval_ms: int = Field(default=5_000, ge=100)
     timeout_ms: int = Field(default=2_000, ge=10)
@@ -259,7 +259,7 @@ class BatchingPolicy(_Strict):
 class BatcherSettings(_Strict):
     """The batcher's listener and per-model batching."""
 
-    host: str = "0.0.0.0"  # noqa: S104 - in-cluster listener; the NetworkPolicy restricts who reaches it
+    host: str = "0.0.0.0"  # in-cluster listener; the NetworkPolicy restricts who reaches it
     port: int = Field(default=8082, ge=1, le=65535)
     policies: list[BatchingPolicy] = Field(default_factory=list)
     max_body_bytes: int = Field(

@@ -225,8 +225,11 @@ class Router:
         return out
 
     # --- the proxy -------------------------------------------------------------------------------
-    def _fail(self, conn: Connection, status: int, message: str, reason: str, **kw: Any) -> None:
-        self.metrics.reject(reason)
+    def _fail(
+        self, conn: Connection, status: int, message: str, reason: str, model: str = "", **kw: Any
+    ) -> None:
+        """Answer an OpenAI-shaped error; ``model`` only for served models (the autoscaler's wake-up signal)."""
+        self.metrics.reject(reason, model)
         extra = None
         retry_after = kw.pop("retry_after_s", None)
         if retry_after is not None:
@@ -286,6 +289,7 @@ class Router:
                     denied.status,
                     denied.message,
                     "forbidden" if denied.status == 403 else "rate_limited",
+                    model=model,
                     code=denied.code,
                     retry_after_s=denied.retry_after_s,
                 )
@@ -335,6 +339,7 @@ class Router:
                     503,
                     f"no healthy replica of {state.name!r} right now",
                     "no_backend",
+                    model=state.name,
                     code="no_healthy_backend",
                     retry_after_s=state.settings.breaker_open_ms / 1000,
                 )
@@ -354,6 +359,7 @@ class Router:
                     429,
                     f"all replicas of {state.name!r} are at capacity; try again shortly",
                     "queue",
+                    model=state.name,
                     code="overloaded",
                     retry_after_s=max(1.0, self.queue_deadline_s / 2),
                 )

@@ -52,7 +52,10 @@ class RouterMetrics:
             registry=r,
         )
         self.rejections = Counter(
-            "inferstack_router_rejections", "Requests refused before routing", ["reason"], registry=r
+            "inferstack_router_rejections",
+            "Requests refused before routing; model is empty unless the model is served (no client-chosen labels)",
+            ["model", "reason"],
+            registry=r,
         )
         self.retries = Counter(
             "inferstack_router_retries", "Retries to another replica", ["model", "reason"], registry=r
@@ -113,8 +116,8 @@ class RouterMetrics:
         if completion:
             self._child(self.tokens, model, "out").inc(completion)
 
-    def reject(self, reason: str) -> None:
-        self._child(self.rejections, reason).inc()
+    def reject(self, reason: str, model: str = "") -> None:
+        self._child(self.rejections, model, reason).inc()
 
     def retry(self, model: str, reason: str) -> None:
         self._child(self.retries, model, reason).inc()

@@ -38,7 +38,9 @@ def test_plan_writes_manifests_resources_and_summary_for_every_committed_stack(
         docs = list(yaml.safe_load_all(path.read_text()))
         assert len(docs) == 1, f"{path.name} holds {len(docs)} objects"
         assert list(docs[0])[:3] == ["apiVersion", "kind", "metadata"]
-    deployment = next(p for p in manifests if p.name.startswith("deployment-") and p.name.endswith("-engine.yaml"))
+    deployment = next(
+        p for p in manifests if p.name.startswith("deployment-") and p.name.endswith("-engine.yaml")
+    )
     port = yaml.safe_load(deployment.read_text())["spec"]["template"]["spec"]["containers"][0]["ports"][0]
     assert port["containerPort"] == 8000 and isinstance(port["containerPort"], int)
 

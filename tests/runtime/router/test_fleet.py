@@ -52,6 +52,9 @@ def test_discovered_replicas_are_followed_without_restart(doubles, lt) -> None:
     try:
         assert rut.request("POST", "/v1/chat/completions", CHAT)[0] == 503  # no replicas yet
         assert rut.request("GET", "/readyz")[0] == 503
+        # a model scaled to zero is woken by this counter (KEDA activation): it must carry the model
+        metrics = rut.request("GET", "/metrics")[2].decode()
+        assert 'inferstack_router_rejections_total{model="m",reason="no_backend"} 1.0' in metrics
         lt.loop.call_soon_threadsafe(updates.put_nowait, [a.url])
         assert _wait(lambda: rut.request("POST", "/v1/chat/completions", CHAT)[0] == 200)
         lt.loop.call_soon_threadsafe(updates.put_nowait, [b.url])  # a leaves, b arrives
