@@ -33,7 +33,7 @@ from typing import Any, TextIO
 
 from components.local import state
 from components.local.engine_process import REPO_ROOT, EngineError, EngineProcess, engine_python
-from components.local.plan import HOST, KV_CACHE_GIB, TAG_ENV, LocalPlan, banner, describe
+from components.local.plan import HOST, KV_CACHE_GIB, TAG_ENV, EngineLaunch, LocalPlan, banner, describe
 from components.local.tiny_model import is_complete
 
 EXIT_OK = 0
@@ -107,6 +107,28 @@ def tail(path: Path, lines: int = 30) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+def engine_process(
+    launch: EngineLaunch, logs_dir: Path, tag: str, python: Path | None = None
+) -> EngineProcess:
+    """The ``EngineProcess`` (not started) for one planned replica."""
+    return EngineProcess(
+        launch.path,
+        served_model_name=launch.model,
+        mode=launch.mode,
+        host=HOST,
+        port=launch.port,
+        max_model_len=launch.max_model_len,
+        enable_prefix_caching=launch.enable_prefix_caching,
+        cpu_cores=launch.cpu_cores,
+        kv_cache_space_gib=KV_CACHE_GIB,
+        dtype=launch.dtype,
+        extra_args=launch.extra_args,
+        env={TAG_ENV: tag},
+        log_path=logs_dir / f"engine-{launch.name}.log",
+        python=python,
+    )
 
 
 @dataclass
@@ -261,22 +283,7 @@ class Supervisor:
         tag = state.tag_value(self.plan.state_dir)
         for launch in self.plan.engines:
             self._check_stop()
-            engine = EngineProcess(
-                launch.path,
-                served_model_name=launch.model,
-                mode=launch.mode,
-                host=HOST,
-                port=launch.port,
-                max_model_len=launch.max_model_len,
-                enable_prefix_caching=launch.enable_prefix_caching,
-                cpu_cores=launch.cpu_cores,
-                kv_cache_space_gib=KV_CACHE_GIB,
-                dtype=launch.dtype,
-                extra_args=launch.extra_args,
-                env={TAG_ENV: tag},
-                log_path=self.plan.logs_dir / f"engine-{launch.name}.log",
-                python=python,
-            )
+            engine = engine_process(launch, self.plan.logs_dir, tag, python)
             engine.start()
             self.engines.append(engine)
             self._write_state()

@@ -198,3 +198,17 @@ def test_missing_models_under_the_cache_are_made_without_download(
     Supervisor(plan).make_models(engine_python)
     assert all(is_complete(p.path, p.kind) for p in plan.models)
     assert {p.path.parent for p in plan.models} == {tmp_path / ".cache" / "models"}
+
+
+def test_engine_command_lines_pass_vllms_own_parser(check_vllm_args, tmp_path: Path) -> None:
+    """Every `vllm serve` command line the local plan makes, parsed by vLLM itself (no engine started)."""
+    from components.local.plan import LocalOptions, build_plan
+    from components.local.supervisor import engine_process
+    from components.stackfile import load
+
+    plan = build_plan(load("local", REPO / "stacks"), LocalOptions(cpus=(0, 1)), REPO)
+    argvs = [engine_process(e, tmp_path, "tag").argv for e in plan.engines]
+    at = argvs[0].index("--max-num-seqs")
+    assert argvs[0][at : at + 2] == ["--max-num-seqs", "32"]
+    assert "--runner" in argvs[2] and "--convert" not in argvs[2]  # MiniLM is an encoder: pooling as is
+    assert check_vllm_args(argvs, parse_only=True) == [None] * len(argvs)
