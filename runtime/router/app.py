@@ -25,7 +25,7 @@ from runtime.config import RuntimeConfig
 from runtime.http import METRICS_CONTENT_TYPE, error_body, metrics_payload
 from runtime.router.admission import QueueFullError
 from runtime.router.auth import Denied, KeyTable, Principal, admit, charge_tokens
-from runtime.router.backends import Backend
+from runtime.router.backends import BACKEND_HEADER, Backend
 from runtime.router.fleet import Fleet, ModelState
 from runtime.router.metrics import RouterMetrics
 from runtime.router.retry import RetryBudget, backoff_s
@@ -435,11 +435,11 @@ class Router:
             # a JSON answer (or an engine error, passed through as it is)
             body = await ex.next_chunk(self.idle_timeout_s) or b""
             first = time.monotonic()
-            extra = [(self.rid_header, rid)]
+            extra = [(self.rid_header, rid), (BACKEND_HEADER, b.tag)]
             if ex.drained or not body:
                 conn.send(status, body, ctype or _JSON, extra)  # the usual case: one write
             else:
-                body = await self._relay_large(call, ex, status, ctype or _JSON, body)
+                body = await self._relay_large(call, b, ex, status, ctype or _JSON, body)
             ok = True
             if status == 200:
                 b.observe_ttft(first - sent_at, state.ewma_alpha)
@@ -477,11 +477,13 @@ class Router:
                     },
                 )
 
-    async def _relay_large(self, call: Call, ex: Exchange, status: int, ctype: bytes, first: bytes) -> bytes:
+    async def _relay_large(
+        self, call: Call, b: Backend, ex: Exchange, status: int, ctype: bytes, first: bytes
+    ) -> bytes:
         """Pass a big answer (many embeddings) through piece by piece instead of holding it whole;
         returns its tail, where ``usage`` is."""
         conn = call.conn
-        headers = [(b"content-type", ctype), (self.rid_header, call.rid)]
+        headers = [(b"content-type", ctype), (self.rid_header, call.rid), (BACKEND_HEADER, b.tag)]
         length = ex.headers.get(b"content-length", b"")
         sized = length.isdigit()
         if sized:
@@ -520,6 +522,7 @@ class Router:
             (b"content-type", b"text/event-stream"),
             (b"cache-control", b"no-cache"),
             (self.rid_header, rid),
+            (BACKEND_HEADER, b.tag),
         ]
         conn.start(200, headers, first)
         b.breaker.on_success()

@@ -6,6 +6,7 @@ own probing (engine queue, KV usage, health), and read by the strategies. No I/O
 
 from __future__ import annotations
 
+import hashlib
 import time
 from enum import IntEnum
 from urllib.parse import urlsplit
@@ -66,6 +67,15 @@ class Breaker:
             self.opened_at = now
 
 
+#: Answer header naming the replica that served a request (by ``backend_tag``).
+BACKEND_HEADER = b"x-inferstack-backend"
+
+
+def backend_tag(url: str) -> str:
+    """The opaque, stable name of a replica in the ``x-inferstack-backend`` header."""
+    return hashlib.sha256(url.encode()).hexdigest()[:12]
+
+
 class Backend:
     """One replica of one model."""
 
@@ -79,6 +89,7 @@ class Backend:
         "kv_usage",
         "pool",
         "signals_at",
+        "tag",
         "ttft_ewma_s",
         "url",
         "weight",
@@ -86,6 +97,9 @@ class Backend:
 
     def __init__(self, url: str, cap: int, breaker: Breaker, weight: float = 1.0) -> None:
         self.url = url
+        # what the x-inferstack-backend answer header carries: stable, opaque (no internal address
+        # reaches clients), and anyone holding the replica list can compute it: sha256(url)[:12]
+        self.tag = backend_tag(url).encode()
         parts = urlsplit(url)
         self.pool = Pool(parts.hostname or "127.0.0.1", parts.port or 80, max_idle=cap)
         self.cap = cap

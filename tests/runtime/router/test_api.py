@@ -246,3 +246,23 @@ def test_head_has_no_body_and_keeps_the_connection_usable(doubles, make_router) 
     resp = conn.getresponse()
     assert resp.status == 200 and json.loads(resp.read()) == {"status": "ok"}
     conn.close()
+
+
+def test_answer_names_the_replica_that_served_it(doubles, make_router) -> None:
+    from runtime.router.backends import backend_tag
+
+    d1, d2 = doubles(2)
+    r = make_router([d1.url, d2.url], default_strategy={"name": "round_robin"})
+    tags = {backend_tag(d1.url), backend_tag(d2.url)}
+    seen: set[str] = set()
+    for _ in range(2):
+        status, headers, _ = r.request("POST", "/v1/chat/completions", CHAT)
+        assert status == 200
+        seen.add(headers["x-inferstack-backend"])
+    conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
+    conn.request("POST", "/v1/chat/completions", json.dumps({**CHAT, "stream": True}).encode())
+    resp = conn.getresponse()
+    seen.add(resp.getheader("x-inferstack-backend") or "")
+    resp.read()
+    conn.close()
+    assert seen <= tags and len(seen) == 2  # opaque (no address leaks), stable, and both replicas served
