@@ -22,6 +22,10 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")
 PINNED_IMAGE = re.compile(r"^[^\s@]+(@sha256:[0-9a-f]{64}|:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})$")
+# Tags that move by convention; an image pinned to one of these is not pinned (the policy pack reuses this).
+MOVING_TAGS = frozenset(
+    {"latest", "main", "master", "stable", "edge", "nightly", "dev", "develop", "head", "canary"}
+)
 MAX_MODEL_NAME = 40  # leaves room for suffixes in 63-character Kubernetes names
 MAX_EKS_CLUSTER_NAME = 40  # leaves room for suffixes in 64-character IAM role names
 
@@ -95,6 +99,21 @@ def _dns_label(value: str) -> str:
 
 
 DnsLabel = Annotated[str, AfterValidator(_dns_label)]
+
+
+def _pinned_image(value: str) -> str:
+    last = value.rsplit("/", 1)[-1]
+    tag = last.rsplit(":", 1)[1] if ":" in last and "@" not in value else ""
+    if not PINNED_IMAGE.match(value) or tag.lower() in MOVING_TAGS:
+        raise ValueError(
+            f"image {value!r} is not pinned: give an immutable tag or a digest, "
+            "e.g. 'vllm/vllm-openai:v0.32.0' or 'repo/image@sha256:<64 hex>' "
+            f"(never a moving tag such as {', '.join(sorted(MOVING_TAGS)[:4])}, ...)"
+        )
+    return value
+
+
+PinnedImage = Annotated[str, AfterValidator(_pinned_image)]
 
 
 # Retention periods CloudWatch Logs accepts, in days.
@@ -242,7 +261,6 @@ class ClusterSpec(_Spec):
         return self
 
 
-
 class GpuPoolSpec(_Spec):
     """A group of identical GPU nodes that engines are placed on."""
 
@@ -260,7 +278,6 @@ class GpuPoolSpec(_Spec):
     """Root volume per node; defaults to the weights of the pool's models plus images and slack."""
     labels: dict[str, str] = Field(default_factory=dict)
     """Extra node labels."""
-
 
     @field_validator("instance_type")
     @classmethod
@@ -311,7 +328,7 @@ class EngineSpec(_Spec):
 
     kind: EngineKind = EngineKind.VLLM
     """vllm, sglang or trtllm."""
-    image: str | None = None
+    image: PinnedImage | None = None
     """Container image pinned by tag or digest; defaults to the tested image for the engine and device."""
     device: Device = Device.GPU
     """gpu, or cpu for small models on CPU nodes (kind clusters, local)."""
@@ -344,25 +361,15 @@ class EngineSpec(_Spec):
     memory_gib: Annotated[float, Field(gt=0)] | None = None
     """Memory request per replica; defaults to the instance's share (GPU) or 8 (CPU engines)."""
 
-    @field_validator("image")
-    @classmethod
-    def _pinned(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        if not PINNED_IMAGE.match(value) or value.endswith(":latest"):
-            raise ValueError(
-                f"image {value!r} is not pinned: give an immutable tag or a digest, "
-                "e.g. 'vllm/vllm-openai:v0.32.0' or 'repo/image@sha256:<64 hex>' (never ':latest')"
-            )
-        return value
-
     @field_validator("extra_args")
     @classmethod
     def _no_listener_overrides(cls, value: list[str]) -> list[str]:
         owned = {"--host", "--port", "--served-model-name", "--model", "--model-path"}
         clash = sorted({a.split("=", 1)[0] for a in value} & owned)
         if clash:
-            raise ValueError(f"extra_args may not set {', '.join(clash)}: inferstack renders them from the spec")
+            raise ValueError(
+                f"extra_args may not set {', '.join(clash)}: inferstack renders them from the spec"
+            )
         return value
 
     @model_validator(mode="after")
@@ -370,7 +377,9 @@ class EngineSpec(_Spec):
         if self.device is Device.CPU and self.kind is not EngineKind.VLLM:
             raise ValueError(f"device: cpu is supported for vllm only, not {self.kind.value}; use kind: vllm")
         if self.device is Device.CPU and (self.tensor_parallel_size, self.pipeline_parallel_size) != (1, 1):
-            raise ValueError("device: cpu runs one engine process; set tensor_parallel_size and pipeline_parallel_size to 1")
+            raise ValueError(
+                "device: cpu runs one engine process; set tensor_parallel_size and pipeline_parallel_size to 1"
+            )
         if self.cpu_kv_offload_gib and (self.kind is not EngineKind.VLLM or self.device is Device.CPU):
             raise ValueError("cpu_kv_offload_gib works with kind: vllm on GPUs only; set it to 0")
         if self.kind is EngineKind.TRTLLM and self.quantization in (Quantization.AWQ, Quantization.GPTQ):
@@ -463,7 +472,6 @@ class ModelSpec(_Spec):
     task: Task | None = None
     """generate or embed; defaults from the architecture (embedding models pool)."""
 
-
     @field_validator("source")
     @classmethod
     def _source(cls, value: str) -> str:
@@ -511,16 +519,6 @@ RUNTIME_IMAGES = {
 }
 
 
-def _pinned_image(value: str) -> str:
-    if not PINNED_IMAGE.match(value) or value.endswith(":latest"):
-        raise ValueError(
-            f"image {value!r} is not pinned: give an immutable tag or a digest, "
-            "e.g. 'ghcr.io/inferstack/router:0.1.0' or 'repo/image@sha256:<64 hex>' (never ':latest')"
-        )
-    return value
-
-
-PinnedImage = Annotated[str, AfterValidator(_pinned_image)]
 
 
 def _cidr(value: str) -> str:

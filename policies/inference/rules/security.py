@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from components.spec import MOVING_TAGS
 from policies.inference.rules.base import (
     SECRET,
     Category,
@@ -36,7 +37,7 @@ CHART = "kubernetes:helm.sh/v4:Chart"
 CHARTS = (CHART, "kubernetes:helm.sh/v3:Chart", "kubernetes:helm.sh/v3:Release")
 DOCKER_IMAGE = "docker-build:index:Image"
 DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
-MUTABLE_TAGS = ["latest", "main", "master", "stable", "edge", "nightly", "dev", "develop", "head", "canary"]
+MUTABLE_TAGS = sorted(MOVING_TAGS)
 
 
 def image_problem(image: str, mutable: Sequence[str]) -> str | None:
