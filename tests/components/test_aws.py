@@ -572,3 +572,16 @@ def test_inferstack_plan_shows_the_aws_footprint_with_cost_for_prod_and_none_for
     kind_summary = (kind / "summary.md").read_text()
     assert "EKS control plane" not in kind_summary and "aws:" not in kind_summary
     assert not [r for r in json.loads((kind / "resources.json").read_text()) if r["type"].startswith("aws:")]
+
+
+def test_prod_exports_cluster_kubeconfig_bucket_vpc_images_and_node_groups(monkeypatch) -> None:
+    import pulumi
+
+    exported: dict[str, Any] = {}
+    monkeypatch.setattr(pulumi, "export", exported.__setitem__)
+    stack = load("prod")
+    plan.synthesize(stack)
+    assert {"cluster_name", "kubeconfig", "model_bucket", "node_groups", "images", "vpc_id"} <= set(exported)
+    assert set(exported["node_groups"]) == {decisions.SYSTEM_POOL, *stack.layout.pools}
+    # The kubeconfig is the provider's, which the plan redacts as a secret (see the provider test).
+    assert exported["kubeconfig"] is not None
