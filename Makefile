@@ -71,5 +71,14 @@ local-status: venv
 local-logs: venv
 	$(BIN)/inferstack local logs $(LOCAL_STATE_ARG)
 
+## bench ---------------------------------------------------------------------------------------
+# Routing quality on two real engines (bench/routing, ~25 min), router overhead (bench/router,
+# ~6 min), batcher (bench/batcher, ~3 min). Results and the chart go to bench/results/. Not part of test.
+bench: venv engine-venv
+	bash bench/routing/setup.sh
+	$(BIN)/python -m bench.routing.run
+	$(BIN)/python bench/router/run.py --repeat 3
+	$(BIN)/python bench/batcher/run.py
+
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache

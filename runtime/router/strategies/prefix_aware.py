@@ -1,8 +1,8 @@
 """``prefix_aware``: send prompts that share a prefix to the replica that already holds it in its KV
 cache, unless that replica is above the load guard; load decides among the rest.
 
-The index maps a chained hash of each prompt block (block i's hash covers blocks 0..i) to the replica
-that last served it. It is an LRU bounded by ``prefix_index_max_entries``: memory is fixed whatever
+The index maps a chained hash of each prompt block (block i's hash covers blocks 0..i) to the replicas
+that last served it (up to ``OWNERS_PER_BLOCK``, most recent first). It is an LRU bounded by ``prefix_index_max_entries``: memory is fixed whatever
 the traffic, which is where the field's Python router leaks. The router has no tokenizer, so a block
 is ``prefix_block_tokens x prefix_chars_per_token`` characters; engines cache by token blocks, and
 a character block that matches implies the token prefix matches too (same text, same tokens).
@@ -31,8 +31,16 @@ def block_hashes(prompt: str, block_chars: int, max_blocks: int) -> list[int]:
     return out
 
 
+#: Replicas remembered per block, most recent first: a popular system prompt lives on several.
+OWNERS_PER_BLOCK = 4
+
+
 class PrefixScorer(Scorer):
-    """Score = share of the prompt's blocks whose longest indexed prefix lives on that replica."""
+    """Score = share of the prompt's blocks that replica holds as its longest indexed prefix.
+
+    Each block remembers the last few replicas that served it (not only the last), so when a system
+    prompt sits on two replicas both score for it and load decides between them; a replica's own
+    conversation history still makes it win the deeper match."""
 
     name = "prefix"
     affinity = True
@@ -40,7 +48,7 @@ class PrefixScorer(Scorer):
     def __init__(self, block_chars: int, max_blocks: int, max_entries: int) -> None:
         self.block_chars = block_chars
         self.max_blocks = max_blocks
-        self.index: BoundedLru[int, str] = BoundedLru(max_entries)
+        self.index: BoundedLru[int, tuple[str, ...]] = BoundedLru(max_entries)
         self.lookups = 0
         self.hits = 0
 
@@ -50,26 +58,38 @@ class PrefixScorer(Scorer):
         if not hashes:
             return [0.0] * len(backends)
         self.lookups += 1
-        # walk from the longest prefix down: the first indexed one is the best match
+        wanted = {b.url for b in backends}
+        depth_of: dict[str, int] = {}
+        get = self.index.get
+        # walk from the longest prefix down: the first depth a replica shows up at is its best match
         for depth in range(len(hashes), 0, -1):
-            url = self.index.get(hashes[depth - 1])
-            if url is not None:
-                ctx.notes["prefix_match"] = url
-                share = depth / len(hashes)
-                scores = [share if b.url == url else 0.0 for b in backends]
-                if any(scores):
-                    self.hits += 1
-                return scores
-        return [0.0] * len(backends)
+            owners = get(hashes[depth - 1])
+            if owners is None:
+                continue
+            for url in owners:
+                if url in wanted and url not in depth_of:
+                    depth_of[url] = depth
+            if len(depth_of) == len(wanted):
+                break
+        if not depth_of:
+            return [0.0] * len(backends)
+        self.hits += 1
+        n = len(hashes)
+        return [depth_of.get(b.url, 0) / n for b in backends]
 
     def on_routed(self, backend: Backend, ctx: Context) -> None:
         hashes = ctx.notes.get("prefix_hashes")
         if not isinstance(hashes, list):
             return
-        put = self.index.put
+        index = self.index
         url = backend.url
+        keep = OWNERS_PER_BLOCK - 1
         for h in hashes:
-            put(h, url)
+            owners = index.get(h)
+            if owners is None:
+                index.put(h, (url,))
+            elif owners[0] != url:
+                index.put(h, (url, *[o for o in owners if o != url][:keep]))
 
     def index_size(self) -> int:
         return len(self.index)

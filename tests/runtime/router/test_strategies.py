@@ -221,3 +221,25 @@ def _idle() -> dict:
         "ttft": None,
         "weight": 1.0,
     }
+
+
+def test_prefix_held_by_two_replicas_scores_on_both_and_load_decides() -> None:
+    strategy = build(StrategyConfig(name=Name.PREFIX_AWARE, prefix_block_tokens=4, prefix_chars_per_token=1))
+    a, b, c = make_backends([{**_idle(), "cap": 100} for _ in range(3)])
+    system = "shared system prompt " * 4
+    for home in (a, b):  # the same system prompt was served by a, then by b
+        ctx = Context(model="m", prompt=system + "question", now=1.0)
+        strategy.pick([a, b, c], ctx)
+        strategy.on_routed(home, ctx)
+    a.inflight = 3  # a holds it too, but is busier: b is picked, never c (which holds nothing)
+    for _ in range(5):
+        assert strategy.pick([a, b, c], Context(model="m", prompt=system + "another", now=1.0)) is b
+    b.inflight = 5
+    assert strategy.pick([a, b, c], Context(model="m", prompt=system + "another", now=1.0)) is a
+    # a conversation's own history still wins over load: its deeper prefix lives on a only
+    history = system + "question one; answer one; question two"
+    ctx = Context(model="m", prompt=history, now=1.0)
+    strategy.pick([a, b, c], ctx)
+    strategy.on_routed(a, ctx)
+    a.inflight, b.inflight = 4, 3
+    assert strategy.pick([a, b, c], Context(model="m", prompt=history + "; answer two", now=1.0)) is a
