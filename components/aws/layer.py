@@ -1,7 +1,7 @@
 """The AWS layer of a ``target: eks`` stack, built before anything in Kubernetes.
 
 Network -> cluster (+ add-ons that run before nodes) -> node role -> system and GPU node groups ->
-add-ons that need nodes -> model bucket, engine and load-balancer identities ->
+add-ons that need nodes, node scaling (the Cluster Autoscaler's identity, or Karpenter) -> model bucket, engine and load-balancer identities ->
 registry and images. ``kubernetes_options()`` hands every Kubernetes resource the cluster's provider.
 """
 
@@ -13,6 +13,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components.aws import decisions, policies
+from components.aws.autoscaler import ClusterAutoscaler
 from components.aws.cluster import Cluster
 from components.aws.identity import ServiceRole, pod_identity
 from components.aws.karpenter import Karpenter
@@ -132,6 +133,11 @@ class AwsLayer(pulumi.ComponentResource):
 
         self.kubernetes_provider = self.cluster.provider
         self.karpenter: Karpenter | None = None
+        self.autoscaler: ClusterAutoscaler | None = None
+        if not karpenter:
+            self.autoscaler = ClusterAutoscaler(
+                spec, cluster_name, tags, on_aws, opts=pulumi.ResourceOptions(parent=self)
+            )
         if karpenter:
             self.karpenter = Karpenter(
                 spec,
@@ -148,8 +154,7 @@ class AwsLayer(pulumi.ComponentResource):
         # Engines fetch weights and the controller manages load balancers from their first start.
         identities = [engine_identity, lb_identity]
         self.ready: list[pulumi.Resource] = [*self.node_groups.values(), *self.late_addons, *identities]
-        if self.karpenter is not None:
-            self.ready.append(self.karpenter)
+        self.ready += [c for c in (self.karpenter, self.autoscaler) if c is not None]
         self.register_outputs({"cluster_name": cluster_name})
 
     def kubernetes_options(self) -> pulumi.ResourceOptions:

@@ -615,3 +615,51 @@ def interruption_queue(queue_arn: str) -> PolicyDocument:
             },
         ],
     }
+
+
+def cluster_autoscaler(region: str, cluster_name: str) -> PolicyDocument:
+    """Cluster Autoscaler on managed node groups: read everything it sizes, change only this cluster's groups.
+
+    EKS tags each managed node group's Auto Scaling group ``k8s.io/cluster-autoscaler/<cluster>: owned``.
+    """
+    p = partition(region)
+    return {
+        "Version": VERSION,
+        "Statement": [
+            {
+                "Sid": "DescribeAnyResource",
+                "Effect": "Allow",
+                "Action": [
+                    "autoscaling:DescribeAutoScalingGroups",
+                    "autoscaling:DescribeAutoScalingInstances",
+                    "autoscaling:DescribeLaunchConfigurations",
+                    "autoscaling:DescribeScalingActivities",
+                    "autoscaling:DescribeTags",
+                    "ec2:DescribeImages",
+                    "ec2:DescribeInstanceTypes",
+                    "ec2:DescribeLaunchTemplateVersions",
+                    "ec2:GetInstanceTypesFromInstanceRequirements",
+                ],
+                "Resource": "*",
+            },
+            {
+                # Labels and taints of groups at zero nodes come from the node group itself.
+                "Sid": "DescribeOwnNodeGroups",
+                "Effect": "Allow",
+                "Action": ["eks:DescribeNodegroup"],
+                "Resource": f"arn:{p}:eks:{region}:*:nodegroup/{cluster_name}/*/*",
+            },
+            {
+                "Sid": "ScaleOwnGroupsTaggedAnyResource",
+                "Effect": "Allow",
+                "Action": [
+                    "autoscaling:SetDesiredCapacity",
+                    "autoscaling:TerminateInstanceInAutoScalingGroup",
+                ],
+                "Resource": "*",
+                "Condition": {
+                    "StringEquals": {f"aws:ResourceTag/k8s.io/cluster-autoscaler/{cluster_name}": "owned"}
+                },
+            },
+        ],
+    }

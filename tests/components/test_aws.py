@@ -585,3 +585,28 @@ def test_prod_exports_cluster_kubeconfig_bucket_vpc_images_and_node_groups(monke
     assert set(exported["node_groups"]) == {decisions.SYSTEM_POOL, *stack.layout.pools}
     # The kubeconfig is the provider's, which the plan redacts as a secret (see the provider test).
     assert exported["kubeconfig"] is not None
+
+
+@pytest.mark.parametrize("name", EKS_STACKS)
+def test_the_cluster_autoscaler_gets_an_identity_that_may_scale_only_this_clusters_groups(name: str) -> None:
+    from components.aws import autoscaler
+
+    stack = load(name)
+    synthesis = _synth(name)
+    namespace, account = autoscaler.SERVICE_ACCOUNT
+    association = next(
+        r.inputs
+        for r in _of(synthesis, "aws:eks/podIdentityAssociation:PodIdentityAssociation")
+        if r.inputs["serviceAccount"] == account
+    )
+    assert association["namespace"] == namespace
+    inline = {r.name: json.loads(r.inputs["policy"]) for r in _of(synthesis, "aws:iam/rolePolicy:RolePolicy")}
+    statements = inline[f"{stack.spec.cluster_name}-autoscaler-scale"]["Statement"]
+    scale = next(s for s in statements if "autoscaling:SetDesiredCapacity" in s["Action"])
+    owner = f"aws:ResourceTag/k8s.io/cluster-autoscaler/{stack.spec.cluster_name}"
+    assert scale["Condition"] == {"StringEquals": {owner: "owned"}}
+    # The chart values the add-ons install it with: this cluster, its Kubernetes minor, that account.
+    values = autoscaler.chart_values(stack.spec)
+    assert values["autoDiscovery"] == {"clusterName": stack.spec.cluster_name}
+    assert values["image"]["tag"] == f"v{stack.spec.cluster.kubernetes_version}.0"
+    assert values["rbac"]["serviceAccount"]["name"] == account
