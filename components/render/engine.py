@@ -82,18 +82,6 @@ def _env(spec: PlatformSpec, cmd: EngineCommand) -> list[Manifest]:
     return env
 
 
-def _container_security() -> Manifest:
-    return {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True,
-        "runAsUser": common.RUNTIME_UID,
-        "runAsGroup": common.RUNTIME_UID,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
 def _s3_sync(model: ModelSpec) -> Manifest:
     """An init container that copies the weights from S3 into the model cache before the engine starts."""
     return {
@@ -106,7 +94,7 @@ def _s3_sync(model: ModelSpec) -> Manifest:
             "requests": {"cpu": "500m", "memory": "1Gi"},
             "limits": {"cpu": "2", "memory": "2Gi"},
         },
-        "securityContext": _container_security(),
+        "securityContext": hardening.container_security(),
         "volumeMounts": [
             {"name": "model-cache", "mountPath": MODEL_DIR},
             {"name": "tmp", "mountPath": "/tmp"},
@@ -178,7 +166,7 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
         "livenessProbe": _http_probe(15, 4),
         # Let the Service stop sending new requests before the engine receives SIGTERM.
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", "10"]}}},
-        "securityContext": _container_security(),
+        "securityContext": hardening.container_security(),
         "volumeMounts": mounts,
     }
     pod_spec: Manifest = {
