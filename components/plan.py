@@ -78,7 +78,7 @@ class _Mocks(pulumi.runtime.Mocks):
         return f"{args.name}-id", dict(args.inputs)
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
-        return {}, None
+        return {}, []  # no check failures (the mock monitor iterates them)
 
 
 class CapturingMonitor(pulumi_mocks.MockMonitor):

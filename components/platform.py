@@ -90,7 +90,10 @@ class InferencePlatform(pulumi.ComponentResource):
         )
         self.addons = ClusterAddons(spec, child, vpc_id=vpc_id, grafana_admin_password=grafana_password)
         self.priority_class = apply(hardening.priority_class(spec), child)
-        engines_opts = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, self.priority_class])
+        self.engine_identity = apply(engine.service_account(spec), in_namespace)
+        engines_opts = pulumi.ResourceOptions(
+            parent=self, depends_on=[self.namespace, self.priority_class, self.engine_identity]
+        )
         self.engines = {
             m.name: ModelEngine(spec, m, layout.placements[m.name], engines_opts) for m in spec.models
         }

@@ -59,7 +59,7 @@ LB_CONTROLLER_SERVICE_ACCOUNT = ("kube-system", "aws-load-balancer-controller")
 
 def engine_service_account(spec: PlatformSpec) -> tuple[str, str]:
     """Namespace and name of the service account engine pods run as (it reads the model bucket)."""
-    return spec.cluster.namespace, f"{spec.name}-engine"
+    return spec.cluster.namespace, common.engine_service_account_name(spec)
 
 
 def tags(spec: PlatformSpec, stack: str) -> dict[str, str]:

@@ -89,6 +89,11 @@ def runtime_name(spec: PlatformSpec, part: str) -> str:
     return f"{spec.name}-{part}"
 
 
+def engine_service_account_name(spec: PlatformSpec) -> str:
+    """The identity engine pods run as; on EKS, Pod Identity gives it read access to the model bucket."""
+    return f"{spec.name}-engine"
+
+
 def runtime_config_name(spec: PlatformSpec) -> str:
     return f"{spec.name}-runtime-config"
 

@@ -170,6 +170,7 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
         "volumeMounts": mounts,
     }
     pod_spec: Manifest = {
+        "serviceAccountName": common.engine_service_account_name(spec),
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 120,
         "securityContext": {
@@ -223,6 +224,16 @@ def service(spec: PlatformSpec, model: ModelSpec) -> Manifest:
             "selector": common.selector(spec, name, "engine"),
             "ports": [{"name": "http", "port": common.ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
+    }
+
+
+def service_account(spec: PlatformSpec) -> Manifest:
+    """One identity for every engine pod: it needs no Kubernetes API, only (on EKS) the model bucket."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": common.metadata(spec, common.engine_service_account_name(spec), "engine"),
+        "automountServiceAccountToken": False,
     }
 
 

@@ -98,6 +98,19 @@ def test_engine_pods_get_gpus_probes_placement_shm_and_labels_from_the_spec(name
         for key in ("name", "instance", "component", "part-of", "managed-by", "version"):
             assert f"app.kubernetes.io/{key}" in labels
         assert container["image"] == model.engine.resolved_image
+        assert pod["serviceAccountName"] == common.engine_service_account_name(stack.spec)
+        assert pod["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_the_engine_service_account_exists_in_the_engines_namespace(name: str) -> None:
+    stack = load(name)
+    accounts = {
+        (m["metadata"]["namespace"], m["metadata"]["name"])
+        for m in _synth(stack).kubernetes_manifests()
+        if m["kind"] == "ServiceAccount"
+    }
+    assert (stack.spec.cluster.namespace, common.engine_service_account_name(stack.spec)) in accounts
 
 
 def test_vllm_command_line_carries_every_engine_knob_of_the_spec() -> None:
