@@ -72,7 +72,7 @@ local-logs: venv
 	$(BIN)/inferstack local logs $(LOCAL_STATE_ARG)
 
 ## bench ---------------------------------------------------------------------------------------
-# Routing quality on two real engines (bench/routing, ~25 min), router overhead (bench/router,
+# Routing quality on two real engines (bench/routing, ~15 min), router overhead (bench/router,
 # ~6 min), batcher (bench/batcher, ~3 min). Results and the chart go to bench/results/. Not part of test.
 bench: venv engine-venv
 	bash bench/routing/setup.sh

