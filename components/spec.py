@@ -519,8 +519,6 @@ RUNTIME_IMAGES = {
 }
 
 
-
-
 def _cidr(value: str) -> str:
     try:
         ipaddress.ip_network(value)
