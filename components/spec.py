@@ -622,6 +622,7 @@ class ChartVersionsSpec(_Spec):
     kube_prometheus_stack: str = "75.6.1"
     prometheus_adapter: str = "4.14.1"
     aws_load_balancer_controller: str = "1.13.3"
+    cluster_autoscaler: str = "9.46.6"
 
     @field_validator("*")
     @classmethod
@@ -648,6 +649,8 @@ class AddonsSpec(_Spec):
     """Install prometheus-adapter (autoscaler hpa)."""
     install_aws_load_balancer_controller: bool = True
     """Install the AWS Load Balancer Controller (target eks with ingress alb)."""
+    install_cluster_autoscaler: bool = True
+    """Install the Cluster Autoscaler (target eks, managed node groups): GPU groups grow when engines are pending."""
     versions: ChartVersionsSpec = Field(default_factory=ChartVersionsSpec)
 
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from components.aws import decisions
 from components.render import common
-from components.spec import Autoscaler, Device, GpuPlugin, IngressKind, PlatformSpec, Target
+from components.spec import Autoscaler, Device, GpuPlugin, IngressKind, NodeProvisioner, PlatformSpec, Target
 
 PROMETHEUS_STACK_RELEASE = "kube-prometheus-stack"
 PROMETHEUS_PORT = 9090
@@ -25,6 +26,9 @@ KEDA_NAMESPACE = "keda"
 GPU_NAMESPACE = "gpu-system"
 AWS_LB_CONTROLLER_NAMESPACE = "kube-system"
 AWS_LB_CONTROLLER_SERVICE_ACCOUNT = "aws-load-balancer-controller"
+CLUSTER_AUTOSCALER_SERVICE_ACCOUNT = ("kube-system", "cluster-autoscaler")
+# GPU nodes are slow to come back: wait before removing an idle one.
+CLUSTER_AUTOSCALER_SCALE_DOWN_UNNEEDED = "15m"
 
 
 @dataclass(frozen=True)
@@ -228,6 +232,36 @@ def aws_load_balancer_controller(spec: PlatformSpec) -> Release:
     )
 
 
+def cluster_autoscaler(spec: PlatformSpec) -> Release:
+    """Grows managed GPU node groups when engine pods are pending, within each group's min/max.
+
+    Its AWS identity (scaling only this cluster's groups) comes from ``components.aws.autoscaler``.
+    """
+    namespace, account = CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
+    return Release(
+        name="cluster-autoscaler",
+        chart="cluster-autoscaler",
+        repository="https://kubernetes.github.io/autoscaler",
+        version=spec.addons.versions.cluster_autoscaler,
+        namespace=namespace,
+        values={
+            "autoDiscovery": {"clusterName": spec.cluster_name},
+            "awsRegion": spec.cluster.region,
+            "cloudProvider": "aws",
+            # The autoscaler's minor version must match the cluster's.
+            "image": {"tag": f"v{spec.cluster.kubernetes_version}.0"},
+            "rbac": {"serviceAccount": {"create": True, "name": account}},
+            "nodeSelector": {decisions.ROLE_LABEL: decisions.SYSTEM_POOL},
+            "extraArgs": {
+                "balance-similar-node-groups": True,
+                "skip-nodes-with-system-pods": False,
+                "expander": "least-waste",
+                "scale-down-unneeded-time": CLUSTER_AUTOSCALER_SCALE_DOWN_UNNEEDED,
+            },
+        },
+    )
+
+
 def releases(spec: PlatformSpec, adapter_rules: list[dict[str, Any]]) -> list[Release]:
     """The add-ons this stack needs, in install order."""
     addons = spec.addons
@@ -250,4 +284,11 @@ def releases(spec: PlatformSpec, adapter_rules: list[dict[str, Any]]) -> list[Re
         and addons.install_aws_load_balancer_controller
     ):
         out.append(aws_load_balancer_controller(spec))
+    if (
+        spec.target is Target.EKS
+        and spec.cluster.node_provisioner is NodeProvisioner.MANAGED
+        and spec.gpu_pools
+        and addons.install_cluster_autoscaler
+    ):
+        out.append(cluster_autoscaler(spec))
     return out

@@ -48,6 +48,7 @@ def test_prod_gets_gpu_plugin_dcgm_keda_prometheus_and_the_alb_controller() -> N
         "keda",
         "kube-prometheus-stack",
         "aws-load-balancer-controller",
+        "cluster-autoscaler",
     }
     spec = load("prod").spec
     assert charts["keda"]["version"] == spec.addons.versions.keda
@@ -85,7 +86,12 @@ def test_hpa_mode_installs_prometheus_adapter_with_the_rendered_rules_instead_of
 
 def test_each_add_on_can_be_left_to_an_existing_installation() -> None:
     raw = minimal()
-    raw["addons"] = {"install_keda": False, "install_prometheus_stack": False, "gpu_plugin": "none"}
+    raw["addons"] = {
+        "install_keda": False,
+        "install_prometheus_stack": False,
+        "install_cluster_autoscaler": False,
+        "gpu_plugin": "none",
+    }
     raw["observability"] = {
         "dcgm_exporter": False,
         "prometheus_url": "http://prometheus-operated.obs.svc:9090",

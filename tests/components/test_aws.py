@@ -606,7 +606,9 @@ def test_the_cluster_autoscaler_gets_an_identity_that_may_scale_only_this_cluste
     owner = f"aws:ResourceTag/k8s.io/cluster-autoscaler/{stack.spec.cluster_name}"
     assert scale["Condition"] == {"StringEquals": {owner: "owned"}}
     # The chart values the add-ons install it with: this cluster, its Kubernetes minor, that account.
-    values = autoscaler.chart_values(stack.spec)
+    from components.render import addons
+
+    values = addons.cluster_autoscaler(stack.spec).values
     assert values["autoDiscovery"] == {"clusterName": stack.spec.cluster_name}
     assert values["image"]["tag"] == f"v{stack.spec.cluster.kubernetes_version}.0"
     assert values["rbac"]["serviceAccount"]["name"] == account
