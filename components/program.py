@@ -11,6 +11,7 @@ import pulumi
 from components.aws.layer import AwsLayer
 from components.platform import InferencePlatform, PlatformSecrets
 from components.problems import SpecError
+from components.render import gateway
 from components.spec import Target
 from components.stackfile import stack_path, validate
 
@@ -38,6 +39,7 @@ def run() -> InferencePlatform:
         kubernetes = aws_layer.kubernetes_options()
         vpc_id = aws_layer.network.vpc_id
     platform = InferencePlatform(spec, layout, secrets, kubernetes, vpc_id=vpc_id)
+    pulumi.export("gateway_url", gateway.public_url(spec))
     pulumi.export("namespace", spec.cluster.namespace)
     pulumi.export("models", [m.name for m in spec.models])
     return platform

@@ -377,6 +377,16 @@ def gateway(spec: PlatformSpec) -> Manifest:
     }
 
 
+def public_url(spec: PlatformSpec) -> str:
+    """Where clients reach the gateway: the ingress host, or the router Service inside the cluster."""
+    g = spec.gateway
+    if g.ingress is not IngressKind.NONE and g.hostname:
+        secure = g.ingress is IngressKind.ALB or bool(g.tls_secret_name)  # the ALB listens on HTTPS only
+        return f"{'https' if secure else 'http'}://{g.hostname}"
+    service = common.runtime_name(spec, common.ROUTER)
+    return f"http://{service}.{spec.cluster.namespace}.svc:{runtime_config(spec).router.port}"
+
+
 def gateway_listener_port(spec: PlatformSpec) -> int:
     return 443 if spec.gateway.tls_secret_name else 80
 

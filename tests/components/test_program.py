@@ -183,3 +183,24 @@ def test_components_parent_their_resources() -> None:
         r for r in synthesis.resources if r.type == "kubernetes:apps/v1:Deployment" and "qwen" in r.name
     )
     assert deployment.parent == engine.urn
+
+
+@pytest.mark.parametrize(("name", "url"), [("prod", "https://llm.example.com"), ("kind", None)])
+def test_the_stack_exports_where_clients_reach_the_gateway(monkeypatch, name: str, url: str | None) -> None:
+    import pulumi
+
+    exported: dict[str, Any] = {}
+    monkeypatch.setattr(pulumi, "export", exported.__setitem__)
+    stack = load(name)
+    plan.synthesize(stack)
+    if url is not None:
+        assert exported["gateway_url"] == url
+    else:  # no ingress: the router Service, inside the cluster
+        router = next(
+            m
+            for m in plan.synthesize(stack).kubernetes_manifests()
+            if m["kind"] == "Service" and "router" in m["metadata"]["name"]
+        )
+        port = router["spec"]["ports"][0]["port"]
+        namespace = stack.spec.cluster.namespace
+        assert exported["gateway_url"] == f"http://{router['metadata']['name']}.{namespace}.svc:{port}"
