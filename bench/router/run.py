@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script (python bench/router/run.py) or as a module
 
 from bench.machine import describe, dist_version  # noqa: E402
+from bench.rivals import RIVALS, rival_argv  # noqa: E402
 
 PY = ROOT / ".venv" / "bin" / "python"
 BENCH_PY = ROOT / ".cache" / "venv-bench" / "bin" / "python"
@@ -254,28 +255,8 @@ def router_argv(target: str, workers: list[str], tmp: Path) -> list[str] | None:
             "--log-level",
             "WARNING",
         ]
-    if target in ("vllm-router", "sglang-router"):
-        module = "vllm_router.launch_router" if target == "vllm-router" else "sglang_router.launch_router"
-        level = "warning" if target == "vllm-router" else "warn"
-        return [
-            str(BENCH_PY),
-            "-m",
-            module,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(ROUTER_PORT),
-            "--worker-urls",
-            *workers,
-            "--policy",
-            "round_robin",
-            "--prometheus-host",
-            "127.0.0.1",
-            "--prometheus-port",
-            str(ROUTER_PORT + 1),
-            "--log-level",
-            level,
-        ]
+    if target in RIVALS:
+        return rival_argv(BENCH_PY, target, ROUTER_PORT, workers, "round_robin")
     return None
 
 

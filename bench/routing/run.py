@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import describe, dist_version
+from bench.rivals import rival_argv
 from bench.routing import workload as wl
 from bench.routing.client import Record, play
 from components.local.engine_process import EngineProcess
@@ -200,28 +201,7 @@ def router_argvs(target: str, model: str, workers: list[str], tmp: Path) -> list
         if policy == "kv_aware":
             argvs.insert(0, [str(PY), "-m", "runtime.health", "--config", cfg, "--log-level", "WARNING"])
         return argvs
-    module = "vllm_router.launch_router" if kind == "vllm-router" else "sglang_router.launch_router"
-    return [
-        [
-            str(BENCH_PY),
-            "-m",
-            module,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(ROUTER_PORT),
-            "--worker-urls",
-            *workers,
-            "--policy",
-            policy,
-            "--prometheus-host",
-            "127.0.0.1",
-            "--prometheus-port",
-            str(ROUTER_PORT + 1),
-            "--log-level",
-            "warning" if kind == "vllm-router" else "warn",
-        ]
-    ]
+    return [rival_argv(BENCH_PY, kind, ROUTER_PORT, workers, policy)]
 
 
 @contextmanager

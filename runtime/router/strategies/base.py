@@ -10,6 +10,7 @@ are property-tested without a network.
 from __future__ import annotations
 
 import random
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
@@ -50,14 +51,14 @@ class Eligible:
         ]
 
 
-class Scorer:
+class Scorer(ABC):
     """One opinion per candidate, in [0, 1]; ``affinity`` scorers are subject to the load guard."""
 
     name: ClassVar[str] = ""
     affinity: ClassVar[bool] = False
 
-    def score(self, backends: Sequence[Backend], ctx: Context) -> list[float]:
-        raise NotImplementedError
+    @abstractmethod
+    def score(self, backends: Sequence[Backend], ctx: Context) -> list[float]: ...
 
     def on_routed(self, backend: Backend, ctx: Context) -> None:
         """Remember where a request went (affinity scorers); most scorers have no memory."""
