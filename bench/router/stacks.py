@@ -15,8 +15,8 @@ import aiohttp
 import uvloop
 from aiohttp import web
 
-from runtime.router.server import Connection, Request, Server
-from runtime.router.upstream import Exchange, Pool
+from runtime.server import Connection, Request, Server
+from runtime.upstream import Exchange, Pool
 
 
 async def run_aiohttp(port: int, backend: str) -> None:

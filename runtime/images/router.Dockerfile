@@ -19,8 +19,9 @@ RUN groupadd --system --gid 10001 inferstack \
     && useradd --system --uid 10001 --gid inferstack --no-create-home --shell /usr/sbin/nologin inferstack
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
-# Only what the router imports: the contract, engine facts, discovery, shared HTTP helpers, the router.
-COPY runtime/__init__.py runtime/config.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/py.typed /app/runtime/
+# Only what the router imports: the contract, engine facts, discovery, shared HTTP helpers, the lean
+# HTTP server and engine client (shared with the batcher), the router.
+COPY runtime/__init__.py runtime/config.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/server.py runtime/upstream.py runtime/py.typed /app/runtime/
 COPY runtime/router /app/runtime/router
 USER 10001:10001
 EXPOSE 8080

@@ -27,7 +27,7 @@ from runtime.config import RuntimeConfig
 from runtime.http import setup_logging
 from runtime.router.app import Router
 from runtime.router.auth import KeyTable, load_keys_file
-from runtime.router.server import Server
+from runtime.server import Server
 
 log = logging.getLogger("inferstack.router")
 

@@ -29,9 +29,9 @@ from runtime.router.backends import BACKEND_HEADER, Backend
 from runtime.router.fleet import Fleet, ModelState
 from runtime.router.metrics import RouterMetrics
 from runtime.router.retry import RetryBudget, backoff_s
-from runtime.router.server import ClientGoneError, Connection, Request
 from runtime.router.strategies import Context
-from runtime.router.upstream import Exchange, UpstreamError
+from runtime.server import ClientGoneError, Connection, Request
+from runtime.upstream import Exchange, UpstreamError
 
 log = logging.getLogger("inferstack.router")
 access = logging.getLogger("inferstack.router.access")

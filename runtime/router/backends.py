@@ -11,7 +11,7 @@ import time
 from enum import IntEnum
 from urllib.parse import urlsplit
 
-from runtime.router.upstream import Pool
+from runtime.upstream import Pool
 
 
 class Circuit(IntEnum):

@@ -20,7 +20,7 @@ from aiohttp import web
 from runtime.config import RuntimeConfig
 from runtime.router.__main__ import drain
 from runtime.router.app import Router
-from runtime.router.server import Server
+from runtime.server import Server
 
 T = TypeVar("T")
 

@@ -11,7 +11,7 @@ from aiohttp import web
 from runtime.config import RuntimeConfig
 from runtime.router.app import Router
 from runtime.router.fleet import Fleet
-from runtime.router.server import Server
+from runtime.server import Server
 from tests.runtime.router.harness import RouterUnderTest
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}

@@ -1,9 +1,10 @@
 """A lean HTTP/1.1 server: asyncio protocol + httptools (llhttp) parser, nothing else.
 
-Why not aiohttp or an ASGI stack: the router's budget is ~120 us of CPU per proxied request, and a
-bare aiohttp proxy already spends ~160 us (bench/README.md has the numbers). Per request this server
-does one C parse, one task, and one ``transport.write`` per response (or per streamed chunk); there
-is no middleware chain, no request object graph and no header multidict.
+Shared by the router and the batcher. Why not aiohttp or an ASGI stack: the router's budget is
+~120 us of CPU per proxied request, and a bare aiohttp proxy already spends ~160 us (bench/README.md
+has the numbers). Per request this server does one C parse, one task, and one ``transport.write``
+per response (or per streamed chunk); there is no middleware chain, no request object graph and no
+header multidict.
 
 Scope is deliberately small: keep-alive, Content-Length and chunked request bodies, a body size
 limit (413), chunked streaming responses with write back-pressure, and cancellation of the handler
@@ -25,7 +26,7 @@ import httptools
 
 from runtime.http import REASONS, error_body
 
-log = logging.getLogger("inferstack.router.server")
+log = logging.getLogger("inferstack.server")
 
 Headers = dict[bytes, bytes]
 
@@ -196,7 +197,7 @@ class Connection(asyncio.Protocol):
                 if self._chunked:
                     self.close()
                     return
-                self.send(500, error_body(500, "internal router error"))
+                self.send(500, error_body(500, "internal server error"))
         self._task = None
         self._next()
 
