@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from runtime.config import RuntimeConfig
 from runtime.http import METRICS_CONTENT_TYPE, error_body, metrics_payload
 from runtime.router.admission import QueueFullError
@@ -257,8 +259,8 @@ class Router:
             principal = who
         # 2. what they ask for
         try:
-            payload = json.loads(req.body)
-        except (ValueError, UnicodeDecodeError):
+            payload = orjson.loads(req.body)  # ~5x faster than json.loads on a chat body, on the hot path
+        except orjson.JSONDecodeError:
             self._fail(conn, 400, "request body is not valid JSON", "bad_request", code="invalid_json")
             return
         if not isinstance(payload, dict):
