@@ -58,6 +58,7 @@ STREAM_BODY = json.dumps(
 SCENARIOS = {"instant": {"delay_ms": 0}, "delay20": {"delay_ms": 20}, "stream": {"delay_ms": 0}}
 PORTS = {"instant": (19101, 19102), "delay20": (19111, 19112), "stream": (19121, 19122)}
 ROUTER_PORT = 19200
+IDLE_GAP_S = 0.08  # as long as one streamed answer (16 chunks 5 ms apart)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class Row:
     rss_mib: float | None
     ttfb_p50_ms: float | None = None
     ttfb_p99_ms: float | None = None
+    idle_fb_p50_ms: float | None = None  # non-streaming first byte after an idle gap as long as a stream
 
 
 def wait_port(port: int, timeout_s: float = 60.0) -> None:
@@ -184,10 +186,14 @@ def wrk(port: int, path: str, concurrency: int, duration_s: int, lua: Path) -> d
     return res
 
 
-def ttfb(port: int, path: str, n: int) -> tuple[float, float]:
-    """Sequential streaming requests; time from sending the request to the first SSE bytes."""
+def ttfb(port: int, path: str, n: int, *, stream: bool = True) -> tuple[float, float]:
+    """Sequential requests on fresh connections; time from sending the request to the first answer
+    bytes (the first SSE ``data:`` for a stream). ``stream=False`` sends the non-streaming body and then
+    idles as long as a stream lasts (~80 ms), which separates the cost of a hop after an idle gap from
+    anything specific to streaming."""
     samples = []
-    body = STREAM_BODY.encode()
+    body = (STREAM_BODY if stream else BODY).encode()
+    marker = b"data:" if stream else b"}"
     request = (
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -198,13 +204,15 @@ def ttfb(port: int, path: str, n: int) -> tuple[float, float]:
             t0 = time.perf_counter()
             sock.sendall(request)
             buf = b""
-            while b"data:" not in buf:
+            while marker not in buf:
                 chunk = sock.recv(65536)
                 if not chunk:
                     break
                 buf += chunk
             samples.append((time.perf_counter() - t0) * 1000)
-            while b"[DONE]" not in buf:  # drain the stream so the backend finishes cleanly
+            if not stream:
+                time.sleep(IDLE_GAP_S)
+            while stream and b"[DONE]" not in buf:  # drain the stream so the backend finishes cleanly
                 chunk = sock.recv(65536)
                 if not chunk:
                     break
@@ -311,6 +319,7 @@ def run(targets: list[str], duration_s: int, ttfb_n: int, repeat: int = 1) -> li
                         if scenario == "stream":
                             ttfb(port, "/v1/chat/completions", 20)  # warm-up
                             p50, p99 = ttfb(port, "/v1/chat/completions", ttfb_n)
+                            idle_p50, _ = ttfb(port, "/v1/chat/completions", ttfb_n, stream=False)
                             rows.append(
                                 Row(
                                     target,
@@ -325,10 +334,13 @@ def run(targets: list[str], duration_s: int, ttfb_n: int, repeat: int = 1) -> li
                                     rss_mib(pid) if pid else None,
                                     p50,
                                     p99,
+                                    idle_p50,
                                 )
                             )
                             print(
-                                f"{target:14} {scenario:8} ttfb p50 {p50:.3f} ms p99 {p99:.3f} ms", flush=True
+                                f"{target:14} {scenario:8} ttfb p50 {p50:.3f} ms p99 {p99:.3f} ms, "
+                                f"non-streaming first byte after {IDLE_GAP_S * 1000:.0f} ms idle p50 {idle_p50:.3f} ms",
+                                flush=True,
                             )
                             continue
                         for c in (1, 32):
@@ -404,14 +416,26 @@ def report(rows: list[Row], info: dict[str, str]) -> str:
             f"{r.rss_mib if r.rss_mib is not None else ''} | {r.errors} |"
         )
     lines += ["", "Streaming (16 SSE chunks 5 ms apart), time to first byte, sequential requests:", ""]
-    lines += ["| target | TTFB p50 ms | +p50 ms | TTFB p99 ms | RSS MiB |", "|---|---|---|---|---|"]
+    lines += [
+        "The last two columns: the same sequence with non-streaming requests and the same idle gap between",
+        "them, which separates the cost of one more hop after an idle gap from anything specific to streams.",
+        "",
+        "| target | TTFB p50 ms | +p50 ms | TTFB p99 ms | idle non-stream first byte p50 ms | +p50 ms | RSS MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
     ds = next((r for r in rows if r.target == "direct" and r.scenario == "stream"), None)
     for r in rows:
         if r.scenario != "stream":
             continue
         added = f"{(r.ttfb_p50_ms or 0) - (ds.ttfb_p50_ms or 0):+.3f}" if ds else ""
+        idle = f"{r.idle_fb_p50_ms:.3f}" if r.idle_fb_p50_ms is not None else ""
+        idle_added = (
+            f"{r.idle_fb_p50_ms - ds.idle_fb_p50_ms:+.3f}"
+            if ds and r.idle_fb_p50_ms is not None and ds.idle_fb_p50_ms is not None
+            else ""
+        )
         lines.append(
-            f"| {r.target} | {r.ttfb_p50_ms:.3f} | {added} | {r.ttfb_p99_ms:.3f} | "
+            f"| {r.target} | {r.ttfb_p50_ms:.3f} | {added} | {r.ttfb_p99_ms:.3f} | {idle} | {idle_added} | "
             f"{round(r.rss_mib, 1) if r.rss_mib is not None else ''} |"
         )
     return "\n".join(lines) + "\n"
