@@ -118,7 +118,7 @@ def root_volume_usd_month(group: decisions.NodeGroupPlan) -> float:
 
 def fixed_costs(spec: PlatformSpec, layout: Layout | None = None) -> list[LineItem]:
     """What the AWS layer costs besides GPU instances, read from the same decisions that build it: control
-    plane, system nodes, NAT gateways, node root disks (GPU pools' too, with ``layout``), the secrets key."""
+    plane, system nodes, NAT gateways, node root disks (GPU pools' too, with ``layout``), the KMS keys."""
     if spec.target is not Target.EKS:
         return []
     month = catalog.HOURS_PER_MONTH
@@ -126,7 +126,8 @@ def fixed_costs(spec: PlatformSpec, layout: Layout | None = None) -> list[LineIt
     nats = decisions.network_plan(spec).nat_gateways
     nodes = catalog.SYSTEM_INSTANCE_USD_PER_HOUR * month
     eks = catalog.EKS_CONTROL_PLANE_USD_PER_HOUR * month
-    kms = catalog.KMS_KEY_USD_PER_MONTH
+    keys = len(decisions.KMS_KEYS)
+    kms = keys * catalog.KMS_KEY_USD_PER_MONTH
     items = [
         LineItem("EKS control plane", "eks", eks, eks),
         LineItem(
@@ -143,7 +144,7 @@ def fixed_costs(spec: PlatformSpec, layout: Layout | None = None) -> list[LineIt
     disks_min = sum(root_volume_usd_month(g) * g.min_size for g in groups)
     disks_max = sum(root_volume_usd_month(g) * g.max_size for g in groups)
     items.append(LineItem("node root disks (gp3)", "ebs", disks_min, disks_max))
-    items.append(LineItem("KMS key (Secrets encryption)", "kms", kms, kms))
+    items.append(LineItem(f"KMS keys ({keys}: {', '.join(decisions.KMS_KEYS)})", "kms", kms, kms))
     return items
 
 

@@ -4,12 +4,21 @@ No credentials, no Pulumi CLI, no provider plugins, no network: the SDK's mock m
 resource registration, and we keep what it receives. What comes out is exactly what ``pulumi up``
 would ask the providers to create: each resource's type, name, parent and inputs (secrets redacted),
 and every Kubernetes object as a manifest.
+
+The mocks answer like AWS would, in a fixed account (``MOCK_ACCOUNT_ID``) and the region of each
+resource's provider: ARNs, ECR repository URLs, the EKS endpoint and CA, image digests, and the invokes
+the program makes. Inputs built from those outputs (role ARNs in node groups, key ARNs in encryption
+settings, image references in Deployments) then read as they would in a real preview.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
+import re
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +33,7 @@ from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
 from components import program
+from components.aws import policies
 from components.stackfile import CONFIG_KEY, Stack
 
 PROJECT = "inferstack"
@@ -73,12 +83,125 @@ def _plain(value: Any) -> Any:
     return value
 
 
+MOCK_ACCOUNT_ID = "123456789012"
+MOCK_REGION = "us-east-1"
+"""The region of AWS resources registered without a provider that names one (the AWS provider's default)."""
+
+# Resource types whose ARN is not ``arn:<partition>:<service>:<region>:<account>:<type>/<name>``.
+_ARN_SHAPES: dict[str, str] = {
+    "aws:s3/bucket:Bucket": "arn:{partition}:s3:::{name}",
+    "aws:cloudwatch/logGroup:LogGroup": "arn:{partition}:logs:{region}:{account}:log-group:{name}",
+    "aws:cloudwatch/eventRule:EventRule": "arn:{partition}:events:{region}:{account}:rule/{name}",
+    "aws:sqs/queue:Queue": "arn:{partition}:sqs:{region}:{account}:{name}",
+}
+_GLOBAL_SERVICES = frozenset({"iam"})  # ARNs without a region
+_NAME_PROPERTY: dict[str, str] = {"aws:s3/bucket:Bucket": "bucket"}  # the physical name, where not "name"
+_KEBAB = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def mock_arn(type_: str, name: str, region: str, account_id: str = MOCK_ACCOUNT_ID) -> str:
+    """The ARN AWS gives resource ``name`` of a pulumi_aws type token such as ``aws:iam/role:Role``.
+
+    The service is the token's module (``iam``), the resource type its kind in kebab case (``role``);
+    the few types AWS names differently (S3 buckets, log groups, queues, event rules) are in a table.
+    """
+    _, module, kind = type_.split(":")
+    service = module.split("/", 1)[0]
+    fields = {"partition": policies.partition(region), "region": region, "account": account_id, "name": name}
+    shape = _ARN_SHAPES.get(type_)
+    if shape is not None:
+        return shape.format(**fields)
+    where = "" if service in _GLOBAL_SERVICES else region
+    return f"arn:{fields['partition']}:{service}:{where}:{account_id}:{_KEBAB.sub('-', kind).lower()}/{name}"
+
+
+def _hex(*parts: str) -> str:
+    """Stable hex per input: plans of the same stack are identical, run after run."""
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def _aws_outputs(type_: str, name: str, inputs: dict[str, Any], region: str) -> dict[str, Any]:
+    """What AWS returns beyond the inputs: the physical name (autonamed as Pulumi does), ARN, and the
+    outputs the program reads from a few types."""
+    out: dict[str, Any] = {}
+    name_property = _NAME_PROPERTY.get(type_, "name")
+    physical = inputs.get(name_property)
+    if not isinstance(physical, str):
+        physical = out[name_property] = f"{name}-{_hex(type_, name)[:7]}"
+    if type_ == "aws:kms/key:Key":
+        physical = out["keyId"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"{region}/{name}"))
+    out["arn"] = mock_arn(type_, physical, region)
+    if type_ == "aws:ec2/launchTemplate:LaunchTemplate":
+        out["latestVersion"] = 1
+    elif type_ == "aws:ecr/repository:Repository":
+        out["registryId"] = MOCK_ACCOUNT_ID
+        out["repositoryUrl"] = f"{MOCK_ACCOUNT_ID}.dkr.ecr.{region}.amazonaws.com/{physical}"
+    elif type_ == "aws:eks/cluster:Cluster":
+        out["endpoint"] = f"https://{_hex(name)[:32].upper()}.gr7.{region}.eks.amazonaws.com"
+        ca = f"-----BEGIN CERTIFICATE-----\nmock CA of {physical}\n-----END CERTIFICATE-----\n"
+        out["certificateAuthority"] = {"data": base64.b64encode(ca.encode()).decode()}
+    return out
+
+
+def mock_image_digest(name: str, tags: list[str]) -> str:
+    """The manifest digest the mocks report for docker-build Image ``name`` pushed with ``tags``."""
+    return f"sha256:{_hex(name, *tags)}"
+
+
+def _docker_build_outputs(name: str, inputs: dict[str, Any]) -> dict[str, Any]:
+    """A pushed image: its digest, and ``ref`` (the first tag with that digest), as the provider reports them."""
+    tags = [t for t in inputs.get("tags") or [] if isinstance(t, str)]
+    digest = mock_image_digest(name, tags)
+    return {"digest": digest, "ref": f"{tags[0]}@{digest}" if tags else digest}
+
+
 class _Mocks(pulumi.runtime.Mocks):
+    """AWS as seen from ``MOCK_ACCOUNT_ID``; every other resource echoes its inputs."""
+
+    def __init__(self) -> None:
+        self._regions: dict[str, str] = {}  # AWS provider id -> its region
+
+    def _region(self, provider: str | None) -> str:
+        """A resource's provider reference is ``<urn>::<id>``; the id is what ``new_resource`` returned."""
+        return self._regions.get((provider or "").rsplit("::", 1)[-1], MOCK_REGION)
+
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        return f"{args.name}-id", dict(args.inputs)
+        resource_id = f"{args.name}-id"
+        outputs = dict(args.inputs)
+        if args.typ == "pulumi:providers:aws":
+            self._regions[resource_id] = str(args.inputs.get("region") or MOCK_REGION)
+        elif args.typ.startswith("aws:"):
+            outputs |= _aws_outputs(args.typ, args.name, outputs, self._region(args.provider))
+        elif args.typ == "docker-build:index:Image":
+            outputs |= _docker_build_outputs(args.name, outputs)
+        return resource_id, outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[tuple[str, str]] | None]:
-        return {}, []  # no check failures (the mock monitor iterates them)
+        """The invokes the program makes; any other fails the plan rather than answer with nothing."""
+        region = self._region(args.provider)
+        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
+            arn = f"arn:{policies.partition(region)}:iam::{MOCK_ACCOUNT_ID}:user/inferstack-plan"
+            result = {
+                "accountId": MOCK_ACCOUNT_ID,
+                "arn": arn,
+                "userId": "AIDAMOCKPLAN",
+                "id": MOCK_ACCOUNT_ID,
+            }
+        elif args.token == "aws:ecr/getAuthorizationToken:getAuthorizationToken":
+            registry = str(args.args.get("registryId") or MOCK_ACCOUNT_ID)
+            password = _hex("ecr-token", registry, region)
+            result = {
+                "authorizationToken": base64.b64encode(f"AWS:{password}".encode()).decode(),
+                "userName": "AWS",
+                "password": password,
+                "proxyEndpoint": f"https://{registry}.dkr.ecr.{region}.amazonaws.com",
+                "expiresAt": "2030-01-01T12:00:00Z",
+                "registryId": registry,
+                "id": region,
+            }
+        else:
+            raise NotImplementedError(f"inferstack plan has no mock answer for invoke {args.token}")
+        return result, []  # no check failures (the mock monitor iterates them)
 
 
 class CapturingMonitor(pulumi_mocks.MockMonitor):
@@ -152,8 +275,9 @@ def synthesize(stack: Stack) -> Synthesis:
     previous = _current_loop()
     asyncio.set_event_loop(loop)
     try:
-        monitor = CapturingMonitor(_Mocks())
-        pulumi.runtime.set_mocks(_Mocks(), project=PROJECT, stack=stack.name, preview=False, monitor=monitor)
+        mocks = _Mocks()
+        monitor = CapturingMonitor(mocks)
+        pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack.name, preview=False, monitor=monitor)
         values, secret_keys = _mock_config(stack)
         pulumi.runtime.set_all_config(values, secret_keys)
         SETTINGS.rpc_manager.clear()

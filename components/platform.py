@@ -6,6 +6,7 @@ the results in dependency order. Later layers (AWS, gateway, scaling, observabil
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pulumi
@@ -18,6 +19,7 @@ from components.kubernetes.observability import Observability
 from components.kubernetes.scaling import ModelScaling
 from components.placement import Layout
 from components.render import common, engine, hardening
+from components.render.gateway import RuntimeImage
 from components.render.namespace import namespace
 from components.spec import PlatformSpec
 
@@ -71,7 +73,9 @@ class InferencePlatform(pulumi.ComponentResource):
         secrets: PlatformSecrets,
         opts: pulumi.ResourceOptions | None = None,
         vpc_id: pulumi.Input[str] | None = None,
+        images: Mapping[str, RuntimeImage] | None = None,
     ) -> None:
+        """``images`` replaces the spec's runtime images per service (the AWS layer's ECR pushes on EKS)."""
         super().__init__("inferstack:index:InferencePlatform", f"{spec.name}-{spec.environment}", None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.namespace = apply(namespace(spec), child)
@@ -98,7 +102,7 @@ class InferencePlatform(pulumi.ComponentResource):
             m.name: ModelEngine(spec, m, layout.placements[m.name], engines_opts) for m in spec.models
         }
         self.network = NetworkPolicies(spec, in_namespace)
-        self.gateway = Gateway(spec, _api_keys(spec, secrets), in_namespace)
+        self.gateway = Gateway(spec, _api_keys(spec, secrets), in_namespace, images=images)
         crds = self.addons.installed("keda", "prometheus-adapter")
         self.scaling = {
             m.name: ModelScaling(

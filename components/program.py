@@ -32,13 +32,16 @@ def run() -> InferencePlatform:
     secrets = PlatformSecrets(huggingface_token=config.require_secret(token_key) if token_key else None)
     kubernetes: pulumi.ResourceOptions | None = None
     vpc_id: pulumi.Input[str] | None = None
+    images: dict[str, gateway.RuntimeImage] = {}
     if spec.target is Target.EKS:
         # AWS first; every Kubernetes resource then goes to the new cluster through its provider.
         aws_layer = AwsLayer(spec, layout, pulumi.get_stack())
         aws_layer.export()
         kubernetes = aws_layer.kubernetes_options()
         vpc_id = aws_layer.network.vpc_id
-    platform = InferencePlatform(spec, layout, secrets, kubernetes, vpc_id=vpc_id)
+        # The gateway runs the images just pushed to ECR, by digest; other targets run the spec's images.
+        images = aws_layer.registry.runtime_images()
+    platform = InferencePlatform(spec, layout, secrets, kubernetes, vpc_id=vpc_id, images=images)
     pulumi.export("gateway_url", gateway.public_url(spec))
     pulumi.export("namespace", spec.cluster.namespace)
     pulumi.export("models", [m.name for m in spec.models])

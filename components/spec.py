@@ -550,11 +550,13 @@ class GatewaySpec(_Spec):
     """Where traffic to the router pods may come from (where an ALB with target-type ip sits); defaults to
     cluster.vpc_cidr on eks when the stack creates the VPC, else the private ranges."""
     router_image: PinnedImage = RUNTIME_IMAGES["router"]
-    """Router image, pinned by tag or digest."""
+    """Router image, pinned by tag or digest (target kubernetes; eks runs the image it builds from
+    runtime/images/ and pushes to ECR, by digest)."""
     health_image: PinnedImage = RUNTIME_IMAGES["health"]
-    """Health monitor image, pinned by tag or digest."""
+    """Health monitor image, pinned by tag or digest (target kubernetes; eks runs its ECR push, by digest)."""
     batcher_image: PinnedImage = RUNTIME_IMAGES["batcher"]
-    """Batcher image (embedding models only), pinned by tag or digest."""
+    """Batcher image (embedding models only), pinned by tag or digest (target kubernetes; eks runs its ECR
+    push, by digest)."""
     router_cpu_cores: Annotated[float, Field(gt=0, le=64)] = 1.0
     """CPU request and limit per router replica."""
     router_memory_gib: Annotated[float, Field(gt=0, le=256)] = 1.0

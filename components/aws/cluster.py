@@ -15,8 +15,6 @@ import pulumi_kubernetes as k8s
 from components.aws import decisions, identity, policies
 from components.spec import PlatformSpec
 
-KMS_DELETION_WINDOW_DAYS = 30
-
 
 def kubeconfig(cluster_name: str, endpoint: str, ca_data: str, region: str) -> dict[str, Any]:
     """A kubeconfig that authenticates with ``aws eks get-token`` (the caller's AWS identity, no static secret)."""
@@ -58,7 +56,8 @@ def _role_short_name(arn: str) -> str:
 
 
 class Cluster(pulumi.ComponentResource):
-    """``aws.eks.Cluster`` with its role, key, log group and admins; ``provider`` talks to it."""
+    """``aws.eks.Cluster`` with its role, Secrets key, log group (under the logs key) and admins; ``provider``
+    talks to it."""
 
     cluster: aws.eks.Cluster
     provider: k8s.Provider
@@ -68,6 +67,7 @@ class Cluster(pulumi.ComponentResource):
         self,
         spec: PlatformSpec,
         subnet_ids: Sequence[pulumi.Input[str]],
+        logs_key_arn: pulumi.Input[str],
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -80,7 +80,7 @@ class Cluster(pulumi.ComponentResource):
             f"{name}-secrets",
             description=f"Envelope encryption of Kubernetes Secrets in EKS cluster {name}",
             enable_key_rotation=True,
-            deletion_window_in_days=KMS_DELETION_WINDOW_DAYS,
+            deletion_window_in_days=decisions.KMS_DELETION_WINDOW_DAYS,
             tags=tags,
             opts=child,
         )
@@ -89,9 +89,9 @@ class Cluster(pulumi.ComponentResource):
         )
         log_group = aws.cloudwatch.LogGroup(
             f"{name}-control-plane",
-            # EKS writes to this exact name; creating it first lets us set retention and tags.
-            name=f"/aws/eks/{name}/cluster",
+            name=decisions.control_plane_log_group(spec),
             retention_in_days=spec.cluster.control_plane_log_retention_days,
+            kms_key_id=logs_key_arn,
             tags=tags,
             opts=child,
         )

@@ -52,6 +52,32 @@ CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager",
 ADDONS_BEFORE_NODES = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
 ADDONS_AFTER_NODES = ("coredns", "aws-ebs-csi-driver")
 
+# Customer-managed KMS keys, one per purpose, each with rotation on. One per purpose rather than one platform
+# key: a key policy can then name the one service (and principals) that purpose needs, so the engines' decrypt
+# grant, the Auto Scaling role and CloudWatch Logs never reach each other's data, and disabling one key (say,
+# an incident on the logs) leaves the rest running. Each costs a dollar a month. "secrets" is the EKS cluster's.
+KMS_KEYS: dict[str, str] = {
+    "secrets": "Kubernetes Secrets in the EKS cluster (envelope encryption)",
+    "logs": "CloudWatch log groups: VPC flow logs and the EKS control plane",
+    "models": "model weights in the S3 bucket (SSE-KMS)",
+    "images": "runtime images in ECR",
+    "disks": "EBS root volumes of the nodes",
+}
+KMS_DELETION_WINDOW_DAYS = 30
+# Flow logs are kept one year: the least checkov accepts for a log group (CKV_AWS_338).
+FLOW_LOG_RETENTION_DAYS = 365
+FLOW_LOG_AGGREGATION_S = 60  # one-minute records (the other choice is ten): incidents need the finer grain
+
+
+def control_plane_log_group(spec: PlatformSpec) -> str:
+    """EKS writes control-plane logs to this exact name; creating it first sets retention, key and tags."""
+    return f"/aws/eks/{spec.cluster_name}/cluster"
+
+
+def flow_log_group(spec: PlatformSpec) -> str:
+    return f"/aws/vpc/{spec.cluster_name}/flow-logs"
+
+
 # Service accounts that get AWS credentials through EKS Pod Identity.
 EBS_CSI_SERVICE_ACCOUNT = ("kube-system", "ebs-csi-controller-sa")
 LB_CONTROLLER_SERVICE_ACCOUNT = ("kube-system", "aws-load-balancer-controller")

@@ -26,7 +26,7 @@ class ServiceRole(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        trust: policies.PolicyDocument,
+        trust: policies.PolicyDocument | pulumi.Output[policies.PolicyDocument],
         region: str,
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
@@ -40,7 +40,7 @@ class ServiceRole(pulumi.ComponentResource):
         self.role = aws.iam.Role(
             name,
             name=role_name,  # None: Pulumi's unique generated name
-            assume_role_policy=policies.dumps(trust),
+            assume_role_policy=pulumi.Output.from_input(trust).apply(policies.dumps),
             description=description or None,
             max_session_duration=3600,
             tags=tags,

@@ -1,8 +1,9 @@
 """The AWS layer of a ``target: eks`` stack, built before anything in Kubernetes.
 
-Network -> cluster (+ add-ons that run before nodes) -> node role -> system and GPU node groups ->
-add-ons that need nodes, node scaling (the Cluster Autoscaler's identity, or Karpenter) -> model bucket, engine and load-balancer identities ->
-registry and images. ``kubernetes_options()`` hands every Kubernetes resource the cluster's provider.
+KMS keys -> network (+ flow logs) -> cluster (+ add-ons that run before nodes) -> node role -> system and GPU
+node groups -> add-ons that need nodes, node scaling (the Cluster Autoscaler's identity, or Karpenter) ->
+model bucket, engine and load-balancer identities -> registry and images. ``kubernetes_options()`` hands every
+Kubernetes resource the cluster's provider; ``registry.runtime_images()`` the images the gateway runs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from components.aws.autoscaler import ClusterAutoscaler
 from components.aws.cluster import Cluster
 from components.aws.identity import ServiceRole, pod_identity
 from components.aws.karpenter import Karpenter
+from components.aws.keys import PlatformKeys
 from components.aws.network import Network
 from components.aws.nodes import NodeGroup
 from components.aws.registry import Registry
@@ -42,9 +44,14 @@ class AwsLayer(pulumi.ComponentResource):
         self.tags = tags = decisions.tags(spec, stack)
         provider = aws.Provider(name, region=region, opts=pulumi.ResourceOptions(parent=self))
         on_aws = pulumi.ResourceOptions(parent=self, providers={"aws": provider})
+        # The account the provider's credentials belong to: key policies and trust conditions name it.
+        account_id = aws.get_caller_identity_output(
+            opts=pulumi.InvokeOutputOptions(parent=self, provider=provider)
+        ).account_id
 
-        self.network = Network(spec, tags, on_aws)
-        self.cluster = Cluster(spec, self.network.private_subnet_ids, tags, on_aws)
+        self.keys = PlatformKeys(spec, account_id, tags, on_aws)
+        self.network = Network(spec, account_id, self.keys.logs.arn, tags, on_aws)
+        self.cluster = Cluster(spec, self.network.private_subnet_ids, self.keys.logs.arn, tags, on_aws)
         cluster_name = self.cluster.name
 
         node_role = ServiceRole(
@@ -68,6 +75,7 @@ class AwsLayer(pulumi.ComponentResource):
                 cluster_name,
                 node_role.arn,
                 self.network.private_subnet_ids,
+                self.keys.disks.arn,
                 tags,
                 pulumi.ResourceOptions(parent=self, providers={"aws": provider}, depends_on=before_nodes),
             )
@@ -95,10 +103,10 @@ class AwsLayer(pulumi.ComponentResource):
             ),
         ]
 
-        self.storage = ModelStorage(spec, tags, on_aws)
+        self.storage = ModelStorage(spec, self.keys.models.arn, tags, on_aws)
         sources = [m.source for m in spec.models]
-        read = self.storage.bucket.arn.apply(
-            lambda arn: policies.dumps(policies.model_read(region, arn, sources))
+        read = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
+            lambda arns: policies.dumps(policies.model_read(region, str(arns[0]), str(arns[1]), sources))
         )
         engine_role = ServiceRole(
             f"{name}-engine",
@@ -129,7 +137,7 @@ class AwsLayer(pulumi.ComponentResource):
             tags,
             on_aws,
         )
-        self.registry = Registry(spec, tags, root, on_aws)
+        self.registry = Registry(spec, tags, root, self.keys.images.arn, on_aws)
 
         self.kubernetes_provider = self.cluster.provider
         self.karpenter: Karpenter | None = None

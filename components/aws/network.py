@@ -1,6 +1,12 @@
-"""The VPC: public and private subnets per zone, an internet gateway, NAT; or the spec's existing subnets.
+"""The VPC: public and private subnets per zone, an internet gateway, NAT, flow logs; or the spec's existing subnets.
 
 Thin: ``decisions.network_plan`` chose every range and count; this registers them.
+
+Flow logs go to CloudWatch Logs rather than S3: checkov (CKV2_AWS_11) and the Well-Architected security
+pillar ask for flow logs on every VPC and accept either, but an S3 destination is one more bucket that
+must itself be logged, versioned, KMS-encrypted and expired, while a log group takes the platform's
+logs key and a retention in one resource, and is queryable (Logs Insights) during an incident. An
+existing VPC keeps whatever flow logs its owner set up.
 """
 
 from __future__ import annotations
@@ -8,7 +14,8 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from components.aws import decisions
+from components.aws import decisions, policies
+from components.aws.identity import ServiceRole
 from components.spec import PlatformSpec
 
 
@@ -19,8 +26,15 @@ class Network(pulumi.ComponentResource):
     public_subnet_ids: list[pulumi.Input[str]]
     vpc_id: pulumi.Input[str] | None
 
+    flow_log: aws.ec2.FlowLog | None = None
+
     def __init__(
-        self, spec: PlatformSpec, tags: dict[str, str], opts: pulumi.ResourceOptions | None = None
+        self,
+        spec: PlatformSpec,
+        account_id: pulumi.Output[str],
+        logs_key_arn: pulumi.Input[str],
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("inferstack:aws:Network", spec.cluster_name, None, opts)
         plan = decisions.network_plan(spec)
@@ -42,6 +56,7 @@ class Network(pulumi.ComponentResource):
             opts=child,
         )
         self.vpc_id = vpc.id
+        self.flow_log = self._flow_log(spec, vpc, account_id, logs_key_arn, tags)
         igw = aws.ec2.InternetGateway(name, vpc_id=vpc.id, tags={**tags, "Name": name}, opts=child)
         public_rt = aws.ec2.RouteTable(
             f"{name}-public",
@@ -121,3 +136,44 @@ class Network(pulumi.ComponentResource):
         self.private_subnet_ids = [s.id for s in private]
         self.public_subnet_ids = [s.id for s in public]
         self.register_outputs({"vpc_id": vpc.id, "private_subnet_ids": self.private_subnet_ids})
+
+    def _flow_log(
+        self,
+        spec: PlatformSpec,
+        vpc: aws.ec2.Vpc,
+        account_id: pulumi.Output[str],
+        logs_key_arn: pulumi.Input[str],
+        tags: dict[str, str],
+    ) -> aws.ec2.FlowLog:
+        """Accepted and rejected traffic of the whole VPC into a KMS-encrypted log group kept a year."""
+        name = f"{spec.cluster_name}-flow-logs"
+        region = spec.cluster.region
+        child = pulumi.ResourceOptions(parent=self)
+        group = aws.cloudwatch.LogGroup(
+            name,
+            name=decisions.flow_log_group(spec),
+            retention_in_days=decisions.FLOW_LOG_RETENTION_DAYS,
+            kms_key_id=logs_key_arn,
+            tags=tags,
+            opts=child,
+        )
+        role = ServiceRole(
+            name,
+            account_id.apply(lambda a: policies.flow_logs_trust(region, a)),
+            region,
+            tags,
+            child,
+            inline={"deliver": group.arn.apply(lambda arn: policies.dumps(policies.flow_logs_delivery(arn)))},
+            description=f"VPC flow logs of {spec.cluster_name}",
+        )
+        return aws.ec2.FlowLog(
+            name,
+            vpc_id=vpc.id,
+            traffic_type="ALL",
+            log_destination_type="cloud-watch-logs",
+            log_destination=group.arn,
+            iam_role_arn=role.arn,
+            max_aggregation_interval=decisions.FLOW_LOG_AGGREGATION_S,
+            tags={**tags, "Name": name},
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[role]),
+        )

@@ -17,7 +17,8 @@ TAGGED_AT_LAUNCH = ("instance", "volume", "network-interface")
 
 
 class NodeGroup(pulumi.ComponentResource):
-    """One ``aws.eks.NodeGroup`` and the launch template that fixes IMDSv2, the root disk and launch tags."""
+    """One ``aws.eks.NodeGroup`` and the launch template that fixes IMDSv2, the root disk (encrypted with the
+    platform's disks key, ``disks_key_arn``) and launch tags."""
 
     node_group: aws.eks.NodeGroup
 
@@ -27,6 +28,7 @@ class NodeGroup(pulumi.ComponentResource):
         cluster_name: pulumi.Input[str],
         node_role_arn: pulumi.Input[str],
         subnet_ids: Sequence[pulumi.Input[str]],
+        disks_key_arn: pulumi.Input[str],
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -35,7 +37,7 @@ class NodeGroup(pulumi.ComponentResource):
         named = {**tags, "Name": plan.node_group_name}
         template = aws.ec2.LaunchTemplate(
             plan.node_group_name,
-            description=f"{plan.node_group_name}: IMDSv2 only, encrypted gp3 root disk, cost tags at launch",
+            description=f"{plan.node_group_name}: IMDSv2 only, gp3 root disk under the disks key, cost tags at launch",
             update_default_version=True,
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
                 http_endpoint="enabled",
@@ -51,6 +53,7 @@ class NodeGroup(pulumi.ComponentResource):
                         iops=plan.disk_iops,
                         throughput=plan.disk_throughput_mibps,
                         encrypted="true",
+                        kms_key_id=disks_key_arn,
                         delete_on_termination="true",
                     ),
                 )

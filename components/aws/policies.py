@@ -95,10 +95,21 @@ def s3_sources(sources: list[str]) -> dict[str, set[str]]:
     return out
 
 
-def model_read(region: str, model_bucket_arn: str, sources: list[str]) -> PolicyDocument:
-    """Engines read weights: the stack's model bucket, plus the exact prefixes of ``s3://`` sources elsewhere."""
+def model_read(region: str, model_bucket_arn: str, key_arn: str, sources: list[str]) -> PolicyDocument:
+    """Engines read weights: the stack's model bucket, plus the exact prefixes of ``s3://`` sources elsewhere.
+
+    The bucket's objects are SSE-KMS encrypted with ``key_arn``: reading one decrypts its data key, which
+    engines may do only through S3 (``kms:ViaService``), never by calling KMS directly.
+    """
     p = partition(region)
     statements: list[dict[str, Any]] = [
+        {
+            "Sid": "DecryptModelWeightsViaS3",
+            "Effect": "Allow",
+            "Action": ["kms:Decrypt"],
+            "Resource": key_arn,
+            "Condition": {"StringEquals": {"kms:ViaService": via_service("s3", region)}},
+        },
         {
             "Sid": "ListModelBucket",
             "Effect": "Allow",
@@ -351,10 +362,11 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def audit(document: PolicyDocument) -> list[str]:
+def audit(document: PolicyDocument, key_policy: bool = False) -> list[str]:
     """Least-privilege problems in one document: wildcard actions, and any wildcard action on ``*``.
 
-    Trust policies (with a Principal) are audited for wildcard principals instead.
+    Trust policies (with a Principal) are audited for wildcard principals instead. In a KMS key policy
+    (``key_policy``) the resource ``*`` means the key the policy is attached to, so it needs no excuse.
     """
     problems: list[str] = []
     for i, statement in enumerate(_as_list(document.get("Statement", []))):
@@ -372,7 +384,7 @@ def audit(document: PolicyDocument) -> list[str]:
             problems.append(f"statement {i}: wildcard actions {wild} on resource *")
         elif wild:
             problems.append(f"statement {i}: wildcard actions {wild}")
-        if "*" in resources and not str(statement.get("Sid", "")).endswith("AnyResource"):
+        if "*" in resources and not key_policy and not str(statement.get("Sid", "")).endswith("AnyResource"):
             problems.append(f"statement {i}: resource * without an ...AnyResource Sid saying why")
     return problems
 
@@ -390,6 +402,197 @@ def bucket_tls_only(bucket_arn: str) -> PolicyDocument:
                 "Resource": [bucket_arn, f"{bucket_arn}/*"],
                 "Condition": {"Bool": {"aws:SecureTransport": "false"}},
             }
+        ],
+    }
+
+
+def via_service(service: str, region: str) -> str:
+    """The ``kms:ViaService`` value of an AWS service calling KMS on a principal's behalf in ``region``."""
+    suffix = "amazonaws.com.cn" if partition(region) == "aws-cn" else "amazonaws.com"
+    return f"{service}.{region}.{suffix}"
+
+
+# Key administration, action by action: what `pulumi up` does to a key (create, tag, rotate, alias, policy)
+# and what an operator may need later (disable, schedule deletion). Not one data action among them.
+KMS_ADMIN_ACTIONS = (
+    "kms:CancelKeyDeletion",
+    "kms:CreateAlias",
+    "kms:DeleteAlias",
+    "kms:DescribeKey",
+    "kms:DisableKey",
+    "kms:DisableKeyRotation",
+    "kms:EnableKey",
+    "kms:EnableKeyRotation",
+    "kms:GetKeyPolicy",
+    "kms:GetKeyRotationStatus",
+    "kms:ListGrants",
+    "kms:ListKeyPolicies",
+    "kms:ListResourceTags",
+    "kms:PutKeyPolicy",
+    "kms:RevokeGrant",
+    "kms:ScheduleKeyDeletion",
+    "kms:TagResource",
+    "kms:UntagResource",
+    "kms:UpdateAlias",
+    "kms:UpdateKeyDescription",
+)
+# Envelope encryption as AWS services do it for their callers (no kms:* and no ReEncrypt* wildcards).
+KMS_DATA_ACTIONS = (
+    "kms:Decrypt",
+    "kms:DescribeKey",
+    "kms:Encrypt",
+    "kms:GenerateDataKey",
+    "kms:GenerateDataKeyWithoutPlaintext",
+    "kms:ReEncryptFrom",
+    "kms:ReEncryptTo",
+)
+
+
+def account_root(region: str, account_id: str) -> str:
+    return f"arn:{partition(region)}:iam::{account_id}:root"
+
+
+def autoscaling_service_role(region: str, account_id: str) -> str:
+    """The service-linked role EC2 Auto Scaling launches managed node group instances as."""
+    return (
+        f"arn:{partition(region)}:iam::{account_id}:role/aws-service-role/autoscaling.amazonaws.com/"
+        "AWSServiceRoleForAutoScaling"
+    )
+
+
+def log_group_arn(region: str, account_id: str, name: str) -> str:
+    return f"arn:{partition(region)}:logs:{region}:{account_id}:log-group:{name}"
+
+
+def _key_administration(region: str, account_id: str) -> dict[str, Any]:
+    """The account administers the key through IAM: without it nobody could ever change the policy again."""
+    return {
+        "Sid": "AccountAdministersThroughIam",
+        "Effect": "Allow",
+        "Principal": {"AWS": account_root(region, account_id)},
+        "Action": list(KMS_ADMIN_ACTIONS),
+        "Resource": "*",
+    }
+
+
+def _use_via(region: str, account_id: str, service: str) -> list[dict[str, Any]]:
+    """Principals of the account whose IAM policies allow it may use the key, but only through ``service``."""
+    via = {"kms:CallerAccount": account_id, "kms:ViaService": via_service(service, region)}
+    root = {"AWS": account_root(region, account_id)}
+    return [
+        {
+            "Sid": "AccountUsesThroughService",
+            "Effect": "Allow",
+            "Principal": root,
+            "Action": list(KMS_DATA_ACTIONS),
+            "Resource": "*",
+            "Condition": {"StringEquals": via},
+        },
+        {
+            # The service keeps a grant for as long as the encrypted resource exists (ECR repositories, volumes).
+            "Sid": "AccountGrantsToService",
+            "Effect": "Allow",
+            "Principal": root,
+            "Action": ["kms:CreateGrant"],
+            "Resource": "*",
+            "Condition": {"StringEquals": via, "Bool": {"kms:GrantIsForAWSResource": "true"}},
+        },
+    ]
+
+
+def logs_key(region: str, account_id: str, log_group_names: list[str]) -> PolicyDocument:
+    """Key policy of the log groups' key: CloudWatch Logs may use it for exactly these log groups.
+
+    CloudWatch Logs calls KMS as its own service principal (not through a caller's IAM identity), and
+    passes the log group's ARN as encryption context, which is what the condition pins.
+    """
+    arns = sorted(log_group_arn(region, account_id, n) for n in log_group_names)
+    return {
+        "Version": VERSION,
+        "Statement": [
+            _key_administration(region, account_id),
+            {
+                "Sid": "CloudWatchLogsEncryptsTheseLogGroups",
+                "Effect": "Allow",
+                "Principal": {"Service": via_service("logs", region)},
+                "Action": list(KMS_DATA_ACTIONS),
+                "Resource": "*",
+                "Condition": {"ArnEquals": {"kms:EncryptionContext:aws:logs:arn": arns}},
+            },
+        ],
+    }
+
+
+def service_key(region: str, account_id: str, service: str) -> PolicyDocument:
+    """Key policy of a key one AWS service uses for the account (S3 for models, ECR for images)."""
+    return {
+        "Version": VERSION,
+        "Statement": [_key_administration(region, account_id), *_use_via(region, account_id, service)],
+    }
+
+
+def disks_key(region: str, account_id: str) -> PolicyDocument:
+    """Key policy of the node root volumes' key: EC2 for the account, and the Auto Scaling service-linked role.
+
+    Managed node groups launch through EC2 Auto Scaling, which creates the encrypted volumes as its
+    service-linked role; that role has no KMS permissions of its own, so the key policy must name it
+    (the role exists once the account has had an Auto Scaling group; a first-ever one creates it).
+    """
+    role = {"AWS": autoscaling_service_role(region, account_id)}
+    return {
+        "Version": VERSION,
+        "Statement": [
+            _key_administration(region, account_id),
+            *_use_via(region, account_id, "ec2"),
+            {
+                "Sid": "AutoScalingEncryptsNodeVolumes",
+                "Effect": "Allow",
+                "Principal": role,
+                "Action": list(KMS_DATA_ACTIONS),
+                "Resource": "*",
+            },
+            {
+                "Sid": "AutoScalingAttachesNodeVolumes",
+                "Effect": "Allow",
+                "Principal": role,
+                "Action": ["kms:CreateGrant"],
+                "Resource": "*",
+                "Condition": {"Bool": {"kms:GrantIsForAWSResource": "true"}},
+            },
+        ],
+    }
+
+
+def flow_logs_trust(region: str, account_id: str) -> PolicyDocument:
+    """VPC Flow Logs assumes the role only for this account's flow logs (no confused deputy)."""
+    p = partition(region)
+    document = trust("vpc-flow-logs.amazonaws.com")
+    document["Statement"][0]["Condition"] = {
+        "StringEquals": {"aws:SourceAccount": account_id},
+        "ArnLike": {"aws:SourceArn": f"arn:{p}:ec2:{region}:{account_id}:vpc-flow-log/*"},
+    }
+    return document
+
+
+def flow_logs_delivery(log_group: str) -> PolicyDocument:
+    """VPC Flow Logs writes streams into the one log group it was given (``log_group`` is its ARN)."""
+    group = log_group.removesuffix(":*")
+    return {
+        "Version": VERSION,
+        "Statement": [
+            {
+                "Sid": "WriteFlowLogStreams",
+                "Effect": "Allow",
+                "Action": ["logs:CreateLogStream", "logs:DescribeLogStreams", "logs:PutLogEvents"],
+                "Resource": [group, f"{group}:log-stream:*"],
+            },
+            {
+                # The service checks its destination exists; DescribeLogGroups is scoped by log group ARN.
+                "Sid": "FindLogGroups",
+                "Effect": "Allow",
+                "Action": ["logs:DescribeLogGroups"],
+                "Resource": f"{group.rsplit(':log-group:', 1)[0]}:log-group:*",
+            },
         ],
     }
 

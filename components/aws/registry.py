@@ -1,13 +1,12 @@
 """ECR repositories for the runtime images, and the images built from ``runtime/images/`` and pushed there.
 
 Tags are immutable, so an image's tag is the digest of what goes into it (its Dockerfile, ``runtime/`` and
-``pyproject.toml``): unchanged sources push nothing, changed ones get a new tag. The pushed references
-(``repo:tag@sha256:...``) are what the gateway deployments should run.
+``pyproject.toml``): unchanged sources push nothing, changed ones get a new tag. The gateway deployments
+run the pushed images by digest (``<repository URL>@sha256:...``), so a pod runs exactly what was built.
 
-Pushing uses the deploying host's Docker credentials for ECR: the amazon-ecr-credential-helper, or
-``aws ecr get-login-password | docker login --username AWS --password-stdin <account>.dkr.ecr.<region>.amazonaws.com``
-before ``pulumi up``. (An ``aws.ecr.get_authorization_token`` invoke would make this automatic; the offline
-planner's mocks cannot answer invokes yet.)
+Pushing authenticates with a short-lived ECR token from ``aws.ecr.get_authorization_token`` (the deploying
+identity's credentials, no ``docker login`` on the host); its password travels only as a Pulumi secret.
+Repositories are encrypted with the platform's images key.
 """
 
 from __future__ import annotations
@@ -15,11 +14,16 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pulumi
 import pulumi_aws as aws
 
+from components.render.gateway import RuntimeImage
 from components.spec import PlatformSpec
+
+if TYPE_CHECKING:
+    import pulumi_docker_build as docker_build
 
 RUNTIME_IMAGES = ("router", "health", "batcher")
 DOCKERFILE_DIR = Path("runtime/images")
@@ -78,23 +82,34 @@ def lifecycle_policy() -> str:
     )
 
 
+def digest_reference(repository_url: str, digest: str) -> str:
+    """``<repository URL>@sha256:<hex>``: the one image this push produced, whatever tags move later."""
+    return f"{repository_url}@{digest}"
+
+
 class Registry(pulumi.ComponentResource):
-    """One ECR repository per runtime image; ``images`` maps image -> pushed reference with digest."""
+    """One ECR repository per runtime image; ``images`` maps image -> pushed reference by digest.
+
+    ``versions`` maps image -> its content tag (plain text, known before the push: the version label).
+    """
 
     repositories: dict[str, aws.ecr.Repository]
     images: dict[str, pulumi.Output[str]]
+    versions: dict[str, str]
 
     def __init__(
         self,
         spec: PlatformSpec,
         tags: dict[str, str],
         root: Path,
+        key_arn: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("inferstack:aws:Registry", spec.cluster_name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.repositories = {}
         self.images = {}
+        self.versions = {}
         for image in RUNTIME_IMAGES:
             repo = aws.ecr.Repository(
                 f"{spec.cluster_name}-{image}",
@@ -104,7 +119,7 @@ class Registry(pulumi.ComponentResource):
                     scan_on_push=True
                 ),
                 encryption_configurations=[
-                    aws.ecr.RepositoryEncryptionConfigurationArgs(encryption_type="AES256")
+                    aws.ecr.RepositoryEncryptionConfigurationArgs(encryption_type="KMS", kms_key=key_arn)
                 ],
                 force_delete=False,
                 tags=tags,
@@ -115,20 +130,33 @@ class Registry(pulumi.ComponentResource):
             )
             self.repositories[image] = repo
             if dockerfile(root, image).is_file():
-                self.images[image] = self._build(spec, image, repo, root)
+                self.versions[image] = context_tag(root, image)
+                built = self._build(spec, image, repo, root)
+                self.images[image] = pulumi.Output.all(repo.repository_url, built.digest).apply(
+                    lambda args: digest_reference(str(args[0]), str(args[1]))
+                )
             else:
                 pulumi.log.warn(
-                    f"{dockerfile(root, image)} does not exist: repository {image} is created, no image is built",
+                    f"{dockerfile(root, image)} does not exist: repository {image} is created, no image is "
+                    "built, and the gateway runs the spec's image for it",
                     self,
                 )
         self.register_outputs({"images": self.images})
 
+    def runtime_images(self) -> dict[str, RuntimeImage]:
+        """What the gateway deployments run: each pushed image by digest, labelled with its content tag."""
+        return {image: RuntimeImage(ref, self.versions[image]) for image, ref in self.images.items()}
+
     def _build(
         self, spec: PlatformSpec, image: str, repo: aws.ecr.Repository, root: Path
-    ) -> pulumi.Output[str]:
+    ) -> docker_build.Image:
         import pulumi_docker_build as docker_build  # noqa: PLC0415 - only stacks that build images need it
 
         tag = context_tag(root, image)
+        # One token per image, for the registry its repository is in; the password is a secret from the start.
+        token = aws.ecr.get_authorization_token_output(
+            registry_id=repo.registry_id, opts=pulumi.InvokeOutputOptions(parent=self)
+        )
         built = docker_build.Image(
             f"{spec.cluster_name}-{image}",
             context=docker_build.BuildContextArgs(location=str(root)),
@@ -136,7 +164,13 @@ class Registry(pulumi.ComponentResource):
             platforms=[docker_build.Platform(PLATFORM)],
             push=True,
             tags=[repo.repository_url.apply(lambda url: f"{url}:{tag}")],
-            # Pushes with the host's Docker credentials for ECR (see the module docstring).
+            registries=[
+                docker_build.RegistryArgs(
+                    address=repo.repository_url.apply(lambda url: url.split("/", 1)[0]),
+                    username=pulumi.Output.secret(token.user_name),
+                    password=pulumi.Output.secret(token.password),
+                )
+            ],
             opts=pulumi.ResourceOptions(parent=self),
         )
-        return built.ref
+        return built

@@ -1,4 +1,8 @@
-"""The model bucket: versioned, encrypted, private, TLS only; engines read weights from it."""
+"""The model bucket: versioned, SSE-KMS with the platform's models key, private, TLS only; engines read weights from it.
+
+S3 Bucket Keys are on: S3 then asks KMS for a data key per bucket and period instead of per object, which
+keeps KMS requests (and their cost) flat while engines read multi-GiB weights in many ranged GETs.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,11 @@ class ModelStorage(pulumi.ComponentResource):
     bucket: aws.s3.Bucket
 
     def __init__(
-        self, spec: PlatformSpec, tags: dict[str, str], opts: pulumi.ResourceOptions | None = None
+        self,
+        spec: PlatformSpec,
+        key_arn: pulumi.Input[str],
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         name = f"{spec.cluster_name}-models"
         super().__init__("inferstack:aws:ModelStorage", name, None, opts)
@@ -56,7 +64,7 @@ class ModelStorage(pulumi.ComponentResource):
             rules=[
                 aws.s3.BucketServerSideEncryptionConfigurationRuleArgs(
                     apply_server_side_encryption_by_default=aws.s3.BucketServerSideEncryptionConfigurationRuleApplyServerSideEncryptionByDefaultArgs(
-                        sse_algorithm="AES256"
+                        sse_algorithm="aws:kms", kms_master_key_id=key_arn
                     ),
                     bucket_key_enabled=True,
                 )

@@ -5,6 +5,8 @@ Thin components over ``components.render.gateway`` and ``components.render.netwo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pulumi
 
 from components.kubernetes.manifests import apply
@@ -21,17 +23,22 @@ def _hashed(raw: str, source: str) -> str:
 
 
 class Gateway(pulumi.ComponentResource):
-    """Everything in front of the engines; ``api_keys`` is the Pulumi secret with the plain keys."""
+    """Everything in front of the engines; ``api_keys`` is the Pulumi secret with the plain keys.
+
+    ``images`` overrides the spec's images per runtime service: on EKS, the AWS layer's pushed ECR images
+    (their references are Outputs with the digest, known once the push is done).
+    """
 
     def __init__(
         self,
         spec: PlatformSpec,
         api_keys: pulumi.Output[str] | None,
         opts: pulumi.ResourceOptions | None = None,
+        images: Mapping[str, gateway.RuntimeImage] | None = None,
     ) -> None:
         super().__init__("inferstack:kubernetes:Gateway", f"{spec.name}-{spec.environment}", None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.manifests = gateway.render(spec)
+        self.manifests = gateway.render(spec, images)
         depends: list[pulumi.Resource] = []
         key = spec.gateway.api_keys_config_key
         if key and api_keys is not None:

@@ -7,12 +7,16 @@
   the health monitor may also list pods and create Events (least-privilege Roles below).
 - API keys arrive as a Pulumi secret and are stored only as SHA-256 hashes (``hash_api_keys``).
 - Ingress: an ALB Ingress (AWS Load Balancer Controller) or a Gateway API Gateway + HTTPRoute.
+- Images: the spec's pinned images, unless the caller passes others (on EKS, the images the AWS layer
+  pushed to ECR, referenced by digest; see ``RuntimeImage``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -35,6 +39,26 @@ GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
 """Label Gateway API implementations (Istio, Envoy Gateway) put on the proxy pods of a Gateway."""
 REDACTED = "[secret]"
 """What ``inferstack plan`` passes for secret config values (``components.plan.REDACTED``)."""
+
+
+@dataclass(frozen=True)
+class RuntimeImage:
+    """The image a runtime Deployment runs.
+
+    ``reference`` goes into the container as it is: a pinned string, or (on EKS) a Pulumi Output that
+    resolves to ``<ECR repository URL>@sha256:<digest>`` once the image is pushed. The renderer stays free of
+    Pulumi by never looking inside it; ``version`` is the plain string for the version label.
+    """
+
+    reference: Any
+    version: str
+
+
+def spec_images(spec: PlatformSpec) -> dict[str, RuntimeImage]:
+    """The spec's pinned images per runtime service, labelled with their tag or digest."""
+    g = spec.gateway
+    refs = {common.ROUTER: g.router_image, common.HEALTH: g.health_image, common.BATCHER: g.batcher_image}
+    return {part: RuntimeImage(ref, common.image_version(ref)) for part, ref in refs.items()}
 
 
 def config_text(config: RuntimeConfig) -> str:
@@ -127,7 +151,7 @@ def runtime_selector(spec: PlatformSpec, part: str) -> dict[str, str]:
 def deployment(
     spec: PlatformSpec,
     part: str,
-    image: str,
+    image: RuntimeImage,
     port: int,
     replicas: int | None,
     resources: tuple[float, float],
@@ -135,7 +159,7 @@ def deployment(
 ) -> Manifest:
     """A runtime service: ``python -m runtime.<part> --config ...`` with the config, a token, and /tmp."""
     name = common.runtime_name(spec, part)
-    version = common.image_version(image)
+    version = image.version
     pod_labels = common.labels(spec, name, part, version)
     token = hardening.service_account_token_volume()
     mounts: list[Manifest] = [
@@ -160,7 +184,7 @@ def deployment(
     config_path = f"{common.RUNTIME_CONFIG_DIR}/{common.RUNTIME_CONFIG_FILE}"
     container: Manifest = {
         "name": part,
-        "image": image,
+        "image": image.reference,
         "imagePullPolicy": "Always",
         "command": ["python", "-m", f"runtime.{part}", "--config", config_path],
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
@@ -424,10 +448,14 @@ def parts(spec: PlatformSpec) -> list[str]:
     return [common.ROUTER, common.HEALTH, *([common.BATCHER] if has_batcher(spec) else [])]
 
 
-def render(spec: PlatformSpec) -> list[Manifest]:
-    """Every gateway object except the API keys Secret's value, in apply order."""
+def render(spec: PlatformSpec, images: Mapping[str, RuntimeImage] | None = None) -> list[Manifest]:
+    """Every gateway object except the API keys Secret's value, in apply order.
+
+    ``images`` (runtime service -> image) replaces the spec's images for the services it names.
+    """
     config = runtime_config(spec)
     g = spec.gateway
+    image = {**spec_images(spec), **(images or {})}
     out: list[Manifest] = [config_map(spec)]
     for part in parts(spec):
         out += [service_account(spec, part), role(spec, part), role_binding(spec, part)]
@@ -444,7 +472,7 @@ def render(spec: PlatformSpec) -> list[Manifest]:
         deployment(
             spec,
             common.ROUTER,
-            g.router_image,
+            image[common.ROUTER],
             config.router.port,
             router_replicas,
             (g.router_cpu_cores, g.router_memory_gib),
@@ -462,12 +490,14 @@ def render(spec: PlatformSpec) -> list[Manifest]:
         out.append(router_hpa(spec))
     # One health monitor: its state (ejections) is per process, and the router tolerates its absence.
     out += [
-        deployment(spec, common.HEALTH, g.health_image, config.health.port, 1, _HEALTH_RESOURCES),
+        deployment(spec, common.HEALTH, image[common.HEALTH], config.health.port, 1, _HEALTH_RESOURCES),
         service(spec, common.HEALTH, config.health.port),
     ]
     if has_batcher(spec):
         out += [
-            deployment(spec, common.BATCHER, g.batcher_image, config.batcher.port, 2, _BATCHER_RESOURCES),
+            deployment(
+                spec, common.BATCHER, image[common.BATCHER], config.batcher.port, 2, _BATCHER_RESOURCES
+            ),
             service(spec, common.BATCHER, config.batcher.port),
             hardening.pdb(
                 spec,

@@ -42,6 +42,18 @@ def _one(synthesis: plan.Synthesis, type_: str) -> plan.Resource:
     return found[0]
 
 
+def _named(synthesis: plan.Synthesis, type_: str, name: str) -> plan.Resource:
+    found = [r for r in _of(synthesis, type_) if r.name == name]
+    assert len(found) == 1, f"{type_} {name}: {len(found)}"
+    return found[0]
+
+
+def _key_arn(synthesis: plan.Synthesis, spec: PlatformSpec, purpose: str) -> str:
+    """The ARN of the stack's KMS key for ``purpose`` (``decisions.KMS_KEYS``): its alias names the key id."""
+    alias = _named(synthesis, "aws:kms/alias:Alias", f"{spec.cluster_name}-{purpose}")
+    return plan.mock_arn("aws:kms/key:Key", alias.inputs["targetKeyId"], spec.cluster.region)
+
+
 def _node_groups(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:
     return {r.inputs["nodeGroupName"]: r.inputs for r in _of(synthesis, "aws:eks/nodeGroup:NodeGroup")}
 
@@ -108,11 +120,11 @@ def test_cluster_has_version_kms_secrets_logs_endpoint_access_and_addons(name: s
     spec = stack.spec
     synthesis = _synth(stack.name)
     cluster = _one(synthesis, "aws:eks/cluster:Cluster").inputs
-    key = _one(synthesis, "aws:kms/key:Key")
+    key = _named(synthesis, "aws:kms/key:Key", f"{spec.cluster_name}-secrets")
     assert cluster["name"] == spec.cluster_name
     assert cluster["version"] == spec.cluster.kubernetes_version
     assert cluster["encryptionConfig"]["resources"] == ["secrets"]
-    assert "keyArn" in cluster["encryptionConfig"]["provider"]
+    assert cluster["encryptionConfig"]["provider"]["keyArn"] == _key_arn(synthesis, spec, "secrets")
     assert key.inputs["enableKeyRotation"] is True
     assert set(cluster["enabledClusterLogTypes"]) == {
         "api",
@@ -126,9 +138,10 @@ def test_cluster_has_version_kms_secrets_logs_endpoint_access_and_addons(name: s
     assert len(cluster["vpcConfig"]["subnetIds"]) == len(decisions.network_plan(spec).zones)
     assert cluster["accessConfig"]["authenticationMode"] == "API"
     assert cluster["upgradePolicy"]["supportType"] == "STANDARD"
-    log_group = _one(synthesis, "aws:cloudwatch/logGroup:LogGroup").inputs
-    assert log_group["name"] == f"/aws/eks/{spec.cluster_name}/cluster"
-    assert log_group["retentionInDays"] == spec.cluster.control_plane_log_retention_days
+    log_group = _named(synthesis, "aws:cloudwatch/logGroup:LogGroup", f"{spec.cluster_name}-control-plane")
+    assert log_group.inputs["name"] == f"/aws/eks/{spec.cluster_name}/cluster"
+    assert log_group.inputs["retentionInDays"] == spec.cluster.control_plane_log_retention_days
+    assert log_group.inputs["kmsKeyId"] == _key_arn(synthesis, spec, "logs")
     addons = {r.inputs["addonName"]: r.inputs for r in _of(synthesis, "aws:eks/addon:Addon")}
     assert set(addons) == {"vpc-cni", "kube-proxy", "coredns", "eks-pod-identity-agent", "aws-ebs-csi-driver"}
     assert (
@@ -382,6 +395,7 @@ def test_existing_subnets_replace_the_vpc_and_admin_roles_get_access_entries(tmp
     synthesis = plan.synthesize(stack)
     for type_ in (
         "aws:ec2/vpc:Vpc",
+        "aws:ec2/flowLog:FlowLog",  # an existing VPC keeps the flow logs its owner set up
         "aws:ec2/subnet:Subnet",
         "aws:ec2/natGateway:NatGateway",
         "aws:ec2/eip:Eip",
@@ -457,6 +471,9 @@ def test_plan_bills_the_aws_items_from_the_resources_it_creates(name: str, tmp_p
     assert items["ebs"].max_usd_month >= disk_gib_max * catalog.EBS_GP3_USD_PER_GIB_MONTH
     bill = cost.stack_cost(stack.spec, stack.layout)
     assert {"gpu-pool", "eks", "system-nodes", "nat", "ebs", "kms"} <= {i.kind for i in bill.items}
+    keys = len(_of(synthesis, "aws:kms/key:Key"))
+    assert keys == len(decisions.KMS_KEYS)
+    assert items["kms"].max_usd_month == pytest.approx(keys * catalog.KMS_KEY_USD_PER_MONTH)
     # resources.json lists the AWS resources the summary prices.
     plan.write(synthesis, tmp_path, "summary\n")
     written = json.loads((tmp_path / "resources.json").read_text())
@@ -466,7 +483,7 @@ def test_plan_bills_the_aws_items_from_the_resources_it_creates(name: str, tmp_p
 
 
 @pytest.mark.parametrize("name", EKS_STACKS)
-def test_model_bucket_is_versioned_encrypted_private_and_tls_only(name: str) -> None:
+def test_model_bucket_is_versioned_sse_kms_with_the_models_key_private_and_tls_only(name: str) -> None:
     synthesis = _synth(name)
     assert _one(synthesis, "aws:s3/bucketVersioning:BucketVersioning").inputs["versioningConfiguration"] == {
         "status": "Enabled"
@@ -474,10 +491,12 @@ def test_model_bucket_is_versioned_encrypted_private_and_tls_only(name: str) -> 
     sse = _one(
         synthesis, "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
     )
-    assert sse.inputs["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] in (
-        "AES256",
-        "aws:kms",
-    )
+    rule = sse.inputs["rules"][0]
+    assert rule["applyServerSideEncryptionByDefault"] == {
+        "sseAlgorithm": "aws:kms",
+        "kmsMasterKeyId": _key_arn(synthesis, load(name).spec, "models"),
+    }
+    assert rule["bucketKeyEnabled"] is True
     block = _one(synthesis, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
     assert all(
         block[k] is True
@@ -513,7 +532,8 @@ def test_images_are_built_from_runtime_images_with_content_tags_and_pushed(
     stack = load("prod")
 
     def program() -> None:
-        registry.Registry(stack.spec, decisions.tags(stack.spec, "prod"), root)
+        key = "arn:aws:kms:us-east-1:123456789012:key/images"
+        registry.Registry(stack.spec, decisions.tags(stack.spec, "prod"), root, key)
 
     monkeypatch.setattr(plan, "_run_program", program)
     synthesis = plan.synthesize(stack)

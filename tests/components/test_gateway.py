@@ -14,7 +14,7 @@ from components import plan
 from components.problems import SpecError
 from components.render import common, gateway
 from components.render.runtime_config import runtime_config
-from components.spec import PlatformSpec
+from components.spec import PlatformSpec, Target
 from components.stackfile import STACKS_DIR, available_stacks, load
 from runtime.config import RuntimeConfig
 from tests.components.helpers import minimal, write_stack
@@ -23,8 +23,13 @@ PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.
 
 
 @cache
+def _synthesis(name: str) -> plan.Synthesis:
+    return plan.synthesize(load(name))
+
+
+@cache
 def _manifests(name: str) -> tuple[dict[str, Any], ...]:
-    return tuple(plan.synthesize(load(name)).kubernetes_manifests())
+    return tuple(_synthesis(name).kubernetes_manifests())
 
 
 def _get(name: str, kind: str, object_name: str) -> dict[str, Any]:
@@ -224,3 +229,37 @@ def test_gateway_objects_pass_strict_validation_for_each_ingress(ingress: str) -
         if manifest["apiVersion"].startswith("gateway.networking.k8s.io/"):
             continue  # custom resources: checked in test_gateway_api_renders_...
         kubernetes_validate.validate(manifest, f"{spec.cluster.kubernetes_version}.0", strict=True)
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_gateway_runs_the_pushed_ecr_images_by_digest_on_eks_and_the_spec_images_elsewhere(name: str) -> None:
+    """On EKS each runtime Deployment runs ``<ECR repository URL>@<digest docker-build reported>``, labelled
+    with the content tag it was pushed as; on other targets, the spec's pinned image."""
+    spec = load(name).spec
+    synthesis = _synthesis(name)
+    images = {r.name: r.inputs for r in synthesis.resources if r.type == "docker-build:index:Image"}
+    for part in gateway.parts(spec):
+        deployment = _get(name, "Deployment", common.runtime_name(spec, part))
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        version = deployment["metadata"]["labels"]["app.kubernetes.io/version"]
+        if spec.target is not Target.EKS:
+            assert container["image"] == getattr(spec.gateway, f"{part}_image")
+            assert not images
+            continue
+        build = f"{spec.cluster_name}-{part}"
+        [pushed_tag] = images[build]["tags"]
+        repository, tag = pushed_tag.rsplit(":", 1)
+        url = f"{plan.MOCK_ACCOUNT_ID}.dkr.ecr.{spec.cluster.region}.amazonaws.com/"
+        assert repository == f"{url}{spec.name}/{spec.environment}/{part}"
+        assert container["image"] == f"{repository}@{plan.mock_image_digest(build, [pushed_tag])}"
+        assert version == tag and tag.startswith("src-")
+        assert deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/version"] == tag
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_the_policy_pack_accepts_the_gateway_images(name: str) -> None:
+    """Digest references pass the pack's pinned-image rule (and the spec's tag-pinned images still do)."""
+    from policies.inference import offline
+
+    result = offline.prepare(load(name)).run(_synthesis(name))
+    assert [v for v in result.verdicts if v.rule == "images-pinned"] == []

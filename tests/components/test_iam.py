@@ -23,12 +23,19 @@ def _synth(name: str) -> plan.Synthesis:
 EKS_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target is Target.EKS]
 
 
+KEY_POLICY = "aws:kms/key:Key"
+
+
 def _documents(synthesis: plan.Synthesis) -> list[tuple[str, dict[str, Any]]]:
+    """Every IAM, bucket and KMS key policy document the stack creates, with where it is."""
     out = []
     for r in synthesis.resources:
         for key in ("assumeRolePolicy", "policy"):
             value = r.inputs.get(key)
-            audited = r.type.startswith("aws:iam/") or r.type == "aws:s3/bucketPolicy:BucketPolicy"
+            audited = r.type.startswith("aws:iam/") or r.type in (
+                "aws:s3/bucketPolicy:BucketPolicy",
+                KEY_POLICY,
+            )
             if audited and isinstance(value, str):
                 out.append((f"{r.type} {r.name}", json.loads(value)))
     return out
@@ -38,9 +45,10 @@ def _documents(synthesis: plan.Synthesis) -> list[tuple[str, dict[str, Any]]]:
 def test_every_policy_document_parses_and_passes_the_least_privilege_audit(name: str) -> None:
     documents = _documents(_synth(name))
     assert len(documents) >= 8
+    assert sum(1 for where, _ in documents if where.startswith(KEY_POLICY)) == len(decisions.KMS_KEYS) - 1
     for where, document in documents:
         assert document["Version"] == policies.VERSION, where
-        assert policies.audit(document) == [], where
+        assert policies.audit(document, key_policy=where.startswith(KEY_POLICY)) == [], where
         for statement in document["Statement"]:
             if statement["Effect"] == "Allow":
                 actions = (
@@ -76,13 +84,14 @@ def test_roles_trust_exactly_one_service_and_engines_use_pod_identity(name: str)
     inline = {r.name: r.inputs for r in synthesis.resources if r.type == "aws:iam/rolePolicy:RolePolicy"}
     read = json.loads(inline[f"{cluster}-engine-read-models"]["policy"])
     actions = sorted({a for s in read["Statement"] for a in s["Action"]})
-    assert actions == ["s3:GetObject", "s3:ListBucket"]
+    assert actions == ["kms:Decrypt", "s3:GetObject", "s3:ListBucket"]
 
 
 def test_model_read_scopes_s3_sources_to_their_prefixes() -> None:
     doc = policies.model_read(
         "us-east-1",
         "arn:aws:s3:::stack-models",
+        "arn:aws:kms:us-east-1:123456789012:key/k",
         ["s3://weights/llama/70b/", "s3://weights/qwen", "s3://other", "meta-llama/Llama-3.1-8B-Instruct"],
     )
     by_sid = {s["Sid"]: s for s in doc["Statement"]}
@@ -106,6 +115,37 @@ def test_partitions_follow_the_region() -> None:
     assert policies.managed_policy_arn("us-gov-west-1", "X").startswith("arn:aws-us-gov:")
     lb = policies.dumps(policies.load_balancer_controller("cn-north-1"))
     assert "arn:aws-cn:elasticloadbalancing" in lb and "arn:aws:" not in lb
+
+
+def test_key_policies_may_name_their_key_as_star_but_never_grant_wildcard_actions() -> None:
+    """In a key policy, resource ``*`` is the key itself; ``kms:*`` is still too much."""
+    root = {"AWS": "arn:aws:iam::123456789012:root"}
+    use = {"Sid": "Use", "Effect": "Allow", "Principal": root, "Action": ["kms:Decrypt"], "Resource": "*"}
+    everything = {**use, "Action": ["kms:*"]}
+    assert policies.audit({"Version": policies.VERSION, "Statement": [use]}, key_policy=True) == []
+    assert policies.audit({"Version": policies.VERSION, "Statement": [use]}) != []
+    found = policies.audit({"Version": policies.VERSION, "Statement": [everything]}, key_policy=True)
+    assert any("wildcard actions" in p for p in found)
+    for document in (
+        policies.service_key("us-east-1", "123456789012", "s3"),
+        policies.disks_key("us-east-1", "123456789012"),
+        policies.logs_key("us-east-1", "123456789012", ["/aws/vpc/x/flow-logs"]),
+    ):
+        assert policies.audit(document, key_policy=True) == []
+        assert all("*" not in a for s in document["Statement"] for a in s["Action"])
+
+
+def test_flow_log_documents_trust_one_account_and_write_one_log_group() -> None:
+    group = "arn:aws:logs:eu-west-1:123456789012:log-group:/aws/vpc/c/flow-logs"
+    trust = policies.flow_logs_trust("eu-west-1", "123456789012")
+    assert policies.audit(trust) == []
+    assert trust["Statement"][0]["Condition"]["ArnLike"] == {
+        "aws:SourceArn": "arn:aws:ec2:eu-west-1:123456789012:vpc-flow-log/*"
+    }
+    delivery = policies.flow_logs_delivery(f"{group}:*")  # either form of the log group ARN
+    assert policies.audit(delivery) == []
+    assert delivery["Statement"][0]["Resource"] == [group, f"{group}:log-stream:*"]
+    assert delivery["Statement"][1]["Resource"] == "arn:aws:logs:eu-west-1:123456789012:log-group:*"
 
 
 @pytest.mark.parametrize(
