@@ -67,6 +67,7 @@ class Cluster(pulumi.ComponentResource):
         self,
         spec: PlatformSpec,
         subnet_ids: Sequence[pulumi.Input[str]],
+        account_id: pulumi.Output[str],
         logs_key_arn: pulumi.Input[str],
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
@@ -81,6 +82,7 @@ class Cluster(pulumi.ComponentResource):
             description=f"Envelope encryption of Kubernetes Secrets in EKS cluster {name}",
             enable_key_rotation=True,
             deletion_window_in_days=decisions.KMS_DELETION_WINDOW_DAYS,
+            policy=account_id.apply(lambda a: policies.dumps(policies.cluster_secrets_key(region, a))),
             tags=tags,
             opts=child,
         )

@@ -40,8 +40,13 @@ INTERRUPTION_EVENTS: dict[str, dict[str, list[str]]] = {
 
 
 def node_class(
-    spec: PlatformSpec, group: decisions.NodeGroupPlan, node_role: str, tags: dict[str, str]
+    spec: PlatformSpec,
+    group: decisions.NodeGroupPlan,
+    node_role: str,
+    tags: dict[str, str],
+    volume_key_arn: pulumi.Input[str],
 ) -> Manifest:
+    """The EC2NodeClass of one GPU pool: IMDSv2, the root disk of a managed group's, under the disks key."""
     net = decisions.network_plan(spec)
     if net.create_vpc:
         subnets: list[dict[str, Any]] = [{"tags": {"karpenter.sh/discovery": spec.cluster_name}}]
@@ -72,6 +77,7 @@ def node_class(
                         "iops": group.disk_iops,
                         "throughput": group.disk_throughput_mibps,
                         "encrypted": True,
+                        "kmsKeyID": volume_key_arn,
                         "deleteOnTermination": True,
                     },
                 }
@@ -147,6 +153,7 @@ class Karpenter(pulumi.ComponentResource):
         pools: dict[str, PoolPlan],
         node_role: identity.ServiceRole,
         node_role_name: str,
+        volume_key_arn: pulumi.Output[str],
         cluster_name: pulumi.Input[str],
         kubernetes: k8s.Provider,
         tags: dict[str, str],
@@ -180,9 +187,9 @@ class Karpenter(pulumi.ComponentResource):
             aws.cloudwatch.EventTarget(
                 f"{name}-karpenter-{event}", rule=rule.name, arn=queue.arn, opts=on_aws
             )
-        document = pulumi.Output.all(queue.arn, node_role.arn).apply(
+        document = pulumi.Output.all(queue.arn, node_role.arn, volume_key_arn).apply(
             lambda arns: policies.dumps(
-                policies.karpenter_controller(region, name, str(arns[0]), str(arns[1]))
+                policies.karpenter_controller(region, name, str(arns[0]), str(arns[1]), str(arns[2]))
             )
         )
         controller = identity.ServiceRole(
@@ -221,7 +228,7 @@ class Karpenter(pulumi.ComponentResource):
         self.node_pools: dict[str, str] = {}
         for pool in pools.values():
             group = decisions.gpu_node_group(spec, pool)
-            apply(node_class(spec, group, node_role_name, tags), with_crds)
+            apply(node_class(spec, group, node_role_name, tags, volume_key_arn), with_crds)
             apply(node_pool(group, pool), with_crds)
             self.node_pools[pool.name] = group.pool
         self.register_outputs({"node_pools": self.node_pools})

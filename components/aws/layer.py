@@ -51,7 +51,9 @@ class AwsLayer(pulumi.ComponentResource):
 
         self.keys = PlatformKeys(spec, account_id, tags, on_aws)
         self.network = Network(spec, account_id, self.keys.logs.arn, tags, on_aws)
-        self.cluster = Cluster(spec, self.network.private_subnet_ids, self.keys.logs.arn, tags, on_aws)
+        self.cluster = Cluster(
+            spec, self.network.private_subnet_ids, account_id, self.keys.logs.arn, tags, on_aws
+        )
         cluster_name = self.cluster.name
 
         node_role = ServiceRole(
@@ -152,6 +154,7 @@ class AwsLayer(pulumi.ComponentResource):
                 layout.pools,
                 node_role,
                 decisions.node_role_name(spec),
+                self.keys.disks.arn,
                 cluster_name,
                 self.kubernetes_provider,
                 tags,

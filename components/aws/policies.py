@@ -523,6 +523,33 @@ def logs_key(region: str, account_id: str, log_group_names: list[str]) -> Policy
     }
 
 
+def cluster_secrets_key(region: str, account_id: str) -> PolicyDocument:
+    """Key policy of the EKS Secrets key: EKS encrypts with the cluster role's own credentials, so use is
+    delegated to IAM (only the cluster role's inline policy grants it), without the default policy's ``kms:*``."""
+    return {
+        "Version": VERSION,
+        "Statement": [
+            _key_administration(region, account_id),
+            {
+                "Sid": "AccountUsesThroughIam",
+                "Effect": "Allow",
+                "Principal": {"AWS": account_root(region, account_id)},
+                "Action": list(KMS_DATA_ACTIONS),
+                "Resource": "*",
+            },
+            {
+                # Whoever creates the cluster lets EKS hold a grant on the key for the cluster's lifetime.
+                "Sid": "AccountGrantsToEks",
+                "Effect": "Allow",
+                "Principal": {"AWS": account_root(region, account_id)},
+                "Action": ["kms:CreateGrant"],
+                "Resource": "*",
+                "Condition": {"Bool": {"kms:GrantIsForAWSResource": "true"}},
+            },
+        ],
+    }
+
+
 def service_key(region: str, account_id: str, service: str) -> PolicyDocument:
     """Key policy of a key one AWS service uses for the account (S3 for models, ECR for images)."""
     return {
@@ -536,7 +563,9 @@ def disks_key(region: str, account_id: str) -> PolicyDocument:
 
     Managed node groups launch through EC2 Auto Scaling, which creates the encrypted volumes as its
     service-linked role; that role has no KMS permissions of its own, so the key policy must name it
-    (the role exists once the account has had an Auto Scaling group; a first-ever one creates it).
+    (KMS refuses a policy naming a role that does not exist: AWS creates this one with the account's first
+    Auto Scaling group, or ``aws iam create-service-linked-role --aws-service-name autoscaling.amazonaws.com``).
+    Karpenter launches as its controller role, whose IAM policy allows this key through EC2.
     """
     role = {"AWS": autoscaling_service_role(region, account_id)}
     return {
@@ -598,13 +627,15 @@ def flow_logs_delivery(log_group: str) -> PolicyDocument:
 
 
 def karpenter_controller(
-    region: str, cluster_name: str, queue_arn: str, node_role_arn: str
+    region: str, cluster_name: str, queue_arn: str, node_role_arn: str, volume_key_arn: str
 ) -> PolicyDocument:
     """Karpenter's controller policy, after its v1 getting-started CloudFormation template.
 
     Launch and tag calls are limited to requests that tag what they create with this cluster (and a
     NodePool); terminate and delete only touch resources carrying those tags. Describe, pricing and
-    instance-profile listing have no resource-level scope (``...AnyResource``).
+    instance-profile listing have no resource-level scope (``...AnyResource``). Karpenter launches as
+    itself (no Auto Scaling role in between), so EC2 encrypts the root volumes with ``volume_key_arn`` on its
+    behalf: it may use that key, through EC2 only.
     """
     p = partition(region)
     ec2 = f"arn:{p}:ec2:{region}:*"
@@ -791,6 +822,13 @@ def karpenter_controller(
             "Effect": "Allow",
             "Action": ["eks:DescribeCluster"],
             "Resource": f"arn:{p}:eks:{region}:*:cluster/{cluster_name}",
+        },
+        {
+            "Sid": "EncryptNodeVolumesThroughEc2",
+            "Effect": "Allow",
+            "Action": [*KMS_DATA_ACTIONS, "kms:CreateGrant"],
+            "Resource": volume_key_arn,
+            "Condition": {"StringEquals": {"kms:ViaService": via_service("ec2", region)}},
         },
     ]
     return {"Version": VERSION, "Statement": statements}

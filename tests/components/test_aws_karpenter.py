@@ -14,7 +14,7 @@ from components import plan
 from components.aws import decisions, karpenter, policies
 from components.render import common
 from components.stackfile import Stack, load
-from tests.components.test_aws import _taggable
+from tests.components.test_aws import _key_arn, _taggable
 
 
 @functools.cache
@@ -70,6 +70,9 @@ def test_gpu_pools_become_node_pools_and_only_the_system_group_is_managed() -> N
         assert node_class["metadataOptions"]["httpPutResponseHopLimit"] == 1
         assert node_class["blockDeviceMappings"][0]["ebs"]["volumeSize"] == f"{plan_.root_disk_gib}Gi"
         assert node_class["blockDeviceMappings"][0]["ebs"]["encrypted"] is True
+        assert node_class["blockDeviceMappings"][0]["ebs"]["kmsKeyID"] == _key_arn(
+            _synth(), stack.spec, "disks"
+        )
         assert node_class["subnetSelectorTerms"] == [
             {"tags": {"karpenter.sh/discovery": stack.spec.cluster_name}}
         ]
@@ -142,6 +145,12 @@ def test_controller_chart_queue_events_role_and_node_access() -> None:
     inline = {r.name: json.loads(r.inputs["policy"]) for r in _of("aws:iam/rolePolicy:RolePolicy")}
     controller = inline[f"{name}-karpenter-controller"]
     assert policies.audit(controller) == []
+    # EC2 encrypts the volumes Karpenter launches with the disks key on its behalf: that key, through EC2 only.
+    [kms] = [s for s in controller["Statement"] if any(a.startswith("kms:") for a in s["Action"])]
+    assert kms["Resource"] == _key_arn(_synth(), _stack().spec, "disks")
+    assert kms["Condition"] == {
+        "StringEquals": {"kms:ViaService": policies.via_service("ec2", _stack().spec.cluster.region)}
+    }
     assert policies.audit(json.loads(_of("aws:sqs/queuePolicy:QueuePolicy")[0].inputs["policy"])) == []
     # Everything it may delete or terminate must carry this cluster's ownership tag.
     for statement in controller["Statement"]:

@@ -97,6 +97,10 @@ def test_key_policies_let_only_the_service_of_each_purpose_use_the_key(name: str
     region = spec.cluster.region
     root = policies.account_root(region, plan.MOCK_ACCOUNT_ID)
     data = set(policies.KMS_DATA_ACTIONS) | {"kms:CreateGrant"}
+    # The EKS Secrets key: no kms:*, use delegated to IAM (where only the cluster role's policy grants it).
+    secrets = _policy(_named(synthesis, "aws:kms/key:Key", f"{spec.cluster_name}-secrets"))
+    assert policies.audit(secrets, key_policy=True) == []
+    assert {json.dumps(s["Principal"]) for s in _allowed(secrets)} == {json.dumps({"AWS": root})}
     for purpose, service in (("models", "s3"), ("images", "ecr"), ("disks", "ec2"), ("logs", None)):
         document = _policy(_named(synthesis, "aws:kms/key:Key", f"{spec.cluster_name}-{purpose}"))
         assert policies.audit(document, key_policy=True) == [], purpose

@@ -45,7 +45,7 @@ def _documents(synthesis: plan.Synthesis) -> list[tuple[str, dict[str, Any]]]:
 def test_every_policy_document_parses_and_passes_the_least_privilege_audit(name: str) -> None:
     documents = _documents(_synth(name))
     assert len(documents) >= 8
-    assert sum(1 for where, _ in documents if where.startswith(KEY_POLICY)) == len(decisions.KMS_KEYS) - 1
+    assert sum(1 for where, _ in documents if where.startswith(KEY_POLICY)) == len(decisions.KMS_KEYS)
     for where, document in documents:
         assert document["Version"] == policies.VERSION, where
         assert policies.audit(document, key_policy=where.startswith(KEY_POLICY)) == [], where
