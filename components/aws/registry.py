@@ -130,8 +130,8 @@ class Registry(pulumi.ComponentResource):
             )
             self.repositories[image] = repo
             if dockerfile(root, image).is_file():
-                self.versions[image] = context_tag(root, image)
-                built = self._build(spec, image, repo, root)
+                self.versions[image] = tag = context_tag(root, image)
+                built = self._build(spec, image, tag, repo, root)
                 self.images[image] = pulumi.Output.all(repo.repository_url, built.digest).apply(
                     lambda args: digest_reference(str(args[0]), str(args[1]))
                 )
@@ -148,12 +148,11 @@ class Registry(pulumi.ComponentResource):
         return {image: RuntimeImage(ref, self.versions[image]) for image, ref in self.images.items()}
 
     def _build(
-        self, spec: PlatformSpec, image: str, repo: aws.ecr.Repository, root: Path
+        self, spec: PlatformSpec, image: str, tag: str, repo: aws.ecr.Repository, root: Path
     ) -> docker_build.Image:
+        """Build ``image`` and push it as ``repo:tag``, logged in with a fresh ECR token for that registry."""
         import pulumi_docker_build as docker_build  # noqa: PLC0415 - only stacks that build images need it
 
-        tag = context_tag(root, image)
-        # One token per image, for the registry its repository is in; the password is a secret from the start.
         token = aws.ecr.get_authorization_token_output(
             registry_id=repo.registry_id, opts=pulumi.InvokeOutputOptions(parent=self)
         )

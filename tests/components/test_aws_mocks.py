@@ -12,6 +12,7 @@ import pytest
 
 from components import plan
 from components.stackfile import load
+from tests.components.helpers import minimal, write_stack
 from tests.components.test_aws import EKS_STACKS, _of, _synth
 
 ACCOUNT = plan.MOCK_ACCOUNT_ID
@@ -121,3 +122,15 @@ def test_the_mocks_answer_the_programs_invokes_and_refuse_any_other() -> None:
     assert token["userName"] == "AWS" and token["proxyEndpoint"].startswith(f"https://{ACCOUNT}.dkr.ecr.")
     with pytest.raises(NotImplementedError, match="aws:index/getRegion:getRegion"):
         mocks.call(pulumi.runtime.MockCallArgs("aws:index/getRegion:getRegion", {}, ""))
+
+
+def test_mocks_answer_in_the_region_of_the_stacks_aws_provider(tmp_path: Path) -> None:
+    region = "eu-west-1"
+    write_stack(tmp_path, "eu", {**minimal(), "environment": "eu", "cluster": {"region": region}})
+    synthesis = plan.synthesize(load("eu", tmp_path))
+    [cluster] = _of(synthesis, "aws:eks/cluster:Cluster")
+    assert cluster.inputs["encryptionConfig"]["provider"]["keyArn"].startswith(
+        f"arn:aws:kms:{region}:{ACCOUNT}:key/"
+    )
+    for build in _of(synthesis, "docker-build:index:Image"):
+        assert build.inputs["registries"][0]["address"] == f"{ACCOUNT}.dkr.ecr.{region}.amazonaws.com"
