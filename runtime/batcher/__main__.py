@@ -1,19 +1,51 @@
-"""``python -m runtime.batcher --config FILE``: run the embedding batcher."""
+"""``python -m runtime.batcher --config FILE``: run the embedding batcher.
+
+SIGTERM stops accepting, lets requests in flight finish for a few seconds, then closes what is left.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import os
+import signal
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-import uvloop
-from aiohttp import web
-
-from runtime.batcher.app import Batcher, make_app
+from runtime.batcher.app import Batcher, make_server
 from runtime.discovery import watch_backends
 from runtime.health.cli import EXIT_BAD_CONFIG, load_config_or_exit, setup_logging
+
+DRAIN_GRACE_S = 5.0
+
+
+async def serve(batcher: Batcher, host: str, port: int) -> None:
+    """Run until SIGTERM/SIGINT (or cancellation), then drain."""
+    server = make_server(batcher)
+    await batcher.start()
+    await server.start(host, port)
+    # Everything built so far lives as long as the process: keep it out of the cyclic GC's full
+    # collections (a stall for every request in flight; the router measured 8-16 ms).
+    gc.collect()
+    gc.freeze()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop_accepting()
+        deadline = time.monotonic() + DRAIN_GRACE_S
+        while time.monotonic() < deadline and (server.close_idle() or batcher.inflight):
+            await asyncio.sleep(0.05)
+        server.close_all()
+        await batcher.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,16 +62,20 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         raise SystemExit(EXIT_BAD_CONFIG)
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    web.run_app(
-        make_app(Batcher(config, watch=watch_backends)),
-        host=args.host or config.batcher.host,
-        port=args.port or config.batcher.port,
-        access_log=None,
-        print=None,
-        shutdown_timeout=5,
-        handler_cancellation=True,
-    )
+    batcher = Batcher(config, watch=watch_backends)
+    host = args.host or config.batcher.host
+    port = args.port if args.port is not None else config.batcher.port
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(serve(batcher, host, port))
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed (about 2x less CPU per request), else asyncio's own loop."""
+    try:
+        import uvloop  # noqa: PLC0415 - optional accelerator
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 if __name__ == "__main__":

@@ -8,8 +8,12 @@ who gets which result; nothing here does I/O.
 
 from __future__ import annotations
 
+import array
+import base64
+import binascii
 import json
 import math
+import sys
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +23,14 @@ Input = str | list[int]  # one text, or one pre-tokenised input
 
 # Request fields that do not change what the engine computes for other members of a batch.
 PER_REQUEST_FIELDS = frozenset({"input", "user"})
+# Fields that only choose how vectors are written; when they ask for plain float32 vectors (as JSON
+# floats or as base64), the batcher asks the engine for base64 and writes each client's own format.
+FORMAT_FIELDS = frozenset({"encoding_format", "embed_dtype", "endianness"})
+_NATIVE = ("native", sys.byteorder)
+# What the engine's base64 holds: float32 in the engine's byte order (vLLM's default, "native"; every
+# platform vLLM runs on is little-endian, as is every platform this image is built for).
+_F32 = "f"
+assert array.array(_F32).itemsize == 4
 
 
 class BadInputError(ValueError):
@@ -54,6 +66,63 @@ def batch_key(body: Mapping[str, Any]) -> str:
     """Requests may share an engine call only if every other field (model, dimensions, format) agrees."""
     rest = {k: v for k, v in body.items() if k not in PER_REQUEST_FIELDS}
     return json.dumps(rest, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def client_format(body: Mapping[str, Any]) -> str | None:
+    """``"float"`` or ``"base64"`` when the batcher may serve this request from the engine's base64
+    float32 vectors (and so batch it with requests of the other format); None otherwise (other dtypes,
+    byte orders or formats go to the engine as the client wrote them)."""
+    fmt = body.get("encoding_format")
+    if fmt is None:
+        fmt = "float"
+    elif fmt not in ("float", "base64"):
+        return None
+    if body.get("embed_dtype", "float32") != "float32" or body.get("endianness", "native") not in _NATIVE:
+        return None
+    return str(fmt)
+
+
+def key_and_engine_body(body: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The queue key of a request and the fields its batch's engine call carries (without ``input``).
+
+    The usual body, ``{"model", "input"}`` with perhaps ``encoding_format``, costs no JSON encoding.
+    """
+    if client_format(body) is None:
+        rest = {k: v for k, v in body.items() if k not in PER_REQUEST_FIELDS}
+        return "raw:" + json.dumps(rest, sort_keys=True, separators=(",", ":"), default=str), rest
+    rest = {k: v for k, v in body.items() if k not in PER_REQUEST_FIELDS and k not in FORMAT_FIELDS}
+    if len(rest) == 1 and "model" in rest:
+        key = "b64:" + str(rest["model"])
+    else:
+        key = "b64:" + json.dumps(rest, sort_keys=True, separators=(",", ":"), default=str)
+    rest["encoding_format"] = "base64"
+    return key, rest
+
+
+def convert_embedding(value: Any, fmt: str | None) -> Any:
+    """One engine vector in the client's format. ``fmt`` None: the engine's value as it came.
+
+    base64 -> float: the float32 values as Python floats, the same numbers vLLM's float path writes.
+    base64 -> base64: the engine's string itself (byte-identical). An engine that ignored the base64
+    request and sent floats is served too.
+    """
+    if fmt is None:
+        return value
+    if isinstance(value, str):
+        if fmt == "base64":
+            return value
+        try:
+            return array.array(_F32, base64.b64decode(value, validate=True)).tolist()
+        except (binascii.Error, ValueError) as err:
+            raise EngineResponseError(f"engine sent an unreadable base64 vector: {err}") from err
+    if isinstance(value, list):
+        if fmt == "float":
+            return value
+        try:
+            return base64.b64encode(array.array(_F32, value).tobytes()).decode("ascii")
+        except (TypeError, OverflowError) as err:
+            raise EngineResponseError(f"engine sent a vector that is not numbers: {err}") from err
+    raise EngineResponseError("engine sent an embedding that is neither a list nor a string")
 
 
 @dataclass

@@ -18,26 +18,30 @@ import contextlib
 import json
 import logging
 import math
+import os
 import time
-import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from itertools import count
 from typing import Any
+from urllib.parse import urlsplit
 
-import aiohttp
 import orjson
 
 from runtime.batcher import core
 from runtime.batcher.metrics import BatcherMetrics
 from runtime.config import BatchingPolicy, ModelTarget
+from runtime.upstream import Exchange, Pool, UpstreamError
 
 log = logging.getLogger("inferstack.batcher")
 
 WatchFn = Callable[[ModelTarget], AsyncIterator[list[str]]]
-EMBEDDINGS_PATH = "/v1/embeddings"
+EMBEDDINGS_PATH = b"/v1/embeddings"
 ERROR_BODY_MAX_BYTES = 64 * 1024
-JSON_HEADERS = {"Content-Type": "application/json"}
+# Response ids: unique per process start and request, without a uuid4 (a urandom call) per request.
+_ID_PREFIX = "embd-" + os.urandom(6).hex() + "-"
+_ids = count()
 GATEWAY_STATUSES = frozenset({502, 503, 504})  # no answer from the engine: not an input's fault
 
 
@@ -67,6 +71,8 @@ class Pending:
     size: int
     future: asyncio.Future[dict[str, Any]]
     alive: Callable[[], bool] = lambda: True  # False once the client has gone
+    engine_body: dict[str, Any] = field(default_factory=dict)  # the engine call's fields but input
+    fmt: str | None = None  # the client's vector format when converted here (core.client_format)
     data: list[dict[str, Any] | None] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     remaining: int = 0
@@ -93,7 +99,7 @@ class Pending:
                     [d for d in self.data if d is not None],
                     sum(self.tokens),
                     model=self.model or str(self.body.get("model", "")),
-                    request_id=f"embd-{uuid.uuid4().hex}",
+                    request_id=f"{_ID_PREFIX}{next(_ids)}",
                     created=self.created or int(time.time()),
                 )
             )
@@ -107,10 +113,21 @@ def _alive(owner: Any) -> bool:
     return bool(owner.wants_results())
 
 
-@dataclass
 class Backend:
-    url: str
-    inflight: int = 0
+    """One replica and its keep-alive connections."""
+
+    def __init__(self, url: str, max_idle: int = 64) -> None:
+        self.url = url
+        parts = urlsplit(url)
+        self.pool = Pool(parts.hostname or "127.0.0.1", parts.port or 80, max_idle=max_idle)
+        self.inflight = 0
+
+    def request(self, path: bytes, body: bytes) -> bytes:
+        """A complete HTTP/1.1 POST of a JSON body (head and body in one write)."""
+        return (
+            b"POST %b HTTP/1.1\r\nhost: %b\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+            % (path, self.pool.host_header, len(body), body)
+        )
 
 
 class ModelBatcher:
@@ -120,13 +137,13 @@ class ModelBatcher:
         self,
         target: ModelTarget,
         policy: BatchingPolicy,
-        session: aiohttp.ClientSession,
         metrics: BatcherMetrics,
         watch: WatchFn,
+        connect_timeout_s: float = 2.0,
     ) -> None:
         self.target = target
         self.policy = policy
-        self._session = session
+        self.connect_timeout_s = connect_timeout_s
         self._metrics = metrics
         self._watch = watch
         self.queues: dict[str, deque[core.Item]] = {}
@@ -144,6 +161,16 @@ class ModelBatcher:
         self._m_engine = m.engine_seconds.labels(name)
         self._m_items = {o: m.items.labels(name, o) for o in ("ok", "error", "dropped", "rejected")}
         self._m_calls = {o: m.engine_calls.labels(name, o) for o in ("ok", "error", "retry_alone")}
+        self._m_requests: dict[int, Any] = {}
+
+    def count_request(self, status: int) -> None:
+        child = self._m_requests.get(status)
+        if child is None:
+            child = self._m_requests[status] = self._metrics.requests.labels(self.target.name, str(status))
+        child.inc()
+
+    def count_rejected(self, n: int) -> None:
+        self._m_items["rejected"].inc(n)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -159,6 +186,8 @@ class ModelBatcher:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._fail_queued(503, "batcher shutting down")
+        for b in self.backends:
+            b.pool.close()
 
     def _fail_queued(self, status: int, message: str) -> None:
         """Answer everything still waiting (no replica left, or shutdown) instead of letting it hang."""
@@ -175,6 +204,8 @@ class ModelBatcher:
                 async for urls in self._watch(self.target):
                     known = {b.url: b for b in self.backends}
                     self.backends = [known.get(u.rstrip("/")) or Backend(u.rstrip("/")) for u in urls]
+                    for gone in known.keys() - {b.url for b in self.backends}:
+                        known[gone].pool.close()  # connections in use close when their call ends
                     if self.backends:
                         self._wake.set()
                     else:
@@ -204,8 +235,15 @@ class ModelBatcher:
         if self.depth + len(inputs) > self.policy.max_queue:
             raise QueueFullError(self.retry_after_s())
         loop = asyncio.get_running_loop()
-        pending = Pending(body=body, size=len(inputs), future=loop.create_future(), alive=alive)
-        key = core.batch_key(body)
+        key, engine_body = core.key_and_engine_body(body)
+        pending = Pending(
+            body=body,
+            size=len(inputs),
+            future=loop.create_future(),
+            alive=alive,
+            engine_body=engine_body,
+            fmt=core.client_format(body),
+        )
         queue = self.queues.setdefault(key, deque())
         now = loop.time()
         for i, value in enumerate(inputs):
@@ -294,33 +332,51 @@ class ModelBatcher:
             backend.inflight += 1
             started = time.perf_counter()
             try:
-                return await self._post(backend.url, payload)
-            except aiohttp.ClientConnectorError as err:
+                return await self._post(backend, payload)
+            except UpstreamError as err:  # could not connect: nothing reached this replica
                 last = EngineError(502, error_body(f"replica unreachable: {err}", "bad_gateway", 502))
             finally:
                 backend.inflight -= 1
                 self._m_engine.observe(time.perf_counter() - started)
         raise last
 
-    async def _post(self, url: str, payload: dict[str, Any]) -> dict[str, Any]:
-        timeout = aiohttp.ClientTimeout(total=self.policy.engine_timeout_ms / 1000)
+    async def _post(self, backend: Backend, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST one batch; raises ``UpstreamError`` only when the replica could not be reached."""
+        timeout_s = self.policy.engine_timeout_ms / 1000
+        ex: Exchange | None = None
         try:
-            async with self._session.post(
-                url + EMBEDDINGS_PATH, data=orjson.dumps(payload), headers=JSON_HEADERS, timeout=timeout
-            ) as resp:
-                if resp.status == 200:
-                    body = orjson.loads(await resp.read())
-                    if not isinstance(body, dict):
-                        raise ValueError("engine answered 200 with a non-object body")
-                    return body
-                raw = await resp.content.read(ERROR_BODY_MAX_BYTES)
+            async with asyncio.timeout(timeout_s):
+                ex = await Exchange.open(
+                    backend.pool,
+                    backend.request(EMBEDDINGS_PATH, orjson.dumps(payload)),
+                    self.connect_timeout_s,
+                )
+                await ex.head(timeout_s)
+                raw = await ex.read_all(timeout_s)
+            status = ex.status
+            if status == 200:
+                body = orjson.loads(raw)
+                if not isinstance(body, dict):
+                    raise ValueError("engine answered 200 with a non-object body")
+                return body
         except TimeoutError as err:
+            if ex is not None:
+                ex.abort()
             raise EngineError(504, error_body("engine timed out", "timeout", 504)) from err
-        except aiohttp.ClientConnectorError:
-            raise
-        except (aiohttp.ClientError, ValueError, orjson.JSONDecodeError) as err:
+        except UpstreamError as err:
+            if ex is not None:
+                ex.abort()
+            if err.kind == "connect":
+                raise
+            kind, status = ("timeout", 504) if err.kind == "timeout" else ("bad_gateway", 502)
+            raise EngineError(status, error_body(f"engine call failed: {err}", kind, status)) from err
+        except (ValueError, orjson.JSONDecodeError) as err:
             raise EngineError(502, error_body(f"engine answer unusable: {err}", "bad_gateway", 502)) from err
-        raise EngineError(resp.status, _engine_error_body(raw, resp.status))
+        except BaseException:  # cancelled: closing the socket tells the engine to stop
+            if ex is not None:
+                ex.abort()
+            raise
+        raise EngineError(status, _engine_error_body(raw[:ERROR_BODY_MAX_BYTES], status))
 
     async def _send(self, batch: list[core.Item]) -> None:
         try:
@@ -333,7 +389,7 @@ class ModelBatcher:
 
     async def _send_batch(self, batch: list[core.Item]) -> None:
         owners = list(dict.fromkeys(item.owner for item in batch))
-        payload = {**owners[0].body, "input": [item.value for item in batch]}
+        payload = {**owners[0].engine_body, "input": [item.value for item in batch]}
         self._m_size.observe(len(batch))
         self._m_tokens.observe(sum(i.tokens for i in batch))
         try:
@@ -361,7 +417,7 @@ class ModelBatcher:
             return
         self._m_calls["retry_alone"].inc()
         try:
-            body = await self._call({**owner.body, "input": [i.value for i in items]})
+            body = await self._call({**owner.engine_body, "input": [i.value for i in items]})
             self._deliver(items, body)
         except (EngineError, core.EngineResponseError) as err:
             owner.fail(_as_engine_error(err))
@@ -372,6 +428,13 @@ class ModelBatcher:
         shares = core.usage_shares(body, batch)
         created = int(body.get("created") or time.time())
         model = str(body.get("model") or self.target.name)
+        # every vector converted before any is handed out: a bad one fails the batch as a whole
+        data = [
+            entry
+            if item.owner.fmt is None
+            else {**entry, "embedding": core.convert_embedding(entry.get("embedding"), item.owner.fmt)}
+            for item, entry in zip(batch, data, strict=True)
+        ]
         for item, entry, tokens in zip(batch, data, shares, strict=True):
             owner: Pending = item.owner
             owner.created, owner.model = created, model

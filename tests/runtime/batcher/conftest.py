@@ -6,11 +6,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest_asyncio
-from aiohttp import web
 
-from runtime.batcher.app import Batcher, make_app
+from runtime.batcher.app import Batcher, make_server
 from runtime.config import RuntimeConfig
 from runtime.discovery import watch_backends
+from runtime.server import Server
 from tests.runtime.health.conftest import wait_for
 from tests.runtime.health.doubles import FakeEngine, Served, serve
 
@@ -25,10 +25,24 @@ def batcher_config(urls: list[str], **policy: Any) -> RuntimeConfig:
 
 
 class Running:
-    def __init__(self, batcher: Batcher, runner: web.AppRunner, url: str) -> None:
+    def __init__(self, batcher: Batcher, server: Server, url: str) -> None:
         self.batcher = batcher
-        self.runner = runner
+        self.server = server
         self.url = url
+
+    async def close(self) -> None:
+        await self.server.stop_accepting()
+        self.server.close_all()
+        await self.batcher.stop()
+
+
+async def start_batcher(config: RuntimeConfig, watch: Any = watch_backends) -> Running:
+    """The batcher on the lean server, on an ephemeral loopback port (not waiting for readiness)."""
+    batcher = Batcher(config, watch=watch)
+    server = make_server(batcher)
+    await batcher.start()
+    port = await server.start("127.0.0.1", 0)
+    return Running(batcher, server, f"http://127.0.0.1:{port}")
 
 
 @pytest_asyncio.fixture(loop_scope="function")
@@ -50,17 +64,11 @@ async def batcher_at() -> AsyncIterator[Callable[..., Awaitable[Running]]]:
     made: list[Running] = []
 
     async def make(config: RuntimeConfig) -> Running:
-        batcher = Batcher(config, watch=watch_backends)
-        runner = web.AppRunner(make_app(batcher), access_log=None, handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        running = Running(batcher, runner, f"http://127.0.0.1:{port}")
+        running = await start_batcher(config)
         made.append(running)
-        await wait_for(lambda: batcher.ready)
+        await wait_for(lambda: running.batcher.ready)
         return running
 
     yield make
     for r in made:
-        await r.runner.cleanup()
+        await r.close()

@@ -97,3 +97,45 @@ def test_response_reindexes_per_client():
         [{"object": "embedding", "index": 7, "embedding": [1.0]}], 3, model="m", request_id="r", created=1
     )
     assert out["data"][0]["index"] == 0 and out["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+
+
+def test_client_format_float_and_base64_float32_only():
+    assert core.client_format({"model": "m", "input": "x"}) == "float"
+    assert core.client_format({"model": "m", "encoding_format": "float"}) == "float"
+    assert core.client_format({"model": "m", "encoding_format": "base64"}) == "base64"
+    assert (
+        core.client_format({"model": "m", "encoding_format": "base64", "embed_dtype": "float32"}) == "base64"
+    )
+    assert core.client_format({"model": "m", "encoding_format": "base64", "embed_dtype": "float16"}) is None
+    assert core.client_format({"model": "m", "encoding_format": "bytes"}) is None
+    assert core.client_format({"model": "m", "endianness": "big"}) is None
+
+
+def test_float_and_base64_requests_share_a_queue_and_ask_the_engine_for_base64():
+    k1, e1 = core.key_and_engine_body({"model": "m", "input": "x"})
+    k2, e2 = core.key_and_engine_body(
+        {"model": "m", "input": ["y"], "encoding_format": "base64", "user": "u"}
+    )
+    k3, e3 = core.key_and_engine_body({"model": "m", "input": "x", "dimensions": 8})
+    k4, e4 = core.key_and_engine_body({"model": "m", "input": "x", "embed_dtype": "float16"})
+    assert k1 == k2 != k3 != k4 and k1 != k4
+    assert e1 == e2 == {"model": "m", "encoding_format": "base64"}
+    assert e3 == {"model": "m", "dimensions": 8, "encoding_format": "base64"}
+    assert e4 == {"model": "m", "embed_dtype": "float16"}  # as the client wrote it
+
+
+def test_convert_embedding_round_trips_float32():
+    import array
+    import base64
+
+    values = [0.1, -2.5, 3.0e-8, 1.0]
+    b64 = base64.b64encode(array.array("f", values).tobytes()).decode()
+    as_float32 = array.array("f", values).tolist()
+    assert core.convert_embedding(b64, "float") == as_float32
+    assert core.convert_embedding(b64, "base64") is b64  # byte-identical
+    assert core.convert_embedding(as_float32, "base64") == b64  # an engine that ignored base64
+    assert core.convert_embedding(as_float32, "float") == as_float32
+    assert core.convert_embedding([1, 2], None) == [1, 2]
+    for bad in ("not base64!", {"a": 1}, ["x"]):
+        with pytest.raises(core.EngineResponseError):
+            core.convert_embedding(bad, "float" if isinstance(bad, str) else "base64")

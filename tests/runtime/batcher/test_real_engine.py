@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from components.local.engine_process import free_port
-from tests.runtime.batcher.conftest import Running
+from tests.runtime.batcher.conftest import Running, start_batcher
 
 pytestmark = pytest.mark.engine
 
@@ -42,11 +42,7 @@ def close(a: list[float], b: list[float]) -> bool:
 
 
 async def _start_batcher(vllm_embed) -> Running:
-    from aiohttp import web
-
-    from runtime.batcher.app import Batcher, make_app
     from runtime.config import RuntimeConfig
-    from runtime.discovery import watch_backends
 
     config = RuntimeConfig.model_validate(
         {
@@ -56,15 +52,10 @@ async def _start_batcher(vllm_embed) -> Running:
             "batcher": {"policies": [{"model": vllm_embed.model, "max_batch_size": 32, "max_wait_ms": 20}]},
         }
     )
-    batcher = Batcher(config, watch=watch_backends)
-    runner = web.AppRunner(make_app(batcher), access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    while not batcher.ready:
+    running = await start_batcher(config)
+    while not running.batcher.ready:
         await asyncio.sleep(0.01)
-    return Running(batcher, runner, f"http://127.0.0.1:{port}")
+    return running
 
 
 async def _direct(session: aiohttp.ClientSession, base: str, model: str, inp) -> dict:
@@ -85,15 +76,22 @@ def test_batched_equals_unbatched_in_order_with_indices(vllm_embed):
             client = openai.AsyncOpenAI(
                 base_url=running.url + "/v1", api_key="unused", max_retries=0, timeout=120
             )
-            outs = await asyncio.gather(*(client.embeddings.create(model=model, input=r) for r in requests))
+            # the SDK asks for base64 (and decodes it); plain JSON floats are asked for by raw calls
+            sdk = asyncio.gather(*(client.embeddings.create(model=model, input=r) for r in requests))
+            async with aiohttp.ClientSession() as s:
+                raw = asyncio.gather(*(_direct(s, running.url, model, t) for t in TEXTS[:8]))
+                outs, floats = await asyncio.gather(sdk, raw)
             await client.close()
             calls = running.batcher.metrics.engine_calls.labels(model, "ok")._value.get()
-            return singles, outs, calls
+            return singles, outs, floats, calls
         finally:
-            await running.runner.cleanup()
+            await running.close()
 
-    singles, outs, calls = asyncio.run(run())
-    assert calls < len(requests)  # they were coalesced
+    singles, outs, floats, calls = asyncio.run(run())
+    assert calls < len(requests) + len(floats)  # they were coalesced
+    for text, out in zip(TEXTS, floats, strict=False):
+        assert [d["index"] for d in out["data"]] == [0]
+        assert close(out["data"][0]["embedding"], singles[text]["data"][0]["embedding"]), text
     for req, out in zip(requests, outs, strict=True):
         texts = [req] if isinstance(req, str) else req
         assert [d.index for d in out.data] == list(range(len(texts)))
@@ -126,7 +124,7 @@ def test_poison_input_fails_alone(vllm_embed):
                 inputs = [*TEXTS[:5], POISON, *TEXTS[5:10]]
                 return await asyncio.gather(*(one(i) for i in inputs))
         finally:
-            await running.runner.cleanup()
+            await running.close()
 
     results = asyncio.run(run())
     statuses = [status for status, _ in results]

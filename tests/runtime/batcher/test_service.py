@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
+import base64
+import json
 
 import aiohttp
+from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.runtime.batcher.conftest import batcher_config
 from tests.runtime.health.conftest import wait_for
-from tests.runtime.health.doubles import fake_vector
+from tests.runtime.health.doubles import FakeEngine, fake_vector, serve
 
 
 async def post(session, url, body):
@@ -192,9 +196,7 @@ async def test_metrics(fake_engine, batcher_at):
 
 
 async def test_queued_requests_fail_fast_when_the_last_replica_leaves(fake_engine):
-    from aiohttp import web
-
-    from runtime.batcher.app import Batcher, make_app
+    from tests.runtime.batcher.conftest import start_batcher
     from tests.runtime.health.conftest import wait_for as wait
 
     engine = await fake_engine(embed_delay_s=30)
@@ -204,12 +206,8 @@ async def test_queued_requests_fail_fast_when_the_last_replica_leaves(fake_engin
         while True:
             yield await lists.get()
 
-    batcher = Batcher(batcher_config([engine.url], max_wait_ms=0), watch=watch)
-    runner = web.AppRunner(make_app(batcher), access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    running = await start_batcher(batcher_config([engine.url], max_wait_ms=0), watch=watch)
+    batcher, url = running.batcher, running.url
     try:
         await lists.put([engine.url])
         await wait(lambda: batcher.ready)
@@ -226,7 +224,7 @@ async def test_queued_requests_fail_fast_when_the_last_replica_leaves(fake_engin
             busy.cancel()
             await asyncio.gather(busy, return_exceptions=True)
     finally:
-        await runner.cleanup()
+        await running.close()
 
 
 async def test_queues_for_distinct_parameters_do_not_accumulate(fake_engine, batcher_at):
@@ -256,3 +254,83 @@ async def test_partial_batches_wait_for_an_idle_replica_full_ones_do_not(fake_en
         assert sorted(embed_calls(engine)[1]["body"]["input"]) == ["B0", "B1", "B2", "B3"]
         results = await asyncio.gather(first, *held, *more)
     assert all(status == 200 for status, _, _ in results)
+
+
+class Base64Engine(FakeEngine):
+    """A fake engine that honours ``encoding_format: base64`` as vLLM does (float32, native order)."""
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        resp = await super().embeddings(_Replay(request, body))
+        if body.get("encoding_format") == "base64" and resp.status == 200:
+            out = json.loads(resp.body)  # type: ignore[attr-defined]
+            for d in out["data"]:
+                d["embedding"] = b64(d["embedding"])
+            return web.json_response(out)
+        return resp
+
+
+class _Replay:
+    def __init__(self, request: web.Request, body: dict) -> None:
+        self.path, self._body = request.path, body
+
+    async def json(self) -> dict:
+        return self._body
+
+
+def b64(vector: list[float]) -> str:
+    return base64.b64encode(array.array("f", vector).tobytes()).decode()
+
+
+async def test_float_and_base64_clients_share_calls_and_get_their_own_format(batcher_at):
+    served = await serve(Base64Engine(embed_delay_s=0.2))
+    try:
+        b = await batcher_at(batcher_config([served.url], max_wait_ms=50, max_inflight_batches_per_backend=1))
+        bodies = [
+            {"model": "emb", "input": f"x{i}", **({"encoding_format": "base64"} if i % 2 else {})}
+            for i in range(8)
+        ]
+        bodies.append({"model": "emb", "input": ["p", "q"], "encoding_format": "float"})
+        async with aiohttp.ClientSession() as s:
+            results = await asyncio.gather(*(post(s, b.url, body) for body in bodies))
+        for body, (status, out, _) in zip(bodies, results, strict=True):
+            assert status == 200, out
+            inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+            want = [fake_vector(x) for x in inputs]
+            if body.get("encoding_format") == "base64":
+                assert [d["embedding"] for d in out["data"]] == [b64(v) for v in want]  # byte-identical
+            else:
+                assert [d["embedding"] for d in out["data"]] == want
+            assert [d["index"] for d in out["data"]] == list(range(len(inputs)))
+        calls = embed_calls(served)
+        assert all(c["body"]["encoding_format"] == "base64" for c in calls)
+        assert len(calls) < len(bodies)
+    finally:
+        await served.close()
+
+
+async def test_other_dtypes_are_not_converted_and_bytes_formats_pass_through(fake_engine, batcher_at):
+    engine = await fake_engine()
+    b = await batcher_at(batcher_config([engine.url], max_wait_ms=0))
+    async with aiohttp.ClientSession() as s:
+        status, _, _ = await post(s, b.url, {"model": "emb", "input": "x", "embed_dtype": "float16"})
+        assert status == 200
+        status, _, _ = await post(s, b.url, {"model": "emb", "input": ["y", "z"], "encoding_format": "bytes"})
+        assert status == 200
+    first, second = embed_calls(engine)
+    assert first["body"] == {"model": "emb", "input": ["x"], "embed_dtype": "float16"}
+    assert second["body"] == {"model": "emb", "input": ["y", "z"], "encoding_format": "bytes"}
+
+
+async def test_routes_methods_and_probes(fake_engine, batcher_at):
+    engine = await fake_engine()
+    b = await batcher_at(batcher_config([engine.url]))
+    async with aiohttp.ClientSession() as s:
+        async with s.get(b.url + "/healthz") as r:
+            assert r.status == 200
+        async with s.get(b.url + "/readyz") as r:
+            assert r.status == 200 and (await r.json())["ready"] is True
+        async with s.get(b.url + "/v1/embeddings") as r:
+            assert r.status == 405 and "error" in await r.json()
+        async with s.post(b.url + "/v1/chat/completions", json={"model": "emb"}) as r:
+            assert r.status == 404 and (await r.json())["error"]["type"] == "not_found_error"
