@@ -135,9 +135,9 @@ def _aws_outputs(type_: str, name: str, inputs: dict[str, Any], region: str) -> 
         out["latestVersion"] = 1
     elif type_ == "aws:ecr/repository:Repository":
         out["registryId"] = MOCK_ACCOUNT_ID
-        out["repositoryUrl"] = f"{MOCK_ACCOUNT_ID}.dkr.ecr.{region}.amazonaws.com/{physical}"
+        out["repositoryUrl"] = f"{MOCK_ACCOUNT_ID}.dkr.ecr.{region}.{policies.dns_suffix(region)}/{physical}"
     elif type_ == "aws:eks/cluster:Cluster":
-        out["endpoint"] = f"https://{_hex(name)[:32].upper()}.gr7.{region}.eks.amazonaws.com"
+        out["endpoint"] = f"https://{_hex(name)[:32].upper()}.gr7.{region}.eks.{policies.dns_suffix(region)}"
         ca = f"-----BEGIN CERTIFICATE-----\nmock CA of {physical}\n-----END CERTIFICATE-----\n"
         out["certificateAuthority"] = {"data": base64.b64encode(ca.encode()).decode()}
     return out
@@ -194,7 +194,7 @@ class _Mocks(pulumi.runtime.Mocks):
                 "authorizationToken": base64.b64encode(f"AWS:{password}".encode()).decode(),
                 "userName": "AWS",
                 "password": password,
-                "proxyEndpoint": f"https://{registry}.dkr.ecr.{region}.amazonaws.com",
+                "proxyEndpoint": f"https://{registry}.dkr.ecr.{region}.{policies.dns_suffix(region)}",
                 "expiresAt": "2030-01-01T12:00:00Z",
                 "registryId": registry,
                 "id": region,

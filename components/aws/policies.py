@@ -406,10 +406,14 @@ def bucket_tls_only(bucket_arn: str) -> PolicyDocument:
     }
 
 
+def dns_suffix(region: str) -> str:
+    """The domain of AWS endpoints in ``region`` (China regions have their own)."""
+    return "amazonaws.com.cn" if partition(region) == "aws-cn" else "amazonaws.com"
+
+
 def via_service(service: str, region: str) -> str:
     """The ``kms:ViaService`` value of an AWS service calling KMS on a principal's behalf in ``region``."""
-    suffix = "amazonaws.com.cn" if partition(region) == "aws-cn" else "amazonaws.com"
-    return f"{service}.{region}.{suffix}"
+    return f"{service}.{region}.{dns_suffix(region)}"
 
 
 # Key administration, action by action: what `pulumi up` does to a key (create, tag, rotate, alias, policy)
