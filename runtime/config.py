@@ -118,6 +118,23 @@ class StrategyConfig(_Strict):
         le=1,
         description="Affinity is ignored for a replica whose in-flight share of its cap exceeds this.",
     )
+    prefix_balance_factor: float = Field(
+        default=1.2,
+        ge=1,
+        description=(
+            "prefix_aware: a new conversation on a shared prefix (a system prompt others went through)"
+            " goes to a replica holding it only while that replica's count of recently started"
+            " conversations, with this one, stays within ceil(this x the average) (bounded loads);"
+            " else to the replica that started the fewest, which copies the prefix. 1.2: at most ~60 %"
+            " of new conversations on one of two replicas. A conversation's follow-ups are not bounded"
+            " by it: they stay home up to load_guard_ratio."
+        ),
+    )
+    prefix_balance_window_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="prefix_aware: time constant of the decaying count of conversations started per replica.",
+    )
     prefix_chars_per_token: int = Field(
         default=4,
         ge=1,

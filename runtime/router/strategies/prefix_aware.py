@@ -1,15 +1,51 @@
-"""``prefix_aware``: send prompts that share a prefix to the replica that already holds it in its KV
-cache, unless that replica is above the load guard; load decides among the rest.
+"""``prefix_aware``: keep a conversation's follow-ups on the replica that holds its history in KV cache,
+and spread new conversations that only share a common prefix (a system prompt, few-shot examples)
+evenly, copying a shared prefix to a second replica only when its holder has had more than its share.
 
-The index maps a chained hash of each prompt block (block i's hash covers blocks 0..i) to the replicas
-that last served it (up to ``OWNERS_PER_BLOCK``, most recent first). It is an LRU bounded by ``prefix_index_max_entries``: memory is fixed whatever
-the traffic, which is where the field's Python router leaks. The router has no tokenizer, so a block
-is ``prefix_block_tokens x prefix_chars_per_token`` characters; engines cache by token blocks, and
-a character block that matches implies the token prefix matches too (same text, same tokens).
+**The index** maps a chained hash of each prompt block (block i's hash covers blocks 0..i) to the
+replicas that served it (up to ``OWNERS_PER_BLOCK``, oldest first) and to how many distinct
+continuations of it were seen. It is an LRU bounded by ``prefix_index_max_entries``: memory is fixed
+whatever the traffic. The router has no tokenizer, so a block is ``prefix_block_tokens x
+prefix_chars_per_token`` characters; engines cache by token blocks, and a character block that matches
+implies the token prefix matches too (same text, same tokens).
+
+**Two kinds of match.** The index is a prefix tree of what was routed. A request's longest match ends
+at some block, and what was seen after that block tells the two kinds apart:
+
+- nothing continued it (a *leaf*): the request extends exactly what an earlier request sent, as a
+  conversation's next turn does; its own history lives on the replica(s) holding that leaf. A
+  **follow-up** stays home (score 1 there, 0 elsewhere) unless home is past the load guard: moving it
+  throws away the whole conversation's cache, and a conversation started somewhere has committed that
+  replica to its remaining turns anyway.
+- other requests continued it differently (a *branch point*, where SGLang's radix tree would split a
+  node): the request shares a prefix that many went through but has no history of its own. A new
+  conversation is where the router can still choose, so it is placed with **bounded loads**
+  (consistent hashing with bounded loads: Mirrokni, Thorup, Zadimoghaddam 2018; HAProxy's
+  ``hash-balance-factor``): the first holder of the prefix (deepest match, then the one that has held
+  it longest) takes it if its count of recently started conversations, with this one, stays within
+  ``ceil(prefix_balance_factor x the average)``; else the replica that started the fewest takes it and
+  the prefix is copied there (one prefill of the shared part). A stable first holder keeps a prompt
+  in one replica's cache while it fits the bound, instead of alternating and doubling its footprint.
+
+**Why count conversations, not requests in flight.** Follow-ups cannot move, so a replica's future
+load is the conversations homed on it, most of which sit between turns (invisible to an in-flight
+count) at any moment. Balancing new conversations balances the requests they bring; balancing
+in-flight counts at the instant a conversation starts does not (measured: one replica took 62-69 % of
+requests in 3 of 5 runs, bench/README.md). A replica that is slow anyway is protected by the load
+guard, which drops affinity on a replica past ``load_guard_ratio`` of its cap; requests with no match
+at all are placed by load alone, so traffic with nothing in common is routed like ``least_load``.
+
+The field, for comparison: SGLang's cache_aware switches every request to shortest-queue when max - min
+> ``balance_abs_threshold`` (64) and max > ``balance_rel_threshold`` (1.5) x min; AIBrix's prefix-cache
+router does the same above an absolute gap of running requests (16), then keeps a matching pod only if
+it is under mean + 2 standard deviations; vLLM's production-stack scores match share minus
+beta x relative load. Those are global switches or blends that move follow-ups as well; here only new
+conversations are balanced, which is what keeps conversations at home while the load evens out.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from runtime.config import StrategyConfig
@@ -31,65 +67,128 @@ def block_hashes(prompt: str, block_chars: int, max_blocks: int) -> list[int]:
     return out
 
 
-#: Replicas remembered per block, most recent first: a popular system prompt lives on several.
+#: Replicas remembered per block, oldest first: a popular system prompt lives on several.
 OWNERS_PER_BLOCK = 4
 
 
-class PrefixScorer(Scorer):
-    """Score = share of the prompt's blocks that replica holds as its longest indexed prefix.
+class Block:
+    """One indexed block: who served it (oldest first), and how many distinct next blocks followed it."""
 
-    Each block remembers the last few replicas that served it (not only the last), so when a system
-    prompt sits on two replicas both score for it and load decides between them; a replica's own
-    conversation history still makes it win the deeper match."""
+    __slots__ = ("children", "owners")
+
+    def __init__(self, owner: str) -> None:
+        self.owners: tuple[str, ...] = (owner,)
+        self.children = 0
+
+
+def within_bound(load: float, total: float, n: int, factor: float) -> bool:
+    """Bounded-load admission: ``load + 1 <= ceil(factor x (total + 1) / n)`` (this request included)."""
+    return load + 1 <= math.ceil(factor * (total + 1) / n - 1e-9) + 1e-9
+
+
+class PrefixScorer(Scorer):
+    """Follow-ups (match ends at a leaf) score 1 on their home replica; new conversations on a shared
+    prefix (match ends at a branch point) score 1 on the replica the bounded-load rule picks."""
 
     name = "prefix"
     affinity = True
 
-    def __init__(self, block_chars: int, max_blocks: int, max_entries: int) -> None:
+    def __init__(
+        self, block_chars: int, max_blocks: int, max_entries: int, balance_factor: float, window_s: float
+    ) -> None:
         self.block_chars = block_chars
         self.max_blocks = max_blocks
-        self.index: BoundedLru[int, tuple[str, ...]] = BoundedLru(max_entries)
+        self.balance_factor = balance_factor
+        self.window_s = window_s
+        self.index: BoundedLru[int, Block] = BoundedLru(max_entries)
+        # replica url -> (conversations started there, decayed with time constant window_s; as of when)
+        self.started: dict[str, tuple[float, float]] = {}
         self.lookups = 0
         self.hits = 0
+        self.followups = 0
+        self.shared = 0
+        self.spilled = 0  # new conversations that went past a busy holder and copied the prefix
+
+    def _started(self, url: str, now: float) -> float:
+        count, at = self.started.get(url, (0.0, now))
+        return count * math.exp(min(0.0, at - now) / self.window_s)
 
     def score(self, backends: Sequence[Backend], ctx: Context) -> list[float]:
         hashes = block_hashes(ctx.prompt, self.block_chars, self.max_blocks)
-        ctx.notes["prefix_hashes"] = hashes
+        notes = ctx.notes
+        notes["prefix_hashes"] = hashes
+        notes["prefix_followup"] = False
         if not hashes:
             return [0.0] * len(backends)
         self.lookups += 1
         wanted = {b.url for b in backends}
         depth_of: dict[str, int] = {}
+        order: list[str] = []  # holders, deepest match first; at one depth, the longest holder first
         get = self.index.get
+        deepest: Block | None = None
         # walk from the longest prefix down: the first depth a replica shows up at is its best match
         for depth in range(len(hashes), 0, -1):
-            owners = get(hashes[depth - 1])
-            if owners is None:
+            block = get(hashes[depth - 1])
+            if block is None:
                 continue
-            for url in owners:
+            for url in block.owners:
                 if url in wanted and url not in depth_of:
                     depth_of[url] = depth
+                    order.append(url)
+                    if deepest is None:
+                        deepest = block
             if len(depth_of) == len(wanted):
                 break
-        if not depth_of:
-            return [0.0] * len(backends)
+        if deepest is None:
+            return [0.0] * len(backends)  # nothing known: load decides
         self.hits += 1
-        n = len(hashes)
-        return [depth_of.get(b.url, 0) / n for b in backends]
+        if deepest.children == 0:
+            # a follow-up: the replicas with the deepest match hold this conversation's own history
+            self.followups += 1
+            notes["prefix_followup"] = True
+            top = depth_of[order[0]]
+            return [1.0 if depth_of.get(b.url) == top else 0.0 for b in backends]
+        # a new conversation on a shared prefix: bounded loads over recently started conversations
+        self.shared += 1
+        now = ctx.now
+        started = {b.url: self._started(b.url, now) for b in backends}
+        total = sum(started.values())
+        n = len(backends)
+        factor = self.balance_factor
+        # deepest match first; among equally deep holders, the one that started the fewest: a prefix
+        # already copied to several replicas is the cheapest way to even them out
+        for url in sorted(order, key=lambda u: (-depth_of[u], started[u])):
+            if within_bound(started[url], total, n, factor):
+                return [1.0 if b.url == url else 0.0 for b in backends]
+        self.spilled += 1
+        fewest = min(started.values())
+        return [1.0 if started[b.url] <= fewest else 0.0 for b in backends]
 
     def on_routed(self, backend: Backend, ctx: Context) -> None:
         hashes = ctx.notes.get("prefix_hashes")
         if not isinstance(hashes, list):
             return
-        index = self.index
         url = backend.url
+        if not ctx.notes.get("prefix_followup"):
+            now = ctx.now
+            started = self.started
+            started[url] = (self._started(url, now) + 1.0, now)
+            if len(started) > 64:  # replicas come and go: forget the ones that started nothing lately
+                for gone in [u for u in started if u != url and self._started(u, now) < 0.01]:
+                    del started[gone]
+        index = self.index
         keep = OWNERS_PER_BLOCK - 1
+        parent: Block | None = None
         for h in hashes:
-            owners = index.get(h)
-            if owners is None:
-                index.put(h, (url,))
-            elif owners[0] != url:
-                index.put(h, (url, *[o for o in owners if o != url][:keep]))
+            block = index.get(h)
+            if block is None:
+                block = Block(url)
+                index.put(h, block)
+                if parent is not None:
+                    parent.children += 1  # a new continuation of the parent: it is a branch point now
+            elif url not in block.owners:
+                block.owners = (*block.owners[-keep:], url)
+            parent = block
 
     def index_size(self) -> int:
         return len(self.index)
@@ -104,6 +203,8 @@ def build(cfg: StrategyConfig) -> Strategy:
         cfg.prefix_block_tokens * cfg.prefix_chars_per_token,
         cfg.prefix_max_blocks,
         cfg.prefix_index_max_entries,
+        cfg.prefix_balance_factor,
+        cfg.prefix_balance_window_s,
     )
     weights = {"prefix": 2.0, "load": 1.0, **cfg.weights}
     return Strategy(

@@ -13,7 +13,7 @@ from runtime.config import StrategyConfig
 from runtime.router.backends import Backend, Breaker, Circuit
 from runtime.router.lru import BoundedLru
 from runtime.router.strategies import BUILDERS, Context, build
-from runtime.router.strategies.prefix_aware import block_hashes
+from runtime.router.strategies.prefix_aware import block_hashes, within_bound
 
 replica = st.fixed_dictionaries(
     {
@@ -79,14 +79,14 @@ def test_prefix_aware_sends_equal_prefixes_to_the_same_replica_under_the_load_bo
     strategy = build(cfg)
     backends = make_backends([{**_idle(), "cap": 100} for _ in range(4)])
     first: dict[str, str] = {}
-    for prompt in prompts * 3:
+    tagged = [f"{i:015d}|{p}" for i, p in enumerate(prompts)]  # distinct first blocks: none extends another
+    for prompt in tagged * 3:
         ctx = Context(model="m", prompt=prompt, now=1.0)
         b = strategy.pick(backends, ctx)
         assert b is not None
         strategy.on_routed(b, ctx)
         b.inflight += 1  # load grows, but stays under the guard (at most 30 of 100)
-        if len(prompt) >= 16:
-            assert first.setdefault(prompt, b.url) == b.url
+        assert first.setdefault(prompt, b.url) == b.url
 
 
 def test_prefix_load_guard_moves_a_hot_prefix_off_an_overloaded_replica() -> None:
@@ -223,23 +223,117 @@ def _idle() -> dict:
     }
 
 
-def test_prefix_held_by_two_replicas_scores_on_both_and_load_decides() -> None:
+def test_prefix_held_by_two_replicas_goes_to_the_holder_that_started_fewer() -> None:
     strategy = build(StrategyConfig(name=Name.PREFIX_AWARE, prefix_block_tokens=4, prefix_chars_per_token=1))
     a, b, c = make_backends([{**_idle(), "cap": 100} for _ in range(3)])
     system = "shared system prompt " * 4
-    for home in (a, b):  # the same system prompt was served by a, then by b
-        ctx = Context(model="m", prompt=system + "question", now=1.0)
-        strategy.pick([a, b, c], ctx)
-        strategy.on_routed(home, ctx)
-    a.inflight = 3  # a holds it too, but is busier: b is picked, never c (which holds nothing)
-    for _ in range(5):
-        assert strategy.pick([a, b, c], Context(model="m", prompt=system + "another", now=1.0)) is b
-    b.inflight = 5
+    for home, question in ((a, "question one"), (b, "question two")):  # the prompt was served by a, then b
+        _route(strategy, [a, b, c], system + question, to=home)
+    # one conversation each: a (the first holder) is within the bound; requests in flight do not count
+    a.inflight = 5
     assert strategy.pick([a, b, c], Context(model="m", prompt=system + "another", now=1.0)) is a
-    # a conversation's own history still wins over load: its deeper prefix lives on a only
+    # a has started 3 conversations, b 1, c none: b, a holder within ceil(1.2 x 5 / 3) = 2, takes it;
+    # c started fewer but does not hold the prompt, and b is not over the bound
+    for i in range(2):
+        _route(strategy, [a, b, c], f"{system}more {i}", to=a)
+    assert strategy.pick([a, b, c], Context(model="m", prompt=system + "another", now=1.0)) is b
+    # a conversation's own history still wins: its deeper prefix lives on a only
     history = system + "question one; answer one; question two"
-    ctx = Context(model="m", prompt=history, now=1.0)
-    strategy.pick([a, b, c], ctx)
-    strategy.on_routed(a, ctx)
-    a.inflight, b.inflight = 4, 3
+    _route(strategy, [a, b, c], history, to=a)
     assert strategy.pick([a, b, c], Context(model="m", prompt=history + "; answer two", now=1.0)) is a
+
+
+SYSTEM = "You are a helpful assistant of the routing team. " * 6
+
+
+def _chat(*turns: str) -> str:
+    """A chat prompt as the router sees it (``prompt_text``): the system prompt, then the turns."""
+    return "\x1e".join(["system", SYSTEM, *turns])
+
+
+def _route(strategy, backends, prompt: str, to: Backend | None = None) -> Backend:
+    ctx = Context(model="m", prompt=prompt, now=1.0)
+    picked = strategy.pick(backends, ctx)
+    assert picked is not None
+    strategy.on_routed(to or picked, ctx)
+    return to or picked
+
+
+def test_prefix_new_session_on_a_shared_prompt_goes_to_the_less_loaded_replica() -> None:
+    """Load, for placing a new conversation, is how many conversations a replica started lately: its
+    follow-ups will come back to it, though most of them are between turns (not in flight) now."""
+    strategy = build(StrategyConfig(name=Name.PREFIX_AWARE, prefix_block_tokens=4))
+    a, b = make_backends([{**_idle(), "cap": 64} for _ in range(2)])
+    # conversations started on a and b; the system prompt is a shared prefix (a branch point) held by a
+    _route(strategy, [a, b], _chat("user", "conversation 1, first question"), to=a)
+    _route(strategy, [a, b], _chat("user", "conversation 2, first question"), to=a)
+    _route(strategy, [a, b], "\x1e".join(["user", "another conversation without the system prompt"]), to=b)
+    new = _chat("user", "conversation 3, first question")
+    # a started 2, b 1: a stays within the bound (3 <= ceil(1.2 x 4 / 2)) and keeps its prompt
+    assert strategy.pick([a, b], Context(model="m", prompt=new, now=1.0)) is a
+    _route(strategy, [a, b], _chat("user", "conversation 4, first question"), to=a)
+    # a started 3, b 1: clearly more (4 > ceil(1.2 x 5 / 2)); b takes it and copies the prompt
+    assert strategy.pick([a, b], Context(model="m", prompt=new, now=1.0)) is b
+    scorer = strategy.scorers[0][0]
+    assert scorer.spilled == 1  # type: ignore[attr-defined]
+    # started conversations fade with the window: much later, a's count no longer holds it back
+    assert strategy.pick([a, b], Context(model="m", prompt=new, now=1000.0)) is a
+
+
+def test_prefix_new_conversations_balance_whatever_the_prompts_popularity() -> None:
+    """One hot system prompt and a cold one: conversations split evenly, and a prompt is copied only
+    when its holder is over the bound (sticky follow-ups would otherwise follow the popularity)."""
+    strategy = build(StrategyConfig(name=Name.PREFIX_AWARE, prefix_block_tokens=4))
+    a, b = make_backends([{**_idle(), "cap": 64} for _ in range(2)])
+    rng = random.Random(3)
+    homes: dict[str, Backend] = {}
+    for i in range(200):
+        system = "hot system prompt. " * 8 if rng.random() < 0.8 else "cold system prompt. " * 8
+        prompt = "\x1e".join(["system", system, "user", f"conversation {i}: a first question"])
+        homes[prompt] = _route(strategy, [a, b], prompt)
+    counts = [sum(1 for h in homes.values() if h is x) for x in (a, b)]
+    assert max(counts) <= 0.6 * sum(counts)  # the bound: ceil(1.2 x the average of two)
+
+
+def test_prefix_follow_up_stays_home_under_imbalance_until_the_load_guard() -> None:
+    strategy = build(StrategyConfig(name=Name.PREFIX_AWARE, prefix_block_tokens=4, load_guard_ratio=0.8))
+    a, b = make_backends([{**_idle(), "cap": 10} for _ in range(2)])
+    turn1 = _chat("user", "first conversation, first question")
+    _route(strategy, [a, b], turn1, to=a)
+    _route(strategy, [a, b], _chat("user", "second conversation, first question"), to=b)  # b holds SYSTEM too
+    turn2 = _chat("user", "first conversation, first question", "assistant", "an answer", "user", "more?")
+    a.inflight, b.inflight = 6, 1  # a follow-up stays home under an imbalance of requests in flight
+    assert strategy.pick([a, b], Context(model="m", prompt=turn2, now=1.0)) is a
+    assert strategy.scorers[0][0].followups == 1  # type: ignore[attr-defined]
+    a.inflight = 9  # past the guard (0.8 x 10): even a conversation's history moves
+    assert strategy.pick([a, b], Context(model="m", prompt=turn2, now=1.0)) is b
+
+
+def test_prefix_match_kind_is_told_by_the_index_tree() -> None:
+    """A match ending at a leaf (nothing continued it) is a follow-up; at a branch point, shared."""
+    strategy = build(StrategyConfig(name=Name.PREFIX_AWARE, prefix_block_tokens=4))
+    scorer = strategy.scorers[0][0]
+    a, b = make_backends([{**_idle(), "cap": 64} for _ in range(2)])
+    _route(strategy, [a, b], _chat("user", "one: what is the capital of France, and why there?"), to=a)
+    strategy.pick(
+        [a, b],
+        Context(model="m", prompt=_chat("user", "two: how do I sort a list of tuples in Python?"), now=1.0),
+    )
+    assert (scorer.shared, scorer.followups) == (1, 0)  # type: ignore[attr-defined]
+    strategy.pick(
+        [a, b],
+        Context(
+            model="m", prompt=_chat("user", "one: what is the capital of France, and why there?!"), now=1.0
+        ),
+    )
+    assert (scorer.shared, scorer.followups) == (1, 1)  # type: ignore[attr-defined]
+
+
+@settings(max_examples=200, deadline=None)
+@given(loads=st.lists(st.integers(0, 40), min_size=1, max_size=6), factor=st.floats(1.0, 3.0))
+def test_bounded_load_admits_the_least_loaded_replica(loads, factor) -> None:
+    total = float(sum(loads))
+    assert within_bound(min(loads), total, len(loads), factor)  # someone can always take the request
+    for load in loads:  # and the bound is monotone in the load
+        if within_bound(load, total, len(loads), factor):
+            assert all(within_bound(x, total, len(loads), factor) for x in loads if x <= load)
