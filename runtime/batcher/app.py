@@ -159,7 +159,7 @@ class Batcher:
     async def _embeddings(
         self, conn: Connection, mb: ModelBatcher, body: dict[str, Any]
     ) -> tuple[int, bytes]:
-        if core.client_format(body) is None and body.get("encoding_format") not in (None, "float", "base64"):
+        if body.get("encoding_format") not in (None, "float", "base64"):
             # bytes / bytes_only (vLLM's binary answers): one engine call per request, as the client wrote it
             raise Forwarded(*await self._forward(mb, EMBEDDINGS, orjson.dumps(body)))
         try:

@@ -82,21 +82,23 @@ def client_format(body: Mapping[str, Any]) -> str | None:
     return str(fmt)
 
 
-def key_and_engine_body(body: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The queue key of a request and the fields its batch's engine call carries (without ``input``).
+def key_and_engine_body(body: Mapping[str, Any]) -> tuple[str, dict[str, Any], str | None]:
+    """The queue key of a request, the fields its batch's engine call carries (without ``input``),
+    and the client's format when the batcher writes it (:func:`client_format`).
 
     The usual body, ``{"model", "input"}`` with perhaps ``encoding_format``, costs no JSON encoding.
     """
-    if client_format(body) is None:
+    fmt = client_format(body)
+    if fmt is None:
         rest = {k: v for k, v in body.items() if k not in PER_REQUEST_FIELDS}
-        return "raw:" + json.dumps(rest, sort_keys=True, separators=(",", ":"), default=str), rest
+        return "raw:" + json.dumps(rest, sort_keys=True, separators=(",", ":"), default=str), rest, None
     rest = {k: v for k, v in body.items() if k not in PER_REQUEST_FIELDS and k not in FORMAT_FIELDS}
     if len(rest) == 1 and "model" in rest:
         key = "b64:" + str(rest["model"])
     else:
         key = "b64:" + json.dumps(rest, sort_keys=True, separators=(",", ":"), default=str)
     rest["encoding_format"] = "base64"
-    return key, rest
+    return key, rest, fmt
 
 
 def convert_embedding(value: Any, fmt: str | None) -> Any:

@@ -235,14 +235,14 @@ class ModelBatcher:
         if self.depth + len(inputs) > self.policy.max_queue:
             raise QueueFullError(self.retry_after_s())
         loop = asyncio.get_running_loop()
-        key, engine_body = core.key_and_engine_body(body)
+        key, engine_body, fmt = core.key_and_engine_body(body)
         pending = Pending(
             body=body,
             size=len(inputs),
             future=loop.create_future(),
             alive=alive,
             engine_body=engine_body,
-            fmt=core.client_format(body),
+            fmt=fmt,
         )
         queue = self.queues.setdefault(key, deque())
         now = loop.time()

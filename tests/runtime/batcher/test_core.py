@@ -112,12 +112,13 @@ def test_client_format_float_and_base64_float32_only():
 
 
 def test_float_and_base64_requests_share_a_queue_and_ask_the_engine_for_base64():
-    k1, e1 = core.key_and_engine_body({"model": "m", "input": "x"})
-    k2, e2 = core.key_and_engine_body(
+    k1, e1, f1 = core.key_and_engine_body({"model": "m", "input": "x"})
+    k2, e2, f2 = core.key_and_engine_body(
         {"model": "m", "input": ["y"], "encoding_format": "base64", "user": "u"}
     )
-    k3, e3 = core.key_and_engine_body({"model": "m", "input": "x", "dimensions": 8})
-    k4, e4 = core.key_and_engine_body({"model": "m", "input": "x", "embed_dtype": "float16"})
+    k3, e3, _ = core.key_and_engine_body({"model": "m", "input": "x", "dimensions": 8})
+    k4, e4, f4 = core.key_and_engine_body({"model": "m", "input": "x", "embed_dtype": "float16"})
+    assert (f1, f2, f4) == ("float", "base64", None)
     assert k1 == k2 != k3 != k4 and k1 != k4
     assert e1 == e2 == {"model": "m", "encoding_format": "base64"}
     assert e3 == {"model": "m", "dimensions": 8, "encoding_format": "base64"}
