@@ -21,13 +21,14 @@ at some block, and what was seen after that block tells the two kinds apart:
   node): the request shares a prefix that many went through but has no history of its own. A new
   conversation is where the router can still choose, so it is placed with **bounded loads**
   (consistent hashing with bounded loads: Mirrokni, Thorup, Zadimoghaddam 2018; HAProxy's
-  ``hash-balance-factor``): the first holder of the prefix (deepest match, then the one that has held
-  it longest) takes it if its count of recently started conversations, with this one, stays within
-  ``ceil(prefix_balance_factor x the average)``; else the replica that started the fewest takes it and
-  the prefix is copied there (one prefill of the shared part). A stable first holder keeps a prompt
-  in one replica's cache while it fits the bound, instead of alternating and doubling its footprint.
+  ``hash-balance-factor``): among the replicas holding the prefix (deepest match first), the one that
+  started the fewest conversations lately takes it if its count, with this one, stays within
+  ``ceil(prefix_balance_factor x the average)``; else the replica that started the fewest of all takes
+  it and the prefix is copied there (one prefill of the shared part, and room in a second cache). A
+  prompt already on several replicas is the cheap lever: its new conversations go wherever fewer
+  started, so the other prompts need not be copied.
 
-**Why count conversations, not requests in flight.** Follow-ups cannot move, so a replica's future
+**Why count conversations, not requests in flight.** Follow-ups stay put, so a replica's future
 load is the conversations homed on it, most of which sit between turns (invisible to an in-flight
 count) at any moment. Balancing new conversations balances the requests they bring; balancing
 in-flight counts at the instant a conversation starts does not (measured: one replica took 62-69 % of
