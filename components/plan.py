@@ -93,6 +93,8 @@ _ARN_SHAPES: dict[str, str] = {
     "aws:cloudwatch/logGroup:LogGroup": "arn:{partition}:logs:{region}:{account}:log-group:{name}",
     "aws:cloudwatch/eventRule:EventRule": "arn:{partition}:events:{region}:{account}:rule/{name}",
     "aws:sqs/queue:Queue": "arn:{partition}:sqs:{region}:{account}:{name}",
+    "aws:kms/alias:Alias": "arn:{partition}:kms:{region}:{account}:{name}",  # the name starts with alias/
+    "aws:ec2/flowLog:FlowLog": "arn:{partition}:ec2:{region}:{account}:vpc-flow-log/{name}",
 }
 _GLOBAL_SERVICES = frozenset({"iam"})  # ARNs without a region
 _NAME_PROPERTY: dict[str, str] = {"aws:s3/bucket:Bucket": "bucket"}  # the physical name, where not "name"
@@ -103,7 +105,8 @@ def mock_arn(type_: str, name: str, region: str, account_id: str = MOCK_ACCOUNT_
     """The ARN AWS gives resource ``name`` of a pulumi_aws type token such as ``aws:iam/role:Role``.
 
     The service is the token's module (``iam``), the resource type its kind in kebab case (``role``);
-    the few types AWS names differently (S3 buckets, log groups, queues, event rules) are in a table.
+    the few types AWS names differently (S3 buckets, log groups, queues, event rules, KMS aliases, flow logs)
+    are in a table.
     """
     _, module, kind = type_.split(":")
     service = module.split("/", 1)[0]

@@ -43,6 +43,13 @@ ACCOUNT = plan.MOCK_ACCOUNT_ID
             f"arn:aws:logs:us-east-1:{ACCOUNT}:log-group:/aws/x",
         ),
         ("aws:sqs/queue:Queue", "q", "us-east-1", f"arn:aws:sqs:us-east-1:{ACCOUNT}:q"),
+        ("aws:kms/alias:Alias", "alias/k", "us-east-1", f"arn:aws:kms:us-east-1:{ACCOUNT}:alias/k"),
+        (
+            "aws:ec2/flowLog:FlowLog",
+            "fl-1",
+            "us-east-1",
+            f"arn:aws:ec2:us-east-1:{ACCOUNT}:vpc-flow-log/fl-1",
+        ),
         ("aws:iam/role:Role", "node", "cn-north-1", f"arn:aws-cn:iam::{ACCOUNT}:role/node"),
     ],
 )
@@ -132,5 +139,7 @@ def test_mocks_answer_in_the_region_of_the_stacks_aws_provider(tmp_path: Path) -
     assert cluster.inputs["encryptionConfig"]["provider"]["keyArn"].startswith(
         f"arn:aws:kms:{region}:{ACCOUNT}:key/"
     )
-    for build in _of(synthesis, "docker-build:index:Image"):
+    builds = _of(synthesis, "docker-build:index:Image")
+    assert builds
+    for build in builds:
         assert build.inputs["registries"][0]["address"] == f"{ACCOUNT}.dkr.ecr.{region}.amazonaws.com"

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import pytest
 
 from components import plan
@@ -113,6 +114,8 @@ def test_key_policies_let_only_the_service_of_each_purpose_use_the_key(name: str
             if statement["Principal"] == {"AWS": root}:
                 via = statement["Condition"]["StringEquals"]["kms:ViaService"]
                 assert via == policies.via_service(service or "", region), purpose
+        if purpose in ("models", "images"):  # the account's principals only, and only through the service
+            assert {json.dumps(s["Principal"]) for s in using} == {json.dumps({"AWS": root})}, purpose
         if purpose == "disks":
             scaling = {"AWS": policies.autoscaling_service_role(region, plan.MOCK_ACCOUNT_ID)}
             assert {json.dumps(s["Principal"]) for s in using} == {
@@ -137,27 +140,34 @@ def test_key_policies_let_only_the_service_of_each_purpose_use_the_key(name: str
 
 
 @pytest.mark.parametrize("name", EKS_STACKS)
-def test_images_are_pushed_with_an_ecr_token_whose_credentials_stay_secret(name: str, tmp_path: Path) -> None:
-    spec = load(name).spec
-    synthesis = _synth(name)
+def test_images_are_pushed_with_an_ecr_token_whose_credentials_stay_secret(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stack = load(name)
+    spec = stack.spec
+    # Record the tokens the mocks hand out while this stack is synthesized (in its own region and registry).
+    tokens: list[dict[str, Any]] = []
+    answer = plan._Mocks.call
+
+    def recording(self: plan._Mocks, args: pulumi.runtime.MockCallArgs) -> Any:
+        result = answer(self, args)
+        if args.token == "aws:ecr/getAuthorizationToken:getAuthorizationToken":
+            tokens.append(result[0])
+        return result
+
+    monkeypatch.setattr(plan._Mocks, "call", recording)
+    synthesis = plan.synthesize(stack)
     builds = _of(synthesis, "docker-build:index:Image")
     assert len(builds) == len(registry.RUNTIME_IMAGES)
+    assert len(tokens) == len(builds)  # one token per push
     address = f"{plan.MOCK_ACCOUNT_ID}.dkr.ecr.{spec.cluster.region}.amazonaws.com"
     for build in builds:
         assert build.inputs["registries"] == [
             {"address": address, "username": plan.REDACTED, "password": plan.REDACTED}
         ]
         assert build.inputs["tags"][0].startswith(f"{address}/")
-    # The token the mocks handed out appears nowhere in what the plan writes.
-    answer, _ = plan._Mocks().call(
-        _call("aws:ecr/getAuthorizationToken:getAuthorizationToken", {"registryId": plan.MOCK_ACCOUNT_ID})
-    )
+    # The tokens appear nowhere in what the plan writes.
     plan.write(synthesis, tmp_path, "summary\n")
-    written = (tmp_path / "resources.json").read_text()
-    assert answer["password"] not in written and answer["authorizationToken"] not in written
-
-
-def _call(token: str, args: dict[str, Any]) -> Any:
-    import pulumi
-
-    return pulumi.runtime.MockCallArgs(token=token, args=args, provider="")
+    written = "\n".join(p.read_text() for p in sorted(tmp_path.rglob("*")) if p.is_file())
+    for token in tokens:
+        assert token["password"] not in written and token["authorizationToken"] not in written
