@@ -366,7 +366,8 @@ def audit(document: PolicyDocument, key_policy: bool = False) -> list[str]:
     """Least-privilege problems in one document: wildcard actions, and any wildcard action on ``*``.
 
     Trust policies (with a Principal) are audited for wildcard principals instead. In a KMS key policy
-    (``key_policy``) the resource ``*`` means the key the policy is attached to, so it needs no excuse.
+    (``key_policy``) the resource ``*`` means the key the policy is attached to, so it needs no excuse, and a
+    wildcard principal passes only when pinned to one account and one service.
     """
     problems: list[str] = []
     for i, statement in enumerate(_as_list(document.get("Statement", []))):
@@ -375,7 +376,8 @@ def audit(document: PolicyDocument, key_policy: bool = False) -> list[str]:
         actions = [str(a) for a in _as_list(statement.get("Action", []))]
         resources = [str(r) for r in _as_list(statement.get("Resource", []))]
         principal = statement.get("Principal")
-        if principal is not None and (principal == "*" or "*" in json.dumps(principal)):
+        wildcard = principal is not None and (principal == "*" or "*" in json.dumps(principal))
+        if wildcard and not (key_policy and _pinned_to_account_and_service(statement)):
             problems.append(f"statement {i}: wildcard principal {principal}")
         if "NotAction" in statement or "NotResource" in statement:
             problems.append(f"statement {i}: NotAction/NotResource grants more than it names")
@@ -387,6 +389,13 @@ def audit(document: PolicyDocument, key_policy: bool = False) -> list[str]:
         if "*" in resources and not key_policy and not str(statement.get("Sid", "")).endswith("AnyResource"):
             problems.append(f"statement {i}: resource * without an ...AnyResource Sid saying why")
     return problems
+
+
+def _pinned_to_account_and_service(statement: dict[str, Any]) -> bool:
+    """A key policy statement for "any principal" that only this account's callers can use, and only
+    through one AWS service (the pattern of AWS's own ``aws/ebs`` key)."""
+    equals = statement.get("Condition", {}).get("StringEquals", {})
+    return bool(equals.get("kms:CallerAccount")) and bool(equals.get("kms:ViaService"))
 
 
 def bucket_tls_only(bucket_arn: str) -> PolicyDocument:
@@ -454,14 +463,6 @@ KMS_DATA_ACTIONS = (
 
 def account_root(region: str, account_id: str) -> str:
     return f"arn:{partition(region)}:iam::{account_id}:root"
-
-
-def autoscaling_service_role(region: str, account_id: str) -> str:
-    """The service-linked role EC2 Auto Scaling launches managed node group instances as."""
-    return (
-        f"arn:{partition(region)}:iam::{account_id}:role/aws-service-role/autoscaling.amazonaws.com/"
-        "AWSServiceRoleForAutoScaling"
-    )
 
 
 def log_group_arn(region: str, account_id: str, name: str) -> str:
@@ -563,34 +564,35 @@ def service_key(region: str, account_id: str, service: str) -> PolicyDocument:
 
 
 def disks_key(region: str, account_id: str) -> PolicyDocument:
-    """Key policy of the node root volumes' key: EC2 for the account, and the Auto Scaling service-linked role.
+    """Key policy of the node root volumes' key: any principal of this account, through EC2 only.
 
-    Managed node groups launch through EC2 Auto Scaling, which creates the encrypted volumes as its
-    service-linked role; that role has no KMS permissions of its own, so the key policy must name it
-    (KMS refuses a policy naming a role that does not exist: AWS creates this one with the account's first
-    Auto Scaling group, or ``aws iam create-service-linked-role --aws-service-name autoscaling.amazonaws.com``).
-    Karpenter launches as its controller role, whose IAM policy allows this key through EC2.
+    The volumes are created by whoever launches the instance: EC2 Auto Scaling's service-linked role for
+    managed node groups, EC2's spot role, Karpenter's controller. Service-linked roles carry no KMS
+    permissions, and naming one in a key policy fails while it does not exist yet (an account's first
+    Auto Scaling group creates it), so ``pulumi up`` in a fresh account could not create this key. AWS's
+    own ``aws/ebs`` key solves exactly this with any principal, pinned to the account and to EC2; the
+    audit accepts a wildcard principal only under both conditions.
     """
-    role = {"AWS": autoscaling_service_role(region, account_id)}
+    via = {"kms:CallerAccount": account_id, "kms:ViaService": via_service("ec2", region)}
     return {
         "Version": VERSION,
         "Statement": [
             _key_administration(region, account_id),
-            *_use_via(region, account_id, "ec2"),
             {
-                "Sid": "AutoScalingEncryptsNodeVolumes",
+                "Sid": "AccountPrincipalsUseThroughEc2",
                 "Effect": "Allow",
-                "Principal": role,
+                "Principal": {"AWS": "*"},
                 "Action": list(KMS_DATA_ACTIONS),
                 "Resource": "*",
+                "Condition": {"StringEquals": via},
             },
             {
-                "Sid": "AutoScalingAttachesNodeVolumes",
+                "Sid": "AccountPrincipalsGrantToEc2",
                 "Effect": "Allow",
-                "Principal": role,
+                "Principal": {"AWS": "*"},
                 "Action": ["kms:CreateGrant"],
                 "Resource": "*",
-                "Condition": {"Bool": {"kms:GrantIsForAWSResource": "true"}},
+                "Condition": {"StringEquals": via, "Bool": {"kms:GrantIsForAWSResource": "true"}},
             },
         ],
     }

@@ -116,12 +116,13 @@ def test_key_policies_let_only_the_service_of_each_purpose_use_the_key(name: str
                 assert via == policies.via_service(service or "", region), purpose
         if purpose in ("models", "images"):  # the account's principals only, and only through the service
             assert {json.dumps(s["Principal"]) for s in using} == {json.dumps({"AWS": root})}, purpose
-        if purpose == "disks":
-            scaling = {"AWS": policies.autoscaling_service_role(region, plan.MOCK_ACCOUNT_ID)}
-            assert {json.dumps(s["Principal"]) for s in using} == {
-                json.dumps({"AWS": root}),
-                json.dumps(scaling),
-            }
+        if purpose == "disks":  # whoever launches the node (Auto Scaling, spot, Karpenter), via EC2 only
+            assert {json.dumps(s["Principal"]) for s in using} == {json.dumps({"AWS": "*"})}
+            for statement in using:
+                assert statement["Condition"]["StringEquals"] == {
+                    "kms:CallerAccount": plan.MOCK_ACCOUNT_ID,
+                    "kms:ViaService": policies.via_service("ec2", region),
+                }
         if purpose == "logs":
             [logs] = using
             assert logs["Principal"] == {"Service": f"logs.{region}.amazonaws.com"}

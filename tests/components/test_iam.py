@@ -135,6 +135,38 @@ def test_key_policies_may_name_their_key_as_star_but_never_grant_wildcard_action
         assert all("*" not in a for s in document["Statement"] for a in s["Action"])
 
 
+def test_key_policy_wildcard_principal_passes_only_when_pinned_to_the_account_and_one_service() -> None:
+    """The ``aws/ebs`` pattern (any principal, this account, through EC2) is how the disks key works in an
+    account whose Auto Scaling service-linked role does not exist yet; anything looser is refused."""
+    pinned = {"kms:CallerAccount": "123456789012", "kms:ViaService": "ec2.us-east-1.amazonaws.com"}
+    base = {
+        "Sid": "Any",
+        "Effect": "Allow",
+        "Principal": {"AWS": "*"},
+        "Action": ["kms:Decrypt"],
+        "Resource": "*",
+    }
+
+    def problems(statement: dict[str, object], key_policy: bool = True) -> list[str]:
+        return policies.audit({"Version": policies.VERSION, "Statement": [statement]}, key_policy=key_policy)
+
+    assert problems({**base, "Condition": {"StringEquals": pinned}}) == []
+    for missing in pinned:
+        loose = {k: v for k, v in pinned.items() if k != missing}
+        assert any(
+            "wildcard principal" in p for p in problems({**base, "Condition": {"StringEquals": loose}})
+        )
+    assert any("wildcard principal" in p for p in problems(base))
+    assert any(
+        "wildcard principal" in p
+        for p in problems({**base, "Condition": {"StringEquals": pinned}}, key_policy=False)
+    )
+    disks = policies.disks_key("us-east-1", "123456789012")
+    use = [s for s in disks["Statement"] if s["Principal"] == {"AWS": "*"}]
+    assert use and all(s["Condition"]["StringEquals"] == pinned for s in use)
+    assert "AWSServiceRoleForAutoScaling" not in policies.dumps(disks), "no role that may not exist yet"
+
+
 def test_flow_log_documents_trust_one_account_and_write_one_log_group() -> None:
     group = "arn:aws:logs:eu-west-1:123456789012:log-group:/aws/vpc/c/flow-logs"
     trust = policies.flow_logs_trust("eu-west-1", "123456789012")
