@@ -45,15 +45,8 @@ class ClientError(Exception):
         self.headers = headers
 
 
-class Forwarded(Exception):  # noqa: N818 - control flow, not an error
-    """An engine answer relayed as it came (a request the batcher does not coalesce)."""
-
-    def __init__(self, status: int, body: bytes, content_type: bytes, headers: list[tuple[bytes, bytes]]):
-        super().__init__(status)
-        self.status = status
-        self.body = body
-        self.content_type = content_type
-        self.headers = headers
+# An answer to send: status, body, content type, extra headers.
+Reply = tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]
 
 
 class Batcher:
@@ -145,23 +138,21 @@ class Batcher:
             return
         status = 500
         try:
-            status, payload = await self._embeddings(conn, mb, body)
-            conn.send(status, payload)
+            status, payload, content_type, headers = await self._embeddings(conn, mb, body)
+            conn.send(status, payload, content_type, headers)
         except ClientError as err:
             status = err.status
             _send_error(conn, err)
-        except Forwarded as fwd:
-            status = fwd.status
-            conn.send(fwd.status, fwd.body, fwd.content_type, fwd.headers)
+        except asyncio.CancelledError:
+            status = 499  # the client went away: not a server error on the dashboards
+            raise
         finally:
             mb.count_request(status)
 
-    async def _embeddings(
-        self, conn: Connection, mb: ModelBatcher, body: dict[str, Any]
-    ) -> tuple[int, bytes]:
+    async def _embeddings(self, conn: Connection, mb: ModelBatcher, body: dict[str, Any]) -> Reply:
         if body.get("encoding_format") not in (None, "float", "base64"):
             # bytes / bytes_only (vLLM's binary answers): one engine call per request, as the client wrote it
-            raise Forwarded(*await self._forward(mb, EMBEDDINGS, orjson.dumps(body)))
+            return await self._forward(mb, EMBEDDINGS, orjson.dumps(body))
         try:
             inputs = core.normalize_inputs(body.get("input"))
         except core.BadInputError as err:
@@ -189,26 +180,24 @@ class Batcher:
         try:
             result = await pending.future
         except EngineError as err:
-            return err.status, orjson.dumps(err.body)
+            return err.status, orjson.dumps(err.body), _JSON, []
         except asyncio.CancelledError:
             pending.future.cancel()  # the client left: its queued inputs are dropped before dispatch
             raise
         # orjson: the float vectors are most of the bytes, and the stdlib encoder is ~10x slower on them
-        return 200, orjson.dumps(result)
+        return 200, orjson.dumps(result), _JSON, []
 
     async def passthrough(self, req: Request, conn: Connection) -> None:
         """Score / rerank / classify go straight to a replica: no coalescing (different shapes)."""
         try:
             _, mb = self._json_body(req)
-            fwd = Forwarded(*await self._forward(mb, req.path, req.body))
+            status, payload, content_type, headers = await self._forward(mb, req.path, req.body)
         except ClientError as err:
             _send_error(conn, err)
             return
-        conn.send(fwd.status, fwd.body, fwd.content_type, fwd.headers)
+        conn.send(status, payload, content_type, headers)
 
-    async def _forward(
-        self, mb: ModelBatcher, path: bytes, body: bytes
-    ) -> tuple[int, bytes, bytes, list[tuple[bytes, bytes]]]:
+    async def _forward(self, mb: ModelBatcher, path: bytes, body: bytes) -> Reply:
         """One request to the least busy replica; its answer as it came (status, body, content type,
         and vLLM's ``metadata`` header of binary embedding answers)."""
         backend = min(mb.backends, key=lambda b: b.inflight) if mb.backends else None

@@ -218,8 +218,8 @@ def usage_shares(body: Mapping[str, Any], batch: Sequence[Item]) -> list[int]:
     The engine reports usage for the whole call only; token-id inputs are exact, text inputs are
     apportioned so that the shares always add up to what the engine counted.
     """
-    usage = body.get("usage") or {}
-    total = usage.get("prompt_tokens")
+    usage = body.get("usage")
+    total = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     if not isinstance(total, int) or total < 0:
         return [item.tokens for item in batch]
     return apportion(total, [item.tokens for item in batch])

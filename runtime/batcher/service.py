@@ -43,6 +43,7 @@ ERROR_BODY_MAX_BYTES = 64 * 1024
 _ID_PREFIX = "embd-" + os.urandom(6).hex() + "-"
 _ids = count()
 GATEWAY_STATUSES = frozenset({502, 503, 504})  # no answer from the engine: not an input's fault
+RATE_WINDOW_S = 10.0  # items/s (metrics, Retry-After) over this many recent seconds
 
 
 class QueueFullError(Exception):
@@ -224,11 +225,16 @@ class ModelBatcher:
             return 1
         return max(1, min(60, math.ceil(self.depth / rate)))
 
-    def items_per_second(self, window_s: float = 10.0) -> float:
-        now = time.monotonic()
-        while self._done_window and self._done_window[0][0] < now - window_s:
-            self._done_window.popleft()
-        return sum(n for _, n in self._done_window) / window_s
+    def items_per_second(self) -> float:
+        self._forget_done(time.monotonic())
+        return sum(n for _, n in self._done_window) / RATE_WINDOW_S
+
+    def _forget_done(self, now: float) -> None:
+        # Also called on every delivery: with nobody scraping /metrics and no 429, the window would
+        # otherwise keep one entry per batch for the life of the process.
+        window = self._done_window
+        while window and window[0][0] < now - RATE_WINDOW_S:
+            window.popleft()
 
     def submit(self, body: dict[str, Any], inputs: list[core.Input], alive: Callable[[], bool]) -> Pending:
         """Queue a request's inputs; raises ``QueueFullError`` beyond ``max_queue`` (nothing queued)."""
@@ -381,6 +387,11 @@ class ModelBatcher:
     async def _send(self, batch: list[core.Item]) -> None:
         try:
             await self._send_batch(batch)
+        except asyncio.CancelledError:  # shutdown: the members' clients get an answer, not a hang
+            err = EngineError(503, error_body("batcher shutting down", "service_unavailable", 503))
+            for item in batch:
+                item.owner.fail(err)
+            raise
         except Exception:  # a bug must not leave clients waiting forever
             log.exception("batch dispatch failed")
             err = EngineError(500, error_body("internal batcher error", "internal_error", 500))
@@ -426,7 +437,9 @@ class ModelBatcher:
     def _deliver(self, batch: list[core.Item], body: dict[str, Any]) -> None:
         data = core.engine_vectors(body, len(batch))
         shares = core.usage_shares(body, batch)
-        created = int(body.get("created") or time.time())
+        created = body.get("created")
+        if not isinstance(created, int) or isinstance(created, bool):
+            created = int(time.time())
         model = str(body.get("model") or self.target.name)
         # every vector converted before any is handed out: a bad one fails the batch as a whole
         data = [
@@ -440,7 +453,9 @@ class ModelBatcher:
             owner.created, owner.model = created, model
             owner.fill(item.position, entry, tokens)
         self._m_items["ok"].inc(len(batch))
-        self._done_window.append((time.monotonic(), len(batch)))
+        now = time.monotonic()
+        self._forget_done(now)
+        self._done_window.append((now, len(batch)))
 
 
 def _engine_error_body(raw: bytes, status: int) -> dict[str, Any]:

@@ -140,3 +140,10 @@ def test_convert_embedding_round_trips_float32():
     for bad in ("not base64!", {"a": 1}, ["x"]):
         with pytest.raises(core.EngineResponseError):
             core.convert_embedding(bad, "float" if isinstance(bad, str) else "base64")
+
+
+def test_usage_shares_fall_back_to_estimates_when_the_engine_usage_is_not_an_object():
+    batch = [core.Item(None, i, "x" * 8 * (i + 1), 2 * (i + 1), 0.0) for i in range(2)]
+    for usage in (None, [], ["prompt_tokens", 7], {"prompt_tokens": "7"}):
+        assert core.usage_shares({"usage": usage}, batch) == [2, 4]
+    assert core.usage_shares({"usage": {"prompt_tokens": 9}}, batch) == [3, 6]

@@ -120,6 +120,9 @@ async def test_client_disconnect_drops_its_inputs_before_dispatch(fake_engine, b
         assert (await busy)[0] == 200
     sent = [x for c in embed_calls(engine) for x in c["body"]["input"]]
     assert "LEAVER" not in sent and "stayer" in sent
+    # the leaver is counted as a client that went away, not as a server error
+    assert b.batcher.metrics.requests.labels("emb", "499")._value.get() == 1
+    assert b.batcher.metrics.requests.labels("emb", "500")._value.get() == 0
 
 
 async def test_requests_with_different_parameters_are_not_mixed(fake_engine, batcher_at):
@@ -334,3 +337,26 @@ async def test_routes_methods_and_probes(fake_engine, batcher_at):
             assert r.status == 405 and "error" in await r.json()
         async with s.post(b.url + "/v1/chat/completions", json={"model": "emb"}) as r:
             assert r.status == 404 and (await r.json())["error"]["type"] == "not_found_error"
+
+
+async def test_stopping_answers_the_requests_of_calls_in_flight(fake_engine, batcher_at):
+    engine = await fake_engine(embed_delay_s=30)
+    b = await batcher_at(batcher_config([engine.url], max_wait_ms=0))
+    async with aiohttp.ClientSession() as s:
+        call = asyncio.create_task(post(s, b.url, {"model": "emb", "input": "in flight"}))
+        await wait_for(lambda: len(embed_calls(engine)) == 1)
+        await b.batcher.stop()  # before the server closes the connection: the client is still there
+        status, body, _ = await asyncio.wait_for(call, 10)  # a hang guard, not a timing assertion
+    assert status == 503 and body["error"]["type"] == "service_unavailable"
+
+
+async def test_the_rate_window_forgets_old_batches_without_a_scrape(fake_engine, batcher_at):
+    import time
+
+    engine = await fake_engine()
+    b = await batcher_at(batcher_config([engine.url], max_wait_ms=0))
+    mb = b.batcher.models["emb"]
+    mb._done_window.extend((time.monotonic() - 60, 1) for _ in range(1000))  # a minute of batches
+    async with aiohttp.ClientSession() as s:
+        assert (await post(s, b.url, {"model": "emb", "input": "x"}))[0] == 200
+    assert len(mb._done_window) == 1  # nobody asked for the rate, yet the old entries are gone
