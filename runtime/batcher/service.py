@@ -242,6 +242,9 @@ class ModelBatcher:
             raise QueueFullError(self.retry_after_s())
         loop = asyncio.get_running_loop()
         key, engine_body, fmt = core.key_and_engine_body(body)
+        if isinstance(inputs[0], list):
+            # vLLM takes texts or token-id lists in one call, never both (a mixed `input` is a 400)
+            key += "|token-ids"
         pending = Pending(
             body=body,
             size=len(inputs),

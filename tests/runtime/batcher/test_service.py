@@ -141,6 +141,19 @@ async def test_requests_with_different_parameters_are_not_mixed(fake_engine, bat
         assert all((int(x[1:]) % 2 == 1) == (dims == 8) for x in call["body"]["input"])
 
 
+async def test_texts_and_token_ids_never_share_a_call(fake_engine, batcher_at):
+    engine = await fake_engine(embed_delay_s=0.1)
+    b = await batcher_at(batcher_config([engine.url], max_wait_ms=30))
+    inputs = [f"text {i}" if i % 2 else [i, i + 1] for i in range(8)]
+    async with aiohttp.ClientSession() as s:
+        results = await asyncio.gather(*(post(s, b.url, {"model": "emb", "input": x}) for x in inputs))
+    assert all(status == 200 for status, _, _ in results)
+    calls = embed_calls(engine)
+    assert len(calls) < len(inputs)  # still coalesced, each kind with its own
+    for call in calls:  # a mixed `input` is a 400 from vLLM, and every member would be retried alone
+        assert len({isinstance(x, str) for x in call["body"]["input"]}) == 1, call["body"]["input"]
+
+
 async def test_client_mistakes_are_4xx(fake_engine, batcher_at):
     engine = await fake_engine()
     b = await batcher_at(batcher_config([engine.url]))
