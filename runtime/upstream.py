@@ -191,7 +191,8 @@ class Pool:
 
     def release(self, conn: _Conn) -> None:
         if (
-            conn.done
+            not self.closed  # the replica left the fleet: nobody would ever take this connection again
+            and conn.done
             and conn.keep_alive
             and not conn.closed
             and conn.error is None

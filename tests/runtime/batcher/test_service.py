@@ -373,3 +373,17 @@ async def test_the_rate_window_forgets_old_batches_without_a_scrape(fake_engine,
     async with aiohttp.ClientSession() as s:
         assert (await post(s, b.url, {"model": "emb", "input": "x"}))[0] == 200
     assert len(mb._done_window) == 1  # nobody asked for the rate, yet the old entries are gone
+
+
+async def test_a_connection_in_use_when_its_replica_leaves_is_closed_not_pooled(fake_engine):
+    from runtime.batcher.service import Backend
+    from runtime.upstream import Exchange
+
+    engine = await fake_engine(embed_delay_s=0.2)
+    backend = Backend(engine.url)
+    request = backend.request(b"/v1/embeddings", b'{"model":"emb","input":["x"]}')
+    ex = await Exchange.open(backend.pool, request, 2.0)
+    backend.pool.close()  # discovery dropped the replica while its call was running
+    await ex.head(10)
+    assert ex.status == 200 and await ex.read_all(10)
+    assert backend.pool._idle == []  # closed when the call ended, not kept open for nobody
