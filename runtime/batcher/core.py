@@ -62,10 +62,9 @@ def estimate_tokens(value: Input) -> int:
     return max(1, math.ceil(len(value.encode("utf-8")) / 4))
 
 
-def batch_key(body: Mapping[str, Any]) -> str:
-    """Requests may share an engine call only if every other field (model, dimensions, format) agrees."""
-    rest = {k: v for k, v in body.items() if k not in PER_REQUEST_FIELDS}
-    return json.dumps(rest, sort_keys=True, separators=(",", ":"), default=str)
+def _canonical(fields: Mapping[str, Any]) -> str:
+    """Equal for equal field sets whatever their order: requests share a call only if all agree."""
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def client_format(body: Mapping[str, Any]) -> str | None:
@@ -91,12 +90,10 @@ def key_and_engine_body(body: Mapping[str, Any]) -> tuple[str, dict[str, Any], s
     fmt = client_format(body)
     if fmt is None:
         rest = {k: v for k, v in body.items() if k not in PER_REQUEST_FIELDS}
-        return "raw:" + json.dumps(rest, sort_keys=True, separators=(",", ":"), default=str), rest, None
+        return "raw:" + _canonical(rest), rest, None
     rest = {k: v for k, v in body.items() if k not in PER_REQUEST_FIELDS and k not in FORMAT_FIELDS}
-    if len(rest) == 1 and "model" in rest:
-        key = "b64:" + str(rest["model"])
-    else:
-        key = "b64:" + json.dumps(rest, sort_keys=True, separators=(",", ":"), default=str)
+    only_model = len(rest) == 1 and "model" in rest
+    key = "b64:" + (str(rest["model"]) if only_model else _canonical(rest))
     rest["encoding_format"] = "base64"
     return key, rest, fmt
 

@@ -68,10 +68,18 @@ def test_ready_to_send():
 
 
 def test_batch_key_ignores_input_and_user_only():
-    a = core.batch_key({"model": "m", "input": "x", "user": "u1"})
-    b = core.batch_key({"model": "m", "input": ["y", "z"], "user": "u2"})
-    c = core.batch_key({"model": "m", "input": "x", "dimensions": 64})
+    def key(body):
+        return core.key_and_engine_body(body)[0]
+
+    a = key({"model": "m", "input": "x", "user": "u1"})
+    b = key({"model": "m", "input": ["y", "z"], "user": "u2"})
+    c = key({"model": "m", "input": "x", "dimensions": 64})
     assert a == b != c
+    # fields the batcher does not convert are part of the key too, in any order
+    d = key({"model": "m", "embed_dtype": "float16", "encoding_format": "base64", "input": "x"})
+    e = key({"encoding_format": "base64", "input": ["y"], "model": "m", "embed_dtype": "float16"})
+    f = key({"model": "m", "embed_dtype": "bfloat16", "encoding_format": "base64", "input": "x"})
+    assert d == e != f and d != a
 
 
 @given(hs.integers(0, 10_000), hs.lists(hs.integers(0, 500), min_size=1, max_size=64))
