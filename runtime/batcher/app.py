@@ -152,7 +152,9 @@ class Batcher:
     async def _embeddings(self, conn: Connection, mb: ModelBatcher, body: dict[str, Any]) -> Reply:
         if body.get("encoding_format") not in (None, "float", "base64"):
             # bytes / bytes_only (vLLM's binary answers): one engine call per request, as the client wrote it
-            return await self._forward(mb, EMBEDDINGS, orjson.dumps(body))
+            return await self._forward(mb, EMBEDDINGS, _reencode(body))
+        if len(body) > 2:  # more than model and input: the engine call will carry these fields
+            _reencode({k: v for k, v in body.items() if k != "input"})
         try:
             inputs = core.normalize_inputs(body.get("input"))
         except core.BadInputError as err:
@@ -224,6 +226,15 @@ class Batcher:
             backend.inflight -= 1
             if ex is not None:
                 ex.abort()  # no-op once the answer was read to the end (the connection is pooled)
+
+
+def _reencode(fields: dict[str, Any]) -> bytes:
+    """The client's fields as JSON again for the engine. orjson reads 1,024 levels of nesting but
+    writes only 255: a body nested deeper is the client's mistake (400), not an encoding error (500)."""
+    try:
+        return orjson.dumps(fields)
+    except orjson.JSONEncodeError:
+        raise ClientError(400, "request body is nested too deeply", "invalid_request_error") from None
 
 
 def _send_error(conn: Connection, err: ClientError) -> None:

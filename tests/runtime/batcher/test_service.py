@@ -170,6 +170,11 @@ async def test_client_mistakes_are_4xx(fake_engine, batcher_at):
             assert r.status == 400
         async with s.post(b.url + "/v1/embeddings", json={"model": "emb", "input": "x" * 100_000}) as r:
             assert r.status == 413
+        nested = "[" * 300 + "]" * 300  # JSON readers take it, orjson's writer does not
+        for fmt in ("float", "bytes"):
+            raw = f'{{"model":"emb","input":"x","encoding_format":"{fmt}","extra":{nested}}}'.encode()
+            async with s.post(b.url + "/v1/embeddings", data=raw) as r:
+                assert r.status == 400, fmt
 
 
 async def test_engine_unreachable_is_502_without_per_member_retries(batcher_at, unused_tcp_port):
