@@ -98,7 +98,12 @@ def prompt_text(payload: dict[str, Any]) -> str:
         return prompt
     if isinstance(prompt, list) and prompt:
         first = prompt[0]
-        return first if isinstance(first, str) else json.dumps(prompt[:1])
+        if isinstance(first, str):
+            return first
+        try:
+            return json.dumps(prompt[:1])
+        except RecursionError:  # nested ~1,000 deep (orjson read it): the engine's 400, routed by load
+            return ""
     return ""
 
 

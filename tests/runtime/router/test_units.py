@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
 import yaml
 
 from runtime.config import RuntimeConfig
@@ -34,6 +35,8 @@ def test_prompt_text_for_chat_completions_and_embeddings() -> None:
     assert prompt_text({"prompt": [[1, 2, 3]]}) == "[[1, 2, 3]]"
     assert prompt_text({"input": "x"}) == "x"
     assert prompt_text({"messages": ["junk", {"content": None}]}) == ""
+    deep = orjson.loads(b'{"prompt":' + b"[" * 1000 + b"]" * 1000 + b"}")  # the router's reader takes it
+    assert prompt_text(deep) == ""  # not a RecursionError (a 500)
 
 
 def test_parse_signals_vllm_old_and_new_names_sglang() -> None:
