@@ -43,6 +43,10 @@ CHAT_MAX_MODEL_LEN = 4096
 #: all-MiniLM-L6-v2's own limit.
 EMBED_MAX_MODEL_LEN = 256
 ENGINE_READY_TIMEOUT_S = 420.0
+# Tokens a test asks for when it checks that a stream arrives in several chunks: enough to span many
+# engine steps, since on a loaded machine vLLM sends every delta that is ready when its API server gets
+# the CPU as one chunk (12 tokens once arrived as one chunk, then as two).
+STREAM_TOKENS = 160
 
 ENGINE_FIXTURES = frozenset(
     {"vllm_chat_pair", "vllm_embed", "engine_python", "tiny_chat_model", "embed_model", "check_vllm_args"}

@@ -22,7 +22,7 @@ import pytest
 
 from components.local import engine_process
 from components.local.engine_process import EngineError, EngineProcess
-from tests.conftest import CHECK_VLLM_ARGS, ENGINE_READY_TIMEOUT_S, REPO_ROOT
+from tests.conftest import CHECK_VLLM_ARGS, ENGINE_READY_TIMEOUT_S, REPO_ROOT, STREAM_TOKENS
 
 pytestmark = pytest.mark.engine
 
@@ -61,17 +61,12 @@ def test_chat_completion_from_both_replicas(vllm_chat_pair):
         assert 1 <= reply.usage.completion_tokens <= 8
 
 
-STREAM_TOKENS = 160
-
-
 @pytest.mark.engine
 def test_streamed_completion(vllm_chat_pair):
     client = _client(vllm_chat_pair.openai_base_urls[0])
     stream = client.completions.create(
         model=vllm_chat_pair.model,
         prompt="The quick brown fox",
-        # Long enough to span many engine steps: on a loaded machine vLLM coalesces the deltas that are
-        # ready when the API server gets the CPU, and 12 tokens once arrived as a single chunk.
         max_tokens=STREAM_TOKENS,
         stream=True,
         stream_options={"include_usage": True},

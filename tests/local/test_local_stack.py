@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from components.local import state
+from tests.conftest import STREAM_TOKENS
 from tests.local.helpers import REPO, assert_nothing_left, free_port_block, port_args, run_local, stack_pids
 from tests.local.test_readme import readme_curls, readme_python_snippet
 
@@ -89,7 +90,11 @@ def test_models_chat_completion_and_streaming(local_stack: LocalStack) -> None:
     assert completion.usage is not None and completion.usage.completion_tokens > 0
     chunks = list(
         client.chat.completions.create(
-            model=CHAT, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=12, stream=True
+            model=CHAT,
+            messages=[{"role": "user", "content": "Tell me a story"}],
+            max_tokens=STREAM_TOKENS,
+            stream=True,
+            extra_body={"ignore_eos": True},
         )
     )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
