@@ -204,7 +204,8 @@ class ModelBatcher:
             try:
                 async for urls in self._watch(self.target):
                     known = {b.url: b for b in self.backends}
-                    self.backends = [known.get(u.rstrip("/")) or Backend(u.rstrip("/")) for u in urls]
+                    unique = dict.fromkeys(u.rstrip("/") for u in urls)  # a URL listed twice is one replica
+                    self.backends = [known.get(u) or Backend(u) for u in unique]
                     for gone in known.keys() - {b.url for b in self.backends}:
                         known[gone].pool.close()  # connections in use close when their call ends
                     if self.backends:

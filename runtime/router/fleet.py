@@ -66,6 +66,8 @@ class ModelState:
         for url in sorted(set(urls)):
             b = old.get(url)
             if b is None or b.cap != self.target.max_concurrency_per_backend:
+                if b is not None:
+                    b.pool.close()  # replaced (its cap changed): in-use connections close when done
                 b = self._new_backend(url)
             fresh.append(b)
         for url, b in old.items():

@@ -248,6 +248,26 @@ async def test_queued_requests_fail_fast_when_the_last_replica_leaves(fake_engin
         await running.close()
 
 
+async def test_a_replica_listed_twice_is_one_backend(fake_engine):
+    from tests.runtime.batcher.conftest import start_batcher
+    from tests.runtime.health.conftest import wait_for as wait
+
+    engine = await fake_engine()
+    lists: asyncio.Queue[list[str]] = asyncio.Queue()
+
+    async def watch(_target):
+        while True:
+            yield await lists.get()
+
+    running = await start_batcher(batcher_config([engine.url], max_wait_ms=0), watch=watch)
+    try:
+        await lists.put([engine.url, engine.url + "/"])
+        await wait(lambda: running.batcher.ready)
+        assert [b.url for b in running.batcher.models["emb"].backends] == [engine.url.rstrip("/")]
+    finally:
+        await running.close()
+
+
 async def test_queues_for_distinct_parameters_do_not_accumulate(fake_engine, batcher_at):
     engine = await fake_engine()
     b = await batcher_at(batcher_config([engine.url], max_wait_ms=0))

@@ -138,3 +138,20 @@ def test_health_feed_drives_routability(doubles, make_router, lt) -> None:
         assert _wait(lambda: r.call(lambda: r.router.fleet.models["m"].by_url[a.url].healthy))
     finally:
         lt.run(runner.cleanup())
+
+
+def test_a_replica_rebuilt_with_a_new_cap_closes_the_old_connection_pool() -> None:
+    cfg = RuntimeConfig.model_validate(
+        {
+            "models": [{"name": "m", "static_backends": [{"url": "http://127.0.0.1:9"}]}],
+            "router": {"host": "127.0.0.1", "port": 8080},
+        }
+    )
+    state = Fleet(cfg).models["m"]
+    state.set_backends(["http://127.0.0.1:9"])
+    [old] = state.backends
+    old.cap += 1  # as if the model's max_concurrency_per_backend changed under a config reload
+    state.set_backends([old.url])
+    [new] = state.backends
+    assert new is not old and new.cap == cfg.models[0].max_concurrency_per_backend
+    assert old.pool.closed and not new.pool.closed
