@@ -173,12 +173,7 @@ class Batcher:
             pending = mb.submit(body, inputs, lambda: not conn.closed)
         except QueueFullError as err:
             mb.count_rejected(len(inputs))
-            raise ClientError(
-                429,
-                "batcher queue is full; retry later",
-                "rate_limit_exceeded",
-                [(b"retry-after", str(err.retry_after_s).encode())],
-            ) from None
+            raise _queue_full(err.retry_after_s) from None
         try:
             result = await pending.future
         except EngineError as err:
@@ -205,8 +200,13 @@ class Batcher:
         backend = min(mb.backends, key=lambda b: b.inflight) if mb.backends else None
         if backend is None:
             raise ClientError(503, "no replica right now", "service_unavailable")
+        if mb.depth + mb.forwarded >= mb.policy.max_queue:
+            # unbatched requests share the model's queue budget: nothing reaches the engines unbounded
+            mb.count_rejected(1)
+            raise _queue_full(mb.retry_after_s())
         timeout_s = mb.policy.engine_timeout_ms / 1000
         backend.inflight += 1
+        mb.forwarded += 1
         ex: Exchange | None = None
         try:
             async with asyncio.timeout(timeout_s):
@@ -224,8 +224,18 @@ class Batcher:
             raise ClientError(502, f"replica failed: {err}", "bad_gateway") from None
         finally:
             backend.inflight -= 1
+            mb.forwarded -= 1
             if ex is not None:
                 ex.abort()  # no-op once the answer was read to the end (the connection is pooled)
+
+
+def _queue_full(retry_after_s: int) -> ClientError:
+    return ClientError(
+        429,
+        "batcher queue is full; retry later",
+        "rate_limit_exceeded",
+        [(b"retry-after", str(retry_after_s).encode())],
+    )
 
 
 def _reencode(fields: dict[str, Any]) -> bytes:

@@ -149,6 +149,7 @@ class ModelBatcher:
         self._watch = watch
         self.queues: dict[str, deque[core.Item]] = {}
         self.depth = 0  # items waiting (not yet dispatched)
+        self.forwarded = 0  # requests passed through unbatched (score, rerank, bytes), now at an engine
         self.backends: list[Backend] = []
         self._wake = asyncio.Event()  # an arrival, a finished engine call, or new replicas
         self._tasks: list[asyncio.Task[None]] = []
@@ -239,7 +240,7 @@ class ModelBatcher:
 
     def submit(self, body: dict[str, Any], inputs: list[core.Input], alive: Callable[[], bool]) -> Pending:
         """Queue a request's inputs; raises ``QueueFullError`` beyond ``max_queue`` (nothing queued)."""
-        if self.depth + len(inputs) > self.policy.max_queue:
+        if self.depth + self.forwarded + len(inputs) > self.policy.max_queue:
             raise QueueFullError(self.retry_after_s())
         loop = asyncio.get_running_loop()
         key, engine_body, fmt = core.key_and_engine_body(body)

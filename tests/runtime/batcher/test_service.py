@@ -248,6 +248,22 @@ async def test_queued_requests_fail_fast_when_the_last_replica_leaves(fake_engin
         await running.close()
 
 
+async def test_unbatched_requests_share_the_queue_budget_and_get_429_beyond_it(fake_engine, batcher_at):
+    engine = await fake_engine(embed_delay_s=0.5)
+    b = await batcher_at(batcher_config([engine.url], max_queue=2))
+    binary = {"model": "emb", "input": "x", "encoding_format": "bytes"}
+    async with aiohttp.ClientSession() as s:
+        first = [asyncio.create_task(post(s, b.url, binary)) for _ in range(2)]
+        await wait_for(lambda: b.batcher.models["emb"].forwarded == 2)
+        status, body, headers = await post(s, b.url, binary)
+        assert status == 429 and body["error"]["type"] == "rate_limit_exceeded"
+        assert int(headers["Retry-After"]) >= 1
+        status, _, _ = await post(s, b.url, {"model": "emb", "input": "batched"})
+        assert status == 429, "forwarded requests count against the batched queue too"
+        assert [r[0] for r in await asyncio.gather(*first)] == [200, 200]
+    assert b.batcher.models["emb"].forwarded == 0
+
+
 async def test_a_replica_listed_twice_is_one_backend(fake_engine):
     from tests.runtime.batcher.conftest import start_batcher
     from tests.runtime.health.conftest import wait_for as wait
