@@ -424,8 +424,15 @@ class ModelBatcher:
                 owner.fail(error)
             self._m_items["error"].inc(len(batch))
             return
-        # One bad input must not fail its neighbours: each member request alone, concurrently.
-        await asyncio.gather(*(self._send_alone(o, [i for i in batch if i.owner is o]) for o in owners))
+        # One bad input must not fail its neighbours: each member request alone, at most as many at once
+        # as one replica may have batches in flight (a batch of 32 owners must not become 32 calls).
+        slots = asyncio.Semaphore(self.policy.max_inflight_batches_per_backend)
+
+        async def alone(owner: Pending) -> None:
+            async with slots:
+                await self._send_alone(owner, [i for i in batch if i.owner is owner])
+
+        await asyncio.gather(*(alone(o) for o in owners))
 
     async def _send_alone(self, owner: Pending, items: list[core.Item]) -> None:
         if not owner.wants_results():

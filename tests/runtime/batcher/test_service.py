@@ -77,6 +77,7 @@ async def test_poison_input_fails_alone(fake_engine, batcher_at):
     statuses = [status for status, _, _ in results]
     assert statuses == [200, 200, 200, 400, 200, 200, 200]
     assert results[3][1]["error"]["message"] == "poison input"
+    assert engine.engine.max_embeds_at_once == 1, "members are retried within the replica's call cap"
     for body, (_, out, _) in zip(bodies, results, strict=True):
         if body["input"] != ["ok part", "POISON"]:
             assert out["data"][0]["embedding"] == fake_vector(body["input"])

@@ -65,6 +65,8 @@ class FakeEngine:
     embed_fail_on: str | None = None  # embedding input that makes the whole call fail (a poison input)
     embed_delay_s: float = 0.0
     calls: list[dict[str, Any]] = field(default_factory=list)
+    embeds_at_once: int = 0  # embedding calls in progress now, and the most seen at once
+    max_embeds_at_once: int = 0
     _hang: asyncio.Event = field(default_factory=asyncio.Event)
 
     def release(self) -> None:
@@ -99,8 +101,13 @@ class FakeEngine:
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.calls.append({"path": request.path, "body": body})
-        if self.embed_delay_s:
-            await asyncio.sleep(self.embed_delay_s)
+        self.embeds_at_once += 1
+        self.max_embeds_at_once = max(self.max_embeds_at_once, self.embeds_at_once)
+        try:
+            if self.embed_delay_s:
+                await asyncio.sleep(self.embed_delay_s)
+        finally:
+            self.embeds_at_once -= 1
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
         if inputs and isinstance(inputs[0], int):
             inputs = [inputs]  # one token-id list
