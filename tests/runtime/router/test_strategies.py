@@ -151,6 +151,25 @@ def test_round_robin_cycles_evenly() -> None:
     assert all(picks.count(b) == 3 for b in backends)
 
 
+@settings(max_examples=100, deadline=None)
+@given(specs=st.lists(replica, min_size=1, max_size=6), n=st.integers(1, 20))
+def test_prefix_aware_routes_traffic_with_nothing_in_common_as_least_load_does(specs, n) -> None:
+    """With no prefix shared, ``prefix_aware`` makes ``least_load``'s decision (ties aside): on the
+    routing benchmark's control workload any TTFT difference between the two is noise (bench/README.md)."""
+    strategy = build(StrategyConfig(name=Name.PREFIX_AWARE, prefix_block_tokens=4, prefix_chars_per_token=1))
+    backends = make_backends(specs)
+    for i in range(n):
+        ctx = Context(model="m", prompt=f"{i:04d}" + "x" * 28, now=1.0)  # a first block no one else has
+        ok = [b for b in backends if eligible(b, ctx)]
+        picked = strategy.pick(backends, ctx)
+        if not ok:
+            assert picked is None
+            continue
+        assert picked is not None
+        assert picked.inflight + picked.engine_queued == min(b.inflight + b.engine_queued for b in ok)
+        strategy.on_routed(picked, ctx)
+
+
 def test_least_load_and_least_latency_and_kv() -> None:
     backends = make_backends([_idle() for _ in range(3)])
     backends[0].inflight, backends[1].inflight, backends[2].inflight = 3, 1, 2
