@@ -13,6 +13,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from components.aws import decisions, identity, policies
+from components.aws.keys import rotating_key
 from components.spec import PlatformSpec
 
 
@@ -77,17 +78,13 @@ class Cluster(pulumi.ComponentResource):
         self.spec, self.tags = spec, tags
         region = spec.cluster.region
         child = pulumi.ResourceOptions(parent=self)
-        key = aws.kms.Key(
+        key = rotating_key(
             f"{name}-secrets",
+            alias=f"alias/{name}-eks-secrets",
             description=f"Envelope encryption of Kubernetes Secrets in EKS cluster {name}",
-            enable_key_rotation=True,
-            deletion_window_in_days=decisions.KMS_DELETION_WINDOW_DAYS,
             policy=account_id.apply(lambda a: policies.dumps(policies.cluster_secrets_key(region, a))),
             tags=tags,
-            opts=child,
-        )
-        aws.kms.Alias(
-            f"{name}-secrets", name=f"alias/{name}-eks-secrets", target_key_id=key.key_id, opts=child
+            parent=self,
         )
         log_group = aws.cloudwatch.LogGroup(
             f"{name}-control-plane",

@@ -52,20 +52,35 @@ class PlatformKeys(pulumi.ComponentResource):
         policy: pulumi.Output[policies.PolicyDocument],
         tags: dict[str, str],
     ) -> aws.kms.Key:
-        child = pulumi.ResourceOptions(parent=self)
-        key = aws.kms.Key(
+        return rotating_key(
             f"{spec.cluster_name}-{purpose}",
+            alias=f"alias/{spec.cluster_name}-{purpose}",
             description=f"{spec.cluster_name}: {decisions.KMS_KEYS[purpose]}",
-            enable_key_rotation=True,
-            deletion_window_in_days=decisions.KMS_DELETION_WINDOW_DAYS,
             policy=policy.apply(policies.dumps),
             tags=tags,
-            opts=child,
+            parent=self,
         )
-        aws.kms.Alias(
-            f"{spec.cluster_name}-{purpose}",
-            name=f"alias/{spec.cluster_name}-{purpose}",
-            target_key_id=key.key_id,
-            opts=child,
-        )
-        return key
+
+
+def rotating_key(
+    resource_name: str,
+    *,
+    alias: str,
+    description: str,
+    policy: pulumi.Input[str],
+    tags: dict[str, str],
+    parent: pulumi.Resource,
+) -> aws.kms.Key:
+    """A customer-managed key with yearly rotation and the platform's deletion window, and its alias."""
+    child = pulumi.ResourceOptions(parent=parent)
+    key = aws.kms.Key(
+        resource_name,
+        description=description,
+        enable_key_rotation=True,
+        deletion_window_in_days=decisions.KMS_DELETION_WINDOW_DAYS,
+        policy=policy,
+        tags=tags,
+        opts=child,
+    )
+    aws.kms.Alias(resource_name, name=alias, target_key_id=key.key_id, opts=child)
+    return key
