@@ -76,6 +76,7 @@ COVERAGE = [
     Coverage(r"make local-(status|logs)", ((HERE, "def test_make_targets_run_the_documented_commands"), (LIFECYCLE, 'run_local("status"'), (LIFECYCLE, 'run_local("logs"')), "dry run here; the command runs in the lifecycle test"),
     Coverage(r"make test", ((".ci/run", "make test"), (CI, "run: make test")), "CI"),
     Coverage(r"make unit", ((HERE, "def test_make_targets_run_the_documented_commands"),), "dry run here"),
+    Coverage(r"make bench", ((HERE, 'bench = _make_dry_lines("bench")'),), "dry run here; its results were made by a fresh-clone run"),
     Coverage(r"curl -s http://127\.0\.0\.1:808[012]/.*", ((LOCAL_TEST, "readme_curls()"),), "against the real stack"),
     Coverage(r"\.venv/bin/inferstack size .*", ((HERE, "def test_size_prints_what_the_readme_shows"),), "run here"),
     Coverage(r"inferstack size --list", ((HERE, "def test_cheap_commands_run"),), "run here"),
@@ -120,12 +121,16 @@ def test_every_command_is_covered(command: str) -> None:
         assert needle in (REPO / path).read_text(), f"{command!r}: {path} no longer contains {needle!r}"
 
 
-def _make_dry(*args: str) -> str:
+def _make_dry_lines(*args: str) -> list[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKEFLAGS", "MFLAGS", "MAKELEVEL"))}
     result = subprocess.run(
         ["make", "-n", "-s", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=True
     )
-    return result.stdout.strip().splitlines()[-1]
+    return result.stdout.strip().splitlines()
+
+
+def _make_dry(*args: str) -> str:
+    return _make_dry_lines(*args)[-1]
 
 
 def test_make_targets_run_the_documented_commands() -> None:
@@ -142,6 +147,14 @@ def test_make_targets_run_the_documented_commands() -> None:
         _make_dry("local", "LOCAL_ARGS=--engine-port 8100"),
     )
     assert _make_dry("unit") == ".venv/bin/pytest -m 'not engine'"
+    bench = _make_dry_lines("bench")  # ~25 minutes for real: the committed results came from a fresh clone
+    runs = [line for line in bench if line.startswith(".venv/bin/python") and "bench" in line]  # not pip
+    assert runs == [
+        ".venv/bin/python -m bench.routing.run",
+        ".venv/bin/python bench/router/run.py --repeat 3",
+        ".venv/bin/python bench/batcher/run.py",
+    ]
+    assert "bash bench/routing/setup.sh" in bench and any("command -v wrk" in line for line in bench)
 
 
 def _run(command: str) -> subprocess.CompletedProcess[str]:
