@@ -21,7 +21,7 @@ from runtime.batcher.service import EngineError, ModelBatcher, QueueFullError, W
 from runtime.config import RuntimeConfig
 from runtime.http import METRICS_CONTENT_TYPE, metrics_payload
 from runtime.server import Connection, Request, Server
-from runtime.upstream import Exchange, UpstreamError
+from runtime.upstream import UpstreamError
 
 # Pooling endpoints vLLM serves besides embeddings; forwarded unbatched to a replica of the model.
 PASSTHROUGH_PATHS = frozenset(
@@ -204,18 +204,12 @@ class Batcher:
             # unbatched requests share the model's queue budget: nothing reaches the engines unbounded
             mb.count_rejected(1)
             raise _queue_full(mb.retry_after_s())
-        timeout_s = mb.policy.engine_timeout_ms / 1000
         backend.inflight += 1
         mb.forwarded += 1
-        ex: Exchange | None = None
         try:
-            async with asyncio.timeout(timeout_s):
-                ex = await Exchange.open(backend.pool, backend.request(path, body), mb.connect_timeout_s)
-                await ex.head(timeout_s)
-                payload = await ex.read_all(timeout_s)
-            meta = ex.headers.get(b"metadata")
-            ctype = ex.headers.get(b"content-type") or _JSON
-            return ex.status, payload, ctype, [(b"metadata", meta)] if meta is not None else []
+            status, headers, payload = await backend.post(
+                path, body, mb.policy.engine_timeout_ms / 1000, mb.connect_timeout_s
+            )
         except TimeoutError:
             raise ClientError(504, "engine timed out", "timeout") from None
         except UpstreamError as err:
@@ -225,8 +219,9 @@ class Batcher:
         finally:
             backend.inflight -= 1
             mb.forwarded -= 1
-            if ex is not None:
-                ex.abort()  # no-op once the answer was read to the end (the connection is pooled)
+        meta = headers.get(b"metadata")
+        ctype = headers.get(b"content-type") or _JSON
+        return status, payload, ctype, [(b"metadata", meta)] if meta is not None else []
 
 
 def _queue_full(retry_after_s: int) -> ClientError:

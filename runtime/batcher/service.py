@@ -130,6 +130,26 @@ class Backend:
             % (path, self.pool.host_header, len(body), body)
         )
 
+    async def post(
+        self, path: bytes, body: bytes, timeout_s: float, connect_timeout_s: float
+    ) -> tuple[int, dict[bytes, bytes], bytes]:
+        """One POST read to the end within ``timeout_s`` (raises ``TimeoutError``) -> status, headers, body.
+
+        On any failure or cancellation the connection is closed, which is how the engine learns to stop;
+        an answer read to the end leaves it in the pool.
+        """
+        ex: Exchange | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                ex = await Exchange.open(self.pool, self.request(path, body), connect_timeout_s)
+                await ex.head(timeout_s)
+                raw = await ex.read_all(timeout_s)
+        except BaseException:
+            if ex is not None:
+                ex.abort()
+            raise
+        return ex.status, ex.headers, raw
+
 
 class ModelBatcher:
     """Queues, dispatcher and replicas of one pooling model."""
@@ -353,41 +373,29 @@ class ModelBatcher:
 
     async def _post(self, backend: Backend, payload: dict[str, Any]) -> dict[str, Any]:
         """POST one batch; raises ``UpstreamError`` only when the replica could not be reached."""
-        timeout_s = self.policy.engine_timeout_ms / 1000
-        ex: Exchange | None = None
         try:
-            async with asyncio.timeout(timeout_s):
-                ex = await Exchange.open(
-                    backend.pool,
-                    backend.request(EMBEDDINGS_PATH, orjson.dumps(payload)),
-                    self.connect_timeout_s,
-                )
-                await ex.head(timeout_s)
-                raw = await ex.read_all(timeout_s)
-            status = ex.status
-            if status == 200:
-                body = orjson.loads(raw)
-                if not isinstance(body, dict):
-                    raise ValueError("engine answered 200 with a non-object body")
-                return body
+            status, _, raw = await backend.post(
+                EMBEDDINGS_PATH,
+                orjson.dumps(payload),
+                self.policy.engine_timeout_ms / 1000,
+                self.connect_timeout_s,
+            )
         except TimeoutError as err:
-            if ex is not None:
-                ex.abort()
             raise EngineError(504, error_body("engine timed out", "timeout", 504)) from err
         except UpstreamError as err:
-            if ex is not None:
-                ex.abort()
             if err.kind == "connect":
                 raise
-            kind, status = ("timeout", 504) if err.kind == "timeout" else ("bad_gateway", 502)
-            raise EngineError(status, error_body(f"engine call failed: {err}", kind, status)) from err
-        except (ValueError, orjson.JSONDecodeError) as err:
+            kind, code = ("timeout", 504) if err.kind == "timeout" else ("bad_gateway", 502)
+            raise EngineError(code, error_body(f"engine call failed: {err}", kind, code)) from err
+        if status != 200:
+            raise EngineError(status, _engine_error_body(raw[:ERROR_BODY_MAX_BYTES], status))
+        try:
+            body = orjson.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("engine answered 200 with a non-object body")
+        except ValueError as err:  # orjson.JSONDecodeError is a ValueError
             raise EngineError(502, error_body(f"engine answer unusable: {err}", "bad_gateway", 502)) from err
-        except BaseException:  # cancelled: closing the socket tells the engine to stop
-            if ex is not None:
-                ex.abort()
-            raise
-        raise EngineError(status, _engine_error_body(raw[:ERROR_BODY_MAX_BYTES], status))
+        return body
 
     async def _send(self, batch: list[core.Item]) -> None:
         try:
