@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -38,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run as a script (python bench/router/run.py) or as a module
 
 from bench.machine import describe, dist_version  # noqa: E402
+from bench.processes import process  # noqa: E402
 from bench.rivals import RIVALS, rival_argv  # noqa: E402
 
 PY = ROOT / ".venv" / "bin" / "python"
@@ -104,27 +104,6 @@ def wait_http(port: int, path: str, timeout_s: float = 60.0) -> None:
             pass
         time.sleep(0.2)
     raise RuntimeError(f"127.0.0.1:{port}{path} never answered 200")
-
-
-@contextmanager
-def process(
-    argv: list[str], env: dict[str, str] | None = None, log: Path | None = None
-) -> Iterator[subprocess.Popen[bytes]]:
-    out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        argv, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT
-    )
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        if log:
-            out.close()  # type: ignore[union-attr]
 
 
 def cpu_ticks(pid: int) -> int:

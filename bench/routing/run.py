@@ -27,7 +27,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.machine import describe, dist_version
+from bench.processes import process
 from bench.rivals import rival_argv
 from bench.routing import workload as wl
 from bench.routing.client import Record, play
@@ -202,21 +202,6 @@ def router_argvs(target: str, model: str, workers: list[str], tmp: Path) -> list
             argvs.insert(0, [str(PY), "-m", "runtime.health", "--config", cfg, "--log-level", "WARNING"])
         return argvs
     return [rival_argv(BENCH_PY, kind, ROUTER_PORT, workers, policy)]
-
-
-@contextmanager
-def process(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("ab") as out:
-        proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            yield proc
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
 
 
 def wait_ready(model: str, timeout_s: float = 90) -> None:
