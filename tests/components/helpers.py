@@ -1,4 +1,5 @@
-"""Building blocks for spec tests: a minimal valid stack and a writer for stack files."""
+"""Building blocks for spec and program tests: a minimal valid stack, a writer for stack files, and the
+engine Deployments of a synthesis."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from components import plan
+from components.render import common
 
 MINIMAL: dict[str, Any] = {
     "name": "inferstack",
@@ -36,3 +40,17 @@ def write_stack(
     config = {"inferstack:platform": platform, **(extra_config or {})}
     path.write_text(yaml.safe_dump({"config": config}, sort_keys=False))
     return path
+
+
+def engine_deployments(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:
+    """Model name -> its engine Deployment manifest; fails on a model with two."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in synthesis.kubernetes_manifests():
+        if (
+            m["kind"] == "Deployment"
+            and m["metadata"]["labels"].get("app.kubernetes.io/component") == "engine"
+        ):
+            model = m["metadata"]["labels"][common.MODEL_LABEL]
+            assert model not in out, f"two engine Deployments for model {model}"
+            out[model] = m
+    return out

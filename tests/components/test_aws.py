@@ -18,7 +18,7 @@ from components.aws import decisions, registry
 from components.render import common
 from components.spec import PlatformSpec, Target
 from components.stackfile import STACKS_DIR, Stack, available_stacks, load
-from tests.components.helpers import minimal, write_stack
+from tests.components.helpers import engine_deployments, minimal, write_stack
 
 
 @functools.cache
@@ -223,15 +223,9 @@ def test_engine_pods_land_only_on_their_pool_and_nothing_else_lands_on_gpu_nodes
     synthesis = _synth(stack.name)
     groups = {n: _as_plan(i) for n, i in _node_groups(synthesis).items()}
     system = groups[decisions.node_group_name(stack.spec, decisions.SYSTEM_POOL)]
-    deployments = [
-        m
-        for m in synthesis.kubernetes_manifests()
-        if m["kind"] == "Deployment"
-        and m["metadata"]["labels"].get("app.kubernetes.io/component") == "engine"
-    ]
+    deployments = engine_deployments(synthesis)
     assert len(deployments) == len(stack.spec.models)
-    for deployment in deployments:
-        model = deployment["metadata"]["labels"][common.MODEL_LABEL]
+    for model, deployment in deployments.items():
         pod = deployment["spec"]["template"]["spec"]
         fits = sorted(n for n, g in groups.items() if decisions.schedulable(pod, g))
         pool = stack.layout.placements[model].pool

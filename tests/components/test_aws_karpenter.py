@@ -14,6 +14,7 @@ from components import plan
 from components.aws import decisions, karpenter, policies
 from components.render import common
 from components.stackfile import Stack, load
+from tests.components.helpers import engine_deployments
 from tests.components.test_aws import _key_arn, _taggable
 
 
@@ -103,15 +104,9 @@ def test_engine_pods_fit_only_their_pools_node_pool() -> None:
         )
         for name, p in pools.items()
     }
-    engines = [
-        m
-        for m in _synth().kubernetes_manifests()
-        if m["kind"] == "Deployment"
-        and m["metadata"]["labels"].get("app.kubernetes.io/component") == "engine"
-    ]
+    engines = engine_deployments(_synth())
     assert len(engines) == len(stack.spec.models)
-    for engine in engines:
-        model = engine["metadata"]["labels"][common.MODEL_LABEL]
+    for model, engine in engines.items():
         pod = engine["spec"]["template"]["spec"]
         fits = [n for n, shape in shapes.items() if decisions.schedulable(pod, shape)]
         assert fits == [stack.layout.placements[model].pool]

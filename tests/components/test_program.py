@@ -10,21 +10,13 @@ import pytest
 from components import plan
 from components.render import common
 from components.stackfile import STACKS_DIR, Stack, available_stacks, load
+from tests.components.helpers import engine_deployments
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 
 
 def _synth(stack: Stack) -> plan.Synthesis:
     return plan.synthesize(stack)
-
-
-def _engine_deployments(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:
-    return {
-        m["metadata"]["labels"][common.MODEL_LABEL]: m
-        for m in synthesis.kubernetes_manifests()
-        if m["kind"] == "Deployment"
-        and m["metadata"]["labels"].get("app.kubernetes.io/component") == "engine"
-    }
 
 
 @pytest.mark.parametrize("name", PULUMI_STACKS)
@@ -52,7 +44,7 @@ def test_each_model_gets_an_engine_deployment_and_service_with_deterministic_nam
     stack = load(name)
     synthesis = _synth(stack)
     manifests = synthesis.kubernetes_manifests()
-    deployments = _engine_deployments(synthesis)
+    deployments = engine_deployments(synthesis)
     assert set(deployments) == {m.name for m in stack.spec.models}
     services = {m["metadata"]["name"] for m in manifests if m["kind"] == "Service"}
     for model in stack.spec.models:
@@ -67,7 +59,7 @@ def test_each_model_gets_an_engine_deployment_and_service_with_deterministic_nam
 @pytest.mark.parametrize("name", PULUMI_STACKS)
 def test_engine_pods_get_gpus_probes_placement_shm_and_labels_from_the_spec(name: str) -> None:
     stack = load(name)
-    deployments = _engine_deployments(_synth(stack))
+    deployments = engine_deployments(_synth(stack))
     for model in stack.spec.models:
         placement = stack.layout.placements[model.name]
         pod = deployments[model.name]["spec"]["template"]["spec"]
@@ -116,7 +108,7 @@ def test_the_engine_service_account_exists_in_the_engines_namespace(name: str) -
 def test_vllm_command_line_carries_every_engine_knob_of_the_spec() -> None:
     stack = load("prod")
     model = next(m for m in stack.spec.models if m.name == "llama-3-70b")
-    container = _engine_deployments(_synth(stack))[model.name]["spec"]["template"]["spec"]["containers"][0]
+    container = engine_deployments(_synth(stack))[model.name]["spec"]["template"]["spec"]["containers"][0]
     args = container["args"]
     assert container["command"] == ["vllm", "serve"]
     assert args[0] == model.source
@@ -141,7 +133,7 @@ def test_vllm_command_line_carries_every_engine_knob_of_the_spec() -> None:
 
 def test_startup_budget_grows_with_model_size() -> None:
     stack = load("prod")
-    deployments = _engine_deployments(_synth(stack))
+    deployments = engine_deployments(_synth(stack))
 
     def budget(model: str) -> int:
         probe = deployments[model]["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
@@ -160,16 +152,12 @@ def test_hf_token_reaches_kubernetes_only_as_a_pulumi_secret() -> None:
 
 def test_sglang_and_embedding_engines_render_their_own_flags() -> None:
     dev = load("dev")
-    container = _engine_deployments(_synth(dev))["qwen-7b-sglang"]["spec"]["template"]["spec"]["containers"][
-        0
-    ]
+    container = engine_deployments(_synth(dev))["qwen-7b-sglang"]["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][:2] == ["-m", "sglang.launch_server"]
     assert "--enable-metrics" in container["args"]
     assert container["args"][container["args"].index("--tp-size") + 1] == "1"
     prod = load("prod")
-    embed = _engine_deployments(_synth(prod))["bge-large"]["spec"]["template"]["spec"]["containers"][0][
-        "args"
-    ]
+    embed = engine_deployments(_synth(prod))["bge-large"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert embed[embed.index("--runner") + 1] == "pooling"
     assert embed[embed.index("--convert") + 1] == "embed"
 
