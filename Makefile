@@ -7,7 +7,7 @@ ENGINE_VENV := .venv-engine
 TOOLS_VENV := .venv-tools
 STACK ?= prod
 
-.PHONY: test lint typecheck unit plan local bench clean venv engine-venv tools-venv schema
+.PHONY: test lint typecheck unit plan local bench clean venv engine-venv tools-venv schema snapshots
 
 ## venvs ---------------------------------------------------------------------------------------
 # The project, its runtime services and the dev tools.
@@ -41,6 +41,10 @@ typecheck: venv
 
 unit: venv
 	$(BIN)/pytest -m 'not engine'
+
+# Accept the plan changes a change makes: rewrites tests/snapshots/plans/ (review and commit the diff).
+snapshots: venv
+	INFERSTACK_UPDATE_SNAPSHOTS=1 $(BIN)/pytest -q tests/components/test_plan_snapshots.py
 
 test: venv engine-venv tools-venv lint typecheck
 	$(BIN)/pytest

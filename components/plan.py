@@ -325,6 +325,7 @@ def write(synthesis: Synthesis, out: Path, summary: str) -> None:
     for manifest in synthesis.kubernetes_manifests():
         path = manifests_dir / manifest_filename(manifest)
         path.write_text(yaml.safe_dump(canonical(manifest), sort_keys=False))
-    resources = [r.as_json() for r in synthesis.resources]
+    # Registration order varies with the async runtime; URN order is stable, so plans diff cleanly.
+    resources = [r.as_json() for r in sorted(synthesis.resources, key=lambda r: r.urn)]
     (out / "resources.json").write_text(json.dumps(resources, indent=2, sort_keys=False) + "\n")
     (out / "summary.md").write_text(summary)

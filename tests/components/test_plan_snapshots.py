@@ -1,0 +1,57 @@
+"""What `inferstack plan` writes for every committed stack, compared with a committed snapshot.
+
+A change to the program, a renderer or a default shows its effect on real plans here, in review:
+the diff of ``tests/snapshots/plans/<stack>/`` is the plan diff. When the change is intended, accept it
+with ``make snapshots`` (``INFERSTACK_UPDATE_SNAPSHOTS=1`` on this test) and commit the new files.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from components.cli import app
+from components.stackfile import STACKS_DIR, available_stacks
+
+SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots" / "plans"
+FILES = ("summary.md", "resources.json", "policy.json")
+UPDATE = os.environ.get("INFERSTACK_UPDATE_SNAPSHOTS") == "1"
+MAX_DIFF_LINES = 60
+
+
+def _plan(stack: str, out: Path) -> dict[str, str]:
+    result = CliRunner().invoke(app, ["plan", "-s", stack, "--out", str(out)])
+    assert result.exit_code in (0, 1), result.output  # 1: a mandatory policy verdict, still a plan
+    return {name: (out / name).read_text() for name in FILES}
+
+
+@pytest.mark.parametrize("stack", available_stacks(STACKS_DIR))
+def test_plan_of_committed_stack_matches_its_snapshot(stack: str, tmp_path: Path) -> None:
+    planned = _plan(stack, tmp_path)
+    where = SNAPSHOTS / stack
+    if UPDATE:
+        where.mkdir(parents=True, exist_ok=True)
+        for name, text in planned.items():
+            (where / name).write_text(text)
+        return
+    for name, text in planned.items():
+        path = where / name
+        assert path.is_file(), f"no snapshot {path}: run `make snapshots` and commit it"
+        expected = path.read_text()
+        if text != expected:
+            diff = list(
+                difflib.unified_diff(
+                    expected.splitlines(), text.splitlines(), f"snapshot/{name}", f"plan/{name}", lineterm=""
+                )
+            )
+            shown = "\n".join(diff[:MAX_DIFF_LINES])
+            more = f"\n... {len(diff) - MAX_DIFF_LINES} more diff lines" if len(diff) > MAX_DIFF_LINES else ""
+            pytest.fail(
+                f"plan of {stack} changed ({name}); if intended, run `make snapshots` and commit "
+                f"tests/snapshots/plans/{stack}/:\n{shown}{more}",
+                pytrace=False,
+            )
