@@ -25,12 +25,12 @@ MAX_DIFF_LINES = 60
 # Runtime images built by the program are tagged with a hash of runtime/ (and the mocks derive their
 # digests from the tags): any runtime change moves them. That is tested where the tag is made
 # (tests/components/test_aws.py); here it would only make every runtime commit a plan change.
-_SOURCE_TAG = re.compile(r":src-[0-9a-f]{16}")
+_SOURCE_TAG = re.compile(r"\bsrc-[0-9a-f]{16}\b")
 _BUILT_DIGEST = re.compile(r"(\.dkr\.ecr\.[^\s\"@]+)@sha256:[0-9a-f]{64}")
 
 
 def _normalised(text: str) -> str:
-    return _BUILT_DIGEST.sub(r"\1@sha256:<built>", _SOURCE_TAG.sub(":src-<runtime>", text))
+    return _BUILT_DIGEST.sub(r"\1@sha256:<built>", _SOURCE_TAG.sub("src-<runtime>", text))
 
 
 def _plan(stack: str, out: Path) -> dict[str, str]:
