@@ -32,9 +32,11 @@ $(TOOLS_VENV)/.installed: scripts/tools-requirements.txt
 tools-venv: $(TOOLS_VENV)/.installed
 
 ## checks --------------------------------------------------------------------------------------
+# lint-imports checks the import boundaries of DESIGN.md (contracts in pyproject.toml [tool.importlinter]).
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache --no-logo
 
 typecheck: venv
 	$(BIN)/mypy components runtime policies

@@ -146,8 +146,10 @@ SYSTEM_INSTANCE_TYPE = "m7i.xlarge"
 SYSTEM_INSTANCE_USD_PER_HOUR = 0.2016
 EKS_CONTROL_PLANE_USD_PER_HOUR = 0.10
 NAT_GATEWAY_USD_PER_HOUR = 0.045  # per gateway-hour; data processed ($0.045/GB) is usage, not in the plan
-# EBS gp3 (root disks of nodes) and KMS, same region and date: storage, provisioned IOPS above 3,000 and
-# throughput above 125 MiB/s are billed per month.
+# EBS gp3 (root disks of nodes) and KMS, same region and date: storage, provisioned IOPS above the baseline
+# (3,000) and throughput above the baseline (125 MiB/s) are billed per month.
+EBS_GP3_BASELINE_IOPS = 3000
+EBS_GP3_BASELINE_THROUGHPUT_MIBPS = 125
 EBS_GP3_USD_PER_GIB_MONTH = 0.08
 EBS_GP3_USD_PER_IOPS_MONTH = 0.005
 EBS_GP3_USD_PER_MIBPS_MONTH = 0.04

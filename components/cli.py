@@ -17,6 +17,7 @@ from components.problems import SpecError
 from components.spec import KvCacheDType, Quantization, Target, spec_json_schema
 from components.stackfile import STACKS_DIR, load
 from policies.inference import offline
+from runtime.config import DEFAULT_MAX_NUM_SEQS
 
 app = typer.Typer(
     add_completion=False,
@@ -66,7 +67,7 @@ def size(
     ] = "",
     quant: Annotated[Quantization, typer.Option("--quant", help="Weight quantization.")] = Quantization.NONE,
     max_model_len: Annotated[int, typer.Option(min=16, help="Context length in tokens.")] = 8192,
-    max_num_seqs: Annotated[int, typer.Option(min=1, help="Concurrent sequences.")] = 256,
+    max_num_seqs: Annotated[int, typer.Option(min=1, help="Concurrent sequences.")] = DEFAULT_MAX_NUM_SEQS,
     kv_cache_dtype: Annotated[KvCacheDType, typer.Option(help="KV cache precision.")] = KvCacheDType.AUTO,
     gpu_memory_utilization: Annotated[float, typer.Option(min=0.1, max=0.98)] = 0.90,
     top: Annotated[int, typer.Option(min=1, help="How many instance types to list.")] = 10,

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components import catalog, sizing
-from components.aws import decisions
+from components.cloud import FixedInfrastructure, RootDisk
 from components.placement import Layout, Placement, PoolPlan
-from components.spec import CapacityType, PlatformSpec, Target
+from components.spec import CapacityType, PlatformSpec
 
 # The throughput assumption behind USD per million tokens, stated once and printed with the figure.
 ROOFLINE_BANDWIDTH_EFFICIENCY = 0.6
@@ -22,8 +22,6 @@ THROUGHPUT_ASSUMPTION = (
     f"{ROOFLINE_BANDWIDTH_EFFICIENCY:.0%} of memory bandwidth, {ROOFLINE_AVG_CONTEXT_TOKENS:,}-token average context, "
     "batch = min(max_num_seqs, what the KV cache holds)"
 )
-SYSTEM_NODES = 2  # CPU nodes for the gateway and monitoring (target eks)
-NAT_GATEWAYS = 3  # one per availability zone
 
 
 def hourly(instance: catalog.InstanceType, capacity: CapacityType) -> float:
@@ -91,7 +89,7 @@ class LineItem:
     """One row of the stack's bill."""
 
     name: str
-    kind: str  # gpu-pool, eks, system-nodes, nat
+    kind: str  # gpu-pool, eks, system-nodes, nat, ebs, kms
     min_usd_month: float
     max_usd_month: float
 
@@ -106,45 +104,52 @@ def pool_cost(pool: PoolPlan) -> LineItem:
     )
 
 
-def root_volume_usd_month(group: decisions.NodeGroupPlan) -> float:
-    """One node's gp3 root disk: size, plus IOPS and throughput bought above the gp3 baseline."""
+def gp3_disk_usd_month(gib: float, iops: float, throughput_mibps: float) -> float:
+    """One gp3 volume a month: its size, plus the IOPS and throughput bought above the gp3 baseline."""
     return (
-        group.root_disk_gib * catalog.EBS_GP3_USD_PER_GIB_MONTH
-        + max(0, group.disk_iops - decisions.GP3_BASELINE_IOPS) * catalog.EBS_GP3_USD_PER_IOPS_MONTH
-        + max(0, group.disk_throughput_mibps - decisions.GP3_BASELINE_THROUGHPUT_MIBPS)
+        gib * catalog.EBS_GP3_USD_PER_GIB_MONTH
+        + max(0, iops - catalog.EBS_GP3_BASELINE_IOPS) * catalog.EBS_GP3_USD_PER_IOPS_MONTH
+        + max(0, throughput_mibps - catalog.EBS_GP3_BASELINE_THROUGHPUT_MIBPS)
         * catalog.EBS_GP3_USD_PER_MIBPS_MONTH
     )
 
 
-def fixed_costs(spec: PlatformSpec, layout: Layout | None = None) -> list[LineItem]:
-    """What the AWS layer costs besides GPU instances, read from the same decisions that build it: control
-    plane, system nodes, NAT gateways, node root disks (GPU pools' too, with ``layout``), the KMS keys."""
-    if spec.target is not Target.EKS:
-        return []
+def root_disk_usd_month(disk: RootDisk) -> float:
+    return gp3_disk_usd_month(disk.gib, disk.iops, disk.throughput_mibps)
+
+
+def fixed_costs(infrastructure: FixedInfrastructure) -> list[LineItem]:
+    """The bill of what a target runs besides GPU instances (``Cloud.fixed_infrastructure``): control plane,
+    system nodes, NAT gateways, node root disks, KMS keys. Nothing for a cluster you bring."""
     month = catalog.HOURS_PER_MONTH
-    system = decisions.system_node_group(spec)
-    nats = decisions.network_plan(spec).nat_gateways
-    nodes = catalog.SYSTEM_INSTANCE_USD_PER_HOUR * month
-    eks = catalog.EKS_CONTROL_PLANE_USD_PER_HOUR * month
-    keys = len(decisions.KMS_KEYS)
-    kms = keys * catalog.KMS_KEY_USD_PER_MONTH
-    items = [
-        LineItem("EKS control plane", "eks", eks, eks),
-        LineItem(
-            f"system nodes ({system.min_size}-{system.max_size} x {catalog.SYSTEM_INSTANCE_TYPE})",
-            "system-nodes",
-            nodes * system.min_size,
-            nodes * system.max_size,
-        ),
-    ]
+    items: list[LineItem] = []
+    if infrastructure.eks_control_planes:
+        eks = infrastructure.eks_control_planes * catalog.EKS_CONTROL_PLANE_USD_PER_HOUR * month
+        items.append(LineItem("EKS control plane", "eks", eks, eks))
+    system = infrastructure.system_nodes
+    if system is not None:
+        nodes = catalog.SYSTEM_INSTANCE_USD_PER_HOUR * month
+        items.append(
+            LineItem(
+                f"system nodes ({system.min_nodes}-{system.max_nodes} x {catalog.SYSTEM_INSTANCE_TYPE})",
+                "system-nodes",
+                nodes * system.min_nodes,
+                nodes * system.max_nodes,
+            )
+        )
+    nats = infrastructure.nat_gateways
     if nats:
         nat = nats * catalog.NAT_GATEWAY_USD_PER_HOUR * month
         items.append(LineItem(f"NAT gateways ({nats}, hourly; data processed not included)", "nat", nat, nat))
-    groups = decisions.node_groups(spec, layout) if layout is not None else [system]
-    disks_min = sum(root_volume_usd_month(g) * g.min_size for g in groups)
-    disks_max = sum(root_volume_usd_month(g) * g.max_size for g in groups)
-    items.append(LineItem("node root disks (gp3)", "ebs", disks_min, disks_max))
-    items.append(LineItem(f"KMS keys ({keys}: {', '.join(decisions.KMS_KEYS)})", "kms", kms, kms))
+    disks = infrastructure.root_disks
+    if disks:
+        disks_min = sum(root_disk_usd_month(d.disk) * d.min_count for d in disks)
+        disks_max = sum(root_disk_usd_month(d.disk) * d.max_count for d in disks)
+        items.append(LineItem("node root disks (gp3)", "ebs", disks_min, disks_max))
+    keys = infrastructure.kms_keys
+    if keys:
+        kms = len(keys) * catalog.KMS_KEY_USD_PER_MONTH
+        items.append(LineItem(f"KMS keys ({len(keys)}: {', '.join(keys)})", "kms", kms, kms))
     return items
 
 
@@ -162,8 +167,9 @@ class StackCost:
         return sum(i.max_usd_month for i in self.items)
 
 
-def stack_cost(spec: PlatformSpec, layout: Layout) -> StackCost:
-    items = [pool_cost(p) for p in layout.pools.values()] + fixed_costs(spec, layout)
+def stack_cost(spec: PlatformSpec, layout: Layout, infrastructure: FixedInfrastructure) -> StackCost:
+    """The whole bill: GPU pools, the target's fixed infrastructure, and each model's share."""
+    items = [pool_cost(p) for p in layout.pools.values()] + fixed_costs(infrastructure)
     models = [model_cost(spec, layout, m.name) for m in spec.models]
     return StackCost(tuple(items), tuple(models))
 

@@ -28,16 +28,16 @@ import yaml
 from google.protobuf import json_format
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
-from pulumi.runtime.settings import SETTINGS
+from pulumi.runtime.settings import ROOT, SETTINGS
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
 from components import program
-from components.aws import policies
+from components.aws import iam
+from components.redaction import REDACTED
 from components.stackfile import CONFIG_KEY, Stack
 
 PROJECT = "inferstack"
-REDACTED = "[secret]"
 _SIG = rpc._special_sig_key
 _SECRET = rpc._special_secret_sig
 _RESOURCE = rpc._special_resource_sig
@@ -110,7 +110,7 @@ def mock_arn(type_: str, name: str, region: str, account_id: str = MOCK_ACCOUNT_
     """
     _, module, kind = type_.split(":")
     service = module.split("/", 1)[0]
-    fields = {"partition": policies.partition(region), "region": region, "account": account_id, "name": name}
+    fields = {"partition": iam.partition(region), "region": region, "account": account_id, "name": name}
     shape = _ARN_SHAPES.get(type_)
     if shape is not None:
         return shape.format(**fields)
@@ -138,9 +138,9 @@ def _aws_outputs(type_: str, name: str, inputs: dict[str, Any], region: str) -> 
         out["latestVersion"] = 1
     elif type_ == "aws:ecr/repository:Repository":
         out["registryId"] = MOCK_ACCOUNT_ID
-        out["repositoryUrl"] = f"{MOCK_ACCOUNT_ID}.dkr.ecr.{region}.{policies.dns_suffix(region)}/{physical}"
+        out["repositoryUrl"] = f"{MOCK_ACCOUNT_ID}.dkr.ecr.{region}.{iam.dns_suffix(region)}/{physical}"
     elif type_ == "aws:eks/cluster:Cluster":
-        out["endpoint"] = f"https://{_hex(name)[:32].upper()}.gr7.{region}.eks.{policies.dns_suffix(region)}"
+        out["endpoint"] = f"https://{_hex(name)[:32].upper()}.gr7.{region}.eks.{iam.dns_suffix(region)}"
         ca = f"-----BEGIN CERTIFICATE-----\nmock CA of {physical}\n-----END CERTIFICATE-----\n"
         out["certificateAuthority"] = {"data": base64.b64encode(ca.encode()).decode()}
     return out
@@ -183,7 +183,7 @@ class _Mocks(pulumi.runtime.Mocks):
         """The invokes the program makes; any other fails the plan rather than answer with nothing."""
         region = self._region(args.provider)
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            arn = f"arn:{policies.partition(region)}:iam::{MOCK_ACCOUNT_ID}:user/inferstack-plan"
+            arn = f"arn:{iam.partition(region)}:iam::{MOCK_ACCOUNT_ID}:user/inferstack-plan"
             result = {
                 "accountId": MOCK_ACCOUNT_ID,
                 "arn": arn,
@@ -197,7 +197,7 @@ class _Mocks(pulumi.runtime.Mocks):
                 "authorizationToken": base64.b64encode(f"AWS:{password}".encode()).decode(),
                 "userName": "AWS",
                 "password": password,
-                "proxyEndpoint": f"https://{registry}.dkr.ecr.{region}.{policies.dns_suffix(region)}",
+                "proxyEndpoint": f"https://{registry}.dkr.ecr.{region}.{iam.dns_suffix(region)}",
                 "expiresAt": "2030-01-01T12:00:00Z",
                 "registryId": registry,
                 "id": region,
@@ -280,6 +280,9 @@ def synthesize(stack: Stack) -> Synthesis:
     try:
         mocks = _Mocks()
         monitor = CapturingMonitor(mocks)
+        # A new root Stack resource for this stack: set_mocks keeps the previous synthesis's otherwise, and
+        # top-level resources would name another stack as their parent.
+        ROOT.set(None)
         pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack.name, preview=False, monitor=monitor)
         values, secret_keys = _mock_config(stack)
         pulumi.runtime.set_all_config(values, secret_keys)

@@ -1,17 +1,18 @@
-"""InferencePlatform: the whole stack from one validated spec and its layout.
+"""InferencePlatform: the Kubernetes side of a stack, from one validated spec, its layout and its cloud.
 
-A thin shell: every decision was made by ``components.placement`` and the renderers; this registers
-the results in dependency order. Later layers (AWS, gateway, scaling, observability) hang off here.
+A thin shell: every decision was made by ``components.placement``, the cloud (``components.cloud``) and the
+renderers; this registers the results in dependency order, through the cluster access the cloud layer gave.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pulumi
 
+from components.cloud import Cloud
 from components.kubernetes.addons import ClusterAddons
+from components.kubernetes.cluster import ClusterAccess
 from components.kubernetes.engine import ModelEngine
 from components.kubernetes.gateway import Gateway, NetworkPolicies
 from components.kubernetes.manifests import apply
@@ -19,7 +20,6 @@ from components.kubernetes.observability import Observability
 from components.kubernetes.scaling import ModelScaling
 from components.placement import Layout
 from components.render import common, engine, hardening
-from components.render.gateway import RuntimeImage
 from components.render.namespace import namespace
 from components.spec import PlatformSpec
 
@@ -64,19 +64,21 @@ def hf_token_secret(spec: PlatformSpec) -> common.Manifest:
 
 
 class InferencePlatform(pulumi.ComponentResource):
-    """Namespace, secrets and one ModelEngine per model."""
+    """Namespace, secrets, add-ons, one ModelEngine per model, the gateway, scaling and observability."""
 
     def __init__(
         self,
         spec: PlatformSpec,
         layout: Layout,
         secrets: PlatformSecrets,
-        opts: pulumi.ResourceOptions | None = None,
-        vpc_id: pulumi.Input[str] | None = None,
-        images: Mapping[str, RuntimeImage] | None = None,
+        cloud: Cloud,
+        cluster: ClusterAccess,
     ) -> None:
-        """``images`` replaces the spec's runtime images per service (the AWS layer's ECR pushes on EKS)."""
-        super().__init__("inferstack:index:InferencePlatform", f"{spec.name}-{spec.environment}", None, opts)
+        """``cluster`` says how to reach the cluster, which runtime images to run and which cloud controllers
+        to install (``ClusterAccess``)."""
+        super().__init__(
+            "inferstack:index:InferencePlatform", f"{spec.name}-{spec.environment}", None, cluster.options
+        )
         child = pulumi.ResourceOptions(parent=self)
         self.namespace = apply(namespace(spec), child)
         in_namespace = pulumi.ResourceOptions(parent=self, depends_on=[self.namespace])
@@ -92,7 +94,9 @@ class InferencePlatform(pulumi.ComponentResource):
             spec.observability.grafana_admin_password_config_key,
             "'<password>'",
         )
-        self.addons = ClusterAddons(spec, child, vpc_id=vpc_id, grafana_admin_password=grafana_password)
+        self.addons = ClusterAddons(
+            spec, cloud, cluster.addons, child, grafana_admin_password=grafana_password
+        )
         self.priority_class = apply(hardening.priority_class(spec), child)
         self.engine_identity = apply(engine.service_account(spec), in_namespace)
         engines_opts = pulumi.ResourceOptions(
@@ -101,8 +105,8 @@ class InferencePlatform(pulumi.ComponentResource):
         self.engines = {
             m.name: ModelEngine(spec, m, layout.placements[m.name], engines_opts) for m in spec.models
         }
-        self.network = NetworkPolicies(spec, in_namespace)
-        self.gateway = Gateway(spec, _api_keys(spec, secrets), in_namespace, images=images)
+        self.network = NetworkPolicies(spec, cloud, in_namespace)
+        self.gateway = Gateway(spec, cloud, _api_keys(spec, secrets), in_namespace, images=cluster.images)
         crds = self.addons.installed("keda", "prometheus-adapter")
         self.scaling = {
             m.name: ModelScaling(

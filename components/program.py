@@ -1,4 +1,4 @@
-"""The Pulumi program: stack config -> validated spec -> InferencePlatform.
+"""The Pulumi program: stack config -> validated spec -> the target's cloud layer -> InferencePlatform.
 
 ``__main__.py`` calls ``run()`` under ``pulumi up``; ``inferstack plan`` calls the same ``run()``
 in-process under Pulumi's mock runtime, so both see exactly the same resources.
@@ -6,14 +6,27 @@ in-process under Pulumi's mock runtime, so both see exactly the same resources.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pulumi
 
-from components.aws.layer import AwsLayer
+from components.aws import layer as aws_layer
+from components.kubernetes.cluster import ClusterAccess, bring_your_own
+from components.placement import Layout
 from components.platform import InferencePlatform, PlatformSecrets
 from components.problems import SpecError
-from components.render import gateway
-from components.spec import Target
+from components.render import ingress
+from components.spec import PlatformSpec, Target
 from components.stackfile import stack_path, validate
+from components.targets import cloud_for
+
+ClusterLayer = Callable[[PlatformSpec, Layout, str], ClusterAccess]
+CLUSTER_LAYERS: dict[Target, ClusterLayer] = {
+    # AWS first; every Kubernetes resource then goes to the new cluster through its provider.
+    Target.EKS: aws_layer.provision,
+    Target.KUBERNETES: bring_your_own,
+}
+"""What each target builds before anything in Kubernetes, and how the Kubernetes side reaches the result."""
 
 
 def run() -> InferencePlatform:
@@ -24,25 +37,16 @@ def run() -> InferencePlatform:
     except SpecError as err:
         # A RunError prints its message without a Python traceback: the user sees only the problems.
         raise pulumi.RunError(err.render()) from None
-    if spec.target is Target.LOCAL:
+    cluster_layer = CLUSTER_LAYERS.get(spec.target)
+    if cluster_layer is None:
         raise pulumi.RunError(
-            f"{source}: target local runs on this machine with `make local`, not with pulumi"
+            f"{source}: target {spec.target.value} runs on this machine with `make local`, not with pulumi"
         )
     token_key = spec.huggingface_token_config_key
     secrets = PlatformSecrets(huggingface_token=config.require_secret(token_key) if token_key else None)
-    kubernetes: pulumi.ResourceOptions | None = None
-    vpc_id: pulumi.Input[str] | None = None
-    images: dict[str, gateway.RuntimeImage] = {}
-    if spec.target is Target.EKS:
-        # AWS first; every Kubernetes resource then goes to the new cluster through its provider.
-        aws_layer = AwsLayer(spec, layout, pulumi.get_stack())
-        aws_layer.export()
-        kubernetes = aws_layer.kubernetes_options()
-        vpc_id = aws_layer.network.vpc_id
-        # The gateway runs the images just pushed to ECR, by digest; other targets run the spec's images.
-        images = aws_layer.registry.runtime_images()
-    platform = InferencePlatform(spec, layout, secrets, kubernetes, vpc_id=vpc_id, images=images)
-    pulumi.export("gateway_url", gateway.public_url(spec))
+    cluster = cluster_layer(spec, layout, pulumi.get_stack())
+    platform = InferencePlatform(spec, layout, secrets, cloud_for(spec), cluster)
+    pulumi.export("gateway_url", ingress.public_url(spec))
     pulumi.export("namespace", spec.cluster.namespace)
     pulumi.export("models", [m.name for m in spec.models])
     return platform

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from components import catalog, cost, sizing
+from components import catalog, cost, sizing, targets
 from components.plan import Synthesis
 from components.stackfile import Stack
 
@@ -84,7 +84,7 @@ class PlanReport:
 
 def plan_report(stack: Stack) -> PlanReport:
     spec, layout = stack.spec, stack.layout
-    bill = cost.stack_cost(spec, layout)
+    bill = cost.stack_cost(spec, layout, targets.fixed_infrastructure(spec, layout))
     by_model = {c.model: c for c in bill.models}
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from components import catalog
+from runtime.config import DEFAULT_MAX_NUM_SEQS
 
 GIB = 1024**3
 KIB = 1024
@@ -95,7 +96,7 @@ class EngineShape:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     max_model_len: int = 8192
-    max_num_seqs: int = 256
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int | None = None
     gpu_memory_utilization: float = 0.90
     enforce_eager: bool = False

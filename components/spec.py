@@ -11,12 +11,21 @@ from __future__ import annotations
 import ipaddress
 import re
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from components import catalog
-from runtime.config import EngineKind, Strategy, Task
+from runtime.config import (
+    DEFAULT_MAX_NUM_SEQS,
+    BuiltinScorerName,
+    EngineKind,
+    StrategyName,
+    Task,
+    routing_knobs_read,
+    routing_scorers,
+    strategy_field,
+)
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -297,12 +306,18 @@ class ArchitectureSpec(_Spec):
     params_b: Annotated[float, Field(gt=0)]
     """Parameters, in billions (all experts for mixture-of-experts)."""
     layers: Annotated[int, Field(ge=1)]
+    """Transformer layers (config.json num_hidden_layers); with kv_heads and head_dim, sizes the KV cache."""
     kv_heads: Annotated[int, Field(ge=1)]
     """Key/value heads (grouped-query attention)."""
     head_dim: Annotated[int, Field(ge=1)]
+    """Width of one attention head (config.json head_dim, else hidden_size / num_attention_heads)."""
     hidden_size: Annotated[int, Field(ge=1)]
+    """Model width (config.json hidden_size); sizes activation memory and the embedding table."""
     max_context_tokens: Annotated[int, Field(ge=1)] = 8192
+    """Longest context the model supports, in tokens (config.json max_position_embeddings); the policy pack
+    sizes an engine whose command line sets no maximum length with it."""
     vocab_size: Annotated[int, Field(ge=1)] = 32_000
+    """Tokens in the vocabulary (config.json vocab_size); sizes the embedding table and the logits."""
     active_params_b: Annotated[float, Field(gt=0)] | None = None
     """Parameters used per token, for mixture-of-experts models."""
     pooling: bool = False
@@ -333,27 +348,41 @@ class EngineSpec(_Spec):
     device: Device = Device.GPU
     """gpu, or cpu for small models on CPU nodes (kind clusters, local)."""
     tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
+    """GPUs each layer of a replica is split across; a replica uses tensor x pipeline_parallel_size GPUs,
+    which must divide the GPUs of one node of its pool."""
     pipeline_parallel_size: Annotated[int, Field(ge=1, le=16)] = 1
+    """Stages a replica's layers are split into, each on its own tensor-parallel group of GPUs; 1 = none."""
     dtype: DType = DType.AUTO
     """Activation and weight precision before quantization."""
     quantization: Quantization = Quantization.NONE
+    """Weight format: none (dtype), awq or gptq (4-bit checkpoints), fp8 or int8 (8-bit; fp8 needs an Ada,
+    Hopper or Blackwell GPU); sizing counts weight memory by it."""
     kv_cache_dtype: KvCacheDType = KvCacheDType.AUTO
+    """KV cache precision: auto (the model's dtype) or an fp8 format, half the memory per token of 16-bit
+    (fp8_e4m3 needs an Ada, Hopper or Blackwell GPU)."""
     gpu_memory_utilization: Annotated[float, Field(gt=0.1, le=0.98)] = 0.90
     """Share of each GPU's memory the engine may use (weights, KV cache, activations)."""
     max_model_len: Annotated[int, Field(ge=16)] = 8192
     """Longest prompt plus completion, in tokens."""
-    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = 256
+    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = DEFAULT_MAX_NUM_SEQS
     """Sequences decoded together; also the router's per-replica concurrency cap."""
     max_num_batched_tokens: Annotated[int, Field(ge=16)] | None = None
     """Tokens per scheduler step; defaults to the engine's choice (8192 with chunked prefill)."""
     enable_prefix_caching: bool = True
+    """Reuse the KV cache of prompt prefixes already computed (vLLM prefix caching, SGLang radix cache,
+    TensorRT-LLM block reuse); prefix-affine routing pays off only with it. For embedding models vLLM
+    keeps it only where the architecture supports it (not for BERT-like encoders)."""
     enable_chunked_prefill: bool = True
+    """Split long prompts into chunks scheduled beside decode steps, so one long prompt does not stall
+    streaming; off, max_num_batched_tokens must hold max_model_len. For embedding models vLLM keeps it
+    only where the architecture supports it (not for BERT-like encoders)."""
     enforce_eager: bool = False
     """Disable CUDA graphs (less memory, slower decode)."""
     cpu_kv_offload_gib: Annotated[float, Field(ge=0, le=4096)] = 0
     """CPU memory per replica that extends the KV cache (vLLM --kv-offloading-size, which replaced the
     removed --swap-space: preempted and evicted prefixes are kept in host memory); 0 = off."""
     trust_remote_code: bool = False
+    """Let the engine run Python code from the model repository (custom architectures); only for repos you trust."""
     extra_args: list[str] = Field(default_factory=list)
     """Extra command-line arguments appended verbatim."""
     cpu_cores: Annotated[float, Field(gt=0)] | None = None
@@ -417,11 +446,14 @@ class ScalingSpec(_Spec):
     min_replicas: Annotated[int, Field(ge=0)] = 1
     """0 enables scale-to-zero: the first request wakes the model."""
     max_replicas: Annotated[int, Field(ge=1)] = 1
+    """Most replicas the autoscaler may run (equal to min_replicas: a fixed count, no autoscaler); the pool's
+    node ceiling and the projected monthly cost assume it."""
     queue_per_replica: Annotated[float, Field(gt=0)] | None = None
     """Waiting requests per replica that trigger scale-up; defaults to 10% of max_num_seqs."""
     kv_cache_usage_target: Annotated[float, Field(gt=0, le=1)] = 0.85
     """KV cache usage (0-1) above which to scale up."""
     scale_up_stabilization_s: Annotated[int, Field(ge=0, le=3600)] = 30
+    """Seconds load must stay high before replicas are added (the HPA's scale-up stabilization window)."""
     scale_down_stabilization_s: Annotated[int, Field(ge=0, le=3600)] = 600
     """Cooldown: how long load must stay low before replicas are removed."""
     idle_before_zero_s: Annotated[int, Field(ge=60)] = 900
@@ -447,11 +479,30 @@ class SloSpec(_Spec):
 
 
 class RoutingSpec(_Spec):
-    """How the gateway spreads this model's requests over its replicas."""
+    """How the gateway spreads this model's requests over its replicas: a named strategy (a preset blend
+    of scorers), weights that adjust the blend, and the knobs of the scorers it uses. Names, ranges and
+    descriptions come from the router's registry (``runtime.config``), so a typo fails here, at plan."""
 
-    strategy: Strategy = Strategy.PREFIX_AWARE
-    weights: dict[str, float] = Field(default_factory=dict)
-    """Scorer weights for the weighted strategy, e.g. {load: 0.7, latency: 0.3}."""
+    KNOBS: ClassVar[frozenset[str]] = frozenset(
+        {"load_guard_ratio", "prefix_balance_factor", "prefix_block_tokens"}
+    )
+
+    strategy: StrategyName = Field(default="prefix_aware", description=strategy_field("name").description)
+    weights: dict[BuiltinScorerName, Annotated[float, Field(ge=0)]] = strategy_field("weights")
+    load_guard_ratio: float = strategy_field("load_guard_ratio")
+    prefix_balance_factor: float = strategy_field("prefix_balance_factor")
+    prefix_block_tokens: int = strategy_field("prefix_block_tokens")
+
+    @model_validator(mode="after")
+    def _knobs_take_effect(self) -> RoutingSpec:
+        read = routing_knobs_read(self.strategy, self.weights)
+        for knob in sorted((self.model_fields_set & self.KNOBS) - read):
+            readers = ", ".join(n for n, info in routing_scorers().items() if knob in info.knobs)
+            raise ValueError(
+                f"{knob} has no effect with strategy {self.strategy!r} and these weights (only the {readers}"
+                " scorer reads it): remove it, or choose a strategy or weights that use that scorer"
+            )
+        return self
 
 
 class ModelSpec(_Spec):
@@ -464,11 +515,15 @@ class ModelSpec(_Spec):
     architecture: ArchitectureSpec | None = None
     """Required when the catalog does not know the source; see `inferstack size --list`."""
     engine: EngineSpec = Field(default_factory=EngineSpec)
+    """The serving engine and its launch knobs: kind, parallelism, precision, length and batch limits."""
     pool: str = AUTO
     """GPU pool name, or 'auto' for the cheapest declared pool that fits."""
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    """Replica bounds, and when the autoscaler adds or removes replicas."""
     routing: RoutingSpec = Field(default_factory=RoutingSpec)
+    """How the router picks one of this model's replicas for each request."""
     slo: SloSpec = Field(default_factory=SloSpec)
+    """Latency objectives; scaling triggers and alerts derive from them."""
     task: Task | None = None
     """generate or embed; defaults from the architecture (embedding models pool)."""
 
@@ -534,11 +589,18 @@ class GatewaySpec(_Spec):
     """The router in front of the engines, and how traffic reaches it."""
 
     replicas: Annotated[int, Field(ge=1)] = 2
+    """Router replicas; the router autoscaler's minimum when max_replicas is higher."""
     max_replicas: Annotated[int, Field(ge=1)] = 6
+    """Most router replicas: above replicas, an HPA scales the router on CPU use; equal, the count is fixed."""
     ingress: IngressKind = IngressKind.NONE
+    """How clients outside the cluster reach the router: none (the in-cluster Service only), alb (an AWS
+    Application Load Balancer, through the AWS Load Balancer Controller) or gateway-api (an HTTPRoute on a
+    Gateway of gateway_class). Both need hostname."""
     hostname: str | None = None
     """Public host name for the ingress."""
     require_api_key: bool = True
+    """The router refuses requests without a known API key (the keys of api_keys_config_key); false serves
+    anyone who reaches it."""
     api_keys_config_key: str | None = None
     """Pulumi secret config key holding a YAML/JSON list of {name, key, models} (stored hashed in the cluster)."""
     gateway_class: str = "istio"
@@ -581,9 +643,17 @@ class ObservabilitySpec(_Spec):
     """What gets installed and rendered to watch the platform."""
 
     prometheus: bool = True
+    """Scrape the platform with the Prometheus operator: install kube-prometheus-stack (unless
+    addons.install_prometheus_stack is false) and render ServiceMonitors for engines, runtime services and
+    add-ons."""
     grafana_dashboards: bool = True
+    """Render a Grafana dashboard per model and one for the gateway (ConfigMaps for Grafana's dashboard
+    sidecar), and run Grafana in kube-prometheus-stack."""
     alerts: bool = True
+    """Render the PrometheusRule (engines down, queue backlog, KV cache full, SLO burn, router errors,
+    ejections); only with prometheus."""
     dcgm_exporter: bool = True
+    """Install NVIDIA's DCGM exporter on GPU nodes, for the GPU utilisation panels (stacks with GPU models)."""
     namespace: DnsLabel = "monitoring"
     """Namespace of Prometheus and Grafana (kube-prometheus-stack); engines admit scrapes from it."""
     grafana_admin_password_config_key: str | None = None
@@ -618,13 +688,23 @@ class ChartVersionsSpec(_Spec):
     """Pinned Helm chart versions of the add-ons (tested together; bump deliberately)."""
 
     nvidia_device_plugin: str = "0.17.1"
+    """Chart nvidia-device-plugin (addons.gpu_plugin nvidia-device-plugin)."""
     gpu_operator: str = "v25.3.0"
+    """Chart gpu-operator (addons.gpu_plugin gpu-operator)."""
     dcgm_exporter: str = "4.1.1"
+    """Chart dcgm-exporter (observability.dcgm_exporter)."""
     keda: str = "2.17.1"
+    """Chart keda (addons.autoscaler keda)."""
     kube_prometheus_stack: str = "75.6.1"
+    """Chart kube-prometheus-stack: Prometheus, its operator and Grafana (observability.prometheus)."""
     prometheus_adapter: str = "4.14.1"
+    """Chart prometheus-adapter (addons.autoscaler hpa)."""
     aws_load_balancer_controller: str = "1.13.3"
+    """Chart aws-load-balancer-controller (target eks with gateway.ingress alb)."""
     cluster_autoscaler: str = "9.46.6"
+    """Chart cluster-autoscaler (target eks with cluster.node_provisioner managed)."""
+    karpenter: str = "1.6.0"
+    """Chart karpenter, from oci://public.ecr.aws/karpenter (target eks with cluster.node_provisioner karpenter)."""
 
     @field_validator("*")
     @classmethod
@@ -654,6 +734,7 @@ class AddonsSpec(_Spec):
     install_cluster_autoscaler: bool = True
     """Install the Cluster Autoscaler (target eks, managed node groups): GPU groups grow when engines are pending."""
     versions: ChartVersionsSpec = Field(default_factory=ChartVersionsSpec)
+    """Exact Helm chart version of each add-on."""
 
 
 class BudgetSpec(_Spec):
@@ -662,22 +743,35 @@ class BudgetSpec(_Spec):
     monthly_usd_cap: Annotated[float, Field(gt=0)] | None = None
     """Projected monthly cost at max replicas must stay under this; None = no cap."""
     allow_spot_in_prod: bool = False
+    """Let GPU pools use spot capacity where the policy pack otherwise refuses it (prod): interruptions are
+    accepted."""
 
 
 class PlatformSpec(_Spec):
     """One environment of the platform: everything `pulumi up` creates."""
 
     name: DnsLabel = "inferstack"
+    """Platform name: the prefix of its shared objects ('<name>-router', '<name>-alerts', ...) and, with
+    environment, of the default cluster name and the image repositories."""
     environment: DnsLabel
     """dev, staging, prod, ... (labels, tags, policy enforcement)."""
     target: Target = Target.EKS
+    """Where the stack runs: eks (an EKS cluster the stack creates on AWS), kubernetes (a cluster you bring,
+    through Pulumi's default Kubernetes provider) or local (this machine, with `make local`)."""
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    """The cluster: region, Kubernetes version, namespace, network and access."""
     gpu_pools: list[GpuPoolSpec] = Field(default_factory=list)
+    """Groups of identical GPU nodes; each GPU model runs on one (its pool, or the cheapest that fits)."""
     models: list[ModelSpec] = Field(min_length=1)
+    """The models to serve (at least one)."""
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+    """The router in front of the engines, its API keys and its ingress."""
     observability: ObservabilitySpec = Field(default_factory=ObservabilitySpec)
+    """Scrape targets, alerts, dashboards and GPU metrics."""
     addons: AddonsSpec = Field(default_factory=AddonsSpec)
+    """Cluster add-ons installed with Helm (GPU plugin, autoscalers, monitoring, load balancer controller)."""
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    """What the environment may cost, checked by the policy pack."""
     huggingface_token_config_key: str | None = None
     """Pulumi secret config key with a Hugging Face token (for gated models)."""
     tags: dict[str, str] = Field(default_factory=dict)

@@ -84,6 +84,8 @@ def validate(raw: Any, source: str) -> tuple[PlatformSpec, Layout]:
 def _path(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
+        if part == "[key]":  # pydantic's marker for a mapping's key: the key itself names the field
+            continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 

@@ -11,12 +11,16 @@ Durations carry their unit in the name (``_ms``, ``_s``); sizes too (``_bytes``)
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl, WithJsonSchema, model_validator
+
+from runtime import scheduling
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -40,17 +44,32 @@ class Task(StrEnum):
     EMBED = "embed"
 
 
-class Strategy(StrEnum):
-    """Routing strategies; each is one module under ``runtime/router/strategies``."""
+def _known_strategy(name: str) -> str:
+    problem = scheduling.unknown_strategy(name)
+    if problem:
+        raise ValueError(problem)
+    return name
 
-    ROUND_ROBIN = "round_robin"
-    LEAST_LOAD = "least_load"
-    LEAST_LATENCY = "least_latency"
-    WEIGHTED = "weighted"
-    POWER_OF_TWO = "power_of_two"
-    SESSION = "session"
-    PREFIX_AWARE = "prefix_aware"
-    KV_AWARE = "kv_aware"
+
+def _builtin_scorer(name: str) -> str:
+    problem = scheduling.unknown_scorer(name, scheduling.builtin_scorers())
+    if problem:
+        raise ValueError(problem)
+    return name
+
+
+#: A routing strategy: the name of a preset of ``runtime.scheduling`` (an enum in the JSON Schema).
+StrategyName = Annotated[
+    str,
+    AfterValidator(_known_strategy),
+    WithJsonSchema({"type": "string", "enum": list(scheduling.PRESETS)}),
+]
+#: A scorer every router image has (plug-ins are named only in a runtime config, which the router checks).
+BuiltinScorerName = Annotated[
+    str,
+    AfterValidator(_builtin_scorer),
+    WithJsonSchema({"type": "string", "enum": list(scheduling.builtin_scorers())}),
+]
 
 
 class StaticBackend(_Strict):
@@ -70,6 +89,11 @@ class KubernetesDiscovery(_Strict):
     port_name: str = Field(default="http", description="Named port of the Service that serves HTTP.")
 
 
+#: Sequences an engine decodes together unless the spec says otherwise (EngineSpec.max_num_seqs); it is
+#: also what a replica may hold in flight, and what a command line without the flag is read as.
+DEFAULT_MAX_NUM_SEQS = 256
+
+
 class ModelTarget(_Strict):
     """A served model name and where its replicas are; shared by every runtime service."""
 
@@ -83,7 +107,7 @@ class ModelTarget(_Strict):
         default=None, description="Discover replicas from Kubernetes instead of a fixed list."
     )
     max_concurrency_per_backend: int = Field(
-        default=256,
+        default=DEFAULT_MAX_NUM_SEQS,
         ge=1,
         description="In-flight requests one replica may hold; derived from the engine's max_num_seqs.",
     )
@@ -100,15 +124,34 @@ class ModelTarget(_Strict):
         return self
 
 
+_STRATEGY_DESCRIPTION = "Which preset strategy picks a replica. " + " ".join(
+    f"{name}: {preset.summary}" for name, preset in scheduling.PRESETS.items()
+)
+_WEIGHTS_DESCRIPTION = (
+    "Scorer name -> weight (>= 0). They override and extend the preset's weights (0 turns a scorer off);"
+    " for `weighted` they are the whole blend. Built-in scorers: "
+    + " ".join(
+        f"{name} ({info.category}): {info.summary}" for name, info in scheduling.builtin_scorers().items()
+    )
+)
+
+
 class StrategyConfig(_Strict):
     """A routing strategy and its knobs; weights blend affinity scorers against distribution scorers."""
 
-    name: Strategy = Field(default=Strategy.LEAST_LOAD, description="Which strategy picks a replica.")
-    weights: dict[str, float] = Field(
-        default_factory=dict, description="Scorer name -> weight, for blended strategies (`weighted`)."
+    name: StrategyName = Field(default="least_load", description=_STRATEGY_DESCRIPTION)
+    weights: dict[str, Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict, description=_WEIGHTS_DESCRIPTION
     )
     session_header: str = Field(default="x-session-id", description="Header that carries the session key.")
-    prefix_block_tokens: int = Field(default=64, ge=1, description="Block size of the prefix index.")
+    prefix_block_tokens: int = Field(
+        default=64,
+        ge=1,
+        description=(
+            "Tokens per block of the prefix index: prompts are matched block by block, so a smaller block"
+            " finds shorter shared prefixes, at more hashing per request."
+        ),
+    )
     prefix_index_max_entries: int = Field(
         default=100_000, ge=1, description="Bound of the prefix index (LRU)."
     )
@@ -116,7 +159,10 @@ class StrategyConfig(_Strict):
         default=0.8,
         gt=0,
         le=1,
-        description="Affinity is ignored for a replica whose in-flight share of its cap exceeds this.",
+        description=(
+            "Affinity scorers (prefix, session) are ignored for a replica whose requests in flight exceed"
+            " this share of its concurrency cap: a hot prefix or session moves instead of overloading it."
+        ),
     )
     prefix_balance_factor: float = Field(
         default=1.2,
@@ -180,6 +226,15 @@ class RouterSettings(_Strict):
         default_factory=list, description="Per-model routing; defaults apply to others."
     )
     default_strategy: StrategyConfig = Field(default_factory=StrategyConfig)
+    plugins: list[Annotated[str, Field(pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")]] = Field(
+        default_factory=list,
+        exclude_if=lambda plugins: not plugins,  # absent from rendered configs unless used
+        description=(
+            "Python modules the router imports at start (and on reload) before it reads the strategies:"
+            " each registers scorers or filters by name (runtime.scheduling.register_scorer), which"
+            " `weights` may then use. The module must be importable in the router's image."
+        ),
+    )
     require_api_key: bool = Field(default=False, description="Reject requests without a known API key.")
     api_keys_file: Path | None = Field(
         default=None, description="YAML list of ApiKey, mounted from a Kubernetes Secret; re-read on change."
@@ -323,13 +378,23 @@ class RuntimeConfig(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
 
 
-def load(path: Path) -> RuntimeConfig:
-    """Read a runtime config file; raises ``ValueError`` naming the file on any problem."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise ValueError(f"{path}: cannot read runtime config: {err}") from err
-    try:
-        return RuntimeConfig.model_validate(raw)
-    except ValueError as err:
-        raise ValueError(f"{path}: invalid runtime config:\n{err}") from err
+# --- What the control plane validates a stack's routing against ------------------------------------
+# The registry of ``runtime.scheduling`` (built-in scorers only: plug-ins exist in a router image, not
+# at plan time), so ``components`` checks names, weights and knobs without importing router code; with
+# ``StrategyName`` and ``BuiltinScorerName`` above.
+
+
+def routing_scorers() -> Mapping[str, scheduling.ScorerInfo]:
+    """Built-in scorers by name, with their category, needs and the knobs they read."""
+    return scheduling.builtin_scorers()
+
+
+def routing_knobs_read(strategy: str, weights: Mapping[str, float]) -> frozenset[str]:
+    """The ``StrategyConfig`` knobs that make a difference to this blend."""
+    return scheduling.knobs_read(strategy, weights)
+
+
+def strategy_field(name: str) -> Any:
+    """``StrategyConfig``'s field ``name`` (default, range, description) for another model to declare:
+    a knob is defined once, here, and the spec offers it as it is."""
+    return copy.copy(StrategyConfig.model_fields[name])

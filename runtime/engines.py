@@ -1,15 +1,22 @@
-"""What the runtime and the control plane know about each serving engine: endpoints and metric names.
+"""Each serving engine described once, as data: how it is started, where it answers, what it exports.
 
-Pure data. The health monitor parses engines' ``/metrics`` with these names, the router falls back to
-them when it probes engines itself, and the control plane renders autoscaling queries and alerts from
-them, so a renamed metric is fixed here once. Every signal lists the current name first and older
-names after it; readers accept any of them and sum across the ``engine`` label.
+One table, ``ENGINES``, keyed by ``EngineKind``. The control plane builds every engine command line from it
+(``components/render/engine_args.py``: the cluster's, and the same one for ``make local``), the policy pack
+reads command lines back with it, the health monitor parses ``/metrics`` with its metric names and the
+router falls back to its paths. A renamed flag or metric is fixed here once.
+
+Flags are keyed by the spec's knobs in plain names (``max_num_seqs``, quantization ``"awq"``), never by the
+control plane's classes: the runtime images import this module and nothing of ``components``. Every
+metric signal lists the current name first and older names after it; readers accept any of them and sum
+across the ``engine`` label.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from types import MappingProxyType
 
 from runtime.config import EngineKind
 
@@ -31,21 +38,208 @@ class Signal(StrEnum):
 
 
 @dataclass(frozen=True)
-class EngineFacts:
-    """Endpoints and metric names of one engine."""
+class Flag:
+    """A command-line option that takes a value: the spelling inferstack writes, then others the engine accepts."""
 
+    name: str
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        """Every way a command line may write it (what a reader of command lines looks for)."""
+        return (self.name, *self.aliases)
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A yes/no knob: the argument that says yes and the one that says no; None where saying nothing does."""
+
+    on: str | None
+    off: str | None
+
+    def args(self, value: bool) -> list[str]:
+        arg = self.on if value else self.off
+        return [arg] if arg is not None else []
+
+
+def _frozen(mapping: Mapping[str, str]) -> Mapping[str, str]:
+    return MappingProxyType(dict(mapping))
+
+
+#: The environment of every engine container, whatever the engine: nothing phones home. vLLM reports usage
+#: statistics to its authors' server unless told not to, and the Hugging Face libraries send telemetry.
+TELEMETRY_OFF_ENV: Mapping[str, str] = _frozen(
+    {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+)
+
+
+@dataclass(frozen=True)
+class EngineCli:
+    """How an engine is started, and its spelling of every launch knob the spec has.
+
+    ``None`` means the engine has no such flag: the knob is set another way (TensorRT-LLM takes several in
+    its options file, rendered beside its command line) or not at all.
+    """
+
+    command: tuple[str, ...]
+    """The container's command."""
+    leading_args: tuple[str, ...]
+    """Arguments before the model and the flags (a subcommand, a python module)."""
+    model: Flag | None
+    """The option that names the model, where the engine has one."""
+    model_positional: bool
+    """True: the model is written as the first argument after ``leading_args`` (not with ``model``)."""
+    served_name: Flag | None
+    host: Flag
+    port: Flag
+    tensor_parallel_size: Flag
+    pipeline_parallel_size: Flag
+    dtype: Flag | None
+    gpu_memory_utilization: Flag
+    max_model_len: Flag
+    max_num_seqs: Flag
+    max_num_batched_tokens: Flag | None
+    download_dir: Flag | None
+    quantization: Flag | None
+    quantization_values: Mapping[str, str]
+    """Spec quantization -> the engine's name for it; absent: the engine reads it from the checkpoint."""
+    kv_cache_dtype: Flag | None
+    kv_cache_dtype_values: Mapping[str, str]
+    """Spec KV-cache dtype -> the engine's name, where the two differ."""
+    cpu_kv_offload_gib: Flag | None
+    prefix_caching: Switch | None
+    chunked_prefill: Switch | None
+    chunked_prefill_size: Flag | None
+    """Engines that size prefill chunks instead of switching chunking (SGLang): tokens per chunk, -1 = off."""
+    enforce_eager: Switch | None
+    trust_remote_code: Switch
+    embedding: tuple[str, ...]
+    """Arguments that make the engine pool (serve ``/v1/embeddings``) instead of generate."""
+    options_file: Flag | None = None
+    """The option that points at the engine's options file (TensorRT-LLM), where it takes one."""
+    fixed_args: tuple[str, ...] = ()
+    """Arguments every launch carries whatever the spec says (the serving backend, a quiet access log)."""
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """One engine: how to start it, its endpoints and its metric names."""
+
+    display_name: str
+    """How people write its name (in messages)."""
+    cli: EngineCli
     health_path: str
     metrics_path: str
     models_path: str
     metrics: dict[Signal, tuple[str, ...]]
-    metrics_flag: tuple[str, ...] = ()  # flags the engine needs before it exports metrics
+    metrics_flag: tuple[str, ...] = ()
+    """Arguments the engine needs before it exports metrics at all."""
 
     def names(self, signal: Signal) -> tuple[str, ...]:
         return self.metrics.get(signal, ())
 
 
+_HOST, _PORT = Flag("--host"), Flag("--port")
+
+VLLM_CLI = EngineCli(
+    command=("vllm", "serve"),
+    leading_args=(),
+    model=Flag("--model"),
+    model_positional=True,
+    served_name=Flag("--served-model-name"),
+    host=_HOST,
+    port=_PORT,
+    tensor_parallel_size=Flag("--tensor-parallel-size", ("-tp",)),
+    pipeline_parallel_size=Flag("--pipeline-parallel-size", ("-pp",)),
+    dtype=Flag("--dtype"),
+    gpu_memory_utilization=Flag("--gpu-memory-utilization"),
+    max_model_len=Flag("--max-model-len"),
+    max_num_seqs=Flag("--max-num-seqs"),
+    max_num_batched_tokens=Flag("--max-num-batched-tokens"),
+    download_dir=Flag("--download-dir"),
+    quantization=Flag("--quantization", ("-q",)),
+    # int8 (W8A8) checkpoints carry their scheme in config.json (compressed-tensors); vLLM detects it.
+    quantization_values=_frozen({"awq": "awq", "gptq": "gptq", "fp8": "fp8"}),
+    kv_cache_dtype=Flag("--kv-cache-dtype"),
+    kv_cache_dtype_values=_frozen({}),
+    # Preempted and evicted prefixes kept in host memory (replaced the removed --swap-space).
+    cpu_kv_offload_gib=Flag("--kv-offloading-size"),
+    prefix_caching=Switch("--enable-prefix-caching", "--no-enable-prefix-caching"),
+    chunked_prefill=Switch("--enable-chunked-prefill", "--no-enable-chunked-prefill"),
+    chunked_prefill_size=None,
+    enforce_eager=Switch("--enforce-eager", None),
+    trust_remote_code=Switch("--trust-remote-code", None),
+    embedding=("--runner", "pooling", "--convert", "embed"),
+    fixed_args=("--disable-uvicorn-access-log",),
+)
+
+SGLANG_CLI = EngineCli(
+    command=("python3",),
+    leading_args=("-m", "sglang.launch_server"),
+    model=Flag("--model-path", ("--model",)),
+    model_positional=False,
+    served_name=Flag("--served-model-name"),
+    host=_HOST,
+    port=_PORT,
+    tensor_parallel_size=Flag("--tp-size", ("--tensor-parallel-size", "--tp")),
+    pipeline_parallel_size=Flag("--pp-size", ("--pipeline-parallel-size",)),
+    dtype=Flag("--dtype"),
+    gpu_memory_utilization=Flag("--mem-fraction-static"),
+    max_model_len=Flag("--context-length"),
+    max_num_seqs=Flag("--max-running-requests"),
+    max_num_batched_tokens=Flag("--max-prefill-tokens"),
+    download_dir=Flag("--download-dir"),
+    quantization=Flag("--quantization"),
+    quantization_values=_frozen({"awq": "awq", "gptq": "gptq", "fp8": "fp8", "int8": "w8a8_int8"}),
+    kv_cache_dtype=Flag("--kv-cache-dtype"),
+    # SGLang names the fp8 KV formats explicitly; plain fp8 means e4m3 on current GPUs.
+    kv_cache_dtype_values=_frozen({"fp8": "fp8_e4m3"}),
+    cpu_kv_offload_gib=None,
+    prefix_caching=Switch(None, "--disable-radix-cache"),
+    chunked_prefill=None,
+    chunked_prefill_size=Flag("--chunked-prefill-size"),
+    enforce_eager=Switch("--disable-cuda-graph", None),
+    trust_remote_code=Switch("--trust-remote-code", None),
+    embedding=("--is-embedding",),
+)
+
+TRTLLM_CLI = EngineCli(
+    command=("trtllm-serve",),
+    leading_args=("serve",),
+    model=None,
+    model_positional=True,
+    served_name=None,
+    host=_HOST,
+    port=_PORT,
+    tensor_parallel_size=Flag("--tp_size"),
+    pipeline_parallel_size=Flag("--pp_size"),
+    dtype=None,
+    gpu_memory_utilization=Flag("--kv_cache_free_gpu_memory_fraction"),
+    max_model_len=Flag("--max_seq_len"),
+    max_num_seqs=Flag("--max_batch_size"),
+    max_num_batched_tokens=Flag("--max_num_tokens"),
+    download_dir=None,
+    # Pre-quantized TensorRT-LLM checkpoints carry their format; KV dtype, chunked prefill, block reuse
+    # (prefix caching) and CUDA graphs (eager) are keys of the options file.
+    quantization=None,
+    quantization_values=_frozen({}),
+    kv_cache_dtype=None,
+    kv_cache_dtype_values=_frozen({}),
+    cpu_kv_offload_gib=None,
+    prefix_caching=None,
+    chunked_prefill=None,
+    chunked_prefill_size=None,
+    enforce_eager=None,
+    trust_remote_code=Switch("--trust_remote_code", None),
+    embedding=(),
+    options_file=Flag("--extra_llm_api_options"),
+    fixed_args=("--backend", "pytorch"),
+)
+
 ENGINES: dict[EngineKind, EngineFacts] = {
     EngineKind.VLLM: EngineFacts(
+        display_name="vLLM",
+        cli=VLLM_CLI,
         health_path="/health",
         metrics_path="/metrics",
         models_path="/v1/models",
@@ -63,6 +257,8 @@ ENGINES: dict[EngineKind, EngineFacts] = {
         },
     ),
     EngineKind.SGLANG: EngineFacts(
+        display_name="SGLang",
+        cli=SGLANG_CLI,
         health_path="/health",
         metrics_path="/metrics",
         models_path="/v1/models",
@@ -79,6 +275,8 @@ ENGINES: dict[EngineKind, EngineFacts] = {
         metrics_flag=("--enable-metrics",),
     ),
     EngineKind.TRTLLM: EngineFacts(
+        display_name="TensorRT-LLM",
+        cli=TRTLLM_CLI,
         health_path="/health",
         metrics_path="/prometheus/metrics",  # mounted only with return_perf_metrics: true (rendered)
         models_path="/v1/models",

@@ -1,4 +1,4 @@
-"""Small helpers every runtime service shares: OpenAI-shaped errors, metrics exposition, JSON logs.
+"""Small helpers every runtime service shares: OpenAI-shaped errors and metrics exposition.
 
 Framework-free on purpose (bytes in, bytes out) so the router's lean server, and the health monitor
 and batcher on whatever server they choose, answer errors and ``/metrics`` identically.
@@ -7,10 +7,6 @@ and batcher on whatever server they choose, answer errors and ``/metrics`` ident
 from __future__ import annotations
 
 import json
-import logging
-import sys
-import time
-from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -66,33 +62,3 @@ def error_body(status: int, message: str, *, code: str | None = None, param: str
 def metrics_payload(registry: CollectorRegistry) -> bytes:
     """Prometheus text exposition of one registry (each service keeps its own, never the global one)."""
     return generate_latest(registry)
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line; ``extra={...}`` fields (request_id, backend, ...) become keys."""
-
-    _SKIP = frozenset(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in self._SKIP:
-                out[key] = value
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
-
-
-def setup_logging(level: str = "INFO") -> None:
-    """Route the root logger to stderr as JSON lines (what log collectors in the cluster parse)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())

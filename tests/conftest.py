@@ -27,7 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from components.local.engine_process import EngineError, EngineNotInstalledError, EngineProcess
+from components.local.engine_process import (
+    EngineError,
+    EngineNotInstalledError,
+    EngineProcess,
+    cpu_model_spec,
+)
 from components.local.engine_process import engine_python as _engine_python
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -175,15 +180,11 @@ def _start_all(engines: list[EngineProcess]) -> None:
 def vllm_chat_pair(tiny_chat_model: Path) -> Iterator[VllmChatPair]:
     """Two tiny-Llama replicas, prefix caching on, max_model_len 4096, pinned to cores 0 and 1."""
     LOGS_DIR.mkdir(parents=True, exist_ok=True)
+    spec = cpu_model_spec(
+        CHAT_MODEL_NAME, tiny_chat_model, max_model_len=CHAT_MAX_MODEL_LEN, enable_prefix_caching=True
+    )
     engines = [
-        EngineProcess(
-            tiny_chat_model,
-            served_model_name=CHAT_MODEL_NAME,
-            max_model_len=CHAT_MAX_MODEL_LEN,
-            enable_prefix_caching=True,
-            cpu_cores=str(core),
-            log_path=LOGS_DIR / f"vllm-chat-{core}.log",
-        )
+        EngineProcess(spec, cpu_cores=str(core), log_path=LOGS_DIR / f"vllm-chat-{core}.log")
         for core in (0, 1)
     ]
     _start_all(engines)
@@ -203,14 +204,8 @@ def vllm_chat_pair(tiny_chat_model: Path) -> Iterator[VllmChatPair]:
 def vllm_embed(embed_model: Path) -> Iterator[VllmEmbed]:
     """One all-MiniLM-L6-v2 engine (`--runner pooling`, `/v1/embeddings`) on core 1."""
     LOGS_DIR.mkdir(parents=True, exist_ok=True)
-    engine = EngineProcess(
-        embed_model,
-        served_model_name=EMBED_MODEL_NAME,
-        mode="embed",
-        max_model_len=EMBED_MAX_MODEL_LEN,
-        cpu_cores="1",
-        log_path=LOGS_DIR / "vllm-embed.log",
-    )
+    spec = cpu_model_spec(EMBED_MODEL_NAME, embed_model, task="embed", max_model_len=EMBED_MAX_MODEL_LEN)
+    engine = EngineProcess(spec, cpu_cores="1", log_path=LOGS_DIR / "vllm-embed.log")
     _start_all([engine])
     try:
         yield VllmEmbed(engine.base_url, EMBED_MODEL_NAME, embed_model, engine)

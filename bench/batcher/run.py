@@ -38,7 +38,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.machine import describe, dist_version  # noqa: E402
-from components.local.engine_process import EngineProcess, engine_python, free_port  # noqa: E402
+from components.local.engine_process import (  # noqa: E402
+    EngineProcess,
+    cpu_model_spec,
+    engine_python,
+    free_port,
+)
 
 # The engine: the tiny Llama served for embeddings (--runner pooling --convert embed); all-MiniLM-L6-v2
 # (a real BERT embedding model, more compute per input) is the second data point.
@@ -52,7 +57,7 @@ MODELS = {
     "minilm": (
         "all-minilm-l6-v2",
         "embed",
-        None,
+        256,  # its own limit
         "all-MiniLM-L6-v2 (BERT, 6 layers, 384 dims), --runner pooling",
     ),
 }
@@ -244,10 +249,7 @@ def main() -> None:
             check=True,
         )
         engine = EngineProcess(
-            model_dir,
-            served_model_name=MODEL,
-            mode="embed",
-            max_model_len=max_len,
+            cpu_model_spec(MODEL, model_dir, task="embed", max_model_len=max_len),
             cpu_cores=args.engine_cores,
         )
         engine.start().wait_ready(420)

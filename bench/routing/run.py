@@ -45,7 +45,7 @@ from bench.processes import process
 from bench.rivals import rival_argv
 from bench.routing import workload as wl
 from bench.routing.client import Record, play
-from components.local.engine_process import EngineProcess
+from components.local.engine_process import EngineProcess, cpu_model_spec
 from runtime.router.backends import backend_tag
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,12 +106,15 @@ def make_model() -> Path:
 def engines(model: Path, kv_blocks: int, max_model_len: int, logs: Path) -> Iterator[list[str]]:
     procs = [
         EngineProcess(
-            model,
+            cpu_model_spec(
+                "tiny-llama",
+                model,
+                max_model_len=max_model_len,
+                enable_prefix_caching=True,
+                extra_args=["--block-size", str(BLOCK_TOKENS), "--num-gpu-blocks-override", str(kv_blocks)],
+            ),
             served_model_name=str(model),  # a local directory: no router fetches a tokenizer
-            max_model_len=max_model_len,
-            enable_prefix_caching=True,
             cpu_cores=str(core),
-            extra_args=["--block-size", str(BLOCK_TOKENS), "--num-gpu-blocks-override", str(kv_blocks)],
             env={"VLLM_SERVER_DEV_MODE": "1"},  # POST /reset_prefix_cache between runs
             log_path=logs / f"engine-{core}.log",
         )

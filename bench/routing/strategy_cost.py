@@ -15,11 +15,10 @@ import statistics
 import time
 
 from bench.routing import workload as wl
-from runtime.config import Strategy as Name
 from runtime.config import StrategyConfig
-from runtime.router.app import prompt_text
 from runtime.router.backends import Backend, Breaker
-from runtime.router.strategies import Context, build
+from runtime.router.payload import prompt_text
+from runtime.scheduling import Context, build
 
 
 def prompts(seed: int) -> list[str]:
@@ -28,7 +27,7 @@ def prompts(seed: int) -> list[str]:
     return [prompt_text({"messages": t.messages}) for _, t in sorted(turns, key=lambda x: x[0])]
 
 
-def cost_us(name: Name, texts: list[str]) -> float:
+def cost_us(name: str, texts: list[str]) -> float:
     strategy = build(StrategyConfig(name=name))
     backends = [Backend(f"http://127.0.0.1:{9000 + i}", 64, Breaker(5, 1.0)) for i in range(2)]
     started = time.perf_counter()
@@ -48,10 +47,10 @@ def main() -> None:
     args = ap.parse_args()
     texts = prompts(args.seed)
     print(f"{len(texts)} prompts, {statistics.mean(map(len, texts)):.0f} characters on average")
-    for name in (Name.ROUND_ROBIN, Name.LEAST_LOAD, Name.PREFIX_AWARE, Name.KV_AWARE):
+    for name in ("round_robin", "least_load", "prefix_aware", "kv_aware"):
         samples = [cost_us(name, texts) for _ in range(args.repeat)]
         print(
-            f"{name.value:14s} min {min(samples):6.1f} us  median {statistics.median(samples):6.1f} us per request"
+            f"{name:14s} min {min(samples):6.1f} us  median {statistics.median(samples):6.1f} us per request"
         )
 
 

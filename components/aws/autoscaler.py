@@ -4,19 +4,16 @@ Only with ``cluster.node_provisioner: managed`` (Karpenter does this job otherwi
 node groups by the tags EKS puts on their Auto Scaling groups and never leaves a group's min/max.
 
 This layer creates its AWS identity (a Pod Identity role that may only scale this cluster's groups);
-the chart is a cluster add-on (``components.render.addons.cluster_autoscaler``), under the service
-account ``SERVICE_ACCOUNT``.
+the chart is one of the AWS layer's add-ons (``components.aws.addons.cluster_autoscaler``), under the
+service account ``addons.CLUSTER_AUTOSCALER_SERVICE_ACCOUNT`` that the role is handed to.
 """
 
 from __future__ import annotations
 
 import pulumi
 
-from components.aws import identity, policies
-from components.render import addons
+from components.aws import addons, controller_policies, iam, identity
 from components.spec import PlatformSpec
-
-SERVICE_ACCOUNT = addons.CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
 
 
 class ClusterAutoscaler(pulumi.ComponentResource):
@@ -33,15 +30,15 @@ class ClusterAutoscaler(pulumi.ComponentResource):
         on_aws = pulumi.ResourceOptions.merge(aws_opts, pulumi.ResourceOptions(parent=self))
         role = identity.ServiceRole(
             f"{name}-autoscaler",
-            policies.pod_identity_trust(),
+            iam.pod_identity_trust(),
             spec.cluster.region,
             tags,
             on_aws,
-            inline={"scale": policies.dumps(policies.cluster_autoscaler(spec.cluster.region, name))},
+            inline={"scale": iam.dumps(controller_policies.cluster_autoscaler(spec.cluster.region, name))},
             description=f"Cluster Autoscaler of {name}",
         )
         association = identity.pod_identity(
-            f"{name}-autoscaler", cluster_name, SERVICE_ACCOUNT, role, tags, on_aws
+            f"{name}-autoscaler", cluster_name, addons.CLUSTER_AUTOSCALER_SERVICE_ACCOUNT, role, tags, on_aws
         )
         self.association = association
         self.register_outputs({})

@@ -12,7 +12,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from components.aws import decisions, identity, policies
+from components.aws import decisions, iam, identity, key_policies
 from components.aws.keys import rotating_key
 from components.spec import PlatformSpec
 
@@ -82,7 +82,7 @@ class Cluster(pulumi.ComponentResource):
             f"{name}-secrets",
             alias=f"alias/{name}-eks-secrets",
             description=f"Envelope encryption of Kubernetes Secrets in EKS cluster {name}",
-            policy=account_id.apply(lambda a: policies.dumps(policies.cluster_secrets_key(region, a))),
+            policy=account_id.apply(lambda a: iam.dumps(key_policies.cluster_secrets_key(region, a))),
             tags=tags,
             parent=self,
         )
@@ -96,14 +96,14 @@ class Cluster(pulumi.ComponentResource):
         )
         role = identity.ServiceRole(
             f"{name}-cluster",
-            policies.cluster_trust(),
+            iam.cluster_trust(),
             region,
             tags,
             child,
-            managed=policies.CLUSTER_MANAGED_POLICIES,
+            managed=iam.CLUSTER_MANAGED_POLICIES,
             inline={
                 "secrets-encryption": key.arn.apply(
-                    lambda arn: policies.dumps(policies.cluster_encryption(arn))
+                    lambda arn: iam.dumps(key_policies.cluster_encryption(arn))
                 )
             },
             description=f"EKS control plane of {name}",
@@ -155,7 +155,7 @@ class Cluster(pulumi.ComponentResource):
     def _admins(self, spec: PlatformSpec) -> list[pulumi.Resource]:
         """Cluster-admin access entries for the spec's admin roles."""
         out: list[pulumi.Resource] = []
-        policy = policies.access_policy_arn(spec.cluster.region, policies.EKS_CLUSTER_ADMIN_POLICY)
+        policy = iam.access_policy_arn(spec.cluster.region, iam.EKS_CLUSTER_ADMIN_POLICY)
         for arn in spec.cluster.admin_role_arns:
             resource = f"{spec.cluster_name}-admin-{_role_short_name(arn)}"
             entry = aws.eks.AccessEntry(

@@ -1,17 +1,19 @@
 """Every AWS decision as a pure function: zones, subnet ranges, NAT, node group shapes, names, tags.
 
-No Pulumi SDK here, so ``components.cost``, the policies and the tests read the same decisions the
-components register. The components in this package only turn these values into resources.
+No Pulumi SDK here, so ``components.aws.cloud`` (the seam's answers for EKS) and the tests read the same
+decisions the components register. The components in this package only turn these values into resources.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
+from typing import Any
 
-from components import catalog
+from components import catalog, nodes
+from components.cloud import RootDisk
 from components.placement import Layout, PoolPlan
-from components.render import common
+from components.render.karpenter import NodeLaunch
 from components.spec import CapacityType, PlatformSpec
 
 # Tag keys every AWS resource carries (plus the spec's cost-allocation tags).
@@ -24,13 +26,9 @@ DEFAULT_ZONES = 3
 
 GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"  # drivers included; the device plugin is installed in-cluster
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
-SYSTEM_POOL = "system"
+SYSTEM_POOL = nodes.SYSTEM_ROLE  # the system node group is named after its nodes' role
 SYSTEM_ROOT_DISK_GIB = 50
-ROLE_LABEL = "inferstack.io/node-role"
-GPU_PRODUCT_LABEL = "inferstack.io/gpu-product"
 ROOT_DEVICE = "/dev/xvda"  # AL2023 EKS AMIs boot from xvda
-GP3_BASELINE_IOPS = 3000
-GP3_BASELINE_THROUGHPUT_MIBPS = 125
 # GPU nodes pull ~10 GiB engine images and stage weights on the root disk: buy gp3 throughput (at most
 # iops / 4 MiB/s) so a cold start is not disk-bound; it costs tens of dollars a month next to thousands.
 GPU_DISK_IOPS = 4000
@@ -78,14 +76,9 @@ def flow_log_group(spec: PlatformSpec) -> str:
     return f"/aws/vpc/{spec.cluster_name}/flow-logs"
 
 
-# Service accounts that get AWS credentials through EKS Pod Identity.
+# Service accounts that get AWS credentials through EKS Pod Identity (the controllers' are in
+# ``components.aws.addons`` and ``components.render.karpenter``, beside the Helm values that name them).
 EBS_CSI_SERVICE_ACCOUNT = ("kube-system", "ebs-csi-controller-sa")
-LB_CONTROLLER_SERVICE_ACCOUNT = ("kube-system", "aws-load-balancer-controller")
-
-
-def engine_service_account(spec: PlatformSpec) -> tuple[str, str]:
-    """Namespace and name of the service account engine pods run as (it reads the model bucket)."""
-    return spec.cluster.namespace, common.engine_service_account_name(spec)
 
 
 def tags(spec: PlatformSpec, stack: str) -> dict[str, str]:
@@ -165,17 +158,31 @@ def subnet_tags(spec: PlatformSpec, public: bool) -> dict[str, str]:
     return out
 
 
-@dataclass(frozen=True)
-class Taint:
-    key: str
-    effect: str  # Kubernetes spelling
-    value: str | None = None
+def karpenter_launch(spec: PlatformSpec, tags: dict[str, str]) -> NodeLaunch:
+    """How Karpenter launches GPU nodes: with the node role, into the private subnets (found by the discovery
+    tag the stack puts on the ones it creates, else by id), in the cluster's security group, IMDSv2 one hop."""
+    net = network_plan(spec)
+    if net.create_vpc:
+        subnets: list[dict[str, Any]] = [{"tags": {"karpenter.sh/discovery": spec.cluster_name}}]
+    else:
+        subnets = [{"id": s} for s in net.existing_private_subnet_ids]
+    return NodeLaunch(
+        role=node_role_name(spec),
+        subnets=subnets,
+        # EKS tags the cluster security group it creates with the cluster name.
+        security_groups=[{"tags": {"aws:eks:cluster-name": spec.cluster_name}}],
+        imds_hop_limit=IMDS_HOP_LIMIT,
+        root_device=ROOT_DEVICE,
+        tags=tags,
+    )
 
-    def eks(self) -> dict[str, str]:
-        out = {"key": self.key, "effect": EKS_TAINT_EFFECT[self.effect]}
-        if self.value is not None:
-            out["value"] = self.value
-        return out
+
+def eks_taint(taint: nodes.Taint) -> dict[str, str]:
+    """A taint in the EKS API's shape and spelling (``NO_SCHEDULE``)."""
+    out = {"key": taint.key, "effect": EKS_TAINT_EFFECT[taint.effect]}
+    if taint.value is not None:
+        out["value"] = taint.value
+    return out
 
 
 @dataclass(frozen=True)
@@ -190,11 +197,9 @@ class NodeGroupPlan:
     min_size: int
     desired_size: int
     max_size: int
-    root_disk_gib: int
-    disk_iops: int
-    disk_throughput_mibps: int
+    disk: RootDisk
     labels: dict[str, str]
-    taints: list[Taint]
+    taints: list[nodes.Taint]
 
 
 def node_role_name(spec: PlatformSpec) -> str:
@@ -206,19 +211,8 @@ def node_group_name(spec: PlatformSpec, pool: str) -> str:
     return f"{spec.cluster_name}-{pool}"[:63]
 
 
-def gpu_taint() -> Taint:
-    """The taint that keeps everything but GPU workloads off GPU nodes; engines tolerate it."""
-    return Taint(common.GPU_TAINT_KEY, common.GPU_TAINT_EFFECT)
-
-
 def gpu_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan:
     """A GPU pool's node group, from the placement's plan (instance, bounds from replicas x GPUs, disk)."""
-    labels = {
-        **pool.labels,
-        common.POOL_LABEL: pool.name,
-        ROLE_LABEL: "gpu",
-        GPU_PRODUCT_LABEL: pool.instance.gpu_spec.product_label,
-    }
     return NodeGroupPlan(
         pool=pool.name,
         node_group_name=node_group_name(spec, pool.name),
@@ -229,11 +223,9 @@ def gpu_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan:
         desired_size=pool.min_nodes,
         # EKS needs max >= 1 even for a pool that idles at zero.
         max_size=max(pool.max_nodes, 1),
-        root_disk_gib=pool.root_disk_gib,
-        disk_iops=GPU_DISK_IOPS,
-        disk_throughput_mibps=GPU_DISK_THROUGHPUT_MIBPS,
-        labels=labels,
-        taints=[gpu_taint()],
+        disk=RootDisk(pool.root_disk_gib, GPU_DISK_IOPS, GPU_DISK_THROUGHPUT_MIBPS),
+        labels=nodes.gpu_node_labels(pool),
+        taints=[nodes.gpu_taint()],
     )
 
 
@@ -249,10 +241,10 @@ def system_node_group(spec: PlatformSpec) -> NodeGroupPlan:
         min_size=n,
         desired_size=n,
         max_size=2 * n,
-        root_disk_gib=SYSTEM_ROOT_DISK_GIB,
-        disk_iops=GP3_BASELINE_IOPS,
-        disk_throughput_mibps=GP3_BASELINE_THROUGHPUT_MIBPS,
-        labels={ROLE_LABEL: SYSTEM_POOL},
+        disk=RootDisk(
+            SYSTEM_ROOT_DISK_GIB, catalog.EBS_GP3_BASELINE_IOPS, catalog.EBS_GP3_BASELINE_THROUGHPUT_MIBPS
+        ),
+        labels={nodes.ROLE_LABEL: nodes.SYSTEM_ROLE},
         taints=[],
     )
 
@@ -260,28 +252,3 @@ def system_node_group(spec: PlatformSpec) -> NodeGroupPlan:
 def node_groups(spec: PlatformSpec, layout: Layout) -> list[NodeGroupPlan]:
     """The system group first, then one per GPU pool in stack-file order."""
     return [system_node_group(spec), *(gpu_node_group(spec, p) for p in layout.pools.values())]
-
-
-def tolerates(tolerations: list[dict[str, str]], taint: Taint) -> bool:
-    """Kubernetes' rule: does any toleration match this taint (key, operator, value, effect)?"""
-    for t in tolerations:
-        if t.get("effect") and t["effect"] != taint.effect:
-            continue
-        operator = t.get("operator", "Equal")
-        if not t.get("key") and operator == "Exists":
-            return True
-        if t.get("key") != taint.key:
-            continue
-        if operator == "Exists" or t.get("value", "") == (taint.value or ""):
-            return True
-    return False
-
-
-def schedulable(pod_spec: dict[str, object], group: NodeGroupPlan) -> bool:
-    """Whether a pod with this spec may land on the node group's nodes: selector labels present, taints tolerated."""
-    selector = pod_spec.get("nodeSelector") or {}
-    tolerations = pod_spec.get("tolerations") or []
-    if not isinstance(selector, dict) or not isinstance(tolerations, list):
-        return False
-    labels_ok = all(group.labels.get(k) == v for k, v in selector.items())
-    return labels_ok and all(tolerates(tolerations, t) for t in group.taints)

@@ -1,4 +1,4 @@
-"""IAM roles: one per job, each with the documents from ``components.aws.policies``.
+"""IAM roles: one per job, each with its documents (``components.aws.iam`` and the ``*_policies`` modules).
 
 ``ServiceRole`` builds a role with AWS managed policies and inline documents; ``pod_identity`` adds the
 EKS Pod Identity association that hands the role to one Kubernetes service account.
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import pulumi
 import pulumi_aws as aws
 
-from components.aws import policies
+from components.aws import iam
 
 
 class ServiceRole(pulumi.ComponentResource):
@@ -26,7 +26,7 @@ class ServiceRole(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        trust: policies.PolicyDocument | pulumi.Output[policies.PolicyDocument],
+        trust: iam.PolicyDocument | pulumi.Output[iam.PolicyDocument],
         region: str,
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
@@ -40,7 +40,7 @@ class ServiceRole(pulumi.ComponentResource):
         self.role = aws.iam.Role(
             name,
             name=role_name,  # None: Pulumi's unique generated name
-            assume_role_policy=pulumi.Output.from_input(trust).apply(policies.dumps),
+            assume_role_policy=pulumi.Output.from_input(trust).apply(iam.dumps),
             description=description or None,
             max_session_duration=3600,
             tags=tags,
@@ -50,7 +50,7 @@ class ServiceRole(pulumi.ComponentResource):
             aws.iam.RolePolicyAttachment(
                 f"{name}-{policy.rsplit('/', 1)[-1]}",
                 role=self.role.name,
-                policy_arn=policies.managed_policy_arn(region, policy),
+                policy_arn=iam.managed_policy_arn(region, policy),
                 opts=child,
             )
         for suffix, document in (inline or {}).items():

@@ -1,33 +1,24 @@
 """Karpenter instead of managed GPU node groups (``cluster.node_provisioner: karpenter``).
 
-Per GPU pool an ``EC2NodeClass`` (IMDSv2, the pool's disk, subnets and security group by tag, cost tags)
-and a ``NodePool`` (the pool's instance and capacity type, its labels and GPU taint, a GPU limit from the
-models' max replicas). The renderers are pure; ``Karpenter`` registers them with the controller's
-chart, its Pod Identity role and the interruption queue.
+The controller's chart, its Pod Identity role, the interruption queue (and the EventBridge rules that feed
+it) and the node role's access entry; then per GPU pool the NodePool and EC2NodeClass that
+``components.render.karpenter`` renders.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from components.aws import decisions, identity, policies
+from components.aws import controller_policies, data_policies, decisions, iam, identity
 from components.kubernetes.manifests import apply
 from components.placement import PoolPlan
-from components.render.common import GPU_RESOURCE, Manifest
+from components.render import karpenter
 from components.spec import PlatformSpec
 
-CHART = "oci://public.ecr.aws/karpenter/karpenter"
-CHART_VERSION = "1.6.0"
-NAMESPACE = "kube-system"
-SERVICE_ACCOUNT = (NAMESPACE, "karpenter")
-AMI_ALIAS = "al2023@latest"  # Karpenter picks the NVIDIA variant of AL2023 for GPU instance types
-NODE_EXPIRY = "720h"
-CONSOLIDATE_AFTER = "10m"  # only empty GPU nodes go: engines take minutes to load their weights
 QUEUE_RETENTION_S = 300
 
 # EventBridge events that mean a node is about to go; Karpenter drains it first.
@@ -39,111 +30,6 @@ INTERRUPTION_EVENTS: dict[str, dict[str, list[str]]] = {
 }
 
 
-def node_class(
-    spec: PlatformSpec,
-    group: decisions.NodeGroupPlan,
-    node_role: str,
-    tags: dict[str, str],
-    volume_key_arn: pulumi.Input[str],
-) -> Manifest:
-    """The EC2NodeClass of one GPU pool: IMDSv2, the root disk of a managed group's, under the disks key."""
-    net = decisions.network_plan(spec)
-    if net.create_vpc:
-        subnets: list[dict[str, Any]] = [{"tags": {"karpenter.sh/discovery": spec.cluster_name}}]
-    else:
-        subnets = [{"id": s} for s in net.existing_private_subnet_ids]
-    return {
-        "apiVersion": "karpenter.k8s.aws/v1",
-        "kind": "EC2NodeClass",
-        "metadata": {"name": group.pool},
-        "spec": {
-            "role": node_role,
-            "amiSelectorTerms": [{"alias": AMI_ALIAS}],
-            "subnetSelectorTerms": subnets,
-            # EKS tags the cluster security group it creates with the cluster name.
-            "securityGroupSelectorTerms": [{"tags": {"aws:eks:cluster-name": spec.cluster_name}}],
-            "metadataOptions": {
-                "httpEndpoint": "enabled",
-                "httpTokens": "required",
-                "httpPutResponseHopLimit": decisions.IMDS_HOP_LIMIT,
-                "httpProtocolIPv6": "disabled",
-            },
-            "blockDeviceMappings": [
-                {
-                    "deviceName": decisions.ROOT_DEVICE,
-                    "ebs": {
-                        "volumeSize": f"{group.root_disk_gib}Gi",
-                        "volumeType": "gp3",
-                        "iops": group.disk_iops,
-                        "throughput": group.disk_throughput_mibps,
-                        "encrypted": True,
-                        "kmsKeyID": volume_key_arn,
-                        "deleteOnTermination": True,
-                    },
-                }
-            ],
-            "tags": tags,
-        },
-    }
-
-
-def node_pool(group: decisions.NodeGroupPlan, pool: PoolPlan) -> Manifest:
-    """Nodes of exactly the pool's instance and capacity type, labelled and tainted like a managed group's."""
-    return {
-        "apiVersion": "karpenter.sh/v1",
-        "kind": "NodePool",
-        "metadata": {"name": group.pool},
-        "spec": {
-            "template": {
-                "metadata": {"labels": dict(group.labels)},
-                "spec": {
-                    "nodeClassRef": {
-                        "group": "karpenter.k8s.aws",
-                        "kind": "EC2NodeClass",
-                        "name": group.pool,
-                    },
-                    "requirements": [
-                        {
-                            "key": "node.kubernetes.io/instance-type",
-                            "operator": "In",
-                            "values": group.instance_types,
-                        },
-                        {
-                            "key": "karpenter.sh/capacity-type",
-                            "operator": "In",
-                            "values": [pool.capacity_type.value],
-                        },
-                    ],
-                    "taints": [
-                        {"key": t.key, "effect": t.effect, **({"value": t.value} if t.value else {})}
-                        for t in group.taints
-                    ],
-                    "expireAfter": NODE_EXPIRY,
-                },
-            },
-            # Never more GPUs than the pool's models need at their max replicas.
-            "limits": {GPU_RESOURCE: str(group.max_size * pool.instance.gpus)},
-            "disruption": {"consolidationPolicy": "WhenEmpty", "consolidateAfter": CONSOLIDATE_AFTER},
-        },
-    }
-
-
-def chart_values(spec: PlatformSpec, queue_name: str) -> dict[str, Any]:
-    return {
-        "settings": {"clusterName": spec.cluster_name, "interruptionQueue": queue_name},
-        "serviceAccount": {"name": SERVICE_ACCOUNT[1]},
-        "replicas": 2,
-        # The controller runs on the system nodes, never on the nodes it manages.
-        "nodeSelector": {decisions.ROLE_LABEL: decisions.SYSTEM_POOL},
-        "controller": {
-            "resources": {
-                "requests": {"cpu": "500m", "memory": "512Mi"},
-                "limits": {"cpu": "1", "memory": "1Gi"},
-            }
-        },
-    }
-
-
 class Karpenter(pulumi.ComponentResource):
     """The controller (chart, role, interruption queue, node access) and one NodeClass + NodePool per pool."""
 
@@ -152,7 +38,6 @@ class Karpenter(pulumi.ComponentResource):
         spec: PlatformSpec,
         pools: dict[str, PoolPlan],
         node_role: identity.ServiceRole,
-        node_role_name: str,
         volume_key_arn: pulumi.Output[str],
         cluster_name: pulumi.Input[str],
         kubernetes: k8s.Provider,
@@ -177,7 +62,7 @@ class Karpenter(pulumi.ComponentResource):
         aws.sqs.QueuePolicy(
             f"{name}-karpenter",
             queue_url=queue.url,
-            policy=queue.arn.apply(lambda arn: policies.dumps(policies.interruption_queue(arn))),
+            policy=queue.arn.apply(lambda arn: iam.dumps(data_policies.interruption_queue(arn))),
             opts=on_aws,
         )
         for event, pattern in INTERRUPTION_EVENTS.items():
@@ -188,13 +73,15 @@ class Karpenter(pulumi.ComponentResource):
                 f"{name}-karpenter-{event}", rule=rule.name, arn=queue.arn, opts=on_aws
             )
         document = pulumi.Output.all(queue.arn, node_role.arn, volume_key_arn).apply(
-            lambda arns: policies.dumps(
-                policies.karpenter_controller(region, name, str(arns[0]), str(arns[1]), str(arns[2]))
+            lambda arns: iam.dumps(
+                controller_policies.karpenter_controller(
+                    region, name, str(arns[0]), str(arns[1]), str(arns[2])
+                )
             )
         )
         controller = identity.ServiceRole(
             f"{name}-karpenter",
-            policies.pod_identity_trust(),
+            iam.pod_identity_trust(),
             region,
             tags,
             on_aws,
@@ -202,7 +89,7 @@ class Karpenter(pulumi.ComponentResource):
             description=f"Karpenter controller of {name}",
         )
         association = identity.pod_identity(
-            f"{name}-karpenter", cluster_name, SERVICE_ACCOUNT, controller, tags, on_aws
+            f"{name}-karpenter", cluster_name, karpenter.SERVICE_ACCOUNT, controller, tags, on_aws
         )
         # Nodes Karpenter launches join with the node role; managed node groups get this entry implicitly.
         access = aws.eks.AccessEntry(
@@ -216,19 +103,20 @@ class Karpenter(pulumi.ComponentResource):
         on_cluster = pulumi.ResourceOptions(parent=self, provider=kubernetes)
         self.chart = k8s.helm.v4.Chart(
             f"{name}-karpenter",
-            chart=CHART,
-            version=CHART_VERSION,
-            namespace=NAMESPACE,
-            values=queue.name.apply(lambda q: chart_values(spec, str(q))),
+            chart=karpenter.CHART,
+            version=spec.addons.versions.karpenter,
+            namespace=karpenter.NAMESPACE,
+            values=queue.name.apply(lambda q: karpenter.chart_values(spec, str(q))),
             opts=pulumi.ResourceOptions.merge(
                 on_cluster, pulumi.ResourceOptions(depends_on=[*depends_on, association, access])
             ),
         )
         with_crds = pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=[self.chart]))
+        launch = decisions.karpenter_launch(spec, tags)
         self.node_pools: dict[str, str] = {}
         for pool in pools.values():
             group = decisions.gpu_node_group(spec, pool)
-            apply(node_class(spec, group, node_role_name, tags, volume_key_arn), with_crds)
-            apply(node_pool(group, pool), with_crds)
+            apply(karpenter.node_class(pool.name, group.disk, launch, volume_key_arn), with_crds)
+            apply(karpenter.node_pool(pool, group.max_size), with_crds)
             self.node_pools[pool.name] = group.pool
         self.register_outputs({"node_pools": self.node_pools})

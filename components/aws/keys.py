@@ -1,7 +1,7 @@
 """Customer-managed KMS keys for the platform's data at rest: logs, model weights, images, node disks.
 
 One key per purpose (``decisions.KMS_KEYS`` says why), each rotated yearly by KMS, each with a key
-policy from ``components.aws.policies``: the account administers the key through IAM, and only the
+policy from ``components.aws.key_policies``: the account administers the key through IAM, and only the
 one AWS service of its purpose may use it (no ``kms:*``, no wildcard principal).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from components.aws import decisions, policies
+from components.aws import decisions, iam, key_policies
 from components.spec import PlatformSpec
 
 
@@ -34,29 +34,31 @@ class PlatformKeys(pulumi.ComponentResource):
         region = spec.cluster.region
         log_groups = [decisions.flow_log_group(spec), decisions.control_plane_log_group(spec)]
         self.logs = self._key(
-            spec, "logs", account_id.apply(lambda a: policies.logs_key(region, a, log_groups)), tags
+            spec, "logs", account_id.apply(lambda a: key_policies.logs_key(region, a, log_groups)), tags
         )
         self.models = self._key(
-            spec, "models", account_id.apply(lambda a: policies.service_key(region, a, "s3")), tags
+            spec, "models", account_id.apply(lambda a: key_policies.service_key(region, a, "s3")), tags
         )
         self.images = self._key(
-            spec, "images", account_id.apply(lambda a: policies.service_key(region, a, "ecr")), tags
+            spec, "images", account_id.apply(lambda a: key_policies.service_key(region, a, "ecr")), tags
         )
-        self.disks = self._key(spec, "disks", account_id.apply(lambda a: policies.disks_key(region, a)), tags)
+        self.disks = self._key(
+            spec, "disks", account_id.apply(lambda a: key_policies.disks_key(region, a)), tags
+        )
         self.register_outputs({k: getattr(self, k).arn for k in ("logs", "models", "images", "disks")})
 
     def _key(
         self,
         spec: PlatformSpec,
         purpose: str,
-        policy: pulumi.Output[policies.PolicyDocument],
+        policy: pulumi.Output[iam.PolicyDocument],
         tags: dict[str, str],
     ) -> aws.kms.Key:
         return rotating_key(
             f"{spec.cluster_name}-{purpose}",
             alias=f"alias/{spec.cluster_name}-{purpose}",
             description=f"{spec.cluster_name}: {decisions.KMS_KEYS[purpose]}",
-            policy=policy.apply(policies.dumps),
+            policy=policy.apply(iam.dumps),
             tags=tags,
             parent=self,
         )

@@ -2,8 +2,8 @@
 
 KMS keys -> network (+ flow logs) -> cluster (+ add-ons that run before nodes) -> node role -> system and GPU
 node groups -> add-ons that need nodes, node scaling (the Cluster Autoscaler's identity, or Karpenter) ->
-model bucket, engine and load-balancer identities -> registry and images. ``kubernetes_options()`` hands every
-Kubernetes resource the cluster's provider; ``registry.runtime_images()`` the images the gateway runs.
+model bucket, engine and load-balancer identities -> registry and images. ``access()`` hands the Kubernetes
+side the cluster's provider, the images the gateway runs (pushed to ECR) and the AWS controllers to install.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 import pulumi
 import pulumi_aws as aws
 
-from components.aws import decisions, policies
+from components.aws import addons, controller_policies, data_policies, decisions, iam
 from components.aws.autoscaler import ClusterAutoscaler
+from components.aws.cloud import EKS
 from components.aws.cluster import Cluster
 from components.aws.identity import ServiceRole, pod_identity
 from components.aws.karpenter import Karpenter
@@ -23,6 +24,7 @@ from components.aws.network import Network
 from components.aws.nodes import NodeGroup
 from components.aws.registry import Registry
 from components.aws.storage import ModelStorage
+from components.kubernetes.cluster import ClusterAccess
 from components.placement import Layout
 from components.spec import NodeProvisioner, PlatformSpec
 
@@ -58,11 +60,11 @@ class AwsLayer(pulumi.ComponentResource):
 
         node_role = ServiceRole(
             f"{name}-node",
-            policies.node_trust(),
+            iam.node_trust(),
             region,
             tags,
             on_aws,
-            managed=policies.NODE_MANAGED_POLICIES,
+            managed=iam.NODE_MANAGED_POLICIES,
             description=f"EKS nodes of {name}",
             role_name=decisions.node_role_name(spec),
         )
@@ -85,11 +87,11 @@ class AwsLayer(pulumi.ComponentResource):
 
         ebs_role = ServiceRole(
             f"{name}-ebs-csi",
-            policies.pod_identity_trust(),
+            iam.pod_identity_trust(),
             region,
             tags,
             on_aws,
-            managed=policies.EBS_CSI_MANAGED_POLICIES,
+            managed=iam.EBS_CSI_MANAGED_POLICIES,
             description=f"EBS CSI controller of {name}",
         )
         self.late_addons = [
@@ -108,11 +110,11 @@ class AwsLayer(pulumi.ComponentResource):
         self.storage = ModelStorage(spec, self.keys.models.arn, tags, on_aws)
         sources = [m.source for m in spec.models]
         read = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
-            lambda arns: policies.dumps(policies.model_read(region, str(arns[0]), str(arns[1]), sources))
+            lambda arns: iam.dumps(data_policies.model_read(region, str(arns[0]), str(arns[1]), sources))
         )
         engine_role = ServiceRole(
             f"{name}-engine",
-            policies.pod_identity_trust(),
+            iam.pod_identity_trust(),
             region,
             tags,
             on_aws,
@@ -120,21 +122,21 @@ class AwsLayer(pulumi.ComponentResource):
             description=f"Engines of {name}: read model weights",
         )
         engine_identity = pod_identity(
-            f"{name}-engine", cluster_name, decisions.engine_service_account(spec), engine_role, tags, on_aws
+            f"{name}-engine", cluster_name, EKS.model_reader(spec), engine_role, tags, on_aws
         )
         lb_role = ServiceRole(
             f"{name}-lb-controller",
-            policies.pod_identity_trust(),
+            iam.pod_identity_trust(),
             region,
             tags,
             on_aws,
-            inline={"load-balancers": policies.dumps(policies.load_balancer_controller(region))},
+            inline={"load-balancers": iam.dumps(controller_policies.load_balancer_controller(region))},
             description=f"AWS Load Balancer Controller of {name}",
         )
         lb_identity = pod_identity(
             f"{name}-lb-controller",
             cluster_name,
-            decisions.LB_CONTROLLER_SERVICE_ACCOUNT,
+            addons.LB_CONTROLLER_SERVICE_ACCOUNT,
             lb_role,
             tags,
             on_aws,
@@ -153,7 +155,6 @@ class AwsLayer(pulumi.ComponentResource):
                 spec,
                 layout.pools,
                 node_role,
-                decisions.node_role_name(spec),
                 self.keys.disks.arn,
                 cluster_name,
                 self.kubernetes_provider,
@@ -168,10 +169,15 @@ class AwsLayer(pulumi.ComponentResource):
         self.ready += [c for c in (self.karpenter, self.autoscaler) if c is not None]
         self.register_outputs({"cluster_name": cluster_name})
 
-    def kubernetes_options(self) -> pulumi.ResourceOptions:
-        """Options for the Kubernetes side: the cluster's provider, created once nodes and add-ons are up."""
-        return pulumi.ResourceOptions(
-            providers={"kubernetes": self.kubernetes_provider}, depends_on=self.ready
+    def access(self, spec: PlatformSpec) -> ClusterAccess:
+        """The cluster's provider (used once nodes and add-ons are up), the images pushed to ECR (by digest),
+        and the AWS controllers (the Load Balancer Controller is told the VPC: pods on EKS reach no IMDS)."""
+        return ClusterAccess(
+            options=pulumi.ResourceOptions(
+                providers={"kubernetes": self.kubernetes_provider}, depends_on=self.ready
+            ),
+            images=self.registry.runtime_images(),
+            addons=tuple(addons.releases(spec, vpc_id=self.network.vpc_id)),
         )
 
     def export(self) -> None:
@@ -183,3 +189,10 @@ class AwsLayer(pulumi.ComponentResource):
         if self.karpenter is not None:
             pulumi.export("node_pools", self.karpenter.node_pools)
         pulumi.export("images", self.registry.images)
+
+
+def provision(spec: PlatformSpec, layout: Layout, stack: str) -> ClusterAccess:
+    """``target: eks``: build the AWS layer, export what it made, and hand the Kubernetes side its access."""
+    layer = AwsLayer(spec, layout, stack)
+    layer.export()
+    return layer.access(spec)

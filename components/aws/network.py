@@ -14,7 +14,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from components.aws import decisions, policies
+from components.aws import data_policies, decisions, iam
 from components.aws.identity import ServiceRole
 from components.spec import PlatformSpec
 
@@ -159,11 +159,11 @@ class Network(pulumi.ComponentResource):
         )
         role = ServiceRole(
             name,
-            account_id.apply(lambda a: policies.flow_logs_trust(region, a)),
+            account_id.apply(lambda a: data_policies.flow_logs_trust(region, a)),
             region,
             tags,
             child,
-            inline={"deliver": group.arn.apply(lambda arn: policies.dumps(policies.flow_logs_delivery(arn)))},
+            inline={"deliver": group.arn.apply(lambda arn: iam.dumps(data_policies.flow_logs_delivery(arn)))},
             description=f"VPC flow logs of {spec.cluster_name}",
         )
         return aws.ec2.FlowLog(

@@ -48,10 +48,10 @@ class NodeGroup(pulumi.ComponentResource):
                 aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
                     device_name=decisions.ROOT_DEVICE,
                     ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
-                        volume_size=plan.root_disk_gib,
+                        volume_size=plan.disk.gib,
                         volume_type="gp3",
-                        iops=plan.disk_iops,
-                        throughput=plan.disk_throughput_mibps,
+                        iops=plan.disk.iops,
+                        throughput=plan.disk.throughput_mibps,
                         encrypted="true",
                         kms_key_id=disks_key_arn,
                         delete_on_termination="true",
@@ -83,7 +83,7 @@ class NodeGroup(pulumi.ComponentResource):
                 id=template.id, version=template.latest_version.apply(str)
             ),
             labels=plan.labels,
-            taints=[aws.eks.NodeGroupTaintArgs(**t.eks()) for t in plan.taints] or None,
+            taints=[aws.eks.NodeGroupTaintArgs(**decisions.eks_taint(t)) for t in plan.taints] or None,
             # Replace nodes whose GPUs or kubelet fail health checks instead of leaving them cordoned.
             node_repair_config=aws.eks.NodeGroupNodeRepairConfigArgs(enabled=True),
             tags=tags,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from components.aws import policies
+from components.aws import data_policies, iam
 from components.spec import PlatformSpec
 
 NONCURRENT_VERSION_DAYS = 30
@@ -92,7 +92,7 @@ class ModelStorage(pulumi.ComponentResource):
         aws.s3.BucketPolicy(
             name,
             bucket=self.bucket.id,
-            policy=self.bucket.arn.apply(lambda arn: policies.dumps(policies.bucket_tls_only(arn))),
+            policy=self.bucket.arn.apply(lambda arn: iam.dumps(data_policies.bucket_tls_only(arn))),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[block]),
         )
         self.register_outputs({"bucket": self.bucket.bucket})

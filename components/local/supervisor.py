@@ -114,17 +114,12 @@ def engine_process(
 ) -> EngineProcess:
     """The ``EngineProcess`` (not started) for one planned replica."""
     return EngineProcess(
+        launch.spec,
         launch.path,
-        served_model_name=launch.model,
-        mode=launch.mode,
         host=HOST,
         port=launch.port,
-        max_model_len=launch.max_model_len,
-        enable_prefix_caching=launch.enable_prefix_caching,
         cpu_cores=launch.cpu_cores,
         kv_cache_space_gib=KV_CACHE_GIB,
-        dtype=launch.dtype,
-        extra_args=launch.extra_args,
         env={TAG_ENV: tag},
         log_path=logs_dir / f"engine-{launch.name}.log",
         python=python,

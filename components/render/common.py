@@ -10,11 +10,7 @@ Manifest = dict[str, Any]
 
 PART_OF = "inferstack"
 MANAGED_BY = "pulumi"
-POOL_LABEL = "inferstack.io/pool"
 MODEL_LABEL = "inferstack.io/model"
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_TAINT_KEY = "nvidia.com/gpu"
-GPU_TAINT_EFFECT = "NoSchedule"  # Kubernetes spelling; the EKS API spells it NO_SCHEDULE
 ENGINE_PORT = 8000
 RUNTIME_UID = 10001  # the runtime images' user; high, so it never matches a host account
 

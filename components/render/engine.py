@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from components import nodes
 from components.placement import Placement
 from components.render import common, hardening, scaling
 from components.render.common import Manifest
@@ -15,6 +16,7 @@ from components.render.engine_args import (
     engine_command,
 )
 from components.spec import ModelSpec, PlatformSpec
+from runtime.engines import facts
 
 AWS_CLI_IMAGE = "public.ecr.aws/aws-cli/aws-cli:2.27.50"
 HF_TOKEN_KEY = "token"
@@ -66,9 +68,9 @@ def _model_cache_gib(placement: Placement) -> int:
     return max(20, math.ceil(placement.weights_gib * 1.25 + 5))
 
 
-def _http_probe(period_s: int, failure_threshold: int, timeout_s: int = 5) -> Manifest:
+def _http_probe(path: str, period_s: int, failure_threshold: int, timeout_s: int = 5) -> Manifest:
     return {
-        "httpGet": {"path": "/health", "port": "http"},
+        "httpGet": {"path": path, "port": "http"},
         "periodSeconds": period_s,
         "timeoutSeconds": timeout_s,
         "failureThreshold": failure_threshold,
@@ -127,8 +129,8 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
         "limits": {"cpu": common.quantity_cpu(cores), "memory": common.quantity_gib(memory_gib)},
     }
     if placement.gpus_per_replica:
-        resources["requests"][common.GPU_RESOURCE] = str(placement.gpus_per_replica)
-        resources["limits"][common.GPU_RESOURCE] = str(placement.gpus_per_replica)
+        resources["requests"][nodes.GPU_RESOURCE] = str(placement.gpus_per_replica)
+        resources["limits"][nodes.GPU_RESOURCE] = str(placement.gpus_per_replica)
     mounts: list[Manifest] = [
         {"name": "model-cache", "mountPath": MODEL_DIR},
         {"name": "dshm", "mountPath": "/dev/shm"},
@@ -151,6 +153,7 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
         mounts.append({"name": "engine-config", "mountPath": TRTLLM_CONFIG_DIR, "readOnly": True})
         volumes.append({"name": "engine-config", "configMap": {"name": name}})
     startup_failures = math.ceil(startup_budget_s(placement) / _PROBE_PERIOD_S)
+    health = facts(model.engine.kind).health_path
     container: Manifest = {
         "name": "engine",
         "image": image,
@@ -161,9 +164,9 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
         "env": _env(spec, cmd),
         "ports": [{"name": "http", "containerPort": common.ENGINE_PORT, "protocol": "TCP"}],
         "resources": resources,
-        "startupProbe": _http_probe(_PROBE_PERIOD_S, startup_failures),
-        "readinessProbe": _http_probe(5, 3),
-        "livenessProbe": _http_probe(15, 4),
+        "startupProbe": _http_probe(health, _PROBE_PERIOD_S, startup_failures),
+        "readinessProbe": _http_probe(health, 5, 3),
+        "livenessProbe": _http_probe(health, 15, 4),
         # Let the Service stop sending new requests before the engine receives SIGTERM.
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", "10"]}}},
         "securityContext": hardening.container_security(),
@@ -191,10 +194,8 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
     if model.source.startswith("s3://"):
         pod_spec["initContainers"] = [_s3_sync(model)]
     if placement.pool is not None and placement.instance is not None:
-        pod_spec["nodeSelector"] = {common.POOL_LABEL: placement.pool}
-        pod_spec["tolerations"] = [
-            {"key": common.GPU_TAINT_KEY, "operator": "Exists", "effect": common.GPU_TAINT_EFFECT}
-        ]
+        pod_spec["nodeSelector"] = {nodes.POOL_LABEL: placement.pool}
+        pod_spec["tolerations"] = [nodes.gpu_toleration()]
     pod_labels = {**common.labels(spec, name, "engine", version), common.MODEL_LABEL: model.name}
     # A scaler (KEDA or HPA) owns the count when min and max differ; a fixed count is set here.
     replicas = {} if scaling.scales(model) else {"replicas": model.scaling.min_replicas}

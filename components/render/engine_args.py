@@ -1,4 +1,9 @@
-"""Engine command lines from the spec: one function per engine, each with the engine's real flags.
+"""Engine command lines from the spec: the only place one is built, every flag taken from ``runtime.engines``.
+
+One function per engine writes its arguments in that engine's order. A cluster pod and ``make local`` get
+their vLLM command line from the same ``vllm()``: only ``Where`` differs (what to load, host, port, and
+the model cache downloads go to), so a knob added here reaches both. The policy pack reads command lines
+back through the same table.
 
 vLLM's rendered command lines are parsed by vLLM's own argument parser in the tests; SGLang's and
 TensorRT-LLM's follow their documented CLIs (``sglang.srt.server_args``, ``trtllm-serve serve``).
@@ -8,13 +13,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from os import PathLike
 
 from components.render.common import ENGINE_PORT
-from components.spec import KvCacheDType, ModelSpec, Quantization
-from runtime.config import EngineKind
+from components.sizing import DEFAULT_BATCHED_TOKENS
+from components.spec import Device, EngineSpec, KvCacheDType, ModelSpec
+from runtime.config import EngineKind, Task
+from runtime.engines import TELEMETRY_OFF_ENV, EngineCli, Flag, Switch, facts
 
 MODEL_DIR = "/models"  # the model cache volume: downloads, S3 syncs and the Hugging Face cache
 S3_MODEL_DIR = f"{MODEL_DIR}/weights"
+HF_CACHE_DIR = f"{MODEL_DIR}/hf"
+TRTLLM_OPTIONS_FILE = "extra-llm-api-options.yaml"
+TRTLLM_CONFIG_DIR = "/etc/inferstack/engine"
+
+POD_ENV = {
+    **TELEMETRY_OFF_ENV,
+    "HF_HOME": HF_CACHE_DIR,
+    "HOME": "/tmp",  # read-only root filesystem: caches (torch, triton, flashinfer) go to an emptyDir
+}
+"""The environment of every engine container in a cluster."""
 
 
 @dataclass(frozen=True)
@@ -27,137 +45,145 @@ class EngineCommand:
     files: dict[str, str] = field(default_factory=dict)  # file name -> content, mounted from a ConfigMap
 
 
+@dataclass(frozen=True)
+class Where:
+    """Where an engine runs, as far as its command line says; every other argument comes from the spec."""
+
+    model: str
+    """What the engine loads: a Hugging Face id, the directory an init container synced from S3, a local one."""
+    host: str
+    port: int
+    download_dir: str | None
+    """Where the engine downloads weights to; None where nothing is downloaded."""
+    served_name: str | None = None
+    """The name clients send; None: the spec's model name."""
+
+
 def model_location(model: ModelSpec) -> str:
-    """What the engine loads: the Hugging Face id, or the directory an init container synced from S3."""
+    """What a cluster engine loads: the Hugging Face id, or the directory an init container synced from S3."""
     return S3_MODEL_DIR if model.source.startswith("s3://") else model.source
 
 
-COMMON_ENV = {
-    # Nothing phones home from a serving pod: usage statistics and telemetry are off by default.
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "HF_HOME": f"{MODEL_DIR}/hf",
-    "HOME": "/tmp",  # read-only root filesystem: caches (torch, triton, flashinfer) go to an emptyDir
-}
-
-_VLLM_QUANT = {
-    Quantization.AWQ: "awq",
-    Quantization.GPTQ: "gptq",
-    Quantization.FP8: "fp8",
-}
+def in_cluster(model: ModelSpec) -> Where:
+    """An engine pod: every interface, the Service's port, the model cache volume."""
+    return Where(model_location(model), "0.0.0.0", ENGINE_PORT, HF_CACHE_DIR)
 
 
-def vllm(model: ModelSpec) -> EngineCommand:
-    e = model.engine
+def on_this_machine(
+    model_dir: str | PathLike[str], host: str, port: int, served_name: str | None = None
+) -> Where:
+    """An engine of ``make local`` (or a test): a model directory on disk, a loopback port, no downloads
+    (the engines run with HF_HUB_OFFLINE=1, and there is no model cache volume)."""
+    return Where(str(model_dir), host, port, download_dir=None, served_name=served_name)
+
+
+def _valued(flag: Flag | None, value: object) -> list[str]:
+    """``[flag, value]``, or nothing where the engine has no such flag or there is no value."""
+    return [] if flag is None or value is None else [flag.name, str(value)]
+
+
+def _switched(switch: Switch | None, value: bool) -> list[str]:
+    return [] if switch is None else switch.args(value)
+
+
+def _start(cli: EngineCli, model: ModelSpec, where: Where) -> list[str]:
+    """The arguments every engine begins with: the model, its served name, where it listens."""
+    named = [where.model] if cli.model_positional else _valued(cli.model, where.model)
+    return [
+        *cli.leading_args,
+        *named,
+        *_valued(cli.served_name, where.served_name or model.name),
+        *_valued(cli.host, where.host),
+        *_valued(cli.port, where.port),
+    ]
+
+
+def _quantization(cli: EngineCli, e: EngineSpec) -> list[str]:
+    return _valued(cli.quantization, cli.quantization_values.get(e.quantization.value))
+
+
+def _kv_cache_dtype(cli: EngineCli, e: EngineSpec) -> list[str]:
+    if e.kv_cache_dtype is KvCacheDType.AUTO:
+        return []
+    value = e.kv_cache_dtype.value
+    return _valued(cli.kv_cache_dtype, cli.kv_cache_dtype_values.get(value, value))
+
+
+def vllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
+    """The vLLM command line of ``model``, in a pod unless ``where`` says otherwise (``make local``)."""
+    e, cli = model.engine, facts(EngineKind.VLLM).cli
+    where = where or in_cluster(model)
+    pooling = model.resolved_task() is Task.EMBED
     args = [
-        model_location(model),
-        "--served-model-name", model.name,
-        "--host", "0.0.0.0",
-        "--port", str(ENGINE_PORT),
-        "--tensor-parallel-size", str(e.tensor_parallel_size),
-        "--pipeline-parallel-size", str(e.pipeline_parallel_size),
-        "--dtype", e.dtype.value,
-        "--max-model-len", str(e.max_model_len),
-        "--max-num-seqs", str(e.max_num_seqs),
-        "--download-dir", f"{MODEL_DIR}/hf",
-    ]  # fmt: skip
-    if e.device.value == "gpu":
-        args += ["--gpu-memory-utilization", f"{e.gpu_memory_utilization:g}"]
+        *_start(cli, model, where),
+        *_valued(cli.tensor_parallel_size, e.tensor_parallel_size),
+        *_valued(cli.pipeline_parallel_size, e.pipeline_parallel_size),
+        *_valued(cli.dtype, e.dtype.value),
+        *_valued(cli.max_model_len, e.max_model_len),
+        *_valued(cli.max_num_seqs, e.max_num_seqs),
+        *_valued(cli.download_dir, where.download_dir),
+    ]
+    if e.device is Device.GPU:
+        args += _valued(cli.gpu_memory_utilization, f"{e.gpu_memory_utilization:g}")
     if e.cpu_kv_offload_gib:
-        args += ["--kv-offloading-size", f"{e.cpu_kv_offload_gib:g}"]
-    if e.quantization in _VLLM_QUANT:
-        args += ["--quantization", _VLLM_QUANT[e.quantization]]
-    # int8 (W8A8) checkpoints carry their scheme in config.json (compressed-tensors); vLLM detects it.
-    if e.kv_cache_dtype is not KvCacheDType.AUTO:
-        args += ["--kv-cache-dtype", e.kv_cache_dtype.value]
-    if e.max_num_batched_tokens is not None:
-        args += ["--max-num-batched-tokens", str(e.max_num_batched_tokens)]
-    args.append("--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching")
-    args.append("--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill")
-    if e.enforce_eager:
-        args.append("--enforce-eager")
-    if e.trust_remote_code:
-        args.append("--trust-remote-code")
-    if model.resolved_task().value == "embed":
-        args += ["--runner", "pooling", "--convert", "embed"]
-    args += ["--disable-uvicorn-access-log", *e.extra_args]
-    return EngineCommand(command=["vllm", "serve"], args=args, env=dict(COMMON_ENV))
+        args += _valued(cli.cpu_kv_offload_gib, f"{e.cpu_kv_offload_gib:g}")
+    args += _quantization(cli, e) + _kv_cache_dtype(cli, e)
+    args += _valued(cli.max_num_batched_tokens, e.max_num_batched_tokens)
+    # Pooling models: vLLM turns prefix caching and chunked prefill on only where the architecture supports
+    # them (not for bidirectional encoders such as BERT, where forcing them "may crash or produce incorrect
+    # outputs", vLLM warns), so there only an explicit "off" is passed on.
+    for switch, on in (
+        (cli.prefix_caching, e.enable_prefix_caching),
+        (cli.chunked_prefill, e.enable_chunked_prefill),
+    ):
+        if not (pooling and on):
+            args += _switched(switch, on)
+    args += _switched(cli.enforce_eager, e.enforce_eager)
+    args += _switched(cli.trust_remote_code, e.trust_remote_code)
+    if pooling:
+        args += cli.embedding
+    args += [*cli.fixed_args, *e.extra_args]
+    return EngineCommand(command=list(cli.command), args=args, env=dict(POD_ENV))
 
 
-_SGLANG_QUANT = {
-    Quantization.AWQ: "awq",
-    Quantization.GPTQ: "gptq",
-    Quantization.FP8: "fp8",
-    Quantization.INT8: "w8a8_int8",
-}
-
-
-def sglang(model: ModelSpec) -> EngineCommand:
-    e = model.engine
+def sglang(model: ModelSpec, where: Where | None = None) -> EngineCommand:
+    """The SGLang command line of ``model`` (``python3 -m sglang.launch_server ...``)."""
+    engine = facts(EngineKind.SGLANG)
+    e, cli = model.engine, engine.cli
+    where = where or in_cluster(model)
     args = [
-        "-m", "sglang.launch_server",
-        "--model-path", model_location(model),
-        "--served-model-name", model.name,
-        "--host", "0.0.0.0",
-        "--port", str(ENGINE_PORT),
-        "--tp-size", str(e.tensor_parallel_size),
-        "--pp-size", str(e.pipeline_parallel_size),
-        "--dtype", e.dtype.value,
-        "--mem-fraction-static", f"{e.gpu_memory_utilization:g}",
-        "--context-length", str(e.max_model_len),
-        "--max-running-requests", str(e.max_num_seqs),
-        "--download-dir", f"{MODEL_DIR}/hf",
-        "--enable-metrics",
-    ]  # fmt: skip
-    if e.quantization in _SGLANG_QUANT:
-        args += ["--quantization", _SGLANG_QUANT[e.quantization]]
-    if e.kv_cache_dtype is not KvCacheDType.AUTO:
-        # SGLang names the fp8 KV formats explicitly; plain fp8 means e4m3 on current GPUs.
-        kv = "fp8_e4m3" if e.kv_cache_dtype is KvCacheDType.FP8 else e.kv_cache_dtype.value
-        args += ["--kv-cache-dtype", kv]
+        *_start(cli, model, where),
+        *_valued(cli.tensor_parallel_size, e.tensor_parallel_size),
+        *_valued(cli.pipeline_parallel_size, e.pipeline_parallel_size),
+        *_valued(cli.dtype, e.dtype.value),
+        *_valued(cli.gpu_memory_utilization, f"{e.gpu_memory_utilization:g}"),
+        *_valued(cli.max_model_len, e.max_model_len),
+        *_valued(cli.max_num_seqs, e.max_num_seqs),
+        *_valued(cli.download_dir, where.download_dir),
+        *engine.metrics_flag,
+        *_quantization(cli, e),
+        *_kv_cache_dtype(cli, e),
+    ]
+    # SGLang sizes prefill chunks instead of switching chunking: -1 turns it off, and then the batched-token
+    # budget is the prefill limit.
     if e.enable_chunked_prefill:
-        args += ["--chunked-prefill-size", str(e.max_num_batched_tokens or 8192)]
+        args += _valued(cli.chunked_prefill_size, e.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS)
     else:
-        args += ["--chunked-prefill-size", "-1"]
-        if e.max_num_batched_tokens is not None:
-            args += ["--max-prefill-tokens", str(e.max_num_batched_tokens)]
-    if not e.enable_prefix_caching:
-        args.append("--disable-radix-cache")
-    if e.enforce_eager:
-        args.append("--disable-cuda-graph")
-    if e.trust_remote_code:
-        args.append("--trust-remote-code")
-    if model.resolved_task().value == "embed":
-        args.append("--is-embedding")
-    args += e.extra_args
-    return EngineCommand(command=["python3"], args=args, env=dict(COMMON_ENV))
+        args += _valued(cli.chunked_prefill_size, -1)
+        args += _valued(cli.max_num_batched_tokens, e.max_num_batched_tokens)
+    args += _switched(cli.prefix_caching, e.enable_prefix_caching)
+    args += _switched(cli.enforce_eager, e.enforce_eager)
+    args += _switched(cli.trust_remote_code, e.trust_remote_code)
+    if model.resolved_task() is Task.EMBED:
+        args += cli.embedding
+    args += [*cli.fixed_args, *e.extra_args]
+    return EngineCommand(command=list(cli.command), args=args, env=dict(POD_ENV))
 
 
-TRTLLM_OPTIONS_FILE = "extra-llm-api-options.yaml"
-TRTLLM_CONFIG_DIR = "/etc/inferstack/engine"
-
-
-def trtllm(model: ModelSpec) -> EngineCommand:
-    e = model.engine
-    args = [
-        "serve", model_location(model),
-        "--host", "0.0.0.0",
-        "--port", str(ENGINE_PORT),
-        "--backend", "pytorch",
-        "--tp_size", str(e.tensor_parallel_size),
-        "--pp_size", str(e.pipeline_parallel_size),
-        "--max_batch_size", str(e.max_num_seqs),
-        "--max_seq_len", str(e.max_model_len),
-        "--max_num_tokens", str(e.max_num_batched_tokens or 8192),
-        "--kv_cache_free_gpu_memory_fraction", f"{e.gpu_memory_utilization:g}",
-        "--extra_llm_api_options", f"{TRTLLM_CONFIG_DIR}/{TRTLLM_OPTIONS_FILE}",
-    ]  # fmt: skip
-    if e.trust_remote_code:
-        args.append("--trust_remote_code")
-    args += e.extra_args
+def _trtllm_options(e: EngineSpec) -> str:
+    """TensorRT-LLM's options file: the knobs trtllm-serve takes as keys, not flags (see ``runtime.engines``)."""
     kv_dtype = "fp8" if e.kv_cache_dtype is not KvCacheDType.AUTO else "auto"
-    options = (
+    return (
         "enable_chunked_prefill: " + ("true" if e.enable_chunked_prefill else "false") + "\n"
         "enable_iter_perf_stats: true\n"
         "return_perf_metrics: true\n"
@@ -169,8 +195,29 @@ def trtllm(model: ModelSpec) -> EngineCommand:
         + ("null" if e.enforce_eager else f"{{max_batch_size: {min(e.max_num_seqs, 512)}}}")
         + "\n"
     )
+
+
+def trtllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
+    """The ``trtllm-serve`` command line of ``model``, and the options file it reads."""
+    e, cli = model.engine, facts(EngineKind.TRTLLM).cli
+    args = [
+        *_start(cli, model, where or in_cluster(model)),
+        *cli.fixed_args,
+        *_valued(cli.tensor_parallel_size, e.tensor_parallel_size),
+        *_valued(cli.pipeline_parallel_size, e.pipeline_parallel_size),
+        *_valued(cli.max_num_seqs, e.max_num_seqs),
+        *_valued(cli.max_model_len, e.max_model_len),
+        *_valued(cli.max_num_batched_tokens, e.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS),
+        *_valued(cli.gpu_memory_utilization, f"{e.gpu_memory_utilization:g}"),
+        *_valued(cli.options_file, f"{TRTLLM_CONFIG_DIR}/{TRTLLM_OPTIONS_FILE}"),
+        *_switched(cli.trust_remote_code, e.trust_remote_code),
+        *e.extra_args,
+    ]
     return EngineCommand(
-        command=["trtllm-serve"], args=args, env=dict(COMMON_ENV), files={TRTLLM_OPTIONS_FILE: options}
+        command=list(cli.command),
+        args=args,
+        env=dict(POD_ENV),
+        files={TRTLLM_OPTIONS_FILE: _trtllm_options(e)},
     )
 
 
@@ -182,4 +229,5 @@ RENDERERS: dict[EngineKind, Callable[[ModelSpec], EngineCommand]] = {
 
 
 def engine_command(model: ModelSpec) -> EngineCommand:
+    """The cluster command line of ``model``'s engine."""
     return RENDERERS[model.engine.kind](model)

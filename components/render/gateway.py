@@ -1,12 +1,12 @@
-"""The gateway: router, health monitor and batcher Deployments, their configuration, keys and ingress. Pure.
+"""The gateway: router, health monitor and batcher Deployments, their configuration and identities. Pure.
 
 - One ConfigMap holds the ``RuntimeConfig`` rendered by ``components.render.runtime_config``; pods carry
   its checksum, so a changed config rolls them.
 - Router, health monitor and batcher (embedding models only) run as hardened Deployments with their
   own ServiceAccounts: each mounts a short-lived projected token because each watches EndpointSlices;
   the health monitor may also list pods and create Events (least-privilege Roles below).
-- API keys arrive as a Pulumi secret and are stored only as SHA-256 hashes (``hash_api_keys``).
-- Ingress: an ALB Ingress (AWS Load Balancer Controller) or a Gateway API Gateway + HTTPRoute.
+- The router mounts the API keys Secret (``components.render.api_keys``); traffic reaches it through
+  ``components.render.ingress``.
 - Images: the spec's pinned images, unless the caller passes others (on EKS, the images the AWS layer
   pushed to ECR, referenced by digest; see ``RuntimeImage``).
 """
@@ -14,19 +14,16 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-from pydantic import ValidationError
-
-from components.render import common, hardening
+from components.cloud import Cloud
+from components.render import common, hardening, ingress
 from components.render.common import Manifest
-from components.render.runtime_config import has_batcher, lb_idle_timeout_s, runtime_config
-from components.spec import IngressKind, PlatformSpec
-from runtime.config import ApiKey, RuntimeConfig
+from components.render.runtime_config import has_batcher, runtime_config
+from components.spec import PlatformSpec
+from runtime.config import RuntimeConfig
 
 CONFIG_CHECKSUM_ANNOTATION = "inferstack.io/config-sha256"
 ROUTER_CPU_TARGET_PERCENT = 70
@@ -34,11 +31,6 @@ ROUTER_CPU_TARGET_PERCENT = 70
 # Health monitor and batcher are small, steady services; the router's size is a spec knob.
 _HEALTH_RESOURCES = (0.25, 0.25)  # cores, GiB
 _BATCHER_RESOURCES = (1.0, 1.0)
-_ALB_SSL_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
-GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
-"""Label Gateway API implementations (Istio, Envoy Gateway) put on the proxy pods of a Gateway."""
-REDACTED = "[secret]"
-"""What ``inferstack plan`` passes for secret config values (``components.plan.REDACTED``)."""
 
 
 @dataclass(frozen=True)
@@ -271,175 +263,6 @@ def router_hpa(spec: PlatformSpec) -> Manifest:
     }
 
 
-# API keys -------------------------------------------------------------------------------------------
-
-
-def api_keys_secret(spec: PlatformSpec) -> Manifest:
-    """The Secret the router reads hashed keys from; ``stringData`` is filled in as a Pulumi secret."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": common.metadata(spec, common.api_keys_secret_name(spec), common.ROUTER),
-        "type": "Opaque",
-    }
-
-
-def hash_api_keys(raw: str, source: str) -> str:
-    """A YAML/JSON list of {name, key, models?, requests_per_minute?, tokens_per_minute?} -> ApiKey YAML.
-
-    Raises ``ValueError`` naming ``source`` (the config key) and the entry for any mistake; the message never
-    contains a key.
-    """
-    if raw == REDACTED:  # inferstack plan: the value is not known offline
-        return REDACTED
-    try:
-        entries = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        raise ValueError(f"{source}: not valid YAML or JSON; give a list of {{name, key, models}}") from None
-    if not isinstance(entries, list) or not entries:
-        raise ValueError(f"{source}: give a non-empty list of {{name, key, models}}")
-    out: list[dict[str, Any]] = []
-    names: set[str] = set()
-    for i, entry in enumerate(entries):
-        where = f"{source}[{i}]"
-        if not isinstance(entry, dict):
-            raise ValueError(f"{where}: each entry is a mapping with name and key")
-        key = entry.get("key")
-        name = entry.get("name")
-        if not isinstance(key, str) or len(key) < 16:
-            raise ValueError(f"{where}: 'key' must be a string of at least 16 characters")
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"{where}: 'name' is required (who holds the key)")
-        if name in names:
-            raise ValueError(f"{where}: name {name!r} is used twice")
-        names.add(name)
-        unknown = set(entry) - {"name", "key", "models", "requests_per_minute", "tokens_per_minute"}
-        if unknown:
-            raise ValueError(f"{where}: unknown fields {sorted(unknown)}")
-        fields = {k: v for k, v in entry.items() if k != "key"}
-        try:
-            hashed = ApiKey.model_validate({**fields, "sha256": hashlib.sha256(key.encode()).hexdigest()})
-        except ValidationError as err:
-            first = err.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"])
-            raise ValueError(f"{where}.{loc}: {first['msg']}") from None
-        out.append(hashed.model_dump(mode="json", exclude_none=True))
-    return yaml.safe_dump(out, sort_keys=False)
-
-
-# Ingress --------------------------------------------------------------------------------------------
-
-
-def _alb_annotations(spec: PlatformSpec) -> dict[str, str]:
-    router = runtime_config(spec).router
-    # Streams may be quiet until the first token; the ALB must not cut them earlier than the router would,
-    # and the router keeps client connections open longer than this (client_idle_timeout_s).
-    idle_s = lb_idle_timeout_s()
-    return {
-        "alb.ingress.kubernetes.io/scheme": "internet-facing",
-        "alb.ingress.kubernetes.io/target-type": "ip",
-        "alb.ingress.kubernetes.io/listen-ports": json.dumps([{"HTTPS": 443}]),
-        "alb.ingress.kubernetes.io/ssl-policy": _ALB_SSL_POLICY,
-        "alb.ingress.kubernetes.io/backend-protocol": "HTTP",
-        "alb.ingress.kubernetes.io/healthcheck-path": "/readyz",
-        "alb.ingress.kubernetes.io/load-balancer-attributes": (
-            f"idle_timeout.timeout_seconds={idle_s},routing.http.drop_invalid_header_fields.enabled=true"
-        ),
-        "alb.ingress.kubernetes.io/target-group-attributes": (
-            f"deregistration_delay.timeout_seconds={router.drain_grace_s}"
-        ),
-    }
-
-
-def ingress(spec: PlatformSpec) -> Manifest:
-    meta = common.metadata(spec, common.runtime_name(spec, common.ROUTER), common.ROUTER)
-    meta["annotations"] = _alb_annotations(spec)
-    backend = {"service": {"name": common.runtime_name(spec, common.ROUTER), "port": {"name": "http"}}}
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "Ingress",
-        "metadata": meta,
-        "spec": {
-            "ingressClassName": "alb",
-            "rules": [
-                {
-                    "host": spec.gateway.hostname,
-                    "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]},
-                }
-            ],
-        },
-    }
-
-
-def gateway_name(spec: PlatformSpec) -> str:
-    return f"{spec.name}-gateway"
-
-
-def gateway(spec: PlatformSpec) -> Manifest:
-    g = spec.gateway
-    listener: Manifest = {
-        "name": "http",
-        "protocol": "HTTP",
-        "port": 80,
-        "allowedRoutes": {"namespaces": {"from": "Same"}},
-    }
-    if g.tls_secret_name:
-        listener = {
-            "name": "https",
-            "protocol": "HTTPS",
-            "port": 443,
-            "tls": {"mode": "Terminate", "certificateRefs": [{"kind": "Secret", "name": g.tls_secret_name}]},
-            "allowedRoutes": {"namespaces": {"from": "Same"}},
-        }
-    if g.hostname:
-        listener["hostname"] = g.hostname
-    return {
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "Gateway",
-        "metadata": common.metadata(spec, gateway_name(spec), common.ROUTER),
-        "spec": {"gatewayClassName": g.gateway_class, "listeners": [listener]},
-    }
-
-
-def public_url(spec: PlatformSpec) -> str:
-    """Where clients reach the gateway: the ingress host, or the router Service inside the cluster."""
-    g = spec.gateway
-    if g.ingress is not IngressKind.NONE and g.hostname:
-        secure = g.ingress is IngressKind.ALB or bool(g.tls_secret_name)  # the ALB listens on HTTPS only
-        return f"{'https' if secure else 'http'}://{g.hostname}"
-    service = common.runtime_name(spec, common.ROUTER)
-    return f"http://{service}.{spec.cluster.namespace}.svc:{runtime_config(spec).router.port}"
-
-
-def gateway_listener_port(spec: PlatformSpec) -> int:
-    return 443 if spec.gateway.tls_secret_name else 80
-
-
-def http_route(spec: PlatformSpec) -> Manifest:
-    route: Manifest = {
-        "parentRefs": [{"name": gateway_name(spec)}],
-        "rules": [
-            {
-                "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
-                "backendRefs": [
-                    {
-                        "name": common.runtime_name(spec, common.ROUTER),
-                        "port": runtime_config(spec).router.port,
-                    }
-                ],
-            }
-        ],
-    }
-    if spec.gateway.hostname:
-        route["hostnames"] = [spec.gateway.hostname]
-    return {
-        "apiVersion": "gateway.networking.k8s.io/v1",
-        "kind": "HTTPRoute",
-        "metadata": common.metadata(spec, common.runtime_name(spec, common.ROUTER), common.ROUTER),
-        "spec": route,
-    }
-
-
 # Everything -----------------------------------------------------------------------------------------
 
 
@@ -448,8 +271,10 @@ def parts(spec: PlatformSpec) -> list[str]:
     return [common.ROUTER, common.HEALTH, *([common.BATCHER] if has_batcher(spec) else [])]
 
 
-def render(spec: PlatformSpec, images: Mapping[str, RuntimeImage] | None = None) -> list[Manifest]:
-    """Every gateway object except the API keys Secret's value, in apply order.
+def render(
+    spec: PlatformSpec, cloud: Cloud, images: Mapping[str, RuntimeImage] | None = None
+) -> list[Manifest]:
+    """Every gateway object except the API keys Secret, in apply order, the ingress ``cloud`` gives last.
 
     ``images`` (runtime service -> image) replaces the spec's images for the services it names.
     """
@@ -506,8 +331,4 @@ def render(spec: PlatformSpec, images: Mapping[str, RuntimeImage] | None = None)
                 runtime_selector(spec, common.BATCHER),
             ),
         ]
-    if g.ingress is IngressKind.ALB:
-        out.append(ingress(spec))
-    elif g.ingress is IngressKind.GATEWAY_API:
-        out += [gateway(spec), http_route(spec)]
-    return out
+    return out + ingress.render(spec, cloud)

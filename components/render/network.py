@@ -3,21 +3,24 @@
 - Everything in the namespace: no traffic in or out, except DNS to kube-dns.
 - Engines: reached only by the router, the health monitor, the batcher and Prometheus; may reach HTTPS
   (model weights from the Hugging Face hub or S3).
-- Router: reached only from the ingress (the ALB's VPC addresses, or the Gateway's proxy pods) and
-  Prometheus; reaches engines, the health monitor, the batcher and the Kubernetes API.
+- Router: reached only from the ingress (the load balancer's addresses in the cluster network, or the
+  Gateway's proxy pods) and Prometheus; reaches engines, the health monitor, the batcher and the Kubernetes API.
+
+Where the cluster network is (the VPC, or just the private ranges) is the cloud's answer
+(``Cloud.cluster_network``).
 - Health monitor and batcher: reached by the router and Prometheus; reach engines and the Kubernetes API.
 """
 
 from __future__ import annotations
 
+from components.cloud import Cloud
 from components.render import common
 from components.render.common import Manifest
-from components.render.gateway import GATEWAY_NAME_LABEL, gateway_listener_port, gateway_name, parts
+from components.render.gateway import parts
+from components.render.ingress import GATEWAY_NAME_LABEL, gateway_listener_port, gateway_name
 from components.render.runtime_config import batcher_port, health_port, router_port
-from components.spec import IngressKind, PlatformSpec, Target
+from components.spec import IngressKind, PlatformSpec
 
-PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
-"""Private address ranges: where the VPC or node network is when the stack does not create it."""
 API_SERVER_PORTS = (443, 6443)
 ANYWHERE = "0.0.0.0/0"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -49,23 +52,17 @@ def _prometheus(spec: PlatformSpec) -> Manifest:
     return {"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: spec.observability.namespace}}}
 
 
-def cluster_network(spec: PlatformSpec) -> list[str]:
-    """The VPC the stack creates (eks), else the private ranges (existing subnets, kind, other clusters)."""
-    if spec.target is Target.EKS and not spec.cluster.existing_private_subnet_ids:
-        return [spec.cluster.vpc_cidr]
-    return list(PRIVATE_CIDRS)
-
-
-def router_source_cidrs(spec: PlatformSpec) -> list[str]:
-    """Where requests to the router come from: the ALB's addresses in the cluster network, unless set."""
+def router_source_cidrs(spec: PlatformSpec, cloud: Cloud) -> list[str]:
+    """Where requests to the router come from: the load balancer's addresses in the cluster network, unless set."""
     if spec.gateway.ingress_source_cidrs is not None:
         return list(spec.gateway.ingress_source_cidrs)
-    return cluster_network(spec)
+    return cloud.cluster_network(spec)
 
 
-def _api_server(spec: PlatformSpec) -> Manifest:
+def _api_server(spec: PlatformSpec, cloud: Cloud) -> Manifest:
     """The Kubernetes API: EKS private endpoint ENIs sit in the VPC; kind's in the node network."""
-    return {"to": [{"ipBlock": {"cidr": c}} for c in cluster_network(spec)], "ports": _tcp(*API_SERVER_PORTS)}
+    cidrs = cloud.cluster_network(spec)
+    return {"to": [{"ipBlock": {"cidr": c}} for c in cidrs], "ports": _tcp(*API_SERVER_PORTS)}
 
 
 def default_deny(spec: PlatformSpec) -> Manifest:
@@ -101,13 +98,13 @@ def engines(spec: PlatformSpec) -> Manifest:
     )
 
 
-def _router_sources(spec: PlatformSpec) -> list[Manifest]:
+def _router_sources(spec: PlatformSpec, cloud: Cloud) -> list[Manifest]:
     if spec.gateway.ingress is IngressKind.GATEWAY_API:
         return [{"podSelector": {"matchLabels": {GATEWAY_NAME_LABEL: gateway_name(spec)}}}]
-    return [{"ipBlock": {"cidr": c}} for c in router_source_cidrs(spec)]
+    return [{"ipBlock": {"cidr": c}} for c in router_source_cidrs(spec, cloud)]
 
 
-def router(spec: PlatformSpec) -> Manifest:
+def router(spec: PlatformSpec, cloud: Cloud) -> Manifest:
     peers = [_pods(spec, "engine")]
     ports = [common.ENGINE_PORT, health_port()]
     if common.BATCHER in parts(spec):
@@ -121,15 +118,15 @@ def router(spec: PlatformSpec) -> Manifest:
         {
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [
-                {"from": _router_sources(spec), "ports": _tcp(router_port())},
+                {"from": _router_sources(spec, cloud), "ports": _tcp(router_port())},
                 {"from": [_prometheus(spec)], "ports": _tcp(router_port())},
             ],
-            "egress": [{"to": peers, "ports": _tcp(*ports)}, _api_server(spec)],
+            "egress": [{"to": peers, "ports": _tcp(*ports)}, _api_server(spec, cloud)],
         },
     )
 
 
-def _backend_service(spec: PlatformSpec, part: str, port: int) -> Manifest:
+def _backend_service(spec: PlatformSpec, cloud: Cloud, part: str, port: int) -> Manifest:
     return _policy(
         spec,
         common.runtime_name(spec, part),
@@ -140,7 +137,10 @@ def _backend_service(spec: PlatformSpec, part: str, port: int) -> Manifest:
                 {"from": [_pods(spec, common.ROUTER)], "ports": _tcp(port)},
                 {"from": [_prometheus(spec)], "ports": _tcp(port)},
             ],
-            "egress": [{"to": [_pods(spec, "engine")], "ports": _tcp(common.ENGINE_PORT)}, _api_server(spec)],
+            "egress": [
+                {"to": [_pods(spec, "engine")], "ports": _tcp(common.ENGINE_PORT)},
+                _api_server(spec, cloud),
+            ],
         },
     )
 
@@ -165,11 +165,11 @@ def gateway_proxies(spec: PlatformSpec) -> Manifest:
     )
 
 
-def render(spec: PlatformSpec) -> list[Manifest]:
-    out = [default_deny(spec), allow_dns(spec), engines(spec), router(spec)]
-    out.append(_backend_service(spec, common.HEALTH, health_port()))
+def render(spec: PlatformSpec, cloud: Cloud) -> list[Manifest]:
+    out = [default_deny(spec), allow_dns(spec), engines(spec), router(spec, cloud)]
+    out.append(_backend_service(spec, cloud, common.HEALTH, health_port()))
     if common.BATCHER in parts(spec):
-        out.append(_backend_service(spec, common.BATCHER, batcher_port()))
+        out.append(_backend_service(spec, cloud, common.BATCHER, batcher_port()))
     if spec.gateway.ingress is IngressKind.GATEWAY_API:
         out.append(gateway_proxies(spec))
     return out

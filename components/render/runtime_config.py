@@ -78,13 +78,12 @@ def _route(spec: PlatformSpec, model: ModelSpec) -> ModelRoute:
     batcher = None
     if model.resolved_task() is Task.EMBED:
         batcher = service_url(spec, common.BATCHER, batcher_port())
-    return ModelRoute.model_validate(
-        {
-            "model": model.name,
-            "strategy": StrategyConfig(name=model.routing.strategy, weights=dict(model.routing.weights)),
-            "batcher_url": batcher,
-        }
+    routing = model.routing
+    knobs = {knob: getattr(routing, knob) for knob in sorted(routing.KNOBS)}  # the spec's knobs, as set
+    strategy = StrategyConfig.model_validate(
+        {"name": routing.strategy, "weights": dict(routing.weights), **knobs}
     )
+    return ModelRoute.model_validate({"model": model.name, "strategy": strategy, "batcher_url": batcher})
 
 
 def _batching(model: ModelSpec) -> BatchingPolicy:

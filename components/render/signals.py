@@ -3,7 +3,8 @@
 Scaling triggers, prometheus-adapter rules, alerts and dashboards all read engine signals through
 these functions, so a renamed metric is fixed in ``runtime.engines`` and nowhere else. Every signal
 accepts the old metric names too (``a or b``) and sums across the ``engine`` label. Engine series are
-selected by the labels the ServiceMonitor attaches: ``namespace`` and ``service``.
+selected by the labels the ServiceMonitor attaches: ``namespace`` and ``service``. The router and
+health-monitor expressions that both alerts and dashboards read are spelled here too.
 """
 
 from __future__ import annotations
@@ -18,8 +19,13 @@ SCRAPE_INTERVAL = "15s"
 """How often engines and runtime services are scraped (ServiceMonitor interval)."""
 
 
+def namespace_label(spec: PlatformSpec) -> str:
+    """The label matcher of the platform's namespace, which every series it exports carries."""
+    return f'namespace="{spec.cluster.namespace}"'
+
+
 def engine_labels(spec: PlatformSpec, model: ModelSpec) -> str:
-    return f'namespace="{spec.cluster.namespace}",service="{common.engine_name(model.name)}"'
+    return f'{namespace_label(spec)},service="{common.engine_name(model.name)}"'
 
 
 def names(model: ModelSpec, signal: Signal) -> tuple[str, ...]:
@@ -84,3 +90,24 @@ def prefix_hit_rate(spec: PlatformSpec, model: ModelSpec, window: str = RATE_WIN
 def zero_if_absent(expr: str) -> str:
     """NaN (no traffic in a quantile's window) and no series both read as 0: idle, not broken."""
     return f"(({expr}) >= 0) or on() vector(0)"
+
+
+# Runtime services -----------------------------------------------------------------------------------
+
+
+def router_error_ratio(spec: PlatformSpec, window: str = RATE_WINDOW) -> str:
+    """Share of the router's responses that are 5xx, per model, 0-1."""
+    ns = namespace_label(spec)
+    errors = f'inferstack_router_requests_total{{{ns},status=~"5.."}}'
+    requests = f"inferstack_router_requests_total{{{ns}}}"
+    return (
+        f"sum by (model) (rate({errors}[{window}]))"
+        f" / clamp_min(sum by (model) (rate({requests}[{window}])), 1e-9)"
+    )
+
+
+def health_ejections(spec: PlatformSpec, window: str = "15m") -> str:
+    """Replicas the health monitor took out of rotation within ``window``, per model."""
+    return (
+        f"sum by (model) (increase(inferstack_health_ejections_total{{{namespace_label(spec)}}}[{window}]))"
+    )

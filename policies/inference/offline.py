@@ -8,10 +8,10 @@ that print one per violation (level, rule, resource, message) and fail the plan 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from components.stackfile import Stack
 from policies.inference import config as policy_config
@@ -19,10 +19,38 @@ from policies.inference.config import PolicyConfigError
 from policies.inference.pack import PACK_NAME
 from policies.inference.rules import RULES, Res
 
-if TYPE_CHECKING:  # the plan module runs the Pulumi program; the policies only read what it captured
-    from components.plan import Synthesis
+__all__ = [
+    "Captured",
+    "Policy",
+    "PolicyConfigError",
+    "PolicyResult",
+    "Synthesized",
+    "Verdict",
+    "evaluate",
+    "prepare",
+    "resources_of",
+]
 
-__all__ = ["Policy", "PolicyConfigError", "PolicyResult", "Verdict", "evaluate", "prepare", "resources_of"]
+
+class Captured(Protocol):
+    """One resource as `inferstack plan` captured it (``components.plan.Resource``)."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def urn(self) -> str: ...
+    @property
+    def inputs(self) -> Mapping[str, Any]: ...
+
+
+class Synthesized(Protocol):
+    """What `inferstack plan` synthesized (``components.plan.Synthesis``). A protocol, not an import: the plan
+    runs the Pulumi program and calls the pack, so the pack must not import it back."""
+
+    @property
+    def resources(self) -> Sequence[Captured]: ...
 
 
 @dataclass(frozen=True)
@@ -43,7 +71,7 @@ class Verdict:
         }
 
 
-def resources_of(synthesis: Synthesis) -> list[Res]:
+def resources_of(synthesis: Synthesized) -> list[Res]:
     return [Res(r.type, r.name, r.urn, r.inputs) for r in synthesis.resources]
 
 
@@ -128,7 +156,7 @@ class Policy:
     config: dict[str, Any]
     source: str
 
-    def run(self, synthesis: Synthesis, *, has_resources: bool = True) -> PolicyResult:
+    def run(self, synthesis: Synthesized, *, has_resources: bool = True) -> PolicyResult:
         if not has_resources:
             return PolicyResult(self.environment, self.source, checked=False)
         default = policy_config.level_for(self.environment)

@@ -23,6 +23,7 @@ from pulumi_policy.proxy import UNKNOWN_ARRAY_VALUE, UNKNOWN_OBJECT_VALUE, _is_u
 from pulumi_policy.secret import Secret
 
 from policies.inference.rules import RULES, Res, Rule
+from policies.inference.rules.base import SECRET
 
 PACK_NAME = "inferstack-inference"
 PACK_DESCRIPTION = (
@@ -34,9 +35,9 @@ _UNKNOWN = (UNKNOWN_ARRAY_VALUE, UNKNOWN_OBJECT_VALUE)
 
 def plain(value: Any) -> Any:
     """CrossGuard property values as plain data, the shape `inferstack plan` captures: proxies unwrapped,
-    unknown preview values as None, secrets as '[secret]', integral floats as ints."""
+    unknown preview values as None, secrets as ``SECRET``, integral floats as ints."""
     if isinstance(value, Secret):
-        return "[secret]"
+        return SECRET
     if isinstance(value, Mapping):
         target = _target(value)
         return {str(k): plain(target[k]) for k in target}

@@ -11,14 +11,13 @@ import contextlib
 import gc
 import os
 import signal
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from runtime.batcher.app import Batcher, make_server
+from runtime.config_file import ConfigError, read_config
 from runtime.discovery import watch_backends
-from runtime.health.cli import EXIT_BAD_CONFIG, load_config_or_exit, setup_logging
+from runtime.service import exit_bad_config, new_event_loop, setup_logging
 
 DRAIN_GRACE_S = 5.0
 
@@ -55,27 +54,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, help="override batcher.port")
     args = parser.parse_args(argv)
     setup_logging(os.environ.get("LOG_LEVEL", "INFO"))
-    config = load_config_or_exit(args.config)
+    try:
+        config = read_config(args.config)
+    except ConfigError as err:
+        exit_bad_config(err.lines)
     if not config.batcher.policies:
-        print(
-            f"{args.config}: batcher.policies: empty; name at least one embedding model to batch",
-            file=sys.stderr,
+        exit_bad_config(
+            [f"{args.config}: batcher.policies: empty; name at least one embedding model to batch"]
         )
-        raise SystemExit(EXIT_BAD_CONFIG)
     batcher = Batcher(config, watch=watch_backends)
     host = args.host or config.batcher.host
     port = args.port if args.port is not None else config.batcher.port
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
         runner.run(serve(batcher, host, port))
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop when installed (about 2x less CPU per request), else asyncio's own loop."""
-    try:
-        import uvloop  # noqa: PLC0415 - optional accelerator
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 if __name__ == "__main__":

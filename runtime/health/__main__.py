@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import sys
 from pathlib import Path
 
-import uvloop
 from aiohttp import web
 
 from runtime.config import RuntimeConfig
+from runtime.config_file import ConfigError, read_config
 from runtime.discovery import watch_backends
 from runtime.health.app import make_app
-from runtime.health.cli import EXIT_BAD_CONFIG, load_config_or_exit, setup_logging
 from runtime.health.kube import Actions, KubernetesActions, NoActions
 from runtime.health.monitor import Monitor
+from runtime.service import exit_bad_config, new_event_loop, setup_logging
 
 
 def build_actions(config: RuntimeConfig) -> Actions:
@@ -35,16 +33,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, help="override health.port")
     args = parser.parse_args(argv)
     setup_logging(os.environ.get("LOG_LEVEL", "INFO"))
-    config = load_config_or_exit(args.config)
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    try:
+        config = read_config(args.config)
+    except ConfigError as err:
+        exit_bad_config(err.lines)
     try:
         actions = build_actions(config)
     except Exception as err:  # no in-cluster credentials: a deployment mistake, said plainly
-        print(
-            f"{args.config}: health.kubernetes_events/remediate_after_s need the Kubernetes API: {err}",
-            file=sys.stderr,
+        exit_bad_config(
+            [f"{args.config}: health.kubernetes_events/remediate_after_s need the Kubernetes API: {err}"]
         )
-        raise SystemExit(EXIT_BAD_CONFIG) from None
     monitor = Monitor(config, watch=watch_backends, actions=actions)
     web.run_app(
         make_app(monitor),
@@ -53,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         access_log=None,
         print=None,
         shutdown_timeout=5,
+        loop=new_event_loop(),
     )
 
 

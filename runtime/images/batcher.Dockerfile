@@ -19,12 +19,12 @@ RUN groupadd --system --gid 10001 inferstack \
     && useradd --system --uid 10001 --gid inferstack --no-create-home --shell /usr/sbin/nologin inferstack
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
-# The contract, discovery (which needs aiohttp for the Kubernetes watch), the lean HTTP server and engine
-# client shared with the router, the batcher; and the config loader of the health package (runtime/health/cli.py),
-# nothing else of it.
-COPY runtime/__init__.py runtime/config.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/server.py runtime/upstream.py runtime/py.typed /app/runtime/
+# The contract (with the scheduling registry it validates strategies against), the config-file reader and
+# service plumbing, discovery (which needs aiohttp for the Kubernetes watch), the lean HTTP server and
+# engine client shared with the router, the batcher.
+COPY runtime/__init__.py runtime/config.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/server.py runtime/upstream.py runtime/py.typed /app/runtime/
+COPY runtime/scheduling /app/runtime/scheduling
 COPY runtime/batcher /app/runtime/batcher
-COPY runtime/health/__init__.py runtime/health/cli.py /app/runtime/health/
 USER 10001:10001
 EXPOSE 8082
 HEALTHCHECK --interval=10s --timeout=2s --start-period=5s --retries=3 \

@@ -1,4 +1,4 @@
-"""A bounded wait line per model for when every replica is at its concurrency cap.
+"""Admission: a replica with room for a request, or a bounded wait in line for one, or a refusal.
 
 Waiters are woken one per freed slot, in arrival order; each waits at most until its deadline, then
 the app answers ``429`` with ``Retry-After``. Beyond ``max_waiting`` nobody waits at all.
@@ -8,7 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from runtime.router.backends import Backend
+from runtime.scheduling import Context
+
+if TYPE_CHECKING:  # the fleet holds a WaitQueue per model
+    from runtime.router.fleet import ModelState
 
 
 class QueueFullError(Exception):
@@ -62,3 +72,68 @@ class WaitQueue:
             fut = self._waiters.popleft()
             if not fut.done():
                 fut.set_result(None)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a request gets no replica: what the client is told (OpenAI-shaped, with Retry-After)."""
+
+    status: int
+    message: str
+    reason: str  # the rejections metric's label
+    code: str
+    retry_after_s: float
+
+
+async def acquire(
+    state: ModelState, ctx: Context, deadline_s: float, on_waited: Callable[[str, float], None]
+) -> Backend | Refusal | None:
+    """A replica with room (the strategy's pick), waiting in line while all are busy.
+
+    None when the only usable replicas were already tried by this request: the caller reports the
+    last failure instead."""
+    if state.batcher is not None and ctx.notes.get("kind") == "embeddings":
+        return state.batcher
+    waited_from = 0.0
+    while True:
+        ctx.now = time.monotonic()
+        # first come, first served: a newcomer does not overtake requests already in line
+        jump = not waited_from and len(state.queue) > 0
+        if jump and any(b.inflight < b.cap and b.healthy for b in state.backends):
+            state.queue.wake_one()  # a slot is free: make sure the head of the line gets it
+        backend = None if jump else state.strategy.pick(state.backends, ctx)
+        if backend is not None:
+            if waited_from:
+                on_waited(state.name, ctx.now - waited_from)
+            return backend
+        now = ctx.now
+        usable = [
+            b for b in state.backends if b.healthy and b.breaker.allows(now) and b.url not in ctx.exclude
+        ]
+        if not usable:
+            if ctx.exclude:
+                return None
+            return Refusal(
+                503,
+                f"no healthy replica of {state.name!r} right now",
+                "no_backend",
+                "no_healthy_backend",
+                state.settings.breaker_open_ms / 1000,
+            )
+        again = bool(waited_from)
+        if not waited_from:
+            waited_from = now
+        remaining = deadline_s - (now - waited_from)
+        try:
+            # woken but beaten to the slot: back to the front of the line, not the end
+            woke = remaining > 0 and await state.queue.wait(remaining, front=again)
+        except QueueFullError:
+            woke = False
+        if not woke:
+            return Refusal(
+                429,
+                f"all replicas of {state.name!r} are at capacity; try again shortly",
+                "queue",
+                "overloaded",
+                max(1.0, deadline_s / 2),
+            )

@@ -12,10 +12,10 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from runtime.config import ApiKey
+from runtime.config_file import ConfigError, read_yaml, validation_lines
 
 _KEYS = TypeAdapter(list[ApiKey])
 
@@ -68,12 +68,12 @@ def hash_key(raw: str) -> str:
 
 
 def load_keys_file(path: Path) -> list[ApiKey]:
-    """Read a YAML list of ApiKey (a mounted Secret); raises ValueError naming the file."""
+    """Read a YAML list of ApiKey (a mounted Secret); ``ConfigError``, one line per mistake, naming the file."""
+    raw = read_yaml(path, "API keys file") or []
     try:
-        raw = yaml.safe_load(path.read_text()) or []
         return _KEYS.validate_python(raw)
-    except (OSError, yaml.YAMLError, ValidationError) as err:
-        raise ValueError(f"{path}: invalid API keys file: {err}") from err
+    except ValidationError as err:
+        raise ConfigError(validation_lines(path, err)) from None
 
 
 class KeyTable:

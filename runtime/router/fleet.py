@@ -22,7 +22,7 @@ from runtime.discovery import watch_backends
 from runtime.engines import Signal, facts
 from runtime.router.admission import WaitQueue
 from runtime.router.backends import Backend, Breaker
-from runtime.router.strategies import Strategy, build
+from runtime.scheduling import Need, Strategy, build
 
 log = logging.getLogger("inferstack.router.fleet")
 
@@ -38,9 +38,10 @@ class ModelState:
         self.route = route
         self.name = target.name
         self.strategy: Strategy = build(route.strategy)
-        self.needs_prompt = any(s.name == "prefix" for s, _ in self.strategy.scorers)
+        # the request fields the strategy's scorers declared they read: parse only those
+        self.needs_prompt = Need.PROMPT in self.strategy.needs
+        self.needs_session = Need.SESSION in self.strategy.needs
         self.session_header = route.strategy.session_header.lower().encode()
-        self.needs_session = any(s.name == "session" for s, _ in self.strategy.scorers)
         self.ewma_alpha = route.strategy.latency_ewma_alpha
         self.settings = settings
         self.backends: list[Backend] = []
@@ -100,11 +101,14 @@ class Fleet:
 
     # --- configuration ---------------------------------------------------------------------------
     def apply(self, cfg: RuntimeConfig) -> None:
-        """Install a (new) config: rebuild model states, keep replicas and restart changed watches."""
+        """Install a (new) config: rebuild model states, keep replicas and restart changed watches.
+
+        Every model's state (its strategy) is built before anything changes, so a config that cannot
+        be built raises and leaves the running one whole."""
+        fresh = {target.name: ModelState(target, cfg.route(target.name), cfg.router) for target in cfg.models}
         self.cfg = cfg
-        fresh: dict[str, ModelState] = {}
         for target in cfg.models:
-            state = ModelState(target, cfg.route(target.name), cfg.router)
+            state = fresh[target.name]
             state.on_departed = self._departed
             old = self.models.get(target.name)
             same_source = old is not None and (old.target.discovery, old.target.static_backends) == (
@@ -113,7 +117,6 @@ class Fleet:
             )
             if old is not None and same_source:  # keep replicas (and what we learned) across a reload
                 state.set_backends([b.url for b in old.backends], old.by_url)
-            fresh[target.name] = state
         self.models = fresh
         with contextlib.suppress(RuntimeError):  # no loop yet: start() will start the watches
             asyncio.get_running_loop()

@@ -7,33 +7,62 @@ scrape time by a collector rather than on every request.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from runtime.scheduling import Report
+
+if TYPE_CHECKING:
+    from runtime.router.fleet import ModelState
+
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
+#: Gauges filled at scrape time from live state: name (after ``inferstack_router_``) -> help, labels.
+LIVE_GAUGES: dict[str, tuple[str, list[str]]] = {
+    "queue_depth": ("Requests waiting for a free replica", ["model"]),
+    "backend_inflight": ("Requests in flight per replica", ["model", "backend"]),
+    "circuit_state": ("Circuit per replica: 0 closed, 1 half-open, 2 open", ["model", "backend"]),
+    "backend_healthy": ("1 if the replica is considered healthy", ["model", "backend"]),
+    "prefix_index_entries": ("Entries in the prefix / session index", ["model", "index"]),
+    "prefix_hit_rate": ("Share of prefix lookups that found a replica", ["model"]),
+    "backends": ("Replicas known per model", ["model"]),
+}
+Snapshot = dict[str, list[tuple[tuple[str, ...], float]]]
+
+
+def live_gauges(models: Mapping[str, ModelState]) -> Snapshot:
+    """The live gauges' samples: wait lines, replicas, and what each strategy's scorers report."""
+    out: Snapshot = {name: [] for name in LIVE_GAUGES}
+    for name, m in models.items():
+        out["queue_depth"].append(((name,), float(len(m.queue))))
+        out["backends"].append(((name,), float(len(m.backends))))
+        for b in m.backends:
+            out["backend_inflight"].append(((name, b.url), float(b.inflight)))
+            out["circuit_state"].append(((name, b.url), float(b.breaker.state)))
+            out["backend_healthy"].append(((name, b.url), 1.0 if b.healthy else 0.0))
+        hit_rate: float | None = None
+        for scorer, report in m.strategy.reports().items():
+            if Report.INDEX_ENTRIES in report:
+                out["prefix_index_entries"].append(((name, scorer), report[Report.INDEX_ENTRIES]))
+            if hit_rate is None and Report.HIT_RATE in report:
+                hit_rate = report[Report.HIT_RATE]  # one series per model: the first scorer that reports it
+        if hit_rate is not None:
+            out["prefix_hit_rate"].append(((name,), hit_rate))
+    return out
+
 
 class _Live(Collector):
-    def __init__(self, snapshot: Callable[[], dict[str, list[tuple[tuple[str, ...], float]]]]) -> None:
+    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
         self.snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
         snap = self.snapshot()
-        specs = {
-            "queue_depth": ("Requests waiting for a free replica", ["model"]),
-            "backend_inflight": ("Requests in flight per replica", ["model", "backend"]),
-            "circuit_state": ("Circuit per replica: 0 closed, 1 half-open, 2 open", ["model", "backend"]),
-            "backend_healthy": ("1 if the replica is considered healthy", ["model", "backend"]),
-            "prefix_index_entries": ("Entries in the prefix / session index", ["model", "index"]),
-            "prefix_hit_rate": ("Share of prefix lookups that found a replica", ["model"]),
-            "backends": ("Replicas known per model", ["model"]),
-        }
-        for name, (doc, labels) in specs.items():
+        for name, (doc, labels) in LIVE_GAUGES.items():
             fam = GaugeMetricFamily(f"inferstack_router_{name}", doc, labels=labels)
             for values, v in snap.get(name, []):
                 fam.add_metric(list(values), v)
@@ -84,9 +113,14 @@ class RouterMetrics:
             buckets=WAIT_BUCKETS_S,
             registry=r,
         )
+        self.config_reload_failures = Counter(
+            "inferstack_router_config_reload_failures",
+            "Changed config or API-key files that were refused; the last good config kept serving",
+            registry=r,
+        )
         self._children: dict[tuple[Any, ...], Any] = {}
 
-    def attach_live(self, snapshot: Callable[[], dict[str, list[tuple[tuple[str, ...], float]]]]) -> None:
+    def attach_live(self, snapshot: Callable[[], Snapshot]) -> None:
         self.registry.register(_Live(snapshot))
 
     def _child(self, metric: Any, *labels: str) -> Any:

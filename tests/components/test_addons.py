@@ -11,9 +11,14 @@ from typing import Any
 import pytest
 
 from components import plan
+from components.aws import addons as aws_addons
+from components.aws.cloud import EKS
+from components.own_cluster import OWN_CLUSTER
+from components.redaction import REDACTED
 from components.render import addons, scaling
 from components.spec import PlatformSpec
 from components.stackfile import STACKS_DIR, available_stacks, load
+from components.targets import cloud_for
 from tests.components.helpers import minimal, write_stack
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
@@ -27,7 +32,7 @@ def _charts(name: str) -> dict[str, dict[str, Any]]:
 
 
 def _names(spec: PlatformSpec) -> set[str]:
-    return {r.name for r in addons.releases(spec, scaling.adapter_rules(spec))}
+    return {r.name for r in addons.releases(spec, scaling.adapter_rules(spec), cloud_for(spec))}
 
 
 @pytest.mark.parametrize("name", PULUMI_STACKS)
@@ -73,7 +78,7 @@ def test_hpa_mode_installs_prometheus_adapter_with_the_rendered_rules_instead_of
     raw = minimal()
     raw["addons"] = {"autoscaler": "hpa", "gpu_plugin": "gpu-operator"}
     spec = PlatformSpec.model_validate(raw)
-    releases = {r.name: r for r in addons.releases(spec, scaling.adapter_rules(spec))}
+    releases = {r.name: r for r in addons.releases(spec, scaling.adapter_rules(spec), EKS)}
     assert "keda" not in releases and "nvidia-device-plugin" not in releases
     assert releases["gpu-operator"].values["driver"] == {"enabled": False}  # EKS AMIs carry the driver
     adapter = releases["prometheus-adapter"].values
@@ -135,4 +140,21 @@ def test_a_grafana_password_from_a_pulumi_secret_becomes_the_admin_login(tmp_pat
         if m["kind"] == "Secret" and m["metadata"]["name"] == "grafana-admin"
     )
     assert secret["metadata"]["namespace"] == "monitoring"
-    assert secret["stringData"] == {"admin-user": plan.REDACTED, "admin-password": plan.REDACTED}
+    assert secret["stringData"] == {"admin-user": REDACTED, "admin-password": REDACTED}
+
+
+def test_the_gpu_operator_installs_the_driver_only_where_the_nodes_come_without_one() -> None:
+    raw = minimal()
+    raw["addons"] = {"gpu_plugin": "gpu-operator"}
+    spec = PlatformSpec.model_validate(raw)
+    for cloud, installs in ((EKS, False), (OWN_CLUSTER, True)):
+        values = addons.gpu_operator(spec, cloud).values
+        assert values["driver"] == values["toolkit"] == {"enabled": installs}, cloud
+
+
+def test_the_aws_controllers_come_from_the_eks_layer_and_never_with_the_cloud_neutral_add_ons() -> None:
+    spec = load("prod").spec
+    aws_controllers = {r.name for r in aws_addons.releases(spec)}
+    assert aws_controllers == {"aws-load-balancer-controller", "cluster-autoscaler"}
+    assert not aws_controllers & _names(spec)
+    assert aws_controllers <= set(_charts("prod"))  # installed all the same, through ClusterAccess.addons

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from components import catalog, cost, plan
-from components.aws import decisions, registry
-from components.render import common
+from components import catalog, cost, nodes, plan, targets
+from components.aws import addons, decisions, registry
+from components.aws.cloud import EKS
 from components.spec import PlatformSpec, Target
 from components.stackfile import STACKS_DIR, Stack, available_stacks, load
 from tests.components.helpers import engine_deployments, minimal, write_stack
@@ -58,26 +58,12 @@ def _node_groups(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:
     return {r.inputs["nodeGroupName"]: r.inputs for r in _of(synthesis, "aws:eks/nodeGroup:NodeGroup")}
 
 
-def _as_plan(inputs: dict[str, Any]) -> decisions.NodeGroupPlan:
-    """A node group as AWS would get it (from the captured inputs), in the shape ``schedulable`` reads."""
+def _labels_and_taints(inputs: dict[str, Any]) -> tuple[dict[str, str], list[nodes.Taint]]:
+    """A node group's node labels and taints as AWS would get them (from the captured inputs)."""
     taints = [
-        decisions.Taint(t["key"], K8S_EFFECT[t["effect"]], t.get("value")) for t in inputs.get("taints", [])
+        nodes.Taint(t["key"], K8S_EFFECT[t["effect"]], t.get("value")) for t in inputs.get("taints", [])
     ]
-    return decisions.NodeGroupPlan(
-        pool="",
-        node_group_name=inputs["nodeGroupName"],
-        instance_types=inputs["instanceTypes"],
-        ami_type=inputs["amiType"],
-        capacity_type=inputs["capacityType"],
-        min_size=0,
-        desired_size=0,
-        max_size=0,
-        root_disk_gib=0,
-        disk_iops=0,
-        disk_throughput_mibps=0,
-        labels=inputs.get("labels", {}),
-        taints=taints,
-    )
+    return inputs.get("labels", {}), taints
 
 
 @pytest.mark.parametrize("name", EKS_STACKS)
@@ -187,8 +173,8 @@ def test_gpu_node_groups_follow_the_placement_of_models_and_their_weights(name: 
         assert group["instanceTypes"] == [pool.instance.name]
         assert group["amiType"] == "AL2023_x86_64_NVIDIA"
         assert group["capacityType"] == pool_spec.capacity_type.value.upper().replace("-", "_")
-        assert group["labels"][common.POOL_LABEL] == pool.name
-        assert group["labels"][decisions.GPU_PRODUCT_LABEL] == pool.instance.gpu_spec.product_label
+        assert group["labels"][nodes.POOL_LABEL] == pool.name
+        assert group["labels"][nodes.GPU_PRODUCT_LABEL] == pool.instance.gpu_spec.product_label
         assert group["taints"] == [{"key": "nvidia.com/gpu", "effect": "NO_SCHEDULE"}]
         template = templates[group["nodeGroupName"]]
         assert group["launchTemplate"]["id"] == f"{group['nodeGroupName']}-id"
@@ -221,43 +207,32 @@ def test_engine_pods_land_only_on_their_pool_and_nothing_else_lands_on_gpu_nodes
     """The pairing: each engine's rendered nodeSelector and tolerations against the node groups' inputs."""
     stack = load(name)
     synthesis = _synth(stack.name)
-    groups = {n: _as_plan(i) for n, i in _node_groups(synthesis).items()}
-    system = groups[decisions.node_group_name(stack.spec, decisions.SYSTEM_POOL)]
+    groups = {n: _labels_and_taints(i) for n, i in _node_groups(synthesis).items()}
+    system = decisions.node_group_name(stack.spec, decisions.SYSTEM_POOL)
     deployments = engine_deployments(synthesis)
     assert len(deployments) == len(stack.spec.models)
     for model, deployment in deployments.items():
         pod = deployment["spec"]["template"]["spec"]
-        fits = sorted(n for n, g in groups.items() if decisions.schedulable(pod, g))
+        fits = sorted(n for n, (labels, taints) in groups.items() if nodes.schedulable(pod, labels, taints))
         pool = stack.layout.placements[model].pool
         if pool is None:
-            assert system.node_group_name in fits
+            assert system in fits
         else:
             assert fits == [decisions.node_group_name(stack.spec, pool)], model
     # A pod with no toleration (the gateway, monitoring) may use the system nodes and no GPU node.
     plain: dict[str, object] = {}
-    assert [n for n, g in groups.items() if decisions.schedulable(plain, g)] == [system.node_group_name]
+    assert [n for n, (labels, taints) in groups.items() if nodes.schedulable(plain, labels, taints)] == [
+        system
+    ]
 
 
-def test_tolerates_follows_kubernetes_matching_rules() -> None:
-    taint = decisions.Taint("nvidia.com/gpu", "NoSchedule")
-    assert decisions.tolerates(
-        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], taint
-    )
-    assert decisions.tolerates([{"key": "nvidia.com/gpu", "operator": "Exists"}], taint)
-    assert decisions.tolerates([{"operator": "Exists"}], taint)
-    assert not decisions.tolerates(
-        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}], taint
-    )
-    assert not decisions.tolerates([{"key": "other", "operator": "Exists"}], taint)
-    assert not decisions.tolerates([{"key": "nvidia.com/gpu", "value": "true"}], taint)
-    assert decisions.tolerates(
-        [{"key": "nvidia.com/gpu", "value": "true"}], decisions.Taint("nvidia.com/gpu", "NoSchedule", "true")
-    )
-    assert not decisions.tolerates([], taint)
-
-
-def test_engine_taint_is_the_one_the_renderer_tolerates() -> None:
-    assert decisions.gpu_taint().eks() == {"key": common.GPU_TAINT_KEY, "effect": "NO_SCHEDULE"}
+def test_gpu_taint_reaches_eks_in_its_own_spelling() -> None:
+    assert decisions.eks_taint(nodes.gpu_taint()) == {"key": nodes.GPU_TAINT_KEY, "effect": "NO_SCHEDULE"}
+    assert decisions.eks_taint(nodes.Taint("k", "NoExecute", "v")) == {
+        "key": "k",
+        "effect": "NO_EXECUTE",
+        "value": "v",
+    }
 
 
 def _taggable(type_: str) -> bool:
@@ -292,7 +267,8 @@ def test_kubernetes_target_stacks_create_nothing_on_aws(name: str) -> None:
     ]
     assert cloud == []
     assert not [r for r in synthesis.resources if r.type.startswith("inferstack:aws:")]
-    assert cost.fixed_costs(load(name).spec) == []
+    stack = load(name)
+    assert cost.fixed_costs(targets.fixed_infrastructure(stack.spec, stack.layout)) == []
 
 
 class _ProviderMonitor(plan.CapturingMonitor):
@@ -402,7 +378,9 @@ def test_existing_subnets_replace_the_vpc_and_admin_roles_get_access_entries(tmp
     association = _one(synthesis, "aws:eks/accessPolicyAssociation:AccessPolicyAssociation").inputs
     assert association["policyArn"].endswith(":cluster-access-policy/AmazonEKSClusterAdminPolicy")
     assert association["accessScope"] == {"type": "cluster"}
-    assert [i.kind for i in cost.fixed_costs(stack.spec, stack.layout)].count("nat") == 0
+    assert [i.kind for i in cost.fixed_costs(EKS.fixed_infrastructure(stack.spec, stack.layout))].count(
+        "nat"
+    ) == 0
 
 
 @pytest.mark.parametrize(
@@ -448,7 +426,8 @@ def test_aws_spec_mistakes_are_reported_with_the_field(
 def test_plan_bills_the_aws_items_from_the_resources_it_creates(name: str, tmp_path: Path) -> None:
     stack = load(name)
     synthesis = _synth(stack.name)
-    items = {i.kind: i for i in cost.fixed_costs(stack.spec, stack.layout)}
+    infrastructure = EKS.fixed_infrastructure(stack.spec, stack.layout)
+    items = {i.kind: i for i in cost.fixed_costs(infrastructure)}
     month = catalog.HOURS_PER_MONTH
     nats = len(_of(synthesis, "aws:ec2/natGateway:NatGateway"))
     assert items["nat"].max_usd_month == pytest.approx(nats * catalog.NAT_GATEWAY_USD_PER_HOUR * month)
@@ -463,7 +442,7 @@ def test_plan_bills_the_aws_items_from_the_resources_it_creates(name: str, tmp_p
         for n, g in _node_groups(synthesis).items()
     )
     assert items["ebs"].max_usd_month >= disk_gib_max * catalog.EBS_GP3_USD_PER_GIB_MONTH
-    bill = cost.stack_cost(stack.spec, stack.layout)
+    bill = cost.stack_cost(stack.spec, stack.layout, infrastructure)
     assert {"gpu-pool", "eks", "system-nodes", "nat", "ebs", "kms"} <= {i.kind for i in bill.items}
     keys = len(_of(synthesis, "aws:kms/key:Key"))
     assert keys == len(decisions.KMS_KEYS)
@@ -555,7 +534,7 @@ def test_load_balancer_controller_gets_the_vpc_and_runs_as_the_pod_identity_acco
     ]
     if name == "prod":
         assert charts
-    namespace, account = decisions.LB_CONTROLLER_SERVICE_ACCOUNT
+    namespace, account = addons.LB_CONTROLLER_SERVICE_ACCOUNT
     association = next(
         r.inputs
         for r in _of(synthesis, "aws:eks/podIdentityAssociation:PodIdentityAssociation")
@@ -603,11 +582,9 @@ def test_prod_exports_cluster_kubeconfig_bucket_vpc_images_and_node_groups(monke
 
 @pytest.mark.parametrize("name", EKS_STACKS)
 def test_the_cluster_autoscaler_gets_an_identity_that_may_scale_only_this_clusters_groups(name: str) -> None:
-    from components.aws import autoscaler
-
     stack = load(name)
     synthesis = _synth(name)
-    namespace, account = autoscaler.SERVICE_ACCOUNT
+    namespace, account = addons.CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
     association = next(
         r.inputs
         for r in _of(synthesis, "aws:eks/podIdentityAssociation:PodIdentityAssociation")
@@ -620,8 +597,6 @@ def test_the_cluster_autoscaler_gets_an_identity_that_may_scale_only_this_cluste
     owner = f"aws:ResourceTag/k8s.io/cluster-autoscaler/{stack.spec.cluster_name}"
     assert scale["Condition"] == {"StringEquals": {owner: "owned"}}
     # The chart values the add-ons install it with: this cluster, its Kubernetes minor, that account.
-    from components.render import addons
-
     values = addons.cluster_autoscaler(stack.spec).values
     assert values["autoDiscovery"] == {"clusterName": stack.spec.cluster_name}
     assert values["image"]["tag"] == f"v{stack.spec.cluster.kubernetes_version}.0"

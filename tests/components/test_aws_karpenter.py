@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
-from components import plan
-from components.aws import decisions, karpenter, policies
-from components.render import common
+from components import nodes, plan
+from components.aws import audit, decisions, iam, karpenter
+from components.render import karpenter as karpenter_render
 from components.stackfile import Stack, load
 from tests.components.helpers import engine_deployments
 from tests.components.test_aws import _key_arn, _taggable
@@ -53,17 +53,15 @@ def test_gpu_pools_become_node_pools_and_only_the_system_group_is_managed() -> N
         requirements = {r["key"]: r["values"] for r in template["spec"]["requirements"]}
         assert requirements["node.kubernetes.io/instance-type"] == [plan_.instance.name]
         assert requirements["karpenter.sh/capacity-type"] == [plan_.capacity_type.value]
-        assert template["metadata"]["labels"][common.POOL_LABEL] == name
-        assert template["spec"]["taints"] == [
-            {"key": common.GPU_TAINT_KEY, "effect": common.GPU_TAINT_EFFECT}
-        ]
+        assert template["metadata"]["labels"][nodes.POOL_LABEL] == name
+        assert template["spec"]["taints"] == [{"key": nodes.GPU_TAINT_KEY, "effect": nodes.GPU_TAINT_EFFECT}]
         assert template["spec"]["nodeClassRef"] == {
             "group": "karpenter.k8s.aws",
             "kind": "EC2NodeClass",
             "name": name,
         }
         assert pools[name]["spec"]["limits"] == {
-            common.GPU_RESOURCE: str(plan_.max_nodes * plan_.instance.gpus)
+            nodes.GPU_RESOURCE: str(plan_.max_nodes * plan_.instance.gpus)
         }
         node_class = classes[name]["spec"]
         assert node_class["role"] == decisions.node_role_name(stack.spec)
@@ -84,21 +82,10 @@ def test_engine_pods_fit_only_their_pools_node_pool() -> None:
     stack = _stack()
     pools = _by_name("kubernetes:karpenter.sh/v1:NodePool")
     shapes = {
-        name: decisions.NodeGroupPlan(
-            pool=name,
-            node_group_name=name,
-            instance_types=[],
-            ami_type="",
-            capacity_type="",
-            min_size=0,
-            desired_size=0,
-            max_size=0,
-            root_disk_gib=0,
-            disk_iops=0,
-            disk_throughput_mibps=0,
-            labels=p["spec"]["template"]["metadata"]["labels"],
-            taints=[
-                decisions.Taint(t["key"], t["effect"], t.get("value"))
+        name: (
+            p["spec"]["template"]["metadata"]["labels"],
+            [
+                nodes.Taint(t["key"], t["effect"], t.get("value"))
                 for t in p["spec"]["template"]["spec"]["taints"]
             ],
         )
@@ -108,7 +95,7 @@ def test_engine_pods_fit_only_their_pools_node_pool() -> None:
     assert len(engines) == len(stack.spec.models)
     for model, engine in engines.items():
         pod = engine["spec"]["template"]["spec"]
-        fits = [n for n, shape in shapes.items() if decisions.schedulable(pod, shape)]
+        fits = [n for n, (labels, taints) in shapes.items() if nodes.schedulable(pod, labels, taints)]
         assert fits == [stack.layout.placements[model].pool]
 
 
@@ -116,11 +103,13 @@ def test_controller_chart_queue_events_role_and_node_access() -> None:
     stack = _stack()
     name = stack.spec.cluster_name
     charts = [
-        r.inputs for r in _of("kubernetes:helm.sh/v4:Chart") if r.inputs.get("chart") == karpenter.CHART
+        r.inputs
+        for r in _of("kubernetes:helm.sh/v4:Chart")
+        if r.inputs.get("chart") == karpenter_render.CHART
     ]
     assert len(charts) == 1
     chart = charts[0]
-    assert chart["version"] == karpenter.CHART_VERSION and chart["namespace"] == "kube-system"
+    assert chart["version"] == stack.spec.addons.versions.karpenter and chart["namespace"] == "kube-system"
     queue = _of("aws:sqs/queue:Queue")[0].inputs
     assert chart["values"]["settings"] == {"clusterName": name, "interruptionQueue": queue["name"]}
     assert queue["sqsManagedSseEnabled"] is True
@@ -136,17 +125,20 @@ def test_controller_chart_queue_events_role_and_node_access() -> None:
         r.inputs["serviceAccount"]: r.inputs
         for r in _of("aws:eks/podIdentityAssociation:PodIdentityAssociation")
     }
-    assert associations["karpenter"]["namespace"] == "kube-system"
+    # The chart's service account is the one Pod Identity hands the controller's role to.
+    namespace, account = karpenter_render.SERVICE_ACCOUNT
+    assert chart["values"]["serviceAccount"]["name"] == account
+    assert associations[account]["namespace"] == namespace == chart["namespace"]
     inline = {r.name: json.loads(r.inputs["policy"]) for r in _of("aws:iam/rolePolicy:RolePolicy")}
     controller = inline[f"{name}-karpenter-controller"]
-    assert policies.audit(controller) == []
+    assert audit.audit(controller) == []
     # EC2 encrypts the volumes Karpenter launches with the disks key on its behalf: that key, through EC2 only.
     [kms] = [s for s in controller["Statement"] if any(a.startswith("kms:") for a in s["Action"])]
     assert kms["Resource"] == _key_arn(_synth(), _stack().spec, "disks")
     assert kms["Condition"] == {
-        "StringEquals": {"kms:ViaService": policies.via_service("ec2", _stack().spec.cluster.region)}
+        "StringEquals": {"kms:ViaService": iam.via_service("ec2", _stack().spec.cluster.region)}
     }
-    assert policies.audit(json.loads(_of("aws:sqs/queuePolicy:QueuePolicy")[0].inputs["policy"])) == []
+    assert audit.audit(json.loads(_of("aws:sqs/queuePolicy:QueuePolicy")[0].inputs["policy"])) == []
     # Everything it may delete or terminate must carry this cluster's ownership tag.
     for statement in controller["Statement"]:
         if any(a in ("ec2:TerminateInstances", "ec2:DeleteLaunchTemplate") for a in statement["Action"]):

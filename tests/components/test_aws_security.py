@@ -12,7 +12,8 @@ import pulumi
 import pytest
 
 from components import plan
-from components.aws import decisions, policies, registry
+from components.aws import audit, decisions, iam, key_policies, registry
+from components.redaction import REDACTED
 from components.stackfile import load
 from tests.components.test_aws import EKS_STACKS, _key_arn, _named, _of, _synth
 
@@ -52,7 +53,7 @@ def test_every_vpc_sends_its_flow_logs_to_a_kms_encrypted_log_group_kept_a_year(
     )
     write = next(s for s in delivery["Statement"] if "logs:PutLogEvents" in s["Action"])
     assert write["Resource"] == [group_arn, f"{group_arn}:log-stream:*"]
-    assert policies.audit(delivery) == []
+    assert audit.audit(delivery) == []
 
 
 @pytest.mark.parametrize("name", EKS_STACKS)
@@ -96,15 +97,15 @@ def test_key_policies_let_only_the_service_of_each_purpose_use_the_key(name: str
     spec = load(name).spec
     synthesis = _synth(name)
     region = spec.cluster.region
-    root = policies.account_root(region, plan.MOCK_ACCOUNT_ID)
-    data = set(policies.KMS_DATA_ACTIONS) | {"kms:CreateGrant"}
+    root = iam.account_root(region, plan.MOCK_ACCOUNT_ID)
+    data = set(key_policies.KMS_DATA_ACTIONS) | {"kms:CreateGrant"}
     # The EKS Secrets key: no kms:*, use delegated to IAM (where only the cluster role's policy grants it).
     secrets = _policy(_named(synthesis, "aws:kms/key:Key", f"{spec.cluster_name}-secrets"))
-    assert policies.audit(secrets, key_policy=True) == []
+    assert audit.audit(secrets, key_policy=True) == []
     assert {json.dumps(s["Principal"]) for s in _allowed(secrets)} == {json.dumps({"AWS": root})}
     for purpose, service in (("models", "s3"), ("images", "ecr"), ("disks", "ec2"), ("logs", None)):
         document = _policy(_named(synthesis, "aws:kms/key:Key", f"{spec.cluster_name}-{purpose}"))
-        assert policies.audit(document, key_policy=True) == [], purpose
+        assert audit.audit(document, key_policy=True) == [], purpose
         statements = _allowed(document)
         admin = next(s for s in statements if s["Sid"] == "AccountAdministersThroughIam")
         assert admin["Principal"] == {"AWS": root}
@@ -113,7 +114,7 @@ def test_key_policies_let_only_the_service_of_each_purpose_use_the_key(name: str
         for statement in using:
             if statement["Principal"] == {"AWS": root}:
                 via = statement["Condition"]["StringEquals"]["kms:ViaService"]
-                assert via == policies.via_service(service or "", region), purpose
+                assert via == iam.via_service(service or "", region), purpose
         if purpose in ("models", "images"):  # the account's principals only, and only through the service
             assert {json.dumps(s["Principal"]) for s in using} == {json.dumps({"AWS": root})}, purpose
         if purpose == "disks":  # whoever launches the node (Auto Scaling, spot, Karpenter), via EC2 only
@@ -121,7 +122,7 @@ def test_key_policies_let_only_the_service_of_each_purpose_use_the_key(name: str
             for statement in using:
                 assert statement["Condition"]["StringEquals"] == {
                     "kms:CallerAccount": plan.MOCK_ACCOUNT_ID,
-                    "kms:ViaService": policies.via_service("ec2", region),
+                    "kms:ViaService": iam.via_service("ec2", region),
                 }
         if purpose == "logs":
             [logs] = using
@@ -164,7 +165,7 @@ def test_images_are_pushed_with_an_ecr_token_whose_credentials_stay_secret(
     address = f"{plan.MOCK_ACCOUNT_ID}.dkr.ecr.{spec.cluster.region}.amazonaws.com"
     for build in builds:
         assert build.inputs["registries"] == [
-            {"address": address, "username": plan.REDACTED, "password": plan.REDACTED}
+            {"address": address, "username": REDACTED, "password": REDACTED}
         ]
         assert build.inputs["tags"][0].startswith(f"{address}/")
     # The tokens appear nowhere in what the plan writes.

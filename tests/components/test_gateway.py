@@ -12,10 +12,12 @@ import yaml
 
 from components import plan
 from components.problems import SpecError
-from components.render import common, gateway
+from components.redaction import REDACTED
+from components.render import api_keys, common, gateway
 from components.render.runtime_config import runtime_config
 from components.spec import PlatformSpec, Target
 from components.stackfile import STACKS_DIR, available_stacks, load
+from components.targets import cloud_for
 from runtime.config import RuntimeConfig
 from tests.components.helpers import minimal, write_stack
 
@@ -117,7 +119,7 @@ def test_api_keys_are_stored_only_as_sha256_hashes() -> None:
             {"name": "team-b", "key": "sk-team-b-0123456789abcdef", "requests_per_minute": 60},
         ]
     )
-    stored = gateway.hash_api_keys(raw, "inferstack:apiKeys")
+    stored = api_keys.hash_api_keys(raw, "inferstack:apiKeys")
     assert "sk-team" not in stored
     keys = yaml.safe_load(stored)
     assert keys[0] == {
@@ -143,20 +145,21 @@ def test_api_keys_are_stored_only_as_sha256_hashes() -> None:
 )
 def test_bad_api_keys_get_a_located_message_that_never_echoes_a_key(raw: str, message: str) -> None:
     with pytest.raises(ValueError) as err:
-        gateway.hash_api_keys(raw, "inferstack:apiKeys")
+        api_keys.hash_api_keys(raw, "inferstack:apiKeys")
     assert message in str(err.value) and str(err.value).startswith("inferstack:apiKeys")
     assert "0123456789abcdef" not in str(err.value)
 
 
 def test_the_api_keys_secret_is_mounted_and_its_value_stays_secret() -> None:
     secret = _get("prod", "Secret", "inferstack-api-keys")
-    assert secret["stringData"] == {common.API_KEYS_FILE: plan.REDACTED}
+    assert secret["stringData"] == {common.API_KEYS_FILE: REDACTED}
     router = _get("prod", "Deployment", "inferstack-router")["spec"]["template"]["spec"]
     volume = next(v for v in router["volumes"] if v["name"] == "api-keys")
     assert volume["secret"]["secretName"] == "inferstack-api-keys"
     config = runtime_config(load("prod").spec)
     assert str(config.router.api_keys_file) == f"{common.API_KEYS_DIR}/{common.API_KEYS_FILE}"
-    assert gateway.REDACTED == plan.REDACTED
+    # What the plan passes for the secret keys passes through hashing as the same placeholder.
+    assert api_keys.hash_api_keys(REDACTED, "inferstack:apiKeys") == REDACTED
 
 
 def test_prod_enters_through_an_alb_ingress_to_the_router() -> None:
@@ -186,7 +189,7 @@ def test_gateway_api_renders_a_gateway_and_an_http_route_to_the_router() -> None
     raw = minimal()
     raw["gateway"] = {"ingress": "gateway-api", "hostname": "llm.example.com", "tls_secret_name": "llm-tls"}
     spec = PlatformSpec.model_validate(raw)
-    objects = {m["kind"]: m for m in gateway.render(spec)}
+    objects = {m["kind"]: m for m in gateway.render(spec, cloud_for(spec))}
     gw = objects["Gateway"]["spec"]
     assert gw["gatewayClassName"] == "istio"
     [listener] = gw["listeners"]
@@ -225,7 +228,7 @@ def test_gateway_objects_pass_strict_validation_for_each_ingress(ingress: str) -
     raw = minimal()
     raw["gateway"] = {"ingress": ingress, **({"hostname": "llm.example.com"} if ingress != "none" else {})}
     spec = PlatformSpec.model_validate(raw)
-    for manifest in gateway.render(spec):
+    for manifest in gateway.render(spec, cloud_for(spec)):
         if manifest["apiVersion"].startswith("gateway.networking.k8s.io/"):
             continue  # custom resources: checked in test_gateway_api_renders_...
         kubernetes_validate.validate(manifest, f"{spec.cluster.kubernetes_version}.0", strict=True)

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from components import plan
-from components.aws import decisions, policies
+from components.aws import audit, controller_policies, data_policies, decisions, iam, key_policies
+from components.aws.cloud import EKS
 from components.spec import Target
 from components.stackfile import STACKS_DIR, available_stacks, load
 
@@ -47,8 +48,8 @@ def test_every_policy_document_parses_and_passes_the_least_privilege_audit(name:
     assert len(documents) >= 8
     assert sum(1 for where, _ in documents if where.startswith(KEY_POLICY)) == len(decisions.KMS_KEYS)
     for where, document in documents:
-        assert document["Version"] == policies.VERSION, where
-        assert policies.audit(document, key_policy=where.startswith(KEY_POLICY)) == [], where
+        assert document["Version"] == iam.VERSION, where
+        assert audit.audit(document, key_policy=where.startswith(KEY_POLICY)) == [], where
         for statement in document["Statement"]:
             if statement["Effect"] == "Allow":
                 actions = (
@@ -78,7 +79,7 @@ def test_roles_trust_exactly_one_service_and_engines_use_pod_identity(name: str)
         for r in synthesis.resources
         if r.type == "aws:eks/podIdentityAssociation:PodIdentityAssociation"
     }
-    namespace, account = decisions.engine_service_account(stack.spec)
+    namespace, account = EKS.model_reader(stack.spec)
     assert associations[account]["namespace"] == namespace == stack.spec.cluster.namespace
     assert associations["aws-load-balancer-controller"]["namespace"] == "kube-system"
     inline = {r.name: r.inputs for r in synthesis.resources if r.type == "aws:iam/rolePolicy:RolePolicy"}
@@ -88,7 +89,7 @@ def test_roles_trust_exactly_one_service_and_engines_use_pod_identity(name: str)
 
 
 def test_model_read_scopes_s3_sources_to_their_prefixes() -> None:
-    doc = policies.model_read(
+    doc = data_policies.model_read(
         "us-east-1",
         "arn:aws:s3:::stack-models",
         "arn:aws:kms:us-east-1:123456789012:key/k",
@@ -104,16 +105,14 @@ def test_model_read_scopes_s3_sources_to_their_prefixes() -> None:
         "arn:aws:s3:::weights/qwen/*",
     ]
     assert by_sid["ListSource1"]["Condition"] == {"StringLike": {"s3:prefix": ["llama/70b/*", "qwen/*"]}}
-    assert policies.audit(doc) == []
-    json.loads(policies.dumps(doc))
+    assert audit.audit(doc) == []
+    json.loads(iam.dumps(doc))
 
 
 def test_partitions_follow_the_region() -> None:
-    assert policies.managed_policy_arn("cn-north-1", "AmazonEKSClusterPolicy").startswith(
-        "arn:aws-cn:iam::aws:"
-    )
-    assert policies.managed_policy_arn("us-gov-west-1", "X").startswith("arn:aws-us-gov:")
-    lb = policies.dumps(policies.load_balancer_controller("cn-north-1"))
+    assert iam.managed_policy_arn("cn-north-1", "AmazonEKSClusterPolicy").startswith("arn:aws-cn:iam::aws:")
+    assert iam.managed_policy_arn("us-gov-west-1", "X").startswith("arn:aws-us-gov:")
+    lb = iam.dumps(controller_policies.load_balancer_controller("cn-north-1"))
     assert "arn:aws-cn:elasticloadbalancing" in lb and "arn:aws:" not in lb
 
 
@@ -122,16 +121,16 @@ def test_key_policies_may_name_their_key_as_star_but_never_grant_wildcard_action
     root = {"AWS": "arn:aws:iam::123456789012:root"}
     use = {"Sid": "Use", "Effect": "Allow", "Principal": root, "Action": ["kms:Decrypt"], "Resource": "*"}
     everything = {**use, "Action": ["kms:*"]}
-    assert policies.audit({"Version": policies.VERSION, "Statement": [use]}, key_policy=True) == []
-    assert policies.audit({"Version": policies.VERSION, "Statement": [use]}) != []
-    found = policies.audit({"Version": policies.VERSION, "Statement": [everything]}, key_policy=True)
+    assert audit.audit({"Version": iam.VERSION, "Statement": [use]}, key_policy=True) == []
+    assert audit.audit({"Version": iam.VERSION, "Statement": [use]}) != []
+    found = audit.audit({"Version": iam.VERSION, "Statement": [everything]}, key_policy=True)
     assert any("wildcard actions" in p for p in found)
     for document in (
-        policies.service_key("us-east-1", "123456789012", "s3"),
-        policies.disks_key("us-east-1", "123456789012"),
-        policies.logs_key("us-east-1", "123456789012", ["/aws/vpc/x/flow-logs"]),
+        key_policies.service_key("us-east-1", "123456789012", "s3"),
+        key_policies.disks_key("us-east-1", "123456789012"),
+        key_policies.logs_key("us-east-1", "123456789012", ["/aws/vpc/x/flow-logs"]),
     ):
-        assert policies.audit(document, key_policy=True) == []
+        assert audit.audit(document, key_policy=True) == []
         assert all("*" not in a for s in document["Statement"] for a in s["Action"])
 
 
@@ -148,7 +147,7 @@ def test_key_policy_wildcard_principal_passes_only_when_pinned_to_the_account_an
     }
 
     def problems(statement: dict[str, object], key_policy: bool = True) -> list[str]:
-        return policies.audit({"Version": policies.VERSION, "Statement": [statement]}, key_policy=key_policy)
+        return audit.audit({"Version": iam.VERSION, "Statement": [statement]}, key_policy=key_policy)
 
     assert problems({**base, "Condition": {"StringEquals": pinned}}) == []
     for missing in pinned:
@@ -161,21 +160,21 @@ def test_key_policy_wildcard_principal_passes_only_when_pinned_to_the_account_an
         "wildcard principal" in p
         for p in problems({**base, "Condition": {"StringEquals": pinned}}, key_policy=False)
     )
-    disks = policies.disks_key("us-east-1", "123456789012")
+    disks = key_policies.disks_key("us-east-1", "123456789012")
     use = [s for s in disks["Statement"] if s["Principal"] == {"AWS": "*"}]
     assert use and all(s["Condition"]["StringEquals"] == pinned for s in use)
-    assert "AWSServiceRoleForAutoScaling" not in policies.dumps(disks), "no role that may not exist yet"
+    assert "AWSServiceRoleForAutoScaling" not in iam.dumps(disks), "no role that may not exist yet"
 
 
 def test_flow_log_documents_trust_one_account_and_write_one_log_group() -> None:
     group = "arn:aws:logs:eu-west-1:123456789012:log-group:/aws/vpc/c/flow-logs"
-    trust = policies.flow_logs_trust("eu-west-1", "123456789012")
-    assert policies.audit(trust) == []
+    trust = data_policies.flow_logs_trust("eu-west-1", "123456789012")
+    assert audit.audit(trust) == []
     assert trust["Statement"][0]["Condition"]["ArnLike"] == {
         "aws:SourceArn": "arn:aws:ec2:eu-west-1:123456789012:vpc-flow-log/*"
     }
-    delivery = policies.flow_logs_delivery(f"{group}:*")  # either form of the log group ARN
-    assert policies.audit(delivery) == []
+    delivery = data_policies.flow_logs_delivery(f"{group}:*")  # either form of the log group ARN
+    assert audit.audit(delivery) == []
     assert delivery["Statement"][0]["Resource"] == [group, f"{group}:log-stream:*"]
     assert delivery["Statement"][1]["Resource"] == "arn:aws:logs:eu-west-1:123456789012:log-group:*"
 
@@ -191,13 +190,13 @@ def test_flow_log_documents_trust_one_account_and_write_one_log_group() -> None:
     ],
 )
 def test_audit_catches_over_broad_statements(statement: dict[str, Any], problem: str) -> None:
-    found = policies.audit({"Version": policies.VERSION, "Statement": [statement]})
+    found = audit.audit({"Version": iam.VERSION, "Statement": [statement]})
     assert any(problem in p for p in found), found
 
 
 def test_load_balancer_controller_changes_only_what_it_tagged() -> None:
-    doc = policies.load_balancer_controller("us-east-1")
-    assert policies.audit(doc) == []
+    doc = controller_policies.load_balancer_controller("us-east-1")
+    assert audit.audit(doc) == []
     for statement in doc["Statement"]:
         mutating = [
             a

@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 
 from components import plan
+from components.cloud import PRIVATE_CIDRS
 from components.render import network
 from components.spec import PlatformSpec
 from components.stackfile import STACKS_DIR, available_stacks, load
+from components.targets import cloud_for
 from tests.components.helpers import minimal
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
@@ -61,7 +63,9 @@ def test_the_router_accepts_only_the_ingress_and_prometheus(name: str) -> None:
     spec = load(name).spec
     router = _policies(name)["inferstack-router"]
     sources, scrape = router["ingress"]
-    assert sources["from"] == [{"ipBlock": {"cidr": c}} for c in network.router_source_cidrs(spec)]
+    assert sources["from"] == [
+        {"ipBlock": {"cidr": c}} for c in network.router_source_cidrs(spec, cloud_for(spec))
+    ]
     assert [p["port"] for p in sources["ports"]] == [8080]
     assert "namespaceSelector" in scrape["from"][0]
     reach = _components(router["egress"][0]["to"])
@@ -72,7 +76,7 @@ def test_with_gateway_api_the_router_accepts_only_the_gateway_proxies() -> None:
     raw = minimal()
     raw["gateway"] = {"ingress": "gateway-api", "hostname": "llm.example.com"}
     spec = PlatformSpec.model_validate(raw)
-    policies = {p["metadata"]["name"]: p["spec"] for p in network.render(spec)}
+    policies = {p["metadata"]["name"]: p["spec"] for p in network.render(spec, cloud_for(spec))}
     sources = policies["inferstack-router"]["ingress"][0]["from"]
     assert sources == [
         {"podSelector": {"matchLabels": {"gateway.networking.k8s.io/gateway-name": "inferstack-gateway"}}}
@@ -88,17 +92,21 @@ def test_every_policy_passes_strict_validation_for_each_ingress(ingress: str) ->
     raw = minimal()
     raw["gateway"] = {"ingress": ingress, **({"hostname": "llm.example.com"} if ingress != "none" else {})}
     spec = PlatformSpec.model_validate(raw)
-    for policy in network.render(spec):
+    for policy in network.render(spec, cloud_for(spec)):
         kubernetes_validate.validate(policy, f"{spec.cluster.kubernetes_version}.0", strict=True)
 
 
 def test_router_sources_default_to_the_vpc_the_stack_creates_else_the_private_ranges() -> None:
     raw = minimal()
     raw["cluster"] = {"vpc_cidr": "10.42.0.0/16"}
-    assert network.router_source_cidrs(PlatformSpec.model_validate(raw)) == ["10.42.0.0/16"]
+    eks = PlatformSpec.model_validate(raw)
+    assert network.router_source_cidrs(eks, cloud_for(eks)) == ["10.42.0.0/16"]
     raw["target"] = "kubernetes"
-    assert network.router_source_cidrs(PlatformSpec.model_validate(raw)) == list(network.PRIVATE_CIDRS)
+    own = PlatformSpec.model_validate(raw)
+    assert network.router_source_cidrs(own, cloud_for(own)) == list(PRIVATE_CIDRS)
     raw["gateway"] = {"ingress_source_cidrs": ["192.168.10.0/24"]}
     spec = PlatformSpec.model_validate(raw)
-    assert network.router_source_cidrs(spec) == ["192.168.10.0/24"]
-    assert network.router(spec)["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "192.168.10.0/24"}}]
+    assert network.router_source_cidrs(spec, cloud_for(spec)) == ["192.168.10.0/24"]
+    assert network.router(spec, cloud_for(spec))["spec"]["ingress"][0]["from"] == [
+        {"ipBlock": {"cidr": "192.168.10.0/24"}}
+    ]

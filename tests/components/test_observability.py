@@ -122,6 +122,17 @@ def test_observability_toggles_turn_objects_off() -> None:
     assert kinds == {"ServiceMonitor"}
 
 
+def test_without_the_prometheus_operator_alerts_are_skipped_and_dashboards_stay() -> None:
+    # ServiceMonitor and PrometheusRule are the operator's CRDs; the dashboards only need Grafana's sidecar.
+    prod = load("prod").spec
+    spec = prod.model_copy(
+        update={"observability": prod.observability.model_copy(update={"prometheus": False, "alerts": True})}
+    )
+    rendered = observability.render(spec)
+    assert {m["kind"] for m in rendered} == {"ConfigMap"}
+    assert len(rendered) == len(spec.models) + 1
+
+
 # Fields each custom resource's controller refuses to work without (from the CRDs' required lists).
 _REQUIRED: dict[str, tuple[tuple[str, ...], ...]] = {
     "ScaledObject": (("spec", "scaleTargetRef", "name"), ("spec", "triggers")),

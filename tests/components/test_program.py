@@ -7,7 +7,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from components import plan
+from components import nodes, plan
+from components.redaction import REDACTED
 from components.render import common
 from components.stackfile import STACKS_DIR, Stack, available_stacks, load
 from tests.components.helpers import engine_deployments
@@ -68,16 +69,16 @@ def test_engine_pods_get_gpus_probes_placement_shm_and_labels_from_the_spec(name
         gpus = model.engine.tensor_parallel_size * model.engine.pipeline_parallel_size
         if placement.instance is not None:
             assert (
-                resources["requests"][common.GPU_RESOURCE]
-                == resources["limits"][common.GPU_RESOURCE]
+                resources["requests"][nodes.GPU_RESOURCE]
+                == resources["limits"][nodes.GPU_RESOURCE]
                 == str(gpus)
             )
-            assert pod["nodeSelector"] == {common.POOL_LABEL: placement.pool}
-            assert {"key": common.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in pod[
+            assert pod["nodeSelector"] == {nodes.POOL_LABEL: placement.pool}
+            assert {"key": nodes.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in pod[
                 "tolerations"
             ]
         else:
-            assert common.GPU_RESOURCE not in resources["requests"]
+            assert nodes.GPU_RESOURCE not in resources["requests"]
             assert "tolerations" not in pod
         assert resources["requests"]["cpu"] == resources["limits"]["cpu"]
         assert resources["requests"]["memory"] == resources["limits"]["memory"]
@@ -147,7 +148,7 @@ def test_hf_token_reaches_kubernetes_only_as_a_pulumi_secret() -> None:
     secret = next(
         r for r in synthesis.resources if r.type == "kubernetes:core/v1:Secret" and "hf-token" in r.name
     )
-    assert secret.inputs["stringData"] == {"token": plan.REDACTED}
+    assert secret.inputs["stringData"] == {"token": REDACTED}
 
 
 def test_sglang_and_embedding_engines_render_their_own_flags() -> None:
@@ -192,3 +193,11 @@ def test_the_stack_exports_where_clients_reach_the_gateway(monkeypatch, name: st
         port = router["spec"]["ports"][0]["port"]
         namespace = stack.spec.cluster.namespace
         assert exported["gateway_url"] == f"http://{router['metadata']['name']}.{namespace}.svc:{port}"
+
+
+def test_every_resource_belongs_to_its_own_stack_when_several_are_planned_in_one_process() -> None:
+    """The snapshot test plans every stack in one process: none may inherit the previous one's root Stack."""
+    for name in ("kind", "prod", "kind"):
+        resources = _synth(load(name)).resources
+        parents = {r.parent for r in resources if r.parent is not None}
+        assert parents and all(p.startswith(f"urn:pulumi:{name}::") for p in parents), name

@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from components.local import engine_process
-from components.local.engine_process import EngineError, EngineProcess
+from components.local.engine_process import EngineError, EngineProcess, cpu_model_spec
 from tests.conftest import CHECK_VLLM_ARGS, ENGINE_READY_TIMEOUT_S, REPO_ROOT, STREAM_TOKENS
 
 pytestmark = pytest.mark.engine
@@ -135,7 +135,8 @@ BAD_VALUE = ["/models/llama", "--dtype", "float33"]
 
 @pytest.mark.engine
 def test_check_vllm_args_many_command_lines(check_vllm_args, tiny_chat_model):
-    engine_argv = EngineProcess(tiny_chat_model, port=8000, mode="embed").argv
+    embed = cpu_model_spec("tiny-embed", tiny_chat_model, task="embed", max_model_len=512)
+    engine_argv = EngineProcess(embed, port=8000).argv
     errors = check_vllm_args([GOOD, BAD_FLAG, BAD_VALUE, engine_argv])
     assert errors[0] is None
     assert errors[1] is not None and "unrecognized arguments: --no-such-flag" in errors[1]
@@ -204,10 +205,9 @@ def test_stop_leaves_no_process_behind(tiny_chat_model, tmp_path, monkeypatch):
     monkeypatch.setattr(engine_process, "free_port", lambda host: next(ports, None) or real_free_port(host))
 
     engine = EngineProcess(
-        tiny_chat_model,
-        served_model_name="stop-test",
+        # Eager starts faster; compilation is not what this test is about.
+        cpu_model_spec("stop-test", tiny_chat_model, max_model_len=512, enforce_eager=True),
         cpu_cores="0",
-        extra_args=["--enforce-eager"],  # starts faster; compilation is not what this test is about
         log_path=tmp_path / "engine.log",
         ready_timeout=ENGINE_READY_TIMEOUT_S,
     )
@@ -227,9 +227,9 @@ def test_stop_leaves_no_process_behind(tiny_chat_model, tmp_path, monkeypatch):
 
 ORPHANING_PARENT = """
 import json, os, sys, time
-from components.local.engine_process import EngineProcess
-engine = EngineProcess(sys.argv[1], served_model_name="orphan", extra_args=["--enforce-eager"],
-                       log_path=sys.argv[2]).start()
+from components.local.engine_process import EngineProcess, cpu_model_spec
+spec = cpu_model_spec("orphan", sys.argv[1], max_model_len=512, enforce_eager=True)
+engine = EngineProcess(spec, log_path=sys.argv[2]).start()
 deadline = time.monotonic() + 300
 while len(engine.pids()) < 3 and engine.running() and time.monotonic() < deadline:
     time.sleep(0.2)
@@ -262,7 +262,9 @@ def test_engine_goes_away_when_its_parent_dies(tiny_chat_model, tmp_path):
 
 @pytest.mark.engine
 def test_engine_that_cannot_start_fails_fast_with_its_log(tmp_path):
-    engine = EngineProcess(tmp_path / "no-such-model", log_path=tmp_path / "engine.log")
+    engine = EngineProcess(
+        cpu_model_spec("missing", tmp_path / "no-such-model"), log_path=tmp_path / "engine.log"
+    )
     engine.start()
     try:
         with pytest.raises(EngineError, match="exited with code"):

@@ -215,5 +215,5 @@ def test_engine_command_lines_pass_vllms_own_parser(check_vllm_args, tmp_path: P
     argvs = [engine_process(e, tmp_path, "tag").argv for e in plan.engines]
     at = argvs[0].index("--max-num-seqs")
     assert argvs[0][at : at + 2] == ["--max-num-seqs", "32"]
-    assert "--runner" in argvs[2] and "--convert" not in argvs[2]  # MiniLM is an encoder: pooling as is
+    assert "--runner" in argvs[2] and "--enable-prefix-caching" not in argvs[2]  # vLLM decides for MiniLM
     assert check_vllm_args(argvs, parse_only=True) == [None] * len(argvs)

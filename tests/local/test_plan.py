@@ -40,18 +40,17 @@ def raw_local() -> dict:
 
 
 def test_the_local_stack_plans_engines_then_health_batcher_router() -> None:
-    plan = build_plan(local_stack(), LocalOptions(cpus=(0, 1)), REPO)
+    stack = local_stack()
+    plan = build_plan(stack, LocalOptions(cpus=(0, 1)), REPO)
     assert [e.name for e in plan.engines] == ["tiny-llama-0", "tiny-llama-1", "all-minilm-l6-v2-0"]
     assert [e.port for e in plan.engines] == [8000, 8001, 8002]
     assert [e.cpu_cores for e in plan.engines] == ["0", "1", "0"]  # each engine its own core, in turn
-    assert [e.mode for e in plan.engines] == ["generate", "generate", "embed"]
+    assert [e.spec.resolved_task() for e in plan.engines] == [Task.GENERATE, Task.GENERATE, Task.EMBED]
     assert [s.name for s in plan.services] == ["health", "batcher", "router"]
     assert plan.router.port == 8080
     assert plan.base_url == "http://127.0.0.1:8080/v1"
-    chat = plan.engines[0]
-    assert chat.max_model_len == 2048 and chat.enable_prefix_caching is True
-    assert chat.extra_args[:2] == ("--max-num-seqs", "32")
-    assert plan.engines[2].enable_prefix_caching is None
+    models = {m.name: m for m in stack.spec.models}
+    assert all(e.spec == models[e.model] for e in plan.engines)  # every replica runs its model's spec
     assert all(p.generate for p in plan.models)  # under .cache/models: made when missing
     assert len(describe(plan)) == 1 + 3 + 3
 

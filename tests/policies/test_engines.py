@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
+from components.render.engine_args import engine_command
+from components.spec import EngineSpec, ModelSpec
 from policies.inference.rules.engines import parse_engine
 from policies.inference.rules.k8s import Container, cpu_cores, memory_gib, selects
 from tests.policies.helpers import ENGINE_8B_DEV, container, rendered
@@ -53,3 +57,43 @@ def test_quantities_and_selectors() -> None:
     assert selects({"matchLabels": {"a": "1"}}, {"a": "1", "b": "2"})
     assert not selects({"matchExpressions": [{"key": "a", "operator": "In", "values": ["2"]}]}, {"a": "1"})
     assert selects({"matchExpressions": [{"key": "c", "operator": "DoesNotExist"}]}, {"a": "1"})
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang", "trtllm"])
+def test_reads_back_every_knob_the_renderer_wrote(kind: str) -> None:
+    """Rendering and reading go through one engine table, so what one writes the other reads."""
+    model = ModelSpec.model_validate(
+        {
+            "name": "m",
+            "source": "org/Model",
+            "engine": {
+                "kind": kind,
+                "tensor_parallel_size": 4,
+                "pipeline_parallel_size": 2,
+                "dtype": "float16",
+                "quantization": "fp8",
+                "max_model_len": 32768,
+                "max_num_seqs": 48,
+                "max_num_batched_tokens": 32768,
+                "enable_chunked_prefill": False,
+                "gpu_memory_utilization": 0.85,
+                "enforce_eager": True,
+            },
+        }
+    )
+    cmd = engine_command(model)
+    parsed = _engine(cmd.command, cmd.args)
+    e = model.engine
+    assert parsed is not None and parsed.kind == kind
+    assert (parsed.model, parsed.tp, parsed.pp) == ("org/Model", 4, 2)
+    assert (parsed.max_model_len, parsed.max_num_seqs, parsed.max_num_batched_tokens) == (32768, 48, 32768)
+    assert parsed.gpu_memory_utilization == e.gpu_memory_utilization
+    assert parsed.dtype == ("float16" if kind != "trtllm" else "auto")  # trtllm-serve takes the checkpoint's
+    assert parsed.quantization == ("fp8" if kind != "trtllm" else "none")
+    assert parsed.enforce_eager is (kind != "trtllm")  # trtllm-serve: cuda_graph_config in its options file
+    assert parsed.served_name == ("m" if kind != "trtllm" else None)
+
+
+def test_a_command_line_without_max_num_seqs_reads_as_the_spec_default() -> None:
+    parsed = _engine(["vllm", "serve"], ["org/Model"])
+    assert parsed is not None and parsed.max_num_seqs == EngineSpec().max_num_seqs

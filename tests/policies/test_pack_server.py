@@ -5,23 +5,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import grpc
 from google.protobuf import empty_pb2
 from pulumi.runtime.proto import analyzer_pb2_grpc
 
 from policies.inference.rules import RULES
+from tests.processes import child
 
 
 def test_pack_serves_its_policies() -> None:
-    process = subprocess.Popen(
-        [sys.executable, "-u", str(Path("policies/inference"))],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with child(
+        [sys.executable, "-u", "policies/inference"], stdout=subprocess.PIPE, stop_timeout_s=10
+    ) as process:
         assert process.stdout is not None
         port = process.stdout.readline().strip()
         assert port.isdigit(), (port, process.poll())
@@ -33,10 +29,3 @@ def test_pack_serves_its_policies() -> None:
         assert [p.name for p in info.policies] == [r.name for r in RULES]
         budget = next(p for p in info.policies if p.name == "monthly-cost-within-budget")
         assert "monthly_budget_usd" in budget.configSchema.properties
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)

@@ -225,8 +225,8 @@ def test_entry_point_starts_with_only_the_image_requirements(image: Image, venv_
     ids=lambda p: p.name,
 )
 def test_examples_are_valid_configs(example: Path):
-    from runtime.config import load
+    from runtime.config_file import read_config
 
-    config = load(example)
+    config = read_config(example)
     if example.name.startswith("batcher"):
         assert config.batcher.policies

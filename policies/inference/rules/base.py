@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-SECRET = "[secret]"
-"""How a secret value reads once it is plain data (the plan's redaction uses the same string)."""
+from components.redaction import REDACTED
+
+SECRET = REDACTED
+"""How a secret value reads once it is plain data: the plan's redaction, and the pack's for Pulumi secrets."""
 
 Props = Mapping[str, Any]
 Config = Mapping[str, Any]

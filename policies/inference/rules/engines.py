@@ -2,8 +2,10 @@
 
 An engine is a workload whose app container runs vLLM, SGLang or trtllm-serve. Its model and memory
 shape come from the command line it will actually run (later flags win, as with argparse), so a flag
-appended by hand or through ``extra_args`` counts. Its node comes from the EKS node group whose labels
-its nodeSelector matches (or, for clusters the stack does not create, the rule's ``pool_instance_types``).
+appended by hand or through ``extra_args`` counts; each flag is looked up in the engine table
+(``runtime.engines``) the command lines are rendered from. Its node comes from the EKS node group whose
+labels its nodeSelector matches (or, for clusters the stack does not create, the rule's
+``pool_instance_types``).
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from components import catalog, sizing
+from components import catalog, nodes, sizing
 from policies.inference.rules.base import Config, Props, Res, as_list, as_map, dig, number
 from policies.inference.rules.k8s import Container, containers, gpus_requested, pod_labels, workloads
+from runtime.config import DEFAULT_MAX_NUM_SEQS, EngineKind
+from runtime.engines import ENGINES, EngineCli, Flag
 
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 SYSTEM_ROLE = "system"
@@ -21,7 +25,7 @@ SYSTEM_ROLE = "system"
 
 @dataclass(frozen=True)
 class EngineArgs:
-    kind: str  # vllm, sglang, trtllm
+    kind: EngineKind
     model: str | None
     served_name: str | None
     tp: int
@@ -81,20 +85,17 @@ def _is_number(text: str) -> bool:
     return number(text) is not None
 
 
-def _int(flags: Mapping[str, str], *names: str, default: int | None = None) -> int | None:
-    for name in names:
-        value = number(flags.get(name))
-        if value is not None:
-            return int(value)
-    return default
+def _value(flags: Mapping[str, str], flag: Flag | None) -> str | None:
+    """What the command line gives ``flag`` under any of its spellings; None when it is absent."""
+    for name in flag.spellings if flag is not None else ():
+        if flags.get(name):
+            return flags[name]
+    return None
 
 
-def _float(flags: Mapping[str, str], *names: str, default: float) -> float:
-    for name in names:
-        value = number(flags.get(name))
-        if value is not None:
-            return value
-    return default
+def _int(flags: Mapping[str, str], flag: Flag | None) -> int | None:
+    value = number(_value(flags, flag))
+    return int(value) if value is not None else None
 
 
 def _quantization(value: str | None) -> str:
@@ -117,47 +118,51 @@ def _hint(model: str | None) -> str | None:
     return next((q for q in ("awq", "gptq", "fp8", "w8a8", "int8") if q in name), None)
 
 
+def _runs(cli: EngineCli, flags: Mapping[str, str], words: Sequence[str]) -> bool:
+    """Whether a command line runs this engine: the words of its program (``vllm serve``, ``trtllm-serve``),
+    or, for one started as a python module (``-m sglang.launch_server``), anything of that package."""
+    if cli.leading_args[:1] == ("-m",):
+        package = cli.leading_args[1].split(".")[0]
+        return flags.get("-m", "").split(".")[0] == package or any(w.startswith(package) for w in words)
+    return all(word in words for word in cli.command)
+
+
+def _model(cli: EngineCli, flags: Mapping[str, str], positional: list[str], words: list[str]) -> str | None:
+    """What the engine loads: its model option, else the first argument after the program (and subcommand)."""
+    named = _value(flags, cli.model)
+    if named or not cli.model_positional:
+        return named
+    after = positional[words.index(cli.command[-1]) + 1 :]
+    lead = list(cli.leading_args)
+    after = after[len(lead) :] if after[: len(lead)] == lead else after
+    return after[0] if after else None
+
+
 def parse_engine(container: Container) -> EngineArgs | None:
-    """The engine a container runs, from its command and args; None when it runs none of them."""
+    """The engine a container runs, read with the engine table's flags; None when it runs none of them."""
     argv = [str(a) for a in as_list(container.props.get("command")) + as_list(container.props.get("args"))]
     flags, positional = _flags(argv)
     words = [p.rsplit("/", 1)[-1] for p in positional]
-    if "vllm" in words and "serve" in words:
-        kind = "vllm"
-        after = positional[words.index("serve") + 1 :]
-        model = flags.get("--model") or (after[0] if after else None)
-    elif flags.get("-m", "").startswith("sglang") or any(w.startswith("sglang") for w in words):
-        kind, model = "sglang", flags.get("--model-path") or flags.get("--model")
-    elif "trtllm-serve" in words:
-        kind = "trtllm"
-        after = positional[words.index("trtllm-serve") + 1 :]
-        after = after[1:] if after[:1] == ["serve"] else after
-        model = after[0] if after else None
-    else:
+    kind = next((k for k, engine in ENGINES.items() if _runs(engine.cli, flags, words)), None)
+    if kind is None:
         return None
-    tp = _int(flags, "--tensor-parallel-size", "-tp", "--tp-size", "--tp_size", "--tp", default=1) or 1
-    pp = _int(flags, "--pipeline-parallel-size", "-pp", "--pp-size", "--pp_size", default=1) or 1
+    cli = ENGINES[kind].cli
+    model = _model(cli, flags, positional, words)
+    memory = number(_value(flags, cli.gpu_memory_utilization))
     return EngineArgs(
         kind=kind,
         model=model,
-        served_name=flags.get("--served-model-name"),
-        tp=max(tp, 1),
-        pp=max(pp, 1),
-        dtype=(flags.get("--dtype") or "auto").lower(),
-        quantization=_quantization(flags.get("--quantization") or flags.get("-q") or _hint(model)),
-        kv_cache_dtype=(flags.get("--kv-cache-dtype") or "auto").lower(),
-        max_model_len=_int(flags, "--max-model-len", "--context-length", "--max_seq_len"),
-        max_num_seqs=_int(flags, "--max-num-seqs", "--max-running-requests", "--max_batch_size", default=256)
-        or 256,
-        max_num_batched_tokens=_int(flags, "--max-num-batched-tokens", "--max_num_tokens"),
-        gpu_memory_utilization=_float(
-            flags,
-            "--gpu-memory-utilization",
-            "--mem-fraction-static",
-            "--kv_cache_free_gpu_memory_fraction",
-            default=0.9,
-        ),
-        enforce_eager="--enforce-eager" in flags or "--disable-cuda-graph" in flags,
+        served_name=_value(flags, cli.served_name),
+        tp=max(_int(flags, cli.tensor_parallel_size) or 1, 1),
+        pp=max(_int(flags, cli.pipeline_parallel_size) or 1, 1),
+        dtype=(_value(flags, cli.dtype) or "auto").lower(),
+        quantization=_quantization(_value(flags, cli.quantization) or _hint(model)),
+        kv_cache_dtype=(_value(flags, cli.kv_cache_dtype) or "auto").lower(),
+        max_model_len=_int(flags, cli.max_model_len),
+        max_num_seqs=_int(flags, cli.max_num_seqs) or DEFAULT_MAX_NUM_SEQS,
+        max_num_batched_tokens=_int(flags, cli.max_num_batched_tokens),
+        gpu_memory_utilization=memory if memory is not None else 0.9,
+        enforce_eager=cli.enforce_eager is not None and cli.enforce_eager.on in flags,
     )
 
 
@@ -232,7 +237,7 @@ class NodePool:
 
     @property
     def is_system(self) -> bool:
-        return self.labels.get("inferstack.io/node-role") == SYSTEM_ROLE
+        return self.labels.get(nodes.ROLE_LABEL) == SYSTEM_ROLE
 
 
 _EFFECTS = {"NO_SCHEDULE": "NoSchedule", "NO_EXECUTE": "NoExecute", "PREFER_NO_SCHEDULE": "PreferNoSchedule"}
@@ -259,7 +264,7 @@ def node_pools(resources: Sequence[Res], config: Config | None = None) -> list[N
         out.append(
             NodePool(
                 r,
-                labels.get("inferstack.io/pool") or str(p.get("nodeGroupName") or r.name),
+                labels.get(nodes.POOL_LABEL) or str(p.get("nodeGroupName") or r.name),
                 labels,
                 types[0] if types else None,
                 taints,
@@ -268,16 +273,16 @@ def node_pools(resources: Sequence[Res], config: Config | None = None) -> list[N
             )
         )
     out += [k for r in resources if (k := karpenter_pool(r)) is not None]
-    known = {p.labels.get("inferstack.io/pool") for p in out}
+    known = {p.labels.get(nodes.POOL_LABEL) for p in out}
     for pool, instance in as_map((config or {}).get("pool_instance_types")).items():
         if pool not in known:
             out.append(
                 NodePool(
                     None,
                     str(pool),
-                    {"inferstack.io/pool": str(pool)},
+                    {nodes.POOL_LABEL: str(pool)},
                     str(instance),
-                    (("nvidia.com/gpu", "", "NoSchedule"),),
+                    ((nodes.GPU_TAINT_KEY, "", nodes.GPU_TAINT_EFFECT),),
                     "ON_DEMAND",
                     None,
                 )
@@ -316,12 +321,12 @@ def karpenter_pool(res: Res) -> NodePool | None:
         )
         for t in as_list(dig(template, "spec", "taints"))
     )
-    gpu_limit = number(dig(res.props, "spec", "limits", "nvidia.com/gpu"))
+    gpu_limit = number(dig(res.props, "spec", "limits", nodes.GPU_RESOURCE))
     max_size = int(gpu_limit // known[0].gpus) if gpu_limit is not None and known else None
     spot = "spot" in allowed.get("karpenter.sh/capacity-type", [])
     return NodePool(
         res,
-        labels.get("inferstack.io/pool") or res.k8s_name,
+        labels.get(nodes.POOL_LABEL) or res.k8s_name,
         labels,
         instance_type,
         taints,

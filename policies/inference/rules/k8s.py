@@ -7,12 +7,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from components import nodes
 from policies.inference.rules.base import Props, Res, as_list, as_map, dig, number
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Pod")
 SCALER_KINDS = ("ScaledObject", "HorizontalPodAutoscaler")
-GPU_RESOURCE = "nvidia.com/gpu"
-POOL_LABEL = "inferstack.io/pool"
+GPU_RESOURCE = nodes.GPU_RESOURCE
 ENV_LABEL = "inferstack.io/environment"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 

@@ -12,7 +12,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from components import catalog, cost
-from components.aws import decisions
 from components.spec import CapacityType
 from policies.inference.rules.base import (
     Category,
@@ -52,14 +51,9 @@ def _disk_usd(template: Res | None) -> float:
     for mapping in as_list(mappings):
         ebs = as_map(as_map(mapping).get("ebs"))
         size = number(ebs.get("volumeSize")) or memory_gib(ebs.get("volumeSize")) or 0.0
-        iops = number(ebs.get("iops")) or decisions.GP3_BASELINE_IOPS
-        throughput = number(ebs.get("throughput")) or decisions.GP3_BASELINE_THROUGHPUT_MIBPS
-        total += (
-            size * catalog.EBS_GP3_USD_PER_GIB_MONTH
-            + max(0.0, iops - decisions.GP3_BASELINE_IOPS) * catalog.EBS_GP3_USD_PER_IOPS_MONTH
-            + max(0.0, throughput - decisions.GP3_BASELINE_THROUGHPUT_MIBPS)
-            * catalog.EBS_GP3_USD_PER_MIBPS_MONTH
-        )
+        iops = number(ebs.get("iops")) or catalog.EBS_GP3_BASELINE_IOPS
+        throughput = number(ebs.get("throughput")) or catalog.EBS_GP3_BASELINE_THROUGHPUT_MIBPS
+        total += cost.gp3_disk_usd_month(size, iops, throughput)
     return total
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from components import nodes
 from policies.inference.rules.base import Category, Config, Finding, Res, Rule, Severity, as_list, as_map
 from policies.inference.rules.engines import (
     NODE_GROUP,
@@ -17,10 +18,9 @@ from policies.inference.rules.engines import (
 from policies.inference.rules.fit import POOL_SETTING
 from policies.inference.rules.k8s import gpus_requested, workloads
 
-GPU_TAINT = ("nvidia.com/gpu", "NoSchedule")
-
 
 def _tolerations(pod: object) -> list[tuple[str, str, str, str]]:
+    """(key, operator, value, effect) of each toleration, for messages."""
     out = []
     for item in as_list(as_map(pod).get("tolerations")):
         t = as_map(item)
@@ -35,14 +35,11 @@ def _tolerations(pod: object) -> list[tuple[str, str, str, str]]:
     return out
 
 
-def _tolerates(tolerations: list[tuple[str, str, str, str]], taint: tuple[str, str, str]) -> bool:
+def _tolerates(pod: object, taint: tuple[str, str, str]) -> bool:
+    """Kubernetes' matching rule (``components.nodes.tolerates``) for a pool's (key, value, effect) taint."""
     key, value, effect = taint
-    for t_key, op, t_value, t_effect in tolerations:
-        if t_effect and t_effect != effect:
-            continue
-        if (not t_key and op == "Exists") or (t_key == key and (op == "Exists" or t_value == value)):
-            return True
-    return False
+    tolerations = [as_map(t) for t in as_list(as_map(pod).get("tolerations"))]
+    return nodes.tolerates(tolerations, nodes.Taint(key, effect, value or None))
 
 
 def _engine_tolerations(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
@@ -55,7 +52,7 @@ def _engine_tolerations(resources: Sequence[Res], config: Config) -> Iterator[Fi
             continue
         pool = selected[0]
         tolerations = _tolerations(e.pod)
-        missing = [t for t in pool.taints if not _tolerates(tolerations, t)]
+        missing = [t for t in pool.taints if not _tolerates(e.pod, t)]
         taint_keys = {t[0] for t in pool.taints}
         extra = [t for t in tolerations if t[0] not in taint_keys]
         if missing:
@@ -93,7 +90,7 @@ def _pool_tainted(res: Res, config: Config) -> Iterator[str]:
     pool = next(iter(node_pools([res])), None)
     if pool is None or not pool.is_gpu:
         return
-    if not any(k == GPU_TAINT[0] and eff == GPU_TAINT[1] for k, _, eff in pool.taints):
+    if not any(k == nodes.GPU_TAINT_KEY and eff == nodes.GPU_TAINT_EFFECT for k, _, eff in pool.taints):
         what, effect = (
             ("node group", "NO_SCHEDULE") if res.type == NODE_GROUP else ("Karpenter NodePool", "NoSchedule")
         )

@@ -32,6 +32,7 @@ from policies.inference.rules.k8s import (
     scalers_of,
     selects,
 )
+from runtime.engines import ENGINES
 
 ENVIRONMENTS_SCHEMA = {"type": "array", "items": {"type": "string"}}
 
@@ -298,26 +299,34 @@ def _metrics(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
     all_scalers = scalers(resources)
     for e in engines(resources):
         argv = [str(a) for a in e.container.props.get("args") or []]
-        if e.args.kind == "sglang" and "--enable-metrics" not in argv:
+        engine = ENGINES[e.args.kind]
+        needed = " ".join(engine.metrics_flag)
+        if any(flag not in argv for flag in engine.metrics_flag):
             scaled = (
                 " Its scaler's Prometheus triggers would never see a value."
                 if scalers_of(e.res, all_scalers)
                 else ""
             )
             yield Finding(
-                f"{e.res.display}: SGLang exports metrics only with --enable-metrics, so queue, KV-cache and "
-                f"latency signals are missing.{scaled} Add --enable-metrics to the engine's arguments",
+                f"{e.res.display}: {engine.display_name} exports metrics only with {needed}, so queue, KV-cache "
+                f"and latency signals are missing.{scaled} Add {needed} to the engine's arguments",
                 e.res.urn,
             )
 
+
+_METRICS_FLAGS = "; ".join(
+    f"{engine.display_name} only with {' '.join(engine.metrics_flag)}"
+    for engine in ENGINES.values()
+    if engine.metrics_flag
+)
 
 METRICS = Rule(
     name="engine-exports-metrics",
     category=Category.RELIABILITY,
     severity=Severity.MEDIUM,
     description="Every engine exports the metrics that autoscaling, alerts and the router's health feed read "
-    "(SGLang only with --enable-metrics).",
-    remediation="Add --enable-metrics to SGLang engines.",
+    f"({_METRICS_FLAGS}).",
+    remediation=f"Start engines with the flags they need to export metrics ({_METRICS_FLAGS}).",
     stack_check=_metrics,
 )
 

@@ -32,6 +32,7 @@ from policies.inference.rules.base import (
 from policies.inference.rules.engines import engines
 from policies.inference.rules.k8s import containers, environment_of, pod_spec, workloads
 from policies.inference.rules.reliability import ENVIRONMENTS_SCHEMA
+from runtime.engines import TELEMETRY_OFF_ENV
 
 CHART = "kubernetes:helm.sh/v4:Chart"
 CHARTS = (CHART, "kubernetes:helm.sh/v3:Chart", "kubernetes:helm.sh/v3:Release")
@@ -611,7 +612,7 @@ EKS_ENDPOINT = Rule(
 )
 
 
-TELEMETRY_OFF = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+TELEMETRY_OFF = dict(TELEMETRY_OFF_ENV)  # what the engines are rendered with (runtime.engines)
 
 
 def _telemetry(res: Res, config: Config) -> Iterator[str]:
@@ -633,9 +634,9 @@ TELEMETRY = Rule(
     name="engine-telemetry-off",
     category=Category.SECURITY,
     severity=Severity.MEDIUM,
-    description="Engine containers opt out of usage statistics and telemetry (VLLM_NO_USAGE_STATS, DO_NOT_TRACK, "
-    "HF_HUB_DISABLE_TELEMETRY), so serving pods never phone home.",
-    remediation="Set VLLM_NO_USAGE_STATS=1, DO_NOT_TRACK=1 and HF_HUB_DISABLE_TELEMETRY=1 on engine containers.",
+    description=f"Engine containers opt out of usage statistics and telemetry ({', '.join(TELEMETRY_OFF)}), "
+    "so serving pods never phone home.",
+    remediation=f"Set {', '.join(f'{k}={v}' for k, v in TELEMETRY_OFF.items())} on engine containers.",
     resource_check=_telemetry,
     settings=(
         Setting(

@@ -11,8 +11,7 @@ from runtime.batcher.app import Batcher, make_server
 from runtime.config import RuntimeConfig
 from runtime.discovery import watch_backends
 from runtime.server import Server
-from tests.runtime.health.conftest import wait_for
-from tests.runtime.health.doubles import FakeEngine, Served, serve
+from tests.runtime.health.conftest import fakes, wait_for
 
 
 def batcher_config(urls: list[str], **policy: Any) -> RuntimeConfig:
@@ -45,18 +44,8 @@ async def start_batcher(config: RuntimeConfig, watch: Any = watch_backends) -> R
     return Running(batcher, server, f"http://127.0.0.1:{port}")
 
 
-@pytest_asyncio.fixture(loop_scope="function")
-async def fake_engine() -> AsyncIterator[Callable[..., Awaitable[Served]]]:
-    made: list[Served] = []
-
-    async def make(**kwargs: Any) -> Served:
-        s = await serve(FakeEngine(**kwargs))
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        await s.close()
+#: Fake engines on loopback (FakeEngine pools too): the health tests' factory, under the batcher tests' name.
+fake_engine = fakes
 
 
 @pytest_asyncio.fixture(loop_scope="function")

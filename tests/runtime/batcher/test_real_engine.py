@@ -8,12 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import aiohttp
 import openai
@@ -21,11 +15,11 @@ import pytest
 import yaml
 
 from components.local.engine_process import free_port
+from tests.processes import runtime_service, wait_ready
 from tests.runtime.batcher.conftest import Running, start_batcher
 
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parents[3]
 TEXTS = [
     f"sentence number {i} about {topic}" for i, topic in enumerate(["cats", "dogs", "rivers", "stars"] * 6)
 ]
@@ -143,22 +137,8 @@ def test_service_runs_from_the_command_line(vllm_embed, tmp_path):
     }
     path = tmp_path / "batcher.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime.batcher", "--config", str(path)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
+    with runtime_service("runtime.batcher", path) as proc:
+        wait_ready(f"http://127.0.0.1:{port}", proc)
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60
         )
@@ -166,10 +146,3 @@ def test_service_runs_from_the_command_line(vllm_embed, tmp_path):
         assert [d.index for d in out.data] == [0, 1] and len(out.data[1].embedding) == 384
         with pytest.raises(openai.NotFoundError):
             client.embeddings.create(model="nope", input="x")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -8,26 +8,23 @@ test starts its own short-lived engine on a fixed port so the restart comes back
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
+import urllib.request
 
 import aiohttp
 import pytest
 import yaml
 
-from components.local.engine_process import EngineProcess, free_port
+from components.local.engine_process import EngineProcess, cpu_model_spec, free_port
 from runtime.discovery import watch_backends
 from runtime.health.feed import BackendsFeed
 from runtime.health.monitor import Monitor
 from runtime.health.state import Reason, State
+from tests.conftest import LOGS_DIR
+from tests.processes import runtime_service, wait_ready
 from tests.runtime.health.conftest import config_for
 
 pytestmark = pytest.mark.engine
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _status(monitor: Monitor, url: str):
@@ -90,12 +87,10 @@ def test_healthy_and_metrics_move_under_load(vllm_chat_pair):
 def test_kill_ejects_after_k_and_restart_readmits_after_m(tiny_chat_model):
     port = free_port()
     engine = EngineProcess(
-        tiny_chat_model,
-        served_model_name="tiny-kill",
+        cpu_model_spec("tiny-kill", tiny_chat_model, max_model_len=512),
         port=port,
-        max_model_len=512,
         cpu_cores="0",
-        log_path=ROOT / ".cache" / "logs" / "vllm-health-kill.log",
+        log_path=LOGS_DIR / "vllm-health-kill.log",
     )
     url = f"http://127.0.0.1:{port}"
     k, m = 3, 2
@@ -144,26 +139,15 @@ def test_service_runs_from_the_command_line(vllm_chat_pair, tmp_path):
     }
     path = tmp_path / "health.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime.health", "--config", str(path)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
+    with runtime_service("runtime.health", path) as proc:
+        wait_ready(f"http://127.0.0.1:{port}", proc)
         feed = None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            try:
-                import urllib.request
-
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/backends", timeout=2) as r:
-                    feed = BackendsFeed.model_validate_json(r.read())
-                if feed.backends and all(b.state is State.HEALTHY for b in feed.backends):
-                    break
-            except OSError:
-                pass
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/backends", timeout=2) as r:
+                feed = BackendsFeed.model_validate_json(r.read())
+            if feed.backends and all(b.state is State.HEALTHY for b in feed.backends):
+                break
             time.sleep(0.2)
         assert feed is not None and len(feed.backends) == 2
         assert all(b.state is State.HEALTHY and not b.metrics_stale for b in feed.backends), feed
@@ -171,10 +155,3 @@ def test_service_runs_from_the_command_line(vllm_chat_pair, tmp_path):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             text = r.read().decode()
         assert "inferstack_health_model_healthy_replicas" in text
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -13,13 +13,15 @@ import json
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
 
 from runtime.config import RuntimeConfig
-from runtime.router.__main__ import drain
+from runtime.router.__main__ import drain, serve
 from runtime.router.app import Router
+from runtime.router.reload import load_router_files
 from runtime.server import Server
 
 T = TypeVar("T")
@@ -200,7 +202,30 @@ class Double:
             self.runner = None
 
 
-class RouterUnderTest:
+class Loopback:
+    """A router listening on 127.0.0.1:``port``; ``request`` sends it one request."""
+
+    port = 0
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
+        """(status, lower-case headers, body)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        hs = {"Content-Type": "application/json", **(headers or {})}
+        conn.request(method, path, body=data, headers=hs)
+        resp = conn.getresponse()
+        out = resp.read()
+        conn.close()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, out
+
+
+class RouterUnderTest(Loopback):
     """A Router + lean Server in the loop thread, configured from a dict."""
 
     def __init__(self, lt: LoopThread, cfg: dict[str, Any]) -> None:
@@ -245,21 +270,37 @@ class RouterUnderTest:
 
         return self.lt.run(wrap())
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes | dict[str, Any] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> tuple[int, dict[str, str], bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        data = json.dumps(body).encode() if isinstance(body, dict) else body
-        hs = {"Content-Type": "application/json", **(headers or {})}
-        conn.request(method, path, body=data, headers=hs)
-        resp = conn.getresponse()
-        out = resp.read()
-        conn.close()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, out
+
+class RouterFromFile(Loopback):
+    """A router started from a config file as ``python -m runtime.router`` starts it (files checked,
+    plug-ins imported, the reload watch running), in the loop thread, on any free port (``--port 0``)."""
+
+    def __init__(self, lt: LoopThread, path: Path) -> None:
+        self.lt = lt
+        self.path = path
+        cfg, keys = load_router_files(path)
+        self.router = Router(cfg.model_copy(update={"router": cfg.router.model_copy(update={"port": 0})}))
+        self.router.keys = keys
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> RouterFromFile:
+        async def start() -> asyncio.Task[None]:
+            ready = asyncio.Event()
+            task = asyncio.get_running_loop().create_task(serve(self.router, self.path, ready))
+            await ready.wait()
+            return task
+
+        self.task = self.lt.run(start())
+        self.port = self.router.port
+        return self
+
+    def stop(self) -> None:
+        async def stop() -> None:
+            if self.task is not None:
+                self.task.cancel()
+                await asyncio.gather(self.task, return_exceptions=True)
+
+        self.lt.run(stop())
 
 
 def router_cfg(backends: list[str], **router: Any) -> dict[str, Any]:

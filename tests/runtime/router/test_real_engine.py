@@ -7,23 +7,18 @@ the fixtures in tests/conftest.py.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
 import yaml
 
+from components.local.engine_process import free_port
+from tests.processes import runtime_service, wait_ready
 from tests.runtime.router.harness import LoopThread, RouterUnderTest
 
 pytestmark = pytest.mark.engine
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -156,11 +151,7 @@ def _per_backend(router: RouterUnderTest) -> dict[str, float]:
 
 
 def test_python_m_runtime_router_serves_the_openai_client(vllm_chat_pair, tmp_path) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     config = tmp_path / "router.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -175,27 +166,13 @@ def test_python_m_runtime_router_serves_the_openai_client(vllm_chat_pair, tmp_pa
             }
         )
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime.router", "--config", str(config)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
+    with runtime_service("runtime.router", config, stop_timeout_s=40) as proc:
+        wait_ready(f"http://127.0.0.1:{port}", proc)
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60
         )
-        for _ in range(100):
-            try:
-                client.models.list()
-                break
-            except openai.APIConnectionError:
-                time.sleep(0.1)
         out = client.chat.completions.create(
             model=vllm_chat_pair.model, messages=[{"role": "user", "content": "hi"}], max_tokens=3
         )
         assert out.choices
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=40) == 0
+    assert proc.returncode == 0, "the router drains and exits cleanly on SIGTERM"

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
 import threading
 
 import yaml
@@ -12,15 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime.config import RuntimeConfig
-from runtime.router.__main__ import serve
-from runtime.router.app import Router
 from runtime.router.auth import hash_key
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.runtime.router.harness import RouterFromFile
 
 
 def _wait(cond, timeout_s: float = 10.0) -> bool:
@@ -40,7 +31,6 @@ def test_config_and_keys_changes_are_picked_up_without_restart(doubles, lt, tmp_
         "models": [{"name": "m", "static_backends": [{"url": a.url}]}],
         "router": {
             "host": "127.0.0.1",
-            "port": _free_port(),
             "config_reload_interval_ms": 100,
             "require_api_key": True,
             "api_keys_file": "keys.yaml",
@@ -48,24 +38,8 @@ def test_config_and_keys_changes_are_picked_up_without_restart(doubles, lt, tmp_
         },
     }
     path.write_text(yaml.safe_dump(base))
-    from runtime.router.__main__ import load_everything
-
-    cfg, table = load_everything(path)
-    router = Router(cfg)
-    router.keys = table
-    ready = asyncio.Event()
-
-    async def start() -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(serve(router, path, ready))
-        await ready.wait()
-        return task
-
-    task = lt.run(start())
+    client = RouterFromFile(lt, path).start()
     try:
-        from tests.runtime.router.harness import RouterUnderTest
-
-        client = RouterUnderTest.__new__(RouterUnderTest)
-        client.port = router.port
         chat = {"model": "m2", "messages": [{"role": "user", "content": "x"}]}
         auth = {"Authorization": "Bearer sk-2"}
         assert client.request("POST", "/v1/chat/completions", chat, auth)[0] == 401
@@ -84,12 +58,7 @@ def test_config_and_keys_changes_are_picked_up_without_restart(doubles, lt, tmp_
         threading.Event().wait(0.3)
         assert client.request("POST", "/v1/chat/completions", chat, auth)[0] == 200
     finally:
-
-        async def stop() -> None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-        lt.run(stop())
+        client.stop()
 
 
 json_value = st.recursive(

@@ -8,12 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.config import Strategy as Name
 from runtime.config import StrategyConfig
 from runtime.router.backends import Backend, Breaker, Circuit
-from runtime.router.lru import BoundedLru
-from runtime.router.strategies import BUILDERS, Context, build
-from runtime.router.strategies.prefix_aware import block_hashes, within_bound
+from runtime.scheduling import PRESETS, Context, Report, build
+from runtime.scheduling.lru import BoundedLru
+from runtime.scheduling.scorers.prefix import block_hashes, within_bound
 
 replica = st.fixed_dictionaries(
     {
@@ -49,12 +48,12 @@ def eligible(b: Backend, ctx: Context) -> bool:
     return b.healthy and b.inflight < b.cap and b.breaker.allows(ctx.now) and b.url not in ctx.exclude
 
 
-@pytest.mark.parametrize("name", list(Name))
+@pytest.mark.parametrize("name", list(PRESETS))
 @settings(max_examples=150, deadline=None)
 @given(
     specs=st.lists(replica, max_size=6), prompt=st.text(max_size=600), session=st.one_of(st.none(), st.text())
 )
-def test_only_eligible_replicas_are_picked(name: Name, specs, prompt, session) -> None:
+def test_only_eligible_replicas_are_picked(name: str, specs, prompt, session) -> None:
     strategy = build(StrategyConfig(name=name, prefix_block_tokens=4, prefix_chars_per_token=1))
     backends = make_backends(specs)
     ctx = Context(model="m", prompt=prompt, session=session, now=1.0)
@@ -66,15 +65,16 @@ def test_only_eligible_replicas_are_picked(name: Name, specs, prompt, session) -
         assert picked is None
 
 
-def test_every_strategy_has_a_builder() -> None:
-    assert set(BUILDERS) == set(Name)
+def test_every_preset_builds_with_default_knobs() -> None:
+    for name in PRESETS:
+        assert build(StrategyConfig(name=name)).name == name
 
 
 @settings(max_examples=100, deadline=None)
 @given(prompts=st.lists(st.text(min_size=40, max_size=200), min_size=1, max_size=10))
 def test_prefix_aware_sends_equal_prefixes_to_the_same_replica_under_the_load_bound(prompts) -> None:
     cfg = StrategyConfig(
-        name=Name.PREFIX_AWARE, prefix_block_tokens=4, prefix_chars_per_token=4, load_guard_ratio=0.5
+        name="prefix_aware", prefix_block_tokens=4, prefix_chars_per_token=4, load_guard_ratio=0.5
     )
     strategy = build(cfg)
     backends = make_backends([{**_idle(), "cap": 100} for _ in range(4)])
@@ -90,7 +90,7 @@ def test_prefix_aware_sends_equal_prefixes_to_the_same_replica_under_the_load_bo
 
 
 def test_prefix_load_guard_moves_a_hot_prefix_off_an_overloaded_replica() -> None:
-    strategy = build(StrategyConfig(name=Name.PREFIX_AWARE, prefix_block_tokens=4, load_guard_ratio=0.5))
+    strategy = build(StrategyConfig(name="prefix_aware", prefix_block_tokens=4, load_guard_ratio=0.5))
     backends = make_backends([{**_idle(), "cap": 10} for _ in range(2)])
     prompt = "system prompt " * 20
     ctx = Context(model="m", prompt=prompt, now=1.0)
@@ -106,7 +106,7 @@ def test_prefix_load_guard_moves_a_hot_prefix_off_an_overloaded_replica() -> Non
 @given(bound=st.integers(1, 50), prompts=st.lists(st.text(min_size=0, max_size=400), max_size=40))
 def test_prefix_index_never_exceeds_its_bound(bound, prompts) -> None:
     cfg = StrategyConfig(
-        name=Name.PREFIX_AWARE,
+        name="prefix_aware",
         prefix_block_tokens=2,
         prefix_chars_per_token=2,
         prefix_index_max_entries=bound,
@@ -118,7 +118,7 @@ def test_prefix_index_never_exceeds_its_bound(bound, prompts) -> None:
         b = strategy.pick(backends, ctx)
         assert b is not None
         strategy.on_routed(b, ctx)
-        assert strategy.index_sizes()["prefix"] <= bound
+        assert strategy.reports()["prefix"][Report.INDEX_ENTRIES] <= bound
 
 
 def test_block_hashes_chain_and_bound() -> None:
@@ -130,7 +130,7 @@ def test_block_hashes_chain_and_bound() -> None:
 
 
 def test_session_affinity_and_fallback_when_the_replica_leaves() -> None:
-    strategy = build(StrategyConfig(name=Name.SESSION))
+    strategy = build(StrategyConfig(name="session"))
     backends = make_backends([_idle() for _ in range(3)])
     ctx = Context(model="m", session="user-1", now=1.0)
     home = strategy.pick(backends, ctx)
@@ -145,7 +145,7 @@ def test_session_affinity_and_fallback_when_the_replica_leaves() -> None:
 
 
 def test_round_robin_cycles_evenly() -> None:
-    strategy = build(StrategyConfig(name=Name.ROUND_ROBIN))
+    strategy = build(StrategyConfig(name="round_robin"))
     backends = make_backends([_idle() for _ in range(3)])
     picks = [strategy.pick(backends, Context(model="m", now=1.0)) for _ in range(9)]
     assert all(picks.count(b) == 3 for b in backends)
@@ -156,7 +156,7 @@ def test_round_robin_cycles_evenly() -> None:
 def test_prefix_aware_routes_traffic_with_nothing_in_common_as_least_load_does(specs, n) -> None:
     """With no prefix shared, ``prefix_aware`` makes ``least_load``'s decision (ties aside): on the
     routing benchmark's control workload any TTFT difference between the two is noise (bench/README.md)."""
-    strategy = build(StrategyConfig(name=Name.PREFIX_AWARE, prefix_block_tokens=4, prefix_chars_per_token=1))
+    strategy = build(StrategyConfig(name="prefix_aware", prefix_block_tokens=4, prefix_chars_per_token=1))
     backends = make_backends(specs)
     for i in range(n):
         ctx = Context(model="m", prompt=f"{i:04d}" + "x" * 28, now=1.0)  # a first block no one else has
@@ -173,29 +173,29 @@ def test_prefix_aware_routes_traffic_with_nothing_in_common_as_least_load_does(s
 def test_least_load_and_least_latency_and_kv() -> None:
     backends = make_backends([_idle() for _ in range(3)])
     backends[0].inflight, backends[1].inflight, backends[2].inflight = 3, 1, 2
-    assert build(StrategyConfig(name=Name.LEAST_LOAD)).pick(backends, Context("m", now=1.0)) is backends[1]
+    assert build(StrategyConfig(name="least_load")).pick(backends, Context("m", now=1.0)) is backends[1]
     backends[0].ttft_ewma_s, backends[1].ttft_ewma_s, backends[2].ttft_ewma_s = 0.5, 0.9, 0.1
-    assert build(StrategyConfig(name=Name.LEAST_LATENCY)).pick(backends, Context("m", now=1.0)) is backends[2]
+    assert build(StrategyConfig(name="least_latency")).pick(backends, Context("m", now=1.0)) is backends[2]
     for b in backends:
         b.inflight = 0
     backends[0].kv_usage, backends[1].kv_usage, backends[2].kv_usage = 0.9, 0.1, 0.5
-    assert build(StrategyConfig(name=Name.KV_AWARE)).pick(backends, Context("m", now=1.0)) is backends[1]
+    assert build(StrategyConfig(name="kv_aware")).pick(backends, Context("m", now=1.0)) is backends[1]
 
 
 def test_weighted_blends_from_config_and_rejects_unknown_scorers() -> None:
     backends = make_backends([_idle() for _ in range(2)])
     backends[0].weight, backends[1].weight = 1.0, 3.0
-    s = build(StrategyConfig(name=Name.WEIGHTED, weights={"weight": 1.0}))
+    s = build(StrategyConfig(name="weighted", weights={"weight": 1.0}))
     assert s.pick(backends, Context("m", now=1.0)) is backends[1]
-    with pytest.raises(ValueError, match="unknown scorers"):
-        build(StrategyConfig(name=Name.WEIGHTED, weights={"vibes": 1.0}))
+    with pytest.raises(ValueError, match="unknown scorer 'vibes'"):
+        build(StrategyConfig(name="weighted", weights={"vibes": 1.0}))
 
 
 def test_power_of_two_picks_the_lighter_of_its_sample() -> None:
     backends = make_backends([_idle() for _ in range(5)])
     for i, b in enumerate(backends):
         b.inflight = i
-    s = build(StrategyConfig(name=Name.POWER_OF_TWO))
+    s = build(StrategyConfig(name="power_of_two"))
     s.filters[1].rng = random.Random(1)  # type: ignore[attr-defined]
     picks = [s.pick(backends, Context("m", now=1.0)) for _ in range(200)]
     assert backends[4] not in picks  # the busiest replica always loses its pairing
@@ -243,7 +243,7 @@ def _idle() -> dict:
 
 
 def test_prefix_held_by_two_replicas_goes_to_the_holder_that_started_fewer() -> None:
-    strategy = build(StrategyConfig(name=Name.PREFIX_AWARE, prefix_block_tokens=4, prefix_chars_per_token=1))
+    strategy = build(StrategyConfig(name="prefix_aware", prefix_block_tokens=4, prefix_chars_per_token=1))
     a, b, c = make_backends([{**_idle(), "cap": 100} for _ in range(3)])
     system = "shared system prompt " * 4
     for home, question in ((a, "question one"), (b, "question two")):  # the prompt was served by a, then b
@@ -281,7 +281,7 @@ def _route(strategy, backends, prompt: str, to: Backend | None = None) -> Backen
 def test_prefix_new_session_on_a_shared_prompt_goes_to_the_less_loaded_replica() -> None:
     """Load, for placing a new conversation, is how many conversations a replica started lately: its
     follow-ups will come back to it, though most of them are between turns (not in flight) now."""
-    strategy = build(StrategyConfig(name=Name.PREFIX_AWARE, prefix_block_tokens=4))
+    strategy = build(StrategyConfig(name="prefix_aware", prefix_block_tokens=4))
     a, b = make_backends([{**_idle(), "cap": 64} for _ in range(2)])
     # conversations started on a and b; the system prompt is a shared prefix (a branch point) held by a
     _route(strategy, [a, b], _chat("user", "conversation 1, first question"), to=a)
@@ -302,7 +302,7 @@ def test_prefix_new_session_on_a_shared_prompt_goes_to_the_less_loaded_replica()
 def test_prefix_new_conversations_balance_whatever_the_prompts_popularity() -> None:
     """One hot system prompt and a cold one: conversations split evenly, and a prompt is copied only
     when its holder is over the bound (sticky follow-ups would otherwise follow the popularity)."""
-    strategy = build(StrategyConfig(name=Name.PREFIX_AWARE, prefix_block_tokens=4))
+    strategy = build(StrategyConfig(name="prefix_aware", prefix_block_tokens=4))
     a, b = make_backends([{**_idle(), "cap": 64} for _ in range(2)])
     rng = random.Random(3)
     homes: dict[str, Backend] = {}
@@ -315,7 +315,7 @@ def test_prefix_new_conversations_balance_whatever_the_prompts_popularity() -> N
 
 
 def test_prefix_follow_up_stays_home_under_imbalance_until_the_load_guard() -> None:
-    strategy = build(StrategyConfig(name=Name.PREFIX_AWARE, prefix_block_tokens=4, load_guard_ratio=0.8))
+    strategy = build(StrategyConfig(name="prefix_aware", prefix_block_tokens=4, load_guard_ratio=0.8))
     a, b = make_backends([{**_idle(), "cap": 10} for _ in range(2)])
     turn1 = _chat("user", "first conversation, first question")
     _route(strategy, [a, b], turn1, to=a)
@@ -330,7 +330,7 @@ def test_prefix_follow_up_stays_home_under_imbalance_until_the_load_guard() -> N
 
 def test_prefix_match_kind_is_told_by_the_index_tree() -> None:
     """A match ending at a leaf (nothing continued it) is a follow-up; at a branch point, shared."""
-    strategy = build(StrategyConfig(name=Name.PREFIX_AWARE, prefix_block_tokens=4))
+    strategy = build(StrategyConfig(name="prefix_aware", prefix_block_tokens=4))
     scorer = strategy.scorers[0][0]
     a, b = make_backends([{**_idle(), "cap": 64} for _ in range(2)])
     _route(strategy, [a, b], _chat("user", "one: what is the capital of France, and why there?"), to=a)

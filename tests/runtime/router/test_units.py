@@ -12,8 +12,9 @@ import yaml
 
 from runtime.config import RuntimeConfig
 from runtime.engines import Signal
-from runtime.router.app import prompt_text, usage_of
 from runtime.router.fleet import Fleet, apply_feed, parse_signals
+from runtime.router.payload import prompt_text, usage_of
+from runtime.router.reload import read_router_config
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -129,7 +130,5 @@ def test_cli_bad_config_exits_2_naming_file_and_field(tmp_path: Path) -> None:
 
 
 def test_example_configs_load() -> None:
-    from runtime.config import load
-
     for path in sorted((ROOT / "examples").glob("router*.yaml")):
-        assert load(path).models
+        assert read_router_config(path).models

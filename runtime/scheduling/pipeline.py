@@ -1,10 +1,10 @@
 """The routing pipeline: filters -> scorers (each in [0, 1], affinity or distribution) -> picker.
 
-A strategy is data: which filters, which scorers with which weights. Scorers that pull toward
-affinity (prefix, session) are ignored for a replica above the load guard, so a hot prefix cannot
-pile onto one overloaded replica; distribution scorers (load, latency, KV) always count.
-Everything here is a pure function of the candidates and the request context, so the strategies
-are property-tested without a network.
+A strategy is data (``presets.py``): which filters, which scorers with which weights. Scorers that pull
+toward affinity (prefix, session) are ignored for a replica above the load guard, so a hot prefix
+cannot pile onto one overloaded replica; distribution scorers (load, latency, KV) always count.
+Everything here is a pure function of the candidates and the request context, so strategies are
+property-tested without a network.
 """
 
 from __future__ import annotations
@@ -12,57 +12,63 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar, Self, TypeVar
 
-from runtime.router.backends import Backend
+from runtime.scheduling.inputs import Context, Endpoint, Knobs
+from runtime.scheduling.kinds import Need, Report
 
-
-@dataclass(slots=True)
-class Context:
-    """What the strategies may look at in a request."""
-
-    model: str
-    prompt: str = ""
-    session: str | None = None
-    now: float = 0.0
-    exclude: frozenset[str] = frozenset()  # replicas already tried by this request
-    notes: dict[str, object] = field(default_factory=dict)  # scorers leave state for on_routed
+E = TypeVar("E", bound=Endpoint)
 
 
-class Filter(Protocol):
-    name: str
+class Filter(ABC):
+    """Drops candidates; registered by name with ``register_filter`` (which sets ``name``)."""
 
-    def keep(self, backends: Sequence[Backend], ctx: Context) -> list[Backend]: ...
+    name: ClassVar[str] = ""
+
+    @abstractmethod
+    def keep(self, endpoints: Sequence[E], ctx: Context) -> list[E]: ...
 
 
-class Eligible:
-    """Healthy, circuit allows, under its concurrency cap, not already tried by this request."""
+class Eligible(Filter):
+    """Healthy, circuit allows, under its concurrency cap, not already tried by this request.
+    Every strategy starts with it; it is not a choice, so it is not registered."""
 
     name = "eligible"
 
-    def keep(self, backends: Sequence[Backend], ctx: Context) -> list[Backend]:
+    def keep(self, endpoints: Sequence[E], ctx: Context) -> list[E]:
         now = ctx.now
         exclude = ctx.exclude
         return [
             b
-            for b in backends
+            for b in endpoints
             if b.healthy and b.inflight < b.cap and b.breaker.allows(now) and b.url not in exclude
         ]
 
 
 class Scorer(ABC):
-    """One opinion per candidate, in [0, 1]; ``affinity`` scorers are subject to the load guard."""
+    """One opinion per candidate, in [0, 1]. ``register_scorer`` sets the class attributes below from
+    its declaration, so a scorer's name, category, needs and reports are written once."""
 
     name: ClassVar[str] = ""
-    affinity: ClassVar[bool] = False
+    affinity: ClassVar[bool] = False  # subject to the load guard
+    needs: ClassVar[frozenset[Need]] = frozenset()
+    reports: ClassVar[tuple[Report, ...]] = ()
+
+    @classmethod
+    def from_knobs(cls, knobs: Knobs) -> Self:
+        """A fresh scorer for one strategy; scorers with knobs (index sizes, block sizes) override this."""
+        return cls()
 
     @abstractmethod
-    def score(self, backends: Sequence[Backend], ctx: Context) -> list[float]: ...
+    def score(self, endpoints: Sequence[Endpoint], ctx: Context) -> list[float]: ...
 
-    def on_routed(self, backend: Backend, ctx: Context) -> None:
+    def on_routed(self, endpoint: Endpoint, ctx: Context) -> None:
         """Remember where a request went (affinity scorers); most scorers have no memory."""
         return None
+
+    def report(self) -> dict[Report, float]:
+        """The values this scorer declared in ``reports``, for metrics."""
+        return {}
 
 
 def invert_normalised(values: Sequence[float]) -> list[float]:
@@ -92,9 +98,10 @@ class Strategy:
         self.scorers = [(s, w) for s, w in scorers if w > 0]
         self.load_guard_ratio = load_guard_ratio
         self.rng = rng or random.Random()
+        self.needs: frozenset[Need] = frozenset().union(*(s.needs for s, _ in self.scorers))
 
-    def pick(self, backends: Sequence[Backend], ctx: Context) -> Backend | None:
-        candidates = list(backends)
+    def pick(self, endpoints: Sequence[E], ctx: Context) -> E | None:
+        candidates = list(endpoints)
         for f in self.filters:
             candidates = f.keep(candidates, ctx)
             if not candidates:
@@ -116,15 +123,11 @@ class Strategy:
         winners = [b for b, t in zip(candidates, total, strict=True) if t >= best - 1e-9]
         return winners[0] if len(winners) == 1 else self.rng.choice(winners)
 
-    def on_routed(self, backend: Backend, ctx: Context) -> None:
+    def on_routed(self, endpoint: Endpoint, ctx: Context) -> None:
         """Tell affinity scorers where this request went, so the next one with its prefix follows."""
         for scorer, _ in self.scorers:
-            scorer.on_routed(backend, ctx)
+            scorer.on_routed(endpoint, ctx)
 
-    def index_sizes(self) -> dict[str, int]:
-        sizes: dict[str, int] = {}
-        for scorer, _ in self.scorers:
-            size = getattr(scorer, "index_size", None)
-            if callable(size):
-                sizes[scorer.name] = int(size())
-        return sizes
+    def reports(self) -> dict[str, dict[Report, float]]:
+        """Scorer name -> what it reports (only scorers that declared reports)."""
+        return {scorer.name: scorer.report() for scorer, _ in self.scorers if scorer.reports}

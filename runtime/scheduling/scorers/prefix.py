@@ -1,6 +1,7 @@
-"""``prefix_aware``: keep a conversation's follow-ups on the replica that holds its history in KV cache,
-and spread new conversations that only share a common prefix (a system prompt, few-shot examples)
-evenly, copying a shared prefix to a second replica only when its holder has had more than its share.
+"""``prefix``, the scorer of the ``prefix_aware`` preset: keep a conversation's follow-ups on the replica
+that holds its history in KV cache, and spread new conversations that only share a common prefix (a
+system prompt, few-shot examples) evenly, copying a shared prefix to a second replica only when its
+holder has had more than its share.
 
 **The index** maps a chained hash of each prompt block (block i's hash covers blocks 0..i) to the
 replicas that served it (up to ``OWNERS_PER_BLOCK``, oldest first) and to how many distinct
@@ -48,12 +49,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Self
 
-from runtime.config import StrategyConfig
-from runtime.router.backends import Backend
-from runtime.router.lru import BoundedLru
-from runtime.router.strategies.base import Context, Scorer, Strategy
-from runtime.router.strategies.scorers import LoadScorer
+from runtime.scheduling.inputs import Context, Endpoint, Knobs
+from runtime.scheduling.kinds import Category, Need, Report
+from runtime.scheduling.lru import BoundedLru
+from runtime.scheduling.pipeline import Scorer
+from runtime.scheduling.registry import register_scorer
 
 
 def block_hashes(prompt: str, block_chars: int, max_blocks: int) -> list[int]:
@@ -87,12 +89,23 @@ def within_bound(load: float, total: float, n: int, factor: float) -> bool:
     return load + 1 <= math.ceil(factor * (total + 1) / n - 1e-9) + 1e-9
 
 
+@register_scorer(
+    "prefix",
+    Category.AFFINITY,
+    needs=[Need.PROMPT],
+    knobs=[
+        "prefix_block_tokens",
+        "prefix_chars_per_token",
+        "prefix_max_blocks",
+        "prefix_index_max_entries",
+        "prefix_balance_factor",
+        "prefix_balance_window_s",
+    ],
+    reports=[Report.INDEX_ENTRIES, Report.HIT_RATE],
+)
 class PrefixScorer(Scorer):
     """Follow-ups (match ends at a leaf) score 1 on their home replica; new conversations on a shared
     prefix (match ends at a branch point) score 1 on the replica the bounded-load rule picks."""
-
-    name = "prefix"
-    affinity = True
 
     def __init__(
         self, block_chars: int, max_blocks: int, max_entries: int, balance_factor: float, window_s: float
@@ -110,19 +123,29 @@ class PrefixScorer(Scorer):
         self.shared = 0
         self.spilled = 0  # new conversations that went past a busy holder and copied the prefix
 
+    @classmethod
+    def from_knobs(cls, knobs: Knobs) -> Self:
+        return cls(
+            knobs.prefix_block_tokens * knobs.prefix_chars_per_token,
+            knobs.prefix_max_blocks,
+            knobs.prefix_index_max_entries,
+            knobs.prefix_balance_factor,
+            knobs.prefix_balance_window_s,
+        )
+
     def _started(self, url: str, now: float) -> float:
         count, at = self.started.get(url, (0.0, now))
         return count * math.exp(min(0.0, at - now) / self.window_s)
 
-    def score(self, backends: Sequence[Backend], ctx: Context) -> list[float]:
+    def score(self, endpoints: Sequence[Endpoint], ctx: Context) -> list[float]:
         hashes = block_hashes(ctx.prompt, self.block_chars, self.max_blocks)
         notes = ctx.notes
         notes["prefix_hashes"] = hashes
         notes["prefix_followup"] = False
         if not hashes:
-            return [0.0] * len(backends)
+            return [0.0] * len(endpoints)
         self.lookups += 1
-        wanted = {b.url for b in backends}
+        wanted = {b.url for b in endpoints}
         depth_of: dict[str, int] = {}
         order: list[str] = []  # holders, deepest match first; at one depth, the longest holder first
         get = self.index.get
@@ -141,35 +164,35 @@ class PrefixScorer(Scorer):
             if len(depth_of) == len(wanted):
                 break
         if deepest is None:
-            return [0.0] * len(backends)  # nothing known: load decides
+            return [0.0] * len(endpoints)  # nothing known: load decides
         self.hits += 1
         if deepest.children == 0:
             # a follow-up: the replicas with the deepest match hold this conversation's own history
             self.followups += 1
             notes["prefix_followup"] = True
             top = depth_of[order[0]]
-            return [1.0 if depth_of.get(b.url) == top else 0.0 for b in backends]
+            return [1.0 if depth_of.get(b.url) == top else 0.0 for b in endpoints]
         # a new conversation on a shared prefix: bounded loads over recently started conversations
         self.shared += 1
         now = ctx.now
-        started = {b.url: self._started(b.url, now) for b in backends}
+        started = {b.url: self._started(b.url, now) for b in endpoints}
         total = sum(started.values())
-        n = len(backends)
+        n = len(endpoints)
         factor = self.balance_factor
         # deepest match first; among equally deep holders, the one that started the fewest: a prefix
         # already copied to several replicas is the cheapest way to even them out
         for url in sorted(order, key=lambda u: (-depth_of[u], started[u])):
             if within_bound(started[url], total, n, factor):
-                return [1.0 if b.url == url else 0.0 for b in backends]
+                return [1.0 if b.url == url else 0.0 for b in endpoints]
         self.spilled += 1
         fewest = min(started.values())
-        return [1.0 if started[b.url] <= fewest else 0.0 for b in backends]
+        return [1.0 if started[b.url] <= fewest else 0.0 for b in endpoints]
 
-    def on_routed(self, backend: Backend, ctx: Context) -> None:
+    def on_routed(self, endpoint: Endpoint, ctx: Context) -> None:
         hashes = ctx.notes.get("prefix_hashes")
         if not isinstance(hashes, list):
             return
-        url = backend.url
+        url = endpoint.url
         if not ctx.notes.get("prefix_followup"):
             now = ctx.now
             started = self.started
@@ -191,25 +214,8 @@ class PrefixScorer(Scorer):
                 block.owners = (*block.owners[-keep:], url)
             parent = block
 
-    def index_size(self) -> int:
-        return len(self.index)
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.lookups if self.lookups else 0.0
-
-
-def build(cfg: StrategyConfig) -> Strategy:
-    prefix = PrefixScorer(
-        cfg.prefix_block_tokens * cfg.prefix_chars_per_token,
-        cfg.prefix_max_blocks,
-        cfg.prefix_index_max_entries,
-        cfg.prefix_balance_factor,
-        cfg.prefix_balance_window_s,
-    )
-    weights = {"prefix": 2.0, "load": 1.0, **cfg.weights}
-    return Strategy(
-        "prefix_aware",
-        [(prefix, weights["prefix"]), (LoadScorer(), weights["load"])],
-        load_guard_ratio=cfg.load_guard_ratio,
-    )
+    def report(self) -> dict[Report, float]:
+        return {
+            Report.INDEX_ENTRIES: float(len(self.index)),
+            Report.HIT_RATE: self.hits / self.lookups if self.lookups else 0.0,
+        }

@@ -1,0 +1,117 @@
+"""The AWS controllers an EKS stack installs in its cluster, as the cluster sees them. Pure.
+
+- The AWS Load Balancer Controller (``gateway.ingress: alb``): its Helm release, the service account EKS Pod
+  Identity gives its AWS role, and the Ingress class and annotations that make it put an ALB in front of
+  the router.
+- The Cluster Autoscaler (managed node groups): its Helm release and service account.
+
+Each service account is one constant, read both by the Helm values that create it and by the Pod Identity
+association that hands it AWS credentials (``components.aws.layer``, ``components.aws.autoscaler``): renaming
+it cannot leave a controller without its role.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from components import nodes
+from components.cloud import IngressClass
+from components.render.addons import Release
+from components.render.runtime_config import lb_idle_timeout_s, runtime_config
+from components.spec import IngressKind, NodeProvisioner, PlatformSpec
+
+LB_CONTROLLER_SERVICE_ACCOUNT = ("kube-system", "aws-load-balancer-controller")
+CLUSTER_AUTOSCALER_SERVICE_ACCOUNT = ("kube-system", "cluster-autoscaler")
+# GPU nodes are slow to come back: wait before removing an idle one.
+CLUSTER_AUTOSCALER_SCALE_DOWN_UNNEEDED = "15m"
+ALB_INGRESS_CLASS = "alb"
+ALB_SSL_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
+
+
+def alb_ingress(spec: PlatformSpec) -> IngressClass:
+    """An internet-facing ALB, HTTPS only, sending to the router pods' IPs, with timeouts the router's."""
+    router = runtime_config(spec).router
+    # Streams may be quiet until the first token; the ALB must not cut them earlier than the router would,
+    # and the router keeps client connections open longer than this (client_idle_timeout_s).
+    idle_s = lb_idle_timeout_s()
+    annotations = {
+        "alb.ingress.kubernetes.io/scheme": "internet-facing",
+        "alb.ingress.kubernetes.io/target-type": "ip",
+        "alb.ingress.kubernetes.io/listen-ports": json.dumps([{"HTTPS": 443}]),
+        "alb.ingress.kubernetes.io/ssl-policy": ALB_SSL_POLICY,
+        "alb.ingress.kubernetes.io/backend-protocol": "HTTP",
+        "alb.ingress.kubernetes.io/healthcheck-path": "/readyz",
+        "alb.ingress.kubernetes.io/load-balancer-attributes": (
+            f"idle_timeout.timeout_seconds={idle_s},routing.http.drop_invalid_header_fields.enabled=true"
+        ),
+        "alb.ingress.kubernetes.io/target-group-attributes": (
+            f"deregistration_delay.timeout_seconds={router.drain_grace_s}"
+        ),
+    }
+    return IngressClass(ALB_INGRESS_CLASS, annotations)
+
+
+def aws_load_balancer_controller(spec: PlatformSpec, vpc_id: Any = None) -> Release:
+    """``vpc_id`` (a string or a Pulumi Output) is the stack's VPC: pods on EKS cannot ask IMDS for it."""
+    namespace, account = LB_CONTROLLER_SERVICE_ACCOUNT
+    values: dict[str, Any] = {
+        "clusterName": spec.cluster_name,
+        "region": spec.cluster.region,
+        "serviceAccount": {"create": True, "name": account},
+    }
+    if vpc_id is not None:
+        values["vpcId"] = vpc_id
+    return Release(
+        name="aws-load-balancer-controller",
+        chart="aws-load-balancer-controller",
+        repository="https://aws.github.io/eks-charts",
+        version=spec.addons.versions.aws_load_balancer_controller,
+        namespace=namespace,
+        values=values,
+    )
+
+
+def cluster_autoscaler(spec: PlatformSpec) -> Release:
+    """Grows managed GPU node groups when engine pods are pending, within each group's min/max.
+
+    Its AWS identity (scaling only this cluster's groups) comes from ``components.aws.autoscaler``.
+    """
+    namespace, account = CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
+    return Release(
+        name="cluster-autoscaler",
+        chart="cluster-autoscaler",
+        repository="https://kubernetes.github.io/autoscaler",
+        version=spec.addons.versions.cluster_autoscaler,
+        namespace=namespace,
+        values={
+            "autoDiscovery": {"clusterName": spec.cluster_name},
+            "awsRegion": spec.cluster.region,
+            "cloudProvider": "aws",
+            # The autoscaler's minor version must match the cluster's.
+            "image": {"tag": f"v{spec.cluster.kubernetes_version}.0"},
+            "rbac": {"serviceAccount": {"create": True, "name": account}},
+            "nodeSelector": nodes.system_node_selector(),
+            "extraArgs": {
+                "balance-similar-node-groups": True,
+                "skip-nodes-with-system-pods": False,
+                "expander": "least-waste",
+                "scale-down-unneeded-time": CLUSTER_AUTOSCALER_SCALE_DOWN_UNNEEDED,
+            },
+        },
+    )
+
+
+def releases(spec: PlatformSpec, vpc_id: Any = None) -> list[Release]:
+    """The controllers this EKS stack installs, in install order (after the cloud-neutral add-ons)."""
+    addons = spec.addons
+    out: list[Release] = []
+    if spec.gateway.ingress is IngressKind.ALB and addons.install_aws_load_balancer_controller:
+        out.append(aws_load_balancer_controller(spec, vpc_id))
+    if (
+        spec.cluster.node_provisioner is NodeProvisioner.MANAGED
+        and spec.gpu_pools
+        and addons.install_cluster_autoscaler
+    ):
+        out.append(cluster_autoscaler(spec))
+    return out

@@ -1,0 +1,64 @@
+"""``target: eks``: the cloud seam's answers for AWS. Pure; the resources themselves are ``components.aws.layer``.
+
+Every answer reads the same decisions the layer registers (``components.aws.decisions``), so the bill, the
+network policies and the GPU nodes' labels agree with what `pulumi up` creates.
+"""
+
+from __future__ import annotations
+
+from components import nodes
+from components.aws import addons, decisions
+from components.cloud import (
+    PRIVATE_CIDRS,
+    FixedInfrastructure,
+    IngressClass,
+    NodeRootDisks,
+    SystemNodes,
+)
+from components.nodes import Taint
+from components.placement import Layout, PoolPlan
+from components.render import common
+from components.spec import PlatformSpec
+
+
+class AwsCloud:
+    """EKS with managed node groups or Karpenter, in a VPC the stack creates or the subnets it is given."""
+
+    gpu_driver_preinstalled = True
+    """The EKS AL2023 NVIDIA AMIs ship the driver and container toolkit."""
+
+    def fixed_infrastructure(self, spec: PlatformSpec, layout: Layout) -> FixedInfrastructure:
+        """The control plane, system nodes, NAT gateways, every node group's root disks and the KMS keys."""
+        system = decisions.system_node_group(spec)
+        return FixedInfrastructure(
+            eks_control_planes=1,
+            system_nodes=SystemNodes(system.min_size, system.max_size),
+            nat_gateways=decisions.network_plan(spec).nat_gateways,
+            root_disks=tuple(
+                NodeRootDisks(g.disk, g.min_size, g.max_size) for g in decisions.node_groups(spec, layout)
+            ),
+            kms_keys=tuple(decisions.KMS_KEYS),
+        )
+
+    def gpu_node_labels(self, pool: PoolPlan) -> dict[str, str]:
+        return nodes.gpu_node_labels(pool)
+
+    def gpu_node_taints(self) -> tuple[Taint, ...]:
+        return (nodes.gpu_taint(),)
+
+    def cluster_network(self, spec: PlatformSpec) -> list[str]:
+        """The VPC the stack creates; existing subnets' VPC range is not known, so the private ranges."""
+        if spec.cluster.existing_private_subnet_ids:
+            return list(PRIVATE_CIDRS)
+        return [spec.cluster.vpc_cidr]
+
+    def load_balancer_ingress(self, spec: PlatformSpec) -> IngressClass:
+        return addons.alb_ingress(spec)
+
+    def model_reader(self, spec: PlatformSpec) -> tuple[str, str]:
+        """The engines' service account: EKS Pod Identity gives it read access to the model bucket and the
+        ``s3://`` sources (``components.aws.layer``)."""
+        return spec.cluster.namespace, common.engine_service_account_name(spec)
+
+
+EKS = AwsCloud()

@@ -1,0 +1,36 @@
+"""How the Kubernetes side of a stack reaches its cluster: the Pulumi half of the cloud seam.
+
+The layer that makes the cluster fills in a ``ClusterAccess`` (on EKS, ``components.aws.layer.provision``);
+``InferencePlatform`` registers every Kubernetes resource with it. A cluster you bring needs nothing made
+first, and the defaults say so (``bring_your_own``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pulumi
+
+from components.placement import Layout
+from components.render.addons import Release
+from components.render.gateway import RuntimeImage
+from components.spec import PlatformSpec
+
+
+@dataclass(frozen=True)
+class ClusterAccess:
+    """What the cloud layer hands the Kubernetes side."""
+
+    options: pulumi.ResourceOptions | None = None
+    """Options for every Kubernetes resource: the cluster's provider, and what must exist first. None: the
+    default provider, from the ambient kubeconfig."""
+    images: Mapping[str, RuntimeImage] = field(default_factory=dict)
+    """Runtime service -> the image to run instead of the spec's pinned one (on EKS, its ECR pushes)."""
+    addons: tuple[Release, ...] = ()
+    """The cloud's own controllers, installed after the cloud-neutral add-ons."""
+
+
+def bring_your_own(spec: PlatformSpec, layout: Layout, stack: str) -> ClusterAccess:
+    """``target: kubernetes``: the kubeconfig's cluster, the spec's images, no cloud controllers."""
+    return ClusterAccess()

@@ -1,0 +1,91 @@
+"""Node labels and taints every layer agrees on, and Kubernetes' rule for which pod may land where.
+
+Neutral: no cloud, no Pulumi, no renderer. The clouds label and taint the nodes they create with these
+(``components.aws``), a cluster you bring must carry them, the engines select and tolerate them
+(``components.render``), and the policy pack reads them back from resources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from components.placement import PoolPlan
+
+POOL_LABEL = "inferstack.io/pool"
+"""Which GPU pool a node belongs to; engines select their pool by it."""
+ROLE_LABEL = "inferstack.io/node-role"
+"""What a node is for: ``GPU_ROLE`` or ``SYSTEM_ROLE``."""
+GPU_PRODUCT_LABEL = "inferstack.io/gpu-product"
+"""The GPU model of a node, in the spelling of GPU feature discovery's ``nvidia.com/gpu.product``."""
+GPU_ROLE = "gpu"
+SYSTEM_ROLE = "system"
+"""The CPU nodes for the gateway, monitoring and controllers (also the system pool's name)."""
+
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The extended resource the NVIDIA device plugin advertises; engines request it."""
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TAINT_EFFECT = "NoSchedule"  # Kubernetes spelling; the EKS API spells it NO_SCHEDULE
+
+
+@dataclass(frozen=True)
+class Taint:
+    """A node taint in Kubernetes' spelling."""
+
+    key: str
+    effect: str
+    value: str | None = None
+
+
+def gpu_taint() -> Taint:
+    """The taint that keeps everything but GPU workloads off GPU nodes."""
+    return Taint(GPU_TAINT_KEY, GPU_TAINT_EFFECT)
+
+
+def gpu_toleration() -> dict[str, str]:
+    """The toleration of ``gpu_taint`` that engines and GPU daemons (device plugin, DCGM) carry."""
+    return {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": GPU_TAINT_EFFECT}
+
+
+def gpu_node_labels(pool: PoolPlan) -> dict[str, str]:
+    """The labels of a GPU pool's nodes: the pool's own, then the pool, role and GPU product (ours win)."""
+    return {
+        **pool.labels,
+        POOL_LABEL: pool.name,
+        ROLE_LABEL: GPU_ROLE,
+        GPU_PRODUCT_LABEL: pool.instance.gpu_spec.product_label,
+    }
+
+
+def system_node_selector() -> dict[str, str]:
+    """Where cluster controllers run: the system nodes, never the GPU nodes they manage."""
+    return {ROLE_LABEL: SYSTEM_ROLE}
+
+
+def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Taint) -> bool:
+    """Kubernetes' rule: does any toleration match this taint (key, operator, value, effect)?"""
+    for t in tolerations:
+        effect = t.get("effect") or ""
+        if effect and effect != taint.effect:
+            continue
+        key = t.get("key") or ""
+        operator = t.get("operator") or "Equal"
+        if not key and operator == "Exists":
+            return True
+        if key != taint.key:
+            continue
+        if operator == "Exists" or (t.get("value") or "") == (taint.value or ""):
+            return True
+    return False
+
+
+def schedulable(pod_spec: Mapping[str, Any], labels: Mapping[str, str], taints: Sequence[Taint]) -> bool:
+    """Whether a pod with this spec may land on nodes with these labels and taints: its nodeSelector
+    matches and it tolerates every taint."""
+    selector = pod_spec.get("nodeSelector") or {}
+    tolerations = pod_spec.get("tolerations") or []
+    if not isinstance(selector, Mapping) or not isinstance(tolerations, list):
+        return False
+    labels_ok = all(labels.get(k) == v for k, v in selector.items())
+    return labels_ok and all(tolerates(tolerations, t) for t in taints)

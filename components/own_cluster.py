@@ -1,0 +1,48 @@
+"""``target: kubernetes``: the cloud seam's answers for a cluster you bring (kind, k3d, an existing one).
+
+The stack creates no infrastructure there, so it bills none, and it runs the spec's pinned images through
+the ambient kubeconfig (``components.kubernetes.cluster.bring_your_own``). Your GPU nodes must carry the
+labels and taint the engines select and tolerate (``gpu_node_labels``, ``gpu_node_taints``).
+"""
+
+from __future__ import annotations
+
+from components import nodes
+from components.aws import addons
+from components.cloud import PRIVATE_CIDRS, FixedInfrastructure, IngressClass
+from components.nodes import Taint
+from components.placement import Layout, PoolPlan
+from components.spec import PlatformSpec
+
+
+class OwnCluster:
+    """A cluster the stack finds rather than creates."""
+
+    gpu_driver_preinstalled = False
+    """Unknown nodes: the GPU operator (addons.gpu_plugin gpu-operator) installs the driver and toolkit."""
+
+    def fixed_infrastructure(self, spec: PlatformSpec, layout: Layout) -> FixedInfrastructure:
+        return FixedInfrastructure()
+
+    def gpu_node_labels(self, pool: PoolPlan) -> dict[str, str]:
+        """Label your GPU nodes so: engines select ``inferstack.io/pool: <pool>``."""
+        return nodes.gpu_node_labels(pool)
+
+    def gpu_node_taints(self) -> tuple[Taint, ...]:
+        """Taint your GPU nodes so, or anything may fill them; engines tolerate it."""
+        return (nodes.gpu_taint(),)
+
+    def cluster_network(self, spec: PlatformSpec) -> list[str]:
+        """Unknown: nodes, load balancers and the API server are somewhere in the private ranges."""
+        return list(PRIVATE_CIDRS)
+
+    def load_balancer_ingress(self, spec: PlatformSpec) -> IngressClass:
+        """``ingress: alb`` on a cluster you bring means the AWS Load Balancer Controller you run there."""
+        return addons.alb_ingress(spec)
+
+    def model_reader(self, spec: PlatformSpec) -> None:
+        """None: engines fetch weights from the hub, with the token you give, or with credentials you mount."""
+        return None
+
+
+OWN_CLUSTER = OwnCluster()

@@ -1,0 +1,203 @@
+"""PrometheusRule alerts, from the spec and the engine metric map. Pure.
+
+Thresholds come from the spec: queue backlog is the scaling queue target held while scaling could not
+relieve it, TTFT and inter-token alerts are the model's SLO, "pinned at max" is the model's own HPA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from components.render import common, scaling, signals
+from components.render.common import Manifest
+from components.spec import ModelSpec, PlatformSpec
+from runtime.engines import Signal
+
+KV_CACHE_ALERT_RATIO = 0.9
+"""KV cache usage beyond which a replica preempts or rejects work (alert, not a scaling target)."""
+ROUTER_5XX_RATIO = 0.05
+"""Share of router responses that may be 5xx before paging."""
+# Multi-window burn alerts on the p95 objective: (short, long, severity, for).
+BURN_WINDOWS = (("5m", "1h", "critical", "2m"), ("30m", "6h", "warning", "15m"))
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alerting rule; ``model`` labels the alerts that concern a single model."""
+
+    name: str
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+    model: str | None = None
+
+    def rule(self) -> Manifest:
+        labels = {"severity": self.severity}
+        if self.model:
+            labels["model"] = self.model
+        return {
+            "alert": self.name,
+            "expr": self.expr,
+            "for": self.for_,
+            "labels": labels,
+            "annotations": {"summary": self.summary, "description": self.description},
+        }
+
+
+def _up(spec: PlatformSpec, service: str) -> str:
+    return f'up{{{signals.namespace_label(spec)},service="{service}"}}'
+
+
+def model_alerts(spec: PlatformSpec, model: ModelSpec) -> list[Alert]:
+    """Engine down or too few, queue backlog, KV cache full, SLO burn, and scaling pinned at its max."""
+    t = scaling.thresholds(model)
+    engine = common.engine_name(model.name)
+    n = model.name
+    out = [
+        Alert(
+            "InferenceEngineDown",
+            f"{_up(spec, engine)} == 0",
+            "5m",
+            "critical",
+            f"{n}: an engine replica does not answer /metrics",
+            "A replica of {{ $labels.service }} ({{ $labels.pod }}) has been unreachable for 5 minutes.",
+            n,
+        ),
+    ]
+    if t.min_replicas > 0:
+        out.append(
+            Alert(
+                "InferenceEngineReplicasBelowMin",
+                f"(sum({_up(spec, engine)}) or on() vector(0)) < {t.min_replicas}",
+                "10m",
+                "critical",
+                f"{n}: fewer than {t.min_replicas} replicas up",
+                f"{n} should run at least {t.min_replicas} replicas; {{{{ $value }}}} are up.",
+                n,
+            )
+        )
+    out.append(
+        Alert(
+            "InferenceQueueBacklog",
+            f"{signals.total(spec, model, Signal.QUEUED)} / clamp_min(sum({_up(spec, engine)}), 1)"
+            f" > {t.queue_per_replica:g}",
+            "10m",
+            "warning",
+            f"{n}: requests are queueing in the engines",
+            f"More than {t.queue_per_replica:g} requests per replica have waited for 10 minutes "
+            "(the scale-up target): scaling is not relieving the load.",
+            n,
+        )
+    )
+    out.append(
+        Alert(
+            "InferenceKVCacheNearlyFull",
+            f"{signals.maximum(spec, model, Signal.KV_USAGE)} > {KV_CACHE_ALERT_RATIO:g}",
+            "10m",
+            "warning",
+            f"{n}: KV cache above {KV_CACHE_ALERT_RATIO:.0%}",
+            "An engine's KV cache is nearly full: requests are preempted or wait for blocks.",
+            n,
+        )
+    )
+    slo_s = model.slo.ttft_p95_ms / 1000
+    if signals.has(model, Signal.TTFT):
+        for short, long, severity, for_ in BURN_WINDOWS:
+            q_short = signals.quantile(spec, model, Signal.TTFT, 0.95, short)
+            q_long = signals.quantile(spec, model, Signal.TTFT, 0.95, long)
+            out.append(
+                Alert(
+                    f"InferenceTTFTSLOBurn{short.upper()}",
+                    f"({q_short}) > {slo_s:g} and ({q_long}) > {slo_s:g}",
+                    for_,
+                    severity,
+                    f"{n}: TTFT p95 above the {model.slo.ttft_p95_ms} ms objective",
+                    f"TTFT p95 has exceeded {model.slo.ttft_p95_ms} ms over both {short} and {long}.",
+                    n,
+                )
+            )
+    if signals.has(model, Signal.INTER_TOKEN):
+        itl_s = model.slo.inter_token_p95_ms / 1000
+        out.append(
+            Alert(
+                "InferenceInterTokenSLO",
+                f"({signals.quantile(spec, model, Signal.INTER_TOKEN, 0.95, '30m')}) > {itl_s:g}",
+                "15m",
+                "warning",
+                f"{n}: inter-token p95 above the {model.slo.inter_token_p95_ms} ms objective",
+                f"Streamed tokens are slower than {model.slo.inter_token_p95_ms} ms apart at p95 over 30m.",
+                n,
+            )
+        )
+    if scaling.scales(model):
+        hpa = f'{signals.namespace_label(spec)},horizontalpodautoscaler="{scaling.hpa_name(spec, model)}"'
+        out.append(
+            Alert(
+                "InferenceScalingPinnedAtMax",
+                f"kube_horizontalpodautoscaler_status_current_replicas{{{hpa}}}"
+                f" >= kube_horizontalpodautoscaler_spec_max_replicas{{{hpa}}}",
+                "30m",
+                "warning",
+                f"{n}: at max_replicas ({t.max_replicas}) for 30 minutes",
+                "Demand exceeds what the stack allows; raise scaling.max_replicas or add capacity.",
+                n,
+            )
+        )
+    return out
+
+
+def gateway_alerts(spec: PlatformSpec) -> list[Alert]:
+    """No router up, too many router 5xx, health-monitor ejections."""
+    return [
+        Alert(
+            "InferenceRouterDown",
+            f"(sum({_up(spec, common.runtime_name(spec, common.ROUTER))}) or on() vector(0)) == 0",
+            "5m",
+            "critical",
+            "No router replica is up",
+            "Every request to the platform fails: no router answers /metrics.",
+        ),
+        Alert(
+            "InferenceRouter5xxRate",
+            f"{signals.router_error_ratio(spec, '5m')} > {ROUTER_5XX_RATIO:g}",
+            "5m",
+            "critical",
+            "Router 5xx rate above {{ $value | humanizePercentage }} for {{ $labels.model }}",
+            f"More than {ROUTER_5XX_RATIO:.0%} of responses for a model are server errors.",
+        ),
+        Alert(
+            "InferenceHealthEjections",
+            f"{signals.health_ejections(spec)} > 0",
+            "0m",
+            "warning",
+            "The health monitor ejected replicas of {{ $labels.model }}",
+            "{{ $value }} replicas were taken out of rotation in the last 15 minutes.",
+        ),
+    ]
+
+
+def alerts(spec: PlatformSpec) -> list[Alert]:
+    """Every alert of the stack: each model's, then the gateway's."""
+    return [a for m in spec.models for a in model_alerts(spec, m)] + gateway_alerts(spec)
+
+
+def prometheus_rule(spec: PlatformSpec) -> Manifest:
+    """One PrometheusRule: a group per model and one for the gateway."""
+    groups = [
+        {"name": f"inferstack-{m.name}", "rules": [a.rule() for a in model_alerts(spec, m)]}
+        for m in spec.models
+    ]
+    groups.append({"name": "inferstack-gateway", "rules": [a.rule() for a in gateway_alerts(spec)]})
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": common.metadata(spec, f"{spec.name}-alerts", "monitoring"),
+        "spec": {"groups": groups},
+    }
+
+
+def promql(spec: PlatformSpec) -> list[str]:
+    """Every alert expression, for the parser check."""
+    return [a.expr for a in alerts(spec)]

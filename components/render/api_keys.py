@@ -1,0 +1,72 @@
+"""The router's API keys: the Secret that holds them, and how plain keys become the hashes stored there. Pure.
+
+Keys arrive as a Pulumi secret (a YAML/JSON list of {name, key, models}); the cluster only ever stores their
+SHA-256 hashes, in the ``runtime.config.ApiKey`` shape the router reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from components.redaction import REDACTED
+from components.render import common
+from components.render.common import Manifest
+from components.spec import PlatformSpec
+from runtime.config import ApiKey
+
+
+def api_keys_secret(spec: PlatformSpec) -> Manifest:
+    """The Secret the router reads hashed keys from; ``stringData`` is filled in as a Pulumi secret."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": common.metadata(spec, common.api_keys_secret_name(spec), common.ROUTER),
+        "type": "Opaque",
+    }
+
+
+def hash_api_keys(raw: str, source: str) -> str:
+    """A YAML/JSON list of {name, key, models?, requests_per_minute?, tokens_per_minute?} -> ApiKey YAML.
+
+    Raises ``ValueError`` naming ``source`` (the config key) and the entry for any mistake; the message never
+    contains a key.
+    """
+    if raw == REDACTED:  # inferstack plan: the value is not known offline
+        return REDACTED
+    try:
+        entries = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise ValueError(f"{source}: not valid YAML or JSON; give a list of {{name, key, models}}") from None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{source}: give a non-empty list of {{name, key, models}}")
+    out: list[dict[str, Any]] = []
+    names: set[str] = set()
+    for i, entry in enumerate(entries):
+        where = f"{source}[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: each entry is a mapping with name and key")
+        key = entry.get("key")
+        name = entry.get("name")
+        if not isinstance(key, str) or len(key) < 16:
+            raise ValueError(f"{where}: 'key' must be a string of at least 16 characters")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where}: 'name' is required (who holds the key)")
+        if name in names:
+            raise ValueError(f"{where}: name {name!r} is used twice")
+        names.add(name)
+        unknown = set(entry) - {"name", "key", "models", "requests_per_minute", "tokens_per_minute"}
+        if unknown:
+            raise ValueError(f"{where}: unknown fields {sorted(unknown)}")
+        fields = {k: v for k, v in entry.items() if k != "key"}
+        try:
+            hashed = ApiKey.model_validate({**fields, "sha256": hashlib.sha256(key.encode()).hexdigest()})
+        except ValidationError as err:
+            first = err.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"{where}.{loc}: {first['msg']}") from None
+        out.append(hashed.model_dump(mode="json", exclude_none=True))
+    return yaml.safe_dump(out, sort_keys=False)

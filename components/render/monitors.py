@@ -1,0 +1,59 @@
+"""ServiceMonitors: how the Prometheus operator finds the engines and the runtime services. Pure.
+
+One monitor per model selects its engine Service; one more selects every runtime service (router,
+health monitor, batcher) by component label. Both scrape the ``http`` port every ``SCRAPE_INTERVAL``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.render import common, signals
+from components.render.common import Manifest
+from components.render.gateway import parts
+from components.spec import ModelSpec, PlatformSpec
+from runtime.engines import facts
+
+RUNTIME_METRICS_PATH = "/metrics"
+"""Where the router, the health monitor and the batcher serve their metrics."""
+
+
+def _service_monitor(spec: PlatformSpec, name: str, selector: dict[str, Any], path: str) -> Manifest:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": common.metadata(spec, name, "monitoring"),
+        "spec": {
+            "selector": selector,
+            "namespaceSelector": {"matchNames": [spec.cluster.namespace]},
+            "endpoints": [
+                {"port": "http", "path": path, "interval": signals.SCRAPE_INTERVAL, "scheme": "http"}
+            ],
+        },
+    }
+
+
+def engine_service_monitor(spec: PlatformSpec, model: ModelSpec) -> Manifest:
+    """Scrapes one model's engine replicas at the engine's own metrics path."""
+    return _service_monitor(
+        spec,
+        common.engine_name(model.name),
+        {"matchLabels": common.engine_selector(spec, model.name)},
+        facts(model.engine.kind).metrics_path,
+    )
+
+
+def runtime_service_monitor(spec: PlatformSpec) -> Manifest:
+    """Scrapes every runtime service this stack runs, selected by its component label."""
+    name = common.runtime_name(spec, "runtime")
+    instance = common.labels(spec, name, "monitoring")["app.kubernetes.io/instance"]
+    selector = {
+        "matchLabels": {"app.kubernetes.io/instance": instance},
+        "matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In", "values": parts(spec)}],
+    }
+    return _service_monitor(spec, name, selector, RUNTIME_METRICS_PATH)
+
+
+def render(spec: PlatformSpec) -> list[Manifest]:
+    """Every ServiceMonitor of the stack: one per model, then the runtime services'."""
+    return [*(engine_service_monitor(spec, m) for m in spec.models), runtime_service_monitor(spec)]

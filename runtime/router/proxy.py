@@ -1,0 +1,241 @@
+"""One try of one request on one replica: send the client's bytes, relay the answer, account for it.
+
+Only failures before the client has seen a byte come back to the caller, to be retried elsewhere:
+connect errors, resets before any response, ``502/503/504``, a wrong content type, or a stream that
+ends before its first chunk. For a stream the first chunk is awaited before headers go out, so a
+replica that accepts and then fails is retried instead of reaching the client as a broken stream.
+Every outcome feeds the replica's circuit breaker and the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from runtime.config import RouterSettings
+from runtime.http import error_body
+from runtime.router.auth import Principal, charge_tokens
+from runtime.router.backends import BACKEND_HEADER, Backend
+from runtime.router.fleet import ModelState
+from runtime.router.metrics import RouterMetrics
+from runtime.router.payload import usage_of
+from runtime.scheduling import Context
+from runtime.server import ClientGoneError, Connection
+from runtime.upstream import Exchange, UpstreamError
+
+log = logging.getLogger("inferstack.router")
+access = logging.getLogger("inferstack.router.access")
+
+RETRY_STATUSES = frozenset((502, 503, 504))
+HOP_BY_HOP = frozenset(
+    (
+        b"host",
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"content-length",
+        b"authorization",
+        b"proxy-authorization",
+        b"expect",
+    )
+)
+_JSON = b"application/json"
+_TAIL_BYTES = 4096  # enough of a large answer's end to find its usage
+
+
+def forwarded_tail(headers: Mapping[bytes, bytes], rid_header: bytes, rid: bytes, body: bytes) -> bytes:
+    """What follows the request line and host towards an engine: end-to-end headers, the request id,
+    the length, the client's body as it came."""
+    fwd = [
+        name + b": " + value + b"\r\n"
+        for name, value in headers.items()
+        if name not in HOP_BY_HOP and name != rid_header
+    ]
+    fwd.append(rid_header + b": " + rid + b"\r\n")
+    return b"".join(fwd) + b"content-length: %d\r\n\r\n" % len(body) + body
+
+
+@dataclass(slots=True)
+class Call:
+    """One client request on its way through the router."""
+
+    conn: Connection
+    state: ModelState
+    ctx: Context
+    path: bytes
+    tail: bytes  # forwarded headers + body, after the request line and host
+    stream: bool
+    rid: bytes
+    principal: Principal | None
+    started: float
+
+
+class Forwarder:
+    """Sends calls to replicas with the router's timeouts; reconfigured with the router."""
+
+    def __init__(self, metrics: RouterMetrics, settings: RouterSettings) -> None:
+        self.metrics = metrics
+        self.configure(settings)
+
+    def configure(self, s: RouterSettings) -> None:
+        self.rid_header = s.request_id_header.lower().encode()
+        self.connect_timeout_s = s.connect_timeout_ms / 1000
+        self.first_byte_timeout_s = s.first_byte_timeout_ms / 1000
+        self.idle_timeout_s = s.stream_idle_timeout_ms / 1000
+        self.access_log = s.access_log
+
+    async def attempt(self, call: Call, b: Backend) -> tuple[int, str] | None:
+        """One try on one replica. None when the client got its answer (or left); otherwise the
+        (status, message) of a failure that is safe to retry elsewhere."""
+        conn, state, rid, principal = call.conn, call.state, call.rid, call.principal
+        b.inflight += 1
+        sent_at = time.monotonic()
+        b.breaker.on_start(sent_at)
+        ex: Exchange | None = None
+        status = 0
+        ok = False
+        try:
+            head = b"POST %b HTTP/1.1\r\nhost: %b\r\n" % (call.path, b.pool.host_header)
+            ex = await Exchange.open(b.pool, head + call.tail, self.connect_timeout_s)
+            await ex.head(self.first_byte_timeout_s)
+            status = ex.status
+            ctype = ex.headers.get(b"content-type", b"")
+            if status in RETRY_STATUSES:
+                body = await ex.read_all(self.idle_timeout_s)
+                b.breaker.on_failure(time.monotonic())
+                return status, f"replica answered {status}: {body[:200].decode('utf-8', 'replace')}"
+            if status == 200 and ctype.startswith(b"text/event-stream"):
+                return await self._relay_stream(call, b, ex, sent_at)
+            if status == 200 and not ctype.startswith(_JSON):
+                # neither JSON nor SSE: a proxy error page or a confused engine; try another replica
+                ex.abort()
+                b.breaker.on_failure(time.monotonic())
+                return 502, f"replica answered with content-type {ctype.decode('latin-1')!r}"
+            # a JSON answer (or an engine error, passed through as it is)
+            body = await ex.next_chunk(self.idle_timeout_s) or b""
+            first = time.monotonic()
+            extra = [(self.rid_header, rid), (BACKEND_HEADER, b.tag)]
+            if ex.drained or not body:
+                conn.send(status, body, ctype or _JSON, extra)  # the usual case: one write
+            else:
+                body = await self._relay_large(call, b, ex, status, ctype or _JSON, body)
+            ok = True
+            if status == 200:
+                b.observe_ttft(first - sent_at, state.ewma_alpha)
+                self.metrics.first_byte(state.name, first - sent_at)
+                p, c = usage_of(body)
+                self.account(state.name, principal, p, c)
+            return None
+        except UpstreamError as err:
+            if ex is not None:
+                ex.abort()
+            b.breaker.on_failure(time.monotonic())
+            # the client has seen nothing yet (relay handles failures after the first chunk itself)
+            return (504 if err.kind == "timeout" else 502), str(err)
+        except (asyncio.CancelledError, ClientGoneError):
+            if ex is not None:
+                ex.abort()  # closing the socket is how the engine learns to stop generating
+            raise
+        finally:
+            b.inflight -= 1
+            if ok:
+                b.breaker.on_success()
+            else:
+                b.breaker.on_abandon()
+            state.queue.wake_one()
+            self.metrics.request(state.name, b.url, status or 502, time.monotonic() - call.started)
+            if self.access_log:
+                access.info(
+                    "request",
+                    extra={
+                        "request_id": rid.decode(),
+                        "model": state.name,
+                        "backend": b.url,
+                        "status": status,
+                        "duration_ms": round((time.monotonic() - call.started) * 1000, 2),
+                    },
+                )
+
+    async def _relay_large(
+        self, call: Call, b: Backend, ex: Exchange, status: int, ctype: bytes, first: bytes
+    ) -> bytes:
+        """Pass a big answer (many embeddings) through piece by piece instead of holding it whole;
+        returns its tail, where ``usage`` is."""
+        conn = call.conn
+        headers = [(b"content-type", ctype), (self.rid_header, call.rid), (BACKEND_HEADER, b.tag)]
+        length = ex.headers.get(b"content-length", b"")
+        sized = length.isdigit()
+        if sized:
+            conn.start_sized(status, headers, int(length), first)
+        else:
+            conn.start(status, headers, first)
+        tail = first[-_TAIL_BYTES:]
+        try:
+            while (piece := await ex.next_chunk(self.idle_timeout_s)) is not None:
+                await (conn.write(piece) if sized else conn.chunk(piece))
+                tail = (tail + piece)[-_TAIL_BYTES:]
+        except UpstreamError as err:
+            ex.abort()
+            log.warning("answer broke mid-way", extra={"request_id": call.rid.decode(), "error": str(err)})
+            conn.close()  # the client sees a short body, never a truncated one passed off as whole
+            return tail
+        if sized:
+            conn.end_sized()
+        else:
+            conn.end()
+        return tail
+
+    async def _relay_stream(
+        self, call: Call, b: Backend, ex: Exchange, sent_at: float
+    ) -> tuple[int, str] | None:
+        conn, state, rid = call.conn, call.state, call.rid
+        # wait for the first token before answering: until then a failure is retried elsewhere
+        first = await ex.next_chunk(self.first_byte_timeout_s)
+        if first is None:
+            b.breaker.on_failure(time.monotonic())
+            return 502, "replica ended the stream before sending anything"
+        now = time.monotonic()
+        b.observe_ttft(now - sent_at, state.ewma_alpha)
+        self.metrics.first_byte(state.name, now - sent_at)
+        headers = [
+            (b"content-type", b"text/event-stream"),
+            (b"cache-control", b"no-cache"),
+            (self.rid_header, rid),
+            (BACKEND_HEADER, b.tag),
+        ]
+        conn.start(200, headers, first)
+        b.breaker.on_success()
+        last = first
+        try:
+            while (chunk := await ex.next_chunk(self.idle_timeout_s)) is not None:
+                await conn.chunk(chunk)
+                if b'"usage"' in chunk:
+                    last = chunk
+        except UpstreamError as err:
+            ex.abort()
+            b.breaker.on_failure(time.monotonic())
+            log.warning(
+                "stream broke mid-way",
+                extra={"request_id": rid.decode(), "backend": b.url, "error": str(err)},
+            )
+            event = (
+                b"data: " + error_body(502, f"the engine stream broke: {err}", code="stream_error") + b"\n\n"
+            )
+            await conn.chunk(event)
+        conn.end()
+        if b'"usage"' in last:
+            p, c = usage_of(last)
+            self.account(state.name, call.principal, p, c)
+        return None
+
+    def account(self, model: str, principal: Principal | None, prompt: int, completion: int) -> None:
+        if prompt or completion:
+            self.metrics.usage(model, prompt, completion)
+            charge_tokens(principal, prompt + completion, time.monotonic())

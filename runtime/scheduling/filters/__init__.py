@@ -1,0 +1,1 @@
+"""Built-in filters, one module each; ``runtime.scheduling.registry`` finds every module here."""

@@ -1,0 +1,112 @@
+"""What a routing decision reads: the endpoints (as a view any front end can satisfy), the request, the knobs.
+
+The scheduling library owns no endpoint state. A front end (the router, an Envoy endpoint picker)
+keeps its own records and hands them over; anything with these attributes will do, which is why they
+are Protocols with read-only members: the router's ``Backend`` satisfies them as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class BreakerView(Protocol):
+    """An endpoint's circuit breaker, as far as a decision cares: may a request go there now?"""
+
+    def allows(self, now: float) -> bool: ...
+
+
+class Endpoint(Protocol):
+    """One replica as scorers and filters see it."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def healthy(self) -> bool: ...
+
+    @property
+    def inflight(self) -> int:
+        """Requests this front end has in flight there."""
+        ...
+
+    @property
+    def cap(self) -> int:
+        """Requests it may have in flight there (the engine's max_num_seqs)."""
+        ...
+
+    @property
+    def engine_queued(self) -> float:
+        """Requests waiting in the engine's own queue (engine stats; 0 when unknown)."""
+        ...
+
+    @property
+    def kv_usage(self) -> float | None:
+        """KV cache usage 0-1 (engine stats); None when unknown."""
+        ...
+
+    @property
+    def ttft_ewma_s(self) -> float | None:
+        """Moving average of time to first token measured by the front end; None before a sample."""
+        ...
+
+    @property
+    def weight(self) -> float:
+        """Static share from the config (``static_backends[].weight``)."""
+        ...
+
+    @property
+    def breaker(self) -> BreakerView: ...
+
+
+@dataclass(slots=True)
+class Context:
+    """One request, as far as a decision looks at it; the front end fills what the scorers need."""
+
+    model: str
+    prompt: str = ""  # filled when a scorer needs Need.PROMPT
+    session: str | None = None  # filled when a scorer needs Need.SESSION
+    now: float = 0.0
+    exclude: frozenset[str] = frozenset()  # endpoints already tried by this request
+    notes: dict[str, object] = field(default_factory=dict)  # scorers leave state for on_routed
+
+
+class Knobs(Protocol):
+    """The tuning knobs built-in scorers read when they are made (``runtime.config.StrategyConfig``
+    satisfies this; its fields are the one definition of each knob: type, default, range, meaning)."""
+
+    @property
+    def load_guard_ratio(self) -> float: ...
+
+    @property
+    def prefix_block_tokens(self) -> int: ...
+
+    @property
+    def prefix_chars_per_token(self) -> int: ...
+
+    @property
+    def prefix_max_blocks(self) -> int: ...
+
+    @property
+    def prefix_index_max_entries(self) -> int: ...
+
+    @property
+    def prefix_balance_factor(self) -> float: ...
+
+    @property
+    def prefix_balance_window_s(self) -> float: ...
+
+    @property
+    def session_index_max_entries(self) -> int: ...
+
+
+class StrategySettings(Knobs, Protocol):
+    """A configured strategy: a preset's name, weights that override or extend it, and the knobs."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def weights(self) -> Mapping[str, float]: ...

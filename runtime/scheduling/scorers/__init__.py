@@ -1,0 +1,1 @@
+"""Built-in scorers, one module each; ``runtime.scheduling.registry`` finds every module here."""

@@ -1,0 +1,23 @@
+"""``rotation``: round robin as a scorer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from runtime.scheduling.inputs import Context, Endpoint
+from runtime.scheduling.kinds import Category
+from runtime.scheduling.pipeline import Scorer
+from runtime.scheduling.registry import register_scorer
+
+
+@register_scorer("rotation", Category.DISTRIBUTION)
+class RotationScorer(Scorer):
+    """1 for the next eligible replica in turn, 0 for the others: round robin as a scorer."""
+
+    def __init__(self) -> None:
+        self.counter = 0
+
+    def score(self, endpoints: Sequence[Endpoint], ctx: Context) -> list[float]:
+        turn = self.counter % len(endpoints)
+        self.counter += 1
+        return [1.0 if i == turn else 0.0 for i in range(len(endpoints))]

@@ -1,0 +1,83 @@
+"""`make local` runs the cluster's vLLM command line: one function builds both, and they differ only in
+where the engine runs (the model directory, host, port, and no download directory). No engine starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.local.plan import HOST, EngineLaunch, LocalOptions, build_plan
+from components.local.supervisor import engine_process
+from components.render.engine_args import engine_command
+from components.stackfile import Stack, load, validate
+from runtime.config import EngineKind
+from runtime.engines import TELEMETRY_OFF_ENV, facts
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = facts(EngineKind.VLLM).cli
+
+
+def _with_value(args: list[str], flag: str, value: str | None) -> list[str]:
+    """``args`` with ``flag``'s value replaced, or the flag and its value removed when ``value`` is None."""
+    at = args.index(flag)
+    return args[:at] + ([flag, value] if value is not None else []) + args[at + 2 :]
+
+
+def _cluster_args_run_here(launch: EngineLaunch) -> list[str]:
+    """The cluster's command line with exactly the named overrides of a local engine applied."""
+    args = list(engine_command(launch.spec).args)
+    assert args[0] == launch.spec.source  # the positional model: the stack's source in the cluster ...
+    args[0] = str(launch.path.absolute())  # ... its directory on this machine
+    args = _with_value(args, CLI.host.name, HOST)
+    args = _with_value(args, CLI.port.name, str(launch.port))
+    assert CLI.download_dir is not None
+    return _with_value(args, CLI.download_dir.name, None)  # the pod's model cache; nothing downloads here
+
+
+def _local_stack_with(**engine: object) -> Stack:
+    """The committed local stack, with extra engine knobs turned on every model."""
+    doc = yaml.safe_load((REPO / "stacks" / "Pulumi.local.yaml").read_text())["config"]["inferstack:platform"]
+    for model in doc["models"]:
+        model["engine"] = {**model["engine"], **engine}
+    spec, layout = validate(doc, "stacks/Pulumi.test.yaml")
+    return Stack(name="test", source="stacks/Pulumi.test.yaml", spec=spec, layout=layout, config={})
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {},
+        {
+            "quantization": "fp8",
+            "kv_cache_dtype": "fp8",
+            "max_num_batched_tokens": 4096,
+            "enable_prefix_caching": False,
+            "enable_chunked_prefill": False,
+            "enforce_eager": True,
+            "trust_remote_code": True,
+            "extra_args": ["--max-log-len", "100"],
+        },
+    ],
+    ids=["committed", "every-knob-turned"],
+)
+def test_local_engines_run_the_cluster_command_line_except_where(
+    knobs: dict[str, object], tmp_path: Path
+) -> None:
+    stack = _local_stack_with(**knobs) if knobs else load("local", REPO / "stacks")
+    plan = build_plan(stack, LocalOptions(cpus=(0, 1), engine_port=9100), REPO)
+    assert plan.engines
+    for launch in plan.engines:
+        local = engine_process(launch, tmp_path, "tag").argv
+        assert local == _cluster_args_run_here(launch), launch.name
+
+
+def test_local_engines_keep_the_clusters_telemetry_opt_out_and_get_their_own_core(tmp_path: Path) -> None:
+    plan = build_plan(load("local", REPO / "stacks"), LocalOptions(cpus=(0, 1)), REPO)
+    for launch in plan.engines:
+        env = engine_process(launch, tmp_path, "tag").environment()
+        assert TELEMETRY_OFF_ENV.items() <= env.items()
+        assert TELEMETRY_OFF_ENV.items() <= engine_command(launch.spec).env.items()
+        assert env["VLLM_CPU_OMP_THREADS_BIND"] == launch.cpu_cores
+        assert (env["HF_HUB_OFFLINE"], env["VLLM_HOST_IP"]) == ("1", "127.0.0.1")
