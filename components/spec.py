@@ -693,8 +693,9 @@ class ChartVersionsSpec(_Spec):
     """Chart gpu-operator (addons.gpu_plugin gpu-operator)."""
     dcgm_exporter: str = "4.1.1"
     """Chart dcgm-exporter (observability.dcgm_exporter)."""
-    keda: str = "2.17.1"
-    """Chart keda (addons.autoscaler keda)."""
+    keda: str = "2.19.0"
+    """Chart keda (addons.autoscaler keda). 2.19 is tested on Kubernetes 1.32-1.34 (2.17: 1.30-1.32), and its
+    CRDs are the ones the schema check covers (tools/crd-schemas)."""
     kube_prometheus_stack: str = "75.6.1"
     """Chart kube-prometheus-stack: Prometheus, its operator and Grafana (observability.prometheus)."""
     prometheus_adapter: str = "4.14.1"
