@@ -39,6 +39,8 @@ _TORCH_INDUCTOR = Write(
 )  # torch._inductor: tempfile.gettempdir()/torchinductor_<user> (also IPC files)
 _SHM = Write("/dev/shm")  # worker processes and NCCL exchange tensors through shared memory
 _TRITON = Write("~/.triton")  # Triton's kernel cache (TRITON_CACHE_DIR defaults to ~/.triton/cache)
+_FLASHINFER_JIT = (_HF_CACHE, Write("~/.cache/flashinfer"), _TRITON, _TORCH_INDUCTOR, _SHM)
+"""What the CUDA images that JIT-compile FlashInfer kernels write (SGLang, TensorRT-LLM's PyTorch backend)."""
 
 IMAGE_FACTS: Mapping[EngineKind, ImageFacts] = {
     EngineKind.VLLM: ImageFacts(
@@ -53,7 +55,7 @@ IMAGE_FACTS: Mapping[EngineKind, ImageFacts] = {
     ),
     EngineKind.SGLANG: ImageFacts(
         user="root",
-        writes=(_HF_CACHE, Write("~/.cache/flashinfer"), _TRITON, _TORCH_INDUCTOR, _SHM),
+        writes=_FLASHINFER_JIT,
         source=(
             "SGLang 0.5.3 (lmsysorg/sglang:v0.5.3-cu126): docker/Dockerfile has no USER (root, WORKDIR "
             "/sgl-workspace); docker/compose.yaml mounts ~/.cache/huggingface at /root/.cache/huggingface with "
@@ -63,7 +65,7 @@ IMAGE_FACTS: Mapping[EngineKind, ImageFacts] = {
     ),
     EngineKind.TRTLLM: ImageFacts(
         user="root",
-        writes=(_HF_CACHE, Write("~/.cache/flashinfer"), _TRITON, _TORCH_INDUCTOR, _SHM),
+        writes=_FLASHINFER_JIT,
         source=(
             "TensorRT-LLM 1.0.0 (nvcr.io/nvidia/tensorrt-llm/release:1.0.0): the release stage of "
             "docker/Dockerfile.multi has no USER (root, WORKDIR /app/tensorrt_llm); the quick-start guide runs it "
