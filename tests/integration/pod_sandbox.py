@@ -31,6 +31,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 SPECIAL = {"proc", "sys", "dev"}
 
@@ -49,12 +50,12 @@ def _top(path: str) -> str:
     return path.strip("/").split("/", 1)[0]
 
 
-def build_root(root: Path, spec: dict[str, object]) -> None:
+def build_root(root: Path, spec: dict[str, Any]) -> None:
     """Fills ``root`` (an empty directory) with the read-only host tree and the writable volumes."""
-    writable: dict[str, str] = dict(spec.get("writable", {}))  # type: ignore[call-overload]
-    memory: dict[str, str] = dict(spec.get("memory", {}))  # type: ignore[call-overload]
-    expose: list[str] = list(spec.get("expose", []))  # type: ignore[call-overload]
-    fs_group = int(spec.get("fs_group", spec["gid"]))  # type: ignore[call-overload]
+    writable: dict[str, str] = spec.get("writable", {})
+    memory: dict[str, str] = spec.get("memory", {})
+    expose: list[str] = spec.get("expose", [])
+    fs_group = int(spec.get("fs_group", spec["gid"]))
     _mount("-t", "tmpfs", "-o", "mode=0755", "tmpfs", str(root))
     # Directories that rendered volumes or exposed trees live in come from the new root, not the host.
     own = {_top(p) for p in [*writable, *expose]} | {"tmp"}
@@ -84,12 +85,12 @@ def build_root(root: Path, spec: dict[str, object]) -> None:
     _mount("-o", "remount,ro", str(root))
 
 
-def command_as_user(spec: dict[str, object], command: list[str]) -> list[str]:
+def command_as_user(spec: dict[str, Any], command: list[str]) -> list[str]:
     """``setpriv`` as the rendered user with nothing else: no capabilities, no privilege gain, given env."""
-    uid, gid = int(spec["uid"]), int(spec["gid"])  # type: ignore[call-overload]
-    fs_group = int(spec.get("fs_group", gid))  # type: ignore[call-overload]
+    uid, gid = int(spec["uid"]), int(spec["gid"])
+    fs_group = int(spec.get("fs_group", gid))
     groups = ["--clear-groups"] if fs_group == gid else ["--groups", str(fs_group)]
-    env = [f"{k}={v}" for k, v in dict(spec["env"]).items()]  # type: ignore[call-overload]
+    env = [f"{k}={v}" for k, v in spec["env"].items()]
     return [
         "setpriv",
         f"--reuid={uid}",
