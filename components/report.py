@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from components import catalog, cost, sizing, targets
 from components.plan import Synthesis
+from components.render import scaling
 from components.stackfile import Stack
 
 PLAN_COLUMNS = (
@@ -110,6 +111,8 @@ def plan_report(stack: Stack) -> PlanReport:
             )
         )
         notes.append(f"{model.name}: {placement.reason}")
+        if note := scaling.scaling_note(spec, model):
+            notes.append(note)
     for pool in layout.pools.values():
         notes.append(
             f"pool {pool.name}: {pool.reason}; {pool.min_nodes}-{pool.max_nodes} nodes, "

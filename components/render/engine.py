@@ -10,10 +10,10 @@ from components.render import common, hardening, scaling
 from components.render.common import Manifest
 from components.render.engine_args import (
     MODEL_DIR,
-    S3_MODEL_DIR,
     TRTLLM_CONFIG_DIR,
     EngineCommand,
     engine_command,
+    s3_model_dir,
 )
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import facts
@@ -90,7 +90,7 @@ def _s3_sync(model: ModelSpec) -> Manifest:
         "name": "fetch-weights",
         "image": AWS_CLI_IMAGE,
         "imagePullPolicy": "Always",
-        "command": ["aws", "s3", "sync", "--only-show-errors", model.source, S3_MODEL_DIR],
+        "command": ["aws", "s3", "sync", "--only-show-errors", model.source, s3_model_dir(model)],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "resources": {
             "requests": {"cpu": "500m", "memory": "1Gi"},
