@@ -130,6 +130,96 @@ _RETENTION = "1 3 5 7 14 30 60 90 120 150 180 365 400 545 731 1096 1827 2192 255
 CLOUDWATCH_RETENTION_DAYS = tuple(int(d) for d in _RETENTION.split())
 
 
+def _ipv4_cidr(value: str) -> str:
+    try:
+        ipaddress.IPv4Network(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IPv4 CIDR block; write e.g. '203.0.113.0/24'") from None
+    return value
+
+
+Ipv4Cidr = Annotated[str, AfterValidator(_ipv4_cidr)]
+
+
+class ApiAccess(StrEnum):
+    PRIVATE = "private"
+    PUBLIC = "public"
+
+
+ANYWHERE_IPV4 = "0.0.0.0/0"
+
+
+class ApiEndpointSpec(_Spec):
+    """How `pulumi up` reaches the EKS API server: the Kubernetes provider applies every manifest through it."""
+
+    access: ApiAccess
+    """private: the API answers only inside the VPC and networks connected to it, so `pulumi up` runs there (a CI
+    runner in the VPC, or over a VPN), from deployer_cidrs or deployer_security_group_ids; the VPC must exist before
+    the first `pulumi up` (existing_vpc_id). public: it also answers on the internet, to public_cidrs only."""
+    public_cidrs: list[Ipv4Cidr] = Field(default_factory=list)
+    """access public: the IPv4 ranges that may reach the public endpoint (your CI runners' egress addresses, an
+    office range); '0.0.0.0/0' is the whole internet, which the policy pack refuses in production."""
+    deployer_cidrs: list[Ipv4Cidr] = Field(default_factory=list)
+    """access private: IPv4 ranges inside the VPC or a network connected to it (a CI runner's subnet, a VPN's client
+    range) where `pulumi up` and kubectl run; the API's security group admits HTTPS from them."""
+    deployer_security_group_ids: list[str] = Field(default_factory=list)
+    """access private: security groups of the machines in the VPC that run `pulumi up` (a CI runner's, a
+    bastion's); the API's security group admits HTTPS from them."""
+
+    @field_validator("deployer_security_group_ids")
+    @classmethod
+    def _security_groups(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not re.fullmatch(r"sg-[0-9a-f]{8}([0-9a-f]{9})?", v)]
+        if bad:
+            raise ValueError(
+                f"{', '.join(map(repr, bad))} not a security group id; write e.g. 'sg-0123456789abcdef0'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _a_way_in(self) -> ApiEndpointSpec:
+        deployers = self.deployer_cidrs or self.deployer_security_group_ids
+        if self.access is ApiAccess.PUBLIC:
+            if not self.public_cidrs:
+                raise ValueError(
+                    "access public needs public_cidrs: the addresses `pulumi up` and kubectl come from (e.g. your CI "
+                    f"runners' egress, ['203.0.113.0/28']); '{ANYWHERE_IPV4}' opens the API to the whole internet"
+                )
+            if deployers:
+                raise ValueError(
+                    "deployer_cidrs and deployer_security_group_ids reach a private endpoint: with access public, "
+                    "list the deployers' public addresses in public_cidrs instead"
+                )
+        elif not deployers:
+            raise ValueError(
+                "access private needs a stated way in: deployer_cidrs (e.g. your CI runner's subnet or VPN range) or "
+                "deployer_security_group_ids (the runner's security group), inside the VPC or a network connected to it"
+            )
+        elif self.public_cidrs:
+            raise ValueError("public_cidrs limit a public endpoint: set access: public or drop them")
+        return self
+
+
+_OLD_ENDPOINT_FIELDS = frozenset({"endpoint_public_access", "api_public_cidrs"})
+
+
+def _endpoint_migration(old: dict[str, Any]) -> str:
+    """The api_endpoint block that keeps what the old endpoint fields said, as one line of advice."""
+    cidrs = old.get("api_public_cidrs") or []
+    if old.get("endpoint_public_access"):
+        listed = ", ".join(map(str, cidrs)) if cidrs else ANYWHERE_IPV4
+        return (
+            "endpoint_public_access and api_public_cidrs were replaced by api_endpoint; write "
+            f"`api_endpoint: {{access: public, public_cidrs: [{listed}]}}`"
+            + ("" if cidrs else f" ({ANYWHERE_IPV4} is what no api_public_cidrs meant; narrow it)")
+        )
+    return (
+        "endpoint_public_access and api_public_cidrs were replaced by api_endpoint; for a private endpoint write "
+        "`api_endpoint: {access: private, deployer_cidrs: [<where pulumi up runs in the VPC>]}` (with existing_vpc_id), "
+        "or `api_endpoint: {access: public, public_cidrs: [<your CI egress>]}`"
+    )
+
+
 class ClusterSpec(_Spec):
     """Where the platform runs."""
 
@@ -141,10 +231,9 @@ class ClusterSpec(_Spec):
     """Kubernetes minor version, e.g. '1.33'; manifests are validated against it."""
     namespace: DnsLabel = "inferstack"
     """Namespace for engines and the gateway."""
-    endpoint_public_access: bool = False
-    """Expose the EKS API endpoint publicly (private by default; the private endpoint is always on)."""
-    api_public_cidrs: list[str] = Field(default_factory=list)
-    """IPv4 ranges that may reach the public API endpoint (with endpoint_public_access); empty = anywhere."""
+    api_endpoint: ApiEndpointSpec | None = None
+    """How `pulumi up` and kubectl reach the EKS API server (target eks, where it is required): private, from
+    inside the VPC, or public to listed addresses. Nodes always use the private endpoint."""
     vpc_cidr: str = "10.0.0.0/16"
     """IPv4 range of the VPC the stack creates (target eks), /16 to /20: three quarters go to private subnets."""
     availability_zones: list[str] = Field(default_factory=list)
@@ -169,6 +258,10 @@ class ClusterSpec(_Spec):
     node_provisioner: NodeProvisioner = NodeProvisioner.MANAGED
     """GPU nodes from 'managed' EKS node groups (one per pool, min/max nodes from the models), or from
     'karpenter' NodePools (nodes of the pool's type launched for pending engines, up to the pool's GPUs)."""
+    karpenter_ami_version: Annotated[str, Field(pattern=r"^v\d{8}$")] = "v20250620"
+    """The EKS-optimized AL2023 AMI release Karpenter launches GPU nodes from ('v20250620' is
+    amazon-eks-node-al2023-x86_64-nvidia-1.33-v20250620), with node_provisioner karpenter. Pinned like a chart
+    version: a new AMI reaches nodes when you change it here, never by drift."""
 
     @field_validator("vpc_cidr")
     @classmethod
@@ -182,16 +275,13 @@ class ClusterSpec(_Spec):
             )
         return value
 
-    @field_validator("api_public_cidrs")
+    @model_validator(mode="before")
     @classmethod
-    def _api_cidrs(cls, value: list[str]) -> list[str]:
-        pattern = r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})/(\d{1,2})"
-        bad = [v for v in value if not (m := re.fullmatch(pattern, v)) or max(map(int, m.groups()[:4])) > 255]
-        if bad:
-            raise ValueError(
-                f"{', '.join(map(repr, bad))} not an IPv4 CIDR block; write e.g. '203.0.113.0/24'"
-            )
-        return value
+    def _replaced_endpoint_fields(cls, data: Any) -> Any:
+        """The endpoint fields before api_endpoint: say exactly what to write instead."""
+        if isinstance(data, dict) and _OLD_ENDPOINT_FIELDS & data.keys():
+            raise ValueError(_endpoint_migration(data))
+        return data
 
     @field_validator("existing_private_subnet_ids", "existing_public_subnet_ids")
     @classmethod
@@ -254,10 +344,6 @@ class ClusterSpec(_Spec):
         if self.existing_public_subnet_ids and not self.existing_private_subnet_ids:
             raise ValueError(
                 "existing_public_subnet_ids needs existing_private_subnet_ids (nodes run in private subnets)"
-            )
-        if self.api_public_cidrs and not self.endpoint_public_access:
-            raise ValueError(
-                "api_public_cidrs limit a public endpoint: set endpoint_public_access: true or drop them"
             )
         if bool(self.existing_private_subnet_ids) != bool(self.existing_vpc_id):
             raise ValueError(
@@ -795,6 +881,25 @@ class PlatformSpec(_Spec):
             raise ValueError(
                 f"cluster.name: {self.cluster_name!r} is {len(self.cluster_name)} characters; AWS names derived "
                 f"from it allow at most {MAX_EKS_CLUSTER_NAME}: set a shorter cluster.name"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _api_endpoint_reachable(self) -> PlatformSpec:
+        """The Kubernetes half of `pulumi up` needs a network path to the EKS API: stated, and possible."""
+        endpoint, cluster = self.cluster.api_endpoint, self.cluster
+        if self.target is not Target.EKS:
+            return self  # other targets reach their cluster through the kubeconfig, like the rest of cluster's EKS fields
+        if endpoint is None:
+            raise ValueError(
+                "cluster.api_endpoint: say how `pulumi up` reaches the EKS API: `{access: public, public_cidrs: "
+                "[<your CI egress>]}`, or `{access: private, deployer_cidrs: [...]}` from inside an existing VPC"
+            )
+        if endpoint.access is ApiAccess.PRIVATE and not cluster.existing_vpc_id:
+            raise ValueError(
+                "cluster.api_endpoint.access: a private endpoint answers only inside its VPC, and this stack creates "
+                "that VPC, so nothing can reach the API on the first `pulumi up`: bring the VPC your runner or VPN is "
+                "in (existing_vpc_id, existing_private_subnet_ids), or use access: public with public_cidrs"
             )
         return self
 

@@ -174,6 +174,7 @@ def karpenter_launch(spec: PlatformSpec, tags: dict[str, str]) -> NodeLaunch:
         imds_hop_limit=IMDS_HOP_LIMIT,
         root_device=ROOT_DEVICE,
         tags=tags,
+        ami_version=spec.cluster.karpenter_ami_version,
     )
 
 

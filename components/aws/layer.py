@@ -54,7 +54,9 @@ class AwsLayer(pulumi.ComponentResource):
         self.keys = PlatformKeys(spec, account_id, tags, on_aws)
         self.network = Network(spec, account_id, self.keys.logs.arn, tags, on_aws)
         self.cluster = Cluster(
-            spec, self.network.private_subnet_ids, account_id, self.keys.logs.arn, tags, on_aws
+            spec,
+            self.network.vpc_id,
+            self.network.private_subnet_ids, account_id, self.keys.logs.arn, tags, on_aws
         )
         cluster_name = self.cluster.name
 

@@ -21,7 +21,7 @@ CHART = "oci://public.ecr.aws/karpenter/karpenter"
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = (NAMESPACE, "karpenter")
 """The controller's service account: the chart creates it, EKS Pod Identity gives it the controller's role."""
-AMI_ALIAS = "al2023@latest"  # Karpenter picks the NVIDIA variant of AL2023 for GPU instance types
+AMI_FAMILY = "al2023"  # Karpenter picks the NVIDIA variant of AL2023 for GPU instance types
 NODE_EXPIRY = "720h"
 CONSOLIDATE_AFTER = "10m"  # only empty GPU nodes go: engines take minutes to load their weights
 
@@ -38,6 +38,15 @@ class NodeLaunch:
     imds_hop_limit: int
     root_device: str
     tags: dict[str, str]
+    ami_version: str
+    """The EKS-optimized AMI release every node launches from (``cluster.karpenter_ami_version``): pinned, so a
+    new AMI reaches GPU nodes only when the stack says so, never through drift."""
+
+
+def ami_alias(version: str) -> str:
+    """``al2023@v20250620``: Karpenter's alias for one AMI release (never ``@latest``; see
+    https://karpenter.sh/docs/tasks/managing-amis/)."""
+    return f"{AMI_FAMILY}@{version}"
 
 
 def node_class(pool: str, disk: RootDisk, launch: NodeLaunch, volume_key_arn: Any) -> Manifest:
@@ -49,7 +58,7 @@ def node_class(pool: str, disk: RootDisk, launch: NodeLaunch, volume_key_arn: An
         "metadata": {"name": pool},
         "spec": {
             "role": launch.role,
-            "amiSelectorTerms": [{"alias": AMI_ALIAS}],
+            "amiSelectorTerms": [{"alias": ami_alias(launch.ami_version)}],
             "subnetSelectorTerms": launch.subnets,
             "securityGroupSelectorTerms": launch.security_groups,
             "metadataOptions": {

@@ -16,6 +16,7 @@ MINIMAL: dict[str, Any] = {
     "name": "inferstack",
     "environment": "test",
     "target": "eks",
+    "cluster": {"api_endpoint": {"access": "public", "public_cidrs": ["203.0.113.0/28"]}},
     "gpu_pools": [{"name": "l40s", "instance_type": "g6e.xlarge"}],
     "models": [
         {
@@ -31,6 +32,11 @@ MINIMAL: dict[str, Any] = {
 
 def minimal() -> dict[str, Any]:
     return copy.deepcopy(MINIMAL)
+
+
+def cluster(**fields: Any) -> dict[str, Any]:
+    """MINIMAL's cluster block (its API endpoint) with ``fields`` on top."""
+    return {**copy.deepcopy(MINIMAL["cluster"]), **fields}
 
 
 def write_stack(

@@ -98,7 +98,7 @@ def test_every_policy_passes_strict_validation_for_each_ingress(ingress: str) ->
 
 def test_router_sources_default_to_the_vpc_the_stack_creates_else_the_private_ranges() -> None:
     raw = minimal()
-    raw["cluster"] = {"vpc_cidr": "10.42.0.0/16"}
+    raw["cluster"] = {**raw["cluster"], "vpc_cidr": "10.42.0.0/16"}
     eks = PlatformSpec.model_validate(raw)
     assert network.router_source_cidrs(eks, cloud_for(eks)) == ["10.42.0.0/16"]
     raw["target"] = "kubernetes"
