@@ -213,6 +213,15 @@ class CapturingMonitor(pulumi_mocks.MockMonitor):
     def __init__(self, mocks: pulumi.runtime.Mocks) -> None:
         super().__init__(mocks)
         self.captured: list[Resource] = []
+        self.reads: list[Resource] = []
+        """Existing resources the program reads (``Resource.get``): `pulumi up` fails if one is missing."""
+
+    def ReadResource(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
+        response = super().ReadResource(request)  # type: ignore[no-untyped-call]
+        inputs = {"id": request.id, **_plain(json_format.MessageToDict(request.properties))}
+        resource = Resource(request.type, request.name, request.parent or None, response.urn, True, inputs)
+        self.reads.append(resource)
+        return response
 
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
         response = super().RegisterResource(request)  # type: ignore[no-untyped-call]
@@ -234,6 +243,8 @@ class CapturingMonitor(pulumi_mocks.MockMonitor):
 @dataclass
 class Synthesis:
     resources: list[Resource] = field(default_factory=list)
+    reads: list[Resource] = field(default_factory=list)
+    """What the program reads from the cloud or cluster rather than creates (it must exist)."""
 
     def kubernetes_manifests(self) -> list[dict[str, Any]]:
         out = []
@@ -293,7 +304,7 @@ def synthesize(stack: Stack) -> Synthesis:
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
         asyncio.set_event_loop(previous)
-    return Synthesis(resources=list(monitor.captured))
+    return Synthesis(resources=list(monitor.captured), reads=list(monitor.reads))
 
 
 _TOP_LEVEL_ORDER = ("apiVersion", "kind", "metadata")

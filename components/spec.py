@@ -653,6 +653,18 @@ class IngressKind(StrEnum):
     GATEWAY_API = "gateway-api"
 
 
+class GatewayApiImplementation(StrEnum):
+    """Who serves the Gateway of ``ingress: gateway-api``."""
+
+    EXISTING = "existing"
+    ENVOY_GATEWAY = "envoy-gateway"
+
+
+ENVOY_GATEWAY_CLASS = "envoy-gateway"
+"""The GatewayClass the stack creates for the Envoy Gateway it installs, unless gateway_class names another."""
+IMAGE_REGISTRY = re.compile(r"^[a-z0-9]+([.-][a-z0-9]+)*(:\d{1,5})?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
+
+
 RUNTIME_IMAGES = {
     "router": "ghcr.io/inferstack/router:0.1.0",
     "health": "ghcr.io/inferstack/health:0.1.0",
@@ -689,14 +701,26 @@ class GatewaySpec(_Spec):
     anyone who reaches it."""
     api_keys_config_key: str | None = None
     """Pulumi secret config key holding a YAML/JSON list of {name, key, models} (stored hashed in the cluster)."""
+    gateway_api: GatewayApiImplementation = GatewayApiImplementation.EXISTING
+    """With ingress gateway-api, who serves the Gateway: 'existing' is a GatewayClass the cluster already runs
+    (gateway_class; `pulumi up` reads it before creating the Gateway, and stops there if it is missing),
+    'envoy-gateway' installs Envoy Gateway (addons.versions.envoy_gateway; its chart brings the Gateway API CRDs)
+    and creates GatewayClass gateway_class for it."""
     gateway_class: str = "istio"
-    """GatewayClass of the parent Gateway when ingress is gateway-api."""
+    """GatewayClass of the parent Gateway when ingress is gateway-api: the existing one's name, or (gateway_api
+    envoy-gateway) the name of the one the stack creates, 'envoy-gateway' unless set."""
     tls_secret_name: str | None = None
     """TLS Secret (e.g. from cert-manager) for the Gateway's HTTPS listener (gateway-api); None = HTTP only.
     The ALB finds its ACM certificate by hostname."""
     ingress_source_cidrs: list[Cidr] | None = None
     """Where traffic to the router pods may come from (where an ALB with target-type ip sits); defaults to
     cluster.vpc_cidr on eks when the stack creates the VPC, else the private ranges."""
+    image_registry: str | None = None
+    """Target kubernetes: the registry and path the stack builds the router, health monitor and batcher images
+    into (from runtime/images/, with Docker on the machine running `pulumi up`, logged in to it) and runs them
+    from, by digest: e.g. 'ghcr.io/acme/inferstack', or kind's local registry 'localhost:5001'. None: run
+    router_image, health_image and batcher_image as given (published release images). Target eks always builds
+    into its own ECR."""
     router_image: PinnedImage = RUNTIME_IMAGES["router"]
     """Router image, pinned by tag or digest (target kubernetes; eks runs the image it builds from
     runtime/images/ and pushes to ECR, by digest)."""
@@ -709,6 +733,22 @@ class GatewaySpec(_Spec):
     """CPU request and limit per router replica."""
     router_memory_gib: Annotated[float, Field(gt=0, le=256)] = 1.0
     """Memory request and limit per router replica."""
+
+    @field_validator("image_registry")
+    @classmethod
+    def _registry(cls, value: str | None) -> str | None:
+        if value is not None and not IMAGE_REGISTRY.match(value):
+            raise ValueError(
+                f"{value!r} is not a registry and path: write host[:port][/path] in lowercase, e.g. "
+                "'ghcr.io/acme/inferstack' or 'localhost:5001'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _gateway_class_of_the_installed_implementation(self) -> GatewaySpec:
+        if self.gateway_api is GatewayApiImplementation.ENVOY_GATEWAY and "gateway_class" not in self.model_fields_set:
+            self.gateway_class = ENVOY_GATEWAY_CLASS
+        return self
 
     @model_validator(mode="after")
     def _replicas_ordered(self) -> GatewaySpec:
@@ -791,6 +831,9 @@ class ChartVersionsSpec(_Spec):
     """Chart cluster-autoscaler (target eks with cluster.node_provisioner managed)."""
     karpenter: str = "1.6.0"
     """Chart karpenter, from oci://public.ecr.aws/karpenter (target eks with cluster.node_provisioner karpenter)."""
+    envoy_gateway: str = "v1.4.2"
+    """Chart gateway-helm, from oci://docker.io/envoyproxy: Envoy Gateway and the Gateway API CRDs it ships
+    (gateway.ingress gateway-api with gateway.gateway_api envoy-gateway)."""
 
     @field_validator("*")
     @classmethod

@@ -224,13 +224,16 @@ class Cluster(pulumi.ComponentResource):
         pod_identities: Sequence[aws.eks.AddonPodIdentityAssociationArgs] = (),
         depends_on: Sequence[pulumi.Resource] = (),
     ) -> aws.eks.Addon:
-        """A managed add-on at EKS's default version for the cluster's Kubernetes version."""
+        """A managed add-on at EKS's default version for the cluster's Kubernetes version, configured as
+        ``decisions.ADDON_CONFIGURATION`` says."""
+        configuration = decisions.ADDON_CONFIGURATION.get(addon)
         return aws.eks.Addon(
             f"{self.spec.cluster_name}-{addon}",
             cluster_name=self.cluster.name,
             addon_name=addon,
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="PRESERVE",
+            configuration_values=json.dumps(configuration) if configuration else None,
             pod_identity_associations=list(pod_identities) or None,
             tags=self.tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on)),

@@ -49,6 +49,11 @@ CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager",
 # Managed add-ons; the first group runs as DaemonSets and goes before any node, the rest need nodes.
 ADDONS_BEFORE_NODES = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
 ADDONS_AFTER_NODES = ("coredns", "aws-ebs-csi-driver")
+# vpc-cni enforces NetworkPolicies only when told to: its network policy agent then runs on every node (the
+# add-on's configuration schema key, `aws eks describe-addon-configuration --addon-name vpc-cni`; see
+# https://docs.aws.amazon.com/eks/latest/userguide/cni-network-policy-configure.html). Without it every
+# NetworkPolicy the stack renders would be decoration.
+ADDON_CONFIGURATION: dict[str, dict[str, Any]] = {"vpc-cni": {"enableNetworkPolicy": "true"}}
 
 # Customer-managed KMS keys, one per purpose, each with rotation on. One per purpose rather than one platform
 # key: a key policy can then name the one service (and principals) that purpose needs, so the engines' decrypt
