@@ -53,9 +53,11 @@ class Resource:
     urn: str
     custom: bool
     inputs: dict[str, Any]
+    timeouts: dict[str, str] | None = None
+    """Custom timeouts (create, update, delete) `pulumi up` waits with, where the program sets them."""
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "type": self.type,
             "name": self.name,
             "parent": self.parent,
@@ -63,6 +65,7 @@ class Resource:
             "custom": self.custom,
             "inputs": self.inputs,
         }
+        return out | ({"customTimeouts": self.timeouts} if self.timeouts else {})
 
 
 def _plain(value: Any) -> Any:
@@ -227,6 +230,11 @@ class CapturingMonitor(pulumi_mocks.MockMonitor):
         response = super().RegisterResource(request)  # type: ignore[no-untyped-call]
         if request.type != "pulumi:pulumi:Stack":
             inputs = _plain(json_format.MessageToDict(request.object))
+            timeouts = (
+                json_format.MessageToDict(request.customTimeouts)
+                if request.HasField("customTimeouts")
+                else {}
+            )
             self.captured.append(
                 Resource(
                     type=request.type,
@@ -235,6 +243,7 @@ class CapturingMonitor(pulumi_mocks.MockMonitor):
                     urn=response.urn,
                     custom=bool(request.custom),
                     inputs=inputs,
+                    timeouts={k: v for k, v in timeouts.items() if v} or None,
                 )
             )
         return response

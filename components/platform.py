@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pulumi
 
+from components import rollout
 from components.cloud import Cloud
 from components.kubernetes.addons import ClusterAddons
 from components.kubernetes.cluster import ClusterAccess
@@ -102,8 +103,10 @@ class InferencePlatform(pulumi.ComponentResource):
         engines_opts = pulumi.ResourceOptions(
             parent=self, depends_on=[self.namespace, self.priority_class, self.engine_identity]
         )
+        rollouts = rollout.plans(spec, layout)
         self.engines = {
-            m.name: ModelEngine(spec, m, layout.placements[m.name], engines_opts) for m in spec.models
+            m.name: ModelEngine(spec, m, layout.placements[m.name], rollouts[m.name], engines_opts)
+            for m in spec.models
         }
         self.network = NetworkPolicies(spec, cloud, in_namespace)
         # With gateway_api envoy-gateway, its chart brings the Gateway API CRDs the Gateway and HTTPRoute need.

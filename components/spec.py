@@ -555,6 +555,15 @@ class ScalingSpec(_Spec):
         return self
 
 
+class RolloutSpec(_Spec):
+    """How long `pulumi up` waits for a model's replicas to start, and how they are replaced."""
+
+    startup_budget_s: Annotated[int, Field(ge=60, le=21_600)] | None = None
+    """Seconds one replica may take from a cold node to ready: the engine's startup probe, its Deployment's
+    progress deadline and how long `pulumi up` waits for it. Defaults to the estimate (node start, image pull,
+    weights fetch and load; components.startup) plus 25%; a value below the estimate is refused."""
+
+
 class SloSpec(_Spec):
     """Latency objectives; scaling and alerts are derived from them."""
 
@@ -610,6 +619,8 @@ class ModelSpec(_Spec):
     """How the router picks one of this model's replicas for each request."""
     slo: SloSpec = Field(default_factory=SloSpec)
     """Latency objectives; scaling triggers and alerts derive from them."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    """How long its replicas may take to start; how they roll (surge from the pool's spare GPUs)."""
     task: Task | None = None
     """generate or embed; defaults from the architecture (embedding models pool)."""
 
@@ -746,7 +757,10 @@ class GatewaySpec(_Spec):
 
     @model_validator(mode="after")
     def _gateway_class_of_the_installed_implementation(self) -> GatewaySpec:
-        if self.gateway_api is GatewayApiImplementation.ENVOY_GATEWAY and "gateway_class" not in self.model_fields_set:
+        if (
+            self.gateway_api is GatewayApiImplementation.ENVOY_GATEWAY
+            and "gateway_class" not in self.model_fields_set
+        ):
             self.gateway_class = ENVOY_GATEWAY_CLASS
         return self
 
@@ -924,25 +938,6 @@ class PlatformSpec(_Spec):
             raise ValueError(
                 f"cluster.name: {self.cluster_name!r} is {len(self.cluster_name)} characters; AWS names derived "
                 f"from it allow at most {MAX_EKS_CLUSTER_NAME}: set a shorter cluster.name"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _api_endpoint_reachable(self) -> PlatformSpec:
-        """The Kubernetes half of `pulumi up` needs a network path to the EKS API: stated, and possible."""
-        endpoint, cluster = self.cluster.api_endpoint, self.cluster
-        if self.target is not Target.EKS:
-            return self  # other targets reach their cluster through the kubeconfig, like the rest of cluster's EKS fields
-        if endpoint is None:
-            raise ValueError(
-                "cluster.api_endpoint: say how `pulumi up` reaches the EKS API: `{access: public, public_cidrs: "
-                "[<your CI egress>]}`, or `{access: private, deployer_cidrs: [...]}` from inside an existing VPC"
-            )
-        if endpoint.access is ApiAccess.PRIVATE and not cluster.existing_vpc_id:
-            raise ValueError(
-                "cluster.api_endpoint.access: a private endpoint answers only inside its VPC, and this stack creates "
-                "that VPC, so nothing can reach the API on the first `pulumi up`: bring the VPC your runner or VPN is "
-                "in (existing_vpc_id, existing_private_subnet_ids), or use access: public with public_cidrs"
             )
         return self
 

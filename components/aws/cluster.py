@@ -69,7 +69,7 @@ class Cluster(pulumi.ComponentResource):
     def __init__(
         self,
         spec: PlatformSpec,
-        vpc_id: pulumi.Input[str],
+        vpc_id: pulumi.Input[str] | None,
         subnet_ids: Sequence[pulumi.Input[str]],
         account_id: pulumi.Output[str],
         logs_key_arn: pulumi.Input[str],
@@ -162,7 +162,9 @@ class Cluster(pulumi.ComponentResource):
         )
         self.register_outputs({"name": self.cluster.name, "kubeconfig": self.kubeconfig})
 
-    def _api_security_group(self, endpoint: ApiEndpointSpec, vpc_id: pulumi.Input[str]) -> aws.ec2.SecurityGroup:
+    def _api_security_group(
+        self, endpoint: ApiEndpointSpec, vpc_id: pulumi.Input[str] | None
+    ) -> aws.ec2.SecurityGroup:
         """A private endpoint's way in: a security group on the API's network interfaces that admits HTTPS from
         where `pulumi up` runs (``deployer_cidrs``, ``deployer_security_group_ids``) and nothing else. EKS adds it
         beside the cluster security group it creates for nodes and the control plane."""

@@ -56,7 +56,11 @@ class AwsLayer(pulumi.ComponentResource):
         self.cluster = Cluster(
             spec,
             self.network.vpc_id,
-            self.network.private_subnet_ids, account_id, self.keys.logs.arn, tags, on_aws
+            self.network.private_subnet_ids,
+            account_id,
+            self.keys.logs.arn,
+            tags,
+            on_aws,
         )
         cluster_name = self.cluster.name
 

@@ -55,7 +55,6 @@ class Gateway(pulumi.ComponentResource):
         self.router_service = common.runtime_name(spec, common.ROUTER)
         self.register_outputs({"router_service": self.router_service, "hostname": spec.gateway.hostname})
 
-
     def _existing_gateway_class(self, spec: PlatformSpec) -> list[pulumi.Resource]:
         """``gateway_api: existing``: read the GatewayClass before anything else, so `pulumi up` stops with "not
         found" there, instead of leaving a Gateway nothing serves."""

@@ -156,8 +156,12 @@ def _runtime_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
     health = component(spec, common.HEALTH)
     out: list[Flow] = []
     if any(m.discovery is not None for m in config.models):
-        out.append(Flow(router, engine, tcp(common.ENGINE_PORT), "the router proxies requests to every replica"))
-        out.append(Flow(health, engine, tcp(common.ENGINE_PORT), "the health monitor probes and scrapes replicas"))
+        out.append(
+            Flow(router, engine, tcp(common.ENGINE_PORT), "the router proxies requests to every replica")
+        )
+        out.append(
+            Flow(health, engine, tcp(common.ENGINE_PORT), "the health monitor probes and scrapes replicas")
+        )
     if config.router.health_feed_url:
         port = _port_of(config.router.health_feed_url)
         out.append(Flow(router, health, tcp(port), "the router reads the health monitor's feed"))
@@ -166,11 +170,15 @@ def _runtime_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
         batcher = component(spec, common.BATCHER)
         ports = tcp(*sorted({_port_of(u) for u in batcher_urls}))
         out.append(Flow(router, batcher, ports, "the router sends embedding requests to the batcher"))
-        out.append(Flow(batcher, engine, tcp(common.ENGINE_PORT), "the batcher sends batches to the replicas"))
+        out.append(
+            Flow(batcher, engine, tcp(common.ENGINE_PORT), "the batcher sends batches to the replicas")
+        )
     api = api_server(spec, cloud)
     for part in gateway.parts(spec):
         if gateway.role(spec, part)["rules"]:
-            out.append(Flow(component(spec, part), api, tcp(*API_SERVER_PORTS), f"the {part} watches the API"))
+            out.append(
+                Flow(component(spec, part), api, tcp(*API_SERVER_PORTS), f"the {part} watches the API")
+            )
     return out
 
 

@@ -65,7 +65,10 @@ def gateway_proxies(spec: PlatformSpec) -> GatewayProxies:
     ours."""
     port = gateway_listener_port(spec)
     if spec.gateway.gateway_api is GatewayApiImplementation.ENVOY_GATEWAY:
-        labels = {ENVOY_GATEWAY_NAME_LABEL: gateway_name(spec), ENVOY_GATEWAY_NAMESPACE_LABEL: spec.cluster.namespace}
+        labels = {
+            ENVOY_GATEWAY_NAME_LABEL: gateway_name(spec),
+            ENVOY_GATEWAY_NAMESPACE_LABEL: spec.cluster.namespace,
+        }
         return GatewayProxies(labels, addons.ENVOY_GATEWAY_NAMESPACE, port)
     return GatewayProxies({GATEWAY_NAME_LABEL: gateway_name(spec)}, None, port)
 

@@ -97,7 +97,9 @@ def _direction_allows(
     return False
 
 
-def allowed(policies: list[Mapping[str, Any]], src: Endpoint, dst: Endpoint, protocol: str, port: int) -> bool:
+def allowed(
+    policies: list[Mapping[str, Any]], src: Endpoint, dst: Endpoint, protocol: str, port: int
+) -> bool:
     return _direction_allows(policies, src, dst, protocol, port, "Egress") and _direction_allows(
         policies, dst, src, protocol, port, "Ingress"
     )
@@ -126,7 +128,13 @@ def _names_pod(peer: Peer, endpoint: Endpoint, namespace: str) -> bool:
 
 
 def expected(
-    table: list[Flow], namespace: str, subjects: set[str], src: Endpoint, dst: Endpoint, protocol: str, port: int
+    table: list[Flow],
+    namespace: str,
+    subjects: set[str],
+    src: Endpoint,
+    dst: Endpoint,
+    protocol: str,
+    port: int,
 ) -> bool:
     """Whether the table lets ``src`` open this connection to ``dst``. Like Kubernetes, both ends must: a
     component of the namespace calls only what some flow starting at it names, and is called only by what some

@@ -188,7 +188,8 @@ def test_a_private_endpoint_admits_https_from_the_deployers_in_the_vpc_and_nothi
         (None, runner),
     }
     assert all(
-        (r["ipProtocol"], r["fromPort"], r["toPort"], r["securityGroupId"]) == ("tcp", 443, 443, f"{group.name}-id")
+        (r["ipProtocol"], r["fromPort"], r["toPort"], r["securityGroupId"])
+        == ("tcp", 443, 443, f"{group.name}-id")
         for r in rules
     )
 

@@ -41,10 +41,15 @@ def _policies_of(manifests: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -
     return [m for m in manifests if m["kind"] == "NetworkPolicy"]
 
 
-def _pod_labels(manifests: list[dict[str, Any]] | tuple[dict[str, Any], ...], component: str) -> dict[str, str]:
+def _pod_labels(
+    manifests: list[dict[str, Any]] | tuple[dict[str, Any], ...], component: str
+) -> dict[str, str]:
     """The labels of the rendered pods of one component (the first Deployment of it)."""
     for m in manifests:
-        if m["kind"] == "Deployment" and m["metadata"]["labels"].get("app.kubernetes.io/component") == component:
+        if (
+            m["kind"] == "Deployment"
+            and m["metadata"]["labels"].get("app.kubernetes.io/component") == component
+        ):
             return dict(m["spec"]["template"]["metadata"]["labels"])
     raise AssertionError(f"no Deployment of {component}")
 
@@ -94,7 +99,9 @@ def _mismatches(spec: PlatformSpec, cloud: Cloud, manifests: Any) -> list[str]:
                 want = expected(table, ns, subjects, src, dst, protocol, port)
                 got = allowed(policies, src, dst, protocol, port)
                 if want != got:
-                    what = "blocked, but the table has the flow" if want else "allowed, but no flow explains it"
+                    what = (
+                        "blocked, but the table has the flow" if want else "allowed, but no flow explains it"
+                    )
                     wrong.append(f"{src.name} -> {dst.name} {protocol}/{port}: {what}")
     return wrong
 
@@ -116,6 +123,7 @@ INGRESSES = [
 
 def _rendered(raw: dict[str, Any]) -> tuple[PlatformSpec, list[dict[str, Any]]]:
     """The stack's NetworkPolicies and the Deployments whose pods they govern, rendered without a synthesis."""
+    from components import rollout
     from components.placement import place
     from components.render import engine, gateway
 
@@ -124,7 +132,9 @@ def _rendered(raw: dict[str, Any]) -> tuple[PlatformSpec, list[dict[str, Any]]]:
     layout = place(spec)
     manifests = network.render(spec, cloud) + gateway.render(spec, cloud)
     for model in spec.models:
-        manifests += engine.render(spec, model, layout.placements[model.name])
+        manifests += engine.render(
+            spec, model, layout.placements[model.name], rollout.plan(spec, layout, model)
+        )
     return spec, manifests
 
 
@@ -177,7 +187,11 @@ def test_the_table_has_the_calls_the_runtime_makes_and_none_to_instance_metadata
         ("load balancer and in-cluster clients", "router"),
         ("every pod", "kube-dns"),
     } <= pairs
-    assert {("router", "kubernetes-api"), ("health", "kubernetes-api"), ("batcher", "kubernetes-api")} <= pairs
+    assert {
+        ("router", "kubernetes-api"),
+        ("health", "kubernetes-api"),
+        ("batcher", "kubernetes-api"),
+    } <= pairs
     [credentials] = _flows_between(spec, "engine", "EKS Pod Identity agent")
     assert credentials.dest.cidrs == ("169.254.170.23/32",) and credentials.ports == (("TCP", 80),)
     [weights] = _flows_between(spec, "engine", "weights over HTTPS")
@@ -242,7 +256,7 @@ def test_router_sources_default_to_the_vpc_the_stack_creates_else_the_private_ra
     own = PlatformSpec.model_validate(raw)
     assert flows.router_source_cidrs(own, cloud_for(own)) == list(PRIVATE_CIDRS)
     raw["gateway"] = {"ingress_source_cidrs": ["192.168.10.0/24"]}
-    spec, manifests = _rendered(raw)
+    _, manifests = _rendered(raw)
     router = next(p for p in _policies_of(manifests) if p["metadata"]["name"] == "inferstack-router")
     assert {"ipBlock": {"cidr": "192.168.10.0/24"}} in router["spec"]["ingress"][0]["from"]
 
@@ -252,7 +266,11 @@ def test_vpc_cni_enforces_network_policies_on_eks() -> None:
     import json
 
     synthesis = plan.synthesize(load("prod"))
-    [cni] = [r for r in synthesis.resources if r.type == "aws:eks/addon:Addon" and r.inputs["addonName"] == "vpc-cni"]
+    [cni] = [
+        r
+        for r in synthesis.resources
+        if r.type == "aws:eks/addon:Addon" and r.inputs["addonName"] == "vpc-cni"
+    ]
     assert json.loads(cni.inputs["configurationValues"]) == {"enableNetworkPolicy": "true"}
     assert decisions.ADDON_CONFIGURATION["vpc-cni"] == {"enableNetworkPolicy": "true"}
     assert common.ENGINE_PORT == 8000
