@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from components import catalog, cost, endpoint, rollout, sizing, targets
+from components import capacity, catalog, cost, endpoint, images, rollout, sizing, targets
 from components.plan import Synthesis
 from components.render import ingress
 from components.spec import PlatformSpec
@@ -166,7 +166,8 @@ def plan_report(stack: Stack) -> PlanReport:
             f"{pool.root_disk_gib} GiB root disk"
         )
     plans = rollout.plans(spec, layout)
-    deploy_notes = [n for n in (endpoint.note(spec), ingress.gateway_api_note(spec)) if n]
+    deploy_notes = [n for n in (endpoint.note(spec), images.note(spec), ingress.gateway_api_note(spec)) if n]
+    deploy_notes += capacity.notes(spec, layout)
     return PlanReport(
         rows=rows,
         bill=bill,

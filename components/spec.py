@@ -356,6 +356,45 @@ class ClusterSpec(_Spec):
         return self
 
 
+class ReservationKind(StrEnum):
+    CAPACITY_BLOCK = "capacity-block"
+    ON_DEMAND = "on-demand"
+
+
+CAPACITY_RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{17}$")
+AVAILABILITY_ZONE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+
+
+class CapacityReservationSpec(_Spec):
+    """Reserved capacity a GPU pool launches into before anything else (target eks)."""
+
+    id: str
+    """The reservation's id, e.g. 'cr-0123456789abcdef0' (`aws ec2 describe-capacity-reservations`)."""
+    kind: ReservationKind = ReservationKind.CAPACITY_BLOCK
+    """capacity-block (EC2 Capacity Blocks for ML: nodes only while its window is active) or on-demand (an On-Demand
+    Capacity Reservation)."""
+    availability_zone: str
+    """The reservation's zone, e.g. 'us-east-1a': its nodes launch only there, so list it in
+    cluster.availability_zones too."""
+
+    @field_validator("id")
+    @classmethod
+    def _reservation_id(cls, value: str) -> str:
+        if not CAPACITY_RESERVATION_ID.match(value):
+            raise ValueError(
+                f"{value!r} is not a capacity reservation id; write 'cr-' and 17 hex digits, e.g. "
+                "'cr-0123456789abcdef0'"
+            )
+        return value
+
+    @field_validator("availability_zone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        if not AVAILABILITY_ZONE.match(value):
+            raise ValueError(f"{value!r} is not an availability zone; write e.g. 'us-east-1a'")
+        return value
+
+
 class GpuPoolSpec(_Spec):
     """A group of identical GPU nodes that engines are placed on."""
 
@@ -373,6 +412,36 @@ class GpuPoolSpec(_Spec):
     """Root volume per node; defaults to the weights of the pool's models plus images and slack."""
     labels: dict[str, str] = Field(default_factory=dict)
     """Extra node labels."""
+    capacity_reservation: CapacityReservationSpec | None = None
+    """Reserved capacity for instance_type (a Capacity Block or an On-Demand Capacity Reservation) that nodes
+    launch into first; the pool's own capacity_type comes after it (target eks)."""
+    fallback_instance_types: list[str] = Field(default_factory=list)
+    """Instance types tried in this order when instance_type has no capacity (e.g. ['p5en.48xlarge']); each must
+    have its GPU count, vCPUs and memory (the autoscaler sizes the pool by one node shape) and fit every model on
+    the pool (target eks)."""
+
+    @field_validator("fallback_instance_types")
+    @classmethod
+    def _known_fallbacks(cls, value: list[str]) -> list[str]:
+        unknown = [v for v in value if v not in catalog.INSTANCE_TYPES]
+        if unknown:
+            raise ValueError(
+                f"unknown GPU instance type(s) {', '.join(map(repr, unknown))}; e.g. 'p5en.48xlarge'"
+            )
+        if len(set(value)) != len(value):
+            raise ValueError("an instance type is listed twice")
+        return value
+
+    @model_validator(mode="after")
+    def _reserved_type(self) -> GpuPoolSpec:
+        if self.capacity_reservation is not None and self.instance_type == AUTO:
+            raise ValueError(
+                "capacity_reservation reserves one instance type: set instance_type to the reservation's "
+                "(e.g. 'p5.48xlarge') instead of auto"
+            )
+        if self.instance_type in self.fallback_instance_types:
+            raise ValueError(f"fallback_instance_types repeats instance_type {self.instance_type!r}")
+        return self
 
     @field_validator("instance_type")
     @classmethod

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from components import catalog, cost, nodes, plan, targets
+from components import catalog, cost, images, nodes, plan, targets
 from components.aws import addons, decisions, registry
 from components.aws.cloud import EKS
 from components.spec import ApiAccess, PlatformSpec, Target
@@ -215,7 +215,7 @@ def test_gpu_node_groups_follow_the_placement_of_models_and_their_weights(name: 
             pool_spec.min_nodes, math.ceil(gpus_min / pool.instance.gpus)
         )
         assert group["scalingConfig"]["desiredSize"] == group["scalingConfig"]["minSize"]
-        assert group["instanceTypes"] == [pool.instance.name]
+        assert group["instanceTypes"] == [pool.instance.name, *pool_spec.fallback_instance_types]
         assert group["amiType"] == "AL2023_x86_64_NVIDIA"
         assert group["capacityType"] == pool_spec.capacity_type.value.upper().replace("-", "_")
         assert group["labels"][nodes.POOL_LABEL] == pool.name
@@ -305,12 +305,8 @@ def test_every_taggable_aws_resource_carries_stack_environment_and_cost_tags(nam
 def test_kubernetes_target_stacks_create_nothing_on_aws(name: str) -> None:
     synthesis = _synth(name)
     assert synthesis.resources
-    cloud = [
-        r.type
-        for r in synthesis.resources
-        if r.type.startswith(("aws:", "pulumi:providers:aws", "docker-build:"))
-    ]
-    assert cloud == []
+    cloud = [r.type for r in synthesis.resources if r.type.startswith(("aws:", "pulumi:providers:aws"))]
+    assert cloud == []  # runtime images are built (docker-build) and pushed to gateway.image_registry
     assert not [r for r in synthesis.resources if r.type.startswith("inferstack:aws:")]
     stack = load(name)
     assert cost.fixed_costs(targets.fixed_infrastructure(stack.spec, stack.layout)) == []
@@ -547,7 +543,7 @@ def test_runtime_images_get_immutable_scanned_ecr_repositories(name: str) -> Non
     repos = {
         r.inputs["name"].rsplit("/", 1)[-1]: r.inputs for r in _of(synthesis, "aws:ecr/repository:Repository")
     }
-    assert set(repos) == set(registry.RUNTIME_IMAGES)
+    assert set(repos) == set(images.RUNTIME_IMAGES)
     for repo in repos.values():
         assert repo["imageTagMutability"] == "IMMUTABLE"
         assert repo["imageScanningConfiguration"] == {"scanOnPush": True}
@@ -572,16 +568,16 @@ def test_images_are_built_from_runtime_images_with_content_tags_and_pushed(
     monkeypatch.setattr(plan, "_run_program", program)
     synthesis = plan.synthesize(stack)
     image = _one(synthesis, "docker-build:index:Image").inputs
-    tag = registry.context_tag(root, "router")
+    tag = images.context_tag(root, "router")
     assert image["push"] is True
     assert image["platforms"] == ["linux/amd64"]
     assert image["dockerfile"]["location"] == str(root / "runtime/images/router.Dockerfile")
     assert image["context"]["location"] == str(root)
     assert image["tags"][0].endswith(f":{tag}")
     # The tag follows the sources: same sources, same tag; a changed file, a new tag.
-    assert registry.context_tag(root, "router") == tag
+    assert images.context_tag(root, "router") == tag
     (root / "runtime" / "app.py").write_text("print('changed')\n")
-    assert registry.context_tag(root, "router") != tag
+    assert images.context_tag(root, "router") != tag
 
 
 @pytest.mark.parametrize("name", EKS_STACKS)
@@ -636,7 +632,9 @@ def test_prod_exports_cluster_kubeconfig_bucket_vpc_images_and_node_groups(monke
     stack = load("prod")
     plan.synthesize(stack)
     assert {"cluster_name", "kubeconfig", "model_bucket", "node_groups", "images", "vpc_id"} <= set(exported)
-    assert set(exported["node_groups"]) == {decisions.SYSTEM_POOL, *stack.layout.pools}
+    assert set(exported["node_groups"]) == {
+        g.node_group_name for g in decisions.node_groups(stack.spec, stack.layout)
+    }
     # The kubeconfig is the provider's, which the plan redacts as a secret (see the provider test).
     assert exported["kubeconfig"] is not None
 

@@ -51,7 +51,8 @@ def test_gpu_pools_become_node_pools_and_only_the_system_group_is_managed() -> N
     for name, plan_ in stack.layout.pools.items():
         template = pools[name]["spec"]["template"]
         requirements = {r["key"]: r["values"] for r in template["spec"]["requirements"]}
-        assert requirements["node.kubernetes.io/instance-type"] == [plan_.instance.name]
+        fallbacks = stack.spec.pool(name).fallback_instance_types
+        assert requirements["node.kubernetes.io/instance-type"] == [plan_.instance.name, *fallbacks]
         assert requirements["karpenter.sh/capacity-type"] == [plan_.capacity_type.value]
         assert template["metadata"]["labels"][nodes.POOL_LABEL] == name
         assert template["spec"]["taints"] == [{"key": nodes.GPU_TAINT_KEY, "effect": nodes.GPU_TAINT_EFFECT}]

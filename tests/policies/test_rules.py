@@ -482,6 +482,13 @@ CASES = [
         m(ROUTER, lambda p: p["metadata"]["labels"].pop("app.kubernetes.io/part-of")),
         ("metadata.labels lack app.kubernetes.io/part-of",),
     ),
+    Case(
+        "runtime-image-nothing-builds",
+        "runtime-images-built",
+        "kind",
+        m(ROUTER, lambda p: container(p, "router").__setitem__("image", "ghcr.io/inferstack/router:0.1.0")),
+        ("'ghcr.io/inferstack/router:0.1.0', which nothing in this stack builds", "gateway.image_registry"),
+    ),
 ]
 
 
