@@ -55,6 +55,8 @@ class Resource:
     inputs: dict[str, Any]
     timeouts: dict[str, str] | None = None
     """Custom timeouts (create, update, delete) `pulumi up` waits with, where the program sets them."""
+    dependencies: tuple[str, ...] = ()
+    """URNs it waits for (``depends_on`` and inputs from other resources)."""
 
     def as_json(self) -> dict[str, Any]:
         out = {
@@ -244,6 +246,7 @@ class CapturingMonitor(pulumi_mocks.MockMonitor):
                     custom=bool(request.custom),
                     inputs=inputs,
                     timeouts={k: v for k, v in timeouts.items() if v} or None,
+                    dependencies=tuple(request.dependencies),
                 )
             )
         return response

@@ -201,3 +201,10 @@ def test_committed_stacks_plan_without_rollout_warnings() -> None:
     for name in PULUMI_STACKS:
         stack = load(name)
         assert rollout.warnings(stack.spec, stack.layout) == [], name
+
+
+def test_the_readme_states_prods_first_deploy_budget_as_planned() -> None:
+    stack = load("prod")
+    budget = startup.budget(stack.spec.models[0], stack.layout.placements[stack.spec.models[0].name])
+    text = Path("README.md").read_text()
+    assert f"Llama 3.1 70B on p5.48xlarge it is {budget.budget_s // 60} minutes" in text
