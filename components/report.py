@@ -39,6 +39,14 @@ DEPLOY_COLUMNS = (
 )
 
 
+def markdown_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    return [
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
 def deploy_rows(spec: PlatformSpec, plans: dict[str, rollout.Rollout]) -> list[tuple[str, ...]]:
     """Per model: the cold start's phases, the budget, how it rolls, and how long `pulumi up` waits for it."""
     rows: list[tuple[str, ...]] = []
@@ -75,9 +83,7 @@ class PlanReport:
             "",
             "## Models",
             "",
-            "| " + " | ".join(PLAN_COLUMNS) + " |",
-            "|" + "---|" * len(PLAN_COLUMNS),
-            *("| " + " | ".join(row) + " |" for row in self.rows),
+            *markdown_table(PLAN_COLUMNS, self.rows),
             "",
             "## Cost per model (monthly)",
             "",
@@ -120,9 +126,7 @@ class PlanReport:
             "A cold replica's start (seconds; estimates from the catalog, components/startup.py) and how long "
             "`pulumi up` waits for each engine Deployment.",
             "",
-            "| " + " | ".join(DEPLOY_COLUMNS) + " |",
-            "|" + "---|" * len(DEPLOY_COLUMNS),
-            *("| " + " | ".join(row) + " |" for row in self.deploy),
+            *markdown_table(DEPLOY_COLUMNS, self.deploy),
             "",
             *(f"- {note}" for note in self.deploy_notes),
             *(f"- reads (must exist): `{r.type}` {r.inputs.get('id')}" for r in synthesis.reads),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from enum import StrEnum
+from functools import partial
 from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -130,15 +131,27 @@ _RETENTION = "1 3 5 7 14 30 60 90 120 150 180 365 400 545 731 1096 1827 2192 255
 CLOUDWATCH_RETENTION_DAYS = tuple(int(d) for d in _RETENTION.split())
 
 
-def _ipv4_cidr(value: str) -> str:
+def _checked_cidr(value: str, *, ipv4_only: bool) -> str:
     try:
-        ipaddress.IPv4Network(value)
+        (ipaddress.IPv4Network if ipv4_only else ipaddress.ip_network)(value)
     except ValueError:
-        raise ValueError(f"{value!r} is not an IPv4 CIDR block; write e.g. '203.0.113.0/24'") from None
+        what, example = (
+            ("an IPv4 CIDR block", "203.0.113.0/24") if ipv4_only else ("a CIDR block", "10.0.0.0/16")
+        )
+        raise ValueError(f"{value!r} is not {what}; write e.g. '{example}'") from None
     return value
 
 
-Ipv4Cidr = Annotated[str, AfterValidator(_ipv4_cidr)]
+def _all_match(values: list[str], pattern: str, what: str, example: str) -> list[str]:
+    """``values`` when each matches ``pattern``; else one message listing those that do not."""
+    bad = [v for v in values if not re.fullmatch(pattern, v)]
+    if bad:
+        raise ValueError(f"{', '.join(map(repr, bad))} not {what}; write {example}")
+    return values
+
+
+Cidr = Annotated[str, AfterValidator(partial(_checked_cidr, ipv4_only=False))]
+Ipv4Cidr = Annotated[str, AfterValidator(partial(_checked_cidr, ipv4_only=True))]
 
 
 class ApiAccess(StrEnum):
@@ -169,12 +182,9 @@ class ApiEndpointSpec(_Spec):
     @field_validator("deployer_security_group_ids")
     @classmethod
     def _security_groups(cls, value: list[str]) -> list[str]:
-        bad = [v for v in value if not re.fullmatch(r"sg-[0-9a-f]{8}([0-9a-f]{9})?", v)]
-        if bad:
-            raise ValueError(
-                f"{', '.join(map(repr, bad))} not a security group id; write e.g. 'sg-0123456789abcdef0'"
-            )
-        return value
+        return _all_match(
+            value, r"sg-[0-9a-f]{8}([0-9a-f]{9})?", "a security group id", "e.g. 'sg-0123456789abcdef0'"
+        )
 
     @model_validator(mode="after")
     def _a_way_in(self) -> ApiEndpointSpec:
@@ -286,22 +296,13 @@ class ClusterSpec(_Spec):
     @field_validator("existing_private_subnet_ids", "existing_public_subnet_ids")
     @classmethod
     def _subnet_ids(cls, value: list[str]) -> list[str]:
-        bad = [v for v in value if not re.fullmatch(r"subnet-[0-9a-f]{8,17}", v)]
-        if bad:
-            raise ValueError(
-                f"{', '.join(map(repr, bad))} not a subnet id; write e.g. 'subnet-0123456789abcdef0'"
-            )
-        return value
+        return _all_match(value, r"subnet-[0-9a-f]{8,17}", "a subnet id", "e.g. 'subnet-0123456789abcdef0'")
 
     @field_validator("admin_role_arns")
     @classmethod
     def _role_arns(cls, value: list[str]) -> list[str]:
-        bad = [v for v in value if not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+", v)]
-        if bad:
-            raise ValueError(
-                f"{', '.join(map(repr, bad))} not an IAM role ARN; write 'arn:aws:iam::<account>:role/<name>'"
-            )
-        return value
+        arn = r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+"
+        return _all_match(value, arn, "an IAM role ARN", "'arn:aws:iam::<account>:role/<name>'")
 
     @field_validator("control_plane_log_retention_days")
     @classmethod
@@ -750,17 +751,6 @@ RUNTIME_IMAGES = {
     "health": "ghcr.io/inferstack/health:0.1.0",
     "batcher": "ghcr.io/inferstack/batcher:0.1.0",
 }
-
-
-def _cidr(value: str) -> str:
-    try:
-        ipaddress.ip_network(value)
-    except ValueError:
-        raise ValueError(f"{value!r} is not a CIDR block; write e.g. '10.0.0.0/16'") from None
-    return value
-
-
-Cidr = Annotated[str, AfterValidator(_cidr)]
 
 
 class GatewaySpec(_Spec):
