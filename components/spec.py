@@ -268,7 +268,7 @@ class ClusterSpec(_Spec):
     node_provisioner: NodeProvisioner = NodeProvisioner.MANAGED
     """GPU nodes from 'managed' EKS node groups (one per pool, min/max nodes from the models), or from
     'karpenter' NodePools (nodes of the pool's type launched for pending engines, up to the pool's GPUs)."""
-    karpenter_ami_version: Annotated[str, Field(pattern=r"^v\d{8}$")] = "v20250620"
+    karpenter_ami_version: str = "v20250620"
     """The EKS-optimized AL2023 AMI release Karpenter launches GPU nodes from ('v20250620' is
     amazon-eks-node-al2023-x86_64-nvidia-1.33-v20250620), with node_provisioner karpenter. Pinned like a chart
     version: a new AMI reaches nodes when you change it here, never by drift."""
@@ -282,6 +282,16 @@ class ClusterSpec(_Spec):
         if not 16 <= int(match.group(5)) <= 20:
             raise ValueError(
                 f"{value!r}: use a /16 to /20 block (EKS pods take VPC addresses), e.g. '10.0.0.0/16'"
+            )
+        return value
+
+    @field_validator("karpenter_ami_version")
+    @classmethod
+    def _pinned_ami(cls, value: str) -> str:
+        if not re.fullmatch(r"v\d{8}", value):
+            raise ValueError(
+                f"{value!r} is not an AMI release: pin one such as 'v20250620' (an amazon-eks-ami release); "
+                "al2023@latest would replace every GPU node with each new AMI"
             )
         return value
 
