@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from components import capacity, catalog, cost, endpoint, images, rollout, sizing, targets
+from components import capacity, catalog, cost, endpoint, images, multinode, rollout, sizing, targets
 from components.plan import Synthesis
 from components.render import ingress, scaling
 from components.spec import PlatformSpec, Target
@@ -193,7 +193,9 @@ def plan_report(stack: Stack) -> PlanReport:
 SIZE_COLUMNS = (
     "instance",
     "GPUs",
-    "TP",
+    "TP x PP",
+    "nodes/replica",
+    "between nodes",
     "replicas/node",
     "KV headroom",
     "seqs at full length",
@@ -210,8 +212,10 @@ def size_rows(found: list[sizing.Candidate]) -> list[tuple[str, ...]]:
             (
                 c.instance.name,
                 f"{c.instance.gpus} x {c.instance.gpu}",
-                str(c.tensor_parallel_size),
-                str(c.replicas_per_node),
+                f"{c.tensor_parallel_size} x {c.pipeline_parallel_size}",
+                str(c.nodes),
+                multinode.interconnect(c.instance).describe() if c.nodes > 1 else "-",
+                str(c.replicas_per_node) if c.nodes == 1 else "-",
                 f"{c.fit.headroom_gib:.1f} GiB",
                 f"{c.fit.full_length_sequences} ({c.fit.kv_coverage:.0%})",
                 cost.monthly(c.usd_per_replica_month),
