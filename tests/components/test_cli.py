@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from components.cli import SCHEMA_PATH, app, schema_text
 from components.stackfile import STACKS_DIR, available_stacks
-from tests.components.helpers import minimal, write_stack, pod_templates
+from tests.components.helpers import minimal, pod_templates, write_stack
 
 runner = CliRunner()
 
