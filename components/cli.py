@@ -115,9 +115,8 @@ def size(
     best = ranked[0]
     out.print()
     where = best.instance.name if best.nodes == 1 else f"{best.nodes} x {best.instance.name} (one group)"
-    out.print(
-        f"Cheapest fit: {where} with TP {best.tensor_parallel_size} x PP {best.pipeline_parallel_size}:"
-    )
+    stages = f" x PP {best.pipeline_parallel_size}" if best.pipeline_parallel_size > 1 else ""
+    out.print(f"Cheapest fit: {where} with TP {best.tensor_parallel_size}{stages}:")
     for line in best.fit.lines():
         out.print(f"  {line}", markup=False, highlight=False)
     table = Table(
