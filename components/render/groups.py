@@ -24,6 +24,7 @@ can request as resources", EKS user guide, node-efa), and NCCL is told to use li
 
 from __future__ import annotations
 
+from components import nodes
 from components.placement import PoolPlan
 from components.render import common
 from components.render.common import Manifest
@@ -35,7 +36,7 @@ KIND = "LeaderWorkerSet"
 ROLE_LABEL = "inferstack.io/group-role"
 LEADER = "leader"
 WORKER = "worker"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
+EFA_RESOURCE = nodes.EFA_RESOURCE
 HUGEPAGES_RESOURCE = "hugepages-2Mi"
 EFA_HUGEPAGES = "5120Mi"
 """Of the 5128 2 MiB pages (10,256 MiB) the EFA driver pre-allocates on each node."""

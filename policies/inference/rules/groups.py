@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from components import nodes
 from policies.inference.rules.base import (
     Category,
     Config,
@@ -23,7 +24,7 @@ from policies.inference.rules.fit import POOL_SETTING
 from policies.inference.rules.k8s import GROUP_KIND, environment_of, stack_environment
 from policies.inference.rules.reliability import ENVIRONMENTS_SCHEMA
 
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
+EFA_RESOURCE = nodes.EFA_RESOURCE
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 
 
