@@ -81,12 +81,16 @@ def replicas_wanted(t: Thresholds, demand: float, current: int, idle_s: float) -
     demand and in-flight work have been nil).
 
     Demand above ``activation`` wakes a model at zero and asks ceil(demand / queue_per_replica) replicas
-    (the trigger's AverageValue target), never fewer than run now: replicas go only when the model has been
-    idle for ``idle_before_zero_s`` (KEDA's cooldownPeriod), down to ``min_replicas``."""
+    (the trigger's AverageValue target), never fewer than run now. Replicas go only when the model is idle:
+    after ``scale_down_window_s`` (the HPA's scale-down stabilisation) down to one, and after
+    ``idle_before_zero_s`` (KEDA's cooldownPeriod, which goes straight to zero) down to none, never below
+    ``min_replicas``."""
     if demand > t.activation:
         wanted = max(current, math.ceil(demand / t.queue_per_replica), 1)
-    elif current and idle_s >= t.idle_before_zero_s:
-        wanted = t.min_replicas
+    elif current and t.min_replicas == 0 and idle_s >= t.idle_before_zero_s:
+        wanted = 0
+    elif current and idle_s >= t.scale_down_window_s:
+        wanted = 1
     else:
         wanted = current
     return min(t.max_replicas, max(t.min_replicas, wanted))
