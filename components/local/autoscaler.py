@@ -187,11 +187,11 @@ class Autoscaler:
             if engine is None or replica.crashed:
                 continue
             if not engine.running():
-                replica.crashed, replica.ready = True, False
                 self.say(
                     f"warning: engine {replica.launch.name} exited"
                     f"{'' if replica.ready else ' before it was ready'}; log {engine.log_file}"
                 )
+                replica.crashed, replica.ready = True, False
             elif not replica.ready and self.healthy(engine.base_url):
                 replica.ready = True
                 self.say(

@@ -347,7 +347,12 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
     chat = plan.generate_models[0] if plan.generate_models else None
     lines = [
         "",
-        f"inferstack local is ready in {ready_s:.0f}s: {len(plan.engines)} vLLM engines behind the router",
+        f"inferstack local is ready in {ready_s:.0f}s: {len(plan.always_on)} vLLM engines behind the router"
+        + (
+            f", {len(plan.engines) - len(plan.always_on)} more on demand"
+            if len(plan.engines) > len(plan.always_on)
+            else ""
+        ),
         "",
         f"  OpenAI API  {url}/v1   models: {', '.join(plan.generate_models + plan.embed_models)}",
         f"  metrics     {url}/metrics   (health monitor: {plan.services[0].url}/v1/backends)",
