@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +21,8 @@ from components.local.plan import LocalOptions, build_plan
 from components.local.supervisor import engine_process, http_get
 from runtime.router.metrics import LIVE_GAUGES, RouterMetrics
 from tests.local.helpers import free_port_block
+from tests.local.stand_in import stand_in
 from tests.local.test_plan import raw_local, stack_from
-
-FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 
 
 def router_exposition(waiting: float, refused: int = 0, inflight: float = 0) -> str:
@@ -60,13 +58,8 @@ class Clock:
 
 
 @pytest.fixture
-def scaler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Autoscaler, Clock, list[str]]]:
-    wrapper = tmp_path / "engine-python"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_ENGINE}" "$@"\n')
-    wrapper.chmod(0o755)
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text("{}")
+def scaler(tmp_path: Path) -> Iterator[tuple[Autoscaler, Clock, list[str]]]:
+    wrapper, model_dir = stand_in(tmp_path)
     raw = raw_local()
     raw["models"] = [raw["models"][0]]
     raw["models"][0]["source"] = str(model_dir)

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,9 +27,9 @@ from tests.local.helpers import (
     run_local,
     stack_pids,
 )
+from tests.local.stand_in import stand_in
 from tests.local.test_plan import stack_from
 
-FAKE_ENGINE = Path(__file__).with_name("fake_engine.py")
 STACK = Path(__file__).with_name("stacks") / "Pulumi.scale-from-zero.yaml"
 
 
@@ -38,12 +37,7 @@ STACK = Path(__file__).with_name("stacks") / "Pulumi.scale-from-zero.yaml"
 def at_zero(tmp_path: Path) -> Iterator[tuple[list[str], dict[str, str], Path, int]]:
     """(arguments, environment, state dir, first free port after the stack's) of the scale-from-zero stack
     served by stand-in engines."""
-    wrapper = tmp_path / "engine-python"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_ENGINE}" "$@"\n')
-    wrapper.chmod(0o755)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    wrapper, model = stand_in(tmp_path)
     raw = yaml.safe_load(STACK.read_text())
     raw["config"]["inferstack:platform"]["models"][0]["source"] = str(model)
     stacks = tmp_path / "stacks"
