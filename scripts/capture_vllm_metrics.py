@@ -21,14 +21,20 @@ OUT = REPO / "tests" / "fixtures" / "vllm-cpu-metrics.txt"
 
 def main() -> None:
     spec = cpu_model_spec(
-        "tiny-llama", REPO / ".cache/models/tiny-llama", max_model_len=2048, max_num_seqs=32, enable_prefix_caching=True
+        "tiny-llama",
+        REPO / ".cache/models/tiny-llama",
+        max_model_len=2048,
+        max_num_seqs=32,
+        enable_prefix_caching=True,
     )
     with EngineProcess(spec, cpu_cores="0") as engine:
         engine.wait_ready(600)
         client = openai.OpenAI(base_url=engine.openai_base_url, api_key="unused", max_retries=0)
         for i in range(6):  # a shared prefix: prefix-cache hits
             client.completions.create(
-                model="tiny-llama", prompt="The same long shared prefix for the cache " * 8 + str(i), max_tokens=8
+                model="tiny-llama",
+                prompt="The same long shared prefix for the cache " * 8 + str(i),
+                max_tokens=8,
             )
         for _ in client.chat.completions.create(
             model="tiny-llama", messages=[{"role": "user", "content": "hi"}], max_tokens=16, stream=True
