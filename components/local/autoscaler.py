@@ -24,8 +24,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from components.local import monitor
 from components.local.engine_process import EngineProcess
 from components.local.plan import HOST, EngineLaunch, LocalPlan
@@ -47,6 +45,9 @@ class RouterReport:
 
 def router_reports(text: str) -> dict[str, RouterReport]:
     """Per model: requests waiting in the router, refusals for want of a replica so far, requests in flight."""
+    # the runtime's extra (what `inferstack local` runs the services with); `inferstack plan` needs none of it
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
     waiting: dict[str, float] = {}
     refused: dict[str, float] = {}
     inflight: dict[str, float] = {}
