@@ -522,3 +522,12 @@ def test_the_engine_map_names_what_vllm_exports() -> None:
         json.dumps(engine_shape(Signal.QUEUED), sort_keys=True)
         == '{"engine": "0", "model_name": "tiny-llama"}'
     )
+
+
+def test_the_engine_map_names_what_sglang_0_5_3_registers() -> None:
+    """SGLang runs on GPUs only, so its names are checked against the pinned release's own source (the metric
+    names its collector registers, listed with their provenance); a trigger reading a name it lacks fails."""
+    listed = REPO / "tests" / "fixtures" / "sglang-0.5.3-metric-names.txt"
+    registered = {line for line in listed.read_text().splitlines() if line and not line.startswith("#")}
+    for signal, names in facts(EngineKind.SGLANG).metrics.items():
+        assert names[0] in registered, f"SGLang 0.5.3 registers no {names[0]} ({signal.value})"
