@@ -197,7 +197,7 @@ class Autoscaler:
                 replica.ready = True
                 self.say(
                     f"engine {replica.launch.name} ready after {now - replica.started_at:.0f}s: "
-                    f"the router sends it the requests it holds for {replica.launch.model}"
+                    f"it takes {replica.launch.model} requests (and those the router holds)"
                 )
 
     def _scale(self, name: str, entry: ModelScale, report: RouterReport, now: float) -> None:

@@ -394,6 +394,11 @@ class Supervisor:
         # models with a replica up, and models at zero whose requests the router holds while one starts
         held = {r.model for r in self.plan.config.router.routes if r.cold_start_hold_ms}
         want = {e.model for e in self.plan.always_on} | held
+        if not want:  # every model at zero and refused until it wakes (activator off): listening is all
+            self.say(
+                "router listening: every model is at zero; a request wakes it (and is refused meanwhile)"
+            )
+            return
         deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
         while True:
             self._check_stop()

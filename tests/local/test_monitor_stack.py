@@ -155,7 +155,8 @@ def test_a_model_at_zero_answers_its_first_requests_with_200(monitored: Monitore
         log,
     ), log
     assert re.search(
-        r"engine tiny-llama-0 ready after \d+s: the router sends it the requests it holds", log
+        r"engine tiny-llama-0 ready after \d+s: it takes tiny-llama requests \(and those the router holds\)",
+        log,
     ), log
     assert "tiny-llama has no ready replica: holding its requests up to 120s" in monitored.log("router")
 
