@@ -140,9 +140,10 @@ def markdown(machine: dict[str, str], rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        cells = [r[k] for k in ("first_answer_s", "median_answer_s", "last_answer_s", "engine_ready_after_s")]
+        times = " | ".join("-" if c is None else str(c) for c in cells)
         lines.append(
-            f"| {r['mode']} | {r['callers']} | {r['answered']} | {r['lost']} | {r['seen_503']} | "
-            f"{r['first_answer_s']} | {r['median_answer_s']} | {r['last_answer_s']} | {r['engine_ready_after_s']} |"
+            f"| {r['mode']} | {r['callers']} | {r['answered']} | {r['lost']} | {r['seen_503']} | {times} |"
         )
     lines += ["", "Ratios (activator on / off), per caller count:", ""]
     for n in sorted({r["callers"] for r in rows}):
