@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from components import catalog, multinode, plan, sizing
 from components.placement import place
 from components.problems import SpecError
-from components.render import addons, common, engine_args, groups
+from components.render import addons, common, dashboards, engine_args, groups
 from components.spec import PlatformSpec
 from components.stackfile import load
 from tests.components.helpers import engine_workloads, minimal, pod_templates, write_stack
@@ -254,6 +254,19 @@ def test_the_405b_stack_runs_each_replica_as_one_group_of_two_p5_nodes() -> None
         args = container["args"]
         assert args[args.index("--nnodes") + 1] == "2"
         assert ("--headless" in args) == (role == "worker")
+
+
+def test_replica_counts_of_a_group_read_its_leader_stateful_set_not_a_deployment() -> None:
+    """A LeaderWorkerSet has no Deployment: the dashboard's replica panel reads the leader StatefulSet LWS names
+    after the set (one leader per group); a single-node model still reads its Deployment."""
+    stack = load(STACK)
+    engine = common.engine_name("llama-3-405b")
+    [panel] = [p for p in dashboards.model_panels(stack.spec, stack.spec.models[0]) if p.title == "Replicas"]
+    exprs = [expr for expr, _ in panel.targets]
+    assert all(f'statefulset="{engine}"' in e for e in exprs) and not any("deployment" in e for e in exprs)
+    single = PlatformSpec.model_validate(minimal())
+    [panel] = [p for p in dashboards.model_panels(single, single.models[0]) if p.title == "Replicas"]
+    assert all("kube_deployment_" in expr for expr, _ in panel.targets)
 
 
 def test_the_405b_plan_has_efa_interfaces_a_placement_group_and_the_device_plugin() -> None:
