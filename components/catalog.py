@@ -356,3 +356,59 @@ ENGINE_INIT_S: dict[str, int] = {
 }
 STARTUP_MARGIN = 0.25
 """Budget = estimate x (1 + margin), rounded up to whole minutes."""
+
+
+# Multi-node serving: how nodes of a GPU instance type talk to each other (``components.multinode``).
+# EFA interfaces per instance type: EC2's maximumEfaInterfaces (NetworkInfo.EfaInfo of DescribeInstanceTypes; the
+# "Network cards" table, docs.aws.amazon.com/AWSEC2/latest/UserGuide/using-eni.html#network-cards, and "Supported
+# instance types", docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html#efa-instance-types), read 2026-12-01. A type
+# missing here has no EFA (g4dn/g5/g6 below 8xlarge, g6e below 8xlarge): its nodes talk over TCP only.
+EFA_READ_ON = "2026-12-01"
+EFA_INTERFACES: dict[str, int] = {
+    "g4dn.12xlarge": 1,
+    "g4dn.metal": 1,
+    "g5.8xlarge": 1,
+    "g5.12xlarge": 1,
+    "g5.24xlarge": 1,
+    "g5.48xlarge": 1,
+    "g6.8xlarge": 1,
+    "g6.12xlarge": 1,
+    "g6.24xlarge": 1,
+    "g6.48xlarge": 1,
+    "g6e.8xlarge": 1,
+    "g6e.12xlarge": 1,
+    "g6e.24xlarge": 2,
+    "g6e.48xlarge": 4,
+    "p4d.24xlarge": 4,
+    "p4de.24xlarge": 4,
+    "p5.48xlarge": 32,
+    "p5en.48xlarge": 16,
+    "p6-b200.48xlarge": 8,
+}
+# Cluster placement groups are "supported for current generation instance types, except burstable performance
+# instances (for example, T2), Mac1 instances and M7i-flex instances" (docs.aws.amazon.com/AWSEC2/latest/UserGuide/
+# placement-strategies.html#placement-groups-cluster, read 2026-12-01): every GPU family in INSTANCE_TYPES has them.
+CLUSTER_PLACEMENT_FAMILIES = frozenset({"g4dn", "g5", "g6", "g6e", "p4d", "p4de", "p5", "p5en", "p6-b200"})
+# Bandwidth between nodes, per node, Gbps (the instance type's published network performance, same date): what the
+# tensor- or pipeline-parallel traffic of a multi-node replica crosses.
+NETWORK_GBPS: dict[str, int] = {
+    "g4dn.12xlarge": 50,
+    "g4dn.metal": 100,
+    "g5.8xlarge": 25,
+    "g5.12xlarge": 40,
+    "g5.24xlarge": 50,
+    "g5.48xlarge": 100,
+    "g6.8xlarge": 25,
+    "g6.12xlarge": 40,
+    "g6.24xlarge": 50,
+    "g6.48xlarge": 100,
+    "g6e.8xlarge": 25,
+    "g6e.12xlarge": 100,
+    "g6e.24xlarge": 200,
+    "g6e.48xlarge": 400,
+    "p4d.24xlarge": 400,
+    "p4de.24xlarge": 400,
+    "p5.48xlarge": 3200,
+    "p5en.48xlarge": 3200,
+    "p6-b200.48xlarge": 3200,
+}

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from components import catalog, cost, report, sizing
+from components import catalog, cost, multinode, report, sizing
 from components import plan as planner
 from components.local.cli import local_app
 from components.problems import SpecError
@@ -106,25 +106,34 @@ def size(
         f"{kv_token * max_model_len / 1024 / 1024:.2f} GiB per {max_model_len:,}-token sequence, "
         f"{kv_token * max_model_len * max_num_seqs / 1024 / 1024:.1f} GiB for all {max_num_seqs} at full length"
     )
-    ranked = sizing.candidates(arch, shape, fixed_parallelism=False)
+    ranked = multinode.candidates(arch, shape)
     if not ranked:
         raise _fail(
-            f"{repo} does not fit any single instance type with these settings; quantize (--quant awq|fp8) "
-            "or lower --max-model-len"
+            f"{repo} does not fit any instance type, nor a group of up to {multinode.MAX_GROUP_NODES} nodes, with "
+            "these settings; quantize (--quant awq|fp8) or lower --max-model-len"
         )
     best = ranked[0]
     out.print()
-    out.print(f"Cheapest fit: {best.instance.name} with TP {best.tensor_parallel_size}:")
+    where = best.instance.name if best.nodes == 1 else f"{best.nodes} x {best.instance.name} (one group)"
+    stages = f" x PP {best.pipeline_parallel_size}" if best.pipeline_parallel_size > 1 else ""
+    out.print(f"Cheapest fit: {where} with TP {best.tensor_parallel_size}{stages}:")
     for line in best.fit.lines():
         out.print(f"  {line}", markup=False, highlight=False)
     table = Table(
         *report.SIZE_COLUMNS,
-        title=f"Instance types that fit, by on-demand cost per replica ({catalog.PRICE_REGION})",
+        title=f"Where a replica fits, one node or a group of nodes, by on-demand cost per replica "
+        f"({catalog.PRICE_REGION})",
     )
     for row in report.size_rows(ranked[:top]):
         table.add_row(*row)
     out.print(table)
     out.print(f"Prices read {catalog.PRICE_READ_ON}: {catalog.PRICE_SOURCE}. Spot is an average estimate.")
+    if any(c.nodes > 1 for c in ranked[:top]):
+        out.print(
+            "A group spans nodes only where no single node of its type holds the model: tensor parallel inside a "
+            "node, pipeline stages across nodes, EFA and a cluster placement group between them "
+            f"(EFA counts read {catalog.EFA_READ_ON})."
+        )
 
 
 @app.command()

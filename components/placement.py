@@ -9,10 +9,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
-from components import catalog, sizing
+from components import catalog, multinode, sizing
 from components.problems import Problem, SpecError
-from components.spec import AUTO, CapacityType, Device, ModelSpec, PlatformSpec, Target
+from components.spec import (
+    AUTO,
+    CapacityType,
+    Device,
+    GpuPoolSpec,
+    ModelSpec,
+    NodeProvisioner,
+    PlatformSpec,
+    Target,
+)
 
 IMAGE_DISK_GIB = 60  # engine images (vLLM's is ~10 GiB compressed) and the kubelet's working space
 DISK_STEP_GIB = 50
@@ -50,7 +60,18 @@ class Placement:
     def replicas_per_node(self) -> int:
         if self.instance is None or self.gpus_per_replica == 0:
             return 1
-        return self.instance.gpus // self.gpus_per_replica
+        return max(1, self.instance.gpus // self.gpus_per_replica)
+
+    @property
+    def nodes(self) -> int:
+        """Nodes one replica spans: 1, or the whole nodes of a multi-node group (``components.multinode``)."""
+        if self.instance is None:
+            return 1
+        return max(1, self.gpus_per_replica // self.instance.gpus)
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes > 1
 
     @property
     def weights_gib(self) -> float:
@@ -70,6 +91,12 @@ class PoolPlan:
     labels: dict[str, str]
     models: tuple[str, ...]
     reason: str
+    multi_node: bool = False
+    """A model on it spans nodes (LeaderWorkerSet groups)."""
+    efa_interfaces: int = 0
+    """EFA interfaces per node (the instance type's count; 0: no EFA)."""
+    placement_group: bool = False
+    """Its nodes launch into one cluster placement group (one zone)."""
 
 
 @dataclass(frozen=True)
@@ -92,16 +119,10 @@ def _check_on_instance(
     """Parallelism, precision and memory of ``model`` on one node of ``instance``."""
     shape = engine_shape(model)
     gpus = shape.gpus
-    if gpus > instance.gpus:
-        return [
-            Problem(
-                f"{path}.engine.tensor_parallel_size",
-                f"tensor_parallel_size x pipeline_parallel_size = {gpus} needs more GPUs than one "
-                f"{instance.name} has ({instance.gpus}); multi-node serving is not supported yet: use a larger "
-                f"instance or a smaller parallel size ({_divisors(instance.gpus)})",
-            )
-        ], None
-    if instance.gpus % gpus:
+    group = multinode.group_problems(path, model, instance)
+    if group:
+        return group, None
+    if gpus < instance.gpus and instance.gpus % gpus:
         return [
             Problem(
                 f"{path}.engine.tensor_parallel_size",
@@ -396,6 +417,8 @@ def _pool_plans(
             problems.append(
                 Problem(f"gpu_pools[{i}].min_nodes", f"min_nodes {min_nodes} is above max_nodes {max_nodes}")
             )
+        links, found = _group_links(spec, i, pool, instance, [placements[m.name] for m in members])
+        problems += found
         weights = sum(placements[m.name].weights_gib for m in members)
         disk = pool.root_disk_gib or int(
             math.ceil((weights * 1.2 + IMAGE_DISK_GIB) / DISK_STEP_GIB) * DISK_STEP_GIB
@@ -410,8 +433,62 @@ def _pool_plans(
             labels=dict(pool.labels),
             models=tuple(m.name for m in members),
             reason=reasons[pool.name],
+            **links,
         )
     return plans, problems
+
+
+def _group_links(
+    spec: PlatformSpec,
+    index: int,
+    pool: GpuPoolSpec,
+    instance: catalog.InstanceType,
+    members: list[Placement],
+) -> tuple[dict[str, Any], list[Problem]]:
+    """EFA and placement group of a pool: on by default where a model spans nodes; asked for where the instance
+    type lacks them, a problem naming the types that have them."""
+    multi = any(p.multi_node for p in members)
+    link = multinode.interconnect(instance)
+    problems: list[Problem] = []
+    if multi and spec.target is Target.EKS and spec.cluster.node_provisioner is NodeProvisioner.KARPENTER:
+        problems.append(
+            Problem(
+                "cluster.node_provisioner",
+                f"pool {pool.name!r} runs a model across nodes, which needs EFA interfaces and a cluster placement "
+                "group in its nodes' launch template: use node_provisioner managed (EKS node groups) for it",
+            )
+        )
+    if pool.efa and not link.has_efa:
+        problems.append(
+            Problem(
+                f"gpu_pools[{index}].efa",
+                f"{instance.name} has no EFA; use an instance type with EFA "
+                f"({', '.join(multinode.efa_instance_types()) or 'none known'}) or set efa: false",
+            )
+        )
+    if pool.placement_group and not link.cluster_placement:
+        problems.append(
+            Problem(
+                f"gpu_pools[{index}].placement_group",
+                f"{instance.family} instances cannot launch into a cluster placement group; use a family that can "
+                f"({', '.join(sorted(catalog.CLUSTER_PLACEMENT_FAMILIES))}) or set placement_group: false",
+            )
+        )
+    efa = link.has_efa and (pool.efa if pool.efa is not None else multi)
+    placed = link.cluster_placement and (pool.placement_group if pool.placement_group is not None else multi)
+    if placed and spec.target is Target.EKS and spec.cluster.existing_private_subnet_ids:
+        problems.append(
+            Problem(
+                f"gpu_pools[{index}].placement_group",
+                "a cluster placement group keeps its nodes in one zone, and the zones of existing_private_subnet_ids "
+                "are not known here; set placement_group: false, or let the stack create the VPC",
+            )
+        )
+    return {
+        "multi_node": multi,
+        "efa_interfaces": link.efa_interfaces if efa else 0,
+        "placement_group": placed,
+    }, problems
 
 
 def misfits(model: ModelSpec, arch: catalog.ModelArch, instance: catalog.InstanceType) -> list[str]:

@@ -19,7 +19,7 @@ from components.kubernetes.gateway import Gateway, NetworkPolicies
 from components.kubernetes.manifests import apply
 from components.kubernetes.observability import Observability
 from components.kubernetes.scaling import ModelScaling
-from components.placement import Layout
+from components.placement import Layout, PoolPlan
 from components.render import addons, common, engine, hardening
 from components.render.namespace import namespace
 from components.spec import PlatformSpec
@@ -64,6 +64,11 @@ def hf_token_secret(spec: PlatformSpec) -> common.Manifest:
     }
 
 
+def _pool(layout: Layout, model: str) -> PoolPlan | None:
+    placed = layout.placements[model].pool
+    return layout.pools.get(placed) if placed is not None else None
+
+
 class InferencePlatform(pulumi.ComponentResource):
     """Namespace, secrets, add-ons, one ModelEngine per model, the gateway, scaling and observability."""
 
@@ -95,17 +100,26 @@ class InferencePlatform(pulumi.ComponentResource):
             spec.observability.grafana_admin_password_config_key,
             "'<password>'",
         )
+        multi_node = any(p.multi_node for p in layout.placements.values())
         self.addons = ClusterAddons(
-            spec, cloud, cluster.addons, child, grafana_admin_password=grafana_password
+            spec, cloud, cluster.addons, child, grafana_admin_password=grafana_password, multi_node=multi_node
         )
         self.priority_class = apply(hardening.priority_class(spec), child)
         self.engine_identity = apply(engine.service_account(spec), in_namespace)
         engines_opts = pulumi.ResourceOptions(
-            parent=self, depends_on=[self.namespace, self.priority_class, self.engine_identity]
+            parent=self,
+            depends_on=[
+                self.namespace,
+                self.priority_class,
+                self.engine_identity,
+                *self.addons.installed(addons.LWS_RELEASE),
+            ],
         )
         rollouts = rollout.plans(spec, layout)
         self.engines = {
-            m.name: ModelEngine(spec, m, layout.placements[m.name], rollouts[m.name], engines_opts)
+            m.name: ModelEngine(
+                spec, m, layout.placements[m.name], rollouts[m.name], engines_opts, _pool(layout, m.name)
+            )
             for m in spec.models
         }
         self.network = NetworkPolicies(spec, cloud, in_namespace)
@@ -121,7 +135,10 @@ class InferencePlatform(pulumi.ComponentResource):
         crds = self.addons.installed("keda", "prometheus-adapter")
         self.scaling = {
             m.name: ModelScaling(
-                spec, m, pulumi.ResourceOptions(parent=self, depends_on=[self.engines[m.name], *crds])
+                spec,
+                m,
+                pulumi.ResourceOptions(parent=self, depends_on=[self.engines[m.name], *crds]),
+                multi_node=layout.placements[m.name].multi_node,
             )
             for m in spec.models
         }

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from components import capacity, catalog, cost, endpoint, images, rollout, sizing, targets
+from components import capacity, catalog, cost, endpoint, images, multinode, rollout, sizing, targets
+from components.placement import PoolPlan
 from components.plan import Synthesis
 from components.render import ingress, scaling
 from components.spec import PlatformSpec, Target
@@ -170,12 +171,18 @@ def plan_report(stack: Stack) -> PlanReport:
             )
         )
         notes.append(f"{model.name}: {placement.reason}")
+        if placement.multi_node and placement.instance is not None:
+            notes.append(
+                f"{model.name}: one LeaderWorkerSet group of {placement.nodes} x {placement.instance.name} per "
+                f"replica (TP {e.tensor_parallel_size} x PP {e.pipeline_parallel_size}, "
+                f"{cost.monthly(c.usd_per_replica_month)}/month per replica = {placement.nodes} nodes)"
+            )
         if note := scaling.scaling_note(spec, model):
             notes.append(note)
     for pool in layout.pools.values():
         notes.append(
             f"pool {pool.name}: {pool.reason}; {pool.min_nodes}-{pool.max_nodes} nodes, "
-            f"{pool.root_disk_gib} GiB root disk"
+            f"{pool.root_disk_gib} GiB root disk" + _links(pool)
         )
     plans = rollout.plans(spec, layout)
     deploy_notes = [n for n in (endpoint.note(spec), images.note(spec), ingress.gateway_api_note(spec)) if n]
@@ -190,10 +197,21 @@ def plan_report(stack: Stack) -> PlanReport:
     )
 
 
+def _links(pool: PoolPlan) -> str:
+    """What links a pool's nodes, where a model spans them."""
+    if not (pool.efa_interfaces or pool.placement_group):
+        return ""
+    parts = [f"EFA x{pool.efa_interfaces} per node"] if pool.efa_interfaces else ["no EFA"]
+    parts += ["cluster placement group (one zone)"] if pool.placement_group else []
+    return "; " + ", ".join(parts)
+
+
 SIZE_COLUMNS = (
     "instance",
     "GPUs",
-    "TP",
+    "TP x PP",
+    "nodes/replica",
+    "between nodes",
     "replicas/node",
     "KV headroom",
     "seqs at full length",
@@ -210,8 +228,10 @@ def size_rows(found: list[sizing.Candidate]) -> list[tuple[str, ...]]:
             (
                 c.instance.name,
                 f"{c.instance.gpus} x {c.instance.gpu}",
-                str(c.tensor_parallel_size),
-                str(c.replicas_per_node),
+                f"{c.tensor_parallel_size} x {c.pipeline_parallel_size}",
+                str(c.nodes),
+                multinode.interconnect(c.instance).describe() if c.nodes > 1 else "-",
+                str(c.replicas_per_node) if c.nodes == 1 else "-",
                 f"{c.fit.headroom_gib:.1f} GiB",
                 f"{c.fit.full_length_sequences} ({c.fit.kv_coverage:.0%})",
                 cost.monthly(c.usd_per_replica_month),

@@ -428,6 +428,12 @@ class GpuPoolSpec(_Spec):
     capacity_reservation: CapacityReservationSpec | None = None
     """Reserved capacity for instance_type (a Capacity Block or an On-Demand Capacity Reservation) that nodes
     launch into first; the pool's own capacity_type comes after it (target eks)."""
+    efa: bool | None = None
+    """Elastic Fabric Adapter interfaces on the pool's nodes (as many as the instance type has) and EFA device
+    requests on its engines; None: on when a model spans nodes and the instance type has EFA."""
+    placement_group: bool | None = None
+    """Launch the pool's nodes into one cluster placement group (one zone, lowest latency between nodes);
+    None: on when a model spans nodes."""
     fallback_instance_types: list[str] = Field(default_factory=list)
     """Instance types tried in this order when instance_type has no capacity (e.g. ['p5en.48xlarge']); each must
     have its GPU count, vCPUs and memory (the autoscaler sizes the pool by one node shape) and fit every model on
@@ -517,9 +523,14 @@ class EngineSpec(_Spec):
     """gpu, or cpu for small models on CPU nodes (kind clusters, local)."""
     tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
     """GPUs each layer of a replica is split across; a replica uses tensor x pipeline_parallel_size GPUs,
-    which must divide the GPUs of one node of its pool."""
+    which must divide the GPUs of one node of its pool, or fill whole nodes (a multi-node replica: one
+    LeaderWorkerSet group, e.g. 8 x 2 on two 8-GPU nodes)."""
     pipeline_parallel_size: Annotated[int, Field(ge=1, le=16)] = 1
-    """Stages a replica's layers are split into, each on its own tensor-parallel group of GPUs; 1 = none."""
+    """Stages a replica's layers are split into, each on its own tensor-parallel group of GPUs; 1 = none. Across
+    nodes, keep tensor_parallel_size at a node's GPUs and make this the node count (stages talk less than ranks)."""
+    nodes: Annotated[int, Field(ge=1, le=64)] | None = None
+    """Nodes one replica spans; derived from tensor x pipeline_parallel_size and the pool's GPUs per node (set
+    it to state the intent: the plan fails when the two disagree)."""
     dtype: DType = DType.AUTO
     """Activation and weight precision before quantization."""
     quantization: Quantization = Quantization.NONE
@@ -950,6 +961,12 @@ class ChartVersionsSpec(_Spec):
     """Chart cluster-autoscaler (target eks with cluster.node_provisioner managed)."""
     karpenter: str = "1.6.0"
     """Chart karpenter, from oci://public.ecr.aws/karpenter (target eks with cluster.node_provisioner karpenter)."""
+    lws: str = "0.8.0"
+    """Chart lws, from oci://registry.k8s.io/lws/charts: the LeaderWorkerSet controller and CRD (models whose
+    replica spans nodes); the rendered LeaderWorkerSets are checked against this release's API."""
+    aws_efa_k8s_device_plugin: str = "0.5.10"
+    """Chart aws-efa-k8s-device-plugin, from https://aws.github.io/eks-charts (target eks, pools with EFA): advertises
+    vpc.amazonaws.com/efa on the nodes it supports (its supportedInstanceLabels)."""
     envoy_gateway: str = "v1.4.2"
     """Chart gateway-helm, from oci://docker.io/envoyproxy: Envoy Gateway and the Gateway API CRDs it ships
     (gateway.ingress gateway-api with gateway.gateway_api envoy-gateway)."""
@@ -993,6 +1010,9 @@ class BudgetSpec(_Spec):
     allow_spot_in_prod: bool = False
     """Let GPU pools use spot capacity where the policy pack otherwise refuses it (prod): interruptions are
     accepted."""
+    allow_multi_node_spot: bool = False
+    """Let a model whose replica spans nodes run on spot capacity: one interrupted node restarts the whole group,
+    so the policy pack refuses it unless this says the risk is accepted."""
 
 
 class PlatformSpec(_Spec):

@@ -225,11 +225,19 @@ class NodeGroupPlan:
     """The capacity reservation its launch template targets (then it launches only in the reservation's zone)."""
     priority: int = 0
     """The Cluster Autoscaler's priority expander tries higher first (a pool's reservation before the rest)."""
+    efa_interfaces: int = 0
+    """EFA network interfaces in its launch template, one per network card (0: the default interface only)."""
+    placement_group: bool = False
+    """Its nodes launch into one cluster placement group, so into one zone (``zone``)."""
+    zone: str | None = None
+    """The one zone of a placement group's nodes."""
 
     @property
     def zones(self) -> list[str] | None:
         """The zones its subnets are in; None: every private subnet of the stack."""
-        return [self.reservation.availability_zone] if self.reservation is not None else None
+        if self.reservation is not None:
+            return [self.reservation.availability_zone]
+        return [self.zone] if self.zone is not None else None
 
 
 def node_role_name(spec: PlatformSpec) -> str:
@@ -249,6 +257,8 @@ def gpu_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan:
     """A GPU pool's node group, from the placement's plan (instance, bounds from replicas x GPUs, disk), with the
     pool's fallback instance types after its own, in the order EC2's prioritized allocation tries them."""
     fallbacks = pool_spec(spec, pool.name).fallback_instance_types
+    # A cluster placement group lives in one zone: the pool's nodes launch in the first of the stack's.
+    zone = zones(spec)[0] if pool.placement_group else None
     return NodeGroupPlan(
         pool=pool.name,
         node_group_name=node_group_name(spec, pool.name),
@@ -263,6 +273,9 @@ def gpu_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan:
         labels=nodes.gpu_node_labels(pool),
         taints=[nodes.gpu_taint()],
         priority=POOL_PRIORITY,
+        efa_interfaces=pool.efa_interfaces,
+        placement_group=pool.placement_group,
+        zone=zone,
     )
 
 
@@ -294,6 +307,8 @@ def reserved_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan | N
         taints=own.taints,
         reservation=reservation,
         priority=RESERVED_PRIORITY,
+        efa_interfaces=own.efa_interfaces,
+        placement_group=own.placement_group,
     )
 
 
@@ -335,6 +350,32 @@ def system_node_group(spec: PlatformSpec) -> NodeGroupPlan:
         labels={nodes.ROLE_LABEL: nodes.SYSTEM_ROLE},
         taints=[],
     )
+
+
+# EFA (docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html): the primary interface is network card 0,
+# device index 0; each further card carries one EFA at device index 1. Every interface type is "efa" (EFA with ENA),
+# as eksctl's efaEnabled node groups have them.
+EFA_INTERFACE_TYPE = "efa"
+
+
+@dataclass(frozen=True)
+class EfaInterface:
+    network_card_index: int
+    device_index: int
+    interface_type: str = EFA_INTERFACE_TYPE
+
+
+def efa_interfaces(count: int) -> list[EfaInterface]:
+    """The launch template's network interfaces of a node with ``count`` EFA interfaces (none when 0)."""
+    return [EfaInterface(card, 0 if card == 0 else 1) for card in range(count)]
+
+
+def efa_security_group_name(spec: PlatformSpec) -> str:
+    return f"{spec.cluster_name}-efa"
+
+
+def placement_group_name(spec: PlatformSpec, pool: str) -> str:
+    return f"{spec.cluster_name}-{pool}"[:255]
 
 
 def node_groups(spec: PlatformSpec, layout: Layout) -> list[NodeGroupPlan]:

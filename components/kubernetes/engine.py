@@ -5,10 +5,13 @@ from __future__ import annotations
 import pulumi
 
 from components.kubernetes.manifests import apply
-from components.placement import Placement
-from components.render import common, engine
+from components.placement import Placement, PoolPlan
+from components.render import common, engine, groups
 from components.rollout import Rollout
 from components.spec import ModelSpec, PlatformSpec
+
+_AWAITED = frozenset({"Deployment", groups.KIND})
+"""The workloads `pulumi up` waits for (a LeaderWorkerSet is a custom resource: Pulumi waits for it to exist)."""
 
 
 class ModelEngine(pulumi.ComponentResource):
@@ -27,6 +30,7 @@ class ModelEngine(pulumi.ComponentResource):
         placement: Placement,
         rollout: Rollout,
         opts: pulumi.ResourceOptions | None = None,
+        pool: PoolPlan | None = None,
     ) -> None:
         super().__init__("inferstack:kubernetes:ModelEngine", model.name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -36,7 +40,7 @@ class ModelEngine(pulumi.ComponentResource):
                 create=f"{rollout.startup.budget_s}s", update=f"{rollout.update_timeout_s}s"
             ),
         )
-        self.manifests = engine.render(spec, model, placement, rollout)
-        self.resources = [apply(m, awaited if m["kind"] == "Deployment" else child) for m in self.manifests]
+        self.manifests = engine.render(spec, model, placement, rollout, pool)
+        self.resources = [apply(m, awaited if m["kind"] in _AWAITED else child) for m in self.manifests]
         self.service_name = common.engine_name(model.name)
         self.register_outputs({"service": self.service_name})

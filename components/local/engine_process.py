@@ -46,7 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from components.render.engine_args import on_this_machine, vllm
+from components.render.engine_args import GroupMember, group_command, on_this_machine, vllm
 from components.spec import ModelSpec
 from runtime.engines import TELEMETRY_OFF_ENV
 
@@ -165,6 +165,7 @@ class EngineProcess:
         log_path: str | os.PathLike[str] | None = None,
         python: str | os.PathLike[str] | None = None,
         ready_timeout: float = 600.0,
+        group: GroupMember | None = None,
     ) -> None:
         """Serves ``model`` (its engine settings, as a cluster pod would) from ``model_dir``.
 
@@ -173,7 +174,8 @@ class EngineProcess:
         ``cpu_cores`` is ``VLLM_CPU_OMP_THREADS_BIND`` ("0", "1", "0-1"); give each engine its own.
         ``port=0`` picks a free port at ``start()``. ``ready_timeout`` bounds ``wait_ready()`` when none
         is given (and the ``with`` block): an engine is ready in well under a minute on an idle machine,
-        much later on a crowded one.
+        much later on a crowded one. ``group``: this engine is one member of a multi-node group (its leader
+        serves HTTP; a worker serves nothing, so only the leader is ever waited for), with the group's command line.
         """
         if host not in {"127.0.0.1", "localhost", "::1"}:
             raise ValueError(f"host {host!r}: test engines bind loopback only")
@@ -194,12 +196,15 @@ class EngineProcess:
         self._run_dir: Path | None = None
         self._log_file: Path | None = None
         self._port_retries = 3
+        self.group = group
 
     # -- what it runs ------------------------------------------------------------------------
     @property
     def argv(self) -> list[str]:
         """Everything after ``vllm serve``: the cluster's command line for the spec, run on this machine."""
         where = on_this_machine(self.model_dir, self.host, self.port, self.served_model_name)
+        if self.group is not None:
+            return group_command(self.spec, self.group, where).args
         return vllm(self.spec, where).args
 
     def environment(self) -> dict[str, str]:

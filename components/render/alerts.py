@@ -69,11 +69,12 @@ def model_alerts(spec: PlatformSpec, model: ModelSpec) -> list[Alert]:
             )
         )
     if t.min_replicas > 0:
-        # Scraped engines count as up when Prometheus reaches them; the others by the Deployment's ready pods.
+        # Scraped engines count as up when Prometheus reaches them (a group's leader: the Service selects leaders);
+        # the others by their workload's ready replicas.
         up = (
             f"sum({_up(spec, engine)})"
             if signals.scraped(model)
-            else f'sum(kube_deployment_status_replicas_available{{{signals.namespace_label(spec)},deployment="{engine}"}})'
+            else signals.workload_replicas(spec, model)[0]
         )
         out.append(
             Alert(

@@ -121,14 +121,11 @@ def model_panels(spec: PlatformSpec, model: ModelSpec) -> list[Panel]:
     hit = signals.prefix_hit_rate(spec, model)
     if hit is not None:
         panels.append(Panel("Prefix cache hit rate", ((hit, "hit rate"),), "percentunit"))
-    deployment = f'{ns},deployment="{engine}"'
+    available, desired = signals.workload_replicas(spec, model)
     panels.append(
         Panel(
             "Replicas",
-            (
-                (f"sum(kube_deployment_status_replicas_available{{{deployment}}})", "available"),
-                (f"sum(kube_deployment_spec_replicas{{{deployment}}})", "desired"),
-            ),
+            ((available, "available"), (desired, "desired")),
             cluster_only=True,
         )
     )

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 from components import nodes
-from components.placement import Placement
-from components.render import common, hardening, scaling
+from components.placement import Placement, PoolPlan
+from components.render import common, groups, hardening, scaling
 from components.render.common import Manifest
 from components.render.engine_args import (
     MODEL_DIR,
     TRTLLM_CONFIG_DIR,
     EngineCommand,
     engine_command,
+    group_command,
+    in_group,
     s3_model_dir,
 )
 from components.rollout import Rollout
@@ -42,7 +45,8 @@ def engine_resources(model: ModelSpec, placement: Placement) -> tuple[float, flo
         cores, memory = _CPU_ENGINE_DEFAULTS
         return e.cpu_cores or cores, e.memory_gib or memory
     instance = placement.instance
-    share = placement.gpus_per_replica / instance.gpus
+    # One pod per node of a multi-node group: each takes its node's share, not the group's.
+    share = placement.gpus_per_replica / placement.nodes / instance.gpus
     cores = max(1.0, math.floor((instance.vcpus - _NODE_RESERVED_CPU) * share))
     memory = math.floor(instance.memory_gib * (1 - _NODE_RESERVED_MEMORY_FRACTION) * share)
     memory = (
@@ -110,21 +114,41 @@ def config_map(spec: PlatformSpec, model: ModelSpec) -> Manifest | None:
     }
 
 
-def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout) -> Manifest:
-    """``rollout`` (``components.rollout``): the strategy, and the startup budget the probe and the progress
-    deadline allow a replica."""
+@dataclass(frozen=True)
+class PodShape:
+    """What differs between the pods of one engine: a Deployment's, a group's leader and its workers."""
+
+    cmd: EngineCommand
+    probes: bool = True
+    """Startup, readiness and liveness probes (a group's workers serve no HTTP: the group's leader answers)."""
+    extra_resources: dict[str, str] = field(default_factory=dict)
+    """Resources requested and limited beside CPU, memory and GPUs (EFA interfaces, huge pages)."""
+    extra_env: list[Manifest] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    """Labels beside the engine's own (a group's role)."""
+
+
+def pod_template(
+    spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout, shape: PodShape
+) -> Manifest:
+    """One engine pod's template (labels and spec): the container from ``shape.cmd``, the model cache, the
+    hardening, the pool's node selector and the GPU toleration. ``rollout`` gives the startup probe its budget."""
     name = common.engine_name(model.name)
     image = model.engine.resolved_image
     version = common.image_version(image)
-    cmd = engine_command(model)
+    cmd = shape.cmd
     cores, memory_gib = engine_resources(model, placement)
     resources: Manifest = {
         "requests": {"cpu": common.quantity_cpu(cores), "memory": common.quantity_gib(memory_gib)},
         "limits": {"cpu": common.quantity_cpu(cores), "memory": common.quantity_gib(memory_gib)},
     }
-    if placement.gpus_per_replica:
-        resources["requests"][nodes.GPU_RESOURCE] = str(placement.gpus_per_replica)
-        resources["limits"][nodes.GPU_RESOURCE] = str(placement.gpus_per_replica)
+    gpus = placement.gpus_per_replica // placement.nodes
+    if gpus:
+        resources["requests"][nodes.GPU_RESOURCE] = str(gpus)
+        resources["limits"][nodes.GPU_RESOURCE] = str(gpus)
+    for key, value in shape.extra_resources.items():
+        resources["requests"][key] = value
+        resources["limits"][key] = value
     mounts: list[Manifest] = [
         {"name": "model-cache", "mountPath": MODEL_DIR},
         {"name": "dshm", "mountPath": "/dev/shm"},
@@ -155,12 +179,15 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollo
         "imagePullPolicy": "Always",
         "command": cmd.command,
         "args": cmd.args,
-        "env": _env(spec, cmd),
+        "env": [*_env(spec, cmd), *shape.extra_env],
         "ports": [{"name": "http", "containerPort": common.ENGINE_PORT, "protocol": "TCP"}],
         "resources": resources,
-        "startupProbe": _http_probe(health, _PROBE_PERIOD_S, startup_failures),
-        "readinessProbe": _http_probe(health, 5, 3),
-        "livenessProbe": _http_probe(health, 15, 4),
+    }
+    if shape.probes:
+        container["startupProbe"] = _http_probe(health, _PROBE_PERIOD_S, startup_failures)
+        container["readinessProbe"] = _http_probe(health, 5, 3)
+        container["livenessProbe"] = _http_probe(health, 15, 4)
+    container |= {
         # Let the Service stop sending new requests before the engine receives SIGTERM.
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", "10"]}}},
         "securityContext": hardening.container_security(),
@@ -190,13 +217,29 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollo
     if placement.pool is not None and placement.instance is not None:
         pod_spec["nodeSelector"] = {nodes.POOL_LABEL: placement.pool}
         pod_spec["tolerations"] = [nodes.gpu_toleration()]
-    pod_labels = {**common.labels(spec, name, "engine", version), common.MODEL_LABEL: model.name}
+    pod_labels = {
+        **common.labels(spec, name, "engine", version),
+        common.MODEL_LABEL: model.name,
+        **shape.labels,
+    }
+    return {"metadata": {"labels": pod_labels}, "spec": pod_spec}
+
+
+def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout) -> Manifest:
+    """``rollout`` (``components.rollout``): the strategy, and the startup budget the probe and the progress
+    deadline allow a replica."""
+    name = common.engine_name(model.name)
+    version = common.image_version(model.engine.resolved_image)
+    template = pod_template(spec, model, placement, rollout, PodShape(engine_command(model)))
     # A scaler (KEDA or HPA) owns the count when min and max differ; a fixed count is set here.
     replicas = {} if scaling.scales(model) else {"replicas": model.scaling.min_replicas}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {**common.metadata(spec, name, "engine", version), "labels": pod_labels},
+        "metadata": {
+            **common.metadata(spec, name, "engine", version),
+            "labels": template["metadata"]["labels"],
+        },
         "spec": {
             **replicas,
             "revisionHistoryLimit": 3,
@@ -208,12 +251,13 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollo
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": rollout.max_surge, "maxUnavailable": rollout.max_unavailable},
             },
-            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+            "template": template,
         },
     }
 
 
-def service(spec: PlatformSpec, model: ModelSpec) -> Manifest:
+def service(spec: PlatformSpec, model: ModelSpec, selector: dict[str, str] | None = None) -> Manifest:
+    """The engine's Service; ``selector`` narrows it (a multi-node group: its leaders only)."""
     name = common.engine_name(model.name)
     return {
         "apiVersion": "v1",
@@ -221,7 +265,7 @@ def service(spec: PlatformSpec, model: ModelSpec) -> Manifest:
         "metadata": common.metadata(spec, name, "engine"),
         "spec": {
             "type": "ClusterIP",
-            "selector": common.selector(spec, name, "engine"),
+            "selector": {**common.selector(spec, name, "engine"), **(selector or {})},
             "ports": [{"name": "http", "port": common.ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
@@ -237,7 +281,39 @@ def service_account(spec: PlatformSpec) -> Manifest:
     }
 
 
-def render(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout) -> list[Manifest]:
-    """Every Kubernetes object of one model's engine, in apply order."""
+def _group(
+    spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout, pool: PoolPlan | None
+) -> list[Manifest]:
+    """A LeaderWorkerSet whose groups span ``placement.nodes`` nodes, and a Service on the leaders."""
+    templates = {
+        leader: pod_template(
+            spec,
+            model,
+            placement,
+            rollout,
+            PodShape(
+                group_command(model, in_group(placement.nodes, leader)),
+                probes=leader,
+                extra_resources=groups.node_resources(pool),
+                extra_env=groups.env(pool),
+                labels=groups.role_labels(leader),
+            ),
+        )
+        for leader in (True, False)
+    }
+    replicas = None if scaling.scales(model) else model.scaling.min_replicas
+    lws = groups.leader_worker_set(
+        spec, model, placement.nodes, templates[True], templates[False], rollout, replicas
+    )
+    return [lws, service(spec, model, groups.role_labels(leader=True))]
+
+
+def render(
+    spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout, pool: PoolPlan | None = None
+) -> list[Manifest]:
+    """Every Kubernetes object of one model's engine, in apply order: a Deployment, or for a replica that spans
+    nodes a LeaderWorkerSet (``components.render.groups``; ``pool`` says whether its nodes have EFA)."""
     out = [m for m in (config_map(spec, model),) if m is not None]
+    if placement.multi_node:
+        return [*out, *_group(spec, model, placement, rollout, pool)]
     return [*out, deployment(spec, model, placement, rollout), service(spec, model)]

@@ -238,3 +238,63 @@ RENDERERS: dict[EngineKind, Callable[[ModelSpec], EngineCommand]] = {
 def engine_command(model: ModelSpec) -> EngineCommand:
     """The cluster command line of ``model``'s engine."""
     return RENDERERS[model.engine.kind](model)
+
+
+# A replica that spans nodes runs as one LeaderWorkerSet group. The LeaderWorkerSet controller (v0.6.0 on) puts these
+# variables in every container of a group (its pod webhook): the leader's stable DNS name, and the pod's index in the
+# group, 0 on the leader. The kubelet expands $(NAME) in args from the container's environment.
+LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
+WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
+LEADER_RANK = "0"
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """One process of a multi-node group, as its command line names it."""
+
+    nodes: int
+    rank: str
+    """Its node rank: "0" on the leader; on workers "$(LWS_WORKER_INDEX)", or a number on this machine."""
+    leader: str
+    """Where the leader is: "$(LWS_LEADER_ADDRESS)" in a pod, a host name on this machine."""
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == LEADER_RANK
+
+
+def in_group(nodes: int, leader: bool) -> GroupMember:
+    """A pod of a LeaderWorkerSet group: rank and leader address from the variables LeaderWorkerSet sets."""
+    rank = LEADER_RANK if leader else f"$({WORKER_INDEX_ENV})"
+    return GroupMember(nodes, rank, f"$({LEADER_ADDRESS_ENV})")
+
+
+def group_args(kind: EngineKind, member: GroupMember) -> list[str]:
+    """The arguments that make one engine process a member of a multi-node group (``runtime.engines``)."""
+    cli = facts(kind).cli
+    if cli.nnodes is None or cli.node_rank is None or cli.master_addr is None:
+        raise ValueError(f"{facts(kind).display_name} cannot span nodes: {cli.multi_node_note}")
+    if cli.master_port is None:
+        rendezvous = [cli.master_addr.name, f"{member.leader}:{cli.rendezvous_port}"]
+    else:
+        rendezvous = [cli.master_addr.name, member.leader, cli.master_port.name, str(cli.rendezvous_port)]
+    args = [cli.nnodes.name, str(member.nodes), cli.node_rank.name, member.rank, *rendezvous]
+    return args if member.is_leader else [*args, *cli.worker_args]
+
+
+def group_command(model: ModelSpec, member: GroupMember, where: Where | None = None) -> EngineCommand:
+    """The command line of one member of ``model``'s group: the engine's own, plus its place in the group."""
+    base = _AT[model.engine.kind](model, where)
+    return EngineCommand(
+        command=base.command,
+        args=[*base.args, *group_args(model.engine.kind, member)],
+        env=base.env,
+        files=base.files,
+    )
+
+
+_AT: dict[EngineKind, Callable[[ModelSpec, Where | None], EngineCommand]] = {
+    EngineKind.VLLM: vllm,
+    EngineKind.SGLANG: sglang,
+    EngineKind.TRTLLM: trtllm,
+}

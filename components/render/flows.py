@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from components.cloud import Cloud
+from components.placement import place
 from components.render import common, gateway, ingress, monitors
 from components.render.runtime_config import batcher_port, health_port, router_port, runtime_config
 from components.spec import IngressKind, PlatformSpec
@@ -132,13 +133,29 @@ def gateway_proxies_in_namespace(spec: PlatformSpec) -> bool:
     return spec.gateway.ingress is IngressKind.GATEWAY_API and ingress.gateway_proxies(spec).namespace is None
 
 
+GROUP_PREFIX = "group:"
+"""Subjects named ``group:<model>``: the pods of one model whose replica spans nodes."""
+
+
+def group_models(spec: PlatformSpec) -> list[str]:
+    """Models whose replica spans nodes (``components.placement``), in stack-file order."""
+    layout = place(spec)
+    return [m.name for m in spec.models if layout.placements[m.name].multi_node]
+
+
+def group_peer(spec: PlatformSpec, model: str) -> Peer:
+    return Peer(f"{model} group", pods={**component_labels(spec, ENGINE), common.MODEL_LABEL: model})
+
+
 def subjects(spec: PlatformSpec) -> list[str]:
     """The components of the stack's namespace that get a policy of their own, in apply order."""
-    out = [ENGINE, *gateway.parts(spec)]
+    out = [ENGINE, *(GROUP_PREFIX + m for m in group_models(spec)), *gateway.parts(spec)]
     return out + ([GATEWAY_PROXY] if gateway_proxies_in_namespace(spec) else [])
 
 
 def subject(spec: PlatformSpec, name: str) -> Peer:
+    if name.startswith(GROUP_PREFIX):
+        return group_peer(spec, name.removeprefix(GROUP_PREFIX))
     return gateway_proxies(spec) if name == GATEWAY_PROXY else component(spec, name)
 
 
@@ -231,6 +248,13 @@ def _engine_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
         private = tuple(cloud.cluster_network(spec))
         weights = Peer("weights over HTTPS", cidrs=(ANYWHERE,), except_cidrs=(*private, LINK_LOCAL))
         out.append(Flow(engine, weights, tcp(HTTPS), "weights from the Hugging Face hub or S3"))
+    for model in group_models(spec):
+        # The engine picks its ports: the rendezvous (vLLM's master port, SGLang's dist-init port), then ZMQ queues
+        # and NCCL's sockets on ephemeral ones. Only the pods of the same model's groups.
+        group = group_peer(spec, model)
+        out.append(
+            Flow(group, group, (), "the nodes of a multi-node replica talk to each other (rendezvous, NCCL)")
+        )
     return out
 
 

@@ -24,6 +24,8 @@ POLICY_NAMES = {flows.ENGINE: "engines"}
 def policy_name(spec: PlatformSpec, subject: str) -> str:
     if subject == flows.GATEWAY_PROXY:
         return gateway_name(spec)
+    if subject.startswith(flows.GROUP_PREFIX):
+        return f"{common.engine_name(subject.removeprefix(flows.GROUP_PREFIX))}-group"
     return POLICY_NAMES.get(subject) or common.runtime_name(spec, subject)
 
 

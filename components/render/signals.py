@@ -9,6 +9,7 @@ health-monitor expressions that both alerts and dashboards read are spelled here
 
 from __future__ import annotations
 
+from components.placement import place
 from components.render import common
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import Signal, facts
@@ -22,6 +23,25 @@ SCRAPE_INTERVAL = "15s"
 def namespace_label(spec: PlatformSpec) -> str:
     """The label matcher of the platform's namespace, which every series it exports carries."""
     return f'namespace="{spec.cluster.namespace}"'
+
+
+def workload_replicas(spec: PlatformSpec, model: ModelSpec) -> tuple[str, str]:
+    """kube-state-metrics series of a model's ready and desired replicas, for engines Prometheus does not scrape
+    and for dashboards. A Deployment's, or for a multi-node group (LeaderWorkerSet) its leader StatefulSet's:
+    LWS names that StatefulSet after the set and runs one leader per group, and a leader is ready only once its
+    workers have joined (LWS ``constructLeaderStatefulSetApplyConfiguration``: name and replicas from the set)."""
+    ns, engine = namespace_label(spec), common.engine_name(model.name)
+    if place(spec).placements[model.name].multi_node:
+        sel = f'{ns},statefulset="{engine}"'
+        return (
+            f"sum(kube_statefulset_status_replicas_ready{{{sel}}})",
+            f"sum(kube_statefulset_replicas{{{sel}}})",
+        )
+    sel = f'{ns},deployment="{engine}"'
+    return (
+        f"sum(kube_deployment_status_replicas_available{{{sel}}})",
+        f"sum(kube_deployment_spec_replicas{{{sel}}})",
+    )
 
 
 def engine_labels(spec: PlatformSpec, model: ModelSpec) -> str:

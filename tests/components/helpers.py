@@ -65,6 +65,28 @@ def engine_deployments(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:
     return out
 
 
+def engine_workloads(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:
+    """Model name -> its engine workload: a Deployment, or a LeaderWorkerSet (a replica that spans nodes)."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in synthesis.kubernetes_manifests():
+        if (
+            m["kind"] in ("Deployment", "LeaderWorkerSet")
+            and m["metadata"]["labels"].get("app.kubernetes.io/component") == "engine"
+        ):
+            model = m["metadata"]["labels"][common.MODEL_LABEL]
+            assert model not in out, f"two engine workloads for model {model}"
+            out[model] = m
+    return out
+
+
+def pod_templates(workload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A workload's pod templates by role: "pod" for a Deployment; "leader" and "worker" for a LeaderWorkerSet."""
+    if workload["kind"] == "Deployment":
+        return {"pod": workload["spec"]["template"]}
+    group = workload["spec"]["leaderWorkerTemplate"]
+    return {"leader": group["leaderTemplate"], "worker": group["workerTemplate"]}
+
+
 #: Metrics of what the platform runs besides the engines; everything else a model's queries read must be in
 #: its engine's table.
 OTHER_SOURCES = re.compile(r"^(inferstack_router_|inferstack_health_|kube_|DCGM_|up$)")

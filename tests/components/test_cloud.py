@@ -18,7 +18,7 @@ from components.placement import place
 from components.render import engine, gateway
 from components.spec import PlatformSpec, Target
 from components.stackfile import STACKS_DIR, available_stacks, load
-from tests.components.helpers import minimal
+from tests.components.helpers import minimal, pod_templates
 
 CLOUDS: list[Cloud] = [EKS, OWN_CLUSTER]
 GPU_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).layout.pools]
@@ -79,10 +79,11 @@ def test_every_engine_lands_on_its_own_pools_gpu_nodes_and_nothing_else_does_on_
     for model in stack.spec.models:
         placement = stack.layout.placements[model.name]
         rendered = engine.render(stack.spec, model, placement, rollout.plan(stack.spec, stack.layout, model))
-        [deployment] = [m for m in rendered if m["kind"] == "Deployment"]
-        pod = deployment["spec"]["template"]["spec"]
-        fits = [p for p, (labels, taints) in gpu_nodes.items() if nodes.schedulable(pod, labels, taints)]
-        assert fits == ([placement.pool] if placement.pool else []), model.name
+        [workload] = [m for m in rendered if m["kind"] in ("Deployment", "LeaderWorkerSet")]
+        for template in pod_templates(workload).values():
+            pod = template["spec"]
+            fits = [p for p, (labels, taints) in gpu_nodes.items() if nodes.schedulable(pod, labels, taints)]
+            assert fits == ([placement.pool] if placement.pool else []), model.name
     plain: dict[str, Any] = {}
     assert not [p for p, (labels, taints) in gpu_nodes.items() if nodes.schedulable(plain, labels, taints)]
 

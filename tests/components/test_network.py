@@ -44,13 +44,21 @@ def _policies_of(manifests: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -
 def _pod_labels(
     manifests: list[dict[str, Any]] | tuple[dict[str, Any], ...], component: str
 ) -> dict[str, str]:
-    """The labels of the rendered pods of one component (the first Deployment of it)."""
-    for m in manifests:
-        if (
-            m["kind"] == "Deployment"
-            and m["metadata"]["labels"].get("app.kubernetes.io/component") == component
-        ):
-            return dict(m["spec"]["template"]["metadata"]["labels"])
+    """The labels of the rendered pods of one component (the first Deployment of it, else the leaders of the first
+    LeaderWorkerSet); for a multi-node group's subject, its workers' (so a leader and a worker of one group are both
+    tried)."""
+    if component.startswith(flows.GROUP_PREFIX):
+        model = component.removeprefix(flows.GROUP_PREFIX)
+        for m in manifests:
+            if m["kind"] == "LeaderWorkerSet" and m["metadata"]["labels"].get(common.MODEL_LABEL) == model:
+                return dict(m["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["labels"])
+        raise AssertionError(f"no LeaderWorkerSet of {model}")
+    for kind in ("Deployment", "LeaderWorkerSet"):
+        for m in manifests:
+            if m["kind"] == kind and m["metadata"]["labels"].get("app.kubernetes.io/component") == component:
+                if kind == "Deployment":
+                    return dict(m["spec"]["template"]["metadata"]["labels"])
+                return dict(m["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["labels"])
     raise AssertionError(f"no Deployment of {component}")
 
 

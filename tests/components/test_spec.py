@@ -89,6 +89,11 @@ def _tp_not_dividing(spec: dict[str, Any]) -> None:
     spec["models"][0]["engine"]["tensor_parallel_size"] = 3
 
 
+def _tp_not_filling_nodes(spec: dict[str, Any]) -> None:
+    spec["gpu_pools"][0]["instance_type"] = "g6e.12xlarge"
+    spec["models"][0]["engine"]["tensor_parallel_size"] = 6
+
+
 def _fp8_on_ampere(spec: dict[str, Any]) -> None:
     spec["gpu_pools"][0]["instance_type"] = "g5.2xlarge"
     spec["models"][0]["engine"]["quantization"] = "fp8"
@@ -186,10 +191,10 @@ BAD_INPUTS: list[tuple[str, Callable[[dict[str, Any]], None], str, list[str]]] =
         ["unknown GPU instance type", "g6"],
     ),
     (
-        "tensor parallel above node GPUs",
-        _set("models.0.engine.tensor_parallel_size", 2),
+        "tensor x pipeline parallel filling no whole number of nodes",
+        _tp_not_filling_nodes,
         "models[0].engine.tensor_parallel_size",
-        ["multi-node serving is not supported yet", "g6e.xlarge"],
+        ["fills no whole number of g6e.12xlarge nodes", "whole nodes (8, 12, 16, 20, ...)"],
     ),
     (
         "tensor parallel not dividing GPUs",

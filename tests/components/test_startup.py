@@ -17,7 +17,7 @@ from components.placement import place
 from components.problems import SpecError
 from components.spec import PlatformSpec
 from components.stackfile import STACKS_DIR, available_stacks, load
-from tests.components.helpers import engine_deployments, minimal, write_stack
+from tests.components.helpers import engine_deployments, engine_workloads, minimal, pod_templates, write_stack
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 
@@ -36,23 +36,30 @@ def _seconds(timeout: str) -> int:
 def test_each_engine_deployment_waits_its_budget_and_its_probe_and_deadline_allow_the_same(name: str) -> None:
     stack = load(name)
     synthesis = _synth(name)
-    deployments = engine_deployments(synthesis)
+    workloads = engine_workloads(synthesis)
     resources = {
-        r.inputs["metadata"]["name"]: r for r in synthesis.resources if r.type.endswith(":Deployment")
+        r.inputs["metadata"]["name"]: r
+        for r in synthesis.resources
+        if r.type.endswith((":Deployment", ":LeaderWorkerSet"))
     }
     for model in stack.spec.models:
         planned = rollout.plan(stack.spec, stack.layout, model)
         budget = planned.startup.budget_s
-        manifest = deployments[model.name]
+        manifest = workloads[model.name]
         resource = resources[manifest["metadata"]["name"]]
         assert resource.timeouts is not None
         assert _seconds(resource.timeouts["create"]) == budget
         assert _seconds(resource.timeouts["update"]) == planned.steps * budget
-        container = manifest["spec"]["template"]["spec"]["containers"][0]
+        # A Deployment's pod, or a group's leader (the one with probes: it is ready when the whole group is).
+        template = next(iter(pod_templates(manifest).values()))
+        container = template["spec"]["containers"][0]
         probe = container["startupProbe"]
         assert budget <= probe["periodSeconds"] * probe["failureThreshold"] < budget + probe["periodSeconds"]
-        assert manifest["spec"]["progressDeadlineSeconds"] == budget
-        strategy = manifest["spec"]["strategy"]["rollingUpdate"]
+        if manifest["kind"] == "Deployment":
+            assert manifest["spec"]["progressDeadlineSeconds"] == budget
+            strategy = manifest["spec"]["strategy"]["rollingUpdate"]
+        else:  # LeaderWorkerSet: no progress deadline; its rolling update replaces whole groups
+            strategy = manifest["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]
         assert (strategy["maxSurge"], strategy["maxUnavailable"]) == (
             planned.max_surge,
             planned.max_unavailable,

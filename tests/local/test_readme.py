@@ -85,7 +85,7 @@ COVERAGE = [
     Coverage(r"\.venv/bin/inferstack size .*", ((HERE, "def test_size_prints_what_the_readme_shows"),), "run here"),
     Coverage(r"inferstack size --list", ((HERE, "def test_cheap_commands_run"),), "run here"),
     Coverage(r"\.venv/bin/inferstack plan -s prod --out build/prod", ((HERE, "def test_cheap_commands_run"),), "run here"),
-    Coverage(r"\.venv/bin/inferstack plan -s kind --out build/kind", ((CI, "stack: [dev, kind, staging, prod]"), (CI, "--out build/${{ matrix.stack }}")), "CI plan job"),
+    Coverage(r"\.venv/bin/inferstack plan -s kind --out build/kind", ((CI, "stack: [dev, kind, staging, prod, prod-405b]"), (CI, "--out build/${{ matrix.stack }}")), "CI plan job"),
     Coverage(r"\.venv/bin/inferstack plan -s prod --policy-config policies/inference/config/prod\.json", (("tests/policies/test_plan.py", '"--policy-config", "policies/inference/config/prod.json"'), (CI, "--policy-config policies/inference/config/${{ matrix.stack }}.json")), "policy tests and CI"),
     Coverage(r"inferstack plan", ((HERE, "def test_cheap_commands_run"),), "run here (the name of the command)"),
     Coverage(r"inferstack schema", (("tests/components/test_cli.py", "def test_committed_schema_is_current"),), "schema test"),
@@ -177,15 +177,17 @@ def _run(command: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_size_prints_what_the_readme_shows() -> None:
-    block = next(b for b in fenced("console") if "inferstack size" in b)
-    lines = block.strip().splitlines()
-    result = _run(lines[0].removeprefix("$ "))
-    assert result.returncode == 0, result.stderr
-    out = re.sub(r"\s+", " ", result.stdout)
-    for line in lines[1:]:
-        for piece in line.split("..."):
-            part = re.sub(r"\s+", " ", piece).strip(" ,")
-            assert part in out, f"README shows {part!r}; `inferstack size` printed:\n{result.stdout}"
+    blocks = [b for b in fenced("console") if "inferstack size" in b]
+    assert len(blocks) >= 2  # one model on one node, one that takes a group of nodes
+    for block in blocks:
+        lines = block.strip().splitlines()
+        result = _run(lines[0].removeprefix("$ "))
+        assert result.returncode == 0, result.stderr
+        out = re.sub(r"\s+", " ", result.stdout)
+        for line in lines[1:]:
+            for piece in line.split("..."):
+                part = re.sub(r"\s+", " ", piece).strip(" ,")
+                assert part in out, f"README shows {part!r}; `inferstack size` printed:\n{result.stdout}"
 
 
 @pytest.mark.parametrize(

@@ -38,10 +38,16 @@ class EngineArgs:
     max_num_batched_tokens: int | None
     gpu_memory_utilization: float
     enforce_eager: bool
+    nnodes: int = 1
+    """Nodes the engine spans (a multi-node group's --nnodes); each node's process uses gpus / nnodes GPUs."""
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nnodes if self.gpus % self.nnodes == 0 else self.gpus
 
     def shape(self, arch: catalog.ModelArch) -> sizing.EngineShape:
         return sizing.EngineShape(
@@ -163,6 +169,7 @@ def parse_engine(container: Container) -> EngineArgs | None:
         max_num_batched_tokens=_int(flags, cli.max_num_batched_tokens),
         gpu_memory_utilization=memory if memory is not None else 0.9,
         enforce_eager=cli.enforce_eager is not None and cli.enforce_eager.on in flags,
+        nnodes=max(_int(flags, cli.nnodes) or 1, 1),
     )
 
 
