@@ -119,6 +119,9 @@ class EngineCli:
     """The option that points at the engine's options file (TensorRT-LLM), where it takes one."""
     fixed_args: tuple[str, ...] = ()
     """Arguments every launch carries whatever the spec says (the serving backend, a quiet access log)."""
+    stream_from_s3: tuple[str, ...] = ()
+    """Arguments that make the engine stream safetensors straight from an ``s3://`` model location; empty
+    where the engine cannot (it then loads a node cache's copy)."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,9 @@ VLLM_CLI = EngineCli(
     trust_remote_code=Switch("--trust-remote-code", None),
     embedding=("--runner", "pooling", "--convert", "embed"),
     fixed_args=("--disable-uvicorn-access-log",),
+    # The Run:ai model streamer (vLLM 0.32 LoadConfig.load_format; PyPI runai-model-streamer[-s3] in the
+    # image): config and tokenizer are pulled to a local directory, tensors stream from S3 into memory.
+    stream_from_s3=("--load-format", "runai_streamer"),
 )
 
 SGLANG_CLI = EngineCli(

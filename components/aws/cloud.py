@@ -17,7 +17,7 @@ from components.cloud import (
 )
 from components.nodes import Taint
 from components.placement import Layout, PoolPlan
-from components.render import common
+from components.render import common, weights
 from components.spec import PlatformSpec
 
 
@@ -59,6 +59,10 @@ class AwsCloud:
         """The engines' service account: EKS Pod Identity gives it read access to the model bucket and the
         ``s3://`` sources (``components.aws.layer``)."""
         return spec.cluster.namespace, common.engine_service_account_name(spec)
+
+    def model_writer(self, spec: PlatformSpec) -> tuple[str, str]:
+        """The preparation Jobs' service account: EKS Pod Identity lets it write the store's prefix."""
+        return spec.cluster.namespace, weights.service_account_name(spec)
 
 
 EKS = AwsCloud()

@@ -16,7 +16,7 @@ import pulumi_kubernetes as k8s
 from components.aws import controller_policies, data_policies, decisions, iam, identity
 from components.kubernetes.manifests import apply
 from components.placement import PoolPlan
-from components.render import karpenter
+from components.render import karpenter, weights
 from components.spec import PlatformSpec
 
 QUEUE_RETENTION_S = 300
@@ -116,7 +116,9 @@ class Karpenter(pulumi.ComponentResource):
         self.node_pools: dict[str, str] = {}
         for pool in pools.values():
             group = decisions.gpu_node_group(spec, pool)
-            apply(karpenter.node_class(pool.name, group.disk, launch, volume_key_arn), with_crds)
+            # Karpenter stripes the NVMe itself (instanceStorePolicy); the user data only readies the cache dir.
+            user_data = weights.node_user_data(pool.cache_medium, node_config=False) if pool.cache_medium else None
+            apply(karpenter.node_class(pool.name, group.disk, launch, volume_key_arn, user_data), with_crds)
             apply(karpenter.node_pool(pool, group.max_size), with_crds)
             self.node_pools[pool.name] = group.pool
         self.register_outputs({"node_pools": self.node_pools})

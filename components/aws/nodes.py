@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import base64
+
 import pulumi
 import pulumi_aws as aws
 
@@ -63,6 +65,7 @@ class NodeGroup(pulumi.ComponentResource):
                 aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=named)
                 for kind in TAGGED_AT_LAUNCH
             ],
+            user_data=base64.b64encode(plan.user_data.encode()).decode() if plan.user_data else None,
             tags=tags,
             opts=child,
         )

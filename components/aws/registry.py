@@ -25,7 +25,7 @@ from components.spec import PlatformSpec
 if TYPE_CHECKING:
     import pulumi_docker_build as docker_build
 
-RUNTIME_IMAGES = ("router", "health", "batcher")
+RUNTIME_IMAGES = ("router", "health", "batcher", "weights")
 DOCKERFILE_DIR = Path("runtime/images")
 CONTEXT_INPUTS = ("runtime", "pyproject.toml")
 UNTAGGED_EXPIRY_DAYS = 14

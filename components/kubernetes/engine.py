@@ -1,13 +1,40 @@
-"""One model's engine on Kubernetes: a thin component over ``components.render.engine``."""
+"""One model's engine on Kubernetes, and the model store's preparation Jobs: thin components over
+``components.render.engine`` and ``components.render.weights``."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pulumi
 
 from components.kubernetes.manifests import apply
-from components.placement import Placement
-from components.render import common, engine
+from components.placement import Layout, Placement
+from components.render import common, engine, weights
+from components.render.gateway import RuntimeImage
 from components.spec import ModelSpec, PlatformSpec
+
+
+class ModelWeights(pulumi.ComponentResource):
+    """The preparation Jobs' service account and one Job per model; ``jobs[model]`` is what its engine waits for."""
+
+    jobs: dict[str, pulumi.Resource]
+
+    def __init__(
+        self,
+        spec: PlatformSpec,
+        layout: Layout,
+        image: RuntimeImage | None,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("inferstack:kubernetes:ModelWeights", f"{spec.name}-weights", None, opts)
+        self.image: Any = image.reference if image is not None else spec.model_store.image
+        account = apply(weights.service_account(spec), pulumi.ResourceOptions(parent=self))
+        after = pulumi.ResourceOptions(parent=self, depends_on=[account])
+        self.jobs = {
+            m.name: apply(weights.prepare_job(spec, m, layout.placements[m.name], self.image), after)
+            for m in spec.models
+        }
+        self.register_outputs({"jobs": sorted(weights.job_name(spec, m) for m in spec.models)})
 
 
 class ModelEngine(pulumi.ComponentResource):
@@ -21,10 +48,11 @@ class ModelEngine(pulumi.ComponentResource):
         model: ModelSpec,
         placement: Placement,
         opts: pulumi.ResourceOptions | None = None,
+        weights_image: Any = None,
     ) -> None:
         super().__init__("inferstack:kubernetes:ModelEngine", model.name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.manifests = engine.render(spec, model, placement)
+        self.manifests = engine.render(spec, model, placement, weights_image)
         self.resources = [apply(m, child) for m in self.manifests]
         self.service_name = common.engine_name(model.name)
         self.register_outputs({"service": self.service_name})

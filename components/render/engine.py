@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from components import nodes
 from components.placement import Placement
-from components.render import common, hardening, scaling
+from components.render import common, hardening, scaling, weights
 from components.render.common import Manifest
-from components.render.engine_args import (
-    MODEL_DIR,
-    S3_MODEL_DIR,
-    TRTLLM_CONFIG_DIR,
-    EngineCommand,
-    engine_command,
-)
+from components.render.engine_args import TRTLLM_CONFIG_DIR, EngineCommand, engine_command
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import facts
-
-AWS_CLI_IMAGE = "public.ecr.aws/aws-cli/aws-cli:2.27.50"
-HF_TOKEN_KEY = "token"
-HF_TOKEN_DIR = "/var/run/secrets/huggingface"
-"""The token is a file (huggingface_hub reads HF_TOKEN_PATH), never an environment variable."""
 # Node resources the kubelet, system daemons and DaemonSets keep; the rest is shared by GPU share.
 _NODE_RESERVED_CPU = 2.0
 _NODE_RESERVED_MEMORY_FRACTION = 0.10
@@ -32,10 +22,6 @@ _STARTUP_BASE_S = 180
 _STARTUP_S_PER_GIB = 10
 _STARTUP_MAX_S = 3600
 _PROBE_PERIOD_S = 10
-
-
-def hf_token_secret_name(spec: PlatformSpec) -> str:
-    return f"{spec.name}-hf-token"
 
 
 def engine_resources(model: ModelSpec, placement: Placement) -> tuple[float, float]:
@@ -64,10 +50,6 @@ def _shm_gib(model: ModelSpec) -> float:
     return 16.0 if model.engine.gpus > 1 else 2.0
 
 
-def _model_cache_gib(placement: Placement) -> int:
-    return max(20, math.ceil(placement.weights_gib * 1.25 + 5))
-
-
 def _http_probe(path: str, period_s: int, failure_threshold: int, timeout_s: int = 5) -> Manifest:
     return {
         "httpGet": {"path": path, "port": "http"},
@@ -77,31 +59,8 @@ def _http_probe(path: str, period_s: int, failure_threshold: int, timeout_s: int
     }
 
 
-def _env(spec: PlatformSpec, cmd: EngineCommand) -> list[Manifest]:
-    env: list[Manifest] = [{"name": k, "value": v} for k, v in sorted(cmd.env.items())]
-    if spec.huggingface_token_config_key:
-        env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/{HF_TOKEN_KEY}"})
-    return env
-
-
-def _s3_sync(model: ModelSpec) -> Manifest:
-    """An init container that copies the weights from S3 into the model cache before the engine starts."""
-    return {
-        "name": "fetch-weights",
-        "image": AWS_CLI_IMAGE,
-        "imagePullPolicy": "Always",
-        "command": ["aws", "s3", "sync", "--only-show-errors", model.source, S3_MODEL_DIR],
-        "env": [{"name": "HOME", "value": "/tmp"}],
-        "resources": {
-            "requests": {"cpu": "500m", "memory": "1Gi"},
-            "limits": {"cpu": "2", "memory": "2Gi"},
-        },
-        "securityContext": hardening.container_security(),
-        "volumeMounts": [
-            {"name": "model-cache", "mountPath": MODEL_DIR},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
-    }
+def _env(cmd: EngineCommand, store: list[Manifest]) -> list[Manifest]:
+    return [*({"name": k, "value": v} for k, v in sorted(cmd.env.items())), *store]
 
 
 def config_map(spec: PlatformSpec, model: ModelSpec) -> Manifest | None:
@@ -118,11 +77,15 @@ def config_map(spec: PlatformSpec, model: ModelSpec) -> Manifest | None:
     }
 
 
-def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Manifest:
+def deployment(
+    spec: PlatformSpec, model: ModelSpec, placement: Placement, weights_image: Any = None
+) -> Manifest:
+    """``weights_image``: the weights image the init container runs (default: the spec's)."""
     name = common.engine_name(model.name)
     image = model.engine.resolved_image
     version = common.image_version(image)
-    cmd = engine_command(model)
+    way = weights.decide(model, placement)
+    cmd = engine_command(model, weights.engine_location(spec, model, way))
     cores, memory_gib = engine_resources(model, placement)
     resources: Manifest = {
         "requests": {"cpu": common.quantity_cpu(cores), "memory": common.quantity_gib(memory_gib)},
@@ -132,23 +95,18 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
         resources["requests"][nodes.GPU_RESOURCE] = str(placement.gpus_per_replica)
         resources["limits"][nodes.GPU_RESOURCE] = str(placement.gpus_per_replica)
     mounts: list[Manifest] = [
-        {"name": "model-cache", "mountPath": MODEL_DIR},
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     volumes: list[Manifest] = [
-        {"name": "model-cache", "emptyDir": {"sizeLimit": f"{_model_cache_gib(placement)}Gi"}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{_shm_gib(model):g}Gi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "10Gi"}},
     ]
-    if spec.huggingface_token_config_key:
-        mounts.append({"name": "hf-token", "mountPath": HF_TOKEN_DIR, "readOnly": True})
-        volumes.append(
-            {
-                "name": "hf-token",
-                "secret": {"secretName": hf_token_secret_name(spec), "defaultMode": 0o440},
-            }
-        )
+    cache = weights.cache_volume(way)
+    if cache is not None:  # the node's copy, read-only to the engine (only the init container fills it)
+        mounts.append({"name": "model-cache", "mountPath": weights.CACHE_MOUNT, "readOnly": True})
+        volumes.append(cache)
+    store_env, store_secrets = weights.engine_env(spec, way)
     if cmd.files:
         mounts.append({"name": "engine-config", "mountPath": TRTLLM_CONFIG_DIR, "readOnly": True})
         volumes.append({"name": "engine-config", "configMap": {"name": name}})
@@ -161,7 +119,7 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
         "imagePullPolicy": "Always",
         "command": cmd.command,
         "args": cmd.args,
-        "env": _env(spec, cmd),
+        "env": _env(cmd, store_env),
         "ports": [{"name": "http", "containerPort": common.ENGINE_PORT, "protocol": "TCP"}],
         "resources": resources,
         "startupProbe": _http_probe(health, _PROBE_PERIOD_S, startup_failures),
@@ -172,6 +130,8 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
         "securityContext": hardening.container_security(),
         "volumeMounts": mounts,
     }
+    if store_secrets:
+        container["envFrom"] = store_secrets
     pod_spec: Manifest = {
         "serviceAccountName": common.engine_service_account_name(spec),
         "automountServiceAccountToken": False,
@@ -191,8 +151,8 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
             common.selector(spec, name, "engine"), strict_hosts=False
         ),
     }
-    if model.source.startswith("s3://"):
-        pod_spec["initContainers"] = [_s3_sync(model)]
+    # Never the hub: check the store's objects (streamer) or fill the node cache before the engine starts.
+    pod_spec["initContainers"] = [weights.engine_init(spec, model, way, weights_image or spec.model_store.image)]
     if placement.pool is not None and placement.instance is not None:
         pod_spec["nodeSelector"] = {nodes.POOL_LABEL: placement.pool}
         pod_spec["tolerations"] = [nodes.gpu_toleration()]
@@ -238,7 +198,9 @@ def service_account(spec: PlatformSpec) -> Manifest:
     }
 
 
-def render(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> list[Manifest]:
+def render(
+    spec: PlatformSpec, model: ModelSpec, placement: Placement, weights_image: Any = None
+) -> list[Manifest]:
     """Every Kubernetes object of one model's engine, in apply order."""
     out = [m for m in (config_map(spec, model),) if m is not None]
-    return [*out, deployment(spec, model, placement), service(spec, model)]
+    return [*out, deployment(spec, model, placement, weights_image), service(spec, model)]

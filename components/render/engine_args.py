@@ -21,14 +21,14 @@ from components.spec import Device, EngineSpec, KvCacheDType, ModelSpec
 from runtime.config import EngineKind, Task
 from runtime.engines import TELEMETRY_OFF_ENV, EngineCli, Flag, Switch, facts
 
-MODEL_DIR = "/models"  # the model cache volume: downloads, S3 syncs and the Hugging Face cache
-S3_MODEL_DIR = f"{MODEL_DIR}/weights"
-HF_CACHE_DIR = f"{MODEL_DIR}/hf"
+HF_CACHE_DIR = "/tmp/hf"  # the Hugging Face libraries' cache; nothing is downloaded (HF_HUB_OFFLINE)
 TRTLLM_OPTIONS_FILE = "extra-llm-api-options.yaml"
 TRTLLM_CONFIG_DIR = "/etc/inferstack/engine"
 
 POD_ENV = {
     **TELEMETRY_OFF_ENV,
+    # Engines load from the model store or a node cache (components/render/weights.py), never the hub.
+    "HF_HUB_OFFLINE": "1",
     "HF_HOME": HF_CACHE_DIR,
     "HOME": "/tmp",  # read-only root filesystem: caches (torch, triton, flashinfer) go to an emptyDir
 }
@@ -50,7 +50,7 @@ class Where:
     """Where an engine runs, as far as its command line says; every other argument comes from the spec."""
 
     model: str
-    """What the engine loads: a Hugging Face id, the directory an init container synced from S3, a local one."""
+    """What the engine loads: an ``s3://`` store location (streamed), a node cache's copy, a local directory."""
     host: str
     port: int
     download_dir: str | None
@@ -59,14 +59,11 @@ class Where:
     """The name clients send; None: the spec's model name."""
 
 
-def model_location(model: ModelSpec) -> str:
-    """What a cluster engine loads: the Hugging Face id, or the directory an init container synced from S3."""
-    return S3_MODEL_DIR if model.source.startswith("s3://") else model.source
-
-
-def in_cluster(model: ModelSpec) -> Where:
-    """An engine pod: every interface, the Service's port, the model cache volume."""
-    return Where(model_location(model), "0.0.0.0", ENGINE_PORT, HF_CACHE_DIR)
+def in_cluster(model: ModelSpec, location: str | None = None) -> Where:
+    """An engine pod: every interface, the Service's port; it loads ``location`` (the model store or the node
+    cache's copy, ``components.render.weights.engine_location``), or the spec's source where none is given
+    (command-line checks), and downloads nothing."""
+    return Where(location or model.source, "0.0.0.0", ENGINE_PORT, download_dir=None)
 
 
 def on_this_machine(
@@ -142,6 +139,8 @@ def vllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
     args += _switched(cli.trust_remote_code, e.trust_remote_code)
     if pooling:
         args += cli.embedding
+    if where.model.startswith("s3://"):
+        args += cli.stream_from_s3
     args += [*cli.fixed_args, *e.extra_args]
     return EngineCommand(command=list(cli.command), args=args, env=dict(POD_ENV))
 
@@ -221,13 +220,13 @@ def trtllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
     )
 
 
-RENDERERS: dict[EngineKind, Callable[[ModelSpec], EngineCommand]] = {
+RENDERERS: dict[EngineKind, Callable[[ModelSpec, Where], EngineCommand]] = {
     EngineKind.VLLM: vllm,
     EngineKind.SGLANG: sglang,
     EngineKind.TRTLLM: trtllm,
 }
 
 
-def engine_command(model: ModelSpec) -> EngineCommand:
-    """The cluster command line of ``model``'s engine."""
-    return RENDERERS[model.engine.kind](model)
+def engine_command(model: ModelSpec, location: str | None = None) -> EngineCommand:
+    """The cluster command line of ``model``'s engine, loading ``location`` (see ``in_cluster``)."""
+    return RENDERERS[model.engine.kind](model, in_cluster(model, location))

@@ -40,9 +40,12 @@ class NodeLaunch:
     tags: dict[str, str]
 
 
-def node_class(pool: str, disk: RootDisk, launch: NodeLaunch, volume_key_arn: Any) -> Manifest:
+def node_class(
+    pool: str, disk: RootDisk, launch: NodeLaunch, volume_key_arn: Any, user_data: str | None = None
+) -> Manifest:
     """The EC2NodeClass of one GPU pool: IMDSv2 and the pool's root disk, encrypted with ``volume_key_arn``
-    (a string or a Pulumi Output)."""
+    (a string or a Pulumi Output); with ``user_data`` (the node cache's), the instance NVMe as RAID0."""
+    extra: Manifest = {"instanceStorePolicy": "RAID0", "userData": user_data} if user_data else {}
     return {
         "apiVersion": "karpenter.k8s.aws/v1",
         "kind": "EC2NodeClass",
@@ -73,6 +76,7 @@ def node_class(pool: str, disk: RootDisk, launch: NodeLaunch, volume_key_arn: An
                 }
             ],
             "tags": launch.tags,
+            **extra,
         },
     }
 

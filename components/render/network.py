@@ -1,8 +1,9 @@
 """NetworkPolicies: deny by default, then exactly the flows the platform needs. Pure.
 
 - Everything in the namespace: no traffic in or out, except DNS to kube-dns.
-- Engines: reached only by the router, the health monitor, the batcher and Prometheus; may reach HTTPS
-  (model weights from the Hugging Face hub or S3).
+- Engines: reached only by the router, the health monitor, the batcher and Prometheus; may reach the model
+  store (S3 over HTTPS, or the store's endpoint).
+- Weights preparation Jobs: reached by nothing; may reach the hub (HTTPS) and the model store.
 - Router: reached only from the ingress (the load balancer's addresses in the cluster network, or the
   Gateway's proxy pods) and Prometheus; reaches engines, the health monitor, the batcher and the Kubernetes API.
 
@@ -14,7 +15,7 @@ Where the cluster network is (the VPC, or just the private ranges) is the cloud'
 from __future__ import annotations
 
 from components.cloud import Cloud
-from components.render import common
+from components.render import common, weights
 from components.render.common import Manifest
 from components.render.gateway import parts
 from components.render.ingress import GATEWAY_NAME_LABEL, gateway_listener_port, gateway_name
@@ -92,8 +93,22 @@ def engines(spec: PlatformSpec) -> Manifest:
                 {"from": callers, "ports": _tcp(common.ENGINE_PORT)},
                 {"from": [_prometheus(spec)], "ports": _tcp(common.ENGINE_PORT)},
             ],
-            # Weights come from the Hugging Face hub or S3 over HTTPS.
-            "egress": [{"to": [{"ipBlock": {"cidr": ANYWHERE}}], "ports": _tcp(443)}],
+            # Weights come from the model store (S3, or the S3-compatible endpoint), never the hub.
+            "egress": [{"to": [{"ipBlock": {"cidr": ANYWHERE}}], "ports": _tcp(*weights.store_ports(spec))}],
+        },
+    )
+
+
+def weights_jobs(spec: PlatformSpec) -> Manifest:
+    """The preparation Jobs: no ingress; out to the hub (HTTPS) and the model store."""
+    return _policy(
+        spec,
+        "weights",
+        _instance(spec, weights.COMPONENT),
+        {
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [],
+            "egress": [{"to": [{"ipBlock": {"cidr": ANYWHERE}}], "ports": _tcp(*weights.store_ports(spec))}],
         },
     )
 
@@ -166,7 +181,7 @@ def gateway_proxies(spec: PlatformSpec) -> Manifest:
 
 
 def render(spec: PlatformSpec, cloud: Cloud) -> list[Manifest]:
-    out = [default_deny(spec), allow_dns(spec), engines(spec), router(spec, cloud)]
+    out = [default_deny(spec), allow_dns(spec), engines(spec), weights_jobs(spec), router(spec, cloud)]
     out.append(_backend_service(spec, cloud, common.HEALTH, health_port()))
     if common.BATCHER in parts(spec):
         out.append(_backend_service(spec, cloud, common.BATCHER, batcher_port()))

@@ -196,7 +196,8 @@ class Engine:
         for name in candidates:
             if not name:
                 continue
-            for key in (name, name.rstrip("/").rsplit("/", 1)[-1]):
+            # A store location or cache copy ends in the revision: try every segment (org, name, revision).
+            for key in (name, *reversed(name.rstrip("/").split("/"))):
                 found = catalog.lookup_model(key)
                 if found is not None:
                     return found

@@ -1,0 +1,226 @@
+"""The model store in Kubernetes: a preparation Job per model, and how each engine pod gets its weights. Pure.
+
+- A hub source: a Job copies ``org/name`` at its pinned revision into the store, once (``python -m
+  runtime.weights prepare``; it exits at once when the store already holds that revision). Only this Job reads
+  the hub token and may write the store (its own service account). An ``s3://`` source: the Job checks the
+  prefix holds complete, verified weights. The Job's name carries a hash of the store location, so a new
+  revision is a new Job; engines depend on it, so `pulumi up` runs it first.
+- Engine pods never see the hub or its token. Streaming (vLLM): an init container checks the store's objects
+  against the manifest, then vLLM streams ``s3://...``. Node cache: an init container fills the node's cache
+  (once per node and revision, under a lock; a hit reads nothing) and the engine loads the copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+from components.placement import Placement
+from components.render import common, hardening
+from components.render.common import Manifest
+from components.spec import ModelSpec, PlatformSpec, Target
+from components.weights import fetch, store
+from components.weights.fetch import CacheMedium, Fetch, FetchPath
+
+COMPONENT = "weights"
+CACHE_MOUNT = "/models/cache"
+"""Where engine pods see the node-level cache."""
+NVME_CACHE_DIR = "/mnt/k8s-disks/0/inferstack-models"
+"""The node cache on instance NVMe: EKS AL2023 nodes stripe their NVMe as RAID0 at /mnt/k8s-disks/0."""
+ROOT_DISK_CACHE_DIR = "/var/lib/inferstack-models"
+HF_TOKEN_DIR = "/var/run/secrets/huggingface"
+HF_TOKEN_KEY = "token"
+STAGING_DIR = "/staging"
+_JOB_SECONDS_PER_GIB = 30  # deadline: a slow hub (~35 MB/s) plus the upload
+_JOB_MIN_SECONDS = 1800
+_WEIGHTS_CONTAINER = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}}
+
+
+def store_ports(spec: PlatformSpec) -> list[int]:
+    """TCP ports the store (and the hub) answer on: HTTPS, plus the endpoint's own port where it has one."""
+    endpoint = spec.model_store.endpoint_url or ""
+    authority = endpoint.split("://", 1)[-1].split("/", 1)[0]
+    port = int(authority.rsplit(":", 1)[1]) if ":" in authority else 443 if endpoint.startswith("https") else 80
+    return sorted({443, port}) if endpoint else [443]
+
+
+def service_account_name(spec: PlatformSpec) -> str:
+    """The preparation Jobs' identity: the only one that may write the store and read the hub token."""
+    return f"{spec.name}-weights"
+
+
+def hf_token_secret_name(spec: PlatformSpec) -> str:
+    return f"{spec.name}-hf-token"
+
+
+def location(spec: PlatformSpec, model: ModelSpec) -> str:
+    return store.location(spec, model)
+
+
+def engine_location(spec: PlatformSpec, model: ModelSpec, way: Fetch) -> str:
+    """What the engine loads: the store location (streamer) or the node cache's copy of it."""
+    uri = location(spec, model)
+    if way.path is FetchPath.STREAMER:
+        return uri
+    return f"{CACHE_MOUNT}/{uri.removeprefix('s3://').rstrip('/')}"
+
+
+def job_name(spec: PlatformSpec, model: ModelSpec) -> str:
+    digest = hashlib.sha256(location(spec, model).encode()).hexdigest()[:8]
+    return f"{model.name}-weights-{digest}"
+
+
+def _owner_args(spec: PlatformSpec) -> list[str]:
+    owner = spec.model_store.account_id or spec.cluster.account_id
+    return ["--expected-owner", owner] if owner else []
+
+
+def store_env(spec: PlatformSpec, writer: bool) -> tuple[list[Manifest], list[Manifest]]:
+    """(env, envFrom) that reach the store: the region on AWS (Pod Identity gives the credentials), or an
+    S3-compatible endpoint with the reader's or the writer's Secret (target kubernetes)."""
+    env: list[Manifest] = [{"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}]
+    if spec.target is Target.EKS:
+        env.append({"name": "AWS_REGION", "value": spec.cluster.region})
+    ms = spec.model_store
+    if ms.endpoint_url:
+        env.append({"name": "AWS_ENDPOINT_URL", "value": ms.endpoint_url})
+    secret = ms.writer_secret if writer else ms.reader_secret
+    env_from = [{"secretRef": {"name": secret}}] if secret else []
+    return env, env_from
+
+
+def _container(spec: PlatformSpec, name: str, image: Any, args: list[str], writer: bool) -> Manifest:
+    env, env_from = store_env(spec, writer)
+    container: Manifest = {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": "Always",
+        "args": args,
+        "env": [*env, {"name": "HOME", "value": "/tmp"}],
+        "resources": _WEIGHTS_CONTAINER,
+        "securityContext": hardening.container_security(),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if env_from:
+        container["envFrom"] = env_from
+    return container
+
+
+def prepare_job(spec: PlatformSpec, model: ModelSpec, placement: Placement, image: Any) -> Manifest:
+    """The one-time Job that puts ``model``'s weights into the store (hub), or checks them (s3://)."""
+    uri = location(spec, model)
+    if model.is_hub:
+        args = ["prepare", "--to", uri, "--hub", model.source, "--revision", str(model.revision)]
+        args += ["--staging", STAGING_DIR]
+    else:
+        args = ["verify", "--store", uri]
+    token = bool(model.is_hub and spec.huggingface_token_config_key)
+    if token:
+        args += ["--token-file", f"{HF_TOKEN_DIR}/{HF_TOKEN_KEY}"]
+    container = _container(spec, "prepare", image, [*args, *_owner_args(spec)], writer=model.is_hub)
+    container["resources"] = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
+    staging_gib = max(10, math.ceil(placement.weights_gib * 1.2 + 2)) if model.is_hub else 1
+    volumes: list[Manifest] = [
+        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        {"name": "staging", "emptyDir": {"sizeLimit": f"{staging_gib}Gi"}},
+    ]
+    container["volumeMounts"].append({"name": "staging", "mountPath": STAGING_DIR})
+    if token:
+        container["volumeMounts"].append({"name": "hf-token", "mountPath": HF_TOKEN_DIR, "readOnly": True})
+        volumes.append(
+            {"name": "hf-token", "secret": {"secretName": hf_token_secret_name(spec), "defaultMode": 0o440}}
+        )
+    name = job_name(spec, model)
+    labels = {**common.labels(spec, name, COMPONENT), common.MODEL_LABEL: model.name}
+    deadline = max(_JOB_MIN_SECONDS, int(placement.weights_gib * _JOB_SECONDS_PER_GIB))
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {**common.metadata(spec, name, COMPONENT), "labels": labels},
+        "spec": {
+            "backoffLimit": 4,  # a killed or failed run resumes: uploaded objects are kept
+            "activeDeadlineSeconds": deadline,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": service_account_name(spec),
+                    "automountServiceAccountToken": False,
+                    "restartPolicy": "Never",
+                    "securityContext": hardening.pod_security(),
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+
+
+def cache_host_dir(way: Fetch) -> str:
+    return NVME_CACHE_DIR if way.medium is CacheMedium.NVME else ROOT_DISK_CACHE_DIR
+
+
+_MIME_BOUNDARY = "==INFERSTACK=="
+
+
+def node_user_data(medium: CacheMedium, *, node_config: bool = True) -> str:
+    """EC2 user data (MIME multipart, as EKS AL2023 nodes read it) that readies the node cache: the instance's
+    NVMe striped as RAID0 by nodeadm (mounted at /mnt/k8s-disks/0, where kubelet and containerd move too),
+    then the cache directory owned by the runtime user, so fill containers run unprivileged.
+    ``node_config=False`` leaves the NodeConfig out (Karpenter's ``instanceStorePolicy: RAID0`` sets it)."""
+    parts = []
+    if medium is CacheMedium.NVME and node_config:
+        parts.append(
+            "Content-Type: application/node.eks.aws\n\n"
+            "apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\n"
+            "spec:\n  instance:\n    localStorage:\n      strategy: RAID0\n"
+        )
+    uid = common.RUNTIME_UID
+    directory = NVME_CACHE_DIR if medium is CacheMedium.NVME else ROOT_DISK_CACHE_DIR
+    parts.append(
+        'Content-Type: text/x-shellscript; charset="us-ascii"\n\n'
+        f"#!/bin/bash\nset -euo pipefail\ninstall -d -m 0750 -o {uid} -g {uid} {directory}\n"
+    )
+    body = "".join(f"--{_MIME_BOUNDARY}\n{part}\n" for part in parts)
+    return (
+        f'MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary="{_MIME_BOUNDARY}"\n\n'
+        f"{body}--{_MIME_BOUNDARY}--\n"
+    )
+
+
+def engine_init(spec: PlatformSpec, model: ModelSpec, way: Fetch, image: Any) -> Manifest:
+    """The container that runs before the engine: check the store (streamer) or fill the node cache."""
+    uri = location(spec, model)
+    if way.path is FetchPath.STREAMER:
+        return _container(spec, "check-weights", image, ["verify", "--store", uri, *_owner_args(spec)], False)
+    args = ["fetch", "--store", uri, "--cache-root", CACHE_MOUNT, *_owner_args(spec)]
+    container = _container(spec, "fetch-weights", image, args, writer=False)
+    container["volumeMounts"].append({"name": "model-cache", "mountPath": CACHE_MOUNT})
+    return container
+
+
+def cache_volume(way: Fetch) -> Manifest | None:
+    """The node cache as the pod sees it (None: the streamer needs no disk)."""
+    if way.path is not FetchPath.NODE_CACHE:
+        return None
+    return {"name": "model-cache", "hostPath": {"path": cache_host_dir(way), "type": "DirectoryOrCreate"}}
+
+
+def engine_env(spec: PlatformSpec, way: Fetch) -> tuple[list[Manifest], list[Manifest]]:
+    """What the engine container needs to stream from the store (nothing for a node-cache copy)."""
+    if way.path is not FetchPath.STREAMER:
+        return [], []
+    return store_env(spec, writer=False)
+
+
+def service_account(spec: PlatformSpec) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": common.metadata(spec, service_account_name(spec), COMPONENT),
+        "automountServiceAccountToken": False,
+    }
+
+
+def decide(model: ModelSpec, placement: Placement) -> Fetch:
+    return fetch.decide(model, placement.instance)
