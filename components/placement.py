@@ -465,7 +465,9 @@ def _pool_plans(
         # Weights on the root disk: the node cache where the instance has no NVMe (one copy per model, shared
         # by the node's replicas); streamed models and an NVMe cache need none.
         on_root = cache_gib if medium is fetch.CacheMedium.ROOT_DISK else 0
-        disk = pool.root_disk_gib or int(math.ceil((on_root + IMAGE_DISK_GIB) / DISK_STEP_GIB) * DISK_STEP_GIB)
+        disk = pool.root_disk_gib or int(
+            math.ceil((on_root + IMAGE_DISK_GIB) / DISK_STEP_GIB) * DISK_STEP_GIB
+        )
         plans[pool.name] = PoolPlan(
             name=pool.name,
             instance=instance,

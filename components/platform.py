@@ -115,7 +115,12 @@ class InferencePlatform(pulumi.ComponentResource):
                 layout.placements[m.name],
                 pulumi.ResourceOptions(
                     parent=self,
-                    depends_on=[self.namespace, self.priority_class, self.engine_identity, self.weights.jobs[m.name]],
+                    depends_on=[
+                        self.namespace,
+                        self.priority_class,
+                        self.engine_identity,
+                        self.weights.jobs[m.name],
+                    ],
                 ),
                 weights_image=self.weights.image,
             )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from components import catalog, cost, sizing, targets
 from components.plan import Synthesis
 from components.stackfile import Stack
+from components.weights import coldstart, fetch, store
 
 PLAN_COLUMNS = (
     "model",
@@ -23,11 +24,53 @@ PLAN_COLUMNS = (
 )
 
 
+WEIGHTS_COLUMNS = (
+    "model",
+    "store",
+    "fetch",
+    "weights/replica",
+    "cold start (fetch + load)",
+    "hub download",
+    "node cache miss",
+    "node cache hit",
+    "streamer",
+)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:,.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
+def weights_rows(stack: Stack) -> list[tuple[str, ...]]:
+    """Per model: where its weights are in the store, how the engine gets them, and the cold start of each path."""
+    spec, layout = stack.spec, stack.layout
+    rows = []
+    for model in spec.models:
+        placement = layout.placements[model.name]
+        way = fetch.decide(model, placement.instance)
+        gpus = placement.gpus_per_replica
+        chosen = coldstart.expected(way, placement.weights_gib, placement.instance, gpus)
+        paths = coldstart.compare(placement.weights_gib, placement.instance, gpus)
+        where = way.path.value + (f" ({way.medium.value})" if way.medium else "")
+        rows.append(
+            (
+                model.name,
+                f"`{store.location(spec, model)}`",
+                where,
+                f"{placement.weights_gib:.1f} GiB",
+                f"**{_seconds(chosen.total_s)}**",
+                *(_seconds(p.total_s) for p in paths),
+            )
+        )
+    return rows
+
+
 @dataclass(frozen=True)
 class PlanReport:
     rows: list[tuple[str, ...]]
     bill: cost.StackCost
     notes: list[str]
+    weights: list[tuple[str, ...]] = field(default_factory=list)
 
     def markdown(self, stack: Stack, synthesis: Synthesis) -> str:
         lines = [
@@ -41,6 +84,17 @@ class PlanReport:
             "| " + " | ".join(PLAN_COLUMNS) + " |",
             "|" + "---|" * len(PLAN_COLUMNS),
             *("| " + " | ".join(row) + " |" for row in self.rows),
+            "",
+            "## Model weights",
+            "",
+            "Prepared once into the model store by a Job per model; engines never download from the hub. "
+            "Cold start is the seconds from a replica's start to its weights in the engine, on a fresh node "
+            "(fetch + load; image pull and engine warm-up not included), from the catalog's bandwidth figures "
+            f"(read {catalog.BANDWIDTH_READ_ON}).",
+            "",
+            "| " + " | ".join(WEIGHTS_COLUMNS) + " |",
+            "|" + "---|" * 3 + "---:|" * (len(WEIGHTS_COLUMNS) - 3),
+            *("| " + " | ".join(row) + " |" for row in self.weights),
             "",
             "## Cost per model (monthly)",
             "",
@@ -110,12 +164,20 @@ def plan_report(stack: Stack) -> PlanReport:
             )
         )
         notes.append(f"{model.name}: {placement.reason}")
+        notes.append(f"{model.name} weights: {fetch.decide(model, placement.instance).reason}")
     for pool in layout.pools.values():
+        cache = (
+            f", {pool.model_cache_gib} GiB node cache on {pool.cache_medium.value} (one copy per model, shared "
+            f"by up to {max((layout.placements[m].replicas_per_node for m in pool.models), default=1)} replicas "
+            "per node)"
+            if pool.cache_medium
+            else ""
+        )
         notes.append(
             f"pool {pool.name}: {pool.reason}; {pool.min_nodes}-{pool.max_nodes} nodes, "
-            f"{pool.root_disk_gib} GiB root disk"
+            f"{pool.root_disk_gib} GiB root disk{cache}"
         )
-    return PlanReport(rows=rows, bill=bill, notes=notes)
+    return PlanReport(rows=rows, bill=bill, notes=notes, weights=weights_rows(stack))
 
 
 SIZE_COLUMNS = (

@@ -826,10 +826,10 @@ class ModelStoreSpec(_Spec):
     endpoint_url: str | None = None
     """Target kubernetes: the S3-compatible endpoint (e.g. 'http://minio.minio.svc:9000'); None: AWS S3."""
     reader_secret: str | None = None
-    """Target kubernetes: Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY that may read the bucket
-    (engines); on eks engines read through EKS Pod Identity."""
+    """Target kubernetes: Secret whose key 'credentials' is an AWS shared-credentials file of a key that may
+    read the bucket (engines; mounted as a file, never environment variables); on eks, EKS Pod Identity."""
     writer_secret: str | None = None
-    """Target kubernetes: Secret with credentials that may write the bucket (the preparation Job only)."""
+    """Target kubernetes: the same for a key that may write the bucket (the preparation Jobs only)."""
     account_id: str | None = None
     """AWS account that owns the store bucket (12 digits): every request carries it as the expected bucket
     owner, so a bucket of the same name in another account is refused. Must be the stack's account."""

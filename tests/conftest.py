@@ -33,9 +33,9 @@ from components.local.engine_process import (
     EngineNotInstalledError,
     EngineProcess,
     cpu_model_spec,
+    free_port,
 )
 from components.local.engine_process import engine_python as _engine_python
-from components.local.engine_process import free_port
 from components.local.s3_server import LoopbackS3, started
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

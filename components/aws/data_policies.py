@@ -97,7 +97,12 @@ def model_prepare(region: str, model_bucket_arn: str, key_arn: str, prefix: str)
             {
                 "Sid": "WriteStorePrefix",
                 "Effect": "Allow",
-                "Action": ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+                "Action": [
+                    "s3:GetObject",
+                    "s3:PutObject",
+                    "s3:AbortMultipartUpload",
+                    "s3:ListMultipartUploadParts",
+                ],
                 "Resource": objects,
             },
         ],

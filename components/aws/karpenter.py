@@ -117,7 +117,9 @@ class Karpenter(pulumi.ComponentResource):
         for pool in pools.values():
             group = decisions.gpu_node_group(spec, pool)
             # Karpenter stripes the NVMe itself (instanceStorePolicy); the user data only readies the cache dir.
-            user_data = weights.node_user_data(pool.cache_medium, node_config=False) if pool.cache_medium else None
+            user_data = (
+                weights.node_user_data(pool.cache_medium, node_config=False) if pool.cache_medium else None
+            )
             apply(karpenter.node_class(pool.name, group.disk, launch, volume_key_arn, user_data), with_crds)
             apply(karpenter.node_pool(pool, group.max_size), with_crds)
             self.node_pools[pool.name] = group.pool

@@ -6,9 +6,8 @@ Thin: ``decisions.node_groups`` derived instance types, bounds (from the models'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import base64
+from collections.abc import Sequence
 
 import pulumi
 import pulumi_aws as aws

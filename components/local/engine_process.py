@@ -181,7 +181,9 @@ class EngineProcess:
         location = str(model_dir if model_dir is not None else model.source)
         self.spec = model
         # The engine runs in a private directory: a path is made absolute, a store location kept.
-        self.model_dir = location if location.startswith("s3://") else str(Path(location).expanduser().absolute())
+        self.model_dir = (
+            location if location.startswith("s3://") else str(Path(location).expanduser().absolute())
+        )
         self.served_model_name = served_model_name or model.name
         self.host = host
         self.requested_port = port

@@ -121,12 +121,22 @@ def started(port: int, requests: Path, log: Path | None = None) -> Iterator[Loop
     """Run the server for the ``with`` block; stopped (SIGTERM, then SIGKILL) whatever happens."""
     requests.parent.mkdir(parents=True, exist_ok=True)
     requests.write_text("")
-    argv = [sys.executable, "-m", "components.local.s3_server", "--port", str(port), "--requests", str(requests)]
+    argv = [
+        sys.executable,
+        "-m",
+        "components.local.s3_server",
+        "--port",
+        str(port),
+        "--requests",
+        str(requests),
+    ]
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(log.open("ab")) if log else subprocess.DEVNULL
         root = Path(__file__).resolve().parents[2]
         env = {**os.environ, "PYTHONPATH": str(root)}
-        proc = subprocess.Popen(argv, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             endpoint = f"http://{HOST}:{port}"
             wait_listening(endpoint, proc)

@@ -12,6 +12,7 @@ from components.render.common import Manifest
 from components.render.engine_args import TRTLLM_CONFIG_DIR, EngineCommand, engine_command
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import facts
+
 # Node resources the kubelet, system daemons and DaemonSets keep; the rest is shared by GPU share.
 _NODE_RESERVED_CPU = 2.0
 _NODE_RESERVED_MEMORY_FRACTION = 0.10
@@ -106,7 +107,9 @@ def deployment(
     if cache is not None:  # the node's copy, read-only to the engine (only the init container fills it)
         mounts.append({"name": "model-cache", "mountPath": weights.CACHE_MOUNT, "readOnly": True})
         volumes.append(cache)
-    store_env, store_secrets = weights.engine_env(spec, way)
+    access = weights.engine_access(spec, way)
+    mounts += access.mounts
+    volumes += access.volumes
     if cmd.files:
         mounts.append({"name": "engine-config", "mountPath": TRTLLM_CONFIG_DIR, "readOnly": True})
         volumes.append({"name": "engine-config", "configMap": {"name": name}})
@@ -119,7 +122,7 @@ def deployment(
         "imagePullPolicy": "Always",
         "command": cmd.command,
         "args": cmd.args,
-        "env": _env(cmd, store_env),
+        "env": _env(cmd, access.env),
         "ports": [{"name": "http", "containerPort": common.ENGINE_PORT, "protocol": "TCP"}],
         "resources": resources,
         "startupProbe": _http_probe(health, _PROBE_PERIOD_S, startup_failures),
@@ -130,8 +133,6 @@ def deployment(
         "securityContext": hardening.container_security(),
         "volumeMounts": mounts,
     }
-    if store_secrets:
-        container["envFrom"] = store_secrets
     pod_spec: Manifest = {
         "serviceAccountName": common.engine_service_account_name(spec),
         "automountServiceAccountToken": False,
@@ -152,7 +153,9 @@ def deployment(
         ),
     }
     # Never the hub: check the store's objects (streamer) or fill the node cache before the engine starts.
-    pod_spec["initContainers"] = [weights.engine_init(spec, model, way, weights_image or spec.model_store.image)]
+    pod_spec["initContainers"] = [
+        weights.engine_init(spec, model, way, weights_image or spec.model_store.image)
+    ]
     if placement.pool is not None and placement.instance is not None:
         pod_spec["nodeSelector"] = {nodes.POOL_LABEL: placement.pool}
         pod_spec["tolerations"] = [nodes.gpu_toleration()]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from components.placement import Placement
@@ -30,6 +31,9 @@ NVME_CACHE_DIR = "/mnt/k8s-disks/0/inferstack-models"
 """The node cache on instance NVMe: EKS AL2023 nodes stripe their NVMe as RAID0 at /mnt/k8s-disks/0."""
 ROOT_DISK_CACHE_DIR = "/var/lib/inferstack-models"
 HF_TOKEN_DIR = "/var/run/secrets/huggingface"
+CREDENTIALS_DIR = "/var/run/secrets/model-store"
+CREDENTIALS_KEY = "credentials"
+"""The key of model_store.reader_secret / writer_secret: an AWS shared-credentials file."""
 HF_TOKEN_KEY = "token"
 STAGING_DIR = "/staging"
 _JOB_SECONDS_PER_GIB = 30  # deadline: a slow hub (~35 MB/s) plus the upload
@@ -41,7 +45,9 @@ def store_ports(spec: PlatformSpec) -> list[int]:
     """TCP ports the store (and the hub) answer on: HTTPS, plus the endpoint's own port where it has one."""
     endpoint = spec.model_store.endpoint_url or ""
     authority = endpoint.split("://", 1)[-1].split("/", 1)[0]
-    port = int(authority.rsplit(":", 1)[1]) if ":" in authority else 443 if endpoint.startswith("https") else 80
+    port = (
+        int(authority.rsplit(":", 1)[1]) if ":" in authority else 443 if endpoint.startswith("https") else 80
+    )
     return sorted({443, port}) if endpoint else [443]
 
 
@@ -76,9 +82,19 @@ def _owner_args(spec: PlatformSpec) -> list[str]:
     return ["--expected-owner", owner] if owner else []
 
 
-def store_env(spec: PlatformSpec, writer: bool) -> tuple[list[Manifest], list[Manifest]]:
-    """(env, envFrom) that reach the store: the region on AWS (Pod Identity gives the credentials), or an
-    S3-compatible endpoint with the reader's or the writer's Secret (target kubernetes)."""
+@dataclass(frozen=True)
+class StoreAccess:
+    """What a container needs to reach the store: environment, and the credentials file's volume and mount."""
+
+    env: list[Manifest]
+    mounts: list[Manifest]
+    volumes: list[Manifest]
+
+
+def store_access(spec: PlatformSpec, writer: bool) -> StoreAccess:
+    """The region on AWS (EKS Pod Identity gives the credentials), or an S3-compatible endpoint with the
+    reader's or the writer's Secret mounted as an AWS shared-credentials file (never environment variables;
+    boto3 and the streamer's AWS SDK both read ``AWS_SHARED_CREDENTIALS_FILE``)."""
     env: list[Manifest] = [{"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}]
     if spec.target is Target.EKS:
         env.append({"name": "AWS_REGION", "value": spec.cluster.region})
@@ -86,25 +102,26 @@ def store_env(spec: PlatformSpec, writer: bool) -> tuple[list[Manifest], list[Ma
     if ms.endpoint_url:
         env.append({"name": "AWS_ENDPOINT_URL", "value": ms.endpoint_url})
     secret = ms.writer_secret if writer else ms.reader_secret
-    env_from = [{"secretRef": {"name": secret}}] if secret else []
-    return env, env_from
+    if not secret:
+        return StoreAccess(env, [], [])
+    env.append({"name": "AWS_SHARED_CREDENTIALS_FILE", "value": f"{CREDENTIALS_DIR}/{CREDENTIALS_KEY}"})
+    mount = {"name": "store-credentials", "mountPath": CREDENTIALS_DIR, "readOnly": True}
+    volume = {"name": "store-credentials", "secret": {"secretName": secret, "defaultMode": 0o440}}
+    return StoreAccess(env, [mount], [volume])
 
 
 def _container(spec: PlatformSpec, name: str, image: Any, args: list[str], writer: bool) -> Manifest:
-    env, env_from = store_env(spec, writer)
-    container: Manifest = {
+    access = store_access(spec, writer)
+    return {
         "name": name,
         "image": image,
         "imagePullPolicy": "Always",
         "args": args,
-        "env": [*env, {"name": "HOME", "value": "/tmp"}],
+        "env": [*access.env, {"name": "HOME", "value": "/tmp"}],
         "resources": _WEIGHTS_CONTAINER,
         "securityContext": hardening.container_security(),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *access.mounts],
     }
-    if env_from:
-        container["envFrom"] = env_from
-    return container
 
 
 def prepare_job(spec: PlatformSpec, model: ModelSpec, placement: Placement, image: Any) -> Manifest:
@@ -119,11 +136,15 @@ def prepare_job(spec: PlatformSpec, model: ModelSpec, placement: Placement, imag
     if token:
         args += ["--token-file", f"{HF_TOKEN_DIR}/{HF_TOKEN_KEY}"]
     container = _container(spec, "prepare", image, [*args, *_owner_args(spec)], writer=model.is_hub)
-    container["resources"] = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
+    container["resources"] = {
+        "requests": {"cpu": "1", "memory": "2Gi"},
+        "limits": {"cpu": "2", "memory": "4Gi"},
+    }
     staging_gib = max(10, math.ceil(placement.weights_gib * 1.2 + 2)) if model.is_hub else 1
     volumes: list[Manifest] = [
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "staging", "emptyDir": {"sizeLimit": f"{staging_gib}Gi"}},
+        *store_access(spec, writer=model.is_hub).volumes,
     ]
     container["volumeMounts"].append({"name": "staging", "mountPath": STAGING_DIR})
     if token:
@@ -206,11 +227,13 @@ def cache_volume(way: Fetch) -> Manifest | None:
     return {"name": "model-cache", "hostPath": {"path": cache_host_dir(way), "type": "DirectoryOrCreate"}}
 
 
-def engine_env(spec: PlatformSpec, way: Fetch) -> tuple[list[Manifest], list[Manifest]]:
-    """What the engine container needs to stream from the store (nothing for a node-cache copy)."""
-    if way.path is not FetchPath.STREAMER:
-        return [], []
-    return store_env(spec, writer=False)
+def engine_access(spec: PlatformSpec, way: Fetch) -> StoreAccess:
+    """What the engine pod needs: to stream, store access for the engine container; the init container
+    (check or fill) reads the store in every case, so the credentials volume is the pod's either way."""
+    reader = store_access(spec, writer=False)
+    if way.path is FetchPath.STREAMER:
+        return reader
+    return StoreAccess([], [], reader.volumes)
 
 
 def service_account(spec: PlatformSpec) -> Manifest:

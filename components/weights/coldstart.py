@@ -33,7 +33,11 @@ def _rates(instance: catalog.InstanceType | None, gpus: int) -> tuple[float, flo
     if instance is None:
         return catalog.CPU_NODE_NETWORK_GBPS / 8 * catalog.NETWORK_EFFICIENCY, 0.0, catalog.LOAD_GBPS_PER_GPU
     network = catalog.NETWORK_GBPS[instance.name] / 8 * catalog.NETWORK_EFFICIENCY
-    disks = catalog.INSTANCE_STORE_DISKS.get(instance.name, 1) if catalog.INSTANCE_STORE_GB.get(instance.name) else 0
+    disks = (
+        catalog.INSTANCE_STORE_DISKS.get(instance.name, 1)
+        if catalog.INSTANCE_STORE_GB.get(instance.name)
+        else 0
+    )
     nvme = min(disks, catalog.NVME_DISKS_COUNTED) * catalog.NVME_READ_GBPS_PER_DISK
     return network, nvme, catalog.LOAD_GBPS_PER_GPU * max(1, gpus)
 

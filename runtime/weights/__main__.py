@@ -27,7 +27,7 @@ EXIT_USAGE = 2
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m runtime.weights", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    owner = {"help": "AWS account that owns the store bucket (S3 refuses a bucket of another account)"}
+    owner = "AWS account that owns the store bucket (S3 refuses a bucket of another account)"
     prep = sub.add_parser("prepare", help="copy a model into the store (idempotent, resumable)")
     prep.add_argument("--to", required=True, help="s3://bucket/prefix/ of this model and revision")
     origin = prep.add_mutually_exclusive_group(required=True)
@@ -36,14 +36,16 @@ def _parser() -> argparse.ArgumentParser:
     prep.add_argument("--revision", help="the hub commit (40 hex digits)")
     prep.add_argument("--token-file", help="a file holding the hub token (gated models)")
     prep.add_argument("--staging", type=Path, help="where hub downloads go (resumed from there)")
-    prep.add_argument("--expected-owner", **owner)
+    prep.add_argument("--expected-owner", help=owner)
     fetch = sub.add_parser("fetch", help="fill this node's cache from the store (once per node and revision)")
     fetch.add_argument("--store", required=True)
     fetch.add_argument("--cache-root", required=True, type=Path)
-    fetch.add_argument("--expected-owner", **owner)
-    verify = sub.add_parser("verify", help="check the store's objects against the manifest (before streaming)")
+    fetch.add_argument("--expected-owner", help=owner)
+    verify = sub.add_parser(
+        "verify", help="check the store's objects against the manifest (before streaming)"
+    )
     verify.add_argument("--store", required=True)
-    verify.add_argument("--expected-owner", **owner)
+    verify.add_argument("--expected-owner", help=owner)
     return parser
 
 
@@ -60,7 +62,9 @@ def run(argv: list[str] | None = None) -> int:
     except WeightsError as exc:
         return _usage(str(exc))
     if args.command == "prepare" and args.hub and not (args.revision and COMMIT.match(args.revision)):
-        return _usage(f"--revision {args.revision!r} is not a commit hash (40 hex digits): pin the exact commit")
+        return _usage(
+            f"--revision {args.revision!r} is not a commit hash (40 hex digits): pin the exact commit"
+        )
     from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415 - after argument checks
 
     store = Store(client(), where, args.expected_owner)
@@ -80,7 +84,12 @@ def run(argv: list[str] | None = None) -> int:
             }
         elif args.command == "fetch":
             filled = node_cache.fill(args.cache_root, store)
-            report = {"store": where.uri(), "path": str(filled.path), "hit": filled.hit, "fetched_bytes": filled.fetched_bytes}
+            report = {
+                "store": where.uri(),
+                "path": str(filled.path),
+                "hit": filled.hit,
+                "fetched_bytes": filled.fetched_bytes,
+            }
         else:
             manifest = store.verify()
             report = {"store": where.uri(), "content_id": manifest.content_id, "files": len(manifest.files)}

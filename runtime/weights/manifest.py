@@ -75,12 +75,16 @@ class Manifest:
         try:
             doc: dict[str, Any] = json.loads(text)
             files = tuple(FileEntry(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in doc["files"])
-            manifest = cls(files, str(doc.get("source", "")), {str(k): str(v) for k, v in doc["etags"].items()})
+            manifest = cls(
+                files, str(doc.get("source", "")), {str(k): str(v) for k, v in doc["etags"].items()}
+            )
             stated = doc["content_id"]
         except (ValueError, KeyError, TypeError) as exc:
             raise WeightsError(f"{where}: not an inferstack weights manifest ({exc})") from None
         if stated != manifest.content_id:
-            raise WeightsError(f"{where}: its content id {stated} does not match its file list; it was edited")
+            raise WeightsError(
+                f"{where}: its content id {stated} does not match its file list; it was edited"
+            )
         return manifest
 
 
@@ -161,7 +165,9 @@ def check_safetensors(path: Path, where: str) -> None:
             raise WeightsError(f"{where}: {size} bytes is too short for a safetensors file (truncated)")
         (header_len,) = struct.unpack("<Q", head)
         if header_len > min(size - 8, 100 << 20):
-            raise WeightsError(f"{where}: its header length {header_len} exceeds the file (truncated or not safetensors)")
+            raise WeightsError(
+                f"{where}: its header length {header_len} exceeds the file (truncated or not safetensors)"
+            )
         try:
             header = json.loads(fh.read(header_len))
         except ValueError:

@@ -39,7 +39,9 @@ class Prepared:
 def from_hub(repo: str, revision: str, staging: Path, token_file: str | None = None) -> Path:
     """Download ``repo`` at commit ``revision`` into ``staging`` (resuming what an earlier run left)."""
     if not COMMIT.match(revision):
-        raise WeightsError(f"revision {revision!r} is not a commit hash (40 hex digits): pin the exact commit")
+        raise WeightsError(
+            f"revision {revision!r} is not a commit hash (40 hex digits): pin the exact commit"
+        )
     from huggingface_hub import snapshot_download  # noqa: PLC0415 - the weights image carries it
 
     token = Path(token_file).read_text().strip() if token_file else None

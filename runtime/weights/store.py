@@ -136,7 +136,9 @@ class Store:
         preparation step and not changed since. The node cache also hashes every byte it copies.
         """
         manifest = self.require_manifest()
-        problems = [p for f in manifest.files if (p := self.object_problem(manifest, f.path, self.head(f.path)))]
+        problems = [
+            p for f in manifest.files if (p := self.object_problem(manifest, f.path, self.head(f.path)))
+        ]
         if problems:
             raise WeightsError("; ".join(problems) + ": run the preparation again to repair it")
         return manifest

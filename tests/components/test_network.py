@@ -13,7 +13,7 @@ from components.render import network
 from components.spec import PlatformSpec
 from components.stackfile import STACKS_DIR, available_stacks, load
 from components.targets import cloud_for
-from tests.components.helpers import minimal
+from tests.components.helpers import minimal, on_own_cluster
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 
@@ -101,8 +101,7 @@ def test_router_sources_default_to_the_vpc_the_stack_creates_else_the_private_ra
     raw["cluster"] = {"vpc_cidr": "10.42.0.0/16"}
     eks = PlatformSpec.model_validate(raw)
     assert network.router_source_cidrs(eks, cloud_for(eks)) == ["10.42.0.0/16"]
-    raw["target"] = "kubernetes"
-    own = PlatformSpec.model_validate(raw)
+    own = PlatformSpec.model_validate(on_own_cluster(raw))
     assert network.router_source_cidrs(own, cloud_for(own)) == list(PRIVATE_CIDRS)
     raw["gateway"] = {"ingress_source_cidrs": ["192.168.10.0/24"]}
     spec = PlatformSpec.model_validate(raw)

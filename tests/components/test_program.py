@@ -11,6 +11,7 @@ from components import nodes, plan
 from components.redaction import REDACTED
 from components.render import common
 from components.stackfile import STACKS_DIR, Stack, available_stacks, load
+from components.weights import store
 from tests.components.helpers import engine_deployments
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
@@ -112,7 +113,7 @@ def test_vllm_command_line_carries_every_engine_knob_of_the_spec() -> None:
     container = engine_deployments(_synth(stack))[model.name]["spec"]["template"]["spec"]["containers"][0]
     args = container["args"]
     assert container["command"] == ["vllm", "serve"]
-    assert args[0] == model.source
+    assert args[0] == store.location(stack.spec, model)  # streamed from the model store, never the hub
 
     def value(flag: str) -> str:
         return str(args[args.index(flag) + 1])
@@ -128,8 +129,10 @@ def test_vllm_command_line_carries_every_engine_knob_of_the_spec() -> None:
     assert "--enable-prefix-caching" in args and "--enable-chunked-prefill" in args
     env = {e["name"]: e for e in container["env"]}
     assert env["VLLM_NO_USAGE_STATS"]["value"] == "1"
-    assert env["HF_TOKEN_PATH"]["value"].endswith("/token")  # a mounted file, never an env var
-    assert "HF_TOKEN" not in env
+    assert env["HF_HUB_OFFLINE"]["value"] == "1"  # engines never reach the hub ...
+    assert not {"HF_TOKEN", "HF_TOKEN_PATH"} & set(env)  # ... nor hold its token
+    pod = engine_deployments(_synth(stack))[model.name]["spec"]["template"]["spec"]
+    assert all(v.get("secret") is None for v in pod["volumes"])
 
 
 def test_startup_budget_grows_with_model_size() -> None:

@@ -56,11 +56,18 @@ def streamed_engine(
         CHAT_MODEL_NAME, tiny_chat_model, max_model_len=CHAT_MAX_MODEL_LEN, enable_prefix_caching=True
     )
     assets = tmp_path_factory.mktemp("vllm-assets")
+    # Credentials as a pod gets them from model_store.reader_secret: an AWS shared-credentials file.
+    s3_env = loopback_s3.env()
+    credentials = assets / "credentials"
+    credentials.write_text(
+        f"[default]\naws_access_key_id = {s3_env.pop('AWS_ACCESS_KEY_ID')}\n"
+        f"aws_secret_access_key = {s3_env.pop('AWS_SECRET_ACCESS_KEY')}\n"
+    )
     engine = EngineProcess(
         spec,
         store,
         cpu_cores="1",
-        env={**loopback_s3.env(), "VLLM_ASSETS_CACHE": str(assets)},
+        env={**s3_env, "AWS_SHARED_CREDENTIALS_FILE": str(credentials), "VLLM_ASSETS_CACHE": str(assets)},
         log_path=LOGS_DIR / "vllm-streamer.log",
         ready_timeout=ENGINE_READY_TIMEOUT_S,
     )
@@ -94,7 +101,9 @@ def test_the_streamer_serves_the_same_tokens_as_a_disk_load(
 def test_the_weights_came_from_s3_once(
     streamed_engine: Streamed, loopback_s3: LoopbackS3, tiny_chat_model: Path
 ) -> None:
-    gets = [r for r in since(loopback_s3, streamed_engine.mark, streamed_engine.bucket) if r["method"] == "GET"]
+    gets = [
+        r for r in since(loopback_s3, streamed_engine.mark, streamed_engine.bucket) if r["method"] == "GET"
+    ]
     shard = next(f for f in scan(tiny_chat_model).files if f.path.endswith(".safetensors"))
     streamed = sum(int(r["bytes"]) for r in gets if r["path"].endswith(shard.path))
     assert streamed == shard.size  # every tensor byte, read from the store exactly once

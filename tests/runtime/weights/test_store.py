@@ -53,7 +53,13 @@ def test_a_killed_preparation_serves_nothing_and_resumes(loopback_s3: LoopbackS3
     bucket = new_bucket(loopback_s3)
     uri = f"s3://{bucket}/models/m/rev1/"
     killed = weights(
-        loopback_s3, "prepare", "--from", str(model), "--to", uri, env={"INFERSTACK_WEIGHTS_STOP_AFTER_UPLOADS": "2"}
+        loopback_s3,
+        "prepare",
+        "--from",
+        str(model),
+        "--to",
+        uri,
+        env={"INFERSTACK_WEIGHTS_STOP_AFTER_UPLOADS": "2"},
     )
     assert killed.code == 137
     done_before = _puts(loopback_s3.logged())
@@ -91,7 +97,9 @@ def test_node_cache_fills_once_per_node(loopback_s3: LoopbackS3, tmp_path: Path)
     assert sorted(r["fetched_bytes"] for r in reports) == [0, total]
     assert sorted(r["hit"] for r in reports) == [False, True]
     weight_gets = [
-        r for r in since(loopback_s3, mark, bucket) if r["method"] == "GET" and r["path"].endswith(".safetensors")
+        r
+        for r in since(loopback_s3, mark, bucket)
+        if r["method"] == "GET" and r["path"].endswith(".safetensors")
     ]
     assert sum(int(r["bytes"]) for r in weight_gets) == sum(
         f.size for f in scan(model).files if f.path.endswith(".safetensors")
@@ -150,10 +158,14 @@ def test_a_corrupted_or_truncated_store_object_is_caught(loopback_s3: LoopbackS3
 def test_bad_command_lines_exit_2_with_one_line(loopback_s3: LoopbackS3, tmp_path: Path) -> None:
     not_s3 = weights(loopback_s3, "verify", "--store", "/data/models")
     assert not_s3.code == 2 and "is not a store location" in not_s3.stderr
-    unpinned = weights(loopback_s3, "prepare", "--to", "s3://bucket1/m/", "--hub", "org/m", "--revision", "main")
+    unpinned = weights(
+        loopback_s3, "prepare", "--to", "s3://bucket1/m/", "--hub", "org/m", "--revision", "main"
+    )
     assert unpinned.code == 2 and "not a commit hash" in unpinned.stderr
     assert len(unpinned.stderr.strip().splitlines()) == 1
     not_a_model = tmp_path / "empty"
     not_a_model.mkdir()
-    empty = weights(loopback_s3, "prepare", "--from", str(not_a_model), "--to", f"s3://{new_bucket(loopback_s3)}/m/")
+    empty = weights(
+        loopback_s3, "prepare", "--from", str(not_a_model), "--to", f"s3://{new_bucket(loopback_s3)}/m/"
+    )
     assert empty.code == 1 and "no .safetensors weights" in empty.stderr
