@@ -62,11 +62,13 @@ plan: venv
 # The data plane of stacks/Pulumi.local.yaml on this machine: real vLLM on CPU behind the router on
 # http://127.0.0.1:8080. Foreground (Ctrl-C stops everything); DETACH=1 runs it in the background
 # (then `make local-status`, `make local-logs`, `make local-down`). PORT=N moves the router;
-# LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the state directory.
+# LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the state directory. S3=1 serves
+# from the model store, as a cluster does: a loopback S3 server, the models prepared into it, engines
+# streaming their weights from it.
 .PHONY: local local-down local-status local-logs
 LOCAL_STATE_ARG = $(if $(LOCAL_STATE),--state-dir $(LOCAL_STATE))
 local: venv engine-venv
-	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(DETACH),--detach) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
+	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(DETACH),--detach) $(if $(S3),--s3) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
 
 local-down: venv
 	$(BIN)/inferstack local down $(LOCAL_STATE_ARG)

@@ -21,6 +21,7 @@ from typing import Literal
 from components.render import runtime_config as rendered
 from components.spec import ModelSpec, PlatformSpec, Target
 from components.stackfile import Stack
+from components.weights import store
 from runtime.config import EngineKind, RuntimeConfig, Task
 
 HOST = "127.0.0.1"
@@ -59,6 +60,9 @@ class LocalOptions:
     state_dir: Path = DEFAULT_STATE_DIR
     cpus: tuple[int, ...] = (0,)
     """CPU cores engines are pinned to, in turn (VLLM_CPU_OMP_THREADS_BIND): one core each."""
+    s3_port: int | None = None
+    """Serve from the model store: a loopback S3 server on this port, the models prepared into it, engines
+    streaming from it (`make local S3=1`); None: engines load their directories."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,8 @@ class EngineLaunch:
     path: Path
     port: int
     cpu_cores: str
+    store: str | None = None
+    """The model's ``s3://`` location in the loopback store, streamed instead of ``path``."""
 
     @property
     def model(self) -> str:
@@ -127,6 +133,13 @@ class LocalPlan:
     config: RuntimeConfig
     generate_models: tuple[str, ...] = field(default=())
     embed_models: tuple[str, ...] = field(default=())
+    s3_port: int | None = None
+    """The loopback model store's port (``LocalOptions.s3_port``)."""
+
+    @property
+    def store_preps(self) -> list[tuple[Path, str]]:
+        """(model directory, store location) to prepare before the engines, once each."""
+        return sorted({(e.path, e.store) for e in self.engines if e.store is not None})
 
     @property
     def router(self) -> ServiceLaunch:
@@ -219,17 +232,20 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     engines: list[EngineLaunch] = []
     port = options.engine_port
     for model, prep in zip(spec.models, preps, strict=True):
+        where = store.location(spec, model) if options.s3_port is not None else None
         for r in range(replicas(model)):
             core = options.cpus[len(engines) % len(options.cpus)]
-            engines.append(EngineLaunch(f"{model.name}-{r}", model, prep.path, port, str(core)))
+            engines.append(EngineLaunch(f"{model.name}-{r}", model, prep.path, port, str(core), where))
             port += 1
     services = [ServiceLaunch("health", "runtime.health", options.health_port, "--health-port")]
     if rendered.has_batcher(spec):
         services.append(ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port"))
     services.append(ServiceLaunch("router", "runtime.router", options.router_port, "--port"))
+    store_port = [] if options.s3_port is None else [(options.s3_port, "the model store (S3)", "--s3-port")]
     check_ports(
         [(s.port, s.name, s.option) for s in services]
         + [(e.port, f"engine {e.name}", "--engine-port") for e in engines]
+        + store_port
     )
     return LocalPlan(
         stack=stack.name,
@@ -241,6 +257,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         config=local_runtime_config(spec, engines, {s.name: s.port for s in services}),
         generate_models=tuple(m.name for m in spec.models if m.resolved_task() is not Task.EMBED),
         embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
+        s3_port=options.s3_port,
     )
 
 
@@ -287,8 +304,10 @@ def describe(plan: LocalPlan) -> list[str]:
     lines = [
         f"stack {plan.stack} ({plan.source}): {len(plan.engines)} engines, then {', '.join(s.name for s in plan.services)}"
     ]
+    if plan.s3_port is not None:
+        lines.append(f"  model store (S3)                http://{HOST}:{plan.s3_port}")
     for e in plan.engines:
-        lines.append(f"  engine {e.name:<24} {e.url}  core {e.cpu_cores}  {e.path}")
+        lines.append(f"  engine {e.name:<24} {e.url}  core {e.cpu_cores}  {e.store or e.path}")
     for s in plan.services:
         lines.append(f"  {s.name:<31} {s.url}")
     return lines

@@ -32,6 +32,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from components.local import state
+from components.local import store as local_store
 from components.local.engine_process import REPO_ROOT, EngineError, EngineProcess, engine_python
 from components.local.plan import HOST, KV_CACHE_GIB, TAG_ENV, EngineLaunch, LocalPlan, banner, describe
 from components.local.tiny_model import is_complete
@@ -110,17 +111,21 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 def engine_process(
-    launch: EngineLaunch, logs_dir: Path, tag: str, python: Path | None = None
+    launch: EngineLaunch,
+    logs_dir: Path,
+    tag: str,
+    python: Path | None = None,
+    store_env: dict[str, str] | None = None,
 ) -> EngineProcess:
-    """The ``EngineProcess`` (not started) for one planned replica."""
+    """The ``EngineProcess`` (not started) for one planned replica; ``store_env`` reaches the model store."""
     return EngineProcess(
         launch.spec,
-        launch.path,
+        launch.store or launch.path,
         host=HOST,
         port=launch.port,
         cpu_cores=launch.cpu_cores,
         kv_cache_space_gib=KV_CACHE_GIB,
-        env={TAG_ENV: tag},
+        env={TAG_ENV: tag, **(store_env or {})},
         log_path=logs_dir / f"engine-{launch.name}.log",
         python=python,
     )
@@ -144,6 +149,7 @@ class Supervisor:
     out: TextIO = field(default_factory=lambda: sys.stdout)
     engines: list[EngineProcess] = field(default_factory=list)
     services: list[Service] = field(default_factory=list)
+    store: local_store.LocalStore | None = None
     stop_requested: bool = False
     hurry: bool = False
     phase: str = "starting"
@@ -214,6 +220,7 @@ class Supervisor:
         except EngineError as err:
             raise StartError(str(err), EXIT_USAGE) from None
         self.make_models(python)
+        self.start_store()
         plan.config_path.write_text(
             "# Rendered by `inferstack local up` from "
             f"{plan.source} (components/render/runtime_config.py); rewritten at every start.\n"
@@ -273,12 +280,33 @@ class Supervisor:
             if proc.returncode != 0:
                 raise StartError(f"making {prep.path} failed; log {log}:\n{tail(log)}")
 
+    # -- the model store (`make local S3=1`) ---------------------------------------------------
+    def start_store(self) -> None:
+        """The loopback S3 server, and every model prepared into it as the cluster's Job would."""
+        plan = self.plan
+        if plan.s3_port is None:
+            return
+        tag = {TAG_ENV: state.tag_value(plan.state_dir)}
+        try:
+            self.store = local_store.start(plan.s3_port, plan.logs_dir, tag, self.python)
+            self.say(f"model store (S3) listening on {self.store.endpoint}")
+            for bucket in sorted({b.removeprefix("s3://").split("/", 1)[0] for _, b in plan.store_preps}):
+                local_store.create_bucket(self.store, bucket)
+            for path, location in plan.store_preps:
+                self._check_stop()
+                log = plan.logs_dir / f"prepare-{path.name}.log"
+                took = local_store.prepare(self.store, path, location, log, self.python)
+                self.say(f"prepared {path} into {location} in {took:.1f}s")
+        except local_store.StoreError as err:
+            raise StartError(str(err)) from None
+
     # -- engines ---------------------------------------------------------------------------------
     def start_engines(self, python: Path) -> None:
         tag = state.tag_value(self.plan.state_dir)
+        store_env = self.store.engine_env() if self.store is not None else None
         for launch in self.plan.engines:
             self._check_stop()
-            engine = engine_process(launch, self.plan.logs_dir, tag, python)
+            engine = engine_process(launch, self.plan.logs_dir, tag, python, store_env)
             engine.start()
             self.engines.append(engine)
             self._write_state()
@@ -393,7 +421,7 @@ class Supervisor:
     # -- stopping --------------------------------------------------------------------------------
     def stop(self) -> None:
         """Router first (it drains), then batcher and health monitor, then all engines, then stragglers."""
-        if not self.services and not self.engines:
+        if not self.services and not self.engines and self.store is None:
             return
         self.say("stopping")
         for service in reversed(self.services):
@@ -408,6 +436,9 @@ class Supervisor:
             thread.join()
         if self.engines:
             self.say(f"{len(self.engines)} engines stopped")
+        if self.store is not None:
+            self.store.stop()
+            self.say("model store stopped")
         left = state.tagged_pids(self.plan.state_dir)
         if left:
             self.say(f"killing {len(left)} leftover processes: {left}")
