@@ -169,3 +169,29 @@ def test_bad_command_lines_exit_2_with_one_line(loopback_s3: LoopbackS3, tmp_pat
         loopback_s3, "prepare", "--from", str(not_a_model), "--to", f"s3://{new_bucket(loopback_s3)}/m/"
     )
     assert empty.code == 1 and "no .safetensors weights" in empty.stderr
+
+
+def test_a_hub_source_is_prepared_at_its_pinned_commit(loopback_s3: LoopbackS3, tmp_path: Path) -> None:
+    """The Job's path: huggingface_hub downloads the revision (from a loopback hub that answers as the hub
+    does), then the store holds it; a second run neither downloads nor uploads."""
+    from bench.coldstart.hub_server import Hub, serve
+    from components.local.engine_process import free_port
+
+    model = make_model(tmp_path / "m")
+    revision = "a" * 40
+    hub = Hub("org/model", revision, model)
+    port = free_port()
+    server = serve(port, hub)
+    try:
+        uri = f"s3://{new_bucket(loopback_s3)}/models/org/model/{revision}/"
+        args = ["prepare", "--to", uri, "--hub", "org/model", "--revision", revision]
+        env = {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(tmp_path)}
+        first = weights(loopback_s3, *args, "--staging", str(tmp_path / "staging"), env=env)
+        assert first.code == 0, first.stderr
+        assert first.report["content_id"] == scan(model).content_id
+        sent = hub.sent
+        assert sent == scan(model).total_bytes  # every model file came from the hub, and no pickle
+        second = weights(loopback_s3, *args, env=env)
+        assert second.code == 0 and second.report["already_there"] and hub.sent == sent
+    finally:
+        server.shutdown()
