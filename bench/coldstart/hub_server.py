@@ -72,7 +72,7 @@ def handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the stdlib's name
+        def log_message(self, format: str, *args: object) -> None:
             return
 
         def _file(self) -> str | None:
@@ -92,14 +92,14 @@ def handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             return size
 
-        def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+        def do_HEAD(self) -> None:
             name = self._file()
             if name is None:
                 self.send_error(HTTPStatus.NOT_FOUND)
                 return
             self._headers(name)
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             path = urlparse(self.path).path
             api = f"/api/models/{hub.repo}/"
             if path.startswith((f"{api}revision/", f"{api}tree/")):

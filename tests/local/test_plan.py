@@ -173,9 +173,13 @@ def test_with_the_model_store_engines_stream_their_model_from_loopback_s3() -> N
         "s3://inferstack-local/models/all-minilm-l6-v2/",
     }  # one preparation per model, however many replicas
     assert "http://127.0.0.1:9000" in "\n".join(describe(plan))
-    assert all(e.store is None for e in build_plan(load("local", REPO / "stacks"), LocalOptions(), REPO).engines)
+    assert all(
+        e.store is None for e in build_plan(load("local", REPO / "stacks"), LocalOptions(), REPO).engines
+    )
 
 
 def test_the_model_store_port_must_not_clash() -> None:
-    with pytest.raises(PlanError, match=r"port 8080 is planned for both router and the model store.*--s3-port"):
+    with pytest.raises(
+        PlanError, match=r"port 8080 is planned for both router and the model store.*--s3-port"
+    ):
         build_plan(load("local", REPO / "stacks"), LocalOptions(s3_port=8080), REPO)

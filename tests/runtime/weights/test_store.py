@@ -185,7 +185,11 @@ def test_a_hub_source_is_prepared_at_its_pinned_commit(loopback_s3: LoopbackS3, 
     try:
         uri = f"s3://{new_bucket(loopback_s3)}/models/org/model/{revision}/"
         args = ["prepare", "--to", uri, "--hub", "org/model", "--revision", revision]
-        env = {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(tmp_path)}
+        env = {
+            "HF_ENDPOINT": f"http://127.0.0.1:{port}",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HOME": str(tmp_path),
+        }
         first = weights(loopback_s3, *args, "--staging", str(tmp_path / "staging"), env=env)
         assert first.code == 0, first.stderr
         assert first.report["content_id"] == scan(model).content_id
