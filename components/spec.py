@@ -127,6 +127,15 @@ def _pinned_image(value: str) -> str:
 PinnedImage = Annotated[str, AfterValidator(_pinned_image)]
 
 
+def _aws_account(value: str) -> str:
+    if not AWS_ACCOUNT.match(value):
+        raise ValueError(f"{value!r} is not an AWS account id; write its 12 digits, e.g. '123456789012'")
+    return value
+
+
+AwsAccount = Annotated[str, AfterValidator(_aws_account)]
+
+
 # Retention periods CloudWatch Logs accepts, in days.
 _RETENTION = "1 3 5 7 14 30 60 90 120 150 180 365 400 545 731 1096 1827 2192 2557 2922 3288 3653"
 CLOUDWATCH_RETENTION_DAYS = tuple(int(d) for d in _RETENTION.split())
@@ -169,7 +178,7 @@ class ClusterSpec(_Spec):
     model_bucket: str | None = None
     """Name of the S3 bucket the stack creates for the model store (target eks); defaults to
     '<cluster>-<region>-models' (bucket names are global: set another if that one is taken)."""
-    account_id: str | None = None
+    account_id: AwsAccount | None = None
     """AWS account the stack deploys into (12 digits, target eks): pulumi up refuses the credentials of any other
     account, and the model store must belong to it."""
     node_provisioner: NodeProvisioner = NodeProvisioner.MANAGED
@@ -228,13 +237,6 @@ class ClusterSpec(_Spec):
             raise ValueError(
                 f"CloudWatch keeps logs for one of {', '.join(map(str, allowed))} days; use e.g. {nearest}"
             )
-        return value
-
-    @field_validator("account_id")
-    @classmethod
-    def _account(cls, value: str | None) -> str | None:
-        if value is not None and not AWS_ACCOUNT.match(value):
-            raise ValueError(f"{value!r} is not an AWS account id; write its 12 digits, e.g. '123456789012'")
         return value
 
     @field_validator("model_bucket")
@@ -830,19 +832,12 @@ class ModelStoreSpec(_Spec):
     read the bucket (engines; mounted as a file, never environment variables); on eks, EKS Pod Identity."""
     writer_secret: str | None = None
     """Target kubernetes: the same for a key that may write the bucket (the preparation Jobs only)."""
-    account_id: str | None = None
+    account_id: AwsAccount | None = None
     """AWS account that owns the store bucket (12 digits): every request carries it as the expected bucket
     owner, so a bucket of the same name in another account is refused. Must be the stack's account."""
     image: PinnedImage = "ghcr.io/inferstack/weights:0.1.0"
     """The weights image (preparation Job, cache fill, store check), pinned (target kubernetes; eks runs the
     image it builds from runtime/images/weights.Dockerfile and pushes to ECR)."""
-
-    @field_validator("account_id")
-    @classmethod
-    def _account(cls, value: str | None) -> str | None:
-        if value is not None and not AWS_ACCOUNT.match(value):
-            raise ValueError(f"{value!r} is not an AWS account id; write its 12 digits, e.g. '123456789012'")
-        return value
 
     @field_validator("endpoint_url")
     @classmethod

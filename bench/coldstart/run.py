@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from bench.coldstart.hub_server import Hub, serve  # noqa: E402
 from bench.machine import describe, dist_version  # noqa: E402
 from components.local.engine_process import EngineProcess, cpu_model_spec, engine_python, free_port  # noqa: E402
-from components.local.s3_server import LoopbackS3, started  # noqa: E402
+from components.local.s3_server import LoopbackS3, client, started  # noqa: E402
 from runtime.weights.manifest import scan  # noqa: E402
 from runtime.weights.prepare import from_hub  # noqa: E402
 
@@ -249,16 +249,7 @@ def main() -> None:
     sizes = {name: scan(d).total_bytes for name, d in dirs.items()}
     runs: list[Run] = []
     with started(free_port(), logs / "s3-requests.jsonl", logs / "s3.log") as s3:
-        import boto3  # noqa: PLC0415
-
-        env = s3.env()
-        boto3.client(
-            "s3",
-            endpoint_url=s3.endpoint,
-            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-            region_name=env["AWS_REGION"],
-        ).create_bucket(Bucket=BUCKET)
+        client(s3.endpoint).create_bucket(Bucket=BUCKET)
         for name, d in dirs.items():
             _weights(s3, "prepare", "--from", str(d), "--to", f"s3://{BUCKET}/models/{name}/")
         hubs = {name: Hub(f"bench/{name}", REVISION, d) for name, d in dirs.items()}

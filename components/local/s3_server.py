@@ -69,6 +69,19 @@ class RequestLog:
                 out.write(json.dumps(line) + "\n")
 
 
+def client(endpoint: str) -> Any:
+    """A boto3 S3 client of the loopback server (dev extras)."""
+    import boto3  # noqa: PLC0415 - only the dev extras carry boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=LOOPBACK_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=LOOPBACK_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        region_name=LOOPBACK_CREDENTIALS["AWS_REGION"],
+    )
+
+
 def read_requests(path: Path) -> list[dict[str, Any]]:
     """The requests the server logged so far."""
     if not path.is_file():

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.local.s3_server import HOST, LOOPBACK_CREDENTIALS, wait_listening
+from components.local.s3_server import HOST, LOOPBACK_CREDENTIALS, client, wait_listening
 
 DEFAULT_S3_PORT = 9000
 PREPARE_TIMEOUT_S = 600.0
@@ -71,16 +71,7 @@ def start(port: int, logs_dir: Path, extra_env: dict[str, str], python: str = sy
 
 
 def create_bucket(store: LocalStore, bucket: str) -> None:
-    import boto3  # noqa: PLC0415 - the dev extras carry it (and moto)
-
-    env = store.engine_env()
-    boto3.client(
-        "s3",
-        endpoint_url=store.endpoint,
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name=env["AWS_REGION"],
-    ).create_bucket(Bucket=bucket)
+    client(store.endpoint).create_bucket(Bucket=bucket)
 
 
 def prepare(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components.local import s3_server
 from components.local.s3_server import LoopbackS3
 from tests.conftest import REPO_ROOT
 
@@ -74,16 +75,7 @@ def new_bucket(s3: LoopbackS3) -> str:
 
 
 def client(s3: LoopbackS3) -> Any:
-    import boto3
-
-    env = s3.env()
-    return boto3.client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name=env["AWS_REGION"],
-    )
+    return s3_server.client(s3.endpoint)
 
 
 def since(s3: LoopbackS3, mark: int, bucket: str) -> list[dict[str, Any]]:
