@@ -66,6 +66,12 @@ def test_cold_start_per_path_orders_as_the_bandwidths_say() -> None:
     assert paths["node cache, hit"] < paths["node cache, first on node"] < paths["hub download (per replica)"]
     # The hub's ~0.15 GB/s against a 3,200 Gbps node: the streamer is about 30x faster on a 70B AWQ model.
     assert 20 < paths["hub download (per replica)"] / paths["streamer"] < 40
+    prod = load("prod")
+    big = prod.layout.placements["llama-3-70b"]
+    model = next(m for m in prod.spec.models if m.name == "llama-3-70b")
+    assert coldstart.cold_start_s(
+        model, big.instance, big.weights_gib, big.gpus_per_replica
+    ) == pytest.approx(paths["streamer"])
 
 
 def test_plan_summary_shows_every_models_store_fetch_path_and_cold_start() -> None:
