@@ -16,6 +16,7 @@ import argparse
 import hashlib
 import json
 import threading
+from collections.abc import Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,7 +31,6 @@ class Hub:
         self.files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
         self.sent = 0
         self.lock = threading.Lock()
-
         self._ids = {name: self._ids_of(root / name) for name in self.files}
 
     @staticmethod
@@ -68,41 +68,49 @@ class Hub:
         }
 
 
-def handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
+def handler(hubs: Sequence[Hub]) -> type[BaseHTTPRequestHandler]:
+    """Requests for each repository go to its ``Hub`` (``huggingface_hub`` reads HF_ENDPOINT once per process,
+    so every repository a benchmark downloads is served from one address)."""
+
+    def find(path: str) -> Hub | None:
+        return next((h for h in hubs if path.startswith((f"/{h.repo}/", f"/api/models/{h.repo}/"))), None)
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def log_message(self, format: str, *args: object) -> None:
             return
 
-        def _file(self) -> str | None:
-            prefix = f"/{hub.repo}/resolve/{hub.revision}/"
+        def _file(self) -> tuple[Hub, str] | None:
             path = unquote(urlparse(self.path).path)
+            hub = find(path)
+            if hub is None:
+                return None
+            prefix = f"/{hub.repo}/resolve/{hub.revision}/"
             name = path.removeprefix(prefix)
-            return name if path.startswith(prefix) and name in hub.files else None
+            return (hub, name) if path.startswith(prefix) and name in hub.files else None
 
-        def _headers(self, name: str) -> int:
-            size = (hub.root / name).stat().st_size
+        def _headers(self, hub: Hub, name: str) -> None:
             self.send_response(HTTPStatus.OK)
-            self.send_header("Content-Length", str(size))
+            self.send_header("Content-Length", str((hub.root / name).stat().st_size))
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("ETag", f'"{hub.etag(name)}"')
             self.send_header("X-Repo-Commit", hub.revision)
             self.send_header("Accept-Ranges", "bytes")
             self.end_headers()
-            return size
 
         def do_HEAD(self) -> None:
-            name = self._file()
-            if name is None:
+            found = self._file()
+            if found is None:
                 self.send_error(HTTPStatus.NOT_FOUND)
                 return
-            self._headers(name)
+            self._headers(*found)
 
         def do_GET(self) -> None:
             path = urlparse(self.path).path
-            api = f"/api/models/{hub.repo}/"
-            if path.startswith((f"{api}revision/", f"{api}tree/")):
+            hub = find(path)
+            api = f"/api/models/{hub.repo}/" if hub else ""
+            if hub is not None and path.startswith((f"{api}revision/", f"{api}tree/")):
                 body = json.dumps(hub.info() if "/revision/" in path else hub.tree()).encode()
                 self.send_response(HTTPStatus.OK)
                 self.send_header("Content-Type", "application/json")
@@ -110,11 +118,12 @@ def handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 self.wfile.write(body)
                 return
-            name = self._file()
-            if name is None:
+            found = self._file()
+            if found is None:
                 self.send_error(HTTPStatus.NOT_FOUND)
                 return
-            self._headers(name)
+            hub, name = found
+            self._headers(hub, name)
             with (hub.root / name).open("rb") as fh:
                 while chunk := fh.read(CHUNK):
                     self.wfile.write(chunk)
@@ -124,9 +133,9 @@ def handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def serve(port: int, hub: Hub) -> ThreadingHTTPServer:
-    """Start serving in a thread; ``shutdown()`` stops it."""
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler(hub))
+def serve(port: int, *hubs: Hub) -> ThreadingHTTPServer:
+    """Serve ``hubs`` (one repository each) in a thread; ``shutdown()`` stops it."""
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler(hubs))
     threading.Thread(target=server.serve_forever, name="hub", daemon=True).start()
     return server
 

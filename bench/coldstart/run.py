@@ -124,7 +124,6 @@ def run_once(name: str, path: str, repeat: int, ctx: dict[str, Any]) -> Run:
         if path == "hub":
             hub: Hub = ctx["hubs"][name]
             sent = hub.sent
-            os.environ["HF_ENDPOINT"] = ctx["hub_urls"][name]
             location = str(from_hub(f"bench/{name}", REVISION, work / "download"))
             fetch_s = time.monotonic() - started_at
             ready_s = _engine_ready(name, source, location, env, ctx["logs"])
@@ -253,14 +252,14 @@ def main() -> None:
         for name, d in dirs.items():
             _weights(s3, "prepare", "--from", str(d), "--to", f"s3://{BUCKET}/models/{name}/")
         hubs = {name: Hub(f"bench/{name}", REVISION, d) for name, d in dirs.items()}
-        ports = {name: free_port() for name in dirs}
-        servers = [serve(ports[name], hub) for name, hub in hubs.items()]
+        hub_port = free_port()
+        servers = [serve(hub_port, *hubs.values())]
+        os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{hub_port}"  # read once, when huggingface_hub loads
         os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
         ctx = {
             "s3": s3,
             "dirs": dirs,
             "hubs": hubs,
-            "hub_urls": {n: f"http://127.0.0.1:{p}" for n, p in ports.items()},
             "caches": {},
             "logs": logs,
         }
