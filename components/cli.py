@@ -99,7 +99,8 @@ def size(
     )
     weights = sizing.weight_bytes(arch, sizing.weight_precision(quant.value, "auto")) / sizing.GIB
     kv_token = sizing.kv_bytes_per_token(arch, sizing.kv_precision(kv_cache_dtype.value, "auto")) / sizing.KIB
-    out.print(f"[bold]{repo}[/bold] ({arch.params_b:g}B parameters, source {arch.source})")
+    licence = f", licence {arch.licence}" if arch.licence else ""
+    out.print(f"[bold]{repo}[/bold] ({arch.params_b:g}B parameters, source {arch.source}{licence})")
     out.print(
         f"weights {weights:.1f} GiB ({quant.value}); KV cache {kv_token:.0f} KiB per token, "
         f"{kv_token * max_model_len / 1024 / 1024:.2f} GiB per {max_model_len:,}-token sequence, "

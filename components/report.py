@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from components import catalog, cost, sizing, targets
 from components.plan import Synthesis
+from components.render import scaling
 from components.stackfile import Stack
 from components.weights import coldstart, fetch, store
 
@@ -165,6 +166,8 @@ def plan_report(stack: Stack) -> PlanReport:
         )
         notes.append(f"{model.name}: {placement.reason}")
         notes.append(f"{model.name} weights: {fetch.decide(model, placement.instance).reason}")
+        if note := scaling.scaling_note(spec, model):
+            notes.append(note)
     for pool in layout.pools.values():
         cache = (
             f", {pool.model_cache_gib} GiB node cache on {pool.cache_medium.value} (one copy per model, shared "

@@ -26,6 +26,7 @@ from runtime.config import (
     routing_scorers,
     strategy_field,
 )
+from runtime.engines import Signal, facts
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -762,8 +763,9 @@ class ChartVersionsSpec(_Spec):
     """Chart gpu-operator (addons.gpu_plugin gpu-operator)."""
     dcgm_exporter: str = "4.1.1"
     """Chart dcgm-exporter (observability.dcgm_exporter)."""
-    keda: str = "2.17.1"
-    """Chart keda (addons.autoscaler keda)."""
+    keda: str = "2.19.0"
+    """Chart keda (addons.autoscaler keda). 2.19 is tested on Kubernetes 1.32-1.34 (2.17: 1.30-1.32), and its
+    CRDs are the ones the schema check covers (tools/crd-schemas)."""
     kube_prometheus_stack: str = "75.6.1"
     """Chart kube-prometheus-stack: Prometheus, its operator and Grafana (observability.prometheus)."""
     prometheus_adapter: str = "4.14.1"
@@ -889,6 +891,23 @@ class PlatformSpec(_Spec):
                     f"addons.autoscaler: hpa cannot scale to zero, but min_replicas is 0 for {', '.join(zero)}; "
                     "use autoscaler: keda or set min_replicas to at least 1"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _hpa_needs_an_engine_load_metric(self) -> PlatformSpec:
+        # prometheus-adapter serves the engines' own queue and KV-cache gauges per pod; an engine without
+        # either leaves an HPA with nothing to scale on (KEDA also reads the router's queue).
+        if self.addons.autoscaler is Autoscaler.HPA:
+            for i, m in enumerate(self.models):
+                engine = facts(m.engine.kind)
+                if m.scaling.min_replicas != m.scaling.max_replicas and not (
+                    engine.names(Signal.QUEUED) or engine.names(Signal.KV_USAGE)
+                ):
+                    raise ValueError(
+                        f"models[{i}].engine.kind: {engine.display_name} exports no queue or KV-cache metric for "
+                        "addons.autoscaler hpa to scale on; use autoscaler: keda (it scales on the router's "
+                        "queue) or set min_replicas equal to max_replicas"
+                    )
         return self
 
     @model_validator(mode="after")

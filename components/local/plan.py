@@ -12,12 +12,13 @@ engines; ``components.local.supervisor`` is the thin shell that carries the plan
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
+from components.local.tiny_model import GENERATED_MODELS, Kind
 from components.render import runtime_config as rendered
 from components.spec import ModelSpec, PlatformSpec, Target
 from components.stackfile import Stack
@@ -38,8 +39,6 @@ LOCAL_DRAIN_GRACE_S = 5
 KV_CACHE_GIB = 1
 #: Environment variable every process of one local stack carries (its state dir): finds stragglers.
 TAG_ENV = "INFERSTACK_LOCAL_STACK"
-
-ModelKind = Literal["chat", "embed"]
 
 
 class PlanError(Exception):
@@ -71,9 +70,12 @@ class ModelPrep:
 
     model: str
     path: Path
-    kind: ModelKind
-    generate: bool
-    """True: made here (no download) when missing; False: the user's directory, must exist."""
+    recipe: Kind | None
+    """How it is made here (no download) when missing; None: the user's directory, which must exist."""
+
+    @property
+    def generate(self) -> bool:
+        return self.recipe is not None
 
 
 @dataclass(frozen=True)
@@ -186,9 +188,17 @@ def model_preps(spec: PlatformSpec, repo_root: Path, source: str = "stack file")
                 "give a path such as './models/my-model' or '/data/llama'"
             )
         path = model_dir(model, repo_root)
-        kind: ModelKind = "embed" if model.resolved_task() is Task.EMBED else "chat"
-        inside = path.resolve().is_relative_to(generated)
-        preps.append(ModelPrep(model.name, path, kind, generate=inside))
+        if not path.resolve().is_relative_to(generated):
+            preps.append(ModelPrep(model.name, path, recipe=None))
+            continue
+        recipe = GENERATED_MODELS.get(path.name)
+        if recipe is None:
+            known = ", ".join(f"./{GENERATED_MODELS_DIR}/{name}" for name in GENERATED_MODELS)
+            raise PlanError(
+                f"{source}: models[{i}].source: nothing makes {model.source!r}: the models made here are "
+                f"{known}; keep a model of your own outside ./{GENERATED_MODELS_DIR}"
+            )
+        preps.append(ModelPrep(model.name, path, recipe))
     return preps
 
 
@@ -313,6 +323,10 @@ def describe(plan: LocalPlan) -> list[str]:
     return lines
 
 
+#: What the banner's examples ask (the README's too): a question a small chat model gets right.
+FIRST_QUESTION = "What is the capital of France?"
+
+
 def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
     """What the user sees once the router is ready: the URL, a curl line and an openai snippet."""
     url = plan.router.url
@@ -327,8 +341,8 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
         "",
     ]
     if chat is not None:
-        body = (
-            f'{{"model": "{chat}", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 16}}'
+        body = json.dumps(
+            {"model": chat, "messages": [{"role": "user", "content": FIRST_QUESTION}], "max_tokens": 32}
         )
         lines += [
             f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\",
@@ -336,8 +350,8 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
             "",
             "  from openai import OpenAI",
             f'  client = OpenAI(base_url="{url}/v1", api_key="unused")',
-            f'  reply = client.chat.completions.create(model="{chat}", max_tokens=16,',
-            '                                          messages=[{"role": "user", "content": "Hello"}])',
+            f'  reply = client.chat.completions.create(model="{chat}", max_tokens=32,',
+            f'                                          messages=[{{"role": "user", "content": "{FIRST_QUESTION}"}}])',
             "  print(reply.choices[0].message.content)",
         ]
     if plan.embed_models:

@@ -35,7 +35,7 @@ from components.local import state
 from components.local import store as local_store
 from components.local.engine_process import REPO_ROOT, EngineError, EngineProcess, engine_python
 from components.local.plan import HOST, KV_CACHE_GIB, TAG_ENV, EngineLaunch, LocalPlan, banner, describe
-from components.local.tiny_model import is_complete
+from components.local.tiny_model import MAKE_TIME, is_complete, needs_source_check
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -241,7 +241,7 @@ class Supervisor:
             if prep.path in done:
                 continue
             done.add(prep.path)
-            if not prep.generate:
+            if prep.recipe is None:
                 if not (prep.path / "config.json").is_file():
                     raise StartError(
                         f"{self.plan.source}: model {prep.model}: {prep.path} is not a model directory "
@@ -250,9 +250,13 @@ class Supervisor:
                         EXIT_USAGE,
                     )
                 continue
-            if is_complete(prep.path, prep.kind):
+            made = is_complete(prep.path, prep.recipe)
+            if made and not needs_source_check(prep.recipe):
                 continue
-            self.say(f"making the {prep.kind} model {prep.path} (no download; seconds)")
+            if not made:
+                self.say(
+                    f"making the {prep.recipe} model {prep.path} (no download; {MAKE_TIME[prep.recipe]})"
+                )
             log = self.plan.logs_dir / f"make-model-{prep.model}.log"
             with log.open("wb") as sink:
                 proc = subprocess.Popen(
@@ -263,7 +267,7 @@ class Supervisor:
                         "--out",
                         str(prep.path),
                         "--kind",
-                        prep.kind,
+                        prep.recipe,
                     ],
                     cwd=REPO_ROOT,
                     env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)},

@@ -43,6 +43,13 @@ from typing import Any, Literal, get_args
 Kind = Literal["chat", "embed", "llama-embed", "smollm2"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
+#: What `make local` makes when a model's directory under .cache/models is missing, by directory name.
+GENERATED_MODELS: dict[str, Kind] = {
+    "smollm2-135m-instruct": "smollm2",
+    "tiny-llama": "chat",
+    "all-minilm-l6-v2": "embed",
+}
+
 # Bump when the recipe changes so cached models under .cache/models are rebuilt.
 RECIPE_VERSION = 1
 MARKER = "inferstack-model.json"
@@ -365,9 +372,24 @@ def _is_current(out: Path, kind: Kind, source: dict[str, str] | None) -> bool:
     return source is None or json.loads((out / MARKER).read_text()).get("source") == source
 
 
+#: How long making each kind takes on an idle 2-core machine (for the message while it runs).
+MAKE_TIME: dict[str, str] = {
+    "chat": "seconds",
+    "llama-embed": "seconds",
+    "embed": "seconds",
+    "smollm2": "under a minute, once",
+}
+
+
+def needs_source_check(kind: Kind) -> bool:
+    """True when a finished model must still be compared with what it is made from (an installed package
+    that may have changed), which only the engine venv can do."""
+    return kind == "smollm2"
+
+
 def _source_stamp(kind: Kind) -> dict[str, str] | None:
     """What a model of ``kind`` is made from, when that can change under it (an installed package)."""
-    return smollm2_gguf()[1] if kind == "smollm2" else None
+    return smollm2_gguf()[1] if needs_source_check(kind) else None
 
 
 def make_model(out: Path, kind: Kind = "chat", *, force: bool = False) -> Path:

@@ -89,24 +89,25 @@ def model_panels(spec: PlatformSpec, model: ModelSpec) -> list[Panel]:
                     "s",
                 )
             )
-    panels += [
-        Panel(
-            "Queued and running requests",
-            (
-                (signals.total(spec, model, Signal.QUEUED), "waiting"),
-                (signals.total(spec, model, Signal.RUNNING), "running"),
-                (scaling.router_queue(spec, model), "router queue"),
-            ),
-        ),
-        Panel(
-            "KV cache usage",
-            (
-                (signals.average(spec, model, Signal.KV_USAGE), "mean"),
-                (signals.maximum(spec, model, Signal.KV_USAGE), "max"),
-            ),
-            "percentunit",
-        ),
+    queues = [
+        (signals.total(spec, model, s), label)
+        for s, label in ((Signal.QUEUED, "waiting"), (Signal.RUNNING, "running"))
+        if signals.has(model, s)
     ]
+    panels.append(
+        Panel("Queued and running requests", (*queues, (scaling.router_queue(spec, model), "router queue")))
+    )
+    if signals.has(model, Signal.KV_USAGE):
+        panels.append(
+            Panel(
+                "KV cache usage",
+                (
+                    (signals.average(spec, model, Signal.KV_USAGE), "mean"),
+                    (signals.maximum(spec, model, Signal.KV_USAGE), "max"),
+                ),
+                "percentunit",
+            )
+        )
     hit = signals.prefix_hit_rate(spec, model)
     if hit is not None:
         panels.append(Panel("Prefix cache hit rate", ((hit, "hit rate"),), "percentunit"))

@@ -9,7 +9,7 @@ from components import nodes
 from components.placement import Placement
 from components.render import common, hardening, scaling, weights
 from components.render.common import Manifest
-from components.render.engine_args import TRTLLM_CONFIG_DIR, EngineCommand, engine_command
+from components.render.engine_args import TRTLLM_CONFIG_DIR, EngineCommand, engine_command, model_dir
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import facts
 
@@ -104,8 +104,15 @@ def deployment(
         {"name": "tmp", "emptyDir": {"sizeLimit": "10Gi"}},
     ]
     cache = weights.cache_volume(way)
-    if cache is not None:  # the node's copy, read-only to the engine (only the init container fills it)
-        mounts.append({"name": "model-cache", "mountPath": weights.CACHE_MOUNT, "readOnly": True})
+    if cache is not None:  # the node's copy of this model only, read-only (only the init container fills it)
+        mounts.append(
+            {
+                "name": "model-cache",
+                "mountPath": model_dir(model),
+                "subPath": weights.cache_sub_path(spec, model),
+                "readOnly": True,
+            }
+        )
         volumes.append(cache)
     access = weights.engine_access(spec, way)
     mounts += access.mounts

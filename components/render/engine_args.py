@@ -21,6 +21,7 @@ from components.spec import Device, EngineSpec, KvCacheDType, ModelSpec
 from runtime.config import EngineKind, Task
 from runtime.engines import TELEMETRY_OFF_ENV, EngineCli, Flag, Switch, facts
 
+MODEL_DIR = "/models"  # where an engine pod sees its node-level cache copy (components.render.weights)
 HF_CACHE_DIR = "/tmp/hf"  # the Hugging Face libraries' cache; nothing is downloaded (HF_HUB_OFFLINE)
 TRTLLM_OPTIONS_FILE = "extra-llm-api-options.yaml"
 TRTLLM_CONFIG_DIR = "/etc/inferstack/engine"
@@ -59,10 +60,17 @@ class Where:
     """The name clients send; None: the spec's model name."""
 
 
+def model_dir(model: ModelSpec) -> str:
+    """Where an engine pod sees the node cache's copy of its model: a directory named after the model, because
+    trtllm-serve (which has no served-name flag before 2026, NVIDIA/TensorRT-LLM#11711) serves a local
+    directory under its base name (``openai_server.py``: ``self.model = model_dir.name``)."""
+    return f"{MODEL_DIR}/{model.name}"
+
+
 def in_cluster(model: ModelSpec, location: str | None = None) -> Where:
-    """An engine pod: every interface, the Service's port; it loads ``location`` (the model store or the node
-    cache's copy, ``components.render.weights.engine_location``), or the spec's source where none is given
-    (command-line checks), and downloads nothing."""
+    """An engine pod: every interface, the Service's port; it loads ``location`` (the model store, or the node
+    cache's copy at ``model_dir``: ``components.render.weights.engine_location``), or the spec's source where
+    none is given (command-line checks), and downloads nothing."""
     return Where(location or model.source, "0.0.0.0", ENGINE_PORT, download_dir=None)
 
 
@@ -184,8 +192,9 @@ def _trtllm_options(e: EngineSpec) -> str:
     kv_dtype = "fp8" if e.kv_cache_dtype is not KvCacheDType.AUTO else "auto"
     return (
         "enable_chunked_prefill: " + ("true" if e.enable_chunked_prefill else "false") + "\n"
+        # Iteration stats behind trtllm-serve's JSON /metrics. No return_perf_metrics: that option came with
+        # /prometheus/metrics (NVIDIA/TensorRT-LLM#5785), after 1.0.0, whose strict options reject unknown keys.
         "enable_iter_perf_stats: true\n"
-        "return_perf_metrics: true\n"
         "kv_cache_config:\n"
         f"  enable_block_reuse: {'true' if e.enable_prefix_caching else 'false'}\n"
         f"  dtype: {kv_dtype}\n"

@@ -18,7 +18,8 @@ from typing import Any
 from components.render import addons, common, signals
 from components.render.common import Manifest
 from components.spec import Autoscaler, ModelSpec, PlatformSpec
-from runtime.engines import Signal
+from runtime.config import EngineKind
+from runtime.engines import Signal, facts
 
 QUEUE_SHARE_OF_MAX_NUM_SEQS = 0.10
 """Default waiting requests per replica before scaling up, as a share of the engine's max_num_seqs."""
@@ -131,16 +132,39 @@ class Trigger:
 
 
 def triggers(spec: PlatformSpec, model: ModelSpec) -> list[Trigger]:
+    """The model's scaling signals: the router's queue always, the engine's own only where it exports them.
+
+    A trigger must never read a metric the engine lacks: with ``ignoreNullValues`` a missing series reads 0
+    and the model would never scale on it."""
     t = thresholds(model)
-    out = [
-        Trigger("queued", signals.total(spec, model, Signal.QUEUED), t.queue_per_replica, "AverageValue"),
-        Trigger("router-queue", router_demand(spec, model), t.queue_per_replica, "AverageValue"),
-        Trigger("kv-cache", signals.average(spec, model, Signal.KV_USAGE), t.kv_cache_usage, "Value"),
-    ]
+    out: list[Trigger] = []
+    if signals.has(model, Signal.QUEUED):
+        out.append(
+            Trigger("queued", signals.total(spec, model, Signal.QUEUED), t.queue_per_replica, "AverageValue")
+        )
+    out.append(Trigger("router-queue", router_demand(spec, model), t.queue_per_replica, "AverageValue"))
+    if signals.has(model, Signal.KV_USAGE):
+        out.append(
+            Trigger("kv-cache", signals.average(spec, model, Signal.KV_USAGE), t.kv_cache_usage, "Value")
+        )
     if signals.has(model, Signal.TTFT):
         ttft = signals.quantile(spec, model, Signal.TTFT, TTFT_QUANTILE)
         out.append(Trigger("ttft-p95", signals.zero_if_absent(ttft), t.ttft_p95_s, "Value"))
     return out
+
+
+ENGINE_LOAD_SIGNALS = (Signal.QUEUED, Signal.KV_USAGE, Signal.TTFT)
+"""The engine signals a scaler reads when the engine exports them."""
+
+
+def scaling_note(spec: PlatformSpec, model: ModelSpec) -> str | None:
+    """What a scaled model cannot scale on because its engine does not export it (for the plan); else None."""
+    missing = [s.value for s in ENGINE_LOAD_SIGNALS if not signals.has(model, s)]
+    if not scales(model) or not missing:
+        return None
+    engine = facts(model.engine.kind).display_name
+    used = ", ".join(trig.name for trig in triggers(spec, model))
+    return f"{model.name}: {engine} exports no {', '.join(missing)} metric; it scales on {used} only"
 
 
 def scaled_object(spec: PlatformSpec, model: ModelSpec) -> Manifest:
@@ -205,22 +229,21 @@ def hpa(spec: PlatformSpec, model: ModelSpec) -> Manifest:
     """autoscaling/v2 HPA on queue depth and KV usage per pod and TTFT p95 of the Service."""
     t = thresholds(model)
     name = hpa_name(spec, model)
-    metrics: list[Manifest] = [
-        {
-            "type": "Pods",
-            "pods": {
-                "metric": {"name": adapter_metric(model, "queued")},
-                "target": {"type": "AverageValue", "averageValue": _milli(t.queue_per_replica)},
-            },
-        },
-        {
-            "type": "Pods",
-            "pods": {
-                "metric": {"name": adapter_metric(model, "kv-cache")},
-                "target": {"type": "AverageValue", "averageValue": _milli(t.kv_cache_usage)},
-            },
-        },
-    ]
+    metrics: list[Manifest] = []
+    for signal, trigger, target in (
+        (Signal.QUEUED, "queued", t.queue_per_replica),
+        (Signal.KV_USAGE, "kv-cache", t.kv_cache_usage),
+    ):
+        if signals.has(model, signal):
+            metrics.append(
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": adapter_metric(model, trigger)},
+                        "target": {"type": "AverageValue", "averageValue": _milli(target)},
+                    },
+                }
+            )
     if signals.has(model, Signal.TTFT):
         metrics.append(
             {
@@ -261,30 +284,26 @@ _SERVICE_RESOURCES = {"namespace": {"resource": "namespace"}, "service": {"resou
 def adapter_rules(spec: PlatformSpec) -> list[dict[str, Any]]:
     """prometheus-adapter ``rules.custom``: one rule per engine kind and signal the stack's models use."""
     rules: list[dict[str, Any]] = []
-    seen: set[str] = set()
+    seen: set[EngineKind] = set()
     for model in spec.models:
-        as_name = adapter_metric(model, "queued")
-        if as_name in seen:
+        if model.engine.kind in seen:
             continue
-        seen.add(as_name)
-        queued = signals.names(model, Signal.QUEUED)[0]
-        kv = signals.names(model, Signal.KV_USAGE)[0]
-        rules.append(
-            {
-                "seriesQuery": f'{queued}{{namespace!="",pod!=""}}',
-                "resources": {"overrides": _POD_RESOURCES},
-                "name": {"matches": f"^{queued}$", "as": as_name},
-                "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
-            }
-        )
-        rules.append(
-            {
-                "seriesQuery": f'{kv}{{namespace!="",pod!=""}}',
-                "resources": {"overrides": _POD_RESOURCES},
-                "name": {"matches": f"^{kv}$", "as": adapter_metric(model, "kv-cache")},
-                "metricsQuery": "max(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
-            }
-        )
+        seen.add(model.engine.kind)
+        for signal, trigger, aggregate in (
+            (Signal.QUEUED, "queued", "sum"),
+            (Signal.KV_USAGE, "kv-cache", "max"),
+        ):
+            if not signals.has(model, signal):
+                continue
+            series = signals.names(model, signal)[0]
+            rules.append(
+                {
+                    "seriesQuery": f'{series}{{namespace!="",pod!=""}}',
+                    "resources": {"overrides": _POD_RESOURCES},
+                    "name": {"matches": f"^{series}$", "as": adapter_metric(model, trigger)},
+                    "metricsQuery": f"{aggregate}(<<.Series>>{{<<.LabelMatchers>>}}) by (<<.GroupBy>>)",
+                }
+            )
         if signals.has(model, Signal.TTFT):
             ttft = f"{signals.names(model, Signal.TTFT)[0]}_bucket"
             rules.append(

@@ -20,13 +20,14 @@ from typing import Any
 from components.placement import Placement
 from components.render import common, hardening
 from components.render.common import Manifest
+from components.render.engine_args import model_dir
 from components.spec import ModelSpec, PlatformSpec, Target
 from components.weights import fetch, store
 from components.weights.fetch import CacheMedium, Fetch, FetchPath
 
 COMPONENT = "weights"
 CACHE_MOUNT = "/models/cache"
-"""Where engine pods see the node-level cache."""
+"""Where the fill container sees the whole node-level cache (the engine sees only its model's copy)."""
 NVME_CACHE_DIR = "/mnt/k8s-disks/0/inferstack-models"
 """The node cache on instance NVMe: EKS AL2023 nodes stripe their NVMe as RAID0 at /mnt/k8s-disks/0."""
 ROOT_DISK_CACHE_DIR = "/var/lib/inferstack-models"
@@ -65,11 +66,14 @@ def location(spec: PlatformSpec, model: ModelSpec) -> str:
 
 
 def engine_location(spec: PlatformSpec, model: ModelSpec, way: Fetch) -> str:
-    """What the engine loads: the store location (streamer) or the node cache's copy of it."""
-    uri = location(spec, model)
-    if way.path is FetchPath.STREAMER:
-        return uri
-    return f"{CACHE_MOUNT}/{uri.removeprefix('s3://').rstrip('/')}"
+    """What the engine loads: the store location (streamer) or the node cache's copy of it, mounted at a
+    directory named after the model (``engine_args.model_dir``)."""
+    return location(spec, model) if way.path is FetchPath.STREAMER else model_dir(model)
+
+
+def cache_sub_path(spec: PlatformSpec, model: ModelSpec) -> str:
+    """The model's copy inside the node cache (``runtime.weights.node_cache.cache_dir``: bucket, then prefix)."""
+    return location(spec, model).removeprefix("s3://").rstrip("/")
 
 
 def job_name(spec: PlatformSpec, model: ModelSpec) -> str:

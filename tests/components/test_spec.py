@@ -339,6 +339,14 @@ BAD_INPUTS: list[tuple[str, Callable[[dict[str, Any]], None], str, list[str]]] =
         "models[0]",
         ["streamer is vLLM's", "node-cache"],
     ),
+    (
+        "hpa for an engine without a load metric",
+        lambda spec: spec.update(
+            addons={"autoscaler": "hpa"}, models=[{**spec["models"][0], "engine": {"kind": "trtllm"}}]
+        ),
+        "models[0].engine.kind",
+        ["exports no queue or KV-cache metric", "use autoscaler: keda"],
+    ),
 ]
 
 

@@ -131,12 +131,15 @@ def test_node_cache_engines_mount_the_nodes_copy_read_only_and_fill_it_first() -
         "hostPath": {"path": weights.NVME_CACHE_DIR, "type": "DirectoryOrCreate"},
     } in pod["volumes"]
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model-cache")
-    assert mount["readOnly"] is True
+    # Only this model's copy, at a directory named after the model (trtllm-serve serves a directory by name).
+    assert mount == {
+        "name": "model-cache",
+        "mountPath": "/models/llama-8b",
+        "subPath": store.location(spec, spec.models[0]).removeprefix("s3://").rstrip("/"),
+        "readOnly": True,
+    }
     model_arg = pod["containers"][0]["args"][pod["containers"][0]["args"].index("--model-path") + 1]
-    assert (
-        model_arg
-        == f"{weights.CACHE_MOUNT}/{store.location(spec, spec.models[0]).removeprefix('s3://').rstrip('/')}"
-    )
+    assert model_arg == "/models/llama-8b"
 
 
 def test_gpu_nodes_with_a_node_cache_stripe_their_nvme_and_ready_the_cache_directory() -> None:
@@ -170,7 +173,7 @@ def test_committed_cluster_stacks_are_pinned_and_load_from_the_store(stack: str)
     for deployment in engine_deployments(plan.synthesize(loaded)).values():
         container = deployment["spec"]["template"]["spec"]["containers"][0]
         argv = [*container["command"], *container["args"]]
-        model_arg = next(a for a in argv if a.startswith(("s3://", weights.CACHE_MOUNT)))
+        model_arg = next(a for a in argv if a.startswith(("s3://", "/models/")))
         assert model_arg  # the store or the node's copy of it, never a hub id
         assert {"name": "HF_HUB_OFFLINE", "value": "1"} in container["env"]
 
