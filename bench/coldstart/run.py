@@ -300,7 +300,9 @@ def markdown(result: dict[str, Any]) -> str:
         "The hub is `bench/coldstart/hub_server.py` on loopback (answers as the Hugging Face hub does, plain HTTP); "
         "the store is moto's S3 server on loopback. Loopback moves bytes far faster than a network, so the fetch "
         "column is a floor: on GPU-sized models read the per-GB column and the catalog's estimates in "
-        "`inferstack plan`.",
+        "`inferstack plan`. On this 2-core machine the engine's own start-up (tens of seconds, moving with "
+        "whatever else runs) dwarfs fetching a few MB: between paths, differences within the spread of the runs "
+        "(`runs` in the JSON) are noise, and the fetch-only section below is the per-GB figure.",
         "",
         "| model | path | weights | fetch | fetch s/GB | engine ready | total | bytes moved | vs cache hit | extra s/GB |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -339,7 +341,10 @@ def main() -> None:
         "--summarize", type=Path, help="rebuild the summary, chart and markdown of a result JSON"
     )
     parser.add_argument(
-        "--fetch-gb", type=float, default=0.13, help="size of the synthetic model for fetch s/GB (moto serves larger objects too slowly for the streamer's AWS client)"
+        "--fetch-gb",
+        type=float,
+        default=0.13,
+        help="size of the synthetic model for fetch s/GB (moto serves larger objects too slowly for the streamer's AWS client)",
     )
     parser.add_argument(
         "--fetch-only", action="store_true", help="only the fetch throughput (no engine starts)"
