@@ -64,6 +64,15 @@ class FixedInfrastructure:
 
 
 @dataclass(frozen=True)
+class Endpoint:
+    """An address pods reach outside the cluster's pod network, on one TCP port."""
+
+    cidr: str
+    port: int
+    why: str
+
+
+@dataclass(frozen=True)
 class IngressClass:
     """The class and annotations of an Ingress that puts a load balancer in front of the router."""
 
@@ -99,7 +108,12 @@ class Cloud(Protocol):
         """The Ingress class and annotations for ``gateway.ingress: alb``."""
         ...
 
+    def credential_endpoints(self, spec: PlatformSpec) -> tuple[Endpoint, ...]:
+        """Where the model store's readers (engines) and writers (preparation Jobs) get their cloud credentials
+        (on EKS the Pod Identity agent); network policies let them reach exactly these."""
+        ...
+
     def model_reader(self, spec: PlatformSpec) -> tuple[str, str] | None:
         """The service account (namespace, name) that the target lets read model weights from its storage;
-        None when engines fetch weights with what they are given (the hub, their own credentials)."""
+        None when engines read the model store with what they are given (model_store.reader_secret)."""
         ...

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from components import catalog, cost, sizing, targets
+from components import capacity, catalog, cost, endpoint, images, rollout, sizing, targets
 from components.plan import Synthesis
-from components.render import scaling
+from components.render import ingress, scaling
+from components.spec import PlatformSpec, Target
 from components.stackfile import Stack
+from components.startup import minutes, weights_fetch, weights_gib
 from components.weights import coldstart, fetch, store
 
 PLAN_COLUMNS = (
@@ -39,28 +42,74 @@ WEIGHTS_COLUMNS = (
 
 
 def _seconds(value: float) -> str:
-    return f"{value:,.0f} s" if value >= 10 else f"{value:.1f} s"
+    """Whole seconds, rounded up, as the startup budget counts them."""
+    return f"{math.ceil(value):,} s"
 
 
 def weights_rows(stack: Stack) -> list[tuple[str, ...]]:
-    """Per model: where its weights are in the store, how the engine gets them, and the cold start of each path."""
+    """Per model: where its weights are in the store, how the engine gets them, and the cold start of each path
+    (the chosen one is the startup budget's weights term: ``components.startup.weights_fetch``)."""
     spec, layout = stack.spec, stack.layout
     rows = []
     for model in spec.models:
         placement = layout.placements[model.name]
         way = fetch.decide(model, placement.instance)
-        gpus = placement.gpus_per_replica
-        chosen = coldstart.expected(way, placement.weights_gib, placement.instance, gpus)
-        paths = coldstart.compare(placement.weights_gib, placement.instance, gpus)
+        gib = weights_gib(model, placement)
+        paths = coldstart.compare(gib, placement.instance, placement.gpus_per_replica)
         where = way.path.value + (f" ({way.medium.value})" if way.medium else "")
         rows.append(
             (
                 model.name,
                 f"`{store.location(spec, model)}`",
                 where,
-                f"{placement.weights_gib:.1f} GiB",
-                f"**{_seconds(chosen.total_s)}**",
+                f"{gib:.1f} GiB",
+                f"**{weights_fetch(model, placement).seconds:,} s**",  # the startup budget's weights term
                 *(_seconds(p.total_s) for p in paths),
+            )
+        )
+    return rows
+
+
+DEPLOY_COLUMNS = (
+    "model",
+    "node",
+    "image",
+    "weights (fetch + load)",
+    "engine start",
+    "estimate",
+    "startup budget",
+    "rollout",
+    "pulumi up waits (create / update)",
+)
+
+
+def markdown_table(
+    columns: tuple[str, ...], rows: list[tuple[str, ...]], right_aligned_from: int | None = None
+) -> list[str]:
+    """A markdown table; columns from ``right_aligned_from`` on are aligned right (numbers)."""
+    align = ["---|"] * len(columns)
+    if right_aligned_from is not None:
+        align[right_aligned_from:] = ["---:|"] * (len(columns) - right_aligned_from)
+    return [
+        "| " + " | ".join(columns) + " |",
+        "|" + "".join(align),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+def deploy_rows(spec: PlatformSpec, plans: dict[str, rollout.Rollout]) -> list[tuple[str, ...]]:
+    """Per model: the cold start's phases, the budget, how it rolls, and how long `pulumi up` waits for it."""
+    rows: list[tuple[str, ...]] = []
+    for model in spec.models:
+        r = plans[model.name]
+        rows.append(
+            (
+                model.name,
+                *(f"{p.seconds:,} s" for p in r.startup.phases),
+                f"{r.startup.estimate_s:,} s",
+                minutes(r.startup.budget_s) + (" (set)" if r.startup.set_in_spec else ""),
+                f"surge {r.max_surge}, unavailable {r.max_unavailable}",
+                f"{minutes(r.startup.budget_s)} / {minutes(r.update_timeout_s)}",
             )
         )
     return rows
@@ -71,6 +120,9 @@ class PlanReport:
     rows: list[tuple[str, ...]]
     bill: cost.StackCost
     notes: list[str]
+    deploy: list[tuple[str, ...]]
+    deploy_notes: list[str]
+    warnings: list[str]
     weights: list[tuple[str, ...]] = field(default_factory=list)
 
     def markdown(self, stack: Stack, synthesis: Synthesis) -> str:
@@ -82,20 +134,17 @@ class PlanReport:
             "",
             "## Models",
             "",
-            "| " + " | ".join(PLAN_COLUMNS) + " |",
-            "|" + "---|" * len(PLAN_COLUMNS),
-            *("| " + " | ".join(row) + " |" for row in self.rows),
+            *markdown_table(PLAN_COLUMNS, self.rows),
             "",
             "## Model weights",
             "",
             "Prepared once into the model store by a Job per model; engines never download from the hub. "
             "Cold start is the seconds from a replica's start to its weights in the engine, on a fresh node "
             "(fetch + load; image pull and engine warm-up not included), from the catalog's bandwidth figures "
-            f"(read {catalog.BANDWIDTH_READ_ON}).",
+            f"(read {catalog.BANDWIDTH_READ_ON}); the chosen path's is the weights term of the First deploy "
+            "startup budget.",
             "",
-            "| " + " | ".join(WEIGHTS_COLUMNS) + " |",
-            "|" + "---|" * 3 + "---:|" * (len(WEIGHTS_COLUMNS) - 3),
-            *("| " + " | ".join(row) + " |" for row in self.weights),
+            *markdown_table(WEIGHTS_COLUMNS, self.weights, right_aligned_from=3),
             "",
             "## Cost per model (monthly)",
             "",
@@ -133,8 +182,26 @@ class PlanReport:
             "",
             *(f"- {note}" for note in self.notes),
             "",
+            *(self._first_deploy(synthesis) if stack.spec.target is not Target.LOCAL else []),
+            *(["## Warnings", "", *(f"- {w}" for w in self.warnings), ""] if self.warnings else []),
         ]
         return "\n".join(lines)
+
+    def _first_deploy(self, synthesis: Synthesis) -> list[str]:
+        """How long a cold replica takes and `pulumi up` waits (nothing to deploy on target local)."""
+        return [
+            "## First deploy",
+            "",
+            "A cold replica's start (seconds; estimates from the catalog, components/startup.py; the weights are "
+            "the Model weights table's cold start by the chosen path) and how long `pulumi up` waits for each "
+            "engine Deployment, after the model's preparation Job.",
+            "",
+            *markdown_table(DEPLOY_COLUMNS, self.deploy),
+            "",
+            *(f"- {note}" for note in self.deploy_notes),
+            *(f"- reads (must exist): `{r.type}` {r.inputs.get('id')}" for r in synthesis.reads),
+            "",
+        ]
 
 
 def plan_report(stack: Stack) -> PlanReport:
@@ -180,7 +247,18 @@ def plan_report(stack: Stack) -> PlanReport:
             f"pool {pool.name}: {pool.reason}; {pool.min_nodes}-{pool.max_nodes} nodes, "
             f"{pool.root_disk_gib} GiB root disk{cache}"
         )
-    return PlanReport(rows=rows, bill=bill, notes=notes, weights=weights_rows(stack))
+    plans = rollout.plans(spec, layout)
+    deploy_notes = [n for n in (endpoint.note(spec), images.note(spec), ingress.gateway_api_note(spec)) if n]
+    deploy_notes += capacity.notes(spec, layout)
+    return PlanReport(
+        rows=rows,
+        bill=bill,
+        notes=notes,
+        deploy=deploy_rows(spec, plans),
+        deploy_notes=deploy_notes,
+        warnings=rollout.warnings(spec, layout),
+        weights=weights_rows(stack),
+    )
 
 
 SIZE_COLUMNS = (

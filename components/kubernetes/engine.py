@@ -11,6 +11,7 @@ from components.kubernetes.manifests import apply
 from components.placement import Layout, Placement
 from components.render import common, engine, weights
 from components.render.gateway import RuntimeImage
+from components.rollout import Rollout
 from components.spec import ModelSpec, PlatformSpec
 
 
@@ -29,16 +30,26 @@ class ModelWeights(pulumi.ComponentResource):
         super().__init__("inferstack:kubernetes:ModelWeights", f"{spec.name}-weights", None, opts)
         self.image: Any = image.reference if image is not None else spec.model_store.image
         account = apply(weights.service_account(spec), pulumi.ResourceOptions(parent=self))
-        after = pulumi.ResourceOptions(parent=self, depends_on=[account])
-        self.jobs = {
-            m.name: apply(weights.prepare_job(spec, m, layout.placements[m.name], self.image), after)
-            for m in spec.models
-        }
+        self.jobs = {}
+        for m in spec.models:
+            placement = layout.placements[m.name]
+            # `pulumi up` waits for the Job to complete, as long as the Job itself may run.
+            deadline = f"{weights.job_deadline_s(placement)}s"
+            awaited = pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[account],
+                custom_timeouts=pulumi.CustomTimeouts(create=deadline, update=deadline),
+            )
+            self.jobs[m.name] = apply(weights.prepare_job(spec, m, placement, self.image), awaited)
         self.register_outputs({"jobs": sorted(weights.job_name(spec, m) for m in spec.models)})
 
 
 class ModelEngine(pulumi.ComponentResource):
-    """The Deployment and Service (and engine ConfigMap) serving one model."""
+    """The Deployment and Service (and engine ConfigMap) serving one model.
+
+    `pulumi up` waits for the Deployment as long as its replicas may take: one startup budget when it is created
+    (replicas start together), every round of a rolling update when it changes (``Rollout.update_timeout_s``).
+    """
 
     service_name: str
 
@@ -47,12 +58,19 @@ class ModelEngine(pulumi.ComponentResource):
         spec: PlatformSpec,
         model: ModelSpec,
         placement: Placement,
+        rollout: Rollout,
         opts: pulumi.ResourceOptions | None = None,
         weights_image: Any = None,
     ) -> None:
         super().__init__("inferstack:kubernetes:ModelEngine", model.name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.manifests = engine.render(spec, model, placement, weights_image)
-        self.resources = [apply(m, child) for m in self.manifests]
+        awaited = pulumi.ResourceOptions(
+            parent=self,
+            custom_timeouts=pulumi.CustomTimeouts(
+                create=f"{rollout.startup.budget_s}s", update=f"{rollout.update_timeout_s}s"
+            ),
+        )
+        self.manifests = engine.render(spec, model, placement, rollout, weights_image)
+        self.resources = [apply(m, awaited if m["kind"] == "Deployment" else child) for m in self.manifests]
         self.service_name = common.engine_name(model.name)
         self.register_outputs({"service": self.service_name})

@@ -16,6 +16,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from components.placement import Placement
 from components.render import common, hardening
@@ -42,14 +43,13 @@ _JOB_MIN_SECONDS = 1800
 _WEIGHTS_CONTAINER = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}}
 
 
-def store_ports(spec: PlatformSpec) -> list[int]:
-    """TCP ports the store (and the hub) answer on: HTTPS, plus the endpoint's own port where it has one."""
-    endpoint = spec.model_store.endpoint_url or ""
-    authority = endpoint.split("://", 1)[-1].split("/", 1)[0]
-    port = (
-        int(authority.rsplit(":", 1)[1]) if ":" in authority else 443 if endpoint.startswith("https") else 80
-    )
-    return sorted({443, port}) if endpoint else [443]
+def store_port(spec: PlatformSpec) -> int:
+    """The TCP port the model store answers on: HTTPS (S3), or the S3-compatible endpoint's own."""
+    endpoint = spec.model_store.endpoint_url
+    if endpoint is None:
+        return 443
+    parts = urlsplit(endpoint)
+    return parts.port or (443 if parts.scheme == "https" else 80)
 
 
 def service_account_name(spec: PlatformSpec) -> str:
@@ -128,6 +128,11 @@ def _container(spec: PlatformSpec, name: str, image: Any, args: list[str], write
     }
 
 
+def job_deadline_s(placement: Placement) -> int:
+    """Seconds the preparation Job may run (its ``activeDeadlineSeconds``, and how long `pulumi up` waits for it)."""
+    return max(_JOB_MIN_SECONDS, int(placement.weights_gib * _JOB_SECONDS_PER_GIB))
+
+
 def prepare_job(spec: PlatformSpec, model: ModelSpec, placement: Placement, image: Any) -> Manifest:
     """The one-time Job that puts ``model``'s weights into the store (hub), or checks them (s3://)."""
     uri = location(spec, model)
@@ -158,7 +163,7 @@ def prepare_job(spec: PlatformSpec, model: ModelSpec, placement: Placement, imag
         )
     name = job_name(spec, model)
     labels = {**common.labels(spec, name, COMPONENT), common.MODEL_LABEL: model.name}
-    deadline = max(_JOB_MIN_SECONDS, int(placement.weights_gib * _JOB_SECONDS_PER_GIB))
+    deadline = job_deadline_s(placement)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

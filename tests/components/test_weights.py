@@ -12,11 +12,11 @@ import pytest
 from components import catalog, plan
 from components.aws import data_policies, decisions
 from components.placement import place
-from components.render import engine, weights
+from components.render import weights
 from components.spec import PlatformSpec
 from components.stackfile import load
 from components.weights import coldstart, fetch, store
-from tests.components.helpers import SOME_COMMIT, engine_deployments, minimal
+from tests.components.helpers import SOME_COMMIT, engine_deployments, minimal, rendered_engine_deployment
 
 
 def _spec(**model: Any) -> PlatformSpec:
@@ -121,8 +121,7 @@ def test_a_new_revision_is_a_new_job_and_a_new_store_prefix() -> None:
 
 def test_node_cache_engines_mount_the_nodes_copy_read_only_and_fill_it_first() -> None:
     spec = _spec(engine={"kind": "sglang"})
-    placement = place(spec).placements["llama-8b"]
-    deployment = engine.deployment(spec, spec.models[0], placement)
+    deployment = rendered_engine_deployment(spec)
     pod = deployment["spec"]["template"]["spec"]
     init = pod["initContainers"][0]
     assert init["args"][:2] == ["fetch", "--store"] and "--cache-root" in init["args"]
