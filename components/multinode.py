@@ -36,7 +36,7 @@ class Interconnect:
     """What links the nodes of an instance type."""
 
     efa_interfaces: int
-    network_gbps: int | None
+    network_gbps: float | None
     cluster_placement: bool
 
     @property

@@ -33,6 +33,8 @@ from runtime.engines import Signal, facts
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")
+HUB_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+AWS_ACCOUNT = re.compile(r"^\d{12}$")
 PINNED_IMAGE = re.compile(r"^[^\s@]+(@sha256:[0-9a-f]{64}|:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})$")
 # Tags that move by convention; an image pinned to one of these is not pinned (the policy pack reuses this).
 MOVING_TAGS = frozenset(
@@ -126,6 +128,15 @@ def _pinned_image(value: str) -> str:
 
 
 PinnedImage = Annotated[str, AfterValidator(_pinned_image)]
+
+
+def _aws_account(value: str) -> str:
+    if not AWS_ACCOUNT.match(value):
+        raise ValueError(f"{value!r} is not an AWS account id; write its 12 digits, e.g. '123456789012'")
+    return value
+
+
+AwsAccount = Annotated[str, AfterValidator(_aws_account)]
 
 
 # Retention periods CloudWatch Logs accepts, in days.
@@ -266,7 +277,11 @@ class ClusterSpec(_Spec):
     """Days CloudWatch keeps the EKS control-plane logs (a CloudWatch retention value: 1, 3, 5, 7, 14, 30, 60,
     90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288 or 3653)."""
     model_bucket: str | None = None
-    """Name of the S3 bucket the stack creates for model weights; defaults to a generated '<cluster>-models-*'."""
+    """Name of the S3 bucket the stack creates for the model store (target eks); defaults to
+    '<cluster>-<region>-models' (bucket names are global: set another if that one is taken)."""
+    account_id: AwsAccount | None = None
+    """AWS account the stack deploys into (12 digits, target eks): pulumi up refuses the credentials of any other
+    account, and the model store must belong to it."""
     node_provisioner: NodeProvisioner = NodeProvisioner.MANAGED
     """GPU nodes from 'managed' EKS node groups (one per pool, min/max nodes from the models), or from
     'karpenter' NodePools (nodes of the pool's type launched for pending engines, up to the pool's GPUs)."""
@@ -422,7 +437,11 @@ class GpuPoolSpec(_Spec):
     max_nodes: Annotated[int, Field(ge=1)] | None = None
     """Upper bound on nodes; defaults to what the models' max replicas need."""
     root_disk_gib: Annotated[int, Field(ge=20, le=16_384)] | None = None
-    """Root volume per node; defaults to the weights of the pool's models plus images and slack."""
+    """Root volume per node; defaults to images plus, where the node cache has no local NVMe, one copy of the
+    weights of each of the pool's models that use it."""
+    model_cache_gib: Annotated[int, Field(ge=1)] | None = None
+    """Node-level model cache per node (one copy of each model's weights, shared by every replica on the node);
+    defaults to those weights plus 10%. Must fit the instance's local NVMe where the cache is on it."""
     labels: dict[str, str] = Field(default_factory=dict)
     """Extra node labels."""
     capacity_reservation: CapacityReservationSpec | None = None
@@ -619,6 +638,21 @@ class EngineSpec(_Spec):
         return table[self.kind]
 
 
+class WeightsFetch(StrEnum):
+    AUTO = "auto"
+    STREAMER = "streamer"
+    NODE_CACHE = "node-cache"
+
+
+class WeightsSpec(_Spec):
+    """How an engine gets its weights from the platform's model store (never from the hub at start)."""
+
+    fetch: WeightsFetch = WeightsFetch.AUTO
+    """auto (placement picks: vLLM streams from the store, other engines read a node-level cache), streamer
+    (vLLM's Run:ai streamer reads safetensors straight from S3) or node-cache (copied once per node to its
+    local NVMe, or root disk where it has none, and shared by every replica there)."""
+
+
 class ScalingSpec(_Spec):
     """When to add and remove replicas (the thresholds derive from the SLO and engine limits)."""
 
@@ -722,7 +756,13 @@ class ModelSpec(_Spec):
     name: DnsLabel
     """Served model name: what clients put in `model`; a DNS label, unique in the stack."""
     source: str
-    """Hugging Face repo id ('org/name'), an 's3://bucket/prefix' URI, or (target local) a local path."""
+    """Hugging Face repo id ('org/name', with revision), an 's3://bucket/prefix/' of prepared weights in the model
+    store, or (target local) a local path."""
+    revision: str | None = None
+    """The hub commit (40 hex digits) of a Hugging Face source: the weights the preparation Job copies into the
+    model store, so every replica serves exactly that model. Required for hub sources on a cluster."""
+    weights: WeightsSpec = Field(default_factory=WeightsSpec)
+    """How engines get the weights from the model store (streamer or node-level cache)."""
     architecture: ArchitectureSpec | None = None
     """Required when the catalog does not know the source; see `inferstack size --list`."""
     engine: EngineSpec = Field(default_factory=EngineSpec)
@@ -756,9 +796,38 @@ class ModelSpec(_Spec):
             )
         return value
 
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, value: str | None) -> str | None:
+        if value is not None and not HUB_COMMIT.match(value):
+            raise ValueError(
+                f"{value!r} is not a commit hash: pin the exact hub commit (40 hex digits, from the repository's "
+                "commit history), never a branch or tag that moves"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _weights_rules(self) -> ModelSpec:
+        if self.revision is not None and not self.is_hub:
+            raise ValueError(
+                f"revision pins a Hugging Face source; {self.source!r} is not one: remove revision (an s3:// or "
+                "local source is what it is)"
+            )
+        if self.weights.fetch is WeightsFetch.STREAMER and self.engine.kind is not EngineKind.VLLM:
+            raise ValueError(
+                f"weights.fetch: streamer is vLLM's (runai_streamer); {self.engine.kind.value} reads a node-level "
+                "cache: set weights.fetch to node-cache or auto"
+            )
+        return self
+
     @property
     def is_local_path(self) -> bool:
         return self.source.startswith(("/", "./", "../", "~"))
+
+    @property
+    def is_hub(self) -> bool:
+        """A Hugging Face repository id (not an S3 URI, not a local path)."""
+        return not self.source.startswith("s3://") and not self.is_local_path
 
     def arch(self) -> catalog.ModelArch | None:
         """The architecture from the stack file, else from the catalog; None when neither knows it."""
@@ -842,11 +911,11 @@ class GatewaySpec(_Spec):
     """Where traffic to the router pods may come from (where an ALB with target-type ip sits); defaults to
     cluster.vpc_cidr on eks when the stack creates the VPC, else the private ranges."""
     image_registry: str | None = None
-    """Target kubernetes: the registry and path the stack builds the router, health monitor and batcher images
-    into (from runtime/images/, with Docker on the machine running `pulumi up`, logged in to it) and runs them
-    from, by digest: e.g. 'ghcr.io/acme/inferstack', or kind's local registry 'localhost:5001'. None: run
-    router_image, health_image and batcher_image as given (published release images). Target eks always builds
-    into its own ECR."""
+    """Target kubernetes: the registry and path the stack builds the router, health monitor, batcher and weights
+    images into (from runtime/images/, with Docker on the machine running `pulumi up`, logged in to it) and runs
+    them from, by digest: e.g. 'ghcr.io/acme/inferstack', or kind's local registry 'localhost:5001'. None: run
+    router_image, health_image, batcher_image and model_store.image as given (published release images). Target
+    eks always builds into its own ECR."""
     router_image: PinnedImage = RUNTIME_IMAGES["router"]
     """Router image, pinned by tag or digest (target kubernetes; eks runs the image it builds from
     runtime/images/ and pushes to ECR, by digest)."""
@@ -1015,6 +1084,38 @@ class BudgetSpec(_Spec):
     so the policy pack refuses it unless this says the risk is accepted."""
 
 
+class ModelStoreSpec(_Spec):
+    """The platform's model store: the S3 bucket every model's weights are prepared into once, by a Job, and
+    loaded from by the engines. On eks it is the bucket the stack creates (cluster.model_bucket)."""
+
+    prefix: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._/-]{0,100}[a-z0-9]$")] = "models"
+    """Key prefix under which hub models are prepared: '<prefix>/<org>/<name>/<revision>/'."""
+    bucket: str | None = None
+    """Target kubernetes: an existing bucket of an S3-compatible store for the prepared weights (eks names its
+    own with cluster.model_bucket)."""
+    endpoint_url: str | None = None
+    """Target kubernetes: the S3-compatible endpoint (e.g. 'http://minio.minio.svc:9000'); None: AWS S3."""
+    reader_secret: str | None = None
+    """Target kubernetes: Secret whose key 'credentials' is an AWS shared-credentials file of a key that may
+    read the bucket (engines; mounted as a file, never environment variables); on eks, EKS Pod Identity."""
+    writer_secret: str | None = None
+    """Target kubernetes: the same for a key that may write the bucket (the preparation Jobs only)."""
+    account_id: AwsAccount | None = None
+    """AWS account that owns the store bucket (12 digits): every request carries it as the expected bucket
+    owner, so a bucket of the same name in another account is refused. Must be the stack's account."""
+    image: PinnedImage = "ghcr.io/inferstack/weights:0.1.0"
+    """The weights image (preparation Job, cache fill, store check), pinned (target kubernetes without
+    gateway.image_registry; eks, and a stack with gateway.image_registry, run the image they build from
+    runtime/images/weights.Dockerfile, by digest)."""
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^\s/]+(:\d+)?/?$", value):
+            raise ValueError(f"{value!r} is not an endpoint URL; write e.g. 'http://minio.minio.svc:9000'")
+        return value
+
+
 class PlatformSpec(_Spec):
     """One environment of the platform: everything `pulumi up` creates."""
 
@@ -1040,8 +1141,11 @@ class PlatformSpec(_Spec):
     """Cluster add-ons installed with Helm (GPU plugin, autoscalers, monitoring, load balancer controller)."""
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     """What the environment may cost, checked by the policy pack."""
+    model_store: ModelStoreSpec = Field(default_factory=ModelStoreSpec)
+    """Where model weights are prepared once and engines load them from."""
     huggingface_token_config_key: str | None = None
-    """Pulumi secret config key with a Hugging Face token (for gated models)."""
+    """Pulumi secret config key with a Hugging Face token (for gated models); only the preparation Jobs read it,
+    never the engines."""
     tags: dict[str, str] = Field(default_factory=dict)
     """Cost-allocation tags on every cloud resource."""
 

@@ -138,6 +138,10 @@ class EngineCli:
     def multi_node_supported(self) -> bool:
         return self.nnodes is not None
 
+    stream_from_s3: tuple[str, ...] = ()
+    """Arguments that make the engine stream safetensors straight from an ``s3://`` model location; empty
+    where the engine cannot (it then loads a node cache's copy)."""
+
 
 @dataclass(frozen=True)
 class EngineFacts:
@@ -201,6 +205,9 @@ VLLM_CLI = EngineCli(
     worker_args=("--headless",),
     multi_node_note="vLLM 0.32's multiprocessing executor: --nnodes, --node-rank, --master-addr/--master-port, "
     "workers --headless",
+    # The Run:ai model streamer (vLLM 0.32 LoadConfig.load_format; PyPI runai-model-streamer[-s3] in the
+    # image): config and tokenizer are pulled to a local directory, tensors stream from S3 into memory.
+    stream_from_s3=("--load-format", "runai_streamer"),
 )
 
 SGLANG_CLI = EngineCli(

@@ -44,7 +44,14 @@ class AwsLayer(pulumi.ComponentResource):
         super().__init__("inferstack:aws:AwsLayer", name, None, opts)
         region = spec.cluster.region
         self.tags = tags = decisions.tags(spec, stack)
-        provider = aws.Provider(name, region=region, opts=pulumi.ResourceOptions(parent=self))
+        account = spec.cluster.account_id
+        provider = aws.Provider(
+            name,
+            region=region,
+            # With cluster.account_id, credentials of any other account fail before anything is created.
+            allowed_account_ids=[account] if account else None,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         on_aws = pulumi.ResourceOptions(parent=self, providers={"aws": provider})
         # The account the provider's credentials belong to: key policies and trust conditions name it.
         account_id = aws.get_caller_identity_output(
@@ -130,7 +137,7 @@ class AwsLayer(pulumi.ComponentResource):
         ]
 
         self.storage = ModelStorage(spec, self.keys.models.arn, tags, on_aws)
-        sources = [m.source for m in spec.models]
+        sources: list[str] = []  # engines read the store only (placement refuses s3:// sources outside it)
         read = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
             lambda arns: iam.dumps(data_policies.model_read(region, str(arns[0]), str(arns[1]), sources))
         )
@@ -145,6 +152,22 @@ class AwsLayer(pulumi.ComponentResource):
         )
         engine_identity = pod_identity(
             f"{name}-engine", cluster_name, EKS.model_reader(spec), engine_role, tags, on_aws
+        )
+        prefix = spec.model_store.prefix
+        write = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
+            lambda arns: iam.dumps(data_policies.model_prepare(region, str(arns[0]), str(arns[1]), prefix))
+        )
+        weights_role = ServiceRole(
+            f"{name}-weights",
+            iam.pod_identity_trust(),
+            region,
+            tags,
+            on_aws,
+            inline={"prepare-models": write},
+            description=f"Model preparation Jobs of {name}: write weights into the store",
+        )
+        weights_identity = pod_identity(
+            f"{name}-weights", cluster_name, EKS.model_writer(spec), weights_role, tags, on_aws
         )
         lb_role = ServiceRole(
             f"{name}-lb-controller",
@@ -186,7 +209,7 @@ class AwsLayer(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
         # Engines fetch weights and the controller manages load balancers from their first start.
-        identities = [engine_identity, lb_identity]
+        identities = [engine_identity, weights_identity, lb_identity]
         self.ready: list[pulumi.Resource] = [*self.node_groups.values(), *self.late_addons, *identities]
         self.ready += [c for c in (self.karpenter, self.autoscaler) if c is not None]
         self.register_outputs({"cluster_name": cluster_name})

@@ -31,6 +31,7 @@ from components.local.plan import (
     build_plan,
     pick_cpus,
 )
+from components.local.store import DEFAULT_S3_PORT
 from components.local.supervisor import (
     EXIT_FAILED,
     EXIT_USAGE,
@@ -91,6 +92,17 @@ def up(
         bool, typer.Option("--detach", "-d", help="Run in the background; stop with `inferstack local down`.")
     ] = False,
     timeout: Annotated[float, typer.Option(help="Seconds the engines may take to become ready.")] = 900.0,
+    s3: Annotated[
+        bool,
+        typer.Option(
+            "--s3",
+            help="Serve from the model store: a loopback S3 server (moto), the models prepared into it, engines "
+            "streaming from it (runai_streamer), as a cluster does.",
+        ),
+    ] = False,
+    s3_port: Annotated[
+        int, typer.Option(help="The loopback model store's port (with --s3).")
+    ] = DEFAULT_S3_PORT,
     monitor: Annotated[
         bool,
         typer.Option(
@@ -122,6 +134,7 @@ def up(
         engine_port=engine_port,
         state_dir=state_dir,
         cpus=pick_cpus(lambda: os.sched_getaffinity(0)),
+        s3_port=s3_port if s3 else None,
         monitor=Monitor(monitor_port, monitor_interval, monitor_alert_for) if monitor else None,
     )
     plan = _plan(stack, stacks_dir, options)
@@ -170,6 +183,8 @@ def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) 
     argv += ["--port", str(plan.router.port), "--engine-port", str(plan.engines[0].port)]
     for service in plan.services[:-1]:
         argv += [f"--{service.name}-port", str(service.port)]
+    if plan.s3_port is not None:
+        argv += ["--s3", "--s3-port", str(plan.s3_port)]
     if plan.monitor is not None:
         m = plan.monitor
         argv += ["--monitor", "--monitor-port", str(m.port), "--monitor-interval", str(m.interval_s)]

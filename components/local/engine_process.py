@@ -169,7 +169,8 @@ class EngineProcess:
     ) -> None:
         """Serves ``model`` (its engine settings, as a cluster pod would) from ``model_dir``.
 
-        ``model_dir`` defaults to the spec's source. ``served_model_name`` replaces the spec's name where a
+        ``model_dir`` defaults to the spec's source; an ``s3://`` store location is streamed (runai_streamer),
+        with ``AWS_ENDPOINT_URL`` and credentials from ``env``. ``served_model_name`` replaces the spec's name where a
         name that is no DNS label is wanted (a directory, so that a client finds the tokenizer locally).
         ``cpu_cores`` is ``VLLM_CPU_OMP_THREADS_BIND`` ("0", "1", "0-1"); give each engine its own.
         ``port=0`` picks a free port at ``start()``. ``ready_timeout`` bounds ``wait_ready()`` when none
@@ -179,9 +180,12 @@ class EngineProcess:
         """
         if host not in {"127.0.0.1", "localhost", "::1"}:
             raise ValueError(f"host {host!r}: test engines bind loopback only")
-        path = Path(model_dir if model_dir is not None else model.source).expanduser()
+        location = str(model_dir if model_dir is not None else model.source)
         self.spec = model
-        self.model_dir = str(path.absolute())  # the engine runs in a private directory
+        # The engine runs in a private directory: a path is made absolute, a store location kept.
+        self.model_dir = (
+            location if location.startswith("s3://") else str(Path(location).expanduser().absolute())
+        )
         self.served_model_name = served_model_name or model.name
         self.host = host
         self.requested_port = port

@@ -24,6 +24,7 @@ from components.render import common, scaling
 from components.render import runtime_config as rendered
 from components.spec import ModelSpec, PlatformSpec, Target
 from components.stackfile import Stack
+from components.weights import store
 from runtime.config import EngineKind, FileDiscovery, RuntimeConfig, Task
 
 HOST = "127.0.0.1"
@@ -60,6 +61,9 @@ class LocalOptions:
     state_dir: Path = DEFAULT_STATE_DIR
     cpus: tuple[int, ...] = (0,)
     """CPU cores engines are pinned to, in turn (VLLM_CPU_OMP_THREADS_BIND): one core each."""
+    s3_port: int | None = None
+    """Serve from the model store: a loopback S3 server on this port, the models prepared into it, engines
+    streaming from it (`make local S3=1`); None: engines load their directories."""
     monitor: Monitor | None = None
     """Also run Prometheus (`--monitor`) with the stack's rendered rules."""
 
@@ -93,6 +97,8 @@ class EngineLaunch:
     cpu_cores: str
     on_demand: bool = False
     """Started by the autoscaler when demand calls for it (replicas above min_replicas), not at start-up."""
+    store: str | None = None
+    """The model's ``s3://`` location in the loopback store, streamed instead of ``path``."""
 
     @property
     def model(self) -> str:
@@ -137,6 +143,13 @@ class LocalPlan:
     embed_models: tuple[str, ...] = field(default=())
     spec: PlatformSpec | None = None
     monitor: Monitor | None = None
+    s3_port: int | None = None
+    """The loopback model store's port (``LocalOptions.s3_port``)."""
+
+    @property
+    def store_preps(self) -> list[tuple[Path, str]]:
+        """(model directory, store location) to prepare before the engines, once each."""
+        return sorted({(e.path, e.store) for e in self.engines if e.store is not None})
 
     @property
     def router(self) -> ServiceLaunch:
@@ -260,20 +273,27 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     engines: list[EngineLaunch] = []
     port = options.engine_port
     for model, prep in zip(spec.models, preps, strict=True):
+        where = store.location(spec, model) if options.s3_port is not None else None
         for r in range(replicas(model)):
             core = options.cpus[len(engines) % len(options.cpus)]
             on_demand = scaling.scales(model) and r >= model.scaling.min_replicas
-            engines.append(EngineLaunch(f"{model.name}-{r}", model, prep.path, port, str(core), on_demand))
+            engines.append(
+                EngineLaunch(
+                    f"{model.name}-{r}", model, prep.path, port, str(core), on_demand=on_demand, store=where
+                )
+            )
             port += 1
     services = [ServiceLaunch("health", "runtime.health", options.health_port, "--health-port")]
     if rendered.has_batcher(spec):
         services.append(ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port"))
     services.append(ServiceLaunch("router", "runtime.router", options.router_port, "--port"))
     monitor = [(options.monitor.port, "Prometheus", "--monitor-port")] if options.monitor else []
+    store_port = [] if options.s3_port is None else [(options.s3_port, "the model store (S3)", "--s3-port")]
     check_ports(
         [(s.port, s.name, s.option) for s in services]
         + monitor
         + [(e.port, f"engine {e.name}", "--engine-port") for e in engines]
+        + store_port
     )
     return LocalPlan(
         stack=stack.name,
@@ -289,6 +309,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
         spec=spec,
         monitor=options.monitor,
+        s3_port=options.s3_port,
     )
 
 
@@ -341,9 +362,11 @@ def describe(plan: LocalPlan) -> list[str]:
     lines = [
         f"stack {plan.stack} ({plan.source}): {len(plan.engines)} engines, then {', '.join(s.name for s in plan.services)}"
     ]
+    if plan.s3_port is not None:
+        lines.append(f"  model store (S3)                http://{HOST}:{plan.s3_port}")
     for e in plan.engines:
         when = "  (started on demand)" if e.on_demand else ""
-        lines.append(f"  engine {e.name:<24} {e.url}  core {e.cpu_cores}  {e.path}{when}")
+        lines.append(f"  engine {e.name:<24} {e.url}  core {e.cpu_cores}  {e.store or e.path}{when}")
     for s in plan.services:
         lines.append(f"  {s.name:<31} {s.url}")
     if plan.monitor is not None:

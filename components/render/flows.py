@@ -9,8 +9,11 @@ Each flow is read off the part that makes the call, not written down twice:
   to the Kubernetes API;
 - the ServiceMonitors: Prometheus scrapes what they select, on the port they name;
 - the ingress: the load balancer (or in-cluster clients) or the Gateway's proxies send requests to the router;
-- the engines: weights come from the Hugging Face hub or S3 over HTTPS at public addresses, with credentials from
-  the cloud's endpoint (EKS Pod Identity's agent), never from the instance metadata service;
+- the model store (``components.render.weights``): engines read it (their init container checks or fills from it,
+  vLLM streams from it), never the hub; the preparation Jobs copy pinned revisions from the Hugging Face hub over
+  HTTPS and write them into it. The store is S3 over HTTPS at public addresses, or the S3-compatible endpoint of
+  ``model_store.endpoint_url`` (which may run in the cluster); credentials come from the cloud's endpoint (EKS Pod
+  Identity's agent), never from the instance metadata service;
 - every pod resolves names through kube-dns.
 
 ``components.render.network`` turns this table into policies; the tests check the policies against it.
@@ -24,7 +27,7 @@ from urllib.parse import urlsplit
 
 from components.cloud import Cloud
 from components.placement import place
-from components.render import common, gateway, ingress, monitors
+from components.render import common, gateway, ingress, monitors, weights
 from components.render.runtime_config import batcher_port, health_port, router_port, runtime_config
 from components.spec import IngressKind, PlatformSpec
 
@@ -36,6 +39,8 @@ HTTPS = 443
 DNS_PORT = 53
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 ENGINE = "engine"
+WEIGHTS = weights.COMPONENT
+"""The model store's preparation Jobs."""
 GATEWAY_PROXY = "gateway-proxy"
 
 Port = tuple[str, int]
@@ -149,7 +154,7 @@ def group_peer(spec: PlatformSpec, model: str) -> Peer:
 
 def subjects(spec: PlatformSpec) -> list[str]:
     """The components of the stack's namespace that get a policy of their own, in apply order."""
-    out = [ENGINE, *(GROUP_PREFIX + m for m in group_models(spec)), *gateway.parts(spec)]
+    out = [ENGINE, WEIGHTS, *(GROUP_PREFIX + m for m in group_models(spec)), *gateway.parts(spec)]
     return out + ([GATEWAY_PROXY] if gateway_proxies_in_namespace(spec) else [])
 
 
@@ -236,25 +241,58 @@ def _ingress_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
     return out
 
 
-def _engine_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
-    engine = component(spec, ENGINE)
-    out = [
-        Flow(engine, Peer(e.why.split(":", 1)[0], cidrs=(e.cidr,)), tcp(e.port), e.why)
-        for e in cloud.credential_endpoints(spec)
-    ]
-    if any(not m.is_local_path for m in spec.models):
-        # Public addresses only: nothing in the cluster network (the Gateway's listener, the API) and nothing
-        # link-local. S3 is reached at its public addresses (a gateway endpoint keeps them), not an interface one.
-        private = tuple(cloud.cluster_network(spec))
-        weights = Peer("weights over HTTPS", cidrs=(ANYWHERE,), except_cidrs=(*private, LINK_LOCAL))
-        out.append(Flow(engine, weights, tcp(HTTPS), "weights from the Hugging Face hub or S3"))
+def _group_flows(spec: PlatformSpec) -> list[Flow]:
+    """The engine picks its ports: the rendezvous (vLLM's master port, SGLang's dist-init port), then ZMQ queues
+    and NCCL's sockets on ephemeral ones. Only the pods of the same model's groups."""
+    out: list[Flow] = []
     for model in group_models(spec):
-        # The engine picks its ports: the rendezvous (vLLM's master port, SGLang's dist-init port), then ZMQ queues
-        # and NCCL's sockets on ephemeral ones. Only the pods of the same model's groups.
         group = group_peer(spec, model)
         out.append(
             Flow(group, group, (), "the nodes of a multi-node replica talk to each other (rendezvous, NCCL)")
         )
+    return out
+
+
+def public_https(spec: PlatformSpec, cloud: Cloud, name: str) -> Peer:
+    """HTTPS at public addresses only: nothing in the cluster network (the Gateway's listener, the API) and nothing
+    link-local. S3 is reached at its public addresses (a gateway endpoint keeps them), not an interface one."""
+    private = tuple(cloud.cluster_network(spec))
+    return Peer(name, cidrs=(ANYWHERE,), except_cidrs=(*private, LINK_LOCAL))
+
+
+def model_store(spec: PlatformSpec, cloud: Cloud) -> tuple[Peer, tuple[Port, ...]]:
+    """The model store and its port: S3 over HTTPS, or the S3-compatible endpoint, wherever it runs (an in-cluster
+    MinIO is in the cluster network, so its range takes in pods; never link-local)."""
+    endpoint = spec.model_store.endpoint_url
+    if endpoint is None:
+        return public_https(spec, cloud, "the model store (S3) over HTTPS"), tcp(HTTPS)
+    peer = Peer(
+        f"the model store at {urlsplit(endpoint).hostname}",
+        cidrs=(ANYWHERE,),
+        except_cidrs=(LINK_LOCAL,),
+        includes_pods=True,
+    )
+    return peer, tcp(weights.store_port(spec))
+
+
+def _weights_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
+    """Engines read the model store; the preparation Jobs copy from the hub into it. Both get their store
+    credentials from the cloud's endpoint where it has one."""
+    engine, jobs = component(spec, ENGINE), component(spec, WEIGHTS)
+    store, store_ports = model_store(spec, cloud)
+    out: list[Flow] = []
+    for who, part in ((engine, "engines"), (jobs, "preparation Jobs")):
+        out += [
+            Flow(who, Peer(e.why.split(":", 1)[0], cidrs=(e.cidr,)), tcp(e.port), f"{part}: {e.why}")
+            for e in cloud.credential_endpoints(spec)
+        ]
+    out.append(
+        Flow(engine, store, store_ports, "engines check the store, fill a node cache or stream from it")
+    )
+    if any(m.is_hub for m in spec.models):
+        hub = public_https(spec, cloud, "the Hugging Face hub over HTTPS")
+        out.append(Flow(jobs, hub, tcp(HTTPS), "preparation Jobs copy pinned revisions from the hub"))
+    out.append(Flow(jobs, store, store_ports, "preparation Jobs write (or verify) the model store"))
     return out
 
 
@@ -266,5 +304,6 @@ def flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
         *_runtime_flows(spec, cloud),
         *_scrape_flows(spec),
         *_ingress_flows(spec, cloud),
-        *_engine_flows(spec, cloud),
+        *_weights_flows(spec, cloud),
+        *_group_flows(spec),
     ]

@@ -72,6 +72,9 @@ class Coverage:
 COVERAGE = [
     Coverage(r"make local( DETACH=1)?", ((LOCAL_TEST, '_make("local", "DETACH=1"'), (LOCAL_TEST, '_make("local", *'),), "run for real"),
     Coverage(r'make local LOCAL_ARGS=".*"', ((LOCAL_TEST, 'f"LOCAL_ARGS={args}"'), (HERE, 'LOCAL_ARGS=--engine-port 8100')), "run for real; dry run here"),
+    Coverage(r"make local S3=1", ((HERE, "_make_dry(\"local\", \"S3=1\")"), ("tests/integration/test_model_store_engine.py", "runai_streamer")), "dry run here; the streamed engine runs in the model store's engine test"),
+    Coverage(r"inferstack local up --s3", ((HERE, "_make_dry(\"local\", \"S3=1\")"), ("tests/local/test_plan.py", "LocalOptions(s3_port=9000)")), "dry run and plan tests"),
+    Coverage(r"python -m runtime\.weights prepare", (("tests/runtime/weights/test_store.py", '"prepare", "--from"'),), "run against loopback S3"),
     Coverage(r"make local PORT=\d+", ((HERE, "def test_make_targets_run_the_documented_commands"),), "dry run here"),
     Coverage(r"make local-down", ((LOCAL_TEST, '_make("local-down"'),), "run for real"),
     Coverage(r"make local MONITOR=1", ((MONITOR_TEST, '"MONITOR=1",'), (HERE, '_make_dry("local", "MONITOR=1")')), "run for real; dry run here"),
@@ -141,6 +144,7 @@ def test_make_targets_run_the_documented_commands() -> None:
     assert re.fullmatch(r"\.venv/bin/inferstack local up\s*", _make_dry("local"))
     assert re.fullmatch(r"\.venv/bin/inferstack local up --port 9090\s*", _make_dry("local", "PORT=9090"))
     assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--detach\s*", _make_dry("local", "DETACH=1"))
+    assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--s3\s*", _make_dry("local", "S3=1"))
     assert _make_dry("local-status") == ".venv/bin/inferstack local status"
     assert _make_dry("local-logs") == ".venv/bin/inferstack local logs"
     assert (

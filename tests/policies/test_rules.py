@@ -243,6 +243,29 @@ CASES = [
         m(ENGINE_70B, lambda p: container(p, "engine")["startupProbe"].__setitem__("failureThreshold", 3)),
         ("startupProbe gives the engine 30 s to start", "failureThreshold x periodSeconds >="),
     ),
+    # weights
+    Case(
+        "engine-downloads-from-the-hub",
+        "weights-from-pinned-store",
+        "prod",
+        m(
+            ENGINE_8B,
+            lambda p: container(p, "engine")["args"].__setitem__(0, "meta-llama/Llama-3.1-8B-Instruct"),
+        ),
+        ("would download from the hub at every start",),
+    ),
+    Case(
+        "preparation-from-a-moving-branch",
+        "weights-from-pinned-store",
+        "prod",
+        m(
+            lambda r: r.kind == "Job" and r.k8s_name.startswith("llama-3-8b-weights-"),
+            lambda p: (args := container(p, "prepare")["args"]).__setitem__(
+                args.index("--revision") + 1, "main"
+            ),
+        ),
+        ("at main, not a commit",),
+    ),
     # security
     Case(
         "router-latest",
