@@ -1,0 +1,70 @@
+"""``python -m runtime.picker --config FILE``: run the endpoint picker.
+
+A bad config file is a person's mistake: one line per mistake naming the file and the field, exit 2, no
+traceback. SIGTERM turns gRPC health to NOT_SERVING, lets open streams finish for ``picker.grace_s``,
+then stops. The config is read once: its ConfigMap's checksum rolls the picker's pods when it changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import signal
+import sys
+from pathlib import Path
+
+from runtime.config_file import ConfigError, problem_lines, read_config
+from runtime.picker.service import Picker, start
+from runtime.scheduling import load_plugins, problems
+from runtime.service import exit_bad_config, setup_logging
+
+
+def read_picker_config(path: Path) -> Picker:
+    """The picker for ``path``: plug-ins imported, strategies' names checked (``ConfigError`` otherwise)."""
+    cfg = read_config(path)
+    lines = problem_lines(path, load_plugins(cfg.router.plugins), "router")
+    placed = [("router.default_strategy", cfg.router.default_strategy)] + [
+        (f"router.routes[{i}].strategy", route.strategy) for i, route in enumerate(cfg.router.routes)
+    ]
+    for where, strategy in placed:
+        lines += problem_lines(path, problems(strategy.name, strategy.weights), where)
+    if lines:
+        raise ConfigError(lines)
+    return Picker(cfg)
+
+
+async def serve(picker: Picker, port: int | None, metrics_port: int | None) -> None:
+    running = await start(picker, port, metrics_port)
+    gc.collect()
+    gc.freeze()  # what was built so far lives as long as the process: keep it out of the cyclic GC's scans
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await running.stop(picker.settings.grace_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m runtime.picker", description="inferstack endpoint picker")
+    ap.add_argument("--config", required=True, type=Path, help="runtime config YAML (RuntimeConfig)")
+    ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--port", type=int, default=None, help="override picker.port (gRPC; 0 = any free port)")
+    ap.add_argument("--metrics-port", type=int, default=None, help="override picker.metrics_port (HTTP)")
+    args = ap.parse_args(argv)
+    setup_logging(args.log_level)
+    try:
+        picker = read_picker_config(args.config)
+    except (ConfigError, ValueError) as err:
+        exit_bad_config(err.lines if isinstance(err, ConfigError) else [f"{args.config}: {err}"])
+    asyncio.run(serve(picker, args.port, args.metrics_port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
