@@ -72,10 +72,12 @@ plan: venv
 # http://127.0.0.1:8080. Foreground (Ctrl-C stops everything); DETACH=1 runs it in the background
 # (then `make local-status`, `make local-logs`, `make local-down`). PORT=N moves the router;
 # LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the state directory.
+# GATEWAY=envoy puts a real Envoy (1.40) on the router's port with inferstack's endpoint picker as its
+# ext_proc server: the Gateway API Inference Extension's data path (components/render/envoy.py).
 .PHONY: local local-down local-status local-logs
 LOCAL_STATE_ARG = $(if $(LOCAL_STATE),--state-dir $(LOCAL_STATE))
 local: venv engine-venv
-	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(DETACH),--detach) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
+	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(GATEWAY),--gateway $(GATEWAY)) $(if $(DETACH),--detach) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
 
 local-down: venv
 	$(BIN)/inferstack local down $(LOCAL_STATE_ARG)

@@ -22,6 +22,7 @@ from components.local.plan import (
     DEFAULT_BATCHER_PORT,
     DEFAULT_ENGINE_PORT,
     DEFAULT_HEALTH_PORT,
+    DEFAULT_PICKER_PORT,
     DEFAULT_ROUTER_PORT,
     DEFAULT_STATE_DIR,
     LocalOptions,
@@ -82,6 +83,16 @@ def up(
     ] = DEFAULT_ROUTER_PORT,
     health_port: Annotated[int, typer.Option(help="The health monitor's port.")] = DEFAULT_HEALTH_PORT,
     batcher_port: Annotated[int, typer.Option(help="The batcher's port.")] = DEFAULT_BATCHER_PORT,
+    gateway: Annotated[
+        str,
+        typer.Option(
+            help="What serves the OpenAI API: the router, or envoy (Envoy asking inferstack's endpoint picker,"
+            " the Gateway API Inference Extension's data path)."
+        ),
+    ] = "router",
+    picker_port: Annotated[
+        int, typer.Option(help="--gateway envoy: the picker's HTTP port (its gRPC port is the next one).")
+    ] = DEFAULT_PICKER_PORT,
     engine_port: Annotated[
         int, typer.Option(help="The first engine's port; the others take the next ones.")
     ] = DEFAULT_ENGINE_PORT,
@@ -100,6 +111,8 @@ def up(
         engine_port=engine_port,
         state_dir=state_dir,
         cpus=pick_cpus(lambda: os.sched_getaffinity(0)),
+        gateway=gateway,
+        picker_port=picker_port,
     )
     plan = _plan(stack, stacks_dir, options)
     if detach:
@@ -147,6 +160,7 @@ def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) 
     argv += ["--port", str(plan.router.port), "--engine-port", str(plan.engines[0].port)]
     for service in plan.services[:-1]:
         argv += [f"--{service.name}-port", str(service.port)]
+    argv += ["--gateway", "envoy" if plan.envoy is not None else "router"]
     with log.open("wb") as sink:
         child = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True

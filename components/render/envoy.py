@@ -165,9 +165,10 @@ def _default_pool(pools: Sequence[EnvoyPool], task: Task) -> EnvoyPool:
 
 
 def routes(pools: Sequence[EnvoyPool], picked: bool, retries: int) -> list[dict[str, Any]]:
+    """Envoy's own /healthz and /readyz (answered by Envoy, never sent to the picker), then the models."""
     out: list[dict[str, Any]] = [
         {
-            "match": {"path": "/healthz"},
+            "match": {"path": path},
             "direct_response": {"status": 200, "body": {"inline_string": '{"status":"ok"}'}},
             **(
                 {
@@ -182,6 +183,7 @@ def routes(pools: Sequence[EnvoyPool], picked: bool, retries: int) -> list[dict[
                 else {}
             ),
         }
+        for path in ("/healthz", "/readyz")
     ]
     if picked:
         out += [

@@ -16,7 +16,8 @@ from __future__ import annotations
 from components.cloud import Cloud
 from components.render import common
 from components.render.common import Manifest
-from components.render.gateway import parts
+from components.render.gateway import inference_extension_mode, parts
+from components.render.inference_extension import PICKER, picker_settings
 from components.render.ingress import GATEWAY_NAME_LABEL, gateway_listener_port, gateway_name
 from components.render.runtime_config import batcher_port, health_port, router_port
 from components.spec import IngressKind, PlatformSpec
@@ -80,8 +81,14 @@ def allow_dns(spec: PlatformSpec) -> Manifest:
     )
 
 
+def _gateway_pods(spec: PlatformSpec) -> Manifest:
+    return {"podSelector": {"matchLabels": {GATEWAY_NAME_LABEL: gateway_name(spec)}}}
+
+
 def engines(spec: PlatformSpec) -> Manifest:
     callers = [_pods(spec, part) for part in parts(spec)]
+    if inference_extension_mode(spec):
+        callers.append(_gateway_pods(spec))  # the gateway's proxies send the requests the picker routed
     return _policy(
         spec,
         "engines",
@@ -100,7 +107,7 @@ def engines(spec: PlatformSpec) -> Manifest:
 
 def _router_sources(spec: PlatformSpec, cloud: Cloud) -> list[Manifest]:
     if spec.gateway.ingress is IngressKind.GATEWAY_API:
-        return [{"podSelector": {"matchLabels": {GATEWAY_NAME_LABEL: gateway_name(spec)}}}]
+        return [_gateway_pods(spec)]
     return [{"ipBlock": {"cidr": c}} for c in router_source_cidrs(spec, cloud)]
 
 
@@ -134,11 +141,50 @@ def _backend_service(spec: PlatformSpec, cloud: Cloud, part: str, port: int) -> 
         {
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [
-                {"from": [_pods(spec, common.ROUTER)], "ports": _tcp(port)},
+                {
+                    "from": [_pods(spec, PICKER if inference_extension_mode(spec) else common.ROUTER)],
+                    "ports": _tcp(port),
+                },
                 {"from": [_prometheus(spec)], "ports": _tcp(port)},
             ],
             "egress": [
                 {"to": [_pods(spec, "engine")], "ports": _tcp(common.ENGINE_PORT)},
+                _api_server(spec, cloud),
+            ],
+        },
+    )
+
+
+def _gateway_targets(spec: PlatformSpec) -> list[Manifest]:
+    """Where the Gateway's proxies send requests: the router, or (inference-extension) the engines the
+    picker names and the picker itself (ext_proc)."""
+    if not inference_extension_mode(spec):
+        return [{"to": [_pods(spec, common.ROUTER)], "ports": _tcp(router_port())}]
+    return [
+        {"to": [_pods(spec, "engine")], "ports": _tcp(common.ENGINE_PORT)},
+        {"to": [_pods(spec, PICKER)], "ports": _tcp(picker_settings().port)},
+    ]
+
+
+def picker(spec: PlatformSpec, cloud: Cloud) -> Manifest:
+    """Reached by the Gateway's proxies (ext_proc) and Prometheus; reaches the health monitor's feed,
+    the engines (its own probe while the feed is away) and the Kubernetes API (EndpointSlices)."""
+    s = picker_settings()
+    return _policy(
+        spec,
+        common.runtime_name(spec, PICKER),
+        _instance(spec, PICKER),
+        {
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {"from": [_gateway_pods(spec)], "ports": _tcp(s.port)},
+                {"from": [_prometheus(spec)], "ports": _tcp(s.metrics_port)},
+            ],
+            "egress": [
+                {
+                    "to": [_pods(spec, "engine"), _pods(spec, common.HEALTH)],
+                    "ports": _tcp(common.ENGINE_PORT, health_port()),
+                },
                 _api_server(spec, cloud),
             ],
         },
@@ -157,7 +203,7 @@ def gateway_proxies(spec: PlatformSpec) -> Manifest:
                 {"from": [{"ipBlock": {"cidr": ANYWHERE}}], "ports": _tcp(gateway_listener_port(spec))}
             ],
             "egress": [
-                {"to": [_pods(spec, common.ROUTER)], "ports": _tcp(router_port())},
+                *_gateway_targets(spec),
                 # The implementation's control plane (istiod, envoy-gateway) lives in its own namespace.
                 {"to": [{"namespaceSelector": {}}]},
             ],
@@ -166,6 +212,15 @@ def gateway_proxies(spec: PlatformSpec) -> Manifest:
 
 
 def render(spec: PlatformSpec, cloud: Cloud) -> list[Manifest]:
+    if inference_extension_mode(spec):
+        return [
+            default_deny(spec),
+            allow_dns(spec),
+            engines(spec),
+            picker(spec, cloud),
+            _backend_service(spec, cloud, common.HEALTH, health_port()),
+            gateway_proxies(spec),
+        ]
     out = [default_deny(spec), allow_dns(spec), engines(spec), router(spec, cloud)]
     out.append(_backend_service(spec, cloud, common.HEALTH, health_port()))
     if common.BATCHER in parts(spec):

@@ -1,0 +1,177 @@
+"""gateway.mode inference-extension: the committed example stack's plan renders an InferencePool per model,
+an InferenceObjective where routing gives a priority, the picker (least-privilege RBAC, gRPC port), an
+HTTPRoute from the Gateway of the named class to the pools, and the network flows between them; the spec
+refuses the mode without a gateway class. Router mode is untouched (tests/snapshots/plans)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from components import plan
+from components.render.envoy import FAIL_OPEN_NEEDS_BUFFERED, EnvoyPool, envoy_config
+from components.spec import PlatformSpec
+from components.stackfile import load
+from runtime.config import BodyMode, Task
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "stacks"
+STACK = "inference-extension"
+
+
+@pytest.fixture(scope="module")
+def manifests() -> list[dict[str, Any]]:
+    return plan.synthesize(load(STACK, EXAMPLES)).kubernetes_manifests()
+
+
+def _by_kind(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [m for m in manifests if m["kind"] == kind]
+
+
+def _named(manifests: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(m for m in _by_kind(manifests, kind) if m["metadata"]["name"] == name)
+
+
+def test_an_inference_pool_per_model_selects_its_engines_and_names_the_picker(manifests) -> None:
+    pools = {p["metadata"]["name"]: p for p in _by_kind(manifests, "InferencePool")}
+    assert set(pools) == {"qwen-0-5b-pool", "qwen-coder-0-5b-pool"}
+    picker_service = _named(manifests, "Service", "inferstack-picker")
+    grpc = next(p for p in picker_service["spec"]["ports"] if p["name"] == "grpc")
+    assert grpc["appProtocol"] == "kubernetes.io/h2c"
+    for model in ("qwen-0-5b", "qwen-coder-0-5b"):
+        pool = pools[f"{model}-pool"]
+        assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+        engine = _named(manifests, "Deployment", f"{model}-engine")
+        pod_labels = engine["spec"]["template"]["metadata"]["labels"]
+        selector = pool["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= pod_labels.items()
+        assert pool["spec"]["targetPorts"] == [
+            {"number": engine["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]}
+        ]
+        assert pool["spec"]["endpointPickerRef"] == {
+            "kind": "Service",
+            "name": "inferstack-picker",
+            "port": {"number": grpc["port"]},
+            "failureMode": "FailClose",
+        }
+
+
+def test_an_objective_only_where_routing_gives_a_priority(manifests) -> None:
+    objectives = _by_kind(manifests, "InferenceObjective")
+    assert [(o["metadata"]["name"], o["apiVersion"]) for o in objectives] == [
+        ("qwen-0-5b", "inference.networking.x-k8s.io/v1alpha2")
+    ]
+    assert objectives[0]["spec"] == {
+        "priority": 10,
+        "poolRef": {
+            "group": "inference.networking.k8s.io",
+            "kind": "InferencePool",
+            "name": "qwen-0-5b-pool",
+        },
+    }
+
+
+def test_the_route_sends_each_model_to_its_pool_from_the_named_gateway_class(manifests) -> None:
+    (gateway,) = _by_kind(manifests, "Gateway")
+    assert gateway["spec"]["gatewayClassName"] == "kgateway"
+    (route,) = _by_kind(manifests, "HTTPRoute")
+    assert route["spec"]["parentRefs"] == [{"name": gateway["metadata"]["name"]}]
+    assert route["spec"]["hostnames"] == ["llm.example.com"]
+    targets = {
+        rule["matches"][0]["headers"][0]["value"]: rule["backendRefs"] for rule in route["spec"]["rules"]
+    }
+    assert targets == {
+        m: [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": f"{m}-pool"}]
+        for m in ("qwen-0-5b", "qwen-coder-0-5b")
+    }
+
+
+def test_the_picker_replaces_the_router_with_least_privilege(manifests) -> None:
+    deployments = {d["metadata"]["name"] for d in _by_kind(manifests, "Deployment")}
+    assert "inferstack-router" not in deployments and "inferstack-batcher" not in deployments
+    picker = _named(manifests, "Deployment", "inferstack-picker")
+    container = picker["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][:3] == ["python", "-m", "runtime.picker"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 9090, "grpc": 9002}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    role = _named(manifests, "Role", "inferstack-picker")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+
+
+def test_network_policies_let_the_gateway_reach_engines_and_picker_only(manifests) -> None:
+    policies = {p["metadata"]["name"]: p["spec"] for p in _by_kind(manifests, "NetworkPolicy")}
+    gateway = policies["inferstack-gateway"]
+    reached = {(str(e["to"][0]), e["ports"][0]["port"]) for e in gateway["egress"] if e.get("ports")}
+    assert {port for _, port in reached} == {8000, 9002}
+    picker = policies["inferstack-picker"]
+    assert picker["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 9002}]
+    engines = policies["engines"]
+    callers = [str(c) for c in engines["ingress"][0]["from"]]
+    assert any("gateway.networking.k8s.io/gateway-name" in c for c in callers)
+
+
+def test_built_in_objects_pass_kubernetes_validate(manifests) -> None:
+    for m in manifests:
+        try:
+            kubernetes_validate.validate(m, "1.33.0", strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            assert m["kind"] in {
+                "InferencePool",
+                "InferenceObjective",
+                "Gateway",
+                "HTTPRoute",
+                "ServiceMonitor",
+                "PrometheusRule",
+                "ScaledObject",
+            }, m["kind"]
+
+
+def _platform() -> dict[str, Any]:
+    doc = yaml.safe_load((EXAMPLES / f"Pulumi.{STACK}.yaml").read_text())
+    return copy.deepcopy(doc["config"]["inferstack:platform"])
+
+
+def test_inference_extension_without_a_gateway_class_is_an_error() -> None:
+    doc = _platform()
+    del doc["gateway"]["gateway_class"]
+    with pytest.raises(ValidationError, match="mode inference-extension needs gateway_class"):
+        PlatformSpec.model_validate(doc)
+
+
+def test_a_priority_in_router_mode_is_an_error() -> None:
+    doc = _platform()
+    doc["gateway"] = {"require_api_key": False}
+    with pytest.raises(
+        ValidationError, match=r"models\[0\].routing.priority: priorities are InferenceObjectives"
+    ):
+        PlatformSpec.model_validate(doc)
+
+
+def test_envoy_cannot_fail_open_in_full_duplex_mode() -> None:
+    pools = [EnvoyPool("m", Task.GENERATE, ("127.0.0.1:8000",))]
+    with pytest.raises(ValueError, match="fails open only with buffered bodies") as err:
+        envoy_config(host="127.0.0.1", port=8080, pools=pools, picker="127.0.0.1:9002", fail_open=True)
+    assert str(err.value) == FAIL_OPEN_NEEDS_BUFFERED
+    config = envoy_config(
+        host="127.0.0.1",
+        port=8080,
+        pools=pools,
+        picker="127.0.0.1:9002",
+        fail_open=True,
+        body_mode=BodyMode.BUFFERED,
+    )
+    ext_proc = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"][
+        "http_filters"
+    ][0]
+    assert ext_proc["typed_config"]["failure_mode_allow"] is True
