@@ -13,12 +13,12 @@ import openai
 
 from components.local import state
 from tests.local.helpers import assert_nothing_left, free_port_block, run_local, stack_pids
-from tests.local.test_lifecycle import fake  # noqa: F401 - the stand-in stack fixture
+from tests.local.test_lifecycle import fake  # the stand-in stack (a fixture, used by name)
 
 __all__ = ["fake"]
 
 
-def test_envoy_gateway_serves_routes_around_a_dead_replica_and_stops_clean(fake, tmp_path: Path) -> None:  # noqa: F811
+def test_envoy_gateway_serves_routes_around_a_dead_replica_and_stops_clean(fake, tmp_path: Path) -> None:
     args, env, state_dir = fake
     picker = free_port_block(2)
     up = run_local(
