@@ -118,6 +118,8 @@ class Exchange:
         return [] if self.full_duplex else [protocol.continue_headers()]
 
     def _request_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
+        if self.done:  # answered by the gateway already: nothing more goes anywhere
+            return []
         if self.answered:
             return [protocol.streamed_body(chunk, end_of_stream)] if self.full_duplex else []
         self.body_size += len(chunk)
