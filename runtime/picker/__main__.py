@@ -18,7 +18,7 @@ from pathlib import Path
 from runtime.config_file import ConfigError, problem_lines, read_config
 from runtime.picker.service import Picker, start
 from runtime.scheduling import load_plugins, problems
-from runtime.service import exit_bad_config, setup_logging
+from runtime.service import exit_bad_config, new_event_loop, setup_logging
 
 
 def read_picker_config(path: Path) -> Picker:
@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         picker = read_picker_config(args.config)
     except (ConfigError, ValueError) as err:
         exit_bad_config(err.lines if isinstance(err, ConfigError) else [f"{args.config}: {err}"])
-    asyncio.run(serve(picker, args.port, args.metrics_port))
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        runner.run(serve(picker, args.port, args.metrics_port))
     return 0
 
 
