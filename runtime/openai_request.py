@@ -6,6 +6,7 @@ body the same way (one parse, with orjson; the engine always gets the client's b
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,3 +85,12 @@ INFERENCE_PATHS: dict[str, str] = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
 }
+
+
+def models_list(models: Iterable[tuple[str, int]]) -> bytes:
+    """``GET /v1/models``: ``(name, max_model_len)`` of each model the front end can serve now."""
+    data = [
+        {"id": name, "object": "model", "created": 0, "owned_by": "inferstack", "max_model_len": length}
+        for name, length in models
+    ]
+    return json.dumps({"object": "list", "data": data}).encode()

@@ -15,21 +15,15 @@ import signal
 import sys
 from pathlib import Path
 
-from runtime.config_file import ConfigError, problem_lines, read_config
+from runtime.config_file import ConfigError, read_config, routing_lines
 from runtime.picker.service import Picker, start
-from runtime.scheduling import load_plugins, problems
 from runtime.service import exit_bad_config, new_event_loop, setup_logging
 
 
 def read_picker_config(path: Path) -> Picker:
     """The picker for ``path``: plug-ins imported, strategies' names checked (``ConfigError`` otherwise)."""
     cfg = read_config(path)
-    lines = problem_lines(path, load_plugins(cfg.router.plugins), "router")
-    placed = [("router.default_strategy", cfg.router.default_strategy)] + [
-        (f"router.routes[{i}].strategy", route.strategy) for i, route in enumerate(cfg.router.routes)
-    ]
-    for where, strategy in placed:
-        lines += problem_lines(path, problems(strategy.name, strategy.weights), where)
+    lines = routing_lines(path, cfg)
     if lines:
         raise ConfigError(lines)
     return Picker(cfg)

@@ -9,12 +9,11 @@ the picker, retries, on the fallback endpoints the pick lists after the chosen o
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from runtime.http import error_body
-from runtime.openai_request import INFERENCE_PATHS, BadRequest, prompt_text, read_request
+from runtime.openai_request import INFERENCE_PATHS, BadRequest, models_list, prompt_text, read_request
 from runtime.picker.replicas import ModelPool, Replica
 from runtime.scheduling import Context
 
@@ -64,18 +63,12 @@ def refuse(
 
 def models_answer(models: Mapping[str, ModelPool]) -> Answer:
     """``GET /v1/models``: the models with a healthy replica, as the router lists them."""
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "inferstack",
-            "max_model_len": pool.target.max_model_len_tokens,
-        }
+    served = [
+        (name, pool.target.max_model_len_tokens)
         for name, pool in models.items()
         if any(r.healthy for r in pool.replicas)
     ]
-    return Answer(200, json.dumps({"object": "list", "data": data}).encode(), "")
+    return Answer(200, models_list(served), "")
 
 
 def fallbacks(

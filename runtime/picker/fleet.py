@@ -9,7 +9,6 @@ changes keep surviving replicas' counters and circuits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,35 +17,16 @@ import aiohttp
 
 from runtime.config import ModelTarget, RuntimeConfig
 from runtime.discovery import watch_backends
-from runtime.engines import Signal, facts
+from runtime.engine_probe import probe
+from runtime.engines import Signal
 from runtime.fleet_feed import read_feed
-from runtime.metrics_text import decode, parse, wanted_sample_names
 from runtime.picker.replicas import ModelPool, Replica
 
 log = logging.getLogger("inferstack.picker.fleet")
 
-PROBE_MAX_BYTES = 4 * 1024 * 1024
 PROBE_FAILURES_TO_UNHEALTHY = 2
 
 Discover = Callable[[ModelTarget], AsyncIterator[list[str]]]
-
-
-def engine_signals(text: str, target: ModelTarget) -> dict[Signal, float]:
-    """Queued and running requests (summed over the engine's label sets) and KV usage (their mean)."""
-    engine = facts(target.engine)
-    out: dict[Signal, float] = {}
-    names = {s: engine.names(s) for s in (Signal.QUEUED, Signal.RUNNING, Signal.KV_USAGE)}
-    parsed = parse(text, wanted_sample_names(n for spelled in names.values() for n in spelled))
-    for signal in (Signal.QUEUED, Signal.RUNNING):
-        value = parsed.first_total(names[signal])
-        if value is not None:
-            out[signal] = value
-    for name in names[Signal.KV_USAGE]:
-        values = [s.value for s in parsed.samples.get(name, ())]
-        if values:
-            out[Signal.KV_USAGE] = sum(values) / len(values)  # a ratio per engine: averaged, not summed
-            break
-    return out
 
 
 class Fleet:
@@ -141,21 +121,11 @@ class Fleet:
             await asyncio.gather(*jobs)
 
     async def _probe(self, pool: ModelPool, replica: Replica) -> None:
+        timeout_s = max(0.5, self.cfg.router.probe_interval_ms / 1000 * 0.8)
         assert self._session is not None
-        engine = facts(pool.target.engine)
-        timeout = aiohttp.ClientTimeout(total=max(0.5, self.cfg.router.probe_interval_ms / 1000 * 0.8))
-        healthy = False
-        text = ""
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
-            async with self._session.get(replica.url + engine.health_path, timeout=timeout) as resp:
-                healthy = resp.status == 200
-            if healthy:
-                async with self._session.get(replica.url + engine.metrics_path, timeout=timeout) as resp:
-                    if resp.status == 200:
-                        text = decode(await resp.content.read(PROBE_MAX_BYTES))
+        healthy, signals = await probe(self._session, replica.url, pool.target.engine, timeout_s)
         fails = 0 if healthy else pool.probe_failures.get(replica.url, 0) + 1
         pool.probe_failures[replica.url] = fails
-        signals = engine_signals(text, pool.target) if text else {}
         was = replica.healthy
         replica.update_signals(
             healthy=fails < PROBE_FAILURES_TO_UNHEALTHY,
@@ -164,9 +134,5 @@ class Fleet:
             kv_usage=signals.get(Signal.KV_USAGE),
         )
         if replica.healthy != was:
-            log.warning(
-                "replica %s of %s is now %s",
-                replica.url,
-                pool.name,
-                "healthy" if replica.healthy else "unhealthy",
-            )
+            state = "healthy" if replica.healthy else "unhealthy"
+            log.warning("replica %s of %s is now %s", replica.url, pool.name, state)

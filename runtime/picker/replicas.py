@@ -1,6 +1,6 @@
 """What the picker knows about each replica and each model: plain state the scheduler reads.
 
-``Replica`` satisfies ``runtime.scheduling.Endpoint`` as it is, like the router's ``Backend``: the same
+``Replica`` is the shared replica state (``runtime.replica``), as the router's ``Backend`` is: the same
 strategies read the same fields. Its in-flight count is the picker's own (requests it sent there whose
 ext_proc stream is still open), its engine queue and KV usage come from the health feed or a probe, its
 circuit from the outcomes the gateway reports back (the response status of each request).
@@ -8,11 +8,11 @@ circuit from the outcomes the gateway reports back (the response status of each 
 
 from __future__ import annotations
 
-import time
 from urllib.parse import urlsplit
 
 from runtime.breaker import Breaker
 from runtime.config import ModelRoute, ModelTarget, RouterSettings
+from runtime.replica import ReplicaState
 from runtime.scheduling import Need, Strategy, build
 
 
@@ -26,53 +26,14 @@ def host_port(url: str) -> str:
     return f"{host}:{parts.port or 80}"
 
 
-class Replica:
-    """One replica of one model."""
+class Replica(ReplicaState):
+    """One replica of one model, named the way the Endpoint Picker Protocol names it (``ip:port``)."""
 
-    __slots__ = (
-        "breaker",
-        "cap",
-        "endpoint",
-        "engine_queued",
-        "engine_running",
-        "healthy",
-        "inflight",
-        "kv_usage",
-        "signals_at",
-        "ttft_ewma_s",
-        "url",
-        "weight",
-    )
+    __slots__ = ("endpoint",)
 
     def __init__(self, url: str, cap: int, breaker: Breaker, weight: float = 1.0) -> None:
-        self.url = url
+        super().__init__(url, cap, breaker, weight)
         self.endpoint = host_port(url)
-        self.cap = cap
-        self.weight = weight
-        self.breaker = breaker
-        self.inflight = 0
-        self.healthy = True  # until the feed or a probe says otherwise
-        self.engine_queued = 0.0
-        self.engine_running = 0.0
-        self.kv_usage: float | None = None
-        self.signals_at = 0.0
-        self.ttft_ewma_s: float | None = None
-
-    def __repr__(self) -> str:
-        return f"Replica({self.url}, inflight={self.inflight})"
-
-    def observe_ttft(self, seconds: float, alpha: float) -> None:
-        prev = self.ttft_ewma_s
-        self.ttft_ewma_s = seconds if prev is None else prev + alpha * (seconds - prev)
-
-    def update_signals(
-        self, *, healthy: bool, queued: float | None, running: float | None, kv_usage: float | None
-    ) -> None:
-        self.healthy = healthy
-        self.engine_queued = queued or 0.0
-        self.engine_running = running or 0.0
-        self.kv_usage = kv_usage
-        self.signals_at = time.monotonic()
 
 
 class ModelPool:

@@ -1,16 +1,15 @@
-"""What the router knows about each engine replica: load, latency, health signals and its circuit.
-
-Plain mutable state, updated by the proxy (in-flight, TTFT, outcomes), by the health feed or our
-own probing (engine queue, KV usage, health), and read by the strategies. No I/O here.
+"""What the router knows about each engine replica: the shared replica state (``runtime.replica``: load,
+latency, health signals, circuit), plus the connection pool the proxy sends through and the opaque tag
+clients see. No I/O here.
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
 from urllib.parse import urlsplit
 
 from runtime.breaker import Breaker, Circuit
+from runtime.replica import ReplicaState
 from runtime.upstream import Pool
 
 __all__ = ["BACKEND_HEADER", "Backend", "Breaker", "Circuit", "backend_tag"]
@@ -25,42 +24,18 @@ def backend_tag(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:12]
 
 
-class Backend:
-    """One replica of one model."""
+class Backend(ReplicaState):
+    """One replica of one model, with the router's connection pool to it."""
 
-    __slots__ = (
-        "breaker",
-        "cap",
-        "engine_queued",
-        "engine_running",
-        "healthy",
-        "inflight",
-        "kv_usage",
-        "pool",
-        "signals_at",
-        "tag",
-        "ttft_ewma_s",
-        "url",
-        "weight",
-    )
+    __slots__ = ("pool", "tag")
 
     def __init__(self, url: str, cap: int, breaker: Breaker, weight: float = 1.0) -> None:
-        self.url = url
+        super().__init__(url, cap, breaker, weight)
         # what the x-inferstack-backend answer header carries: stable, opaque (no internal address
         # reaches clients), and anyone holding the replica list can compute it: sha256(url)[:12]
         self.tag = backend_tag(url).encode()
         parts = urlsplit(url)
         self.pool = Pool(parts.hostname or "127.0.0.1", parts.port or 80, max_idle=cap)
-        self.cap = cap
-        self.weight = weight
-        self.breaker = breaker
-        self.inflight = 0
-        self.healthy = True  # until the feed or a probe says otherwise
-        self.engine_queued = 0.0
-        self.engine_running = 0.0
-        self.kv_usage: float | None = None
-        self.signals_at = 0.0
-        self.ttft_ewma_s: float | None = None
 
     def __repr__(self) -> str:
         return f"Backend({self.url}, inflight={self.inflight})"
@@ -76,16 +51,3 @@ class Backend:
 
     def has_room(self) -> bool:
         return self.inflight < self.cap
-
-    def observe_ttft(self, seconds: float, alpha: float) -> None:
-        prev = self.ttft_ewma_s
-        self.ttft_ewma_s = seconds if prev is None else prev + alpha * (seconds - prev)
-
-    def update_signals(
-        self, *, healthy: bool, queued: float | None, running: float | None, kv_usage: float | None
-    ) -> None:
-        self.healthy = healthy
-        self.engine_queued = queued or 0.0
-        self.engine_running = running or 0.0
-        self.kv_usage = kv_usage
-        self.signals_at = time.monotonic()
