@@ -6,6 +6,10 @@ refuses the mode without a gateway class. Router mode is untouched (tests/snapsh
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +179,37 @@ def test_envoy_cannot_fail_open_in_full_duplex_mode() -> None:
         "http_filters"
     ][0]
     assert ext_proc["typed_config"]["failure_mode_allow"] is True
+
+
+def test_the_cli_plans_the_example_and_the_policy_pack_asks_for_the_gateways_authentication(
+    tmp_path: Path,
+) -> None:
+    """``inferstack plan`` on the committed example writes the objects; the policy pack refuses one thing:
+    a public route that bypasses the router's API keys (in this mode the gateway must authenticate)."""
+    out = tmp_path / "plan"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "components.cli",
+            "plan",
+            "-s",
+            STACK,
+            "--stacks-dir",
+            str(EXAMPLES),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    kinds = {yaml.safe_load(p.read_text())["kind"] for p in (out / "manifests").glob("*.yaml")}
+    assert {"InferencePool", "InferenceObjective", "HTTPRoute", "Gateway"} <= kinds, (
+        result.stdout + result.stderr
+    )
+    verdicts = json.loads((out / "policy.json").read_text())["verdicts"]
+    assert {(v["rule"], v["level"]) for v in verdicts} == {("public-ingress-requires-api-key", "mandatory")}
+    assert result.returncode != 0 and "public-ingress-requires-api-key" in result.stdout
