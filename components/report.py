@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from components import catalog, cost, sizing, targets
 from components.plan import Synthesis
-from components.render import scaling
+from components.render import inference_extension, scaling
+from components.spec import GatewayMode
 from components.stackfile import Stack
 
 PLAN_COLUMNS = (
@@ -113,6 +114,10 @@ def plan_report(stack: Stack) -> PlanReport:
         notes.append(f"{model.name}: {placement.reason}")
         if note := scaling.scaling_note(spec, model):
             notes.append(note)
+    if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION and (
+        note := inference_extension.routing_note(spec)
+    ):
+        notes.append(note)
     for pool in layout.pools.values():
         notes.append(
             f"pool {pool.name}: {pool.reason}; {pool.min_nodes}-{pool.max_nodes} nodes, "

@@ -17,7 +17,7 @@ ext_proc) which replica serves. Rendered here, with the API versions of the exte
 - the ``Gateway`` of ``gateway.gateway_class`` and an ``HTTPRoute`` whose backends are the pools. With
   one model every request goes to its pool; with several, each rule matches ``x-gateway-model-name``
   (the header the extension's body-based router sets from the body's ``model``), which the gateway must
-  then run in front (its install is the gateway implementation's: a plan note says so).
+  then run in front (its install is the gateway implementation's: the plan's notes say so).
 """
 
 from __future__ import annotations
@@ -137,3 +137,15 @@ def routing(spec: PlatformSpec) -> list[Manifest]:
     out: list[Manifest] = [inference_pool(spec, m) for m in spec.models]
     out += [o for m in spec.models if (o := inference_objective(spec, m)) is not None]
     return [*out, ingress.gateway(spec), http_route(spec)]
+
+
+def routing_note(spec: PlatformSpec) -> str | None:
+    """What a reviewer must know about the gateway this mode relies on (a plan note)."""
+    if len(spec.models) < 2:
+        return None
+    return (
+        f"gateway: inference-extension with {len(spec.models)} models: the HTTPRoute sends each request to its "
+        f"model's InferencePool by the {MODEL_HEADER} header, which the gateway sets from the body only when it "
+        "runs the extension's body-based router in front of the route (install it with the gateway of class "
+        f"{spec.gateway.gateway_class!r})"
+    )

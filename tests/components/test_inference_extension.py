@@ -213,3 +213,7 @@ def test_the_cli_plans_the_example_and_the_policy_pack_asks_for_the_gateways_aut
     verdicts = json.loads((out / "policy.json").read_text())["verdicts"]
     assert {(v["rule"], v["level"]) for v in verdicts} == {("public-ingress-requires-api-key", "mandatory")}
     assert result.returncode != 0 and "public-ingress-requires-api-key" in result.stdout
+    summary = (out / "summary.md").read_text()
+    assert (
+        "body-based router" in summary and "x-gateway-model-name" in summary
+    )  # the multi-model route's need
