@@ -71,6 +71,9 @@ class Picker(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ig
             async for message in request_iterator:
                 for answer in exchange.on_message(message):
                     yield answer
+        except Exception:  # a bug must cost one request (the gateway's failure mode), not the picker
+            log.exception("ext_proc stream failed", extra={"request_id": exchange.request_id})
+            raise
         finally:
             self.open_streams -= 1
             exchange.close()
@@ -91,7 +94,8 @@ class Picker(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ig
 
 
 class Running:
-    """A started picker: its servers and their ports, stopped with :meth:`stop`."""
+    """A started picker: its servers and their ports (readiness turns SERVING once every model's replicas
+    were listed), stopped with :meth:`stop`."""
 
     def __init__(
         self,
@@ -108,9 +112,9 @@ class Running:
         self.port = port
         self.metrics_port = metrics_port
         self.health = health
-        self._ready_task: asyncio.Task[None] | None = None
+        self._ready_task = asyncio.get_running_loop().create_task(self._mark_ready_when_listed())
 
-    async def mark_ready_when_listed(self) -> None:
+    async def _mark_ready_when_listed(self) -> None:
         while not self.picker.fleet.listed:
             await asyncio.sleep(0.05)
         for service in (READINESS, EXT_PROC_SERVICE):
@@ -120,8 +124,7 @@ class Running:
         """NOT_SERVING first (gateways stop sending), then let open streams finish within ``grace_s``."""
         for service in ("", LIVENESS, READINESS, EXT_PROC_SERVICE):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self._ready_task is not None:
-            self._ready_task.cancel()
+        self._ready_task.cancel()
         await self.http.stop_accepting()
         await self.grpc_server.stop(grace_s)
         self.http.close_all()
@@ -148,7 +151,6 @@ async def start(picker: Picker, port: int | None = None, metrics_port: int | Non
     http = Server(picker.handle_http, 1024, picker.cfg.router.client_idle_timeout_s)
     http_port = await http.start(s.host, s.metrics_port if metrics_port is None else metrics_port)
     running = Running(picker, server, http, bound, http_port, health)
-    running._ready_task = asyncio.get_running_loop().create_task(running.mark_ready_when_listed())
     log.info(
         "picker listening",
         extra={

@@ -8,13 +8,16 @@ import http.client
 import json
 import random
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 import openai
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.routing.workload import shared
 from runtime.config import BodyMode, Task
@@ -255,3 +258,28 @@ def test_the_pickers_choices_equal_the_routers(lt: LoopThread, tmp_path: Path) -
 
 async def _seed(picker: PickerUnderTest, seed: int) -> None:
     picker.picker.models[CHAT].strategy.rng = random.Random(seed)
+
+
+def test_grpc_health_names_the_protocol_lists_and_the_http_side(lt: LoopThread) -> None:
+    chat = _doubles(lt, 1)
+    picker = PickerUnderTest(lt, _picker_cfg(chat)).start()
+    try:
+        picker.settle()
+        with grpc.insecure_channel(f"127.0.0.1:{picker.port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            for service in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"):
+                deadline = time.monotonic() + 10
+                while True:  # readiness turns SERVING once discovery has listed the replicas
+                    status = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+                    if status == health_pb2.HealthCheckResponse.SERVING or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+                assert status == health_pb2.HealthCheckResponse.SERVING, service
+        conn = http.client.HTTPConnection("127.0.0.1", picker.metrics_port, timeout=5)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        assert f'inferstack_picker_backends{{model="{CHAT}"}} 1.0' in text
+        assert "inferstack_picker_backend_healthy" in text
+    finally:
+        picker.stop()
+        lt.run(chat[0].stop())
