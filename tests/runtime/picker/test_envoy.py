@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -283,3 +284,33 @@ def test_grpc_health_names_the_protocol_lists_and_the_http_side(lt: LoopThread) 
     finally:
         picker.stop()
         lt.run(chat[0].stop())
+
+
+def test_a_client_that_leaves_mid_body_ends_the_stream_early_and_the_picker_carries_on(
+    lt: LoopThread, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    chat = _doubles(lt, 2)
+    picker = PickerUnderTest(lt, _picker_cfg(chat)).start()
+    port = free_port()
+    try:
+        with envoy(
+            gateway_config(port, [(CHAT, Task.GENERATE, [d.url for d in chat])], picker.port), tmp_path
+        ):
+            with caplog.at_level("INFO", logger="inferstack.picker"):
+                for _ in range(3):  # headers and half a body, then the client is gone
+                    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                        sock.sendall(
+                            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                            b'content-length: 400\r\n\r\n{"model": "m", "mess'
+                        )
+                        time.sleep(0.1)
+                picker.settle()
+            assert caplog.text.count("ext_proc stream ended before the request was complete") == 3
+            assert picker.inflight(CHAT) == {d.url: 0 for d in chat}
+            assert [len(d.requests) for d in chat] == [0, 0]  # nothing half-read went to an engine
+            status, _, _ = _post(port, {"model": CHAT, "messages": [{"role": "user", "content": "x"}]})
+            assert status == 200
+    finally:
+        picker.stop()
+        for d in chat:
+            lt.run(d.stop())
