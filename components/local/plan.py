@@ -385,12 +385,18 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
     """What the user sees once the router is ready: the URL, a curl line and an openai snippet."""
     url = plan.router.url
     chat = plan.generate_models[0] if plan.generate_models else None
+    front, metrics = "the router", url
+    if plan.envoy is not None:  # Envoy answers the API; the picker's HTTP side has the scheduling metrics
+        front, metrics = (
+            "Envoy and the endpoint picker",
+            next(s.url for s in plan.services if s.name == "picker"),
+        )
     lines = [
         "",
-        f"inferstack local is ready in {ready_s:.0f}s: {len(plan.engines)} vLLM engines behind the router",
+        f"inferstack local is ready in {ready_s:.0f}s: {len(plan.engines)} vLLM engines behind {front}",
         "",
         f"  OpenAI API  {url}/v1   models: {', '.join(plan.generate_models + plan.embed_models)}",
-        f"  metrics     {url}/metrics   (health monitor: {plan.services[0].url}/v1/backends)",
+        f"  metrics     {metrics}/metrics   (health monitor: {plan.services[0].url}/v1/backends)",
         f"  logs        {plan.logs_dir}/",
         "",
     ]

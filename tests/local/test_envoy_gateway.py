@@ -27,6 +27,7 @@ def test_envoy_gateway_serves_routes_around_a_dead_replica_and_stops_clean(fake,
     assert up.returncode == 0, up.stdout + up.stderr
     current = state.read_state(state_dir)
     assert current is not None and current["phase"] == "ready"
+    assert "behind Envoy and the endpoint picker" in up.stdout and f"127.0.0.1:{picker}/metrics" in up.stdout
     names = [p["name"] for p in current["processes"]]
     assert "envoy" in names and "picker" in names and "router" not in names and "batcher" not in names
     rendered = json.loads((state_dir / "envoy.yaml").read_text())
