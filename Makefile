@@ -90,7 +90,7 @@ local-logs: venv
 
 ## bench ---------------------------------------------------------------------------------------
 # Routing quality on two real engines (bench/routing, ~15 min), router overhead (bench/router,
-# ~6 min), batcher (bench/batcher, ~3 min). Results and the chart go to bench/results/. Not part of test.
+# ~10 min with the Envoy targets), batcher (bench/batcher, ~3 min). Results and the chart go to bench/results/. Not part of test.
 bench: venv engine-venv
 	@command -v wrk >/dev/null || { echo 'make bench: wrk (the router benchmark load generator) is missing: apt-get install -y wrk' >&2; exit 2; }
 	bash bench/routing/setup.sh
