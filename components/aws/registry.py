@@ -20,17 +20,25 @@ import pulumi
 import pulumi_aws as aws
 
 from components.render.gateway import RuntimeImage
-from components.spec import PlatformSpec
+from components.spec import GatewayMode, PlatformSpec
 
 if TYPE_CHECKING:
     import pulumi_docker_build as docker_build
 
 RUNTIME_IMAGES = ("router", "health", "batcher")
+#: Built too when gateway.mode is inference-extension (runtime/images/picker.Dockerfile).
+PICKER_IMAGE = "picker"
 DOCKERFILE_DIR = Path("runtime/images")
 CONTEXT_INPUTS = ("runtime", "pyproject.toml")
 UNTAGGED_EXPIRY_DAYS = 14
 KEEP_IMAGES = 30
 PLATFORM = "linux/amd64"
+
+
+def images_for(spec: PlatformSpec) -> tuple[str, ...]:
+    """The runtime images a stack pushes: the endpoint picker's only in inference-extension mode."""
+    picker = (PICKER_IMAGE,) if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION else ()
+    return (*RUNTIME_IMAGES, *picker)
 
 
 def dockerfile(root: Path, image: str) -> Path:
@@ -110,7 +118,7 @@ class Registry(pulumi.ComponentResource):
         self.repositories = {}
         self.images = {}
         self.versions = {}
-        for image in RUNTIME_IMAGES:
+        for image in images_for(spec):
             repo = aws.ecr.Repository(
                 f"{spec.cluster_name}-{image}",
                 name=f"{spec.name}/{spec.environment}/{image}",

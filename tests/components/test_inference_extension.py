@@ -217,3 +217,20 @@ def test_the_cli_plans_the_example_and_the_policy_pack_asks_for_the_gateways_aut
     assert (
         "body-based router" in summary and "x-gateway-model-name" in summary
     )  # the multi-model route's need
+
+
+def test_eks_pushes_the_picker_image_only_in_inference_extension_mode() -> None:
+    from components.aws import registry
+
+    inference = PlatformSpec.model_validate({**_platform(), "target": "eks"})
+    router = PlatformSpec.model_validate(
+        {
+            **_platform(),
+            "target": "eks",
+            "gateway": {"require_api_key": False},
+            "models": [{**m, "routing": {"strategy": "prefix_aware"}} for m in _platform()["models"]],
+        }
+    )
+    assert registry.images_for(inference) == (*registry.RUNTIME_IMAGES, "picker")
+    assert registry.images_for(router) == registry.RUNTIME_IMAGES
+    assert registry.dockerfile(Path(__file__).resolve().parents[2], "picker").is_file()
