@@ -1,6 +1,7 @@
 """The health monitor's feed (``GET /v1/backends``) as a front end reads it: per replica, may it take traffic,
-and its engine's queue, running count and KV usage. Pure; shared by front ends that route on the feed
-(the endpoint picker; the shape is ``runtime.health.feed``, which front ends may not import).
+and its engine's queue, running count and KV usage. Shared by front ends that route on the feed (the
+endpoint picker; the shape is ``runtime.health.feed``, which front ends may not import): ``read_feed`` is
+the pure part, ``fetch_feed`` the one GET.
 
 A feed older than its own ``stale_after_s`` counts as absent (the caller probes engines itself), and a
 replica whose metrics the monitor could not refresh has unknown load, never zero load.
@@ -8,9 +9,15 @@ replica whose metrics the monitor could not refresh has unknown load, never zero
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import aiohttp
+
+log = logging.getLogger("inferstack.feed")
 
 #: When the feed does not say how long it stays good.
 DEFAULT_STALE_AFTER_S = 15.0
@@ -57,3 +64,19 @@ def read_feed(feed: Mapping[str, Any], now_unix_s: float) -> list[ReplicaSignals
             )
         )
     return out
+
+
+async def fetch_feed(
+    session: aiohttp.ClientSession, url: str, timeout_s: float
+) -> list[ReplicaSignals] | None:
+    """The feed's replicas, or None when the monitor is unreachable, answers badly or is stale (the caller
+    then probes the engines itself)."""
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            if resp.status != 200:
+                return None
+            feed = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+        log.warning("health feed %s unavailable (%s); probing engines directly", url, err)
+        return None
+    return read_feed(feed, time.time()) if isinstance(feed, dict) else None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
@@ -19,7 +18,7 @@ from runtime.config import ModelTarget, RuntimeConfig
 from runtime.discovery import watch_backends
 from runtime.engine_probe import probe
 from runtime.engines import Signal
-from runtime.fleet_feed import read_feed
+from runtime.fleet_feed import fetch_feed
 from runtime.picker.replicas import ModelPool, Replica
 
 log = logging.getLogger("inferstack.picker.fleet")
@@ -90,17 +89,8 @@ class Fleet:
     async def _read_feed(self) -> bool:
         """Apply the health monitor's feed; False if it is unreachable, stale or not a feed."""
         assert self._session is not None
-        url = str(self.cfg.router.health_feed_url)
-        try:
-            timeout = aiohttp.ClientTimeout(total=self.cfg.router.probe_interval_ms / 1000)
-            async with self._session.get(url, timeout=timeout) as resp:
-                if resp.status != 200:
-                    return False
-                feed = await resp.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
-            log.warning("health feed %s unavailable (%s); probing engines directly", url, err)
-            return False
-        entries = read_feed(feed, time.time()) if isinstance(feed, dict) else None
+        timeout_s = self.cfg.router.probe_interval_ms / 1000
+        entries = await fetch_feed(self._session, str(self.cfg.router.health_feed_url), timeout_s)
         if entries is None:
             return False
         for entry in entries:
