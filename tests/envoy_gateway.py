@@ -118,7 +118,14 @@ class PickerUnderTest:
         self.running: Running | None = None
 
     def start(self) -> PickerUnderTest:
+        """Started, with every model's replicas listed (on a loaded machine that takes a few loop turns)."""
         self.running = self.lt.run(start(self.picker, 0, 0))
+
+        async def listed() -> None:
+            while not self.picker.fleet.listed:
+                await asyncio.sleep(0.01)
+
+        self.lt.run(listed(), 30)
         return self
 
     @property
