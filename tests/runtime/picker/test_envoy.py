@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.routing.workload import shared
 from runtime.config import BodyMode, Task
 from runtime.router.backends import backend_tag
+from runtime.scheduling import Context, Strategy
 from tests.envoy_gateway import PickerUnderTest, envoy, free_port, gateway_config
 from tests.runtime.router.harness import Double, LoopThread, RouterUnderTest
 
@@ -202,8 +203,9 @@ def test_picker_down(lt: LoopThread, tmp_path: Path, fail_open: bool) -> None:
         assert [len(d.requests) for d in chat] == [0, 0]
 
 
-def _recorded_requests(seed: int) -> list[dict[str, Any]]:
-    """The routing benchmark's workload (seeded), as one sequence: each turn when its session sends it."""
+def _recorded_requests(seed: int) -> list[tuple[float, dict[str, Any]]]:
+    """The routing benchmark's workload (seeded), as one sequence of (arrival second, body): each turn when
+    its session sends it."""
     workload = shared(
         seed, prompts=3, system_tokens=300, sessions=16, turns=3, user_tokens=30, reply_tokens=30
     )
@@ -214,17 +216,35 @@ def _recorded_requests(seed: int) -> list[dict[str, Any]]:
             timed.append((at, i, k, turn.messages))
             if k < len(session.think_s):
                 at += session.think_s[k]
-    return [{"model": CHAT, "messages": messages, "max_tokens": 8} for *_, messages in sorted(timed)]
+    return [
+        (at, {"model": CHAT, "messages": messages, "max_tokens": 8}) for at, *_, messages in sorted(timed)
+    ]
+
+
+def _replay_clock(strategy: Strategy, arrivals: list[float], seed: int) -> None:
+    """Decide at the recorded arrival times, not the wall clock's: the strategy's memory (conversations
+    started per replica) decays with time, so a replay at another pace would be another workload. Ties
+    are broken by the same seeded generator. Test instrumentation on the strategy object, nothing else."""
+    times = iter(arrivals)
+    pick = strategy.pick
+    strategy.rng = random.Random(seed)
+
+    def at_recorded_time(endpoints: Any, ctx: Context) -> Any:
+        ctx.now = next(times)
+        return pick(endpoints, ctx)
+
+    strategy.pick = at_recorded_time  # type: ignore[method-assign]
 
 
 def test_the_pickers_choices_equal_the_routers(lt: LoopThread, tmp_path: Path) -> None:
-    """One recorded workload, one fleet state, one random seed: the router and Envoy + picker send every
-    request to the same replica (the same strategy code, fed the same fields, makes the same decisions)."""
-    requests = _recorded_requests(seed=11)
+    """One recorded workload (arrival times and bodies), one fleet state, one random seed: the router and
+    Envoy + picker send every request to the same replica (the same strategy code, fed the same fields,
+    makes the same decisions)."""
+    recorded = _recorded_requests(seed=11)
+    arrivals = [at for at, _ in recorded]
     chat = _doubles(lt, 3)
-    strategy = {"prefix_balance_window_s": 1e9}  # conversation counts do not decay between the two runs
-    router = RouterUnderTest(lt, _picker_cfg(chat, **strategy)).start()
-    picker = PickerUnderTest(lt, _picker_cfg(chat, **strategy)).start()
+    router = RouterUnderTest(lt, _picker_cfg(chat)).start()
+    picker = PickerUnderTest(lt, _picker_cfg(chat)).start()
     port = free_port()
     tags = {backend_tag(d.url): d.url for d in chat}
     try:
@@ -232,10 +252,10 @@ def test_the_pickers_choices_equal_the_routers(lt: LoopThread, tmp_path: Path) -
         while not router.call(lambda: len(router.router.fleet.models[CHAT].backends) == 3):  # type: ignore[union-attr]
             assert time.monotonic() < deadline, "the router never listed its replicas"
             time.sleep(0.01)
-        router.call(lambda: setattr(router.router.fleet.models[CHAT].strategy, "rng", random.Random(5)))  # type: ignore[union-attr]
-        picker.lt.run(_seed(picker, 5))
+        router.call(lambda: _replay_clock(router.router.fleet.models[CHAT].strategy, arrivals, 5))  # type: ignore[union-attr]
+        lt.run(_in_loop(lambda: _replay_clock(picker.picker.models[CHAT].strategy, arrivals, 5)))
         by_router = []
-        for body in requests:
+        for _, body in recorded:
             status, headers, _ = router.request("POST", "/v1/chat/completions", body)
             assert status == 200
             by_router.append(tags[headers["x-inferstack-backend"]])
@@ -244,7 +264,7 @@ def test_the_pickers_choices_equal_the_routers(lt: LoopThread, tmp_path: Path) -
         with envoy(
             gateway_config(port, [(CHAT, Task.GENERATE, [d.url for d in chat])], picker.port), tmp_path
         ):
-            for body in requests:
+            for _, body in recorded:
                 status, _, _ = _post(port, body)
                 assert status == 200
                 grew = [d.url for d, before in zip(chat, counts, strict=True) if len(d.requests) > before]
@@ -261,8 +281,8 @@ def test_the_pickers_choices_equal_the_routers(lt: LoopThread, tmp_path: Path) -
     assert by_picker == by_router
 
 
-async def _seed(picker: PickerUnderTest, seed: int) -> None:
-    picker.picker.models[CHAT].strategy.rng = random.Random(seed)
+async def _in_loop(fn: Any) -> None:
+    fn()
 
 
 def test_grpc_health_names_the_protocol_lists_and_the_http_side(lt: LoopThread) -> None:
