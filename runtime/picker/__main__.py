@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import gc
-import signal
 import sys
 from pathlib import Path
 
 from runtime.config_file import ConfigError, read_config, routing_lines
 from runtime.picker.service import Picker, start
-from runtime.service import exit_bad_config, new_event_loop, setup_logging
+from runtime.service import exit_bad_config, new_event_loop, serve_until_signalled, setup_logging
 
 
 def read_picker_config(path: Path) -> Picker:
@@ -31,15 +28,8 @@ def read_picker_config(path: Path) -> Picker:
 
 async def serve(picker: Picker, port: int | None, metrics_port: int | None) -> None:
     running = await start(picker, port, metrics_port)
-    gc.collect()
-    gc.freeze()  # what was built so far lives as long as the process: keep it out of the cyclic GC's scans
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await serve_until_signalled()
     finally:
         await running.stop(picker.settings.grace_s)
 
