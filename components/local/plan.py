@@ -402,7 +402,12 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
     ]
     if chat is not None:
         body = json.dumps(
-            {"model": chat, "messages": [{"role": "user", "content": FIRST_QUESTION}], "max_tokens": 32}
+            {
+                "model": chat,
+                "messages": [{"role": "user", "content": FIRST_QUESTION}],
+                "max_tokens": 32,
+                "temperature": 0,
+            }
         )
         lines += [
             f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\",
@@ -410,7 +415,7 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
             "",
             "  from openai import OpenAI",
             f'  client = OpenAI(base_url="{url}/v1", api_key="unused")',
-            f'  reply = client.chat.completions.create(model="{chat}", max_tokens=32,',
+            f'  reply = client.chat.completions.create(model="{chat}", max_tokens=32, temperature=0,',
             f'                                          messages=[{{"role": "user", "content": "{FIRST_QUESTION}"}}])',
             "  print(reply.choices[0].message.content)",
         ]

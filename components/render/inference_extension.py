@@ -26,14 +26,14 @@ from typing import Any
 
 from components.render import common, ingress
 from components.render.common import Manifest
-from components.spec import ModelSpec, PlatformSpec
+from components.spec import GatewayApiImplementation, ModelSpec, PlatformSpec
 from runtime.config import PickerSettings
 
 POOL_API_GROUP = "inference.networking.k8s.io"
 POOL_API_VERSION = f"{POOL_API_GROUP}/v1"
 OBJECTIVE_API_VERSION = "inference.networking.x-k8s.io/v1alpha2"
 MODEL_HEADER = "x-gateway-model-name"
-PICKER = "picker"
+PICKER = common.PICKER
 PICKER_RESOURCES = (1.0, 1.0)  # cores, GiB: one decision costs what one router decision costs
 
 
@@ -136,7 +136,13 @@ def routing(spec: PlatformSpec) -> list[Manifest]:
     """Pools, objectives, the Gateway and the route: what the gateway implementation acts on."""
     out: list[Manifest] = [inference_pool(spec, m) for m in spec.models]
     out += [o for m in spec.models if (o := inference_objective(spec, m)) is not None]
-    return [*out, ingress.gateway(spec), http_route(spec)]
+    installed = spec.gateway.gateway_api is GatewayApiImplementation.ENVOY_GATEWAY
+    return [
+        *out,
+        *([ingress.gateway_class(spec)] if installed else []),
+        ingress.gateway(spec),
+        http_route(spec),
+    ]
 
 
 def routing_note(spec: PlatformSpec) -> str | None:

@@ -19,10 +19,13 @@ import yaml
 from pydantic import ValidationError
 
 from components import plan
+from components.render import flows
 from components.render.envoy import FAIL_OPEN_NEEDS_BUFFERED, EnvoyPool, envoy_config
 from components.spec import PlatformSpec
 from components.stackfile import load
+from components.targets import cloud_for
 from runtime.config import BodyMode, Task
+from tests.components.test_network import _mismatches
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "stacks"
 STACK = "inference-extension"
@@ -114,15 +117,16 @@ def test_the_picker_replaces_the_router_with_least_privilege(manifests) -> None:
 
 
 def test_network_policies_let_the_gateway_reach_engines_and_picker_only(manifests) -> None:
-    policies = {p["metadata"]["name"]: p["spec"] for p in _by_kind(manifests, "NetworkPolicy")}
-    gateway = policies["inferstack-gateway"]
-    reached = {(str(e["to"][0]), e["ports"][0]["port"]) for e in gateway["egress"] if e.get("ports")}
-    assert {port for _, port in reached} == {8000, 9002}
-    picker = policies["inferstack-picker"]
-    assert picker["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 9002}]
-    engines = policies["engines"]
-    callers = [str(c) for c in engines["ingress"][0]["from"]]
-    assert any("gateway.networking.k8s.io/gateway-name" in c for c in callers)
+    """The flow table has the gateway's two calls (ext_proc to the picker, the request to the replica) and no
+    router; the rendered policies allow exactly the table, pair by pair and port by port."""
+    spec = load(STACK, EXAMPLES).spec
+    cloud = cloud_for(spec)
+    table = {(f.source.name, f.dest.name, f.ports) for f in flows.flows(spec, cloud)}
+    assert ("gateway-proxy", "picker", (("TCP", 9002),)) in table
+    assert ("gateway-proxy", "engine", (("TCP", 8000),)) in table
+    assert ("picker", "health", (("TCP", 8081),)) in table
+    assert not any("router" in (src, dst) for src, dst, _ in table)
+    assert _mismatches(spec, cloud, tuple(manifests)) == []
 
 
 def test_built_in_objects_pass_kubernetes_validate(manifests) -> None:
