@@ -21,6 +21,7 @@ from runtime.config import (
     DEFAULT_MAX_NUM_SEQS,
     BuiltinScorerName,
     EngineKind,
+    RouterSettings,
     StrategyName,
     Task,
     routing_knobs_read,
@@ -625,6 +626,10 @@ class ScalingSpec(_Spec):
     """Cooldown: how long load must stay low before replicas are removed."""
     idle_before_zero_s: Annotated[int, Field(ge=60)] = 900
     """With min_replicas 0: idle time before the last replica goes."""
+    cold_start_hold_ms: Annotated[int, Field(ge=0)] = 90_000
+    """With min_replicas 0: how long the router holds a request while the model has no ready replica (one is
+    starting from zero; the waiting request is what wakes it); past it the client gets 503 with Retry-After.
+    At most the router's first-byte timeout. 0 answers 503 at once (the refusals still wake the model)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> ScalingSpec:
@@ -632,6 +637,22 @@ class ScalingSpec(_Spec):
             raise ValueError(
                 f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas}); "
                 f"raise max_replicas to at least {self.min_replicas}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _hold_fits(self) -> ScalingSpec:
+        first_byte_ms = RouterSettings().first_byte_timeout_ms
+        if self.cold_start_hold_ms > first_byte_ms:
+            raise ValueError(
+                f"cold_start_hold_ms ({self.cold_start_hold_ms}) is longer than the router's first-byte timeout "
+                f"({first_byte_ms} ms), which the load balancer's idle timeout is sized from: a request held "
+                f"longer is cut off upstream while the router still holds it; use at most {first_byte_ms}"
+            )
+        if "cold_start_hold_ms" in self.model_fields_set and self.min_replicas > 0:
+            raise ValueError(
+                f"cold_start_hold_ms has no effect with min_replicas {self.min_replicas} (a model that never "
+                "scales to zero is never started for a waiting request): remove it, or set min_replicas: 0"
             )
         return self
 
@@ -652,6 +673,9 @@ class SloSpec(_Spec):
     """95th percentile time to first token."""
     inter_token_p95_ms: Annotated[int, Field(ge=1)] = 100
     """95th percentile time between streamed tokens."""
+    allow_cold_starts: bool = True
+    """A request may wait while a replica starts from zero (scaling.min_replicas 0). false: the model must
+    always have a warm replica, and min_replicas 0 is refused."""
 
 
 class RoutingSpec(_Spec):
@@ -736,6 +760,16 @@ class ModelSpec(_Spec):
             return self.architecture.to_catalog()
         found = catalog.lookup_model(self.source) or catalog.lookup_model(self.name)
         return found[1] if found else None
+
+    @model_validator(mode="after")
+    def _cold_starts_allowed(self) -> ModelSpec:
+        if self.scaling.min_replicas == 0 and not self.slo.allow_cold_starts:
+            raise ValueError(
+                f"scaling.min_replicas: 0 lets {self.name} scale to zero, so its first request after idle waits "
+                "for a replica to start, but slo.allow_cold_starts is false; set min_replicas to at least 1, "
+                "or allow cold starts"
+            )
+        return self
 
     def resolved_task(self) -> Task:
         if self.task is not None:

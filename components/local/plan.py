@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.local.monitor import Monitor
 from components.local.tiny_model import GENERATED_MODELS, Kind
+from components.render import common, scaling
 from components.render import runtime_config as rendered
 from components.render.envoy import EnvoyPool, envoy_config
 from components.spec import ModelSpec, PickerFailureMode, PlatformSpec, Target
 from components.stackfile import Stack
-from runtime.config import BodyMode, EngineKind, RuntimeConfig, Task
+from runtime.config import BodyMode, EngineKind, FileDiscovery, RuntimeConfig, Task
 
 HOST = "127.0.0.1"
 DEFAULT_ROUTER_PORT = 8080
@@ -72,6 +74,8 @@ class LocalOptions:
     gateway: str = "router"
     """router, or envoy: Envoy on the router's port with the endpoint picker as its ext_proc server."""
     picker_port: int = DEFAULT_PICKER_PORT
+    monitor: Monitor | None = None
+    """Also run Prometheus (`--monitor`) with the stack's rendered rules."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ class EngineLaunch:
     path: Path
     port: int
     cpu_cores: str
+    on_demand: bool = False
+    """Started by the autoscaler when demand calls for it (replicas above min_replicas), not at start-up."""
 
     @property
     def model(self) -> str:
@@ -155,6 +161,8 @@ class LocalPlan:
     embed_models: tuple[str, ...] = field(default=())
     envoy: dict[str, Any] | None = None
     """``--gateway envoy``: Envoy's rendered config (written beside the runtime config)."""
+    spec: PlatformSpec | None = None
+    monitor: Monitor | None = None
 
     @property
     def router(self) -> ServiceLaunch:
@@ -172,11 +180,33 @@ class LocalPlan:
     def config_path(self) -> Path:
         return self.state_dir / "runtime.yaml"
 
+    @property
+    def endpoints_path(self) -> Path:
+        """Ready replicas of the models that scale, as their file discovery reads them."""
+        return endpoints_path(self.state_dir)
+
+    @property
+    def engine_targets_path(self) -> Path:
+        """Every existing engine replica, as Prometheus' file_sd reads them."""
+        return self.state_dir / "monitor" / "engines.json"
+
+    @property
+    def always_on(self) -> tuple[EngineLaunch, ...]:
+        """The engines started at start-up (the others start on demand)."""
+        return tuple(e for e in self.engines if not e.on_demand)
+
     def ports(self) -> list[tuple[int, str, str]]:
         """(port, what listens there, the option that changes it): the router first, engines last."""
-        return [(s.port, s.name, s.option) for s in reversed(self.services)] + [
-            (e.port, f"engine {e.name}", "--engine-port") for e in self.engines
-        ]
+        monitor = [(self.monitor.port, "Prometheus", "--monitor-port")] if self.monitor else []
+        return (
+            [(s.port, s.name, s.option) for s in reversed(self.services)]
+            + monitor
+            + [(e.port, f"engine {e.name}", "--engine-port") for e in self.engines]
+        )
+
+
+def endpoints_path(state_dir: Path) -> Path:
+    return state_dir / "endpoints.json"
 
 
 def _problem(stack: Stack, where: str, message: str) -> PlanError:
@@ -216,8 +246,9 @@ def model_preps(spec: PlatformSpec, repo_root: Path, source: str = "stack file")
 
 
 def replicas(model: ModelSpec) -> int:
-    """Engines started for a model: its min_replicas, at least one (nothing here scales from zero)."""
-    return max(1, model.scaling.min_replicas)
+    """Engines planned for a model: max_replicas when it scales (the autoscaler starts those above
+    min_replicas on demand), else its fixed count."""
+    return model.scaling.max_replicas if scaling.scales(model) else max(1, model.scaling.min_replicas)
 
 
 def check_stack(stack: Stack) -> None:
@@ -257,7 +288,8 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     for model, prep in zip(spec.models, preps, strict=True):
         for r in range(replicas(model)):
             core = options.cpus[len(engines) % len(options.cpus)]
-            engines.append(EngineLaunch(f"{model.name}-{r}", model, prep.path, port, str(core)))
+            on_demand = scaling.scales(model) and r >= model.scaling.min_replicas
+            engines.append(EngineLaunch(f"{model.name}-{r}", model, prep.path, port, str(core), on_demand))
             port += 1
     if options.gateway not in GATEWAYS:
         raise PlanError(f"--gateway {options.gateway!r}: use one of {', '.join(GATEWAYS)}")
@@ -272,12 +304,16 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
                 ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port")
             )
         services.append(ServiceLaunch("router", "runtime.router", options.router_port, "--port"))
+    monitor = [(options.monitor.port, "Prometheus", "--monitor-port")] if options.monitor else []
     check_ports(
         [(s.port, s.name, s.option) for s in services]
         + ([(options.picker_port + 1, "picker (gRPC)", "--picker-port")] if envoy else [])
+        + monitor
         + [(e.port, f"engine {e.name}", "--engine-port") for e in engines]
     )
-    config = local_runtime_config(spec, engines, {s.name: s.port for s in services})
+    config = local_runtime_config(
+        spec, engines, {s.name: s.port for s in services}, endpoints_path(options.state_dir.absolute())
+    )
     return LocalPlan(
         stack=stack.name,
         source=stack.source,
@@ -289,6 +325,8 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         generate_models=tuple(m.name for m in spec.models if m.resolved_task() is not Task.EMBED),
         embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
         envoy=local_envoy_config(spec, engines, config, options.router_port) if envoy else None,
+        spec=spec,
+        monitor=options.monitor,
     )
 
 
@@ -333,14 +371,20 @@ def check_ports(ports: Sequence[tuple[int, str, str]]) -> None:
 
 
 def local_runtime_config(
-    spec: PlatformSpec, engines: Sequence[EngineLaunch], ports: dict[str, int]
+    spec: PlatformSpec, engines: Sequence[EngineLaunch], ports: dict[str, int], endpoints: Path | None = None
 ) -> RuntimeConfig:
-    """The cluster's RuntimeConfig (same renderer), with this machine's addresses."""
+    """The cluster's RuntimeConfig (same renderer), with this machine's addresses: fixed replicas for models
+    of a fixed size, the autoscaler's ``endpoints`` file for models that scale (replicas come and go)."""
     backends: dict[str, list[str]] = {}
     for engine in engines:
         backends.setdefault(engine.model, []).append(engine.url)
     base = rendered.runtime_config(spec, static_backends=backends)
     doc = base.model_dump(mode="json", exclude_none=True)
+    for model, target in zip(spec.models, doc["models"], strict=True):
+        if scaling.scales(model) and endpoints is not None:
+            service = common.engine_name(model.name)
+            target["static_backends"] = []
+            target["discovery"] = FileDiscovery(path=endpoints, service=service).model_dump(mode="json")
     doc["router"].update(
         host=HOST,
         port=ports.get("router", ports.get(ENVOY, DEFAULT_ROUTER_PORT)),
@@ -371,9 +415,12 @@ def describe(plan: LocalPlan) -> list[str]:
         f"stack {plan.stack} ({plan.source}): {len(plan.engines)} engines, then {', '.join(s.name for s in plan.services)}"
     ]
     for e in plan.engines:
-        lines.append(f"  engine {e.name:<24} {e.url}  core {e.cpu_cores}  {e.path}")
+        when = "  (started on demand)" if e.on_demand else ""
+        lines.append(f"  engine {e.name:<24} {e.url}  core {e.cpu_cores}  {e.path}{when}")
     for s in plan.services:
         lines.append(f"  {s.name:<31} {s.url}")
+    if plan.monitor is not None:
+        lines.append(f"  {'prometheus':<31} {plan.monitor.url}")
     return lines
 
 
@@ -393,13 +440,28 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
         )
     lines = [
         "",
-        f"inferstack local is ready in {ready_s:.0f}s: {len(plan.engines)} vLLM engines behind {front}",
+        f"inferstack local is ready in {ready_s:.0f}s: {len(plan.always_on)} vLLM engines behind {front}"
+        + (
+            f", {len(plan.engines) - len(plan.always_on)} more on demand"
+            if len(plan.engines) > len(plan.always_on)
+            else ""
+        ),
         "",
         f"  OpenAI API  {url}/v1   models: {', '.join(plan.generate_models + plan.embed_models)}",
         f"  metrics     {metrics}/metrics   (health monitor: {plan.services[0].url}/v1/backends)",
         f"  logs        {plan.logs_dir}/",
         "",
     ]
+    if plan.monitor is not None:
+        lines[-1:-1] = [
+            f"  Prometheus  {plan.monitor.url}   alerts: {plan.monitor.url}/alerts   "
+            f"rules: {plan.monitor.url}/rules   targets: {plan.monitor.url}/targets",
+        ]
+    cold = sorted({e.model for e in plan.engines if e.on_demand} - {e.model for e in plan.always_on})
+    if cold:
+        lines[-1:-1] = [
+            f"  at zero     {', '.join(cold)}: the first request waits while an engine starts (about a minute)",
+        ]
     if chat is not None:
         body = json.dumps(
             {
