@@ -629,7 +629,8 @@ class ScalingSpec(_Spec):
     cold_start_hold_ms: Annotated[int, Field(ge=0)] = 90_000
     """With min_replicas 0: how long the router holds a request while the model has no ready replica (one is
     starting from zero; the waiting request is what wakes it); past it the client gets 503 with Retry-After.
-    At most the router's first-byte timeout. 0 answers 503 at once (the refusals still wake the model)."""
+    At most the router's first-byte timeout. 0 answers 503 at once (the refusals still wake the model), which is
+    what the endpoint picker does in gateway.mode inference-extension (it holds nothing; a hold is refused)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> ScalingSpec:
@@ -1102,6 +1103,20 @@ class PlatformSpec(_Spec):
                         "addons.autoscaler hpa to scale on; use autoscaler: keda (it scales on the router's "
                         "queue) or set min_replicas equal to max_replicas"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _the_picker_holds_nothing(self) -> PlatformSpec:
+        if self.gateway.mode is not GatewayMode.INFERENCE_EXTENSION:
+            return self
+        for i, m in enumerate(self.models):
+            if "cold_start_hold_ms" in m.scaling.model_fields_set and m.scaling.cold_start_hold_ms:
+                raise ValueError(
+                    f"models[{i}].scaling.cold_start_hold_ms: in gateway.mode inference-extension the endpoint "
+                    "picker holds no request (the gateway's ext_proc call must answer within its message "
+                    "timeout): a request for a model with no ready replica gets 503 at once, and those refusals "
+                    "wake the model; set it to 0 or remove it"
+                )
         return self
 
     @model_validator(mode="after")

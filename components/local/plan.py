@@ -293,6 +293,8 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
             port += 1
     if options.gateway not in GATEWAYS:
         raise PlanError(f"--gateway {options.gateway!r}: use one of {', '.join(GATEWAYS)}")
+    if options.gateway == ENVOY:
+        check_envoy_fleet(spec, options)
     services = [ServiceLaunch("health", "runtime.health", options.health_port, "--health-port")]
     envoy = options.gateway == ENVOY
     if envoy:  # the picker routes embeddings to their engines itself: no batcher behind Envoy
@@ -354,6 +356,23 @@ def local_envoy_config(
         retries=config.picker.fallback_endpoints,
         max_body_bytes=config.router.max_body_bytes,
     )
+
+
+def check_envoy_fleet(spec: PlatformSpec, options: LocalOptions) -> None:
+    """Behind Envoy the fleet is fixed and nothing reads the router's series: the local autoscaler and
+    ``--monitor`` both read the router, which does not run."""
+    scaled = [m.name for m in spec.models if scaling.scales(m)]
+    if scaled:
+        raise PlanError(
+            f"--gateway envoy runs a fixed fleet, but {', '.join(scaled)} scales (min_replicas below "
+            "max_replicas) and the local autoscaler reads the router's demand; set min_replicas equal to "
+            "max_replicas, or use --gateway router"
+        )
+    if options.monitor is not None:
+        raise PlanError(
+            "--monitor runs the stack's rules, which read the router's series, and --gateway envoy runs no "
+            "router; drop one of them"
+        )
 
 
 def check_ports(ports: Sequence[tuple[int, str, str]]) -> None:

@@ -85,8 +85,10 @@ def _route(spec: PlatformSpec, model: ModelSpec) -> ModelRoute:
     strategy = StrategyConfig.model_validate(
         {"name": routing.strategy, "weights": dict(routing.weights), **knobs}
     )
-    # the activator: a model that scales to zero holds its requests while a replica starts
-    hold = model.scaling.cold_start_hold_ms if model.scaling.min_replicas == 0 else 0
+    # the activator: a model that scales to zero holds its requests while a replica starts; the picker
+    # holds nothing (the gateway's ext_proc call must answer within its message timeout): 503 at once
+    holds = model.scaling.min_replicas == 0 and spec.gateway.mode is GatewayMode.ROUTER
+    hold = model.scaling.cold_start_hold_ms if holds else 0
     return ModelRoute.model_validate(
         {"model": model.name, "strategy": strategy, "batcher_url": batcher, "cold_start_hold_ms": hold}
     )

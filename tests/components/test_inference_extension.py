@@ -19,8 +19,9 @@ import yaml
 from pydantic import ValidationError
 
 from components import plan
-from components.render import flows
+from components.render import flows, scaling
 from components.render.envoy import FAIL_OPEN_NEEDS_BUFFERED, EnvoyPool, envoy_config
+from components.render.runtime_config import runtime_config
 from components.spec import PlatformSpec
 from components.stackfile import load
 from components.targets import cloud_for
@@ -164,6 +165,38 @@ def test_a_priority_in_router_mode_is_an_error() -> None:
         ValidationError, match=r"models\[0\].routing.priority: priorities are InferenceObjectives"
     ):
         PlatformSpec.model_validate(doc)
+
+
+def test_a_model_at_zero_behind_the_gateway_wakes_on_the_pickers_refusals() -> None:
+    """The picker holds nothing (the gateway's ext_proc call has a deadline): a model with no ready replica
+    gets 503 at once, and the scaler reads those refusals, the picker's, since no router runs."""
+    doc = _platform()
+    doc["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 2}
+    spec = PlatformSpec.model_validate(doc)
+    model = spec.models[0]
+    assert runtime_config(spec).route(model.name).cold_start_hold_ms == 0
+    (trigger,) = [t for t in scaling.triggers(spec, model) if t.name == "router-queue"]
+    assert "inferstack_picker_rejections_total" in trigger.query
+    assert 'reason="no_backend"' in trigger.query and f'model="{model.name}"' in trigger.query
+    assert "inferstack_router_" not in trigger.query
+    doc["gateway"] = {"require_api_key": False}  # the router's own mode still holds, on its own series
+    doc["models"][0]["routing"].pop("priority")
+    router_spec = PlatformSpec.model_validate(doc)
+    assert (
+        runtime_config(router_spec).route(model.name).cold_start_hold_ms == model.scaling.cold_start_hold_ms
+    )
+    assert "inferstack_router_queue_depth" in scaling.router_demand(router_spec, router_spec.models[0])
+
+
+def test_a_cold_start_hold_behind_the_gateway_is_an_error() -> None:
+    doc = _platform()
+    doc["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 2, "cold_start_hold_ms": 30_000}
+    with pytest.raises(
+        ValidationError, match=r"models\[0\].scaling.cold_start_hold_ms: in gateway.mode inference-extension"
+    ):
+        PlatformSpec.model_validate(doc)
+    doc["models"][0]["scaling"]["cold_start_hold_ms"] = 0
+    PlatformSpec.model_validate(doc)
 
 
 def test_envoy_cannot_fail_open_in_full_duplex_mode() -> None:

@@ -204,3 +204,19 @@ def test_a_port_in_use_is_a_usage_error_naming_port_and_option() -> None:
 def test_cpus_come_from_the_affinity_mask() -> None:
     assert pick_cpus(lambda: {3, 1}) == (1, 3)
     assert pick_cpus(set) == (0,)
+
+
+def test_envoy_runs_a_fixed_fleet_and_no_router_for_the_autoscaler_or_monitor_to_read() -> None:
+    from components.local.monitor import Monitor
+
+    raw = raw_local()
+    raw["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 2}
+    with pytest.raises(
+        PlanError, match=r"--gateway envoy runs a fixed fleet, but smollm2-135m-instruct scales"
+    ):
+        build_plan(stack_from(raw), LocalOptions(gateway="envoy"), REPO)
+    build_plan(stack_from(raw), LocalOptions(gateway="router"), REPO)  # the router's activator holds for it
+    with pytest.raises(PlanError, match=r"--monitor .* --gateway envoy runs no router"):
+        build_plan(local_stack(), LocalOptions(gateway="envoy", monitor=Monitor()), REPO)
+    plan = build_plan(local_stack(), LocalOptions(gateway="envoy"), REPO)
+    assert [s.name for s in plan.services] == ["health", "picker", "envoy"]
