@@ -17,7 +17,7 @@ from typing import Any
 
 from components.render import addons, common, signals
 from components.render.common import Manifest
-from components.spec import Autoscaler, GatewayMode, ModelSpec, PlatformSpec
+from components.spec import Autoscaler, ModelSpec, PlatformSpec
 from runtime.config import EngineKind
 from runtime.engines import Signal, facts
 
@@ -144,12 +144,11 @@ def router_demand(spec: PlatformSpec, model: ModelSpec) -> str:
     a replica (per second over the rate window). The only signal there is while a model has zero replicas,
     so it is what wakes a model from zero. Behind a gateway (inference-extension) no router runs and the
     endpoint picker holds nothing: its refusals for want of a replica are the whole signal."""
-    front = "picker" if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION else "router"
     refused = (
-        f'sum(rate(inferstack_{front}_rejections_total{{namespace="{spec.cluster.namespace}",'
+        f'sum(rate({signals.front_metric(spec, "rejections_total")}{{namespace="{spec.cluster.namespace}",'
         f'model="{model.name}",reason="no_backend"}}[{signals.RATE_WINDOW}]))'
     )
-    if front == "picker":
+    if signals.front(spec) == common.PICKER:
         return f"({refused} or on() vector(0))"
     return f"({router_queue(spec, model)} or on() vector(0)) + ({refused} or on() vector(0))"
 
