@@ -271,3 +271,31 @@ def test_eks_pushes_the_picker_image_only_in_inference_extension_mode() -> None:
     assert registry.images_for(inference) == (*registry.RUNTIME_IMAGES, "picker")
     assert registry.images_for(router) == registry.RUNTIME_IMAGES
     assert registry.dockerfile(Path(__file__).resolve().parents[2], "picker").is_file()
+
+
+def test_alerts_dashboards_and_scalers_read_the_picker_behind_the_gateway() -> None:
+    """No router runs in this mode: every inferstack series the stack's alerts, panels and scaling queries
+    read is one the picker (or the health monitor) exports, by its own metrics code."""
+    import re
+
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from components.render import alerts, dashboards
+    from runtime.picker.metrics import PickerMetrics, scheduling_families
+
+    spec = load(STACK, EXAMPLES).spec
+    metrics = PickerMetrics()
+    metrics.picked("m", "http://e", 0.001)
+    metrics.rejected("no_backend", "m")
+    metrics.finished("m", "http://e", 200, 0.1)
+    text = generate_latest(metrics.registry).decode()
+    exported = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    exported |= {f.name for f in scheduling_families({})}
+    queries = [*dashboards.promql(spec), *(a.expr for a in alerts.alerts(spec))]
+    queries += [t.query for m in spec.models for t in scaling.triggers(spec, m)]
+    read = {name for q in queries for name in re.findall(r"inferstack_[a-z_]+", q)}
+    assert not {n for n in read if n.startswith("inferstack_router_")}
+    picker = {n for n in read if n.startswith("inferstack_picker_")}
+    assert picker and picker <= exported, picker - exported
+    assert {"InferencePickerDown", "InferencePicker5xxRate"} <= {a.name for a in alerts.alerts(spec)}
