@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from components import capacity, catalog, cost, endpoint, images, multinode, rollout, sizing, targets
 from components.placement import PoolPlan
 from components.plan import Synthesis
-from components.render import ingress, scaling
-from components.spec import PlatformSpec, Target
+from components.render import inference_extension, ingress, scaling
+from components.spec import GatewayMode, PlatformSpec, Target
 from components.stackfile import Stack
 from components.startup import minutes, weights_fetch, weights_gib
 from components.weights import coldstart, fetch, store
@@ -242,6 +242,10 @@ def plan_report(stack: Stack) -> PlanReport:
         notes.append(f"{model.name} weights: {fetch.decide(model, placement.instance).reason}")
         if note := scaling.scaling_note(spec, model):
             notes.append(note)
+    if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION and (
+        note := inference_extension.routing_note(spec)
+    ):
+        notes.append(note)
     for pool in layout.pools.values():
         cache = (
             f", {pool.model_cache_gib} GiB node cache on {pool.cache_medium.value} (one copy per model, shared "

@@ -674,7 +674,8 @@ class ScalingSpec(_Spec):
     cold_start_hold_ms: Annotated[int, Field(ge=0)] = 90_000
     """With min_replicas 0: how long the router holds a request while the model has no ready replica (one is
     starting from zero; the waiting request is what wakes it); past it the client gets 503 with Retry-After.
-    At most the router's first-byte timeout. 0 answers 503 at once (the refusals still wake the model)."""
+    At most the router's first-byte timeout. 0 answers 503 at once (the refusals still wake the model), which is
+    what the endpoint picker does in gateway.mode inference-extension (it holds nothing; a hold is refused)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> ScalingSpec:
@@ -737,6 +738,11 @@ class RoutingSpec(_Spec):
     load_guard_ratio: float = strategy_field("load_guard_ratio")
     prefix_balance_factor: float = strategy_field("prefix_balance_factor")
     prefix_block_tokens: int = strategy_field("prefix_block_tokens")
+    priority: int | None = None
+    """gateway.mode inference-extension: the request priority of this model's InferenceObjective
+    (inference.networking.x-k8s.io/v1alpha2): under load the gateway serves higher first and may shed
+    negative ones. Requests name it with the x-gateway-inference-objective header (the objective is named
+    after the model)."""
 
     @model_validator(mode="after")
     def _knobs_take_effect(self) -> RoutingSpec:
@@ -875,12 +881,38 @@ RUNTIME_IMAGES = {
     "router": "ghcr.io/inferstack/router:0.1.0",
     "health": "ghcr.io/inferstack/health:0.1.0",
     "batcher": "ghcr.io/inferstack/batcher:0.1.0",
+    "picker": "ghcr.io/inferstack/picker:0.1.0",
 }
+
+
+class GatewayMode(StrEnum):
+    """Who routes requests to replicas: inferstack's router, or a Gateway API Inference Extension gateway
+    that asks inferstack's endpoint picker (the router's scheduler over Envoy ext_proc)."""
+
+    ROUTER = "router"
+    INFERENCE_EXTENSION = "inference-extension"
+
+
+class PickerFailureMode(StrEnum):
+    """The InferencePool's endpointPickerRef.failureMode (inference.networking.k8s.io/v1)."""
+
+    FAIL_OPEN = "FailOpen"
+    FAIL_CLOSE = "FailClose"
 
 
 class GatewaySpec(_Spec):
     """The router in front of the engines, and how traffic reaches it."""
 
+    mode: GatewayMode = GatewayMode.ROUTER
+    """router (inferstack's router serves the OpenAI API) or inference-extension (a gateway of gateway_class
+    that implements the Gateway API Inference Extension routes each request, asking inferstack's endpoint
+    picker which replica: an InferencePool per model, the picker, and an HTTPRoute from a Gateway to the
+    pools; gateway_class is then required)."""
+    picker_failure_mode: PickerFailureMode = PickerFailureMode.FAIL_CLOSE
+    """inference-extension: what the gateway does when the picker does not answer: FailClose (a 503) or
+    FailOpen (the pool's replicas without a pick)."""
+    picker_image: PinnedImage = RUNTIME_IMAGES["picker"]
+    """Endpoint picker image (inference-extension), pinned by tag or digest (eks runs its ECR push, by digest)."""
     replicas: Annotated[int, Field(ge=1)] = 2
     """Router replicas; the router autoscaler's minimum when max_replicas is higher."""
     max_replicas: Annotated[int, Field(ge=1)] = 6
@@ -946,6 +978,26 @@ class GatewaySpec(_Spec):
             and "gateway_class" not in self.model_fields_set
         ):
             self.gateway_class = ENVOY_GATEWAY_CLASS
+        return self
+
+    @model_validator(mode="after")
+    def _inference_extension(self) -> GatewaySpec:
+        if self.mode is not GatewayMode.INFERENCE_EXTENSION:
+            return self
+        if (
+            "gateway_class" not in self.model_fields_set
+            and self.gateway_api is GatewayApiImplementation.EXISTING
+        ):
+            raise ValueError(
+                "mode inference-extension needs gateway_class: the GatewayClass of a gateway that implements the "
+                "Gateway API Inference Extension (e.g. 'istio', 'kgateway', 'eg' for Envoy Gateway, "
+                "'gke-l7-regional-external-managed')"
+            )
+        if self.ingress is not IngressKind.GATEWAY_API:
+            raise ValueError(
+                "mode inference-extension serves clients through a Gateway of gateway_class: set ingress to "
+                "gateway-api (with hostname)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -1175,6 +1227,32 @@ class PlatformSpec(_Spec):
                         "addons.autoscaler hpa to scale on; use autoscaler: keda (it scales on the router's "
                         "queue) or set min_replicas equal to max_replicas"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _the_picker_holds_nothing(self) -> PlatformSpec:
+        if self.gateway.mode is not GatewayMode.INFERENCE_EXTENSION:
+            return self
+        for i, m in enumerate(self.models):
+            if "cold_start_hold_ms" in m.scaling.model_fields_set and m.scaling.cold_start_hold_ms:
+                raise ValueError(
+                    f"models[{i}].scaling.cold_start_hold_ms: in gateway.mode inference-extension the endpoint "
+                    "picker holds no request (the gateway's ext_proc call must answer within its message "
+                    "timeout): a request for a model with no ready replica gets 503 at once, and those refusals "
+                    "wake the model; set it to 0 or remove it"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _priorities_need_the_inference_extension(self) -> PlatformSpec:
+        if self.gateway.mode is GatewayMode.INFERENCE_EXTENSION:
+            return self
+        for i, m in enumerate(self.models):
+            if m.routing.priority is not None:
+                raise ValueError(
+                    f"models[{i}].routing.priority: priorities are InferenceObjectives of gateway.mode "
+                    "inference-extension; set that mode or remove the priority"
+                )
         return self
 
     @model_validator(mode="after")

@@ -23,6 +23,7 @@ from components.local.plan import (
     DEFAULT_BATCHER_PORT,
     DEFAULT_ENGINE_PORT,
     DEFAULT_HEALTH_PORT,
+    DEFAULT_PICKER_PORT,
     DEFAULT_ROUTER_PORT,
     DEFAULT_STATE_DIR,
     LocalOptions,
@@ -84,6 +85,16 @@ def up(
     ] = DEFAULT_ROUTER_PORT,
     health_port: Annotated[int, typer.Option(help="The health monitor's port.")] = DEFAULT_HEALTH_PORT,
     batcher_port: Annotated[int, typer.Option(help="The batcher's port.")] = DEFAULT_BATCHER_PORT,
+    gateway: Annotated[
+        str,
+        typer.Option(
+            help="What serves the OpenAI API: the router, or envoy (Envoy asking inferstack's endpoint picker,"
+            " the Gateway API Inference Extension's data path)."
+        ),
+    ] = "router",
+    picker_port: Annotated[
+        int, typer.Option(help="--gateway envoy: the picker's HTTP port (its gRPC port is the next one).")
+    ] = DEFAULT_PICKER_PORT,
     engine_port: Annotated[
         int, typer.Option(help="The first engine's port; the others take the next ones.")
     ] = DEFAULT_ENGINE_PORT,
@@ -135,6 +146,8 @@ def up(
         state_dir=state_dir,
         cpus=pick_cpus(lambda: os.sched_getaffinity(0)),
         s3_port=s3_port if s3 else None,
+        gateway=gateway,
+        picker_port=picker_port,
         monitor=Monitor(monitor_port, monitor_interval, monitor_alert_for) if monitor else None,
     )
     plan = _plan(stack, stacks_dir, options)
@@ -185,6 +198,7 @@ def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) 
         argv += [f"--{service.name}-port", str(service.port)]
     if plan.s3_port is not None:
         argv += ["--s3", "--s3-port", str(plan.s3_port)]
+    argv += ["--gateway", "envoy" if plan.envoy is not None else "router"]
     if plan.monitor is not None:
         m = plan.monitor
         argv += ["--monitor", "--monitor-port", str(m.port), "--monitor-interval", str(m.interval_s)]

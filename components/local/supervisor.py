@@ -38,7 +38,16 @@ from components.local import monitor, state
 from components.local import store as local_store
 from components.local.autoscaler import Autoscaler
 from components.local.engine_process import REPO_ROOT, EngineError, EngineProcess, engine_python
-from components.local.plan import HOST, KV_CACHE_GIB, TAG_ENV, EngineLaunch, LocalPlan, banner, describe
+from components.local.plan import (
+    ENVOY_CONFIG,
+    HOST,
+    KV_CACHE_GIB,
+    TAG_ENV,
+    EngineLaunch,
+    LocalPlan,
+    banner,
+    describe,
+)
 from components.local.tiny_model import MAKE_TIME, is_complete, needs_source_check
 
 EXIT_OK = 0
@@ -231,6 +240,8 @@ class Supervisor:
             f"{plan.source} (components/render/runtime_config.py); rewritten at every start.\n"
             + plan.config.to_yaml()
         )
+        if plan.envoy is not None:
+            plan.config_path.with_name(ENVOY_CONFIG).write_text(json.dumps(plan.envoy, indent=1))
         self.start_engines(python)
         self.autoscaler = self._autoscaler(python)
         for spec in plan.services:

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from components.cloud import Cloud
 from components.placement import place
-from components.render import common, gateway, ingress, monitors, weights
+from components.render import common, gateway, inference_extension, ingress, monitors, weights
 from components.render.runtime_config import batcher_port, health_port, router_port, runtime_config
 from components.spec import IngressKind, PlatformSpec
 
@@ -176,17 +176,24 @@ def _runtime_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
     config = runtime_config(spec)
     engine, router = component(spec, ENGINE), component(spec, common.ROUTER)
     health = component(spec, common.HEALTH)
+    # behind an inference-extension gateway the picker reads the fleet the router's way (and sends nothing)
+    picked = gateway.inference_extension_mode(spec)
+    front_name = inference_extension.PICKER if picked else common.ROUTER
+    front = component(spec, front_name)
     out: list[Flow] = []
     if any(m.discovery is not None for m in config.models):
-        out.append(
-            Flow(router, engine, tcp(common.ENGINE_PORT), "the router proxies requests to every replica")
+        why = (
+            "the picker probes replicas while the feed is away"
+            if picked
+            else "the router proxies requests to every replica"
         )
+        out.append(Flow(front, engine, tcp(common.ENGINE_PORT), why))
         out.append(
             Flow(health, engine, tcp(common.ENGINE_PORT), "the health monitor probes and scrapes replicas")
         )
     if config.router.health_feed_url:
         port = _port_of(config.router.health_feed_url)
-        out.append(Flow(router, health, tcp(port), "the router reads the health monitor's feed"))
+        out.append(Flow(front, health, tcp(port), f"the {front_name} reads the health monitor's feed"))
     batcher_urls = sorted({r.batcher_url for r in config.router.routes if r.batcher_url})
     if batcher_urls:
         batcher = component(spec, common.BATCHER)
@@ -210,6 +217,7 @@ def _scrape_flows(spec: PlatformSpec) -> list[Flow]:
         return []
     ports = {ENGINE: common.ENGINE_PORT, common.ROUTER: router_port(), common.HEALTH: health_port()}
     ports[common.BATCHER] = batcher_port()
+    ports[inference_extension.PICKER] = inference_extension.picker_settings().metrics_port
     scraped: list[str] = []
     for monitor in monitors.render(spec):
         selector = monitor["spec"]["selector"]
@@ -230,7 +238,19 @@ def _ingress_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
         clients = Peer("load balancer and in-cluster clients", cidrs=sources, includes_pods=True)
         return [Flow(clients, router, port, "requests from the load balancer (or clients in the cluster)")]
     proxies = gateway_proxies(spec)
-    out = [Flow(proxies, router, port, "the Gateway's proxies send requests to the router")]
+    if gateway.inference_extension_mode(spec):
+        picker = component(spec, inference_extension.PICKER)
+        ext_proc = tcp(inference_extension.picker_settings().port)
+        out = [
+            Flow(
+                proxies, picker, ext_proc, "the Gateway's proxies ask the picker for each request's replica"
+            ),
+            Flow(
+                proxies, component(spec, ENGINE), tcp(common.ENGINE_PORT), "and send it to the replica picked"
+            ),
+        ]
+    else:
+        out = [Flow(proxies, router, port, "the Gateway's proxies send requests to the router")]
     if gateway_proxies_in_namespace(spec):
         listener = tcp(ingress.gateway_listener_port(spec))
         world = Peer("internet", cidrs=(ANYWHERE,), includes_pods=True)

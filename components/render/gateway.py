@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.cloud import Cloud
-from components.render import common, hardening, ingress
+from components.render import common, hardening, inference_extension, ingress
 from components.render.common import Manifest
 from components.render.runtime_config import has_batcher, runtime_config
-from components.spec import PlatformSpec
+from components.spec import GatewayMode, PlatformSpec
 from runtime.config import RuntimeConfig
 
 CONFIG_CHECKSUM_ANNOTATION = "inferstack.io/config-sha256"
@@ -49,7 +49,12 @@ class RuntimeImage:
 def spec_images(spec: PlatformSpec) -> dict[str, RuntimeImage]:
     """The spec's pinned images per runtime service, labelled with their tag or digest."""
     g = spec.gateway
-    refs = {common.ROUTER: g.router_image, common.HEALTH: g.health_image, common.BATCHER: g.batcher_image}
+    refs = {
+        common.ROUTER: g.router_image,
+        common.HEALTH: g.health_image,
+        common.BATCHER: g.batcher_image,
+        inference_extension.PICKER: g.picker_image,
+    }
     return {part: RuntimeImage(ref, common.image_version(ref)) for part, ref in refs.items()}
 
 
@@ -266,8 +271,15 @@ def router_hpa(spec: PlatformSpec) -> Manifest:
 # Everything -----------------------------------------------------------------------------------------
 
 
+def inference_extension_mode(spec: PlatformSpec) -> bool:
+    return spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION
+
+
 def parts(spec: PlatformSpec) -> list[str]:
-    """The runtime services this stack runs."""
+    """The runtime services this stack runs: the router (and the batcher for embedding models), or, behind
+    an inference-extension gateway, the endpoint picker; the health monitor either way."""
+    if inference_extension_mode(spec):
+        return [common.HEALTH, inference_extension.PICKER]
     return [common.ROUTER, common.HEALTH, *([common.BATCHER] if has_batcher(spec) else [])]
 
 
@@ -284,6 +296,20 @@ def render(
     out: list[Manifest] = [config_map(spec)]
     for part in parts(spec):
         out += [service_account(spec, part), role(spec, part), role_binding(spec, part)]
+    if inference_extension_mode(spec):
+        picker = inference_extension.PICKER
+        s = config.picker
+        out += [
+            inference_extension.with_grpc_port(
+                deployment(
+                    spec, picker, image[picker], s.metrics_port, 1, inference_extension.PICKER_RESOURCES
+                )
+            ),
+            inference_extension.picker_service(spec),
+            deployment(spec, common.HEALTH, image[common.HEALTH], config.health.port, 1, _HEALTH_RESOURCES),
+            service(spec, common.HEALTH, config.health.port),
+        ]
+        return out + inference_extension.routing(spec)
     keys_mount: tuple[tuple[Manifest, Manifest], ...] = ()
     if g.api_keys_config_key:
         keys_mount = (

@@ -226,3 +226,19 @@ def test_the_model_store_port_must_not_clash() -> None:
         PlanError, match=r"port 8080 is planned for both router and the model store.*--s3-port"
     ):
         build_plan(load("local", REPO / "stacks"), LocalOptions(s3_port=8080), REPO)
+
+
+def test_envoy_runs_a_fixed_fleet_and_no_router_for_the_autoscaler_or_monitor_to_read() -> None:
+    from components.local.monitor import Monitor
+
+    raw = raw_local()
+    raw["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 2}
+    with pytest.raises(
+        PlanError, match=r"--gateway envoy runs a fixed fleet, but smollm2-135m-instruct scales"
+    ):
+        build_plan(stack_from(raw), LocalOptions(gateway="envoy"), REPO)
+    build_plan(stack_from(raw), LocalOptions(gateway="router"), REPO)  # the router's activator holds for it
+    with pytest.raises(PlanError, match=r"--monitor .* --gateway envoy runs no router"):
+        build_plan(local_stack(), LocalOptions(gateway="envoy", monitor=Monitor()), REPO)
+    plan = build_plan(local_stack(), LocalOptions(gateway="envoy"), REPO)
+    assert [s.name for s in plan.services] == ["health", "picker", "envoy"]

@@ -95,6 +95,9 @@ COVERAGE = [
     Coverage(r"inferstack local up( \[--detach\]| --port \d+)?", ((LIFECYCLE, 'local_cmd("up"'), (LIFECYCLE, '"--detach"'), ("tests/local/helpers.py", '"--port"')), "lifecycle test"),
     Coverage(r"inferstack local (status|down)", ((LIFECYCLE, 'run_local("status"'), (LIFECYCLE, 'run_local("down"')), "lifecycle test"),
     Coverage(r"inferstack local logs .*", ((LIFECYCLE, 'run_local("logs", "router"'),), "lifecycle test"),
+    Coverage(r"python -m runtime\.picker --config FILE", (("components/local/plan.py", 'ServiceLaunch("picker", "runtime.picker"'), ("tests/local/test_envoy_gateway.py", '"picker" in names')), "what make local GATEWAY=envoy runs"),
+    Coverage(r"make local GATEWAY=envoy", ((HERE, '_make_dry("local", "GATEWAY=envoy")'), ("tests/local/test_envoy_gateway.py", '"--gateway", "envoy"')), "dry run here; the command runs in the Envoy gateway test"),
+    Coverage(r"inferstack plan -s inference-extension --stacks-dir examples/stacks", (("tests/components/test_inference_extension.py", 'def test_the_cli_plans_the_example'),), "run in the inference-extension test"),
     Coverage(r"python -m runtime\.(router|health|batcher) --config FILE", (("components/local/plan.py", '"-m", self.module, "--config"'), (LIFECYCLE, '("router", "batcher", "health", "3 engines")')), "what make local runs"),
     Coverage(r"pulumi stack select prod|pulumi config set --secret inferstack:hfToken hf_\.\.\.|pulumi up( -s (kind|prod))?", ((CI, "pulumi preview"), ("tests/components/test_program.py", "under the SDK's mock runtime")), "needs the Pulumi CLI and credentials: CI previews, tests run the program under mocks"),
     Coverage(r"pulumi preview --policy-pack policies/inference --policy-pack-config policies/inference/config/<stack>\.json", ((CI, "--policy-pack policies/inference"), (CI, "--policy-pack-config policies/inference/config/${{ matrix.stack }}.json")), "CI preview job"),
@@ -145,6 +148,9 @@ def test_make_targets_run_the_documented_commands() -> None:
     assert re.fullmatch(r"\.venv/bin/inferstack local up --port 9090\s*", _make_dry("local", "PORT=9090"))
     assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--detach\s*", _make_dry("local", "DETACH=1"))
     assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--s3\s*", _make_dry("local", "S3=1"))
+    assert re.fullmatch(
+        r"\.venv/bin/inferstack local up\s+--gateway envoy\s*", _make_dry("local", "GATEWAY=envoy")
+    )
     assert _make_dry("local-status") == ".venv/bin/inferstack local status"
     assert _make_dry("local-logs") == ".venv/bin/inferstack local logs"
     assert (
