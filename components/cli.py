@@ -10,14 +10,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from components import catalog, cost, report, sizing
-from components import plan as planner
+from components import catalog, cost, sizing
+from components.enums import KvCacheDType, Quantization
 from components.local.cli import local_app
+from components.paths import STACKS_DIR
 from components.problems import SpecError
-from components.spec import KvCacheDType, Quantization, Target, spec_json_schema
-from components.stackfile import STACKS_DIR, load
-from policies.inference import offline
-from runtime.config import DEFAULT_MAX_NUM_SEQS
+from runtime.defaults import DEFAULT_MAX_NUM_SEQS
+
+# Only what every command's options need is imported here: `--help` and `size` answer without pydantic's
+# models or a Pulumi SDK. `plan` and `schema` import the spec, the program and the policy pack when they run.
 
 app = typer.Typer(
     add_completion=False,
@@ -38,6 +39,8 @@ def _fail(message: str) -> typer.Exit:
 
 
 def schema_text() -> str:
+    from components.spec import spec_json_schema  # noqa: PLC0415 - see the imports
+
     return json.dumps(spec_json_schema(), indent=2, sort_keys=True) + "\n"
 
 
@@ -118,13 +121,44 @@ def size(
     for line in best.fit.lines():
         out.print(f"  {line}", markup=False, highlight=False)
     table = Table(
-        *report.SIZE_COLUMNS,
+        *SIZE_COLUMNS,
         title=f"Instance types that fit, by on-demand cost per replica ({catalog.PRICE_REGION})",
     )
-    for row in report.size_rows(ranked[:top]):
+    for row in size_rows(ranked[:top]):
         table.add_row(*row)
     out.print(table)
     out.print(f"Prices read {catalog.PRICE_READ_ON}: {catalog.PRICE_SOURCE}. Spot is an average estimate.")
+
+
+SIZE_COLUMNS = (
+    "instance",
+    "GPUs",
+    "TP",
+    "replicas/node",
+    "KV headroom",
+    "seqs at full length",
+    "$/month/replica",
+    "spot",
+)
+
+
+def size_rows(found: list[sizing.Candidate]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for c in found:
+        spot = c.usd_per_replica_month * catalog.SPOT_FRACTION.get(c.instance.family, 1.0)
+        rows.append(
+            (
+                c.instance.name,
+                f"{c.instance.gpus} x {c.instance.gpu}",
+                str(c.tensor_parallel_size),
+                str(c.replicas_per_node),
+                f"{c.fit.headroom_gib:.1f} GiB",
+                f"{c.fit.full_length_sequences} ({c.fit.kv_coverage:.0%})",
+                cost.monthly(c.usd_per_replica_month),
+                cost.monthly(spot),
+            )
+        )
+    return rows
 
 
 @app.command()
@@ -140,6 +174,12 @@ def plan(
     ] = None,
 ) -> None:
     """Run the Pulumi program offline (mock runtime): resources, manifests, cost, policy. No credentials needed."""
+    from components import plan as planner  # noqa: PLC0415 - see the imports
+    from components import report  # noqa: PLC0415
+    from components.spec import Target  # noqa: PLC0415
+    from components.stackfile import load  # noqa: PLC0415
+    from policies.inference import offline  # noqa: PLC0415
+
     try:
         loaded = load(stack, stacks_dir)
         policy = offline.prepare(loaded, policy_config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from components import capacity, catalog, cost, endpoint, images, rollout, sizing, targets
+from components import capacity, catalog, cost, endpoint, images, rollout, targets
 from components.plan import Synthesis
 from components.render import ingress, scaling
 from components.spec import PlatformSpec, Target
@@ -188,34 +188,3 @@ def plan_report(stack: Stack) -> PlanReport:
         deploy_notes=deploy_notes,
         warnings=rollout.warnings(spec, layout),
     )
-
-
-SIZE_COLUMNS = (
-    "instance",
-    "GPUs",
-    "TP",
-    "replicas/node",
-    "KV headroom",
-    "seqs at full length",
-    "$/month/replica",
-    "spot",
-)
-
-
-def size_rows(found: list[sizing.Candidate]) -> list[tuple[str, ...]]:
-    rows: list[tuple[str, ...]] = []
-    for c in found:
-        spot = c.usd_per_replica_month * catalog.SPOT_FRACTION.get(c.instance.family, 1.0)
-        rows.append(
-            (
-                c.instance.name,
-                f"{c.instance.gpus} x {c.instance.gpu}",
-                str(c.tensor_parallel_size),
-                str(c.replicas_per_node),
-                f"{c.fit.headroom_gib:.1f} GiB",
-                f"{c.fit.full_length_sequences} ({c.fit.kv_coverage:.0%})",
-                cost.monthly(c.usd_per_replica_month),
-                cost.monthly(spot),
-            )
-        )
-    return rows

@@ -21,6 +21,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl, WithJsonSchema, model_validator
 
 from runtime import scheduling
+from runtime.defaults import DEFAULT_MAX_NUM_SEQS
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -99,11 +100,6 @@ class FileDiscovery(_Strict):
     poll_interval_ms: int = Field(
         default=500, ge=50, description="How often the file is checked for changes."
     )
-
-
-#: Sequences an engine decodes together unless the spec says otherwise (EngineSpec.max_num_seqs); it is
-#: also what a replica may hold in flight, and what a command line without the flag is read as.
-DEFAULT_MAX_NUM_SEQS = 256
 
 
 class ModelTarget(_Strict):

@@ -18,6 +18,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from components.local.defaults import (
+    DEFAULT_BATCHER_PORT,
+    DEFAULT_ENGINE_PORT,
+    DEFAULT_HEALTH_PORT,
+    DEFAULT_ROUTER_PORT,
+    DEFAULT_STATE_DIR,
+)
 from components.local.monitor import Monitor
 from components.local.tiny_model import GENERATED_MODELS, Kind
 from components.render import common, scaling
@@ -27,11 +34,6 @@ from components.stackfile import Stack
 from runtime.config import EngineKind, FileDiscovery, RuntimeConfig, Task
 
 HOST = "127.0.0.1"
-DEFAULT_ROUTER_PORT = 8080
-DEFAULT_HEALTH_PORT = 8081
-DEFAULT_BATCHER_PORT = 8082
-DEFAULT_ENGINE_PORT = 8000
-DEFAULT_STATE_DIR = Path(".local")
 #: Generated models live here; a missing model directory elsewhere is the user's to provide.
 GENERATED_MODELS_DIR = Path(".cache/models")
 #: Local routers drain in-flight requests for this long at Ctrl-C (the cluster default is 30 s).
