@@ -187,13 +187,13 @@ def chart(data: dict[str, Any], path: Path) -> bool:
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
-    for label, tree in data["trees"].items():
+    for (label, tree), colour in zip(data["trees"].items(), ["#999999", "#4c72b0", "#dd8452"], strict=False):
         points = [(int(c.split()[1]), r) for c, r in tree["results"].items() if c.startswith("plan, ")]
         xs = [n for n, _ in points]
-        ax.plot(
-            xs, [r["wall_median_s"] for _, r in points], marker="o", label=f"{label} wall ({tree['commit']})"
-        )
-        ax.plot(xs, [r["cpu_median_s"] for _, r in points], marker="x", linestyle="--", label=f"{label} CPU")
+        walls = [r["wall_median_s"] for _, r in points]
+        cpus = [r["cpu_median_s"] for _, r in points]
+        ax.plot(xs, walls, marker="o", color=colour, label=f"{label} ({tree['commit']}): wall")
+        ax.plot(xs, cpus, marker="x", color=colour, linestyle="--", label=f"{label}: CPU (user + sys)")
     ax.axhline(10, color="grey", linewidth=0.8, linestyle=":", label="target at 100 models (10 s)")
     ax.set_xlabel("models in the stack (2 replicas each)")
     ax.set_ylabel("inferstack plan, seconds (median)")
@@ -216,7 +216,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--models", default=",".join(map(str, MODEL_COUNTS)), help="model counts to plan")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument(
+        "--redraw", type=Path, help="rewrite the .md and .png of this results .json, run nothing"
+    )
     args = parser.parse_args()
+    if args.redraw:
+        write(json.loads(args.redraw.read_text()), args.redraw.with_suffix(""))
+        return
     trees = dict(t.split("=", 1) for t in args.tree) if args.tree else {"this": str(ROOT)}
     models = tuple(int(n) for n in args.models.split(",") if n)
     machine = describe()
@@ -252,6 +258,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     base = args.out / f"cli-{stamp}"
     base.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
+    write(data, base)
+
+
+def write(data: dict[str, Any], base: Path) -> None:
+    """BASE.md (the table) and BASE.png (the chart) from the results."""
     text = markdown(data)
     if chart(data, base.with_suffix(".png")):
         text += f"\n![plan time vs models]({base.with_suffix('.png').name})\n"
@@ -259,7 +270,7 @@ def main() -> None:
         text += "\n(no chart: matplotlib is not installed in this venv)\n"
     base.with_suffix(".md").write_text(text)
     print(text)
-    print(f"wrote {base}.{{json,md}}")
+    print(f"wrote {base}.{{json,md,png}}")
 
 
 if __name__ == "__main__":
