@@ -1,6 +1,7 @@
 """Where `inferstack plan` spends its CPU, phase by phase, in one fresh process per tree and stack.
 
     .venv/bin/python bench/cli/breakdown.py --tree base=/tmp/base --tree after=. --stack prod
+    .venv/bin/python bench/cli/breakdown.py --tree base=/tmp/base --tree after=. --models 100  # generated stack
 
 The phases are what the plan command does, in order, timed with the process's CPU clock (all threads):
 the CLI's own imports, the imports `plan` adds (the program, the Pulumi SDKs, the policy pack), reading
@@ -18,9 +19,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.cli.run import generated_stack  # noqa: E402
 
 PROBE = r"""
 import contextlib, json, sys, time
@@ -78,18 +83,30 @@ def main() -> None:
     )
     parser.add_argument("--stack", default="prod")
     parser.add_argument("--stacks-dir", type=Path, default=None, help="default: the tree's stacks/")
+    parser.add_argument(
+        "--models", type=int, help="plan run.py's generated stack of this many models instead"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="runs per tree; the table shows the median")
     args = parser.parse_args()
     trees = dict(t.split("=", 1) for t in args.tree) if args.tree else {"this": str(ROOT)}
     runs: dict[str, list[dict[str, float]]] = {label: [] for label in trees}
-    for _ in range(args.repeat):
+    with tempfile.TemporaryDirectory(prefix="inferstack-breakdown-") as tmp:
+        stacks: dict[str, tuple[str, Path]] = {}
         for label, path in trees.items():
             tree = Path(path).resolve()
-            runs[label].append(phases(tree, args.stack, args.stacks_dir or tree / "stacks"))
+            if args.models:
+                into = Path(tmp) / label
+                into.mkdir()
+                stacks[label] = (generated_stack(tree, args.models, into), into)
+            else:
+                stacks[label] = (args.stack, args.stacks_dir or tree / "stacks")
+        for _ in range(args.repeat):
+            for label, path in trees.items():
+                runs[label].append(phases(Path(path).resolve(), *stacks[label]))
     labels = list(trees)
     names = [n for n in runs[labels[0]][0] if n != "resources"]
     lines = [
-        f"`plan -s {args.stack}` ({runs[labels[0]][0]['resources']} resources), CPU seconds per phase, "
+        f"`plan -s {stacks[labels[0]][0]}` ({runs[labels[0]][0]['resources']} resources), CPU seconds per phase, "
         f"median of {args.repeat}, load average {' '.join(Path('/proc/loadavg').read_text().split()[:3])}:",
         "",
         "| phase | " + " | ".join(labels) + " |",
