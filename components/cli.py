@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from components import catalog, cost, sizing
-from components.enums import KvCacheDType, Quantization
+from components.enums import KvCacheDType, Quantization, Target
 from components.local.cli import local_app
 from components.paths import STACKS_DIR
 from components.problems import SpecError
@@ -146,6 +146,7 @@ SIZE_COLUMNS = (
 
 
 def size_rows(found: list[sizing.Candidate]) -> list[tuple[str, ...]]:
+    """The rows of `size`'s table, one per instance type that fits."""
     rows: list[tuple[str, ...]] = []
     for c in found:
         spot = c.usd_per_replica_month * catalog.SPOT_FRACTION.get(c.instance.family, 1.0)
@@ -198,7 +199,6 @@ def _cyclic_gc_paused() -> Iterator[None]:
 def _plan(stack: str, out_dir: Path | None, stacks_dir: Path, policy_config: Path | None) -> None:
     from components import plan as planner  # noqa: PLC0415 - see the imports
     from components import report  # noqa: PLC0415
-    from components.spec import Target  # noqa: PLC0415
     from components.stackfile import load  # noqa: PLC0415
     from policies.inference import offline  # noqa: PLC0415
 

@@ -3,7 +3,8 @@
 The control plane (``components``) renders one ``RuntimeConfig`` per platform into a ConfigMap
 (Kubernetes) or a file (``make local``); the router, health monitor and batcher each read it and use
 their own section. It lives in ``runtime`` so the images never import the control plane, and the
-control plane imports only this module of ``runtime``.
+control plane imports only this module of ``runtime`` (and ``runtime.defaults``: shared constants that
+the command line reads without loading pydantic).
 
 Everything here is plain data with validation: no I/O, no defaults that depend on the environment.
 Durations carry their unit in the name (``_ms``, ``_s``); sizes too (``_bytes``).
