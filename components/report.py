@@ -6,7 +6,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from components import capacity, catalog, cost, endpoint, images, multinode, rollout, sizing, targets
+from components import capacity, catalog, cost, endpoint, images, rollout, targets
 from components.placement import PoolPlan
 from components.plan import Synthesis
 from components.render import inference_extension, ingress, scaling
@@ -279,38 +279,3 @@ def _links(pool: PoolPlan) -> str:
     parts = [f"EFA x{pool.efa_interfaces} per node"] if pool.efa_interfaces else ["no EFA"]
     parts += ["cluster placement group (one zone)"] if pool.placement_group else []
     return "; " + ", ".join(parts)
-
-
-SIZE_COLUMNS = (
-    "instance",
-    "GPUs",
-    "TP x PP",
-    "nodes/replica",
-    "between nodes",
-    "replicas/node",
-    "KV headroom",
-    "seqs at full length",
-    "$/month/replica",
-    "spot",
-)
-
-
-def size_rows(found: list[sizing.Candidate]) -> list[tuple[str, ...]]:
-    rows: list[tuple[str, ...]] = []
-    for c in found:
-        spot = c.usd_per_replica_month * catalog.SPOT_FRACTION.get(c.instance.family, 1.0)
-        rows.append(
-            (
-                c.instance.name,
-                f"{c.instance.gpus} x {c.instance.gpu}",
-                f"{c.tensor_parallel_size} x {c.pipeline_parallel_size}",
-                str(c.nodes),
-                multinode.interconnect(c.instance).describe() if c.nodes > 1 else "-",
-                str(c.replicas_per_node) if c.nodes == 1 else "-",
-                f"{c.fit.headroom_gib:.1f} GiB",
-                f"{c.fit.full_length_sequences} ({c.fit.kv_coverage:.0%})",
-                cost.monthly(c.usd_per_replica_month),
-                cost.monthly(spot),
-            )
-        )
-    return rows

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from components import catalog
-from runtime.config import DEFAULT_MAX_NUM_SEQS
+from runtime.defaults import DEFAULT_MAX_NUM_SEQS
 
 GIB = 1024**3
 KIB = 1024

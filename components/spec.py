@@ -17,8 +17,16 @@ from typing import Annotated, Any, ClassVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from components import catalog
+
+# The spec's plain enums, re-exported: they live in components.enums so the CLI starts without pydantic.
+from components.enums import CapacityType as CapacityType  # noqa: PLC0414
+from components.enums import Device as Device  # noqa: PLC0414
+from components.enums import DType as DType  # noqa: PLC0414
+from components.enums import KvCacheDType as KvCacheDType  # noqa: PLC0414
+from components.enums import NodeProvisioner as NodeProvisioner  # noqa: PLC0414
+from components.enums import Quantization as Quantization  # noqa: PLC0414
+from components.enums import Target as Target  # noqa: PLC0414
 from runtime.config import (
-    DEFAULT_MAX_NUM_SEQS,
     BuiltinScorerName,
     EngineKind,
     RouterSettings,
@@ -28,6 +36,7 @@ from runtime.config import (
     routing_scorers,
     strategy_field,
 )
+from runtime.defaults import DEFAULT_MAX_NUM_SEQS
 from runtime.engines import Signal, facts
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -46,49 +55,6 @@ MAX_EKS_CLUSTER_NAME = 40  # leaves room for suffixes in 64-character IAM role n
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
-
-
-class Target(StrEnum):
-    EKS = "eks"
-    KUBERNETES = "kubernetes"
-    LOCAL = "local"
-
-
-class CapacityType(StrEnum):
-    ON_DEMAND = "on-demand"
-    SPOT = "spot"
-
-
-class NodeProvisioner(StrEnum):
-    MANAGED = "managed"
-    KARPENTER = "karpenter"
-
-
-class Quantization(StrEnum):
-    NONE = "none"
-    AWQ = "awq"
-    GPTQ = "gptq"
-    FP8 = "fp8"
-    INT8 = "int8"
-
-
-class DType(StrEnum):
-    AUTO = "auto"
-    BFLOAT16 = "bfloat16"
-    FLOAT16 = "float16"
-    FLOAT32 = "float32"
-
-
-class KvCacheDType(StrEnum):
-    AUTO = "auto"
-    FP8 = "fp8"
-    FP8_E4M3 = "fp8_e4m3"
-    FP8_E5M2 = "fp8_e5m2"
-
-
-class Device(StrEnum):
-    GPU = "gpu"
-    CPU = "cpu"
 
 
 AUTO = "auto"

@@ -3,7 +3,8 @@
 The control plane (``components``) renders one ``RuntimeConfig`` per platform into a ConfigMap
 (Kubernetes) or a file (``make local``); the router, health monitor and batcher each read it and use
 their own section. It lives in ``runtime`` so the images never import the control plane, and the
-control plane imports only this module of ``runtime``.
+control plane imports only this module of ``runtime`` (and ``runtime.defaults``: shared constants that
+the command line reads without loading pydantic).
 
 Everything here is plain data with validation: no I/O, no defaults that depend on the environment.
 Durations carry their unit in the name (``_ms``, ``_s``); sizes too (``_bytes``).
@@ -21,6 +22,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl, WithJsonSchema, model_validator
 
 from runtime import scheduling
+from runtime.defaults import DEFAULT_MAX_NUM_SEQS
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -99,11 +101,6 @@ class FileDiscovery(_Strict):
     poll_interval_ms: int = Field(
         default=500, ge=50, description="How often the file is checked for changes."
     )
-
-
-#: Sequences an engine decodes together unless the spec says otherwise (EngineSpec.max_num_seqs); it is
-#: also what a replica may hold in flight, and what a command line without the flag is read as.
-DEFAULT_MAX_NUM_SEQS = 256
 
 
 class ModelTarget(_Strict):
@@ -440,7 +437,10 @@ class RuntimeConfig(_Strict):
         return found or ModelRoute(model=name, strategy=self.router.default_strategy)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+        # libyaml's safe dumper where present: the same text as PyYAML's, four times faster (a plan renders one
+        # config per stack, tens of kilobytes with many models).
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        return yaml.dump(self.model_dump(mode="json", exclude_none=True), Dumper=dumper, sort_keys=False)
 
 
 # --- What the control plane validates a stack's routing against ------------------------------------

@@ -19,6 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.local.defaults import (
+    DEFAULT_BATCHER_PORT,
+    DEFAULT_ENGINE_PORT,
+    DEFAULT_HEALTH_PORT,
+    DEFAULT_PICKER_PORT,
+    DEFAULT_ROUTER_PORT,
+    DEFAULT_STATE_DIR,
+    GATEWAYS,
+)
 from components.local.monitor import Monitor
 from components.local.tiny_model import GENERATED_MODELS, Kind
 from components.render import common, scaling
@@ -30,16 +39,6 @@ from components.weights import store
 from runtime.config import BodyMode, EngineKind, FileDiscovery, RuntimeConfig, Task
 
 HOST = "127.0.0.1"
-DEFAULT_ROUTER_PORT = 8080
-DEFAULT_HEALTH_PORT = 8081
-DEFAULT_BATCHER_PORT = 8082
-#: ``--gateway envoy``: the picker's HTTP port (/metrics, /healthz); its gRPC (ext_proc) port is the next one.
-DEFAULT_PICKER_PORT = 8083
-#: What may sit on the OpenAI port: inferstack's router, or Envoy asking the endpoint picker (the Gateway
-#: API Inference Extension's data path, components/render/envoy.py).
-GATEWAYS = ("router", "envoy")
-DEFAULT_ENGINE_PORT = 8000
-DEFAULT_STATE_DIR = Path(".local")
 #: Generated models live here; a missing model directory elsewhere is the user's to provide.
 GENERATED_MODELS_DIR = Path(".cache/models")
 #: Local routers drain in-flight requests for this long at Ctrl-C (the cluster default is 30 s).

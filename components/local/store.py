@@ -16,7 +16,6 @@ from pathlib import Path
 
 from components.local.s3_server import HOST, LOOPBACK_CREDENTIALS, client, wait_listening
 
-DEFAULT_S3_PORT = 9000
 PREPARE_TIMEOUT_S = 600.0
 
 

@@ -37,6 +37,7 @@ import yaml
 from components.local import monitor, state
 from components.local import store as local_store
 from components.local.autoscaler import Autoscaler
+from components.local.defaults import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from components.local.engine_process import REPO_ROOT, EngineError, EngineProcess, engine_python
 from components.local.plan import (
     ENVOY_CONFIG,
@@ -49,10 +50,6 @@ from components.local.plan import (
     describe,
 )
 from components.local.tiny_model import MAKE_TIME, is_complete, needs_source_check
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 ENGINE_STOP_GRACE_S = 20.0
 SERVICE_STOP_GRACE_S = 10.0

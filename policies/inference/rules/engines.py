@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from components import catalog, nodes, sizing
 from policies.inference.rules.base import Config, Props, Res, as_list, as_map, dig, number
 from policies.inference.rules.k8s import Container, containers, gpus_requested, pod_labels, workloads
-from runtime.config import DEFAULT_MAX_NUM_SEQS, EngineKind
+from runtime.config import EngineKind
+from runtime.defaults import DEFAULT_MAX_NUM_SEQS
 from runtime.engines import ENGINES, EngineCli, Flag
 
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
