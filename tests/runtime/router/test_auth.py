@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from runtime.config import ApiKey
-from runtime.router.auth import Bucket, KeyTable, admit, charge_tokens, hash_key
+from runtime.api_keys import Bucket, KeyTable, admit, charge_tokens, hash_key
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
