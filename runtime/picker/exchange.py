@@ -183,7 +183,12 @@ class Exchange:
                 reason = "forbidden" if denied.status == 403 else "rate_limited"
                 retry = None if denied.retry_after_s is None else math.ceil(denied.retry_after_s)
                 answer = refuse(
-                    denied.status, denied.message, reason, decision.pool.name, code=denied.code, retry_after_s=retry
+                    denied.status,
+                    denied.message,
+                    reason,
+                    decision.pool.name,
+                    code=denied.code,
+                    retry_after_s=retry,
                 )
                 return self._answer(answer)
         self.answered = True

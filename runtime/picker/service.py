@@ -59,6 +59,8 @@ class Picker(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ig
         self.keys = self._load_keys()
 
     def _load_keys(self, previous: KeyTable | None = None) -> KeyTable:
+        # the digest before the read: a change while reading is seen on the next look
+        self.keys_digest = files_digest(self.keys_file)
         keys = load_key_table((), self.keys_file, time.monotonic(), previous)
         if any(p.key.tokens_per_minute for p in keys.by_hash.values()):
             log.warning(
@@ -70,13 +72,10 @@ class Picker(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ig
     async def watch_keys(self) -> None:
         """Re-read the keys file when it changes (a Secret update); a bad change is logged and counted,
         and the keys in use stay, as the router does."""
-        seen = files_digest(self.keys_file)
         while True:
             await asyncio.sleep(self.cfg.router.config_reload_interval_ms / 1000)
-            now = files_digest(self.keys_file)
-            if now == seen:
+            if files_digest(self.keys_file) == self.keys_digest:
                 continue
-            seen = now
             try:
                 self.keys = self._load_keys(self.keys)
             except ConfigError as err:

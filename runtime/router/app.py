@@ -13,10 +13,10 @@ import os
 import re
 import time
 
+from runtime.api_keys import Denied, KeyTable, Principal, admit
 from runtime.config import RuntimeConfig
 from runtime.http import METRICS_CONTENT_TYPE, error_body, metrics_payload
 from runtime.router.admission import Refusal, acquire
-from runtime.api_keys import Denied, KeyTable, Principal, admit
 from runtime.router.fleet import Fleet
 from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
 from runtime.router.payload import BadRequest, prompt_text, read_request

@@ -14,10 +14,10 @@ import logging
 import time
 from pathlib import Path
 
+from runtime.api_keys import KeyTable, files_digest, keys_path, load_key_table
 from runtime.config import RuntimeConfig
 from runtime.config_file import ConfigError, problem_lines, read_config
 from runtime.router.app import Router
-from runtime.api_keys import KeyTable, files_digest, keys_path, load_key_table
 from runtime.scheduling import load_plugins, problems
 
 log = logging.getLogger("inferstack.router")

@@ -431,7 +431,9 @@ def _pool_backends(res: Res) -> list[str]:
 def _picker_checks_keys(resources: Sequence[Res], namespace: str | None) -> bool:
     """A picker in ``namespace`` requires API keys from a key file (the router's check, at the gateway)."""
     return any(
-        c.namespace == namespace and picker.get("require_api_key") is True and bool(picker.get("api_keys_file"))
+        c.namespace == namespace
+        and picker.get("require_api_key") is True
+        and bool(picker.get("api_keys_file"))
         for c, picker in _runtime_sections(resources, "picker")
     )
 
