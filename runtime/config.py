@@ -396,6 +396,23 @@ class PickerSettings(_Strict):
         ),
     )
     grace_s: float = Field(default=5.0, ge=0, description="Time given to open streams at SIGTERM.")
+    require_api_key: bool = Field(
+        default=False,
+        description=(
+            "Answer inference requests without a known API key with 401 at their headers (behind a gateway"
+            " nothing else checks keys): the router's check, keys and scopes, from api_keys_file."
+        ),
+    )
+    api_keys_file: Path | None = Field(
+        default=None,
+        description="YAML list of ApiKey (the router's keys Secret, mounted); re-read on change.",
+    )
+
+    @model_validator(mode="after")
+    def _keys_from_a_file(self) -> PickerSettings:
+        if self.require_api_key and self.api_keys_file is None:
+            raise ValueError("require_api_key needs api_keys_file (the mounted keys Secret)")
+        return self
 
 
 class RuntimeConfig(_Strict):

@@ -6,7 +6,8 @@
   own ServiceAccounts: each mounts a short-lived projected token because each watches EndpointSlices;
   the health monitor may also list pods and create Events (least-privilege Roles below).
 - The router mounts the API keys Secret (``components.render.api_keys``); traffic reaches it through
-  ``components.render.ingress``.
+  ``components.render.ingress``. In inference-extension mode the endpoint picker mounts it instead: it is
+  what checks keys there.
 - Images: the spec's pinned images, unless the caller passes others (on EKS, the images the AWS layer
   pushed to ECR, referenced by digest; see ``RuntimeImage``).
 """
@@ -301,6 +302,14 @@ def render(
     out: list[Manifest] = [config_map(spec, text)]
     for part in parts(spec):
         out += [service_account(spec, part), role(spec, part), role_binding(spec, part)]
+    keys_mount: tuple[tuple[Manifest, Manifest], ...] = ()
+    if g.api_keys_config_key:
+        keys_mount = (
+            (
+                {"name": "api-keys", "mountPath": common.API_KEYS_DIR, "readOnly": True},
+                {"name": "api-keys", "secret": {"secretName": common.api_keys_secret_name(spec)}},
+            ),
+        )
     if inference_extension_mode(spec):
         picker = inference_extension.PICKER
         s = config.picker
@@ -314,6 +323,7 @@ def render(
                     1,
                     inference_extension.PICKER_RESOURCES,
                     checksum,
+                    keys_mount,  # the picker checks the keys: nothing else in this mode sees a request
                 )
             ),
             inference_extension.picker_service(spec),
@@ -323,14 +333,6 @@ def render(
             service(spec, common.HEALTH, config.health.port),
         ]
         return out + inference_extension.routing(spec)
-    keys_mount: tuple[tuple[Manifest, Manifest], ...] = ()
-    if g.api_keys_config_key:
-        keys_mount = (
-            (
-                {"name": "api-keys", "mountPath": common.API_KEYS_DIR, "readOnly": True},
-                {"name": "api-keys", "secret": {"secretName": common.api_keys_secret_name(spec)}},
-            ),
-        )
     router_replicas = None if router_scales(spec) else g.replicas
     out += [
         deployment(

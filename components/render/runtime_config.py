@@ -18,6 +18,7 @@ from runtime.config import (
     KubernetesDiscovery,
     ModelRoute,
     ModelTarget,
+    PickerSettings,
     RouterSettings,
     RuntimeConfig,
     StaticBackend,
@@ -131,6 +132,10 @@ def runtime_config(
             "client_idle_timeout_s": client_idle_timeout_s(),
         }
     )
+    # Behind an inference-extension gateway the picker is the only component that sees a request's key.
+    picker = PickerSettings()
+    if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION and keys_file is not None:
+        picker = PickerSettings(require_api_key=spec.gateway.require_api_key, api_keys_file=keys_file)
     return RuntimeConfig(
         models=[
             model_target(spec, m, None if static_backends is None else static_backends.get(m.name, []))
@@ -139,4 +144,5 @@ def runtime_config(
         router=router,
         health=HealthSettings(kubernetes_events=True),
         batcher=BatcherSettings(policies=[_batching(m) for m in embedding_models(spec)]),
+        picker=picker,
     )

@@ -2,7 +2,8 @@
 
 A bad config file is a person's mistake: one line per mistake naming the file and the field, exit 2, no
 traceback. SIGTERM turns gRPC health to NOT_SERVING, lets open streams finish for ``picker.grace_s``,
-then stops. The config is read once: its ConfigMap's checksum rolls the picker's pods when it changes.
+then stops. The config is read once: its ConfigMap's checksum rolls the picker's pods when it changes. The
+API keys file (a Secret, updated in place) is re-read whenever it changes.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from runtime.service import exit_bad_config, new_event_loop, serve_until_signall
 
 
 def read_picker_config(path: Path) -> Picker:
-    """The picker for ``path``: plug-ins imported, strategies' names checked (``ConfigError`` otherwise)."""
+    """The picker for ``path``: plug-ins imported, strategies' names checked, API keys read (``ConfigError``
+    otherwise)."""
     cfg = read_config(path)
     lines = routing_lines(path, cfg)
     if lines:
         raise ConfigError(lines)
-    return Picker(cfg)
+    return Picker(cfg, config_path=path)
 
 
 async def serve(picker: Picker, port: int | None, metrics_port: int | None) -> None:

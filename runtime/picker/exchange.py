@@ -7,17 +7,24 @@ when the request is over, whatever the processing mode, so a stream's end is the
 
 Bad input never ends in a hang or a crash: an unreadable body is an immediate 400, a body past the
 limit a 413, a stream that ends before its body is complete is logged and forgotten.
+
+API keys are the router's (``runtime.api_keys``): with a key table an inference request is checked at its
+headers (401 before any body is read), then against the key's model scope and request rate once the body
+names the model (403, 429).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Protocol
 
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
+from runtime.api_keys import Denied, KeyTable, Principal, admit
 from runtime.config import BodyMode, PickerSettings
+from runtime.openai_request import INFERENCE_PATHS
 from runtime.picker import protocol
 from runtime.picker.decide import Answer, Pick, decide, refuse
 from runtime.picker.metrics import PickerMetrics
@@ -44,6 +51,9 @@ class PickerState(Protocol):
     @property
     def metrics(self) -> PickerMetrics: ...
 
+    @property
+    def keys(self) -> KeyTable: ...
+
 
 class Exchange:
     """The picker's side of one request."""
@@ -58,6 +68,7 @@ class Exchange:
         "method",
         "path",
         "pick",
+        "principal",
         "sent_at",
         "served",
         "state",
@@ -76,6 +87,7 @@ class Exchange:
         self.body_size = 0
         self.answered = False  # the request is decided: picked or answered by the gateway
         self.pick: Pick | None = None
+        self.principal: Principal | None = None
         self.sent_at = 0.0
         self.served: Replica | None = None
         self.status = 0
@@ -113,9 +125,26 @@ class Exchange:
         self.method = self.headers.get(":method", "")
         self.path = self.headers.get(":path", "").split("?", 1)[0]
         self.subset = protocol.subset_hint(request)
+        if self.path in INFERENCE_PATHS:
+            denied = self._authenticate()
+            if denied is not None:
+                return self._answer(refuse(denied.status, denied.message, "auth", code=denied.code))
         if request.request_headers.end_of_stream:  # no body: a GET, or a POST without one
             return self._decide()
         return [] if self.full_duplex else [protocol.continue_headers()]
+
+    def _authenticate(self) -> Denied | None:
+        """The router's key check on the request's Authorization header; keeps the caller for ``admit``."""
+        required = self.state.settings.require_api_key
+        keys = self.state.keys
+        if not required and not len(keys):
+            return None
+        authorization = self.headers.get("authorization")
+        who = keys.authenticate(None if authorization is None else authorization.encode("latin-1"), required)
+        if isinstance(who, Denied):
+            return who
+        self.principal = who
+        return None
 
     def _request_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
         if self.done:  # answered by the gateway already: nothing more goes anywhere
@@ -148,6 +177,20 @@ class Exchange:
         )
         if isinstance(decision, Answer):
             return self._answer(decision)
+        if self.principal is not None:
+            denied = admit(self.principal, decision.pool.name, now)
+            if denied is not None:
+                reason = "forbidden" if denied.status == 403 else "rate_limited"
+                retry = None if denied.retry_after_s is None else math.ceil(denied.retry_after_s)
+                answer = refuse(
+                    denied.status,
+                    denied.message,
+                    reason,
+                    decision.pool.name,
+                    code=denied.code,
+                    retry_after_s=retry,
+                )
+                return self._answer(answer)
         self.answered = True
         self.pick = decision
         primary = decision.primary

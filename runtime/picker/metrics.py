@@ -97,6 +97,11 @@ class PickerMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.keys_reload_failures = Counter(
+            PREFIX + "keys_reload_failures",
+            "Changes to the API keys file that were refused (the keys in use stayed)",
+            registry=r,
+        )
         self._children: dict[tuple[Any, ...], Any] = {}
 
     def attach_live(self, models: Callable[[], Mapping[str, ModelPool]]) -> None:

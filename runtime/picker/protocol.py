@@ -123,8 +123,13 @@ def continue_headers(request_side: bool = True) -> ProcessingResponse:
     return ProcessingResponse(response_headers=HeadersResponse(response=CommonResponse()))
 
 
+#: Request headers the engine never sees: the client's key stays at the gateway (the router strips it too).
+STRIPPED_HEADERS = ("authorization", "proxy-authorization")
+
+
 def _routed(destination: str, model: str) -> CommonResponse:
     mutation = _set_headers([(DESTINATION_HEADER, destination), (MODEL_HEADER, model)])
+    mutation.remove_headers.extend(STRIPPED_HEADERS)
     return CommonResponse(header_mutation=mutation, clear_route_cache=True)
 
 

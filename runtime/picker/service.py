@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc
@@ -18,7 +20,9 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from runtime.api_keys import KeyTable, files_digest, keys_path, load_key_table
 from runtime.config import PickerSettings, RuntimeConfig
+from runtime.config_file import ConfigError
 from runtime.http import METRICS_CONTENT_TYPE, error_body, metrics_payload
 from runtime.picker.exchange import Exchange
 from runtime.picker.fleet import Discover, Fleet
@@ -39,13 +43,46 @@ MESSAGE_OVERHEAD_BYTES = 64 * 1024
 class Picker(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ignore[misc]  # generated, untyped
     """The endpoint picker: fleet, metrics, and one ``Exchange`` per ext_proc stream."""
 
-    def __init__(self, cfg: RuntimeConfig, discover: Discover | None = None) -> None:
+    def __init__(
+        self, cfg: RuntimeConfig, discover: Discover | None = None, config_path: Path | None = None
+    ) -> None:
+        """``config_path``: where the config was read, which a relative ``api_keys_file`` is relative to.
+        A keys file that cannot be read is ``ConfigError`` here, one line per mistake."""
         self.cfg = cfg
         self.fleet = Fleet(cfg) if discover is None else Fleet(cfg, discover)
         self.metrics = PickerMetrics()
         self.metrics.attach_live(lambda: self.fleet.models)
         self.fleet.on_departed = self.metrics.forget_backend
         self.open_streams = 0
+        file = cfg.picker.api_keys_file
+        self.keys_file = file if config_path is None else keys_path(file, config_path)
+        self.keys = self._load_keys()
+
+    def _load_keys(self, previous: KeyTable | None = None) -> KeyTable:
+        # the digest before the read: a change while reading is seen on the next look
+        self.keys_digest = files_digest(self.keys_file)
+        keys = load_key_table((), self.keys_file, time.monotonic(), previous)
+        if any(p.key.tokens_per_minute for p in keys.by_hash.values()):
+            log.warning(
+                "tokens_per_minute is not enforced behind a gateway: the picker never reads the answers' "
+                "usage (requests_per_minute and model scopes are)"
+            )
+        return keys
+
+    async def watch_keys(self) -> None:
+        """Re-read the keys file when it changes (a Secret update); a bad change is logged and counted,
+        and the keys in use stay, as the router does."""
+        while True:
+            await asyncio.sleep(self.cfg.router.config_reload_interval_ms / 1000)
+            if files_digest(self.keys_file) == self.keys_digest:
+                continue
+            try:
+                self.keys = self._load_keys(self.keys)
+            except ConfigError as err:
+                self.metrics.keys_reload_failures.inc()
+                log.error("API keys change refused; the keys in use stay", extra={"problems": err.lines})
+                continue
+            log.info("API keys reloaded", extra={"keys": len(self.keys)})
 
     # what an Exchange reads (``exchange.PickerState``)
     @property
@@ -112,7 +149,9 @@ class Running:
         self.port = port
         self.metrics_port = metrics_port
         self.health = health
-        self._ready_task = asyncio.get_running_loop().create_task(self._mark_ready_when_listed())
+        loop = asyncio.get_running_loop()
+        self._ready_task = loop.create_task(self._mark_ready_when_listed())
+        self._keys_task = loop.create_task(picker.watch_keys()) if picker.keys_file is not None else None
 
     async def _mark_ready_when_listed(self) -> None:
         while not self.picker.fleet.listed:
@@ -125,6 +164,8 @@ class Running:
         for service in ("", LIVENESS, READINESS, EXT_PROC_SERVICE):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         self._ready_task.cancel()
+        if self._keys_task is not None:
+            self._keys_task.cancel()
         await self.http.stop_accepting()
         await self.grpc_server.stop(grace_s)
         self.http.close_all()
@@ -159,6 +200,8 @@ async def start(picker: Picker, port: int | None = None, metrics_port: int | Non
             "metrics_port": http_port,
             "models": list(picker.models),
             "body_mode": s.body_mode.value,
+            "require_api_key": s.require_api_key,
+            "api_keys": len(picker.keys),
         },
     )
     return running

@@ -1,5 +1,5 @@
 """The router's request handling: dispatch, then for inference calls authenticate -> read -> admit ->
-route with retries. The steps live beside it, one job each: ``auth`` (keys, scopes, rates),
+route with retries. The steps, one job each: ``runtime.api_keys`` (keys, scopes, rates),
 ``payload`` (what a body says), ``admission`` (a replica with room, or a wait in line), ``proxy`` (one
 try on one replica, relayed and accounted), ``runtime.scheduling`` (which replica).
 """
@@ -13,10 +13,10 @@ import os
 import re
 import time
 
+from runtime.api_keys import Denied, KeyTable, Principal, admit
 from runtime.config import RuntimeConfig
 from runtime.http import METRICS_CONTENT_TYPE, error_body, metrics_payload
 from runtime.router.admission import Refusal, acquire
-from runtime.router.auth import Denied, KeyTable, Principal, admit
 from runtime.router.fleet import Fleet
 from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
 from runtime.router.payload import BadRequest, prompt_text, read_request

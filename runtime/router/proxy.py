@@ -15,9 +15,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from runtime.api_keys import Principal, charge_tokens
 from runtime.config import RouterSettings
 from runtime.http import error_body
-from runtime.router.auth import Principal, charge_tokens
 from runtime.router.backends import BACKEND_HEADER, Backend
 from runtime.router.fleet import ModelState
 from runtime.router.metrics import RouterMetrics

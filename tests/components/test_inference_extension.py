@@ -117,6 +117,21 @@ def test_the_picker_replaces_the_router_with_least_privilege(manifests) -> None:
     ]
 
 
+def test_the_picker_checks_the_api_keys_from_the_mounted_secret(manifests) -> None:
+    """Nothing else in this mode sees a request: the keys Secret is mounted into the picker, and its config
+    requires keys from the mounted file (the router's file, which the policy pack then accepts)."""
+    picker = _named(manifests, "Deployment", "inferstack-picker")["spec"]["template"]["spec"]
+    (secret,) = [v["secret"]["secretName"] for v in picker["volumes"] if "secret" in v]
+    assert secret == _named(manifests, "Secret", "inferstack-api-keys")["metadata"]["name"]
+    (mount,) = [m for m in picker["containers"][0]["volumeMounts"] if m["name"] == "api-keys"]
+    config = yaml.safe_load(
+        _named(manifests, "ConfigMap", "inferstack-runtime-config")["data"]["runtime.yaml"]
+    )
+    assert config["picker"]["require_api_key"] is True
+    assert Path(config["picker"]["api_keys_file"]).parent == Path(mount["mountPath"])
+    assert mount["readOnly"] is True
+
+
 def test_network_policies_let_the_gateway_reach_engines_and_picker_only(manifests) -> None:
     """The flow table has the gateway's two calls (ext_proc to the picker, the request to the replica) and no
     router; the rendered policies allow exactly the table, pair by pair and port by port."""
@@ -218,11 +233,9 @@ def test_envoy_cannot_fail_open_in_full_duplex_mode() -> None:
     assert ext_proc["typed_config"]["failure_mode_allow"] is True
 
 
-def test_the_cli_plans_the_example_and_the_policy_pack_asks_for_the_gateways_authentication(
-    tmp_path: Path,
-) -> None:
-    """``inferstack plan`` on the committed example writes the objects; the policy pack refuses one thing:
-    a public route that bypasses the router's API keys (in this mode the gateway must authenticate)."""
+def test_the_cli_plans_the_example_and_the_policy_pack_passes_it(tmp_path: Path) -> None:
+    """``inferstack plan`` on the committed example writes the objects, and the policy pack finds nothing:
+    the public route's pools have a picker that requires API keys."""
     out = tmp_path / "plan"
     result = subprocess.run(
         [
@@ -248,8 +261,8 @@ def test_the_cli_plans_the_example_and_the_policy_pack_asks_for_the_gateways_aut
         result.stdout + result.stderr
     )
     verdicts = json.loads((out / "policy.json").read_text())["verdicts"]
-    assert {(v["rule"], v["level"]) for v in verdicts} == {("public-ingress-requires-api-key", "mandatory")}
-    assert result.returncode != 0 and "public-ingress-requires-api-key" in result.stdout
+    assert verdicts == []  # the public route's pools have a picker that checks API keys
+    assert result.returncode == 0, result.stdout + result.stderr
     summary = (out / "summary.md").read_text()
     assert (
         "body-based router" in summary and "x-gateway-model-name" in summary

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -735,3 +736,37 @@ def test_a_group_on_spot_when_the_stack_accepts_it() -> None:
         lambda p: p.__setitem__("capacityType", "SPOT"),
     )
     assert crossguard("no-multi-node-on-spot", broken, {"allow_multi_node_spot": True}) == []
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "stacks"
+PICKER_CONFIG = k8s("ConfigMap", "inferstack-runtime-config")
+
+
+def _picker_keys(change: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    return runtime_config(lambda doc: change(doc["picker"]))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda picker: picker.__setitem__("require_api_key", False),
+        lambda picker: picker.pop("api_keys_file"),
+        lambda picker: picker.clear(),  # an older picker's config: nothing says it checks keys
+    ],
+    ids=["keys-not-required", "no-keys-file", "no-picker-settings"],
+)
+def test_a_public_route_to_inference_pools_needs_a_picker_that_checks_keys(
+    change: Callable[[dict[str, Any]], None],
+) -> None:
+    """Inference-extension mode: the HTTPRoute's backends are InferencePools, not the router; the endpoint
+    picker is what sees each request, so its config must require keys from a key file."""
+    resources = rendered("inference-extension", EXAMPLES)
+    assert crossguard("public-ingress-requires-api-key", resources) == []  # the committed example
+    messages = crossguard(
+        "public-ingress-requires-api-key", mutate(resources, PICKER_CONFIG, _picker_keys(change))
+    )
+    assert len(messages) == 1
+    assert messages[0].startswith(
+        "HTTPRoute inference/inferstack-inference: sends public traffic to qwen-0-5b-pool, qwen-coder-0-5b-pool, "
+        "but their endpoint picker does not require API keys"
+    )

@@ -18,9 +18,11 @@ from typing import Any
 import grpc
 import openai
 import pytest
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.routing.workload import shared
+from runtime.api_keys import hash_key
 from runtime.config import BodyMode, Task
 from runtime.router.backends import backend_tag
 from runtime.scheduling import Context, Strategy
@@ -338,3 +340,41 @@ def test_a_client_that_leaves_mid_body_ends_the_stream_early_and_the_picker_carr
         picker.stop()
         for d in chat:
             lt.run(d.stop())
+
+
+def test_api_keys_are_checked_at_the_picker_behind_envoy(lt: LoopThread, tmp_path: Path) -> None:
+    """Behind the gateway nothing else sees a request: the picker refuses one without a known key (the SDK's
+    AuthenticationError) before any engine sees it, routes one with a key, and the key stays at the gateway."""
+    key = "sk-envoy-0123456789abcdef"
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(yaml.safe_dump([{"name": "team", "sha256": hash_key(key)}]))
+    chat = _doubles(lt, 1)
+    cfg = _picker_cfg(chat)
+    cfg["picker"] |= {"require_api_key": True, "api_keys_file": str(keys)}
+    picker = PickerUnderTest(lt, cfg).start()
+    port = free_port()
+    try:
+        with envoy(
+            gateway_config(port, [(CHAT, Task.GENERATE, [d.url for d in chat])], picker.port), tmp_path
+        ):
+            base = f"http://127.0.0.1:{port}/v1"
+            message = [{"role": "user", "content": "hello"}]
+            status, _, body = _post(port, {"model": CHAT, "messages": message})  # no Authorization header
+            assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+            wrong = openai.OpenAI(base_url=base, api_key="sk-wrong-0123456789abcdef", max_retries=0)
+            with pytest.raises(openai.AuthenticationError) as refused:
+                wrong.chat.completions.create(model=CHAT, messages=message)
+            assert refused.value.code == "invalid_api_key" and refused.value.message.endswith(
+                "- invalid API key"
+            )
+            assert chat[0].requests == []
+            client = openai.OpenAI(base_url=base, api_key=key, max_retries=0)
+            assert (
+                client.chat.completions.create(model=CHAT, messages=message).choices[0].message.content
+                == "ok"
+            )
+            (served,) = chat[0].requests
+            assert "authorization" not in served["headers"]
+    finally:
+        picker.stop()
+        lt.run(chat[0].stop())

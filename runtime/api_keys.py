@@ -1,6 +1,7 @@
-"""API keys (only SHA-256 hashes are held), model scopes, and per-key request/token rate limits.
+"""API keys (only SHA-256 hashes are held), model scopes, and per-key request/token rate limits: one
+implementation for every front end that checks keys (the router, and the endpoint picker behind a gateway).
 
-Decisions are pure functions of (key table, buckets, now); the app turns them into 401/403/429.
+Decisions are pure functions of (key table, buckets, now); the front end turns them into 401/403/429.
 Limits are token buckets refilled continuously: ``requests_per_minute`` is charged one per request
 on admission; ``tokens_per_minute`` is charged the real usage (prompt + completion) when the answer
 is known, and a key whose token bucket is below zero is refused until it refills.
@@ -8,7 +9,9 @@ is known, and a key whose token bucket is below zero is refused until it refills
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +77,33 @@ def load_keys_file(path: Path) -> list[ApiKey]:
         return _KEYS.validate_python(raw)
     except ValidationError as err:
         raise ConfigError(validation_lines(path, err)) from None
+
+
+def keys_path(file: Path | None, config_path: Path) -> Path | None:
+    """The API keys file, relative to the config file's directory unless absolute."""
+    if file is None:
+        return None
+    return file if file.is_absolute() else config_path.parent / file
+
+
+def files_digest(*paths: Path | None) -> str:
+    """One hash of the files' contents (missing ones count as empty): a change to any changes it."""
+    h = hashlib.sha256()
+    for p in paths:
+        if p is not None:
+            with contextlib.suppress(OSError):
+                h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def load_key_table(
+    inline: Iterable[ApiKey], file: Path | None, now: float, previous: KeyTable | None = None
+) -> KeyTable:
+    """The inline keys plus those of ``file`` (resolved already); ``ConfigError`` when the file is bad."""
+    keys = list(inline)
+    if file is not None:
+        keys.extend(load_keys_file(file))
+    return KeyTable(keys, now, previous)
 
 
 class KeyTable:
