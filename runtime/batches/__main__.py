@@ -1,0 +1,123 @@
+"""``python -m runtime.batches --config FILE``: run the batch service.
+
+A config without a ``batches`` section, an unreadable API-key file or a state directory that cannot be
+written is a person's mistake: one line each, exit 2. SIGTERM stops accepting, lets API calls in flight
+finish, stops the work (requests in flight are abandoned: their lines stay pending and run again at the
+next start) and closes the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+from runtime.batches.api import BatchApi
+from runtime.batches.blobs import BlobError, open_blobs
+from runtime.batches.client import RouterClient
+from runtime.batches.metrics import BatchMetrics
+from runtime.batches.runner import Runner
+from runtime.batches.store import Db, Store
+from runtime.config import BatchesSettings, RuntimeConfig
+from runtime.config_file import ConfigError, read_config
+from runtime.server import Server
+from runtime.service import exit_bad_config, new_event_loop, setup_logging
+
+log = logging.getLogger("inferstack.batches")
+
+DRAIN_GRACE_S = 10.0
+STATE_FILE = "state.sqlite3"
+
+
+def settings_of(config: RuntimeConfig, path: Path) -> BatchesSettings:
+    if config.batches is None:
+        exit_bad_config([f"{path}: batches: missing; the batch service needs its section (router_url, ...)"])
+    return config.batches
+
+
+def api_key(s: BatchesSettings, path: Path) -> str | None:
+    if s.router_api_key_file is None:
+        return None
+    try:
+        key = s.router_api_key_file.read_text().strip()
+    except OSError as err:
+        exit_bad_config(
+            [f"{path}: batches.router_api_key_file: cannot read {s.router_api_key_file}: {err.strerror}"]
+        )
+    if not key:
+        exit_bad_config([f"{path}: batches.router_api_key_file: {s.router_api_key_file} is empty"])
+    return key
+
+
+async def serve(api: BatchApi, runner: Runner, host: str, port: int) -> None:
+    server = Server(api.handle, api.max_body_bytes)
+    work = asyncio.create_task(runner.run())
+    bound = await server.start(host, port)
+    log.info("batch service listening", extra={"host": host, "port": bound})
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        done, _ = await asyncio.wait(
+            [asyncio.create_task(stop.wait()), work], return_when=asyncio.FIRST_COMPLETED
+        )
+        if work in done:
+            work.result()  # the work loop never ends on its own: surface why it did
+    finally:
+        await server.stop_accepting()
+        deadline = time.monotonic() + DRAIN_GRACE_S
+        while time.monotonic() < deadline and (server.close_idle() or api.inflight):
+            await asyncio.sleep(0.05)
+        server.close_all()
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        with contextlib.suppress(Exception):
+            await runner.flush()  # answers already received are kept
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m runtime.batches", description=__doc__)
+    parser.add_argument("--config", type=Path, required=True, help="runtime config YAML (RuntimeConfig)")
+    parser.add_argument("--host", help="override batches.host")
+    parser.add_argument("--port", type=int, help="override batches.port")
+    args = parser.parse_args(argv)
+    setup_logging(os.environ.get("LOG_LEVEL", "INFO"))
+    try:
+        config = read_config(args.config)
+    except ConfigError as err:
+        exit_bad_config(err.lines)
+    s = settings_of(config, args.config)
+    key = api_key(s, args.config)
+    try:
+        store = Store(s.state_dir / STATE_FILE)
+        blobs = open_blobs(s.s3, s.state_dir)
+    except (OSError, BlobError) as err:
+        exit_bad_config([f"{args.config}: batches.state_dir: cannot use {s.state_dir}: {err}"])
+    try:
+        client = RouterClient(str(s.router_url), key, config.router.request_id_header)
+    except ValueError as err:
+        exit_bad_config([f"{args.config}: batches.{err}"])
+    db = Db(store)
+    metrics = BatchMetrics()
+    runner = Runner(db, blobs, client, s, metrics, s.state_dir / "scratch")
+    api = BatchApi(db, blobs, s, runner, metrics)
+    try:
+        with asyncio.Runner(loop_factory=new_event_loop) as loop_runner:
+            loop_runner.run(
+                serve(api, runner, args.host or s.host, args.port if args.port is not None else s.port)
+            )
+    finally:
+        client.close()
+        db.close()
+
+
+if __name__ == "__main__":
+    main()
