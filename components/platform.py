@@ -12,6 +12,7 @@ import pulumi
 
 from components.cloud import Cloud
 from components.kubernetes.addons import ClusterAddons
+from components.kubernetes.batches import BatchService
 from components.kubernetes.cluster import ClusterAccess
 from components.kubernetes.engine import ModelEngine
 from components.kubernetes.gateway import Gateway, NetworkPolicies
@@ -106,7 +107,10 @@ class InferencePlatform(pulumi.ComponentResource):
             m.name: ModelEngine(spec, m, layout.placements[m.name], engines_opts) for m in spec.models
         }
         self.network = NetworkPolicies(spec, cloud, in_namespace)
-        self.gateway = Gateway(spec, cloud, _api_keys(spec, secrets), in_namespace, images=cluster.images)
+        keys = _api_keys(spec, secrets)
+        self.gateway = Gateway(spec, cloud, keys, in_namespace, images=cluster.images)
+        if spec.batch.enabled:
+            self.batches = BatchService(spec, cloud, keys, cluster.files_bucket, cluster.images, in_namespace)
         crds = self.addons.installed("keda", "prometheus-adapter")
         self.scaling = {
             m.name: ModelScaling(

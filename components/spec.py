@@ -22,6 +22,7 @@ from runtime.config import (
     EngineKind,
     StrategyName,
     Task,
+    batches_field,
     routing_knobs_read,
     routing_scorers,
     strategy_field,
@@ -572,6 +573,7 @@ RUNTIME_IMAGES = {
     "router": "ghcr.io/inferstack/router:0.1.0",
     "health": "ghcr.io/inferstack/health:0.1.0",
     "batcher": "ghcr.io/inferstack/batcher:0.1.0",
+    "batches": "ghcr.io/inferstack/batches:0.1.0",
 }
 
 
@@ -739,6 +741,36 @@ class AddonsSpec(_Spec):
     """Exact Helm chart version of each add-on."""
 
 
+class BatchSpec(_Spec):
+    """The OpenAI Batch API on the gateway (``/v1/files``, ``/v1/batches``): offline work that fills the
+    replicas' idle capacity at low priority, with the same API keys, scopes and rate limits as the router."""
+
+    enabled: bool = False
+    """Run the batch service (a StatefulSet with a volume for its state; on eks its files go to the platform's
+    bucket under batches/, elsewhere to the volume)."""
+    storage_gib: Annotated[int, Field(ge=1, le=16_384)] = 20
+    """The service's persistent volume: its state store (SQLite) and, where files do not go to S3, the files."""
+    storage_class: str | None = None
+    """StorageClass of the volume; None = the cluster's default."""
+    max_file_mib: Annotated[int, Field(ge=1, le=512)] = 64
+    """Largest batch input file an upload may carry, in MiB (the router holds an upload in memory)."""
+    max_requests_per_batch: int = batches_field("max_requests_per_batch")
+    max_inflight_per_replica: int = batches_field("max_inflight_per_replica")
+    headroom_share: float = batches_field("headroom_share")
+    stuck_after_minutes: Annotated[int, Field(ge=5, le=1440)] = 60
+    """Alert when an unfinished batch has recorded no result for this long (no headroom for that long, or the
+    service cannot reach the router)."""
+    router_key_name: str = "batches"
+    """With gateway.require_api_key: the name of the key (in gateway.api_keys_config_key's list) the service
+    sends to the router; its scopes and rate limits bound all batch traffic."""
+    image: PinnedImage = RUNTIME_IMAGES["batches"]
+    """Batch service image, pinned by tag or digest (target kubernetes; eks runs its ECR push, by digest)."""
+    cpu_cores: Annotated[float, Field(gt=0, le=16)] = 0.5
+    """CPU request and limit of the service."""
+    memory_gib: Annotated[float, Field(gt=0, le=64)] = 1.0
+    """Memory request and limit of the service (an upload and a validated file are held in memory)."""
+
+
 class BudgetSpec(_Spec):
     """Money: what the environment may cost."""
 
@@ -774,6 +806,8 @@ class PlatformSpec(_Spec):
     """Cluster add-ons installed with Helm (GPU plugin, autoscalers, monitoring, load balancer controller)."""
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     """What the environment may cost, checked by the policy pack."""
+    batch: BatchSpec = Field(default_factory=BatchSpec)
+    """The OpenAI Batch API (/v1/files, /v1/batches), fed to the replicas' idle capacity."""
     huggingface_token_config_key: str | None = None
     """Pulumi secret config key with a Hugging Face token (for gated models)."""
     tags: dict[str, str] = Field(default_factory=dict)

@@ -465,3 +465,8 @@ def strategy_field(name: str) -> Any:
     """``StrategyConfig``'s field ``name`` (default, range, description) for another model to declare:
     a knob is defined once, here, and the spec offers it as it is."""
     return copy.copy(StrategyConfig.model_fields[name])
+
+
+def batches_field(name: str) -> Any:
+    """``BatchesSettings``' field ``name`` (default, range, description), for the spec to offer as it is."""
+    return copy.copy(BatchesSettings.model_fields[name])

@@ -26,6 +26,7 @@ from components.aws.registry import Registry
 from components.aws.storage import ModelStorage
 from components.kubernetes.cluster import ClusterAccess
 from components.placement import Layout
+from components.render import batches
 from components.spec import NodeProvisioner, PlatformSpec
 
 
@@ -124,6 +125,25 @@ class AwsLayer(pulumi.ComponentResource):
         engine_identity = pod_identity(
             f"{name}-engine", cluster_name, EKS.model_reader(spec), engine_role, tags, on_aws
         )
+        identities = [engine_identity]
+        if spec.batch.enabled:  # the batch service: its prefix of the bucket, nothing else
+            prefix = EKS.batch_files(spec).prefix
+            files = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
+                lambda arns: iam.dumps(data_policies.batch_files(region, str(arns[0]), str(arns[1]), prefix))
+            )
+            batches_role = ServiceRole(
+                f"{name}-batches",
+                iam.pod_identity_trust(),
+                region,
+                tags,
+                on_aws,
+                inline={"batch-files": files},
+                description=f"Batch service of {name}: its files under s3://<models bucket>/{prefix}",
+            )
+            account = (spec.cluster.namespace, batches.service_account_name(spec))
+            identities.append(
+                pod_identity(f"{name}-batches", cluster_name, account, batches_role, tags, on_aws)
+            )
         lb_role = ServiceRole(
             f"{name}-lb-controller",
             iam.pod_identity_trust(),
@@ -164,7 +184,7 @@ class AwsLayer(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
         # Engines fetch weights and the controller manages load balancers from their first start.
-        identities = [engine_identity, lb_identity]
+        identities.append(lb_identity)
         self.ready: list[pulumi.Resource] = [*self.node_groups.values(), *self.late_addons, *identities]
         self.ready += [c for c in (self.karpenter, self.autoscaler) if c is not None]
         self.register_outputs({"cluster_name": cluster_name})
@@ -178,6 +198,7 @@ class AwsLayer(pulumi.ComponentResource):
             ),
             images=self.registry.runtime_images(),
             addons=tuple(addons.releases(spec, vpc_id=self.network.vpc_id)),
+            files_bucket=self.storage.bucket.bucket,
         )
 
     def export(self) -> None:

@@ -25,12 +25,17 @@ from components.spec import PlatformSpec
 if TYPE_CHECKING:
     import pulumi_docker_build as docker_build
 
-RUNTIME_IMAGES = ("router", "health", "batcher")
+RUNTIME_IMAGES = ("router", "health", "batcher", "batches")
 DOCKERFILE_DIR = Path("runtime/images")
 CONTEXT_INPUTS = ("runtime", "pyproject.toml")
 UNTAGGED_EXPIRY_DAYS = 14
 KEEP_IMAGES = 30
 PLATFORM = "linux/amd64"
+
+
+def runtime_images(spec: PlatformSpec) -> tuple[str, ...]:
+    """The images this stack runs: the batch service's only when it is enabled."""
+    return tuple(i for i in RUNTIME_IMAGES if i != "batches" or spec.batch.enabled)
 
 
 def dockerfile(root: Path, image: str) -> Path:
@@ -110,7 +115,7 @@ class Registry(pulumi.ComponentResource):
         self.repositories = {}
         self.images = {}
         self.versions = {}
-        for image in RUNTIME_IMAGES:
+        for image in runtime_images(spec):
             repo = aws.ecr.Repository(
                 f"{spec.cluster_name}-{image}",
                 name=f"{spec.name}/{spec.environment}/{image}",

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.cloud import Cloud
-from components.render import common, hardening, ingress
+from components.render import batches, common, hardening, ingress
 from components.render.common import Manifest
 from components.render.runtime_config import has_batcher, runtime_config
 from components.spec import PlatformSpec
-from runtime.config import RuntimeConfig
+from runtime.config import RuntimeConfig, S3Files
 
 CONFIG_CHECKSUM_ANNOTATION = "inferstack.io/config-sha256"
 ROUTER_CPU_TARGET_PERCENT = 70
@@ -49,7 +49,12 @@ class RuntimeImage:
 def spec_images(spec: PlatformSpec) -> dict[str, RuntimeImage]:
     """The spec's pinned images per runtime service, labelled with their tag or digest."""
     g = spec.gateway
-    refs = {common.ROUTER: g.router_image, common.HEALTH: g.health_image, common.BATCHER: g.batcher_image}
+    refs = {
+        common.ROUTER: g.router_image,
+        common.HEALTH: g.health_image,
+        common.BATCHER: g.batcher_image,
+        batches.PART: spec.batch.image,
+    }
     return {part: RuntimeImage(ref, common.image_version(ref)) for part, ref in refs.items()}
 
 
@@ -57,17 +62,18 @@ def config_text(config: RuntimeConfig) -> str:
     return config.to_yaml()
 
 
-def config_map(spec: PlatformSpec) -> Manifest:
+def config_map(spec: PlatformSpec, files: S3Files | None = None) -> Manifest:
+    """``files``: where the cloud keeps batch files (``Cloud.batch_files``)."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": common.metadata(spec, common.runtime_config_name(spec), "gateway"),
-        "data": {common.RUNTIME_CONFIG_FILE: config_text(runtime_config(spec))},
+        "data": {common.RUNTIME_CONFIG_FILE: config_text(runtime_config(spec, files=files))},
     }
 
 
-def _checksum(spec: PlatformSpec) -> str:
-    return hashlib.sha256(config_text(runtime_config(spec)).encode()).hexdigest()
+def _checksum(spec: PlatformSpec, files: S3Files | None = None) -> str:
+    return hashlib.sha256(config_text(runtime_config(spec, files=files)).encode()).hexdigest()
 
 
 # Identity and access --------------------------------------------------------------------------------
@@ -148,6 +154,7 @@ def deployment(
     replicas: int | None,
     resources: tuple[float, float],
     extra_mounts: tuple[tuple[Manifest, Manifest], ...] = (),
+    files: S3Files | None = None,
 ) -> Manifest:
     """A runtime service: ``python -m runtime.<part> --config ...`` with the config, a token, and /tmp."""
     name = common.runtime_name(spec, part)
@@ -195,7 +202,10 @@ def deployment(
         "selector": {"matchLabels": selector},
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
         "template": {
-            "metadata": {"labels": pod_labels, "annotations": {CONFIG_CHECKSUM_ANNOTATION: _checksum(spec)}},
+            "metadata": {
+                "labels": pod_labels,
+                "annotations": {CONFIG_CHECKSUM_ANNOTATION: _checksum(spec, files)},
+            },
             "spec": {
                 "serviceAccountName": name,
                 "automountServiceAccountToken": False,
@@ -278,10 +288,11 @@ def render(
 
     ``images`` (runtime service -> image) replaces the spec's images for the services it names.
     """
-    config = runtime_config(spec)
+    files = cloud.batch_files(spec)
+    config = runtime_config(spec, files=files)
     g = spec.gateway
     image = {**spec_images(spec), **(images or {})}
-    out: list[Manifest] = [config_map(spec)]
+    out: list[Manifest] = [config_map(spec, files)]
     for part in parts(spec):
         out += [service_account(spec, part), role(spec, part), role_binding(spec, part)]
     keys_mount: tuple[tuple[Manifest, Manifest], ...] = ()
@@ -302,6 +313,7 @@ def render(
             router_replicas,
             (g.router_cpu_cores, g.router_memory_gib),
             keys_mount,
+            files,
         ),
         service(spec, common.ROUTER, config.router.port),
         hardening.pdb(
@@ -315,13 +327,21 @@ def render(
         out.append(router_hpa(spec))
     # One health monitor: its state (ejections) is per process, and the router tolerates its absence.
     out += [
-        deployment(spec, common.HEALTH, image[common.HEALTH], config.health.port, 1, _HEALTH_RESOURCES),
+        deployment(
+            spec, common.HEALTH, image[common.HEALTH], config.health.port, 1, _HEALTH_RESOURCES, files=files
+        ),
         service(spec, common.HEALTH, config.health.port),
     ]
     if has_batcher(spec):
         out += [
             deployment(
-                spec, common.BATCHER, image[common.BATCHER], config.batcher.port, 2, _BATCHER_RESOURCES
+                spec,
+                common.BATCHER,
+                image[common.BATCHER],
+                config.batcher.port,
+                2,
+                _BATCHER_RESOURCES,
+                files=files,
             ),
             service(spec, common.BATCHER, config.batcher.port),
             hardening.pdb(

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.render import common, signals
+from components.render import batches, common, signals
 from components.render.common import Manifest
 from components.render.gateway import parts
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import facts
 
 RUNTIME_METRICS_PATH = "/metrics"
-"""Where the router, the health monitor and the batcher serve their metrics."""
+"""Where the router, the health monitor, the batcher and the batch service serve their metrics."""
 
 
 def _service_monitor(spec: PlatformSpec, name: str, selector: dict[str, Any], path: str) -> Manifest:
@@ -49,7 +49,13 @@ def runtime_service_monitor(spec: PlatformSpec) -> Manifest:
     instance = common.labels(spec, name, "monitoring")["app.kubernetes.io/instance"]
     selector = {
         "matchLabels": {"app.kubernetes.io/instance": instance},
-        "matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In", "values": parts(spec)}],
+        "matchExpressions": [
+            {
+                "key": "app.kubernetes.io/component",
+                "operator": "In",
+                "values": parts(spec) + batches.parts(spec),
+            }
+        ],
     }
     return _service_monitor(spec, name, selector, RUNTIME_METRICS_PATH)
 

@@ -9,12 +9,14 @@
 Where the cluster network is (the VPC, or just the private ranges) is the cloud's answer
 (``Cloud.cluster_network``).
 - Health monitor and batcher: reached by the router and Prometheus; reach engines and the Kubernetes API.
+- Batch service: reached by the router and Prometheus; reaches the router, the health monitor and (files in S3)
+  HTTPS. Never the engines: its work goes through the router.
 """
 
 from __future__ import annotations
 
 from components.cloud import Cloud
-from components.render import common
+from components.render import batches, common
 from components.render.common import Manifest
 from components.render.gateway import parts
 from components.render.ingress import GATEWAY_NAME_LABEL, gateway_listener_port, gateway_name
@@ -111,6 +113,9 @@ def router(spec: PlatformSpec, cloud: Cloud) -> Manifest:
         peers.append(_pods(spec, common.BATCHER))
         ports.append(batcher_port())
     peers += [_pods(spec, common.HEALTH)]
+    if batches.enabled(spec):
+        peers.append(_pods(spec, batches.PART))
+        ports.append(batches.port())
     return _policy(
         spec,
         common.runtime_name(spec, common.ROUTER),
@@ -145,6 +150,30 @@ def _backend_service(spec: PlatformSpec, cloud: Cloud, part: str, port: int) -> 
     )
 
 
+def batch_service(spec: PlatformSpec, cloud: Cloud) -> Manifest:
+    """The batch service: reached by the router and Prometheus; reaches the router and the health monitor, and
+    HTTPS when its files are in the cloud's object store."""
+    egress: list[Manifest] = [
+        {"to": [_pods(spec, common.ROUTER)], "ports": _tcp(router_port())},
+        {"to": [_pods(spec, common.HEALTH)], "ports": _tcp(health_port())},
+    ]
+    if cloud.batch_files(spec) is not None:
+        egress.append({"to": [{"ipBlock": {"cidr": ANYWHERE}}], "ports": _tcp(443)})
+    return _policy(
+        spec,
+        batches.name(spec),
+        _instance(spec, batches.PART),
+        {
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {"from": [_pods(spec, common.ROUTER)], "ports": _tcp(batches.port())},
+                {"from": [_prometheus(spec)], "ports": _tcp(batches.port())},
+            ],
+            "egress": egress,
+        },
+    )
+
+
 def gateway_proxies(spec: PlatformSpec) -> Manifest:
     """The Gateway's proxy pods (created in this namespace by the Gateway API implementation)."""
     return _policy(
@@ -170,6 +199,8 @@ def render(spec: PlatformSpec, cloud: Cloud) -> list[Manifest]:
     out.append(_backend_service(spec, cloud, common.HEALTH, health_port()))
     if common.BATCHER in parts(spec):
         out.append(_backend_service(spec, cloud, common.BATCHER, batcher_port()))
+    if batches.enabled(spec):
+        out.append(batch_service(spec, cloud))
     if spec.gateway.ingress is IngressKind.GATEWAY_API:
         out.append(gateway_proxies(spec))
     return out

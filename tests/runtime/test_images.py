@@ -22,7 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "runtime" / "images"
 DOCKERFILES = sorted(IMAGES.glob("*.Dockerfile"))
 # Modules an image imports only on some paths (lazily): prove the image carries them anyway.
-LAZY_IMPORTS = {"health": ["kubernetes_asyncio.client", "kubernetes_asyncio.config"]}
+LAZY_IMPORTS = {
+    "health": ["kubernetes_asyncio.client", "kubernetes_asyncio.config"],
+    "batches": ["boto3", "botocore.config", "botocore.exceptions"],  # files in S3 only
+}
 
 
 @dataclass(frozen=True)

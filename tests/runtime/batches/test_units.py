@@ -108,7 +108,9 @@ def test_multipart_refuses_what_is_not_a_form(ctype, body):
 )
 def test_next_step(status, pending, inflight, late, step):
     now = 1000.0
-    p = Progress(status, expires_at=int(now) - 1 if late else int(now) + 100, pending=pending, inflight=inflight)
+    p = Progress(
+        status, expires_at=int(now) - 1 if late else int(now) + 100, pending=pending, inflight=inflight
+    )
     assert lifecycle.next_step(p, now) is step
 
 
@@ -173,7 +175,9 @@ def test_records_are_what_the_sdk_parses():
     assert parsed.errors is not None and parsed.errors.data[0].line == 3
     assert parsed.request_counts is not None and parsed.request_counts.total == 0
     ok = json.loads(response_line("batch_1", 1, "a", 200, "rid", {"x": 1}))
-    assert ok["response"] == {"status_code": 200, "request_id": "rid", "body": {"x": 1}} and ok["error"] is None
+    assert (
+        ok["response"] == {"status_code": 200, "request_id": "rid", "body": {"x": 1}} and ok["error"] is None
+    )
     gone = json.loads(error_line("batch_1", 2, "b", "batch_expired", "late"))
     assert gone["response"] is None and gone["error"] == {"code": "batch_expired", "message": "late"}
     assert ok["id"] != gone["id"]
