@@ -28,6 +28,7 @@ HOST = "127.0.0.1"
 DEFAULT_ROUTER_PORT = 8080
 DEFAULT_HEALTH_PORT = 8081
 DEFAULT_BATCHER_PORT = 8082
+DEFAULT_BATCHES_PORT = 8083
 DEFAULT_ENGINE_PORT = 8000
 DEFAULT_STATE_DIR = Path(".local")
 #: Generated models live here; a missing model directory elsewhere is the user's to provide.
@@ -53,6 +54,7 @@ class LocalOptions:
     router_port: int = DEFAULT_ROUTER_PORT
     health_port: int = DEFAULT_HEALTH_PORT
     batcher_port: int = DEFAULT_BATCHER_PORT
+    batches_port: int = DEFAULT_BATCHES_PORT
     engine_port: int = DEFAULT_ENGINE_PORT
     """The first engine's port; the others take the next ones."""
     state_dir: Path = DEFAULT_STATE_DIR
@@ -236,6 +238,8 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     services = [ServiceLaunch("health", "runtime.health", options.health_port, "--health-port")]
     if rendered.has_batcher(spec):
         services.append(ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port"))
+    if spec.batch.enabled:
+        services.append(ServiceLaunch("batches", "runtime.batches", options.batches_port, "--batches-port"))
     services.append(ServiceLaunch("router", "runtime.router", options.router_port, "--port"))
     check_ports(
         [(s.port, s.name, s.option) for s in services]
@@ -248,7 +252,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         models=tuple(preps),
         engines=tuple(engines),
         services=tuple(services),
-        config=local_runtime_config(spec, engines, {s.name: s.port for s in services}),
+        config=local_runtime_config(spec, engines, {s.name: s.port for s in services}, options.state_dir),
         generate_models=tuple(m.name for m in spec.models if m.resolved_task() is not Task.EMBED),
         embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
     )
@@ -269,9 +273,13 @@ def check_ports(ports: Sequence[tuple[int, str, str]]) -> None:
 
 
 def local_runtime_config(
-    spec: PlatformSpec, engines: Sequence[EngineLaunch], ports: dict[str, int]
+    spec: PlatformSpec,
+    engines: Sequence[EngineLaunch],
+    ports: dict[str, int],
+    state_dir: Path = DEFAULT_STATE_DIR,
 ) -> RuntimeConfig:
-    """The cluster's RuntimeConfig (same renderer), with this machine's addresses."""
+    """The cluster's RuntimeConfig (same renderer), with this machine's addresses (and the batch service's
+    state and files under ``state_dir/batches``)."""
     backends: dict[str, list[str]] = {}
     for engine in engines:
         backends.setdefault(engine.model, []).append(engine.url)
@@ -289,6 +297,15 @@ def local_runtime_config(
     doc["health"].update(host=HOST, port=ports["health"], kubernetes_events=False)
     doc["health"].pop("remediate_after_s", None)
     doc["batcher"].update(host=HOST, port=ports.get("batcher", DEFAULT_BATCHER_PORT))
+    if doc.get("batches"):
+        doc["router"]["batches_url"] = f"http://{HOST}:{ports['batches']}"
+        doc["batches"].update(
+            host=HOST,
+            port=ports["batches"],
+            router_url=f"http://{HOST}:{ports['router']}",
+            health_feed_url=f"http://{HOST}:{ports['health']}/v1/backends",
+            state_dir=str((state_dir / "batches").absolute()),
+        )
     return RuntimeConfig.model_validate(doc)
 
 
@@ -317,6 +334,11 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
         f"inferstack local is ready in {ready_s:.0f}s: {len(plan.engines)} vLLM engines behind the router",
         "",
         f"  OpenAI API  {url}/v1   models: {', '.join(plan.generate_models + plan.embed_models)}",
+        *(
+            [f"  Batch API   {url}/v1/files, {url}/v1/batches   (OpenAI's; client.batches.create(...))"]
+            if plan.config.batches is not None
+            else []
+        ),
         f"  metrics     {url}/metrics   (health monitor: {plan.services[0].url}/v1/backends)",
         f"  logs        {plan.logs_dir}/",
         "",

@@ -486,7 +486,10 @@ def test_runtime_images_get_immutable_scanned_ecr_repositories(name: str) -> Non
     repos = {
         r.inputs["name"].rsplit("/", 1)[-1]: r.inputs for r in _of(synthesis, "aws:ecr/repository:Repository")
     }
-    assert set(repos) == set(registry.RUNTIME_IMAGES)
+    assert set(repos) == set(registry.runtime_images(load(name).spec))
+    assert ("batches" in repos) == load(
+        name
+    ).spec.batch.enabled  # the batch service's image only where it runs
     for repo in repos.values():
         assert repo["imageTagMutability"] == "IMMUTABLE"
         assert repo["imageScanningConfiguration"] == {"scanOnPush": True}

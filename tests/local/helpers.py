@@ -44,9 +44,10 @@ def free_port_block(count: int) -> int:
 
 
 def port_args(base: int, engines_base: int) -> list[str]:
+    """Router, health monitor, batcher and batch service on ``base`` to ``base + 3``; engines from ``engines_base``."""
     return [
         "--port", str(base), "--health-port", str(base + 1), "--batcher-port", str(base + 2),
-        "--engine-port", str(engines_base),
+        "--batches-port", str(base + 3), "--engine-port", str(engines_base),
     ]  # fmt: skip
 
 

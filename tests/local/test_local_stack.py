@@ -59,8 +59,8 @@ def _make(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def local_stack(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     state_dir = tmp_path_factory.mktemp("local") / "state"
-    base = free_port_block(6)
-    engines = base + 3
+    base = free_port_block(7)
+    engines = base + 4
     args = " ".join([*port_args(base, engines), "--timeout", str(START_TIMEOUT_S - 20)])
     make_args = [f"LOCAL_STATE={state_dir}", f"LOCAL_ARGS={args}"]
     started = time.monotonic()
