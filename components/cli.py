@@ -11,12 +11,11 @@ from rich.console import Console
 from rich.table import Table
 
 from components import catalog, cost, report, sizing
-from components import plan as planner
+from components.cost_cli import cost_command
 from components.local.cli import local_app
 from components.problems import SpecError
 from components.spec import KvCacheDType, Quantization, Target, spec_json_schema
 from components.stackfile import STACKS_DIR, load
-from policies.inference import offline
 from runtime.config import DEFAULT_MAX_NUM_SEQS
 
 app = typer.Typer(
@@ -140,6 +139,10 @@ def plan(
     ] = None,
 ) -> None:
     """Run the Pulumi program offline (mock runtime): resources, manifests, cost, policy. No credentials needed."""
+    # Pulumi, its mocks and the policy pack load here only: the other commands stay fast without them.
+    from components import plan as planner  # noqa: PLC0415
+    from policies.inference import offline  # noqa: PLC0415
+
     try:
         loaded = load(stack, stacks_dir)
         policy = offline.prepare(loaded, policy_config)
@@ -176,6 +179,7 @@ def plan(
         raise typer.Exit(1)
 
 
+app.command("cost")(cost_command)
 app.add_typer(local_app, name="local")
 
 

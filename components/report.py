@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from components import catalog, cost, sizing, targets
-from components.plan import Synthesis
 from components.render import scaling
 from components.stackfile import Stack
+
+if TYPE_CHECKING:  # the plan's synthesis runs Pulumi: `size` and `cost` never import it
+    from components.plan import Synthesis
 
 PLAN_COLUMNS = (
     "model",

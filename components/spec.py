@@ -779,6 +779,9 @@ class BudgetSpec(_Spec):
     allow_spot_in_prod: bool = False
     """Let GPU pools use spot capacity where the policy pack otherwise refuses it (prod): interruptions are
     accepted."""
+    expected_utilisation: Annotated[float, Field(gt=0, le=1)] = 0.5
+    """Share of a running replica's token capacity that is used on average (interactive load, plus batches
+    filling idle time); `inferstack cost --compare` prices the tokens the stack serves at it."""
 
 
 class PlatformSpec(_Spec):
