@@ -371,3 +371,11 @@ class Server:
     def close_all(self) -> None:
         for conn in list(self.connections):
             conn.close()
+
+    async def drain(self, grace_s: float, busy: Callable[[], int]) -> None:
+        """Stop accepting; let requests in flight (``busy()`` of them) finish within ``grace_s``; close the rest."""
+        await self.stop_accepting()
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and (self.close_idle() or busy()):
+            await asyncio.sleep(0.05)
+        self.close_all()

@@ -109,6 +109,8 @@ class ServiceLaunch:
     port: int
     option: str
     """The command-line option that changes this port (for the port-in-use message)."""
+    restart: bool = False
+    """Start it again when it dies, as its StatefulSet would (the batch service: its state survives)."""
 
     def argv(self, python: str, config: Path) -> list[str]:
         return [python, "-m", self.module, "--config", str(config)]
@@ -239,7 +241,9 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     if rendered.has_batcher(spec):
         services.append(ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port"))
     if spec.batch.enabled:
-        services.append(ServiceLaunch("batches", "runtime.batches", options.batches_port, "--batches-port"))
+        services.append(
+            ServiceLaunch("batches", "runtime.batches", options.batches_port, "--batches-port", restart=True)
+        )
     services.append(ServiceLaunch("router", "runtime.router", options.router_port, "--port"))
     check_ports(
         [(s.port, s.name, s.option) for s in services]

@@ -3,8 +3,9 @@
 Order: make missing models, start every engine (their minute of warm-up overlaps), wait for all of
 them, start the health monitor, the batcher and the router (each waits for the one before to listen),
 wait until the router reports ready and serves every model, print the banner. Then watch: an engine
-that dies is reported and the router routes around it (this is not an orchestrator: nothing is
-restarted); a runtime service that dies stops the stack.
+that dies is reported and the router routes around it (this is not an orchestrator: engines are not
+restarted); the batch service is started again when it dies, as its StatefulSet would start it (its
+state on disk resumes every batch); any other runtime service that dies stops the stack.
 
 SIGINT, SIGTERM and SIGHUP only set a flag; every wait polls it, so a signal at any moment (also
 while models are made or engines warm up) leads to the same ordered stop: router (drains), batcher,
@@ -133,6 +134,9 @@ class Service:
     url: str
     log: Path
     proc: subprocess.Popen[bytes]
+    argv: list[str] = field(default_factory=list)
+    restart: bool = False
+    restarts: int = 0
 
 
 @dataclass
@@ -222,7 +226,9 @@ class Supervisor:
         self.start_engines(python)
         for spec in plan.services:
             self._check_stop()
-            self.start_service(spec.name, spec.argv(self.python, plan.config_path.resolve()), spec.port)
+            self.start_service(
+                spec.name, spec.argv(self.python, plan.config_path.resolve()), spec.port, spec.restart
+            )
         self.wait_router()
         ready_s = time.monotonic() - self.started
         print(banner(plan, ready_s, self.detached), file=self.out, flush=True)
@@ -308,7 +314,10 @@ class Supervisor:
             time.sleep(POLL_S)
 
     # -- runtime services ------------------------------------------------------------------------
-    def start_service(self, name: str, argv: list[str], port: int) -> None:
+    def start_service(
+        self, name: str, argv: list[str], port: int, restart: bool = False, again: bool = False
+    ) -> None:
+        """Start one runtime service and wait until it listens; ``again`` keeps its log (a restart)."""
         log = self.plan.logs_dir / f"{name}.log"
         env = {
             **os.environ,
@@ -316,7 +325,7 @@ class Supervisor:
             "PYTHONUNBUFFERED": "1",
             "LOG_LEVEL": "INFO",
         }
-        with log.open("wb") as sink:
+        with log.open("ab" if again else "wb") as sink:
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -327,7 +336,7 @@ class Supervisor:
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks taken
             )
         url = f"http://{HOST}:{port}"
-        service = Service(name, port, url, log, proc)
+        service = Service(name, port, url, log, proc, argv, restart)
         self.services.append(service)
         self._write_state()
         deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
@@ -386,6 +395,7 @@ class Supervisor:
                         f"through its other replicas, if any (log {engine.log_file})"
                     )
                     self._write_state()
+            self._restart_dead()
             try:
                 self._check_services()
             except StartError as err:
@@ -393,6 +403,23 @@ class Supervisor:
                 return EXIT_FAILED
             time.sleep(POLL_S)
         return EXIT_OK
+
+    def _restart_dead(self) -> None:
+        """Start services that may restart (the batch service) again when they died."""
+        for service in list(self.services):
+            if not service.restart or service.proc.poll() is None:
+                continue
+            self.say(
+                f"warning: {service.name} exited with code {service.proc.returncode}; starting it again"
+                f" (log {service.log})"
+            )
+            at = self.services.index(service)
+            self.services.remove(service)
+            self.start_service(service.name, service.argv, service.port, restart=True, again=True)
+            fresh = self.services.pop()
+            fresh.restarts = service.restarts + 1
+            self.services.insert(at, fresh)  # the start and stop order stays the plan's
+            self._write_state()
 
     # -- stopping --------------------------------------------------------------------------------
     def stop(self) -> None:

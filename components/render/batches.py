@@ -109,15 +109,6 @@ def selector(spec: PlatformSpec) -> dict[str, str]:
     return common.selector(spec, name(spec), PART)
 
 
-def _probe(path: str, period_s: int, failures: int) -> Manifest:
-    return {
-        "httpGet": {"path": path, "port": "http"},
-        "periodSeconds": period_s,
-        "timeoutSeconds": 3,
-        "failureThreshold": failures,
-    }
-
-
 def stateful_set(
     spec: PlatformSpec, config: RuntimeConfig, image: Any, version: str, bucket: Any | None
 ) -> Manifest:
@@ -129,18 +120,12 @@ def stateful_set(
     if config.batches is not None and config.batches.s3 is not None and config.batches.s3.bucket is None:
         env.append({"name": BATCH_BUCKET_ENV, "value": bucket})
     mounts: list[Manifest] = [
-        {"name": "config", "mountPath": common.RUNTIME_CONFIG_DIR, "readOnly": True},
+        common.runtime_config_mount(),
         {"name": DATA_VOLUME, "mountPath": state_dir()},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     volumes: list[Manifest] = [
-        {
-            "name": "config",
-            "configMap": {
-                "name": common.runtime_config_name(spec),
-                "items": [{"key": common.RUNTIME_CONFIG_FILE, "path": common.RUNTIME_CONFIG_FILE}],
-            },
-        },
+        common.runtime_config_volume(spec),
         {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
     ]
     if uses_router_key(spec):
@@ -166,8 +151,8 @@ def stateful_set(
         "env": env,
         "ports": [{"name": "http", "containerPort": port(), "protocol": "TCP"}],
         "resources": {"requests": dict(quantities), "limits": dict(quantities)},
-        "readinessProbe": _probe("/readyz", 10, 3),
-        "livenessProbe": _probe("/healthz", 10, 3),
+        "readinessProbe": common.http_probe("/readyz", 10, 3, timeout_s=3),
+        "livenessProbe": common.http_probe("/healthz", 10, 3, timeout_s=3),
         "securityContext": hardening.container_security(),
         "volumeMounts": mounts,
     }

@@ -8,13 +8,9 @@ next start) and closes the store.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
-import os
-import signal
-import time
 from pathlib import Path
 
 from runtime.batches.api import BatchApi
@@ -24,9 +20,8 @@ from runtime.batches.metrics import BatchMetrics
 from runtime.batches.runner import Runner
 from runtime.batches.store import Db, Store
 from runtime.config import BatchesSettings, RuntimeConfig
-from runtime.config_file import ConfigError, read_config
 from runtime.server import Server
-from runtime.service import exit_bad_config, new_event_loop, setup_logging
+from runtime.service import command_line, exit_bad_config, new_event_loop, stop_on_signals
 
 log = logging.getLogger("inferstack.batches")
 
@@ -59,11 +54,7 @@ async def serve(api: BatchApi, runner: Runner, host: str, port: int) -> None:
     work = asyncio.create_task(runner.run())
     bound = await server.start(host, port)
     log.info("batch service listening", extra={"host": host, "port": bound})
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     try:
         done, _ = await asyncio.wait(
             [asyncio.create_task(stop.wait()), work], return_when=asyncio.FIRST_COMPLETED
@@ -71,11 +62,7 @@ async def serve(api: BatchApi, runner: Runner, host: str, port: int) -> None:
         if work in done:
             work.result()  # the work loop never ends on its own: surface why it did
     finally:
-        await server.stop_accepting()
-        deadline = time.monotonic() + DRAIN_GRACE_S
-        while time.monotonic() < deadline and (server.close_idle() or api.inflight):
-            await asyncio.sleep(0.05)
-        server.close_all()
+        await server.drain(DRAIN_GRACE_S, lambda: api.inflight)
         work.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await work
@@ -84,16 +71,7 @@ async def serve(api: BatchApi, runner: Runner, host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m runtime.batches", description=__doc__)
-    parser.add_argument("--config", type=Path, required=True, help="runtime config YAML (RuntimeConfig)")
-    parser.add_argument("--host", help="override batches.host")
-    parser.add_argument("--port", type=int, help="override batches.port")
-    args = parser.parse_args(argv)
-    setup_logging(os.environ.get("LOG_LEVEL", "INFO"))
-    try:
-        config = read_config(args.config)
-    except ConfigError as err:
-        exit_bad_config(err.lines)
+    args, config = command_line("python -m runtime.batches", "batches", __doc__, argv)
     s = settings_of(config, args.config)
     key = api_key(s, args.config)
     try:

@@ -8,7 +8,6 @@ service's own key.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -61,20 +60,9 @@ class RouterClient:
     async def post(self, path: str, body: bytes, request_id: str, timeout_s: float) -> Answer:
         """One call read to the end within ``timeout_s``; raises ``UpstreamError`` or ``TimeoutError``
         when no complete answer came (the connection is then closed, which stops the work upstream)."""
-        ex: Exchange | None = None
-        try:
-            async with asyncio.timeout(timeout_s):
-                ex = await Exchange.open(
-                    self.pool, self._request(path, body, request_id), self.connect_timeout_s
-                )
-                await ex.head(timeout_s)
-                raw = await ex.read_all(timeout_s)
-        except BaseException:
-            if ex is not None:
-                ex.abort()
-            raise
-        rid = ex.headers.get(self.rid_header, request_id.encode()).decode("latin-1")
-        return Answer(ex.status, rid, raw)
+        request = self._request(path, body, request_id)
+        status, headers, raw = await Exchange.complete(self.pool, request, timeout_s, self.connect_timeout_s)
+        return Answer(status, headers.get(self.rid_header, request_id.encode()).decode("latin-1"), raw)
 
     def close(self) -> None:
         self.pool.close()
