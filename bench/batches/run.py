@@ -52,7 +52,9 @@ TOPICS = ["rivers", "engines", "gardens", "markets", "harbors", "forests", "sign
 def prompt(i: int) -> str:
     """A ~60-token user turn, different for every request (no prefix cache hits between them)."""
     topic = TOPICS[i % len(TOPICS)]
-    return f"Request {i}. Write a short note about {topic} " + " ".join(TOPICS[(i + k) % 9] for k in range(40))
+    return f"Request {i}. Write a short note about {topic} " + " ".join(
+        TOPICS[(i + k) % 9] for k in range(40)
+    )
 
 
 def pct(values: list[float], q: float) -> float:
@@ -86,7 +88,9 @@ async def open_loop(url: str, rate: float, seconds: float, max_tokens: int, seed
     ttfts: list[float] = []
     failed = 0
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+    ) as session:
 
         async def run(i: int) -> None:
             nonlocal failed
@@ -126,22 +130,27 @@ def batch_file(lines: int, max_tokens: int) -> bytes:
             "max_tokens": max_tokens,
             "ignore_eos": True,
         }
-        out.append(json.dumps({"custom_id": f"doc-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}))
+        out.append(
+            json.dumps(
+                {"custom_id": f"doc-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+            )
+        )
     return ("\n".join(out) + "\n").encode()
 
 
 def wait_ok(url: str, limit_s: float = 120) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as r:
+            if r.status == 200:
+                return
         time.sleep(0.2)
     raise RuntimeError(f"{url} did not answer")
 
 
-def config(engines: list[str], ports: dict[str, int], state: Path, args: argparse.Namespace) -> dict[str, Any]:
+def config(
+    engines: list[str], ports: dict[str, int], state: Path, args: argparse.Namespace
+) -> dict[str, Any]:
     host = "127.0.0.1"
     return {
         "models": [
@@ -173,8 +182,12 @@ def config(engines: list[str], ports: dict[str, int], state: Path, args: argpars
 
 
 async def batch_round(client: openai.OpenAI, url: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    file = client.files.create(file=("in.jsonl", io.BytesIO(batch_file(args.batch_lines, args.batch_tokens))), purpose="batch")
-    batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+    file = client.files.create(
+        file=("in.jsonl", io.BytesIO(batch_file(args.batch_lines, args.batch_tokens))), purpose="batch"
+    )
+    batch = client.batches.create(
+        input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
     while client.batches.retrieve(batch.id).request_counts.completed < 5:  # running before load starts
         await asyncio.sleep(0.2)
     before = client.batches.retrieve(batch.id).request_counts.completed
@@ -211,16 +224,21 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     for phase in ("quiet", "batch"):
         mine = [r for r in rounds if r["phase"] == phase]
         out[phase] = {
-            key: statistics.median(r[key] for r in mine) for key in ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms")
+            key: statistics.median(r[key] for r in mine)
+            for key in ("ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms")
         }
     out["p95_ratio"] = out["batch"]["ttft_p95_ms"] / out["quiet"]["ttft_p95_ms"]
     out["p95_ratios_by_round"] = [
         b["ttft_p95_ms"] / q["ttft_p95_ms"]
         for q, b in zip(
-            [r for r in rounds if r["phase"] == "quiet"], [r for r in rounds if r["phase"] == "batch"], strict=True
+            [r for r in rounds if r["phase"] == "quiet"],
+            [r for r in rounds if r["phase"] == "batch"],
+            strict=True,
         )
     ]
-    out["batch_lines_per_s"] = statistics.median(r["batch_lines_per_s"] for r in rounds if r["phase"] == "batch")
+    out["batch_lines_per_s"] = statistics.median(
+        r["batch_lines_per_s"] for r in rounds if r["phase"] == "batch"
+    )
     return out
 
 
@@ -239,7 +257,9 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for phase in ("quiet", "batch"):
         p = s[phase]
-        lines.append(f"| {phase} | {p['ttft_p50_ms']:.1f} ms | {p['ttft_p95_ms']:.1f} ms | {p['ttft_p99_ms']:.1f} ms |")
+        lines.append(
+            f"| {phase} | {p['ttft_p50_ms']:.1f} ms | {p['ttft_p95_ms']:.1f} ms | {p['ttft_p99_ms']:.1f} ms |"
+        )
     ratios = ", ".join(f"{x:.2f}" for x in s["p95_ratios_by_round"])
     lines += [
         "",
@@ -266,10 +286,14 @@ def main() -> None:
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
     if not (MODEL_DIR / "config.json").is_file():
-        sys.exit(f"{MODEL_DIR} is missing: run the tests once (or `make local` with the tiny Llama) to make it")
+        sys.exit(
+            f"{MODEL_DIR} is missing: run the tests once (or `make local` with the tiny Llama) to make it"
+        )
     work = Path(tempfile.mkdtemp(prefix="bench-batches-"))
     spec = cpu_model_spec(MODEL, MODEL_DIR, max_model_len=1024, max_num_seqs=MAX_NUM_SEQS)
-    engines = [EngineProcess(spec, cpu_cores=str(core), log_path=work / f"engine-{core}.log") for core in (0, 1)]
+    engines = [
+        EngineProcess(spec, cpu_cores=str(core), log_path=work / f"engine-{core}.log") for core in (0, 1)
+    ]
     for engine in engines:
         engine.start()
     try:
