@@ -51,6 +51,14 @@ def port_args(base: int, engines_base: int) -> list[str]:
     ]  # fmt: skip
 
 
+def make_target(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``make -s ARGS`` in the repository, as a user runs it (not inside this make's own jobs)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKEFLAGS", "MFLAGS", "MAKELEVEL"))}
+    return subprocess.run(
+        ["make", "-s", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 def local_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "components.local", *args]
 

@@ -10,7 +10,6 @@ import io
 import json
 import os
 import signal
-import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ import openai
 import pytest
 
 from components.local import state
-from tests.local.helpers import REPO, free_port_block, port_args, stack_pids
+from tests.local.helpers import REPO, free_port_block, make_target, port_args, stack_pids
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
 
@@ -45,20 +44,13 @@ class BatchStack:
         return next(int(p["pid"]) for p in current.get("processes", []) if p["name"] == "batches")
 
 
-def _make(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKEFLAGS", "MFLAGS", "MAKELEVEL"))}
-    return subprocess.run(
-        ["make", "-s", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
 @pytest.fixture(scope="module")
 def stack(tiny_chat_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BatchStack]:
     state_dir = tmp_path_factory.mktemp("batches") / "state"
     base = free_port_block(5)
     args = ["-s", "batches", "--stacks-dir", str(STACKS), *port_args(base, base + 4)]
     args += ["--timeout", str(START_TIMEOUT_S - 30)]
-    up = _make(
+    up = make_target(
         "local",
         "DETACH=1",
         f"LOCAL_STATE={state_dir}",
@@ -70,7 +62,7 @@ def stack(tiny_chat_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         assert "Batch API" in up.stdout, up.stdout  # the banner names it
         yield BatchStack(state_dir, f"http://127.0.0.1:{base}")
     finally:
-        down = _make("local-down", f"LOCAL_STATE={state_dir}", timeout=120)
+        down = make_target("local-down", f"LOCAL_STATE={state_dir}", timeout=120)
         for pid in stack_pids(state_dir):  # never leave an engine behind
             os.kill(pid, signal.SIGKILL)
         assert down.returncode == 0, down.stdout + down.stderr

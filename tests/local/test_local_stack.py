@@ -24,7 +24,15 @@ import pytest
 
 from components.local import state
 from tests.conftest import STREAM_TOKENS
-from tests.local.helpers import REPO, assert_nothing_left, free_port_block, port_args, run_local, stack_pids
+from tests.local.helpers import (
+    REPO,
+    assert_nothing_left,
+    free_port_block,
+    make_target,
+    port_args,
+    run_local,
+    stack_pids,
+)
 from tests.local.test_readme import fenced, readme_curls, readme_python_snippet
 
 # Engines take a minute to start on a quiet machine, many on a busy one; the fixture's start counts
@@ -50,10 +58,7 @@ class LocalStack:
 
 
 def _make(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKEFLAGS", "MFLAGS", "MAKELEVEL"))}
-    return subprocess.run(
-        ["make", "-s", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
+    return make_target(*args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
