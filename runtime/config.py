@@ -369,6 +369,16 @@ class BatchesSettings(_Strict):
 
     host: str = "0.0.0.0"  # in-cluster listener; the NetworkPolicy restricts who reaches it
     port: int = Field(default=8083, ge=1, le=65535)
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description=(
+            "A second listener for /metrics, /healthz and /readyz only, so the network policy can let Prometheus"
+            " reach the metrics without reaching the API (which trusts the router's identity headers); None:"
+            " the API port serves them too (make local)."
+        ),
+    )
     state_dir: Path = Field(
         default=Path("/var/lib/inferstack/batches"),
         description="The state store (SQLite, WAL) and, without `s3`, the files; a persistent volume.",

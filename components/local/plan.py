@@ -309,6 +309,7 @@ def local_runtime_config(
             router_url=f"http://{HOST}:{ports['router']}",
             health_feed_url=f"http://{HOST}:{ports['health']}/v1/backends",
             state_dir=str((state_dir / "batches").absolute()),
+            metrics_port=None,  # on 127.0.0.1 the API port serves /metrics too
         )
     return RuntimeConfig.model_validate(doc)
 

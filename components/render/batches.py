@@ -43,6 +43,12 @@ def port() -> int:
     return int(BatchesSettings.model_fields["port"].default)
 
 
+METRICS_PORT = 8084
+"""In a cluster the metrics listen apart from the API (``BatchesSettings.metrics_port``): Prometheus may reach
+them, only the router the API."""
+METRICS_PORT_NAME = "metrics"
+
+
 def state_dir() -> str:
     return str(BatchesSettings.model_fields["state_dir"].default)
 
@@ -77,6 +83,7 @@ def settings(
             "health_feed_url": health_url,
             "s3": files,
             "router_api_key_file": f"{KEY_DIR}/{KEY_FILE}" if uses_router_key(spec) else None,
+            "metrics_port": METRICS_PORT,
             "max_file_bytes": b.max_file_mib * MIB,
             "max_requests_per_batch": b.max_requests_per_batch,
             "max_inflight_per_replica": b.max_inflight_per_replica,
@@ -149,7 +156,10 @@ def stateful_set(
             f"{common.RUNTIME_CONFIG_DIR}/{common.RUNTIME_CONFIG_FILE}",
         ],
         "env": env,
-        "ports": [{"name": "http", "containerPort": port(), "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": port(), "protocol": "TCP"},
+            {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
         "resources": {"requests": dict(quantities), "limits": dict(quantities)},
         "readinessProbe": common.http_probe("/readyz", 10, 3, timeout_s=3),
         "livenessProbe": common.http_probe("/healthz", 10, 3, timeout_s=3),
@@ -203,7 +213,15 @@ def service(spec: PlatformSpec) -> Manifest:
         "spec": {
             "clusterIP": "None",
             "selector": selector(spec),
-            "ports": [{"name": "http", "port": port(), "targetPort": "http", "protocol": "TCP"}],
+            "ports": [
+                {"name": "http", "port": port(), "targetPort": "http", "protocol": "TCP"},
+                {
+                    "name": METRICS_PORT_NAME,
+                    "port": METRICS_PORT,
+                    "targetPort": METRICS_PORT_NAME,
+                    "protocol": "TCP",
+                },
+            ],
         },
     }
 

@@ -167,7 +167,8 @@ def batch_service(spec: PlatformSpec, cloud: Cloud) -> Manifest:
             "policyTypes": ["Ingress", "Egress"],
             "ingress": [
                 {"from": [_pods(spec, common.ROUTER)], "ports": _tcp(batches.port())},
-                {"from": [_prometheus(spec)], "ports": _tcp(batches.port())},
+                # metrics apart: the API trusts the router's identity headers, so only the router reaches it
+                {"from": [_prometheus(spec)], "ports": _tcp(batches.METRICS_PORT)},
             ],
             "egress": egress,
         },

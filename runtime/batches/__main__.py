@@ -49,11 +49,14 @@ def api_key(s: BatchesSettings, path: Path) -> str | None:
     return key
 
 
-async def serve(api: BatchApi, runner: Runner, host: str, port: int) -> None:
+async def serve(api: BatchApi, runner: Runner, host: str, port: int, metrics_port: int | None) -> None:
     server = Server(api.handle, api.max_body_bytes)
+    ops = Server(api.handle_ops, 1024) if metrics_port is not None else None
     work = asyncio.create_task(runner.run())
     bound = await server.start(host, port)
-    log.info("batch service listening", extra={"host": host, "port": bound})
+    if ops is not None and metrics_port is not None:
+        await ops.start(host, metrics_port)
+    log.info("batch service listening", extra={"host": host, "port": bound, "metrics_port": metrics_port})
     stop = stop_on_signals()
     try:
         done, _ = await asyncio.wait(
@@ -63,6 +66,8 @@ async def serve(api: BatchApi, runner: Runner, host: str, port: int) -> None:
             work.result()  # the work loop never ends on its own: surface why it did
     finally:
         await server.drain(DRAIN_GRACE_S, lambda: api.inflight)
+        if ops is not None:
+            await ops.drain(0.0, lambda: 0)
         work.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await work
@@ -89,9 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     api = BatchApi(db, blobs, s, runner, metrics)
     try:
         with asyncio.Runner(loop_factory=new_event_loop) as loop_runner:
-            loop_runner.run(
-                serve(api, runner, args.host or s.host, args.port if args.port is not None else s.port)
-            )
+            port = args.port if args.port is not None else s.port
+            loop_runner.run(serve(api, runner, args.host or s.host, port, s.metrics_port))
     finally:
         client.close()
         db.close()

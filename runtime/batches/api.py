@@ -146,6 +146,14 @@ class BatchApi:
         if status:  # 0: the handler streamed its answer itself
             conn.send(status, body, ctype)
 
+    async def handle_ops(self, req: Request, conn: Connection) -> None:
+        """The metrics listener: /metrics, /healthz and /readyz, never the API."""
+        try:
+            status, body, ctype = await self._ops(req)
+        except ApiError as err:
+            status, body, ctype = err.status, err.body, _JSON
+        conn.send(status, body, ctype)
+
     async def _dispatch(self, req: Request, conn: Connection) -> tuple[int, bytes, bytes]:
         path, method = req.path.rstrip(b"/"), req.method
         parts = path.decode("latin-1").split("/")[1:]  # ["v1", "files", id, "content"]
@@ -153,6 +161,10 @@ class BatchApi:
             return await self._files(req, conn, method, parts[2:])
         if parts[:2] == ["v1", "batches"] and len(parts) <= 4:
             return await self._batches(req, method, parts[2:])
+        return await self._ops(req)
+
+    async def _ops(self, req: Request) -> tuple[int, bytes, bytes]:
+        path, method = req.path.rstrip(b"/"), req.method
         if method in (b"GET", b"HEAD") and path == b"/metrics":
             await self.runner.snapshot()
             return 200, metrics_payload(self.metrics.registry), METRICS_CONTENT_TYPE.encode()

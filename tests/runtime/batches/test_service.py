@@ -9,13 +9,15 @@ import json
 import sqlite3
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 
 import openai
 import pytest
 
 from runtime.router.auth import hash_key
-from tests.runtime.batches.harness import chat_line, jsonl, results, wait_for
+from tests.runtime.batches.harness import chat_line, free_port, jsonl, results, wait_for
 
 
 def upload(client: openai.OpenAI, data: bytes, name: str = "in.jsonl") -> str:
@@ -75,7 +77,9 @@ def test_a_batch_answers_every_line_once_in_the_output_file(make_stack):
 
 
 def test_batches_list_newest_first_in_pages(make_stack):
-    client = make_stack().client()
+    metrics_port = free_port()
+    stack = make_stack(batches={"metrics_port": metrics_port})
+    client = stack.client()
     file_id = upload(client, jsonl([chat_line("a")]))
     made = [
         client.batches.create(
@@ -88,6 +92,13 @@ def test_batches_list_newest_first_in_pages(make_stack):
     rest = client.batches.list(limit=2, after=page.data[-1].id)
     assert [b.id for b in rest.data] == [made[0]] and not rest.has_more
     assert [b.id for b in client.batches.list(limit=1)] == made[::-1]  # the SDK pages through
+    # the metrics listener (what Prometheus may reach) serves metrics and health, never the API
+    ops = f"http://127.0.0.1:{metrics_port}"
+    with urllib.request.urlopen(f"{ops}/metrics", timeout=5) as resp:
+        assert b'inferstack_batches_batches{status="validating"}' in resp.read()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{ops}/v1/batches", timeout=5)
+    assert refused.value.code == 404
 
 
 def test_bad_lines_fail_validation_naming_each_line_and_nothing_runs(make_stack):
