@@ -7,7 +7,8 @@ its own process as `make local` runs them. Interactive load is an open loop: str
 as a Poisson process at ``--rate`` per second for ``--seconds``; each one's TTFT is the time to its first
 content chunk. Rounds alternate *quiet* (interactive load alone) and *batch* (the same load while a batch of
 ``--batch-lines`` chat requests runs through the router at low priority; it is cancelled when the round
-ends). The median over rounds of each phase's TTFT p95 is reported, with the ratio batch / quiet, the batch
+ends); both phases of a round replay the same arrival schedule. The median over rounds of each phase's TTFT
+p95 is reported, with the ratio batch / quiet, the batch
 lines finished during the batch rounds (the capacity it soaked up), and the machine's load.
 
 Target (issue 22): interactive TTFT p95 with the batch within 10 % of without it.
@@ -42,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from bench.machine import describe, dist_version  # noqa: E402
 from bench.processes import process  # noqa: E402
 from components.local.engine_process import EngineProcess, cpu_model_spec, engine_python, free_port  # noqa: E402
+from runtime.config import BatchesSettings  # noqa: E402
 
 MODEL = "tiny-llama"
 MODEL_DIR = ROOT / ".cache" / "models" / "tiny-llama"
@@ -82,8 +84,11 @@ async def one(session: aiohttp.ClientSession, url: str, i: int, max_tokens: int)
         return first
 
 
-async def open_loop(url: str, rate: float, seconds: float, max_tokens: int, seed: int) -> dict[str, Any]:
-    """Poisson arrivals at ``rate``/s for ``seconds``; every request's TTFT."""
+async def open_loop(
+    url: str, rate: float, seconds: float, max_tokens: int, seed: int, offset: int
+) -> dict[str, Any]:
+    """Poisson arrivals at ``rate``/s for ``seconds`` (the schedule drawn from ``seed``, so both phases of a
+    round see the same one); prompts numbered from ``offset`` (never the same twice: no prefix-cache help)."""
     rng = random.Random(seed)
     ttfts: list[float] = []
     failed = 0
@@ -94,7 +99,7 @@ async def open_loop(url: str, rate: float, seconds: float, max_tokens: int, seed
 
         async def run(i: int) -> None:
             nonlocal failed
-            ttft = await one(session, url, seed * 100_000 + i, max_tokens)
+            ttft = await one(session, url, offset + i, max_tokens)
             if ttft is None:
                 failed += 1
             else:
@@ -181,7 +186,9 @@ def config(
     }
 
 
-async def batch_round(client: openai.OpenAI, url: str, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+async def batch_round(
+    client: openai.OpenAI, url: str, args: argparse.Namespace, seed: int, offset: int
+) -> dict[str, Any]:
     file = client.files.create(
         file=("in.jsonl", io.BytesIO(batch_file(args.batch_lines, args.batch_tokens))), purpose="batch"
     )
@@ -192,7 +199,7 @@ async def batch_round(client: openai.OpenAI, url: str, args: argparse.Namespace,
         await asyncio.sleep(0.2)
     before = client.batches.retrieve(batch.id).request_counts.completed
     t0 = time.perf_counter()
-    result = await open_loop(url, args.rate, args.seconds, args.max_tokens, seed)
+    result = await open_loop(url, args.rate, args.seconds, args.max_tokens, seed, offset)
     elapsed = time.perf_counter() - t0
     during = client.batches.retrieve(batch.id).request_counts.completed - before
     client.batches.cancel(batch.id)
@@ -203,16 +210,16 @@ async def batch_round(client: openai.OpenAI, url: str, args: argparse.Namespace,
 
 async def measure(urls: dict[str, str], args: argparse.Namespace) -> list[dict[str, Any]]:
     client = openai.OpenAI(base_url=urls["router"] + "/v1", api_key="unused", max_retries=2)
-    await open_loop(urls["router"], args.rate, 10, args.max_tokens, seed=999)  # warm-up
+    await open_loop(urls["router"], args.rate, 10, args.max_tokens, seed=999, offset=9_000_000)  # warm-up
     rounds = []
     for r in range(args.rounds):
         for phase in ("quiet", "batch"):
             load0 = os.getloadavg()[0]
-            seed = r * 2 + (phase == "batch")
+            offset = (r * 2 + (phase == "batch")) * 100_000
             if phase == "quiet":
-                result = await open_loop(urls["router"], args.rate, args.seconds, args.max_tokens, seed)
+                result = await open_loop(urls["router"], args.rate, args.seconds, args.max_tokens, r, offset)
             else:
-                result = await batch_round(client, urls["router"], args, seed)
+                result = await batch_round(client, urls["router"], args, r, offset)
             result.update(round=r, phase=phase, loadavg=[load0, os.getloadavg()[0]])
             print(json.dumps(result), flush=True)
             rounds.append(result)
@@ -281,8 +288,19 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--batch-lines", type=int, default=20_000)
     ap.add_argument("--batch-tokens", type=int, default=16)
-    ap.add_argument("--inflight", type=int, default=4, help="batches.max_inflight_per_replica")
-    ap.add_argument("--headroom-share", type=float, default=0.5, help="batches.headroom_share")
+    defaults = BatchesSettings.model_fields
+    ap.add_argument(
+        "--inflight",
+        type=int,
+        default=defaults["max_inflight_per_replica"].default,
+        help="batches.max_inflight_per_replica (default: the runtime's)",
+    )
+    ap.add_argument(
+        "--headroom-share",
+        type=float,
+        default=defaults["headroom_share"].default,
+        help="batches.headroom_share (default: the runtime's)",
+    )
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
     if not (MODEL_DIR / "config.json").is_file():
