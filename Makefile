@@ -7,7 +7,7 @@ ENGINE_VENV := .venv-engine
 TOOLS_VENV := .venv-tools
 STACK ?= prod
 
-.PHONY: test lint typecheck unit plan local bench clean venv engine-venv tools-venv crd-tools schema snapshots
+.PHONY: test lint typecheck unit plan local bench clean venv engine-venv tools-venv crd-tools schema snapshots prometheus
 
 ## venvs ---------------------------------------------------------------------------------------
 # The project, its runtime services and the dev tools.
@@ -40,6 +40,10 @@ $(CRD_TOOLS)/node_modules/.installed: $(CRD_TOOLS)/package.json $(CRD_TOOLS)/pac
 	touch $@
 crd-tools: $(CRD_TOOLS)/node_modules/.installed
 
+# Prometheus and promtool (Debian's package): rule checks and unit tests, `make local MONITOR=1`.
+prometheus:
+	bash scripts/install-prometheus.sh
+
 ## checks --------------------------------------------------------------------------------------
 # lint-imports checks the import boundaries of DESIGN.md (contracts in pyproject.toml [tool.importlinter]).
 lint: venv
@@ -50,14 +54,14 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy components runtime policies
 
-unit: venv crd-tools
+unit: venv crd-tools prometheus
 	$(BIN)/pytest -m 'not engine'
 
 # Accept the plan changes a change makes: rewrites tests/snapshots/plans/ (review and commit the diff).
 snapshots: venv
 	INFERSTACK_UPDATE_SNAPSHOTS=1 $(BIN)/pytest -q tests/components/test_plan_snapshots.py
 
-test: venv engine-venv tools-venv crd-tools lint typecheck
+test: venv engine-venv tools-venv crd-tools prometheus lint typecheck
 	$(BIN)/pytest
 
 ## product -------------------------------------------------------------------------------------
@@ -71,11 +75,12 @@ plan: venv
 # The data plane of stacks/Pulumi.local.yaml on this machine: real vLLM on CPU behind the router on
 # http://127.0.0.1:8080. Foreground (Ctrl-C stops everything); DETACH=1 runs it in the background
 # (then `make local-status`, `make local-logs`, `make local-down`). PORT=N moves the router;
+# MONITOR=1 also runs Prometheus on http://127.0.0.1:9090 with the stack's alert rules;
 # LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the state directory.
 .PHONY: local local-down local-status local-logs
 LOCAL_STATE_ARG = $(if $(LOCAL_STATE),--state-dir $(LOCAL_STATE))
-local: venv engine-venv
-	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(DETACH),--detach) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
+local: venv engine-venv $(if $(MONITOR),prometheus)
+	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(DETACH),--detach) $(if $(MONITOR),--monitor) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
 
 local-down: venv
 	$(BIN)/inferstack local down $(LOCAL_STATE_ARG)

@@ -374,3 +374,56 @@ def comparable_api_prices(arch: ModelArch) -> list[ApiPrice]:
     """The API models set beside a model of this architecture: same task, its size class."""
     same_task = [p for p in API_PRICES if p.pooling == arch.pooling]
     return [p for p in same_task if p.params_b[0] <= arch.params_b < p.params_b[1]]
+
+
+# Cold start of one engine replica, from nothing to ready: what `pulumi up` waits for (``components.startup``).
+# Estimates, read 2026-02-09, rounded up: nothing here was measured on AWS by this project.
+STARTUP_READ_ON = "2026-02-09"
+NODE_START_S: dict[str, int] = {
+    # Single-GPU families: the instance boots in 80-120 s (tensorfuse.io/docs/blogs/lazy_loading_performance_degradation),
+    # then joins the cluster and the NVIDIA device plugin advertises its GPUs; ~5 min for a pod that needs a new
+    # node through Karpenter (a field report, sbhn.g1b.me/item/44053826).
+    "g4dn": 300,
+    "g5": 300,
+    "g6": 300,
+    "g6e": 300,
+    # 8-GPU families start NVSwitch fabric manager and many network cards before the GPUs are usable: twice as long
+    # (an assumption).
+    "p4d": 600,
+    "p4de": 600,
+    "p5": 600,
+    "p5en": 600,
+    "p6-b200": 600,
+}
+NODE_START_DEFAULT_S = 600
+ENGINE_IMAGE_GIB: dict[str, float] = {
+    # Compressed images of the default engines: "vLLM, SGLang, and TensorRT-LLM are large, typically exceeding
+    # 10 GB" (tensorfuse.io/docs/blogs/snapshotter_graphs); TensorRT-LLM's NGC release image is the largest.
+    "vllm": 10.0,
+    "sglang": 12.0,
+    "trtllm": 20.0,
+}
+CPU_ENGINE_IMAGE_GIB = 3.0
+IMAGE_PULL_MIBPS = 25.0
+"""Pull and unpack together: "pulling a 10 GB image ... takes 7-10 minutes" with overlayfs (tensorfuse, above);
+a 20 GB image took 5-6 min to pull and 3-4 to extract (bentoml.com/blog/cold-starting-llms-on-kubernetes-in-under-30-seconds)."""
+WEIGHTS_FETCH_MIBPS: dict[str, float] = {
+    # Download from the Hugging Face hub inside the engine ("limited by the node's network bandwidth and ...
+    # Hugging Face's availability", tensorfuse.io/docs/blogs/reducing_gpu_cold_start), and `aws s3 sync` from the
+    # region's S3 with its default 10 concurrent requests: conservative figures.
+    "hub": 100.0,
+    "s3": 200.0,
+    "local": 0.0,
+}
+WEIGHTS_LOAD_MIBPS = 500.0
+"""Reading safetensors from the node's disk into GPU memory (the GPU nodes' gp3 root disk is provisioned at
+1,000 MiB/s; half of it, for the engine's own parsing and copying)."""
+ENGINE_INIT_S: dict[str, int] = {
+    # After the weights: torch.compile, CUDA graph capture, KV cache profiling. vLLM's start-up is dominated by such
+    # CPU-bound steps ("Breaking the Ice: Analyzing Cold Start Latency in vLLM", arxiv.org/html/2606.07362).
+    "vllm": 120,
+    "sglang": 120,
+    "trtllm": 180,
+}
+STARTUP_MARGIN = 0.25
+"""Budget = estimate x (1 + margin), rounded up to whole minutes."""

@@ -159,8 +159,10 @@ def plan(
         f"Monthly cost: {cost.monthly(rep.bill.min_usd_month)} at min replicas, "
         f"{cost.monthly(rep.bill.max_usd_month)} at max replicas"
     )
-    for note in rep.notes:
+    for note in [*rep.notes, *rep.deploy_notes]:
         out.print(f"  - {note}", markup=False, highlight=False)
+    for warning in rep.warnings:
+        out.print(f"warning: {warning}", markup=False, highlight=False)
     if is_local:
         out.print("target local has no cloud or cluster resources; `make local` runs it on this machine")
     else:

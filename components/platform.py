@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pulumi
 
+from components import rollout
 from components.cloud import Cloud
 from components.kubernetes.addons import ClusterAddons
 from components.kubernetes.batches import BatchService
@@ -20,7 +21,7 @@ from components.kubernetes.manifests import apply
 from components.kubernetes.observability import Observability
 from components.kubernetes.scaling import ModelScaling
 from components.placement import Layout
-from components.render import common, engine, hardening
+from components.render import addons, common, engine, hardening
 from components.render.namespace import namespace
 from components.spec import PlatformSpec
 
@@ -103,12 +104,22 @@ class InferencePlatform(pulumi.ComponentResource):
         engines_opts = pulumi.ResourceOptions(
             parent=self, depends_on=[self.namespace, self.priority_class, self.engine_identity]
         )
+        rollouts = rollout.plans(spec, layout)
         self.engines = {
-            m.name: ModelEngine(spec, m, layout.placements[m.name], engines_opts) for m in spec.models
+            m.name: ModelEngine(spec, m, layout.placements[m.name], rollouts[m.name], engines_opts)
+            for m in spec.models
         }
         self.network = NetworkPolicies(spec, cloud, in_namespace)
         keys = _api_keys(spec, secrets)
-        self.gateway = Gateway(spec, cloud, keys, in_namespace, images=cluster.images)
+        # With gateway_api envoy-gateway, its chart brings the Gateway API CRDs the Gateway and HTTPRoute need.
+        gateway_crds = self.addons.installed(addons.ENVOY_GATEWAY_RELEASE)
+        self.gateway = Gateway(
+            spec,
+            cloud,
+            keys,
+            pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, *gateway_crds]),
+            images=cluster.images,
+        )
         if spec.batch.enabled:
             self.batches = BatchService(spec, cloud, keys, cluster.files_bucket, cluster.images, in_namespace)
         crds = self.addons.installed("keda", "prometheus-adapter")

@@ -18,11 +18,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from components.local.monitor import Monitor
 from components.local.tiny_model import GENERATED_MODELS, Kind
+from components.render import common, scaling
 from components.render import runtime_config as rendered
 from components.spec import ModelSpec, PlatformSpec, Target
 from components.stackfile import Stack
-from runtime.config import EngineKind, RuntimeConfig, Task
+from runtime.config import EngineKind, FileDiscovery, RuntimeConfig, Task
 
 HOST = "127.0.0.1"
 DEFAULT_ROUTER_PORT = 8080
@@ -60,6 +62,8 @@ class LocalOptions:
     state_dir: Path = DEFAULT_STATE_DIR
     cpus: tuple[int, ...] = (0,)
     """CPU cores engines are pinned to, in turn (VLLM_CPU_OMP_THREADS_BIND): one core each."""
+    monitor: Monitor | None = None
+    """Also run Prometheus (`--monitor`) with the stack's rendered rules."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,8 @@ class EngineLaunch:
     path: Path
     port: int
     cpu_cores: str
+    on_demand: bool = False
+    """Started by the autoscaler when demand calls for it (replicas above min_replicas), not at start-up."""
 
     @property
     def model(self) -> str:
@@ -133,6 +139,8 @@ class LocalPlan:
     config: RuntimeConfig
     generate_models: tuple[str, ...] = field(default=())
     embed_models: tuple[str, ...] = field(default=())
+    spec: PlatformSpec | None = None
+    monitor: Monitor | None = None
 
     @property
     def router(self) -> ServiceLaunch:
@@ -150,11 +158,33 @@ class LocalPlan:
     def config_path(self) -> Path:
         return self.state_dir / "runtime.yaml"
 
+    @property
+    def endpoints_path(self) -> Path:
+        """Ready replicas of the models that scale, as their file discovery reads them."""
+        return endpoints_path(self.state_dir)
+
+    @property
+    def engine_targets_path(self) -> Path:
+        """Every existing engine replica, as Prometheus' file_sd reads them."""
+        return self.state_dir / "monitor" / "engines.json"
+
+    @property
+    def always_on(self) -> tuple[EngineLaunch, ...]:
+        """The engines started at start-up (the others start on demand)."""
+        return tuple(e for e in self.engines if not e.on_demand)
+
     def ports(self) -> list[tuple[int, str, str]]:
         """(port, what listens there, the option that changes it): the router first, engines last."""
-        return [(s.port, s.name, s.option) for s in reversed(self.services)] + [
-            (e.port, f"engine {e.name}", "--engine-port") for e in self.engines
-        ]
+        monitor = [(self.monitor.port, "Prometheus", "--monitor-port")] if self.monitor else []
+        return (
+            [(s.port, s.name, s.option) for s in reversed(self.services)]
+            + monitor
+            + [(e.port, f"engine {e.name}", "--engine-port") for e in self.engines]
+        )
+
+
+def endpoints_path(state_dir: Path) -> Path:
+    return state_dir / "endpoints.json"
 
 
 def _problem(stack: Stack, where: str, message: str) -> PlanError:
@@ -194,8 +224,9 @@ def model_preps(spec: PlatformSpec, repo_root: Path, source: str = "stack file")
 
 
 def replicas(model: ModelSpec) -> int:
-    """Engines started for a model: its min_replicas, at least one (nothing here scales from zero)."""
-    return max(1, model.scaling.min_replicas)
+    """Engines planned for a model: max_replicas when it scales (the autoscaler starts those above
+    min_replicas on demand), else its fixed count."""
+    return model.scaling.max_replicas if scaling.scales(model) else max(1, model.scaling.min_replicas)
 
 
 def check_stack(stack: Stack) -> None:
@@ -235,7 +266,8 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     for model, prep in zip(spec.models, preps, strict=True):
         for r in range(replicas(model)):
             core = options.cpus[len(engines) % len(options.cpus)]
-            engines.append(EngineLaunch(f"{model.name}-{r}", model, prep.path, port, str(core)))
+            on_demand = scaling.scales(model) and r >= model.scaling.min_replicas
+            engines.append(EngineLaunch(f"{model.name}-{r}", model, prep.path, port, str(core), on_demand))
             port += 1
     services = [ServiceLaunch("health", "runtime.health", options.health_port, "--health-port")]
     if rendered.has_batcher(spec):
@@ -245,8 +277,10 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
             ServiceLaunch("batches", "runtime.batches", options.batches_port, "--batches-port", restart=True)
         )
     services.append(ServiceLaunch("router", "runtime.router", options.router_port, "--port"))
+    monitor = [(options.monitor.port, "Prometheus", "--monitor-port")] if options.monitor else []
     check_ports(
         [(s.port, s.name, s.option) for s in services]
+        + monitor
         + [(e.port, f"engine {e.name}", "--engine-port") for e in engines]
     )
     return LocalPlan(
@@ -256,9 +290,17 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         models=tuple(preps),
         engines=tuple(engines),
         services=tuple(services),
-        config=local_runtime_config(spec, engines, {s.name: s.port for s in services}, options.state_dir),
+        config=local_runtime_config(
+            spec,
+            engines,
+            {s.name: s.port for s in services},
+            options.state_dir,
+            endpoints_path(options.state_dir.absolute()),
+        ),
         generate_models=tuple(m.name for m in spec.models if m.resolved_task() is not Task.EMBED),
         embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
+        spec=spec,
+        monitor=options.monitor,
     )
 
 
@@ -281,14 +323,21 @@ def local_runtime_config(
     engines: Sequence[EngineLaunch],
     ports: dict[str, int],
     state_dir: Path = DEFAULT_STATE_DIR,
+    endpoints: Path | None = None,
 ) -> RuntimeConfig:
-    """The cluster's RuntimeConfig (same renderer), with this machine's addresses (and the batch service's
-    state and files under ``state_dir/batches``)."""
+    """The cluster's RuntimeConfig (same renderer), with this machine's addresses: fixed replicas for models
+    of a fixed size, the autoscaler's ``endpoints`` file for models that scale (replicas come and go); the batch
+    service's state and files under ``state_dir/batches``."""
     backends: dict[str, list[str]] = {}
     for engine in engines:
         backends.setdefault(engine.model, []).append(engine.url)
     base = rendered.runtime_config(spec, static_backends=backends)
     doc = base.model_dump(mode="json", exclude_none=True)
+    for model, target in zip(spec.models, doc["models"], strict=True):
+        if scaling.scales(model) and endpoints is not None:
+            service = common.engine_name(model.name)
+            target["static_backends"] = []
+            target["discovery"] = FileDiscovery(path=endpoints, service=service).model_dump(mode="json")
     doc["router"].update(
         host=HOST,
         port=ports["router"],
@@ -320,9 +369,12 @@ def describe(plan: LocalPlan) -> list[str]:
         f"stack {plan.stack} ({plan.source}): {len(plan.engines)} engines, then {', '.join(s.name for s in plan.services)}"
     ]
     for e in plan.engines:
-        lines.append(f"  engine {e.name:<24} {e.url}  core {e.cpu_cores}  {e.path}")
+        when = "  (started on demand)" if e.on_demand else ""
+        lines.append(f"  engine {e.name:<24} {e.url}  core {e.cpu_cores}  {e.path}{when}")
     for s in plan.services:
         lines.append(f"  {s.name:<31} {s.url}")
+    if plan.monitor is not None:
+        lines.append(f"  {'prometheus':<31} {plan.monitor.url}")
     return lines
 
 
@@ -336,7 +388,12 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
     chat = plan.generate_models[0] if plan.generate_models else None
     lines = [
         "",
-        f"inferstack local is ready in {ready_s:.0f}s: {len(plan.engines)} vLLM engines behind the router",
+        f"inferstack local is ready in {ready_s:.0f}s: {len(plan.always_on)} vLLM engines behind the router"
+        + (
+            f", {len(plan.engines) - len(plan.always_on)} more on demand"
+            if len(plan.engines) > len(plan.always_on)
+            else ""
+        ),
         "",
         f"  OpenAI API  {url}/v1   models: {', '.join(plan.generate_models + plan.embed_models)}",
         *(
@@ -348,9 +405,24 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
         f"  logs        {plan.logs_dir}/",
         "",
     ]
+    if plan.monitor is not None:
+        lines[-1:-1] = [
+            f"  Prometheus  {plan.monitor.url}   alerts: {plan.monitor.url}/alerts   "
+            f"rules: {plan.monitor.url}/rules   targets: {plan.monitor.url}/targets",
+        ]
+    cold = sorted({e.model for e in plan.engines if e.on_demand} - {e.model for e in plan.always_on})
+    if cold:
+        lines[-1:-1] = [
+            f"  at zero     {', '.join(cold)}: the first request waits while an engine starts (about a minute)",
+        ]
     if chat is not None:
         body = json.dumps(
-            {"model": chat, "messages": [{"role": "user", "content": FIRST_QUESTION}], "max_tokens": 32}
+            {
+                "model": chat,
+                "messages": [{"role": "user", "content": FIRST_QUESTION}],
+                "max_tokens": 32,
+                "temperature": 0,
+            }
         )
         lines += [
             f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\",
@@ -358,7 +430,7 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
             "",
             "  from openai import OpenAI",
             f'  client = OpenAI(base_url="{url}/v1", api_key="unused")',
-            f'  reply = client.chat.completions.create(model="{chat}", max_tokens=32,',
+            f'  reply = client.chat.completions.create(model="{chat}", max_tokens=32, temperature=0,',
             f'                                          messages=[{{"role": "user", "content": "{FIRST_QUESTION}"}}])',
             "  print(reply.choices[0].message.content)",
         ]

@@ -231,8 +231,10 @@ def alerts(spec: PlatformSpec) -> list[Alert]:
     return [a for m in spec.models for a in model_alerts(spec, m)] + gateway_alerts(spec) + batch_alerts(spec)
 
 
-def prometheus_rule(spec: PlatformSpec) -> Manifest:
-    """One PrometheusRule: a group per model and one for the gateway."""
+def rule_groups(spec: PlatformSpec) -> list[Manifest]:
+    """The rule groups: one per model, one for the gateway, one for the batch service. A Prometheus rule file is
+    ``{"groups": ...}``; the cluster gets them in a PrometheusRule, ``make local MONITOR=1`` in a file (promtool
+    checks that one)."""
     groups = [
         {"name": f"inferstack-{m.name}", "rules": [a.rule() for a in model_alerts(spec, m)]}
         for m in spec.models
@@ -240,11 +242,16 @@ def prometheus_rule(spec: PlatformSpec) -> Manifest:
     groups.append({"name": "inferstack-gateway", "rules": [a.rule() for a in gateway_alerts(spec)]})
     if batch := batch_alerts(spec):
         groups.append({"name": "inferstack-batches", "rules": [a.rule() for a in batch]})
+    return groups
+
+
+def prometheus_rule(spec: PlatformSpec) -> Manifest:
+    """One PrometheusRule with every rule group of the stack."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": common.metadata(spec, f"{spec.name}-alerts", "monitoring"),
-        "spec": {"groups": groups},
+        "spec": {"groups": rule_groups(spec)},
     }
 
 

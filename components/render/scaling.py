@@ -33,6 +33,9 @@ SCALE_DOWN_PERIOD_S = 120
 """One replica removed per period: the engines' termination grace, so drains never overlap."""
 TTFT_QUANTILE = 0.95
 PROMETHEUS_TRIGGER = "prometheus"
+ACTIVATION = 0.0
+"""A trigger value above this wakes a model from zero and keeps it awake (KEDA's activationThreshold): one
+request waiting in the router is enough."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class Thresholds:
     scale_down_window_s: int
     scale_up_step_pods: int
     idle_before_zero_s: int
+    activation: float
+    cold_start_hold_s: float
 
 
 def thresholds(model: ModelSpec) -> Thresholds:
@@ -65,7 +70,31 @@ def thresholds(model: ModelSpec) -> Thresholds:
         scale_down_window_s=s.scale_down_stabilization_s,
         scale_up_step_pods=max(1, math.ceil(s.max_replicas * SCALE_UP_SHARE_OF_MAX)),
         idle_before_zero_s=s.idle_before_zero_s,
+        activation=ACTIVATION,
+        cold_start_hold_s=s.cold_start_hold_ms / 1000 if s.min_replicas == 0 else 0.0,
     )
+
+
+def replicas_wanted(t: Thresholds, demand: float, current: int, idle_s: float) -> int:
+    """The replica count KEDA and its HPA settle on for the router-demand trigger, as one pure decision: the
+    ScaledObject renders these thresholds, and ``make local``'s autoscaler calls this with what the router
+    reports (``demand``: requests waiting in it plus refusals for want of a replica; ``idle_s``: how long
+    demand and in-flight work have been nil).
+
+    Demand above ``activation`` wakes a model at zero and asks ceil(demand / queue_per_replica) replicas
+    (the trigger's AverageValue target), never fewer than run now. Replicas go only when the model is idle:
+    after ``scale_down_window_s`` (the HPA's scale-down stabilisation) down to one, and after
+    ``idle_before_zero_s`` (KEDA's cooldownPeriod, which goes straight to zero) down to none, never below
+    ``min_replicas``."""
+    if demand > t.activation:
+        wanted = max(current, math.ceil(demand / t.queue_per_replica), 1)
+    elif current and t.min_replicas == 0 and idle_s >= t.idle_before_zero_s:
+        wanted = 0
+    elif current and idle_s >= t.scale_down_window_s:
+        wanted = 1
+    else:
+        wanted = current
+    return min(t.max_replicas, max(t.min_replicas, wanted))
 
 
 def scales(model: ModelSpec) -> bool:
@@ -184,7 +213,7 @@ def scaled_object(spec: PlatformSpec, model: ModelSpec) -> Manifest:
                     "threshold": _number(trig.target),
                     # Any waiting request, any KV block in use, any recent request keeps the model awake
                     # (and wakes it from zero); all at zero for idle_before_zero_s lets it go.
-                    "activationThreshold": "0",
+                    "activationThreshold": _number(t.activation),
                     "ignoreNullValues": "true",
                 },
             }

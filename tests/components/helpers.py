@@ -19,6 +19,7 @@ MINIMAL: dict[str, Any] = {
     "name": "inferstack",
     "environment": "test",
     "target": "eks",
+    "cluster": {"api_endpoint": {"access": "public", "public_cidrs": ["203.0.113.0/28"]}},
     "gpu_pools": [{"name": "l40s", "instance_type": "g6e.xlarge"}],
     "models": [
         {
@@ -34,6 +35,11 @@ MINIMAL: dict[str, Any] = {
 
 def minimal() -> dict[str, Any]:
     return copy.deepcopy(MINIMAL)
+
+
+def cluster(**fields: Any) -> dict[str, Any]:
+    """MINIMAL's cluster block (its API endpoint) with ``fields`` on top."""
+    return {**copy.deepcopy(MINIMAL["cluster"]), **fields}
 
 
 def write_stack(
@@ -99,3 +105,13 @@ def model_queries(spec: PlatformSpec, model: ModelSpec) -> dict[str, list[str]]:
         "alert": [a.expr for a in alerts.model_alerts(spec, model)],
         "dashboard": [q for p in dashboards.model_panels(spec, model) for q, _ in p.targets],
     }
+
+
+def rendered_engine_deployment(spec: PlatformSpec, model_name: str | None = None) -> dict[str, Any]:
+    """The engine Deployment of one model (the first by default), placed and rolled out as the program does."""
+    from components import placement, rollout
+    from components.render import engine
+
+    layout = placement.place(spec)
+    model = next(m for m in spec.models if model_name in (None, m.name))
+    return engine.deployment(spec, model, layout.placements[model.name], rollout.plan(spec, layout, model))

@@ -11,19 +11,17 @@ from typing import Any
 
 import pytest
 
-from components import placement
-from components.render import common, engine, engine_images
+from components.render import common, engine_images
 from components.spec import PlatformSpec
 from runtime.config import EngineKind
-from tests.components.helpers import minimal
+from tests.components.helpers import minimal, rendered_engine_deployment
 
 
 def _deployment(kind: str) -> dict[str, Any]:
     raw = minimal()
     raw["models"][0]["engine"]["kind"] = kind
     spec = PlatformSpec.model_validate(raw)
-    model = spec.models[0]
-    return engine.deployment(spec, model, placement.place(spec).placements[model.name])
+    return rendered_engine_deployment(spec)
 
 
 def _writable(container: dict[str, Any]) -> list[str]:

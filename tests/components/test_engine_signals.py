@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from components import placement
 from components.cli import app
-from components.render import alerts, engine, engine_args, monitors, scaling
+from components.render import alerts, engine_args, monitors, scaling
 from components.spec import ModelSpec, PlatformSpec
 from runtime.config import EngineKind
 from runtime.engines import facts
@@ -26,6 +25,7 @@ from tests.components.helpers import (
     metric_names,
     minimal,
     model_queries,
+    rendered_engine_deployment,
     write_stack,
 )
 
@@ -80,7 +80,7 @@ def test_a_trigger_on_a_metric_the_engine_lacks_is_caught() -> None:
             "trigger reads sglang:num_waiting_reqs, which SGLang does not export"
         ]
     finally:
-        scaling.triggers = original  # type: ignore[assignment]
+        scaling.triggers = original
 
 
 def test_trtllm_scales_on_the_router_queue_alone_and_has_no_engine_scrape() -> None:
@@ -120,7 +120,7 @@ def test_an_s3_model_is_served_under_its_own_name(kind: str) -> None:
     spec = _spec(kind, source="s3://models-bucket/llama-8b/", architecture=llama_8b)
     model = spec.models[0]
     cmd = engine_args.engine_command(model)
-    deployment = engine.deployment(spec, model, _placement(spec))
+    deployment = rendered_engine_deployment(spec)
     [sync] = deployment["spec"]["template"]["spec"]["initContainers"]
     assert sync["command"][-1] == "/models/llama-8b"
     location = (
@@ -134,7 +134,3 @@ def test_an_s3_model_is_served_under_its_own_name(kind: str) -> None:
         assert cmd.args[cmd.args.index(served.name) + 1] == "llama-8b"
     # trtllm-serve has no served-name flag: it serves a local directory under its base name.
     assert location.rsplit("/", 1)[-1] == model.name
-
-
-def _placement(spec: PlatformSpec) -> Any:
-    return placement.place(spec).placements[spec.models[0].name]

@@ -21,10 +21,10 @@ from typing import Any
 import openai
 import pytest
 
-from components import placement
 from components.local.engine_process import OFFLINE_ENV, EngineProcess, cpu_model_spec
 from components.render import common, engine
 from components.spec import PlatformSpec
+from tests.components.helpers import rendered_engine_deployment
 from tests.conftest import ENGINE_READY_TIMEOUT_S, LOGS_DIR
 
 pytestmark = pytest.mark.engine
@@ -72,8 +72,7 @@ def _rendered() -> dict[str, Any]:
             ],
         }
     )
-    model = spec.models[0]
-    return engine.deployment(spec, model, placement.place(spec).placements[model.name])
+    return rendered_engine_deployment(spec)
 
 
 class SandboxedEngine(EngineProcess):

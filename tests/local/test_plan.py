@@ -98,14 +98,32 @@ def test_local_config_is_the_cluster_config_with_local_addresses() -> None:
     assert local.batches.s3 is None and local.batches.max_file_bytes == cluster.batches.max_file_bytes
 
 
-def test_no_embedding_model_means_no_batcher_and_min_replicas_zero_still_starts_one() -> None:
+def test_no_embedding_model_means_no_batcher_and_min_replicas_zero_starts_none() -> None:
+    """A model that scales from zero: every replica up to max_replicas is planned (its port reserved) and
+    started on demand; the router finds them in the autoscaler's endpoints file and holds requests meanwhile."""
     raw = raw_local()
     raw["models"] = [raw["models"][0]]
-    raw["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 2}
-    plan = build_plan(stack_from(raw), LocalOptions(), REPO)
+    raw["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 2, "cold_start_hold_ms": 100_000}
+    plan = build_plan(stack_from(raw), LocalOptions(state_dir=Path("/tmp/st")), REPO)
     assert [s.name for s in plan.services] == ["health", "batches", "router"]
-    assert len(plan.engines) == 1
-    assert "embeddings" not in banner(plan, 1.0, detached=False)
+    assert [(e.name, e.on_demand) for e in plan.engines] == [
+        ("smollm2-135m-instruct-0", True),
+        ("smollm2-135m-instruct-1", True),
+    ]
+    assert plan.always_on == ()
+    target = plan.config.models[0]
+    assert target.static_backends == [] and target.discovery is not None
+    assert target.discovery.model_dump() == {
+        "path": Path("/tmp/st/endpoints.json"),
+        "service": "smollm2-135m-instruct-engine",
+        "poll_interval_ms": 500,
+    }
+    assert plan.config.route("smollm2-135m-instruct").cold_start_hold_ms == 100_000
+    text = banner(plan, 1.0, detached=False)
+    assert (
+        "embeddings" not in text
+        and "smollm2-135m-instruct: the first request waits while an engine starts" in text
+    )
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ README = REPO / "README.md"
 HERE = "tests/local/test_readme.py"
 LOCAL_TEST = "tests/local/test_local_stack.py"
 LIFECYCLE = "tests/local/test_lifecycle.py"
+MONITOR_TEST = "tests/local/test_monitor_stack.py"
 CI = ".github/workflows/ci.yml"
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -73,6 +74,9 @@ COVERAGE = [
     Coverage(r'make local LOCAL_ARGS=".*"', ((LOCAL_TEST, 'f"LOCAL_ARGS={args}"'), (HERE, 'LOCAL_ARGS=--engine-port 8100')), "run for real; dry run here"),
     Coverage(r"make local PORT=\d+", ((HERE, "def test_make_targets_run_the_documented_commands"),), "dry run here"),
     Coverage(r"make local-down", ((LOCAL_TEST, '_make("local-down"'),), "run for real"),
+    Coverage(r"make local MONITOR=1", ((MONITOR_TEST, '"MONITOR=1",'), (HERE, '_make_dry("local", "MONITOR=1")')), "run for real; dry run here"),
+    Coverage(r"make prometheus", (("Makefile", "test: venv engine-venv tools-venv crd-tools prometheus"), (".ci/run", "make test")), "a prerequisite of make test"),
+    Coverage(r"\.venv/bin/inferstack local up -s scale-from-zero --stacks-dir tests/local/stacks --monitor", ((MONITOR_TEST, 'STACK = "scale-from-zero"'), (MONITOR_TEST, '"--stacks-dir", str(STACKS)')), "run for real (through make MONITOR=1)"),
     Coverage(r"make local-(status|logs)", ((HERE, "def test_make_targets_run_the_documented_commands"), (LIFECYCLE, 'run_local("status"'), (LIFECYCLE, 'run_local("logs"')), "dry run here; the command runs in the lifecycle test"),
     Coverage(r"make test", ((".ci/run", "make test"), (CI, "run: make test")), "CI"),
     Coverage(r"make unit", ((HERE, "def test_make_targets_run_the_documented_commands"),), "dry run here"),
@@ -147,6 +151,8 @@ def test_make_targets_run_the_documented_commands() -> None:
         r"\.venv/bin/inferstack local up\s+--engine-port 8100",
         _make_dry("local", "LOCAL_ARGS=--engine-port 8100"),
     )
+    assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--monitor\s*", _make_dry("local", "MONITOR=1"))
+    assert "bash scripts/install-prometheus.sh" in _make_dry_lines("local", "MONITOR=1")
     assert _make_dry("unit") == ".venv/bin/pytest -m 'not engine'"
     bench = _make_dry_lines("bench")  # ~25 minutes for real: the committed results came from a fresh clone
     runs = [line for line in bench if line.startswith(".venv/bin/python") and "bench" in line]  # not pip
