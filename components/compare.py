@@ -25,14 +25,12 @@ from components.placement import Layout, Placement
 from components.spec import ModelSpec, PlatformSpec
 
 SECONDS_PER_MONTH = catalog.HOURS_PER_MONTH * 3600
-DEFAULT_INPUT_SHARE = 0.75
-"""Prompt tokens as a share of all tokens: 3 prompt tokens per generated one (chat with context, RAG)."""
 
 
 @dataclass(frozen=True)
 class Assumptions:
     utilisation: float
-    input_share: float = DEFAULT_INPUT_SHARE
+    input_share: float = cost.DEFAULT_INPUT_SHARE
 
     def lines(self) -> list[str]:
         return [

@@ -10,16 +10,23 @@ command answers in well under a second.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from components import catalog, compare, cost, sizing, targets
+from components import catalog, cost, sizing
+from components.enums import Quantization
+from components.paths import STACKS_DIR
 from components.problems import SpecError
-from components.spec import Quantization
-from components.stackfile import STACKS_DIR, Stack, load
+
+if TYPE_CHECKING:
+    from components import compare
+    from components.stackfile import Stack
+
+# The spec, the placement and the stack file load when the command runs: `inferstack --help` builds this
+# command's options and should not pay for them (tests/components/test_cli_imports.py).
 
 out = Console()
 err = Console(stderr=True)
@@ -114,6 +121,8 @@ def print_notes(results: list[compare.Comparison], a: compare.Assumptions) -> No
 
 
 def _stack(name: str, stacks_dir: Path) -> Stack:
+    from components.stackfile import load  # noqa: PLC0415 - see the imports
+
     try:
         return load(name, stacks_dir)
     except SpecError as error:
@@ -121,6 +130,8 @@ def _stack(name: str, stacks_dir: Path) -> Stack:
 
 
 def compare_stack(loaded: Stack, a: compare.Assumptions, volume: float | None) -> None:
+    from components import compare, targets  # noqa: PLC0415 - see the imports
+
     spec, layout = loaded.spec, loaded.layout
     results = []
     for model in spec.models:
@@ -151,6 +162,8 @@ def compare_stack(loaded: Stack, a: compare.Assumptions, volume: float | None) -
 def compare_model(
     name: str, volume: float, a: compare.Assumptions, quant: Quantization, max_model_len: int
 ) -> None:
+    from components import compare  # noqa: PLC0415 - see the imports
+
     found = catalog.lookup_model(name)
     if found is None:
         raise _fail(
@@ -200,7 +213,7 @@ def cost_command(
     ] = None,
     input_share: Annotated[
         float, typer.Option(min=0.0, max=0.99, help="Prompt tokens as a share of all tokens.")
-    ] = compare.DEFAULT_INPUT_SHARE,
+    ] = cost.DEFAULT_INPUT_SHARE,
     quant: Annotated[
         Quantization, typer.Option("--quant", help="Weight quantization (--model).")
     ] = Quantization.NONE,
@@ -208,6 +221,8 @@ def cost_command(
     stacks_dir: Annotated[Path, typer.Option(help="Where the stack files are.")] = STACKS_DIR,
 ) -> None:
     """A stack's monthly bill; with --compare, the platform beside pay-per-token APIs and the break-even volume."""
+    from components import compare, targets  # noqa: PLC0415 - see the imports
+
     if (stack is None) == (model is None):
         raise _fail(
             "give a stack (-s prod) or a model (--model llama-3.1-70b --tokens-per-month 2e9), not both"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -93,3 +94,12 @@ def stop_on_signals() -> asyncio.Event:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+async def serve_until_signalled() -> None:
+    """Once a service is built and listening: move what it built out of the cyclic GC's reach (it lives as
+    long as the process; a full collection over it stalls every request in flight: the router measured
+    8-16 ms), then wait for SIGTERM or SIGINT."""
+    gc.collect()
+    gc.freeze()
+    await stop_on_signals().wait()

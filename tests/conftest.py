@@ -14,6 +14,7 @@ Fixtures:
     check_vllm_args    callable: list of `vllm serve` argument lists -> list of errors (None = ok)
     vllm_chat_pair     VllmChatPair: two tiny-Llama replicas (prefix caching on, one core each)
     vllm_embed         VllmEmbed: one all-MiniLM-L6-v2 engine (`--runner pooling`)
+    loopback_s3        LoopbackS3: moto's S3 server on 127.0.0.1 with a request log (no engine)
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from components.local.engine_process import (
     EngineNotInstalledError,
     EngineProcess,
     cpu_model_spec,
+    free_port,
 )
 from components.local.engine_process import engine_python as _engine_python
+from components.local.s3_server import LoopbackS3, started
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO_ROOT / ".cache"
@@ -211,3 +214,11 @@ def vllm_embed(embed_model: Path) -> Iterator[VllmEmbed]:
         yield VllmEmbed(engine.base_url, EMBED_MODEL_NAME, embed_model, engine)
     finally:
         engine.stop()
+
+
+@pytest.fixture(scope="session")
+def loopback_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackS3]:
+    """A real S3 API (moto's server) on a loopback port for the session; tests make their own buckets."""
+    where = tmp_path_factory.mktemp("s3")
+    with started(free_port(), where / "requests.jsonl", where / "server.log") as server:
+        yield server

@@ -18,7 +18,7 @@ from components.cloud import (
 )
 from components.nodes import Taint
 from components.placement import Layout, PoolPlan
-from components.render import common
+from components.render import common, weights
 from components.spec import PlatformSpec
 from runtime.config import S3Files
 
@@ -28,7 +28,7 @@ BATCH_FILES_PREFIX = "batches/"
 POD_IDENTITY_AGENT = Endpoint(
     "169.254.170.23/32",
     80,
-    "EKS Pod Identity agent: credentials for the model bucket "
+    "EKS Pod Identity agent: credentials for the model store (engines read it, preparation Jobs write it) "
     "(https://docs.aws.amazon.com/eks/latest/userguide/pod-id-agent-setup.html)",
 )
 
@@ -72,14 +72,18 @@ class AwsCloud:
         return (POD_IDENTITY_AGENT,)
 
     def model_reader(self, spec: PlatformSpec) -> tuple[str, str]:
-        """The engines' service account: EKS Pod Identity gives it read access to the model bucket and the
-        ``s3://`` sources (``components.aws.layer``)."""
+        """The engines' service account: EKS Pod Identity gives it read access to the model store
+        (``components.aws.layer``)."""
         return spec.cluster.namespace, common.engine_service_account_name(spec)
 
     def batch_files(self, spec: PlatformSpec) -> S3Files:
         """The platform bucket (its name comes from the stack at deploy time) under ``batches/``; the batch
         service's Pod Identity role may touch that prefix only (``components.aws.layer``)."""
         return S3Files(prefix=BATCH_FILES_PREFIX, region=spec.cluster.region)
+
+    def model_writer(self, spec: PlatformSpec) -> tuple[str, str]:
+        """The preparation Jobs' service account: EKS Pod Identity lets it write the store's prefix."""
+        return spec.cluster.namespace, weights.service_account_name(spec)
 
 
 EKS = AwsCloud()

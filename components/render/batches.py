@@ -11,7 +11,6 @@ prefix the service alone may touch; elsewhere they share the volume.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from components.render import common, hardening
@@ -117,9 +116,10 @@ def selector(spec: PlatformSpec) -> dict[str, str]:
 
 
 def stateful_set(
-    spec: PlatformSpec, config: RuntimeConfig, image: Any, version: str, bucket: Any | None
+    spec: PlatformSpec, config: RuntimeConfig, image: Any, version: str, bucket: Any | None, checksum: str
 ) -> Manifest:
-    """One pod, its volume from a claim template; ``image`` and ``bucket`` may be Pulumi Outputs (EKS)."""
+    """One pod, its volume from a claim template; ``image`` and ``bucket`` may be Pulumi Outputs (EKS);
+    ``checksum`` is the runtime config's (``gateway.config_checksum``): a changed config rolls the pod."""
     b = spec.batch
     labels = common.labels(spec, name(spec), PART, version)
     quantities = {"cpu": common.quantity_cpu(b.cpu_cores), "memory": common.quantity_gib(b.memory_gib)}
@@ -143,7 +143,6 @@ def stateful_set(
                 "secret": {"secretName": router_key_secret_name(spec), "defaultMode": 0o440},
             }
         )
-    checksum = hashlib.sha256(config.to_yaml().encode()).hexdigest()
     container: Manifest = {
         "name": PART,
         "image": image,
@@ -231,14 +230,14 @@ def pdb(spec: PlatformSpec) -> Manifest:
 
 
 def render(
-    spec: PlatformSpec, config: RuntimeConfig, image: Any, version: str, bucket: Any | None
+    spec: PlatformSpec, config: RuntimeConfig, image: Any, version: str, bucket: Any | None, checksum: str
 ) -> list[Manifest]:
     """The batch service's objects (the router key Secret aside: its value is a Pulumi secret)."""
     if not enabled(spec):
         return []
     return [
         service_account(spec),
-        stateful_set(spec, config, image, version, bucket),
+        stateful_set(spec, config, image, version, bucket, checksum),
         service(spec),
         pdb(spec),
     ]

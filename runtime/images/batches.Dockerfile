@@ -23,7 +23,7 @@ COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 # The contract (with the scheduling registry it validates against), the config-file reader and service
 # plumbing, the shared HTTP helpers, the lean HTTP server and the keep-alive client (to the router), the service.
-COPY runtime/__init__.py runtime/config.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/http.py runtime/server.py runtime/upstream.py runtime/py.typed /app/runtime/
+COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/http.py runtime/server.py runtime/upstream.py runtime/py.typed /app/runtime/
 COPY runtime/scheduling /app/runtime/scheduling
 COPY runtime/batches /app/runtime/batches
 USER 10001:10001
