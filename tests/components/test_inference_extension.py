@@ -199,6 +199,15 @@ def test_a_cold_start_hold_behind_the_gateway_is_an_error() -> None:
     PlatformSpec.model_validate(doc)
 
 
+def test_the_batch_api_behind_the_gateway_is_an_error() -> None:
+    """The router serves /v1/files and /v1/batches and carries the batch service's requests: this mode has none."""
+    doc = {**_platform(), "batch": {"enabled": True}}
+    with pytest.raises(
+        ValidationError, match=r"batch.enabled: .* gateway.mode inference-extension runs no router"
+    ):
+        PlatformSpec.model_validate(doc)
+
+
 def test_envoy_cannot_fail_open_in_full_duplex_mode() -> None:
     pools = [EnvoyPool("m", Task.GENERATE, ("127.0.0.1:8000",))]
     with pytest.raises(ValueError, match="fails open only with buffered bodies") as err:

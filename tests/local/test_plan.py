@@ -251,3 +251,7 @@ def test_envoy_runs_a_fixed_fleet_and_no_router_for_the_autoscaler_or_monitor_to
         build_plan(local_stack(), LocalOptions(gateway="envoy", monitor=Monitor()), REPO)
     plan = build_plan(local_stack(), LocalOptions(gateway="envoy"), REPO)
     assert [s.name for s in plan.services] == ["health", "picker", "envoy"]
+    # the stack's batch service needs the router: not run, and the banner says so
+    assert local_stack().spec.batch.enabled and plan.config.batches is None
+    assert plan.config.router.batches_url is None
+    assert "Batch API   not served" in banner(plan, 1.0, detached=True)
