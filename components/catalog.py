@@ -351,6 +351,77 @@ def lookup_model(name: str) -> tuple[str, ModelArch] | None:
     return None
 
 
+# --- Pay-per-token APIs, set beside self-hosting by `inferstack cost --compare` ---------------------------
+# USD per million tokens, standard (synchronous) tier. Looked up on API_PRICES_READ_ON through the pages each
+# entry names; prices move (OpenAI's moved three times in four weeks of 2026): update figures and date together.
+API_PRICES_READ_ON = "2026-12-01"
+#: OpenAI's Batch API bills half the synchronous price (the batch service's clients would compare with that).
+OPENAI_BATCH_DISCOUNT = 0.5
+
+_OPENAI_PRICING = (
+    "https://developers.openai.com/api/docs/pricing, as recorded in api-evangelist/openai "
+    "plans/openai-plans-pricing.yml (read from that page 2026-05-04) and on aicost.tools/llm-cost/openai"
+)
+_OPENAI_EMBEDDINGS = (
+    "https://developers.openai.com/api/docs/models/text-embedding-3-small (effective 2026-07-03, per "
+    "tokenprice.fyi's price history) and aicost.tools/llm-cost/openai/text-embedding-3-small"
+)
+_TOGETHER_PRICING = (
+    "https://www.together.ai/pricing, as recorded in pydantic/genai-prices prices/providers/together.yml "
+    "(commit 09eef84b)"
+)
+
+
+@dataclass(frozen=True)
+class ApiPrice:
+    """One pay-per-token model, and the self-hosted models it stands beside.
+
+    ``params_b`` is the half-open range of parameter counts (billions) it is compared with: for an open model
+    hosted by a provider, the same class of model; for a proprietary one, the price tier offered for that class
+    of work (OpenAI does not publish sizes).
+    """
+
+    provider: str
+    model: str
+    usd_per_m_input: float
+    usd_per_m_output: float
+    params_b: tuple[float, float]
+    pooling: bool
+    open_weights: bool
+    source: str
+
+
+API_PRICES: tuple[ApiPrice, ...] = (
+    ApiPrice(
+        "Together AI", "Llama 3.1 8B Instruct Turbo", 0.18, 0.18, (0, 15), False, True, _TOGETHER_PRICING
+    ),
+    ApiPrice(
+        "Together AI", "Llama 3.3 70B Instruct Turbo", 0.88, 0.88, (15, 150), False, True, _TOGETHER_PRICING
+    ),
+    ApiPrice(
+        "Together AI",
+        "Llama 3.1 405B Instruct Turbo",
+        3.50,
+        3.50,
+        (150, 10_000),
+        False,
+        True,
+        _TOGETHER_PRICING,
+    ),
+    ApiPrice("OpenAI", "GPT-5.4 nano", 0.20, 1.25, (0, 15), False, False, _OPENAI_PRICING),
+    ApiPrice("OpenAI", "GPT-5.4 mini", 0.75, 4.50, (15, 150), False, False, _OPENAI_PRICING),
+    ApiPrice("OpenAI", "GPT-5.4", 2.50, 15.00, (150, 10_000), False, False, _OPENAI_PRICING),
+    ApiPrice("OpenAI", "text-embedding-3-small", 0.02, 0.0, (0, 1), True, False, _OPENAI_EMBEDDINGS),
+    ApiPrice("OpenAI", "text-embedding-3-large", 0.13, 0.0, (1, 10_000), True, False, _OPENAI_EMBEDDINGS),
+)
+
+
+def comparable_api_prices(arch: ModelArch) -> list[ApiPrice]:
+    """The API models set beside a model of this architecture: same task, its size class."""
+    same_task = [p for p in API_PRICES if p.pooling == arch.pooling]
+    return [p for p in same_task if p.params_b[0] <= arch.params_b < p.params_b[1]]
+
+
 # Cold start of one engine replica, from nothing to ready: what `pulumi up` waits for (``components.startup``).
 # Estimates, read 2026-02-09, rounded up: nothing here was measured on AWS by this project.
 STARTUP_READ_ON = "2026-02-09"

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from components import catalog, cost, multinode, sizing
+from components.cost_cli import cost_command
 from components.enums import KvCacheDType, Quantization, Target
 from components.local.cli import local_app
 from components.paths import STACKS_DIR
@@ -253,6 +254,7 @@ def _plan(stack: str, out_dir: Path | None, stacks_dir: Path, policy_config: Pat
         raise typer.Exit(1)
 
 
+app.command("cost")(cost_command)
 app.add_typer(local_app, name="local")
 
 

@@ -19,6 +19,7 @@ from typing import Protocol
 from components.nodes import Taint
 from components.placement import Layout, PoolPlan
 from components.spec import PlatformSpec
+from runtime.config import S3Files
 
 PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
 """Private address ranges: where the node network is when the target does not know it exactly."""
@@ -116,4 +117,9 @@ class Cloud(Protocol):
     def model_reader(self, spec: PlatformSpec) -> tuple[str, str] | None:
         """The service account (namespace, name) that the target lets read model weights from its storage;
         None when engines read the model store with what they are given (model_store.reader_secret)."""
+        ...
+
+    def batch_files(self, spec: PlatformSpec) -> S3Files | None:
+        """Where the batch service keeps files in the target's object store (a prefix of the platform's
+        bucket, named at deploy time); None when they share the service's volume."""
         ...

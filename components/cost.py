@@ -27,6 +27,9 @@ THROUGHPUT_ASSUMPTION = (
     f"{ROOFLINE_BANDWIDTH_EFFICIENCY:.0%} of memory bandwidth, {ROOFLINE_AVG_CONTEXT_TOKENS:,}-token average context, "
     "batch = min(max_num_seqs, what the KV cache holds)"
 )
+DEFAULT_INPUT_SHARE = 0.75
+"""Prompt tokens as a share of all tokens: 3 prompt tokens per generated one (chat with context, RAG). Here, not
+in ``components.compare``: `inferstack cost` shows it as an option default without loading the spec."""
 
 
 def hourly(instance: catalog.InstanceType, capacity: CapacityType) -> float:

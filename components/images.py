@@ -1,5 +1,5 @@
-"""The runtime images (router, health monitor, batcher, and the model store's weights image), built from
-``runtime/images/`` and pushed, on every target.
+"""The runtime images (router, health monitor, batcher, batch service, and the model store's weights image), built
+from ``runtime/images/`` and pushed, on every target.
 
 One ``pulumi-docker-build`` Image per runtime service, the same on EKS (pushed to the stack's ECR repositories,
 ``components.aws.registry``) and on a cluster you bring (pushed to ``gateway.image_registry``): the gateway runs
@@ -22,19 +22,29 @@ from typing import TYPE_CHECKING
 
 import pulumi
 
-from components.render import gateway
+from components.render import batches, gateway
 from components.render.gateway import RuntimeImage
 from components.spec import PlatformSpec, Target
 
 if TYPE_CHECKING:
     import pulumi_docker_build as docker_build
 
-RUNTIME_IMAGES = ("router", "health", "batcher", "weights")
+WEIGHTS_IMAGE = "weights"
+"""The model store's tools (preparation Jobs, node-cache fill, store check): every cluster stack runs it."""
+RUNTIME_IMAGES = ("router", "health", "batcher", batches.PART, WEIGHTS_IMAGE)
 DOCKERFILE_DIR = Path("runtime/images")
 CONTEXT_INPUTS = ("runtime", "pyproject.toml")
 PLATFORM = "linux/amd64"
-WEIGHTS_IMAGE = "weights"
-"""The model store's tools (preparation Jobs, node-cache fill, store check): every cluster stack runs it."""
+
+
+def runtime_images(spec: PlatformSpec) -> tuple[str, ...]:
+    """The images an EKS stack keeps repositories for: every runtime image, the batch service's only when it runs."""
+    return tuple(i for i in RUNTIME_IMAGES if i != batches.PART or batches.enabled(spec))
+
+
+def services(spec: PlatformSpec) -> list[str]:
+    """The runtime services this stack runs: the gateway's, and the batch service when it is enabled."""
+    return [*gateway.parts(spec), *batches.parts(spec)]
 
 
 def dockerfile(root: Path, image: str) -> Path:
@@ -89,8 +99,8 @@ def build(
 
 
 def images_of(spec: PlatformSpec) -> list[str]:
-    """The runtime images a cluster stack runs: its gateway services, and the weights image."""
-    return [*gateway.parts(spec), WEIGHTS_IMAGE]
+    """The runtime images a cluster stack runs: its runtime services, and the weights image."""
+    return [*services(spec), WEIGHTS_IMAGE]
 
 
 def note(spec: PlatformSpec) -> str | None:

@@ -13,6 +13,7 @@ from components.cloud import PRIVATE_CIDRS, Endpoint, FixedInfrastructure, Ingre
 from components.nodes import Taint
 from components.placement import Layout, PoolPlan
 from components.spec import PlatformSpec
+from runtime.config import S3Files
 
 
 class OwnCluster:
@@ -46,6 +47,10 @@ class OwnCluster:
 
     def model_reader(self, spec: PlatformSpec) -> None:
         """None: engines read the model store with the credentials you mount (model_store.reader_secret)."""
+        return None
+
+    def batch_files(self, spec: PlatformSpec) -> S3Files | None:
+        """None: no object store is known here, so batch files live on the batch service's volume."""
         return None
 
 

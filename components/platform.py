@@ -13,6 +13,7 @@ import pulumi
 from components import rollout
 from components.cloud import Cloud
 from components.kubernetes.addons import ClusterAddons
+from components.kubernetes.batches import BatchService
 from components.kubernetes.cluster import ClusterAccess
 from components.kubernetes.engine import ModelEngine, ModelWeights
 from components.kubernetes.gateway import Gateway, NetworkPolicies
@@ -137,15 +138,18 @@ class InferencePlatform(pulumi.ComponentResource):
             )
             for m in spec.models
         }
+        keys = _api_keys(spec, secrets)
         # With gateway_api envoy-gateway, its chart brings the Gateway API CRDs the Gateway and HTTPRoute need.
         gateway_crds = self.addons.installed(addons.ENVOY_GATEWAY_RELEASE)
         self.gateway = Gateway(
             spec,
             cloud,
-            _api_keys(spec, secrets),
+            keys,
             pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, *gateway_crds]),
             images=cluster.images,
         )
+        if spec.batch.enabled:
+            self.batches = BatchService(spec, cloud, keys, cluster.files_bucket, cluster.images, in_namespace)
         crds = self.addons.installed("keda", "prometheus-adapter")
         self.scaling = {
             m.name: ModelScaling(

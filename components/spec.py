@@ -30,8 +30,10 @@ from runtime.config import (
     BuiltinScorerName,
     EngineKind,
     RouterSettings,
+    S3Files,
     StrategyName,
     Task,
+    batches_field,
     routing_knobs_read,
     routing_scorers,
     strategy_field,
@@ -847,6 +849,7 @@ RUNTIME_IMAGES = {
     "router": "ghcr.io/inferstack/router:0.1.0",
     "health": "ghcr.io/inferstack/health:0.1.0",
     "batcher": "ghcr.io/inferstack/batcher:0.1.0",
+    "batches": "ghcr.io/inferstack/batches:0.1.0",
     "picker": "ghcr.io/inferstack/picker:0.1.0",
 }
 
@@ -1089,6 +1092,36 @@ class AddonsSpec(_Spec):
     """Exact Helm chart version of each add-on."""
 
 
+class BatchSpec(_Spec):
+    """The OpenAI Batch API on the gateway (``/v1/files``, ``/v1/batches``): offline work that fills the
+    replicas' idle capacity at low priority, with the same API keys, scopes and rate limits as the router."""
+
+    enabled: bool = False
+    """Run the batch service (a StatefulSet with a volume for its state; on eks its files go to the platform's
+    bucket under batches/, elsewhere to the volume)."""
+    storage_gib: Annotated[int, Field(ge=1, le=16_384)] = 20
+    """The service's persistent volume: its state store (SQLite) and, where files do not go to S3, the files."""
+    storage_class: str | None = None
+    """StorageClass of the volume; None = the cluster's default."""
+    max_file_mib: Annotated[int, Field(ge=1, le=512)] = 64
+    """Largest batch input file an upload may carry, in MiB (the router holds an upload in memory)."""
+    max_requests_per_batch: int = batches_field("max_requests_per_batch")
+    max_inflight_per_replica: int = batches_field("max_inflight_per_replica")
+    headroom_share: float = batches_field("headroom_share")
+    stuck_after_minutes: Annotated[int, Field(ge=5, le=1440)] = 60
+    """Alert when an unfinished batch has recorded no result for this long (no headroom for that long, or the
+    service cannot reach the router)."""
+    router_key_name: str = "batches"
+    """With gateway.require_api_key: the name of the key (in gateway.api_keys_config_key's list) the service
+    sends to the router; its scopes and rate limits bound all batch traffic."""
+    image: PinnedImage = RUNTIME_IMAGES["batches"]
+    """Batch service image, pinned by tag or digest (target kubernetes; eks runs its ECR push, by digest)."""
+    cpu_cores: Annotated[float, Field(gt=0, le=16)] = 0.5
+    """CPU request and limit of the service."""
+    memory_gib: Annotated[float, Field(gt=0, le=64)] = 1.0
+    """Memory request and limit of the service (an upload and a validated file are held in memory)."""
+
+
 class BudgetSpec(_Spec):
     """Money: what the environment may cost."""
 
@@ -1097,6 +1130,9 @@ class BudgetSpec(_Spec):
     allow_spot_in_prod: bool = False
     """Let GPU pools use spot capacity where the policy pack otherwise refuses it (prod): interruptions are
     accepted."""
+    expected_utilisation: Annotated[float, Field(gt=0, le=1)] = 0.5
+    """Share of a running replica's token capacity that is used on average (interactive load, plus batches
+    filling idle time); `inferstack cost --compare` prices the tokens the stack serves at it."""
     allow_multi_node_spot: bool = False
     """Let a model whose replica spans nodes run on spot capacity: one interrupted node restarts the whole group,
     so the policy pack refuses it unless this says the risk is accepted."""
@@ -1159,6 +1195,8 @@ class PlatformSpec(_Spec):
     """Cluster add-ons installed with Helm (GPU plugin, autoscalers, monitoring, load balancer controller)."""
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     """What the environment may cost, checked by the policy pack."""
+    batch: BatchSpec = Field(default_factory=BatchSpec)
+    """The OpenAI Batch API (/v1/files, /v1/batches), fed to the replicas' idle capacity."""
     model_store: ModelStoreSpec = Field(default_factory=ModelStoreSpec)
     """Where model weights are prepared once and engines load them from."""
     huggingface_token_config_key: str | None = None
@@ -1219,6 +1257,31 @@ class PlatformSpec(_Spec):
                     f"models[{i}].routing.priority: priorities are InferenceObjectives of gateway.mode "
                     "inference-extension; set that mode or remove the priority"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _batches_need_the_router(self) -> PlatformSpec:
+        if self.batch.enabled and self.gateway.mode is GatewayMode.INFERENCE_EXTENSION:
+            raise ValueError(
+                "batch.enabled: the Batch API is served by inferstack's router, and the batch service sends its "
+                "requests through it; gateway.mode inference-extension runs no router: set gateway.mode router "
+                "or batch.enabled false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _batch_files_apart_from_the_store(self) -> PlatformSpec:
+        # On eks both live in the platform's bucket, and the batch service may delete anything under its prefix.
+        files = str(S3Files.model_fields["prefix"].default)
+        if (
+            self.batch.enabled
+            and self.target is Target.EKS
+            and f"{self.model_store.prefix}/".startswith(files)
+        ):
+            raise ValueError(
+                f"model_store.prefix: {self.model_store.prefix!r} is under {files!r}, where the batch service keeps "
+                "its files in the same bucket (and may delete them); choose another prefix"
+            )
         return self
 
     @model_validator(mode="after")

@@ -278,6 +278,9 @@ class RouterSettings(_Strict):
         default=10_000, ge=1, description="How long an open circuit rejects traffic."
     )
     health_feed_url: HttpUrl | None = Field(default=None, description="The health monitor's /v1/backends.")
+    batches_url: HttpUrl | None = Field(
+        default=None, description="The batch service: /v1/files and /v1/batches are forwarded there."
+    )
     probe_interval_ms: int = Field(default=2_000, ge=100, description="Own probing when the feed is absent.")
     drain_grace_s: int = Field(
         default=30, ge=0, description="Graceful shutdown budget for in-flight streams."
@@ -358,6 +361,87 @@ class BatcherSettings(_Strict):
     connect_timeout_ms: int = Field(default=2_000, ge=1, description="Connect budget towards a replica.")
 
 
+#: The environment variable that names the files bucket when ``S3Files.bucket`` is None.
+BATCH_BUCKET_ENV = "INFERSTACK_FILES_BUCKET"
+
+
+class S3Files(_Strict):
+    """Where the batch service keeps files in the cluster: a prefix of the platform's bucket."""
+
+    bucket: str | None = Field(
+        default=None,
+        description=f"Bucket name; None: read from the environment variable {BATCH_BUCKET_ENV} (the control"
+        " plane sets it from the bucket it creates).",
+    )
+    prefix: Annotated[str, Field(pattern=r"^([A-Za-z0-9!_.*'()-]+/)+$")] = Field(
+        default="batches/", description="Key prefix of every object the batch service writes ('dir/')."
+    )
+    region: str = Field(description="The bucket's AWS region.")
+    endpoint_url: HttpUrl | None = Field(
+        default=None, description="An S3-compatible endpoint instead of AWS's (MinIO, tests)."
+    )
+
+
+class BatchesSettings(_Strict):
+    """The batch service (OpenAI Files and Batches API): its stores, the router it feeds, and its pace."""
+
+    host: str = "0.0.0.0"  # in-cluster listener; the NetworkPolicy restricts who reaches it
+    port: int = Field(default=8083, ge=1, le=65535)
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description=(
+            "A second listener for /metrics, /healthz and /readyz only, so the network policy can let Prometheus"
+            " reach the metrics without reaching the API (which trusts the router's identity headers); None:"
+            " the API port serves them too (make local)."
+        ),
+    )
+    state_dir: Path = Field(
+        default=Path("/var/lib/inferstack/batches"),
+        description="The state store (SQLite, WAL) and, without `s3`, the files; a persistent volume.",
+    )
+    s3: S3Files | None = Field(default=None, description="Keep files in S3; None: under state_dir/files.")
+    router_url: HttpUrl = Field(description="The router the batch's requests go through, at low priority.")
+    router_api_key_file: Path | None = Field(
+        default=None, description="A file holding the API key the batch service sends to the router."
+    )
+    health_feed_url: HttpUrl | None = Field(
+        default=None, description="The health monitor's /v1/backends: routable replicas and engine queues."
+    )
+    max_file_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, description="Largest file an upload may carry; beyond it 400."
+    )
+    max_requests_per_batch: int = Field(default=50_000, ge=1, description="Lines of one batch input file.")
+    max_inflight_per_replica: int = Field(
+        default=2,
+        ge=1,
+        description=(
+            "Batch requests in flight per routable replica of a model, at most (raise it on GPUs, where a few"
+            " more sequences in a decode step cost little)."
+        ),
+    )
+    headroom_share: float = Field(
+        default=0.03,
+        gt=0,
+        le=1,
+        description=(
+            "The router admits a batch (low-priority) request only while a replica's requests in flight stay"
+            " below this share of its concurrency cap and nobody waits in line; otherwise 429 at once. 0.03:"
+            " on a 32-sequence CPU replica only an idle one takes batch work, on a 256-sequence GPU replica one"
+            " with fewer than 8 requests (bench/batches/README.md: 0.5 let a batch add 77 % to interactive"
+            " TTFT p95 on CPU engines)."
+        ),
+    )
+    request_timeout_s: int = Field(default=600, ge=1, description="Budget of one request of a batch.")
+    max_attempts: int = Field(
+        default=5, ge=1, description="Tries of one request on server errors before it goes to the error file."
+    )
+    file_ttl_s: int = Field(
+        default=30 * 24 * 3600, ge=3600, description="Files expire this long after upload (OpenAI: 30 days)."
+    )
+
+
 class BodyMode(StrEnum):
     """How the gateway hands request (and response) bodies to the endpoint picker: Envoy ext_proc's
     ``processing_mode`` body modes (envoy.extensions.filters.http.ext_proc.v3, Envoy 1.40)."""
@@ -423,6 +507,7 @@ class RuntimeConfig(_Strict):
     router: RouterSettings = Field(default_factory=RouterSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     batcher: BatcherSettings = Field(default_factory=BatcherSettings)
+    batches: BatchesSettings | None = Field(default=None, description="The batch service, when it runs.")
     picker: PickerSettings = Field(
         default_factory=PickerSettings,
         exclude_if=lambda picker: picker == PickerSettings(),  # absent from rendered configs unless set
@@ -480,3 +565,8 @@ def strategy_field(name: str) -> Any:
     """``StrategyConfig``'s field ``name`` (default, range, description) for another model to declare:
     a knob is defined once, here, and the spec offers it as it is."""
     return copy.copy(StrategyConfig.model_fields[name])
+
+
+def batches_field(name: str) -> Any:
+    """``BatchesSettings``' field ``name`` (default, range, description), for the spec to offer as it is."""
+    return copy.copy(BatchesSettings.model_fields[name])

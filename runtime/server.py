@@ -50,6 +50,8 @@ class ClientGoneError(Exception):
 
 
 Handler = Callable[[Request, "Connection"], Awaitable[None]]
+#: The body limit for a request target, when some paths take larger bodies than the rest (uploads).
+BodyLimit = Callable[[bytes], int]
 
 
 def _head(status: int, headers: list[tuple[bytes, bytes]], tail: bytes) -> bytes:
@@ -63,9 +65,16 @@ def _head(status: int, headers: list[tuple[bytes, bytes]], tail: bytes) -> bytes
 class Connection(asyncio.Protocol):
     """One client connection; requests on it are handled one at a time, in order."""
 
-    def __init__(self, handler: Handler, max_body_bytes: int, connections: set[Connection]) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        max_body_bytes: int,
+        connections: set[Connection],
+        body_limit: BodyLimit | None = None,
+    ) -> None:
         self._handler = handler
-        self._max_body = max_body_bytes
+        self._default_max_body = self._max_body = max_body_bytes
+        self._body_limit = body_limit
         self._connections = connections
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
@@ -125,6 +134,7 @@ class Connection(asyncio.Protocol):
 
     # --- httptools callbacks ---------------------------------------------------------------------
     def on_message_begin(self) -> None:
+        self._max_body = self._default_max_body
         self._url = b""
         self._headers = {}
         self._body = []
@@ -138,6 +148,8 @@ class Connection(asyncio.Protocol):
         self._headers[name.lower()] = value
 
     def on_headers_complete(self) -> None:
+        if self._body_limit is not None:
+            self._max_body = self._body_limit(self._url)
         length = self._headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self._max_body:
             self._too_large = True
@@ -293,9 +305,16 @@ class Connection(asyncio.Protocol):
 class Server:
     """The listener; :meth:`shutdown` stops accepting and closes connections as they go idle."""
 
-    def __init__(self, handler: Handler, max_body_bytes: int, idle_timeout_s: float = 75.0) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        max_body_bytes: int,
+        idle_timeout_s: float = 75.0,
+        body_limit: BodyLimit | None = None,
+    ) -> None:
         self.handler = handler
         self.max_body_bytes = max_body_bytes
+        self.body_limit = body_limit
         self.idle_timeout_s = idle_timeout_s
         self.connections: set[Connection] = set()
         self._server: asyncio.base_events.Server | None = None
@@ -304,7 +323,7 @@ class Server:
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: Connection(self.handler, self.max_body_bytes, self.connections),
+            lambda: Connection(self.handler, self.max_body_bytes, self.connections, self.body_limit),
             host,
             port,
             backlog=2048,
@@ -352,3 +371,11 @@ class Server:
     def close_all(self) -> None:
         for conn in list(self.connections):
             conn.close()
+
+    async def drain(self, grace_s: float, busy: Callable[[], int]) -> None:
+        """Stop accepting; let requests in flight (``busy()`` of them) finish within ``grace_s``; close the rest."""
+        await self.stop_accepting()
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and (self.close_idle() or busy()):
+            await asyncio.sleep(0.05)
+        self.close_all()

@@ -20,6 +20,10 @@ from components.nodes import Taint
 from components.placement import Layout, PoolPlan
 from components.render import common, weights
 from components.spec import PlatformSpec
+from runtime.config import S3Files
+
+BATCH_FILES_PREFIX = "batches/"
+"""The key prefix of the platform bucket that holds the batch service's files, and all it may touch."""
 
 POD_IDENTITY_AGENT = Endpoint(
     "169.254.170.23/32",
@@ -71,6 +75,11 @@ class AwsCloud:
         """The engines' service account: EKS Pod Identity gives it read access to the model store
         (``components.aws.layer``)."""
         return spec.cluster.namespace, common.engine_service_account_name(spec)
+
+    def batch_files(self, spec: PlatformSpec) -> S3Files:
+        """The platform bucket (its name comes from the stack at deploy time) under ``batches/``; the batch
+        service's Pod Identity role may touch that prefix only (``components.aws.layer``)."""
+        return S3Files(prefix=BATCH_FILES_PREFIX, region=spec.cluster.region)
 
     def model_writer(self, spec: PlatformSpec) -> tuple[str, str]:
         """The preparation Jobs' service account: EKS Pod Identity lets it write the store's prefix."""

@@ -26,6 +26,7 @@ from components.aws.registry import Registry
 from components.aws.storage import ModelStorage
 from components.kubernetes.cluster import ClusterAccess
 from components.placement import Layout
+from components.render import batches
 from components.spec import NodeProvisioner, PlatformSpec
 
 
@@ -169,6 +170,29 @@ class AwsLayer(pulumi.ComponentResource):
         weights_identity = pod_identity(
             f"{name}-weights", cluster_name, EKS.model_writer(spec), weights_role, tags, on_aws
         )
+        identities = [engine_identity, weights_identity]
+        if spec.batch.enabled:  # the batch service: its prefix of the bucket, nothing else
+            files_prefix = EKS.batch_files(
+                spec
+            ).prefix  # not `prefix`: the store's policy above reads it late
+            files = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
+                lambda arns: iam.dumps(
+                    data_policies.batch_files(region, str(arns[0]), str(arns[1]), files_prefix)
+                )
+            )
+            batches_role = ServiceRole(
+                f"{name}-batches",
+                iam.pod_identity_trust(),
+                region,
+                tags,
+                on_aws,
+                inline={"batch-files": files},
+                description=f"Batch service of {name}: its files under s3://<models bucket>/{files_prefix}",
+            )
+            batches_account = (spec.cluster.namespace, batches.service_account_name(spec))
+            identities.append(
+                pod_identity(f"{name}-batches", cluster_name, batches_account, batches_role, tags, on_aws)
+            )
         lb_role = ServiceRole(
             f"{name}-lb-controller",
             iam.pod_identity_trust(),
@@ -209,7 +233,7 @@ class AwsLayer(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
         # Engines fetch weights and the controller manages load balancers from their first start.
-        identities = [engine_identity, weights_identity, lb_identity]
+        identities.append(lb_identity)
         self.ready: list[pulumi.Resource] = [*self.node_groups.values(), *self.late_addons, *identities]
         self.ready += [c for c in (self.karpenter, self.autoscaler) if c is not None]
         self.register_outputs({"cluster_name": cluster_name})
@@ -267,6 +291,7 @@ class AwsLayer(pulumi.ComponentResource):
                     efa=any(p.efa_interfaces for p in self.node_group_plans),
                 )
             ),
+            files_bucket=self.storage.bucket.bucket,
         )
 
     def export(self) -> None:

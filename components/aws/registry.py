@@ -16,7 +16,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components import images as builds
-from components.images import RUNTIME_IMAGES, dockerfile
+from components.images import dockerfile
 from components.render.gateway import RuntimeImage
 from components.spec import GatewayMode, PlatformSpec
 
@@ -30,9 +30,10 @@ PICKER_IMAGE = "picker"
 
 
 def images_for(spec: PlatformSpec) -> tuple[str, ...]:
-    """The runtime images a stack pushes to ECR: the endpoint picker's only in inference-extension mode."""
+    """The runtime images a stack pushes to ECR: the batch service's only when it runs, the endpoint picker's
+    only in inference-extension mode."""
     picker = (PICKER_IMAGE,) if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION else ()
-    return (*RUNTIME_IMAGES, *picker)
+    return (*builds.runtime_images(spec), *picker)
 
 
 def lifecycle_policy() -> str:

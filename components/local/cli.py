@@ -19,6 +19,7 @@ import typer
 
 from components.local.defaults import (
     DEFAULT_BATCHER_PORT,
+    DEFAULT_BATCHES_PORT,
     DEFAULT_ENGINE_PORT,
     DEFAULT_HEALTH_PORT,
     DEFAULT_MONITOR_PORT,
@@ -81,6 +82,9 @@ def up(
     ] = DEFAULT_ROUTER_PORT,
     health_port: Annotated[int, typer.Option(help="The health monitor's port.")] = DEFAULT_HEALTH_PORT,
     batcher_port: Annotated[int, typer.Option(help="The batcher's port.")] = DEFAULT_BATCHER_PORT,
+    batches_port: Annotated[
+        int, typer.Option(help="The batch service's port (/v1/files, /v1/batches).")
+    ] = DEFAULT_BATCHES_PORT,
     gateway: Annotated[
         str,
         typer.Option(
@@ -148,6 +152,7 @@ def up(
         router_port=port,
         health_port=health_port,
         batcher_port=batcher_port,
+        batches_port=batches_port,
         engine_port=engine_port,
         state_dir=state_dir,
         cpus=pick_cpus(lambda: os.sched_getaffinity(0)),

@@ -8,6 +8,9 @@ from pathlib import Path
 DEFAULT_ROUTER_PORT = 8080
 DEFAULT_HEALTH_PORT = 8081
 DEFAULT_BATCHER_PORT = 8082
+#: The batch service (``/v1/files``, ``/v1/batches`` reach it through the router). The picker's default below
+#: shares it: the batch service runs behind the router only, never with ``--gateway envoy``.
+DEFAULT_BATCHES_PORT = 8083
 DEFAULT_ENGINE_PORT = 8000
 DEFAULT_MONITOR_PORT = 9090
 #: ``--gateway envoy``: the picker's HTTP port (/metrics, /healthz); its gRPC (ext_proc) port is the next one.

@@ -63,7 +63,8 @@ def target_groups(targets: Sequence[tuple[str, dict[str, str]]]) -> list[dict[st
 
 
 def runtime_targets(spec: PlatformSpec, services: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:
-    """The router, health monitor and batcher (``(part, port)``), labelled like their cluster Services."""
+    """The runtime services (``(part, port)``: router, health monitor, batcher, batch service), labelled like their
+    cluster Services."""
     out = []
     for part, port in services:
         service = common.runtime_name(spec, part)

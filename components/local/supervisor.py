@@ -3,8 +3,9 @@
 Order: make missing models, start every engine (their minute of warm-up overlaps), wait for all of
 them, start the health monitor, the batcher and the router (each waits for the one before to listen),
 wait until the router reports ready and serves every model, print the banner. Then watch: an engine
-that dies is reported and the router routes around it (this is not an orchestrator: nothing is
-restarted); a runtime service that dies stops the stack.
+that dies is reported and the router routes around it (this is not an orchestrator: engines are not
+restarted); the batch service is started again when it dies, as its StatefulSet would start it (its
+state on disk resumes every batch); any other runtime service that dies stops the stack.
 
 SIGINT, SIGTERM and SIGHUP only set a flag; every wait polls it, so a signal at any moment (also
 while models are made or engines warm up) leads to the same ordered stop: router (drains), batcher,
@@ -148,6 +149,9 @@ class Service:
     url: str
     log: Path
     proc: subprocess.Popen[bytes]
+    argv: list[str] = field(default_factory=list)
+    restart: bool = False
+    restarts: int = 0
 
 
 @dataclass
@@ -243,7 +247,9 @@ class Supervisor:
         self.autoscaler = self._autoscaler(python)
         for spec in plan.services:
             self._check_stop()
-            self.start_service(spec.name, spec.argv(self.python, plan.config_path.resolve()), spec.port)
+            self.start_service(
+                spec.name, spec.argv(self.python, plan.config_path.resolve()), spec.port, spec.restart
+            )
         if plan.monitor is not None:
             self.start_monitor(plan.monitor)
         self.wait_router()
@@ -394,7 +400,16 @@ class Supervisor:
         argv = monitor.argv(binary, config, data, settings.port)
         self.start_service("prometheus", argv, settings.port, ready_path="/-/ready")
 
-    def start_service(self, name: str, argv: list[str], port: int, ready_path: str = "/healthz") -> None:
+    def start_service(
+        self,
+        name: str,
+        argv: list[str],
+        port: int,
+        restart: bool = False,
+        again: bool = False,
+        ready_path: str = "/healthz",
+    ) -> None:
+        """Start one runtime service and wait until it listens; ``again`` keeps its log (a restart)."""
         log = self.plan.logs_dir / f"{name}.log"
         env = {
             **os.environ,
@@ -402,7 +417,7 @@ class Supervisor:
             "PYTHONUNBUFFERED": "1",
             "LOG_LEVEL": "INFO",
         }
-        with log.open("wb") as sink:
+        with log.open("ab" if again else "wb") as sink:
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -413,7 +428,7 @@ class Supervisor:
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks taken
             )
         url = f"http://{HOST}:{port}"
-        service = Service(name, port, url, log, proc)
+        service = Service(name, port, url, log, proc, argv, restart)
         self.services.append(service)
         self._write_state()
         deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
@@ -481,6 +496,7 @@ class Supervisor:
                         f"through its other replicas, if any (log {engine.log_file})"
                     )
                     self._write_state()
+            self._restart_dead()
             try:
                 self._check_services()
             except StartError as err:
@@ -488,6 +504,23 @@ class Supervisor:
                 return EXIT_FAILED
             time.sleep(POLL_S)
         return EXIT_OK
+
+    def _restart_dead(self) -> None:
+        """Start services that may restart (the batch service) again when they died."""
+        for service in list(self.services):
+            if not service.restart or service.proc.poll() is None:
+                continue
+            self.say(
+                f"warning: {service.name} exited with code {service.proc.returncode}; starting it again"
+                f" (log {service.log})"
+            )
+            at = self.services.index(service)
+            self.services.remove(service)
+            self.start_service(service.name, service.argv, service.port, restart=True, again=True)
+            fresh = self.services.pop()
+            fresh.restarts = service.restarts + 1
+            self.services.insert(at, fresh)  # the start and stop order stays the plan's
+            self._write_state()
 
     def _router_metrics(self) -> str | None:
         status, body = http_get(f"{self.plan.router.url}/metrics")

@@ -95,6 +95,22 @@ def runtime_config_name(spec: PlatformSpec) -> str:
     return f"{spec.name}-runtime-config"
 
 
+def runtime_config_mount() -> Manifest:
+    """Where a runtime service reads the rendered ``RuntimeConfig`` (read-only)."""
+    return {"name": "config", "mountPath": RUNTIME_CONFIG_DIR, "readOnly": True}
+
+
+def runtime_config_volume(spec: PlatformSpec) -> Manifest:
+    """The ConfigMap holding the rendered ``RuntimeConfig``, as a pod volume."""
+    return {
+        "name": "config",
+        "configMap": {
+            "name": runtime_config_name(spec),
+            "items": [{"key": RUNTIME_CONFIG_FILE, "path": RUNTIME_CONFIG_FILE}],
+        },
+    }
+
+
 def api_keys_secret_name(spec: PlatformSpec) -> str:
     return f"{spec.name}-api-keys"
 
@@ -106,3 +122,13 @@ def priority_class_name(spec: PlatformSpec) -> str:
 
 def engine_selector(spec: PlatformSpec, model: str) -> dict[str, str]:
     return selector(spec, engine_name(model), "engine")
+
+
+def http_probe(path: str, period_s: int, failures: int, timeout_s: int = 2) -> Manifest:
+    """A probe on the container's ``http`` port."""
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period_s,
+        "timeoutSeconds": timeout_s,
+        "failureThreshold": failures,
+    }

@@ -3,11 +3,14 @@
 Each flow is read off the part that makes the call, not written down twice:
 
 - the runtime config: the router sends requests to every model's engine Service and to the batcher of embedding
-  models, reads the health monitor's feed; the health monitor probes every model's replicas; the batcher sends
-  batches to the engines of the models it batches for;
+  models, reads the health monitor's feed and forwards the Batch API to the batch service; the health monitor
+  probes every model's replicas; the batcher sends batches to the engines of the models it batches for; the batch
+  service sends its requests through the router, reads the health monitor's feed and, where the cloud keeps its
+  files in an object store, reaches it over HTTPS with credentials from the cloud's endpoint;
 - the runtime services' Roles: each watches EndpointSlices (and the health monitor lists pods), so each talks
   to the Kubernetes API;
-- the ServiceMonitors: Prometheus scrapes what they select, on the port they name;
+- the ServiceMonitors: Prometheus scrapes what they select, on the port they name (the batch service's metrics
+  listen apart from its API, which admits the router only);
 - the ingress: the load balancer (or in-cluster clients) or the Gateway's proxies send requests to the router;
 - the model store (``components.render.weights``): engines read it (their init container checks or fills from it,
   vLLM streams from it), never the hub; the preparation Jobs copy pinned revisions from the Hugging Face hub over
@@ -27,9 +30,10 @@ from urllib.parse import urlsplit
 
 from components.cloud import Cloud
 from components.placement import place
-from components.render import common, gateway, inference_extension, ingress, monitors, weights
+from components.render import batches, common, gateway, inference_extension, ingress, monitors, weights
 from components.render.runtime_config import batcher_port, health_port, router_port, runtime_config
 from components.spec import IngressKind, PlatformSpec
+from runtime.config import RuntimeConfig
 
 ANYWHERE = "0.0.0.0/0"
 LINK_LOCAL = "169.254.0.0/16"
@@ -155,6 +159,7 @@ def group_peer(spec: PlatformSpec, model: str) -> Peer:
 def subjects(spec: PlatformSpec) -> list[str]:
     """The components of the stack's namespace that get a policy of their own, in apply order."""
     out = [ENGINE, WEIGHTS, *(GROUP_PREFIX + m for m in group_models(spec)), *gateway.parts(spec)]
+    out += batches.parts(spec)
     return out + ([GATEWAY_PROXY] if gateway_proxies_in_namespace(spec) else [])
 
 
@@ -173,7 +178,7 @@ def _port_of(url: object) -> int:
 
 def _runtime_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
     """The runtime services' calls, read from the config they run with and the Roles they hold."""
-    config = runtime_config(spec)
+    config = runtime_config(spec, files=cloud.batch_files(spec))
     engine, router = component(spec, ENGINE), component(spec, common.ROUTER)
     health = component(spec, common.HEALTH)
     # behind an inference-extension gateway the picker reads the fleet the router's way (and sends nothing)
@@ -202,6 +207,7 @@ def _runtime_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
         out.append(
             Flow(batcher, engine, tcp(common.ENGINE_PORT), "the batcher sends batches to the replicas")
         )
+    out += _batch_flows(spec, cloud, config, router, health)
     api = api_server(spec, cloud)
     for part in gateway.parts(spec):
         if gateway.role(spec, part)["rules"]:
@@ -211,13 +217,54 @@ def _runtime_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
     return out
 
 
+def _batch_flows(
+    spec: PlatformSpec, cloud: Cloud, config: RuntimeConfig, router: Peer, health: Peer
+) -> list[Flow]:
+    """The batch service's calls and the router's to it, read from the runtime config; files in the cloud's object
+    store add HTTPS to public addresses and the cloud's credential endpoints (the engines' own)."""
+    if config.batches is None:
+        return []
+    me = component(spec, batches.PART)
+    out: list[Flow] = []
+    if config.router.batches_url:
+        port = tcp(_port_of(config.router.batches_url))
+        out.append(
+            Flow(router, me, port, "the router forwards /v1/files and /v1/batches to the batch service")
+        )
+    port = tcp(_port_of(config.batches.router_url))
+    out.append(Flow(me, router, port, "the batch service sends its requests through the router"))
+    if config.batches.health_feed_url:
+        port = tcp(_port_of(config.batches.health_feed_url))
+        out.append(
+            Flow(me, health, port, "the batch service reads the replicas' headroom from the health monitor")
+        )
+    if config.batches.s3 is not None:
+        out += [
+            Flow(
+                me, Peer(e.why.split(":", 1)[0], cidrs=(e.cidr,)), tcp(e.port), f"the batch service: {e.why}"
+            )
+            for e in cloud.credential_endpoints(spec)
+        ]
+        out.append(
+            Flow(
+                me,
+                public_https(spec, cloud, "files over HTTPS"),
+                tcp(HTTPS),
+                "the batch service's files in S3",
+            )
+        )
+    return out
+
+
 def _scrape_flows(spec: PlatformSpec) -> list[Flow]:
-    """Prometheus scrapes the components the ServiceMonitors select, on their Services' http ports."""
+    """Prometheus scrapes the components the ServiceMonitors select, on their Services' http ports (the batch
+    service's on its metrics port)."""
     if not spec.observability.prometheus:
         return []
     ports = {ENGINE: common.ENGINE_PORT, common.ROUTER: router_port(), common.HEALTH: health_port()}
     ports[common.BATCHER] = batcher_port()
     ports[inference_extension.PICKER] = inference_extension.picker_settings().metrics_port
+    ports[batches.PART] = batches.METRICS_PORT
     scraped: list[str] = []
     for monitor in monitors.render(spec):
         selector = monitor["spec"]["selector"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.cloud import Cloud
-from components.render import common, hardening, inference_extension, ingress
+from components.render import batches, common, hardening, inference_extension, ingress
 from components.render.common import Manifest
 from components.render.runtime_config import has_batcher, runtime_config
 from components.spec import GatewayMode, PlatformSpec
@@ -55,6 +55,7 @@ def spec_images(spec: PlatformSpec) -> dict[str, RuntimeImage]:
         common.HEALTH: g.health_image,
         common.BATCHER: g.batcher_image,
         inference_extension.PICKER: g.picker_image,
+        batches.PART: spec.batch.image,
     }
     return {part: RuntimeImage(ref, common.image_version(ref)) for part, ref in refs.items()}
 
@@ -130,15 +131,6 @@ def role_binding(spec: PlatformSpec, part: str) -> Manifest:
 # Workloads ------------------------------------------------------------------------------------------
 
 
-def _probe(path: str, period_s: int, failures: int) -> Manifest:
-    return {
-        "httpGet": {"path": path, "port": "http"},
-        "periodSeconds": period_s,
-        "timeoutSeconds": 2,
-        "failureThreshold": failures,
-    }
-
-
 def _resources(cores: float, memory_gib: float) -> Manifest:
     quantities = {"cpu": common.quantity_cpu(cores), "memory": common.quantity_gib(memory_gib)}
     return {"requests": dict(quantities), "limits": dict(quantities)}
@@ -164,18 +156,12 @@ def deployment(
     pod_labels = common.labels(spec, name, part, version)
     token = hardening.service_account_token_volume()
     mounts: list[Manifest] = [
-        {"name": "config", "mountPath": common.RUNTIME_CONFIG_DIR, "readOnly": True},
+        common.runtime_config_mount(),
         {"name": token["name"], "mountPath": hardening.SERVICE_ACCOUNT_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     volumes: list[Manifest] = [
-        {
-            "name": "config",
-            "configMap": {
-                "name": common.runtime_config_name(spec),
-                "items": [{"key": common.RUNTIME_CONFIG_FILE, "path": common.RUNTIME_CONFIG_FILE}],
-            },
-        },
+        common.runtime_config_volume(spec),
         token,
         {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
     ]
@@ -191,8 +177,8 @@ def deployment(
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "resources": _resources(*resources),
-        "readinessProbe": _probe("/readyz", 5, 2),
-        "livenessProbe": _probe("/healthz", 10, 3),
+        "readinessProbe": common.http_probe("/readyz", 5, 2),
+        "livenessProbe": common.http_probe("/healthz", 10, 3),
         # Let endpoints drop this pod before it stops accepting connections.
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}},
         "securityContext": hardening.container_security(),
@@ -294,7 +280,7 @@ def render(
 
     ``images`` (runtime service -> image) replaces the spec's images for the services it names.
     """
-    config = runtime_config(spec)
+    config = runtime_config(spec, files=cloud.batch_files(spec))
     text = config_text(config)
     checksum = config_checksum(text)
     g = spec.gateway

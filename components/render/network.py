@@ -2,9 +2,9 @@
 
 - ``default-deny``: every pod in the namespace, no traffic in or out;
 - ``allow-dns``: every pod may ask kube-dns;
-- one policy per component (engines, the model store's preparation Jobs, router, health monitor, batcher, and the
-  Gateway's proxies when they run in the namespace): ingress from the flows that end at it, egress to the flows
-  that start at it.
+- one policy per component (engines, the model store's preparation Jobs, router, health monitor, batcher, batch
+  service, and the Gateway's proxies when they run in the namespace): ingress from the flows that end at it, egress
+  to the flows that start at it.
 
 A flow works only when the caller's egress and the callee's ingress both admit it, so each flow is rendered on both
 sides. On EKS the ``vpc-cni`` add-on enforces them (``components.aws.decisions.VPC_CNI_CONFIGURATION``).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from components.render import common
+from components.render import batches, common
 from components.spec import GatewayMode, ModelSpec, PlatformSpec
 from runtime.config import (
     BatcherSettings,
@@ -21,6 +21,7 @@ from runtime.config import (
     PickerSettings,
     RouterSettings,
     RuntimeConfig,
+    S3Files,
     StaticBackend,
     StrategyConfig,
     Task,
@@ -119,16 +120,22 @@ def client_idle_timeout_s() -> int:
 
 
 def runtime_config(
-    spec: PlatformSpec, static_backends: Mapping[str, Sequence[str]] | None = None
+    spec: PlatformSpec,
+    static_backends: Mapping[str, Sequence[str]] | None = None,
+    files: S3Files | None = None,
 ) -> RuntimeConfig:
-    """``static_backends`` (model name -> engine URLs) replaces Kubernetes discovery (``make local``)."""
+    """``static_backends`` (model name -> engine URLs) replaces Kubernetes discovery (``make local``);
+    ``files`` is where the cloud keeps the batch service's files (``Cloud.batch_files``), None: its volume."""
     keys_file = f"{common.API_KEYS_DIR}/{common.API_KEYS_FILE}" if spec.gateway.api_keys_config_key else None
+    health_feed = f"{service_url(spec, common.HEALTH, health_port())}/v1/backends"
+    router_url = service_url(spec, common.ROUTER, router_port())
     router = RouterSettings.model_validate(
         {
             "routes": [_route(spec, m) for m in spec.models],
             "require_api_key": spec.gateway.require_api_key,
             "api_keys_file": keys_file,
-            "health_feed_url": f"{service_url(spec, common.HEALTH, health_port())}/v1/backends",
+            "health_feed_url": health_feed,
+            "batches_url": batches.url(spec) if batches.enabled(spec) else None,
             "client_idle_timeout_s": client_idle_timeout_s(),
         }
     )
@@ -145,4 +152,5 @@ def runtime_config(
         health=HealthSettings(kubernetes_events=True),
         batcher=BatcherSettings(policies=[_batching(m) for m in embedding_models(spec)]),
         picker=picker,
+        batches=batches.settings(spec, router_url, health_feed, files),
     )

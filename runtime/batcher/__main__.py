@@ -5,16 +5,11 @@ SIGTERM stops accepting, lets requests in flight finish for a few seconds, then 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
-import time
-from pathlib import Path
 
 from runtime.batcher.app import Batcher, make_server
-from runtime.config_file import ConfigError, read_config
 from runtime.discovery import watch_backends
-from runtime.service import exit_bad_config, new_event_loop, serve_until_signalled, setup_logging
+from runtime.service import command_line, exit_bad_config, new_event_loop, serve_until_signalled
 
 DRAIN_GRACE_S = 5.0
 
@@ -27,25 +22,12 @@ async def serve(batcher: Batcher, host: str, port: int) -> None:
     try:
         await serve_until_signalled()
     finally:
-        await server.stop_accepting()
-        deadline = time.monotonic() + DRAIN_GRACE_S
-        while time.monotonic() < deadline and (server.close_idle() or batcher.inflight):
-            await asyncio.sleep(0.05)
-        server.close_all()
+        await server.drain(DRAIN_GRACE_S, lambda: batcher.inflight)
         await batcher.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m runtime.batcher", description=__doc__)
-    parser.add_argument("--config", type=Path, required=True, help="runtime config YAML (RuntimeConfig)")
-    parser.add_argument("--host", help="override batcher.host")
-    parser.add_argument("--port", type=int, help="override batcher.port")
-    args = parser.parse_args(argv)
-    setup_logging(os.environ.get("LOG_LEVEL", "INFO"))
-    try:
-        config = read_config(args.config)
-    except ConfigError as err:
-        exit_bad_config(err.lines)
+    args, config = command_line("python -m runtime.batcher", "batcher", __doc__, argv)
     if not config.batcher.policies:
         exit_bad_config(
             [f"{args.config}: batcher.policies: empty; name at least one embedding model to batch"]

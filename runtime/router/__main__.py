@@ -30,7 +30,7 @@ log = logging.getLogger("inferstack.router")
 async def serve(router: Router, config_path: Path | None, ready: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or cancellation), then drain."""
     s = router.cfg.router
-    server = Server(router.handle, s.max_body_bytes, s.client_idle_timeout_s)
+    server = Server(router.handle, s.max_body_bytes, s.client_idle_timeout_s, body_limit=router.body_limit)
     await router.fleet.start()
     port = router.port = await server.start(s.host, s.port)
     # Everything imported and built so far lives as long as the process: take it out of the cyclic

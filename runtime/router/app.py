@@ -15,8 +15,9 @@ import time
 
 from runtime.api_keys import Denied, KeyTable, Principal, admit
 from runtime.config import RuntimeConfig
-from runtime.http import METRICS_CONTENT_TYPE, error_body, metrics_payload
+from runtime.http import LOW_PRIORITY, METRICS_CONTENT_TYPE, PRIORITY_HEADER, error_body, metrics_payload
 from runtime.router.admission import Refusal, acquire
+from runtime.router.batch_api import BatchApiHooks, admit_api_call, is_batch_api, low_priority_avoid
 from runtime.router.fleet import Fleet
 from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
 from runtime.router.payload import BadRequest, prompt_text, read_request
@@ -51,6 +52,7 @@ class Router:
         self.port = 0  # the bound port, once serving
         self._rid_prefix = os.urandom(4).hex()
         self._rid_counter = 0
+        self.batch_api = BatchApiHooks()
         self._configure(cfg)
         self.metrics.attach_live(self.snapshot)
         self.fleet.on_departed = self.metrics.forget_backend
@@ -63,6 +65,11 @@ class Router:
         self.queue_deadline_s = s.queue_deadline_ms / 1000
         self.retry_budget.ratio = s.retry_budget_ratio
         self.forwarder.configure(s)
+        self.batch_api.configure(cfg)
+
+    def body_limit(self, target: bytes) -> int:
+        """The server's body limit per request target (uploads to /v1/files may be as large as a batch file)."""
+        return self.batch_api.body_limit(target, self.cfg.router.max_body_bytes)
 
     def reconfigure(self, cfg: RuntimeConfig, keys: KeyTable | None = None) -> None:
         """Install a new config (and key table) without dropping a connection; if the fleet cannot
@@ -75,6 +82,13 @@ class Router:
     # --- entry point -----------------------------------------------------------------------------
     async def handle(self, req: Request, conn: Connection) -> None:
         path = req.path
+        if self.batch_api.forwarder is not None and is_batch_api(path):
+            self.inflight += 1
+            try:
+                await self.batch_api_call(req, conn)
+            finally:
+                self.inflight -= 1
+            return
         kind = PROXY_PATHS.get(path)
         if kind is not None:
             if req.method != b"POST":
@@ -147,6 +161,32 @@ class Router:
         self._rid_counter += 1
         return b"%s-%x" % (self._rid_prefix.encode(), self._rid_counter)
 
+    async def batch_api_call(self, req: Request, conn: Connection) -> None:
+        """Files and Batches: the caller's key and rate limits, then the batch service."""
+        forwarder = self.batch_api.forwarder
+        assert forwarder is not None
+        principal: Principal | None = None
+        if self.require_key or len(self.keys):
+            who = self.keys.authenticate(req.headers.get(b"authorization"), self.require_key)
+            if isinstance(who, Denied):
+                self._fail(conn, who.status, who.message, "auth", code=who.code)
+                return
+            principal = who
+        if principal is not None:
+            denied = admit_api_call(principal, time.monotonic())
+            if denied is not None:
+                reason = "forbidden" if denied.status == 403 else "rate_limited"
+                self._fail(
+                    conn,
+                    denied.status,
+                    denied.message,
+                    reason,
+                    code=denied.code,
+                    retry_after_s=denied.retry_after_s,
+                )
+                return
+        await forwarder.forward(req, conn, principal, self.rid_header, self._request_id(req))
+
     async def proxy(self, req: Request, conn: Connection, kind: str) -> None:
         started = time.monotonic()
         headers = req.headers
@@ -187,6 +227,13 @@ class Router:
                 return
         # 4. route and proxy: fill only what the strategy's scorers declared they read
         ctx = Context(model=model, now=started)
+        if headers.get(PRIORITY_HEADER) == LOW_PRIORITY:  # the batch service: only into headroom
+            avoid = low_priority_avoid(state, self.batch_api.low_priority_share, started)
+            if avoid is None:
+                message = f"no headroom for low-priority requests to {model!r} now"
+                self._fail(conn, 429, message, "low_priority", code="no_headroom", retry_after_s=1)
+                return
+            ctx.exclude = avoid
         if state.needs_prompt:
             ctx.prompt = prompt_text(asked.payload)
         if state.needs_session:

@@ -548,7 +548,9 @@ def test_runtime_images_get_immutable_scanned_ecr_repositories(name: str) -> Non
     repos = {
         r.inputs["name"].rsplit("/", 1)[-1]: r.inputs for r in _of(synthesis, "aws:ecr/repository:Repository")
     }
-    assert set(repos) == set(images.RUNTIME_IMAGES)
+    spec = load(name).spec
+    assert set(repos) == set(images.runtime_images(spec))
+    assert ("batches" in repos) == spec.batch.enabled  # the batch service's image only where it runs
     for repo in repos.values():
         assert repo["imageTagMutability"] == "IMMUTABLE"
         assert repo["imageScanningConfiguration"] == {"scanOnPush": True}

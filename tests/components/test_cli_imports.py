@@ -52,7 +52,14 @@ def loaded_by(args: list[str], tmp_path: Path) -> set[str]:
 
 @pytest.mark.parametrize(
     "args",
-    [["--help"], ["size", "llama-3.1-8b"], ["size", "--list"], ["local", "--help"], ["plan", "--help"]],
+    [
+        ["--help"],
+        ["size", "llama-3.1-8b"],
+        ["size", "--list"],
+        ["local", "--help"],
+        ["plan", "--help"],
+        ["cost", "--help"],
+    ],
     ids=" ".join,
 )
 def test_help_and_size_load_no_pulumi_sdk_and_no_spec_models(args: list[str], tmp_path: Path) -> None:

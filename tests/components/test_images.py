@@ -34,7 +34,7 @@ def _runtime_images(synthesis: plan.Synthesis) -> dict[str, str]:
             0
         ]["image"]
         for m in synthesis.kubernetes_manifests()
-        if m["kind"] in ("Deployment", "Job")
+        if m["kind"] in ("Deployment", "StatefulSet", "Job")
         and m["metadata"]["labels"]["app.kubernetes.io/component"] != "engine"
     }
 
@@ -44,7 +44,7 @@ def test_kind_runs_only_runtime_images_the_program_builds_and_pushes_to_the_loca
     synthesis = plan.synthesize(stack)
     builds = _builds(synthesis)
     running = _runtime_images(synthesis)
-    assert set(running) == {"router", "health", "weights"}  # no embedding model: no batcher
+    assert set(running) == {"router", "health", "batches", "weights"}  # no embedding model: no batcher
     registry = stack.spec.gateway.image_registry
     assert registry == "localhost:5001"
     for part, reference in running.items():
@@ -109,7 +109,7 @@ def test_the_plan_says_where_the_runtime_images_come_from(tmp_path: Path) -> Non
     result = CliRunner().invoke(app, ["plan", "-s", "kind", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert (
-        "runtime images: builds router, health, weights from runtime/images/"
+        "runtime images: builds router, health, batches, weights from runtime/images/"
         in (tmp_path / "summary.md").read_text()
     )
 

@@ -214,6 +214,15 @@ def test_a_cold_start_hold_behind_the_gateway_is_an_error() -> None:
     PlatformSpec.model_validate(doc)
 
 
+def test_the_batch_api_behind_the_gateway_is_an_error() -> None:
+    """The router serves /v1/files and /v1/batches and carries the batch service's requests: this mode has none."""
+    doc = {**_platform(), "batch": {"enabled": True}}
+    with pytest.raises(
+        ValidationError, match=r"batch.enabled: .* gateway.mode inference-extension runs no router"
+    ):
+        PlatformSpec.model_validate(doc)
+
+
 def test_envoy_cannot_fail_open_in_full_duplex_mode() -> None:
     pools = [EnvoyPool("m", Task.GENERATE, ("127.0.0.1:8000",))]
     with pytest.raises(ValueError, match="fails open only with buffered bodies") as err:
@@ -270,6 +279,7 @@ def test_the_cli_plans_the_example_and_the_policy_pack_passes_it(tmp_path: Path)
 
 
 def test_eks_pushes_the_picker_image_only_in_inference_extension_mode() -> None:
+    from components import images
     from components.aws import registry
 
     inference = PlatformSpec.model_validate({**_platform(), "target": "eks"})
@@ -281,8 +291,8 @@ def test_eks_pushes_the_picker_image_only_in_inference_extension_mode() -> None:
             "models": [{**m, "routing": {"strategy": "prefix_aware"}} for m in _platform()["models"]],
         }
     )
-    assert registry.images_for(inference) == (*registry.RUNTIME_IMAGES, "picker")
-    assert registry.images_for(router) == registry.RUNTIME_IMAGES
+    assert registry.images_for(inference) == (*images.runtime_images(inference), "picker")
+    assert registry.images_for(router) == images.runtime_images(router)
     assert registry.dockerfile(Path(__file__).resolve().parents[2], "picker").is_file()
 
 

@@ -19,7 +19,7 @@ from components import plan
 from components.aws import decisions
 from components.aws.cloud import POD_IDENTITY_AGENT
 from components.cloud import PRIVATE_CIDRS, Cloud
-from components.render import common, flows, ingress, network
+from components.render import batches, common, flows, ingress, network
 from components.spec import PlatformSpec, Target
 from components.stackfile import STACKS_DIR, available_stacks, load
 from components.targets import cloud_for
@@ -30,7 +30,7 @@ PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target 
 IMDS = "169.254.169.254"
 INTERNET = "52.216.8.10"  # an S3 address
 EXTRA_PORTS = (22, 80, 443, 2379, 6443, 8000, 8080, 8081, 8082, 9000, 9090, 15012)
-WORKLOADS = ("Deployment", "Job")
+WORKLOADS = ("Deployment", "StatefulSet", "Job")
 
 
 @cache
@@ -45,8 +45,8 @@ def _policies_of(manifests: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -
 def _pod_labels(
     manifests: list[dict[str, Any]] | tuple[dict[str, Any], ...], component: str
 ) -> dict[str, str]:
-    """The labels of the rendered pods of one component (the first Deployment or Job of it, else the leaders of the
-    first LeaderWorkerSet); for a multi-node group's subject, its workers' (so a leader and a worker of one group
+    """The labels of the rendered pods of one component (the first Deployment, StatefulSet or Job of it, else the
+    leaders of the first LeaderWorkerSet); for a multi-node group's subject, its workers' (so a leader and a worker of one group
     are both tried)."""
     if component.startswith(flows.GROUP_PREFIX):
         model = component.removeprefix(flows.GROUP_PREFIX)
@@ -60,7 +60,7 @@ def _pod_labels(
                 if m["kind"] == "LeaderWorkerSet":
                     return dict(m["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["labels"])
                 return dict(m["spec"]["template"]["metadata"]["labels"])
-    raise AssertionError(f"no Deployment, Job or LeaderWorkerSet of {component}")
+    raise AssertionError(f"no Deployment, StatefulSet, Job or LeaderWorkerSet of {component}")
 
 
 def _endpoints(spec: PlatformSpec, cloud: Cloud, manifests: Any) -> list[Endpoint]:
@@ -133,15 +133,19 @@ INGRESSES = [
 
 
 def _rendered(raw: dict[str, Any]) -> tuple[PlatformSpec, list[dict[str, Any]]]:
-    """The stack's NetworkPolicies and the Deployments whose pods they govern, rendered without a synthesis."""
+    """The stack's NetworkPolicies and the workloads whose pods they govern, rendered without a synthesis."""
     from components import rollout
     from components.placement import place
     from components.render import engine, gateway, weights
+    from components.render.runtime_config import runtime_config
 
     spec = PlatformSpec.model_validate(raw)
     cloud = cloud_for(spec)
     layout = place(spec)
     manifests = network.render(spec, cloud) + gateway.render(spec, cloud)
+    config = runtime_config(spec, files=cloud.batch_files(spec))
+    checksum = gateway.config_checksum(gateway.config_text(config))
+    manifests += batches.render(spec, config, "batches:1", "1", "bucket", checksum)
     for model in spec.models:
         placement = layout.placements[model.name]
         manifests += engine.render(spec, model, placement, rollout.plan(spec, layout, model))
@@ -154,7 +158,7 @@ def _rendered(raw: dict[str, Any]) -> tuple[PlatformSpec, list[dict[str, Any]]]:
 def test_every_flow_passes_and_nothing_else_for_each_ingress_and_target(
     target: str, gateway_fields: dict[str, Any]
 ) -> None:
-    raw = {**minimal(), "gateway": gateway_fields}
+    raw = {**minimal(), "gateway": gateway_fields, "batch": {"enabled": True}}
     raw = on_own_cluster(raw) if target == "kubernetes" else raw
     raw["models"].append(
         {
@@ -226,6 +230,27 @@ def test_the_table_has_the_calls_the_runtime_makes_and_none_to_instance_metadata
         "the model store (S3) over HTTPS": (("TCP", 443),),
     }
     assert not [f for f in table if f.dest == flows.component(spec, flows.WEIGHTS)]  # nothing calls them
+
+
+def test_the_batch_service_talks_to_the_router_and_health_monitor_and_on_eks_to_its_files_only() -> None:
+    """Its API admits the router alone (it trusts the router's identity headers); Prometheus reaches only its
+    metrics port; it never reaches the engines; S3 and the Pod Identity agent only where the files are in S3."""
+    spec = load("prod").spec
+    assert spec.batch.enabled
+    table = flows.flows(spec, cloud_for(spec))
+    into = {(f.source.name, f.ports) for f in table if f.dest.name == batches.PART}
+    assert into == {
+        ("router", (("TCP", batches.port()),)),
+        ("prometheus", (("TCP", batches.METRICS_PORT),)),
+    }
+    out = {f.dest.name: f for f in table if f.source.name == batches.PART}
+    assert set(out) == {"router", "health", "EKS Pod Identity agent", "files over HTTPS"}
+    assert out["files over HTTPS"].dest.except_cidrs == (spec.cluster.vpc_cidr, flows.LINK_LOCAL)
+    byo = PlatformSpec.model_validate(on_own_cluster({**minimal(), "batch": {"enabled": True}}))
+    assert {f.dest.name for f in flows.flows(byo, cloud_for(byo)) if f.source.name == batches.PART} == {
+        "router",
+        "health",
+    }
 
 
 def test_a_cluster_you_bring_gives_engines_no_credential_endpoint_and_the_store_at_its_endpoint() -> None:

@@ -30,7 +30,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from components.local import monitor
-from components.render import alerts, common, scaling, signals
+from components.render import alerts, batches, common, scaling, signals
 from components.spec import ModelSpec, PlatformSpec
 from components.stackfile import load
 from runtime.config import EngineKind, RuntimeConfig
@@ -275,9 +275,15 @@ def healthy(spec: PlatformSpec, minutes: int, only: ModelSpec | None = None) -> 
             inputs.constant(
                 series("kube_horizontalpodautoscaler_spec_max_replicas", hpa), model.scaling.max_replicas
             )
-    for part in (signals.front(spec), common.HEALTH):
+    for part in (signals.front(spec), common.HEALTH, *batches.parts(spec)):
         inputs.constant(series("up", runtime_target(spec, part)), 1)
+    if batches.enabled(spec):  # a batch service with no batch waiting
+        inputs.constant(batch_series(spec, "inferstack_batches_oldest_progress_age_seconds"), 0)
     return inputs
+
+
+def batch_series(spec: PlatformSpec, name: str, **labels: str) -> str:
+    return series(name, {**runtime_target(spec, batches.PART), **labels})
 
 
 # --- alerts ---------------------------------------------------------------------------------------------------
@@ -406,6 +412,27 @@ def gateway_cases(spec: PlatformSpec, by_name: dict[str, alerts.Alert]) -> Itera
     yield Case("ejections", by_name["InferenceHealthEjections"], ejected, "4m", "20m", {"model": model}, 15)
 
 
+def batch_cases(spec: PlatformSpec, by_name: dict[str, alerts.Alert]) -> Iterator[Case]:
+    """A batch without progress (its age grows by 60 s a minute), a batch that expires at minute 30, and the
+    service failing its scrapes from minute 10."""
+    if not by_name:
+        return
+    minutes = spec.batch.stuck_after_minutes
+    stuck = healthy(spec, minutes + 15, spec.models[0])
+    stuck.values[batch_series(spec, "inferstack_batches_oldest_progress_age_seconds")] = (
+        f"0+60x{minutes + 15}"
+    )
+    yield Case("no progress", by_name["InferenceBatchStuck"], stuck, f"{minutes - 1}m", f"{minutes + 10}m")
+    expired = healthy(spec, 60, spec.models[0])
+    status = {"status": "expired"}
+    expired.values[batch_series(spec, "inferstack_batches_finished_total", **status)] = "0x30 1x29"
+    labels = {**runtime_target(spec, batches.PART), **status}
+    yield Case("expired", by_name["InferenceBatchExpired"], expired, "20m", "40m", labels)
+    down = healthy(spec, 40, spec.models[0])
+    down.values[series("up", runtime_target(spec, batches.PART))] = "1x10 0x29"
+    yield Case("down", by_name["InferenceBatchServiceDown"], down, "15m", "25m")
+
+
 def alert_tests(spec: PlatformSpec) -> list[dict[str, Any]]:
     tests = []
     quiet = healthy(spec, 75)
@@ -425,6 +452,7 @@ def alert_tests(spec: PlatformSpec) -> list[dict[str, Any]]:
         by_name = {a.name: a for a in alerts.model_alerts(spec, model)}
         cases += model_cases(spec, model, by_name)
     cases += gateway_cases(spec, {a.name: a for a in alerts.gateway_alerts(spec)})
+    cases += batch_cases(spec, {a.name: a for a in alerts.batch_alerts(spec)})
     covered = {c.alert.name + (c.alert.model or "") for c in cases if c.fires_at}
     every = {a.name + (a.model or "") for a in alerts.alerts(spec)}
     assert covered == every, f"alerts without a firing case: {sorted(every - covered)}"

@@ -183,3 +183,12 @@ def test_store_bucket_is_known_at_plan_time() -> None:
     raw = copy.deepcopy(minimal())
     raw["cluster"] = {"model_bucket": "acme-weights"}
     assert store.store_bucket(PlatformSpec.model_validate(raw)) == "acme-weights"
+
+
+def test_on_eks_the_store_prefix_stays_out_of_the_batch_files_prefix() -> None:
+    """Both live in the platform's bucket, and the batch service may delete anything under batches/."""
+    doc = {**minimal(), "batch": {"enabled": True}, "model_store": {"prefix": "batches/models"}}
+    with pytest.raises(ValueError, match=r"model_store.prefix: 'batches/models' is under 'batches/'"):
+        PlatformSpec.model_validate(doc)
+    PlatformSpec.model_validate({**doc, "model_store": {"prefix": "batchesmodels"}})
+    PlatformSpec.model_validate({**doc, "batch": {"enabled": False}})

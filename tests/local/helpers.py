@@ -44,10 +44,19 @@ def free_port_block(count: int) -> int:
 
 
 def port_args(base: int, engines_base: int) -> list[str]:
+    """Router, health monitor, batcher and batch service on ``base`` to ``base + 3``; engines from ``engines_base``."""
     return [
         "--port", str(base), "--health-port", str(base + 1), "--batcher-port", str(base + 2),
-        "--engine-port", str(engines_base),
+        "--batches-port", str(base + 3), "--engine-port", str(engines_base),
     ]  # fmt: skip
+
+
+def make_target(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``make -s ARGS`` in the repository, as a user runs it (not inside this make's own jobs)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKEFLAGS", "MFLAGS", "MAKELEVEL"))}
+    return subprocess.run(
+        ["make", "-s", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def local_cmd(*args: str) -> list[str]:

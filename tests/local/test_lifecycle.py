@@ -55,8 +55,8 @@ def fake(tmp_path: Path) -> Iterator[tuple[list[str], dict[str, str], Path]]:
     stacks.mkdir()
     (stacks / "Pulumi.fake.yaml").write_text(yaml.safe_dump(raw))
     state_dir = tmp_path / "state"
-    base = free_port_block(6)
-    engines = base + 3
+    base = free_port_block(7)
+    engines = base + 4
     args = [
         "-s",
         "fake",

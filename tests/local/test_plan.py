@@ -50,13 +50,14 @@ def test_the_local_stack_plans_engines_then_health_batcher_router() -> None:
     assert [e.port for e in plan.engines] == [8000, 8001, 8002]
     assert [e.cpu_cores for e in plan.engines] == ["0", "1", "0"]  # each engine its own core, in turn
     assert [e.spec.resolved_task() for e in plan.engines] == [Task.GENERATE, Task.GENERATE, Task.EMBED]
-    assert [s.name for s in plan.services] == ["health", "batcher", "router"]
+    assert [s.name for s in plan.services] == ["health", "batcher", "batches", "router"]
+    assert [s.restart for s in plan.services] == [False, False, True, False]  # the batch service restarts
     assert plan.router.port == 8080
     assert plan.base_url == "http://127.0.0.1:8080/v1"
     models = {m.name: m for m in stack.spec.models}
     assert all(e.spec == models[e.model] for e in plan.engines)  # every replica runs its model's spec
     assert all(p.generate for p in plan.models)  # under .cache/models: made when missing
-    assert len(describe(plan)) == 1 + 3 + 3
+    assert len(describe(plan)) == 1 + 3 + 4
 
 
 def test_local_config_is_the_cluster_config_with_local_addresses() -> None:
@@ -87,6 +88,14 @@ def test_local_config_is_the_cluster_config_with_local_addresses() -> None:
     assert str(embed.batcher_url).rstrip("/") == "http://127.0.0.1:9002"
     assert local.health.kubernetes_events is False and local.health.remediate_after_s is None
     assert {m.task for m in local.models} == {Task.GENERATE, Task.EMBED}
+    # the batch service: the cluster's settings, this machine's addresses, state under the state dir
+    assert local.batches is not None and cluster.batches is not None
+    assert str(local.router.batches_url).rstrip("/") == "http://127.0.0.1:8083"
+    assert (local.batches.host, local.batches.port, local.batches.metrics_port) == (HOST, 8083, None)
+    assert str(local.batches.router_url).rstrip("/") == "http://127.0.0.1:9000"
+    assert str(local.batches.health_feed_url) == "http://127.0.0.1:9001/v1/backends"
+    assert local.batches.state_dir == (Path(".local") / "batches").absolute()
+    assert local.batches.s3 is None and local.batches.max_file_bytes == cluster.batches.max_file_bytes
 
 
 def test_no_embedding_model_means_no_batcher_and_min_replicas_zero_starts_none() -> None:
@@ -96,7 +105,7 @@ def test_no_embedding_model_means_no_batcher_and_min_replicas_zero_starts_none()
     raw["models"] = [raw["models"][0]]
     raw["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 2, "cold_start_hold_ms": 100_000}
     plan = build_plan(stack_from(raw), LocalOptions(state_dir=Path("/tmp/st")), REPO)
-    assert [s.name for s in plan.services] == ["health", "router"]
+    assert [s.name for s in plan.services] == ["health", "batches", "router"]
     assert [(e.name, e.on_demand) for e in plan.engines] == [
         ("smollm2-135m-instruct-0", True),
         ("smollm2-135m-instruct-1", True),
@@ -242,3 +251,7 @@ def test_envoy_runs_a_fixed_fleet_and_no_router_for_the_autoscaler_or_monitor_to
         build_plan(local_stack(), LocalOptions(gateway="envoy", monitor=Monitor()), REPO)
     plan = build_plan(local_stack(), LocalOptions(gateway="envoy"), REPO)
     assert [s.name for s in plan.services] == ["health", "picker", "envoy"]
+    # the stack's batch service needs the router: not run, and the banner says so
+    assert local_stack().spec.batch.enabled and plan.config.batches is None
+    assert plan.config.router.batches_url is None
+    assert "Batch API   not served" in banner(plan, 1.0, detached=True)

@@ -91,6 +91,7 @@ COVERAGE = [
     Coverage(r"\.venv/bin/inferstack plan -s kind --out build/kind", ((CI, "stack: [dev, kind, staging, prod, prod-405b]"), (CI, "--out build/${{ matrix.stack }}")), "CI plan job"),
     Coverage(r"\.venv/bin/inferstack plan -s prod --policy-config policies/inference/config/prod\.json", (("tests/policies/test_plan.py", '"--policy-config", "policies/inference/config/prod.json"'), (CI, "--policy-config policies/inference/config/${{ matrix.stack }}.json")), "policy tests and CI"),
     Coverage(r"inferstack plan", ((HERE, "def test_cheap_commands_run"),), "run here (the name of the command)"),
+    Coverage(r"\.venv/bin/inferstack cost --compare (-s prod|--model .*)", (("tests/components/test_compare.py", 'runner.invoke(app, ["cost", "--compare", "-s", "prod"]'), ("tests/components/test_compare.py", "def test_cost_compare_for_a_model_and_a_volume")), "run in the cost tests"),
     Coverage(r"inferstack schema", (("tests/components/test_cli.py", "def test_committed_schema_is_current"),), "schema test"),
     Coverage(r"inferstack local up( \[--detach\]| --port \d+)?", ((LIFECYCLE, 'local_cmd("up"'), (LIFECYCLE, '"--detach"'), ("tests/local/helpers.py", '"--port"')), "lifecycle test"),
     Coverage(r"inferstack local (status|down)", ((LIFECYCLE, 'run_local("status"'), (LIFECYCLE, 'run_local("down"')), "lifecycle test"),
@@ -98,7 +99,7 @@ COVERAGE = [
     Coverage(r"python -m runtime\.picker --config FILE", (("components/local/plan.py", 'ServiceLaunch("picker", "runtime.picker"'), ("tests/local/test_envoy_gateway.py", '"picker" in names')), "what make local GATEWAY=envoy runs"),
     Coverage(r"make local GATEWAY=envoy", ((HERE, '_make_dry("local", "GATEWAY=envoy")'), ("tests/local/test_envoy_gateway.py", '"--gateway", "envoy"')), "dry run here; the command runs in the Envoy gateway test"),
     Coverage(r"inferstack plan -s inference-extension --stacks-dir examples/stacks", (("tests/components/test_inference_extension.py", 'def test_the_cli_plans_the_example'),), "run in the inference-extension test"),
-    Coverage(r"python -m runtime\.(router|health|batcher) --config FILE", (("components/local/plan.py", '"-m", self.module, "--config"'), (LIFECYCLE, '("router", "batcher", "health", "3 engines")')), "what make local runs"),
+    Coverage(r"python -m runtime\.(router|health|batcher|batches) --config FILE", (("components/local/plan.py", '"-m", self.module, "--config"'), (LIFECYCLE, '("router", "batcher", "health", "3 engines")')), "what make local runs"),
     Coverage(r"pulumi stack select prod|pulumi config set --secret inferstack:hfToken hf_\.\.\.|pulumi up( -s (kind|prod))?", ((CI, "pulumi preview"), ("tests/components/test_program.py", "under the SDK's mock runtime")), "needs the Pulumi CLI and credentials: CI previews, tests run the program under mocks"),
     Coverage(r"pulumi preview --policy-pack policies/inference --policy-pack-config policies/inference/config/<stack>\.json", ((CI, "--policy-pack policies/inference"), (CI, "--policy-pack-config policies/inference/config/${{ matrix.stack }}.json")), "CI preview job"),
 ]  # fmt: skip

@@ -114,6 +114,7 @@ def test_prometheus_gets_the_clusters_rules_and_every_service_with_cluster_label
     assert [g["labels"]["service"] for g in runtime] == [
         "inferstack-health",
         "inferstack-batcher",
+        "inferstack-batches",
         "inferstack-router",
     ]
     config = monitor.prometheus_config(settings, runtime, tmp_path / "engines.json", tmp_path / "rules.yml")

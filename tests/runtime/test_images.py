@@ -24,6 +24,7 @@ DOCKERFILES = sorted(IMAGES.glob("*.Dockerfile"))
 # Modules an image imports only on some paths (lazily): prove the image carries them anyway.
 LAZY_IMPORTS = {
     "health": ["kubernetes_asyncio.client", "kubernetes_asyncio.config"],
+    "batches": ["boto3", "botocore.config", "botocore.exceptions"],  # files in S3 only
     "weights": ["boto3", "botocore.exceptions", "huggingface_hub"],
 }
 # What each entry point's --help must mention: the services read a config file, the weights CLI has commands.

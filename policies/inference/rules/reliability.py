@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterator, Sequence
 
 from components import sizing
-from components.render import common
+from components.render import batches, common
 from components.render.weights import COMPONENT as WEIGHTS_COMPONENT
 from policies.inference.rules.base import (
     Category,
@@ -351,7 +351,14 @@ METRICS = Rule(
 )
 
 DOCKER_IMAGE = "docker-build:index:Image"
-RUNTIME_COMPONENTS = [common.ROUTER, common.HEALTH, common.BATCHER, common.PICKER, WEIGHTS_COMPONENT]
+RUNTIME_COMPONENTS = [
+    common.ROUTER,
+    common.HEALTH,
+    common.BATCHER,
+    batches.PART,
+    common.PICKER,
+    WEIGHTS_COMPONENT,
+]
 
 
 def _built_repositories(resources: Sequence[Res]) -> set[str]:
@@ -394,9 +401,9 @@ RUNTIME_IMAGES_BUILT = Rule(
     name="runtime-images-built",
     category=Category.RELIABILITY,
     severity=Severity.HIGH,
-    description="The router, health monitor, batcher, endpoint picker and model store Jobs run images the stack "
-    "builds and pushes (by digest), or images listed as published (prebuilt_images): never a reference nothing "
-    "builds.",
+    description="The router, health monitor, batcher, batch service, endpoint picker and model store Jobs run "
+    "images the stack builds and pushes (by digest), or images listed as published (prebuilt_images): never a "
+    "reference nothing builds.",
     remediation="Set gateway.image_registry on target kubernetes (eks builds into its ECR), or allow the "
     "published image in prebuilt_images.",
     stack_check=_runtime_images,
