@@ -13,8 +13,9 @@ given environment (``env -i``).
 
 What it cannot do here: seccomp ``RuntimeDefault`` (the container runtime's profile), cgroup limits,
 and a real image: the engine's interpreter is the host's. The host keeps that interpreter under root's
-home (mode 0700), where no image would put it; ``expose`` lists such trees, bind-mounted read-only on
-their own so nothing else of that home is visible.
+home (mode 0700), where no image would put it, and its venv in the checkout; ``expose`` lists such trees,
+bind-mounted read-only on their own (after the volumes, so one under /tmp stays visible) so nothing else of
+that home or checkout is visible.
 
 SANDBOX.json::
 
@@ -74,8 +75,6 @@ def build_root(root: Path, spec: dict[str, Any]) -> None:
         (root / entry).mkdir()
         _mount("--rbind", f"/{entry}", str(root / entry))
     _mount("-o", "remount,bind,ro", str(root / "sys"))
-    for tree in expose:
-        _bind_read_only(tree, root / tree.lstrip("/"))
     for path, host_dir in writable.items():
         os.chown(host_dir, 0, fs_group)
         os.chmod(host_dir, 0o2777)  # what the kubelet makes of an emptyDir with fsGroup
@@ -85,6 +84,9 @@ def build_root(root: Path, spec: dict[str, Any]) -> None:
     for path, size in memory.items():
         target = root / path.lstrip("/")
         _mount("-t", "tmpfs", "-o", f"size={size},mode=1777", "tmpfs", str(target))
+    # After the volumes: an exposed tree may sit under a volume's path (a checkout under /tmp, the pod's /tmp).
+    for tree in expose:
+        _bind_read_only(tree, root / tree.lstrip("/"))
     for path, host_dir in read_only.items():
         _bind_read_only(host_dir, root / path.lstrip("/"))
     _mount("-o", "remount,ro", str(root))

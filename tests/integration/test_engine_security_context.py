@@ -188,7 +188,8 @@ def test_vllm_serves_under_the_rendered_uid_environment_and_mounts(
         "writable": writable,
         "memory": memory,
         "read_only": read_only,
-        "expose": INTERPRETER_TREES,
+        # The engine's venv too: the checkout may sit under a path a volume covers (a clone in /tmp).
+        "expose": [*INTERPRETER_TREES, str(engine_python.parent.parent)],
         "env": {**env, **MACHINE_ENV},
     }
     spec_file = tmp_path / "sandbox" / "sandbox.json"
