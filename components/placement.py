@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from components import catalog, sizing
 from components.problems import Problem, SpecError
-from components.spec import AUTO, CapacityType, Device, ModelSpec, PlatformSpec, Target
+from components.spec import AUTO, CapacityType, Device, ModelSpec, PlatformSpec, Target, is_local_path
 
 IMAGE_DISK_GIB = 60  # engine images (vLLM's is ~10 GiB compressed) and the kubelet's working space
 DISK_STEP_GIB = 50
@@ -31,6 +31,8 @@ def engine_shape(model: ModelSpec) -> sizing.EngineShape:
         max_num_batched_tokens=e.max_num_batched_tokens,
         gpu_memory_utilization=e.gpu_memory_utilization,
         enforce_eager=e.enforce_eager,
+        lora_slots=e.lora.max_per_batch if model.adapters else 0,
+        lora_max_rank=e.lora.max_rank if model.adapters else 0,
     )
 
 
@@ -208,6 +210,15 @@ def _source_rules(spec: PlatformSpec) -> list[Problem]:
                     "upload the weights to S3 ('s3://bucket/prefix') or use a Hugging Face repo id",
                 )
             )
+        for j, adapter in enumerate(model.adapters):
+            if is_local_path(adapter.source) and spec.target is not Target.LOCAL:
+                problems.append(
+                    Problem(
+                        f"models[{i}].adapters[{j}].source",
+                        f"a local path ({adapter.source}) only works with target: local; on {spec.target.value}, "
+                        "upload the adapter to S3 ('s3://bucket/prefix/') or use a Hugging Face repo id",
+                    )
+                )
         if model.engine.device is Device.GPU and spec.target is Target.LOCAL:
             problems.append(
                 Problem(
@@ -233,6 +244,26 @@ def _unique_names(spec: PlatformSpec) -> list[Problem]:
                     )
                 )
             seen.add(name)
+    models = {m.name for m in spec.models}
+    owner: dict[str, str] = {}
+    for i, model in enumerate(spec.models):
+        for j, adapter in enumerate(model.adapters):
+            path = f"models[{i}].adapters[{j}].name"
+            if adapter.name in models:
+                problems.append(
+                    Problem(
+                        path, f"{adapter.name!r} is also a model's name; clients could not tell them apart"
+                    )
+                )
+            elif adapter.name in owner and owner[adapter.name] != model.name:
+                problems.append(
+                    Problem(
+                        path,
+                        f"{adapter.name!r} is also an adapter of {owner[adapter.name]}; adapter names must be "
+                        "unique in the stack (clients ask for them by name alone)",
+                    )
+                )
+            owner.setdefault(adapter.name, model.name)
     return problems
 
 

@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", type=Path, required=True, help="the base model directory")
     parser.add_argument("--out", type=Path, required=True, help="where the adapter goes")
     parser.add_argument("--rank", type=int, default=8, help="LoRA rank (default 8)")
-    parser.add_argument("--seed", type=int, default=1, help="weights seed: different seeds, different adapters")
+    parser.add_argument(
+        "--seed", type=int, default=1, help="weights seed: different seeds, different adapters"
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even if complete")
     args = parser.parse_args(argv)
     if args.rank < 1:

@@ -12,6 +12,7 @@ from components.render.engine_args import (
     MODEL_DIR,
     TRTLLM_CONFIG_DIR,
     EngineCommand,
+    adapter_location,
     engine_command,
     s3_model_dir,
 )
@@ -93,6 +94,36 @@ def _s3_sync(model: ModelSpec) -> Manifest:
             {"name": "model-cache", "mountPath": MODEL_DIR},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
+    }
+
+
+def _fetch_adapter(spec: PlatformSpec, model: ModelSpec, index: int, mounts: list[Manifest]) -> Manifest:
+    """An init container that puts one LoRA adapter where the router's load call will name it: an S3 prefix
+    with the AWS CLI, a Hugging Face repo at its pinned revision with the engine image's huggingface_hub."""
+    adapter = model.adapters[index]
+    target = adapter_location(adapter)
+    resources = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+    if adapter.source.startswith("s3://"):
+        image = AWS_CLI_IMAGE
+        command = ["aws", "s3", "sync", "--only-show-errors", adapter.source, target]
+        env: list[Manifest] = [{"name": "HOME", "value": "/tmp"}]
+    else:
+        image = model.engine.resolved_image
+        fetch = (
+            "import sys; from huggingface_hub import snapshot_download; "
+            "snapshot_download(sys.argv[1], revision=sys.argv[2] or None, local_dir=sys.argv[3])"
+        )
+        command = ["python3", "-c", fetch, adapter.source, adapter.revision or "", target]
+        env = _env(spec, engine_command(model))
+    return {
+        "name": f"fetch-adapter-{index}",
+        "image": image,
+        "imagePullPolicy": "Always",
+        "command": command,
+        "env": env,
+        "resources": resources,
+        "securityContext": hardening.container_security(),
+        "volumeMounts": [m for m in mounts if m["name"] in ("model-cache", "tmp", "hf-token")],
     }
 
 
@@ -185,8 +216,10 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollo
             common.selector(spec, name, "engine"), strict_hosts=False
         ),
     }
-    if model.source.startswith("s3://"):
-        pod_spec["initContainers"] = [_s3_sync(model)]
+    init = [_s3_sync(model)] if model.source.startswith("s3://") else []
+    init += [_fetch_adapter(spec, model, i, mounts) for i in range(len(model.adapters))]
+    if init:
+        pod_spec["initContainers"] = init
     if placement.pool is not None and placement.instance is not None:
         pod_spec["nodeSelector"] = {nodes.POOL_LABEL: placement.pool}
         pod_spec["tolerations"] = [nodes.gpu_toleration()]

@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from os import PathLike
+from pathlib import Path
 
 from components.render.common import ENGINE_PORT
 from components.sizing import DEFAULT_BATCHED_TOKENS
-from components.spec import Device, EngineSpec, KvCacheDType, ModelSpec
+from components.spec import AdapterSpec, Device, EngineSpec, KvCacheDType, ModelSpec
 from runtime.config import EngineKind, Task
 from runtime.engines import TELEMETRY_OFF_ENV, EngineCli, Flag, Switch, facts
 
@@ -56,6 +57,34 @@ class Where:
     """Where the engine downloads weights to; None where nothing is downloaded."""
     served_name: str | None = None
     """The name clients send; None: the spec's model name."""
+
+
+ADAPTER_DIR = f"{MODEL_DIR}/adapters"  # init containers fetch each adapter into <this>/<adapter name>
+
+
+def adapter_location(adapter: AdapterSpec, *, in_cluster: bool = True) -> str:
+    """Where a replica finds an adapter's files, which is what the router's load call names: in a pod, the
+    directory an init container fetched it to; on this machine (``make local``), its directory made absolute
+    (the engine runs in a private working directory)."""
+    if in_cluster:
+        return f"{ADAPTER_DIR}/{adapter.name}"
+    return str(Path(adapter.source).expanduser().absolute())
+
+
+def _lora(model: ModelSpec) -> tuple[list[str], dict[str, str]]:
+    """LoRA arguments and environment for a model with adapters (none without): slots and rank sized from the
+    spec, loading at run time allowed (the router loads each adapter where a request for it lands)."""
+    lora = facts(model.engine.kind).lora
+    if not model.adapters or lora is None:  # the spec refuses adapters on engines without ``lora``
+        return [], {}
+    limits = model.engine.lora
+    args = [
+        *lora.enable,
+        *_valued(lora.max_loras, limits.max_per_batch),
+        *_valued(lora.max_rank, limits.max_rank),
+        *_valued(lora.max_cpu_loras, limits.loaded),
+    ]
+    return args, dict(lora.env)
 
 
 def s3_model_dir(model: ModelSpec) -> str:
@@ -148,8 +177,9 @@ def vllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
     args += _switched(cli.trust_remote_code, e.trust_remote_code)
     if pooling:
         args += cli.embedding
-    args += [*cli.fixed_args, *e.extra_args]
-    return EngineCommand(command=list(cli.command), args=args, env=dict(POD_ENV))
+    lora_args, lora_env = _lora(model)
+    args += [*lora_args, *cli.fixed_args, *e.extra_args]
+    return EngineCommand(command=list(cli.command), args=args, env={**POD_ENV, **lora_env})
 
 
 def sglang(model: ModelSpec, where: Where | None = None) -> EngineCommand:

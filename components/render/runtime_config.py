@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from components.render import common
+from components.render.engine_args import adapter_location
 from components.spec import ModelSpec, PlatformSpec
 from runtime.config import (
+    AdapterTarget,
     BatcherSettings,
     BatchingPolicy,
     HealthSettings,
@@ -71,6 +73,11 @@ def model_target(
         discovery=discovery,
         max_concurrency_per_backend=model.engine.max_num_seqs,
         max_model_len_tokens=model.engine.max_model_len,
+        adapters=[
+            AdapterTarget(name=a.name, path=adapter_location(a, in_cluster=static_urls is None))
+            for a in model.adapters
+        ],
+        max_adapters_per_replica=model.engine.lora.loaded,
     )
 
 
