@@ -11,6 +11,7 @@ import time
 from enum import IntEnum
 from urllib.parse import urlsplit
 
+from runtime.router.adapters import ReplicaAdapters
 from runtime.upstream import Pool
 
 
@@ -80,6 +81,7 @@ class Backend:
     """One replica of one model."""
 
     __slots__ = (
+        "adapters",
         "breaker",
         "cap",
         "engine_queued",
@@ -112,6 +114,7 @@ class Backend:
         self.kv_usage: float | None = None
         self.signals_at = 0.0
         self.ttft_ewma_s: float | None = None
+        self.adapters = ReplicaAdapters()
 
     def __repr__(self) -> str:
         return f"Backend({self.url}, inflight={self.inflight})"
