@@ -87,6 +87,12 @@ def _lora(model: ModelSpec) -> tuple[list[str], dict[str, str]]:
     return args, dict(lora.env)
 
 
+def model_env(model: ModelSpec) -> dict[str, str]:
+    """The environment the spec itself asks of an engine, wherever it runs (a pod adds ``POD_ENV``): today,
+    what allows loading adapters at run time for a model with adapters."""
+    return _lora(model)[1]
+
+
 def s3_model_dir(model: ModelSpec) -> str:
     """Where the init container syncs an S3 model: a directory named after the model, because trtllm-serve
     (which has no served-name flag before 2026, NVIDIA/TensorRT-LLM#11711) serves a local directory under its

@@ -233,6 +233,7 @@ class Router:
         last_error: tuple[int, str] = (502, "no replica answered")
         attempt = 0
         tried: set[str] = set()
+        reloaded = False
         while True:
             backend = await acquire(state, ctx, self.queue_deadline_s, self.metrics.waited)
             if isinstance(backend, Refusal):
@@ -271,6 +272,10 @@ class Router:
                 outcome = await self.forwarder.attempt(call, backend)
                 if outcome is None:
                     return
+                if outcome[0] == 404 and ctx.adapter is not None and not reloaded:
+                    backend.adapters.loaded.pop(ctx.adapter, None)  # our view was behind: load it again
+                    reloaded = True
+                    continue
             # a retryable failure before the client saw anything
             last_error = outcome
             tried.add(backend.url)
