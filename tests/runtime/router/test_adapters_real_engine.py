@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -121,6 +122,12 @@ def test_a_restarted_replica_gets_its_adapter_again(lora_router, vllm_lora) -> N
             time.sleep(0.5)
     assert again == before
     assert _engine_loads(vllm_lora, name) == 1
+    # concurrent first requests for an adapter the new engine lacks share one load call
+    other = sorted(vllm_lora.adapters)[1]
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda _: _complete(lora_router, other), range(6)))
+    assert len(set(answers)) == 1
+    assert _engine_loads(vllm_lora, other) == 1
 
 
 def test_an_adapter_whose_files_are_missing_is_refused_once_then_backed_off(lora_router, vllm_lora) -> None:
