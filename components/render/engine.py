@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 from components import nodes
@@ -127,6 +128,17 @@ def _fetch_adapter(spec: PlatformSpec, model: ModelSpec, index: int, mounts: lis
     }
 
 
+def _pod_metadata(model: ModelSpec, labels: dict[str, str]) -> Manifest:
+    """Pod labels, and for a model with adapters the annotation that lists them (for the policy pack)."""
+    if not model.adapters:
+        return {"labels": labels}
+    adapters = [a.model_dump(mode="json") for a in model.adapters]
+    return {
+        "labels": labels,
+        "annotations": {common.ADAPTERS_ANNOTATION: json.dumps(adapters, sort_keys=True)},
+    }
+
+
 def config_map(spec: PlatformSpec, model: ModelSpec) -> Manifest | None:
     """Files the engine reads (TensorRT-LLM's extra options); None when the engine needs none."""
     cmd = engine_command(model)
@@ -241,7 +253,7 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollo
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": rollout.max_surge, "maxUnavailable": rollout.max_unavailable},
             },
-            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+            "template": {"metadata": _pod_metadata(model, pod_labels), "spec": pod_spec},
         },
     }
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from policies.inference.rules import fit, hygiene, money, placement, reliability, security
+from policies.inference.rules import adapters, fit, hygiene, money, placement, reliability, security
 from policies.inference.rules.base import Category, Finding, Res, Rule, Setting, Severity
 
 RULES: tuple[Rule, ...] = (
@@ -12,6 +12,7 @@ RULES: tuple[Rule, ...] = (
     *security.RULES,
     *money.RULES,
     *hygiene.RULES,
+    *adapters.RULES,
 )
 BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
 
