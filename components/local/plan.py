@@ -250,6 +250,22 @@ def check_stack(stack: Stack) -> None:
         )
 
 
+def check_adapters(stack: Stack, repo_root: Path) -> None:
+    """Every LoRA adapter is a directory on this machine holding one (the engine would refuse the load at
+    the first request for it; better said now, with the field)."""
+    for i, model in enumerate(stack.spec.models):
+        for j, adapter in enumerate(model.adapters):
+            path = Path(adapter.source).expanduser()
+            path = path if path.is_absolute() else repo_root / path
+            if not (path / "adapter_config.json").is_file():
+                raise _problem(
+                    stack,
+                    f"models[{i}].adapters[{j}].source",
+                    f"{adapter.source}: no adapter_config.json there; the local target loads adapters from "
+                    "directories on this machine (a peft save_pretrained directory)",
+                )
+
+
 def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPlan:
     """The whole process plan for ``stack``; ``PlanError`` on anything the user must change."""
     check_stack(stack)
@@ -257,6 +273,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     if not options.cpus:
         raise PlanError("no CPU cores to pin engines to")
     preps = model_preps(spec, repo_root, stack.source)
+    check_adapters(stack, repo_root)
     engines: list[EngineLaunch] = []
     port = options.engine_port
     for model, prep in zip(spec.models, preps, strict=True):

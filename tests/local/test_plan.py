@@ -204,3 +204,17 @@ def test_a_port_in_use_is_a_usage_error_naming_port_and_option() -> None:
 def test_cpus_come_from_the_affinity_mask() -> None:
     assert pick_cpus(lambda: {3, 1}) == (1, 3)
     assert pick_cpus(set) == (0,)
+
+
+def test_an_adapter_without_its_files_is_refused_with_the_field(tmp_path: Path) -> None:
+    raw = raw_local()
+    chat = raw["models"][0]
+    chat["engine"]["dtype"] = "float32"
+    chat["adapters"] = [{"name": "chat-sql", "source": str(tmp_path / "nowhere"), "rank": 8}]
+    with pytest.raises(PlanError, match=r"models\[0\]\.adapters\[0\]\.source: .*no adapter_config\.json"):
+        build_plan(stack_from(raw), LocalOptions(), REPO)
+    (tmp_path / "nowhere").mkdir()
+    (tmp_path / "nowhere" / "adapter_config.json").write_text("{}")
+    plan = build_plan(stack_from(raw), LocalOptions(), REPO)
+    adapters = plan.config.model(chat["name"]).adapters  # type: ignore[union-attr]
+    assert [(a.name, a.path) for a in adapters] == [("chat-sql", str(tmp_path / "nowhere"))]
