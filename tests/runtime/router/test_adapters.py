@@ -140,3 +140,29 @@ def test_listed_adapters_reads_vllm_models() -> None:
     }
     assert listed_adapters(body, "tiny") == ["a1"]
     assert listed_adapters({"oops": 1}, "tiny") == []
+
+
+def test_the_health_feed_tells_the_router_which_adapters_each_replica_holds() -> None:
+    from runtime.config import RuntimeConfig
+    from runtime.router.fleet import ModelState, apply_feed
+
+    cfg = RuntimeConfig.model_validate(
+        {
+            "models": [
+                {
+                    "name": "tiny",
+                    "static_backends": [{"url": "http://10.0.0.1:8000"}],
+                    "adapters": [{"name": "sql", "path": "/a/sql"}],
+                }
+            ]
+        }
+    )
+    state = ModelState(cfg.models[0], cfg.route("tiny"), cfg.router)
+    state.set_backends(["http://10.0.0.1:8000"])
+    b = state.backends[0]
+    entry = {"model": "tiny", "url": b.url, "routable": True, "metrics": {}, "adapters": ["sql"]}
+    assert apply_feed({"tiny": state}, {"generated_at": 1000.0, "backends": [entry]}, now=1000.5)
+    assert b.adapters.holds("sql")
+    entry["adapters"] = []  # restarted
+    apply_feed({"tiny": state}, {"generated_at": 2000.0, "backends": [entry]}, now=2000.5)
+    assert not b.adapters.holds("sql")
