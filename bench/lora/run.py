@@ -224,7 +224,7 @@ def run_strategy(
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--adapters", type=int, default=6)
-    ap.add_argument("--loaded", type=int, default=2, help="adapters one replica holds at once")
+    ap.add_argument("--loaded", type=int, default=3, help="adapters one replica holds at once")
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--zipf", type=float, default=1.1, help="exponent s of the adapter mix")
