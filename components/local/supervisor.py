@@ -38,6 +38,7 @@ from components.local import monitor, state
 from components.local.autoscaler import Autoscaler
 from components.local.engine_process import REPO_ROOT, EngineError, EngineProcess, engine_python
 from components.local.plan import HOST, KV_CACHE_GIB, TAG_ENV, EngineLaunch, LocalPlan, banner, describe
+from components.local.tiny_adapter import is_complete as is_adapter_complete
 from components.local.tiny_model import MAKE_TIME, is_complete, needs_source_check
 
 EXIT_OK = 0
@@ -219,6 +220,7 @@ class Supervisor:
         except EngineError as err:
             raise StartError(str(err), EXIT_USAGE) from None
         self.make_models(python)
+        self.make_adapters(python)
         plan.config_path.write_text(
             "# Rendered by `inferstack local up` from "
             f"{plan.source} (components/render/runtime_config.py); rewritten at every start.\n"
@@ -283,6 +285,29 @@ class Supervisor:
                         raise StoppedError
                     time.sleep(POLL_S)
             if proc.returncode != 0:
+                raise StartError(f"making {prep.path} failed; log {log}:\n{tail(log)}")
+
+    def make_adapters(self, python: Path) -> None:
+        """Random LoRA adapters the stack names under .cache/adapters, made with peft when missing (seconds)."""
+        for prep in self.plan.adapters:
+            self._check_stop()
+            if prep.seed is None or is_adapter_complete(prep.path, prep.base, prep.rank, prep.seed):
+                continue
+            self.say(f"making the random LoRA adapter {prep.path} for {prep.model} (no download; seconds)")
+            log = self.plan.logs_dir / f"make-adapter-{prep.name}.log"
+            argv = [str(python), "-m", "components.local.tiny_adapter", "--base", str(prep.base), "--out",
+                    str(prep.path), "--rank", str(prep.rank), "--seed", str(prep.seed)]  # fmt: skip
+            with log.open("wb") as sink:
+                result = subprocess.run(
+                    argv,
+                    cwd=REPO_ROOT,
+                    env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)},
+                    stdin=subprocess.DEVNULL,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    check=False,
+                )
+            if result.returncode != 0:
                 raise StartError(f"making {prep.path} failed; log {log}:\n{tail(log)}")
 
     # -- engines ---------------------------------------------------------------------------------
