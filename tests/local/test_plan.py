@@ -228,10 +228,10 @@ def test_an_adapter_under_the_cache_is_made_at_start_for_its_model() -> None:
     assert prep.base == REPO / ".cache" / "models" / "tiny-llama"
     target = plan.config.model("tiny-llama")
     assert target is not None and [a.path for a in target.adapters] == [
-        str(REPO / ".cache/adapters/tiny-llama-lora-1")
+        str((REPO / ".cache/adapters/tiny-llama-lora-1").resolve())
     ]
-    engine_args = plan.engines[0].spec  # the cluster's command line: LoRA on, runtime loading allowed
-    assert engine_args.adapters[0].name == "tiny-llama-lora-1"
+    engine_spec = plan.engines[0].spec
+    assert engine_spec.adapters[0].name == "tiny-llama-lora-1"
 
 
 def test_an_adapter_under_the_cache_that_nothing_makes_is_refused() -> None:
