@@ -41,7 +41,8 @@ def test_local_stack_makes_its_adapter_at_start_and_serves_it(
     )  # fmt: skip
     try:
         assert up.returncode == 0, up.stdout + up.stderr
-        assert f"making the random LoRA adapter {made.resolve()}" in up.stdout, up.stdout
+        said = (state_dir / "logs" / "supervisor.log").read_text()
+        assert f"making the random LoRA adapter {made.resolve()}" in said, said
         assert (made / "adapter_config.json").is_file()
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{base}/v1", api_key="unused", max_retries=0, timeout=120
