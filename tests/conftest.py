@@ -15,6 +15,7 @@ Fixtures:
     vllm_chat_pair     VllmChatPair: two tiny-Llama replicas (prefix caching on, one core each)
     vllm_embed         VllmEmbed: one all-MiniLM-L6-v2 engine (`--runner pooling`)
     vllm_lora          VllmLora: one tiny-Llama engine with LoRA on (float32), two random rank-8 adapters
+    loopback_s3        LoopbackS3: moto's S3 server on 127.0.0.1 with a request log (no engine)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from components.local.engine_process import (
     free_port,
 )
 from components.local.engine_process import engine_python as _engine_python
+from components.local.s3_server import LoopbackS3, started
 from components.spec import ModelSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -292,3 +294,11 @@ def vllm_embed(embed_model: Path) -> Iterator[VllmEmbed]:
         yield VllmEmbed(engine.base_url, EMBED_MODEL_NAME, embed_model, engine)
     finally:
         engine.stop()
+
+
+@pytest.fixture(scope="session")
+def loopback_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackS3]:
+    """A real S3 API (moto's server) on a loopback port for the session; tests make their own buckets."""
+    where = tmp_path_factory.mktemp("s3")
+    with started(free_port(), where / "requests.jsonl", where / "server.log") as server:
+        yield server

@@ -8,10 +8,10 @@ through their Services' EndpointSlices; per-replica concurrency caps are the eng
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from components.render import common
-from components.render.engine_args import adapter_location
-from components.spec import ModelSpec, PlatformSpec
+from components.render import common, weights
+from components.spec import AdapterSpec, GatewayMode, ModelSpec, PlatformSpec
 from runtime.config import (
     AdapterTarget,
     BatcherSettings,
@@ -52,7 +52,17 @@ def embedding_models(spec: PlatformSpec) -> list[ModelSpec]:
 
 
 def has_batcher(spec: PlatformSpec) -> bool:
-    return bool(embedding_models(spec))
+    """Embedding models get a batcher behind the router (behind an inference-extension gateway the picker
+    sends each request to a replica itself)."""
+    return bool(embedding_models(spec)) and spec.gateway.mode is GatewayMode.ROUTER
+
+
+def _adapter_path(spec: PlatformSpec, adapter: AdapterSpec, *, in_cluster: bool) -> str:
+    """What the router's load call names: in a pod, where the init container fetched the adapter from the store;
+    on this machine (``make local``), its directory made absolute (the engine runs in a private directory)."""
+    if in_cluster:
+        return weights.adapter_path(spec, adapter)
+    return str(Path(adapter.source).expanduser().absolute())
 
 
 def model_target(
@@ -74,7 +84,7 @@ def model_target(
         max_concurrency_per_backend=model.engine.max_num_seqs,
         max_model_len_tokens=model.engine.max_model_len,
         adapters=[
-            AdapterTarget(name=a.name, path=adapter_location(a, in_cluster=static_urls is None))
+            AdapterTarget(name=a.name, path=_adapter_path(spec, a, in_cluster=static_urls is None))
             for a in model.adapters
         ],
         max_adapters_per_replica=model.engine.lora.loaded,
@@ -83,15 +93,17 @@ def model_target(
 
 def _route(spec: PlatformSpec, model: ModelSpec) -> ModelRoute:
     batcher = None
-    if model.resolved_task() is Task.EMBED:
+    if model.resolved_task() is Task.EMBED and has_batcher(spec):
         batcher = service_url(spec, common.BATCHER, batcher_port())
     routing = model.routing
     knobs = {knob: getattr(routing, knob) for knob in sorted(routing.KNOBS)}  # the spec's knobs, as set
     strategy = StrategyConfig.model_validate(
         {"name": routing.strategy, "weights": dict(routing.weights), **knobs}
     )
-    # the activator: a model that scales to zero holds its requests while a replica starts
-    hold = model.scaling.cold_start_hold_ms if model.scaling.min_replicas == 0 else 0
+    # the activator: a model that scales to zero holds its requests while a replica starts; the picker
+    # holds nothing (the gateway's ext_proc call must answer within its message timeout): 503 at once
+    holds = model.scaling.min_replicas == 0 and spec.gateway.mode is GatewayMode.ROUTER
+    hold = model.scaling.cold_start_hold_ms if holds else 0
     return ModelRoute.model_validate(
         {"model": model.name, "strategy": strategy, "batcher_url": batcher, "cold_start_hold_ms": hold}
     )

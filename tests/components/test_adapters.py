@@ -10,7 +10,7 @@ import pytest
 
 from components import placement, sizing
 from components.problems import SpecError
-from components.render.engine_args import ADAPTER_DIR, vllm
+from components.render.engine_args import vllm
 from components.render.runtime_config import runtime_config
 from components.report import adapters_note
 from components.spec import PlatformSpec
@@ -33,7 +33,8 @@ def _with_adapters(
 
 
 SQL = {"name": "sql-helper", "source": "acme/sql-lora", "revision": COMMIT, "rank": 16}
-S3 = {"name": "support", "source": "s3://acme-adapters/support/v3/", "rank": 8}
+STORE = "inferstack-test-us-east-1-models"  # MINIMAL's model store on eks
+S3 = {"name": "support", "source": f"s3://{STORE}/models/adapters/support/v3/", "rank": 8}
 
 
 @pytest.mark.parametrize(
@@ -76,6 +77,16 @@ S3 = {"name": "support", "source": "s3://acme-adapters/support/v3/", "rank": 8}
             "models[0].engine.lora",
             ["max_loaded (2)"],
         ),
+        (
+            _with_adapters({**SQL, "revision": "v1.0"}),
+            "models[0].adapters[0].revision",
+            ["copied into the model store at a pinned commit", "v1.0 is not one"],
+        ),
+        (
+            _with_adapters({**S3, "source": "s3://someone-else/support/"}),
+            "models[0].adapters[0].source",
+            ["'someone-else' is not the platform's model store", STORE],
+        ),
     ],
     ids=[
         "rank",
@@ -87,6 +98,8 @@ S3 = {"name": "support", "source": "s3://acme-adapters/support/v3/", "rank": 8}
         "s3-revision",
         "local-on-eks",
         "loaded",
+        "tag-on-cluster",
+        "foreign-bucket",
     ],
 )
 def test_adapter_mistakes_get_located_messages(
@@ -156,23 +169,94 @@ def test_vllm_gets_lora_flags_and_runtime_loading() -> None:
     assert "--enable-lora" not in plain.args and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain.env
 
 
-def test_init_containers_fetch_each_adapter_where_the_router_loads_it_from() -> None:
+def test_adapters_come_from_the_model_store_where_the_router_loads_them_from() -> None:
+    """Engine pods never reach the hub: a hub adapter is copied into the store by its own preparation Job (at its
+    commit), an s3:// one is verified there, and init containers fetch each from the store into the pod."""
+    from components.render import weights
+
     spec = PlatformSpec.model_validate(_with_adapters(SQL, S3))
     pod = rendered_engine_deployment(spec)["spec"]["template"]["spec"]
-    fetch = {c["name"]: c for c in pod["initContainers"]}
-    hub, s3 = fetch["fetch-adapter-0"], fetch["fetch-adapter-1"]
-    assert hub["command"][-3:] == ["acme/sql-lora", COMMIT, f"{ADAPTER_DIR}/sql-helper"]
-    assert s3["command"] == [
-        "aws",
-        "s3",
-        "sync",
-        "--only-show-errors",
-        S3["source"],
-        f"{ADAPTER_DIR}/support",
-    ]
+    inits = {c["name"]: c for c in pod["initContainers"]}
+    hub_uri = f"s3://{STORE}/models/acme/sql-lora/{COMMIT}/"
+    for name, uri in (("fetch-adapter-0", hub_uri), ("fetch-adapter-1", S3["source"])):
+        args = inits[name]["args"]
+        assert (
+            args[:3] == ["fetch", "--store", uri]
+            and args[args.index("--cache-root") + 1] == weights.ADAPTER_DIR
+        )
+        assert inits[name]["image"] == inits["check-weights"]["image"]  # the weights image, not the engine's
+        assert "command" not in inits[name]  # no shell, no hub client: the weights tool's fetch only
+    engine = pod["containers"][0]
+    assert {"name": "adapters", "mountPath": weights.ADAPTER_DIR, "readOnly": True} in engine["volumeMounts"]
+    assert any(v["name"] == "adapters" and "emptyDir" in v for v in pod["volumes"])
     targets = {a.name: a.path for a in runtime_config(spec).models[0].adapters}
-    assert targets == {"sql-helper": f"{ADAPTER_DIR}/sql-helper", "support": f"{ADAPTER_DIR}/support"}
+    assert targets == {
+        "sql-helper": f"{weights.ADAPTER_DIR}/{STORE}/models/acme/sql-lora/{COMMIT}",
+        "support": f"{weights.ADAPTER_DIR}/{STORE}/models/adapters/support/v3",
+    }
     assert runtime_config(spec).models[0].max_adapters_per_replica == 4
+    model = spec.models[0]
+    hub_job, s3_job = (weights.adapter_job(spec, model, a, "weights:1") for a in model.adapters)
+    hub_args = hub_job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert hub_args[:7] == ["prepare", "--to", hub_uri, "--hub", "acme/sql-lora", "--revision", COMMIT]
+    assert s3_job["spec"]["template"]["spec"]["containers"][0]["args"][:3] == [
+        "verify",
+        "--store",
+        S3["source"],
+    ]
+
+
+def test_the_plan_prepares_each_adapter_and_only_its_jobs_reach_the_hub() -> None:
+    """Through the whole program (the prod stack serves two hub adapters): one Job per adapter beside the model's,
+    engines depend on all of them, and in the flow table only the preparation Jobs reach the hub.
+    (tests/policies: every rule, weights-from-pinned-store included, passes on it; tests/components/test_network:
+    the rendered NetworkPolicies allow exactly the table.)"""
+    from components import plan
+    from components.render import flows, weights
+    from components.targets import cloud_for
+
+    stack = load("prod")
+    spec = stack.spec
+    jobs = {
+        m["metadata"]["name"] for m in plan.synthesize(stack).kubernetes_manifests() if m["kind"] == "Job"
+    }
+    model = next(m for m in spec.models if m.adapters)
+    assert {weights.adapter_job_name(spec, model, a) for a in model.adapters} <= jobs
+    assert len(jobs) == len(spec.models) + len(model.adapters)
+    table = flows.flows(spec, cloud_for(spec))
+    to_hub = [f for f in table if "hub" in f.dest.name]
+    assert [f.source.name for f in to_hub] == [flows.WEIGHTS] and "LoRA adapters" in to_hub[0].why
+    assert any(f.source.name == flows.ENGINE and "LoRA adapters" in f.why for f in table)
+
+
+def test_group_pods_get_the_lora_flags_environment_and_adapters(tmp_path: Path) -> None:
+    """A replica that spans nodes: every pod of the group (leader and workers) runs with LoRA on and holds the
+    adapters (each worker loads its shard of an adapter from its own disk)."""
+    import yaml
+
+    from components import plan
+    from components.render import weights
+    from tests.components.helpers import engine_workloads, pod_templates
+
+    doc = yaml.safe_load(Path("stacks/Pulumi.prod-405b.yaml").read_text())
+    doc["config"]["inferstack:platform"]["models"][0]["adapters"] = [
+        {
+            "name": "big-sql",
+            "source": "s3://inferstack-405b-us-east-1-models/models/adapters/sql/",
+            "rank": 16,
+        }
+    ]
+    (tmp_path / "Pulumi.lora-405b.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    lws = engine_workloads(plan.synthesize(load("lora-405b", tmp_path)))["llama-3-405b"]
+    assert lws["kind"] == "LeaderWorkerSet"
+    for role, template in pod_templates(lws).items():
+        container = template["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert "--enable-lora" in container["args"], role
+        assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True", role
+        assert any(m["mountPath"] == weights.ADAPTER_DIR for m in container["volumeMounts"]), role
+        assert [c["name"] for c in template["spec"]["initContainers"]][-1] == "fetch-adapter-0", role
+        assert "inferstack.io/lora-adapters" in template["metadata"]["annotations"], role
 
 
 def test_models_without_adapters_render_the_same_router_config() -> None:

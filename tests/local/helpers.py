@@ -73,10 +73,21 @@ def stack_pids(state_dir: Path) -> set[int]:
 
 
 def assert_nothing_left(state_dir: Path, known: set[int]) -> None:
-    alive = {p for p in known if state.pid_alive(p)} | set(state.tagged_pids(state_dir))
+    """No process of the stack is alive: none carries its tag, and none of ``known`` still runs. A known pid that
+    is alive without the tag is a new process that got the number (on a busy machine pids come round fast)."""
+    tagged = set(state.tagged_pids(state_dir))
+    alive = {p for p in known if state.pid_alive(p) and (p in tagged or _unreadable_environ(p))} | tagged
     assert not alive, f"processes left behind: {sorted(alive)}"
     assert state.running_pid(state_dir) is None
     assert state.read_state(state_dir) is None
+
+
+def _unreadable_environ(pid: int) -> bool:
+    try:
+        Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return True
+    return False
 
 
 def wait_for(predicate: Any, timeout: float, what: str) -> None:

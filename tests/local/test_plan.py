@@ -242,3 +242,41 @@ def test_an_adapter_under_the_cache_that_nothing_makes_is_refused() -> None:
         PlanError, match=r"models\[0\]\.adapters\[0\]\.source: nothing makes .*tiny-llama-lora-<seed>"
     ):
         build_plan(stack_from(platform), LocalOptions(cpus=(0,)), REPO)
+
+
+def test_with_the_model_store_engines_stream_their_model_from_loopback_s3() -> None:
+    plan = build_plan(load("local", REPO / "stacks"), LocalOptions(s3_port=9000), REPO)
+    models = {m.name for m in load("local", REPO / "stacks").spec.models}
+    for engine in plan.engines:
+        assert engine.store == f"s3://inferstack-local/models/{engine.model}/"
+    # One preparation per model, however many replicas.
+    assert {location for _, location in plan.store_preps} == {
+        f"s3://inferstack-local/models/{m}/" for m in models
+    }
+    assert "http://127.0.0.1:9000" in "\n".join(describe(plan))
+    assert all(
+        e.store is None for e in build_plan(load("local", REPO / "stacks"), LocalOptions(), REPO).engines
+    )
+
+
+def test_the_model_store_port_must_not_clash() -> None:
+    with pytest.raises(
+        PlanError, match=r"port 8080 is planned for both router and the model store.*--s3-port"
+    ):
+        build_plan(load("local", REPO / "stacks"), LocalOptions(s3_port=8080), REPO)
+
+
+def test_envoy_runs_a_fixed_fleet_and_no_router_for_the_autoscaler_or_monitor_to_read() -> None:
+    from components.local.monitor import Monitor
+
+    raw = raw_local()
+    raw["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 2}
+    with pytest.raises(
+        PlanError, match=r"--gateway envoy runs a fixed fleet, but smollm2-135m-instruct scales"
+    ):
+        build_plan(stack_from(raw), LocalOptions(gateway="envoy"), REPO)
+    build_plan(stack_from(raw), LocalOptions(gateway="router"), REPO)  # the router's activator holds for it
+    with pytest.raises(PlanError, match=r"--monitor .* --gateway envoy runs no router"):
+        build_plan(local_stack(), LocalOptions(gateway="envoy", monitor=Monitor()), REPO)
+    plan = build_plan(local_stack(), LocalOptions(gateway="envoy"), REPO)
+    assert [s.name for s in plan.services] == ["health", "picker", "envoy"]

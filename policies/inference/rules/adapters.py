@@ -10,16 +10,15 @@ from typing import Any
 
 from components.render.common import ADAPTERS_ANNOTATION
 from components.spec import HF_COMMIT, is_local_path
-from policies.inference.rules.base import Category, Config, Finding, Res, Rule, Severity, as_map, dig
+from policies.inference.rules.base import Category, Config, Finding, Res, Rule, Severity, as_map
 from policies.inference.rules.engines import Engine, engine_flags, engines
+from policies.inference.rules.k8s import pod_annotations
 from runtime.engines import ENGINES
 
 
 def _adapters(engine: Engine) -> list[dict[str, Any]] | None:
     """The adapters an engine's pod declares; None when it declares none."""
-    raw = as_map(dig(engine.res.props, "spec", "template", "metadata", "annotations")).get(
-        ADAPTERS_ANNOTATION
-    )
+    raw = pod_annotations(engine.res).get(ADAPTERS_ANNOTATION)
     if not isinstance(raw, str):
         return None
     try:
