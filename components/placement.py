@@ -15,6 +15,7 @@ from components import catalog, multinode, sizing
 from components.problems import Problem, SpecError
 from components.spec import (
     AUTO,
+    HF_COMMIT,
     CapacityType,
     Device,
     GpuPoolSpec,
@@ -22,6 +23,7 @@ from components.spec import (
     NodeProvisioner,
     PlatformSpec,
     Target,
+    is_local_path,
 )
 from components.weights import fetch, store
 
@@ -42,6 +44,8 @@ def engine_shape(model: ModelSpec) -> sizing.EngineShape:
         max_num_batched_tokens=e.max_num_batched_tokens,
         gpu_memory_utilization=e.gpu_memory_utilization,
         enforce_eager=e.enforce_eager,
+        lora_slots=e.lora.max_per_batch if model.adapters else 0,
+        lora_max_rank=e.lora.max_rank if model.adapters else 0,
     )
 
 
@@ -268,6 +272,36 @@ def _store_rules(spec: PlatformSpec) -> list[Problem]:
                     "reader_secret and writer_secret for an S3-compatible store such as MinIO)",
                 )
             )
+        for j, adapter in enumerate(model.adapters):
+            adapter_bucket = store.bucket_of(adapter.source) if adapter.source.startswith("s3://") else None
+            if adapter_bucket and spec.target is Target.EKS and adapter_bucket != bucket:
+                problems.append(
+                    Problem(
+                        f"models[{i}].adapters[{j}].source",
+                        f"bucket {adapter_bucket!r} is not the platform's model store ({bucket}): engine pods read "
+                        f"only the store; prepare the adapter into s3://{bucket}/{spec.model_store.prefix}/... "
+                        "(`python -m runtime.weights prepare --from DIR --to URI`), or use a hub source with revision",
+                    )
+                )
+            if adapter.source.startswith("s3://") or is_local_path(adapter.source):
+                continue
+            if adapter.revision is None or not HF_COMMIT.match(adapter.revision):
+                problems.append(
+                    Problem(
+                        f"models[{i}].adapters[{j}].revision",
+                        f"{adapter.source!r} is copied into the model store at a pinned commit (engine pods never "
+                        f"fetch from the hub), and {adapter.revision or 'no revision'} is not one: set revision to "
+                        "the exact hub commit (40 hex digits), or use the adapter's s3:// prefix in the store",
+                    )
+                )
+            if bucket is None:
+                problems.append(
+                    Problem(
+                        "model_store.bucket",
+                        f"models[{i}].adapters[{j}] ({adapter.source}) is prepared into the model store, which "
+                        f"target {spec.target.value} does not create: name an existing bucket",
+                    )
+                )
         source_bucket = store.bucket_of(model.source) if model.source.startswith("s3://") else None
         if source_bucket and spec.target is Target.EKS and source_bucket != bucket:
             problems.append(
@@ -293,6 +327,15 @@ def _source_rules(spec: PlatformSpec) -> list[Problem]:
                     "upload the weights to S3 ('s3://bucket/prefix') or use a Hugging Face repo id",
                 )
             )
+        for j, adapter in enumerate(model.adapters):
+            if is_local_path(adapter.source) and spec.target is not Target.LOCAL:
+                problems.append(
+                    Problem(
+                        f"models[{i}].adapters[{j}].source",
+                        f"a local path ({adapter.source}) only works with target: local; on {spec.target.value}, "
+                        "upload the adapter to S3 ('s3://bucket/prefix/') or use a Hugging Face repo id",
+                    )
+                )
         if model.engine.device is Device.GPU and spec.target is Target.LOCAL:
             problems.append(
                 Problem(
@@ -318,6 +361,26 @@ def _unique_names(spec: PlatformSpec) -> list[Problem]:
                     )
                 )
             seen.add(name)
+    models = {m.name for m in spec.models}
+    owner: dict[str, str] = {}
+    for i, model in enumerate(spec.models):
+        for j, adapter in enumerate(model.adapters):
+            path = f"models[{i}].adapters[{j}].name"
+            if adapter.name in models:
+                problems.append(
+                    Problem(
+                        path, f"{adapter.name!r} is also a model's name; clients could not tell them apart"
+                    )
+                )
+            elif adapter.name in owner and owner[adapter.name] != model.name:
+                problems.append(
+                    Problem(
+                        path,
+                        f"{adapter.name!r} is also an adapter of {owner[adapter.name]}; adapter names must be "
+                        "unique in the stack (clients ask for them by name alone)",
+                    )
+                )
+            owner.setdefault(adapter.name, model.name)
     return problems
 
 

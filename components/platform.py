@@ -129,7 +129,7 @@ class InferencePlatform(pulumi.ComponentResource):
                         self.namespace,
                         self.priority_class,
                         self.engine_identity,
-                        self.weights.jobs[m.name],
+                        *self.weights.jobs[m.name],
                         *self.addons.installed(addons.LWS_RELEASE),
                     ],
                 ),

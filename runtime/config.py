@@ -103,6 +103,15 @@ class FileDiscovery(_Strict):
     )
 
 
+class AdapterTarget(_Strict):
+    """A LoRA adapter of a model: a name clients ask for, and what its replicas load for it."""
+
+    name: str = Field(description="The `model` clients send for the adapter.")
+    path: str = Field(
+        description="What the engine's load endpoint gets as lora_path: a directory on the replica."
+    )
+
+
 class ModelTarget(_Strict):
     """A served model name and where its replicas are; shared by every runtime service."""
 
@@ -121,6 +130,20 @@ class ModelTarget(_Strict):
         description="In-flight requests one replica may hold; derived from the engine's max_num_seqs.",
     )
     max_model_len_tokens: int = Field(default=4096, ge=1, description="Context length of the engine.")
+    adapters: list[AdapterTarget] = Field(
+        default_factory=list,
+        exclude_if=lambda adapters: not adapters,  # absent from rendered configs of models without adapters
+        description="LoRA adapters the router loads onto this model's replicas when a request asks for one.",
+    )
+    max_adapters_per_replica: int = Field(
+        default=4,
+        ge=1,
+        exclude_if=lambda n: n == 4,
+        description=(
+            "Adapters one replica holds loaded at once (the engine's CPU-side adapter cache); loading one"
+            " more unloads the replica's least recently used adapter first."
+        ),
+    )
 
     @model_validator(mode="after")
     def _has_backends(self) -> ModelTarget:
@@ -282,6 +305,15 @@ class RouterSettings(_Strict):
         default=None, description="The batch service: /v1/files and /v1/batches are forwarded there."
     )
     probe_interval_ms: int = Field(default=2_000, ge=100, description="Own probing when the feed is absent.")
+    adapter_load_backoff_ms: int = Field(
+        default=30_000,
+        ge=0,
+        exclude_if=lambda ms: ms == 30_000,  # absent from rendered configs unless changed
+        description=(
+            "After an adapter failed to load on a replica, requests for it there are refused (4xx naming the"
+            " adapter) for this long instead of each retrying the load."
+        ),
+    )
     drain_grace_s: int = Field(
         default=30, ge=0, description="Graceful shutdown budget for in-flight streams."
     )
@@ -519,6 +551,10 @@ class RuntimeConfig(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"models: duplicate names {dupes}")
+        adapters = [a.name for m in self.models for a in m.adapters]
+        clash = sorted({a for a in adapters if adapters.count(a) > 1 or a in names})
+        if clash:
+            raise ValueError(f"models[].adapters: names used twice or also a model's name: {clash}")
         known = set(names)
         for route in self.router.routes:
             if route.model not in known:
@@ -533,6 +569,10 @@ class RuntimeConfig(_Strict):
 
     def model(self, name: str) -> ModelTarget | None:
         return next((m for m in self.models if m.name == name), None)
+
+    def adapter_parents(self) -> dict[str, str]:
+        """Adapter name -> the name of the model it adapts."""
+        return {a.name: m.name for m in self.models for a in m.adapters}
 
     def route(self, name: str) -> ModelRoute:
         found = next((r for r in self.router.routes if r.model == name), None)

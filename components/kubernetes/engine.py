@@ -19,9 +19,10 @@ _AWAITED = frozenset({"Deployment", groups.KIND})
 
 
 class ModelWeights(pulumi.ComponentResource):
-    """The preparation Jobs' service account and one Job per model; ``jobs[model]`` is what its engine waits for."""
+    """The preparation Jobs' service account and one Job per model and per LoRA adapter; ``jobs[model]`` are
+    what its engine waits for."""
 
-    jobs: dict[str, pulumi.Resource]
+    jobs: dict[str, list[pulumi.Resource]]
 
     def __init__(
         self,
@@ -43,8 +44,13 @@ class ModelWeights(pulumi.ComponentResource):
                 depends_on=[account],
                 custom_timeouts=pulumi.CustomTimeouts(create=deadline, update=deadline),
             )
-            self.jobs[m.name] = apply(weights.prepare_job(spec, m, placement, self.image), awaited)
-        self.register_outputs({"jobs": sorted(weights.job_name(spec, m) for m in spec.models)})
+            self.jobs[m.name] = [
+                apply(weights.prepare_job(spec, m, placement, self.image), awaited),
+                *(apply(weights.adapter_job(spec, m, a, self.image), awaited) for a in m.adapters),
+            ]
+        names = [weights.job_name(spec, m) for m in spec.models]
+        names += [weights.adapter_job_name(spec, m, a) for m in spec.models for a in m.adapters]
+        self.register_outputs({"jobs": sorted(names)})
 
 
 class ModelEngine(pulumi.ComponentResource):

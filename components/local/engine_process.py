@@ -46,7 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from components.render.engine_args import GroupMember, group_command, on_this_machine, vllm
+from components.render.engine_args import GroupMember, group_command, model_env, on_this_machine, vllm
 from components.spec import ModelSpec
 from runtime.engines import TELEMETRY_OFF_ENV
 
@@ -222,6 +222,7 @@ class EngineProcess:
         env["TOKENIZERS_PARALLELISM"] = "false"
         if self.cpu_cores is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_cores
+        env.update(model_env(self.spec))  # as in a pod: e.g. loading LoRA adapters at run time
         env.update(self.env)
         env.update(OFFLINE_ENV)
         if self._run_dir is not None:

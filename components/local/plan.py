@@ -13,6 +13,7 @@ engines; ``components.local.supervisor`` is the thin shell that carries the plan
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from runtime.config import BodyMode, EngineKind, FileDiscovery, RuntimeConfig, T
 HOST = "127.0.0.1"
 #: Generated models live here; a missing model directory elsewhere is the user's to provide.
 GENERATED_MODELS_DIR = Path(".cache/models")
+GENERATED_ADAPTERS_DIR = Path(".cache/adapters")
 #: Local routers drain in-flight requests for this long at Ctrl-C (the cluster default is 30 s).
 LOCAL_DRAIN_GRACE_S = 5
 #: vLLM-CPU KV cache per engine (VLLM_CPU_KVCACHE_SPACE), GiB: enough for a tiny model, small on a laptop.
@@ -95,6 +97,21 @@ class ModelPrep:
     @property
     def generate(self) -> bool:
         return self.recipe is not None
+
+
+@dataclass(frozen=True)
+class AdapterPrep:
+    """A LoRA adapter directory that must exist before its model's engines start."""
+
+    model: str
+    name: str
+    path: Path
+    base: Path
+    """The model directory it adapts (what a generated adapter is made for)."""
+    rank: int
+    seed: int | None
+    """Generated here (random weights, ``components.local.tiny_adapter``) with this seed when missing; None:
+    the user's directory, which must hold an adapter."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +189,7 @@ class LocalPlan:
     """``--gateway envoy``: Envoy's rendered config (written beside the runtime config)."""
     spec: PlatformSpec | None = None
     monitor: Monitor | None = None
+    adapters: tuple[AdapterPrep, ...] = field(default=())
     s3_port: int | None = None
     """The loopback model store's port (``LocalOptions.s3_port``)."""
 
@@ -292,6 +310,45 @@ def check_stack(stack: Stack) -> None:
         )
 
 
+GENERATED_ADAPTER = re.compile(r"^(?P<base>.+)-lora-(?P<seed>[0-9]{1,6})$")
+
+
+def adapter_preps(stack: Stack, repo_root: Path) -> list[AdapterPrep]:
+    """Every LoRA adapter is a directory on this machine holding one (the engine would refuse the load at the
+    first request for it; better said now, with the field), or one made at start: a directory under
+    .cache/adapters named ``<model directory name>-lora-<seed>`` gets random weights for that model."""
+    preps: list[AdapterPrep] = []
+    generated = (repo_root / GENERATED_ADAPTERS_DIR).resolve()
+    for i, model in enumerate(stack.spec.models):
+        base = model_dir(model, repo_root)
+        for j, adapter in enumerate(model.adapters):
+            path = Path(adapter.source).expanduser()
+            path = (path if path.is_absolute() else repo_root / path).resolve()
+            where = f"models[{i}].adapters[{j}].source"
+            if path.is_relative_to(generated):
+                found = GENERATED_ADAPTER.match(path.name)
+                if found is None or found["base"] != base.name or path.parent != generated:
+                    raise _problem(
+                        stack,
+                        where,
+                        f"nothing makes {adapter.source!r}: adapters made here are "
+                        f"./{GENERATED_ADAPTERS_DIR}/{base.name}-lora-<seed> (random weights for {model.name}); "
+                        f"keep an adapter of your own outside ./{GENERATED_ADAPTERS_DIR}",
+                    )
+                seed: int | None = int(found["seed"])
+            elif (path / "adapter_config.json").is_file():
+                seed = None
+            else:
+                raise _problem(
+                    stack,
+                    where,
+                    f"{adapter.source}: no adapter_config.json there; the local target loads adapters from "
+                    "directories on this machine (a peft save_pretrained directory)",
+                )
+            preps.append(AdapterPrep(model.name, adapter.name, path, base, adapter.rank, seed))
+    return preps
+
+
 def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPlan:
     """The whole process plan for ``stack``; ``PlanError`` on anything the user must change."""
     check_stack(stack)
@@ -299,6 +356,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     if not options.cpus:
         raise PlanError("no CPU cores to pin engines to")
     preps = model_preps(spec, repo_root, stack.source)
+    adapters = adapter_preps(stack, repo_root)
     engines: list[EngineLaunch] = []
     port = options.engine_port
     for model, prep in zip(spec.models, preps, strict=True):
@@ -342,12 +400,15 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         + [(e.port, f"engine {e.name}", "--engine-port") for e in engines]
         + store_port
     )
-    config = local_runtime_config(
-        spec,
-        engines,
-        {s.name: s.port for s in services},
-        options.state_dir,
-        endpoints_path(options.state_dir.absolute()),
+    config = _adapter_paths(
+        local_runtime_config(
+            spec,
+            engines,
+            {s.name: s.port for s in services},
+            options.state_dir,
+            endpoints_path(options.state_dir.absolute()),
+        ),
+        adapters,
     )
     return LocalPlan(
         stack=stack.name,
@@ -357,6 +418,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         engines=tuple(engines),
         services=tuple(services),
         config=config,
+        adapters=tuple(adapters),
         generate_models=tuple(m.name for m in spec.models if m.resolved_task() is not Task.EMBED),
         embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
         envoy=local_envoy_config(spec, engines, config, options.router_port) if envoy else None,
@@ -364,6 +426,16 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         monitor=options.monitor,
         s3_port=options.s3_port,
     )
+
+
+def _adapter_paths(config: RuntimeConfig, adapters: Sequence[AdapterPrep]) -> RuntimeConfig:
+    """The router loads each adapter from its directory as resolved here (not relative to where it runs)."""
+    paths = {a.name: str(a.path) for a in adapters}
+    models = [
+        m.model_copy(update={"adapters": [a.model_copy(update={"path": paths[a.name]}) for a in m.adapters]})
+        for m in config.models
+    ]
+    return config.model_copy(update={"models": models})
 
 
 def picker_body_mode(spec: PlatformSpec) -> BodyMode:

@@ -50,6 +50,7 @@ from components.local.plan import (
     banner,
     describe,
 )
+from components.local.tiny_adapter import is_complete as is_adapter_complete
 from components.local.tiny_model import MAKE_TIME, is_complete, needs_source_check
 
 ENGINE_STOP_GRACE_S = 20.0
@@ -235,6 +236,7 @@ class Supervisor:
         except EngineError as err:
             raise StartError(str(err), EXIT_USAGE) from None
         self.make_models(python)
+        self.make_adapters(python)
         self.start_store()
         plan.config_path.write_text(
             "# Rendered by `inferstack local up` from "
@@ -304,6 +306,29 @@ class Supervisor:
                         raise StoppedError
                     time.sleep(POLL_S)
             if proc.returncode != 0:
+                raise StartError(f"making {prep.path} failed; log {log}:\n{tail(log)}")
+
+    def make_adapters(self, python: Path) -> None:
+        """Random LoRA adapters the stack names under .cache/adapters, made with peft when missing (seconds)."""
+        for prep in self.plan.adapters:
+            self._check_stop()
+            if prep.seed is None or is_adapter_complete(prep.path, prep.base, prep.rank, prep.seed):
+                continue
+            self.say(f"making the random LoRA adapter {prep.path} for {prep.model} (no download; seconds)")
+            log = self.plan.logs_dir / f"make-adapter-{prep.name}.log"
+            argv = [str(python), "-m", "components.local.tiny_adapter", "--base", str(prep.base), "--out",
+                    str(prep.path), "--rank", str(prep.rank), "--seed", str(prep.seed)]  # fmt: skip
+            with log.open("wb") as sink:
+                result = subprocess.run(
+                    argv,
+                    cwd=REPO_ROOT,
+                    env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)},
+                    stdin=subprocess.DEVNULL,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    check=False,
+                )
+            if result.returncode != 0:
                 raise StartError(f"making {prep.path} failed; log {log}:\n{tail(log)}")
 
     # -- the model store (`make local S3=1`) ---------------------------------------------------

@@ -11,6 +11,9 @@ Manifest = dict[str, Any]
 PART_OF = "inferstack"
 MANAGED_BY = "pulumi"
 MODEL_LABEL = "inferstack.io/model"
+ADAPTERS_ANNOTATION = "inferstack.io/lora-adapters"
+"""On an engine's pod template: its model's LoRA adapters as JSON (name, source, revision, rank), which the
+policy pack checks (pinned sources, ranks within the engine's limit, an engine that serves adapters)."""
 ENGINE_PORT = 8000
 RUNTIME_UID = 10001  # the runtime images' user; high, so it never matches a host account
 

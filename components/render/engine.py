@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +65,17 @@ def _http_probe(path: str, period_s: int, failure_threshold: int, timeout_s: int
 
 def _env(cmd: EngineCommand, store: list[Manifest]) -> list[Manifest]:
     return [*({"name": k, "value": v} for k, v in sorted(cmd.env.items())), *store]
+
+
+def _pod_metadata(model: ModelSpec, labels: dict[str, str]) -> Manifest:
+    """Pod labels, and for a model with adapters the annotation that lists them (for the policy pack)."""
+    if not model.adapters:
+        return {"labels": labels}
+    adapters = [a.model_dump(mode="json") for a in model.adapters]
+    return {
+        "labels": labels,
+        "annotations": {common.ADAPTERS_ANNOTATION: json.dumps(adapters, sort_keys=True)},
+    }
 
 
 def config_map(spec: PlatformSpec, model: ModelSpec) -> Manifest | None:
@@ -149,6 +161,12 @@ def pod_template(
     access = weights.engine_access(spec, way)
     mounts += access.mounts
     volumes += access.volumes
+    adapter_inits, adapter_volumes = weights.adapter_inits(
+        spec, model, weights_image or spec.model_store.image
+    )
+    if adapter_volumes:  # every pod of a group loads its shard of an adapter from its own disk
+        mounts.append({"name": "adapters", "mountPath": weights.ADAPTER_DIR, "readOnly": True})
+        volumes += adapter_volumes
     if cmd.files:
         mounts.append({"name": "engine-config", "mountPath": TRTLLM_CONFIG_DIR, "readOnly": True})
         volumes.append({"name": "engine-config", "configMap": {"name": name}})
@@ -194,9 +212,11 @@ def pod_template(
             common.selector(spec, name, "engine"), strict_hosts=False
         ),
     }
-    # Never the hub: check the store's objects (streamer) or fill the node cache before the engine starts.
+    # Never the hub: check the store's objects (streamer) or fill the node cache before the engine starts, and
+    # fetch the LoRA adapters from the store into the pod.
     pod_spec["initContainers"] = [
-        weights.engine_init(spec, model, way, weights_image or spec.model_store.image)
+        weights.engine_init(spec, model, way, weights_image or spec.model_store.image),
+        *adapter_inits,
     ]
     if placement.pool is not None and placement.instance is not None:
         pod_spec["nodeSelector"] = {nodes.POOL_LABEL: placement.pool}
@@ -206,7 +226,7 @@ def pod_template(
         common.MODEL_LABEL: model.name,
         **shape.labels,
     }
-    return {"metadata": {"labels": pod_labels}, "spec": pod_spec}
+    return {"metadata": _pod_metadata(model, pod_labels), "spec": pod_spec}
 
 
 def deployment(

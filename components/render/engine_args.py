@@ -60,6 +60,28 @@ class Where:
     """The name clients send; None: the spec's model name."""
 
 
+def _lora(model: ModelSpec) -> tuple[list[str], dict[str, str]]:
+    """LoRA arguments and environment for a model with adapters (none without): slots and rank sized from the
+    spec, loading at run time allowed (the router loads each adapter where a request for it lands)."""
+    lora = facts(model.engine.kind).lora
+    if not model.adapters or lora is None:  # the spec refuses adapters on engines without ``lora``
+        return [], {}
+    limits = model.engine.lora
+    args = [
+        *lora.enable,
+        *_valued(lora.max_loras, limits.max_per_batch),
+        *_valued(lora.max_rank, limits.max_rank),
+        *_valued(lora.max_cpu_loras, limits.loaded),
+    ]
+    return args, dict(lora.env)
+
+
+def model_env(model: ModelSpec) -> dict[str, str]:
+    """The environment the spec itself asks of an engine, wherever it runs (a pod adds ``POD_ENV``): today,
+    what allows loading adapters at run time for a model with adapters."""
+    return _lora(model)[1]
+
+
 def model_dir(model: ModelSpec) -> str:
     """Where an engine pod sees the node cache's copy of its model: a directory named after the model, because
     trtllm-serve (which has no served-name flag before 2026, NVIDIA/TensorRT-LLM#11711) serves a local
@@ -149,8 +171,9 @@ def vllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
         args += cli.embedding
     if where.model.startswith("s3://"):
         args += cli.stream_from_s3
-    args += [*cli.fixed_args, *e.extra_args]
-    return EngineCommand(command=list(cli.command), args=args, env=dict(POD_ENV))
+    lora_args, lora_env = _lora(model)
+    args += [*lora_args, *cli.fixed_args, *e.extra_args]
+    return EngineCommand(command=list(cli.command), args=args, env={**POD_ENV, **lora_env})
 
 
 def sglang(model: ModelSpec, where: Where | None = None) -> EngineCommand:

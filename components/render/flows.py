@@ -32,7 +32,7 @@ from components.cloud import Cloud
 from components.placement import place
 from components.render import batches, common, gateway, inference_extension, ingress, monitors, weights
 from components.render.runtime_config import batcher_port, health_port, router_port, runtime_config
-from components.spec import IngressKind, PlatformSpec
+from components.spec import IngressKind, PlatformSpec, is_local_path
 from runtime.config import RuntimeConfig
 
 ANYWHERE = "0.0.0.0/0"
@@ -353,12 +353,24 @@ def _weights_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
             Flow(who, Peer(e.why.split(":", 1)[0], cidrs=(e.cidr,)), tcp(e.port), f"{part}: {e.why}")
             for e in cloud.credential_endpoints(spec)
         ]
+    adapters = ", and fetch their LoRA adapters" if any(m.adapters for m in spec.models) else ""
     out.append(
-        Flow(engine, store, store_ports, "engines check the store, fill a node cache or stream from it")
+        Flow(
+            engine,
+            store,
+            store_ports,
+            f"engines check the store, fill a node cache or stream from it{adapters}",
+        )
     )
-    if any(m.is_hub for m in spec.models):
+    hub_adapters = any(
+        not a.source.startswith("s3://") and not is_local_path(a.source)
+        for m in spec.models
+        for a in m.adapters
+    )
+    if any(m.is_hub for m in spec.models) or hub_adapters:
         hub = public_https(spec, cloud, "the Hugging Face hub over HTTPS")
-        out.append(Flow(jobs, hub, tcp(HTTPS), "preparation Jobs copy pinned revisions from the hub"))
+        what = "pinned revisions (models and LoRA adapters)" if hub_adapters else "pinned revisions"
+        out.append(Flow(jobs, hub, tcp(HTTPS), f"preparation Jobs copy {what} from the hub"))
     out.append(Flow(jobs, store, store_ports, "preparation Jobs write (or verify) the model store"))
     return out
 

@@ -8,10 +8,12 @@ through their Services' EndpointSlices; per-replica concurrency caps are the eng
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from components.render import batches, common
-from components.spec import GatewayMode, ModelSpec, PlatformSpec
+from components.render import batches, common, weights
+from components.spec import AdapterSpec, GatewayMode, ModelSpec, PlatformSpec
 from runtime.config import (
+    AdapterTarget,
     BatcherSettings,
     BatchingPolicy,
     HealthSettings,
@@ -57,6 +59,14 @@ def has_batcher(spec: PlatformSpec) -> bool:
     return bool(embedding_models(spec)) and spec.gateway.mode is GatewayMode.ROUTER
 
 
+def _adapter_path(spec: PlatformSpec, adapter: AdapterSpec, *, in_cluster: bool) -> str:
+    """What the router's load call names: in a pod, where the init container fetched the adapter from the store;
+    on this machine (``make local``), its directory made absolute (the engine runs in a private directory)."""
+    if in_cluster:
+        return weights.adapter_path(spec, adapter)
+    return str(Path(adapter.source).expanduser().absolute())
+
+
 def model_target(
     spec: PlatformSpec, model: ModelSpec, static_urls: Sequence[str] | None = None
 ) -> ModelTarget:
@@ -75,6 +85,11 @@ def model_target(
         discovery=discovery,
         max_concurrency_per_backend=model.engine.max_num_seqs,
         max_model_len_tokens=model.engine.max_model_len,
+        adapters=[
+            AdapterTarget(name=a.name, path=_adapter_path(spec, a, in_cluster=static_urls is None))
+            for a in model.adapters
+        ],
+        max_adapters_per_replica=model.engine.lora.loaded,
     )
 
 

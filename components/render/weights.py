@@ -22,7 +22,7 @@ from components.placement import Placement
 from components.render import common, hardening
 from components.render.common import Manifest
 from components.render.engine_args import model_dir
-from components.spec import ModelSpec, PlatformSpec, Target
+from components.spec import AdapterSpec, ModelSpec, PlatformSpec, Target
 from components.weights import fetch, store
 from components.weights.fetch import CacheMedium, Fetch, FetchPath
 
@@ -135,25 +135,85 @@ def job_deadline_s(placement: Placement) -> int:
 
 def prepare_job(spec: PlatformSpec, model: ModelSpec, placement: Placement, image: Any) -> Manifest:
     """The one-time Job that puts ``model``'s weights into the store (hub), or checks them (s3://)."""
-    uri = location(spec, model)
-    if model.is_hub:
-        args = ["prepare", "--to", uri, "--hub", model.source, "--revision", str(model.revision)]
-        args += ["--staging", STAGING_DIR]
+    hub = (model.source, str(model.revision)) if model.is_hub else None
+    staging_gib = max(10, math.ceil(placement.weights_gib * 1.2 + 2))
+    return _prepare(
+        spec,
+        image,
+        job_name(spec, model),
+        model.name,
+        location(spec, model),
+        hub,
+        staging_gib,
+        job_deadline_s(placement),
+    )
+
+
+ADAPTER_DIR = "/adapters"
+"""Where an engine pod sees its LoRA adapters, fetched from the store by init containers (an emptyDir)."""
+_ADAPTER_DISK_GIB = 2  # a rank-64 adapter on every projection of a 70B model is ~1.6 GiB in bf16
+
+
+def adapter_uri(spec: PlatformSpec, adapter: AdapterSpec) -> str:
+    return store.adapter_location(spec, adapter)
+
+
+def adapter_path(spec: PlatformSpec, adapter: AdapterSpec) -> str:
+    """Where a replica finds an adapter, which the router's load call names as lora_path: the fetch tool's
+    layout under ``ADAPTER_DIR`` (``runtime.weights.node_cache.cache_dir``: bucket, then prefix)."""
+    return f"{ADAPTER_DIR}/{adapter_uri(spec, adapter).removeprefix('s3://').rstrip('/')}"
+
+
+def adapter_job_name(spec: PlatformSpec, model: ModelSpec, adapter: AdapterSpec) -> str:
+    digest = hashlib.sha256(adapter_uri(spec, adapter).encode()).hexdigest()[:8]
+    return f"{model.name}-adapter-{adapter.name}-{digest}"[:54].rstrip(
+        "-"
+    )  # Job names leave room for the pod's
+
+
+def adapter_job(spec: PlatformSpec, model: ModelSpec, adapter: AdapterSpec, image: Any) -> Manifest:
+    """The one-time Job that puts a LoRA adapter into the store (hub, at its commit), or checks it (s3://)."""
+    hub = (adapter.source, str(adapter.revision)) if not adapter.source.startswith("s3://") else None
+    name = adapter_job_name(spec, model, adapter)
+    return _prepare(
+        spec,
+        image,
+        name,
+        model.name,
+        adapter_uri(spec, adapter),
+        hub,
+        2 * _ADAPTER_DISK_GIB,
+        _JOB_MIN_SECONDS,
+    )
+
+
+def _prepare(
+    spec: PlatformSpec,
+    image: Any,
+    name: str,
+    model: str,
+    uri: str,
+    hub: tuple[str, str] | None,
+    staging_gib: int,
+    deadline: int,
+) -> Manifest:
+    """A preparation Job: copy ``hub`` (repository, commit) into ``uri``, or (None) verify what ``uri`` holds."""
+    if hub is not None:
+        args = ["prepare", "--to", uri, "--hub", hub[0], "--revision", hub[1], "--staging", STAGING_DIR]
     else:
         args = ["verify", "--store", uri]
-    token = bool(model.is_hub and spec.huggingface_token_config_key)
+    token = bool(hub is not None and spec.huggingface_token_config_key)
     if token:
         args += ["--token-file", f"{HF_TOKEN_DIR}/{HF_TOKEN_KEY}"]
-    container = _container(spec, "prepare", image, [*args, *_owner_args(spec)], writer=model.is_hub)
+    container = _container(spec, "prepare", image, [*args, *_owner_args(spec)], writer=hub is not None)
     container["resources"] = {
         "requests": {"cpu": "1", "memory": "2Gi"},
         "limits": {"cpu": "2", "memory": "4Gi"},
     }
-    staging_gib = max(10, math.ceil(placement.weights_gib * 1.2 + 2)) if model.is_hub else 1
     volumes: list[Manifest] = [
         {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-        {"name": "staging", "emptyDir": {"sizeLimit": f"{staging_gib}Gi"}},
-        *store_access(spec, writer=model.is_hub).volumes,
+        {"name": "staging", "emptyDir": {"sizeLimit": f"{staging_gib if hub is not None else 1}Gi"}},
+        *store_access(spec, writer=hub is not None).volumes,
     ]
     container["volumeMounts"].append({"name": "staging", "mountPath": STAGING_DIR})
     if token:
@@ -161,9 +221,7 @@ def prepare_job(spec: PlatformSpec, model: ModelSpec, placement: Placement, imag
         volumes.append(
             {"name": "hf-token", "secret": {"secretName": hf_token_secret_name(spec), "defaultMode": 0o440}}
         )
-    name = job_name(spec, model)
-    labels = {**common.labels(spec, name, COMPONENT), common.MODEL_LABEL: model.name}
-    deadline = job_deadline_s(placement)
+    labels = {**common.labels(spec, name, COMPONENT), common.MODEL_LABEL: model}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -184,6 +242,28 @@ def prepare_job(spec: PlatformSpec, model: ModelSpec, placement: Placement, imag
             },
         },
     }
+
+
+def adapter_inits(spec: PlatformSpec, model: ModelSpec, image: Any) -> tuple[list[Manifest], list[Manifest]]:
+    """Init containers that fetch each LoRA adapter from the store (checked against its manifest, like a node
+    cache fill) into the pod's adapter volume, and that volume; nothing for a model without adapters."""
+    if not model.adapters:
+        return [], []
+    inits = []
+    for i, adapter in enumerate(model.adapters):
+        args = [
+            "fetch",
+            "--store",
+            adapter_uri(spec, adapter),
+            "--cache-root",
+            ADAPTER_DIR,
+            *_owner_args(spec),
+        ]
+        container = _container(spec, f"fetch-adapter-{i}", image, args, writer=False)
+        container["volumeMounts"].append({"name": "adapters", "mountPath": ADAPTER_DIR})
+        inits.append(container)
+    size = _ADAPTER_DISK_GIB * len(model.adapters)
+    return inits, [{"name": "adapters", "emptyDir": {"sizeLimit": f"{size}Gi"}}]
 
 
 def cache_host_dir(way: Fetch) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from components.spec import ModelSpec, PlatformSpec, Target
+from components.spec import AdapterSpec, ModelSpec, PlatformSpec, Target
 
 LOCAL_BUCKET = "inferstack-local"
 """The loopback store of `make local S3=1`."""
@@ -27,6 +27,14 @@ def location(spec: PlatformSpec, model: ModelSpec) -> str:
     if model.is_local_path:
         return f"s3://{bucket}/{prefix}/{model.name}/"
     return f"s3://{bucket}/{prefix}/{model.source}/{model.revision}/"
+
+
+def adapter_location(spec: PlatformSpec, adapter: AdapterSpec) -> str:
+    """A LoRA adapter's prefix in the store, as a model's: an ``s3://`` source as written, a hub source at its
+    revision (the preparation Job copies it there; engine pods fetch it from there, never from the hub)."""
+    if adapter.source.startswith("s3://"):
+        return adapter.source.rstrip("/") + "/"
+    return f"s3://{store_bucket(spec)}/{spec.model_store.prefix}/{adapter.source}/{adapter.revision}/"
 
 
 def bucket_of(uri: str) -> str:

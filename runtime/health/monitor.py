@@ -137,6 +137,7 @@ class Monitor:
             synthetic_timeout_s=s.synthetic_timeout_ms / 1000,
             max_metrics_bytes=s.max_metrics_bytes,
             wanted=wanted_for(target.engine),
+            adapters=bool(target.adapters),
         )
 
     async def _probe_loop(self, target: ModelTarget, tracker: Tracker) -> None:
@@ -161,6 +162,8 @@ class Monitor:
         synthetic = every > 0 and tracker.probes % every == 0
         result = await probe(self._session, spec, synthetic=synthetic)
         now = self._clock()
+        if spec.adapters:
+            tracker.adapters = result.adapters
         if result.metrics is not None:
             tracker.observe_metrics(result.metrics, now)
         else:

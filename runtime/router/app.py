@@ -15,10 +15,13 @@ import time
 
 from runtime.api_keys import Denied, KeyTable, Principal, admit
 from runtime.config import RuntimeConfig
+from runtime.engines import facts
 from runtime.http import LOW_PRIORITY, METRICS_CONTENT_TYPE, PRIORITY_HEADER, error_body, metrics_payload
+from runtime.router.adapters import LoadFailure, ensure_loaded
 from runtime.router.admission import Refusal, acquire
+from runtime.router.backends import Backend
 from runtime.router.batch_api import BatchApiHooks, admit_api_call, is_batch_api, low_priority_avoid
-from runtime.router.fleet import Fleet
+from runtime.router.fleet import Fleet, ModelState
 from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
 from runtime.router.payload import BadRequest, prompt_text, read_request
 from runtime.router.proxy import Call, Forwarder, forwarded_tail
@@ -117,17 +120,14 @@ class Router:
             conn.send(404, error_body(404, f"no route for {path.decode('latin-1')[:100]}"))
 
     def models_body(self) -> bytes:
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "inferstack",
-                "max_model_len": state.target.max_model_len_tokens,
-            }
-            for name, state in self.fleet.models.items()
-            if state.servable()
-        ]
+        """Servable models, then their LoRA adapters, each with ``parent`` (as vLLM lists them)."""
+        data: list[dict[str, object]] = []
+        for name, state in self.fleet.models.items():
+            if not state.servable():
+                continue
+            entry = {"id": name, "object": "model", "created": 0, "owned_by": "inferstack"}
+            data.append({**entry, "parent": None, "max_model_len": state.target.max_model_len_tokens})
+            data += [{**entry, "id": adapter, "parent": name} for adapter in state.adapters]
         return json.dumps({"object": "list", "data": data}).encode()
 
     def snapshot(self) -> Snapshot:
@@ -206,10 +206,13 @@ class Router:
             return
         model = asked.model
         state = self.fleet.models.get(model)
+        adapter: str | None = None
+        if state is None and (parent := self.fleet.adapter_parents.get(model)) is not None:
+            state, adapter = self.fleet.models.get(parent), model  # a LoRA adapter: its base model's replicas
         if state is None:
-            served = ", ".join(sorted(self.fleet.models)) or "none"
-            message = f"model {model!r} is not served here; served: {served}"
-            self._fail(conn, 404, message, "unknown_model", code="model_not_found")
+            served = ", ".join(sorted([*self.fleet.models, *self.fleet.adapter_parents])) or "none"
+            message = f"The model `{model}` does not exist here; served: {served}"
+            self._fail(conn, 404, message, "unknown_model", code="model_not_found", param="model")
             return
         # 3. may they
         if principal is not None:
@@ -226,7 +229,9 @@ class Router:
                 )
                 return
         # 4. route and proxy: fill only what the strategy's scorers declared they read
-        ctx = Context(model=model, now=started)
+        ctx = Context(model=state.name, now=started, adapter=adapter)
+        if adapter is not None and state.needs_adapter:
+            ctx.warm = frozenset(b.url for b in state.backends if b.adapters.holds(adapter))
         if headers.get(PRIORITY_HEADER) == LOW_PRIORITY:  # the batch service: only into headroom
             avoid = low_priority_avoid(state, self.batch_api.low_priority_share, started)
             if avoid is None:
@@ -243,6 +248,31 @@ class Router:
         self.retry_budget.deposit()
         await self._route(Call(conn, state, ctx, req.path, tail, asked.stream, rid, principal, started))
 
+    async def _adapter_ready(
+        self, state: ModelState, backend: Backend, adapter: str | None
+    ) -> LoadFailure | None:
+        """For a LoRA adapter request: its adapter loaded on ``backend`` (once, whoever else waits for it)."""
+        lora = facts(state.target.engine).lora
+        if adapter is None or lora is None or backend is state.batcher:
+            return None
+
+        def counted(name: str, failure: LoadFailure | None, seconds: float) -> None:
+            outcome = "ok" if failure is None else "failed" if failure.retryable else "refused"
+            self.metrics.adapter_load(state.name, outcome)
+            log.info("adapter %s on %s: %s in %.3fs", name, backend.url, outcome, seconds)
+
+        return await ensure_loaded(
+            self.fleet.session,
+            backend.url,
+            backend.adapters,
+            lora,
+            adapter,
+            state.adapters[adapter],
+            limit=state.target.max_adapters_per_replica,
+            backoff_s=self.cfg.router.adapter_load_backoff_ms / 1000,
+            on_load=counted,
+        )
+
     async def _route(self, call: Call) -> None:
         conn, state, ctx, rid = call.conn, call.state, call.ctx, call.rid
         settings = state.settings
@@ -250,6 +280,7 @@ class Router:
         last_error: tuple[int, str] = (502, "no replica answered")
         attempt = 0
         tried: set[str] = set()
+        reloaded = False
         while True:
             backend = await acquire(state, ctx, self.queue_deadline_s, self.metrics.waited)
             if isinstance(backend, Refusal):
@@ -267,11 +298,31 @@ class Router:
             if backend is None:  # every usable replica failed this request already
                 self._fail(conn, last_error[0], last_error[1], "upstream", code="upstream_error")
                 return
-            if backend is not state.batcher:
-                state.strategy.on_routed(backend, ctx)
-            outcome = await self.forwarder.attempt(call, backend)
-            if outcome is None:
+            outcome: tuple[int, str] | None
+            failure = await self._adapter_ready(state, backend, ctx.adapter)
+            if failure is not None and not failure.retryable:  # the engine refused the adapter itself
+                self._fail(
+                    conn,
+                    failure.status,
+                    failure.message,
+                    "adapter",
+                    state.name,
+                    code="adapter_unavailable",
+                    param="model",
+                )
                 return
+            if failure is not None:
+                outcome = (failure.status, failure.message)
+            else:
+                if backend is not state.batcher:
+                    state.strategy.on_routed(backend, ctx)
+                outcome = await self.forwarder.attempt(call, backend)
+                if outcome is None:
+                    return
+                if outcome[0] == 404 and ctx.adapter is not None and not reloaded:
+                    backend.adapters.loaded.pop(ctx.adapter, None)  # our view was behind: load it again
+                    reloaded = True
+                    continue
             # a retryable failure before the client saw anything
             last_error = outcome
             tried.add(backend.url)

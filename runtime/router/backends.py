@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from runtime.breaker import Breaker, Circuit
 from runtime.replica import ReplicaState
+from runtime.router.adapters import ReplicaAdapters
 from runtime.upstream import Pool
 
 __all__ = ["BACKEND_HEADER", "Backend", "Breaker", "Circuit", "backend_tag"]
@@ -27,7 +28,7 @@ def backend_tag(url: str) -> str:
 class Backend(ReplicaState):
     """One replica of one model, with the router's connection pool to it."""
 
-    __slots__ = ("pool", "tag")
+    __slots__ = ("adapters", "pool", "tag")
 
     def __init__(self, url: str, cap: int, breaker: Breaker, weight: float = 1.0) -> None:
         super().__init__(url, cap, breaker, weight)
@@ -36,6 +37,7 @@ class Backend(ReplicaState):
         self.tag = backend_tag(url).encode()
         parts = urlsplit(url)
         self.pool = Pool(parts.hostname or "127.0.0.1", parts.port or 80, max_idle=cap)
+        self.adapters = ReplicaAdapters()
 
     def __repr__(self) -> str:
         return f"Backend({self.url}, inflight={self.inflight})"

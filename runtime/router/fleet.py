@@ -20,6 +20,7 @@ import aiohttp
 from runtime.config import EngineKind, ModelRoute, ModelTarget, RouterSettings, RuntimeConfig, Task
 from runtime.discovery import watch_backends
 from runtime.engines import Signal, facts
+from runtime.router.adapters import listed_adapters
 from runtime.router.admission import WaitQueue
 from runtime.router.backends import Backend, Breaker
 from runtime.scheduling import Need, Strategy, build
@@ -41,6 +42,8 @@ class ModelState:
         # the request fields the strategy's scorers declared they read: parse only those
         self.needs_prompt = Need.PROMPT in self.strategy.needs
         self.needs_session = Need.SESSION in self.strategy.needs
+        self.needs_adapter = Need.ADAPTER in self.strategy.needs
+        self.adapters = {a.name: a.path for a in target.adapters}  # name -> what a replica loads
         self.session_header = route.strategy.session_header.lower().encode()
         self.ewma_alpha = route.strategy.latency_ewma_alpha
         self.settings = settings
@@ -97,6 +100,7 @@ class Fleet:
         self.cfg = cfg
         self.discover = discover
         self.models: dict[str, ModelState] = {}
+        self.adapter_parents: dict[str, str] = {}  # adapter name -> its base model's name
         self.on_departed: Callable[[str, str], None] | None = None
         self._watches: dict[str, tuple[ModelTarget, asyncio.Task[None]]] = {}
         self._signals_task: asyncio.Task[None] | None = None
@@ -123,6 +127,7 @@ class Fleet:
             if old is not None and same_source:  # keep replicas (and what we learned) across a reload
                 state.set_backends([b.url for b in old.backends], old.by_url)
         self.models = fresh
+        self.adapter_parents = cfg.adapter_parents()
         with contextlib.suppress(RuntimeError):  # no loop yet: start() will start the watches
             asyncio.get_running_loop()
             self._sync_watches()
@@ -149,6 +154,12 @@ class Fleet:
                 if urls != [b.url for b in state.backends]:
                     log.info("replicas of %s: %s", target.name, urls)
                 state.set_backends(urls)
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The HTTP session for control calls to replicas (probes, adapter loads); open while started."""
+        assert self._session is not None, "the fleet is not started"
+        return self._session
 
     async def start(self) -> None:
         self._sync_watches()
@@ -219,6 +230,12 @@ class Fleet:
                 async with self._session.get(b.url + engine.metrics_path, timeout=timeout) as resp:
                     if resp.status == 200:
                         text = (await resp.content.read(PROBE_MAX_BYTES)).decode("utf-8", "replace")
+            if healthy and state.adapters:  # which adapters it holds: its model list says (lost on restart)
+                observed_at = time.time()
+                async with self._session.get(b.url + engine.models_path, timeout=timeout) as resp:
+                    if resp.status == 200:
+                        listed = listed_adapters(await resp.json(content_type=None), state.name)
+                        b.adapters.sync(listed, observed_at)
         except (aiohttp.ClientError, TimeoutError, ValueError):
             healthy = False
         fails = 0 if healthy else state.probe_failures.get(b.url, 0) + 1
@@ -253,6 +270,8 @@ def apply_feed(models: dict[str, ModelState], feed: dict[str, Any], now: float) 
             continue
         m = entry.get("metrics") or {}
         fresh = not entry.get("metrics_stale", False)
+        if state.adapters and isinstance(entry.get("adapters"), list):
+            b.adapters.sync([str(a) for a in entry["adapters"]], generated)
         was = b.healthy
         b.update_signals(
             healthy=bool(entry.get("routable", entry.get("state") != "ejected")),

@@ -118,6 +118,12 @@ class RouterMetrics:
             buckets=WAIT_BUCKETS_S,
             registry=r,
         )
+        self.adapter_loads = Counter(
+            "inferstack_router_adapter_loads",
+            "LoRA adapter load calls to replicas, by base model and outcome (ok, refused, failed)",
+            ["model", "outcome"],
+            registry=r,
+        )
         self.config_reload_failures = Counter(
             "inferstack_router_config_reload_failures",
             "Changed config or API-key files that were refused; the last good config kept serving",
@@ -176,6 +182,9 @@ class RouterMetrics:
 
     def retry(self, model: str, reason: str) -> None:
         self._child(self.retries, model, reason).inc()
+
+    def adapter_load(self, model: str, outcome: str) -> None:
+        self._child(self.adapter_loads, model, outcome).inc()
 
     def waited(self, model: str, seconds: float) -> None:
         self._child(self.queue_wait, model).observe(seconds)

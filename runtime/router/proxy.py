@@ -107,6 +107,14 @@ class Forwarder:
             await ex.head(self.first_byte_timeout_s)
             status = ex.status
             ctype = ex.headers.get(b"content-type", b"")
+            if status == 404 and call.ctx.adapter is not None:
+                # the replica lost the adapter (a restart) before our view of it caught up: the caller loads
+                # it again; the client has seen nothing
+                body = await ex.read_all(self.idle_timeout_s)
+                return (
+                    404,
+                    f"replica does not hold adapter {call.ctx.adapter!r}: {body[:200].decode('utf-8', 'replace')}",
+                )
             if status in RETRY_STATUSES:
                 body = await ex.read_all(self.idle_timeout_s)
                 b.breaker.on_failure(time.monotonic())

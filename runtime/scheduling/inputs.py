@@ -68,6 +68,8 @@ class Context:
     model: str
     prompt: str = ""  # filled when a scorer needs Need.PROMPT
     session: str | None = None  # filled when a scorer needs Need.SESSION
+    adapter: str | None = None  # the LoRA adapter asked for (the request's model names it), if any
+    warm: frozenset[str] = frozenset()  # endpoints holding that adapter loaded (filled for Need.ADAPTER)
     now: float = 0.0
     exclude: frozenset[str] = frozenset()  # endpoints already tried by this request
     notes: dict[str, object] = field(default_factory=dict)  # scorers leave state for on_routed

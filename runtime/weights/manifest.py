@@ -137,12 +137,14 @@ def scan(root: Path, source: str = "") -> Manifest:
 
 
 def check_complete(manifest: Manifest, where: str) -> None:
-    """A model has safetensors weights, and every shard its index names is among its files."""
+    """A model (or a LoRA adapter) has safetensors weights, and every shard its index names is among its files."""
     names = {f.path for f in manifest.files}
     if not any(n.endswith(".safetensors") for n in names):
         raise WeightsError(f"{where}: no .safetensors weights (engines load safetensors only)")
-    if "config.json" not in names:
-        raise WeightsError(f"{where}: no config.json: not a model directory")
+    if "config.json" not in names and "adapter_config.json" not in names:
+        raise WeightsError(
+            f"{where}: no config.json (nor a LoRA adapter's adapter_config.json): not a model directory"
+        )
 
 
 def check_index(index_text: bytes, names: set[str], where: str) -> None:

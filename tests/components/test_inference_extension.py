@@ -322,3 +322,15 @@ def test_alerts_dashboards_and_scalers_read_the_picker_behind_the_gateway() -> N
     picker = {n for n in read if n.startswith("inferstack_picker_")}
     assert picker and picker <= exported, picker - exported
     assert {"InferencePickerDown", "InferencePicker5xxRate"} <= {a.name for a in alerts.alerts(spec)}
+
+
+def test_lora_adapters_need_the_router() -> None:
+    """The gateway routes by model name to a pool and the picker loads no adapter: adapters are refused there."""
+    doc = _platform()
+    model = next(m for m in doc["models"] if m.get("engine", {}).get("kind", "vllm") == "vllm")
+    model["adapters"] = [{"name": "sql-helper", "source": "s3://bucket/adapters/sql/", "rank": 8}]
+    model.setdefault("engine", {})["dtype"] = "float32"  # a CPU engine with LoRA needs it (its own check)
+    with pytest.raises(
+        ValidationError, match=r"adapters: in gateway.mode inference-extension .* use gateway.mode router"
+    ):
+        PlatformSpec.model_validate(doc)

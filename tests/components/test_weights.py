@@ -97,8 +97,10 @@ def test_the_preparation_job_alone_reads_the_hub_token_and_engines_reach_only_th
     for job in jobs.values():
         pod = job["spec"]["template"]["spec"]
         args = pod["containers"][0]["args"]
+        # the models' and their LoRA adapters' (each prepared by its own Job) pinned commits
         assert args[:2] == ["prepare", "--to"] and args[args.index("--revision") + 1] in {
-            m.revision for m in stack.spec.models
+            *(m.revision for m in stack.spec.models),
+            *(a.revision for m in stack.spec.models for a in m.adapters),
         }
         assert pod["serviceAccountName"] == weights.service_account_name(stack.spec)
         assert any(

@@ -215,6 +215,44 @@ def test_cpus_come_from_the_affinity_mask() -> None:
     assert pick_cpus(set) == (0,)
 
 
+def test_an_adapter_without_its_files_is_refused_with_the_field(tmp_path: Path) -> None:
+    raw = raw_local()
+    chat = raw["models"][0]
+    chat["engine"]["dtype"] = "float32"
+    chat["adapters"] = [{"name": "chat-sql", "source": str(tmp_path / "nowhere"), "rank": 8}]
+    with pytest.raises(PlanError, match=r"models\[0\]\.adapters\[0\]\.source: .*no adapter_config\.json"):
+        build_plan(stack_from(raw), LocalOptions(), REPO)
+    (tmp_path / "nowhere").mkdir()
+    (tmp_path / "nowhere" / "adapter_config.json").write_text("{}")
+    plan = build_plan(stack_from(raw), LocalOptions(), REPO)
+    adapters = plan.config.model(chat["name"]).adapters  # type: ignore[union-attr]
+    assert [(a.name, a.path) for a in adapters] == [("chat-sql", str(tmp_path / "nowhere"))]
+
+
+def test_an_adapter_under_the_cache_is_made_at_start_for_its_model() -> None:
+    stack = load("lora", REPO / "tests" / "local" / "stacks")
+    plan = build_plan(stack, LocalOptions(cpus=(0,)), REPO)
+    (prep,) = plan.adapters
+    assert (prep.name, prep.seed, prep.rank) == ("tiny-llama-lora-1", 1, 8)
+    assert prep.base == REPO / ".cache" / "models" / "tiny-llama"
+    target = plan.config.model("tiny-llama")
+    assert target is not None and [a.path for a in target.adapters] == [
+        str((REPO / ".cache/adapters/tiny-llama-lora-1").resolve())
+    ]
+    engine_spec = plan.engines[0].spec
+    assert engine_spec.adapters[0].name == "tiny-llama-lora-1"
+
+
+def test_an_adapter_under_the_cache_that_nothing_makes_is_refused() -> None:
+    raw = yaml.safe_load((REPO / "tests" / "local" / "stacks" / "Pulumi.lora.yaml").read_text())
+    platform = raw["config"]["inferstack:platform"]
+    platform["models"][0]["adapters"][0]["source"] = "./.cache/adapters/my-sql-adapter"
+    with pytest.raises(
+        PlanError, match=r"models\[0\]\.adapters\[0\]\.source: nothing makes .*tiny-llama-lora-<seed>"
+    ):
+        build_plan(stack_from(platform), LocalOptions(cpus=(0,)), REPO)
+
+
 def test_with_the_model_store_engines_stream_their_model_from_loopback_s3() -> None:
     plan = build_plan(load("local", REPO / "stacks"), LocalOptions(s3_port=9000), REPO)
     models = {m.name for m in load("local", REPO / "stacks").spec.models}

@@ -24,6 +24,19 @@ ROUTER = k8s("Deployment", "inferstack-router")
 H100 = aws("nodeGroup:NodeGroup", "inferstack-prod-h100")
 
 
+def _edit_adapters(props: dict[str, Any], change: Callable[[list[dict[str, Any]]], object]) -> None:
+    annotations = props["spec"]["template"]["metadata"]["annotations"]
+    adapters = json.loads(annotations["inferstack.io/lora-adapters"])
+    change(adapters)
+    annotations["inferstack.io/lora-adapters"] = json.dumps(adapters)
+
+
+def _as_sglang(props: dict[str, Any]) -> None:
+    engine = container(props, "engine")
+    engine["command"] = ["python3"]
+    engine["args"] = ["-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct"]
+
+
 def set_flag(props: dict[str, Any], flag: str, value: str) -> None:
     args = container(props, "engine")["args"]
     args[args.index(flag) + 1] = value
@@ -546,6 +559,28 @@ CASES = [
         "kind",
         m(ROUTER, lambda p: container(p, "router").__setitem__("image", "ghcr.io/inferstack/router:0.1.0")),
         ("'ghcr.io/inferstack/router:0.1.0', which nothing in this stack builds", "gateway.image_registry"),
+    ),
+    # adapters
+    Case(
+        "adapter-on-a-moving-revision",
+        "adapter-sources-pinned",
+        "prod",
+        m(ENGINE_8B, lambda p: _edit_adapters(p, lambda a: a[0].update(revision="main"))),
+        ("llama-3-8b-sql", "revision 'main'", "pin it to a commit"),
+    ),
+    Case(
+        "adapter-above-max-rank",
+        "adapter-ranks-within-limits",
+        "prod",
+        m(ENGINE_8B, lambda p: set_flag(p, "--max-lora-rank", "8")),
+        ("llama-3-8b-sql has rank 16", "--max-lora-rank 8", "raise engine.lora.max_rank"),
+    ),
+    Case(
+        "adapters-on-sglang",
+        "adapters-on-lora-engines",
+        "prod",
+        m(ENGINE_8B, _as_sglang),
+        ("declares adapters (llama-3-8b-sql, llama-3-8b-support)", "SGLang 0.5.3"),
     ),
 ]
 

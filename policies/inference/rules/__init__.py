@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from policies.inference.rules import fit, groups, hygiene, money, placement, reliability, security, weights
+from policies.inference.rules import (
+    adapters,
+    fit,
+    groups,
+    hygiene,
+    money,
+    placement,
+    reliability,
+    security,
+    weights,
+)
 from policies.inference.rules.base import Category, Finding, Res, Rule, Setting, Severity
 
 RULES: tuple[Rule, ...] = (
@@ -14,6 +24,7 @@ RULES: tuple[Rule, ...] = (
     *money.RULES,
     *hygiene.RULES,
     *groups.RULES,
+    *adapters.RULES,
 )
 BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
 

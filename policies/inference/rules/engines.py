@@ -90,6 +90,12 @@ def _flags(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
     return flags, positional
 
 
+def engine_flags(container: Container) -> dict[str, str]:
+    """A container's ``--flag value`` pairs (command and args; the last of a flag wins, as with argparse)."""
+    argv = [str(a) for a in as_list(container.props.get("command")) + as_list(container.props.get("args"))]
+    return _flags(argv)[0]
+
+
 def _is_number(text: str) -> bool:
     return number(text) is not None
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from components.local.s3_server import LoopbackS3
 from runtime.weights.manifest import MANIFEST_NAME, scan
 from tests.conftest import REPO_ROOT
-from tests.runtime.weights.helpers import client, make_model, new_bucket, since, weights
+from tests.runtime.weights.helpers import client, make_model, new_bucket, since, weights, write_safetensors
 
 
 def _puts(requests: list[dict[str, object]]) -> list[str]:
@@ -199,3 +199,25 @@ def test_a_hub_source_is_prepared_at_its_pinned_commit(loopback_s3: LoopbackS3, 
         assert second.code == 0 and second.report["already_there"] and hub.sent == sent
     finally:
         server.shutdown()
+
+
+def test_a_lora_adapter_goes_through_the_store_to_where_the_router_names_it(
+    loopback_s3: LoopbackS3, tmp_path: Path
+) -> None:
+    """An adapter directory (adapter_config.json, no config.json) is prepared and fetched like a model, into
+    the path the router's load call names (components.render.weights.adapter_path: bucket, then prefix)."""
+    adapter = tmp_path / "sql-lora"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "peft_type": "LORA"}))
+    write_safetensors(adapter / "adapter_model.safetensors", {"lora_A.weight": 512, "lora_B.weight": 512})
+    bucket = new_bucket(loopback_s3)
+    uri = f"s3://{bucket}/models/acme/sql-lora/{'a' * 40}/"
+    assert weights(loopback_s3, "prepare", "--from", str(adapter), "--to", uri).code == 0
+    root = tmp_path / "adapters"
+    fetched = weights(loopback_s3, "fetch", "--store", uri, "--cache-root", str(root))
+    assert fetched.code == 0, fetched.stderr
+    assert fetched.report["path"] == f"{root}/{uri.removeprefix('s3://').rstrip('/')}"
+    assert scan(Path(fetched.report["path"])).content_id == scan(adapter).content_id
+    (adapter / "adapter_config.json").unlink()  # neither a model nor an adapter: refused
+    other = weights(loopback_s3, "prepare", "--from", str(adapter), "--to", f"s3://{bucket}/models/x/")
+    assert other.code == 1 and "adapter_config.json" in other.stderr
