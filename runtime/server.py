@@ -45,6 +45,10 @@ class Request:
         self.keep_alive = True
 
 
+class _HeadTooLargeError(Exception):
+    """Raised inside the parser's callbacks: the request head is over the limit (answered 431)."""
+
+
 class ClientGoneError(Exception):
     """The client closed the connection; whatever we were doing for it can stop."""
 
@@ -63,9 +67,17 @@ def _head(status: int, headers: list[tuple[bytes, bytes]], tail: bytes) -> bytes
 class Connection(asyncio.Protocol):
     """One client connection; requests on it are handled one at a time, in order."""
 
-    def __init__(self, handler: Handler, max_body_bytes: int, connections: set[Connection]) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        max_body_bytes: int,
+        connections: set[Connection],
+        max_header_bytes: int | None = None,
+    ) -> None:
         self._handler = handler
         self._max_body = max_body_bytes
+        self._max_head = max_header_bytes
+        self._head_bytes = 0
         self._connections = connections
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
@@ -100,6 +112,11 @@ class Connection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._reject(400, "protocol upgrades are not supported")
+        except httptools.HttpParserCallbackError as err:
+            if isinstance(err.__context__, _HeadTooLargeError):
+                self._reject(431, f"request line and headers exceed {self._max_head} bytes")
+            else:
+                self._reject(400, "malformed HTTP request")
         except httptools.HttpParserError:
             self._reject(400, "malformed HTTP request")
         if self._too_large and self._task is None and not self.closed:
@@ -125,6 +142,7 @@ class Connection(asyncio.Protocol):
 
     # --- httptools callbacks ---------------------------------------------------------------------
     def on_message_begin(self) -> None:
+        self._head_bytes = 0
         self._url = b""
         self._headers = {}
         self._body = []
@@ -133,9 +151,16 @@ class Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.lower()] = value
+        self._count_head(len(name) + len(value) + 4)
+
+    def _count_head(self, n: int) -> None:
+        self._head_bytes += n
+        if self._max_head is not None and self._head_bytes > self._max_head:
+            raise _HeadTooLargeError
 
     def on_headers_complete(self) -> None:
         length = self._headers.get(b"content-length")
@@ -293,9 +318,16 @@ class Connection(asyncio.Protocol):
 class Server:
     """The listener; :meth:`shutdown` stops accepting and closes connections as they go idle."""
 
-    def __init__(self, handler: Handler, max_body_bytes: int, idle_timeout_s: float = 75.0) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        max_body_bytes: int,
+        idle_timeout_s: float = 75.0,
+        max_header_bytes: int | None = None,
+    ) -> None:
         self.handler = handler
         self.max_body_bytes = max_body_bytes
+        self.max_header_bytes = max_header_bytes
         self.idle_timeout_s = idle_timeout_s
         self.connections: set[Connection] = set()
         self._server: asyncio.base_events.Server | None = None
@@ -304,7 +336,7 @@ class Server:
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: Connection(self.handler, self.max_body_bytes, self.connections),
+            lambda: Connection(self.handler, self.max_body_bytes, self.connections, self.max_header_bytes),
             host,
             port,
             backlog=2048,

@@ -55,6 +55,21 @@ def read_request(body: bytes) -> Routable | BadRequest:
     return Routable(payload, model, stream)
 
 
+def choices_problem(payload: dict[str, Any], limit: int) -> BadRequest | None:
+    """``n`` and ``best_of`` ask the engine for that many completions of one prompt: bounded per request."""
+    for field in ("n", "best_of"):
+        value = payload.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+            return BadRequest(
+                f"'{field}' must be an integer from 1 to {limit} on this gateway, not {str(value)[:20]}",
+                param=field,
+                code="invalid_value",
+            )
+    return None
+
+
 def usage_of(body: bytes) -> tuple[int, int]:
     """(prompt, completion) tokens from the last ``usage`` object in a response or stream chunk."""
     at = body.rfind(b'"usage"')

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from runtime.config import RuntimeConfig
 from runtime.config_file import ConfigError, problem_lines, read_config
+from runtime.kvcache.prompts import PromptTokens, TokenizerError
 from runtime.router.app import Router
 from runtime.router.auth import KeyTable, load_keys_file
 from runtime.scheduling import load_plugins, problems
@@ -37,6 +38,24 @@ def _strategy_lines(path: Path, cfg: RuntimeConfig) -> list[str]:
     ]
 
 
+def _file_lines(path: Path, cfg: RuntimeConfig) -> list[str]:
+    """Files the config names that the router must read: the store's token, the models' tokenizers."""
+    lines: list[str] = []
+    store = cfg.router.limit_store
+    if store is not None and store.auth_token_file is not None and not store.auth_token_file.is_file():
+        lines.append(
+            f"{path}: router.limit_store.auth_token_file: {store.auth_token_file} is not a readable file"
+            " (mount the store's auth token Secret there, or remove the field)"
+        )
+    for i, target in enumerate(cfg.models):
+        if target.kv_events is not None:
+            try:
+                PromptTokens.load(target.kv_events.tokenizer_dir)
+            except TokenizerError as err:
+                lines.append(f"{path}: models[{i}].kv_events.tokenizer_dir: {err}")
+    return lines
+
+
 def keys_path(cfg: RuntimeConfig, path: Path) -> Path | None:
     """The API keys file, relative to the config file's directory unless absolute."""
     p = cfg.router.api_keys_file
@@ -51,6 +70,7 @@ def read_router_config(path: Path) -> RuntimeConfig:
     cfg = read_config(path)
     lines = problem_lines(path, load_plugins(cfg.router.plugins), "router")
     lines += _strategy_lines(path, cfg)
+    lines += _file_lines(path, cfg)
     if lines:
         raise ConfigError(lines)
     return cfg
