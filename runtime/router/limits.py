@@ -188,6 +188,7 @@ class SharedLimits:
             return
         self.replicas = max(1, int(alive))
         if not self.up:
+            await self.client.connection_pool.disconnect()  # pooled connections went with the old server
             log.warning("rate-limit store %s is reachable again: limits are shared", self._where())
             self._reported.clear()
         self.up = True
