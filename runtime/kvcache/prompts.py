@@ -45,6 +45,10 @@ def _tojson(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent)
 
 
+def _token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _token_text(value: Any) -> str | None:
     if isinstance(value, str):
         return value
@@ -107,14 +111,12 @@ class PromptTokens:
             return self._chat(payload)
         if kind == "completions":
             prompt = payload.get("prompt")
-            if isinstance(prompt, list) and prompt:
+            if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
                 prompt = prompt[0]  # several prompts: the first decides, as for the history index
             if isinstance(prompt, str):
                 return list(self.tokenizer.encode(prompt, add_special_tokens=True).ids)
-            if isinstance(prompt, list) and all(
-                isinstance(t, int) and not isinstance(t, bool) for t in prompt
-            ):
-                return list(prompt)
+            if isinstance(prompt, list) and prompt and all(_token_id(t) for t in prompt):
+                return list(prompt)  # already token ids
         return None
 
     def _chat(self, payload: dict[str, Any]) -> list[int] | None:

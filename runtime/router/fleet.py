@@ -208,7 +208,6 @@ class Fleet:
     # --- load and health signals -----------------------------------------------------------------
     async def _signals_loop(self) -> None:
         while True:
-            interval = self.signals_interval_s()
             try:
                 self.feed_ok = await self._read_feed() if self.cfg.router.health_feed_url else False
                 if not self.feed_ok:
@@ -217,7 +216,7 @@ class Fleet:
                 raise
             except Exception:  # the signal loop must outlive any one bad answer
                 log.exception("signal refresh failed")
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.signals_interval_s())  # after the refresh: it may have taken one out
 
     def signals_interval_s(self) -> float:
         """The feed (or probe) period: ``recovery_poll_ms`` while some replica is out, so one that comes back
