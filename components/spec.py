@@ -22,6 +22,7 @@ from runtime.config import (
     EngineKind,
     StrategyName,
     Task,
+    reads_engine_events,
     routing_knobs_read,
     routing_scorers,
     strategy_field,
@@ -559,6 +560,27 @@ class ModelSpec(_Spec):
             return self.task
         arch = self.arch()
         return Task.EMBED if arch is not None and arch.pooling else Task.GENERATE
+
+    @property
+    def publishes_kv_events(self) -> bool:
+        """Its routing weighs the engines' own KV-cache events (``precise_prefix``): the engines publish
+        them and every router replica follows them."""
+        return reads_engine_events(self.routing.strategy, self.routing.weights)
+
+    @model_validator(mode="after")
+    def _kv_events_possible(self) -> ModelSpec:
+        if self.publishes_kv_events:
+            if self.engine.kind is not EngineKind.VLLM:
+                raise ValueError(
+                    f"routing: precise_prefix reads the engines' KV-cache events, which only vLLM publishes"
+                    f" here, not {self.engine.kind.value}; use strategy prefix_aware"
+                )
+            if not self.engine.enable_prefix_caching:
+                raise ValueError(
+                    "routing: precise_prefix routes to the engine caching the prompt's prefix, but"
+                    " engine.enable_prefix_caching is false; turn it on or use another strategy"
+                )
+        return self
 
 
 class IngressKind(StrEnum):

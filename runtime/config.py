@@ -503,6 +503,28 @@ def routing_knobs_read(strategy: str, weights: Mapping[str, float]) -> frozenset
     return scheduling.knobs_read(strategy, weights)
 
 
+def reads_engine_events(strategy: str, weights: Mapping[str, float]) -> bool:
+    """Does this blend weigh a scorer that reads the engines' KV-cache events (``Need.PROMPT_BLOCKS``)?
+    Then the model's engines publish them and the router follows them: derived, never a separate switch."""
+    known = scheduling.builtin_scorers()
+    return any(
+        w > 0 and name in known and scheduling.Need.PROMPT_BLOCKS in known[name].needs
+        for name, w in scheduling.blend(strategy, weights).items()
+    )
+
+
+def kv_events_publisher(events: str, replay: str) -> dict[str, Any]:
+    """vLLM's --kv-events-config for a publisher at these endpoints (``tcp://*:PORT`` binds every interface,
+    ``ipc://PATH`` a socket file; vLLM *connects* a PUB socket to any other tcp address)."""
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": events,
+        "replay_endpoint": replay,
+        "topic": KvEventsSource.model_fields["topic"].default,
+    }
+
+
 def strategy_field(name: str) -> Any:
     """``StrategyConfig``'s field ``name`` (default, range, description) for another model to declare:
     a knob is defined once, here, and the spec offers it as it is."""

@@ -14,13 +14,17 @@ Fixtures:
     check_vllm_args    callable: list of `vllm serve` argument lists -> list of errors (None = ok)
     vllm_chat_pair     VllmChatPair: two tiny-Llama replicas (prefix caching on, one core each)
     vllm_embed         VllmEmbed: one all-MiniLM-L6-v2 engine (`--runner pooling`)
+    vllm_kv_events     VllmKvEvents: one tiny-Llama engine publishing its KV-cache events (precise_prefix),
+                       with a 64-block cache so evictions come quickly
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +36,7 @@ from components.local.engine_process import (
     EngineNotInstalledError,
     EngineProcess,
     cpu_model_spec,
+    free_port,
 )
 from components.local.engine_process import engine_python as _engine_python
 
@@ -54,8 +59,18 @@ ENGINE_READY_TIMEOUT_S = 420.0
 STREAM_TOKENS = 160
 
 ENGINE_FIXTURES = frozenset(
-    {"vllm_chat_pair", "vllm_embed", "engine_python", "tiny_chat_model", "embed_model", "check_vllm_args"}
+    {
+        "vllm_chat_pair",
+        "vllm_embed",
+        "vllm_kv_events",
+        "engine_python",
+        "tiny_chat_model",
+        "embed_model",
+        "check_vllm_args",
+    }
 )
+#: Blocks of the KV-event engine's cache (128 tokens each on CPU): small, so evictions come within seconds.
+KV_EVENTS_BLOCKS = 64
 
 
 @dataclass(frozen=True)
@@ -84,6 +99,17 @@ class VllmEmbed:
     @property
     def openai_base_url(self) -> str:
         return f"{self.base_url}/v1"
+
+
+@dataclass(frozen=True)
+class VllmKvEvents:
+    """One tiny-Llama engine whose routing is precise_prefix: it publishes KV events on ipc endpoints."""
+
+    engine: EngineProcess
+    model: str
+    model_path: Path
+    endpoints: tuple[str, str]  # (events, replay)
+    blocks: int
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -211,3 +237,33 @@ def vllm_embed(embed_model: Path) -> Iterator[VllmEmbed]:
         yield VllmEmbed(engine.base_url, EMBED_MODEL_NAME, embed_model, engine)
     finally:
         engine.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_kv_events(tiny_chat_model: Path) -> Iterator[VllmKvEvents]:
+    """A tiny-Llama engine with precise_prefix routing (so it publishes KV events, from the renderer), a
+    cache of KV_EVENTS_BLOCKS blocks, pinned to core 1."""
+    LOGS_DIR.mkdir(parents=True, exist_ok=True)
+    base = cpu_model_spec(
+        CHAT_MODEL_NAME,
+        tiny_chat_model,
+        max_model_len=1024,
+        enable_prefix_caching=True,
+        extra_args=["--num-gpu-blocks-override", str(KV_EVENTS_BLOCKS)],
+    )
+    spec = type(base).model_validate({**base.model_dump(), "routing": {"strategy": "precise_prefix"}})
+    sockets = Path(tempfile.mkdtemp(prefix="ikv-"))  # short: a socket path must fit in 107 bytes
+    endpoints = (f"ipc://{sockets}/events", f"ipc://{sockets}/replay")
+    engine = EngineProcess(
+        spec,
+        port=free_port(),  # a fixed port: a restarted engine comes back at the same address, as in a pod
+        cpu_cores="1",
+        log_path=LOGS_DIR / "vllm-kv-events.log",
+        kv_events=endpoints,
+    )
+    _start_all([engine])
+    try:
+        yield VllmKvEvents(engine, CHAT_MODEL_NAME, tiny_chat_model, endpoints, KV_EVENTS_BLOCKS)
+    finally:
+        engine.stop()
+        shutil.rmtree(sockets, ignore_errors=True)

@@ -16,6 +16,7 @@ from runtime.config import (
     BatchingPolicy,
     HealthSettings,
     KubernetesDiscovery,
+    KvEventsSource,
     ModelRoute,
     ModelTarget,
     RouterSettings,
@@ -63,6 +64,9 @@ def model_target(
         discovery = KubernetesDiscovery(
             namespace=spec.cluster.namespace, service=common.engine_name(model.name), port_name="http"
         )
+    events = None
+    if model.publishes_kv_events:  # the router finds the tokenizer where its pod's init container put it
+        events = KvEventsSource(tokenizer_dir=common.router_tokenizer_dir(model.name))
     return ModelTarget(
         name=model.name,
         engine=model.engine.kind,
@@ -71,6 +75,7 @@ def model_target(
         discovery=discovery,
         max_concurrency_per_backend=model.engine.max_num_seqs,
         max_model_len_tokens=model.engine.max_model_len,
+        kv_events=events,
     )
 
 

@@ -28,7 +28,9 @@ def batch(*events: dict[str, object], ts: float | None = None) -> bytes:
     return msgpack.packb([time.time() if ts is None else ts, list(events), 0])
 
 
-def stored(hashes: list[int], parent: int | None = None, size: int = 4, medium: str = "GPU") -> dict[str, object]:
+def stored(
+    hashes: list[int], parent: int | None = None, size: int = 4, medium: str = "GPU"
+) -> dict[str, object]:
     return {
         "type": "BlockStored",
         "block_hashes": hashes,
@@ -55,7 +57,10 @@ def test_decode_keeps_the_engines_own_tier_and_reads_both_hash_forms() -> None:
             stored([1, 2], size=16),
             stored([3], medium="CPU"),  # an offloading tier: not a prefix-cache hit
             removed([1]),
-            {"type": "BlockStored", **{k: v for k, v in stored([b"\x00" * 24 + b"\x00" * 7 + b"\x05"]).items() if k != "type"}},
+            {
+                "type": "BlockStored",
+                **{k: v for k, v in stored([b"\x00" * 24 + b"\x00" * 7 + b"\x05"]).items() if k != "type"},
+            },
             {"type": "AllBlocksCleared"},
         )
     )
@@ -146,7 +151,9 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=special)
     tok.train_from_iterator(["hello world, the quick brown fox"] * 50, trainer)
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": {"content": "<s>"}, "chat_template": TEMPLATE}))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": {"content": "<s>"}, "chat_template": TEMPLATE})
+    )
     return out
 
 
@@ -154,7 +161,9 @@ def test_chat_prompts_render_the_template_then_tokenize_without_special_tokens(t
     prompts = PromptTokens.load(tokenizer_dir)
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     body = {"messages": [{"role": "system", "content": " be brief "}, {"role": "user", "content": "hello"}]}
-    want = tok.encode("<s><|system|>be brief<|end|><|user|>hello<|end|><|assistant|>", add_special_tokens=False).ids
+    want = tok.encode(
+        "<s><|system|>be brief<|end|><|user|>hello<|end|><|assistant|>", add_special_tokens=False
+    ).ids
     assert prompts.tokens("chat", body) == want
     assert prompts.tokens("chat", {**body, "add_generation_prompt": False}) == want[:-1]
     assert prompts.tokens("completions", {"prompt": "hello world"}) == tok.encode("hello world").ids
@@ -172,7 +181,9 @@ def test_chat_prompts_render_the_template_then_tokenize_without_special_tokens(t
         {"messages": []},
     ],
 )
-def test_what_cannot_be_reproduced_exactly_is_not_guessed(tokenizer_dir: Path, body: dict[str, object]) -> None:
+def test_what_cannot_be_reproduced_exactly_is_not_guessed(
+    tokenizer_dir: Path, body: dict[str, object]
+) -> None:
     assert PromptTokens.load(tokenizer_dir).tokens("chat", body) is None
 
 
@@ -211,7 +222,9 @@ class Publisher:
             first = int.from_bytes(start, "big")
             for seq, payload in self.buffer:
                 if seq >= first:
-                    await self.router.send_multipart([client, b"", self.topic, seq.to_bytes(8, "big"), payload])
+                    await self.router.send_multipart(
+                        [client, b"", self.topic, seq.to_bytes(8, "big"), payload]
+                    )
             await self.router.send_multipart([client, b"", b"", (-1).to_bytes(8, "big", signed=True), b""])
 
     def close(self) -> None:
@@ -293,7 +306,9 @@ async def test_a_replay_that_never_answers_times_out_and_the_view_stays_live(tmp
     ctx = zmq.asyncio.Context()
     where = Endpoints(f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/nobody")
     problems: Counter[str] = Counter()
-    follower = Follower(ctx, CacheIndex(10), "a", where, "kv", 0.2, lambda url, cause: problems.update([cause]))
+    follower = Follower(
+        ctx, CacheIndex(10), "a", where, "kv", 0.2, lambda url, cause: problems.update([cause])
+    )
     try:
         await follower.resync()
         assert problems["replay_timeout"] == 1 and "a" in follower.index.synced

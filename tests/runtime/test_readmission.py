@@ -41,10 +41,14 @@ def engines() -> Iterator[list[Double]]:
 
 def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
-        return subprocess.Popen(argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            argv, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
-def test_a_replica_back_from_ejection_is_routed_to_within_a_second(engines: list[Double], tmp_path: Path) -> None:
+def test_a_replica_back_from_ejection_is_routed_to_within_a_second(
+    engines: list[Double], tmp_path: Path
+) -> None:
     health_port, router_port = free_port(), free_port()
     config = {
         "models": [{"name": "m", "static_backends": [{"url": d.url} for d in engines]}],
@@ -64,7 +68,9 @@ def test_a_replica_back_from_ejection_is_routed_to_within_a_second(engines: list
     try:
         deadline = time.monotonic() + 60
         while get(front, "/readyz", timeout=1)[0] != 200:
-            assert time.monotonic() < deadline and router.poll() is None, (tmp_path / "router.log").read_text()
+            assert time.monotonic() < deadline and router.poll() is None, (
+                tmp_path / "router.log"
+            ).read_text()
             time.sleep(0.1)
 
         def trickle() -> None:  # a request every 20 ms: the router picks whichever replica is routable

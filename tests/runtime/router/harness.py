@@ -238,7 +238,9 @@ class RouterUnderTest(Loopback):
     async def _start(self) -> None:
         self.router = Router(self.cfg)
         s = self.cfg.router
-        self.server = Server(self.router.handle, s.max_body_bytes, s.client_idle_timeout_s, s.max_header_bytes)
+        self.server = Server(
+            self.router.handle, s.max_body_bytes, s.client_idle_timeout_s, s.max_header_bytes
+        )
         await self.router.start()
         self.port = await self.server.start("127.0.0.1", 0)
         for _ in range(20):  # static discovery lands within a few loop turns

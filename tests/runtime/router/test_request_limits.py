@@ -11,14 +11,20 @@ import pytest
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 
 
-@pytest.mark.parametrize(("field", "value"), [("n", 1000), ("n", 0), ("n", "3"), ("n", True), ("best_of", 17)])
+@pytest.mark.parametrize(
+    ("field", "value"), [("n", 1000), ("n", 0), ("n", "3"), ("n", True), ("best_of", 17)]
+)
 def test_too_many_choices_is_a_400_naming_the_field(doubles, make_router, field: str, value: object) -> None:
     (d,) = doubles(1)
     r = make_router([d.url])
     status, _, body = r.request("POST", "/v1/chat/completions", {**CHAT, field: value})
     assert status == 400
     error = json.loads(body)["error"]
-    assert error["param"] == field and error["type"] == "invalid_request_error" and error["code"] == "invalid_value"
+    assert (
+        error["param"] == field
+        and error["type"] == "invalid_request_error"
+        and error["code"] == "invalid_value"
+    )
     assert "from 1 to 16" in error["message"]
     assert d.requests == []
 
@@ -56,7 +62,13 @@ def test_a_64_kb_header_is_a_431_and_the_limit_is_configurable(doubles, make_rou
     assert error["type"] == "invalid_request_error" and "16384 bytes" in error["message"]
     assert d.requests == []
     # 12 KB of headers: under the default, over a limit of 8 KiB
-    ok = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-a: " + b"a" * 6000 + b"\r\nx-b: " + b"b" * 6000 + b"\r\n"
+    ok = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-a: "
+        + b"a" * 6000
+        + b"\r\nx-b: "
+        + b"b" * 6000
+        + b"\r\n"
+    )
     assert _raw(r.port, ok, body).startswith(b"HTTP/1.1 200")
     strict = make_router([d.url], max_header_bytes=8192)
     assert _raw(strict.port, ok, body).startswith(b"HTTP/1.1 431")
