@@ -498,7 +498,7 @@ class RoutingSpec(_Spec):
     def _knobs_take_effect(self) -> RoutingSpec:
         read = routing_knobs_read(self.strategy, self.weights)
         for knob in sorted((self.model_fields_set & self.KNOBS) - read):
-            readers = ", ".join(n for n, info in routing_scorers().items() if knob in info.knobs)
+            readers = " or ".join(n for n, info in routing_scorers().items() if knob in info.knobs)
             raise ValueError(
                 f"{knob} has no effect with strategy {self.strategy!r} and these weights (only the {readers}"
                 " scorer reads it): remove it, or choose a strategy or weights that use that scorer"
@@ -645,6 +645,17 @@ class GatewaySpec(_Spec):
     """CPU request and limit per router replica."""
     router_memory_gib: Annotated[float, Field(gt=0, le=256)] = 1.0
     """Memory request and limit per router replica."""
+    shared_limits: bool = False
+    """Keep per-key rate limits in one Redis all router replicas use, so N replicas enforce one limit (off:
+    each replica limits alone, and a key gets up to replicas x its limit): ElastiCache on eks (two nodes in
+    two zones, encrypted in transit and at rest), a Redis StatefulSet on kubernetes, redis-server on
+    127.0.0.1 with `make local`. While the store is unreachable each replica limits at its share of every
+    limit (the limit divided by the replicas alive), and goes back to the store by itself."""
+    limit_store_auth_config_key: str | None = None
+    """Pulumi secret config key with the store's AUTH token (16-128 characters, letters, digits and
+    !&#$^<>-, ElastiCache's rule); required with shared_limits on eks and kubernetes."""
+    limit_store_node_type: Annotated[str, Field(pattern=r"^cache\.[a-z0-9]+\.[a-z0-9]+$")] = "cache.t4g.small"
+    """ElastiCache node type of the store (eks)."""
 
     @model_validator(mode="after")
     def _replicas_ordered(self) -> GatewaySpec:
@@ -807,6 +818,31 @@ class PlatformSpec(_Spec):
                 raise ValueError(
                     f"addons.autoscaler: hpa cannot scale to zero, but min_replicas is 0 for {', '.join(zero)}; "
                     "use autoscaler: keda or set min_replicas to at least 1"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _limit_store_auth(self) -> PlatformSpec:
+        if (
+            self.gateway.shared_limits
+            and self.target is not Target.LOCAL
+            and not self.gateway.limit_store_auth_config_key
+        ):
+            raise ValueError(
+                "gateway.shared_limits: the store needs an AUTH token: set gateway.limit_store_auth_config_key"
+                " to a Pulumi secret config key (`pulumi config set --secret <key> <16-128 characters>`)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tokenizers_reachable(self) -> PlatformSpec:
+        # The router needs each precise_prefix model's tokenizer; its pod fetches it from the hub at start.
+        for i, m in enumerate(self.models):
+            if m.publishes_kv_events and self.target is not Target.LOCAL and not HF_REPO.match(m.source):
+                raise ValueError(
+                    f"models[{i}].routing: precise_prefix needs the model's tokenizer in the router, which"
+                    f" fetches it from the Hugging Face hub; {m.source!r} is not a hub repo id: use"
+                    " strategy prefix_aware for it"
                 )
         return self
 

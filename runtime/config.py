@@ -266,6 +266,9 @@ class ApiKey(_Strict):
     tokens_per_minute: int | None = Field(default=None, ge=1, description="Token rate limit (in + out).")
 
 
+REDIS_URL = r"^rediss?://[^\s/]+:\d{1,5}(/\d{1,2})?$"
+
+
 class LimitStore(_Strict):
     """A Redis that every router replica keeps the per-key rate limits in, so N replicas enforce one limit.
 
@@ -273,8 +276,14 @@ class LimitStore(_Strict):
     by the replicas it last saw alive (metric ``inferstack_router_limit_store_up``, one log line per
     cause), and goes back to the shared limits by itself once the store answers again."""
 
-    url: Annotated[str, Field(pattern=r"^rediss?://[^\s/]+:\d{1,5}(/\d{1,2})?$")] = Field(
-        description="redis://host:port[/db], or rediss:// for TLS (ElastiCache with encryption in transit)."
+    url: Annotated[str, Field(pattern=REDIS_URL)] | None = Field(
+        default=None,
+        description="redis://host:port[/db], or rediss:// for TLS (ElastiCache with encryption in transit).",
+    )
+    url_file: Path | None = Field(
+        default=None,
+        description="A file holding the URL instead (a mounted Secret: a managed store's address is known only"
+        " once it exists).",
     )
     auth_token_file: Path | None = Field(
         default=None, description="File holding the store's AUTH token (a mounted Secret); None: no AUTH."
@@ -293,6 +302,12 @@ class LimitStore(_Strict):
         description="Router replicas assumed for the fallback until the store has told how many are alive.",
     )
     key_prefix: str = Field(default="inferstack:", description="Prefix of every key the router writes.")
+
+    @model_validator(mode="after")
+    def _one_address(self) -> LimitStore:
+        if (self.url is None) == (self.url_file is None):
+            raise ValueError("limit_store: give url or url_file (exactly one)")
+        return self
 
 
 class RouterSettings(_Strict):

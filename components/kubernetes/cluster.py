@@ -29,6 +29,8 @@ class ClusterAccess:
     """Runtime service -> the image to run instead of the spec's pinned one (on EKS, its ECR pushes)."""
     addons: tuple[Release, ...] = ()
     """The cloud's own controllers, installed after the cloud-neutral add-ons."""
+    limit_store_url: pulumi.Output[str] | None = None
+    """The managed rate-limit store's URL (``gateway.shared_limits`` on a cloud that manages it)."""
 
 
 def bring_your_own(spec: PlatformSpec, layout: Layout, stack: str) -> ClusterAccess:

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.cloud import Cloud
-from components.render import common, hardening, ingress
+from components.render import common, hardening, ingress, limit_store, tokenizers
 from components.render.common import Manifest
 from components.render.runtime_config import has_batcher, runtime_config
+from components.render.tokenizers import RouterTokenizers
 from components.spec import PlatformSpec
 from runtime.config import RuntimeConfig
 
@@ -148,6 +149,7 @@ def deployment(
     replicas: int | None,
     resources: tuple[float, float],
     extra_mounts: tuple[tuple[Manifest, Manifest], ...] = (),
+    pod: RouterTokenizers | None = None,
 ) -> Manifest:
     """A runtime service: ``python -m runtime.<part> --config ...`` with the config, a token, and /tmp."""
     name = common.runtime_name(spec, part)
@@ -173,6 +175,9 @@ def deployment(
     for mount, volume in extra_mounts:
         mounts.append(mount)
         volumes.append(volume)
+    if pod is not None:
+        mounts += pod.router_mounts
+        volumes += pod.volumes
     config_path = f"{common.RUNTIME_CONFIG_DIR}/{common.RUNTIME_CONFIG_FILE}"
     container: Manifest = {
         "name": part,
@@ -202,6 +207,7 @@ def deployment(
                 "terminationGracePeriodSeconds": runtime_config(spec).router.drain_grace_s + 15,
                 "securityContext": hardening.pod_security(),
                 "topologySpreadConstraints": hardening.topology_spread(selector, strict_hosts=False),
+                **({"initContainers": pod.init_containers} if pod and pod.init_containers else {}),
                 "containers": [container],
                 "volumes": volumes,
             },
@@ -284,14 +290,16 @@ def render(
     out: list[Manifest] = [config_map(spec)]
     for part in parts(spec):
         out += [service_account(spec, part), role(spec, part), role_binding(spec, part)]
-    keys_mount: tuple[tuple[Manifest, Manifest], ...] = ()
+    router_mounts: tuple[tuple[Manifest, Manifest], ...] = ()
     if g.api_keys_config_key:
-        keys_mount = (
+        router_mounts = (
             (
                 {"name": "api-keys", "mountPath": common.API_KEYS_DIR, "readOnly": True},
                 {"name": "api-keys", "secret": {"secretName": common.api_keys_secret_name(spec)}},
             ),
         )
+    if g.shared_limits:
+        router_mounts += (limit_store.router_mount(spec),)
     router_replicas = None if router_scales(spec) else g.replicas
     out += [
         deployment(
@@ -301,7 +309,8 @@ def render(
             config.router.port,
             router_replicas,
             (g.router_cpu_cores, g.router_memory_gib),
-            keys_mount,
+            router_mounts,
+            tokenizers.router_parts(spec, image[common.ROUTER].reference),
         ),
         service(spec, common.ROUTER, config.router.port),
         hardening.pdb(

@@ -14,12 +14,13 @@ Where the cluster network is (the VPC, or just the private ranges) is the cloud'
 from __future__ import annotations
 
 from components.cloud import Cloud
-from components.render import common
+from components.render import common, limit_store, tokenizers
 from components.render.common import Manifest
 from components.render.gateway import parts
 from components.render.ingress import GATEWAY_NAME_LABEL, gateway_listener_port, gateway_name
 from components.render.runtime_config import batcher_port, health_port, router_port
 from components.spec import IngressKind, PlatformSpec
+from runtime.config import KvEventsSource
 
 API_SERVER_PORTS = (443, 6443)
 ANYWHERE = "0.0.0.0/0"
@@ -80,18 +81,29 @@ def allow_dns(spec: PlatformSpec) -> Manifest:
     )
 
 
+def kv_event_ports(spec: PlatformSpec) -> list[int]:
+    """The engines' KV-event publisher and replay ports, when a model's routing follows them."""
+    if not any(m.publishes_kv_events for m in spec.models):
+        return []
+    source = KvEventsSource.model_fields
+    return [source["port"].default, source["replay_port"].default]
+
+
 def engines(spec: PlatformSpec) -> Manifest:
     callers = [_pods(spec, part) for part in parts(spec)]
+    ingress = [
+        {"from": callers, "ports": _tcp(common.ENGINE_PORT)},
+        {"from": [_prometheus(spec)], "ports": _tcp(common.ENGINE_PORT)},
+    ]
+    if kv_event_ports(spec):  # every router replica follows every engine's KV events
+        ingress.append({"from": [_pods(spec, common.ROUTER)], "ports": _tcp(*kv_event_ports(spec))})
     return _policy(
         spec,
         "engines",
         _instance(spec, "engine"),
         {
             "policyTypes": ["Ingress", "Egress"],
-            "ingress": [
-                {"from": callers, "ports": _tcp(common.ENGINE_PORT)},
-                {"from": [_prometheus(spec)], "ports": _tcp(common.ENGINE_PORT)},
-            ],
+            "ingress": ingress,
             # Weights come from the Hugging Face hub or S3 over HTTPS.
             "egress": [{"to": [{"ipBlock": {"cidr": ANYWHERE}}], "ports": _tcp(443)}],
         },
@@ -104,13 +116,27 @@ def _router_sources(spec: PlatformSpec, cloud: Cloud) -> list[Manifest]:
     return [{"ipBlock": {"cidr": c}} for c in router_source_cidrs(spec, cloud)]
 
 
+def _limit_store(spec: PlatformSpec, cloud: Cloud) -> list[Manifest]:
+    """The router's way to the shared rate-limit store: the managed one in the cluster network, or the pods."""
+    if not spec.gateway.shared_limits:
+        return []
+    if cloud.managed_limit_store:
+        to = [{"ipBlock": {"cidr": c}} for c in cloud.cluster_network(spec)]
+    else:
+        to = [_pods(spec, limit_store.STORE)]
+    return [{"to": to, "ports": _tcp(limit_store.PORT)}]
+
+
 def router(spec: PlatformSpec, cloud: Cloud) -> Manifest:
     peers = [_pods(spec, "engine")]
-    ports = [common.ENGINE_PORT, health_port()]
+    ports = [common.ENGINE_PORT, health_port(), *kv_event_ports(spec)]
     if common.BATCHER in parts(spec):
         peers.append(_pods(spec, common.BATCHER))
         ports.append(batcher_port())
     peers += [_pods(spec, common.HEALTH)]
+    egress = [{"to": peers, "ports": _tcp(*ports)}, _api_server(spec, cloud), *_limit_store(spec, cloud)]
+    if tokenizers.models(spec):  # its init container fetches tokenizers from the Hugging Face hub
+        egress.append({"to": [{"ipBlock": {"cidr": ANYWHERE}}], "ports": _tcp(443)})
     return _policy(
         spec,
         common.runtime_name(spec, common.ROUTER),
@@ -121,7 +147,20 @@ def router(spec: PlatformSpec, cloud: Cloud) -> Manifest:
                 {"from": _router_sources(spec, cloud), "ports": _tcp(router_port())},
                 {"from": [_prometheus(spec)], "ports": _tcp(router_port())},
             ],
-            "egress": [{"to": peers, "ports": _tcp(*ports)}, _api_server(spec, cloud)],
+            "egress": egress,
+        },
+    )
+
+
+def limit_store_pods(spec: PlatformSpec) -> Manifest:
+    """The in-cluster store: the router's pods reach it; it reaches nothing."""
+    return _policy(
+        spec,
+        limit_store.name(spec),
+        _instance(spec, limit_store.STORE),
+        {
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [_pods(spec, common.ROUTER)], "ports": _tcp(limit_store.PORT)}],
         },
     )
 
@@ -172,4 +211,6 @@ def render(spec: PlatformSpec, cloud: Cloud) -> list[Manifest]:
         out.append(_backend_service(spec, cloud, common.BATCHER, batcher_port()))
     if spec.gateway.ingress is IngressKind.GATEWAY_API:
         out.append(gateway_proxies(spec))
+    if spec.gateway.shared_limits and not cloud.managed_limit_store:
+        out.append(limit_store_pods(spec))
     return out

@@ -8,6 +8,7 @@ through their Services' EndpointSlices; per-replica concurrency caps are the eng
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from components.render import common
 from components.spec import ModelSpec, PlatformSpec
@@ -17,6 +18,7 @@ from runtime.config import (
     HealthSettings,
     KubernetesDiscovery,
     KvEventsSource,
+    LimitStore,
     ModelRoute,
     ModelTarget,
     RouterSettings,
@@ -66,7 +68,7 @@ def model_target(
         )
     events = None
     if model.publishes_kv_events:  # the router finds the tokenizer where its pod's init container put it
-        events = KvEventsSource(tokenizer_dir=common.router_tokenizer_dir(model.name))
+        events = KvEventsSource(tokenizer_dir=Path(common.router_tokenizer_dir(model.name)))
     return ModelTarget(
         name=model.name,
         engine=model.engine.kind,
@@ -114,6 +116,17 @@ def client_idle_timeout_s() -> int:
     return lb_idle_timeout_s() + LB_IDLE_MARGIN_S
 
 
+def limit_store(spec: PlatformSpec) -> LimitStore | None:
+    """The shared rate-limit store, read from the router's mounted Secret (address and AUTH token)."""
+    if not spec.gateway.shared_limits:
+        return None
+    return LimitStore(
+        url_file=Path(common.LIMIT_STORE_DIR) / "url",
+        auth_token_file=Path(common.LIMIT_STORE_DIR) / "token",
+        replicas=spec.gateway.replicas,
+    )
+
+
 def runtime_config(
     spec: PlatformSpec, static_backends: Mapping[str, Sequence[str]] | None = None
 ) -> RuntimeConfig:
@@ -126,6 +139,7 @@ def runtime_config(
             "api_keys_file": keys_file,
             "health_feed_url": f"{service_url(spec, common.HEALTH, health_port())}/v1/backends",
             "client_idle_timeout_s": client_idle_timeout_s(),
+            "limit_store": limit_store(spec),
         }
     )
     return RuntimeConfig(

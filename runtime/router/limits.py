@@ -131,8 +131,9 @@ class SharedLimits:
         self.on_error = on_error
         self.on_check = on_check
         password = _read_token(settings.auth_token_file)
+        self.url = settings.url or _read_token(settings.url_file) or ""
         pool = redis.BlockingConnectionPool.from_url(
-            settings.url,
+            self.url,
             password=password,
             max_connections=64,
             timeout=self.timeout_s,  # waiting for a free connection counts against the same budget
@@ -279,7 +280,7 @@ class SharedLimits:
         return [self._key(f"limit:{{{tag}}}:requests"), self._key(f"limit:{{{tag}}}:tokens")]
 
     def _where(self) -> str:
-        return self.settings.url.split("@")[-1]
+        return self.url.split("@")[-1]
 
 
 def _text(value: Any) -> str:

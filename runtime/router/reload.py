@@ -13,10 +13,11 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import re
 import time
 from pathlib import Path
 
-from runtime.config import RuntimeConfig
+from runtime.config import REDIS_URL, RuntimeConfig
 from runtime.config_file import ConfigError, problem_lines, read_config
 from runtime.kvcache.prompts import PromptTokens, TokenizerError
 from runtime.router.app import Router
@@ -42,11 +43,20 @@ def _file_lines(path: Path, cfg: RuntimeConfig) -> list[str]:
     """Files the config names that the router must read: the store's token, the models' tokenizers."""
     lines: list[str] = []
     store = cfg.router.limit_store
-    if store is not None and store.auth_token_file is not None and not store.auth_token_file.is_file():
-        lines.append(
-            f"{path}: router.limit_store.auth_token_file: {store.auth_token_file} is not a readable file"
-            " (mount the store's auth token Secret there, or remove the field)"
-        )
+    if store is not None:
+        for name, file in (("auth_token_file", store.auth_token_file), ("url_file", store.url_file)):
+            if file is not None and not file.is_file():
+                lines.append(
+                    f"{path}: router.limit_store.{name}: {file} is not a readable file"
+                    " (mount the store's Secret there, or remove the field)"
+                )
+        if store.url_file is not None and store.url_file.is_file():
+            url = store.url_file.read_text().strip()
+            if not re.match(REDIS_URL, url):
+                lines.append(
+                    f"{path}: router.limit_store.url_file: {store.url_file} holds {url[:60]!r}, not"
+                    " redis://host:port or rediss://host:port"
+                )
     for i, target in enumerate(cfg.models):
         if target.kv_events is not None:
             try:

@@ -46,7 +46,12 @@ def test_engines_accept_only_the_gateway_health_batcher_and_prometheus(name: str
     spec = load(name).spec
     engines = _policies(name)["engines"]
     assert engines["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "engine"
-    callers, scrape = engines["ingress"]
+    callers, scrape, *events = engines["ingress"]
+    if any(m.publishes_kv_events for m in spec.models):  # the routers follow the engines' KV events
+        (kv,) = events
+        assert _components(kv["from"]) == {"router"} and [p["port"] for p in kv["ports"]] == [5557, 5558]
+    else:
+        assert events == []
     expected = {"router", "health"} | (
         {"batcher"} if any(m.resolved_task().value == "embed" for m in spec.models) else set()
     )
