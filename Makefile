@@ -7,7 +7,7 @@ ENGINE_VENV := .venv-engine
 TOOLS_VENV := .venv-tools
 STACK ?= prod
 
-.PHONY: test lint typecheck unit plan local bench clean venv engine-venv tools-venv schema snapshots
+.PHONY: test lint typecheck unit plan local bench clean venv engine-venv tools-venv schema snapshots redis
 
 ## venvs ---------------------------------------------------------------------------------------
 # The project, its runtime services and the dev tools.
@@ -31,6 +31,19 @@ $(TOOLS_VENV)/.installed: scripts/tools-requirements.txt
 	touch $@
 tools-venv: $(TOOLS_VENV)/.installed
 
+# Debian's redis-server: the routers' shared rate-limit store in the tests and in `make local ROUTERS=N`,
+# which start their own on 127.0.0.1 and stop it. The Debian service is stopped and disabled at once:
+# nothing is left listening on 6379.
+redis:
+	@command -v redis-server >/dev/null || { \
+	  echo 'installing redis-server (apt-get)'; \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null \
+	    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null; }; } \
+	    || { echo 'make redis: apt-get install redis-server failed (run it as root, or install redis-server)' >&2; exit 2; }; \
+	  service redis-server stop >/dev/null 2>&1 || true; \
+	  update-rc.d redis-server disable >/dev/null 2>&1 || true; \
+	}
+
 ## checks --------------------------------------------------------------------------------------
 # lint-imports checks the import boundaries of DESIGN.md (contracts in pyproject.toml [tool.importlinter]).
 lint: venv
@@ -48,7 +61,7 @@ unit: venv
 snapshots: venv
 	INFERSTACK_UPDATE_SNAPSHOTS=1 $(BIN)/pytest -q tests/components/test_plan_snapshots.py
 
-test: venv engine-venv tools-venv lint typecheck
+test: venv engine-venv tools-venv redis lint typecheck
 	$(BIN)/pytest
 
 ## product -------------------------------------------------------------------------------------
@@ -62,11 +75,12 @@ plan: venv
 # The data plane of stacks/Pulumi.local.yaml on this machine: real vLLM on CPU behind the router on
 # http://127.0.0.1:8080. Foreground (Ctrl-C stops everything); DETACH=1 runs it in the background
 # (then `make local-status`, `make local-logs`, `make local-down`). PORT=N moves the router;
-# LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the state directory.
+# LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the state directory. ROUTERS=N runs
+# N router replicas behind a round-robin balancer on PORT, sharing rate limits through a local redis-server.
 .PHONY: local local-down local-status local-logs
 LOCAL_STATE_ARG = $(if $(LOCAL_STATE),--state-dir $(LOCAL_STATE))
-local: venv engine-venv
-	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(DETACH),--detach) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
+local: venv engine-venv $(if $(filter-out 1,$(ROUTERS)),redis)
+	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(ROUTERS),--routers $(ROUTERS)) $(if $(DETACH),--detach) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
 
 local-down: venv
 	$(BIN)/inferstack local down $(LOCAL_STATE_ARG)

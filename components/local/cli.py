@@ -22,6 +22,7 @@ from components.local.plan import (
     DEFAULT_BATCHER_PORT,
     DEFAULT_ENGINE_PORT,
     DEFAULT_HEALTH_PORT,
+    DEFAULT_REDIS_PORT,
     DEFAULT_ROUTER_PORT,
     DEFAULT_STATE_DIR,
     LocalOptions,
@@ -85,6 +86,16 @@ def up(
     engine_port: Annotated[
         int, typer.Option(help="The first engine's port; the others take the next ones.")
     ] = DEFAULT_ENGINE_PORT,
+    routers: Annotated[
+        int,
+        typer.Option(
+            help="Router replicas: above 1, behind a round-robin balancer on --port, sharing rate limits"
+            " through redis-server (make local ROUTERS=N)."
+        ),
+    ] = 1,
+    redis_port: Annotated[
+        int, typer.Option(help="The shared rate-limit store's port (several routers).")
+    ] = DEFAULT_REDIS_PORT,
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Run in the background; stop with `inferstack local down`.")
@@ -100,6 +111,8 @@ def up(
         engine_port=engine_port,
         state_dir=state_dir,
         cpus=pick_cpus(lambda: os.sched_getaffinity(0)),
+        routers=routers,
+        redis_port=redis_port,
     )
     plan = _plan(stack, stacks_dir, options)
     if detach:
@@ -145,8 +158,10 @@ def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) 
     argv = [sys.executable, "-m", "components.local", "up", "--detached-child", "--stack", stack]
     argv += ["--stacks-dir", str(stacks_dir), "--state-dir", str(state_dir), "--timeout", str(timeout)]
     argv += ["--port", str(plan.router.port), "--engine-port", str(plan.engines[0].port)]
+    argv += ["--routers", str(plan.routers)]
     for service in plan.services[:-1]:
-        argv += [f"--{service.name}-port", str(service.port)]
+        if service.option != "--port":  # router replicas take the ports after --port
+            argv += [service.option, str(service.port)]
     with log.open("wb") as sink:
         child = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from components.local.redis_process import RedisError, RedisProcess
 from components.render import runtime_config as rendered
 from components.spec import ModelSpec, PlatformSpec, Target
 from components.stackfile import Stack
@@ -28,6 +29,9 @@ DEFAULT_ROUTER_PORT = 8080
 DEFAULT_HEALTH_PORT = 8081
 DEFAULT_BATCHER_PORT = 8082
 DEFAULT_ENGINE_PORT = 8000
+DEFAULT_REDIS_PORT = 6379
+#: Several routers listen from here above the router's port (8090, 8091, ...), clear of health and batcher.
+ROUTER_REPLICA_OFFSET = 10
 DEFAULT_STATE_DIR = Path(".local")
 #: Generated models live here; a missing model directory elsewhere is the user's to provide.
 GENERATED_MODELS_DIR = Path(".cache/models")
@@ -59,6 +63,11 @@ class LocalOptions:
     state_dir: Path = DEFAULT_STATE_DIR
     cpus: tuple[int, ...] = (0,)
     """CPU cores engines are pinned to, in turn (VLLM_CPU_OMP_THREADS_BIND): one core each."""
+    routers: int = 1
+    """Router replicas. Above one they listen on ``router_port`` + 10, + 11, ..., behind a round-robin
+    balancer on ``router_port``, and share rate limits through a local redis-server."""
+    redis_port: int = DEFAULT_REDIS_PORT
+    """The shared rate-limit store's port (with several routers, or gateway.shared_limits)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,8 @@ class EngineLaunch:
     path: Path
     port: int
     cpu_cores: str
+    kv_events: tuple[str, str] | None = None
+    """Where it publishes KV-cache events (ipc socket files), when its routing follows them."""
 
     @property
     def model(self) -> str:
@@ -105,9 +116,20 @@ class ServiceLaunch:
     port: int
     option: str
     """The command-line option that changes this port (for the port-in-use message)."""
+    extra_args: tuple[str, ...] = ()
+    reads_config: bool = True
+    """False: the module takes no runtime config (the balancer)."""
+    command: tuple[str, ...] = ()
+    """A program that is not a python module of ours (redis-server): run as it is."""
+    probe: Literal["http", "tcp"] = "http"
+    """How to tell it listens: ``GET /healthz``, or a TCP connect (redis)."""
 
     def argv(self, python: str, config: Path) -> list[str]:
-        return [python, "-m", self.module, "--config", str(config)]
+        if self.command:
+            return list(self.command)
+        if not self.reads_config:
+            return [python, "-m", self.module, *self.extra_args]
+        return [python, "-m", self.module, "--config", str(config), *self.extra_args]
 
     @property
     def url(self) -> str:
@@ -130,7 +152,17 @@ class LocalPlan:
 
     @property
     def router(self) -> ServiceLaunch:
+        """What clients reach: the router, or the balancer in front of several."""
         return self.services[-1]
+
+    @property
+    def routers(self) -> int:
+        return sum(1 for s in self.services if s.module == "runtime.router")
+
+    @property
+    def run_dir(self) -> Path:
+        """Socket files (the engines' KV events)."""
+        return self.state_dir / "run"
 
     @property
     def base_url(self) -> str:
@@ -215,18 +247,26 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     spec = stack.spec
     if not options.cpus:
         raise PlanError("no CPU cores to pin engines to")
+    if options.routers < 1:
+        raise PlanError(f"--routers {options.routers}: run at least one router")
     preps = model_preps(spec, repo_root, stack.source)
     engines: list[EngineLaunch] = []
     port = options.engine_port
+    run_dir = (repo_root / options.state_dir / "run").resolve()
     for model, prep in zip(spec.models, preps, strict=True):
         for r in range(replicas(model)):
             core = options.cpus[len(engines) % len(options.cpus)]
-            engines.append(EngineLaunch(f"{model.name}-{r}", model, prep.path, port, str(core)))
+            name = f"{model.name}-{r}"
+            events = None
+            if model.publishes_kv_events:
+                events = (f"ipc://{run_dir}/{name}.events", f"ipc://{run_dir}/{name}.replay")
+            engines.append(EngineLaunch(name, model, prep.path, port, str(core), events))
             port += 1
-    services = [ServiceLaunch("health", "runtime.health", options.health_port, "--health-port")]
+    services = [*store_service(spec, options, repo_root)]
+    services.append(ServiceLaunch("health", "runtime.health", options.health_port, "--health-port"))
     if rendered.has_batcher(spec):
         services.append(ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port"))
-    services.append(ServiceLaunch("router", "runtime.router", options.router_port, "--port"))
+    services += router_services(options)
     check_ports(
         [(s.port, s.name, s.option) for s in services]
         + [(e.port, f"engine {e.name}", "--engine-port") for e in engines]
@@ -242,6 +282,40 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         generate_models=tuple(m.name for m in spec.models if m.resolved_task() is not Task.EMBED),
         embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
     )
+
+
+def store_service(spec: PlatformSpec, options: LocalOptions, repo_root: Path) -> list[ServiceLaunch]:
+    """redis-server on 127.0.0.1 when the routers share rate limits (several of them, or shared_limits)."""
+    if options.routers == 1 and not spec.gateway.shared_limits:
+        return []
+    workdir = (repo_root / options.state_dir / "run").resolve()  # nothing persisted; made at start
+    try:
+        argv = RedisProcess(options.redis_port, workdir).argv()
+    except RedisError as err:
+        raise PlanError(str(err)) from None
+    return [ServiceLaunch("redis", "", options.redis_port, "--redis-port", command=tuple(argv), probe="tcp")]
+
+
+def router_services(options: LocalOptions) -> list[ServiceLaunch]:
+    """One router on the router's port; or N from ``ROUTER_REPLICA_OFFSET`` above it, behind the balancer
+    on it."""
+    if options.routers == 1:
+        return [ServiceLaunch("router", "runtime.router", options.router_port, "--port")]
+    first = options.router_port + ROUTER_REPLICA_OFFSET
+    replicas = [
+        ServiceLaunch(f"router-{i}", "runtime.router", port, "--port", extra_args=("--port", str(port)))
+        for i, port in enumerate(range(first, first + options.routers))
+    ]
+    to = [a for r in replicas for a in ("--to", f"{HOST}:{r.port}")]
+    balancer = ServiceLaunch(
+        "router",
+        "components.local.balancer",
+        options.router_port,
+        "--port",
+        extra_args=("--listen", f"{HOST}:{options.router_port}", *to),
+        reads_config=False,
+    )
+    return [*replicas, balancer]
 
 
 def check_ports(ports: Sequence[tuple[int, str, str]]) -> None:
@@ -273,6 +347,17 @@ def local_runtime_config(
         health_feed_url=f"http://{HOST}:{ports['health']}/v1/backends",
         drain_grace_s=LOCAL_DRAIN_GRACE_S,
     )
+    if "redis" in ports:  # the routers share limits through the local store (no AUTH: loopback only)
+        routers = sum(1 for name in ports if name.startswith("router-")) or 1
+        doc["router"]["limit_store"] = {"url": f"redis://{HOST}:{ports['redis']}/0", "replicas": routers}
+    for target, model in zip(doc["models"], spec.models, strict=True):
+        if "kv_events" in target:  # the tokenizer is the model directory; events on the engines' sockets
+            launches = {e.url: e for e in engines if e.model == model.name}
+            target["kv_events"]["tokenizer_dir"] = str(next(iter(launches.values())).path)
+            for backend in target["static_backends"]:
+                events = launches[backend["url"].rstrip("/")].kv_events
+                assert events is not None
+                backend["kv_events_endpoint"], backend["kv_replay_endpoint"] = events
     for route in doc["router"].get("routes", []):
         if route.get("batcher_url"):
             route["batcher_url"] = f"http://{HOST}:{ports['batcher']}"
@@ -298,9 +383,10 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
     """What the user sees once the router is ready: the URL, a curl line and an openai snippet."""
     url = plan.router.url
     chat = plan.generate_models[0] if plan.generate_models else None
+    front = "the router" if plan.routers == 1 else f"{plan.routers} routers (round robin, shared limits in redis)"
     lines = [
         "",
-        f"inferstack local is ready in {ready_s:.0f}s: {len(plan.engines)} vLLM engines behind the router",
+        f"inferstack local is ready in {ready_s:.0f}s: {len(plan.engines)} vLLM engines behind {front}",
         "",
         f"  OpenAI API  {url}/v1   models: {', '.join(plan.generate_models + plan.embed_models)}",
         f"  metrics     {url}/metrics   (health monitor: {plan.services[0].url}/v1/backends)",

@@ -123,6 +123,7 @@ def engine_process(
         env={TAG_ENV: tag},
         log_path=logs_dir / f"engine-{launch.name}.log",
         python=python,
+        kv_events=launch.kv_events,
     )
 
 
@@ -209,6 +210,7 @@ class Supervisor:
         for line in describe(plan):
             self.say(line)
         plan.logs_dir.mkdir(parents=True, exist_ok=True)
+        plan.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             python = engine_python()
         except EngineError as err:
@@ -222,7 +224,8 @@ class Supervisor:
         self.start_engines(python)
         for spec in plan.services:
             self._check_stop()
-            self.start_service(spec.name, spec.argv(self.python, plan.config_path.resolve()), spec.port)
+            argv = spec.argv(self.python, plan.config_path.resolve())
+            self.start_service(spec.name, argv, spec.port, tcp=spec.probe == "tcp")
         self.wait_router()
         ready_s = time.monotonic() - self.started
         print(banner(plan, ready_s, self.detached), file=self.out, flush=True)
@@ -304,7 +307,7 @@ class Supervisor:
             time.sleep(POLL_S)
 
     # -- runtime services ------------------------------------------------------------------------
-    def start_service(self, name: str, argv: list[str], port: int) -> None:
+    def start_service(self, name: str, argv: list[str], port: int, tcp: bool = False) -> None:
         log = self.plan.logs_dir / f"{name}.log"
         env = {
             **os.environ,
@@ -327,7 +330,7 @@ class Supervisor:
         self.services.append(service)
         self._write_state()
         deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
-        while http_get(f"{url}/healthz")[0] != 200:
+        while not (port_in_use(port) if tcp else http_get(f"{url}/healthz")[0] == 200):
             self._check_stop()
             if proc.poll() is not None:
                 raise StartError(
