@@ -383,7 +383,9 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
     """What the user sees once the router is ready: the URL, a curl line and an openai snippet."""
     url = plan.router.url
     chat = plan.generate_models[0] if plan.generate_models else None
-    front = "the router" if plan.routers == 1 else f"{plan.routers} routers (round robin, shared limits in redis)"
+    front = (
+        "the router" if plan.routers == 1 else f"{plan.routers} routers (round robin, shared limits in redis)"
+    )
     lines = [
         "",
         f"inferstack local is ready in {ready_s:.0f}s: {len(plan.engines)} vLLM engines behind {front}",

@@ -322,3 +322,32 @@ def test_batch_timestamps_are_read_without_decoding_the_events() -> None:
     assert _batch_ts(batch(stored([1]), ts=1234.5)) == 1234.5
     assert _batch_ts(b"\x93\x01") is None
     assert struct.calcsize(">d") == 8
+
+
+def test_chat_pieces_are_cached_and_joined_exactly_as_the_whole_text_encodes(tokenizer_dir: Path) -> None:
+    prompts = PromptTokens.load(tokenizer_dir)
+    assert prompts.splitter is not None
+    history = [{"role": "system", "content": "the quick brown fox " * 30}]
+    for turn in range(4):
+        history.append({"role": "user", "content": f"hello world {turn}, " * (turn + 1)})
+        body = {"messages": list(history)}
+        text = prompts.template.render(messages=history, add_generation_prompt=True, **prompts.special)
+        assert prompts.tokens("chat", body) == prompts.tokenizer.encode(text, add_special_tokens=False).ids
+        history.append({"role": "assistant", "content": "brown fox quick"})
+    assert len(prompts.pieces) <= 1 + 4 * 2  # the system prompt once, each message once
+
+
+def test_a_tokenizer_with_a_stripping_added_token_is_encoded_whole(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    from tokenizers import AddedToken
+
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken("<mask>", lstrip=True)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    prompts = PromptTokens.load(tmp_path)
+    assert prompts.splitter is None
+    assert (
+        prompts.tokens("completions", {"prompt": "hello <mask> world"})
+        == tok.encode("hello <mask> world").ids
+    )
