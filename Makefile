@@ -92,12 +92,13 @@ local-logs: venv
 	$(BIN)/inferstack local logs $(LOCAL_STATE_ARG)
 
 ## bench ---------------------------------------------------------------------------------------
-# Routing quality on two real engines (bench/routing, ~15 min), router overhead (bench/router,
-# ~6 min), batcher (bench/batcher, ~3 min). Results and the chart go to bench/results/. Not part of test.
+# Routing quality on two real engines (bench/routing, ~15 min), with 1-3 router replicas (~25 min),
+# router overhead (bench/router, ~6 min), batcher (bench/batcher, ~3 min). Results and the chart go to bench/results/. Not part of test.
 bench: venv engine-venv
 	@command -v wrk >/dev/null || { echo 'make bench: wrk (the router benchmark load generator) is missing: apt-get install -y wrk' >&2; exit 2; }
 	bash bench/routing/setup.sh
 	$(BIN)/python -m bench.routing.run
+	$(BIN)/python -m bench.routing.replicas
 	$(BIN)/python bench/router/run.py --repeat 3
 	$(BIN)/python bench/batcher/run.py
 

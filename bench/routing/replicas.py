@@ -26,14 +26,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from bench.machine import describe, dist_version
 from bench.processes import process
+from bench.routing import run
 from bench.routing import workload as wl
 from bench.routing.client import play
 from bench.routing.run import (
@@ -47,6 +47,7 @@ from bench.routing.run import (
     ROUTER_PORT,
     Run,
     cpu_ticks,
+    engines,
     make_model,
     med_range,
     post,
@@ -55,51 +56,14 @@ from bench.routing.run import (
     wait_idle,
     wait_ready,
 )
-from components.local.engine_process import EngineProcess, cpu_model_spec, free_port
+from components.local.engine_process import EngineProcess, free_port
 
 STRATEGIES = {"history": "prefix_aware", "events": "precise_prefix"}
 
 
-@contextmanager
-def event_engines(
-    model: Path, kv_blocks: int, max_model_len: int, logs: Path
-) -> Iterator[list[EngineProcess]]:
-    """Two engines whose spec routes precise_prefix: they publish KV events on ipc sockets."""
-    base = cpu_model_spec(
-        "tiny-llama",
-        model,
-        max_model_len=max_model_len,
-        enable_prefix_caching=True,
-        extra_args=["--block-size", str(BLOCK_TOKENS), "--num-gpu-blocks-override", str(kv_blocks)],
-    )
-    spec = type(base).model_validate({**base.model_dump(), "routing": {"strategy": "precise_prefix"}})
-    sockets = Path(tempfile.mkdtemp(prefix="ikvb-"))
-    procs = [
-        EngineProcess(
-            spec,
-            served_model_name=str(model),
-            cpu_cores=str(core),
-            env={"VLLM_SERVER_DEV_MODE": "1"},  # POST /reset_prefix_cache between runs
-            log_path=logs / f"engine-{core}.log",
-            kv_events=(f"ipc://{sockets}/e{core}", f"ipc://{sockets}/r{core}"),
-        )
-        for core in (0, 1)
-    ]
-    try:
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.wait_ready(900)
-        yield procs
-    finally:
-        for p in procs:
-            p.stop()
-        shutil.rmtree(sockets, ignore_errors=True)
-
-
-def router_config(model: str, engines: list[EngineProcess], strategy: str) -> dict[str, Any]:
+def router_config(model: str, procs: list[EngineProcess], strategy: str) -> dict[str, Any]:
     backends = []
-    for e in engines:
+    for e in procs:
         backend: dict[str, Any] = {"url": e.base_url}
         if strategy == "precise_prefix" and e.kv_events:
             backend["kv_events_endpoint"], backend["kv_replay_endpoint"] = e.kv_events
@@ -119,13 +83,13 @@ def measure(
     work: wl.Workload,
     rep: int,
     model: str,
-    engines: list[EngineProcess],
+    procs: list[EngineProcess],
     tmp: Path,
     logs: Path,
 ) -> Run:
-    urls = [e.base_url for e in engines]
+    urls = [e.base_url for e in procs]
     cfg = tmp / f"{label}-{n}.json"
-    cfg.write_text(json.dumps(router_config(model, engines, STRATEGIES[label])))
+    cfg.write_text(json.dumps(router_config(model, procs, STRATEGIES[label])))
     target = f"{label}-x{n}"
     with ExitStack() as stack:
         ports = [free_port() for _ in range(n)]
@@ -249,11 +213,12 @@ def main() -> int:
         logs.mkdir(parents=True)
         model = make_model()
         print("starting two engines (about a minute) ...", flush=True)
-        engines = stack.enter_context(event_engines(model, DEFAULT_KV_BLOCKS, args.max_model_len, logs))
+        sockets = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ikvb-")))  # short socket paths
+        replicas = stack.enter_context(engines(model, DEFAULT_KV_BLOCKS, args.max_model_len, logs, sockets))
         for rep in range(args.repeat):
             order = [(label, n) for n in counts for label in labels]
             for label, n in order if rep % 2 == 0 else order[::-1]:  # interleaved, alternating order
-                run = measure(label, n, work, rep, str(model), engines, tmp, logs)
+                run = measure(label, n, work, rep, str(model), replicas, tmp, logs)
                 runs.append(run)
                 print(
                     f"{run.target:12s} rep {rep}: hit {run.hit_rate * 100:5.1f} % "

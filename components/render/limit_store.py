@@ -35,14 +35,19 @@ def secret_name(spec: PlatformSpec) -> str:
     return f"{spec.name}-limit-store"
 
 
-def router_secret(spec: PlatformSpec) -> Manifest:
-    """The Secret the router mounts; ``stringData`` (url, token) is added as Pulumi secrets."""
+def _secret(spec: PlatformSpec, name: str, component: str) -> Manifest:
+    """A Secret without its data: the component adds ``stringData`` as Pulumi secrets."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": common.metadata(spec, secret_name(spec), common.ROUTER),
+        "metadata": common.metadata(spec, name, component),
         "type": "Opaque",
     }
+
+
+def router_secret(spec: PlatformSpec) -> Manifest:
+    """The Secret the router mounts (``url``, ``token``)."""
+    return _secret(spec, secret_name(spec), common.ROUTER)
 
 
 def router_mount(spec: PlatformSpec) -> tuple[Manifest, Manifest]:
@@ -69,13 +74,8 @@ def auth_secret_name(spec: PlatformSpec) -> str:
 
 
 def auth_secret(spec: PlatformSpec) -> Manifest:
-    """The store's own config file with ``requirepass``; ``stringData`` is added as a Pulumi secret."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": common.metadata(spec, auth_secret_name(spec), STORE),
-        "type": "Opaque",
-    }
+    """The store's own config file with ``requirepass``."""
+    return _secret(spec, auth_secret_name(spec), STORE)
 
 
 def auth_conf(token: str) -> str:

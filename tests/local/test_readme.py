@@ -72,6 +72,9 @@ COVERAGE = [
     Coverage(r"make local( DETACH=1)?", ((LOCAL_TEST, '_make("local", "DETACH=1"'), (LOCAL_TEST, '_make("local", *'),), "run for real"),
     Coverage(r'make local LOCAL_ARGS=".*"', ((LOCAL_TEST, 'f"LOCAL_ARGS={args}"'), (HERE, 'LOCAL_ARGS=--engine-port 8100')), "run for real; dry run here"),
     Coverage(r"make local PORT=\d+", ((HERE, "def test_make_targets_run_the_documented_commands"),), "dry run here"),
+    Coverage(r"make local ROUTERS=\d+", ((HERE, '_make_dry("local", "ROUTERS=2")'), (LIFECYCLE, '"--routers", "2"')), "dry run here; --routers runs in the lifecycle test"),
+    Coverage(r"inferstack local up --routers \d+", ((LIFECYCLE, '"--routers", "2"'),), "lifecycle test"),
+    Coverage(r"make redis", ((HERE, '_make_dry_lines("redis")'),), "dry run here; make test runs it"),
     Coverage(r"make local-down", ((LOCAL_TEST, '_make("local-down"'),), "run for real"),
     Coverage(r"make local-(status|logs)", ((HERE, "def test_make_targets_run_the_documented_commands"), (LIFECYCLE, 'run_local("status"'), (LIFECYCLE, 'run_local("logs"')), "dry run here; the command runs in the lifecycle test"),
     Coverage(r"make test", ((".ci/run", "make test"), (CI, "run: make test")), "CI"),
@@ -146,11 +149,14 @@ def test_make_targets_run_the_documented_commands() -> None:
         r"\.venv/bin/inferstack local up\s+--engine-port 8100",
         _make_dry("local", "LOCAL_ARGS=--engine-port 8100"),
     )
+    assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--routers 2\s*", _make_dry("local", "ROUTERS=2"))
+    assert any("apt-get install -y -q redis-server" in line for line in _make_dry_lines("redis"))
     assert _make_dry("unit") == ".venv/bin/pytest -m 'not engine'"
     bench = _make_dry_lines("bench")  # ~25 minutes for real: the committed results came from a fresh clone
     runs = [line for line in bench if line.startswith(".venv/bin/python") and "bench" in line]  # not pip
     assert runs == [
         ".venv/bin/python -m bench.routing.run",
+        ".venv/bin/python -m bench.routing.replicas",
         ".venv/bin/python bench/router/run.py --repeat 3",
         ".venv/bin/python bench/batcher/run.py",
     ]

@@ -11,7 +11,6 @@ import contextlib
 import http.client
 import json
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from bench.processes import process
 from components.local.engine_process import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -57,16 +57,6 @@ def metric(router: str, name: str, labels: str = "") -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
 def _wait(url: str, path: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while get(url, path, timeout=1.0)[0] != 200:
@@ -79,47 +69,30 @@ def _wait(url: str, path: str, proc: subprocess.Popen[bytes], log: Path, timeout
 
 @contextlib.contextmanager
 def router_replicas(config: dict[str, Any], n: int, workdir: Path) -> Iterator[Replicas]:
-    """``n`` routers reading ``config`` (a RuntimeConfig document) behind one balancer."""
+    """``n`` routers reading ``config`` (a RuntimeConfig document) behind one balancer; all stopped after
+    (``bench.processes.process``: SIGTERM, then SIGKILL)."""
     workdir.mkdir(parents=True, exist_ok=True)
     cfg_path = workdir / "runtime.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
+    with contextlib.ExitStack() as stack:
+        procs: list[subprocess.Popen[bytes]] = []
         routers = []
         for i in range(n):
             port = free_port()
             log = workdir / f"router-{i}.log"
-            with log.open("ab") as out:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "runtime.router", "--config", str(cfg_path), "--port", str(port)],
-                    cwd=REPO_ROOT,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            procs.append(proc)
+            argv = [sys.executable, "-m", "runtime.router", "--config", str(cfg_path), "--port", str(port)]
+            procs.append(stack.enter_context(process(argv, log)))
             routers.append(f"http://127.0.0.1:{port}")
-            _wait(routers[-1], "/readyz", proc, log)
+            _wait(routers[-1], "/readyz", procs[-1], log)
         front_port = free_port()
         log = workdir / "balancer.log"
-        args = ["--listen", f"127.0.0.1:{front_port}"]
+        argv = [sys.executable, "-m", "components.local.balancer", "--listen", f"127.0.0.1:{front_port}"]
         for r in routers:
-            args += ["--to", r.removeprefix("http://")]
-        with log.open("ab") as out:
-            balancer = subprocess.Popen(
-                [sys.executable, "-m", "components.local.balancer", *args],
-                cwd=REPO_ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        procs.append(balancer)
+            argv += ["--to", r.removeprefix("http://")]
+        procs.append(stack.enter_context(process(argv, log)))
         front = f"http://127.0.0.1:{front_port}"
-        _wait(front, "/healthz", balancer, log)
+        _wait(front, "/healthz", procs[-1], log)
         yield Replicas(front, routers, procs)
-    finally:
-        for proc in reversed(procs):
-            _stop(proc)
 
 
 def post(url: str, path: str, body: dict[str, Any], key: str | None = None) -> tuple[int, dict[str, Any]]:
