@@ -33,7 +33,6 @@ from typing import Any
 
 from bench.machine import describe, dist_version
 from bench.processes import process
-from bench.routing import run
 from bench.routing import workload as wl
 from bench.routing.client import play
 from bench.routing.run import (
