@@ -12,12 +12,12 @@ own cache tier counts (``medium`` GPU, or unset; vLLM-CPU reports GPU too) and o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-import msgpack
+import msgspec
 
 PRIMARY_MEDIA = frozenset({None, "GPU"})
-_MAX_HASHES = 1 << 16  # one event naming more blocks than this is not from a sane engine
+_MASK64 = (1 << 64) - 1
+_Hash = int | bytes  # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: the whole digest
 
 
 class BadEventError(ValueError):
@@ -48,53 +48,72 @@ class Cleared:
 Event = Stored | Removed | Cleared
 
 
-def _hash(value: Any) -> int:
-    if isinstance(value, bool):
-        raise BadEventError("malformed", "a block hash is a boolean")
-    if isinstance(value, int):
-        return value & ((1 << 64) - 1)
-    if isinstance(value, bytes):  # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: the whole digest
-        return int.from_bytes(value, "big") & ((1 << 64) - 1)
-    raise BadEventError("malformed", f"a block hash is a {type(value).__name__}")
+# The wire schema, reduced to what the view reads. msgspec (what vLLM encodes with) checks types as it
+# decodes and skips what is not read: ``token_ids`` stays raw bytes (a stored block's tokens are most of a
+# batch, and the hashes already name them), unknown fields are ignored.
+class _BlockStored(msgspec.Struct, tag="BlockStored"):
+    block_hashes: list[_Hash]
+    parent_block_hash: _Hash | None
+    block_size: int
+    token_ids: msgspec.Raw = msgspec.Raw(b"")
+    medium: str | None = None
+    group_idx: int | None = None
 
 
-def _hashes(event: dict[Any, Any]) -> tuple[int, ...]:
-    raw = event.get("block_hashes")
-    if not isinstance(raw, list) or len(raw) > _MAX_HASHES:
-        raise BadEventError("malformed", "block_hashes is not a list of hashes")
-    return tuple(_hash(h) for h in raw)
+class _BlockRemoved(msgspec.Struct, tag="BlockRemoved"):
+    block_hashes: list[_Hash]
+    medium: str | None = None
+    group_idx: int | None = None
 
 
-def _primary(event: dict[Any, Any]) -> bool:
-    return event.get("medium") in PRIMARY_MEDIA and event.get("group_idx") in (None, 0)
+class _AllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared"):
+    pass
+
+
+class _Batch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[_BlockStored | _BlockRemoved | _AllBlocksCleared]
+    data_parallel_rank: int | None = None
+
+
+_DECODER = msgspec.msgpack.Decoder(_Batch)
+
+
+def _int(h: _Hash) -> int:
+    return (int.from_bytes(h, "big") if isinstance(h, bytes) else h) & _MASK64
+
+
+def _primary(medium: str | None, group: int | None) -> bool:
+    return medium in PRIMARY_MEDIA and group in (None, 0)
 
 
 def decode(payload: bytes) -> list[Event]:
     """The events of one batch that concern the engine's prefix cache, in order."""
     try:
-        batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.UnpackException) as err:
+        batch = _DECODER.decode(payload)
+    except msgspec.ValidationError as err:
+        unknown = str(err).startswith("Invalid value") and str(err).endswith(".type`")  # an unknown tag
+        raise BadEventError("unknown_type" if unknown else "malformed", str(err)[:120]) from None
+    except msgspec.DecodeError as err:
         raise BadEventError("undecodable", str(err)[:120]) from None
-    if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
-        raise BadEventError("malformed", "a batch is [ts, events, rank]")
     out: list[Event] = []
-    for event in batch[1]:
-        if not isinstance(event, dict):
-            raise BadEventError("malformed", "an event is not a map")
-        kind = event.get("type")
-        if kind == "BlockStored":
-            if not _primary(event):
+    for event in batch.events:
+        if isinstance(event, _BlockStored):
+            if not _primary(event.medium, event.group_idx):
                 continue
-            size = event.get("block_size")
-            parent = event.get("parent_block_hash")
-            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-                raise BadEventError("malformed", "BlockStored without a block_size")
-            out.append(Stored(_hashes(event), None if parent is None else _hash(parent), size))
-        elif kind == "BlockRemoved":
-            if _primary(event):
-                out.append(Removed(_hashes(event)))
-        elif kind == "AllBlocksCleared":
-            out.append(Cleared())
+            if event.block_size < 1:
+                raise BadEventError("malformed", "BlockStored with a block_size below 1")
+            parent = event.parent_block_hash
+            out.append(
+                Stored(
+                    tuple(map(_int, event.block_hashes)),
+                    None if parent is None else _int(parent),
+                    event.block_size,
+                )
+            )
+        elif isinstance(event, _BlockRemoved):
+            if _primary(event.medium, event.group_idx):
+                out.append(Removed(tuple(map(_int, event.block_hashes))))
         else:
-            raise BadEventError("unknown_type", f"event type {str(kind)[:40]!r}")
+            out.append(Cleared())
     return out
