@@ -23,6 +23,7 @@ import datetime as dt
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -151,7 +152,8 @@ def table(runs: list[Run], info: dict[str, str], params: dict[str, Any]) -> str:
             rs = [r for r in runs if r.target == target]
             delta = ""
             if base:
-                delta = f"{(sorted(r.hit_rate for r in rs)[len(rs) // 2] - sorted(base)[len(base) // 2]) * 100:+.1f} pts"
+                gap = statistics.median(r.hit_rate for r in rs) - statistics.median(base)
+                delta = f"{gap * 100:+.1f} pts"
             lines.append(
                 f"| {label} ({strategy}) | {target.rsplit('x', 1)[1]} | {len(rs)} "
                 f"| {med_range([r.hit_rate * 100 for r in rs], '.1f')} % | {delta} "
@@ -161,6 +163,17 @@ def table(runs: list[Run], info: dict[str, str], params: dict[str, Any]) -> str:
                 f"| {med_range([r.router_cpu_us_per_req or float('nan') for r in rs], '.0f')} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def report(path: Path) -> int:
+    """The markdown table and the chart of a results file (no engines needed)."""
+    data = json.loads(path.read_text())
+    runs = [Run(**r) for r in data["runs"]]
+    path.with_suffix(".md").write_text(table(runs, data["machine"], data["workload"]))
+    if BENCH_PY.exists():
+        subprocess.run([str(BENCH_PY), str(ROOT / "bench/routing/replicas_chart.py"), str(path)], check=False)
+    print(path.with_suffix(".md").read_text())
+    return 0
 
 
 def main() -> int:
@@ -173,7 +186,12 @@ def main() -> int:
     ap.add_argument("--session-rate", type=float, default=6.0)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--name", default=None, help="results file stem (default routing-replicas-YYYYMMDD-HHMM)")
+    ap.add_argument(
+        "--report", type=Path, default=None, help="only write the table and chart of a results JSON"
+    )
     args = ap.parse_args()
+    if args.report is not None:
+        return report(args.report)
     counts = [int(n) for n in args.replicas.split(",") if n]
     labels = [x for x in args.routing.split(",") if x]
     if not counts or min(counts) < 1 or any(x not in STRATEGIES for x in labels):
@@ -229,14 +247,7 @@ def main() -> int:
                 save()
         info["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     save()
-    (RESULTS / f"{name}.md").write_text(table(runs, info, params))
-    print(table(runs, info, params))
-    if BENCH_PY.exists():
-        subprocess.run(
-            [str(BENCH_PY), str(ROOT / "bench/routing/replicas_chart.py"), str(RESULTS / f"{name}.json")],
-            check=False,
-        )
-    return 0
+    return report(RESULTS / f"{name}.json")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 LABELS = {"history": "routed history (prefix_aware)", "events": "engine KV events (precise_prefix)"}
+OFFSETS = {"history": (6, -12), "events": (6, 5)}  # numbers below one line, above the other
 
 
 def main(path: Path) -> Path:
@@ -34,7 +35,7 @@ def main(path: Path) -> Path:
         high = [max(v) - m for m, v in zip(mids, values, strict=True)]
         ax.errorbar(counts, mids, yerr=[low, high], marker="o", capsize=4, label=text)
         for n, m in zip(counts, mids, strict=True):
-            ax.annotate(f"{m:.1f}", (n, m), textcoords="offset points", xytext=(6, 4), fontsize=8)
+            ax.annotate(f"{m:.1f}", (n, m), textcoords="offset points", xytext=OFFSETS[label], fontsize=8)
     ax.set_xlabel("router replicas behind a round-robin balancer")
     ax.set_ylabel("prefix-cache hit rate (%)")
     ax.set_xticks(sorted({int(r["target"].rsplit("x", 1)[1]) for r in runs}))
