@@ -178,9 +178,28 @@ def gateway_alerts(spec: PlatformSpec) -> list[Alert]:
     ]
 
 
+def limit_store_alerts(spec: PlatformSpec) -> list[Alert]:
+    """A router replica limiting on its own because the shared rate-limit store does not answer."""
+    if not spec.gateway.shared_limits:
+        return []
+    ns = signals.namespace_label(spec)
+    return [
+        Alert(
+            "InferenceRateLimitStoreUnreachable",
+            f"min by (pod) (inferstack_router_limit_store_up{{{ns}}}) == 0",
+            "5m",
+            "warning",
+            "Router {{ $labels.pod }} cannot reach the shared rate-limit store",
+            "It limits each key at its share of the limit (the limit divided by the replicas last seen alive)"
+            " until the store answers again; see inferstack_router_limit_store_errors_total for the cause.",
+        )
+    ]
+
+
 def alerts(spec: PlatformSpec) -> list[Alert]:
     """Every alert of the stack: each model's, then the gateway's."""
-    return [a for m in spec.models for a in model_alerts(spec, m)] + gateway_alerts(spec)
+    models = [a for m in spec.models for a in model_alerts(spec, m)]
+    return models + gateway_alerts(spec) + limit_store_alerts(spec)
 
 
 def prometheus_rule(spec: PlatformSpec) -> Manifest:

@@ -351,3 +351,44 @@ def test_a_tokenizer_with_a_stripping_added_token_is_encoded_whole(
         prompts.tokens("completions", {"prompt": "hello <mask> world"})
         == tok.encode("hello <mask> world").ids
     )
+
+
+PUBLISHER = """
+import sys, time, zmq, msgpack
+ctx = zmq.Context()
+pub = ctx.socket(zmq.PUB); pub.bind(sys.argv[1])
+replay = ctx.socket(zmq.ROUTER); replay.bind(sys.argv[2])
+batch = msgpack.packb([time.time(), [{"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None,
+                                      "block_size": 4, "medium": "GPU"}], 0])
+poller = zmq.Poller(); poller.register(replay, zmq.POLLIN)
+while True:
+    if poller.poll(50):
+        client, _, start = replay.recv_multipart()
+        replay.send_multipart([client, b"", b"kv", (0).to_bytes(8, "big"), batch])
+        replay.send_multipart([client, b"", b"", (-1).to_bytes(8, "big", signed=True), b""])
+"""
+
+
+async def test_a_publisher_that_hangs_is_dropped_by_its_missed_heartbeats(tmp_path: Path) -> None:
+    """A frozen engine (SIGSTOP: its sockets stay open, nothing answers) empties its view within seconds."""
+    import signal
+    import subprocess
+    import sys
+
+    where = Endpoints(f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay")
+    proc = subprocess.Popen([sys.executable, "-c", PUBLISHER, where.events, where.replay])
+    ctx = zmq.asyncio.Context()
+    index = CacheIndex(100)
+    follower = Follower(ctx, index, "a", where, "kv", 2.0, lambda url, cause: None)
+    task = asyncio.get_running_loop().create_task(follower.run())
+    try:
+        await until(lambda: index.held("a") == 2, timeout=15)
+        proc.send_signal(signal.SIGSTOP)
+        await until(lambda: index.held("a") == 0 and "a" not in index.synced, timeout=10)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+        proc.wait()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        ctx.term()
