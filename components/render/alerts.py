@@ -149,7 +149,11 @@ def model_alerts(spec: PlatformSpec, model: ModelSpec) -> list[Alert]:
 
 
 def gateway_alerts(spec: PlatformSpec) -> list[Alert]:
-    """No router up, too many router 5xx, health-monitor ejections."""
+    """No router up, too many router 5xx, health-monitor ejections, the rate-limit store out of reach."""
+    return [*_router_alerts(spec), *limit_store_alerts(spec)]
+
+
+def _router_alerts(spec: PlatformSpec) -> list[Alert]:
     return [
         Alert(
             "InferenceRouterDown",
@@ -198,8 +202,7 @@ def limit_store_alerts(spec: PlatformSpec) -> list[Alert]:
 
 def alerts(spec: PlatformSpec) -> list[Alert]:
     """Every alert of the stack: each model's, then the gateway's."""
-    models = [a for m in spec.models for a in model_alerts(spec, m)]
-    return models + gateway_alerts(spec) + limit_store_alerts(spec)
+    return [a for m in spec.models for a in model_alerts(spec, m)] + gateway_alerts(spec)
 
 
 def prometheus_rule(spec: PlatformSpec) -> Manifest:
