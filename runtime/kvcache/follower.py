@@ -40,6 +40,7 @@ END_SEQ = -1
 HEARTBEAT_MS = 1_000
 HEARTBEAT_TIMEOUT_MS = 3_000
 RECEIVE_HWM = 100_000
+DRAIN_AT_ONCE = 256  # messages taken per wake-up before the monitor socket is looked at again
 
 #: (replica url, cause) -> None: a problem worth a metric (cause is a short fixed word).
 ProblemSink = Callable[[str, str], None]
@@ -101,8 +102,12 @@ class Follower:
                     elif event["event"] == zmq.EVENT_DISCONNECTED:
                         self.lost()
                 if sub in ready:
-                    frames = await sub.recv_multipart()
-                    await self.on_message(frames)
+                    for _ in range(DRAIN_AT_ONCE):  # what is queued, without a poll per message
+                        try:
+                            frames = await sub.recv_multipart(flags=zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        await self.on_message(frames)
         finally:
             self.index.forget(self.url)
             sub.disable_monitor()
