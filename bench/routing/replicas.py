@@ -27,6 +27,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from contextlib import ExitStack
 from dataclasses import asdict
 from pathlib import Path
@@ -120,6 +122,8 @@ def measure(
             )
         )
         wait_ready(model)
+        if label == "events":  # the replay of the engines' buffers is start-up work, not per-request work
+            wait_synced([f"http://127.0.0.1:{p}" for p in ports], len(urls))
         wait_idle(urls)
         for u in urls:
             post(f"{u}/reset_prefix_cache")  # the engines publish AllBlocksCleared: the views empty too
@@ -132,6 +136,25 @@ def measure(
         wait_idle(urls)
         after = [scrape(u) for u in urls]
     return summarise(target, work, rep, records, wall, before, after, urls, ticks1 - ticks0, (load0, load1))
+
+
+def wait_synced(routers: list[str], engines: int, timeout_s: float = 120) -> None:
+    """Until every router follows every engine and has applied its replay (``kv_view_synced``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        synced = 0
+        for r in routers:
+            with urllib.request.urlopen(f"{r}/metrics", timeout=10) as resp:
+                text = resp.read().decode()
+            synced += sum(
+                1
+                for line in text.splitlines()
+                if line.startswith("inferstack_router_kv_view_synced{") and line.endswith(" 1.0")
+            )
+        if synced == len(routers) * engines:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the routers did not follow all {engines} engines within {timeout_s:.0f}s")
 
 
 def table(runs: list[Run], info: dict[str, str], params: dict[str, Any]) -> str:
