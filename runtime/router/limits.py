@@ -165,12 +165,17 @@ class SharedLimits:
         if self._checker is not None:
             self._checker.cancel()
             await asyncio.gather(self._checker, return_exceptions=True)
-        if self._pending:
-            await asyncio.wait(list(self._pending), timeout=1.0)
+        if self._pending:  # token charges in flight: a moment to land, then they go
+            _, late = await asyncio.wait(list(self._pending), timeout=1.0)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         with contextlib.suppress(RedisError, OSError, TimeoutError):
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(max(self.timeout_s, 0.5)):
                 await self.client.zrem(self._key("routers"), self.replica_id)
-        await self.client.aclose()
+        with contextlib.suppress(RedisError, OSError, TimeoutError):
+            async with asyncio.timeout(2.0):  # a stalled store must not hold up a shutdown
+                await self.client.aclose()
 
     async def _check_loop(self) -> None:
         interval = self.settings.check_interval_ms / 1000
