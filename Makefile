@@ -7,7 +7,7 @@ ENGINE_VENV := .venv-engine
 TOOLS_VENV := .venv-tools
 STACK ?= prod
 
-.PHONY: test lint typecheck unit plan local bench clean venv engine-venv tools-venv schema snapshots redis
+.PHONY: test lint typecheck unit plan local bench clean venv engine-venv tools-venv crd-tools schema snapshots prometheus redis
 
 ## venvs ---------------------------------------------------------------------------------------
 # The project, its runtime services and the dev tools.
@@ -44,6 +44,19 @@ redis:
 	  update-rc.d redis-server disable >/dev/null 2>&1 || true; \
 	}
 
+# Upstream CRD schemas of the custom resources we render (npm @kubernetes-models packages, pinned in the
+# lock file; see tests/components/test_crd_schemas.py). Offline once installed.
+CRD_TOOLS := tools/crd-schemas
+$(CRD_TOOLS)/node_modules/.installed: $(CRD_TOOLS)/package.json $(CRD_TOOLS)/package-lock.json
+	@command -v npm >/dev/null || { echo 'make crd-tools: npm (Node.js 20 or later) is missing: apt-get install -y nodejs npm' >&2; exit 2; }
+	npm ci --prefix $(CRD_TOOLS) --no-audit --no-fund --loglevel=error
+	touch $@
+crd-tools: $(CRD_TOOLS)/node_modules/.installed
+
+# Prometheus and promtool (Debian's package): rule checks and unit tests, `make local MONITOR=1`.
+prometheus:
+	bash scripts/install-prometheus.sh
+
 ## checks --------------------------------------------------------------------------------------
 # lint-imports checks the import boundaries of DESIGN.md (contracts in pyproject.toml [tool.importlinter]).
 lint: venv
@@ -54,14 +67,14 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy components runtime policies
 
-unit: venv
+unit: venv crd-tools prometheus
 	$(BIN)/pytest -m 'not engine'
 
 # Accept the plan changes a change makes: rewrites tests/snapshots/plans/ (review and commit the diff).
 snapshots: venv
 	INFERSTACK_UPDATE_SNAPSHOTS=1 $(BIN)/pytest -q tests/components/test_plan_snapshots.py
 
-test: venv engine-venv tools-venv redis lint typecheck
+test: venv engine-venv tools-venv crd-tools prometheus redis lint typecheck
 	$(BIN)/pytest
 
 ## product -------------------------------------------------------------------------------------
@@ -75,12 +88,13 @@ plan: venv
 # The data plane of stacks/Pulumi.local.yaml on this machine: real vLLM on CPU behind the router on
 # http://127.0.0.1:8080. Foreground (Ctrl-C stops everything); DETACH=1 runs it in the background
 # (then `make local-status`, `make local-logs`, `make local-down`). PORT=N moves the router;
-# LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the state directory. ROUTERS=N runs
-# N router replicas behind a round-robin balancer on PORT, sharing rate limits through a local redis-server.
+# MONITOR=1 also runs Prometheus on http://127.0.0.1:9090 with the stack's alert rules; ROUTERS=N runs N router
+# replicas behind a round-robin balancer on PORT, sharing rate limits through a local redis-server;
+# LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the state directory.
 .PHONY: local local-down local-status local-logs
 LOCAL_STATE_ARG = $(if $(LOCAL_STATE),--state-dir $(LOCAL_STATE))
-local: venv engine-venv $(if $(filter-out 1,$(ROUTERS)),redis)
-	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(ROUTERS),--routers $(ROUTERS)) $(if $(DETACH),--detach) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
+local: venv engine-venv $(if $(MONITOR),prometheus) $(if $(filter-out 1,$(ROUTERS)),redis)
+	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(ROUTERS),--routers $(ROUTERS)) $(if $(DETACH),--detach) $(if $(MONITOR),--monitor) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
 
 local-down: venv
 	$(BIN)/inferstack local down $(LOCAL_STATE_ARG)

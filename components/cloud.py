@@ -64,6 +64,15 @@ class FixedInfrastructure:
 
 
 @dataclass(frozen=True)
+class Endpoint:
+    """An address pods reach outside the cluster's pod network, on one TCP port."""
+
+    cidr: str
+    port: int
+    why: str
+
+
+@dataclass(frozen=True)
 class IngressClass:
     """The class and annotations of an Ingress that puts a load balancer in front of the router."""
 
@@ -103,6 +112,11 @@ class Cloud(Protocol):
 
     def load_balancer_ingress(self, spec: PlatformSpec) -> IngressClass:
         """The Ingress class and annotations for ``gateway.ingress: alb``."""
+        ...
+
+    def credential_endpoints(self, spec: PlatformSpec) -> tuple[Endpoint, ...]:
+        """Where the model reader's pods get their cloud credentials (on EKS the Pod Identity agent); network
+        policies let engines reach exactly these."""
         ...
 
     def model_reader(self, spec: PlatformSpec) -> tuple[str, str] | None:

@@ -7,6 +7,7 @@ USD per million tokens, is an estimate from a decode roofline, and is always lab
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from components import catalog, sizing
@@ -94,13 +95,18 @@ class LineItem:
     max_usd_month: float
 
 
-def pool_cost(pool: PoolPlan) -> LineItem:
+def pool_cost(pool: PoolPlan, fallback_instance_types: Sequence[str] = ()) -> LineItem:
+    """At min the pool's own type; at max the dearest of it and its fallbacks (the pool may end up on those)."""
     per_node = hourly(pool.instance, pool.capacity_type) * catalog.HOURS_PER_MONTH
+    fallbacks = [catalog.INSTANCE_TYPES[t] for t in fallback_instance_types]
+    dearest = (
+        max(hourly(i, pool.capacity_type) for i in [pool.instance, *fallbacks]) * catalog.HOURS_PER_MONTH
+    )
     return LineItem(
         f"pool {pool.name} ({pool.min_nodes}-{pool.max_nodes} x {pool.instance.name}, {pool.capacity_type.value})",
         "gpu-pool",
         per_node * pool.min_nodes,
-        per_node * pool.max_nodes,
+        dearest * pool.max_nodes,
     )
 
 
@@ -167,9 +173,15 @@ class StackCost:
         return sum(i.max_usd_month for i in self.items)
 
 
+def _fallbacks(spec: PlatformSpec, pool: str) -> list[str]:
+    found = spec.pool(pool)
+    return list(found.fallback_instance_types) if found is not None else []
+
+
 def stack_cost(spec: PlatformSpec, layout: Layout, infrastructure: FixedInfrastructure) -> StackCost:
     """The whole bill: GPU pools, the target's fixed infrastructure, and each model's share."""
-    items = [pool_cost(p) for p in layout.pools.values()] + fixed_costs(infrastructure)
+    pools = [pool_cost(p, _fallbacks(spec, p.name)) for p in layout.pools.values()]
+    items = pools + fixed_costs(infrastructure)
     models = [model_cost(spec, layout, m.name) for m in spec.models]
     return StackCost(tuple(items), tuple(models))
 

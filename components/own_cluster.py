@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from components import nodes
 from components.aws import addons
-from components.cloud import PRIVATE_CIDRS, FixedInfrastructure, IngressClass
+from components.cloud import PRIVATE_CIDRS, Endpoint, FixedInfrastructure, IngressClass
 from components.nodes import Taint
 from components.placement import Layout, PoolPlan
 from components.spec import PlatformSpec
@@ -41,6 +41,10 @@ class OwnCluster:
     def load_balancer_ingress(self, spec: PlatformSpec) -> IngressClass:
         """``ingress: alb`` on a cluster you bring means the AWS Load Balancer Controller you run there."""
         return addons.alb_ingress(spec)
+
+    def credential_endpoints(self, spec: PlatformSpec) -> tuple[Endpoint, ...]:
+        """None: engines carry what they are given (a token file, credentials you mount)."""
+        return ()
 
     def model_reader(self, spec: PlatformSpec) -> None:
         """None: engines fetch weights from the hub, with the token you give, or with credentials you mount."""

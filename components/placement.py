@@ -412,3 +412,9 @@ def _pool_plans(
             reason=reasons[pool.name],
         )
     return plans, problems
+
+
+def misfits(model: ModelSpec, arch: catalog.ModelArch, instance: catalog.InstanceType) -> list[str]:
+    """Why ``model`` cannot run on one node of ``instance`` (parallelism, precision, memory); empty when it can."""
+    found, _ = _check_on_instance("", model, arch, instance)
+    return [p.message for p in found]

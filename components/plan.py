@@ -53,9 +53,13 @@ class Resource:
     urn: str
     custom: bool
     inputs: dict[str, Any]
+    timeouts: dict[str, str] | None = None
+    """Custom timeouts (create, update, delete) `pulumi up` waits with, where the program sets them."""
+    dependencies: tuple[str, ...] = ()
+    """URNs it waits for (``depends_on`` and inputs from other resources)."""
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "type": self.type,
             "name": self.name,
             "parent": self.parent,
@@ -63,6 +67,7 @@ class Resource:
             "custom": self.custom,
             "inputs": self.inputs,
         }
+        return out | ({"customTimeouts": self.timeouts} if self.timeouts else {})
 
 
 def _plain(value: Any) -> Any:
@@ -220,11 +225,25 @@ class CapturingMonitor(pulumi_mocks.MockMonitor):
     def __init__(self, mocks: pulumi.runtime.Mocks) -> None:
         super().__init__(mocks)
         self.captured: list[Resource] = []
+        self.reads: list[Resource] = []
+        """Existing resources the program reads (``Resource.get``): `pulumi up` fails if one is missing."""
+
+    def ReadResource(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
+        response = super().ReadResource(request)  # type: ignore[no-untyped-call]
+        inputs = {"id": request.id, **_plain(json_format.MessageToDict(request.properties))}
+        resource = Resource(request.type, request.name, request.parent or None, response.urn, True, inputs)
+        self.reads.append(resource)
+        return response
 
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 - gRPC method name
         response = super().RegisterResource(request)  # type: ignore[no-untyped-call]
         if request.type != "pulumi:pulumi:Stack":
             inputs = _plain(json_format.MessageToDict(request.object))
+            timeouts = (
+                json_format.MessageToDict(request.customTimeouts)
+                if request.HasField("customTimeouts")
+                else {}
+            )
             self.captured.append(
                 Resource(
                     type=request.type,
@@ -233,6 +252,8 @@ class CapturingMonitor(pulumi_mocks.MockMonitor):
                     urn=response.urn,
                     custom=bool(request.custom),
                     inputs=inputs,
+                    timeouts={k: v for k, v in timeouts.items() if v} or None,
+                    dependencies=tuple(request.dependencies),
                 )
             )
         return response
@@ -241,6 +262,8 @@ class CapturingMonitor(pulumi_mocks.MockMonitor):
 @dataclass
 class Synthesis:
     resources: list[Resource] = field(default_factory=list)
+    reads: list[Resource] = field(default_factory=list)
+    """What the program reads from the cloud or cluster rather than creates (it must exist)."""
 
     def kubernetes_manifests(self) -> list[dict[str, Any]]:
         out = []
@@ -300,7 +323,7 @@ def synthesize(stack: Stack) -> Synthesis:
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
         asyncio.set_event_loop(previous)
-    return Synthesis(resources=list(monitor.captured))
+    return Synthesis(resources=list(monitor.captured), reads=list(monitor.reads))
 
 
 _TOP_LEVEL_ORDER = ("apiVersion", "kind", "metadata")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pulumi
 
+from components import rollout
 from components.cloud import Cloud
 from components.kubernetes.addons import ClusterAddons
 from components.kubernetes.cluster import ClusterAccess
@@ -20,7 +21,7 @@ from components.kubernetes.manifests import apply
 from components.kubernetes.observability import Observability
 from components.kubernetes.scaling import ModelScaling
 from components.placement import Layout
-from components.render import common, engine, hardening
+from components.render import addons, common, engine, hardening
 from components.render.namespace import namespace
 from components.secrets import limit_store_token, secret_config
 from components.spec import PlatformSpec
@@ -92,8 +93,10 @@ class InferencePlatform(pulumi.ComponentResource):
         engines_opts = pulumi.ResourceOptions(
             parent=self, depends_on=[self.namespace, self.priority_class, self.engine_identity]
         )
+        rollouts = rollout.plans(spec, layout)
         self.engines = {
-            m.name: ModelEngine(spec, m, layout.placements[m.name], engines_opts) for m in spec.models
+            m.name: ModelEngine(spec, m, layout.placements[m.name], rollouts[m.name], engines_opts)
+            for m in spec.models
         }
         self.network = NetworkPolicies(spec, cloud, in_namespace)
         before_gateway: list[pulumi.Resource] = [self.namespace]
@@ -101,8 +104,15 @@ class InferencePlatform(pulumi.ComponentResource):
             token = limit_store_token(spec.gateway.limit_store_auth_config_key)
             self.limit_store = LimitStore(spec, cloud, cluster.limit_store_url, token, in_namespace)
             before_gateway.append(self.limit_store)
-        gateway_opts = pulumi.ResourceOptions(parent=self, depends_on=before_gateway)
-        self.gateway = Gateway(spec, cloud, _api_keys(spec, secrets), gateway_opts, images=cluster.images)
+        # With gateway_api envoy-gateway, its chart brings the Gateway API CRDs the Gateway and HTTPRoute need.
+        gateway_crds = self.addons.installed(addons.ENVOY_GATEWAY_RELEASE)
+        self.gateway = Gateway(
+            spec,
+            cloud,
+            _api_keys(spec, secrets),
+            pulumi.ResourceOptions(parent=self, depends_on=[*before_gateway, *gateway_crds]),
+            images=cluster.images,
+        )
         crds = self.addons.installed("keda", "prometheus-adapter")
         self.scaling = {
             m.name: ModelScaling(

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pulumi
 
+from components import rollout
 from components.aws import layer as aws_layer
 from components.kubernetes.cluster import ClusterAccess, bring_your_own
 from components.placement import Layout
@@ -44,6 +45,8 @@ def run() -> InferencePlatform:
         )
     token_key = spec.huggingface_token_config_key
     secrets = PlatformSecrets(huggingface_token=config.require_secret(token_key) if token_key else None)
+    for warning in rollout.warnings(spec, layout):
+        pulumi.log.warn(warning)  # `pulumi preview` and `up` show what `inferstack plan` does
     cluster = cluster_layer(spec, layout, pulumi.get_stack())
     platform = InferencePlatform(spec, layout, secrets, cloud_for(spec), cluster)
     pulumi.export("gateway_url", ingress.public_url(spec))

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from components import catalog, cost, sizing, targets
+from components import capacity, catalog, cost, endpoint, images, rollout, sizing, targets
 from components.plan import Synthesis
+from components.render import ingress, scaling
+from components.spec import PlatformSpec, Target
 from components.stackfile import Stack
+from components.startup import minutes
 
 PLAN_COLUMNS = (
     "model",
@@ -23,11 +26,53 @@ PLAN_COLUMNS = (
 )
 
 
+DEPLOY_COLUMNS = (
+    "model",
+    "node",
+    "image",
+    "weights",
+    "load",
+    "estimate",
+    "startup budget",
+    "rollout",
+    "pulumi up waits (create / update)",
+)
+
+
+def markdown_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    return [
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
+def deploy_rows(spec: PlatformSpec, plans: dict[str, rollout.Rollout]) -> list[tuple[str, ...]]:
+    """Per model: the cold start's phases, the budget, how it rolls, and how long `pulumi up` waits for it."""
+    rows: list[tuple[str, ...]] = []
+    for model in spec.models:
+        r = plans[model.name]
+        rows.append(
+            (
+                model.name,
+                *(f"{p.seconds:,} s" for p in r.startup.phases),
+                f"{r.startup.estimate_s:,} s",
+                minutes(r.startup.budget_s) + (" (set)" if r.startup.set_in_spec else ""),
+                f"surge {r.max_surge}, unavailable {r.max_unavailable}",
+                f"{minutes(r.startup.budget_s)} / {minutes(r.update_timeout_s)}",
+            )
+        )
+    return rows
+
+
 @dataclass(frozen=True)
 class PlanReport:
     rows: list[tuple[str, ...]]
     bill: cost.StackCost
     notes: list[str]
+    deploy: list[tuple[str, ...]]
+    deploy_notes: list[str]
+    warnings: list[str]
 
     def markdown(self, stack: Stack, synthesis: Synthesis) -> str:
         lines = [
@@ -38,9 +83,7 @@ class PlanReport:
             "",
             "## Models",
             "",
-            "| " + " | ".join(PLAN_COLUMNS) + " |",
-            "|" + "---|" * len(PLAN_COLUMNS),
-            *("| " + " | ".join(row) + " |" for row in self.rows),
+            *markdown_table(PLAN_COLUMNS, self.rows),
             "",
             "## Cost per model (monthly)",
             "",
@@ -78,8 +121,25 @@ class PlanReport:
             "",
             *(f"- {note}" for note in self.notes),
             "",
+            *(self._first_deploy(synthesis) if stack.spec.target is not Target.LOCAL else []),
+            *(["## Warnings", "", *(f"- {w}" for w in self.warnings), ""] if self.warnings else []),
         ]
         return "\n".join(lines)
+
+    def _first_deploy(self, synthesis: Synthesis) -> list[str]:
+        """How long a cold replica takes and `pulumi up` waits (nothing to deploy on target local)."""
+        return [
+            "## First deploy",
+            "",
+            "A cold replica's start (seconds; estimates from the catalog, components/startup.py) and how long "
+            "`pulumi up` waits for each engine Deployment.",
+            "",
+            *markdown_table(DEPLOY_COLUMNS, self.deploy),
+            "",
+            *(f"- {note}" for note in self.deploy_notes),
+            *(f"- reads (must exist): `{r.type}` {r.inputs.get('id')}" for r in synthesis.reads),
+            "",
+        ]
 
 
 def plan_report(stack: Stack) -> PlanReport:
@@ -110,12 +170,24 @@ def plan_report(stack: Stack) -> PlanReport:
             )
         )
         notes.append(f"{model.name}: {placement.reason}")
+        if note := scaling.scaling_note(spec, model):
+            notes.append(note)
     for pool in layout.pools.values():
         notes.append(
             f"pool {pool.name}: {pool.reason}; {pool.min_nodes}-{pool.max_nodes} nodes, "
             f"{pool.root_disk_gib} GiB root disk"
         )
-    return PlanReport(rows=rows, bill=bill, notes=notes)
+    plans = rollout.plans(spec, layout)
+    deploy_notes = [n for n in (endpoint.note(spec), images.note(spec), ingress.gateway_api_note(spec)) if n]
+    deploy_notes += capacity.notes(spec, layout)
+    return PlanReport(
+        rows=rows,
+        bill=bill,
+        notes=notes,
+        deploy=deploy_rows(spec, plans),
+        deploy_notes=deploy_notes,
+        warnings=rollout.warnings(spec, layout),
+    )
 
 
 SIZE_COLUMNS = (

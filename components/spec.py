@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from enum import StrEnum
+from functools import partial
 from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -20,6 +21,7 @@ from runtime.config import (
     DEFAULT_MAX_NUM_SEQS,
     BuiltinScorerName,
     EngineKind,
+    RouterSettings,
     StrategyName,
     Task,
     reads_engine_events,
@@ -27,6 +29,7 @@ from runtime.config import (
     routing_scorers,
     strategy_field,
 )
+from runtime.engines import Signal, facts
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -131,6 +134,105 @@ _RETENTION = "1 3 5 7 14 30 60 90 120 150 180 365 400 545 731 1096 1827 2192 255
 CLOUDWATCH_RETENTION_DAYS = tuple(int(d) for d in _RETENTION.split())
 
 
+def _checked_cidr(value: str, *, ipv4_only: bool) -> str:
+    try:
+        (ipaddress.IPv4Network if ipv4_only else ipaddress.ip_network)(value)
+    except ValueError:
+        what, example = (
+            ("an IPv4 CIDR block", "203.0.113.0/24") if ipv4_only else ("a CIDR block", "10.0.0.0/16")
+        )
+        raise ValueError(f"{value!r} is not {what}; write e.g. '{example}'") from None
+    return value
+
+
+def _all_match(values: list[str], pattern: str, what: str, example: str) -> list[str]:
+    """``values`` when each matches ``pattern``; else one message listing those that do not."""
+    bad = [v for v in values if not re.fullmatch(pattern, v)]
+    if bad:
+        raise ValueError(f"{', '.join(map(repr, bad))} not {what}; write {example}")
+    return values
+
+
+Cidr = Annotated[str, AfterValidator(partial(_checked_cidr, ipv4_only=False))]
+Ipv4Cidr = Annotated[str, AfterValidator(partial(_checked_cidr, ipv4_only=True))]
+
+
+class ApiAccess(StrEnum):
+    PRIVATE = "private"
+    PUBLIC = "public"
+
+
+ANYWHERE_IPV4 = "0.0.0.0/0"
+
+
+class ApiEndpointSpec(_Spec):
+    """How `pulumi up` reaches the EKS API server: the Kubernetes provider applies every manifest through it."""
+
+    access: ApiAccess
+    """private: the API answers only inside the VPC and networks connected to it, so `pulumi up` runs there (a CI
+    runner in the VPC, or over a VPN), from deployer_cidrs or deployer_security_group_ids; the VPC must exist before
+    the first `pulumi up` (existing_vpc_id). public: it also answers on the internet, to public_cidrs only."""
+    public_cidrs: list[Ipv4Cidr] = Field(default_factory=list)
+    """access public: the IPv4 ranges that may reach the public endpoint (your CI runners' egress addresses, an
+    office range); '0.0.0.0/0' is the whole internet, which the policy pack refuses in production."""
+    deployer_cidrs: list[Ipv4Cidr] = Field(default_factory=list)
+    """access private: IPv4 ranges inside the VPC or a network connected to it (a CI runner's subnet, a VPN's client
+    range) where `pulumi up` and kubectl run; the API's security group admits HTTPS from them."""
+    deployer_security_group_ids: list[str] = Field(default_factory=list)
+    """access private: security groups of the machines in the VPC that run `pulumi up` (a CI runner's, a
+    bastion's); the API's security group admits HTTPS from them."""
+
+    @field_validator("deployer_security_group_ids")
+    @classmethod
+    def _security_groups(cls, value: list[str]) -> list[str]:
+        return _all_match(
+            value, r"sg-[0-9a-f]{8}([0-9a-f]{9})?", "a security group id", "e.g. 'sg-0123456789abcdef0'"
+        )
+
+    @model_validator(mode="after")
+    def _a_way_in(self) -> ApiEndpointSpec:
+        deployers = self.deployer_cidrs or self.deployer_security_group_ids
+        if self.access is ApiAccess.PUBLIC:
+            if not self.public_cidrs:
+                raise ValueError(
+                    "access public needs public_cidrs: the addresses `pulumi up` and kubectl come from (e.g. your CI "
+                    f"runners' egress, ['203.0.113.0/28']); '{ANYWHERE_IPV4}' opens the API to the whole internet"
+                )
+            if deployers:
+                raise ValueError(
+                    "deployer_cidrs and deployer_security_group_ids reach a private endpoint: with access public, "
+                    "list the deployers' public addresses in public_cidrs instead"
+                )
+        elif not deployers:
+            raise ValueError(
+                "access private needs a stated way in: deployer_cidrs (e.g. your CI runner's subnet or VPN range) or "
+                "deployer_security_group_ids (the runner's security group), inside the VPC or a network connected to it"
+            )
+        elif self.public_cidrs:
+            raise ValueError("public_cidrs limit a public endpoint: set access: public or drop them")
+        return self
+
+
+_OLD_ENDPOINT_FIELDS = frozenset({"endpoint_public_access", "api_public_cidrs"})
+
+
+def _endpoint_migration(old: dict[str, Any]) -> str:
+    """The api_endpoint block that keeps what the old endpoint fields said, as one line of advice."""
+    cidrs = old.get("api_public_cidrs") or []
+    if old.get("endpoint_public_access"):
+        listed = ", ".join(map(str, cidrs)) if cidrs else ANYWHERE_IPV4
+        return (
+            "endpoint_public_access and api_public_cidrs were replaced by api_endpoint; write "
+            f"`api_endpoint: {{access: public, public_cidrs: [{listed}]}}`"
+            + ("" if cidrs else f" ({ANYWHERE_IPV4} is what no api_public_cidrs meant; narrow it)")
+        )
+    return (
+        "endpoint_public_access and api_public_cidrs were replaced by api_endpoint; for a private endpoint write "
+        "`api_endpoint: {access: private, deployer_cidrs: [<where pulumi up runs in the VPC>]}` (with existing_vpc_id), "
+        "or `api_endpoint: {access: public, public_cidrs: [<your CI egress>]}`"
+    )
+
+
 class ClusterSpec(_Spec):
     """Where the platform runs."""
 
@@ -142,10 +244,9 @@ class ClusterSpec(_Spec):
     """Kubernetes minor version, e.g. '1.33'; manifests are validated against it."""
     namespace: DnsLabel = "inferstack"
     """Namespace for engines and the gateway."""
-    endpoint_public_access: bool = False
-    """Expose the EKS API endpoint publicly (private by default; the private endpoint is always on)."""
-    api_public_cidrs: list[str] = Field(default_factory=list)
-    """IPv4 ranges that may reach the public API endpoint (with endpoint_public_access); empty = anywhere."""
+    api_endpoint: ApiEndpointSpec | None = None
+    """How `pulumi up` and kubectl reach the EKS API server (target eks, where it is required): private, from
+    inside the VPC, or public to listed addresses. Nodes always use the private endpoint."""
     vpc_cidr: str = "10.0.0.0/16"
     """IPv4 range of the VPC the stack creates (target eks), /16 to /20: three quarters go to private subnets."""
     availability_zones: list[str] = Field(default_factory=list)
@@ -170,6 +271,10 @@ class ClusterSpec(_Spec):
     node_provisioner: NodeProvisioner = NodeProvisioner.MANAGED
     """GPU nodes from 'managed' EKS node groups (one per pool, min/max nodes from the models), or from
     'karpenter' NodePools (nodes of the pool's type launched for pending engines, up to the pool's GPUs)."""
+    karpenter_ami_version: str = "v20250620"
+    """The EKS-optimized AL2023 AMI release Karpenter launches GPU nodes from ('v20250620' is
+    amazon-eks-node-al2023-x86_64-nvidia-1.33-v20250620), with node_provisioner karpenter. Pinned like a chart
+    version: a new AMI reaches nodes when you change it here, never by drift."""
 
     @field_validator("vpc_cidr")
     @classmethod
@@ -183,36 +288,34 @@ class ClusterSpec(_Spec):
             )
         return value
 
-    @field_validator("api_public_cidrs")
+    @field_validator("karpenter_ami_version")
     @classmethod
-    def _api_cidrs(cls, value: list[str]) -> list[str]:
-        pattern = r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})/(\d{1,2})"
-        bad = [v for v in value if not (m := re.fullmatch(pattern, v)) or max(map(int, m.groups()[:4])) > 255]
-        if bad:
+    def _pinned_ami(cls, value: str) -> str:
+        if not re.fullmatch(r"v\d{8}", value):
             raise ValueError(
-                f"{', '.join(map(repr, bad))} not an IPv4 CIDR block; write e.g. '203.0.113.0/24'"
+                f"{value!r} is not an AMI release: pin one such as 'v20250620' (an amazon-eks-ami release); "
+                "al2023@latest would replace every GPU node with each new AMI"
             )
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replaced_endpoint_fields(cls, data: Any) -> Any:
+        """The endpoint fields before api_endpoint: say exactly what to write instead."""
+        if isinstance(data, dict) and _OLD_ENDPOINT_FIELDS & data.keys():
+            raise ValueError(_endpoint_migration(data))
+        return data
 
     @field_validator("existing_private_subnet_ids", "existing_public_subnet_ids")
     @classmethod
     def _subnet_ids(cls, value: list[str]) -> list[str]:
-        bad = [v for v in value if not re.fullmatch(r"subnet-[0-9a-f]{8,17}", v)]
-        if bad:
-            raise ValueError(
-                f"{', '.join(map(repr, bad))} not a subnet id; write e.g. 'subnet-0123456789abcdef0'"
-            )
-        return value
+        return _all_match(value, r"subnet-[0-9a-f]{8,17}", "a subnet id", "e.g. 'subnet-0123456789abcdef0'")
 
     @field_validator("admin_role_arns")
     @classmethod
     def _role_arns(cls, value: list[str]) -> list[str]:
-        bad = [v for v in value if not re.fullmatch(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+", v)]
-        if bad:
-            raise ValueError(
-                f"{', '.join(map(repr, bad))} not an IAM role ARN; write 'arn:aws:iam::<account>:role/<name>'"
-            )
-        return value
+        arn = r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+"
+        return _all_match(value, arn, "an IAM role ARN", "'arn:aws:iam::<account>:role/<name>'")
 
     @field_validator("control_plane_log_retention_days")
     @classmethod
@@ -256,10 +359,6 @@ class ClusterSpec(_Spec):
             raise ValueError(
                 "existing_public_subnet_ids needs existing_private_subnet_ids (nodes run in private subnets)"
             )
-        if self.api_public_cidrs and not self.endpoint_public_access:
-            raise ValueError(
-                "api_public_cidrs limit a public endpoint: set endpoint_public_access: true or drop them"
-            )
         if bool(self.existing_private_subnet_ids) != bool(self.existing_vpc_id):
             raise ValueError(
                 "existing_private_subnet_ids and existing_vpc_id go together: set both or neither"
@@ -269,6 +368,45 @@ class ClusterSpec(_Spec):
                 f"existing_vpc_id {self.existing_vpc_id!r} is not a VPC id; write e.g. 'vpc-0123456789abcdef0'"
             )
         return self
+
+
+class ReservationKind(StrEnum):
+    CAPACITY_BLOCK = "capacity-block"
+    ON_DEMAND = "on-demand"
+
+
+CAPACITY_RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{17}$")
+AVAILABILITY_ZONE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+
+
+class CapacityReservationSpec(_Spec):
+    """Reserved capacity a GPU pool launches into before anything else (target eks)."""
+
+    id: str
+    """The reservation's id, e.g. 'cr-0123456789abcdef0' (`aws ec2 describe-capacity-reservations`)."""
+    kind: ReservationKind = ReservationKind.CAPACITY_BLOCK
+    """capacity-block (EC2 Capacity Blocks for ML: nodes only while its window is active) or on-demand (an On-Demand
+    Capacity Reservation)."""
+    availability_zone: str
+    """The reservation's zone, e.g. 'us-east-1a': its nodes launch only there, so list it in
+    cluster.availability_zones too."""
+
+    @field_validator("id")
+    @classmethod
+    def _reservation_id(cls, value: str) -> str:
+        if not CAPACITY_RESERVATION_ID.match(value):
+            raise ValueError(
+                f"{value!r} is not a capacity reservation id; write 'cr-' and 17 hex digits, e.g. "
+                "'cr-0123456789abcdef0'"
+            )
+        return value
+
+    @field_validator("availability_zone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        if not AVAILABILITY_ZONE.match(value):
+            raise ValueError(f"{value!r} is not an availability zone; write e.g. 'us-east-1a'")
+        return value
 
 
 class GpuPoolSpec(_Spec):
@@ -288,6 +426,36 @@ class GpuPoolSpec(_Spec):
     """Root volume per node; defaults to the weights of the pool's models plus images and slack."""
     labels: dict[str, str] = Field(default_factory=dict)
     """Extra node labels."""
+    capacity_reservation: CapacityReservationSpec | None = None
+    """Reserved capacity for instance_type (a Capacity Block or an On-Demand Capacity Reservation) that nodes
+    launch into first; the pool's own capacity_type comes after it (target eks)."""
+    fallback_instance_types: list[str] = Field(default_factory=list)
+    """Instance types tried in this order when instance_type has no capacity (e.g. ['p5en.48xlarge']); each must
+    have its GPU count, vCPUs and memory (the autoscaler sizes the pool by one node shape) and fit every model on
+    the pool (target eks)."""
+
+    @field_validator("fallback_instance_types")
+    @classmethod
+    def _known_fallbacks(cls, value: list[str]) -> list[str]:
+        unknown = [v for v in value if v not in catalog.INSTANCE_TYPES]
+        if unknown:
+            raise ValueError(
+                f"unknown GPU instance type(s) {', '.join(map(repr, unknown))}; e.g. 'p5en.48xlarge'"
+            )
+        if len(set(value)) != len(value):
+            raise ValueError("an instance type is listed twice")
+        return value
+
+    @model_validator(mode="after")
+    def _reserved_type(self) -> GpuPoolSpec:
+        if self.capacity_reservation is not None and self.instance_type == AUTO:
+            raise ValueError(
+                "capacity_reservation reserves one instance type: set instance_type to the reservation's "
+                "(e.g. 'p5.48xlarge') instead of auto"
+            )
+        if self.instance_type in self.fallback_instance_types:
+            raise ValueError(f"fallback_instance_types repeats instance_type {self.instance_type!r}")
+        return self
 
     @field_validator("instance_type")
     @classmethod
@@ -459,6 +627,10 @@ class ScalingSpec(_Spec):
     """Cooldown: how long load must stay low before replicas are removed."""
     idle_before_zero_s: Annotated[int, Field(ge=60)] = 900
     """With min_replicas 0: idle time before the last replica goes."""
+    cold_start_hold_ms: Annotated[int, Field(ge=0)] = 90_000
+    """With min_replicas 0: how long the router holds a request while the model has no ready replica (one is
+    starting from zero; the waiting request is what wakes it); past it the client gets 503 with Retry-After.
+    At most the router's first-byte timeout. 0 answers 503 at once (the refusals still wake the model)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> ScalingSpec:
@@ -469,6 +641,31 @@ class ScalingSpec(_Spec):
             )
         return self
 
+    @model_validator(mode="after")
+    def _hold_fits(self) -> ScalingSpec:
+        first_byte_ms = RouterSettings().first_byte_timeout_ms
+        if self.cold_start_hold_ms > first_byte_ms:
+            raise ValueError(
+                f"cold_start_hold_ms ({self.cold_start_hold_ms}) is longer than the router's first-byte timeout "
+                f"({first_byte_ms} ms), which the load balancer's idle timeout is sized from: a request held "
+                f"longer is cut off upstream while the router still holds it; use at most {first_byte_ms}"
+            )
+        if "cold_start_hold_ms" in self.model_fields_set and self.min_replicas > 0:
+            raise ValueError(
+                f"cold_start_hold_ms has no effect with min_replicas {self.min_replicas} (a model that never "
+                "scales to zero is never started for a waiting request): remove it, or set min_replicas: 0"
+            )
+        return self
+
+
+class RolloutSpec(_Spec):
+    """How long `pulumi up` waits for a model's replicas to start, and how they are replaced."""
+
+    startup_budget_s: Annotated[int, Field(ge=60, le=21_600)] | None = None
+    """Seconds one replica may take from a cold node to ready: the engine's startup probe, its Deployment's
+    progress deadline and how long `pulumi up` waits for it. Defaults to the estimate (node start, image pull,
+    weights fetch and load; components.startup) plus 25%; a value below the estimate is refused."""
+
 
 class SloSpec(_Spec):
     """Latency objectives; scaling and alerts are derived from them."""
@@ -477,6 +674,9 @@ class SloSpec(_Spec):
     """95th percentile time to first token."""
     inter_token_p95_ms: Annotated[int, Field(ge=1)] = 100
     """95th percentile time between streamed tokens."""
+    allow_cold_starts: bool = True
+    """A request may wait while a replica starts from zero (scaling.min_replicas 0). false: the model must
+    always have a warm replica, and min_replicas 0 is refused."""
 
 
 class RoutingSpec(_Spec):
@@ -525,6 +725,8 @@ class ModelSpec(_Spec):
     """How the router picks one of this model's replicas for each request."""
     slo: SloSpec = Field(default_factory=SloSpec)
     """Latency objectives; scaling triggers and alerts derive from them."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    """How long its replicas may take to start; how they roll (surge from the pool's spare GPUs)."""
     task: Task | None = None
     """generate or embed; defaults from the architecture (embedding models pool)."""
 
@@ -554,6 +756,16 @@ class ModelSpec(_Spec):
             return self.architecture.to_catalog()
         found = catalog.lookup_model(self.source) or catalog.lookup_model(self.name)
         return found[1] if found else None
+
+    @model_validator(mode="after")
+    def _cold_starts_allowed(self) -> ModelSpec:
+        if self.scaling.min_replicas == 0 and not self.slo.allow_cold_starts:
+            raise ValueError(
+                f"scaling.min_replicas: 0 lets {self.name} scale to zero, so its first request after idle waits "
+                "for a replica to start, but slo.allow_cold_starts is false; set min_replicas to at least 1, "
+                "or allow cold starts"
+            )
+        return self
 
     def resolved_task(self) -> Task:
         if self.task is not None:
@@ -589,22 +801,23 @@ class IngressKind(StrEnum):
     GATEWAY_API = "gateway-api"
 
 
+class GatewayApiImplementation(StrEnum):
+    """Who serves the Gateway of ``ingress: gateway-api``."""
+
+    EXISTING = "existing"
+    ENVOY_GATEWAY = "envoy-gateway"
+
+
+ENVOY_GATEWAY_CLASS = "envoy-gateway"
+"""The GatewayClass the stack creates for the Envoy Gateway it installs, unless gateway_class names another."""
+IMAGE_REGISTRY = re.compile(r"^[a-z0-9]+([.-][a-z0-9]+)*(:\d{1,5})?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
+
+
 RUNTIME_IMAGES = {
     "router": "ghcr.io/inferstack/router:0.1.0",
     "health": "ghcr.io/inferstack/health:0.1.0",
     "batcher": "ghcr.io/inferstack/batcher:0.1.0",
 }
-
-
-def _cidr(value: str) -> str:
-    try:
-        ipaddress.ip_network(value)
-    except ValueError:
-        raise ValueError(f"{value!r} is not a CIDR block; write e.g. '10.0.0.0/16'") from None
-    return value
-
-
-Cidr = Annotated[str, AfterValidator(_cidr)]
 
 
 class GatewaySpec(_Spec):
@@ -625,14 +838,26 @@ class GatewaySpec(_Spec):
     anyone who reaches it."""
     api_keys_config_key: str | None = None
     """Pulumi secret config key holding a YAML/JSON list of {name, key, models} (stored hashed in the cluster)."""
+    gateway_api: GatewayApiImplementation = GatewayApiImplementation.EXISTING
+    """With ingress gateway-api, who serves the Gateway: 'existing' is a GatewayClass the cluster already runs
+    (gateway_class; `pulumi up` reads it before creating the Gateway, and stops there if it is missing),
+    'envoy-gateway' installs Envoy Gateway (addons.versions.envoy_gateway; its chart brings the Gateway API CRDs)
+    and creates GatewayClass gateway_class for it."""
     gateway_class: str = "istio"
-    """GatewayClass of the parent Gateway when ingress is gateway-api."""
+    """GatewayClass of the parent Gateway when ingress is gateway-api: the existing one's name, or (gateway_api
+    envoy-gateway) the name of the one the stack creates, 'envoy-gateway' unless set."""
     tls_secret_name: str | None = None
     """TLS Secret (e.g. from cert-manager) for the Gateway's HTTPS listener (gateway-api); None = HTTP only.
     The ALB finds its ACM certificate by hostname."""
     ingress_source_cidrs: list[Cidr] | None = None
     """Where traffic to the router pods may come from (where an ALB with target-type ip sits); defaults to
     cluster.vpc_cidr on eks when the stack creates the VPC, else the private ranges."""
+    image_registry: str | None = None
+    """Target kubernetes: the registry and path the stack builds the router, health monitor and batcher images
+    into (from runtime/images/, with Docker on the machine running `pulumi up`, logged in to it) and runs them
+    from, by digest: e.g. 'ghcr.io/acme/inferstack', or kind's local registry 'localhost:5001'. None: run
+    router_image, health_image and batcher_image as given (published release images). Target eks always builds
+    into its own ECR."""
     router_image: PinnedImage = RUNTIME_IMAGES["router"]
     """Router image, pinned by tag or digest (target kubernetes; eks runs the image it builds from
     runtime/images/ and pushes to ECR, by digest)."""
@@ -656,6 +881,25 @@ class GatewaySpec(_Spec):
     !&#$^<>-, ElastiCache's rule); required with shared_limits on eks and kubernetes."""
     limit_store_node_type: Annotated[str, Field(pattern=r"^cache\.[a-z0-9]+\.[a-z0-9]+$")] = "cache.t4g.small"
     """ElastiCache node type of the store (eks)."""
+
+    @field_validator("image_registry")
+    @classmethod
+    def _registry(cls, value: str | None) -> str | None:
+        if value is not None and not IMAGE_REGISTRY.match(value):
+            raise ValueError(
+                f"{value!r} is not a registry and path: write host[:port][/path] in lowercase, e.g. "
+                "'ghcr.io/acme/inferstack' or 'localhost:5001'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _gateway_class_of_the_installed_implementation(self) -> GatewaySpec:
+        if (
+            self.gateway_api is GatewayApiImplementation.ENVOY_GATEWAY
+            and "gateway_class" not in self.model_fields_set
+        ):
+            self.gateway_class = ENVOY_GATEWAY_CLASS
+        return self
 
     @model_validator(mode="after")
     def _replicas_ordered(self) -> GatewaySpec:
@@ -726,8 +970,9 @@ class ChartVersionsSpec(_Spec):
     """Chart gpu-operator (addons.gpu_plugin gpu-operator)."""
     dcgm_exporter: str = "4.1.1"
     """Chart dcgm-exporter (observability.dcgm_exporter)."""
-    keda: str = "2.17.1"
-    """Chart keda (addons.autoscaler keda)."""
+    keda: str = "2.19.0"
+    """Chart keda (addons.autoscaler keda). 2.19 is tested on Kubernetes 1.32-1.34 (2.17: 1.30-1.32), and its
+    CRDs are the ones the schema check covers (tools/crd-schemas)."""
     kube_prometheus_stack: str = "75.6.1"
     """Chart kube-prometheus-stack: Prometheus, its operator and Grafana (observability.prometheus)."""
     prometheus_adapter: str = "4.14.1"
@@ -738,6 +983,9 @@ class ChartVersionsSpec(_Spec):
     """Chart cluster-autoscaler (target eks with cluster.node_provisioner managed)."""
     karpenter: str = "1.6.0"
     """Chart karpenter, from oci://public.ecr.aws/karpenter (target eks with cluster.node_provisioner karpenter)."""
+    envoy_gateway: str = "v1.4.2"
+    """Chart gateway-helm, from oci://docker.io/envoyproxy: Envoy Gateway and the Gateway API CRDs it ships
+    (gateway.ingress gateway-api with gateway.gateway_api envoy-gateway)."""
 
     @field_validator("*")
     @classmethod
@@ -844,6 +1092,23 @@ class PlatformSpec(_Spec):
                     f" fetches it from the Hugging Face hub; {m.source!r} is not a hub repo id: use"
                     " strategy prefix_aware for it"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _hpa_needs_an_engine_load_metric(self) -> PlatformSpec:
+        # prometheus-adapter serves the engines' own queue and KV-cache gauges per pod; an engine without
+        # either leaves an HPA with nothing to scale on (KEDA also reads the router's queue).
+        if self.addons.autoscaler is Autoscaler.HPA:
+            for i, m in enumerate(self.models):
+                engine = facts(m.engine.kind)
+                if m.scaling.min_replicas != m.scaling.max_replicas and not (
+                    engine.names(Signal.QUEUED) or engine.names(Signal.KV_USAGE)
+                ):
+                    raise ValueError(
+                        f"models[{i}].engine.kind: {engine.display_name} exports no queue or KV-cache metric for "
+                        "addons.autoscaler hpa to scale on; use autoscaler: keda (it scales on the router's "
+                        "queue) or set min_replicas equal to max_replicas"
+                    )
         return self
 
     @model_validator(mode="after")

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from components import capacity, endpoint, startup
 from components.placement import Layout, place
 from components.problems import Problem, SpecError
 from components.spec import PlatformSpec
@@ -78,7 +79,15 @@ def validate(raw: Any, source: str) -> tuple[PlatformSpec, Layout]:
         spec = PlatformSpec.model_validate(raw)
     except ValidationError as err:
         raise SpecError(source, [_problem(e) for e in err.errors()]) from None
-    return spec, place(spec, source)
+    problems = endpoint.problems(spec)
+    try:
+        layout = place(spec, source)
+    except SpecError as err:
+        raise SpecError(source, [*err.problems, *problems]) from None
+    problems += startup.problems(spec, layout) + capacity.problems(spec, layout)
+    if problems:
+        raise SpecError(source, problems)
+    return spec, layout
 
 
 def _path(loc: tuple[int | str, ...]) -> str:

@@ -134,6 +134,18 @@ class KubernetesDiscovery(_Strict):
     port_name: str = Field(default="http", description="Named port of the Service that serves HTTP.")
 
 
+class FileDiscovery(_Strict):
+    """Find replicas in a file in Prometheus' file_sd format that whoever starts them rewrites (``make
+    local``): the ``targets`` of the groups labelled ``service``, as EndpointSlices list a Service's
+    ready endpoints."""
+
+    path: Path = Field(description="JSON list of {targets: [host:port, ...], labels: {service: ...}}.")
+    service: str = Field(description="The `service` label of this model's groups.")
+    poll_interval_ms: int = Field(
+        default=500, ge=50, description="How often the file is checked for changes."
+    )
+
+
 #: Sequences an engine decodes together unless the spec says otherwise (EngineSpec.max_num_seqs); it is
 #: also what a replica may hold in flight, and what a command line without the flag is read as.
 DEFAULT_MAX_NUM_SEQS = 256
@@ -148,8 +160,8 @@ class ModelTarget(_Strict):
     static_backends: list[StaticBackend] = Field(
         default_factory=list, description="Fixed replicas; used when `discovery` is not set."
     )
-    discovery: KubernetesDiscovery | None = Field(
-        default=None, description="Discover replicas from Kubernetes instead of a fixed list."
+    discovery: KubernetesDiscovery | FileDiscovery | None = Field(
+        default=None, description="Discover replicas from Kubernetes (or a file) instead of a fixed list."
     )
     max_concurrency_per_backend: int = Field(
         default=DEFAULT_MAX_NUM_SEQS,
@@ -253,6 +265,15 @@ class ModelRoute(_Strict):
     strategy: StrategyConfig = Field(default_factory=StrategyConfig)
     batcher_url: HttpUrl | None = Field(
         default=None, description="Send pooling requests through this batcher, not straight to replicas."
+    )
+    cold_start_hold_ms: int = Field(
+        default=0,
+        ge=0,
+        exclude_if=lambda hold: not hold,  # absent from rendered configs unless the model scales from zero
+        description=(
+            "While the model has no ready replica (scaled to zero, or all starting), hold its requests this"
+            " long for one to become ready (the activator); past it, 503 with Retry-After. 0: 503 at once."
+        ),
     )
 
 

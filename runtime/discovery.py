@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from runtime.config import KubernetesDiscovery, ModelTarget
+from runtime.config import FileDiscovery, KubernetesDiscovery, ModelTarget
 
 log = logging.getLogger("inferstack.discovery")
 
@@ -124,6 +124,19 @@ def static_urls(target: ModelTarget) -> list[str]:
     return sorted({str(b.url).rstrip("/") for b in target.static_backends})
 
 
+def file_sd_urls(groups: Any, service: str) -> list[str]:
+    """Base URLs of the targets of the file_sd groups labelled ``service`` (``host:port`` -> ``http://host:port``)."""
+    if not isinstance(groups, list):
+        raise ValueError("a file_sd document is a JSON list of {targets, labels} groups")
+    urls = set()
+    for group in groups:
+        if not isinstance(group, dict) or (group.get("labels") or {}).get("service") != service:
+            continue
+        for target in group.get("targets") or []:
+            urls.add(f"http://{str(target).removeprefix('http://').rstrip('/')}")
+    return sorted(urls)
+
+
 # --- the watch ------------------------------------------------------------------------------------
 
 
@@ -139,8 +152,34 @@ async def watch_backends(target: ModelTarget, api: KubeApi | None = None) -> Asy
         yield static_urls(target)
         await asyncio.Event().wait()
         return
+    if isinstance(target.discovery, FileDiscovery):
+        async for urls in _watch_file(target.discovery):
+            yield urls
+        return
     async for urls in _watch_kubernetes(target.discovery, api or KubeApi.in_cluster()):
         yield urls
+
+
+async def _watch_file(disc: FileDiscovery) -> AsyncIterator[list[str]]:
+    """Re-read the file when it changes (its writer replaces it atomically); a missing file is no replica,
+    a file that does not parse keeps the last list in force."""
+    last: list[str] | None = None
+    seen: tuple[int, int] | None = None
+    while True:
+        try:
+            stat = disc.path.stat()
+            stamp = (stat.st_mtime_ns, stat.st_ino)
+            urls = last if stamp == seen else file_sd_urls(json.loads(disc.path.read_bytes()), disc.service)
+            seen = stamp
+        except FileNotFoundError:
+            urls, seen = [], None
+        except (OSError, ValueError) as err:
+            log.warning("discovery file %s unreadable: %s; keeping the last replica list", disc.path, err)
+            urls = last
+        if urls is not None and urls != last:
+            last = urls
+            yield urls
+        await asyncio.sleep(disc.poll_interval_ms / 1000)
 
 
 @dataclass

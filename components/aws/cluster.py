@@ -14,7 +14,9 @@ import pulumi_kubernetes as k8s
 
 from components.aws import decisions, iam, identity, key_policies
 from components.aws.keys import rotating_key
-from components.spec import PlatformSpec
+from components.spec import ApiAccess, ApiEndpointSpec, PlatformSpec
+
+API_PORT = 443
 
 
 def kubeconfig(cluster_name: str, endpoint: str, ca_data: str, region: str) -> dict[str, Any]:
@@ -67,6 +69,7 @@ class Cluster(pulumi.ComponentResource):
     def __init__(
         self,
         spec: PlatformSpec,
+        vpc_id: pulumi.Input[str] | None,
         subnet_ids: Sequence[pulumi.Input[str]],
         account_id: pulumi.Output[str],
         logs_key_arn: pulumi.Input[str],
@@ -108,6 +111,11 @@ class Cluster(pulumi.ComponentResource):
             },
             description=f"EKS control plane of {name}",
         )
+        endpoint = spec.cluster.api_endpoint
+        if endpoint is None:  # the spec requires it on target eks; never reached from a validated spec
+            raise pulumi.RunError("cluster.api_endpoint is required on target eks")
+        public = endpoint.access is ApiAccess.PUBLIC
+        api_groups = [] if public else [self._api_security_group(endpoint, vpc_id).id]
         self.cluster = aws.eks.Cluster(
             name,
             name=name,
@@ -115,9 +123,11 @@ class Cluster(pulumi.ComponentResource):
             version=spec.cluster.kubernetes_version,
             vpc_config=aws.eks.ClusterVpcConfigArgs(
                 subnet_ids=list(subnet_ids),
+                # Nodes always reach the API privately; people and `pulumi up` the way api_endpoint says.
                 endpoint_private_access=True,
-                endpoint_public_access=spec.cluster.endpoint_public_access,
-                public_access_cidrs=list(spec.cluster.api_public_cidrs) or None,
+                endpoint_public_access=public,
+                public_access_cidrs=list(endpoint.public_cidrs) if public else None,
+                security_group_ids=api_groups or None,
             ),
             encryption_config=aws.eks.ClusterEncryptionConfigArgs(
                 provider=aws.eks.ClusterEncryptionConfigProviderArgs(key_arn=key.arn),
@@ -152,6 +162,38 @@ class Cluster(pulumi.ComponentResource):
         )
         self.register_outputs({"name": self.cluster.name, "kubeconfig": self.kubeconfig})
 
+    def _api_security_group(
+        self, endpoint: ApiEndpointSpec, vpc_id: pulumi.Input[str] | None
+    ) -> aws.ec2.SecurityGroup:
+        """A private endpoint's way in: a security group on the API's network interfaces that admits HTTPS from
+        where `pulumi up` runs (``deployer_cidrs``, ``deployer_security_group_ids``) and nothing else. EKS adds it
+        beside the cluster security group it creates for nodes and the control plane."""
+        name = f"{self.spec.cluster_name}-api"
+        child = pulumi.ResourceOptions(parent=self)
+        group = aws.ec2.SecurityGroup(
+            name,
+            vpc_id=vpc_id,
+            description=f"EKS API of {self.spec.cluster_name}: HTTPS from the deployers named in api_endpoint",
+            tags={**self.tags, "Name": name},
+            opts=child,
+        )
+        sources = [{"cidr_ipv4": c} for c in endpoint.deployer_cidrs] + [
+            {"referenced_security_group_id": g} for g in endpoint.deployer_security_group_ids
+        ]
+        for index, source in enumerate(sources):
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-deployer-{index}",
+                security_group_id=group.id,
+                ip_protocol="tcp",
+                from_port=API_PORT,
+                to_port=API_PORT,
+                description="pulumi up and kubectl from inside the VPC (cluster.api_endpoint)",
+                tags=self.tags,
+                opts=child,
+                **source,
+            )
+        return group
+
     def _admins(self, spec: PlatformSpec) -> list[pulumi.Resource]:
         """Cluster-admin access entries for the spec's admin roles."""
         out: list[pulumi.Resource] = []
@@ -184,13 +226,16 @@ class Cluster(pulumi.ComponentResource):
         pod_identities: Sequence[aws.eks.AddonPodIdentityAssociationArgs] = (),
         depends_on: Sequence[pulumi.Resource] = (),
     ) -> aws.eks.Addon:
-        """A managed add-on at EKS's default version for the cluster's Kubernetes version."""
+        """A managed add-on at EKS's default version for the cluster's Kubernetes version, configured as
+        ``decisions.ADDON_CONFIGURATION`` says."""
+        configuration = decisions.ADDON_CONFIGURATION.get(addon)
         return aws.eks.Addon(
             f"{self.spec.cluster_name}-{addon}",
             cluster_name=self.cluster.name,
             addon_name=addon,
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="PRESERVE",
+            configuration_values=json.dumps(configuration) if configuration else None,
             pod_identity_associations=list(pod_identities) or None,
             tags=self.tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on)),

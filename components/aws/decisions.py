@@ -14,7 +14,13 @@ from components import catalog, nodes
 from components.cloud import RootDisk
 from components.placement import Layout, PoolPlan
 from components.render.karpenter import NodeLaunch
-from components.spec import CapacityType, PlatformSpec
+from components.spec import (
+    CapacityReservationSpec,
+    CapacityType,
+    GpuPoolSpec,
+    PlatformSpec,
+    ReservationKind,
+)
 
 # Tag keys every AWS resource carries (plus the spec's cost-allocation tags).
 STACK_TAG = "inferstack:stack"
@@ -44,11 +50,25 @@ EKS_TAINT_EFFECT: dict[str, str] = {
     "PreferNoSchedule": "PREFER_NO_SCHEDULE",
 }
 EKS_CAPACITY_TYPE: dict[CapacityType, str] = {CapacityType.ON_DEMAND: "ON_DEMAND", CapacityType.SPOT: "SPOT"}
+# A managed node group in a Capacity Block is of capacity type CAPACITY_BLOCK, and its launch template targets the
+# reservation with market type capacity-block; one in an On-Demand Capacity Reservation is ON_DEMAND and targets
+# it (https://docs.aws.amazon.com/eks/latest/userguide/capacity-blocks-mng.html).
+EKS_RESERVATION_CAPACITY_TYPE: dict[ReservationKind, str] = {
+    ReservationKind.CAPACITY_BLOCK: "CAPACITY_BLOCK",
+    ReservationKind.ON_DEMAND: "ON_DEMAND",
+}
+CAPACITY_BLOCK_MARKET = "capacity-block"
+RESERVED_SUFFIX = "reserved"
 
 CONTROL_PLANE_LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 # Managed add-ons; the first group runs as DaemonSets and goes before any node, the rest need nodes.
 ADDONS_BEFORE_NODES = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
 ADDONS_AFTER_NODES = ("coredns", "aws-ebs-csi-driver")
+# vpc-cni enforces NetworkPolicies only when told to: its network policy agent then runs on every node (the
+# add-on's configuration schema key, `aws eks describe-addon-configuration --addon-name vpc-cni`; see
+# https://docs.aws.amazon.com/eks/latest/userguide/cni-network-policy-configure.html). Without it every
+# NetworkPolicy the stack renders would be decoration.
+ADDON_CONFIGURATION: dict[str, dict[str, Any]] = {"vpc-cni": {"enableNetworkPolicy": "true"}}
 
 # Customer-managed KMS keys, one per purpose, each with rotation on. One per purpose rather than one platform
 # key: a key policy can then name the one service (and principals) that purpose needs, so the engines' decrypt
@@ -184,6 +204,7 @@ def karpenter_launch(spec: PlatformSpec, tags: dict[str, str]) -> NodeLaunch:
         imds_hop_limit=IMDS_HOP_LIMIT,
         root_device=ROOT_DEVICE,
         tags=tags,
+        ami_version=spec.cluster.karpenter_ami_version,
     )
 
 
@@ -210,6 +231,15 @@ class NodeGroupPlan:
     disk: RootDisk
     labels: dict[str, str]
     taints: list[nodes.Taint]
+    reservation: CapacityReservationSpec | None = None
+    """The capacity reservation its launch template targets (then it launches only in the reservation's zone)."""
+    priority: int = 0
+    """The Cluster Autoscaler's priority expander tries higher first (a pool's reservation before the rest)."""
+
+    @property
+    def zones(self) -> list[str] | None:
+        """The zones its subnets are in; None: every private subnet of the stack."""
+        return [self.reservation.availability_zone] if self.reservation is not None else None
 
 
 def node_role_name(spec: PlatformSpec) -> str:
@@ -221,12 +251,18 @@ def node_group_name(spec: PlatformSpec, pool: str) -> str:
     return f"{spec.cluster_name}-{pool}"[:63]
 
 
+RESERVED_PRIORITY = 20
+POOL_PRIORITY = 10
+
+
 def gpu_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan:
-    """A GPU pool's node group, from the placement's plan (instance, bounds from replicas x GPUs, disk)."""
+    """A GPU pool's node group, from the placement's plan (instance, bounds from replicas x GPUs, disk), with the
+    pool's fallback instance types after its own, in the order EC2's prioritized allocation tries them."""
+    fallbacks = pool_spec(spec, pool.name).fallback_instance_types
     return NodeGroupPlan(
         pool=pool.name,
         node_group_name=node_group_name(spec, pool.name),
-        instance_types=[pool.instance.name],
+        instance_types=[pool.instance.name, *fallbacks],
         ami_type=GPU_AMI_TYPE,
         capacity_type=EKS_CAPACITY_TYPE[pool.capacity_type],
         min_size=pool.min_nodes,
@@ -236,7 +272,59 @@ def gpu_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan:
         disk=RootDisk(pool.root_disk_gib, GPU_DISK_IOPS, GPU_DISK_THROUGHPUT_MIBPS),
         labels=nodes.gpu_node_labels(pool),
         taints=[nodes.gpu_taint()],
+        priority=POOL_PRIORITY,
     )
+
+
+def pool_spec(spec: PlatformSpec, name: str) -> GpuPoolSpec:
+    found = spec.pool(name)
+    if found is None:  # a layout's pools come from the spec's
+        raise ValueError(f"no gpu_pools entry named {name!r}")
+    return found
+
+
+def reserved_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan | None:
+    """The node group in the pool's capacity reservation, tried first; it starts empty (a Capacity Block may not
+    have begun) and the autoscaler fills it, up to the pool's max."""
+    reservation = pool_spec(spec, pool.name).capacity_reservation
+    if reservation is None:
+        return None
+    own = gpu_node_group(spec, pool)
+    return NodeGroupPlan(
+        pool=pool.name,
+        node_group_name=node_group_name(spec, f"{pool.name}-{RESERVED_SUFFIX}"),
+        instance_types=[pool.instance.name],
+        ami_type=GPU_AMI_TYPE,
+        capacity_type=EKS_RESERVATION_CAPACITY_TYPE[reservation.kind],
+        min_size=0,
+        desired_size=0,
+        max_size=own.max_size,
+        disk=own.disk,
+        labels=own.labels,
+        taints=own.taints,
+        reservation=reservation,
+        priority=RESERVED_PRIORITY,
+    )
+
+
+def gpu_node_groups(spec: PlatformSpec, pool: PoolPlan) -> list[NodeGroupPlan]:
+    """A pool's node groups, in the order the autoscaler tries them."""
+    reserved = reserved_node_group(spec, pool)
+    return [*([reserved] if reserved else []), gpu_node_group(spec, pool)]
+
+
+def autoscaler_priorities(groups: list[NodeGroupPlan]) -> dict[int, list[str]]:
+    """The priority expander's table: priority -> node group (Auto Scaling group) name patterns, when a pool has a
+    reservation to try first. EKS names a managed node group's Auto Scaling group
+    'eks-<node group name>-<uuid>'; everything else ranks last."""
+    if not any(g.reservation for g in groups):
+        return {}  # one group per pool: nothing to order
+    table: dict[int, list[str]] = {0: [".*"]}
+    for group in groups:
+        if group.priority:
+            pattern = f"^eks-{group.node_group_name}-[0-9a-f]{{8}}(-[0-9a-f]{{4}}){{3}}-[0-9a-f]{{12}}$"
+            table.setdefault(group.priority, []).append(pattern)
+    return dict(sorted(table.items(), reverse=True))
 
 
 def system_node_group(spec: PlatformSpec) -> NodeGroupPlan:
@@ -260,5 +348,5 @@ def system_node_group(spec: PlatformSpec) -> NodeGroupPlan:
 
 
 def node_groups(spec: PlatformSpec, layout: Layout) -> list[NodeGroupPlan]:
-    """The system group first, then one per GPU pool in stack-file order."""
-    return [system_node_group(spec), *(gpu_node_group(spec, p) for p in layout.pools.values())]
+    """The system group first, then each GPU pool's in stack-file order."""
+    return [system_node_group(spec), *(g for p in layout.pools.values() for g in gpu_node_groups(spec, p))]

@@ -116,7 +116,13 @@ class Karpenter(pulumi.ComponentResource):
         self.node_pools: dict[str, str] = {}
         for pool in pools.values():
             group = decisions.gpu_node_group(spec, pool)
-            apply(karpenter.node_class(pool.name, group.disk, launch, volume_key_arn), with_crds)
-            apply(karpenter.node_pool(pool, group.max_size), with_crds)
+            own = decisions.pool_spec(spec, pool.name)
+            reservation = own.capacity_reservation
+            reservation_id = reservation.id if reservation is not None else None
+            apply(
+                karpenter.node_class(pool.name, group.disk, launch, volume_key_arn, reservation_id), with_crds
+            )
+            fallbacks = tuple(own.fallback_instance_types)
+            apply(karpenter.node_pool(pool, group.max_size, fallbacks, reservation is not None), with_crds)
             self.node_pools[pool.name] = group.pool
         self.register_outputs({"node_pools": self.node_pools})

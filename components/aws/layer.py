@@ -56,7 +56,13 @@ class AwsLayer(pulumi.ComponentResource):
         self.keys = PlatformKeys(spec, account_id, tags, on_aws)
         self.network = Network(spec, account_id, self.keys.logs.arn, tags, on_aws)
         self.cluster = Cluster(
-            spec, self.network.private_subnet_ids, account_id, self.keys.logs.arn, tags, on_aws
+            spec,
+            self.network.vpc_id,
+            self.network.private_subnet_ids,
+            account_id,
+            self.keys.logs.arn,
+            tags,
+            on_aws,
         )
         cluster_name = self.cluster.name
 
@@ -75,17 +81,18 @@ class AwsLayer(pulumi.ComponentResource):
         karpenter = spec.cluster.node_provisioner is NodeProvisioner.KARPENTER
         # With Karpenter, only the system group is managed; GPU nodes come from its NodePools.
         plans = [decisions.system_node_group(spec)] if karpenter else decisions.node_groups(spec, layout)
+        self.node_group_plans = plans
         for plan in plans:
-            self.node_groups[plan.pool] = NodeGroup(
+            self.node_groups[plan.node_group_name] = NodeGroup(
                 plan,
                 cluster_name,
                 node_role.arn,
-                self.network.private_subnet_ids,
+                self.network.subnets_in(plan.zones),
                 self.keys.disks.arn,
                 tags,
                 pulumi.ResourceOptions(parent=self, providers={"aws": provider}, depends_on=before_nodes),
             )
-        system = self.node_groups[decisions.SYSTEM_POOL]
+        system = self.node_groups[decisions.system_node_group(spec).node_group_name]
 
         ebs_role = ServiceRole(
             f"{name}-ebs-csi",
@@ -186,7 +193,13 @@ class AwsLayer(pulumi.ComponentResource):
                 providers={"kubernetes": self.kubernetes_provider}, depends_on=self.ready
             ),
             images=self.registry.runtime_images(),
-            addons=tuple(addons.releases(spec, vpc_id=self.network.vpc_id)),
+            addons=tuple(
+                addons.releases(
+                    spec,
+                    vpc_id=self.network.vpc_id,
+                    priorities=decisions.autoscaler_priorities(self.node_group_plans),
+                )
+            ),
             limit_store_url=self.limit_store.url if self.limit_store is not None else None,
         )
 
@@ -195,10 +208,10 @@ class AwsLayer(pulumi.ComponentResource):
         pulumi.export("vpc_id", self.network.vpc_id)
         pulumi.export("kubeconfig", self.cluster.kubeconfig)
         pulumi.export("model_bucket", self.storage.bucket.bucket)
-        pulumi.export("node_groups", {p: g.node_group.node_group_name for p, g in self.node_groups.items()})
+        pulumi.export("node_groups", {n: g.node_group.node_group_name for n, g in self.node_groups.items()})
         if self.karpenter is not None:
             pulumi.export("node_pools", self.karpenter.node_pools)
-        pulumi.export("images", self.registry.images)
+        pulumi.export("images", {name: image.reference for name, image in self.registry.images.items()})
 
 
 def provision(spec: PlatformSpec, layout: Layout, stack: str) -> ClusterAccess:

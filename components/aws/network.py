@@ -137,6 +137,16 @@ class Network(pulumi.ComponentResource):
         self.public_subnet_ids = [s.id for s in public]
         self.register_outputs({"vpc_id": vpc.id, "private_subnet_ids": self.private_subnet_ids})
 
+    def subnets_in(self, zones: list[str] | None) -> list[pulumi.Input[str]]:
+        """The private subnets of ``zones`` (None: all of them); the stack knows zones only of subnets it makes."""
+        if zones is None:
+            return list(self.private_subnet_ids)
+        return [
+            s
+            for s, plan in zip(self.private_subnet_ids, self.plan.private, strict=True)
+            if plan.zone in zones
+        ]
+
     def _flow_log(
         self,
         spec: PlatformSpec,

@@ -12,8 +12,31 @@ import pulumi
 import pulumi_aws as aws
 
 from components.aws import decisions
+from components.spec import ReservationKind
 
 TAGGED_AT_LAUNCH = ("instance", "volume", "network-interface")
+
+
+def _reservation_target(
+    plan: decisions.NodeGroupPlan,
+) -> aws.ec2.LaunchTemplateCapacityReservationSpecificationArgs | None:
+    """Launch into the pool's capacity reservation and nowhere else."""
+    if plan.reservation is None:
+        return None
+    return aws.ec2.LaunchTemplateCapacityReservationSpecificationArgs(
+        capacity_reservation_target=aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs(
+            capacity_reservation_id=plan.reservation.id
+        )
+    )
+
+
+def _capacity_block_market(
+    plan: decisions.NodeGroupPlan,
+) -> aws.ec2.LaunchTemplateInstanceMarketOptionsArgs | None:
+    """A Capacity Block is bought in the capacity-block market (EC2's LaunchTemplateData.InstanceMarketOptions)."""
+    if plan.capacity_type != decisions.EKS_RESERVATION_CAPACITY_TYPE[ReservationKind.CAPACITY_BLOCK]:
+        return None
+    return aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(market_type=decisions.CAPACITY_BLOCK_MARKET)
 
 
 class NodeGroup(pulumi.ComponentResource):
@@ -58,6 +81,8 @@ class NodeGroup(pulumi.ComponentResource):
                     ),
                 )
             ],
+            capacity_reservation_specification=_reservation_target(plan),
+            instance_market_options=_capacity_block_market(plan),
             # Node group tags stay on the node group; these reach the instances and disks the bill is for.
             tag_specifications=[
                 aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=named)

@@ -1,17 +1,13 @@
 """ECR repositories for the runtime images, and the images built from ``runtime/images/`` and pushed there.
 
-Tags are immutable, so an image's tag is the digest of what goes into it (its Dockerfile, ``runtime/`` and
-``pyproject.toml``): unchanged sources push nothing, changed ones get a new tag. The gateway deployments
-run the pushed images by digest (``<repository URL>@sha256:...``), so a pod runs exactly what was built.
-
-Pushing authenticates with a short-lived ECR token from ``aws.ecr.get_authorization_token`` (the deploying
-identity's credentials, no ``docker login`` on the host); its password travels only as a Pulumi secret.
-Repositories are encrypted with the platform's images key.
+The build itself is ``components.images`` (the same on every target); here each image gets an immutable, scanned,
+KMS-encrypted repository with a lifecycle policy, and the push authenticates with a short-lived ECR token from
+``aws.ecr.get_authorization_token`` (the deploying identity's credentials, no ``docker login`` on the host); its
+password travels only as a Pulumi secret. The gateway deployments run the pushed images by digest.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,36 +15,16 @@ from typing import TYPE_CHECKING
 import pulumi
 import pulumi_aws as aws
 
+from components import images as builds
+from components.images import RUNTIME_IMAGES, dockerfile
 from components.render.gateway import RuntimeImage
 from components.spec import PlatformSpec
 
 if TYPE_CHECKING:
     import pulumi_docker_build as docker_build
 
-RUNTIME_IMAGES = ("router", "health", "batcher")
-DOCKERFILE_DIR = Path("runtime/images")
-CONTEXT_INPUTS = ("runtime", "pyproject.toml")
 UNTAGGED_EXPIRY_DAYS = 14
 KEEP_IMAGES = 30
-PLATFORM = "linux/amd64"
-
-
-def dockerfile(root: Path, image: str) -> Path:
-    return root / DOCKERFILE_DIR / f"{image}.Dockerfile"
-
-
-def context_tag(root: Path, image: str) -> str:
-    """A content tag: sha256 over the Dockerfile and the build inputs (paths and bytes, in sorted order)."""
-    digest = hashlib.sha256()
-    files = [dockerfile(root, image)]
-    for entry in CONTEXT_INPUTS:
-        path = root / entry
-        files += sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for path in files:
-        if not path.is_file() or "__pycache__" in path.parts:
-            continue
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return f"src-{digest.hexdigest()[:16]}"
 
 
 def lifecycle_policy() -> str:
@@ -82,20 +58,12 @@ def lifecycle_policy() -> str:
     )
 
 
-def digest_reference(repository_url: str, digest: str) -> str:
-    """``<repository URL>@sha256:<hex>``: the one image this push produced, whatever tags move later."""
-    return f"{repository_url}@{digest}"
-
-
 class Registry(pulumi.ComponentResource):
-    """One ECR repository per runtime image; ``images`` maps image -> pushed reference by digest.
-
-    ``versions`` maps image -> its content tag (plain text, known before the push: the version label).
-    """
+    """One ECR repository per runtime image; ``images`` maps image -> what the gateway runs: the pushed reference
+    by digest, labelled with its content tag."""
 
     repositories: dict[str, aws.ecr.Repository]
-    images: dict[str, pulumi.Output[str]]
-    versions: dict[str, str]
+    images: dict[str, RuntimeImage]
 
     def __init__(
         self,
@@ -109,7 +77,6 @@ class Registry(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         self.repositories = {}
         self.images = {}
-        self.versions = {}
         for image in RUNTIME_IMAGES:
             repo = aws.ecr.Repository(
                 f"{spec.cluster_name}-{image}",
@@ -130,10 +97,13 @@ class Registry(pulumi.ComponentResource):
             )
             self.repositories[image] = repo
             if dockerfile(root, image).is_file():
-                self.versions[image] = tag = context_tag(root, image)
-                built = self._build(spec, image, tag, repo, root)
-                self.images[image] = pulumi.Output.all(repo.repository_url, built.digest).apply(
-                    lambda args: digest_reference(str(args[0]), str(args[1]))
+                self.images[image] = builds.build(
+                    f"{spec.cluster_name}-{image}",
+                    image,
+                    repo.repository_url,
+                    root,
+                    self,
+                    registries=[self._ecr_login(repo)],
                 )
             else:
                 pulumi.log.warn(
@@ -141,35 +111,21 @@ class Registry(pulumi.ComponentResource):
                     "built, and the gateway runs the spec's image for it",
                     self,
                 )
-        self.register_outputs({"images": self.images})
+        self.register_outputs({"images": {i: built.reference for i, built in self.images.items()}})
 
     def runtime_images(self) -> dict[str, RuntimeImage]:
         """What the gateway deployments run: each pushed image by digest, labelled with its content tag."""
-        return {image: RuntimeImage(ref, self.versions[image]) for image, ref in self.images.items()}
+        return dict(self.images)
 
-    def _build(
-        self, spec: PlatformSpec, image: str, tag: str, repo: aws.ecr.Repository, root: Path
-    ) -> docker_build.Image:
-        """Build ``image`` and push it as ``repo:tag``, logged in with a fresh ECR token for that registry."""
+    def _ecr_login(self, repo: aws.ecr.Repository) -> docker_build.RegistryArgs:
+        """A fresh ECR token for the repository's registry, as Pulumi secrets."""
         import pulumi_docker_build as docker_build  # noqa: PLC0415 - only stacks that build images need it
 
         token = aws.ecr.get_authorization_token_output(
             registry_id=repo.registry_id, opts=pulumi.InvokeOutputOptions(parent=self)
         )
-        built = docker_build.Image(
-            f"{spec.cluster_name}-{image}",
-            context=docker_build.BuildContextArgs(location=str(root)),
-            dockerfile=docker_build.DockerfileArgs(location=str(dockerfile(root, image))),
-            platforms=[docker_build.Platform(PLATFORM)],
-            push=True,
-            tags=[repo.repository_url.apply(lambda url: f"{url}:{tag}")],
-            registries=[
-                docker_build.RegistryArgs(
-                    address=repo.repository_url.apply(lambda url: url.split("/", 1)[0]),
-                    username=pulumi.Output.secret(token.user_name),
-                    password=pulumi.Output.secret(token.password),
-                )
-            ],
-            opts=pulumi.ResourceOptions(parent=self),
+        return docker_build.RegistryArgs(
+            address=repo.repository_url.apply(lambda url: url.split("/", 1)[0]),
+            username=pulumi.Output.secret(token.user_name),
+            password=pulumi.Output.secret(token.password),
         )
-        return built

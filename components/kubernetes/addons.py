@@ -58,7 +58,10 @@ class ClusterAddons(pulumi.ComponentResource):
                 chart=release.chart,
                 version=release.version,
                 namespace=release.namespace,
-                repository_opts=k8s.helm.v4.RepositoryOptsArgs(repo=release.repository),
+                # An OCI chart (oci://...) names its registry itself; a classic one comes from its repository.
+                repository_opts=k8s.helm.v4.RepositoryOptsArgs(repo=release.repository)
+                if release.repository
+                else None,
                 values=release.values,
                 skip_await=False,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=depends),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import pulumi
 
+from components.images import RegistryImages
 from components.placement import Layout
 from components.render.addons import Release
 from components.render.gateway import RuntimeImage
@@ -34,5 +35,9 @@ class ClusterAccess:
 
 
 def bring_your_own(spec: PlatformSpec, layout: Layout, stack: str) -> ClusterAccess:
-    """``target: kubernetes``: the kubeconfig's cluster, the spec's images, no cloud controllers."""
-    return ClusterAccess()
+    """``target: kubernetes``: the kubeconfig's cluster, no cloud controllers, and the runtime images built into
+    ``gateway.image_registry`` (else the spec's pinned images, which must be published)."""
+    registry = spec.gateway.image_registry
+    if registry is None:
+        return ClusterAccess()
+    return ClusterAccess(images=RegistryImages(spec, registry).images)

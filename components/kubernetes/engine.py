@@ -7,11 +7,16 @@ import pulumi
 from components.kubernetes.manifests import apply
 from components.placement import Placement
 from components.render import common, engine
+from components.rollout import Rollout
 from components.spec import ModelSpec, PlatformSpec
 
 
 class ModelEngine(pulumi.ComponentResource):
-    """The Deployment and Service (and engine ConfigMap) serving one model."""
+    """The Deployment and Service (and engine ConfigMap) serving one model.
+
+    `pulumi up` waits for the Deployment as long as its replicas may take: one startup budget when it is created
+    (replicas start together), every round of a rolling update when it changes (``Rollout.update_timeout_s``).
+    """
 
     service_name: str
 
@@ -20,11 +25,18 @@ class ModelEngine(pulumi.ComponentResource):
         spec: PlatformSpec,
         model: ModelSpec,
         placement: Placement,
+        rollout: Rollout,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("inferstack:kubernetes:ModelEngine", model.name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.manifests = engine.render(spec, model, placement)
-        self.resources = [apply(m, child) for m in self.manifests]
+        awaited = pulumi.ResourceOptions(
+            parent=self,
+            custom_timeouts=pulumi.CustomTimeouts(
+                create=f"{rollout.startup.budget_s}s", update=f"{rollout.update_timeout_s}s"
+            ),
+        )
+        self.manifests = engine.render(spec, model, placement, rollout)
+        self.resources = [apply(m, awaited if m["kind"] == "Deployment" else child) for m in self.manifests]
         self.service_name = common.engine_name(model.name)
         self.register_outputs({"service": self.service_name})

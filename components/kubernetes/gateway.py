@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pulumi
+import pulumi_kubernetes as k8s
 
 from components.cloud import Cloud
 from components.kubernetes.manifests import apply
-from components.render import api_keys, common, gateway, network
-from components.spec import PlatformSpec
+from components.render import api_keys, common, gateway, ingress, network
+from components.spec import GatewayApiImplementation, IngressKind, PlatformSpec
 
 
 def _hashed(raw: str, source: str) -> str:
@@ -48,10 +49,26 @@ class Gateway(pulumi.ComponentResource):
             hashed = keys.apply(lambda raw: _hashed(raw, source))
             manifest = {**api_keys.api_keys_secret(spec), "stringData": {common.API_KEYS_FILE: hashed}}
             depends.append(apply(manifest, child, secret_fields=("stringData",)))
+        depends += self._existing_gateway_class(spec)
         after = pulumi.ResourceOptions(parent=self, depends_on=depends)
         self.resources = [apply(m, after) for m in self.manifests]
         self.router_service = common.runtime_name(spec, common.ROUTER)
         self.register_outputs({"router_service": self.router_service, "hostname": spec.gateway.hostname})
+
+    def _existing_gateway_class(self, spec: PlatformSpec) -> list[pulumi.Resource]:
+        """``gateway_api: existing``: read the GatewayClass before anything else, so `pulumi up` stops with "not
+        found" there, instead of leaving a Gateway nothing serves."""
+        g = spec.gateway
+        if g.ingress is not IngressKind.GATEWAY_API or g.gateway_api is not GatewayApiImplementation.EXISTING:
+            return []
+        existing = k8s.apiextensions.CustomResource.get(
+            f"gatewayclass:{g.gateway_class}",
+            id=g.gateway_class,
+            api_version=ingress.GATEWAY_API_VERSION,
+            kind="GatewayClass",
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        return [existing]
 
 
 class NetworkPolicies(pulumi.ComponentResource):

@@ -18,6 +18,7 @@ from typing import Annotated
 import typer
 
 from components.local import state
+from components.local.monitor import DEFAULT_MONITOR_PORT, Monitor
 from components.local.plan import (
     DEFAULT_BATCHER_PORT,
     DEFAULT_ENGINE_PORT,
@@ -101,6 +102,27 @@ def up(
         bool, typer.Option("--detach", "-d", help="Run in the background; stop with `inferstack local down`.")
     ] = False,
     timeout: Annotated[float, typer.Option(help="Seconds the engines may take to become ready.")] = 900.0,
+    monitor: Annotated[
+        bool,
+        typer.Option(
+            "--monitor",
+            help="Also run Prometheus (127.0.0.1, --monitor-port) scraping everything, with the stack's alert rules.",
+        ),
+    ] = False,
+    monitor_port: Annotated[
+        int, typer.Option(help="Prometheus' port (with --monitor).")
+    ] = DEFAULT_MONITOR_PORT,
+    monitor_interval: Annotated[
+        int,
+        typer.Option(min=1, max=300, help="Seconds between scrapes and rule evaluations (with --monitor)."),
+    ] = Monitor.interval_s,
+    monitor_alert_for: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Shorten every alert's `for:` to at most this many seconds, to watch alerts fire (with --monitor).",
+        ),
+    ] = None,
     detached_child: Annotated[bool, typer.Option("--detached-child", hidden=True)] = False,
 ) -> None:
     """Start the local stack and wait until the router is ready; foreground unless --detach."""
@@ -113,6 +135,7 @@ def up(
         cpus=pick_cpus(lambda: os.sched_getaffinity(0)),
         routers=routers,
         redis_port=redis_port,
+        monitor=Monitor(monitor_port, monitor_interval, monitor_alert_for) if monitor else None,
     )
     plan = _plan(stack, stacks_dir, options)
     if detach:
@@ -162,6 +185,10 @@ def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) 
     for service in plan.services[:-1]:
         if service.option != "--port":  # router replicas take the ports after --port
             argv += [service.option, str(service.port)]
+    if plan.monitor is not None:
+        m = plan.monitor
+        argv += ["--monitor", "--monitor-port", str(m.port), "--monitor-interval", str(m.interval_s)]
+        argv += [] if m.alert_for_cap_s is None else ["--monitor-alert-for", str(m.alert_for_cap_s)]
     with log.open("wb") as sink:
         child = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True

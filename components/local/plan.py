@@ -12,17 +12,21 @@ engines; ``components.local.supervisor`` is the thin shell that carries the plan
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from components.local.monitor import Monitor
 from components.local.redis_process import RedisError, RedisProcess
+from components.local.tiny_model import GENERATED_MODELS, Kind
+from components.render import common, scaling
 from components.render import runtime_config as rendered
 from components.spec import ModelSpec, PlatformSpec, Target
 from components.stackfile import Stack
-from runtime.config import EngineKind, RuntimeConfig, Task
+from runtime.config import EngineKind, FileDiscovery, RuntimeConfig, Task
 
 HOST = "127.0.0.1"
 DEFAULT_ROUTER_PORT = 8080
@@ -41,8 +45,6 @@ LOCAL_DRAIN_GRACE_S = 5
 KV_CACHE_GIB = 1
 #: Environment variable every process of one local stack carries (its state dir): finds stragglers.
 TAG_ENV = "INFERSTACK_LOCAL_STACK"
-
-ModelKind = Literal["chat", "embed"]
 
 
 class PlanError(Exception):
@@ -68,6 +70,8 @@ class LocalOptions:
     balancer on ``router_port``, and share rate limits through a local redis-server."""
     redis_port: int = DEFAULT_REDIS_PORT
     """The shared rate-limit store's port (with several routers, or gateway.shared_limits)."""
+    monitor: Monitor | None = None
+    """Also run Prometheus (`--monitor`) with the stack's rendered rules."""
 
 
 @dataclass(frozen=True)
@@ -76,9 +80,12 @@ class ModelPrep:
 
     model: str
     path: Path
-    kind: ModelKind
-    generate: bool
-    """True: made here (no download) when missing; False: the user's directory, must exist."""
+    recipe: Kind | None
+    """How it is made here (no download) when missing; None: the user's directory, which must exist."""
+
+    @property
+    def generate(self) -> bool:
+        return self.recipe is not None
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,8 @@ class EngineLaunch:
     cpu_cores: str
     kv_events: tuple[str, str] | None = None
     """Where it publishes KV-cache events (ipc socket files), when its routing follows them."""
+    on_demand: bool = False
+    """Started by the autoscaler when demand calls for it (replicas above min_replicas), not at start-up."""
 
     @property
     def model(self) -> str:
@@ -149,11 +158,25 @@ class LocalPlan:
     config: RuntimeConfig
     generate_models: tuple[str, ...] = field(default=())
     embed_models: tuple[str, ...] = field(default=())
+    spec: PlatformSpec | None = None
+    monitor: Monitor | None = None
 
     @property
     def router(self) -> ServiceLaunch:
         """What clients reach: the router, or the balancer in front of several."""
         return self.services[-1]
+
+    def service(self, name: str) -> ServiceLaunch:
+        return next(s for s in self.services if s.name == name)
+
+    def scraped_services(self) -> list[tuple[str, int]]:
+        """(part, port) of the runtime services Prometheus scrapes: every router replica, not the balancer
+        in front of them or the store."""
+        return [
+            ("router" if s.name.startswith("router-") else s.name, s.port)
+            for s in self.services
+            if s.module.startswith("runtime.")
+        ]
 
     @property
     def routers(self) -> int:
@@ -176,11 +199,33 @@ class LocalPlan:
     def config_path(self) -> Path:
         return self.state_dir / "runtime.yaml"
 
+    @property
+    def endpoints_path(self) -> Path:
+        """Ready replicas of the models that scale, as their file discovery reads them."""
+        return endpoints_path(self.state_dir)
+
+    @property
+    def engine_targets_path(self) -> Path:
+        """Every existing engine replica, as Prometheus' file_sd reads them."""
+        return self.state_dir / "monitor" / "engines.json"
+
+    @property
+    def always_on(self) -> tuple[EngineLaunch, ...]:
+        """The engines started at start-up (the others start on demand)."""
+        return tuple(e for e in self.engines if not e.on_demand)
+
     def ports(self) -> list[tuple[int, str, str]]:
         """(port, what listens there, the option that changes it): the router first, engines last."""
-        return [(s.port, s.name, s.option) for s in reversed(self.services)] + [
-            (e.port, f"engine {e.name}", "--engine-port") for e in self.engines
-        ]
+        monitor = [(self.monitor.port, "Prometheus", "--monitor-port")] if self.monitor else []
+        return (
+            [(s.port, s.name, s.option) for s in reversed(self.services)]
+            + monitor
+            + [(e.port, f"engine {e.name}", "--engine-port") for e in self.engines]
+        )
+
+
+def endpoints_path(state_dir: Path) -> Path:
+    return state_dir / "endpoints.json"
 
 
 def _problem(stack: Stack, where: str, message: str) -> PlanError:
@@ -205,15 +250,24 @@ def model_preps(spec: PlatformSpec, repo_root: Path, source: str = "stack file")
                 "give a path such as './models/my-model' or '/data/llama'"
             )
         path = model_dir(model, repo_root)
-        kind: ModelKind = "embed" if model.resolved_task() is Task.EMBED else "chat"
-        inside = path.resolve().is_relative_to(generated)
-        preps.append(ModelPrep(model.name, path, kind, generate=inside))
+        if not path.resolve().is_relative_to(generated):
+            preps.append(ModelPrep(model.name, path, recipe=None))
+            continue
+        recipe = GENERATED_MODELS.get(path.name)
+        if recipe is None:
+            known = ", ".join(f"./{GENERATED_MODELS_DIR}/{name}" for name in GENERATED_MODELS)
+            raise PlanError(
+                f"{source}: models[{i}].source: nothing makes {model.source!r}: the models made here are "
+                f"{known}; keep a model of your own outside ./{GENERATED_MODELS_DIR}"
+            )
+        preps.append(ModelPrep(model.name, path, recipe))
     return preps
 
 
 def replicas(model: ModelSpec) -> int:
-    """Engines started for a model: its min_replicas, at least one (nothing here scales from zero)."""
-    return max(1, model.scaling.min_replicas)
+    """Engines planned for a model: max_replicas when it scales (the autoscaler starts those above
+    min_replicas on demand), else its fixed count."""
+    return model.scaling.max_replicas if scaling.scales(model) else max(1, model.scaling.min_replicas)
 
 
 def check_stack(stack: Stack) -> None:
@@ -232,6 +286,14 @@ def check_stack(stack: Stack) -> None:
                 stack,
                 f"models[{i}].engine.kind",
                 f"{model.engine.kind.value}: the local target runs vLLM on CPU only; set kind: vllm",
+            )
+        if model.publishes_kv_events and scaling.scales(model):
+            raise _problem(
+                stack,
+                f"models[{i}].routing.strategy",
+                "precise_prefix follows each engine's KV events on its own socket files, which the local "
+                "autoscaler's replicas (started on demand) do not publish yet; set min_replicas equal to "
+                "max_replicas or use strategy prefix_aware",
             )
     if spec.gateway.require_api_key:
         raise _problem(
@@ -260,15 +322,20 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
             events = None
             if model.publishes_kv_events:
                 events = (f"ipc://{run_dir}/{name}.events", f"ipc://{run_dir}/{name}.replay")
-            engines.append(EngineLaunch(name, model, prep.path, port, str(core), events))
+            on_demand = scaling.scales(model) and r >= model.scaling.min_replicas
+            engines.append(
+                EngineLaunch(name, model, prep.path, port, str(core), kv_events=events, on_demand=on_demand)
+            )
             port += 1
     services = [*store_service(spec, options, repo_root)]
     services.append(ServiceLaunch("health", "runtime.health", options.health_port, "--health-port"))
     if rendered.has_batcher(spec):
         services.append(ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port"))
     services += router_services(options)
+    monitor = [(options.monitor.port, "Prometheus", "--monitor-port")] if options.monitor else []
     check_ports(
         [(s.port, s.name, s.option) for s in services]
+        + monitor
         + [(e.port, f"engine {e.name}", "--engine-port") for e in engines]
     )
     return LocalPlan(
@@ -278,9 +345,13 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         models=tuple(preps),
         engines=tuple(engines),
         services=tuple(services),
-        config=local_runtime_config(spec, engines, {s.name: s.port for s in services}),
+        config=local_runtime_config(
+            spec, engines, {s.name: s.port for s in services}, endpoints_path(options.state_dir.absolute())
+        ),
         generate_models=tuple(m.name for m in spec.models if m.resolved_task() is not Task.EMBED),
         embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
+        spec=spec,
+        monitor=options.monitor,
     )
 
 
@@ -333,14 +404,20 @@ def check_ports(ports: Sequence[tuple[int, str, str]]) -> None:
 
 
 def local_runtime_config(
-    spec: PlatformSpec, engines: Sequence[EngineLaunch], ports: dict[str, int]
+    spec: PlatformSpec, engines: Sequence[EngineLaunch], ports: dict[str, int], endpoints: Path | None = None
 ) -> RuntimeConfig:
-    """The cluster's RuntimeConfig (same renderer), with this machine's addresses."""
+    """The cluster's RuntimeConfig (same renderer), with this machine's addresses: fixed replicas for models
+    of a fixed size, the autoscaler's ``endpoints`` file for models that scale (replicas come and go)."""
     backends: dict[str, list[str]] = {}
     for engine in engines:
         backends.setdefault(engine.model, []).append(engine.url)
     base = rendered.runtime_config(spec, static_backends=backends)
     doc = base.model_dump(mode="json", exclude_none=True)
+    for model, target in zip(spec.models, doc["models"], strict=True):
+        if scaling.scales(model) and endpoints is not None:
+            service = common.engine_name(model.name)
+            target["static_backends"] = []
+            target["discovery"] = FileDiscovery(path=endpoints, service=service).model_dump(mode="json")
     doc["router"].update(
         host=HOST,
         port=ports["router"],
@@ -373,10 +450,17 @@ def describe(plan: LocalPlan) -> list[str]:
         f"stack {plan.stack} ({plan.source}): {len(plan.engines)} engines, then {', '.join(s.name for s in plan.services)}"
     ]
     for e in plan.engines:
-        lines.append(f"  engine {e.name:<24} {e.url}  core {e.cpu_cores}  {e.path}")
+        when = "  (started on demand)" if e.on_demand else ""
+        lines.append(f"  engine {e.name:<24} {e.url}  core {e.cpu_cores}  {e.path}{when}")
     for s in plan.services:
         lines.append(f"  {s.name:<31} {s.url}")
+    if plan.monitor is not None:
+        lines.append(f"  {'prometheus':<31} {plan.monitor.url}")
     return lines
+
+
+#: What the banner's examples ask (the README's too): a question a small chat model gets right.
+FIRST_QUESTION = "What is the capital of France?"
 
 
 def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
@@ -388,16 +472,36 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
     )
     lines = [
         "",
-        f"inferstack local is ready in {ready_s:.0f}s: {len(plan.engines)} vLLM engines behind {front}",
+        f"inferstack local is ready in {ready_s:.0f}s: {len(plan.always_on)} vLLM engines behind {front}"
+        + (
+            f", {len(plan.engines) - len(plan.always_on)} more on demand"
+            if len(plan.engines) > len(plan.always_on)
+            else ""
+        ),
         "",
         f"  OpenAI API  {url}/v1   models: {', '.join(plan.generate_models + plan.embed_models)}",
-        f"  metrics     {url}/metrics   (health monitor: {plan.services[0].url}/v1/backends)",
+        f"  metrics     {url}/metrics   (health monitor: {plan.service('health').url}/v1/backends)",
         f"  logs        {plan.logs_dir}/",
         "",
     ]
+    if plan.monitor is not None:
+        lines[-1:-1] = [
+            f"  Prometheus  {plan.monitor.url}   alerts: {plan.monitor.url}/alerts   "
+            f"rules: {plan.monitor.url}/rules   targets: {plan.monitor.url}/targets",
+        ]
+    cold = sorted({e.model for e in plan.engines if e.on_demand} - {e.model for e in plan.always_on})
+    if cold:
+        lines[-1:-1] = [
+            f"  at zero     {', '.join(cold)}: the first request waits while an engine starts (about a minute)",
+        ]
     if chat is not None:
-        body = (
-            f'{{"model": "{chat}", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 16}}'
+        body = json.dumps(
+            {
+                "model": chat,
+                "messages": [{"role": "user", "content": FIRST_QUESTION}],
+                "max_tokens": 32,
+                "temperature": 0,
+            }
         )
         lines += [
             f"  curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\",
@@ -405,8 +509,8 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
             "",
             "  from openai import OpenAI",
             f'  client = OpenAI(base_url="{url}/v1", api_key="unused")',
-            f'  reply = client.chat.completions.create(model="{chat}", max_tokens=16,',
-            '                                          messages=[{"role": "user", "content": "Hello"}])',
+            f'  reply = client.chat.completions.create(model="{chat}", max_tokens=32, temperature=0,',
+            f'                                          messages=[{{"role": "user", "content": "{FIRST_QUESTION}"}}])',
             "  print(reply.choices[0].message.content)",
         ]
     if plan.embed_models:

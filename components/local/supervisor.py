@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,10 +32,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from components.local import state
+import yaml
+
+from components.local import monitor, state
+from components.local.autoscaler import Autoscaler
 from components.local.engine_process import REPO_ROOT, EngineError, EngineProcess, engine_python
 from components.local.plan import HOST, KV_CACHE_GIB, TAG_ENV, EngineLaunch, LocalPlan, banner, describe
-from components.local.tiny_model import is_complete
+from components.local.tiny_model import MAKE_TIME, is_complete, needs_source_check
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -149,6 +153,7 @@ class Supervisor:
     hurry: bool = False
     phase: str = "starting"
     started: float = field(default_factory=time.monotonic)
+    autoscaler: Autoscaler | None = None
     _reported_dead: set[str] = field(default_factory=set)
 
     # -- output ----------------------------------------------------------------------------------
@@ -222,10 +227,13 @@ class Supervisor:
             + plan.config.to_yaml()
         )
         self.start_engines(python)
+        self.autoscaler = self._autoscaler(python)
         for spec in plan.services:
             self._check_stop()
             argv = spec.argv(self.python, plan.config_path.resolve())
             self.start_service(spec.name, argv, spec.port, tcp=spec.probe == "tcp")
+        if plan.monitor is not None:
+            self.start_monitor(plan.monitor)
         self.wait_router()
         ready_s = time.monotonic() - self.started
         print(banner(plan, ready_s, self.detached), file=self.out, flush=True)
@@ -237,7 +245,7 @@ class Supervisor:
             if prep.path in done:
                 continue
             done.add(prep.path)
-            if not prep.generate:
+            if prep.recipe is None:
                 if not (prep.path / "config.json").is_file():
                     raise StartError(
                         f"{self.plan.source}: model {prep.model}: {prep.path} is not a model directory "
@@ -246,9 +254,13 @@ class Supervisor:
                         EXIT_USAGE,
                     )
                 continue
-            if is_complete(prep.path, prep.kind):
+            made = is_complete(prep.path, prep.recipe)
+            if made and not needs_source_check(prep.recipe):
                 continue
-            self.say(f"making the {prep.kind} model {prep.path} (no download; seconds)")
+            if not made:
+                self.say(
+                    f"making the {prep.recipe} model {prep.path} (no download; {MAKE_TIME[prep.recipe]})"
+                )
             log = self.plan.logs_dir / f"make-model-{prep.model}.log"
             with log.open("wb") as sink:
                 proc = subprocess.Popen(
@@ -259,7 +271,7 @@ class Supervisor:
                         "--out",
                         str(prep.path),
                         "--kind",
-                        prep.kind,
+                        prep.recipe,
                     ],
                     cwd=REPO_ROOT,
                     env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)},
@@ -279,14 +291,14 @@ class Supervisor:
     # -- engines ---------------------------------------------------------------------------------
     def start_engines(self, python: Path) -> None:
         tag = state.tag_value(self.plan.state_dir)
-        for launch in self.plan.engines:
+        for launch in self.plan.always_on:
             self._check_stop()
             engine = engine_process(launch, self.plan.logs_dir, tag, python)
             engine.start()
             self.engines.append(engine)
             self._write_state()
         self.say(f"{len(self.engines)} engines starting (about a minute; logs in {self.plan.logs_dir}/)")
-        waiting = dict(zip((e.name for e in self.plan.engines), self.engines, strict=True))
+        waiting = dict(zip((e.name for e in self.plan.always_on), self.engines, strict=True))
         deadline = time.monotonic() + self.timeout_s
         while waiting:
             self._check_stop()
@@ -306,8 +318,52 @@ class Supervisor:
                 )
             time.sleep(POLL_S)
 
+    def _autoscaler(self, python: Path) -> Autoscaler:
+        """Takes over the started engines and starts the others on demand; publishes who is ready."""
+        plan = self.plan
+        assert plan.spec is not None
+        tag = state.tag_value(plan.state_dir)
+        scaler = Autoscaler(
+            plan,
+            plan.spec,
+            make_engine=lambda launch: engine_process(launch, plan.logs_dir, tag, python),
+            healthy=lambda url: http_get(f"{url}/health")[0] == 200,
+            say=self.say,
+        )
+        for launch, engine in zip(plan.always_on, self.engines, strict=True):
+            scaler.adopt(launch, engine)
+        scaler.publish()
+        return scaler
+
     # -- runtime services ------------------------------------------------------------------------
-    def start_service(self, name: str, argv: list[str], port: int, tcp: bool = False) -> None:
+    def start_monitor(self, settings: monitor.Monitor) -> None:
+        """Prometheus with the stack's rendered rules, scraping the services and the engines."""
+        plan = self.plan
+        assert plan.spec is not None
+        binary = shutil.which(monitor.PROMETHEUS)
+        if binary is None:
+            raise StartError(
+                "--monitor needs Prometheus, which is not installed: run `make prometheus` "
+                "(Debian's package `prometheus`: apt-get install -y prometheus)",
+                EXIT_USAGE,
+            )
+        directory = (plan.state_dir / monitor.MONITOR_DIR).absolute()
+        data = directory / "data"
+        shutil.rmtree(data, ignore_errors=True)
+        rules, config = directory / "rules.yml", directory / "prometheus.yml"
+        rules.write_text(
+            yaml.safe_dump(monitor.rule_file(plan.spec, settings.alert_for_cap_s), sort_keys=False)
+        )
+        runtime = monitor.runtime_targets(plan.spec, plan.scraped_services())
+        doc = monitor.prometheus_config(settings, runtime, plan.engine_targets_path.absolute(), rules)
+        config.write_text(yaml.safe_dump(doc, sort_keys=False))
+        argv = monitor.argv(binary, config, data, settings.port)
+        self.start_service("prometheus", argv, settings.port, ready_path="/-/ready")
+
+    def start_service(
+        self, name: str, argv: list[str], port: int, ready_path: str = "/healthz", tcp: bool = False
+    ) -> None:
+        """Starts one service and waits until it answers ``ready_path`` (or, ``tcp``, accepts connections)."""
         log = self.plan.logs_dir / f"{name}.log"
         env = {
             **os.environ,
@@ -330,7 +386,7 @@ class Supervisor:
         self.services.append(service)
         self._write_state()
         deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
-        while not (port_in_use(port) if tcp else http_get(f"{url}/healthz")[0] == 200):
+        while not (port_in_use(port) if tcp else http_get(f"{url}{ready_path}")[0] == 200):
             self._check_stop()
             if proc.poll() is not None:
                 raise StartError(
@@ -344,8 +400,15 @@ class Supervisor:
         self.say(f"{name} listening on {url}")
 
     def wait_router(self) -> None:
-        router = self.services[-1]
-        want = {m.name for m in self.plan.config.models}
+        router = next(s for s in self.services if s.name == self.plan.router.name)
+        # models with a replica up, and models at zero whose requests the router holds while one starts
+        held = {r.model for r in self.plan.config.router.routes if r.cold_start_hold_ms}
+        want = {e.model for e in self.plan.always_on} | held
+        if not want:  # every model at zero and refused until it wakes (activator off): listening is all
+            self.say(
+                "router listening: every model is at zero; a request wakes it (and is refused meanwhile)"
+            )
+            return
         deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
         while True:
             self._check_stop()
@@ -377,7 +440,9 @@ class Supervisor:
     def watch(self) -> int:
         """Until a stop signal: report dead engines once; a dead runtime service stops the stack."""
         while not self.stop_requested:
-            for launch, engine in zip(self.plan.engines, self.engines, strict=True):
+            if self.autoscaler is not None and self.autoscaler.tick(self._router_metrics):
+                self._write_state()
+            for launch, engine in zip(self.plan.always_on, self.engines, strict=True):
                 if launch.name not in self._reported_dead and not engine.running():
                     self._reported_dead.add(launch.name)
                     self.say(
@@ -393,6 +458,10 @@ class Supervisor:
             time.sleep(POLL_S)
         return EXIT_OK
 
+    def _router_metrics(self) -> str | None:
+        status, body = http_get(f"{self.plan.router.url}/metrics")
+        return body.decode() if status == 200 else None
+
     # -- stopping --------------------------------------------------------------------------------
     def stop(self) -> None:
         """Router first (it drains), then batcher and health monitor, then all engines, then stragglers."""
@@ -401,10 +470,10 @@ class Supervisor:
         self.say("stopping")
         for service in reversed(self.services):
             self._stop_service(service)
-        threads = [
-            threading.Thread(target=engine.stop, args=(5.0 if self.hurry else ENGINE_STOP_GRACE_S,))
-            for engine in self.engines
-        ]
+        grace = 5.0 if self.hurry else ENGINE_STOP_GRACE_S
+        threads = [threading.Thread(target=engine.stop, args=(grace,)) for engine in self.engines]
+        if self.autoscaler is not None:
+            threads.append(threading.Thread(target=self.autoscaler.stop_all, args=(grace,)))
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -437,7 +506,10 @@ class Supervisor:
     # -- state file ------------------------------------------------------------------------------
     def _write_state(self) -> None:
         procs: list[dict[str, Any]] = []
-        for launch, engine in zip(self.plan.engines, self.engines, strict=False):
+        started = list(zip(self.plan.always_on, self.engines, strict=False))
+        if self.autoscaler is not None:
+            started += self.autoscaler.started()
+        for launch, engine in started:
             procs.append(
                 {
                     "name": launch.name,

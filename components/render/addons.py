@@ -16,7 +16,14 @@ from urllib.parse import urlsplit
 from components import nodes
 from components.cloud import Cloud
 from components.render import common
-from components.spec import Autoscaler, Device, GpuPlugin, PlatformSpec
+from components.spec import (
+    Autoscaler,
+    Device,
+    GatewayApiImplementation,
+    GpuPlugin,
+    IngressKind,
+    PlatformSpec,
+)
 
 PROMETHEUS_STACK_RELEASE = "kube-prometheus-stack"
 PROMETHEUS_PORT = 9090
@@ -26,6 +33,11 @@ GRAFANA_DASHBOARD_LABEL = "grafana_dashboard"
 """The label kube-prometheus-stack's Grafana sidecar looks for on dashboard ConfigMaps."""
 KEDA_NAMESPACE = "keda"
 GPU_NAMESPACE = "gpu-system"
+ENVOY_GATEWAY_RELEASE = "envoy-gateway"
+ENVOY_GATEWAY_NAMESPACE = "envoy-gateway-system"
+"""Where Envoy Gateway runs its controller and, by default, the Envoy proxies of every Gateway."""
+ENVOY_GATEWAY_CONTROLLER = "gateway.envoyproxy.io/gatewayclass-controller"
+"""The controllerName Envoy Gateway claims GatewayClasses by (the chart's config.envoyGateway.gateway default)."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +144,24 @@ def keda(spec: PlatformSpec) -> Release:
     )
 
 
+def installs_envoy_gateway(spec: PlatformSpec) -> bool:
+    g = spec.gateway
+    return g.ingress is IngressKind.GATEWAY_API and g.gateway_api is GatewayApiImplementation.ENVOY_GATEWAY
+
+
+def envoy_gateway(spec: PlatformSpec) -> Release:
+    """Envoy Gateway from its OCI chart: the controller, and the Gateway API CRDs (standard channel) it ships in
+    the chart's crds/ (https://gateway.envoyproxy.io/docs/install/install-helm/)."""
+    return Release(
+        name=ENVOY_GATEWAY_RELEASE,
+        chart="oci://docker.io/envoyproxy/gateway-helm",
+        repository="",
+        version=spec.addons.versions.envoy_gateway,
+        namespace=ENVOY_GATEWAY_NAMESPACE,
+        values={},
+    )
+
+
 def grafana_admin_secret(spec: PlatformSpec) -> dict[str, Any]:
     """The Secret Grafana reads its admin login from; ``stringData`` is filled in as a Pulumi secret."""
     meta = common.metadata(spec, GRAFANA_ADMIN_SECRET, "addons")
@@ -225,4 +255,6 @@ def releases(spec: PlatformSpec, adapter_rules: list[dict[str, Any]], cloud: Clo
         out.append(keda(spec))
     if addons.autoscaler is Autoscaler.HPA and addons.install_prometheus_adapter:
         out.append(prometheus_adapter(spec, adapter_rules))
+    if installs_envoy_gateway(spec):
+        out.append(envoy_gateway(spec))
     return out

@@ -55,22 +55,30 @@ def model_alerts(spec: PlatformSpec, model: ModelSpec) -> list[Alert]:
     t = scaling.thresholds(model)
     engine = common.engine_name(model.name)
     n = model.name
-    out = [
-        Alert(
-            "InferenceEngineDown",
-            f"{_up(spec, engine)} == 0",
-            "5m",
-            "critical",
-            f"{n}: an engine replica does not answer /metrics",
-            "A replica of {{ $labels.service }} ({{ $labels.pod }}) has been unreachable for 5 minutes.",
-            n,
-        ),
-    ]
+    out: list[Alert] = []
+    if signals.scraped(model):
+        out.append(
+            Alert(
+                "InferenceEngineDown",
+                f"{_up(spec, engine)} == 0",
+                "5m",
+                "critical",
+                f"{n}: an engine replica does not answer /metrics",
+                "A replica of {{ $labels.service }} ({{ $labels.pod }}) has been unreachable for 5 minutes.",
+                n,
+            )
+        )
     if t.min_replicas > 0:
+        # Scraped engines count as up when Prometheus reaches them; the others by the Deployment's ready pods.
+        up = (
+            f"sum({_up(spec, engine)})"
+            if signals.scraped(model)
+            else f'sum(kube_deployment_status_replicas_available{{{signals.namespace_label(spec)},deployment="{engine}"}})'
+        )
         out.append(
             Alert(
                 "InferenceEngineReplicasBelowMin",
-                f"(sum({_up(spec, engine)}) or on() vector(0)) < {t.min_replicas}",
+                f"({up} or on() vector(0)) < {t.min_replicas}",
                 "10m",
                 "critical",
                 f"{n}: fewer than {t.min_replicas} replicas up",
@@ -78,30 +86,32 @@ def model_alerts(spec: PlatformSpec, model: ModelSpec) -> list[Alert]:
                 n,
             )
         )
-    out.append(
-        Alert(
-            "InferenceQueueBacklog",
-            f"{signals.total(spec, model, Signal.QUEUED)} / clamp_min(sum({_up(spec, engine)}), 1)"
-            f" > {t.queue_per_replica:g}",
-            "10m",
-            "warning",
-            f"{n}: requests are queueing in the engines",
-            f"More than {t.queue_per_replica:g} requests per replica have waited for 10 minutes "
-            "(the scale-up target): scaling is not relieving the load.",
-            n,
+    if signals.has(model, Signal.QUEUED):
+        out.append(
+            Alert(
+                "InferenceQueueBacklog",
+                f"{signals.total(spec, model, Signal.QUEUED)} / clamp_min(sum({_up(spec, engine)}), 1)"
+                f" > {t.queue_per_replica:g}",
+                "10m",
+                "warning",
+                f"{n}: requests are queueing in the engines",
+                f"More than {t.queue_per_replica:g} requests per replica have waited for 10 minutes "
+                "(the scale-up target): scaling is not relieving the load.",
+                n,
+            )
         )
-    )
-    out.append(
-        Alert(
-            "InferenceKVCacheNearlyFull",
-            f"{signals.maximum(spec, model, Signal.KV_USAGE)} > {KV_CACHE_ALERT_RATIO:g}",
-            "10m",
-            "warning",
-            f"{n}: KV cache above {KV_CACHE_ALERT_RATIO:.0%}",
-            "An engine's KV cache is nearly full: requests are preempted or wait for blocks.",
-            n,
+    if signals.has(model, Signal.KV_USAGE):
+        out.append(
+            Alert(
+                "InferenceKVCacheNearlyFull",
+                f"{signals.maximum(spec, model, Signal.KV_USAGE)} > {KV_CACHE_ALERT_RATIO:g}",
+                "10m",
+                "warning",
+                f"{n}: KV cache above {KV_CACHE_ALERT_RATIO:.0%}",
+                "An engine's KV cache is nearly full: requests are preempted or wait for blocks.",
+                n,
+            )
         )
-    )
     slo_s = model.slo.ttft_p95_ms / 1000
     if signals.has(model, Signal.TTFT):
         for short, long, severity, for_ in BURN_WINDOWS:
@@ -205,18 +215,24 @@ def alerts(spec: PlatformSpec) -> list[Alert]:
     return [a for m in spec.models for a in model_alerts(spec, m)] + gateway_alerts(spec)
 
 
-def prometheus_rule(spec: PlatformSpec) -> Manifest:
-    """One PrometheusRule: a group per model and one for the gateway."""
+def rule_groups(spec: PlatformSpec) -> list[Manifest]:
+    """The rule groups: one per model and one for the gateway. A Prometheus rule file is ``{"groups": ...}``;
+    the cluster gets them in a PrometheusRule, ``make local MONITOR=1`` in a file (promtool checks that one)."""
     groups = [
         {"name": f"inferstack-{m.name}", "rules": [a.rule() for a in model_alerts(spec, m)]}
         for m in spec.models
     ]
     groups.append({"name": "inferstack-gateway", "rules": [a.rule() for a in gateway_alerts(spec)]})
+    return groups
+
+
+def prometheus_rule(spec: PlatformSpec) -> Manifest:
+    """One PrometheusRule with every rule group of the stack."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": common.metadata(spec, f"{spec.name}-alerts", "monitoring"),
-        "spec": {"groups": groups},
+        "spec": {"groups": rule_groups(spec)},
     }
 
 

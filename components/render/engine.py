@@ -10,11 +10,12 @@ from components.render import common, hardening, scaling
 from components.render.common import Manifest
 from components.render.engine_args import (
     MODEL_DIR,
-    S3_MODEL_DIR,
     TRTLLM_CONFIG_DIR,
     EngineCommand,
     engine_command,
+    s3_model_dir,
 )
+from components.rollout import Rollout
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import facts
 
@@ -27,10 +28,6 @@ _NODE_RESERVED_CPU = 2.0
 _NODE_RESERVED_MEMORY_FRACTION = 0.10
 _CPU_ENGINE_DEFAULTS = (2.0, 8.0)  # cores, GiB
 _OFFLOAD_BASE_GIB = 16  # host memory the engine needs besides a KV offload buffer
-# Startup budget: a base plus time to pull and load weights (~100 MiB/s end to end, conservatively).
-_STARTUP_BASE_S = 180
-_STARTUP_S_PER_GIB = 10
-_STARTUP_MAX_S = 3600
 _PROBE_PERIOD_S = 10
 
 
@@ -52,11 +49,6 @@ def engine_resources(model: ModelSpec, placement: Placement) -> tuple[float, flo
         max(memory, math.ceil(e.cpu_kv_offload_gib + _OFFLOAD_BASE_GIB)) if e.cpu_kv_offload_gib else memory
     )
     return e.cpu_cores or cores, e.memory_gib or float(memory)
-
-
-def startup_budget_s(placement: Placement) -> int:
-    """Seconds a replica may take to become healthy; grows with the weights it loads."""
-    return min(_STARTUP_MAX_S, int(_STARTUP_BASE_S + _STARTUP_S_PER_GIB * placement.weights_gib))
 
 
 def _shm_gib(model: ModelSpec) -> float:
@@ -90,7 +82,7 @@ def _s3_sync(model: ModelSpec) -> Manifest:
         "name": "fetch-weights",
         "image": AWS_CLI_IMAGE,
         "imagePullPolicy": "Always",
-        "command": ["aws", "s3", "sync", "--only-show-errors", model.source, S3_MODEL_DIR],
+        "command": ["aws", "s3", "sync", "--only-show-errors", model.source, s3_model_dir(model)],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "resources": {
             "requests": {"cpu": "500m", "memory": "1Gi"},
@@ -118,7 +110,9 @@ def config_map(spec: PlatformSpec, model: ModelSpec) -> Manifest | None:
     }
 
 
-def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Manifest:
+def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout) -> Manifest:
+    """``rollout`` (``components.rollout``): the strategy, and the startup budget the probe and the progress
+    deadline allow a replica."""
     name = common.engine_name(model.name)
     image = model.engine.resolved_image
     version = common.image_version(image)
@@ -152,7 +146,7 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
     if cmd.files:
         mounts.append({"name": "engine-config", "mountPath": TRTLLM_CONFIG_DIR, "readOnly": True})
         volumes.append({"name": "engine-config", "configMap": {"name": name}})
-    startup_failures = math.ceil(startup_budget_s(placement) / _PROBE_PERIOD_S)
+    startup_failures = math.ceil(rollout.startup.budget_s / _PROBE_PERIOD_S)
     health = facts(model.engine.kind).health_path
     container: Manifest = {
         "name": "engine",
@@ -206,9 +200,14 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> Ma
         "spec": {
             **replicas,
             "revisionHistoryLimit": 3,
+            # A round of the rollout may take a whole cold start before it shows progress.
+            "progressDeadlineSeconds": rollout.startup.budget_s,
             "selector": {"matchLabels": common.selector(spec, name, "engine")},
-            # GPUs are scarce: replace one replica at a time and never run two copies' worth of GPUs.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            # Surge into the pool's spare GPUs, else replace one replica at a time (components.rollout).
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": rollout.max_surge, "maxUnavailable": rollout.max_unavailable},
+            },
             "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
         },
     }
@@ -238,7 +237,7 @@ def service_account(spec: PlatformSpec) -> Manifest:
     }
 
 
-def render(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> list[Manifest]:
+def render(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout) -> list[Manifest]:
     """Every Kubernetes object of one model's engine, in apply order."""
     out = [m for m in (config_map(spec, model),) if m is not None]
-    return [*out, deployment(spec, model, placement), service(spec, model)]
+    return [*out, deployment(spec, model, placement, rollout), service(spec, model)]

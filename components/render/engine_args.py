@@ -23,7 +23,6 @@ from runtime.config import EngineKind, KvEventsSource, Task, kv_events_publisher
 from runtime.engines import TELEMETRY_OFF_ENV, EngineCli, Flag, Switch, facts
 
 MODEL_DIR = "/models"  # the model cache volume: downloads, S3 syncs and the Hugging Face cache
-S3_MODEL_DIR = f"{MODEL_DIR}/weights"
 HF_CACHE_DIR = f"{MODEL_DIR}/hf"
 TRTLLM_OPTIONS_FILE = "extra-llm-api-options.yaml"
 TRTLLM_CONFIG_DIR = "/etc/inferstack/engine"
@@ -70,9 +69,16 @@ def kv_events_in_pod() -> tuple[str, str]:
     return f"tcp://*:{_KV['port'].default}", f"tcp://*:{_KV['replay_port'].default}"
 
 
+def s3_model_dir(model: ModelSpec) -> str:
+    """Where the init container syncs an S3 model: a directory named after the model, because trtllm-serve
+    (which has no served-name flag before 2026, NVIDIA/TensorRT-LLM#11711) serves a local directory under its
+    base name (``openai_server.py``: ``self.model = model_dir.name``). Clients then ask for the model's name."""
+    return f"{MODEL_DIR}/{model.name}"
+
+
 def model_location(model: ModelSpec) -> str:
     """What a cluster engine loads: the Hugging Face id, or the directory an init container synced from S3."""
-    return S3_MODEL_DIR if model.source.startswith("s3://") else model.source
+    return s3_model_dir(model) if model.source.startswith("s3://") else model.source
 
 
 def in_cluster(model: ModelSpec) -> Where:
@@ -213,8 +219,9 @@ def _trtllm_options(e: EngineSpec) -> str:
     kv_dtype = "fp8" if e.kv_cache_dtype is not KvCacheDType.AUTO else "auto"
     return (
         "enable_chunked_prefill: " + ("true" if e.enable_chunked_prefill else "false") + "\n"
+        # Iteration stats behind trtllm-serve's JSON /metrics. No return_perf_metrics: that option came with
+        # /prometheus/metrics (NVIDIA/TensorRT-LLM#5785), after 1.0.0, whose strict options reject unknown keys.
         "enable_iter_perf_stats: true\n"
-        "return_perf_metrics: true\n"
         "kv_cache_config:\n"
         f"  enable_block_reuse: {'true' if e.enable_prefix_caching else 'false'}\n"
         f"  dtype: {kv_dtype}\n"

@@ -7,14 +7,31 @@ through the AWS Load Balancer Controller); the Gateway's class is the spec's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from components.cloud import Cloud
-from components.render import common
+from components.render import addons, common
 from components.render.common import Manifest
 from components.render.runtime_config import runtime_config
-from components.spec import IngressKind, PlatformSpec
+from components.spec import GatewayApiImplementation, IngressKind, PlatformSpec
 
+GATEWAY_API_VERSION = "gateway.networking.k8s.io/v1"
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
-"""Label Gateway API implementations (Istio, Envoy Gateway) put on the proxy pods of a Gateway."""
+"""The label in-cluster Gateway implementations put on the proxy pods they run for a Gateway, in the Gateway's
+namespace (GEP-1762; Istio does)."""
+ENVOY_GATEWAY_NAME_LABEL = "gateway.envoyproxy.io/owning-gateway-name"
+ENVOY_GATEWAY_NAMESPACE_LABEL = "gateway.envoyproxy.io/owning-gateway-namespace"
+"""The labels Envoy Gateway puts on the Envoy proxies of a Gateway, which it runs in its own namespace."""
+
+
+@dataclass(frozen=True)
+class GatewayProxies:
+    """Where the proxy pods of the stack's Gateway run and how they are labelled (they call the router)."""
+
+    labels: dict[str, str]
+    namespace: str | None = None
+    """None: the stack's namespace."""
+    listener_port: int = 80
 
 
 def ingress(spec: PlatformSpec, cloud: Cloud) -> Manifest:
@@ -43,6 +60,47 @@ def gateway_name(spec: PlatformSpec) -> str:
     return f"{spec.name}-gateway"
 
 
+def gateway_proxies(spec: PlatformSpec) -> GatewayProxies:
+    """Envoy Gateway (installed by the stack) runs them in its namespace; an existing class, per GEP-1762, in
+    ours."""
+    port = gateway_listener_port(spec)
+    if spec.gateway.gateway_api is GatewayApiImplementation.ENVOY_GATEWAY:
+        labels = {
+            ENVOY_GATEWAY_NAME_LABEL: gateway_name(spec),
+            ENVOY_GATEWAY_NAMESPACE_LABEL: spec.cluster.namespace,
+        }
+        return GatewayProxies(labels, addons.ENVOY_GATEWAY_NAMESPACE, port)
+    return GatewayProxies({GATEWAY_NAME_LABEL: gateway_name(spec)}, None, port)
+
+
+def gateway_class(spec: PlatformSpec) -> Manifest:
+    """The GatewayClass that hands the stack's Gateway to the Envoy Gateway it installs (cluster-scoped)."""
+    meta = common.metadata(spec, spec.gateway.gateway_class, common.ROUTER)
+    meta.pop("namespace")
+    return {
+        "apiVersion": GATEWAY_API_VERSION,
+        "kind": "GatewayClass",
+        "metadata": meta,
+        "spec": {"controllerName": addons.ENVOY_GATEWAY_CONTROLLER},
+    }
+
+
+def gateway_api_note(spec: PlatformSpec) -> str | None:
+    """What the plan says about the Gateway's implementation (ingress gateway-api only)."""
+    g = spec.gateway
+    if g.ingress is not IngressKind.GATEWAY_API:
+        return None
+    if g.gateway_api is GatewayApiImplementation.ENVOY_GATEWAY:
+        return (
+            f"ingress gateway-api: installs Envoy Gateway {spec.addons.versions.envoy_gateway} (chart gateway-helm, "
+            f"with the Gateway API CRDs) and GatewayClass {g.gateway_class}"
+        )
+    return (
+        f"ingress gateway-api: requires GatewayClass {g.gateway_class} and its implementation in the cluster "
+        "(installs neither); `pulumi up` reads the class before creating the Gateway and stops if it is missing"
+    )
+
+
 def gateway(spec: PlatformSpec) -> Manifest:
     g = spec.gateway
     listener: Manifest = {
@@ -62,7 +120,7 @@ def gateway(spec: PlatformSpec) -> Manifest:
     if g.hostname:
         listener["hostname"] = g.hostname
     return {
-        "apiVersion": "gateway.networking.k8s.io/v1",
+        "apiVersion": GATEWAY_API_VERSION,
         "kind": "Gateway",
         "metadata": common.metadata(spec, gateway_name(spec), common.ROUTER),
         "spec": {"gatewayClassName": g.gateway_class, "listeners": [listener]},
@@ -101,7 +159,7 @@ def http_route(spec: PlatformSpec) -> Manifest:
     if spec.gateway.hostname:
         route["hostnames"] = [spec.gateway.hostname]
     return {
-        "apiVersion": "gateway.networking.k8s.io/v1",
+        "apiVersion": GATEWAY_API_VERSION,
         "kind": "HTTPRoute",
         "metadata": common.metadata(spec, common.runtime_name(spec, common.ROUTER), common.ROUTER),
         "spec": route,
@@ -113,5 +171,6 @@ def render(spec: PlatformSpec, cloud: Cloud) -> list[Manifest]:
     if spec.gateway.ingress is IngressKind.ALB:
         return [ingress(spec, cloud)]
     if spec.gateway.ingress is IngressKind.GATEWAY_API:
-        return [gateway(spec), http_route(spec)]
+        installed = spec.gateway.gateway_api is GatewayApiImplementation.ENVOY_GATEWAY
+        return [*([gateway_class(spec)] if installed else []), gateway(spec), http_route(spec)]
     return []

@@ -21,7 +21,7 @@ CHART = "oci://public.ecr.aws/karpenter/karpenter"
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = (NAMESPACE, "karpenter")
 """The controller's service account: the chart creates it, EKS Pod Identity gives it the controller's role."""
-AMI_ALIAS = "al2023@latest"  # Karpenter picks the NVIDIA variant of AL2023 for GPU instance types
+AMI_FAMILY = "al2023"  # Karpenter picks the NVIDIA variant of AL2023 for GPU instance types
 NODE_EXPIRY = "720h"
 CONSOLIDATE_AFTER = "10m"  # only empty GPU nodes go: engines take minutes to load their weights
 
@@ -38,18 +38,35 @@ class NodeLaunch:
     imds_hop_limit: int
     root_device: str
     tags: dict[str, str]
+    ami_version: str
+    """The EKS-optimized AMI release every node launches from (``cluster.karpenter_ami_version``): pinned, so a
+    new AMI reaches GPU nodes only when the stack says so, never through drift."""
 
 
-def node_class(pool: str, disk: RootDisk, launch: NodeLaunch, volume_key_arn: Any) -> Manifest:
+def ami_alias(version: str) -> str:
+    """``al2023@v20250620``: Karpenter's alias for one AMI release (never ``@latest``; see
+    https://karpenter.sh/docs/tasks/managing-amis/)."""
+    return f"{AMI_FAMILY}@{version}"
+
+
+RESERVED = "reserved"
+"""Karpenter's capacity type for nodes in a capacity reservation (an ODCR or a Capacity Block); it prefers them."""
+
+
+def node_class(
+    pool: str, disk: RootDisk, launch: NodeLaunch, volume_key_arn: Any, reservation_id: str | None = None
+) -> Manifest:
     """The EC2NodeClass of one GPU pool: IMDSv2 and the pool's root disk, encrypted with ``volume_key_arn``
-    (a string or a Pulumi Output)."""
+    (a string or a Pulumi Output), and the pool's capacity reservation if it has one
+    (https://karpenter.sh/docs/tasks/odcrs/)."""
+    reservations = {"capacityReservationSelectorTerms": [{"id": reservation_id}]} if reservation_id else {}
     return {
         "apiVersion": "karpenter.k8s.aws/v1",
         "kind": "EC2NodeClass",
         "metadata": {"name": pool},
         "spec": {
             "role": launch.role,
-            "amiSelectorTerms": [{"alias": AMI_ALIAS}],
+            "amiSelectorTerms": [{"alias": ami_alias(launch.ami_version)}],
             "subnetSelectorTerms": launch.subnets,
             "securityGroupSelectorTerms": launch.security_groups,
             "metadataOptions": {
@@ -73,6 +90,7 @@ def node_class(pool: str, disk: RootDisk, launch: NodeLaunch, volume_key_arn: An
                 }
             ],
             "tags": launch.tags,
+            **reservations,
         },
     }
 
@@ -81,8 +99,13 @@ def _taint(taint: nodes.Taint) -> Manifest:
     return {"key": taint.key, "effect": taint.effect, **({"value": taint.value} if taint.value else {})}
 
 
-def node_pool(pool: PoolPlan, max_nodes: int) -> Manifest:
-    """Nodes of exactly the pool's instance and capacity type, never more GPUs than ``max_nodes`` of them hold."""
+def node_pool(
+    pool: PoolPlan, max_nodes: int, fallback_instance_types: tuple[str, ...] = (), reserved: bool = False
+) -> Manifest:
+    """Nodes of the pool's instance type (or its fallbacks, which Karpenter weighs by price and availability) and
+    capacity type (after its reservation, which Karpenter uses first), never more GPUs than ``max_nodes`` of the
+    pool's type hold."""
+    capacity_types = [*([RESERVED] if reserved else []), pool.capacity_type.value]
     return {
         "apiVersion": "karpenter.sh/v1",
         "kind": "NodePool",
@@ -96,12 +119,12 @@ def node_pool(pool: PoolPlan, max_nodes: int) -> Manifest:
                         {
                             "key": "node.kubernetes.io/instance-type",
                             "operator": "In",
-                            "values": [pool.instance.name],
+                            "values": [pool.instance.name, *fallback_instance_types],
                         },
                         {
                             "key": "karpenter.sh/capacity-type",
                             "operator": "In",
-                            "values": [pool.capacity_type.value],
+                            "values": capacity_types,
                         },
                     ],
                     "taints": [_taint(nodes.gpu_taint())],
@@ -115,9 +138,13 @@ def node_pool(pool: PoolPlan, max_nodes: int) -> Manifest:
 
 
 def chart_values(spec: PlatformSpec, queue_name: str) -> Manifest:
-    """The controller: this cluster, its interruption queue, two replicas on the system nodes."""
+    """The controller: this cluster, its interruption queue, two replicas on the system nodes; reserved capacity
+    on when a pool has a reservation (the ReservedCapacity feature gate)."""
+    settings: Manifest = {"clusterName": spec.cluster_name, "interruptionQueue": queue_name}
+    if any(p.capacity_reservation for p in spec.gpu_pools):
+        settings["featureGates"] = {"reservedCapacity": True}
     return {
-        "settings": {"clusterName": spec.cluster_name, "interruptionQueue": queue_name},
+        "settings": settings,
         "serviceAccount": {"name": SERVICE_ACCOUNT[1]},
         "replicas": 2,
         # The controller runs on the system nodes, never on the nodes it manages.

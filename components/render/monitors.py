@@ -55,5 +55,6 @@ def runtime_service_monitor(spec: PlatformSpec) -> Manifest:
 
 
 def render(spec: PlatformSpec) -> list[Manifest]:
-    """Every ServiceMonitor of the stack: one per model, then the runtime services'."""
-    return [*(engine_service_monitor(spec, m) for m in spec.models), runtime_service_monitor(spec)]
+    """Every ServiceMonitor of the stack: one per model whose engine exports metrics, then the runtime services'."""
+    engines = [engine_service_monitor(spec, m) for m in spec.models if signals.scraped(m)]
+    return [*engines, runtime_service_monitor(spec)]

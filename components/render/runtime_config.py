@@ -90,7 +90,11 @@ def _route(spec: PlatformSpec, model: ModelSpec) -> ModelRoute:
     strategy = StrategyConfig.model_validate(
         {"name": routing.strategy, "weights": dict(routing.weights), **knobs}
     )
-    return ModelRoute.model_validate({"model": model.name, "strategy": strategy, "batcher_url": batcher})
+    # the activator: a model that scales to zero holds its requests while a replica starts
+    hold = model.scaling.cold_start_hold_ms if model.scaling.min_replicas == 0 else 0
+    return ModelRoute.model_validate(
+        {"model": model.name, "strategy": strategy, "batcher_url": batcher, "cold_start_hold_ms": hold}
+    )
 
 
 def _batching(model: ModelSpec) -> BatchingPolicy:

@@ -18,7 +18,8 @@ from typing import Any
 from components.render import addons, common, signals
 from components.render.common import Manifest
 from components.spec import Autoscaler, ModelSpec, PlatformSpec
-from runtime.engines import Signal
+from runtime.config import EngineKind
+from runtime.engines import Signal, facts
 
 QUEUE_SHARE_OF_MAX_NUM_SEQS = 0.10
 """Default waiting requests per replica before scaling up, as a share of the engine's max_num_seqs."""
@@ -32,6 +33,9 @@ SCALE_DOWN_PERIOD_S = 120
 """One replica removed per period: the engines' termination grace, so drains never overlap."""
 TTFT_QUANTILE = 0.95
 PROMETHEUS_TRIGGER = "prometheus"
+ACTIVATION = 0.0
+"""A trigger value above this wakes a model from zero and keeps it awake (KEDA's activationThreshold): one
+request waiting in the router is enough."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class Thresholds:
     scale_down_window_s: int
     scale_up_step_pods: int
     idle_before_zero_s: int
+    activation: float
+    cold_start_hold_s: float
 
 
 def thresholds(model: ModelSpec) -> Thresholds:
@@ -64,7 +70,31 @@ def thresholds(model: ModelSpec) -> Thresholds:
         scale_down_window_s=s.scale_down_stabilization_s,
         scale_up_step_pods=max(1, math.ceil(s.max_replicas * SCALE_UP_SHARE_OF_MAX)),
         idle_before_zero_s=s.idle_before_zero_s,
+        activation=ACTIVATION,
+        cold_start_hold_s=s.cold_start_hold_ms / 1000 if s.min_replicas == 0 else 0.0,
     )
+
+
+def replicas_wanted(t: Thresholds, demand: float, current: int, idle_s: float) -> int:
+    """The replica count KEDA and its HPA settle on for the router-demand trigger, as one pure decision: the
+    ScaledObject renders these thresholds, and ``make local``'s autoscaler calls this with what the router
+    reports (``demand``: requests waiting in it plus refusals for want of a replica; ``idle_s``: how long
+    demand and in-flight work have been nil).
+
+    Demand above ``activation`` wakes a model at zero and asks ceil(demand / queue_per_replica) replicas
+    (the trigger's AverageValue target), never fewer than run now. Replicas go only when the model is idle:
+    after ``scale_down_window_s`` (the HPA's scale-down stabilisation) down to one, and after
+    ``idle_before_zero_s`` (KEDA's cooldownPeriod, which goes straight to zero) down to none, never below
+    ``min_replicas``."""
+    if demand > t.activation:
+        wanted = max(current, math.ceil(demand / t.queue_per_replica), 1)
+    elif current and t.min_replicas == 0 and idle_s >= t.idle_before_zero_s:
+        wanted = 0
+    elif current and idle_s >= t.scale_down_window_s:
+        wanted = 1
+    else:
+        wanted = current
+    return min(t.max_replicas, max(t.min_replicas, wanted))
 
 
 def scales(model: ModelSpec) -> bool:
@@ -131,16 +161,39 @@ class Trigger:
 
 
 def triggers(spec: PlatformSpec, model: ModelSpec) -> list[Trigger]:
+    """The model's scaling signals: the router's queue always, the engine's own only where it exports them.
+
+    A trigger must never read a metric the engine lacks: with ``ignoreNullValues`` a missing series reads 0
+    and the model would never scale on it."""
     t = thresholds(model)
-    out = [
-        Trigger("queued", signals.total(spec, model, Signal.QUEUED), t.queue_per_replica, "AverageValue"),
-        Trigger("router-queue", router_demand(spec, model), t.queue_per_replica, "AverageValue"),
-        Trigger("kv-cache", signals.average(spec, model, Signal.KV_USAGE), t.kv_cache_usage, "Value"),
-    ]
+    out: list[Trigger] = []
+    if signals.has(model, Signal.QUEUED):
+        out.append(
+            Trigger("queued", signals.total(spec, model, Signal.QUEUED), t.queue_per_replica, "AverageValue")
+        )
+    out.append(Trigger("router-queue", router_demand(spec, model), t.queue_per_replica, "AverageValue"))
+    if signals.has(model, Signal.KV_USAGE):
+        out.append(
+            Trigger("kv-cache", signals.average(spec, model, Signal.KV_USAGE), t.kv_cache_usage, "Value")
+        )
     if signals.has(model, Signal.TTFT):
         ttft = signals.quantile(spec, model, Signal.TTFT, TTFT_QUANTILE)
         out.append(Trigger("ttft-p95", signals.zero_if_absent(ttft), t.ttft_p95_s, "Value"))
     return out
+
+
+ENGINE_LOAD_SIGNALS = (Signal.QUEUED, Signal.KV_USAGE, Signal.TTFT)
+"""The engine signals a scaler reads when the engine exports them."""
+
+
+def scaling_note(spec: PlatformSpec, model: ModelSpec) -> str | None:
+    """What a scaled model cannot scale on because its engine does not export it (for the plan); else None."""
+    missing = [s.value for s in ENGINE_LOAD_SIGNALS if not signals.has(model, s)]
+    if not scales(model) or not missing:
+        return None
+    engine = facts(model.engine.kind).display_name
+    used = ", ".join(trig.name for trig in triggers(spec, model))
+    return f"{model.name}: {engine} exports no {', '.join(missing)} metric; it scales on {used} only"
 
 
 def scaled_object(spec: PlatformSpec, model: ModelSpec) -> Manifest:
@@ -160,7 +213,7 @@ def scaled_object(spec: PlatformSpec, model: ModelSpec) -> Manifest:
                     "threshold": _number(trig.target),
                     # Any waiting request, any KV block in use, any recent request keeps the model awake
                     # (and wakes it from zero); all at zero for idle_before_zero_s lets it go.
-                    "activationThreshold": "0",
+                    "activationThreshold": _number(t.activation),
                     "ignoreNullValues": "true",
                 },
             }
@@ -205,22 +258,21 @@ def hpa(spec: PlatformSpec, model: ModelSpec) -> Manifest:
     """autoscaling/v2 HPA on queue depth and KV usage per pod and TTFT p95 of the Service."""
     t = thresholds(model)
     name = hpa_name(spec, model)
-    metrics: list[Manifest] = [
-        {
-            "type": "Pods",
-            "pods": {
-                "metric": {"name": adapter_metric(model, "queued")},
-                "target": {"type": "AverageValue", "averageValue": _milli(t.queue_per_replica)},
-            },
-        },
-        {
-            "type": "Pods",
-            "pods": {
-                "metric": {"name": adapter_metric(model, "kv-cache")},
-                "target": {"type": "AverageValue", "averageValue": _milli(t.kv_cache_usage)},
-            },
-        },
-    ]
+    metrics: list[Manifest] = []
+    for signal, trigger, target in (
+        (Signal.QUEUED, "queued", t.queue_per_replica),
+        (Signal.KV_USAGE, "kv-cache", t.kv_cache_usage),
+    ):
+        if signals.has(model, signal):
+            metrics.append(
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": adapter_metric(model, trigger)},
+                        "target": {"type": "AverageValue", "averageValue": _milli(target)},
+                    },
+                }
+            )
     if signals.has(model, Signal.TTFT):
         metrics.append(
             {
@@ -261,30 +313,26 @@ _SERVICE_RESOURCES = {"namespace": {"resource": "namespace"}, "service": {"resou
 def adapter_rules(spec: PlatformSpec) -> list[dict[str, Any]]:
     """prometheus-adapter ``rules.custom``: one rule per engine kind and signal the stack's models use."""
     rules: list[dict[str, Any]] = []
-    seen: set[str] = set()
+    seen: set[EngineKind] = set()
     for model in spec.models:
-        as_name = adapter_metric(model, "queued")
-        if as_name in seen:
+        if model.engine.kind in seen:
             continue
-        seen.add(as_name)
-        queued = signals.names(model, Signal.QUEUED)[0]
-        kv = signals.names(model, Signal.KV_USAGE)[0]
-        rules.append(
-            {
-                "seriesQuery": f'{queued}{{namespace!="",pod!=""}}',
-                "resources": {"overrides": _POD_RESOURCES},
-                "name": {"matches": f"^{queued}$", "as": as_name},
-                "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
-            }
-        )
-        rules.append(
-            {
-                "seriesQuery": f'{kv}{{namespace!="",pod!=""}}',
-                "resources": {"overrides": _POD_RESOURCES},
-                "name": {"matches": f"^{kv}$", "as": adapter_metric(model, "kv-cache")},
-                "metricsQuery": "max(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
-            }
-        )
+        seen.add(model.engine.kind)
+        for signal, trigger, aggregate in (
+            (Signal.QUEUED, "queued", "sum"),
+            (Signal.KV_USAGE, "kv-cache", "max"),
+        ):
+            if not signals.has(model, signal):
+                continue
+            series = signals.names(model, signal)[0]
+            rules.append(
+                {
+                    "seriesQuery": f'{series}{{namespace!="",pod!=""}}',
+                    "resources": {"overrides": _POD_RESOURCES},
+                    "name": {"matches": f"^{series}$", "as": adapter_metric(model, trigger)},
+                    "metricsQuery": f"{aggregate}(<<.Series>>{{<<.LabelMatchers>>}}) by (<<.GroupBy>>)",
+                }
+            )
         if signals.has(model, Signal.TTFT):
             ttft = f"{signals.names(model, Signal.TTFT)[0]}_bucket"
             rules.append(

@@ -36,6 +36,11 @@ def has(model: ModelSpec, signal: Signal) -> bool:
     return bool(names(model, signal))
 
 
+def scraped(model: ModelSpec) -> bool:
+    """True when the model's engine exports Prometheus metrics we read (it gets a ServiceMonitor)."""
+    return bool(facts(model.engine.kind).metrics)
+
+
 def series(spec: PlatformSpec, model: ModelSpec, signal: Signal, suffix: str = "") -> str:
     """Every name of a signal for one model's engines, joined with ``or`` (old names still count)."""
     found = names(model, signal)

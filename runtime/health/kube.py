@@ -25,7 +25,7 @@ import socket
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from runtime.config import ModelTarget
+from runtime.config import KubernetesDiscovery, ModelTarget
 from runtime.health.state import State, Transition, is_ejection, is_readmission
 
 log = logging.getLogger("inferstack.health.kube")
@@ -103,8 +103,8 @@ class KubernetesActions:
         await self._api.close()
 
     async def _pod_for(self, target: ModelTarget, url: str) -> Any | None:
-        if target.discovery is None:
-            return None
+        if not isinstance(target.discovery, KubernetesDiscovery):
+            return None  # a replica outside Kubernetes has no pod
         ip = (urlsplit(url).hostname or "").strip("[]")
         if not ip:
             return None

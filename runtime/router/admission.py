@@ -2,12 +2,19 @@
 
 Waiters are woken one per freed slot, in arrival order; each waits at most until its deadline, then
 the app answers ``429`` with ``Retry-After``. Beyond ``max_waiting`` nobody waits at all.
+
+The same line is the activator: while a model has no ready replica at all (scaled to zero, or every
+replica starting), a request waits up to the model's ``cold_start_hold_ms`` for one to appear (new
+replicas wake the whole line), and only past it gets ``503`` with ``Retry-After``. Meanwhile it counts in
+the model's queue depth, the signal that wakes the model. A client that leaves is dropped at once (its
+handler is cancelled, which takes it out of the line).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -19,6 +26,8 @@ from runtime.scheduling import Context
 
 if TYPE_CHECKING:  # the fleet holds a WaitQueue per model
     from runtime.router.fleet import ModelState
+
+log = logging.getLogger("inferstack.router")
 
 
 class QueueFullError(Exception):
@@ -110,30 +119,54 @@ async def acquire(
         usable = [
             b for b in state.backends if b.healthy and b.breaker.allows(now) and b.url not in ctx.exclude
         ]
-        if not usable:
-            if ctx.exclude:
-                return None
-            return Refusal(
-                503,
-                f"no healthy replica of {state.name!r} right now",
-                "no_backend",
-                "no_healthy_backend",
-                state.settings.breaker_open_ms / 1000,
-            )
+        if usable:
+            limit_s, refusal = deadline_s, _busy(state, deadline_s)
+        elif ctx.exclude:
+            return None
+        else:  # no ready replica at all: hold the request while one starts (the activator), or refuse
+            limit_s, refusal = state.route.cold_start_hold_ms / 1000, _no_replica(state)
+            if limit_s <= 0:
+                return refusal
+            if not waited_from and not len(state.queue):
+                log.info(
+                    "%s has no ready replica: holding its requests up to %.0fs while one starts",
+                    state.name,
+                    limit_s,
+                )
         again = bool(waited_from)
         if not waited_from:
             waited_from = now
-        remaining = deadline_s - (now - waited_from)
+        remaining = limit_s - (now - waited_from)
         try:
             # woken but beaten to the slot: back to the front of the line, not the end
             woke = remaining > 0 and await state.queue.wait(remaining, front=again)
         except QueueFullError:
             woke = False
         if not woke:
-            return Refusal(
-                429,
-                f"all replicas of {state.name!r} are at capacity; try again shortly",
-                "queue",
-                "overloaded",
-                max(1.0, deadline_s / 2),
-            )
+            if not usable:
+                log.warning(
+                    "%s: no replica became ready within %.0fs; refused a request", state.name, limit_s
+                )
+            return refusal
+
+
+def _busy(state: ModelState, deadline_s: float) -> Refusal:
+    return Refusal(
+        429,
+        f"all replicas of {state.name!r} are at capacity; try again shortly",
+        "queue",
+        "overloaded",
+        max(1.0, deadline_s / 2),
+    )
+
+
+def _no_replica(state: ModelState) -> Refusal:
+    held = state.route.cold_start_hold_ms
+    why = f" (none became ready within {held / 1000:g}s; it is starting)" if held else ""
+    return Refusal(
+        503,
+        f"no healthy replica of {state.name!r} right now{why}",
+        "no_backend",
+        "no_healthy_backend",
+        state.settings.breaker_open_ms / 1000,
+    )

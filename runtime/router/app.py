@@ -116,7 +116,7 @@ class Router:
         elif path == b"/healthz":
             conn.send(200, b'{"status":"ok"}')
         elif path == b"/readyz":
-            ready = not self.draining and any(m.healthy_count() for m in self.fleet.models.values())
+            ready = not self.draining and any(m.servable() for m in self.fleet.models.values())
             conn.send(200 if ready else 503, b'{"ready":%s}' % (b"true" if ready else b"false"))
         elif path == b"/metrics":
             conn.send(200, metrics_payload(self.metrics.registry), METRICS_CONTENT_TYPE.encode())
@@ -133,7 +133,7 @@ class Router:
                 "max_model_len": state.target.max_model_len_tokens,
             }
             for name, state in self.fleet.models.items()
-            if state.healthy_count() or state.batcher is not None
+            if state.servable()
         ]
         return json.dumps({"object": "list", "data": data}).encode()
 

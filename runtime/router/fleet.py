@@ -91,6 +91,11 @@ class ModelState:
     def healthy_count(self) -> int:
         return sum(1 for b in self.backends if b.healthy)
 
+    def servable(self) -> bool:
+        """A request for the model can be answered: a healthy replica, a batcher, or (scaled to zero) a
+        replica the activator holds requests for while it starts."""
+        return bool(self.healthy_count() or self.batcher is not None or self.route.cold_start_hold_ms)
+
 
 class Fleet:
     """All models; owns the discovery watches and the signal loop."""

@@ -7,6 +7,7 @@ scrape time by a collector rather than on every request.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,10 @@ from runtime.scheduling import Report
 if TYPE_CHECKING:
     from runtime.router.fleet import ModelState
 
+DEPARTED_KEEP_S = 600.0
+"""How long a departed replica's request counters stay in /metrics: longer than the alerts' and dashboards'
+rate windows, so the errors of a replica that crashed still count after it left (a series scraped once, then
+gone, has no rate). Then they go, so pod churn does not grow /metrics without bound."""
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -145,9 +150,14 @@ class RouterMetrics:
             registry=r,
         )
         self._children: dict[tuple[Any, ...], Any] = {}
+        self._departed: dict[tuple[str, str], float] = {}  # (model, backend) -> when it departed
 
     def attach_live(self, snapshot: Callable[[], Snapshot]) -> None:
-        self.registry.register(_Live(snapshot))
+        def swept() -> Snapshot:  # every scrape also lets expired departures go
+            self.sweep(time.monotonic())
+            return snapshot()
+
+        self.registry.register(_Live(swept))
 
     def _child(self, metric: Any, *labels: str) -> Any:
         key = (id(metric), *labels)
@@ -156,13 +166,24 @@ class RouterMetrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def forget_backend(self, model: str, backend: str) -> None:
-        """Drop a departed replica's series, so pod churn does not grow /metrics without bound."""
-        for key in [k for k in self._children if k[0] == id(self.requests) and k[1:3] == (model, backend)]:
+    def forget_backend(self, model: str, backend: str, now: float | None = None) -> None:
+        """A replica departed: drop its series once ``DEPARTED_KEEP_S`` has passed (unless it comes back)."""
+        now = time.monotonic() if now is None else now
+        self._departed[(model, backend)] = now
+        self.sweep(now)
+
+    def sweep(self, now: float) -> None:
+        """Drop the series of replicas that departed more than ``DEPARTED_KEEP_S`` ago."""
+        gone = {mb for mb, at in self._departed.items() if now - at >= DEPARTED_KEEP_S}
+        for mb in gone:
+            del self._departed[mb]
+        for key in [k for k in self._children if k[0] == id(self.requests) and k[1:3] in gone]:
             del self._children[key]
             self.requests.remove(*key[1:])
 
     def request(self, model: str, backend: str, status: int, duration_s: float) -> None:
+        if self._departed:
+            self._departed.pop((model, backend), None)  # it came back
         self._child(self.requests, model, backend, str(status)).inc()
         if duration_s >= 0:
             self._child(self.duration, model).observe(duration_s)

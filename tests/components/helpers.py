@@ -4,18 +4,22 @@ engine Deployments of a synthesis."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
+import promql_parser
 import yaml
 
 from components import plan
-from components.render import common
+from components.render import alerts, common, dashboards, scaling
+from components.spec import ModelSpec, PlatformSpec
 
 MINIMAL: dict[str, Any] = {
     "name": "inferstack",
     "environment": "test",
     "target": "eks",
+    "cluster": {"api_endpoint": {"access": "public", "public_cidrs": ["203.0.113.0/28"]}},
     "gpu_pools": [{"name": "l40s", "instance_type": "g6e.xlarge"}],
     "models": [
         {
@@ -31,6 +35,11 @@ MINIMAL: dict[str, Any] = {
 
 def minimal() -> dict[str, Any]:
     return copy.deepcopy(MINIMAL)
+
+
+def cluster(**fields: Any) -> dict[str, Any]:
+    """MINIMAL's cluster block (its API endpoint) with ``fields`` on top."""
+    return {**copy.deepcopy(MINIMAL["cluster"]), **fields}
 
 
 def write_stack(
@@ -54,3 +63,55 @@ def engine_deployments(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:
             assert model not in out, f"two engine Deployments for model {model}"
             out[model] = m
     return out
+
+
+#: Metrics of what the platform runs besides the engines; everything else a model's queries read must be in
+#: its engine's table.
+OTHER_SOURCES = re.compile(r"^(inferstack_router_|inferstack_health_|kube_|DCGM_|up$)")
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def metric_names(expr: str) -> set[str]:
+    """Every metric name a PromQL expression selects."""
+    found: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector) and node.name:
+            found.add(node.name)
+
+    promql_parser.walk(promql_parser.parse(expr), visit)
+    return found
+
+
+def engine_name_of(name: str) -> str:
+    for suffix in HISTOGRAM_SUFFIXES:
+        if name.endswith(suffix):
+            return name.removesuffix(suffix)
+    return name
+
+
+def model_queries(spec: PlatformSpec, model: ModelSpec) -> dict[str, list[str]]:
+    """What reads a model's signals: source -> PromQL expressions (adapter templates filled in)."""
+    rules = [
+        r["metricsQuery"].replace("<<.Series>>", r["name"]["matches"].strip("^$"))
+        for r in scaling.adapter_rules(spec)
+        if r["name"]["as"].startswith(f"inferstack_{model.engine.kind.value}_")
+    ]
+    return {
+        "trigger": [t.query for t in scaling.triggers(spec, model)],
+        "adapter rule": [
+            r.replace("<<.LabelMatchers>>", 'namespace="x"').replace("<<.GroupBy>>", "pod") for r in rules
+        ],
+        "alert": [a.expr for a in alerts.model_alerts(spec, model)],
+        "dashboard": [q for p in dashboards.model_panels(spec, model) for q, _ in p.targets],
+    }
+
+
+def rendered_engine_deployment(spec: PlatformSpec, model_name: str | None = None) -> dict[str, Any]:
+    """The engine Deployment of one model (the first by default), placed and rolled out as the program does."""
+    from components import placement, rollout
+    from components.render import engine
+
+    layout = placement.place(spec)
+    model = next(m for m in spec.models if model_name in (None, m.name))
+    return engine.deployment(spec, model, layout.placements[model.name], rollout.plan(spec, layout, model))

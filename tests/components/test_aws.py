@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from components import catalog, cost, nodes, plan, targets
+from components import catalog, cost, images, nodes, plan, targets
 from components.aws import addons, decisions, registry
 from components.aws.cloud import EKS
-from components.spec import PlatformSpec, Target
+from components.spec import ApiAccess, PlatformSpec, Target
 from components.stackfile import STACKS_DIR, Stack, available_stacks, load
-from tests.components.helpers import engine_deployments, minimal, write_stack
+from tests.components.helpers import cluster, engine_deployments, minimal, write_stack
 
 
 @functools.cache
@@ -119,8 +119,11 @@ def test_cluster_has_version_kms_secrets_logs_endpoint_access_and_addons(name: s
         "controllerManager",
         "scheduler",
     }
+    endpoint = spec.cluster.api_endpoint
+    assert endpoint is not None
     assert cluster["vpcConfig"]["endpointPrivateAccess"] is True
-    assert cluster["vpcConfig"]["endpointPublicAccess"] is spec.cluster.endpoint_public_access
+    assert cluster["vpcConfig"]["endpointPublicAccess"] is (endpoint.access is ApiAccess.PUBLIC)
+    assert cluster["vpcConfig"].get("publicAccessCidrs") == (endpoint.public_cidrs or None)
     assert len(cluster["vpcConfig"]["subnetIds"]) == len(decisions.network_plan(spec).zones)
     assert cluster["accessConfig"]["authenticationMode"] == "API"
     assert cluster["upgradePolicy"]["supportType"] == "STANDARD"
@@ -136,17 +139,59 @@ def test_cluster_has_version_kms_secrets_logs_endpoint_access_and_addons(name: s
     )
 
 
-def test_prod_keeps_the_api_endpoint_private() -> None:
-    cluster = _one(_synth("prod"), "aws:eks/cluster:Cluster").inputs
-    assert cluster["vpcConfig"]["endpointPublicAccess"] is False
+def test_prod_api_endpoint_answers_only_its_deployers() -> None:
+    vpc_config = _one(_synth("prod"), "aws:eks/cluster:Cluster").inputs["vpcConfig"]
+    assert vpc_config["endpointPublicAccess"] is True
+    assert vpc_config["publicAccessCidrs"] == load("prod").spec.cluster.api_endpoint.public_cidrs
+    assert not [c for c in vpc_config["publicAccessCidrs"] if c.endswith("/0")]
 
 
-def test_a_public_endpoint_can_be_limited_to_source_ranges(tmp_path: Path) -> None:
+def test_a_public_endpoint_is_limited_to_its_source_ranges(tmp_path: Path) -> None:
     cidrs = ["203.0.113.0/24", "198.51.100.7/32"]
-    stack = _write(tmp_path, "pub", {"endpoint_public_access": True, "api_public_cidrs": cidrs})
-    vpc_config = _one(plan.synthesize(stack), "aws:eks/cluster:Cluster").inputs["vpcConfig"]
+    stack = _write(tmp_path, "pub", {"api_endpoint": {"access": "public", "public_cidrs": cidrs}})
+    synthesis = plan.synthesize(stack)
+    vpc_config = _one(synthesis, "aws:eks/cluster:Cluster").inputs["vpcConfig"]
     assert vpc_config["endpointPublicAccess"] is True
     assert vpc_config["publicAccessCidrs"] == cidrs
+    assert "securityGroupIds" not in vpc_config
+    assert _of(synthesis, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule") == []
+
+
+def test_a_private_endpoint_admits_https_from_the_deployers_in_the_vpc_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    vpc = "vpc-0123456789abcdef0"
+    runner = "sg-0123456789abcdef0"
+    stack = _write(
+        tmp_path,
+        "private",
+        {
+            "existing_vpc_id": vpc,
+            "existing_private_subnet_ids": ["subnet-0123456789abcdef0", "subnet-0123456789abcdef1"],
+            "api_endpoint": {
+                "access": "private",
+                "deployer_cidrs": ["10.20.0.0/24"],
+                "deployer_security_group_ids": [runner],
+            },
+        },
+    )
+    synthesis = plan.synthesize(stack)
+    group = _one(synthesis, "aws:ec2/securityGroup:SecurityGroup")
+    assert group.inputs["vpcId"] == vpc
+    vpc_config = _one(synthesis, "aws:eks/cluster:Cluster").inputs["vpcConfig"]
+    assert vpc_config["endpointPublicAccess"] is False and vpc_config["endpointPrivateAccess"] is True
+    assert "publicAccessCidrs" not in vpc_config
+    assert vpc_config["securityGroupIds"] == [f"{group.name}-id"]
+    rules = [r.inputs for r in _of(synthesis, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")]
+    assert {(r.get("cidrIpv4"), r.get("referencedSecurityGroupId")) for r in rules} == {
+        ("10.20.0.0/24", None),
+        (None, runner),
+    }
+    assert all(
+        (r["ipProtocol"], r["fromPort"], r["toPort"], r["securityGroupId"])
+        == ("tcp", 443, 443, f"{group.name}-id")
+        for r in rules
+    )
 
 
 @pytest.mark.parametrize("name", EKS_STACKS)
@@ -170,7 +215,7 @@ def test_gpu_node_groups_follow_the_placement_of_models_and_their_weights(name: 
             pool_spec.min_nodes, math.ceil(gpus_min / pool.instance.gpus)
         )
         assert group["scalingConfig"]["desiredSize"] == group["scalingConfig"]["minSize"]
-        assert group["instanceTypes"] == [pool.instance.name]
+        assert group["instanceTypes"] == [pool.instance.name, *pool_spec.fallback_instance_types]
         assert group["amiType"] == "AL2023_x86_64_NVIDIA"
         assert group["capacityType"] == pool_spec.capacity_type.value.upper().replace("-", "_")
         assert group["labels"][nodes.POOL_LABEL] == pool.name
@@ -260,12 +305,8 @@ def test_every_taggable_aws_resource_carries_stack_environment_and_cost_tags(nam
 def test_kubernetes_target_stacks_create_nothing_on_aws(name: str) -> None:
     synthesis = _synth(name)
     assert synthesis.resources
-    cloud = [
-        r.type
-        for r in synthesis.resources
-        if r.type.startswith(("aws:", "pulumi:providers:aws", "docker-build:"))
-    ]
-    assert cloud == []
+    cloud = [r.type for r in synthesis.resources if r.type.startswith(("aws:", "pulumi:providers:aws"))]
+    assert cloud == []  # runtime images are built (docker-build) and pushed to gateway.image_registry
     assert not [r for r in synthesis.resources if r.type.startswith("inferstack:aws:")]
     stack = load(name)
     assert cost.fixed_costs(targets.fixed_infrastructure(stack.spec, stack.layout)) == []
@@ -319,7 +360,7 @@ def test_kubeconfig_authenticates_with_aws_eks_get_token() -> None:
 
 def test_subnet_plan_splits_the_vpc_into_private_quarters_and_small_public_blocks() -> None:
     spec = PlatformSpec.model_validate(
-        {**minimal(), "cluster": {"vpc_cidr": "10.8.0.0/16", "region": "eu-west-1"}}
+        {**minimal(), "cluster": cluster(vpc_cidr="10.8.0.0/16", region="eu-west-1")}
     )
     net = decisions.network_plan(spec)
     assert net.zones == ["eu-west-1a", "eu-west-1b", "eu-west-1c"]
@@ -329,14 +370,14 @@ def test_subnet_plan_splits_the_vpc_into_private_quarters_and_small_public_block
     single = PlatformSpec.model_validate(
         {
             **minimal(),
-            "cluster": {"single_nat_gateway": True, "availability_zones": ["us-east-1d", "us-east-1f"]},
+            "cluster": cluster(single_nat_gateway=True, availability_zones=["us-east-1d", "us-east-1f"]),
         }
     )
     plan_ = decisions.network_plan(single)
     assert plan_.nat_gateways == 1 and plan_.zones == ["us-east-1d", "us-east-1f"]
     assert [plan_.nat_zone(i) for i in range(2)] == [0, 0]
     assert decisions.zones(
-        PlatformSpec.model_validate({**minimal(), "cluster": {"region": "ap-northeast-1"}})
+        PlatformSpec.model_validate({**minimal(), "cluster": cluster(region="ap-northeast-1")})
     ) == [
         "ap-northeast-1a",
         "ap-northeast-1c",
@@ -344,8 +385,8 @@ def test_subnet_plan_splits_the_vpc_into_private_quarters_and_small_public_block
     ]
 
 
-def _write(tmp_path: Path, name: str, cluster: dict[str, Any]) -> Stack:
-    platform = {**minimal(), "environment": name, "cluster": cluster}
+def _write(tmp_path: Path, name: str, fields: dict[str, Any]) -> Stack:
+    platform = {**minimal(), "environment": name, "cluster": cluster(**fields)}
     write_stack(tmp_path, name, platform)
     return load(name, tmp_path)
 
@@ -384,7 +425,7 @@ def test_existing_subnets_replace_the_vpc_and_admin_roles_get_access_entries(tmp
 
 
 @pytest.mark.parametrize(
-    ("cluster", "message"),
+    ("fields", "message"),
     [
         ({"existing_private_subnet_ids": ["subnet-0123456789abcdef0"]}, "at least two zones"),
         (
@@ -404,17 +445,33 @@ def test_existing_subnets_replace_the_vpc_and_admin_roles_get_access_entries(tmp
         ({"admin_role_arns": ["arn:aws:iam::123:user/bob"]}, "not an IAM role ARN"),
         ({"control_plane_log_retention_days": 100}, "use e.g. 90"),
         ({"model_bucket": "Models_Bucket"}, "not an S3 bucket name"),
-        ({"api_public_cidrs": ["203.0.113.0/24"]}, "set endpoint_public_access: true"),
-        ({"endpoint_public_access": True, "api_public_cidrs": ["203.0.113/24"]}, "not an IPv4 CIDR"),
+        (
+            {"endpoint_public_access": True, "api_public_cidrs": ["203.0.113.0/24"]},
+            "replaced by api_endpoint; write `api_endpoint: {access: public, public_cidrs: [203.0.113.0/24]}`",
+        ),
+        ({"endpoint_public_access": False}, "access: private, deployer_cidrs"),
+        ({"api_endpoint": None}, "say how `pulumi up` reaches the EKS API"),
+        ({"api_endpoint": {"access": "public"}}, "access public needs public_cidrs"),
+        ({"api_endpoint": {"access": "public", "public_cidrs": ["203.0.113/24"]}}, "not an IPv4 CIDR"),
+        ({"api_endpoint": {"access": "public", "public_cidrs": ["2001:db8::/32"]}}, "not an IPv4 CIDR"),
+        ({"api_endpoint": {"access": "private"}}, "needs a stated way in"),
+        (
+            {"api_endpoint": {"access": "private", "deployer_cidrs": ["10.0.0.0/24"]}},
+            "this stack creates that VPC",
+        ),
+        (
+            {"api_endpoint": {"access": "private", "deployer_security_group_ids": ["sg-12"]}},
+            "not a security group id",
+        ),
         ({"existing_public_subnet_ids": ["subnet-0123456789abcdef0"]}, "needs existing_private_subnet_ids"),
     ],
 )
 def test_aws_spec_mistakes_are_reported_with_the_field(
-    tmp_path: Path, cluster: dict[str, Any], message: str
+    tmp_path: Path, fields: dict[str, Any], message: str
 ) -> None:
     from components.problems import SpecError
 
-    write_stack(tmp_path, "bad", {**minimal(), "cluster": cluster})
+    write_stack(tmp_path, "bad", {**minimal(), "cluster": cluster(**fields)})
     with pytest.raises(SpecError) as err:
         load("bad", tmp_path)
     text = err.value.render()
@@ -486,7 +543,7 @@ def test_runtime_images_get_immutable_scanned_ecr_repositories(name: str) -> Non
     repos = {
         r.inputs["name"].rsplit("/", 1)[-1]: r.inputs for r in _of(synthesis, "aws:ecr/repository:Repository")
     }
-    assert set(repos) == set(registry.RUNTIME_IMAGES)
+    assert set(repos) == set(images.RUNTIME_IMAGES)
     for repo in repos.values():
         assert repo["imageTagMutability"] == "IMMUTABLE"
         assert repo["imageScanningConfiguration"] == {"scanOnPush": True}
@@ -511,16 +568,16 @@ def test_images_are_built_from_runtime_images_with_content_tags_and_pushed(
     monkeypatch.setattr(plan, "_run_program", program)
     synthesis = plan.synthesize(stack)
     image = _one(synthesis, "docker-build:index:Image").inputs
-    tag = registry.context_tag(root, "router")
+    tag = images.context_tag(root, "router")
     assert image["push"] is True
     assert image["platforms"] == ["linux/amd64"]
     assert image["dockerfile"]["location"] == str(root / "runtime/images/router.Dockerfile")
     assert image["context"]["location"] == str(root)
     assert image["tags"][0].endswith(f":{tag}")
     # The tag follows the sources: same sources, same tag; a changed file, a new tag.
-    assert registry.context_tag(root, "router") == tag
+    assert images.context_tag(root, "router") == tag
     (root / "runtime" / "app.py").write_text("print('changed')\n")
-    assert registry.context_tag(root, "router") != tag
+    assert images.context_tag(root, "router") != tag
 
 
 @pytest.mark.parametrize("name", EKS_STACKS)
@@ -575,7 +632,9 @@ def test_prod_exports_cluster_kubeconfig_bucket_vpc_images_and_node_groups(monke
     stack = load("prod")
     plan.synthesize(stack)
     assert {"cluster_name", "kubeconfig", "model_bucket", "node_groups", "images", "vpc_id"} <= set(exported)
-    assert set(exported["node_groups"]) == {decisions.SYSTEM_POOL, *stack.layout.pools}
+    assert set(exported["node_groups"]) == {
+        g.node_group_name for g in decisions.node_groups(stack.spec, stack.layout)
+    }
     # The kubeconfig is the provider's, which the plan redacts as a secret (see the provider test).
     assert exported["kubeconfig"] is not None
 

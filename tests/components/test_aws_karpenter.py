@@ -51,7 +51,8 @@ def test_gpu_pools_become_node_pools_and_only_the_system_group_is_managed() -> N
     for name, plan_ in stack.layout.pools.items():
         template = pools[name]["spec"]["template"]
         requirements = {r["key"]: r["values"] for r in template["spec"]["requirements"]}
-        assert requirements["node.kubernetes.io/instance-type"] == [plan_.instance.name]
+        fallbacks = stack.spec.pool(name).fallback_instance_types
+        assert requirements["node.kubernetes.io/instance-type"] == [plan_.instance.name, *fallbacks]
         assert requirements["karpenter.sh/capacity-type"] == [plan_.capacity_type.value]
         assert template["metadata"]["labels"][nodes.POOL_LABEL] == name
         assert template["spec"]["taints"] == [{"key": nodes.GPU_TAINT_KEY, "effect": nodes.GPU_TAINT_EFFECT}]
@@ -65,6 +66,9 @@ def test_gpu_pools_become_node_pools_and_only_the_system_group_is_managed() -> N
         }
         node_class = classes[name]["spec"]
         assert node_class["role"] == decisions.node_role_name(stack.spec)
+        # One AMI release, pinned by the spec (never @latest: drift would replace GPU nodes on every release).
+        version = stack.spec.cluster.karpenter_ami_version
+        assert node_class["amiSelectorTerms"] == [{"alias": f"al2023@{version}"}] and "latest" not in version
         assert node_class["metadataOptions"]["httpTokens"] == "required"
         assert node_class["metadataOptions"]["httpPutResponseHopLimit"] == 1
         assert node_class["blockDeviceMappings"][0]["ebs"]["volumeSize"] == f"{plan_.root_disk_gib}Gi"

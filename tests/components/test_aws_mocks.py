@@ -12,7 +12,7 @@ import pytest
 
 from components import plan
 from components.stackfile import load
-from tests.components.helpers import minimal, write_stack
+from tests.components.helpers import cluster, minimal, write_stack
 from tests.components.test_aws import EKS_STACKS, _of, _synth
 
 ACCOUNT = plan.MOCK_ACCOUNT_ID
@@ -133,10 +133,10 @@ def test_the_mocks_answer_the_programs_invokes_and_refuse_any_other() -> None:
 
 def test_mocks_answer_in_the_region_of_the_stacks_aws_provider(tmp_path: Path) -> None:
     region = "eu-west-1"
-    write_stack(tmp_path, "eu", {**minimal(), "environment": "eu", "cluster": {"region": region}})
+    write_stack(tmp_path, "eu", {**minimal(), "environment": "eu", "cluster": cluster(region=region)})
     synthesis = plan.synthesize(load("eu", tmp_path))
-    [cluster] = _of(synthesis, "aws:eks/cluster:Cluster")
-    assert cluster.inputs["encryptionConfig"]["provider"]["keyArn"].startswith(
+    [eks] = _of(synthesis, "aws:eks/cluster:Cluster")
+    assert eks.inputs["encryptionConfig"]["provider"]["keyArn"].startswith(
         f"arn:aws:kms:{region}:{ACCOUNT}:key/"
     )
     builds = _of(synthesis, "docker-build:index:Image")

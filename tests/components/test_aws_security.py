@@ -11,8 +11,8 @@ from typing import Any
 import pulumi
 import pytest
 
-from components import plan
-from components.aws import audit, decisions, iam, key_policies, registry
+from components import images, plan
+from components.aws import audit, decisions, iam, key_policies
 from components.redaction import REDACTED
 from components.stackfile import load
 from tests.components.test_aws import EKS_STACKS, _key_arn, _named, _of, _synth
@@ -71,7 +71,7 @@ def test_bucket_ecr_and_node_disks_use_their_own_rotating_customer_managed_keys(
     assert sse["rules"][0]["applyServerSideEncryptionByDefault"]["kmsMasterKeyId"] == arns["models"]
     assert sse["rules"][0]["bucketKeyEnabled"] is True
     repositories = _of(synthesis, "aws:ecr/repository:Repository")
-    assert len(repositories) == len(registry.RUNTIME_IMAGES)
+    assert len(repositories) == len(images.RUNTIME_IMAGES)
     for repo in repositories:
         assert repo.inputs["encryptionConfigurations"] == [
             {"encryptionType": "KMS", "kmsKey": arns["images"]}
@@ -160,7 +160,7 @@ def test_images_are_pushed_with_an_ecr_token_whose_credentials_stay_secret(
     monkeypatch.setattr(plan._Mocks, "call", recording)
     synthesis = plan.synthesize(stack)
     builds = _of(synthesis, "docker-build:index:Image")
-    assert len(builds) == len(registry.RUNTIME_IMAGES)
+    assert len(builds) == len(images.RUNTIME_IMAGES)
     assert len(tokens) == len(builds)  # one token per push
     address = f"{plan.MOCK_ACCOUNT_ID}.dkr.ecr.{spec.cluster.region}.amazonaws.com"
     for build in builds:

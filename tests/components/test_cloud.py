@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from components import catalog, cost, nodes, plan, program, targets
+from components import catalog, cost, nodes, plan, program, rollout, targets
 from components.aws import decisions
 from components.aws.cloud import EKS
 from components.cloud import Cloud, FixedInfrastructure, IngressClass
@@ -78,7 +78,8 @@ def test_every_engine_lands_on_its_own_pools_gpu_nodes_and_nothing_else_does_on_
     }
     for model in stack.spec.models:
         placement = stack.layout.placements[model.name]
-        [deployment] = [m for m in engine.render(stack.spec, model, placement) if m["kind"] == "Deployment"]
+        rendered = engine.render(stack.spec, model, placement, rollout.plan(stack.spec, stack.layout, model))
+        [deployment] = [m for m in rendered if m["kind"] == "Deployment"]
         pod = deployment["spec"]["template"]["spec"]
         fits = [p for p, (labels, taints) in gpu_nodes.items() if nodes.schedulable(pod, labels, taints)]
         assert fits == ([placement.pool] if placement.pool else []), model.name

@@ -1,117 +1,305 @@
-"""NetworkPolicies: default deny, engines reachable only from the gateway, health, batcher and Prometheus."""
+"""NetworkPolicies against the who-talks-to-whom table: every flow passes, nothing else does.
+
+The table (``components.render.flows``) is read off the parts that talk (runtime config, Roles, ServiceMonitors,
+ingress, the engines' weights and credentials). These tests take the NetworkPolicies the program registers, put
+pods with the labels of the rendered workloads (and the callers around them) at addresses in the cluster network,
+and try every pair on every port the table mentions and a few more: a missing rule (a flow that does not pass) or
+an extra one (a connection no flow explains) fails.
+"""
 
 from __future__ import annotations
 
+import ipaddress
 from functools import cache
 from typing import Any
 
 import pytest
 
 from components import plan
-from components.cloud import PRIVATE_CIDRS
-from components.render import network
-from components.spec import PlatformSpec
+from components.aws import decisions
+from components.aws.cloud import POD_IDENTITY_AGENT
+from components.cloud import PRIVATE_CIDRS, Cloud
+from components.render import common, flows, ingress, network
+from components.spec import PlatformSpec, Target
 from components.stackfile import STACKS_DIR, available_stacks, load
 from components.targets import cloud_for
 from tests.components.helpers import minimal
+from tests.components.netpol import Endpoint, allowed, expected
 
-PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
+PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target is not Target.LOCAL]
+IMDS = "169.254.169.254"
+INTERNET = "52.216.8.10"  # an S3 address
+EXTRA_PORTS = (22, 80, 443, 2379, 6443, 8000, 8080, 8081, 8082, 9090, 15012)
 
 
 @cache
-def _policies(name: str) -> dict[str, dict[str, Any]]:
-    manifests = plan.synthesize(load(name)).kubernetes_manifests()
-    return {m["metadata"]["name"]: m["spec"] for m in manifests if m["kind"] == "NetworkPolicy"}
+def _manifests(name: str) -> tuple[dict[str, Any], ...]:
+    return tuple(plan.synthesize(load(name)).kubernetes_manifests())
 
 
-def _components(peers: list[dict[str, Any]]) -> set[str]:
-    return {
-        p["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
-        for p in peers
-        if "podSelector" in p and "app.kubernetes.io/component" in p["podSelector"].get("matchLabels", {})
-    }
+def _policies_of(manifests: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
+    return [m for m in manifests if m["kind"] == "NetworkPolicy"]
+
+
+def _pod_labels(
+    manifests: list[dict[str, Any]] | tuple[dict[str, Any], ...], component: str
+) -> dict[str, str]:
+    """The labels of the rendered pods of one component (the first Deployment or StatefulSet of it)."""
+    for m in manifests:
+        if (
+            m["kind"] in ("Deployment", "StatefulSet")
+            and m["metadata"]["labels"].get("app.kubernetes.io/component") == component
+        ):
+            return dict(m["spec"]["template"]["metadata"]["labels"])
+    raise AssertionError(f"no Deployment or StatefulSet of {component}")
+
+
+def _endpoints(spec: PlatformSpec, cloud: Cloud, manifests: Any) -> list[Endpoint]:
+    """Pods of every component as rendered, the callers around them, and the addresses outside."""
+    network_range = ipaddress.ip_network(cloud.cluster_network(spec)[0])
+    addresses = (str(a) for a in network_range.hosts())
+    next(addresses)
+    ns = spec.cluster.namespace
+    out = [
+        Endpoint(part, next(addresses), ns, _pod_labels(manifests, part))
+        for part in flows.subjects(spec, cloud)
+        if part != flows.GATEWAY_PROXY
+    ]
+    if spec.gateway.ingress.value == "gateway-api":
+        where = ingress.gateway_proxies(spec)
+        out.append(Endpoint(flows.GATEWAY_PROXY, next(addresses), where.namespace or ns, where.labels))
+    out += [
+        Endpoint("prometheus", next(addresses), spec.observability.namespace, {"app": "prometheus"}),
+        Endpoint("kube-dns", next(addresses), "kube-system", {"k8s-app": "kube-dns"}),
+        Endpoint("another app", next(addresses), "default", {"app": "other"}),
+        Endpoint("istiod", next(addresses), "istio-system", {"app": "istiod"}),
+        Endpoint("load balancer", next(addresses)),
+        Endpoint("kubernetes API", next(addresses)),
+        Endpoint("pod identity agent", POD_IDENTITY_AGENT.cidr.split("/")[0]),
+        Endpoint("instance metadata", IMDS),
+        Endpoint("S3 and the hub", INTERNET),
+    ]
+    return out
+
+
+def _mismatches(spec: PlatformSpec, cloud: Cloud, manifests: Any) -> list[str]:
+    """Every connection where the policies and the table disagree, one line each."""
+    table = flows.flows(spec, cloud)
+    policies = _policies_of(manifests)
+    endpoints = _endpoints(spec, cloud, manifests)
+    subjects = set(flows.subjects(spec, cloud))
+    ports = sorted({p for f in table for p in f.ports} | {("TCP", p) for p in EXTRA_PORTS} | {("UDP", 53)})
+    ns = spec.cluster.namespace
+    wrong: list[str] = []
+    for src in endpoints:
+        for dst in endpoints:
+            if src is dst or not (src.name in subjects or dst.name in subjects):
+                continue  # the namespace's policies govern only connections of its own pods
+            for protocol, port in ports:
+                want = expected(table, ns, subjects, src, dst, protocol, port)
+                got = allowed(policies, src, dst, protocol, port)
+                if want != got:
+                    what = (
+                        "blocked, but the table has the flow" if want else "allowed, but no flow explains it"
+                    )
+                    wrong.append(f"{src.name} -> {dst.name} {protocol}/{port}: {what}")
+    return wrong
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_every_flow_passes_and_nothing_else_in_each_committed_stack(name: str) -> None:
+    spec = load(name).spec
+    assert _mismatches(spec, cloud_for(spec), _manifests(name)) == []
+
+
+INGRESSES = [
+    {"ingress": "none"},
+    {"ingress": "alb", "hostname": "llm.example.com"},
+    {"ingress": "gateway-api", "hostname": "llm.example.com"},
+    {"ingress": "gateway-api", "hostname": "llm.example.com", "gateway_api": "envoy-gateway"},
+    {"ingress": "gateway-api", "hostname": "llm.example.com", "tls_secret_name": "llm-tls"},
+]
+
+
+def _rendered(raw: dict[str, Any]) -> tuple[PlatformSpec, list[dict[str, Any]]]:
+    """The stack's NetworkPolicies and the Deployments whose pods they govern, rendered without a synthesis."""
+    from components import rollout
+    from components.placement import place
+    from components.render import engine, gateway, limit_store
+
+    spec = PlatformSpec.model_validate(raw)
+    cloud = cloud_for(spec)
+    layout = place(spec)
+    manifests = network.render(spec, cloud) + gateway.render(spec, cloud)
+    if flows.in_cluster_limit_store(spec, cloud):
+        manifests += limit_store.in_cluster(spec)
+    for model in spec.models:
+        manifests += engine.render(
+            spec, model, layout.placements[model.name], rollout.plan(spec, layout, model)
+        )
+    return spec, manifests
+
+
+@pytest.mark.parametrize("target", ["eks", "kubernetes"])
+@pytest.mark.parametrize("gateway_fields", INGRESSES, ids=lambda g: "-".join(map(str, g.values())))
+def test_every_flow_passes_and_nothing_else_for_each_ingress_and_target(
+    target: str, gateway_fields: dict[str, Any]
+) -> None:
+    raw = {**minimal(), "target": target, "gateway": gateway_fields}
+    raw["models"].append(
+        {"name": "bge", "source": "BAAI/bge-large-en-v1.5", "pool": "l40s", "engine": {"max_model_len": 512}}
+    )
+    spec, manifests = _rendered(raw)
+    assert _mismatches(spec, cloud_for(spec), manifests) == []
+
+
+@pytest.mark.parametrize("target", ["eks", "kubernetes"])
+def test_shared_limits_and_kv_events_flows_pass_and_nothing_else(target: str) -> None:
+    """The router's store (managed or in-cluster), the engines' KV-event ports, the tokenizer fetch."""
+    raw = {**minimal(), "target": target}
+    raw["gateway"] = {**raw.get("gateway", {}), "shared_limits": True, "limit_store_auth_config_key": "t"}
+    raw["models"][0]["routing"] = {"strategy": "precise_prefix"}
+    spec, manifests = _rendered(raw)
+    cloud = cloud_for(spec)
+    assert _mismatches(spec, cloud, manifests) == []
+    names = {m["metadata"]["name"] for m in _policies_of(manifests)}
+    assert ("inferstack-limits" in names) is (target == "kubernetes")
+    [events] = [f for f in _flows_between(spec, "router", "engine") if ("TCP", 5557) in f.ports]
+    assert events.ports == (("TCP", 5557), ("TCP", 5558))
+    store = "managed rate-limit store" if target == "eks" else "limits"
+    [to_store] = _flows_between(spec, "router", store)
+    assert to_store.ports == (("TCP", 6379),)
+    [tokenizers] = _flows_between(spec, "router", "tokenizers over HTTPS")
+    assert tokenizers.ports == (("TCP", 443),) and flows.LINK_LOCAL in tokenizers.dest.except_cidrs
+
+
+def test_without_shared_limits_or_kv_events_the_router_has_no_such_flow() -> None:
+    spec = PlatformSpec.model_validate(minimal())
+    dests = {f.dest.name for f in flows.flows(spec, cloud_for(spec)) if f.source.name == "router"}
+    assert not dests & {"limits", "managed rate-limit store", "tokenizers over HTTPS"}
+    assert all(("TCP", 5557) not in f.ports for f in flows.flows(spec, cloud_for(spec)))
+
+
+def test_the_evaluator_catches_a_missing_and_an_extra_rule() -> None:
+    """The check above can fail: drop the engines' credential rule, or open the router to the internet."""
+    spec, manifests = _rendered(minimal())
+    cloud = cloud_for(spec)
+    engines = next(m for m in manifests if m["metadata"]["name"] == "engines")
+    engines["spec"]["egress"] = [r for r in engines["spec"]["egress"] if r["ports"][0]["port"] != 80]
+    assert "engine -> pod identity agent TCP/80: blocked, but the table has the flow" in _mismatches(
+        spec, cloud, manifests
+    )
+    spec, manifests = _rendered(minimal())
+    router = next(m for m in manifests if m["metadata"]["name"] == "inferstack-router")
+    router["spec"]["ingress"][0]["from"].append({"ipBlock": {"cidr": "0.0.0.0/0"}})
+    assert "S3 and the hub -> router TCP/8080: allowed, but no flow explains it" in _mismatches(
+        spec, cloud, manifests
+    )
+
+
+def _flows_between(spec: PlatformSpec, source: str, dest: str) -> list[flows.Flow]:
+    return [f for f in flows.flows(spec, cloud_for(spec)) if f.source.name == source and f.dest.name == dest]
+
+
+def test_the_table_has_the_calls_the_runtime_makes_and_none_to_instance_metadata() -> None:
+    spec = load("prod").spec
+    table = flows.flows(spec, cloud_for(spec))
+    pairs = {(f.source.name, f.dest.name) for f in table}
+    assert {
+        ("router", "engine"),
+        ("health", "engine"),
+        ("batcher", "engine"),
+        ("router", "health"),
+        ("router", "batcher"),
+        ("prometheus", "engine"),
+        ("prometheus", "router"),
+        ("load balancer and in-cluster clients", "router"),
+        ("every pod", "kube-dns"),
+    } <= pairs
+    assert {
+        ("router", "kubernetes-api"),
+        ("health", "kubernetes-api"),
+        ("batcher", "kubernetes-api"),
+    } <= pairs
+    [credentials] = _flows_between(spec, "engine", "EKS Pod Identity agent")
+    assert credentials.dest.cidrs == ("169.254.170.23/32",) and credentials.ports == (("TCP", 80),)
+    [weights] = _flows_between(spec, "engine", "weights over HTTPS")
+    assert weights.ports == (("TCP", 443),)
+    assert weights.dest.except_cidrs == (spec.cluster.vpc_cidr, flows.LINK_LOCAL)
+    assert ipaddress.ip_address(IMDS) in ipaddress.ip_network(flows.LINK_LOCAL)
+    assert not [f for f in table if f.dest.cidrs and any(IMDS in c for c in f.dest.cidrs)]
+
+
+def test_a_cluster_you_bring_gives_engines_no_credential_endpoint() -> None:
+    spec = PlatformSpec.model_validate({**minimal(), "target": "kubernetes"})
+    assert [f.dest.name for f in flows.flows(spec, cloud_for(spec)) if f.source.name == "engine"] == [
+        "weights over HTTPS"
+    ]
 
 
 @pytest.mark.parametrize("name", PULUMI_STACKS)
 def test_the_namespace_denies_everything_by_default_except_dns(name: str) -> None:
-    policies = _policies(name)
+    policies = {m["metadata"]["name"]: m["spec"] for m in _policies_of(_manifests(name))}
     assert policies["default-deny"] == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
     dns = policies["allow-dns"]["egress"][0]
     assert {p["port"] for p in dns["ports"]} == {53}
     assert dns["to"][0]["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns"}
 
 
-@pytest.mark.parametrize("name", PULUMI_STACKS)
-def test_engines_accept_only_the_gateway_health_batcher_and_prometheus(name: str) -> None:
-    spec = load(name).spec
-    engines = _policies(name)["engines"]
-    assert engines["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "engine"
-    callers, scrape, *events = engines["ingress"]
-    if any(m.publishes_kv_events for m in spec.models):  # the routers follow the engines' KV events
-        (kv,) = events
-        assert _components(kv["from"]) == {"router"} and [p["port"] for p in kv["ports"]] == [5557, 5558]
-    else:
-        assert events == []
-    expected = {"router", "health"} | (
-        {"batcher"} if any(m.resolved_task().value == "embed" for m in spec.models) else set()
-    )
-    assert _components(callers["from"]) == expected
-    assert [p["port"] for p in callers["ports"]] == [8000]
-    assert scrape["from"] == [
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": spec.observability.namespace}}}
-    ]
-    assert all("ipBlock" not in p for rule in engines["ingress"] for p in rule["from"])
-
-
-@pytest.mark.parametrize("name", PULUMI_STACKS)
-def test_the_router_accepts_only_the_ingress_and_prometheus(name: str) -> None:
-    spec = load(name).spec
-    router = _policies(name)["inferstack-router"]
-    sources, scrape = router["ingress"]
-    assert sources["from"] == [
-        {"ipBlock": {"cidr": c}} for c in network.router_source_cidrs(spec, cloud_for(spec))
-    ]
-    assert [p["port"] for p in sources["ports"]] == [8080]
-    assert "namespaceSelector" in scrape["from"][0]
-    reach = _components(router["egress"][0]["to"])
-    assert {"engine", "health"} <= reach
-
-
-def test_with_gateway_api_the_router_accepts_only_the_gateway_proxies() -> None:
-    raw = minimal()
-    raw["gateway"] = {"ingress": "gateway-api", "hostname": "llm.example.com"}
-    spec = PlatformSpec.model_validate(raw)
-    policies = {p["metadata"]["name"]: p["spec"] for p in network.render(spec, cloud_for(spec))}
+def test_with_gateway_api_the_router_accepts_the_gateway_proxies_where_the_implementation_runs_them() -> None:
+    raw = {**minimal(), "gateway": INGRESSES[2]}
+    spec, manifests = _rendered(raw)
+    policies = {p["metadata"]["name"]: p["spec"] for p in _policies_of(manifests)}
     sources = policies["inferstack-router"]["ingress"][0]["from"]
-    assert sources == [
-        {"podSelector": {"matchLabels": {"gateway.networking.k8s.io/gateway-name": "inferstack-gateway"}}}
-    ]
-    proxies = policies["inferstack-gateway"]
-    assert proxies["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 80}]
+    assert {"podSelector": {"matchLabels": {ingress.GATEWAY_NAME_LABEL: "inferstack-gateway"}}} in sources
+    assert policies["inferstack-gateway"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 80}]
+    spec, manifests = _rendered({**minimal(), "gateway": INGRESSES[3]})
+    policies = {p["metadata"]["name"]: p["spec"] for p in _policies_of(manifests)}
+    assert "inferstack-gateway" not in policies  # Envoy Gateway runs its proxies in its own namespace
+    assert {
+        "namespaceSelector": {"matchLabels": {flows.NAMESPACE_NAME_LABEL: "envoy-gateway-system"}},
+        "podSelector": {
+            "matchLabels": {
+                ingress.ENVOY_GATEWAY_NAME_LABEL: "inferstack-gateway",
+                ingress.ENVOY_GATEWAY_NAMESPACE_LABEL: spec.cluster.namespace,
+            }
+        },
+    } in policies["inferstack-router"]["ingress"][0]["from"]
 
 
-@pytest.mark.parametrize("ingress", ["none", "alb", "gateway-api"])
-def test_every_policy_passes_strict_validation_for_each_ingress(ingress: str) -> None:
+@pytest.mark.parametrize("gateway_fields", INGRESSES, ids=lambda g: "-".join(map(str, g.values())))
+def test_every_policy_passes_strict_validation_for_each_ingress(gateway_fields: dict[str, Any]) -> None:
     import kubernetes_validate
 
-    raw = minimal()
-    raw["gateway"] = {"ingress": ingress, **({"hostname": "llm.example.com"} if ingress != "none" else {})}
-    spec = PlatformSpec.model_validate(raw)
-    for policy in network.render(spec, cloud_for(spec)):
+    spec, manifests = _rendered({**minimal(), "gateway": gateway_fields})
+    for policy in _policies_of(manifests):
         kubernetes_validate.validate(policy, f"{spec.cluster.kubernetes_version}.0", strict=True)
 
 
 def test_router_sources_default_to_the_vpc_the_stack_creates_else_the_private_ranges() -> None:
     raw = minimal()
-    raw["cluster"] = {"vpc_cidr": "10.42.0.0/16"}
+    raw["cluster"] = {**raw["cluster"], "vpc_cidr": "10.42.0.0/16"}
     eks = PlatformSpec.model_validate(raw)
-    assert network.router_source_cidrs(eks, cloud_for(eks)) == ["10.42.0.0/16"]
+    assert flows.router_source_cidrs(eks, cloud_for(eks)) == ["10.42.0.0/16"]
     raw["target"] = "kubernetes"
     own = PlatformSpec.model_validate(raw)
-    assert network.router_source_cidrs(own, cloud_for(own)) == list(PRIVATE_CIDRS)
+    assert flows.router_source_cidrs(own, cloud_for(own)) == list(PRIVATE_CIDRS)
     raw["gateway"] = {"ingress_source_cidrs": ["192.168.10.0/24"]}
-    spec = PlatformSpec.model_validate(raw)
-    assert network.router_source_cidrs(spec, cloud_for(spec)) == ["192.168.10.0/24"]
-    assert network.router(spec, cloud_for(spec))["spec"]["ingress"][0]["from"] == [
-        {"ipBlock": {"cidr": "192.168.10.0/24"}}
+    _, manifests = _rendered(raw)
+    router = next(p for p in _policies_of(manifests) if p["metadata"]["name"] == "inferstack-router")
+    assert {"ipBlock": {"cidr": "192.168.10.0/24"}} in router["spec"]["ingress"][0]["from"]
+
+
+def test_vpc_cni_enforces_network_policies_on_eks() -> None:
+    """Without enableNetworkPolicy the vpc-cni add-on ignores every NetworkPolicy above."""
+    import json
+
+    synthesis = plan.synthesize(load("prod"))
+    [cni] = [
+        r
+        for r in synthesis.resources
+        if r.type == "aws:eks/addon:Addon" and r.inputs["addonName"] == "vpc-cni"
     ]
+    assert json.loads(cni.inputs["configurationValues"]) == {"enableNetworkPolicy": "true"}
+    assert decisions.ADDON_CONFIGURATION["vpc-cni"] == {"enableNetworkPolicy": "true"}
+    assert common.ENGINE_PORT == 8000

@@ -26,7 +26,7 @@ MAX_DIFF_LINES = 60
 # digests from the tags): any runtime change moves them. That is tested where the tag is made
 # (tests/components/test_aws.py); here it would only make every runtime commit a plan change.
 _SOURCE_TAG = re.compile(r"\bsrc-[0-9a-f]{16}\b")
-_BUILT_DIGEST = re.compile(r"(\.dkr\.ecr\.[^\s\"@]+)@sha256:[0-9a-f]{64}")
+_BUILT_DIGEST = re.compile(r"(/(?:router|health|batcher))@sha256:[0-9a-f]{64}")
 
 
 def _normalised(text: str) -> str:

@@ -166,3 +166,86 @@ def test_built_in_scaling_objects_pass_strict_validation_in_both_modes(autoscale
             if manifest["apiVersion"].startswith("keda.sh/"):
                 continue  # a custom resource: its fields are checked above
             kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_replicas_wanted_is_what_keda_and_its_hpa_settle_on() -> None:
+    """The one decision the ScaledObject's thresholds express and `make local`'s autoscaler runs."""
+    spec = PlatformSpec.model_validate(minimal())
+    model = spec.models[0].model_copy(
+        update={"scaling": spec.models[0].scaling.model_copy(update={"min_replicas": 0, "max_replicas": 4})}
+    )
+    t = scaling.thresholds(model)
+    assert (t.activation, t.queue_per_replica, t.idle_before_zero_s, t.scale_down_window_s) == (
+        0,
+        6.4,
+        900,
+        600,
+    )
+    wanted = scaling.replicas_wanted
+    assert wanted(t, demand=0, current=0, idle_s=10_000) == 0  # nothing waits: stays at zero
+    assert wanted(t, demand=1, current=0, idle_s=0) == 1  # one waiting request wakes it
+    assert wanted(t, demand=13, current=1, idle_s=0) == 3  # ceil(13 / 6.4)
+    assert wanted(t, demand=100, current=1, idle_s=0) == 4  # never above max_replicas
+    assert wanted(t, demand=1, current=3, idle_s=0) == 3  # less demand does not remove replicas ...
+    assert wanted(t, demand=0, current=3, idle_s=599) == 3  # ... nor idleness shorter than the window
+    assert wanted(t, demand=0, current=3, idle_s=600) == 1  # the HPA's scale-down stabilisation
+    assert wanted(t, demand=0, current=1, idle_s=899) == 1
+    assert wanted(t, demand=0, current=3, idle_s=900) == 0  # KEDA's cooldown: straight to zero
+    floor = model.model_copy(update={"scaling": model.scaling.model_copy(update={"min_replicas": 2})})
+    assert wanted(scaling.thresholds(floor), demand=0, current=4, idle_s=10_000) == 2  # never below min
+
+
+def test_the_scaled_object_renders_the_same_thresholds() -> None:
+    spec = load("dev").spec
+    for model in spec.models:
+        t = scaling.thresholds(model)
+        obj = _by_kind("dev", "ScaledObject")[f"{model.name}-engine"]["spec"]
+        assert obj["cooldownPeriod"] == t.idle_before_zero_s and obj["minReplicaCount"] == t.min_replicas
+        assert {trig["metadata"]["activationThreshold"] for trig in obj["triggers"]} == {f"{t.activation:g}"}
+        router = next(trig for trig in obj["triggers"] if trig["name"] == "router-queue")
+        assert router["metadata"]["threshold"] == f"{t.queue_per_replica:g}"
+
+
+def test_the_router_holds_requests_only_for_models_that_scale_from_zero() -> None:
+    from components.render.runtime_config import runtime_config
+
+    for stack in ("dev", "prod"):
+        spec = load(stack).spec
+        config = runtime_config(spec)
+        for model in spec.models:
+            hold = config.route(model.name).cold_start_hold_ms
+            assert hold == (model.scaling.cold_start_hold_ms if model.scaling.min_replicas == 0 else 0)
+    assert all(load("dev").spec.models[i].scaling.min_replicas == 0 for i in range(2))
+
+
+@pytest.mark.parametrize(
+    ("scaling_", "slo", "message"),
+    [
+        (
+            {"min_replicas": 0, "max_replicas": 1, "cold_start_hold_ms": 150_000},
+            {},
+            "cold_start_hold_ms (150000) is longer than the router's first-byte timeout (120000 ms)",
+        ),
+        (
+            {"min_replicas": 1, "max_replicas": 2, "cold_start_hold_ms": 5_000},
+            {},
+            "has no effect with min_replicas 1",
+        ),
+        (
+            {"min_replicas": 0, "max_replicas": 1},
+            {"allow_cold_starts": False},
+            "but slo.allow_cold_starts is false; set min_replicas to at least 1",
+        ),
+    ],
+)
+def test_scale_from_zero_mistakes_are_one_clear_line(
+    tmp_path: Path, scaling_: dict, slo: dict, message: str
+) -> None:
+    raw = minimal()
+    raw["models"][0]["scaling"] = scaling_
+    raw["models"][0]["slo"] = slo
+    write_stack(tmp_path, "bad", raw)
+    with pytest.raises(SpecError) as err:
+        load("bad", tmp_path)
+    text = err.value.render()
+    assert message in text and "models[0]" in text and len(text.splitlines()) == 1, text

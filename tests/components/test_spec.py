@@ -103,6 +103,12 @@ def _pool_too_small(spec: dict[str, Any]) -> None:
 BAD_INPUTS: list[tuple[str, Callable[[dict[str, Any]], None], str, list[str]]] = [
     ("unknown top-level key", _set("modles", []), "modles", ["unknown key 'modles'", "models"]),
     (
+        "moving karpenter ami",
+        _set("cluster.karpenter_ami_version", "latest"),
+        "cluster.karpenter_ami_version",
+        ["'latest' is not an AMI release", "v20250620"],
+    ),
+    (
         "unknown engine key",
         _set("models.0.engine.tensor_paralel_size", 2),
         "models[0].engine.tensor_paralel_size",
@@ -262,6 +268,14 @@ BAD_INPUTS: list[tuple[str, Callable[[dict[str, Any]], None], str, list[str]]] =
         _set("models.0.engine", {"kind": "trtllm", "quantization": "awq"}),
         "models[0].engine",
         ["trtllm-serve"],
+    ),
+    (
+        "hpa for an engine without a load metric",
+        lambda spec: spec.update(
+            addons={"autoscaler": "hpa"}, models=[{**spec["models"][0], "engine": {"kind": "trtllm"}}]
+        ),
+        "models[0].engine.kind",
+        ["exports no queue or KV-cache metric", "use autoscaler: keda"],
     ),
 ]
 

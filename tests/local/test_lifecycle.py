@@ -94,7 +94,7 @@ def test_foreground_serves_refuses_a_second_instance_and_stops_everything_in_ord
     router = _router(args)
     reply = post_json(
         f"{router}/v1/chat/completions",
-        {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]},
+        {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}]},
     )
     assert reply["choices"][0]["message"]["content"].startswith("port ")
     vectors = post_json(f"{router}/v1/embeddings", {"model": "all-minilm-l6-v2", "input": ["a", "b"]})
@@ -139,22 +139,25 @@ def test_detach_status_logs_kill_a_replica_and_down(fake) -> None:
     logs = run_local("logs", "router", "-n", "3", "--state-dir", str(state_dir), env=env)
     assert logs.returncode == 0 and "router listening" in logs.stdout
     every = run_local("logs", "--state-dir", str(state_dir), env=env)
-    assert "==> " in every.stdout and "engine-tiny-llama-0.log" in every.stdout
+    assert "==> " in every.stdout and "engine-smollm2-135m-instruct-0.log" in every.stdout
     missing = run_local("logs", "nope", "--state-dir", str(state_dir), env=env)
     assert missing.returncode == 2 and "there are: " in missing.stderr
 
     # One chat replica dies: the stack keeps serving through the other, and says so.
-    replica = next(p for p in current["processes"] if p["name"] == "tiny-llama-0")
+    replica = next(p for p in current["processes"] if p["name"] == "smollm2-135m-instruct-0")
     os.killpg(replica["pid"], signal.SIGKILL)
     router = _router(args)
     for _ in range(6):
         reply = post_json(
             f"{router}/v1/chat/completions",
-            {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]},
+            {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}]},
         )
         assert reply["choices"][0]["message"]["content"] == f"port {replica['port'] + 1}"
     wait_for(
-        lambda: "warning: engine tiny-llama-0 exited" in (state_dir / "logs" / "supervisor.log").read_text(),
+        lambda: (
+            "warning: engine smollm2-135m-instruct-0 exited"
+            in (state_dir / "logs" / "supervisor.log").read_text()
+        ),
         30,
         "the warning",
     )

@@ -31,7 +31,7 @@ from tests.local.test_readme import readme_curls, readme_python_snippet
 # against the first test's timeout.
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 
-CHAT = "tiny-llama"
+CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"
 START_TIMEOUT_S = 1200
 
@@ -102,6 +102,69 @@ def test_models_chat_completion_and_streaming(local_stack: LocalStack) -> None:
     assert any(c.choices and c.choices[0].finish_reason for c in chunks)
 
 
+REFERENCE = Path(__file__).with_name("reference_chat.py")
+REFERENCE_PROMPTS = (
+    "What is the capital of France?",
+    "Explain Kubernetes in one sentence.",
+    "Write a haiku about GPUs.",
+)
+REFERENCE_TOKENS = 24
+
+
+def test_chat_answers_as_the_reference_implementation_does(
+    local_stack: LocalStack, engine_python: Path
+) -> None:
+    """The served chat model is SmolLM2 converted right: at temperature 0, through the router, vLLM says what
+    ``transformers`` says from the same weights, prompt and chat template."""
+    model_dir = REPO / ".cache" / "models" / CHAT
+    reference = subprocess.run(
+        [str(engine_python), str(REFERENCE), str(model_dir), str(REFERENCE_TOKENS), *REFERENCE_PROMPTS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    expected = json.loads(reference.stdout)
+    served = [
+        local_stack.client.chat.completions.create(
+            model=CHAT,
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=REFERENCE_TOKENS,
+            temperature=0,
+        )
+        .choices[0]
+        .message.content
+        for prompt in REFERENCE_PROMPTS
+    ]
+    assert served == expected
+    assert "Paris" in served[0]  # and it makes sense
+
+
+def test_chat_template_stop_and_streaming_behave_through_the_router(local_stack: LocalStack) -> None:
+    client = local_stack.client
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    whole = client.chat.completions.create(model=CHAT, messages=messages, max_tokens=64, temperature=0)
+    answer = whole.choices[0].message.content or ""
+    assert whole.choices[0].finish_reason == "stop"  # the model ended its turn (<|im_end|>) on its own
+    assert answer and "<|im_" not in answer  # the end-of-turn token is not part of the text
+    chunks = client.chat.completions.create(
+        model=CHAT, messages=messages, max_tokens=64, temperature=0, stream=True
+    )
+    streamed = list(chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == answer
+    assert [c.choices[0].finish_reason for c in streamed if c.choices and c.choices[0].finish_reason] == [
+        "stop"
+    ]
+    stopped = client.chat.completions.create(
+        model=CHAT, messages=messages, max_tokens=64, temperature=0, stop=["Paris"]
+    )
+    assert stopped.choices[0].finish_reason == "stop"
+    assert answer.startswith(stopped.choices[0].message.content or "") and "Paris" not in (
+        stopped.choices[0].message.content or ""
+    )
+
+
 def test_embeddings_are_real_sentence_embeddings(local_stack: LocalStack) -> None:
     sentences = ["A cat sits on the mat.", "A kitten is sitting on a rug.", "Interest rates rose again."]
     result = local_stack.client.embeddings.create(model=EMBED, input=sentences)
@@ -138,7 +201,9 @@ def test_the_readmes_curl_lines_and_openai_snippet_work(local_stack: LocalStack)
         )
         assert result.returncode == 0 and result.stdout, command
         if "/v1/chat/completions" in command:
-            assert json.loads(result.stdout)["choices"][0]["message"]["content"]
+            assert (
+                "Paris" in json.loads(result.stdout)["choices"][0]["message"]["content"]
+            )  # a sensible answer
         if "/v1/backends" in command:
             assert len(json.loads(result.stdout)["backends"]) == 3
     snippet = subprocess.run(
@@ -201,7 +266,7 @@ def test_missing_models_under_the_cache_are_made_without_download(
     assert all(p.generate and not p.path.exists() for p in plan.models)
     plan.logs_dir.mkdir(parents=True)
     Supervisor(plan).make_models(engine_python)
-    assert all(is_complete(p.path, p.kind) for p in plan.models)
+    assert all(p.recipe is not None and is_complete(p.path, p.recipe) for p in plan.models)
     assert {p.path.parent for p in plan.models} == {tmp_path / ".cache" / "models"}
 
 

@@ -42,7 +42,11 @@ def raw_local() -> dict:
 def test_the_local_stack_plans_engines_then_health_batcher_router() -> None:
     stack = local_stack()
     plan = build_plan(stack, LocalOptions(cpus=(0, 1)), REPO)
-    assert [e.name for e in plan.engines] == ["tiny-llama-0", "tiny-llama-1", "all-minilm-l6-v2-0"]
+    assert [e.name for e in plan.engines] == [
+        "smollm2-135m-instruct-0",
+        "smollm2-135m-instruct-1",
+        "all-minilm-l6-v2-0",
+    ]
     assert [e.port for e in plan.engines] == [8000, 8001, 8002]
     assert [e.cpu_cores for e in plan.engines] == ["0", "1", "0"]  # each engine its own core, in turn
     assert [e.spec.resolved_task() for e in plan.engines] == [Task.GENERATE, Task.GENERATE, Task.EMBED]
@@ -72,7 +76,7 @@ def test_local_config_is_the_cluster_config_with_local_addresses() -> None:
     assert all(m.discovery is None for m in local.models)
     urls = {m.name: [str(b.url).rstrip("/") for b in m.static_backends] for m in local.models}
     assert urls == {
-        "tiny-llama": ["http://127.0.0.1:9100", "http://127.0.0.1:9101"],
+        "smollm2-135m-instruct": ["http://127.0.0.1:9100", "http://127.0.0.1:9101"],
         "all-minilm-l6-v2": ["http://127.0.0.1:9102"],
     }
     assert (local.router.host, local.router.port) == (HOST, 9000)
@@ -85,21 +89,42 @@ def test_local_config_is_the_cluster_config_with_local_addresses() -> None:
     assert {m.task for m in local.models} == {Task.GENERATE, Task.EMBED}
 
 
-def test_no_embedding_model_means_no_batcher_and_min_replicas_zero_still_starts_one() -> None:
+def test_no_embedding_model_means_no_batcher_and_min_replicas_zero_starts_none() -> None:
+    """A model that scales from zero: every replica up to max_replicas is planned (its port reserved) and
+    started on demand; the router finds them in the autoscaler's endpoints file and holds requests meanwhile."""
     raw = raw_local()
     raw["models"] = [raw["models"][0]]
-    raw["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 2}
-    plan = build_plan(stack_from(raw), LocalOptions(), REPO)
+    raw["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 2, "cold_start_hold_ms": 100_000}
+    plan = build_plan(stack_from(raw), LocalOptions(state_dir=Path("/tmp/st")), REPO)
     assert [s.name for s in plan.services] == ["health", "router"]
-    assert len(plan.engines) == 1
-    assert "embeddings" not in banner(plan, 1.0, detached=False)
+    assert [(e.name, e.on_demand) for e in plan.engines] == [
+        ("smollm2-135m-instruct-0", True),
+        ("smollm2-135m-instruct-1", True),
+    ]
+    assert plan.always_on == ()
+    target = plan.config.models[0]
+    assert target.static_backends == [] and target.discovery is not None
+    assert target.discovery.model_dump() == {
+        "path": Path("/tmp/st/endpoints.json"),
+        "service": "smollm2-135m-instruct-engine",
+        "poll_interval_ms": 500,
+    }
+    assert plan.config.route("smollm2-135m-instruct").cold_start_hold_ms == 100_000
+    text = banner(plan, 1.0, detached=False)
+    assert (
+        "embeddings" not in text
+        and "smollm2-135m-instruct: the first request waits while an engine starts" in text
+    )
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
         (LocalOptions(router_port=8081), "port 8081 is planned for both health and router"),
-        (LocalOptions(engine_port=8079), "port 8080 is planned for both router and engine tiny-llama-1"),
+        (
+            LocalOptions(engine_port=8079),
+            "port 8080 is planned for both router and engine smollm2-135m-instruct-1",
+        ),
         (LocalOptions(engine_port=65534), "outside 1-65535; change it with --engine-port"),
     ],
 )
@@ -131,8 +156,25 @@ def test_models_outside_the_cache_are_the_users_to_provide(tmp_path: Path) -> No
     raw = raw_local()
     raw["models"][0]["source"] = str(tmp_path / "my-model")
     preps = model_preps(stack_from(raw).spec, REPO)
-    assert [(p.kind, p.generate) for p in preps] == [("chat", False), ("embed", True)]
+    assert [(p.recipe, p.generate) for p in preps] == [(None, False), ("embed", True)]
     assert preps[0].path == tmp_path / "my-model"
+
+
+def test_the_committed_models_are_made_by_their_recipes() -> None:
+    preps = model_preps(local_stack().spec, REPO)
+    assert [(p.model, p.recipe) for p in preps] == [
+        ("smollm2-135m-instruct", "smollm2"),
+        ("all-minilm-l6-v2", "embed"),
+    ]
+
+
+def test_a_model_under_the_cache_that_nothing_makes_is_refused_with_the_known_ones() -> None:
+    raw = raw_local()
+    raw["models"][0]["source"] = "./.cache/models/my-llama"
+    with pytest.raises(
+        PlanError, match=r"models\[0\]\.source: nothing makes './\.cache/models/my-llama'.*tiny-llama"
+    ):
+        model_preps(stack_from(raw).spec, REPO)
 
 
 def test_banner_has_url_curl_and_openai_snippet() -> None:
@@ -154,7 +196,7 @@ def test_a_port_in_use_is_a_usage_error_naming_port_and_option() -> None:
     assert caught.value.exit_code == 2
     assert "port 8080 on 127.0.0.1 is already in use" in str(caught.value)
     assert "--port N" in str(caught.value) and "make local PORT=" in str(caught.value)
-    with pytest.raises(StartError, match=r"engine tiny-llama-1.*--engine-port N"):
+    with pytest.raises(StartError, match=r"engine smollm2-135m-instruct-1.*--engine-port N"):
         check_ports_free(plan, in_use=lambda port: port == 8001)
     check_ports_free(plan, in_use=lambda port: False)
 

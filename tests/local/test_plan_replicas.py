@@ -60,3 +60,42 @@ def test_precise_prefix_engines_publish_on_socket_files_the_routers_follow() -> 
     args = engine.argv
     assert args[args.index("--prefix-caching-hash-algo") + 1] == "sha256_cbor"
     assert '"endpoint":"ipc://' in args[args.index("--kv-events-config") + 1]
+
+
+def test_with_several_routers_prometheus_scrapes_each_router_not_the_balancer_or_redis() -> None:
+    from components.local import monitor
+
+    plan = build_plan(local_stack(), LocalOptions(routers=2, redis_port=6390), REPO)
+    assert plan.scraped_services() == [
+        ("health", 8081),
+        ("batcher", 8082),
+        ("router", 8090),
+        ("router", 8091),
+    ]
+    assert plan.spec is not None
+    pods = [g["labels"]["pod"] for g in monitor.runtime_targets(plan.spec, plan.scraped_services())]
+    assert pods == [
+        "inferstack-health-0",
+        "inferstack-batcher-0",
+        "inferstack-router-0",
+        "inferstack-router-1",
+    ]
+
+
+def test_the_banner_names_the_health_monitor_when_redis_starts_first() -> None:
+    from components.local.plan import banner
+
+    plan = build_plan(local_stack(), LocalOptions(routers=2, redis_port=6390), REPO)
+    text = banner(plan, 1.0, detached=False)
+    assert "(health monitor: http://127.0.0.1:8081/v1/backends)" in text
+    assert "2 routers (round robin, shared limits in redis)" in text
+
+
+def test_precise_prefix_on_a_model_that_scales_is_one_clear_line() -> None:
+    raw = raw_local()
+    raw["models"][0]["routing"] = {"strategy": "precise_prefix"}
+    raw["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 1}
+    with pytest.raises(
+        PlanError, match=r"models\[0\].routing.strategy: precise_prefix .* min_replicas equal"
+    ):
+        build_plan(stack_from(raw), LocalOptions(), REPO)

@@ -72,7 +72,7 @@ def test_production_risks() -> None:
     for rule in (
         "no-spot-in-prod",
         "engine-min-replicas",
-        "eks-endpoint-private",
+        "eks-api-endpoint-restricted",
         "public-ingress-requires-api-key",
     ):
         assert f"MANDATORY {rule}" in output
@@ -93,7 +93,7 @@ def test_policy_config_file_overrides(tmp_path: Path) -> None:
     assert code == 1 and "MANDATORY monthly-cost-within-budget" in output and "$1,000" in output
     relaxed = tmp_path / "relaxed.json"
     relaxed.write_text(json.dumps({"monthly-cost-within-budget": "advisory", "no-spot-in-prod": {"allow_spot": True},
-                                   "engine-min-replicas": "disabled", "eks-endpoint-private": "advisory",
+                                   "engine-min-replicas": "disabled", "eks-api-endpoint-restricted": "advisory",
                                    "public-ingress-requires-api-key": "advisory"}))  # fmt: skip
     code, output = plan("prod-risks", "--policy-config", str(relaxed))
     assert code == 0, output

@@ -414,13 +414,20 @@ CASES = [
     ),
     Case(
         "public-endpoint-in-prod",
-        "eks-endpoint-private",
+        "eks-api-endpoint-restricted",
         "prod",
         m(
             aws("cluster:Cluster", "inferstack-prod"),
-            lambda p: p["vpcConfig"].__setitem__("endpointPublicAccess", True),
+            lambda p: p["vpcConfig"].update(endpointPublicAccess=True, publicAccessCidrs=["0.0.0.0/0"]),
         ),
-        ("the Kubernetes API endpoint is public", "endpoint_public_access: false"),
+        ("admits 0.0.0.0/0, the whole internet", "cluster.api_endpoint.public_cidrs"),
+    ),
+    Case(
+        "public-endpoint-without-allow-list-in-prod",
+        "eks-api-endpoint-restricted",
+        "prod",
+        m(aws("cluster:Cluster", "inferstack-prod"), lambda p: p["vpcConfig"].pop("publicAccessCidrs")),
+        ("public to the whole internet (no allow-list)", "access: private"),
     ),
     Case(
         "telemetry-on",
@@ -475,6 +482,13 @@ CASES = [
         m(ROUTER, lambda p: p["metadata"]["labels"].pop("app.kubernetes.io/part-of")),
         ("metadata.labels lack app.kubernetes.io/part-of",),
     ),
+    Case(
+        "runtime-image-nothing-builds",
+        "runtime-images-built",
+        "kind",
+        m(ROUTER, lambda p: container(p, "router").__setitem__("image", "ghcr.io/inferstack/router:0.1.0")),
+        ("'ghcr.io/inferstack/router:0.1.0', which nothing in this stack builds", "gateway.image_registry"),
+    ),
 ]
 
 
@@ -508,7 +522,7 @@ def test_environment_scoped_rules_leave_dev_alone() -> None:
     resources = rendered("dev")
     for rule in (
         "no-spot-in-prod",
-        "eks-endpoint-private",
+        "eks-api-endpoint-restricted",
         "engine-min-replicas",
         "engine-has-disruption-budget",
     ):

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from components import catalog, cost
+from components.nodes import POOL_LABEL
 from components.spec import CapacityType
 from policies.inference.rules.base import (
     Category,
@@ -62,13 +63,21 @@ def bill(resources: Sequence[Res]) -> tuple[list[Line], list[str]]:
     lines: list[Line] = []
     unpriced: list[str] = []
     templates = of_type(resources, LAUNCH_TEMPLATE)
+    # The node groups of one GPU pool (its reservation's, its own) share the pool's nodes: the costliest counts.
+    gpu_pools: dict[str, Line] = {}
     for pool in node_pools(resources):
         if pool.res is None:
             continue
         nodes = pool.max_size or 0
         capacity = CapacityType.SPOT if pool.capacity_type.upper() == "SPOT" else CapacityType.ON_DEMAND
-        if pool.instance is not None:
-            hourly = cost.hourly(pool.instance, capacity)
+        # A node group that falls back to other instance types may run the dearest of them.
+        known = [
+            catalog.INSTANCE_TYPES[t]
+            for t in as_list(pool.res.props.get("instanceTypes"))
+            if t in catalog.INSTANCE_TYPES
+        ] or ([pool.instance] if pool.instance is not None else [])
+        if known:
+            hourly = max(cost.hourly(i, capacity) for i in known)
         elif pool.instance_type == catalog.SYSTEM_INSTANCE_TYPE:
             hourly = catalog.SYSTEM_INSTANCE_USD_PER_HOUR
         else:
@@ -85,13 +94,15 @@ def bill(resources: Sequence[Res]) -> tuple[list[Line], list[str]]:
             )
             what = f"node group {pool.res.name}"
         per_node = hourly * MONTH + _disk_usd(template)
-        lines.append(
-            Line(
-                f"{what}: {nodes} x {pool.instance_type} {capacity.value}",
-                per_node * nodes,
-                pool.res.urn,
-            )
+        line = Line(
+            f"{what}: {nodes} x {pool.instance_type} {capacity.value}", per_node * nodes, pool.res.urn
         )
+        gpu_pool = pool.labels.get(POOL_LABEL)
+        if gpu_pool is None:
+            lines.append(line)
+        elif gpu_pool not in gpu_pools or line.usd_month > gpu_pools[gpu_pool].usd_month:
+            gpu_pools[gpu_pool] = line
+    lines += gpu_pools.values()
     for r in of_type(resources, "aws:eks/cluster:Cluster"):
         lines.append(
             Line(f"EKS control plane {r.name}", catalog.EKS_CONTROL_PLANE_USD_PER_HOUR * MONTH, r.urn)

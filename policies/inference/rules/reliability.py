@@ -1,12 +1,15 @@
 """Reliability: probes, redundancy and disruption budgets in production, scalers that exist and point at
-something, pools big enough for max replicas, startup probes patient enough for the weights."""
+something, pools big enough for max replicas, startup probes patient enough for the weights, runtime images
+that something builds."""
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from collections.abc import Iterator, Sequence
 
 from components import sizing
+from components.render import common
 from policies.inference.rules.base import (
     Category,
     Config,
@@ -15,14 +18,17 @@ from policies.inference.rules.base import (
     Rule,
     Setting,
     Severity,
+    as_list,
     as_map,
     dig,
     number,
     of_kind,
+    of_type,
 )
 from policies.inference.rules.engines import engines, gpu_pool_of, node_pools
 from policies.inference.rules.fit import POOL_SETTING
 from policies.inference.rules.k8s import (
+    COMPONENT_LABEL,
     containers,
     environment_of,
     pod_labels,
@@ -31,6 +37,7 @@ from policies.inference.rules.k8s import (
     scalers,
     scalers_of,
     selects,
+    workloads,
 )
 from runtime.engines import ENGINES
 
@@ -330,4 +337,70 @@ METRICS = Rule(
     stack_check=_metrics,
 )
 
-RULES = (PROBES, MIN_REPLICAS, PDB, CAPACITY, SCALED, STARTUP, METRICS)
+DOCKER_IMAGE = "docker-build:index:Image"
+RUNTIME_COMPONENTS = [common.ROUTER, common.HEALTH, common.BATCHER]
+
+
+def _built_repositories(resources: Sequence[Res]) -> set[str]:
+    """The repositories the stack's image builds push to (a tag is '<repository>:<tag>')."""
+    return {
+        tag.rsplit(":", 1)[0]
+        for r in of_type(resources, DOCKER_IMAGE)
+        for tag in as_list(r.props.get("tags"))
+        if isinstance(tag, str) and ":" in tag.rsplit("/", 1)[-1]
+    }
+
+
+def _runtime_images(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
+    built = _built_repositories(resources)
+    components = set(config["runtime_components"])
+    prebuilt = list(config["prebuilt_images"])
+    for res, pod in workloads(resources):
+        labels = res.labels
+        if res.from_chart or labels.get("app.kubernetes.io/part-of") != common.PART_OF:
+            continue
+        if labels.get(COMPONENT_LABEL) not in components:
+            continue
+        for c in containers(pod):
+            image = c.image
+            if image is None:
+                continue  # computed in a real preview: the reference of the stack's own push
+            repository, by_digest = image.split("@", 1)[0], "@" in image
+            if (by_digest and repository in built) or any(fnmatch.fnmatchcase(image, p) for p in prebuilt):
+                continue
+            yield Finding(
+                f"{res.display}: container {c.name} runs {image!r}, which nothing in this stack builds, so its "
+                "pods cannot start unless someone published it; set gateway.image_registry (target kubernetes) "
+                "so the stack builds and pushes it and runs it by digest, or list the published image in this "
+                "rule's prebuilt_images",
+                res.urn,
+            )
+
+
+RUNTIME_IMAGES_BUILT = Rule(
+    name="runtime-images-built",
+    category=Category.RELIABILITY,
+    severity=Severity.HIGH,
+    description="The router, health monitor and batcher run images the stack builds and pushes (by digest), or "
+    "images listed as published (prebuilt_images): never a reference nothing builds.",
+    remediation="Set gateway.image_registry on target kubernetes (eks builds into its ECR), or allow the "
+    "published image in prebuilt_images.",
+    stack_check=_runtime_images,
+    settings=(
+        Setting(
+            "prebuilt_images",
+            {"type": "array", "items": {"type": "string"}},
+            [],
+            "Published runtime images the stack may run without building them ('repo/image@sha256:...' glob "
+            "patterns, e.g. the release workflow's images by digest).",
+        ),
+        Setting(
+            "runtime_components",
+            {"type": "array", "items": {"type": "string"}},
+            RUNTIME_COMPONENTS,
+            "app.kubernetes.io/component values of the workloads whose images the stack builds.",
+        ),
+    ),
+)
+
+RULES = (PROBES, MIN_REPLICAS, PDB, CAPACITY, SCALED, STARTUP, METRICS, RUNTIME_IMAGES_BUILT)

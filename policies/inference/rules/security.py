@@ -1,6 +1,6 @@
 """Security: pinned images and charts, no privileged or root containers, no plaintext secrets, network
 policies everywhere, authenticated public ingress, private encrypted S3, no admin IAM, encrypted EKS
-secrets, a private production API endpoint."""
+secrets, a production API endpoint that is private or limited to an allow-list."""
 
 from __future__ import annotations
 
@@ -588,25 +588,41 @@ EKS_ENCRYPTION = Rule(
 )
 
 
+def _open_ranges(cidrs: Sequence[str]) -> list[str]:
+    """The ranges that admit every address (a /0), e.g. 0.0.0.0/0."""
+    return [c for c in cidrs if c.strip().endswith("/0")]
+
+
 def _eks_endpoint(res: Res, config: Config) -> Iterator[str]:
     if res.type != EKS_CLUSTER or environment_of(res) not in set(config["environments"]):
         return
     vpc = as_map(res.props.get("vpcConfig"))
-    if vpc.get("endpointPublicAccess") is not False:
+    where = f"EKS cluster {res.name} ({environment_of(res)})"
+    if vpc.get("endpointPublicAccess") is False:
+        if vpc.get("endpointPrivateAccess") is not True:
+            yield f"{where}: neither endpoint is enabled; set endpointPrivateAccess: true"
+        return
+    cidrs = [str(c) for c in as_list(vpc.get("publicAccessCidrs"))]
+    fix = (
+        "list only the addresses `pulumi up` and kubectl come from in cluster.api_endpoint.public_cidrs (your CI "
+        "runners' egress), or use access: private with a runner inside the VPC"
+    )
+    if not cidrs:
+        yield f"{where}: the Kubernetes API endpoint is public to the whole internet (no allow-list); {fix}"
+    elif open_ranges := _open_ranges(cidrs):
         yield (
-            f"EKS cluster {res.name} ({environment_of(res)}): the Kubernetes API endpoint is public; set "
-            "cluster.endpoint_public_access: false and reach it through the VPC (VPN, bastion, CI runner in VPC)"
+            f"{where}: the public Kubernetes API endpoint admits {', '.join(open_ranges)}, the whole internet; {fix}"
         )
-    elif vpc.get("endpointPrivateAccess") is not True:
-        yield f"EKS cluster {res.name}: neither endpoint is enabled; set endpointPrivateAccess: true"
 
 
 EKS_ENDPOINT = Rule(
-    name="eks-endpoint-private",
+    name="eks-api-endpoint-restricted",
     category=Category.SECURITY,
     severity=Severity.HIGH,
-    description="In the listed environments (prod by default) the EKS API endpoint is private only.",
-    remediation="Set cluster.endpoint_public_access: false.",
+    description="In the listed environments (prod by default) the EKS API endpoint is private, or public only to "
+    "an allow-list of address ranges that does not include 0.0.0.0/0.",
+    remediation="Set cluster.api_endpoint to access: private (with a runner in the VPC), or access: public with "
+    "public_cidrs limited to the deployers' addresses.",
     resource_check=_eks_endpoint,
     settings=(Setting("environments", ENVIRONMENTS_SCHEMA, ["prod"], "Environments the rule applies to."),),
 )

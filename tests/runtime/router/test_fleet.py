@@ -11,6 +11,7 @@ from aiohttp import web
 from runtime.config import RuntimeConfig
 from runtime.router.app import Router
 from runtime.router.fleet import Fleet
+from runtime.router.metrics import DEPARTED_KEEP_S
 from runtime.server import Server
 from tests.runtime.router.harness import RouterUnderTest
 
@@ -66,7 +67,11 @@ def test_discovered_replicas_are_followed_without_restart(doubles, lt) -> None:
             assert rut.request("POST", "/v1/chat/completions", CHAT)[0] == 200
         assert len(a.requests) == before and len(b.requests) == 5
         metrics = rut.request("GET", "/metrics")[2].decode()
-        assert f'backend="{b.url}"' in metrics and f'backend="{a.url}"' not in metrics  # departed: forgotten
+        # departed: its counters stay for the alerts' rate windows (its last errors still count) ...
+        assert f'backend="{b.url}"' in metrics and f'backend="{a.url}"' in metrics
+        rut.call(lambda: rut.router.metrics.sweep(time.monotonic() + DEPARTED_KEEP_S))
+        metrics = rut.request("GET", "/metrics")[2].decode()
+        assert f'backend="{b.url}"' in metrics and f'backend="{a.url}"' not in metrics  # ... then go
     finally:
         rut.stop()
 

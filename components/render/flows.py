@@ -1,0 +1,283 @@
+"""Who talks to whom in the stack's namespace, on which ports: the one table the NetworkPolicies come from. Pure.
+
+Each flow is read off the part that makes the call, not written down twice:
+
+- the runtime config: the router sends requests to every model's engine Service and to the batcher of embedding
+  models, reads the health monitor's feed; the health monitor probes every model's replicas; the batcher sends
+  batches to the engines of the models it batches for;
+- the runtime services' Roles: each watches EndpointSlices (and the health monitor lists pods), so each talks
+  to the Kubernetes API;
+- the ServiceMonitors: Prometheus scrapes what they select, on the port they name;
+- the ingress: the load balancer (or in-cluster clients) or the Gateway's proxies send requests to the router;
+- shared limits and KV events (the runtime config too): the router reaches the rate-limit store (the managed one
+  in the cluster network, or the in-cluster Redis, which reaches nothing), follows every precise_prefix engine's
+  KV-event publisher and replay ports, and its init container fetches those models' tokenizers over HTTPS;
+- the engines: weights come from the Hugging Face hub or S3 over HTTPS at public addresses, with credentials from
+  the cloud's endpoint (EKS Pod Identity's agent), never from the instance metadata service;
+- every pod resolves names through kube-dns.
+
+``components.render.network`` turns this table into policies; the tests check the policies against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from components.cloud import Cloud
+from components.render import common, gateway, ingress, limit_store, monitors
+from components.render.runtime_config import batcher_port, health_port, router_port, runtime_config
+from components.spec import IngressKind, PlatformSpec
+
+ANYWHERE = "0.0.0.0/0"
+LINK_LOCAL = "169.254.0.0/16"
+"""The instance metadata service (169.254.169.254) and the node-local agents: never reached over HTTPS."""
+API_SERVER_PORTS = (443, 6443)
+HTTPS = 443
+DNS_PORT = 53
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+ENGINE = "engine"
+GATEWAY_PROXY = "gateway-proxy"
+
+Port = tuple[str, int]
+"""(protocol, port)."""
+
+
+def tcp(*ports: int) -> tuple[Port, ...]:
+    return tuple(("TCP", p) for p in ports)
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One end of a flow, as a NetworkPolicy peer: pods (by labels, in a namespace), or address ranges."""
+
+    name: str
+    pods: Mapping[str, str] | None = None
+    """Pod labels (empty: every pod); None for address ranges."""
+    namespace: str | None = None
+    """The pods' namespace; None: the stack's own."""
+    outside: str | None = None
+    """Pods in every namespace but this one (the stack's): ``namespace`` does not apply then."""
+    cidrs: tuple[str, ...] = ()
+    except_cidrs: tuple[str, ...] = ()
+    includes_pods: bool = False
+    """Address ranges that deliberately take in the namespace's own pods (the Kubernetes API's range is the pod
+    network's; a Gateway listener open to the world is open to them too). Otherwise a range means the world
+    outside the namespace's components, which reach each other only by the flows that name them."""
+
+    def as_policy_peers(self) -> list[common.Manifest]:
+        if self.pods is None:
+            return [
+                {"ipBlock": {"cidr": c, **({"except": list(self.except_cidrs)} if self.except_cidrs else {})}}
+                for c in self.cidrs
+            ]
+        peer: common.Manifest = {}
+        if self.outside is not None:
+            not_ours = {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": [self.outside]}
+            peer["namespaceSelector"] = {"matchExpressions": [not_ours]}
+        elif self.namespace is not None:
+            peer["namespaceSelector"] = {"matchLabels": {NAMESPACE_NAME_LABEL: self.namespace}}
+        if self.pods or not peer:
+            peer["podSelector"] = {"matchLabels": dict(self.pods)} if self.pods else {}
+        return [peer]
+
+
+@dataclass(frozen=True)
+class Flow:
+    source: Peer
+    dest: Peer
+    ports: tuple[Port, ...]
+    """Empty: every port."""
+    why: str = field(compare=False)
+
+
+def component_labels(spec: PlatformSpec, component: str) -> dict[str, str]:
+    """The labels every pod of one component carries (instance and component), whatever its name."""
+    full = common.labels(spec, "x", component)
+    return {k: full[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}
+
+
+def component(spec: PlatformSpec, part: str) -> Peer:
+    return Peer(part, pods=component_labels(spec, part))
+
+
+def every_pod() -> Peer:
+    return Peer("every pod", pods={})
+
+
+def kube_dns() -> Peer:
+    return Peer("kube-dns", pods={"k8s-app": "kube-dns"}, namespace="kube-system")
+
+
+def prometheus(spec: PlatformSpec) -> Peer:
+    return Peer("prometheus", pods={}, namespace=spec.observability.namespace)
+
+
+def api_server(spec: PlatformSpec, cloud: Cloud) -> Peer:
+    """The Kubernetes API: EKS's private endpoint sits in the VPC; a cluster you bring, in its node network."""
+    return Peer("kubernetes-api", cidrs=tuple(cloud.cluster_network(spec)), includes_pods=True)
+
+
+def router_source_cidrs(spec: PlatformSpec, cloud: Cloud) -> list[str]:
+    """Where requests to the router come from: the load balancer's addresses in the cluster network, unless set."""
+    if spec.gateway.ingress_source_cidrs is not None:
+        return list(spec.gateway.ingress_source_cidrs)
+    return cloud.cluster_network(spec)
+
+
+def gateway_proxies(spec: PlatformSpec) -> Peer:
+    where = ingress.gateway_proxies(spec)
+    return Peer(GATEWAY_PROXY, pods=where.labels, namespace=where.namespace)
+
+
+def gateway_proxies_in_namespace(spec: PlatformSpec) -> bool:
+    return spec.gateway.ingress is IngressKind.GATEWAY_API and ingress.gateway_proxies(spec).namespace is None
+
+
+def in_cluster_limit_store(spec: PlatformSpec, cloud: Cloud) -> bool:
+    """The shared rate-limit store runs as pods of the namespace (a cluster you bring), not as a managed one."""
+    return spec.gateway.shared_limits and not cloud.managed_limit_store
+
+
+def subjects(spec: PlatformSpec, cloud: Cloud) -> list[str]:
+    """The components of the stack's namespace that get a policy of their own, in apply order."""
+    out = [ENGINE, *gateway.parts(spec)]
+    out += [GATEWAY_PROXY] if gateway_proxies_in_namespace(spec) else []
+    return out + ([limit_store.STORE] if in_cluster_limit_store(spec, cloud) else [])
+
+
+def subject(spec: PlatformSpec, name: str) -> Peer:
+    return gateway_proxies(spec) if name == GATEWAY_PROXY else component(spec, name)
+
+
+def public_https(spec: PlatformSpec, cloud: Cloud, name: str) -> Peer:
+    """Public addresses only: nothing in the cluster network (the Gateway's listener, the API) and nothing
+    link-local. S3 is reached at its public addresses (a gateway endpoint keeps them), not an interface one."""
+    return Peer(name, cidrs=(ANYWHERE,), except_cidrs=(*cloud.cluster_network(spec), LINK_LOCAL))
+
+
+def _limit_store(spec: PlatformSpec, cloud: Cloud) -> Peer:
+    """The managed store sits in the cluster network (its address is known only once it exists); else the pods."""
+    if cloud.managed_limit_store:
+        return Peer("managed rate-limit store", cidrs=tuple(cloud.cluster_network(spec)), includes_pods=True)
+    return component(spec, limit_store.STORE)
+
+
+def _port_of(url: object) -> int:
+    port = urlsplit(str(url)).port
+    if port is None:
+        raise ValueError(f"runtime config URL {url!r} names no port")
+    return port
+
+
+def _runtime_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
+    """The runtime services' calls, read from the config they run with and the Roles they hold."""
+    config = runtime_config(spec)
+    engine, router = component(spec, ENGINE), component(spec, common.ROUTER)
+    health = component(spec, common.HEALTH)
+    out: list[Flow] = []
+    if any(m.discovery is not None for m in config.models):
+        out.append(
+            Flow(router, engine, tcp(common.ENGINE_PORT), "the router proxies requests to every replica")
+        )
+        out.append(
+            Flow(health, engine, tcp(common.ENGINE_PORT), "the health monitor probes and scrapes replicas")
+        )
+    if config.router.health_feed_url:
+        port = _port_of(config.router.health_feed_url)
+        out.append(Flow(router, health, tcp(port), "the router reads the health monitor's feed"))
+    batcher_urls = sorted({r.batcher_url for r in config.router.routes if r.batcher_url})
+    if batcher_urls:
+        batcher = component(spec, common.BATCHER)
+        ports = tcp(*sorted({_port_of(u) for u in batcher_urls}))
+        out.append(Flow(router, batcher, ports, "the router sends embedding requests to the batcher"))
+        out.append(
+            Flow(batcher, engine, tcp(common.ENGINE_PORT), "the batcher sends batches to the replicas")
+        )
+    event_ports = sorted(
+        {
+            p
+            for m in config.models
+            if m.kv_events and m.discovery
+            for p in (m.kv_events.port, m.kv_events.replay_port)
+        }
+    )
+    if event_ports:
+        why = "every router replica follows the engines' KV-cache events (publisher and replay)"
+        out.append(Flow(router, engine, tcp(*event_ports), why))
+    if config.router.limit_store is not None:
+        out.append(
+            Flow(router, _limit_store(spec, cloud), tcp(limit_store.PORT), "the router's shared limits")
+        )
+    if any(m.kv_events for m in config.models):
+        why = "the router's init container fetches the tokenizers of the models it follows KV events of"
+        out.append(Flow(router, public_https(spec, cloud, "tokenizers over HTTPS"), tcp(HTTPS), why))
+    api = api_server(spec, cloud)
+    for part in gateway.parts(spec):
+        if gateway.role(spec, part)["rules"]:
+            out.append(
+                Flow(component(spec, part), api, tcp(*API_SERVER_PORTS), f"the {part} watches the API")
+            )
+    return out
+
+
+def _scrape_flows(spec: PlatformSpec) -> list[Flow]:
+    """Prometheus scrapes the components the ServiceMonitors select, on their Services' http ports."""
+    if not spec.observability.prometheus:
+        return []
+    ports = {ENGINE: common.ENGINE_PORT, common.ROUTER: router_port(), common.HEALTH: health_port()}
+    ports[common.BATCHER] = batcher_port()
+    scraped: list[str] = []
+    for monitor in monitors.render(spec):
+        selector = monitor["spec"]["selector"]
+        labelled = selector.get("matchLabels", {}).get("app.kubernetes.io/component")
+        listed = [v for e in selector.get("matchExpressions", []) for v in e["values"]]
+        scraped += [c for c in [labelled, *listed] if c and c not in scraped]
+    return [
+        Flow(prometheus(spec), component(spec, c), tcp(ports[c]), f"Prometheus scrapes the {c}'s metrics")
+        for c in scraped
+    ]
+
+
+def _ingress_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
+    router = component(spec, common.ROUTER)
+    port = tcp(router_port())
+    if spec.gateway.ingress is not IngressKind.GATEWAY_API:
+        sources = tuple(router_source_cidrs(spec, cloud))
+        clients = Peer("load balancer and in-cluster clients", cidrs=sources, includes_pods=True)
+        return [Flow(clients, router, port, "requests from the load balancer (or clients in the cluster)")]
+    proxies = gateway_proxies(spec)
+    out = [Flow(proxies, router, port, "the Gateway's proxies send requests to the router")]
+    if gateway_proxies_in_namespace(spec):
+        listener = tcp(ingress.gateway_listener_port(spec))
+        world = Peer("internet", cidrs=(ANYWHERE,), includes_pods=True)
+        out.append(Flow(world, proxies, listener, "clients reach the Gateway"))
+        # The implementation's control plane (istiod, ...) lives in a namespace of its own, on ports it picks.
+        control = Peer("gateway control plane", pods={}, outside=spec.cluster.namespace)
+        out.append(Flow(proxies, control, (), "the proxies fetch their configuration"))
+    return out
+
+
+def _engine_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
+    engine = component(spec, ENGINE)
+    out = [
+        Flow(engine, Peer(e.why.split(":", 1)[0], cidrs=(e.cidr,)), tcp(e.port), e.why)
+        for e in cloud.credential_endpoints(spec)
+    ]
+    if any(not m.is_local_path for m in spec.models):
+        weights = public_https(spec, cloud, "weights over HTTPS")
+        out.append(Flow(engine, weights, tcp(HTTPS), "weights from the Hugging Face hub or S3"))
+    return out
+
+
+def flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
+    """Every flow the stack's namespace allows, DNS first."""
+    dns = Flow(every_pod(), kube_dns(), (("UDP", DNS_PORT), ("TCP", DNS_PORT)), "every pod resolves names")
+    return [
+        dns,
+        *_runtime_flows(spec, cloud),
+        *_scrape_flows(spec),
+        *_ingress_flows(spec, cloud),
+        *_engine_flows(spec, cloud),
+    ]

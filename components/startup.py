@@ -1,0 +1,152 @@
+"""How long one engine replica takes from nothing to ready: the startup budget `pulumi up` waits for. Pure.
+
+A cold replica waits for a node of its pool's instance type to start and join, pulls the engine image, fetches
+the weights and loads them (disk to GPUs, then the engine's compile and graph capture). Each phase comes from the
+catalog's figures (``catalog.NODE_START_S`` and the rest, with their sources); the budget is their sum plus
+``catalog.STARTUP_MARGIN``, in whole minutes, unless the model's ``rollout.startup_budget_s`` sets it (never below
+the estimate). The engine's startup probe, its Deployment's progress deadline and the Deployment's Pulumi
+create timeout are this one number (``components.render.engine``, ``components.kubernetes.engine``).
+
+How weights reach the node is one function, ``weights_fetch``: the place to swap in a measured fetch path
+(a node cache, the S3 streamer) when there is one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from components import catalog, sizing
+from components.placement import Layout, Placement
+from components.problems import Problem
+from components.spec import Device, ModelSpec, PlatformSpec
+
+MIB_PER_GIB = 1024
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One step of a cold start: its name, seconds, and how the seconds were reached."""
+
+    name: str
+    seconds: int
+    basis: str
+
+
+@dataclass(frozen=True)
+class StartupBudget:
+    """The phases of one replica's cold start, their estimate, and the budget allowed for it."""
+
+    phases: tuple[Phase, ...]
+    budget_s: int
+    set_in_spec: bool = False
+
+    @property
+    def estimate_s(self) -> int:
+        return sum(p.seconds for p in self.phases)
+
+    def describe(self) -> str:
+        """'node 300 s + image 410 s + weights 155 s + load 152 s = 1,017 s; budget 22 min (estimate + 25%)'."""
+        parts = " + ".join(f"{p.name} {p.seconds:,} s" for p in self.phases)
+        how = "set in the stack file" if self.set_in_spec else f"estimate + {catalog.STARTUP_MARGIN:.0%}"
+        return f"{parts} = {self.estimate_s:,} s; budget {minutes(self.budget_s)} ({how})"
+
+
+def minutes(seconds: int) -> str:
+    return f"{seconds / 60:.0f} min" if seconds % 60 == 0 else f"{seconds:,} s"
+
+
+def _transfer_s(gib: float, mibps: float) -> int:
+    return math.ceil(gib * MIB_PER_GIB / mibps) if gib and mibps else 0
+
+
+def node_start(placement: Placement) -> Phase:
+    """A new node of the pool's instance type, started and joined with its GPUs advertised; CPU engines run on
+    the general nodes, which are there already."""
+    if placement.instance is None:
+        return Phase("node", 0, "general nodes, already running")
+    family = placement.instance.family
+    seconds = catalog.NODE_START_S.get(family, catalog.NODE_START_DEFAULT_S)
+    return Phase("node", seconds, f"{placement.instance.name} ({family}) start and join")
+
+
+def image_pull(model: ModelSpec) -> Phase:
+    """The engine image, pulled and unpacked on a node that has never had it."""
+    gib = (
+        catalog.CPU_ENGINE_IMAGE_GIB
+        if model.engine.device is Device.CPU
+        else catalog.ENGINE_IMAGE_GIB[model.engine.kind]
+    )
+    seconds = _transfer_s(gib, catalog.IMAGE_PULL_MIBPS)
+    return Phase("image", seconds, f"{gib:g} GiB at {catalog.IMAGE_PULL_MIBPS:g} MiB/s")
+
+
+def fetch_path(model: ModelSpec) -> str:
+    """Where the weights come from: 's3', 'local' (target local), else the Hugging Face hub."""
+    if model.source.startswith("s3://"):
+        return "s3"
+    return "local" if model.is_local_path else "hub"
+
+
+def weights_gib(model: ModelSpec, placement: Placement) -> float:
+    """One replica's weights: the GPU fit's, or (CPU engines, which have none) the architecture's at its precision."""
+    if placement.fit is not None:
+        return placement.weights_gib
+    e = model.engine
+    precision = sizing.weight_precision(e.quantization.value, e.dtype.value)
+    return sizing.weight_bytes(placement.arch, precision, e.dtype.value) / sizing.GIB
+
+
+def weights_fetch(model: ModelSpec, placement: Placement) -> Phase:
+    """The weights, from their source to the node (the one function to replace with a measured fetch path)."""
+    path, gib = fetch_path(model), weights_gib(model, placement)
+    mibps = catalog.WEIGHTS_FETCH_MIBPS[path]
+    seconds = _transfer_s(gib, mibps)
+    basis = f"{gib:.1f} GiB from {path}" + (f" at {mibps:g} MiB/s" if mibps else "")
+    return Phase("weights", seconds, basis)
+
+
+def load(model: ModelSpec, placement: Placement) -> Phase:
+    """The weights from disk into memory, then the engine's own start (compile, graph capture, KV profiling)."""
+    read = _transfer_s(weights_gib(model, placement), catalog.WEIGHTS_LOAD_MIBPS)
+    init = catalog.ENGINE_INIT_S[model.engine.kind]
+    return Phase("load", read + init, f"read at {catalog.WEIGHTS_LOAD_MIBPS:g} MiB/s + {init} s engine start")
+
+
+def estimate(model: ModelSpec, placement: Placement) -> tuple[Phase, ...]:
+    return (node_start(placement), image_pull(model), weights_fetch(model, placement), load(model, placement))
+
+
+def with_margin(estimate_s: int) -> int:
+    """The estimate plus the margin, rounded up to whole minutes."""
+    return math.ceil(estimate_s * (1 + catalog.STARTUP_MARGIN) / 60) * 60
+
+
+def budget(model: ModelSpec, placement: Placement) -> StartupBudget:
+    phases = estimate(model, placement)
+    total = sum(p.seconds for p in phases)
+    chosen = model.rollout.startup_budget_s
+    if chosen is not None:
+        return StartupBudget(phases, chosen, set_in_spec=True)
+    return StartupBudget(phases, with_margin(total))
+
+
+def budgets(spec: PlatformSpec, layout: Layout) -> dict[str, StartupBudget]:
+    return {m.name: budget(m, layout.placements[m.name]) for m in spec.models}
+
+
+def problems(spec: PlatformSpec, layout: Layout) -> list[Problem]:
+    """A budget set in the stack file that a cold replica cannot meet: the kubelet would kill it mid-load."""
+    out: list[Problem] = []
+    for i, model in enumerate(spec.models):
+        b = budget(model, layout.placements[model.name])
+        if b.set_in_spec and b.budget_s < b.estimate_s:
+            out.append(
+                Problem(
+                    f"models[{i}].rollout.startup_budget_s",
+                    f"{b.budget_s:,} s is less than the ~{b.estimate_s:,} s a cold replica of {model.name} needs "
+                    f"({', '.join(f'{p.name} {p.seconds:,} s' for p in b.phases)}): the startup probe would kill it "
+                    f"mid-load and `pulumi up` would give up; use at least {with_margin(b.estimate_s):,} or remove it",
+                )
+            )
+    return out

@@ -1,0 +1,126 @@
+"""Runtime images on every target: built from runtime/images/ with the same docker-build resource, pushed, and run
+by digest; a stack that runs a runtime image nothing builds is a policy verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from components import images, plan
+from components.cli import app
+from components.problems import SpecError
+from components.stackfile import load
+from policies.inference.offline import evaluate, resources_of
+from tests.components.helpers import minimal, write_stack
+
+
+def _builds(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:
+    """Pushed repository -> the docker-build Image's inputs and the digest the mocks give it."""
+    out = {}
+    for r in synthesis.resources:
+        if r.type == "docker-build:index:Image":
+            [tag] = r.inputs["tags"]
+            out[tag.rsplit(":", 1)[0]] = {**r.inputs, "digest": plan.mock_image_digest(r.name, [tag])}
+    return out
+
+
+def _runtime_images(synthesis: plan.Synthesis) -> dict[str, str]:
+    return {
+        m["metadata"]["labels"]["app.kubernetes.io/component"]: m["spec"]["template"]["spec"]["containers"][
+            0
+        ]["image"]
+        for m in synthesis.kubernetes_manifests()
+        if m["kind"] == "Deployment" and m["metadata"]["labels"]["app.kubernetes.io/component"] != "engine"
+    }
+
+
+def test_kind_runs_only_runtime_images_the_program_builds_and_pushes_to_the_local_registry() -> None:
+    stack = load("kind")
+    synthesis = plan.synthesize(stack)
+    builds = _builds(synthesis)
+    running = _runtime_images(synthesis)
+    assert set(running) == {"router", "health"}  # no embedding model: no batcher
+    registry = stack.spec.gateway.image_registry
+    assert registry == "localhost:5001"
+    for part, reference in running.items():
+        repository, digest = reference.split("@")
+        assert repository == f"{registry}/{part}"
+        assert builds[repository]["digest"] == digest  # the digest of this very push
+        build = builds[repository]
+        assert build["push"] is True and build["platforms"] == [images.PLATFORM]
+        assert build["dockerfile"]["location"] == str(images.dockerfile(Path(), part))
+        assert build["tags"] == [f"{repository}:{images.context_tag(Path(), part)}"]
+        assert "registries" not in build  # the deploying machine's Docker login, never a secret in the stack
+    assert len(builds) == len(running)
+
+
+def test_a_cluster_you_bring_without_a_registry_runs_the_spec_images_and_the_policy_says_nothing_builds_them(
+    tmp_path: Path,
+) -> None:
+    raw = {**minimal(), "target": "kubernetes"}
+    write_stack(tmp_path, "byo", raw)
+    synthesis = plan.synthesize(load("byo", tmp_path))
+    assert _builds(synthesis) == {}
+    assert _runtime_images(synthesis)["router"] == "ghcr.io/inferstack/router:0.1.0"
+    verdicts = [v for v in evaluate(resources_of(synthesis), {}) if v.rule == "runtime-images-built"]
+    assert {v.resource for v in verdicts} == {
+        "Deployment inferstack/inferstack-router",
+        "Deployment inferstack/inferstack-health",
+    }
+    assert all("set gateway.image_registry" in v.message for v in verdicts)
+    allowed = {"runtime-images-built": {"prebuilt_images": ["ghcr.io/inferstack/*:0.1.0"]}}
+    assert [v for v in evaluate(resources_of(synthesis), allowed) if v.rule == "runtime-images-built"] == []
+
+
+@pytest.mark.parametrize("name", ["prod", "kind"])
+def test_committed_stacks_pass_the_runtime_images_rule(name: str) -> None:
+    synthesis = plan.synthesize(load(name))
+    assert [v for v in evaluate(resources_of(synthesis), {}) if v.rule == "runtime-images-built"] == []
+
+
+def test_eks_and_kubernetes_build_with_the_same_function() -> None:
+    """One builder: ECR passes its login, a registry you name uses the machine's."""
+    import inspect
+
+    from components.aws import registry
+
+    assert "builds.build(" in inspect.getsource(registry.Registry)
+    assert "build(" in inspect.getsource(images.RegistryImages)
+
+
+def test_a_malformed_registry_is_one_located_error(tmp_path: Path) -> None:
+    raw = {**minimal(), "target": "kubernetes", "gateway": {"image_registry": "GHCR.io/Acme"}}
+    write_stack(tmp_path, "bad", raw)
+    with pytest.raises(SpecError, match=r"gateway.image_registry: 'GHCR.io/Acme' is not a registry and path"):
+        load("bad", tmp_path)
+
+
+def test_the_plan_says_where_the_runtime_images_come_from(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["plan", "-s", "kind", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert (
+        "runtime images: builds router, health from runtime/images/" in (tmp_path / "summary.md").read_text()
+    )
+
+
+def test_release_workflow_builds_every_runtime_image_and_publishes_its_digest() -> None:
+    import yaml
+
+    workflow = yaml.safe_load(Path(".github/workflows/release.yml").read_text())
+    triggers = workflow.get(True) or workflow["on"]  # YAML 1.1 reads `on` as True
+    assert "tags" in triggers["push"]
+    build = workflow["jobs"]["build"]
+    assert set(build["strategy"]["matrix"]["image"]) == set(images.RUNTIME_IMAGES)
+    assert build["permissions"]["packages"] == "write"
+    steps = {s.get("id"): s for s in build["steps"]}
+    push = steps["push"]
+    assert push["with"]["file"] == "runtime/images/${{ matrix.image }}.Dockerfile"
+    assert push["with"]["push"] is True and push["with"]["platforms"] == images.PLATFORM
+    assert "steps.push.outputs.digest" in yaml.safe_dump(build["steps"])
+    for step in [*build["steps"], *workflow["jobs"]["publish"]["steps"]]:
+        if "uses" in step:
+            assert "@v" in step["uses"], f"unpinned action {step['uses']}"
+    assert all(Path(f"runtime/images/{image}.Dockerfile").is_file() for image in images.RUNTIME_IMAGES)

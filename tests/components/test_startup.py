@@ -1,0 +1,210 @@
+"""Startup budgets and rollouts: what `pulumi up` waits for, and how replicas are replaced without dropping below
+the SLO minimum."""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from components import catalog, plan, rollout, startup
+from components.cli import app
+from components.placement import place
+from components.problems import SpecError
+from components.spec import PlatformSpec
+from components.stackfile import STACKS_DIR, available_stacks, load
+from tests.components.helpers import engine_deployments, minimal, write_stack
+
+PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
+
+
+@cache
+def _synth(name: str) -> plan.Synthesis:
+    return plan.synthesize(load(name))
+
+
+def _seconds(timeout: str) -> int:
+    assert timeout.endswith("s"), timeout
+    return int(timeout[:-1])
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_each_engine_deployment_waits_its_budget_and_its_probe_and_deadline_allow_the_same(name: str) -> None:
+    stack = load(name)
+    synthesis = _synth(name)
+    deployments = engine_deployments(synthesis)
+    resources = {
+        r.inputs["metadata"]["name"]: r for r in synthesis.resources if r.type.endswith(":Deployment")
+    }
+    for model in stack.spec.models:
+        planned = rollout.plan(stack.spec, stack.layout, model)
+        budget = planned.startup.budget_s
+        manifest = deployments[model.name]
+        resource = resources[manifest["metadata"]["name"]]
+        assert resource.timeouts is not None
+        assert _seconds(resource.timeouts["create"]) == budget
+        assert _seconds(resource.timeouts["update"]) == planned.steps * budget
+        container = manifest["spec"]["template"]["spec"]["containers"][0]
+        probe = container["startupProbe"]
+        assert budget <= probe["periodSeconds"] * probe["failureThreshold"] < budget + probe["periodSeconds"]
+        assert manifest["spec"]["progressDeadlineSeconds"] == budget
+        strategy = manifest["spec"]["strategy"]["rollingUpdate"]
+        assert (strategy["maxSurge"], strategy["maxUnavailable"]) == (
+            planned.max_surge,
+            planned.max_unavailable,
+        )
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_the_plan_summary_shows_each_models_budget_and_what_pulumi_up_waits(
+    name: str, tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(app, ["plan", "-s", name, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    summary = (tmp_path / "summary.md").read_text()
+    stack = load(name)
+    for model in stack.spec.models:
+        planned = rollout.plan(stack.spec, stack.layout, model)
+        row = next(
+            line for line in summary.splitlines() if line.startswith(f"| {model.name} |") and " s |" in line
+        )
+        assert f"{planned.startup.estimate_s:,} s" in row
+        assert startup.minutes(planned.startup.budget_s) in row
+        assert (
+            f"{startup.minutes(planned.startup.budget_s)} / {startup.minutes(planned.update_timeout_s)}"
+            in row
+        )
+
+
+def test_the_budget_adds_node_start_image_weights_and_load_with_their_catalog_figures() -> None:
+    stack = load("prod")
+    model = stack.spec.models[0]  # Llama 3.1 70B AWQ, TP 2 on p5.48xlarge, from the hub
+    placement = stack.layout.placements[model.name]
+    node, image, weights, load_ = startup.estimate(model, placement)
+    assert node.seconds == catalog.NODE_START_S["p5"]
+    assert image.seconds == math.ceil(catalog.ENGINE_IMAGE_GIB["vllm"] * 1024 / catalog.IMAGE_PULL_MIBPS)
+    gib = placement.weights_gib
+    assert 30 < gib < 45  # ~38 GiB of 4-bit weights
+    assert weights.seconds == math.ceil(gib * 1024 / catalog.WEIGHTS_FETCH_MIBPS["hub"])
+    assert load_.seconds == math.ceil(gib * 1024 / catalog.WEIGHTS_LOAD_MIBPS) + catalog.ENGINE_INIT_S["vllm"]
+    budget = startup.budget(model, placement)
+    assert budget.estimate_s == sum(p.seconds for p in (node, image, weights, load_))
+    assert budget.budget_s % 60 == 0
+    assert budget.estimate_s * 1.25 <= budget.budget_s < budget.estimate_s * 1.25 + 60
+    assert budget.budget_s > 600  # Pulumi's default 10-minute await would fail this first deploy
+
+
+def test_s3_weights_are_fetched_at_the_s3_rate_and_the_fetch_is_one_swappable_function() -> None:
+    raw = minimal()
+    raw["models"][0]["source"] = "s3://models-bucket/llama-3.1-8b/"
+    raw["models"][0]["architecture"] = {
+        "params_b": 8.03, "layers": 32, "kv_heads": 8, "head_dim": 128, "hidden_size": 4096
+    }  # fmt: skip
+    spec = PlatformSpec.model_validate(raw)
+    layout = place(spec)
+    model = spec.models[0]
+    assert startup.fetch_path(model) == "s3"
+    fetch = startup.weights_fetch(model, layout.placements[model.name])
+    assert fetch.seconds == math.ceil(layout.placements[model.name].weights_gib * 1024 / 200)
+    assert "from s3 at 200 MiB/s" in fetch.basis
+
+
+def test_a_budget_set_below_the_estimate_is_one_located_error(tmp_path: Path) -> None:
+    raw = minimal()
+    raw["models"][0]["rollout"] = {"startup_budget_s": 120}
+    write_stack(tmp_path, "tight", raw)
+    with pytest.raises(SpecError) as caught:
+        load("tight", tmp_path)
+    text = caught.value.render()
+    assert ": models[0].rollout.startup_budget_s: 120 s is less than the ~" in text
+    assert "use at least" in text and "\n" not in text
+    result = CliRunner().invoke(app, ["plan", "-s", "tight", "--stacks-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "models[0].rollout.startup_budget_s" in result.output
+
+
+def test_a_budget_set_above_the_estimate_is_the_one_used(tmp_path: Path) -> None:
+    raw = minimal()
+    raw["models"][0]["rollout"] = {"startup_budget_s": 5400}
+    write_stack(tmp_path, "patient", raw)
+    stack = load("patient", tmp_path)
+    planned = rollout.plan(stack.spec, stack.layout, stack.spec.models[0])
+    assert planned.startup.budget_s == 5400 and planned.startup.set_in_spec
+    deployment = engine_deployments(plan.synthesize(stack))["llama-8b"]
+    assert deployment["spec"]["progressDeadlineSeconds"] == 5400
+
+
+def _two_model_pool(max_nodes: int | None, min_replicas: int = 2) -> dict[str, Any]:
+    raw = minimal()
+    raw["gpu_pools"] = [{"name": "l40s", "instance_type": "g6e.12xlarge"}]  # 4 GPUs a node
+    if max_nodes is not None:
+        raw["gpu_pools"][0]["max_nodes"] = max_nodes
+    raw["models"][0]["scaling"] = {"min_replicas": min_replicas, "max_replicas": 4}
+    raw["models"].append(
+        {
+            "name": "qwen-7b",
+            "source": "Qwen/Qwen2.5-7B-Instruct",
+            "pool": "l40s",
+            "engine": {"max_model_len": 8192, "max_num_seqs": 64},
+            "scaling": {"min_replicas": min_replicas, "max_replicas": 3},
+        }
+    )
+    return raw
+
+
+def test_without_spare_gpus_a_rollout_replaces_one_at_a_time_and_the_plan_warns_with_the_fix() -> None:
+    spec = PlatformSpec.model_validate(_two_model_pool(None))
+    layout = place(spec)
+    llama = rollout.plan(spec, layout, spec.models[0])
+    assert (llama.max_surge, llama.max_unavailable, llama.keeps_minimum) == (0, 1, False)
+    assert llama.steps == 4
+    # qwen's 3 replicas leave one slot of its second node empty: it surges into that.
+    qwen = rollout.plan(spec, layout, spec.models[1])
+    assert (qwen.max_surge, qwen.max_unavailable, qwen.keeps_minimum) == (1, 0, True)
+    [warning] = rollout.warnings(spec, layout)
+    assert warning.startswith("models[0] (llama-8b): a rolling update stops one replica")
+    assert "serves with 1, below scaling.min_replicas" in warning
+    assert "set gpu_pools[0].max_nodes to 3" in warning
+
+
+def test_spare_nodes_are_shared_between_the_pools_models_and_surge_never_exceeds_them() -> None:
+    spec = PlatformSpec.model_validate(_two_model_pool(4))  # 2 nodes in use at max replicas, 2 spare
+    layout = place(spec)
+    llama, qwen = (rollout.plan(spec, layout, m) for m in spec.models)
+    assert rollout.spare_replicas(spec, layout, spec.models[0]) == 4  # one spare node of 4 slots
+    assert (llama.max_surge, llama.max_unavailable, llama.steps, llama.keeps_minimum) == (4, 0, 1, True)
+    assert (qwen.max_surge, qwen.max_unavailable) == (3, 0)  # capped at its max replicas
+    assert rollout.warnings(spec, layout) == []
+
+
+def test_a_model_that_may_scale_to_zero_has_no_minimum_to_keep() -> None:
+    spec = PlatformSpec.model_validate(_two_model_pool(None, min_replicas=0))
+    assert rollout.warnings(spec, place(spec)) == []
+
+
+def test_the_plan_prints_rollout_warnings_and_writes_them_to_the_summary(tmp_path: Path) -> None:
+    write_stack(tmp_path, "tight", _two_model_pool(None))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app, ["plan", "-s", "tight", "--stacks-dir", str(tmp_path), "--out", str(out)], terminal_width=400
+    )
+    assert result.exit_code == 0, result.output
+    assert "warning: models[0] (llama-8b): a rolling update stops one replica" in result.output
+    summary = (out / "summary.md").read_text()
+    assert "## Warnings" in summary and "set gpu_pools[0].max_nodes to 3" in summary
+
+
+def test_committed_stacks_plan_without_rollout_warnings() -> None:
+    for name in PULUMI_STACKS:
+        stack = load(name)
+        assert rollout.warnings(stack.spec, stack.layout) == [], name
+
+
+def test_the_readme_states_prods_first_deploy_budget_as_planned() -> None:
+    stack = load("prod")
+    budget = startup.budget(stack.spec.models[0], stack.layout.placements[stack.spec.models[0].name])
+    text = Path("README.md").read_text()
+    assert f"Llama 3.1 70B on p5.48xlarge it is {budget.budget_s // 60} minutes" in text
