@@ -151,6 +151,7 @@ class SharedLimits:
         self._fallback: dict[str, tuple[int, Bucket | None, Bucket | None]] = {}
         self._pending: set[asyncio.Task[None]] = set()
         self._checker: asyncio.Task[None] | None = None
+        self._stopping = False
 
     @property
     def store_up(self) -> float:
@@ -162,9 +163,13 @@ class SharedLimits:
         self._checker = asyncio.get_running_loop().create_task(self._check_loop())
 
     async def stop(self) -> None:
-        if self._checker is not None:
+        self._stopping = True
+        # A cancel that lands as redis' own socket timeout expires comes back as a redis TimeoutError, which
+        # check() takes for a store fault: the loop would go on. So cancel until it is done (the flag ends it
+        # after that check at the latest).
+        while self._checker is not None and not self._checker.done():
             self._checker.cancel()
-            await asyncio.gather(self._checker, return_exceptions=True)
+            await asyncio.wait([self._checker], timeout=0.2)
         if self._pending:  # token charges in flight: a moment to land, then they go
             _, late = await asyncio.wait(list(self._pending), timeout=1.0)
             for task in late:
@@ -179,7 +184,7 @@ class SharedLimits:
 
     async def _check_loop(self) -> None:
         interval = self.settings.check_interval_ms / 1000
-        while True:
+        while not self._stopping:
             await asyncio.sleep(interval)
             await self.check()
 
