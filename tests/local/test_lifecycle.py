@@ -303,7 +303,7 @@ def test_several_routers_behind_the_balancer_share_one_redis_and_all_stop(fake) 
     for _ in range(8):  # a new connection each: the balancer deals them out in turn
         reply = post_json(
             f"http://127.0.0.1:{front}/v1/chat/completions",
-            {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]},
+            {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}]},
         )
         assert reply["choices"][0]["message"]["content"].startswith("port ")
     for replica in replicas:
