@@ -89,12 +89,16 @@ plan: venv
 # http://127.0.0.1:8080. Foreground (Ctrl-C stops everything); DETACH=1 runs it in the background
 # (then `make local-status`, `make local-logs`, `make local-down`). PORT=N moves the router;
 # MONITOR=1 also runs Prometheus on http://127.0.0.1:9090 with the stack's alert rules; ROUTERS=N runs N router
-# replicas behind a round-robin balancer on PORT, sharing rate limits through a local redis-server;
-# LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the state directory.
+# replicas behind a round-robin balancer on PORT, sharing rate limits through a local redis-server; S3=1 serves from
+# the model store, as a cluster does: a loopback S3 server, the models prepared into it, engines streaming
+# their weights from it. GATEWAY=envoy puts a real Envoy (1.40) on the router's port with inferstack's
+# endpoint picker as its ext_proc server: the Gateway API Inference Extension's data path
+# (components/render/envoy.py). LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the
+# state directory.
 .PHONY: local local-down local-status local-logs
 LOCAL_STATE_ARG = $(if $(LOCAL_STATE),--state-dir $(LOCAL_STATE))
 local: venv engine-venv $(if $(MONITOR),prometheus) $(if $(filter-out 1,$(ROUTERS)),redis)
-	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(ROUTERS),--routers $(ROUTERS)) $(if $(DETACH),--detach) $(if $(MONITOR),--monitor) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
+	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(ROUTERS),--routers $(ROUTERS)) $(if $(GATEWAY),--gateway $(GATEWAY)) $(if $(DETACH),--detach) $(if $(MONITOR),--monitor) $(if $(S3),--s3) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
 
 local-down: venv
 	$(BIN)/inferstack local down $(LOCAL_STATE_ARG)
@@ -107,7 +111,7 @@ local-logs: venv
 
 ## bench ---------------------------------------------------------------------------------------
 # Routing quality on two real engines (bench/routing, ~15 min), with 1-3 router replicas (~25 min),
-# router overhead (bench/router, ~6 min), batcher (bench/batcher, ~3 min). Results and the chart go to bench/results/. Not part of test.
+# router overhead (bench/router, ~10 min with the Envoy targets), batcher (bench/batcher, ~3 min). Results and the chart go to bench/results/. Not part of test.
 bench: venv engine-venv
 	@command -v wrk >/dev/null || { echo 'make bench: wrk (the router benchmark load generator) is missing: apt-get install -y wrk' >&2; exit 2; }
 	bash bench/routing/setup.sh

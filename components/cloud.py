@@ -115,11 +115,11 @@ class Cloud(Protocol):
         ...
 
     def credential_endpoints(self, spec: PlatformSpec) -> tuple[Endpoint, ...]:
-        """Where the model reader's pods get their cloud credentials (on EKS the Pod Identity agent); network
-        policies let engines reach exactly these."""
+        """Where the model store's readers (engines) and writers (preparation Jobs) get their cloud credentials
+        (on EKS the Pod Identity agent); network policies let them reach exactly these."""
         ...
 
     def model_reader(self, spec: PlatformSpec) -> tuple[str, str] | None:
         """The service account (namespace, name) that the target lets read model weights from its storage;
-        None when engines fetch weights with what they are given (the hub, their own credentials)."""
+        None when engines read the model store with what they are given (model_store.reader_secret)."""
         ...

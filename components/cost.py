@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from components import catalog, sizing
-from components.cloud import FixedInfrastructure, RootDisk
-from components.placement import Layout, Placement, PoolPlan
-from components.spec import CapacityType, PlatformSpec
+from components.enums import CapacityType
+
+if TYPE_CHECKING:  # annotations only: `inferstack size` prices instance types without loading the spec
+    from components.cloud import FixedInfrastructure, RootDisk
+    from components.placement import Layout, Placement, PoolPlan
+    from components.spec import PlatformSpec
 
 # The throughput assumption behind USD per million tokens, stated once and printed with the figure.
 ROOFLINE_BANDWIDTH_EFFICIENCY = 0.6

@@ -25,6 +25,9 @@ SYSTEM_ROLE = "system"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 """The extended resource the NVIDIA device plugin advertises; engines request it."""
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+"""The extended resource the EFA device plugin advertises (one per EFA interface); pods of multi-node groups on
+nodes with EFA request them."""
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_EFFECT = "NoSchedule"  # Kubernetes spelling; the EKS API spells it NO_SCHEDULE
 

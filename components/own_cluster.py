@@ -43,11 +43,11 @@ class OwnCluster:
         return addons.alb_ingress(spec)
 
     def credential_endpoints(self, spec: PlatformSpec) -> tuple[Endpoint, ...]:
-        """None: engines carry what they are given (a token file, credentials you mount)."""
+        """None: engines and preparation Jobs carry what they are given (the store's credential Secrets)."""
         return ()
 
     def model_reader(self, spec: PlatformSpec) -> None:
-        """None: engines fetch weights from the hub, with the token you give, or with credentials you mount."""
+        """None: engines read the model store with the credentials you mount (model_store.reader_secret)."""
         return None
 
 

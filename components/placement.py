@@ -9,10 +9,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
-from components import catalog, sizing
+from components import catalog, multinode, sizing
 from components.problems import Problem, SpecError
-from components.spec import AUTO, CapacityType, Device, ModelSpec, PlatformSpec, Target
+from components.spec import (
+    AUTO,
+    CapacityType,
+    Device,
+    GpuPoolSpec,
+    ModelSpec,
+    NodeProvisioner,
+    PlatformSpec,
+    Target,
+)
+from components.weights import fetch, store
 
 IMAGE_DISK_GIB = 60  # engine images (vLLM's is ~10 GiB compressed) and the kubelet's working space
 DISK_STEP_GIB = 50
@@ -50,7 +61,18 @@ class Placement:
     def replicas_per_node(self) -> int:
         if self.instance is None or self.gpus_per_replica == 0:
             return 1
-        return self.instance.gpus // self.gpus_per_replica
+        return max(1, self.instance.gpus // self.gpus_per_replica)
+
+    @property
+    def nodes(self) -> int:
+        """Nodes one replica spans: 1, or the whole nodes of a multi-node group (``components.multinode``)."""
+        if self.instance is None:
+            return 1
+        return max(1, self.gpus_per_replica // self.instance.gpus)
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes > 1
 
     @property
     def weights_gib(self) -> float:
@@ -70,6 +92,15 @@ class PoolPlan:
     labels: dict[str, str]
     models: tuple[str, ...]
     reason: str
+    multi_node: bool = False
+    """A model on it spans nodes (LeaderWorkerSet groups)."""
+    efa_interfaces: int = 0
+    """EFA interfaces per node (the instance type's count; 0: no EFA)."""
+    placement_group: bool = False
+    """Its nodes launch into one cluster placement group (one zone)."""
+    model_cache_gib: int = 0
+    """Node-level cache per node: one copy of each node-cache model's weights, whatever its replicas per node."""
+    cache_medium: fetch.CacheMedium | None = None
 
 
 @dataclass(frozen=True)
@@ -92,16 +123,10 @@ def _check_on_instance(
     """Parallelism, precision and memory of ``model`` on one node of ``instance``."""
     shape = engine_shape(model)
     gpus = shape.gpus
-    if gpus > instance.gpus:
-        return [
-            Problem(
-                f"{path}.engine.tensor_parallel_size",
-                f"tensor_parallel_size x pipeline_parallel_size = {gpus} needs more GPUs than one "
-                f"{instance.name} has ({instance.gpus}); multi-node serving is not supported yet: use a larger "
-                f"instance or a smaller parallel size ({_divisors(instance.gpus)})",
-            )
-        ], None
-    if instance.gpus % gpus:
+    group = multinode.group_problems(path, model, instance)
+    if group:
+        return group, None
+    if gpus < instance.gpus and instance.gpus % gpus:
         return [
             Problem(
                 f"{path}.engine.tensor_parallel_size",
@@ -197,8 +222,68 @@ def place(spec: PlatformSpec, source: str = "<spec>") -> Layout:
     return Layout(placements=placements, pools=pools)
 
 
+def _store_rules(spec: PlatformSpec) -> list[Problem]:
+    """The model store: in the stack's account, named where the stack does not create it, hub sources pinned."""
+    problems: list[Problem] = []
+    ms, cluster = spec.model_store, spec.cluster
+    if ms.account_id and cluster.account_id and ms.account_id != cluster.account_id:
+        problems.append(
+            Problem(
+                "model_store.account_id",
+                f"the model store bucket belongs to account {ms.account_id}, but the stack deploys into "
+                f"{cluster.account_id} (cluster.account_id): engines and preparation Jobs would read and write "
+                f"weights across accounts; use a store bucket of {cluster.account_id}, or remove "
+                "model_store.account_id on eks (the stack creates the bucket in its own account)",
+            )
+        )
+    if spec.target is Target.EKS:
+        for name in ("bucket", "endpoint_url", "reader_secret", "writer_secret"):
+            if getattr(ms, name) is not None:
+                problems.append(
+                    Problem(
+                        f"model_store.{name}",
+                        "on eks the model store is the bucket the stack creates, read and written through EKS "
+                        "Pod Identity: remove it (name the bucket with cluster.model_bucket)",
+                    )
+                )
+    bucket = store.store_bucket(spec)
+    for i, model in enumerate(spec.models):
+        if spec.target is Target.LOCAL or model.is_local_path:
+            continue
+        if model.is_hub and model.revision is None:
+            problems.append(
+                Problem(
+                    f"models[{i}].revision",
+                    f"{model.source!r} is a Hugging Face source without a pinned revision, so what it serves could "
+                    "change under you: set revision to the exact hub commit (40 hex digits, from the repository's "
+                    "commit history), or prepare the weights into the model store and use its s3:// prefix",
+                )
+            )
+        if model.is_hub and bucket is None:
+            problems.append(
+                Problem(
+                    "model_store.bucket",
+                    f"models[{i}] ({model.source}) is prepared into the model store, which target "
+                    f"{spec.target.value} does not create: name an existing bucket (with endpoint_url, "
+                    "reader_secret and writer_secret for an S3-compatible store such as MinIO)",
+                )
+            )
+        source_bucket = store.bucket_of(model.source) if model.source.startswith("s3://") else None
+        if source_bucket and spec.target is Target.EKS and source_bucket != bucket:
+            problems.append(
+                Problem(
+                    f"models[{i}].source",
+                    f"bucket {source_bucket!r} is not the platform's model store ({bucket}): engines read only "
+                    "the store, and a bucket outside it may belong to another account; prepare the weights into "
+                    f"s3://{bucket}/{spec.model_store.prefix}/... (`python -m runtime.weights prepare --from DIR "
+                    "--to URI`), or use a hub source with revision",
+                )
+            )
+    return problems
+
+
 def _source_rules(spec: PlatformSpec) -> list[Problem]:
-    problems = []
+    problems = _store_rules(spec)
     for i, model in enumerate(spec.models):
         if model.is_local_path and spec.target is not Target.LOCAL:
             problems.append(
@@ -396,9 +481,15 @@ def _pool_plans(
             problems.append(
                 Problem(f"gpu_pools[{i}].min_nodes", f"min_nodes {min_nodes} is above max_nodes {max_nodes}")
             )
-        weights = sum(placements[m.name].weights_gib for m in members)
+        links, found = _group_links(spec, i, pool, instance, [placements[m.name] for m in members])
+        problems += found
+        cache_gib, medium, found = _node_cache(i, pool.model_cache_gib, instance, members, placements)
+        problems += found
+        # Weights on the root disk: the node cache where the instance has no NVMe (one copy per model, shared
+        # by the node's replicas); streamed models and an NVMe cache need none.
+        on_root = cache_gib if medium is fetch.CacheMedium.ROOT_DISK else 0
         disk = pool.root_disk_gib or int(
-            math.ceil((weights * 1.2 + IMAGE_DISK_GIB) / DISK_STEP_GIB) * DISK_STEP_GIB
+            math.ceil((on_root + IMAGE_DISK_GIB) / DISK_STEP_GIB) * DISK_STEP_GIB
         )
         plans[pool.name] = PoolPlan(
             name=pool.name,
@@ -410,8 +501,107 @@ def _pool_plans(
             labels=dict(pool.labels),
             models=tuple(m.name for m in members),
             reason=reasons[pool.name],
+            **links,
+            model_cache_gib=cache_gib,
+            cache_medium=medium,
         )
     return plans, problems
+
+
+def _group_links(
+    spec: PlatformSpec,
+    index: int,
+    pool: GpuPoolSpec,
+    instance: catalog.InstanceType,
+    members: list[Placement],
+) -> tuple[dict[str, Any], list[Problem]]:
+    """EFA and placement group of a pool: on by default where a model spans nodes; asked for where the instance
+    type lacks them, a problem naming the types that have them."""
+    multi = any(p.multi_node for p in members)
+    link = multinode.interconnect(instance)
+    problems: list[Problem] = []
+    if multi and spec.target is Target.EKS and spec.cluster.node_provisioner is NodeProvisioner.KARPENTER:
+        problems.append(
+            Problem(
+                "cluster.node_provisioner",
+                f"pool {pool.name!r} runs a model across nodes, which needs EFA interfaces and a cluster placement "
+                "group in its nodes' launch template: use node_provisioner managed (EKS node groups) for it",
+            )
+        )
+    if pool.efa and not link.has_efa:
+        problems.append(
+            Problem(
+                f"gpu_pools[{index}].efa",
+                f"{instance.name} has no EFA; use an instance type with EFA "
+                f"({', '.join(multinode.efa_instance_types()) or 'none known'}) or set efa: false",
+            )
+        )
+    if pool.placement_group and not link.cluster_placement:
+        problems.append(
+            Problem(
+                f"gpu_pools[{index}].placement_group",
+                f"{instance.family} instances cannot launch into a cluster placement group; use a family that can "
+                f"({', '.join(sorted(catalog.CLUSTER_PLACEMENT_FAMILIES))}) or set placement_group: false",
+            )
+        )
+    efa = link.has_efa and (pool.efa if pool.efa is not None else multi)
+    placed = link.cluster_placement and (pool.placement_group if pool.placement_group is not None else multi)
+    if placed and spec.target is Target.EKS and spec.cluster.existing_private_subnet_ids:
+        problems.append(
+            Problem(
+                f"gpu_pools[{index}].placement_group",
+                "a cluster placement group keeps its nodes in one zone, and the zones of existing_private_subnet_ids "
+                "are not known here; set placement_group: false, or let the stack create the VPC",
+            )
+        )
+    return {
+        "multi_node": multi,
+        "efa_interfaces": link.efa_interfaces if efa else 0,
+        "placement_group": placed,
+    }, problems
+
+
+NODE_CACHE_SLACK = 1.1
+
+
+def _node_cache(
+    index: int,
+    asked_gib: int | None,
+    instance: catalog.InstanceType,
+    members: list[ModelSpec],
+    placements: dict[str, Placement],
+) -> tuple[int, fetch.CacheMedium | None, list[Problem]]:
+    """Size of a pool's node cache (GiB per node) and where it is; a cache larger than the NVMe is refused."""
+    cached = [m for m in members if fetch.decide(m, instance).path is fetch.FetchPath.NODE_CACHE]
+    if not cached and asked_gib is None:
+        return 0, None, []
+    need = math.ceil(sum(placements[m.name].weights_gib for m in cached) * NODE_CACHE_SLACK)
+    size = asked_gib if asked_gib is not None else need
+    medium, _ = fetch.cache_medium(instance)
+    problems = []
+    nvme = fetch.nvme_gib(instance)
+    if medium is fetch.CacheMedium.NVME and size > nvme:
+        fix = (
+            f"lower it to at most {math.floor(nvme):,}"
+            if asked_gib is not None and need <= nvme
+            else "stream the models instead (weights.fetch: streamer, vLLM) or use an instance type with more"
+        )
+        problems.append(
+            Problem(
+                f"gpu_pools[{index}].model_cache_gib",
+                f"a {size:,} GiB node cache does not fit the {nvme:,.0f} GiB of local NVMe of {instance.name}: "
+                f"{fix}",
+            )
+        )
+    if asked_gib is not None and asked_gib < need:
+        problems.append(
+            Problem(
+                f"gpu_pools[{index}].model_cache_gib",
+                f"{asked_gib:,} GiB cannot hold the weights of {', '.join(m.name for m in cached)} "
+                f"({need:,} GiB with slack); raise it to at least {need:,}",
+            )
+        )
+    return size, medium, problems
 
 
 def misfits(model: ModelSpec, arch: catalog.ModelArch, instance: catalog.InstanceType) -> list[str]:

@@ -14,14 +14,14 @@ from components import rollout
 from components.cloud import Cloud
 from components.kubernetes.addons import ClusterAddons
 from components.kubernetes.cluster import ClusterAccess
-from components.kubernetes.engine import ModelEngine
+from components.kubernetes.engine import ModelEngine, ModelWeights
 from components.kubernetes.gateway import Gateway, NetworkPolicies
 from components.kubernetes.limit_store import LimitStore
 from components.kubernetes.manifests import apply
 from components.kubernetes.observability import Observability
 from components.kubernetes.scaling import ModelScaling
-from components.placement import Layout
-from components.render import addons, common, engine, hardening
+from components.placement import Layout, PoolPlan
+from components.render import addons, common, engine, hardening, weights
 from components.render.namespace import namespace
 from components.secrets import limit_store_token, secret_config
 from components.spec import PlatformSpec
@@ -45,13 +45,19 @@ def _api_keys(spec: PlatformSpec, secrets: PlatformSecrets) -> pulumi.Output[str
 
 
 def hf_token_secret(spec: PlatformSpec) -> common.Manifest:
-    """The Secret engines read HF_TOKEN from; its value is filled in as a Pulumi secret."""
+    """The Secret the preparation Jobs read the hub token from (never the engines); its value is filled in as a
+    Pulumi secret."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": common.metadata(spec, engine.hf_token_secret_name(spec), "engine"),
+        "metadata": common.metadata(spec, weights.hf_token_secret_name(spec), weights.COMPONENT),
         "type": "Opaque",
     }
+
+
+def _pool(layout: Layout, model: str) -> PoolPlan | None:
+    placed = layout.placements[model].pool
+    return layout.pools.get(placed) if placed is not None else None
 
 
 class InferencePlatform(pulumi.ComponentResource):
@@ -76,7 +82,7 @@ class InferencePlatform(pulumi.ComponentResource):
         if spec.huggingface_token_config_key and secrets.huggingface_token is not None:
             manifest = {
                 **hf_token_secret(spec),
-                "stringData": {engine.HF_TOKEN_KEY: secrets.huggingface_token},
+                "stringData": {weights.HF_TOKEN_KEY: secrets.huggingface_token},
             }
             apply(manifest, in_namespace)
         # Add-ons first: scaled objects and monitors are custom resources their charts define.
@@ -85,20 +91,42 @@ class InferencePlatform(pulumi.ComponentResource):
             spec.observability.grafana_admin_password_config_key,
             "'<password>'",
         )
+        multi_node = any(p.multi_node for p in layout.placements.values())
         self.addons = ClusterAddons(
-            spec, cloud, cluster.addons, child, grafana_admin_password=grafana_password
+            spec, cloud, cluster.addons, child, grafana_admin_password=grafana_password, multi_node=multi_node
         )
         self.priority_class = apply(hardening.priority_class(spec), child)
         self.engine_identity = apply(engine.service_account(spec), in_namespace)
-        engines_opts = pulumi.ResourceOptions(
-            parent=self, depends_on=[self.namespace, self.priority_class, self.engine_identity]
+        self.network = NetworkPolicies(spec, cloud, in_namespace)
+        # The model store first: one preparation Job per model (pulumi waits for it to complete), then engines.
+        self.weights = ModelWeights(
+            spec,
+            layout,
+            cluster.images.get("weights"),
+            pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, self.network]),
         )
         rollouts = rollout.plans(spec, layout)
         self.engines = {
-            m.name: ModelEngine(spec, m, layout.placements[m.name], rollouts[m.name], engines_opts)
+            m.name: ModelEngine(
+                spec,
+                m,
+                layout.placements[m.name],
+                rollouts[m.name],
+                pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=[
+                        self.namespace,
+                        self.priority_class,
+                        self.engine_identity,
+                        self.weights.jobs[m.name],
+                        *self.addons.installed(addons.LWS_RELEASE),
+                    ],
+                ),
+                _pool(layout, m.name),
+                weights_image=self.weights.image,
+            )
             for m in spec.models
         }
-        self.network = NetworkPolicies(spec, cloud, in_namespace)
         before_gateway: list[pulumi.Resource] = [self.namespace]
         if spec.gateway.shared_limits:
             token = limit_store_token(spec.gateway.limit_store_auth_config_key)
@@ -116,7 +144,10 @@ class InferencePlatform(pulumi.ComponentResource):
         crds = self.addons.installed("keda", "prometheus-adapter")
         self.scaling = {
             m.name: ModelScaling(
-                spec, m, pulumi.ResourceOptions(parent=self, depends_on=[self.engines[m.name], *crds])
+                spec,
+                m,
+                pulumi.ResourceOptions(parent=self, depends_on=[self.engines[m.name], *crds]),
+                multi_node=layout.placements[m.name].multi_node,
             )
             for m in spec.models
         }

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from components import catalog
-from runtime.config import DEFAULT_MAX_NUM_SEQS
+from runtime.defaults import DEFAULT_MAX_NUM_SEQS
 
 GIB = 1024**3
 KIB = 1024
@@ -219,11 +219,17 @@ class Candidate:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
+    def nodes(self) -> int:
+        """Nodes one replica spans (a multi-node group fills whole nodes, ``components.multinode``)."""
+        return max(1, self.gpus_per_replica // self.instance.gpus)
+
+    @property
     def replicas_per_node(self) -> int:
-        return self.instance.gpus // self.gpus_per_replica
+        return max(1, self.instance.gpus // self.gpus_per_replica)
 
     @property
     def usd_per_replica_month(self) -> float:
+        """Its share of a node's price: GPUs used over the node's GPUs (a group of N nodes: N node prices)."""
         share = self.gpus_per_replica / self.instance.gpus
         return self.instance.on_demand_usd_per_hour * catalog.HOURS_PER_MONTH * share
 

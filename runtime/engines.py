@@ -123,6 +123,28 @@ class EngineCli:
     """The option that makes the engine publish its KV-cache events (JSON: publisher, endpoints, topic)."""
     block_hash_algo: Flag | None = None
     """The option that picks the prefix-cache block hash (the router reproduces it for the event view)."""
+    nnodes: Flag | None = None
+    """Multi-node replicas (one LeaderWorkerSet group): how many nodes the replica spans."""
+    node_rank: Flag | None = None
+    """This process's node: 0 on the leader, the worker's index on each worker."""
+    master_addr: Flag | None = None
+    """Where the leader listens for the group's rendezvous: a host (with ``master_port``), or host:port where the
+    engine takes one value (``master_port`` None)."""
+    master_port: Flag | None = None
+    rendezvous_port: int = 0
+    """The port of the rendezvous on the leader."""
+    worker_args: tuple[str, ...] = ()
+    """Arguments only the workers of a group carry (vLLM: no API server on them)."""
+    multi_node_note: str = ""
+    """How the engine spans nodes (its pinned version), or why it cannot here (then ``nnodes`` is None)."""
+
+    @property
+    def multi_node_supported(self) -> bool:
+        return self.nnodes is not None
+
+    stream_from_s3: tuple[str, ...] = ()
+    """Arguments that make the engine stream safetensors straight from an ``s3://`` model location; empty
+    where the engine cannot (it then loads a node cache's copy)."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +199,21 @@ VLLM_CLI = EngineCli(
     fixed_args=("--disable-uvicorn-access-log",),
     kv_events=Flag("--kv-events-config"),  # vllm/config/kv_events.py (0.32)
     block_hash_algo=Flag("--prefix-caching-hash-algo"),  # vllm/config/cache.py (0.32)
+    # vLLM 0.32 spans nodes with its multiprocessing executor (vllm/config/parallel.py: nnodes, node_rank,
+    # master_addr, master_port "for multi-node distributed inference when distributed_executor_backend is mp"): the
+    # leader (node rank 0) serves the API, each other node runs `vllm serve ... --headless` (entrypoints/cli/serve.py
+    # run_headless: "headless multiproc executor ... for multi-node PP/TP"). No Ray cluster to start.
+    nnodes=Flag("--nnodes", ("-n",)),
+    node_rank=Flag("--node-rank", ("-r",)),
+    master_addr=Flag("--master-addr"),
+    master_port=Flag("--master-port"),
+    rendezvous_port=29501,  # ParallelConfig.master_port's default
+    worker_args=("--headless",),
+    multi_node_note="vLLM 0.32's multiprocessing executor: --nnodes, --node-rank, --master-addr/--master-port, "
+    "workers --headless",
+    # The Run:ai model streamer (vLLM 0.32 LoadConfig.load_format; PyPI runai-model-streamer[-s3] in the
+    # image): config and tokenizer are pulled to a local directory, tensors stream from S3 into memory.
+    stream_from_s3=("--load-format", "runai_streamer"),
 )
 
 SGLANG_CLI = EngineCli(
@@ -207,6 +244,13 @@ SGLANG_CLI = EngineCli(
     enforce_eager=Switch("--disable-cuda-graph", None),
     trust_remote_code=Switch("--trust-remote-code", None),
     embedding=("--is-embedding",),
+    # SGLang 0.5.3 (sglang/srt/server_args.py): --nnodes, --node-rank and --dist-init-addr HOST:PORT; every node runs
+    # launch_server, node rank 0 serves HTTP.
+    nnodes=Flag("--nnodes"),
+    node_rank=Flag("--node-rank"),
+    master_addr=Flag("--dist-init-addr", ("--nccl-init-addr",)),
+    rendezvous_port=5000,
+    multi_node_note="SGLang 0.5.3: --nnodes, --node-rank, --dist-init-addr",
 )
 
 TRTLLM_CLI = EngineCli(
@@ -240,6 +284,8 @@ TRTLLM_CLI = EngineCli(
     embedding=(),
     options_file=Flag("--extra_llm_api_options"),
     fixed_args=("--backend", "pytorch"),
+    multi_node_note="trtllm-serve 1.0.0 spans nodes only as an MPI job (mpirun or srun around "
+    "trtllm-llmapi-launch), which a LeaderWorkerSet group does not start",
 )
 
 ENGINES: dict[EngineKind, EngineFacts] = {

@@ -4,8 +4,11 @@ a person got wrong (one line per mistake on stderr, exit 2, no traceback)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
 import logging
+import signal
 import sys
 import time
 from typing import Any, NoReturn
@@ -58,3 +61,17 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     except ImportError:
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
+
+
+async def serve_until_signalled() -> None:
+    """Once a service is built and listening: move what it built out of the cyclic GC's reach (it lives as
+    long as the process; a full collection over it stalls every request in flight: the router measured
+    8-16 ms), then wait for SIGTERM or SIGINT."""
+    gc.collect()
+    gc.freeze()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

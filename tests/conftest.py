@@ -16,6 +16,7 @@ Fixtures:
     vllm_embed         VllmEmbed: one all-MiniLM-L6-v2 engine (`--runner pooling`)
     vllm_kv_events     VllmKvEvents: one tiny-Llama engine publishing its KV-cache events (precise_prefix),
                        with a 64-block cache so evictions come quickly
+    loopback_s3        LoopbackS3: moto's S3 server on 127.0.0.1 with a request log (no engine)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from components.local.engine_process import (
     free_port,
 )
 from components.local.engine_process import engine_python as _engine_python
+from components.local.s3_server import LoopbackS3, started
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO_ROOT / ".cache"
@@ -267,3 +269,11 @@ def vllm_kv_events(tiny_chat_model: Path) -> Iterator[VllmKvEvents]:
     finally:
         engine.stop()
         shutil.rmtree(sockets, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def loopback_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackS3]:
+    """A real S3 API (moto's server) on a loopback port for the session; tests make their own buckets."""
+    where = tmp_path_factory.mktemp("s3")
+    with started(free_port(), where / "requests.jsonl", where / "server.log") as server:
+        yield server

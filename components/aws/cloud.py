@@ -18,13 +18,13 @@ from components.cloud import (
 )
 from components.nodes import Taint
 from components.placement import Layout, PoolPlan
-from components.render import common
+from components.render import common, weights
 from components.spec import PlatformSpec
 
 POD_IDENTITY_AGENT = Endpoint(
     "169.254.170.23/32",
     80,
-    "EKS Pod Identity agent: credentials for the model bucket "
+    "EKS Pod Identity agent: credentials for the model store (engines read it, preparation Jobs write it) "
     "(https://docs.aws.amazon.com/eks/latest/userguide/pod-id-agent-setup.html)",
 )
 
@@ -70,9 +70,13 @@ class AwsCloud:
         return (POD_IDENTITY_AGENT,)
 
     def model_reader(self, spec: PlatformSpec) -> tuple[str, str]:
-        """The engines' service account: EKS Pod Identity gives it read access to the model bucket and the
-        ``s3://`` sources (``components.aws.layer``)."""
+        """The engines' service account: EKS Pod Identity gives it read access to the model store
+        (``components.aws.layer``)."""
         return spec.cluster.namespace, common.engine_service_account_name(spec)
+
+    def model_writer(self, spec: PlatformSpec) -> tuple[str, str]:
+        """The preparation Jobs' service account: EKS Pod Identity lets it write the store's prefix."""
+        return spec.cluster.namespace, weights.service_account_name(spec)
 
 
 EKS = AwsCloud()

@@ -73,6 +73,42 @@ def model_read(region: str, model_bucket_arn: str, key_arn: str, sources: list[s
     return {"Version": VERSION, "Statement": statements}
 
 
+def model_prepare(region: str, model_bucket_arn: str, key_arn: str, prefix: str) -> PolicyDocument:
+    """The preparation Jobs write weights into the store: objects under ``prefix/`` only (no delete, no other
+    prefix, no bucket settings), encrypted with the models key through S3 only."""
+    objects = f"{model_bucket_arn}/{prefix.strip('/')}/*"
+    return {
+        "Version": VERSION,
+        "Statement": [
+            {
+                "Sid": "EncryptModelWeightsViaS3",
+                "Effect": "Allow",
+                "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+                "Resource": key_arn,
+                "Condition": {"StringEquals": {"kms:ViaService": via_service("s3", region)}},
+            },
+            {
+                "Sid": "ListStorePrefix",
+                "Effect": "Allow",
+                "Action": ["s3:ListBucket"],
+                "Resource": model_bucket_arn,
+                "Condition": {"StringLike": {"s3:prefix": [f"{prefix.strip('/')}/*"]}},
+            },
+            {
+                "Sid": "WriteStorePrefix",
+                "Effect": "Allow",
+                "Action": [
+                    "s3:GetObject",
+                    "s3:PutObject",
+                    "s3:AbortMultipartUpload",
+                    "s3:ListMultipartUploadParts",
+                ],
+                "Resource": objects,
+            },
+        ],
+    }
+
+
 def bucket_tls_only(bucket_arn: str) -> PolicyDocument:
     """A bucket policy that refuses every request not made over TLS."""
     return {

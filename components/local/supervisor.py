@@ -35,14 +35,21 @@ from typing import Any, TextIO
 import yaml
 
 from components.local import monitor, state
+from components.local import store as local_store
 from components.local.autoscaler import Autoscaler
+from components.local.defaults import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from components.local.engine_process import REPO_ROOT, EngineError, EngineProcess, engine_python
-from components.local.plan import HOST, KV_CACHE_GIB, TAG_ENV, EngineLaunch, LocalPlan, banner, describe
+from components.local.plan import (
+    ENVOY_CONFIG,
+    HOST,
+    KV_CACHE_GIB,
+    TAG_ENV,
+    EngineLaunch,
+    LocalPlan,
+    banner,
+    describe,
+)
 from components.local.tiny_model import MAKE_TIME, is_complete, needs_source_check
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 ENGINE_STOP_GRACE_S = 20.0
 SERVICE_STOP_GRACE_S = 10.0
@@ -114,17 +121,21 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 def engine_process(
-    launch: EngineLaunch, logs_dir: Path, tag: str, python: Path | None = None
+    launch: EngineLaunch,
+    logs_dir: Path,
+    tag: str,
+    python: Path | None = None,
+    store_env: dict[str, str] | None = None,
 ) -> EngineProcess:
-    """The ``EngineProcess`` (not started) for one planned replica."""
+    """The ``EngineProcess`` (not started) for one planned replica; ``store_env`` reaches the model store."""
     return EngineProcess(
         launch.spec,
-        launch.path,
+        launch.store or launch.path,
         host=HOST,
         port=launch.port,
         cpu_cores=launch.cpu_cores,
         kv_cache_space_gib=KV_CACHE_GIB,
-        env={TAG_ENV: tag},
+        env={TAG_ENV: tag, **(store_env or {})},
         log_path=logs_dir / f"engine-{launch.name}.log",
         python=python,
         kv_events=launch.kv_events,
@@ -149,6 +160,7 @@ class Supervisor:
     out: TextIO = field(default_factory=lambda: sys.stdout)
     engines: list[EngineProcess] = field(default_factory=list)
     services: list[Service] = field(default_factory=list)
+    store: local_store.LocalStore | None = None
     stop_requested: bool = False
     hurry: bool = False
     phase: str = "starting"
@@ -221,11 +233,14 @@ class Supervisor:
         except EngineError as err:
             raise StartError(str(err), EXIT_USAGE) from None
         self.make_models(python)
+        self.start_store()
         plan.config_path.write_text(
             "# Rendered by `inferstack local up` from "
             f"{plan.source} (components/render/runtime_config.py); rewritten at every start.\n"
             + plan.config.to_yaml()
         )
+        if plan.envoy is not None:
+            plan.config_path.with_name(ENVOY_CONFIG).write_text(json.dumps(plan.envoy, indent=1))
         self.start_engines(python)
         self.autoscaler = self._autoscaler(python)
         for spec in plan.services:
@@ -288,12 +303,33 @@ class Supervisor:
             if proc.returncode != 0:
                 raise StartError(f"making {prep.path} failed; log {log}:\n{tail(log)}")
 
+    # -- the model store (`make local S3=1`) ---------------------------------------------------
+    def start_store(self) -> None:
+        """The loopback S3 server, and every model prepared into it as the cluster's Job would."""
+        plan = self.plan
+        if plan.s3_port is None:
+            return
+        tag = {TAG_ENV: state.tag_value(plan.state_dir)}
+        try:
+            self.store = local_store.start(plan.s3_port, plan.logs_dir, tag, self.python)
+            self.say(f"model store (S3) listening on {self.store.endpoint}")
+            for bucket in sorted({b.removeprefix("s3://").split("/", 1)[0] for _, b in plan.store_preps}):
+                local_store.create_bucket(self.store, bucket)
+            for path, location in plan.store_preps:
+                self._check_stop()
+                log = plan.logs_dir / f"prepare-{path.name}.log"
+                took = local_store.prepare(self.store, path, location, log, self.python)
+                self.say(f"prepared {path} into {location} in {took:.1f}s")
+        except local_store.StoreError as err:
+            raise StartError(str(err)) from None
+
     # -- engines ---------------------------------------------------------------------------------
     def start_engines(self, python: Path) -> None:
         tag = state.tag_value(self.plan.state_dir)
+        store_env = self.store.engine_env() if self.store is not None else None
         for launch in self.plan.always_on:
             self._check_stop()
-            engine = engine_process(launch, self.plan.logs_dir, tag, python)
+            engine = engine_process(launch, self.plan.logs_dir, tag, python, store_env)
             engine.start()
             self.engines.append(engine)
             self._write_state()
@@ -323,10 +359,11 @@ class Supervisor:
         plan = self.plan
         assert plan.spec is not None
         tag = state.tag_value(plan.state_dir)
+        store_env = self.store.engine_env() if self.store is not None else None
         scaler = Autoscaler(
             plan,
             plan.spec,
-            make_engine=lambda launch: engine_process(launch, plan.logs_dir, tag, python),
+            make_engine=lambda launch: engine_process(launch, plan.logs_dir, tag, python, store_env),
             healthy=lambda url: http_get(f"{url}/health")[0] == 200,
             say=self.say,
         )
@@ -465,7 +502,7 @@ class Supervisor:
     # -- stopping --------------------------------------------------------------------------------
     def stop(self) -> None:
         """Router first (it drains), then batcher and health monitor, then all engines, then stragglers."""
-        if not self.services and not self.engines:
+        if not self.services and not self.engines and self.store is None:
             return
         self.say("stopping")
         for service in reversed(self.services):
@@ -480,6 +517,9 @@ class Supervisor:
             thread.join()
         if self.engines:
             self.say(f"{len(self.engines)} engines stopped")
+        if self.store is not None:
+            self.store.stop()
+            self.say("model store stopped")
         left = state.tagged_pids(self.plan.state_dir)
         if left:
             self.say(f"killing {len(left)} leftover processes: {left}")

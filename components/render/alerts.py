@@ -69,11 +69,12 @@ def model_alerts(spec: PlatformSpec, model: ModelSpec) -> list[Alert]:
             )
         )
     if t.min_replicas > 0:
-        # Scraped engines count as up when Prometheus reaches them; the others by the Deployment's ready pods.
+        # Scraped engines count as up when Prometheus reaches them (a group's leader: the Service selects leaders);
+        # the others by their workload's ready replicas.
         up = (
             f"sum({_up(spec, engine)})"
             if signals.scraped(model)
-            else f'sum(kube_deployment_status_replicas_available{{{signals.namespace_label(spec)},deployment="{engine}"}})'
+            else signals.workload_replicas(spec, model)[0]
         )
         out.append(
             Alert(
@@ -159,26 +160,29 @@ def model_alerts(spec: PlatformSpec, model: ModelSpec) -> list[Alert]:
 
 
 def gateway_alerts(spec: PlatformSpec) -> list[Alert]:
-    """No router up, too many router 5xx, health-monitor ejections, the rate-limit store out of reach."""
-    return [*_router_alerts(spec), *limit_store_alerts(spec)]
+    """No front up (the router, or behind an inference-extension gateway the picker), too many 5xx through
+    it, health-monitor ejections, the rate-limit store out of reach."""
+    return [*_front_alerts(spec), *limit_store_alerts(spec)]
 
 
-def _router_alerts(spec: PlatformSpec) -> list[Alert]:
+def _front_alerts(spec: PlatformSpec) -> list[Alert]:
+    part = signals.front(spec)
+    name = part.capitalize()
     return [
         Alert(
-            "InferenceRouterDown",
-            f"(sum({_up(spec, common.runtime_name(spec, common.ROUTER))}) or on() vector(0)) == 0",
+            f"Inference{name}Down",
+            f"(sum({_up(spec, common.runtime_name(spec, part))}) or on() vector(0)) == 0",
             "5m",
             "critical",
-            "No router replica is up",
-            "Every request to the platform fails: no router answers /metrics.",
+            f"No {part} replica is up",
+            f"Every request to the platform fails: no {part} answers /metrics.",
         ),
         Alert(
-            "InferenceRouter5xxRate",
+            f"Inference{name}5xxRate",
             f"{signals.router_error_ratio(spec, '5m')} > {ROUTER_5XX_RATIO:g}",
             "5m",
             "critical",
-            "Router 5xx rate above {{ $value | humanizePercentage }} for {{ $labels.model }}",
+            f"{name} 5xx rate above {{{{ $value | humanizePercentage }}}} for {{{{ $labels.model }}}}",
             f"More than {ROUTER_5XX_RATIO:.0%} of responses for a model are server errors.",
         ),
         Alert(

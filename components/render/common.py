@@ -74,6 +74,7 @@ def quantity_cpu(value: float) -> str:
 ROUTER = "router"
 HEALTH = "health"
 BATCHER = "batcher"
+PICKER = "picker"  # the endpoint picker, behind an inference-extension gateway (gateway.mode)
 RUNTIME_CONFIG_FILE = "runtime.yaml"  # the images' default --config
 RUNTIME_CONFIG_DIR = "/etc/inferstack"
 API_KEYS_FILE = "api-keys.yaml"

@@ -22,13 +22,15 @@ from components.spec import Device, EngineSpec, KvCacheDType, ModelSpec
 from runtime.config import EngineKind, KvEventsSource, Task, kv_events_publisher
 from runtime.engines import TELEMETRY_OFF_ENV, EngineCli, Flag, Switch, facts
 
-MODEL_DIR = "/models"  # the model cache volume: downloads, S3 syncs and the Hugging Face cache
-HF_CACHE_DIR = f"{MODEL_DIR}/hf"
+MODEL_DIR = "/models"  # where an engine pod sees its node-level cache copy (components.render.weights)
+HF_CACHE_DIR = "/tmp/hf"  # the Hugging Face libraries' cache; nothing is downloaded (HF_HUB_OFFLINE)
 TRTLLM_OPTIONS_FILE = "extra-llm-api-options.yaml"
 TRTLLM_CONFIG_DIR = "/etc/inferstack/engine"
 
 POD_ENV = {
     **TELEMETRY_OFF_ENV,
+    # Engines load from the model store or a node cache (components/render/weights.py), never the hub.
+    "HF_HUB_OFFLINE": "1",
     "HF_HOME": HF_CACHE_DIR,
     "HOME": "/tmp",  # read-only root filesystem: caches (torch, triton, flashinfer) go to an emptyDir
 }
@@ -50,7 +52,7 @@ class Where:
     """Where an engine runs, as far as its command line says; every other argument comes from the spec."""
 
     model: str
-    """What the engine loads: a Hugging Face id, the directory an init container synced from S3, a local one."""
+    """What the engine loads: an ``s3://`` store location (streamed), a node cache's copy, a local directory."""
     host: str
     port: int
     download_dir: str | None
@@ -69,22 +71,20 @@ def kv_events_in_pod() -> tuple[str, str]:
     return f"tcp://*:{_KV['port'].default}", f"tcp://*:{_KV['replay_port'].default}"
 
 
-def s3_model_dir(model: ModelSpec) -> str:
-    """Where the init container syncs an S3 model: a directory named after the model, because trtllm-serve
-    (which has no served-name flag before 2026, NVIDIA/TensorRT-LLM#11711) serves a local directory under its
-    base name (``openai_server.py``: ``self.model = model_dir.name``). Clients then ask for the model's name."""
+def model_dir(model: ModelSpec) -> str:
+    """Where an engine pod sees the node cache's copy of its model: a directory named after the model, because
+    trtllm-serve (which has no served-name flag before 2026, NVIDIA/TensorRT-LLM#11711) serves a local
+    directory under its base name (``openai_server.py``: ``self.model = model_dir.name``)."""
     return f"{MODEL_DIR}/{model.name}"
 
 
-def model_location(model: ModelSpec) -> str:
-    """What a cluster engine loads: the Hugging Face id, or the directory an init container synced from S3."""
-    return s3_model_dir(model) if model.source.startswith("s3://") else model.source
-
-
-def in_cluster(model: ModelSpec) -> Where:
-    """An engine pod: every interface, the Service's port, the model cache volume."""
+def in_cluster(model: ModelSpec, location: str | None = None) -> Where:
+    """An engine pod: every interface, the Service's port; it loads ``location`` (the model store, or the node
+    cache's copy at ``model_dir``: ``components.render.weights.engine_location``), or the spec's source where
+    none is given (command-line checks), and downloads nothing. A model whose routing reads KV events publishes
+    them on every interface."""
     events = kv_events_in_pod() if model.publishes_kv_events else None
-    return Where(model_location(model), "0.0.0.0", ENGINE_PORT, HF_CACHE_DIR, kv_events=events)
+    return Where(location or model.source, "0.0.0.0", ENGINE_PORT, download_dir=None, kv_events=events)
 
 
 def on_this_machine(
@@ -176,6 +176,8 @@ def vllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
     if pooling:
         args += cli.embedding
     args += _kv_events(cli, model, where)
+    if where.model.startswith("s3://"):
+        args += cli.stream_from_s3
     args += [*cli.fixed_args, *e.extra_args]
     return EngineCommand(command=list(cli.command), args=args, env=dict(POD_ENV))
 
@@ -256,13 +258,66 @@ def trtllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
     )
 
 
-RENDERERS: dict[EngineKind, Callable[[ModelSpec], EngineCommand]] = {
+RENDERERS: dict[EngineKind, Callable[[ModelSpec, Where], EngineCommand]] = {
     EngineKind.VLLM: vllm,
     EngineKind.SGLANG: sglang,
     EngineKind.TRTLLM: trtllm,
 }
 
 
-def engine_command(model: ModelSpec) -> EngineCommand:
-    """The cluster command line of ``model``'s engine."""
-    return RENDERERS[model.engine.kind](model)
+def engine_command(model: ModelSpec, location: str | None = None) -> EngineCommand:
+    """The cluster command line of ``model``'s engine, loading ``location`` (see ``in_cluster``)."""
+    return RENDERERS[model.engine.kind](model, in_cluster(model, location))
+
+
+# A replica that spans nodes runs as one LeaderWorkerSet group. The LeaderWorkerSet controller (v0.6.0 on) puts these
+# variables in every container of a group (its pod webhook): the leader's stable DNS name, and the pod's index in the
+# group, 0 on the leader. The kubelet expands $(NAME) in args from the container's environment.
+LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
+WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
+LEADER_RANK = "0"
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """One process of a multi-node group, as its command line names it."""
+
+    nodes: int
+    rank: str
+    """Its node rank: "0" on the leader; on workers "$(LWS_WORKER_INDEX)", or a number on this machine."""
+    leader: str
+    """Where the leader is: "$(LWS_LEADER_ADDRESS)" in a pod, a host name on this machine."""
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == LEADER_RANK
+
+
+def in_group(nodes: int, leader: bool) -> GroupMember:
+    """A pod of a LeaderWorkerSet group: rank and leader address from the variables LeaderWorkerSet sets."""
+    rank = LEADER_RANK if leader else f"$({WORKER_INDEX_ENV})"
+    return GroupMember(nodes, rank, f"$({LEADER_ADDRESS_ENV})")
+
+
+def group_args(kind: EngineKind, member: GroupMember) -> list[str]:
+    """The arguments that make one engine process a member of a multi-node group (``runtime.engines``)."""
+    cli = facts(kind).cli
+    if cli.nnodes is None or cli.node_rank is None or cli.master_addr is None:
+        raise ValueError(f"{facts(kind).display_name} cannot span nodes: {cli.multi_node_note}")
+    if cli.master_port is None:
+        rendezvous = [cli.master_addr.name, f"{member.leader}:{cli.rendezvous_port}"]
+    else:
+        rendezvous = [cli.master_addr.name, member.leader, cli.master_port.name, str(cli.rendezvous_port)]
+    args = [cli.nnodes.name, str(member.nodes), cli.node_rank.name, member.rank, *rendezvous]
+    return args if member.is_leader else [*args, *cli.worker_args]
+
+
+def group_command(model: ModelSpec, member: GroupMember, where: Where | None = None) -> EngineCommand:
+    """The command line of one member of ``model``'s group: the engine's own, plus its place in the group."""
+    base = RENDERERS[model.engine.kind](model, where or in_cluster(model))
+    return EngineCommand(
+        command=base.command,
+        args=[*base.args, *group_args(model.engine.kind, member)],
+        env=base.env,
+        files=base.files,
+    )

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.cloud import Cloud
-from components.render import common, hardening, ingress, limit_store, tokenizers
+from components.render import common, hardening, inference_extension, ingress, limit_store, tokenizers
 from components.render.common import Manifest
 from components.render.runtime_config import has_batcher, runtime_config
 from components.render.tokenizers import RouterTokenizers
-from components.spec import PlatformSpec
+from components.spec import GatewayMode, PlatformSpec
 from runtime.config import RuntimeConfig
 
 CONFIG_CHECKSUM_ANNOTATION = "inferstack.io/config-sha256"
@@ -50,7 +50,12 @@ class RuntimeImage:
 def spec_images(spec: PlatformSpec) -> dict[str, RuntimeImage]:
     """The spec's pinned images per runtime service, labelled with their tag or digest."""
     g = spec.gateway
-    refs = {common.ROUTER: g.router_image, common.HEALTH: g.health_image, common.BATCHER: g.batcher_image}
+    refs = {
+        common.ROUTER: g.router_image,
+        common.HEALTH: g.health_image,
+        common.BATCHER: g.batcher_image,
+        inference_extension.PICKER: g.picker_image,
+    }
     return {part: RuntimeImage(ref, common.image_version(ref)) for part, ref in refs.items()}
 
 
@@ -58,17 +63,19 @@ def config_text(config: RuntimeConfig) -> str:
     return config.to_yaml()
 
 
-def config_map(spec: PlatformSpec) -> Manifest:
+def config_map(spec: PlatformSpec, text: str) -> Manifest:
+    """The runtime config ``text`` (``config_text``: rendered once per plan, it is most of a plan's YAML work)."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": common.metadata(spec, common.runtime_config_name(spec), "gateway"),
-        "data": {common.RUNTIME_CONFIG_FILE: config_text(runtime_config(spec))},
+        "data": {common.RUNTIME_CONFIG_FILE: text},
     }
 
 
-def _checksum(spec: PlatformSpec) -> str:
-    return hashlib.sha256(config_text(runtime_config(spec)).encode()).hexdigest()
+def config_checksum(text: str) -> str:
+    """Of the config text: a changed config rolls the services that read it."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # Identity and access --------------------------------------------------------------------------------
@@ -148,6 +155,7 @@ def deployment(
     port: int,
     replicas: int | None,
     resources: tuple[float, float],
+    checksum: str,
     extra_mounts: tuple[tuple[Manifest, Manifest], ...] = (),
     pod: RouterTokenizers | None = None,
 ) -> Manifest:
@@ -200,7 +208,7 @@ def deployment(
         "selector": {"matchLabels": selector},
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
         "template": {
-            "metadata": {"labels": pod_labels, "annotations": {CONFIG_CHECKSUM_ANNOTATION: _checksum(spec)}},
+            "metadata": {"labels": pod_labels, "annotations": {CONFIG_CHECKSUM_ANNOTATION: checksum}},
             "spec": {
                 "serviceAccountName": name,
                 "automountServiceAccountToken": False,
@@ -272,8 +280,15 @@ def router_hpa(spec: PlatformSpec) -> Manifest:
 # Everything -----------------------------------------------------------------------------------------
 
 
+def inference_extension_mode(spec: PlatformSpec) -> bool:
+    return spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION
+
+
 def parts(spec: PlatformSpec) -> list[str]:
-    """The runtime services this stack runs."""
+    """The runtime services this stack runs: the router (and the batcher for embedding models), or, behind
+    an inference-extension gateway, the endpoint picker; the health monitor either way."""
+    if inference_extension_mode(spec):
+        return [common.HEALTH, inference_extension.PICKER]
     return [common.ROUTER, common.HEALTH, *([common.BATCHER] if has_batcher(spec) else [])]
 
 
@@ -285,11 +300,35 @@ def render(
     ``images`` (runtime service -> image) replaces the spec's images for the services it names.
     """
     config = runtime_config(spec)
+    text = config_text(config)
+    checksum = config_checksum(text)
     g = spec.gateway
     image = {**spec_images(spec), **(images or {})}
-    out: list[Manifest] = [config_map(spec)]
+    out: list[Manifest] = [config_map(spec, text)]
     for part in parts(spec):
         out += [service_account(spec, part), role(spec, part), role_binding(spec, part)]
+    if inference_extension_mode(spec):
+        picker = inference_extension.PICKER
+        s = config.picker
+        out += [
+            inference_extension.with_grpc_port(
+                deployment(
+                    spec,
+                    picker,
+                    image[picker],
+                    s.metrics_port,
+                    1,
+                    inference_extension.PICKER_RESOURCES,
+                    checksum,
+                )
+            ),
+            inference_extension.picker_service(spec),
+            deployment(
+                spec, common.HEALTH, image[common.HEALTH], config.health.port, 1, _HEALTH_RESOURCES, checksum
+            ),
+            service(spec, common.HEALTH, config.health.port),
+        ]
+        return out + inference_extension.routing(spec)
     router_mounts: tuple[tuple[Manifest, Manifest], ...] = ()
     if g.api_keys_config_key:
         router_mounts = (
@@ -309,6 +348,7 @@ def render(
             config.router.port,
             router_replicas,
             (g.router_cpu_cores, g.router_memory_gib),
+            checksum,
             router_mounts,
             tokenizers.router_parts(spec, image[common.ROUTER].reference),
         ),
@@ -324,13 +364,21 @@ def render(
         out.append(router_hpa(spec))
     # One health monitor: its state (ejections) is per process, and the router tolerates its absence.
     out += [
-        deployment(spec, common.HEALTH, image[common.HEALTH], config.health.port, 1, _HEALTH_RESOURCES),
+        deployment(
+            spec, common.HEALTH, image[common.HEALTH], config.health.port, 1, _HEALTH_RESOURCES, checksum
+        ),
         service(spec, common.HEALTH, config.health.port),
     ]
     if has_batcher(spec):
         out += [
             deployment(
-                spec, common.BATCHER, image[common.BATCHER], config.batcher.port, 2, _BATCHER_RESOURCES
+                spec,
+                common.BATCHER,
+                image[common.BATCHER],
+                config.batcher.port,
+                2,
+                _BATCHER_RESOURCES,
+                checksum,
             ),
             service(spec, common.BATCHER, config.batcher.port),
             hardening.pdb(

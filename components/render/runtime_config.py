@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from components.render import common
-from components.spec import ModelSpec, PlatformSpec
+from components.spec import GatewayMode, ModelSpec, PlatformSpec
 from runtime.config import (
     BatcherSettings,
     BatchingPolicy,
@@ -53,7 +53,9 @@ def embedding_models(spec: PlatformSpec) -> list[ModelSpec]:
 
 
 def has_batcher(spec: PlatformSpec) -> bool:
-    return bool(embedding_models(spec))
+    """Embedding models get a batcher behind the router (behind an inference-extension gateway the picker
+    sends each request to a replica itself)."""
+    return bool(embedding_models(spec)) and spec.gateway.mode is GatewayMode.ROUTER
 
 
 def model_target(
@@ -83,15 +85,17 @@ def model_target(
 
 def _route(spec: PlatformSpec, model: ModelSpec) -> ModelRoute:
     batcher = None
-    if model.resolved_task() is Task.EMBED:
+    if model.resolved_task() is Task.EMBED and has_batcher(spec):
         batcher = service_url(spec, common.BATCHER, batcher_port())
     routing = model.routing
     knobs = {knob: getattr(routing, knob) for knob in sorted(routing.KNOBS)}  # the spec's knobs, as set
     strategy = StrategyConfig.model_validate(
         {"name": routing.strategy, "weights": dict(routing.weights), **knobs}
     )
-    # the activator: a model that scales to zero holds its requests while a replica starts
-    hold = model.scaling.cold_start_hold_ms if model.scaling.min_replicas == 0 else 0
+    # the activator: a model that scales to zero holds its requests while a replica starts; the picker
+    # holds nothing (the gateway's ext_proc call must answer within its message timeout): 503 at once
+    holds = model.scaling.min_replicas == 0 and spec.gateway.mode is GatewayMode.ROUTER
+    hold = model.scaling.cold_start_hold_ms if holds else 0
     return ModelRoute.model_validate(
         {"model": model.name, "strategy": strategy, "batcher_url": batcher, "cold_start_hold_ms": hold}
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.render import common, engine, hardening
+from components.render import common, hardening, weights
 from components.render.common import Manifest
 from components.spec import PlatformSpec
 
@@ -50,11 +50,11 @@ def router_parts(spec: PlatformSpec, image: Any) -> RouterTokenizers:
         volumes.append(
             {
                 "name": "hf-token",
-                "secret": {"secretName": engine.hf_token_secret_name(spec), "defaultMode": 0o440},
+                "secret": {"secretName": weights.hf_token_secret_name(spec), "defaultMode": 0o440},
             }
         )
-        mounts.append({"name": "hf-token", "mountPath": engine.HF_TOKEN_DIR, "readOnly": True})
-        env.append({"name": "HF_TOKEN_PATH", "value": f"{engine.HF_TOKEN_DIR}/{engine.HF_TOKEN_KEY}"})
+        mounts.append({"name": "hf-token", "mountPath": weights.HF_TOKEN_DIR, "readOnly": True})
+        env.append({"name": "HF_TOKEN_PATH", "value": f"{weights.HF_TOKEN_DIR}/{weights.HF_TOKEN_KEY}"})
     init: Manifest = {
         "name": "fetch-tokenizers",
         "image": image,

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from components.cli import SCHEMA_PATH, app, schema_text
 from components.stackfile import STACKS_DIR, available_stacks
-from tests.components.helpers import minimal, write_stack
+from tests.components.helpers import minimal, pod_templates, write_stack
 
 runner = CliRunner()
 
@@ -38,10 +38,13 @@ def test_plan_writes_manifests_resources_and_summary_for_every_committed_stack(
         docs = list(yaml.safe_load_all(path.read_text()))
         assert len(docs) == 1, f"{path.name} holds {len(docs)} objects"
         assert list(docs[0])[:3] == ["apiVersion", "kind", "metadata"]
-    deployment = next(
-        p for p in manifests if p.name.startswith("deployment-") and p.name.endswith("-engine.yaml")
+    workload = next(
+        p
+        for p in manifests
+        if p.name.startswith(("deployment-", "leaderworkerset-")) and p.name.endswith("-engine.yaml")
     )
-    port = yaml.safe_load(deployment.read_text())["spec"]["template"]["spec"]["containers"][0]["ports"][0]
+    pods = pod_templates(yaml.safe_load(workload.read_text()))
+    port = next(iter(pods.values()))["spec"]["containers"][0]["ports"][0]
     assert port["containerPort"] == 8000 and isinstance(port["containerPort"], int)
 
 
@@ -58,7 +61,8 @@ def test_plan_never_writes_secret_values(tmp_path: Path) -> None:
 
 def test_plan_of_a_bad_stack_exits_2_with_the_problem_and_writes_nothing(tmp_path: Path) -> None:
     spec = minimal()
-    spec["models"][0]["engine"]["tensor_parallel_size"] = 3
+    spec["gpu_pools"][0]["instance_type"] = "g6e.12xlarge"
+    spec["models"][0]["engine"]["tensor_parallel_size"] = 6  # fills neither one 4-GPU node nor whole ones
     write_stack(tmp_path, "bad", spec)
     out = tmp_path / "out"
     result = subprocess.run(

@@ -136,7 +136,9 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[s
         manifests = plan.synthesize(stack).kubernetes_manifests()
         custom = _custom_resource_kinds(manifests, f"{stack.spec.cluster.kubernetes_version}.0")
         for m in manifests:
-            if (m["apiVersion"], m["kind"]) in custom:
+            # LeaderWorkerSet has no @kubernetes-models package: test_leader_worker_sets.py checks it against the
+            # CRD schema the LWS project publishes, and its pod templates with kubernetes-validate.
+            if (m["apiVersion"], m["kind"]) in custom and m["kind"] != "LeaderWorkerSet":
                 cases[f"{name}/{m['kind']}/{m['metadata']['name']}"] = m
     rendered = next(m for key, m in cases.items() if m["kind"] == "ScaledObject")
     for field, wrong in _wrong_scaled_objects(rendered).items():

@@ -127,5 +127,6 @@ def test_precise_prefix_is_refused_where_it_cannot_work() -> None:
     doc = minimal()
     doc["models"][0]["routing"] = {"strategy": "precise_prefix"}
     doc["models"][0]["source"] = "s3://models/llama/"
+    doc["models"][0].pop("revision", None)  # a revision pins hub sources only
     with pytest.raises(ValidationError, match="not a hub repo id"):
         PlatformSpec.model_validate(doc)

@@ -204,3 +204,59 @@ def test_a_port_in_use_is_a_usage_error_naming_port_and_option() -> None:
 def test_cpus_come_from_the_affinity_mask() -> None:
     assert pick_cpus(lambda: {3, 1}) == (1, 3)
     assert pick_cpus(set) == (0,)
+
+
+def test_with_the_model_store_engines_stream_their_model_from_loopback_s3() -> None:
+    plan = build_plan(load("local", REPO / "stacks"), LocalOptions(s3_port=9000), REPO)
+    models = {m.name for m in load("local", REPO / "stacks").spec.models}
+    for engine in plan.engines:
+        assert engine.store == f"s3://inferstack-local/models/{engine.model}/"
+    # One preparation per model, however many replicas.
+    assert {location for _, location in plan.store_preps} == {
+        f"s3://inferstack-local/models/{m}/" for m in models
+    }
+    assert "http://127.0.0.1:9000" in "\n".join(describe(plan))
+    assert all(
+        e.store is None for e in build_plan(load("local", REPO / "stacks"), LocalOptions(), REPO).engines
+    )
+
+
+def test_the_model_store_port_must_not_clash() -> None:
+    with pytest.raises(
+        PlanError, match=r"port 8080 is planned for both router and the model store.*--s3-port"
+    ):
+        build_plan(load("local", REPO / "stacks"), LocalOptions(s3_port=8080), REPO)
+
+
+def test_envoy_runs_a_fixed_fleet_and_no_router_for_the_autoscaler_or_monitor_to_read() -> None:
+    from components.local.monitor import Monitor
+
+    raw = raw_local()
+    raw["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 2}
+    with pytest.raises(
+        PlanError, match=r"--gateway envoy runs a fixed fleet, but smollm2-135m-instruct scales"
+    ):
+        build_plan(stack_from(raw), LocalOptions(gateway="envoy"), REPO)
+    build_plan(stack_from(raw), LocalOptions(gateway="router"), REPO)  # the router's activator holds for it
+    with pytest.raises(PlanError, match=r"--monitor .* --gateway envoy runs no router"):
+        build_plan(local_stack(), LocalOptions(gateway="envoy", monitor=Monitor()), REPO)
+    plan = build_plan(local_stack(), LocalOptions(gateway="envoy"), REPO)
+    assert [s.name for s in plan.services] == ["health", "picker", "envoy"]
+
+
+def test_envoy_runs_nothing_only_the_router_does() -> None:
+    """Several routers, shared limits and KV events are the router's; behind Envoy they are refused by name."""
+    with pytest.raises(
+        PlanError, match=r"--routers 2 runs router replicas, and --gateway envoy runs no router"
+    ):
+        build_plan(local_stack(), LocalOptions(gateway="envoy", routers=2), REPO)
+    raw = raw_local()
+    raw["gateway"] = {**raw.get("gateway", {}), "shared_limits": True}
+    with pytest.raises(PlanError, match=r"gateway.shared_limits .* --gateway envoy runs no router"):
+        build_plan(stack_from(raw), LocalOptions(gateway="envoy"), REPO)
+    raw = raw_local()
+    raw["models"][0]["routing"] = {"strategy": "precise_prefix"}
+    with pytest.raises(PlanError, match=r"smollm2-135m-instruct routes precise_prefix"):
+        build_plan(stack_from(raw), LocalOptions(gateway="envoy"), REPO)
+    plan = build_plan(stack_from(raw), LocalOptions(gateway="router"), REPO)
+    assert plan.engines[0].kv_events is not None

@@ -243,6 +243,29 @@ CASES = [
         m(ENGINE_70B, lambda p: container(p, "engine")["startupProbe"].__setitem__("failureThreshold", 3)),
         ("startupProbe gives the engine 30 s to start", "failureThreshold x periodSeconds >="),
     ),
+    # weights
+    Case(
+        "engine-downloads-from-the-hub",
+        "weights-from-pinned-store",
+        "prod",
+        m(
+            ENGINE_8B,
+            lambda p: container(p, "engine")["args"].__setitem__(0, "meta-llama/Llama-3.1-8B-Instruct"),
+        ),
+        ("would download from the hub at every start",),
+    ),
+    Case(
+        "preparation-from-a-moving-branch",
+        "weights-from-pinned-store",
+        "prod",
+        m(
+            lambda r: r.kind == "Job" and r.k8s_name.startswith("llama-3-8b-weights-"),
+            lambda p: (args := container(p, "prepare")["args"]).__setitem__(
+                args.index("--revision") + 1, "main"
+            ),
+        ),
+        ("at main, not a commit",),
+    ),
     # security
     Case(
         "router-latest",
@@ -467,6 +490,40 @@ CASES = [
         m(H100, lambda p: p.__setitem__("capacityType", "SPOT")),
         ("spot capacity in prod",),
     ),
+    # multi-node groups
+    Case(
+        "group-size-off-by-one",
+        "group-gpus-match-parallelism",
+        "prod-405b",
+        m(
+            k8s("LeaderWorkerSet", "llama-3-405b-engine"),
+            lambda p: p["spec"]["leaderWorkerTemplate"].__setitem__("size", 3),
+        ),
+        ("a group of 3 pods x 8 GPUs = 24 GPUs, started with --nnodes 2", "set leaderWorkerTemplate.size"),
+    ),
+    Case(
+        "group-without-efa-in-prod",
+        "multi-node-needs-efa-and-placement-group",
+        "prod-405b",
+        m(
+            aws("ec2/launchTemplate:LaunchTemplate", "inferstack-405b-h100"),
+            lambda p: (p.pop("networkInterfaces"), p.pop("placement")),
+        ),
+        (
+            "without EFA network interfaces on its nodes, a cluster placement group for its nodes",
+            "pool h100 (p5.48xlarge)",
+        ),
+    ),
+    Case(
+        "group-on-spot",
+        "no-multi-node-on-spot",
+        "prod-405b",
+        m(
+            aws("eks/nodeGroup:NodeGroup", "inferstack-405b-h100"),
+            lambda p: p.__setitem__("capacityType", "SPOT"),
+        ),
+        ("a group of 2 nodes on spot pool h100", "budget.allow_multi_node_spot"),
+    ),
     # hygiene
     Case(
         "missing-cost-center",
@@ -669,3 +726,12 @@ def test_pools_of_clusters_the_stack_does_not_create() -> None:
         "engine-parallelism-divides-node", resources, {"pool_instance_types": {"h100": "g6e.xlarge"}}
     )
     assert messages and "exceeds the 1 GPUs of g6e.xlarge" in messages[0]
+
+
+def test_a_group_on_spot_when_the_stack_accepts_it() -> None:
+    broken = mutate(
+        rendered("prod-405b"),
+        aws("eks/nodeGroup:NodeGroup", "inferstack-405b-h100"),
+        lambda p: p.__setitem__("capacityType", "SPOT"),
+    )
+    assert crossguard("no-multi-node-on-spot", broken, {"allow_multi_node_spot": True}) == []
