@@ -89,6 +89,12 @@ class Cloud(Protocol):
         """GPU nodes boot with the NVIDIA driver and container toolkit (the GPU operator must not install them)."""
         ...
 
+    @property
+    def managed_limit_store(self) -> bool:
+        """``gateway.shared_limits`` is a managed Redis the cloud layer creates in the cluster network (its
+        address reaches the router through a Secret); False: a Redis StatefulSet in the namespace."""
+        ...
+
     def fixed_infrastructure(self, spec: PlatformSpec, layout: Layout) -> FixedInfrastructure:
         """What the target creates besides GPU instances, for the bill."""
         ...

@@ -21,6 +21,8 @@ class OwnCluster:
 
     gpu_driver_preinstalled = False
     """Unknown nodes: the GPU operator (addons.gpu_plugin gpu-operator) installs the driver and toolkit."""
+    managed_limit_store = False
+    """No cloud account: the shared rate-limit store runs in the namespace."""
 
     def fixed_infrastructure(self, spec: PlatformSpec, layout: Layout) -> FixedInfrastructure:
         return FixedInfrastructure()

@@ -17,12 +17,14 @@ from components.kubernetes.batches import BatchService
 from components.kubernetes.cluster import ClusterAccess
 from components.kubernetes.engine import ModelEngine, ModelWeights
 from components.kubernetes.gateway import Gateway, NetworkPolicies
+from components.kubernetes.limit_store import LimitStore
 from components.kubernetes.manifests import apply
 from components.kubernetes.observability import Observability
 from components.kubernetes.scaling import ModelScaling
 from components.placement import Layout, PoolPlan
 from components.render import addons, common, engine, hardening, weights
 from components.render.namespace import namespace
+from components.secrets import limit_store_token, secret_config
 from components.spec import PlatformSpec
 
 
@@ -36,23 +38,11 @@ class PlatformSecrets:
     when not given."""
 
 
-def _secret_config(field: str, key: str | None, example: str) -> pulumi.Output[str] | None:
-    """The Pulumi secret a spec field names, or a message (not a traceback) when it is not set."""
-    if not key:
-        return None
-    value = pulumi.Config("inferstack").get_secret(key)
-    if value is None:
-        raise pulumi.RunError(
-            f"{field} names 'inferstack:{key}', which is not set; run `pulumi config set --secret {key} {example}`"
-        )
-    return value
-
-
 def _api_keys(spec: PlatformSpec, secrets: PlatformSecrets) -> pulumi.Output[str] | None:
     if secrets.api_keys is not None:
         return secrets.api_keys
     example = "'<YAML list of {name, key, models}>'"
-    return _secret_config("gateway.api_keys_config_key", spec.gateway.api_keys_config_key, example)
+    return secret_config("gateway.api_keys_config_key", spec.gateway.api_keys_config_key, example)
 
 
 def hf_token_secret(spec: PlatformSpec) -> common.Manifest:
@@ -97,7 +87,7 @@ class InferencePlatform(pulumi.ComponentResource):
             }
             apply(manifest, in_namespace)
         # Add-ons first: scaled objects and monitors are custom resources their charts define.
-        grafana_password = _secret_config(
+        grafana_password = secret_config(
             "observability.grafana_admin_password_config_key",
             spec.observability.grafana_admin_password_config_key,
             "'<password>'",
@@ -139,13 +129,18 @@ class InferencePlatform(pulumi.ComponentResource):
             for m in spec.models
         }
         keys = _api_keys(spec, secrets)
+        before_gateway: list[pulumi.Resource] = [self.namespace]
+        if spec.gateway.shared_limits:
+            token = limit_store_token(spec.gateway.limit_store_auth_config_key)
+            self.limit_store = LimitStore(spec, cloud, cluster.limit_store_url, token, in_namespace)
+            before_gateway.append(self.limit_store)
         # With gateway_api envoy-gateway, its chart brings the Gateway API CRDs the Gateway and HTTPRoute need.
         gateway_crds = self.addons.installed(addons.ENVOY_GATEWAY_RELEASE)
         self.gateway = Gateway(
             spec,
             cloud,
             keys,
-            pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, *gateway_crds]),
+            pulumi.ResourceOptions(parent=self, depends_on=[*before_gateway, *gateway_crds]),
             images=cluster.images,
         )
         if spec.batch.enabled:

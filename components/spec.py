@@ -34,6 +34,7 @@ from runtime.config import (
     StrategyName,
     Task,
     batches_field,
+    reads_engine_events,
     routing_knobs_read,
     routing_scorers,
     strategy_field,
@@ -744,7 +745,7 @@ class RoutingSpec(_Spec):
     def _knobs_take_effect(self) -> RoutingSpec:
         read = routing_knobs_read(self.strategy, self.weights)
         for knob in sorted((self.model_fields_set & self.KNOBS) - read):
-            readers = ", ".join(n for n, info in routing_scorers().items() if knob in info.knobs)
+            readers = " or ".join(n for n, info in routing_scorers().items() if knob in info.knobs)
             raise ValueError(
                 f"{knob} has no effect with strategy {self.strategy!r} and these weights (only the {readers}"
                 " scorer reads it): remove it, or choose a strategy or weights that use that scorer"
@@ -946,6 +947,27 @@ class ModelSpec(_Spec):
         arch = self.arch()
         return Task.EMBED if arch is not None and arch.pooling else Task.GENERATE
 
+    @property
+    def publishes_kv_events(self) -> bool:
+        """Its routing weighs the engines' own KV-cache events (``precise_prefix``): the engines publish
+        them and every router replica follows them."""
+        return reads_engine_events(self.routing.strategy, self.routing.weights)
+
+    @model_validator(mode="after")
+    def _kv_events_possible(self) -> ModelSpec:
+        if self.publishes_kv_events:
+            if self.engine.kind is not EngineKind.VLLM:
+                raise ValueError(
+                    f"routing: precise_prefix reads the engines' KV-cache events, which only vLLM publishes"
+                    f" here, not {self.engine.kind.value}; use strategy prefix_aware"
+                )
+            if not self.engine.enable_prefix_caching:
+                raise ValueError(
+                    "routing: precise_prefix routes to the engine caching the prompt's prefix, but"
+                    " engine.enable_prefix_caching is false; turn it on or use another strategy"
+                )
+        return self
+
 
 class IngressKind(StrEnum):
     NONE = "none"
@@ -1049,6 +1071,17 @@ class GatewaySpec(_Spec):
     """CPU request and limit per router replica."""
     router_memory_gib: Annotated[float, Field(gt=0, le=256)] = 1.0
     """Memory request and limit per router replica."""
+    shared_limits: bool = False
+    """Keep per-key rate limits in one Redis all router replicas use, so N replicas enforce one limit (off:
+    each replica limits alone, and a key gets up to replicas x its limit): ElastiCache on eks (two nodes in
+    two zones, encrypted in transit and at rest), a Redis StatefulSet on kubernetes, redis-server on
+    127.0.0.1 with `make local`. While the store is unreachable each replica limits at its share of every
+    limit (the limit divided by the replicas alive), and goes back to the store by itself."""
+    limit_store_auth_config_key: str | None = None
+    """Pulumi secret config key with the store's AUTH token (16-128 characters, letters, digits and
+    !&#$^<>-, ElastiCache's rule); required with shared_limits on eks and kubernetes."""
+    limit_store_node_type: Annotated[str, Field(pattern=r"^cache\.[a-z0-9]+\.[a-z0-9]+$")] = "cache.t4g.small"
+    """ElastiCache node type of the store (eks)."""
 
     @field_validator("image_registry")
     @classmethod
@@ -1086,6 +1119,11 @@ class GatewaySpec(_Spec):
             raise ValueError(
                 "mode inference-extension serves clients through a Gateway of gateway_class: set ingress to "
                 "gateway-api (with hostname)"
+            )
+        if self.shared_limits:
+            raise ValueError(
+                "shared_limits shares the router's rate limits, and mode inference-extension runs no router (the "
+                "endpoint picker limits nothing): set shared_limits false, or use mode router"
             )
         return self
 
@@ -1337,6 +1375,31 @@ class PlatformSpec(_Spec):
         return self
 
     @model_validator(mode="after")
+    def _limit_store_auth(self) -> PlatformSpec:
+        if (
+            self.gateway.shared_limits
+            and self.target is not Target.LOCAL
+            and not self.gateway.limit_store_auth_config_key
+        ):
+            raise ValueError(
+                "gateway.shared_limits: the store needs an AUTH token: set gateway.limit_store_auth_config_key"
+                " to a Pulumi secret config key (`pulumi config set --secret <key> <16-128 characters>`)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tokenizers_reachable(self) -> PlatformSpec:
+        # The router needs each precise_prefix model's tokenizer; its pod fetches it from the hub at start.
+        for i, m in enumerate(self.models):
+            if m.publishes_kv_events and self.target is not Target.LOCAL and not HF_REPO.match(m.source):
+                raise ValueError(
+                    f"models[{i}].routing: precise_prefix needs the model's tokenizer in the router, which"
+                    f" fetches it from the Hugging Face hub; {m.source!r} is not a hub repo id: use"
+                    " strategy prefix_aware for it"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _hpa_needs_an_engine_load_metric(self) -> PlatformSpec:
         # prometheus-adapter serves the engines' own queue and KV-cache gauges per pod; an engine without
         # either leaves an HPA with nothing to scale on (KEDA also reads the router's queue).
@@ -1377,6 +1440,19 @@ class PlatformSpec(_Spec):
                     f"models[{i}].adapters: in gateway.mode inference-extension the gateway routes by model name "
                     "to the model's pool and the endpoint picker loads no adapter; LoRA adapters are loaded on "
                     "demand by the router: use gateway.mode router, or serve the adapters as models"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _the_picker_follows_no_kv_events(self) -> PlatformSpec:
+        if self.gateway.mode is not GatewayMode.INFERENCE_EXTENSION:
+            return self
+        for i, m in enumerate(self.models):
+            if m.publishes_kv_events:
+                raise ValueError(
+                    f"models[{i}].routing: precise_prefix follows the engines' KV events in the router, and "
+                    "gateway.mode inference-extension runs no router (the endpoint picker does not follow them): "
+                    "use strategy prefix_aware, or gateway.mode router"
                 )
         return self
 

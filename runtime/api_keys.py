@@ -144,11 +144,19 @@ class KeyTable:
         return principal
 
 
-def admit(principal: Principal, model: str, now: float) -> Denied | None:
-    """Scope and rate checks for one request; charges the request bucket when admitted."""
+def scope_denied(principal: Principal, model: str) -> Denied | None:
+    """403 when the key is scoped to other models."""
     scopes = principal.key.models
     if scopes and model not in scopes:
         return Denied(403, f"key {principal.name!r} may not use model {model!r}", "model_not_allowed")
+    return None
+
+
+def admit(principal: Principal, model: str, now: float) -> Denied | None:
+    """Scope and rate checks for one request; charges the request bucket when admitted."""
+    denied = scope_denied(principal, model)
+    if denied is not None:
+        return denied
     tokens = principal.tokens
     if tokens is not None and tokens.refill(now) < 0:
         return Denied(

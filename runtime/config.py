@@ -74,6 +74,10 @@ BuiltinScorerName = Annotated[
 ]
 
 
+#: A ZeroMQ endpoint an engine publishes on: tcp (host:port) or ipc (a socket file, one machine).
+ZMQ_ENDPOINT = r"^(tcp://[^\s/]+:\d{1,5}|ipc:///[^\s]+)$"
+
+
 class StaticBackend(_Strict):
     """One engine replica at a fixed address (``make local``, tests, or clusters without discovery)."""
 
@@ -81,6 +85,47 @@ class StaticBackend(_Strict):
         description="Base URL of the engine's OpenAI-compatible server, e.g. http://10.0.0.5:8000."
     )
     weight: float = Field(default=1.0, gt=0, description="Relative share for strategies that use weights.")
+    kv_events_endpoint: Annotated[str, Field(pattern=ZMQ_ENDPOINT)] | None = Field(
+        default=None,
+        description="Where this replica publishes KV-cache events (with the model's kv_events); None: the"
+        " replica's host at kv_events.port.",
+    )
+    kv_replay_endpoint: Annotated[str, Field(pattern=ZMQ_ENDPOINT)] | None = Field(
+        default=None, description="Its replay endpoint; None: the replica's host at kv_events.replay_port."
+    )
+
+
+class KvEventsSource(_Strict):
+    """How the router follows a model's engines' KV-cache events (vLLM's ZMQ publisher: BlockStored,
+    BlockRemoved, AllBlocksCleared), so it knows which prompt blocks each engine holds, and how to compute
+    the engines' block hashes for a request's prompt (its tokenizer, the engines' hash and seed)."""
+
+    port: int = Field(default=5557, ge=1, le=65535, description="Publisher port on each discovered replica.")
+    replay_port: int = Field(
+        default=5558, ge=1, le=65535, description="Replay (ROUTER) port on each discovered replica."
+    )
+    topic: str = Field(default="kv-events", description="The engines' kv_events topic.")
+    hash_algo: Literal["sha256_cbor"] = Field(
+        default="sha256_cbor",
+        description="The engines' --prefix-caching-hash-algo: sha256 of canonical CBOR, reproducible outside"
+        " Python (vLLM's default, sha256 of a pickle, is not rendered with KV events).",
+    )
+    hash_seed: str = Field(
+        default="vllm-none-hash",
+        description="What the first block's parent hash derives from: vLLM's fixed seed, or the engines'"
+        " PYTHONHASHSEED when that is set.",
+    )
+    tokenizer_dir: Path = Field(
+        description="Directory with the model's tokenizer.json (and chat template), as the engines load it."
+    )
+    max_blocks: int = Field(
+        default=1_000_000,
+        ge=1,
+        description="Bound of the view (blocks over all replicas of the model); beyond it the oldest go.",
+    )
+    replay_timeout_ms: int = Field(
+        default=2_000, ge=10, description="Longest wait for an engine's replay after a (re)connect."
+    )
 
 
 class KubernetesDiscovery(_Strict):
@@ -143,6 +188,10 @@ class ModelTarget(_Strict):
             "Adapters one replica holds loaded at once (the engine's CPU-side adapter cache); loading one"
             " more unloads the replica's least recently used adapter first."
         ),
+    )
+    kv_events: KvEventsSource | None = Field(
+        default=None,
+        description="Follow the engines' KV-cache events (the precise_prefix scorer's view); None: off.",
     )
 
     @model_validator(mode="after")
@@ -258,6 +307,50 @@ class ApiKey(_Strict):
     tokens_per_minute: int | None = Field(default=None, ge=1, description="Token rate limit (in + out).")
 
 
+REDIS_URL = r"^rediss?://[^\s/]+:\d{1,5}(/\d{1,2})?$"
+
+
+class LimitStore(_Strict):
+    """A Redis that every router replica keeps the per-key rate limits in, so N replicas enforce one limit.
+
+    When it is down or slower than ``timeout_ms``, each replica keeps serving with the key's limits divided
+    by the replicas it last saw alive (metric ``inferstack_router_limit_store_up``, one log line per
+    cause), and goes back to the shared limits by itself once the store answers again."""
+
+    url: Annotated[str, Field(pattern=REDIS_URL)] | None = Field(
+        default=None,
+        description="redis://host:port[/db], or rediss:// for TLS (ElastiCache with encryption in transit).",
+    )
+    url_file: Path | None = Field(
+        default=None,
+        description="A file holding the URL instead (a mounted Secret: a managed store's address is known only"
+        " once it exists).",
+    )
+    auth_token_file: Path | None = Field(
+        default=None, description="File holding the store's AUTH token (a mounted Secret); None: no AUTH."
+    )
+    timeout_ms: int = Field(
+        default=50, ge=1, description="Budget of one limit check; beyond it the request uses the fallback."
+    )
+    check_interval_ms: int = Field(
+        default=1_000,
+        ge=100,
+        description="How often each replica says it is alive in the store (and, while it is down, tries it).",
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        description="Router replicas assumed for the fallback until the store has told how many are alive.",
+    )
+    key_prefix: str = Field(default="inferstack:", description="Prefix of every key the router writes.")
+
+    @model_validator(mode="after")
+    def _one_address(self) -> LimitStore:
+        if (self.url is None) == (self.url_file is None):
+            raise ValueError("limit_store: give url or url_file (exactly one)")
+        return self
+
+
 class RouterSettings(_Strict):
     """The router's listener, limits and resilience knobs."""
 
@@ -281,6 +374,25 @@ class RouterSettings(_Strict):
         default=None, description="YAML list of ApiKey, mounted from a Kubernetes Secret; re-read on change."
     )
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_header_bytes: int = Field(
+        default=16 * 1024,
+        ge=1024,
+        description="Largest request head (request line and headers); beyond it 431, OpenAI-shaped.",
+    )
+    max_choices_per_request: int = Field(
+        default=16,
+        ge=1,
+        le=128,
+        description="Largest `n` (and `best_of`) a request may ask for; beyond it 400 (OpenAI allows 128).",
+    )
+    limit_store: LimitStore | None = Field(
+        default=None, description="Keep per-key rate limits in a shared Redis; None: per replica."
+    )
+    recovery_poll_ms: int = Field(
+        default=250,
+        ge=50,
+        description="While a replica is out, read the health feed (or probe) this often, to readmit it fast.",
+    )
     queue_max_requests: int = Field(
         default=1024, ge=0, description="Requests that may wait for a free replica."
     )
@@ -346,6 +458,18 @@ class HealthSettings(_Strict):
     timeout_ms: int = Field(default=2_000, ge=10)
     eject_after_failures: int = Field(default=3, ge=1)
     readmit_after_successes: int = Field(default=2, ge=1)
+    recovery_interval_ms: int = Field(
+        default=200,
+        ge=50,
+        description=(
+            "Probe interval of an ejected replica, so it is readmitted within ~readmit_after_successes of"
+            " these once /health is OK; doubled (up to interval_ms) each time a readmitted replica is"
+            " ejected again within flap_window_s, so a flapping one is not let back in quickly."
+        ),
+    )
+    flap_window_s: int = Field(
+        default=60, ge=1, description="An ejection this soon after a readmission counts as a flap."
+    )
     synthetic_probe_every: int = Field(
         default=0, ge=0, description="Intervals between one-token probes; 0 = off."
     )
@@ -599,6 +723,28 @@ def routing_scorers() -> Mapping[str, scheduling.ScorerInfo]:
 def routing_knobs_read(strategy: str, weights: Mapping[str, float]) -> frozenset[str]:
     """The ``StrategyConfig`` knobs that make a difference to this blend."""
     return scheduling.knobs_read(strategy, weights)
+
+
+def reads_engine_events(strategy: str, weights: Mapping[str, float]) -> bool:
+    """Does this blend weigh a scorer that reads the engines' KV-cache events (``Need.PROMPT_BLOCKS``)?
+    Then the model's engines publish them and the router follows them: derived, never a separate switch."""
+    known = scheduling.builtin_scorers()
+    return any(
+        w > 0 and name in known and scheduling.Need.PROMPT_BLOCKS in known[name].needs
+        for name, w in scheduling.blend(strategy, weights).items()
+    )
+
+
+def kv_events_publisher(events: str, replay: str) -> dict[str, Any]:
+    """vLLM's --kv-events-config for a publisher at these endpoints (``tcp://*:PORT`` binds every interface,
+    ``ipc://PATH`` a socket file; vLLM *connects* a PUB socket to any other tcp address)."""
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": events,
+        "replay_endpoint": replay,
+        "topic": KvEventsSource.model_fields["topic"].default,
+    }
 
 
 def strategy_field(name: str) -> Any:

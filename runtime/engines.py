@@ -119,6 +119,10 @@ class EngineCli:
     """The option that points at the engine's options file (TensorRT-LLM), where it takes one."""
     fixed_args: tuple[str, ...] = ()
     """Arguments every launch carries whatever the spec says (the serving backend, a quiet access log)."""
+    kv_events: Flag | None = None
+    """The option that makes the engine publish its KV-cache events (JSON: publisher, endpoints, topic)."""
+    block_hash_algo: Flag | None = None
+    """The option that picks the prefix-cache block hash (the router reproduces it for the event view)."""
     nnodes: Flag | None = None
     """Multi-node replicas (one LeaderWorkerSet group): how many nodes the replica spans."""
     node_rank: Flag | None = None
@@ -218,6 +222,8 @@ VLLM_CLI = EngineCli(
     trust_remote_code=Switch("--trust-remote-code", None),
     embedding=("--runner", "pooling", "--convert", "embed"),
     fixed_args=("--disable-uvicorn-access-log",),
+    kv_events=Flag("--kv-events-config"),  # vllm/config/kv_events.py (0.32)
+    block_hash_algo=Flag("--prefix-caching-hash-algo"),  # vllm/config/cache.py (0.32)
     # vLLM 0.32 spans nodes with its multiprocessing executor (vllm/config/parallel.py: nnodes, node_rank,
     # master_addr, master_port "for multi-node distributed inference when distributed_executor_backend is mp"): the
     # leader (node rank 0) serves the API, each other node runs `vllm serve ... --headless` (entrypoints/cli/serve.py

@@ -45,6 +45,10 @@ class Request:
         self.keep_alive = True
 
 
+class _HeadTooLargeError(Exception):
+    """Raised inside the parser's callbacks: the request head is over the limit (answered 431)."""
+
+
 class ClientGoneError(Exception):
     """The client closed the connection; whatever we were doing for it can stop."""
 
@@ -70,11 +74,14 @@ class Connection(asyncio.Protocol):
         handler: Handler,
         max_body_bytes: int,
         connections: set[Connection],
+        max_header_bytes: int | None = None,
         body_limit: BodyLimit | None = None,
     ) -> None:
         self._handler = handler
         self._default_max_body = self._max_body = max_body_bytes
         self._body_limit = body_limit
+        self._max_head = max_header_bytes
+        self._head_bytes = 0
         self._connections = connections
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
@@ -109,6 +116,11 @@ class Connection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._reject(400, "protocol upgrades are not supported")
+        except httptools.HttpParserCallbackError as err:
+            if isinstance(err.__context__, _HeadTooLargeError):
+                self._reject(431, f"request line and headers exceed {self._max_head} bytes")
+            else:
+                self._reject(400, "malformed HTTP request")
         except httptools.HttpParserError:
             self._reject(400, "malformed HTTP request")
         if self._too_large and self._task is None and not self.closed:
@@ -135,6 +147,7 @@ class Connection(asyncio.Protocol):
     # --- httptools callbacks ---------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._max_body = self._default_max_body
+        self._head_bytes = 0
         self._url = b""
         self._headers = {}
         self._body = []
@@ -143,9 +156,16 @@ class Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.lower()] = value
+        self._count_head(len(name) + len(value) + 4)
+
+    def _count_head(self, n: int) -> None:
+        self._head_bytes += n
+        if self._max_head is not None and self._head_bytes > self._max_head:
+            raise _HeadTooLargeError
 
     def on_headers_complete(self) -> None:
         if self._body_limit is not None:
@@ -310,10 +330,12 @@ class Server:
         handler: Handler,
         max_body_bytes: int,
         idle_timeout_s: float = 75.0,
+        max_header_bytes: int | None = None,
         body_limit: BodyLimit | None = None,
     ) -> None:
         self.handler = handler
         self.max_body_bytes = max_body_bytes
+        self.max_header_bytes = max_header_bytes
         self.body_limit = body_limit
         self.idle_timeout_s = idle_timeout_s
         self.connections: set[Connection] = set()
@@ -323,7 +345,9 @@ class Server:
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: Connection(self.handler, self.max_body_bytes, self.connections, self.body_limit),
+            lambda: Connection(
+                self.handler, self.max_body_bytes, self.connections, self.max_header_bytes, self.body_limit
+            ),
             host,
             port,
             backlog=2048,

@@ -15,6 +15,8 @@ Fixtures:
     vllm_chat_pair     VllmChatPair: two tiny-Llama replicas (prefix caching on, one core each)
     vllm_embed         VllmEmbed: one all-MiniLM-L6-v2 engine (`--runner pooling`)
     vllm_lora          VllmLora: one tiny-Llama engine with LoRA on (float32), two random rank-8 adapters
+    vllm_kv_events     VllmKvEvents: one tiny-Llama engine publishing its KV-cache events (precise_prefix),
+                       with a 64-block cache so evictions come quickly
     loopback_s3        LoopbackS3: moto's S3 server on 127.0.0.1 with a request log (no engine)
 """
 
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,12 +67,15 @@ ENGINE_FIXTURES = frozenset(
         "vllm_chat_pair",
         "vllm_embed",
         "vllm_lora",
+        "vllm_kv_events",
         "engine_python",
         "tiny_chat_model",
         "embed_model",
         "check_vllm_args",
     }
 )
+#: Blocks of the KV-event engine's cache (128 tokens each on CPU): small, so evictions come within seconds.
+KV_EVENTS_BLOCKS = 64
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,17 @@ class VllmLora:
     model: str
     adapters: dict[str, Path]  # adapter name -> its directory (what the load call names)
     engine: EngineProcess
+
+
+@dataclass(frozen=True)
+class VllmKvEvents:
+    """One tiny-Llama engine whose routing is precise_prefix: it publishes KV events on ipc endpoints."""
+
+    engine: EngineProcess
+    model: str
+    model_path: Path
+    endpoints: tuple[str, str]  # (events, replay)
+    blocks: int
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -294,6 +312,36 @@ def vllm_embed(embed_model: Path) -> Iterator[VllmEmbed]:
         yield VllmEmbed(engine.base_url, EMBED_MODEL_NAME, embed_model, engine)
     finally:
         engine.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_kv_events(tiny_chat_model: Path) -> Iterator[VllmKvEvents]:
+    """A tiny-Llama engine with precise_prefix routing (so it publishes KV events, from the renderer), a
+    cache of KV_EVENTS_BLOCKS blocks, pinned to core 1."""
+    LOGS_DIR.mkdir(parents=True, exist_ok=True)
+    base = cpu_model_spec(
+        CHAT_MODEL_NAME,
+        tiny_chat_model,
+        max_model_len=1024,
+        enable_prefix_caching=True,
+        extra_args=["--num-gpu-blocks-override", str(KV_EVENTS_BLOCKS)],
+    )
+    spec = type(base).model_validate({**base.model_dump(), "routing": {"strategy": "precise_prefix"}})
+    sockets = Path(tempfile.mkdtemp(prefix="ikv-"))  # short: a socket path must fit in 107 bytes
+    endpoints = (f"ipc://{sockets}/events", f"ipc://{sockets}/replay")
+    engine = EngineProcess(
+        spec,
+        port=free_port(),  # a fixed port: a restarted engine comes back at the same address, as in a pod
+        cpu_cores="1",
+        log_path=LOGS_DIR / "vllm-kv-events.log",
+        kv_events=endpoints,
+    )
+    _start_all([engine])
+    try:
+        yield VllmKvEvents(engine, CHAT_MODEL_NAME, tiny_chat_model, endpoints, KV_EVENTS_BLOCKS)
+    finally:
+        engine.stop()
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

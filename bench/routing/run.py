@@ -126,20 +126,28 @@ def make_model(name: str) -> Path:
 
 
 @contextmanager
-def engines(model: Path, kv_blocks: int, max_model_len: int, logs: Path) -> Iterator[list[str]]:
+def engines(
+    model: Path, kv_blocks: int, max_model_len: int, logs: Path, kv_events: Path | None = None
+) -> Iterator[list[EngineProcess]]:
+    """Two engines, one core each. ``kv_events`` (a directory for socket files): their spec routes
+    precise_prefix, so they publish KV-cache events there (bench/routing/replicas.py)."""
+    spec = cpu_model_spec(
+        model.name,
+        model,
+        max_model_len=max_model_len,
+        enable_prefix_caching=True,
+        extra_args=["--block-size", str(BLOCK_TOKENS), "--num-gpu-blocks-override", str(kv_blocks)],
+    )
+    if kv_events is not None:
+        spec = type(spec).model_validate({**spec.model_dump(), "routing": {"strategy": "precise_prefix"}})
     procs = [
         EngineProcess(
-            cpu_model_spec(
-                model.name,
-                model,
-                max_model_len=max_model_len,
-                enable_prefix_caching=True,
-                extra_args=["--block-size", str(BLOCK_TOKENS), "--num-gpu-blocks-override", str(kv_blocks)],
-            ),
+            spec,
             served_model_name=str(model),  # a local directory: no router fetches a tokenizer
             cpu_cores=str(core),
             env={"VLLM_SERVER_DEV_MODE": "1"},  # POST /reset_prefix_cache between runs
             log_path=logs / f"engine-{core}.log",
+            kv_events=(f"ipc://{kv_events}/e{core}", f"ipc://{kv_events}/r{core}") if kv_events else None,
         )
         for core in (0, 1)
     ]
@@ -148,7 +156,7 @@ def engines(model: Path, kv_blocks: int, max_model_len: int, logs: Path) -> Iter
             p.start()
         for p in procs:
             p.wait_ready(900)
-        yield [p.base_url for p in procs]
+        yield procs
     finally:
         for p in procs:
             p.stop()
@@ -465,7 +473,8 @@ def main() -> int:
             workers = args.engines.split(",")
         else:
             print("starting two engines (about a minute) ...", flush=True)
-            workers = stack.enter_context(engines(model, kv_blocks, args.max_model_len, logs))
+            procs = stack.enter_context(engines(model, kv_blocks, args.max_model_len, logs))
+            workers = [p.base_url for p in procs]
         info = machine(args.model, kv_blocks, args.max_model_len)
         for rep in range(args.repeat):
             for wname in [w for w in args.workloads.split(",") if w]:

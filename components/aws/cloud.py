@@ -38,6 +38,8 @@ class AwsCloud:
 
     gpu_driver_preinstalled = True
     """The EKS AL2023 NVIDIA AMIs ship the driver and container toolkit."""
+    managed_limit_store = True
+    """ElastiCache (components.aws.limit_store), in the private subnets."""
 
     def fixed_infrastructure(self, spec: PlatformSpec, layout: Layout) -> FixedInfrastructure:
         """The control plane, system nodes, NAT gateways, every node group's root disks and the KMS keys."""
@@ -49,7 +51,7 @@ class AwsCloud:
             root_disks=tuple(
                 NodeRootDisks(g.disk, g.min_size, g.max_size) for g in decisions.node_groups(spec, layout)
             ),
-            kms_keys=tuple(decisions.KMS_KEYS),
+            kms_keys=decisions.kms_keys(spec),
         )
 
     def gpu_node_labels(self, pool: PoolPlan) -> dict[str, str]:

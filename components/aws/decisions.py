@@ -82,6 +82,16 @@ KMS_KEYS: dict[str, str] = {
     "images": "runtime images in ECR",
     "disks": "EBS root volumes of the nodes",
 }
+LIMITS_KEY = "limits"
+LIMITS_KEY_PURPOSE = "the shared rate-limit store (ElastiCache, at rest)"
+LIMIT_STORE_ENGINE_VERSION = "7.1"  # ElastiCache for Redis OSS 7.1: the last Redis OSS major it offers
+
+
+def kms_keys(spec: PlatformSpec) -> tuple[str, ...]:
+    """Every key the stack creates: the platform's, and the rate-limit store's with gateway.shared_limits."""
+    return (*KMS_KEYS, *((LIMITS_KEY,) if spec.gateway.shared_limits else ()))
+
+
 KMS_DELETION_WINDOW_DAYS = 30
 # Flow logs are kept one year: the least checkov accepts for a log group (CKV_AWS_338).
 FLOW_LOG_RETENTION_DAYS = 365

@@ -20,6 +20,7 @@ from components.aws.cluster import Cluster
 from components.aws.identity import ServiceRole, pod_identity
 from components.aws.karpenter import Karpenter
 from components.aws.keys import PlatformKeys
+from components.aws.limit_store import ManagedLimitStore
 from components.aws.network import Network
 from components.aws.nodes import NodeGroup
 from components.aws.registry import Registry
@@ -27,6 +28,7 @@ from components.aws.storage import ModelStorage
 from components.kubernetes.cluster import ClusterAccess
 from components.placement import Layout
 from components.render import batches
+from components.secrets import limit_store_token
 from components.spec import NodeProvisioner, PlatformSpec
 
 
@@ -211,6 +213,13 @@ class AwsLayer(pulumi.ComponentResource):
             on_aws,
         )
         self.registry = Registry(spec, tags, root, self.keys.images.arn, on_aws)
+        self.limit_store: ManagedLimitStore | None = None
+        if spec.gateway.shared_limits:
+            token = limit_store_token(spec.gateway.limit_store_auth_config_key)
+            assert token is not None  # the spec requires the key with shared_limits on eks
+            self.limit_store = ManagedLimitStore(
+                spec, self.network.vpc_id, self.network.private_subnet_ids, account_id, token, tags, on_aws
+            )
 
         self.kubernetes_provider = self.cluster.provider
         self.karpenter: Karpenter | None = None
@@ -292,6 +301,7 @@ class AwsLayer(pulumi.ComponentResource):
                 )
             ),
             files_bucket=self.storage.bucket.bucket,
+            limit_store_url=self.limit_store.url if self.limit_store is not None else None,
         )
 
     def export(self) -> None:

@@ -34,6 +34,8 @@ class ClusterAccess:
     files_bucket: Any | None = None
     """The bucket holding the batch service's files where the cloud keeps them in S3 (``Cloud.batch_files``):
     on EKS the platform bucket's name, an Output known once it exists."""
+    limit_store_url: pulumi.Output[str] | None = None
+    """The managed rate-limit store's URL (``gateway.shared_limits`` on a cloud that manages it)."""
 
 
 def bring_your_own(spec: PlatformSpec, layout: Layout, stack: str) -> ClusterAccess:

@@ -24,7 +24,9 @@ from components.local.defaults import (
     DEFAULT_HEALTH_PORT,
     DEFAULT_MONITOR_PORT,
     DEFAULT_PICKER_PORT,
+    DEFAULT_REDIS_PORT,
     DEFAULT_ROUTER_PORT,
+    DEFAULT_ROUTERS,
     DEFAULT_S3_PORT,
     DEFAULT_STATE_DIR,
     EXIT_FAILED,
@@ -98,6 +100,16 @@ def up(
     engine_port: Annotated[
         int, typer.Option(help="The first engine's port; the others take the next ones.")
     ] = DEFAULT_ENGINE_PORT,
+    routers: Annotated[
+        int,
+        typer.Option(
+            help="Router replicas: above 1, behind a round-robin balancer on --port, sharing rate limits"
+            " through redis-server (make local ROUTERS=N)."
+        ),
+    ] = DEFAULT_ROUTERS,
+    redis_port: Annotated[
+        int, typer.Option(help="The shared rate-limit store's port (several routers).")
+    ] = DEFAULT_REDIS_PORT,
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Run in the background; stop with `inferstack local down`.")
@@ -156,6 +168,8 @@ def up(
         engine_port=engine_port,
         state_dir=state_dir,
         cpus=pick_cpus(lambda: os.sched_getaffinity(0)),
+        routers=routers,
+        redis_port=redis_port,
         s3_port=s3_port if s3 else None,
         gateway=gateway,
         picker_port=picker_port,
@@ -208,8 +222,11 @@ def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) 
     argv = [sys.executable, "-m", "components.local", "up", "--detached-child", "--stack", stack]
     argv += ["--stacks-dir", str(stacks_dir), "--state-dir", str(state_dir), "--timeout", str(timeout)]
     argv += ["--port", str(plan.router.port), "--engine-port", str(plan.engines[0].port)]
+    if plan.routers > 1:  # none behind Envoy
+        argv += ["--routers", str(plan.routers)]
     for service in plan.services[:-1]:
-        argv += [f"--{service.name}-port", str(service.port)]
+        if service.option != "--port":  # router replicas take the ports after --port
+            argv += [service.option, str(service.port)]
     if plan.s3_port is not None:
         argv += ["--s3", "--s3-port", str(plan.s3_port)]
     argv += ["--gateway", "envoy" if plan.envoy is not None else "router"]

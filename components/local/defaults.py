@@ -13,6 +13,10 @@ DEFAULT_BATCHER_PORT = 8082
 DEFAULT_BATCHES_PORT = 8083
 DEFAULT_ENGINE_PORT = 8000
 DEFAULT_MONITOR_PORT = 9090
+#: Router replicas; above one they sit behind a round-robin balancer on the router's port.
+DEFAULT_ROUTERS = 1
+#: The shared rate-limit store (redis-server on 127.0.0.1), with several routers or gateway.shared_limits.
+DEFAULT_REDIS_PORT = 6379
 #: ``--gateway envoy``: the picker's HTTP port (/metrics, /healthz); its gRPC (ext_proc) port is the next one.
 DEFAULT_PICKER_PORT = 8083
 #: ``--s3``: the loopback S3 server that holds the model store.

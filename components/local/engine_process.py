@@ -165,6 +165,7 @@ class EngineProcess:
         log_path: str | os.PathLike[str] | None = None,
         python: str | os.PathLike[str] | None = None,
         ready_timeout: float = 600.0,
+        kv_events: tuple[str, str] | None = None,
         group: GroupMember | None = None,
     ) -> None:
         """Serves ``model`` (its engine settings, as a cluster pod would) from ``model_dir``.
@@ -175,8 +176,10 @@ class EngineProcess:
         ``cpu_cores`` is ``VLLM_CPU_OMP_THREADS_BIND`` ("0", "1", "0-1"); give each engine its own.
         ``port=0`` picks a free port at ``start()``. ``ready_timeout`` bounds ``wait_ready()`` when none
         is given (and the ``with`` block): an engine is ready in well under a minute on an idle machine,
-        much later on a crowded one. ``group``: this engine is one member of a multi-node group (its leader
-        serves HTTP; a worker serves nothing, so only the leader is ever waited for), with the group's command line.
+        much later on a crowded one. ``kv_events`` (events, replay: ``ipc://`` endpoints) is where it
+        publishes its KV-cache events when the spec's routing reads them. ``group``: this engine is one member of
+        a multi-node group (its leader serves HTTP; a worker serves nothing, so only the leader is ever waited
+        for), with the group's command line.
         """
         if host not in {"127.0.0.1", "localhost", "::1"}:
             raise ValueError(f"host {host!r}: test engines bind loopback only")
@@ -196,6 +199,7 @@ class EngineProcess:
         self.log_path = Path(log_path) if log_path is not None else None
         self.python = Path(python) if python is not None else None
         self.ready_timeout = ready_timeout
+        self.kv_events = kv_events
         self._proc: subprocess.Popen[bytes] | None = None
         self._run_dir: Path | None = None
         self._log_file: Path | None = None
@@ -206,7 +210,7 @@ class EngineProcess:
     @property
     def argv(self) -> list[str]:
         """Everything after ``vllm serve``: the cluster's command line for the spec, run on this machine."""
-        where = on_this_machine(self.model_dir, self.host, self.port, self.served_model_name)
+        where = on_this_machine(self.model_dir, self.host, self.port, self.served_model_name, self.kv_events)
         if self.group is not None:
             return group_command(self.spec, self.group, where).args
         return vllm(self.spec, where).args

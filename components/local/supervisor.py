@@ -140,6 +140,7 @@ def engine_process(
         env={TAG_ENV: tag, **(store_env or {})},
         log_path=logs_dir / f"engine-{launch.name}.log",
         python=python,
+        kv_events=launch.kv_events,
     )
 
 
@@ -231,6 +232,7 @@ class Supervisor:
         for line in describe(plan):
             self.say(line)
         plan.logs_dir.mkdir(parents=True, exist_ok=True)
+        plan.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             python = engine_python()
         except EngineError as err:
@@ -249,9 +251,8 @@ class Supervisor:
         self.autoscaler = self._autoscaler(python)
         for spec in plan.services:
             self._check_stop()
-            self.start_service(
-                spec.name, spec.argv(self.python, plan.config_path.resolve()), spec.port, spec.restart
-            )
+            argv = spec.argv(self.python, plan.config_path.resolve())
+            self.start_service(spec.name, argv, spec.port, spec.restart, tcp=spec.probe == "tcp")
         if plan.monitor is not None:
             self.start_monitor(plan.monitor)
         self.wait_router()
@@ -419,7 +420,7 @@ class Supervisor:
         rules.write_text(
             yaml.safe_dump(monitor.rule_file(plan.spec, settings.alert_for_cap_s), sort_keys=False)
         )
-        runtime = monitor.runtime_targets(plan.spec, [(s.name, s.port) for s in plan.services])
+        runtime = monitor.runtime_targets(plan.spec, plan.scraped_services())
         doc = monitor.prometheus_config(settings, runtime, plan.engine_targets_path.absolute(), rules)
         config.write_text(yaml.safe_dump(doc, sort_keys=False))
         argv = monitor.argv(binary, config, data, settings.port)
@@ -433,8 +434,10 @@ class Supervisor:
         restart: bool = False,
         again: bool = False,
         ready_path: str = "/healthz",
+        tcp: bool = False,
     ) -> None:
-        """Start one runtime service and wait until it listens; ``again`` keeps its log (a restart)."""
+        """Start one runtime service and wait until it answers ``ready_path`` (or, ``tcp``, accepts
+        connections); ``again`` keeps its log (a restart)."""
         log = self.plan.logs_dir / f"{name}.log"
         env = {
             **os.environ,
@@ -457,7 +460,7 @@ class Supervisor:
         self.services.append(service)
         self._write_state()
         deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
-        while http_get(f"{url}{ready_path}")[0] != 200:
+        while not (port_in_use(port) if tcp else http_get(f"{url}{ready_path}")[0] == 200):
             self._check_stop()
             if proc.poll() is not None:
                 raise StartError(

@@ -161,7 +161,11 @@ def model_alerts(spec: PlatformSpec, model: ModelSpec) -> list[Alert]:
 
 def gateway_alerts(spec: PlatformSpec) -> list[Alert]:
     """No front up (the router, or behind an inference-extension gateway the picker), too many 5xx through
-    it, health-monitor ejections."""
+    it, health-monitor ejections, the rate-limit store out of reach."""
+    return [*_front_alerts(spec), *limit_store_alerts(spec)]
+
+
+def _front_alerts(spec: PlatformSpec) -> list[Alert]:
     part = signals.front(spec)
     name = part.capitalize()
     return [
@@ -227,6 +231,24 @@ def batch_alerts(spec: PlatformSpec) -> list[Alert]:
             "The batch service is down",
             "Batches make no progress and /v1/files and /v1/batches fail; the router serves everything else.",
         ),
+    ]
+
+
+def limit_store_alerts(spec: PlatformSpec) -> list[Alert]:
+    """A router replica limiting on its own because the shared rate-limit store does not answer."""
+    if not spec.gateway.shared_limits:
+        return []
+    ns = signals.namespace_label(spec)
+    return [
+        Alert(
+            "InferenceRateLimitStoreUnreachable",
+            f"min by (pod) (inferstack_router_limit_store_up{{{ns}}}) == 0",
+            "5m",
+            "warning",
+            "Router {{ $labels.pod }} cannot reach the shared rate-limit store",
+            "It limits each key at its share of the limit (the limit divided by the replicas last seen alive)"
+            " until the store answers again; see inferstack_router_limit_store_errors_total for the cause.",
+        )
     ]
 
 

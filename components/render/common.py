@@ -82,6 +82,13 @@ RUNTIME_CONFIG_FILE = "runtime.yaml"  # the images' default --config
 RUNTIME_CONFIG_DIR = "/etc/inferstack"
 API_KEYS_FILE = "api-keys.yaml"
 API_KEYS_DIR = "/etc/inferstack/keys"
+TOKENIZERS_DIR = "/var/lib/inferstack/tokenizers"  # the router pod's emptyDir its init container fills
+LIMIT_STORE_DIR = "/etc/inferstack/limit-store"  # the router pod's mount of the store's Secret
+
+
+def router_tokenizer_dir(model: str) -> str:
+    """Where the router finds a model's tokenizer (for the KV-event view of precise_prefix)."""
+    return f"{TOKENIZERS_DIR}/{model}"
 
 
 def runtime_name(spec: PlatformSpec, part: str) -> str:

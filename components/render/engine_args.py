@@ -11,6 +11,7 @@ TensorRT-LLM's follow their documented CLIs (``sglang.srt.server_args``, ``trtll
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from os import PathLike
@@ -18,7 +19,7 @@ from os import PathLike
 from components.render.common import ENGINE_PORT
 from components.sizing import DEFAULT_BATCHED_TOKENS
 from components.spec import Device, EngineSpec, KvCacheDType, ModelSpec
-from runtime.config import EngineKind, Task
+from runtime.config import EngineKind, KvEventsSource, Task, kv_events_publisher
 from runtime.engines import TELEMETRY_OFF_ENV, EngineCli, Flag, Switch, facts
 
 MODEL_DIR = "/models"  # where an engine pod sees its node-level cache copy (components.render.weights)
@@ -58,6 +59,16 @@ class Where:
     """Where the engine downloads weights to; None where nothing is downloaded."""
     served_name: str | None = None
     """The name clients send; None: the spec's model name."""
+    kv_events: tuple[str, str] | None = None
+    """Where a model whose routing reads KV events publishes them (events, replay); None: nowhere given."""
+
+
+_KV = KvEventsSource.model_fields
+
+
+def kv_events_in_pod() -> tuple[str, str]:
+    """An engine pod publishes on every interface (the NetworkPolicy admits only the router's pods)."""
+    return f"tcp://*:{_KV['port'].default}", f"tcp://*:{_KV['replay_port'].default}"
 
 
 def _lora(model: ModelSpec) -> tuple[list[str], dict[str, str]]:
@@ -92,16 +103,33 @@ def model_dir(model: ModelSpec) -> str:
 def in_cluster(model: ModelSpec, location: str | None = None) -> Where:
     """An engine pod: every interface, the Service's port; it loads ``location`` (the model store, or the node
     cache's copy at ``model_dir``: ``components.render.weights.engine_location``), or the spec's source where
-    none is given (command-line checks), and downloads nothing."""
-    return Where(location or model.source, "0.0.0.0", ENGINE_PORT, download_dir=None)
+    none is given (command-line checks), and downloads nothing. A model whose routing reads KV events publishes
+    them on every interface."""
+    events = kv_events_in_pod() if model.publishes_kv_events else None
+    return Where(location or model.source, "0.0.0.0", ENGINE_PORT, download_dir=None, kv_events=events)
 
 
 def on_this_machine(
-    model_dir: str | PathLike[str], host: str, port: int, served_name: str | None = None
+    model_dir: str | PathLike[str],
+    host: str,
+    port: int,
+    served_name: str | None = None,
+    kv_events: tuple[str, str] | None = None,
 ) -> Where:
     """An engine of ``make local`` (or a test): a model directory on disk, a loopback port, no downloads
-    (the engines run with HF_HUB_OFFLINE=1, and there is no model cache volume)."""
-    return Where(str(model_dir), host, port, download_dir=None, served_name=served_name)
+    (the engines run with HF_HUB_OFFLINE=1, and there is no model cache volume), KV events (if its routing
+    reads them) on ``ipc://`` socket files: a tcp bind would take every interface."""
+    return Where(str(model_dir), host, port, download_dir=None, served_name=served_name, kv_events=kv_events)
+
+
+def _kv_events(cli: EngineCli, model: ModelSpec, where: Where) -> list[str]:
+    """Publish KV-cache events where the router follows them, hashed the way the router reproduces."""
+    if not model.publishes_kv_events:
+        return []
+    if where.kv_events is None:
+        raise ValueError(f"model {model.name}: its routing reads KV events, but no endpoints were given")
+    config = json.dumps(kv_events_publisher(*where.kv_events), separators=(",", ":"))
+    return _valued(cli.kv_events, config) + _valued(cli.block_hash_algo, _KV["hash_algo"].default)
 
 
 def _valued(flag: Flag | None, value: object) -> list[str]:
@@ -169,6 +197,7 @@ def vllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
     args += _switched(cli.trust_remote_code, e.trust_remote_code)
     if pooling:
         args += cli.embedding
+    args += _kv_events(cli, model, where)
     if where.model.startswith("s3://"):
         args += cli.stream_from_s3
     lora_args, lora_env = _lora(model)

@@ -12,6 +12,9 @@ Each flow is read off the part that makes the call, not written down twice:
 - the ServiceMonitors: Prometheus scrapes what they select, on the port they name (the batch service's metrics
   listen apart from its API, which admits the router only);
 - the ingress: the load balancer (or in-cluster clients) or the Gateway's proxies send requests to the router;
+- shared limits and KV events (the runtime config too): the router reaches the rate-limit store (the managed one
+  in the cluster network, or the in-cluster Redis, which reaches nothing), follows every precise_prefix engine's
+  KV-event publisher and replay ports, and its init container fetches those models' tokenizers over HTTPS;
 - the model store (``components.render.weights``): engines read it (their init container checks or fills from it,
   vLLM streams from it), never the hub; the preparation Jobs copy pinned revisions from the Hugging Face hub over
   HTTPS and write them into it. The store is S3 over HTTPS at public addresses, or the S3-compatible endpoint of
@@ -30,7 +33,16 @@ from urllib.parse import urlsplit
 
 from components.cloud import Cloud
 from components.placement import place
-from components.render import batches, common, gateway, inference_extension, ingress, monitors, weights
+from components.render import (
+    batches,
+    common,
+    gateway,
+    inference_extension,
+    ingress,
+    limit_store,
+    monitors,
+    weights,
+)
 from components.render.runtime_config import batcher_port, health_port, router_port, runtime_config
 from components.spec import IngressKind, PlatformSpec, is_local_path
 from runtime.config import RuntimeConfig
@@ -156,17 +168,30 @@ def group_peer(spec: PlatformSpec, model: str) -> Peer:
     return Peer(f"{model} group", pods={**component_labels(spec, ENGINE), common.MODEL_LABEL: model})
 
 
-def subjects(spec: PlatformSpec) -> list[str]:
+def in_cluster_limit_store(spec: PlatformSpec, cloud: Cloud) -> bool:
+    """The shared rate-limit store runs as pods of the namespace (a cluster you bring), not as a managed one."""
+    return spec.gateway.shared_limits and not cloud.managed_limit_store
+
+
+def subjects(spec: PlatformSpec, cloud: Cloud) -> list[str]:
     """The components of the stack's namespace that get a policy of their own, in apply order."""
     out = [ENGINE, WEIGHTS, *(GROUP_PREFIX + m for m in group_models(spec)), *gateway.parts(spec)]
     out += batches.parts(spec)
-    return out + ([GATEWAY_PROXY] if gateway_proxies_in_namespace(spec) else [])
+    out += [GATEWAY_PROXY] if gateway_proxies_in_namespace(spec) else []
+    return out + ([limit_store.STORE] if in_cluster_limit_store(spec, cloud) else [])
 
 
 def subject(spec: PlatformSpec, name: str) -> Peer:
     if name.startswith(GROUP_PREFIX):
         return group_peer(spec, name.removeprefix(GROUP_PREFIX))
     return gateway_proxies(spec) if name == GATEWAY_PROXY else component(spec, name)
+
+
+def _limit_store(spec: PlatformSpec, cloud: Cloud) -> Peer:
+    """The managed store sits in the cluster network (its address is known only once it exists); else the pods."""
+    if cloud.managed_limit_store:
+        return Peer("managed rate-limit store", cidrs=tuple(cloud.cluster_network(spec)), includes_pods=True)
+    return component(spec, limit_store.STORE)
 
 
 def _port_of(url: object) -> int:
@@ -208,6 +233,24 @@ def _runtime_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
             Flow(batcher, engine, tcp(common.ENGINE_PORT), "the batcher sends batches to the replicas")
         )
     out += _batch_flows(spec, cloud, config, router, health)
+    event_ports = sorted(
+        {
+            p
+            for m in config.models
+            if m.kv_events and m.discovery
+            for p in (m.kv_events.port, m.kv_events.replay_port)
+        }
+    )
+    if event_ports:
+        why = "every router replica follows the engines' KV-cache events (publisher and replay)"
+        out.append(Flow(router, engine, tcp(*event_ports), why))
+    if config.router.limit_store is not None:
+        out.append(
+            Flow(router, _limit_store(spec, cloud), tcp(limit_store.PORT), "the router's shared limits")
+        )
+    if any(m.kv_events for m in config.models):
+        why = "the router's init container fetches the tokenizers of the models it follows KV events of"
+        out.append(Flow(router, public_https(spec, cloud, "tokenizers over HTTPS"), tcp(HTTPS), why))
     api = api_server(spec, cloud)
     for part in gateway.parts(spec):
         if gateway.role(spec, part)["rules"]:

@@ -20,9 +20,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.cloud import Cloud
-from components.render import batches, common, hardening, inference_extension, ingress
+from components.render import (
+    batches,
+    common,
+    hardening,
+    inference_extension,
+    ingress,
+    limit_store,
+    tokenizers,
+)
 from components.render.common import Manifest
 from components.render.runtime_config import has_batcher, runtime_config
+from components.render.tokenizers import RouterTokenizers
 from components.spec import GatewayMode, PlatformSpec
 from runtime.config import RuntimeConfig
 
@@ -149,6 +158,7 @@ def deployment(
     resources: tuple[float, float],
     checksum: str,
     extra_mounts: tuple[tuple[Manifest, Manifest], ...] = (),
+    pod: RouterTokenizers | None = None,
 ) -> Manifest:
     """A runtime service: ``python -m runtime.<part> --config ...`` with the config, a token, and /tmp."""
     name = common.runtime_name(spec, part)
@@ -168,6 +178,9 @@ def deployment(
     for mount, volume in extra_mounts:
         mounts.append(mount)
         volumes.append(volume)
+    if pod is not None:
+        mounts += pod.router_mounts
+        volumes += pod.volumes
     config_path = f"{common.RUNTIME_CONFIG_DIR}/{common.RUNTIME_CONFIG_FILE}"
     container: Manifest = {
         "name": part,
@@ -197,6 +210,7 @@ def deployment(
                 "terminationGracePeriodSeconds": runtime_config(spec).router.drain_grace_s + 15,
                 "securityContext": hardening.pod_security(),
                 "topologySpreadConstraints": hardening.topology_spread(selector, strict_hosts=False),
+                **({"initContainers": pod.init_containers} if pod and pod.init_containers else {}),
                 "containers": [container],
                 "volumes": volumes,
             },
@@ -319,6 +333,9 @@ def render(
             service(spec, common.HEALTH, config.health.port),
         ]
         return out + inference_extension.routing(spec)
+    router_mounts = keys_mount
+    if g.shared_limits:
+        router_mounts += (limit_store.router_mount(spec),)
     router_replicas = None if router_scales(spec) else g.replicas
     out += [
         deployment(
@@ -329,7 +346,8 @@ def render(
             router_replicas,
             (g.router_cpu_cores, g.router_memory_gib),
             checksum,
-            keys_mount,
+            router_mounts,
+            tokenizers.router_parts(spec, image[common.ROUTER].reference),
         ),
         service(spec, common.ROUTER, config.router.port),
         hardening.pdb(

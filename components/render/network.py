@@ -86,5 +86,5 @@ def render(spec: PlatformSpec, cloud: Cloud) -> list[Manifest]:
     return [
         default_deny(spec),
         allow_dns(spec, dns),
-        *(component_policy(spec, s, table) for s in flows.subjects(spec)),
+        *(component_policy(spec, s, table) for s in flows.subjects(spec, cloud)),
     ]

@@ -18,6 +18,8 @@ from runtime.config import (
     BatchingPolicy,
     HealthSettings,
     KubernetesDiscovery,
+    KvEventsSource,
+    LimitStore,
     ModelRoute,
     ModelTarget,
     PickerSettings,
@@ -77,6 +79,9 @@ def model_target(
         discovery = KubernetesDiscovery(
             namespace=spec.cluster.namespace, service=common.engine_name(model.name), port_name="http"
         )
+    events = None
+    if model.publishes_kv_events:  # the router finds the tokenizer where its pod's init container put it
+        events = KvEventsSource(tokenizer_dir=Path(common.router_tokenizer_dir(model.name)))
     return ModelTarget(
         name=model.name,
         engine=model.engine.kind,
@@ -90,6 +95,7 @@ def model_target(
             for a in model.adapters
         ],
         max_adapters_per_replica=model.engine.lora.loaded,
+        kv_events=events,
     )
 
 
@@ -134,6 +140,17 @@ def client_idle_timeout_s() -> int:
     return lb_idle_timeout_s() + LB_IDLE_MARGIN_S
 
 
+def limit_store(spec: PlatformSpec) -> LimitStore | None:
+    """The shared rate-limit store, read from the router's mounted Secret (address and AUTH token)."""
+    if not spec.gateway.shared_limits:
+        return None
+    return LimitStore(
+        url_file=Path(common.LIMIT_STORE_DIR) / "url",
+        auth_token_file=Path(common.LIMIT_STORE_DIR) / "token",
+        replicas=spec.gateway.replicas,
+    )
+
+
 def runtime_config(
     spec: PlatformSpec,
     static_backends: Mapping[str, Sequence[str]] | None = None,
@@ -152,6 +169,7 @@ def runtime_config(
             "health_feed_url": health_feed,
             "batches_url": batches.url(spec) if batches.enabled(spec) else None,
             "client_idle_timeout_s": client_idle_timeout_s(),
+            "limit_store": limit_store(spec),
         }
     )
     # Behind an inference-extension gateway the picker is the only component that sees a request's key.

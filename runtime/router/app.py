@@ -13,7 +13,7 @@ import os
 import re
 import time
 
-from runtime.api_keys import Denied, KeyTable, Principal, admit
+from runtime.api_keys import Denied, KeyTable, Principal
 from runtime.config import RuntimeConfig
 from runtime.engines import facts
 from runtime.http import LOW_PRIORITY, METRICS_CONTENT_TYPE, PRIORITY_HEADER, error_body, metrics_payload
@@ -22,8 +22,9 @@ from runtime.router.admission import Refusal, acquire
 from runtime.router.backends import Backend
 from runtime.router.batch_api import BatchApiHooks, admit_api_call, is_batch_api, low_priority_avoid
 from runtime.router.fleet import Fleet, ModelState
+from runtime.router.limits import Limits, make_limits
 from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
-from runtime.router.payload import BadRequest, prompt_text, read_request
+from runtime.router.payload import BadRequest, choices_problem, prompt_text, read_request
 from runtime.router.proxy import Call, Forwarder, forwarded_tail
 from runtime.router.retry import RetryBudget, backoff_s
 from runtime.scheduling import Context
@@ -56,9 +57,25 @@ class Router:
         self._rid_prefix = os.urandom(4).hex()
         self._rid_counter = 0
         self.batch_api = BatchApiHooks()
+        self.limits: Limits = self._new_limits(cfg)
+        self._swapping: asyncio.Task[None] | None = None
         self._configure(cfg)
         self.metrics.attach_live(self.snapshot)
         self.fleet.on_departed = self.metrics.forget_backend
+        self.fleet.on_kv_problem = self.metrics.kv_problem
+
+    def _new_limits(self, cfg: RuntimeConfig) -> Limits:
+        limits = make_limits(cfg.router.limit_store, self.metrics.limit_store_error, self.metrics.limit_check)
+        self.forwarder.charge = limits.charge
+        return limits
+
+    async def start(self) -> None:
+        await self.fleet.start()
+        await self.limits.start()
+
+    async def stop(self) -> None:
+        await self.fleet.stop()
+        await self.limits.stop()
 
     def _configure(self, cfg: RuntimeConfig) -> None:
         s = cfg.router
@@ -66,6 +83,7 @@ class Router:
         self.require_key = s.require_api_key
         self.rid_header = s.request_id_header.lower().encode()
         self.queue_deadline_s = s.queue_deadline_ms / 1000
+        self.max_choices = s.max_choices_per_request
         self.retry_budget.ratio = s.retry_budget_ratio
         self.forwarder.configure(s)
         self.batch_api.configure(cfg)
@@ -78,6 +96,9 @@ class Router:
         """Install a new config (and key table) without dropping a connection; if the fleet cannot
         take it (it raises), nothing changed."""
         self.fleet.apply(cfg)
+        if cfg.router.limit_store != self.cfg.router.limit_store:  # a new store: start it, stop the old
+            old, self.limits = self.limits, self._new_limits(cfg)
+            self._swapping = asyncio.get_running_loop().create_task(_replace(old, self.limits))
         self._configure(cfg)
         if keys is not None:
             self.keys = keys
@@ -132,7 +153,10 @@ class Router:
 
     def snapshot(self) -> Snapshot:
         """Live gauges for /metrics."""
-        return live_gauges(self.fleet.models)
+        snap = live_gauges(self.fleet.models)
+        if self.limits.store_up is not None:
+            snap["limit_store_up"] = [((), self.limits.store_up)]
+        return snap
 
     # --- the proxy -------------------------------------------------------------------------------
     def _fail(
@@ -204,6 +228,10 @@ class Router:
         if isinstance(asked, BadRequest):
             self._fail(conn, 400, asked.message, "bad_request", code=asked.code, param=asked.param)
             return
+        too_many = choices_problem(asked.payload, self.max_choices)
+        if too_many is not None:
+            self._fail(conn, 400, too_many.message, "bad_request", code=too_many.code, param=too_many.param)
+            return
         model = asked.model
         state = self.fleet.models.get(model)
         adapter: str | None = None
@@ -216,7 +244,7 @@ class Router:
             return
         # 3. may they
         if principal is not None:
-            denied = admit(principal, model, time.monotonic())
+            denied = await self.limits.admit(principal, model)
             if denied is not None:
                 self._fail(
                     conn,
@@ -244,6 +272,9 @@ class Router:
         if state.needs_session:
             session = headers.get(state.session_header)
             ctx.session = session.decode("latin-1") if session else None
+        if state.kv is not None:
+            ctx.prompt_blocks = state.kv.prompt_blocks(kind, asked.payload, state.max_blocks)
+            ctx.cache = state.kv.index
         tail = forwarded_tail(headers, self.rid_header, rid, req.body)
         self.retry_budget.deposit()
         await self._route(Call(conn, state, ctx, req.path, tail, asked.stream, rid, principal, started))
@@ -344,3 +375,9 @@ class Router:
             delay = backoff_s(settings.retry_backoff_ms, attempt)
             if delay:
                 await asyncio.sleep(delay)
+
+
+async def _replace(old: Limits, new: Limits) -> None:
+    """A reload changed the limit store: the new one takes over, the old one lets go of its connections."""
+    await new.start()
+    await old.stop()

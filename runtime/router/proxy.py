@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from runtime.api_keys import Principal, charge_tokens
+from runtime.api_keys import Principal
 from runtime.config import RouterSettings
 from runtime.http import error_body
 from runtime.router.backends import BACKEND_HEADER, Backend
@@ -82,6 +82,8 @@ class Forwarder:
 
     def __init__(self, metrics: RouterMetrics, settings: RouterSettings) -> None:
         self.metrics = metrics
+        # (principal, tokens) -> None: charges a key's token bucket (the router's limits set it)
+        self.charge: Callable[[Principal | None, int], None] = lambda principal, tokens: None
         self.configure(settings)
 
     def configure(self, s: RouterSettings) -> None:
@@ -246,4 +248,4 @@ class Forwarder:
     def account(self, model: str, principal: Principal | None, prompt: int, completion: int) -> None:
         if prompt or completion:
             self.metrics.usage(model, prompt, completion)
-            charge_tokens(principal, prompt + completion, time.monotonic())
+            self.charge(principal, prompt + completion)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from pathlib import Path
 
 from runtime.api_keys import KeyTable, files_digest, keys_path, load_key_table
-from runtime.config import RuntimeConfig
+from runtime.config import REDIS_URL, RuntimeConfig
 from runtime.config_file import ConfigError, problem_lines, read_config
+from runtime.kvcache.prompts import PromptTokens, TokenizerError
 from runtime.router.app import Router
 from runtime.scheduling import load_plugins, problems
 
@@ -35,12 +37,40 @@ def _strategy_lines(path: Path, cfg: RuntimeConfig) -> list[str]:
     ]
 
 
+def _file_lines(path: Path, cfg: RuntimeConfig) -> list[str]:
+    """Files the config names that the router must read: the store's token, the models' tokenizers."""
+    lines: list[str] = []
+    store = cfg.router.limit_store
+    if store is not None:
+        for name, file in (("auth_token_file", store.auth_token_file), ("url_file", store.url_file)):
+            if file is not None and not file.is_file():
+                lines.append(
+                    f"{path}: router.limit_store.{name}: {file} is not a readable file"
+                    " (mount the store's Secret there, or remove the field)"
+                )
+        if store.url_file is not None and store.url_file.is_file():
+            url = store.url_file.read_text().strip()
+            if not re.match(REDIS_URL, url):
+                lines.append(
+                    f"{path}: router.limit_store.url_file: {store.url_file} holds {url[:60]!r}, not"
+                    " redis://host:port or rediss://host:port"
+                )
+    for i, target in enumerate(cfg.models):
+        if target.kv_events is not None:
+            try:
+                PromptTokens.load(target.kv_events.tokenizer_dir)
+            except TokenizerError as err:
+                lines.append(f"{path}: models[{i}].kv_events.tokenizer_dir: {err}")
+    return lines
+
+
 def read_router_config(path: Path) -> RuntimeConfig:
     """The config with its plug-ins imported and its strategies' names checked; ``ConfigError``, one
     line per mistake, naming file and field."""
     cfg = read_config(path)
     lines = problem_lines(path, load_plugins(cfg.router.plugins), "router")
     lines += _strategy_lines(path, cfg)
+    lines += _file_lines(path, cfg)
     if lines:
         raise ConfigError(lines)
     return cfg

@@ -51,6 +51,13 @@ PRESETS: Mapping[str, Preset] = {
         " guard (else the least loaded, which loads it); base-model requests route like least_load.",
         {"adapter_affinity": 2.0, "load": 1.0},
     ),
+    # precise_prefix needs the engines' KV events (vLLM): the control plane turns them on for a model whose
+    # blend uses it. Same 2:1 against load as prefix_aware.
+    "precise_prefix": Preset(
+        "Prefix affinity from the engines' own KV events (what each replica really caches, the same view in"
+        " every router replica); the routed-history index for replicas without events.",
+        {"precise_prefix": 2.0, "load": 1.0},
+    ),
     # kv_aware counts memory, not requests: for traffic whose lengths differ widely, where two replicas
     # with as many requests in flight can be far apart in KV memory. KV usage arrives with the feed's
     # period (0.5-2 s), so it decides only when replicas are far apart (weight 2 against 1: more than

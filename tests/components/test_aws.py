@@ -507,7 +507,7 @@ def test_plan_bills_the_aws_items_from_the_resources_it_creates(name: str, tmp_p
     bill = cost.stack_cost(stack.spec, stack.layout, infrastructure)
     assert {"gpu-pool", "eks", "system-nodes", "nat", "ebs", "kms"} <= {i.kind for i in bill.items}
     keys = len(_of(synthesis, "aws:kms/key:Key"))
-    assert keys == len(decisions.KMS_KEYS)
+    assert keys == len(decisions.kms_keys(stack.spec))
     assert items["kms"].max_usd_month == pytest.approx(keys * catalog.KMS_KEY_USD_PER_MONTH)
     # resources.json lists the AWS resources the summary prices.
     plan.write(synthesis, tmp_path, "summary\n")

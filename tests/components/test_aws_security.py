@@ -61,9 +61,9 @@ def test_bucket_ecr_and_node_disks_use_their_own_rotating_customer_managed_keys(
     spec = load(name).spec
     synthesis = _synth(name)
     keys = {r.name: r.inputs for r in _of(synthesis, "aws:kms/key:Key")}
-    assert set(keys) == {f"{spec.cluster_name}-{purpose}" for purpose in decisions.KMS_KEYS}
+    assert set(keys) == {f"{spec.cluster_name}-{purpose}" for purpose in decisions.kms_keys(spec)}
     assert all(k["enableKeyRotation"] is True for k in keys.values())
-    arns = {purpose: _key_arn(synthesis, spec, purpose) for purpose in decisions.KMS_KEYS}
+    arns = {purpose: _key_arn(synthesis, spec, purpose) for purpose in decisions.kms_keys(spec)}
     assert len(set(arns.values())) == len(arns)  # one key per purpose
     sse = _one_inputs(
         synthesis, "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"

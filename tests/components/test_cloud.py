@@ -53,7 +53,7 @@ def test_eks_bills_what_its_layer_creates_from_the_same_decisions() -> None:
     assert infrastructure.eks_control_planes == 1
     assert infrastructure.nat_gateways == decisions.network_plan(stack.spec).nat_gateways
     assert [d.disk for d in infrastructure.root_disks] == [g.disk for g in groups]
-    assert infrastructure.kms_keys == tuple(decisions.KMS_KEYS)
+    assert infrastructure.kms_keys == decisions.kms_keys(stack.spec)
     kinds = [i.kind for i in cost.fixed_costs(infrastructure)]
     assert kinds == ["eks", "system-nodes", "nat", "ebs", "kms"]
 

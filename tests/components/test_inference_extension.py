@@ -334,3 +334,19 @@ def test_lora_adapters_need_the_router() -> None:
         ValidationError, match=r"adapters: in gateway.mode inference-extension .* use gateway.mode router"
     ):
         PlatformSpec.model_validate(doc)
+
+
+def test_what_only_the_router_does_is_an_error_behind_the_gateway() -> None:
+    """No router runs in inference-extension mode: its shared limits and KV-event view have no home."""
+    doc = _platform()
+    doc["gateway"]["shared_limits"] = True
+    doc["gateway"]["limit_store_auth_config_key"] = "limitStoreToken"
+    with pytest.raises(ValidationError, match="shared_limits shares the router's rate limits"):
+        PlatformSpec.model_validate(doc)
+    doc = _platform()
+    doc["models"][0]["routing"]["strategy"] = "precise_prefix"
+    with pytest.raises(
+        ValidationError,
+        match=r"models\[0\].routing: precise_prefix follows the engines' KV events in the router",
+    ):
+        PlatformSpec.model_validate(doc)

@@ -71,7 +71,7 @@ def _endpoints(spec: PlatformSpec, cloud: Cloud, manifests: Any) -> list[Endpoin
     ns = spec.cluster.namespace
     out = [
         Endpoint(part, next(addresses), ns, _pod_labels(manifests, part))
-        for part in flows.subjects(spec)
+        for part in flows.subjects(spec, cloud)
         if part != flows.GATEWAY_PROXY
     ]
     if spec.gateway.ingress.value == "gateway-api":
@@ -98,7 +98,7 @@ def _mismatches(spec: PlatformSpec, cloud: Cloud, manifests: Any) -> list[str]:
     table = flows.flows(spec, cloud)
     policies = _policies_of(manifests)
     endpoints = _endpoints(spec, cloud, manifests)
-    subjects = set(flows.subjects(spec))
+    subjects = set(flows.subjects(spec, cloud))
     ports = sorted({p for f in table for p in f.ports} | {("TCP", p) for p in EXTRA_PORTS} | {("UDP", 53)})
     ns = spec.cluster.namespace
     wrong: list[str] = []
@@ -136,7 +136,7 @@ def _rendered(raw: dict[str, Any]) -> tuple[PlatformSpec, list[dict[str, Any]]]:
     """The stack's NetworkPolicies and the workloads whose pods they govern, rendered without a synthesis."""
     from components import rollout
     from components.placement import place
-    from components.render import engine, gateway, weights
+    from components.render import engine, gateway, limit_store, weights
     from components.render.runtime_config import runtime_config
 
     spec = PlatformSpec.model_validate(raw)
@@ -146,6 +146,8 @@ def _rendered(raw: dict[str, Any]) -> tuple[PlatformSpec, list[dict[str, Any]]]:
     config = runtime_config(spec, files=cloud.batch_files(spec))
     checksum = gateway.config_checksum(gateway.config_text(config))
     manifests += batches.render(spec, config, "batches:1", "1", "bucket", checksum)
+    if flows.in_cluster_limit_store(spec, cloud):
+        manifests += limit_store.in_cluster(spec)
     for model in spec.models:
         placement = layout.placements[model.name]
         manifests += engine.render(spec, model, placement, rollout.plan(spec, layout, model))
@@ -171,6 +173,33 @@ def test_every_flow_passes_and_nothing_else_for_each_ingress_and_target(
     )
     spec, manifests = _rendered(raw)
     assert _mismatches(spec, cloud_for(spec), manifests) == []
+
+
+@pytest.mark.parametrize("target", ["eks", "kubernetes"])
+def test_shared_limits_and_kv_events_flows_pass_and_nothing_else(target: str) -> None:
+    """The router's store (managed or in-cluster), the engines' KV-event ports, the tokenizer fetch."""
+    raw = on_own_cluster(minimal()) if target == "kubernetes" else minimal()
+    raw["gateway"] = {**raw.get("gateway", {}), "shared_limits": True, "limit_store_auth_config_key": "t"}
+    raw["models"][0]["routing"] = {"strategy": "precise_prefix"}
+    spec, manifests = _rendered(raw)
+    cloud = cloud_for(spec)
+    assert _mismatches(spec, cloud, manifests) == []
+    names = {m["metadata"]["name"] for m in _policies_of(manifests)}
+    assert ("inferstack-limits" in names) is (target == "kubernetes")
+    [events] = [f for f in _flows_between(spec, "router", "engine") if ("TCP", 5557) in f.ports]
+    assert events.ports == (("TCP", 5557), ("TCP", 5558))
+    store = "managed rate-limit store" if target == "eks" else "limits"
+    [to_store] = _flows_between(spec, "router", store)
+    assert to_store.ports == (("TCP", 6379),)
+    [tokenizers] = _flows_between(spec, "router", "tokenizers over HTTPS")
+    assert tokenizers.ports == (("TCP", 443),) and flows.LINK_LOCAL in tokenizers.dest.except_cidrs
+
+
+def test_without_shared_limits_or_kv_events_the_router_has_no_such_flow() -> None:
+    spec = PlatformSpec.model_validate(minimal())
+    dests = {f.dest.name for f in flows.flows(spec, cloud_for(spec)) if f.source.name == "router"}
+    assert not dests & {"limits", "managed rate-limit store", "tokenizers over HTTPS"}
+    assert all(("TCP", 5557) not in f.ports for f in flows.flows(spec, cloud_for(spec)))
 
 
 def test_the_evaluator_catches_a_missing_and_an_extra_rule() -> None:

@@ -115,7 +115,7 @@ def router_shape() -> dict[str, list[str]]:
     metrics = RouterMetrics()
     metrics.request("m", "http://e", 200, 0.1)
     metrics.reject("no_backend", "m")
-    metrics.attach_live(lambda: {"queue_depth": [(("m",), 1.0)]})
+    metrics.attach_live(lambda: {"queue_depth": [(("m",), 1.0)], "limit_store_up": [((), 1.0)]})
     return {
         s.name: sorted(s.labels)
         for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
@@ -279,6 +279,8 @@ def healthy(spec: PlatformSpec, minutes: int, only: ModelSpec | None = None) -> 
         inputs.constant(series("up", runtime_target(spec, part)), 1)
     if batches.enabled(spec):  # a batch service with no batch waiting
         inputs.constant(batch_series(spec, "inferstack_batches_oldest_progress_age_seconds"), 0)
+    if spec.gateway.shared_limits:
+        inputs.constant(router_series(spec, "limit_store_up"), 1)
     return inputs
 
 
@@ -410,6 +412,20 @@ def gateway_cases(spec: PlatformSpec, by_name: dict[str, alerts.Alert]) -> Itera
     ejections = {**runtime_target(spec, common.HEALTH), "model": model, "backend": "http://10.0.0.10:8000"}
     ejected.values[series("inferstack_health_ejections_total", ejections)] = "_x5 0+1x25"
     yield Case("ejections", by_name["InferenceHealthEjections"], ejected, "4m", "20m", {"model": model}, 15)
+    if spec.gateway.shared_limits:
+        up = router_series(spec, "limit_store_up")
+        pod = {"pod": runtime_target(spec, common.ROUTER)["pod"]}
+        for values, fires in (("1x5 0x25", "15m"), ("1x5 0x3 1x22", None)):  # down 25 min; then 3 only
+            store = healthy(spec, 30, spec.models[0])
+            store.values[up] = values
+            yield Case(
+                f"limit store {values}",
+                by_name["InferenceRateLimitStoreUnreachable"],
+                store,
+                "8m",
+                fires,
+                pod,
+            )
 
 
 def batch_cases(spec: PlatformSpec, by_name: dict[str, alerts.Alert]) -> Iterator[Case]:

@@ -27,7 +27,9 @@ def _committed() -> list[list[str]]:
         stack = load(name)
         for m in stack.spec.models:
             if m.engine.kind.value == "vllm":
-                out += [vllm(m).args, vllm(m, on_this_machine("/data/model", "127.0.0.1", 8000)).args]
+                events = ("ipc:///tmp/kv/events", "ipc:///tmp/kv/replay") if m.publishes_kv_events else None
+                local = on_this_machine("/data/model", "127.0.0.1", 8000, kv_events=events)
+                out += [vllm(m).args, vllm(m, local).args]
     return out
 
 

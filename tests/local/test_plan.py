@@ -293,3 +293,21 @@ def test_envoy_runs_a_fixed_fleet_and_no_router_for_the_autoscaler_or_monitor_to
     assert local_stack().spec.batch.enabled and plan.config.batches is None
     assert plan.config.router.batches_url is None
     assert "Batch API   not served" in banner(plan, 1.0, detached=True)
+
+
+def test_envoy_runs_nothing_only_the_router_does() -> None:
+    """Several routers, shared limits and KV events are the router's; behind Envoy they are refused by name."""
+    with pytest.raises(
+        PlanError, match=r"--routers 2 runs router replicas, and --gateway envoy runs no router"
+    ):
+        build_plan(local_stack(), LocalOptions(gateway="envoy", routers=2), REPO)
+    raw = raw_local()
+    raw["gateway"] = {**raw.get("gateway", {}), "shared_limits": True}
+    with pytest.raises(PlanError, match=r"gateway.shared_limits .* --gateway envoy runs no router"):
+        build_plan(stack_from(raw), LocalOptions(gateway="envoy"), REPO)
+    raw = raw_local()
+    raw["models"][0]["routing"] = {"strategy": "precise_prefix"}
+    with pytest.raises(PlanError, match=r"smollm2-135m-instruct routes precise_prefix"):
+        build_plan(stack_from(raw), LocalOptions(gateway="envoy"), REPO)
+    plan = build_plan(stack_from(raw), LocalOptions(gateway="router"), REPO)
+    assert plan.engines[0].kv_events is not None

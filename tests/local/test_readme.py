@@ -76,6 +76,9 @@ COVERAGE = [
     Coverage(r"inferstack local up --s3", ((HERE, "_make_dry(\"local\", \"S3=1\")"), ("tests/local/test_plan.py", "LocalOptions(s3_port=9000)")), "dry run and plan tests"),
     Coverage(r"python -m runtime\.weights prepare", (("tests/runtime/weights/test_store.py", '"prepare", "--from"'),), "run against loopback S3"),
     Coverage(r"make local PORT=\d+", ((HERE, "def test_make_targets_run_the_documented_commands"),), "dry run here"),
+    Coverage(r"make local ROUTERS=\d+", ((HERE, '_make_dry("local", "ROUTERS=2")'), (LIFECYCLE, '"--routers", "2"')), "dry run here; --routers runs in the lifecycle test"),
+    Coverage(r"inferstack local up --routers \d+", ((LIFECYCLE, '"--routers", "2"'),), "lifecycle test"),
+    Coverage(r"make redis", ((HERE, '_make_dry_lines("redis")'),), "dry run here; make test runs it"),
     Coverage(r"make local-down", ((LOCAL_TEST, '_make("local-down"'),), "run for real"),
     Coverage(r"make local MONITOR=1", ((MONITOR_TEST, '"MONITOR=1",'), (HERE, '_make_dry("local", "MONITOR=1")')), "run for real; dry run here"),
     Coverage(r"make prometheus", (("Makefile", "test: venv engine-venv tools-venv crd-tools prometheus"), (".ci/run", "make test")), "a prerequisite of make test"),
@@ -161,6 +164,8 @@ def test_make_targets_run_the_documented_commands() -> None:
         r"\.venv/bin/inferstack local up\s+--engine-port 8100",
         _make_dry("local", "LOCAL_ARGS=--engine-port 8100"),
     )
+    assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--routers 2\s*", _make_dry("local", "ROUTERS=2"))
+    assert any("apt-get install -y -q redis-server" in line for line in _make_dry_lines("redis"))
     assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--monitor\s*", _make_dry("local", "MONITOR=1"))
     assert "bash scripts/install-prometheus.sh" in _make_dry_lines("local", "MONITOR=1")
     assert _make_dry("unit") == ".venv/bin/pytest -m 'not engine'"
@@ -168,6 +173,7 @@ def test_make_targets_run_the_documented_commands() -> None:
     runs = [line for line in bench if line.startswith(".venv/bin/python") and "bench" in line]  # not pip
     assert runs == [
         ".venv/bin/python -m bench.routing.run",
+        ".venv/bin/python -m bench.routing.replicas",
         ".venv/bin/python bench/router/run.py --repeat 3",
         ".venv/bin/python bench/batcher/run.py",
     ]
