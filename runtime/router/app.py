@@ -20,7 +20,7 @@ from runtime.http import LOW_PRIORITY, METRICS_CONTENT_TYPE, PRIORITY_HEADER, er
 from runtime.router.adapters import LoadFailure, ensure_loaded
 from runtime.router.admission import Refusal, acquire
 from runtime.router.backends import Backend
-from runtime.router.batch_api import BatchApiHooks, admit_api_call, is_batch_api, low_priority_avoid
+from runtime.router.batch_api import BatchApiHooks, api_call_model, is_batch_api, low_priority_avoid
 from runtime.router.fleet import Fleet, ModelState
 from runtime.router.limits import Limits, make_limits
 from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
@@ -197,7 +197,7 @@ class Router:
                 return
             principal = who
         if principal is not None:
-            denied = admit_api_call(principal, time.monotonic())
+            denied = await self.limits.admit(principal, api_call_model(principal))  # shared when shared
             if denied is not None:
                 reason = "forbidden" if denied.status == 403 else "rate_limited"
                 self._fail(

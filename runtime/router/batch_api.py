@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from runtime.api_keys import Denied, Principal, admit
+from runtime.api_keys import Principal
 from runtime.config import BatchesSettings, RuntimeConfig
 from runtime.http import PRINCIPAL_HEADER, SCOPES_HEADER, error_body
 from runtime.router.proxy import HOP_BY_HOP
@@ -35,11 +35,11 @@ def is_batch_api(path: bytes) -> bool:
     return any(path == p or path.startswith(p + b"/") for p in PATHS)
 
 
-def admit_api_call(principal: Principal, now: float) -> Denied | None:
-    """The key's rate limits for a Files or Batches call. It names no model (the lines do: the batch
-    service holds them to the key's scopes), so the scope check is given one the key may use."""
+def api_call_model(principal: Principal) -> str:
+    """The model a Files or Batches call is admitted for by the key's rate limits. It names none (the lines
+    do: the batch service holds them to the key's scopes), so the scope check is given one the key may use."""
     scopes = principal.key.models
-    return admit(principal, scopes[0] if scopes else "", now)
+    return scopes[0] if scopes else ""
 
 
 def low_priority_avoid(state: ModelState, share: float, now: float) -> frozenset[str] | None:

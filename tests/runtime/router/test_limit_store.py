@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ from components.local.redis_process import RedisProcess
 from runtime.api_keys import KeyTable, Principal
 from runtime.config import ApiKey, LimitStore
 from runtime.router.limits import SharedLimits, error_cause
+from tests.runtime.router.harness import RouterUnderTest
 
 TOKEN = "limit-store-test-token"
 
@@ -182,3 +183,30 @@ def test_causes_are_a_small_fixed_set() -> None:
     assert error_cause(TimeoutError()) == "timeout"
     assert error_cause(ConnectionRefusedError()) == "connection"
     assert error_cause(ValueError()) == "other"
+
+
+def test_batch_api_calls_draw_on_the_shared_limit(
+    store: RedisProcess, tmp_path: Path, make_router: Callable[..., RouterUnderTest]
+) -> None:
+    """Files and Batches calls take from the same shared bucket as inference calls: two routers, one limit."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    raw = "sk-batch-api-shared"
+    key = {"name": "batch-api", "sha256": hashlib.sha256(raw.encode()).hexdigest(), "requests_per_minute": 3}
+    dead = (
+        free_port()
+    )  # no batch service: an admitted call fails there (502), a refused one never leaves (429)
+    routers = [
+        make_router(
+            [f"http://127.0.0.1:{free_port()}"],
+            require_api_key=True,
+            api_keys=[key],
+            batches_url=f"http://127.0.0.1:{dead}",
+            limit_store={"url": store.url, "auth_token_file": str(token), "timeout_ms": 1000},
+        )
+        for _ in range(2)
+    ]
+    auth = {"Authorization": f"Bearer {raw}"}
+    statuses = [routers[i % 2].request("GET", "/v1/batches", headers=auth)[0] for i in range(5)]
+    assert 429 not in statuses[:3] and statuses[3:] == [429, 429], statuses
+    assert all(r.router is not None and r.router.limits.store_up for r in routers)
