@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from components import images, plan
 from components.cli import app
 from components.problems import SpecError
+from components.render import limit_store
 from components.stackfile import load
 from policies.inference.offline import evaluate, resources_of
 from tests.components.helpers import engine_deployments, minimal, on_own_cluster, write_stack
@@ -35,7 +36,7 @@ def _runtime_images(synthesis: plan.Synthesis) -> dict[str, str]:
         ]["image"]
         for m in synthesis.kubernetes_manifests()
         if m["kind"] in ("Deployment", "StatefulSet", "Job")
-        and m["metadata"]["labels"]["app.kubernetes.io/component"] != "engine"
+        and m["metadata"]["labels"]["app.kubernetes.io/component"] not in ("engine", limit_store.STORE)
     }
 
 
@@ -45,6 +46,14 @@ def test_kind_runs_only_runtime_images_the_program_builds_and_pushes_to_the_loca
     builds = _builds(synthesis)
     running = _runtime_images(synthesis)
     assert set(running) == {"router", "health", "batches", "weights"}  # no embedding model: no batcher
+    # the in-cluster rate-limit store (shared_limits) runs the pinned upstream Redis image: nothing to build
+    name = limit_store.name(stack.spec)
+    [store] = [
+        m
+        for m in synthesis.kubernetes_manifests()
+        if (m["kind"], m["metadata"]["name"]) == ("StatefulSet", name)
+    ]
+    assert store["spec"]["template"]["spec"]["containers"][0]["image"] == limit_store.REDIS_IMAGE
     registry = stack.spec.gateway.image_registry
     assert registry == "localhost:5001"
     for part, reference in running.items():

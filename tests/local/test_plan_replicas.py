@@ -69,14 +69,18 @@ def test_with_several_routers_prometheus_scrapes_each_router_not_the_balancer_or
     assert plan.scraped_services() == [
         ("health", 8081),
         ("batcher", 8082),
+        ("batches", 8083),  # the batch service (the local stack enables it) sends through the balancer
         ("router", 8090),
         ("router", 8091),
     ]
     assert plan.spec is not None
+    assert plan.config.batches is not None and plan.config.batches.router_url is not None
+    assert str(plan.config.batches.router_url).rstrip("/") == "http://127.0.0.1:8080"  # the balancer
     pods = [g["labels"]["pod"] for g in monitor.runtime_targets(plan.spec, plan.scraped_services())]
     assert pods == [
         "inferstack-health-0",
         "inferstack-batcher-0",
+        "inferstack-batches-0",
         "inferstack-router-0",
         "inferstack-router-1",
     ]
