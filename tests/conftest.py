@@ -326,7 +326,9 @@ def vllm_kv_events(tiny_chat_model: Path) -> Iterator[VllmKvEvents]:
         enable_prefix_caching=True,
         extra_args=["--num-gpu-blocks-override", str(KV_EVENTS_BLOCKS)],
     )
-    spec = type(base).model_validate({**base.model_dump(), "routing": {"strategy": "precise_prefix"}})
+    spec = type(base).model_validate(
+        {**base.model_dump(exclude_unset=True), "routing": {"strategy": "precise_prefix"}}
+    )
     sockets = Path(tempfile.mkdtemp(prefix="ikv-"))  # short: a socket path must fit in 107 bytes
     endpoints = (f"ipc://{sockets}/events", f"ipc://{sockets}/replay")
     engine = EngineProcess(
