@@ -297,6 +297,7 @@ def _group(
     weights_image: Any = None,
 ) -> list[Manifest]:
     """A LeaderWorkerSet whose groups span ``placement.nodes`` nodes, and a Service on the leaders."""
+    where = in_cluster(model, _location(spec, model, placement))  # leader and workers load the same copy
     templates = {
         leader: pod_template(
             spec,
@@ -304,11 +305,7 @@ def _group(
             placement,
             rollout,
             PodShape(
-                group_command(
-                    model,
-                    in_group(placement.nodes, leader),
-                    in_cluster(model, _location(spec, model, placement)),
-                ),
+                group_command(model, in_group(placement.nodes, leader), where),
                 probes=leader,
                 extra_resources=groups.node_resources(pool),
                 extra_env=groups.env(pool),
