@@ -15,7 +15,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def caption(data: dict[str, Any]) -> str:
@@ -29,19 +29,30 @@ def caption(data: dict[str, Any]) -> str:
 def draw(runs: list[tuple[str, dict[str, Any]]], out: Path) -> None:
     panels = [
         ("replicas", "replicas", "cpu_us_per_req", "router CPU us / request", "fake replicas"),
-        ("index", "index_entries", "cpu_us_per_req", "router CPU us / request (16 replicas)", "prefix index entries"),
+        (
+            "index",
+            "index_entries",
+            "cpu_us_per_req",
+            "router CPU us / request (16 replicas)",
+            "prefix index entries",
+        ),
         ("index_memory", "entries", "bytes_per_entry", "bytes / entry (tracemalloc)", "prefix index entries"),
-        ("health", "replicas", "cpu_us_per_probe", "health monitor CPU us / probe", "replicas"),
+        ("health", "replicas", "cpu_us_per_probe", "CPU us / probe: health monitor (and router)", "replicas"),
     ]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     for ax, (key, x, y, title, xlabel) in zip(axes.flat, panels, strict=True):
+        series = [(key, "")] + ([("router_probes", "router's own probing, ")] if key == "health" else [])
         for (label, data), style in zip(runs, ("-", "--"), strict=False):
-            rows = data.get(key) or []
-            if not rows:
-                continue
-            ax.plot([r[x] for r in rows], [r[y] for r in rows], style, marker="o", label=f"{label}")
-            for r in rows:
-                ax.annotate(f"{r[y]:.0f}", (r[x], r[y]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            for k, what in series:
+                rows = data.get(k) or []
+                if not rows:
+                    continue
+                name = f"{what}{label}" if what or len(runs) > 1 else None
+                ax.plot([r[x] for r in rows], [r[y] for r in rows], style, marker="o", label=name)
+                for r in rows:
+                    ax.annotate(
+                        f"{r[y]:.0f}", (r[x], r[y]), textcoords="offset points", xytext=(4, 4), fontsize=8
+                    )
         if key == "index" and runs[0][1].get("index"):
             rss = [(r["index_entries"], r["rss_bytes_per_entry"]) for r in runs[0][1]["index"]]
             ax2 = ax.twinx()
@@ -53,7 +64,7 @@ def draw(runs: list[tuple[str, dict[str, Any]]], out: Path) -> None:
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-        if len(runs) > 1:
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     fig.suptitle(caption(runs[0][1]), fontsize=8)
     fig.tight_layout()
@@ -64,7 +75,7 @@ def table(data: dict[str, Any]) -> str:
     lines = [f"Machine: {caption(data)}", ""]
     if data.get("replicas"):
         lines += [
-            "| replicas | CPU us/request | gross (with probing) | probing alone, cores | req/s | p50 ms | p99 ms | RSS MiB | errors |",
+            "| replicas | CPU us/request | gross (idle timers in) | idle, cores | req/s | p50 ms | p99 ms | RSS MiB | errors |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in data["replicas"]:
@@ -94,6 +105,13 @@ def table(data: dict[str, Any]) -> str:
             lines.append(
                 f"| {r['replicas']:,} | {r['cpu_us_per_probe']} | {r['probes_per_s']} | {r['cpu_cores']} | "
                 f"{r['feed_reads']} | {r['rss_mib']} |"
+            )
+        lines.append("")
+    if data.get("router_probes"):
+        lines += ["| replicas | router CPU us/probe | probes/s | router CPU, cores |", "|---|---|---|---|"]
+        for r in data["router_probes"]:
+            lines.append(
+                f"| {r['replicas']:,} | {r['cpu_us_per_probe']} | {r['probes_per_s']} | {r['cpu_cores']} |"
             )
     return "\n".join(lines) + "\n"
 

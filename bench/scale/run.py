@@ -7,15 +7,18 @@
   ``fleet.py``), every feature on as in ``bench/router`` (API keys, per-key limits, metrics, wait queue,
   ``prefix_aware``), ``wrk -t1 -c32`` sending chat requests of a conversation workload: 8 shared system
   prompts, 2,000 conversations of 1-3 turns, so the prefix scorer sees follow-ups, shared prefixes and
-  misses. The router also probes every replica (``/health`` + ``/metrics`` every ``probe_interval_ms``);
-  that background is measured while idle, reported on its own, and taken out of the per-request figure.
+  misses. A warm-up first gives the router a pooled connection to nearly every replica. The router probes
+  its replicas once at start and not while requests are measured: its probing is a per-replica cost,
+  measured on its own (``router_probes``, with the ``health`` curve). What the idle process burns
+  (timers) is measured too and taken out of the per-request figure (``gross`` keeps it).
 - ``index``: the same at 16 replicas with ``prefix_index_max_entries`` 10^3 .. 10^6, the index filled to its
   bound first (unique long prompts), so every measured request runs against a full LRU that evicts. The
   router's RSS growth over the fill over the entries gives memory per entry in the real process;
   ``--index-memory`` also measures it with ``tracemalloc`` on the real ``PrefixScorer`` in this process.
 - ``health``: the health monitor's CPU per probe (one ``/health`` + one ``/metrics`` of a real vLLM
   exposition, 632 lines, parsed) with 2 .. 1,024 replicas at ``interval_ms`` 1,000, while one router
-  reads its ``/v1/backends`` feed once a second as routers do.
+  reads its ``/v1/backends`` feed once a second as routers do; and the router's own probing (what it does
+  without a health monitor), CPU per probe at ``probe_interval_ms`` 1,000 with no requests.
 
 CPU is utime+stime of the process (all threads) from ``/proc/PID/stat``; the machine is shared, so CPU
 time per request or probe is the figure to read, not req/s. Results go to ``bench/results/scale-*``;
@@ -67,6 +70,9 @@ ROUTER_PORT = 19300
 HEALTH_PORT = 19310
 SYSTEMS = 8
 CONVERSATIONS = 2000
+#: While requests are measured the router probes once at start and then not again (its probing is a
+#: per-replica cost, measured on its own by ``measure_router_probes``, not a per-request one).
+QUIET_PROBE_MS = 600_000
 
 #: The measured workload: a conversation's turn t sends the system prompt, then t user turns, so turn t+1
 #: extends turn t exactly (a follow-up); first turns share only their system prompt (a new conversation).
@@ -127,11 +133,14 @@ def fleet(replicas: int, tmp: Path):  # type: ignore[no-untyped-def]
         yield proc
 
 
-def router_config(replicas: int, tmp: Path, index_entries: int | None = None) -> Path:
+def router_config(
+    replicas: int, tmp: Path, index_entries: int | None = None, probe_interval_ms: int = QUIET_PROBE_MS
+) -> Path:
     """``bench/router``'s every-feature config (one source), with N replicas and this bench's ports."""
     workers = [f"http://127.0.0.1:{FLEET_BASE_PORT + i}" for i in range(replicas)]
     cfg: dict[str, Any] = json.loads(inferstack_config(workers, tmp).read_text())
     cfg["router"]["port"] = ROUTER_PORT
+    cfg["router"]["probe_interval_ms"] = probe_interval_ms
     cfg.pop("picker", None)
     if index_entries is not None:
         cfg["router"]["default_strategy"]["prefix_index_max_entries"] = index_entries
@@ -171,8 +180,9 @@ def measure_router(
                 row["rss_bytes_per_entry"] = round(
                     (rss_mib(pid) - rss0) * 2**20 / max(1, row["index_entries"]), 1
                 )
-            wrk(ROUTER_PORT, "/v1/chat/completions", 32, 2, workload)  # warm-up: connections to every replica
-            idle = ticks_per_s(pid, 4.0)  # probing every replica, no requests
+            # warm-up: a pooled connection to (nearly) every replica, as a router has after a while
+            wrk(ROUTER_PORT, "/v1/chat/completions", 32, 2 + replicas // 100, workload)
+            idle = ticks_per_s(pid, 2.0)  # timers, no requests
             runs = []
             for _ in range(repeat):
                 t0 = cpu_ticks(pid)
@@ -208,6 +218,33 @@ def measure_router(
                 index_entries_end=index_size(ROUTER_PORT),
                 loadavg=" ".join(f"{x:.2f}" for x in os.getloadavg()),
             )
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def measure_router_probes(replicas: int, duration_s: int, tmp: Path) -> dict[str, Any]:
+    """The router's own probing (``/health`` + ``/metrics`` of every replica each ``probe_interval_ms``,
+    when there is no health monitor feed): CPU per probe, without requests."""
+    cfg = router_config(replicas, tmp, probe_interval_ms=1000)
+    with fleet(replicas, tmp):
+        argv = [str(PY), "-m", "runtime.router", "--config", str(cfg), "--log-level", "WARNING"]
+        with process(argv, log=tmp / "router.log") as router:
+            wait_http(ROUTER_PORT, "/v1/chat/completions")
+            time.sleep(2.0)
+            pid = router.pid
+            c0, t0, w0 = counts(FLEET_BASE_PORT), cpu_ticks(pid), time.monotonic()
+            time.sleep(duration_s)
+            ticks, c1 = cpu_ticks(pid) - t0, counts(FLEET_BASE_PORT)
+            wall = time.monotonic() - w0
+            probes = c1.get("/health", 0) - c0.get("/health", 0)
+            row = {
+                "replicas": replicas,
+                "probes": probes,
+                "probes_per_s": round(probes / wall, 1),
+                "cpu_us_per_probe": round(ticks / CLK_TCK * 1e6 / max(1, probes), 1),
+                "cpu_cores": round(ticks / CLK_TCK / wall, 3),
+                "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            }
     print(json.dumps(row), flush=True)
     return row
 
@@ -304,7 +341,7 @@ def measure_health(replicas: int, duration_s: int, tmp: Path) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--curves", default="replicas,index,health")
+    ap.add_argument("--curves", default="replicas,index,health", help="any of replicas, index, health")
     ap.add_argument("--replicas", default="2,16,128,1024")
     ap.add_argument("--index-sizes", default="1000,10000,100000,1000000")
     ap.add_argument("--index-replicas", type=int, default=16)
@@ -331,6 +368,7 @@ def main() -> int:
             out["index_memory"] = index_memory(sizes)
         if "health" in curves:
             out["health"] = [measure_health(n, max(args.duration, 5), tmp) for n in replicas]
+            out["router_probes"] = [measure_router_probes(n, max(args.duration, 5), tmp) for n in replicas]
     info["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = args.name or "scale-" + dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M")
