@@ -100,6 +100,7 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer {API_KEY}"
 local filler = string.rep("x", 256 * 128)
 local n = 0
+math.randomseed(RUN)
 request = function()
   n = n + 1
   local id = string.format("%012d-%08d ", math.random(0, 999999999999), n)
@@ -156,7 +157,6 @@ def measure_router(
     workload = tmp / "workload.lua"
     workload.write_text(WORKLOAD_LUA)
     fill = tmp / "fill.lua"
-    fill.write_text(FILL_LUA)
     cfg = router_config(replicas, tmp, index_entries)
     with fleet(replicas, tmp):
         argv = [str(PY), "-m", "runtime.router", "--config", str(cfg), "--log-level", "WARNING"]
@@ -168,12 +168,15 @@ def measure_router(
             if index_entries is not None:  # fill the index to its bound: ~index/128 unique 128-block prompts
                 blocks_per_request = 128
                 need = index_entries // blocks_per_request + 1
-                while True:
+                for attempt in range(1, 100):
                     entries = index_size(ROUTER_PORT)
                     if entries >= index_entries * 0.99:
                         break
                     secs = max(1, min(20, int((need - entries / blocks_per_request) / 800) + 1))
+                    fill.write_text(FILL_LUA.replace("RUN", str(attempt)))  # new prompts each run
                     wrk(ROUTER_PORT, "/v1/completions", 32, secs, fill)
+                else:
+                    raise RuntimeError(f"the prefix index did not fill to {index_entries}: {entries}")
                 row["index_entries"] = index_size(ROUTER_PORT)
                 gc_settle()
                 row["rss_fill_mib"] = round(rss_mib(pid) - rss0, 1)
