@@ -14,11 +14,11 @@
 - ``index``: the same at 16 replicas with ``prefix_index_max_entries`` 10^3 .. 10^6, the index filled to its
   bound first (unique long prompts), so every measured request runs against a full LRU that evicts. The
   router's RSS growth over the fill over the entries gives memory per entry in the real process;
-  ``--index-memory`` also measures it with ``tracemalloc`` on the real ``PrefixScorer`` in this process.
+  The curve also measures it with ``tracemalloc`` on the real ``PrefixScorer`` in this process.
 - ``health``: the health monitor's CPU per probe (one ``/health`` + one ``/metrics`` of a real vLLM
-  exposition, 632 lines, parsed) with 2 .. 1,024 replicas at ``interval_ms`` 1,000, while one router
+  exposition, 632 lines, parsed) with 2 .. 1,024 replicas at ~200 probes/s, while one router
   reads its ``/v1/backends`` feed once a second as routers do; and the router's own probing (what it does
-  without a health monitor), CPU per probe at ``probe_interval_ms`` 1,000 with no requests.
+  without a health monitor), CPU per probe at the same rate with no requests.
 
 CPU is utime+stime of the process (all threads) from ``/proc/PID/stat``; the machine is shared, so CPU
 time per request or probe is the figure to read, not req/s. Results go to ``bench/results/scale-*``;
@@ -135,7 +135,11 @@ def fleet(replicas: int, tmp: Path):  # type: ignore[no-untyped-def]
 
 
 def router_config(
-    replicas: int, tmp: Path, index_entries: int | None = None, probe_interval_ms: int = QUIET_PROBE_MS
+    replicas: int,
+    tmp: Path,
+    index_entries: int | None = None,
+    probe_interval_ms: int = QUIET_PROBE_MS,
+    health_interval_ms: int = 1000,
 ) -> Path:
     """``bench/router``'s every-feature config (one source), with N replicas and this bench's ports."""
     workers = [f"http://127.0.0.1:{FLEET_BASE_PORT + i}" for i in range(replicas)]
@@ -145,7 +149,7 @@ def router_config(
     cfg.pop("picker", None)
     if index_entries is not None:
         cfg["router"]["default_strategy"]["prefix_index_max_entries"] = index_entries
-    cfg["health"] = {"host": "127.0.0.1", "port": HEALTH_PORT, "interval_ms": 1000}
+    cfg["health"] = {"host": "127.0.0.1", "port": HEALTH_PORT, "interval_ms": health_interval_ms}
     path = tmp / f"router-{replicas}-{index_entries}.json"
     path.write_text(json.dumps(cfg))
     return path
@@ -228,7 +232,7 @@ def measure_router(
 def measure_router_probes(replicas: int, duration_s: int, tmp: Path) -> dict[str, Any]:
     """The router's own probing (``/health`` + ``/metrics`` of every replica each ``probe_interval_ms``,
     when there is no health monitor feed): CPU per probe, without requests."""
-    cfg = router_config(replicas, tmp, probe_interval_ms=1000)
+    cfg = router_config(replicas, tmp, probe_interval_ms=probe_period_ms(replicas))
     with fleet(replicas, tmp):
         argv = [str(PY), "-m", "runtime.router", "--config", str(cfg), "--log-level", "WARNING"]
         with process(argv, log=tmp / "router.log") as router:
@@ -244,6 +248,7 @@ def measure_router_probes(replicas: int, duration_s: int, tmp: Path) -> dict[str
                 "replicas": replicas,
                 "probes": probes,
                 "probes_per_s": round(probes / wall, 1),
+                "interval_ms": probe_period_ms(replicas),
                 "cpu_us_per_probe": round(ticks / CLK_TCK * 1e6 / max(1, probes), 1),
                 "cpu_cores": round(ticks / CLK_TCK / wall, 3),
                 "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
@@ -298,21 +303,29 @@ def index_memory(sizes: list[int]) -> list[dict[str, Any]]:
     return rows
 
 
+def probe_period_ms(replicas: int) -> int:
+    """About 200 probes a second whatever the fleet (20 with two replicas; the floor is 100 ms), so the
+    curve shows what a probe costs at a given fleet size, not at a given probe rate."""
+    return max(100, min(5000, replicas * 5))
+
+
 def measure_health(replicas: int, duration_s: int, tmp: Path) -> dict[str, Any]:
-    cfg = router_config(replicas, tmp)
+    cfg = router_config(replicas, tmp, health_interval_ms=probe_period_ms(replicas))
     with fleet(replicas, tmp):
-        argv = [str(PY), "-m", "runtime.health", "--config", str(cfg), "--log-level", "WARNING"]
+        argv = [str(PY), "-m", "runtime.health", "--config", str(cfg)]  # LOG_LEVEL=WARNING (main)
         with process(argv, log=tmp / "health.log") as monitor:
             feed = f"http://127.0.0.1:{HEALTH_PORT}/v1/backends"
             deadline = time.monotonic() + 60
+            data: dict[str, Any] = {}
             while True:  # warm: every replica admitted (readmit_after_successes probes each)
                 with contextlib.suppress(OSError):
                     with urllib.request.urlopen(feed, timeout=10) as resp:
                         data = json.loads(resp.read())
                     if sum(1 for b in data["backends"] if b.get("routable")) >= replicas:
                         break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"health monitor did not admit {replicas} replicas: {data}")
+                if time.monotonic() > deadline or monitor.poll() is not None:
+                    log = (tmp / "health.log").read_text()[-2000:]
+                    raise RuntimeError(f"health monitor did not admit {replicas} replicas: {log}")
                 time.sleep(0.5)
             time.sleep(1.0)
             pid = monitor.pid
@@ -332,6 +345,7 @@ def measure_health(replicas: int, duration_s: int, tmp: Path) -> dict[str, Any]:
                 "probes": probes,
                 "metrics_scrapes": scrapes,
                 "probes_per_s": round(probes / wall, 1),
+                "interval_ms": probe_period_ms(replicas),
                 "feed_reads": feed_reads,
                 "cpu_us_per_probe": round(ticks / CLK_TCK * 1e6 / max(1, probes), 1),
                 "cpu_cores": round(ticks / CLK_TCK / wall, 3),
@@ -359,24 +373,33 @@ def main() -> int:
     info: dict[str, Any] = {**describe(), "commit": commit_of(ROOT)}
     out: dict[str, Any] = {"machine": info}
     replicas = [int(x) for x in args.replicas.split(",")]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = args.name or "scale-" + dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M")
+    path = RESULTS / f"{stem}.json"
+
+    def save() -> None:  # after every curve: a late failure keeps what was measured
+        info["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        path.write_text(json.dumps(out, indent=2))
+
+    os.environ["LOG_LEVEL"] = "WARNING"  # the services' log level (the router also takes --log-level)
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         if "replicas" in curves:
             out["replicas"] = [measure_router(n, args.duration, tmp, repeat=args.repeat) for n in replicas]
+            save()
         if "index" in curves:
             sizes = [int(x) for x in args.index_sizes.split(",")]
             out["index"] = [
                 measure_router(args.index_replicas, args.duration, tmp, s, repeat=args.repeat) for s in sizes
             ]
             out["index_memory"] = index_memory(sizes)
+            save()
         if "health" in curves:
-            out["health"] = [measure_health(n, max(args.duration, 5), tmp) for n in replicas]
-            out["router_probes"] = [measure_router_probes(n, max(args.duration, 5), tmp) for n in replicas]
-    info["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = args.name or "scale-" + dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M")
-    (RESULTS / f"{stem}.json").write_text(json.dumps(out, indent=2))
-    print(f"wrote {RESULTS / stem}.json")
+            out["health"] = [measure_health(n, 2 * args.duration, tmp) for n in replicas]
+            save()
+            out["router_probes"] = [measure_router_probes(n, 2 * args.duration, tmp) for n in replicas]
+            save()
+    print(f"wrote {path}")
     return 0
 
 
