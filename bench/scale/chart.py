@@ -98,13 +98,13 @@ def table(data: dict[str, Any]) -> str:
         lines.append("")
     if data.get("health"):
         lines += [
-            "| replicas | CPU us/probe | probes/s | monitor CPU, cores | feed reads | RSS MiB |",
-            "|---|---|---|---|---|---|",
+            "| replicas | CPU us/probe | probes/s | monitor CPU, cores | feed read, CPU ms | feed KiB | RSS MiB |",
+            "|---|---|---|---|---|---|---|",
         ]
         for r in data["health"]:
             lines.append(
                 f"| {r['replicas']:,} | {r['cpu_us_per_probe']} | {r['probes_per_s']} | {r['cpu_cores']} | "
-                f"{r['feed_reads']} | {r['rss_mib']} |"
+                f"{r['feed_cpu_ms_per_read']} | {r['feed_bytes'] / 1024:.0f} | {r['rss_mib']} |"
             )
         lines.append("")
     if data.get("router_probes"):
