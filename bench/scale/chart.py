@@ -28,7 +28,13 @@ def caption(data: dict[str, Any]) -> str:
 
 def draw(runs: list[tuple[str, dict[str, Any]]], out: Path) -> None:
     panels = [
-        ("replicas", "replicas", "cpu_us_per_req", "router CPU us / request", "fake replicas"),
+        (
+            "replicas",
+            "replicas",
+            "cpu_us_per_req",
+            "router CPU us / request (log x: a straight line is log N)",
+            "fake replicas",
+        ),
         (
             "index",
             "index_entries",
@@ -41,7 +47,8 @@ def draw(runs: list[tuple[str, dict[str, Any]]], out: Path) -> None:
     ]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     for ax, (key, x, y, title, xlabel) in zip(axes.flat, panels, strict=True):
-        series = [(key, "")] + ([("router_probes", "router's own probing, ")] if key == "health" else [])
+        series = [(key, "health monitor, " if key == "health" else "")]
+        series += [("router_probes", "router's own probing, ")] if key == "health" else []
         for (label, data), style in zip(runs, ("-", "--"), strict=False):
             for k, what in series:
                 rows = data.get(k) or []
@@ -125,7 +132,10 @@ def main() -> None:
     runs = [(data["machine"]["commit"], data)]
     if args.before:
         before = json.loads(args.before.read_text())
-        runs.append((before["machine"]["commit"], before))
+        runs = [
+            (f"after: {data['machine']['commit']}", data),
+            (f"before: {before['machine']['commit']}", before),
+        ]
     draw(runs, args.results.with_suffix(".png"))
     args.results.with_suffix(".md").write_text("# Scale curves\n\n" + table(data))
     print(f"wrote {args.results.with_suffix('.png')} and .md")
