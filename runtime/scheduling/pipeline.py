@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from itertools import compress
 from typing import ClassVar, Self, TypeVar
 
 from runtime.scheduling.inputs import Context, Endpoint, Knobs
@@ -38,6 +39,8 @@ class Eligible(Filter):
     def keep(self, endpoints: Sequence[E], ctx: Context) -> list[E]:
         now = ctx.now
         exclude = ctx.exclude
+        if not exclude:  # the usual case (a first try): one test fewer per replica
+            return [b for b in endpoints if b.healthy and b.inflight < b.cap and b.breaker.allows(now)]
         return [
             b
             for b in endpoints
@@ -113,12 +116,13 @@ class Strategy:
         for scorer, weight in self.scorers:
             scores = scorer.score(candidates, ctx)
             if scorer.affinity:
-                for i, b in enumerate(candidates):
+                # affinity scores are mostly 0 (one home, a few holders): visit only the others
+                for i in compress(range(len(candidates)), scores):
+                    b = candidates[i]
                     if b.inflight / b.cap <= guard:
                         total[i] += weight * scores[i]
             else:
-                for i in range(len(candidates)):
-                    total[i] += weight * scores[i]
+                total = [t + weight * s for t, s in zip(total, scores, strict=True)]
         best = max(total)
         winners = [b for b, t in zip(candidates, total, strict=True) if t >= best - 1e-9]
         return winners[0] if len(winners) == 1 else self.rng.choice(winners)

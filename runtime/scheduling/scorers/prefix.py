@@ -118,8 +118,12 @@ class PrefixScorer(Scorer):
         self.balance_factor = balance_factor
         self.window_s = window_s
         self.index: BoundedLru[int, Block] = BoundedLru(max_entries)
-        # replica url -> (conversations started there, decayed with time constant window_s; as of when)
-        self.started: dict[str, tuple[float, float]] = {}
+        # replica url -> conversations started there, decayed with time constant window_s, stored grown:
+        # count x e^((t - epoch) / window_s) for a start at t. One shared factor e^(-(now - epoch) / window_s)
+        # turns every stored value into its count now, so a pick over N replicas costs N lookups, not N
+        # exponentials; the epoch moves (and forgotten replicas go) once per window_s.
+        self.grown: dict[str, float] = {}
+        self.epoch: float | None = None
         self.lookups = 0
         self.hits = 0
         self.followups = 0
@@ -136,9 +140,23 @@ class PrefixScorer(Scorer):
             knobs.prefix_balance_window_s,
         )
 
-    def _started(self, url: str, now: float) -> float:
-        count, at = self.started.get(url, (0.0, now))
-        return count * math.exp(min(0.0, at - now) / self.window_s)
+    def decay(self, now: float) -> float:
+        """What turns a stored (grown) count into the count at ``now``."""
+        return 1.0 if self.epoch is None else math.exp(min(0.0, self.epoch - now) / self.window_s)
+
+    def started(self, url: str, now: float) -> float:
+        """Conversations started on ``url`` lately (decayed with time constant ``window_s``)."""
+        return self.grown.get(url, 0.0) * self.decay(now)
+
+    def _count_start(self, url: str, now: float) -> None:
+        epoch = self.epoch
+        if epoch is None or now - epoch >= self.window_s:
+            # move the epoch to now (so the growth factor stays small), forgetting replicas that started
+            # nothing lately: once per window_s, whatever the traffic, so O(replicas) amortises to nothing
+            decay = self.decay(now)
+            self.grown = {u: g * decay for u, g in self.grown.items() if g * decay >= 0.01}
+            self.epoch = epoch = now
+        self.grown[url] = self.grown.get(url, 0.0) + math.exp(max(0.0, now - epoch) / self.window_s)
 
     def score(self, endpoints: Sequence[Endpoint], ctx: Context) -> list[float]:
         hashes = block_hashes(ctx.prompt, self.block_chars, self.max_blocks)
@@ -177,19 +195,20 @@ class PrefixScorer(Scorer):
             return [1.0 if depth_of.get(b.url) == top else 0.0 for b in endpoints]
         # a new conversation on a shared prefix: bounded loads over recently started conversations
         self.shared += 1
-        now = ctx.now
-        started = {b.url: self._started(b.url, now) for b in endpoints}
-        total = sum(started.values())
+        decay = self.decay(ctx.now)
+        grown = self.grown.get
+        counts = [grown(b.url, 0.0) * decay for b in endpoints]
+        total = sum(counts)
         n = len(endpoints)
         factor = self.balance_factor
         # deepest match first; among equally deep holders, the one that started the fewest: a prefix
         # already copied to several replicas is the cheapest way to even them out
-        for url in sorted(order, key=lambda u: (-depth_of[u], started[u])):
-            if within_bound(started[url], total, n, factor):
+        for url in sorted(order, key=lambda u: (-depth_of[u], grown(u, 0.0))):
+            if within_bound(grown(url, 0.0) * decay, total, n, factor):
                 return [1.0 if b.url == url else 0.0 for b in endpoints]
         self.spilled += 1
-        fewest = min(started.values())
-        return [1.0 if started[b.url] <= fewest else 0.0 for b in endpoints]
+        fewest = min(counts)
+        return [1.0 if c <= fewest else 0.0 for c in counts]
 
     def on_routed(self, endpoint: Endpoint, ctx: Context) -> None:
         hashes = ctx.notes.get("prefix_hashes")
@@ -197,12 +216,7 @@ class PrefixScorer(Scorer):
             return
         url = endpoint.url
         if not ctx.notes.get("prefix_followup"):
-            now = ctx.now
-            started = self.started
-            started[url] = (self._started(url, now) + 1.0, now)
-            if len(started) > 64:  # replicas come and go: forget the ones that started nothing lately
-                for gone in [u for u in started if u != url and self._started(u, now) < 0.01]:
-                    del started[gone]
+            self._count_start(url, ctx.now)
         index = self.index
         keep = OWNERS_PER_BLOCK - 1
         parent: Block | None = None

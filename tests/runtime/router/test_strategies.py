@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -12,7 +13,7 @@ from runtime.config import StrategyConfig
 from runtime.router.backends import Backend, Breaker, Circuit
 from runtime.scheduling import PRESETS, Context, Report, build
 from runtime.scheduling.lru import BoundedLru
-from runtime.scheduling.scorers.prefix import block_hashes, within_bound
+from runtime.scheduling.scorers.prefix import PrefixScorer, block_hashes, within_bound
 
 replica = st.fixed_dictionaries(
     {
@@ -369,3 +370,25 @@ def test_adapter_aware_prefers_a_replica_holding_the_adapter_until_the_load_guar
     assert strategy.pick(backends, ctx) is not warm
     base = Context(model="m", now=1.0)  # base-model requests: plain least load
     assert strategy.pick(backends, base) is not warm
+
+
+def test_prefix_counts_of_started_conversations_decay_and_forget_departed_replicas() -> None:
+    """The decayed counts the bounded-load rule reads: e^-1 after one window, unchanged by the epoch moving
+    (once per window, in O(replicas) amortised over the window), and a replica that started nothing for
+    long is forgotten then."""
+    scorer = PrefixScorer(256, 8, 1000, 1.2, window_s=10.0)
+    scorer._count_start("a", 100.0)
+    scorer._count_start("a", 100.0)
+    scorer._count_start("b", 105.0)
+    assert scorer.started("a", 110.0) == pytest.approx(2 * math.exp(-1.0))
+    assert scorer.started("b", 110.0) == pytest.approx(math.exp(-0.5))
+    scorer._count_start("b", 110.0)  # a window since the epoch: it moves to 110, values unchanged
+    assert scorer.epoch == 110.0
+    assert scorer.started("a", 120.0) == pytest.approx(2 * math.exp(-2.0))
+    assert scorer.started("b", 120.0) == pytest.approx((math.exp(-0.5) + 1) * math.exp(-1.0))
+    scorer._count_start("b", 200.0)  # "a" decayed below 0.01 conversations: forgotten
+    assert "a" not in scorer.grown
+    assert scorer.started("a", 200.0) == 0.0
+    assert scorer.started("b", 100_000.0) == 0.0  # no overflow after a long idle gap
+    scorer._count_start("b", 100_000.0)
+    assert scorer.started("b", 100_000.0) == pytest.approx(1.0)
