@@ -131,16 +131,17 @@ class _Conn(asyncio.Protocol):
             w.set_result(None)
 
     async def wait(self, timeout_s: float, what: str) -> None:
+        """Until the engine sends something (or the connection breaks); ``UpstreamError`` after ``timeout_s``.
+
+        A bare timer that fails the waiter, not ``asyncio.timeout``: this runs once or more per proxied
+        request, and the context manager costs several Python calls and a task lookup each time."""
         loop = asyncio.get_running_loop()
-        self._waiter = loop.create_future()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout_s, _expire, waiter, timeout_s, what)
         try:
-            async with asyncio.timeout(timeout_s):
-                await self._waiter
-        except TimeoutError:
-            raise UpstreamError(
-                f"engine sent no {what} within {timeout_s:g}s", retryable=False, kind="timeout"
-            ) from None
+            await waiter
         finally:
+            timer.cancel()
             self._waiter = None
 
     def take(self) -> bytes:
@@ -152,6 +153,13 @@ class _Conn(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
         return data
+
+
+def _expire(waiter: asyncio.Future[None], timeout_s: float, what: str) -> None:
+    if not waiter.done():
+        waiter.set_exception(
+            UpstreamError(f"engine sent no {what} within {timeout_s:g}s", retryable=False, kind="timeout")
+        )
 
 
 class Pool:
