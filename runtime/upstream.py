@@ -188,13 +188,21 @@ class Pool:
             ) from None
         return conn
 
-    async def acquire(self, timeout_s: float) -> tuple[_Conn, bool]:
-        """A connection and whether it was reused (a reused one may have been closed by the engine)."""
-        while self._idle:
-            conn = self._idle.pop()
+    def take_idle(self) -> _Conn | None:
+        """The warmest idle connection, reset for a new exchange (it may have been closed by the engine)."""
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
             if not conn.closed:
                 conn.reset()
-                return conn, True
+                return conn
+        return None
+
+    async def acquire(self, timeout_s: float) -> tuple[_Conn, bool]:
+        """A connection and whether it was reused (a reused one may have been closed by the engine)."""
+        conn = self.take_idle()
+        if conn is not None:
+            return conn, True
         return await self._connect(timeout_s), False
 
     def release(self, conn: _Conn) -> None:
@@ -247,7 +255,10 @@ class Exchange:
     @classmethod
     async def open(cls, pool: Pool, request: bytes, connect_timeout_s: float) -> Exchange:
         """Send the request (head and body already joined)."""
-        conn, reused = await pool.acquire(connect_timeout_s)
+        conn = pool.take_idle()  # the usual case, without another coroutine
+        reused = conn is not None
+        if conn is None:
+            conn = await pool._connect(connect_timeout_s)
         assert conn.transport is not None
         conn.transport.write(request)
         return cls(pool, conn, request, reused, connect_timeout_s)

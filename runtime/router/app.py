@@ -330,7 +330,7 @@ class Router:
                 self._fail(conn, last_error[0], last_error[1], "upstream", code="upstream_error")
                 return
             outcome: tuple[int, str] | None
-            failure = await self._adapter_ready(state, backend, ctx.adapter)
+            failure = None if ctx.adapter is None else await self._adapter_ready(state, backend, ctx.adapter)
             if failure is not None and not failure.retryable:  # the engine refused the adapter itself
                 self._fail(
                     conn,

@@ -101,8 +101,8 @@ class Strategy:
         self.needs: frozenset[Need] = frozenset().union(*(s.needs for s, _ in self.scorers))
 
     def pick(self, endpoints: Sequence[E], ctx: Context) -> E | None:
-        candidates = list(endpoints)
-        for f in self.filters:
+        candidates: Sequence[E] = endpoints
+        for f in self.filters:  # Eligible comes first and builds a new list: the caller's is never changed
             candidates = f.keep(candidates, ctx)
             if not candidates:
                 return None
@@ -112,13 +112,15 @@ class Strategy:
         guard = self.load_guard_ratio
         for scorer, weight in self.scorers:
             scores = scorer.score(candidates, ctx)
+            if not any(scores):  # no opinion (no prefix match, no adapter): adds nothing
+                continue
             if scorer.affinity:
                 for i, b in enumerate(candidates):
                     if b.inflight / b.cap <= guard:
                         total[i] += weight * scores[i]
             else:
-                for i in range(len(candidates)):
-                    total[i] += weight * scores[i]
+                for i, score in enumerate(scores):
+                    total[i] += weight * score
         best = max(total)
         winners = [b for b, t in zip(candidates, total, strict=True) if t >= best - 1e-9]
         return winners[0] if len(winners) == 1 else self.rng.choice(winners)
