@@ -310,6 +310,15 @@ class Exchange:
         """The whole body arrived and was taken."""
         return self._conn.done and not self._conn._chunks
 
+    def whole_body(self) -> bytes | None:
+        """The entire body when it has all arrived already (the usual small answer), else None; no coroutine."""
+        conn = self._conn
+        if not conn.done:
+            return None
+        data = conn.take() if conn._chunks else b""
+        self.finish()
+        return data
+
     async def next_chunk(self, timeout_s: float) -> bytes | None:
         """The body bytes received since the last call, or None at the end of the response."""
         conn = self._conn

@@ -21,8 +21,12 @@ class LocalLimits:
 
     store_up: float | None = None
 
-    async def admit(self, principal: Principal, model: str) -> Denied | None:
+    def decide(self, principal: Principal, model: str) -> Denied | None:
+        """The decision, without a coroutine (the router's hot path calls this when limits are local)."""
         return admit(principal, model, time.monotonic())
+
+    async def admit(self, principal: Principal, model: str) -> Denied | None:
+        return self.decide(principal, model)
 
     def charge(self, principal: Principal | None, tokens: int) -> None:
         charge_tokens(principal, tokens, time.monotonic())
