@@ -58,8 +58,21 @@ Handler = Callable[[Request, "Connection"], Awaitable[None]]
 BodyLimit = Callable[[bytes], int]
 
 
+_STATUS_LINES: dict[int, bytes] = {}
+
+
+def _status_line(status: int) -> bytes:
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        line = _STATUS_LINES[status] = b"HTTP/1.1 %d %s\r\n" % (
+            status,
+            REASONS.get(status, "Unknown").encode(),
+        )
+    return line
+
+
 def _head(status: int, headers: list[tuple[bytes, bytes]], tail: bytes) -> bytes:
-    lines = [b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, "Unknown").encode())]
+    lines = [_status_line(status)]
     for name, value in headers:
         lines.append(name + b": " + value + b"\r\n")
     lines.append(tail)
@@ -160,7 +173,9 @@ class Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.lower()] = value
-        self._count_head(len(name) + len(value) + 4)
+        n = self._head_bytes = self._head_bytes + len(name) + len(value) + 4  # _count_head, inlined (hot)
+        if self._max_head is not None and n > self._max_head:
+            raise _HeadTooLargeError
 
     def _count_head(self, n: int) -> None:
         self._head_bytes += n
@@ -248,12 +263,16 @@ class Connection(asyncio.Protocol):
         """A complete response in one write."""
         if self.closed or self._transport is None:
             return
-        headers = [(b"content-type", content_type), (b"content-length", b"%d" % len(body))]
+        head = b"%bcontent-type: %b\r\ncontent-length: %d\r\n" % (
+            _status_line(status),
+            content_type,
+            len(body),
+        )
         if extra:
-            headers.extend(extra)
+            head += b"".join([name + b": " + value + b"\r\n" for name, value in extra])
         if not self._keep_alive:
-            headers.append((b"connection", b"close"))
-        self._transport.write(_head(status, headers, b"\r\n") + (b"" if self._head_only else body))
+            head += b"connection: close\r\n"
+        self._transport.write(head + b"\r\n" + (b"" if self._head_only else body))
         if not self._keep_alive:
             self.close()
 

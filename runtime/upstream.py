@@ -131,16 +131,17 @@ class _Conn(asyncio.Protocol):
             w.set_result(None)
 
     async def wait(self, timeout_s: float, what: str) -> None:
+        """Until the engine sends something (or the connection breaks); ``UpstreamError`` after ``timeout_s``.
+
+        A bare timer that fails the waiter, not ``asyncio.timeout``: this runs once or more per proxied
+        request, and the context manager costs several Python calls and a task lookup each time."""
         loop = asyncio.get_running_loop()
-        self._waiter = loop.create_future()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout_s, _expire, waiter, timeout_s, what)
         try:
-            async with asyncio.timeout(timeout_s):
-                await self._waiter
-        except TimeoutError:
-            raise UpstreamError(
-                f"engine sent no {what} within {timeout_s:g}s", retryable=False, kind="timeout"
-            ) from None
+            await waiter
         finally:
+            timer.cancel()
             self._waiter = None
 
     def take(self) -> bytes:
@@ -152,6 +153,13 @@ class _Conn(asyncio.Protocol):
             self._paused = False
             self.transport.resume_reading()
         return data
+
+
+def _expire(waiter: asyncio.Future[None], timeout_s: float, what: str) -> None:
+    if not waiter.done():
+        waiter.set_exception(
+            UpstreamError(f"engine sent no {what} within {timeout_s:g}s", retryable=False, kind="timeout")
+        )
 
 
 class Pool:
@@ -180,13 +188,21 @@ class Pool:
             ) from None
         return conn
 
-    async def acquire(self, timeout_s: float) -> tuple[_Conn, bool]:
-        """A connection and whether it was reused (a reused one may have been closed by the engine)."""
-        while self._idle:
-            conn = self._idle.pop()
+    def take_idle(self) -> _Conn | None:
+        """The warmest idle connection, reset for a new exchange (it may have been closed by the engine)."""
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
             if not conn.closed:
                 conn.reset()
-                return conn, True
+                return conn
+        return None
+
+    async def acquire(self, timeout_s: float) -> tuple[_Conn, bool]:
+        """A connection and whether it was reused (a reused one may have been closed by the engine)."""
+        conn = self.take_idle()
+        if conn is not None:
+            return conn, True
         return await self._connect(timeout_s), False
 
     def release(self, conn: _Conn) -> None:
@@ -239,7 +255,10 @@ class Exchange:
     @classmethod
     async def open(cls, pool: Pool, request: bytes, connect_timeout_s: float) -> Exchange:
         """Send the request (head and body already joined)."""
-        conn, reused = await pool.acquire(connect_timeout_s)
+        conn = pool.take_idle()  # the usual case, without another coroutine
+        reused = conn is not None
+        if conn is None:
+            conn = await pool._connect(connect_timeout_s)
         assert conn.transport is not None
         conn.transport.write(request)
         return cls(pool, conn, request, reused, connect_timeout_s)
@@ -290,6 +309,15 @@ class Exchange:
     def drained(self) -> bool:
         """The whole body arrived and was taken."""
         return self._conn.done and not self._conn._chunks
+
+    def whole_body(self) -> bytes | None:
+        """The entire body when it has all arrived already (the usual small answer), else None; no coroutine."""
+        conn = self._conn
+        if not conn.done:
+            return None
+        data = conn.take() if conn._chunks else b""
+        self.finish()
+        return data
 
     async def next_chunk(self, timeout_s: float) -> bytes | None:
         """The body bytes received since the last call, or None at the end of the response."""

@@ -14,6 +14,10 @@ the gateway data path; ``envoy-picker`` is the same Envoy asking inferstack's en
 request over ext_proc (full-duplex bodies, the Endpoint Picker Protocol's mode; ``envoy-picker-buffered``:
 buffered bodies), with the router's prefix_aware strategy. Their CPU per request is the whole path's:
 Envoy's and the picker's processes together. They check no API key (the gateway's job in that mode).
+
+``--baseline REF`` adds the target ``inferstack@REF``: the router as committed at that git ref (exported to a
+temporary directory, run with the same interpreter and config), so a change is measured before and after in
+one run, on one machine state.
 """
 
 from __future__ import annotations
@@ -284,7 +288,7 @@ def envoy_argvs(target: str, workers: list[str], tmp: Path) -> list[list[str]]:
 
 def router_argvs(target: str, workers: list[str], tmp: Path) -> list[list[str]] | None:
     """The processes a target runs (their CPU is the path's), or None for direct / a missing rival."""
-    if target == "inferstack":
+    if target == "inferstack" or target.startswith("inferstack@"):
         cfg = str(inferstack_config(workers, tmp))
         return [[str(PY), "-m", "runtime.router", "--config", cfg, "--log-level", "WARNING"]]
     if target in ENVOY_TARGETS:
@@ -307,7 +311,17 @@ def machine() -> dict[str, str]:
     }
 
 
-def run(targets: list[str], duration_s: int, ttfb_n: int, repeat: int = 1) -> list[Row]:
+def export_ref(ref: str, into: Path) -> Path:
+    """The repository's files at ``ref`` (``git archive``), where ``python -m runtime.router`` finds them first."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def run(
+    targets: list[str], duration_s: int, ttfb_n: int, repeat: int = 1, baseline: str | None = None
+) -> list[Row]:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
@@ -318,6 +332,7 @@ def run(targets: list[str], duration_s: int, ttfb_n: int, repeat: int = 1) -> li
             'wrk.headers["Content-Type"] = "application/json"\n'
             f'wrk.headers["Authorization"] = "Bearer {API_KEY}"\n'
         )
+        baseline_dir = export_ref(baseline, tmp / "baseline") if baseline else None
         engines = []
         for scenario, ports in PORTS.items():
             for port in ports:
@@ -338,7 +353,8 @@ def run(targets: list[str], duration_s: int, ttfb_n: int, repeat: int = 1) -> li
                         continue
                     log = tmp / f"{target}-{scenario}.log"
                     with contextlib.ExitStack() as stack:
-                        procs = [stack.enter_context(process(argv, log=log)) for argv in argvs or []]
+                        cwd = baseline_dir if baseline_dir and target.startswith("inferstack@") else ROOT
+                        procs = [stack.enter_context(process(argv, log=log, cwd=cwd)) for argv in argvs or []]
                         port = ROUTER_PORT if argvs else ports[0]
                         wait_http(port, "/v1/chat/completions")
                         pids = [p.pid for p in procs]
@@ -475,13 +491,25 @@ def main() -> int:
     ap.add_argument("--ttfb-requests", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=1, help="runs per cell; the highest req/s is kept")
     ap.add_argument("--name", default=None, help="results file stem (default router-YYYYMMDD-HHMM)")
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        help="a git ref: also run the router as committed there (target inferstack@REF)",
+    )
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         print("error: wrk is not installed (apt-get install -y wrk)", file=sys.stderr)
         return 2
     RESULTS.mkdir(parents=True, exist_ok=True)
     info = machine()
-    rows = run(args.targets.split(","), args.duration, args.ttfb_requests, args.repeat)
+    info["commit"] = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
+    targets = args.targets.split(",")
+    if args.baseline:
+        at = targets.index("inferstack") + 1 if "inferstack" in targets else len(targets)
+        targets.insert(at, f"inferstack@{args.baseline}")
+    rows = run(targets, args.duration, args.ttfb_requests, args.repeat, args.baseline)
     info["repeat"] = str(args.repeat)
     info["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     stem = args.name or "router-" + dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M")

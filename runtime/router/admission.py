@@ -37,21 +37,23 @@ class QueueFullError(Exception):
 class WaitQueue:
     def __init__(self, max_waiting: int) -> None:
         self.max_waiting = max_waiting
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self.waiters: deque[asyncio.Future[None]] = (
+            deque()
+        )  # read directly on the hot path: non-empty = a line
 
     def __len__(self) -> int:
-        return len(self._waiters)
+        return len(self.waiters)
 
     async def wait(self, timeout_s: float, front: bool = False) -> bool:
         """Wait for a wake-up; False if the deadline passed first. ``front`` re-queues a request
         that was woken but lost the slot, ahead of later arrivals."""
-        if len(self._waiters) >= self.max_waiting and not front:
+        if len(self.waiters) >= self.max_waiting and not front:
             raise QueueFullError
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if front:
-            self._waiters.appendleft(fut)
+            self.waiters.appendleft(fut)
         else:
-            self._waiters.append(fut)
+            self.waiters.append(fut)
         try:
             async with asyncio.timeout(timeout_s):
                 await fut
@@ -66,10 +68,10 @@ class WaitQueue:
             if not fut.done():
                 fut.cancel()
             with contextlib.suppress(ValueError):
-                self._waiters.remove(fut)
+                self.waiters.remove(fut)
 
     def wake_one(self) -> None:
-        waiters = self._waiters
+        waiters = self.waiters
         while waiters:
             fut = waiters.popleft()
             if not fut.done():
@@ -77,8 +79,8 @@ class WaitQueue:
                 return
 
     def wake_all(self) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
+        while self.waiters:
+            fut = self.waiters.popleft()
             if not fut.done():
                 fut.set_result(None)
 
@@ -107,7 +109,7 @@ async def acquire(
     while True:
         ctx.now = time.monotonic()
         # first come, first served: a newcomer does not overtake requests already in line
-        jump = not waited_from and len(state.queue) > 0
+        jump = not waited_from and bool(state.queue.waiters)
         if jump and any(b.inflight < b.cap and b.healthy for b in state.backends):
             state.queue.wake_one()  # a slot is free: make sure the head of the line gets it
         backend = None if jump else state.strategy.pick(state.backends, ctx)

@@ -22,7 +22,7 @@ from runtime.router.admission import Refusal, acquire
 from runtime.router.backends import Backend
 from runtime.router.batch_api import BatchApiHooks, api_call_model, is_batch_api, low_priority_avoid
 from runtime.router.fleet import Fleet, ModelState
-from runtime.router.limits import Limits, make_limits
+from runtime.router.limits import Limits, LocalLimits, make_limits
 from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
 from runtime.router.payload import BadRequest, choices_problem, prompt_text, read_request
 from runtime.router.proxy import Call, Forwarder, forwarded_tail
@@ -244,7 +244,12 @@ class Router:
             return
         # 3. may they
         if principal is not None:
-            denied = await self.limits.admit(principal, model)
+            limits = self.limits
+            denied = (
+                limits.decide(principal, model)
+                if type(limits) is LocalLimits
+                else await limits.admit(principal, model)
+            )
             if denied is not None:
                 self._fail(
                     conn,
@@ -330,7 +335,7 @@ class Router:
                 self._fail(conn, last_error[0], last_error[1], "upstream", code="upstream_error")
                 return
             outcome: tuple[int, str] | None
-            failure = await self._adapter_ready(state, backend, ctx.adapter)
+            failure = None if ctx.adapter is None else await self._adapter_ready(state, backend, ctx.adapter)
             if failure is not None and not failure.retryable:  # the engine refused the adapter itself
                 self._fail(
                     conn,

@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -23,8 +23,10 @@ from runtime.engines import Signal, facts
 from runtime.router.adapters import listed_adapters
 from runtime.router.admission import WaitQueue
 from runtime.router.backends import Backend, Breaker
-from runtime.router.cache_view import ModelCacheView
 from runtime.scheduling import Need, Strategy, build
+
+if TYPE_CHECKING:  # imported when a model follows KV events: tokenizers, jinja2 and zmq cost ~10 MiB of RSS
+    from runtime.router.cache_view import ModelCacheView
 
 log = logging.getLogger("inferstack.router.fleet")
 
@@ -155,6 +157,8 @@ class Fleet:
         old = self.models.get(state.name)
         if old is not None and old.kv is not None and old.target == state.target:
             return old.kv
+        from runtime.router.cache_view import ModelCacheView  # noqa: PLC0415  (see the import above)
+
         view = ModelCacheView(state.target, source)
         view.count_problem = self._kv_problem  # late-bound: the router sets on_kv_problem after apply()
         return view

@@ -1,19 +1,26 @@
 """The router's metrics, all under ``inferstack_router_*`` in a registry of its own.
 
-Label children are cached per (model, backend, status) so the hot path is a dict hit and an add.
+The four families every request touches (requests, duration, time to first byte, tokens) are plain
+dicts of numbers exposed by a collector (``Counts``, ``Histograms``): one dict update per event, where
+prometheus-client's children take a lock and several Python calls per update (a histogram walks its
+buckets in Python). The router is one event-loop thread, and /metrics is rendered on it, so nothing else
+touches these dicts. The rarer families keep prometheus-client's types, children cached per label set.
 Gauges that mirror live state (queue depth, in-flight, circuit state, index size) are filled in at
 scrape time by a collector rather than on every request.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from runtime.scheduling import Report
 
@@ -82,16 +89,60 @@ class _Live(Collector):
             yield fam
 
 
+class Counts(Collector):
+    """A counter family as a dict of label values -> count; callers add to ``values`` directly."""
+
+    def __init__(self, name: str, doc: str, labels: Sequence[str]) -> None:
+        self.name = name
+        self.doc = doc
+        self.labels = list(labels)
+        self.values: dict[tuple[Any, ...], float] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        fam = CounterMetricFamily(self.name, self.doc, labels=self.labels)
+        for values, v in list(self.values.items()):
+            fam.add_metric([str(x) for x in values], v)
+        yield fam
+
+
+class Histograms(Collector):
+    """A histogram family: label values -> [count per bucket..., count above the last bound, sum]."""
+
+    def __init__(self, name: str, doc: str, labels: Sequence[str], bounds: Sequence[float]) -> None:
+        self.name = name
+        self.doc = doc
+        self.labels = list(labels)
+        self.bounds = tuple(bounds)
+        self.les = [floatToGoString(b) for b in (*self.bounds, math.inf)]  # type: ignore[no-untyped-call]
+        self.series: dict[tuple[str, ...], list[float]] = {}
+
+    def observe(self, labels: tuple[str, ...], value: float) -> None:
+        row = self.series.get(labels)
+        if row is None:
+            row = self.series[labels] = [0.0] * (len(self.bounds) + 2)
+        row[bisect_left(self.bounds, value)] += 1  # a bucket counts values <= its bound, as Prometheus'
+        row[-1] += value
+
+    def collect(self) -> Iterator[Metric]:
+        fam = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        for values, row in list(self.series.items()):
+            cumulative, acc = [], 0.0
+            for le, n in zip(self.les, row, strict=False):
+                acc += n
+                cumulative.append((le, acc))
+            fam.add_metric(list(values), cumulative, row[-1])
+        yield fam
+
+
 class RouterMetrics:
     def __init__(self) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series double the scrape for nothing a dashboard uses
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
-        self.requests = Counter(
+        self.requests = Counts(
             "inferstack_router_requests",
             "Requests by model, replica and status",
             ["model", "backend", "status"],
-            registry=r,
         )
         self.rejections = Counter(
             "inferstack_router_rejections",
@@ -102,23 +153,21 @@ class RouterMetrics:
         self.retries = Counter(
             "inferstack_router_retries", "Retries to another replica", ["model", "reason"], registry=r
         )
-        self.tokens = Counter(
-            "inferstack_router_tokens", "Tokens from usage", ["model", "direction"], registry=r
-        )
-        self.duration = Histogram(
+        self.tokens = Counts("inferstack_router_tokens", "Tokens from usage", ["model", "direction"])
+        self.duration = Histograms(
             "inferstack_router_request_duration_seconds",
             "End-to-end latency seen by the router",
             ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            LATENCY_BUCKETS_S,
         )
-        self.ttft = Histogram(
+        self.ttft = Histograms(
             "inferstack_router_ttft_seconds",
             "Time to the first body byte from the engine",
             ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            LATENCY_BUCKETS_S,
         )
+        for hot in (self.requests, self.tokens, self.duration, self.ttft):
+            r.register(hot)
         self.queue_wait = Histogram(
             "inferstack_router_queue_wait_seconds",
             "Time spent waiting for a free replica",
@@ -183,25 +232,31 @@ class RouterMetrics:
         gone = {mb for mb, at in self._departed.items() if now - at >= DEPARTED_KEEP_S}
         for mb in gone:
             del self._departed[mb]
-        for key in [k for k in self._children if k[0] == id(self.requests) and k[1:3] in gone]:
-            del self._children[key]
-            self.requests.remove(*key[1:])
+        if gone:
+            counts = self.requests.values
+            for key in [k for k in counts if k[:2] in gone]:
+                del counts[key]
 
     def request(self, model: str, backend: str, status: int, duration_s: float) -> None:
         if self._departed:
             self._departed.pop((model, backend), None)  # it came back
-        self._child(self.requests, model, backend, str(status)).inc()
+        counts = self.requests.values
+        key = (model, backend, status)
+        counts[key] = counts.get(key, 0.0) + 1.0
         if duration_s >= 0:
-            self._child(self.duration, model).observe(duration_s)
+            self.duration.observe((model,), duration_s)
 
     def first_byte(self, model: str, seconds: float) -> None:
-        self._child(self.ttft, model).observe(seconds)
+        self.ttft.observe((model,), seconds)
 
     def usage(self, model: str, prompt: int, completion: int) -> None:
+        counts = self.tokens.values
         if prompt:
-            self._child(self.tokens, model, "in").inc(prompt)
+            key = (model, "in")
+            counts[key] = counts.get(key, 0.0) + prompt
         if completion:
-            self._child(self.tokens, model, "out").inc(completion)
+            key = (model, "out")
+            counts[key] = counts.get(key, 0.0) + completion
 
     def reject(self, reason: str, model: str = "") -> None:
         self._child(self.rejections, model, reason).inc()

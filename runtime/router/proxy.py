@@ -129,7 +129,8 @@ class Forwarder:
                 b.breaker.on_failure(time.monotonic())
                 return 502, f"replica answered with content-type {ctype.decode('latin-1')!r}"
             # a JSON answer (or an engine error, passed through as it is)
-            body = await ex.next_chunk(self.idle_timeout_s) or b""
+            whole = ex.whole_body()
+            body = whole if whole is not None else (await ex.next_chunk(self.idle_timeout_s) or b"")
             first = time.monotonic()
             extra = [(self.rid_header, rid), (BACKEND_HEADER, b.tag)]
             if ex.drained or not body:
@@ -159,7 +160,8 @@ class Forwarder:
                 b.breaker.on_success()
             else:
                 b.breaker.on_abandon()
-            state.queue.wake_one()
+            if state.queue.waiters:
+                state.queue.wake_one()
             self.metrics.request(state.name, b.url, status or 502, time.monotonic() - call.started)
             if self.access_log:
                 access.info(

@@ -18,7 +18,6 @@ from pathlib import Path
 from runtime.api_keys import KeyTable, files_digest, keys_path, load_key_table
 from runtime.config import REDIS_URL, RuntimeConfig
 from runtime.config_file import ConfigError, problem_lines, read_config
-from runtime.kvcache.prompts import PromptTokens, TokenizerError
 from runtime.router.app import Router
 from runtime.scheduling import load_plugins, problems
 
@@ -57,6 +56,9 @@ def _file_lines(path: Path, cfg: RuntimeConfig) -> list[str]:
                 )
     for i, target in enumerate(cfg.models):
         if target.kv_events is not None:
+            # only then: the tokenizer libraries cost ~10 MiB of resident memory (runtime.router.fleet)
+            from runtime.kvcache.prompts import PromptTokens, TokenizerError  # noqa: PLC0415
+
             try:
                 PromptTokens.load(target.kv_events.tokenizer_dir)
             except TokenizerError as err:

@@ -104,8 +104,8 @@ class Strategy:
         self.needs: frozenset[Need] = frozenset().union(*(s.needs for s, _ in self.scorers))
 
     def pick(self, endpoints: Sequence[E], ctx: Context) -> E | None:
-        candidates = list(endpoints)
-        for f in self.filters:
+        candidates: Sequence[E] = endpoints
+        for f in self.filters:  # Eligible comes first and builds a new list: the caller's is never changed
             candidates = f.keep(candidates, ctx)
             if not candidates:
                 return None
@@ -115,6 +115,8 @@ class Strategy:
         guard = self.load_guard_ratio
         for scorer, weight in self.scorers:
             scores = scorer.score(candidates, ctx)
+            if not any(scores):  # no opinion (no prefix match, no adapter): adds nothing
+                continue
             if scorer.affinity:
                 # affinity scores are mostly 0 (one home, a few holders): visit only the others
                 for i in compress(range(len(candidates)), scores):

@@ -23,7 +23,7 @@ from components.local.engine_process import free_port
 from components.local.redis_process import RedisProcess
 from runtime.api_keys import KeyTable, Principal
 from runtime.config import ApiKey, LimitStore
-from runtime.router.limits import SharedLimits, error_cause
+from runtime.router.shared_limits import SharedLimits, error_cause
 from tests.runtime.router.harness import RouterUnderTest
 
 TOKEN = "limit-store-test-token"

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import orjson
 import yaml
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from runtime.config import RuntimeConfig
 from runtime.engines import Signal
 from runtime.router.fleet import Fleet, apply_feed, parse_signals
+from runtime.router.metrics import LATENCY_BUCKETS_S, RouterMetrics
 from runtime.router.payload import prompt_text, usage_of
 from runtime.router.reload import read_router_config
 
@@ -132,3 +134,40 @@ def test_cli_bad_config_exits_2_naming_file_and_field(tmp_path: Path) -> None:
 def test_example_configs_load() -> None:
     for path in sorted((ROOT / "examples").glob("router*.yaml")):
         assert read_router_config(path).models
+
+
+def test_hot_metric_families_render_as_prometheus_clients_own_types() -> None:
+    """The plain-dict families the hot path updates expose exactly what Counter and Histogram would."""
+    ours = RouterMetrics()
+    theirs = CollectorRegistry(auto_describe=False)
+    requests = Counter("inferstack_router_requests", ours.requests.doc, ours.requests.labels, registry=theirs)
+    duration = Histogram(
+        "inferstack_router_request_duration_seconds",
+        ours.duration.doc,
+        ours.duration.labels,
+        buckets=LATENCY_BUCKETS_S,
+        registry=theirs,
+    )
+    tokens = Counter("inferstack_router_tokens", ours.tokens.doc, ours.tokens.labels, registry=theirs)
+    # on a bound, between bounds, below the first, above the last, and zero
+    for seconds in (0.005, 0.0051, 0.001, 500.0, 0.0, 1.0, 120.0):
+        for status in (200, 503):
+            ours.request("m", "http://a:1", status, seconds)
+            requests.labels("m", "http://a:1", str(status)).inc()
+            duration.labels("m").observe(seconds)
+    ours.usage("m", 8, 0)
+    ours.usage("m", 8, 3)
+    tokens.labels("m", "in").inc(16)
+    tokens.labels("m", "out").inc(3)
+
+    def lines(registry: CollectorRegistry, prefixes: tuple[str, ...]) -> list[str]:
+        text = generate_latest(registry).decode()
+        return sorted(
+            line for line in text.splitlines() if line.startswith(prefixes) and "_created" not in line
+        )
+
+    names = ("inferstack_router_requests", "inferstack_router_request_duration", "inferstack_router_tokens")
+    mine = lines(ours.registry, names)
+    assert mine == lines(theirs, names)
+    assert 'inferstack_router_request_duration_seconds_bucket{le="0.005",model="m"} 6.0' in mine
+    assert 'inferstack_router_request_duration_seconds_bucket{le="+Inf",model="m"} 14.0' in mine
