@@ -9,12 +9,21 @@ which reports them with the same field paths.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import re
 from enum import StrEnum
 from functools import partial
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from components import catalog
 from runtime.config import (
@@ -668,13 +677,157 @@ class ScalingSpec(_Spec):
         return self
 
 
+class RollbackRuleSpec(_Spec):
+    """When the health monitor sends a canary's traffic back to the stable version: any one breach, measured
+    over one evaluation interval, rolls back at once."""
+
+    max_error_rate: Annotated[float, Field(ge=0, le=1)] = 0.05
+    """Share of the canary's probes and one-token checks that may fail in an interval (0-1); above it: rollback."""
+    max_ttft_ratio: Annotated[float, Field(ge=1)] = 1.5
+    """The canary's TTFT p95 may be at most this multiple of the stable version's (when both have samples)."""
+    max_inter_token_ratio: Annotated[float, Field(ge=1)] = 1.5
+    """The canary's inter-token p95 may be at most this multiple of the stable version's."""
+    enforce_slo: bool = True
+    """Also roll back when the canary's TTFT or inter-token p95 breaks the model's slo (ttft_p95_ms,
+    inter_token_p95_ms), even if the stable version is as slow."""
+    min_samples: Annotated[int, Field(ge=1, le=10_000)] = 3
+    """Probes of the canary an interval needs before its error rate is judged (fewer: hold, never advance)."""
+
+
+class CanarySpec(_Spec):
+    """The steps a new version's traffic share moves through, and the rule that undoes them."""
+
+    steps_percent: list[Annotated[int, Field(ge=1, le=100)]] = Field(
+        default_factory=lambda: [10, 25, 50, 100]
+    )
+    """Canary weights in order, rising to 100 (e.g. [10, 25, 50, 100]): the canary's weight in versions must be
+    one of them (or 0); promotion is a spec change to the next step, which the plan shows."""
+    evaluation_interval_s: Annotated[int, Field(ge=5, le=3600)] = 60
+    """How often the health monitor compares the canary with the stable version and the SLO; a breach rolls
+    back within one interval."""
+    rollback: RollbackRuleSpec = Field(default_factory=RollbackRuleSpec)
+    """What counts as a breach: error rate, latency against the stable version, the SLO."""
+
+    @field_validator("steps_percent")
+    @classmethod
+    def _rising(cls, value: list[int]) -> list[int]:
+        if not value:
+            raise ValueError("give at least one step, e.g. [10, 25, 50, 100]")
+        if any(b <= a for a, b in itertools.pairwise(value)):
+            raise ValueError(f"steps must rise strictly, e.g. [10, 25, 50, 100], not {value}")
+        return value
+
+
 class RolloutSpec(_Spec):
-    """How long `pulumi up` waits for a model's replicas to start, and how they are replaced."""
+    """How long `pulumi up` waits for a model's replicas to start, how they are replaced, and how a new
+    version takes traffic."""
 
     startup_budget_s: Annotated[int, Field(ge=60, le=21_600)] | None = None
     """Seconds one replica may take from a cold node to ready: the engine's startup probe, its Deployment's
     progress deadline and how long `pulumi up` waits for it. Defaults to the estimate (node start, image pull,
     weights fetch and load; components.startup) plus 25%; a value below the estimate is refused."""
+    canary: CanarySpec | None = None
+    """With two versions: the canary steps and the automatic rollback rule (required when versions are given)."""
+
+
+class PreparationKind(StrEnum):
+    QUANTIZE = "quantize"
+    TRTLLM_BUILD = "trtllm-build"
+
+
+#: Weight formats a quantize step writes, with the llm-compressor scheme that writes each (compressed-tensors
+#: checkpoints, which vLLM and SGLang load without a --quantization flag).
+QUANTIZE_SCHEMES: dict[Quantization, str] = {
+    Quantization.AWQ: "W4A16_ASYM",
+    Quantization.GPTQ: "W4A16",
+    Quantization.FP8: "FP8_DYNAMIC",
+    Quantization.INT8: "W8A8",
+}
+PREPARATION_IMAGES: dict[PreparationKind, str] = {
+    PreparationKind.QUANTIZE: "ghcr.io/inferstack/prepare-llmcompressor:0.14.0.1",
+    PreparationKind.TRTLLM_BUILD: "nvcr.io/nvidia/tensorrt-llm/release:1.0.0",
+}
+
+
+class PreparationSpec(_Spec):
+    """A step that turns a version's source into what its engine loads: a Kubernetes Job run before the engines,
+    writing to the model store with provenance; the same inputs run it once."""
+
+    kind: PreparationKind
+    """quantize (llm-compressor one-shot quantization to `format`) or trtllm-build (a TensorRT-LLM engine for the
+    GPU of the model's pool; needs engine kind trtllm)."""
+    format: Quantization = Quantization.AWQ
+    """quantize: the weight format written (awq and gptq: 4-bit weight-only; fp8; int8); the version's engine
+    serves and is sized by it. trtllm-build: the checkpoint's quantization (none or fp8)."""
+    calibration_dataset: str = "HuggingFaceH4/ultrachat_200k"
+    """quantize: Hugging Face dataset id (or local path) whose samples calibrate activation-aware scales."""
+    calibration_samples: Annotated[int, Field(ge=1, le=4096)] = 256
+    """quantize: calibration samples."""
+    max_sequence_length: Annotated[int, Field(ge=16, le=131_072)] = 2048
+    """quantize: tokens per calibration sample; trtllm-build: the engine's max sequence length."""
+    image: PinnedImage | None = None
+    """Image of the Job, pinned; defaults to the tool's tested image (llm-compressor 0.14, TensorRT-LLM 1.0)."""
+
+    @property
+    def resolved_image(self) -> str:
+        return self.image or PREPARATION_IMAGES[self.kind]
+
+    def needs_gpu(self, engine: EngineSpec) -> bool:
+        """Engine builds compile for the GPU they will run on; quantization runs where the engine runs (a GPU
+        calibrates in minutes what a CPU takes hours for, but a CPU-only stack has no GPU)."""
+        return self.kind is PreparationKind.TRTLLM_BUILD or engine.device is Device.GPU
+
+
+class ModelVersionSpec(_Spec):
+    """One version of a model: what it serves (source, revision, engine, preparation) and its share of traffic."""
+
+    name: DnsLabel
+    """Version name, e.g. 'v1' or '2025-06-awq': in Deployment names, metrics and events."""
+    source: str | None = None
+    """Hugging Face repo id, S3 URI or local path; defaults to the model's source."""
+    revision: str | None = None
+    """Git revision of a Hugging Face source (branch, tag or commit; a commit pins it)."""
+    engine: dict[str, Any] = Field(default_factory=dict)
+    """Engine knobs that differ from the model's engine (merged onto it), e.g. {image: ..., quantization: awq}."""
+    preparation: PreparationSpec | None = None
+    """A quantization or engine build run before this version's engines start."""
+    weight: Annotated[int, Field(ge=0, le=100)]
+    """Percent of the model's requests this version gets; the versions' weights add up to 100."""
+
+
+def _model_source(value: str) -> str:
+    if value.startswith("s3://"):
+        if not S3_URI.match(value):
+            raise ValueError(f"{value!r} is not a valid S3 URI; write 's3://<bucket>/<prefix>'")
+        return value
+    if value.startswith(("/", "./", "../", "~")):
+        return value
+    if not HF_REPO.match(value):
+        raise ValueError(
+            f"{value!r} is not a model source: use a Hugging Face repo id like 'meta-llama/Llama-3.1-8B-Instruct', "
+            "an S3 URI like 's3://models/llama-3.1-8b/', or a local path starting with '/' or './'"
+        )
+    return value
+
+
+def _engine_of(model_engine: EngineSpec, version: ModelVersionSpec, *, prepared: bool = True) -> EngineSpec:
+    merged = {**model_engine.model_dump(exclude_unset=True), **version.engine}
+    if prepared and version.preparation is not None and version.preparation.kind is PreparationKind.QUANTIZE:
+        merged["quantization"] = version.preparation.format.value
+    return EngineSpec.model_validate(merged)
+
+
+def _version_engine(
+    j: int, model_engine: EngineSpec, version: ModelVersionSpec, *, prepared: bool
+) -> EngineSpec:
+    """The version's engine, or one error naming the version's engine field that is wrong."""
+    try:
+        return _engine_of(model_engine, version, prepared=prepared)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise ValueError(f"versions[{j}].engine{'.' + where if where else ''}: {message}") from None
 
 
 class SloSpec(_Spec):
@@ -739,22 +892,14 @@ class ModelSpec(_Spec):
     """How long its replicas may take to start; how they roll (surge from the pool's spare GPUs)."""
     task: Task | None = None
     """generate or embed; defaults from the architecture (embedding models pool)."""
+    versions: list[ModelVersionSpec] = Field(default_factory=list)
+    """Versions served under this one name, with traffic weights adding up to 100; the first is the stable
+    version (rollbacks return to it), the others are canaries (rollout.canary). Empty: one version, the model."""
 
     @field_validator("source")
     @classmethod
     def _source(cls, value: str) -> str:
-        if value.startswith("s3://"):
-            if not S3_URI.match(value):
-                raise ValueError(f"{value!r} is not a valid S3 URI; write 's3://<bucket>/<prefix>'")
-            return value
-        if value.startswith(("/", "./", "../", "~")):
-            return value
-        if not HF_REPO.match(value):
-            raise ValueError(
-                f"{value!r} is not a model source: use a Hugging Face repo id like 'meta-llama/Llama-3.1-8B-Instruct', "
-                "an S3 URI like 's3://models/llama-3.1-8b/', or a local path starting with '/' or './'"
-            )
-        return value
+        return _model_source(value)
 
     @property
     def is_local_path(self) -> bool:
@@ -777,11 +922,107 @@ class ModelSpec(_Spec):
             )
         return self
 
+    @model_validator(mode="after")
+    def _versions(self) -> ModelSpec:
+        if not self.versions:
+            if self.rollout.canary is not None:
+                raise ValueError("rollout.canary needs versions: list the stable version and the canary")
+            return self
+        if len(self.versions) < 2:
+            raise ValueError(
+                "versions: list at least two (the stable version first, then the canary), or none"
+            )
+        total = sum(v.weight for v in self.versions)
+        if total != 100:
+            raise ValueError(
+                "versions: the weights add up to "
+                f"{total}, not 100 ({', '.join(f'{v.name}: {v.weight}' for v in self.versions)})"
+            )
+        seen: dict[str, int] = {}
+        served: dict[tuple[str, ...], int] = {}
+        for j, v in enumerate(self.versions):
+            if v.name in seen:
+                raise ValueError(f"versions[{j}].name: {v.name!r} is also versions[{seen[v.name]}].name")
+            seen[v.name] = j
+            if v.source is not None:
+                try:
+                    _model_source(v.source)
+                except ValueError as err:
+                    raise ValueError(f"versions[{j}].source: {err}") from None
+            engine = _version_engine(j, self.engine, v, prepared=False)
+            if v.preparation is not None:
+                _check_preparation(j, v.preparation, engine)
+            engine = _version_engine(j, self.engine, v, prepared=True)
+            key = (
+                v.source or self.source,
+                v.revision or "",
+                engine.model_dump_json(),
+                v.preparation.model_dump_json() if v.preparation else "",
+            )
+            if key in served:
+                raise ValueError(
+                    f"versions[{j}]: same source, revision, engine and preparation as versions[{served[key]}]: "
+                    "two versions must differ in what they serve"
+                )
+            served[key] = j
+        if self.rollout.canary is None:
+            raise ValueError(
+                "rollout.canary: versions need a canary rule (steps and rollback), e.g. "
+                "`rollout: {canary: {steps_percent: [10, 25, 50, 100]}}`"
+            )
+        steps = self.rollout.canary.steps_percent
+        for j, v in enumerate(self.versions[1:], start=1):
+            if v.weight and v.weight not in steps:
+                raise ValueError(
+                    f"versions[{j}].weight: {v.weight} is not a step of rollout.canary.steps_percent {steps}; "
+                    "move the canary step by step"
+                )
+        return self
+
+    def version_engine(self, version: ModelVersionSpec) -> EngineSpec:
+        """The engine a version runs: the model's, with the version's overrides and its prepared format."""
+        return _engine_of(self.engine, version)
+
+    def version_source(self, version: ModelVersionSpec) -> str:
+        return version.source or self.source
+
     def resolved_task(self) -> Task:
         if self.task is not None:
             return self.task
         arch = self.arch()
         return Task.EMBED if arch is not None and arch.pooling else Task.GENERATE
+
+
+def _check_preparation(j: int, prep: PreparationSpec, engine: EngineSpec) -> None:
+    """A preparation must produce something the version's engine loads."""
+    where = f"versions[{j}].preparation"
+    if prep.kind is PreparationKind.TRTLLM_BUILD:
+        if engine.kind is not EngineKind.TRTLLM:
+            raise ValueError(
+                f"{where}.kind: trtllm-build makes a TensorRT-LLM engine, which {engine.kind.value} does not load; "
+                "set the version's engine kind to trtllm, or use kind: quantize"
+            )
+        if prep.format not in (Quantization.NONE, Quantization.FP8):
+            raise ValueError(
+                f"{where}.format: trtllm-build here builds from none or fp8 checkpoints, not {prep.format.value}"
+            )
+        return
+    if prep.format is Quantization.NONE:
+        raise ValueError(f"{where}.format: quantize needs a format (awq, gptq, fp8 or int8), not none")
+    if engine.kind is EngineKind.TRTLLM:
+        raise ValueError(
+            f"{where}.format: trtllm-serve does not load llm-compressor's {prep.format.value} checkpoints; "
+            "use kind: trtllm-build, or engine kind vllm or sglang"
+        )
+    if (
+        engine.device is Device.CPU
+        and prep.format is not Quantization.GPTQ
+        and prep.format is not Quantization.AWQ
+    ):
+        raise ValueError(
+            f"{where}.format: vLLM on CPU serves 4-bit weight-only checkpoints (awq, gptq), not "
+            f"{prep.format.value}"
+        )
 
 
 class IngressKind(StrEnum):
