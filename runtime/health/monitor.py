@@ -130,7 +130,7 @@ class Monitor:
         s = self.settings
         return ProbeSpec(
             url=url,
-            model=target.name,
+            model=target.served_name,
             engine=target.engine,
             task=target.task,
             timeout_s=s.timeout_ms / 1000,

@@ -23,7 +23,7 @@ from runtime.router.payload import BadRequest, prompt_text, read_request
 from runtime.router.proxy import Call, Forwarder, forwarded_tail
 from runtime.router.retry import RetryBudget, backoff_s
 from runtime.scheduling import Context
-from runtime.server import Connection, Request
+from runtime.server import Connection, Headers, Request
 
 log = logging.getLogger("inferstack.router")
 
@@ -109,16 +109,16 @@ class Router:
                 "object": "model",
                 "created": 0,
                 "owned_by": "inferstack",
-                "max_model_len": state.target.max_model_len_tokens,
+                "max_model_len": min(s.target.max_model_len_tokens for s in states),
             }
-            for name, state in self.fleet.models.items()
-            if state.servable()
+            for name, states in self.fleet.public_models().items()
+            if any(s.servable() for s in states)
         ]
         return json.dumps({"object": "list", "data": data}).encode()
 
     def snapshot(self) -> Snapshot:
         """Live gauges for /metrics."""
-        return live_gauges(self.fleet.models)
+        return live_gauges(self.fleet.models, self.fleet.splits)
 
     # --- the proxy -------------------------------------------------------------------------------
     def _fail(
@@ -165,9 +165,9 @@ class Router:
             self._fail(conn, 400, asked.message, "bad_request", code=asked.code, param=asked.param)
             return
         model = asked.model
-        state = self.fleet.models.get(model)
+        state = self.fleet.lookup(model, self._session_key(headers, model))
         if state is None:
-            served = ", ".join(sorted(self.fleet.models)) or "none"
+            served = ", ".join(sorted(self.fleet.public_models())) or "none"
             message = f"model {model!r} is not served here; served: {served}"
             self._fail(conn, 404, message, "unknown_model", code="model_not_found")
             return
@@ -196,6 +196,16 @@ class Router:
         self.retry_budget.deposit()
         await self._route(Call(conn, state, ctx, req.path, tail, asked.stream, rid, principal, started))
 
+    def _session_key(self, headers: Headers, model: str) -> str | None:
+        """A versioned model's session key (its stable version's session header), so a session stays on
+        one version; None for models without versions."""
+        split = self.fleet.splits.get(model)
+        if split is None:
+            return None
+        stable = self.fleet.lookup_version(model, split.stable)
+        key = headers.get(stable.session_header)
+        return key.decode("latin-1") if key else None
+
     async def _route(self, call: Call) -> None:
         conn, state, ctx, rid = call.conn, call.state, call.ctx, call.rid
         settings = state.settings
@@ -205,6 +215,10 @@ class Router:
         tried: set[str] = set()
         while True:
             backend = await acquire(state, ctx, self.queue_deadline_s, self.metrics.waited)
+            if isinstance(backend, Refusal) and (stable := self.fleet.fallback(state)) is not None:
+                call.state = state = stable  # the canary cannot take it now: the stable version can
+                settings = state.settings
+                continue
             if isinstance(backend, Refusal):
                 r = backend
                 self._fail(
@@ -229,11 +243,16 @@ class Router:
             last_error = outcome
             tried.add(backend.url)
             attempt += 1
-            if (
-                attempt > settings.retries_max
-                or backend is state.batcher
-                or not self.retry_budget.withdraw()
-                or conn.closed
+            # A canary's failure is retried on the stable version outside the retry budget: at most the
+            # canary's (small) share of traffic, and a bad canary must cost clients nothing.
+            stable = self.fleet.fallback(state)
+            if conn.closed or (
+                stable is None
+                and (
+                    attempt > settings.retries_max
+                    or backend is state.batcher
+                    or not self.retry_budget.withdraw()
+                )
             ):
                 self._fail(conn, last_error[0], last_error[1], "upstream", code="upstream_error")
                 return
@@ -242,6 +261,9 @@ class Router:
                 "retrying on another replica",
                 extra={"request_id": rid.decode(), "failed": backend.url, "error": last_error[1]},
             )
+            if stable is not None:  # a canary failed this request: the stable version takes the retry
+                call.state = state = stable
+                settings = state.settings
             ctx.exclude = frozenset(tried)
             delay = backoff_s(settings.retry_backoff_ms, attempt)
             if delay:

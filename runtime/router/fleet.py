@@ -17,12 +17,21 @@ from typing import Any
 
 import aiohttp
 
-from runtime.config import EngineKind, ModelRoute, ModelTarget, RouterSettings, RuntimeConfig, Task
+from runtime.config import (
+    EngineKind,
+    ModelRoute,
+    ModelTarget,
+    RouterSettings,
+    RuntimeConfig,
+    Task,
+    version_target_name,
+)
 from runtime.discovery import watch_backends
 from runtime.engines import Signal, facts
 from runtime.router.admission import WaitQueue
 from runtime.router.backends import Backend, Breaker
 from runtime.scheduling import Need, Strategy, build
+from runtime.versions import Split
 
 log = logging.getLogger("inferstack.router.fleet")
 
@@ -36,7 +45,9 @@ class ModelState:
     def __init__(self, target: ModelTarget, route: ModelRoute, settings: RouterSettings) -> None:
         self.target = target
         self.route = route
-        self.name = target.name
+        self.name = target.served_name  # what clients send: metrics and messages speak of the model
+        self.key = target.name  # this state's entry in Fleet.models (a version has a name of its own)
+        self.version = target.version_of.version if target.version_of is not None else ""
         self.strategy: Strategy = build(route.strategy)
         # the request fields the strategy's scorers declared they read: parse only those
         self.needs_prompt = Need.PROMPT in self.strategy.needs
@@ -97,6 +108,7 @@ class Fleet:
         self.cfg = cfg
         self.discover = discover
         self.models: dict[str, ModelState] = {}
+        self.splits: dict[str, Split] = {}  # model clients send -> its versions (targets "<model>@<version>")
         self.on_departed: Callable[[str, str], None] | None = None
         self._watches: dict[str, tuple[ModelTarget, asyncio.Task[None]]] = {}
         self._signals_task: asyncio.Task[None] | None = None
@@ -111,6 +123,7 @@ class Fleet:
         Every model's state (its strategy) is built before anything changes, so a config that cannot
         be built raises and leaves the running one whole."""
         fresh = {target.name: ModelState(target, cfg.route(target.name), cfg.router) for target in cfg.models}
+        splits = splits_of(cfg, self.splits)
         self.cfg = cfg
         for target in cfg.models:
             state = fresh[target.name]
@@ -123,9 +136,38 @@ class Fleet:
             if old is not None and same_source:  # keep replicas (and what we learned) across a reload
                 state.set_backends([b.url for b in old.backends], old.by_url)
         self.models = fresh
+        self.splits = splits
         with contextlib.suppress(RuntimeError):  # no loop yet: start() will start the watches
             asyncio.get_running_loop()
             self._sync_watches()
+
+    # --- versions --------------------------------------------------------------------------------
+    def lookup(self, model: str, session: str | None) -> ModelState | None:
+        """The state that takes a request for ``model``: the model itself, or the version its split picks
+        (sticky per session key) among versions that can serve now."""
+        split = self.splits.get(model)
+        if split is None:
+            state = self.models.get(model)
+            return None if state is None or state.version else state  # versions are reached through splits
+        chosen = split.choose(session, lambda v: self.lookup_version(model, v).servable())
+        return self.lookup_version(model, chosen if chosen is not None else split.stable)
+
+    def fallback(self, state: ModelState) -> ModelState | None:
+        """Where a failed request of a canary goes next: its model's stable version (None for the stable)."""
+        split = self.splits.get(state.name)
+        if split is None or not state.version or state.version == split.stable:
+            return None
+        return self.lookup_version(state.name, split.stable)
+
+    def lookup_version(self, model: str, version: str) -> ModelState:
+        return self.models[version_target_name(model, version)]
+
+    def public_models(self) -> dict[str, list[ModelState]]:
+        """Model name clients see -> the states that serve it (one, or its versions)."""
+        out: dict[str, list[ModelState]] = {}
+        for state in self.models.values():
+            out.setdefault(state.name, []).append(state)
+        return out
 
     def _departed(self, model: str, url: str) -> None:
         if self.on_departed is not None:
@@ -199,7 +241,10 @@ class Fleet:
         except (aiohttp.ClientError, TimeoutError, ValueError) as err:
             log.warning("health feed %s unavailable (%s); probing engines directly", url, err)
             return False
-        return apply_feed(self.models, feed, time.time())
+        fresh = apply_feed(self.models, feed, time.time())
+        if fresh:
+            apply_version_feed(self.splits, feed)
+        return fresh
 
     async def _probe_all(self) -> None:
         jobs = [self._probe(state, b) for state in self.models.values() for b in state.backends]
@@ -236,6 +281,37 @@ class Fleet:
                 "replica %s of %s is now %s", b.url, state.name, "healthy" if b.healthy else "unhealthy"
             )
             state.queue.wake_all()
+
+
+def splits_of(cfg: RuntimeConfig, previous: dict[str, Split]) -> dict[str, Split]:
+    """The splits a config declares; a split whose configured weights did not change keeps its override
+    (a rollback stays until the config changes)."""
+    out: dict[str, Split] = {}
+    for model, targets in cfg.versions().items():
+        names = tuple(t.version_of.version for t in targets if t.version_of)
+        weights = tuple(t.version_of.weight for t in targets if t.version_of)
+        old = previous.get(model)
+        if old is not None and (old.versions, old.configured) == (names, weights):
+            out[model] = old
+        else:
+            out[model] = Split(model, names, weights)
+    return out
+
+
+def apply_version_feed(splits: dict[str, Split], feed: dict[str, Any]) -> None:
+    """Install the weights the health monitor decided (a canary rolled back) on the splits."""
+    for entry in feed.get("versions") or []:
+        split = splits.get(str(entry.get("model")))
+        weights = entry.get("weights") or {}
+        if split is None or set(weights) != set(split.versions):
+            continue
+        if split.set_weights([float(weights[v]) for v in split.versions], str(entry.get("reason") or "")):
+            log.warning(
+                "versions of %s now weighted %s: %s",
+                split.model,
+                dict(zip(split.versions, split.weights, strict=True)),
+                split.override_reason or "back to the configured weights",
+            )
 
 
 def apply_feed(models: dict[str, ModelState], feed: dict[str, Any], now: float) -> bool:

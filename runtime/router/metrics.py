@@ -16,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from runtime.scheduling import Report
+from runtime.versions import Split
 
 if TYPE_CHECKING:
     from runtime.router.fleet import ModelState
@@ -36,13 +37,19 @@ LIVE_GAUGES: dict[str, tuple[str, list[str]]] = {
     "prefix_index_entries": ("Entries in the prefix / session index", ["model", "index"]),
     "prefix_hit_rate": ("Share of prefix lookups that found a replica", ["model"]),
     "backends": ("Replicas known per model", ["model"]),
+    "version_weight": ("Percent of a versioned model's requests each version gets now", ["model", "version"]),
 }
 Snapshot = dict[str, list[tuple[tuple[str, ...], float]]]
 
 
-def live_gauges(models: Mapping[str, ModelState]) -> Snapshot:
-    """The live gauges' samples: wait lines, replicas, and what each strategy's scorers report."""
+def live_gauges(models: Mapping[str, ModelState], splits: Mapping[str, Split] | None = None) -> Snapshot:
+    """The live gauges' samples: wait lines, replicas, version weights, and what each strategy's scorers
+    report. Per-replica and per-queue series name a version's state by its target ('<model>@<version>')."""
     out: Snapshot = {name: [] for name in LIVE_GAUGES}
+    for model, split in (splits or {}).items():
+        total = sum(split.weights) or 1.0
+        for version, weight in zip(split.versions, split.weights, strict=True):
+            out["version_weight"].append(((model, version), 100.0 * weight / total))
     for name, m in models.items():
         out["queue_depth"].append(((name,), float(len(m.queue))))
         out["backends"].append(((name,), float(len(m.backends))))
@@ -118,6 +125,33 @@ class RouterMetrics:
             buckets=WAIT_BUCKETS_S,
             registry=r,
         )
+        # per version of a model served in versions (the canary's numbers beside the stable's)
+        self.version_requests = Counter(
+            "inferstack_router_version_requests",
+            "Requests of a versioned model by version and status",
+            ["model", "version", "status"],
+            registry=r,
+        )
+        self.version_tokens = Counter(
+            "inferstack_router_version_tokens",
+            "Tokens from usage by version",
+            ["model", "version", "direction"],
+            registry=r,
+        )
+        self.version_duration = Histogram(
+            "inferstack_router_version_request_duration_seconds",
+            "End-to-end latency by version",
+            ["model", "version"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.version_ttft = Histogram(
+            "inferstack_router_version_ttft_seconds",
+            "Time to the first body byte from the engine, by version",
+            ["model", "version"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.config_reload_failures = Counter(
             "inferstack_router_config_reload_failures",
             "Changed config or API-key files that were refused; the last good config kept serving",
@@ -155,21 +189,28 @@ class RouterMetrics:
             del self._children[key]
             self.requests.remove(*key[1:])
 
-    def request(self, model: str, backend: str, status: int, duration_s: float) -> None:
+    def request(self, model: str, backend: str, status: int, duration_s: float, version: str = "") -> None:
         if self._departed:
             self._departed.pop((model, backend), None)  # it came back
         self._child(self.requests, model, backend, str(status)).inc()
+        if version:
+            self._child(self.version_requests, model, version, str(status)).inc()
         if duration_s >= 0:
             self._child(self.duration, model).observe(duration_s)
+            if version:
+                self._child(self.version_duration, model, version).observe(duration_s)
 
-    def first_byte(self, model: str, seconds: float) -> None:
+    def first_byte(self, model: str, seconds: float, version: str = "") -> None:
         self._child(self.ttft, model).observe(seconds)
+        if version:
+            self._child(self.version_ttft, model, version).observe(seconds)
 
-    def usage(self, model: str, prompt: int, completion: int) -> None:
-        if prompt:
-            self._child(self.tokens, model, "in").inc(prompt)
-        if completion:
-            self._child(self.tokens, model, "out").inc(completion)
+    def usage(self, model: str, prompt: int, completion: int, version: str = "") -> None:
+        for direction, n in (("in", prompt), ("out", completion)):
+            if n:
+                self._child(self.tokens, model, direction).inc(n)
+                if version:
+                    self._child(self.version_tokens, model, version, direction).inc(n)
 
     def reject(self, reason: str, model: str = "") -> None:
         self._child(self.rejections, model, reason).inc()
