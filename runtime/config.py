@@ -108,7 +108,7 @@ DEFAULT_MAX_NUM_SEQS = 256
 
 def version_target_name(model: str, version: str) -> str:
     """The target name of one version of a model: what the health feed and per-version routes key on."""
-    return f"{model}@{version}"
+    return f"{model}-{version}"
 
 
 class VersionOf(_Strict):
@@ -130,7 +130,7 @@ class ModelTarget(_Strict):
 
     name: str = Field(
         description="The `model` clients send; the engine's --served-model-name. For a version of a model (see"
-        " version_of), a name of its own, e.g. 'chat@v2'."
+        " version_of), a name of its own, e.g. 'chat-v2'."
     )
     engine: EngineKind = Field(default=EngineKind.VLLM, description="Which engine serves it.")
     task: Task = Field(default=Task.GENERATE, description="generate (chat/completions) or embed (pooling).")

@@ -108,7 +108,7 @@ class Fleet:
         self.cfg = cfg
         self.discover = discover
         self.models: dict[str, ModelState] = {}
-        self.splits: dict[str, Split] = {}  # model clients send -> its versions (targets "<model>@<version>")
+        self.splits: dict[str, Split] = {}  # model clients send -> its versions (targets "<model>-<version>")
         self.on_departed: Callable[[str, str], None] | None = None
         self._watches: dict[str, tuple[ModelTarget, asyncio.Task[None]]] = {}
         self._signals_task: asyncio.Task[None] | None = None

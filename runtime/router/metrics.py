@@ -44,7 +44,7 @@ Snapshot = dict[str, list[tuple[tuple[str, ...], float]]]
 
 def live_gauges(models: Mapping[str, ModelState], splits: Mapping[str, Split] | None = None) -> Snapshot:
     """The live gauges' samples: wait lines, replicas, version weights, and what each strategy's scorers
-    report. Per-replica and per-queue series name a version's state by its target ('<model>@<version>')."""
+    report. Per-replica and per-queue series name a version's state by its target ('<model>-<version>')."""
     out: Snapshot = {name: [] for name in LIVE_GAUGES}
     for model, split in (splits or {}).items():
         total = sum(split.weights) or 1.0

@@ -75,13 +75,13 @@ def test_the_slo_rolls_back_a_canary_even_when_stable_is_as_slow() -> None:
     assert d.verdict is Verdict.ROLLBACK and "SLO" in d.reason
 
 
-def _cfg(weights: tuple[float, float], names: tuple[str, str] = ("chat@v1", "chat@v2")) -> dict:
+def _cfg(weights: tuple[float, float], names: tuple[str, str] = ("chat-v1", "chat-v2")) -> dict:
     return {
         "models": [
             {
                 "name": n,
                 "static_backends": [{"url": f"http://127.0.0.1:{9000 + i}"}],
-                "version_of": {"model": "chat", "version": n.split("@")[1], "weight": w, "stable": i == 0},
+                "version_of": {"model": "chat", "version": n.split("-")[1], "weight": w, "stable": i == 0},
             }
             for i, (n, w) in enumerate(zip(names, weights, strict=True))
         ]
@@ -90,9 +90,9 @@ def _cfg(weights: tuple[float, float], names: tuple[str, str] = ("chat@v1", "cha
 
 def test_the_runtime_config_checks_versions() -> None:
     cfg = RuntimeConfig.model_validate(_cfg((90, 10)))
-    assert [t.name for t in cfg.versions()["chat"]] == ["chat@v1", "chat@v2"]
+    assert [t.name for t in cfg.versions()["chat"]] == ["chat-v1", "chat-v2"]
     assert cfg.models[1].served_name == "chat"
     with pytest.raises(ValidationError, match="weights add up to 95"):
         RuntimeConfig.model_validate(_cfg((90, 5)))
-    with pytest.raises(ValidationError, match="name it 'chat@v2'"):
-        RuntimeConfig.model_validate(_cfg((90, 10), ("chat@v1", "chat-v2@v2")))
+    with pytest.raises(ValidationError, match="name it 'chat-v2'"):
+        RuntimeConfig.model_validate(_cfg((90, 10), ("chat-v1", "other-v2")))

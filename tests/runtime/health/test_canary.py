@@ -40,7 +40,7 @@ def _config(stable: str, canary: str, **check: Any) -> RuntimeConfig:
         {
             "models": [
                 {
-                    "name": f"chat@{v}",
+                    "name": f"chat-{v}",
                     "static_backends": [{"url": url}],
                     "version_of": {"model": "chat", "version": v, "weight": w, "stable": v == "v1"},
                 }
@@ -73,7 +73,7 @@ async def test_a_failing_canary_is_rolled_back_within_one_interval_and_says_why(
     assert v.weights == {"v1": 100, "v2": 0} and v.rolled_back
     assert v.metric == "routable_replicas" and "v2 rolled back" in v.reason
     assert clock.now - 1_000 < 10  # inside the first evaluation interval
-    assert actions.rollbacks == [("chat@v2", [canary.url], "routable_replicas", v.reason.split(": ", 1)[1])]
+    assert actions.rollbacks == [("chat-v2", [canary.url], "routable_replicas", v.reason.split(": ", 1)[1])]
     assert m.canaries.rollbacks[("chat", "v2", "routable_replicas")] == 1
 
 
@@ -104,7 +104,7 @@ async def test_a_healthy_canary_keeps_its_weight_and_is_judged_ready_to_advance(
 def test_the_rollback_event_names_model_version_metric_and_reason() -> None:
     target = ModelTarget.model_validate(
         {
-            "name": "chat@v2",
+            "name": "chat-v2",
             "static_backends": [{"url": "http://x:1"}],
             "version_of": {"model": "chat", "version": "v2", "weight": 10},
         }

@@ -15,7 +15,7 @@ CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello"}]}
 def _versions(stable: str, canary: str, weights: tuple[int, int] = (90, 10)) -> list[dict]:
     return [
         {
-            "name": f"chat@{v}",
+            "name": f"chat-{v}",
             "static_backends": [{"url": url}],
             "version_of": {"model": "chat", "version": v, "weight": w, "stable": v == "v1"},
         }
@@ -84,5 +84,5 @@ def test_a_rollback_in_the_health_feed_sends_everything_to_stable(doubles, make_
 def test_a_version_is_not_reachable_by_its_target_name(doubles, make_router) -> None:
     stable, canary = doubles(2)
     r = make_router([], models=_versions(stable.url, canary.url))
-    status, _, body = r.request("POST", "/v1/chat/completions", {**CHAT, "model": "chat@v2"})
+    status, _, body = r.request("POST", "/v1/chat/completions", {**CHAT, "model": "chat-v2"})
     assert status == 404 and b"served: chat" in body
