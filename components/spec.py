@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -765,8 +766,20 @@ class PreparationSpec(_Spec):
     """quantize: calibration samples."""
     max_sequence_length: Annotated[int, Field(ge=16, le=131_072)] = 2048
     """quantize: tokens per calibration sample; trtllm-build: the engine's max sequence length."""
+    output: str
+    """The model store the prepared checkpoint is written to: an S3 URI ('s3://bucket/prefix'); it lands in
+    <output>/<model>/<version>/<input hash>/ with a provenance.json, and the version's engines load it from there."""
     image: PinnedImage | None = None
     """Image of the Job, pinned; defaults to the tool's tested image (llm-compressor 0.14, TensorRT-LLM 1.0)."""
+
+    @field_validator("output")
+    @classmethod
+    def _store(cls, value: str) -> str:
+        if not S3_URI.match(value):
+            raise ValueError(
+                f"{value!r} is not an S3 URI of the model store; write e.g. 's3://acme-models/prepared'"
+            )
+        return value
 
     @property
     def resolved_image(self) -> str:
@@ -896,6 +909,28 @@ class ModelSpec(_Spec):
     """Versions served under this one name, with traffic weights adding up to 100; the first is the stable
     version (rollbacks return to it), the others are canaries (rollout.canary). Empty: one version, the model."""
 
+    # Set on the serving units derived from versions (components.lifecycle), never from a stack file.
+    _served_as: str | None = PrivateAttr(default=None)
+    _version_of: tuple[str, str, int, bool] | None = PrivateAttr(
+        default=None
+    )  # model, version, weight, stable
+    _format_in_checkpoint: bool = PrivateAttr(default=False)
+
+    @property
+    def served_name(self) -> str:
+        """What clients send and the engine serves: the model's name, also for each of its versions."""
+        return self._served_as or self.name
+
+    @property
+    def version_of(self) -> tuple[str, str, int, bool] | None:
+        """(model, version, weight, stable) for a serving unit derived from a version; None otherwise."""
+        return self._version_of
+
+    @property
+    def format_in_checkpoint(self) -> bool:
+        """The checkpoint says its own quantization (llm-compressor output): no --quantization flag."""
+        return self._format_in_checkpoint
+
     @field_validator("source")
     @classmethod
     def _source(cls, value: str) -> str:
@@ -943,6 +978,12 @@ class ModelSpec(_Spec):
         for j, v in enumerate(self.versions):
             if v.name in seen:
                 raise ValueError(f"versions[{j}].name: {v.name!r} is also versions[{seen[v.name]}].name")
+            unit = f"{self.name}-{v.name}"
+            if len(unit) > MAX_MODEL_NAME:
+                raise ValueError(
+                    f"versions[{j}].name: its engines are named {unit!r}, {len(unit)} characters; model and version "
+                    f"names together may have at most {MAX_MODEL_NAME - 1}"
+                )
             seen[v.name] = j
             if v.source is not None:
                 try:
@@ -1014,14 +1055,10 @@ def _check_preparation(j: int, prep: PreparationSpec, engine: EngineSpec) -> Non
             f"{where}.format: trtllm-serve does not load llm-compressor's {prep.format.value} checkpoints; "
             "use kind: trtllm-build, or engine kind vllm or sglang"
         )
-    if (
-        engine.device is Device.CPU
-        and prep.format is not Quantization.GPTQ
-        and prep.format is not Quantization.AWQ
-    ):
+    if engine.device is Device.CPU and prep.format is not Quantization.GPTQ:
         raise ValueError(
-            f"{where}.format: vLLM on CPU serves 4-bit weight-only checkpoints (awq, gptq), not "
-            f"{prep.format.value}"
+            f"{where}.format: on CPU, use gptq: vLLM-CPU serves llm-compressor's 4-bit weight-only checkpoints "
+            f"(CPUWNA16 kernel), and llm-compressor 0.14's AWQ needs an accelerator; not {prep.format.value}"
         )
 
 

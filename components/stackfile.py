@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from components import capacity, endpoint, startup
+from components import capacity, endpoint, lifecycle, startup
 from components.placement import Layout, place
 from components.problems import Problem, SpecError
 from components.spec import PlatformSpec
@@ -84,7 +84,9 @@ def validate(raw: Any, source: str) -> tuple[PlatformSpec, Layout]:
         layout = place(spec, source)
     except SpecError as err:
         raise SpecError(source, [*err.problems, *problems]) from None
-    problems += startup.problems(spec, layout) + capacity.problems(spec, layout)
+    problems += (
+        startup.problems(spec, layout) + capacity.problems(spec, layout) + lifecycle.problems(spec, layout)
+    )
     if problems:
         raise SpecError(source, problems)
     return spec, layout

@@ -14,6 +14,7 @@ from components.spec import ModelSpec, PlatformSpec
 from runtime.config import (
     BatcherSettings,
     BatchingPolicy,
+    CanaryCheck,
     HealthSettings,
     KubernetesDiscovery,
     ModelRoute,
@@ -23,6 +24,7 @@ from runtime.config import (
     StaticBackend,
     StrategyConfig,
     Task,
+    VersionOf,
 )
 
 BATCH_SIZE_CAP = 32
@@ -63,8 +65,13 @@ def model_target(
         discovery = KubernetesDiscovery(
             namespace=spec.cluster.namespace, service=common.engine_name(model.name), port_name="http"
         )
+    version_of = None
+    if model.version_of is not None:
+        of, version, weight, stable = model.version_of
+        version_of = VersionOf(model=of, version=version, weight=weight, stable=stable)
     return ModelTarget(
         name=model.name,
+        version_of=version_of,
         engine=model.engine.kind,
         task=model.resolved_task(),
         static_backends=static,
@@ -88,6 +95,28 @@ def _route(spec: PlatformSpec, model: ModelSpec) -> ModelRoute:
     return ModelRoute.model_validate(
         {"model": model.name, "strategy": strategy, "batcher_url": batcher, "cold_start_hold_ms": hold}
     )
+
+
+def canary_checks(spec: PlatformSpec) -> list[CanaryCheck]:
+    """The rollback rule of each versioned model (read from its stable unit), in the health monitor's terms."""
+    out = []
+    for m in spec.models:
+        if m.version_of is None or not m.version_of[3] or m.rollout.canary is None:
+            continue
+        canary, rule = m.rollout.canary, m.rollout.canary.rollback
+        out.append(
+            CanaryCheck(
+                model=m.served_name,
+                evaluation_interval_s=canary.evaluation_interval_s,
+                max_error_rate=rule.max_error_rate,
+                max_ttft_ratio=rule.max_ttft_ratio,
+                max_inter_token_ratio=rule.max_inter_token_ratio,
+                ttft_slo_s=m.slo.ttft_p95_ms / 1000 if rule.enforce_slo else None,
+                inter_token_slo_s=m.slo.inter_token_p95_ms / 1000 if rule.enforce_slo else None,
+                min_samples=rule.min_samples,
+            )
+        )
+    return out
 
 
 def _batching(model: ModelSpec) -> BatchingPolicy:
@@ -133,6 +162,6 @@ def runtime_config(
             for m in spec.models
         ],
         router=router,
-        health=HealthSettings(kubernetes_events=True),
+        health=HealthSettings(kubernetes_events=True, canaries=canary_checks(spec)),
         batcher=BatcherSettings(policies=[_batching(m) for m in embedding_models(spec)]),
     )

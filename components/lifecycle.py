@@ -1,0 +1,164 @@
+"""A model's versions as serving units, and the preparation each one needs. Pure.
+
+A model with ``versions`` is served by one unit per version: a ModelSpec named '<model>-<version>' (the
+name of its Deployment, Service, scaling and router target) that serves the model's name, runs the
+version's engine and loads the version's source, or what its preparation wrote. Every renderer takes
+units as it takes models, so a version gets all a model gets; the router config groups units back into
+the model (``runtime.config.VersionOf``).
+
+A preparation's output is addressed by the hash of its inputs (source, revision, tool image, format,
+calibration, lengths, and for an engine build the GPU it is built for): the same inputs give the same Job
+name and the same location, so `pulumi up` has nothing to do, and a changed input gets a new Job and a new
+location, never a silently overwritten one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+from components import sizing
+from components.placement import Layout, Placement, engine_shape
+from components.problems import Problem
+from components.spec import ModelSpec, ModelVersionSpec, PlatformSpec, PreparationKind, PreparationSpec
+from runtime.config import version_target_name
+
+HASH_CHARS = 12
+"""Hex digits of the input hash in Job names and store paths (48 bits: no collision among one model's
+versions)."""
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """One preparation Job: what it makes, from what, where it writes, and on which pool it runs."""
+
+    model: str  # the model's name
+    version: str
+    spec: PreparationSpec
+    inputs: dict[str, Any]
+    input_hash: str
+    location: str  # where the prepared checkpoint lands
+    unit: str  # the serving unit that loads it
+    gpu: str | None  # the GPU it runs (and, for an engine build, builds) for; None on CPU
+
+    @property
+    def job_name(self) -> str:
+        return f"prepare-{self.unit}-{self.input_hash[:8]}"
+
+
+def preparation_inputs(model: ModelSpec, version: ModelVersionSpec, gpu: str | None) -> dict[str, Any]:
+    """Everything that determines a preparation's output, canonically."""
+    prep = version.preparation
+    assert prep is not None
+    inputs: dict[str, Any] = {
+        "source": model.version_source(version),
+        "revision": version.revision,
+        "kind": prep.kind.value,
+        "format": prep.format.value,
+        "image": prep.resolved_image,
+        "max_sequence_length": prep.max_sequence_length,
+    }
+    if prep.kind is PreparationKind.QUANTIZE:
+        inputs |= {
+            "calibration_dataset": prep.calibration_dataset,
+            "calibration_samples": prep.calibration_samples,
+        }
+    else:
+        engine = model.version_engine(version)
+        inputs |= {
+            "gpu": gpu,
+            "tensor_parallel_size": engine.tensor_parallel_size,
+            "max_num_seqs": engine.max_num_seqs,
+        }
+    return inputs
+
+
+def gpu_of(placement: Placement) -> str | None:
+    return placement.instance.gpu if placement.instance is not None else None
+
+
+def preparation(model: ModelSpec, version: ModelVersionSpec, gpu: str | None) -> Preparation | None:
+    """The Job a version's preparation needs on ``gpu`` (the model's GPU type; None on CPU), if any."""
+    prep = version.preparation
+    if prep is None:
+        return None
+    inputs = preparation_inputs(model, version, gpu)
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    unit = version_target_name(model.name, version.name)
+    location = f"{prep.output.rstrip('/')}/{model.name}/{version.name}/{digest[:HASH_CHARS]}/"
+    return Preparation(model.name, version.name, prep, inputs, digest, location, unit, gpu)
+
+
+def units(model: ModelSpec, gpu: str | None = None) -> list[ModelSpec]:
+    """The serving units of a model: itself, or one per version (``gpu``: its GPU type, which an engine build
+    is for)."""
+    if not model.versions:
+        return [model]
+    out = []
+    for i, v in enumerate(model.versions):
+        prepared = preparation(model, v, gpu)
+        unit = model.model_copy(
+            update={
+                "name": version_target_name(model.name, v.name),
+                "source": prepared.location if prepared else model.version_source(v),
+                "engine": model.version_engine(v),
+                "versions": [],
+            }
+        )
+        unit._served_as = model.name
+        unit._version_of = (model.name, v.name, v.weight, i == 0)
+        unit._format_in_checkpoint = bool(prepared and prepared.spec.kind is PreparationKind.QUANTIZE)
+        out.append(unit)
+    return out
+
+
+def preparations(spec: PlatformSpec, layout: Layout) -> list[Preparation]:
+    return [
+        p
+        for m in spec.models
+        for v in m.versions
+        if (p := preparation(m, v, gpu_of(layout.placements[m.name]))) is not None
+    ]
+
+
+def expand(spec: PlatformSpec, layout: Layout) -> tuple[PlatformSpec, Layout]:
+    """The spec the renderers see: every versioned model replaced by its units, each placed where the model
+    is (its pool and instance; sized by its own engine in :func:`problems`)."""
+    if not any(m.versions for m in spec.models):
+        return spec, layout
+    models: list[ModelSpec] = []
+    placements = dict(layout.placements)
+    for m in spec.models:
+        placed = layout.placements[m.name]
+        for unit in units(m, gpu_of(placed)):
+            models.append(unit)
+            placements[unit.name] = placed
+    return spec.model_copy(update={"models": models}), replace(layout, placements=placements)
+
+
+def problems(spec: PlatformSpec, layout: Layout) -> list[Problem]:
+    """Each version must fit and run on its model's instance with its own (prepared) format: sizing uses the
+    format the version serves, and an fp8 checkpoint needs a GPU with fp8."""
+    out: list[Problem] = []
+    for i, m in enumerate(spec.models):
+        placed = layout.placements.get(m.name)
+        arch = m.arch()
+        if placed is None or placed.instance is None or arch is None:
+            continue
+        gpu = placed.instance.gpu_spec
+        for j, v in enumerate(m.versions):
+            shape = engine_shape(m.model_copy(update={"engine": m.version_engine(v)}))
+            field = "preparation.format" if v.preparation is not None else "engine"
+            where = f"models[{i}].versions[{j}].{field}"
+            why = sizing.gpu_supports(gpu, shape)
+            if why is not None:
+                out.append(Problem(where, f"{why} (the model runs on {placed.instance.name})"))
+                continue
+            fit = sizing.memory_fit(arch, shape, gpu)
+            if not fit.fits:
+                out.append(
+                    Problem(where, f"this version does not fit on {placed.instance.name}", tuple(fit.lines()))
+                )
+    return out
