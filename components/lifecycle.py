@@ -19,10 +19,17 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from components import sizing
+from components import catalog, sizing
 from components.placement import Layout, Placement, engine_shape
 from components.problems import Problem
-from components.spec import ModelSpec, ModelVersionSpec, PlatformSpec, PreparationKind, PreparationSpec
+from components.spec import (
+    ArchitectureSpec,
+    ModelSpec,
+    ModelVersionSpec,
+    PlatformSpec,
+    PreparationKind,
+    PreparationSpec,
+)
 from runtime.config import version_target_name
 
 HASH_CHARS = 12
@@ -97,11 +104,14 @@ def units(model: ModelSpec, gpu: str | None = None) -> list[ModelSpec]:
     if not model.versions:
         return [model]
     out = []
+    found = model.arch()  # the unit's source (a prepared location) is not in the catalog: carry the shape
+    architecture = model.architecture or (_architecture(found) if found is not None else None)
     for i, v in enumerate(model.versions):
         prepared = preparation(model, v, gpu)
         unit = model.model_copy(
             update={
                 "name": version_target_name(model.name, v.name),
+                "architecture": architecture,
                 "source": prepared.location if prepared else model.version_source(v),
                 "engine": model.version_engine(v),
                 "versions": [],
@@ -110,8 +120,23 @@ def units(model: ModelSpec, gpu: str | None = None) -> list[ModelSpec]:
         unit._served_as = model.name
         unit._version_of = (model.name, v.name, v.weight, i == 0)
         unit._format_in_checkpoint = bool(prepared and prepared.spec.kind is PreparationKind.QUANTIZE)
+        unit._revision = None if prepared else v.revision
         out.append(unit)
     return out
+
+
+def _architecture(arch: catalog.ModelArch) -> ArchitectureSpec:
+    return ArchitectureSpec(
+        params_b=arch.params_b,
+        layers=arch.layers,
+        kv_heads=arch.kv_heads,
+        head_dim=arch.head_dim,
+        hidden_size=arch.hidden_size,
+        max_context_tokens=arch.max_context_tokens,
+        vocab_size=arch.vocab_size,
+        active_params_b=arch.active_params_b,
+        pooling=arch.pooling,
+    )
 
 
 def preparations(spec: PlatformSpec, layout: Layout) -> list[Preparation]:
@@ -130,12 +155,18 @@ def expand(spec: PlatformSpec, layout: Layout) -> tuple[PlatformSpec, Layout]:
         return spec, layout
     models: list[ModelSpec] = []
     placements = dict(layout.placements)
+    named: dict[str, list[str]] = {}
     for m in spec.models:
         placed = layout.placements[m.name]
         for unit in units(m, gpu_of(placed)):
             models.append(unit)
-            placements[unit.name] = placed
-    return spec.model_copy(update={"models": models}), replace(layout, placements=placements)
+            placements[unit.name] = replace(placed, model=unit.name)
+            named.setdefault(m.name, []).append(unit.name)
+    pools = {
+        name: replace(pool, models=tuple(u for member in pool.models for u in named.get(member, [member])))
+        for name, pool in layout.pools.items()
+    }
+    return spec.model_copy(update={"models": models}), replace(layout, placements=placements, pools=pools)
 
 
 def problems(spec: PlatformSpec, layout: Layout) -> list[Problem]:

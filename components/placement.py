@@ -399,8 +399,8 @@ def _pool_plans(
         members = [
             m for m in spec.models if (p := placements.get(m.name)) is not None and p.pool == pool.name
         ]
-        gpus_min = sum(m.scaling.min_replicas * m.engine.gpus for m in members)
-        gpus_max = sum(m.scaling.max_replicas * m.engine.gpus for m in members)
+        gpus_min = sum(m.scaling.min_replicas * m.engine.gpus * m.serving_units for m in members)
+        gpus_max = sum(m.scaling.max_replicas * m.engine.gpus * m.serving_units for m in members)
         need_max = _nodes_for(gpus_max, instance.gpus)
         min_nodes = max(pool.min_nodes, _nodes_for(gpus_min, instance.gpus))
         max_nodes = pool.max_nodes if pool.max_nodes is not None else max(need_max, min_nodes, 1)

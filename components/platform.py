@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pulumi
 
-from components import rollout
+from components import lifecycle, rollout
 from components.cloud import Cloud
 from components.kubernetes.addons import ClusterAddons
 from components.kubernetes.cluster import ClusterAccess
@@ -20,7 +20,7 @@ from components.kubernetes.manifests import apply
 from components.kubernetes.observability import Observability
 from components.kubernetes.scaling import ModelScaling
 from components.placement import Layout, PoolPlan
-from components.render import addons, common, engine, hardening
+from components.render import addons, common, engine, hardening, preparation
 from components.render.namespace import namespace
 from components.spec import PlatformSpec
 
@@ -82,6 +82,9 @@ class InferencePlatform(pulumi.ComponentResource):
     ) -> None:
         """``cluster`` says how to reach the cluster, which runtime images to run and which cloud controllers
         to install (``ClusterAccess``)."""
+        # Versions are served as units ('<model>-<version>'): from here on, every renderer sees units.
+        preparations = lifecycle.preparations(spec, layout)
+        spec, layout = lifecycle.expand(spec, layout)
         super().__init__(
             "inferstack:index:InferencePlatform", f"{spec.name}-{spec.environment}", None, cluster.options
         )
@@ -115,10 +118,31 @@ class InferencePlatform(pulumi.ComponentResource):
                 *self.addons.installed(addons.LWS_RELEASE),
             ],
         )
+        # Preparation Jobs run before the engines that load what they write; `pulumi up` waits for each Job.
+        self.preparations: dict[str, pulumi.Resource] = {}
+        if preparations:
+            identity = apply(preparation.service_account(spec), in_namespace)
+            units = {m.name: m for m in spec.models}
+            for p in preparations:
+                job = preparation.job(spec, p, units[p.unit], layout.placements[p.unit])
+                self.preparations[p.unit] = apply(
+                    job,
+                    pulumi.ResourceOptions(
+                        parent=self,
+                        depends_on=[self.namespace, identity],
+                        custom_timeouts=pulumi.CustomTimeouts(create=f"{preparation.JOB_DEADLINE_S}s"),
+                    ),
+                )
         rollouts = rollout.plans(spec, layout)
         self.engines = {
             m.name: ModelEngine(
-                spec, m, layout.placements[m.name], rollouts[m.name], engines_opts, _pool(layout, m.name)
+                spec,
+                m,
+                layout.placements[m.name],
+                rollouts[m.name],
+                engines_opts,
+                _pool(layout, m.name),
+                after=[self.preparations[m.name]] if m.name in self.preparations else None,
             )
             for m in spec.models
         }

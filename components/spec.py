@@ -825,8 +825,13 @@ def _model_source(value: str) -> str:
 
 def _engine_of(model_engine: EngineSpec, version: ModelVersionSpec, *, prepared: bool = True) -> EngineSpec:
     merged = {**model_engine.model_dump(exclude_unset=True), **version.engine}
-    if prepared and version.preparation is not None and version.preparation.kind is PreparationKind.QUANTIZE:
-        merged["quantization"] = version.preparation.format.value
+    prep = version.preparation
+    if (
+        prepared
+        and prep is not None
+        and (prep.kind is PreparationKind.QUANTIZE or prep.format is not Quantization.NONE)
+    ):
+        merged["quantization"] = prep.format.value  # what the prepared checkpoint holds: sized by it
     return EngineSpec.model_validate(merged)
 
 
@@ -907,7 +912,8 @@ class ModelSpec(_Spec):
     """generate or embed; defaults from the architecture (embedding models pool)."""
     versions: list[ModelVersionSpec] = Field(default_factory=list)
     """Versions served under this one name, with traffic weights adding up to 100; the first is the stable
-    version (rollbacks return to it), the others are canaries (rollout.canary). Empty: one version, the model."""
+    version (rollbacks return to it), the others are canaries (rollout.canary). Each version runs its own
+    replicas within scaling (pool size and cost count them). Empty: one version, the model."""
 
     # Set on the serving units derived from versions (components.lifecycle), never from a stack file.
     _served_as: str | None = PrivateAttr(default=None)
@@ -915,6 +921,12 @@ class ModelSpec(_Spec):
         default=None
     )  # model, version, weight, stable
     _format_in_checkpoint: bool = PrivateAttr(default=False)
+    _revision: str | None = PrivateAttr(default=None)
+
+    @property
+    def serving_units(self) -> int:
+        """Deployments serving the model: one per version (each scales on its own within scaling), else one."""
+        return max(1, len(self.versions))
 
     @property
     def served_name(self) -> str:
@@ -925,6 +937,11 @@ class ModelSpec(_Spec):
     def version_of(self) -> tuple[str, str, int, bool] | None:
         """(model, version, weight, stable) for a serving unit derived from a version; None otherwise."""
         return self._version_of
+
+    @property
+    def revision(self) -> str | None:
+        """The Hugging Face revision a version's engines load (a unit of a version with ``revision``)."""
+        return self._revision
 
     @property
     def format_in_checkpoint(self) -> bool:
@@ -994,6 +1011,11 @@ class ModelSpec(_Spec):
             if v.preparation is not None:
                 _check_preparation(j, v.preparation, engine)
             engine = _version_engine(j, self.engine, v, prepared=True)
+            if v.revision and v.preparation is None and facts(engine.kind).cli.revision is None:
+                raise ValueError(
+                    f"versions[{j}].revision: {facts(engine.kind).display_name} takes no revision on its command "
+                    "line; copy that revision to S3 and give it as the version's source"
+                )
             key = (
                 v.source or self.source,
                 v.revision or "",

@@ -31,11 +31,14 @@ class ModelEngine(pulumi.ComponentResource):
         rollout: Rollout,
         opts: pulumi.ResourceOptions | None = None,
         pool: PoolPlan | None = None,
+        after: list[pulumi.Resource] | None = None,
     ) -> None:
+        """``after``: what the engine's own objects wait for (the preparation Job that writes what it loads)."""
         super().__init__("inferstack:kubernetes:ModelEngine", model.name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        child = pulumi.ResourceOptions(parent=self, depends_on=after)
         awaited = pulumi.ResourceOptions(
             parent=self,
+            depends_on=after,
             custom_timeouts=pulumi.CustomTimeouts(
                 create=f"{rollout.startup.budget_s}s", update=f"{rollout.update_timeout_s}s"
             ),

@@ -99,6 +99,7 @@ def _start(cli: EngineCli, model: ModelSpec, where: Where) -> list[str]:
         *cli.leading_args,
         *named,
         *_valued(cli.served_name, where.served_name or model.served_name),
+        *_valued(cli.revision, model.revision),
         *_valued(cli.host, where.host),
         *_valued(cli.port, where.port),
     ]
