@@ -121,6 +121,7 @@ def units(model: ModelSpec, gpu: str | None = None) -> list[ModelSpec]:
         unit._version_of = (model.name, v.name, v.weight, i == 0)
         unit._format_in_checkpoint = bool(prepared and prepared.spec.kind is PreparationKind.QUANTIZE)
         unit._revision = None if prepared else v.revision
+        unit._prepared_by = prepared.job_name if prepared else None
         out.append(unit)
     return out
 
@@ -192,4 +193,82 @@ def problems(spec: PlatformSpec, layout: Layout) -> list[Problem]:
                 out.append(
                     Problem(where, f"this version does not fit on {placed.instance.name}", tuple(fit.lines()))
                 )
+    return out
+
+
+def describe(spec: PlatformSpec, layout: Layout) -> list[str]:
+    """The plan's account of versions: weights, the canary's step, the rollback rule, the preparation Jobs."""
+    lines: list[str] = []
+    jobs = {p.unit: p for p in preparations(spec, layout)}
+    for m in spec.models:
+        if not m.versions or m.rollout.canary is None:
+            continue
+        canary, rule = m.rollout.canary, m.rollout.canary.rollback
+        steps = canary.steps_percent
+        parts = []
+        for i, v in enumerate(m.versions):
+            if i == 0:
+                parts.append(f"{v.name} {v.weight}% (stable)")
+            else:
+                at = (
+                    f"step {steps.index(v.weight) + 1} of {len(steps)}"
+                    if v.weight in steps
+                    else "not started"
+                )
+                parts.append(f"{v.name} {v.weight}% (canary, {at}: {' -> '.join(map(str, steps))})")
+        slo = (
+            f" or above the SLO ({m.slo.ttft_p95_ms} ms / {m.slo.inter_token_p95_ms} ms)"
+            if rule.enforce_slo
+            else ""
+        )
+        lines.append(
+            f"{m.name}: versions {', '.join(parts)}; the health monitor rolls a canary back to {m.versions[0].name} "
+            f"at once when, over a {canary.evaluation_interval_s} s interval, its error rate exceeds "
+            f"{rule.max_error_rate:.1%} (at least {rule.min_samples} probes), or its TTFT / inter-token p95 is above "
+            f"{rule.max_ttft_ratio:g}x / {rule.max_inter_token_ratio:g}x the stable version's{slo}; promotion is "
+            "a change of the weights here"
+        )
+        for v in m.versions:
+            p = jobs.get(version_target_name(m.name, v.name))
+            if p is None:
+                continue
+            placed = layout.placements[m.name]
+            where = f"pool {placed.pool} ({p.gpu})" if p.gpu and placed.pool else "the general nodes (CPU)"
+            what = (
+                f"quantize to {p.spec.format.value} with llm-compressor ({p.spec.calibration_samples} samples of "
+                f"{p.spec.calibration_dataset})"
+                if p.spec.kind is PreparationKind.QUANTIZE
+                else f"TensorRT-LLM engine build for {p.gpu} ({p.spec.format.value} checkpoint)"
+            )
+            lines.append(
+                f"{p.unit}: Job {p.job_name} runs before its engines on {where}: {what}, image "
+                f"{p.spec.resolved_image}; writes {p.location} (input hash {p.input_hash[:HASH_CHARS]}; the same "
+                "inputs do nothing)"
+            )
+    return lines
+
+
+ANNOTATION_VERSION = "inferstack.io/version"
+ANNOTATION_ROLE = "inferstack.io/version-role"
+ANNOTATION_WEIGHT = "inferstack.io/version-weight"
+ANNOTATION_STEPS = "inferstack.io/canary-steps"
+ANNOTATION_PREPARED_BY = "inferstack.io/prepared-by"
+ANNOTATION_PREPARED_FROM = "inferstack.io/prepared-location"
+
+
+def workload_annotations(unit: ModelSpec) -> dict[str, str]:
+    """What a version's workload says about itself (kubectl, and the policy pack's lifecycle rules)."""
+    if unit.version_of is None:
+        return {}
+    _, version, weight, stable = unit.version_of
+    out = {
+        ANNOTATION_VERSION: version,
+        ANNOTATION_ROLE: "stable" if stable else "canary",
+        ANNOTATION_WEIGHT: str(weight),
+    }
+    if unit.rollout.canary is not None:
+        out[ANNOTATION_STEPS] = ",".join(map(str, unit.rollout.canary.steps_percent))
+    if unit.prepared_by is not None:
+        out[ANNOTATION_PREPARED_BY] = unit.prepared_by
+        out[ANNOTATION_PREPARED_FROM] = unit.source
     return out

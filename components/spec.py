@@ -922,6 +922,7 @@ class ModelSpec(_Spec):
     )  # model, version, weight, stable
     _format_in_checkpoint: bool = PrivateAttr(default=False)
     _revision: str | None = PrivateAttr(default=None)
+    _prepared_by: str | None = PrivateAttr(default=None)
 
     @property
     def serving_units(self) -> int:
@@ -942,6 +943,11 @@ class ModelSpec(_Spec):
     def revision(self) -> str | None:
         """The Hugging Face revision a version's engines load (a unit of a version with ``revision``)."""
         return self._revision
+
+    @property
+    def prepared_by(self) -> str | None:
+        """The preparation Job whose output this unit loads (its source), if any."""
+        return self._prepared_by
 
     @property
     def format_in_checkpoint(self) -> bool:

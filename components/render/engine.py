@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from components import nodes
+from components import lifecycle, nodes
 from components.placement import Placement, PoolPlan
 from components.render import common, groups, hardening, scaling
 from components.render.common import Manifest
@@ -239,6 +239,7 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollo
         "metadata": {
             **common.metadata(spec, name, "engine", version),
             "labels": template["metadata"]["labels"],
+            **({"annotations": notes} if (notes := lifecycle.workload_annotations(model)) else {}),
         },
         "spec": {
             **replicas,

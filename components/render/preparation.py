@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from components import nodes
+from components import lifecycle, nodes
 from components.lifecycle import Preparation
 from components.placement import Placement
 from components.render import common, hardening
@@ -27,7 +27,7 @@ CHECKPOINT_DIR = f"{WORK_DIR}/checkpoint"
 OUTPUT_DIR = f"{WORK_DIR}/out"
 ANNOTATION_HASH = "inferstack.io/input-hash"
 ANNOTATION_PROVENANCE = "inferstack.io/provenance"
-ANNOTATION_LOCATION = "inferstack.io/prepared-location"
+ANNOTATION_LOCATION = lifecycle.ANNOTATION_PREPARED_FROM
 #: TensorRT-LLM 1.0's checkpoint converter for Llama-family models, inside its release image.
 TRTLLM_CONVERT = "/app/tensorrt_llm/examples/models/core/llama/convert_checkpoint.py"
 JOB_DEADLINE_S = (

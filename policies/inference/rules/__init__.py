@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from policies.inference.rules import fit, groups, hygiene, money, placement, reliability, security
+from policies.inference.rules import fit, groups, hygiene, lifecycle, money, placement, reliability, security
 from policies.inference.rules.base import Category, Finding, Res, Rule, Setting, Severity
 
 RULES: tuple[Rule, ...] = (
@@ -13,6 +13,7 @@ RULES: tuple[Rule, ...] = (
     *money.RULES,
     *hygiene.RULES,
     *groups.RULES,
+    *lifecycle.RULES,
 )
 BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
 
