@@ -36,6 +36,7 @@ HTTPS = 443
 DNS_PORT = 53
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 ENGINE = "engine"
+PREPARE = "prepare"  # the component label of preparation Jobs (components.render.preparation)
 GATEWAY_PROXY = "gateway-proxy"
 
 Port = tuple[str, int]
@@ -248,6 +249,25 @@ def _engine_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
         private = tuple(cloud.cluster_network(spec))
         weights = Peer("weights over HTTPS", cidrs=(ANYWHERE,), except_cidrs=(*private, LINK_LOCAL))
         out.append(Flow(engine, weights, tcp(HTTPS), "weights from the Hugging Face hub or S3"))
+    if any(m.prepared_by for m in spec.models):
+        # Preparation Jobs (components.render.preparation): the source and calibration data in, the model store out.
+        prepare = component(spec, PREPARE)
+        out += [
+            Flow(prepare, Peer(e.why.split(":", 1)[0], cidrs=(e.cidr,)), tcp(e.port), e.why)
+            for e in cloud.credential_endpoints(spec)
+        ]
+        private = tuple(cloud.cluster_network(spec))
+        store = Peer(
+            "sources and model store over HTTPS", cidrs=(ANYWHERE,), except_cidrs=(*private, LINK_LOCAL)
+        )
+        out.append(
+            Flow(
+                prepare,
+                store,
+                tcp(HTTPS),
+                "preparation Jobs fetch sources and calibration data, write the store",
+            )
+        )
     for model in group_models(spec):
         # The engine picks its ports: the rendezvous (vLLM's master port, SGLang's dist-init port), then ZMQ queues
         # and NCCL's sockets on ephemeral ones. Only the pods of the same model's groups.

@@ -15,7 +15,7 @@ from typing import Any
 from components import lifecycle, nodes
 from components.lifecycle import Preparation
 from components.placement import Placement
-from components.render import common, hardening
+from components.render import common, flows, hardening
 from components.render.engine import AWS_CLI_IMAGE, HF_TOKEN_DIR, HF_TOKEN_KEY, hf_token_secret_name
 from components.spec import ModelSpec, PlatformSpec, PreparationKind, Quantization
 
@@ -44,7 +44,7 @@ def service_account(spec: PlatformSpec) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": common.metadata(spec, service_account_name(spec), "prepare"),
+        "metadata": common.metadata(spec, service_account_name(spec), flows.PREPARE),
         "automountServiceAccountToken": False,
     }
 
@@ -190,12 +190,12 @@ def job(spec: PlatformSpec, p: Preparation, unit: ModelSpec, placement: Placemen
     if gpu_step:
         pod["nodeSelector"] = {nodes.POOL_LABEL: str(placement.pool)}
         pod["tolerations"] = [nodes.gpu_toleration()]
-    labels = {**common.labels(spec, p.job_name, "prepare"), common.MODEL_LABEL: p.unit}
+    labels = {**common.labels(spec, p.job_name, flows.PREPARE), common.MODEL_LABEL: p.unit}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            **common.metadata(spec, p.job_name, "prepare"),
+            **common.metadata(spec, p.job_name, flows.PREPARE),
             "labels": labels,
             "annotations": {
                 ANNOTATION_HASH: p.input_hash,
