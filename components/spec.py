@@ -1380,6 +1380,18 @@ class PlatformSpec(_Spec):
         return self
 
     @model_validator(mode="after")
+    def _versions_in_a_cluster(self) -> PlatformSpec:
+        # make local runs one engine per model from a local path: no preparation Jobs, no per-version engines.
+        if self.target is Target.LOCAL:
+            for i, m in enumerate(self.models):
+                if m.versions:
+                    raise ValueError(
+                        f"models[{i}].versions: target local serves one version per model; list the versions in a "
+                        "cluster stack (target eks or kubernetes), or point source at the version to try"
+                    )
+        return self
+
+    @model_validator(mode="after")
     def _eks_name_length(self) -> PlatformSpec:
         # IAM role names (64 characters) are the cluster name, a job suffix and Pulumi's random suffix.
         if self.target is Target.EKS and len(self.cluster_name) > MAX_EKS_CLUSTER_NAME:

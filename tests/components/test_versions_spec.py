@@ -82,7 +82,9 @@ BAD: list[tuple[str, dict[str, Any], str, list[str]]] = [
     ),
     (
         "engine build for an engine that is not trtllm",
-        _versioned([STABLE, {"name": "v2", "weight": 10, "preparation": {"kind": "trtllm-build", "output": STORE}}]),
+        _versioned(
+            [STABLE, {"name": "v2", "weight": 10, "preparation": {"kind": "trtllm-build", "output": STORE}}]
+        ),
         "models[0]",
         ["versions[1].preparation.kind: trtllm-build makes a TensorRT-LLM engine"],
     ),
@@ -102,7 +104,9 @@ BAD: list[tuple[str, dict[str, Any], str, list[str]]] = [
 
 
 @pytest.mark.parametrize(("spec", "path", "words"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
-def test_bad_versions_get_one_located_message(tmp_path: Path, spec: dict[str, Any], path: str, words: list[str]) -> None:
+def test_bad_versions_get_one_located_message(
+    tmp_path: Path, spec: dict[str, Any], path: str, words: list[str]
+) -> None:
     write_stack(tmp_path, "bad", spec)
     with pytest.raises(SpecError) as caught:
         load("bad", tmp_path)
@@ -116,3 +120,17 @@ def test_bad_versions_get_one_located_message(tmp_path: Path, spec: dict[str, An
 def test_a_canary_rule_without_versions_is_refused() -> None:
     with pytest.raises(ValueError, match=r"rollout\.canary needs versions"):
         ModelSpec.model_validate({"name": "m", "source": "a/b", "rollout": CANARY})
+
+
+def test_target_local_refuses_versions() -> None:
+    from components.spec import PlatformSpec
+
+    model = {
+        "name": "chat",
+        "source": "./models/chat",
+        "engine": {"device": "cpu"},
+        "versions": [{"name": "a", "weight": 90}, {"name": "b", "weight": 10, "source": "./models/chat-b"}],
+        "rollout": CANARY,
+    }
+    with pytest.raises(ValueError, match=r"models\[0\]\.versions: target local serves one version per model"):
+        PlatformSpec.model_validate({"environment": "local", "target": "local", "models": [model]})
