@@ -34,6 +34,11 @@ class Stack:
     layout: Layout
     config: dict[str, Any]
 
+    @property
+    def served(self) -> tuple[PlatformSpec, Layout]:
+        """The spec and layout the renderers see: each version of a model as a unit of its own."""
+        return lifecycle.expand(self.spec, self.layout)
+
 
 def stack_path(stack: str, stacks_dir: Path = STACKS_DIR) -> Path:
     return stacks_dir / f"Pulumi.{stack}.yaml"

@@ -45,9 +45,13 @@ class ModelState:
     def __init__(self, target: ModelTarget, route: ModelRoute, settings: RouterSettings) -> None:
         self.target = target
         self.route = route
-        self.name = target.served_name  # what clients send: metrics and messages speak of the model
-        self.key = target.name  # this state's entry in Fleet.models (a version has a name of its own)
+        # A version has a name of its own ('<model>-<version>'), which its metrics, scaling and alerts carry;
+        # ``served`` is what clients send, shared by the versions of a model.
+        self.name = target.name
+        self.served = target.served_name
         self.version = target.version_of.version if target.version_of is not None else ""
+        #: (model, version) for the per-version metrics, None for a model without versions
+        self.versioned: tuple[str, str] | None = (self.served, self.version) if self.version else None
         self.strategy: Strategy = build(route.strategy)
         # the request fields the strategy's scorers declared they read: parse only those
         self.needs_prompt = Need.PROMPT in self.strategy.needs
@@ -154,10 +158,10 @@ class Fleet:
 
     def fallback(self, state: ModelState) -> ModelState | None:
         """Where a failed request of a canary goes next: its model's stable version (None for the stable)."""
-        split = self.splits.get(state.name)
+        split = self.splits.get(state.served)
         if split is None or not state.version or state.version == split.stable:
             return None
-        return self.lookup_version(state.name, split.stable)
+        return self.lookup_version(state.served, split.stable)
 
     def lookup_version(self, model: str, version: str) -> ModelState:
         return self.models[version_target_name(model, version)]
@@ -166,7 +170,7 @@ class Fleet:
         """Model name clients see -> the states that serve it (one, or its versions)."""
         out: dict[str, list[ModelState]] = {}
         for state in self.models.values():
-            out.setdefault(state.name, []).append(state)
+            out.setdefault(state.served, []).append(state)
         return out
 
     def _departed(self, model: str, url: str) -> None:

@@ -44,7 +44,7 @@ Snapshot = dict[str, list[tuple[tuple[str, ...], float]]]
 
 def live_gauges(models: Mapping[str, ModelState], splits: Mapping[str, Split] | None = None) -> Snapshot:
     """The live gauges' samples: wait lines, replicas, version weights, and what each strategy's scorers
-    report. Per-replica and per-queue series name a version's state by its target ('<model>-<version>')."""
+    report. A version's series carry its own name ('<model>-<version>'), as its request metrics do."""
     out: Snapshot = {name: [] for name in LIVE_GAUGES}
     for model, split in (splits or {}).items():
         total = sum(split.weights) or 1.0
@@ -189,28 +189,32 @@ class RouterMetrics:
             del self._children[key]
             self.requests.remove(*key[1:])
 
-    def request(self, model: str, backend: str, status: int, duration_s: float, version: str = "") -> None:
+    # ``version`` is (model clients send, version) for a version of a model: its numbers also go to the
+    # inferstack_router_version_* series, where the versions of one model sit side by side.
+    def request(
+        self, model: str, backend: str, status: int, duration_s: float, version: tuple[str, str] | None = None
+    ) -> None:
         if self._departed:
             self._departed.pop((model, backend), None)  # it came back
         self._child(self.requests, model, backend, str(status)).inc()
         if version:
-            self._child(self.version_requests, model, version, str(status)).inc()
+            self._child(self.version_requests, *version, str(status)).inc()
         if duration_s >= 0:
             self._child(self.duration, model).observe(duration_s)
             if version:
-                self._child(self.version_duration, model, version).observe(duration_s)
+                self._child(self.version_duration, *version).observe(duration_s)
 
-    def first_byte(self, model: str, seconds: float, version: str = "") -> None:
+    def first_byte(self, model: str, seconds: float, version: tuple[str, str] | None = None) -> None:
         self._child(self.ttft, model).observe(seconds)
         if version:
-            self._child(self.version_ttft, model, version).observe(seconds)
+            self._child(self.version_ttft, *version).observe(seconds)
 
-    def usage(self, model: str, prompt: int, completion: int, version: str = "") -> None:
+    def usage(self, model: str, prompt: int, completion: int, version: tuple[str, str] | None = None) -> None:
         for direction, n in (("in", prompt), ("out", completion)):
             if n:
                 self._child(self.tokens, model, direction).inc(n)
                 if version:
-                    self._child(self.version_tokens, model, version, direction).inc(n)
+                    self._child(self.version_tokens, *version, direction).inc(n)
 
     def reject(self, reason: str, model: str = "") -> None:
         self._child(self.rejections, model, reason).inc()

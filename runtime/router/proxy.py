@@ -129,7 +129,7 @@ class Forwarder:
             ok = True
             if status == 200:
                 b.observe_ttft(first - sent_at, state.ewma_alpha)
-                self.metrics.first_byte(state.name, first - sent_at, state.version)
+                self.metrics.first_byte(state.name, first - sent_at, state.versioned)
                 p, c = usage_of(body)
                 self.account(state, principal, p, c)
             return None
@@ -151,7 +151,7 @@ class Forwarder:
                 b.breaker.on_abandon()
             state.queue.wake_one()
             self.metrics.request(
-                state.name, b.url, status or 502, time.monotonic() - call.started, state.version
+                state.name, b.url, status or 502, time.monotonic() - call.started, state.versioned
             )
             if self.access_log:
                 access.info(
@@ -206,7 +206,7 @@ class Forwarder:
             return 502, "replica ended the stream before sending anything"
         now = time.monotonic()
         b.observe_ttft(now - sent_at, state.ewma_alpha)
-        self.metrics.first_byte(state.name, now - sent_at, state.version)
+        self.metrics.first_byte(state.name, now - sent_at, state.versioned)
         headers = [
             (b"content-type", b"text/event-stream"),
             (b"cache-control", b"no-cache"),
@@ -240,5 +240,5 @@ class Forwarder:
 
     def account(self, state: ModelState, principal: Principal | None, prompt: int, completion: int) -> None:
         if prompt or completion:
-            self.metrics.usage(state.name, prompt, completion, state.version)
+            self.metrics.usage(state.name, prompt, completion, state.versioned)
             charge_tokens(principal, prompt + completion, time.monotonic())

@@ -543,7 +543,10 @@ CASES = [
         "prepared-checkpoints-have-provenance",
         "staging",
         d(lambda r: r.kind == "Job"),
-        ("llama-3-8b-w4a16-engine: loads s3://inferstack-staging-models/prepared/", "the stack has no such Job"),
+        (
+            "llama-3-8b-w4a16-engine: loads s3://inferstack-staging-models/prepared/",
+            "the stack has no such Job",
+        ),
         {"environments": ["staging"]},
     ),
     Case(

@@ -38,7 +38,7 @@ def test_requests_split_by_weight_and_the_model_is_listed_once(doubles, make_rou
     assert 'inferstack_router_version_weight{model="chat",version="v2"} 10.0' in text
     assert 'inferstack_router_version_ttft_seconds_count{model="chat",version="v2"} 20.0' in text
     assert (
-        'inferstack_router_requests_total{backend="' + canary.url + '",model="chat",status="200"} 20.0'
+        'inferstack_router_requests_total{backend="' + canary.url + '",model="chat-v2",status="200"} 20.0'
         in text
     )
 
