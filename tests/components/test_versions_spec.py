@@ -134,3 +134,17 @@ def test_target_local_refuses_versions() -> None:
     }
     with pytest.raises(ValueError, match=r"models\[0\]\.versions: target local serves one version per model"):
         PlatformSpec.model_validate({"environment": "local", "target": "local", "models": [model]})
+
+
+def test_a_quantized_format_the_gpu_cannot_run_is_one_plan_error_on_the_version(tmp_path: Path) -> None:
+    spec = _versioned([STABLE, {**AWQ, "preparation": {**AWQ["preparation"], "format": "fp8"}}])
+    spec["gpu_pools"][0]["instance_type"] = "g5.2xlarge"  # A10G: Ampere, no fp8
+    write_stack(tmp_path, "fp8", spec)
+    with pytest.raises(SpecError) as caught:
+        load("fp8", tmp_path)
+    assert len(caught.value.problems) == 1, caught.value.render()
+    rendered = caught.value.render()
+    assert (
+        ": models[0].versions[1].preparation.format: fp8 weights need an Ada, Hopper or Blackwell GPU"
+        in rendered
+    )
