@@ -156,12 +156,17 @@ def runtime_config(
             "client_idle_timeout_s": client_idle_timeout_s(),
         }
     )
+    checks = canary_checks(spec)
     return RuntimeConfig(
         models=[
             model_target(spec, m, None if static_backends is None else static_backends.get(m.name, []))
             for m in spec.models
         ],
         router=router,
-        health=HealthSettings(kubernetes_events=True, canaries=canary_checks(spec)),
+        # With canaries, every probe round also asks each replica for one token: an engine that still answers
+        # /health but fails requests counts against its version's error rate.
+        health=HealthSettings(
+            kubernetes_events=True, canaries=checks, synthetic_probe_every=1 if checks else 0
+        ),
         batcher=BatcherSettings(policies=[_batching(m) for m in embedding_models(spec)]),
     )

@@ -112,6 +112,7 @@ def test_router_and_health_config_group_the_versions_and_carry_the_rollback_rule
     (check,) = cfg.health.canaries
     assert (check.model, check.evaluation_interval_s, check.max_error_rate) == ("llama-3-8b", 60, 0.02)
     assert check.ttft_slo_s == 2.0 and check.max_ttft_ratio == 1.3
+    assert cfg.health.synthetic_probe_every == 1  # a canary failing requests behind a healthy /health counts
 
 
 def test_a_trtllm_engine_build_uses_only_flags_tensorrt_llm_defines() -> None:
