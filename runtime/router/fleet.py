@@ -52,6 +52,8 @@ class ModelState:
         self.version = target.version_of.version if target.version_of is not None else ""
         #: (model, version) for the per-version metrics, None for a model without versions
         self.versioned: tuple[str, str] | None = (self.served, self.version) if self.version else None
+        #: a version that is not the stable one: its failures are retried on the stable version
+        self.canary = target.version_of is not None and not target.version_of.stable
         self.strategy: Strategy = build(route.strategy)
         # the request fields the strategy's scorers declared they read: parse only those
         self.needs_prompt = Need.PROMPT in self.strategy.needs

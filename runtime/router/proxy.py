@@ -107,7 +107,8 @@ class Forwarder:
             await ex.head(self.first_byte_timeout_s)
             status = ex.status
             ctype = ex.headers.get(b"content-type", b"")
-            if status in RETRY_STATUSES:
+            # A canary's engine errors (500 too) go to the stable version instead of the client.
+            if status in RETRY_STATUSES or (status >= 500 and state.canary):
                 body = await ex.read_all(self.idle_timeout_s)
                 b.breaker.on_failure(time.monotonic())
                 return status, f"replica answered {status}: {body[:200].decode('utf-8', 'replace')}"

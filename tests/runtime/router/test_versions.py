@@ -86,3 +86,17 @@ def test_a_version_is_not_reachable_by_its_target_name(doubles, make_router) -> 
     r = make_router([], models=_versions(stable.url, canary.url))
     status, _, body = r.request("POST", "/v1/chat/completions", {**CHAT, "model": "chat-v2"})
     assert status == 404 and b"served: chat" in body
+
+
+def test_a_canary_answering_500_is_retried_on_stable_but_a_stable_500_reaches_the_client(
+    doubles, make_router
+) -> None:
+    stable, canary = doubles(2)
+    canary.mode = "500"
+    r = make_router([], models=_versions(stable.url, canary.url, (50, 50)), breaker_failures=1000)
+    assert [r.request("POST", "/v1/chat/completions", CHAT)[0] for _ in range(10)] == [200] * 10
+    assert len(canary.requests) == 5 and len(stable.requests) == 10
+    stable.mode = "500"
+    canary.mode = "ok"
+    statuses = [r.request("POST", "/v1/chat/completions", CHAT)[0] for _ in range(10)]
+    assert statuses.count(500) == 5  # the stable version's own errors are the engine's answer, as before
