@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
 import pytest
-from aiohttp import web
+import yaml
 
+from components.local.engine_process import free_port
 from runtime.config import RuntimeConfig
-from runtime.discovery import watch_backends
-from runtime.health.app import make_app
-from runtime.health.monitor import Monitor
+from tests.processes import runtime_service, wait_ready
 from tests.runtime.router.harness import LoopThread, RouterUnderTest
 
 pytestmark = pytest.mark.engine
@@ -135,101 +137,123 @@ def test_a_90_10_split_over_1000_requests_on_real_engines(lt, vllm_chat_pair) ->
         router.stop()
 
 
+def _weight(router_base: str, model: str, version: str) -> float | None:
+    with urllib.request.urlopen(f"{router_base}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    key = f'inferstack_router_version_weight{{model="{model}",version="{version}"}} '
+    line = next((x for x in text.splitlines() if x.startswith(key)), None)
+    return float(line.rsplit(" ", 1)[1]) if line else None
+
+
 def test_a_failing_canary_is_rolled_back_within_one_interval_and_no_request_is_lost(
-    lt, vllm_chat_pair
+    lt, vllm_chat_pair, tmp_path: Path
 ) -> None:
+    """The router and the health monitor run as their images run them (``python -m runtime.router`` /
+    ``runtime.health`` on one config file, the router reading the monitor's feed)."""
     model = vllm_chat_pair.model
     stable, canary = vllm_chat_pair.base_urls
     proxy = FaultProxy(_port(canary))
     lt.run(proxy.start())
-    canary_url = f"http://127.0.0.1:{proxy.port}"
-    config = RuntimeConfig.model_validate(
-        {
-            "models": _versions(model, stable, canary_url),
-            "health": {
-                "host": "127.0.0.1",
-                "interval_ms": 250,
-                "timeout_ms": 2000,
-                "eject_after_failures": 3,
-                "canaries": [
-                    {"model": model, "evaluation_interval_s": EVALUATION_INTERVAL_S, "min_samples": 3}
-                ],
-            },
-        }
-    )
-
-    async def start_monitor() -> tuple[Monitor, web.AppRunner, str]:
-        monitor = Monitor(config, watch=watch_backends)
-        await monitor.start()
-        runner = web.AppRunner(make_app(monitor), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        return monitor, runner, f"http://127.0.0.1:{port}/v1/backends"
-
-    monitor, runner, feed_url = lt.run(start_monitor())
-    router_cfg = {
-        "models": _versions(model, stable, canary_url),
-        # The feed is read every second (its timeout too): on this 2-core machine, busy engines and the monitor
-        # sharing the test's event loop answer slower than a tighter poll allows.
-        "router": {"host": "127.0.0.1", "port": 8080, "probe_interval_ms": 1000, "health_feed_url": feed_url},
+    router_port, health_port = free_port(), free_port()
+    config = {
+        "models": _versions(model, stable, f"http://127.0.0.1:{proxy.port}"),
+        "router": {
+            "host": "127.0.0.1",
+            "port": router_port,
+            "probe_interval_ms": 500,
+            "health_feed_url": f"http://127.0.0.1:{health_port}/v1/backends",
+        },
+        "health": {
+            "host": "127.0.0.1",
+            "port": health_port,
+            "interval_ms": 250,
+            "timeout_ms": 2000,
+            "eject_after_failures": 3,
+            "canaries": [{"model": model, "evaluation_interval_s": EVALUATION_INTERVAL_S, "min_samples": 3}],
+        },
     }
-    router = RouterUnderTest(lt, router_cfg).start()
-    client = openai.OpenAI(base_url=f"{router.base}/v1", api_key="unused", max_retries=0, timeout=60)
+    RuntimeConfig.model_validate(config)
+    path = tmp_path / "runtime.yaml"
+    path.write_text(yaml.safe_dump(config))
+    router_base, health_base = f"http://127.0.0.1:{router_port}", f"http://127.0.0.1:{health_port}"
     results: list[str] = []
     stop = threading.Event()
-
-    def load(worker: int) -> None:
-        i = 0
-        while not stop.is_set():
-            i += 1
-            try:
-                out = client.completions.create(model=model, prompt=f"w{worker} r{i}", max_tokens=1)
-                results.append("ok" if out.choices else "empty")
-            except openai.APIError as err:  # a lost request: what this test must never see
-                results.append(f"error: {err}")
-
     try:
-        deadline = time.monotonic() + 30
-        while not all(b.routable for b in monitor.feed().backends) or len(monitor.feed().backends) < 2:
-            assert time.monotonic() < deadline, "the monitor never saw both versions healthy"
-            time.sleep(0.1)
-        with ThreadPoolExecutor(4) as pool:
-            for w in range(4):
-                pool.submit(load, w)
-            time.sleep(2.0)
-            before = _version_counts(router, model)
-            assert before.get("v2", 0) > 0, before  # the canary took traffic while healthy
-            lt.run(proxy.fail())  # the canary's engine starts failing
-            failed_at = time.monotonic()
-            split = router.router.fleet.splits[model]  # type: ignore[union-attr]
-            while split.weights != (100.0, 0.0):
-                assert time.monotonic() - failed_at < EVALUATION_INTERVAL_S, (
-                    f"not rolled back within one evaluation interval: {monitor.feed().versions}"
-                )
-                time.sleep(0.05)
-            rolled_back_after_s = time.monotonic() - failed_at
-            time.sleep(1.0)  # traffic keeps flowing, all of it to the stable version
-            stop.set()
-        feed = monitor.feed().versions[0]
-        assert feed.rolled_back and feed.weights == {"v1": 100.0, "v2": 0.0}, feed
-        assert feed.reason and feed.metric, feed
-        errors = [r for r in results if r != "ok"]
-        assert not errors, errors[:5]
-        assert len(results) > 50
-        text = router.request("GET", "/metrics")[2].decode()
-        assert f'inferstack_router_version_weight{{model="{model}",version="v2"}} 0.0' in text
-        print(
-            f"rolled back {rolled_back_after_s:.2f}s after the fault; {len(results)} requests, 0 lost; {feed.reason}"
-        )
+        with (
+            runtime_service("runtime.health", path) as health,
+            runtime_service("runtime.router", path) as router,
+        ):
+            wait_ready(health_base, health)
+            wait_ready(router_base, router)
+            client = openai.OpenAI(base_url=f"{router_base}/v1", api_key="unused", max_retries=0, timeout=60)
+
+            def load(worker: int) -> None:
+                i = 0
+                while not stop.is_set():
+                    i += 1
+                    try:
+                        out = client.completions.create(model=model, prompt=f"w{worker} r{i}", max_tokens=1)
+                        results.append("ok" if out.choices else "empty")
+                    except openai.APIError as err:  # a lost request: what this test must never see
+                        results.append(f"error: {err}")
+
+            deadline = time.monotonic() + 60
+            while not _feed_routable(health_base, 2):
+                assert time.monotonic() < deadline, "the monitor never saw both versions healthy"
+                time.sleep(0.2)
+            with ThreadPoolExecutor(4) as pool:
+                for w in range(4):
+                    pool.submit(load, w)
+                time.sleep(3.0)
+                served = _version_counts_at(router_base, model)
+                assert served.get("v2", 0) > 0, served  # the canary took traffic while healthy
+                lt.run(proxy.fail())  # the canary's engine starts failing
+                failed_at = time.monotonic()
+                while _weight(router_base, model, "v2") != 0.0:
+                    assert time.monotonic() - failed_at < EVALUATION_INTERVAL_S, (
+                        "not rolled back within one interval"
+                    )
+                    time.sleep(0.05)
+                rolled_back_after_s = time.monotonic() - failed_at
+                time.sleep(1.0)  # traffic keeps flowing, all of it to the stable version
+                stop.set()
+            with urllib.request.urlopen(f"{health_base}/v1/backends", timeout=5) as r:
+                (versions,) = json.loads(r.read())["versions"]
+            with urllib.request.urlopen(f"{health_base}/metrics", timeout=5) as r:
+                health_metrics = r.read().decode()
     finally:
         stop.set()
-        router.stop()
+        lt.run(proxy.stop())
+    assert versions["rolled_back"] and versions["weights"] == {"v1": 100.0, "v2": 0.0}, versions
+    assert versions["metric"] and "v2 rolled back" in versions["reason"], versions
+    assert (
+        f'inferstack_health_canary_rollbacks_total{{metric="{versions["metric"]}",model="{model}",version="v2"}} 1.0'
+        in health_metrics
+    )
+    errors = [r for r in results if r != "ok"]
+    assert not errors, errors[:5]
+    assert len(results) > 50
+    print(
+        f"rolled back {rolled_back_after_s:.2f}s after the fault; {len(results)} requests, 0 lost; "
+        f"{versions['reason']}"
+    )
 
-        async def stop_monitor() -> None:
-            await runner.cleanup()
-            await monitor.stop()
-            await proxy.stop()
 
-        lt.run(stop_monitor())
+def _feed_routable(health_base: str, n: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"{health_base}/v1/backends", timeout=2) as r:
+            backends = json.loads(r.read())["backends"]
+    except OSError:
+        return False
+    return len(backends) == n and all(b["routable"] for b in backends)
+
+
+def _version_counts_at(router_base: str, model: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{router_base}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("inferstack_router_version_requests_total{") and f'model="{model}"' in line:
+            version = line.split('version="', 1)[1].split('"', 1)[0]
+            out[version] = out.get(version, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out

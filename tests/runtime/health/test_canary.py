@@ -112,3 +112,21 @@ def test_the_rollback_event_names_model_version_metric_and_reason() -> None:
     reason, kind, message = rollback_event(target, "error_rate", "canary error rate 50.0% ...")
     assert (reason, kind) == (REASON_ROLLED_BACK, "Warning")
     assert message.startswith("model chat: canary version v2 rolled back to the stable version (error_rate)")
+
+
+async def test_rollbacks_and_weights_are_on_the_monitors_metrics(fakes, monitors) -> None:
+    from runtime.health.exposition import registry_for, render
+
+    stable, canary = await fakes(), await fakes()
+    clock = Clock()
+    m = await monitors(_config(stable.url, canary.url), clock=clock)
+    canary.engine.health_status = 500
+    for _ in range(4):
+        clock.now += 1
+        await m.probe_all()
+    text = render(registry_for(m)).decode()
+    assert (
+        'inferstack_health_canary_rollbacks_total{metric="routable_replicas",model="chat",version="v2"} 1.0'
+        in text
+    )
+    assert 'inferstack_health_version_weight{model="chat",version="v2"} 0.0' in text
