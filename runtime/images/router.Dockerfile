@@ -21,8 +21,8 @@ COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 # Only what the router imports: the contract, the config-file reader and service plumbing, engine facts,
 # discovery, shared HTTP helpers, the lean HTTP server and engine client (shared with the batcher), the
-# scheduling library (routing decisions), the router.
-COPY runtime/__init__.py runtime/config.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/server.py runtime/upstream.py runtime/py.typed /app/runtime/
+# version split (runtime.versions), the scheduling library (routing decisions), the router.
+COPY runtime/__init__.py runtime/config.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/server.py runtime/upstream.py runtime/versions.py runtime/py.typed /app/runtime/
 COPY runtime/scheduling /app/runtime/scheduling
 COPY runtime/router /app/runtime/router
 USER 10001:10001
