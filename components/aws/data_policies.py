@@ -22,6 +22,50 @@ def s3_sources(sources: list[str]) -> dict[str, set[str]]:
     return out
 
 
+def model_prepare(
+    region: str, model_bucket_arn: str, key_arn: str, sources: list[str], outputs: list[str]
+) -> PolicyDocument:
+    """Preparation Jobs read their sources (as engines read weights) and write under their outputs' prefixes only.
+
+    Writing an SSE-KMS object into the stack's bucket asks KMS for a data key, through S3 only.
+    """
+    doc = model_read(region, model_bucket_arn, key_arn, sources)
+    statements: list[dict[str, Any]] = list(doc["Statement"])
+    statements.append(
+        {
+            "Sid": "EncryptPreparedWeightsViaS3",
+            "Effect": "Allow",
+            "Action": ["kms:GenerateDataKey"],
+            "Resource": key_arn,
+            "Condition": {"StringEquals": {"kms:ViaService": via_service("s3", region)}},
+        }
+    )
+    p = partition(region)
+    for i, (bucket, prefixes) in enumerate(sorted(s3_sources(outputs).items())):
+        bucket_arn = f"arn:{p}:s3:::{bucket}"
+        keys = sorted(f"{bucket_arn}/{x.rstrip('/')}/*" if x else f"{bucket_arn}/*" for x in prefixes)
+        listing: dict[str, Any] = {
+            "Sid": f"ListPrepared{i}",
+            "Effect": "Allow",
+            "Action": ["s3:ListBucket"],
+            "Resource": bucket_arn,
+        }
+        if "" not in prefixes:  # `aws s3 sync` lists where it writes: only under the outputs
+            listing["Condition"] = {
+                "StringLike": {"s3:prefix": sorted(f"{x.rstrip('/')}/*" for x in prefixes)}
+            }
+        statements.append(listing)
+        statements.append(
+            {
+                "Sid": f"WritePrepared{i}",
+                "Effect": "Allow",
+                "Action": ["s3:PutObject", "s3:GetObject"],
+                "Resource": keys,
+            }
+        )
+    return {"Version": VERSION, "Statement": statements}
+
+
 def model_read(region: str, model_bucket_arn: str, key_arn: str, sources: list[str]) -> PolicyDocument:
     """Engines read weights: the stack's model bucket, plus the exact prefixes of ``s3://`` sources elsewhere.
 

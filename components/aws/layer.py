@@ -26,6 +26,7 @@ from components.aws.registry import Registry
 from components.aws.storage import ModelStorage
 from components.kubernetes.cluster import ClusterAccess
 from components.placement import Layout
+from components.render import common
 from components.spec import NodeProvisioner, PlatformSpec
 
 
@@ -130,7 +131,9 @@ class AwsLayer(pulumi.ComponentResource):
         ]
 
         self.storage = ModelStorage(spec, self.keys.models.arn, tags, on_aws)
-        sources = [m.source for m in spec.models]
+        # Engines read their sources and what preparation Jobs wrote (a version's prepared checkpoint).
+        outputs = sorted({v.preparation.output for m in spec.models for v in m.versions if v.preparation})
+        sources = [m.source for m in spec.models] + outputs
         read = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
             lambda arns: iam.dumps(data_policies.model_read(region, str(arns[0]), str(arns[1]), sources))
         )
@@ -146,6 +149,33 @@ class AwsLayer(pulumi.ComponentResource):
         engine_identity = pod_identity(
             f"{name}-engine", cluster_name, EKS.model_reader(spec), engine_role, tags, on_aws
         )
+        identities = [engine_identity]
+        if outputs:
+            prepare_sources = [m.version_source(v) for m in spec.models for v in m.versions if v.preparation]
+            write = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
+                lambda arns: iam.dumps(
+                    data_policies.model_prepare(region, str(arns[0]), str(arns[1]), prepare_sources, outputs)
+                )
+            )
+            prepare_role = ServiceRole(
+                f"{name}-prepare",
+                iam.pod_identity_trust(),
+                region,
+                tags,
+                on_aws,
+                inline={"prepare-models": write},
+                description=f"Preparation Jobs of {name}: read sources, write prepared weights",
+            )
+            identities.append(
+                pod_identity(
+                    f"{name}-prepare",
+                    cluster_name,
+                    (spec.cluster.namespace, common.prepare_service_account_name(spec)),
+                    prepare_role,
+                    tags,
+                    on_aws,
+                )
+            )
         lb_role = ServiceRole(
             f"{name}-lb-controller",
             iam.pod_identity_trust(),
@@ -186,7 +216,7 @@ class AwsLayer(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
         # Engines fetch weights and the controller manages load balancers from their first start.
-        identities = [engine_identity, lb_identity]
+        identities += [lb_identity]
         self.ready: list[pulumi.Resource] = [*self.node_groups.values(), *self.late_addons, *identities]
         self.ready += [c for c in (self.karpenter, self.autoscaler) if c is not None]
         self.register_outputs({"cluster_name": cluster_name})

@@ -90,6 +90,11 @@ def engine_service_account_name(spec: PlatformSpec) -> str:
     return f"{spec.name}-engine"
 
 
+def prepare_service_account_name(spec: PlatformSpec) -> str:
+    """The identity preparation Jobs run as; on EKS, Pod Identity lets it write the prepared outputs."""
+    return f"{spec.name}-prepare"
+
+
 def runtime_config_name(spec: PlatformSpec) -> str:
     return f"{spec.name}-runtime-config"
 

@@ -35,16 +35,12 @@ JOB_DEADLINE_S = (
 )  # a 70B calibration on one GPU takes hours; a stuck one must not hold a GPU for ever
 
 
-def service_account_name(spec: PlatformSpec) -> str:
-    return f"{spec.name}-prepare"
-
-
 def service_account(spec: PlatformSpec) -> Manifest:
     """The Jobs' identity: on EKS the role that may write the model store's prepared prefix binds to it."""
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": common.metadata(spec, service_account_name(spec), flows.PREPARE),
+        "metadata": common.metadata(spec, common.prepare_service_account_name(spec), flows.PREPARE),
         "automountServiceAccountToken": False,
     }
 
@@ -179,7 +175,7 @@ def job(spec: PlatformSpec, p: Preparation, unit: ModelSpec, placement: Placemen
             {"name": "hf-token", "secret": {"secretName": hf_token_secret_name(spec), "defaultMode": 0o440}}
         )
     pod: Manifest = {
-        "serviceAccountName": service_account_name(spec),
+        "serviceAccountName": common.prepare_service_account_name(spec),
         "automountServiceAccountToken": False,
         "restartPolicy": "Never",
         "securityContext": hardening.pod_security() | {"seccompProfile": {"type": "RuntimeDefault"}},

@@ -159,3 +159,34 @@ def test_a_trtllm_engine_build_uses_only_flags_tensorrt_llm_defines() -> None:
     assert "--use_fp8" in steps["convert"] and job["spec"]["template"]["spec"]["nodeSelector"] == {
         "inferstack.io/pool": "h100"
     }
+
+
+def test_on_eks_preparation_jobs_may_write_only_their_outputs_and_engines_read_them(staging) -> None:
+    _, _, synthesis = staging
+    policies = {
+        r.name: json.loads(r.inputs["policy"])
+        for r in synthesis.resources
+        if r.type == "aws:iam/rolePolicy:RolePolicy" and r.name.endswith(("-prepare-models", "-read-models"))
+    }
+    prepare = next(p for n, p in policies.items() if n.endswith("-prepare-models"))
+    writes = [s for s in prepare["Statement"] if "s3:PutObject" in s["Action"]]
+    assert [w["Resource"] for w in writes] == [["arn:aws:s3:::inferstack-staging-models/prepared/*"]]
+    listing = next(s for s in prepare["Statement"] if s["Sid"].startswith("ListPrepared"))
+    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["prepared/*"]}}
+    engine = next(p for n, p in policies.items() if n.endswith("-engine-read-models"))
+    reads = [
+        r for s in engine["Statement"] if s["Action"] == ["s3:GetObject"] for r in _as_list(s["Resource"])
+    ]
+    assert "arn:aws:s3:::inferstack-staging-models/prepared/*" in reads
+    assert not [s for s in engine["Statement"] if "s3:PutObject" in s["Action"]]
+    association = next(
+        r
+        for r in synthesis.resources
+        if r.type == "aws:eks/podIdentityAssociation:PodIdentityAssociation"
+        and r.inputs["serviceAccount"] == "inferstack-prepare"
+    )
+    assert association.inputs["namespace"] == "inference"
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
