@@ -785,11 +785,6 @@ class PreparationSpec(_Spec):
     def resolved_image(self) -> str:
         return self.image or PREPARATION_IMAGES[self.kind]
 
-    def needs_gpu(self, engine: EngineSpec) -> bool:
-        """Engine builds compile for the GPU they will run on; quantization runs where the engine runs (a GPU
-        calibrates in minutes what a CPU takes hours for, but a CPU-only stack has no GPU)."""
-        return self.kind is PreparationKind.TRTLLM_BUILD or engine.device is Device.GPU
-
 
 class ModelVersionSpec(_Spec):
     """One version of a model: what it serves (source, revision, engine, preparation) and its share of traffic."""
