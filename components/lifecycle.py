@@ -6,10 +6,13 @@ version's engine and loads the version's source, or what its preparation wrote. 
 units as it takes models, so a version gets all a model gets; the router config groups units back into
 the model (``runtime.config.VersionOf``).
 
-A preparation's output is addressed by the hash of its inputs (source, revision, tool image, format,
-calibration, lengths, and for an engine build the GPU it is built for): the same inputs give the same Job
-name and the same location, so `pulumi up` has nothing to do, and a changed input gets a new Job and a new
-location, never a silently overwritten one.
+A preparation is one more step of the model store's preparation (``components.weights``): the version's
+source is copied into the store at its pinned revision as any model's is, the preparation reads it from
+there and writes its result into the store too, under '<prefix>/prepared/', and the version's engines load
+that as they load any store prefix. Its output is addressed by the hash of its inputs (source, revision, tool
+image, format, calibration, lengths, and for an engine build the GPU it is built for): the same inputs give
+the same Job name and the same location, so `pulumi up` has nothing to do, and a changed input gets a new Job
+and a new location, never a silently overwritten one.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from components.spec import (
     PreparationKind,
     PreparationSpec,
 )
+from components.weights import store
 from runtime.config import version_target_name
 
 HASH_CHARS = 12
@@ -46,8 +50,10 @@ class Preparation:
     spec: PreparationSpec
     inputs: dict[str, Any]
     input_hash: str
-    location: str  # where the prepared checkpoint lands
+    location: str  # where the prepared checkpoint lands in the store
+    source_location: str  # where the preparation reads the version's source in the store
     unit: str  # the serving unit that loads it
+    origin: ModelSpec  # the version before preparation: its source is copied into the store by a weights Job
     gpu: str | None  # the GPU it runs (and, for an engine build, builds) for; None on CPU
 
     @property
@@ -61,7 +67,7 @@ def preparation_inputs(model: ModelSpec, version: ModelVersionSpec, gpu: str | N
     assert prep is not None
     inputs: dict[str, Any] = {
         "source": model.version_source(version),
-        "revision": version.revision,
+        "revision": model.version_revision(version),
         "kind": prep.kind.value,
         "format": prep.format.value,
         "image": prep.resolved_image,
@@ -86,7 +92,35 @@ def gpu_of(placement: Placement) -> str | None:
     return placement.instance.gpu if placement.instance is not None else None
 
 
-def preparation(model: ModelSpec, version: ModelVersionSpec, gpu: str | None) -> Preparation | None:
+def prepared_location(spec: PlatformSpec, model: str, version: str, input_hash: str) -> str:
+    """Where a version's prepared checkpoint lives in the model store: the store's prefix, then 'prepared'."""
+    bucket = store.store_bucket(spec)
+    return f"s3://{bucket}/{spec.model_store.prefix}/prepared/{model}/{version}/{input_hash[:HASH_CHARS]}/"
+
+
+def source_unit(model: ModelSpec, version: ModelVersionSpec) -> ModelSpec:
+    """The version as it is before any preparation: the model with the version's source, revision and engine,
+    named '<model>-<version>'. Its store location is where the version's source is copied (and what a version
+    without preparation serves)."""
+    found = model.arch()  # a unit's source (a prepared location) may not be in the catalog: carry the shape
+    architecture = model.architecture or (_architecture(found) if found is not None else None)
+    unit = model.model_copy(
+        update={
+            "name": version_target_name(model.name, version.name),
+            "architecture": architecture,
+            "source": model.version_source(version),
+            "revision": model.version_revision(version),
+            "engine": model.version_engine(version),
+            "versions": [],
+        }
+    )
+    unit._served_as = model.name
+    return unit
+
+
+def preparation(
+    spec: PlatformSpec, model: ModelSpec, version: ModelVersionSpec, gpu: str | None
+) -> Preparation | None:
     """The Job a version's preparation needs on ``gpu`` (the model's GPU type; None on CPU), if any."""
     prep = version.preparation
     if prep is None:
@@ -94,34 +128,27 @@ def preparation(model: ModelSpec, version: ModelVersionSpec, gpu: str | None) ->
     inputs = preparation_inputs(model, version, gpu)
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     unit = version_target_name(model.name, version.name)
-    location = f"{prep.output.rstrip('/')}/{model.name}/{version.name}/{digest[:HASH_CHARS]}/"
-    return Preparation(model.name, version.name, prep, inputs, digest, location, unit, gpu)
+    location = prepared_location(spec, model.name, version.name, digest)
+    origin = source_unit(model, version)
+    source = store.location(spec, origin)
+    return Preparation(model.name, version.name, prep, inputs, digest, location, source, unit, origin, gpu)
 
 
-def units(model: ModelSpec, gpu: str | None = None) -> list[ModelSpec]:
+def units(spec: PlatformSpec, model: ModelSpec, gpu: str | None = None) -> list[ModelSpec]:
     """The serving units of a model: itself, or one per version (``gpu``: its GPU type, which an engine build
     is for)."""
     if not model.versions:
         return [model]
     out = []
-    found = model.arch()  # the unit's source (a prepared location) is not in the catalog: carry the shape
-    architecture = model.architecture or (_architecture(found) if found is not None else None)
     for i, v in enumerate(model.versions):
-        prepared = preparation(model, v, gpu)
-        unit = model.model_copy(
-            update={
-                "name": version_target_name(model.name, v.name),
-                "architecture": architecture,
-                "source": prepared.location if prepared else model.version_source(v),
-                "engine": model.version_engine(v),
-                "versions": [],
-            }
-        )
-        unit._served_as = model.name
+        prepared = preparation(spec, model, v, gpu)
+        unit = source_unit(model, v)
+        if prepared is not None:
+            unit = unit.model_copy(update={"source": prepared.location, "revision": None})
+            unit._served_as = model.name
+            unit._format_in_checkpoint = prepared.spec.kind is PreparationKind.QUANTIZE
+            unit._prepared_by = prepared.job_name
         unit._version_of = (model.name, v.name, v.weight, i == 0)
-        unit._format_in_checkpoint = bool(prepared and prepared.spec.kind is PreparationKind.QUANTIZE)
-        unit._revision = None if prepared else v.revision
-        unit._prepared_by = prepared.job_name if prepared else None
         out.append(unit)
     return out
 
@@ -145,7 +172,7 @@ def preparations(spec: PlatformSpec, layout: Layout) -> list[Preparation]:
         p
         for m in spec.models
         for v in m.versions
-        if (p := preparation(m, v, gpu_of(layout.placements[m.name]))) is not None
+        if (p := preparation(spec, m, v, gpu_of(layout.placements[m.name]))) is not None
     ]
 
 
@@ -159,7 +186,7 @@ def expand(spec: PlatformSpec, layout: Layout) -> tuple[PlatformSpec, Layout]:
     named: dict[str, list[str]] = {}
     for m in spec.models:
         placed = layout.placements[m.name]
-        for unit in units(m, gpu_of(placed)):
+        for unit in units(spec, m, gpu_of(placed)):
             models.append(unit)
             placements[unit.name] = replace(placed, model=unit.name)
             named.setdefault(m.name, []).append(unit.name)
@@ -241,9 +268,9 @@ def describe(spec: PlatformSpec, layout: Layout) -> list[str]:
                 else f"TensorRT-LLM engine build for {p.gpu} ({p.spec.format.value} checkpoint)"
             )
             lines.append(
-                f"{p.unit}: Job {p.job_name} runs before its engines on {where}: {what}, image "
-                f"{p.spec.resolved_image}; writes {p.location} (input hash {p.input_hash[:HASH_CHARS]}; the same "
-                "inputs do nothing)"
+                f"{p.unit}: Job {p.job_name} runs before its engines on {where}, after the source's weights Job: "
+                f"reads {p.source_location}, {what}, image {p.spec.resolved_image}; writes {p.location} with a "
+                f"manifest (input hash {p.input_hash[:HASH_CHARS]}; the same inputs do nothing)"
             )
     return lines
 

@@ -17,11 +17,13 @@ What links the nodes comes from the catalog: EFA interfaces per instance type an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from components import catalog, sizing
 from components.problems import Problem
-from components.spec import ModelSpec
-from runtime.engines import facts
+
+if TYPE_CHECKING:  # `inferstack size` ranks groups without loading the spec's models or the engine table
+    from components.spec import ModelSpec
 
 MAX_GROUP_NODES = 4
 """Largest group `inferstack size` proposes: beyond it, pipeline bubbles and the blast radius of one bad node grow
@@ -36,7 +38,7 @@ class Interconnect:
     """What links the nodes of an instance type."""
 
     efa_interfaces: int
-    network_gbps: int | None
+    network_gbps: float | None
     cluster_placement: bool
 
     @property
@@ -124,6 +126,8 @@ def _divisors(gpus: int) -> str:
 
 def group_problems(path: str, model: ModelSpec, instance: catalog.InstanceType) -> list[Problem]:
     """Why ``model``'s replica cannot be a group of ``instance`` nodes (or one node); empty when it can."""
+    from runtime.engines import facts  # noqa: PLC0415 - `inferstack size` imports this module, not the engine table
+
     e = model.engine
     gpus = e.tensor_parallel_size * e.pipeline_parallel_size
     nodes = group_nodes(gpus, instance.gpus)

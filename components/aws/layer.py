@@ -20,13 +20,15 @@ from components.aws.cluster import Cluster
 from components.aws.identity import ServiceRole, pod_identity
 from components.aws.karpenter import Karpenter
 from components.aws.keys import PlatformKeys
+from components.aws.limit_store import ManagedLimitStore
 from components.aws.network import Network
 from components.aws.nodes import NodeGroup
 from components.aws.registry import Registry
 from components.aws.storage import ModelStorage
 from components.kubernetes.cluster import ClusterAccess
 from components.placement import Layout
-from components.render import common
+from components.render import batches
+from components.secrets import limit_store_token
 from components.spec import NodeProvisioner, PlatformSpec
 
 
@@ -45,7 +47,14 @@ class AwsLayer(pulumi.ComponentResource):
         super().__init__("inferstack:aws:AwsLayer", name, None, opts)
         region = spec.cluster.region
         self.tags = tags = decisions.tags(spec, stack)
-        provider = aws.Provider(name, region=region, opts=pulumi.ResourceOptions(parent=self))
+        account = spec.cluster.account_id
+        provider = aws.Provider(
+            name,
+            region=region,
+            # With cluster.account_id, credentials of any other account fail before anything is created.
+            allowed_account_ids=[account] if account else None,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         on_aws = pulumi.ResourceOptions(parent=self, providers={"aws": provider})
         # The account the provider's credentials belong to: key policies and trust conditions name it.
         account_id = aws.get_caller_identity_output(
@@ -131,9 +140,7 @@ class AwsLayer(pulumi.ComponentResource):
         ]
 
         self.storage = ModelStorage(spec, self.keys.models.arn, tags, on_aws)
-        # Engines read their sources and what preparation Jobs wrote (a version's prepared checkpoint).
-        outputs = sorted({v.preparation.output for m in spec.models for v in m.versions if v.preparation})
-        sources = [m.source for m in spec.models] + outputs
+        sources: list[str] = []  # engines read the store only (placement refuses s3:// sources outside it)
         read = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
             lambda arns: iam.dumps(data_policies.model_read(region, str(arns[0]), str(arns[1]), sources))
         )
@@ -149,32 +156,44 @@ class AwsLayer(pulumi.ComponentResource):
         engine_identity = pod_identity(
             f"{name}-engine", cluster_name, EKS.model_reader(spec), engine_role, tags, on_aws
         )
-        identities = [engine_identity]
-        if outputs:
-            prepare_sources = [m.version_source(v) for m in spec.models for v in m.versions if v.preparation]
-            write = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
+        prefix = spec.model_store.prefix
+        write = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
+            lambda arns: iam.dumps(data_policies.model_prepare(region, str(arns[0]), str(arns[1]), prefix))
+        )
+        weights_role = ServiceRole(
+            f"{name}-weights",
+            iam.pod_identity_trust(),
+            region,
+            tags,
+            on_aws,
+            inline={"prepare-models": write},
+            description=f"Model preparation Jobs of {name}: write weights into the store",
+        )
+        weights_identity = pod_identity(
+            f"{name}-weights", cluster_name, EKS.model_writer(spec), weights_role, tags, on_aws
+        )
+        identities = [engine_identity, weights_identity]
+        if spec.batch.enabled:  # the batch service: its prefix of the bucket, nothing else
+            files_prefix = EKS.batch_files(
+                spec
+            ).prefix  # not `prefix`: the store's policy above reads it late
+            files = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
                 lambda arns: iam.dumps(
-                    data_policies.model_prepare(region, str(arns[0]), str(arns[1]), prepare_sources, outputs)
+                    data_policies.batch_files(region, str(arns[0]), str(arns[1]), files_prefix)
                 )
             )
-            prepare_role = ServiceRole(
-                f"{name}-prepare",
+            batches_role = ServiceRole(
+                f"{name}-batches",
                 iam.pod_identity_trust(),
                 region,
                 tags,
                 on_aws,
-                inline={"prepare-models": write},
-                description=f"Preparation Jobs of {name}: read sources, write prepared weights",
+                inline={"batch-files": files},
+                description=f"Batch service of {name}: its files under s3://<models bucket>/{files_prefix}",
             )
+            batches_account = (spec.cluster.namespace, batches.service_account_name(spec))
             identities.append(
-                pod_identity(
-                    f"{name}-prepare",
-                    cluster_name,
-                    (spec.cluster.namespace, common.prepare_service_account_name(spec)),
-                    prepare_role,
-                    tags,
-                    on_aws,
-                )
+                pod_identity(f"{name}-batches", cluster_name, batches_account, batches_role, tags, on_aws)
             )
         lb_role = ServiceRole(
             f"{name}-lb-controller",
@@ -194,6 +213,13 @@ class AwsLayer(pulumi.ComponentResource):
             on_aws,
         )
         self.registry = Registry(spec, tags, root, self.keys.images.arn, on_aws)
+        self.limit_store: ManagedLimitStore | None = None
+        if spec.gateway.shared_limits:
+            token = limit_store_token(spec.gateway.limit_store_auth_config_key)
+            assert token is not None  # the spec requires the key with shared_limits on eks
+            self.limit_store = ManagedLimitStore(
+                spec, self.network.vpc_id, self.network.private_subnet_ids, account_id, token, tags, on_aws
+            )
 
         self.kubernetes_provider = self.cluster.provider
         self.karpenter: Karpenter | None = None
@@ -216,7 +242,7 @@ class AwsLayer(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
         # Engines fetch weights and the controller manages load balancers from their first start.
-        identities += [lb_identity]
+        identities.append(lb_identity)
         self.ready: list[pulumi.Resource] = [*self.node_groups.values(), *self.late_addons, *identities]
         self.ready += [c for c in (self.karpenter, self.autoscaler) if c is not None]
         self.register_outputs({"cluster_name": cluster_name})
@@ -274,6 +300,8 @@ class AwsLayer(pulumi.ComponentResource):
                     efa=any(p.efa_interfaces for p in self.node_group_plans),
                 )
             ),
+            files_bucket=self.storage.bucket.bucket,
+            limit_store_url=self.limit_store.url if self.limit_store is not None else None,
         )
 
     def export(self) -> None:

@@ -6,6 +6,7 @@ Thin: ``decisions.node_groups`` derived instance types, bounds (from the models'
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 
 import pulumi
@@ -116,6 +117,7 @@ class NodeGroup(pulumi.ComponentResource):
                 aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=named)
                 for kind in TAGGED_AT_LAUNCH
             ],
+            user_data=base64.b64encode(plan.user_data.encode()).decode() if plan.user_data else None,
             tags=tags,
             opts=child,
         )

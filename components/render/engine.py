@@ -2,40 +2,34 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from components import lifecycle, nodes
 from components.placement import Placement, PoolPlan
-from components.render import common, groups, hardening, scaling
+from components.render import common, groups, hardening, scaling, weights
 from components.render.common import Manifest
 from components.render.engine_args import (
-    MODEL_DIR,
     TRTLLM_CONFIG_DIR,
     EngineCommand,
     engine_command,
     group_command,
+    in_cluster,
     in_group,
-    s3_model_dir,
+    model_dir,
 )
 from components.rollout import Rollout
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import facts
 
-AWS_CLI_IMAGE = "public.ecr.aws/aws-cli/aws-cli:2.27.50"
-HF_TOKEN_KEY = "token"
-HF_TOKEN_DIR = "/var/run/secrets/huggingface"
-"""The token is a file (huggingface_hub reads HF_TOKEN_PATH), never an environment variable."""
 # Node resources the kubelet, system daemons and DaemonSets keep; the rest is shared by GPU share.
 _NODE_RESERVED_CPU = 2.0
 _NODE_RESERVED_MEMORY_FRACTION = 0.10
 _CPU_ENGINE_DEFAULTS = (2.0, 8.0)  # cores, GiB
 _OFFLOAD_BASE_GIB = 16  # host memory the engine needs besides a KV offload buffer
 _PROBE_PERIOD_S = 10
-
-
-def hf_token_secret_name(spec: PlatformSpec) -> str:
-    return f"{spec.name}-hf-token"
 
 
 def engine_resources(model: ModelSpec, placement: Placement) -> tuple[float, float]:
@@ -60,10 +54,6 @@ def _shm_gib(model: ModelSpec) -> float:
     return 16.0 if model.engine.gpus > 1 else 2.0
 
 
-def _model_cache_gib(placement: Placement) -> int:
-    return max(20, math.ceil(placement.weights_gib * 1.25 + 5))
-
-
 def _http_probe(path: str, period_s: int, failure_threshold: int, timeout_s: int = 5) -> Manifest:
     return {
         "httpGet": {"path": path, "port": "http"},
@@ -73,30 +63,18 @@ def _http_probe(path: str, period_s: int, failure_threshold: int, timeout_s: int
     }
 
 
-def _env(spec: PlatformSpec, cmd: EngineCommand) -> list[Manifest]:
-    env: list[Manifest] = [{"name": k, "value": v} for k, v in sorted(cmd.env.items())]
-    if spec.huggingface_token_config_key:
-        env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/{HF_TOKEN_KEY}"})
-    return env
+def _env(cmd: EngineCommand, store: list[Manifest]) -> list[Manifest]:
+    return [*({"name": k, "value": v} for k, v in sorted(cmd.env.items())), *store]
 
 
-def _s3_sync(model: ModelSpec) -> Manifest:
-    """An init container that copies the weights from S3 into the model cache before the engine starts."""
+def _pod_metadata(model: ModelSpec, labels: dict[str, str]) -> Manifest:
+    """Pod labels, and for a model with adapters the annotation that lists them (for the policy pack)."""
+    if not model.adapters:
+        return {"labels": labels}
+    adapters = [a.model_dump(mode="json") for a in model.adapters]
     return {
-        "name": "fetch-weights",
-        "image": AWS_CLI_IMAGE,
-        "imagePullPolicy": "Always",
-        "command": ["aws", "s3", "sync", "--only-show-errors", model.source, s3_model_dir(model)],
-        "env": [{"name": "HOME", "value": "/tmp"}],
-        "resources": {
-            "requests": {"cpu": "500m", "memory": "1Gi"},
-            "limits": {"cpu": "2", "memory": "2Gi"},
-        },
-        "securityContext": hardening.container_security(),
-        "volumeMounts": [
-            {"name": "model-cache", "mountPath": MODEL_DIR},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
+        "labels": labels,
+        "annotations": {common.ADAPTERS_ANNOTATION: json.dumps(adapters, sort_keys=True)},
     }
 
 
@@ -128,14 +106,26 @@ class PodShape:
     """Labels beside the engine's own (a group's role)."""
 
 
+def _location(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> str:
+    """What the engine loads in the cluster: the model store's copy the weights decision picked."""
+    return weights.engine_location(spec, model, weights.decide(model, placement))
+
+
 def pod_template(
-    spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout, shape: PodShape
+    spec: PlatformSpec,
+    model: ModelSpec,
+    placement: Placement,
+    rollout: Rollout,
+    shape: PodShape,
+    weights_image: Any = None,
 ) -> Manifest:
-    """One engine pod's template (labels and spec): the container from ``shape.cmd``, the model cache, the
-    hardening, the pool's node selector and the GPU toleration. ``rollout`` gives the startup probe its budget."""
+    """One engine pod's template (labels and spec): the container from ``shape.cmd``, the weights' init container
+    and cache, the hardening, the pool's node selector and the GPU toleration. ``rollout`` gives the startup probe
+    its budget; ``weights_image``: the weights image the init container runs (default: the spec's)."""
     name = common.engine_name(model.name)
     image = model.engine.resolved_image
     version = common.image_version(image)
+    way = weights.decide(model, placement)
     cmd = shape.cmd
     cores, memory_gib = engine_resources(model, placement)
     resources: Manifest = {
@@ -150,23 +140,33 @@ def pod_template(
         resources["requests"][key] = value
         resources["limits"][key] = value
     mounts: list[Manifest] = [
-        {"name": "model-cache", "mountPath": MODEL_DIR},
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     volumes: list[Manifest] = [
-        {"name": "model-cache", "emptyDir": {"sizeLimit": f"{_model_cache_gib(placement)}Gi"}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{_shm_gib(model):g}Gi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "10Gi"}},
     ]
-    if spec.huggingface_token_config_key:
-        mounts.append({"name": "hf-token", "mountPath": HF_TOKEN_DIR, "readOnly": True})
-        volumes.append(
+    cache = weights.cache_volume(way)
+    if cache is not None:  # the node's copy of this model only, read-only (only the init container fills it)
+        mounts.append(
             {
-                "name": "hf-token",
-                "secret": {"secretName": hf_token_secret_name(spec), "defaultMode": 0o440},
+                "name": "model-cache",
+                "mountPath": model_dir(model),
+                "subPath": weights.cache_sub_path(spec, model),
+                "readOnly": True,
             }
         )
+        volumes.append(cache)
+    access = weights.engine_access(spec, way)
+    mounts += access.mounts
+    volumes += access.volumes
+    adapter_inits, adapter_volumes = weights.adapter_inits(
+        spec, model, weights_image or spec.model_store.image
+    )
+    if adapter_volumes:  # every pod of a group loads its shard of an adapter from its own disk
+        mounts.append({"name": "adapters", "mountPath": weights.ADAPTER_DIR, "readOnly": True})
+        volumes += adapter_volumes
     if cmd.files:
         mounts.append({"name": "engine-config", "mountPath": TRTLLM_CONFIG_DIR, "readOnly": True})
         volumes.append({"name": "engine-config", "configMap": {"name": name}})
@@ -179,7 +179,7 @@ def pod_template(
         "imagePullPolicy": "Always",
         "command": cmd.command,
         "args": cmd.args,
-        "env": [*_env(spec, cmd), *shape.extra_env],
+        "env": [*_env(cmd, access.env), *shape.extra_env],
         "ports": [{"name": "http", "containerPort": common.ENGINE_PORT, "protocol": "TCP"}],
         "resources": resources,
     }
@@ -212,8 +212,12 @@ def pod_template(
             common.selector(spec, name, "engine"), strict_hosts=False
         ),
     }
-    if model.source.startswith("s3://"):
-        pod_spec["initContainers"] = [_s3_sync(model)]
+    # Never the hub: check the store's objects (streamer) or fill the node cache before the engine starts, and
+    # fetch the LoRA adapters from the store into the pod.
+    pod_spec["initContainers"] = [
+        weights.engine_init(spec, model, way, weights_image or spec.model_store.image),
+        *adapter_inits,
+    ]
     if placement.pool is not None and placement.instance is not None:
         pod_spec["nodeSelector"] = {nodes.POOL_LABEL: placement.pool}
         pod_spec["tolerations"] = [nodes.gpu_toleration()]
@@ -222,15 +226,18 @@ def pod_template(
         common.MODEL_LABEL: model.name,
         **shape.labels,
     }
-    return {"metadata": {"labels": pod_labels}, "spec": pod_spec}
+    return {"metadata": _pod_metadata(model, pod_labels), "spec": pod_spec}
 
 
-def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout) -> Manifest:
+def deployment(
+    spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout, weights_image: Any = None
+) -> Manifest:
     """``rollout`` (``components.rollout``): the strategy, and the startup budget the probe and the progress
     deadline allow a replica."""
     name = common.engine_name(model.name)
     version = common.image_version(model.engine.resolved_image)
-    template = pod_template(spec, model, placement, rollout, PodShape(engine_command(model)))
+    shape = PodShape(engine_command(model, _location(spec, model, placement)))
+    template = pod_template(spec, model, placement, rollout, shape, weights_image)
     # A scaler (KEDA or HPA) owns the count when min and max differ; a fixed count is set here.
     replicas = {} if scaling.scales(model) else {"replicas": model.scaling.min_replicas}
     return {
@@ -283,9 +290,15 @@ def service_account(spec: PlatformSpec) -> Manifest:
 
 
 def _group(
-    spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout, pool: PoolPlan | None
+    spec: PlatformSpec,
+    model: ModelSpec,
+    placement: Placement,
+    rollout: Rollout,
+    pool: PoolPlan | None,
+    weights_image: Any = None,
 ) -> list[Manifest]:
     """A LeaderWorkerSet whose groups span ``placement.nodes`` nodes, and a Service on the leaders."""
+    where = in_cluster(model, _location(spec, model, placement))  # leader and workers load the same copy
     templates = {
         leader: pod_template(
             spec,
@@ -293,12 +306,13 @@ def _group(
             placement,
             rollout,
             PodShape(
-                group_command(model, in_group(placement.nodes, leader)),
+                group_command(model, in_group(placement.nodes, leader), where),
                 probes=leader,
                 extra_resources=groups.node_resources(pool),
                 extra_env=groups.env(pool),
                 labels=groups.role_labels(leader),
             ),
+            weights_image,
         )
         for leader in (True, False)
     }
@@ -310,11 +324,16 @@ def _group(
 
 
 def render(
-    spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout, pool: PoolPlan | None = None
+    spec: PlatformSpec,
+    model: ModelSpec,
+    placement: Placement,
+    rollout: Rollout,
+    pool: PoolPlan | None = None,
+    weights_image: Any = None,
 ) -> list[Manifest]:
     """Every Kubernetes object of one model's engine, in apply order: a Deployment, or for a replica that spans
     nodes a LeaderWorkerSet (``components.render.groups``; ``pool`` says whether its nodes have EFA)."""
     out = [m for m in (config_map(spec, model),) if m is not None]
     if placement.multi_node:
-        return [*out, *_group(spec, model, placement, rollout, pool)]
-    return [*out, deployment(spec, model, placement, rollout), service(spec, model)]
+        return [*out, *_group(spec, model, placement, rollout, pool, weights_image)]
+    return [*out, deployment(spec, model, placement, rollout, weights_image), service(spec, model)]

@@ -1,10 +1,13 @@
 """Preparation Jobs: a version's quantization or TensorRT-LLM engine build, rendered as a Kubernetes Job. Pure.
 
-Steps run in order as init containers (fetch the source, prepare), then the one container uploads the result
-to the model store, at the input-hashed location the version's engines load from (``components.lifecycle``).
-The Job's name carries the input hash, so the same inputs are the same Job (nothing to do on the next
-`pulumi up`), and its annotations carry the provenance (inputs, tool, image, hash). The pod runs on the
-model's GPU pool when the step needs a GPU, with the engines' hardening and no service-account token.
+One more step of the model store (``components.render.weights``), run by its weights image and identity:
+the first init container fetches the version's source from the store (where its weights Job copied it at the
+pinned revision, checked against its manifest), the tool's steps prepare it, then the Job's container puts the
+result into the store at the input-hashed location the version's engines load from
+(``components.lifecycle``), with a manifest, as any model there. The Job's name carries the input hash, so the
+same inputs are the same Job (nothing to do on the next `pulumi up`), and its annotations carry the provenance
+(inputs, tool, image, hash). The pod runs on the model's GPU pool when the step needs a GPU, with the engines'
+hardening and no service-account token.
 """
 
 from __future__ import annotations
@@ -15,14 +18,13 @@ from typing import Any
 from components import lifecycle, nodes
 from components.lifecycle import Preparation
 from components.placement import Placement
-from components.render import common, flows, hardening
-from components.render.engine import AWS_CLI_IMAGE, HF_TOKEN_DIR, HF_TOKEN_KEY, hf_token_secret_name
+from components.render import common, hardening, weights
 from components.spec import ModelSpec, PlatformSpec, PreparationKind, Quantization
 
 Manifest = dict[str, Any]
 
 WORK_DIR = "/work"
-SOURCE_DIR = f"{WORK_DIR}/source"
+SOURCE_ROOT = f"{WORK_DIR}/source"
 CHECKPOINT_DIR = f"{WORK_DIR}/checkpoint"
 OUTPUT_DIR = f"{WORK_DIR}/out"
 ANNOTATION_HASH = "inferstack.io/input-hash"
@@ -35,28 +37,14 @@ JOB_DEADLINE_S = (
 )  # a 70B calibration on one GPU takes hours; a stuck one must not hold a GPU for ever
 
 
-def service_account(spec: PlatformSpec) -> Manifest:
-    """The Jobs' identity: on EKS the role that may write the model store's prepared prefix binds to it."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": common.metadata(spec, common.prepare_service_account_name(spec), flows.PREPARE),
-        "automountServiceAccountToken": False,
-    }
+def source_dir(p: Preparation) -> str:
+    """Where the fetch step leaves the source (``runtime.weights.node_cache.cache_dir``: bucket, then prefix)."""
+    return f"{SOURCE_ROOT}/{p.source_location.removeprefix('s3://').rstrip('/')}"
 
 
-def fetch_command(source: str, revision: str | None) -> list[str]:
-    """Copy the source checkpoint into the work directory: from S3, or from the Hugging Face Hub."""
-    if source.startswith("s3://"):
-        return ["aws", "s3", "sync", "--only-show-errors", source, SOURCE_DIR]
-    return [
-        "hf",
-        "download",
-        source,
-        *(["--revision", revision] if revision else []),
-        "--local-dir",
-        SOURCE_DIR,
-    ]
+def provenance_label(p: Preparation) -> str:
+    """The source the store's manifest records for a prepared checkpoint: the Job and its input hash."""
+    return f"prepared:{p.job_name}@{p.input_hash}"
 
 
 def quantize_command(p: Preparation) -> list[str]:
@@ -66,7 +54,7 @@ def quantize_command(p: Preparation) -> list[str]:
         "-m",
         "runtime.prepare.quantize",
         "--source",
-        SOURCE_DIR,
+        source_dir(p),
         "--out",
         OUTPUT_DIR,
         "--format",
@@ -84,7 +72,7 @@ def trtllm_commands(p: Preparation, unit: ModelSpec) -> list[list[str]]:
     """Convert the Hugging Face checkpoint, then build the engine for this GPU (TensorRT-LLM 1.0 flags)."""
     e = unit.engine
     dtype = "bfloat16" if e.dtype.value in ("auto", "bfloat16") else e.dtype.value
-    convert = ["python3", TRTLLM_CONVERT, "--model_dir", SOURCE_DIR, "--output_dir", CHECKPOINT_DIR]
+    convert = ["python3", TRTLLM_CONVERT, "--model_dir", source_dir(p), "--output_dir", CHECKPOINT_DIR]
     convert += [
         "--dtype",
         dtype,
@@ -109,6 +97,7 @@ def provenance(p: Preparation) -> dict[str, Any]:
         "version": p.version,
         "input_hash": p.input_hash,
         "location": p.location,
+        "source_location": p.source_location,
         **p.inputs,
     }
 
@@ -126,8 +115,10 @@ def _step(name: str, image: str, command: list[str], resources: Manifest, env: l
     }
 
 
-def job(spec: PlatformSpec, p: Preparation, unit: ModelSpec, placement: Placement) -> Manifest:
-    """The Job that prepares ``unit``'s checkpoint."""
+def job(
+    spec: PlatformSpec, p: Preparation, unit: ModelSpec, placement: Placement, weights_image: Any
+) -> Manifest:
+    """The Job that prepares ``unit``'s checkpoint (``weights_image``: the store's fetch and upload steps)."""
     gpu_step = p.gpu is not None and placement.pool is not None and placement.instance is not None
     gpus = max(1, placement.gpus_per_replica) if gpu_step else 0
     cpu, memory = ("8", "64Gi") if gpu_step else ("4", "16Gi")
@@ -135,47 +126,61 @@ def job(spec: PlatformSpec, p: Preparation, unit: ModelSpec, placement: Placemen
     if gpus:
         heavy["requests"][nodes.GPU_RESOURCE] = str(gpus)
         heavy["limits"][nodes.GPU_RESOURCE] = str(gpus)
-    light: Manifest = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}}
     env: list[Manifest] = [
         {"name": "HF_HOME", "value": f"{WORK_DIR}/hf"},
         {"name": "DO_NOT_TRACK", "value": "1"},
     ]
-    if spec.huggingface_token_config_key:
-        env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/{HF_TOKEN_KEY}"})
-    image = p.spec.resolved_image
-    fetch_image = AWS_CLI_IMAGE if p.inputs["source"].startswith("s3://") else image
-    steps = [
-        _step(
-            "fetch-source", fetch_image, fetch_command(p.inputs["source"], p.inputs["revision"]), light, env
-        )
-    ]
+    token = bool(spec.huggingface_token_config_key)
+    if token:  # calibration datasets may be gated, as models are
+        env.append({"name": "HF_TOKEN_PATH", "value": f"{weights.HF_TOKEN_DIR}/{weights.HF_TOKEN_KEY}"})
+    work = {"name": "work", "mountPath": WORK_DIR}
+    owner = weights.owner_args(spec)
+    fetch = weights.store_container(
+        spec,
+        "fetch-source",
+        weights_image,
+        ["fetch", "--store", p.source_location, "--cache-root", SOURCE_ROOT, *owner],
+        writer=True,
+    )
+    fetch["volumeMounts"].append(work)
+    steps = [fetch]
     if p.spec.kind is PreparationKind.QUANTIZE:
-        steps.append(_step("quantize", image, quantize_command(p), heavy, env))
+        steps.append(_step("quantize", p.spec.resolved_image, quantize_command(p), heavy, env))
     else:
         convert, build = trtllm_commands(p, unit)
-        steps += [_step("convert", image, convert, heavy, env), _step("build", image, build, heavy, env)]
-    upload = _step(
+        steps += [
+            _step("convert", p.spec.resolved_image, convert, heavy, env),
+            _step("build", p.spec.resolved_image, build, heavy, env),
+        ]
+    upload = weights.store_container(
+        spec,
         "upload",
-        AWS_CLI_IMAGE,
-        ["aws", "s3", "sync", "--only-show-errors", OUTPUT_DIR, p.location],
-        light,
-        [],
+        weights_image,
+        ["prepare", "--to", p.location, "--from", OUTPUT_DIR, "--source", provenance_label(p), *owner],
+        writer=True,
     )
+    upload["volumeMounts"].append(work)
     volumes: list[Manifest] = [
         {
             "name": "work",
             "emptyDir": {"sizeLimit": f"{max(50, 3 * int(placement.arch.params_b * 2) + 20)}Gi"},
         },
         {"name": "tmp", "emptyDir": {"sizeLimit": "10Gi"}},
+        *weights.store_access(spec, writer=True).volumes,
     ]
-    if spec.huggingface_token_config_key:
-        for step in steps:
-            step["volumeMounts"].append({"name": "hf-token", "mountPath": HF_TOKEN_DIR, "readOnly": True})
+    if token:
+        for step in steps[1:]:
+            step["volumeMounts"].append(
+                {"name": "hf-token", "mountPath": weights.HF_TOKEN_DIR, "readOnly": True}
+            )
         volumes.append(
-            {"name": "hf-token", "secret": {"secretName": hf_token_secret_name(spec), "defaultMode": 0o440}}
+            {
+                "name": "hf-token",
+                "secret": {"secretName": weights.hf_token_secret_name(spec), "defaultMode": 0o440},
+            }
         )
     pod: Manifest = {
-        "serviceAccountName": common.prepare_service_account_name(spec),
+        "serviceAccountName": weights.service_account_name(spec),
         "automountServiceAccountToken": False,
         "restartPolicy": "Never",
         "securityContext": hardening.pod_security() | {"seccompProfile": {"type": "RuntimeDefault"}},
@@ -186,12 +191,12 @@ def job(spec: PlatformSpec, p: Preparation, unit: ModelSpec, placement: Placemen
     if gpu_step:
         pod["nodeSelector"] = {nodes.POOL_LABEL: str(placement.pool)}
         pod["tolerations"] = [nodes.gpu_toleration()]
-    labels = {**common.labels(spec, p.job_name, flows.PREPARE), common.MODEL_LABEL: p.unit}
+    labels = {**common.labels(spec, p.job_name, weights.COMPONENT), common.MODEL_LABEL: p.unit}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            **common.metadata(spec, p.job_name, flows.PREPARE),
+            **common.metadata(spec, p.job_name, weights.COMPONENT),
             "labels": labels,
             "annotations": {
                 ANNOTATION_HASH: p.input_hash,

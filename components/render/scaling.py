@@ -142,11 +142,14 @@ def router_queue(spec: PlatformSpec, model: ModelSpec) -> str:
 def router_demand(spec: PlatformSpec, model: ModelSpec) -> str:
     """Demand the engines cannot see: requests waiting in the router, plus requests it turned away for want of
     a replica (per second over the rate window). The only signal there is while a model has zero replicas,
-    so it is what wakes a model from zero."""
+    so it is what wakes a model from zero. Behind a gateway (inference-extension) no router runs and the
+    endpoint picker holds nothing: its refusals for want of a replica are the whole signal."""
     refused = (
-        f'sum(rate(inferstack_router_rejections_total{{namespace="{spec.cluster.namespace}",'
+        f'sum(rate({signals.front_metric(spec, "rejections_total")}{{namespace="{spec.cluster.namespace}",'
         f'model="{model.name}",reason="no_backend"}}[{signals.RATE_WINDOW}]))'
     )
+    if signals.front(spec) == common.PICKER:
+        return f"({refused} or on() vector(0))"
     return f"({router_queue(spec, model)} or on() vector(0)) + ({refused} or on() vector(0))"
 
 

@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from components import catalog, cost, images, nodes, plan, targets
+from components import catalog, cost, images, nodes, placement, plan, targets
 from components.aws import addons, decisions, registry
 from components.aws.cloud import EKS
 from components.spec import ApiAccess, PlatformSpec, Target
 from components.stackfile import STACKS_DIR, Stack, available_stacks, load
+from components.weights import fetch
 from tests.components.helpers import cluster, engine_workloads, minimal, pod_templates, write_stack
 
 
@@ -225,8 +226,9 @@ def test_gpu_node_groups_follow_the_placement_of_models_and_their_weights(name: 
         assert group["launchTemplate"]["id"] == f"{group['nodeGroupName']}-id"
         assert "diskSize" not in group  # the launch template owns the disk
         disk = template["blockDeviceMappings"][0]["ebs"]
-        weights = sum(layout.placements[m.name].weights_gib for m in members)
-        assert disk["volumeSize"] == pool.root_disk_gib >= weights
+        # Weights sit on the root disk only as a node cache without NVMe; streamed weights need none.
+        on_root = pool.model_cache_gib if pool.cache_medium is fetch.CacheMedium.ROOT_DISK else 0
+        assert disk["volumeSize"] == pool.root_disk_gib >= on_root + placement.IMAGE_DISK_GIB
         assert disk["volumeType"] == "gp3"
         assert disk["encrypted"] == "true"
         meta = template["metadataOptions"]
@@ -506,7 +508,7 @@ def test_plan_bills_the_aws_items_from_the_resources_it_creates(name: str, tmp_p
     bill = cost.stack_cost(stack.spec, stack.layout, infrastructure)
     assert {"gpu-pool", "eks", "system-nodes", "nat", "ebs", "kms"} <= {i.kind for i in bill.items}
     keys = len(_of(synthesis, "aws:kms/key:Key"))
-    assert keys == len(decisions.KMS_KEYS)
+    assert keys == len(decisions.kms_keys(stack.spec))
     assert items["kms"].max_usd_month == pytest.approx(keys * catalog.KMS_KEY_USD_PER_MONTH)
     # resources.json lists the AWS resources the summary prices.
     plan.write(synthesis, tmp_path, "summary\n")
@@ -547,7 +549,9 @@ def test_runtime_images_get_immutable_scanned_ecr_repositories(name: str) -> Non
     repos = {
         r.inputs["name"].rsplit("/", 1)[-1]: r.inputs for r in _of(synthesis, "aws:ecr/repository:Repository")
     }
-    assert set(repos) == set(images.RUNTIME_IMAGES)
+    spec = load(name).spec
+    assert set(repos) == set(images.runtime_images(spec))
+    assert ("batches" in repos) == spec.batch.enabled  # the batch service's image only where it runs
     for repo in repos.values():
         assert repo["imageTagMutability"] == "IMMUTABLE"
         assert repo["imageScanningConfiguration"] == {"scanOnPush": True}

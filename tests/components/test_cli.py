@@ -18,12 +18,26 @@ from tests.components.helpers import minimal, pod_templates, write_stack
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("stack", available_stacks(STACKS_DIR))
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples" / "stacks"
+COMMITTED = [
+    pytest.param(directory, stack, id=f"{directory.parent.name}/{stack}")
+    for directory in (STACKS_DIR, EXAMPLES_DIR)
+    for stack in available_stacks(directory)
+]
+
+
+@pytest.mark.parametrize(("stacks_dir", "stack"), COMMITTED)
 def test_plan_writes_manifests_resources_and_summary_for_every_committed_stack(
-    stack: str, tmp_path: Path
+    stacks_dir: Path, stack: str, tmp_path: Path
 ) -> None:
-    result = runner.invoke(app, ["plan", "-s", stack, "--out", str(tmp_path)])
+    """Every stack in stacks/ and examples/stacks/ plans, and no mandatory policy fails on it."""
+    result = runner.invoke(
+        app, ["plan", "-s", stack, "--stacks-dir", str(stacks_dir), "--out", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.output
+    policy = json.loads((tmp_path / "policy.json").read_text())
+    assert not policy["failed"]
+    assert [v["rule"] for v in policy["verdicts"] if v["level"] == "mandatory"] == []
     assert "$/month" in result.output or "Monthly cost" in result.output
     summary = (tmp_path / "summary.md").read_text()
     assert f"# inferstack plan: {stack}" in summary

@@ -93,10 +93,10 @@ def _custom_resource_kinds(manifests: list[dict[str, Any]], version: str) -> set
 
 def _variant_stacks(directory: Path) -> list[tuple[str, Path]]:
     """Stacks that render the kinds the committed ones do not: Karpenter pools, a Gateway API ingress."""
-    kind = yaml.safe_load((STACKS_DIR / "Pulumi.kind.yaml").read_text())["config"]["inferstack:platform"]
-    gateway_api = copy.deepcopy(kind)
+    config = yaml.safe_load((STACKS_DIR / "Pulumi.kind.yaml").read_text())["config"]
+    gateway_api = copy.deepcopy(config.pop("inferstack:platform"))
     gateway_api["gateway"].update({"ingress": "gateway-api", "hostname": "llm.example.com"})
-    write_stack(directory, "gateway-api", gateway_api)
+    write_stack(directory, "gateway-api", gateway_api, config)  # with kind's secrets (the store's token)
     return [("karpenter", POLICY_STACKS), ("gateway-api", directory)]
 
 

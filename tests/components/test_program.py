@@ -7,10 +7,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from components import nodes, plan
+from components import nodes, plan, startup
 from components.redaction import REDACTED
 from components.render import common
 from components.stackfile import STACKS_DIR, Stack, available_stacks, load
+from components.weights import store
 from tests.components.helpers import engine_deployments, engine_workloads, pod_templates
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
@@ -125,7 +126,7 @@ def test_vllm_command_line_carries_every_engine_knob_of_the_spec() -> None:
     container = engine_deployments(_synth(stack))[model.name]["spec"]["template"]["spec"]["containers"][0]
     args = container["args"]
     assert container["command"] == ["vllm", "serve"]
-    assert args[0] == model.source
+    assert args[0] == store.location(stack.spec, model)  # streamed from the model store, never the hub
 
     def value(flag: str) -> str:
         return str(args[args.index(flag) + 1])
@@ -141,19 +142,29 @@ def test_vllm_command_line_carries_every_engine_knob_of_the_spec() -> None:
     assert "--enable-prefix-caching" in args and "--enable-chunked-prefill" in args
     env = {e["name"]: e for e in container["env"]}
     assert env["VLLM_NO_USAGE_STATS"]["value"] == "1"
-    assert env["HF_TOKEN_PATH"]["value"].endswith("/token")  # a mounted file, never an env var
-    assert "HF_TOKEN" not in env
+    assert env["HF_HUB_OFFLINE"]["value"] == "1"  # engines never reach the hub ...
+    assert not {"HF_TOKEN", "HF_TOKEN_PATH"} & set(env)  # ... nor hold its token
+    pod = engine_deployments(_synth(stack))[model.name]["spec"]["template"]["spec"]
+    assert all(v.get("secret") is None for v in pod["volumes"])
 
 
 def test_startup_budget_grows_with_model_size() -> None:
     stack = load("prod")
     deployments = engine_deployments(_synth(stack))
+    models = {m.name: m for m in stack.spec.models}
 
-    def budget(model: str) -> int:
+    def probe_window(model: str) -> int:
         probe = deployments[model]["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
         return int(probe["periodSeconds"]) * int(probe["failureThreshold"])
 
-    assert budget("llama-3-70b") > budget("llama-3-8b") > budget("bge-large")
+    def weights_s(model: str) -> int:
+        return startup.weights_fetch(models[model], stack.layout.placements[model]).seconds
+
+    for name, model in models.items():  # the probe allows exactly the startup budget
+        assert probe_window(name) == startup.budget(model, stack.layout.placements[name]).budget_s
+    # Streamed weights take seconds, so budgets in whole minutes may tie; the weights term itself still grows.
+    assert probe_window("llama-3-70b") > probe_window("llama-3-8b") >= probe_window("bge-large")
+    assert weights_s("llama-3-70b") > weights_s("llama-3-8b") > weights_s("bge-large")
 
 
 def test_hf_token_reaches_kubernetes_only_as_a_pulumi_secret() -> None:

@@ -27,7 +27,9 @@ def _committed() -> list[list[str]]:
         stack = load(name)
         for m in stack.spec.models:
             if m.engine.kind.value == "vllm":
-                out += [vllm(m).args, vllm(m, on_this_machine("/data/model", "127.0.0.1", 8000)).args]
+                events = ("ipc:///tmp/kv/events", "ipc:///tmp/kv/replay") if m.publishes_kv_events else None
+                local = on_this_machine("/data/model", "127.0.0.1", 8000, kv_events=events)
+                out += [vllm(m).args, vllm(m, local).args]
     return out
 
 
@@ -61,7 +63,31 @@ def _variants() -> list[list[str]]:
     cpu = ModelSpec.model_validate(
         {**base, "engine": {"device": "cpu", "extra_args": ["--max-log-len", "100"]}}
     )
-    return [*out, vllm(embed).args, vllm(cpu).args]
+    return [*out, vllm(embed).args, vllm(cpu).args, *_adapter_variants()]
+
+
+def _adapter_variants() -> list[list[str]]:
+    """Models with LoRA adapters: every rank vLLM accepts, batch slots and loaded limits, GPU and CPU."""
+    out = []
+    for rank, per_batch, loaded in [(8, 1, None), (16, 4, 8), (64, 8, 32), (512, 2, 2)]:
+        adapters = [{"name": "a", "source": "org/adapter", "revision": "0" * 40, "rank": min(rank, 8)}]
+        lora = {"max_rank": rank, "max_per_batch": per_batch, "max_loaded": loaded}
+        for device, dtype in (("gpu", "bfloat16"), ("cpu", "float32")):
+            spec = {
+                "name": "m",
+                "source": "meta-llama/Llama-3.1-8B-Instruct",
+                "engine": {"device": device, "dtype": dtype, "lora": lora},
+                "adapters": adapters,
+            }
+            out.append(vllm(ModelSpec.model_validate(spec)).args)
+    return out
+
+
+def test_adapter_command_lines_carry_the_lora_limits() -> None:
+    args = _adapter_variants()[2]  # rank 16, 4 per batch, 8 loaded, GPU
+    flags = dict(itertools.pairwise(args))
+    assert "--enable-lora" in args
+    assert (flags["--max-loras"], flags["--max-lora-rank"], flags["--max-cpu-loras"]) == ("4", "16", "8")
 
 
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")

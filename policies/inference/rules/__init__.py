@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
-from policies.inference.rules import fit, groups, hygiene, lifecycle, money, placement, reliability, security
+from policies.inference.rules import (
+    adapters,
+    fit,
+    groups,
+    hygiene,
+    lifecycle,
+    money,
+    placement,
+    reliability,
+    security,
+    weights,
+)
 from policies.inference.rules.base import Category, Finding, Res, Rule, Setting, Severity
 
 RULES: tuple[Rule, ...] = (
     *fit.RULES,
     *placement.RULES,
     *reliability.RULES,
+    *weights.RULES,
     *security.RULES,
     *money.RULES,
     *hygiene.RULES,
     *groups.RULES,
     *lifecycle.RULES,
+    *adapters.RULES,
 )
 BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
 

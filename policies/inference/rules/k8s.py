@@ -44,15 +44,26 @@ def pod_spec(res: Res) -> Props | None:
     return as_map(dig(res.props, "spec", "template", "spec"))
 
 
-def pod_labels(res: Res) -> Mapping[str, str]:
-    if res.kind == "Pod":
-        return res.labels
+def _pod_metadata(res: Res) -> Props:
     path: tuple[str, ...] = ("spec", "template")
     if res.kind == "CronJob":
         path = ("spec", "jobTemplate", "spec", "template")
     elif res.kind == GROUP_KIND:
         path = _LEADER_TEMPLATE
-    return as_map(dig(res.props, *path, "metadata", "labels"))
+    return as_map(dig(res.props, *path, "metadata"))
+
+
+def pod_labels(res: Res) -> Mapping[str, str]:
+    if res.kind == "Pod":
+        return res.labels
+    return as_map(_pod_metadata(res).get("labels"))
+
+
+def pod_annotations(res: Res) -> Mapping[str, object]:
+    """The pod template's annotations (a group's: its leader's)."""
+    if res.kind == "Pod":
+        return as_map(dig(res.props, "metadata", "annotations"))
+    return as_map(_pod_metadata(res).get("annotations"))
 
 
 @dataclass(frozen=True)

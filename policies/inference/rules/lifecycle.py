@@ -11,11 +11,13 @@ import json
 from collections.abc import Iterator, Sequence
 
 from components import lifecycle
-from components.render import preparation
+from components.render import groups, preparation
 from policies.inference.rules.base import Category, Config, Finding, Res, Rule, Setting, Severity, of_kind
 from policies.inference.rules.k8s import environment_of
 
 ENVIRONMENTS_SCHEMA = {"type": "array", "items": {"type": "string"}}
+WORKLOADS = ("Deployment", groups.KIND)
+"""What serves a version: a Deployment, or a LeaderWorkerSet for a replica that spans nodes."""
 
 
 def _notes(res: Res) -> dict[str, str]:
@@ -24,7 +26,7 @@ def _notes(res: Res) -> dict[str, str]:
 
 
 def _canary_steps(res: Res, config: Config) -> Iterator[str]:
-    if res.kind != "Deployment" or environment_of(res) not in set(config["environments"]):
+    if res.kind not in WORKLOADS or environment_of(res) not in set(config["environments"]):
         return
     notes = _notes(res)
     if notes.get(lifecycle.ANNOTATION_ROLE) != "canary":
@@ -75,7 +77,7 @@ CANARY_STEPS = Rule(
 def _provenance(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
     envs = set(config["environments"])
     jobs = {(r.namespace, r.k8s_name): r for r in of_kind(resources, "Job")}
-    for res in of_kind(resources, "Deployment"):
+    for res in of_kind(resources, *WORKLOADS):
         notes = _notes(res)
         job_name = notes.get(lifecycle.ANNOTATION_PREPARED_BY)
         if not job_name or environment_of(res) not in envs:
