@@ -1,7 +1,8 @@
-"""Versions and preparation as rendered: per-version Deployments and Services serving one name, the
-preparation Job (on the model's GPU pool, before the engines, named by its input hash, with provenance),
-the router and health monitor config, and a TensorRT-LLM build whose command lines use only the flags
-TensorRT-LLM's own parsers define."""
+"""Versions and preparation as rendered: per-version Deployments and Services serving one name, loading from
+the model store; the preparation Job (one more Job of the store: it reads the source the store's weights Job
+copied, runs on the model's GPU pool before the engines, is named by its input hash and records its
+provenance); the router and health monitor config; and a TensorRT-LLM build whose command lines use only the
+flags TensorRT-LLM's own parsers define."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import yaml
 
 from components import lifecycle, plan
-from components.render import preparation
+from components.render import preparation, weights
 from components.stackfile import STACKS_DIR, load, validate
 from runtime.config import RuntimeConfig
 
@@ -36,6 +37,14 @@ def _args(deployment: dict[str, Any]) -> list[str]:
     return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+STORE = "s3://inferstack-staging-us-east-1-models/models"
+SOURCE = f"{STORE}/meta-llama/Llama-3.1-8B-Instruct/0e9e39f249a16976918f6564b8830bc894c89659/"
+
+
+def _inits(deployment: dict[str, Any]) -> list[dict[str, Any]]:
+    return deployment["spec"]["template"]["spec"]["initContainers"]
+
+
 def test_each_version_has_its_deployment_and_service_serving_the_model_name(staging) -> None:
     _, manifests, _ = staging
     for version in ("bf16", "w4a16"):
@@ -43,55 +52,73 @@ def test_each_version_has_its_deployment_and_service_serving_the_model_name(stag
         _named(manifests, "Service", f"llama-3-8b-{version}-engine")
         args = _args(deployment)
         assert args[args.index("--served-model-name") + 1] == "llama-3-8b"
+        assert "--revision" not in args  # engines load the store's copy of the pinned revision
     assert not [m for m in manifests if m["metadata"]["name"] == "llama-3-8b-engine"]
-    stable = _args(_named(manifests, "Deployment", "llama-3-8b-bf16-engine"))
-    assert stable[stable.index("--revision") + 1] == "0e9e39f249a16976918f6564b8830bc894c89659"
-    canary = _named(manifests, "Deployment", "llama-3-8b-w4a16-engine")["spec"]["template"]["spec"]
-    assert "--quantization" not in canary["containers"][0]["args"]  # compressed-tensors names its own format
-    fetch = canary["initContainers"][0]["command"]
-    assert fetch[:3] == ["aws", "s3", "sync"] and fetch[4].startswith(
-        "s3://inferstack-staging-models/prepared/"
-    )
+    stable = _named(manifests, "Deployment", "llama-3-8b-bf16-engine")
+    assert _args(stable)[0] == SOURCE and _inits(stable)[0]["args"] == ["verify", "--store", SOURCE]
+    canary = _named(manifests, "Deployment", "llama-3-8b-w4a16-engine")
+    assert "--quantization" not in _args(canary)  # compressed-tensors names its own format
+    prepared = _args(canary)[0]
+    assert prepared.startswith(f"{STORE}/prepared/llama-3-8b/w4a16/")
+    assert _inits(canary)[0]["args"] == ["verify", "--store", prepared]
 
 
-def test_the_preparation_job_runs_on_the_gpu_pool_before_the_engine_with_provenance(staging) -> None:
-    _, manifests, synthesis = staging
-    jobs = [m for m in manifests if m["kind"] == "Job"]
-    assert len(jobs) == 1
-    job = jobs[0]
+def test_the_preparation_job_reads_the_stores_copy_runs_on_the_gpu_pool_and_records_provenance(
+    staging,
+) -> None:
+    stack, manifests, synthesis = staging
+    jobs = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "Job"}
+    (job,) = [m for n, m in jobs.items() if n.startswith("prepare-")]
+    # One weights Job copies the source for both versions (the stable serves it, the canary is made from it).
+    (copy_job,) = [m for n, m in jobs.items() if n.startswith("llama-3-8b-weights-")]
+    copy_args = copy_job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert copy_args[copy_args.index("--to") + 1] == SOURCE
     pod = job["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"inferstack.io/pool": "l40s"} and pod["restartPolicy"] == "Never"
+    assert pod["serviceAccountName"] == weights.service_account_name(stack.spec)
+    assert job["metadata"]["labels"]["app.kubernetes.io/component"] == weights.COMPONENT
     steps = [c["name"] for c in pod["initContainers"]] + [c["name"] for c in pod["containers"]]
     assert steps == ["fetch-source", "quantize", "upload"]
-    quantize = pod["initContainers"][1]
+    fetch, quantize = pod["initContainers"]
+    assert fetch["args"][:3] == ["fetch", "--store", SOURCE]
     assert quantize["command"][:3] == ["python", "-m", "runtime.prepare.quantize"]
+    source_dir = quantize["command"][quantize["command"].index("--source") + 1]
+    assert source_dir == f"{preparation.SOURCE_ROOT}/{SOURCE.removeprefix('s3://').rstrip('/')}"
     assert quantize["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert pod["initContainers"][0]["command"][:4] == [
-        "hf",
-        "download",
-        "meta-llama/Llama-3.1-8B-Instruct",
-        "--revision",
-    ]
     notes = job["metadata"]["annotations"]
     record = json.loads(notes[preparation.ANNOTATION_PROVENANCE])
     assert record["input_hash"] == notes[preparation.ANNOTATION_HASH]
     assert record["format"] == "gptq" and record["calibration_samples"] == 512
     assert record["revision"] == "0e9e39f249a16976918f6564b8830bc894c89659"
+    assert record["source_location"] == SOURCE
     location = notes[preparation.ANNOTATION_LOCATION]
-    assert pod["containers"][0]["command"][-1] == location
-    canary = _named(manifests, "Deployment", "llama-3-8b-w4a16-engine")["spec"]["template"]["spec"]
-    assert canary["initContainers"][0]["command"][4] == location
+    upload = pod["containers"][0]["args"]
+    assert upload[:5] == ["prepare", "--to", location, "--from", preparation.OUTPUT_DIR]
+    assert upload[upload.index("--source") + 1].endswith(notes[preparation.ANNOTATION_HASH])
+    assert (
+        pod["containers"][0]["image"]
+        == fetch["image"]
+        == copy_job["spec"]["template"]["spec"]["containers"][0]["image"]
+    )  # the store's own weights image
+    canary = _named(manifests, "Deployment", "llama-3-8b-w4a16-engine")
+    assert _args(canary)[0] == location
     deployment = next(
         r for r in synthesis.resources if r.name == "deployment:inference/llama-3-8b-w4a16-engine"
     )
     assert any(d.endswith(f"job:inference/{job['metadata']['name']}") for d in deployment.dependencies)
+    prepare = next(r for r in synthesis.resources if r.name == f"job:inference/{job['metadata']['name']}")
+    assert any(d.endswith(f"job:inference/{copy_job['metadata']['name']}") for d in prepare.dependencies)
 
 
 def test_the_job_is_named_by_its_inputs(staging) -> None:
     _, manifests, _ = staging
     raw = yaml.safe_load((STACKS_DIR / "Pulumi.staging.yaml").read_text())["config"]["inferstack:platform"]
     same = lifecycle.preparations(*validate(copy.deepcopy(raw), "again"))
-    assert [p.job_name for p in same] == [m["metadata"]["name"] for m in manifests if m["kind"] == "Job"]
+    assert [p.job_name for p in same] == [
+        m["metadata"]["name"]
+        for m in manifests
+        if m["kind"] == "Job" and m["metadata"]["name"].startswith("prepare-")
+    ]
     changed = copy.deepcopy(raw)
     changed["models"][1]["versions"][1]["preparation"]["calibration_samples"] = 256
     other = lifecycle.preparations(*validate(changed, "changed"))
@@ -127,7 +154,7 @@ def test_a_trtllm_engine_build_uses_only_flags_tensorrt_llm_defines() -> None:
                 "image": "nvcr.io/nvidia/tensorrt-llm/release:1.0.0",
                 "quantization": "none",
             },
-            "preparation": {"kind": "trtllm-build", "format": "fp8", "output": "s3://acme-models/engines"},
+            "preparation": {"kind": "trtllm-build", "format": "fp8"},
         },
     ]
     raw["models"][0]["rollout"] = {"canary": {}}
@@ -136,8 +163,8 @@ def test_a_trtllm_engine_build_uses_only_flags_tensorrt_llm_defines() -> None:
     assert prep.gpu == "H100" and prep.inputs["gpu"] == "H100"  # built for the GPU it will run on
     expanded, placed = lifecycle.expand(spec, layout)
     unit = next(m for m in expanded.models if m.name == prep.unit)
-    job = preparation.job(expanded, prep, unit, placed.placements[prep.unit])
-    steps = {c["name"]: c["command"] for c in job["spec"]["template"]["spec"]["initContainers"]}
+    job = preparation.job(expanded, prep, unit, placed.placements[prep.unit], "weights-image")
+    steps = {c["name"]: c.get("command", []) for c in job["spec"]["template"]["spec"]["initContainers"]}
     known = json.loads(FIXTURE.read_text())
     for step, tool in (("convert", "convert_checkpoint.py"), ("build", "trtllm-build")):
         command = steps[step]
@@ -161,31 +188,39 @@ def test_a_trtllm_engine_build_uses_only_flags_tensorrt_llm_defines() -> None:
     }
 
 
-def test_on_eks_preparation_jobs_may_write_only_their_outputs_and_engines_read_them(staging) -> None:
-    _, _, synthesis = staging
+def test_on_eks_preparation_jobs_write_the_store_as_the_weights_identity_and_engines_read_it(staging) -> None:
+    _, manifests, synthesis = staging
     policies = {
         r.name: json.loads(r.inputs["policy"])
         for r in synthesis.resources
         if r.type == "aws:iam/rolePolicy:RolePolicy" and r.name.endswith(("-prepare-models", "-read-models"))
     }
-    prepare = next(p for n, p in policies.items() if n.endswith("-prepare-models"))
-    writes = [s for s in prepare["Statement"] if "s3:PutObject" in s["Action"]]
-    assert [w["Resource"] for w in writes] == [["arn:aws:s3:::inferstack-staging-models/prepared/*"]]
-    listing = next(s for s in prepare["Statement"] if s["Sid"].startswith("ListPrepared"))
-    assert listing["Condition"] == {"StringLike": {"s3:prefix": ["prepared/*"]}}
+    (job,) = [m for m in manifests if m["kind"] == "Job" and m["metadata"]["name"].startswith("prepare-")]
+    key = job["metadata"]["annotations"][preparation.ANNOTATION_LOCATION].removeprefix("s3://")
+    bucket, path = key.split("/", 1)
+
+    def allows(policy: dict[str, Any], action: str) -> bool:
+        return any(
+            action in s["Action"]
+            and any(
+                r == f"arn:aws:s3:::{bucket}/*"
+                or (r.startswith(f"arn:aws:s3:::{bucket}/") and path.startswith(r.split("/", 1)[1][:-1]))
+                for r in _as_list(s["Resource"])
+            )
+            for s in policy["Statement"]
+        )
+
+    write = next(p for n, p in policies.items() if n.endswith("-weights-prepare-models"))
     engine = next(p for n, p in policies.items() if n.endswith("-engine-read-models"))
-    reads = [
-        r for s in engine["Statement"] if s["Action"] == ["s3:GetObject"] for r in _as_list(s["Resource"])
-    ]
-    assert "arn:aws:s3:::inferstack-staging-models/prepared/*" in reads
+    assert allows(write, "s3:PutObject") and allows(engine, "s3:GetObject")
     assert not [s for s in engine["Statement"] if "s3:PutObject" in s["Action"]]
-    association = next(
-        r
+    accounts = {
+        r.inputs["serviceAccount"]
         for r in synthesis.resources
         if r.type == "aws:eks/podIdentityAssociation:PodIdentityAssociation"
-        and r.inputs["serviceAccount"] == "inferstack-prepare"
-    )
-    assert association.inputs["namespace"] == "inference"
+    }
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] in accounts
+    assert "inferstack-prepare" not in accounts  # one preparation identity: the store's
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -23,8 +23,7 @@ def _versioned(versions: list[dict[str, Any]], rollout: dict[str, Any] | None = 
 
 
 STABLE = {"name": "v1", "weight": 90}
-STORE = "s3://acme-models/prepared"
-AWQ = {"name": "v2", "weight": 10, "preparation": {"kind": "quantize", "format": "awq", "output": STORE}}
+AWQ = {"name": "v2", "weight": 10, "preparation": {"kind": "quantize", "format": "awq"}}
 
 
 def test_a_two_version_canary_plans_and_the_canary_is_sized_by_its_prepared_format(tmp_path: Path) -> None:
@@ -83,7 +82,7 @@ BAD: list[tuple[str, dict[str, Any], str, list[str]]] = [
     (
         "engine build for an engine that is not trtllm",
         _versioned(
-            [STABLE, {"name": "v2", "weight": 10, "preparation": {"kind": "trtllm-build", "output": STORE}}]
+            [STABLE, {"name": "v2", "weight": 10, "preparation": {"kind": "trtllm-build"}}]
         ),
         "models[0]",
         ["versions[1].preparation.kind: trtllm-build makes a TensorRT-LLM engine"],

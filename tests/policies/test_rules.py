@@ -561,6 +561,17 @@ CASES = [
         m(ROUTER, lambda p: container(p, "router").__setitem__("image", "ghcr.io/inferstack/router:0.1.0")),
         ("'ghcr.io/inferstack/router:0.1.0', which nothing in this stack builds", "gateway.image_registry"),
     ),
+    Case(
+        # the tool step's image is the version's own (in the Job's provenance); the store steps still run the build
+        "preparation-upload-on-an-unbuilt-image",
+        "runtime-images-built",
+        "staging",
+        m(
+            lambda r: r.kind == "Job" and r.k8s_name.startswith("prepare-"),
+            lambda p: container(p, "upload").__setitem__("image", "ghcr.io/inferstack/weights:0.1.0"),
+        ),
+        ("container upload runs 'ghcr.io/inferstack/weights:0.1.0', which nothing in this stack builds",),
+    ),
     # lifecycle (staging serves llama-3-8b in two versions; the rules are scoped to it here)
     Case(
         "canary-jumps-to-50",
@@ -579,9 +590,9 @@ CASES = [
         "prepared-checkpoint-without-its-job",
         "prepared-checkpoints-have-provenance",
         "staging",
-        d(lambda r: r.kind == "Job"),
+        d(lambda r: r.kind == "Job" and r.k8s_name.startswith("prepare-")),
         (
-            "llama-3-8b-w4a16-engine: loads s3://inferstack-staging-models/prepared/",
+            "llama-3-8b-w4a16-engine: loads s3://inferstack-staging-us-east-1-models/models/prepared/",
             "the stack has no such Job",
         ),
         {"environments": ["staging"]},
@@ -590,7 +601,10 @@ CASES = [
         "preparation-job-without-provenance",
         "prepared-checkpoints-have-provenance",
         "staging",
-        m(lambda r: r.kind == "Job", lambda p: p["metadata"]["annotations"].pop("inferstack.io/provenance")),
+        m(
+            lambda r: r.kind == "Job" and r.k8s_name.startswith("prepare-"),
+            lambda p: p["metadata"]["annotations"].pop("inferstack.io/provenance"),
+        ),
         ("no provenance",),
         {"environments": ["staging"]},
     ),
