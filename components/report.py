@@ -49,9 +49,8 @@ def _seconds(value: float) -> str:
 
 def weights_rows(stack: Stack) -> list[tuple[str, ...]]:
     """Per model: where its weights are in the store, how the engine gets them, and the cold start of each path
-    (the chosen one is the startup budget's weights term: ``components.startup.weights_fetch``); a model served
-    in versions, per version."""
-    spec, layout = stack.served
+    (the chosen one is the startup budget's weights term: ``components.startup.weights_fetch``)."""
+    spec, layout = stack.spec, stack.layout
     rows = []
     for model in spec.models:
         placement = layout.placements[model.name]
