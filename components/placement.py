@@ -664,7 +664,8 @@ def _node_cache(
     cached = [m for m in members if fetch.decide(m, instance).path is fetch.FetchPath.NODE_CACHE]
     if not cached and asked_gib is None:
         return 0, None, []
-    need = math.ceil(sum(placements[m.name].weights_gib for m in cached) * NODE_CACHE_SLACK)
+    # A model served in versions keeps a copy per version (each loads its own store prefix).
+    need = math.ceil(sum(placements[m.name].weights_gib * m.serving_units for m in cached) * NODE_CACHE_SLACK)
     size = asked_gib if asked_gib is not None else need
     medium, _ = fetch.cache_medium(instance)
     problems = []

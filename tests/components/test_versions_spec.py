@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from components.problems import SpecError
 from components.spec import ModelSpec, Quantization
-from components.stackfile import load
+from components.stackfile import load, validate
 from tests.components.helpers import minimal, write_stack
 
 CANARY = {"canary": {"steps_percent": [10, 25, 50, 100], "evaluation_interval_s": 30}}
@@ -81,9 +82,7 @@ BAD: list[tuple[str, dict[str, Any], str, list[str]]] = [
     ),
     (
         "engine build for an engine that is not trtllm",
-        _versioned(
-            [STABLE, {"name": "v2", "weight": 10, "preparation": {"kind": "trtllm-build"}}]
-        ),
+        _versioned([STABLE, {"name": "v2", "weight": 10, "preparation": {"kind": "trtllm-build"}}]),
         "models[0]",
         ["versions[1].preparation.kind: trtllm-build makes a TensorRT-LLM engine"],
     ),
@@ -98,6 +97,40 @@ BAD: list[tuple[str, dict[str, Any], str, list[str]]] = [
         _versioned([STABLE, {"name": "v2", "weight": 10, "source": "not a repo"}]),
         "models[0]",
         ["versions[1].source", "is not a model source"],
+    ),
+    (
+        "version revision not a commit",
+        _versioned([STABLE, {"name": "v2", "weight": 10, "revision": "main"}]),
+        "models[0]",
+        ["versions[1].revision: 'main' is not a commit hash"],
+    ),
+    (
+        "other hub source without a revision",
+        _versioned([STABLE, {"name": "v2", "weight": 10, "source": "Qwen/Qwen2.5-7B-Instruct"}]),
+        "models[0].versions[1].revision",
+        ["'Qwen/Qwen2.5-7B-Instruct' is a Hugging Face source without a pinned revision"],
+    ),
+    (
+        "s3 version source outside the store",
+        _versioned([STABLE, {"name": "v2", "weight": 10, "source": "s3://elsewhere/llama/"}]),
+        "models[0].versions[1].source",
+        ["bucket 'elsewhere' is not the platform's model store"],
+    ),
+    (
+        "versions with LoRA adapters",
+        {
+            **_versioned([STABLE, AWQ]),
+            "models": [
+                {
+                    **_versioned([STABLE, AWQ])["models"][0],
+                    "adapters": [
+                        {"name": "sql", "source": "s3://acme/sql/", "rank": 8},
+                    ],
+                }
+            ],
+        },
+        "models[0]",
+        ["adapters: a model served in versions carries no LoRA adapters"],
     ),
 ]
 
@@ -147,3 +180,32 @@ def test_a_quantized_format_the_gpu_cannot_run_is_one_plan_error_on_the_version(
         ": models[0].versions[1].preparation.format: fp8 weights need an Ada, Hopper or Blackwell GPU"
         in rendered
     )
+
+
+def test_versions_need_the_router() -> None:
+    """Behind gateway.mode inference-extension the gateway routes by model name to one pool: no split, no
+    rollback."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "stacks" / "Pulumi.inference-extension.yaml"
+    raw = yaml.safe_load(example.read_text())["config"]["inferstack:platform"]
+    model = raw["models"][0]
+    model["versions"] = [
+        {"name": "a", "weight": 90},
+        {"name": "b", "weight": 10, "engine": {"max_num_seqs": 64}},
+    ]
+    model["rollout"] = CANARY
+    with pytest.raises(SpecError) as caught:
+        validate(raw, "ie")
+    assert "the router splits a model's requests between its versions" in caught.value.render()
+
+
+def test_a_node_cache_holds_a_copy_per_version(tmp_path: Path) -> None:
+    """Engines that read a node cache (not the streamer) keep each version's store prefix there."""
+    one = minimal()
+    one["models"][0]["weights"] = {"fetch": "node-cache"}
+    two = _versioned([STABLE, AWQ])
+    two["models"][0]["weights"] = {"fetch": "node-cache"}
+    write_stack(tmp_path, "one", one)
+    write_stack(tmp_path, "two", two)
+    single = next(iter(load("one", tmp_path).layout.pools.values())).model_cache_gib
+    versioned = next(iter(load("two", tmp_path).layout.pools.values())).model_cache_gib
+    assert single > 0 and versioned >= 2 * single - 1
