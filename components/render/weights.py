@@ -4,7 +4,10 @@
   runtime.weights prepare``; it exits at once when the store already holds that revision). Only this Job reads
   the hub token and may write the store (its own service account). An ``s3://`` source: the Job checks the
   prefix holds complete, verified weights. The Job's name carries a hash of the store location, so a new
-  revision is a new Job; engines depend on it, so `pulumi up` runs it first.
+  revision is a new Job; engines depend on it, so `pulumi up` runs it first. A model's versions that load the
+  same source share its Job (named after the served model).
+- A version with a preparation (quantize, trtllm-build): one more Job of the store, after its source's, that
+  makes the checkpoint the version's engines load from the store (``components.render.preparation``).
 - Engine pods never see the hub or its token. Streaming (vLLM): an init container checks the store's objects
   against the manifest, then vLLM streams ``s3://...``. Node cache: an init container fills the node's cache
   (once per node and revision, under a lock; a hit reads nothing) and the engine loads the copy.
