@@ -4,10 +4,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 ENGINE_VENV := .venv-engine
+PREPARE_VENV := .venv-prepare
 TOOLS_VENV := .venv-tools
 STACK ?= prod
 
-.PHONY: test lint typecheck unit plan local bench clean venv engine-venv tools-venv crd-tools schema snapshots prometheus redis
+.PHONY: test lint typecheck unit plan local bench clean venv engine-venv prepare-venv tools-venv crd-tools schema snapshots prometheus redis
 
 ## venvs ---------------------------------------------------------------------------------------
 # The project, its runtime services and the dev tools.
@@ -23,6 +24,12 @@ $(ENGINE_VENV)/.installed: scripts/engine-venv.sh
 	bash scripts/engine-venv.sh $(ENGINE_VENV)
 	touch $@
 engine-venv: $(ENGINE_VENV)/.installed
+
+# llm-compressor (quantization jobs) on the engine venv's torch, without touching the engine venv.
+$(PREPARE_VENV)/.installed: scripts/prepare-venv.sh $(ENGINE_VENV)/.installed
+	bash scripts/prepare-venv.sh $(PREPARE_VENV) $(ENGINE_VENV)
+	touch $@
+prepare-venv: $(PREPARE_VENV)/.installed
 
 # Outside checkers that pin old libraries (checkov).
 $(TOOLS_VENV)/.installed: scripts/tools-requirements.txt
@@ -74,7 +81,7 @@ unit: venv crd-tools prometheus
 snapshots: venv
 	INFERSTACK_UPDATE_SNAPSHOTS=1 $(BIN)/pytest -q tests/components/test_plan_snapshots.py
 
-test: venv engine-venv tools-venv crd-tools prometheus redis lint typecheck
+test: venv engine-venv prepare-venv tools-venv crd-tools prometheus redis lint typecheck
 	$(BIN)/pytest
 
 ## product -------------------------------------------------------------------------------------

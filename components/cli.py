@@ -232,7 +232,7 @@ def _plan(stack: str, out_dir: Path | None, stacks_dir: Path, policy_config: Pat
         f"Monthly cost: {cost.monthly(rep.bill.min_usd_month)} at min replicas, "
         f"{cost.monthly(rep.bill.max_usd_month)} at max replicas"
     )
-    for note in [*rep.notes, *rep.deploy_notes]:
+    for note in [*rep.notes, *rep.versions, *rep.deploy_notes]:
         out.print(f"  - {note}", markup=False, highlight=False)
     for warning in rep.warnings:
         out.print(f"warning: {warning}", markup=False, highlight=False)

@@ -302,7 +302,33 @@ def _store_rules(spec: PlatformSpec) -> list[Problem]:
                         f"target {spec.target.value} does not create: name an existing bucket",
                     )
                 )
+        for j, version in enumerate(model.versions):
+            if version.source is None or version.source.startswith("s3://") or is_local_path(version.source):
+                continue
+            if model.version_revision(version) is None:
+                problems.append(
+                    Problem(
+                        f"models[{i}].versions[{j}].revision",
+                        f"{version.source!r} is a Hugging Face source without a pinned revision: set revision to "
+                        "the exact hub commit (40 hex digits), as the model's",
+                    )
+                )
+        version_buckets = [
+            (f"models[{i}].versions[{j}].source", store.bucket_of(v.source))
+            for j, v in enumerate(model.versions)
+            if v.source is not None and v.source.startswith("s3://")
+        ]
         source_bucket = store.bucket_of(model.source) if model.source.startswith("s3://") else None
+        for where, other in version_buckets:
+            if spec.target is Target.EKS and other != bucket:
+                problems.append(
+                    Problem(
+                        where,
+                        f"bucket {other!r} is not the platform's model store ({bucket}): engines read only the "
+                        f"store; prepare the weights into s3://{bucket}/{spec.model_store.prefix}/... or use a "
+                        "hub source with revision",
+                    )
+                )
         if source_bucket and spec.target is Target.EKS and source_bucket != bucket:
             problems.append(
                 Problem(
@@ -526,8 +552,8 @@ def _pool_plans(
         members = [
             m for m in spec.models if (p := placements.get(m.name)) is not None and p.pool == pool.name
         ]
-        gpus_min = sum(m.scaling.min_replicas * m.engine.gpus for m in members)
-        gpus_max = sum(m.scaling.max_replicas * m.engine.gpus for m in members)
+        gpus_min = sum(m.scaling.min_replicas * m.engine.gpus * m.serving_units for m in members)
+        gpus_max = sum(m.scaling.max_replicas * m.engine.gpus * m.serving_units for m in members)
         need_max = _nodes_for(gpus_max, instance.gpus)
         min_nodes = max(pool.min_nodes, _nodes_for(gpus_min, instance.gpus))
         max_nodes = pool.max_nodes if pool.max_nodes is not None else max(need_max, min_nodes, 1)
@@ -638,7 +664,8 @@ def _node_cache(
     cached = [m for m in members if fetch.decide(m, instance).path is fetch.FetchPath.NODE_CACHE]
     if not cached and asked_gib is None:
         return 0, None, []
-    need = math.ceil(sum(placements[m.name].weights_gib for m in cached) * NODE_CACHE_SLACK)
+    # A model served in versions keeps a copy per version (each loads its own store prefix).
+    need = math.ceil(sum(placements[m.name].weights_gib * m.serving_units for m in cached) * NODE_CACHE_SLACK)
     size = asked_gib if asked_gib is not None else need
     medium, _ = fetch.cache_medium(instance)
     problems = []

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pulumi
 
-from components import rollout
+from components import lifecycle, rollout
 from components.cloud import Cloud
 from components.kubernetes.addons import ClusterAddons
 from components.kubernetes.batches import BatchService
@@ -74,6 +74,9 @@ class InferencePlatform(pulumi.ComponentResource):
     ) -> None:
         """``cluster`` says how to reach the cluster, which runtime images to run and which cloud controllers
         to install (``ClusterAccess``)."""
+        # Versions are served as units ('<model>-<version>'): from here on, every renderer sees units.
+        preparations = lifecycle.preparations(spec, layout)
+        spec, layout = lifecycle.expand(spec, layout)
         super().__init__(
             "inferstack:index:InferencePlatform", f"{spec.name}-{spec.environment}", None, cluster.options
         )
@@ -105,6 +108,7 @@ class InferencePlatform(pulumi.ComponentResource):
             layout,
             cluster.images.get("weights"),
             pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, self.network]),
+            preparations,
         )
         rollouts = rollout.plans(spec, layout)
         self.engines = {
@@ -125,6 +129,8 @@ class InferencePlatform(pulumi.ComponentResource):
                 ),
                 _pool(layout, m.name),
                 weights_image=self.weights.image,
+                # A prepared checkpoint does not exist before its Job: the engine's own objects wait for it.
+                after=self.weights.jobs[m.name] if m.prepared_by else None,
             )
             for m in spec.models
         }

@@ -6,7 +6,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from components import capacity, catalog, cost, endpoint, images, rollout, targets
+from components import capacity, catalog, cost, endpoint, images, lifecycle, rollout, targets
 from components.placement import Placement, PoolPlan
 from components.plan import Synthesis
 from components.render import inference_extension, ingress, scaling
@@ -124,6 +124,8 @@ class PlanReport:
     deploy: list[tuple[str, ...]]
     deploy_notes: list[str]
     warnings: list[str]
+    versions: list[str] = field(default_factory=list)
+    """Versions, canary steps, rollback rules and preparation Jobs (``components.lifecycle``)."""
     weights: list[tuple[str, ...]] = field(default_factory=list)
 
     def markdown(self, stack: Stack, synthesis: Synthesis) -> str:
@@ -183,6 +185,11 @@ class PlanReport:
             "",
             *(f"- {note}" for note in self.notes),
             "",
+            *(
+                ["## Versions and rollouts", "", *(f"- {line}" for line in self.versions), ""]
+                if self.versions
+                else []
+            ),
             *(self._first_deploy(synthesis) if stack.spec.target is not Target.LOCAL else []),
             *(["## Warnings", "", *(f"- {w}" for w in self.warnings), ""] if self.warnings else []),
         ]
@@ -237,8 +244,9 @@ def plan_report(stack: Stack) -> PlanReport:
                 f"{e.kind.value} ({model.resolved_task().value})",
                 instance,
                 f"{e.tensor_parallel_size} x {e.pipeline_parallel_size}",
-                f"{model.scaling.min_replicas}-{model.scaling.max_replicas}",
-                str(model.scaling.max_replicas * placement.gpus_per_replica),
+                f"{model.scaling.min_replicas}-{model.scaling.max_replicas}"
+                + (f" x {model.serving_units} versions" if model.versions else ""),
+                str(model.scaling.max_replicas * placement.gpus_per_replica * model.serving_units),
                 headroom,
                 cost.monthly(c.min_usd_month),
                 cost.monthly(c.max_usd_month),
@@ -283,6 +291,7 @@ def plan_report(stack: Stack) -> PlanReport:
         deploy=deploy_rows(spec, plans),
         deploy_notes=deploy_notes,
         warnings=rollout.warnings(spec, layout),
+        versions=lifecycle.describe(spec, layout),
         weights=weights_rows(stack),
     )
 

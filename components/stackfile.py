@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from components import capacity, endpoint, startup
+from components import capacity, endpoint, lifecycle, startup
 from components.paths import STACKS_DIR as STACKS_DIR  # noqa: PLC0414 - re-exported: callers look here
 from components.placement import Layout, place
 from components.problems import Problem, SpecError
@@ -33,6 +33,11 @@ class Stack:
     spec: PlatformSpec
     layout: Layout
     config: dict[str, Any]
+
+    @property
+    def served(self) -> tuple[PlatformSpec, Layout]:
+        """The spec and layout the renderers see: each version of a model as a unit of its own."""
+        return lifecycle.expand(self.spec, self.layout)
 
 
 def stack_path(stack: str, stacks_dir: Path = STACKS_DIR) -> Path:
@@ -84,7 +89,9 @@ def validate(raw: Any, source: str) -> tuple[PlatformSpec, Layout]:
         layout = place(spec, source)
     except SpecError as err:
         raise SpecError(source, [*err.problems, *problems]) from None
-    problems += startup.problems(spec, layout) + capacity.problems(spec, layout)
+    problems += (
+        startup.problems(spec, layout) + capacity.problems(spec, layout) + lifecycle.problems(spec, layout)
+    )
     if problems:
         raise SpecError(source, problems)
     return spec, layout

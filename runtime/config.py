@@ -157,10 +157,32 @@ class AdapterTarget(_Strict):
     )
 
 
+def version_target_name(model: str, version: str) -> str:
+    """The target name of one version of a model: what the health feed and per-version routes key on."""
+    return f"{model}-{version}"
+
+
+class VersionOf(_Strict):
+    """Marks a target as one version of a model that clients reach under another name."""
+
+    model: str = Field(
+        description="The `model` clients send, and the --served-model-name of this version's engines."
+    )
+    version: str = Field(description="The version's name (metrics label, events).")
+    weight: float = Field(ge=0, le=100, description="Percent of the model's requests this version gets.")
+    stable: bool = Field(
+        default=False,
+        description="The version rollbacks return to, and retries of a failed canary request go to.",
+    )
+
+
 class ModelTarget(_Strict):
     """A served model name and where its replicas are; shared by every runtime service."""
 
-    name: str = Field(description="The `model` clients send; the engine's --served-model-name.")
+    name: str = Field(
+        description="The `model` clients send; the engine's --served-model-name. For a version of a model (see"
+        " version_of), a name of its own, e.g. 'chat-v2'."
+    )
     engine: EngineKind = Field(default=EngineKind.VLLM, description="Which engine serves it.")
     task: Task = Field(default=Task.GENERATE, description="generate (chat/completions) or embed (pooling).")
     static_backends: list[StaticBackend] = Field(
@@ -175,6 +197,12 @@ class ModelTarget(_Strict):
         description="In-flight requests one replica may hold; derived from the engine's max_num_seqs.",
     )
     max_model_len_tokens: int = Field(default=4096, ge=1, description="Context length of the engine.")
+    version_of: VersionOf | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="This target is one version of a model: requests for version_of.model are split by weight.",
+    )
+
     adapters: list[AdapterTarget] = Field(
         default_factory=list,
         exclude_if=lambda adapters: not adapters,  # absent from rendered configs of models without adapters
@@ -193,6 +221,11 @@ class ModelTarget(_Strict):
         default=None,
         description="Follow the engines' KV-cache events (the precise_prefix scorer's view); None: off.",
     )
+
+    @property
+    def served_name(self) -> str:
+        """What clients send and the engine serves."""
+        return self.version_of.model if self.version_of is not None else self.name
 
     @model_validator(mode="after")
     def _has_backends(self) -> ModelTarget:
@@ -449,6 +482,29 @@ class RouterSettings(_Strict):
     )
 
 
+class CanaryCheck(_Strict):
+    """How the health monitor judges a versioned model's canaries against its stable version."""
+
+    model: str = Field(description="The model clients send (version_of.model of its versions).")
+    evaluation_interval_s: float = Field(default=60, gt=0, description="Length of one comparison window.")
+    max_error_rate: float = Field(
+        default=0.05, ge=0, le=1, description="Failed probes per probe, above which: rollback."
+    )
+    max_ttft_ratio: float = Field(
+        default=1.5, ge=1, description="Canary TTFT p95 over stable's, above which: rollback."
+    )
+    max_inter_token_ratio: float = Field(
+        default=1.5, ge=1, description="Canary inter-token p95 over stable's, above which: rollback."
+    )
+    ttft_slo_s: float | None = Field(
+        default=None, gt=0, description="TTFT p95 objective; above it: rollback."
+    )
+    inter_token_slo_s: float | None = Field(default=None, gt=0, description="Inter-token p95 objective.")
+    min_samples: int = Field(
+        default=3, ge=1, description="Probes a window needs before its error rate counts."
+    )
+
+
 class HealthSettings(_Strict):
     """The health monitor's cadence and thresholds."""
 
@@ -483,6 +539,11 @@ class HealthSettings(_Strict):
     kubernetes_events: bool = Field(default=False, description="Emit Events on ejection and readmission.")
     remediate_after_s: int | None = Field(
         default=None, ge=30, description="Delete a pod wedged this long; None = never (the default)."
+    )
+    canaries: list[CanaryCheck] = Field(
+        default_factory=list,
+        exclude_if=lambda c: not c,
+        description="Versioned models whose canaries are compared with their stable version and rolled back.",
     )
 
 
@@ -683,6 +744,7 @@ class RuntimeConfig(_Strict):
         for route in self.router.routes:
             if route.model not in known:
                 raise ValueError(f"router.routes: unknown model {route.model!r}; known: {sorted(known)}")
+        self._versions_consistent(known)
         embed = {m.name for m in self.models if m.task is Task.EMBED}
         for policy in self.batcher.policies:
             if policy.model not in embed:
@@ -690,6 +752,39 @@ class RuntimeConfig(_Strict):
                     f"batcher.policies: {policy.model!r} is not an embedding model; known: {sorted(embed)}"
                 )
         return self
+
+    def _versions_consistent(self, names: set[str]) -> None:
+        for model, targets in self.versions().items():
+            if model in names:
+                raise ValueError(f"models: {model!r} is both a target and the model of versions; rename one")
+            stable = [t.name for t in targets if t.version_of and t.version_of.stable]
+            if len(stable) != 1:
+                raise ValueError(f"versions of {model!r}: exactly one must be stable, not {len(stable)}")
+            total = sum(t.version_of.weight for t in targets if t.version_of)
+            if abs(total - 100) > 1e-6:
+                raise ValueError(f"versions of {model!r}: weights add up to {total:g}, not 100")
+            labels = [t.version_of.version for t in targets if t.version_of]
+            for t in targets:
+                if t.version_of and t.name != version_target_name(model, t.version_of.version):
+                    raise ValueError(
+                        f"models: a version of {model!r} is named {t.name!r}; name it "
+                        f"{version_target_name(model, t.version_of.version)!r}"
+                    )
+            if len(set(labels)) != len(labels):
+                raise ValueError(f"versions of {model!r}: a version name is used twice: {labels}")
+        for check in self.health.canaries:
+            if check.model not in self.versions():
+                raise ValueError(f"health.canaries: {check.model!r} has no versions")
+
+    def versions(self) -> dict[str, list[ModelTarget]]:
+        """Model name -> its version targets, stable first, for models served in versions."""
+        out: dict[str, list[ModelTarget]] = {}
+        for m in self.models:
+            if m.version_of is not None:
+                out.setdefault(m.version_of.model, []).append(m)
+        for targets in out.values():
+            targets.sort(key=lambda t: not (t.version_of and t.version_of.stable))
+        return out
 
     def model(self, name: str) -> ModelTarget | None:
         return next((m for m in self.models if m.name == name), None)

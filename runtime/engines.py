@@ -132,6 +132,8 @@ class EngineCli:
     engine takes one value (``master_port`` None)."""
     master_port: Flag | None = None
     rendezvous_port: int = 0
+    revision: Flag | None = None
+    """The option that pins a Hugging Face source to a revision (a version's ``revision``), where there is one."""
     """The port of the rendezvous on the leader."""
     worker_args: tuple[str, ...] = ()
     """Arguments only the workers of a group carry (vLLM: no API server on them)."""
@@ -233,6 +235,7 @@ VLLM_CLI = EngineCli(
     master_addr=Flag("--master-addr"),
     master_port=Flag("--master-port"),
     rendezvous_port=29501,  # ParallelConfig.master_port's default
+    revision=Flag("--revision"),
     worker_args=("--headless",),
     multi_node_note="vLLM 0.32's multiprocessing executor: --nnodes, --node-rank, --master-addr/--master-port, "
     "workers --headless",

@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pulumi
 
 from components.kubernetes.manifests import apply
+from components.lifecycle import Preparation
 from components.placement import Layout, Placement, PoolPlan
-from components.render import common, engine, groups, weights
+from components.render import common, engine, groups, preparation, weights
 from components.render.gateway import RuntimeImage
 from components.rollout import Rollout
 from components.spec import ModelSpec, PlatformSpec
@@ -19,8 +21,10 @@ _AWAITED = frozenset({"Deployment", groups.KIND})
 
 
 class ModelWeights(pulumi.ComponentResource):
-    """The preparation Jobs' service account and one Job per model and per LoRA adapter; ``jobs[model]`` are
-    what its engine waits for."""
+    """The preparation Jobs' service account and the Jobs that fill the model store: one per source (model,
+    version or LoRA adapter) that copies it in, and for a version with a preparation the Job that makes its
+    checkpoint from that copy; ``jobs[unit]`` are what its engine waits for. A Job shared by several units (two
+    versions of one source) is one Job."""
 
     jobs: dict[str, list[pulumi.Resource]]
 
@@ -30,27 +34,45 @@ class ModelWeights(pulumi.ComponentResource):
         layout: Layout,
         image: RuntimeImage | None,
         opts: pulumi.ResourceOptions | None = None,
+        preparations: Sequence[Preparation] = (),
     ) -> None:
         super().__init__("inferstack:kubernetes:ModelWeights", f"{spec.name}-weights", None, opts)
         self.image: Any = image.reference if image is not None else spec.model_store.image
         account = apply(weights.service_account(spec), pulumi.ResourceOptions(parent=self))
+        made: dict[str, pulumi.Resource] = {}
+
+        def once(manifest: common.Manifest, deadline_s: int, after: list[pulumi.Resource]) -> pulumi.Resource:
+            name = manifest["metadata"]["name"]
+            if name not in made:
+                # `pulumi up` waits for the Job to complete, as long as the Job itself may run.
+                deadline = f"{deadline_s}s"
+                made[name] = apply(
+                    manifest,
+                    pulumi.ResourceOptions(
+                        parent=self,
+                        depends_on=[account, *after],
+                        custom_timeouts=pulumi.CustomTimeouts(create=deadline, update=deadline),
+                    ),
+                )
+            return made[name]
+
+        prepared = {p.unit: p for p in preparations}
         self.jobs = {}
         for m in spec.models:
             placement = layout.placements[m.name]
-            # `pulumi up` waits for the Job to complete, as long as the Job itself may run.
-            deadline = f"{weights.job_deadline_s(placement)}s"
-            awaited = pulumi.ResourceOptions(
-                parent=self,
-                depends_on=[account],
-                custom_timeouts=pulumi.CustomTimeouts(create=deadline, update=deadline),
-            )
-            self.jobs[m.name] = [
-                apply(weights.prepare_job(spec, m, placement, self.image), awaited),
-                *(apply(weights.adapter_job(spec, m, a, self.image), awaited) for a in m.adapters),
+            deadline = weights.job_deadline_s(placement)
+            adapter_jobs = [
+                once(weights.adapter_job(spec, m, a, self.image), deadline, []) for a in m.adapters
             ]
-        names = [weights.job_name(spec, m) for m in spec.models]
-        names += [weights.adapter_job_name(spec, m, a) for m in spec.models for a in m.adapters]
-        self.register_outputs({"jobs": sorted(names)})
+            p = prepared.get(m.name)
+            if p is None:
+                self.jobs[m.name] = [once(weights.prepare_job(spec, m, placement, self.image), deadline, [])]
+            else:
+                copied = once(weights.prepare_job(spec, p.origin, placement, self.image), deadline, [])
+                job = preparation.job(spec, p, m, placement, self.image)
+                self.jobs[m.name] = [once(job, preparation.JOB_DEADLINE_S, [copied])]
+            self.jobs[m.name] += adapter_jobs
+        self.register_outputs({"jobs": sorted(made)})
 
 
 class ModelEngine(pulumi.ComponentResource):
@@ -71,11 +93,15 @@ class ModelEngine(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
         pool: PoolPlan | None = None,
         weights_image: Any = None,
+        after: list[pulumi.Resource] | None = None,
     ) -> None:
+        """``after``: what the engine's own objects wait for (the model store's preparation Jobs that write what
+        it loads)."""
         super().__init__("inferstack:kubernetes:ModelEngine", model.name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        child = pulumi.ResourceOptions(parent=self, depends_on=after)
         awaited = pulumi.ResourceOptions(
             parent=self,
+            depends_on=after,
             custom_timeouts=pulumi.CustomTimeouts(
                 create=f"{rollout.startup.budget_s}s", update=f"{rollout.update_timeout_s}s"
             ),

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from components import nodes
+from components import lifecycle, nodes
 from components.placement import Placement, PoolPlan
 from components.render import common, groups, hardening, scaling, weights
 from components.render.common import Manifest
@@ -246,6 +246,7 @@ def deployment(
         "metadata": {
             **common.metadata(spec, name, "engine", version),
             "labels": template["metadata"]["labels"],
+            **({"annotations": notes} if (notes := lifecycle.workload_annotations(model)) else {}),
         },
         "spec": {
             **replicas,

@@ -147,14 +147,17 @@ def _start(cli: EngineCli, model: ModelSpec, where: Where) -> list[str]:
     return [
         *cli.leading_args,
         *named,
-        *_valued(cli.served_name, where.served_name or model.name),
+        *_valued(cli.served_name, where.served_name or model.served_name),
         *_valued(cli.host, where.host),
         *_valued(cli.port, where.port),
     ]
 
 
-def _quantization(cli: EngineCli, e: EngineSpec) -> list[str]:
-    return _valued(cli.quantization, cli.quantization_values.get(e.quantization.value))
+def _quantization(cli: EngineCli, model: ModelSpec) -> list[str]:
+    """The weight format flag; none for a checkpoint that names its own (a version quantized by its preparation)."""
+    if model.format_in_checkpoint:
+        return []
+    return _valued(cli.quantization, cli.quantization_values.get(model.engine.quantization.value))
 
 
 def _kv_cache_dtype(cli: EngineCli, e: EngineSpec) -> list[str]:
@@ -182,7 +185,7 @@ def vllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
         args += _valued(cli.gpu_memory_utilization, f"{e.gpu_memory_utilization:g}")
     if e.cpu_kv_offload_gib:
         args += _valued(cli.cpu_kv_offload_gib, f"{e.cpu_kv_offload_gib:g}")
-    args += _quantization(cli, e) + _kv_cache_dtype(cli, e)
+    args += _quantization(cli, model) + _kv_cache_dtype(cli, e)
     args += _valued(cli.max_num_batched_tokens, e.max_num_batched_tokens)
     # Pooling models: vLLM turns prefix caching and chunked prefill on only where the architecture supports
     # them (not for bidirectional encoders such as BERT, where forcing them "may crash or produce incorrect
@@ -220,7 +223,7 @@ def sglang(model: ModelSpec, where: Where | None = None) -> EngineCommand:
         *_valued(cli.max_num_seqs, e.max_num_seqs),
         *_valued(cli.download_dir, where.download_dir),
         *engine.metrics_flag,
-        *_quantization(cli, e),
+        *_quantization(cli, model),
         *_kv_cache_dtype(cli, e),
     ]
     # SGLang sizes prefill chunks instead of switching chunking: -1 turns it off, and then the batched-token

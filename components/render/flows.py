@@ -410,9 +410,14 @@ def _weights_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
         for m in spec.models
         for a in m.adapters
     )
-    if any(m.is_hub for m in spec.models) or hub_adapters:
+    # A version's preparation (components.lifecycle) reads its source from the store and its calibration data
+    # from the hub.
+    prepared = any(m.prepared_by for m in spec.models)
+    if any(m.is_hub for m in spec.models) or hub_adapters or prepared:
         hub = public_https(spec, cloud, "the Hugging Face hub over HTTPS")
         what = "pinned revisions (models and LoRA adapters)" if hub_adapters else "pinned revisions"
+        if prepared:
+            what += " and calibration data"
         out.append(Flow(jobs, hub, tcp(HTTPS), f"preparation Jobs copy {what} from the hub"))
     out.append(Flow(jobs, store, store_ports, "preparation Jobs write (or verify) the model store"))
     return out

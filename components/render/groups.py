@@ -24,7 +24,7 @@ can request as resources", EKS user guide, node-efa), and NCCL is told to use li
 
 from __future__ import annotations
 
-from components import nodes
+from components import lifecycle, nodes
 from components.placement import PoolPlan
 from components.render import common
 from components.render.common import Manifest
@@ -90,6 +90,7 @@ def leader_worker_set(
         "metadata": {
             **common.metadata(spec, name, "engine", version),
             "labels": {k: v for k, v in leader["metadata"]["labels"].items() if k != ROLE_LABEL},
+            **({"annotations": notes} if (notes := lifecycle.workload_annotations(model)) else {}),
         },
         "spec": {
             **({} if replicas is None else {"replicas": replicas}),

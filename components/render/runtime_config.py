@@ -16,6 +16,7 @@ from runtime.config import (
     AdapterTarget,
     BatcherSettings,
     BatchingPolicy,
+    CanaryCheck,
     HealthSettings,
     KubernetesDiscovery,
     KvEventsSource,
@@ -29,6 +30,7 @@ from runtime.config import (
     StaticBackend,
     StrategyConfig,
     Task,
+    VersionOf,
 )
 
 BATCH_SIZE_CAP = 32
@@ -79,11 +81,16 @@ def model_target(
         discovery = KubernetesDiscovery(
             namespace=spec.cluster.namespace, service=common.engine_name(model.name), port_name="http"
         )
+    version_of = None
+    if model.version_of is not None:
+        of, version, weight, stable = model.version_of
+        version_of = VersionOf(model=of, version=version, weight=weight, stable=stable)
     events = None
     if model.publishes_kv_events:  # the router finds the tokenizer where its pod's init container put it
         events = KvEventsSource(tokenizer_dir=Path(common.router_tokenizer_dir(model.name)))
     return ModelTarget(
         name=model.name,
+        version_of=version_of,
         engine=model.engine.kind,
         task=model.resolved_task(),
         static_backends=static,
@@ -115,6 +122,28 @@ def _route(spec: PlatformSpec, model: ModelSpec) -> ModelRoute:
     return ModelRoute.model_validate(
         {"model": model.name, "strategy": strategy, "batcher_url": batcher, "cold_start_hold_ms": hold}
     )
+
+
+def canary_checks(spec: PlatformSpec) -> list[CanaryCheck]:
+    """The rollback rule of each versioned model (read from its stable unit), in the health monitor's terms."""
+    out = []
+    for m in spec.models:
+        if m.version_of is None or not m.version_of[3] or m.rollout.canary is None:
+            continue
+        canary, rule = m.rollout.canary, m.rollout.canary.rollback
+        out.append(
+            CanaryCheck(
+                model=m.served_name,
+                evaluation_interval_s=canary.evaluation_interval_s,
+                max_error_rate=rule.max_error_rate,
+                max_ttft_ratio=rule.max_ttft_ratio,
+                max_inter_token_ratio=rule.max_inter_token_ratio,
+                ttft_slo_s=m.slo.ttft_p95_ms / 1000 if rule.enforce_slo else None,
+                inter_token_slo_s=m.slo.inter_token_p95_ms / 1000 if rule.enforce_slo else None,
+                min_samples=rule.min_samples,
+            )
+        )
+    return out
 
 
 def _batching(model: ModelSpec) -> BatchingPolicy:
@@ -172,6 +201,7 @@ def runtime_config(
             "limit_store": limit_store(spec),
         }
     )
+    checks = canary_checks(spec)
     # Behind an inference-extension gateway the picker is the only component that sees a request's key.
     picker = PickerSettings()
     if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION and keys_file is not None:
@@ -182,7 +212,11 @@ def runtime_config(
             for m in spec.models
         ],
         router=router,
-        health=HealthSettings(kubernetes_events=True),
+        # With canaries, every probe round also asks each replica for one token: an engine that still answers
+        # /health but fails requests counts against its version's error rate.
+        health=HealthSettings(
+            kubernetes_events=True, canaries=checks, synthetic_probe_every=1 if checks else 0
+        ),
         batcher=BatcherSettings(policies=[_batching(m) for m in embedding_models(spec)]),
         picker=picker,
         batches=batches.settings(spec, router_url, health_feed, files),

@@ -4,7 +4,10 @@
   runtime.weights prepare``; it exits at once when the store already holds that revision). Only this Job reads
   the hub token and may write the store (its own service account). An ``s3://`` source: the Job checks the
   prefix holds complete, verified weights. The Job's name carries a hash of the store location, so a new
-  revision is a new Job; engines depend on it, so `pulumi up` runs it first.
+  revision is a new Job; engines depend on it, so `pulumi up` runs it first. A model's versions that load the
+  same source share its Job (named after the served model).
+- A version with a preparation (quantize, trtllm-build): one more Job of the store, after its source's, that
+  makes the checkpoint the version's engines load from the store (``components.render.preparation``).
 - Engine pods never see the hub or its token. Streaming (vLLM): an init container checks the store's objects
   against the manifest, then vLLM streams ``s3://...``. Node cache: an init container fills the node's cache
   (once per node and revision, under a lock; a hit reads nothing) and the engine loads the copy.
@@ -77,11 +80,13 @@ def cache_sub_path(spec: PlatformSpec, model: ModelSpec) -> str:
 
 
 def job_name(spec: PlatformSpec, model: ModelSpec) -> str:
+    """Named after the served model and the store location: the versions of a model that load one source share
+    its Job."""
     digest = hashlib.sha256(location(spec, model).encode()).hexdigest()[:8]
-    return f"{model.name}-weights-{digest}"
+    return f"{model.served_name}-weights-{digest}"
 
 
-def _owner_args(spec: PlatformSpec) -> list[str]:
+def owner_args(spec: PlatformSpec) -> list[str]:
     owner = spec.model_store.account_id or spec.cluster.account_id
     return ["--expected-owner", owner] if owner else []
 
@@ -114,7 +119,7 @@ def store_access(spec: PlatformSpec, writer: bool) -> StoreAccess:
     return StoreAccess(env, [mount], [volume])
 
 
-def _container(spec: PlatformSpec, name: str, image: Any, args: list[str], writer: bool) -> Manifest:
+def store_container(spec: PlatformSpec, name: str, image: Any, args: list[str], writer: bool) -> Manifest:
     access = store_access(spec, writer)
     return {
         "name": name,
@@ -141,7 +146,7 @@ def prepare_job(spec: PlatformSpec, model: ModelSpec, placement: Placement, imag
         spec,
         image,
         job_name(spec, model),
-        model.name,
+        model.served_name,
         location(spec, model),
         hub,
         staging_gib,
@@ -166,7 +171,7 @@ def adapter_path(spec: PlatformSpec, adapter: AdapterSpec) -> str:
 
 def adapter_job_name(spec: PlatformSpec, model: ModelSpec, adapter: AdapterSpec) -> str:
     digest = hashlib.sha256(adapter_uri(spec, adapter).encode()).hexdigest()[:8]
-    return f"{model.name}-adapter-{adapter.name}-{digest}"[:54].rstrip(
+    return f"{model.served_name}-adapter-{adapter.name}-{digest}"[:54].rstrip(
         "-"
     )  # Job names leave room for the pod's
 
@@ -179,7 +184,7 @@ def adapter_job(spec: PlatformSpec, model: ModelSpec, adapter: AdapterSpec, imag
         spec,
         image,
         name,
-        model.name,
+        model.served_name,
         adapter_uri(spec, adapter),
         hub,
         2 * _ADAPTER_DISK_GIB,
@@ -205,7 +210,7 @@ def _prepare(
     token = bool(hub is not None and spec.huggingface_token_config_key)
     if token:
         args += ["--token-file", f"{HF_TOKEN_DIR}/{HF_TOKEN_KEY}"]
-    container = _container(spec, "prepare", image, [*args, *_owner_args(spec)], writer=hub is not None)
+    container = store_container(spec, "prepare", image, [*args, *owner_args(spec)], writer=hub is not None)
     container["resources"] = {
         "requests": {"cpu": "1", "memory": "2Gi"},
         "limits": {"cpu": "2", "memory": "4Gi"},
@@ -257,9 +262,9 @@ def adapter_inits(spec: PlatformSpec, model: ModelSpec, image: Any) -> tuple[lis
             adapter_uri(spec, adapter),
             "--cache-root",
             ADAPTER_DIR,
-            *_owner_args(spec),
+            *owner_args(spec),
         ]
-        container = _container(spec, f"fetch-adapter-{i}", image, args, writer=False)
+        container = store_container(spec, f"fetch-adapter-{i}", image, args, writer=False)
         container["volumeMounts"].append({"name": "adapters", "mountPath": ADAPTER_DIR})
         inits.append(container)
     size = _ADAPTER_DISK_GIB * len(model.adapters)
@@ -302,9 +307,11 @@ def engine_init(spec: PlatformSpec, model: ModelSpec, way: Fetch, image: Any) ->
     """The container that runs before the engine: check the store (streamer) or fill the node cache."""
     uri = location(spec, model)
     if way.path is FetchPath.STREAMER:
-        return _container(spec, "check-weights", image, ["verify", "--store", uri, *_owner_args(spec)], False)
-    args = ["fetch", "--store", uri, "--cache-root", CACHE_MOUNT, *_owner_args(spec)]
-    container = _container(spec, "fetch-weights", image, args, writer=False)
+        return store_container(
+            spec, "check-weights", image, ["verify", "--store", uri, *owner_args(spec)], False
+        )
+    args = ["fetch", "--store", uri, "--cache-root", CACHE_MOUNT, *owner_args(spec)]
+    container = store_container(spec, "fetch-weights", image, args, writer=False)
     container["volumeMounts"].append({"name": "model-cache", "mountPath": CACHE_MOUNT})
     return container
 

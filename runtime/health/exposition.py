@@ -109,6 +109,23 @@ class MonitorCollector(Collector):
             rem.add_metric([model], n)
         yield from (probes, ej, re, rem)
 
+        rb = CounterMetricFamily(
+            f"{NS}_canary_rollbacks",
+            "Canary versions rolled back to the stable version, by the signal that decided.",
+            labels=["model", "version", "metric"],
+        )
+        for (model, version, metric), n in sorted(self.monitor.canaries.rollbacks.items()):
+            rb.add_metric([model, version, metric], n)
+        weight = GaugeMetricFamily(
+            f"{NS}_version_weight",
+            "Percent of a versioned model's requests each version gets.",
+            labels=["model", "version"],
+        )
+        for v in feed.versions:
+            for version, w in v.weights.items():
+                weight.add_metric([v.model, version], w)
+        yield from (rb, weight)
+
         ml = ["model"]
         replicas = GaugeMetricFamily(f"{NS}_model_replicas", "Replicas discovered.", labels=ml)
         healthy = GaugeMetricFamily(f"{NS}_model_healthy_replicas", "Replicas in state healthy.", labels=ml)

@@ -105,6 +105,24 @@ class ModelSummary(_Feed):
     ttft_p95_s: float | None = Field(default=None, description="p95 of the merged window histograms.")
 
 
+class VersionWeights(_Feed):
+    """A versioned model's weights as the canary controller holds them: the config's, or a rollback's."""
+
+    model: str = Field(description="The model clients send.")
+    weights: dict[str, float] = Field(description="Version -> percent of requests.")
+    rolled_back: bool = Field(
+        default=False, description="A canary breached its rule; weights are all on stable."
+    )
+    metric: str = Field(
+        default="", description="The signal that decided the rollback (error_rate, ttft_p95, ...)."
+    )
+    reason: str = Field(default="", description="One sentence: which version, what was measured, the limit.")
+    decided_at: float | None = Field(default=None, description="Unix seconds of the rollback.")
+    verdicts: dict[str, str] = Field(
+        default_factory=dict, description="Version -> latest verdict: hold, advance or rollback."
+    )
+
+
 class BackendsFeed(_Feed):
     schema_version: Literal[1] = 1
     generated_at: float = Field(description="Unix seconds.")
@@ -112,6 +130,10 @@ class BackendsFeed(_Feed):
     stale_after_s: float = Field(description="Treat the feed as absent when older than this.")
     backends: list[BackendStatus] = Field(default_factory=list)
     models: list[ModelSummary] = Field(default_factory=list)
+    versions: list[VersionWeights] = Field(
+        default_factory=list,
+        description="Weights of versioned models with a canary check (router: apply them).",
+    )
 
     def for_model(self, model: str) -> list[BackendStatus]:
         return [b for b in self.backends if b.model == model]

@@ -4,6 +4,8 @@ Why ``kubernetes_asyncio``: it is the official client's asyncio port (generated 
 OpenAPI, kept in step with Kubernetes releases) and speaks aiohttp, which the image carries anyway.
 It is imported only when events or remediation are switched on.
 
+A canary rollback is an Event (reason ``CanaryRolledBack``) on a pod of the canary version.
+
 RBAC the control plane must render for the health monitor's ServiceAccount (least privilege), in
 each namespace that holds engines discovered through EndpointSlices:
 
@@ -34,6 +36,18 @@ COMPONENT = "inferstack-health"
 REASON_EJECTED = "EngineEjected"
 REASON_READMITTED = "EngineReadmitted"
 REASON_REMEDIATED = "EngineRemediated"
+REASON_ROLLED_BACK = "CanaryRolledBack"
+
+
+def rollback_event(canary: ModelTarget, metric: str, reason: str) -> tuple[str, str, str]:
+    """(reason, type, message) of the Event a canary rollback deserves (pure)."""
+    version = canary.version_of.version if canary.version_of else canary.name
+    return (
+        REASON_ROLLED_BACK,
+        "Warning",
+        f"model {canary.served_name}: canary version {version} rolled back to the stable version "
+        f"({metric}): {reason}"[:1000],
+    )
 
 
 class Actions(Protocol):
@@ -42,6 +56,8 @@ class Actions(Protocol):
     async def on_transition(self, target: ModelTarget, url: str, transition: Transition) -> None: ...
 
     async def remediate(self, target: ModelTarget, url: str, wedged_s: float) -> bool: ...
+
+    async def on_rollback(self, canary: ModelTarget, urls: list[str], metric: str, reason: str) -> None: ...
 
     async def close(self) -> None: ...
 
@@ -52,6 +68,9 @@ class NoActions:
 
     async def remediate(self, target: ModelTarget, url: str, wedged_s: float) -> bool:
         return False
+
+    async def on_rollback(self, canary: ModelTarget, urls: list[str], metric: str, reason: str) -> None:
+        return None
 
     async def close(self) -> None:
         return None
@@ -152,6 +171,21 @@ class KubernetesActions:
             reporting_instance=self._instance,
         )
         await self._core.create_namespaced_event(pod.metadata.namespace, body)
+
+    async def on_rollback(self, canary: ModelTarget, urls: list[str], metric: str, reason: str) -> None:
+        """An Event on a pod of the canary (the object people look at with kubectl describe)."""
+        if not self._events:
+            return
+        for url in urls:
+            try:
+                pod = await self._pod_for(canary, url)
+                if pod is not None:
+                    await self._emit(pod, *rollback_event(canary, metric, reason))
+                    return
+            except Exception as err:  # an unreachable API server must not stop the rollback
+                log.warning("could not emit the rollback event for %s: %s", canary.name, err)
+                return
+        log.info("no pod found for canary %s; rollback event not emitted", canary.name)
 
     async def remediate(self, target: ModelTarget, url: str, wedged_s: float) -> bool:
         """Delete the pod behind ``url``; its controller recreates it. True when a delete was sent."""

@@ -20,7 +20,8 @@ import aiohttp
 
 from runtime.config import HealthSettings, ModelTarget, RuntimeConfig
 from runtime.health import state as st
-from runtime.health.feed import BackendsFeed
+from runtime.health.canary import Canaries, ReplicaView, Rollback
+from runtime.health.feed import BackendsFeed, VersionWeights
 from runtime.health.kube import Actions, NoActions
 from runtime.health.probe import ProbeSpec, probe
 from runtime.health.tracker import Tracker, summarize, wanted_for
@@ -65,6 +66,7 @@ class Monitor:
         self._recovery_s: dict[tuple[str, str], float] = {}  # probe interval while ejected
         self._readmitted_at: dict[tuple[str, str], float] = {}
         self.counters = Counters()
+        self.canaries = Canaries(config, clock())
         self.discovered: set[str] = set()  # models whose discovery has reported at least once
         self._session: aiohttp.ClientSession | None = None
 
@@ -134,7 +136,7 @@ class Monitor:
         s = self.settings
         return ProbeSpec(
             url=url,
-            model=target.name,
+            model=target.served_name,
             engine=target.engine,
             task=target.task,
             timeout_s=s.timeout_ms / 1000,
@@ -188,6 +190,33 @@ class Monitor:
         if transition is not None:
             self._on_transition(target, tracker, transition)
         self._maybe_remediate(target, tracker, now)
+        if target.version_of is not None:
+            self.canaries.observe(target.name, result.outcome.ok)
+            self.judge_canaries(now)
+
+    def judge_canaries(self, now: float, *, force: bool = False) -> list[Rollback]:
+        """Compare canaries with their stable versions when an interval ends; apply and announce rollbacks."""
+        replicas = {
+            name: [
+                ReplicaView(t.health.routable, status.metrics.ttft_p95_s, status.metrics.inter_token_p95_s)
+                for t in self.trackers.get(name, {}).values()
+                for status in (t.status(now),)
+            ]
+            for name in self.canaries.of_target
+        }
+        rollbacks = self.canaries.evaluate(now, replicas, force=force)
+        for rb in rollbacks:
+            urls = sorted(self.trackers.get(rb.canary.name, {}))
+            log.warning(
+                "canary rolled back: model %s, version %s (%s): %s",
+                rb.model,
+                rb.canary.version_of.version if rb.canary.version_of else "",
+                rb.decision.metric,
+                rb.decision.reason,
+                extra={"model": rb.model, "metric": rb.decision.metric},
+            )
+            self._spawn(self.actions.on_rollback(rb.canary, urls, rb.decision.metric, rb.decision.reason))
+        return rollbacks
 
     async def probe_all(self) -> None:
         """One round for every known replica, concurrently."""
@@ -263,6 +292,7 @@ class Monitor:
             stale_after_s=max(3 * interval_s, interval_s + self.settings.timeout_ms / 1000),
             backends=[t.status(now) for t in sorted(self.all_trackers(), key=lambda t: (t.model, t.url))],
             models=[summarize(name, list(ts.values())) for name, ts in self.trackers.items()],
+            versions=[VersionWeights.model_validate(v) for v in self.canaries.feed()],
         )
 
     async def wait_idle(self) -> None:

@@ -28,7 +28,7 @@ from runtime.router.payload import BadRequest, choices_problem, prompt_text, rea
 from runtime.router.proxy import Call, Forwarder, forwarded_tail
 from runtime.router.retry import RetryBudget, backoff_s
 from runtime.scheduling import Context
-from runtime.server import Connection, Request
+from runtime.server import Connection, Headers, Request
 
 log = logging.getLogger("inferstack.router")
 
@@ -141,19 +141,21 @@ class Router:
             conn.send(404, error_body(404, f"no route for {path.decode('latin-1')[:100]}"))
 
     def models_body(self) -> bytes:
-        """Servable models, then their LoRA adapters, each with ``parent`` (as vLLM lists them)."""
+        """Servable models (a model served in versions once), then their LoRA adapters, each with ``parent`` (as
+        vLLM lists them)."""
         data: list[dict[str, object]] = []
-        for name, state in self.fleet.models.items():
-            if not state.servable():
+        for name, states in self.fleet.public_models().items():
+            if not any(s.servable() for s in states):
                 continue
             entry = {"id": name, "object": "model", "created": 0, "owned_by": "inferstack"}
-            data.append({**entry, "parent": None, "max_model_len": state.target.max_model_len_tokens})
-            data += [{**entry, "id": adapter, "parent": name} for adapter in state.adapters]
+            max_len = min(s.target.max_model_len_tokens for s in states)
+            data.append({**entry, "parent": None, "max_model_len": max_len})
+            data += [{**entry, "id": adapter, "parent": name} for s in states for adapter in s.adapters]
         return json.dumps({"object": "list", "data": data}).encode()
 
     def snapshot(self) -> Snapshot:
         """Live gauges for /metrics."""
-        snap = live_gauges(self.fleet.models)
+        snap = live_gauges(self.fleet.models, self.fleet.splits)
         if self.limits.store_up is not None:
             snap["limit_store_up"] = [((), self.limits.store_up)]
         return snap
@@ -233,12 +235,12 @@ class Router:
             self._fail(conn, 400, too_many.message, "bad_request", code=too_many.code, param=too_many.param)
             return
         model = asked.model
-        state = self.fleet.models.get(model)
+        state = self.fleet.lookup(model, self._session_key(headers, model))
         adapter: str | None = None
         if state is None and (parent := self.fleet.adapter_parents.get(model)) is not None:
             state, adapter = self.fleet.models.get(parent), model  # a LoRA adapter: its base model's replicas
         if state is None:
-            served = ", ".join(sorted([*self.fleet.models, *self.fleet.adapter_parents])) or "none"
+            served = ", ".join(sorted([*self.fleet.public_models(), *self.fleet.adapter_parents])) or "none"
             message = f"The model `{model}` does not exist here; served: {served}"
             self._fail(conn, 404, message, "unknown_model", code="model_not_found", param="model")
             return
@@ -284,6 +286,16 @@ class Router:
         self.retry_budget.deposit()
         await self._route(Call(conn, state, ctx, req.path, tail, asked.stream, rid, principal, started))
 
+    def _session_key(self, headers: Headers, model: str) -> str | None:
+        """A versioned model's session key (its stable version's session header), so a session stays on
+        one version; None for models without versions."""
+        split = self.fleet.splits.get(model)
+        if split is None:
+            return None
+        stable = self.fleet.lookup_version(model, split.stable)
+        key = headers.get(stable.session_header)
+        return key.decode("latin-1") if key else None
+
     async def _adapter_ready(
         self, state: ModelState, backend: Backend, adapter: str | None
     ) -> LoadFailure | None:
@@ -319,6 +331,10 @@ class Router:
         reloaded = False
         while True:
             backend = await acquire(state, ctx, self.queue_deadline_s, self.metrics.waited)
+            if isinstance(backend, Refusal) and (stable := self.fleet.fallback(state)) is not None:
+                call.state = state = stable  # the canary cannot take it now: the stable version can
+                settings = state.settings
+                continue
             if isinstance(backend, Refusal):
                 r = backend
                 self._fail(
@@ -363,11 +379,16 @@ class Router:
             last_error = outcome
             tried.add(backend.url)
             attempt += 1
-            if (
-                attempt > settings.retries_max
-                or backend is state.batcher
-                or not self.retry_budget.withdraw()
-                or conn.closed
+            # A canary's failure is retried on the stable version outside the retry budget: at most the
+            # canary's (small) share of traffic, and a bad canary must cost clients nothing.
+            stable = self.fleet.fallback(state)
+            if conn.closed or (
+                stable is None
+                and (
+                    attempt > settings.retries_max
+                    or backend is state.batcher
+                    or not self.retry_budget.withdraw()
+                )
             ):
                 self._fail(conn, last_error[0], last_error[1], "upstream", code="upstream_error")
                 return
@@ -376,6 +397,9 @@ class Router:
                 "retrying on another replica",
                 extra={"request_id": rid.decode(), "failed": backend.url, "error": last_error[1]},
             )
+            if stable is not None:  # a canary failed this request: the stable version takes the retry
+                call.state = state = stable
+                settings = state.settings
             ctx.exclude = frozenset(tried)
             delay = backoff_s(settings.retry_backoff_ms, attempt)
             if delay:

@@ -17,13 +17,22 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from runtime.config import EngineKind, ModelRoute, ModelTarget, RouterSettings, RuntimeConfig, Task
+from runtime.config import (
+    EngineKind,
+    ModelRoute,
+    ModelTarget,
+    RouterSettings,
+    RuntimeConfig,
+    Task,
+    version_target_name,
+)
 from runtime.discovery import watch_backends
 from runtime.engines import Signal, facts
 from runtime.router.adapters import listed_adapters
 from runtime.router.admission import WaitQueue
 from runtime.router.backends import Backend, Breaker
 from runtime.scheduling import Need, Strategy, build
+from runtime.versions import Split
 
 if TYPE_CHECKING:  # imported when a model follows KV events: tokenizers, jinja2 and zmq cost ~10 MiB of RSS
     from runtime.router.cache_view import ModelCacheView
@@ -40,7 +49,15 @@ class ModelState:
     def __init__(self, target: ModelTarget, route: ModelRoute, settings: RouterSettings) -> None:
         self.target = target
         self.route = route
+        # A version has a name of its own ('<model>-<version>'), which its metrics, scaling and alerts carry;
+        # ``served`` is what clients send, shared by the versions of a model.
         self.name = target.name
+        self.served = target.served_name
+        self.version = target.version_of.version if target.version_of is not None else ""
+        #: (model, version) for the per-version metrics, None for a model without versions
+        self.versioned: tuple[str, str] | None = (self.served, self.version) if self.version else None
+        #: a version that is not the stable one: its failures are retried on the stable version
+        self.canary = target.version_of is not None and not target.version_of.stable
         self.strategy: Strategy = build(route.strategy)
         # the request fields the strategy's scorers declared they read: parse only those
         self.needs_prompt = Need.PROMPT in self.strategy.needs
@@ -109,6 +126,7 @@ class Fleet:
         self.cfg = cfg
         self.discover = discover
         self.models: dict[str, ModelState] = {}
+        self.splits: dict[str, Split] = {}  # model clients send -> its versions (targets "<model>-<version>")
         self.adapter_parents: dict[str, str] = {}  # adapter name -> its base model's name
         self.on_departed: Callable[[str, str], None] | None = None
         self.on_kv_problem: Callable[[str, str], None] = lambda model, cause: None
@@ -126,6 +144,7 @@ class Fleet:
         Every model's state (its strategy) is built before anything changes, so a config that cannot
         be built raises and leaves the running one whole."""
         fresh = {target.name: ModelState(target, cfg.route(target.name), cfg.router) for target in cfg.models}
+        splits = splits_of(cfg, self.splits)
         views = {name: self._cache_view(state) for name, state in fresh.items()}
         self.cfg = cfg
         for target in cfg.models:
@@ -144,10 +163,39 @@ class Fleet:
             if old.kv is not None and id(old.kv) not in kept:
                 self._retire(old.kv)
         self.models = fresh
+        self.splits = splits
         self.adapter_parents = cfg.adapter_parents()
         with contextlib.suppress(RuntimeError):  # no loop yet: start() will start the watches
             asyncio.get_running_loop()
             self._sync_watches()
+
+    # --- versions --------------------------------------------------------------------------------
+    def lookup(self, model: str, session: str | None) -> ModelState | None:
+        """The state that takes a request for ``model``: the model itself, or the version its split picks
+        (sticky per session key) among versions that can serve now."""
+        split = self.splits.get(model)
+        if split is None:
+            state = self.models.get(model)
+            return None if state is None or state.version else state  # versions are reached through splits
+        chosen = split.choose(session, lambda v: self.lookup_version(model, v).servable())
+        return self.lookup_version(model, chosen if chosen is not None else split.stable)
+
+    def fallback(self, state: ModelState) -> ModelState | None:
+        """Where a failed request of a canary goes next: its model's stable version (None for the stable)."""
+        split = self.splits.get(state.served)
+        if split is None or not state.version or state.version == split.stable:
+            return None
+        return self.lookup_version(state.served, split.stable)
+
+    def lookup_version(self, model: str, version: str) -> ModelState:
+        return self.models[version_target_name(model, version)]
+
+    def public_models(self) -> dict[str, list[ModelState]]:
+        """Model name clients see -> the states that serve it (one, or its versions)."""
+        out: dict[str, list[ModelState]] = {}
+        for state in self.models.values():
+            out.setdefault(state.served, []).append(state)
+        return out
 
     def _cache_view(self, state: ModelState) -> ModelCacheView | None:
         """The model's KV-event view: the running one when its source did not change, else a new one."""
@@ -258,7 +306,10 @@ class Fleet:
         except (aiohttp.ClientError, TimeoutError, ValueError) as err:
             log.warning("health feed %s unavailable (%s); probing engines directly", url, err)
             return False
-        return apply_feed(self.models, feed, time.time())
+        fresh = apply_feed(self.models, feed, time.time())
+        if fresh:
+            apply_version_feed(self.splits, feed)
+        return fresh
 
     async def _probe_all(self) -> None:
         jobs = [self._probe(state, b) for state in self.models.values() for b in state.backends]
@@ -301,6 +352,37 @@ class Fleet:
                 "replica %s of %s is now %s", b.url, state.name, "healthy" if b.healthy else "unhealthy"
             )
             state.queue.wake_all()
+
+
+def splits_of(cfg: RuntimeConfig, previous: dict[str, Split]) -> dict[str, Split]:
+    """The splits a config declares; a split whose configured weights did not change keeps its override
+    (a rollback stays until the config changes)."""
+    out: dict[str, Split] = {}
+    for model, targets in cfg.versions().items():
+        names = tuple(t.version_of.version for t in targets if t.version_of)
+        weights = tuple(t.version_of.weight for t in targets if t.version_of)
+        old = previous.get(model)
+        if old is not None and (old.versions, old.configured) == (names, weights):
+            out[model] = old
+        else:
+            out[model] = Split(model, names, weights)
+    return out
+
+
+def apply_version_feed(splits: dict[str, Split], feed: dict[str, Any]) -> None:
+    """Install the weights the health monitor decided (a canary rolled back) on the splits."""
+    for entry in feed.get("versions") or []:
+        split = splits.get(str(entry.get("model")))
+        weights = entry.get("weights") or {}
+        if split is None or set(weights) != set(split.versions):
+            continue
+        if split.set_weights([float(weights[v]) for v in split.versions], str(entry.get("reason") or "")):
+            log.warning(
+                "versions of %s now weighted %s: %s",
+                split.model,
+                dict(zip(split.versions, split.weights, strict=True)),
+                split.override_reason or "back to the configured weights",
+            )
 
 
 def apply_feed(models: dict[str, ModelState], feed: dict[str, Any], now: float) -> bool:

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from runtime.scheduling import Report
+from runtime.versions import Split
 
 if TYPE_CHECKING:
     from runtime.router.fleet import ModelState
@@ -43,6 +44,7 @@ LIVE_GAUGES: dict[str, tuple[str, list[str]]] = {
     "prefix_index_entries": ("Entries in the prefix / session index", ["model", "index"]),
     "prefix_hit_rate": ("Share of prefix lookups that found a replica", ["model"]),
     "backends": ("Replicas known per model", ["model"]),
+    "version_weight": ("Percent of a versioned model's requests each version gets now", ["model", "version"]),
     "kv_view_blocks": ("Blocks each replica's engine caches, as its KV events say", ["model", "backend"]),
     "kv_view_synced": ("1 if the replica's KV events are followed and were replayed", ["model", "backend"]),
     "limit_store_up": ("1 while the shared rate-limit store answers; 0: limits are per replica", []),
@@ -50,9 +52,14 @@ LIVE_GAUGES: dict[str, tuple[str, list[str]]] = {
 Snapshot = dict[str, list[tuple[tuple[str, ...], float]]]
 
 
-def live_gauges(models: Mapping[str, ModelState]) -> Snapshot:
-    """The live gauges' samples: wait lines, replicas, and what each strategy's scorers report."""
+def live_gauges(models: Mapping[str, ModelState], splits: Mapping[str, Split] | None = None) -> Snapshot:
+    """The live gauges' samples: wait lines, replicas, version weights, and what each strategy's scorers
+    report. A version's series carry its own name ('<model>-<version>'), as its request metrics do."""
     out: Snapshot = {name: [] for name in LIVE_GAUGES}
+    for model, split in (splits or {}).items():
+        total = sum(split.weights) or 1.0
+        for version, weight in zip(split.versions, split.weights, strict=True):
+            out["version_weight"].append(((model, version), 100.0 * weight / total))
     for name, m in models.items():
         out["queue_depth"].append(((name,), float(len(m.queue))))
         out["backends"].append(((name,), float(len(m.backends))))
@@ -134,6 +141,17 @@ class Histograms(Collector):
         yield fam
 
 
+def _add_tokens(
+    counts: dict[tuple[Any, ...], float], labels: tuple[str, ...], prompt: int, completion: int
+) -> None:
+    if prompt:
+        key = (*labels, "in")
+        counts[key] = counts.get(key, 0.0) + prompt
+    if completion:
+        key = (*labels, "out")
+        counts[key] = counts.get(key, 0.0) + completion
+
+
 class RouterMetrics:
     def __init__(self) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series double the scrape for nothing a dashboard uses
@@ -175,6 +193,31 @@ class RouterMetrics:
             buckets=WAIT_BUCKETS_S,
             registry=r,
         )
+        # per version of a model served in versions (the canary's numbers beside the stable's)
+        self.version_requests = Counts(
+            "inferstack_router_version_requests",
+            "Requests of a versioned model by version and status",
+            ["model", "version", "status"],
+        )
+        self.version_tokens = Counts(
+            "inferstack_router_version_tokens",
+            "Tokens from usage by version",
+            ["model", "version", "direction"],
+        )
+        self.version_duration = Histograms(
+            "inferstack_router_version_request_duration_seconds",
+            "End-to-end latency by version",
+            ["model", "version"],
+            LATENCY_BUCKETS_S,
+        )
+        self.version_ttft = Histograms(
+            "inferstack_router_version_ttft_seconds",
+            "Time to the first body byte from the engine, by version",
+            ["model", "version"],
+            LATENCY_BUCKETS_S,
+        )
+        for hot in (self.version_requests, self.version_tokens, self.version_duration, self.version_ttft):
+            r.register(hot)
         self.adapter_loads = Counter(
             "inferstack_router_adapter_loads",
             "LoRA adapter load calls to replicas, by base model and outcome (ok, refused, failed)",
@@ -237,26 +280,34 @@ class RouterMetrics:
             for key in [k for k in counts if k[:2] in gone]:
                 del counts[key]
 
-    def request(self, model: str, backend: str, status: int, duration_s: float) -> None:
+    # ``version`` is (model clients send, version) for a version of a model: its numbers also go to the
+    # inferstack_router_version_* series, where the versions of one model sit side by side.
+    def request(
+        self, model: str, backend: str, status: int, duration_s: float, version: tuple[str, str] | None = None
+    ) -> None:
         if self._departed:
             self._departed.pop((model, backend), None)  # it came back
         counts = self.requests.values
         key = (model, backend, status)
         counts[key] = counts.get(key, 0.0) + 1.0
+        if version:
+            vcounts = self.version_requests.values
+            vkey = (*version, status)
+            vcounts[vkey] = vcounts.get(vkey, 0.0) + 1.0
         if duration_s >= 0:
             self.duration.observe((model,), duration_s)
+            if version:
+                self.version_duration.observe(version, duration_s)
 
-    def first_byte(self, model: str, seconds: float) -> None:
+    def first_byte(self, model: str, seconds: float, version: tuple[str, str] | None = None) -> None:
         self.ttft.observe((model,), seconds)
+        if version:
+            self.version_ttft.observe(version, seconds)
 
-    def usage(self, model: str, prompt: int, completion: int) -> None:
-        counts = self.tokens.values
-        if prompt:
-            key = (model, "in")
-            counts[key] = counts.get(key, 0.0) + prompt
-        if completion:
-            key = (model, "out")
-            counts[key] = counts.get(key, 0.0) + completion
+    def usage(self, model: str, prompt: int, completion: int, version: tuple[str, str] | None = None) -> None:
+        _add_tokens(self.tokens.values, (model,), prompt, completion)
+        if version:
+            _add_tokens(self.version_tokens.values, version, prompt, completion)
 
     def reject(self, reason: str, model: str = "") -> None:
         self._child(self.rejections, model, reason).inc()

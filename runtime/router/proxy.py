@@ -117,7 +117,8 @@ class Forwarder:
                     404,
                     f"replica does not hold adapter {call.ctx.adapter!r}: {body[:200].decode('utf-8', 'replace')}",
                 )
-            if status in RETRY_STATUSES:
+            # A canary's engine errors (500 too) go to the stable version instead of the client.
+            if status in RETRY_STATUSES or (status >= 500 and state.canary):
                 body = await ex.read_all(self.idle_timeout_s)
                 b.breaker.on_failure(time.monotonic())
                 return status, f"replica answered {status}: {body[:200].decode('utf-8', 'replace')}"
@@ -140,9 +141,9 @@ class Forwarder:
             ok = True
             if status == 200:
                 b.observe_ttft(first - sent_at, state.ewma_alpha)
-                self.metrics.first_byte(state.name, first - sent_at)
+                self.metrics.first_byte(state.name, first - sent_at, state.versioned)
                 p, c = usage_of(body)
-                self.account(state.name, principal, p, c)
+                self.account(state, principal, p, c)
             return None
         except UpstreamError as err:
             if ex is not None:
@@ -162,13 +163,16 @@ class Forwarder:
                 b.breaker.on_abandon()
             if state.queue.waiters:
                 state.queue.wake_one()
-            self.metrics.request(state.name, b.url, status or 502, time.monotonic() - call.started)
+            self.metrics.request(
+                state.name, b.url, status or 502, time.monotonic() - call.started, state.versioned
+            )
             if self.access_log:
                 access.info(
                     "request",
                     extra={
                         "request_id": rid.decode(),
                         "model": state.name,
+                        "version": state.version,
                         "backend": b.url,
                         "status": status,
                         "duration_ms": round((time.monotonic() - call.started) * 1000, 2),
@@ -215,7 +219,7 @@ class Forwarder:
             return 502, "replica ended the stream before sending anything"
         now = time.monotonic()
         b.observe_ttft(now - sent_at, state.ewma_alpha)
-        self.metrics.first_byte(state.name, now - sent_at)
+        self.metrics.first_byte(state.name, now - sent_at, state.versioned)
         headers = [
             (b"content-type", b"text/event-stream"),
             (b"cache-control", b"no-cache"),
@@ -244,10 +248,10 @@ class Forwarder:
         conn.end()
         if b'"usage"' in last:
             p, c = usage_of(last)
-            self.account(state.name, call.principal, p, c)
+            self.account(state, call.principal, p, c)
         return None
 
-    def account(self, model: str, principal: Principal | None, prompt: int, completion: int) -> None:
+    def account(self, state: ModelState, principal: Principal | None, prompt: int, completion: int) -> None:
         if prompt or completion:
-            self.metrics.usage(model, prompt, completion)
+            self.metrics.usage(state.name, prompt, completion, state.versioned)
             self.charge(principal, prompt + completion)

@@ -3,7 +3,7 @@ containers run. One JSON line on stdout when done; one line on stderr and exit 1
 wrong (missing, corrupt, other content), exit 2 when the command line is.
 
     prepare --to s3://B/models/M/REV/ --hub ORG/NAME --revision <40 hex> [--token-file F] [--staging DIR]
-    prepare --to s3://B/models/M/REV/ --from DIR
+    prepare --to s3://B/models/M/REV/ --from DIR [--source LABEL]
     fetch   --store s3://B/models/M/REV/ --cache-root /models/cache
     verify  --store s3://B/models/M/REV/
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from runtime.weights import node_cache
 from runtime.weights.manifest import WeightsError
-from runtime.weights.prepare import COMMIT, prepare, prepare_from_hub
+from runtime.weights.prepare import COMMIT, prepare, prepare_from_hub, prepare_labelled
 from runtime.weights.store import Location, Store, client
 
 EXIT_BAD_WEIGHTS = 1
@@ -34,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     origin.add_argument("--from", dest="from_dir", type=Path, help="a model directory on disk")
     origin.add_argument("--hub", help="a Hugging Face repository id (with --revision)")
     prep.add_argument("--revision", help="the hub commit (40 hex digits)")
+    prep.add_argument(
+        "--source",
+        dest="label",
+        help="with --from: where the directory came from, for the manifest (default dir:<name>); a store that "
+        "already holds weights from this source is left as it is",
+    )
     prep.add_argument("--token-file", help="a file holding the hub token (gated models)")
     prep.add_argument("--staging", type=Path, help="where hub downloads go (resumed from there)")
     prep.add_argument("--expected-owner", help=owner)
@@ -72,6 +78,8 @@ def run(argv: list[str] | None = None) -> int:
         if args.command == "prepare":
             if args.hub:
                 done = prepare_from_hub(args.hub, args.revision, store, args.staging, args.token_file)
+            elif args.label:
+                done = prepare_labelled(args.from_dir, store, args.label)
             else:
                 done = prepare(args.from_dir, store, f"dir:{args.from_dir.name}")
             report = {

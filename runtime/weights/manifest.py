@@ -22,6 +22,8 @@ INDEX_NAME = "model.safetensors.index.json"
 #: Weight formats that are not safetensors: never copied into the store (engines load safetensors).
 SKIPPED_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx", ".pkl")
 CHUNK = 8 << 20
+TRTLLM_ENGINE_SUFFIX = ".engine"
+"""A TensorRT-LLM engine (trtllm-build's rank<N>.engine files): what a version's trtllm-build preparation stores."""
 
 
 class WeightsError(Exception):
@@ -137,10 +139,14 @@ def scan(root: Path, source: str = "") -> Manifest:
 
 
 def check_complete(manifest: Manifest, where: str) -> None:
-    """A model (or a LoRA adapter) has safetensors weights, and every shard its index names is among its files."""
+    """A model (or a LoRA adapter) has safetensors weights (or, built by a preparation Job, TensorRT-LLM engine
+    files), and every shard its index names is among its files."""
     names = {f.path for f in manifest.files}
-    if not any(n.endswith(".safetensors") for n in names):
-        raise WeightsError(f"{where}: no .safetensors weights (engines load safetensors only)")
+    if not any(n.endswith((".safetensors", TRTLLM_ENGINE_SUFFIX)) for n in names):
+        raise WeightsError(
+            f"{where}: no .safetensors weights (engines load safetensors only; a TensorRT-LLM engine build "
+            f"leaves rank<N>{TRTLLM_ENGINE_SUFFIX} files)"
+        )
     if "config.json" not in names and "adapter_config.json" not in names:
         raise WeightsError(
             f"{where}: no config.json (nor a LoRA adapter's adapter_config.json): not a model directory"

@@ -208,8 +208,8 @@ def test_gpu_node_groups_follow_the_placement_of_models_and_their_weights(name: 
         pool_spec = spec.pool(pool.name)
         assert pool_spec is not None
         members = [m for m in spec.models if layout.placements[m.name].pool == pool.name]
-        gpus_max = sum(m.scaling.max_replicas * m.engine.gpus for m in members)
-        gpus_min = sum(m.scaling.min_replicas * m.engine.gpus for m in members)
+        gpus_max = sum(m.scaling.max_replicas * m.engine.gpus * m.serving_units for m in members)
+        gpus_min = sum(m.scaling.min_replicas * m.engine.gpus * m.serving_units for m in members)
         expected_max = pool_spec.max_nodes or max(math.ceil(gpus_max / pool.instance.gpus), 1)
         assert group["scalingConfig"]["maxSize"] == expected_max
         assert group["scalingConfig"]["minSize"] == max(
@@ -257,14 +257,15 @@ def test_engine_pods_land_only_on_their_pool_and_nothing_else_lands_on_gpu_nodes
     groups = {n: _labels_and_taints(i) for n, i in _node_groups(synthesis).items()}
     system = decisions.node_group_name(stack.spec, decisions.SYSTEM_POOL)
     workloads = engine_workloads(synthesis)
-    assert len(workloads) == len(stack.spec.models)
+    served, layout = stack.served
+    assert len(workloads) == len(served.models)
     for model, workload in workloads.items():
         for template in pod_templates(workload).values():
             pod = template["spec"]
             fits = sorted(
                 n for n, (labels, taints) in groups.items() if nodes.schedulable(pod, labels, taints)
             )
-            pool = stack.layout.placements[model].pool
+            pool = layout.placements[model].pool
             if pool is None:
                 assert system in fits
             else:

@@ -44,7 +44,7 @@ def _has(name: str, kind: str, object_name: str) -> bool:
 
 @pytest.mark.parametrize("name", PULUMI_STACKS)
 def test_the_config_map_round_trips_through_the_runtime_contract(name: str) -> None:
-    spec = load(name).spec
+    spec, _ = load(name).served
     cm = _get(name, "ConfigMap", common.runtime_config_name(spec))
     parsed = RuntimeConfig.model_validate(yaml.safe_load(cm["data"][common.RUNTIME_CONFIG_FILE]))
     assert parsed == runtime_config(spec, files=cloud_for(spec).batch_files(spec))

@@ -27,7 +27,7 @@ def _kind(name: str, kind: str) -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize("name", PULUMI_STACKS)
 def test_every_engine_and_runtime_service_is_scraped(name: str) -> None:
-    spec = load(name).spec
+    spec, _ = load(name).served
     monitors = _kind(name, "ServiceMonitor")
     services = _kind(name, "Service")
     for model in spec.models:
@@ -47,7 +47,7 @@ def test_every_engine_and_runtime_service_is_scraped(name: str) -> None:
 
 @pytest.mark.parametrize("name", PULUMI_STACKS)
 def test_alerts_cover_every_failure_the_issue_names_with_spec_thresholds(name: str) -> None:
-    spec = load(name).spec
+    spec, _ = load(name).served
     [rule] = _kind(name, "PrometheusRule").values()
     alerts = [r for g in rule["spec"]["groups"] for r in g["rules"]]
     for alert in alerts:
@@ -80,7 +80,7 @@ def test_alerts_cover_every_failure_the_issue_names_with_spec_thresholds(name: s
 
 @pytest.mark.parametrize("name", PULUMI_STACKS)
 def test_dashboards_are_grafana_json_in_sidecar_config_maps(name: str) -> None:
-    spec = load(name).spec
+    spec, _ = load(name).served
     maps = [
         m
         for m in _manifests(name)

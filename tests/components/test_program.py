@@ -47,10 +47,11 @@ def test_each_model_gets_an_engine_deployment_and_service_with_deterministic_nam
     synthesis = _synth(stack)
     manifests = synthesis.kubernetes_manifests()
     workloads = engine_workloads(synthesis)
-    assert set(workloads) == {m.name for m in stack.spec.models}
+    served, layout = stack.served
+    assert set(workloads) == {m.name for m in served.models}
     services = {m["metadata"]["name"] for m in manifests if m["kind"] == "Service"}
-    for model in stack.spec.models:
-        kind = "LeaderWorkerSet" if stack.layout.placements[model.name].multi_node else "Deployment"
+    for model in served.models:
+        kind = "LeaderWorkerSet" if layout.placements[model.name].multi_node else "Deployment"
         assert workloads[model.name]["kind"] == kind
         assert workloads[model.name]["metadata"]["name"] == common.engine_name(model.name)
         assert common.engine_name(model.name) in services
@@ -64,8 +65,9 @@ def test_each_model_gets_an_engine_deployment_and_service_with_deterministic_nam
 def test_engine_pods_get_gpus_probes_placement_shm_and_labels_from_the_spec(name: str) -> None:
     stack = load(name)
     workloads = engine_workloads(_synth(stack))
-    for model in stack.spec.models:
-        placement = stack.layout.placements[model.name]
+    served, layout = stack.served
+    for model in served.models:
+        placement = layout.placements[model.name]
         for role, template in pod_templates(workloads[model.name]).items():
             _check_engine_pod(stack, model, placement, role, template, workloads[model.name])
 

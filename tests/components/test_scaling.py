@@ -48,7 +48,7 @@ def test_an_explicit_queue_target_wins_and_a_tiny_engine_still_scales_on_one_wai
 
 @pytest.mark.parametrize("name", PULUMI_STACKS)
 def test_every_scaling_model_gets_a_scaled_object_that_follows_its_spec(name: str) -> None:
-    spec = load(name).spec
+    spec, _ = load(name).served
     scaled = _by_kind(name, "ScaledObject")
     deployments = {**_by_kind(name, "Deployment"), **_by_kind(name, "LeaderWorkerSet")}
     for model in spec.models:
@@ -152,7 +152,7 @@ def test_fixed_size_models_have_no_scaler() -> None:
 @pytest.mark.parametrize("name", PULUMI_STACKS)
 def test_every_engine_has_a_disruption_budget(name: str) -> None:
     budgets = _by_kind(name, "PodDisruptionBudget")
-    for model in load(name).spec.models:
+    for model in load(name).served[0].models:
         budget = budgets[f"{model.name}-engine"]["spec"]
         assert budget["maxUnavailable"] == 1
         assert budget["selector"]["matchLabels"]["app.kubernetes.io/name"] == f"{model.name}-engine"

@@ -52,8 +52,9 @@ def test_each_engine_deployment_waits_its_budget_and_its_probe_and_deadline_allo
         for r in synthesis.resources
         if r.type.endswith((":Deployment", ":LeaderWorkerSet"))
     }
-    for model in stack.spec.models:
-        planned = rollout.plan(stack.spec, stack.layout, model)
+    served, layout = stack.served
+    for model in served.models:
+        planned = rollout.plan(served, layout, model)
         budget = planned.startup.budget_s
         manifest = workloads[model.name]
         resource = resources[manifest["metadata"]["name"]]

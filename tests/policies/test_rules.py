@@ -21,6 +21,7 @@ ENGINE_70B = k8s("Deployment", "llama-3-70b-engine")
 ENGINE_8B = k8s("Deployment", "llama-3-8b-engine")
 BGE = k8s("Deployment", "bge-large-engine")
 ROUTER = k8s("Deployment", "inferstack-router")
+CANARY_8B = k8s("Deployment", "llama-3-8b-w4a16-engine")
 H100 = aws("nodeGroup:NodeGroup", "inferstack-prod-h100")
 
 
@@ -559,6 +560,53 @@ CASES = [
         "kind",
         m(ROUTER, lambda p: container(p, "router").__setitem__("image", "ghcr.io/inferstack/router:0.1.0")),
         ("'ghcr.io/inferstack/router:0.1.0', which nothing in this stack builds", "gateway.image_registry"),
+    ),
+    Case(
+        # the tool step's image is the version's own (in the Job's provenance); the store steps still run the build
+        "preparation-upload-on-an-unbuilt-image",
+        "runtime-images-built",
+        "staging",
+        m(
+            lambda r: r.kind == "Job" and r.k8s_name.startswith("prepare-"),
+            lambda p: container(p, "upload").__setitem__("image", "ghcr.io/inferstack/weights:0.1.0"),
+        ),
+        ("container upload runs 'ghcr.io/inferstack/weights:0.1.0', which nothing in this stack builds",),
+    ),
+    # lifecycle (staging serves llama-3-8b in two versions; the rules are scoped to it here)
+    Case(
+        "canary-jumps-to-50",
+        "new-versions-start-as-bounded-canaries",
+        "staging",
+        m(
+            CANARY_8B,
+            lambda p: p["metadata"]["annotations"].update(
+                {"inferstack.io/canary-steps": "50,100", "inferstack.io/version-weight": "50"}
+            ),
+        ),
+        ("canary step 0% -> 50% moves 50 points", "at most 25 per step"),
+        {"environments": ["staging"]},
+    ),
+    Case(
+        "prepared-checkpoint-without-its-job",
+        "prepared-checkpoints-have-provenance",
+        "staging",
+        d(lambda r: r.kind == "Job" and r.k8s_name.startswith("prepare-")),
+        (
+            "llama-3-8b-w4a16-engine: loads s3://inferstack-staging-us-east-1-models/models/prepared/",
+            "the stack has no such Job",
+        ),
+        {"environments": ["staging"]},
+    ),
+    Case(
+        "preparation-job-without-provenance",
+        "prepared-checkpoints-have-provenance",
+        "staging",
+        m(
+            lambda r: r.kind == "Job" and r.k8s_name.startswith("prepare-"),
+            lambda p: p["metadata"]["annotations"].pop("inferstack.io/provenance"),
+        ),
+        ("no provenance",),
+        {"environments": ["staging"]},
     ),
     # adapters
     Case(

@@ -7,6 +7,7 @@ from policies.inference.rules import (
     fit,
     groups,
     hygiene,
+    lifecycle,
     money,
     placement,
     reliability,
@@ -24,6 +25,7 @@ RULES: tuple[Rule, ...] = (
     *money.RULES,
     *hygiene.RULES,
     *groups.RULES,
+    *lifecycle.RULES,
     *adapters.RULES,
 )
 BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}

@@ -5,11 +5,12 @@ that something builds."""
 from __future__ import annotations
 
 import fnmatch
+import json
 import math
 from collections.abc import Iterator, Sequence
 
 from components import sizing
-from components.render import batches, common
+from components.render import batches, common, preparation
 from components.render.weights import COMPONENT as WEIGHTS_COMPONENT
 from policies.inference.rules.base import (
     Category,
@@ -371,6 +372,19 @@ def _built_repositories(resources: Sequence[Res]) -> set[str]:
     }
 
 
+def _tool_image(res: Res) -> str | None:
+    """A preparation Job's tool image (llm-compressor, TensorRT-LLM): the version's pinned choice, as an engine's
+    image is, recorded in the Job's provenance; not a runtime image the stack builds."""
+    notes = res.metadata.get("annotations")
+    raw = notes.get(preparation.ANNOTATION_PROVENANCE) if isinstance(notes, dict) else None
+    try:
+        record = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+    image = record.get("image") if isinstance(record, dict) else None
+    return image if isinstance(image, str) else None
+
+
 def _runtime_images(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
     built = _built_repositories(resources)
     components = set(config["runtime_components"])
@@ -381,10 +395,13 @@ def _runtime_images(resources: Sequence[Res], config: Config) -> Iterator[Findin
             continue
         if labels.get(COMPONENT_LABEL) not in components:
             continue
+        tool = _tool_image(res)
         for c in containers(pod):
             image = c.image
             if image is None:
                 continue  # computed in a real preview: the reference of the stack's own push
+            if image == tool:
+                continue
             repository, by_digest = image.split("@", 1)[0], "@" in image
             if (by_digest and repository in built) or any(fnmatch.fnmatchcase(image, p) for p in prebuilt):
                 continue
@@ -403,7 +420,8 @@ RUNTIME_IMAGES_BUILT = Rule(
     severity=Severity.HIGH,
     description="The router, health monitor, batcher, batch service, endpoint picker and model store Jobs run "
     "images the stack builds and pushes (by digest), or images listed as published (prebuilt_images): never a "
-    "reference nothing builds.",
+    "reference nothing builds. A preparation Job's tool step (llm-compressor, TensorRT-LLM) runs the version's "
+    "pinned tool image, recorded in the Job's provenance, as an engine runs its own.",
     remediation="Set gateway.image_registry on target kubernetes (eks builds into its ECR), or allow the "
     "published image in prebuilt_images.",
     stack_check=_runtime_images,

@@ -81,7 +81,9 @@ class Double:
     """A scriptable engine. ``mode`` decides how generation requests are answered."""
 
     name: str
-    mode: str = "ok"  # ok | 503 | hang | reset_mid_stream | reset_before | trickle | wrong_ctype | garbage
+    mode: str = (
+        "ok"  # ok | 503 | 500 | hang | reset_mid_stream | reset_before | trickle | wrong_ctype | garbage
+    )
     chunks: int = 3
     trickle_s: float = 0.05
     delay_s: float = 0.0
@@ -112,6 +114,8 @@ class Double:
         mode = self.mode
         if mode == "503":
             return web.json_response({"error": {"message": "overloaded"}}, status=503)
+        if mode == "500":
+            return web.json_response({"error": {"message": "internal error"}}, status=500)
         if mode == "hang":
             try:
                 await asyncio.sleep(3600)

@@ -221,3 +221,39 @@ def test_a_lora_adapter_goes_through_the_store_to_where_the_router_names_it(
     (adapter / "adapter_config.json").unlink()  # neither a model nor an adapter: refused
     other = weights(loopback_s3, "prepare", "--from", str(adapter), "--to", f"s3://{bucket}/models/x/")
     assert other.code == 1 and "adapter_config.json" in other.stderr
+
+
+def test_a_prepared_checkpoint_is_stored_once_per_source_label(
+    loopback_s3: LoopbackS3, tmp_path: Path
+) -> None:
+    """A preparation Job's upload: a re-run whose tool made other bytes from the same inputs keeps what the store
+    holds (the label names the inputs); another label at that prefix is other content, refused."""
+    uri = f"s3://{new_bucket(loopback_s3)}/models/prepared/m/v2/abc/"
+    label = "prepared:prepare-m-v2-abc@" + "a" * 64
+    first = weights(
+        loopback_s3, "prepare", "--from", str(make_model(tmp_path / "a")), "--to", uri, "--source", label
+    )
+    assert first.code == 0 and not first.report["already_there"], first.stderr
+    rerun = make_model(tmp_path / "b", seed=5)  # not byte-identical: a non-deterministic tool
+    again = weights(loopback_s3, "prepare", "--from", str(rerun), "--to", uri, "--source", label)
+    assert again.code == 0 and again.report["already_there"], again.stderr
+    assert again.report["content_id"] == first.report["content_id"]
+    other = weights(loopback_s3, "prepare", "--from", str(rerun), "--to", uri, "--source", "prepared:other@b")
+    assert other.code == 1 and "already holds other weights" in other.stderr
+
+
+def test_a_tensorrt_llm_engine_goes_through_the_store(loopback_s3: LoopbackS3, tmp_path: Path) -> None:
+    """trtllm-build leaves rank<N>.engine files and a config, no safetensors: a complete model for the store."""
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "config.json").write_text(json.dumps({"build_config": {"max_seq_len": 2048}}))
+    (engine / "rank0.engine").write_bytes(b"\x00serialized engine" * 64)
+    uri = f"s3://{new_bucket(loopback_s3)}/models/prepared/m/trt/abc/"
+    stored = weights(loopback_s3, "prepare", "--from", str(engine), "--to", uri)
+    assert stored.code == 0, stored.stderr
+    assert weights(loopback_s3, "verify", "--store", uri).code == 0
+    filled = weights(loopback_s3, "fetch", "--store", uri, "--cache-root", str(tmp_path / "cache"))
+    assert filled.code == 0 and (Path(filled.report["path"]) / "rank0.engine").is_file()
+    (engine / "rank0.engine").unlink()
+    empty = weights(loopback_s3, "prepare", "--from", str(engine), "--to", uri + "x/")
+    assert empty.code == 1 and "no .safetensors weights" in empty.stderr

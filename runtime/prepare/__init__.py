@@ -1,0 +1,1 @@
+"""Model preparation jobs: what a version's preparation step runs in its Kubernetes Job."""

@@ -1,0 +1,187 @@
+"""Versions of a model as pure decisions: which version takes a request, and whether a canary holds,
+advances or rolls back.
+
+No I/O, no clock, no randomness of its own: the router and the health monitor call these with what they
+know, and tests call them with numbers.
+
+- :class:`Split` picks a version by weight. A request with a session key always lands on the same version
+  while the weights stay (the key hashes to a point in [0, 100), and each version owns a range, stable
+  first, so moving weight to the canary moves only the sessions in between). Requests without a key are
+  spread by smooth weighted round robin, which hits the weights exactly rather than on average.
+- :func:`judge` compares a canary's window with the stable version's and with the SLO.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+@dataclass
+class Split:
+    """The versions of one model and their current weights (percent); ``stable`` is index 0."""
+
+    model: str
+    versions: tuple[str, ...]  # version names, stable first
+    weights: tuple[float, ...]
+    configured: tuple[float, ...] = ()  # the weights the config gave (an override may replace ``weights``)
+    override_reason: str = ""  # why the weights differ from the config (a rollback), or ""
+    _current: list[float] = field(default_factory=list)  # smooth weighted round robin state
+
+    def __post_init__(self) -> None:
+        if not self.configured:
+            self.configured = self.weights
+        self._current = [0.0] * len(self.versions)
+
+    @property
+    def stable(self) -> str:
+        return self.versions[0]
+
+    def set_weights(self, weights: Sequence[float], reason: str = "") -> bool:
+        """Install weights (e.g. a rollback from the health monitor); True if they changed."""
+        new = tuple(float(w) for w in weights)
+        if new == self.weights or len(new) != len(self.versions) or sum(new) <= 0:
+            return False
+        self.weights = new
+        self.override_reason = reason if new != self.configured else ""
+        self._current = [0.0] * len(self.versions)
+        return True
+
+    def choose(self, session: str | None, usable: Callable[[str], bool] = lambda _: True) -> str | None:
+        """The version for one request, among those ``usable`` says can serve now; None if none can."""
+        live = [w if usable(v) else 0.0 for v, w in zip(self.versions, self.weights, strict=True)]
+        if sum(live) <= 0:
+            fallback = [v for v in self.versions if usable(v)]
+            return fallback[0] if fallback else None
+        if session is not None:
+            return self.versions[_range_of(_point(session), live)]
+        return self.versions[self._round_robin(live)]
+
+    def _round_robin(self, live: list[float]) -> int:
+        total = sum(live)
+        cur = self._current
+        best = -1
+        for i, w in enumerate(live):
+            cur[i] += w
+            if w > 0 and (best < 0 or cur[i] > cur[best]):
+                best = i
+        cur[best] -= total
+        return best
+
+
+def _point(key: str) -> float:
+    """A session key's stable place in [0, 100)."""
+    h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+    return (h / 2**64) * 100.0
+
+
+def _range_of(point: float, weights: list[float]) -> int:
+    scaled = point * sum(weights) / 100.0
+    edge = 0.0
+    last = 0
+    for i, w in enumerate(weights):
+        if w <= 0:
+            continue
+        last = i
+        edge += w
+        if scaled < edge:
+            return i
+    return last
+
+
+# --- the canary's verdict ------------------------------------------------------------------------
+
+
+class Verdict(StrEnum):
+    HOLD = "hold"  # not enough evidence yet, or all good but the next step is a spec change
+    ADVANCE = "advance"  # healthy through the interval: the next step may be taken
+    ROLLBACK = "rollback"  # a breach: weight back to stable now
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one version did during one evaluation interval (``None``: no sample)."""
+
+    probes: int = 0
+    failures: int = 0
+    ttft_p95_s: float | None = None
+    inter_token_p95_s: float | None = None
+    routable_replicas: int = 0
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.failures / self.probes if self.probes else None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """When a canary is rolled back (the runtime form of the spec's rollout.canary.rollback)."""
+
+    max_error_rate: float = 0.05
+    max_ttft_ratio: float = 1.5
+    max_inter_token_ratio: float = 1.5
+    ttft_slo_s: float | None = None
+    inter_token_slo_s: float | None = None
+    min_samples: int = 3
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    metric: str  # which signal decided ("error_rate", "ttft_p95", ...; "" when nothing did)
+    reason: str  # one sentence for the log line and the Kubernetes Event
+
+
+def judge(canary: Window, stable: Window, rule: Rule) -> Decision:
+    """Compare a canary's interval with the stable version's and the SLO: rollback on any breach, hold
+    while evidence is thin, advance when every check passed on enough samples."""
+    if canary.probes and canary.routable_replicas == 0 and canary.failures:
+        return Decision(
+            Verdict.ROLLBACK, "routable_replicas", "no replica of the canary is routable (all ejected)"
+        )
+    rate = canary.error_rate
+    if rate is not None and canary.probes >= rule.min_samples and rate > rule.max_error_rate:
+        return Decision(
+            Verdict.ROLLBACK,
+            "error_rate",
+            f"canary error rate {rate:.1%} ({canary.failures}/{canary.probes} probes failed) is above "
+            f"{rule.max_error_rate:.1%}",
+        )
+    checks = (
+        ("ttft_p95", canary.ttft_p95_s, stable.ttft_p95_s, rule.max_ttft_ratio, rule.ttft_slo_s),
+        (
+            "inter_token_p95",
+            canary.inter_token_p95_s,
+            stable.inter_token_p95_s,
+            rule.max_inter_token_ratio,
+            rule.inter_token_slo_s,
+        ),
+    )
+    for metric, mine, theirs, ratio, slo in checks:
+        if mine is None:
+            continue
+        if slo is not None and mine > slo:
+            return Decision(
+                Verdict.ROLLBACK,
+                metric,
+                f"canary {metric} {mine * 1000:.0f} ms breaks the SLO of {slo * 1000:.0f} ms",
+            )
+        if theirs is not None and theirs > 0 and mine > theirs * ratio:
+            return Decision(
+                Verdict.ROLLBACK,
+                metric,
+                f"canary {metric} {mine * 1000:.0f} ms is {mine / theirs:.2f}x the stable version's "
+                f"{theirs * 1000:.0f} ms (limit {ratio:g}x)",
+            )
+    if canary.probes < rule.min_samples:
+        return Decision(
+            Verdict.HOLD, "", f"{canary.probes} of {rule.min_samples} probes needed to judge the canary"
+        )
+    return Decision(Verdict.ADVANCE, "", "canary within its error and latency limits")
+
+
+def rolled_back(weights: Sequence[float]) -> tuple[float, ...]:
+    """All weight on the stable version (index 0)."""
+    return (float(sum(weights)), *(0.0 for _ in weights[1:]))

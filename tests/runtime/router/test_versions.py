@@ -1,0 +1,102 @@
+"""A model served in versions, through the router with engine doubles: split by weight, sticky sessions,
+listed once, per-version metrics, a failed canary request retried on the stable version, a rollback
+from the health monitor's feed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from runtime.router.fleet import apply_version_feed
+
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello"}]}
+
+
+def _versions(stable: str, canary: str, weights: tuple[int, int] = (90, 10)) -> list[dict]:
+    return [
+        {
+            "name": f"chat-{v}",
+            "static_backends": [{"url": url}],
+            "version_of": {"model": "chat", "version": v, "weight": w, "stable": v == "v1"},
+        }
+        for v, url, w in (("v1", stable, weights[0]), ("v2", canary, weights[1]))
+    ]
+
+
+def test_requests_split_by_weight_and_the_model_is_listed_once(doubles, make_router) -> None:
+    stable, canary = doubles(2)
+    r = make_router([], models=_versions(stable.url, canary.url))
+    for _ in range(200):
+        assert r.request("POST", "/v1/chat/completions", CHAT)[0] == 200
+    assert (len(stable.requests), len(canary.requests)) == (180, 20)
+    assert canary.requests[0]["body"]["model"] == "chat"  # the engine serves the model's name
+    models = json.loads(r.request("GET", "/v1/models")[2])["data"]
+    assert [m["id"] for m in models] == ["chat"]
+    text = r.request("GET", "/metrics")[2].decode()
+    assert 'inferstack_router_version_requests_total{model="chat",status="200",version="v2"} 20.0' in text
+    assert 'inferstack_router_version_requests_total{model="chat",status="200",version="v1"} 180.0' in text
+    assert 'inferstack_router_version_weight{model="chat",version="v2"} 10.0' in text
+    assert 'inferstack_router_version_ttft_seconds_count{model="chat",version="v2"} 20.0' in text
+    assert (
+        'inferstack_router_requests_total{backend="' + canary.url + '",model="chat-v2",status="200"} 20.0'
+        in text
+    )
+
+
+def test_a_session_stays_on_one_version(doubles, make_router) -> None:
+    stable, canary = doubles(2)
+    r = make_router([], models=_versions(stable.url, canary.url, (50, 50)))
+    for i in range(20):
+        for _ in range(3):
+            r.request("POST", "/v1/chat/completions", CHAT, headers={"x-session-id": f"s{i}"})
+    sessions = {d.name: {req["headers"]["x-session-id"] for req in d.requests} for d in (stable, canary)}
+    assert sessions["d0"] and sessions["d1"] and not sessions["d0"] & sessions["d1"]
+
+
+def test_a_failing_canary_loses_no_request_its_retries_go_to_stable(doubles, make_router) -> None:
+    stable, canary = doubles(2)
+    canary.mode = "503"
+    r = make_router([], models=_versions(stable.url, canary.url, (50, 50)), breaker_failures=1000)
+    statuses = [r.request("POST", "/v1/chat/completions", CHAT)[0] for _ in range(40)]
+    assert statuses == [200] * 40
+    assert len(canary.requests) == 20 and len(stable.requests) == 40
+    text = r.request("GET", "/metrics")[2].decode()
+    assert 'inferstack_router_version_requests_total{model="chat",status="503",version="v2"} 20.0' in text
+
+
+def test_a_rollback_in_the_health_feed_sends_everything_to_stable(doubles, make_router) -> None:
+    stable, canary = doubles(2)
+    r = make_router([], models=_versions(stable.url, canary.url))
+    feed = {
+        "generated_at": time.time(),
+        "versions": [{"model": "chat", "weights": {"v1": 100, "v2": 0}, "reason": "x"}],
+    }
+    r.call(lambda: apply_version_feed(r.router.fleet.splits, feed))
+    for _ in range(50):
+        r.request("POST", "/v1/chat/completions", CHAT)
+    assert len(canary.requests) == 0 and len(stable.requests) == 50
+    assert (
+        'inferstack_router_version_weight{model="chat",version="v2"} 0.0'
+        in r.request("GET", "/metrics")[2].decode()
+    )
+
+
+def test_a_version_is_not_reachable_by_its_target_name(doubles, make_router) -> None:
+    stable, canary = doubles(2)
+    r = make_router([], models=_versions(stable.url, canary.url))
+    status, _, body = r.request("POST", "/v1/chat/completions", {**CHAT, "model": "chat-v2"})
+    assert status == 404 and b"served: chat" in body
+
+
+def test_a_canary_answering_500_is_retried_on_stable_but_a_stable_500_reaches_the_client(
+    doubles, make_router
+) -> None:
+    stable, canary = doubles(2)
+    canary.mode = "500"
+    r = make_router([], models=_versions(stable.url, canary.url, (50, 50)), breaker_failures=1000)
+    assert [r.request("POST", "/v1/chat/completions", CHAT)[0] for _ in range(10)] == [200] * 10
+    assert len(canary.requests) == 5 and len(stable.requests) == 10
+    stable.mode = "500"
+    canary.mode = "ok"
+    statuses = [r.request("POST", "/v1/chat/completions", CHAT)[0] for _ in range(10)]
+    assert statuses.count(500) == 5  # the stable version's own errors are the engine's answer, as before
