@@ -434,3 +434,10 @@ ENGINE_INIT_S: dict[str, int] = {
 }
 STARTUP_MARGIN = 0.25
 """Budget = estimate x (1 + margin), rounded up to whole minutes."""
+
+SLEEP_WAKE_MIBPS = 10_240.0
+"""Waking a vLLM engine from sleep level 1 copies its weights back from pinned host memory to the GPU (the KV
+cache is re-allocated empty; nothing is read from disk and no graph is recompiled). Assumed: 10 GiB/s, well under
+PCIe Gen4 x16's 32 GB/s peak; an estimate, labelled as one wherever it is shown."""
+SLEEP_WAKE_FIXED_S = 1
+"""Waking's fixed part: re-mapping the memory pool and resuming the scheduler (an estimate)."""

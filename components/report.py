@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from components import capacity, catalog, cost, endpoint, images, rollout, sizing, targets
+from components import capacity, catalog, cost, endpoint, images, packing, rollout, sizing, startup, targets
+from components.placement import Layout
 from components.plan import Synthesis
 from components.render import ingress, scaling
 from components.spec import PlatformSpec, Target
@@ -73,6 +74,8 @@ class PlanReport:
     deploy: list[tuple[str, ...]]
     deploy_notes: list[str]
     warnings: list[str]
+    sharing: list[str]
+    idle: list[tuple[str, ...]]
 
     def markdown(self, stack: Stack, synthesis: Synthesis) -> str:
         lines = [
@@ -97,6 +100,14 @@ class PlanReport:
                 f"{f'{c.tokens_per_second_per_replica:,.0f}' if c.tokens_per_second_per_replica else '-'} |"
                 for c in self.bill.models
             ),
+            "",
+            *self.sharing,
+            "## Idle states",
+            "",
+            "What each model's replicas do when nobody asks, and what the next request waits for (estimates: "
+            "components/startup.py).",
+            "",
+            *markdown_table(IDLE_COLUMNS, self.idle),
             "",
             "## Monthly cost of the stack",
             "",
@@ -162,7 +173,7 @@ def plan_report(stack: Stack) -> PlanReport:
                 instance,
                 f"{e.tensor_parallel_size} x {e.pipeline_parallel_size}",
                 f"{model.scaling.min_replicas}-{model.scaling.max_replicas}",
-                str(model.scaling.max_replicas * placement.gpus_per_replica),
+                f"{model.scaling.max_replicas * placement.gpu_fraction:g}",
                 headroom,
                 cost.monthly(c.min_usd_month),
                 cost.monthly(c.max_usd_month),
@@ -187,7 +198,89 @@ def plan_report(stack: Stack) -> PlanReport:
         deploy=deploy_rows(spec, plans),
         deploy_notes=deploy_notes,
         warnings=rollout.warnings(spec, layout),
+        sharing=sharing_lines(spec, layout, by_model),
+        idle=idle_rows(spec, layout),
     )
+
+
+IDLE_COLUMNS = ("model", "idles as", "after idle", "wake (est.)", "cold start (est.)")
+
+
+def idle_rows(spec: PlatformSpec, layout: Layout) -> list[tuple[str, ...]]:
+    rows = []
+    for model in spec.models:
+        s = startup.idle_state(model, layout.placements[model.name])
+        rows.append(
+            (
+                model.name,
+                {"hot": "hot (no idle state)", "sleep": "sleep (vLLM level 1)", "zero": "zero replicas"}[
+                    s.state
+                ],
+                f"{s.after_s:,} s" if s.after_s is not None else "-",
+                f"{s.wake_s} s" if s.wake_s is not None else "-",
+                f"{s.cold_start_s:,} s",
+            )
+        )
+    return rows
+
+
+SHARING_COLUMNS = (
+    "model",
+    "pool",
+    "share",
+    "memory per engine",
+    "KV budget per engine",
+    "$/replica shared",
+    "$/replica whole GPU",
+    "saved at max",
+)
+
+
+def sharing_lines(spec: PlatformSpec, layout: Layout, costs: dict[str, cost.ModelCost]) -> list[str]:
+    """The GPU sharing section: each shared pool's packing, each shared engine's memory and cost against a whole
+    GPU. Empty when no pool shares its GPUs."""
+    shared_pools = [p for p in layout.pools.values() if p.packing is not None]
+    if not shared_pools:
+        return []
+    rows: list[tuple[str, ...]] = []
+    lines = ["## GPU sharing", ""]
+    for pool in shared_pools:
+        pack = pool.packing
+        assert pack is not None
+        how = (
+            f"time-slicing, {pack.slots_per_gpu} engines per GPU (device plugin replicas), memory fractions sum "
+            f"to at most 1 so gpu_memory_utilization sums to at most {packing.SHARED_GPU_SAFE_TOTAL:g}"
+            if pack.mechanism is packing.Mechanism.TIME_SLICING
+            else "MIG (isolated instances; the GPUs are partitioned as below)"
+        )
+        lines += [
+            f"Pool `{pool.name}` ({pool.instance.name}, {pool.instance.gpus} x {pool.instance.gpu}): {how}; "
+            f"at max replicas {len(pack.gpus)} GPU(s) on {pack.nodes} node(s):",
+            "",
+            *(f"- {line}" for line in pack.lines(pool.instance.gpu_spec.memory_gib)),
+            "",
+        ]
+        for name in pool.models:
+            placement = layout.placements[name]
+            fit, share, c = placement.fit, placement.share, costs[name]
+            if fit is None or share is None:
+                continue
+            model = next(m for m in spec.models if m.name == name)
+            rows.append(
+                (
+                    name,
+                    pool.name,
+                    share.describe(),
+                    f"{fit.budget_gib:.1f} GiB (gpu_memory_utilization {model.memory_utilization:g} of "
+                    f"{fit.gpu_memory_gib:.1f} GiB)",
+                    f"{fit.kv_budget_gib:.1f} GiB ({fit.kv_capacity_tokens:,} tokens, "
+                    f"{fit.full_length_sequences} x {fit.max_model_len:,})",
+                    cost.monthly(c.usd_per_replica_month),
+                    cost.monthly(c.unshared_usd_per_replica_month),
+                    cost.monthly(c.sharing_saves_usd_month),
+                )
+            )
+    return [*lines, *markdown_table(SHARING_COLUMNS, rows), ""]
 
 
 SIZE_COLUMNS = (

@@ -869,6 +869,12 @@ class ModelSpec(_Spec):
                 f"gpu_share: a replica that shares a GPU runs on one GPU, but tensor x pipeline parallel size is "
                 f"{e.gpus}; set both to 1 or remove gpu_share"
             )
+        if share.fraction is not None and e.kind is EngineKind.TRTLLM:
+            raise ValueError(
+                "gpu_share.fraction: trtllm-serve sizes its KV cache from the memory left free after loading "
+                "(kv_cache_free_gpu_memory_fraction), so a time-sliced share cannot bound it; use kind vllm or "
+                "sglang, or a MIG profile (gpu_share.mig_profile on a mig pool)"
+            )
         if share.fraction is not None and "gpu_memory_utilization" in e.model_fields_set:
             raise ValueError(
                 "engine.gpu_memory_utilization is derived from gpu_share.fraction on a time-sliced GPU (so the "

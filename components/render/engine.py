@@ -42,7 +42,7 @@ def engine_resources(model: ModelSpec, placement: Placement) -> tuple[float, flo
         cores, memory = _CPU_ENGINE_DEFAULTS
         return e.cpu_cores or cores, e.memory_gib or memory
     instance = placement.instance
-    share = placement.gpus_per_replica / instance.gpus
+    share = placement.gpu_fraction / instance.gpus
     cores = max(1.0, math.floor((instance.vcpus - _NODE_RESERVED_CPU) * share))
     memory = math.floor(instance.memory_gib * (1 - _NODE_RESERVED_MEMORY_FRACTION) * share)
     memory = (
@@ -122,7 +122,10 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollo
         "requests": {"cpu": common.quantity_cpu(cores), "memory": common.quantity_gib(memory_gib)},
         "limits": {"cpu": common.quantity_cpu(cores), "memory": common.quantity_gib(memory_gib)},
     }
-    if placement.gpus_per_replica:
+    if placement.share is not None:  # one time slice or one MIG instance
+        resources["requests"][nodes.share_resource(placement.share)] = "1"
+        resources["limits"][nodes.share_resource(placement.share)] = "1"
+    elif placement.gpus_per_replica:
         resources["requests"][nodes.GPU_RESOURCE] = str(placement.gpus_per_replica)
         resources["limits"][nodes.GPU_RESOURCE] = str(placement.gpus_per_replica)
     mounts: list[Manifest] = [

@@ -130,7 +130,7 @@ def vllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
         *_valued(cli.download_dir, where.download_dir),
     ]
     if e.device is Device.GPU:
-        args += _valued(cli.gpu_memory_utilization, f"{e.gpu_memory_utilization:g}")
+        args += _valued(cli.gpu_memory_utilization, f"{model.memory_utilization:g}")
     if e.cpu_kv_offload_gib:
         args += _valued(cli.cpu_kv_offload_gib, f"{e.cpu_kv_offload_gib:g}")
     args += _quantization(cli, e) + _kv_cache_dtype(cli, e)
@@ -148,8 +148,13 @@ def vllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
     args += _switched(cli.trust_remote_code, e.trust_remote_code)
     if pooling:
         args += cli.embedding
+    env = dict(POD_ENV)
+    sleep = facts(EngineKind.VLLM).sleep
+    if model.scaling.sleep_after_idle_s is not None and sleep is not None:
+        args += sleep.args
+        env.update(sleep.env)
     args += [*cli.fixed_args, *e.extra_args]
-    return EngineCommand(command=list(cli.command), args=args, env=dict(POD_ENV))
+    return EngineCommand(command=list(cli.command), args=args, env=env)
 
 
 def sglang(model: ModelSpec, where: Where | None = None) -> EngineCommand:
@@ -162,7 +167,7 @@ def sglang(model: ModelSpec, where: Where | None = None) -> EngineCommand:
         *_valued(cli.tensor_parallel_size, e.tensor_parallel_size),
         *_valued(cli.pipeline_parallel_size, e.pipeline_parallel_size),
         *_valued(cli.dtype, e.dtype.value),
-        *_valued(cli.gpu_memory_utilization, f"{e.gpu_memory_utilization:g}"),
+        *_valued(cli.gpu_memory_utilization, f"{model.memory_utilization:g}"),
         *_valued(cli.max_model_len, e.max_model_len),
         *_valued(cli.max_num_seqs, e.max_num_seqs),
         *_valued(cli.download_dir, where.download_dir),
