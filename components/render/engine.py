@@ -194,6 +194,8 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollo
         pod_spec["nodeSelector"] = {nodes.POOL_LABEL: placement.pool}
         pod_spec["tolerations"] = [nodes.gpu_toleration()]
     pod_labels = {**common.labels(spec, name, "engine", version), common.MODEL_LABEL: model.name}
+    if model.team is not None:
+        pod_labels[nodes.TEAM_LABEL] = model.team
     # A scaler (KEDA or HPA) owns the count when min and max differ; a fixed count is set here.
     replicas = {} if scaling.scales(model) else {"replicas": model.scaling.min_replicas}
     return {

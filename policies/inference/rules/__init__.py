@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from policies.inference.rules import fit, hygiene, money, placement, reliability, security
+from policies.inference.rules import fit, hygiene, money, placement, reliability, security, sharing
 from policies.inference.rules.base import Category, Finding, Res, Rule, Setting, Severity
 
 RULES: tuple[Rule, ...] = (
     *fit.RULES,
     *placement.RULES,
     *reliability.RULES,
+    *sharing.RULES,
     *security.RULES,
     *money.RULES,
     *hygiene.RULES,
