@@ -85,8 +85,16 @@ def _route(spec: PlatformSpec, model: ModelSpec) -> ModelRoute:
     )
     # the activator: a model that scales to zero holds its requests while a replica starts
     hold = model.scaling.cold_start_hold_ms if model.scaling.min_replicas == 0 else 0
+    # sleep mode: the router puts idle replicas to sleep and wakes one for a waiting request
+    idle = model.scaling.sleep_after_idle_s
     return ModelRoute.model_validate(
-        {"model": model.name, "strategy": strategy, "batcher_url": batcher, "cold_start_hold_ms": hold}
+        {
+            "model": model.name,
+            "strategy": strategy,
+            "batcher_url": batcher,
+            "cold_start_hold_ms": hold,
+            "sleep_after_idle_ms": idle * 1000 if idle is not None else 0,
+        }
     )
 
 

@@ -54,6 +54,8 @@ class Router:
         self._configure(cfg)
         self.metrics.attach_live(self.snapshot)
         self.fleet.on_departed = self.metrics.forget_backend
+        self.fleet.on_slept = self.metrics.slept
+        self.fleet.on_woke = self.metrics.woke
 
     def _configure(self, cfg: RuntimeConfig) -> None:
         s = cfg.router

@@ -80,6 +80,7 @@ class Backend:
     """One replica of one model."""
 
     __slots__ = (
+        "asleep",
         "breaker",
         "cap",
         "engine_queued",
@@ -87,7 +88,9 @@ class Backend:
         "healthy",
         "inflight",
         "kv_usage",
+        "last_used",
         "pool",
+        "prompt_tokens",
         "signals_at",
         "tag",
         "ttft_ewma_s",
@@ -112,6 +115,11 @@ class Backend:
         self.kv_usage: float | None = None
         self.signals_at = 0.0
         self.ttft_ewma_s: float | None = None
+        # sleep mode: whether the engine sleeps, and when it last did anything (our requests or, from its
+        # prompt-token counter, another router's)
+        self.asleep = False
+        self.last_used = time.monotonic()
+        self.prompt_tokens: float | None = None
 
     def __repr__(self) -> str:
         return f"Backend({self.url}, inflight={self.inflight})"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -19,7 +20,7 @@ import aiohttp
 
 from runtime.config import EngineKind, ModelRoute, ModelTarget, RouterSettings, RuntimeConfig, Task
 from runtime.discovery import watch_backends
-from runtime.engines import Signal, facts
+from runtime.engines import Signal, SleepMode, facts
 from runtime.router.admission import WaitQueue
 from runtime.router.backends import Backend, Breaker
 from runtime.scheduling import Need, Strategy, build
@@ -53,6 +54,10 @@ class ModelState:
             self.batcher = self._new_backend(str(route.batcher_url).rstrip("/"), cap=1 << 30)
         self.probe_failures: dict[str, int] = {}
         self.on_departed: Callable[[str, str], None] | None = None  # (model, url), e.g. to drop metrics
+        # sleep mode: the engine's endpoints when the model sleeps when idle; the fleet wakes replicas
+        self.sleep: SleepMode | None = facts(target.engine).sleep if route.sleep_after_idle_ms else None
+        self.request_wake: Callable[[], None] = lambda: None
+        self.waking: asyncio.Task[None] | None = None
 
     def _new_backend(self, url: str, cap: int | None = None) -> Backend:
         s = self.settings
@@ -84,6 +89,14 @@ class ModelState:
     def healthy_count(self) -> int:
         return sum(1 for b in self.backends if b.healthy)
 
+    def awake(self) -> list[Backend]:
+        """Replicas a request may go to now (a sleeping one first has to wake)."""
+        return [b for b in self.backends if not b.asleep] if self.sleep is not None else self.backends
+
+    def sleepers(self) -> list[Backend]:
+        """Healthy replicas that sleep: what a waiting request can wake."""
+        return [b for b in self.backends if b.asleep and b.healthy] if self.sleep is not None else []
+
     def servable(self) -> bool:
         """A request for the model can be answered: a healthy replica, a batcher, or (scaled to zero) a
         replica the activator holds requests for while it starts."""
@@ -102,6 +115,9 @@ class Fleet:
         self._signals_task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self.feed_ok = False
+        # sleep mode: (model, seconds) of each sleep and each wake, for metrics
+        self.on_slept: Callable[[str], None] | None = None
+        self.on_woke: Callable[[str, float], None] | None = None
         self.apply(cfg)
 
     # --- configuration ---------------------------------------------------------------------------
@@ -115,6 +131,7 @@ class Fleet:
         for target in cfg.models:
             state = fresh[target.name]
             state.on_departed = self._departed
+            state.request_wake = functools.partial(self.wake, state)
             old = self.models.get(target.name)
             same_source = old is not None and (old.target.discovery, old.target.static_backends) == (
                 target.discovery,
@@ -180,6 +197,7 @@ class Fleet:
                 self.feed_ok = await self._read_feed() if self.cfg.router.health_feed_url else False
                 if not self.feed_ok:
                     await self._probe_all()
+                await self._sleep_sweep()
             except asyncio.CancelledError:
                 raise
             except Exception:  # the signal loop must outlive any one bad answer
@@ -224,6 +242,11 @@ class Fleet:
         fails = 0 if healthy else state.probe_failures.get(b.url, 0) + 1
         state.probe_failures[b.url] = fails
         signals = parse_signals(text, state.target.engine.value) if text else {}
+        tokens = signals.get(Signal.PROMPT_TOKENS)
+        if tokens is not None:  # the engine took prompts since we last looked (perhaps another router's)
+            if b.prompt_tokens is not None and tokens != b.prompt_tokens:
+                b.last_used = time.monotonic()
+            b.prompt_tokens = tokens
         was = b.healthy
         b.update_signals(
             healthy=fails < PROBE_FAILURES_TO_UNHEALTHY,
@@ -236,6 +259,83 @@ class Fleet:
                 "replica %s of %s is now %s", b.url, state.name, "healthy" if b.healthy else "unhealthy"
             )
             state.queue.wake_all()
+
+    # --- sleep mode ------------------------------------------------------------------------------
+    async def _sleep_sweep(self) -> None:
+        jobs = [self._sweep(s, b) for s in self.models.values() if s.sleep is not None for b in s.backends]
+        if jobs:
+            await asyncio.gather(*jobs)
+
+    async def _sweep(self, state: ModelState, b: Backend) -> None:
+        """Learn whether the engine sleeps (another router may have put it to sleep or woken it; a restarted
+        engine is awake), then put it to sleep if it has been idle long enough."""
+        sleep = state.sleep
+        assert sleep is not None and self._session is not None
+        timeout = aiohttp.ClientTimeout(total=max(0.5, self.cfg.router.probe_interval_ms / 1000 * 0.8))
+        try:
+            async with self._session.get(b.url + sleep.state_path, timeout=timeout) as resp:
+                if resp.status != 200:
+                    return
+                sleeping = bool((await resp.json(content_type=None)).get("is_sleeping"))
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+            return
+        if state.waking is not None and not state.waking.done():
+            return  # a wake is under way: its answer, not this look, decides
+        if sleeping != b.asleep:
+            b.asleep = sleeping
+            if not sleeping:
+                b.last_used = time.monotonic()
+                state.queue.wake_all()
+        idle_s = time.monotonic() - b.last_used
+        if b.asleep or not b.healthy or b.inflight or b.engine_running or b.engine_queued:
+            return
+        if idle_s < state.route.sleep_after_idle_ms / 1000:
+            return
+        b.asleep = True  # before the call: no request is routed to it from here on
+        try:
+            url = f"{b.url}{sleep.sleep_path}?level={sleep.level}"
+            async with self._session.post(url, timeout=aiohttp.ClientTimeout(total=120)) as resp:
+                ok = resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        if not ok:
+            b.asleep = False
+            log.warning("replica %s of %s did not go to sleep", b.url, state.name)
+            return
+        log.info("replica %s of %s is asleep after %.0fs idle", b.url, state.name, idle_s)
+        if self.on_slept is not None:
+            self.on_slept(state.name)
+
+    def wake(self, state: ModelState) -> None:
+        """Wake one sleeping replica of ``state`` for the requests waiting on it (one wake at a time)."""
+        if state.sleep is None or (state.waking is not None and not state.waking.done()):
+            return
+        sleepers = state.sleepers()
+        if sleepers and self._session is not None:
+            state.waking = asyncio.get_running_loop().create_task(self._wake(state, sleepers[0]))
+
+    async def _wake(self, state: ModelState, b: Backend) -> None:
+        sleep = state.sleep
+        assert sleep is not None and self._session is not None
+        started = time.monotonic()
+        try:
+            async with self._session.post(
+                b.url + sleep.wake_path,
+                timeout=aiohttp.ClientTimeout(total=state.route.wake_hold_ms / 1000 + 60),
+            ) as resp:
+                ok = resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        took = time.monotonic() - started
+        if ok:
+            b.asleep = False
+            b.last_used = time.monotonic()
+            log.info("replica %s of %s woke in %.2fs", b.url, state.name, took)
+            if self.on_woke is not None:
+                self.on_woke(state.name, took)
+        else:
+            log.warning("replica %s of %s did not wake", b.url, state.name)
+        state.queue.wake_all()  # waiters re-decide: a replica to use, or another to wake
 
 
 def apply_feed(models: dict[str, ModelState], feed: dict[str, Any], now: float) -> bool:
@@ -269,7 +369,7 @@ def parse_signals(text: str, engine: str) -> dict[Signal, float]:
     """Sum queued / running / KV usage over label sets from an engine's Prometheus text."""
     names: dict[str, Signal] = {}
     engine_facts = facts(EngineKind(engine))
-    for wanted in (Signal.QUEUED, Signal.RUNNING, Signal.KV_USAGE):
+    for wanted in (Signal.QUEUED, Signal.RUNNING, Signal.KV_USAGE, Signal.PROMPT_TOKENS):
         for n in engine_facts.names(wanted):
             names[n] = wanted
     sums: dict[Signal, float] = {}

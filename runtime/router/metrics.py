@@ -36,6 +36,7 @@ LIVE_GAUGES: dict[str, tuple[str, list[str]]] = {
     "prefix_index_entries": ("Entries in the prefix / session index", ["model", "index"]),
     "prefix_hit_rate": ("Share of prefix lookups that found a replica", ["model"]),
     "backends": ("Replicas known per model", ["model"]),
+    "backends_asleep": ("Replicas asleep per model (sleep mode: a request wakes one)", ["model"]),
 }
 Snapshot = dict[str, list[tuple[tuple[str, ...], float]]]
 
@@ -46,6 +47,8 @@ def live_gauges(models: Mapping[str, ModelState]) -> Snapshot:
     for name, m in models.items():
         out["queue_depth"].append(((name,), float(len(m.queue))))
         out["backends"].append(((name,), float(len(m.backends))))
+        if m.sleep is not None:
+            out["backends_asleep"].append(((name,), float(sum(1 for b in m.backends if b.asleep))))
         for b in m.backends:
             out["backend_inflight"].append(((name, b.url), float(b.inflight)))
             out["circuit_state"].append(((name, b.url), float(b.breaker.state)))
@@ -118,6 +121,16 @@ class RouterMetrics:
             buckets=WAIT_BUCKETS_S,
             registry=r,
         )
+        self.sleeps = Counter(
+            "inferstack_router_sleeps", "Replicas put to sleep after their idle period", ["model"], registry=r
+        )
+        self.wake = Histogram(
+            "inferstack_router_wake_seconds",
+            "Time a sleeping replica took to wake for a waiting request",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.config_reload_failures = Counter(
             "inferstack_router_config_reload_failures",
             "Changed config or API-key files that were refused; the last good config kept serving",
@@ -170,6 +183,12 @@ class RouterMetrics:
             self._child(self.tokens, model, "in").inc(prompt)
         if completion:
             self._child(self.tokens, model, "out").inc(completion)
+
+    def slept(self, model: str) -> None:
+        self._child(self.sleeps, model).inc()
+
+    def woke(self, model: str, seconds: float) -> None:
+        self._child(self.wake, model).observe(seconds)
 
     def reject(self, reason: str, model: str = "") -> None:
         self._child(self.rejections, model, reason).inc()
