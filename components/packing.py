@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from components import catalog
+from components import catalog, sizing
 
 SHARED_GPU_SAFE_TOTAL = 0.90
 """The most of a time-sliced GPU's memory its engines together may take (vLLM's default
@@ -38,6 +38,18 @@ def shared_memory_utilization(fraction: float) -> float:
     """A time-sliced engine's gpu_memory_utilization: its fraction of the safe total, rounded down (so a sum
     of fractions at most 1 stays at most ``SHARED_GPU_SAFE_TOTAL``)."""
     return math.floor(fraction * SHARED_GPU_SAFE_TOTAL * 10_000) / 10_000
+
+
+def host_device(memory_gib: float) -> catalog.Gpu:
+    """The memory a machine gives its CPU engines, as the device they share (vLLM-CPU keeps weights, activations
+    and KV cache in host memory): the same sizing then budgets a CPU engine's share as a GPU engine's."""
+    return catalog.Gpu("host memory", catalog.GpuArch.AMPERE, memory_gib, 0.0, 0.0, "")
+
+
+def cpu_kv_cache_space_gib(fit: sizing.MemoryFit) -> int:
+    """vLLM-CPU's KV cache (``VLLM_CPU_KVCACHE_SPACE``, whole GiB): what an engine's budget leaves after weights,
+    activations and runtime, rounded down. 0 means the share is too small for any KV cache."""
+    return max(0, math.floor(fit.kv_budget_gib))
 
 
 def slots_for(fractions: Sequence[float]) -> int:

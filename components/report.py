@@ -203,11 +203,11 @@ def plan_report(stack: Stack) -> PlanReport:
     )
 
 
-IDLE_COLUMNS = ("model", "idles as", "after idle", "wake (est.)", "cold start (est.)")
+IDLE_COLUMNS = ("model", "idles as", "after idle (s)", "wake (s, est.)", "cold start (s, est.)")
 
 
 def idle_rows(spec: PlatformSpec, layout: Layout) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for model in spec.models:
         s = startup.idle_state(model, layout.placements[model.name])
         rows.append(
@@ -216,9 +216,9 @@ def idle_rows(spec: PlatformSpec, layout: Layout) -> list[tuple[str, ...]]:
                 {"hot": "hot (no idle state)", "sleep": "sleep (vLLM level 1)", "zero": "zero replicas"}[
                     s.state
                 ],
-                f"{s.after_s:,} s" if s.after_s is not None else "-",
-                f"{s.wake_s} s" if s.wake_s is not None else "-",
-                f"{s.cold_start_s:,} s",
+                f"{s.after_s:,}" if s.after_s is not None else "-",
+                str(s.wake_s) if s.wake_s is not None else "-",
+                f"{s.cold_start_s:,}",
             )
         )
     return rows

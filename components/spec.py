@@ -740,7 +740,8 @@ class GpuShareSpec(_Spec):
     fraction: Annotated[float, Field(gt=0, lt=1)] | None = None
     """Pool sharing time-slicing: the share of one GPU's memory the engine may use, e.g. 0.25. Its
     gpu_memory_utilization is derived from it (fraction x the safe total), so engines that share a GPU never
-    ask for more than the card has."""
+    ask for more than the card has. On a CPU engine (target local): its share of the memory the machine gives
+    its engines (`inferstack local up --engine-memory-gib`), which sizes its KV cache (VLLM_CPU_KVCACHE_SPACE)."""
     mig_profile: str | None = None
     """Pool sharing mig: the MIG instance profile each replica runs in, e.g. '1g.10gb' or '3g.40gb' on an H100
     (`inferstack size` lists a GPU's profiles); the engine requests nvidia.com/mig-<profile>."""
@@ -860,11 +861,12 @@ class ModelSpec(_Spec):
         share, e = self.gpu_share, self.engine
         if share is None:
             return self
-        if e.device is Device.CPU:
+        if e.device is Device.CPU and share.mig_profile is not None:
             raise ValueError(
-                "gpu_share: a CPU engine takes no GPU; remove gpu_share or set engine.device: gpu"
+                "gpu_share.mig_profile: a CPU engine has no GPU to cut into MIG instances; on CPU (target local) "
+                "give gpu_share.fraction, its share of the memory the machine gives its engines"
             )
-        if e.gpus != 1:
+        if e.device is Device.GPU and e.gpus != 1:
             raise ValueError(
                 f"gpu_share: a replica that shares a GPU runs on one GPU, but tensor x pipeline parallel size is "
                 f"{e.gpus}; set both to 1 or remove gpu_share"

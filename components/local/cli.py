@@ -21,6 +21,7 @@ from components.local import state
 from components.local.monitor import DEFAULT_MONITOR_PORT, Monitor
 from components.local.plan import (
     DEFAULT_BATCHER_PORT,
+    DEFAULT_ENGINE_MEMORY_GIB,
     DEFAULT_ENGINE_PORT,
     DEFAULT_HEALTH_PORT,
     DEFAULT_ROUTER_PORT,
@@ -86,6 +87,14 @@ def up(
     engine_port: Annotated[
         int, typer.Option(help="The first engine's port; the others take the next ones.")
     ] = DEFAULT_ENGINE_PORT,
+    engine_memory_gib: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="Memory of this machine that the engines of models with gpu_share.fraction share; each one's KV "
+            "cache (VLLM_CPU_KVCACHE_SPACE) is sized from its fraction of it.",
+        ),
+    ] = DEFAULT_ENGINE_MEMORY_GIB,
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Run in the background; stop with `inferstack local down`.")
@@ -122,6 +131,7 @@ def up(
         engine_port=engine_port,
         state_dir=state_dir,
         cpus=pick_cpus(lambda: os.sched_getaffinity(0)),
+        engine_memory_gib=engine_memory_gib,
         monitor=Monitor(monitor_port, monitor_interval, monitor_alert_for) if monitor else None,
     )
     plan = _plan(stack, stacks_dir, options)
@@ -168,6 +178,7 @@ def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) 
     argv = [sys.executable, "-m", "components.local", "up", "--detached-child", "--stack", stack]
     argv += ["--stacks-dir", str(stacks_dir), "--state-dir", str(state_dir), "--timeout", str(timeout)]
     argv += ["--port", str(plan.router.port), "--engine-port", str(plan.engines[0].port)]
+    argv += ["--engine-memory-gib", str(plan.engine_memory_gib)]
     for service in plan.services[:-1]:
         argv += [f"--{service.name}-port", str(service.port)]
     if plan.monitor is not None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from components import packing, placement, sizing
 from components.local.monitor import Monitor
 from components.local.tiny_model import GENERATED_MODELS, Kind
 from components.render import common, scaling
@@ -38,6 +39,8 @@ GENERATED_MODELS_DIR = Path(".cache/models")
 LOCAL_DRAIN_GRACE_S = 5
 #: vLLM-CPU KV cache per engine (VLLM_CPU_KVCACHE_SPACE), GiB: enough for a tiny model, small on a laptop.
 KV_CACHE_GIB = 1
+#: Memory the engines of models with gpu_share.fraction share, GiB, unless `--engine-memory-gib` says otherwise.
+DEFAULT_ENGINE_MEMORY_GIB = 8.0
 #: Environment variable every process of one local stack carries (its state dir): finds stragglers.
 TAG_ENV = "INFERSTACK_LOCAL_STACK"
 
@@ -60,6 +63,9 @@ class LocalOptions:
     state_dir: Path = DEFAULT_STATE_DIR
     cpus: tuple[int, ...] = (0,)
     """CPU cores engines are pinned to, in turn (VLLM_CPU_OMP_THREADS_BIND): one core each."""
+    engine_memory_gib: float = DEFAULT_ENGINE_MEMORY_GIB
+    """Memory of this machine the engines of models with gpu_share.fraction share (their KV caches are sized
+    from their fractions of it)."""
     monitor: Monitor | None = None
     """Also run Prometheus (`--monitor`) with the stack's rendered rules."""
 
@@ -93,6 +99,8 @@ class EngineLaunch:
     cpu_cores: str
     on_demand: bool = False
     """Started by the autoscaler when demand calls for it (replicas above min_replicas), not at start-up."""
+    kv_cache_space_gib: int = KV_CACHE_GIB
+    """VLLM_CPU_KVCACHE_SPACE: from the model's gpu_share.fraction of the engines' memory, else KV_CACHE_GIB."""
 
     @property
     def model(self) -> str:
@@ -137,6 +145,7 @@ class LocalPlan:
     embed_models: tuple[str, ...] = field(default=())
     spec: PlatformSpec | None = None
     monitor: Monitor | None = None
+    engine_memory_gib: float = DEFAULT_ENGINE_MEMORY_GIB
 
     @property
     def router(self) -> ServiceLaunch:
@@ -225,6 +234,48 @@ def replicas(model: ModelSpec) -> int:
     return model.scaling.max_replicas if scaling.scales(model) else max(1, model.scaling.min_replicas)
 
 
+def kv_cache_space(model: ModelSpec, engine_memory_gib: float) -> tuple[int, sizing.MemoryFit | None]:
+    """A CPU engine's VLLM_CPU_KVCACHE_SPACE and the fit it comes from: its gpu_share.fraction of the engines'
+    memory, budgeted as placement budgets a GPU engine's share (``packing.host_device``); KV_CACHE_GIB without
+    a share."""
+    arch = model.arch()
+    if model.gpu_share is None or model.gpu_share.fraction is None or arch is None:
+        return KV_CACHE_GIB, None
+    fit = sizing.memory_fit(arch, placement.engine_shape(model), packing.host_device(engine_memory_gib))
+    return packing.cpu_kv_cache_space_gib(fit), fit
+
+
+def kv_cache_spaces(stack: Stack, engine_memory_gib: float) -> dict[str, int]:
+    """Each model's KV cache per engine; ``PlanError`` when a share holds none, or the shares of all engines
+    together are more than the engines' memory."""
+    out: dict[str, int] = {}
+    total = 0.0
+    for i, model in enumerate(stack.spec.models):
+        gib, fit = kv_cache_space(model, engine_memory_gib)
+        fraction = model.gpu_share.fraction if model.gpu_share is not None else None
+        if fit is not None and fraction is not None and gib < 1:
+            need = fit.weights_gib + fit.activations_gib + fit.runtime_gib + 1
+            least = need / (packing.SHARED_GPU_SAFE_TOTAL * engine_memory_gib)
+            raise _problem(
+                stack,
+                f"models[{i}].gpu_share.fraction",
+                f"{fraction:g} of {engine_memory_gib:g} GiB leaves {model.name} no KV cache (it needs 1 GiB beside "
+                f"{need - 1:.1f} GiB of weights, activations and runtime): give it at least {least:.2f}, or more "
+                "memory with --engine-memory-gib",
+            )
+        out[model.name] = gib
+        if fraction is not None:
+            total += fraction * replicas(model)
+    if total > 1 + 1e-9:
+        raise _problem(
+            stack,
+            "models",
+            f"the gpu_share fractions of all engines sum to {total:.2f} of the {engine_memory_gib:g} GiB they share; "
+            "every engine runs on this machine at once, so keep the sum (fraction x replicas) at most 1",
+        )
+    return out
+
+
 def check_stack(stack: Stack) -> None:
     """Rejects what the local target cannot run, with the field and the fix."""
     spec = stack.spec
@@ -257,13 +308,18 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     if not options.cpus:
         raise PlanError("no CPU cores to pin engines to")
     preps = model_preps(spec, repo_root, stack.source)
+    kv = kv_cache_spaces(stack, options.engine_memory_gib)
     engines: list[EngineLaunch] = []
     port = options.engine_port
     for model, prep in zip(spec.models, preps, strict=True):
         for r in range(replicas(model)):
             core = options.cpus[len(engines) % len(options.cpus)]
             on_demand = scaling.scales(model) and r >= model.scaling.min_replicas
-            engines.append(EngineLaunch(f"{model.name}-{r}", model, prep.path, port, str(core), on_demand))
+            engines.append(
+                EngineLaunch(
+                    f"{model.name}-{r}", model, prep.path, port, str(core), on_demand, kv[model.name]
+                )
+            )
             port += 1
     services = [ServiceLaunch("health", "runtime.health", options.health_port, "--health-port")]
     if rendered.has_batcher(spec):
@@ -289,6 +345,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
         spec=spec,
         monitor=options.monitor,
+        engine_memory_gib=options.engine_memory_gib,
     )
 
 

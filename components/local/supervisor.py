@@ -37,7 +37,7 @@ import yaml
 from components.local import monitor, state
 from components.local.autoscaler import Autoscaler
 from components.local.engine_process import REPO_ROOT, EngineError, EngineProcess, engine_python
-from components.local.plan import HOST, KV_CACHE_GIB, TAG_ENV, EngineLaunch, LocalPlan, banner, describe
+from components.local.plan import HOST, TAG_ENV, EngineLaunch, LocalPlan, banner, describe
 from components.local.tiny_model import MAKE_TIME, is_complete, needs_source_check
 
 EXIT_OK = 0
@@ -123,7 +123,7 @@ def engine_process(
         host=HOST,
         port=launch.port,
         cpu_cores=launch.cpu_cores,
-        kv_cache_space_gib=KV_CACHE_GIB,
+        kv_cache_space_gib=launch.kv_cache_space_gib,
         env={TAG_ENV: tag},
         log_path=logs_dir / f"engine-{launch.name}.log",
         python=python,

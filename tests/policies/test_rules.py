@@ -489,6 +489,35 @@ CASES = [
         m(ROUTER, lambda p: container(p, "router").__setitem__("image", "ghcr.io/inferstack/router:0.1.0")),
         ("'ghcr.io/inferstack/router:0.1.0', which nothing in this stack builds", "gateway.image_registry"),
     ),
+    # sharing (stacks/Pulumi.shared.yaml)
+    Case(
+        "two-teams-time-slice-in-prod",
+        "shared-gpu-across-teams-only-with-mig",
+        "shared",
+        m(
+            k8s("Deployment", "bge-m3-engine"),
+            lambda p: p["spec"]["template"]["metadata"]["labels"].__setitem__("inferstack.io/team", "ads"),
+        ),
+        ("pool l40s-shared", "bge-m3-engine (ads)", "llama-3-8b-engine (search)", "MIG"),
+        {"environments": ["dev"]},
+    ),
+    Case(
+        "time-sliced-memory-over-the-gpu",
+        "shared-gpu-memory-within-limits",
+        "shared",
+        m(k8s("Deployment", "llama-3-8b-engine"), lambda p: set_flag(p, "--gpu-memory-utilization", "0.9")),
+        ("2 engines share each GPU", "1.80 of its memory", "at most 0.45"),
+    ),
+    Case(
+        "sleep-on-an-old-vllm",
+        "sleep-only-where-supported",
+        "shared",
+        m(
+            k8s("Deployment", "llama-3-8b-engine"),
+            lambda p: container(p, "engine").__setitem__("image", "vllm/vllm-openai:v0.8.5"),
+        ),
+        ("llama-3-8b-engine", "older than vLLM 0.10.1"),
+    ),
 ]
 
 
