@@ -124,12 +124,14 @@ class Packing:
             index += count
             parts = []
             for s in seats:
-                where = (
-                    f"mig {s.profile} @slice {s.start}" if s.profile else f"{s.memory_fraction:.2f} of memory"
-                )
-                parts.append(f"{s.model} ({where}, {s.memory_fraction * memory_gib:.1f} GiB)")
+                if s.profile:  # an isolated instance: its own memory
+                    gib = s.memory_fraction * memory_gib
+                    parts.append(f"{s.model} (mig {s.profile} @slice {s.start}, {gib:.1f} GiB)")
+                else:  # a share: the engine takes its fraction of the safe total
+                    gib = shared_memory_utilization(s.memory_fraction) * memory_gib
+                    parts.append(f"{s.model} ({s.memory_fraction:.2f} share, engine {gib:.1f} GiB)")
             total = sum(s.memory_fraction for s in seats)
-            out.append(f"{label}: {', '.join(parts)}; {total:.0%} of {memory_gib:.1f} GiB")
+            out.append(f"{label}: {', '.join(parts)}; {total:.0%} of its {memory_gib:.1f} GiB taken")
         return out
 
 

@@ -280,7 +280,15 @@ def sharing_lines(spec: PlatformSpec, layout: Layout, costs: dict[str, cost.Mode
                     cost.monthly(c.sharing_saves_usd_month),
                 )
             )
-    return [*lines, *markdown_table(SHARING_COLUMNS, rows), ""]
+    saved = sum(c.sharing_saves_usd_month for c in costs.values())
+    return [
+        *lines,
+        *markdown_table(SHARING_COLUMNS, rows),
+        "",
+        f"Against a whole GPU per replica on the same instance types, sharing saves {cost.monthly(saved)} a month "
+        "at max replicas (per model above; the pools' bill below is whole nodes).",
+        "",
+    ]
 
 
 SIZE_COLUMNS = (
