@@ -266,7 +266,7 @@ TRTLLM_CLI = EngineCli(
 # serves POST /sleep?level=N, POST /wake_up and GET /is_sleeping, registered only with VLLM_SERVER_DEV_MODE=1
 # (vllm/entrypoints/launchers/api_server/routers.py); ModelConfig refuses --enable-sleep-mode where
 # Platform.is_sleep_mode_available() is false, which is CUDA, ROCm and XPU only, so never on CPU
-# (vllm/config/model.py, vllm/platforms/interface.py; tests/components/test_sleep_mode.py runs that check).
+# (vllm/config/model.py, vllm/platforms/interface.py; tests/integration/test_sleep_mode.py shows it on the real engine).
 # The HTTP endpoints are documented from vllm-project/vllm#22310 (docs/features/sleep_mode.md, merged
 # 2025-08-06, in v0.10.1): inferstack allows sleep from that release on.
 VLLM_SLEEP = SleepMode(

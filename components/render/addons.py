@@ -85,6 +85,13 @@ def device_plugin_configs(spec: PlatformSpec) -> dict[str, dict[str, Any]]:
     Time-slicing advertises each GPU ``replicas`` times, renamed ``nvidia.com/gpu.shared`` so a whole-GPU request
     never lands on a slice, and refuses a request for more than one slice (``failRequestsGreaterThanOne``: a
     second slice gives no more memory). MIG uses the mixed strategy: each instance is ``nvidia.com/mig-<profile>``.
+
+    Sources, NVIDIA/k8s-device-plugin at the pinned chart (v0.17.1): the config file's fields and checks in
+    ``api/config/v1`` (``config.go``, ``flags.go`` migStrategy none/single/mixed, ``sharing.go``, ``replicas.go``:
+    timeSlicing.resources[].name/replicas > 0, devices default 'all', no strategy but the default), the README's
+    'Shared Access to GPUs with CUDA Time-Slicing' (renameByDefault, failRequestsGreaterThanOne) and 'Updating
+    Per-Node Configuration With a Node Label', and the chart's ``values.yaml`` (``config.map``, ``config.default``).
+    tests/components/test_gpu_sharing.py checks the rendered configs against those rules.
     """
     configs: dict[str, dict[str, Any]] = {
         DEVICE_PLUGIN_DEFAULT_CONFIG: {"version": "v1", "flags": {"migStrategy": "none"}}
