@@ -251,7 +251,9 @@ def sharing_lines(spec: PlatformSpec, layout: Layout, costs: dict[str, cost.Mode
             f"time-slicing, {pack.slots_per_gpu} engines per GPU (device plugin replicas), memory fractions sum "
             f"to at most 1 so gpu_memory_utilization sums to at most {packing.SHARED_GPU_SAFE_TOTAL:g}"
             if pack.mechanism is packing.Mechanism.TIME_SLICING
-            else "MIG (isolated instances; the GPUs are partitioned as below)"
+            else "MIG (isolated instances; the device plugin's mixed strategy advertises the instances a node's GPUs "
+            "are cut into, it does not cut them: partition them as below with the GPU operator's MIG manager or "
+            "nvidia-mig-parted on the node)"
         )
         lines += [
             f"Pool `{pool.name}` ({pool.instance.name}, {pool.instance.gpus} x {pool.instance.gpu}): {how}; "

@@ -118,6 +118,7 @@ class Fleet:
         # sleep mode: (model, seconds) of each sleep and each wake, for metrics
         self.on_slept: Callable[[str], None] | None = None
         self.on_woke: Callable[[str, float], None] | None = None
+        self._going_to_sleep: dict[str, asyncio.Event] = {}  # url -> set when its /sleep call has returned
         self.apply(cfg)
 
     # --- configuration ---------------------------------------------------------------------------
@@ -292,12 +293,16 @@ class Fleet:
         if idle_s < state.route.sleep_after_idle_ms / 1000:
             return
         b.asleep = True  # before the call: no request is routed to it from here on
+        done = self._going_to_sleep[b.url] = asyncio.Event()
         try:
             url = f"{b.url}{sleep.sleep_path}?level={sleep.level}"
             async with self._session.post(url, timeout=aiohttp.ClientTimeout(total=120)) as resp:
                 ok = resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
             ok = False
+        finally:
+            done.set()
+            self._going_to_sleep.pop(b.url, None)
         if not ok:
             b.asleep = False
             log.warning("replica %s of %s did not go to sleep", b.url, state.name)
@@ -318,6 +323,9 @@ class Fleet:
         sleep = state.sleep
         assert sleep is not None and self._session is not None
         started = time.monotonic()
+        going = self._going_to_sleep.get(b.url)
+        if going is not None:  # a request came while it was being put to sleep: let that finish first
+            await going.wait()
         try:
             async with self._session.post(
                 b.url + sleep.wake_path,

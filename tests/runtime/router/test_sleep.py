@@ -35,6 +35,7 @@ class SleepingDouble(Double):
     """A vLLM engine started with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1, as far as HTTP shows it."""
 
     wake_s: float = 0.4
+    sleep_s: float = 0.0
     wake_ok: bool = True
     asleep: bool = False
     calls: list[tuple[str, dict[str, str]]] = field(default_factory=list)
@@ -55,6 +56,7 @@ class SleepingDouble(Double):
     async def sleep(self, request: web.Request) -> web.Response:
         self.calls.append(("sleep", dict(request.query)))
         level = int(request.query.get("level", "1"))
+        await asyncio.sleep(self.sleep_s)  # weights out to host memory
         self.asleep = True
         return web.json_response({"status": "sleeping", "level": level})
 
@@ -212,5 +214,23 @@ def test_a_model_without_sleep_never_calls_the_sleep_endpoints(
         assert r.request("POST", "/v1/chat/completions", CHAT)[0] == 200
         time.sleep(0.6)
         assert engine.calls == [] and not engine.asleep
+    finally:
+        r.stop()
+
+
+def test_a_request_while_the_replica_is_going_to_sleep_waits_for_it_then_wakes_it(
+    lt: LoopThread, engine: SleepingDouble
+) -> None:
+    engine.sleep_s = 0.8
+    r = _router(lt, engine, idle_ms=1500)
+    try:
+        _wait_for(lambda: bool(engine.calls))  # the router has asked it to sleep; it is not asleep yet
+        assert not engine.asleep
+        status, _, _ = r.request("POST", "/v1/chat/completions", CHAT)
+        assert status == 200
+        time.sleep(1.0)  # past the end of the sleep call, within the idle period
+        # the wake came after the sleep had finished: the engine is awake, as the router believes
+        assert [c for c, _ in engine.calls] == ["sleep", "wake_up"] and not engine.asleep
+        assert engine.served_while_asleep == 0
     finally:
         r.stop()
