@@ -121,6 +121,14 @@ def size(
         *report.SIZE_COLUMNS,
         title=f"Instance types that fit, by on-demand cost per replica ({catalog.PRICE_REGION})",
     )
+    shares = report.share_rows(arch, shape)
+    if shares:
+        share_table = Table(
+            *report.SHARE_COLUMNS, title="Or a share of one GPU (pool sharing time-slicing or mig)"
+        )
+        for share_row in shares:
+            share_table.add_row(*share_row)
+        out.print(share_table)
     for row in report.size_rows(ranked[:top]):
         table.add_row(*row)
     out.print(table)

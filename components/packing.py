@@ -14,6 +14,7 @@ of the eight memory slices starting at one of its profile's placements, and inst
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +45,44 @@ def host_device(memory_gib: float) -> catalog.Gpu:
     """The memory a machine gives its CPU engines, as the device they share (vLLM-CPU keeps weights, activations
     and KV cache in host memory): the same sizing then budgets a CPU engine's share as a GPU engine's."""
     return catalog.Gpu("host memory", catalog.GpuArch.AMPERE, memory_gib, 0.0, 0.0, "")
+
+
+FRACTION_STEP = 0.05
+"""The grain of the fractions plan suggests."""
+
+
+def mig_device(gpu: catalog.Gpu, profile: catalog.MigProfile) -> catalog.Gpu:
+    """A MIG instance as the engine sees it: a GPU with the instance's memory, compute and bandwidth."""
+    return catalog.Gpu(
+        f"{gpu.name} MIG {profile.name}",
+        gpu.arch,
+        profile.memory_gib(gpu),
+        gpu.bf16_dense_tflops * profile.compute_slices / catalog.MIG_COMPUTE_SLICES,
+        gpu.memory_bandwidth_gbps * profile.memory_slices / catalog.MIG_MEMORY_SLICES,
+        gpu.product_label,
+    )
+
+
+def smallest_mig_profile(
+    arch: catalog.ModelArch, shape: sizing.EngineShape, gpu: catalog.Gpu
+) -> catalog.MigProfile | None:
+    """The smallest MIG instance of ``gpu`` that holds one replica; None when none does or it has no MIG."""
+    fitting = [
+        p
+        for p in catalog.MIG_PROFILES.get(gpu.name, ())
+        if sizing.memory_fit(arch, shape, mig_device(gpu, p)).fits
+    ]
+    return min(fitting, key=lambda p: (p.memory_slices, p.compute_slices), default=None)
+
+
+def smallest_fraction(arch: catalog.ModelArch, shape: sizing.EngineShape, gpu: catalog.Gpu) -> float | None:
+    """The smallest time-sliced fraction of ``gpu`` (in FRACTION_STEP) that holds one replica; None when none."""
+    for i in range(1, round(1 / FRACTION_STEP)):
+        fraction = round(FRACTION_STEP * i, 2)
+        trial = dataclasses.replace(shape, gpu_memory_utilization=shared_memory_utilization(fraction))
+        if sizing.memory_fit(arch, trial, gpu).fits:
+            return fraction
+    return None
 
 
 def cpu_kv_cache_space_gib(fit: sizing.MemoryFit) -> int:

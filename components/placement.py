@@ -195,21 +195,6 @@ def _check_on_instance(
     return [], fit
 
 
-_FRACTION_STEP = 0.05
-
-
-def _mig_gpu(gpu: catalog.Gpu, profile: catalog.MigProfile) -> catalog.Gpu:
-    """A MIG instance as the engine sees it: a GPU with the instance's memory."""
-    return catalog.Gpu(
-        f"{gpu.name} MIG {profile.name}",
-        gpu.arch,
-        profile.memory_gib(gpu),
-        gpu.bf16_dense_tflops * profile.compute_slices / catalog.MIG_COMPUTE_SLICES,
-        gpu.memory_bandwidth_gbps * profile.memory_slices / catalog.MIG_MEMORY_SLICES,
-        gpu.product_label,
-    )
-
-
 def _check_share(
     path: str,
     model: ModelSpec,
@@ -242,13 +227,13 @@ def _check_share(
                     f"{', '.join(p.name for p in profiles)}",
                 )
             ], None
-        fit = sizing.memory_fit(arch, shape, _mig_gpu(gpu, profile))
+        fit = sizing.memory_fit(arch, shape, packing.mig_device(gpu, profile))
         if fit.fits:
             return [], fit
-        bigger = [p.name for p in profiles if sizing.memory_fit(arch, shape, _mig_gpu(gpu, p)).fits]
+        smallest = packing.smallest_mig_profile(arch, shape, gpu)
         advice = (
-            f"the smallest that holds it is {bigger[0]}"
-            if bigger
+            f"the smallest that holds it is {smallest.name}"
+            if smallest
             else "no MIG instance holds it: remove gpu_share"
         )
         return [
@@ -262,21 +247,10 @@ def _check_share(
     fit = sizing.memory_fit(arch, shape, gpu)
     if fit.fits:
         return [], fit
-    steps = [round(_FRACTION_STEP * i, 2) for i in range(1, int(1 / _FRACTION_STEP))]
-    fitting = [
-        f
-        for f in steps
-        if sizing.memory_fit(
-            arch,
-            sizing.EngineShape(
-                **{**shape.__dict__, "gpu_memory_utilization": packing.shared_memory_utilization(f)}
-            ),
-            gpu,
-        ).fits
-    ]
+    least = packing.smallest_fraction(arch, shape, gpu)
     advice = (
-        f"it needs a fraction of at least {fitting[0]:g} of a {gpu.name}"
-        if fitting
+        f"it needs a fraction of at least {least:g} of a {gpu.name}"
+        if least is not None
         else f"no share of a {gpu.name} holds it: remove gpu_share (a whole GPU) or use a larger GPU"
     )
     return [

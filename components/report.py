@@ -293,6 +293,26 @@ def sharing_lines(spec: PlatformSpec, layout: Layout, costs: dict[str, cost.Mode
     ]
 
 
+SHARE_COLUMNS = ("GPU", "time-sliced fraction (gpu_share.fraction)", "MIG profile (gpu_share.mig_profile)")
+
+
+def share_rows(arch: catalog.ModelArch, shape: sizing.EngineShape) -> list[tuple[str, ...]]:
+    """Per GPU model: the smallest time-sliced fraction and MIG profile that hold one replica (single-GPU shapes)."""
+    if shape.gpus != 1:
+        return []
+    rows: list[tuple[str, ...]] = []
+    for gpu in catalog.GPUS.values():
+        if sizing.gpu_supports(gpu, shape) is not None:
+            continue
+        fraction = packing.smallest_fraction(arch, shape, gpu)
+        profile = packing.smallest_mig_profile(arch, shape, gpu)
+        if fraction is None and profile is None:
+            continue
+        mig = profile.name if profile else ("-" if gpu.name in catalog.MIG_PROFILES else "no MIG")
+        rows.append((gpu.name, f"{fraction:g}" if fraction is not None else "-", mig))
+    return rows
+
+
 SIZE_COLUMNS = (
     "instance",
     "GPUs",

@@ -744,7 +744,8 @@ class GpuShareSpec(_Spec):
     its engines (`inferstack local up --engine-memory-gib`), which sizes its KV cache (VLLM_CPU_KVCACHE_SPACE)."""
     mig_profile: str | None = None
     """Pool sharing mig: the MIG instance profile each replica runs in, e.g. '1g.10gb' or '3g.40gb' on an H100
-    (`inferstack size` lists a GPU's profiles); the engine requests nvidia.com/mig-<profile>."""
+    (`inferstack size <model>` shows the smallest that holds it on each GPU); the engine requests
+    nvidia.com/mig-<profile>."""
 
     @field_validator("mig_profile")
     @classmethod

@@ -4,6 +4,7 @@ and engine requests (kubernetes-validate, and the device plugin's own config rul
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import kubernetes_validate
@@ -206,3 +207,23 @@ def test_engines_request_one_slice_or_one_mig_instance_and_pass_strict_validatio
     sleeper = next(m for m in spec.models if m.name == "llama-3-8b")
     cmd = vllm(sleeper)
     assert "--enable-sleep-mode" in cmd.args and cmd.env["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def test_inferstack_size_shows_the_shares_plan_would_suggest() -> None:
+    """`inferstack size` and plan's errors name the same smallest share (one function, packing's)."""
+    from typer.testing import CliRunner
+
+    from components.cli import app
+    from components.report import share_rows
+
+    spec = _spec()
+    chat = spec.models[1]
+    arch = chat.arch()
+    assert arch is not None
+    # a MIG instance is a GPU of its own: the engine keeps its gpu_memory_utilization (0.9) there
+    shape = dataclasses.replace(placement.engine_shape(chat), gpu_memory_utilization=0.9)
+    rows = {gpu: (fraction, mig) for gpu, fraction, mig in share_rows(arch, shape)}
+    assert rows["L40S"] == ("0.5", "no MIG")  # the fraction the 0.3 error above asks for
+    assert rows["H100"][1] == "3g.40gb"  # the profile the 1g.10gb error above asks for
+    result = CliRunner().invoke(app, ["size", "llama-3.1-8b", "--max-num-seqs", "32"])
+    assert result.exit_code == 0 and "Or a share of one GPU" in result.output and "3g.40gb" in result.output
