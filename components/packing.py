@@ -143,9 +143,14 @@ class Packing:
     gpus_per_node: int
     slots_per_gpu: int  # time-slicing: engines per GPU (the device plugin's replicas); 1 otherwise
     gpus: tuple[GpuLoad, ...]
+    node_layout: tuple[GpuLoad, ...] | None = None
+    """MIG: one node's GPUs, cut the same way on every node of the pool (``mig_node_layout``)."""
+    node_count: int | None = None
 
     @property
     def nodes(self) -> int:
+        if self.node_count is not None:
+            return self.node_count
         return math.ceil(len(self.gpus) / self.gpus_per_node) if self.gpus else 0
 
     def lines(self, memory_gib: float) -> list[str]:
@@ -250,6 +255,50 @@ def pack_mig(engines: Sequence[Engine]) -> list[GpuLoad]:
     return _whole(engines) + loads
 
 
+def mig_node_layout(engines: Sequence[Engine], gpus_per_node: int) -> tuple[int, tuple[GpuLoad, ...]] | None:
+    """A node group's nodes are cut alike: the fewest nodes ``n`` for which one node, partitioned once, holds
+    ceil(replicas / n) of every model; (n, that node's GPUs). None when even one replica of each does not fit a
+    node (the pool's models need more GPUs than a node has, with one partitioning)."""
+    counts: dict[str, tuple[catalog.MigProfile, int]] = {}
+    for e in engines:
+        if e.profile is not None:
+            profile, count = counts.get(e.model, (e.profile, 0))
+            counts[e.model] = (profile, count + 1)
+    if not counts:
+        return 0, ()
+    most = max(count for _, count in counts.values())
+    start = max(1, math.ceil(len(pack_mig(engines)) / gpus_per_node))
+    for nodes in range(start, most + 1):
+        per_node = [
+            Engine(model, profile=profile)
+            for model, (profile, count) in counts.items()
+            for _ in range(math.ceil(count / nodes))
+        ]
+        layout = pack_mig(per_node)
+        if len(layout) <= gpus_per_node:
+            return nodes, tuple(layout)
+    return None
+
+
+def mig_parted_config(name: str, layout: Sequence[GpuLoad], gpus_per_node: int) -> dict[str, object]:
+    """One node's partitioning in nvidia-mig-parted's config format (``nvidia-mig-parted apply -f <file> -c
+    <name>``, or the GPU operator's MIG manager): GPUs cut alike share an entry; the rest stay whole."""
+    entries: list[dict[str, object]] = []
+    groups: dict[tuple[tuple[str, int], ...], list[int]] = {}
+    for index, load in enumerate(layout):
+        devices: dict[str, int] = {}
+        for seat in load.seats:
+            if seat.profile is not None:
+                devices[seat.profile] = devices.get(seat.profile, 0) + 1
+        groups.setdefault(tuple(sorted(devices.items())), []).append(index)
+    for devices_key, indices in groups.items():
+        entries.append({"devices": indices, "mig-enabled": True, "mig-devices": dict(devices_key)})
+    rest = list(range(len(layout), gpus_per_node))
+    if rest:
+        entries.append({"devices": rest, "mig-enabled": False})
+    return {"version": "v1", "mig-configs": {name: entries}}
+
+
 def pack(
     mechanism: Mechanism,
     engines: Sequence[Engine],
@@ -262,6 +311,10 @@ def pack(
         loads = pack_time_sliced(engines, slots_per_gpu)
     elif mechanism is Mechanism.MIG:
         loads = pack_mig(engines)
+        node = mig_node_layout(engines, gpus_per_node)
+        if node is not None:  # nodes cut alike: the node count follows one node's layout
+            count, layout = node
+            return Packing(mechanism, gpu, gpus_per_node, 1, tuple(loads), layout, count)
     else:
         loads = _whole(engines)
         slots_per_gpu = 1

@@ -635,8 +635,17 @@ def _pool_plans(
             need_min = _nodes_for(gpus_min, instance.gpus)
         else:
             packed = _packing(pool, members, placements, instance, "max_replicas")
-            gpus_max = len(packed.gpus)
+            gpus_max = packed.nodes * instance.gpus
             need_min = _packing(pool, members, placements, instance, "min_replicas").nodes
+            if pool.sharing is Mechanism.MIG and packed.node_layout is None:
+                problems.append(
+                    Problem(
+                        f"gpu_pools[{i}].sharing",
+                        f"a node group's nodes are cut into MIG instances alike, and one {instance.name} cannot hold "
+                        f"a replica of each of {', '.join(m.name for m in members)} ({instance.gpus} GPUs); split "
+                        "them across pools or use smaller profiles",
+                    )
+                )
         need_max = _nodes_for(gpus_max, instance.gpus)
         min_nodes = max(pool.min_nodes, need_min)
         max_nodes = pool.max_nodes if pool.max_nodes is not None else max(need_max, min_nodes, 1)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
+
+import yaml
 
 from components import capacity, catalog, cost, endpoint, images, packing, rollout, sizing, startup, targets
 from components.placement import Layout
@@ -255,13 +258,34 @@ def sharing_lines(spec: PlatformSpec, layout: Layout, costs: dict[str, cost.Mode
             "are cut into, it does not cut them: partition them as below with the GPU operator's MIG manager or "
             "nvidia-mig-parted on the node)"
         )
-        lines += [
-            f"Pool `{pool.name}` ({pool.instance.name}, {pool.instance.gpus} x {pool.instance.gpu}): {how}; "
-            f"at max replicas {len(pack.gpus)} GPU(s) on {pack.nodes} node(s):",
-            "",
-            *(f"- {line}" for line in pack.lines(pool.instance.gpu_spec.memory_gib)),
-            "",
-        ]
+        memory = pool.instance.gpu_spec.memory_gib
+        if pack.node_layout is not None:  # MIG: every node is cut alike
+            node = dataclasses.replace(pack, gpus=pack.node_layout)
+            config = packing.mig_parted_config(
+                f"inferstack-{pool.name}", pack.node_layout, pool.instance.gpus
+            )
+            lines += [
+                f"Pool `{pool.name}` ({pool.instance.name}, {pool.instance.gpus} x {pool.instance.gpu}): {how}; at max "
+                f"replicas {pack.nodes} node(s), each cut alike:",
+                "",
+                *(f"- {line}" for line in node.lines(memory)),
+                "",
+                "As an nvidia-mig-parted config (`nvidia-mig-parted apply -f <file> -c "
+                f"inferstack-{pool.name}` on each node, or the GPU operator's MIG manager):",
+                "",
+                "```yaml",
+                *yaml.safe_dump(config, sort_keys=False).splitlines(),
+                "```",
+                "",
+            ]
+        else:
+            lines += [
+                f"Pool `{pool.name}` ({pool.instance.name}, {pool.instance.gpus} x {pool.instance.gpu}): {how}; "
+                f"at max replicas {len(pack.gpus)} GPU(s) on {pack.nodes} node(s):",
+                "",
+                *(f"- {line}" for line in pack.lines(memory)),
+                "",
+            ]
         for name in pool.models:
             placement = layout.placements[name]
             fit, share, c = placement.fit, placement.share, costs[name]

@@ -112,3 +112,42 @@ def test_slots_follow_the_largest_fraction() -> None:
     assert packing.slots_for([0.5, 0.5]) == 2
     assert packing.slots_for([0.01]) == packing.MAX_TIME_SLICES
     assert packing.shared_memory_utilization(0.5) == 0.45
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), gpu=MIG_GPUS, gpus_per_node=st.sampled_from([1, 2, 4, 8]))
+def test_mig_nodes_are_cut_alike_and_together_hold_every_replica(
+    data: st.DataObject, gpu: str, gpus_per_node: int
+) -> None:
+    models = data.draw(st.lists(st.sampled_from(catalog.MIG_PROFILES[gpu]), min_size=1, max_size=4))
+    replicas = data.draw(st.lists(st.integers(1, 12), min_size=len(models), max_size=len(models)))
+    engines = [
+        Engine(f"m{i}", profile=p)
+        for i, (p, n) in enumerate(zip(models, replicas, strict=True))
+        for _ in range(n)
+    ]
+    found = packing.mig_node_layout(engines, gpus_per_node)
+    if found is None:  # one replica of each model does not fit one node
+        assert (
+            len(packing.pack_mig([Engine(f"m{i}", profile=p) for i, p in enumerate(models)])) > gpus_per_node
+        )
+        return
+    nodes, layout = found
+    assert len(layout) <= gpus_per_node
+    per_node = Counter(s.model for load in layout for s in load.seats)
+    for i, n in enumerate(replicas):
+        assert nodes * per_node[f"m{i}"] >= n  # every replica has an instance somewhere
+    for load in layout:
+        used = [
+            x
+            for s in load.seats
+            for x in range(
+                s.start or 0, (s.start or 0) + catalog.mig_profile(gpu, s.profile or "").memory_slices
+            )
+        ]  # type: ignore[union-attr]
+        assert len(used) == len(set(used)) <= catalog.MIG_MEMORY_SLICES
+    config = packing.mig_parted_config("c", layout, gpus_per_node)["mig-configs"]["c"]  # type: ignore[index]
+    devices = sorted(d for entry in config for d in entry["devices"])
+    assert devices == list(range(gpus_per_node))  # every GPU of the node, once
+    instances = sum(sum(e.get("mig-devices", {}).values()) * len(e["devices"]) for e in config)
+    assert instances == sum(per_node.values())
