@@ -85,7 +85,7 @@ COVERAGE = [
     Coverage(r"\.venv/bin/inferstack size .*", ((HERE, "def test_size_prints_what_the_readme_shows"),), "run here"),
     Coverage(r"inferstack size --list", ((HERE, "def test_cheap_commands_run"),), "run here"),
     Coverage(r"\.venv/bin/inferstack plan -s prod --out build/prod", ((HERE, "def test_cheap_commands_run"),), "run here"),
-    Coverage(r"\.venv/bin/inferstack plan -s kind --out build/kind", ((CI, "stack: [dev, kind, staging, prod]"), (CI, "--out build/${{ matrix.stack }}")), "CI plan job"),
+    Coverage(r"\.venv/bin/inferstack plan -s kind --out build/kind", ((CI, "stack: [dev, kind, staging, prod, shared]"), (CI, "--out build/${{ matrix.stack }}")), "CI plan job"),
     Coverage(r"\.venv/bin/inferstack plan -s prod --policy-config policies/inference/config/prod\.json", (("tests/policies/test_plan.py", '"--policy-config", "policies/inference/config/prod.json"'), (CI, "--policy-config policies/inference/config/${{ matrix.stack }}.json")), "policy tests and CI"),
     Coverage(r"inferstack plan", ((HERE, "def test_cheap_commands_run"),), "run here (the name of the command)"),
     Coverage(r"inferstack schema", (("tests/components/test_cli.py", "def test_committed_schema_is_current"),), "schema test"),
