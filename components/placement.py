@@ -416,6 +416,15 @@ def _share_rules(spec: PlatformSpec) -> list[Problem]:
     for i, model in enumerate(spec.models):
         share = model.gpu_share
         if model.engine.device is Device.CPU:
+            if share is not None and spec.target is not Target.LOCAL:
+                problems.append(
+                    Problem(
+                        f"models[{i}].gpu_share",
+                        "on a CPU engine gpu_share.fraction shares the memory `make local` gives its engines "
+                        f"(target local); on {spec.target.value} a CPU engine's memory is engine.memory_gib: remove "
+                        "gpu_share",
+                    )
+                )
             continue
         pool = spec.pool(model.pool)
         if share is None:

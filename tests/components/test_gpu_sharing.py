@@ -227,3 +227,12 @@ def test_inferstack_size_shows_the_shares_plan_would_suggest() -> None:
     assert rows["H100"][1] == "3g.40gb"  # the profile the 1g.10gb error above asks for
     result = CliRunner().invoke(app, ["size", "llama-3.1-8b", "--max-num-seqs", "32"])
     assert result.exit_code == 0 and "Or a share of one GPU" in result.output and "3g.40gb" in result.output
+
+
+def test_a_cpu_engine_shares_memory_only_on_target_local() -> None:
+    raw = copy.deepcopy(BASE)
+    raw["models"].append(
+        {"name": "cpu", "source": "BAAI/bge-m3", "engine": {"device": "cpu"}, "gpu_share": {"fraction": 0.5}}
+    )
+    [(path, message)] = _problems(raw)
+    assert path == "models[2].gpu_share" and "target local" in message
