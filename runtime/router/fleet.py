@@ -243,11 +243,6 @@ class Fleet:
         fails = 0 if healthy else state.probe_failures.get(b.url, 0) + 1
         state.probe_failures[b.url] = fails
         signals = parse_signals(text, state.target.engine.value) if text else {}
-        tokens = signals.get(Signal.PROMPT_TOKENS)
-        if tokens is not None:  # the engine took prompts since we last looked (perhaps another router's)
-            if b.prompt_tokens is not None and tokens != b.prompt_tokens:
-                b.last_used = time.monotonic()
-            b.prompt_tokens = tokens
         was = b.healthy
         b.update_signals(
             healthy=fails < PROBE_FAILURES_TO_UNHEALTHY,
@@ -287,6 +282,8 @@ class Fleet:
             if not sleeping:
                 b.last_used = time.monotonic()
                 state.queue.wake_all()
+        if not b.asleep:
+            await self._took_prompts(state, b, timeout)
         idle_s = time.monotonic() - b.last_used
         if b.asleep or not b.healthy or b.inflight or b.engine_running or b.engine_queued:
             return
@@ -310,6 +307,26 @@ class Fleet:
         log.info("replica %s of %s is asleep after %.0fs idle", b.url, state.name, idle_s)
         if self.on_slept is not None:
             self.on_slept(state.name)
+
+    async def _took_prompts(self, state: ModelState, b: Backend, timeout: aiohttp.ClientTimeout) -> None:
+        """Whether the engine took prompts since the last look, from its own counter: requests through other
+        router replicas count, so one router never puts to sleep a replica that another keeps busy."""
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                b.url + facts(state.target.engine).metrics_path, timeout=timeout
+            ) as resp:
+                if resp.status != 200:
+                    return
+                text = (await resp.content.read(PROBE_MAX_BYTES)).decode("utf-8", "replace")
+        except (aiohttp.ClientError, TimeoutError):
+            return
+        tokens = parse_signals(text, state.target.engine.value).get(Signal.PROMPT_TOKENS)
+        if tokens is None:
+            return
+        if b.prompt_tokens is not None and tokens != b.prompt_tokens:
+            b.last_used = time.monotonic()
+        b.prompt_tokens = tokens
 
     def wake(self, state: ModelState) -> None:
         """Wake one sleeping replica of ``state`` for the requests waiting on it (one wake at a time)."""
