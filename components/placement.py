@@ -24,6 +24,11 @@ from components.spec import (
     Target,
 )
 
+# Node resources the kubelet, system daemons and DaemonSets keep; the rest is shared by the GPUs' replicas.
+NODE_RESERVED_CPU = 2.0
+NODE_RESERVED_MEMORY_FRACTION = 0.10
+HOST_ENGINE_BASE_GIB = 16
+"""Host memory a GPU engine needs for itself, besides what it parks there (a KV offload buffer, slept weights)."""
 IMAGE_DISK_GIB = 60  # engine images (vLLM's is ~10 GiB compressed) and the kubelet's working space
 DISK_STEP_GIB = 50
 
@@ -332,6 +337,7 @@ def place(spec: PlatformSpec, source: str = "<spec>") -> Layout:
         raise SpecError(source, problems)
 
     pools, found = _pool_plans(spec, placements, instances, pool_reasons)
+    found += _sleep_fits_host(spec, placements)
     if found:
         raise SpecError(source, found)
     return Layout(placements=placements, pools=pools)
@@ -706,6 +712,45 @@ def _packing(
         slots = share.slots_per_gpu
         engines += [share.engine(m.name)] * getattr(m.scaling, bound)
     return packing.pack(pool.sharing, engines, instance.gpu, instance.gpus, slots)
+
+
+def host_share(instance: catalog.InstanceType, gpus: float) -> tuple[float, int]:
+    """CPU cores and memory GiB of a node that a replica taking ``gpus`` of its GPUs gets (whole or a share)."""
+    share = gpus / instance.gpus
+    cores = max(1.0, math.floor((instance.vcpus - NODE_RESERVED_CPU) * share))
+    return cores, math.floor(instance.memory_gib * (1 - NODE_RESERVED_MEMORY_FRACTION) * share)
+
+
+def host_memory_needed_gib(model: ModelSpec, placement: Placement) -> int:
+    """Host memory a GPU replica needs at least: its own, plus a KV offload buffer, plus (sleep level 1) its
+    weights, which sleeping moves to host memory; 0 when it parks nothing there."""
+    parked = model.engine.cpu_kv_offload_gib
+    if model.scaling.sleep_after_idle_s is not None:
+        parked += placement.weights_gib
+    return math.ceil(parked + HOST_ENGINE_BASE_GIB) if parked else 0
+
+
+def _sleep_fits_host(spec: PlatformSpec, placements: dict[str, Placement]) -> list[Problem]:
+    """A sleeping replica keeps its weights in host memory: its share of the node must hold them."""
+    problems = []
+    for i, model in enumerate(spec.models):
+        placement = placements.get(model.name)
+        if model.scaling.sleep_after_idle_s is None or placement is None or placement.instance is None:
+            continue
+        need = host_memory_needed_gib(model, placement)
+        _, share = host_share(placement.instance, placement.gpu_fraction)
+        have = model.engine.memory_gib or share
+        if need > have:
+            problems.append(
+                Problem(
+                    f"models[{i}].scaling.sleep_after_idle_s",
+                    f"a sleeping replica of {model.name} moves its weights ({placement.weights_gib:.1f} GiB) to host "
+                    f"memory and needs {need} GiB there, but gets {have:g} GiB of {placement.instance.name} "
+                    f"({'engine.memory_gib' if model.engine.memory_gib else 'its share of the node'}); use an instance "
+                    "with more memory per GPU, set engine.memory_gib if the node has room, or remove sleep",
+                )
+            )
+    return problems
 
 
 def misfits(model: ModelSpec, arch: catalog.ModelArch, instance: catalog.InstanceType) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from components import nodes
-from components.placement import Placement
+from components.placement import Placement, host_memory_needed_gib, host_share
 from components.render import common, hardening, scaling
 from components.render.common import Manifest
 from components.render.engine_args import (
@@ -23,11 +23,7 @@ AWS_CLI_IMAGE = "public.ecr.aws/aws-cli/aws-cli:2.27.50"
 HF_TOKEN_KEY = "token"
 HF_TOKEN_DIR = "/var/run/secrets/huggingface"
 """The token is a file (huggingface_hub reads HF_TOKEN_PATH), never an environment variable."""
-# Node resources the kubelet, system daemons and DaemonSets keep; the rest is shared by GPU share.
-_NODE_RESERVED_CPU = 2.0
-_NODE_RESERVED_MEMORY_FRACTION = 0.10
 _CPU_ENGINE_DEFAULTS = (2.0, 8.0)  # cores, GiB
-_OFFLOAD_BASE_GIB = 16  # host memory the engine needs besides a KV offload buffer
 _PROBE_PERIOD_S = 10
 
 
@@ -41,13 +37,8 @@ def engine_resources(model: ModelSpec, placement: Placement) -> tuple[float, flo
     if placement.instance is None:
         cores, memory = _CPU_ENGINE_DEFAULTS
         return e.cpu_cores or cores, e.memory_gib or memory
-    instance = placement.instance
-    share = placement.gpu_fraction / instance.gpus
-    cores = max(1.0, math.floor((instance.vcpus - _NODE_RESERVED_CPU) * share))
-    memory = math.floor(instance.memory_gib * (1 - _NODE_RESERVED_MEMORY_FRACTION) * share)
-    memory = (
-        max(memory, math.ceil(e.cpu_kv_offload_gib + _OFFLOAD_BASE_GIB)) if e.cpu_kv_offload_gib else memory
-    )
+    cores, memory = host_share(placement.instance, placement.gpu_fraction)
+    memory = max(memory, host_memory_needed_gib(model, placement))
     return e.cpu_cores or cores, e.memory_gib or float(memory)
 
 

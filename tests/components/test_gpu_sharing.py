@@ -204,7 +204,7 @@ def test_engines_request_one_slice_or_one_mig_instance_and_pass_strict_validatio
         ]
         limits = container["resources"]["limits"]
         assert {k: v for k, v in limits.items() if k.startswith("nvidia.com/")} == {wanted[model.name]: "1"}
-    sleeper = next(m for m in spec.models if m.name == "llama-3-8b")
+    sleeper = next(m for m in spec.models if m.name == "qwen-7b")
     cmd = vllm(sleeper)
     assert "--enable-sleep-mode" in cmd.args and cmd.env["VLLM_SERVER_DEV_MODE"] == "1"
 
@@ -236,3 +236,26 @@ def test_a_cpu_engine_shares_memory_only_on_target_local() -> None:
     )
     [(path, message)] = _problems(raw)
     assert path == "models[2].gpu_share" and "target local" in message
+
+
+def test_a_sleeping_replica_must_find_room_for_its_weights_in_host_memory() -> None:
+    """Sleep level 1 parks the weights in host memory: the engine asks for them, and a share of a small node that
+    cannot hold them is one plan error."""
+    raw = copy.deepcopy(BASE)
+    raw["models"][1]["scaling"]["sleep_after_idle_s"] = 300
+    [(path, message)] = _problems(raw)
+    assert path == "models[1].scaling.sleep_after_idle_s"
+    assert (
+        "weights (15.0 GiB)" in message
+        and "needs 31 GiB" in message
+        and "gets 14 GiB of g6e.xlarge" in message
+    )
+    raw["gpu_pools"][0]["instance_type"] = "g6e.4xlarge"  # 128 GiB: half of it holds them
+    spec = PlatformSpec.model_validate(raw)
+    layout = placement.place(spec)
+    chat = spec.models[1]
+    deployment = engine.deployment(spec, chat, layout.placements["chat"], rollout.plan(spec, layout, chat))
+    [container] = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "engine"]
+    assert (
+        container["resources"]["requests"]["memory"] == f"{57 * 1024}Mi"
+    )  # its share, above the 31 it needs

@@ -513,10 +513,10 @@ CASES = [
         "sleep-only-where-supported",
         "shared",
         m(
-            k8s("Deployment", "llama-3-8b-engine"),
+            k8s("Deployment", "qwen-7b-engine"),
             lambda p: container(p, "engine").__setitem__("image", "vllm/vllm-openai:v0.8.5"),
         ),
-        ("llama-3-8b-engine", "older than vLLM 0.10.1"),
+        ("qwen-7b-engine", "older than vLLM 0.10.1"),
     ),
 ]
 

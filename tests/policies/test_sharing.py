@@ -60,7 +60,7 @@ def test_time_sliced_memory_over_the_limit_is_refused() -> None:
 
 def test_sleep_on_cpu_on_an_old_image_or_without_its_endpoints_is_refused() -> None:
     resources = rendered(STACK)
-    select = k8s("Deployment", "llama-3-8b-engine")
+    select = k8s("Deployment", "qwen-7b-engine")
 
     def old_and_silent(props: dict[str, Any]) -> None:
         engine = container(props, "engine")
@@ -75,7 +75,7 @@ def test_sleep_on_cpu_on_an_old_image_or_without_its_endpoints_is_refused() -> N
     def on_cpu(props: dict[str, Any]) -> None:
         engine = container(props, "engine")
         for where in ("requests", "limits"):
-            engine["resources"][where].pop(nodes.SHARED_GPU_RESOURCE)
+            engine["resources"][where].pop("nvidia.com/mig-3g.40gb")
 
     [message] = crossguard("sleep-only-where-supported", mutate(resources, select, on_cpu))
     assert "has no GPU" in message and "gpu only" in message
