@@ -64,6 +64,11 @@ def decode_tokens_per_second(placement: Placement) -> float | None:
         fit.weights_gib * sizing.GIB * active + batch * ROOFLINE_AVG_CONTEXT_TOKENS * per_token_kv
     )
     bandwidth = instance.gpu_spec.memory_bandwidth_gbps * 1e9 * ROOFLINE_BANDWIDTH_EFFICIENCY
+    share = placement.share
+    if share is not None and share.profile is not None:  # a MIG instance has its slices of the bandwidth
+        bandwidth *= share.profile.memory_slices / catalog.MIG_MEMORY_SLICES
+    elif share is not None:  # time slices take turns: with every slice busy, each gets its turn's worth
+        bandwidth /= share.slots_per_gpu
     steps_per_second = bandwidth / bytes_per_step
     return steps_per_second * batch
 
