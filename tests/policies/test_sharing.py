@@ -79,3 +79,31 @@ def test_sleep_on_cpu_on_an_old_image_or_without_its_endpoints_is_refused() -> N
 
     [message] = crossguard("sleep-only-where-supported", mutate(resources, select, on_cpu))
     assert "has no GPU" in message and "gpu only" in message
+
+
+def test_shared_engines_are_judged_by_the_gpu_rules_too() -> None:
+    """A time slice or a MIG instance is a GPU to the fit and placement rules: its memory (the MIG instance's
+    own) and its pool's taints."""
+    resources = rendered(STACK)
+    # 0.3 of a whole H100 (23.9 GiB) would hold the 7B's 14 GiB of weights; 0.3 of its 3g.40gb instance does not
+    squeezed = mutate(
+        resources, k8s("Deployment", "qwen-7b-engine"), _set_arg("--gpu-memory-utilization", "0.3")
+    )
+    [message] = crossguard("engine-model-fits-gpus", squeezed)
+    assert (
+        "qwen-7b-engine" in message and "does not fit its H100 MIG 3g.40gb instance of p5.48xlarge" in message
+    )
+    sliced = mutate(
+        resources, k8s("Deployment", "bge-m3-engine"), _set_arg("--gpu-memory-utilization", "0.05")
+    )
+    [message] = crossguard("engine-model-fits-gpus", sliced)
+    assert "bge-m3-engine" in message and "the L40S GPUs of g6e.xlarge" in message
+
+    def no_toleration(props: dict[str, Any]) -> None:
+        props["spec"]["template"]["spec"]["tolerations"] = []
+
+    [message] = crossguard(
+        "engine-tolerates-pool-taint",
+        mutate(resources, k8s("Deployment", "llama-3-1b-engine"), no_toleration),
+    )
+    assert "llama-3-1b-engine" in message

@@ -29,24 +29,12 @@ from policies.inference.rules.base import (
     dig,
 )
 from policies.inference.rules.engines import Engine, engines, gpu_pool_of, node_pools
-from policies.inference.rules.k8s import containers, environment_of, stack_environment
+from policies.inference.rules.k8s import environment_of, stack_environment
 from policies.inference.rules.reliability import ENVIRONMENTS_SCHEMA
 from runtime.engines import facts
 
 CHART = "kubernetes:helm.sh/v4:Chart"
 DEVICE_PLUGIN_CHART = "nvidia-device-plugin"
-
-
-def gpu_share(e: Engine) -> str | None:
-    """The shared-GPU resource an engine requests (a time slice or a MIG instance), or None."""
-    for c in containers(e.pod, init=False):
-        for key in (
-            *as_map(dig(c.props, "resources", "requests")),
-            *as_map(dig(c.props, "resources", "limits")),
-        ):
-            if key == nodes.SHARED_GPU_RESOURCE or str(key).startswith(nodes.MIG_RESOURCE_PREFIX):
-                return str(key)
-    return None
 
 
 def _co_location(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
@@ -55,7 +43,7 @@ def _co_location(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
     stack_env = stack_environment(resources)
     by_pool: dict[str, list[Engine]] = {}
     for e in engines(resources):
-        if gpu_share(e) != nodes.SHARED_GPU_RESOURCE:
+        if e.shared_gpu != nodes.SHARED_GPU_RESOURCE:
             continue
         env = environment_of(e.res) or stack_env
         pool = gpu_pool_of(e, pools)
@@ -113,7 +101,7 @@ def _memory_sum(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
     limit = float(config["max_total"])
     seen: dict[str, list[Engine]] = {}
     for e in engines(resources):
-        if gpu_share(e) != nodes.SHARED_GPU_RESOURCE:
+        if e.shared_gpu != nodes.SHARED_GPU_RESOURCE:
             continue
         pool = gpu_pool_of(e, pools)
         if pool is not None:
@@ -186,7 +174,7 @@ def _sleep(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
                 f"{name}: {engine.display_name} has no sleep mode; remove --enable-sleep-mode", e.res.urn
             )
             continue
-        if e.gpus == 0 and gpu_share(e) is None:
+        if e.gpus == 0 and e.shared_gpu is None:
             yield Finding(
                 f"{name}: sleep mode frees GPU memory, and this engine has no GPU ({engine.display_name} supports it on "
                 f"{', '.join(sorted(sleep.devices))} only; on CPU it refuses to start); remove --enable-sleep-mode",
