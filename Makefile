@@ -7,7 +7,7 @@ ENGINE_VENV := .venv-engine
 TOOLS_VENV := .venv-tools
 STACK ?= prod
 
-.PHONY: test lint typecheck unit plan local bench clean venv engine-venv tools-venv crd-tools schema snapshots prometheus
+.PHONY: test lint typecheck unit plan local bench clean venv engine-venv tools-venv crd-tools schema snapshots prometheus redis
 
 ## venvs ---------------------------------------------------------------------------------------
 # The project, its runtime services and the dev tools.
@@ -30,6 +30,19 @@ $(TOOLS_VENV)/.installed: scripts/tools-requirements.txt
 	$(TOOLS_VENV)/bin/python -m pip install --quiet -r scripts/tools-requirements.txt
 	touch $@
 tools-venv: $(TOOLS_VENV)/.installed
+
+# Debian's redis-server: the routers' shared rate-limit store in the tests and in `make local ROUTERS=N`,
+# which start their own on 127.0.0.1 and stop it. The Debian service is stopped and disabled at once:
+# nothing is left listening on 6379.
+redis:
+	@command -v redis-server >/dev/null || { \
+	  echo 'installing redis-server (apt-get)'; \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null \
+	    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null; }; } \
+	    || { echo 'make redis: apt-get install redis-server failed (run it as root, or install redis-server)' >&2; exit 2; }; \
+	  service redis-server stop >/dev/null 2>&1 || true; \
+	  update-rc.d redis-server disable >/dev/null 2>&1 || true; \
+	}
 
 # Upstream CRD schemas of the custom resources we render (npm @kubernetes-models packages, pinned in the
 # lock file; see tests/components/test_crd_schemas.py). Offline once installed.
@@ -61,7 +74,7 @@ unit: venv crd-tools prometheus
 snapshots: venv
 	INFERSTACK_UPDATE_SNAPSHOTS=1 $(BIN)/pytest -q tests/components/test_plan_snapshots.py
 
-test: venv engine-venv tools-venv crd-tools prometheus lint typecheck
+test: venv engine-venv tools-venv crd-tools prometheus redis lint typecheck
 	$(BIN)/pytest
 
 ## product -------------------------------------------------------------------------------------
@@ -75,12 +88,17 @@ plan: venv
 # The data plane of stacks/Pulumi.local.yaml on this machine: real vLLM on CPU behind the router on
 # http://127.0.0.1:8080. Foreground (Ctrl-C stops everything); DETACH=1 runs it in the background
 # (then `make local-status`, `make local-logs`, `make local-down`). PORT=N moves the router;
-# MONITOR=1 also runs Prometheus on http://127.0.0.1:9090 with the stack's alert rules;
-# LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the state directory.
+# MONITOR=1 also runs Prometheus on http://127.0.0.1:9090 with the stack's alert rules; ROUTERS=N runs N router
+# replicas behind a round-robin balancer on PORT, sharing rate limits through a local redis-server; S3=1 serves from
+# the model store, as a cluster does: a loopback S3 server, the models prepared into it, engines streaming
+# their weights from it. GATEWAY=envoy puts a real Envoy (1.40) on the router's port with inferstack's
+# endpoint picker as its ext_proc server: the Gateway API Inference Extension's data path
+# (components/render/envoy.py). LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the
+# state directory.
 .PHONY: local local-down local-status local-logs
 LOCAL_STATE_ARG = $(if $(LOCAL_STATE),--state-dir $(LOCAL_STATE))
-local: venv engine-venv $(if $(MONITOR),prometheus)
-	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(DETACH),--detach) $(if $(MONITOR),--monitor) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
+local: venv engine-venv $(if $(MONITOR),prometheus) $(if $(filter-out 1,$(ROUTERS)),redis)
+	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(ROUTERS),--routers $(ROUTERS)) $(if $(GATEWAY),--gateway $(GATEWAY)) $(if $(DETACH),--detach) $(if $(MONITOR),--monitor) $(if $(S3),--s3) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
 
 local-down: venv
 	$(BIN)/inferstack local down $(LOCAL_STATE_ARG)
@@ -92,12 +110,13 @@ local-logs: venv
 	$(BIN)/inferstack local logs $(LOCAL_STATE_ARG)
 
 ## bench ---------------------------------------------------------------------------------------
-# Routing quality on two real engines (bench/routing, ~15 min), router overhead (bench/router,
-# ~6 min), batcher (bench/batcher, ~3 min). Results and the chart go to bench/results/. Not part of test.
+# Routing quality on two real engines (bench/routing, ~15 min), with 1-3 router replicas (~25 min),
+# router overhead (bench/router, ~10 min with the Envoy targets), batcher (bench/batcher, ~3 min). Results and the chart go to bench/results/. Not part of test.
 bench: venv engine-venv
 	@command -v wrk >/dev/null || { echo 'make bench: wrk (the router benchmark load generator) is missing: apt-get install -y wrk' >&2; exit 2; }
 	bash bench/routing/setup.sh
 	$(BIN)/python -m bench.routing.run
+	$(BIN)/python -m bench.routing.replicas
 	$(BIN)/python bench/router/run.py --repeat 3
 	$(BIN)/python bench/batcher/run.py
 

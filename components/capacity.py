@@ -4,7 +4,8 @@ then fallback instance types. Checks and the plan's sentence. Pure.
 The order is what `pulumi up` renders (``components.aws.decisions.gpu_node_groups``): the reservation is a node
 group of its own that the Cluster Autoscaler's priority expander tries first; the fallback types follow the pool's
 type in its node group, where EC2's prioritized allocation takes them in order. A fallback has the pool type's
-node shape (GPUs, vCPUs, memory): the autoscaler sizes a group by one shape, and every model must fit it.
+node shape (GPUs, vCPUs, memory): the autoscaler sizes a group by one shape, and every model must fit it; where
+the pool's node-level model cache is on local NVMe, a fallback needs room for it there too.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from components import catalog
 from components.placement import Layout, PoolPlan, misfits
 from components.problems import Problem
 from components.spec import GpuPoolSpec, PlatformSpec, ReservationKind, Target
+from components.weights import fetch
 
 
 def _shape(instance: catalog.InstanceType) -> tuple[int, int, int]:
@@ -41,6 +43,16 @@ def _fallback_problems(spec: PlatformSpec, layout: Layout, index: int, pool: Gpu
                 why = misfits(model, placement.arch, fallback)
                 if why:
                     out.append(Problem(path, f"{model.name} does not fit {name}: {why[0]}"))
+        nvme = fetch.nvme_gib(fallback)
+        if plan.cache_medium is fetch.CacheMedium.NVME and nvme < plan.model_cache_gib:
+            out.append(
+                Problem(
+                    path,
+                    f"the pool's {plan.model_cache_gib:,} GiB node cache is on local NVMe, and {name} has "
+                    f"{nvme:,.0f} GiB of it: use a fallback with at least that much NVMe, or stream the models "
+                    "(weights.fetch: streamer, vLLM)",
+                )
+            )
     return out
 
 

@@ -219,6 +219,52 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
     )
 }
 
+# Local NVMe instance storage (total GB as AWS publishes it, all disks) and network bandwidth (Gbps, the
+# published figure; "up to N" taken as N) per instance type, from the AWS instance type pages (accelerated
+# computing: G4dn, G5, G6, G6e, P4d/P4de, P5/P5en, P6-B200), read 2026-12. Every GPU type here has NVMe.
+INSTANCE_STORE_GB: dict[str, int] = {
+    "g4dn.xlarge": 125, "g4dn.2xlarge": 225, "g4dn.4xlarge": 225, "g4dn.12xlarge": 900, "g4dn.metal": 1800,
+    "g5.xlarge": 250, "g5.2xlarge": 450, "g5.4xlarge": 600, "g5.8xlarge": 900, "g5.12xlarge": 3800,
+    "g5.24xlarge": 3800, "g5.48xlarge": 7600,
+    "g6.xlarge": 250, "g6.2xlarge": 450, "g6.4xlarge": 600, "g6.8xlarge": 900, "g6.12xlarge": 3760,
+    "g6.24xlarge": 3760, "g6.48xlarge": 7520,
+    "g6e.xlarge": 250, "g6e.2xlarge": 450, "g6e.4xlarge": 600, "g6e.8xlarge": 900, "g6e.12xlarge": 3800,
+    "g6e.24xlarge": 3800, "g6e.48xlarge": 7600,
+    "p4d.24xlarge": 8000, "p4de.24xlarge": 8000,
+    "p5.48xlarge": 30720, "p5en.48xlarge": 30720, "p6-b200.48xlarge": 30720,
+}  # fmt: skip
+# NVMe devices behind INSTANCE_STORE_GB where there is more than one (nodes stripe them as RAID0).
+INSTANCE_STORE_DISKS: dict[str, int] = {
+    "g4dn.metal": 2, "g5.48xlarge": 2, "g6.12xlarge": 4, "g6.24xlarge": 4, "g6.48xlarge": 8,
+    "g6e.12xlarge": 2, "g6e.24xlarge": 2, "g6e.48xlarge": 4, "p4d.24xlarge": 8, "p4de.24xlarge": 8,
+    "p5.48xlarge": 8, "p5en.48xlarge": 8, "p6-b200.48xlarge": 8,
+}  # fmt: skip
+NETWORK_GBPS: dict[str, float] = {
+    "g4dn.xlarge": 25, "g4dn.2xlarge": 25, "g4dn.4xlarge": 25, "g4dn.12xlarge": 50, "g4dn.metal": 100,
+    "g5.xlarge": 10, "g5.2xlarge": 10, "g5.4xlarge": 25, "g5.8xlarge": 25, "g5.12xlarge": 40,
+    "g5.24xlarge": 50, "g5.48xlarge": 100,
+    "g6.xlarge": 10, "g6.2xlarge": 10, "g6.4xlarge": 25, "g6.8xlarge": 25, "g6.12xlarge": 40,
+    "g6.24xlarge": 50, "g6.48xlarge": 100,
+    "g6e.xlarge": 20, "g6e.2xlarge": 20, "g6e.4xlarge": 20, "g6e.8xlarge": 25, "g6e.12xlarge": 100,
+    "g6e.24xlarge": 200, "g6e.48xlarge": 400,
+    "p4d.24xlarge": 400, "p4de.24xlarge": 400,
+    "p5.48xlarge": 3200, "p5en.48xlarge": 3200, "p6-b200.48xlarge": 3200,
+}  # fmt: skip
+# What one node moves in practice, for cold-start estimates (GB/s). Estimates, stated as such: with many
+# parallel ranged GETs (the streamer and the cache fill both use them) S3 reaches the instance's network
+# limit, of which ~80% is usable; the Hugging Face hub serves one download at ~0.1-0.2 GB/s through a NAT gateway;
+# instance-store NVMe reads ~2 GB/s per disk (RAID0 adds disks, up to 4 counted); copying safetensors from
+# page cache into GPU memory runs at ~2 GB/s per GPU with safetensors' default loader. CPU nodes (no catalog
+# entry) get the system instance's 12.5 Gbps and no NVMe.
+NETWORK_EFFICIENCY = 0.8
+HUB_DOWNLOAD_GBPS = 0.15
+NVME_READ_GBPS_PER_DISK = 2.0
+NVME_DISKS_COUNTED = 4
+LOAD_GBPS_PER_GPU = 2.0
+CPU_NODE_NETWORK_GBPS = 12.5
+GPU_ROOT_DISK_THROUGHPUT_MIBPS = 1000  # the gp3 throughput GPU nodes' root disks are given
+BANDWIDTH_READ_ON = "2026-12-01"
+
 # A CPU instance for the system node group (gateway, monitoring) and its price, same source and date.
 SYSTEM_INSTANCE_TYPE = "m7i.xlarge"
 SYSTEM_INSTANCE_USD_PER_HOUR = 0.2016
@@ -383,6 +429,77 @@ def lookup_model(name: str) -> tuple[str, ModelArch] | None:
     return None
 
 
+# --- Pay-per-token APIs, set beside self-hosting by `inferstack cost --compare` ---------------------------
+# USD per million tokens, standard (synchronous) tier. Looked up on API_PRICES_READ_ON through the pages each
+# entry names; prices move (OpenAI's moved three times in four weeks of 2026): update figures and date together.
+API_PRICES_READ_ON = "2026-12-01"
+#: OpenAI's Batch API bills half the synchronous price (the batch service's clients would compare with that).
+OPENAI_BATCH_DISCOUNT = 0.5
+
+_OPENAI_PRICING = (
+    "https://developers.openai.com/api/docs/pricing, as recorded in api-evangelist/openai "
+    "plans/openai-plans-pricing.yml (read from that page 2026-05-04) and on aicost.tools/llm-cost/openai"
+)
+_OPENAI_EMBEDDINGS = (
+    "https://developers.openai.com/api/docs/models/text-embedding-3-small (effective 2026-07-03, per "
+    "tokenprice.fyi's price history) and aicost.tools/llm-cost/openai/text-embedding-3-small"
+)
+_TOGETHER_PRICING = (
+    "https://www.together.ai/pricing, as recorded in pydantic/genai-prices prices/providers/together.yml "
+    "(commit 09eef84b)"
+)
+
+
+@dataclass(frozen=True)
+class ApiPrice:
+    """One pay-per-token model, and the self-hosted models it stands beside.
+
+    ``params_b`` is the half-open range of parameter counts (billions) it is compared with: for an open model
+    hosted by a provider, the same class of model; for a proprietary one, the price tier offered for that class
+    of work (OpenAI does not publish sizes).
+    """
+
+    provider: str
+    model: str
+    usd_per_m_input: float
+    usd_per_m_output: float
+    params_b: tuple[float, float]
+    pooling: bool
+    open_weights: bool
+    source: str
+
+
+API_PRICES: tuple[ApiPrice, ...] = (
+    ApiPrice(
+        "Together AI", "Llama 3.1 8B Instruct Turbo", 0.18, 0.18, (0, 15), False, True, _TOGETHER_PRICING
+    ),
+    ApiPrice(
+        "Together AI", "Llama 3.3 70B Instruct Turbo", 0.88, 0.88, (15, 150), False, True, _TOGETHER_PRICING
+    ),
+    ApiPrice(
+        "Together AI",
+        "Llama 3.1 405B Instruct Turbo",
+        3.50,
+        3.50,
+        (150, 10_000),
+        False,
+        True,
+        _TOGETHER_PRICING,
+    ),
+    ApiPrice("OpenAI", "GPT-5.4 nano", 0.20, 1.25, (0, 15), False, False, _OPENAI_PRICING),
+    ApiPrice("OpenAI", "GPT-5.4 mini", 0.75, 4.50, (15, 150), False, False, _OPENAI_PRICING),
+    ApiPrice("OpenAI", "GPT-5.4", 2.50, 15.00, (150, 10_000), False, False, _OPENAI_PRICING),
+    ApiPrice("OpenAI", "text-embedding-3-small", 0.02, 0.0, (0, 1), True, False, _OPENAI_EMBEDDINGS),
+    ApiPrice("OpenAI", "text-embedding-3-large", 0.13, 0.0, (1, 10_000), True, False, _OPENAI_EMBEDDINGS),
+)
+
+
+def comparable_api_prices(arch: ModelArch) -> list[ApiPrice]:
+    """The API models set beside a model of this architecture: same task, its size class."""
+    same_task = [p for p in API_PRICES if p.pooling == arch.pooling]
+    return [p for p in same_task if p.params_b[0] <= arch.params_b < p.params_b[1]]
+
+
 # Cold start of one engine replica, from nothing to ready: what `pulumi up` waits for (``components.startup``).
 # Estimates, read 2026-02-09, rounded up: nothing here was measured on AWS by this project.
 STARTUP_READ_ON = "2026-02-09"
@@ -414,17 +531,8 @@ CPU_ENGINE_IMAGE_GIB = 3.0
 IMAGE_PULL_MIBPS = 25.0
 """Pull and unpack together: "pulling a 10 GB image ... takes 7-10 minutes" with overlayfs (tensorfuse, above);
 a 20 GB image took 5-6 min to pull and 3-4 to extract (bentoml.com/blog/cold-starting-llms-on-kubernetes-in-under-30-seconds)."""
-WEIGHTS_FETCH_MIBPS: dict[str, float] = {
-    # Download from the Hugging Face hub inside the engine ("limited by the node's network bandwidth and ...
-    # Hugging Face's availability", tensorfuse.io/docs/blogs/reducing_gpu_cold_start), and `aws s3 sync` from the
-    # region's S3 with its default 10 concurrent requests: conservative figures.
-    "hub": 100.0,
-    "s3": 200.0,
-    "local": 0.0,
-}
-WEIGHTS_LOAD_MIBPS = 500.0
-"""Reading safetensors from the node's disk into GPU memory (the GPU nodes' gp3 root disk is provisioned at
-1,000 MiB/s; half of it, for the engine's own parsing and copying)."""
+# The weights (fetch from the model store and load into the engine) are the model store's estimate per fetch path,
+# from the bandwidth figures above (NETWORK_GBPS, NVME_READ_GBPS_PER_DISK, LOAD_GBPS_PER_GPU; components/weights).
 ENGINE_INIT_S: dict[str, int] = {
     # After the weights: torch.compile, CUDA graph capture, KV cache profiling. vLLM's start-up is dominated by such
     # CPU-bound steps ("Breaking the Ice: Analyzing Cold Start Latency in vLLM", arxiv.org/html/2606.07362).
@@ -441,3 +549,36 @@ cache is re-allocated empty; nothing is read from disk and no graph is recompile
 PCIe Gen4 x16's 32 GB/s peak; an estimate, labelled as one wherever it is shown."""
 SLEEP_WAKE_FIXED_S = 1
 """Waking's fixed part: re-mapping the memory pool and resuming the scheduler (an estimate)."""
+
+
+# Multi-node serving: how nodes of a GPU instance type talk to each other (``components.multinode``).
+# EFA interfaces per instance type: EC2's maximumEfaInterfaces (NetworkInfo.EfaInfo of DescribeInstanceTypes; the
+# "Network cards" table, docs.aws.amazon.com/AWSEC2/latest/UserGuide/using-eni.html#network-cards, and "Supported
+# instance types", docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html#efa-instance-types), read 2026-12-01. A type
+# missing here has no EFA (g4dn/g5/g6 below 8xlarge, g6e below 8xlarge): its nodes talk over TCP only.
+EFA_READ_ON = "2026-12-01"
+EFA_INTERFACES: dict[str, int] = {
+    "g4dn.12xlarge": 1,
+    "g4dn.metal": 1,
+    "g5.8xlarge": 1,
+    "g5.12xlarge": 1,
+    "g5.24xlarge": 1,
+    "g5.48xlarge": 1,
+    "g6.8xlarge": 1,
+    "g6.12xlarge": 1,
+    "g6.24xlarge": 1,
+    "g6.48xlarge": 1,
+    "g6e.8xlarge": 1,
+    "g6e.12xlarge": 1,
+    "g6e.24xlarge": 2,
+    "g6e.48xlarge": 4,
+    "p4d.24xlarge": 4,
+    "p4de.24xlarge": 4,
+    "p5.48xlarge": 32,
+    "p5en.48xlarge": 16,
+    "p6-b200.48xlarge": 8,
+}
+# Cluster placement groups are "supported for current generation instance types, except burstable performance
+# instances (for example, T2), Mac1 instances and M7i-flex instances" (docs.aws.amazon.com/AWSEC2/latest/UserGuide/
+# placement-strategies.html#placement-groups-cluster, read 2026-12-01): every GPU family in INSTANCE_TYPES has them.
+CLUSTER_PLACEMENT_FAMILIES = frozenset({"g4dn", "g5", "g6", "g6e", "p4d", "p4de", "p5", "p5en", "p6-b200"})

@@ -19,6 +19,7 @@ from typing import Protocol
 from components.nodes import Taint
 from components.placement import Layout, PoolPlan
 from components.spec import PlatformSpec
+from runtime.config import S3Files
 
 PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
 """Private address ranges: where the node network is when the target does not know it exactly."""
@@ -88,6 +89,12 @@ class Cloud(Protocol):
         """GPU nodes boot with the NVIDIA driver and container toolkit (the GPU operator must not install them)."""
         ...
 
+    @property
+    def managed_limit_store(self) -> bool:
+        """``gateway.shared_limits`` is a managed Redis the cloud layer creates in the cluster network (its
+        address reaches the router through a Secret); False: a Redis StatefulSet in the namespace."""
+        ...
+
     def fixed_infrastructure(self, spec: PlatformSpec, layout: Layout) -> FixedInfrastructure:
         """What the target creates besides GPU instances, for the bill."""
         ...
@@ -109,11 +116,16 @@ class Cloud(Protocol):
         ...
 
     def credential_endpoints(self, spec: PlatformSpec) -> tuple[Endpoint, ...]:
-        """Where the model reader's pods get their cloud credentials (on EKS the Pod Identity agent); network
-        policies let engines reach exactly these."""
+        """Where the model store's readers (engines) and writers (preparation Jobs) get their cloud credentials
+        (on EKS the Pod Identity agent); network policies let them reach exactly these."""
         ...
 
     def model_reader(self, spec: PlatformSpec) -> tuple[str, str] | None:
         """The service account (namespace, name) that the target lets read model weights from its storage;
-        None when engines fetch weights with what they are given (the hub, their own credentials)."""
+        None when engines read the model store with what they are given (model_store.reader_secret)."""
+        ...
+
+    def batch_files(self, spec: PlatformSpec) -> S3Files | None:
+        """Where the batch service keeps files in the target's object store (a prefix of the platform's
+        bucket, named at deploy time); None when they share the service's volume."""
         ...

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from components import catalog, sizing
-from components.cloud import FixedInfrastructure, RootDisk
-from components.placement import Layout, Placement, PoolPlan
-from components.spec import CapacityType, PlatformSpec
+from components.enums import CapacityType
+
+if TYPE_CHECKING:  # annotations only: `inferstack size` prices instance types without loading the spec
+    from components.cloud import FixedInfrastructure, RootDisk
+    from components.placement import Layout, Placement, PoolPlan
+    from components.spec import PlatformSpec
 
 # The throughput assumption behind USD per million tokens, stated once and printed with the figure.
 ROOFLINE_BANDWIDTH_EFFICIENCY = 0.6
@@ -23,6 +27,9 @@ THROUGHPUT_ASSUMPTION = (
     f"{ROOFLINE_BANDWIDTH_EFFICIENCY:.0%} of memory bandwidth, {ROOFLINE_AVG_CONTEXT_TOKENS:,}-token average context, "
     "batch = min(max_num_seqs, what the KV cache holds)"
 )
+DEFAULT_INPUT_SHARE = 0.75
+"""Prompt tokens as a share of all tokens: 3 prompt tokens per generated one (chat with context, RAG). Here, not
+in ``components.compare``: `inferstack cost` shows it as an option default without loading the spec."""
 
 
 def hourly(instance: catalog.InstanceType, capacity: CapacityType) -> float:

@@ -1,8 +1,10 @@
-"""The runtime images (router, health monitor, batcher), built from ``runtime/images/`` and pushed, on every target.
+"""The runtime images (router, health monitor, batcher, batch service, and the model store's weights image), built
+from ``runtime/images/`` and pushed, on every target.
 
 One ``pulumi-docker-build`` Image per runtime service, the same on EKS (pushed to the stack's ECR repositories,
 ``components.aws.registry``) and on a cluster you bring (pushed to ``gateway.image_registry``): the gateway runs
-each by digest (``<repository>@sha256:...``), so a pod runs exactly what was built. Tags are immutable content
+each by digest (``<repository>@sha256:...``), and so do the model store's preparation Jobs and the engines' weights
+init containers (``weights``), so a pod runs exactly what was built. Tags are immutable content
 tags: the digest of what goes into the image (its Dockerfile, ``runtime/`` and ``pyproject.toml``), so unchanged
 sources push nothing new.
 
@@ -20,17 +22,29 @@ from typing import TYPE_CHECKING
 
 import pulumi
 
-from components.render import gateway
+from components.render import batches, gateway
 from components.render.gateway import RuntimeImage
 from components.spec import PlatformSpec, Target
 
 if TYPE_CHECKING:
     import pulumi_docker_build as docker_build
 
-RUNTIME_IMAGES = ("router", "health", "batcher")
+WEIGHTS_IMAGE = "weights"
+"""The model store's tools (preparation Jobs, node-cache fill, store check): every cluster stack runs it."""
+RUNTIME_IMAGES = ("router", "health", "batcher", batches.PART, WEIGHTS_IMAGE)
 DOCKERFILE_DIR = Path("runtime/images")
 CONTEXT_INPUTS = ("runtime", "pyproject.toml")
 PLATFORM = "linux/amd64"
+
+
+def runtime_images(spec: PlatformSpec) -> tuple[str, ...]:
+    """The images an EKS stack keeps repositories for: every runtime image, the batch service's only when it runs."""
+    return tuple(i for i in RUNTIME_IMAGES if i != batches.PART or batches.enabled(spec))
+
+
+def services(spec: PlatformSpec) -> list[str]:
+    """The runtime services this stack runs: the gateway's, and the batch service when it is enabled."""
+    return [*gateway.parts(spec), *batches.parts(spec)]
 
 
 def dockerfile(root: Path, image: str) -> Path:
@@ -84,9 +98,14 @@ def build(
     return RuntimeImage(reference, tag)
 
 
+def images_of(spec: PlatformSpec) -> list[str]:
+    """The runtime images a cluster stack runs: its runtime services, and the weights image."""
+    return [*services(spec), WEIGHTS_IMAGE]
+
+
 def note(spec: PlatformSpec) -> str | None:
     """What the plan says about the runtime images: built where, or run as published."""
-    parts = ", ".join(gateway.parts(spec))
+    parts = ", ".join(images_of(spec))
     if spec.target is Target.EKS:
         return (
             f"runtime images: builds {parts} from runtime/images/ into the stack's ECR; runs them by digest"
@@ -102,8 +121,8 @@ def note(spec: PlatformSpec) -> str | None:
 
 
 class RegistryImages(pulumi.ComponentResource):
-    """``target: kubernetes`` with ``gateway.image_registry``: the runtime services this stack runs, built and
-    pushed to ``<image_registry>/<service>`` with the deploying machine's Docker login."""
+    """``target: kubernetes`` with ``gateway.image_registry``: the runtime services this stack runs and the weights
+    image, built and pushed to ``<image_registry>/<image>`` with the deploying machine's Docker login."""
 
     images: dict[str, RuntimeImage]
 
@@ -111,6 +130,6 @@ class RegistryImages(pulumi.ComponentResource):
         super().__init__("inferstack:index:RegistryImages", f"{spec.name}-{spec.environment}")
         self.images = {
             part: build(f"{spec.name}-{spec.environment}-{part}", part, f"{registry}/{part}", root, self)
-            for part in gateway.parts(spec)
+            for part in images_of(spec)
         }
         self.register_outputs({"images": {part: i.reference for part, i in self.images.items()}})

@@ -35,6 +35,9 @@ TEAM_LABEL = "inferstack.io/team"
 """The team or tenant that owns an engine (spec ``models[].team``): who may share a GPU with whom."""
 DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 """The node label that picks a named config of the device plugin's config map (the chart's config-manager)."""
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+"""The extended resource the EFA device plugin advertises (one per EFA interface); pods of multi-node groups on
+nodes with EFA request them."""
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_TAINT_EFFECT = "NoSchedule"  # Kubernetes spelling; the EKS API spells it NO_SCHEDULE
 

@@ -13,6 +13,7 @@ from components.cloud import PRIVATE_CIDRS, Endpoint, FixedInfrastructure, Ingre
 from components.nodes import Taint
 from components.placement import Layout, PoolPlan
 from components.spec import PlatformSpec
+from runtime.config import S3Files
 
 
 class OwnCluster:
@@ -20,6 +21,8 @@ class OwnCluster:
 
     gpu_driver_preinstalled = False
     """Unknown nodes: the GPU operator (addons.gpu_plugin gpu-operator) installs the driver and toolkit."""
+    managed_limit_store = False
+    """No cloud account: the shared rate-limit store runs in the namespace."""
 
     def fixed_infrastructure(self, spec: PlatformSpec, layout: Layout) -> FixedInfrastructure:
         return FixedInfrastructure()
@@ -41,11 +44,15 @@ class OwnCluster:
         return addons.alb_ingress(spec)
 
     def credential_endpoints(self, spec: PlatformSpec) -> tuple[Endpoint, ...]:
-        """None: engines carry what they are given (a token file, credentials you mount)."""
+        """None: engines and preparation Jobs carry what they are given (the store's credential Secrets)."""
         return ()
 
     def model_reader(self, spec: PlatformSpec) -> None:
-        """None: engines fetch weights from the hub, with the token you give, or with credentials you mount."""
+        """None: engines read the model store with the credentials you mount (model_store.reader_secret)."""
+        return None
+
+    def batch_files(self, spec: PlatformSpec) -> S3Files | None:
+        """None: no object store is known here, so batch files live on the batch service's volume."""
         return None
 
 

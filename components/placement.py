@@ -9,20 +9,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
-from components import catalog, packing, sizing
+from components import catalog, multinode, packing, sizing
 from components.packing import Mechanism
 from components.problems import Problem, SpecError
 from components.spec import (
     AUTO,
+    HF_COMMIT,
     CapacityType,
     Device,
     GpuPlugin,
     GpuPoolSpec,
     ModelSpec,
+    NodeProvisioner,
     PlatformSpec,
     Target,
+    is_local_path,
 )
+from components.weights import fetch, store
 
 # Node resources the kubelet, system daemons and DaemonSets keep; the rest is shared by the GPUs' replicas.
 NODE_RESERVED_CPU = 2.0
@@ -46,6 +51,8 @@ def engine_shape(model: ModelSpec) -> sizing.EngineShape:
         max_num_batched_tokens=e.max_num_batched_tokens,
         gpu_memory_utilization=model.memory_utilization,
         enforce_eager=e.enforce_eager,
+        lora_slots=e.lora.max_per_batch if model.adapters else 0,
+        lora_max_rank=e.lora.max_rank if model.adapters else 0,
     )
 
 
@@ -113,7 +120,18 @@ class Placement:
             return 1
         if self.share is not None:
             return self.instance.gpus * self.share.per_gpu
-        return self.instance.gpus // self.gpus_per_replica
+        return max(1, self.instance.gpus // self.gpus_per_replica)
+
+    @property
+    def nodes(self) -> int:
+        """Nodes one replica spans: 1, or the whole nodes of a multi-node group (``components.multinode``)."""
+        if self.instance is None:
+            return 1
+        return max(1, self.gpus_per_replica // self.instance.gpus)
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes > 1
 
     @property
     def gpu_fraction(self) -> float:
@@ -144,6 +162,16 @@ class PoolPlan:
     def sharing(self) -> Mechanism:
         return self.packing.mechanism if self.packing is not None else Mechanism.NONE
 
+    multi_node: bool = False
+    """A model on it spans nodes (LeaderWorkerSet groups)."""
+    efa_interfaces: int = 0
+    """EFA interfaces per node (the instance type's count; 0: no EFA)."""
+    placement_group: bool = False
+    """Its nodes launch into one cluster placement group (one zone)."""
+    model_cache_gib: int = 0
+    """Node-level cache per node: one copy of each node-cache model's weights, whatever its replicas per node."""
+    cache_medium: fetch.CacheMedium | None = None
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -165,16 +193,10 @@ def _check_on_instance(
     """Parallelism, precision and memory of ``model`` on one node of ``instance``."""
     shape = engine_shape(model)
     gpus = shape.gpus
-    if gpus > instance.gpus:
-        return [
-            Problem(
-                f"{path}.engine.tensor_parallel_size",
-                f"tensor_parallel_size x pipeline_parallel_size = {gpus} needs more GPUs than one "
-                f"{instance.name} has ({instance.gpus}); multi-node serving is not supported yet: use a larger "
-                f"instance or a smaller parallel size ({_divisors(instance.gpus)})",
-            )
-        ], None
-    if instance.gpus % gpus:
+    group = multinode.group_problems(path, model, instance)
+    if group:
+        return group, None
+    if gpus < instance.gpus and instance.gpus % gpus:
         return [
             Problem(
                 f"{path}.engine.tensor_parallel_size",
@@ -343,8 +365,98 @@ def place(spec: PlatformSpec, source: str = "<spec>") -> Layout:
     return Layout(placements=placements, pools=pools)
 
 
+def _store_rules(spec: PlatformSpec) -> list[Problem]:
+    """The model store: in the stack's account, named where the stack does not create it, hub sources pinned."""
+    problems: list[Problem] = []
+    ms, cluster = spec.model_store, spec.cluster
+    if ms.account_id and cluster.account_id and ms.account_id != cluster.account_id:
+        problems.append(
+            Problem(
+                "model_store.account_id",
+                f"the model store bucket belongs to account {ms.account_id}, but the stack deploys into "
+                f"{cluster.account_id} (cluster.account_id): engines and preparation Jobs would read and write "
+                f"weights across accounts; use a store bucket of {cluster.account_id}, or remove "
+                "model_store.account_id on eks (the stack creates the bucket in its own account)",
+            )
+        )
+    if spec.target is Target.EKS:
+        for name in ("bucket", "endpoint_url", "reader_secret", "writer_secret"):
+            if getattr(ms, name) is not None:
+                problems.append(
+                    Problem(
+                        f"model_store.{name}",
+                        "on eks the model store is the bucket the stack creates, read and written through EKS "
+                        "Pod Identity: remove it (name the bucket with cluster.model_bucket)",
+                    )
+                )
+    bucket = store.store_bucket(spec)
+    for i, model in enumerate(spec.models):
+        if spec.target is Target.LOCAL or model.is_local_path:
+            continue
+        if model.is_hub and model.revision is None:
+            problems.append(
+                Problem(
+                    f"models[{i}].revision",
+                    f"{model.source!r} is a Hugging Face source without a pinned revision, so what it serves could "
+                    "change under you: set revision to the exact hub commit (40 hex digits, from the repository's "
+                    "commit history), or prepare the weights into the model store and use its s3:// prefix",
+                )
+            )
+        if model.is_hub and bucket is None:
+            problems.append(
+                Problem(
+                    "model_store.bucket",
+                    f"models[{i}] ({model.source}) is prepared into the model store, which target "
+                    f"{spec.target.value} does not create: name an existing bucket (with endpoint_url, "
+                    "reader_secret and writer_secret for an S3-compatible store such as MinIO)",
+                )
+            )
+        for j, adapter in enumerate(model.adapters):
+            adapter_bucket = store.bucket_of(adapter.source) if adapter.source.startswith("s3://") else None
+            if adapter_bucket and spec.target is Target.EKS and adapter_bucket != bucket:
+                problems.append(
+                    Problem(
+                        f"models[{i}].adapters[{j}].source",
+                        f"bucket {adapter_bucket!r} is not the platform's model store ({bucket}): engine pods read "
+                        f"only the store; prepare the adapter into s3://{bucket}/{spec.model_store.prefix}/... "
+                        "(`python -m runtime.weights prepare --from DIR --to URI`), or use a hub source with revision",
+                    )
+                )
+            if adapter.source.startswith("s3://") or is_local_path(adapter.source):
+                continue
+            if adapter.revision is None or not HF_COMMIT.match(adapter.revision):
+                problems.append(
+                    Problem(
+                        f"models[{i}].adapters[{j}].revision",
+                        f"{adapter.source!r} is copied into the model store at a pinned commit (engine pods never "
+                        f"fetch from the hub), and {adapter.revision or 'no revision'} is not one: set revision to "
+                        "the exact hub commit (40 hex digits), or use the adapter's s3:// prefix in the store",
+                    )
+                )
+            if bucket is None:
+                problems.append(
+                    Problem(
+                        "model_store.bucket",
+                        f"models[{i}].adapters[{j}] ({adapter.source}) is prepared into the model store, which "
+                        f"target {spec.target.value} does not create: name an existing bucket",
+                    )
+                )
+        source_bucket = store.bucket_of(model.source) if model.source.startswith("s3://") else None
+        if source_bucket and spec.target is Target.EKS and source_bucket != bucket:
+            problems.append(
+                Problem(
+                    f"models[{i}].source",
+                    f"bucket {source_bucket!r} is not the platform's model store ({bucket}): engines read only "
+                    "the store, and a bucket outside it may belong to another account; prepare the weights into "
+                    f"s3://{bucket}/{spec.model_store.prefix}/... (`python -m runtime.weights prepare --from DIR "
+                    "--to URI`), or use a hub source with revision",
+                )
+            )
+    return problems
+
+
 def _source_rules(spec: PlatformSpec) -> list[Problem]:
-    problems = []
+    problems = _store_rules(spec)
     for i, model in enumerate(spec.models):
         if model.is_local_path and spec.target is not Target.LOCAL:
             problems.append(
@@ -354,6 +466,15 @@ def _source_rules(spec: PlatformSpec) -> list[Problem]:
                     "upload the weights to S3 ('s3://bucket/prefix') or use a Hugging Face repo id",
                 )
             )
+        for j, adapter in enumerate(model.adapters):
+            if is_local_path(adapter.source) and spec.target is not Target.LOCAL:
+                problems.append(
+                    Problem(
+                        f"models[{i}].adapters[{j}].source",
+                        f"a local path ({adapter.source}) only works with target: local; on {spec.target.value}, "
+                        "upload the adapter to S3 ('s3://bucket/prefix/') or use a Hugging Face repo id",
+                    )
+                )
         if model.engine.device is Device.GPU and spec.target is Target.LOCAL:
             problems.append(
                 Problem(
@@ -379,6 +500,26 @@ def _unique_names(spec: PlatformSpec) -> list[Problem]:
                     )
                 )
             seen.add(name)
+    models = {m.name for m in spec.models}
+    owner: dict[str, str] = {}
+    for i, model in enumerate(spec.models):
+        for j, adapter in enumerate(model.adapters):
+            path = f"models[{i}].adapters[{j}].name"
+            if adapter.name in models:
+                problems.append(
+                    Problem(
+                        path, f"{adapter.name!r} is also a model's name; clients could not tell them apart"
+                    )
+                )
+            elif adapter.name in owner and owner[adapter.name] != model.name:
+                problems.append(
+                    Problem(
+                        path,
+                        f"{adapter.name!r} is also an adapter of {owner[adapter.name]}; adapter names must be "
+                        "unique in the stack (clients ask for them by name alone)",
+                    )
+                )
+            owner.setdefault(adapter.name, model.name)
     return problems
 
 
@@ -677,9 +818,15 @@ def _pool_plans(
             problems.append(
                 Problem(f"gpu_pools[{i}].min_nodes", f"min_nodes {min_nodes} is above max_nodes {max_nodes}")
             )
-        weights = sum(placements[m.name].weights_gib for m in members)
+        links, found = _group_links(spec, i, pool, instance, [placements[m.name] for m in members])
+        problems += found
+        cache_gib, medium, found = _node_cache(i, pool.model_cache_gib, instance, members, placements)
+        problems += found
+        # Weights on the root disk: the node cache where the instance has no NVMe (one copy per model, shared
+        # by the node's replicas); streamed models and an NVMe cache need none.
+        on_root = cache_gib if medium is fetch.CacheMedium.ROOT_DISK else 0
         disk = pool.root_disk_gib or int(
-            math.ceil((weights * 1.2 + IMAGE_DISK_GIB) / DISK_STEP_GIB) * DISK_STEP_GIB
+            math.ceil((on_root + IMAGE_DISK_GIB) / DISK_STEP_GIB) * DISK_STEP_GIB
         )
         plans[pool.name] = PoolPlan(
             name=pool.name,
@@ -692,6 +839,9 @@ def _pool_plans(
             models=tuple(m.name for m in members),
             reason=reasons[pool.name],
             packing=packed,
+            **links,
+            model_cache_gib=cache_gib,
+            cache_medium=medium,
         )
     return plans, problems
 
@@ -722,11 +872,12 @@ def host_share(instance: catalog.InstanceType, gpus: float) -> tuple[float, int]
 
 
 def host_memory_needed_gib(model: ModelSpec, placement: Placement) -> int:
-    """Host memory a GPU replica needs at least: its own, plus a KV offload buffer, plus (sleep level 1) its
-    weights, which sleeping moves to host memory; 0 when it parks nothing there."""
+    """Host memory one engine pod needs at least: its own, plus a KV offload buffer, plus (sleep level 1) its
+    weights, which sleeping moves to host memory (a multi-node group's pod, its node's part of them); 0 when it
+    parks nothing there."""
     parked = model.engine.cpu_kv_offload_gib
     if model.scaling.sleep_after_idle_s is not None:
-        parked += placement.weights_gib
+        parked += placement.weights_gib / placement.nodes
     return math.ceil(parked + HOST_ENGINE_BASE_GIB) if parked else 0
 
 
@@ -738,19 +889,116 @@ def _sleep_fits_host(spec: PlatformSpec, placements: dict[str, Placement]) -> li
         if model.scaling.sleep_after_idle_s is None or placement is None or placement.instance is None:
             continue
         need = host_memory_needed_gib(model, placement)
-        _, share = host_share(placement.instance, placement.gpu_fraction)
+        _, share = host_share(placement.instance, placement.gpu_fraction / placement.nodes)
         have = model.engine.memory_gib or share
         if need > have:
             problems.append(
                 Problem(
                     f"models[{i}].scaling.sleep_after_idle_s",
-                    f"a sleeping replica of {model.name} moves its weights ({placement.weights_gib:.1f} GiB) to host "
-                    f"memory and needs {need} GiB there, but gets {have:g} GiB of {placement.instance.name} "
+                    f"a sleeping replica of {model.name} moves its weights "
+                    f"({placement.weights_gib / placement.nodes:.1f} GiB{' per node' if placement.multi_node else ''}) "
+                    f"to host memory and needs {need} GiB there, but gets {have:g} GiB of {placement.instance.name} "
                     f"({'engine.memory_gib' if model.engine.memory_gib else 'its share of the node'}); use an instance "
                     "with more memory per GPU, set engine.memory_gib if the node has room, or remove sleep",
                 )
             )
     return problems
+
+
+def _group_links(
+    spec: PlatformSpec,
+    index: int,
+    pool: GpuPoolSpec,
+    instance: catalog.InstanceType,
+    members: list[Placement],
+) -> tuple[dict[str, Any], list[Problem]]:
+    """EFA and placement group of a pool: on by default where a model spans nodes; asked for where the instance
+    type lacks them, a problem naming the types that have them."""
+    multi = any(p.multi_node for p in members)
+    link = multinode.interconnect(instance)
+    problems: list[Problem] = []
+    if multi and spec.target is Target.EKS and spec.cluster.node_provisioner is NodeProvisioner.KARPENTER:
+        problems.append(
+            Problem(
+                "cluster.node_provisioner",
+                f"pool {pool.name!r} runs a model across nodes, which needs EFA interfaces and a cluster placement "
+                "group in its nodes' launch template: use node_provisioner managed (EKS node groups) for it",
+            )
+        )
+    if pool.efa and not link.has_efa:
+        problems.append(
+            Problem(
+                f"gpu_pools[{index}].efa",
+                f"{instance.name} has no EFA; use an instance type with EFA "
+                f"({', '.join(multinode.efa_instance_types()) or 'none known'}) or set efa: false",
+            )
+        )
+    if pool.placement_group and not link.cluster_placement:
+        problems.append(
+            Problem(
+                f"gpu_pools[{index}].placement_group",
+                f"{instance.family} instances cannot launch into a cluster placement group; use a family that can "
+                f"({', '.join(sorted(catalog.CLUSTER_PLACEMENT_FAMILIES))}) or set placement_group: false",
+            )
+        )
+    efa = link.has_efa and (pool.efa if pool.efa is not None else multi)
+    placed = link.cluster_placement and (pool.placement_group if pool.placement_group is not None else multi)
+    if placed and spec.target is Target.EKS and spec.cluster.existing_private_subnet_ids:
+        problems.append(
+            Problem(
+                f"gpu_pools[{index}].placement_group",
+                "a cluster placement group keeps its nodes in one zone, and the zones of existing_private_subnet_ids "
+                "are not known here; set placement_group: false, or let the stack create the VPC",
+            )
+        )
+    return {
+        "multi_node": multi,
+        "efa_interfaces": link.efa_interfaces if efa else 0,
+        "placement_group": placed,
+    }, problems
+
+
+NODE_CACHE_SLACK = 1.1
+
+
+def _node_cache(
+    index: int,
+    asked_gib: int | None,
+    instance: catalog.InstanceType,
+    members: list[ModelSpec],
+    placements: dict[str, Placement],
+) -> tuple[int, fetch.CacheMedium | None, list[Problem]]:
+    """Size of a pool's node cache (GiB per node) and where it is; a cache larger than the NVMe is refused."""
+    cached = [m for m in members if fetch.decide(m, instance).path is fetch.FetchPath.NODE_CACHE]
+    if not cached and asked_gib is None:
+        return 0, None, []
+    need = math.ceil(sum(placements[m.name].weights_gib for m in cached) * NODE_CACHE_SLACK)
+    size = asked_gib if asked_gib is not None else need
+    medium, _ = fetch.cache_medium(instance)
+    problems = []
+    nvme = fetch.nvme_gib(instance)
+    if medium is fetch.CacheMedium.NVME and size > nvme:
+        fix = (
+            f"lower it to at most {math.floor(nvme):,}"
+            if asked_gib is not None and need <= nvme
+            else "stream the models instead (weights.fetch: streamer, vLLM) or use an instance type with more"
+        )
+        problems.append(
+            Problem(
+                f"gpu_pools[{index}].model_cache_gib",
+                f"a {size:,} GiB node cache does not fit the {nvme:,.0f} GiB of local NVMe of {instance.name}: "
+                f"{fix}",
+            )
+        )
+    if asked_gib is not None and asked_gib < need:
+        problems.append(
+            Problem(
+                f"gpu_pools[{index}].model_cache_gib",
+                f"{asked_gib:,} GiB cannot hold the weights of {', '.join(m.name for m in cached)} "
+                f"({need:,} GiB with slack); raise it to at least {need:,}",
+            )
+        )
+    return size, medium, problems
 
 
 def misfits(model: ModelSpec, arch: catalog.ModelArch, instance: catalog.InstanceType) -> list[str]:

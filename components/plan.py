@@ -102,7 +102,10 @@ _ARN_SHAPES: dict[str, str] = {
     "aws:ec2/flowLog:FlowLog": "arn:{partition}:ec2:{region}:{account}:vpc-flow-log/{name}",
 }
 _GLOBAL_SERVICES = frozenset({"iam"})  # ARNs without a region
-_NAME_PROPERTY: dict[str, str] = {"aws:s3/bucket:Bucket": "bucket"}  # the physical name, where not "name"
+_NAME_PROPERTY: dict[str, str] = {  # the physical name, where not "name"
+    "aws:s3/bucket:Bucket": "bucket",
+    "aws:elasticache/replicationGroup:ReplicationGroup": "replicationGroupId",
+}
 _KEBAB = re.compile(r"(?<!^)(?=[A-Z])")
 
 
@@ -148,6 +151,10 @@ def _aws_outputs(type_: str, name: str, inputs: dict[str, Any], region: str) -> 
         out["endpoint"] = f"https://{_hex(name)[:32].upper()}.gr7.{region}.eks.{iam.dns_suffix(region)}"
         ca = f"-----BEGIN CERTIFICATE-----\nmock CA of {physical}\n-----END CERTIFICATE-----\n"
         out["certificateAuthority"] = {"data": base64.b64encode(ca.encode()).decode()}
+    elif type_ == "aws:elasticache/replicationGroup:ReplicationGroup":  # TLS groups: master.<id>.<hash>...
+        out["primaryEndpointAddress"] = (
+            f"master.{physical}.{_hex(name)[:6]}.{region}.cache.{iam.dns_suffix(region)}"
+        )
     return out
 
 

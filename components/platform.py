@@ -13,15 +13,18 @@ import pulumi
 from components import rollout
 from components.cloud import Cloud
 from components.kubernetes.addons import ClusterAddons
+from components.kubernetes.batches import BatchService
 from components.kubernetes.cluster import ClusterAccess
-from components.kubernetes.engine import ModelEngine
+from components.kubernetes.engine import ModelEngine, ModelWeights
 from components.kubernetes.gateway import Gateway, NetworkPolicies
+from components.kubernetes.limit_store import LimitStore
 from components.kubernetes.manifests import apply
 from components.kubernetes.observability import Observability
 from components.kubernetes.scaling import ModelScaling
-from components.placement import Layout
-from components.render import addons, common, engine, hardening
+from components.placement import Layout, PoolPlan
+from components.render import addons, common, engine, hardening, weights
 from components.render.namespace import namespace
+from components.secrets import limit_store_token, secret_config
 from components.spec import PlatformSpec
 
 
@@ -35,33 +38,27 @@ class PlatformSecrets:
     when not given."""
 
 
-def _secret_config(field: str, key: str | None, example: str) -> pulumi.Output[str] | None:
-    """The Pulumi secret a spec field names, or a message (not a traceback) when it is not set."""
-    if not key:
-        return None
-    value = pulumi.Config("inferstack").get_secret(key)
-    if value is None:
-        raise pulumi.RunError(
-            f"{field} names 'inferstack:{key}', which is not set; run `pulumi config set --secret {key} {example}`"
-        )
-    return value
-
-
 def _api_keys(spec: PlatformSpec, secrets: PlatformSecrets) -> pulumi.Output[str] | None:
     if secrets.api_keys is not None:
         return secrets.api_keys
     example = "'<YAML list of {name, key, models}>'"
-    return _secret_config("gateway.api_keys_config_key", spec.gateway.api_keys_config_key, example)
+    return secret_config("gateway.api_keys_config_key", spec.gateway.api_keys_config_key, example)
 
 
 def hf_token_secret(spec: PlatformSpec) -> common.Manifest:
-    """The Secret engines read HF_TOKEN from; its value is filled in as a Pulumi secret."""
+    """The Secret the preparation Jobs read the hub token from (never the engines); its value is filled in as a
+    Pulumi secret."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": common.metadata(spec, engine.hf_token_secret_name(spec), "engine"),
+        "metadata": common.metadata(spec, weights.hf_token_secret_name(spec), weights.COMPONENT),
         "type": "Opaque",
     }
+
+
+def _pool(layout: Layout, model: str) -> PoolPlan | None:
+    placed = layout.placements[model].pool
+    return layout.pools.get(placed) if placed is not None else None
 
 
 class InferencePlatform(pulumi.ComponentResource):
@@ -86,42 +83,75 @@ class InferencePlatform(pulumi.ComponentResource):
         if spec.huggingface_token_config_key and secrets.huggingface_token is not None:
             manifest = {
                 **hf_token_secret(spec),
-                "stringData": {engine.HF_TOKEN_KEY: secrets.huggingface_token},
+                "stringData": {weights.HF_TOKEN_KEY: secrets.huggingface_token},
             }
             apply(manifest, in_namespace)
         # Add-ons first: scaled objects and monitors are custom resources their charts define.
-        grafana_password = _secret_config(
+        grafana_password = secret_config(
             "observability.grafana_admin_password_config_key",
             spec.observability.grafana_admin_password_config_key,
             "'<password>'",
         )
+        multi_node = any(p.multi_node for p in layout.placements.values())
         self.addons = ClusterAddons(
-            spec, cloud, cluster.addons, child, grafana_admin_password=grafana_password
+            spec, cloud, cluster.addons, child, grafana_admin_password=grafana_password, multi_node=multi_node
         )
         self.priority_class = apply(hardening.priority_class(spec), child)
         self.engine_identity = apply(engine.service_account(spec), in_namespace)
-        engines_opts = pulumi.ResourceOptions(
-            parent=self, depends_on=[self.namespace, self.priority_class, self.engine_identity]
+        self.network = NetworkPolicies(spec, cloud, in_namespace)
+        # The model store first: one preparation Job per model (pulumi waits for it to complete), then engines.
+        self.weights = ModelWeights(
+            spec,
+            layout,
+            cluster.images.get("weights"),
+            pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, self.network]),
         )
         rollouts = rollout.plans(spec, layout)
         self.engines = {
-            m.name: ModelEngine(spec, m, layout.placements[m.name], rollouts[m.name], engines_opts)
+            m.name: ModelEngine(
+                spec,
+                m,
+                layout.placements[m.name],
+                rollouts[m.name],
+                pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=[
+                        self.namespace,
+                        self.priority_class,
+                        self.engine_identity,
+                        *self.weights.jobs[m.name],
+                        *self.addons.installed(addons.LWS_RELEASE),
+                    ],
+                ),
+                _pool(layout, m.name),
+                weights_image=self.weights.image,
+            )
             for m in spec.models
         }
-        self.network = NetworkPolicies(spec, cloud, in_namespace)
+        keys = _api_keys(spec, secrets)
+        before_gateway: list[pulumi.Resource] = [self.namespace]
+        if spec.gateway.shared_limits:
+            token = limit_store_token(spec.gateway.limit_store_auth_config_key)
+            self.limit_store = LimitStore(spec, cloud, cluster.limit_store_url, token, in_namespace)
+            before_gateway.append(self.limit_store)
         # With gateway_api envoy-gateway, its chart brings the Gateway API CRDs the Gateway and HTTPRoute need.
         gateway_crds = self.addons.installed(addons.ENVOY_GATEWAY_RELEASE)
         self.gateway = Gateway(
             spec,
             cloud,
-            _api_keys(spec, secrets),
-            pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, *gateway_crds]),
+            keys,
+            pulumi.ResourceOptions(parent=self, depends_on=[*before_gateway, *gateway_crds]),
             images=cluster.images,
         )
+        if spec.batch.enabled:
+            self.batches = BatchService(spec, cloud, keys, cluster.files_bucket, cluster.images, in_namespace)
         crds = self.addons.installed("keda", "prometheus-adapter")
         self.scaling = {
             m.name: ModelScaling(
-                spec, m, pulumi.ResourceOptions(parent=self, depends_on=[self.engines[m.name], *crds])
+                spec,
+                m,
+                pulumi.ResourceOptions(parent=self, depends_on=[self.engines[m.name], *crds]),
+                multi_node=layout.placements[m.name].multi_node,
             )
             for m in spec.models
         }

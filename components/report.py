@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import yaml
 
-from components import capacity, catalog, cost, endpoint, images, packing, rollout, sizing, startup, targets
-from components.placement import Layout
+from components import capacity, catalog, cost, endpoint, images, packing, rollout, startup, targets
+from components.placement import Layout, Placement, PoolPlan
 from components.plan import Synthesis
-from components.render import ingress, scaling
-from components.spec import PlatformSpec, Target
+from components.render import inference_extension, ingress, scaling
+from components.spec import GatewayMode, ModelSpec, PlatformSpec, Target
 from components.stackfile import Stack
-from components.startup import minutes
+from components.startup import minutes, weights_fetch, weights_gib
+from components.weights import coldstart, fetch, store
 
 PLAN_COLUMNS = (
     "model",
@@ -30,12 +32,54 @@ PLAN_COLUMNS = (
 )
 
 
+WEIGHTS_COLUMNS = (
+    "model",
+    "store",
+    "fetch",
+    "weights/replica",
+    "cold start (fetch + load)",
+    "hub download",
+    "node cache miss",
+    "node cache hit",
+    "streamer",
+)
+
+
+def _seconds(value: float) -> str:
+    """Whole seconds, rounded up, as the startup budget counts them."""
+    return f"{math.ceil(value):,} s"
+
+
+def weights_rows(stack: Stack) -> list[tuple[str, ...]]:
+    """Per model: where its weights are in the store, how the engine gets them, and the cold start of each path
+    (the chosen one is the startup budget's weights term: ``components.startup.weights_fetch``)."""
+    spec, layout = stack.spec, stack.layout
+    rows = []
+    for model in spec.models:
+        placement = layout.placements[model.name]
+        way = fetch.decide(model, placement.instance)
+        gib = weights_gib(model, placement)
+        paths = coldstart.compare(gib, placement.instance, placement.gpus_per_replica)
+        where = way.path.value + (f" ({way.medium.value})" if way.medium else "")
+        rows.append(
+            (
+                model.name,
+                f"`{store.location(spec, model)}`",
+                where,
+                f"{gib:.1f} GiB",
+                f"**{weights_fetch(model, placement).seconds:,} s**",  # the startup budget's weights term
+                *(_seconds(p.total_s) for p in paths),
+            )
+        )
+    return rows
+
+
 DEPLOY_COLUMNS = (
     "model",
     "node",
     "image",
-    "weights",
-    "load",
+    "weights (fetch + load)",
+    "engine start",
     "estimate",
     "startup budget",
     "rollout",
@@ -43,10 +87,16 @@ DEPLOY_COLUMNS = (
 )
 
 
-def markdown_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+def markdown_table(
+    columns: tuple[str, ...], rows: list[tuple[str, ...]], right_aligned_from: int | None = None
+) -> list[str]:
+    """A markdown table; columns from ``right_aligned_from`` on are aligned right (numbers)."""
+    align = ["---|"] * len(columns)
+    if right_aligned_from is not None:
+        align[right_aligned_from:] = ["---:|"] * (len(columns) - right_aligned_from)
     return [
         "| " + " | ".join(columns) + " |",
-        "|" + "---|" * len(columns),
+        "|" + "".join(align),
         *("| " + " | ".join(row) + " |" for row in rows),
     ]
 
@@ -79,6 +129,7 @@ class PlanReport:
     warnings: list[str]
     sharing: list[str]
     idle: list[tuple[str, ...]]
+    weights: list[tuple[str, ...]] = field(default_factory=list)
 
     def markdown(self, stack: Stack, synthesis: Synthesis) -> str:
         lines = [
@@ -90,6 +141,16 @@ class PlanReport:
             "## Models",
             "",
             *markdown_table(PLAN_COLUMNS, self.rows),
+            "",
+            "## Model weights",
+            "",
+            "Prepared once into the model store by a Job per model; engines never download from the hub. "
+            "Cold start is the seconds from a replica's start to its weights in the engine, on a fresh node "
+            "(fetch + load; image pull and engine warm-up not included), from the catalog's bandwidth figures "
+            f"(read {catalog.BANDWIDTH_READ_ON}); the chosen path's is the weights term of the First deploy "
+            "startup budget.",
+            "",
+            *markdown_table(WEIGHTS_COLUMNS, self.weights, right_aligned_from=3),
             "",
             "## Cost per model (monthly)",
             "",
@@ -145,8 +206,9 @@ class PlanReport:
         return [
             "## First deploy",
             "",
-            "A cold replica's start (seconds; estimates from the catalog, components/startup.py) and how long "
-            "`pulumi up` waits for each engine Deployment.",
+            "A cold replica's start (seconds; estimates from the catalog, components/startup.py; the weights are "
+            "the Model weights table's cold start by the chosen path) and how long `pulumi up` waits for each "
+            "engine Deployment, after the model's preparation Job.",
             "",
             *markdown_table(DEPLOY_COLUMNS, self.deploy),
             "",
@@ -154,6 +216,19 @@ class PlanReport:
             *(f"- reads (must exist): `{r.type}` {r.inputs.get('id')}" for r in synthesis.reads),
             "",
         ]
+
+
+def adapters_note(model: ModelSpec, placement: Placement) -> str:
+    """What a model's LoRA adapters are and what they cost in memory (counted in the fit)."""
+    lora = model.engine.lora
+    names = ", ".join(f"{a.name} (rank {a.rank})" for a in model.adapters)
+    memory = (
+        f"{placement.fit.adapters_gib:.2f} GiB per GPU set aside for {lora.max_per_batch} slots at rank "
+        f"{lora.max_rank}, counted in the fit"
+        if placement.fit
+        else f"{lora.max_per_batch} slots at rank {lora.max_rank} (CPU engine: no GPU memory)"
+    )
+    return f"{model.name}: adapters {names}; {memory}; up to {lora.loaded} loaded per replica (LRU)"
 
 
 def plan_report(stack: Stack) -> PlanReport:
@@ -184,12 +259,32 @@ def plan_report(stack: Stack) -> PlanReport:
             )
         )
         notes.append(f"{model.name}: {placement.reason}")
+        if model.adapters:
+            notes.append(adapters_note(model, placement))
+        if placement.multi_node and placement.instance is not None:
+            notes.append(
+                f"{model.name}: one LeaderWorkerSet group of {placement.nodes} x {placement.instance.name} per "
+                f"replica (TP {e.tensor_parallel_size} x PP {e.pipeline_parallel_size}, "
+                f"{cost.monthly(c.usd_per_replica_month)}/month per replica = {placement.nodes} nodes)"
+            )
+        notes.append(f"{model.name} weights: {fetch.decide(model, placement.instance).reason}")
         if note := scaling.scaling_note(spec, model):
             notes.append(note)
+    if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION and (
+        note := inference_extension.routing_note(spec)
+    ):
+        notes.append(note)
     for pool in layout.pools.values():
+        cache = (
+            f", {pool.model_cache_gib} GiB node cache on {pool.cache_medium.value} (one copy per model, shared "
+            f"by up to {max((layout.placements[m].replicas_per_node for m in pool.models), default=1)} replicas "
+            "per node)"
+            if pool.cache_medium
+            else ""
+        )
         notes.append(
             f"pool {pool.name}: {pool.reason}; {pool.min_nodes}-{pool.max_nodes} nodes, "
-            f"{pool.root_disk_gib} GiB root disk"
+            f"{pool.root_disk_gib} GiB root disk{cache}" + _links(pool)
         )
     plans = rollout.plans(spec, layout)
     deploy_notes = [n for n in (endpoint.note(spec), images.note(spec), ingress.gateway_api_note(spec)) if n]
@@ -203,6 +298,7 @@ def plan_report(stack: Stack) -> PlanReport:
         warnings=rollout.warnings(spec, layout),
         sharing=sharing_lines(spec, layout, by_model),
         idle=idle_rows(spec, layout),
+        weights=weights_rows(stack),
     )
 
 
@@ -317,52 +413,10 @@ def sharing_lines(spec: PlatformSpec, layout: Layout, costs: dict[str, cost.Mode
     ]
 
 
-SHARE_COLUMNS = ("GPU", "time-sliced fraction (gpu_share.fraction)", "MIG profile (gpu_share.mig_profile)")
-
-
-def share_rows(arch: catalog.ModelArch, shape: sizing.EngineShape) -> list[tuple[str, ...]]:
-    """Per GPU model: the smallest time-sliced fraction and MIG profile that hold one replica (single-GPU shapes)."""
-    if shape.gpus != 1:
-        return []
-    rows: list[tuple[str, ...]] = []
-    for gpu in catalog.GPUS.values():
-        if sizing.gpu_supports(gpu, shape) is not None:
-            continue
-        fraction = packing.smallest_fraction(arch, shape, gpu)
-        profile = packing.smallest_mig_profile(arch, shape, gpu)
-        if fraction is None and profile is None:
-            continue
-        mig = profile.name if profile else ("-" if gpu.name in catalog.MIG_PROFILES else "no MIG")
-        rows.append((gpu.name, f"{fraction:g}" if fraction is not None else "-", mig))
-    return rows
-
-
-SIZE_COLUMNS = (
-    "instance",
-    "GPUs",
-    "TP",
-    "replicas/node",
-    "KV headroom",
-    "seqs at full length",
-    "$/month/replica",
-    "spot",
-)
-
-
-def size_rows(found: list[sizing.Candidate]) -> list[tuple[str, ...]]:
-    rows: list[tuple[str, ...]] = []
-    for c in found:
-        spot = c.usd_per_replica_month * catalog.SPOT_FRACTION.get(c.instance.family, 1.0)
-        rows.append(
-            (
-                c.instance.name,
-                f"{c.instance.gpus} x {c.instance.gpu}",
-                str(c.tensor_parallel_size),
-                str(c.replicas_per_node),
-                f"{c.fit.headroom_gib:.1f} GiB",
-                f"{c.fit.full_length_sequences} ({c.fit.kv_coverage:.0%})",
-                cost.monthly(c.usd_per_replica_month),
-                cost.monthly(spot),
-            )
-        )
-    return rows
+def _links(pool: PoolPlan) -> str:
+    """What links a pool's nodes, where a model spans them."""
+    if not (pool.efa_interfaces or pool.placement_group):
+        return ""
+    parts = [f"EFA x{pool.efa_interfaces} per node"] if pool.efa_interfaces else ["no EFA"]
+    parts += ["cluster placement group (one zone)"] if pool.placement_group else []
+    return "; " + ", ".join(parts)

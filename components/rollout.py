@@ -46,7 +46,7 @@ class Rollout:
 
 
 def _slots(placement: Placement) -> int:
-    """Replicas of one model a node holds (replicas never span nodes)."""
+    """Replicas of one model a node holds (1 for a replica that spans nodes)."""
     return placement.replicas_per_node
 
 
@@ -57,11 +57,16 @@ def spare_replicas(spec: PlatformSpec, layout: Layout, model: ModelSpec) -> int:
         return 0
     pool: PoolPlan = layout.pools[placement.pool]
     members = [m for m in spec.models if m.name in pool.models]
-    used = sum(math.ceil(m.scaling.max_replicas / _slots(layout.placements[m.name])) for m in members)
+    used = sum(
+        math.ceil(m.scaling.max_replicas / _slots(layout.placements[m.name]))
+        * layout.placements[m.name].nodes
+        for m in members
+    )
     spare_nodes = max(0, pool.max_nodes - used)
     slots = _slots(placement)
     own = (slots - model.scaling.max_replicas % slots) % slots
-    return own + (spare_nodes // len(members)) * slots
+    # A multi-node replica (a group) needs all of its nodes spare.
+    return own + (spare_nodes // len(members) // placement.nodes) * slots
 
 
 def plan(spec: PlatformSpec, layout: Layout, model: ModelSpec) -> Rollout:

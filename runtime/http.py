@@ -23,6 +23,7 @@ ERROR_TYPES: dict[int, str] = {
     408: "timeout_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     500: "internal_error",
     502: "bad_gateway",
     503: "service_unavailable",
@@ -38,6 +39,7 @@ REASONS: dict[int, str] = {
     405: "Method Not Allowed",
     408: "Request Timeout",
     413: "Content Too Large",
+    431: "Request Header Fields Too Large",
     429: "Too Many Requests",
     500: "Internal Server Error",
     502: "Bad Gateway",
@@ -62,3 +64,13 @@ def error_body(status: int, message: str, *, code: str | None = None, param: str
 def metrics_payload(registry: CollectorRegistry) -> bytes:
     """Prometheus text exposition of one registry (each service keeps its own, never the global one)."""
     return generate_latest(registry)
+
+
+# The router tells the batch service who calls (a key's name; it owns the files and batches it makes) and
+# which models the key may use (comma-separated, empty: all). The router sets both and drops any a client
+# sends; the batch service trusts them because only the router reaches it (NetworkPolicy, loopback).
+PRINCIPAL_HEADER = b"x-inferstack-key"
+SCOPES_HEADER = b"x-inferstack-models"
+# The batch service marks its requests low priority; the router admits them only with headroom.
+PRIORITY_HEADER = b"x-inferstack-priority"
+LOW_PRIORITY = b"low"

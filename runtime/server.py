@@ -45,11 +45,17 @@ class Request:
         self.keep_alive = True
 
 
+class _HeadTooLargeError(Exception):
+    """Raised inside the parser's callbacks: the request head is over the limit (answered 431)."""
+
+
 class ClientGoneError(Exception):
     """The client closed the connection; whatever we were doing for it can stop."""
 
 
 Handler = Callable[[Request, "Connection"], Awaitable[None]]
+#: The body limit for a request target, when some paths take larger bodies than the rest (uploads).
+BodyLimit = Callable[[bytes], int]
 
 
 def _head(status: int, headers: list[tuple[bytes, bytes]], tail: bytes) -> bytes:
@@ -63,9 +69,19 @@ def _head(status: int, headers: list[tuple[bytes, bytes]], tail: bytes) -> bytes
 class Connection(asyncio.Protocol):
     """One client connection; requests on it are handled one at a time, in order."""
 
-    def __init__(self, handler: Handler, max_body_bytes: int, connections: set[Connection]) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        max_body_bytes: int,
+        connections: set[Connection],
+        max_header_bytes: int | None = None,
+        body_limit: BodyLimit | None = None,
+    ) -> None:
         self._handler = handler
-        self._max_body = max_body_bytes
+        self._default_max_body = self._max_body = max_body_bytes
+        self._body_limit = body_limit
+        self._max_head = max_header_bytes
+        self._head_bytes = 0
         self._connections = connections
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
@@ -100,6 +116,11 @@ class Connection(asyncio.Protocol):
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._reject(400, "protocol upgrades are not supported")
+        except httptools.HttpParserCallbackError as err:
+            if isinstance(err.__context__, _HeadTooLargeError):
+                self._reject(431, f"request line and headers exceed {self._max_head} bytes")
+            else:
+                self._reject(400, "malformed HTTP request")
         except httptools.HttpParserError:
             self._reject(400, "malformed HTTP request")
         if self._too_large and self._task is None and not self.closed:
@@ -125,6 +146,8 @@ class Connection(asyncio.Protocol):
 
     # --- httptools callbacks ---------------------------------------------------------------------
     def on_message_begin(self) -> None:
+        self._max_body = self._default_max_body
+        self._head_bytes = 0
         self._url = b""
         self._headers = {}
         self._body = []
@@ -133,11 +156,20 @@ class Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.lower()] = value
+        self._count_head(len(name) + len(value) + 4)
+
+    def _count_head(self, n: int) -> None:
+        self._head_bytes += n
+        if self._max_head is not None and self._head_bytes > self._max_head:
+            raise _HeadTooLargeError
 
     def on_headers_complete(self) -> None:
+        if self._body_limit is not None:
+            self._max_body = self._body_limit(self._url)
         length = self._headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self._max_body:
             self._too_large = True
@@ -293,9 +325,18 @@ class Connection(asyncio.Protocol):
 class Server:
     """The listener; :meth:`shutdown` stops accepting and closes connections as they go idle."""
 
-    def __init__(self, handler: Handler, max_body_bytes: int, idle_timeout_s: float = 75.0) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        max_body_bytes: int,
+        idle_timeout_s: float = 75.0,
+        max_header_bytes: int | None = None,
+        body_limit: BodyLimit | None = None,
+    ) -> None:
         self.handler = handler
         self.max_body_bytes = max_body_bytes
+        self.max_header_bytes = max_header_bytes
+        self.body_limit = body_limit
         self.idle_timeout_s = idle_timeout_s
         self.connections: set[Connection] = set()
         self._server: asyncio.base_events.Server | None = None
@@ -304,7 +345,9 @@ class Server:
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: Connection(self.handler, self.max_body_bytes, self.connections),
+            lambda: Connection(
+                self.handler, self.max_body_bytes, self.connections, self.max_header_bytes, self.body_limit
+            ),
             host,
             port,
             backlog=2048,
@@ -352,3 +395,11 @@ class Server:
     def close_all(self) -> None:
         for conn in list(self.connections):
             conn.close()
+
+    async def drain(self, grace_s: float, busy: Callable[[], int]) -> None:
+        """Stop accepting; let requests in flight (``busy()`` of them) finish within ``grace_s``; close the rest."""
+        await self.stop_accepting()
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and (self.close_idle() or busy()):
+            await asyncio.sleep(0.05)
+        self.close_all()

@@ -244,6 +244,27 @@ class Exchange:
         conn.transport.write(request)
         return cls(pool, conn, request, reused, connect_timeout_s)
 
+    @classmethod
+    async def complete(
+        cls, pool: Pool, request: bytes, timeout_s: float, connect_timeout_s: float
+    ) -> tuple[int, dict[bytes, bytes], bytes]:
+        """One request read to the end within ``timeout_s`` (raises ``TimeoutError``) -> status, headers, body.
+
+        On any failure or cancellation the connection is closed, which is how the engine learns to stop; an
+        answer read to the end leaves it in the pool.
+        """
+        ex: Exchange | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                ex = await cls.open(pool, request, connect_timeout_s)
+                await ex.head(timeout_s)
+                raw = await ex.read_all(timeout_s)
+        except BaseException:
+            if ex is not None:
+                ex.abort()
+            raise
+        return ex.status, ex.headers, raw
+
     async def head(self, timeout_s: float) -> None:
         """Wait for the status line and headers.
 

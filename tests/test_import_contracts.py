@@ -23,7 +23,7 @@ PYPROJECT = ROOT / "pyproject.toml"
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 # What components may read of runtime: the contract, the engine facts and the scorer/filter registry.
-RUNTIME_CONTRACT_MODULES = {"runtime.config", "runtime.engines", "runtime.scheduling"}
+RUNTIME_CONTRACT_MODULES = {"runtime.config", "runtime.defaults", "runtime.engines", "runtime.scheduling"}
 
 
 @cache

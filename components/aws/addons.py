@@ -117,12 +117,33 @@ def _priorities_yaml(priorities: dict[int, list[str]] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+EFA_DEVICE_PLUGIN_NAMESPACE = "kube-system"
+
+
+def efa_device_plugin(spec: PlatformSpec) -> Release:
+    """The EFA device plugin: advertises each node's EFA interfaces as ``vpc.amazonaws.com/efa``, which engine pods
+    of multi-node groups request (docs.aws.amazon.com/eks/latest/userguide/node-efa.html). The chart runs it only on
+    instance types with EFA (its supportedInstanceLabels); GPU nodes are tainted, so it tolerates that taint."""
+    return Release(
+        name="aws-efa-k8s-device-plugin",
+        chart="aws-efa-k8s-device-plugin",
+        repository="https://aws.github.io/eks-charts",
+        version=spec.addons.versions.aws_efa_k8s_device_plugin,
+        namespace=EFA_DEVICE_PLUGIN_NAMESPACE,
+        values={"tolerations": [nodes.gpu_toleration()]},
+    )
+
+
 def releases(
-    spec: PlatformSpec, vpc_id: Any = None, priorities: dict[int, list[str]] | None = None
+    spec: PlatformSpec,
+    vpc_id: Any = None,
+    priorities: dict[int, list[str]] | None = None,
+    efa: bool = False,
 ) -> list[Release]:
-    """The controllers this EKS stack installs, in install order (after the cloud-neutral add-ons)."""
+    """The controllers this EKS stack installs, in install order (after the cloud-neutral add-ons); ``efa``: a GPU
+    node group has EFA interfaces."""
     addons = spec.addons
-    out: list[Release] = []
+    out: list[Release] = [efa_device_plugin(spec)] if efa else []
     if spec.gateway.ingress is IngressKind.ALB and addons.install_aws_load_balancer_controller:
         out.append(aws_load_balancer_controller(spec, vpc_id))
     if (

@@ -18,13 +18,17 @@ from components.cloud import (
 )
 from components.nodes import Taint
 from components.placement import Layout, PoolPlan
-from components.render import common
+from components.render import common, weights
 from components.spec import PlatformSpec
+from runtime.config import S3Files
+
+BATCH_FILES_PREFIX = "batches/"
+"""The key prefix of the platform bucket that holds the batch service's files, and all it may touch."""
 
 POD_IDENTITY_AGENT = Endpoint(
     "169.254.170.23/32",
     80,
-    "EKS Pod Identity agent: credentials for the model bucket "
+    "EKS Pod Identity agent: credentials for the model store (engines read it, preparation Jobs write it) "
     "(https://docs.aws.amazon.com/eks/latest/userguide/pod-id-agent-setup.html)",
 )
 
@@ -34,6 +38,8 @@ class AwsCloud:
 
     gpu_driver_preinstalled = True
     """The EKS AL2023 NVIDIA AMIs ship the driver and container toolkit."""
+    managed_limit_store = True
+    """ElastiCache (components.aws.limit_store), in the private subnets."""
 
     def fixed_infrastructure(self, spec: PlatformSpec, layout: Layout) -> FixedInfrastructure:
         """The control plane, system nodes, NAT gateways, every node group's root disks and the KMS keys."""
@@ -45,7 +51,7 @@ class AwsCloud:
             root_disks=tuple(
                 NodeRootDisks(g.disk, g.min_size, g.max_size) for g in decisions.node_groups(spec, layout)
             ),
-            kms_keys=tuple(decisions.KMS_KEYS),
+            kms_keys=decisions.kms_keys(spec),
         )
 
     def gpu_node_labels(self, pool: PoolPlan) -> dict[str, str]:
@@ -68,9 +74,18 @@ class AwsCloud:
         return (POD_IDENTITY_AGENT,)
 
     def model_reader(self, spec: PlatformSpec) -> tuple[str, str]:
-        """The engines' service account: EKS Pod Identity gives it read access to the model bucket and the
-        ``s3://`` sources (``components.aws.layer``)."""
+        """The engines' service account: EKS Pod Identity gives it read access to the model store
+        (``components.aws.layer``)."""
         return spec.cluster.namespace, common.engine_service_account_name(spec)
+
+    def batch_files(self, spec: PlatformSpec) -> S3Files:
+        """The platform bucket (its name comes from the stack at deploy time) under ``batches/``; the batch
+        service's Pod Identity role may touch that prefix only (``components.aws.layer``)."""
+        return S3Files(prefix=BATCH_FILES_PREFIX, region=spec.cluster.region)
+
+    def model_writer(self, spec: PlatformSpec) -> tuple[str, str]:
+        """The preparation Jobs' service account: EKS Pod Identity lets it write the store's prefix."""
+        return spec.cluster.namespace, weights.service_account_name(spec)
 
 
 EKS = AwsCloud()

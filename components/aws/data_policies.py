@@ -1,5 +1,6 @@
-"""Who may read and write the platform's data on AWS: engines reading model weights, VPC Flow Logs writing
-its log group, EventBridge feeding the interruption queue, and TLS-only access to the model bucket.
+"""Who may read and write the platform's data on AWS: engines reading model weights, the preparation Jobs writing
+them, the batch service its files, VPC Flow Logs writing its log group, EventBridge feeding the interruption queue,
+and TLS-only access to the model bucket.
 """
 
 from __future__ import annotations
@@ -71,6 +72,73 @@ def model_read(region: str, model_bucket_arn: str, key_arn: str, sources: list[s
             {"Sid": f"ReadSource{i}", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": objects}
         )
     return {"Version": VERSION, "Statement": statements}
+
+
+def model_prepare(region: str, model_bucket_arn: str, key_arn: str, prefix: str) -> PolicyDocument:
+    """The preparation Jobs write weights into the store: objects under ``prefix/`` only (no delete, no other
+    prefix, no bucket settings), encrypted with the models key through S3 only."""
+    objects = f"{model_bucket_arn}/{prefix.strip('/')}/*"
+    return {
+        "Version": VERSION,
+        "Statement": [
+            {
+                "Sid": "EncryptModelWeightsViaS3",
+                "Effect": "Allow",
+                "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+                "Resource": key_arn,
+                "Condition": {"StringEquals": {"kms:ViaService": via_service("s3", region)}},
+            },
+            {
+                "Sid": "ListStorePrefix",
+                "Effect": "Allow",
+                "Action": ["s3:ListBucket"],
+                "Resource": model_bucket_arn,
+                "Condition": {"StringLike": {"s3:prefix": [f"{prefix.strip('/')}/*"]}},
+            },
+            {
+                "Sid": "WriteStorePrefix",
+                "Effect": "Allow",
+                "Action": [
+                    "s3:GetObject",
+                    "s3:PutObject",
+                    "s3:AbortMultipartUpload",
+                    "s3:ListMultipartUploadParts",
+                ],
+                "Resource": objects,
+            },
+        ],
+    }
+
+
+def batch_files(region: str, bucket_arn: str, key_arn: str, prefix: str) -> PolicyDocument:
+    """The batch service keeps its files under one prefix of the platform bucket: list that prefix, read, write
+    and delete objects under it, nothing else (not the model weights beside it). Objects are SSE-KMS with the
+    bucket's key: writing one makes a data key, reading one decrypts it, both only through S3."""
+    return {
+        "Version": VERSION,
+        "Statement": [
+            {
+                "Sid": "UseBucketKeyViaS3",
+                "Effect": "Allow",
+                "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
+                "Resource": key_arn,
+                "Condition": {"StringEquals": {"kms:ViaService": via_service("s3", region)}},
+            },
+            {
+                "Sid": "ListBatchFiles",
+                "Effect": "Allow",
+                "Action": ["s3:ListBucket"],
+                "Resource": bucket_arn,
+                "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}*"]}},
+            },
+            {
+                "Sid": "ReadWriteBatchFiles",
+                "Effect": "Allow",
+                "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+                "Resource": f"{bucket_arn}/{prefix}*",
+            },
+        ],
+    }
 
 
 def bucket_tls_only(bucket_arn: str) -> PolicyDocument:

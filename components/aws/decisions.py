@@ -13,6 +13,7 @@ from typing import Any
 from components import catalog, nodes
 from components.cloud import RootDisk
 from components.placement import Layout, PoolPlan
+from components.render import weights
 from components.render.karpenter import NodeLaunch
 from components.spec import (
     CapacityReservationSpec,
@@ -38,7 +39,7 @@ ROOT_DEVICE = "/dev/xvda"  # AL2023 EKS AMIs boot from xvda
 # GPU nodes pull ~10 GiB engine images and stage weights on the root disk: buy gp3 throughput (at most
 # iops / 4 MiB/s) so a cold start is not disk-bound; it costs tens of dollars a month next to thousands.
 GPU_DISK_IOPS = 4000
-GPU_DISK_THROUGHPUT_MIBPS = 1000
+GPU_DISK_THROUGHPUT_MIBPS = catalog.GPU_ROOT_DISK_THROUGHPUT_MIBPS
 # IMDSv2 only, one hop: node daemons on the host network reach the instance metadata service; pods do
 # not (they get credentials from EKS Pod Identity), so a compromised pod cannot take the node's role.
 IMDS_HOP_LIMIT = 1
@@ -81,6 +82,16 @@ KMS_KEYS: dict[str, str] = {
     "images": "runtime images in ECR",
     "disks": "EBS root volumes of the nodes",
 }
+LIMITS_KEY = "limits"
+LIMITS_KEY_PURPOSE = "the shared rate-limit store (ElastiCache, at rest)"
+LIMIT_STORE_ENGINE_VERSION = "7.1"  # ElastiCache for Redis OSS 7.1: the last Redis OSS major it offers
+
+
+def kms_keys(spec: PlatformSpec) -> tuple[str, ...]:
+    """Every key the stack creates: the platform's, and the rate-limit store's with gateway.shared_limits."""
+    return (*KMS_KEYS, *((LIMITS_KEY,) if spec.gateway.shared_limits else ()))
+
+
 KMS_DELETION_WINDOW_DAYS = 30
 # Flow logs are kept one year: the least checkov accepts for a log group (CKV_AWS_338).
 FLOW_LOG_RETENTION_DAYS = 365
@@ -221,15 +232,25 @@ class NodeGroupPlan:
     disk: RootDisk
     labels: dict[str, str]
     taints: list[nodes.Taint]
+    user_data: str | None = None
+    """EC2 user data (plain text; base64 when registered): readies the node-level model cache."""
     reservation: CapacityReservationSpec | None = None
     """The capacity reservation its launch template targets (then it launches only in the reservation's zone)."""
     priority: int = 0
     """The Cluster Autoscaler's priority expander tries higher first (a pool's reservation before the rest)."""
+    efa_interfaces: int = 0
+    """EFA network interfaces in its launch template, one per network card (0: the default interface only)."""
+    placement_group: bool = False
+    """Its nodes launch into one cluster placement group, so into one zone (``zone``)."""
+    zone: str | None = None
+    """The one zone of a placement group's nodes."""
 
     @property
     def zones(self) -> list[str] | None:
         """The zones its subnets are in; None: every private subnet of the stack."""
-        return [self.reservation.availability_zone] if self.reservation is not None else None
+        if self.reservation is not None:
+            return [self.reservation.availability_zone]
+        return [self.zone] if self.zone is not None else None
 
 
 def node_role_name(spec: PlatformSpec) -> str:
@@ -249,6 +270,8 @@ def gpu_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan:
     """A GPU pool's node group, from the placement's plan (instance, bounds from replicas x GPUs, disk), with the
     pool's fallback instance types after its own, in the order EC2's prioritized allocation tries them."""
     fallbacks = pool_spec(spec, pool.name).fallback_instance_types
+    # A cluster placement group lives in one zone: the pool's nodes launch in the first of the stack's.
+    zone = zones(spec)[0] if pool.placement_group else None
     return NodeGroupPlan(
         pool=pool.name,
         node_group_name=node_group_name(spec, pool.name),
@@ -262,7 +285,11 @@ def gpu_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan:
         disk=RootDisk(pool.root_disk_gib, GPU_DISK_IOPS, GPU_DISK_THROUGHPUT_MIBPS),
         labels=nodes.gpu_node_labels(pool),
         taints=[nodes.gpu_taint()],
+        user_data=weights.node_user_data(pool.cache_medium) if pool.cache_medium else None,
         priority=POOL_PRIORITY,
+        efa_interfaces=pool.efa_interfaces,
+        placement_group=pool.placement_group,
+        zone=zone,
     )
 
 
@@ -292,8 +319,11 @@ def reserved_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan | N
         disk=own.disk,
         labels=own.labels,
         taints=own.taints,
+        user_data=own.user_data,
         reservation=reservation,
         priority=RESERVED_PRIORITY,
+        efa_interfaces=own.efa_interfaces,
+        placement_group=own.placement_group,
     )
 
 
@@ -335,6 +365,32 @@ def system_node_group(spec: PlatformSpec) -> NodeGroupPlan:
         labels={nodes.ROLE_LABEL: nodes.SYSTEM_ROLE},
         taints=[],
     )
+
+
+# EFA (docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html): the primary interface is network card 0,
+# device index 0; each further card carries one EFA at device index 1. Every interface type is "efa" (EFA with ENA),
+# as eksctl's efaEnabled node groups have them.
+EFA_INTERFACE_TYPE = "efa"
+
+
+@dataclass(frozen=True)
+class EfaInterface:
+    network_card_index: int
+    device_index: int
+    interface_type: str = EFA_INTERFACE_TYPE
+
+
+def efa_interfaces(count: int) -> list[EfaInterface]:
+    """The launch template's network interfaces of a node with ``count`` EFA interfaces (none when 0)."""
+    return [EfaInterface(card, 0 if card == 0 else 1) for card in range(count)]
+
+
+def efa_security_group_name(spec: PlatformSpec) -> str:
+    return f"{spec.cluster_name}-efa"
+
+
+def placement_group_name(spec: PlatformSpec, pool: str) -> str:
+    return f"{spec.cluster_name}-{pool}"[:255]
 
 
 def node_groups(spec: PlatformSpec, layout: Layout) -> list[NodeGroupPlan]:

@@ -16,7 +16,7 @@ import pulumi_kubernetes as k8s
 from components.aws import controller_policies, data_policies, decisions, iam, identity
 from components.kubernetes.manifests import apply
 from components.placement import PoolPlan
-from components.render import karpenter
+from components.render import karpenter, weights
 from components.spec import PlatformSpec
 
 QUEUE_RETENTION_S = 300
@@ -119,9 +119,14 @@ class Karpenter(pulumi.ComponentResource):
             own = decisions.pool_spec(spec, pool.name)
             reservation = own.capacity_reservation
             reservation_id = reservation.id if reservation is not None else None
-            apply(
-                karpenter.node_class(pool.name, group.disk, launch, volume_key_arn, reservation_id), with_crds
+            # Karpenter stripes the NVMe itself (instanceStorePolicy); the user data only readies the cache dir.
+            user_data = (
+                weights.node_user_data(pool.cache_medium, node_config=False) if pool.cache_medium else None
             )
+            node_class = karpenter.node_class(
+                pool.name, group.disk, launch, volume_key_arn, reservation_id, user_data
+            )
+            apply(node_class, with_crds)
             fallbacks = tuple(own.fallback_instance_types)
             apply(karpenter.node_pool(pool, group.max_size, fallbacks, reservation is not None), with_crds)
             self.node_pools[pool.name] = group.pool

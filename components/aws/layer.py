@@ -20,12 +20,15 @@ from components.aws.cluster import Cluster
 from components.aws.identity import ServiceRole, pod_identity
 from components.aws.karpenter import Karpenter
 from components.aws.keys import PlatformKeys
+from components.aws.limit_store import ManagedLimitStore
 from components.aws.network import Network
 from components.aws.nodes import NodeGroup
 from components.aws.registry import Registry
 from components.aws.storage import ModelStorage
 from components.kubernetes.cluster import ClusterAccess
 from components.placement import Layout
+from components.render import batches
+from components.secrets import limit_store_token
 from components.spec import NodeProvisioner, PlatformSpec
 
 
@@ -44,7 +47,14 @@ class AwsLayer(pulumi.ComponentResource):
         super().__init__("inferstack:aws:AwsLayer", name, None, opts)
         region = spec.cluster.region
         self.tags = tags = decisions.tags(spec, stack)
-        provider = aws.Provider(name, region=region, opts=pulumi.ResourceOptions(parent=self))
+        account = spec.cluster.account_id
+        provider = aws.Provider(
+            name,
+            region=region,
+            # With cluster.account_id, credentials of any other account fail before anything is created.
+            allowed_account_ids=[account] if account else None,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
         on_aws = pulumi.ResourceOptions(parent=self, providers={"aws": provider})
         # The account the provider's credentials belong to: key policies and trust conditions name it.
         account_id = aws.get_caller_identity_output(
@@ -80,7 +90,20 @@ class AwsLayer(pulumi.ComponentResource):
         # With Karpenter, only the system group is managed; GPU nodes come from its NodePools.
         plans = [decisions.system_node_group(spec)] if karpenter else decisions.node_groups(spec, layout)
         self.node_group_plans = plans
+        efa_groups = self._efa_security_groups(spec, plans, tags, on_aws)
+        self.placement_groups = {
+            plan.pool: aws.ec2.PlacementGroup(
+                decisions.placement_group_name(spec, plan.pool),
+                name=decisions.placement_group_name(spec, plan.pool),
+                strategy="cluster",
+                tags=tags,
+                opts=on_aws,
+            )
+            for plan in plans
+            if plan.placement_group
+        }
         for plan in plans:
+            placed = self.placement_groups.get(plan.pool) if plan.placement_group else None
             self.node_groups[plan.node_group_name] = NodeGroup(
                 plan,
                 cluster_name,
@@ -89,6 +112,8 @@ class AwsLayer(pulumi.ComponentResource):
                 self.keys.disks.arn,
                 tags,
                 pulumi.ResourceOptions(parent=self, providers={"aws": provider}, depends_on=before_nodes),
+                efa_security_group_ids=efa_groups if plan.efa_interfaces else (),
+                placement_group=placed.name if placed is not None else None,
             )
         system = self.node_groups[decisions.system_node_group(spec).node_group_name]
 
@@ -115,7 +140,7 @@ class AwsLayer(pulumi.ComponentResource):
         ]
 
         self.storage = ModelStorage(spec, self.keys.models.arn, tags, on_aws)
-        sources = [m.source for m in spec.models]
+        sources: list[str] = []  # engines read the store only (placement refuses s3:// sources outside it)
         read = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
             lambda arns: iam.dumps(data_policies.model_read(region, str(arns[0]), str(arns[1]), sources))
         )
@@ -131,6 +156,45 @@ class AwsLayer(pulumi.ComponentResource):
         engine_identity = pod_identity(
             f"{name}-engine", cluster_name, EKS.model_reader(spec), engine_role, tags, on_aws
         )
+        prefix = spec.model_store.prefix
+        write = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
+            lambda arns: iam.dumps(data_policies.model_prepare(region, str(arns[0]), str(arns[1]), prefix))
+        )
+        weights_role = ServiceRole(
+            f"{name}-weights",
+            iam.pod_identity_trust(),
+            region,
+            tags,
+            on_aws,
+            inline={"prepare-models": write},
+            description=f"Model preparation Jobs of {name}: write weights into the store",
+        )
+        weights_identity = pod_identity(
+            f"{name}-weights", cluster_name, EKS.model_writer(spec), weights_role, tags, on_aws
+        )
+        identities = [engine_identity, weights_identity]
+        if spec.batch.enabled:  # the batch service: its prefix of the bucket, nothing else
+            files_prefix = EKS.batch_files(
+                spec
+            ).prefix  # not `prefix`: the store's policy above reads it late
+            files = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
+                lambda arns: iam.dumps(
+                    data_policies.batch_files(region, str(arns[0]), str(arns[1]), files_prefix)
+                )
+            )
+            batches_role = ServiceRole(
+                f"{name}-batches",
+                iam.pod_identity_trust(),
+                region,
+                tags,
+                on_aws,
+                inline={"batch-files": files},
+                description=f"Batch service of {name}: its files under s3://<models bucket>/{files_prefix}",
+            )
+            batches_account = (spec.cluster.namespace, batches.service_account_name(spec))
+            identities.append(
+                pod_identity(f"{name}-batches", cluster_name, batches_account, batches_role, tags, on_aws)
+            )
         lb_role = ServiceRole(
             f"{name}-lb-controller",
             iam.pod_identity_trust(),
@@ -149,6 +213,13 @@ class AwsLayer(pulumi.ComponentResource):
             on_aws,
         )
         self.registry = Registry(spec, tags, root, self.keys.images.arn, on_aws)
+        self.limit_store: ManagedLimitStore | None = None
+        if spec.gateway.shared_limits:
+            token = limit_store_token(spec.gateway.limit_store_auth_config_key)
+            assert token is not None  # the spec requires the key with shared_limits on eks
+            self.limit_store = ManagedLimitStore(
+                spec, self.network.vpc_id, self.network.private_subnet_ids, account_id, token, tags, on_aws
+            )
 
         self.kubernetes_provider = self.cluster.provider
         self.karpenter: Karpenter | None = None
@@ -171,10 +242,47 @@ class AwsLayer(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self),
             )
         # Engines fetch weights and the controller manages load balancers from their first start.
-        identities = [engine_identity, lb_identity]
+        identities.append(lb_identity)
         self.ready: list[pulumi.Resource] = [*self.node_groups.values(), *self.late_addons, *identities]
         self.ready += [c for c in (self.karpenter, self.autoscaler) if c is not None]
         self.register_outputs({"cluster_name": cluster_name})
+
+    def _efa_security_groups(
+        self,
+        spec: PlatformSpec,
+        plans: list[decisions.NodeGroupPlan],
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions,
+    ) -> list[pulumi.Input[str]]:
+        """The security groups of EFA interfaces: the cluster's (nodes, pods and the control plane talk through it),
+        and one that lets all traffic in from and out to itself, which EFA requires ("the security group must allow
+        all inbound and outbound traffic to and from the security group itself", EC2 user guide, efa-start). None
+        when no node group has EFA."""
+        if not any(p.efa_interfaces for p in plans):
+            return []
+        name = decisions.efa_security_group_name(spec)
+        group = aws.ec2.SecurityGroup(
+            name,
+            vpc_id=self.network.vpc_id,
+            description=f"EFA of {spec.cluster_name}: all traffic between the EFA interfaces of its GPU nodes",
+            tags={**tags, "Name": name},
+            opts=opts,
+        )
+        for rule, kind in (
+            ("in", aws.vpc.SecurityGroupIngressRule),
+            ("out", aws.vpc.SecurityGroupEgressRule),
+        ):
+            kind(
+                f"{name}-self-{rule}",
+                security_group_id=group.id,
+                referenced_security_group_id=group.id,
+                ip_protocol="-1",
+                description="EFA: all traffic within this security group",
+                tags=tags,
+                opts=opts,
+            )
+        cluster_group = self.cluster.cluster.vpc_config.cluster_security_group_id
+        return [cluster_group, group.id]
 
     def access(self, spec: PlatformSpec) -> ClusterAccess:
         """The cluster's provider (used once nodes and add-ons are up), the images pushed to ECR (by digest),
@@ -189,8 +297,11 @@ class AwsLayer(pulumi.ComponentResource):
                     spec,
                     vpc_id=self.network.vpc_id,
                     priorities=decisions.autoscaler_priorities(self.node_group_plans),
+                    efa=any(p.efa_interfaces for p in self.node_group_plans),
                 )
             ),
+            files_bucket=self.storage.bucket.bucket,
+            limit_store_url=self.limit_store.url if self.limit_store is not None else None,
         )
 
     def export(self) -> None:

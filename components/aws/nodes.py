@@ -6,6 +6,7 @@ Thin: ``decisions.node_groups`` derived instance types, bounds (from the models'
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 
 import pulumi
@@ -39,6 +40,24 @@ def _capacity_block_market(
     return aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(market_type=decisions.CAPACITY_BLOCK_MARKET)
 
 
+def _efa_interfaces(
+    plan: decisions.NodeGroupPlan, security_group_ids: Sequence[pulumi.Input[str]]
+) -> list[aws.ec2.LaunchTemplateNetworkInterfaceArgs] | None:
+    """One EFA per network card (``decisions.efa_interfaces``), in the cluster's and the EFA security groups."""
+    if not plan.efa_interfaces:
+        return None
+    return [
+        aws.ec2.LaunchTemplateNetworkInterfaceArgs(
+            network_card_index=i.network_card_index,
+            device_index=i.device_index,
+            interface_type=i.interface_type,
+            security_groups=list(security_group_ids),
+            delete_on_termination="true",
+        )
+        for i in decisions.efa_interfaces(plan.efa_interfaces)
+    ]
+
+
 class NodeGroup(pulumi.ComponentResource):
     """One ``aws.eks.NodeGroup`` and the launch template that fixes IMDSv2, the root disk (encrypted with the
     platform's disks key, ``disks_key_arn``) and launch tags."""
@@ -54,7 +73,11 @@ class NodeGroup(pulumi.ComponentResource):
         disks_key_arn: pulumi.Input[str],
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
+        efa_security_group_ids: Sequence[pulumi.Input[str]] = (),
+        placement_group: pulumi.Input[str] | None = None,
     ) -> None:
+        """``efa_security_group_ids``: the groups of the EFA interfaces (the cluster's, and one that admits all
+        traffic within itself), for a plan with EFA; ``placement_group``: the cluster placement group's name."""
         super().__init__("inferstack:aws:NodeGroup", plan.node_group_name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         named = {**tags, "Name": plan.node_group_name}
@@ -82,12 +105,19 @@ class NodeGroup(pulumi.ComponentResource):
                 )
             ],
             capacity_reservation_specification=_reservation_target(plan),
+            network_interfaces=_efa_interfaces(plan, efa_security_group_ids),
+            placement=(
+                aws.ec2.LaunchTemplatePlacementArgs(group_name=placement_group)
+                if placement_group is not None
+                else None
+            ),
             instance_market_options=_capacity_block_market(plan),
             # Node group tags stay on the node group; these reach the instances and disks the bill is for.
             tag_specifications=[
                 aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=named)
                 for kind in TAGGED_AT_LAUNCH
             ],
+            user_data=base64.b64encode(plan.user_data.encode()).decode() if plan.user_data else None,
             tags=tags,
             opts=child,
         )

@@ -16,15 +16,24 @@ import pulumi
 import pulumi_aws as aws
 
 from components import images as builds
-from components.images import RUNTIME_IMAGES, dockerfile
+from components.images import dockerfile
 from components.render.gateway import RuntimeImage
-from components.spec import PlatformSpec
+from components.spec import GatewayMode, PlatformSpec
 
 if TYPE_CHECKING:
     import pulumi_docker_build as docker_build
 
 UNTAGGED_EXPIRY_DAYS = 14
 KEEP_IMAGES = 30
+#: Built too when gateway.mode is inference-extension (runtime/images/picker.Dockerfile).
+PICKER_IMAGE = "picker"
+
+
+def images_for(spec: PlatformSpec) -> tuple[str, ...]:
+    """The runtime images a stack pushes to ECR: the batch service's only when it runs, the endpoint picker's
+    only in inference-extension mode."""
+    picker = (PICKER_IMAGE,) if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION else ()
+    return (*builds.runtime_images(spec), *picker)
 
 
 def lifecycle_policy() -> str:
@@ -77,7 +86,7 @@ class Registry(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         self.repositories = {}
         self.images = {}
-        for image in RUNTIME_IMAGES:
+        for image in images_for(spec):
             repo = aws.ecr.Repository(
                 f"{spec.cluster_name}-{image}",
                 name=f"{spec.name}/{spec.environment}/{image}",

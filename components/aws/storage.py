@@ -1,4 +1,5 @@
-"""The model bucket: versioned, SSE-KMS with the platform's models key, private, TLS only; engines read weights from it.
+"""The model bucket (the platform's model store): versioned, SSE-KMS with the platform's models key, private,
+TLS only; preparation Jobs write weights into it, engines read them.
 
 S3 Bucket Keys are on: S3 then asks KMS for a data key per bucket and period instead of per object, which
 keeps KMS requests (and their cost) flat while engines read multi-GiB weights in many ranged GETs.
@@ -11,6 +12,7 @@ import pulumi_aws as aws
 
 from components.aws import data_policies, iam
 from components.spec import PlatformSpec
+from components.weights.store import store_bucket
 
 NONCURRENT_VERSION_DAYS = 30
 ABORT_UPLOADS_DAYS = 7
@@ -31,8 +33,8 @@ class ModelStorage(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         self.bucket = aws.s3.Bucket(
             name,
-            # Without a name Pulumi generates '<cluster>-models-<suffix>', unique across AWS.
-            bucket=spec.cluster.model_bucket,
+            # A known name: engines and preparation Jobs are rendered with their s3:// locations in it.
+            bucket=store_bucket(spec),
             force_destroy=False,  # weights are slow to re-upload: deleting the stack keeps a non-empty bucket
             tags=tags,
             opts=child,

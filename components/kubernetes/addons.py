@@ -38,11 +38,15 @@ class ClusterAddons(pulumi.ComponentResource):
         cloud_releases: Sequence[addons.Release] = (),
         opts: pulumi.ResourceOptions | None = None,
         grafana_admin_password: pulumi.Output[str] | None = None,
+        multi_node: bool = False,
     ) -> None:
         super().__init__(
             "inferstack:kubernetes:ClusterAddons", f"{spec.name}-{spec.environment}-addons", None, opts
         )
-        self.releases = [*addons.releases(spec, scaling.adapter_rules(spec), cloud), *cloud_releases]
+        self.releases = [
+            *addons.releases(spec, scaling.adapter_rules(spec), cloud, multi_node),
+            *cloud_releases,
+        ]
         names = sorted({r.namespace for r in self.releases} - _EXISTING - {spec.cluster.namespace})
         self.namespaces = {n: apply(namespace(spec, n), pulumi.ResourceOptions(parent=self)) for n in names}
         self.charts: dict[str, k8s.helm.v4.Chart] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 
@@ -30,6 +31,11 @@ class ClusterAccess:
     """Runtime service -> the image to run instead of the spec's pinned one (on EKS, its ECR pushes)."""
     addons: tuple[Release, ...] = ()
     """The cloud's own controllers, installed after the cloud-neutral add-ons."""
+    files_bucket: Any | None = None
+    """The bucket holding the batch service's files where the cloud keeps them in S3 (``Cloud.batch_files``):
+    on EKS the platform bucket's name, an Output known once it exists."""
+    limit_store_url: pulumi.Output[str] | None = None
+    """The managed rate-limit store's URL (``gateway.shared_limits`` on a cloud that manages it)."""
 
 
 def bring_your_own(spec: PlatformSpec, layout: Layout, stack: str) -> ClusterAccess:

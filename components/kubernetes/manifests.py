@@ -23,6 +23,7 @@ _TYPED: dict[tuple[str, str], Any] = {
     ("v1", "ServiceAccount"): k8s.core.v1.ServiceAccount,
     ("apps/v1", "Deployment"): k8s.apps.v1.Deployment,
     ("apps/v1", "DaemonSet"): k8s.apps.v1.DaemonSet,
+    ("apps/v1", "StatefulSet"): k8s.apps.v1.StatefulSet,
     ("policy/v1", "PodDisruptionBudget"): k8s.policy.v1.PodDisruptionBudget,
     ("autoscaling/v2", "HorizontalPodAutoscaler"): k8s.autoscaling.v2.HorizontalPodAutoscaler,
     ("networking.k8s.io/v1", "NetworkPolicy"): k8s.networking.v1.NetworkPolicy,

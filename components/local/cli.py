@@ -13,36 +13,34 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from components.local import state
-from components.local.monitor import DEFAULT_MONITOR_PORT, Monitor
-from components.local.plan import (
+from components.local.defaults import (
     DEFAULT_BATCHER_PORT,
+    DEFAULT_BATCHES_PORT,
     DEFAULT_ENGINE_MEMORY_GIB,
     DEFAULT_ENGINE_PORT,
     DEFAULT_HEALTH_PORT,
+    DEFAULT_MONITOR_PORT,
+    DEFAULT_PICKER_PORT,
+    DEFAULT_REDIS_PORT,
     DEFAULT_ROUTER_PORT,
+    DEFAULT_ROUTERS,
+    DEFAULT_S3_PORT,
     DEFAULT_STATE_DIR,
-    LocalOptions,
-    LocalPlan,
-    PlanError,
-    build_plan,
-    pick_cpus,
-)
-from components.local.supervisor import (
     EXIT_FAILED,
     EXIT_USAGE,
-    StartError,
-    Supervisor,
-    check_ports_free,
-    http_get,
-    tail,
 )
+from components.paths import STACKS_DIR
 from components.problems import SpecError
-from components.stackfile import STACKS_DIR, load
+
+if TYPE_CHECKING:
+    from components.local.plan import LocalOptions, LocalPlan
+
+# The planner, the supervisor and the spec load inside the commands: `inferstack --help` builds every
+# command's options, and should not pay for what only `local up` runs.
 
 local_app = typer.Typer(
     no_args_is_help=True,
@@ -65,6 +63,9 @@ def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
 
 
 def _plan(stack: str, stacks_dir: Path, options: LocalOptions) -> LocalPlan:
+    from components.local.plan import PlanError, build_plan  # noqa: PLC0415 - see the imports
+    from components.stackfile import load  # noqa: PLC0415
+
     try:
         return build_plan(load(stack, stacks_dir), options, Path.cwd())
     except SpecError as err:
@@ -84,6 +85,19 @@ def up(
     ] = DEFAULT_ROUTER_PORT,
     health_port: Annotated[int, typer.Option(help="The health monitor's port.")] = DEFAULT_HEALTH_PORT,
     batcher_port: Annotated[int, typer.Option(help="The batcher's port.")] = DEFAULT_BATCHER_PORT,
+    batches_port: Annotated[
+        int, typer.Option(help="The batch service's port (/v1/files, /v1/batches).")
+    ] = DEFAULT_BATCHES_PORT,
+    gateway: Annotated[
+        str,
+        typer.Option(
+            help="What serves the OpenAI API: the router, or envoy (Envoy asking inferstack's endpoint picker,"
+            " the Gateway API Inference Extension's data path)."
+        ),
+    ] = "router",
+    picker_port: Annotated[
+        int, typer.Option(help="--gateway envoy: the picker's HTTP port (its gRPC port is the next one).")
+    ] = DEFAULT_PICKER_PORT,
     engine_port: Annotated[
         int, typer.Option(help="The first engine's port; the others take the next ones.")
     ] = DEFAULT_ENGINE_PORT,
@@ -95,11 +109,32 @@ def up(
             "cache (VLLM_CPU_KVCACHE_SPACE) is sized from its fraction of it.",
         ),
     ] = DEFAULT_ENGINE_MEMORY_GIB,
+    routers: Annotated[
+        int,
+        typer.Option(
+            help="Router replicas: above 1, behind a round-robin balancer on --port, sharing rate limits"
+            " through redis-server (make local ROUTERS=N)."
+        ),
+    ] = DEFAULT_ROUTERS,
+    redis_port: Annotated[
+        int, typer.Option(help="The shared rate-limit store's port (several routers).")
+    ] = DEFAULT_REDIS_PORT,
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
     detach: Annotated[
         bool, typer.Option("--detach", "-d", help="Run in the background; stop with `inferstack local down`.")
     ] = False,
     timeout: Annotated[float, typer.Option(help="Seconds the engines may take to become ready.")] = 900.0,
+    s3: Annotated[
+        bool,
+        typer.Option(
+            "--s3",
+            help="Serve from the model store: a loopback S3 server (moto), the models prepared into it, engines "
+            "streaming from it (runai_streamer), as a cluster does.",
+        ),
+    ] = False,
+    s3_port: Annotated[
+        int, typer.Option(help="The loopback model store's port (with --s3).")
+    ] = DEFAULT_S3_PORT,
     monitor: Annotated[
         bool,
         typer.Option(
@@ -111,9 +146,13 @@ def up(
         int, typer.Option(help="Prometheus' port (with --monitor).")
     ] = DEFAULT_MONITOR_PORT,
     monitor_interval: Annotated[
-        int,
-        typer.Option(min=1, max=300, help="Seconds between scrapes and rule evaluations (with --monitor)."),
-    ] = Monitor.interval_s,
+        int | None,
+        typer.Option(
+            min=1,
+            max=300,
+            help="Seconds between scrapes and rule evaluations (with --monitor); default: the platform's scrape interval.",
+        ),
+    ] = None,
     monitor_alert_for: Annotated[
         int | None,
         typer.Option(
@@ -124,15 +163,27 @@ def up(
     detached_child: Annotated[bool, typer.Option("--detached-child", hidden=True)] = False,
 ) -> None:
     """Start the local stack and wait until the router is ready; foreground unless --detach."""
+    from components.local import state  # noqa: PLC0415 - see the imports
+    from components.local.monitor import Monitor  # noqa: PLC0415
+    from components.local.plan import LocalOptions, pick_cpus  # noqa: PLC0415
+    from components.local.supervisor import StartError, Supervisor, check_ports_free  # noqa: PLC0415
+
+    interval_s = Monitor.interval_s if monitor_interval is None else monitor_interval
     options = LocalOptions(
         router_port=port,
         health_port=health_port,
         batcher_port=batcher_port,
+        batches_port=batches_port,
         engine_port=engine_port,
         state_dir=state_dir,
         cpus=pick_cpus(lambda: os.sched_getaffinity(0)),
+        routers=routers,
+        redis_port=redis_port,
+        s3_port=s3_port if s3 else None,
+        gateway=gateway,
+        picker_port=picker_port,
         engine_memory_gib=engine_memory_gib,
-        monitor=Monitor(monitor_port, monitor_interval, monitor_alert_for) if monitor else None,
+        monitor=Monitor(monitor_port, interval_s, monitor_alert_for) if monitor else None,
     )
     plan = _plan(stack, stacks_dir, options)
     if detach:
@@ -156,6 +207,9 @@ def up(
 
 def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) -> int:
     """Checks what fails fast here, starts the supervisor in its own session, waits for it to be ready."""
+    from components.local import state  # noqa: PLC0415 - see the imports
+    from components.local.supervisor import StartError, check_ports_free, tail  # noqa: PLC0415
+
     state_dir = plan.state_dir
     pid = state.running_pid(state_dir)
     if pid is not None:
@@ -179,8 +233,14 @@ def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) 
     argv += ["--stacks-dir", str(stacks_dir), "--state-dir", str(state_dir), "--timeout", str(timeout)]
     argv += ["--port", str(plan.router.port), "--engine-port", str(plan.engines[0].port)]
     argv += ["--engine-memory-gib", str(plan.engine_memory_gib)]
+    if plan.routers > 1:  # none behind Envoy
+        argv += ["--routers", str(plan.routers)]
     for service in plan.services[:-1]:
-        argv += [f"--{service.name}-port", str(service.port)]
+        if service.option != "--port":  # router replicas take the ports after --port
+            argv += [service.option, str(service.port)]
+    if plan.s3_port is not None:
+        argv += ["--s3", "--s3-port", str(plan.s3_port)]
+    argv += ["--gateway", "envoy" if plan.envoy is not None else "router"]
     if plan.monitor is not None:
         m = plan.monitor
         argv += ["--monitor", "--monitor-port", str(m.port), "--monitor-interval", str(m.interval_s)]
@@ -213,6 +273,8 @@ def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) 
 @local_app.command()
 def down(state_dir: StateDirOpt = DEFAULT_STATE_DIR) -> None:
     """Stop a running local stack (detached or not) and everything it started."""
+    from components.local import state  # noqa: PLC0415 - see the imports
+
     pid = state.running_pid(state_dir)
     if pid is None:
         left = state.tagged_pids(state_dir)
@@ -245,6 +307,9 @@ def down(state_dir: StateDirOpt = DEFAULT_STATE_DIR) -> None:
 @local_app.command()
 def status(state_dir: StateDirOpt = DEFAULT_STATE_DIR) -> None:
     """Is the local stack running, and what are its processes? Exit 0 when running, 1 when not."""
+    from components.local import state  # noqa: PLC0415 - see the imports
+    from components.local.supervisor import http_get  # noqa: PLC0415
+
     pid = state.running_pid(state_dir)
     current = state.read_state(state_dir)
     if pid is None:
@@ -280,6 +345,8 @@ def logs(
     state_dir: StateDirOpt = DEFAULT_STATE_DIR,
 ) -> None:
     """Print the tail of each process's log (or of one), from <state dir>/logs/."""
+    from components.local.supervisor import tail  # noqa: PLC0415 - see the imports
+
     logs_dir = state_dir / "logs"
     files = sorted(logs_dir.glob("*.log"))
     if not files:

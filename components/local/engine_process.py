@@ -46,7 +46,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from components.render.engine_args import on_this_machine, vllm
+from components.render.engine_args import GroupMember, group_command, model_env, on_this_machine, vllm
 from components.spec import ModelSpec
 from runtime.engines import TELEMETRY_OFF_ENV
 
@@ -165,21 +165,30 @@ class EngineProcess:
         log_path: str | os.PathLike[str] | None = None,
         python: str | os.PathLike[str] | None = None,
         ready_timeout: float = 600.0,
+        kv_events: tuple[str, str] | None = None,
+        group: GroupMember | None = None,
     ) -> None:
         """Serves ``model`` (its engine settings, as a cluster pod would) from ``model_dir``.
 
-        ``model_dir`` defaults to the spec's source. ``served_model_name`` replaces the spec's name where a
+        ``model_dir`` defaults to the spec's source; an ``s3://`` store location is streamed (runai_streamer),
+        with ``AWS_ENDPOINT_URL`` and credentials from ``env``. ``served_model_name`` replaces the spec's name where a
         name that is no DNS label is wanted (a directory, so that a client finds the tokenizer locally).
         ``cpu_cores`` is ``VLLM_CPU_OMP_THREADS_BIND`` ("0", "1", "0-1"); give each engine its own.
         ``port=0`` picks a free port at ``start()``. ``ready_timeout`` bounds ``wait_ready()`` when none
         is given (and the ``with`` block): an engine is ready in well under a minute on an idle machine,
-        much later on a crowded one.
+        much later on a crowded one. ``kv_events`` (events, replay: ``ipc://`` endpoints) is where it
+        publishes its KV-cache events when the spec's routing reads them. ``group``: this engine is one member of
+        a multi-node group (its leader serves HTTP; a worker serves nothing, so only the leader is ever waited
+        for), with the group's command line.
         """
         if host not in {"127.0.0.1", "localhost", "::1"}:
             raise ValueError(f"host {host!r}: test engines bind loopback only")
-        path = Path(model_dir if model_dir is not None else model.source).expanduser()
+        location = str(model_dir if model_dir is not None else model.source)
         self.spec = model
-        self.model_dir = str(path.absolute())  # the engine runs in a private directory
+        # The engine runs in a private directory: a path is made absolute, a store location kept.
+        self.model_dir = (
+            location if location.startswith("s3://") else str(Path(location).expanduser().absolute())
+        )
         self.served_model_name = served_model_name or model.name
         self.host = host
         self.requested_port = port
@@ -190,16 +199,20 @@ class EngineProcess:
         self.log_path = Path(log_path) if log_path is not None else None
         self.python = Path(python) if python is not None else None
         self.ready_timeout = ready_timeout
+        self.kv_events = kv_events
         self._proc: subprocess.Popen[bytes] | None = None
         self._run_dir: Path | None = None
         self._log_file: Path | None = None
         self._port_retries = 3
+        self.group = group
 
     # -- what it runs ------------------------------------------------------------------------
     @property
     def argv(self) -> list[str]:
         """Everything after ``vllm serve``: the cluster's command line for the spec, run on this machine."""
-        where = on_this_machine(self.model_dir, self.host, self.port, self.served_model_name)
+        where = on_this_machine(self.model_dir, self.host, self.port, self.served_model_name, self.kv_events)
+        if self.group is not None:
+            return group_command(self.spec, self.group, where).args
         return vllm(self.spec, where).args
 
     def environment(self) -> dict[str, str]:
@@ -213,6 +226,7 @@ class EngineProcess:
         env["TOKENIZERS_PARALLELISM"] = "false"
         if self.cpu_cores is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_cores
+        env.update(model_env(self.spec))  # as in a pod: e.g. loading LoRA adapters at run time
         env.update(self.env)
         env.update(OFFLINE_ENV)
         if self._run_dir is not None:

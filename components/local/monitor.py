@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components.local.defaults import DEFAULT_MONITOR_PORT
 from components.render import alerts, common, signals
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import facts
 
 PROMETHEUS = "prometheus"
 """The server's executable (Debian's package `prometheus`, installed by `make prometheus`)."""
-DEFAULT_MONITOR_PORT = 9090
 MONITOR_DIR = "monitor"
 RUNTIME_METRICS_PATH = "/metrics"
 _DURATION = re.compile(r"^(\d+)([smh])$")
@@ -63,15 +63,18 @@ def target_groups(targets: Sequence[tuple[str, dict[str, str]]]) -> list[dict[st
 
 
 def runtime_targets(spec: PlatformSpec, services: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:
-    """The router, health monitor and batcher (``(part, port)``), labelled like their cluster Services."""
+    """The runtime services (``(part, port)``: router, health monitor, batcher, batch service), labelled like their
+    cluster Services."""
     out = []
+    replicas: dict[str, int] = {}
     for part, port in services:
         service = common.runtime_name(spec, part)
+        replica = replicas[part] = replicas.get(part, -1) + 1  # several routers: one pod each
         labels = {
             "namespace": spec.cluster.namespace,
             "service": service,
             "job": service,
-            "pod": f"{service}-0",
+            "pod": f"{service}-{replica}",
         }
         out.append({"targets": [f"127.0.0.1:{port}"], "labels": {**labels, "endpoint": "http"}})
     return out

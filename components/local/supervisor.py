@@ -3,8 +3,9 @@
 Order: make missing models, start every engine (their minute of warm-up overlaps), wait for all of
 them, start the health monitor, the batcher and the router (each waits for the one before to listen),
 wait until the router reports ready and serves every model, print the banner. Then watch: an engine
-that dies is reported and the router routes around it (this is not an orchestrator: nothing is
-restarted); a runtime service that dies stops the stack.
+that dies is reported and the router routes around it (this is not an orchestrator: engines are not
+restarted); the batch service is started again when it dies, as its StatefulSet would start it (its
+state on disk resumes every batch); any other runtime service that dies stops the stack.
 
 SIGINT, SIGTERM and SIGHUP only set a flag; every wait polls it, so a signal at any moment (also
 while models are made or engines warm up) leads to the same ordered stop: router (drains), batcher,
@@ -35,14 +36,21 @@ from typing import Any, TextIO
 import yaml
 
 from components.local import monitor, state
+from components.local import store as local_store
 from components.local.autoscaler import Autoscaler
+from components.local.defaults import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from components.local.engine_process import REPO_ROOT, EngineError, EngineProcess, engine_python
-from components.local.plan import HOST, TAG_ENV, EngineLaunch, LocalPlan, banner, describe
+from components.local.plan import (
+    ENVOY_CONFIG,
+    HOST,
+    TAG_ENV,
+    EngineLaunch,
+    LocalPlan,
+    banner,
+    describe,
+)
+from components.local.tiny_adapter import is_complete as is_adapter_complete
 from components.local.tiny_model import MAKE_TIME, is_complete, needs_source_check
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 ENGINE_STOP_GRACE_S = 20.0
 SERVICE_STOP_GRACE_S = 10.0
@@ -114,19 +122,24 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 def engine_process(
-    launch: EngineLaunch, logs_dir: Path, tag: str, python: Path | None = None
+    launch: EngineLaunch,
+    logs_dir: Path,
+    tag: str,
+    python: Path | None = None,
+    store_env: dict[str, str] | None = None,
 ) -> EngineProcess:
-    """The ``EngineProcess`` (not started) for one planned replica."""
+    """The ``EngineProcess`` (not started) for one planned replica; ``store_env`` reaches the model store."""
     return EngineProcess(
         launch.spec,
-        launch.path,
+        launch.store or launch.path,
         host=HOST,
         port=launch.port,
         cpu_cores=launch.cpu_cores,
         kv_cache_space_gib=launch.kv_cache_space_gib,
-        env={TAG_ENV: tag},
+        env={TAG_ENV: tag, **(store_env or {})},
         log_path=logs_dir / f"engine-{launch.name}.log",
         python=python,
+        kv_events=launch.kv_events,
     )
 
 
@@ -137,6 +150,9 @@ class Service:
     url: str
     log: Path
     proc: subprocess.Popen[bytes]
+    argv: list[str] = field(default_factory=list)
+    restart: bool = False
+    restarts: int = 0
 
 
 @dataclass
@@ -148,6 +164,7 @@ class Supervisor:
     out: TextIO = field(default_factory=lambda: sys.stdout)
     engines: list[EngineProcess] = field(default_factory=list)
     services: list[Service] = field(default_factory=list)
+    store: local_store.LocalStore | None = None
     stop_requested: bool = False
     hurry: bool = False
     phase: str = "starting"
@@ -214,21 +231,27 @@ class Supervisor:
         for line in describe(plan):
             self.say(line)
         plan.logs_dir.mkdir(parents=True, exist_ok=True)
+        plan.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             python = engine_python()
         except EngineError as err:
             raise StartError(str(err), EXIT_USAGE) from None
         self.make_models(python)
+        self.make_adapters(python)
+        self.start_store()
         plan.config_path.write_text(
             "# Rendered by `inferstack local up` from "
             f"{plan.source} (components/render/runtime_config.py); rewritten at every start.\n"
             + plan.config.to_yaml()
         )
+        if plan.envoy is not None:
+            plan.config_path.with_name(ENVOY_CONFIG).write_text(json.dumps(plan.envoy, indent=1))
         self.start_engines(python)
         self.autoscaler = self._autoscaler(python)
         for spec in plan.services:
             self._check_stop()
-            self.start_service(spec.name, spec.argv(self.python, plan.config_path.resolve()), spec.port)
+            argv = spec.argv(self.python, plan.config_path.resolve())
+            self.start_service(spec.name, argv, spec.port, spec.restart, tcp=spec.probe == "tcp")
         if plan.monitor is not None:
             self.start_monitor(plan.monitor)
         self.wait_router()
@@ -285,12 +308,56 @@ class Supervisor:
             if proc.returncode != 0:
                 raise StartError(f"making {prep.path} failed; log {log}:\n{tail(log)}")
 
+    def make_adapters(self, python: Path) -> None:
+        """Random LoRA adapters the stack names under .cache/adapters, made with peft when missing (seconds)."""
+        for prep in self.plan.adapters:
+            self._check_stop()
+            if prep.seed is None or is_adapter_complete(prep.path, prep.base, prep.rank, prep.seed):
+                continue
+            self.say(f"making the random LoRA adapter {prep.path} for {prep.model} (no download; seconds)")
+            log = self.plan.logs_dir / f"make-adapter-{prep.name}.log"
+            argv = [str(python), "-m", "components.local.tiny_adapter", "--base", str(prep.base), "--out",
+                    str(prep.path), "--rank", str(prep.rank), "--seed", str(prep.seed)]  # fmt: skip
+            with log.open("wb") as sink:
+                result = subprocess.run(
+                    argv,
+                    cwd=REPO_ROOT,
+                    env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)},
+                    stdin=subprocess.DEVNULL,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    check=False,
+                )
+            if result.returncode != 0:
+                raise StartError(f"making {prep.path} failed; log {log}:\n{tail(log)}")
+
+    # -- the model store (`make local S3=1`) ---------------------------------------------------
+    def start_store(self) -> None:
+        """The loopback S3 server, and every model prepared into it as the cluster's Job would."""
+        plan = self.plan
+        if plan.s3_port is None:
+            return
+        tag = {TAG_ENV: state.tag_value(plan.state_dir)}
+        try:
+            self.store = local_store.start(plan.s3_port, plan.logs_dir, tag, self.python)
+            self.say(f"model store (S3) listening on {self.store.endpoint}")
+            for bucket in sorted({b.removeprefix("s3://").split("/", 1)[0] for _, b in plan.store_preps}):
+                local_store.create_bucket(self.store, bucket)
+            for path, location in plan.store_preps:
+                self._check_stop()
+                log = plan.logs_dir / f"prepare-{path.name}.log"
+                took = local_store.prepare(self.store, path, location, log, self.python)
+                self.say(f"prepared {path} into {location} in {took:.1f}s")
+        except local_store.StoreError as err:
+            raise StartError(str(err)) from None
+
     # -- engines ---------------------------------------------------------------------------------
     def start_engines(self, python: Path) -> None:
         tag = state.tag_value(self.plan.state_dir)
+        store_env = self.store.engine_env() if self.store is not None else None
         for launch in self.plan.always_on:
             self._check_stop()
-            engine = engine_process(launch, self.plan.logs_dir, tag, python)
+            engine = engine_process(launch, self.plan.logs_dir, tag, python, store_env)
             engine.start()
             self.engines.append(engine)
             self._write_state()
@@ -320,10 +387,11 @@ class Supervisor:
         plan = self.plan
         assert plan.spec is not None
         tag = state.tag_value(plan.state_dir)
+        store_env = self.store.engine_env() if self.store is not None else None
         scaler = Autoscaler(
             plan,
             plan.spec,
-            make_engine=lambda launch: engine_process(launch, plan.logs_dir, tag, python),
+            make_engine=lambda launch: engine_process(launch, plan.logs_dir, tag, python, store_env),
             healthy=lambda url: http_get(f"{url}/health")[0] == 200,
             say=self.say,
         )
@@ -351,13 +419,24 @@ class Supervisor:
         rules.write_text(
             yaml.safe_dump(monitor.rule_file(plan.spec, settings.alert_for_cap_s), sort_keys=False)
         )
-        runtime = monitor.runtime_targets(plan.spec, [(s.name, s.port) for s in plan.services])
+        runtime = monitor.runtime_targets(plan.spec, plan.scraped_services())
         doc = monitor.prometheus_config(settings, runtime, plan.engine_targets_path.absolute(), rules)
         config.write_text(yaml.safe_dump(doc, sort_keys=False))
         argv = monitor.argv(binary, config, data, settings.port)
         self.start_service("prometheus", argv, settings.port, ready_path="/-/ready")
 
-    def start_service(self, name: str, argv: list[str], port: int, ready_path: str = "/healthz") -> None:
+    def start_service(
+        self,
+        name: str,
+        argv: list[str],
+        port: int,
+        restart: bool = False,
+        again: bool = False,
+        ready_path: str = "/healthz",
+        tcp: bool = False,
+    ) -> None:
+        """Start one runtime service and wait until it answers ``ready_path`` (or, ``tcp``, accepts
+        connections); ``again`` keeps its log (a restart)."""
         log = self.plan.logs_dir / f"{name}.log"
         env = {
             **os.environ,
@@ -365,7 +444,7 @@ class Supervisor:
             "PYTHONUNBUFFERED": "1",
             "LOG_LEVEL": "INFO",
         }
-        with log.open("wb") as sink:
+        with log.open("ab" if again else "wb") as sink:
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -376,11 +455,11 @@ class Supervisor:
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks taken
             )
         url = f"http://{HOST}:{port}"
-        service = Service(name, port, url, log, proc)
+        service = Service(name, port, url, log, proc, argv, restart)
         self.services.append(service)
         self._write_state()
         deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
-        while http_get(f"{url}{ready_path}")[0] != 200:
+        while not (port_in_use(port) if tcp else http_get(f"{url}{ready_path}")[0] == 200):
             self._check_stop()
             if proc.poll() is not None:
                 raise StartError(
@@ -444,6 +523,7 @@ class Supervisor:
                         f"through its other replicas, if any (log {engine.log_file})"
                     )
                     self._write_state()
+            self._restart_dead()
             try:
                 self._check_services()
             except StartError as err:
@@ -452,6 +532,23 @@ class Supervisor:
             time.sleep(POLL_S)
         return EXIT_OK
 
+    def _restart_dead(self) -> None:
+        """Start services that may restart (the batch service) again when they died."""
+        for service in list(self.services):
+            if not service.restart or service.proc.poll() is None:
+                continue
+            self.say(
+                f"warning: {service.name} exited with code {service.proc.returncode}; starting it again"
+                f" (log {service.log})"
+            )
+            at = self.services.index(service)
+            self.services.remove(service)
+            self.start_service(service.name, service.argv, service.port, restart=True, again=True)
+            fresh = self.services.pop()
+            fresh.restarts = service.restarts + 1
+            self.services.insert(at, fresh)  # the start and stop order stays the plan's
+            self._write_state()
+
     def _router_metrics(self) -> str | None:
         status, body = http_get(f"{self.plan.router.url}/metrics")
         return body.decode() if status == 200 else None
@@ -459,7 +556,7 @@ class Supervisor:
     # -- stopping --------------------------------------------------------------------------------
     def stop(self) -> None:
         """Router first (it drains), then batcher and health monitor, then all engines, then stragglers."""
-        if not self.services and not self.engines:
+        if not self.services and not self.engines and self.store is None:
             return
         self.say("stopping")
         for service in reversed(self.services):
@@ -474,6 +571,9 @@ class Supervisor:
             thread.join()
         if self.engines:
             self.say(f"{len(self.engines)} engines stopped")
+        if self.store is not None:
+            self.store.stop()
+            self.say("model store stopped")
         left = state.tagged_pids(self.plan.state_dir)
         if left:
             self.say(f"killing {len(left)} leftover processes: {left}")

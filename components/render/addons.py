@@ -295,10 +295,30 @@ def prometheus_adapter(spec: PlatformSpec, rules: list[dict[str, Any]]) -> Relea
     )
 
 
-def releases(spec: PlatformSpec, adapter_rules: list[dict[str, Any]], cloud: Cloud) -> list[Release]:
-    """The cloud-neutral add-ons this stack needs, in install order."""
+LWS_RELEASE = "lws"
+LWS_NAMESPACE = "lws-system"
+
+
+def leader_worker_set(spec: PlatformSpec) -> Release:
+    """The LeaderWorkerSet controller, its CRD and webhooks (models whose replica spans nodes), from its OCI chart
+    (https://lws.sigs.k8s.io/docs/installation/: `helm install lws oci://registry.k8s.io/lws/charts/lws`)."""
+    return Release(
+        name=LWS_RELEASE,
+        chart="oci://registry.k8s.io/lws/charts/lws",
+        repository="",
+        version=spec.addons.versions.lws,
+        namespace=LWS_NAMESPACE,
+        values={"nodeSelector": nodes.system_node_selector()},
+    )
+
+
+def releases(
+    spec: PlatformSpec, adapter_rules: list[dict[str, Any]], cloud: Cloud, multi_node: bool = False
+) -> list[Release]:
+    """The cloud-neutral add-ons this stack needs, in install order; ``multi_node``: a model's replica spans nodes
+    (the LeaderWorkerSet controller first: the engines are its custom resources)."""
     addons = spec.addons
-    out: list[Release] = []
+    out: list[Release] = [leader_worker_set(spec)] if multi_node else []
     if uses_gpus(spec) and addons.gpu_plugin is GpuPlugin.DEVICE_PLUGIN:
         out.append(device_plugin(spec))
     if uses_gpus(spec) and addons.gpu_plugin is GpuPlugin.GPU_OPERATOR:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components.render import common, scaling, signals
+from components.render import batches, common, scaling, signals
 from components.render.common import Manifest
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import Signal
@@ -69,11 +69,12 @@ def model_alerts(spec: PlatformSpec, model: ModelSpec) -> list[Alert]:
             )
         )
     if t.min_replicas > 0:
-        # Scraped engines count as up when Prometheus reaches them; the others by the Deployment's ready pods.
+        # Scraped engines count as up when Prometheus reaches them (a group's leader: the Service selects leaders);
+        # the others by their workload's ready replicas.
         up = (
             f"sum({_up(spec, engine)})"
             if signals.scraped(model)
-            else f'sum(kube_deployment_status_replicas_available{{{signals.namespace_label(spec)},deployment="{engine}"}})'
+            else signals.workload_replicas(spec, model)[0]
         )
         out.append(
             Alert(
@@ -159,22 +160,29 @@ def model_alerts(spec: PlatformSpec, model: ModelSpec) -> list[Alert]:
 
 
 def gateway_alerts(spec: PlatformSpec) -> list[Alert]:
-    """No router up, too many router 5xx, health-monitor ejections."""
+    """No front up (the router, or behind an inference-extension gateway the picker), too many 5xx through
+    it, health-monitor ejections, the rate-limit store out of reach."""
+    return [*_front_alerts(spec), *limit_store_alerts(spec)]
+
+
+def _front_alerts(spec: PlatformSpec) -> list[Alert]:
+    part = signals.front(spec)
+    name = part.capitalize()
     return [
         Alert(
-            "InferenceRouterDown",
-            f"(sum({_up(spec, common.runtime_name(spec, common.ROUTER))}) or on() vector(0)) == 0",
+            f"Inference{name}Down",
+            f"(sum({_up(spec, common.runtime_name(spec, part))}) or on() vector(0)) == 0",
             "5m",
             "critical",
-            "No router replica is up",
-            "Every request to the platform fails: no router answers /metrics.",
+            f"No {part} replica is up",
+            f"Every request to the platform fails: no {part} answers /metrics.",
         ),
         Alert(
-            "InferenceRouter5xxRate",
+            f"Inference{name}5xxRate",
             f"{signals.router_error_ratio(spec, '5m')} > {ROUTER_5XX_RATIO:g}",
             "5m",
             "critical",
-            "Router 5xx rate above {{ $value | humanizePercentage }} for {{ $labels.model }}",
+            f"{name} 5xx rate above {{{{ $value | humanizePercentage }}}} for {{{{ $labels.model }}}}",
             f"More than {ROUTER_5XX_RATIO:.0%} of responses for a model are server errors.",
         ),
         Alert(
@@ -188,19 +196,78 @@ def gateway_alerts(spec: PlatformSpec) -> list[Alert]:
     ]
 
 
+def batch_alerts(spec: PlatformSpec) -> list[Alert]:
+    """A batch without progress for ``batch.stuck_after_minutes``, a batch that ran out of its window, the batch
+    service down; none when the stack runs no batch service."""
+    if not batches.enabled(spec):
+        return []
+    ns = signals.namespace_label(spec)
+    minutes = spec.batch.stuck_after_minutes
+    return [
+        Alert(
+            "InferenceBatchStuck",
+            f"max(inferstack_batches_oldest_progress_age_seconds{{{ns}}}) > {minutes * 60}",
+            "5m",
+            "warning",
+            f"A batch has recorded no result for over {minutes} minutes",
+            "An unfinished batch makes no progress: the replicas had no headroom for it all that time (interactive"
+            " load, or no replica), or the batch service cannot reach the router or its file store. See"
+            ' inferstack_batches_requests_total{outcome="refused"} and the service\'s log.',
+        ),
+        Alert(
+            "InferenceBatchExpired",
+            f'increase(inferstack_batches_finished_total{{{ns},status="expired"}}[1h]) > 0',
+            "0m",
+            "warning",
+            "A batch expired before all its requests ran",
+            "Its unfinished requests are in its error file as batch_expired: the platform had too little idle"
+            " capacity in 24 hours for the batches it was given.",
+        ),
+        Alert(
+            "InferenceBatchServiceDown",
+            f"(sum({_up(spec, batches.name(spec))}) or on() vector(0)) == 0",
+            "10m",
+            "warning",
+            "The batch service is down",
+            "Batches make no progress and /v1/files and /v1/batches fail; the router serves everything else.",
+        ),
+    ]
+
+
+def limit_store_alerts(spec: PlatformSpec) -> list[Alert]:
+    """A router replica limiting on its own because the shared rate-limit store does not answer."""
+    if not spec.gateway.shared_limits:
+        return []
+    ns = signals.namespace_label(spec)
+    return [
+        Alert(
+            "InferenceRateLimitStoreUnreachable",
+            f"min by (pod) (inferstack_router_limit_store_up{{{ns}}}) == 0",
+            "5m",
+            "warning",
+            "Router {{ $labels.pod }} cannot reach the shared rate-limit store",
+            "It limits each key at its share of the limit (the limit divided by the replicas last seen alive)"
+            " until the store answers again; see inferstack_router_limit_store_errors_total for the cause.",
+        )
+    ]
+
+
 def alerts(spec: PlatformSpec) -> list[Alert]:
-    """Every alert of the stack: each model's, then the gateway's."""
-    return [a for m in spec.models for a in model_alerts(spec, m)] + gateway_alerts(spec)
+    """Every alert of the stack: each model's, then the gateway's, then the batch service's."""
+    return [a for m in spec.models for a in model_alerts(spec, m)] + gateway_alerts(spec) + batch_alerts(spec)
 
 
 def rule_groups(spec: PlatformSpec) -> list[Manifest]:
-    """The rule groups: one per model and one for the gateway. A Prometheus rule file is ``{"groups": ...}``;
-    the cluster gets them in a PrometheusRule, ``make local MONITOR=1`` in a file (promtool checks that one)."""
+    """The rule groups: one per model, one for the gateway, one for the batch service. A Prometheus rule file is
+    ``{"groups": ...}``; the cluster gets them in a PrometheusRule, ``make local MONITOR=1`` in a file (promtool
+    checks that one)."""
     groups = [
         {"name": f"inferstack-{m.name}", "rules": [a.rule() for a in model_alerts(spec, m)]}
         for m in spec.models
     ]
     groups.append({"name": "inferstack-gateway", "rules": [a.rule() for a in gateway_alerts(spec)]})
+    if batch := batch_alerts(spec):
+        groups.append({"name": "inferstack-batches", "rules": [a.rule() for a in batch]})
     return groups
 
 

@@ -70,3 +70,21 @@ def hash_api_keys(raw: str, source: str) -> str:
             raise ValueError(f"{where}.{loc}: {first['msg']}") from None
         out.append(hashed.model_dump(mode="json", exclude_none=True))
     return yaml.safe_dump(out, sort_keys=False)
+
+
+def named_key(raw: str, name: str, source: str, wanted_by: str) -> str:
+    """The plain key of the entry ``name`` (a service's own key to the router, e.g. the batch service's).
+
+    The list is checked as ``hash_api_keys`` checks it; ``ValueError`` names ``source`` and ``wanted_by`` (the
+    spec field that asks for it) when there is no such entry. The message never contains a key.
+    """
+    if raw == REDACTED:
+        return REDACTED
+    hash_api_keys(raw, source)
+    for entry in yaml.safe_load(raw):
+        if entry.get("name") == name:
+            return str(entry["key"])
+    raise ValueError(
+        f"{source}: no key named {name!r}, which {wanted_by} names; add {{name: {name}, key: ...}} to the list"
+        " (its scopes and rate limits bound that service's traffic)"
+    )

@@ -11,6 +11,9 @@ Manifest = dict[str, Any]
 PART_OF = "inferstack"
 MANAGED_BY = "pulumi"
 MODEL_LABEL = "inferstack.io/model"
+ADAPTERS_ANNOTATION = "inferstack.io/lora-adapters"
+"""On an engine's pod template: its model's LoRA adapters as JSON (name, source, revision, rank), which the
+policy pack checks (pinned sources, ranks within the engine's limit, an engine that serves adapters)."""
 ENGINE_PORT = 8000
 RUNTIME_UID = 10001  # the runtime images' user; high, so it never matches a host account
 
@@ -74,10 +77,18 @@ def quantity_cpu(value: float) -> str:
 ROUTER = "router"
 HEALTH = "health"
 BATCHER = "batcher"
+PICKER = "picker"  # the endpoint picker, behind an inference-extension gateway (gateway.mode)
 RUNTIME_CONFIG_FILE = "runtime.yaml"  # the images' default --config
 RUNTIME_CONFIG_DIR = "/etc/inferstack"
 API_KEYS_FILE = "api-keys.yaml"
 API_KEYS_DIR = "/etc/inferstack/keys"
+TOKENIZERS_DIR = "/var/lib/inferstack/tokenizers"  # the router pod's emptyDir its init container fills
+LIMIT_STORE_DIR = "/etc/inferstack/limit-store"  # the router pod's mount of the store's Secret
+
+
+def router_tokenizer_dir(model: str) -> str:
+    """Where the router finds a model's tokenizer (for the KV-event view of precise_prefix)."""
+    return f"{TOKENIZERS_DIR}/{model}"
 
 
 def runtime_name(spec: PlatformSpec, part: str) -> str:
@@ -94,6 +105,22 @@ def runtime_config_name(spec: PlatformSpec) -> str:
     return f"{spec.name}-runtime-config"
 
 
+def runtime_config_mount() -> Manifest:
+    """Where a runtime service reads the rendered ``RuntimeConfig`` (read-only)."""
+    return {"name": "config", "mountPath": RUNTIME_CONFIG_DIR, "readOnly": True}
+
+
+def runtime_config_volume(spec: PlatformSpec) -> Manifest:
+    """The ConfigMap holding the rendered ``RuntimeConfig``, as a pod volume."""
+    return {
+        "name": "config",
+        "configMap": {
+            "name": runtime_config_name(spec),
+            "items": [{"key": RUNTIME_CONFIG_FILE, "path": RUNTIME_CONFIG_FILE}],
+        },
+    }
+
+
 def api_keys_secret_name(spec: PlatformSpec) -> str:
     return f"{spec.name}-api-keys"
 
@@ -105,3 +132,13 @@ def priority_class_name(spec: PlatformSpec) -> str:
 
 def engine_selector(spec: PlatformSpec, model: str) -> dict[str, str]:
     return selector(spec, engine_name(model), "engine")
+
+
+def http_probe(path: str, period_s: int, failures: int, timeout_s: int = 2) -> Manifest:
+    """A probe on the container's ``http`` port."""
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period_s,
+        "timeoutSeconds": timeout_s,
+        "failureThreshold": failures,
+    }

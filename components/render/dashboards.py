@@ -76,12 +76,14 @@ def model_panels(spec: PlatformSpec, model: ModelSpec) -> list[Panel]:
     ns = signals.namespace_label(spec)
     engine = common.engine_name(model.name)
     router_sel = f'{ns},model="{model.name}"'
+    front = signals.front(spec)
     panels = [
         Panel(
-            "Requests per second (router)",
+            f"Requests per second ({front})",
             (
                 (
-                    f"sum by (status) (rate(inferstack_router_requests_total{{{router_sel}}}[{signals.RATE_WINDOW}]))",
+                    f"sum by (status) (rate({signals.front_metric(spec, 'requests_total')}{{{router_sel}}}"
+                    f"[{signals.RATE_WINDOW}]))",
                     "{{status}}",
                 ),
             ),
@@ -104,9 +106,10 @@ def model_panels(spec: PlatformSpec, model: ModelSpec) -> list[Panel]:
         for s, label in ((Signal.QUEUED, "waiting"), (Signal.RUNNING, "running"))
         if signals.has(model, s)
     ]
-    panels.append(
-        Panel("Queued and running requests", (*queues, (scaling.router_queue(spec, model), "router queue")))
-    )
+    if front == common.ROUTER:  # the picker holds no request: no queue of its own
+        queues.append((scaling.router_queue(spec, model), "router queue"))
+    if queues:
+        panels.append(Panel("Queued and running requests", tuple(queues)))
     if signals.has(model, Signal.KV_USAGE):
         panels.append(
             Panel(
@@ -136,14 +139,11 @@ def model_panels(spec: PlatformSpec, model: ModelSpec) -> list[Panel]:
                 ),
             )
         )
-    deployment = f'{ns},deployment="{engine}"'
+    available, desired = signals.workload_replicas(spec, model)
     panels.append(
         Panel(
             "Replicas",
-            (
-                (f"sum(kube_deployment_status_replicas_available{{{deployment}}})", "available"),
-                (f"sum(kube_deployment_spec_replicas{{{deployment}}})", "desired"),
-            ),
+            ((available, "available"), (desired, "desired")),
             cluster_only=True,
         )
     )
@@ -160,75 +160,93 @@ def model_panels(spec: PlatformSpec, model: ModelSpec) -> list[Panel]:
 
 
 def gateway_panels(spec: PlatformSpec) -> list[Panel]:
-    """Router traffic, errors, latency, queue, retries, health ejections and the router's own size."""
+    """Traffic, errors, latency, refusals and health ejections through the part that routes, and its own
+    size: the router (with its queue and retries), or behind an inference-extension gateway the endpoint
+    picker (which holds and retries nothing; its own time is the pick's)."""
     ns = signals.namespace_label(spec)
     w = signals.RATE_WINDOW
-    return [
+    front = signals.front(spec)
+    title = front.capitalize()
+
+    def metric(name: str) -> str:
+        return signals.front_metric(spec, name)
+
+    latency = [
+        (
+            f"histogram_quantile(0.95, sum by (le, model) (rate({metric('request_duration_seconds_bucket')}{{{ns}}}[{w}])))",
+            "{{model}} total",
+        )
+    ]
+    refusals = [(f"sum by (reason) (rate({metric('rejections_total')}{{{ns}}}[{w}]))", "reject {{reason}}")]
+    if front == common.ROUTER:
+        latency.append(
+            (
+                f"histogram_quantile(0.95, sum by (le, model) (rate(inferstack_router_ttft_seconds_bucket{{{ns}}}[{w}])))",
+                "{{model}} first byte",
+            )
+        )
+        refusals.insert(
+            0, (f"sum by (reason) (rate(inferstack_router_retries_total{{{ns}}}[{w}]))", "retry {{reason}}")
+        )
+    else:
+        latency.append(
+            (
+                f"histogram_quantile(0.95, sum by (le, model) (rate({metric('decision_seconds_bucket')}{{{ns}}}[{w}])))",
+                "{{model}} pick",
+            )
+        )
+    out = [
         Panel(
             "Requests per second by model",
-            ((f"sum by (model) (rate(inferstack_router_requests_total{{{ns}}}[{w}]))", "{{model}}"),),
+            ((f"sum by (model) (rate({metric('requests_total')}{{{ns}}}[{w}]))", "{{model}}"),),
             "reqps",
         ),
         Panel("5xx ratio by model", ((signals.router_error_ratio(spec, w), "{{model}}"),), "percentunit"),
+        Panel(f"{title} latency p95", tuple(latency), "s"),
+    ]
+    if front == common.ROUTER:
+        out.append(
+            Panel(
+                "Router queue",
+                (
+                    (f"sum by (model) (inferstack_router_queue_depth{{{ns}}})", "{{model}} waiting"),
+                    (
+                        f"histogram_quantile(0.95, sum by (le, model) "
+                        f"(rate(inferstack_router_queue_wait_seconds_bucket{{{ns}}}[{w}])))",
+                        "{{model}} wait p95",
+                    ),
+                ),
+            )
+        )
+    out += [
         Panel(
-            "Router latency p95",
-            (
-                (
-                    f"histogram_quantile(0.95, sum by (le, model) "
-                    f"(rate(inferstack_router_request_duration_seconds_bucket{{{ns}}}[{w}])))",
-                    "{{model}} total",
-                ),
-                (
-                    f"histogram_quantile(0.95, sum by (le, model) (rate(inferstack_router_ttft_seconds_bucket{{{ns}}}[{w}])))",
-                    "{{model}} first byte",
-                ),
-            ),
-            "s",
-        ),
-        Panel(
-            "Router queue",
-            (
-                (f"sum by (model) (inferstack_router_queue_depth{{{ns}}})", "{{model}} waiting"),
-                (
-                    f"histogram_quantile(0.95, sum by (le, model) "
-                    f"(rate(inferstack_router_queue_wait_seconds_bucket{{{ns}}}[{w}])))",
-                    "{{model}} wait p95",
-                ),
-            ),
-        ),
-        Panel(
-            "Retries and rejections",
-            (
-                (f"sum by (reason) (rate(inferstack_router_retries_total{{{ns}}}[{w}]))", "retry {{reason}}"),
-                (
-                    f"sum by (reason) (rate(inferstack_router_rejections_total{{{ns}}}[{w}]))",
-                    "reject {{reason}}",
-                ),
-            ),
+            "Retries and rejections" if front == common.ROUTER else "Rejections",
+            tuple(refusals),
             "reqps",
         ),
         Panel(
             "Healthy replicas and ejections",
             (
-                (f"sum by (model) (inferstack_router_backend_healthy{{{ns}}})", "{{model}} healthy"),
+                (f"sum by (model) ({metric('backend_healthy')}{{{ns}}})", "{{model}} healthy"),
                 (signals.health_ejections(spec), "{{model}} ejected"),
             ),
         ),
         Panel(
-            "Router replicas and CPU",
+            f"{title} replicas and CPU",
             (
                 (
-                    f'sum(kube_deployment_status_replicas_available{{{ns},deployment="{common.runtime_name(spec, common.ROUTER)}"}})',
+                    f'sum(kube_deployment_status_replicas_available{{{ns},deployment="{common.runtime_name(spec, front)}"}})',
                     "replicas",
                 ),
                 (
-                    f'sum(rate(container_cpu_usage_seconds_total{{{ns},container="{common.ROUTER}"}}[{w}]))',
+                    f'sum(rate(container_cpu_usage_seconds_total{{{ns},container="{front}"}}[{w}]))',
                     "CPU cores",
                 ),
             ),
             cluster_only=True,
         ),
     ]
+    return out
 
 
 def dashboard_config_map(spec: PlatformSpec, name: str, dashboard: dict[str, Any]) -> Manifest:

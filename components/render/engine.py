@@ -2,33 +2,30 @@
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass, field
+from typing import Any
 
 from components import nodes
-from components.placement import Placement, host_memory_needed_gib, host_share
-from components.render import common, hardening, scaling
+from components.placement import Placement, PoolPlan, host_memory_needed_gib, host_share
+from components.render import common, groups, hardening, scaling, weights
 from components.render.common import Manifest
 from components.render.engine_args import (
-    MODEL_DIR,
     TRTLLM_CONFIG_DIR,
     EngineCommand,
     engine_command,
-    s3_model_dir,
+    group_command,
+    in_cluster,
+    in_group,
+    model_dir,
 )
 from components.rollout import Rollout
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import facts
 
-AWS_CLI_IMAGE = "public.ecr.aws/aws-cli/aws-cli:2.27.50"
-HF_TOKEN_KEY = "token"
-HF_TOKEN_DIR = "/var/run/secrets/huggingface"
-"""The token is a file (huggingface_hub reads HF_TOKEN_PATH), never an environment variable."""
 _CPU_ENGINE_DEFAULTS = (2.0, 8.0)  # cores, GiB
 _PROBE_PERIOD_S = 10
-
-
-def hf_token_secret_name(spec: PlatformSpec) -> str:
-    return f"{spec.name}-hf-token"
 
 
 def engine_resources(model: ModelSpec, placement: Placement) -> tuple[float, float]:
@@ -37,7 +34,8 @@ def engine_resources(model: ModelSpec, placement: Placement) -> tuple[float, flo
     if placement.instance is None:
         cores, memory = _CPU_ENGINE_DEFAULTS
         return e.cpu_cores or cores, e.memory_gib or memory
-    cores, memory = host_share(placement.instance, placement.gpu_fraction)
+    # One pod per node of a multi-node group: each takes its node's share, not the group's.
+    cores, memory = host_share(placement.instance, placement.gpu_fraction / placement.nodes)
     memory = max(memory, host_memory_needed_gib(model, placement))
     return e.cpu_cores or cores, e.memory_gib or float(memory)
 
@@ -45,10 +43,6 @@ def engine_resources(model: ModelSpec, placement: Placement) -> tuple[float, flo
 def _shm_gib(model: ModelSpec) -> float:
     # NCCL and the engines' worker processes exchange tensors through /dev/shm when TP/PP > 1.
     return 16.0 if model.engine.gpus > 1 else 2.0
-
-
-def _model_cache_gib(placement: Placement) -> int:
-    return max(20, math.ceil(placement.weights_gib * 1.25 + 5))
 
 
 def _http_probe(path: str, period_s: int, failure_threshold: int, timeout_s: int = 5) -> Manifest:
@@ -60,30 +54,18 @@ def _http_probe(path: str, period_s: int, failure_threshold: int, timeout_s: int
     }
 
 
-def _env(spec: PlatformSpec, cmd: EngineCommand) -> list[Manifest]:
-    env: list[Manifest] = [{"name": k, "value": v} for k, v in sorted(cmd.env.items())]
-    if spec.huggingface_token_config_key:
-        env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/{HF_TOKEN_KEY}"})
-    return env
+def _env(cmd: EngineCommand, store: list[Manifest]) -> list[Manifest]:
+    return [*({"name": k, "value": v} for k, v in sorted(cmd.env.items())), *store]
 
 
-def _s3_sync(model: ModelSpec) -> Manifest:
-    """An init container that copies the weights from S3 into the model cache before the engine starts."""
+def _pod_metadata(model: ModelSpec, labels: dict[str, str]) -> Manifest:
+    """Pod labels, and for a model with adapters the annotation that lists them (for the policy pack)."""
+    if not model.adapters:
+        return {"labels": labels}
+    adapters = [a.model_dump(mode="json") for a in model.adapters]
     return {
-        "name": "fetch-weights",
-        "image": AWS_CLI_IMAGE,
-        "imagePullPolicy": "Always",
-        "command": ["aws", "s3", "sync", "--only-show-errors", model.source, s3_model_dir(model)],
-        "env": [{"name": "HOME", "value": "/tmp"}],
-        "resources": {
-            "requests": {"cpu": "500m", "memory": "1Gi"},
-            "limits": {"cpu": "2", "memory": "2Gi"},
-        },
-        "securityContext": hardening.container_security(),
-        "volumeMounts": [
-            {"name": "model-cache", "mountPath": MODEL_DIR},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
+        "labels": labels,
+        "annotations": {common.ADAPTERS_ANNOTATION: json.dumps(adapters, sort_keys=True)},
     }
 
 
@@ -101,42 +83,84 @@ def config_map(spec: PlatformSpec, model: ModelSpec) -> Manifest | None:
     }
 
 
-def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout) -> Manifest:
-    """``rollout`` (``components.rollout``): the strategy, and the startup budget the probe and the progress
-    deadline allow a replica."""
+@dataclass(frozen=True)
+class PodShape:
+    """What differs between the pods of one engine: a Deployment's, a group's leader and its workers."""
+
+    cmd: EngineCommand
+    probes: bool = True
+    """Startup, readiness and liveness probes (a group's workers serve no HTTP: the group's leader answers)."""
+    extra_resources: dict[str, str] = field(default_factory=dict)
+    """Resources requested and limited beside CPU, memory and GPUs (EFA interfaces, huge pages)."""
+    extra_env: list[Manifest] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    """Labels beside the engine's own (a group's role)."""
+
+
+def _location(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> str:
+    """What the engine loads in the cluster: the model store's copy the weights decision picked."""
+    return weights.engine_location(spec, model, weights.decide(model, placement))
+
+
+def pod_template(
+    spec: PlatformSpec,
+    model: ModelSpec,
+    placement: Placement,
+    rollout: Rollout,
+    shape: PodShape,
+    weights_image: Any = None,
+) -> Manifest:
+    """One engine pod's template (labels and spec): the container from ``shape.cmd``, the weights' init container
+    and cache, the hardening, the pool's node selector and the GPU toleration. ``rollout`` gives the startup probe
+    its budget; ``weights_image``: the weights image the init container runs (default: the spec's)."""
     name = common.engine_name(model.name)
     image = model.engine.resolved_image
     version = common.image_version(image)
-    cmd = engine_command(model)
+    way = weights.decide(model, placement)
+    cmd = shape.cmd
     cores, memory_gib = engine_resources(model, placement)
     resources: Manifest = {
         "requests": {"cpu": common.quantity_cpu(cores), "memory": common.quantity_gib(memory_gib)},
         "limits": {"cpu": common.quantity_cpu(cores), "memory": common.quantity_gib(memory_gib)},
     }
+    gpus = placement.gpus_per_replica // placement.nodes
     if placement.share is not None:  # one time slice or one MIG instance
         resources["requests"][nodes.share_resource(placement.share)] = "1"
         resources["limits"][nodes.share_resource(placement.share)] = "1"
-    elif placement.gpus_per_replica:
-        resources["requests"][nodes.GPU_RESOURCE] = str(placement.gpus_per_replica)
-        resources["limits"][nodes.GPU_RESOURCE] = str(placement.gpus_per_replica)
+    elif gpus:
+        resources["requests"][nodes.GPU_RESOURCE] = str(gpus)
+        resources["limits"][nodes.GPU_RESOURCE] = str(gpus)
+    for key, value in shape.extra_resources.items():
+        resources["requests"][key] = value
+        resources["limits"][key] = value
     mounts: list[Manifest] = [
-        {"name": "model-cache", "mountPath": MODEL_DIR},
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     volumes: list[Manifest] = [
-        {"name": "model-cache", "emptyDir": {"sizeLimit": f"{_model_cache_gib(placement)}Gi"}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{_shm_gib(model):g}Gi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "10Gi"}},
     ]
-    if spec.huggingface_token_config_key:
-        mounts.append({"name": "hf-token", "mountPath": HF_TOKEN_DIR, "readOnly": True})
-        volumes.append(
+    cache = weights.cache_volume(way)
+    if cache is not None:  # the node's copy of this model only, read-only (only the init container fills it)
+        mounts.append(
             {
-                "name": "hf-token",
-                "secret": {"secretName": hf_token_secret_name(spec), "defaultMode": 0o440},
+                "name": "model-cache",
+                "mountPath": model_dir(model),
+                "subPath": weights.cache_sub_path(spec, model),
+                "readOnly": True,
             }
         )
+        volumes.append(cache)
+    access = weights.engine_access(spec, way)
+    mounts += access.mounts
+    volumes += access.volumes
+    adapter_inits, adapter_volumes = weights.adapter_inits(
+        spec, model, weights_image or spec.model_store.image
+    )
+    if adapter_volumes:  # every pod of a group loads its shard of an adapter from its own disk
+        mounts.append({"name": "adapters", "mountPath": weights.ADAPTER_DIR, "readOnly": True})
+        volumes += adapter_volumes
     if cmd.files:
         mounts.append({"name": "engine-config", "mountPath": TRTLLM_CONFIG_DIR, "readOnly": True})
         volumes.append({"name": "engine-config", "configMap": {"name": name}})
@@ -149,12 +173,15 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollo
         "imagePullPolicy": "Always",
         "command": cmd.command,
         "args": cmd.args,
-        "env": _env(spec, cmd),
+        "env": [*_env(cmd, access.env), *shape.extra_env],
         "ports": [{"name": "http", "containerPort": common.ENGINE_PORT, "protocol": "TCP"}],
         "resources": resources,
-        "startupProbe": _http_probe(health, _PROBE_PERIOD_S, startup_failures),
-        "readinessProbe": _http_probe(health, 5, 3),
-        "livenessProbe": _http_probe(health, 15, 4),
+    }
+    if shape.probes:
+        container["startupProbe"] = _http_probe(health, _PROBE_PERIOD_S, startup_failures)
+        container["readinessProbe"] = _http_probe(health, 5, 3)
+        container["livenessProbe"] = _http_probe(health, 15, 4)
+    container |= {
         # Let the Service stop sending new requests before the engine receives SIGTERM.
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", "10"]}}},
         "securityContext": hardening.container_security(),
@@ -179,20 +206,43 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollo
             common.selector(spec, name, "engine"), strict_hosts=False
         ),
     }
-    if model.source.startswith("s3://"):
-        pod_spec["initContainers"] = [_s3_sync(model)]
+    # Never the hub: check the store's objects (streamer) or fill the node cache before the engine starts, and
+    # fetch the LoRA adapters from the store into the pod.
+    pod_spec["initContainers"] = [
+        weights.engine_init(spec, model, way, weights_image or spec.model_store.image),
+        *adapter_inits,
+    ]
     if placement.pool is not None and placement.instance is not None:
         pod_spec["nodeSelector"] = {nodes.POOL_LABEL: placement.pool}
         pod_spec["tolerations"] = [nodes.gpu_toleration()]
-    pod_labels = {**common.labels(spec, name, "engine", version), common.MODEL_LABEL: model.name}
+    pod_labels = {
+        **common.labels(spec, name, "engine", version),
+        common.MODEL_LABEL: model.name,
+        **shape.labels,
+    }
     if model.team is not None:
         pod_labels[nodes.TEAM_LABEL] = model.team
+    return {"metadata": _pod_metadata(model, pod_labels), "spec": pod_spec}
+
+
+def deployment(
+    spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout, weights_image: Any = None
+) -> Manifest:
+    """``rollout`` (``components.rollout``): the strategy, and the startup budget the probe and the progress
+    deadline allow a replica."""
+    name = common.engine_name(model.name)
+    version = common.image_version(model.engine.resolved_image)
+    shape = PodShape(engine_command(model, _location(spec, model, placement)))
+    template = pod_template(spec, model, placement, rollout, shape, weights_image)
     # A scaler (KEDA or HPA) owns the count when min and max differ; a fixed count is set here.
     replicas = {} if scaling.scales(model) else {"replicas": model.scaling.min_replicas}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {**common.metadata(spec, name, "engine", version), "labels": pod_labels},
+        "metadata": {
+            **common.metadata(spec, name, "engine", version),
+            "labels": template["metadata"]["labels"],
+        },
         "spec": {
             **replicas,
             "revisionHistoryLimit": 3,
@@ -204,12 +254,13 @@ def deployment(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollo
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": rollout.max_surge, "maxUnavailable": rollout.max_unavailable},
             },
-            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+            "template": template,
         },
     }
 
 
-def service(spec: PlatformSpec, model: ModelSpec) -> Manifest:
+def service(spec: PlatformSpec, model: ModelSpec, selector: dict[str, str] | None = None) -> Manifest:
+    """The engine's Service; ``selector`` narrows it (a multi-node group: its leaders only)."""
     name = common.engine_name(model.name)
     return {
         "apiVersion": "v1",
@@ -217,7 +268,7 @@ def service(spec: PlatformSpec, model: ModelSpec) -> Manifest:
         "metadata": common.metadata(spec, name, "engine"),
         "spec": {
             "type": "ClusterIP",
-            "selector": common.selector(spec, name, "engine"),
+            "selector": {**common.selector(spec, name, "engine"), **(selector or {})},
             "ports": [{"name": "http", "port": common.ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }
@@ -233,7 +284,51 @@ def service_account(spec: PlatformSpec) -> Manifest:
     }
 
 
-def render(spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout) -> list[Manifest]:
-    """Every Kubernetes object of one model's engine, in apply order."""
+def _group(
+    spec: PlatformSpec,
+    model: ModelSpec,
+    placement: Placement,
+    rollout: Rollout,
+    pool: PoolPlan | None,
+    weights_image: Any = None,
+) -> list[Manifest]:
+    """A LeaderWorkerSet whose groups span ``placement.nodes`` nodes, and a Service on the leaders."""
+    where = in_cluster(model, _location(spec, model, placement))  # leader and workers load the same copy
+    templates = {
+        leader: pod_template(
+            spec,
+            model,
+            placement,
+            rollout,
+            PodShape(
+                group_command(model, in_group(placement.nodes, leader), where),
+                probes=leader,
+                extra_resources=groups.node_resources(pool),
+                extra_env=groups.env(pool),
+                labels=groups.role_labels(leader),
+            ),
+            weights_image,
+        )
+        for leader in (True, False)
+    }
+    replicas = None if scaling.scales(model) else model.scaling.min_replicas
+    lws = groups.leader_worker_set(
+        spec, model, placement.nodes, templates[True], templates[False], rollout, replicas
+    )
+    return [lws, service(spec, model, groups.role_labels(leader=True))]
+
+
+def render(
+    spec: PlatformSpec,
+    model: ModelSpec,
+    placement: Placement,
+    rollout: Rollout,
+    pool: PoolPlan | None = None,
+    weights_image: Any = None,
+) -> list[Manifest]:
+    """Every Kubernetes object of one model's engine, in apply order: a Deployment, or for a replica that spans
+    nodes a LeaderWorkerSet (``components.render.groups``; ``pool`` says whether its nodes have EFA)."""
     out = [m for m in (config_map(spec, model),) if m is not None]
-    return [*out, deployment(spec, model, placement, rollout), service(spec, model)]
+    if placement.multi_node:
+        return [*out, *_group(spec, model, placement, rollout, pool, weights_image)]
+    return [*out, deployment(spec, model, placement, rollout, weights_image), service(spec, model)]

@@ -11,6 +11,7 @@ TensorRT-LLM's follow their documented CLIs (``sglang.srt.server_args``, ``trtll
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from os import PathLike
@@ -18,16 +19,18 @@ from os import PathLike
 from components.render.common import ENGINE_PORT
 from components.sizing import DEFAULT_BATCHED_TOKENS
 from components.spec import Device, EngineSpec, KvCacheDType, ModelSpec
-from runtime.config import EngineKind, Task
+from runtime.config import EngineKind, KvEventsSource, Task, kv_events_publisher
 from runtime.engines import TELEMETRY_OFF_ENV, EngineCli, Flag, Switch, facts
 
-MODEL_DIR = "/models"  # the model cache volume: downloads, S3 syncs and the Hugging Face cache
-HF_CACHE_DIR = f"{MODEL_DIR}/hf"
+MODEL_DIR = "/models"  # where an engine pod sees its node-level cache copy (components.render.weights)
+HF_CACHE_DIR = "/tmp/hf"  # the Hugging Face libraries' cache; nothing is downloaded (HF_HUB_OFFLINE)
 TRTLLM_OPTIONS_FILE = "extra-llm-api-options.yaml"
 TRTLLM_CONFIG_DIR = "/etc/inferstack/engine"
 
 POD_ENV = {
     **TELEMETRY_OFF_ENV,
+    # Engines load from the model store or a node cache (components/render/weights.py), never the hub.
+    "HF_HUB_OFFLINE": "1",
     "HF_HOME": HF_CACHE_DIR,
     "HOME": "/tmp",  # read-only root filesystem: caches (torch, triton, flashinfer) go to an emptyDir
 }
@@ -49,38 +52,94 @@ class Where:
     """Where an engine runs, as far as its command line says; every other argument comes from the spec."""
 
     model: str
-    """What the engine loads: a Hugging Face id, the directory an init container synced from S3, a local one."""
+    """What the engine loads: an ``s3://`` store location (streamed), a node cache's copy, a local directory."""
     host: str
     port: int
     download_dir: str | None
     """Where the engine downloads weights to; None where nothing is downloaded."""
     served_name: str | None = None
     """The name clients send; None: the spec's model name."""
+    kv_events: tuple[str, str] | None = None
+    """Where a model whose routing reads KV events publishes them (events, replay); None: nowhere given."""
 
 
-def s3_model_dir(model: ModelSpec) -> str:
-    """Where the init container syncs an S3 model: a directory named after the model, because trtllm-serve
-    (which has no served-name flag before 2026, NVIDIA/TensorRT-LLM#11711) serves a local directory under its
-    base name (``openai_server.py``: ``self.model = model_dir.name``). Clients then ask for the model's name."""
+_KV = KvEventsSource.model_fields
+
+
+def kv_events_in_pod() -> tuple[str, str]:
+    """An engine pod publishes on every interface (the NetworkPolicy admits only the router's pods)."""
+    return f"tcp://*:{_KV['port'].default}", f"tcp://*:{_KV['replay_port'].default}"
+
+
+def _lora(model: ModelSpec) -> tuple[list[str], dict[str, str]]:
+    """LoRA arguments and environment for a model with adapters (none without): slots and rank sized from the
+    spec, loading at run time allowed (the router loads each adapter where a request for it lands)."""
+    lora = facts(model.engine.kind).lora
+    if not model.adapters or lora is None:  # the spec refuses adapters on engines without ``lora``
+        return [], {}
+    limits = model.engine.lora
+    args = [
+        *lora.enable,
+        *_valued(lora.max_loras, limits.max_per_batch),
+        *_valued(lora.max_rank, limits.max_rank),
+        *_valued(lora.max_cpu_loras, limits.loaded),
+    ]
+    return args, dict(lora.env)
+
+
+def _sleep(model: ModelSpec) -> tuple[list[str], dict[str, str]]:
+    """Sleep mode's arguments and environment (its endpoints served) for a model that sleeps when idle (none
+    otherwise; the spec refuses sleep on engines and devices without it)."""
+    sleep = facts(model.engine.kind).sleep
+    if model.scaling.sleep_after_idle_s is None or sleep is None:
+        return [], {}
+    return list(sleep.args), dict(sleep.env)
+
+
+def model_env(model: ModelSpec) -> dict[str, str]:
+    """The environment the spec itself asks of an engine, wherever it runs (a pod adds ``POD_ENV``): what allows
+    loading adapters at run time for a model with adapters, and serving sleep mode's endpoints for one that
+    sleeps."""
+    return {**_lora(model)[1], **_sleep(model)[1]}
+
+
+def model_dir(model: ModelSpec) -> str:
+    """Where an engine pod sees the node cache's copy of its model: a directory named after the model, because
+    trtllm-serve (which has no served-name flag before 2026, NVIDIA/TensorRT-LLM#11711) serves a local
+    directory under its base name (``openai_server.py``: ``self.model = model_dir.name``)."""
     return f"{MODEL_DIR}/{model.name}"
 
 
-def model_location(model: ModelSpec) -> str:
-    """What a cluster engine loads: the Hugging Face id, or the directory an init container synced from S3."""
-    return s3_model_dir(model) if model.source.startswith("s3://") else model.source
-
-
-def in_cluster(model: ModelSpec) -> Where:
-    """An engine pod: every interface, the Service's port, the model cache volume."""
-    return Where(model_location(model), "0.0.0.0", ENGINE_PORT, HF_CACHE_DIR)
+def in_cluster(model: ModelSpec, location: str | None = None) -> Where:
+    """An engine pod: every interface, the Service's port; it loads ``location`` (the model store, or the node
+    cache's copy at ``model_dir``: ``components.render.weights.engine_location``), or the spec's source where
+    none is given (command-line checks), and downloads nothing. A model whose routing reads KV events publishes
+    them on every interface."""
+    events = kv_events_in_pod() if model.publishes_kv_events else None
+    return Where(location or model.source, "0.0.0.0", ENGINE_PORT, download_dir=None, kv_events=events)
 
 
 def on_this_machine(
-    model_dir: str | PathLike[str], host: str, port: int, served_name: str | None = None
+    model_dir: str | PathLike[str],
+    host: str,
+    port: int,
+    served_name: str | None = None,
+    kv_events: tuple[str, str] | None = None,
 ) -> Where:
     """An engine of ``make local`` (or a test): a model directory on disk, a loopback port, no downloads
-    (the engines run with HF_HUB_OFFLINE=1, and there is no model cache volume)."""
-    return Where(str(model_dir), host, port, download_dir=None, served_name=served_name)
+    (the engines run with HF_HUB_OFFLINE=1, and there is no model cache volume), KV events (if its routing
+    reads them) on ``ipc://`` socket files: a tcp bind would take every interface."""
+    return Where(str(model_dir), host, port, download_dir=None, served_name=served_name, kv_events=kv_events)
+
+
+def _kv_events(cli: EngineCli, model: ModelSpec, where: Where) -> list[str]:
+    """Publish KV-cache events where the router follows them, hashed the way the router reproduces."""
+    if not model.publishes_kv_events:
+        return []
+    if where.kv_events is None:
+        raise ValueError(f"model {model.name}: its routing reads KV events, but no endpoints were given")
+    config = json.dumps(kv_events_publisher(*where.kv_events), separators=(",", ":"))
+    return _valued(cli.kv_events, config) + _valued(cli.block_hash_algo, _KV["hash_algo"].default)
 
 
 def _valued(flag: Flag | None, value: object) -> list[str]:
@@ -148,13 +207,13 @@ def vllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
     args += _switched(cli.trust_remote_code, e.trust_remote_code)
     if pooling:
         args += cli.embedding
-    env = dict(POD_ENV)
-    sleep = facts(EngineKind.VLLM).sleep
-    if model.scaling.sleep_after_idle_s is not None and sleep is not None:
-        args += sleep.args
-        env.update(sleep.env)
-    args += [*cli.fixed_args, *e.extra_args]
-    return EngineCommand(command=list(cli.command), args=args, env=env)
+    args += _kv_events(cli, model, where)
+    if where.model.startswith("s3://"):
+        args += cli.stream_from_s3
+    lora_args, lora_env = _lora(model)
+    sleep_args, sleep_env = _sleep(model)
+    args += [*lora_args, *sleep_args, *cli.fixed_args, *e.extra_args]
+    return EngineCommand(command=list(cli.command), args=args, env={**POD_ENV, **lora_env, **sleep_env})
 
 
 def sglang(model: ModelSpec, where: Where | None = None) -> EngineCommand:
@@ -233,13 +292,66 @@ def trtllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
     )
 
 
-RENDERERS: dict[EngineKind, Callable[[ModelSpec], EngineCommand]] = {
+RENDERERS: dict[EngineKind, Callable[[ModelSpec, Where], EngineCommand]] = {
     EngineKind.VLLM: vllm,
     EngineKind.SGLANG: sglang,
     EngineKind.TRTLLM: trtllm,
 }
 
 
-def engine_command(model: ModelSpec) -> EngineCommand:
-    """The cluster command line of ``model``'s engine."""
-    return RENDERERS[model.engine.kind](model)
+def engine_command(model: ModelSpec, location: str | None = None) -> EngineCommand:
+    """The cluster command line of ``model``'s engine, loading ``location`` (see ``in_cluster``)."""
+    return RENDERERS[model.engine.kind](model, in_cluster(model, location))
+
+
+# A replica that spans nodes runs as one LeaderWorkerSet group. The LeaderWorkerSet controller (v0.6.0 on) puts these
+# variables in every container of a group (its pod webhook): the leader's stable DNS name, and the pod's index in the
+# group, 0 on the leader. The kubelet expands $(NAME) in args from the container's environment.
+LEADER_ADDRESS_ENV = "LWS_LEADER_ADDRESS"
+WORKER_INDEX_ENV = "LWS_WORKER_INDEX"
+LEADER_RANK = "0"
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    """One process of a multi-node group, as its command line names it."""
+
+    nodes: int
+    rank: str
+    """Its node rank: "0" on the leader; on workers "$(LWS_WORKER_INDEX)", or a number on this machine."""
+    leader: str
+    """Where the leader is: "$(LWS_LEADER_ADDRESS)" in a pod, a host name on this machine."""
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == LEADER_RANK
+
+
+def in_group(nodes: int, leader: bool) -> GroupMember:
+    """A pod of a LeaderWorkerSet group: rank and leader address from the variables LeaderWorkerSet sets."""
+    rank = LEADER_RANK if leader else f"$({WORKER_INDEX_ENV})"
+    return GroupMember(nodes, rank, f"$({LEADER_ADDRESS_ENV})")
+
+
+def group_args(kind: EngineKind, member: GroupMember) -> list[str]:
+    """The arguments that make one engine process a member of a multi-node group (``runtime.engines``)."""
+    cli = facts(kind).cli
+    if cli.nnodes is None or cli.node_rank is None or cli.master_addr is None:
+        raise ValueError(f"{facts(kind).display_name} cannot span nodes: {cli.multi_node_note}")
+    if cli.master_port is None:
+        rendezvous = [cli.master_addr.name, f"{member.leader}:{cli.rendezvous_port}"]
+    else:
+        rendezvous = [cli.master_addr.name, member.leader, cli.master_port.name, str(cli.rendezvous_port)]
+    args = [cli.nnodes.name, str(member.nodes), cli.node_rank.name, member.rank, *rendezvous]
+    return args if member.is_leader else [*args, *cli.worker_args]
+
+
+def group_command(model: ModelSpec, member: GroupMember, where: Where | None = None) -> EngineCommand:
+    """The command line of one member of ``model``'s group: the engine's own, plus its place in the group."""
+    base = RENDERERS[model.engine.kind](model, where or in_cluster(model))
+    return EngineCommand(
+        command=base.command,
+        args=[*base.args, *group_args(model.engine.kind, member)],
+        env=base.env,
+        files=base.files,
+    )

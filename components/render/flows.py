@@ -3,14 +3,23 @@
 Each flow is read off the part that makes the call, not written down twice:
 
 - the runtime config: the router sends requests to every model's engine Service and to the batcher of embedding
-  models, reads the health monitor's feed; the health monitor probes every model's replicas; the batcher sends
-  batches to the engines of the models it batches for;
+  models, reads the health monitor's feed and forwards the Batch API to the batch service; the health monitor
+  probes every model's replicas; the batcher sends batches to the engines of the models it batches for; the batch
+  service sends its requests through the router, reads the health monitor's feed and, where the cloud keeps its
+  files in an object store, reaches it over HTTPS with credentials from the cloud's endpoint;
 - the runtime services' Roles: each watches EndpointSlices (and the health monitor lists pods), so each talks
   to the Kubernetes API;
-- the ServiceMonitors: Prometheus scrapes what they select, on the port they name;
+- the ServiceMonitors: Prometheus scrapes what they select, on the port they name (the batch service's metrics
+  listen apart from its API, which admits the router only);
 - the ingress: the load balancer (or in-cluster clients) or the Gateway's proxies send requests to the router;
-- the engines: weights come from the Hugging Face hub or S3 over HTTPS at public addresses, with credentials from
-  the cloud's endpoint (EKS Pod Identity's agent), never from the instance metadata service;
+- shared limits and KV events (the runtime config too): the router reaches the rate-limit store (the managed one
+  in the cluster network, or the in-cluster Redis, which reaches nothing), follows every precise_prefix engine's
+  KV-event publisher and replay ports, and its init container fetches those models' tokenizers over HTTPS;
+- the model store (``components.render.weights``): engines read it (their init container checks or fills from it,
+  vLLM streams from it), never the hub; the preparation Jobs copy pinned revisions from the Hugging Face hub over
+  HTTPS and write them into it. The store is S3 over HTTPS at public addresses, or the S3-compatible endpoint of
+  ``model_store.endpoint_url`` (which may run in the cluster); credentials come from the cloud's endpoint (EKS Pod
+  Identity's agent), never from the instance metadata service;
 - every pod resolves names through kube-dns.
 
 ``components.render.network`` turns this table into policies; the tests check the policies against it.
@@ -23,9 +32,20 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from components.cloud import Cloud
-from components.render import common, gateway, ingress, monitors
+from components.placement import place
+from components.render import (
+    batches,
+    common,
+    gateway,
+    inference_extension,
+    ingress,
+    limit_store,
+    monitors,
+    weights,
+)
 from components.render.runtime_config import batcher_port, health_port, router_port, runtime_config
-from components.spec import IngressKind, PlatformSpec
+from components.spec import IngressKind, PlatformSpec, is_local_path
+from runtime.config import RuntimeConfig
 
 ANYWHERE = "0.0.0.0/0"
 LINK_LOCAL = "169.254.0.0/16"
@@ -35,6 +55,8 @@ HTTPS = 443
 DNS_PORT = 53
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 ENGINE = "engine"
+WEIGHTS = weights.COMPONENT
+"""The model store's preparation Jobs."""
 GATEWAY_PROXY = "gateway-proxy"
 
 Port = tuple[str, int]
@@ -132,14 +154,44 @@ def gateway_proxies_in_namespace(spec: PlatformSpec) -> bool:
     return spec.gateway.ingress is IngressKind.GATEWAY_API and ingress.gateway_proxies(spec).namespace is None
 
 
-def subjects(spec: PlatformSpec) -> list[str]:
+GROUP_PREFIX = "group:"
+"""Subjects named ``group:<model>``: the pods of one model whose replica spans nodes."""
+
+
+def group_models(spec: PlatformSpec) -> list[str]:
+    """Models whose replica spans nodes (``components.placement``), in stack-file order."""
+    layout = place(spec)
+    return [m.name for m in spec.models if layout.placements[m.name].multi_node]
+
+
+def group_peer(spec: PlatformSpec, model: str) -> Peer:
+    return Peer(f"{model} group", pods={**component_labels(spec, ENGINE), common.MODEL_LABEL: model})
+
+
+def in_cluster_limit_store(spec: PlatformSpec, cloud: Cloud) -> bool:
+    """The shared rate-limit store runs as pods of the namespace (a cluster you bring), not as a managed one."""
+    return spec.gateway.shared_limits and not cloud.managed_limit_store
+
+
+def subjects(spec: PlatformSpec, cloud: Cloud) -> list[str]:
     """The components of the stack's namespace that get a policy of their own, in apply order."""
-    out = [ENGINE, *gateway.parts(spec)]
-    return out + ([GATEWAY_PROXY] if gateway_proxies_in_namespace(spec) else [])
+    out = [ENGINE, WEIGHTS, *(GROUP_PREFIX + m for m in group_models(spec)), *gateway.parts(spec)]
+    out += batches.parts(spec)
+    out += [GATEWAY_PROXY] if gateway_proxies_in_namespace(spec) else []
+    return out + ([limit_store.STORE] if in_cluster_limit_store(spec, cloud) else [])
 
 
 def subject(spec: PlatformSpec, name: str) -> Peer:
+    if name.startswith(GROUP_PREFIX):
+        return group_peer(spec, name.removeprefix(GROUP_PREFIX))
     return gateway_proxies(spec) if name == GATEWAY_PROXY else component(spec, name)
+
+
+def _limit_store(spec: PlatformSpec, cloud: Cloud) -> Peer:
+    """The managed store sits in the cluster network (its address is known only once it exists); else the pods."""
+    if cloud.managed_limit_store:
+        return Peer("managed rate-limit store", cidrs=tuple(cloud.cluster_network(spec)), includes_pods=True)
+    return component(spec, limit_store.STORE)
 
 
 def _port_of(url: object) -> int:
@@ -151,20 +203,27 @@ def _port_of(url: object) -> int:
 
 def _runtime_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
     """The runtime services' calls, read from the config they run with and the Roles they hold."""
-    config = runtime_config(spec)
+    config = runtime_config(spec, files=cloud.batch_files(spec))
     engine, router = component(spec, ENGINE), component(spec, common.ROUTER)
     health = component(spec, common.HEALTH)
+    # behind an inference-extension gateway the picker reads the fleet the router's way (and sends nothing)
+    picked = gateway.inference_extension_mode(spec)
+    front_name = inference_extension.PICKER if picked else common.ROUTER
+    front = component(spec, front_name)
     out: list[Flow] = []
     if any(m.discovery is not None for m in config.models):
-        out.append(
-            Flow(router, engine, tcp(common.ENGINE_PORT), "the router proxies requests to every replica")
+        why = (
+            "the picker probes replicas while the feed is away"
+            if picked
+            else "the router proxies requests to every replica"
         )
+        out.append(Flow(front, engine, tcp(common.ENGINE_PORT), why))
         out.append(
             Flow(health, engine, tcp(common.ENGINE_PORT), "the health monitor probes and scrapes replicas")
         )
     if config.router.health_feed_url:
         port = _port_of(config.router.health_feed_url)
-        out.append(Flow(router, health, tcp(port), "the router reads the health monitor's feed"))
+        out.append(Flow(front, health, tcp(port), f"the {front_name} reads the health monitor's feed"))
     batcher_urls = sorted({r.batcher_url for r in config.router.routes if r.batcher_url})
     if batcher_urls:
         batcher = component(spec, common.BATCHER)
@@ -173,6 +232,25 @@ def _runtime_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
         out.append(
             Flow(batcher, engine, tcp(common.ENGINE_PORT), "the batcher sends batches to the replicas")
         )
+    out += _batch_flows(spec, cloud, config, router, health)
+    event_ports = sorted(
+        {
+            p
+            for m in config.models
+            if m.kv_events and m.discovery
+            for p in (m.kv_events.port, m.kv_events.replay_port)
+        }
+    )
+    if event_ports:
+        why = "every router replica follows the engines' KV-cache events (publisher and replay)"
+        out.append(Flow(router, engine, tcp(*event_ports), why))
+    if config.router.limit_store is not None:
+        out.append(
+            Flow(router, _limit_store(spec, cloud), tcp(limit_store.PORT), "the router's shared limits")
+        )
+    if any(m.kv_events for m in config.models):
+        why = "the router's init container fetches the tokenizers of the models it follows KV events of"
+        out.append(Flow(router, public_https(spec, cloud, "tokenizers over HTTPS"), tcp(HTTPS), why))
     api = api_server(spec, cloud)
     for part in gateway.parts(spec):
         if gateway.role(spec, part)["rules"]:
@@ -182,12 +260,54 @@ def _runtime_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
     return out
 
 
+def _batch_flows(
+    spec: PlatformSpec, cloud: Cloud, config: RuntimeConfig, router: Peer, health: Peer
+) -> list[Flow]:
+    """The batch service's calls and the router's to it, read from the runtime config; files in the cloud's object
+    store add HTTPS to public addresses and the cloud's credential endpoints (the engines' own)."""
+    if config.batches is None:
+        return []
+    me = component(spec, batches.PART)
+    out: list[Flow] = []
+    if config.router.batches_url:
+        port = tcp(_port_of(config.router.batches_url))
+        out.append(
+            Flow(router, me, port, "the router forwards /v1/files and /v1/batches to the batch service")
+        )
+    port = tcp(_port_of(config.batches.router_url))
+    out.append(Flow(me, router, port, "the batch service sends its requests through the router"))
+    if config.batches.health_feed_url:
+        port = tcp(_port_of(config.batches.health_feed_url))
+        out.append(
+            Flow(me, health, port, "the batch service reads the replicas' headroom from the health monitor")
+        )
+    if config.batches.s3 is not None:
+        out += [
+            Flow(
+                me, Peer(e.why.split(":", 1)[0], cidrs=(e.cidr,)), tcp(e.port), f"the batch service: {e.why}"
+            )
+            for e in cloud.credential_endpoints(spec)
+        ]
+        out.append(
+            Flow(
+                me,
+                public_https(spec, cloud, "files over HTTPS"),
+                tcp(HTTPS),
+                "the batch service's files in S3",
+            )
+        )
+    return out
+
+
 def _scrape_flows(spec: PlatformSpec) -> list[Flow]:
-    """Prometheus scrapes the components the ServiceMonitors select, on their Services' http ports."""
+    """Prometheus scrapes the components the ServiceMonitors select, on their Services' http ports (the batch
+    service's on its metrics port)."""
     if not spec.observability.prometheus:
         return []
     ports = {ENGINE: common.ENGINE_PORT, common.ROUTER: router_port(), common.HEALTH: health_port()}
     ports[common.BATCHER] = batcher_port()
+    ports[inference_extension.PICKER] = inference_extension.picker_settings().metrics_port
+    ports[batches.PART] = batches.METRICS_PORT
     scraped: list[str] = []
     for monitor in monitors.render(spec):
         selector = monitor["spec"]["selector"]
@@ -208,7 +328,19 @@ def _ingress_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
         clients = Peer("load balancer and in-cluster clients", cidrs=sources, includes_pods=True)
         return [Flow(clients, router, port, "requests from the load balancer (or clients in the cluster)")]
     proxies = gateway_proxies(spec)
-    out = [Flow(proxies, router, port, "the Gateway's proxies send requests to the router")]
+    if gateway.inference_extension_mode(spec):
+        picker = component(spec, inference_extension.PICKER)
+        ext_proc = tcp(inference_extension.picker_settings().port)
+        out = [
+            Flow(
+                proxies, picker, ext_proc, "the Gateway's proxies ask the picker for each request's replica"
+            ),
+            Flow(
+                proxies, component(spec, ENGINE), tcp(common.ENGINE_PORT), "and send it to the replica picked"
+            ),
+        ]
+    else:
+        out = [Flow(proxies, router, port, "the Gateway's proxies send requests to the router")]
     if gateway_proxies_in_namespace(spec):
         listener = tcp(ingress.gateway_listener_port(spec))
         world = Peer("internet", cidrs=(ANYWHERE,), includes_pods=True)
@@ -219,18 +351,70 @@ def _ingress_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
     return out
 
 
-def _engine_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
-    engine = component(spec, ENGINE)
-    out = [
-        Flow(engine, Peer(e.why.split(":", 1)[0], cidrs=(e.cidr,)), tcp(e.port), e.why)
-        for e in cloud.credential_endpoints(spec)
-    ]
-    if any(not m.is_local_path for m in spec.models):
-        # Public addresses only: nothing in the cluster network (the Gateway's listener, the API) and nothing
-        # link-local. S3 is reached at its public addresses (a gateway endpoint keeps them), not an interface one.
-        private = tuple(cloud.cluster_network(spec))
-        weights = Peer("weights over HTTPS", cidrs=(ANYWHERE,), except_cidrs=(*private, LINK_LOCAL))
-        out.append(Flow(engine, weights, tcp(HTTPS), "weights from the Hugging Face hub or S3"))
+def _group_flows(spec: PlatformSpec) -> list[Flow]:
+    """The engine picks its ports: the rendezvous (vLLM's master port, SGLang's dist-init port), then ZMQ queues
+    and NCCL's sockets on ephemeral ones. Only the pods of the same model's groups."""
+    out: list[Flow] = []
+    for model in group_models(spec):
+        group = group_peer(spec, model)
+        out.append(
+            Flow(group, group, (), "the nodes of a multi-node replica talk to each other (rendezvous, NCCL)")
+        )
+    return out
+
+
+def public_https(spec: PlatformSpec, cloud: Cloud, name: str) -> Peer:
+    """HTTPS at public addresses only: nothing in the cluster network (the Gateway's listener, the API) and nothing
+    link-local. S3 is reached at its public addresses (a gateway endpoint keeps them), not an interface one."""
+    private = tuple(cloud.cluster_network(spec))
+    return Peer(name, cidrs=(ANYWHERE,), except_cidrs=(*private, LINK_LOCAL))
+
+
+def model_store(spec: PlatformSpec, cloud: Cloud) -> tuple[Peer, tuple[Port, ...]]:
+    """The model store and its port: S3 over HTTPS, or the S3-compatible endpoint, wherever it runs (an in-cluster
+    MinIO is in the cluster network, so its range takes in pods; never link-local)."""
+    endpoint = spec.model_store.endpoint_url
+    if endpoint is None:
+        return public_https(spec, cloud, "the model store (S3) over HTTPS"), tcp(HTTPS)
+    peer = Peer(
+        f"the model store at {urlsplit(endpoint).hostname}",
+        cidrs=(ANYWHERE,),
+        except_cidrs=(LINK_LOCAL,),
+        includes_pods=True,
+    )
+    return peer, tcp(weights.store_port(spec))
+
+
+def _weights_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
+    """Engines read the model store; the preparation Jobs copy from the hub into it. Both get their store
+    credentials from the cloud's endpoint where it has one."""
+    engine, jobs = component(spec, ENGINE), component(spec, WEIGHTS)
+    store, store_ports = model_store(spec, cloud)
+    out: list[Flow] = []
+    for who, part in ((engine, "engines"), (jobs, "preparation Jobs")):
+        out += [
+            Flow(who, Peer(e.why.split(":", 1)[0], cidrs=(e.cidr,)), tcp(e.port), f"{part}: {e.why}")
+            for e in cloud.credential_endpoints(spec)
+        ]
+    adapters = ", and fetch their LoRA adapters" if any(m.adapters for m in spec.models) else ""
+    out.append(
+        Flow(
+            engine,
+            store,
+            store_ports,
+            f"engines check the store, fill a node cache or stream from it{adapters}",
+        )
+    )
+    hub_adapters = any(
+        not a.source.startswith("s3://") and not is_local_path(a.source)
+        for m in spec.models
+        for a in m.adapters
+    )
+    if any(m.is_hub for m in spec.models) or hub_adapters:
+        hub = public_https(spec, cloud, "the Hugging Face hub over HTTPS")
+        what = "pinned revisions (models and LoRA adapters)" if hub_adapters else "pinned revisions"
+        out.append(Flow(jobs, hub, tcp(HTTPS), f"preparation Jobs copy {what} from the hub"))
+    out.append(Flow(jobs, store, store_ports, "preparation Jobs write (or verify) the model store"))
     return out
 
 
@@ -242,5 +426,6 @@ def flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
         *_runtime_flows(spec, cloud),
         *_scrape_flows(spec),
         *_ingress_flows(spec, cloud),
-        *_engine_flows(spec, cloud),
+        *_weights_flows(spec, cloud),
+        *_group_flows(spec),
     ]

@@ -6,7 +6,8 @@
   own ServiceAccounts: each mounts a short-lived projected token because each watches EndpointSlices;
   the health monitor may also list pods and create Events (least-privilege Roles below).
 - The router mounts the API keys Secret (``components.render.api_keys``); traffic reaches it through
-  ``components.render.ingress``.
+  ``components.render.ingress``. In inference-extension mode the endpoint picker mounts it instead: it is
+  what checks keys there.
 - Images: the spec's pinned images, unless the caller passes others (on EKS, the images the AWS layer
   pushed to ECR, referenced by digest; see ``RuntimeImage``).
 """
@@ -19,10 +20,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.cloud import Cloud
-from components.render import common, hardening, ingress
+from components.render import (
+    batches,
+    common,
+    hardening,
+    inference_extension,
+    ingress,
+    limit_store,
+    tokenizers,
+)
 from components.render.common import Manifest
 from components.render.runtime_config import has_batcher, runtime_config
-from components.spec import PlatformSpec
+from components.render.tokenizers import RouterTokenizers
+from components.spec import GatewayMode, PlatformSpec
 from runtime.config import RuntimeConfig
 
 CONFIG_CHECKSUM_ANNOTATION = "inferstack.io/config-sha256"
@@ -49,7 +59,13 @@ class RuntimeImage:
 def spec_images(spec: PlatformSpec) -> dict[str, RuntimeImage]:
     """The spec's pinned images per runtime service, labelled with their tag or digest."""
     g = spec.gateway
-    refs = {common.ROUTER: g.router_image, common.HEALTH: g.health_image, common.BATCHER: g.batcher_image}
+    refs = {
+        common.ROUTER: g.router_image,
+        common.HEALTH: g.health_image,
+        common.BATCHER: g.batcher_image,
+        inference_extension.PICKER: g.picker_image,
+        batches.PART: spec.batch.image,
+    }
     return {part: RuntimeImage(ref, common.image_version(ref)) for part, ref in refs.items()}
 
 
@@ -57,17 +73,19 @@ def config_text(config: RuntimeConfig) -> str:
     return config.to_yaml()
 
 
-def config_map(spec: PlatformSpec) -> Manifest:
+def config_map(spec: PlatformSpec, text: str) -> Manifest:
+    """The runtime config ``text`` (``config_text``: rendered once per plan, it is most of a plan's YAML work)."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": common.metadata(spec, common.runtime_config_name(spec), "gateway"),
-        "data": {common.RUNTIME_CONFIG_FILE: config_text(runtime_config(spec))},
+        "data": {common.RUNTIME_CONFIG_FILE: text},
     }
 
 
-def _checksum(spec: PlatformSpec) -> str:
-    return hashlib.sha256(config_text(runtime_config(spec)).encode()).hexdigest()
+def config_checksum(text: str) -> str:
+    """Of the config text: a changed config rolls the services that read it."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # Identity and access --------------------------------------------------------------------------------
@@ -122,15 +140,6 @@ def role_binding(spec: PlatformSpec, part: str) -> Manifest:
 # Workloads ------------------------------------------------------------------------------------------
 
 
-def _probe(path: str, period_s: int, failures: int) -> Manifest:
-    return {
-        "httpGet": {"path": path, "port": "http"},
-        "periodSeconds": period_s,
-        "timeoutSeconds": 2,
-        "failureThreshold": failures,
-    }
-
-
 def _resources(cores: float, memory_gib: float) -> Manifest:
     quantities = {"cpu": common.quantity_cpu(cores), "memory": common.quantity_gib(memory_gib)}
     return {"requests": dict(quantities), "limits": dict(quantities)}
@@ -147,7 +156,9 @@ def deployment(
     port: int,
     replicas: int | None,
     resources: tuple[float, float],
+    checksum: str,
     extra_mounts: tuple[tuple[Manifest, Manifest], ...] = (),
+    pod: RouterTokenizers | None = None,
 ) -> Manifest:
     """A runtime service: ``python -m runtime.<part> --config ...`` with the config, a token, and /tmp."""
     name = common.runtime_name(spec, part)
@@ -155,24 +166,21 @@ def deployment(
     pod_labels = common.labels(spec, name, part, version)
     token = hardening.service_account_token_volume()
     mounts: list[Manifest] = [
-        {"name": "config", "mountPath": common.RUNTIME_CONFIG_DIR, "readOnly": True},
+        common.runtime_config_mount(),
         {"name": token["name"], "mountPath": hardening.SERVICE_ACCOUNT_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     volumes: list[Manifest] = [
-        {
-            "name": "config",
-            "configMap": {
-                "name": common.runtime_config_name(spec),
-                "items": [{"key": common.RUNTIME_CONFIG_FILE, "path": common.RUNTIME_CONFIG_FILE}],
-            },
-        },
+        common.runtime_config_volume(spec),
         token,
         {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
     ]
     for mount, volume in extra_mounts:
         mounts.append(mount)
         volumes.append(volume)
+    if pod is not None:
+        mounts += pod.router_mounts
+        volumes += pod.volumes
     config_path = f"{common.RUNTIME_CONFIG_DIR}/{common.RUNTIME_CONFIG_FILE}"
     container: Manifest = {
         "name": part,
@@ -182,8 +190,8 @@ def deployment(
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "resources": _resources(*resources),
-        "readinessProbe": _probe("/readyz", 5, 2),
-        "livenessProbe": _probe("/healthz", 10, 3),
+        "readinessProbe": common.http_probe("/readyz", 5, 2),
+        "livenessProbe": common.http_probe("/healthz", 10, 3),
         # Let endpoints drop this pod before it stops accepting connections.
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}},
         "securityContext": hardening.container_security(),
@@ -195,13 +203,14 @@ def deployment(
         "selector": {"matchLabels": selector},
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
         "template": {
-            "metadata": {"labels": pod_labels, "annotations": {CONFIG_CHECKSUM_ANNOTATION: _checksum(spec)}},
+            "metadata": {"labels": pod_labels, "annotations": {CONFIG_CHECKSUM_ANNOTATION: checksum}},
             "spec": {
                 "serviceAccountName": name,
                 "automountServiceAccountToken": False,
                 "terminationGracePeriodSeconds": runtime_config(spec).router.drain_grace_s + 15,
                 "securityContext": hardening.pod_security(),
                 "topologySpreadConstraints": hardening.topology_spread(selector, strict_hosts=False),
+                **({"initContainers": pod.init_containers} if pod and pod.init_containers else {}),
                 "containers": [container],
                 "volumes": volumes,
             },
@@ -266,8 +275,15 @@ def router_hpa(spec: PlatformSpec) -> Manifest:
 # Everything -----------------------------------------------------------------------------------------
 
 
+def inference_extension_mode(spec: PlatformSpec) -> bool:
+    return spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION
+
+
 def parts(spec: PlatformSpec) -> list[str]:
-    """The runtime services this stack runs."""
+    """The runtime services this stack runs: the router (and the batcher for embedding models), or, behind
+    an inference-extension gateway, the endpoint picker; the health monitor either way."""
+    if inference_extension_mode(spec):
+        return [common.HEALTH, inference_extension.PICKER]
     return [common.ROUTER, common.HEALTH, *([common.BATCHER] if has_batcher(spec) else [])]
 
 
@@ -278,10 +294,12 @@ def render(
 
     ``images`` (runtime service -> image) replaces the spec's images for the services it names.
     """
-    config = runtime_config(spec)
+    config = runtime_config(spec, files=cloud.batch_files(spec))
+    text = config_text(config)
+    checksum = config_checksum(text)
     g = spec.gateway
     image = {**spec_images(spec), **(images or {})}
-    out: list[Manifest] = [config_map(spec)]
+    out: list[Manifest] = [config_map(spec, text)]
     for part in parts(spec):
         out += [service_account(spec, part), role(spec, part), role_binding(spec, part)]
     keys_mount: tuple[tuple[Manifest, Manifest], ...] = ()
@@ -292,6 +310,32 @@ def render(
                 {"name": "api-keys", "secret": {"secretName": common.api_keys_secret_name(spec)}},
             ),
         )
+    if inference_extension_mode(spec):
+        picker = inference_extension.PICKER
+        s = config.picker
+        out += [
+            inference_extension.with_grpc_port(
+                deployment(
+                    spec,
+                    picker,
+                    image[picker],
+                    s.metrics_port,
+                    1,
+                    inference_extension.PICKER_RESOURCES,
+                    checksum,
+                    keys_mount,  # the picker checks the keys: nothing else in this mode sees a request
+                )
+            ),
+            inference_extension.picker_service(spec),
+            deployment(
+                spec, common.HEALTH, image[common.HEALTH], config.health.port, 1, _HEALTH_RESOURCES, checksum
+            ),
+            service(spec, common.HEALTH, config.health.port),
+        ]
+        return out + inference_extension.routing(spec)
+    router_mounts = keys_mount
+    if g.shared_limits:
+        router_mounts += (limit_store.router_mount(spec),)
     router_replicas = None if router_scales(spec) else g.replicas
     out += [
         deployment(
@@ -301,7 +345,9 @@ def render(
             config.router.port,
             router_replicas,
             (g.router_cpu_cores, g.router_memory_gib),
-            keys_mount,
+            checksum,
+            router_mounts,
+            tokenizers.router_parts(spec, image[common.ROUTER].reference),
         ),
         service(spec, common.ROUTER, config.router.port),
         hardening.pdb(
@@ -315,13 +361,21 @@ def render(
         out.append(router_hpa(spec))
     # One health monitor: its state (ejections) is per process, and the router tolerates its absence.
     out += [
-        deployment(spec, common.HEALTH, image[common.HEALTH], config.health.port, 1, _HEALTH_RESOURCES),
+        deployment(
+            spec, common.HEALTH, image[common.HEALTH], config.health.port, 1, _HEALTH_RESOURCES, checksum
+        ),
         service(spec, common.HEALTH, config.health.port),
     ]
     if has_batcher(spec):
         out += [
             deployment(
-                spec, common.BATCHER, image[common.BATCHER], config.batcher.port, 2, _BATCHER_RESOURCES
+                spec,
+                common.BATCHER,
+                image[common.BATCHER],
+                config.batcher.port,
+                2,
+                _BATCHER_RESOURCES,
+                checksum,
             ),
             service(spec, common.BATCHER, config.batcher.port),
             hardening.pdb(

@@ -54,12 +54,19 @@ RESERVED = "reserved"
 
 
 def node_class(
-    pool: str, disk: RootDisk, launch: NodeLaunch, volume_key_arn: Any, reservation_id: str | None = None
+    pool: str,
+    disk: RootDisk,
+    launch: NodeLaunch,
+    volume_key_arn: Any,
+    reservation_id: str | None = None,
+    user_data: str | None = None,
 ) -> Manifest:
     """The EC2NodeClass of one GPU pool: IMDSv2 and the pool's root disk, encrypted with ``volume_key_arn``
-    (a string or a Pulumi Output), and the pool's capacity reservation if it has one
-    (https://karpenter.sh/docs/tasks/odcrs/)."""
+    (a string or a Pulumi Output), the pool's capacity reservation if it has one
+    (https://karpenter.sh/docs/tasks/odcrs/), and with ``user_data`` (the node cache's) the instance NVMe as
+    RAID0."""
     reservations = {"capacityReservationSelectorTerms": [{"id": reservation_id}]} if reservation_id else {}
+    cache: Manifest = {"instanceStorePolicy": "RAID0", "userData": user_data} if user_data else {}
     return {
         "apiVersion": "karpenter.k8s.aws/v1",
         "kind": "EC2NodeClass",
@@ -91,6 +98,7 @@ def node_class(
             ],
             "tags": launch.tags,
             **reservations,
+            **cache,
         },
     }
 

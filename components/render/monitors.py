@@ -8,17 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.render import common, signals
+from components.render import batches, common, signals
 from components.render.common import Manifest
 from components.render.gateway import parts
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import facts
 
 RUNTIME_METRICS_PATH = "/metrics"
-"""Where the router, the health monitor and the batcher serve their metrics."""
+"""Where the router, the health monitor, the batcher and the batch service serve their metrics."""
 
 
-def _service_monitor(spec: PlatformSpec, name: str, selector: dict[str, Any], path: str) -> Manifest:
+def _service_monitor(
+    spec: PlatformSpec, name: str, selector: dict[str, Any], path: str, port: str = "http"
+) -> Manifest:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
@@ -27,7 +29,7 @@ def _service_monitor(spec: PlatformSpec, name: str, selector: dict[str, Any], pa
             "selector": selector,
             "namespaceSelector": {"matchNames": [spec.cluster.namespace]},
             "endpoints": [
-                {"port": "http", "path": path, "interval": signals.SCRAPE_INTERVAL, "scheme": "http"}
+                {"port": port, "path": path, "interval": signals.SCRAPE_INTERVAL, "scheme": "http"}
             ],
         },
     }
@@ -49,12 +51,28 @@ def runtime_service_monitor(spec: PlatformSpec) -> Manifest:
     instance = common.labels(spec, name, "monitoring")["app.kubernetes.io/instance"]
     selector = {
         "matchLabels": {"app.kubernetes.io/instance": instance},
-        "matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In", "values": parts(spec)}],
+        "matchExpressions": [
+            {
+                "key": "app.kubernetes.io/component",
+                "operator": "In",
+                "values": parts(spec) + batches.parts(spec),
+            }
+        ],
     }
     return _service_monitor(spec, name, selector, RUNTIME_METRICS_PATH)
 
 
+def batch_service_monitor(spec: PlatformSpec) -> Manifest:
+    """Scrapes the batch service on its metrics port (its API port admits the router only)."""
+    selector = {"matchLabels": common.selector(spec, batches.name(spec), batches.PART)}
+    return _service_monitor(
+        spec, batches.name(spec), selector, RUNTIME_METRICS_PATH, batches.METRICS_PORT_NAME
+    )
+
+
 def render(spec: PlatformSpec) -> list[Manifest]:
-    """Every ServiceMonitor of the stack: one per model whose engine exports metrics, then the runtime services'."""
+    """Every ServiceMonitor of the stack: one per model whose engine exports metrics, then the runtime services'
+    (the batch service's apart: it is scraped on its own metrics port)."""
     engines = [engine_service_monitor(spec, m) for m in spec.models if signals.scraped(m)]
-    return [*engines, runtime_service_monitor(spec)]
+    own = [batch_service_monitor(spec)] if batches.enabled(spec) else []
+    return [*engines, runtime_service_monitor(spec), *own]

@@ -2,8 +2,9 @@
 
 - ``default-deny``: every pod in the namespace, no traffic in or out;
 - ``allow-dns``: every pod may ask kube-dns;
-- one policy per component (engines, router, health monitor, batcher, and the Gateway's proxies when they run in
-  the namespace): ingress from the flows that end at it, egress to the flows that start at it.
+- one policy per component (engines, the model store's preparation Jobs, router, health monitor, batcher, batch
+  service, and the Gateway's proxies when they run in the namespace): ingress from the flows that end at it, egress
+  to the flows that start at it.
 
 A flow works only when the caller's egress and the callee's ingress both admit it, so each flow is rendered on both
 sides. On EKS the ``vpc-cni`` add-on enforces them (``components.aws.decisions.VPC_CNI_CONFIGURATION``).
@@ -18,12 +19,14 @@ from components.render.flows import Flow, Port
 from components.render.ingress import gateway_name
 from components.spec import PlatformSpec
 
-POLICY_NAMES = {flows.ENGINE: "engines"}
+POLICY_NAMES = {flows.ENGINE: "engines", flows.WEIGHTS: "weights"}
 
 
 def policy_name(spec: PlatformSpec, subject: str) -> str:
     if subject == flows.GATEWAY_PROXY:
         return gateway_name(spec)
+    if subject.startswith(flows.GROUP_PREFIX):
+        return f"{common.engine_name(subject.removeprefix(flows.GROUP_PREFIX))}-group"
     return POLICY_NAMES.get(subject) or common.runtime_name(spec, subject)
 
 
@@ -83,5 +86,5 @@ def render(spec: PlatformSpec, cloud: Cloud) -> list[Manifest]:
     return [
         default_deny(spec),
         allow_dns(spec, dns),
-        *(component_policy(spec, s, table) for s in flows.subjects(spec)),
+        *(component_policy(spec, s, table) for s in flows.subjects(spec, cloud)),
     ]

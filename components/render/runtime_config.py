@@ -8,18 +8,24 @@ through their Services' EndpointSlices; per-replica concurrency caps are the eng
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from components.render import common
-from components.spec import ModelSpec, PlatformSpec
+from components.render import batches, common, weights
+from components.spec import AdapterSpec, GatewayMode, ModelSpec, PlatformSpec
 from runtime.config import (
+    AdapterTarget,
     BatcherSettings,
     BatchingPolicy,
     HealthSettings,
     KubernetesDiscovery,
+    KvEventsSource,
+    LimitStore,
     ModelRoute,
     ModelTarget,
+    PickerSettings,
     RouterSettings,
     RuntimeConfig,
+    S3Files,
     StaticBackend,
     StrategyConfig,
     Task,
@@ -50,7 +56,17 @@ def embedding_models(spec: PlatformSpec) -> list[ModelSpec]:
 
 
 def has_batcher(spec: PlatformSpec) -> bool:
-    return bool(embedding_models(spec))
+    """Embedding models get a batcher behind the router (behind an inference-extension gateway the picker
+    sends each request to a replica itself)."""
+    return bool(embedding_models(spec)) and spec.gateway.mode is GatewayMode.ROUTER
+
+
+def _adapter_path(spec: PlatformSpec, adapter: AdapterSpec, *, in_cluster: bool) -> str:
+    """What the router's load call names: in a pod, where the init container fetched the adapter from the store;
+    on this machine (``make local``), its directory made absolute (the engine runs in a private directory)."""
+    if in_cluster:
+        return weights.adapter_path(spec, adapter)
+    return str(Path(adapter.source).expanduser().absolute())
 
 
 def model_target(
@@ -63,6 +79,9 @@ def model_target(
         discovery = KubernetesDiscovery(
             namespace=spec.cluster.namespace, service=common.engine_name(model.name), port_name="http"
         )
+    events = None
+    if model.publishes_kv_events:  # the router finds the tokenizer where its pod's init container put it
+        events = KvEventsSource(tokenizer_dir=Path(common.router_tokenizer_dir(model.name)))
     return ModelTarget(
         name=model.name,
         engine=model.engine.kind,
@@ -71,20 +90,28 @@ def model_target(
         discovery=discovery,
         max_concurrency_per_backend=model.engine.max_num_seqs,
         max_model_len_tokens=model.engine.max_model_len,
+        adapters=[
+            AdapterTarget(name=a.name, path=_adapter_path(spec, a, in_cluster=static_urls is None))
+            for a in model.adapters
+        ],
+        max_adapters_per_replica=model.engine.lora.loaded,
+        kv_events=events,
     )
 
 
 def _route(spec: PlatformSpec, model: ModelSpec) -> ModelRoute:
     batcher = None
-    if model.resolved_task() is Task.EMBED:
+    if model.resolved_task() is Task.EMBED and has_batcher(spec):
         batcher = service_url(spec, common.BATCHER, batcher_port())
     routing = model.routing
     knobs = {knob: getattr(routing, knob) for knob in sorted(routing.KNOBS)}  # the spec's knobs, as set
     strategy = StrategyConfig.model_validate(
         {"name": routing.strategy, "weights": dict(routing.weights), **knobs}
     )
-    # the activator: a model that scales to zero holds its requests while a replica starts
-    hold = model.scaling.cold_start_hold_ms if model.scaling.min_replicas == 0 else 0
+    # the activator: a model that scales to zero holds its requests while a replica starts; the picker
+    # holds nothing (the gateway's ext_proc call must answer within its message timeout): 503 at once
+    holds = model.scaling.min_replicas == 0 and spec.gateway.mode is GatewayMode.ROUTER
+    hold = model.scaling.cold_start_hold_ms if holds else 0
     # sleep mode: the router puts idle replicas to sleep and wakes one for a waiting request
     idle = model.scaling.sleep_after_idle_s
     return ModelRoute.model_validate(
@@ -121,20 +148,42 @@ def client_idle_timeout_s() -> int:
     return lb_idle_timeout_s() + LB_IDLE_MARGIN_S
 
 
+def limit_store(spec: PlatformSpec) -> LimitStore | None:
+    """The shared rate-limit store, read from the router's mounted Secret (address and AUTH token)."""
+    if not spec.gateway.shared_limits:
+        return None
+    return LimitStore(
+        url_file=Path(common.LIMIT_STORE_DIR) / "url",
+        auth_token_file=Path(common.LIMIT_STORE_DIR) / "token",
+        replicas=spec.gateway.replicas,
+    )
+
+
 def runtime_config(
-    spec: PlatformSpec, static_backends: Mapping[str, Sequence[str]] | None = None
+    spec: PlatformSpec,
+    static_backends: Mapping[str, Sequence[str]] | None = None,
+    files: S3Files | None = None,
 ) -> RuntimeConfig:
-    """``static_backends`` (model name -> engine URLs) replaces Kubernetes discovery (``make local``)."""
+    """``static_backends`` (model name -> engine URLs) replaces Kubernetes discovery (``make local``);
+    ``files`` is where the cloud keeps the batch service's files (``Cloud.batch_files``), None: its volume."""
     keys_file = f"{common.API_KEYS_DIR}/{common.API_KEYS_FILE}" if spec.gateway.api_keys_config_key else None
+    health_feed = f"{service_url(spec, common.HEALTH, health_port())}/v1/backends"
+    router_url = service_url(spec, common.ROUTER, router_port())
     router = RouterSettings.model_validate(
         {
             "routes": [_route(spec, m) for m in spec.models],
             "require_api_key": spec.gateway.require_api_key,
             "api_keys_file": keys_file,
-            "health_feed_url": f"{service_url(spec, common.HEALTH, health_port())}/v1/backends",
+            "health_feed_url": health_feed,
+            "batches_url": batches.url(spec) if batches.enabled(spec) else None,
             "client_idle_timeout_s": client_idle_timeout_s(),
+            "limit_store": limit_store(spec),
         }
     )
+    # Behind an inference-extension gateway the picker is the only component that sees a request's key.
+    picker = PickerSettings()
+    if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION and keys_file is not None:
+        picker = PickerSettings(require_api_key=spec.gateway.require_api_key, api_keys_file=keys_file)
     return RuntimeConfig(
         models=[
             model_target(spec, m, None if static_backends is None else static_backends.get(m.name, []))
@@ -143,4 +192,6 @@ def runtime_config(
         router=router,
         health=HealthSettings(kubernetes_events=True),
         batcher=BatcherSettings(policies=[_batching(m) for m in embedding_models(spec)]),
+        picker=picker,
+        batches=batches.settings(spec, router_url, health_feed, files),
     )

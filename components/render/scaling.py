@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from components.render import addons, common, signals
+from components.render import addons, common, groups, signals
 from components.render.common import Manifest
 from components.spec import Autoscaler, ModelSpec, PlatformSpec
 from runtime.config import EngineKind
@@ -142,11 +142,14 @@ def router_queue(spec: PlatformSpec, model: ModelSpec) -> str:
 def router_demand(spec: PlatformSpec, model: ModelSpec) -> str:
     """Demand the engines cannot see: requests waiting in the router, plus requests it turned away for want of
     a replica (per second over the rate window). The only signal there is while a model has zero replicas,
-    so it is what wakes a model from zero."""
+    so it is what wakes a model from zero. Behind a gateway (inference-extension) no router runs and the
+    endpoint picker holds nothing: its refusals for want of a replica are the whole signal."""
     refused = (
-        f'sum(rate(inferstack_router_rejections_total{{namespace="{spec.cluster.namespace}",'
+        f'sum(rate({signals.front_metric(spec, "rejections_total")}{{namespace="{spec.cluster.namespace}",'
         f'model="{model.name}",reason="no_backend"}}[{signals.RATE_WINDOW}]))'
     )
+    if signals.front(spec) == common.PICKER:
+        return f"({refused} or on() vector(0))"
     return f"({router_queue(spec, model)} or on() vector(0)) + ({refused} or on() vector(0))"
 
 
@@ -196,7 +199,16 @@ def scaling_note(spec: PlatformSpec, model: ModelSpec) -> str | None:
     return f"{model.name}: {engine} exports no {', '.join(missing)} metric; it scales on {used} only"
 
 
-def scaled_object(spec: PlatformSpec, model: ModelSpec) -> Manifest:
+def workload(model: ModelSpec, multi_node: bool = False) -> Manifest:
+    """What a scaler scales: the engine's Deployment, or the LeaderWorkerSet of a replica that spans nodes (its
+    scale subresource counts groups, and its HPA pod selector picks the leaders, where the engine's metrics are)."""
+    name = common.engine_name(model.name)
+    if multi_node:
+        return {"apiVersion": groups.API_VERSION, "kind": groups.KIND, "name": name}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
+
+
+def scaled_object(spec: PlatformSpec, model: ModelSpec, multi_node: bool = False) -> Manifest:
     t = thresholds(model)
     name = scaler_name(model)
     server = addons.prometheus_url(spec)
@@ -219,11 +231,7 @@ def scaled_object(spec: PlatformSpec, model: ModelSpec) -> Manifest:
             }
         )
     body: Manifest = {
-        "scaleTargetRef": {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "name": common.engine_name(model.name),
-        },
+        "scaleTargetRef": workload(model, multi_node),
         "pollingInterval": POLLING_INTERVAL_S,
         "cooldownPeriod": t.idle_before_zero_s,
         "minReplicaCount": t.min_replicas,
@@ -254,7 +262,7 @@ def _milli(value: float) -> str:
     return f"{round(value * 1000)}m"
 
 
-def hpa(spec: PlatformSpec, model: ModelSpec) -> Manifest:
+def hpa(spec: PlatformSpec, model: ModelSpec, multi_node: bool = False) -> Manifest:
     """autoscaling/v2 HPA on queue depth and KV usage per pod and TTFT p95 of the Service."""
     t = thresholds(model)
     name = hpa_name(spec, model)
@@ -293,11 +301,7 @@ def hpa(spec: PlatformSpec, model: ModelSpec) -> Manifest:
         "kind": "HorizontalPodAutoscaler",
         "metadata": common.metadata(spec, name, "autoscaling"),
         "spec": {
-            "scaleTargetRef": {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "name": common.engine_name(model.name),
-            },
+            "scaleTargetRef": workload(model, multi_node),
             "minReplicas": t.min_replicas,
             "maxReplicas": t.max_replicas,
             "metrics": metrics,
@@ -349,13 +353,14 @@ def adapter_rules(spec: PlatformSpec) -> list[dict[str, Any]]:
     return rules
 
 
-def render(spec: PlatformSpec, model: ModelSpec) -> list[Manifest]:
-    """The scaler of one model: a ScaledObject (keda) or an HPA (hpa); nothing when min equals max."""
+def render(spec: PlatformSpec, model: ModelSpec, multi_node: bool = False) -> list[Manifest]:
+    """The scaler of one model: a ScaledObject (keda) or an HPA (hpa); nothing when min equals max. ``multi_node``:
+    it scales the model's LeaderWorkerSet (groups), not a Deployment."""
     if not scales(model):
         return []
     if spec.addons.autoscaler is Autoscaler.KEDA:
-        return [scaled_object(spec, model)]
-    return [hpa(spec, model)]
+        return [scaled_object(spec, model, multi_node)]
+    return [hpa(spec, model, multi_node)]
 
 
 def promql(spec: PlatformSpec) -> list[str]:

@@ -9,8 +9,9 @@ health-monitor expressions that both alerts and dashboards read are spelled here
 
 from __future__ import annotations
 
+from components.placement import place
 from components.render import common
-from components.spec import ModelSpec, PlatformSpec
+from components.spec import GatewayMode, ModelSpec, PlatformSpec
 from runtime.engines import Signal, facts
 
 RATE_WINDOW = "2m"
@@ -22,6 +23,25 @@ SCRAPE_INTERVAL = "15s"
 def namespace_label(spec: PlatformSpec) -> str:
     """The label matcher of the platform's namespace, which every series it exports carries."""
     return f'namespace="{spec.cluster.namespace}"'
+
+
+def workload_replicas(spec: PlatformSpec, model: ModelSpec) -> tuple[str, str]:
+    """kube-state-metrics series of a model's ready and desired replicas, for engines Prometheus does not scrape
+    and for dashboards. A Deployment's, or for a multi-node group (LeaderWorkerSet) its leader StatefulSet's:
+    LWS names that StatefulSet after the set and runs one leader per group, and a leader is ready only once its
+    workers have joined (LWS ``constructLeaderStatefulSetApplyConfiguration``: name and replicas from the set)."""
+    ns, engine = namespace_label(spec), common.engine_name(model.name)
+    if place(spec).placements[model.name].multi_node:
+        sel = f'{ns},statefulset="{engine}"'
+        return (
+            f"sum(kube_statefulset_status_replicas_ready{{{sel}}})",
+            f"sum(kube_statefulset_replicas{{{sel}}})",
+        )
+    sel = f'{ns},deployment="{engine}"'
+    return (
+        f"sum(kube_deployment_status_replicas_available{{{sel}}})",
+        f"sum(kube_deployment_spec_replicas{{{sel}}})",
+    )
 
 
 def engine_labels(spec: PlatformSpec, model: ModelSpec) -> str:
@@ -100,11 +120,23 @@ def zero_if_absent(expr: str) -> str:
 # Runtime services -----------------------------------------------------------------------------------
 
 
+def front(spec: PlatformSpec) -> str:
+    """The runtime part that routes each request and counts it: the router, or behind an inference-extension
+    gateway the endpoint picker (no router runs; its series are ``inferstack_picker_*``, same labels)."""
+    return common.PICKER if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION else common.ROUTER
+
+
+def front_metric(spec: PlatformSpec, name: str) -> str:
+    """``inferstack_<front>_<name>``: e.g. ``requests_total``, ``rejections_total``."""
+    return f"inferstack_{front(spec)}_{name}"
+
+
 def router_error_ratio(spec: PlatformSpec, window: str = RATE_WINDOW) -> str:
-    """Share of the router's responses that are 5xx, per model, 0-1."""
+    """Share of the routed responses that are 5xx (the router's, or the picker's), per model, 0-1."""
     ns = namespace_label(spec)
-    errors = f'inferstack_router_requests_total{{{ns},status=~"5.."}}'
-    requests = f"inferstack_router_requests_total{{{ns}}}"
+    total = front_metric(spec, "requests_total")
+    errors = f'{total}{{{ns},status=~"5.."}}'
+    requests = f"{total}{{{ns}}}"
     return (
         f"sum by (model) (rate({errors}[{window}]))"
         f" / clamp_min(sum by (model) (rate({requests}[{window}])), 1e-9)"

@@ -53,6 +53,8 @@ def for_spec(spec: PlatformSpec) -> dict[str, Any]:
         out["monthly-cost-within-budget"] = {"monthly_budget_usd": spec.budget.monthly_usd_cap}
     if spec.budget.allow_spot_in_prod:
         out["no-spot-in-prod"] = {"allow_spot": True}
+    if spec.budget.allow_multi_node_spot:
+        out["no-multi-node-on-spot"] = {"allow_multi_node_spot": True}
     return out
 
 

@@ -5,19 +5,11 @@ SIGTERM stops accepting, lets requests in flight finish for a few seconds, then 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import gc
-import os
-import signal
-import time
-from pathlib import Path
 
 from runtime.batcher.app import Batcher, make_server
-from runtime.config_file import ConfigError, read_config
 from runtime.discovery import watch_backends
-from runtime.service import exit_bad_config, new_event_loop, setup_logging
+from runtime.service import command_line, exit_bad_config, new_event_loop, serve_until_signalled
 
 DRAIN_GRACE_S = 5.0
 
@@ -27,37 +19,15 @@ async def serve(batcher: Batcher, host: str, port: int) -> None:
     server = make_server(batcher)
     await batcher.start()
     await server.start(host, port)
-    # Everything built so far lives as long as the process: keep it out of the cyclic GC's full
-    # collections (a stall for every request in flight; the router measured 8-16 ms).
-    gc.collect()
-    gc.freeze()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await serve_until_signalled()
     finally:
-        await server.stop_accepting()
-        deadline = time.monotonic() + DRAIN_GRACE_S
-        while time.monotonic() < deadline and (server.close_idle() or batcher.inflight):
-            await asyncio.sleep(0.05)
-        server.close_all()
+        await server.drain(DRAIN_GRACE_S, lambda: batcher.inflight)
         await batcher.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m runtime.batcher", description=__doc__)
-    parser.add_argument("--config", type=Path, required=True, help="runtime config YAML (RuntimeConfig)")
-    parser.add_argument("--host", help="override batcher.host")
-    parser.add_argument("--port", type=int, help="override batcher.port")
-    args = parser.parse_args(argv)
-    setup_logging(os.environ.get("LOG_LEVEL", "INFO"))
-    try:
-        config = read_config(args.config)
-    except ConfigError as err:
-        exit_bad_config(err.lines)
+    args, config = command_line("python -m runtime.batcher", "batcher", __doc__, argv)
     if not config.batcher.policies:
         exit_bad_config(
             [f"{args.config}: batcher.policies: empty; name at least one embedding model to batch"]

@@ -133,22 +133,9 @@ class Backend:
     async def post(
         self, path: bytes, body: bytes, timeout_s: float, connect_timeout_s: float
     ) -> tuple[int, dict[bytes, bytes], bytes]:
-        """One POST read to the end within ``timeout_s`` (raises ``TimeoutError``) -> status, headers, body.
-
-        On any failure or cancellation the connection is closed, which is how the engine learns to stop;
-        an answer read to the end leaves it in the pool.
-        """
-        ex: Exchange | None = None
-        try:
-            async with asyncio.timeout(timeout_s):
-                ex = await Exchange.open(self.pool, self.request(path, body), connect_timeout_s)
-                await ex.head(timeout_s)
-                raw = await ex.read_all(timeout_s)
-        except BaseException:
-            if ex is not None:
-                ex.abort()
-            raise
-        return ex.status, ex.headers, raw
+        """One POST read to the end within ``timeout_s`` (raises ``TimeoutError``) -> status, headers, body;
+        any failure closes the connection (``Exchange.complete``)."""
+        return await Exchange.complete(self.pool, self.request(path, body), timeout_s, connect_timeout_s)
 
 
 class ModelBatcher:

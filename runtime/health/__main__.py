@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
-import os
-from pathlib import Path
-
 from aiohttp import web
 
 from runtime.config import RuntimeConfig
-from runtime.config_file import ConfigError, read_config
 from runtime.discovery import watch_backends
 from runtime.health.app import make_app
 from runtime.health.kube import Actions, KubernetesActions, NoActions
 from runtime.health.monitor import Monitor
-from runtime.service import exit_bad_config, new_event_loop, setup_logging
+from runtime.service import command_line, exit_bad_config, new_event_loop
 
 
 def build_actions(config: RuntimeConfig) -> Actions:
@@ -27,16 +22,7 @@ def build_actions(config: RuntimeConfig) -> Actions:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m runtime.health", description=__doc__)
-    parser.add_argument("--config", type=Path, required=True, help="runtime config YAML (RuntimeConfig)")
-    parser.add_argument("--host", help="override health.host")
-    parser.add_argument("--port", type=int, help="override health.port")
-    args = parser.parse_args(argv)
-    setup_logging(os.environ.get("LOG_LEVEL", "INFO"))
-    try:
-        config = read_config(args.config)
-    except ConfigError as err:
-        exit_bad_config(err.lines)
+    args, config = command_line("python -m runtime.health", "health", __doc__, argv)
     try:
         actions = build_actions(config)
     except Exception as err:  # no in-cluster credentials: a deployment mistake, said plainly

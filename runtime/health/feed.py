@@ -84,6 +84,11 @@ class BackendStatus(_Feed):
     metrics_stale: bool = Field(
         default=True, description="True when the last scrape failed: `metrics` are old values, not zeros."
     )
+    adapters: list[str] | None = Field(
+        default=None,
+        description="LoRA adapters the replica holds loaded (its engine's model list), for models with"
+        " adapters; None: not read (no adapters, or the list could not be read this round).",
+    )
 
 
 class ModelSummary(_Feed):

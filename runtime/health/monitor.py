@@ -62,6 +62,8 @@ class Monitor:
         self._discovery: list[asyncio.Task[None]] = []
         self._side_tasks: set[asyncio.Task[Any]] = set()
         self._remediated: set[tuple[str, str, float]] = set()
+        self._recovery_s: dict[tuple[str, str], float] = {}  # probe interval while ejected
+        self._readmitted_at: dict[tuple[str, str], float] = {}
         self.counters = Counters()
         self.discovered: set[str] = set()  # models whose discovery has reported at least once
         self._session: aiohttp.ClientSession | None = None
@@ -114,6 +116,8 @@ class Monitor:
             if task is not None:
                 task.cancel()
             del current[url]
+            self._recovery_s.pop((target.name, url), None)
+            self._readmitted_at.pop((target.name, url), None)
             log.info("replica left", extra={"model": target.name, "backend": url})
         for url in sorted(wanted - set(current)):
             tracker = Tracker.new(url, target.name, target.engine, self.settings.window_s, self._clock())
@@ -137,11 +141,11 @@ class Monitor:
             synthetic_timeout_s=s.synthetic_timeout_ms / 1000,
             max_metrics_bytes=s.max_metrics_bytes,
             wanted=wanted_for(target.engine),
+            adapters=bool(target.adapters),
         )
 
     async def _probe_loop(self, target: ModelTarget, tracker: Tracker) -> None:
         spec = self._spec(target, tracker.url)
-        interval_s = self.settings.interval_ms / 1000
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
@@ -151,7 +155,14 @@ class Monitor:
                 raise
             except Exception:  # a bug here must not end this replica's monitoring
                 log.exception("probe loop error for %s", tracker.url)
-            await asyncio.sleep(max(0.0, interval_s - (loop.time() - started)))
+            await asyncio.sleep(max(0.0, self.probe_interval_s(target, tracker) - (loop.time() - started)))
+
+    def probe_interval_s(self, target: ModelTarget, tracker: Tracker) -> float:
+        """The normal interval; the (shorter) recovery interval while the replica is ejected."""
+        s = self.settings
+        if tracker.health.state is st.State.EJECTED:
+            return self._recovery_s.get((target.name, tracker.url), s.recovery_interval_ms / 1000)
+        return s.interval_ms / 1000
 
     async def probe_once(self, target: ModelTarget, tracker: Tracker, spec: ProbeSpec | None = None) -> None:
         """One probe round and its consequences (state, counters, events, remediation)."""
@@ -161,6 +172,8 @@ class Monitor:
         synthetic = every > 0 and tracker.probes % every == 0
         result = await probe(self._session, spec, synthetic=synthetic)
         now = self._clock()
+        if spec.adapters:
+            tracker.adapters = result.adapters
         if result.metrics is not None:
             tracker.observe_metrics(result.metrics, now)
         else:
@@ -185,9 +198,18 @@ class Monitor:
 
     def _on_transition(self, target: ModelTarget, tracker: Tracker, t: st.Transition) -> None:
         key = (target.name, tracker.url)
+        s = self.settings
         if st.is_ejection(t):
             if t.before is not st.State.EJECTED:
                 self.counters.ejections[key] += 1
+                readmitted = self._readmitted_at.get(key)
+                self._recovery_s[key] = st.recovery_interval_s(
+                    self._recovery_s.get(key, s.recovery_interval_ms / 1000),
+                    s.recovery_interval_ms / 1000,
+                    s.interval_ms / 1000,
+                    None if readmitted is None else self._clock() - readmitted,
+                    s.flap_window_s,
+                )
             log.warning(
                 "replica ejected: %s %s (%s) %s",
                 target.name,
@@ -197,6 +219,7 @@ class Monitor:
             )
         elif st.is_readmission(t):
             self.counters.readmissions[key] += 1
+            self._readmitted_at[key] = self._clock()
             log.info("replica readmitted: %s %s", target.name, tracker.url)
         elif t.first_admission:
             log.info("replica admitted: %s %s", target.name, tracker.url)

@@ -9,6 +9,7 @@ never the monitor's.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,7 @@ def classify(err: BaseException) -> tuple[Reason, str]:
 class ProbeResult:
     outcome: Outcome
     metrics: ParsedMetrics | None  # None: the scrape failed (metrics are stale, not zero)
+    adapters: list[str] | None = None  # LoRA adapters the engine lists (models with adapters), if read
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class ProbeSpec:
     synthetic_timeout_s: float
     max_metrics_bytes: int
     wanted: frozenset[str]
+    adapters: bool = False  # the model has LoRA adapters: read which ones the replica holds
 
 
 async def _get(
@@ -131,7 +134,26 @@ async def probe(session: aiohttp.ClientSession, spec: ProbeSpec, *, synthetic: b
         reason, detail = classify(err)
         soft = Reason.METRICS_MALFORMED if reason is Reason.BODY_TOO_LARGE else Reason.METRICS_UNAVAILABLE
         detail = f"GET {f.metrics_path}: {detail}"
-    return ProbeResult(Outcome(soft=soft, detail=detail), parsed)
+    adapters = await _adapters(session, spec, base) if spec.adapters else None
+    return ProbeResult(Outcome(soft=soft, detail=detail), parsed, adapters)
+
+
+async def _adapters(session: aiohttp.ClientSession, spec: ProbeSpec, base: str) -> list[str] | None:
+    """The LoRA adapters the engine lists under this model (``parent``); None when the list is unreadable."""
+    path = facts(spec.engine).models_path
+    try:
+        status, body = await _get(session, base + path, spec.timeout_s, spec.max_metrics_bytes)
+        if status != 200:
+            return None
+        listed = json.loads(body)
+    except (aiohttp.ClientError, TimeoutError, BodyTooLargeError, OSError, ValueError):
+        return None
+    data = listed.get("data") if isinstance(listed, dict) else None
+    return sorted(
+        str(m["id"])
+        for m in data or []
+        if isinstance(m, dict) and m.get("parent") == spec.model and m.get("id")
+    )
 
 
 async def _synthetic(session: aiohttp.ClientSession, spec: ProbeSpec, base: str) -> Outcome | None:

@@ -163,6 +163,17 @@ def is_readmission(t: Transition) -> bool:
     return t.before is State.EJECTED and t.after is not State.EJECTED and not t.first_admission
 
 
+def recovery_interval_s(
+    current_s: float, base_s: float, cap_s: float, since_readmission_s: float | None, flap_window_s: float
+) -> float:
+    """How often to probe a replica that was just ejected, so a good one is readmitted within a second
+    (``readmit_after`` probes at ``base_s``): doubled, up to ``cap_s`` (the normal interval), when it was
+    readmitted less than ``flap_window_s`` ago, so one that flaps is let back in ever more slowly."""
+    if since_readmission_s is not None and since_readmission_s < flap_window_s:
+        return min(cap_s, max(current_s, base_s) * 2)
+    return base_s
+
+
 def wedged_for_s(health: Health, now_s: float) -> float:
     """How long the current ejection episode has lasted (0 when routable); remediation reads this."""
     if health.state is not State.EJECTED or health.ejected_since_s is None:

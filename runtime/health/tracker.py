@@ -41,6 +41,7 @@ class Tracker:
     counters: dict[Signal, WindowedCounter] = field(default_factory=dict)
     histograms: dict[Signal, WindowedHistogram] = field(default_factory=dict)
     probes: int = 0
+    adapters: list[str] | None = None  # what the engine's model list said last, for models with adapters
 
     @classmethod
     def new(cls, url: str, model: str, engine: EngineKind, window_s: float, now_s: float) -> Tracker:
@@ -121,6 +122,7 @@ class Tracker:
             metrics_at=self.metrics_at,
             metrics_age_s=(now_s - self.metrics_at) if self.metrics_at is not None else None,
             metrics_stale=self.metrics_stale,
+            adapters=self.adapters,
         )
 
 

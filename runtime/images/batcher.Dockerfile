@@ -22,7 +22,7 @@ WORKDIR /app
 # The contract (with the scheduling registry it validates strategies against), the config-file reader and
 # service plumbing, discovery (which needs aiohttp for the Kubernetes watch), the lean HTTP server and
 # engine client shared with the router, the batcher.
-COPY runtime/__init__.py runtime/config.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/server.py runtime/upstream.py runtime/py.typed /app/runtime/
+COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/server.py runtime/upstream.py runtime/py.typed /app/runtime/
 COPY runtime/scheduling /app/runtime/scheduling
 COPY runtime/batcher /app/runtime/batcher
 USER 10001:10001

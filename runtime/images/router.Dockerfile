@@ -4,9 +4,9 @@
 
 FROM python:3.11.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY runtime/images/requirements.txt /tmp/requirements.txt
+COPY runtime/images/requirements.txt runtime/images/router.requirements.txt /tmp/
 RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-compile --only-binary=:all: -r /tmp/requirements.txt
+    && /opt/venv/bin/pip install --no-compile --only-binary=:all: -r /tmp/router.requirements.txt
 
 FROM python:3.11.11-slim-bookworm
 LABEL org.opencontainers.image.title="inferstack-router" \
@@ -21,9 +21,11 @@ COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 # Only what the router imports: the contract, the config-file reader and service plumbing, engine facts,
 # discovery, shared HTTP helpers, the lean HTTP server and engine client (shared with the batcher), the
-# scheduling library (routing decisions), the router.
-COPY runtime/__init__.py runtime/config.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/server.py runtime/upstream.py runtime/py.typed /app/runtime/
+# circuit breaker and request reading (shared with the picker), the scheduling library (routing decisions),
+# the engines' KV-event view, the router.
+COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/api_keys.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/server.py runtime/upstream.py runtime/breaker.py runtime/replica.py runtime/openai_request.py runtime/py.typed /app/runtime/
 COPY runtime/scheduling /app/runtime/scheduling
+COPY runtime/kvcache /app/runtime/kvcache
 COPY runtime/router /app/runtime/router
 USER 10001:10001
 EXPOSE 8080

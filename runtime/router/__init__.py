@@ -4,7 +4,7 @@ Request path, one module per job::
 
     server.py      lean HTTP/1.1 server (asyncio protocol + httptools), back-pressure, 413, sweeping
     app.py         dispatch; authenticate -> read -> admit -> route with retries
-    auth.py        API keys (SHA-256 only), model scopes, per-key request/token buckets
+    (runtime.api_keys: API keys, SHA-256 only, model scopes, per-key buckets: shared with the picker)
     payload.py     what a body says: model, stream, the prompt a prefix cache sees, usage in answers
     admission.py   a replica with room, or a per-model FIFO wait with a deadline (429 + Retry-After)
     proxy.py       one try on one replica: bytes through, first chunk before headers, accounting

@@ -30,8 +30,14 @@ log = logging.getLogger("inferstack.router")
 async def serve(router: Router, config_path: Path | None, ready: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or cancellation), then drain."""
     s = router.cfg.router
-    server = Server(router.handle, s.max_body_bytes, s.client_idle_timeout_s)
-    await router.fleet.start()
+    server = Server(
+        router.handle,
+        s.max_body_bytes,
+        s.client_idle_timeout_s,
+        s.max_header_bytes,
+        body_limit=router.body_limit,
+    )
+    await router.start()
     port = router.port = await server.start(s.host, s.port)
     # Everything imported and built so far lives as long as the process: take it out of the cyclic
     # GC's reach. A full collection over it costs 8-16 ms here, a stall for every request in flight,
@@ -53,7 +59,7 @@ async def serve(router: Router, config_path: Path | None, ready: asyncio.Event |
         await drain(router, server, router.cfg.router.drain_grace_s)
         if reloader is not None:
             reloader.cancel()
-        await router.fleet.stop()
+        await router.stop()
 
 
 async def drain(router: Router, server: Server, grace_s: float) -> None:

@@ -1,5 +1,5 @@
 """The router's request handling: dispatch, then for inference calls authenticate -> read -> admit ->
-route with retries. The steps live beside it, one job each: ``auth`` (keys, scopes, rates),
+route with retries. The steps, one job each: ``runtime.api_keys`` (keys, scopes, rates),
 ``payload`` (what a body says), ``admission`` (a replica with room, or a wait in line), ``proxy`` (one
 try on one replica, relayed and accounted), ``runtime.scheduling`` (which replica).
 """
@@ -13,13 +13,18 @@ import os
 import re
 import time
 
+from runtime.api_keys import Denied, KeyTable, Principal
 from runtime.config import RuntimeConfig
-from runtime.http import METRICS_CONTENT_TYPE, error_body, metrics_payload
+from runtime.engines import facts
+from runtime.http import LOW_PRIORITY, METRICS_CONTENT_TYPE, PRIORITY_HEADER, error_body, metrics_payload
+from runtime.router.adapters import LoadFailure, ensure_loaded
 from runtime.router.admission import Refusal, acquire
-from runtime.router.auth import Denied, KeyTable, Principal, admit
-from runtime.router.fleet import Fleet
+from runtime.router.backends import Backend
+from runtime.router.batch_api import BatchApiHooks, api_call_model, is_batch_api, low_priority_avoid
+from runtime.router.fleet import Fleet, ModelState
+from runtime.router.limits import Limits, make_limits
 from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
-from runtime.router.payload import BadRequest, prompt_text, read_request
+from runtime.router.payload import BadRequest, choices_problem, prompt_text, read_request
 from runtime.router.proxy import Call, Forwarder, forwarded_tail
 from runtime.router.retry import RetryBudget, backoff_s
 from runtime.scheduling import Context
@@ -51,11 +56,28 @@ class Router:
         self.port = 0  # the bound port, once serving
         self._rid_prefix = os.urandom(4).hex()
         self._rid_counter = 0
+        self.batch_api = BatchApiHooks()
+        self.limits: Limits = self._new_limits(cfg)
+        self._swapping: asyncio.Task[None] | None = None
         self._configure(cfg)
         self.metrics.attach_live(self.snapshot)
         self.fleet.on_departed = self.metrics.forget_backend
         self.fleet.on_slept = self.metrics.slept
         self.fleet.on_woke = self.metrics.woke
+        self.fleet.on_kv_problem = self.metrics.kv_problem
+
+    def _new_limits(self, cfg: RuntimeConfig) -> Limits:
+        limits = make_limits(cfg.router.limit_store, self.metrics.limit_store_error, self.metrics.limit_check)
+        self.forwarder.charge = limits.charge
+        return limits
+
+    async def start(self) -> None:
+        await self.fleet.start()
+        await self.limits.start()
+
+    async def stop(self) -> None:
+        await self.fleet.stop()
+        await self.limits.stop()
 
     def _configure(self, cfg: RuntimeConfig) -> None:
         s = cfg.router
@@ -63,13 +85,22 @@ class Router:
         self.require_key = s.require_api_key
         self.rid_header = s.request_id_header.lower().encode()
         self.queue_deadline_s = s.queue_deadline_ms / 1000
+        self.max_choices = s.max_choices_per_request
         self.retry_budget.ratio = s.retry_budget_ratio
         self.forwarder.configure(s)
+        self.batch_api.configure(cfg)
+
+    def body_limit(self, target: bytes) -> int:
+        """The server's body limit per request target (uploads to /v1/files may be as large as a batch file)."""
+        return self.batch_api.body_limit(target, self.cfg.router.max_body_bytes)
 
     def reconfigure(self, cfg: RuntimeConfig, keys: KeyTable | None = None) -> None:
         """Install a new config (and key table) without dropping a connection; if the fleet cannot
         take it (it raises), nothing changed."""
         self.fleet.apply(cfg)
+        if cfg.router.limit_store != self.cfg.router.limit_store:  # a new store: start it, stop the old
+            old, self.limits = self.limits, self._new_limits(cfg)
+            self._swapping = asyncio.get_running_loop().create_task(_replace(old, self.limits))
         self._configure(cfg)
         if keys is not None:
             self.keys = keys
@@ -77,6 +108,13 @@ class Router:
     # --- entry point -----------------------------------------------------------------------------
     async def handle(self, req: Request, conn: Connection) -> None:
         path = req.path
+        if self.batch_api.forwarder is not None and is_batch_api(path):
+            self.inflight += 1
+            try:
+                await self.batch_api_call(req, conn)
+            finally:
+                self.inflight -= 1
+            return
         kind = PROXY_PATHS.get(path)
         if kind is not None:
             if req.method != b"POST":
@@ -105,22 +143,22 @@ class Router:
             conn.send(404, error_body(404, f"no route for {path.decode('latin-1')[:100]}"))
 
     def models_body(self) -> bytes:
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "inferstack",
-                "max_model_len": state.target.max_model_len_tokens,
-            }
-            for name, state in self.fleet.models.items()
-            if state.servable()
-        ]
+        """Servable models, then their LoRA adapters, each with ``parent`` (as vLLM lists them)."""
+        data: list[dict[str, object]] = []
+        for name, state in self.fleet.models.items():
+            if not state.servable():
+                continue
+            entry = {"id": name, "object": "model", "created": 0, "owned_by": "inferstack"}
+            data.append({**entry, "parent": None, "max_model_len": state.target.max_model_len_tokens})
+            data += [{**entry, "id": adapter, "parent": name} for adapter in state.adapters]
         return json.dumps({"object": "list", "data": data}).encode()
 
     def snapshot(self) -> Snapshot:
         """Live gauges for /metrics."""
-        return live_gauges(self.fleet.models)
+        snap = live_gauges(self.fleet.models)
+        if self.limits.store_up is not None:
+            snap["limit_store_up"] = [((), self.limits.store_up)]
+        return snap
 
     # --- the proxy -------------------------------------------------------------------------------
     def _fail(
@@ -149,6 +187,32 @@ class Router:
         self._rid_counter += 1
         return b"%s-%x" % (self._rid_prefix.encode(), self._rid_counter)
 
+    async def batch_api_call(self, req: Request, conn: Connection) -> None:
+        """Files and Batches: the caller's key and rate limits, then the batch service."""
+        forwarder = self.batch_api.forwarder
+        assert forwarder is not None
+        principal: Principal | None = None
+        if self.require_key or len(self.keys):
+            who = self.keys.authenticate(req.headers.get(b"authorization"), self.require_key)
+            if isinstance(who, Denied):
+                self._fail(conn, who.status, who.message, "auth", code=who.code)
+                return
+            principal = who
+        if principal is not None:
+            denied = await self.limits.admit(principal, api_call_model(principal))  # shared when shared
+            if denied is not None:
+                reason = "forbidden" if denied.status == 403 else "rate_limited"
+                self._fail(
+                    conn,
+                    denied.status,
+                    denied.message,
+                    reason,
+                    code=denied.code,
+                    retry_after_s=denied.retry_after_s,
+                )
+                return
+        await forwarder.forward(req, conn, principal, self.rid_header, self._request_id(req))
+
     async def proxy(self, req: Request, conn: Connection, kind: str) -> None:
         started = time.monotonic()
         headers = req.headers
@@ -166,16 +230,23 @@ class Router:
         if isinstance(asked, BadRequest):
             self._fail(conn, 400, asked.message, "bad_request", code=asked.code, param=asked.param)
             return
+        too_many = choices_problem(asked.payload, self.max_choices)
+        if too_many is not None:
+            self._fail(conn, 400, too_many.message, "bad_request", code=too_many.code, param=too_many.param)
+            return
         model = asked.model
         state = self.fleet.models.get(model)
+        adapter: str | None = None
+        if state is None and (parent := self.fleet.adapter_parents.get(model)) is not None:
+            state, adapter = self.fleet.models.get(parent), model  # a LoRA adapter: its base model's replicas
         if state is None:
-            served = ", ".join(sorted(self.fleet.models)) or "none"
-            message = f"model {model!r} is not served here; served: {served}"
-            self._fail(conn, 404, message, "unknown_model", code="model_not_found")
+            served = ", ".join(sorted([*self.fleet.models, *self.fleet.adapter_parents])) or "none"
+            message = f"The model `{model}` does not exist here; served: {served}"
+            self._fail(conn, 404, message, "unknown_model", code="model_not_found", param="model")
             return
         # 3. may they
         if principal is not None:
-            denied = admit(principal, model, time.monotonic())
+            denied = await self.limits.admit(principal, model)
             if denied is not None:
                 self._fail(
                     conn,
@@ -188,15 +259,52 @@ class Router:
                 )
                 return
         # 4. route and proxy: fill only what the strategy's scorers declared they read
-        ctx = Context(model=model, now=started)
+        ctx = Context(model=state.name, now=started, adapter=adapter)
+        if adapter is not None and state.needs_adapter:
+            ctx.warm = frozenset(b.url for b in state.backends if b.adapters.holds(adapter))
+        if headers.get(PRIORITY_HEADER) == LOW_PRIORITY:  # the batch service: only into headroom
+            avoid = low_priority_avoid(state, self.batch_api.low_priority_share, started)
+            if avoid is None:
+                message = f"no headroom for low-priority requests to {model!r} now"
+                self._fail(conn, 429, message, "low_priority", code="no_headroom", retry_after_s=1)
+                return
+            ctx.exclude = avoid
         if state.needs_prompt:
             ctx.prompt = prompt_text(asked.payload)
         if state.needs_session:
             session = headers.get(state.session_header)
             ctx.session = session.decode("latin-1") if session else None
+        if state.kv is not None:
+            ctx.prompt_blocks = state.kv.prompt_blocks(kind, asked.payload, state.max_blocks)
+            ctx.cache = state.kv.index
         tail = forwarded_tail(headers, self.rid_header, rid, req.body)
         self.retry_budget.deposit()
         await self._route(Call(conn, state, ctx, req.path, tail, asked.stream, rid, principal, started))
+
+    async def _adapter_ready(
+        self, state: ModelState, backend: Backend, adapter: str | None
+    ) -> LoadFailure | None:
+        """For a LoRA adapter request: its adapter loaded on ``backend`` (once, whoever else waits for it)."""
+        lora = facts(state.target.engine).lora
+        if adapter is None or lora is None or backend is state.batcher:
+            return None
+
+        def counted(name: str, failure: LoadFailure | None, seconds: float) -> None:
+            outcome = "ok" if failure is None else "failed" if failure.retryable else "refused"
+            self.metrics.adapter_load(state.name, outcome)
+            log.info("adapter %s on %s: %s in %.3fs", name, backend.url, outcome, seconds)
+
+        return await ensure_loaded(
+            self.fleet.session,
+            backend.url,
+            backend.adapters,
+            lora,
+            adapter,
+            state.adapters[adapter],
+            limit=state.target.max_adapters_per_replica,
+            backoff_s=self.cfg.router.adapter_load_backoff_ms / 1000,
+            on_load=counted,
+        )
 
     async def _route(self, call: Call) -> None:
         conn, state, ctx, rid = call.conn, call.state, call.ctx, call.rid
@@ -205,6 +313,7 @@ class Router:
         last_error: tuple[int, str] = (502, "no replica answered")
         attempt = 0
         tried: set[str] = set()
+        reloaded = False
         while True:
             backend = await acquire(state, ctx, self.queue_deadline_s, self.metrics.waited)
             if isinstance(backend, Refusal):
@@ -222,11 +331,31 @@ class Router:
             if backend is None:  # every usable replica failed this request already
                 self._fail(conn, last_error[0], last_error[1], "upstream", code="upstream_error")
                 return
-            if backend is not state.batcher:
-                state.strategy.on_routed(backend, ctx)
-            outcome = await self.forwarder.attempt(call, backend)
-            if outcome is None:
+            outcome: tuple[int, str] | None
+            failure = await self._adapter_ready(state, backend, ctx.adapter)
+            if failure is not None and not failure.retryable:  # the engine refused the adapter itself
+                self._fail(
+                    conn,
+                    failure.status,
+                    failure.message,
+                    "adapter",
+                    state.name,
+                    code="adapter_unavailable",
+                    param="model",
+                )
                 return
+            if failure is not None:
+                outcome = (failure.status, failure.message)
+            else:
+                if backend is not state.batcher:
+                    state.strategy.on_routed(backend, ctx)
+                outcome = await self.forwarder.attempt(call, backend)
+                if outcome is None:
+                    return
+                if outcome[0] == 404 and ctx.adapter is not None and not reloaded:
+                    backend.adapters.loaded.pop(ctx.adapter, None)  # our view was behind: load it again
+                    reloaded = True
+                    continue
             # a retryable failure before the client saw anything
             last_error = outcome
             tried.add(backend.url)
@@ -248,3 +377,9 @@ class Router:
             delay = backoff_s(settings.retry_backoff_ms, attempt)
             if delay:
                 await asyncio.sleep(delay)
+
+
+async def _replace(old: Limits, new: Limits) -> None:
+    """A reload changed the limit store: the new one takes over, the old one lets go of its connections."""
+    await new.start()
+    await old.stop()

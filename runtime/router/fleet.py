@@ -21,8 +21,10 @@ import aiohttp
 from runtime.config import EngineKind, ModelRoute, ModelTarget, RouterSettings, RuntimeConfig, Task
 from runtime.discovery import watch_backends
 from runtime.engines import Signal, SleepMode, facts
+from runtime.router.adapters import listed_adapters
 from runtime.router.admission import WaitQueue
 from runtime.router.backends import Backend, Breaker
+from runtime.router.cache_view import ModelCacheView
 from runtime.scheduling import Need, Strategy, build
 
 log = logging.getLogger("inferstack.router.fleet")
@@ -42,6 +44,8 @@ class ModelState:
         # the request fields the strategy's scorers declared they read: parse only those
         self.needs_prompt = Need.PROMPT in self.strategy.needs
         self.needs_session = Need.SESSION in self.strategy.needs
+        self.needs_adapter = Need.ADAPTER in self.strategy.needs
+        self.adapters = {a.name: a.path for a in target.adapters}  # name -> what a replica loads
         self.session_header = route.strategy.session_header.lower().encode()
         self.ewma_alpha = route.strategy.latency_ewma_alpha
         self.settings = settings
@@ -58,6 +62,10 @@ class ModelState:
         self.sleep: SleepMode | None = facts(target.engine).sleep if route.sleep_after_idle_ms else None
         self.request_wake: Callable[[], None] = lambda: None
         self.waking: asyncio.Task[None] | None = None
+        # the engines' KV events, for a strategy that reads them (set by the fleet: kept across reloads)
+        self.needs_blocks = Need.PROMPT_BLOCKS in self.strategy.needs and target.kv_events is not None
+        self.max_blocks = route.strategy.prefix_max_blocks
+        self.kv: ModelCacheView | None = None
 
     def _new_backend(self, url: str, cap: int | None = None) -> Backend:
         s = self.settings
@@ -84,6 +92,8 @@ class ModelState:
                     self.on_departed(self.name, url)
         self.backends = fresh
         self.by_url = {b.url: b for b in fresh}
+        if self.kv is not None:
+            self.kv.followers.sync([b.url for b in fresh])
         self.queue.wake_all()  # new capacity, or nothing left: waiters re-decide
 
     def healthy_count(self) -> int:
@@ -110,7 +120,10 @@ class Fleet:
         self.cfg = cfg
         self.discover = discover
         self.models: dict[str, ModelState] = {}
+        self.adapter_parents: dict[str, str] = {}  # adapter name -> its base model's name
         self.on_departed: Callable[[str, str], None] | None = None
+        self.on_kv_problem: Callable[[str, str], None] = lambda model, cause: None
+        self._retired: set[asyncio.Task[None]] = set()
         self._watches: dict[str, tuple[ModelTarget, asyncio.Task[None]]] = {}
         self._signals_task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -128,11 +141,13 @@ class Fleet:
         Every model's state (its strategy) is built before anything changes, so a config that cannot
         be built raises and leaves the running one whole."""
         fresh = {target.name: ModelState(target, cfg.route(target.name), cfg.router) for target in cfg.models}
+        views = {name: self._cache_view(state) for name, state in fresh.items()}
         self.cfg = cfg
         for target in cfg.models:
             state = fresh[target.name]
             state.on_departed = self._departed
             state.request_wake = functools.partial(self.wake, state)
+            state.kv = views[target.name]
             old = self.models.get(target.name)
             same_source = old is not None and (old.target.discovery, old.target.static_backends) == (
                 target.discovery,
@@ -140,10 +155,36 @@ class Fleet:
             )
             if old is not None and same_source:  # keep replicas (and what we learned) across a reload
                 state.set_backends([b.url for b in old.backends], old.by_url)
+        kept = {id(v) for v in views.values()}
+        for old in self.models.values():
+            if old.kv is not None and id(old.kv) not in kept:
+                self._retire(old.kv)
         self.models = fresh
+        self.adapter_parents = cfg.adapter_parents()
         with contextlib.suppress(RuntimeError):  # no loop yet: start() will start the watches
             asyncio.get_running_loop()
             self._sync_watches()
+
+    def _cache_view(self, state: ModelState) -> ModelCacheView | None:
+        """The model's KV-event view: the running one when its source did not change, else a new one."""
+        source = state.target.kv_events
+        if not state.needs_blocks or source is None:
+            return None
+        old = self.models.get(state.name)
+        if old is not None and old.kv is not None and old.target == state.target:
+            return old.kv
+        view = ModelCacheView(state.target, source)
+        view.count_problem = self._kv_problem  # late-bound: the router sets on_kv_problem after apply()
+        return view
+
+    def _kv_problem(self, model: str, cause: str) -> None:
+        self.on_kv_problem(model, cause)
+
+    def _retire(self, view: ModelCacheView) -> None:
+        with contextlib.suppress(RuntimeError):  # no loop: nothing was started
+            task = asyncio.get_running_loop().create_task(view.followers.stop())
+            self._retired.add(task)
+            task.add_done_callback(self._retired.discard)
 
     def _departed(self, model: str, url: str) -> None:
         if self.on_departed is not None:
@@ -168,6 +209,12 @@ class Fleet:
                     log.info("replicas of %s: %s", target.name, urls)
                 state.set_backends(urls)
 
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The HTTP session for control calls to replicas (probes, adapter loads); open while started."""
+        assert self._session is not None, "the fleet is not started"
+        return self._session
+
     async def start(self) -> None:
         self._sync_watches()
         self._session = aiohttp.ClientSession()
@@ -187,13 +234,14 @@ class Fleet:
         if self._session is not None:
             await self._session.close()
         for state in self.models.values():
+            if state.kv is not None:
+                await state.kv.followers.stop()
             for b in state.backends:
                 b.pool.close()
 
     # --- load and health signals -----------------------------------------------------------------
     async def _signals_loop(self) -> None:
         while True:
-            interval = self.cfg.router.probe_interval_ms / 1000
             try:
                 self.feed_ok = await self._read_feed() if self.cfg.router.health_feed_url else False
                 if not self.feed_ok:
@@ -203,7 +251,14 @@ class Fleet:
                 raise
             except Exception:  # the signal loop must outlive any one bad answer
                 log.exception("signal refresh failed")
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.signals_interval_s())  # after the refresh: it may have taken one out
+
+    def signals_interval_s(self) -> float:
+        """The feed (or probe) period: ``recovery_poll_ms`` while some replica is out, so one that comes back
+        is routed to again within a fraction of a second of the health monitor readmitting it."""
+        s = self.cfg.router
+        out = any(not b.healthy for state in self.models.values() for b in state.backends)
+        return min(s.recovery_poll_ms, s.probe_interval_ms) / 1000 if out else s.probe_interval_ms / 1000
 
     async def _read_feed(self) -> bool:
         """Apply the health monitor's ``/v1/backends``; False if it is unreachable or stale."""
@@ -238,6 +293,12 @@ class Fleet:
                 async with self._session.get(b.url + engine.metrics_path, timeout=timeout) as resp:
                     if resp.status == 200:
                         text = (await resp.content.read(PROBE_MAX_BYTES)).decode("utf-8", "replace")
+            if healthy and state.adapters:  # which adapters it holds: its model list says (lost on restart)
+                observed_at = time.time()
+                async with self._session.get(b.url + engine.models_path, timeout=timeout) as resp:
+                    if resp.status == 200:
+                        listed = listed_adapters(await resp.json(content_type=None), state.name)
+                        b.adapters.sync(listed, observed_at)
         except (aiohttp.ClientError, TimeoutError, ValueError):
             healthy = False
         fails = 0 if healthy else state.probe_failures.get(b.url, 0) + 1
@@ -378,6 +439,8 @@ def apply_feed(models: dict[str, ModelState], feed: dict[str, Any], now: float) 
             continue
         m = entry.get("metrics") or {}
         fresh = not entry.get("metrics_stale", False)
+        if state.adapters and isinstance(entry.get("adapters"), list):
+            b.adapters.sync([str(a) for a in entry["adapters"]], generated)
         was = b.healthy
         b.update_signals(
             healthy=bool(entry.get("routable", entry.get("state") != "ejected")),

@@ -37,6 +37,9 @@ LIVE_GAUGES: dict[str, tuple[str, list[str]]] = {
     "prefix_hit_rate": ("Share of prefix lookups that found a replica", ["model"]),
     "backends": ("Replicas known per model", ["model"]),
     "backends_asleep": ("Replicas asleep per model (sleep mode: a request wakes one)", ["model"]),
+    "kv_view_blocks": ("Blocks each replica's engine caches, as its KV events say", ["model", "backend"]),
+    "kv_view_synced": ("1 if the replica's KV events are followed and were replayed", ["model", "backend"]),
+    "limit_store_up": ("1 while the shared rate-limit store answers; 0: limits are per replica", []),
 }
 Snapshot = dict[str, list[tuple[tuple[str, ...], float]]]
 
@@ -61,6 +64,11 @@ def live_gauges(models: Mapping[str, ModelState]) -> Snapshot:
                 hit_rate = report[Report.HIT_RATE]  # one series per model: the first scorer that reports it
         if hit_rate is not None:
             out["prefix_hit_rate"].append(((name,), hit_rate))
+        if m.kv is not None:
+            index = m.kv.index
+            for b in m.backends:
+                out["kv_view_blocks"].append(((name, b.url), float(index.held(b.url))))
+                out["kv_view_synced"].append(((name, b.url), 1.0 if b.url in index.synced else 0.0))
     return out
 
 
@@ -131,9 +139,33 @@ class RouterMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.adapter_loads = Counter(
+            "inferstack_router_adapter_loads",
+            "LoRA adapter load calls to replicas, by base model and outcome (ok, refused, failed)",
+            ["model", "outcome"],
+            registry=r,
+        )
         self.config_reload_failures = Counter(
             "inferstack_router_config_reload_failures",
             "Changed config or API-key files that were refused; the last good config kept serving",
+            registry=r,
+        )
+        self.limit_store_errors = Counter(
+            "inferstack_router_limit_store_errors",
+            "Failed calls to the shared rate-limit store, by cause (each switches this replica to its fallback)",
+            ["cause"],
+            registry=r,
+        )
+        self.limit_checks = Counter(
+            "inferstack_router_limit_checks",
+            "Rate-limit decisions: shared (in the store) or fallback (this replica's share of each limit)",
+            ["mode"],
+            registry=r,
+        )
+        self.kv_event_problems = Counter(
+            "inferstack_router_kv_event_problems",
+            "KV-event stream problems (malformed, gap, restarted, replay_timeout, ...), by model and cause",
+            ["model", "cause"],
             registry=r,
         )
         self._children: dict[tuple[Any, ...], Any] = {}
@@ -195,6 +227,18 @@ class RouterMetrics:
 
     def retry(self, model: str, reason: str) -> None:
         self._child(self.retries, model, reason).inc()
+
+    def adapter_load(self, model: str, outcome: str) -> None:
+        self._child(self.adapter_loads, model, outcome).inc()
+
+    def limit_store_error(self, cause: str) -> None:
+        self._child(self.limit_store_errors, cause).inc()
+
+    def limit_check(self, mode: str) -> None:
+        self._child(self.limit_checks, mode).inc()
+
+    def kv_problem(self, model: str, cause: str) -> None:
+        self._child(self.kv_event_problems, model, cause).inc()
 
     def waited(self, model: str, seconds: float) -> None:
         self._child(self.queue_wait, model).observe(seconds)

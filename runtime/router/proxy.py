@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from runtime.api_keys import Principal
 from runtime.config import RouterSettings
 from runtime.http import error_body
-from runtime.router.auth import Principal, charge_tokens
 from runtime.router.backends import BACKEND_HEADER, Backend
 from runtime.router.fleet import ModelState
 from runtime.router.metrics import RouterMetrics
@@ -82,6 +82,8 @@ class Forwarder:
 
     def __init__(self, metrics: RouterMetrics, settings: RouterSettings) -> None:
         self.metrics = metrics
+        # (principal, tokens) -> None: charges a key's token bucket (the router's limits set it)
+        self.charge: Callable[[Principal | None, int], None] = lambda principal, tokens: None
         self.configure(settings)
 
     def configure(self, s: RouterSettings) -> None:
@@ -108,6 +110,14 @@ class Forwarder:
             await ex.head(self.first_byte_timeout_s)
             status = ex.status
             ctype = ex.headers.get(b"content-type", b"")
+            if status == 404 and call.ctx.adapter is not None:
+                # the replica lost the adapter (a restart) before our view of it caught up: the caller loads
+                # it again; the client has seen nothing
+                body = await ex.read_all(self.idle_timeout_s)
+                return (
+                    404,
+                    f"replica does not hold adapter {call.ctx.adapter!r}: {body[:200].decode('utf-8', 'replace')}",
+                )
             if status in RETRY_STATUSES:
                 body = await ex.read_all(self.idle_timeout_s)
                 b.breaker.on_failure(time.monotonic())
@@ -240,4 +250,4 @@ class Forwarder:
     def account(self, model: str, principal: Principal | None, prompt: int, completion: int) -> None:
         if prompt or completion:
             self.metrics.usage(model, prompt, completion)
-            charge_tokens(principal, prompt + completion, time.monotonic())
+            self.charge(principal, prompt + completion)

@@ -10,16 +10,16 @@ plug-in file needs a restart, a newly listed one is imported on reload.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
 import logging
+import re
 import time
 from pathlib import Path
 
-from runtime.config import RuntimeConfig
+from runtime.api_keys import KeyTable, files_digest, keys_path, load_key_table
+from runtime.config import REDIS_URL, RuntimeConfig
 from runtime.config_file import ConfigError, problem_lines, read_config
+from runtime.kvcache.prompts import PromptTokens, TokenizerError
 from runtime.router.app import Router
-from runtime.router.auth import KeyTable, load_keys_file
 from runtime.scheduling import load_plugins, problems
 
 log = logging.getLogger("inferstack.router")
@@ -37,12 +37,31 @@ def _strategy_lines(path: Path, cfg: RuntimeConfig) -> list[str]:
     ]
 
 
-def keys_path(cfg: RuntimeConfig, path: Path) -> Path | None:
-    """The API keys file, relative to the config file's directory unless absolute."""
-    p = cfg.router.api_keys_file
-    if p is None:
-        return None
-    return p if p.is_absolute() else path.parent / p
+def _file_lines(path: Path, cfg: RuntimeConfig) -> list[str]:
+    """Files the config names that the router must read: the store's token, the models' tokenizers."""
+    lines: list[str] = []
+    store = cfg.router.limit_store
+    if store is not None:
+        for name, file in (("auth_token_file", store.auth_token_file), ("url_file", store.url_file)):
+            if file is not None and not file.is_file():
+                lines.append(
+                    f"{path}: router.limit_store.{name}: {file} is not a readable file"
+                    " (mount the store's Secret there, or remove the field)"
+                )
+        if store.url_file is not None and store.url_file.is_file():
+            url = store.url_file.read_text().strip()
+            if not re.match(REDIS_URL, url):
+                lines.append(
+                    f"{path}: router.limit_store.url_file: {store.url_file} holds {url[:60]!r}, not"
+                    " redis://host:port or rediss://host:port"
+                )
+    for i, target in enumerate(cfg.models):
+        if target.kv_events is not None:
+            try:
+                PromptTokens.load(target.kv_events.tokenizer_dir)
+            except TokenizerError as err:
+                lines.append(f"{path}: models[{i}].kv_events.tokenizer_dir: {err}")
+    return lines
 
 
 def read_router_config(path: Path) -> RuntimeConfig:
@@ -51,6 +70,7 @@ def read_router_config(path: Path) -> RuntimeConfig:
     cfg = read_config(path)
     lines = problem_lines(path, load_plugins(cfg.router.plugins), "router")
     lines += _strategy_lines(path, cfg)
+    lines += _file_lines(path, cfg)
     if lines:
         raise ConfigError(lines)
     return cfg
@@ -59,20 +79,8 @@ def read_router_config(path: Path) -> RuntimeConfig:
 def load_router_files(path: Path, previous: KeyTable | None = None) -> tuple[RuntimeConfig, KeyTable]:
     """The checked config and the merged key table (inline keys plus the keys file)."""
     cfg = read_router_config(path)
-    keys = list(cfg.router.api_keys)
-    extra = keys_path(cfg, path)
-    if extra is not None:
-        keys.extend(load_keys_file(extra))
-    return cfg, KeyTable(keys, time.monotonic(), previous)
-
-
-def _digest(*paths: Path | None) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        if p is not None:
-            with contextlib.suppress(OSError):
-                h.update(p.read_bytes())
-    return h.hexdigest()
+    keys_file = keys_path(cfg.router.api_keys_file, path)
+    return cfg, load_key_table(cfg.router.api_keys, keys_file, time.monotonic(), previous)
 
 
 def reload(router: Router, path: Path) -> None:
@@ -86,10 +94,10 @@ def reload(router: Router, path: Path) -> None:
 
 async def watch(router: Router, path: Path) -> None:
     """Reload whenever the config or keys file changes; never ends on a bad change."""
-    seen = _digest(path, keys_path(router.cfg, path))
+    seen = files_digest(path, keys_path(router.cfg.router.api_keys_file, path))
     while True:
         await asyncio.sleep(router.cfg.router.config_reload_interval_ms / 1000)
-        now = _digest(path, keys_path(router.cfg, path))
+        now = files_digest(path, keys_path(router.cfg.router.api_keys_file, path))
         if now == seen:
             continue
         seen = now

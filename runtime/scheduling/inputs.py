@@ -7,7 +7,7 @@ are Protocols with read-only members: the router's ``Backend`` satisfies them as
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -61,6 +61,15 @@ class Endpoint(Protocol):
     def breaker(self) -> BreakerView: ...
 
 
+class CacheView(Protocol):
+    """What each endpoint's engine holds in its prefix cache, as its own KV events say (kept by the front
+    end; ``runtime.kvcache.view.CacheIndex`` is one)."""
+
+    def depths(self, hashes: Sequence[int], urls: Iterable[str]) -> dict[str, int]:
+        """Leading blocks of ``hashes`` each endpoint holds; only endpoints whose events are followed."""
+        ...
+
+
 @dataclass(slots=True)
 class Context:
     """One request, as far as a decision looks at it; the front end fills what the scorers need."""
@@ -68,6 +77,10 @@ class Context:
     model: str
     prompt: str = ""  # filled when a scorer needs Need.PROMPT
     session: str | None = None  # filled when a scorer needs Need.SESSION
+    adapter: str | None = None  # the LoRA adapter asked for (the request's model names it), if any
+    warm: frozenset[str] = frozenset()  # endpoints holding that adapter loaded (filled for Need.ADAPTER)
+    prompt_blocks: Sequence[int] = ()  # Need.PROMPT_BLOCKS: the engines' hashes of the prompt's full blocks
+    cache: CacheView | None = None  # Need.PROMPT_BLOCKS: the engines' cached blocks
     now: float = 0.0
     exclude: frozenset[str] = frozenset()  # endpoints already tried by this request
     notes: dict[str, object] = field(default_factory=dict)  # scorers leave state for on_routed

@@ -20,6 +20,8 @@ class Need(StrEnum):
     PROMPT = "prompt"  # the text a prefix cache sees first (costs a parse of the body)
     SESSION = "session"  # the session key header
     ENGINE_STATS = "engine_stats"  # engine queue / KV usage, from the health feed or a probe
+    ADAPTER = "adapter"  # which replicas hold the LoRA adapter a request asks for
+    PROMPT_BLOCKS = "prompt_blocks"  # the engines' block hashes of the prompt, and their KV-event view
 
 
 class Report(StrEnum):

@@ -44,7 +44,19 @@ PRESETS: Mapping[str, Preset] = {
     "prefix_aware": Preset(
         "Follow-ups stay on the replica holding their conversation's KV cache; new conversations on a"
         " shared prompt are spread with bounded loads; no shared prefix routes like least_load.",
-        {"prefix": 2.0, "load": 1.0},
+        {"prefix": 2.0, "adapter_affinity": 2.0, "load": 1.0},
+    ),
+    "adapter_aware": Preset(
+        "LoRA adapter requests go to a replica that has their adapter loaded while it is under the load"
+        " guard (else the least loaded, which loads it); base-model requests route like least_load.",
+        {"adapter_affinity": 2.0, "load": 1.0},
+    ),
+    # precise_prefix needs the engines' KV events (vLLM): the control plane turns them on for a model whose
+    # blend uses it. Same 2:1 against load as prefix_aware.
+    "precise_prefix": Preset(
+        "Prefix affinity from the engines' own KV events (what each replica really caches, the same view in"
+        " every router replica); the routed-history index for replicas without events.",
+        {"precise_prefix": 2.0, "load": 1.0},
     ),
     # kv_aware counts memory, not requests: for traffic whose lengths differ widely, where two replicas
     # with as many requests in flight can be far apart in KV memory. KV usage arrives with the feed's

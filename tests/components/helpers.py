@@ -15,6 +15,11 @@ from components import plan
 from components.render import alerts, common, dashboards, scaling
 from components.spec import ModelSpec, PlatformSpec
 
+#: The hub commit of meta-llama/Llama-3.1-8B-Instruct the committed stacks pin.
+LLAMA_8B_COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
+#: A well-formed commit for test sources whose real history does not matter.
+SOME_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
 MINIMAL: dict[str, Any] = {
     "name": "inferstack",
     "environment": "test",
@@ -25,6 +30,7 @@ MINIMAL: dict[str, Any] = {
         {
             "name": "llama-8b",
             "source": "meta-llama/Llama-3.1-8B-Instruct",
+            "revision": LLAMA_8B_COMMIT,
             "pool": "l40s",
             "engine": {"max_model_len": 8192, "max_num_seqs": 64},
             "scaling": {"min_replicas": 1, "max_replicas": 2},
@@ -35,6 +41,20 @@ MINIMAL: dict[str, Any] = {
 
 def minimal() -> dict[str, Any]:
     return copy.deepcopy(MINIMAL)
+
+
+#: The model store of a cluster the stack does not create (target kubernetes): an S3-compatible bucket.
+OWN_STORE: dict[str, Any] = {
+    "bucket": "models",
+    "endpoint_url": "http://minio.minio.svc:9000",
+    "reader_secret": "model-store-reader",
+    "writer_secret": "model-store-writer",
+}
+
+
+def on_own_cluster(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` as a target kubernetes stack, with its model store."""
+    return {**raw, "target": "kubernetes", "model_store": copy.deepcopy(OWN_STORE)}
 
 
 def cluster(**fields: Any) -> dict[str, Any]:
@@ -63,6 +83,28 @@ def engine_deployments(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:
             assert model not in out, f"two engine Deployments for model {model}"
             out[model] = m
     return out
+
+
+def engine_workloads(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:
+    """Model name -> its engine workload: a Deployment, or a LeaderWorkerSet (a replica that spans nodes)."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in synthesis.kubernetes_manifests():
+        if (
+            m["kind"] in ("Deployment", "LeaderWorkerSet")
+            and m["metadata"]["labels"].get("app.kubernetes.io/component") == "engine"
+        ):
+            model = m["metadata"]["labels"][common.MODEL_LABEL]
+            assert model not in out, f"two engine workloads for model {model}"
+            out[model] = m
+    return out
+
+
+def pod_templates(workload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A workload's pod templates by role: "pod" for a Deployment; "leader" and "worker" for a LeaderWorkerSet."""
+    if workload["kind"] == "Deployment":
+        return {"pod": workload["spec"]["template"]}
+    group = workload["spec"]["leaderWorkerTemplate"]
+    return {"leader": group["leaderTemplate"], "worker": group["workerTemplate"]}
 
 
 #: Metrics of what the platform runs besides the engines; everything else a model's queries read must be in

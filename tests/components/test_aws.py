@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from components import catalog, cost, images, nodes, plan, targets
+from components import catalog, cost, images, nodes, placement, plan, targets
 from components.aws import addons, decisions, registry
 from components.aws.cloud import EKS
 from components.spec import ApiAccess, PlatformSpec, Target
 from components.stackfile import STACKS_DIR, Stack, available_stacks, load
-from tests.components.helpers import cluster, engine_deployments, minimal, write_stack
+from components.weights import fetch
+from tests.components.helpers import cluster, engine_workloads, minimal, pod_templates, write_stack
 
 
 @functools.cache
@@ -228,8 +229,9 @@ def test_gpu_node_groups_follow_the_placement_of_models_and_their_weights(name: 
         assert group["launchTemplate"]["id"] == f"{group['nodeGroupName']}-id"
         assert "diskSize" not in group  # the launch template owns the disk
         disk = template["blockDeviceMappings"][0]["ebs"]
-        weights = sum(layout.placements[m.name].weights_gib for m in members)
-        assert disk["volumeSize"] == pool.root_disk_gib >= weights
+        # Weights sit on the root disk only as a node cache without NVMe; streamed weights need none.
+        on_root = pool.model_cache_gib if pool.cache_medium is fetch.CacheMedium.ROOT_DISK else 0
+        assert disk["volumeSize"] == pool.root_disk_gib >= on_root + placement.IMAGE_DISK_GIB
         assert disk["volumeType"] == "gp3"
         assert disk["encrypted"] == "true"
         meta = template["metadataOptions"]
@@ -257,16 +259,19 @@ def test_engine_pods_land_only_on_their_pool_and_nothing_else_lands_on_gpu_nodes
     synthesis = _synth(stack.name)
     groups = {n: _labels_and_taints(i) for n, i in _node_groups(synthesis).items()}
     system = decisions.node_group_name(stack.spec, decisions.SYSTEM_POOL)
-    deployments = engine_deployments(synthesis)
-    assert len(deployments) == len(stack.spec.models)
-    for model, deployment in deployments.items():
-        pod = deployment["spec"]["template"]["spec"]
-        fits = sorted(n for n, (labels, taints) in groups.items() if nodes.schedulable(pod, labels, taints))
-        pool = stack.layout.placements[model].pool
-        if pool is None:
-            assert system in fits
-        else:
-            assert fits == [decisions.node_group_name(stack.spec, pool)], model
+    workloads = engine_workloads(synthesis)
+    assert len(workloads) == len(stack.spec.models)
+    for model, workload in workloads.items():
+        for template in pod_templates(workload).values():
+            pod = template["spec"]
+            fits = sorted(
+                n for n, (labels, taints) in groups.items() if nodes.schedulable(pod, labels, taints)
+            )
+            pool = stack.layout.placements[model].pool
+            if pool is None:
+                assert system in fits
+            else:
+                assert fits == [decisions.node_group_name(stack.spec, pool)], model
     # A pod with no toleration (the gateway, monitoring) may use the system nodes and no GPU node.
     plain: dict[str, object] = {}
     assert [n for n, (labels, taints) in groups.items() if nodes.schedulable(plain, labels, taints)] == [
@@ -505,7 +510,7 @@ def test_plan_bills_the_aws_items_from_the_resources_it_creates(name: str, tmp_p
     bill = cost.stack_cost(stack.spec, stack.layout, infrastructure)
     assert {"gpu-pool", "eks", "system-nodes", "nat", "ebs", "kms"} <= {i.kind for i in bill.items}
     keys = len(_of(synthesis, "aws:kms/key:Key"))
-    assert keys == len(decisions.KMS_KEYS)
+    assert keys == len(decisions.kms_keys(stack.spec))
     assert items["kms"].max_usd_month == pytest.approx(keys * catalog.KMS_KEY_USD_PER_MONTH)
     # resources.json lists the AWS resources the summary prices.
     plan.write(synthesis, tmp_path, "summary\n")
@@ -546,7 +551,9 @@ def test_runtime_images_get_immutable_scanned_ecr_repositories(name: str) -> Non
     repos = {
         r.inputs["name"].rsplit("/", 1)[-1]: r.inputs for r in _of(synthesis, "aws:ecr/repository:Repository")
     }
-    assert set(repos) == set(images.RUNTIME_IMAGES)
+    spec = load(name).spec
+    assert set(repos) == set(images.runtime_images(spec))
+    assert ("batches" in repos) == spec.batch.enabled  # the batch service's image only where it runs
     for repo in repos.values():
         assert repo["imageTagMutability"] == "IMMUTABLE"
         assert repo["imageScanningConfiguration"] == {"scanOnPush": True}

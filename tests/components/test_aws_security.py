@@ -61,9 +61,9 @@ def test_bucket_ecr_and_node_disks_use_their_own_rotating_customer_managed_keys(
     spec = load(name).spec
     synthesis = _synth(name)
     keys = {r.name: r.inputs for r in _of(synthesis, "aws:kms/key:Key")}
-    assert set(keys) == {f"{spec.cluster_name}-{purpose}" for purpose in decisions.KMS_KEYS}
+    assert set(keys) == {f"{spec.cluster_name}-{purpose}" for purpose in decisions.kms_keys(spec)}
     assert all(k["enableKeyRotation"] is True for k in keys.values())
-    arns = {purpose: _key_arn(synthesis, spec, purpose) for purpose in decisions.KMS_KEYS}
+    arns = {purpose: _key_arn(synthesis, spec, purpose) for purpose in decisions.kms_keys(spec)}
     assert len(set(arns.values())) == len(arns)  # one key per purpose
     sse = _one_inputs(
         synthesis, "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
@@ -71,7 +71,7 @@ def test_bucket_ecr_and_node_disks_use_their_own_rotating_customer_managed_keys(
     assert sse["rules"][0]["applyServerSideEncryptionByDefault"]["kmsMasterKeyId"] == arns["models"]
     assert sse["rules"][0]["bucketKeyEnabled"] is True
     repositories = _of(synthesis, "aws:ecr/repository:Repository")
-    assert len(repositories) == len(images.RUNTIME_IMAGES)
+    assert len(repositories) == len(images.runtime_images(spec))
     for repo in repositories:
         assert repo.inputs["encryptionConfigurations"] == [
             {"encryptionType": "KMS", "kmsKey": arns["images"]}
@@ -160,7 +160,7 @@ def test_images_are_pushed_with_an_ecr_token_whose_credentials_stay_secret(
     monkeypatch.setattr(plan._Mocks, "call", recording)
     synthesis = plan.synthesize(stack)
     builds = _of(synthesis, "docker-build:index:Image")
-    assert len(builds) == len(images.RUNTIME_IMAGES)
+    assert len(builds) == len(images.runtime_images(spec))
     assert len(tokens) == len(builds)  # one token per push
     address = f"{plan.MOCK_ACCOUNT_ID}.dkr.ecr.{spec.cluster.region}.amazonaws.com"
     for build in builds:

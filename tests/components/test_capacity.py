@@ -17,7 +17,7 @@ from components.aws import decisions
 from components.cli import app
 from components.problems import SpecError
 from components.stackfile import load
-from tests.components.helpers import cluster, write_stack
+from tests.components.helpers import SOME_COMMIT, cluster, write_stack
 
 RESERVATION = "cr-0123456789abcdef0"
 ZONES = ["us-east-1a", "us-east-1b"]
@@ -41,6 +41,7 @@ def _h100(reservation: dict[str, Any] | None = None, **pool: Any) -> dict[str, A
             {
                 "name": "llama-70b",
                 "source": "hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4",
+                "revision": SOME_COMMIT,
                 "pool": "h100",
                 "engine": {
                     "tensor_parallel_size": 2,
@@ -246,6 +247,7 @@ def test_a_fallback_a_model_cannot_run_on_is_refused(tmp_path: Path) -> None:
     raw["models"][0] = {
         "name": "llama-8b",
         "source": "meta-llama/Llama-3.1-8B-Instruct",
+        "revision": SOME_COMMIT,
         "pool": "h100",
         "engine": {"quantization": "fp8", "max_model_len": 8192, "max_num_seqs": 32},
     }
@@ -267,3 +269,29 @@ def test_a_reservation_with_subnets_the_stack_does_not_make_is_refused(tmp_path:
     write_stack(tmp_path, "byo", raw)
     with pytest.raises(SpecError, match="cannot tell which subnet is in the reservation's zone"):
         load("byo", tmp_path)
+
+
+def test_a_fallback_without_room_for_the_pools_node_cache_on_nvme_is_refused(tmp_path: Path) -> None:
+    """g4dn.2xlarge has g6.2xlarge's shape but half its NVMe: the pool's node cache would not fit there."""
+    raw = _h100()
+    raw["gpu_pools"][0] = {
+        "name": "h100",
+        "instance_type": "g6.2xlarge",
+        "fallback_instance_types": ["g4dn.2xlarge"],
+        "model_cache_gib": 300,
+    }
+    raw["models"][0] = {
+        "name": "qwen",
+        "source": "Qwen/Qwen2.5-0.5B-Instruct",
+        "revision": SOME_COMMIT,
+        "pool": "h100",
+        "weights": {"fetch": "node-cache"},
+        "engine": {"dtype": "float16", "max_model_len": 4096},
+    }
+    write_stack(tmp_path, "cache", raw)
+    with pytest.raises(SpecError) as caught:
+        load("cache", tmp_path)
+    assert (
+        "gpu_pools[0].fallback_instance_types[0]: the pool's 300 GiB node cache is on local NVMe, and "
+        "g4dn.2xlarge has 210 GiB of it" in caught.value.render()
+    )

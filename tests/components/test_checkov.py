@@ -20,6 +20,8 @@ from components.stackfile import STACKS_DIR, available_stacks, load
 ROOT = Path(__file__).resolve().parents[2]
 CHECKOV = ROOT / ".venv-tools" / "bin" / "checkov"
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
+#: Committed example stacks outside stacks/ (the inference-extension mode's) are scanned too.
+EXAMPLE_STACKS = {"inference-extension": ROOT / "examples" / "stacks"}
 
 pytestmark = pytest.mark.skipif(
     not CHECKOV.exists(), reason="checkov is not installed: run `make tools-venv`"
@@ -34,9 +36,9 @@ def test_the_skip_file_gives_a_reason_for_every_skipped_check() -> None:
         assert f"# {check}" in before, f"{check} is skipped without a reason"
 
 
-@pytest.mark.parametrize("name", PULUMI_STACKS)
+@pytest.mark.parametrize("name", [*PULUMI_STACKS, *EXAMPLE_STACKS])
 def test_checkov_reports_no_failed_check(name: str, tmp_path: Path) -> None:
-    synthesis = plan.synthesize(load(name))
+    synthesis = plan.synthesize(load(name, EXAMPLE_STACKS.get(name, STACKS_DIR)))
     plan.write(synthesis, tmp_path, "")
     env = {**os.environ, "BC_SKIP_MAPPING": "TRUE", "CHECKOV_RUN_SCA_PACKAGE_SCAN_V2": "false"}
     result = subprocess.run(

@@ -13,17 +13,31 @@ from typer.testing import CliRunner
 
 from components.cli import SCHEMA_PATH, app, schema_text
 from components.stackfile import STACKS_DIR, available_stacks
-from tests.components.helpers import minimal, write_stack
+from tests.components.helpers import minimal, pod_templates, write_stack
 
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("stack", available_stacks(STACKS_DIR))
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples" / "stacks"
+COMMITTED = [
+    pytest.param(directory, stack, id=f"{directory.parent.name}/{stack}")
+    for directory in (STACKS_DIR, EXAMPLES_DIR)
+    for stack in available_stacks(directory)
+]
+
+
+@pytest.mark.parametrize(("stacks_dir", "stack"), COMMITTED)
 def test_plan_writes_manifests_resources_and_summary_for_every_committed_stack(
-    stack: str, tmp_path: Path
+    stacks_dir: Path, stack: str, tmp_path: Path
 ) -> None:
-    result = runner.invoke(app, ["plan", "-s", stack, "--out", str(tmp_path)])
+    """Every stack in stacks/ and examples/stacks/ plans, and no mandatory policy fails on it."""
+    result = runner.invoke(
+        app, ["plan", "-s", stack, "--stacks-dir", str(stacks_dir), "--out", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.output
+    policy = json.loads((tmp_path / "policy.json").read_text())
+    assert not policy["failed"]
+    assert [v["rule"] for v in policy["verdicts"] if v["level"] == "mandatory"] == []
     assert "$/month" in result.output or "Monthly cost" in result.output
     summary = (tmp_path / "summary.md").read_text()
     assert f"# inferstack plan: {stack}" in summary
@@ -38,10 +52,13 @@ def test_plan_writes_manifests_resources_and_summary_for_every_committed_stack(
         docs = list(yaml.safe_load_all(path.read_text()))
         assert len(docs) == 1, f"{path.name} holds {len(docs)} objects"
         assert list(docs[0])[:3] == ["apiVersion", "kind", "metadata"]
-    deployment = next(
-        p for p in manifests if p.name.startswith("deployment-") and p.name.endswith("-engine.yaml")
+    workload = next(
+        p
+        for p in manifests
+        if p.name.startswith(("deployment-", "leaderworkerset-")) and p.name.endswith("-engine.yaml")
     )
-    port = yaml.safe_load(deployment.read_text())["spec"]["template"]["spec"]["containers"][0]["ports"][0]
+    pods = pod_templates(yaml.safe_load(workload.read_text()))
+    port = next(iter(pods.values()))["spec"]["containers"][0]["ports"][0]
     assert port["containerPort"] == 8000 and isinstance(port["containerPort"], int)
 
 
@@ -58,7 +75,8 @@ def test_plan_never_writes_secret_values(tmp_path: Path) -> None:
 
 def test_plan_of_a_bad_stack_exits_2_with_the_problem_and_writes_nothing(tmp_path: Path) -> None:
     spec = minimal()
-    spec["models"][0]["engine"]["tensor_parallel_size"] = 3
+    spec["gpu_pools"][0]["instance_type"] = "g6e.12xlarge"
+    spec["models"][0]["engine"]["tensor_parallel_size"] = 6  # fills neither one 4-GPU node nor whole ones
     write_stack(tmp_path, "bad", spec)
     out = tmp_path / "out"
     result = subprocess.run(

@@ -18,14 +18,15 @@ from components.placement import place
 from components.render import engine, gateway
 from components.spec import PlatformSpec, Target
 from components.stackfile import STACKS_DIR, available_stacks, load
-from tests.components.helpers import minimal
+from tests.components.helpers import minimal, on_own_cluster, pod_templates
 
 CLOUDS: list[Cloud] = [EKS, OWN_CLUSTER]
 GPU_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).layout.pools]
 
 
 def _spec(target: str) -> PlatformSpec:
-    return PlatformSpec.model_validate({**minimal(), "target": target})
+    raw = on_own_cluster(minimal()) if target == "kubernetes" else {**minimal(), "target": target}
+    return PlatformSpec.model_validate(raw)
 
 
 def test_each_cluster_target_has_a_cloud_and_a_cluster_layer_and_local_has_neither() -> None:
@@ -52,7 +53,7 @@ def test_eks_bills_what_its_layer_creates_from_the_same_decisions() -> None:
     assert infrastructure.eks_control_planes == 1
     assert infrastructure.nat_gateways == decisions.network_plan(stack.spec).nat_gateways
     assert [d.disk for d in infrastructure.root_disks] == [g.disk for g in groups]
-    assert infrastructure.kms_keys == tuple(decisions.KMS_KEYS)
+    assert infrastructure.kms_keys == decisions.kms_keys(stack.spec)
     kinds = [i.kind for i in cost.fixed_costs(infrastructure)]
     assert kinds == ["eks", "system-nodes", "nat", "ebs", "kms"]
 
@@ -79,10 +80,11 @@ def test_every_engine_lands_on_its_own_pools_gpu_nodes_and_nothing_else_does_on_
     for model in stack.spec.models:
         placement = stack.layout.placements[model.name]
         rendered = engine.render(stack.spec, model, placement, rollout.plan(stack.spec, stack.layout, model))
-        [deployment] = [m for m in rendered if m["kind"] == "Deployment"]
-        pod = deployment["spec"]["template"]["spec"]
-        fits = [p for p, (labels, taints) in gpu_nodes.items() if nodes.schedulable(pod, labels, taints)]
-        assert fits == ([placement.pool] if placement.pool else []), model.name
+        [workload] = [m for m in rendered if m["kind"] in ("Deployment", "LeaderWorkerSet")]
+        for template in pod_templates(workload).values():
+            pod = template["spec"]
+            fits = [p for p, (labels, taints) in gpu_nodes.items() if nodes.schedulable(pod, labels, taints)]
+            assert fits == ([placement.pool] if placement.pool else []), model.name
     plain: dict[str, Any] = {}
     assert not [p for p, (labels, taints) in gpu_nodes.items() if nodes.schedulable(plain, labels, taints)]
 
@@ -120,7 +122,7 @@ def test_a_new_cloud_decides_the_ingress_class_and_network_without_touching_a_re
         def cluster_network(self, spec: PlatformSpec) -> list[str]:
             return ["100.64.0.0/10"]
 
-    raw = {**minimal(), "target": "kubernetes", "gateway": {"ingress": "alb", "hostname": "llm.example.com"}}
+    raw = {**on_own_cluster(minimal()), "gateway": {"ingress": "alb", "hostname": "llm.example.com"}}
     spec = PlatformSpec.model_validate(raw)
     [ingress] = [m for m in gateway.render(spec, Nginx()) if m["kind"] == "Ingress"]
     assert ingress["spec"]["ingressClassName"] == "nginx"

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from components.cli import app
-from components.render import alerts, engine_args, monitors, scaling
+from components.render import alerts, monitors, scaling
 from components.spec import ModelSpec, PlatformSpec
 from runtime.config import EngineKind
 from runtime.engines import facts
@@ -115,22 +115,31 @@ def test_plan_says_what_a_trtllm_model_scales_on(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", [k.value for k in EngineKind])
-def test_an_s3_model_is_served_under_its_own_name(kind: str) -> None:
+def test_a_node_cache_copy_is_served_under_its_models_own_name(kind: str) -> None:
     llama_8b = {"params_b": 8, "layers": 32, "kv_heads": 8, "head_dim": 128, "hidden_size": 4096}
-    spec = _spec(kind, source="s3://models-bucket/llama-8b/", architecture=llama_8b)
-    model = spec.models[0]
-    cmd = engine_args.engine_command(model)
-    deployment = rendered_engine_deployment(spec)
-    [sync] = deployment["spec"]["template"]["spec"]["initContainers"]
-    assert sync["command"][-1] == "/models/llama-8b"
-    location = (
-        cmd.args[cmd.args.index("--model-path") + 1]
-        if kind == "sglang"
-        else cmd.args[len(facts(model.engine.kind).cli.leading_args)]
+    spec = _spec(
+        kind,
+        source="s3://inferstack-test-us-east-1-models/models/llama-8b/v1/",
+        revision=None,
+        architecture=llama_8b,
+        weights={"fetch": "node-cache"},
     )
-    assert location == "/models/llama-8b"
+    model = spec.models[0]
+    deployment = rendered_engine_deployment(spec)
+    pod = deployment["spec"]["template"]["spec"]
+    [fill] = pod["initContainers"]
+    assert fill["args"][:3] == ["fetch", "--store", model.source]
+    container = pod["containers"][0]
+    args = container["args"]
+    location = (
+        args[args.index("--model-path") + 1]
+        if kind == "sglang"
+        else args[len(facts(model.engine.kind).cli.leading_args)]
+    )
+    assert location == "/models/llama-8b"  # the node's copy, mounted at a directory named after the model
+    assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/models/llama-8b"}
     served = facts(model.engine.kind).cli.served_name
     if served is not None:
-        assert cmd.args[cmd.args.index(served.name) + 1] == "llama-8b"
+        assert args[args.index(served.name) + 1] == "llama-8b"
     # trtllm-serve has no served-name flag: it serves a local directory under its base name.
     assert location.rsplit("/", 1)[-1] == model.name

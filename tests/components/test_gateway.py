@@ -47,7 +47,7 @@ def test_the_config_map_round_trips_through_the_runtime_contract(name: str) -> N
     spec = load(name).spec
     cm = _get(name, "ConfigMap", common.runtime_config_name(spec))
     parsed = RuntimeConfig.model_validate(yaml.safe_load(cm["data"][common.RUNTIME_CONFIG_FILE]))
-    assert parsed == runtime_config(spec)
+    assert parsed == runtime_config(spec, files=cloud_for(spec).batch_files(spec))
     for model in spec.models:
         target = parsed.model(model.name)
         assert target is not None and target.discovery is not None

@@ -18,15 +18,18 @@ from components.render import addons, engine
 from components.render.engine_args import vllm
 from components.spec import PlatformSpec
 from components.stackfile import load as load_stack
+from tests.components.helpers import LLAMA_8B_COMMIT, OWN_STORE, SOME_COMMIT
 
 BASE: dict[str, Any] = {
     "environment": "dev",
     "target": "kubernetes",
+    "model_store": OWN_STORE,
     "gpu_pools": [{"name": "l40s", "instance_type": "g6e.xlarge", "sharing": "time-slicing"}],
     "models": [
         {
             "name": "embed",
             "source": "BAAI/bge-m3",
+            "revision": SOME_COMMIT,
             "pool": "l40s",
             "gpu_share": {"fraction": 0.25},
             "engine": {"max_model_len": 8192, "max_num_seqs": 32},
@@ -34,6 +37,7 @@ BASE: dict[str, Any] = {
         {
             "name": "chat",
             "source": "meta-llama/Llama-3.1-8B-Instruct",
+            "revision": LLAMA_8B_COMMIT,
             "pool": "l40s",
             "gpu_share": {"fraction": 0.5},
             "engine": {"max_model_len": 8192, "max_num_seqs": 32},
@@ -120,7 +124,14 @@ def test_sleep_on_an_engine_without_it_is_one_error_naming_what_has_it() -> None
 
 def test_pools_and_shares_must_match() -> None:
     raw = copy.deepcopy(BASE)
-    raw["models"].append({"name": "whole", "source": "meta-llama/Llama-3.1-8B-Instruct", "pool": "l40s"})
+    raw["models"].append(
+        {
+            "name": "whole",
+            "source": "meta-llama/Llama-3.1-8B-Instruct",
+            "revision": LLAMA_8B_COMMIT,
+            "pool": "l40s",
+        }
+    )
     raw["models"][0]["gpu_share"] = {"mig_profile": "1g.10gb"}
     problems = dict(_problems(raw))
     assert (
@@ -213,8 +224,7 @@ def test_inferstack_size_shows_the_shares_plan_would_suggest() -> None:
     """`inferstack size` and plan's errors name the same smallest share (one function, packing's)."""
     from typer.testing import CliRunner
 
-    from components.cli import app
-    from components.report import share_rows
+    from components.cli import app, share_rows
 
     spec = _spec()
     chat = spec.models[1]
@@ -232,7 +242,13 @@ def test_inferstack_size_shows_the_shares_plan_would_suggest() -> None:
 def test_a_cpu_engine_shares_memory_only_on_target_local() -> None:
     raw = copy.deepcopy(BASE)
     raw["models"].append(
-        {"name": "cpu", "source": "BAAI/bge-m3", "engine": {"device": "cpu"}, "gpu_share": {"fraction": 0.5}}
+        {
+            "name": "cpu",
+            "source": "BAAI/bge-m3",
+            "revision": SOME_COMMIT,
+            "engine": {"device": "cpu"},
+            "gpu_share": {"fraction": 0.5},
+        }
     )
     [(path, message)] = _problems(raw)
     assert path == "models[2].gpu_share" and "target local" in message

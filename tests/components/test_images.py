@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 from components import images, plan
 from components.cli import app
 from components.problems import SpecError
+from components.render import limit_store
 from components.stackfile import load
 from policies.inference.offline import evaluate, resources_of
-from tests.components.helpers import minimal, write_stack
+from tests.components.helpers import engine_deployments, minimal, on_own_cluster, write_stack
 
 
 def _builds(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:
@@ -28,12 +29,14 @@ def _builds(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:
 
 
 def _runtime_images(synthesis: plan.Synthesis) -> dict[str, str]:
+    """Component -> image of the gateway's Deployments and the model store's preparation Jobs."""
     return {
         m["metadata"]["labels"]["app.kubernetes.io/component"]: m["spec"]["template"]["spec"]["containers"][
             0
         ]["image"]
         for m in synthesis.kubernetes_manifests()
-        if m["kind"] == "Deployment" and m["metadata"]["labels"]["app.kubernetes.io/component"] != "engine"
+        if m["kind"] in ("Deployment", "StatefulSet", "Job")
+        and m["metadata"]["labels"]["app.kubernetes.io/component"] not in ("engine", limit_store.STORE)
     }
 
 
@@ -42,7 +45,15 @@ def test_kind_runs_only_runtime_images_the_program_builds_and_pushes_to_the_loca
     synthesis = plan.synthesize(stack)
     builds = _builds(synthesis)
     running = _runtime_images(synthesis)
-    assert set(running) == {"router", "health"}  # no embedding model: no batcher
+    assert set(running) == {"router", "health", "batches", "weights"}  # no embedding model: no batcher
+    # the in-cluster rate-limit store (shared_limits) runs the pinned upstream Redis image: nothing to build
+    name = limit_store.name(stack.spec)
+    [store] = [
+        m
+        for m in synthesis.kubernetes_manifests()
+        if (m["kind"], m["metadata"]["name"]) == ("StatefulSet", name)
+    ]
+    assert store["spec"]["template"]["spec"]["containers"][0]["image"] == limit_store.REDIS_IMAGE
     registry = stack.spec.gateway.image_registry
     assert registry == "localhost:5001"
     for part, reference in running.items():
@@ -55,20 +66,25 @@ def test_kind_runs_only_runtime_images_the_program_builds_and_pushes_to_the_loca
         assert build["tags"] == [f"{repository}:{images.context_tag(Path(), part)}"]
         assert "registries" not in build  # the deploying machine's Docker login, never a secret in the stack
     assert len(builds) == len(running)
+    # The engines' init containers (store check, node-cache fill) run the same weights image.
+    [init] = engine_deployments(synthesis)["qwen-0-5b"]["spec"]["template"]["spec"]["initContainers"]
+    assert init["image"] == running["weights"]
 
 
 def test_a_cluster_you_bring_without_a_registry_runs_the_spec_images_and_the_policy_says_nothing_builds_them(
     tmp_path: Path,
 ) -> None:
-    raw = {**minimal(), "target": "kubernetes"}
+    raw = on_own_cluster(minimal())
     write_stack(tmp_path, "byo", raw)
     synthesis = plan.synthesize(load("byo", tmp_path))
     assert _builds(synthesis) == {}
     assert _runtime_images(synthesis)["router"] == "ghcr.io/inferstack/router:0.1.0"
     verdicts = [v for v in evaluate(resources_of(synthesis), {}) if v.rule == "runtime-images-built"]
+    job = next(m for m in synthesis.kubernetes_manifests() if m["kind"] == "Job")["metadata"]["name"]
     assert {v.resource for v in verdicts} == {
         "Deployment inferstack/inferstack-router",
         "Deployment inferstack/inferstack-health",
+        f"Job inferstack/{job}",
     }
     assert all("set gateway.image_registry" in v.message for v in verdicts)
     allowed = {"runtime-images-built": {"prebuilt_images": ["ghcr.io/inferstack/*:0.1.0"]}}
@@ -92,7 +108,7 @@ def test_eks_and_kubernetes_build_with_the_same_function() -> None:
 
 
 def test_a_malformed_registry_is_one_located_error(tmp_path: Path) -> None:
-    raw = {**minimal(), "target": "kubernetes", "gateway": {"image_registry": "GHCR.io/Acme"}}
+    raw = {**on_own_cluster(minimal()), "gateway": {"image_registry": "GHCR.io/Acme"}}
     write_stack(tmp_path, "bad", raw)
     with pytest.raises(SpecError, match=r"gateway.image_registry: 'GHCR.io/Acme' is not a registry and path"):
         load("bad", tmp_path)
@@ -102,7 +118,8 @@ def test_the_plan_says_where_the_runtime_images_come_from(tmp_path: Path) -> Non
     result = CliRunner().invoke(app, ["plan", "-s", "kind", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert (
-        "runtime images: builds router, health from runtime/images/" in (tmp_path / "summary.md").read_text()
+        "runtime images: builds router, health, batches, weights from runtime/images/"
+        in (tmp_path / "summary.md").read_text()
     )
 
 

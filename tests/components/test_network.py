@@ -1,7 +1,7 @@
 """NetworkPolicies against the who-talks-to-whom table: every flow passes, nothing else does.
 
 The table (``components.render.flows``) is read off the parts that talk (runtime config, Roles, ServiceMonitors,
-ingress, the engines' weights and credentials). These tests take the NetworkPolicies the program registers, put
+ingress, the model store: engines read it, preparation Jobs copy from the hub into it, with their credentials). These tests take the NetworkPolicies the program registers, put
 pods with the labels of the rendered workloads (and the callers around them) at addresses in the cluster network,
 and try every pair on every port the table mentions and a few more: a missing rule (a flow that does not pass) or
 an extra one (a connection no flow explains) fails.
@@ -19,17 +19,18 @@ from components import plan
 from components.aws import decisions
 from components.aws.cloud import POD_IDENTITY_AGENT
 from components.cloud import PRIVATE_CIDRS, Cloud
-from components.render import common, flows, ingress, network
+from components.render import batches, common, flows, ingress, network
 from components.spec import PlatformSpec, Target
 from components.stackfile import STACKS_DIR, available_stacks, load
 from components.targets import cloud_for
-from tests.components.helpers import minimal
+from tests.components.helpers import SOME_COMMIT, minimal, on_own_cluster
 from tests.components.netpol import Endpoint, allowed, expected
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target is not Target.LOCAL]
 IMDS = "169.254.169.254"
 INTERNET = "52.216.8.10"  # an S3 address
-EXTRA_PORTS = (22, 80, 443, 2379, 6443, 8000, 8080, 8081, 8082, 9090, 15012)
+EXTRA_PORTS = (22, 80, 443, 2379, 6443, 8000, 8080, 8081, 8082, 9000, 9090, 15012)
+WORKLOADS = ("Deployment", "StatefulSet", "Job")
 
 
 @cache
@@ -44,14 +45,22 @@ def _policies_of(manifests: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -
 def _pod_labels(
     manifests: list[dict[str, Any]] | tuple[dict[str, Any], ...], component: str
 ) -> dict[str, str]:
-    """The labels of the rendered pods of one component (the first Deployment of it)."""
-    for m in manifests:
-        if (
-            m["kind"] == "Deployment"
-            and m["metadata"]["labels"].get("app.kubernetes.io/component") == component
-        ):
-            return dict(m["spec"]["template"]["metadata"]["labels"])
-    raise AssertionError(f"no Deployment of {component}")
+    """The labels of the rendered pods of one component (the first Deployment, StatefulSet or Job of it, else the
+    leaders of the first LeaderWorkerSet); for a multi-node group's subject, its workers' (so a leader and a worker of one group
+    are both tried)."""
+    if component.startswith(flows.GROUP_PREFIX):
+        model = component.removeprefix(flows.GROUP_PREFIX)
+        for m in manifests:
+            if m["kind"] == "LeaderWorkerSet" and m["metadata"]["labels"].get(common.MODEL_LABEL) == model:
+                return dict(m["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["labels"])
+        raise AssertionError(f"no LeaderWorkerSet of {model}")
+    for kinds in (WORKLOADS, ("LeaderWorkerSet",)):
+        for m in manifests:
+            if m["kind"] in kinds and m["metadata"]["labels"].get("app.kubernetes.io/component") == component:
+                if m["kind"] == "LeaderWorkerSet":
+                    return dict(m["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["labels"])
+                return dict(m["spec"]["template"]["metadata"]["labels"])
+    raise AssertionError(f"no Deployment, StatefulSet, Job or LeaderWorkerSet of {component}")
 
 
 def _endpoints(spec: PlatformSpec, cloud: Cloud, manifests: Any) -> list[Endpoint]:
@@ -62,7 +71,7 @@ def _endpoints(spec: PlatformSpec, cloud: Cloud, manifests: Any) -> list[Endpoin
     ns = spec.cluster.namespace
     out = [
         Endpoint(part, next(addresses), ns, _pod_labels(manifests, part))
-        for part in flows.subjects(spec)
+        for part in flows.subjects(spec, cloud)
         if part != flows.GATEWAY_PROXY
     ]
     if spec.gateway.ingress.value == "gateway-api":
@@ -73,6 +82,8 @@ def _endpoints(spec: PlatformSpec, cloud: Cloud, manifests: Any) -> list[Endpoin
         Endpoint("kube-dns", next(addresses), "kube-system", {"k8s-app": "kube-dns"}),
         Endpoint("another app", next(addresses), "default", {"app": "other"}),
         Endpoint("istiod", next(addresses), "istio-system", {"app": "istiod"}),
+        # An S3-compatible model store in the cluster (model_store.endpoint_url on a cluster you bring).
+        Endpoint("minio", next(addresses), "minio", {"app": "minio"}),
         Endpoint("load balancer", next(addresses)),
         Endpoint("kubernetes API", next(addresses)),
         Endpoint("pod identity agent", POD_IDENTITY_AGENT.cidr.split("/")[0]),
@@ -87,7 +98,7 @@ def _mismatches(spec: PlatformSpec, cloud: Cloud, manifests: Any) -> list[str]:
     table = flows.flows(spec, cloud)
     policies = _policies_of(manifests)
     endpoints = _endpoints(spec, cloud, manifests)
-    subjects = set(flows.subjects(spec))
+    subjects = set(flows.subjects(spec, cloud))
     ports = sorted({p for f in table for p in f.ports} | {("TCP", p) for p in EXTRA_PORTS} | {("UDP", 53)})
     ns = spec.cluster.namespace
     wrong: list[str] = []
@@ -122,19 +133,25 @@ INGRESSES = [
 
 
 def _rendered(raw: dict[str, Any]) -> tuple[PlatformSpec, list[dict[str, Any]]]:
-    """The stack's NetworkPolicies and the Deployments whose pods they govern, rendered without a synthesis."""
+    """The stack's NetworkPolicies and the workloads whose pods they govern, rendered without a synthesis."""
     from components import rollout
     from components.placement import place
-    from components.render import engine, gateway
+    from components.render import engine, gateway, limit_store, weights
+    from components.render.runtime_config import runtime_config
 
     spec = PlatformSpec.model_validate(raw)
     cloud = cloud_for(spec)
     layout = place(spec)
     manifests = network.render(spec, cloud) + gateway.render(spec, cloud)
+    config = runtime_config(spec, files=cloud.batch_files(spec))
+    checksum = gateway.config_checksum(gateway.config_text(config))
+    manifests += batches.render(spec, config, "batches:1", "1", "bucket", checksum)
+    if flows.in_cluster_limit_store(spec, cloud):
+        manifests += limit_store.in_cluster(spec)
     for model in spec.models:
-        manifests += engine.render(
-            spec, model, layout.placements[model.name], rollout.plan(spec, layout, model)
-        )
+        placement = layout.placements[model.name]
+        manifests += engine.render(spec, model, placement, rollout.plan(spec, layout, model))
+        manifests.append(weights.prepare_job(spec, model, placement, spec.model_store.image))
     return spec, manifests
 
 
@@ -143,12 +160,46 @@ def _rendered(raw: dict[str, Any]) -> tuple[PlatformSpec, list[dict[str, Any]]]:
 def test_every_flow_passes_and_nothing_else_for_each_ingress_and_target(
     target: str, gateway_fields: dict[str, Any]
 ) -> None:
-    raw = {**minimal(), "target": target, "gateway": gateway_fields}
+    raw = {**minimal(), "gateway": gateway_fields, "batch": {"enabled": True}}
+    raw = on_own_cluster(raw) if target == "kubernetes" else raw
     raw["models"].append(
-        {"name": "bge", "source": "BAAI/bge-large-en-v1.5", "pool": "l40s", "engine": {"max_model_len": 512}}
+        {
+            "name": "bge",
+            "source": "BAAI/bge-large-en-v1.5",
+            "revision": SOME_COMMIT,
+            "pool": "l40s",
+            "engine": {"max_model_len": 512},
+        }
     )
     spec, manifests = _rendered(raw)
     assert _mismatches(spec, cloud_for(spec), manifests) == []
+
+
+@pytest.mark.parametrize("target", ["eks", "kubernetes"])
+def test_shared_limits_and_kv_events_flows_pass_and_nothing_else(target: str) -> None:
+    """The router's store (managed or in-cluster), the engines' KV-event ports, the tokenizer fetch."""
+    raw = on_own_cluster(minimal()) if target == "kubernetes" else minimal()
+    raw["gateway"] = {**raw.get("gateway", {}), "shared_limits": True, "limit_store_auth_config_key": "t"}
+    raw["models"][0]["routing"] = {"strategy": "precise_prefix"}
+    spec, manifests = _rendered(raw)
+    cloud = cloud_for(spec)
+    assert _mismatches(spec, cloud, manifests) == []
+    names = {m["metadata"]["name"] for m in _policies_of(manifests)}
+    assert ("inferstack-limits" in names) is (target == "kubernetes")
+    [events] = [f for f in _flows_between(spec, "router", "engine") if ("TCP", 5557) in f.ports]
+    assert events.ports == (("TCP", 5557), ("TCP", 5558))
+    store = "managed rate-limit store" if target == "eks" else "limits"
+    [to_store] = _flows_between(spec, "router", store)
+    assert to_store.ports == (("TCP", 6379),)
+    [tokenizers] = _flows_between(spec, "router", "tokenizers over HTTPS")
+    assert tokenizers.ports == (("TCP", 443),) and flows.LINK_LOCAL in tokenizers.dest.except_cidrs
+
+
+def test_without_shared_limits_or_kv_events_the_router_has_no_such_flow() -> None:
+    spec = PlatformSpec.model_validate(minimal())
+    dests = {f.dest.name for f in flows.flows(spec, cloud_for(spec)) if f.source.name == "router"}
+    assert not dests & {"limits", "managed rate-limit store", "tokenizers over HTTPS"}
+    assert all(("TCP", 5557) not in f.ports for f in flows.flows(spec, cloud_for(spec)))
 
 
 def test_the_evaluator_catches_a_missing_and_an_extra_rule() -> None:
@@ -194,18 +245,60 @@ def test_the_table_has_the_calls_the_runtime_makes_and_none_to_instance_metadata
     } <= pairs
     [credentials] = _flows_between(spec, "engine", "EKS Pod Identity agent")
     assert credentials.dest.cidrs == ("169.254.170.23/32",) and credentials.ports == (("TCP", 80),)
-    [weights] = _flows_between(spec, "engine", "weights over HTTPS")
-    assert weights.ports == (("TCP", 443),)
-    assert weights.dest.except_cidrs == (spec.cluster.vpc_cidr, flows.LINK_LOCAL)
+    [store] = _flows_between(spec, "engine", "the model store (S3) over HTTPS")
+    assert store.ports == (("TCP", 443),)
+    assert store.dest.except_cidrs == (spec.cluster.vpc_cidr, flows.LINK_LOCAL)
     assert ipaddress.ip_address(IMDS) in ipaddress.ip_network(flows.LINK_LOCAL)
     assert not [f for f in table if f.dest.cidrs and any(IMDS in c for c in f.dest.cidrs)]
+    # Engines never reach the hub; the preparation Jobs do, and write the store, with Pod Identity credentials.
+    assert not _flows_between(spec, "engine", "the Hugging Face hub over HTTPS")
+    jobs = {f.dest.name: f.ports for f in table if f.source.name == flows.WEIGHTS}
+    assert jobs == {
+        "EKS Pod Identity agent": (("TCP", 80),),
+        "the Hugging Face hub over HTTPS": (("TCP", 443),),
+        "the model store (S3) over HTTPS": (("TCP", 443),),
+    }
+    assert not [f for f in table if f.dest == flows.component(spec, flows.WEIGHTS)]  # nothing calls them
 
 
-def test_a_cluster_you_bring_gives_engines_no_credential_endpoint() -> None:
-    spec = PlatformSpec.model_validate({**minimal(), "target": "kubernetes"})
-    assert [f.dest.name for f in flows.flows(spec, cloud_for(spec)) if f.source.name == "engine"] == [
-        "weights over HTTPS"
+def test_the_batch_service_talks_to_the_router_and_health_monitor_and_on_eks_to_its_files_only() -> None:
+    """Its API admits the router alone (it trusts the router's identity headers); Prometheus reaches only its
+    metrics port; it never reaches the engines; S3 and the Pod Identity agent only where the files are in S3."""
+    spec = load("prod").spec
+    assert spec.batch.enabled
+    table = flows.flows(spec, cloud_for(spec))
+    into = {(f.source.name, f.ports) for f in table if f.dest.name == batches.PART}
+    assert into == {
+        ("router", (("TCP", batches.port()),)),
+        ("prometheus", (("TCP", batches.METRICS_PORT),)),
+    }
+    out = {f.dest.name: f for f in table if f.source.name == batches.PART}
+    assert set(out) == {"router", "health", "EKS Pod Identity agent", "files over HTTPS"}
+    assert out["files over HTTPS"].dest.except_cidrs == (spec.cluster.vpc_cidr, flows.LINK_LOCAL)
+    byo = PlatformSpec.model_validate(on_own_cluster({**minimal(), "batch": {"enabled": True}}))
+    assert {f.dest.name for f in flows.flows(byo, cloud_for(byo)) if f.source.name == batches.PART} == {
+        "router",
+        "health",
+    }
+
+
+def test_a_cluster_you_bring_gives_engines_no_credential_endpoint_and_the_store_at_its_endpoint() -> None:
+    spec = PlatformSpec.model_validate(on_own_cluster(minimal()))
+    table = flows.flows(spec, cloud_for(spec))
+    assert [(f.dest.name, f.ports) for f in table if f.source.name == "engine"] == [
+        ("the model store at minio.minio.svc", (("TCP", 9000),))
     ]
+    assert [f.dest.name for f in table if f.source.name == flows.WEIGHTS] == [
+        "the Hugging Face hub over HTTPS",
+        "the model store at minio.minio.svc",
+    ]
+
+
+def test_the_preparation_jobs_get_a_policy_of_their_own_with_no_ingress() -> None:
+    _, manifests = _rendered(minimal())
+    [jobs] = [p for p in _policies_of(manifests) if p["metadata"]["name"] == "weights"]
+    assert jobs["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == flows.WEIGHTS
+    assert jobs["spec"]["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in jobs["spec"]
 
 
 @pytest.mark.parametrize("name", PULUMI_STACKS)
@@ -252,7 +345,7 @@ def test_router_sources_default_to_the_vpc_the_stack_creates_else_the_private_ra
     raw["cluster"] = {**raw["cluster"], "vpc_cidr": "10.42.0.0/16"}
     eks = PlatformSpec.model_validate(raw)
     assert flows.router_source_cidrs(eks, cloud_for(eks)) == ["10.42.0.0/16"]
-    raw["target"] = "kubernetes"
+    raw = on_own_cluster(raw)
     own = PlatformSpec.model_validate(raw)
     assert flows.router_source_cidrs(own, cloud_for(own)) == list(PRIVATE_CIDRS)
     raw["gateway"] = {"ingress_source_cidrs": ["192.168.10.0/24"]}

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from components.aws.registry import PICKER_IMAGE
 from components.cli import app
+from components.images import RUNTIME_IMAGES
 from components.stackfile import STACKS_DIR, available_stacks
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots" / "plans"
@@ -26,7 +28,7 @@ MAX_DIFF_LINES = 60
 # digests from the tags): any runtime change moves them. That is tested where the tag is made
 # (tests/components/test_aws.py); here it would only make every runtime commit a plan change.
 _SOURCE_TAG = re.compile(r"\bsrc-[0-9a-f]{16}\b")
-_BUILT_DIGEST = re.compile(r"(/(?:router|health|batcher))@sha256:[0-9a-f]{64}")
+_BUILT_DIGEST = re.compile(rf"(/(?:{'|'.join((*RUNTIME_IMAGES, PICKER_IMAGE))}))@sha256:[0-9a-f]{{64}}")
 
 
 def _normalised(text: str) -> str:

@@ -7,11 +7,12 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from components import nodes, plan
+from components import nodes, plan, startup
 from components.redaction import REDACTED
 from components.render import common
 from components.stackfile import STACKS_DIR, Stack, available_stacks, load
-from tests.components.helpers import engine_deployments
+from components.weights import store
+from tests.components.helpers import engine_deployments, engine_workloads, pod_templates
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 
@@ -45,11 +46,13 @@ def test_each_model_gets_an_engine_deployment_and_service_with_deterministic_nam
     stack = load(name)
     synthesis = _synth(stack)
     manifests = synthesis.kubernetes_manifests()
-    deployments = engine_deployments(synthesis)
-    assert set(deployments) == {m.name for m in stack.spec.models}
+    workloads = engine_workloads(synthesis)
+    assert set(workloads) == {m.name for m in stack.spec.models}
     services = {m["metadata"]["name"] for m in manifests if m["kind"] == "Service"}
     for model in stack.spec.models:
-        assert deployments[model.name]["metadata"]["name"] == common.engine_name(model.name)
+        kind = "LeaderWorkerSet" if stack.layout.placements[model.name].multi_node else "Deployment"
+        assert workloads[model.name]["kind"] == kind
+        assert workloads[model.name]["metadata"]["name"] == common.engine_name(model.name)
         assert common.engine_name(model.name) in services
     keys = [(m["kind"], m["metadata"].get("namespace"), m["metadata"]["name"]) for m in manifests]
     assert len(keys) == len(set(keys)), "two objects share a kind, namespace and name"
@@ -60,40 +63,51 @@ def test_each_model_gets_an_engine_deployment_and_service_with_deterministic_nam
 @pytest.mark.parametrize("name", PULUMI_STACKS)
 def test_engine_pods_get_gpus_probes_placement_shm_and_labels_from_the_spec(name: str) -> None:
     stack = load(name)
-    deployments = engine_deployments(_synth(stack))
+    workloads = engine_workloads(_synth(stack))
     for model in stack.spec.models:
         placement = stack.layout.placements[model.name]
-        pod = deployments[model.name]["spec"]["template"]["spec"]
-        container = pod["containers"][0]
-        resources = container["resources"]
-        gpus = model.engine.tensor_parallel_size * model.engine.pipeline_parallel_size
-        # a shared GPU: one time slice or one MIG instance (tests/components/test_gpu_sharing.py)
-        resource = nodes.share_resource(placement.share) if placement.share else nodes.GPU_RESOURCE
-        if placement.share is not None:
-            gpus = 1
-            assert nodes.GPU_RESOURCE not in resources["limits"]
-        if placement.instance is not None:
-            assert resources["requests"][resource] == resources["limits"][resource] == str(gpus)
-            assert pod["nodeSelector"] == {nodes.POOL_LABEL: placement.pool}
-            assert {"key": nodes.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in pod[
-                "tolerations"
-            ]
+        for role, template in pod_templates(workloads[model.name]).items():
+            _check_engine_pod(stack, model, placement, role, template, workloads[model.name])
+
+
+def _check_engine_pod(
+    stack: Any, model: Any, placement: Any, role: str, template: dict[str, Any], workload: dict[str, Any]
+) -> None:
+    """One engine pod: a Deployment's, or a group's leader or worker (each on its own node of the pool)."""
+    pod = template["spec"]
+    container = pod["containers"][0]
+    resources = container["resources"]
+    gpus = model.engine.tensor_parallel_size * model.engine.pipeline_parallel_size // placement.nodes
+    # a shared GPU: one time slice or one MIG instance (tests/components/test_gpu_sharing.py)
+    resource = nodes.share_resource(placement.share) if placement.share else nodes.GPU_RESOURCE
+    if placement.share is not None:
+        gpus = 1
+        assert nodes.GPU_RESOURCE not in resources["limits"]
+    if placement.instance is not None:
+        assert resources["requests"][resource] == resources["limits"][resource] == str(gpus)
+        assert pod["nodeSelector"] == {nodes.POOL_LABEL: placement.pool}
+        assert {"key": nodes.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in pod[
+            "tolerations"
+        ]
+    else:
+        assert nodes.GPU_RESOURCE not in resources["requests"]
+        assert "tolerations" not in pod
+    assert resources["requests"]["cpu"] == resources["limits"]["cpu"]
+    assert resources["requests"]["memory"] == resources["limits"]["memory"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        if role == "worker":  # a group's workers serve no HTTP; the leader answers for the group
+            assert probe not in container
         else:
-            assert nodes.GPU_RESOURCE not in resources["requests"]
-            assert "tolerations" not in pod
-        assert resources["requests"]["cpu"] == resources["limits"]["cpu"]
-        assert resources["requests"]["memory"] == resources["limits"]["memory"]
-        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert container[probe]["httpGet"]["path"] == "/health"
-        shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
-        assert shm["emptyDir"]["medium"] == "Memory"
-        assert pod["terminationGracePeriodSeconds"] >= 60
-        labels = deployments[model.name]["metadata"]["labels"]
-        for key in ("name", "instance", "component", "part-of", "managed-by", "version"):
-            assert f"app.kubernetes.io/{key}" in labels
-        assert container["image"] == model.engine.resolved_image
-        assert pod["serviceAccountName"] == common.engine_service_account_name(stack.spec)
-        assert pod["automountServiceAccountToken"] is False
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert pod["terminationGracePeriodSeconds"] >= 60
+    labels = workload["metadata"]["labels"]
+    for key in ("name", "instance", "component", "part-of", "managed-by", "version"):
+        assert f"app.kubernetes.io/{key}" in labels
+    assert container["image"] == model.engine.resolved_image
+    assert pod["serviceAccountName"] == common.engine_service_account_name(stack.spec)
+    assert pod["automountServiceAccountToken"] is False
 
 
 @pytest.mark.parametrize("name", PULUMI_STACKS)
@@ -113,7 +127,7 @@ def test_vllm_command_line_carries_every_engine_knob_of_the_spec() -> None:
     container = engine_deployments(_synth(stack))[model.name]["spec"]["template"]["spec"]["containers"][0]
     args = container["args"]
     assert container["command"] == ["vllm", "serve"]
-    assert args[0] == model.source
+    assert args[0] == store.location(stack.spec, model)  # streamed from the model store, never the hub
 
     def value(flag: str) -> str:
         return str(args[args.index(flag) + 1])
@@ -129,19 +143,29 @@ def test_vllm_command_line_carries_every_engine_knob_of_the_spec() -> None:
     assert "--enable-prefix-caching" in args and "--enable-chunked-prefill" in args
     env = {e["name"]: e for e in container["env"]}
     assert env["VLLM_NO_USAGE_STATS"]["value"] == "1"
-    assert env["HF_TOKEN_PATH"]["value"].endswith("/token")  # a mounted file, never an env var
-    assert "HF_TOKEN" not in env
+    assert env["HF_HUB_OFFLINE"]["value"] == "1"  # engines never reach the hub ...
+    assert not {"HF_TOKEN", "HF_TOKEN_PATH"} & set(env)  # ... nor hold its token
+    pod = engine_deployments(_synth(stack))[model.name]["spec"]["template"]["spec"]
+    assert all(v.get("secret") is None for v in pod["volumes"])
 
 
 def test_startup_budget_grows_with_model_size() -> None:
     stack = load("prod")
     deployments = engine_deployments(_synth(stack))
+    models = {m.name: m for m in stack.spec.models}
 
-    def budget(model: str) -> int:
+    def probe_window(model: str) -> int:
         probe = deployments[model]["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
         return int(probe["periodSeconds"]) * int(probe["failureThreshold"])
 
-    assert budget("llama-3-70b") > budget("llama-3-8b") > budget("bge-large")
+    def weights_s(model: str) -> int:
+        return startup.weights_fetch(models[model], stack.layout.placements[model]).seconds
+
+    for name, model in models.items():  # the probe allows exactly the startup budget
+        assert probe_window(name) == startup.budget(model, stack.layout.placements[name]).budget_s
+    # Streamed weights take seconds, so budgets in whole minutes may tie; the weights term itself still grows.
+    assert probe_window("llama-3-70b") > probe_window("llama-3-8b") >= probe_window("bge-large")
+    assert weights_s("llama-3-70b") > weights_s("llama-3-8b") > weights_s("bge-large")
 
 
 def test_hf_token_reaches_kubernetes_only_as_a_pulumi_secret() -> None:

@@ -5,7 +5,7 @@
 - ``promtool test rules``: each alert fires when it should (after its real ``for:``), not before, and not on a
   healthy fleet nor at its threshold; each scaling query (KEDA triggers, prometheus-adapter rules) returns the
   value its threshold is compared with, also for a model at zero replicas, where the router's waiting count
-  alone must wake it.
+  alone must wake it (behind an inference-extension gateway: the picker's refusals; the example stack).
 
 Input series have the shape of the real expositions: engine series are built from a capture of a real
 vLLM-CPU ``/metrics`` (tests/fixtures/vllm-cpu-metrics.txt: names, label sets, histogram buckets; for an SGLang
@@ -30,20 +30,31 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from components.local import monitor
-from components.render import alerts, common, scaling, signals
+from components.render import alerts, batches, common, scaling, signals
 from components.spec import ModelSpec, PlatformSpec
 from components.stackfile import load
 from runtime.config import EngineKind, RuntimeConfig
 from runtime.engines import Signal, facts
 from runtime.health.exposition import registry_for
 from runtime.health.monitor import Monitor
+from runtime.picker.metrics import PickerMetrics
 from runtime.router.metrics import RouterMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 CAPTURE = REPO / "tests" / "fixtures" / "vllm-cpu-metrics.txt"
-STACKS = sorted(
-    p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in (REPO / "stacks").glob("Pulumi.*.yaml")
-)
+EXAMPLES = REPO / "examples" / "stacks"
+STACKS = [
+    *sorted(
+        p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in (REPO / "stacks").glob("Pulumi.*.yaml")
+    ),
+    "inference-extension",  # the picker, not the router, counts requests behind the gateway (examples/)
+]
+
+
+def stack_spec(stack: str) -> PlatformSpec:
+    return load(stack, EXAMPLES if stack == "inference-extension" else REPO / "stacks").spec
+
+
 PER_MIN = 60  # every counter grows by 60 a minute: rates are exactly 1/s
 Q = 0.95
 
@@ -104,7 +115,7 @@ def router_shape() -> dict[str, list[str]]:
     metrics = RouterMetrics()
     metrics.request("m", "http://e", 200, 0.1)
     metrics.reject("no_backend", "m")
-    metrics.attach_live(lambda: {"queue_depth": [(("m",), 1.0)]})
+    metrics.attach_live(lambda: {"queue_depth": [(("m",), 1.0)], "limit_store_up": [((), 1.0)]})
     return {
         s.name: sorted(s.labels)
         for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
@@ -130,9 +141,30 @@ def health_shape() -> list[str]:
     return labels
 
 
-def router_series(spec: PlatformSpec, name: str, **labels: str) -> str:
-    assert sorted(labels) == router_shape()[name], (name, router_shape()[name])
-    return series(name, {**runtime_target(spec, common.ROUTER), **labels})
+@cache
+def picker_shape() -> dict[str, list[str]]:
+    """Metric name -> label names, from the endpoint picker's own metrics."""
+    metrics = PickerMetrics()
+    metrics.finished("m", "http://e", 200, 0.1)
+    metrics.rejected("no_backend", "m")
+    return {
+        s.name: sorted(s.labels)
+        for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+        for s in f.samples
+    }
+
+
+def router_series(spec: PlatformSpec, suffix: str, **labels: str) -> str:
+    """A series of the front that routes (the router, or behind the gateway the picker), in its own shape."""
+    name = signals.front_metric(spec, suffix)
+    shape = (picker_shape if signals.front(spec) == common.PICKER else router_shape)()
+    assert sorted(labels) == shape[name], (name, shape[name])
+    return series(name, {**runtime_target(spec, signals.front(spec)), **labels})
+
+
+def routes(spec: PlatformSpec) -> bool:
+    """The router runs (it holds requests in a queue; the picker holds none)."""
+    return signals.front(spec) == common.ROUTER
 
 
 # --- inputs ---------------------------------------------------------------------------------------------------
@@ -226,13 +258,14 @@ def healthy(spec: PlatformSpec, minutes: int, only: ModelSpec | None = None) -> 
         inputs.counter(
             router_series(
                 spec,
-                "inferstack_router_requests_total",
+                "requests_total",
                 model=model.name,
                 backend="http://10.0.0.10:8000",
                 status="200",
             )
         )
-        inputs.constant(router_series(spec, "inferstack_router_queue_depth", model=model.name), 0)
+        if routes(spec):
+            inputs.constant(router_series(spec, "queue_depth", model=model.name), 0)
         if scaling.scales(model):
             hpa = hpa_labels(spec, model)
             inputs.constant(
@@ -242,9 +275,17 @@ def healthy(spec: PlatformSpec, minutes: int, only: ModelSpec | None = None) -> 
             inputs.constant(
                 series("kube_horizontalpodautoscaler_spec_max_replicas", hpa), model.scaling.max_replicas
             )
-    for part in (common.ROUTER, common.HEALTH):
+    for part in (signals.front(spec), common.HEALTH, *batches.parts(spec)):
         inputs.constant(series("up", runtime_target(spec, part)), 1)
+    if batches.enabled(spec):  # a batch service with no batch waiting
+        inputs.constant(batch_series(spec, "inferstack_batches_oldest_progress_age_seconds"), 0)
+    if spec.gateway.shared_limits:
+        inputs.constant(router_series(spec, "limit_store_up"), 1)
     return inputs
+
+
+def batch_series(spec: PlatformSpec, name: str, **labels: str) -> str:
+    return series(name, {**runtime_target(spec, batches.PART), **labels})
 
 
 # --- alerts ---------------------------------------------------------------------------------------------------
@@ -333,14 +374,15 @@ def model_cases(spec: PlatformSpec, model: ModelSpec, by_name: dict[str, alerts.
 
 def gateway_cases(spec: PlatformSpec, by_name: dict[str, alerts.Alert]) -> Iterator[Case]:
     router_gone = healthy(spec, 20, spec.models[0])
-    router_gone.drop(lambda k: k == series("up", runtime_target(spec, common.ROUTER)))
-    yield Case("router down", by_name["InferenceRouterDown"], router_gone, "3m", "7m")
+    front = signals.front(spec)
+    router_gone.drop(lambda k: k == series("up", runtime_target(spec, front)))
+    yield Case(f"{front} down", by_name[f"Inference{front.capitalize()}Down"], router_gone, "3m", "7m")
     model = spec.models[0].name
     for bad, good, fires in ((PER_MIN, PER_MIN, "10m"), (4, 96, None)):  # 50 %, then 4 % (under 5 %)
         errors = healthy(spec, 20, spec.models[0])
         ok = router_series(
             spec,
-            "inferstack_router_requests_total",
+            "requests_total",
             model=model,
             backend="http://10.0.0.10:8000",
             status="200",
@@ -349,7 +391,7 @@ def gateway_cases(spec: PlatformSpec, by_name: dict[str, alerts.Alert]) -> Itera
         errors.counter(
             router_series(
                 spec,
-                "inferstack_router_requests_total",
+                "requests_total",
                 model=model,
                 backend="http://10.0.0.10:8000",
                 status="503",
@@ -358,7 +400,7 @@ def gateway_cases(spec: PlatformSpec, by_name: dict[str, alerts.Alert]) -> Itera
         )
         yield Case(
             f"5xx {bad}/{bad + good}",
-            by_name["InferenceRouter5xxRate"],
+            by_name[f"Inference{front.capitalize()}5xxRate"],
             errors,
             "3m",
             fires,
@@ -370,6 +412,41 @@ def gateway_cases(spec: PlatformSpec, by_name: dict[str, alerts.Alert]) -> Itera
     ejections = {**runtime_target(spec, common.HEALTH), "model": model, "backend": "http://10.0.0.10:8000"}
     ejected.values[series("inferstack_health_ejections_total", ejections)] = "_x5 0+1x25"
     yield Case("ejections", by_name["InferenceHealthEjections"], ejected, "4m", "20m", {"model": model}, 15)
+    if spec.gateway.shared_limits:
+        up = router_series(spec, "limit_store_up")
+        pod = {"pod": runtime_target(spec, common.ROUTER)["pod"]}
+        for values, fires in (("1x5 0x25", "15m"), ("1x5 0x3 1x22", None)):  # down 25 min; then 3 only
+            store = healthy(spec, 30, spec.models[0])
+            store.values[up] = values
+            yield Case(
+                f"limit store {values}",
+                by_name["InferenceRateLimitStoreUnreachable"],
+                store,
+                "8m",
+                fires,
+                pod,
+            )
+
+
+def batch_cases(spec: PlatformSpec, by_name: dict[str, alerts.Alert]) -> Iterator[Case]:
+    """A batch without progress (its age grows by 60 s a minute), a batch that expires at minute 30, and the
+    service failing its scrapes from minute 10."""
+    if not by_name:
+        return
+    minutes = spec.batch.stuck_after_minutes
+    stuck = healthy(spec, minutes + 15, spec.models[0])
+    stuck.values[batch_series(spec, "inferstack_batches_oldest_progress_age_seconds")] = (
+        f"0+60x{minutes + 15}"
+    )
+    yield Case("no progress", by_name["InferenceBatchStuck"], stuck, f"{minutes - 1}m", f"{minutes + 10}m")
+    expired = healthy(spec, 60, spec.models[0])
+    status = {"status": "expired"}
+    expired.values[batch_series(spec, "inferstack_batches_finished_total", **status)] = "0x30 1x29"
+    labels = {**runtime_target(spec, batches.PART), **status}
+    yield Case("expired", by_name["InferenceBatchExpired"], expired, "20m", "40m", labels)
+    down = healthy(spec, 40, spec.models[0])
+    down.values[series("up", runtime_target(spec, batches.PART))] = "1x10 0x29"
+    yield Case("down", by_name["InferenceBatchServiceDown"], down, "15m", "25m")
 
 
 def alert_tests(spec: PlatformSpec) -> list[dict[str, Any]]:
@@ -391,6 +468,7 @@ def alert_tests(spec: PlatformSpec) -> list[dict[str, Any]]:
         by_name = {a.name: a for a in alerts.model_alerts(spec, model)}
         cases += model_cases(spec, model, by_name)
     cases += gateway_cases(spec, {a.name: a for a in alerts.gateway_alerts(spec)})
+    cases += batch_cases(spec, {a.name: a for a in alerts.batch_alerts(spec)})
     covered = {c.alert.name + (c.alert.model or "") for c in cases if c.fires_at}
     every = {a.name + (a.model or "") for a in alerts.alerts(spec)}
     assert covered == every, f"alerts without a firing case: {sorted(every - covered)}"
@@ -423,15 +501,23 @@ def scaling_tests(spec: PlatformSpec) -> list[dict[str, Any]]:
             busy.engine(spec, model, Signal.KV_USAGE, pod, kv)
             if signals.has(model, Signal.TTFT):
                 busy.histogram(spec, model, Signal.TTFT, pod, 8)
-        busy.constant(router_series(spec, "inferstack_router_queue_depth", model=model.name), 4)
-        busy.counter(
-            router_series(spec, "inferstack_router_rejections_total", model=model.name, reason="no_backend")
-        )
+        if routes(spec):
+            busy.constant(router_series(spec, "queue_depth", model=model.name), 4)
+        busy.counter(router_series(spec, "rejections_total", model=model.name, reason="no_backend"))
     zero = Inputs(10)
-    for model in spec.models:
-        zero.constant(router_series(spec, "inferstack_router_queue_depth", model=model.name), 3)
-    want_busy = {"queued": 5.0, "router-queue": 5.0, "kv-cache": 0.5, "ttft-p95": quantile_of(Signal.TTFT, 8)}
-    want_zero = {"queued": None, "router-queue": 3.0, "kv-cache": None, "ttft-p95": 0.0}
+    for model in spec.models:  # the router holds 3 requests; the picker holds none and refuses 1 a second
+        if routes(spec):
+            zero.constant(router_series(spec, "queue_depth", model=model.name), 3)
+        else:
+            zero.counter(router_series(spec, "rejections_total", model=model.name, reason="no_backend"))
+    demand_busy, demand_zero = (5.0, 3.0) if routes(spec) else (1.0, 1.0)
+    want_busy = {
+        "queued": 5.0,
+        "router-queue": demand_busy,
+        "kv-cache": 0.5,
+        "ttft-p95": quantile_of(Signal.TTFT, 8),
+    }
+    want_zero = {"queued": None, "router-queue": demand_zero, "kv-cache": None, "ttft-p95": 0.0}
     busy_checks, zero_checks = [], []
     for model in spec.models:
         for trigger in scaling.triggers(spec, model):
@@ -482,7 +568,7 @@ def write_rules(spec: PlatformSpec, directory: Path) -> Path:
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_promtool_checks_the_rule_file(stack: str, tmp_path: Path) -> None:
-    spec = load(stack, REPO / "stacks").spec
+    spec = stack_spec(stack)
     rules = write_rules(spec, tmp_path)
     result = subprocess.run(
         [promtool(), "check", "rules", str(rules)], capture_output=True, text=True, check=False
@@ -493,7 +579,7 @@ def test_promtool_checks_the_rule_file(stack: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_alert_and_scaling_query_under_promtool(stack: str, tmp_path: Path) -> None:
-    spec = load(stack, REPO / "stacks").spec
+    spec = stack_spec(stack)
     write_rules(spec, tmp_path)
     doc = {
         "rule_files": ["rules.yml"],

@@ -67,7 +67,8 @@ def test_knobs_are_refused_outside_their_range_as_the_runtime_defines_it() -> No
 
 def test_a_knob_no_scorer_of_the_strategy_reads_is_refused_with_the_scorer_that_would() -> None:
     with pytest.raises(
-        ValidationError, match=r"prefix_balance_factor has no effect .*only the prefix scorer"
+        ValidationError,
+        match=r"prefix_balance_factor has no effect .*only the prefix or precise_prefix scorer",
     ):
         _routing(strategy="least_load", prefix_balance_factor=1.5)
     # the same knob counts once a weight brings in the scorer that reads it

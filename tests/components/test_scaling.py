@@ -50,7 +50,7 @@ def test_an_explicit_queue_target_wins_and_a_tiny_engine_still_scales_on_one_wai
 def test_every_scaling_model_gets_a_scaled_object_that_follows_its_spec(name: str) -> None:
     spec = load(name).spec
     scaled = _by_kind(name, "ScaledObject")
-    deployments = _by_kind(name, "Deployment")
+    deployments = {**_by_kind(name, "Deployment"), **_by_kind(name, "LeaderWorkerSet")}
     for model in spec.models:
         engine = f"{model.name}-engine"
         if model.scaling.min_replicas == model.scaling.max_replicas:
@@ -59,7 +59,12 @@ def test_every_scaling_model_gets_a_scaled_object_that_follows_its_spec(name: st
             continue
         obj = scaled[engine]["spec"]
         assert "replicas" not in deployments[engine]["spec"], "the scaler owns the replica count"
-        assert obj["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": engine}
+        workload = deployments[engine]
+        assert obj["scaleTargetRef"] == {
+            "apiVersion": workload["apiVersion"],
+            "kind": workload["kind"],
+            "name": engine,
+        }
         assert obj["minReplicaCount"] == model.scaling.min_replicas
         assert obj["maxReplicaCount"] == model.scaling.max_replicas
         assert obj["cooldownPeriod"] == model.scaling.idle_before_zero_s

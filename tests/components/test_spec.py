@@ -10,7 +10,7 @@ import pytest
 
 from components.problems import SpecError
 from components.stackfile import STACKS_DIR, available_stacks, load
-from tests.components.helpers import minimal, write_stack
+from tests.components.helpers import LLAMA_8B_COMMIT, minimal, write_stack
 
 COMMITTED = available_stacks(STACKS_DIR)
 
@@ -67,7 +67,13 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
 def _add_model(**fields: Any) -> Callable[[dict[str, Any]], None]:
     def mutate(spec: dict[str, Any]) -> None:
         spec["models"].append(
-            {"name": "second", "source": "meta-llama/Llama-3.1-8B-Instruct", "pool": "l40s", **fields}
+            {
+                "name": "second",
+                "source": "meta-llama/Llama-3.1-8B-Instruct",
+                "revision": LLAMA_8B_COMMIT,
+                "pool": "l40s",
+                **fields,
+            }
         )
 
     return mutate
@@ -89,6 +95,11 @@ def _tp_not_dividing(spec: dict[str, Any]) -> None:
     spec["models"][0]["engine"]["tensor_parallel_size"] = 3
 
 
+def _tp_not_filling_nodes(spec: dict[str, Any]) -> None:
+    spec["gpu_pools"][0]["instance_type"] = "g6e.12xlarge"
+    spec["models"][0]["engine"]["tensor_parallel_size"] = 6
+
+
 def _fp8_on_ampere(spec: dict[str, Any]) -> None:
     spec["gpu_pools"][0]["instance_type"] = "g5.2xlarge"
     spec["models"][0]["engine"]["quantization"] = "fp8"
@@ -97,6 +108,34 @@ def _fp8_on_ampere(spec: dict[str, Any]) -> None:
 def _pool_too_small(spec: dict[str, Any]) -> None:
     spec["gpu_pools"][0]["max_nodes"] = 1
     spec["models"][0]["scaling"]["max_replicas"] = 3
+
+
+def _unpinned_source(source: str) -> Callable[[dict[str, Any]], None]:
+    """Another kind of source (a revision pins hub sources only)."""
+
+    def mutate(spec: dict[str, Any]) -> None:
+        del spec["models"][0]["revision"]
+        spec["models"][0]["source"] = source
+
+    return mutate
+
+
+_s3_elsewhere = _unpinned_source("s3://someone-elses-bucket/llama-3.1-8b/")
+
+
+def _cache_too_big(spec: dict[str, Any]) -> None:
+    spec["models"][0]["engine"]["kind"] = "sglang"  # reads a node cache
+    spec["gpu_pools"][0]["model_cache_gib"] = 5000  # g6e.xlarge has 250 GB of NVMe
+
+
+def _other_account(spec: dict[str, Any]) -> None:
+    spec["cluster"] = {"account_id": "123456789012"}
+    spec["model_store"] = {"account_id": "210987654321"}
+
+
+def _sglang_streamer(spec: dict[str, Any]) -> None:
+    spec["models"][0]["engine"]["kind"] = "sglang"
+    spec["models"][0]["weights"] = {"fetch": "streamer"}
 
 
 # (id, mutation, field path expected in the message, words the message must contain)
@@ -169,7 +208,7 @@ BAD_INPUTS: list[tuple[str, Callable[[dict[str, Any]], None], str, list[str]]] =
     ("bad s3 uri", _set("models.0.source", "s3://UPPER/x"), "models[0].source", ["S3 URI"]),
     (
         "local path outside target local",
-        _set("models.0.source", "./weights"),
+        _unpinned_source("./weights"),
         "models[0].source",
         ["target: local"],
     ),
@@ -186,10 +225,10 @@ BAD_INPUTS: list[tuple[str, Callable[[dict[str, Any]], None], str, list[str]]] =
         ["unknown GPU instance type", "g6"],
     ),
     (
-        "tensor parallel above node GPUs",
-        _set("models.0.engine.tensor_parallel_size", 2),
+        "tensor x pipeline parallel filling no whole number of nodes",
+        _tp_not_filling_nodes,
         "models[0].engine.tensor_parallel_size",
-        ["multi-node serving is not supported yet", "g6e.xlarge"],
+        ["fills no whole number of g6e.12xlarge nodes", "whole nodes (8, 12, 16, 20, ...)"],
     ),
     (
         "tensor parallel not dividing GPUs",
@@ -268,6 +307,48 @@ BAD_INPUTS: list[tuple[str, Callable[[dict[str, Any]], None], str, list[str]]] =
         _set("models.0.engine", {"kind": "trtllm", "quantization": "awq"}),
         "models[0].engine",
         ["trtllm-serve"],
+    ),
+    (
+        "hub source without a pinned revision",
+        _delete("models.0.revision"),
+        "models[0].revision",
+        ["without a pinned revision", "40 hex digits", "s3://"],
+    ),
+    (
+        "revision that is not a commit hash",
+        _set("models.0.revision", "main"),
+        "models[0].revision",
+        ["not a commit hash", "40 hex digits"],
+    ),
+    (
+        "revision on an s3 source",
+        _set("models.0.source", "s3://inferstack-test-us-east-1-models/models/llama/"),
+        "models[0]",
+        ["revision pins a Hugging Face source", "remove revision"],
+    ),
+    (
+        "s3 source outside the model store",
+        _s3_elsewhere,
+        "models[0].source",
+        ["not the platform's model store"],
+    ),
+    (
+        "node cache larger than the instance's NVMe",
+        _cache_too_big,
+        "gpu_pools[0].model_cache_gib",
+        ["local NVMe"],
+    ),
+    (
+        "model store bucket from another account",
+        _other_account,
+        "model_store.account_id",
+        ["belongs to account 210987654321", "use a store bucket of 123456789012"],
+    ),
+    (
+        "streamer for an engine that cannot stream",
+        _sglang_streamer,
+        "models[0]",
+        ["streamer is vLLM's", "node-cache"],
     ),
     (
         "hpa for an engine without a load metric",

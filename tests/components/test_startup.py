@@ -12,12 +12,22 @@ import pytest
 from typer.testing import CliRunner
 
 from components import catalog, plan, rollout, startup
+from components import report as report_columns
 from components.cli import app
 from components.placement import place
 from components.problems import SpecError
+from components.report import plan_report
 from components.spec import PlatformSpec
 from components.stackfile import STACKS_DIR, available_stacks, load
-from tests.components.helpers import engine_deployments, minimal, write_stack
+from components.weights import coldstart
+from tests.components.helpers import (
+    SOME_COMMIT,
+    engine_deployments,
+    engine_workloads,
+    minimal,
+    pod_templates,
+    write_stack,
+)
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 
@@ -36,23 +46,30 @@ def _seconds(timeout: str) -> int:
 def test_each_engine_deployment_waits_its_budget_and_its_probe_and_deadline_allow_the_same(name: str) -> None:
     stack = load(name)
     synthesis = _synth(name)
-    deployments = engine_deployments(synthesis)
+    workloads = engine_workloads(synthesis)
     resources = {
-        r.inputs["metadata"]["name"]: r for r in synthesis.resources if r.type.endswith(":Deployment")
+        r.inputs["metadata"]["name"]: r
+        for r in synthesis.resources
+        if r.type.endswith((":Deployment", ":LeaderWorkerSet"))
     }
     for model in stack.spec.models:
         planned = rollout.plan(stack.spec, stack.layout, model)
         budget = planned.startup.budget_s
-        manifest = deployments[model.name]
+        manifest = workloads[model.name]
         resource = resources[manifest["metadata"]["name"]]
         assert resource.timeouts is not None
         assert _seconds(resource.timeouts["create"]) == budget
         assert _seconds(resource.timeouts["update"]) == planned.steps * budget
-        container = manifest["spec"]["template"]["spec"]["containers"][0]
+        # A Deployment's pod, or a group's leader (the one with probes: it is ready when the whole group is).
+        template = next(iter(pod_templates(manifest).values()))
+        container = template["spec"]["containers"][0]
         probe = container["startupProbe"]
         assert budget <= probe["periodSeconds"] * probe["failureThreshold"] < budget + probe["periodSeconds"]
-        assert manifest["spec"]["progressDeadlineSeconds"] == budget
-        strategy = manifest["spec"]["strategy"]["rollingUpdate"]
+        if manifest["kind"] == "Deployment":
+            assert manifest["spec"]["progressDeadlineSeconds"] == budget
+            strategy = manifest["spec"]["strategy"]["rollingUpdate"]
+        else:  # LeaderWorkerSet: no progress deadline; its rolling update replaces whole groups
+            strategy = manifest["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]
         assert (strategy["maxSurge"], strategy["maxUnavailable"]) == (
             planned.max_surge,
             planned.max_unavailable,
@@ -66,12 +83,11 @@ def test_the_plan_summary_shows_each_models_budget_and_what_pulumi_up_waits(
     result = CliRunner().invoke(app, ["plan", "-s", name, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     summary = (tmp_path / "summary.md").read_text()
+    first_deploy = summary.split("## First deploy", 1)[1]
     stack = load(name)
     for model in stack.spec.models:
         planned = rollout.plan(stack.spec, stack.layout, model)
-        row = next(
-            line for line in summary.splitlines() if line.startswith(f"| {model.name} |") and " s |" in line
-        )
+        row = next(line for line in first_deploy.splitlines() if line.startswith(f"| {model.name} |"))
         assert f"{planned.startup.estimate_s:,} s" in row
         assert startup.minutes(planned.startup.budget_s) in row
         assert (
@@ -80,37 +96,47 @@ def test_the_plan_summary_shows_each_models_budget_and_what_pulumi_up_waits(
         )
 
 
-def test_the_budget_adds_node_start_image_weights_and_load_with_their_catalog_figures() -> None:
+def test_the_budget_adds_node_start_image_weights_and_engine_start_with_their_catalog_figures() -> None:
     stack = load("prod")
-    model = stack.spec.models[0]  # Llama 3.1 70B AWQ, TP 2 on p5.48xlarge, from the hub
+    model = stack.spec.models[0]  # Llama 3.1 70B AWQ, TP 2 on p5.48xlarge, streamed from the model store
     placement = stack.layout.placements[model.name]
-    node, image, weights, load_ = startup.estimate(model, placement)
+    node, image, weights, engine = startup.estimate(model, placement)
     assert node.seconds == catalog.NODE_START_S["p5"]
     assert image.seconds == math.ceil(catalog.ENGINE_IMAGE_GIB["vllm"] * 1024 / catalog.IMAGE_PULL_MIBPS)
     gib = placement.weights_gib
     assert 30 < gib < 45  # ~38 GiB of 4-bit weights
-    assert weights.seconds == math.ceil(gib * 1024 / catalog.WEIGHTS_FETCH_MIBPS["hub"])
-    assert load_.seconds == math.ceil(gib * 1024 / catalog.WEIGHTS_LOAD_MIBPS) + catalog.ENGINE_INIT_S["vllm"]
+    # The weights term is the model store's cold start (fetch + load) by the path placement chose: one owner.
+    cold = coldstart.cold_start_s(model, placement.instance, gib, placement.gpus_per_replica)
+    assert weights.seconds == math.ceil(cold) and "by streamer" in weights.basis
+    assert engine.seconds == catalog.ENGINE_INIT_S["vllm"]
     budget = startup.budget(model, placement)
-    assert budget.estimate_s == sum(p.seconds for p in (node, image, weights, load_))
+    assert budget.estimate_s == sum(p.seconds for p in (node, image, weights, engine))
     assert budget.budget_s % 60 == 0
     assert budget.estimate_s * 1.25 <= budget.budget_s < budget.estimate_s * 1.25 + 60
     assert budget.budget_s > 600  # Pulumi's default 10-minute await would fail this first deploy
 
 
-def test_s3_weights_are_fetched_at_the_s3_rate_and_the_fetch_is_one_swappable_function() -> None:
+def test_the_weights_term_follows_the_fetch_path_a_node_cache_counting_its_first_fill() -> None:
     raw = minimal()
-    raw["models"][0]["source"] = "s3://models-bucket/llama-3.1-8b/"
-    raw["models"][0]["architecture"] = {
-        "params_b": 8.03, "layers": 32, "kv_heads": 8, "head_dim": 128, "hidden_size": 4096
-    }  # fmt: skip
+    raw["models"][0]["engine"]["kind"] = "sglang"  # reads a node cache: a fresh node misses it
     spec = PlatformSpec.model_validate(raw)
-    layout = place(spec)
+    placement = place(spec).placements["llama-8b"]
     model = spec.models[0]
-    assert startup.fetch_path(model) == "s3"
-    fetch = startup.weights_fetch(model, layout.placements[model.name])
-    assert fetch.seconds == math.ceil(layout.placements[model.name].weights_gib * 1024 / 200)
-    assert "from s3 at 200 MiB/s" in fetch.basis
+    paths = {c.path: c.total_s for c in coldstart.compare(placement.weights_gib, placement.instance, 1)}
+    fetch = startup.weights_fetch(model, placement)
+    assert fetch.seconds == math.ceil(paths["node cache, first on node"]) and "by node-cache" in fetch.basis
+    streamed = PlatformSpec.model_validate(minimal())
+    assert startup.weights_fetch(streamed.models[0], placement).seconds == math.ceil(paths["streamer"])
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_first_deploy_and_model_weights_tables_agree_on_each_models_weights(name: str) -> None:
+    stack = load(name)
+    report = plan_report(stack)
+    for model, deploy, weights in zip(stack.spec.models, report.deploy, report.weights, strict=True):
+        assert deploy[0] == weights[0] == model.name
+        chosen = weights[report_columns.WEIGHTS_COLUMNS.index("cold start (fetch + load)")]
+        assert chosen == f"**{deploy[report_columns.DEPLOY_COLUMNS.index('weights (fetch + load)')]}**"
 
 
 def test_a_budget_set_below_the_estimate_is_one_located_error(tmp_path: Path) -> None:
@@ -147,6 +173,7 @@ def _two_model_pool(max_nodes: int | None, min_replicas: int = 2) -> dict[str, A
         {
             "name": "qwen-7b",
             "source": "Qwen/Qwen2.5-7B-Instruct",
+            "revision": SOME_COMMIT,
             "pool": "l40s",
             "engine": {"max_model_len": 8192, "max_num_seqs": 64},
             "scaling": {"min_replicas": min_replicas, "max_replicas": 3},

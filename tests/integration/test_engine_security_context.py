@@ -1,20 +1,24 @@
 """A real vLLM-CPU engine serves under the security context, environment and mounts we render for its pod.
 
-The engine Deployment is rendered for an S3-sourced CPU model, as for a cluster. ``pod_sandbox.py`` then runs
-the engine the way the kubelet would run that container, as far as this machine allows: the rendered UID and
-GID (no passwd entry), no capabilities, no privilege gain, a read-only root, the rendered environment
-and only the rendered writable mounts writable (the emptyDirs are host directories, /dev/shm a tmpfs of the
-rendered size). The weights are where the rendered init container syncs them. What this machine adds is
-listed in ``MACHINE_ENV``: it keeps everything on loopback and sizes vLLM's CPU KV cache.
+The engine Deployment is rendered for a CPU model in the model store (target kubernetes, an S3-compatible store:
+here moto's S3 server on loopback), once per fetch path: vLLM streaming the weights from the store
+(``runai_streamer``, with the reader's credentials file mounted as rendered) and vLLM reading the node cache's
+copy (mounted read-only at a directory named after the model). The rendered init container's command runs
+first, for real (``python -m runtime.weights verify`` / ``fetch``). ``pod_sandbox.py`` then runs the engine
+the way the kubelet would run that container, as far as this machine allows: the rendered UID and GID (no
+passwd entry), no capabilities, no privilege gain, a read-only root, the rendered environment, only the
+rendered writable mounts writable (the emptyDirs are host directories, /dev/shm a tmpfs of the rendered size)
+and the rendered read-only mounts read-only. What this machine adds is listed in ``MACHINE_ENV``: it keeps
+everything on loopback and sizes vLLM's CPU KV cache.
 
-One engine start, under the shared engine lock (`flock /tmp/inferstack-engines.lock`), like every engine test.
+One engine start per path, under the shared engine lock (`flock /tmp/inferstack-engines.lock`), like every
+engine test.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +26,13 @@ import openai
 import pytest
 
 from components.local.engine_process import OFFLINE_ENV, EngineProcess, cpu_model_spec
-from components.render import common, engine
+from components.local.s3_server import LOOPBACK_CREDENTIALS, LoopbackS3
+from components.render import common, weights
 from components.spec import PlatformSpec
 from tests.components.helpers import rendered_engine_deployment
 from tests.conftest import ENGINE_READY_TIMEOUT_S, LOGS_DIR
+from tests.runtime.weights.helpers import new_bucket
+from tests.runtime.weights.helpers import weights as run_weights
 
 pytestmark = pytest.mark.engine
 
@@ -42,17 +49,24 @@ MACHINE_ENV = {
 INTERPRETER_TREES = ["/root/.pyenv"]
 
 
-def _rendered() -> dict[str, Any]:
-    """The engine Deployment of a CPU vLLM model synced from S3 on the kubernetes target."""
+def _rendered(fetch: str, s3: LoopbackS3, bucket: str) -> dict[str, Any]:
+    """The engine Deployment of a CPU vLLM model in the loopback model store, on the kubernetes target."""
     spec = PlatformSpec.model_validate(
         {
             "name": "inferstack",
             "environment": "sandbox",
             "target": "kubernetes",
+            "model_store": {
+                "bucket": bucket,
+                "endpoint_url": s3.endpoint,
+                "reader_secret": "model-store-reader",
+                "writer_secret": "model-store-writer",
+            },
             "models": [
                 {
                     "name": MODEL,
-                    "source": "s3://models-bucket/tiny-llama/",
+                    "source": f"s3://{bucket}/models/tiny-llama/",
+                    "weights": {"fetch": fetch},
                     "architecture": {
                         "params_b": 0.001,
                         "layers": 2,
@@ -75,6 +89,19 @@ def _rendered() -> dict[str, Any]:
     return rendered_engine_deployment(spec)
 
 
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    for path in [root, *root.rglob("*")]:
+        os.chown(path, uid, gid, follow_symlinks=False)
+
+
+def _read_only_source(volume: dict[str, Any], mount: dict[str, Any], hosts: dict[str, Path]) -> str:
+    """The host directory a read-only mount shows: the node cache's subPath, or a Secret's files."""
+    if "hostPath" in volume:
+        return str(hosts[volume["name"]] / mount["subPath"])
+    assert "secret" in volume, volume
+    return str(hosts[volume["name"]])
+
+
 class SandboxedEngine(EngineProcess):
     """The rendered container's command line, through pod_sandbox.py, with the EngineProcess lifecycle."""
 
@@ -94,34 +121,65 @@ class SandboxedEngine(EngineProcess):
 
 
 @pytest.mark.engine
-def test_vllm_serves_under_the_rendered_uid_environment_and_writable_mounts(
-    tiny_chat_model: Path, engine_python: Path, tmp_path: Path
+@pytest.mark.parametrize("fetch", ["streamer", "node-cache"])
+def test_vllm_serves_under_the_rendered_uid_environment_and_mounts(
+    fetch: str, tiny_chat_model: Path, engine_python: Path, loopback_s3: LoopbackS3, tmp_path: Path
 ) -> None:
-    deployment = _rendered()
+    bucket = new_bucket(loopback_s3)
+    deployment = _rendered(fetch, loopback_s3, bucket)
     pod = deployment["spec"]["template"]["spec"]
     [container] = pod["containers"]
-    [fetch] = pod["initContainers"]
+    [init] = pod["initContainers"]
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
+    # The preparation Job's work (the weights in the store), then the rendered init container's, for real.
+    location = f"s3://{bucket}/models/tiny-llama/"
+    prepared = run_weights(loopback_s3, "prepare", "--from", str(tiny_chat_model), "--to", location)
+    assert prepared.code == 0, prepared.stderr
     volumes = {v["name"]: v for v in pod["volumes"]}
+    hosts = {name: tmp_path / f"volume-{name}" for name in volumes}
+    args = list(init["args"])
+    if "--cache-root" in args:
+        args[args.index("--cache-root") + 1] = str(hosts["model-cache"])
+    checked = run_weights(loopback_s3, *args)
+    assert checked.code == 0, checked.stderr
+    uid, fs_group = security["runAsUser"], pod["securityContext"]["fsGroup"]
+    if "model-cache" in hosts and hosts["model-cache"].exists():
+        _chown_tree(hosts["model-cache"], uid, uid)  # the fill runs as the runtime user in the pod
+    # The reader's Secret: an AWS shared-credentials file under its one key, as the kubelet projects it.
+    if "store-credentials" in volumes:
+        hosts["store-credentials"].mkdir()
+        credentials = hosts["store-credentials"] / weights.CREDENTIALS_KEY
+        credentials.write_text(
+            "[default]\n"
+            f"aws_access_key_id = {LOOPBACK_CREDENTIALS['AWS_ACCESS_KEY_ID']}\n"
+            f"aws_secret_access_key = {LOOPBACK_CREDENTIALS['AWS_SECRET_ACCESS_KEY']}\n"
+        )
+        os.chown(credentials, 0, fs_group)
+        credentials.chmod(volumes["store-credentials"]["secret"]["defaultMode"])
     writable: dict[str, str] = {}
     memory: dict[str, str] = {}
+    read_only: dict[str, str] = {}
     for mount in container["volumeMounts"]:
-        assert not mount.get("readOnly"), mount  # a CPU vLLM pod has no secret or config mounts
-        empty_dir = volumes[mount["name"]]["emptyDir"]
+        volume = volumes[mount["name"]]
+        if mount.get("readOnly"):
+            read_only[mount["mountPath"]] = _read_only_source(volume, mount, hosts)
+            continue
+        empty_dir = volume["emptyDir"]
         if empty_dir.get("medium") == "Memory":
             memory[mount["mountPath"]] = empty_dir["sizeLimit"].removesuffix("i").lower()
         else:
-            host = tmp_path / mount["name"]
+            host = hosts[mount["name"]]
             host.mkdir()
             writable[mount["mountPath"]] = str(host)
-    # The init container's `aws s3 sync ... DEST`: the weights land in the model cache volume.
-    dest = fetch["command"][-1]
-    assert dest.startswith(engine.MODEL_DIR + "/")
-    shutil.copytree(
-        tiny_chat_model, Path(writable[engine.MODEL_DIR]) / dest.removeprefix(engine.MODEL_DIR + "/")
-    )
+    model_arg = container["args"][0]
+    if fetch == "streamer":
+        assert model_arg == location and "--load-format" in container["args"]
+        assert set(read_only) == {weights.CREDENTIALS_DIR}
+    else:
+        assert model_arg == f"/models/{MODEL}" and set(read_only) == {model_arg}
+        assert (Path(read_only[model_arg]) / "config.json").is_file()  # the node cache's copy
     env = {e["name"]: e["value"] for e in container["env"]}
     sandbox = {
         "uid": security["runAsUser"],
@@ -129,7 +187,9 @@ def test_vllm_serves_under_the_rendered_uid_environment_and_writable_mounts(
         "fs_group": pod["securityContext"]["fsGroup"],
         "writable": writable,
         "memory": memory,
-        "expose": INTERPRETER_TREES,
+        "read_only": read_only,
+        # The engine's venv too: the checkout may sit under a path a volume covers (a clone in /tmp).
+        "expose": [*INTERPRETER_TREES, str(engine_python.parent.parent)],
         "env": {**env, **MACHINE_ENV},
     }
     spec_file = tmp_path / "sandbox" / "sandbox.json"
@@ -144,7 +204,7 @@ def test_vllm_serves_under_the_rendered_uid_environment_and_writable_mounts(
     # EngineProcess runs `python -c LAUNCHER ARGS`: LAUNCHER is `vllm serve` (vllm-cpu's own script is broken).
     assert container["command"] == ["vllm", "serve"]
     LOGS_DIR.mkdir(parents=True, exist_ok=True)
-    runner = SandboxedEngine(container["args"], wrapper, LOGS_DIR / "vllm-sandboxed.log")
+    runner = SandboxedEngine(container["args"], wrapper, LOGS_DIR / f"vllm-sandboxed-{fetch}.log")
     with runner:
         uid_line = next(
             line
@@ -154,9 +214,9 @@ def test_vllm_serves_under_the_rendered_uid_environment_and_writable_mounts(
         assert uid_line.split()[1:] == [str(common.RUNTIME_UID)] * 4
         client = openai.OpenAI(base_url=runner.openai_base_url, api_key="unused", max_retries=0, timeout=120)
         reply = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=4)
-        assert reply.model == MODEL  # served under the model's name, not the synced path
+        assert reply.model == MODEL  # served under the model's name, not the store location or the copy
         assert reply.choices[0].text and reply.usage is not None and reply.usage.completion_tokens == 4
-    # Caches landed on the rendered volumes (HOME=/tmp, HF_HOME under the model cache).
+    # Caches landed on the rendered volumes (HOME=/tmp, HF_HOME under it).
     tmp_volume = Path(writable["/tmp"])
     assert (tmp_volume / ".cache" / "vllm").is_dir()
     assert any(p.name.startswith("torchinductor_") for p in tmp_volume.iterdir())

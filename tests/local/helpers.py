@@ -44,10 +44,19 @@ def free_port_block(count: int) -> int:
 
 
 def port_args(base: int, engines_base: int) -> list[str]:
+    """Router, health monitor, batcher and batch service on ``base`` to ``base + 3``; engines from ``engines_base``."""
     return [
         "--port", str(base), "--health-port", str(base + 1), "--batcher-port", str(base + 2),
-        "--engine-port", str(engines_base),
+        "--batches-port", str(base + 3), "--engine-port", str(engines_base),
     ]  # fmt: skip
+
+
+def make_target(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``make -s ARGS`` in the repository, as a user runs it (not inside this make's own jobs)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKEFLAGS", "MFLAGS", "MAKELEVEL"))}
+    return subprocess.run(
+        ["make", "-s", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def local_cmd(*args: str) -> list[str]:
@@ -73,10 +82,21 @@ def stack_pids(state_dir: Path) -> set[int]:
 
 
 def assert_nothing_left(state_dir: Path, known: set[int]) -> None:
-    alive = {p for p in known if state.pid_alive(p)} | set(state.tagged_pids(state_dir))
+    """No process of the stack is alive: none carries its tag, and none of ``known`` still runs. A known pid that
+    is alive without the tag is a new process that got the number (on a busy machine pids come round fast)."""
+    tagged = set(state.tagged_pids(state_dir))
+    alive = {p for p in known if state.pid_alive(p) and (p in tagged or _unreadable_environ(p))} | tagged
     assert not alive, f"processes left behind: {sorted(alive)}"
     assert state.running_pid(state_dir) is None
     assert state.read_state(state_dir) is None
+
+
+def _unreadable_environ(pid: int) -> bool:
+    try:
+        Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return True
+    return False
 
 
 def wait_for(predicate: Any, timeout: float, what: str) -> None:

@@ -31,9 +31,8 @@ def _cluster_args_run_here(launch: EngineLaunch) -> list[str]:
     assert args[0] == launch.spec.source  # the positional model: the stack's source in the cluster ...
     args[0] = str(launch.path.absolute())  # ... its directory on this machine
     args = _with_value(args, CLI.host.name, HOST)
-    args = _with_value(args, CLI.port.name, str(launch.port))
-    assert CLI.download_dir is not None
-    return _with_value(args, CLI.download_dir.name, None)  # the pod's model cache; nothing downloads here
+    assert CLI.download_dir is not None and CLI.download_dir.name not in args  # nothing downloads, anywhere
+    return _with_value(args, CLI.port.name, str(launch.port))
 
 
 def _local_stack_with(**engine: object) -> Stack:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,8 +57,8 @@ def fake(tmp_path: Path) -> Iterator[tuple[list[str], dict[str, str], Path]]:
     stacks.mkdir()
     (stacks / "Pulumi.fake.yaml").write_text(yaml.safe_dump(raw))
     state_dir = tmp_path / "state"
-    base = free_port_block(6)
-    engines = base + 3
+    base = free_port_block(7)
+    engines = base + 4
     args = [
         "-s",
         "fake",
@@ -285,3 +287,32 @@ def test_an_unusable_state_dir_is_a_usage_error(fake, tmp_path: Path) -> None:
         result = run_local("up", *extra, *args, "--state-dir", str(blocker / "state"), env=env, timeout=60)
         assert result.returncode == 2
         assert "cannot use" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_several_routers_behind_the_balancer_share_one_redis_and_all_stop(fake) -> None:
+    args, env, state_dir = fake
+    front = int(args[args.index("--port") + 1])
+    redis_port = free_port_block(1)
+    up = run_local(
+        "up", "--detach", "--routers", "2", "--redis-port", str(redis_port), *args, env=env, timeout=240
+    )
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "2 routers (round robin, shared limits in redis)" in up.stdout
+    pids = stack_pids(state_dir)
+    replicas = [f"http://127.0.0.1:{front + 10 + i}" for i in range(2)]
+    for _ in range(8):  # a new connection each: the balancer deals them out in turn
+        reply = post_json(
+            f"http://127.0.0.1:{front}/v1/chat/completions",
+            {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert reply["choices"][0]["message"]["content"].startswith("port ")
+    for replica in replicas:
+        with urllib.request.urlopen(f"{replica}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        assert re.search(r'^inferstack_router_requests_total\{.*status="200"\} [1-9]', text, re.M), replica
+        assert re.search(r"^inferstack_router_limit_store_up 1\.0", text, re.M), "the routers reach redis"
+    down = run_local("down", "--state-dir", str(state_dir), env=env, timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert_nothing_left(state_dir, pids)
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", redis_port)) != 0, "redis-server stopped with the stack"

@@ -24,8 +24,16 @@ import pytest
 
 from components.local import state
 from tests.conftest import STREAM_TOKENS
-from tests.local.helpers import REPO, assert_nothing_left, free_port_block, port_args, run_local, stack_pids
-from tests.local.test_readme import readme_curls, readme_python_snippet
+from tests.local.helpers import (
+    REPO,
+    assert_nothing_left,
+    free_port_block,
+    make_target,
+    port_args,
+    run_local,
+    stack_pids,
+)
+from tests.local.test_readme import fenced, readme_curls, readme_python_snippet
 
 # Engines take a minute to start on a quiet machine, many on a busy one; the fixture's start counts
 # against the first test's timeout.
@@ -50,17 +58,14 @@ class LocalStack:
 
 
 def _make(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKEFLAGS", "MFLAGS", "MAKELEVEL"))}
-    return subprocess.run(
-        ["make", "-s", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
+    return make_target(*args, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def local_stack(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     state_dir = tmp_path_factory.mktemp("local") / "state"
-    base = free_port_block(6)
-    engines = base + 3
+    base = free_port_block(7)
+    engines = base + 4
     args = " ".join([*port_args(base, engines), "--timeout", str(START_TIMEOUT_S - 20)])
     make_args = [f"LOCAL_STATE={state_dir}", f"LOCAL_ARGS={args}"]
     started = time.monotonic()
@@ -215,6 +220,17 @@ def test_the_readmes_curl_lines_and_openai_snippet_work(local_stack: LocalStack)
     )
     assert snippet.returncode == 0, snippet.stderr
     assert snippet.stdout.splitlines()[-1] == "384"
+
+
+def test_the_readmes_batch_api_snippet_runs_to_completion(local_stack: LocalStack) -> None:
+    """The Batch API example in README.md, after the client snippet it builds on, on the test stack's port."""
+    base = int(local_stack.router_url.rsplit(":", 1)[1])
+    code = readme_python_snippet().replace("127.0.0.1:8080", f"127.0.0.1:{base}") + "\n" + fenced("python")[1]
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == "20"
 
 
 def test_a_second_make_local_fails_fast(local_stack: LocalStack) -> None:

@@ -50,13 +50,14 @@ def test_the_local_stack_plans_engines_then_health_batcher_router() -> None:
     assert [e.port for e in plan.engines] == [8000, 8001, 8002]
     assert [e.cpu_cores for e in plan.engines] == ["0", "1", "0"]  # each engine its own core, in turn
     assert [e.spec.resolved_task() for e in plan.engines] == [Task.GENERATE, Task.GENERATE, Task.EMBED]
-    assert [s.name for s in plan.services] == ["health", "batcher", "router"]
+    assert [s.name for s in plan.services] == ["health", "batcher", "batches", "router"]
+    assert [s.restart for s in plan.services] == [False, False, True, False]  # the batch service restarts
     assert plan.router.port == 8080
     assert plan.base_url == "http://127.0.0.1:8080/v1"
     models = {m.name: m for m in stack.spec.models}
     assert all(e.spec == models[e.model] for e in plan.engines)  # every replica runs its model's spec
     assert all(p.generate for p in plan.models)  # under .cache/models: made when missing
-    assert len(describe(plan)) == 1 + 3 + 3
+    assert len(describe(plan)) == 1 + 3 + 4
 
 
 def test_local_config_is_the_cluster_config_with_local_addresses() -> None:
@@ -87,6 +88,14 @@ def test_local_config_is_the_cluster_config_with_local_addresses() -> None:
     assert str(embed.batcher_url).rstrip("/") == "http://127.0.0.1:9002"
     assert local.health.kubernetes_events is False and local.health.remediate_after_s is None
     assert {m.task for m in local.models} == {Task.GENERATE, Task.EMBED}
+    # the batch service: the cluster's settings, this machine's addresses, state under the state dir
+    assert local.batches is not None and cluster.batches is not None
+    assert str(local.router.batches_url).rstrip("/") == "http://127.0.0.1:8083"
+    assert (local.batches.host, local.batches.port, local.batches.metrics_port) == (HOST, 8083, None)
+    assert str(local.batches.router_url).rstrip("/") == "http://127.0.0.1:9000"
+    assert str(local.batches.health_feed_url) == "http://127.0.0.1:9001/v1/backends"
+    assert local.batches.state_dir == (Path(".local") / "batches").absolute()
+    assert local.batches.s3 is None and local.batches.max_file_bytes == cluster.batches.max_file_bytes
 
 
 def test_no_embedding_model_means_no_batcher_and_min_replicas_zero_starts_none() -> None:
@@ -96,7 +105,7 @@ def test_no_embedding_model_means_no_batcher_and_min_replicas_zero_starts_none()
     raw["models"] = [raw["models"][0]]
     raw["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 2, "cold_start_hold_ms": 100_000}
     plan = build_plan(stack_from(raw), LocalOptions(state_dir=Path("/tmp/st")), REPO)
-    assert [s.name for s in plan.services] == ["health", "router"]
+    assert [s.name for s in plan.services] == ["health", "batches", "router"]
     assert [(e.name, e.on_demand) for e in plan.engines] == [
         ("smollm2-135m-instruct-0", True),
         ("smollm2-135m-instruct-1", True),
@@ -235,3 +244,101 @@ def test_shares_of_all_engines_over_the_machine_are_refused() -> None:
     raw["models"][1]["gpu_share"] = {"fraction": 0.4}
     with pytest.raises(PlanError, match=r"models: the gpu_share fractions of all engines sum to 1\.20"):
         build_plan(stack_from(raw), LocalOptions(engine_memory_gib=16), REPO)
+
+
+def test_an_adapter_without_its_files_is_refused_with_the_field(tmp_path: Path) -> None:
+    raw = raw_local()
+    chat = raw["models"][0]
+    chat["engine"]["dtype"] = "float32"
+    chat["adapters"] = [{"name": "chat-sql", "source": str(tmp_path / "nowhere"), "rank": 8}]
+    with pytest.raises(PlanError, match=r"models\[0\]\.adapters\[0\]\.source: .*no adapter_config\.json"):
+        build_plan(stack_from(raw), LocalOptions(), REPO)
+    (tmp_path / "nowhere").mkdir()
+    (tmp_path / "nowhere" / "adapter_config.json").write_text("{}")
+    plan = build_plan(stack_from(raw), LocalOptions(), REPO)
+    adapters = plan.config.model(chat["name"]).adapters  # type: ignore[union-attr]
+    assert [(a.name, a.path) for a in adapters] == [("chat-sql", str(tmp_path / "nowhere"))]
+
+
+def test_an_adapter_under_the_cache_is_made_at_start_for_its_model() -> None:
+    stack = load("lora", REPO / "tests" / "local" / "stacks")
+    plan = build_plan(stack, LocalOptions(cpus=(0,)), REPO)
+    (prep,) = plan.adapters
+    assert (prep.name, prep.seed, prep.rank) == ("tiny-llama-lora-1", 1, 8)
+    assert prep.base == REPO / ".cache" / "models" / "tiny-llama"
+    target = plan.config.model("tiny-llama")
+    assert target is not None and [a.path for a in target.adapters] == [
+        str((REPO / ".cache/adapters/tiny-llama-lora-1").resolve())
+    ]
+    engine_spec = plan.engines[0].spec
+    assert engine_spec.adapters[0].name == "tiny-llama-lora-1"
+
+
+def test_an_adapter_under_the_cache_that_nothing_makes_is_refused() -> None:
+    raw = yaml.safe_load((REPO / "tests" / "local" / "stacks" / "Pulumi.lora.yaml").read_text())
+    platform = raw["config"]["inferstack:platform"]
+    platform["models"][0]["adapters"][0]["source"] = "./.cache/adapters/my-sql-adapter"
+    with pytest.raises(
+        PlanError, match=r"models\[0\]\.adapters\[0\]\.source: nothing makes .*tiny-llama-lora-<seed>"
+    ):
+        build_plan(stack_from(platform), LocalOptions(cpus=(0,)), REPO)
+
+
+def test_with_the_model_store_engines_stream_their_model_from_loopback_s3() -> None:
+    plan = build_plan(load("local", REPO / "stacks"), LocalOptions(s3_port=9000), REPO)
+    models = {m.name for m in load("local", REPO / "stacks").spec.models}
+    for engine in plan.engines:
+        assert engine.store == f"s3://inferstack-local/models/{engine.model}/"
+    # One preparation per model, however many replicas.
+    assert {location for _, location in plan.store_preps} == {
+        f"s3://inferstack-local/models/{m}/" for m in models
+    }
+    assert "http://127.0.0.1:9000" in "\n".join(describe(plan))
+    assert all(
+        e.store is None for e in build_plan(load("local", REPO / "stacks"), LocalOptions(), REPO).engines
+    )
+
+
+def test_the_model_store_port_must_not_clash() -> None:
+    with pytest.raises(
+        PlanError, match=r"port 8080 is planned for both router and the model store.*--s3-port"
+    ):
+        build_plan(load("local", REPO / "stacks"), LocalOptions(s3_port=8080), REPO)
+
+
+def test_envoy_runs_a_fixed_fleet_and_no_router_for_the_autoscaler_or_monitor_to_read() -> None:
+    from components.local.monitor import Monitor
+
+    raw = raw_local()
+    raw["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 2}
+    with pytest.raises(
+        PlanError, match=r"--gateway envoy runs a fixed fleet, but smollm2-135m-instruct scales"
+    ):
+        build_plan(stack_from(raw), LocalOptions(gateway="envoy"), REPO)
+    build_plan(stack_from(raw), LocalOptions(gateway="router"), REPO)  # the router's activator holds for it
+    with pytest.raises(PlanError, match=r"--monitor .* --gateway envoy runs no router"):
+        build_plan(local_stack(), LocalOptions(gateway="envoy", monitor=Monitor()), REPO)
+    plan = build_plan(local_stack(), LocalOptions(gateway="envoy"), REPO)
+    assert [s.name for s in plan.services] == ["health", "picker", "envoy"]
+    # the stack's batch service needs the router: not run, and the banner says so
+    assert local_stack().spec.batch.enabled and plan.config.batches is None
+    assert plan.config.router.batches_url is None
+    assert "Batch API   not served" in banner(plan, 1.0, detached=True)
+
+
+def test_envoy_runs_nothing_only_the_router_does() -> None:
+    """Several routers, shared limits and KV events are the router's; behind Envoy they are refused by name."""
+    with pytest.raises(
+        PlanError, match=r"--routers 2 runs router replicas, and --gateway envoy runs no router"
+    ):
+        build_plan(local_stack(), LocalOptions(gateway="envoy", routers=2), REPO)
+    raw = raw_local()
+    raw["gateway"] = {**raw.get("gateway", {}), "shared_limits": True}
+    with pytest.raises(PlanError, match=r"gateway.shared_limits .* --gateway envoy runs no router"):
+        build_plan(stack_from(raw), LocalOptions(gateway="envoy"), REPO)
+    raw = raw_local()
+    raw["models"][0]["routing"] = {"strategy": "precise_prefix"}
+    with pytest.raises(PlanError, match=r"smollm2-135m-instruct routes precise_prefix"):
+        build_plan(stack_from(raw), LocalOptions(gateway="envoy"), REPO)
+    plan = build_plan(stack_from(raw), LocalOptions(gateway="router"), REPO)
+    assert plan.engines[0].kv_events is not None

@@ -72,7 +72,13 @@ class Coverage:
 COVERAGE = [
     Coverage(r"make local( DETACH=1)?", ((LOCAL_TEST, '_make("local", "DETACH=1"'), (LOCAL_TEST, '_make("local", *'),), "run for real"),
     Coverage(r'make local LOCAL_ARGS=".*"', ((LOCAL_TEST, 'f"LOCAL_ARGS={args}"'), (HERE, 'LOCAL_ARGS=--engine-port 8100')), "run for real; dry run here"),
+    Coverage(r"make local S3=1", ((HERE, "_make_dry(\"local\", \"S3=1\")"), ("tests/integration/test_model_store_engine.py", "runai_streamer")), "dry run here; the streamed engine runs in the model store's engine test"),
+    Coverage(r"inferstack local up --s3", ((HERE, "_make_dry(\"local\", \"S3=1\")"), ("tests/local/test_plan.py", "LocalOptions(s3_port=9000)")), "dry run and plan tests"),
+    Coverage(r"python -m runtime\.weights prepare", (("tests/runtime/weights/test_store.py", '"prepare", "--from"'),), "run against loopback S3"),
     Coverage(r"make local PORT=\d+", ((HERE, "def test_make_targets_run_the_documented_commands"),), "dry run here"),
+    Coverage(r"make local ROUTERS=\d+", ((HERE, '_make_dry("local", "ROUTERS=2")'), (LIFECYCLE, '"--routers", "2"')), "dry run here; --routers runs in the lifecycle test"),
+    Coverage(r"inferstack local up --routers \d+", ((LIFECYCLE, '"--routers", "2"'),), "lifecycle test"),
+    Coverage(r"make redis", ((HERE, '_make_dry_lines("redis")'),), "dry run here; make test runs it"),
     Coverage(r"make local-down", ((LOCAL_TEST, '_make("local-down"'),), "run for real"),
     Coverage(r"make local MONITOR=1", ((MONITOR_TEST, '"MONITOR=1",'), (HERE, '_make_dry("local", "MONITOR=1")')), "run for real; dry run here"),
     Coverage(r"make prometheus", (("Makefile", "test: venv engine-venv tools-venv crd-tools prometheus"), (".ci/run", "make test")), "a prerequisite of make test"),
@@ -85,14 +91,18 @@ COVERAGE = [
     Coverage(r"\.venv/bin/inferstack size .*", ((HERE, "def test_size_prints_what_the_readme_shows"),), "run here"),
     Coverage(r"inferstack size --list", ((HERE, "def test_cheap_commands_run"),), "run here"),
     Coverage(r"\.venv/bin/inferstack plan -s prod --out build/prod", ((HERE, "def test_cheap_commands_run"),), "run here"),
-    Coverage(r"\.venv/bin/inferstack plan -s kind --out build/kind", ((CI, "stack: [dev, kind, staging, prod, shared]"), (CI, "--out build/${{ matrix.stack }}")), "CI plan job"),
+    Coverage(r"\.venv/bin/inferstack plan -s kind --out build/kind", ((CI, "stack: [dev, kind, staging, prod, prod-405b, shared]"), (CI, "--out build/${{ matrix.stack }}")), "CI plan job"),
     Coverage(r"\.venv/bin/inferstack plan -s prod --policy-config policies/inference/config/prod\.json", (("tests/policies/test_plan.py", '"--policy-config", "policies/inference/config/prod.json"'), (CI, "--policy-config policies/inference/config/${{ matrix.stack }}.json")), "policy tests and CI"),
     Coverage(r"inferstack plan", ((HERE, "def test_cheap_commands_run"),), "run here (the name of the command)"),
+    Coverage(r"\.venv/bin/inferstack cost --compare (-s prod|--model .*)", (("tests/components/test_compare.py", 'runner.invoke(app, ["cost", "--compare", "-s", "prod"]'), ("tests/components/test_compare.py", "def test_cost_compare_for_a_model_and_a_volume")), "run in the cost tests"),
     Coverage(r"inferstack schema", (("tests/components/test_cli.py", "def test_committed_schema_is_current"),), "schema test"),
     Coverage(r"inferstack local up( \[--detach\]| --port \d+)?", ((LIFECYCLE, 'local_cmd("up"'), (LIFECYCLE, '"--detach"'), ("tests/local/helpers.py", '"--port"')), "lifecycle test"),
     Coverage(r"inferstack local (status|down)", ((LIFECYCLE, 'run_local("status"'), (LIFECYCLE, 'run_local("down"')), "lifecycle test"),
     Coverage(r"inferstack local logs .*", ((LIFECYCLE, 'run_local("logs", "router"'),), "lifecycle test"),
-    Coverage(r"python -m runtime\.(router|health|batcher) --config FILE", (("components/local/plan.py", '"-m", self.module, "--config"'), (LIFECYCLE, '("router", "batcher", "health", "3 engines")')), "what make local runs"),
+    Coverage(r"python -m runtime\.picker --config FILE", (("components/local/plan.py", 'ServiceLaunch("picker", "runtime.picker"'), ("tests/local/test_envoy_gateway.py", '"picker" in names')), "what make local GATEWAY=envoy runs"),
+    Coverage(r"make local GATEWAY=envoy", ((HERE, '_make_dry("local", "GATEWAY=envoy")'), ("tests/local/test_envoy_gateway.py", '"--gateway", "envoy"')), "dry run here; the command runs in the Envoy gateway test"),
+    Coverage(r"inferstack plan -s inference-extension --stacks-dir examples/stacks", (("tests/components/test_inference_extension.py", 'def test_the_cli_plans_the_example'),), "run in the inference-extension test"),
+    Coverage(r"python -m runtime\.(router|health|batcher|batches) --config FILE", (("components/local/plan.py", '"-m", self.module, "--config"'), (LIFECYCLE, '("router", "batcher", "health", "3 engines")')), "what make local runs"),
     Coverage(r"pulumi stack select prod|pulumi config set --secret inferstack:hfToken hf_\.\.\.|pulumi up( -s (kind|prod))?", ((CI, "pulumi preview"), ("tests/components/test_program.py", "under the SDK's mock runtime")), "needs the Pulumi CLI and credentials: CI previews, tests run the program under mocks"),
     Coverage(r"pulumi preview --policy-pack policies/inference --policy-pack-config policies/inference/config/<stack>\.json", ((CI, "--policy-pack policies/inference"), (CI, "--policy-pack-config policies/inference/config/${{ matrix.stack }}.json")), "CI preview job"),
 ]  # fmt: skip
@@ -141,6 +151,10 @@ def test_make_targets_run_the_documented_commands() -> None:
     assert re.fullmatch(r"\.venv/bin/inferstack local up\s*", _make_dry("local"))
     assert re.fullmatch(r"\.venv/bin/inferstack local up --port 9090\s*", _make_dry("local", "PORT=9090"))
     assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--detach\s*", _make_dry("local", "DETACH=1"))
+    assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--s3\s*", _make_dry("local", "S3=1"))
+    assert re.fullmatch(
+        r"\.venv/bin/inferstack local up\s+--gateway envoy\s*", _make_dry("local", "GATEWAY=envoy")
+    )
     assert _make_dry("local-status") == ".venv/bin/inferstack local status"
     assert _make_dry("local-logs") == ".venv/bin/inferstack local logs"
     assert (
@@ -150,6 +164,8 @@ def test_make_targets_run_the_documented_commands() -> None:
         r"\.venv/bin/inferstack local up\s+--engine-port 8100",
         _make_dry("local", "LOCAL_ARGS=--engine-port 8100"),
     )
+    assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--routers 2\s*", _make_dry("local", "ROUTERS=2"))
+    assert any("apt-get install -y -q redis-server" in line for line in _make_dry_lines("redis"))
     assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--monitor\s*", _make_dry("local", "MONITOR=1"))
     assert "bash scripts/install-prometheus.sh" in _make_dry_lines("local", "MONITOR=1")
     assert _make_dry("unit") == ".venv/bin/pytest -m 'not engine'"
@@ -157,6 +173,7 @@ def test_make_targets_run_the_documented_commands() -> None:
     runs = [line for line in bench if line.startswith(".venv/bin/python") and "bench" in line]  # not pip
     assert runs == [
         ".venv/bin/python -m bench.routing.run",
+        ".venv/bin/python -m bench.routing.replicas",
         ".venv/bin/python bench/router/run.py --repeat 3",
         ".venv/bin/python bench/batcher/run.py",
     ]
@@ -177,15 +194,17 @@ def _run(command: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_size_prints_what_the_readme_shows() -> None:
-    block = next(b for b in fenced("console") if "inferstack size" in b)
-    lines = block.strip().splitlines()
-    result = _run(lines[0].removeprefix("$ "))
-    assert result.returncode == 0, result.stderr
-    out = re.sub(r"\s+", " ", result.stdout)
-    for line in lines[1:]:
-        for piece in line.split("..."):
-            part = re.sub(r"\s+", " ", piece).strip(" ,")
-            assert part in out, f"README shows {part!r}; `inferstack size` printed:\n{result.stdout}"
+    blocks = [b for b in fenced("console") if "inferstack size" in b]
+    assert len(blocks) >= 2  # one model on one node, one that takes a group of nodes
+    for block in blocks:
+        lines = block.strip().splitlines()
+        result = _run(lines[0].removeprefix("$ "))
+        assert result.returncode == 0, result.stderr
+        out = re.sub(r"\s+", " ", result.stdout)
+        for line in lines[1:]:
+            for piece in line.split("..."):
+                part = re.sub(r"\s+", " ", piece).strip(" ,")
+                assert part in out, f"README shows {part!r}; `inferstack size` printed:\n{result.stdout}"
 
 
 @pytest.mark.parametrize(

@@ -110,10 +110,11 @@ def test_prometheus_gets_the_clusters_rules_and_every_service_with_cluster_label
     settings = monitor.Monitor(port=9191, interval_s=5, alert_for_cap_s=30)
     plan = build_plan(stack_from(raw), LocalOptions(monitor=settings, state_dir=tmp_path), REPO)
     assert plan.spec is not None and (9191, "Prometheus", "--monitor-port") in plan.ports()
-    runtime = monitor.runtime_targets(plan.spec, [(s.name, s.port) for s in plan.services])
+    runtime = monitor.runtime_targets(plan.spec, plan.scraped_services())
     assert [g["labels"]["service"] for g in runtime] == [
         "inferstack-health",
         "inferstack-batcher",
+        "inferstack-batches",
         "inferstack-router",
     ]
     config = monitor.prometheus_config(settings, runtime, tmp_path / "engines.json", tmp_path / "rules.yml")

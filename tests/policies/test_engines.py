@@ -19,9 +19,11 @@ def test_rendered_vllm_command_line() -> None:
     deployment = next(r for r in rendered("dev") if ENGINE_8B_DEV(r))
     parsed = parse_engine(Container("engine", False, container(dict(deployment.props), "engine")))
     assert parsed is not None
-    assert (parsed.kind, parsed.model, parsed.tp, parsed.max_model_len) == (
-        "vllm", "meta-llama/Llama-3.1-8B-Instruct", 1, 8192,
-    )  # fmt: skip
+    assert (parsed.kind, parsed.tp, parsed.max_model_len) == ("vllm", 1, 8192)
+    assert parsed.model == (
+        "s3://inferstack-dev-us-west-2-models/models/meta-llama/Llama-3.1-8B-Instruct/"
+        "0e9e39f249a16976918f6564b8830bc894c89659/"
+    )  # streamed from the model store at the pinned revision
 
 
 def test_equals_form_short_flags_and_last_wins() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,19 @@ ENGINE_8B = k8s("Deployment", "llama-3-8b-engine")
 BGE = k8s("Deployment", "bge-large-engine")
 ROUTER = k8s("Deployment", "inferstack-router")
 H100 = aws("nodeGroup:NodeGroup", "inferstack-prod-h100")
+
+
+def _edit_adapters(props: dict[str, Any], change: Callable[[list[dict[str, Any]]], object]) -> None:
+    annotations = props["spec"]["template"]["metadata"]["annotations"]
+    adapters = json.loads(annotations["inferstack.io/lora-adapters"])
+    change(adapters)
+    annotations["inferstack.io/lora-adapters"] = json.dumps(adapters)
+
+
+def _as_sglang(props: dict[str, Any]) -> None:
+    engine = container(props, "engine")
+    engine["command"] = ["python3"]
+    engine["args"] = ["-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct"]
 
 
 def set_flag(props: dict[str, Any], flag: str, value: str) -> None:
@@ -242,6 +256,29 @@ CASES = [
         "prod",
         m(ENGINE_70B, lambda p: container(p, "engine")["startupProbe"].__setitem__("failureThreshold", 3)),
         ("startupProbe gives the engine 30 s to start", "failureThreshold x periodSeconds >="),
+    ),
+    # weights
+    Case(
+        "engine-downloads-from-the-hub",
+        "weights-from-pinned-store",
+        "prod",
+        m(
+            ENGINE_8B,
+            lambda p: container(p, "engine")["args"].__setitem__(0, "meta-llama/Llama-3.1-8B-Instruct"),
+        ),
+        ("would download from the hub at every start",),
+    ),
+    Case(
+        "preparation-from-a-moving-branch",
+        "weights-from-pinned-store",
+        "prod",
+        m(
+            lambda r: r.kind == "Job" and r.k8s_name.startswith("llama-3-8b-weights-"),
+            lambda p: (args := container(p, "prepare")["args"]).__setitem__(
+                args.index("--revision") + 1, "main"
+            ),
+        ),
+        ("at main, not a commit",),
     ),
     # security
     Case(
@@ -467,6 +504,40 @@ CASES = [
         m(H100, lambda p: p.__setitem__("capacityType", "SPOT")),
         ("spot capacity in prod",),
     ),
+    # multi-node groups
+    Case(
+        "group-size-off-by-one",
+        "group-gpus-match-parallelism",
+        "prod-405b",
+        m(
+            k8s("LeaderWorkerSet", "llama-3-405b-engine"),
+            lambda p: p["spec"]["leaderWorkerTemplate"].__setitem__("size", 3),
+        ),
+        ("a group of 3 pods x 8 GPUs = 24 GPUs, started with --nnodes 2", "set leaderWorkerTemplate.size"),
+    ),
+    Case(
+        "group-without-efa-in-prod",
+        "multi-node-needs-efa-and-placement-group",
+        "prod-405b",
+        m(
+            aws("ec2/launchTemplate:LaunchTemplate", "inferstack-405b-h100"),
+            lambda p: (p.pop("networkInterfaces"), p.pop("placement")),
+        ),
+        (
+            "without EFA network interfaces on its nodes, a cluster placement group for its nodes",
+            "pool h100 (p5.48xlarge)",
+        ),
+    ),
+    Case(
+        "group-on-spot",
+        "no-multi-node-on-spot",
+        "prod-405b",
+        m(
+            aws("eks/nodeGroup:NodeGroup", "inferstack-405b-h100"),
+            lambda p: p.__setitem__("capacityType", "SPOT"),
+        ),
+        ("a group of 2 nodes on spot pool h100", "budget.allow_multi_node_spot"),
+    ),
     # hygiene
     Case(
         "missing-cost-center",
@@ -517,6 +588,28 @@ CASES = [
             lambda p: container(p, "engine").__setitem__("image", "vllm/vllm-openai:v0.8.5"),
         ),
         ("qwen-7b-engine", "older than vLLM 0.10.1"),
+    ),
+    # adapters
+    Case(
+        "adapter-on-a-moving-revision",
+        "adapter-sources-pinned",
+        "prod",
+        m(ENGINE_8B, lambda p: _edit_adapters(p, lambda a: a[0].update(revision="main"))),
+        ("llama-3-8b-sql", "revision 'main'", "pin it to a commit"),
+    ),
+    Case(
+        "adapter-above-max-rank",
+        "adapter-ranks-within-limits",
+        "prod",
+        m(ENGINE_8B, lambda p: set_flag(p, "--max-lora-rank", "8")),
+        ("llama-3-8b-sql has rank 16", "--max-lora-rank 8", "raise engine.lora.max_rank"),
+    ),
+    Case(
+        "adapters-on-sglang",
+        "adapters-on-lora-engines",
+        "prod",
+        m(ENGINE_8B, _as_sglang),
+        ("declares adapters (llama-3-8b-sql, llama-3-8b-support)", "SGLang 0.5.3"),
     ),
 ]
 
@@ -698,3 +791,46 @@ def test_pools_of_clusters_the_stack_does_not_create() -> None:
         "engine-parallelism-divides-node", resources, {"pool_instance_types": {"h100": "g6e.xlarge"}}
     )
     assert messages and "exceeds the 1 GPUs of g6e.xlarge" in messages[0]
+
+
+def test_a_group_on_spot_when_the_stack_accepts_it() -> None:
+    broken = mutate(
+        rendered("prod-405b"),
+        aws("eks/nodeGroup:NodeGroup", "inferstack-405b-h100"),
+        lambda p: p.__setitem__("capacityType", "SPOT"),
+    )
+    assert crossguard("no-multi-node-on-spot", broken, {"allow_multi_node_spot": True}) == []
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "stacks"
+PICKER_CONFIG = k8s("ConfigMap", "inferstack-runtime-config")
+
+
+def _picker_keys(change: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    return runtime_config(lambda doc: change(doc["picker"]))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda picker: picker.__setitem__("require_api_key", False),
+        lambda picker: picker.pop("api_keys_file"),
+        lambda picker: picker.clear(),  # an older picker's config: nothing says it checks keys
+    ],
+    ids=["keys-not-required", "no-keys-file", "no-picker-settings"],
+)
+def test_a_public_route_to_inference_pools_needs_a_picker_that_checks_keys(
+    change: Callable[[dict[str, Any]], None],
+) -> None:
+    """Inference-extension mode: the HTTPRoute's backends are InferencePools, not the router; the endpoint
+    picker is what sees each request, so its config must require keys from a key file."""
+    resources = rendered("inference-extension", EXAMPLES)
+    assert crossguard("public-ingress-requires-api-key", resources) == []  # the committed example
+    messages = crossguard(
+        "public-ingress-requires-api-key", mutate(resources, PICKER_CONFIG, _picker_keys(change))
+    )
+    assert len(messages) == 1
+    assert messages[0].startswith(
+        "HTTPRoute inference/inferstack-inference: sends public traffic to qwen-0-5b-pool, qwen-coder-0-5b-pool, "
+        "but their endpoint picker does not require API keys"
+    )

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from policies.inference.rules import fit, hygiene, money, placement, reliability, security, sharing
+from policies.inference.rules import (
+    adapters,
+    fit,
+    groups,
+    hygiene,
+    money,
+    placement,
+    reliability,
+    security,
+    sharing,
+    weights,
+)
 from policies.inference.rules.base import Category, Finding, Res, Rule, Setting, Severity
 
 RULES: tuple[Rule, ...] = (
@@ -10,9 +21,12 @@ RULES: tuple[Rule, ...] = (
     *placement.RULES,
     *reliability.RULES,
     *sharing.RULES,
+    *weights.RULES,
     *security.RULES,
     *money.RULES,
     *hygiene.RULES,
+    *groups.RULES,
+    *adapters.RULES,
 )
 BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
 

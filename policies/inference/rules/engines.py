@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from components import catalog, nodes, packing, sizing
 from policies.inference.rules.base import Config, Props, Res, as_list, as_map, dig, number
 from policies.inference.rules.k8s import Container, containers, gpus_requested, pod_labels, workloads
-from runtime.config import DEFAULT_MAX_NUM_SEQS, EngineKind
+from runtime.config import EngineKind
+from runtime.defaults import DEFAULT_MAX_NUM_SEQS
 from runtime.engines import ENGINES, EngineCli, Flag
 
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
@@ -38,10 +39,18 @@ class EngineArgs:
     max_num_batched_tokens: int | None
     gpu_memory_utilization: float
     enforce_eager: bool
+    nnodes: int = 1
+    """Nodes the engine spans (a multi-node group's --nnodes); each node's process uses gpus / nnodes GPUs."""
+    streamed: bool = False
+    """The engine streams its weights from the model store (the engine table's ``stream_from_s3`` arguments)."""
 
     @property
     def gpus(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nnodes if self.gpus % self.nnodes == 0 else self.gpus
 
     def shape(self, arch: catalog.ModelArch) -> sizing.EngineShape:
         return sizing.EngineShape(
@@ -79,6 +88,12 @@ def _flags(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
             positional.append(arg)
         i += 1
     return flags, positional
+
+
+def engine_flags(container: Container) -> dict[str, str]:
+    """A container's ``--flag value`` pairs (command and args; the last of a flag wins, as with argparse)."""
+    argv = [str(a) for a in as_list(container.props.get("command")) + as_list(container.props.get("args"))]
+    return _flags(argv)[0]
 
 
 def _is_number(text: str) -> bool:
@@ -163,7 +178,15 @@ def parse_engine(container: Container) -> EngineArgs | None:
         max_num_batched_tokens=_int(flags, cli.max_num_batched_tokens),
         gpu_memory_utilization=memory if memory is not None else 0.9,
         enforce_eager=cli.enforce_eager is not None and cli.enforce_eager.on in flags,
+        nnodes=max(_int(flags, cli.nnodes) or 1, 1),
+        streamed=_carries(argv, cli.stream_from_s3),
     )
+
+
+def _carries(argv: Sequence[str], args: Sequence[str]) -> bool:
+    """``args`` appear in ``argv`` in order, side by side (empty ``args``: never)."""
+    n = len(args)
+    return n > 0 and any(list(argv[i : i + n]) == list(args) for i in range(len(argv) - n + 1))
 
 
 @dataclass(frozen=True)
@@ -222,7 +245,8 @@ class Engine:
         for name in candidates:
             if not name:
                 continue
-            for key in (name, name.rstrip("/").rsplit("/", 1)[-1]):
+            # A store location or cache copy ends in the revision: try every segment (org, name, revision).
+            for key in (name, *reversed(name.rstrip("/").split("/"))):
                 found = catalog.lookup_model(key)
                 if found is not None:
                     return found

@@ -107,12 +107,14 @@ def _parallelism(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
         pool = gpu_pool_of(e, pools)
         if pool is None or pool.instance is None:
             continue
-        have, need = pool.instance.gpus, e.args.gpus
+        have, need = pool.instance.gpus, e.args.gpus_per_node
         if need > have or have % need:
+            per = f" over {e.args.nnodes} nodes, {need} a node," if e.args.nnodes > 1 else ""
             yield Finding(
-                f"{e.res.display}: tensor x pipeline parallel = {e.args.tp} x {e.args.pp} = {need} GPUs "
+                f"{e.res.display}: tensor x pipeline parallel = {e.args.tp} x {e.args.pp} = {e.args.gpus} GPUs{per} "
                 f"{'exceeds' if need > have else 'does not divide'} the {have} GPUs of {pool.instance.name} "
-                f"(pool {pool.name}); use a parallel size of {_divisors(have)} or a larger instance type",
+                f"(pool {pool.name}); use a parallel size of {_divisors(have)}, whole nodes across a group, or a "
+                "larger instance type",
                 e.res.urn,
             )
 
@@ -121,8 +123,8 @@ PARALLELISM = Rule(
     name="engine-parallelism-divides-node",
     category=Category.FIT,
     severity=Severity.HIGH,
-    description="Tensor x pipeline parallel size of each engine is at most, and divides, the GPU count of "
-    "the node it selects (multi-node serving is not supported).",
+    description="Tensor x pipeline parallel GPUs of each engine process (per node, for a multi-node group) are "
+    "at most, and divide, the GPU count of the node it selects.",
     remediation="Pick a tensor_parallel_size that divides the node's GPUs (1, 2, 4 or 8) or a larger instance type.",
     stack_check=_parallelism,
     settings=(POOL_SETTING,),
@@ -140,7 +142,7 @@ def _gpu_request(res: Res, config: Config) -> Iterator[str]:
                         "only the engine container may request nvidia.com/gpu"
                     )
                 continue
-            need = e.args.gpus
+            need = e.args.gpus_per_node  # one pod per node of a multi-node group
             if request is None and limit is None and need == 1:
                 continue  # a CPU engine (one process, no GPUs)
             if request != limit:

@@ -10,7 +10,20 @@ from typing import Any
 from components import nodes
 from policies.inference.rules.base import Props, Res, as_list, as_map, dig, number
 
-WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Pod")
+WORKLOAD_KINDS = (
+    "Deployment",
+    "StatefulSet",
+    "DaemonSet",
+    "ReplicaSet",
+    "Job",
+    "CronJob",
+    "Pod",
+    "LeaderWorkerSet",
+)
+GROUP_KIND = "LeaderWorkerSet"
+"""A replica that spans nodes: its leader's pod template stands for the group (the workers run the same container
+with their rank, and no probes)."""
+_LEADER_TEMPLATE = ("spec", "leaderWorkerTemplate", "leaderTemplate")
 SCALER_KINDS = ("ScaledObject", "HorizontalPodAutoscaler")
 GPU_RESOURCE = nodes.GPU_RESOURCE
 ENV_LABEL = "inferstack.io/environment"
@@ -26,14 +39,31 @@ def pod_spec(res: Res) -> Props | None:
         return as_map(res.props.get("spec"))
     if kind == "CronJob":
         return as_map(dig(res.props, "spec", "jobTemplate", "spec", "template", "spec"))
+    if kind == GROUP_KIND:
+        return as_map(dig(res.props, *_LEADER_TEMPLATE, "spec"))
     return as_map(dig(res.props, "spec", "template", "spec"))
+
+
+def _pod_metadata(res: Res) -> Props:
+    path: tuple[str, ...] = ("spec", "template")
+    if res.kind == "CronJob":
+        path = ("spec", "jobTemplate", "spec", "template")
+    elif res.kind == GROUP_KIND:
+        path = _LEADER_TEMPLATE
+    return as_map(dig(res.props, *path, "metadata"))
 
 
 def pod_labels(res: Res) -> Mapping[str, str]:
     if res.kind == "Pod":
         return res.labels
-    path = ("spec", "jobTemplate", "spec", "template") if res.kind == "CronJob" else ("spec", "template")
-    return as_map(dig(res.props, *path, "metadata", "labels"))
+    return as_map(_pod_metadata(res).get("labels"))
+
+
+def pod_annotations(res: Res) -> Mapping[str, object]:
+    """The pod template's annotations (a group's: its leader's)."""
+    if res.kind == "Pod":
+        return as_map(dig(res.props, "metadata", "annotations"))
+    return as_map(_pod_metadata(res).get("annotations"))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ import math
 from collections.abc import Iterator, Sequence
 
 from components import sizing
-from components.render import common
+from components.render import batches, common
+from components.render.weights import COMPONENT as WEIGHTS_COMPONENT
 from policies.inference.rules.base import (
     Category,
     Config,
@@ -253,14 +254,17 @@ SCALED = Rule(
 
 
 def _startup(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
-    base, per_gib = float(config["base_seconds"]), float(config["seconds_per_gib"])
+    base = float(config["base_seconds"])
     for e in engines(resources):
         found = e.arch()
         if found is None:
             continue
         repo, arch = found
         precision = sizing.weight_precision(e.args.quantization, e.args.dtype)
-        weights = sizing.weight_bytes(arch, precision, e.args.dtype) / sizing.GIB
+        # Each node of a multi-node group loads its own share (its pipeline stage, its tensor shards).
+        weights = sizing.weight_bytes(arch, precision, e.args.dtype) / sizing.GIB / e.args.nnodes
+        how = "streamed_seconds_per_gib" if e.args.streamed else "seconds_per_gib"
+        per_gib = float(config[how])
         need = base + per_gib * weights
         probe = as_map(e.container.props.get("startupProbe"))
         name = "startupProbe"
@@ -271,10 +275,12 @@ def _startup(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
         delay = number(probe.get("initialDelaySeconds")) or 0.0
         budget = delay + period * failures
         if budget < need:
+            share = f" (this node's 1/{e.args.nnodes})" if e.args.nnodes > 1 else ""
             yield Finding(
                 f"{e.res.display}: {name} gives the engine {budget:.0f} s to start, but loading {weights:.1f} GiB "
-                f"of {repo} needs about {need:.0f} s ({base:.0f} s + {per_gib:g} s/GiB); the kubelet would kill it "
-                f"mid-load forever. Set a startupProbe with failureThreshold x periodSeconds >= {math.ceil(need)}",
+                f"of {repo}{share} needs about {need:.0f} s ({base:.0f} s + {per_gib:g} s/GiB, {how}); the "
+                f"kubelet would kill it mid-load forever. Set a startupProbe with failureThreshold x periodSeconds "
+                f">= {math.ceil(need)}",
                 e.res.urn,
             )
 
@@ -283,8 +289,9 @@ STARTUP = Rule(
     name="engine-startup-probe-budget",
     category=Category.RELIABILITY,
     severity=Severity.HIGH,
-    description="An engine's startup probe allows at least base_seconds + seconds_per_gib x the model's "
-    "weights before the kubelet restarts it.",
+    description="An engine's startup probe allows at least base_seconds + seconds_per_gib x the weights it loads "
+    "(streamed_seconds_per_gib where it streams them from the model store; a multi-node group's node loads its "
+    "share) before the kubelet restarts it.",
     remediation="Raise startupProbe.failureThreshold (or periodSeconds) so it covers downloading and loading "
     "the weights.",
     stack_check=_startup,
@@ -296,7 +303,13 @@ STARTUP = Rule(
             "seconds_per_gib",
             {"type": "number", "minimum": 0},
             5,
-            "Seconds to fetch and load one GiB of weights (about 200 MiB/s).",
+            "Seconds to fetch and load one GiB of weights from a disk copy (about 200 MiB/s).",
+        ),
+        Setting(
+            "streamed_seconds_per_gib",
+            {"type": "number", "minimum": 0},
+            1,
+            "Seconds to stream one GiB of weights from S3 into GPU memory (about 1 GiB/s).",
         ),
     ),
 )
@@ -338,7 +351,14 @@ METRICS = Rule(
 )
 
 DOCKER_IMAGE = "docker-build:index:Image"
-RUNTIME_COMPONENTS = [common.ROUTER, common.HEALTH, common.BATCHER]
+RUNTIME_COMPONENTS = [
+    common.ROUTER,
+    common.HEALTH,
+    common.BATCHER,
+    batches.PART,
+    common.PICKER,
+    WEIGHTS_COMPONENT,
+]
 
 
 def _built_repositories(resources: Sequence[Res]) -> set[str]:
@@ -381,8 +401,9 @@ RUNTIME_IMAGES_BUILT = Rule(
     name="runtime-images-built",
     category=Category.RELIABILITY,
     severity=Severity.HIGH,
-    description="The router, health monitor and batcher run images the stack builds and pushes (by digest), or "
-    "images listed as published (prebuilt_images): never a reference nothing builds.",
+    description="The router, health monitor, batcher, batch service, endpoint picker and model store Jobs run "
+    "images the stack builds and pushes (by digest), or images listed as published (prebuilt_images): never a "
+    "reference nothing builds.",
     remediation="Set gateway.image_registry on target kubernetes (eks builds into its ECR), or allow the "
     "published image in prebuilt_images.",
     stack_check=_runtime_images,

@@ -246,13 +246,18 @@ def _secret_keys(value: Any, path: str, *, pulumi_secrets_ok: bool = False) -> I
             yield from _secret_keys(inner, f"{path}[{i}]", pulumi_secrets_ok=pulumi_secrets_ok)
 
 
+# libyaml's safe loader builds the same objects as PyYAML's (the same constructor) ten times faster: every
+# ConfigMap of a plan is parsed here, and with many models that was most of the policy pack's time.
+_YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _parsed(text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError:
         pass
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_YAML_LOADER)  # a safe loader (above)
     except yaml.YAMLError:
         return None
 
@@ -395,15 +400,42 @@ def _exposed_services(res: Res) -> list[str]:
     return []
 
 
-def _router_configs(resources: Sequence[Res]) -> list[tuple[Res, Mapping[str, Any]]]:
+def _runtime_sections(resources: Sequence[Res], section: str) -> list[tuple[Res, Mapping[str, Any]]]:
+    """The ``section`` (router, picker) of every runtime config a ConfigMap holds."""
     out = []
     for r in of_kind(resources, "ConfigMap"):
         for text in as_map(r.props.get("data")).values():
             doc = _parsed(text) if isinstance(text, str) else None
-            router = as_map(as_map(doc).get("router"))
-            if router and "require_api_key" in router:
-                out.append((r, router))
+            settings = as_map(as_map(doc).get(section))
+            if settings and "require_api_key" in settings:
+                out.append((r, settings))
     return out
+
+
+def _router_configs(resources: Sequence[Res]) -> list[tuple[Res, Mapping[str, Any]]]:
+    return _runtime_sections(resources, "router")
+
+
+def _pool_backends(res: Res) -> list[str]:
+    """The InferencePools an HTTPRoute sends to: their endpoint picker is what sees each request."""
+    if res.kind != "HTTPRoute":
+        return []
+    return [
+        str(as_map(b).get("name"))
+        for rule in as_list(dig(res.props, "spec", "rules"))
+        for b in as_list(as_map(rule).get("backendRefs"))
+        if as_map(b).get("kind") == "InferencePool" and as_map(b).get("name")
+    ]
+
+
+def _picker_checks_keys(resources: Sequence[Res], namespace: str | None) -> bool:
+    """A picker in ``namespace`` requires API keys from a key file (the router's check, at the gateway)."""
+    return any(
+        c.namespace == namespace
+        and picker.get("require_api_key") is True
+        and bool(picker.get("api_keys_file"))
+        for c, picker in _runtime_sections(resources, "picker")
+    )
 
 
 def _public_auth(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
@@ -413,6 +445,17 @@ def _public_auth(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
         if r.kind not in ("Ingress", "HTTPRoute", "Service") or (r.kind != "HTTPRoute" and _is_internal(r)):
             continue
         targets = _exposed_services(r)
+        pools = _pool_backends(r)
+        if pools:
+            if not _picker_checks_keys(resources, r.namespace):
+                yield Finding(
+                    f"{r.display}: sends public traffic to {', '.join(pools)}, but their endpoint picker does not "
+                    "require API keys, and nothing else in this mode checks them; set gateway.require_api_key: "
+                    "true and gateway.api_keys_config_key (a Pulumi secret)",
+                    r.urn,
+                )
+                continue
+            targets = [t for t in targets if t not in pools]
         if not targets:
             continue
         bypass = [t for t in targets if not any(t.endswith(s) for s in router_services)]
@@ -446,7 +489,8 @@ PUBLIC_AUTH = Rule(
     category=Category.SECURITY,
     severity=Severity.CRITICAL,
     description="A public entry point (internet-facing Ingress, HTTPRoute, LoadBalancer/NodePort Service) only "
-    "sends traffic to the router, and that router requires API keys from a mounted key file.",
+    "sends traffic to the router, and that router requires API keys from a mounted key file; or, in "
+    "inference-extension mode, an HTTPRoute to InferencePools whose endpoint picker requires them so.",
     remediation="Set gateway.require_api_key: true with gateway.api_keys_config_key, or make the ingress internal.",
     stack_check=_public_auth,
     settings=(

@@ -73,6 +73,16 @@ def block_hashes(prompt: str, block_chars: int, max_blocks: int) -> list[int]:
 #: Replicas remembered per block, oldest first: a popular system prompt lives on several.
 OWNERS_PER_BLOCK = 4
 
+#: The ``StrategyConfig`` knobs the routed-history index reads (``precise_prefix`` falls back on it).
+PREFIX_KNOBS = (
+    "prefix_block_tokens",
+    "prefix_chars_per_token",
+    "prefix_max_blocks",
+    "prefix_index_max_entries",
+    "prefix_balance_factor",
+    "prefix_balance_window_s",
+)
+
 
 class Block:
     """One indexed block: who served it (oldest first), and how many distinct next blocks followed it."""
@@ -93,14 +103,7 @@ def within_bound(load: float, total: float, n: int, factor: float) -> bool:
     "prefix",
     Category.AFFINITY,
     needs=[Need.PROMPT],
-    knobs=[
-        "prefix_block_tokens",
-        "prefix_chars_per_token",
-        "prefix_max_blocks",
-        "prefix_index_max_entries",
-        "prefix_balance_factor",
-        "prefix_balance_window_s",
-    ],
+    knobs=PREFIX_KNOBS,
     reports=[Report.INDEX_ENTRIES, Report.HIT_RATE],
 )
 class PrefixScorer(Scorer):

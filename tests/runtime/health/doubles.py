@@ -65,6 +65,7 @@ class FakeEngine:
     embed_fail_on: str | None = None  # embedding input that makes the whole call fail (a poison input)
     embed_delay_s: float = 0.0
     calls: list[dict[str, Any]] = field(default_factory=list)
+    models: list[dict[str, Any]] = field(default_factory=list)  # what /v1/models lists (vLLM's shape)
     embeds_at_once: int = 0  # embedding calls in progress now, and the most seen at once
     max_embeds_at_once: int = 0
     _hang: asyncio.Event = field(default_factory=asyncio.Event)
@@ -87,6 +88,9 @@ class FakeEngine:
             return resp
         body = self.metrics_body.encode() if isinstance(self.metrics_body, str) else self.metrics_body
         return web.Response(status=self.metrics_status, body=body, content_type="text/plain")
+
+    async def list_models(self, _: web.Request) -> web.StreamResponse:
+        return web.json_response({"object": "list", "data": self.models})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         self.calls.append({"path": request.path, "body": await request.json()})
@@ -164,6 +168,7 @@ async def serve(engine: FakeEngine) -> Served:
     app = web.Application()
     app.router.add_get("/health", engine.health)
     app.router.add_get("/metrics", engine.metrics)
+    app.router.add_get("/v1/models", engine.list_models)
     app.router.add_post("/v1/completions", engine.completions)
     app.router.add_post("/v1/embeddings", engine.embeddings)
     app.router.add_post("/v1/score", engine.score)

@@ -219,3 +219,29 @@ def test_feed_round_trips_through_json():
     again = BackendsFeed.model_validate_json(feed.model_dump_json())
     assert again == feed and again.is_fresh(10.0) and not again.is_fresh(100.0)
     assert math.isclose(again.stale_after_s, 15.0)
+
+
+async def test_replicas_of_a_model_with_adapters_report_the_adapters_they_hold(fakes, monitors):
+    engine = await fakes()
+    engine.engine.models = [
+        {"id": "tiny", "object": "model", "parent": None},
+        {"id": "tiny-sql", "object": "model", "parent": "tiny"},
+        {"id": "other-adapter", "object": "model", "parent": "elsewhere"},
+    ]
+    cfg = config_for([engine.url]).model_dump()
+    cfg["models"][0]["adapters"] = [
+        {"name": "tiny-sql", "path": "/a/sql"},
+        {"name": "tiny-chat", "path": "/a/c"},
+    ]
+    from runtime.config import RuntimeConfig
+
+    monitor = await monitors(RuntimeConfig.model_validate(cfg))
+    await monitor.probe_all()
+    assert status(monitor, engine.url).adapters == ["tiny-sql"]
+    engine.engine.models = engine.engine.models[:1]  # the replica restarted: its adapters are gone
+    await monitor.probe_all()
+    assert status(monitor, engine.url).adapters == []
+    plain = await fakes()
+    other = await monitors(config_for([plain.url]))
+    await other.probe_all()
+    assert status(other, plain.url).adapters is None  # no adapters: the list is not read

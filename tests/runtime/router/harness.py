@@ -237,8 +237,15 @@ class RouterUnderTest(Loopback):
 
     async def _start(self) -> None:
         self.router = Router(self.cfg)
-        self.server = Server(self.router.handle, self.cfg.router.max_body_bytes)
-        await self.router.fleet.start()
+        s = self.cfg.router
+        self.server = Server(
+            self.router.handle,
+            s.max_body_bytes,
+            s.client_idle_timeout_s,
+            s.max_header_bytes,
+            body_limit=self.router.body_limit,
+        )
+        await self.router.start()
         self.port = await self.server.start("127.0.0.1", 0)
         for _ in range(20):  # static discovery lands within a few loop turns
             if all(m.backends for m in self.router.fleet.models.values()):
@@ -252,7 +259,7 @@ class RouterUnderTest(Loopback):
     async def _stop(self) -> None:
         assert self.router is not None and self.server is not None
         await drain(self.router, self.server, 0.5)
-        await self.router.fleet.stop()
+        await self.router.stop()
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):

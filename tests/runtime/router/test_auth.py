@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from runtime.api_keys import Bucket, KeyTable, admit, charge_tokens, hash_key
 from runtime.config import ApiKey
-from runtime.router.auth import Bucket, KeyTable, admit, charge_tokens, hash_key
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 

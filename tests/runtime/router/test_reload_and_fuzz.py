@@ -9,8 +9,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from runtime.api_keys import hash_key
 from runtime.config import RuntimeConfig
-from runtime.router.auth import hash_key
 from tests.runtime.router.harness import RouterFromFile
 
 

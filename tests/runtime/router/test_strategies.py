@@ -356,3 +356,16 @@ def test_bounded_load_admits_the_least_loaded_replica(loads, factor) -> None:
     for load in loads:  # and the bound is monotone in the load
         if within_bound(load, total, len(loads), factor):
             assert all(within_bound(x, total, len(loads), factor) for x in loads if x <= load)
+
+
+def test_adapter_aware_prefers_a_replica_holding_the_adapter_until_the_load_guard() -> None:
+    strategy = build(StrategyConfig(name="adapter_aware", load_guard_ratio=0.5))
+    backends = make_backends([{**_idle(), "cap": 10} for _ in range(3)])
+    warm = backends[2]
+    warm.inflight = 3  # busier than the others, but under the guard: affinity (2) beats load (1)
+    ctx = Context(model="m", now=1.0, adapter="sql", warm=frozenset({warm.url}))
+    assert strategy.pick(backends, ctx) is warm
+    warm.inflight = 6  # past the guard: the adapter is loaded elsewhere instead of piling on
+    assert strategy.pick(backends, ctx) is not warm
+    base = Context(model="m", now=1.0)  # base-model requests: plain least load
+    assert strategy.pick(backends, base) is not warm

@@ -54,8 +54,13 @@ def test_scorers_report_what_they_declare() -> None:
 
 
 def test_configured_weights_override_and_extend_a_preset() -> None:
-    assert blend("prefix_aware", {}) == {"prefix": 2.0, "load": 1.0}
-    assert blend("prefix_aware", {"load": 3.0, "kv": 1.0}) == {"prefix": 2.0, "load": 3.0, "kv": 1.0}
+    assert blend("prefix_aware", {}) == {"prefix": 2.0, "adapter_affinity": 2.0, "load": 1.0}
+    assert blend("prefix_aware", {"load": 3.0, "kv": 1.0}) == {
+        "prefix": 2.0,
+        "adapter_affinity": 2.0,
+        "load": 3.0,
+        "kv": 1.0,
+    }
     assert blend("session", {"session": 2.0}) == {"session": 2.0, "load": 1.0}
 
 

@@ -1,6 +1,7 @@
-"""API keys (only SHA-256 hashes are held), model scopes, and per-key request/token rate limits.
+"""API keys (only SHA-256 hashes are held), model scopes, and per-key request/token rate limits: one
+implementation for every front end that checks keys (the router, and the endpoint picker behind a gateway).
 
-Decisions are pure functions of (key table, buckets, now); the app turns them into 401/403/429.
+Decisions are pure functions of (key table, buckets, now); the front end turns them into 401/403/429.
 Limits are token buckets refilled continuously: ``requests_per_minute`` is charged one per request
 on admission; ``tokens_per_minute`` is charged the real usage (prompt + completion) when the answer
 is known, and a key whose token bucket is below zero is refused until it refills.
@@ -8,7 +9,9 @@ is known, and a key whose token bucket is below zero is refused until it refills
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +79,33 @@ def load_keys_file(path: Path) -> list[ApiKey]:
         raise ConfigError(validation_lines(path, err)) from None
 
 
+def keys_path(file: Path | None, config_path: Path) -> Path | None:
+    """The API keys file, relative to the config file's directory unless absolute."""
+    if file is None:
+        return None
+    return file if file.is_absolute() else config_path.parent / file
+
+
+def files_digest(*paths: Path | None) -> str:
+    """One hash of the files' contents (missing ones count as empty): a change to any changes it."""
+    h = hashlib.sha256()
+    for p in paths:
+        if p is not None:
+            with contextlib.suppress(OSError):
+                h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def load_key_table(
+    inline: Iterable[ApiKey], file: Path | None, now: float, previous: KeyTable | None = None
+) -> KeyTable:
+    """The inline keys plus those of ``file`` (resolved already); ``ConfigError`` when the file is bad."""
+    keys = list(inline)
+    if file is not None:
+        keys.extend(load_keys_file(file))
+    return KeyTable(keys, now, previous)
+
+
 class KeyTable:
     """Hash -> principal. Rebuilt on reload; buckets of keys that stay are carried over."""
 
@@ -114,11 +144,19 @@ class KeyTable:
         return principal
 
 
-def admit(principal: Principal, model: str, now: float) -> Denied | None:
-    """Scope and rate checks for one request; charges the request bucket when admitted."""
+def scope_denied(principal: Principal, model: str) -> Denied | None:
+    """403 when the key is scoped to other models."""
     scopes = principal.key.models
     if scopes and model not in scopes:
         return Denied(403, f"key {principal.name!r} may not use model {model!r}", "model_not_allowed")
+    return None
+
+
+def admit(principal: Principal, model: str, now: float) -> Denied | None:
+    """Scope and rate checks for one request; charges the request bucket when admitted."""
+    denied = scope_denied(principal, model)
+    if denied is not None:
+        return denied
     tokens = principal.tokens
     if tokens is not None and tokens.refill(now) < 0:
         return Denied(

@@ -1,0 +1,397 @@
+"""The HTTP surface: OpenAI's Files and Batches endpoints, plus ``/metrics``, ``/healthz``, ``/readyz``.
+
+    POST   /v1/files                   upload (multipart: file, purpose=batch)
+    GET    /v1/files                   list (purpose, limit, order, after)
+    GET    /v1/files/{id}              retrieve
+    DELETE /v1/files/{id}              delete
+    GET    /v1/files/{id}/content      download
+    POST   /v1/batches                 create (input_file_id, endpoint, completion_window, metadata)
+    GET    /v1/batches                 list (limit, after), newest first
+    GET    /v1/batches/{id}            retrieve
+    POST   /v1/batches/{id}/cancel     cancel
+
+Clients reach it through the router, which checks their API key, scopes and rate limits and passes on
+who they are: ``x-inferstack-key`` (the key's name: files and batches belong to it, and nobody else sees
+them) and ``x-inferstack-models`` (the models the key may use; a batch's lines for any other model go to
+its error file as 403s). Mistakes in a request are 400s with the API's error body; an unknown id is 404.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+from urllib.parse import parse_qs
+
+import orjson
+
+from runtime.batches import multipart
+from runtime.batches.blobs import BlobError, Blobs
+from runtime.batches.lifecycle import Status
+from runtime.batches.metrics import BatchMetrics
+from runtime.batches.objects import (
+    BATCHES_PAGE,
+    COMPLETION_WINDOW,
+    COMPLETION_WINDOW_S,
+    ENDPOINTS,
+    FILES_PAGE,
+    METADATA_MAX_KEY,
+    METADATA_MAX_PAIRS,
+    METADATA_MAX_VALUE,
+    PURPOSE_INPUT,
+    BatchRecord,
+    FileRecord,
+    new_batch_id,
+    new_file_id,
+    page,
+)
+from runtime.batches.runner import Runner
+from runtime.batches.store import Db
+from runtime.config import BatchesSettings
+from runtime.http import (
+    METRICS_CONTENT_TYPE,
+    PRINCIPAL_HEADER,
+    SCOPES_HEADER,
+    error_body,
+    metrics_payload,
+)
+from runtime.server import Connection, Request
+
+log = logging.getLogger("inferstack.batches")
+
+#: Multipart framing around an upload, on top of the file itself (the server's body limit allows it).
+UPLOAD_SLACK_BYTES = 64 * 1024
+#: An upload's own expiry: 1 hour to 30 days after creation (the API's bounds).
+EXPIRY_BOUNDS_S = (3600, 2_592_000)
+READY_CACHE_S = 10.0
+_JSON = b"application/json"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.body = error_body(status, message, code=code, param=param)
+
+
+def _bad(message: str, param: str | None = None, code: str = "invalid_request") -> ApiError:
+    return ApiError(400, message, code=code, param=param)
+
+
+def _json(obj: Any) -> bytes:
+    return orjson.dumps(obj)
+
+
+def _int_param(query: dict[str, list[str]], name: str, default: int, low: int, high: int) -> int:
+    raw = query.get(name, [None])[0]
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise _bad(f"`{name}` must be an integer", name, "invalid_value") from None
+    if not low <= value <= high:
+        raise _bad(f"`{name}` must be between {low} and {high}", name, "invalid_value")
+    return value
+
+
+def check_metadata(metadata: Any) -> dict[str, str] | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise _bad("`metadata` must be an object of string values", "metadata", "invalid_value")
+    if len(metadata) > METADATA_MAX_PAIRS:
+        raise _bad(f"`metadata` takes at most {METADATA_MAX_PAIRS} pairs", "metadata", "invalid_value")
+    for key, value in metadata.items():
+        if len(key) > METADATA_MAX_KEY or len(value) > METADATA_MAX_VALUE:
+            raise _bad(
+                f"`metadata` keys are at most {METADATA_MAX_KEY} characters and values at most"
+                f" {METADATA_MAX_VALUE}",
+                "metadata",
+                "invalid_value",
+            )
+    return dict(metadata)
+
+
+class BatchApi:
+    """The request handler (``handle``) over the store, the files and the runner."""
+
+    def __init__(
+        self, db: Db, blobs: Blobs, settings: BatchesSettings, runner: Runner, metrics: BatchMetrics
+    ) -> None:
+        self.db = db
+        self.store = db.store
+        self.blobs = blobs
+        self.settings = settings
+        self.runner = runner
+        self.metrics = metrics
+        self.inflight = 0
+        self._ready: tuple[float, bool] = (0.0, False)
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.settings.max_file_bytes + UPLOAD_SLACK_BYTES
+
+    async def handle(self, req: Request, conn: Connection) -> None:
+        self.inflight += 1
+        try:
+            status, body, ctype = await self._dispatch(req, conn)
+        except ApiError as err:
+            status, body, ctype = err.status, err.body, _JSON
+        except BlobError as err:
+            log.warning("file store failed: %s", err)
+            status, body, ctype = 503, error_body(503, f"the file store is unavailable: {err}"), _JSON
+        finally:
+            self.inflight -= 1
+        if status:  # 0: the handler streamed its answer itself
+            conn.send(status, body, ctype)
+
+    async def handle_ops(self, req: Request, conn: Connection) -> None:
+        """The metrics listener: /metrics, /healthz and /readyz, never the API."""
+        try:
+            status, body, ctype = await self._ops(req)
+        except ApiError as err:
+            status, body, ctype = err.status, err.body, _JSON
+        conn.send(status, body, ctype)
+
+    async def _dispatch(self, req: Request, conn: Connection) -> tuple[int, bytes, bytes]:
+        path, method = req.path.rstrip(b"/"), req.method
+        parts = path.decode("latin-1").split("/")[1:]  # ["v1", "files", id, "content"]
+        if parts[:2] == ["v1", "files"] and len(parts) <= 4:
+            return await self._files(req, conn, method, parts[2:])
+        if parts[:2] == ["v1", "batches"] and len(parts) <= 4:
+            return await self._batches(req, method, parts[2:])
+        return await self._ops(req)
+
+    async def _ops(self, req: Request) -> tuple[int, bytes, bytes]:
+        path, method = req.path.rstrip(b"/"), req.method
+        if method in (b"GET", b"HEAD") and path == b"/metrics":
+            await self.runner.snapshot()
+            return 200, metrics_payload(self.metrics.registry), METRICS_CONTENT_TYPE.encode()
+        if method in (b"GET", b"HEAD") and path == b"/healthz":
+            return 200, b'{"status":"ok"}', _JSON
+        if method in (b"GET", b"HEAD") and path == b"/readyz":
+            ready = await self.ready()
+            return (200 if ready else 503), b'{"ready":%s}' % (b"true" if ready else b"false"), _JSON
+        raise ApiError(404, f"no route for {method.decode('latin-1')} {path.decode('latin-1')[:100]}")
+
+    async def ready(self) -> bool:
+        """The store answers and the files can be written; cached for a few seconds (probes are frequent)."""
+        at, ok = self._ready
+        if time.monotonic() - at < READY_CACHE_S:
+            return ok
+        try:
+            await self.blobs.check()
+            await self.db(self.store.status_counts)
+            ok = True
+        except (BlobError, OSError) as err:
+            log.warning("not ready: %s", err)
+            ok = False
+        self._ready = (time.monotonic(), ok)
+        return ok
+
+    # --- who asks ---------------------------------------------------------------------------------
+    @staticmethod
+    def owner(req: Request) -> str:
+        return req.headers.get(PRINCIPAL_HEADER, b"").decode("utf-8", "replace")
+
+    @staticmethod
+    def allowed_models(req: Request) -> tuple[str, ...]:
+        raw = req.headers.get(SCOPES_HEADER, b"").decode("utf-8", "replace")
+        return tuple(m for m in (x.strip() for x in raw.split(",")) if m)
+
+    # --- files ------------------------------------------------------------------------------------
+    async def _files(
+        self, req: Request, conn: Connection, method: bytes, rest: list[str]
+    ) -> tuple[int, bytes, bytes]:
+        owner = self.owner(req)
+        if not rest:
+            if method == b"POST":
+                return 200, _json((await self.upload(req, owner)).to_api()), _JSON
+            if method == b"GET":
+                return 200, _json(await self.list_files(req, owner)), _JSON
+            raise ApiError(405, "/v1/files takes GET or POST")
+        found = await self.db(self.store.file, rest[0], owner)
+        if found is None:
+            raise ApiError(404, f"No such File object: {rest[0]}", code="not_found", param="file_id")
+        record, blob = found
+        if len(rest) == 1:
+            if method == b"GET":
+                return 200, _json(record.to_api()), _JSON
+            if method == b"DELETE":
+                if await self.db(self.store.delete_file, record.id, owner) is not None:
+                    await self.blobs.delete(blob)
+                return 200, _json({"id": record.id, "object": "file", "deleted": True}), _JSON
+            raise ApiError(405, "/v1/files/{file_id} takes GET or DELETE")
+        if rest[1] == "content" and method == b"GET":
+            await self.download(conn, blob)
+            return 0, b"", b""
+        raise ApiError(404, f"no route for {method.decode('latin-1')} {req.path.decode('latin-1')[:100]}")
+
+    async def upload(self, req: Request, owner: str) -> FileRecord:
+        try:
+            form = multipart.fields(multipart.parse(req.headers.get(b"content-type", b""), req.body))
+        except multipart.MultipartError as err:
+            raise _bad(f"upload: {err}") from None
+        purpose_part = form.get("purpose")
+        if purpose_part is None:
+            raise _bad("`purpose` is required", "purpose", "missing_required_parameter")
+        purpose = purpose_part.data.decode("utf-8", "replace")
+        if purpose != PURPOSE_INPUT:
+            raise _bad(
+                f"purpose {purpose!r} is not supported here: this service keeps batch input files"
+                f" (purpose {PURPOSE_INPUT!r})",
+                "purpose",
+                "invalid_value",
+            )
+        file = form.get("file")
+        if file is None:
+            raise _bad("`file` is required", "file", "missing_required_parameter")
+        limit = self.settings.max_file_bytes
+        if len(file.data) > limit:
+            raise _bad(
+                f"the file is {len(file.data):,} bytes; files may be at most {limit:,} bytes",
+                "file",
+                "file_too_large",
+            )
+        now = int(time.time())
+        expires = now + self.settings.file_ttl_s
+        seconds = form.get("expires_after[seconds]")
+        if seconds is not None:
+            anchor = form.get("expires_after[anchor]")
+            if anchor is None or anchor.data != b"created_at":
+                raise _bad(
+                    "`expires_after.anchor` must be 'created_at'", "expires_after.anchor", "invalid_value"
+                )
+            try:
+                ttl = int(seconds.data)
+            except ValueError:
+                ttl = -1
+            if not EXPIRY_BOUNDS_S[0] <= ttl <= EXPIRY_BOUNDS_S[1]:
+                raise _bad(
+                    f"`expires_after.seconds` must be between {EXPIRY_BOUNDS_S[0]} and {EXPIRY_BOUNDS_S[1]}",
+                    "expires_after.seconds",
+                    "invalid_value",
+                )
+            expires = now + ttl
+        record = FileRecord(
+            id=new_file_id(),
+            owner=owner,
+            filename=(file.filename or "upload.jsonl")[:255],
+            purpose=purpose,
+            bytes=len(file.data),
+            created_at=now,
+            expires_at=expires,
+        )
+        blob = f"files/{record.id}"
+        await self.blobs.put_bytes(blob, file.data)  # the object first: a crash now leaves no id behind
+        await self.db(self.store.add_file, record, blob)
+        return record
+
+    async def list_files(self, req: Request, owner: str) -> dict[str, Any]:
+        query = parse_qs(req.query.decode("latin-1"))
+        limit = _int_param(query, "limit", FILES_PAGE[0], 1, FILES_PAGE[1])
+        order = query.get("order", ["desc"])[0]
+        if order not in ("asc", "desc"):
+            raise _bad("`order` must be 'asc' or 'desc'", "order", "invalid_value")
+        purpose = query.get("purpose", [None])[0]
+        after = query.get("after", [None])[0]
+        files, more = await self.db(self.store.files, owner, purpose, limit, after, order == "asc")
+        return page([f.to_api() for f in files], more)
+
+    async def download(self, conn: Connection, blob: str) -> None:
+        size = await self.blobs.size(blob)
+        chunks = self.blobs.chunks(blob)
+        first = await anext(chunks, b"")
+        conn.start_sized(200, [(b"content-type", b"application/octet-stream")], size, first)
+        sent = len(first)
+        async for chunk in chunks:
+            await conn.write(chunk)
+            sent += len(chunk)
+        if sent != size:
+            log.warning("file %s changed size while it was read (%d of %d bytes)", blob, sent, size)
+            conn.close()
+            return
+        conn.end_sized()
+
+    # --- batches ----------------------------------------------------------------------------------
+    async def _batches(self, req: Request, method: bytes, rest: list[str]) -> tuple[int, bytes, bytes]:
+        owner = self.owner(req)
+        if not rest:
+            if method == b"POST":
+                return 200, _json((await self.create(req, owner)).to_api()), _JSON
+            if method == b"GET":
+                query = parse_qs(req.query.decode("latin-1"))
+                limit = _int_param(query, "limit", BATCHES_PAGE[0], 1, BATCHES_PAGE[1])
+                after = query.get("after", [None])[0]
+                batches, more = await self.db(self.store.batches, owner, limit, after)
+                return 200, _json(page([b.to_api() for b in batches], more)), _JSON
+            raise ApiError(405, "/v1/batches takes GET or POST")
+        batch_id = rest[0]
+        if len(rest) == 1 and method == b"GET":
+            found = await self.db(self.store.batch, batch_id, owner)
+            if found is None:
+                raise ApiError(
+                    404, f"No batch found with id '{batch_id}'.", code="not_found", param="batch_id"
+                )
+            return 200, _json(found.to_api()), _JSON
+        if len(rest) == 2 and rest[1] == "cancel" and method == b"POST":
+            outcome = await self.db(self.store.cancel, batch_id, owner, int(time.time()))
+            if outcome is None:
+                raise ApiError(
+                    404, f"No batch found with id '{batch_id}'.", code="not_found", param="batch_id"
+                )
+            if isinstance(outcome, str):
+                raise _bad(outcome, "batch_id", "invalid_state")
+            self.runner.wake.set()
+            return 200, _json(outcome.to_api()), _JSON
+        raise ApiError(404, f"no route for {method.decode('latin-1')} {req.path.decode('latin-1')[:100]}")
+
+    async def create(self, req: Request, owner: str) -> BatchRecord:
+        try:
+            body = orjson.loads(req.body)
+        except orjson.JSONDecodeError:
+            raise _bad("the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise _bad("the request body must be a JSON object")
+        for name in ("input_file_id", "endpoint", "completion_window"):
+            if not isinstance(body.get(name), str):
+                raise _bad(f"`{name}` is required (a string)", name, "missing_required_parameter")
+        endpoint = body["endpoint"]
+        if endpoint not in ENDPOINTS:
+            raise _bad(
+                f"endpoint {endpoint!r} is not supported here; use one of {', '.join(ENDPOINTS)}",
+                "endpoint",
+                "invalid_value",
+            )
+        if body["completion_window"] != COMPLETION_WINDOW:
+            raise _bad(
+                f"completion_window must be {COMPLETION_WINDOW!r}", "completion_window", "invalid_value"
+            )
+        metadata = check_metadata(body.get("metadata"))
+        found = await self.db(self.store.file, body["input_file_id"], owner)
+        if found is None:
+            raise _bad(f"No such File object: {body['input_file_id']}", "input_file_id", "invalid_file")
+        if found[0].purpose != PURPOSE_INPUT:
+            raise _bad(
+                f"the input file must have been uploaded with purpose {PURPOSE_INPUT!r}, not"
+                f" {found[0].purpose!r}",
+                "input_file_id",
+                "invalid_file",
+            )
+        now = int(time.time())
+        record = BatchRecord(
+            id=new_batch_id(),
+            owner=owner,
+            endpoint=endpoint,
+            input_file_id=found[0].id,
+            completion_window=COMPLETION_WINDOW,
+            status=Status.VALIDATING.value,
+            created_at=now,
+            expires_at=now + COMPLETION_WINDOW_S,
+            metadata=metadata,
+            allowed_models=self.allowed_models(req),
+        )
+        await self.db(self.store.add_batch, record)
+        self.runner.wake.set()
+        return record

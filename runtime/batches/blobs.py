@@ -1,0 +1,191 @@
+"""Where file contents live: a directory (``make local``, a cluster you bring) or an S3 prefix (EKS).
+
+Both write whole objects atomically (a temporary file renamed into place, fsynced; an S3 PUT), so a
+crash leaves an object either absent or complete, and writing the same key twice leaves the second
+copy. Blocking calls run in threads; the event loop never waits on the disk or on S3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from runtime.config import BATCH_BUCKET_ENV, S3Files
+
+CHUNK_BYTES = 1 << 20
+
+
+class BlobError(Exception):
+    """The store could not be reached or refused; the message says which object and why."""
+
+
+class Blobs(Protocol):
+    async def put_bytes(self, key: str, data: bytes) -> None: ...
+    async def put_file(self, key: str, path: Path) -> None: ...
+    async def read(self, key: str) -> bytes: ...
+    def chunks(self, key: str) -> AsyncIterator[bytes]: ...
+    async def size(self, key: str) -> int: ...
+    async def delete(self, key: str) -> None: ...
+    async def check(self) -> None: ...
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalBlobs:
+    """Objects as files under ``root`` (key ``a/b`` -> ``root/a/b``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if not path.is_relative_to(self.root.resolve()):
+            raise BlobError(f"key {key!r} leaves the store")
+        return path
+
+    def _put(self, key: str, write: Any) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with tmp.open("wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+        _fsync_dir(path.parent)
+
+    async def put_bytes(self, key: str, data: bytes) -> None:
+        await asyncio.to_thread(self._put, key, lambda f: f.write(data))
+
+    async def put_file(self, key: str, path: Path) -> None:
+        def copy(f: Any) -> None:
+            with path.open("rb") as src:
+                while chunk := src.read(CHUNK_BYTES):
+                    f.write(chunk)
+
+        await asyncio.to_thread(self._put, key, copy)
+
+    async def read(self, key: str) -> bytes:
+        try:
+            return await asyncio.to_thread(self._path(key).read_bytes)
+        except FileNotFoundError:
+            raise BlobError(f"{key}: no such object") from None
+
+    async def chunks(self, key: str) -> AsyncIterator[bytes]:
+        try:
+            f = await asyncio.to_thread(self._path(key).open, "rb")
+        except FileNotFoundError:
+            raise BlobError(f"{key}: no such object") from None
+        try:
+            while chunk := await asyncio.to_thread(f.read, CHUNK_BYTES):
+                yield chunk
+        finally:
+            f.close()
+
+    async def size(self, key: str) -> int:
+        try:
+            return (await asyncio.to_thread(self._path(key).stat)).st_size
+        except FileNotFoundError:
+            raise BlobError(f"{key}: no such object") from None
+
+    async def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            await asyncio.to_thread(self._path(key).unlink)
+
+    async def check(self) -> None:
+        if not os.access(self.root, os.W_OK):
+            raise BlobError(f"{self.root} is not writable")
+
+
+class S3Blobs:
+    """Objects under ``s3://bucket/prefix``, through boto3 (credentials from the pod's identity: EKS Pod
+    Identity, or the usual environment)."""
+
+    def __init__(self, files: S3Files) -> None:
+        import boto3  # noqa: PLC0415 - only the S3 store needs it
+        from botocore.config import Config  # noqa: PLC0415
+
+        bucket = files.bucket or os.environ.get(BATCH_BUCKET_ENV, "")
+        if not bucket:
+            raise BlobError(f"batches.s3.bucket is not set and neither is ${BATCH_BUCKET_ENV}")
+        self.bucket = bucket
+        self.prefix = files.prefix
+        self.client: Any = boto3.client(
+            "s3",
+            region_name=files.region,
+            endpoint_url=str(files.endpoint_url) if files.endpoint_url else None,
+            config=Config(
+                retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=60
+            ),
+        )
+
+    def _key(self, key: str) -> str:
+        return self.prefix + key
+
+    async def _call(self, what: str, key: str, fn: Any, **kwargs: Any) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+
+        try:
+            return await asyncio.to_thread(fn, **kwargs)
+        except ClientError as err:
+            code = err.response.get("Error", {}).get("Code", "")
+            if code in ("NoSuchKey", "404", "NotFound"):
+                raise BlobError(f"{key}: no such object") from None
+            raise BlobError(f"S3 {what} s3://{self.bucket}/{self._key(key)}: {err}") from None
+        except BotoCoreError as err:
+            raise BlobError(f"S3 {what} s3://{self.bucket}/{self._key(key)}: {err}") from None
+
+    async def put_bytes(self, key: str, data: bytes) -> None:
+        await self._call(
+            "put", key, self.client.put_object, Bucket=self.bucket, Key=self._key(key), Body=data
+        )
+
+    async def put_file(self, key: str, path: Path) -> None:
+        await self._call(
+            "upload", key, self.client.upload_file, Filename=str(path), Bucket=self.bucket, Key=self._key(key)
+        )
+
+    async def read(self, key: str) -> bytes:
+        answer = await self._call("get", key, self.client.get_object, Bucket=self.bucket, Key=self._key(key))
+        data: bytes = await asyncio.to_thread(answer["Body"].read)
+        return data
+
+    async def chunks(self, key: str) -> AsyncIterator[bytes]:
+        answer = await self._call("get", key, self.client.get_object, Bucket=self.bucket, Key=self._key(key))
+        body = answer["Body"]
+        try:
+            while chunk := await asyncio.to_thread(body.read, CHUNK_BYTES):
+                yield chunk
+        finally:
+            body.close()
+
+    async def size(self, key: str) -> int:
+        head = await self._call("head", key, self.client.head_object, Bucket=self.bucket, Key=self._key(key))
+        return int(head["ContentLength"])
+
+    async def delete(self, key: str) -> None:
+        await self._call("delete", key, self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
+
+    async def check(self) -> None:
+        """Listing one key of the prefix proves the bucket, the credentials and the policy."""
+        await self._call(
+            "list", "", self.client.list_objects_v2, Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1
+        )
+
+
+def open_blobs(s3: S3Files | None, state_dir: Path) -> Blobs:
+    """The configured store: S3 when ``s3`` is set, else ``state_dir/files``."""
+    if s3 is not None:
+        return S3Blobs(s3)
+    return LocalBlobs(state_dir / "files")

@@ -1,0 +1,82 @@
+"""The health monitor's feed (``GET /v1/backends``) as a front end reads it: per replica, may it take traffic,
+and its engine's queue, running count and KV usage. Shared by front ends that route on the feed (the
+endpoint picker; the shape is ``runtime.health.feed``, which front ends may not import): ``read_feed`` is
+the pure part, ``fetch_feed`` the one GET.
+
+A feed older than its own ``stale_after_s`` counts as absent (the caller probes engines itself), and a
+replica whose metrics the monitor could not refresh has unknown load, never zero load.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger("inferstack.feed")
+
+#: When the feed does not say how long it stays good.
+DEFAULT_STALE_AFTER_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSignals:
+    """One replica's entry in the feed."""
+
+    model: str
+    url: str
+    routable: bool
+    queued: float | None
+    running: float | None
+    kv_usage: float | None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def read_feed(feed: Mapping[str, Any], now_unix_s: float) -> list[ReplicaSignals] | None:
+    """The replicas of a fresh feed; None when the feed is stale or not a feed at all."""
+    generated = _number(feed.get("generated_at"))
+    stale_after = _number(feed.get("stale_after_s")) or DEFAULT_STALE_AFTER_S
+    backends = feed.get("backends")
+    if generated is None or now_unix_s - generated > stale_after or not isinstance(backends, list):
+        return None
+    out: list[ReplicaSignals] = []
+    for entry in backends:
+        if not isinstance(entry, Mapping):
+            continue
+        metrics = entry.get("metrics")
+        fresh = isinstance(metrics, Mapping) and not entry.get("metrics_stale", False)
+        m: Mapping[str, Any] = metrics if fresh and isinstance(metrics, Mapping) else {}
+        out.append(
+            ReplicaSignals(
+                model=str(entry.get("model")),
+                url=str(entry.get("url", "")).rstrip("/"),
+                routable=bool(entry.get("routable", entry.get("state") != "ejected")),
+                queued=_number(m.get("queued")),
+                running=_number(m.get("running")),
+                kv_usage=_number(m.get("kv_usage")),
+            )
+        )
+    return out
+
+
+async def fetch_feed(
+    session: aiohttp.ClientSession, url: str, timeout_s: float
+) -> list[ReplicaSignals] | None:
+    """The feed's replicas, or None when the monitor is unreachable, answers badly or is stale (the caller
+    then probes the engines itself)."""
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            if resp.status != 200:
+                return None
+            feed = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+        log.warning("health feed %s unavailable (%s); probing engines directly", url, err)
+        return None
+    return read_feed(feed, time.time()) if isinstance(feed, dict) else None

@@ -1,0 +1,141 @@
+"""Which replica serves a request, or what the gateway answers instead. Pure: request in, decision out.
+
+The pick is the router's: the same ``runtime.scheduling`` strategy, fed the same request fields
+(``runtime.openai_request``), over replicas that satisfy the same ``Endpoint`` view. What differs is what
+happens when nobody can take the request: the router waits in line, the picker answers at once (the
+Endpoint Picker Protocol: 429 when the replicas are full, 503 when none is ready), and the gateway, not
+the picker, retries, on the fallback endpoints the pick lists after the chosen one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from runtime.http import error_body
+from runtime.openai_request import INFERENCE_PATHS, BadRequest, models_list, prompt_text, read_request
+from runtime.picker.replicas import ModelPool, Replica
+from runtime.scheduling import Context
+
+#: Seconds a client is told to wait after a 429 from full replicas (the router's queue deadline, halved,
+#: is what it says after waiting; the picker does not wait, so it says the short end).
+OVERLOAD_RETRY_AFTER_S = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The gateway answers the client itself (an ext_proc ImmediateResponse)."""
+
+    status: int
+    body: bytes
+    reason: str  # the rejections metric's label ("" for answers that are not refusals)
+    model: str = ""  # only a served model's name (no client-chosen metric labels)
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(slots=True)
+class Pick:
+    """The replica chosen, the ones the gateway may fall back to, and the context the strategy saw."""
+
+    pool: ModelPool
+    primary: Replica
+    fallbacks: list[Replica]
+    ctx: Context = field(repr=False)
+
+    def destination(self) -> str:
+        """The ``x-gateway-destination-endpoint`` value: the pick first, then its fallbacks."""
+        return ",".join([self.primary.endpoint, *(r.endpoint for r in self.fallbacks)])
+
+
+def refuse(
+    status: int,
+    message: str,
+    reason: str,
+    model: str = "",
+    *,
+    code: str | None = None,
+    param: str | None = None,
+    retry_after_s: int | None = None,
+) -> Answer:
+    headers = (("retry-after", str(retry_after_s)),) if retry_after_s is not None else ()
+    return Answer(status, error_body(status, message, code=code, param=param), reason, model, headers)
+
+
+def models_answer(models: Mapping[str, ModelPool]) -> Answer:
+    """``GET /v1/models``: the models with a healthy replica, as the router lists them."""
+    served = [
+        (name, pool.target.max_model_len_tokens)
+        for name, pool in models.items()
+        if any(r.healthy for r in pool.replicas)
+    ]
+    return Answer(200, models_list(served), "")
+
+
+def fallbacks(
+    pool: ModelPool, primary: Replica, candidates: list[Replica], now: float, most: int
+) -> list[Replica]:
+    """Other replicas that could take the request now, least loaded first. Computed without asking the
+    scorers again: a fallback is used only when the pick cannot be reached, and the strategy's memory
+    (prefix index, rotation) must not count a request twice."""
+    usable = [
+        r
+        for r in candidates
+        if r is not primary and r.healthy and r.inflight < r.cap and r.breaker.allows(now)
+    ]
+    usable.sort(key=lambda r: (r.inflight + r.engine_queued, r.url))
+    return usable[:most]
+
+
+def decide(
+    models: Mapping[str, ModelPool],
+    method: str,
+    path: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    now: float,
+    *,
+    subset: frozenset[str] | None = None,
+    most_fallbacks: int = 2,
+) -> Pick | Answer:
+    """The pick for one request (the caller tells the strategy with ``on_routed`` once it is sent), or
+    the answer the gateway gives instead. ``subset`` is the gateway's endpoint subset hint, if any."""
+    kind = INFERENCE_PATHS.get(path)
+    if kind is None:
+        if path == "/v1/models" and method in ("GET", "HEAD"):
+            return models_answer(models)
+        return refuse(404, f"no route for {path[:100]}", "no_route")
+    if method != "POST":
+        return refuse(405, f"{path} accepts POST", "method")
+    asked = read_request(body)
+    if isinstance(asked, BadRequest):
+        return refuse(400, asked.message, "bad_request", code=asked.code, param=asked.param)
+    pool = models.get(asked.model)
+    if pool is None:
+        served = ", ".join(sorted(models)) or "none"
+        message = f"model {asked.model!r} is not served here; served: {served}"
+        return refuse(404, message, "unknown_model", code="model_not_found")
+    ctx = Context(model=pool.name, now=now)
+    ctx.notes["kind"] = kind
+    if pool.needs_prompt:
+        ctx.prompt = prompt_text(asked.payload)
+    if pool.needs_session:
+        ctx.session = headers.get(pool.session_header)
+    candidates = pool.replicas
+    if subset is not None:
+        candidates = [r for r in candidates if r.endpoint in subset]
+    primary = pool.strategy.pick(candidates, ctx)
+    if primary is not None:
+        return Pick(pool, primary, fallbacks(pool, primary, candidates, now, most_fallbacks), ctx)
+    if any(r.healthy and r.breaker.allows(now) for r in candidates):
+        message = f"all replicas of {pool.name!r} are at capacity; try again shortly"
+        return refuse(
+            429, message, "overloaded", pool.name, code="overloaded", retry_after_s=OVERLOAD_RETRY_AFTER_S
+        )
+    return refuse(
+        503,
+        f"no healthy replica of {pool.name!r} right now",
+        "no_backend",
+        pool.name,
+        code="no_healthy_backend",
+        retry_after_s=max(1, pool.settings.breaker_open_ms // 1000),
+    )

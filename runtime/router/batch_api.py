@@ -1,0 +1,147 @@
+"""The router's two hooks for the batch service.
+
+1. ``/v1/files`` and ``/v1/batches``: the client's API key, its rate limits and (per line, in the batch
+   service) its model scopes apply as to inference calls; the call is then passed to the batch service
+   with who made it (``x-inferstack-key``) and what the key may use (``x-inferstack-models``). Headers
+   of those names from a client are dropped, never passed on.
+2. Low priority: a request marked ``x-inferstack-priority: low`` (the batch service's) is admitted only
+   while nobody waits in the model's line and some replica holds fewer requests than ``share`` of its
+   cap; it then goes only to such a replica. Otherwise it is refused at once (429 ``no_headroom``),
+   never queued ahead of, or beside, interactive requests.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from runtime.api_keys import Principal
+from runtime.config import BatchesSettings, RuntimeConfig
+from runtime.http import PRINCIPAL_HEADER, SCOPES_HEADER, error_body
+from runtime.router.proxy import HOP_BY_HOP
+from runtime.server import Connection, Request
+from runtime.upstream import Exchange, Pool, UpstreamError
+
+if TYPE_CHECKING:
+    from runtime.router.fleet import ModelState
+
+PATHS = (b"/v1/files", b"/v1/batches")
+#: Multipart framing on top of the largest batch input file an upload may carry.
+UPLOAD_SLACK_BYTES = 64 * 1024
+_DROPPED = HOP_BY_HOP | {PRINCIPAL_HEADER, SCOPES_HEADER}
+
+
+def is_batch_api(path: bytes) -> bool:
+    return any(path == p or path.startswith(p + b"/") for p in PATHS)
+
+
+def api_call_model(principal: Principal) -> str:
+    """The model a Files or Batches call is admitted for by the key's rate limits. It names none (the lines
+    do: the batch service holds them to the key's scopes), so the scope check is given one the key may use."""
+    scopes = principal.key.models
+    return scopes[0] if scopes else ""
+
+
+def low_priority_avoid(state: ModelState, share: float, now: float) -> frozenset[str] | None:
+    """Replicas a low-priority request must not go to, or None when it may not go anywhere now."""
+    if len(state.queue):
+        return None  # interactive requests are waiting: they get every slot that frees
+    busy = frozenset(b.url for b in state.backends if b.inflight >= b.cap * share)
+    free = any(b.healthy and b.breaker.allows(now) and b.url not in busy for b in state.backends)
+    return busy if free else None
+
+
+class BatchApiForwarder:
+    """Passes Files and Batches calls to the batch service and its answers back, as they are."""
+
+    def __init__(self, url: str, connect_timeout_s: float, timeout_s: float) -> None:
+        parts = urlsplit(url)
+        self.url = url
+        self.pool = Pool(parts.hostname or "127.0.0.1", parts.port or 80, max_idle=32)
+        self.connect_timeout_s = connect_timeout_s
+        self.timeout_s = timeout_s
+
+    def request(self, req: Request, principal: Principal | None, rid_header: bytes, rid: bytes) -> bytes:
+        target = req.path + (b"?" + req.query if req.query else b"")
+        lines = [b"%b %b HTTP/1.1\r\nhost: %b\r\n" % (req.method, target, self.pool.host_header)]
+        lines += [
+            n + b": " + v + b"\r\n" for n, v in req.headers.items() if n not in _DROPPED and n != rid_header
+        ]
+        lines.append(rid_header + b": " + rid + b"\r\n")
+        if principal is not None:
+            lines.append(PRINCIPAL_HEADER + b": " + principal.name.encode() + b"\r\n")
+            lines.append(SCOPES_HEADER + b": " + ",".join(principal.key.models).encode() + b"\r\n")
+        lines.append(b"content-length: %d\r\n\r\n" % len(req.body))
+        return b"".join(lines) + req.body
+
+    async def forward(
+        self, req: Request, conn: Connection, principal: Principal | None, rid_header: bytes, rid: bytes
+    ) -> int:
+        """Relay one call; returns the status the client got. A large answer (a file's content) is
+        passed on piece by piece, never held whole."""
+        ex: Exchange | None = None
+        started = False
+        try:
+            ex = await Exchange.open(
+                self.pool, self.request(req, principal, rid_header, rid), self.connect_timeout_s
+            )
+            await ex.head(self.timeout_s)
+            ctype = ex.headers.get(b"content-type", b"application/json")
+            first = await ex.next_chunk(self.timeout_s) or b""
+            length = ex.headers.get(b"content-length", b"")
+            if ex.drained or not length.isdigit():
+                body = first if ex.drained else first + await ex.read_all(self.timeout_s)
+                conn.send(ex.status, body, ctype, [(rid_header, rid)])
+                return ex.status
+            conn.start_sized(ex.status, [(b"content-type", ctype), (rid_header, rid)], int(length), first)
+            started = True
+            while (piece := await ex.next_chunk(self.timeout_s)) is not None:
+                await conn.write(piece)
+            conn.end_sized()
+            return ex.status
+        except UpstreamError as err:
+            if ex is not None:
+                ex.abort()
+            if started:  # the client has part of the answer: only closing tells it the rest is missing
+                conn.close()
+                return 502
+            status = 504 if err.kind == "timeout" else 502
+            conn.send(
+                status, error_body(status, f"the batch service failed: {err}", code="batch_service_error")
+            )
+            return status
+        except BaseException:
+            if ex is not None:
+                ex.abort()
+            raise
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class BatchApiHooks:
+    """What the router needs of the batch section of its config, rebuilt on reload."""
+
+    def __init__(self) -> None:
+        self.forwarder: BatchApiForwarder | None = None
+        self.low_priority_share: float = BatchesSettings.model_fields["headroom_share"].default
+        self.upload_max_bytes = 0
+
+    def configure(self, cfg: RuntimeConfig) -> None:
+        s, batches = cfg.router, cfg.batches
+        url = str(s.batches_url).rstrip("/") if s.batches_url else None
+        if self.forwarder is not None and self.forwarder.url != url:
+            self.forwarder.close()
+            self.forwarder = None
+        if url is not None and self.forwarder is None:
+            self.forwarder = BatchApiForwarder(
+                url, s.connect_timeout_ms / 1000, s.first_byte_timeout_ms / 1000
+            )
+        if batches is not None:
+            self.low_priority_share = batches.headroom_share
+        self.upload_max_bytes = batches.max_file_bytes + UPLOAD_SLACK_BYTES if batches else 0
+
+    def body_limit(self, target: bytes, default: int) -> int:
+        if self.forwarder is not None and target.startswith(PATHS[0]):
+            return max(default, self.upload_max_bytes)
+        return default

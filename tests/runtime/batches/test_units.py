@@ -1,0 +1,327 @@
+"""The batch service's pure parts (validation, multipart, state machine, pacing, API shapes) and its
+stores (SQLite, a directory, S3 through a real S3 API on loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx2 as httpx  # the HTTP client (and multipart encoder) the openai SDK uses
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from openai.types import Batch, FileObject
+
+from runtime.batches import lifecycle, multipart, pacing
+from runtime.batches.blobs import BlobError, LocalBlobs, S3Blobs
+from runtime.batches.lifecycle import Progress, Status, Step
+from runtime.batches.objects import BatchError, BatchRecord, FileRecord, error_line, response_line
+from runtime.batches.store import Result, Store
+from runtime.batches.validate import MAX_ERRORS, check_file
+from runtime.config import S3Files
+from tests.runtime.batches.harness import chat_line, free_port, jsonl
+
+CHAT = "/v1/chat/completions"
+
+
+# --- validation ---------------------------------------------------------------------------------------
+def test_a_valid_file_gives_its_lines_with_numbers_models_and_bodies():
+    data = jsonl([chat_line("a"), "", chat_line("b", model="other", temperature=0)])
+    checked = check_file(data, CHAT, 10)
+    assert checked.errors == []
+    assert [(ln.number, ln.custom_id, ln.model) for ln in checked.lines] == [(1, "a", "m"), (3, "b", "other")]
+    assert json.loads(checked.lines[1].body)["temperature"] == 0
+    assert checked.models == ["m", "other"]
+
+
+def test_more_requests_than_a_batch_takes_fail_the_file():
+    checked = check_file(jsonl(chat_line(str(i)) for i in range(4)), CHAT, 3)
+    assert [e.code for e in checked.errors] == ["too_many_requests"] and checked.lines == []
+
+
+def test_errors_are_capped_and_the_rest_counted():
+    checked = check_file(b"x\n" * (MAX_ERRORS + 50), CHAT, 100_000)
+    assert len(checked.errors) == MAX_ERRORS
+    assert checked.errors[-1].code == "too_many_errors" and "51 more" in checked.errors[-1].message
+
+
+@given(st.binary(max_size=300))
+def test_any_bytes_are_either_lines_or_errors_never_an_exception(data):
+    checked = check_file(data, CHAT, 1000)
+    assert bool(checked.lines) != bool(checked.errors)
+
+
+# --- multipart, against the encoder the openai SDK uses (httpx) ------------------------------------------
+def _encoded(files: dict[str, tuple[str, bytes]], data: dict[str, str]) -> tuple[bytes, bytes]:
+    request = httpx.Request("POST", "http://x/v1/files", files=files, data=data)
+    return request.headers["content-type"].encode(), request.read()
+
+
+@settings(max_examples=60)
+@given(
+    content=st.binary(max_size=2000),
+    filename=st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=30),
+)
+def test_multipart_parses_what_httpx_encodes(content, filename):
+    ctype, body = _encoded({"file": (filename, content)}, {"purpose": "batch"})
+    form = multipart.fields(multipart.parse(ctype, body))
+    assert form["file"].data == content
+    assert form["purpose"].data == b"batch"
+    assert form["file"].filename is not None
+
+
+@pytest.mark.parametrize(
+    ("ctype", "body"),
+    [
+        (b"application/json", b"{}"),
+        (b"multipart/form-data", b"--x\r\n"),
+        (b"multipart/form-data; boundary=x", b"no boundary here"),
+        (b"multipart/form-data; boundary=x", b"--x\r\nno header end"),
+        (b"multipart/form-data; boundary=x", b"--x\r\nContent-Disposition: form-data\r\n\r\nv\r\n--x--"),
+    ],
+)
+def test_multipart_refuses_what_is_not_a_form(ctype, body):
+    with pytest.raises(multipart.MultipartError):
+        multipart.parse(ctype, body)
+
+
+# --- the state machine --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("status", "pending", "inflight", "late", "step"),
+    [
+        (Status.VALIDATING, 0, 0, False, Step.VALIDATE),
+        (Status.IN_PROGRESS, 5, 2, False, Step.RUN),
+        (Status.IN_PROGRESS, 0, 0, False, Step.FINALIZE),
+        (Status.IN_PROGRESS, 5, 2, True, Step.WAIT),
+        (Status.IN_PROGRESS, 5, 0, True, Step.CLOSE_EXPIRED),
+        (Status.IN_PROGRESS, 0, 0, True, Step.FINALIZE),  # everything answered in time
+        (Status.CANCELLING, 5, 1, False, Step.WAIT),
+        (Status.CANCELLING, 5, 0, False, Step.CLOSE_CANCELLED),
+        (Status.FINALIZING, 0, 0, False, Step.FINALIZE),
+        (Status.COMPLETED, 0, 0, False, Step.NOTHING),
+        (Status.FAILED, 0, 0, False, Step.NOTHING),
+    ],
+)
+def test_next_step(status, pending, inflight, late, step):
+    now = 1000.0
+    p = Progress(
+        status, expires_at=int(now) - 1 if late else int(now) + 100, pending=pending, inflight=inflight
+    )
+    assert lifecycle.next_step(p, now) is step
+
+
+def test_only_validating_or_running_batches_can_be_cancelled():
+    assert lifecycle.cancel_refusal(Status.IN_PROGRESS) is None
+    assert lifecycle.cancel_refusal(Status.CANCELLING) is None  # again: no-op
+    assert "completed" in (lifecycle.cancel_refusal(Status.COMPLETED) or "")
+
+
+# --- pacing ---------------------------------------------------------------------------------------------
+def test_capacity_reads_the_health_feed_and_ignores_a_stale_one():
+    feed = {
+        "generated_at": 100.0,
+        "stale_after_s": 15,
+        "models": [{"model": "m", "routable_replicas": 3, "queue_depth": 0}],
+    }
+    assert pacing.capacity(feed, "m", 101.0) == pacing.Capacity(3, 0.0)
+    assert pacing.capacity(feed, "m", 200.0) is None
+    assert pacing.capacity(feed, "other", 101.0) is None
+    assert pacing.window_cap(pacing.Capacity(3, 0.0), 4) == 12
+    assert pacing.window_cap(pacing.Capacity(3, 2.0), 4) == 0  # engines queue: no batch work
+    assert pacing.window_cap(None, 4) == 4
+
+
+def test_the_window_grows_by_one_per_window_of_answers_and_halves_on_refusal():
+    w = pacing.Window()
+    for _ in range(20):
+        w.answered(cap=8)
+    assert 5 <= w.limit(8) <= 7
+    pause = w.refused()
+    assert w.limit(8) <= 4 and pause == pacing.PAUSE_START_S
+    assert w.refused() == 2 * pacing.PAUSE_START_S
+    for _ in range(100):
+        w.answered(cap=8)
+    assert w.limit(8) == 8 and w.limit(3) == 3
+
+
+@pytest.mark.parametrize(
+    ("status", "attempt", "verdict"),
+    [
+        (200, 1, pacing.Verdict.DONE),
+        (400, 1, pacing.Verdict.DONE),
+        (404, 1, pacing.Verdict.DONE),
+        (429, 9, pacing.Verdict.REFUSED),
+        (503, 1, pacing.Verdict.RETRY),
+        (None, 1, pacing.Verdict.RETRY),
+        (502, 5, pacing.Verdict.DONE),  # out of attempts: the error file
+    ],
+)
+def test_verdicts(status, attempt, verdict):
+    assert pacing.verdict(status, attempt, 5) == verdict
+
+
+# --- the API's shapes, as the openai SDK reads them -------------------------------------------------------
+def test_records_are_what_the_sdk_parses():
+    file = FileRecord("file-1", "", "in.jsonl", "batch", 10, 1, 2)
+    assert FileObject.model_validate(file.to_api()).purpose == "batch"
+    batch = BatchRecord(
+        "batch_1", "", CHAT, "file-1", "24h", "failed", 1, 2, errors=(BatchError("c", "m", "p", 3),)
+    )
+    parsed = Batch.model_validate(batch.to_api())
+    assert parsed.errors is not None and parsed.errors.data[0].line == 3
+    assert parsed.request_counts is not None and parsed.request_counts.total == 0
+    ok = json.loads(response_line("batch_1", 1, "a", 200, "rid", {"x": 1}))
+    assert (
+        ok["response"] == {"status_code": 200, "request_id": "rid", "body": {"x": 1}} and ok["error"] is None
+    )
+    gone = json.loads(error_line("batch_1", 2, "b", "batch_expired", "late"))
+    assert gone["response"] is None and gone["error"] == {"code": "batch_expired", "message": "late"}
+    assert ok["id"] != gone["id"]
+
+
+# --- the SQLite store -----------------------------------------------------------------------------------
+def _batch(store: Store, batch_id: str = "batch_1", lines: int = 3) -> None:
+    store.add_batch(BatchRecord(batch_id, "o", CHAT, "file-1", "24h", "validating", 1, 10_000_000_000))
+    checked = check_file(jsonl(chat_line(f"c{i}") for i in range(lines)), CHAT, 100)
+    assert store.start(batch_id, checked.lines, "m", 2)
+
+
+def test_a_result_is_recorded_once_whatever_is_sent_twice(tmp_path):
+    store = Store(tmp_path / "s.db")
+    _batch(store)
+    first = Result("batch_1", 1, True, b"one\n", 5, 2, 1)
+    assert store.record([first, first]) == 1
+    assert store.record([Result("batch_1", 1, False, b"late\n")]) == 0
+    b = store.batch("batch_1")
+    assert b is not None and (b.completed, b.failed, b.input_tokens, b.output_tokens, b.cached_tokens) == (
+        1,
+        0,
+        5,
+        2,
+        1,
+    )
+    assert [p.line for p in store.pending("batch_1", "m", 0, 10)] == [2, 3]
+
+
+def test_start_and_fail_happen_only_to_a_validating_batch(tmp_path):
+    store = Store(tmp_path / "s.db")
+    _batch(store)
+    assert not store.start("batch_1", [], None, 3)
+    assert not store.fail("batch_1", [BatchError("x", "y")], 0, 3)
+    assert store.cancel("batch_1", "someone-else", 4) is None
+    cancelled = store.cancel("batch_1", "o", 4)
+    assert isinstance(cancelled, BatchRecord) and cancelled.status == "cancelling"
+
+
+def test_closing_writes_files_from_the_rows_and_drops_them(tmp_path):
+    store = Store(tmp_path / "s.db")
+    _batch(store, lines=4)
+    store.record([Result("batch_1", 2, True, b'{"ok":2}\n'), Result("batch_1", 4, False, b'{"err":4}\n')])
+    batch = store.batch("batch_1")
+    assert batch is not None
+    with pytest.raises(RuntimeError):  # completing with lines unanswered is a bug, never a short file
+        store.write_results(batch, Status.COMPLETED, tmp_path / "o", tmp_path / "e")
+    counts = store.write_results(batch, Status.EXPIRED, tmp_path / "o", tmp_path / "e")
+    assert counts == (1, 3)
+    errors = [json.loads(x) for x in (tmp_path / "e").read_text().splitlines()]
+    assert errors[2] == {"err": 4}  # recorded results as they were, in line order with the rest
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors[:2]] == [
+        ("c0", "batch_expired"),
+        ("c2", "batch_expired"),
+    ]
+    assert (tmp_path / "o").read_bytes() == b'{"ok":2}\n'
+    out = FileRecord("file-o", "o", "batch_1_output.jsonl", "batch_output", 9, 5, None)
+    assert store.finish("batch_1", Status.EXPIRED, 5, (out, "files/file-o"), None)
+    assert not store.finish("batch_1", Status.EXPIRED, 6, None, None)  # terminal already
+    done = store.batch("batch_1")
+    assert done is not None and (done.status, done.completed, done.failed, done.output_file_id) == (
+        "expired",
+        1,
+        3,
+        "file-o",
+    )
+    assert store.pending_by_model() == {} and store.file("file-o", "o") is not None
+
+
+def test_lists_page_by_id(tmp_path):
+    store = Store(tmp_path / "s.db")
+    for i in range(5):
+        store.add_file(FileRecord(f"file-{i}", "o", "f", "batch", 1, i, None), f"files/file-{i}")
+    store.add_file(FileRecord("file-x", "other", "f", "batch", 1, 9, None), "files/file-x")
+    page, more = store.files("o", None, 2, None, ascending=False)
+    assert [f.id for f in page] == ["file-4", "file-3"] and more
+    page, more = store.files("o", "batch", 10, "file-3", ascending=False)
+    assert [f.id for f in page] == ["file-2", "file-1", "file-0"] and not more
+    page, _ = store.files("o", None, 2, "file-1", ascending=True)
+    assert [f.id for f in page] == ["file-2", "file-3"]
+
+
+# --- files: a directory, and S3 (moto's server: the S3 API on loopback) ----------------------------------
+async def _round_trip(blobs, tmp_path: Path) -> None:
+    await blobs.check()
+    await blobs.put_bytes("files/a", b"hello")
+    assert await blobs.read("files/a") == b"hello"
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * (3 << 20) + b"end")
+    await blobs.put_file("files/b", big)
+    assert await blobs.size("files/b") == (3 << 20) + 3
+    assert b"".join([c async for c in blobs.chunks("files/b")]) == big.read_bytes()
+    await blobs.put_bytes("files/a", b"again")  # the same key twice: the second copy
+    assert await blobs.read("files/a") == b"again"
+    await blobs.delete("files/a")
+    with pytest.raises(BlobError):
+        await blobs.read("files/a")
+
+
+def test_local_files_round_trip_and_stay_inside_their_directory(tmp_path):
+    blobs = LocalBlobs(tmp_path / "files")
+    asyncio.run(_round_trip(blobs, tmp_path))
+    with pytest.raises(BlobError):
+        asyncio.run(blobs.put_bytes("../escape", b"x"))
+
+
+@pytest.fixture
+def moto_s3():
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(url, timeout=1)
+            break
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise
+            time.sleep(0.1)
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_s3_files_round_trip_under_their_prefix(moto_s3, tmp_path, monkeypatch):
+    import boto3
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("INFERSTACK_FILES_BUCKET", "platform-data")
+    s3 = boto3.client("s3", region_name="us-east-1", endpoint_url=moto_s3)
+    s3.create_bucket(Bucket="platform-data")
+    blobs = S3Blobs(S3Files(region="us-east-1", endpoint_url=moto_s3, prefix="batches/"))
+    assert blobs.bucket == "platform-data"  # from the environment the control plane sets
+    asyncio.run(_round_trip(blobs, tmp_path))
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="platform-data").get("Contents", [])]
+    assert keys == ["batches/files/b"]
+    with pytest.raises(BlobError):
+        asyncio.run(S3Blobs(S3Files(bucket="missing", region="us-east-1", endpoint_url=moto_s3)).check())
