@@ -5,7 +5,7 @@ vLLM 0.32's ``ModelConfig`` raises "Sleep mode is not supported on current platf
 ``scaling.sleep_after_idle_s`` on CPU engines, the policy pack refuses ``--enable-sleep-mode`` on an engine
 without a GPU, and the router's sleep/wake loop is tested against a double of vLLM's sleep endpoints
 (tests/runtime/router/test_sleep.py). The flag itself is parsed by vLLM's own parser with every committed
-command line (tests/components/test_vllm_command_lines.py: stacks/Pulumi.shared.yaml's llama-3-8b sleeps).
+command line (tests/components/test_vllm_command_lines.py: stacks/Pulumi.shared.yaml's qwen-7b sleeps).
 """
 
 from __future__ import annotations
