@@ -18,7 +18,6 @@ engines' counters; router CPU is summed over the N routers.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 import json
 import os
@@ -37,7 +36,6 @@ from typing import Any
 from bench.machine import describe, dist_version
 from bench.processes import process
 from bench.routing import workload as wl
-from bench.routing.client import play
 from bench.routing.run import (
     BENCH_PY,
     BLOCK_TOKENS,
@@ -48,13 +46,11 @@ from bench.routing.run import (
     ROOT,
     ROUTER_PORT,
     Run,
-    cpu_ticks,
     engines,
     make_model,
     med_range,
+    play_and_account,
     post,
-    scrape,
-    summarise,
     wait_idle,
     wait_ready,
 )
@@ -127,15 +123,7 @@ def measure(
         wait_idle(urls)
         for u in urls:
             post(f"{u}/reset_prefix_cache")  # the engines publish AllBlocksCleared: the views empty too
-        before = [scrape(u) for u in urls]
-        ticks0 = sum(cpu_ticks(r.pid) for r in routers)
-        load0 = os.getloadavg()[0]
-        records, wall = asyncio.run(play(f"http://127.0.0.1:{ROUTER_PORT}", model, work))
-        ticks1 = sum(cpu_ticks(r.pid) for r in routers)
-        load1 = os.getloadavg()[0]
-        wait_idle(urls)
-        after = [scrape(u) for u in urls]
-    return summarise(target, work, rep, records, wall, before, after, urls, ticks1 - ticks0, (load0, load1))
+        return play_and_account(target, work, rep, model, urls, [r.pid for r in routers])
 
 
 def wait_synced(routers: list[str], engines: int, timeout_s: float = 120) -> None:

@@ -305,14 +305,22 @@ def measure(
             post(f"{u}/reset_prefix_cache")
         # the router's CPU; for Envoy + picker, the whole path's (both processes)
         path = procs if TARGETS[target][0] == "envoy-picker" else procs[-1:]
-        before = [scrape(u) for u in workers]
-        ticks0 = sum(cpu_ticks(p.pid) for p in path)
-        load0 = os.getloadavg()[0]
-        records, wall = asyncio.run(play(f"http://127.0.0.1:{ROUTER_PORT}", model, work))
-        ticks1 = sum(cpu_ticks(p.pid) for p in path)
-        load1 = os.getloadavg()[0]
-        wait_idle(workers)
-        after = [scrape(u) for u in workers]
+        return play_and_account(target, work, rep, model, workers, [p.pid for p in path])
+
+
+def play_and_account(
+    target: str, work: wl.Workload, rep: int, model: str, workers: list[str], pids: list[int]
+) -> Run:
+    """Plays ``work`` through the router port with the routers up; their CPU (``pids``) and the engines'
+    counters before and after make the run's record."""
+    before = [scrape(u) for u in workers]
+    ticks0 = sum(cpu_ticks(pid) for pid in pids)
+    load0 = os.getloadavg()[0]
+    records, wall = asyncio.run(play(f"http://127.0.0.1:{ROUTER_PORT}", model, work))
+    ticks1 = sum(cpu_ticks(pid) for pid in pids)
+    load1 = os.getloadavg()[0]
+    wait_idle(workers)
+    after = [scrape(u) for u in workers]
     return summarise(
         target, work, rep, records, wall, before, after, workers, ticks1 - ticks0, (load0, load1)
     )
