@@ -873,31 +873,42 @@ def host_share(instance: catalog.InstanceType, gpus: float) -> tuple[float, int]
 
 def host_memory_needed_gib(model: ModelSpec, placement: Placement) -> int:
     """Host memory one engine pod needs at least: its own, plus a KV offload buffer, plus (sleep level 1) its
-    weights, which sleeping moves to host memory (a multi-node group's pod, its node's part of them); 0 when it
-    parks nothing there."""
+    weights, which sleeping moves to host memory (only single-node replicas sleep); 0 when it parks nothing
+    there."""
     parked = model.engine.cpu_kv_offload_gib
     if model.scaling.sleep_after_idle_s is not None:
-        parked += placement.weights_gib / placement.nodes
+        parked += placement.weights_gib
     return math.ceil(parked + HOST_ENGINE_BASE_GIB) if parked else 0
 
 
 def _sleep_fits_host(spec: PlatformSpec, placements: dict[str, Placement]) -> list[Problem]:
-    """A sleeping replica keeps its weights in host memory: its share of the node must hold them."""
+    """A sleeping replica keeps its weights in host memory: its share of the node must hold them. A replica that
+    spans nodes does not sleep: the router's sleep and wake calls reach the group's leader, and whether every
+    worker of a multi-node engine follows them is not established here."""
     problems = []
     for i, model in enumerate(spec.models):
         placement = placements.get(model.name)
         if model.scaling.sleep_after_idle_s is None or placement is None or placement.instance is None:
             continue
+        if placement.multi_node:
+            problems.append(
+                Problem(
+                    f"models[{i}].scaling.sleep_after_idle_s",
+                    f"a replica of {model.name} spans {placement.nodes} x {placement.instance.name} (a "
+                    "LeaderWorkerSet group), and sleep mode is supported on replicas of one node only: remove it "
+                    "(min_replicas: 0 scales the groups to zero instead)",
+                )
+            )
+            continue
         need = host_memory_needed_gib(model, placement)
-        _, share = host_share(placement.instance, placement.gpu_fraction / placement.nodes)
+        _, share = host_share(placement.instance, placement.gpu_fraction)
         have = model.engine.memory_gib or share
         if need > have:
             problems.append(
                 Problem(
                     f"models[{i}].scaling.sleep_after_idle_s",
-                    f"a sleeping replica of {model.name} moves its weights "
-                    f"({placement.weights_gib / placement.nodes:.1f} GiB{' per node' if placement.multi_node else ''}) "
-                    f"to host memory and needs {need} GiB there, but gets {have:g} GiB of {placement.instance.name} "
+                    f"a sleeping replica of {model.name} moves its weights ({placement.weights_gib:.1f} GiB) to host "
+                    f"memory and needs {need} GiB there, but gets {have:g} GiB of {placement.instance.name} "
                     f"({'engine.memory_gib' if model.engine.memory_gib else 'its share of the node'}); use an instance "
                     "with more memory per GPU, set engine.memory_gib if the node has room, or remove sleep",
                 )
