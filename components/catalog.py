@@ -61,6 +61,84 @@ GPUS: dict[str, Gpu] = {
 }
 
 
+# -- MIG ----------------------------------------------------------------------------------------------
+MIG_MEMORY_SLICES = 8
+"""A MIG-capable GPU's memory is cut into eight slices; a GPU instance takes a contiguous run of them."""
+MIG_COMPUTE_SLICES = 7
+"""... and its SMs into seven compute slices."""
+MIG_SOURCE = (
+    "NVIDIA Multi-Instance GPU User Guide, 'Supported MIG Profiles' (A100, H100, H200, B200 tables: fraction of "
+    "memory, fraction of SMs, instances available, and the placement diagram) and 'Supported GPUs', "
+    "https://docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html, read 2026-12-01"
+)
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """One GPU instance profile of one GPU model (without media extensions, which LLM engines do not use).
+
+    ``memory_slices`` is the run of the eight memory slices the instance occupies and ``placements`` the
+    slices it may start at (the user guide's placement diagram): two instances never overlap, which is
+    the whole of the rule for which profiles fit together on one GPU.
+    """
+
+    name: str  # e.g. '1g.10gb'; the device plugin's mixed strategy advertises nvidia.com/mig-<name>
+    compute_slices: int
+    memory_slices: int
+    placements: tuple[int, ...]
+
+    @property
+    def max_instances(self) -> int:
+        """Instances of this profile one GPU holds: the guide's 'Number of Instances Available'."""
+        taken: set[int] = set()
+        count = 0
+        for start in self.placements:
+            run = set(range(start, start + self.memory_slices))
+            if not run & taken:
+                taken |= run
+                count += 1
+        return count
+
+    def memory_gib(self, gpu: Gpu) -> float:
+        """The instance's memory: its fraction of the card's (the guide's 'Fraction of Memory')."""
+        return gpu.memory_gib * self.memory_slices / MIG_MEMORY_SLICES
+
+    @property
+    def gpu_fraction(self) -> float:
+        """The share of the GPU an instance blocks for others (its memory slices; a 7g instance is the card)."""
+        return self.memory_slices / MIG_MEMORY_SLICES
+
+
+def _mig_profiles(small_gb: int, double_gb: int, half_gb: int, full_gb: int) -> tuple[MigProfile, ...]:
+    """The six profiles every GPU of the GA100/GH100/GB100 families has, named by the card's memory.
+
+    All seven-slice GPUs share one geometry (the guide's A100 table and placement diagram; H100, H200 and
+    B200 repeat it with their memory in the names).
+    """
+    return (
+        MigProfile(f"1g.{small_gb}gb", 1, 1, (0, 1, 2, 3, 4, 5, 6)),
+        MigProfile(f"1g.{double_gb}gb", 1, 2, (0, 2, 4, 6)),
+        MigProfile(f"2g.{double_gb}gb", 2, 2, (0, 2, 4)),
+        MigProfile(f"3g.{half_gb}gb", 3, 4, (0, 4)),
+        MigProfile(f"4g.{half_gb}gb", 4, 4, (0,)),
+        MigProfile(f"7g.{full_gb}gb", 7, 8, (0,)),
+    )
+
+
+# GPUs without an entry have no MIG (T4, A10G, L4 and L40S are not in the guide's 'Supported GPUs').
+MIG_PROFILES: dict[str, tuple[MigProfile, ...]] = {
+    "A100-40GB": _mig_profiles(5, 10, 20, 40),
+    "A100-80GB": _mig_profiles(10, 20, 40, 80),
+    "H100": _mig_profiles(10, 20, 40, 80),
+    "H200": _mig_profiles(18, 35, 71, 141),
+    "B200": _mig_profiles(23, 45, 90, 180),
+}
+
+
+def mig_profile(gpu: str, name: str) -> MigProfile | None:
+    return next((p for p in MIG_PROFILES.get(gpu, ()) if p.name == name), None)
+
+
 @dataclass(frozen=True)
 class InstanceType:
     """An AWS EC2 GPU instance type and its on-demand Linux price."""
@@ -464,6 +542,13 @@ ENGINE_INIT_S: dict[str, int] = {
 }
 STARTUP_MARGIN = 0.25
 """Budget = estimate x (1 + margin), rounded up to whole minutes."""
+
+SLEEP_WAKE_MIBPS = 10_240.0
+"""Waking a vLLM engine from sleep level 1 copies its weights back from pinned host memory to the GPU (the KV
+cache is re-allocated empty; nothing is read from disk and no graph is recompiled). Assumed: 10 GiB/s, well under
+PCIe Gen4 x16's 32 GB/s peak; an estimate, labelled as one wherever it is shown."""
+SLEEP_WAKE_FIXED_S = 1
+"""Waking's fixed part: re-mapping the memory pool and resuming the scheduler (an estimate)."""
 
 
 # Multi-node serving: how nodes of a GPU instance type talk to each other (``components.multinode``).

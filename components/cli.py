@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from components import catalog, cost, multinode, sizing
+from components import catalog, cost, multinode, packing, sizing
 from components.cost_cli import cost_command
 from components.enums import KvCacheDType, Quantization, Target
 from components.local.cli import local_app
@@ -141,6 +141,12 @@ def size(
             "node, pipeline stages across nodes, EFA and a cluster placement group between them "
             f"(EFA counts read {catalog.EFA_READ_ON})."
         )
+    shares = share_rows(arch, shape)
+    if shares:
+        share_table = Table(*SHARE_COLUMNS, title="Or a share of one GPU (pool sharing time-slicing or mig)")
+        for share_row in shares:
+            share_table.add_row(*share_row)
+        out.print(share_table)
 
 
 SIZE_COLUMNS = (
@@ -176,6 +182,26 @@ def size_rows(found: list[sizing.Candidate]) -> list[tuple[str, ...]]:
                 cost.monthly(spot),
             )
         )
+    return rows
+
+
+SHARE_COLUMNS = ("GPU", "time-sliced fraction (gpu_share.fraction)", "MIG profile (gpu_share.mig_profile)")
+
+
+def share_rows(arch: catalog.ModelArch, shape: sizing.EngineShape) -> list[tuple[str, ...]]:
+    """Per GPU model: the smallest time-sliced fraction and MIG profile that hold one replica (single-GPU shapes)."""
+    if shape.gpus != 1:
+        return []
+    rows: list[tuple[str, ...]] = []
+    for gpu in catalog.GPUS.values():
+        if sizing.gpu_supports(gpu, shape) is not None:
+            continue
+        fraction = packing.smallest_fraction(arch, shape, gpu)
+        profile = packing.smallest_mig_profile(arch, shape, gpu)
+        if fraction is None and profile is None:
+            continue
+        mig = profile.name if profile else ("-" if gpu.name in catalog.MIG_PROFILES else "no MIG")
+        rows.append((gpu.name, f"{fraction:g}" if fraction is not None else "-", mig))
     return rows
 
 

@@ -48,6 +48,14 @@ class ModelCost:
     spot_max_usd_month: float
     tokens_per_second_per_replica: float | None  # estimate; None for CPU engines and pooling models
     usd_per_million_tokens: float | None  # estimate at full utilisation
+    unshared_usd_per_replica_month: float = 0.0  # the same replica on a whole GPU of its pool's type
+
+    @property
+    def sharing_saves_usd_month(self) -> float:
+        """What sharing a GPU saves at max replicas, against whole GPUs (0 when it shares none)."""
+        return max(0.0, (self.unshared_usd_per_replica_month - self.usd_per_replica_month)) * (
+            self.max_usd_month / self.usd_per_replica_month if self.usd_per_replica_month else 0
+        )
 
 
 def decode_tokens_per_second(placement: Placement) -> float | None:
@@ -63,6 +71,11 @@ def decode_tokens_per_second(placement: Placement) -> float | None:
         fit.weights_gib * sizing.GIB * active + batch * ROOFLINE_AVG_CONTEXT_TOKENS * per_token_kv
     )
     bandwidth = instance.gpu_spec.memory_bandwidth_gbps * 1e9 * ROOFLINE_BANDWIDTH_EFFICIENCY
+    share = placement.share
+    if share is not None and share.profile is not None:  # a MIG instance has its slices of the bandwidth
+        bandwidth *= share.profile.memory_slices / catalog.MIG_MEMORY_SLICES
+    elif share is not None:  # time slices take turns: with every slice busy, each gets its turn's worth
+        bandwidth /= share.slots_per_gpu
     steps_per_second = bandwidth / bytes_per_step
     return steps_per_second * batch
 
@@ -73,8 +86,13 @@ def model_cost(spec: PlatformSpec, layout: Layout, name: str) -> ModelCost:
     if placement.instance is None or placement.pool is None:
         return ModelCost(name, CapacityType.ON_DEMAND, 0.0, 0.0, 0.0, 0.0, 0.0, None, None)
     pool = layout.pools[placement.pool]
-    share = placement.gpus_per_replica / placement.instance.gpus
+    share = placement.gpu_fraction / placement.instance.gpus
     per_replica = hourly(placement.instance, pool.capacity_type) * share * catalog.HOURS_PER_MONTH
+    unshared = (
+        hourly(placement.instance, pool.capacity_type) * catalog.HOURS_PER_MONTH / placement.instance.gpus
+        if placement.share is not None
+        else per_replica
+    )
     on_demand = hourly(placement.instance, CapacityType.ON_DEMAND) * share * catalog.HOURS_PER_MONTH
     spot = hourly(placement.instance, CapacityType.SPOT) * share * catalog.HOURS_PER_MONTH
     tps = decode_tokens_per_second(placement)
@@ -89,6 +107,7 @@ def model_cost(spec: PlatformSpec, layout: Layout, name: str) -> ModelCost:
         spot_max_usd_month=spot * model.scaling.max_replicas * model.serving_units,
         tokens_per_second_per_replica=tps,
         usd_per_million_tokens=per_million,
+        unshared_usd_per_replica_month=unshared,
     )
 
 

@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from components.placement import PoolPlan
+from components.packing import Mechanism
+from components.placement import PoolPlan, Share
 
 POOL_LABEL = "inferstack.io/pool"
 """Which GPU pool a node belongs to; engines select their pool by it."""
@@ -25,6 +26,15 @@ SYSTEM_ROLE = "system"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 """The extended resource the NVIDIA device plugin advertises; engines request it."""
+SHARED_GPU_RESOURCE = f"{GPU_RESOURCE}.shared"
+"""A time-sliced GPU replica: the device plugin renames ``nvidia.com/gpu`` so with ``renameByDefault`` (its README,
+'Shared Access to GPUs'), so an engine that wants a whole GPU never lands on a shared one by accident."""
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+"""MIG instances under the device plugin's mixed strategy: ``nvidia.com/mig-<profile>``, e.g. ``nvidia.com/mig-1g.10gb``."""
+TEAM_LABEL = "inferstack.io/team"
+"""The team or tenant that owns an engine (spec ``models[].team``): who may share a GPU with whom."""
+DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+"""The node label that picks a named config of the device plugin's config map (the chart's config-manager)."""
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 """The extended resource the EFA device plugin advertises (one per EFA interface); pods of multi-node groups on
 nodes with EFA request them."""
@@ -52,13 +62,29 @@ def gpu_toleration() -> dict[str, str]:
 
 
 def gpu_node_labels(pool: PoolPlan) -> dict[str, str]:
-    """The labels of a GPU pool's nodes: the pool's own, then the pool, role and GPU product (ours win)."""
-    return {
+    """The labels of a GPU pool's nodes: the pool's own, then the pool, role and GPU product (ours win); a pool
+    that shares its GPUs also names its device plugin config."""
+    labels = {
         **pool.labels,
         POOL_LABEL: pool.name,
         ROLE_LABEL: GPU_ROLE,
         GPU_PRODUCT_LABEL: pool.instance.gpu_spec.product_label,
     }
+    if pool.sharing is not Mechanism.NONE:
+        labels[DEVICE_PLUGIN_CONFIG_LABEL] = device_plugin_config_name(pool.name)
+    return labels
+
+
+def device_plugin_config_name(pool: str) -> str:
+    """The device plugin config a shared pool's nodes run (a key of the chart's ``config.map``)."""
+    return f"pool-{pool}"
+
+
+def share_resource(share: Share) -> str:
+    """The extended resource one replica of a shared GPU requests (one of it)."""
+    if share.profile is not None:
+        return f"{MIG_RESOURCE_PREFIX}{share.profile.name}"
+    return SHARED_GPU_RESOURCE
 
 
 def system_node_selector() -> dict[str, str]:

@@ -11,13 +11,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from components import catalog, multinode, sizing
+from components import catalog, multinode, packing, sizing
+from components.packing import Mechanism
 from components.problems import Problem, SpecError
 from components.spec import (
     AUTO,
     HF_COMMIT,
     CapacityType,
     Device,
+    GpuPlugin,
     GpuPoolSpec,
     ModelSpec,
     NodeProvisioner,
@@ -27,6 +29,11 @@ from components.spec import (
 )
 from components.weights import fetch, store
 
+# Node resources the kubelet, system daemons and DaemonSets keep; the rest is shared by the GPUs' replicas.
+NODE_RESERVED_CPU = 2.0
+NODE_RESERVED_MEMORY_FRACTION = 0.10
+HOST_ENGINE_BASE_GIB = 16
+"""Host memory a GPU engine needs for itself, besides what it parks there (a KV offload buffer, slept weights)."""
 IMAGE_DISK_GIB = 60  # engine images (vLLM's is ~10 GiB compressed) and the kubelet's working space
 DISK_STEP_GIB = 50
 
@@ -42,11 +49,56 @@ def engine_shape(model: ModelSpec) -> sizing.EngineShape:
         max_model_len=e.max_model_len,
         max_num_seqs=e.max_num_seqs,
         max_num_batched_tokens=e.max_num_batched_tokens,
-        gpu_memory_utilization=e.gpu_memory_utilization,
+        gpu_memory_utilization=model.memory_utilization,
         enforce_eager=e.enforce_eager,
         lora_slots=e.lora.max_per_batch if model.adapters else 0,
         lora_max_rank=e.lora.max_rank if model.adapters else 0,
     )
+
+
+@dataclass(frozen=True)
+class Share:
+    """How one replica shares a GPU: its pool's mechanism, what it takes, what it is charged."""
+
+    mechanism: Mechanism
+    fraction: float | None  # time-slicing: share of the GPU's memory
+    profile: catalog.MigProfile | None  # mig: its instance profile
+    slots_per_gpu: int  # time-slicing: engines per GPU on its pool; 1 for mig
+
+    @property
+    def gpu_fraction(self) -> float:
+        """The share of one GPU a replica is charged for (``packing.gpu_share``)."""
+        return packing.gpu_share(self.engine(""), self.slots_per_gpu)
+
+    def engine(self, model: str) -> packing.Engine:
+        return packing.Engine(model, fraction=self.fraction, profile=self.profile)
+
+    @property
+    def per_gpu(self) -> int:
+        """Replicas of this model one GPU can hold."""
+        return self.profile.max_instances if self.profile is not None else self.slots_per_gpu
+
+    def describe(self) -> str:
+        if self.profile is not None:
+            return f"MIG {self.profile.name} ({self.gpu_fraction:.3g} of a GPU)"
+        return (
+            f"time-sliced {self.fraction:g} of a GPU's memory (one of {self.slots_per_gpu} engines per GPU, "
+            f"gpu_memory_utilization {packing.shared_memory_utilization(self.fraction or 0):g})"
+        )
+
+
+def pool_slots(spec: PlatformSpec, pool: GpuPoolSpec) -> int:
+    """Time-sliced engines per GPU of ``pool``: its engines_per_gpu, else what its largest fraction allows."""
+    if pool.sharing is not Mechanism.TIME_SLICING:
+        return 1
+    if pool.engines_per_gpu is not None:
+        return pool.engines_per_gpu
+    fractions = [
+        m.gpu_share.fraction
+        for m in spec.models
+        if m.pool == pool.name and m.gpu_share is not None and m.gpu_share.fraction is not None
+    ]
+    return packing.slots_for(fractions)
 
 
 @dataclass(frozen=True)
@@ -60,11 +112,14 @@ class Placement:
     gpus_per_replica: int
     fit: sizing.MemoryFit | None
     reason: str
+    share: Share | None = None  # on a shared pool: its slice of one GPU
 
     @property
     def replicas_per_node(self) -> int:
         if self.instance is None or self.gpus_per_replica == 0:
             return 1
+        if self.share is not None:
+            return self.instance.gpus * self.share.per_gpu
         return max(1, self.instance.gpus // self.gpus_per_replica)
 
     @property
@@ -77,6 +132,11 @@ class Placement:
     @property
     def multi_node(self) -> bool:
         return self.nodes > 1
+
+    @property
+    def gpu_fraction(self) -> float:
+        """GPUs one replica is charged for: whole GPUs, or its share of one."""
+        return self.share.gpu_fraction if self.share is not None else float(self.gpus_per_replica)
 
     @property
     def weights_gib(self) -> float:
@@ -96,6 +156,12 @@ class PoolPlan:
     labels: dict[str, str]
     models: tuple[str, ...]
     reason: str
+    packing: packing.Packing | None = None  # a shared pool: its models' max replicas on GPUs
+
+    @property
+    def sharing(self) -> Mechanism:
+        return self.packing.mechanism if self.packing is not None else Mechanism.NONE
+
     multi_node: bool = False
     """A model on it spans nodes (LeaderWorkerSet groups)."""
     efa_interfaces: int = 0
@@ -141,6 +207,8 @@ def _check_on_instance(
     unsupported = sizing.gpu_supports(instance.gpu_spec, shape)
     if unsupported:
         return [Problem(f"{path}.engine", unsupported)], None
+    if model.gpu_share is not None:
+        return _check_share(path, model, arch, instance, shape)
     fit = sizing.memory_fit(arch, shape, instance.gpu_spec)
     if not fit.fits:
         return [
@@ -152,6 +220,74 @@ def _check_on_instance(
             )
         ], fit
     return [], fit
+
+
+def _check_share(
+    path: str,
+    model: ModelSpec,
+    arch: catalog.ModelArch,
+    instance: catalog.InstanceType,
+    shape: sizing.EngineShape,
+) -> tuple[list[Problem], sizing.MemoryFit | None]:
+    """A replica's share of one GPU of ``instance``: the MIG profile exists there and holds it, or the
+    time-sliced fraction of the GPU's memory does; else what would."""
+    share = model.gpu_share
+    assert share is not None
+    gpu = instance.gpu_spec
+    if share.mig_profile is not None:
+        profiles = catalog.MIG_PROFILES.get(gpu.name, ())
+        if not profiles:
+            with_mig = ", ".join(sorted(catalog.MIG_PROFILES))
+            return [
+                Problem(
+                    f"{path}.gpu_share.mig_profile",
+                    f"{gpu.name} ({instance.name}) has no MIG; MIG needs one of {with_mig} (e.g. p5.48xlarge), or "
+                    "share this GPU with time-slicing (pool sharing: time-slicing, gpu_share.fraction)",
+                )
+            ], None
+        profile = catalog.mig_profile(gpu.name, share.mig_profile)
+        if profile is None:
+            return [
+                Problem(
+                    f"{path}.gpu_share.mig_profile",
+                    f"{gpu.name} has no MIG profile {share.mig_profile!r}; its profiles are "
+                    f"{', '.join(p.name for p in profiles)}",
+                )
+            ], None
+        fit = sizing.memory_fit(arch, shape, packing.mig_device(gpu, profile))
+        if fit.fits:
+            return [], fit
+        smallest = packing.smallest_mig_profile(arch, shape, gpu)
+        advice = (
+            f"the smallest that holds it is {smallest.name}"
+            if smallest
+            else "no MIG instance holds it: remove gpu_share"
+        )
+        return [
+            Problem(
+                f"{path}.gpu_share.mig_profile",
+                f"{model.name} does not fit a {share.mig_profile} instance of {gpu.name} "
+                f"({profile.memory_gib(gpu):.1f} GiB); {advice} (or lower max_model_len / max_num_seqs, or quantize)",
+                tuple(fit.lines()),
+            )
+        ], fit
+    fit = sizing.memory_fit(arch, shape, gpu)
+    if fit.fits:
+        return [], fit
+    least = packing.smallest_fraction(arch, shape, gpu)
+    advice = (
+        f"it needs a fraction of at least {least:g} of a {gpu.name}"
+        if least is not None
+        else f"no share of a {gpu.name} holds it: remove gpu_share (a whole GPU) or use a larger GPU"
+    )
+    return [
+        Problem(
+            f"{path}.gpu_share.fraction",
+            f"{model.name} does not fit {share.fraction:g} of a {gpu.name} ({instance.name}; gpu_memory_utilization "
+            f"{shape.gpu_memory_utilization:g}): {advice} (or lower max_model_len / max_num_seqs, or quantize)",
+            tuple(fit.lines()),
+        )
+    ], fit
 
 
 def _divisors(gpus: int) -> str:
@@ -206,6 +342,8 @@ def place(spec: PlatformSpec, source: str = "<spec>") -> Layout:
             archs[model.name] = arch
     problems += _unique_names(spec)
     problems += _pool_references(spec)
+    if not problems:
+        problems += _share_rules(spec)
     if problems:
         raise SpecError(source, problems)
 
@@ -221,6 +359,7 @@ def place(spec: PlatformSpec, source: str = "<spec>") -> Layout:
         raise SpecError(source, problems)
 
     pools, found = _pool_plans(spec, placements, instances, pool_reasons)
+    found += _sleep_fits_host(spec, placements)
     if found:
         raise SpecError(source, found)
     return Layout(placements=placements, pools=pools)
@@ -440,6 +579,117 @@ def _pool_references(spec: PlatformSpec) -> list[Problem]:
     return problems
 
 
+_SHARE_KIND = {Mechanism.TIME_SLICING: "fraction", Mechanism.MIG: "mig_profile"}
+
+
+def _share_rules(spec: PlatformSpec) -> list[Problem]:
+    """Shared pools hold only models with a matching gpu_share, and time-sliced GPUs never hold more
+    engines than the largest fraction allows."""
+    problems: list[Problem] = []
+    for i, model in enumerate(spec.models):
+        share = model.gpu_share
+        if model.engine.device is Device.CPU:
+            if share is not None and spec.target is not Target.LOCAL:
+                problems.append(
+                    Problem(
+                        f"models[{i}].gpu_share",
+                        "on a CPU engine gpu_share.fraction shares the memory `make local` gives its engines "
+                        f"(target local); on {spec.target.value} a CPU engine's memory is engine.memory_gib: remove "
+                        "gpu_share",
+                    )
+                )
+            continue
+        pool = spec.pool(model.pool)
+        if share is None:
+            if pool is not None and pool.sharing is not Mechanism.NONE:
+                problems.append(
+                    Problem(
+                        f"models[{i}].pool",
+                        f"pool {pool.name} shares its GPUs ({pool.sharing.value}) and {model.name} sets no gpu_share, "
+                        "so it needs whole GPUs: put it on a pool with sharing none, or give it a gpu_share",
+                    )
+                )
+            continue
+        kind = "fraction" if share.fraction is not None else "mig_profile"
+        if pool is None:
+            shared = [p.name for p in spec.gpu_pools if _SHARE_KIND.get(p.sharing) == kind]
+            problems.append(
+                Problem(
+                    f"models[{i}].pool",
+                    "a model with gpu_share names its shared pool"
+                    + (
+                        f": {', '.join(shared)}"
+                        if shared
+                        else f"; declare one with sharing {_mechanism_of(kind)}"
+                    ),
+                )
+            )
+            continue
+        if _SHARE_KIND.get(pool.sharing) != kind:
+            want = _mechanism_of(kind)
+            problems.append(
+                Problem(
+                    f"models[{i}].gpu_share.{kind}",
+                    f"pool {pool.name} has sharing {pool.sharing.value}; a gpu_share.{kind} needs a pool with sharing "
+                    f"{want}"
+                    + (
+                        f", or use gpu_share.{_SHARE_KIND[pool.sharing]} on this one"
+                        if pool.sharing in _SHARE_KIND
+                        else ""
+                    ),
+                )
+            )
+    shared = [p.name for p in spec.gpu_pools if p.sharing is not Mechanism.NONE]
+    if shared and spec.addons.gpu_plugin is not GpuPlugin.DEVICE_PLUGIN:
+        problems.append(
+            Problem(
+                "addons.gpu_plugin",
+                f"pool(s) {', '.join(shared)} share their GPUs through the NVIDIA device plugin's config, which this "
+                f"stack renders for gpu_plugin nvidia-device-plugin only, not {spec.addons.gpu_plugin.value}; set "
+                "addons.gpu_plugin: nvidia-device-plugin or sharing: none",
+            )
+        )
+    for j, pool in enumerate(spec.gpu_pools):
+        if pool.sharing is not Mechanism.TIME_SLICING or pool.engines_per_gpu is None:
+            continue
+        shares = {
+            m.name: m.gpu_share.fraction
+            for m in spec.models
+            if m.pool == pool.name and m.gpu_share is not None and m.gpu_share.fraction is not None
+        }
+        if not shares:
+            continue
+        largest = max(shares.values())
+        worst = pool.engines_per_gpu * largest
+        if worst > 1 + 1e-9:
+            name = max(shares, key=lambda n: shares[n])
+            problems.append(
+                Problem(
+                    f"gpu_pools[{j}].engines_per_gpu",
+                    f"{pool.engines_per_gpu} engines per GPU and {name}'s gpu_share.fraction {largest:g}: Kubernetes may "
+                    f"put {pool.engines_per_gpu} such replicas on one GPU, {worst:.2f} of its memory; set engines_per_gpu "
+                    f"to at most {packing.slots_for([largest])}, or the fractions to at most {1 / pool.engines_per_gpu:.3g}",
+                )
+            )
+    return problems
+
+
+def _mechanism_of(kind: str) -> str:
+    return next(m.value for m, k in _SHARE_KIND.items() if k == kind)
+
+
+def _share(spec: PlatformSpec, model: ModelSpec, instance: catalog.InstanceType) -> Share | None:
+    pool = spec.pool(model.pool)
+    if model.gpu_share is None or pool is None:
+        return None
+    profile = (
+        catalog.mig_profile(instance.gpu, model.gpu_share.mig_profile)
+        if model.gpu_share.mig_profile
+        else None
+    )
+    return Share(pool.sharing, model.gpu_share.fraction, profile, pool_slots(spec, pool))
+
+
 def _resolve_pool_instances(
     spec: PlatformSpec, archs: dict[str, catalog.ModelArch]
 ) -> tuple[dict[str, catalog.InstanceType], dict[str, str], list[Problem]]:
@@ -508,6 +758,7 @@ def _place_model(
         problems, fit = _check_on_instance(path, model, arch, instance)
         if problems:
             return None, problems
+        share = _share(spec, model, instance)
         return Placement(
             model.name,
             arch,
@@ -515,11 +766,18 @@ def _place_model(
             instance,
             model.engine.gpus,
             fit,
-            f"pool {model.pool} named in the stack file",
+            f"pool {model.pool} named in the stack file" + (f"; {share.describe()}" if share else ""),
+            share,
         ), []
     options: list[tuple[float, str, sizing.MemoryFit]] = []
     rejected: list[str] = []
     for pool_name, instance in instances.items():
+        pool_spec = spec.pool(pool_name)
+        if pool_spec is not None and pool_spec.sharing is not Mechanism.NONE:
+            rejected.append(
+                f"{pool_name}: shares its GPUs ({pool_spec.sharing.value}); {model.name} needs whole GPUs"
+            )
+            continue
         found, fit = _check_on_instance(path, model, arch, instance)
         if found or fit is None:
             rejected.append(f"{pool_name} ({instance.name}): {found[0].message.split(': ', 1)[-1]}")
@@ -552,10 +810,26 @@ def _pool_plans(
         members = [
             m for m in spec.models if (p := placements.get(m.name)) is not None and p.pool == pool.name
         ]
-        gpus_min = sum(m.scaling.min_replicas * m.engine.gpus * m.serving_units for m in members)
-        gpus_max = sum(m.scaling.max_replicas * m.engine.gpus * m.serving_units for m in members)
+        packed: packing.Packing | None = None
+        if pool.sharing is Mechanism.NONE:
+            gpus_min = sum(m.scaling.min_replicas * m.engine.gpus * m.serving_units for m in members)
+            gpus_max = sum(m.scaling.max_replicas * m.engine.gpus * m.serving_units for m in members)
+            need_min = _nodes_for(gpus_min, instance.gpus)
+        else:
+            packed = _packing(pool, members, placements, instance, "max_replicas")
+            gpus_max = packed.nodes * instance.gpus
+            need_min = _packing(pool, members, placements, instance, "min_replicas").nodes
+            if pool.sharing is Mechanism.MIG and packed.node_layout is None:
+                problems.append(
+                    Problem(
+                        f"gpu_pools[{i}].sharing",
+                        f"a node group's nodes are cut into MIG instances alike, and one {instance.name} cannot hold "
+                        f"a replica of each of {', '.join(m.name for m in members)} ({instance.gpus} GPUs); split "
+                        "them across pools or use smaller profiles",
+                    )
+                )
         need_max = _nodes_for(gpus_max, instance.gpus)
-        min_nodes = max(pool.min_nodes, _nodes_for(gpus_min, instance.gpus))
+        min_nodes = max(pool.min_nodes, need_min)
         max_nodes = pool.max_nodes if pool.max_nodes is not None else max(need_max, min_nodes, 1)
         if pool.max_nodes is not None and pool.max_nodes < need_max:
             problems.append(
@@ -590,11 +864,82 @@ def _pool_plans(
             labels=dict(pool.labels),
             models=tuple(m.name for m in members),
             reason=reasons[pool.name],
+            packing=packed,
             **links,
             model_cache_gib=cache_gib,
             cache_medium=medium,
         )
     return plans, problems
+
+
+def _packing(
+    pool: GpuPoolSpec,
+    members: list[ModelSpec],
+    placements: dict[str, Placement],
+    instance: catalog.InstanceType,
+    bound: str,
+) -> packing.Packing:
+    """A shared pool's replicas (at min or max) packed onto its GPUs."""
+    engines: list[packing.Engine] = []
+    slots = 1
+    for m in members:
+        share = placements[m.name].share
+        assert share is not None  # _share_rules: every model on a shared pool has one
+        slots = share.slots_per_gpu
+        engines += [share.engine(m.name)] * (getattr(m.scaling, bound) * m.serving_units)
+    return packing.pack(pool.sharing, engines, instance.gpu, instance.gpus, slots)
+
+
+def host_share(instance: catalog.InstanceType, gpus: float) -> tuple[float, int]:
+    """CPU cores and memory GiB of a node that a replica taking ``gpus`` of its GPUs gets (whole or a share)."""
+    share = gpus / instance.gpus
+    cores = max(1.0, math.floor((instance.vcpus - NODE_RESERVED_CPU) * share))
+    return cores, math.floor(instance.memory_gib * (1 - NODE_RESERVED_MEMORY_FRACTION) * share)
+
+
+def host_memory_needed_gib(model: ModelSpec, placement: Placement) -> int:
+    """Host memory one engine pod needs at least: its own, plus a KV offload buffer, plus (sleep level 1) its
+    weights, which sleeping moves to host memory (only single-node replicas sleep); 0 when it parks nothing
+    there."""
+    parked = model.engine.cpu_kv_offload_gib
+    if model.scaling.sleep_after_idle_s is not None:
+        parked += placement.weights_gib
+    return math.ceil(parked + HOST_ENGINE_BASE_GIB) if parked else 0
+
+
+def _sleep_fits_host(spec: PlatformSpec, placements: dict[str, Placement]) -> list[Problem]:
+    """A sleeping replica keeps its weights in host memory: its share of the node must hold them. A replica that
+    spans nodes does not sleep: the router's sleep and wake calls reach the group's leader, and whether every
+    worker of a multi-node engine follows them is not established here."""
+    problems = []
+    for i, model in enumerate(spec.models):
+        placement = placements.get(model.name)
+        if model.scaling.sleep_after_idle_s is None or placement is None or placement.instance is None:
+            continue
+        if placement.multi_node:
+            problems.append(
+                Problem(
+                    f"models[{i}].scaling.sleep_after_idle_s",
+                    f"a replica of {model.name} spans {placement.nodes} x {placement.instance.name} (a "
+                    "LeaderWorkerSet group), and sleep mode is supported on replicas of one node only: remove it "
+                    "(min_replicas: 0 scales the groups to zero instead)",
+                )
+            )
+            continue
+        need = host_memory_needed_gib(model, placement)
+        _, share = host_share(placement.instance, placement.gpu_fraction)
+        have = model.engine.memory_gib or share
+        if need > have:
+            problems.append(
+                Problem(
+                    f"models[{i}].scaling.sleep_after_idle_s",
+                    f"a sleeping replica of {model.name} moves its weights ({placement.weights_gib:.1f} GiB) to host "
+                    f"memory and needs {need} GiB there, but gets {have:g} GiB of {placement.instance.name} "
+                    f"({'engine.memory_gib' if model.engine.memory_gib else 'its share of the node'}); use an instance "
+                    "with more memory per GPU, set engine.memory_gib if the node has room, or remove sleep",
+                )
+            )
+    return problems
 
 
 def _group_links(

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from components import capacity, catalog, cost, endpoint, images, lifecycle, rollout, targets
-from components.placement import Placement, PoolPlan
+import yaml
+
+from components import (
+    capacity,
+    catalog,
+    cost,
+    endpoint,
+    images,
+    lifecycle,
+    packing,
+    rollout,
+    startup,
+    targets,
+)
+from components.placement import Layout, Placement, PoolPlan
 from components.plan import Synthesis
 from components.render import inference_extension, ingress, scaling
 from components.spec import GatewayMode, ModelSpec, PlatformSpec, Target
@@ -124,6 +138,8 @@ class PlanReport:
     deploy: list[tuple[str, ...]]
     deploy_notes: list[str]
     warnings: list[str]
+    sharing: list[str]
+    idle: list[tuple[str, ...]]
     versions: list[str] = field(default_factory=list)
     """Versions, canary steps, rollback rules and preparation Jobs (``components.lifecycle``)."""
     weights: list[tuple[str, ...]] = field(default_factory=list)
@@ -161,6 +177,14 @@ class PlanReport:
                 f"{f'{c.tokens_per_second_per_replica:,.0f}' if c.tokens_per_second_per_replica else '-'} |"
                 for c in self.bill.models
             ),
+            "",
+            *self.sharing,
+            "## Idle states",
+            "",
+            "What each model's replicas do when nobody asks, and what the next request waits for (estimates: "
+            "components/startup.py).",
+            "",
+            *markdown_table(IDLE_COLUMNS, self.idle),
             "",
             "## Monthly cost of the stack",
             "",
@@ -246,7 +270,7 @@ def plan_report(stack: Stack) -> PlanReport:
                 f"{e.tensor_parallel_size} x {e.pipeline_parallel_size}",
                 f"{model.scaling.min_replicas}-{model.scaling.max_replicas}"
                 + (f" x {model.serving_units} versions" if model.versions else ""),
-                str(model.scaling.max_replicas * placement.gpus_per_replica * model.serving_units),
+                f"{model.scaling.max_replicas * placement.gpu_fraction * model.serving_units:g}",
                 headroom,
                 cost.monthly(c.min_usd_month),
                 cost.monthly(c.max_usd_month),
@@ -292,8 +316,121 @@ def plan_report(stack: Stack) -> PlanReport:
         deploy_notes=deploy_notes,
         warnings=rollout.warnings(spec, layout),
         versions=lifecycle.describe(spec, layout),
+        sharing=sharing_lines(spec, layout, by_model),
+        idle=idle_rows(spec, layout),
         weights=weights_rows(stack),
     )
+
+
+IDLE_COLUMNS = ("model", "idles as", "after idle (s)", "wake (s, est.)", "cold start (s, est.)")
+
+
+def idle_rows(spec: PlatformSpec, layout: Layout) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for model in spec.models:
+        s = startup.idle_state(model, layout.placements[model.name])
+        rows.append(
+            (
+                model.name,
+                {"hot": "hot (no idle state)", "sleep": "sleep (vLLM level 1)", "zero": "zero replicas"}[
+                    s.state
+                ],
+                f"{s.after_s:,}" if s.after_s is not None else "-",
+                str(s.wake_s) if s.wake_s is not None else "-",
+                f"{s.cold_start_s:,}",
+            )
+        )
+    return rows
+
+
+SHARING_COLUMNS = (
+    "model",
+    "pool",
+    "share",
+    "memory per engine",
+    "KV budget per engine",
+    "$/replica shared",
+    "$/replica whole GPU",
+    "saved at max",
+)
+
+
+def sharing_lines(spec: PlatformSpec, layout: Layout, costs: dict[str, cost.ModelCost]) -> list[str]:
+    """The GPU sharing section: each shared pool's packing, each shared engine's memory and cost against a whole
+    GPU. Empty when no pool shares its GPUs."""
+    shared_pools = [p for p in layout.pools.values() if p.packing is not None]
+    if not shared_pools:
+        return []
+    rows: list[tuple[str, ...]] = []
+    lines = ["## GPU sharing", ""]
+    for pool in shared_pools:
+        pack = pool.packing
+        assert pack is not None
+        how = (
+            f"time-slicing, {pack.slots_per_gpu} engines per GPU (device plugin replicas), memory fractions sum "
+            f"to at most 1 so gpu_memory_utilization sums to at most {packing.SHARED_GPU_SAFE_TOTAL:g}"
+            if pack.mechanism is packing.Mechanism.TIME_SLICING
+            else "MIG (isolated instances; the device plugin's mixed strategy advertises the instances a node's GPUs "
+            "are cut into, it does not cut them: partition them as below with the GPU operator's MIG manager or "
+            "nvidia-mig-parted on the node)"
+        )
+        memory = pool.instance.gpu_spec.memory_gib
+        if pack.node_layout is not None:  # MIG: every node is cut alike
+            node = dataclasses.replace(pack, gpus=pack.node_layout)
+            config = packing.mig_parted_config(
+                f"inferstack-{pool.name}", pack.node_layout, pool.instance.gpus
+            )
+            lines += [
+                f"Pool `{pool.name}` ({pool.instance.name}, {pool.instance.gpus} x {pool.instance.gpu}): {how}; at max "
+                f"replicas {pack.nodes} node(s), each cut alike:",
+                "",
+                *(f"- {line}" for line in node.lines(memory)),
+                "",
+                "As an nvidia-mig-parted config (`nvidia-mig-parted apply -f <file> -c "
+                f"inferstack-{pool.name}` on each node, or the GPU operator's MIG manager):",
+                "",
+                "```yaml",
+                *yaml.safe_dump(config, sort_keys=False).splitlines(),
+                "```",
+                "",
+            ]
+        else:
+            lines += [
+                f"Pool `{pool.name}` ({pool.instance.name}, {pool.instance.gpus} x {pool.instance.gpu}): {how}; "
+                f"at max replicas {len(pack.gpus)} GPU(s) on {pack.nodes} node(s):",
+                "",
+                *(f"- {line}" for line in pack.lines(memory)),
+                "",
+            ]
+        for name in pool.models:
+            placement = layout.placements[name]
+            fit, share, c = placement.fit, placement.share, costs[name]
+            if fit is None or share is None:
+                continue
+            model = next(m for m in spec.models if m.name == name)
+            rows.append(
+                (
+                    name,
+                    pool.name,
+                    share.describe(),
+                    f"{fit.budget_gib:.1f} GiB (gpu_memory_utilization {model.memory_utilization:g} of "
+                    f"{fit.gpu_memory_gib:.1f} GiB)",
+                    f"{fit.kv_budget_gib:.1f} GiB ({fit.kv_capacity_tokens:,} tokens, "
+                    f"{fit.full_length_sequences} x {fit.max_model_len:,})",
+                    cost.monthly(c.usd_per_replica_month),
+                    cost.monthly(c.unshared_usd_per_replica_month),
+                    cost.monthly(c.sharing_saves_usd_month),
+                )
+            )
+    saved = sum(c.sharing_saves_usd_month for c in costs.values())
+    return [
+        *lines,
+        *markdown_table(SHARING_COLUMNS, rows),
+        "",
+        f"Against a whole GPU per replica on the same instance types, sharing saves {cost.monthly(saved)} a month "
+        "at max replicas (per model above; the pools' bill below is whole nodes).",
+        "",
+    ]
 
 
 def _links(pool: PoolPlan) -> str:

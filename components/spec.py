@@ -36,6 +36,7 @@ from components.enums import KvCacheDType as KvCacheDType  # noqa: PLC0414
 from components.enums import NodeProvisioner as NodeProvisioner  # noqa: PLC0414
 from components.enums import Quantization as Quantization  # noqa: PLC0414
 from components.enums import Target as Target  # noqa: PLC0414
+from components.packing import MAX_TIME_SLICES, Mechanism, shared_memory_utilization
 from runtime.config import (
     BuiltinScorerName,
     EngineKind,
@@ -50,7 +51,7 @@ from runtime.config import (
     strategy_field,
 )
 from runtime.defaults import DEFAULT_MAX_NUM_SEQS
-from runtime.engines import Signal, facts
+from runtime.engines import ENGINES, Signal, facts
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -402,6 +403,10 @@ class CapacityReservationSpec(_Spec):
         return value
 
 
+GpuSharing = Mechanism
+"""How a pool's GPUs are shared between engines: none, time-slicing or mig (``components.packing``)."""
+
+
 class GpuPoolSpec(_Spec):
     """A group of identical GPU nodes that engines are placed on."""
 
@@ -436,6 +441,16 @@ class GpuPoolSpec(_Spec):
     """Instance types tried in this order when instance_type has no capacity (e.g. ['p5en.48xlarge']); each must
     have its GPU count, vCPUs and memory (the autoscaler sizes the pool by one node shape) and fit every model on
     the pool (target eks)."""
+    sharing: GpuSharing = GpuSharing.NONE
+    """none: each engine takes whole GPUs. time-slicing: the NVIDIA device plugin advertises each GPU several
+    times and engines share it with no memory isolation (each engine's gpu_memory_utilization is derived so
+    they fit together); for dev and cheap sharing. mig: the GPUs are cut into MIG instances (A100, H100, H200,
+    B200), isolated in memory and faults; each engine names its instance profile. Every model on a shared pool
+    sets gpu_share."""
+    engines_per_gpu: Annotated[int, Field(ge=2, le=MAX_TIME_SLICES)] | None = None
+    """sharing time-slicing: engines one GPU takes (the device plugin's replicas per GPU). Defaults to what the
+    largest gpu_share.fraction on the pool allows (1 / fraction, rounded down); more is refused, because
+    Kubernetes may put any of them together."""
 
     @field_validator("fallback_instance_types")
     @classmethod
@@ -458,6 +473,11 @@ class GpuPoolSpec(_Spec):
             )
         if self.instance_type in self.fallback_instance_types:
             raise ValueError(f"fallback_instance_types repeats instance_type {self.instance_type!r}")
+        if self.engines_per_gpu is not None and self.sharing is not GpuSharing.TIME_SLICING:
+            raise ValueError(
+                f"engines_per_gpu counts time-sliced engines; with sharing {self.sharing.value} remove it "
+                "(or set sharing: time-slicing)"
+            )
         return self
 
     @field_validator("instance_type")
@@ -678,6 +698,11 @@ class ScalingSpec(_Spec):
     """Cooldown: how long load must stay low before replicas are removed."""
     idle_before_zero_s: Annotated[int, Field(ge=60)] = 900
     """With min_replicas 0: idle time before the last replica goes."""
+    sleep_after_idle_s: Annotated[int, Field(ge=10, le=86_400)] | None = None
+    """Idle time after which a replica goes to sleep instead of staying hot (vLLM sleep mode, level 1: weights
+    move to host memory, the KV cache is dropped, the GPU memory is freed) and wakes on the next request, which
+    the router holds meanwhile (seconds for a sleeping replica, against minutes for a cold start). None: replicas
+    never sleep. Engines and devices that support it only (vLLM on GPUs)."""
     cold_start_hold_ms: Annotated[int, Field(ge=0)] = 90_000
     """With min_replicas 0: how long the router holds a request while the model has no ready replica (one is
     starting from zero; the waiting request is what wakes it); past it the client gets 503 with Retry-After.
@@ -895,6 +920,41 @@ class RoutingSpec(_Spec):
         return self
 
 
+MIG_PROFILE = re.compile(r"^[1-7]g\.\d+gb$")
+
+
+class GpuShareSpec(_Spec):
+    """The part of one GPU a replica takes on a shared pool: a memory fraction (time-slicing) or a MIG profile."""
+
+    fraction: Annotated[float, Field(gt=0, lt=1)] | None = None
+    """Pool sharing time-slicing: the share of one GPU's memory the engine may use, e.g. 0.25. Its
+    gpu_memory_utilization is derived from it (fraction x the safe total), so engines that share a GPU never
+    ask for more than the card has. On a CPU engine (target local): its share of the memory the machine gives
+    its engines (`inferstack local up --engine-memory-gib`), which sizes its KV cache (VLLM_CPU_KVCACHE_SPACE)."""
+    mig_profile: str | None = None
+    """Pool sharing mig: the MIG instance profile each replica runs in, e.g. '1g.10gb' or '3g.40gb' on an H100
+    (`inferstack size <model>` shows the smallest that holds it on each GPU); the engine requests
+    nvidia.com/mig-<profile>."""
+
+    @field_validator("mig_profile")
+    @classmethod
+    def _profile_name(cls, value: str | None) -> str | None:
+        if value is not None and not MIG_PROFILE.match(value):
+            raise ValueError(
+                f"{value!r} is not a MIG profile name; write '<compute slices>g.<memory>gb', e.g. '1g.10gb'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> GpuShareSpec:
+        if (self.fraction is None) == (self.mig_profile is None):
+            raise ValueError(
+                "give exactly one of fraction (a time-slicing pool, e.g. 0.25) or mig_profile (a mig pool, "
+                "e.g. '1g.10gb')"
+            )
+        return self
+
+
 def _checked_source(value: str, what: str = "model") -> str:
     """A Hugging Face repo id, an S3 URI or a local path (the same rules for weights and adapters)."""
     if value.startswith("s3://"):
@@ -984,6 +1044,13 @@ class ModelSpec(_Spec):
     """How long its replicas may take to start; how they roll (surge from the pool's spare GPUs)."""
     task: Task | None = None
     """generate or embed; defaults from the architecture (embedding models pool)."""
+    gpu_share: GpuShareSpec | None = None
+    """Share a GPU instead of taking whole ones: a memory fraction on a time-slicing pool, a MIG profile on a
+    mig pool. None: each replica takes engine.tensor_parallel_size x pipeline_parallel_size whole GPUs."""
+    team: DnsLabel | None = None
+    """The team or tenant that owns the model. In production the policy pack lets models of different teams
+    share a GPU only through MIG (isolated memory and faults), never time-slicing."""
+
     adapters: list[AdapterSpec] = Field(default_factory=list)
     """LoRA adapters of this model, served under their own names from its replicas (vLLM only); each
     replica loads the ones asked of it, up to engine.lora.max_loaded."""
@@ -1213,6 +1280,65 @@ class ModelSpec(_Spec):
         if version.revision is not None:
             return version.revision
         return self.revision if version.source is None else None
+
+    @model_validator(mode="after")
+    def _sleep_supported(self) -> ModelSpec:
+        if self.scaling.sleep_after_idle_s is None:
+            return self
+        engine, device = facts(self.engine.kind), self.engine.device
+        sleep = engine.sleep
+        if sleep is None or device.value not in sleep.devices:
+            supported = ", ".join(
+                f"{f.display_name} on {'/'.join(sorted(f.sleep.devices))}"
+                for f in ENGINES.values()
+                if f.sleep
+            )
+            raise ValueError(
+                f"scaling.sleep_after_idle_s: {engine.display_name} on {device.value} has no sleep mode "
+                f"(supported: {supported}); remove it (min_replicas: 0 scales to zero instead)"
+            )
+        zero = self.scaling.min_replicas == 0
+        if zero and self.scaling.sleep_after_idle_s >= self.scaling.idle_before_zero_s:
+            raise ValueError(
+                f"scaling.sleep_after_idle_s ({self.scaling.sleep_after_idle_s}) must be shorter than "
+                f"idle_before_zero_s ({self.scaling.idle_before_zero_s}): a replica sleeps first, then goes"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _share_rules(self) -> ModelSpec:
+        share, e = self.gpu_share, self.engine
+        if share is None:
+            return self
+        if e.device is Device.CPU and share.mig_profile is not None:
+            raise ValueError(
+                "gpu_share.mig_profile: a CPU engine has no GPU to cut into MIG instances; on CPU (target local) "
+                "give gpu_share.fraction, its share of the memory the machine gives its engines"
+            )
+        if e.device is Device.GPU and e.gpus != 1:
+            raise ValueError(
+                f"gpu_share: a replica that shares a GPU runs on one GPU, but tensor x pipeline parallel size is "
+                f"{e.gpus}; set both to 1 or remove gpu_share"
+            )
+        if share.fraction is not None and e.kind is EngineKind.TRTLLM:
+            raise ValueError(
+                "gpu_share.fraction: trtllm-serve sizes its KV cache from the memory left free after loading "
+                "(kv_cache_free_gpu_memory_fraction), so a time-sliced share cannot bound it; use kind vllm or "
+                "sglang, or a MIG profile (gpu_share.mig_profile on a mig pool)"
+            )
+        if share.fraction is not None and "gpu_memory_utilization" in e.model_fields_set:
+            raise ValueError(
+                "engine.gpu_memory_utilization is derived from gpu_share.fraction on a time-sliced GPU (so the "
+                "engines sharing it fit together); remove it and set the fraction"
+            )
+        return self
+
+    @property
+    def memory_utilization(self) -> float:
+        """The engine's gpu_memory_utilization: the spec's, or derived from a time-sliced share."""
+        if self.gpu_share is not None and self.gpu_share.fraction is not None:
+            return shared_memory_utilization(self.gpu_share.fraction)
+        return self.engine.gpu_memory_utilization
 
     def resolved_task(self) -> Task:
         if self.task is not None:
@@ -1753,6 +1879,19 @@ class PlatformSpec(_Spec):
                     "picker holds no request (the gateway's ext_proc call must answer within its message "
                     "timeout): a request for a model with no ready replica gets 503 at once, and those refusals "
                     "wake the model; set it to 0 or remove it"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _sleep_needs_the_router(self) -> PlatformSpec:
+        if self.gateway.mode is not GatewayMode.INFERENCE_EXTENSION:
+            return self
+        for i, m in enumerate(self.models):
+            if m.scaling.sleep_after_idle_s is not None:
+                raise ValueError(
+                    f"models[{i}].scaling.sleep_after_idle_s: the router puts idle replicas to sleep and wakes one "
+                    "for a waiting request, and gateway.mode inference-extension runs no router (the endpoint "
+                    "picker holds no request, so none would wake a replica): use gateway.mode router, or remove it"
                 )
         return self
 

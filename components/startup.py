@@ -145,3 +145,36 @@ def problems(spec: PlatformSpec, layout: Layout) -> list[Problem]:
                 )
             )
     return out
+
+
+@dataclass(frozen=True)
+class IdleState:
+    """What a model's replicas do when nobody asks: stay hot, sleep, or go to zero; and what coming back costs."""
+
+    state: str  # "hot", "sleep" or "zero"
+    after_s: int | None  # idle seconds before it sleeps or goes; None when it stays hot
+    wake_s: int | None  # estimate: a sleeping replica back to serving
+    cold_start_s: int  # estimate: a replica started from nothing
+
+    def describe(self) -> str:
+        cold = f"cold start ~{self.cold_start_s:,} s"
+        if self.state == "sleep":
+            return f"sleeps after {self.after_s:,} s idle; wakes in ~{self.wake_s} s (est.) vs {cold}"
+        if self.state == "zero":
+            return f"scales to zero after {self.after_s:,} s idle; {cold}"
+        return f"stays hot (min_replicas >= 1, no sleep); {cold} only when scaling up"
+
+
+def wake_s(model: ModelSpec, placement: Placement) -> int:
+    """A sleeping (level 1) replica's wake: its weights back onto the GPU from host memory, plus a fixed part."""
+    return _transfer_s(weights_gib(model, placement), catalog.SLEEP_WAKE_MIBPS) + catalog.SLEEP_WAKE_FIXED_S
+
+
+def idle_state(model: ModelSpec, placement: Placement) -> IdleState:
+    cold = sum(p.seconds for p in estimate(model, placement))
+    scaling = model.scaling
+    if scaling.sleep_after_idle_s is not None:
+        return IdleState("sleep", scaling.sleep_after_idle_s, wake_s(model, placement), cold)
+    if scaling.min_replicas == 0:
+        return IdleState("zero", scaling.idle_before_zero_s, None, cold)
+    return IdleState("hot", None, None, cold)

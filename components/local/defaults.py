@@ -12,6 +12,8 @@ DEFAULT_BATCHER_PORT = 8082
 #: shares it: the batch service runs behind the router only, never with ``--gateway envoy``.
 DEFAULT_BATCHES_PORT = 8083
 DEFAULT_ENGINE_PORT = 8000
+#: Memory the engines of models with gpu_share.fraction share, GiB, unless `--engine-memory-gib` says otherwise.
+DEFAULT_ENGINE_MEMORY_GIB = 8.0
 DEFAULT_MONITOR_PORT = 9090
 #: Router replicas; above one they sit behind a round-robin balancer on the router's port.
 DEFAULT_ROUTERS = 1

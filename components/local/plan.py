@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from components import packing, placement, sizing
 from components.local.defaults import (
     DEFAULT_BATCHER_PORT,
     DEFAULT_BATCHES_PORT,
+    DEFAULT_ENGINE_MEMORY_GIB,
     DEFAULT_ENGINE_PORT,
     DEFAULT_HEALTH_PORT,
     DEFAULT_PICKER_PORT,
@@ -91,6 +93,9 @@ class LocalOptions:
     gateway: str = "router"
     """router, or envoy: Envoy on the router's port with the endpoint picker as its ext_proc server."""
     picker_port: int = DEFAULT_PICKER_PORT
+    engine_memory_gib: float = DEFAULT_ENGINE_MEMORY_GIB
+    """Memory of this machine the engines of models with gpu_share.fraction share (their KV caches are sized
+    from their fractions of it)."""
     monitor: Monitor | None = None
     """Also run Prometheus (`--monitor`) with the stack's rendered rules."""
 
@@ -143,6 +148,8 @@ class EngineLaunch:
     """Started by the autoscaler when demand calls for it (replicas above min_replicas), not at start-up."""
     store: str | None = None
     """The model's ``s3://`` location in the loopback store, streamed instead of ``path``."""
+    kv_cache_space_gib: int = KV_CACHE_GIB
+    """VLLM_CPU_KVCACHE_SPACE: from the model's gpu_share.fraction of the engines' memory, else KV_CACHE_GIB."""
 
     @property
     def model(self) -> str:
@@ -212,6 +219,7 @@ class LocalPlan:
     """``--gateway envoy``: Envoy's rendered config (written beside the runtime config)."""
     spec: PlatformSpec | None = None
     monitor: Monitor | None = None
+    engine_memory_gib: float = DEFAULT_ENGINE_MEMORY_GIB
     adapters: tuple[AdapterPrep, ...] = field(default=())
     s3_port: int | None = None
     """The loopback model store's port (``LocalOptions.s3_port``)."""
@@ -331,6 +339,48 @@ def replicas(model: ModelSpec) -> int:
     return model.scaling.max_replicas if scaling.scales(model) else max(1, model.scaling.min_replicas)
 
 
+def kv_cache_space(model: ModelSpec, engine_memory_gib: float) -> tuple[int, sizing.MemoryFit | None]:
+    """A CPU engine's VLLM_CPU_KVCACHE_SPACE and the fit it comes from: its gpu_share.fraction of the engines'
+    memory, budgeted as placement budgets a GPU engine's share (``packing.host_device``); KV_CACHE_GIB without
+    a share."""
+    arch = model.arch()
+    if model.gpu_share is None or model.gpu_share.fraction is None or arch is None:
+        return KV_CACHE_GIB, None
+    fit = sizing.memory_fit(arch, placement.engine_shape(model), packing.host_device(engine_memory_gib))
+    return packing.cpu_kv_cache_space_gib(fit), fit
+
+
+def kv_cache_spaces(stack: Stack, engine_memory_gib: float) -> dict[str, int]:
+    """Each model's KV cache per engine; ``PlanError`` when a share holds none, or the shares of all engines
+    together are more than the engines' memory."""
+    out: dict[str, int] = {}
+    total = 0.0
+    for i, model in enumerate(stack.spec.models):
+        gib, fit = kv_cache_space(model, engine_memory_gib)
+        fraction = model.gpu_share.fraction if model.gpu_share is not None else None
+        if fit is not None and fraction is not None and gib < 1:
+            need = fit.weights_gib + fit.activations_gib + fit.runtime_gib + 1
+            least = need / (packing.SHARED_GPU_SAFE_TOTAL * engine_memory_gib)
+            raise _problem(
+                stack,
+                f"models[{i}].gpu_share.fraction",
+                f"{fraction:g} of {engine_memory_gib:g} GiB leaves {model.name} no KV cache (it needs 1 GiB beside "
+                f"{need - 1:.1f} GiB of weights, activations and runtime): give it at least {least:.2f}, or more "
+                "memory with --engine-memory-gib",
+            )
+        out[model.name] = gib
+        if fraction is not None:
+            total += fraction * replicas(model)
+    if total > 1 + 1e-9:
+        raise _problem(
+            stack,
+            "models",
+            f"the gpu_share fractions of all engines sum to {total:.2f} of the {engine_memory_gib:g} GiB they share; "
+            "every engine runs on this machine at once, so keep the sum (fraction x replicas) at most 1",
+        )
+    return out
+
+
 def check_stack(stack: Stack) -> None:
     """Rejects what the local target cannot run, with the field and the fix."""
     spec = stack.spec
@@ -412,6 +462,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     if options.routers < 1:
         raise PlanError(f"--routers {options.routers}: run at least one router")
     preps = model_preps(spec, repo_root, stack.source)
+    kv = kv_cache_spaces(stack, options.engine_memory_gib)
     adapters = adapter_preps(stack, repo_root)
     engines: list[EngineLaunch] = []
     port = options.engine_port
@@ -435,6 +486,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
                     kv_events=events,
                     on_demand=on_demand,
                     store=where,
+                    kv_cache_space_gib=kv[model.name],
                 )
             )
             port += 1
@@ -493,6 +545,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         envoy=local_envoy_config(spec, engines, config, options.router_port) if envoy else None,
         spec=spec,
         monitor=options.monitor,
+        engine_memory_gib=options.engine_memory_gib,
         s3_port=options.s3_port,
     )
 

@@ -43,7 +43,6 @@ from components.local.engine_process import REPO_ROOT, EngineError, EngineProces
 from components.local.plan import (
     ENVOY_CONFIG,
     HOST,
-    KV_CACHE_GIB,
     TAG_ENV,
     EngineLaunch,
     LocalPlan,
@@ -136,7 +135,7 @@ def engine_process(
         host=HOST,
         port=launch.port,
         cpu_cores=launch.cpu_cores,
-        kv_cache_space_gib=KV_CACHE_GIB,
+        kv_cache_space_gib=launch.kv_cache_space_gib,
         env={TAG_ENV: tag, **(store_env or {})},
         log_path=logs_dir / f"engine-{launch.name}.log",
         python=python,

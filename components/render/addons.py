@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from components import nodes
+import yaml
+
+from components import nodes, placement
 from components.cloud import Cloud
+from components.packing import Mechanism
 from components.render import common
 from components.spec import (
     Autoscaler,
@@ -72,18 +75,71 @@ def _gpu_node_affinity() -> dict[str, Any]:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
+DEVICE_PLUGIN_DEFAULT_CONFIG = "default"
+
+
+def device_plugin_configs(spec: PlatformSpec) -> dict[str, dict[str, Any]]:
+    """The device plugin's named configs (its config file format, ``api/config/v1``): ``default`` for whole
+    GPUs, and one per shared pool, which that pool's nodes select by ``nodes.DEVICE_PLUGIN_CONFIG_LABEL``.
+
+    Time-slicing advertises each GPU ``replicas`` times, renamed ``nvidia.com/gpu.shared`` so a whole-GPU request
+    never lands on a slice, and refuses a request for more than one slice (``failRequestsGreaterThanOne``: a
+    second slice gives no more memory). MIG uses the mixed strategy: each instance is ``nvidia.com/mig-<profile>``.
+
+    Sources, NVIDIA/k8s-device-plugin at the pinned chart (v0.17.1): the config file's fields and checks in
+    ``api/config/v1`` (``config.go``, ``flags.go`` migStrategy none/single/mixed, ``sharing.go``, ``replicas.go``:
+    timeSlicing.resources[].name/replicas > 0, devices default 'all', no strategy but the default), the README's
+    'Shared Access to GPUs with CUDA Time-Slicing' (renameByDefault, failRequestsGreaterThanOne) and 'Updating
+    Per-Node Configuration With a Node Label', and the chart's ``values.yaml`` (``config.map``, ``config.default``).
+    tests/components/test_gpu_sharing.py checks the rendered configs against those rules.
+    """
+    configs: dict[str, dict[str, Any]] = {
+        DEVICE_PLUGIN_DEFAULT_CONFIG: {"version": "v1", "flags": {"migStrategy": "none"}}
+    }
+    for pool in spec.gpu_pools:
+        if pool.sharing is Mechanism.TIME_SLICING:
+            configs[nodes.device_plugin_config_name(pool.name)] = {
+                "version": "v1",
+                "flags": {"migStrategy": "none"},
+                "sharing": {
+                    "timeSlicing": {
+                        "renameByDefault": True,
+                        "failRequestsGreaterThanOne": True,
+                        "resources": [
+                            {"name": nodes.GPU_RESOURCE, "replicas": placement.pool_slots(spec, pool)}
+                        ],
+                    }
+                },
+            }
+        elif pool.sharing is Mechanism.MIG:
+            configs[nodes.device_plugin_config_name(pool.name)] = {
+                "version": "v1",
+                "flags": {"migStrategy": "mixed"},
+            }
+    return configs
+
+
 def device_plugin(spec: PlatformSpec) -> Release:
+    values: dict[str, Any] = {
+        "tolerations": [nodes.gpu_toleration()],
+        "affinity": _gpu_node_affinity(),
+        "priorityClassName": "system-node-critical",
+    }
+    configs = device_plugin_configs(spec)
+    if len(configs) > 1:
+        # The chart's integrated config map (values `config.map`, `config.default`): its config-manager sidecar
+        # gives each node the config its nvidia.com/device-plugin.config label names, else the default.
+        values["config"] = {
+            "map": {name: yaml.safe_dump(cfg, sort_keys=False) for name, cfg in configs.items()},
+            "default": DEVICE_PLUGIN_DEFAULT_CONFIG,
+        }
     return Release(
         name="nvidia-device-plugin",
         chart="nvidia-device-plugin",
         repository="https://nvidia.github.io/k8s-device-plugin",
         version=spec.addons.versions.nvidia_device_plugin,
         namespace=GPU_NAMESPACE,
-        values={
-            "tolerations": [nodes.gpu_toleration()],
-            "affinity": _gpu_node_affinity(),
-            "priorityClassName": "system-node-critical",
-        },
+        values=values,
     )
 
 

@@ -124,6 +124,21 @@ def model_panels(spec: PlatformSpec, model: ModelSpec) -> list[Panel]:
     hit = signals.prefix_hit_rate(spec, model)
     if hit is not None:
         panels.append(Panel("Prefix cache hit rate", ((hit, "hit rate"),), "percentunit"))
+    if model.scaling.sleep_after_idle_s is not None:
+        # sleep as a warm state: how many replicas sleep, and how long a waking one kept its request waiting
+        panels.append(
+            Panel(
+                "Sleeping replicas and wake time",
+                (
+                    (f"max(inferstack_router_backends_asleep{{{router_sel}}})", "asleep"),
+                    (
+                        f"histogram_quantile(0.95, sum by (le) (rate(inferstack_router_wake_seconds_bucket"
+                        f"{{{router_sel}}}[{signals.RATE_WINDOW}])))",
+                        "wake p95 (s)",
+                    ),
+                ),
+            )
+        )
     available, desired = signals.workload_replicas(spec, model)
     panels.append(
         Panel(

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components import lifecycle, nodes
-from components.placement import Placement, PoolPlan
+from components.placement import Placement, PoolPlan, host_memory_needed_gib, host_share
 from components.render import common, groups, hardening, scaling, weights
 from components.render.common import Manifest
 from components.render.engine_args import (
@@ -24,11 +24,7 @@ from components.rollout import Rollout
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import facts
 
-# Node resources the kubelet, system daemons and DaemonSets keep; the rest is shared by GPU share.
-_NODE_RESERVED_CPU = 2.0
-_NODE_RESERVED_MEMORY_FRACTION = 0.10
 _CPU_ENGINE_DEFAULTS = (2.0, 8.0)  # cores, GiB
-_OFFLOAD_BASE_GIB = 16  # host memory the engine needs besides a KV offload buffer
 _PROBE_PERIOD_S = 10
 
 
@@ -38,14 +34,9 @@ def engine_resources(model: ModelSpec, placement: Placement) -> tuple[float, flo
     if placement.instance is None:
         cores, memory = _CPU_ENGINE_DEFAULTS
         return e.cpu_cores or cores, e.memory_gib or memory
-    instance = placement.instance
     # One pod per node of a multi-node group: each takes its node's share, not the group's.
-    share = placement.gpus_per_replica / placement.nodes / instance.gpus
-    cores = max(1.0, math.floor((instance.vcpus - _NODE_RESERVED_CPU) * share))
-    memory = math.floor(instance.memory_gib * (1 - _NODE_RESERVED_MEMORY_FRACTION) * share)
-    memory = (
-        max(memory, math.ceil(e.cpu_kv_offload_gib + _OFFLOAD_BASE_GIB)) if e.cpu_kv_offload_gib else memory
-    )
+    cores, memory = host_share(placement.instance, placement.gpu_fraction / placement.nodes)
+    memory = max(memory, host_memory_needed_gib(model, placement))
     return e.cpu_cores or cores, e.memory_gib or float(memory)
 
 
@@ -133,7 +124,10 @@ def pod_template(
         "limits": {"cpu": common.quantity_cpu(cores), "memory": common.quantity_gib(memory_gib)},
     }
     gpus = placement.gpus_per_replica // placement.nodes
-    if gpus:
+    if placement.share is not None:  # one time slice or one MIG instance
+        resources["requests"][nodes.share_resource(placement.share)] = "1"
+        resources["limits"][nodes.share_resource(placement.share)] = "1"
+    elif gpus:
         resources["requests"][nodes.GPU_RESOURCE] = str(gpus)
         resources["limits"][nodes.GPU_RESOURCE] = str(gpus)
     for key, value in shape.extra_resources.items():
@@ -226,6 +220,8 @@ def pod_template(
         common.MODEL_LABEL: model.name,
         **shape.labels,
     }
+    if model.team is not None:
+        pod_labels[nodes.TEAM_LABEL] = model.team
     return {"metadata": _pod_metadata(model, pod_labels), "spec": pod_spec}
 
 

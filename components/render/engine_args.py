@@ -87,10 +87,20 @@ def _lora(model: ModelSpec) -> tuple[list[str], dict[str, str]]:
     return args, dict(lora.env)
 
 
+def _sleep(model: ModelSpec) -> tuple[list[str], dict[str, str]]:
+    """Sleep mode's arguments and environment (its endpoints served) for a model that sleeps when idle (none
+    otherwise; the spec refuses sleep on engines and devices without it)."""
+    sleep = facts(model.engine.kind).sleep
+    if model.scaling.sleep_after_idle_s is None or sleep is None:
+        return [], {}
+    return list(sleep.args), dict(sleep.env)
+
+
 def model_env(model: ModelSpec) -> dict[str, str]:
-    """The environment the spec itself asks of an engine, wherever it runs (a pod adds ``POD_ENV``): today,
-    what allows loading adapters at run time for a model with adapters."""
-    return _lora(model)[1]
+    """The environment the spec itself asks of an engine, wherever it runs (a pod adds ``POD_ENV``): what allows
+    loading adapters at run time for a model with adapters, and serving sleep mode's endpoints for one that
+    sleeps."""
+    return {**_lora(model)[1], **_sleep(model)[1]}
 
 
 def model_dir(model: ModelSpec) -> str:
@@ -182,7 +192,7 @@ def vllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
         *_valued(cli.download_dir, where.download_dir),
     ]
     if e.device is Device.GPU:
-        args += _valued(cli.gpu_memory_utilization, f"{e.gpu_memory_utilization:g}")
+        args += _valued(cli.gpu_memory_utilization, f"{model.memory_utilization:g}")
     if e.cpu_kv_offload_gib:
         args += _valued(cli.cpu_kv_offload_gib, f"{e.cpu_kv_offload_gib:g}")
     args += _quantization(cli, model) + _kv_cache_dtype(cli, e)
@@ -204,8 +214,9 @@ def vllm(model: ModelSpec, where: Where | None = None) -> EngineCommand:
     if where.model.startswith("s3://"):
         args += cli.stream_from_s3
     lora_args, lora_env = _lora(model)
-    args += [*lora_args, *cli.fixed_args, *e.extra_args]
-    return EngineCommand(command=list(cli.command), args=args, env={**POD_ENV, **lora_env})
+    sleep_args, sleep_env = _sleep(model)
+    args += [*lora_args, *sleep_args, *cli.fixed_args, *e.extra_args]
+    return EngineCommand(command=list(cli.command), args=args, env={**POD_ENV, **lora_env, **sleep_env})
 
 
 def sglang(model: ModelSpec, where: Where | None = None) -> EngineCommand:
@@ -218,7 +229,7 @@ def sglang(model: ModelSpec, where: Where | None = None) -> EngineCommand:
         *_valued(cli.tensor_parallel_size, e.tensor_parallel_size),
         *_valued(cli.pipeline_parallel_size, e.pipeline_parallel_size),
         *_valued(cli.dtype, e.dtype.value),
-        *_valued(cli.gpu_memory_utilization, f"{e.gpu_memory_utilization:g}"),
+        *_valued(cli.gpu_memory_utilization, f"{model.memory_utilization:g}"),
         *_valued(cli.max_model_len, e.max_model_len),
         *_valued(cli.max_num_seqs, e.max_num_seqs),
         *_valued(cli.download_dir, where.download_dir),

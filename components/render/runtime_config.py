@@ -119,8 +119,16 @@ def _route(spec: PlatformSpec, model: ModelSpec) -> ModelRoute:
     # holds nothing (the gateway's ext_proc call must answer within its message timeout): 503 at once
     holds = model.scaling.min_replicas == 0 and spec.gateway.mode is GatewayMode.ROUTER
     hold = model.scaling.cold_start_hold_ms if holds else 0
+    # sleep mode: the router puts idle replicas to sleep and wakes one for a waiting request
+    idle = model.scaling.sleep_after_idle_s
     return ModelRoute.model_validate(
-        {"model": model.name, "strategy": strategy, "batcher_url": batcher, "cold_start_hold_ms": hold}
+        {
+            "model": model.name,
+            "strategy": strategy,
+            "batcher_url": batcher,
+            "cold_start_hold_ms": hold,
+            "sleep_after_idle_ms": idle * 1000 if idle is not None else 0,
+        }
     )
 
 

@@ -109,22 +109,24 @@ async def acquire(
     while True:
         ctx.now = time.monotonic()
         # first come, first served: a newcomer does not overtake requests already in line
+        awake = state.awake()
         jump = not waited_from and bool(state.queue.waiters)
-        if jump and any(b.inflight < b.cap and b.healthy for b in state.backends):
+        if jump and any(b.inflight < b.cap and b.healthy for b in awake):
             state.queue.wake_one()  # a slot is free: make sure the head of the line gets it
-        backend = None if jump else state.strategy.pick(state.backends, ctx)
+        backend = None if jump else state.strategy.pick(awake, ctx)
         if backend is not None:
             if waited_from:
                 on_waited(state.name, ctx.now - waited_from)
             return backend
         now = ctx.now
-        usable = [
-            b for b in state.backends if b.healthy and b.breaker.allows(now) and b.url not in ctx.exclude
-        ]
+        usable = [b for b in awake if b.healthy and b.breaker.allows(now) and b.url not in ctx.exclude]
         if usable:
             limit_s, refusal = deadline_s, _busy(state, deadline_s)
         elif ctx.exclude:
             return None
+        elif state.sleepers():  # every replica sleeps: wake one and hold the request meanwhile
+            state.request_wake()
+            limit_s, refusal = state.route.wake_hold_ms / 1000, _asleep(state)
         else:  # no ready replica at all: hold the request while one starts (the activator), or refuse
             limit_s, refusal = state.route.cold_start_hold_ms / 1000, _no_replica(state)
             if limit_s <= 0:
@@ -159,6 +161,16 @@ def _busy(state: ModelState, deadline_s: float) -> Refusal:
         "queue",
         "overloaded",
         max(1.0, deadline_s / 2),
+    )
+
+
+def _asleep(state: ModelState) -> Refusal:
+    return Refusal(
+        503,
+        f"every replica of {state.name!r} is asleep and none woke within {state.route.wake_hold_ms / 1000:g}s",
+        "asleep",
+        "no_healthy_backend",
+        5.0,
     )
 
 

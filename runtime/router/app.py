@@ -62,6 +62,8 @@ class Router:
         self._configure(cfg)
         self.metrics.attach_live(self.snapshot)
         self.fleet.on_departed = self.metrics.forget_backend
+        self.fleet.on_slept = self.metrics.slept
+        self.fleet.on_woke = self.metrics.woke
         self.fleet.on_kv_problem = self.metrics.kv_problem
 
     def _new_limits(self, cfg: RuntimeConfig) -> Limits:

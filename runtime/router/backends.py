@@ -6,6 +6,7 @@ clients see. No I/O here.
 from __future__ import annotations
 
 import hashlib
+import time
 from urllib.parse import urlsplit
 
 from runtime.breaker import Breaker, Circuit
@@ -26,9 +27,9 @@ def backend_tag(url: str) -> str:
 
 
 class Backend(ReplicaState):
-    """One replica of one model, with the router's connection pool to it."""
+    """One replica of one model, with the router's connection pool to it and its sleep state."""
 
-    __slots__ = ("adapters", "pool", "tag")
+    __slots__ = ("adapters", "asleep", "last_used", "pool", "prompt_tokens", "tag")
 
     def __init__(self, url: str, cap: int, breaker: Breaker, weight: float = 1.0) -> None:
         super().__init__(url, cap, breaker, weight)
@@ -38,6 +39,11 @@ class Backend(ReplicaState):
         parts = urlsplit(url)
         self.pool = Pool(parts.hostname or "127.0.0.1", parts.port or 80, max_idle=cap)
         self.adapters = ReplicaAdapters()
+        # sleep mode: whether the engine sleeps, and when it last did anything (our requests or, from its
+        # prompt-token counter, another router's)
+        self.asleep = False
+        self.last_used = time.monotonic()
+        self.prompt_tokens: float | None = None
 
     def __repr__(self) -> str:
         return f"Backend({self.url}, inflight={self.inflight})"

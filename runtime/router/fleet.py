@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -27,7 +28,7 @@ from runtime.config import (
     version_target_name,
 )
 from runtime.discovery import watch_backends
-from runtime.engines import Signal, facts
+from runtime.engines import Signal, SleepMode, facts
 from runtime.router.adapters import listed_adapters
 from runtime.router.admission import WaitQueue
 from runtime.router.backends import Backend, Breaker
@@ -76,6 +77,10 @@ class ModelState:
             self.batcher = self._new_backend(str(route.batcher_url).rstrip("/"), cap=1 << 30)
         self.probe_failures: dict[str, int] = {}
         self.on_departed: Callable[[str, str], None] | None = None  # (model, url), e.g. to drop metrics
+        # sleep mode: the engine's endpoints when the model sleeps when idle; the fleet wakes replicas
+        self.sleep: SleepMode | None = facts(target.engine).sleep if route.sleep_after_idle_ms else None
+        self.request_wake: Callable[[], None] = lambda: None
+        self.waking: asyncio.Task[None] | None = None
         # the engines' KV events, for a strategy that reads them (set by the fleet: kept across reloads)
         self.needs_blocks = Need.PROMPT_BLOCKS in self.strategy.needs and target.kv_events is not None
         self.max_blocks = route.strategy.prefix_max_blocks
@@ -113,6 +118,14 @@ class ModelState:
     def healthy_count(self) -> int:
         return sum(1 for b in self.backends if b.healthy)
 
+    def awake(self) -> list[Backend]:
+        """Replicas a request may go to now (a sleeping one first has to wake)."""
+        return [b for b in self.backends if not b.asleep] if self.sleep is not None else self.backends
+
+    def sleepers(self) -> list[Backend]:
+        """Healthy replicas that sleep: what a waiting request can wake."""
+        return [b for b in self.backends if b.asleep and b.healthy] if self.sleep is not None else []
+
     def servable(self) -> bool:
         """A request for the model can be answered: a healthy replica, a batcher, or (scaled to zero) a
         replica the activator holds requests for while it starts."""
@@ -135,6 +148,10 @@ class Fleet:
         self._signals_task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self.feed_ok = False
+        # sleep mode: (model, seconds) of each sleep and each wake, for metrics
+        self.on_slept: Callable[[str], None] | None = None
+        self.on_woke: Callable[[str, float], None] | None = None
+        self._going_to_sleep: dict[str, asyncio.Event] = {}  # url -> set when its /sleep call has returned
         self.apply(cfg)
 
     # --- configuration ---------------------------------------------------------------------------
@@ -150,6 +167,7 @@ class Fleet:
         for target in cfg.models:
             state = fresh[target.name]
             state.on_departed = self._departed
+            state.request_wake = functools.partial(self.wake, state)
             state.kv = views[target.name]
             old = self.models.get(target.name)
             same_source = old is not None and (old.target.discovery, old.target.static_backends) == (
@@ -280,6 +298,7 @@ class Fleet:
                 self.feed_ok = await self._read_feed() if self.cfg.router.health_feed_url else False
                 if not self.feed_ok:
                     await self._probe_all()
+                await self._sleep_sweep()
             except asyncio.CancelledError:
                 raise
             except Exception:  # the signal loop must outlive any one bad answer
@@ -353,6 +372,112 @@ class Fleet:
             )
             state.queue.wake_all()
 
+    # --- sleep mode ------------------------------------------------------------------------------
+    async def _sleep_sweep(self) -> None:
+        jobs = [self._sweep(s, b) for s in self.models.values() if s.sleep is not None for b in s.backends]
+        if jobs:
+            await asyncio.gather(*jobs)
+
+    async def _sweep(self, state: ModelState, b: Backend) -> None:
+        """Learn whether the engine sleeps (another router may have put it to sleep or woken it; a restarted
+        engine is awake), then put it to sleep if it has been idle long enough."""
+        sleep = state.sleep
+        assert sleep is not None and self._session is not None
+        timeout = aiohttp.ClientTimeout(total=max(0.5, self.cfg.router.probe_interval_ms / 1000 * 0.8))
+        try:
+            async with self._session.get(b.url + sleep.state_path, timeout=timeout) as resp:
+                if resp.status != 200:
+                    return
+                sleeping = bool((await resp.json(content_type=None)).get("is_sleeping"))
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+            return
+        if state.waking is not None and not state.waking.done():
+            return  # a wake is under way: its answer, not this look, decides
+        if sleeping != b.asleep:
+            b.asleep = sleeping
+            if not sleeping:
+                b.last_used = time.monotonic()
+                state.queue.wake_all()
+        if not b.asleep:
+            await self._took_prompts(state, b, timeout)
+        idle_s = time.monotonic() - b.last_used
+        if b.asleep or not b.healthy or b.inflight or b.engine_running or b.engine_queued:
+            return
+        if idle_s < state.route.sleep_after_idle_ms / 1000:
+            return
+        b.asleep = True  # before the call: no request is routed to it from here on
+        done = self._going_to_sleep[b.url] = asyncio.Event()
+        try:
+            url = f"{b.url}{sleep.sleep_path}?level={sleep.level}"
+            async with self._session.post(url, timeout=aiohttp.ClientTimeout(total=120)) as resp:
+                ok = resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        finally:
+            done.set()
+            self._going_to_sleep.pop(b.url, None)
+        if not ok:
+            b.asleep = False
+            log.warning("replica %s of %s did not go to sleep", b.url, state.name)
+            return
+        log.info("replica %s of %s is asleep after %.0fs idle", b.url, state.name, idle_s)
+        if self.on_slept is not None:
+            self.on_slept(state.name)
+
+    async def _took_prompts(self, state: ModelState, b: Backend, timeout: aiohttp.ClientTimeout) -> None:
+        """Whether the engine took prompts since the last look, from its own counter: requests through other
+        router replicas count, so one router never puts to sleep a replica that another keeps busy."""
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                b.url + facts(state.target.engine).metrics_path, timeout=timeout
+            ) as resp:
+                if resp.status != 200:
+                    return
+                text = (await resp.content.read(PROBE_MAX_BYTES)).decode("utf-8", "replace")
+        except (aiohttp.ClientError, TimeoutError):
+            return
+        tokens = parse_signals(text, state.target.engine.value).get(Signal.PROMPT_TOKENS)
+        if tokens is None:
+            return
+        if b.prompt_tokens is not None and tokens != b.prompt_tokens:
+            b.last_used = time.monotonic()
+        b.prompt_tokens = tokens
+
+    def wake(self, state: ModelState) -> None:
+        """Wake one sleeping replica of ``state`` for the requests waiting on it (one wake at a time)."""
+        if state.sleep is None or (state.waking is not None and not state.waking.done()):
+            return
+        sleepers = state.sleepers()
+        if sleepers and self._session is not None:
+            state.waking = asyncio.get_running_loop().create_task(self._wake(state, sleepers[0]))
+
+    async def _wake(self, state: ModelState, b: Backend) -> None:
+        sleep = state.sleep
+        assert sleep is not None and self._session is not None
+        started = time.monotonic()
+        going = self._going_to_sleep.get(b.url)
+        if going is not None:  # a request came while it was being put to sleep: let that finish first
+            await going.wait()
+        try:
+            async with self._session.post(
+                b.url + sleep.wake_path,
+                timeout=aiohttp.ClientTimeout(total=state.route.wake_hold_ms / 1000 + 60),
+            ) as resp:
+                ok = resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        took = time.monotonic() - started
+        if ok:
+            b.asleep = False
+            b.last_used = time.monotonic()
+            log.info("replica %s of %s woke in %.2fs", b.url, state.name, took)
+            if self.on_woke is not None:
+                self.on_woke(state.name, took)
+        else:
+            log.warning("replica %s of %s did not wake", b.url, state.name)
+        state.queue.wake_all()  # waiters re-decide: a replica to use, or another to wake
+
 
 def splits_of(cfg: RuntimeConfig, previous: dict[str, Split]) -> dict[str, Split]:
     """The splits a config declares; a split whose configured weights did not change keeps its override
@@ -418,7 +543,7 @@ def parse_signals(text: str, engine: str) -> dict[Signal, float]:
     """Sum queued / running / KV usage over label sets from an engine's Prometheus text."""
     names: dict[str, Signal] = {}
     engine_facts = facts(EngineKind(engine))
-    for wanted in (Signal.QUEUED, Signal.RUNNING, Signal.KV_USAGE):
+    for wanted in (Signal.QUEUED, Signal.RUNNING, Signal.KV_USAGE, Signal.PROMPT_TOKENS):
         for n in engine_facts.names(wanted):
             names[n] = wanted
     sums: dict[Signal, float] = {}

@@ -45,6 +45,7 @@ LIVE_GAUGES: dict[str, tuple[str, list[str]]] = {
     "prefix_hit_rate": ("Share of prefix lookups that found a replica", ["model"]),
     "backends": ("Replicas known per model", ["model"]),
     "version_weight": ("Percent of a versioned model's requests each version gets now", ["model", "version"]),
+    "backends_asleep": ("Replicas asleep per model (sleep mode: a request wakes one)", ["model"]),
     "kv_view_blocks": ("Blocks each replica's engine caches, as its KV events say", ["model", "backend"]),
     "kv_view_synced": ("1 if the replica's KV events are followed and were replayed", ["model", "backend"]),
     "limit_store_up": ("1 while the shared rate-limit store answers; 0: limits are per replica", []),
@@ -63,6 +64,8 @@ def live_gauges(models: Mapping[str, ModelState], splits: Mapping[str, Split] | 
     for name, m in models.items():
         out["queue_depth"].append(((name,), float(len(m.queue))))
         out["backends"].append(((name,), float(len(m.backends))))
+        if m.sleep is not None:
+            out["backends_asleep"].append(((name,), float(sum(1 for b in m.backends if b.asleep))))
         for b in m.backends:
             out["backend_inflight"].append(((name, b.url), float(b.inflight)))
             out["circuit_state"].append(((name, b.url), float(b.breaker.state)))
@@ -218,6 +221,16 @@ class RouterMetrics:
         )
         for hot in (self.version_requests, self.version_tokens, self.version_duration, self.version_ttft):
             r.register(hot)
+        self.sleeps = Counter(
+            "inferstack_router_sleeps", "Replicas put to sleep after their idle period", ["model"], registry=r
+        )
+        self.wake = Histogram(
+            "inferstack_router_wake_seconds",
+            "Time a sleeping replica took to wake for a waiting request",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.adapter_loads = Counter(
             "inferstack_router_adapter_loads",
             "LoRA adapter load calls to replicas, by base model and outcome (ok, refused, failed)",
@@ -308,6 +321,12 @@ class RouterMetrics:
         _add_tokens(self.tokens.values, (model,), prompt, completion)
         if version:
             _add_tokens(self.version_tokens.values, version, prompt, completion)
+
+    def slept(self, model: str) -> None:
+        self._child(self.sleeps, model).inc()
+
+    def woke(self, model: str, seconds: float) -> None:
+        self._child(self.wake, model).observe(seconds)
 
     def reject(self, reason: str, model: str = "") -> None:
         self._child(self.rejections, model, reason).inc()

@@ -99,6 +99,7 @@ class Forwarder:
         conn, state, rid, principal = call.conn, call.state, call.rid, call.principal
         b.inflight += 1
         sent_at = time.monotonic()
+        b.last_used = sent_at
         b.breaker.on_start(sent_at)
         ex: Exchange | None = None
         status = 0
@@ -157,6 +158,7 @@ class Forwarder:
             raise
         finally:
             b.inflight -= 1
+            b.last_used = time.monotonic()
             if ok:
                 b.breaker.on_success()
             else:

@@ -210,6 +210,9 @@ def test_gpu_node_groups_follow_the_placement_of_models_and_their_weights(name: 
         members = [m for m in spec.models if layout.placements[m.name].pool == pool.name]
         gpus_max = sum(m.scaling.max_replicas * m.engine.gpus * m.serving_units for m in members)
         gpus_min = sum(m.scaling.min_replicas * m.engine.gpus * m.serving_units for m in members)
+        if pool.packing is not None:  # a shared pool: nodes from its packing (test_gpu_sharing.py)
+            gpus_max = pool.packing.nodes * pool.instance.gpus
+            gpus_min = pool.min_nodes * pool.instance.gpus
         expected_max = pool_spec.max_nodes or max(math.ceil(gpus_max / pool.instance.gpus), 1)
         assert group["scalingConfig"]["maxSize"] == expected_max
         assert group["scalingConfig"]["minSize"] == max(

@@ -223,6 +223,22 @@ def test_the_batch_api_behind_the_gateway_is_an_error() -> None:
         PlatformSpec.model_validate(doc)
 
 
+def test_sleep_behind_the_gateway_is_an_error() -> None:
+    """The router puts idle replicas to sleep and holds a request while one wakes: this mode runs none."""
+    shared = EXAMPLES.parents[1] / "stacks" / "Pulumi.shared.yaml"
+    doc = yaml.safe_load(shared.read_text())["config"]["inferstack:platform"]
+    assert (
+        PlatformSpec.model_validate(doc).models[2].scaling.sleep_after_idle_s == 300
+    )  # the router sleeps it
+    gateway = {"mode": "inference-extension", "gateway_class": "kgateway", "ingress": "gateway-api"}
+    doc["gateway"] = {**gateway, "hostname": "llm.example.com", "require_api_key": False}
+    with pytest.raises(
+        ValidationError,
+        match=r"models\[2\].scaling.sleep_after_idle_s: .* inference-extension runs no router",
+    ):
+        PlatformSpec.model_validate(doc)
+
+
 def test_envoy_cannot_fail_open_in_full_duplex_mode() -> None:
     pools = [EnvoyPool("m", Task.GENERATE, ("127.0.0.1:8000",))]
     with pytest.raises(ValueError, match="fails open only with buffered bodies") as err:

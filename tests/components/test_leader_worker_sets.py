@@ -151,6 +151,15 @@ def test_tensorrt_llm_across_nodes_is_a_plan_error_naming_engine_and_version() -
     assert "trtllm-serve 1.0.0" in text and "use kind vllm or sglang" in text
 
 
+def test_sleep_on_a_group_is_a_plan_error() -> None:
+    """Sleep mode is for single-node replicas (the router's calls reach a group's leader only)."""
+    raw = _spec(8, 2, "p5.48xlarge")
+    raw["models"][0]["scaling"] = {"min_replicas": 1, "max_replicas": 1, "sleep_after_idle_s": 300}
+    text = _problems(raw)
+    assert "models[0].scaling.sleep_after_idle_s: a replica of" in text
+    assert "spans 2 x p5.48xlarge" in text and "one node only" in text
+
+
 def test_efa_asked_for_on_an_instance_type_without_it_lists_the_types_with_it() -> None:
     raw = _spec(1, 1, "g6e.xlarge")
     raw["models"][0]["source"] = "meta-llama/Llama-3.1-8B-Instruct"

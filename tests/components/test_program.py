@@ -80,10 +80,13 @@ def _check_engine_pod(
     container = pod["containers"][0]
     resources = container["resources"]
     gpus = model.engine.tensor_parallel_size * model.engine.pipeline_parallel_size // placement.nodes
+    # a shared GPU: one time slice or one MIG instance (tests/components/test_gpu_sharing.py)
+    resource = nodes.share_resource(placement.share) if placement.share else nodes.GPU_RESOURCE
+    if placement.share is not None:
+        gpus = 1
+        assert nodes.GPU_RESOURCE not in resources["limits"]
     if placement.instance is not None:
-        assert (
-            resources["requests"][nodes.GPU_RESOURCE] == resources["limits"][nodes.GPU_RESOURCE] == str(gpus)
-        )
+        assert resources["requests"][resource] == resources["limits"][resource] == str(gpus)
         assert pod["nodeSelector"] == {nodes.POOL_LABEL: placement.pool}
         assert {"key": nodes.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"} in pod[
             "tolerations"

@@ -215,6 +215,37 @@ def test_cpus_come_from_the_affinity_mask() -> None:
     assert pick_cpus(set) == (0,)
 
 
+def test_shared_engine_memory_sizes_each_engines_kv_cache_from_its_fraction() -> None:
+    """make local's CPU engines share the machine's engine memory by gpu_share.fraction, budgeted as shared GPU
+    engines are; KV_CACHE_GIB without a share (tests/integration/test_shared_engines.py runs such a pair)."""
+    raw = raw_local()
+    raw["models"][0]["gpu_share"] = {"fraction": 0.3}  # two replicas: 0.6
+    raw["models"][1]["gpu_share"] = {"fraction": 0.4}
+    plan = build_plan(stack_from(raw), LocalOptions(cpus=(0, 1), engine_memory_gib=16), REPO)
+    assert [e.kv_cache_space_gib for e in plan.engines] == [2, 2, 4]
+    assert plan.engine_memory_gib == 16
+    assert {e.kv_cache_space_gib for e in build_plan(local_stack(), LocalOptions(), REPO).engines} == {1}
+
+
+def test_a_share_with_no_room_for_a_kv_cache_names_the_fraction_that_would_do() -> None:
+    raw = raw_local()
+    raw["models"][1]["gpu_share"] = {"fraction": 0.1}
+    with pytest.raises(
+        PlanError, match=r"models\[1\]\.gpu_share\.fraction: 0\.1 of 8 GiB leaves all-minilm-l6-v2 no KV"
+    ):
+        build_plan(stack_from(raw), LocalOptions(), REPO)
+    with pytest.raises(PlanError, match=r"give it at least 0\.3"):
+        build_plan(stack_from(raw), LocalOptions(), REPO)
+
+
+def test_shares_of_all_engines_over_the_machine_are_refused() -> None:
+    raw = raw_local()
+    raw["models"][0]["gpu_share"] = {"fraction": 0.4}  # two replicas: 0.8
+    raw["models"][1]["gpu_share"] = {"fraction": 0.4}
+    with pytest.raises(PlanError, match=r"models: the gpu_share fractions of all engines sum to 1\.20"):
+        build_plan(stack_from(raw), LocalOptions(engine_memory_gib=16), REPO)
+
+
 def test_an_adapter_without_its_files_is_refused_with_the_field(tmp_path: Path) -> None:
     raw = raw_local()
     chat = raw["models"][0]

@@ -91,7 +91,7 @@ COVERAGE = [
     Coverage(r"\.venv/bin/inferstack size .*", ((HERE, "def test_size_prints_what_the_readme_shows"),), "run here"),
     Coverage(r"inferstack size --list", ((HERE, "def test_cheap_commands_run"),), "run here"),
     Coverage(r"\.venv/bin/inferstack plan -s prod --out build/prod", ((HERE, "def test_cheap_commands_run"),), "run here"),
-    Coverage(r"\.venv/bin/inferstack plan -s kind --out build/kind", ((CI, "stack: [dev, kind, staging, prod, prod-405b]"), (CI, "--out build/${{ matrix.stack }}")), "CI plan job"),
+    Coverage(r"\.venv/bin/inferstack plan -s kind --out build/kind", ((CI, "stack: [dev, kind, staging, prod, prod-405b, shared]"), (CI, "--out build/${{ matrix.stack }}")), "CI plan job"),
     Coverage(r"\.venv/bin/inferstack plan -s prod --policy-config policies/inference/config/prod\.json", (("tests/policies/test_plan.py", '"--policy-config", "policies/inference/config/prod.json"'), (CI, "--policy-config policies/inference/config/${{ matrix.stack }}.json")), "policy tests and CI"),
     Coverage(r"inferstack plan", ((HERE, "def test_cheap_commands_run"),), "run here (the name of the command)"),
     Coverage(r"\.venv/bin/inferstack cost --compare (-s prod|--model .*)", (("tests/components/test_compare.py", 'runner.invoke(app, ["cost", "--compare", "-s", "prod"]'), ("tests/components/test_compare.py", "def test_cost_compare_for_a_model_and_a_volume")), "run in the cost tests"),

@@ -608,6 +608,35 @@ CASES = [
         ("no provenance",),
         {"environments": ["staging"]},
     ),
+    # sharing (stacks/Pulumi.shared.yaml)
+    Case(
+        "two-teams-time-slice-in-prod",
+        "shared-gpu-across-teams-only-with-mig",
+        "shared",
+        m(
+            k8s("Deployment", "bge-m3-engine"),
+            lambda p: p["spec"]["template"]["metadata"]["labels"].__setitem__("inferstack.io/team", "ads"),
+        ),
+        ("pool l40s-shared", "bge-m3-engine (ads)", "llama-3-8b-engine (search)", "MIG"),
+        {"environments": ["dev"]},
+    ),
+    Case(
+        "time-sliced-memory-over-the-gpu",
+        "shared-gpu-memory-within-limits",
+        "shared",
+        m(k8s("Deployment", "llama-3-8b-engine"), lambda p: set_flag(p, "--gpu-memory-utilization", "0.9")),
+        ("2 engines share each GPU", "1.80 of its memory", "at most 0.45"),
+    ),
+    Case(
+        "sleep-on-an-old-vllm",
+        "sleep-only-where-supported",
+        "shared",
+        m(
+            k8s("Deployment", "qwen-7b-engine"),
+            lambda p: container(p, "engine").__setitem__("image", "vllm/vllm-openai:v0.8.5"),
+        ),
+        ("qwen-7b-engine", "older than vLLM 0.10.1"),
+    ),
     # adapters
     Case(
         "adapter-on-a-moving-revision",

@@ -12,6 +12,7 @@ from policies.inference.rules import (
     placement,
     reliability,
     security,
+    sharing,
     weights,
 )
 from policies.inference.rules.base import Category, Finding, Res, Rule, Setting, Severity
@@ -20,6 +21,7 @@ RULES: tuple[Rule, ...] = (
     *fit.RULES,
     *placement.RULES,
     *reliability.RULES,
+    *sharing.RULES,
     *weights.RULES,
     *security.RULES,
     *money.RULES,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from components import catalog, nodes, sizing
+from components import catalog, nodes, packing, sizing
 from policies.inference.rules.base import Config, Props, Res, as_list, as_map, dig, number
 from policies.inference.rules.k8s import Container, containers, gpus_requested, pod_labels, workloads
 from runtime.config import EngineKind
@@ -200,7 +200,33 @@ class Engine:
 
     @property
     def gpus(self) -> int:
+        """Whole GPUs the pod requests (0 for a time slice or a MIG instance: see ``shared_gpu``)."""
         return gpus_requested(self.pod)
+
+    @property
+    def shared_gpu(self) -> str | None:
+        """The shared-GPU resource the pod requests (a time slice or a MIG instance), or None."""
+        for c in containers(self.pod, init=False):
+            for key in (
+                *as_map(dig(c.props, "resources", "requests")),
+                *as_map(dig(c.props, "resources", "limits")),
+            ):
+                if key == nodes.SHARED_GPU_RESOURCE or str(key).startswith(nodes.MIG_RESOURCE_PREFIX):
+                    return str(key)
+        return None
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.gpus > 0 or self.shared_gpu is not None
+
+    def device(self, instance: catalog.InstanceType) -> catalog.Gpu | None:
+        """What one replica's memory lands on: a GPU of ``instance``, or its MIG instance; None for a MIG profile
+        the GPU does not have."""
+        share = self.shared_gpu
+        if share is None or not share.startswith(nodes.MIG_RESOURCE_PREFIX):
+            return instance.gpu_spec
+        profile = catalog.mig_profile(instance.gpu, share.removeprefix(nodes.MIG_RESOURCE_PREFIX))
+        return packing.mig_device(instance.gpu_spec, profile) if profile is not None else None
 
     @property
     def node_selector(self) -> Mapping[str, str]:

@@ -48,7 +48,15 @@ def _model_fits(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
     for e in engines(resources):
         pool = gpu_pool_of(e, pools)
         found = e.arch()
-        if pool is None or pool.instance is None or found is None or e.gpus == 0:
+        if pool is None or pool.instance is None or found is None or not e.uses_gpu:
+            continue
+        device = e.device(pool.instance)
+        if device is None:
+            yield Finding(
+                f"{e.res.display}: requests {e.shared_gpu}, a MIG instance the {pool.instance.gpu} GPUs of "
+                f"{pool.instance.name} (pool {pool.name}) do not have; request one of their profiles",
+                e.res.urn,
+            )
             continue
         repo, arch = found
         shape = e.args.shape(arch)
@@ -61,14 +69,16 @@ def _model_fits(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
                 e.res.urn,
             )
             continue
-        fit = sizing.memory_fit(arch, shape, instance.gpu_spec)
+        fit = sizing.memory_fit(arch, shape, device)
         if fit.fits:
             continue
         breakdown = "\n".join(fit.lines())
         yield Finding(
             f"{e.res.display}: {repo} ({shape.quantization if shape.quantization != 'none' else shape.dtype}, "
             f"TP {shape.tensor_parallel_size} x PP {shape.pipeline_parallel_size}, max_model_len "
-            f"{shape.max_model_len:,}) does not fit the {instance.gpu} GPUs of {instance.name} (pool {pool.name}); "
+            f"{shape.max_model_len:,}) does not fit "
+            + (f"the {instance.gpu} GPUs" if device is instance.gpu_spec else f"its {device.name} instance")
+            + f" of {instance.name} (pool {pool.name}); "
             f"{_advice(arch, shape, instance)}.\n{breakdown}",
             e.res.urn,
         )

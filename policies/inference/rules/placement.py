@@ -45,7 +45,7 @@ def _tolerates(pod: object, taint: tuple[str, str, str]) -> bool:
 def _engine_tolerations(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
     pools = node_pools(resources, config)
     for e in engines(resources):
-        if e.gpus == 0 or not e.node_selector:
+        if not e.uses_gpu or not e.node_selector:
             continue
         selected = [p for p in pools_for(e.node_selector, pools) if p.is_gpu]
         if len(selected) != 1:
