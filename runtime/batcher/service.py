@@ -2,8 +2,9 @@
 
 Flow per model: a request's inputs become ``Item``s on the queue of its batch key (requests that
 differ in model parameters never share a call). The dispatcher waits for a free engine slot, then
-for the batch to fill (``max_batch_size`` inputs or ``max_batch_tokens``) or for the oldest item's
-``max_wait_ms`` to run out, and sends one engine call. Results go back to each owner in its own
+for the batch to fill (``max_batch_size`` inputs or ``max_batch_tokens``), for arrivals to pause
+(``ARRIVAL_PAUSE_S`` without a new request) or for the oldest item's ``max_wait_ms`` to run out, and
+sends one engine call. Results go back to each owner in its own
 order. Waiting for a slot first is deliberate: while the engine is busy, arrivals pile up and the
 next call is fuller, which is exactly when batching pays.
 
@@ -44,6 +45,10 @@ _ID_PREFIX = "embd-" + os.urandom(6).hex() + "-"
 _ids = count()
 GATEWAY_STATUSES = frozenset({502, 503, 504})  # no answer from the engine: not an input's fault
 RATE_WINDOW_S = 10.0  # items/s (metrics, Retry-After) over this many recent seconds
+# A partial batch goes once no request has arrived for this long (and a replica is idle): concurrent
+# clients' requests arrive tens to hundreds of microseconds apart, so a millisecond of silence means
+# the burst is over and waiting out ``max_wait_ms`` would only add latency.
+ARRIVAL_PAUSE_S = 0.001
 
 
 class QueueFullError(Exception):
@@ -74,6 +79,7 @@ class Pending:
     alive: Callable[[], bool] = lambda: True  # False once the client has gone
     engine_body: dict[str, Any] = field(default_factory=dict)  # the engine call's fields but input
     fmt: str | None = None  # the client's vector format when converted here (core.client_format)
+    key: str = ""  # the queue its inputs wait on
     data: list[dict[str, Any] | None] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     remaining: int = 0
@@ -159,6 +165,7 @@ class ModelBatcher:
         self.forwarded = 0  # requests passed through unbatched (score, rerank, bytes), now at an engine
         self.backends: list[Backend] = []
         self._wake = asyncio.Event()  # an arrival, a finished engine call, or new replicas
+        self._idle_since = 0.0  # loop time a replica last became free (a call ended, replicas appeared)
         self._tasks: list[asyncio.Task[None]] = []
         self._calls: set[asyncio.Task[None]] = set()
         self._done_window: deque[tuple[float, int]] = deque()
@@ -217,6 +224,7 @@ class ModelBatcher:
                     for gone in known.keys() - {b.url for b in self.backends}:
                         known[gone].pool.close()  # connections in use close when their call ends
                     if self.backends:
+                        self._idle_since = asyncio.get_running_loop().time()
                         self._wake.set()
                     else:
                         self._fail_queued(503, "model has no replica right now")
@@ -261,6 +269,7 @@ class ModelBatcher:
             alive=alive,
             engine_body=engine_body,
             fmt=fmt,
+            key=key,
         )
         queue = self.queues.setdefault(key, deque())
         now = loop.time()
@@ -270,6 +279,22 @@ class ModelBatcher:
         self._m_depth.set(self.depth)
         self._wake.set()
         return pending
+
+    def withdraw(self, pending: Pending) -> None:
+        """The client of ``pending`` has gone: take its inputs off the queue now, so that the queue
+        space they held is free for the next request at once, not only at the next dispatch."""
+        queue = self.queues.get(pending.key)
+        if not queue:
+            return
+        kept = [item for item in queue if item.owner is not pending]
+        removed = len(queue) - len(kept)
+        if not removed:
+            return  # all its inputs were already dispatched; their results will be dropped
+        queue.clear()
+        queue.extend(kept)
+        self.depth -= removed
+        self._m_depth.set(self.depth)
+        self._m_items["dropped"].inc(removed)
 
     # --- dispatch ----------------------------------------------------------------------------
 
@@ -290,13 +315,18 @@ class ModelBatcher:
     async def _dispatch_loop(self) -> None:
         """Form and send batches; every wake-up re-evaluates the whole state (no lost wake-ups).
 
-        A full batch goes as soon as a call slot is free. A partial one goes when its oldest input has
-        waited ``max_wait_ms`` *and* some replica is idle: while every replica is computing, a partial
-        batch would only share the engine with the running call (vLLM-CPU runs two concurrent calls
-        slower than one), so it keeps filling until a replica is free.
+        A full batch goes as soon as a call slot is free. A partial one goes only while some replica is
+        idle: while every replica is computing, a partial batch would only share the engine with the
+        running call (vLLM-CPU runs two concurrent calls slower than one), so it keeps filling until a
+        replica is free. Then it goes when arrivals pause (``ARRIVAL_PAUSE_S`` without a new request)
+        or when it has waited ``max_wait_ms`` for companions, whichever comes first. Both clocks start
+        no earlier than the moment a replica became free: time spent waiting for a replica is not time
+        spent waiting for companions, and the answers of the call that just ended are what brings the
+        next burst of requests from clients waiting on them.
         """
         loop = asyncio.get_running_loop()
         wait_s = self.policy.max_wait_ms / 1000
+        pause_s = min(wait_s, ARRIVAL_PAUSE_S)
         p = self.policy
         while True:
             self._wake.clear()
@@ -308,7 +338,14 @@ class ModelBatcher:
                 if not self._has_idle_backend():
                     await self._wake.wait()
                     continue
-                left = queue[0].enqueued_s + wait_s - loop.time()
+                idle = self._idle_since
+                left = (
+                    min(
+                        max(queue[0].enqueued_s, idle) + wait_s,
+                        max(queue[-1].enqueued_s, idle) + pause_s,  # queue[-1]: the latest arrival
+                    )
+                    - loop.time()
+                )
                 if left > 0:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(left):
@@ -332,6 +369,7 @@ class ModelBatcher:
 
     def _call_done(self, task: asyncio.Task[None]) -> None:
         self._calls.discard(task)
+        self._idle_since = asyncio.get_running_loop().time()
         self._wake.set()
 
     def _pick(self, exclude: set[str]) -> Backend | None:
