@@ -293,7 +293,14 @@ class ModelBatcher:
             queue.append(core.Item(pending, i, value, core.estimate_tokens(value), now))
         self.depth += len(inputs)
         self._m_depth.set(self.depth)
-        self._wake.set()
+        p = self.policy
+        if len(queue) == len(inputs) or core.ready_to_send(
+            queue, max_size=p.max_batch_size, max_tokens=p.max_batch_tokens
+        ):
+            # a new oldest input, or a full batch: the dispatcher decides again now. Other arrivals
+            # only push its pause deadline back, which it reads when its timer fires (one wake-up
+            # per batch instead of one per request).
+            self._wake.set()
         return pending
 
     def _recent_gap(self, now: float) -> float:
