@@ -221,6 +221,26 @@ def machine() -> dict[str, Any]:
     }
 
 
+def git_commit(src: Path) -> str:
+    """The checkout's commit (with ``+changes`` when its tree differs), so a result names its code."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(src), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):  # an exported tree: its directory's name
+        return src.name
+    return head + ("+changes" if dirty else "")
+
+
 def wait_ready(url: str, limit_s: float = 60) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
@@ -234,19 +254,20 @@ def wait_ready(url: str, limit_s: float = 60) -> None:
 
 
 def start_batcher(
-    engine_url: str, policy: dict[str, Any], workdir: Path
+    engine_url: str, policy: dict[str, Any], workdir: Path, src: Path = ROOT
 ) -> tuple[subprocess.Popen[bytes], str]:
+    """``python -m runtime.batcher`` from the checkout ``src`` (this one, or a baseline to compare)."""
     port = free_port()
     cfg = {
         "models": [{"name": MODEL, "task": "embed", "static_backends": [{"url": engine_url}]}],
         "batcher": {"host": "127.0.0.1", "port": port, "policies": [{"model": MODEL, **policy}]},
     }
-    path = workdir / "batcher.yaml"
+    path = workdir / f"batcher-{port}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.Popen(
         [sys.executable, "-m", "runtime.batcher", "--config", str(path)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "LOG_LEVEL": "WARNING"},
+        cwd=src,
+        env={**os.environ, "PYTHONPATH": str(src), "LOG_LEVEL": "WARNING"},
     )
     url = f"http://127.0.0.1:{port}"
     wait_ready(url)
@@ -285,6 +306,11 @@ def main() -> None:
     parser.add_argument(
         "--engine-pids",
         help="with --engine-url: comma-separated pids of that engine's processes, to report its CPU per item",
+    )
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="also run the batcher of this checkout (e.g. `git worktree add /tmp/base COMMIT`), in alternating rounds",
     )
     parser.add_argument("--tag", default="", help="suffix of the result file names")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -345,27 +371,34 @@ def main() -> None:
         "max_wait_ms": args.max_wait_ms,
         "max_inflight_batches_per_backend": args.inflight,
     }
-    batcher = None
+    batcher = baseline = None
+    runs: dict[str, list[dict[str, Any]]] = {
+        "direct": [],
+        "batcher": [],
+        "baseline": [],
+        "ceiling": [],
+        "ceiling_base64": [],
+    }
     try:
         with tempfile.TemporaryDirectory() as tmp:
             workdir = Path(tmp)
             batcher, batcher_url = start_batcher(engine_url, policy, workdir)
-            # warm both paths (engine graph caches, connection pools)
+            batchers = [("batcher", batcher, batcher_url)]
+            if args.baseline_src:
+                baseline, baseline_url = start_batcher(engine_url, policy, workdir, args.baseline_src)
+                batchers.append(("baseline", baseline, baseline_url))
+            # warm every path (engine graph caches, connection pools)
             loop_round(engine_url, 10_000_000, warm_up=True)
-            loop_round(batcher_url, 20_000_000, warm_up=True)
-            runs: dict[str, list[dict[str, Any]]] = {
-                "direct": [],
-                "batcher": [],
-                "ceiling": [],
-                "ceiling_base64": [],
-            }
+            for i, (_, _, url) in enumerate(batchers):
+                loop_round(url, 20_000_000 + 1_000_000 * i, warm_up=True)
             for r in range(args.rounds):
                 base = 10_000_000 * (r + 1)
                 runs["direct"].append(measured(engine_url, base))
-                cpu0 = cpu_seconds(batcher.pid)
-                run = measured(batcher_url, base + 3_000_000)
-                run["batcher_cpu_us_per_item"] = 1e6 * (cpu_seconds(batcher.pid) - cpu0) / run["requests"]
-                runs["batcher"].append(run)
+                for i, (name, proc, url) in enumerate(batchers):
+                    cpu0 = cpu_seconds(proc.pid)
+                    run = measured(url, base + 2_000_000 * (i + 1))
+                    run["batcher_cpu_us_per_item"] = 1e6 * (cpu_seconds(proc.pid) - cpu0) / run["requests"]
+                    runs[name].append(run)
                 n = args.ceiling_inputs
                 runs["ceiling"].append(
                     asyncio.run(ceiling(engine_url, n, args.max_batch_size, base + 6_000_000))
@@ -376,9 +409,10 @@ def main() -> None:
             with urllib.request.urlopen(batcher_url + "/metrics", timeout=5) as resp:
                 batcher_metrics = resp.read().decode()
     finally:
-        if batcher is not None:
-            batcher.terminate()
-            batcher.wait(timeout=20)
+        for proc in (batcher, baseline):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=20)
         if engine is not None:
             engine.stop()
 
@@ -425,6 +459,7 @@ def main() -> None:
             "concurrency": args.concurrency,
             "inputs_per_request": 1,
             "batcher_policy": policy,
+            "commit": git_commit(ROOT),
             "rounds": args.rounds,
         },
         "direct": runs["direct"],
@@ -456,6 +491,18 @@ def main() -> None:
         },
         "batcher_batch_size_metric": sizes,
     }
+    if runs["baseline"]:
+        base_run = best("baseline")
+        result["baseline"] = runs["baseline"]
+        result["summary"]["baseline"] = {
+            "src": str(args.baseline_src),
+            "commit": git_commit(args.baseline_src),
+            "items_per_s": round(base_run["items_per_s"], 1),
+            "p50_ms": round(base_run["p50_ms"], 1),
+            "p99_ms": round(base_run["p99_ms"], 1),
+            "cpu_us_per_item": round(base_run["batcher_cpu_us_per_item"]),
+            "of_ceiling_base64": round(base_run["items_per_s"] / top64["items_per_s"], 2),
+        }
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = dt.date.today().isoformat()
     name = f"batcher-{args.model}-{stamp}{'-' + args.tag if args.tag else ''}"
@@ -472,6 +519,12 @@ def main() -> None:
         if args.client == "wrk"
         else f"aiohttp, {args.requests} requests per round"
     )
+    b = s.get("baseline")
+    baseline_row = (
+        f"| baseline batcher ({b['commit']}) | {b['items_per_s']} | {b['p50_ms']} | {b['p99_ms']} | | |\n"
+        if b
+        else ""
+    )
     md = f"""# Batcher benchmark, {result["date"]}
 
 Single-input `/v1/embeddings` requests at concurrency {args.concurrency} (closed loop, {load_desc}),
@@ -483,7 +536,7 @@ Reproduce: `{reproduce}`.
 |---|---|---|---|---|---|
 | direct | {s["direct_items_per_s"]} | {s["direct_p50_ms"]} | {s["direct_p99_ms"]} | {s["direct_engine_cpu_us_per_item"]} | {s["direct_loadgen_cpu_us_per_request"]} |
 | batcher | {s["batcher_items_per_s"]} | {s["batcher_p50_ms"]} | {s["batcher_p99_ms"]} | {s["batcher_engine_cpu_us_per_item"]} | {s["batcher_loadgen_cpu_us_per_request"]} |
-| ceiling: one {args.max_batch_size}-input request at a time, straight to the engine (floats) | {s["ceiling_items_per_s"]} | | | | |
+{baseline_row}| ceiling: one {args.max_batch_size}-input request at a time, straight to the engine (floats) | {s["ceiling_items_per_s"]} | | | | |
 | ceiling, asking for base64 (what the batcher asks for) | {s["ceiling_base64_items_per_s"]} | | | | |
 
 The ceiling is what perfect batching could reach on this engine ({s["ceiling_speedup"]}x direct;
@@ -491,7 +544,7 @@ The ceiling is what perfect batching could reach on this engine ({s["ceiling_spe
 than {args.concurrency} inputs, and vLLM already batches concurrent single requests inside the engine, so a batcher
 saves only per-request overhead.
 
-Batcher CPU per item: {s["batcher_cpu_us_per_item"]} us. Speed-up {s["speedup"]}x direct; {s["of_ceiling"]}x the float
+Batcher ({result["setup"]["commit"]}) CPU per item: {s["batcher_cpu_us_per_item"]} us{f"; the baseline's {b['cpu_us_per_item']} us, {b['of_ceiling_base64']}x the base64 ceiling" if b else ""}. Speed-up {s["speedup"]}x direct; {s["of_ceiling"]}x the float
 ceiling, **{s["of_ceiling_base64"]}x the base64 ceiling**; p99 no worse: {s["p99_no_worse"]}; target (>= 0.9x the base64
 ceiling, p99 no worse than direct) met: {s["target_met"]}.
 
