@@ -397,8 +397,12 @@ class ModelBatcher:
             task.add_done_callback(self._call_done)
 
     def _call_done(self, task: asyncio.Task[None]) -> None:
+        all_busy = not self._has_idle_backend()
         self._calls.discard(task)
-        self._idle_since = time.monotonic()
+        if all_busy and self._has_idle_backend():
+            # only the end of a wait for a replica restarts the clocks: with another replica already
+            # idle, a partial batch was waiting for companions all along and max_wait_ms holds
+            self._idle_since = time.monotonic()
         self._wake.set()
 
     def _pick(self, exclude: set[str]) -> Backend | None:
