@@ -409,10 +409,10 @@ def main() -> None:
             with urllib.request.urlopen(batcher_url + "/metrics", timeout=5) as resp:
                 batcher_metrics = resp.read().decode()
     finally:
-        for proc in (batcher, baseline):
-            if proc is not None:
-                proc.terminate()
-                proc.wait(timeout=20)
+        for started in (batcher, baseline):
+            if started is not None:
+                started.terminate()
+                started.wait(timeout=20)
         if engine is not None:
             engine.stop()
 
@@ -443,7 +443,7 @@ def main() -> None:
         values = [r[key] for r in runs[path] if key in r]
         return round(statistics.median(values)) if values else None
 
-    result = {
+    result: dict[str, Any] = {
         "loadavg_at_start": load_at_start,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
