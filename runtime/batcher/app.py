@@ -5,7 +5,7 @@ It runs on the lean HTTP/1.1 server the router uses (``runtime/server.py``: asyn
 httptools): per request one C parse, one task and one write, which costs several times less CPU than
 aiohttp's server, and on a machine where the engine shares the cores that CPU is engine throughput.
 A client that disconnects cancels its handler (the server does that on ``connection_lost``), which
-cancels its pending record, and its inputs are dropped before the next dispatch.
+cancels its pending record and takes its queued inputs off the queue at once.
 """
 
 from __future__ import annotations
@@ -179,7 +179,8 @@ class Batcher:
         except EngineError as err:
             return err.status, orjson.dumps(err.body), _JSON, []
         except asyncio.CancelledError:
-            pending.future.cancel()  # the client left: its queued inputs are dropped before dispatch
+            pending.future.cancel()  # the client left: results of its inputs in flight are dropped
+            mb.withdraw(pending)  # and its queued inputs leave the queue now, freeing their space
             raise
         # orjson: the float vectors are most of the bytes, and the stdlib encoder is ~10x slower on them
         return 200, orjson.dumps(result), _JSON, []

@@ -2,8 +2,9 @@
 
 Flow per model: a request's inputs become ``Item``s on the queue of its batch key (requests that
 differ in model parameters never share a call). The dispatcher waits for a free engine slot, then
-for the batch to fill (``max_batch_size`` inputs or ``max_batch_tokens``) or for the oldest item's
-``max_wait_ms`` to run out, and sends one engine call. Results go back to each owner in its own
+for the batch to fill (``max_batch_size`` inputs or ``max_batch_tokens``), for arrivals to pause
+(see ``ARRIVAL_PAUSE_MIN_S``) or for the oldest item's ``max_wait_ms`` to run out, and
+sends one engine call. Results go back to each owner in its own
 order. Waiting for a slot first is deliberate: while the engine is busy, arrivals pile up and the
 next call is fuller, which is exactly when batching pays.
 
@@ -44,6 +45,18 @@ _ID_PREFIX = "embd-" + os.urandom(6).hex() + "-"
 _ids = count()
 GATEWAY_STATUSES = frozenset({502, 503, 504})  # no answer from the engine: not an input's fault
 RATE_WINDOW_S = 10.0  # items/s (metrics, Retry-After) over this many recent seconds
+# A partial batch goes once arrivals pause (and a replica is idle): no request for PAUSE_FACTOR times
+# the longest recent gap between requests that came less than ``max_wait_ms`` apart (a gap we would
+# have waited through anyway, so one inside a burst), and never less than ARRIVAL_PAUSE_MIN_S.
+# Concurrent clients' requests arrive tens of microseconds apart, so on a quiet machine a millisecond
+# of silence means the burst is over and waiting out ``max_wait_ms`` would only add latency; where
+# clients are descheduled for milliseconds in mid-burst (a busy machine), the pause grows with those
+# holes instead of cutting every burst short. Longest, not average: one hole per burst is enough to
+# split it. The longest gap halves every GAP_HALF_LIFE_S, so the pause shrinks back when bursts are
+# tight again or arrivals are sparse (gaps beyond ``max_wait_ms`` are not samples).
+ARRIVAL_PAUSE_MIN_S = 0.001
+PAUSE_FACTOR = 2.0
+GAP_HALF_LIFE_S = 1.0
 
 
 class QueueFullError(Exception):
@@ -74,6 +87,7 @@ class Pending:
     alive: Callable[[], bool] = lambda: True  # False once the client has gone
     engine_body: dict[str, Any] = field(default_factory=dict)  # the engine call's fields but input
     fmt: str | None = None  # the client's vector format when converted here (core.client_format)
+    key: str = ""  # the queue its inputs wait on
     data: list[dict[str, Any] | None] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     remaining: int = 0
@@ -159,6 +173,11 @@ class ModelBatcher:
         self.forwarded = 0  # requests passed through unbatched (score, rerank, bytes), now at an engine
         self.backends: list[Backend] = []
         self._wake = asyncio.Event()  # an arrival, a finished engine call, or new replicas
+        # clocks: time.monotonic(), not loop.time() (uvloop's has millisecond steps, too coarse for pauses)
+        self._idle_since = 0.0  # when a replica last became free (a call ended, replicas appeared)
+        self._last_arrival = -math.inf
+        self._gap_s = 0.0  # the longest recent gap inside a burst, as of _gap_at (ARRIVAL_PAUSE_MIN_S)
+        self._gap_at = 0.0
         self._tasks: list[asyncio.Task[None]] = []
         self._calls: set[asyncio.Task[None]] = set()
         self._done_window: deque[tuple[float, int]] = deque()
@@ -217,6 +236,7 @@ class ModelBatcher:
                     for gone in known.keys() - {b.url for b in self.backends}:
                         known[gone].pool.close()  # connections in use close when their call ends
                     if self.backends:
+                        self._idle_since = time.monotonic()
                         self._wake.set()
                     else:
                         self._fail_queued(503, "model has no replica right now")
@@ -261,15 +281,51 @@ class ModelBatcher:
             alive=alive,
             engine_body=engine_body,
             fmt=fmt,
+            key=key,
         )
         queue = self.queues.setdefault(key, deque())
-        now = loop.time()
+        now = time.monotonic()
+        gap = now - self._last_arrival
+        if gap < self.policy.max_wait_ms / 1000:
+            self._gap_s, self._gap_at = max(gap, self._recent_gap(now)), now
+        self._last_arrival = now
         for i, value in enumerate(inputs):
             queue.append(core.Item(pending, i, value, core.estimate_tokens(value), now))
         self.depth += len(inputs)
         self._m_depth.set(self.depth)
-        self._wake.set()
+        p = self.policy
+        if len(queue) == len(inputs) or core.ready_to_send(
+            queue, max_size=p.max_batch_size, max_tokens=p.max_batch_tokens
+        ):
+            # a new oldest input, or a full batch: the dispatcher decides again now. Other arrivals
+            # only push its pause deadline back, which it reads when its timer fires (one wake-up
+            # per batch instead of one per request).
+            self._wake.set()
         return pending
+
+    def _recent_gap(self, now: float) -> float:
+        return self._gap_s * math.exp2((self._gap_at - now) / GAP_HALF_LIFE_S)
+
+    def pause_s(self, now: float) -> float:
+        """How long without a new request counts as a pause in arrivals (see ARRIVAL_PAUSE_MIN_S)."""
+        wait_s = self.policy.max_wait_ms / 1000
+        return min(wait_s, max(ARRIVAL_PAUSE_MIN_S, PAUSE_FACTOR * self._recent_gap(now)))
+
+    def withdraw(self, pending: Pending) -> None:
+        """The client of ``pending`` has gone: take its inputs off the queue now, so that the queue
+        space they held is free for the next request at once, not only at the next dispatch."""
+        queue = self.queues.get(pending.key)
+        if not queue:
+            return
+        kept = [item for item in queue if item.owner is not pending]
+        removed = len(queue) - len(kept)
+        if not removed:
+            return  # all its inputs were already dispatched; their results will be dropped
+        queue.clear()
+        queue.extend(kept)
+        self.depth -= removed
+        self._m_depth.set(self.depth)
+        self._m_items["dropped"].inc(removed)
 
     # --- dispatch ----------------------------------------------------------------------------
 
@@ -290,12 +346,15 @@ class ModelBatcher:
     async def _dispatch_loop(self) -> None:
         """Form and send batches; every wake-up re-evaluates the whole state (no lost wake-ups).
 
-        A full batch goes as soon as a call slot is free. A partial one goes when its oldest input has
-        waited ``max_wait_ms`` *and* some replica is idle: while every replica is computing, a partial
-        batch would only share the engine with the running call (vLLM-CPU runs two concurrent calls
-        slower than one), so it keeps filling until a replica is free.
+        A full batch goes as soon as a call slot is free. A partial one goes only while some replica is
+        idle: while every replica is computing, a partial batch would only share the engine with the
+        running call (vLLM-CPU runs two concurrent calls slower than one), so it keeps filling until a
+        replica is free. Then it goes when arrivals pause (see ``ARRIVAL_PAUSE_MIN_S``)
+        or when it has waited ``max_wait_ms`` for companions, whichever comes first. Both clocks start
+        no earlier than the moment a replica became free: time spent waiting for a replica is not time
+        spent waiting for companions, and the answers of the call that just ended are what brings the
+        next burst of requests from clients waiting on them.
         """
-        loop = asyncio.get_running_loop()
         wait_s = self.policy.max_wait_ms / 1000
         p = self.policy
         while True:
@@ -308,7 +367,14 @@ class ModelBatcher:
                 if not self._has_idle_backend():
                     await self._wake.wait()
                     continue
-                left = queue[0].enqueued_s + wait_s - loop.time()
+                idle, now = self._idle_since, time.monotonic()
+                left = (
+                    min(
+                        max(queue[0].enqueued_s, idle) + wait_s,
+                        max(queue[-1].enqueued_s, idle) + self.pause_s(now),  # [-1]: latest arrival
+                    )
+                    - now
+                )
                 if left > 0:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(left):
@@ -323,7 +389,7 @@ class ModelBatcher:
                 self._m_items["dropped"].inc(dropped)
             if not batch:
                 continue
-            now = loop.time()
+            now = time.monotonic()
             for item in batch:
                 self._m_wait.observe(now - item.enqueued_s)
             task = asyncio.create_task(self._send(batch))
@@ -331,7 +397,12 @@ class ModelBatcher:
             task.add_done_callback(self._call_done)
 
     def _call_done(self, task: asyncio.Task[None]) -> None:
+        all_busy = not self._has_idle_backend()
         self._calls.discard(task)
+        if all_busy and self._has_idle_backend():
+            # only the end of a wait for a replica restarts the clocks: with another replica already
+            # idle, a partial batch was waiting for companions all along and max_wait_ms holds
+            self._idle_since = time.monotonic()
         self._wake.set()
 
     def _pick(self, exclude: set[str]) -> Backend | None:

@@ -126,6 +126,53 @@ async def test_client_disconnect_drops_its_inputs_before_dispatch(fake_engine, b
     assert b.batcher.metrics.requests.labels("emb", "500")._value.get() == 0
 
 
+async def test_a_departed_clients_queue_space_is_free_at_once(fake_engine, batcher_at):
+    engine = await fake_engine(embed_delay_s=30)  # the first call holds the only slot throughout
+    b = await batcher_at(
+        batcher_config([engine.url], max_queue=3, max_wait_ms=0, max_inflight_batches_per_backend=1)
+    )
+    mb = b.batcher.models["emb"]
+    async with aiohttp.ClientSession() as s:
+        busy = asyncio.create_task(post(s, b.url, {"model": "emb", "input": "busy"}))
+        await wait_for(lambda: len(embed_calls(engine)) == 1)
+        leaver = asyncio.create_task(post(s, b.url, {"model": "emb", "input": ["LEAVER 1", "LEAVER 2"]}))
+        await wait_for(lambda: mb.depth == 2)
+        status, _, _ = await post(s, b.url, {"model": "emb", "input": ["x", "y"]})
+        assert status == 429  # 2 + 2 > 3: the leaver's inputs hold the queue
+        leaver.cancel()  # closes its connection; the engine is still busy, so no dispatch happens
+        await asyncio.gather(leaver, return_exceptions=True)
+        await wait_for(lambda: mb.depth == 0)  # freed by the disconnect itself, not by a later dispatch
+        stayer = asyncio.create_task(post(s, b.url, {"model": "emb", "input": ["stayer 1", "stayer 2"]}))
+        await wait_for(lambda: mb.depth == 2)  # accepted where it was refused before
+        queued = [item.value for q in mb.queues.values() for item in q]
+        assert queued == ["stayer 1", "stayer 2"]
+        for t in (busy, stayer):
+            t.cancel()
+        await asyncio.gather(busy, stayer, return_exceptions=True)
+    assert len(embed_calls(engine)) == 1  # the leaver's inputs never reached the engine
+    assert b.batcher.metrics.items.labels("emb", "dropped")._value.get() >= 2
+
+
+async def test_a_partial_batch_goes_when_arrivals_pause_not_after_max_wait(fake_engine, batcher_at):
+    engine = await fake_engine(embed_delay_s=1.0)
+    b = await batcher_at(
+        batcher_config(
+            [engine.url], max_batch_size=32, max_wait_ms=600_000, max_inflight_batches_per_backend=1
+        )
+    )
+    mb = b.batcher.models["emb"]
+    async with aiohttp.ClientSession() as s, asyncio.timeout(30):  # max_wait_ms is ten minutes
+        # a lone request on an idle replica: nobody else is coming, so it goes without waiting
+        first = asyncio.create_task(post(s, b.url, {"model": "emb", "input": "alone"}))
+        await wait_for(lambda: len(embed_calls(engine)) == 1)
+        # a burst while the replica computes: held (partial), then sent together once it is free
+        burst = [asyncio.create_task(post(s, b.url, {"model": "emb", "input": f"B{i}"})) for i in range(3)]
+        await wait_for(lambda: mb.depth == 3)
+        results = await asyncio.gather(first, *burst)
+    assert all(status == 200 for status, _, _ in results)
+    assert [sorted(c["body"]["input"]) for c in embed_calls(engine)] == [["alone"], ["B0", "B1", "B2"]]
+
+
 async def test_requests_with_different_parameters_are_not_mixed(fake_engine, batcher_at):
     engine = await fake_engine(embed_delay_s=0.1)
     b = await batcher_at(batcher_config([engine.url], max_wait_ms=30))
