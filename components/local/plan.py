@@ -757,6 +757,18 @@ def describe(plan: LocalPlan) -> list[str]:
 FIRST_QUESTION = "What is the capital of France?"
 
 
+def _adapter_lines(plan: LocalPlan) -> list[str]:
+    """The LoRA adapters, asked for by name like models; behind Envoy none is served (the router loads them)."""
+    if not plan.adapters:
+        return []
+    if plan.envoy is not None:
+        return [
+            "  adapters    not served: the router loads them and --gateway envoy runs none (use --gateway router)"
+        ]
+    names = ", ".join(f"{a.name} (of {a.model})" for a in plan.adapters)
+    return [f"  adapters    {names}   (LoRA; ask for one as the model)"]
+
+
 def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
     """What the user sees once the router is ready: the URL, a curl line and an openai snippet."""
     url = plan.router.url
@@ -788,6 +800,7 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
             if plan.config.batches is None and plan.spec is not None and plan.spec.batch.enabled
             else []
         ),
+        *_adapter_lines(plan),
         f"  metrics     {metrics}/metrics   (health monitor: {plan.service('health').url}/v1/backends)",
         f"  logs        {plan.logs_dir}/",
         "",

@@ -2,11 +2,11 @@
 
 Runs under the ENGINE venv's python (it has torch and transformers):
 
-    .venv-engine/bin/python tests/local/reference_chat.py MODEL_DIR MAX_NEW_TOKENS PROMPT [PROMPT ...]
+    .venv-engine/bin/python tests/local/reference_chat.py MODEL_DIR DTYPE MAX_NEW_TOKENS PROMPT [PROMPT ...]
 
 Prints a JSON list of answers, one per prompt: the model's chat template applied to one user message,
-greedy decoding, special tokens dropped, in bfloat16 (the dtype the local stack serves in, so the two
-implementations multiply the same numbers).
+greedy decoding, special tokens dropped, in DTYPE (torch's name: the dtype the local stack serves in, so
+the two implementations multiply the same numbers).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ def main(argv: list[str]) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model_dir, max_new_tokens, prompts = argv[0], int(argv[1]), argv[2:]
+    model_dir, dtype, max_new_tokens, prompts = argv[0], getattr(torch, argv[1]), int(argv[2]), argv[3:]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     answers = []
     for prompt in prompts:
         ids = tokenizer.apply_chat_template(

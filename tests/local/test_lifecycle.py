@@ -52,6 +52,9 @@ def fake(tmp_path: Path) -> Iterator[tuple[list[str], dict[str, str], Path]]:
     raw = yaml.safe_load((REPO / "stacks" / "Pulumi.local.yaml").read_text())
     platform = raw["config"]["inferstack:platform"]
     platform["models"][0]["source"] = str(models["chat"])
+    # Stand-in engines load no LoRA adapter (test_local_stack.py serves the stack's with real vLLM).
+    platform["models"][0].pop("adapters")
+    platform["models"][0]["engine"].pop("lora")
     platform["models"][1]["source"] = str(models["embed"])
     stacks = tmp_path / "stacks"
     stacks.mkdir()

@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from components.local import state
+from components.stackfile import load
 from tests.conftest import STREAM_TOKENS
 from tests.local.helpers import (
     REPO,
@@ -41,6 +42,9 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 
 CHAT = "smollm2-135m-instruct"
 EMBED = "all-minilm-l6-v2"
+_CHAT_SPEC = next(m for m in load("local", REPO / "stacks").spec.models if m.name == CHAT)
+DTYPE = _CHAT_SPEC.engine.dtype.value
+(ADAPTER,) = (a.name for a in _CHAT_SPEC.adapters)  # the one LoRA adapter `make local` ships, made at start
 START_TIMEOUT_S = 1200
 
 
@@ -85,7 +89,7 @@ def local_stack(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 def test_models_chat_completion_and_streaming(local_stack: LocalStack) -> None:
     client = local_stack.client
-    assert {m.id for m in client.models.list().data} == {CHAT, EMBED}
+    assert {m.id for m in client.models.list().data} == {CHAT, EMBED, ADAPTER}
     chat = client.chat.completions.create(
         model=CHAT, messages=[{"role": "user", "content": "Hello there"}], max_tokens=8
     )
@@ -123,7 +127,14 @@ def test_chat_answers_as_the_reference_implementation_does(
     ``transformers`` says from the same weights, prompt and chat template."""
     model_dir = REPO / ".cache" / "models" / CHAT
     reference = subprocess.run(
-        [str(engine_python), str(REFERENCE), str(model_dir), str(REFERENCE_TOKENS), *REFERENCE_PROMPTS],
+        [
+            str(engine_python),
+            str(REFERENCE),
+            str(model_dir),
+            DTYPE,
+            str(REFERENCE_TOKENS),
+            *REFERENCE_PROMPTS,
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -144,6 +155,33 @@ def test_chat_answers_as_the_reference_implementation_does(
     ]
     assert served == expected
     assert "Paris" in served[0]  # and it makes sense
+
+
+def test_the_shipped_adapter_answers_unlike_the_base_model_but_in_words(local_stack: LocalStack) -> None:
+    """The stack's LoRA adapter, made at start, is a model of its own: listed with its parent, loaded on the first
+    request for it, and at temperature 0 it answers otherwise than the base model, the same way each time,
+    and still in words (a random adapter at half the usual scale perturbs SmolLM2 without wrecking it)."""
+    client = local_stack.client
+    assert {m.id: getattr(m, "parent", None) for m in client.models.list().data}[ADAPTER] == CHAT
+
+    def answers(model: str) -> list[str]:
+        return [
+            client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=REFERENCE_TOKENS,
+                temperature=0,
+            )
+            .choices[0]
+            .message.content
+            or ""
+            for prompt in REFERENCE_PROMPTS
+        ]
+
+    tuned, base = answers(ADAPTER), answers(CHAT)
+    assert tuned != base, tuned
+    assert answers(ADAPTER) == tuned
+    assert all(len(re.findall(r"[A-Za-z]{2,}", answer)) >= 4 for answer in tuned), tuned
 
 
 def test_chat_template_stop_and_streaming_behave_through_the_router(local_stack: LocalStack) -> None:
@@ -275,8 +313,8 @@ def test_missing_models_under_the_cache_are_made_without_download(
     """`make local` on a fresh clone: the stack's models do not exist yet and are made on the spot."""
     from components.local.plan import LocalOptions, build_plan
     from components.local.supervisor import Supervisor
+    from components.local.tiny_adapter import is_complete as is_adapter_complete
     from components.local.tiny_model import is_complete
-    from components.stackfile import load
 
     plan = build_plan(load("local", REPO / "stacks"), LocalOptions(state_dir=tmp_path / "state"), tmp_path)
     assert all(p.generate and not p.path.exists() for p in plan.models)
@@ -284,17 +322,22 @@ def test_missing_models_under_the_cache_are_made_without_download(
     Supervisor(plan).make_models(engine_python)
     assert all(p.recipe is not None and is_complete(p.path, p.recipe) for p in plan.models)
     assert {p.path.parent for p in plan.models} == {tmp_path / ".cache" / "models"}
+    (adapter,) = plan.adapters  # and the stack's LoRA adapter, for the chat model just made
+    assert adapter.seed is not None and not adapter.path.exists()
+    Supervisor(plan).make_adapters(engine_python)
+    assert is_adapter_complete(adapter.path, adapter.base, adapter.rank, adapter.seed)
+    assert adapter.base == tmp_path / ".cache" / "models" / CHAT
 
 
 def test_engine_command_lines_pass_vllms_own_parser(check_vllm_args, tmp_path: Path) -> None:
     """Every `vllm serve` command line the local plan makes, parsed by vLLM itself (no engine started)."""
     from components.local.plan import LocalOptions, build_plan
     from components.local.supervisor import engine_process
-    from components.stackfile import load
 
     plan = build_plan(load("local", REPO / "stacks"), LocalOptions(cpus=(0, 1)), REPO)
     argvs = [engine_process(e, tmp_path, "tag").argv for e in plan.engines]
     at = argvs[0].index("--max-num-seqs")
     assert argvs[0][at : at + 2] == ["--max-num-seqs", "32"]
     assert "--runner" in argvs[2] and "--enable-prefix-caching" not in argvs[2]  # vLLM decides for MiniLM
+    assert "--enable-lora" in argvs[0] and "--enable-lora" not in argvs[2]  # the chat model has an adapter
     assert check_vllm_args(argvs, parse_only=True) == [None] * len(argvs)

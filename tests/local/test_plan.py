@@ -194,6 +194,7 @@ def test_banner_has_url_curl_and_openai_snippet() -> None:
     assert "curl -s http://127.0.0.1:9090/v1/chat/completions" in text
     assert 'OpenAI(base_url="http://127.0.0.1:9090/v1"' in text
     assert 'model="all-minilm-l6-v2"' in text
+    assert "adapters    smollm2-135m-instruct-lora-1 (of smollm2-135m-instruct)" in text
     assert "inferstack local status|logs|down" in text
     assert "Ctrl-C" in banner(plan, 1.0, detached=False)
 
@@ -324,6 +325,7 @@ def test_envoy_runs_a_fixed_fleet_and_no_router_for_the_autoscaler_or_monitor_to
     assert local_stack().spec.batch.enabled and plan.config.batches is None
     assert plan.config.router.batches_url is None
     assert "Batch API   not served" in banner(plan, 1.0, detached=True)
+    assert "adapters    not served: the router loads them" in banner(plan, 1.0, detached=True)  # nor adapters
 
 
 def test_envoy_runs_nothing_only_the_router_does() -> None:
