@@ -26,7 +26,7 @@ $(ENGINE_VENV)/.installed: scripts/engine-venv.sh
 engine-venv: $(ENGINE_VENV)/.installed
 
 # llm-compressor (quantization jobs) on the engine venv's torch, without touching the engine venv.
-$(PREPARE_VENV)/.installed: scripts/prepare-venv.sh $(ENGINE_VENV)/.installed
+$(PREPARE_VENV)/.installed: scripts/prepare-venv.sh runtime/images/prepare-llmcompressor.requirements.txt $(ENGINE_VENV)/.installed
 	bash scripts/prepare-venv.sh $(PREPARE_VENV) $(ENGINE_VENV)
 	touch $@
 prepare-venv: $(PREPARE_VENV)/.installed

@@ -24,7 +24,7 @@ import pulumi
 
 from components.render import batches, gateway
 from components.render.gateway import RuntimeImage
-from components.spec import PlatformSpec, Target
+from components.spec import QUANTIZE_IMAGE, PlatformSpec, Target
 
 if TYPE_CHECKING:
     import pulumi_docker_build as docker_build
@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 WEIGHTS_IMAGE = "weights"
 """The model store's tools (preparation Jobs, node-cache fill, store check): every cluster stack runs it."""
 RUNTIME_IMAGES = ("router", "health", "batcher", batches.PART, WEIGHTS_IMAGE)
+RELEASED_IMAGES = (*RUNTIME_IMAGES, QUANTIZE_IMAGE)
+"""What the release workflow builds and publishes: the runtime images, and the quantize step's tool image, which
+stacks never build (a version's preparation pins its tool image, as an engine pins its own)."""
 DOCKERFILE_DIR = Path("runtime/images")
 CONTEXT_INPUTS = ("runtime", "pyproject.toml")
 PLATFORM = "linux/amd64"

@@ -801,8 +801,14 @@ QUANTIZE_SCHEMES: dict[Quantization, str] = {
     Quantization.FP8: "FP8_DYNAMIC",
     Quantization.INT8: "W8A8",
 }
+QUANTIZE_IMAGE = "prepare-llmcompressor"
+"""The quantize step's image, built from runtime/images/prepare-llmcompressor.Dockerfile and published by the
+release workflow (components.images.RELEASED_IMAGES)."""
+LLMCOMPRESSOR_VERSION = "0.14.0.1"
+"""The llm-compressor it installs (runtime/images/prepare-llmcompressor.requirements.txt pins it, and a test
+holds the two together): its published tag, so the tag says which tool quantized a version."""
 PREPARATION_IMAGES: dict[PreparationKind, str] = {
-    PreparationKind.QUANTIZE: "ghcr.io/inferstack/prepare-llmcompressor:0.14.0.1",
+    PreparationKind.QUANTIZE: f"ghcr.io/inferstack/{QUANTIZE_IMAGE}:{LLMCOMPRESSOR_VERSION}",
     PreparationKind.TRTLLM_BUILD: "nvcr.io/nvidia/tensorrt-llm/release:1.0.0",
 }
 

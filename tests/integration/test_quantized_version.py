@@ -27,7 +27,7 @@ from components.local.engine_process import EngineProcess, cpu_model_spec
 from components.local.s3_server import LoopbackS3
 from components.render import preparation
 from components.render.engine_args import vllm as vllm_command
-from components.spec import PlatformSpec
+from components.spec import LLMCOMPRESSOR_VERSION, PlatformSpec
 from tests.conftest import ENGINE_READY_TIMEOUT_S, LOGS_DIR, REPO_ROOT
 from tests.runtime.router.harness import LoopThread, RouterUnderTest
 from tests.runtime.weights.helpers import new_bucket, weights
@@ -119,7 +119,8 @@ def test_llmcompressor_quantizes_on_cpu_records_provenance_and_skips_the_same_in
     assert q["config_groups"]["group_0"]["weights"]["num_bits"] == 4
     provenance = json.loads((out / "provenance.json").read_text())
     assert (
-        provenance["inputs"]["tool"] == "llmcompressor" and provenance["inputs"]["tool_version"] == "0.14.0.1"
+        provenance["inputs"]["tool"] == "llmcompressor"
+        and provenance["inputs"]["tool_version"] == LLMCOMPRESSOR_VERSION
     )
     assert provenance["inputs"]["scheme"] == "W4A16" and provenance["inputs"]["calibration_samples"] == 16
     assert len(provenance["inputs"]["source_sha256"]) == 64 and len(provenance["output_sha256"]) == 64

@@ -26,9 +26,19 @@ LAZY_IMPORTS = {
     "health": ["kubernetes_asyncio.client", "kubernetes_asyncio.config"],
     "batches": ["boto3", "botocore.config", "botocore.exceptions"],  # files in S3 only
     "weights": ["boto3", "botocore.exceptions", "huggingface_hub"],
+    # runtime.prepare.quantize imports its tools inside quantize(), so --help alone proves none of them
+    "prepare-llmcompressor": [
+        "llmcompressor",
+        "llmcompressor.modifiers.awq",
+        "llmcompressor.modifiers.quantization",
+        "torch",
+        "datasets",
+        "transformers",
+    ],
 }
-# What each entry point's --help must mention: the services read a config file, the weights CLI has commands.
-HELP_MARKS = {"weights": "prepare"}
+# What each entry point's --help must mention: the services read a config file, the weights CLI has commands,
+# the quantize job its formats.
+HELP_MARKS = {"weights": "prepare", "prepare-llmcompressor": "--format"}
 
 
 @dataclass(frozen=True)
@@ -209,12 +219,13 @@ def test_entry_point_starts_with_only_the_image_requirements(image: Image, venv_
             check=False,
         )
         assert probe.returncode == 0, probe.stderr[-3000:]
-    # nothing of the control plane sneaks into an image
+    # nothing of the control plane sneaks into an image (the entry point: a package's __main__, or a module)
+    entry = module if (app / f"{module.replace('.', '/')}.py").is_file() else f"{module}.__main__"
     isolated = subprocess.run(
         [
             str(py),
             "-c",
-            f"import {module}.__main__, sys; print(sorted(m for m in sys.modules if m.split('.')[0] in ('pulumi', 'components', 'policies')))",
+            f"import {entry}, sys; print(sorted(m for m in sys.modules if m.split('.')[0] in ('pulumi', 'components', 'policies')))",
         ],
         cwd=app,
         env=env,
