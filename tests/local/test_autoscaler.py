@@ -66,6 +66,8 @@ def scaler(tmp_path: Path) -> Iterator[tuple[Autoscaler, Clock, list[str]]]:
     raw = raw_local()
     raw["models"] = [raw["models"][0]]
     raw["models"][0]["source"] = str(model_dir)
+    raw["models"][0].pop("adapters")  # the stand-in engine loads no LoRA adapter
+    raw["models"][0]["engine"].pop("lora")
     raw["models"][0]["scaling"] = {"min_replicas": 0, "max_replicas": 2, "idle_before_zero_s": 900}
     options = LocalOptions(state_dir=tmp_path / "state", engine_port=free_port_block(2), cpus=(0, 1))
     plan = build_plan(stack_from(raw), options, tmp_path)
