@@ -75,14 +75,19 @@ typecheck: venv
 	$(BIN)/mypy components runtime policies
 
 unit: venv crd-tools prometheus
-	$(BIN)/pytest -m 'not engine'
+	$(BIN)/pytest -m 'not engine' -n 2
 
 # Accept the plan changes a change makes: rewrites tests/snapshots/plans/ (review and commit the diff).
 snapshots: venv
 	INFERSTACK_UPDATE_SNAPSHOTS=1 $(BIN)/pytest -q tests/components/test_plan_snapshots.py
 
-test: venv engine-venv prepare-venv tools-venv crd-tools prometheus redis lint typecheck
-	$(BIN)/pytest
+# What the tests need, installed side by side (Debian's two packages one after the other: apt holds one lock),
+# then the checks; then pytest on two workers: every engine test runs on one, in turn (tests/conftest.py puts
+# them in one xdist group), the rest on both.
+test:
+	$(MAKE) --no-print-directory -j4 venv engine-venv tools-venv crd-tools prometheus
+	$(MAKE) --no-print-directory -j4 prepare-venv redis lint typecheck
+	$(BIN)/pytest -n 2 --dist loadgroup
 
 ## product -------------------------------------------------------------------------------------
 schema: venv

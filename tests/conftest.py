@@ -44,6 +44,11 @@ from components.local.engine_process import engine_python as _engine_python
 from components.local.s3_server import LoopbackS3, started
 from components.spec import ModelSpec
 
+# xdist's workers start with COLUMNS=80, which the CLI's module-level rich consoles would freeze as their width
+# at import; the CLI tests give the width they need per call (CliRunner's env), as a terminal would.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO_ROOT / ".cache"
 MODELS_DIR = CACHE_DIR / "models"
@@ -74,6 +79,8 @@ ENGINE_FIXTURES = frozenset(
         "check_vllm_args",
     }
 )
+#: The xdist group of every engine test (one worker runs them all, in turn).
+ENGINE_GROUP = "engines"
 #: Blocks of the KV-event engine's cache (128 tokens each on CPU): small, so evictions come within seconds.
 KV_EVENTS_BLOCKS = 64
 
@@ -127,12 +134,18 @@ class VllmKvEvents:
     blocks: int
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks every test that uses a real-engine fixture `engine` (before `-m` deselects)."""
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
+    """Marks every test that uses a real-engine fixture `engine` (before `-m` deselects), and puts every
+    engine test in one xdist group: under `pytest -n 2` (`make test`) they run in turn on one worker, sharing its
+    session engines (the machine holds one test's engines at a time, pinned to cores 0 and 1), while the other
+    worker runs the rest."""
     for item in items:
         if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)
+        if item.get_closest_marker("engine") is not None:
+            item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
+    return (yield)  # a wrapper, so these marks are on before xdist's own hook reads its groups
 
 
 @pytest.fixture(scope="session")

@@ -100,7 +100,8 @@ def _s3_bytes(s3: LoopbackS3, mark: int) -> int:
 
 def _engine_ready(name: str, source: Path, location: str, env: dict[str, str], logs: Path) -> float:
     _, task, max_len = MODELS[name]
-    spec = cpu_model_spec(name, source, task=task, max_model_len=max_len)
+    # compiled, as a cluster engine starts: the cold start includes torch.compile's warm-up
+    spec = cpu_model_spec(name, source, task=task, max_model_len=max_len, enforce_eager=False)
     engine = EngineProcess(
         spec, location, cpu_cores="0", env=env, log_path=logs / f"{name}.log", ready_timeout=600
     )

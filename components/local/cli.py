@@ -295,6 +295,7 @@ def down(state_dir: StateDirOpt = DEFAULT_STATE_DIR) -> None:
     if state.running_pid(state_dir) is not None and pid > 0:
         print(f"pid {pid} did not stop within {DOWN_TIMEOUT_S:.0f}s: killing it", file=sys.stderr)
         state.kill_pids([pid])
+    if pid > 0:  # its lock goes before the process does: wait for the exit itself
         state.wait_gone([pid], 10.0)
     left = state.tagged_pids(state_dir)
     if left:

@@ -13,6 +13,7 @@ engines; ``components.local.supervisor`` is the thin shell that carries the plan
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 from collections.abc import Callable, Sequence
@@ -359,13 +360,14 @@ def kv_cache_spaces(stack: Stack, engine_memory_gib: float) -> dict[str, int]:
         gib, fit = kv_cache_space(model, engine_memory_gib)
         fraction = model.gpu_share.fraction if model.gpu_share is not None else None
         if fit is not None and fraction is not None and gib < 1:
-            need = fit.weights_gib + fit.activations_gib + fit.runtime_gib + 1
-            least = need / (packing.SHARED_GPU_SAFE_TOTAL * engine_memory_gib)
+            besides = fit.budget_gib - fit.kv_budget_gib  # weights, activations, runtime and adapters
+            # rounded up: the fraction named must be enough
+            least = math.ceil((besides + 1) / (packing.SHARED_GPU_SAFE_TOTAL * engine_memory_gib) * 100) / 100
             raise _problem(
                 stack,
                 f"models[{i}].gpu_share.fraction",
                 f"{fraction:g} of {engine_memory_gib:g} GiB leaves {model.name} no KV cache (it needs 1 GiB beside "
-                f"{need - 1:.1f} GiB of weights, activations and runtime): give it at least {least:.2f}, or more "
+                f"{besides:.1f} GiB of weights, activations and runtime): give it at least {least:.2f}, or more "
                 "memory with --engine-memory-gib",
             )
         out[model.name] = gib

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,12 +18,13 @@ from tests.components.helpers import minimal, write_stack
 
 
 def _plan(stacks_dir: Path, stack: str) -> tuple[int, str]:
-    """Exit status and what the command said (stderr, unwrapped: the console wraps at its width)."""
+    """Exit status and what the command said (stderr, unwrapped: wide enough that no path is broken)."""
     result = subprocess.run(
         [sys.executable, "-m", "components.cli", "plan", "-s", stack, "--stacks-dir", str(stacks_dir)],
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, "COLUMNS": "1000"},
     )
     assert "Traceback" not in result.stderr + result.stdout
     return result.returncode, " ".join(result.stderr.split())

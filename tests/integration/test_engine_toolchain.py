@@ -206,7 +206,7 @@ def test_stop_leaves_no_process_behind(tiny_chat_model, tmp_path, monkeypatch):
 
     engine = EngineProcess(
         # Eager starts faster; compilation is not what this test is about.
-        cpu_model_spec("stop-test", tiny_chat_model, max_model_len=512, enforce_eager=True),
+        cpu_model_spec("stop-test", tiny_chat_model, max_model_len=512),
         cpu_cores="0",
         log_path=tmp_path / "engine.log",
         ready_timeout=ENGINE_READY_TIMEOUT_S,
@@ -228,7 +228,7 @@ def test_stop_leaves_no_process_behind(tiny_chat_model, tmp_path, monkeypatch):
 ORPHANING_PARENT = """
 import json, os, sys, time
 from components.local.engine_process import EngineProcess, cpu_model_spec
-spec = cpu_model_spec("orphan", sys.argv[1], max_model_len=512, enforce_eager=True)
+spec = cpu_model_spec("orphan", sys.argv[1], max_model_len=512)
 engine = EngineProcess(spec, log_path=sys.argv[2]).start()
 deadline = time.monotonic() + 300
 while len(engine.pids()) < 3 and engine.running() and time.monotonic() < deadline:

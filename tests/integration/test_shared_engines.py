@@ -34,7 +34,7 @@ def _spec(name: str, path: Path, fraction: float, **engine: object) -> ModelSpec
             "name": name,
             "source": str(path),
             "gpu_share": {"fraction": fraction},
-            "engine": {"device": "cpu", "dtype": "bfloat16", **engine},
+            "engine": {"device": "cpu", "dtype": "bfloat16", "enforce_eager": True, **engine},
             **({"task": "embed"} if name == EMBED_MODEL_NAME else {}),
         }
     )
@@ -54,9 +54,9 @@ def test_two_co_located_engines_get_their_share_of_memory_and_serve_through_the_
     tiny_chat_model: Path, embed_model: Path
 ) -> None:
     chat = _spec(CHAT_MODEL_NAME, tiny_chat_model, CHAT_FRACTION, max_model_len=512)
-    embed = _spec(EMBED_MODEL_NAME, embed_model, EMBED_FRACTION, max_model_len=256, enforce_eager=True)
+    embed = _spec(EMBED_MODEL_NAME, embed_model, EMBED_FRACTION, max_model_len=256)
     kv = {m.name: kv_cache_space(m, ENGINE_MEMORY_GIB) for m in (chat, embed)}
-    assert {name: gib for name, (gib, _) in kv.items()} == {CHAT_MODEL_NAME: 2, EMBED_MODEL_NAME: 1}
+    assert {name: gib for name, (gib, _) in kv.items()} == {CHAT_MODEL_NAME: 3, EMBED_MODEL_NAME: 1}
     # they fit the machine together, as packing puts them
     packed = packing.pack_time_sliced(
         [packing.Engine(m.name, fraction=m.gpu_share.fraction) for m in (chat, embed) if m.gpu_share],

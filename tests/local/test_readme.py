@@ -81,7 +81,7 @@ COVERAGE = [
     Coverage(r"make redis", ((HERE, '_make_dry_lines("redis")'),), "dry run here; make test runs it"),
     Coverage(r"make local-down", ((LOCAL_TEST, '_make("local-down"'),), "run for real"),
     Coverage(r"make local MONITOR=1", ((MONITOR_TEST, '"MONITOR=1",'), (HERE, '_make_dry("local", "MONITOR=1")')), "run for real; dry run here"),
-    Coverage(r"make prometheus", (("Makefile", "test: venv engine-venv prepare-venv tools-venv crd-tools prometheus"), (".ci/run", "make test")), "a prerequisite of make test"),
+    Coverage(r"make prometheus", (("Makefile", "-j4 venv engine-venv tools-venv crd-tools prometheus"), (".ci/run", "make test")), "make test runs it first"),
     Coverage(r"\.venv/bin/inferstack local up -s scale-from-zero --stacks-dir tests/local/stacks --monitor", ((MONITOR_TEST, 'STACK = "scale-from-zero"'), (MONITOR_TEST, '"--stacks-dir", str(STACKS)')), "run for real (through make MONITOR=1)"),
     Coverage(r"make local-(status|logs)", ((HERE, "def test_make_targets_run_the_documented_commands"), (LIFECYCLE, 'run_local("status"'), (LIFECYCLE, 'run_local("logs"')), "dry run here; the command runs in the lifecycle test"),
     Coverage(r"make test", ((".ci/run", "make test"), (CI, "run: make test")), "CI"),
@@ -168,7 +168,7 @@ def test_make_targets_run_the_documented_commands() -> None:
     assert any("apt-get install -y -q redis-server" in line for line in _make_dry_lines("redis"))
     assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--monitor\s*", _make_dry("local", "MONITOR=1"))
     assert "bash scripts/install-prometheus.sh" in _make_dry_lines("local", "MONITOR=1")
-    assert _make_dry("unit") == ".venv/bin/pytest -m 'not engine'"
+    assert _make_dry("unit") == ".venv/bin/pytest -m 'not engine' -n 2"
     bench = _make_dry_lines("bench")  # ~25 minutes for real: the committed results came from a fresh clone
     runs = [line for line in bench if line.startswith(".venv/bin/python") and "bench" in line]  # not pip
     assert runs == [

@@ -8,6 +8,7 @@ New images are picked up by globbing ``runtime/images/*.Dockerfile``.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -153,33 +154,53 @@ def _lay_out(image: Image, root: Path) -> None:
 
 
 _VENVS: dict[tuple[str, ...], Path] = {}
+#: The CUDA runtime wheels PyPI's torch build pins (a GPU image's payload, ~3 GB): torch loads them only on a GPU,
+#: and this machine's torch of the same version is the CPU build, which needs none of them.
+GPU_ONLY_WHEELS = re.compile(r"^(nvidia-(?!ml-py)|cuda-|triton==)")
+
+
+def _pip(py: Path, *args: str) -> None:
+    """pip in the image's venv, which sees nothing of ours (PYTHONPATH would show it the checkout)."""
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
+    run = subprocess.run(
+        [str(py), "-m", "pip", *args, "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+        env=env,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
 def _venv_for(requirements: tuple[str, ...], base: Path) -> Path:
-    """One venv per distinct requirement set (the health and batcher images share the base)."""
+    """One venv per distinct requirement set (the health and batcher images share the base).
+
+    A set that pins the CUDA runtime wheels (the quantize image's) is installed without them, exactly as pinned
+    (``--no-deps``), and ``pip check`` then proves the pins are complete: every package's requirements are met
+    by the set itself."""
     if requirements in _VENVS:
         return _VENVS[requirements]
     env_dir = base / f"venv-{len(_VENVS)}"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
-    args = [a for req in requirements for a in ("-r", str(ROOT / req))]
-    install = subprocess.run(
-        [
-            str(py),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--only-binary=:all:",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-    )
-    assert install.returncode == 0, install.stderr[-3000:]
+    lines = [line for req in requirements for line in (ROOT / req).read_text().splitlines()]
+    if not any(GPU_ONLY_WHEELS.match(line) for line in lines):
+        files = [a for r in requirements for a in ("-r", str(ROOT / r))]
+        _pip(py, "install", "--quiet", "--only-binary=:all:", *files)
+    else:  # torch's CPU build of the pinned version instead, from where the engine venv gets it
+        pins = env_dir / "requirements-cpu.txt"
+        pins.write_text(
+            "".join(
+                f"{line.strip()}+cpu\n" if line.startswith("torch==") else f"{line}\n"
+                for line in lines
+                if not GPU_ONLY_WHEELS.match(line)
+            )
+        )
+        wheels = os.environ.get("ENGINE_WHEELS", "/opt/wheels")  # scripts/engine-venv.sh's knob
+        links = ["--find-links", wheels] if Path(wheels).is_dir() else []
+        _pip(py, "install", "--quiet", "--only-binary=:all:", "--no-deps", *links, "-r", str(pins))
+        _pip(py, "check")
     _VENVS[requirements] = py
     return py
 

@@ -77,6 +77,15 @@ def test_decode_keeps_the_engines_own_tier_and_reads_both_hash_forms() -> None:
         (batch({**stored([1]), "block_size": 0}), "malformed"),
         (batch({**stored([1]), "block_hashes": [True]}), "malformed"),
     ],
+    # stable ids: a batch carries its timestamp, and xdist workers must collect the same test names
+    ids=[
+        "not-msgpack",
+        "not-a-batch",
+        "unknown-type",
+        "hashes-not-a-list",
+        "zero-block-size",
+        "boolean-hash",
+    ],
 )
 def test_anything_else_is_a_bad_event_with_a_short_cause(payload: bytes, cause: str) -> None:
     with pytest.raises(BadEventError) as err:
