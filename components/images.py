@@ -32,9 +32,12 @@ if TYPE_CHECKING:
 WEIGHTS_IMAGE = "weights"
 """The model store's tools (preparation Jobs, node-cache fill, store check): every cluster stack runs it."""
 RUNTIME_IMAGES = ("router", "health", "batcher", batches.PART, WEIGHTS_IMAGE)
-RELEASED_IMAGES = (*RUNTIME_IMAGES, QUANTIZE_IMAGE)
-"""What the release workflow builds and publishes: the runtime images, and the quantize step's tool image, which
-stacks never build (a version's preparation pins its tool image, as an engine pins its own)."""
+PICKER_IMAGE = "picker"
+"""The endpoint picker (runtime/images/picker.Dockerfile): built only when gateway.mode is inference-extension."""
+RELEASED_IMAGES = (*RUNTIME_IMAGES, PICKER_IMAGE, QUANTIZE_IMAGE)
+"""What the release workflow builds and publishes: the runtime images, the endpoint picker (the default
+``gateway.picker_image``), and the quantize step's tool image, which stacks never build (a version's preparation
+pins its tool image, as an engine pins its own)."""
 DOCKERFILE_DIR = Path("runtime/images")
 CONTEXT_INPUTS = ("runtime", "pyproject.toml")
 PLATFORM = "linux/amd64"

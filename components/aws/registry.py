@@ -25,14 +25,12 @@ if TYPE_CHECKING:
 
 UNTAGGED_EXPIRY_DAYS = 14
 KEEP_IMAGES = 30
-#: Built too when gateway.mode is inference-extension (runtime/images/picker.Dockerfile).
-PICKER_IMAGE = "picker"
 
 
 def images_for(spec: PlatformSpec) -> tuple[str, ...]:
     """The runtime images a stack pushes to ECR: the batch service's only when it runs, the endpoint picker's
     only in inference-extension mode."""
-    picker = (PICKER_IMAGE,) if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION else ()
+    picker = (builds.PICKER_IMAGE,) if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION else ()
     return (*builds.runtime_images(spec), *picker)
 
 

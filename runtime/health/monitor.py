@@ -2,7 +2,10 @@
 
 Orchestration only; decisions live in ``state`` (eject/readmit), ``window`` (percentiles) and
 ``tracker`` (signals). Each replica has its own loop, so a slow or hostile engine delays nobody
-else, and every probe is bounded by timeouts and byte limits (``probe``).
+else, and every probe is bounded by timeouts and byte limits (``probe``). The loops do not fire together:
+after its first probe (at once, so a new replica is judged at once) each loop moves to its own phase of the
+interval, and at most ``MAX_PROBES_IN_FLIGHT`` probes hold a response at a time, so memory does not grow
+with the fleet (a fleet of 1,024 found at start would otherwise parse 1,024 expositions at once, every round).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -30,6 +34,10 @@ log = logging.getLogger("inferstack.health")
 
 WatchFn = Callable[[ModelTarget], AsyncIterator[list[str]]]
 DISCOVERY_RETRY_S = 2.0
+#: Probes awaiting or parsing a response at once. Far above what a spread fleet needs (a probe takes ~2 ms of
+#: CPU: 1,024 replicas at 5 s keep ~1 in flight), so it binds only in bursts: a fleet found at start, or many
+#: replicas hanging until their timeouts at once.
+MAX_PROBES_IN_FLIGHT = 128
 
 
 @dataclass
@@ -69,6 +77,7 @@ class Monitor:
         self.canaries = Canaries(config, clock())
         self.discovered: set[str] = set()  # models whose discovery has reported at least once
         self._session: aiohttp.ClientSession | None = None
+        self._in_flight = asyncio.Semaphore(MAX_PROBES_IN_FLIGHT)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -149,6 +158,7 @@ class Monitor:
     async def _probe_loop(self, target: ModelTarget, tracker: Tracker) -> None:
         spec = self._spec(target, tracker.url)
         loop = asyncio.get_running_loop()
+        phase: float | None = random.random()  # this loop's place in the interval: a shorter first gap
         while True:
             started = loop.time()
             try:
@@ -157,7 +167,9 @@ class Monitor:
                 raise
             except Exception:  # a bug here must not end this replica's monitoring
                 log.exception("probe loop error for %s", tracker.url)
-            await asyncio.sleep(max(0.0, self.probe_interval_s(target, tracker) - (loop.time() - started)))
+            interval = self.probe_interval_s(target, tracker) * (1.0 if phase is None else phase)
+            phase = None
+            await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
 
     def probe_interval_s(self, target: ModelTarget, tracker: Tracker) -> float:
         """The normal interval; the (shorter) recovery interval while the replica is ejected."""
@@ -172,7 +184,8 @@ class Monitor:
         spec = spec or self._spec(target, tracker.url)
         every = self.settings.synthetic_probe_every
         synthetic = every > 0 and tracker.probes % every == 0
-        result = await probe(self._session, spec, synthetic=synthetic)
+        async with self._in_flight:
+            result = await probe(self._session, spec, synthetic=synthetic)
         now = self._clock()
         if spec.adapters:
             tracker.adapters = result.adapters

@@ -143,6 +143,15 @@ def test_release_workflow_builds_every_runtime_image_and_publishes_its_digest() 
     assert all(Path(f"runtime/images/{image}.Dockerfile").is_file() for image in images.RELEASED_IMAGES)
 
 
+def test_every_default_runtime_image_is_one_the_release_publishes() -> None:
+    """A stack that builds nothing runs the defaults: each must be an image the release workflow pushes."""
+    from components.spec import RUNTIME_IMAGES as DEFAULTS
+
+    for part, reference in DEFAULTS.items():
+        assert reference.rsplit(":", 1)[0] == f"ghcr.io/inferstack/{part}"
+        assert part in images.RELEASED_IMAGES, f"the default {part} image is never released"
+
+
 def test_the_quantize_default_is_the_released_image_of_the_llmcompressor_it_installs() -> None:
     """The default tool image names the released image and, as its tag, the llm-compressor its requirements pin
     (which .venv-prepare installs too), so the default cannot drift from what the image holds."""

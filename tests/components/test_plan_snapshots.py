@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from components.aws.registry import PICKER_IMAGE
 from components.cli import app
-from components.images import RUNTIME_IMAGES
+from components.images import PICKER_IMAGE, RUNTIME_IMAGES
 from components.stackfile import STACKS_DIR, available_stacks
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots" / "plans"

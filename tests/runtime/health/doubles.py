@@ -68,14 +68,19 @@ class FakeEngine:
     models: list[dict[str, Any]] = field(default_factory=list)  # what /v1/models lists (vLLM's shape)
     embeds_at_once: int = 0  # embedding calls in progress now, and the most seen at once
     max_embeds_at_once: int = 0
+    healths_at_once: int = 0  # /health calls in progress now (a hanging one counts until released)
     _hang: asyncio.Event = field(default_factory=asyncio.Event)
 
     def release(self) -> None:
         self._hang.set()
 
     async def health(self, _: web.Request) -> web.StreamResponse:
-        if self.health_hang:
-            await self._hang.wait()
+        self.healths_at_once += 1
+        try:
+            if self.health_hang:
+                await self._hang.wait()
+        finally:
+            self.healths_at_once -= 1
         return web.Response(status=self.health_status, text="" if self.health_status == 200 else "down")
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:

@@ -74,6 +74,27 @@ async def test_hang_is_a_timeout_and_does_not_delay_others(fakes, monitors):
     assert b.state is State.EJECTED and b.reason is Reason.TIMEOUT
 
 
+async def test_a_burst_of_probes_keeps_at_most_the_in_flight_bound_out_and_the_rest_wait_their_turn(
+    fakes, monitors, monkeypatch
+):
+    """A fleet found at once parses at most MAX_PROBES_IN_FLIGHT answers at a time (memory does not grow
+    with the fleet); every replica still gets its probe."""
+    from runtime.health import monitor as monitor_module
+
+    monkeypatch.setattr(monitor_module, "MAX_PROBES_IN_FLIGHT", 3)
+    served = [await fakes(health_hang=True) for _ in range(8)]
+    monitor = await monitors(config_for([s.url for s in served], timeout_ms=10_000))
+    round_ = asyncio.create_task(monitor.probe_all())
+    out = lambda: sum(s.engine.healths_at_once for s in served)  # noqa: E731
+    await wait_for(lambda: out() == 3)
+    await asyncio.sleep(0.3)  # room for a fourth, were there no bound
+    assert out() == 3
+    for s in served:
+        s.engine.release()
+    await asyncio.wait_for(round_, 20)
+    assert all(status(monitor, s.url).state is State.HEALTHY for s in served)
+
+
 async def test_stale_metrics_are_flagged_not_zeroed(fakes, monitors):
     engine = await fakes(metrics_body=vllm_metrics(waiting=7))
     monitor = await monitors(config_for([engine.url]))
