@@ -22,6 +22,7 @@ Fixtures:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -79,8 +80,11 @@ ENGINE_FIXTURES = frozenset(
         "check_vllm_args",
     }
 )
-#: The xdist group of every engine test (one worker runs them all, in turn).
+#: The xdist group of the engine tests (one worker runs them all, in turn, with the session engines).
 ENGINE_GROUP = "engines"
+#: The group of the engine tests that start engines of their own and share none: a second worker runs them in
+#: turn beside ENGINE_GROUP once it has run the rest (two tests' engines at a time, at most).
+OWN_ENGINES_GROUP = "own-engines"
 #: Blocks of the KV-event engine's cache (128 tokens each on CPU): small, so evictions come within seconds.
 KV_EVENTS_BLOCKS = 64
 
@@ -137,13 +141,13 @@ class VllmKvEvents:
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
     """Marks every test that uses a real-engine fixture `engine` (before `-m` deselects), and puts every
-    engine test in one xdist group: under `pytest -n 2` (`make test`) they run in turn on one worker, sharing its
-    session engines (the machine holds one test's engines at a time, pinned to cores 0 and 1), while the other
-    worker runs the rest."""
+    engine test without a group of its own (OWN_ENGINES_GROUP) in ENGINE_GROUP: under `pytest -n 2`
+    (`make test`) those run in turn on one worker, sharing its session engines, while the other worker runs
+    the rest."""
     for item in items:
         if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)
-        if item.get_closest_marker("engine") is not None:
+        if item.get_closest_marker("engine") is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
     return (yield)  # a wrapper, so these marks are on before xdist's own hook reads its groups
 
@@ -158,7 +162,15 @@ def engine_python() -> Path:
 
 
 def _make_model(python: Path, kind: str, name: str) -> Path:
+    """Makes the model once: under a lock, since both xdist workers may ask for it at once."""
     out = MODELS_DIR / name
+    MODELS_DIR.mkdir(parents=True, exist_ok=True)
+    with (MODELS_DIR / f".{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _make_model_locked(python, kind, out)
+
+
+def _make_model_locked(python: Path, kind: str, out: Path) -> Path:
     result = subprocess.run(
         [str(python), "-m", "components.local.tiny_model", "--out", str(out), "--kind", kind],
         cwd=REPO_ROOT,

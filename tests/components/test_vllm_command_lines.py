@@ -15,8 +15,10 @@ from components.render import engine_args
 from components.render.engine_args import on_this_machine, vllm
 from components.spec import ModelSpec
 from components.stackfile import STACKS_DIR, available_stacks, load
+from tests.conftest import OWN_ENGINES_GROUP
 
-pytestmark = pytest.mark.engine
+# vLLM's parser only, no engine: beside the session engines' group (tests/conftest.py)
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP)]
 
 Check = Callable[..., list[str | None]]
 

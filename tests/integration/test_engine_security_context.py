@@ -30,11 +30,12 @@ from components.local.s3_server import LOOPBACK_CREDENTIALS, LoopbackS3
 from components.render import common, weights
 from components.spec import PlatformSpec
 from tests.components.helpers import rendered_engine_deployment
-from tests.conftest import ENGINE_READY_TIMEOUT_S, LOGS_DIR
+from tests.conftest import ENGINE_READY_TIMEOUT_S, LOGS_DIR, OWN_ENGINES_GROUP
 from tests.runtime.weights.helpers import new_bucket
 from tests.runtime.weights.helpers import weights as run_weights
 
-pytestmark = pytest.mark.engine
+# engines of its own, none shared: beside the session engines' group (tests/conftest.py)
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP)]
 
 SANDBOX = Path(__file__).with_name("pod_sandbox.py")
 MODEL = "tiny-llama-s3"

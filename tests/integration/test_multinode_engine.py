@@ -18,10 +18,11 @@ from components.local.engine_process import EngineProcess
 from components.render.engine_args import LEADER_RANK, GroupMember
 from components.spec import ModelSpec
 from runtime.engines import VLLM_CLI
-from tests.conftest import LOGS_DIR
+from tests.conftest import LOGS_DIR, OWN_ENGINES_GROUP
 from tests.runtime.router.harness import LoopThread, RouterUnderTest
 
-pytestmark = pytest.mark.engine
+# engines of its own, none shared: beside the session engines' group (tests/conftest.py)
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP)]
 
 NODES = 2
 SERVED = "tiny-group"

@@ -19,10 +19,17 @@ from components import packing
 from components.local.engine_process import EngineProcess
 from components.local.plan import kv_cache_space
 from components.spec import ModelSpec
-from tests.conftest import CHAT_MODEL_NAME, EMBED_MODEL_NAME, ENGINE_READY_TIMEOUT_S, LOGS_DIR
+from tests.conftest import (
+    CHAT_MODEL_NAME,
+    EMBED_MODEL_NAME,
+    ENGINE_READY_TIMEOUT_S,
+    LOGS_DIR,
+    OWN_ENGINES_GROUP,
+)
 from tests.runtime.router.harness import LoopThread, RouterUnderTest, router_cfg
 
-pytestmark = pytest.mark.engine
+# engines of its own, none shared: beside the session engines' group (tests/conftest.py)
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP)]
 
 ENGINE_MEMORY_GIB = 8.0
 CHAT_FRACTION, EMBED_FRACTION = 0.6, 0.4

@@ -17,9 +17,10 @@ import pytest
 from components.local.engine_process import EngineError, EngineProcess, cpu_model_spec
 from runtime.config import EngineKind
 from runtime.engines import facts
-from tests.conftest import CHAT_MODEL_NAME, LOGS_DIR
+from tests.conftest import CHAT_MODEL_NAME, LOGS_DIR, OWN_ENGINES_GROUP
 
-pytestmark = pytest.mark.engine
+# engines of its own, none shared: beside the session engines' group (tests/conftest.py)
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP)]
 
 
 def test_vllm_cpu_refuses_sleep_mode_at_start(tiny_chat_model: Path) -> None:
