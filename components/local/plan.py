@@ -367,7 +367,8 @@ def kv_cache_spaces(stack: Stack, engine_memory_gib: float) -> dict[str, int]:
                 stack,
                 f"models[{i}].gpu_share.fraction",
                 f"{fraction:g} of {engine_memory_gib:g} GiB leaves {model.name} no KV cache (it needs 1 GiB beside "
-                f"{besides:.1f} GiB of weights, activations and runtime): give it at least {least:.2f}, or more "
+                f"{besides:.1f} GiB of weights, activations{', runtime and adapters' if fit.adapters_gib else ' and runtime'})"
+                f": give it at least {least:.2f}, or more "
                 "memory with --engine-memory-gib",
             )
         out[model.name] = gib
