@@ -82,8 +82,8 @@ ENGINE_FIXTURES = frozenset(
 )
 #: The xdist group of the engine tests (one worker runs them all, in turn, with the session engines).
 ENGINE_GROUP = "engines"
-#: The group of the engine tests that start engines of their own and share none: a second worker runs them in
-#: turn beside ENGINE_GROUP once it has run the rest (two tests' engines at a time, at most).
+#: The group of the engine tests that start engines of their own and share none: another worker runs them in
+#: turn beside ENGINE_GROUP (two tests' engines at a time, at most).
 OWN_ENGINES_GROUP = "own-engines"
 #: Blocks of the KV-event engine's cache (128 tokens each on CPU): small, so evictions come within seconds.
 KV_EVENTS_BLOCKS = 64

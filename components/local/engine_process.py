@@ -131,6 +131,11 @@ def cpu_model_spec(
     )
 
 
+def foreign_python_environment() -> dict[str, str]:
+    """This process's environment for another venv's python: without what would point it at ours."""
+    return {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on right now (the kernel's ephemeral pick)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -221,7 +226,7 @@ class EngineProcess:
 
     def environment(self) -> dict[str, str]:
         """The engine's environment: ours minus python overrides, plus the caller's, plus the fixed."""
-        env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
+        env = foreign_python_environment()
         # The engine gets a private TMPDIR (removed at stop); keep inductor's cache shared and warm.
         env.setdefault(
             "TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor_{_user()}")

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from components.local.engine_process import foreign_python_environment
+
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "runtime" / "images"
 DOCKERFILES = sorted(IMAGES.glob("*.Dockerfile"))
@@ -161,14 +163,13 @@ GPU_ONLY_WHEELS = re.compile(r"^(nvidia-(?!ml-py)|cuda-|triton==)")
 
 def _pip(py: Path, *args: str) -> None:
     """pip in the image's venv, which sees nothing of ours (PYTHONPATH would show it the checkout)."""
-    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
     run = subprocess.run(
         [str(py), "-m", "pip", *args, "--disable-pip-version-check"],
         capture_output=True,
         text=True,
         check=False,
         timeout=900,
-        env=env,
+        env=foreign_python_environment(),
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
