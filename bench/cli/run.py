@@ -56,6 +56,8 @@ def generated_stack(tree: Path, models: int, into: Path) -> str:
     for i in range(models):
         model = copy.deepcopy(protos[i % len(protos)])
         model["name"] = f"{model['name']}-{i:03d}"
+        for adapter in model.get("adapters", []):  # clients ask for an adapter by name: unique in a stack
+            adapter["name"] = f"{adapter['name']}-{i:03d}"
         model["scaling"]["min_replicas"] = model["scaling"]["max_replicas"] = 2
         copies.append(model)
     platform["models"] = copies
