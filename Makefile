@@ -71,8 +71,9 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache --no-logo
 
+TYPECHECK = $(BIN)/mypy components runtime policies
 typecheck: venv
-	$(BIN)/mypy components runtime policies
+	$(TYPECHECK)
 
 unit: venv crd-tools prometheus
 	$(BIN)/pytest -m 'not engine' -n 2
@@ -87,7 +88,7 @@ snapshots: venv
 test:
 	$(MAKE) --no-print-directory -j4 venv engine-venv tools-venv crd-tools prometheus
 	$(MAKE) --no-print-directory -j4 prepare-venv redis lint
-	$(MAKE) --no-print-directory typecheck & typecheck=$$!; \
+	$(TYPECHECK) & typecheck=$$!; \
 	  $(BIN)/pytest -n 2 --dist loadgroup; tests=$$?; wait $$typecheck && exit $$tests
 
 ## product -------------------------------------------------------------------------------------
