@@ -71,8 +71,9 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache --no-logo
 
+TYPECHECK = $(BIN)/mypy components runtime policies
 typecheck: venv
-	$(BIN)/mypy components runtime policies
+	$(TYPECHECK)
 
 unit: venv crd-tools prometheus
 	$(BIN)/pytest -m 'not engine' -n 2
@@ -82,12 +83,13 @@ snapshots: venv
 	INFERSTACK_UPDATE_SNAPSHOTS=1 $(BIN)/pytest -q tests/components/test_plan_snapshots.py
 
 # What the tests need, installed side by side (Debian's two packages one after the other: apt holds one lock),
-# then the checks; then pytest on two workers: every engine test runs on one, in turn (tests/conftest.py puts
-# them in one xdist group), the rest on both.
+# then lint; then mypy beside pytest on two workers (tests/conftest.py: the engine tests run in two xdist
+# groups, in turn within each). Either failing fails the target.
 test:
 	$(MAKE) --no-print-directory -j4 venv engine-venv tools-venv crd-tools prometheus
-	$(MAKE) --no-print-directory -j4 prepare-venv redis lint typecheck
-	$(BIN)/pytest -n 2 --dist loadgroup
+	$(MAKE) --no-print-directory -j4 prepare-venv redis lint
+	$(TYPECHECK) & typecheck=$$!; \
+	  $(BIN)/pytest -n 2 --dist loadgroup; tests=$$?; wait $$typecheck && exit $$tests
 
 ## product -------------------------------------------------------------------------------------
 schema: venv

@@ -21,9 +21,11 @@ import openai
 import pytest
 
 from components.local import state
+from tests.conftest import OWN_ENGINES_GROUP
 from tests.local.helpers import REPO, free_port_block, make_target, port_args, stack_pids
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
+# a make-local stack of its own, sharing no engine: beside the session engines' group (tests/conftest.py)
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP), pytest.mark.timeout(1200)]
 
 MODEL = "tiny-llama"
 STACKS = REPO / "tests" / "local" / "stacks"

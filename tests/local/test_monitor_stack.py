@@ -37,9 +37,11 @@ from components.render import alerts, dashboards, scaling
 from components.stackfile import load
 from runtime.config import EngineKind
 from runtime.engines import facts
+from tests.conftest import OWN_ENGINES_GROUP
 from tests.local.helpers import REPO, assert_nothing_left, free_port_block, port_args, stack_pids
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+# a make-local stack of its own, sharing no engine: beside the session engines' group (tests/conftest.py)
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP), pytest.mark.timeout(900)]
 
 STACKS = Path(__file__).with_name("stacks")
 STACK = "scale-from-zero"

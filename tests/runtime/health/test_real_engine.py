@@ -20,7 +20,7 @@ from runtime.discovery import watch_backends
 from runtime.health.feed import BackendsFeed
 from runtime.health.monitor import Monitor
 from runtime.health.state import Reason, State
-from tests.conftest import LOGS_DIR
+from tests.conftest import LOGS_DIR, OWN_ENGINES_GROUP
 from tests.processes import runtime_service, wait_ready
 from tests.runtime.health.conftest import config_for
 
@@ -84,6 +84,7 @@ def test_healthy_and_metrics_move_under_load(vllm_chat_pair):
         assert b.metrics.inter_token_p50_s is not None
 
 
+@pytest.mark.xdist_group(OWN_ENGINES_GROUP)  # an engine of its own: beside the session engines' group
 def test_kill_ejects_after_k_and_restart_readmits_after_m(tiny_chat_model):
     port = free_port()
     engine = EngineProcess(
