@@ -17,6 +17,11 @@ from pathlib import Path
 from components.local.s3_server import HOST, LOOPBACK_CREDENTIALS, client, wait_listening
 
 PREPARE_TIMEOUT_S = 600.0
+#: Streams each engine opens to the store (the Run:ai streamer's default is 8). moto serves S3 from one
+#: Python process, ~24 MiB/s for one range GET on this machine; with two engines at 8 streams each, a
+#: stream falls below the streamer's low-speed limit, is aborted and retried, and the load fails with
+#: "File access error" after ~40 s. At 2 per engine, `make local S3=1` streams SmolLM2 in ~11 s.
+LOOPBACK_STREAMER_CONCURRENCY = 2
 
 
 @dataclass(frozen=True)
@@ -28,11 +33,13 @@ class LocalStore:
     assets_dir: Path
 
     def engine_env(self) -> dict[str, str]:
-        """The store's address and loopback credentials, and where vLLM puts the config it pulls."""
+        """The store's address and loopback credentials, where vLLM puts the config it pulls, and how
+        many streams an engine reads with."""
         return {
             **LOOPBACK_CREDENTIALS,
             "AWS_ENDPOINT_URL": self.endpoint,
             "VLLM_ASSETS_CACHE": str(self.assets_dir),
+            "RUNAI_STREAMER_CONCURRENCY": str(LOOPBACK_STREAMER_CONCURRENCY),
         }
 
     def stop(self) -> None:
