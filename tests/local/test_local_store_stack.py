@@ -1,8 +1,9 @@
 """`make local S3=1` end to end: the stack's models prepared into the loopback S3 store (moto), every engine
 streaming its weights from there with the Run:ai streamer, and the router answering from them.
 
-Two chat engines streaming SmolLM2 at once is the case that broke: at the streamer's default concurrency
-they starved each other on the one-process store until the load failed.
+Two chat engines streaming SmolLM2 at once is the case that broke: with the streamer's defaults (8 streams,
+a request retried after 1 s without a byte) the one-process store fell behind and the load failed, always
+idle at 8 streams, and under the test suite's load at 2 (components/local/store.py says why).
 """
 
 from __future__ import annotations
