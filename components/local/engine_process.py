@@ -113,10 +113,16 @@ def engine_python() -> Path:
 
 
 def cpu_model_spec(
-    name: str, model_dir: str | os.PathLike[str], *, task: str = "generate", **engine: Any
+    name: str,
+    model_dir: str | os.PathLike[str],
+    *,
+    task: str = "generate",
+    gpu_share: float | None = None,
+    **engine: Any,
 ) -> ModelSpec:
     """A one-model spec for serving ``model_dir`` with vLLM on CPU in bfloat16: what tests and benchmarks
-    start (``make local`` serves its stack's own specs). ``engine`` sets any other ``EngineSpec`` knob.
+    start (``make local`` serves its stack's own specs). ``gpu_share`` is the model's ``gpu_share.fraction``
+    (co-located engines); ``engine`` sets any other ``EngineSpec`` knob.
 
     Eager by default: on CPU, torch.compile's warm-up is most of an engine's start (tiny Llama ready in 34 s
     eager against 58 s compiled, SmolLM2 30 s against 118 s) and buys 5-15 % of decode speed. Pass
@@ -127,6 +133,7 @@ def cpu_model_spec(
             "source": str(Path(model_dir).absolute()),
             "task": task,
             "engine": {"device": "cpu", "dtype": "bfloat16", "enforce_eager": True, **engine},
+            **({"gpu_share": {"fraction": gpu_share}} if gpu_share is not None else {}),
         }
     )
 

@@ -34,6 +34,17 @@ LOOPBACK_CREDENTIALS = {
     "AWS_EC2_METADATA_DISABLED": "true",
 }
 
+#: How the Run:ai streamer should read this server (what `make local S3=1` engines get). moto serves S3 from one
+#: Python process and reads the whole object for each range GET: ~340 ms for an 8 MiB range of SmolLM2's 540 MB
+#: file on an idle machine, seconds on a busy one. The streamer's defaults are made for S3 itself: 8 streams per
+#: engine, and a request that sends no byte for 1 s is aborted and retried, until the load fails with "File
+#: access error" (two SmolLM2 engines did, every time). 2 streams and a 60 s stall limit stream SmolLM2 in
+#: ~11 s idle and still load on a machine running the test suite.
+STREAMER_ENV = {
+    "RUNAI_STREAMER_CONCURRENCY": "2",
+    "RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS": "60000",
+}
+
 Environ = dict[str, Any]
 StartResponse = Callable[..., Any]
 
@@ -67,6 +78,11 @@ class RequestLog:
             }
             with self._lock, self.path.open("a") as out:
                 out.write(json.dumps(line) + "\n")
+
+
+def client_env(endpoint: str) -> dict[str, str]:
+    """What a client (boto3, the streamer, vLLM) needs to talk to the server at ``endpoint``."""
+    return {**LOOPBACK_CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}
 
 
 def client(endpoint: str) -> Any:
@@ -111,7 +127,7 @@ class LoopbackS3:
 
     def env(self) -> dict[str, str]:
         """What a client (boto3, the streamer, vLLM) needs to talk to this server."""
-        return {**LOOPBACK_CREDENTIALS, "AWS_ENDPOINT_URL": self.endpoint}
+        return client_env(self.endpoint)
 
     def logged(self) -> list[dict[str, Any]]:
         return read_requests(self.requests)

@@ -14,19 +14,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.local.s3_server import HOST, LOOPBACK_CREDENTIALS, client, wait_listening
+from components.local.s3_server import HOST, STREAMER_ENV, client, client_env, wait_listening
 
 PREPARE_TIMEOUT_S = 600.0
-#: How an engine's streamer reads the loopback store. moto serves S3 from one Python process and reads
-#: the whole object for each range GET: ~340 ms for an 8 MiB range of SmolLM2's 540 MB file on an idle
-#: machine, seconds on a busy one. The streamer's defaults are made for S3 itself: 8 streams per engine,
-#: and a request that sends no byte for 1 s is aborted and retried, until the load fails with "File
-#: access error" (two SmolLM2 engines did, every time). 2 streams and a 60 s stall limit stream SmolLM2
-#: in ~11 s idle and still load on a machine running the test suite.
-LOOPBACK_STREAMER_ENV = {
-    "RUNAI_STREAMER_CONCURRENCY": "2",
-    "RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS": "60000",
-}
 
 
 @dataclass(frozen=True)
@@ -39,13 +29,8 @@ class LocalStore:
 
     def engine_env(self) -> dict[str, str]:
         """The store's address and loopback credentials, where vLLM puts the config it pulls, and how the
-        streamer reads it."""
-        return {
-            **LOOPBACK_CREDENTIALS,
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "VLLM_ASSETS_CACHE": str(self.assets_dir),
-            **LOOPBACK_STREAMER_ENV,
-        }
+        streamer reads this server (``STREAMER_ENV``)."""
+        return {**client_env(self.endpoint), "VLLM_ASSETS_CACHE": str(self.assets_dir), **STREAMER_ENV}
 
     def stop(self) -> None:
         if self.proc.poll() is None:

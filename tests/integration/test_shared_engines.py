@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from components import packing
-from components.local.engine_process import EngineProcess
+from components.local.engine_process import EngineProcess, cpu_model_spec
 from components.local.plan import kv_cache_space
 from components.spec import ModelSpec
 from tests.conftest import (
@@ -36,15 +36,8 @@ CHAT_FRACTION, EMBED_FRACTION = 0.6, 0.4
 
 
 def _spec(name: str, path: Path, fraction: float, **engine: object) -> ModelSpec:
-    return ModelSpec.model_validate(
-        {
-            "name": name,
-            "source": str(path),
-            "gpu_share": {"fraction": fraction},
-            "engine": {"device": "cpu", "dtype": "bfloat16", "enforce_eager": True, **engine},
-            **({"task": "embed"} if name == EMBED_MODEL_NAME else {}),
-        }
-    )
+    task = "embed" if name == EMBED_MODEL_NAME else "generate"
+    return cpu_model_spec(name, path, task=task, gpu_share=fraction, **engine)
 
 
 def _kv_cache_bytes(base_url: str) -> int:
