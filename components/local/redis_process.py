@@ -36,7 +36,9 @@ def redis_server() -> str:
 
 
 class RedisProcess:
-    """One redis-server bound to 127.0.0.1:``port``; ``stop()`` ends it (SIGKILL with ``kill()``)."""
+    """One redis-server bound to 127.0.0.1:``port``; ``stop()`` ends it (SIGKILL with ``kill()``). After either,
+    ``start()`` brings it back on the same port and directory, so whoever holds the object stops the live
+    process (a restart that made a new object would leave the old owner stopping the dead one)."""
 
     def __init__(
         self,
@@ -73,6 +75,8 @@ class RedisProcess:
         return args + list(self.extra_args)
 
     def start(self, timeout_s: float = 20.0) -> Self:
+        if self.running():
+            raise RedisError(f"redis-server on 127.0.0.1:{self.port} is already running; stop() it first")
         self.workdir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(

@@ -17,9 +17,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -40,7 +39,6 @@ KEYS = {  # name -> (raw key, requests/min, tokens/min)
 class Stack:
     replicas: Replicas
     redis: RedisProcess
-    redis_dir: Path
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +80,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     }
     try:
         with router_replicas(config, 3, work / "routers") as replicas:
-            yield Stack(replicas, redis, work / "redis")
+            yield Stack(replicas, redis)
     finally:
         engine.terminate()
         engine.wait(10)
-        redis.stop()
+        redis.stop()  # the one object a fault test restarts in place: whatever runs now is stopped
 
 
 @dataclass
@@ -96,11 +94,14 @@ class Outcome:
     tokens: int
 
 
-def drive(front: str, key: str, rate_per_s: float, seconds: float, threads: int = 3) -> list[Outcome]:
-    """Paced load from ``threads`` clients, one new connection per request (round robin per request)."""
+def drive(
+    front: str, key: str, rate_per_s: float, seconds: float, threads: int = 3, start: float | None = None
+) -> list[Outcome]:
+    """Paced load from ``threads`` clients, one new connection per request (round robin per request); times are
+    seconds since ``start`` (a ``time.monotonic()`` reading; now when not given)."""
     out: list[Outcome] = []
     lock = threading.Lock()
-    start = time.monotonic()
+    start = time.monotonic() if start is None else start
     per_thread = rate_per_s / threads
 
     def run(offset: float) -> None:
@@ -187,38 +188,46 @@ def test_a_dead_store_falls_back_to_a_share_per_replica_and_its_return_restores_
     key = KEYS["faults"][0]
     box: dict[str, list[Outcome]] = {}
     seconds = 24.0
-    load = threading.Thread(target=lambda: box.setdefault("out", drive(front, key, 30.0, seconds)))
+    t0 = time.monotonic()
+    load = threading.Thread(target=lambda: box.setdefault("out", drive(front, key, 30.0, seconds, start=t0)))
     load.start()
-    time.sleep(5.0)
-    killed_at = 5.0
+    wait_until(t0 + 5.0)  # 5 s of traffic on the shared store first: a phase of the load, not a wait for it
     stack.redis.kill()  # mid-run: connections reset, nothing answers
-    time.sleep(6.0)
-    down = [metric(r, "inferstack_router_limit_store_up") for r in routers]
+    killed_at = time.monotonic() - t0
+    poll(lambda: all(metric(r, "inferstack_router_limit_store_up") == 0.0 for r in routers), 10.0,
+         "each replica notices the store is gone")  # fmt: skip
+    wait_until(t0 + killed_at + 6.0)  # then 6 s limited per replica
     fallback = [metric(r, "inferstack_router_limit_checks_total", 'mode="fallback"') for r in routers]
-    back = RedisProcess(stack.redis.port, stack.redis_dir, password=TOKEN).start()
-    back_at = 11.0
-    try:
-        deadline = time.monotonic() + 10
-        while not all(metric(r, "inferstack_router_limit_store_up") == 1.0 for r in routers):
-            assert time.monotonic() < deadline, "the routers went back to the store by themselves"
-            time.sleep(0.1)
-        recovered_at = back_at + 10 - (deadline - time.monotonic())
-        load.join()
-        out = box["out"]
-        assert_only_200_or_429(out)
-        assert down == [0.0, 0.0, 0.0], "each replica noticed the store was gone"
-        assert all(f > 0 for f in fallback), "and limited on its own meanwhile"
-        during = admitted(out, killed_at + 0.5, back_at)
-        assert during, "requests kept flowing while the store was down"
-        # per replica: a third of the limit each, so together about the shared rate (plus their buckets)
-        assert len(during) <= bucket_plus_refill(300, back_at - killed_at) * 1.05
-        # the store came back empty: a fresh shared bucket (300) plus 5 per second, across all three
-        window = seconds - recovered_at - 0.5
-        got = len(admitted(out, recovered_at + 0.5))
-        want = bucket_plus_refill(300, window)
-        assert abs(got - want) <= 0.05 * want + 5, f"{got} admitted after recovery, want {want:.0f} +-5%"
-        for r in routers:
-            assert metric(r, "inferstack_router_limit_store_errors_total", 'cause="connection"') > 0
-        assert get(front, "/healthz")[0] == 200
-    finally:
-        stack.redis = back
+    stack.redis.start()  # the same object, restarted in place: the fixture stops whatever runs at the end
+    back_at = time.monotonic() - t0
+    poll(lambda: all(metric(r, "inferstack_router_limit_store_up") == 1.0 for r in routers), 10.0,
+         "the routers go back to the store by themselves")  # fmt: skip
+    recovered_at = time.monotonic() - t0
+    load.join()
+    out = box["out"]
+    assert_only_200_or_429(out)
+    assert all(f > 0 for f in fallback), "each replica limited on its own while the store was down"
+    during = admitted(out, killed_at + 0.5, back_at)
+    assert during, "requests kept flowing while the store was down"
+    # per replica: a third of the limit each, so together about the shared rate (plus their buckets)
+    assert len(during) <= bucket_plus_refill(300, back_at - killed_at) * 1.05
+    # the store came back empty: a fresh shared bucket (300) plus 5 per second, across all three
+    window = seconds - recovered_at - 0.5
+    got = len(admitted(out, recovered_at + 0.5))
+    want = bucket_plus_refill(300, window)
+    assert abs(got - want) <= 0.05 * want + 5, f"{got} admitted after recovery, want {want:.0f} +-5%"
+    for r in routers:
+        assert metric(r, "inferstack_router_limit_store_errors_total", 'cause="connection"') > 0
+    assert get(front, "/healthz")[0] == 200
+
+
+def wait_until(at: float) -> None:
+    """Sleeps to a point of the load's timeline (``time.monotonic()`` reading): the phases of a paced load."""
+    time.sleep(max(0.0, at - time.monotonic()))
+
+
+def poll(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"within {timeout_s:.0f} s: {what}"
+        time.sleep(0.1)
