@@ -1374,6 +1374,11 @@ class ModelSpec(_Spec):
         return self
 
 
+#: What a quantize step may write for a CPU engine: formats vLLM-CPU has a kernel for and llm-compressor 0.14 writes
+#: on CPU (components/local/cpu_kernels.py says which CPUs have which kernel).
+CPU_QUANTIZE_FORMATS = frozenset({Quantization.INT8, Quantization.GPTQ})
+
+
 def _check_preparation(j: int, prep: PreparationSpec, engine: EngineSpec) -> None:
     """A preparation must produce something the version's engine loads."""
     where = f"versions[{j}].preparation"
@@ -1395,10 +1400,11 @@ def _check_preparation(j: int, prep: PreparationSpec, engine: EngineSpec) -> Non
             f"{where}.format: trtllm-serve does not load llm-compressor's {prep.format.value} checkpoints; "
             "use kind: trtllm-build, or engine kind vllm or sglang"
         )
-    if engine.device is Device.CPU and prep.format is not Quantization.GPTQ:
+    if engine.device is Device.CPU and prep.format not in CPU_QUANTIZE_FORMATS:
         raise ValueError(
-            f"{where}.format: on CPU, use gptq: vLLM-CPU serves llm-compressor's 4-bit weight-only checkpoints "
-            f"(CPUWNA16 kernel), and llm-compressor 0.14's AWQ needs an accelerator; not {prep.format.value}"
+            f"{where}.format: on CPU, use int8 or gptq: vLLM-CPU serves llm-compressor's W8A8 checkpoints (oneDNN, "
+            "every x86 CPU) and 4-bit weight-only ones (CPUWNA16 kernel, AVX-512 CPUs only), and llm-compressor "
+            f"0.14's AWQ needs an accelerator; not {prep.format.value}"
         )
 
 

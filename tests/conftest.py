@@ -34,16 +34,17 @@ from pathlib import Path
 
 import pytest
 
+from components.local import engine_process
 from components.local.engine_process import (
     EngineError,
     EngineNotInstalledError,
     EngineProcess,
     cpu_model_spec,
-    free_port,
 )
 from components.local.engine_process import engine_python as _engine_python
 from components.local.s3_server import LoopbackS3, started
 from components.spec import ModelSpec
+from tests import leaks
 
 # xdist's workers start with COLUMNS=80, which the CLI's module-level rich consoles would freeze as their width
 # at import; the CLI tests give the width they need per call (CliRunner's env), as a terminal would.
@@ -136,6 +137,14 @@ class VllmKvEvents:
     model_path: Path
     endpoints: tuple[str, str]  # (events, replay)
     blocks: int
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The leak guard (tests/leaks.py), and every port handed out by ``free_port`` recorded for it: set before any
+    test module imports ``free_port``, so theirs is the recording one."""
+    guard = leaks.LeakGuard(config)
+    config.pluginmanager.register(guard, "inferstack-leak-guard")
+    engine_process.free_port = leaks.recording(engine_process.free_port, guard.ports_dir)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -318,7 +327,9 @@ def vllm_lora(engine_python: Path, tiny_chat_model: Path) -> Iterator[VllmLora]:
             "adapters": [{"name": n, "source": str(p), "rank": 8} for n, p in adapters.items()],
         }
     )
-    engine = EngineProcess(spec, cpu_cores="0", port=free_port(), log_path=LOGS_DIR / "vllm-lora.log")
+    engine = EngineProcess(
+        spec, cpu_cores="0", port=engine_process.free_port(), log_path=LOGS_DIR / "vllm-lora.log"
+    )
     _start_all([engine])
     try:
         yield VllmLora(engine.base_url, CHAT_MODEL_NAME, adapters, engine)
@@ -358,7 +369,7 @@ def vllm_kv_events(tiny_chat_model: Path) -> Iterator[VllmKvEvents]:
     endpoints = (f"ipc://{sockets}/events", f"ipc://{sockets}/replay")
     engine = EngineProcess(
         spec,
-        port=free_port(),  # a fixed port: a restarted engine comes back at the same address, as in a pod
+        port=engine_process.free_port(),  # a fixed port: a restarted engine comes back at the same address, as in a pod
         cpu_cores="1",
         log_path=LOGS_DIR / "vllm-kv-events.log",
         kv_events=endpoints,
@@ -375,5 +386,5 @@ def vllm_kv_events(tiny_chat_model: Path) -> Iterator[VllmKvEvents]:
 def loopback_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackS3]:
     """A real S3 API (moto's server) on a loopback port for the session; tests make their own buckets."""
     where = tmp_path_factory.mktemp("s3")
-    with started(free_port(), where / "requests.jsonl", where / "server.log") as server:
+    with started(engine_process.free_port(), where / "requests.jsonl", where / "server.log") as server:
         yield server

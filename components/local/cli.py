@@ -164,6 +164,7 @@ def up(
 ) -> None:
     """Start the local stack and wait until the router is ready; foreground unless --detach."""
     from components.local import state  # noqa: PLC0415 - see the imports
+    from components.local.cpu_kernels import read_cpu_flags  # noqa: PLC0415
     from components.local.monitor import Monitor  # noqa: PLC0415
     from components.local.plan import LocalOptions, pick_cpus  # noqa: PLC0415
     from components.local.supervisor import StartError, Supervisor, check_ports_free  # noqa: PLC0415
@@ -177,6 +178,7 @@ def up(
         engine_port=engine_port,
         state_dir=state_dir,
         cpus=pick_cpus(lambda: os.sched_getaffinity(0)),
+        cpu_flags=read_cpu_flags(),
         routers=routers,
         redis_port=redis_port,
         s3_port=s3_port if s3 else None,

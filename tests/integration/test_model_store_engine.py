@@ -32,10 +32,11 @@ from tests.runtime.weights.helpers import new_bucket, since, weights
 pytestmark = pytest.mark.engine
 
 STREAMED_MAX_MODEL_LEN = 512
-#: Largest difference allowed between the two engines' log-probability of one prompt token (nats). Same weights
-#: in bfloat16 through different kernels and batch shapes differ by hundredths; a wrong or partly loaded weight
-#: file moves them by whole nats (the tiny Llama's logits are spread over a 2,000-token vocabulary).
-LOGPROB_TOLERANCE = 0.25
+#: Largest difference allowed between the two engines' log-probability of one prompt token (nats). Random weights
+#: give a near-uniform next-token distribution (about -7.95 nats a token here), so the weights' signal is small:
+#: measured on these prompts, the same weights through vLLM-CPU's AVX2 and AVX512-BF16 kernels differ by at most
+#: 0.003, while the same model with one MLP projection of its two layers zeroed differs by 0.084.
+LOGPROB_TOLERANCE = 0.02
 PROMPTS = [
     "The quick brown fox",
     "Once upon a time there was a dragon",
