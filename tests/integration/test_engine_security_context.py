@@ -35,7 +35,8 @@ from tests.runtime.weights.helpers import new_bucket
 from tests.runtime.weights.helpers import weights as run_weights
 
 # engines of its own, none shared: beside the session engines' group (tests/conftest.py)
-pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP)]
+# The store's prepare and init, then a compiled start in the sandbox, count against each test's timeout.
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP), pytest.mark.timeout(1500)]
 
 SANDBOX = Path(__file__).with_name("pod_sandbox.py")
 MODEL = "tiny-llama-s3"
@@ -217,7 +218,9 @@ def test_vllm_serves_under_the_rendered_uid_environment_and_mounts(
         )
         assert uid_line.split()[1:] == [str(common.RUNTIME_UID)] * 4
         client = openai.OpenAI(base_url=runner.openai_base_url, api_key="unused", max_retries=0, timeout=120)
-        reply = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=4)
+        reply = client.completions.create(
+            model=MODEL, prompt="Once upon a time", max_tokens=4, extra_body={"ignore_eos": True}
+        )
         assert reply.model == MODEL  # served under the model's name, not the store location or the copy
         assert reply.choices[0].text and reply.usage is not None and reply.usage.completion_tokens == 4
     # Caches landed on the rendered volumes (HOME=/tmp, HF_HOME under it).

@@ -268,7 +268,7 @@ def test_engine_that_cannot_start_fails_fast_with_its_log(tmp_path):
     engine.start()
     try:
         with pytest.raises(EngineError, match="exited with code"):
-            engine.wait_ready(timeout=300)
+            engine.wait_ready(timeout=ENGINE_READY_TIMEOUT_S)
     finally:
         engine.stop()
     assert engine.pid is not None

@@ -29,7 +29,9 @@ from tests.conftest import (
 )
 from tests.runtime.weights.helpers import new_bucket, since, weights
 
-pytestmark = pytest.mark.engine
+# The store's prepare and verify and an engine start (the session pair's too, if first) count against the first
+# test's timeout.
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 
 STREAMED_MAX_MODEL_LEN = 512
 #: Largest difference allowed between the two engines' log-probability of one prompt token (nats). Random weights

@@ -22,7 +22,8 @@ from tests.conftest import LOGS_DIR, OWN_ENGINES_GROUP
 from tests.runtime.router.harness import LoopThread, RouterUnderTest
 
 # engines of its own, none shared: beside the session engines' group (tests/conftest.py)
-pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP)]
+# A compiled two-process start counts against the test's timeout: room for it on a crowded machine.
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP), pytest.mark.timeout(1200)]
 
 NODES = 2
 SERVED = "tiny-group"
@@ -71,7 +72,7 @@ def group(tiny_chat_model: Path) -> Iterator[tuple[EngineProcess, EngineProcess]
     try:
         leader.start()
         worker.start()
-        leader.wait_ready(600)
+        leader.wait_ready(900)
         yield leader, worker
     finally:
         worker.stop()
@@ -98,7 +99,13 @@ def test_the_group_serves_a_completion_through_the_router(group: tuple[EnginePro
     router = RouterUnderTest(lt, config).start()
     try:
         client = openai.OpenAI(base_url=f"{router.base}/v1", api_key="unused", max_retries=0, timeout=120)
-        done = client.completions.create(model=SERVED, prompt="once upon a time", max_tokens=8, temperature=0)
+        done = client.completions.create(
+            model=SERVED,
+            prompt="once upon a time",
+            max_tokens=8,
+            temperature=0,
+            extra_body={"ignore_eos": True},  # greedy random weights may pick an end token first on some CPUs
+        )
         assert done.usage is not None and done.usage.completion_tokens == 8
         assert done.choices[0].text
         # Both stages did the work: the leader runs pipeline stage 0 and the worker stage 1 of a 2-stage engine.

@@ -38,7 +38,8 @@ from tests.conftest import ENGINE_READY_TIMEOUT_S, LOGS_DIR, REPO_ROOT
 from tests.runtime.router.harness import LoopThread, RouterUnderTest
 from tests.runtime.weights.helpers import new_bucket, weights
 
-pytestmark = pytest.mark.engine
+# The store's steps, a quantization and an engine start count against the first tests' timeouts.
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1500)]
 
 PREPARE_PYTHON = (
     Path(os.environ.get("INFERSTACK_PREPARE_VENV", REPO_ROOT / ".venv-prepare")) / "bin" / "python"

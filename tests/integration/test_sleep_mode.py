@@ -17,7 +17,7 @@ import pytest
 from components.local.engine_process import EngineError, EngineProcess, cpu_model_spec
 from runtime.config import EngineKind
 from runtime.engines import facts
-from tests.conftest import CHAT_MODEL_NAME, LOGS_DIR, OWN_ENGINES_GROUP
+from tests.conftest import CHAT_MODEL_NAME, ENGINE_READY_TIMEOUT_S, LOGS_DIR, OWN_ENGINES_GROUP
 
 # engines of its own, none shared: beside the session engines' group (tests/conftest.py)
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP)]
@@ -31,6 +31,6 @@ def test_vllm_cpu_refuses_sleep_mode_at_start(tiny_chat_model: Path) -> None:
     engine = EngineProcess(spec, cpu_cores="0", env=dict(sleep.env), log_path=LOGS_DIR / "vllm-sleep-cpu.log")
     try:
         with pytest.raises(EngineError, match="Sleep mode is not supported on current platform"):
-            engine.start().wait_ready(300)
+            engine.start().wait_ready(ENGINE_READY_TIMEOUT_S)
     finally:
         engine.stop()

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +82,27 @@ def stack_pids(state_dir: Path) -> set[int]:
         pids.add(int(current["pid"]))
     pids |= {int(p["pid"]) for p in current.get("processes", []) if p.get("pid")}
     return {p for p in pids if state.pid_alive(p)}
+
+
+@contextlib.contextmanager
+def detached_stack(
+    state_dir: Path, *make_args: str, timeout: float
+) -> Iterator[subprocess.CompletedProcess[str]]:
+    """``make local DETACH=1 LOCAL_STATE=state_dir MAKE_ARGS`` for the ``with`` block (its result: a fixture asserts
+    on it), then ``make local-down`` and SIGKILL to whatever of the stack still runs, on every path: a start that
+    failed or timed out halfway leaves a detached supervisor and engines too. Fails if ``local-down`` did."""
+    state_arg = f"LOCAL_STATE={state_dir}"
+    try:
+        yield make_target("local", "DETACH=1", state_arg, *make_args, timeout=timeout)
+    finally:
+        down: subprocess.CompletedProcess[str] | None = None
+        try:
+            down = make_target("local-down", state_arg, timeout=120)
+        finally:
+            for pid in stack_pids(state_dir):  # never leave an engine behind
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        assert down.returncode == 0, down.stdout + down.stderr
 
 
 def assert_nothing_left(state_dir: Path, known: set[int]) -> None:

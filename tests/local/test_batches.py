@@ -22,7 +22,7 @@ import pytest
 
 from components.local import state
 from tests.conftest import OWN_ENGINES_GROUP
-from tests.local.helpers import REPO, free_port_block, make_target, port_args, stack_pids
+from tests.local.helpers import REPO, detached_stack, free_port_block, port_args
 
 # a make-local stack of its own, sharing no engine: beside the session engines' group (tests/conftest.py)
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP), pytest.mark.timeout(1200)]
@@ -52,22 +52,10 @@ def stack(tiny_chat_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     base = free_port_block(5)
     args = ["-s", "batches", "--stacks-dir", str(STACKS), *port_args(base, base + 4)]
     args += ["--timeout", str(START_TIMEOUT_S - 30)]
-    up = make_target(
-        "local",
-        "DETACH=1",
-        f"LOCAL_STATE={state_dir}",
-        f"LOCAL_ARGS={' '.join(args)}",
-        timeout=START_TIMEOUT_S,
-    )
-    try:
+    with detached_stack(state_dir, f"LOCAL_ARGS={' '.join(args)}", timeout=START_TIMEOUT_S) as up:
         assert up.returncode == 0, f"make local failed:\n{up.stdout}\n{up.stderr}"
         assert "Batch API" in up.stdout, up.stdout  # the banner names it
         yield BatchStack(state_dir, f"http://127.0.0.1:{base}")
-    finally:
-        down = make_target("local-down", f"LOCAL_STATE={state_dir}", timeout=120)
-        for pid in stack_pids(state_dir):  # never leave an engine behind
-            os.kill(pid, signal.SIGKILL)
-        assert down.returncode == 0, down.stdout + down.stderr
 
 
 def _line(custom_id: str, model: str = MODEL, **body: Any) -> str:

@@ -107,7 +107,7 @@ def test_foreground_serves_refuses_a_second_instance_and_stops_everything_in_ord
     started = time.monotonic()
     second = run_local("up", *args, env=env, timeout=60)
     assert second.returncode == 2, second.stderr
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 60  # refused, not started: a start holds the 240 s budget
     assert f"already running (pid {proc.pid}" in second.stderr
     assert "inferstack local down" in second.stderr and "Traceback" not in second.stderr
 
@@ -229,7 +229,7 @@ def test_a_port_in_use_is_a_clear_error_not_a_hang(fake) -> None:
         busy.bind(("127.0.0.1", port))
         busy.listen()
         for extra in ([], ["--detach"]):
-            result = run_local("up", *extra, *args, env=env, timeout=30)
+            result = run_local("up", *extra, *args, env=env, timeout=60)
             assert result.returncode == 2
             assert f"port {port} on 127.0.0.1 is already in use" in result.stderr
             assert "--health-port N" in result.stderr and "Traceback" not in result.stderr

@@ -28,6 +28,7 @@ from tests.conftest import STREAM_TOKENS
 from tests.local.helpers import (
     REPO,
     assert_nothing_left,
+    detached_stack,
     free_port_block,
     make_target,
     port_args,
@@ -73,18 +74,11 @@ def local_stack(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -
     args = " ".join([*port_args(base, engines), "--timeout", str(START_TIMEOUT_S - 20)])
     make_args = [f"LOCAL_STATE={state_dir}", f"LOCAL_ARGS={args}"]
     started = time.monotonic()
-    up = _make("local", "DETACH=1", *make_args, timeout=START_TIMEOUT_S)
-    took = time.monotonic() - started
-    stack = LocalStack(state_dir, f"http://127.0.0.1:{base}", make_args, stack_pids(state_dir), took)
-    try:
+    with detached_stack(state_dir, f"LOCAL_ARGS={args}", timeout=START_TIMEOUT_S) as up:
+        took = time.monotonic() - started
         assert up.returncode == 0, f"make local failed:\n{up.stdout}\n{up.stderr}"
         assert "is ready in" in up.stdout, up.stdout
-        yield stack
-    finally:
-        down = _make("local-down", f"LOCAL_STATE={state_dir}", timeout=120)
-        for pid in stack_pids(state_dir):  # belt and braces: never leave an engine behind
-            os.kill(pid, signal.SIGKILL)
-        assert down.returncode == 0, down.stdout + down.stderr
+        yield LocalStack(state_dir, f"http://127.0.0.1:{base}", make_args, stack_pids(state_dir), took)
 
 
 def test_models_chat_completion_and_streaming(local_stack: LocalStack) -> None:
@@ -280,7 +274,7 @@ def test_a_second_make_local_fails_fast(local_stack: LocalStack) -> None:
     assert second.returncode != 0
     assert "inferstack local is already running (pid" in second.stderr
     assert "Traceback" not in second.stderr
-    assert time.monotonic() - started < 30  # a start takes minutes
+    assert time.monotonic() - started < 60  # refused, not started: a start takes minutes
 
 
 def test_serving_goes_on_when_one_chat_replica_dies(local_stack: LocalStack) -> None:

@@ -9,8 +9,6 @@ idle at 8 streams, and under the test suite's load at 2 (components/local/store.
 from __future__ import annotations
 
 import json
-import os
-import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +19,15 @@ import pytest
 from components.local.plan import LocalOptions, build_plan
 from components.stackfile import load
 from tests.conftest import OWN_ENGINES_GROUP
-from tests.local.helpers import REPO, assert_nothing_left, free_port_block, make_target, port_args, stack_pids
+from tests.local.helpers import (
+    REPO,
+    assert_nothing_left,
+    detached_stack,
+    free_port_block,
+    make_target,
+    port_args,
+    stack_pids,
+)
 
 # Its own engines, beside the session engines' group: a stack start takes ~75 s on an idle machine.
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP), pytest.mark.timeout(1500)]
@@ -49,19 +55,9 @@ def store_stack(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -
     state_dir = tmp_path_factory.mktemp("local-s3") / "state"
     base = free_port_block(8)
     args = [*port_args(base, base + 5), "--s3-port", str(base + 4), "--timeout", str(START_TIMEOUT_S - 20)]
-    state = f"LOCAL_STATE={state_dir}"
-    up = make_target(
-        "local", "S3=1", "DETACH=1", state, f"LOCAL_ARGS={' '.join(args)}", timeout=START_TIMEOUT_S
-    )
-    stack = StoreStack(state_dir, f"http://127.0.0.1:{base}", stack_pids(state_dir))
-    try:
+    with detached_stack(state_dir, "S3=1", f"LOCAL_ARGS={' '.join(args)}", timeout=START_TIMEOUT_S) as up:
         assert up.returncode == 0, f"make local S3=1 failed:\n{up.stdout}\n{up.stderr}"
-        yield stack
-    finally:
-        down = make_target("local-down", state, timeout=120)
-        for pid in stack_pids(state_dir):  # never leave an engine behind
-            os.kill(pid, signal.SIGKILL)
-        assert down.returncode == 0, down.stdout + down.stderr
+        yield StoreStack(state_dir, f"http://127.0.0.1:{base}", stack_pids(state_dir))
 
 
 def test_every_engine_streams_its_weights_from_the_store_and_the_router_answers(

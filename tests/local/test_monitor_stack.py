@@ -19,7 +19,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -38,7 +37,13 @@ from components.stackfile import load
 from runtime.config import EngineKind
 from runtime.engines import facts
 from tests.conftest import OWN_ENGINES_GROUP
-from tests.local.helpers import REPO, assert_nothing_left, free_port_block, port_args, stack_pids
+from tests.local.helpers import (
+    assert_nothing_left,
+    detached_stack,
+    free_port_block,
+    port_args,
+    stack_pids,
+)
 
 # a make-local stack of its own, sharing no engine: beside the session engines' group (tests/conftest.py)
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP), pytest.mark.timeout(900)]
@@ -75,13 +80,6 @@ class Monitored:
             return json.load(response)["data"]
 
 
-def _make(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKEFLAGS", "MFLAGS", "MAKELEVEL"))}
-    return subprocess.run(
-        ["make", "-s", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
 def _wait(check: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -101,26 +99,14 @@ def monitored(
             "--monitor-port", str(base + 3), "--monitor-interval", "1", "--monitor-alert-for", "2",
         ]
     )  # fmt: skip
-    up = _make(
-        "local",
-        "DETACH=1",
-        "MONITOR=1",
-        f"LOCAL_STATE={state_dir}",
-        f"LOCAL_ARGS={args}",
-        timeout=START_TIMEOUT_S,
-    )
     stack = Monitored(state_dir, f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 3}")
-    try:
+    with detached_stack(state_dir, "MONITOR=1", f"LOCAL_ARGS={args}", timeout=START_TIMEOUT_S) as up:
         assert up.returncode == 0, f"make local MONITOR=1 failed:\n{up.stdout}\n{up.stderr}"
         assert f"Prometheus  {stack.prometheus}" in up.stdout and "at zero     tiny-llama" in up.stdout
-        yield stack
-    finally:
         pids = stack_pids(state_dir)
-        down = _make("local-down", f"LOCAL_STATE={state_dir}", timeout=120)
-        for pid in stack_pids(state_dir):  # never leave an engine behind
-            os.kill(pid, signal.SIGKILL)
-        assert down.returncode == 0, down.stdout + down.stderr
-        assert_nothing_left(state_dir, pids)
+        yield stack
+        pids |= stack_pids(state_dir)  # the engines it started on demand
+    assert_nothing_left(state_dir, pids)
 
 
 def _engine(stack: Monitored) -> dict[str, Any] | None:

@@ -70,6 +70,7 @@ def test_the_first_request_waits_for_an_engine_the_autoscaler_starts(at_zero) ->
     reply = post_json(
         f"{router}/v1/chat/completions",
         {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=120,  # the autoscaler's tick, then the stand-in engine's start, on a crowded machine
     )
     assert reply["choices"][0]["message"]["content"].startswith("port ")
     log = (state_dir / "logs" / "supervisor.log").read_text()
