@@ -44,7 +44,7 @@ from components.local.engine_process import (
 from components.local.engine_process import engine_python as _engine_python
 from components.local.s3_server import LoopbackS3, started
 from components.spec import ModelSpec
-from tests import leaks
+from tests import leaks, timing
 
 # xdist's workers start with COLUMNS=80, which the CLI's module-level rich consoles would freeze as their width
 # at import; the CLI tests give the width they need per call (CliRunner's env), as a terminal would.
@@ -141,10 +141,13 @@ class VllmKvEvents:
 
 def pytest_configure(config: pytest.Config) -> None:
     """The leak guard (tests/leaks.py), and every port handed out by ``free_port`` recorded for it: set before any
-    test module imports ``free_port``, so theirs is the recording one."""
+    test module imports ``free_port``, so theirs is the recording one. The line of where the time went
+    (tests/timing.py)."""
     guard = leaks.LeakGuard(config)
     config.pluginmanager.register(guard, "inferstack-leak-guard")
     engine_process.free_port = leaks.recording(engine_process.free_port, guard.ports_dir)
+    if not hasattr(config, "workerinput"):  # the process that reports: the controller under xdist
+        config.pluginmanager.register(timing.WhereTimeWent(), "inferstack-where-time-went")
 
 
 @pytest.hookimpl(wrapper=True)
