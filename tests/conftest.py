@@ -17,7 +17,9 @@ Fixtures:
     vllm_lora          VllmLora: one tiny-Llama engine with LoRA on (float32), two random rank-8 adapters
     vllm_kv_events     VllmKvEvents: one tiny-Llama engine publishing its KV-cache events (precise_prefix),
                        with a 64-block cache so evictions come quickly
-    loopback_s3        LoopbackS3: moto's S3 server on 127.0.0.1 with a request log (no engine)
+    loopback_s3        LoopbackS3: the loopback S3 server (s3rver) on 127.0.0.1 with a request log (no engine)
+    fresh_local_models FreshLocalModels: `make local`'s models and adapter made once per run into an empty cache,
+                       as on a fresh clone; they also fill the repository's cache where it lacks them
 """
 
 from __future__ import annotations
@@ -42,8 +44,11 @@ from components.local.engine_process import (
     cpu_model_spec,
 )
 from components.local.engine_process import engine_python as _engine_python
+from components.local.plan import LocalOptions, LocalPlan, build_plan
 from components.local.s3_server import LoopbackS3, started
+from components.local.supervisor import Supervisor
 from components.spec import ModelSpec
+from components.stackfile import load
 from tests import leaks, timing
 
 # xdist's workers start with COLUMNS=80, which the CLI's module-level rich consoles would freeze as their width
@@ -79,6 +84,7 @@ ENGINE_FIXTURES = frozenset(
         "tiny_chat_model",
         "embed_model",
         "check_vllm_args",
+        "fresh_local_models",
     }
 )
 #: The xdist group of the engine tests (one worker runs them all, in turn, with the session engines).
@@ -385,9 +391,58 @@ def vllm_kv_events(tiny_chat_model: Path) -> Iterator[VllmKvEvents]:
         shutil.rmtree(sockets, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class FreshLocalModels:
+    """What `make local` made, as on a fresh clone, under ``root`` (its repository root)."""
+
+    root: Path
+    plan: LocalPlan
+
+
+def _run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of this run that both xdist workers see (each has its own basetemp below it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def fresh_local_models(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> FreshLocalModels:
+    """The local stack's models and LoRA adapter, made by `make local`'s own steps into an empty cache: made once
+    per run (the first worker to ask makes them, the other waits), since SmolLM2 alone takes half a minute of
+    both cores. The repository's cache is filled from them where it lacks a model, so the make-local stacks of
+    a fresh clone do not make them again."""
+    run_root = _run_root(tmp_path_factory)
+    root = run_root / "fresh-clone"
+    with (run_root / ".fresh-clone.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        plan = build_plan(load("local", REPO_ROOT / "stacks"), LocalOptions(state_dir=root / "state"), root)
+        done = root / ".made"
+        if not done.exists():
+            assert all(p.generate and not p.path.exists() for p in plan.models), "the cache starts empty"
+            plan.logs_dir.mkdir(parents=True, exist_ok=True)
+            Supervisor(plan).make_models(engine_python)
+            Supervisor(plan).make_adapters(engine_python)
+            for prep in plan.models:
+                _fill_repository_cache(prep.path, MODELS_DIR / prep.path.name)
+            done.touch()
+    return FreshLocalModels(root, plan)
+
+
+def _fill_repository_cache(made: Path, cached: Path) -> None:
+    """Copies a made model where the repository's cache has none (atomically: a reader never sees half)."""
+    with (MODELS_DIR / f".{cached.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if cached.exists():
+            return
+        staging = Path(tempfile.mkdtemp(prefix=f".{cached.name}.", dir=MODELS_DIR))
+        shutil.copytree(made, staging, dirs_exist_ok=True)
+        staging.chmod(0o755)
+        staging.rename(cached)
+
+
 @pytest.fixture(scope="session")
 def loopback_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackS3]:
-    """A real S3 API (moto's server) on a loopback port for the session; tests make their own buckets."""
+    """A real S3 API (s3rver, objects on disk) on a loopback port for the session; tests make their own buckets."""
     where = tmp_path_factory.mktemp("s3")
     with started(engine_process.free_port(), where / "requests.jsonl", where / "server.log") as server:
         yield server

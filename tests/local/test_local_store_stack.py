@@ -18,7 +18,7 @@ import pytest
 
 from components.local.plan import LocalOptions, build_plan
 from components.stackfile import load
-from tests.conftest import OWN_ENGINES_GROUP
+from tests.conftest import OWN_ENGINES_GROUP, FreshLocalModels
 from tests.local.helpers import (
     REPO,
     assert_nothing_left,
@@ -51,7 +51,9 @@ class StoreStack:
 
 
 @pytest.fixture(scope="module")
-def store_stack(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoreStack]:
+def store_stack(
+    fresh_local_models: FreshLocalModels, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StoreStack]:
     state_dir = tmp_path_factory.mktemp("local-s3") / "state"
     base = free_port_block(8)
     args = [*port_args(base, base + 5), "--s3-port", str(base + 4), "--timeout", str(START_TIMEOUT_S - 20)]
