@@ -206,10 +206,11 @@ def test_a_missing_tokenizer_is_one_clear_line(tmp_path: Path) -> None:
 
 class Publisher:
     """vLLM's ZmqEventPublisher, reduced to its wire protocol: PUB (topic, seq, payload) and a ROUTER
-    that replays buffered batches from a start seq, then the end marker."""
+    that replays buffered batches from a start seq, then the end marker. The PUB is an XPUB (the same on
+    the wire) so the test can see a subscription arrive: what a PUB sends before that is dropped."""
 
     def __init__(self, ctx: zmq.asyncio.Context, where: Endpoints, topic: bytes = b"kv") -> None:
-        self.pub = ctx.socket(zmq.PUB)
+        self.pub = ctx.socket(zmq.XPUB)
         self.pub.bind(where.events)
         self.router = ctx.socket(zmq.ROUTER)
         self.router.bind(where.replay)
@@ -236,13 +237,19 @@ class Publisher:
                     )
             await self.router.send_multipart([client, b"", b"", (-1).to_bytes(8, "big", signed=True), b""])
 
+    async def subscribed(self, timeout: float = 20.0) -> None:
+        """Wait until a subscriber's subscription has reached this publisher (ZeroMQ's slow joiner)."""
+        async with asyncio.timeout(timeout):
+            while not (await self.pub.recv()).startswith(b"\x01"):
+                pass
+
     def close(self) -> None:
         self.task.cancel()
         self.pub.close(linger=0)
         self.router.close(linger=0)
 
 
-async def until(check, timeout: float = 5.0) -> None:
+async def until(check, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, "condition not reached"
@@ -260,7 +267,7 @@ async def test_the_follower_replays_on_connect_fills_gaps_and_empties_on_disconn
     task = asyncio.get_running_loop().create_task(follower.run())
     try:
         await until(lambda: "a" in index.synced and index.held("a") == 2)
-        await asyncio.sleep(0.2)  # the subscription reaches the publisher
+        await pub.subscribed()
         await pub.publish(batch(stored([3], parent=2)))
         await until(lambda: index.held("a") == 3)
         await pub.publish(batch(removed([1])), send=False)  # dropped at the high-water mark
@@ -276,7 +283,7 @@ async def test_the_follower_replays_on_connect_fills_gaps_and_empties_on_disconn
         # a new engine at the same address: an empty cache, counting from 0 again
         pub = Publisher(ctx, where)
         await until(lambda: "a" in index.synced)
-        await asyncio.sleep(0.2)
+        await pub.subscribed()
         await pub.publish(batch(stored([9])))
         await until(lambda: index.held("a") == 1 and index.depths([9], ["a"]) == {"a": 1})
     finally:

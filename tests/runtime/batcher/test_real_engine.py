@@ -43,11 +43,16 @@ async def _start_batcher(vllm_embed) -> Running:
             "models": [
                 {"name": vllm_embed.model, "task": "embed", "static_backends": [{"url": vllm_embed.base_url}]}
             ],
-            "batcher": {"policies": [{"model": vllm_embed.model, "max_batch_size": 32, "max_wait_ms": 20}]},
+            # a wait long enough that requests sent together on a loaded machine still meet in one batch
+            "batcher": {"policies": [{"model": vllm_embed.model, "max_batch_size": 32, "max_wait_ms": 200}]},
         }
     )
     running = await start_batcher(config)
+    deadline = asyncio.get_running_loop().time() + 60
     while not running.batcher.ready:
+        if asyncio.get_running_loop().time() > deadline:
+            await running.close()
+            raise AssertionError("the batcher never became ready")
         await asyncio.sleep(0.01)
     return running
 

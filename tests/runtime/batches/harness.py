@@ -94,18 +94,19 @@ class BatchStack:
 
     def start(self) -> BatchStack:
         """Start (or restart) the batch service on the same port and state."""
+        assert self.proc is None or self.proc.poll() is not None, "the batch service is still running"
         if self.router is None:
             self.start_router()
         self.config_path.write_text(yaml.safe_dump(self.config()))
-        log = (self.tmp / "batches.log").open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runtime.batches", "--config", str(self.config_path)],
-            cwd=REPO_ROOT,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 30
+        with (self.tmp / "batches.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "runtime.batches", "--config", str(self.config_path)],
+                cwd=REPO_ROOT,
+                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 120  # a Python service's start on a loaded 2-core machine
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"batch service exited {self.proc.returncode}:\n{self.log()}")

@@ -4,6 +4,7 @@ process). The doubles answer in milliseconds; the real-engine proofs are in test
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import sqlite3
@@ -303,9 +304,11 @@ def test_keys_scopes_and_rate_limits_apply_to_files_and_batches(make_stack):
 def test_low_priority_requests_only_take_headroom(make_stack):
     """With every replica holding interactive requests up to the share, the batch's requests are refused
     at once (429 no_headroom) and wait; interactive requests are admitted as before."""
+    # the double holds every request until released: the interactive ones stay in flight as long as needed
     stack = make_stack(
-        double={"delay_s": 1.0}, batches={"headroom_share": 0.5}, router={"cap": 4}, start=False
+        double={"hold": asyncio.Event()}, batches={"headroom_share": 0.5}, router={"cap": 4}, start=False
     )
+    (engine,) = stack.doubles
     done: list[int] = []
 
     def interactive() -> None:
@@ -314,18 +317,29 @@ def test_low_priority_requests_only_take_headroom(make_stack):
         )
         done.append(status)
 
-    threads = [threading.Thread(target=interactive) for _ in range(2)]
+    def in_flight(n: int) -> None:
+        deadline = time.monotonic() + 30
+        while len(engine.requests) < n:
+            assert time.monotonic() < deadline, f"{len(engine.requests)} of {n} requests reached the engine"
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=interactive, daemon=True) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        in_flight(2)
+        body = {"model": "m", "messages": [{"role": "user", "content": "batch"}]}
+        status, headers, raw = stack.router.request(
+            "POST", "/v1/chat/completions", body, headers={"x-inferstack-priority": "low"}
+        )
+        assert status == 429 and json.loads(raw)["error"]["code"] == "no_headroom" and headers["retry-after"]
+        threads.append(threading.Thread(target=interactive, daemon=True))  # a third interactive request ...
+        threads[-1].start()
+        in_flight(3)  # ... still goes through
+    finally:
+        engine.release()
     for t in threads:
-        t.start()
-    time.sleep(0.3)
-    body = {"model": "m", "messages": [{"role": "user", "content": "batch"}]}
-    status, headers, raw = stack.router.request(
-        "POST", "/v1/chat/completions", body, headers={"x-inferstack-priority": "low"}
-    )
-    assert status == 429 and json.loads(raw)["error"]["code"] == "no_headroom" and headers["retry-after"]
-    interactive()  # a third interactive request still goes through
-    for t in threads:
-        t.join()
+        t.join(30)
     assert done == [200, 200, 200]
     status, _, _ = stack.router.request(
         "POST", "/v1/chat/completions", body, headers={"x-inferstack-priority": "low"}

@@ -19,7 +19,7 @@ def config_for(
 ) -> RuntimeConfig:
     settings = {
         "interval_ms": 100,
-        "timeout_ms": 300,
+        "timeout_ms": 3000,  # a loaded machine's stall must not turn HEALTHY into TIMEOUT
         "eject_after_failures": 3,
         "readmit_after_successes": 2,
     }

@@ -48,7 +48,7 @@ def _config(stable: str, canary: str, **check: Any) -> RuntimeConfig:
             ],
             "health": {
                 "interval_ms": 100,
-                "timeout_ms": 300,
+                "timeout_ms": 3000,  # a loaded machine's stall must not fail a probe
                 "eject_after_failures": 3,
                 "canaries": [{"model": "chat", "evaluation_interval_s": 10, "min_samples": 3, **check}],
             },

@@ -329,8 +329,11 @@ def test_a_client_that_leaves_mid_body_ends_the_stream_early_and_the_picker_carr
                             b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                             b'content-length: 400\r\n\r\n{"model": "m", "mess'
                         )
-                        time.sleep(0.1)
-                picker.settle()
+                        deadline = time.monotonic() + 30
+                        while not picker.picker.open_streams:  # Envoy has handed the request to the picker
+                            assert time.monotonic() < deadline, "Envoy never opened an ext_proc stream"
+                            time.sleep(0.01)
+                    picker.settle(30)  # that stream ended: the next request's is the only one open
             assert caplog.text.count("ext_proc stream ended before the request was complete") == 3
             assert picker.inflight(CHAT) == {d.url: 0 for d in chat}
             assert [len(d.requests) for d in chat] == [0, 0]  # nothing half-read went to an engine

@@ -91,7 +91,10 @@ class Double:
     requests: list[dict[str, Any]] = field(default_factory=list)
     cancelled: int = 0
     metrics_text: str = "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n"
+    #: when given, generation requests are held (after being recorded) until :meth:`release`
+    hold: asyncio.Event | None = None
     runner: web.AppRunner | None = None
+    loop: asyncio.AbstractEventLoop | None = None
     port: int = 0
 
     @property
@@ -109,6 +112,8 @@ class Double:
         self.requests.append(
             {"path": request.path, "headers": headers, "raw": raw, "body": body, "peer": peer}
         )
+        if self.hold is not None:
+            await self.hold.wait()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         mode = self.mode
@@ -199,6 +204,12 @@ class Double:
         site = web.TCPSite(self.runner, "127.0.0.1", self.port)
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.loop = asyncio.get_running_loop()
+
+    def release(self) -> None:
+        """Let the held requests (and later ones) answer; callable from any thread."""
+        if self.hold is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(self.hold.set)
 
     async def stop(self) -> None:
         if self.runner is not None:
@@ -251,9 +262,13 @@ class RouterUnderTest(Loopback):
         )
         await self.router.start()
         self.port = await self.server.start("127.0.0.1", 0)
-        for _ in range(20):  # static discovery lands within a few loop turns
-            if all(m.backends for m in self.router.fleet.models.values()):
-                break
+        # static discovery lands within a few loop turns; a deadline for a loaded machine, then it is a fault
+        deadline = asyncio.get_running_loop().time() + 10
+        models = self.router.fleet.models.values()
+        while not all(m.backends for m in models if m.target.static_backends):
+            if asyncio.get_running_loop().time() > deadline:
+                await self._stop()
+                raise RuntimeError("the router did not list its static replicas within 10 s")
             await asyncio.sleep(0.01)
 
     def start(self) -> RouterUnderTest:

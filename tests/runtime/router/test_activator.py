@@ -134,7 +134,8 @@ def test_hold_zero_is_the_activator_off_503_at_once(lt, tmp_path: Path, started)
     started.append(r)
     began = time.monotonic()
     status, headers, _ = r.request("POST", "/v1/completions", {"model": "m", "prompt": "x"})
-    assert status == 503 and "retry-after" in headers and time.monotonic() - began < 2
+    # at once: nowhere near the queue's 10 s deadline (the bound leaves a loaded machine room)
+    assert status == 503 and "retry-after" in headers and time.monotonic() - began < 5
     assert r.request("GET", "/v1/models")[2] == b'{"object": "list", "data": []}'
 
 
@@ -152,9 +153,9 @@ def test_a_client_that_leaves_is_dropped_from_the_line_at_once(lt, tmp_path: Pat
         socks.append(sock)
     _wait_for(lambda: _queue_depth(r) == 2)
     socks[0].close()
-    _wait_for(lambda: _queue_depth(r) == 1, timeout=2.0)
+    _wait_for(lambda: _queue_depth(r) == 1)  # long before the 30 s hold would end its wait
     socks[1].close()
-    _wait_for(lambda: _queue_depth(r) == 0, timeout=2.0)
+    _wait_for(lambda: _queue_depth(r) == 0)
 
 
 def test_the_hold_line_is_bounded(lt, tmp_path: Path, started) -> None:

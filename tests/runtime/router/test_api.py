@@ -159,25 +159,29 @@ def test_chunked_request_body_is_accepted(doubles, make_router) -> None:
 
 
 def test_silent_connections_are_swept_but_busy_ones_are_not(doubles, make_router) -> None:
+    import asyncio
     import socket
     import time
 
-    (d,) = doubles(1, mode="trickle", chunks=20, trickle_s=0.05)
+    (d,) = doubles(1, mode="trickle", chunks=20, trickle_s=0.05, hold=asyncio.Event())  # busy until released
     r = make_router([d.url])
     half = socket.create_connection(("127.0.0.1", r.port))
     half.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le")  # stops half-way
-    busy = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
-    busy.request("POST", "/v1/chat/completions", json.dumps({**CHAT, "stream": True}).encode())
-    resp = busy.getresponse()
-    assert resp.status == 200
-    for _ in range(100):
-        if r.call(lambda: len(r.server.connections)) == 2:
-            break
-        time.sleep(0.02)
-    closed = r.call(lambda: r.server.close_silent(time.monotonic() + 10_000))
+    busy = http.client.HTTPConnection("127.0.0.1", r.port, timeout=30)
+    try:
+        busy.request("POST", "/v1/chat/completions", json.dumps({**CHAT, "stream": True}).encode())
+        deadline = time.monotonic() + 20
+        while not (d.requests and r.call(lambda: len(r.server.connections)) == 2):
+            assert time.monotonic() < deadline, "the half-sent and the streaming connection never both showed"
+            time.sleep(0.02)
+        closed = r.call(lambda: r.server.close_silent(time.monotonic() + 10_000))
+    finally:
+        d.release()
     assert closed == 1
     assert half.recv(10) == b""  # the silent one was closed
     half.close()
+    resp = busy.getresponse()
+    assert resp.status == 200
     assert resp.read().rstrip().endswith(b"data: [DONE]")  # the streaming one was left alone
     busy.close()
 

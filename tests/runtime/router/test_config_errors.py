@@ -4,6 +4,7 @@ is used through config alone."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -31,6 +32,13 @@ def _config(urls: list[str], **router: Any) -> dict[str, Any]:
             **router,
         },
     }
+
+
+def _write(path: Path, config: dict[str, Any]) -> None:
+    """Replace the file atomically: the watch must never read it half-written (that is a failure too)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(config))
+    os.replace(tmp, path)
 
 
 def _start_router_process(path: Path) -> subprocess.CompletedProcess[str]:
@@ -93,13 +101,13 @@ def test_a_reload_with_an_unknown_scorer_keeps_the_old_config_serving_and_counts
     try:
         typo = _config([a.url], default_strategy={"name": "weighted", "weights": {"prefx": 1}})
         typo["models"].append({"name": "m2", "static_backends": [{"url": b.url}]})
-        path.write_text(yaml.safe_dump(typo))
+        _write(path, typo)
         assert _wait(lambda: _reload_failures(router) == 1)
         assert router.request("POST", "/v1/chat/completions", {"model": "m", **CHAT})[0] == 200
         assert router.request("POST", "/v1/chat/completions", {"model": "m2", **CHAT})[0] == 404
         # the watch lives on: the corrected file is applied
         typo["router"]["default_strategy"]["weights"] = {"load": 1}
-        path.write_text(yaml.safe_dump(typo))
+        _write(path, typo)
         assert _wait(
             lambda: router.request("POST", "/v1/chat/completions", {"model": "m2", **CHAT})[0] == 200
         )
@@ -126,11 +134,11 @@ def test_a_reload_the_router_fails_to_apply_keeps_serving_and_watching(
     fleet.apply = apply_fails_once  # type: ignore[method-assign]
     try:
         config["models"].append({"name": "m2", "static_backends": [{"url": a.url}]})
-        path.write_text(yaml.safe_dump(config))
+        _write(path, config)
         assert _wait(lambda: _reload_failures(router) == 1)
         assert router.request("POST", "/v1/chat/completions", {"model": "m", **CHAT})[0] == 200
         config["router"]["retries_max"] = 1  # any further change: the watch is still running
-        path.write_text(yaml.safe_dump(config))
+        _write(path, config)
         assert _wait(
             lambda: router.request("POST", "/v1/chat/completions", {"model": "m2", **CHAT})[0] == 200
         )

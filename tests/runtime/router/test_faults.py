@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from runtime.router.backends import Circuit
@@ -151,21 +153,27 @@ def test_client_disconnect_mid_stream_cancels_the_engine_request(doubles, make_r
     assert r.call(lambda: r.router.fleet.models["m"].backends[0].inflight) == 0
 
 
+def _until(cond, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        threading.Event().wait(0.01)
+    return True
+
+
 def test_full_replicas_queue_then_429_with_retry_after(doubles, make_router) -> None:
-    (d,) = doubles(1, delay_s=2.0)  # long enough that the first request still holds the slot below
+    (d,) = doubles(1, hold=asyncio.Event())  # the first request holds the only slot until released
     r = make_router([d.url], cap=1, queue_max_requests=1, queue_deadline_ms=20000)
     with ThreadPoolExecutor(3) as pool:
-        first = pool.submit(r.request, "POST", "/v1/chat/completions", CHAT)
-        for _ in range(100):  # wait until the first one holds the only slot
-            if r.call(lambda: r.router.fleet.models["m"].backends[0].inflight) == 1:
-                break
-            threading.Event().wait(0.01)
-        second = pool.submit(r.request, "POST", "/v1/chat/completions", CHAT)  # waits in line
-        for _ in range(100):
-            if r.call(lambda: len(r.router.fleet.models["m"].queue)) == 1:
-                break
-            threading.Event().wait(0.01)
-        status, headers, body = r.request("POST", "/v1/chat/completions", CHAT)  # line is full
+        try:
+            first = pool.submit(r.request, "POST", "/v1/chat/completions", CHAT)
+            assert _until(lambda: r.call(lambda: r.router.fleet.models["m"].backends[0].inflight) == 1)
+            second = pool.submit(r.request, "POST", "/v1/chat/completions", CHAT)  # waits in line
+            assert _until(lambda: r.call(lambda: len(r.router.fleet.models["m"].queue)) == 1)
+            status, headers, body = r.request("POST", "/v1/chat/completions", CHAT)  # line is full
+        finally:
+            d.release()
         assert status == 429
         assert int(headers["retry-after"]) >= 1
         assert json.loads(body)["error"]["type"] == "rate_limit_error"
@@ -174,15 +182,15 @@ def test_full_replicas_queue_then_429_with_retry_after(doubles, make_router) -> 
 
 
 def test_queue_deadline_gives_429(doubles, make_router) -> None:
-    (d,) = doubles(1, delay_s=3.0)
+    (d,) = doubles(1, hold=asyncio.Event())  # the first request holds the only slot until released
     r = make_router([d.url], cap=1, queue_deadline_ms=100)
     with ThreadPoolExecutor(2) as pool:
-        first = pool.submit(r.request, "POST", "/v1/chat/completions", CHAT)
-        for _ in range(100):
-            if r.call(lambda: r.router.fleet.models["m"].backends[0].inflight) == 1:
-                break
-            threading.Event().wait(0.01)
-        assert r.request("POST", "/v1/chat/completions", CHAT)[0] == 429
+        try:
+            first = pool.submit(r.request, "POST", "/v1/chat/completions", CHAT)
+            assert _until(lambda: r.call(lambda: r.router.fleet.models["m"].backends[0].inflight) == 1)
+            assert r.request("POST", "/v1/chat/completions", CHAT)[0] == 429
+        finally:
+            d.release()
         assert first.result()[0] == 200
 
 

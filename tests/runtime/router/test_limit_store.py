@@ -12,12 +12,15 @@ import asyncio
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 import redis as sync_redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from components.local.engine_process import free_port
 from components.local.redis_process import RedisProcess
@@ -48,14 +51,20 @@ def principal(name: str, rpm: int | None = None, tpm: int | None = None) -> Prin
 
 
 @pytest_asyncio.fixture(loop_scope="function")
-async def limits(store: RedisProcess, tmp_path: Path) -> AsyncIterator[SharedLimits]:
+async def limits(
+    store: RedisProcess, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[SharedLimits]:
     token = tmp_path / "token"
     token.write_text(TOKEN)
     errors: list[str] = []
     checks: list[str] = []
+    # a timeout well above a loaded machine's hiccups (a slow call would be a fallback); the stall test asks
+    # for a shorter one (indirect parameter), still above hiccups: its stall is seconds long
+    timeout_ms = getattr(request, "param", 3000)
     shared = SharedLimits(
-        # a timeout well above a loaded machine's hiccups: the stall below is seconds long
-        LimitStore(url=store.url, auth_token_file=token, timeout_ms=500, check_interval_ms=100, replicas=4),
+        LimitStore(
+            url=store.url, auth_token_file=token, timeout_ms=timeout_ms, check_interval_ms=100, replicas=4
+        ),
         errors.append,
         checks.append,
     )
@@ -67,7 +76,29 @@ async def limits(store: RedisProcess, tmp_path: Path) -> AsyncIterator[SharedLim
 
 
 def admin(store: RedisProcess) -> sync_redis.Redis:
-    return sync_redis.Redis(host="127.0.0.1", port=store.port, password=TOKEN)
+    # redis-py's defaults (a 5 s read timeout, then retries) would send a longer DEBUG SLEEP again and again
+    return sync_redis.Redis(
+        host="127.0.0.1", port=store.port, password=TOKEN, socket_timeout=30, retry=Retry(NoBackoff(), 0)
+    )
+
+
+def _until_stalled(store: RedisProcess, timeout_s: float = 10.0) -> None:
+    """Return once the server has stopped answering (the DEBUG SLEEP has begun). A live server answers a
+    PING within a second even on a loaded machine; the stall is longer than the test needs after it."""
+    probe = sync_redis.Redis(
+        host="127.0.0.1", port=store.port, password=TOKEN, socket_timeout=1.0, retry=Retry(NoBackoff(), 0)
+    )
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                probe.ping()
+            except sync_redis.TimeoutError:
+                return
+            assert time.monotonic() < deadline, "the store never stalled"
+            time.sleep(0.02)
+    finally:
+        probe.close()
 
 
 async def test_the_request_bucket_holds_its_size_and_names_when_to_retry(limits: SharedLimits) -> None:
@@ -85,7 +116,7 @@ async def test_tokens_are_charged_after_the_answer_and_refuse_once_overdrawn(lim
     who = principal("tokens", tpm=100)
     assert await limits.admit(who, "m") is None
     limits.charge(who, 250)  # one big answer: the bucket goes to -150
-    await asyncio.sleep(0.2)
+    await asyncio.gather(*limits._pending)  # the charge is fire-and-forget: let it land
     refused = await limits.admit(who, "m")
     assert refused is not None and "100 tokens per minute" in refused.message
     assert refused.retry_after_s is not None and refused.retry_after_s >= 60  # 150 tokens at 100/min
@@ -97,6 +128,7 @@ async def test_scopes_are_checked_before_the_store(limits: SharedLimits) -> None
     assert denied is not None and denied.status == 403
 
 
+@pytest.mark.parametrize("limits", [500], indirect=True)  # timeout_ms
 async def test_a_stalled_store_costs_one_timeout_then_the_share_is_used_until_it_answers(
     limits: SharedLimits, store: RedisProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -104,16 +136,20 @@ async def test_a_stalled_store_costs_one_timeout_then_the_share_is_used_until_it
     assert limits.replicas == 1
     who = principal("stall", rpm=2)
     caplog.set_level(logging.WARNING, "inferstack.router.limits")
-    stall = threading.Thread(target=lambda: admin(store).execute_command("DEBUG", "SLEEP", "4"))
+    stall = threading.Thread(target=lambda: admin(store).execute_command("DEBUG", "SLEEP", "6"))
     stall.start()
     try:
-        await asyncio.sleep(0.3)
-        started = asyncio.get_running_loop().time()
-        verdicts = [await limits.admit(who, "m") for _ in range(4)]
-        elapsed = asyncio.get_running_loop().time() - started
+        await asyncio.to_thread(_until_stalled, store)
+        clock = asyncio.get_running_loop().time
+        started = clock()
+        verdicts = [await limits.admit(who, "m")]
+        first = clock() - started
+        verdicts += [await limits.admit(who, "m") for _ in range(3)]
+        rest = clock() - started - first
     finally:
         stall.join()
-    assert elapsed < 2.5, "one request waits out the timeout (0.5 s); the others do not ask a stalled store"
+    assert first < 3.0, "one request waits out the timeout (0.5 s), not the stall (6 s)"
+    assert rest < 1.0, "the others do not ask a stalled store (0.5 s each)"
     assert verdicts[:2] == [None, None] and all(v is not None for v in verdicts[2:])
     assert "timeout" in limits.errors  # type: ignore[attr-defined]
     assert sum("failed (timeout" in r.getMessage() for r in caplog.records) == 1
@@ -164,7 +200,8 @@ async def test_a_wrong_token_is_an_auth_failure_and_requests_still_flow(
 
 
 async def test_the_fallback_divides_by_the_replicas_seen_alive(store: RedisProcess, tmp_path: Path) -> None:
-    settings = LimitStore(url=store.url, check_interval_ms=100, key_prefix="alive-test:", replicas=1)
+    # alive for 3 check intervals: 3 s, well beyond a loaded machine's stalls between the starts below
+    settings = LimitStore(url=store.url, check_interval_ms=1000, key_prefix="alive-test:", replicas=1)
     token = tmp_path / "token"
     token.write_text(TOKEN)
     settings = settings.model_copy(update={"auth_token_file": token})

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
+from pathlib import Path
 
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -20,6 +22,13 @@ def _wait(cond, timeout_s: float = 10.0) -> bool:
             return True
         threading.Event().wait(0.05)
     return False
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write the file atomically, as a mounted ConfigMap changes: the watch never reads half a file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def test_config_and_keys_changes_are_picked_up_without_restart(doubles, lt, tmp_path) -> None:
@@ -45,11 +54,12 @@ def test_config_and_keys_changes_are_picked_up_without_restart(doubles, lt, tmp_
         assert client.request("POST", "/v1/chat/completions", chat, auth)[0] == 401
         # add a model and a key
         base["models"].append({"name": "m2", "static_backends": [{"url": b.url}]})
-        path.write_text(yaml.safe_dump(base))
-        keys.write_text(
+        _replace(path, yaml.safe_dump(base))
+        _replace(
+            keys,
             yaml.safe_dump(
                 [{"name": "k1", "sha256": hash_key("sk-1")}, {"name": "k2", "sha256": hash_key("sk-2")}]
-            )
+            ),
         )
         assert _wait(lambda: client.request("POST", "/v1/chat/completions", chat, auth)[0] == 200)
         assert b.requests

@@ -35,7 +35,8 @@ class SleepingDouble(Double):
     """A vLLM engine started with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1, as far as HTTP shows it."""
 
     wake_s: float = 0.4
-    sleep_s: float = 0.0
+    #: when given, a /sleep call (weights out to host memory) lasts until it is set
+    sleep_gate: asyncio.Event | None = None
     wake_ok: bool = True
     asleep: bool = False
     calls: list[tuple[str, dict[str, str]]] = field(default_factory=list)
@@ -56,7 +57,8 @@ class SleepingDouble(Double):
     async def sleep(self, request: web.Request) -> web.Response:
         self.calls.append(("sleep", dict(request.query)))
         level = int(request.query.get("level", "1"))
-        await asyncio.sleep(self.sleep_s)  # weights out to host memory
+        if self.sleep_gate is not None:
+            await self.sleep_gate.wait()  # weights out to host memory
         self.asleep = True
         return web.json_response({"status": "sleeping", "level": level})
 
@@ -115,7 +117,8 @@ def engine(lt: LoopThread) -> Any:
 def test_an_idle_replica_sleeps_and_the_next_request_wakes_it_and_waits(
     lt: LoopThread, engine: SleepingDouble
 ) -> None:
-    r = _router(lt, engine, idle_ms=400)
+    # idle long enough that it is not put back to sleep before the checks after the wake (a loaded machine)
+    r = _router(lt, engine, idle_ms=1500)
     try:
         assert r.request("POST", "/v1/chat/completions", CHAT)[0] == 200
         _wait_for(lambda: engine.asleep)
@@ -177,11 +180,12 @@ def test_a_replica_that_does_not_wake_ends_in_503_after_the_hold(
 def test_traffic_through_another_router_keeps_it_awake_and_its_state_is_the_engines(
     lt: LoopThread, engine: SleepingDouble
 ) -> None:
-    r = _router(lt, engine, idle_ms=600)
+    # idle 2 s: a loaded machine may leave a second between two requests through the other router
+    r = _router(lt, engine, idle_ms=2000)
     other = RouterUnderTest(lt, router_cfg([engine.url])).start()  # a second router, without sleep
     try:
         assert r.request("POST", "/v1/chat/completions", CHAT)[0] == 200
-        until = time.monotonic() + 1.5
+        until = time.monotonic() + 3.0  # longer than the idle period
         while time.monotonic() < until:  # busy through the other router only: the engine's counter moves
             assert other.request("POST", "/v1/chat/completions", CHAT)[0] == 200
             time.sleep(0.1)
@@ -221,16 +225,26 @@ def test_a_model_without_sleep_never_calls_the_sleep_endpoints(
 def test_a_request_while_the_replica_is_going_to_sleep_waits_for_it_then_wakes_it(
     lt: LoopThread, engine: SleepingDouble
 ) -> None:
-    engine.sleep_s = 0.8
+    engine.sleep_gate = asyncio.Event()  # the sleep call lasts until the test ends it
     r = _router(lt, engine, idle_ms=1500)
     try:
         _wait_for(lambda: bool(engine.calls))  # the router has asked it to sleep; it is not asleep yet
         assert not engine.asleep
-        status, _, _ = r.request("POST", "/v1/chat/completions", CHAT)
-        assert status == 200
-        time.sleep(1.0)  # past the end of the sleep call, within the idle period
-        # the wake came after the sleep had finished: the engine is awake, as the router believes
-        assert [c for c, _ in engine.calls] == ["sleep", "wake_up"] and not engine.asleep
+        answers: list[int] = []
+        asking = threading.Thread(
+            target=lambda: answers.append(r.request("POST", "/v1/chat/completions", CHAT)[0]), daemon=True
+        )
+        asking.start()
+        _wait_for(lambda: r.call(lambda: len(r.router.fleet.models["m"].queue)) == 1)  # held
+        assert [c for c, _ in engine.calls] == ["sleep"]  # no wake while the sleep call is under way
+        lt.loop.call_soon_threadsafe(engine.sleep_gate.set)
+        asking.join(30)
+        assert answers == [200]
+        # the wake came after the sleep had finished: the engine is awake, as the router believes (unless,
+        # idle again since, it was put back to sleep: a third call)
+        calls, asleep = r.call(lambda: ([c for c, _ in engine.calls], engine.asleep))
+        assert calls[:2] == ["sleep", "wake_up"] and (not asleep or len(calls) > 2), (calls, asleep)
         assert engine.served_while_asleep == 0
     finally:
+        lt.loop.call_soon_threadsafe(engine.sleep_gate.set)
         r.stop()
