@@ -50,6 +50,7 @@ from components.local.supervisor import Supervisor
 from components.spec import ModelSpec
 from components.stackfile import load
 from tests import leaks, timing
+from tests.local.helpers import free_port_block
 
 # xdist's workers start with COLUMNS=80, which the CLI's module-level rich consoles would freeze as their width
 # at import; the CLI tests give the width they need per call (CliRunner's env), as a terminal would.
@@ -336,9 +337,8 @@ def vllm_lora(engine_python: Path, tiny_chat_model: Path) -> Iterator[VllmLora]:
             "adapters": [{"name": n, "source": str(p), "rank": 8} for n, p in adapters.items()],
         }
     )
-    engine = EngineProcess(
-        spec, cpu_cores="0", port=engine_process.free_port(), log_path=LOGS_DIR / "vllm-lora.log"
-    )
+    # a fixed port below the ephemeral range: a test restarts it there, and no client's socket may take it meanwhile
+    engine = EngineProcess(spec, cpu_cores="0", port=free_port_block(1), log_path=LOGS_DIR / "vllm-lora.log")
     _start_all([engine])
     try:
         yield VllmLora(engine.base_url, CHAT_MODEL_NAME, adapters, engine)
@@ -378,7 +378,7 @@ def vllm_kv_events(tiny_chat_model: Path) -> Iterator[VllmKvEvents]:
     endpoints = (f"ipc://{sockets}/events", f"ipc://{sockets}/replay")
     engine = EngineProcess(
         spec,
-        port=engine_process.free_port(),  # a fixed port: a restarted engine comes back at the same address, as in a pod
+        port=free_port_block(1),  # fixed, below the ephemeral range: a restart comes back at the same address
         cpu_cores="1",
         log_path=LOGS_DIR / "vllm-kv-events.log",
         kv_events=endpoints,
