@@ -162,13 +162,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
     """Marks every test that uses a real-engine fixture `engine` (before `-m` deselects), and puts every
     engine test without a group of its own (OWN_ENGINES_GROUP) in ENGINE_GROUP: under `pytest -n 2`
     (`make test`) those run in turn on one worker, sharing its session engines, while the other worker runs
-    the rest."""
+    the rest.
+
+    The two groups go first, the session engines' first: xdist's loadgroup hands out work in collection order,
+    and a group is one unit of work. Collected where their files fall, the groups were handed out after the
+    tests before them, and then both workers sat in a group each while a thousand short tests waited for one to
+    finish. First, one worker starts the session engines at once while the other takes the own-engines group
+    and then the short tests, which fill the time until the longest group ends (longest first)."""
     for item in items:
         if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)
         if item.get_closest_marker("engine") is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
+    items.sort(key=_group_order)  # stable: a file's tests stay together and in order
     return (yield)  # a wrapper, so these marks are on before xdist's own hook reads its groups
+
+
+#: The xdist groups, in the order they are handed out (the rest come after them).
+GROUP_ORDER = (ENGINE_GROUP, OWN_ENGINES_GROUP)
+
+
+def _group_order(item: pytest.Item) -> int:
+    group = item.get_closest_marker("xdist_group")
+    name = (group.args[0] if group.args else group.kwargs.get("name")) if group is not None else None
+    return GROUP_ORDER.index(name) if name in GROUP_ORDER else len(GROUP_ORDER)
 
 
 @pytest.fixture(scope="session")
