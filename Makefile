@@ -8,7 +8,7 @@ PREPARE_VENV := .venv-prepare
 TOOLS_VENV := .venv-tools
 STACK ?= prod
 
-.PHONY: test lint typecheck unit plan local bench clean venv engine-venv prepare-venv tools-venv crd-tools schema snapshots prometheus redis
+.PHONY: test lint typecheck unit plan local bench clean venv engine-venv prepare-venv tools-venv crd-tools s3rver schema snapshots prometheus redis
 
 ## venvs ---------------------------------------------------------------------------------------
 # The project, its runtime services and the dev tools.
@@ -60,6 +60,15 @@ $(CRD_TOOLS)/node_modules/.installed: $(CRD_TOOLS)/package.json $(CRD_TOOLS)/pac
 	touch $@
 crd-tools: $(CRD_TOOLS)/node_modules/.installed
 
+# The loopback S3 server of the tests, `make local S3=1` and bench/coldstart (npm s3rver, pinned in the lock
+# file; components/local/s3_server.py starts it). Offline once installed.
+S3RVER := tools/s3rver
+$(S3RVER)/node_modules/.installed: $(S3RVER)/package.json $(S3RVER)/package-lock.json
+	@command -v npm >/dev/null || { echo 'make s3rver: npm (Node.js 20 or later) is missing: apt-get install -y nodejs npm' >&2; exit 2; }
+	npm ci --prefix $(S3RVER) --no-audit --no-fund --loglevel=error
+	touch $@
+s3rver: $(S3RVER)/node_modules/.installed
+
 # Prometheus and promtool (Debian's package): rule checks and unit tests, `make local MONITOR=1`.
 prometheus:
 	bash scripts/install-prometheus.sh
@@ -75,7 +84,7 @@ TYPECHECK = $(BIN)/mypy components runtime policies
 typecheck: venv
 	$(TYPECHECK)
 
-unit: venv crd-tools prometheus
+unit: venv crd-tools s3rver prometheus
 	$(BIN)/pytest -m 'not engine' -n 2
 
 # Accept the plan changes a change makes: rewrites tests/snapshots/plans/ (review and commit the diff).
@@ -86,7 +95,7 @@ snapshots: venv
 # then lint; then mypy beside pytest on two workers (tests/conftest.py: the engine tests run in two xdist
 # groups, in turn within each). Either failing fails the target.
 test:
-	$(MAKE) --no-print-directory -j4 venv engine-venv tools-venv crd-tools prometheus
+	$(MAKE) --no-print-directory -j4 venv engine-venv tools-venv crd-tools prometheus s3rver
 	$(MAKE) --no-print-directory -j4 prepare-venv redis lint
 	$(TYPECHECK) & typecheck=$$!; \
 	  $(BIN)/pytest -n 2 --dist loadgroup; tests=$$?; wait $$typecheck && exit $$tests
@@ -111,7 +120,7 @@ plan: venv
 # state directory.
 .PHONY: local local-down local-status local-logs
 LOCAL_STATE_ARG = $(if $(LOCAL_STATE),--state-dir $(LOCAL_STATE))
-local: venv engine-venv $(if $(MONITOR),prometheus) $(if $(filter-out 1,$(ROUTERS)),redis)
+local: venv engine-venv $(if $(MONITOR),prometheus) $(if $(filter-out 1,$(ROUTERS)),redis) $(if $(S3),s3rver)
 	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(ROUTERS),--routers $(ROUTERS)) $(if $(GATEWAY),--gateway $(GATEWAY)) $(if $(DETACH),--detach) $(if $(MONITOR),--monitor) $(if $(S3),--s3) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
 
 local-down: venv

