@@ -211,29 +211,26 @@ def test_a_node_cache_holds_a_copy_per_version(tmp_path: Path) -> None:
     assert single > 0 and versioned >= 2 * single - 1
 
 
-@pytest.mark.parametrize("fmt", ["int8", "gptq"])
-def test_a_cpu_engine_takes_the_formats_vllm_cpu_has_kernels_for(fmt: str) -> None:
-    model = {
+def _cpu_canary(fmt: str) -> dict[str, Any]:
+    """A CPU model whose canary version is quantized to ``fmt`` by its preparation."""
+    return {
         "name": "m",
         "source": "a/b",
         "engine": {"device": "cpu"},
         "versions": [STABLE, {**AWQ, "preparation": {"kind": "quantize", "format": fmt}}],
         "rollout": CANARY,
     }
-    served = ModelSpec.model_validate(model)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "gptq"])
+def test_a_cpu_engine_takes_the_formats_vllm_cpu_has_kernels_for(fmt: str) -> None:
+    served = ModelSpec.model_validate(_cpu_canary(fmt))
     assert served.version_engine(served.versions[1]).quantization.value == fmt
 
 
 @pytest.mark.parametrize("fmt", ["awq", "fp8"])
 def test_a_cpu_engine_refuses_other_formats_naming_the_ones_it_takes(fmt: str) -> None:
-    model = {
-        "name": "m",
-        "source": "a/b",
-        "engine": {"device": "cpu"},
-        "versions": [STABLE, {**AWQ, "preparation": {"kind": "quantize", "format": fmt}}],
-        "rollout": CANARY,
-    }
     with pytest.raises(
         ValueError, match=rf"versions\[1\]\.preparation\.format: on CPU, use int8 or gptq.*not {fmt}"
     ):
-        ModelSpec.model_validate(model)
+        ModelSpec.model_validate(_cpu_canary(fmt))
