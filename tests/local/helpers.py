@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import random
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -92,17 +94,32 @@ def detached_stack(
     on it), then ``make local-down`` and SIGKILL to whatever of the stack still runs, on every path: a start that
     failed or timed out halfway leaves a detached supervisor and engines too. Fails if ``local-down`` did."""
     state_arg = f"LOCAL_STATE={state_dir}"
-    try:
-        yield make_target("local", "DETACH=1", state_arg, *make_args, timeout=timeout)
-    finally:
-        down: subprocess.CompletedProcess[str] | None = None
+    with one_stack_at_a_time():
         try:
-            down = make_target("local-down", state_arg, timeout=120)
+            yield make_target("local", "DETACH=1", state_arg, *make_args, timeout=timeout)
         finally:
-            for pid in stack_pids(state_dir):  # never leave an engine behind
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        assert down.returncode == 0, down.stdout + down.stderr
+            down: subprocess.CompletedProcess[str] | None = None
+            try:
+                down = make_target("local-down", state_arg, timeout=120)
+            finally:
+                for pid in stack_pids(state_dir):  # never leave an engine behind
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            assert down.returncode == 0, down.stdout + down.stderr
+
+
+@contextlib.contextmanager
+def one_stack_at_a_time() -> Iterator[None]:
+    """Holds the run's make-local lock: the two xdist workers never run a make-local stack each at once. A stack is
+    three engines of up to 3 GiB; two stacks beside the other worker's engines filled this 24 GiB machine and
+    the kernel killed an engine. Without xdist there is one worker and nothing to hold."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    with (Path(tempfile.gettempdir()) / f"inferstack-make-local-{run}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def assert_nothing_left(state_dir: Path, known: set[int]) -> None:
