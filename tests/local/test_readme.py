@@ -83,6 +83,7 @@ COVERAGE = [
     Coverage(r"make local-down", ((LOCAL_TEST, '_make("local-down"'),), "run for real"),
     Coverage(r"make local MONITOR=1", ((MONITOR_TEST, '"MONITOR=1",'), (HERE, '_make_dry("local", "MONITOR=1")')), "run for real; dry run here"),
     Coverage(r"make prometheus", (("Makefile", "-j4 venv engine-venv tools-venv crd-tools prometheus"), (".ci/run", "make test")), "make test runs it first"),
+    Coverage(r"make s3rver", (("Makefile", "-j4 venv engine-venv tools-venv crd-tools prometheus s3rver"), (".ci/run", "make test")), "make test runs it first"),
     Coverage(r"\.venv/bin/inferstack local up -s scale-from-zero --stacks-dir tests/local/stacks --monitor", ((MONITOR_TEST, 'STACK = "scale-from-zero"'), (MONITOR_TEST, '"--stacks-dir", str(STACKS)')), "run for real (through make MONITOR=1)"),
     Coverage(r"make local-(status|logs)", ((HERE, "def test_make_targets_run_the_documented_commands"), (LIFECYCLE, 'run_local("status"'), (LIFECYCLE, 'run_local("logs"')), "dry run here; the command runs in the lifecycle test"),
     Coverage(r"make test", ((".ci/run", "make test"), (CI, "run: make test")), "CI"),
