@@ -22,6 +22,8 @@ CPUINFO = Path("/proc/cpuinfo")
 #: What torch calls "AVX-512 supported" (``torch.cpu._is_avx512_supported``), which vLLM's choice reads.
 AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"})
 AVX512_BF16_FLAG = "avx512_bf16"
+#: Every x86-64 CPU has it; no other architecture's /proc/cpuinfo lists it.
+X86_FLAG = "sse2"
 
 
 class VllmCpuBuild(StrEnum):
@@ -81,8 +83,11 @@ def vllm_cpu_build(flags: Iterable[str]) -> VllmCpuBuild:
 
 def missing_kernel(fmt: Quantization, flags: Iterable[str]) -> str | None:
     """Why vLLM-CPU cannot serve ``fmt`` weights on a CPU with ``flags``, with the fix; None when it can."""
+    present = frozenset(flags)
+    if X86_FLAG not in present:  # the three builds are x86's; elsewhere (Arm) this table knows no kernels
+        return None
     kernel = KERNEL_OF_FORMAT.get(fmt)
-    build = vllm_cpu_build(flags)
+    build = vllm_cpu_build(present)
     if kernel is None or build in kernel.builds:
         return None
     servable = sorted(f.value for f, k in KERNEL_OF_FORMAT.items() if build in k.builds)

@@ -67,6 +67,11 @@ def test_four_bit_weights_need_avx512_and_int8_runs_everywhere() -> None:
         assert missing_kernel(Quantization.NONE, flags(cpu)) is None
 
 
+def test_an_arm_cpu_is_not_judged_by_the_x86_table() -> None:
+    graviton = flags("fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm sve")
+    assert missing_kernel(Quantization.GPTQ, graviton) is None
+
+
 def test_no_cpuinfo_means_no_check(tmp_path: Path) -> None:
     assert read_cpu_flags(tmp_path / "absent") is None
     (tmp_path / "cpuinfo").write_text("processor\t: 0\n")
