@@ -40,8 +40,9 @@ tools-venv: $(TOOLS_VENV)/.installed
 
 # Debian's redis-server: the routers' shared rate-limit store in the tests and in `make local ROUTERS=N`,
 # which start their own on 127.0.0.1 and stop it. The Debian service is stopped and disabled at once:
-# nothing is left listening on 6379.
-redis:
+# nothing is left listening on 6379. After prometheus (order only): apt holds one lock, so under `make -j`
+# Debian's two packages install one after the other.
+redis: | prometheus
 	@command -v redis-server >/dev/null || { \
 	  echo 'installing redis-server (apt-get)'; \
 	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null \
@@ -91,12 +92,12 @@ unit: venv crd-tools s3rver prometheus
 snapshots: venv
 	INFERSTACK_UPDATE_SNAPSHOTS=1 $(BIN)/pytest -q tests/components/test_plan_snapshots.py
 
-# What the tests need, installed side by side (Debian's two packages one after the other: apt holds one lock),
-# then lint; then mypy beside pytest on two workers (tests/conftest.py: the engine tests run in two xdist
-# groups, in turn within each). Either failing fails the target.
+# What the tests need, installed side by side in one make run (each step starts as soon as what it needs is
+# there: lint once the project venv is, the quantize venv once the engine venv is), then mypy beside pytest on
+# two workers (tests/conftest.py: the engine tests run in two xdist groups, in turn within each). Either
+# failing fails the target.
 test:
-	$(MAKE) --no-print-directory -j4 venv engine-venv tools-venv crd-tools prometheus s3rver
-	$(MAKE) --no-print-directory -j4 prepare-venv redis lint
+	$(MAKE) --no-print-directory -j4 venv engine-venv tools-venv crd-tools prometheus s3rver prepare-venv redis lint
 	$(TYPECHECK) & typecheck=$$!; \
 	  $(BIN)/pytest -n 2 --dist loadgroup; tests=$$?; wait $$typecheck && exit $$tests
 

@@ -457,6 +457,7 @@ def fresh_local_models(engine_python: Path, tmp_path_factory: pytest.TempPathFac
 
 def _fill_repository_cache(made: Path, cached: Path) -> None:
     """Copies a made model where the repository's cache has none (atomically: a reader never sees half)."""
+    MODELS_DIR.mkdir(parents=True, exist_ok=True)  # a fresh clone's first engine test may be a make-local one
     with (MODELS_DIR / f".{cached.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if cached.exists():

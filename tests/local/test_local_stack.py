@@ -2,6 +2,12 @@
 ``openai`` SDK. One stack serves every assertion (engines take a minute to start); it is brought up the
 way the README says (`make local`, here with DETACH=1 and its own ports and state dir, so a stack the
 developer runs on the default ports is left alone) and brought down with `make local-down`.
+
+The stack runs with S3=1, as a cluster does: its models are prepared into the loopback S3 store (s3rver) and every
+engine streams its weights from there with the Run:ai streamer at its defaults (8 streams, 1 s stall). Two chat
+engines streaming SmolLM2 at once is the case that broke with a one-process store (components/local/store.py
+says why). Reading the weights from disk, the default, is what the session engines of tests/conftest.py do; one
+stack for both would cost a second start of three engines.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import openai
 import pytest
 
 from components.local import state
+from components.local.plan import LocalOptions, build_plan
 from components.stackfile import load
 from tests.conftest import STREAM_TOKENS, FreshLocalModels
 from tests.local.helpers import (
@@ -57,6 +64,11 @@ class LocalStack:
     pids: set[int]
     started_s: float
 
+    def store_requests(self) -> list[dict[str, object]]:
+        """What the model store served: one JSON line per request (method, path, status, bytes sent)."""
+        lines = (self.state_dir / "logs" / "s3-requests.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
     @property
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.router_url}/v1", api_key="unused", max_retries=0, timeout=60)
@@ -70,16 +82,18 @@ def _make(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 def local_stack(
     fresh_local_models: FreshLocalModels, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalStack]:
-    """`make local` on its default stack; its models are in the repository's cache already (fresh_local_models)."""
+    """`make local S3=1` on its default stack; its models are in the repository's cache already (fresh_local_models)."""
     state_dir = tmp_path_factory.mktemp("local") / "state"
-    base = free_port_block(7)
-    engines = base + 4
-    args = " ".join([*port_args(base, engines), "--timeout", str(START_TIMEOUT_S - 20)])
-    make_args = [f"LOCAL_STATE={state_dir}", f"LOCAL_ARGS={args}"]
+    base = free_port_block(8)
+    engines = base + 5
+    args = " ".join(
+        [*port_args(base, engines), "--s3-port", str(base + 4), "--timeout", str(START_TIMEOUT_S - 20)]
+    )
+    make_args = [f"LOCAL_STATE={state_dir}", "S3=1", f"LOCAL_ARGS={args}"]
     started = time.monotonic()
-    with detached_stack(state_dir, f"LOCAL_ARGS={args}", timeout=START_TIMEOUT_S) as up:
+    with detached_stack(state_dir, "S3=1", f"LOCAL_ARGS={args}", timeout=START_TIMEOUT_S) as up:
         took = time.monotonic() - started
-        assert up.returncode == 0, f"make local failed:\n{up.stdout}\n{up.stderr}"
+        assert up.returncode == 0, f"make local S3=1 failed:\n{up.stdout}\n{up.stderr}"
         assert "is ready in" in up.stdout, up.stdout
         yield LocalStack(state_dir, f"http://127.0.0.1:{base}", make_args, stack_pids(state_dir), took)
 
@@ -106,6 +120,22 @@ def test_models_chat_completion_and_streaming(local_stack: LocalStack) -> None:
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(chunks) > 2 and text
     assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+
+
+def test_every_engine_streamed_its_weights_from_the_store(local_stack: LocalStack) -> None:
+    """Each engine read the whole of its weights from the store (retried ranges may add to it)."""
+    plan = build_plan(load("local", REPO / "stacks"), LocalOptions(s3_port=9000), REPO)
+    weights: dict[str, int] = {}
+    for request in local_stack.store_requests():
+        path = str(request["path"])
+        if request["method"] == "GET" and path.endswith(".safetensors") and int(str(request["status"])) < 300:
+            model = path.split("/models/", 1)[1].split("/", 1)[0]
+            weights[model] = weights.get(model, 0) + int(str(request["bytes"]))
+    shard = {p.model: sum(f.stat().st_size for f in p.path.glob("*.safetensors")) for p in plan.models}
+    engines = {model: sum(1 for e in plan.engines if e.model == model) for model in (CHAT, EMBED)}
+    assert engines == {CHAT: 2, EMBED: 1}
+    for model, count in engines.items():
+        assert weights[model] >= count * shard[model] > 0, (model, weights)
 
 
 REFERENCE = Path(__file__).with_name("reference_chat.py")
@@ -319,6 +349,7 @@ def test_down_leaves_no_process(local_stack: LocalStack) -> None:
     assert len(pids) >= 7
     down = _make("local-down", f"LOCAL_STATE={local_stack.state_dir}", timeout=120)
     assert down.returncode == 0 and "no process left" in down.stdout, down.stdout + down.stderr
+    assert "model store stopped" in (local_stack.state_dir / "logs" / "supervisor.log").read_text()
     assert_nothing_left(local_stack.state_dir, pids)
 
 
@@ -341,7 +372,6 @@ def test_missing_models_under_the_cache_are_made_without_download(
 
 def test_engine_command_lines_pass_vllms_own_parser(check_vllm_args, tmp_path: Path) -> None:
     """Every `vllm serve` command line the local plan makes, parsed by vLLM itself (no engine started)."""
-    from components.local.plan import LocalOptions, build_plan
     from components.local.supervisor import engine_process
 
     plan = build_plan(load("local", REPO / "stacks"), LocalOptions(cpus=(0, 1)), REPO)

@@ -73,7 +73,7 @@ class Coverage:
 COVERAGE = [
     Coverage(r"make local( DETACH=1)?", ((LOCAL_HELPERS, 'make_target("local", "DETACH=1"'), (LOCAL_TEST, "with detached_stack(state_dir,"), (LOCAL_TEST, '_make("local", *'),), "run for real"),
     Coverage(r'make local LOCAL_ARGS=".*"', ((LOCAL_TEST, 'f"LOCAL_ARGS={args}"'), (HERE, 'LOCAL_ARGS=--engine-port 8100')), "run for real; dry run here"),
-    Coverage(r"make local S3=1", ((HERE, "_make_dry(\"local\", \"S3=1\")"), ("tests/local/test_local_store_stack.py", 'detached_stack(state_dir, "S3=1"')), "run for real; dry run here"),
+    Coverage(r"make local S3=1", ((HERE, "_make_dry(\"local\", \"S3=1\")"), (LOCAL_TEST, 'detached_stack(state_dir, "S3=1"')), "run for real; dry run here"),
     Coverage(r"inferstack local up --s3", ((HERE, "_make_dry(\"local\", \"S3=1\")"), ("tests/local/test_plan.py", "LocalOptions(s3_port=9000)")), "dry run and plan tests"),
     Coverage(r"python -m runtime\.weights prepare", (("tests/runtime/weights/test_store.py", '"prepare", "--from"'),), "run against loopback S3"),
     Coverage(r"make local PORT=\d+", ((HERE, "def test_make_targets_run_the_documented_commands"),), "dry run here"),
