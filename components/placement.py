@@ -16,7 +16,6 @@ from components.packing import Mechanism
 from components.problems import Problem, SpecError
 from components.spec import (
     AUTO,
-    HF_COMMIT,
     CapacityType,
     Device,
     GpuPlugin,
@@ -25,6 +24,7 @@ from components.spec import (
     NodeProvisioner,
     PlatformSpec,
     Target,
+    is_hub_source,
     is_local_path,
 )
 from components.weights import fetch, store
@@ -422,15 +422,15 @@ def _store_rules(spec: PlatformSpec) -> list[Problem]:
                         "(`python -m runtime.weights prepare --from DIR --to URI`), or use a hub source with revision",
                     )
                 )
-            if adapter.source.startswith("s3://") or is_local_path(adapter.source):
+            if not adapter.is_hub:
                 continue
-            if adapter.revision is None or not HF_COMMIT.match(adapter.revision):
+            if adapter.revision is None:  # the spec refuses a revision that is not a commit
                 problems.append(
                     Problem(
                         f"models[{i}].adapters[{j}].revision",
                         f"{adapter.source!r} is copied into the model store at a pinned commit (engine pods never "
-                        f"fetch from the hub), and {adapter.revision or 'no revision'} is not one: set revision to "
-                        "the exact hub commit (40 hex digits), or use the adapter's s3:// prefix in the store",
+                        "fetch from the hub), and it has no revision: set revision to the exact hub commit "
+                        "(40 hex digits), or use the adapter's s3:// prefix in the store",
                     )
                 )
             if bucket is None:
@@ -442,7 +442,7 @@ def _store_rules(spec: PlatformSpec) -> list[Problem]:
                     )
                 )
         for j, version in enumerate(model.versions):
-            if version.source is None or version.source.startswith("s3://") or is_local_path(version.source):
+            if version.source is None or not is_hub_source(version.source):
                 continue
             if model.version_revision(version) is None:
                 problems.append(

@@ -981,7 +981,19 @@ def is_local_path(source: str) -> bool:
     return source.startswith(("/", "./", "../", "~"))
 
 
-HF_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+def is_hub_source(source: str) -> bool:
+    """A Hugging Face repository id: not an S3 URI, not a local path (models, versions and adapters alike)."""
+    return not source.startswith("s3://") and not is_local_path(source)
+
+
+def hub_commit(revision: str) -> str:
+    """A hub revision, which must be a commit: a branch or tag moves, and every replica must serve the same bytes."""
+    if not HUB_COMMIT.match(revision):
+        raise ValueError(
+            f"{revision!r} is not a commit hash: pin the exact hub commit (40 hex digits, from the repository's "
+            "commit history), never a branch or tag that moves"
+        )
+    return revision
 
 
 class AdapterSpec(_Spec):
@@ -994,8 +1006,8 @@ class AdapterSpec(_Spec):
     """Hugging Face repo id ('org/name', pinned by revision), an 's3://bucket/prefix/' holding
     adapter_config.json and adapter_model.safetensors, or (target local) a local directory."""
     revision: str | None = None
-    """Hugging Face sources: the commit (40 hex digits) or tag to fetch; the policy pack requires a commit
-    in prod. Not for S3 or local sources."""
+    """Hugging Face sources: the hub commit (40 hex digits) to fetch, as for a model; required on a cluster,
+    where the adapter is copied into the model store at that commit. Not for S3 or local sources."""
     rank: Annotated[int, Field(ge=1, le=512)]
     """The adapter's LoRA rank (adapter_config.json "r"); at most engine.lora.max_rank."""
 
@@ -1004,9 +1016,14 @@ class AdapterSpec(_Spec):
     def _source(cls, value: str) -> str:
         return _checked_source(value, "adapter")
 
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, value: str | None) -> str | None:
+        return None if value is None else hub_commit(value)
+
     @model_validator(mode="after")
     def _revision_for_hub(self) -> AdapterSpec:
-        if self.revision is not None and (self.source.startswith("s3://") or is_local_path(self.source)):
+        if self.revision is not None and not self.is_hub:
             raise ValueError(
                 f"revision applies to Hugging Face sources only, not {self.source!r}: remove it "
                 "(an S3 prefix or a directory is pinned by writing a new one per version)"
@@ -1014,11 +1031,13 @@ class AdapterSpec(_Spec):
         return self
 
     @property
+    def is_hub(self) -> bool:
+        return is_hub_source(self.source)
+
+    @property
     def pinned(self) -> bool:
         """A source that cannot change under the same spec: a hub commit, an S3 prefix, a local directory."""
-        if self.source.startswith("s3://") or is_local_path(self.source):
-            return True
-        return self.revision is not None and bool(HF_COMMIT.match(self.revision))
+        return not self.is_hub or self.revision is not None
 
 
 class ModelSpec(_Spec):
@@ -1107,12 +1126,7 @@ class ModelSpec(_Spec):
     @field_validator("revision")
     @classmethod
     def _revision(cls, value: str | None) -> str | None:
-        if value is not None and not HUB_COMMIT.match(value):
-            raise ValueError(
-                f"{value!r} is not a commit hash: pin the exact hub commit (40 hex digits, from the repository's "
-                "commit history), never a branch or tag that moves"
-            )
-        return value
+        return None if value is None else hub_commit(value)
 
     @model_validator(mode="after")
     def _weights_rules(self) -> ModelSpec:
@@ -1174,7 +1188,7 @@ class ModelSpec(_Spec):
     @property
     def is_hub(self) -> bool:
         """A Hugging Face repository id (not an S3 URI, not a local path)."""
-        return not self.source.startswith("s3://") and not self.is_local_path
+        return is_hub_source(self.source)
 
     def arch(self) -> catalog.ModelArch | None:
         """The architecture from the stack file, else from the catalog; None when neither knows it."""
@@ -1237,12 +1251,11 @@ class ModelSpec(_Spec):
                 _check_preparation(j, v.preparation, engine)
             engine = _version_engine(j, self.engine, v, prepared=True)
             if v.revision is not None:
-                if not HUB_COMMIT.match(v.revision):
-                    raise ValueError(
-                        f"versions[{j}].revision: {v.revision!r} is not a commit hash: pin the exact hub commit "
-                        "(40 hex digits), never a branch or tag that moves"
-                    )
-                if v.source is not None and (v.source.startswith("s3://") or is_local_path(v.source)):
+                try:
+                    hub_commit(v.revision)
+                except ValueError as err:
+                    raise ValueError(f"versions[{j}].revision: {err}") from None
+                if v.source is not None and not is_hub_source(v.source):
                     raise ValueError(
                         f"versions[{j}].revision: revision pins a Hugging Face source; {v.source!r} is not one: "
                         "remove revision"

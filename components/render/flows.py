@@ -44,7 +44,7 @@ from components.render import (
     weights,
 )
 from components.render.runtime_config import batcher_port, health_port, router_port, runtime_config
-from components.spec import IngressKind, PlatformSpec, is_local_path
+from components.spec import IngressKind, PlatformSpec
 from runtime.config import RuntimeConfig
 
 ANYWHERE = "0.0.0.0/0"
@@ -405,11 +405,7 @@ def _weights_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
             f"engines check the store, fill a node cache or stream from it{adapters}",
         )
     )
-    hub_adapters = any(
-        not a.source.startswith("s3://") and not is_local_path(a.source)
-        for m in spec.models
-        for a in m.adapters
-    )
+    hub_adapters = any(a.is_hub for m in spec.models for a in m.adapters)
     # A version's preparation (components.lifecycle) reads its source from the store and its calibration data
     # from the hub.
     prepared = any(m.prepared_by for m in spec.models)

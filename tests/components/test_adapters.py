@@ -63,7 +63,7 @@ S3 = {"name": "support", "source": f"s3://{STORE}/models/adapters/support/v3/", 
         (_with_adapters(SQL, SQL), "models[0]", ["adapters[1].name", "used twice"]),
         (_with_adapters({**SQL, "name": "llama-8b"}), "models[0].adapters[0].name", ["also a model's name"]),
         (
-            _with_adapters({**S3, "revision": "abc"}),
+            _with_adapters({**S3, "revision": COMMIT}),
             "models[0].adapters[0]",
             ["revision applies to Hugging Face"],
         ),
@@ -80,7 +80,12 @@ S3 = {"name": "support", "source": f"s3://{STORE}/models/adapters/support/v3/", 
         (
             _with_adapters({**SQL, "revision": "v1.0"}),
             "models[0].adapters[0].revision",
-            ["copied into the model store at a pinned commit", "v1.0 is not one"],
+            ["'v1.0' is not a commit hash", "never a branch or tag that moves"],
+        ),
+        (
+            _with_adapters({k: v for k, v in SQL.items() if k != "revision"}),
+            "models[0].adapters[0].revision",
+            ["copied into the model store at a pinned commit", "it has no revision"],
         ),
         (
             _with_adapters({**S3, "source": "s3://someone-else/support/"}),
@@ -98,7 +103,8 @@ S3 = {"name": "support", "source": f"s3://{STORE}/models/adapters/support/v3/", 
         "s3-revision",
         "local-on-eks",
         "loaded",
-        "tag-on-cluster",
+        "tag",
+        "unpinned-on-cluster",
         "foreign-bucket",
     ],
 )
@@ -262,3 +268,26 @@ def test_group_pods_get_the_lora_flags_environment_and_adapters(tmp_path: Path) 
 def test_models_without_adapters_render_the_same_router_config() -> None:
     dumped = runtime_config(PlatformSpec.model_validate(minimal())).to_yaml()
     assert "adapters" not in dumped and "adapter_load_backoff_ms" not in dumped
+
+
+def test_a_moving_revision_gets_one_answer_for_a_model_a_version_and_an_adapter(tmp_path: Path) -> None:
+    """One rule for hub revisions (components.spec.hub_commit): a tag is refused for a model, an adapter and a
+    model version alike, each at its own path and in the same words."""
+    spec = _with_adapters({**SQL, "revision": "v1.0"})
+    spec["models"][0]["revision"] = "main"
+    write_stack(tmp_path, "bad", spec)
+    with pytest.raises(SpecError) as caught:
+        load("bad", tmp_path)
+    rendered = caught.value.render()
+    for path, tag in (("models[0].revision", "main"), ("models[0].adapters[0].revision", "v1.0")):
+        assert f": {path}: '{tag}' is not a commit hash: pin the exact hub commit" in rendered, rendered
+    versioned = minimal()
+    versioned["models"][0]["versions"] = [
+        {"name": "v1", "weight": 90},
+        {"name": "v2", "weight": 10, "source": "acme/llama-next", "revision": "v2"},
+    ]
+    versioned["models"][0]["rollout"] = {"canary": {"steps_percent": [10, 100], "evaluation_interval_s": 30}}
+    write_stack(tmp_path, "bad", versioned)
+    with pytest.raises(SpecError) as version:
+        load("bad", tmp_path)
+    assert "versions[1].revision: 'v2' is not a commit hash: pin the exact hub commit" in version.value.render()
