@@ -433,3 +433,19 @@ def test_auto_model_placement_takes_the_cheapest_declared_pool_that_fits(tmp_pat
     placement = load("auto", tmp_path).layout.placements["llama-8b"]
     assert placement.pool == "small"
     assert "cheapest pool that fits" in placement.reason
+
+
+def test_mistakes_across_three_sections_are_all_reported_in_one_run(tmp_path: Path) -> None:
+    """Cross-section rules (components/spec/rules.py) all run: the autoscaler against a model's scale, shared
+    rate limits against the target, the cluster's name against the target; one run names all three."""
+    raw = minimal()
+    raw["addons"] = {"autoscaler": "hpa"}
+    raw["models"][0]["scaling"]["min_replicas"] = 0
+    raw["gateway"] = {**raw.get("gateway", {}), "shared_limits": True}
+    raw["cluster"] = {**raw.get("cluster", {}), "name": "a-cluster-name-that-is-far-too-long-for-aws-iam"}
+    write_stack(tmp_path, "bad", raw)
+    with pytest.raises(SpecError) as caught:
+        load("bad", tmp_path)
+    paths = [p.message.split(":", 1)[0] for p in caught.value.problems]
+    assert {"addons.autoscaler", "gateway.shared_limits", "cluster.name"} <= set(paths), caught.value.render()
+    assert "Traceback" not in caught.value.render()

@@ -46,7 +46,7 @@ def test_every_spec_field_has_a_description() -> None:
         if not (field.description or "").strip()
     ]
     assert not undocumented, (
-        "fields without a description (write a docstring under each, in components/spec.py): "
+        "fields without a description (write a docstring under each, in components/spec/): "
         + ", ".join(undocumented)
     )
 

@@ -101,8 +101,8 @@ BAD: list[tuple[str, dict[str, Any], str, list[str]]] = [
     (
         "version revision not a commit",
         _versioned([STABLE, {"name": "v2", "weight": 10, "revision": "main"}]),
-        "models[0]",
-        ["versions[1].revision: 'main' is not a commit hash"],
+        "models[0].versions[1].revision",
+        ["'main' is not a commit hash"],
     ),
     (
         "other hub source without a revision",

@@ -25,23 +25,23 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from components import catalog
 
 # The spec's plain enums, re-exported: they live in components.enums so the CLI starts without pydantic.
-from components.enums import CapacityType as CapacityType  # noqa: PLC0414
-from components.enums import Device as Device  # noqa: PLC0414
-from components.enums import DType as DType  # noqa: PLC0414
-from components.enums import KvCacheDType as KvCacheDType  # noqa: PLC0414
-from components.enums import NodeProvisioner as NodeProvisioner  # noqa: PLC0414
-from components.enums import Quantization as Quantization  # noqa: PLC0414
-from components.enums import Target as Target  # noqa: PLC0414
+from components.enums import CapacityType as CapacityType
+from components.enums import Device as Device
+from components.enums import DType as DType
+from components.enums import KvCacheDType as KvCacheDType
+from components.enums import NodeProvisioner as NodeProvisioner
+from components.enums import Quantization as Quantization
+from components.enums import Target as Target
 from components.packing import MAX_TIME_SLICES, Mechanism, shared_memory_utilization
 from runtime.config import (
     BuiltinScorerName,
     EngineKind,
     RouterSettings,
-    S3Files,
     StrategyName,
     Task,
     batches_field,
@@ -51,7 +51,7 @@ from runtime.config import (
     strategy_field,
 )
 from runtime.defaults import DEFAULT_MAX_NUM_SEQS
-from runtime.engines import ENGINES, Signal, facts
+from runtime.engines import ENGINES, facts
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -65,6 +65,29 @@ MOVING_TAGS = frozenset(
 )
 MAX_MODEL_NAME = 40  # leaves room for suffixes in 63-character Kubernetes names
 MAX_EKS_CLUSTER_NAME = 40  # leaves room for suffixes in 64-character IAM role names
+
+
+def is_local_path(source: str) -> bool:
+    return source.startswith(("/", "./", "../", "~"))
+
+
+def is_hub_source(source: str) -> bool:
+    """A Hugging Face repository id: not an S3 URI, not a local path (models, versions and adapters alike)."""
+    return not source.startswith("s3://") and not is_local_path(source)
+
+
+def hub_commit(revision: str) -> str:
+    """A hub revision, which must be a commit: a branch or tag moves, and every replica must serve the same bytes."""
+    if not HUB_COMMIT.match(revision):
+        raise ValueError(
+            f"{revision!r} is not a commit hash: pin the exact hub commit (40 hex digits, from the repository's "
+            "commit history), never a branch or tag that moves"
+        )
+    return revision
+
+
+HubCommit = Annotated[str, AfterValidator(hub_commit)]
+"""The revision of a hub source (a model's, a version's, an adapter's): one rule for all three."""
 
 
 class _Spec(BaseModel):
@@ -846,7 +869,7 @@ class ModelVersionSpec(_Spec):
     """Version name, e.g. 'v1' or '2025-06-awq': in Deployment names, metrics and events."""
     source: str | None = None
     """Hugging Face repo id, S3 URI or local path; defaults to the model's source."""
-    revision: str | None = None
+    revision: HubCommit | None = None
     """The hub commit (40 hex digits) of a Hugging Face source, as the model's revision; defaults to the model's
     revision when the version keeps the model's source."""
     engine: dict[str, Any] = Field(default_factory=dict)
@@ -977,25 +1000,6 @@ def _checked_source(value: str, what: str = "model") -> str:
     return value
 
 
-def is_local_path(source: str) -> bool:
-    return source.startswith(("/", "./", "../", "~"))
-
-
-def is_hub_source(source: str) -> bool:
-    """A Hugging Face repository id: not an S3 URI, not a local path (models, versions and adapters alike)."""
-    return not source.startswith("s3://") and not is_local_path(source)
-
-
-def hub_commit(revision: str) -> str:
-    """A hub revision, which must be a commit: a branch or tag moves, and every replica must serve the same bytes."""
-    if not HUB_COMMIT.match(revision):
-        raise ValueError(
-            f"{revision!r} is not a commit hash: pin the exact hub commit (40 hex digits, from the repository's "
-            "commit history), never a branch or tag that moves"
-        )
-    return revision
-
-
 class AdapterSpec(_Spec):
     """A LoRA adapter of the model: clients ask for it by name; the router loads it onto a replica of
     the model the first time a request for it lands there."""
@@ -1005,7 +1009,7 @@ class AdapterSpec(_Spec):
     source: str
     """Hugging Face repo id ('org/name', pinned by revision), an 's3://bucket/prefix/' holding
     adapter_config.json and adapter_model.safetensors, or (target local) a local directory."""
-    revision: str | None = None
+    revision: HubCommit | None = None
     """Hugging Face sources: the hub commit (40 hex digits) to fetch, as for a model; required on a cluster,
     where the adapter is copied into the model store at that commit. Not for S3 or local sources."""
     rank: Annotated[int, Field(ge=1, le=512)]
@@ -1015,11 +1019,6 @@ class AdapterSpec(_Spec):
     @classmethod
     def _source(cls, value: str) -> str:
         return _checked_source(value, "adapter")
-
-    @field_validator("revision")
-    @classmethod
-    def _revision(cls, value: str | None) -> str | None:
-        return None if value is None else hub_commit(value)
 
     @model_validator(mode="after")
     def _revision_for_hub(self) -> AdapterSpec:
@@ -1048,7 +1047,7 @@ class ModelSpec(_Spec):
     source: str
     """Hugging Face repo id ('org/name', with revision), an 's3://bucket/prefix/' of prepared weights in the model
     store, or (target local) a local path."""
-    revision: str | None = None
+    revision: HubCommit | None = None
     """The hub commit (40 hex digits) of a Hugging Face source: the weights the preparation Job copies into the
     model store, so every replica serves exactly that model. Required for hub sources on a cluster."""
     weights: WeightsSpec = Field(default_factory=WeightsSpec)
@@ -1122,11 +1121,6 @@ class ModelSpec(_Spec):
     @classmethod
     def _source(cls, value: str) -> str:
         return _checked_source(value)
-
-    @field_validator("revision")
-    @classmethod
-    def _revision(cls, value: str | None) -> str | None:
-        return None if value is None else hub_commit(value)
 
     @model_validator(mode="after")
     def _weights_rules(self) -> ModelSpec:
@@ -1250,16 +1244,11 @@ class ModelSpec(_Spec):
             if v.preparation is not None:
                 _check_preparation(j, v.preparation, engine)
             engine = _version_engine(j, self.engine, v, prepared=True)
-            if v.revision is not None:
-                try:
-                    hub_commit(v.revision)
-                except ValueError as err:
-                    raise ValueError(f"versions[{j}].revision: {err}") from None
-                if v.source is not None and not is_hub_source(v.source):
-                    raise ValueError(
-                        f"versions[{j}].revision: revision pins a Hugging Face source; {v.source!r} is not one: "
-                        "remove revision"
-                    )
+            if v.revision is not None and v.source is not None and not is_hub_source(v.source):
+                raise ValueError(
+                    f"versions[{j}].revision: revision pins a Hugging Face source; {v.source!r} is not one: "
+                    "remove revision"
+                )
             key = (
                 self.version_source(v),
                 self.version_revision(v) or "",
@@ -1816,180 +1805,24 @@ class PlatformSpec(_Spec):
     """Cost-allocation tags on every cloud resource."""
 
     @model_validator(mode="after")
-    def _hpa_cannot_reach_zero(self) -> PlatformSpec:
-        if self.addons.autoscaler is Autoscaler.HPA:
-            zero = [m.name for m in self.models if m.scaling.min_replicas == 0]
-            if zero:
-                raise ValueError(
-                    f"addons.autoscaler: hpa cannot scale to zero, but min_replicas is 0 for {', '.join(zero)}; "
-                    "use autoscaler: keda or set min_replicas to at least 1"
-                )
-        return self
+    def _cross_section_rules(self) -> PlatformSpec:
+        """The rules that read several sections (components/spec/rules.py), every problem of every rule at once."""
+        from components.spec.rules import platform_problems  # noqa: PLC0415 - the rules read these models
 
-    @model_validator(mode="after")
-    def _limit_store_auth(self) -> PlatformSpec:
-        if (
-            self.gateway.shared_limits
-            and self.target is not Target.LOCAL
-            and not self.gateway.limit_store_auth_config_key
-        ):
-            raise ValueError(
-                "gateway.shared_limits: the store needs an AUTH token: set gateway.limit_store_auth_config_key"
-                " to a Pulumi secret config key (`pulumi config set --secret <key> <16-128 characters>`)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _tokenizers_reachable(self) -> PlatformSpec:
-        # The router needs each precise_prefix model's tokenizer; its pod fetches it from the hub at start.
-        for i, m in enumerate(self.models):
-            if m.publishes_kv_events and self.target is not Target.LOCAL and not HF_REPO.match(m.source):
-                raise ValueError(
-                    f"models[{i}].routing: precise_prefix needs the model's tokenizer in the router, which"
-                    f" fetches it from the Hugging Face hub; {m.source!r} is not a hub repo id: use"
-                    " strategy prefix_aware for it"
-                )
-        return self
-
-    @model_validator(mode="after")
-    def _hpa_needs_an_engine_load_metric(self) -> PlatformSpec:
-        # prometheus-adapter serves the engines' own queue and KV-cache gauges per pod; an engine without
-        # either leaves an HPA with nothing to scale on (KEDA also reads the router's queue).
-        if self.addons.autoscaler is Autoscaler.HPA:
-            for i, m in enumerate(self.models):
-                engine = facts(m.engine.kind)
-                if m.scaling.min_replicas != m.scaling.max_replicas and not (
-                    engine.names(Signal.QUEUED) or engine.names(Signal.KV_USAGE)
-                ):
-                    raise ValueError(
-                        f"models[{i}].engine.kind: {engine.display_name} exports no queue or KV-cache metric for "
-                        "addons.autoscaler hpa to scale on; use autoscaler: keda (it scales on the router's "
-                        "queue) or set min_replicas equal to max_replicas"
+        problems = platform_problems(self)
+        if problems:
+            raise ValidationError.from_exception_data(
+                type(self).__name__,
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError(
+                            "value_error", "{problem}", {"problem": f"{p.path}: {p.message}"}
+                        ),
+                        loc=(),
+                        input=None,
                     )
-        return self
-
-    @model_validator(mode="after")
-    def _versions_need_the_router(self) -> PlatformSpec:
-        if self.gateway.mode is not GatewayMode.INFERENCE_EXTENSION:
-            return self
-        for i, m in enumerate(self.models):
-            if m.versions:
-                raise ValueError(
-                    f"models[{i}].versions: the router splits a model's requests between its versions and rolls a "
-                    "canary back; gateway.mode inference-extension runs no router (the gateway routes by model "
-                    "name to one pool): use gateway.mode router, or serve one version"
-                )
-        return self
-
-    @model_validator(mode="after")
-    def _versions_in_a_cluster(self) -> PlatformSpec:
-        # make local runs one engine per model from a local path: no preparation Jobs, no per-version engines.
-        if self.target is Target.LOCAL:
-            for i, m in enumerate(self.models):
-                if m.versions:
-                    raise ValueError(
-                        f"models[{i}].versions: target local serves one version per model; list the versions in a "
-                        "cluster stack (target eks or kubernetes), or point source at the version to try"
-                    )
-        return self
-
-    @model_validator(mode="after")
-    def _the_picker_holds_nothing(self) -> PlatformSpec:
-        if self.gateway.mode is not GatewayMode.INFERENCE_EXTENSION:
-            return self
-        for i, m in enumerate(self.models):
-            if "cold_start_hold_ms" in m.scaling.model_fields_set and m.scaling.cold_start_hold_ms:
-                raise ValueError(
-                    f"models[{i}].scaling.cold_start_hold_ms: in gateway.mode inference-extension the endpoint "
-                    "picker holds no request (the gateway's ext_proc call must answer within its message "
-                    "timeout): a request for a model with no ready replica gets 503 at once, and those refusals "
-                    "wake the model; set it to 0 or remove it"
-                )
-        return self
-
-    @model_validator(mode="after")
-    def _sleep_needs_the_router(self) -> PlatformSpec:
-        if self.gateway.mode is not GatewayMode.INFERENCE_EXTENSION:
-            return self
-        for i, m in enumerate(self.models):
-            if m.scaling.sleep_after_idle_s is not None:
-                raise ValueError(
-                    f"models[{i}].scaling.sleep_after_idle_s: the router puts idle replicas to sleep and wakes one "
-                    "for a waiting request, and gateway.mode inference-extension runs no router (the endpoint "
-                    "picker holds no request, so none would wake a replica): use gateway.mode router, or remove it"
-                )
-        return self
-
-    @model_validator(mode="after")
-    def _adapters_need_the_router(self) -> PlatformSpec:
-        if self.gateway.mode is not GatewayMode.INFERENCE_EXTENSION:
-            return self
-        for i, m in enumerate(self.models):
-            if m.adapters:
-                raise ValueError(
-                    f"models[{i}].adapters: in gateway.mode inference-extension the gateway routes by model name "
-                    "to the model's pool and the endpoint picker loads no adapter; LoRA adapters are loaded on "
-                    "demand by the router: use gateway.mode router, or serve the adapters as models"
-                )
-        return self
-
-    @model_validator(mode="after")
-    def _the_picker_follows_no_kv_events(self) -> PlatformSpec:
-        if self.gateway.mode is not GatewayMode.INFERENCE_EXTENSION:
-            return self
-        for i, m in enumerate(self.models):
-            if m.publishes_kv_events:
-                raise ValueError(
-                    f"models[{i}].routing: precise_prefix follows the engines' KV events in the router, and "
-                    "gateway.mode inference-extension runs no router (the endpoint picker does not follow them): "
-                    "use strategy prefix_aware, or gateway.mode router"
-                )
-        return self
-
-    @model_validator(mode="after")
-    def _priorities_need_the_inference_extension(self) -> PlatformSpec:
-        if self.gateway.mode is GatewayMode.INFERENCE_EXTENSION:
-            return self
-        for i, m in enumerate(self.models):
-            if m.routing.priority is not None:
-                raise ValueError(
-                    f"models[{i}].routing.priority: priorities are InferenceObjectives of gateway.mode "
-                    "inference-extension; set that mode or remove the priority"
-                )
-        return self
-
-    @model_validator(mode="after")
-    def _batches_need_the_router(self) -> PlatformSpec:
-        if self.batch.enabled and self.gateway.mode is GatewayMode.INFERENCE_EXTENSION:
-            raise ValueError(
-                "batch.enabled: the Batch API is served by inferstack's router, and the batch service sends its "
-                "requests through it; gateway.mode inference-extension runs no router: set gateway.mode router "
-                "or batch.enabled false"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _batch_files_apart_from_the_store(self) -> PlatformSpec:
-        # On eks both live in the platform's bucket, and the batch service may delete anything under its prefix.
-        files = str(S3Files.model_fields["prefix"].default)
-        if (
-            self.batch.enabled
-            and self.target is Target.EKS
-            and f"{self.model_store.prefix}/".startswith(files)
-        ):
-            raise ValueError(
-                f"model_store.prefix: {self.model_store.prefix!r} is under {files!r}, where the batch service keeps "
-                "its files in the same bucket (and may delete them); choose another prefix"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _eks_name_length(self) -> PlatformSpec:
-        # IAM role names (64 characters) are the cluster name, a job suffix and Pulumi's random suffix.
-        if self.target is Target.EKS and len(self.cluster_name) > MAX_EKS_CLUSTER_NAME:
-            raise ValueError(
-                f"cluster.name: {self.cluster_name!r} is {len(self.cluster_name)} characters; AWS names derived "
-                f"from it allow at most {MAX_EKS_CLUSTER_NAME}: set a shorter cluster.name"
+                    for p in problems
+                ],
             )
         return self
 

@@ -1,0 +1,226 @@
+"""Rules that span sections of the spec: one function per rule, each yielding every problem it finds.
+
+A field's own rule lives on its model; a rule that reads two sections (the gateway's mode and a model's routing,
+the target and the cluster's name) lives here, registered with ``@rule``, so a stack file with several such
+mistakes hears of all of them in one run (``PlatformSpec`` runs every rule and reports what they found together).
+Rules that also need the hardware catalog are placement's (``components.placement``), reported with the same paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from components.problems import Problem
+from components.spec import (
+    HF_REPO,
+    MAX_EKS_CLUSTER_NAME,
+    Autoscaler,
+    GatewayMode,
+    PlatformSpec,
+    Target,
+)
+from runtime.config import S3Files
+from runtime.engines import Signal, facts
+
+Rule = Callable[[PlatformSpec], Iterator[Problem]]
+RULES: list[Rule] = []
+
+
+def rule(check: Rule) -> Rule:
+    """Registers a cross-section rule (in definition order, which is the order its problems are reported)."""
+    RULES.append(check)
+    return check
+
+
+def platform_problems(spec: PlatformSpec) -> list[Problem]:
+    """Every problem every rule finds."""
+    return [problem for check in RULES for problem in check(spec)]
+
+
+def _router_mode(spec: PlatformSpec) -> bool:
+    return spec.gateway.mode is not GatewayMode.INFERENCE_EXTENSION
+
+
+@rule
+def hpa_cannot_reach_zero(spec: PlatformSpec) -> Iterator[Problem]:
+    zero = [m.name for m in spec.models if m.scaling.min_replicas == 0]
+    if spec.addons.autoscaler is Autoscaler.HPA and zero:
+        yield Problem(
+            "addons.autoscaler",
+            f"hpa cannot scale to zero, but min_replicas is 0 for {', '.join(zero)}; use autoscaler: keda or set "
+            "min_replicas to at least 1",
+        )
+
+
+@rule
+def limit_store_auth(spec: PlatformSpec) -> Iterator[Problem]:
+    if (
+        spec.gateway.shared_limits
+        and spec.target is not Target.LOCAL
+        and not spec.gateway.limit_store_auth_config_key
+    ):
+        yield Problem(
+            "gateway.shared_limits",
+            "the store needs an AUTH token: set gateway.limit_store_auth_config_key to a Pulumi secret config key "
+            "(`pulumi config set --secret <key> <16-128 characters>`)",
+        )
+
+
+@rule
+def tokenizers_reachable(spec: PlatformSpec) -> Iterator[Problem]:
+    """The router needs each precise_prefix model's tokenizer; its pod fetches it from the hub at start."""
+    for i, m in enumerate(spec.models):
+        if m.publishes_kv_events and spec.target is not Target.LOCAL and not HF_REPO.match(m.source):
+            yield Problem(
+                f"models[{i}].routing",
+                "precise_prefix needs the model's tokenizer in the router, which fetches it from the Hugging Face "
+                f"hub; {m.source!r} is not a hub repo id: use strategy prefix_aware for it",
+            )
+
+
+@rule
+def hpa_needs_an_engine_load_metric(spec: PlatformSpec) -> Iterator[Problem]:
+    """prometheus-adapter serves the engines' own queue and KV-cache gauges per pod; an engine without either
+    leaves an HPA with nothing to scale on (KEDA also reads the router's queue)."""
+    if spec.addons.autoscaler is not Autoscaler.HPA:
+        return
+    for i, m in enumerate(spec.models):
+        engine = facts(m.engine.kind)
+        if m.scaling.min_replicas != m.scaling.max_replicas and not (
+            engine.names(Signal.QUEUED) or engine.names(Signal.KV_USAGE)
+        ):
+            yield Problem(
+                f"models[{i}].engine.kind",
+                f"{engine.display_name} exports no queue or KV-cache metric for addons.autoscaler hpa to scale on; "
+                "use autoscaler: keda (it scales on the router's queue) or set min_replicas equal to max_replicas",
+            )
+
+
+@rule
+def versions_need_the_router(spec: PlatformSpec) -> Iterator[Problem]:
+    if _router_mode(spec):
+        return
+    for i, m in enumerate(spec.models):
+        if m.versions:
+            yield Problem(
+                f"models[{i}].versions",
+                "the router splits a model's requests between its versions and rolls a canary back; gateway.mode "
+                "inference-extension runs no router (the gateway routes by model name to one pool): use "
+                "gateway.mode router, or serve one version",
+            )
+
+
+@rule
+def versions_in_a_cluster(spec: PlatformSpec) -> Iterator[Problem]:
+    """make local runs one engine per model from a local path: no preparation Jobs, no per-version engines."""
+    if spec.target is not Target.LOCAL:
+        return
+    for i, m in enumerate(spec.models):
+        if m.versions:
+            yield Problem(
+                f"models[{i}].versions",
+                "target local serves one version per model; list the versions in a cluster stack (target eks or "
+                "kubernetes), or point source at the version to try",
+            )
+
+
+@rule
+def the_picker_holds_nothing(spec: PlatformSpec) -> Iterator[Problem]:
+    if _router_mode(spec):
+        return
+    for i, m in enumerate(spec.models):
+        if "cold_start_hold_ms" in m.scaling.model_fields_set and m.scaling.cold_start_hold_ms:
+            yield Problem(
+                f"models[{i}].scaling.cold_start_hold_ms",
+                "in gateway.mode inference-extension the endpoint picker holds no request (the gateway's ext_proc "
+                "call must answer within its message timeout): a request for a model with no ready replica gets "
+                "503 at once, and those refusals wake the model; set it to 0 or remove it",
+            )
+
+
+@rule
+def sleep_needs_the_router(spec: PlatformSpec) -> Iterator[Problem]:
+    if _router_mode(spec):
+        return
+    for i, m in enumerate(spec.models):
+        if m.scaling.sleep_after_idle_s is not None:
+            yield Problem(
+                f"models[{i}].scaling.sleep_after_idle_s",
+                "the router puts idle replicas to sleep and wakes one for a waiting request, and gateway.mode "
+                "inference-extension runs no router (the endpoint picker holds no request, so none would wake a "
+                "replica): use gateway.mode router, or remove it",
+            )
+
+
+@rule
+def adapters_need_the_router(spec: PlatformSpec) -> Iterator[Problem]:
+    if _router_mode(spec):
+        return
+    for i, m in enumerate(spec.models):
+        if m.adapters:
+            yield Problem(
+                f"models[{i}].adapters",
+                "in gateway.mode inference-extension the gateway routes by model name to the model's pool and the "
+                "endpoint picker loads no adapter; LoRA adapters are loaded on demand by the router: use "
+                "gateway.mode router, or serve the adapters as models",
+            )
+
+
+@rule
+def the_picker_follows_no_kv_events(spec: PlatformSpec) -> Iterator[Problem]:
+    if _router_mode(spec):
+        return
+    for i, m in enumerate(spec.models):
+        if m.publishes_kv_events:
+            yield Problem(
+                f"models[{i}].routing",
+                "precise_prefix follows the engines' KV events in the router, and gateway.mode inference-extension "
+                "runs no router (the endpoint picker does not follow them): use strategy prefix_aware, or "
+                "gateway.mode router",
+            )
+
+
+@rule
+def priorities_need_the_inference_extension(spec: PlatformSpec) -> Iterator[Problem]:
+    if not _router_mode(spec):
+        return
+    for i, m in enumerate(spec.models):
+        if m.routing.priority is not None:
+            yield Problem(
+                f"models[{i}].routing.priority",
+                "priorities are InferenceObjectives of gateway.mode inference-extension; set that mode or remove "
+                "the priority",
+            )
+
+
+@rule
+def batches_need_the_router(spec: PlatformSpec) -> Iterator[Problem]:
+    if spec.batch.enabled and not _router_mode(spec):
+        yield Problem(
+            "batch.enabled",
+            "the Batch API is served by inferstack's router, and the batch service sends its requests through it; "
+            "gateway.mode inference-extension runs no router: set gateway.mode router or batch.enabled false",
+        )
+
+
+@rule
+def batch_files_apart_from_the_store(spec: PlatformSpec) -> Iterator[Problem]:
+    """On eks both live in the platform's bucket, and the batch service may delete anything under its prefix."""
+    files = str(S3Files.model_fields["prefix"].default)
+    if spec.batch.enabled and spec.target is Target.EKS and f"{spec.model_store.prefix}/".startswith(files):
+        yield Problem(
+            "model_store.prefix",
+            f"{spec.model_store.prefix!r} is under {files!r}, where the batch service keeps its files in the same "
+            "bucket (and may delete them); choose another prefix",
+        )
+
+
+@rule
+def eks_name_length(spec: PlatformSpec) -> Iterator[Problem]:
+    """IAM role names (64 characters) are the cluster name, a job suffix and Pulumi's random suffix."""
+    if spec.target is Target.EKS and len(spec.cluster_name) > MAX_EKS_CLUSTER_NAME:
+        yield Problem(
+            "cluster.name",
+            f"{spec.cluster_name!r} is {len(spec.cluster_name)} characters; AWS names derived from it allow at most "
+            f"{MAX_EKS_CLUSTER_NAME}: set a shorter cluster.name",
+        )
