@@ -290,4 +290,6 @@ def test_a_moving_revision_gets_one_answer_for_a_model_a_version_and_an_adapter(
     write_stack(tmp_path, "bad", versioned)
     with pytest.raises(SpecError) as version:
         load("bad", tmp_path)
-    assert "versions[1].revision: 'v2' is not a commit hash: pin the exact hub commit" in version.value.render()
+    assert (
+        "versions[1].revision: 'v2' is not a commit hash: pin the exact hub commit" in version.value.render()
+    )
