@@ -11,7 +11,9 @@ Pure Python: no I/O, no server or metrics library, so any runtime service may im
     registry.py   register_scorer / register_filter; built-ins found by module, plug-ins by config
     presets.py    named strategies as data (weights, filters)
     build.py      configured strategy -> Strategy, and the checks of its names
-    scorers/      one module per scorer: load, latency, kv, queue, weight, rotation, session, prefix
+    lru.py        the bounded LRU map behind the prefix index and the session map
+    scorers/      one module per scorer: adapter, kv, latency, load, precise_prefix, prefix, queue, rotation,
+                  session, weight
     filters/      one module per filter: sample_two
 
 Adding a scorer is one new module in ``scorers/`` (or a plug-in module named in the router's

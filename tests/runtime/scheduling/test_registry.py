@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pkgutil
+import re
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +115,20 @@ def test_the_router_backend_is_an_endpoint_of_the_library() -> None:
     backends = [Backend(f"http://10.0.0.{i}:8000", 4, Breaker(1, 1.0)) for i in range(2)]
     backends[0].inflight = 3
     assert build(StrategyConfig(name="least_load")).pick(backends, Context(model="m", now=1.0)) is backends[1]
+
+
+def test_the_package_docstring_names_every_module_scorer_and_filter() -> None:
+    """runtime/scheduling/__init__.py's layout is what a newcomer reads first: it cannot go stale."""
+    root = Path(runtime.scheduling.__file__).parent
+    doc = runtime.scheduling.__doc__ or ""
+    listed = set(re.findall(r"[a-z_]+", doc))
+    modules = {
+        p.name if p.is_dir() else p.stem
+        for p in root.iterdir()
+        if p.suffix == ".py" or (p / "__init__.py").is_file()
+    }
+    for module in modules - {"__init__"}:
+        assert (f"{module}.py" if (root / f"{module}.py").is_file() else f"{module}/") in doc, module
+    for package in ("scorers", "filters"):
+        plugged = {p.stem for p in (root / package).glob("*.py")} - {"__init__"}
+        assert plugged <= listed, (package, plugged - listed)
