@@ -8,10 +8,10 @@ labels and taint the engines select and tolerate (``gpu_node_labels``, ``gpu_nod
 from __future__ import annotations
 
 from components import nodes
-from components.aws import addons
 from components.cloud import PRIVATE_CIDRS, Endpoint, FixedInfrastructure, IngressClass
 from components.nodes import Taint
 from components.placement import Layout, PoolPlan
+from components.render import ingress
 from components.spec import PlatformSpec
 from runtime.config import S3Files
 
@@ -41,7 +41,7 @@ class OwnCluster:
 
     def load_balancer_ingress(self, spec: PlatformSpec) -> IngressClass:
         """``ingress: alb`` on a cluster you bring means the AWS Load Balancer Controller you run there."""
-        return addons.alb_ingress(spec)
+        return ingress.alb_ingress(spec)
 
     def credential_endpoints(self, spec: PlatformSpec) -> tuple[Endpoint, ...]:
         """None: engines and preparation Jobs carry what they are given (the store's credential Secrets)."""

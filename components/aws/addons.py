@@ -16,40 +16,13 @@ import json
 from typing import Any
 
 from components import nodes
-from components.cloud import IngressClass
 from components.render.addons import Release
-from components.render.runtime_config import lb_idle_timeout_s, runtime_config
 from components.spec import IngressKind, NodeProvisioner, PlatformSpec
 
 LB_CONTROLLER_SERVICE_ACCOUNT = ("kube-system", "aws-load-balancer-controller")
 CLUSTER_AUTOSCALER_SERVICE_ACCOUNT = ("kube-system", "cluster-autoscaler")
 # GPU nodes are slow to come back: wait before removing an idle one.
 CLUSTER_AUTOSCALER_SCALE_DOWN_UNNEEDED = "15m"
-ALB_INGRESS_CLASS = "alb"
-ALB_SSL_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
-
-
-def alb_ingress(spec: PlatformSpec) -> IngressClass:
-    """An internet-facing ALB, HTTPS only, sending to the router pods' IPs, with timeouts the router's."""
-    router = runtime_config(spec).router
-    # Streams may be quiet until the first token; the ALB must not cut them earlier than the router would,
-    # and the router keeps client connections open longer than this (client_idle_timeout_s).
-    idle_s = lb_idle_timeout_s()
-    annotations = {
-        "alb.ingress.kubernetes.io/scheme": "internet-facing",
-        "alb.ingress.kubernetes.io/target-type": "ip",
-        "alb.ingress.kubernetes.io/listen-ports": json.dumps([{"HTTPS": 443}]),
-        "alb.ingress.kubernetes.io/ssl-policy": ALB_SSL_POLICY,
-        "alb.ingress.kubernetes.io/backend-protocol": "HTTP",
-        "alb.ingress.kubernetes.io/healthcheck-path": "/readyz",
-        "alb.ingress.kubernetes.io/load-balancer-attributes": (
-            f"idle_timeout.timeout_seconds={idle_s},routing.http.drop_invalid_header_fields.enabled=true"
-        ),
-        "alb.ingress.kubernetes.io/target-group-attributes": (
-            f"deregistration_delay.timeout_seconds={router.drain_grace_s}"
-        ),
-    }
-    return IngressClass(ALB_INGRESS_CLASS, annotations)
 
 
 def aws_load_balancer_controller(spec: PlatformSpec, vpc_id: Any = None) -> Release:

@@ -7,7 +7,7 @@ network policies and the GPU nodes' labels agree with what `pulumi up` creates.
 from __future__ import annotations
 
 from components import nodes
-from components.aws import addons, decisions
+from components.aws import decisions
 from components.cloud import (
     PRIVATE_CIDRS,
     Endpoint,
@@ -18,7 +18,7 @@ from components.cloud import (
 )
 from components.nodes import Taint
 from components.placement import Layout, PoolPlan
-from components.render import common, weights
+from components.render import common, ingress, weights
 from components.spec import PlatformSpec
 from runtime.config import S3Files
 
@@ -67,7 +67,7 @@ class AwsCloud:
         return [spec.cluster.vpc_cidr]
 
     def load_balancer_ingress(self, spec: PlatformSpec) -> IngressClass:
-        return addons.alb_ingress(spec)
+        return ingress.alb_ingress(spec)
 
     def credential_endpoints(self, spec: PlatformSpec) -> tuple[Endpoint, ...]:
         """The Pod Identity agent on every node (its IPv4 address; the cluster is IPv4)."""

@@ -7,12 +7,13 @@ through the AWS Load Balancer Controller); the Gateway's class is the spec's.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
-from components.cloud import Cloud
+from components.cloud import Cloud, IngressClass
 from components.render import addons, common
 from components.render.common import Manifest
-from components.render.runtime_config import runtime_config
+from components.render.runtime_config import lb_idle_timeout_s, runtime_config
 from components.spec import GatewayApiImplementation, IngressKind, PlatformSpec
 
 GATEWAY_API_VERSION = "gateway.networking.k8s.io/v1"
@@ -32,6 +33,34 @@ class GatewayProxies:
     namespace: str | None = None
     """None: the stack's namespace."""
     listener_port: int = 80
+
+
+ALB_INGRESS_CLASS = "alb"
+ALB_SSL_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
+
+
+def alb_ingress(spec: PlatformSpec) -> IngressClass:
+    """An internet-facing ALB, HTTPS only, sending to the router pods' IPs, with timeouts the router's: the AWS Load
+    Balancer Controller's class, on EKS (which installs it) and on a cluster you bring to AWS (where you run it)."""
+    router = runtime_config(spec).router
+    # Streams may be quiet until the first token; the ALB must not cut them earlier than the router would,
+    # and the router keeps client connections open longer than this (client_idle_timeout_s).
+    idle_s = lb_idle_timeout_s()
+    annotations = {
+        "alb.ingress.kubernetes.io/scheme": "internet-facing",
+        "alb.ingress.kubernetes.io/target-type": "ip",
+        "alb.ingress.kubernetes.io/listen-ports": json.dumps([{"HTTPS": 443}]),
+        "alb.ingress.kubernetes.io/ssl-policy": ALB_SSL_POLICY,
+        "alb.ingress.kubernetes.io/backend-protocol": "HTTP",
+        "alb.ingress.kubernetes.io/healthcheck-path": "/readyz",
+        "alb.ingress.kubernetes.io/load-balancer-attributes": (
+            f"idle_timeout.timeout_seconds={idle_s},routing.http.drop_invalid_header_fields.enabled=true"
+        ),
+        "alb.ingress.kubernetes.io/target-group-attributes": (
+            f"deregistration_delay.timeout_seconds={router.drain_grace_s}"
+        ),
+    }
+    return IngressClass(ALB_INGRESS_CLASS, annotations)
 
 
 def ingress(spec: PlatformSpec, cloud: Cloud) -> Manifest:
