@@ -140,19 +140,42 @@ def mig_profile(gpu: str, name: str) -> MigProfile | None:
 
 
 @dataclass(frozen=True)
-class InstanceType:
-    """An AWS EC2 GPU instance type and its on-demand Linux price."""
+class Family:
+    """What every size of an instance family shares."""
 
     name: str
+    spot_fraction: float
+    """Average spot price as a fraction of on-demand; an estimate (spot moves hourly and by AZ)."""
+    node_start_s: int
+    """A new node booted, joined and its GPUs advertised (STARTUP_READ_ON: estimates, sources below)."""
+    cluster_placement: bool
+    """Launches into a cluster placement group (multi-node groups want one)."""
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """An AWS EC2 GPU instance type: its family, GPUs, on-demand Linux price, disks and network. Every fact is a
+    required field, so a new type without one is a TypeError at import, not a silent default in a plan."""
+
+    name: str
+    family_facts: Family
     gpu: str  # key of GPUS
     gpus: int
     vcpus: int
     memory_gib: int
     on_demand_usd_per_hour: float
+    store_gb: int
+    """Local NVMe instance storage, all disks, as AWS publishes it (0: none)."""
+    store_disks: int
+    """NVMe devices behind store_gb (nodes stripe them as RAID0)."""
+    network_gbps: float
+    """Published network bandwidth ("up to N" taken as N)."""
+    efa_interfaces: int
+    """EC2's maximumEfaInterfaces (0: no EFA, its nodes talk over TCP only)."""
 
     @property
     def family(self) -> str:
-        return self.name.split(".")[0]
+        return self.family_facts.name
 
     @property
     def gpu_spec(self) -> Gpu:
@@ -166,90 +189,74 @@ PRICE_SOURCE = (
     "after the June 2025 P4/P5 price reduction"
 )
 
-# Average spot price as a fraction of on-demand, per family; an estimate (spot moves hourly and by AZ).
-SPOT_FRACTION: dict[str, float] = {
-    "g4dn": 0.40,
-    "g5": 0.45,
-    "g6": 0.45,
-    "g6e": 0.50,
-    "p4d": 0.55,
-    "p4de": 0.60,
-    "p5": 0.60,
-    "p5en": 0.65,
-    "p6-b200": 0.70,
-}
+# Spot fractions: an estimate per family. Node starts (read with STARTUP_READ_ON, rounded up, none measured on AWS
+# by this project): single-GPU families boot in 80-120 s (tensorfuse.io/docs/blogs/lazy_loading_performance_degradation),
+# then join the cluster and the NVIDIA device plugin advertises their GPUs; ~5 min for a pod that needs a new node
+# through Karpenter (a field report, sbhn.g1b.me/item/44053826). 8-GPU families start NVSwitch fabric manager and
+# many network cards before the GPUs are usable: twice as long (an assumption). Cluster placement groups are
+# "supported for current generation instance types, except burstable performance instances (for example, T2), Mac1
+# instances and M7i-flex instances" (docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-strategies.html
+# #placement-groups-cluster, read 2026-12-01): every GPU family here has them.
+G4DN = Family("g4dn", spot_fraction=0.4, node_start_s=300, cluster_placement=True)
+G5 = Family("g5", spot_fraction=0.45, node_start_s=300, cluster_placement=True)
+G6 = Family("g6", spot_fraction=0.45, node_start_s=300, cluster_placement=True)
+G6E = Family("g6e", spot_fraction=0.5, node_start_s=300, cluster_placement=True)
+P4D = Family("p4d", spot_fraction=0.55, node_start_s=600, cluster_placement=True)
+P4DE = Family("p4de", spot_fraction=0.6, node_start_s=600, cluster_placement=True)
+P5 = Family("p5", spot_fraction=0.6, node_start_s=600, cluster_placement=True)
+P5EN = Family("p5en", spot_fraction=0.65, node_start_s=600, cluster_placement=True)
+P6_B200 = Family("p6-b200", spot_fraction=0.7, node_start_s=600, cluster_placement=True)
+FAMILIES: dict[str, Family] = {f.name: f for f in (G4DN, G5, G6, G6E, P4D, P4DE, P5, P5EN, P6_B200)}
 
 # p5e.48xlarge (8 x H200) has no us-east-1 on-demand price (Capacity Blocks only there); p5en carries H200.
 # g4dn/g5/g6/g6e sizes not in the snapshot (g5.8xlarge, g6.8xlarge, g6e.4xlarge, ...) are from the AWS pricing
 # page on the same date; vCPU and memory are AWS's published specs.
+# Local NVMe instance storage (total GB as AWS publishes it, all disks), its devices, and network bandwidth (Gbps,
+# the published figure; "up to N" taken as N) per instance type, from the AWS instance type pages (accelerated
+# computing: G4dn, G5, G6, G6e, P4d/P4de, P5/P5en, P6-B200), read 2026-12. Every GPU type here has NVMe. EFA
+# interfaces: EC2's maximumEfaInterfaces (NetworkInfo.EfaInfo of DescribeInstanceTypes; the "Network cards" table,
+# docs.aws.amazon.com/AWSEC2/latest/UserGuide/using-eni.html#network-cards, and "Supported instance types",
+# docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html#efa-instance-types), read EFA_READ_ON; 0 where a type has
+# none (g4dn/g5/g6 below 8xlarge, g6e below 8xlarge): its nodes talk over TCP only.
+EFA_READ_ON = "2026-12-01"
+# name, family, GPU, GPUs, vCPUs, memory GiB, on-demand $/h, NVMe GB, NVMe disks, network Gbps, EFA interfaces
 INSTANCE_TYPES: dict[str, InstanceType] = {
     i.name: i
     for i in (
-        InstanceType("g4dn.xlarge", "T4", 1, 4, 16, 0.526),
-        InstanceType("g4dn.2xlarge", "T4", 1, 8, 32, 0.752),
-        InstanceType("g4dn.4xlarge", "T4", 1, 16, 64, 1.204),
-        InstanceType("g4dn.12xlarge", "T4", 4, 48, 192, 3.912),
-        InstanceType("g4dn.metal", "T4", 8, 96, 384, 7.824),
-        InstanceType("g5.xlarge", "A10G", 1, 4, 16, 1.006),
-        InstanceType("g5.2xlarge", "A10G", 1, 8, 32, 1.212),
-        InstanceType("g5.4xlarge", "A10G", 1, 16, 64, 1.624),
-        InstanceType("g5.8xlarge", "A10G", 1, 32, 128, 2.448),
-        InstanceType("g5.12xlarge", "A10G", 4, 48, 192, 5.672),
-        InstanceType("g5.24xlarge", "A10G", 4, 96, 384, 8.144),
-        InstanceType("g5.48xlarge", "A10G", 8, 192, 768, 16.288),
-        InstanceType("g6.xlarge", "L4", 1, 4, 16, 0.8048),
-        InstanceType("g6.2xlarge", "L4", 1, 8, 32, 0.9776),
-        InstanceType("g6.4xlarge", "L4", 1, 16, 64, 1.3232),
-        InstanceType("g6.8xlarge", "L4", 1, 32, 128, 2.014),
-        InstanceType("g6.12xlarge", "L4", 4, 48, 192, 4.6016),
-        InstanceType("g6.24xlarge", "L4", 4, 96, 384, 6.675),
-        InstanceType("g6.48xlarge", "L4", 8, 192, 768, 13.3504),
-        InstanceType("g6e.xlarge", "L40S", 1, 4, 32, 1.861),
-        InstanceType("g6e.2xlarge", "L40S", 1, 8, 64, 2.24208),
-        InstanceType("g6e.4xlarge", "L40S", 1, 16, 128, 3.004),
-        InstanceType("g6e.8xlarge", "L40S", 1, 32, 256, 4.529),
-        InstanceType("g6e.12xlarge", "L40S", 4, 48, 384, 10.49264),
-        InstanceType("g6e.24xlarge", "L40S", 4, 96, 768, 15.066),
-        InstanceType("g6e.48xlarge", "L40S", 8, 192, 1536, 30.13118),
-        InstanceType("p4d.24xlarge", "A100-40GB", 8, 96, 1152, 21.957642),
-        InstanceType("p4de.24xlarge", "A100-80GB", 8, 96, 1152, 27.44705),
-        InstanceType("p5.48xlarge", "H100", 8, 192, 2048, 55.040),
-        InstanceType("p5en.48xlarge", "H200", 8, 192, 2048, 63.296),
-        InstanceType("p6-b200.48xlarge", "B200", 8, 192, 2048, 113.9328),
+        InstanceType("g4dn.xlarge", G4DN, "T4", 1, 4, 16, 0.526, 125, 1, 25, 0),
+        InstanceType("g4dn.2xlarge", G4DN, "T4", 1, 8, 32, 0.752, 225, 1, 25, 0),
+        InstanceType("g4dn.4xlarge", G4DN, "T4", 1, 16, 64, 1.204, 225, 1, 25, 0),
+        InstanceType("g4dn.12xlarge", G4DN, "T4", 4, 48, 192, 3.912, 900, 1, 50, 1),
+        InstanceType("g4dn.metal", G4DN, "T4", 8, 96, 384, 7.824, 1800, 2, 100, 1),
+        InstanceType("g5.xlarge", G5, "A10G", 1, 4, 16, 1.006, 250, 1, 10, 0),
+        InstanceType("g5.2xlarge", G5, "A10G", 1, 8, 32, 1.212, 450, 1, 10, 0),
+        InstanceType("g5.4xlarge", G5, "A10G", 1, 16, 64, 1.624, 600, 1, 25, 0),
+        InstanceType("g5.8xlarge", G5, "A10G", 1, 32, 128, 2.448, 900, 1, 25, 1),
+        InstanceType("g5.12xlarge", G5, "A10G", 4, 48, 192, 5.672, 3800, 1, 40, 1),
+        InstanceType("g5.24xlarge", G5, "A10G", 4, 96, 384, 8.144, 3800, 1, 50, 1),
+        InstanceType("g5.48xlarge", G5, "A10G", 8, 192, 768, 16.288, 7600, 2, 100, 1),
+        InstanceType("g6.xlarge", G6, "L4", 1, 4, 16, 0.8048, 250, 1, 10, 0),
+        InstanceType("g6.2xlarge", G6, "L4", 1, 8, 32, 0.9776, 450, 1, 10, 0),
+        InstanceType("g6.4xlarge", G6, "L4", 1, 16, 64, 1.3232, 600, 1, 25, 0),
+        InstanceType("g6.8xlarge", G6, "L4", 1, 32, 128, 2.014, 900, 1, 25, 1),
+        InstanceType("g6.12xlarge", G6, "L4", 4, 48, 192, 4.6016, 3760, 4, 40, 1),
+        InstanceType("g6.24xlarge", G6, "L4", 4, 96, 384, 6.675, 3760, 4, 50, 1),
+        InstanceType("g6.48xlarge", G6, "L4", 8, 192, 768, 13.3504, 7520, 8, 100, 1),
+        InstanceType("g6e.xlarge", G6E, "L40S", 1, 4, 32, 1.861, 250, 1, 20, 0),
+        InstanceType("g6e.2xlarge", G6E, "L40S", 1, 8, 64, 2.24208, 450, 1, 20, 0),
+        InstanceType("g6e.4xlarge", G6E, "L40S", 1, 16, 128, 3.004, 600, 1, 20, 0),
+        InstanceType("g6e.8xlarge", G6E, "L40S", 1, 32, 256, 4.529, 900, 1, 25, 1),
+        InstanceType("g6e.12xlarge", G6E, "L40S", 4, 48, 384, 10.49264, 3800, 2, 100, 1),
+        InstanceType("g6e.24xlarge", G6E, "L40S", 4, 96, 768, 15.066, 3800, 2, 200, 2),
+        InstanceType("g6e.48xlarge", G6E, "L40S", 8, 192, 1536, 30.13118, 7600, 4, 400, 4),
+        InstanceType("p4d.24xlarge", P4D, "A100-40GB", 8, 96, 1152, 21.957642, 8000, 8, 400, 4),
+        InstanceType("p4de.24xlarge", P4DE, "A100-80GB", 8, 96, 1152, 27.44705, 8000, 8, 400, 4),
+        InstanceType("p5.48xlarge", P5, "H100", 8, 192, 2048, 55.04, 30720, 8, 3200, 32),
+        InstanceType("p5en.48xlarge", P5EN, "H200", 8, 192, 2048, 63.296, 30720, 8, 3200, 16),
+        InstanceType("p6-b200.48xlarge", P6_B200, "B200", 8, 192, 2048, 113.9328, 30720, 8, 3200, 8),
     )
-}
+}  # fmt: skip
 
-# Local NVMe instance storage (total GB as AWS publishes it, all disks) and network bandwidth (Gbps, the
-# published figure; "up to N" taken as N) per instance type, from the AWS instance type pages (accelerated
-# computing: G4dn, G5, G6, G6e, P4d/P4de, P5/P5en, P6-B200), read 2026-12. Every GPU type here has NVMe.
-INSTANCE_STORE_GB: dict[str, int] = {
-    "g4dn.xlarge": 125, "g4dn.2xlarge": 225, "g4dn.4xlarge": 225, "g4dn.12xlarge": 900, "g4dn.metal": 1800,
-    "g5.xlarge": 250, "g5.2xlarge": 450, "g5.4xlarge": 600, "g5.8xlarge": 900, "g5.12xlarge": 3800,
-    "g5.24xlarge": 3800, "g5.48xlarge": 7600,
-    "g6.xlarge": 250, "g6.2xlarge": 450, "g6.4xlarge": 600, "g6.8xlarge": 900, "g6.12xlarge": 3760,
-    "g6.24xlarge": 3760, "g6.48xlarge": 7520,
-    "g6e.xlarge": 250, "g6e.2xlarge": 450, "g6e.4xlarge": 600, "g6e.8xlarge": 900, "g6e.12xlarge": 3800,
-    "g6e.24xlarge": 3800, "g6e.48xlarge": 7600,
-    "p4d.24xlarge": 8000, "p4de.24xlarge": 8000,
-    "p5.48xlarge": 30720, "p5en.48xlarge": 30720, "p6-b200.48xlarge": 30720,
-}  # fmt: skip
-# NVMe devices behind INSTANCE_STORE_GB where there is more than one (nodes stripe them as RAID0).
-INSTANCE_STORE_DISKS: dict[str, int] = {
-    "g4dn.metal": 2, "g5.48xlarge": 2, "g6.12xlarge": 4, "g6.24xlarge": 4, "g6.48xlarge": 8,
-    "g6e.12xlarge": 2, "g6e.24xlarge": 2, "g6e.48xlarge": 4, "p4d.24xlarge": 8, "p4de.24xlarge": 8,
-    "p5.48xlarge": 8, "p5en.48xlarge": 8, "p6-b200.48xlarge": 8,
-}  # fmt: skip
-NETWORK_GBPS: dict[str, float] = {
-    "g4dn.xlarge": 25, "g4dn.2xlarge": 25, "g4dn.4xlarge": 25, "g4dn.12xlarge": 50, "g4dn.metal": 100,
-    "g5.xlarge": 10, "g5.2xlarge": 10, "g5.4xlarge": 25, "g5.8xlarge": 25, "g5.12xlarge": 40,
-    "g5.24xlarge": 50, "g5.48xlarge": 100,
-    "g6.xlarge": 10, "g6.2xlarge": 10, "g6.4xlarge": 25, "g6.8xlarge": 25, "g6.12xlarge": 40,
-    "g6.24xlarge": 50, "g6.48xlarge": 100,
-    "g6e.xlarge": 20, "g6e.2xlarge": 20, "g6e.4xlarge": 20, "g6e.8xlarge": 25, "g6e.12xlarge": 100,
-    "g6e.24xlarge": 200, "g6e.48xlarge": 400,
-    "p4d.24xlarge": 400, "p4de.24xlarge": 400,
-    "p5.48xlarge": 3200, "p5en.48xlarge": 3200, "p6-b200.48xlarge": 3200,
-}  # fmt: skip
 # What one node moves in practice, for cold-start estimates (GB/s). Estimates, stated as such: with many
 # parallel ranged GETs (the streamer and the cache fill both use them) S3 reaches the instance's network
 # limit, of which ~80% is usable; the Hugging Face hub serves one download at ~0.1-0.2 GB/s through a NAT gateway;
@@ -503,23 +510,6 @@ def comparable_api_prices(arch: ModelArch) -> list[ApiPrice]:
 # Cold start of one engine replica, from nothing to ready: what `pulumi up` waits for (``components.startup``).
 # Estimates, read 2026-02-09, rounded up: nothing here was measured on AWS by this project.
 STARTUP_READ_ON = "2026-02-09"
-NODE_START_S: dict[str, int] = {
-    # Single-GPU families: the instance boots in 80-120 s (tensorfuse.io/docs/blogs/lazy_loading_performance_degradation),
-    # then joins the cluster and the NVIDIA device plugin advertises its GPUs; ~5 min for a pod that needs a new
-    # node through Karpenter (a field report, sbhn.g1b.me/item/44053826).
-    "g4dn": 300,
-    "g5": 300,
-    "g6": 300,
-    "g6e": 300,
-    # 8-GPU families start NVSwitch fabric manager and many network cards before the GPUs are usable: twice as long
-    # (an assumption).
-    "p4d": 600,
-    "p4de": 600,
-    "p5": 600,
-    "p5en": 600,
-    "p6-b200": 600,
-}
-NODE_START_DEFAULT_S = 600
 ENGINE_IMAGE_GIB: dict[str, float] = {
     # Compressed images of the default engines: "vLLM, SGLang, and TensorRT-LLM are large, typically exceeding
     # 10 GB" (tensorfuse.io/docs/blogs/snapshotter_graphs); TensorRT-LLM's NGC release image is the largest.
@@ -532,7 +522,8 @@ IMAGE_PULL_MIBPS = 25.0
 """Pull and unpack together: "pulling a 10 GB image ... takes 7-10 minutes" with overlayfs (tensorfuse, above);
 a 20 GB image took 5-6 min to pull and 3-4 to extract (bentoml.com/blog/cold-starting-llms-on-kubernetes-in-under-30-seconds)."""
 # The weights (fetch from the model store and load into the engine) are the model store's estimate per fetch path,
-# from the bandwidth figures above (NETWORK_GBPS, NVME_READ_GBPS_PER_DISK, LOAD_GBPS_PER_GPU; components/weights).
+# from the bandwidth figures above (InstanceType.network_gbps, NVME_READ_GBPS_PER_DISK, LOAD_GBPS_PER_GPU;
+# components/weights).
 ENGINE_INIT_S: dict[str, int] = {
     # After the weights: torch.compile, CUDA graph capture, KV cache profiling. vLLM's start-up is dominated by such
     # CPU-bound steps ("Breaking the Ice: Analyzing Cold Start Latency in vLLM", arxiv.org/html/2606.07362).
@@ -549,36 +540,3 @@ cache is re-allocated empty; nothing is read from disk and no graph is recompile
 PCIe Gen4 x16's 32 GB/s peak; an estimate, labelled as one wherever it is shown."""
 SLEEP_WAKE_FIXED_S = 1
 """Waking's fixed part: re-mapping the memory pool and resuming the scheduler (an estimate)."""
-
-
-# Multi-node serving: how nodes of a GPU instance type talk to each other (``components.multinode``).
-# EFA interfaces per instance type: EC2's maximumEfaInterfaces (NetworkInfo.EfaInfo of DescribeInstanceTypes; the
-# "Network cards" table, docs.aws.amazon.com/AWSEC2/latest/UserGuide/using-eni.html#network-cards, and "Supported
-# instance types", docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html#efa-instance-types), read 2026-12-01. A type
-# missing here has no EFA (g4dn/g5/g6 below 8xlarge, g6e below 8xlarge): its nodes talk over TCP only.
-EFA_READ_ON = "2026-12-01"
-EFA_INTERFACES: dict[str, int] = {
-    "g4dn.12xlarge": 1,
-    "g4dn.metal": 1,
-    "g5.8xlarge": 1,
-    "g5.12xlarge": 1,
-    "g5.24xlarge": 1,
-    "g5.48xlarge": 1,
-    "g6.8xlarge": 1,
-    "g6.12xlarge": 1,
-    "g6.24xlarge": 1,
-    "g6.48xlarge": 1,
-    "g6e.8xlarge": 1,
-    "g6e.12xlarge": 1,
-    "g6e.24xlarge": 2,
-    "g6e.48xlarge": 4,
-    "p4d.24xlarge": 4,
-    "p4de.24xlarge": 4,
-    "p5.48xlarge": 32,
-    "p5en.48xlarge": 16,
-    "p6-b200.48xlarge": 8,
-}
-# Cluster placement groups are "supported for current generation instance types, except burstable performance
-# instances (for example, T2), Mac1 instances and M7i-flex instances" (docs.aws.amazon.com/AWSEC2/latest/UserGuide/
-# placement-strategies.html#placement-groups-cluster, read 2026-12-01): every GPU family in INSTANCE_TYPES has them.
-CLUSTER_PLACEMENT_FAMILIES = frozenset({"g4dn", "g5", "g6", "g6e", "p4d", "p4de", "p5", "p5en", "p6-b200"})

@@ -167,7 +167,7 @@ def size_rows(found: list[sizing.Candidate]) -> list[tuple[str, ...]]:
     """The rows of `size`'s table, one per placement that fits: one node, or a group of nodes."""
     rows: list[tuple[str, ...]] = []
     for c in found:
-        spot = c.usd_per_replica_month * catalog.SPOT_FRACTION.get(c.instance.family, 1.0)
+        spot = c.usd_per_replica_month * c.instance.family_facts.spot_fraction
         rows.append(
             (
                 c.instance.name,

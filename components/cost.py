@@ -33,7 +33,7 @@ in ``components.compare``: `inferstack cost` shows it as an option default witho
 
 
 def hourly(instance: catalog.InstanceType, capacity: CapacityType) -> float:
-    fraction = catalog.SPOT_FRACTION.get(instance.family, 1.0) if capacity is CapacityType.SPOT else 1.0
+    fraction = instance.family_facts.spot_fraction if capacity is CapacityType.SPOT else 1.0
     return instance.on_demand_usd_per_hour * fraction
 
 

@@ -53,9 +53,9 @@ class Interconnect:
 
 def interconnect(instance: catalog.InstanceType) -> Interconnect:
     return Interconnect(
-        efa_interfaces=catalog.EFA_INTERFACES.get(instance.name, 0),
-        network_gbps=catalog.NETWORK_GBPS.get(instance.name),
-        cluster_placement=instance.family in catalog.CLUSTER_PLACEMENT_FAMILIES,
+        efa_interfaces=instance.efa_interfaces,
+        network_gbps=instance.network_gbps,
+        cluster_placement=instance.family_facts.cluster_placement,
     )
 
 
@@ -79,7 +79,7 @@ def efa_instance_types(gpu: str | None = None) -> list[str]:
     return sorted(
         name
         for name, instance in catalog.INSTANCE_TYPES.items()
-        if catalog.EFA_INTERFACES.get(name, 0) and (gpu is None or instance.gpu == gpu)
+        if instance.efa_interfaces and (gpu is None or instance.gpu == gpu)
     )
 
 

@@ -975,7 +975,8 @@ def _group_links(
             Problem(
                 f"gpu_pools[{index}].placement_group",
                 f"{instance.family} instances cannot launch into a cluster placement group; use a family that can "
-                f"({', '.join(sorted(catalog.CLUSTER_PLACEMENT_FAMILIES))}) or set placement_group: false",
+                f"({', '.join(sorted(f.name for f in catalog.FAMILIES.values() if f.cluster_placement))}) or set "
+                "placement_group: false",
             )
         )
     efa = link.has_efa and (pool.efa if pool.efa is not None else multi)

@@ -2,7 +2,7 @@
 
 A cold replica waits for a node of its pool's instance type to start and join, pulls the engine image, gets its
 weights from the model store into the engine (fetch + load), then the engine starts (compile, graph capture, KV
-profiling). Each phase comes from the catalog's figures (``catalog.NODE_START_S`` and the rest, with their
+profiling). Each phase comes from the catalog's figures (an instance family's ``node_start_s`` and the rest, with their
 sources); the budget is their sum plus
 ``catalog.STARTUP_MARGIN``, in whole minutes, unless the model's ``rollout.startup_budget_s`` sets it (never below
 the estimate). The engine's startup probe, its Deployment's progress deadline and the Deployment's Pulumi
@@ -68,9 +68,8 @@ def node_start(placement: Placement) -> Phase:
     the general nodes, which are there already."""
     if placement.instance is None:
         return Phase("node", 0, "general nodes, already running")
-    family = placement.instance.family
-    seconds = catalog.NODE_START_S.get(family, catalog.NODE_START_DEFAULT_S)
-    return Phase("node", seconds, f"{placement.instance.name} ({family}) start and join")
+    family = placement.instance.family_facts
+    return Phase("node", family.node_start_s, f"{placement.instance.name} ({family.name}) start and join")
 
 
 def image_pull(model: ModelSpec) -> Phase:

@@ -1,5 +1,5 @@
 """Cold start as a number: seconds from a replica's start to its weights being in the engine (fetch + load), per
-fetch path, from the catalog's bandwidth figures (``catalog.NETWORK_GBPS``, ``HUB_DOWNLOAD_GBPS``, NVMe and
+fetch path, from the catalog's bandwidth figures (an instance type's ``network_gbps``, ``HUB_DOWNLOAD_GBPS``, NVMe and
 load rates). Image pull and the engine's own warm-up are not counted here.
 
 ``expected(fetch, ...)`` is the chosen path's first start on a fresh node (a node cache misses then);
@@ -33,12 +33,8 @@ def _rates(instance: catalog.InstanceType | None, gpus: int) -> tuple[float, flo
     """GB/s of the node's usable network, its NVMe (0: none) and the load into the engine."""
     if instance is None:
         return catalog.CPU_NODE_NETWORK_GBPS / 8 * catalog.NETWORK_EFFICIENCY, 0.0, catalog.LOAD_GBPS_PER_GPU
-    network = catalog.NETWORK_GBPS[instance.name] / 8 * catalog.NETWORK_EFFICIENCY
-    disks = (
-        catalog.INSTANCE_STORE_DISKS.get(instance.name, 1)
-        if catalog.INSTANCE_STORE_GB.get(instance.name)
-        else 0
-    )
+    network = instance.network_gbps / 8 * catalog.NETWORK_EFFICIENCY
+    disks = instance.store_disks if instance.store_gb else 0
     nvme = min(disks, catalog.NVME_DISKS_COUNTED) * catalog.NVME_READ_GBPS_PER_DISK
     return network, nvme, catalog.LOAD_GBPS_PER_GPU * max(1, gpus)
 

@@ -42,7 +42,7 @@ def nvme_gib(instance: catalog.InstanceType | None) -> float:
     """The instance's local NVMe, in GiB (0 where it has none, or on CPU nodes)."""
     if instance is None:
         return 0.0
-    return catalog.INSTANCE_STORE_GB.get(instance.name, 0) * 1e9 / GIB
+    return instance.store_gb * 1e9 / GIB
 
 
 def cache_medium(instance: catalog.InstanceType | None) -> tuple[CacheMedium, str]:

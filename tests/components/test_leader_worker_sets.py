@@ -122,7 +122,7 @@ def test_a_placed_group_takes_whole_nodes_and_its_pool_and_cost_count_them(
     pool = next(iter(layout.pools.values()))
     assert pool.min_nodes >= replicas * pp
     assert pool.multi_node and pool.placement_group
-    assert pool.efa_interfaces == catalog.EFA_INTERFACES.get(instance, 0)
+    assert pool.efa_interfaces == catalog.INSTANCE_TYPES[instance].efa_interfaces
 
 
 # Bad input -----------------------------------------------------------------------------------------------------
@@ -281,7 +281,7 @@ def test_replica_counts_of_a_group_read_its_leader_stateful_set_not_a_deployment
 def test_the_405b_plan_has_efa_interfaces_a_placement_group_and_the_device_plugin() -> None:
     [template] = [r for r in _resources("aws:ec2/launchTemplate:LaunchTemplate") if r.name.endswith("-h100")]
     interfaces = template.inputs["networkInterfaces"]
-    assert len(interfaces) == 32 == catalog.EFA_INTERFACES["p5.48xlarge"]
+    assert len(interfaces) == 32 == catalog.INSTANCE_TYPES["p5.48xlarge"].efa_interfaces
     assert [(i["networkCardIndex"], i["deviceIndex"]) for i in interfaces[:2]] == [(0, 0), (1, 1)]
     assert {i["interfaceType"] for i in interfaces} == {"efa"}
     [group] = _resources("aws:ec2/placementGroup:PlacementGroup")

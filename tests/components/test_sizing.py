@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -122,7 +124,7 @@ def test_more_tensor_parallelism_never_makes_a_fitting_model_stop_fitting(
 def test_every_instance_type_names_a_known_gpu_and_a_spot_fraction() -> None:
     for instance in catalog.INSTANCE_TYPES.values():
         assert instance.gpu in catalog.GPUS
-        assert 0 < catalog.SPOT_FRACTION[instance.family] < 1
+        assert 0 < instance.family_facts.spot_fraction < 1
 
 
 def test_catalog_lookup_accepts_aliases_ids_and_quantized_reuploads() -> None:
@@ -134,3 +136,20 @@ def test_catalog_lookup_accepts_aliases_ids_and_quantized_reuploads() -> None:
     found = catalog.lookup_model("hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4")
     assert found is not None and found[1] == LLAMA_70B
     assert catalog.lookup_model("acme/unknown-13b") is None
+
+
+def test_an_instance_type_is_one_record_and_a_missing_fact_is_refused() -> None:
+    """Every per-type fact is a required field of catalog.InstanceType (it was ten string-keyed tables, where a
+    forgotten entry became 0 GB of NVMe, a spot price of on-demand or a KeyError in the cold-start estimate)."""
+    facts: dict[str, Any] = {
+        "name": "g7.xlarge",
+        "family_facts": catalog.G6,
+        "gpu": "L4",
+        "gpus": 1,
+        "vcpus": 4,
+    }
+    with pytest.raises(TypeError, match="memory_gib"):
+        catalog.InstanceType(**facts)
+    for instance in catalog.INSTANCE_TYPES.values():
+        assert catalog.FAMILIES[instance.family] is instance.family_facts
+        assert instance.network_gbps > 0 and instance.store_disks >= 1

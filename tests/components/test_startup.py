@@ -102,7 +102,7 @@ def test_the_budget_adds_node_start_image_weights_and_engine_start_with_their_ca
     model = stack.spec.models[0]  # Llama 3.1 70B AWQ, TP 2 on p5.48xlarge, streamed from the model store
     placement = stack.layout.placements[model.name]
     node, image, weights, engine = startup.estimate(model, placement)
-    assert node.seconds == catalog.NODE_START_S["p5"]
+    assert node.seconds == catalog.P5.node_start_s
     assert image.seconds == math.ceil(catalog.ENGINE_IMAGE_GIB["vllm"] * 1024 / catalog.IMAGE_PULL_MIBPS)
     gib = placement.weights_gib
     assert 30 < gib < 45  # ~38 GiB of 4-bit weights
