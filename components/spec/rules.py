@@ -16,6 +16,7 @@ from components.spec import (
     MAX_EKS_CLUSTER_NAME,
     Autoscaler,
     GatewayMode,
+    ModelSpec,
     PlatformSpec,
     Target,
 )
@@ -39,6 +40,15 @@ def platform_problems(spec: PlatformSpec) -> list[Problem]:
 
 def _router_mode(spec: PlatformSpec) -> bool:
     return spec.gateway.mode is not GatewayMode.INFERENCE_EXTENSION
+
+
+def _models_where(
+    spec: PlatformSpec, applies: Callable[[ModelSpec], bool], field: str, message: str
+) -> Iterator[Problem]:
+    """One problem at ``models[i].<field>`` for each model the rule applies to."""
+    for i, m in enumerate(spec.models):
+        if applies(m):
+            yield Problem(f"models[{i}].{field}", message)
 
 
 @rule
@@ -98,99 +108,92 @@ def hpa_needs_an_engine_load_metric(spec: PlatformSpec) -> Iterator[Problem]:
 
 @rule
 def versions_need_the_router(spec: PlatformSpec) -> Iterator[Problem]:
-    if _router_mode(spec):
-        return
-    for i, m in enumerate(spec.models):
-        if m.versions:
-            yield Problem(
-                f"models[{i}].versions",
-                "the router splits a model's requests between its versions and rolls a canary back; gateway.mode "
-                "inference-extension runs no router (the gateway routes by model name to one pool): use "
-                "gateway.mode router, or serve one version",
-            )
+    if not _router_mode(spec):
+        yield from _models_where(
+            spec,
+            lambda m: bool(m.versions),
+            "versions",
+            "the router splits a model's requests between its versions and rolls a canary back; gateway.mode "
+            "inference-extension runs no router (the gateway routes by model name to one pool): use "
+            "gateway.mode router, or serve one version",
+        )
 
 
 @rule
 def versions_in_a_cluster(spec: PlatformSpec) -> Iterator[Problem]:
     """make local runs one engine per model from a local path: no preparation Jobs, no per-version engines."""
-    if spec.target is not Target.LOCAL:
-        return
-    for i, m in enumerate(spec.models):
-        if m.versions:
-            yield Problem(
-                f"models[{i}].versions",
-                "target local serves one version per model; list the versions in a cluster stack (target eks or "
-                "kubernetes), or point source at the version to try",
-            )
+    if spec.target is Target.LOCAL:
+        yield from _models_where(
+            spec,
+            lambda m: bool(m.versions),
+            "versions",
+            "target local serves one version per model; list the versions in a cluster stack (target eks or "
+            "kubernetes), or point source at the version to try",
+        )
 
 
 @rule
 def the_picker_holds_nothing(spec: PlatformSpec) -> Iterator[Problem]:
-    if _router_mode(spec):
-        return
-    for i, m in enumerate(spec.models):
-        if "cold_start_hold_ms" in m.scaling.model_fields_set and m.scaling.cold_start_hold_ms:
-            yield Problem(
-                f"models[{i}].scaling.cold_start_hold_ms",
-                "in gateway.mode inference-extension the endpoint picker holds no request (the gateway's ext_proc "
-                "call must answer within its message timeout): a request for a model with no ready replica gets "
-                "503 at once, and those refusals wake the model; set it to 0 or remove it",
-            )
+    if not _router_mode(spec):
+        yield from _models_where(
+            spec,
+            lambda m: "cold_start_hold_ms" in m.scaling.model_fields_set and m.scaling.cold_start_hold_ms > 0,
+            "scaling.cold_start_hold_ms",
+            "in gateway.mode inference-extension the endpoint picker holds no request (the gateway's ext_proc "
+            "call must answer within its message timeout): a request for a model with no ready replica gets "
+            "503 at once, and those refusals wake the model; set it to 0 or remove it",
+        )
 
 
 @rule
 def sleep_needs_the_router(spec: PlatformSpec) -> Iterator[Problem]:
-    if _router_mode(spec):
-        return
-    for i, m in enumerate(spec.models):
-        if m.scaling.sleep_after_idle_s is not None:
-            yield Problem(
-                f"models[{i}].scaling.sleep_after_idle_s",
-                "the router puts idle replicas to sleep and wakes one for a waiting request, and gateway.mode "
-                "inference-extension runs no router (the endpoint picker holds no request, so none would wake a "
-                "replica): use gateway.mode router, or remove it",
-            )
+    if not _router_mode(spec):
+        yield from _models_where(
+            spec,
+            lambda m: m.scaling.sleep_after_idle_s is not None,
+            "scaling.sleep_after_idle_s",
+            "the router puts idle replicas to sleep and wakes one for a waiting request, and gateway.mode "
+            "inference-extension runs no router (the endpoint picker holds no request, so none would wake a "
+            "replica): use gateway.mode router, or remove it",
+        )
 
 
 @rule
 def adapters_need_the_router(spec: PlatformSpec) -> Iterator[Problem]:
-    if _router_mode(spec):
-        return
-    for i, m in enumerate(spec.models):
-        if m.adapters:
-            yield Problem(
-                f"models[{i}].adapters",
-                "in gateway.mode inference-extension the gateway routes by model name to the model's pool and the "
-                "endpoint picker loads no adapter; LoRA adapters are loaded on demand by the router: use "
-                "gateway.mode router, or serve the adapters as models",
-            )
+    if not _router_mode(spec):
+        yield from _models_where(
+            spec,
+            lambda m: bool(m.adapters),
+            "adapters",
+            "in gateway.mode inference-extension the gateway routes by model name to the model's pool and the "
+            "endpoint picker loads no adapter; LoRA adapters are loaded on demand by the router: use "
+            "gateway.mode router, or serve the adapters as models",
+        )
 
 
 @rule
 def the_picker_follows_no_kv_events(spec: PlatformSpec) -> Iterator[Problem]:
-    if _router_mode(spec):
-        return
-    for i, m in enumerate(spec.models):
-        if m.publishes_kv_events:
-            yield Problem(
-                f"models[{i}].routing",
-                "precise_prefix follows the engines' KV events in the router, and gateway.mode inference-extension "
-                "runs no router (the endpoint picker does not follow them): use strategy prefix_aware, or "
-                "gateway.mode router",
-            )
+    if not _router_mode(spec):
+        yield from _models_where(
+            spec,
+            lambda m: m.publishes_kv_events,
+            "routing",
+            "precise_prefix follows the engines' KV events in the router, and gateway.mode inference-extension "
+            "runs no router (the endpoint picker does not follow them): use strategy prefix_aware, or "
+            "gateway.mode router",
+        )
 
 
 @rule
 def priorities_need_the_inference_extension(spec: PlatformSpec) -> Iterator[Problem]:
-    if not _router_mode(spec):
-        return
-    for i, m in enumerate(spec.models):
-        if m.routing.priority is not None:
-            yield Problem(
-                f"models[{i}].routing.priority",
-                "priorities are InferenceObjectives of gateway.mode inference-extension; set that mode or remove "
-                "the priority",
-            )
+    if _router_mode(spec):
+        yield from _models_where(
+            spec,
+            lambda m: m.routing.priority is not None,
+            "routing.priority",
+            "priorities are InferenceObjectives of gateway.mode inference-extension; set that mode or remove "
+            "the priority",
+        )
 
 
 @rule
