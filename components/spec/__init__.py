@@ -1,9 +1,10 @@
 """The platform spec: what a platform engineer writes in ``stacks/Pulumi.<env>.yaml``.
 
 The one source of truth. Every knob is a documented field with a default and, where it has one, a unit
-in its name. Structure and single-field rules live here (pydantic); rules that need the hardware
-catalog (fit, parallelism against a node's GPUs, pool placement) live in ``components.placement``,
-which reports them with the same field paths.
+in its name. Structure and single-field rules live here (pydantic); rules that span sections live in
+``components.spec.rules`` (all reported at once); rules that need the hardware catalog (fit, parallelism
+against a node's GPUs, pool placement) live in ``components.placement``, which reports them with the same
+field paths.
 """
 
 from __future__ import annotations
