@@ -50,3 +50,19 @@ async def probe(
                 if resp.status == 200:
                     text = decode(await resp.content.read(MAX_BYTES))
     return healthy, load_signals(text, engine) if text else {}
+
+
+async def prompt_tokens(
+    session: aiohttp.ClientSession, url: str, engine: EngineKind, timeout_s: float
+) -> float | None:
+    """The engine's prompt-token counter (every client's requests, not only ours); None when unknown."""
+    paths = facts(engine)
+    names = paths.names(Signal.PROMPT_TOKENS)
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+        async with session.get(
+            url + paths.metrics_path, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as resp:
+            if resp.status == 200:
+                text = decode(await resp.content.read(MAX_BYTES))
+                return parse(text, wanted_sample_names(names)).first_total(names)
+    return None

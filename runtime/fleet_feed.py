@@ -1,7 +1,8 @@
 """The health monitor's feed (``GET /v1/backends``) as a front end reads it: per replica, may it take traffic,
 and its engine's queue, running count and KV usage. Shared by front ends that route on the feed (the
-endpoint picker; the shape is ``runtime.health.feed``, which front ends may not import): ``read_feed`` is
-the pure part, ``fetch_feed`` the one GET.
+router and the endpoint picker; the shape is ``runtime.health.feed``, which front ends may not import):
+``read_feed`` is the pure part, ``fetch_feed`` the one GET, ``apply_signals`` what a front end does with an
+entry.
 
 A feed older than its own ``stale_after_s`` counts as absent (the caller probes engines itself), and a
 replica whose metrics the monitor could not refresh has unknown load, never zero load.
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
+from runtime.replica import ReplicaState
 
 log = logging.getLogger("inferstack.feed")
 
@@ -33,14 +36,32 @@ class ReplicaSignals:
     queued: float | None
     running: float | None
     kv_usage: float | None
+    adapters: tuple[str, ...] | None = None
+    """The LoRA adapters the replica holds, when the monitor says (it lists them for models with adapters)."""
+
+
+@dataclass(frozen=True, slots=True)
+class VersionWeights:
+    """The weights the monitor decided for a model's versions (a canary rolled back, or restored)."""
+
+    model: str
+    weights: Mapping[str, float]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Feed:
+    generated_at: float
+    replicas: list[ReplicaSignals]
+    versions: list[VersionWeights]
 
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def read_feed(feed: Mapping[str, Any], now_unix_s: float) -> list[ReplicaSignals] | None:
-    """The replicas of a fresh feed; None when the feed is stale or not a feed at all."""
+def read_feed(feed: Mapping[str, Any], now_unix_s: float) -> Feed | None:
+    """A fresh feed; None when the feed is stale or not a feed at all."""
     generated = _number(feed.get("generated_at"))
     stale_after = _number(feed.get("stale_after_s")) or DEFAULT_STALE_AFTER_S
     backends = feed.get("backends")
@@ -53,6 +74,7 @@ def read_feed(feed: Mapping[str, Any], now_unix_s: float) -> list[ReplicaSignals
         metrics = entry.get("metrics")
         fresh = isinstance(metrics, Mapping) and not entry.get("metrics_stale", False)
         m: Mapping[str, Any] = metrics if fresh and isinstance(metrics, Mapping) else {}
+        adapters = entry.get("adapters")
         out.append(
             ReplicaSignals(
                 model=str(entry.get("model")),
@@ -61,15 +83,39 @@ def read_feed(feed: Mapping[str, Any], now_unix_s: float) -> list[ReplicaSignals
                 queued=_number(m.get("queued")),
                 running=_number(m.get("running")),
                 kv_usage=_number(m.get("kv_usage")),
+                adapters=tuple(str(a) for a in adapters) if isinstance(adapters, list) else None,
             )
+        )
+    return Feed(generated, out, _versions(feed.get("versions")))
+
+
+def _versions(entries: Any) -> list[VersionWeights]:
+    out: list[VersionWeights] = []
+    for entry in entries if isinstance(entries, list) else ():
+        weights = entry.get("weights") if isinstance(entry, Mapping) else None
+        if not isinstance(weights, Mapping):
+            continue
+        numbers = {str(v): _number(w) for v, w in weights.items()}
+        if any(w is None for w in numbers.values()):
+            continue
+        reason = str(entry.get("reason") or "")
+        out.append(
+            VersionWeights(str(entry.get("model")), {v: float(w or 0) for v, w in numbers.items()}, reason)
         )
     return out
 
 
-async def fetch_feed(
-    session: aiohttp.ClientSession, url: str, timeout_s: float
-) -> list[ReplicaSignals] | None:
-    """The feed's replicas, or None when the monitor is unreachable, answers badly or is stale (the caller
+def apply_signals(entry: ReplicaSignals, replica: ReplicaState) -> bool:
+    """Copy one entry onto the front end's replica; True when that changed whether it may take traffic."""
+    was = replica.healthy
+    replica.update_signals(
+        healthy=entry.routable, queued=entry.queued, running=entry.running, kv_usage=entry.kv_usage
+    )
+    return replica.healthy != was
+
+
+async def fetch_feed(session: aiohttp.ClientSession, url: str, timeout_s: float) -> Feed | None:
+    """The feed, or None when the monitor is unreachable, answers badly or is stale (the caller
     then probes the engines itself)."""
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from runtime.http import error_body
-from runtime.openai_request import INFERENCE_PATHS, BadRequest, models_list, prompt_text, read_request
+from runtime.openai_request import INFERENCE_PATHS, BadRequest, models_list, read_request
 from runtime.picker.replicas import ModelPool, Replica
 from runtime.scheduling import Context
 
@@ -114,12 +114,7 @@ def decide(
         served = ", ".join(sorted(models)) or "none"
         message = f"model {asked.model!r} is not served here; served: {served}"
         return refuse(404, message, "unknown_model", code="model_not_found")
-    ctx = Context(model=pool.name, now=now)
-    ctx.notes["kind"] = kind
-    if pool.needs_prompt:
-        ctx.prompt = prompt_text(asked.payload)
-    if pool.needs_session:
-        ctx.session = headers.get(pool.session_header)
+    ctx = pool.context(now, asked.payload, headers.get, kind=kind)
     candidates = pool.replicas
     if subset is not None:
         candidates = [r for r in candidates if r.endpoint in subset]
@@ -127,13 +122,17 @@ def decide(
     if primary is not None:
         return Pick(pool, primary, fallbacks(pool, primary, candidates, now, most_fallbacks), ctx)
     if any(r.healthy and r.breaker.allows(now) for r in candidates):
-        message = f"all replicas of {pool.name!r} are at capacity; try again shortly"
         return refuse(
-            429, message, "overloaded", pool.name, code="overloaded", retry_after_s=OVERLOAD_RETRY_AFTER_S
+            429,
+            pool.busy_message(),
+            "overloaded",
+            pool.name,
+            code="overloaded",
+            retry_after_s=OVERLOAD_RETRY_AFTER_S,
         )
     return refuse(
         503,
-        f"no healthy replica of {pool.name!r} right now",
+        pool.no_replica_message(),
         "no_backend",
         pool.name,
         code="no_healthy_backend",

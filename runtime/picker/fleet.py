@@ -17,13 +17,10 @@ import aiohttp
 from runtime.config import ModelTarget, RuntimeConfig
 from runtime.discovery import watch_backends
 from runtime.engine_probe import probe
-from runtime.engines import Signal
-from runtime.fleet_feed import fetch_feed
+from runtime.fleet_feed import apply_signals, fetch_feed
 from runtime.picker.replicas import ModelPool, Replica
 
 log = logging.getLogger("inferstack.picker.fleet")
-
-PROBE_FAILURES_TO_UNHEALTHY = 2
 
 Discover = Callable[[ModelTarget], AsyncIterator[list[str]]]
 
@@ -64,14 +61,11 @@ class Fleet:
             await self._session.close()
 
     async def _watch(self, pool: ModelPool) -> None:
+        pool.on_departed = self.on_departed
         async for urls in self.discover(pool.target):
-            before = set(pool.by_url)
             if urls != [r.url for r in pool.replicas]:
                 log.info("replicas of %s: %s", pool.name, urls)
             pool.set_replicas(urls)
-            if self.on_departed is not None:
-                for url in before - set(urls):
-                    self.on_departed(pool.name, url)
 
     # --- load and health signals -----------------------------------------------------------------
     async def _signals_loop(self) -> None:
@@ -90,19 +84,14 @@ class Fleet:
         """Apply the health monitor's feed; False if it is unreachable, stale or not a feed."""
         assert self._session is not None
         timeout_s = self.cfg.router.probe_interval_ms / 1000
-        entries = await fetch_feed(self._session, str(self.cfg.router.health_feed_url), timeout_s)
-        if entries is None:
+        feed = await fetch_feed(self._session, str(self.cfg.router.health_feed_url), timeout_s)
+        if feed is None:
             return False
-        for entry in entries:
+        for entry in feed.replicas:
             pool = self.models.get(entry.model)
             replica = pool.by_url.get(entry.url) if pool is not None else None
             if replica is not None:
-                replica.update_signals(
-                    healthy=entry.routable,
-                    queued=entry.queued,
-                    running=entry.running,
-                    kv_usage=entry.kv_usage,
-                )
+                apply_signals(entry, replica)
         return True
 
     async def _probe_all(self) -> None:
@@ -113,16 +102,5 @@ class Fleet:
     async def _probe(self, pool: ModelPool, replica: Replica) -> None:
         timeout_s = max(0.5, self.cfg.router.probe_interval_ms / 1000 * 0.8)
         assert self._session is not None
-        healthy, signals = await probe(self._session, replica.url, pool.target.engine, timeout_s)
-        fails = 0 if healthy else pool.probe_failures.get(replica.url, 0) + 1
-        pool.probe_failures[replica.url] = fails
-        was = replica.healthy
-        replica.update_signals(
-            healthy=fails < PROBE_FAILURES_TO_UNHEALTHY,
-            queued=signals.get(Signal.QUEUED),
-            running=signals.get(Signal.RUNNING),
-            kv_usage=signals.get(Signal.KV_USAGE),
-        )
-        if replica.healthy != was:
-            state = "healthy" if replica.healthy else "unhealthy"
-            log.warning("replica %s of %s is now %s", replica.url, pool.name, state)
+        answered, signals = await probe(self._session, replica.url, pool.target.engine, timeout_s)
+        pool.probed(replica, answered, signals)

@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 from runtime.breaker import Breaker
 from runtime.config import ModelRoute, ModelTarget, RouterSettings
+from runtime.model_view import ModelView
 from runtime.replica import ReplicaState
-from runtime.scheduling import Need, Strategy, build
 
 
 def host_port(url: str) -> str:
@@ -36,42 +36,20 @@ class Replica(ReplicaState):
         self.endpoint = host_port(url)
 
 
-class ModelPool:
-    """One model: its replicas and its strategy (built by ``runtime.scheduling``, as the router builds it)."""
+class ModelPool(ModelView[Replica]):
+    """One model: the shared model view (``runtime.model_view``), its replicas also named ``ip:port``."""
 
     def __init__(self, target: ModelTarget, route: ModelRoute, settings: RouterSettings) -> None:
-        self.target = target
-        self.route = route
-        self.name = target.name
-        self.settings = settings
-        self.strategy: Strategy = build(route.strategy)
-        # the request fields the strategy's scorers declared they read: parse only those
-        self.needs_prompt = Need.PROMPT in self.strategy.needs
-        self.needs_session = Need.SESSION in self.strategy.needs
-        self.session_header = route.strategy.session_header.lower()
-        self.ewma_alpha = route.strategy.latency_ewma_alpha
-        self.weights = {str(b.url).rstrip("/"): b.weight for b in target.static_backends}
-        self.replicas: list[Replica] = []
-        self.by_url: dict[str, Replica] = {}
+        super().__init__(target, route, settings)
         self.by_endpoint: dict[str, Replica] = {}
-        self.probe_failures: dict[str, int] = {}
         self.listed = False  # discovery has reported at least once
 
-    def set_replicas(self, urls: list[str], previous: dict[str, Replica] | None = None) -> None:
-        """The replicas discovery reports now; survivors keep their counters and circuit."""
-        old = {**(previous or {}), **self.by_url}
-        cap = self.target.max_concurrency_per_backend
-        fresh: list[Replica] = []
-        for url in sorted(set(urls)):
-            r = old.get(url)
-            if r is None or r.cap != cap:
-                s = self.settings
-                breaker = Breaker(s.breaker_failures, s.breaker_open_ms / 1000)
-                r = Replica(url, cap, breaker, self.weights.get(url, 1.0))
-            fresh.append(r)
-        self.replicas = fresh
-        self.by_url = {r.url: r for r in fresh}
-        for gone in [url for url in self.probe_failures if url not in self.by_url]:
-            del self.probe_failures[gone]
-        self.by_endpoint = {r.endpoint: r for r in fresh}
+    def new_replica(self, url: str, cap: int) -> Replica:
+        s = self.settings
+        return Replica(
+            url, cap, Breaker(s.breaker_failures, s.breaker_open_ms / 1000), self.weights.get(url, 1.0)
+        )
+
+    def replicas_changed(self) -> None:
+        self.by_endpoint = {r.endpoint: r for r in self.replicas}
         self.listed = True

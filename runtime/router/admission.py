@@ -12,77 +12,17 @@ handler is cancelled, which takes it out of the line).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from runtime.router.backends import Backend
+from runtime.router.model_state import ModelState
+from runtime.router.waitline import QueueFullError
 from runtime.scheduling import Context
 
-if TYPE_CHECKING:  # the fleet holds a WaitQueue per model
-    from runtime.router.fleet import ModelState
-
 log = logging.getLogger("inferstack.router")
-
-
-class QueueFullError(Exception):
-    """The wait line is at its bound."""
-
-
-class WaitQueue:
-    def __init__(self, max_waiting: int) -> None:
-        self.max_waiting = max_waiting
-        self.waiters: deque[asyncio.Future[None]] = (
-            deque()
-        )  # read directly on the hot path: non-empty = a line
-
-    def __len__(self) -> int:
-        return len(self.waiters)
-
-    async def wait(self, timeout_s: float, front: bool = False) -> bool:
-        """Wait for a wake-up; False if the deadline passed first. ``front`` re-queues a request
-        that was woken but lost the slot, ahead of later arrivals."""
-        if len(self.waiters) >= self.max_waiting and not front:
-            raise QueueFullError
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if front:
-            self.waiters.appendleft(fut)
-        else:
-            self.waiters.append(fut)
-        try:
-            async with asyncio.timeout(timeout_s):
-                await fut
-            return True
-        except TimeoutError:
-            return fut.done() and not fut.cancelled()  # woken as the deadline hit: still a wake-up
-        except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():
-                self.wake_one()  # we were handed a slot but are leaving: pass it on
-            raise
-        finally:
-            if not fut.done():
-                fut.cancel()
-            with contextlib.suppress(ValueError):
-                self.waiters.remove(fut)
-
-    def wake_one(self) -> None:
-        waiters = self.waiters
-        while waiters:
-            fut = waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                return
-
-    def wake_all(self) -> None:
-        while self.waiters:
-            fut = self.waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +97,7 @@ async def acquire(
 def _busy(state: ModelState, deadline_s: float) -> Refusal:
     return Refusal(
         429,
-        f"all replicas of {state.name!r} are at capacity; try again shortly",
+        state.busy_message(),
         "queue",
         "overloaded",
         max(1.0, deadline_s / 2),
@@ -179,7 +119,7 @@ def _no_replica(state: ModelState) -> Refusal:
     why = f" (none became ready within {held / 1000:g}s; it is starting)" if held else ""
     return Refusal(
         503,
-        f"no healthy replica of {state.name!r} right now{why}",
+        state.no_replica_message(why),
         "no_backend",
         "no_healthy_backend",
         state.settings.breaker_open_ms / 1000,

@@ -7,6 +7,7 @@ try on one replica, relayed and accounted), ``runtime.scheduling`` (which replic
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -21,13 +22,13 @@ from runtime.router.adapters import LoadFailure, ensure_loaded
 from runtime.router.admission import Refusal, acquire
 from runtime.router.backends import Backend
 from runtime.router.batch_api import BatchApiHooks, api_call_model, is_batch_api, low_priority_avoid
-from runtime.router.fleet import Fleet, ModelState
+from runtime.router.fleet import Fleet
 from runtime.router.limits import Limits, LocalLimits, make_limits
 from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
-from runtime.router.payload import BadRequest, choices_problem, prompt_text, read_request
+from runtime.router.model_state import ModelState
+from runtime.router.payload import BadRequest, choices_problem, read_request
 from runtime.router.proxy import Call, Forwarder, forwarded_tail
 from runtime.router.retry import RetryBudget, backoff_s
-from runtime.scheduling import Context
 from runtime.server import Connection, Headers, Request
 
 log = logging.getLogger("inferstack.router")
@@ -39,6 +40,12 @@ PROXY_PATHS = {
 }
 _GET_PATHS = frozenset((b"/v1/models", b"/healthz", b"/readyz", b"/metrics"))
 _RID_OK = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def _header(headers: Headers, name: str) -> str | None:
+    """A request header by its lower-case name (the server keeps them as raw bytes)."""
+    value = headers.get(name.encode())
+    return value.decode("latin-1") if value else None
 
 
 class Router:
@@ -62,8 +69,8 @@ class Router:
         self._configure(cfg)
         self.metrics.attach_live(self.snapshot)
         self.fleet.on_departed = self.metrics.forget_backend
-        self.fleet.on_slept = self.metrics.slept
-        self.fleet.on_woke = self.metrics.woke
+        self.fleet.sleep.on_slept = self.metrics.slept
+        self.fleet.sleep.on_woke = self.metrics.woke
         self.fleet.on_kv_problem = self.metrics.kv_problem
 
     def _new_limits(self, cfg: RuntimeConfig) -> Limits:
@@ -266,9 +273,7 @@ class Router:
                 )
                 return
         # 4. route and proxy: fill only what the strategy's scorers declared they read
-        ctx = Context(model=state.name, now=started, adapter=adapter)
-        if adapter is not None and state.needs_adapter:
-            ctx.warm = frozenset(b.url for b in state.backends if b.adapters.holds(adapter))
+        ctx = state.context(started, asked.payload, functools.partial(_header, headers), adapter, kind=kind)
         if headers.get(PRIORITY_HEADER) == LOW_PRIORITY:  # the batch service: only into headroom
             avoid = low_priority_avoid(state, self.batch_api.low_priority_share, started)
             if avoid is None:
@@ -276,14 +281,6 @@ class Router:
                 self._fail(conn, 429, message, "low_priority", code="no_headroom", retry_after_s=1)
                 return
             ctx.exclude = avoid
-        if state.needs_prompt:
-            ctx.prompt = prompt_text(asked.payload)
-        if state.needs_session:
-            session = headers.get(state.session_header)
-            ctx.session = session.decode("latin-1") if session else None
-        if state.kv is not None:
-            ctx.prompt_blocks = state.kv.prompt_blocks(kind, asked.payload, state.max_blocks)
-            ctx.cache = state.kv.index
         tail = forwarded_tail(headers, self.rid_header, rid, req.body)
         self.retry_budget.deposit()
         await self._route(Call(conn, state, ctx, req.path, tail, asked.stream, rid, principal, started))
@@ -295,8 +292,7 @@ class Router:
         if split is None:
             return None
         stable = self.fleet.lookup_version(model, split.stable)
-        key = headers.get(stable.session_header)
-        return key.decode("latin-1") if key else None
+        return _header(headers, stable.session_header)
 
     async def _adapter_ready(
         self, state: ModelState, backend: Backend, adapter: str | None
@@ -326,7 +322,6 @@ class Router:
     async def _route(self, call: Call) -> None:
         conn, state, ctx, rid = call.conn, call.state, call.ctx, call.rid
         settings = state.settings
-        ctx.notes["kind"] = PROXY_PATHS[call.path]
         last_error: tuple[int, str] = (502, "no replica answered")
         attempt = 0
         tried: set[str] = set()

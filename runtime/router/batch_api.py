@@ -23,7 +23,7 @@ from runtime.server import Connection, Request
 from runtime.upstream import Exchange, Pool, UpstreamError
 
 if TYPE_CHECKING:
-    from runtime.router.fleet import ModelState
+    from runtime.router.model_state import ModelState
 
 PATHS = (b"/v1/files", b"/v1/batches")
 #: Multipart framing on top of the largest batch input file an upload may carry.
@@ -46,8 +46,8 @@ def low_priority_avoid(state: ModelState, share: float, now: float) -> frozenset
     """Replicas a low-priority request must not go to, or None when it may not go anywhere now."""
     if len(state.queue):
         return None  # interactive requests are waiting: they get every slot that frees
-    busy = frozenset(b.url for b in state.backends if b.inflight >= b.cap * share)
-    free = any(b.healthy and b.breaker.allows(now) and b.url not in busy for b in state.backends)
+    busy = frozenset(b.url for b in state.replicas if b.inflight >= b.cap * share)
+    free = any(b.healthy and b.breaker.allows(now) and b.url not in busy for b in state.replicas)
     return busy if free else None
 
 

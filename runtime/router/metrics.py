@@ -26,7 +26,7 @@ from runtime.scheduling import Report
 from runtime.versions import Split
 
 if TYPE_CHECKING:
-    from runtime.router.fleet import ModelState
+    from runtime.router.model_state import ModelState
 
 DEPARTED_KEEP_S = 600.0
 """How long a departed replica's request counters stay in /metrics: longer than the alerts' and dashboards'
@@ -63,10 +63,10 @@ def live_gauges(models: Mapping[str, ModelState], splits: Mapping[str, Split] | 
             out["version_weight"].append(((model, version), 100.0 * weight / total))
     for name, m in models.items():
         out["queue_depth"].append(((name,), float(len(m.queue))))
-        out["backends"].append(((name,), float(len(m.backends))))
+        out["backends"].append(((name,), float(len(m.replicas))))
         if m.sleep is not None:
-            out["backends_asleep"].append(((name,), float(sum(1 for b in m.backends if b.asleep))))
-        for b in m.backends:
+            out["backends_asleep"].append(((name,), float(sum(1 for b in m.replicas if b.asleep))))
+        for b in m.replicas:
             out["backend_inflight"].append(((name, b.url), float(b.inflight)))
             out["circuit_state"].append(((name, b.url), float(b.breaker.state)))
             out["backend_healthy"].append(((name, b.url), 1.0 if b.healthy else 0.0))
@@ -80,7 +80,7 @@ def live_gauges(models: Mapping[str, ModelState], splits: Mapping[str, Split] | 
             out["prefix_hit_rate"].append(((name,), hit_rate))
         if m.kv is not None:
             index = m.kv.index
-            for b in m.backends:
+            for b in m.replicas:
                 out["kv_view_blocks"].append(((name, b.url), float(index.held(b.url))))
                 out["kv_view_synced"].append(((name, b.url), 1.0 if b.url in index.synced else 0.0))
     return out

@@ -19,8 +19,8 @@ from runtime.api_keys import Principal
 from runtime.config import RouterSettings
 from runtime.http import error_body
 from runtime.router.backends import BACKEND_HEADER, Backend
-from runtime.router.fleet import ModelState
 from runtime.router.metrics import RouterMetrics
+from runtime.router.model_state import ModelState
 from runtime.router.payload import usage_of
 from runtime.scheduling import Context
 from runtime.server import ClientGoneError, Connection

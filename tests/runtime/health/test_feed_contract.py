@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import time
 
-from runtime.router.fleet import Fleet, apply_feed
+from runtime.fleet_feed import read_feed
+from runtime.router.fleet import Fleet
+from runtime.router.signals import apply_feed
 from tests.runtime.health.conftest import config_for
 from tests.runtime.health.doubles import vllm_metrics
 
@@ -22,12 +24,14 @@ async def test_router_applies_the_monitor_feed(fakes, monitors):
     wire = json.loads(monitor.feed().model_dump_json())  # exactly what GET /v1/backends sends
 
     fleet = Fleet(config)
-    fleet.models["tiny"].set_backends([good.url, bad.url, stale.url])
-    assert apply_feed(fleet.models, wire, time.time())
-    by_url = {b.url: b for b in fleet.models["tiny"].backends}
+    fleet.models["tiny"].set_replicas([good.url, bad.url, stale.url])
+    feed = read_feed(wire, time.time())
+    assert feed is not None
+    apply_feed(fleet.models, feed)
+    by_url = {b.url: b for b in fleet.models["tiny"].replicas}
     assert (
         by_url[good.url].healthy and by_url[good.url].engine_queued == 5 and by_url[good.url].kv_usage == 0.3
     )
     assert not by_url[bad.url].healthy
     assert by_url[stale.url].healthy and by_url[stale.url].engine_queued != 9  # stale values are not applied
-    assert not apply_feed(fleet.models, {**wire, "generated_at": time.time() - 3600}, time.time())
+    assert read_feed({**wire, "generated_at": time.time() - 3600}, time.time()) is None

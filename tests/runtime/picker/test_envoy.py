@@ -251,7 +251,7 @@ def test_the_pickers_choices_equal_the_routers(lt: LoopThread, tmp_path: Path) -
     tags = {backend_tag(d.url): d.url for d in chat}
     try:
         deadline = time.monotonic() + 30
-        while not router.call(lambda: len(router.router.fleet.models[CHAT].backends) == 3):  # type: ignore[union-attr]
+        while not router.call(lambda: len(router.router.fleet.models[CHAT].replicas) == 3):  # type: ignore[union-attr]
             assert time.monotonic() < deadline, "the router never listed its replicas"
             time.sleep(0.01)
         router.call(lambda: _replay_clock(router.router.fleet.models[CHAT].strategy, arrivals, 5))  # type: ignore[union-attr]

@@ -130,7 +130,7 @@ def test_the_feed_ejects_and_loads_replicas_and_a_stale_feed_falls_back_to_probi
 
 def test_read_feed_keeps_unknown_load_unknown() -> None:
     now = time.time()
-    entries = read_feed(
+    feed = read_feed(
         _feed(
             [
                 {
@@ -144,8 +144,8 @@ def test_read_feed_keeps_unknown_load_unknown() -> None:
         ),
         now,
     )
-    assert entries is not None
-    (entry,) = entries
+    assert feed is not None
+    (entry,) = feed.replicas
     assert (entry.url, entry.routable, entry.queued) == ("http://x:1", False, None)
     assert read_feed(_feed([], age_s=30), now) is None
     assert read_feed({"backends": "nonsense", "generated_at": now}, now) is None

@@ -265,7 +265,7 @@ class RouterUnderTest(Loopback):
         # static discovery lands within a few loop turns; a deadline for a loaded machine, then it is a fault
         deadline = asyncio.get_running_loop().time() + 10
         models = self.router.fleet.models.values()
-        while not all(m.backends for m in models if m.target.static_backends):
+        while not all(m.replicas for m in models if m.target.static_backends):
             if asyncio.get_running_loop().time() > deadline:
                 await self._stop()
                 raise RuntimeError("the router did not list its static replicas within 10 s")

@@ -144,7 +144,9 @@ def test_listed_adapters_reads_vllm_models() -> None:
 
 def test_the_health_feed_tells_the_router_which_adapters_each_replica_holds() -> None:
     from runtime.config import RuntimeConfig
-    from runtime.router.fleet import ModelState, apply_feed
+    from runtime.fleet_feed import read_feed
+    from runtime.router.model_state import ModelState
+    from runtime.router.signals import apply_feed
 
     cfg = RuntimeConfig.model_validate(
         {
@@ -158,11 +160,15 @@ def test_the_health_feed_tells_the_router_which_adapters_each_replica_holds() ->
         }
     )
     state = ModelState(cfg.models[0], cfg.route("tiny"), cfg.router)
-    state.set_backends(["http://10.0.0.1:8000"])
-    b = state.backends[0]
+    state.set_replicas(["http://10.0.0.1:8000"])
+    b = state.replicas[0]
     entry = {"model": "tiny", "url": b.url, "routable": True, "metrics": {}, "adapters": ["sql"]}
-    assert apply_feed({"tiny": state}, {"generated_at": 1000.0, "backends": [entry]}, now=1000.5)
+    feed = read_feed({"generated_at": 1000.0, "backends": [entry]}, now_unix_s=1000.5)
+    assert feed is not None
+    apply_feed({"tiny": state}, feed)
     assert b.adapters.holds("sql")
     entry["adapters"] = []  # restarted
-    apply_feed({"tiny": state}, {"generated_at": 2000.0, "backends": [entry]}, now=2000.5)
+    feed = read_feed({"generated_at": 2000.0, "backends": [entry]}, now_unix_s=2000.5)
+    assert feed is not None
+    apply_feed({"tiny": state}, feed)
     assert not b.adapters.holds("sql")

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from runtime.router.admission import QueueFullError, WaitQueue
+from runtime.router.waitline import QueueFullError, WaitQueue
 
 
 async def test_fifo_bound_deadline_and_handoff() -> None:

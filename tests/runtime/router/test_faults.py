@@ -150,7 +150,7 @@ def test_client_disconnect_mid_stream_cancels_the_engine_request(doubles, make_r
         if r.call(lambda: r.router.inflight) == 0:
             break
         threading.Event().wait(0.05)
-    assert r.call(lambda: r.router.fleet.models["m"].backends[0].inflight) == 0
+    assert r.call(lambda: r.router.fleet.models["m"].replicas[0].inflight) == 0
 
 
 def _until(cond, timeout_s: float = 20.0) -> bool:
@@ -168,7 +168,7 @@ def test_full_replicas_queue_then_429_with_retry_after(doubles, make_router) -> 
     with ThreadPoolExecutor(3) as pool:
         try:
             first = pool.submit(r.request, "POST", "/v1/chat/completions", CHAT)
-            assert _until(lambda: r.call(lambda: r.router.fleet.models["m"].backends[0].inflight) == 1)
+            assert _until(lambda: r.call(lambda: r.router.fleet.models["m"].replicas[0].inflight) == 1)
             second = pool.submit(r.request, "POST", "/v1/chat/completions", CHAT)  # waits in line
             assert _until(lambda: r.call(lambda: len(r.router.fleet.models["m"].queue)) == 1)
             status, headers, body = r.request("POST", "/v1/chat/completions", CHAT)  # line is full
@@ -187,7 +187,7 @@ def test_queue_deadline_gives_429(doubles, make_router) -> None:
     with ThreadPoolExecutor(2) as pool:
         try:
             first = pool.submit(r.request, "POST", "/v1/chat/completions", CHAT)
-            assert _until(lambda: r.call(lambda: r.router.fleet.models["m"].backends[0].inflight) == 1)
+            assert _until(lambda: r.call(lambda: r.router.fleet.models["m"].replicas[0].inflight) == 1)
             assert r.request("POST", "/v1/chat/completions", CHAT)[0] == 429
         finally:
             d.release()

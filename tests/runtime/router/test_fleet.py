@@ -60,7 +60,7 @@ def test_discovered_replicas_are_followed_without_restart(doubles, lt) -> None:
         assert _wait(lambda: rut.request("POST", "/v1/chat/completions", CHAT)[0] == 200)
         lt.loop.call_soon_threadsafe(updates.put_nowait, [b.url])  # a leaves, b arrives
         assert _wait(
-            lambda: rut.call(lambda: [x.url for x in rut.router.fleet.models["m"].backends]) == [b.url]
+            lambda: rut.call(lambda: [x.url for x in rut.router.fleet.models["m"].replicas]) == [b.url]
         )
         before = len(a.requests)
         for _ in range(5):
@@ -156,10 +156,10 @@ def test_a_replica_rebuilt_with_a_new_cap_closes_the_old_connection_pool() -> No
         }
     )
     state = Fleet(cfg).models["m"]
-    state.set_backends(["http://127.0.0.1:9"])
-    [old] = state.backends
+    state.set_replicas(["http://127.0.0.1:9"])
+    [old] = state.replicas
     old.cap += 1  # as if the model's max_concurrency_per_backend changed under a config reload
-    state.set_backends([old.url])
-    [new] = state.backends
+    state.set_replicas([old.url])
+    [new] = state.replicas
     assert new is not old and new.cap == cfg.models[0].max_concurrency_per_backend
     assert old.pool.closed and not new.pool.closed

@@ -11,12 +11,15 @@ import orjson
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from runtime.config import RuntimeConfig
+from runtime.config import EngineKind, RuntimeConfig
+from runtime.engine_probe import load_signals
 from runtime.engines import Signal
-from runtime.router.fleet import Fleet, apply_feed, parse_signals
+from runtime.fleet_feed import read_feed
+from runtime.router.fleet import Fleet
 from runtime.router.metrics import LATENCY_BUCKETS_S, RouterMetrics
 from runtime.router.payload import prompt_text, usage_of
 from runtime.router.reload import read_router_config
+from runtime.router.signals import apply_feed
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -42,7 +45,7 @@ def test_prompt_text_for_chat_completions_and_embeddings() -> None:
     assert prompt_text(deep) == ""  # not a RecursionError (a 500)
 
 
-def test_parse_signals_vllm_old_and_new_names_sglang() -> None:
+def test_load_signals_reads_vllm_old_and_new_names_and_sglang() -> None:
     text = """# HELP vllm:num_requests_waiting waiting
 vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
 vllm:num_requests_waiting{engine="1",model_name="m"} 2.0
@@ -53,11 +56,11 @@ vllm:num_requests_waiting_by_reason{reason="x"} 99
 garbage line without value
 vllm:num_requests_running NaN
 """
-    s = parse_signals(text, "vllm")
+    s = load_signals(text, EngineKind.VLLM)
     assert s[Signal.QUEUED] == 5.0
     assert s[Signal.RUNNING] == 4.0
     assert abs(s[Signal.KV_USAGE] - 0.4) < 1e-9
-    sg = parse_signals('sglang:num_queue_reqs{model_name="m"} 7\nsglang:token_usage 0.25\n', "sglang")
+    sg = load_signals('sglang:num_queue_reqs{model_name="m"} 7\nsglang:token_usage 0.25\n', EngineKind.SGLANG)
     assert sg[Signal.QUEUED] == 7 and sg[Signal.KV_USAGE] == 0.25
 
 
@@ -73,7 +76,7 @@ def _fleet() -> Fleet:
         }
     )
     fleet = Fleet(cfg)
-    fleet.models["m"].set_backends(["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
+    fleet.models["m"].set_replicas(["http://10.0.0.1:8000", "http://10.0.0.2:8000"])
     return fleet
 
 
@@ -95,11 +98,13 @@ def test_apply_feed_sets_health_and_load_and_ignores_stale_feeds() -> None:
             {"url": "http://10.9.9.9:8000", "model": "unknown", "routable": True},
         ],
     }
-    assert apply_feed(fleet.models, feed, now)
-    a, b = fleet.models["m"].backends
+    fresh = read_feed(feed, now)
+    assert fresh is not None
+    apply_feed(fleet.models, fresh)
+    a, b = fleet.models["m"].replicas
     assert not a.healthy
     assert b.healthy and b.engine_queued == 4.0 and b.kv_usage == 0.7
-    assert not apply_feed(fleet.models, {**feed, "generated_at": now - 60}, now)
+    assert read_feed({**feed, "generated_at": now - 60}, now) is None
 
 
 def test_cli_bad_config_exits_2_naming_file_and_field(tmp_path: Path) -> None:

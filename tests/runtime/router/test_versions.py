@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import time
 
-from runtime.router.fleet import apply_version_feed
+from runtime.fleet_feed import read_feed
+from runtime.router.signals import apply_version_weights
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -67,11 +68,16 @@ def test_a_failing_canary_loses_no_request_its_retries_go_to_stable(doubles, mak
 def test_a_rollback_in_the_health_feed_sends_everything_to_stable(doubles, make_router) -> None:
     stable, canary = doubles(2)
     r = make_router([], models=_versions(stable.url, canary.url))
-    feed = {
-        "generated_at": time.time(),
-        "versions": [{"model": "chat", "weights": {"v1": 100, "v2": 0}, "reason": "x"}],
-    }
-    r.call(lambda: apply_version_feed(r.router.fleet.splits, feed))
+    feed = read_feed(
+        {
+            "generated_at": time.time(),
+            "backends": [],
+            "versions": [{"model": "chat", "weights": {"v1": 100, "v2": 0}, "reason": "x"}],
+        },
+        time.time(),
+    )
+    assert feed is not None
+    r.call(lambda: apply_version_weights(r.router.fleet.splits, feed))
     for _ in range(50):
         r.request("POST", "/v1/chat/completions", CHAT)
     assert len(canary.requests) == 0 and len(stable.requests) == 50

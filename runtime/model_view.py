@@ -1,0 +1,148 @@
+"""One model as a front end routes it: its target and route, its strategy (built by ``runtime.scheduling``),
+its replicas as discovery lists them, and the request fields its scorers read.
+
+The router's ``ModelState`` and the endpoint picker's ``ModelPool`` extend this, so the two front ends
+build the strategy, keep replicas across a relist, fill the scheduling ``Context`` and word their refusals
+one way; what they add is their own (the router's wait line, batcher, sleep and KV view; the picker's
+``ip:port`` names). No I/O here.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+from runtime.config import ModelRoute, ModelTarget, RouterSettings
+from runtime.engines import Signal
+from runtime.openai_request import prompt_text
+from runtime.replica import ReplicaState
+from runtime.scheduling import Context, Need, Strategy, build
+
+R = TypeVar("R", bound=ReplicaState)
+
+log = logging.getLogger("inferstack.fleet")
+
+#: Failed looks in a row before a front end probing replicas itself takes one out (one can be a blip).
+PROBE_FAILURES_TO_UNHEALTHY = 2
+
+#: ``(model, url)`` of a replica that left the model's list (to drop its metric series).
+DepartedHook = Callable[[str, str], None]
+
+
+class ModelView(ABC, Generic[R]):
+    """Everything a front end needs to pick a replica of one model."""
+
+    def __init__(self, target: ModelTarget, route: ModelRoute, settings: RouterSettings) -> None:
+        self.target = target
+        self.route = route
+        self.name = target.name
+        self.settings = settings
+        self.strategy: Strategy = build(route.strategy)
+        # the request fields the strategy's scorers declared they read: parse only those
+        self.needs_prompt = Need.PROMPT in self.strategy.needs
+        self.needs_session = Need.SESSION in self.strategy.needs
+        self.needs_adapter = Need.ADAPTER in self.strategy.needs
+        self.session_header = route.strategy.session_header.lower()
+        self.ewma_alpha = route.strategy.latency_ewma_alpha
+        self.weights = {str(b.url).rstrip("/"): b.weight for b in target.static_backends}
+        self.replicas: list[R] = []
+        self.by_url: dict[str, R] = {}
+        self.probe_failures: dict[str, int] = {}
+        self.on_departed: DepartedHook | None = None
+
+    @abstractmethod
+    def new_replica(self, url: str, cap: int) -> R:
+        """A replica record for a URL discovery reported (fresh counters, a closed circuit)."""
+
+    def retire(self, replica: R) -> None:
+        """A replica record is dropped (it left, or was replaced): release what it holds."""
+
+    def replicas_changed(self) -> None:
+        """The replica list was replaced (after ``set_replicas``)."""
+
+    def set_replicas(self, urls: list[str], previous: Mapping[str, R] | None = None) -> None:
+        """The replicas discovery reports now. Survivors (here or in ``previous``, the state a reload
+        replaced) keep their counters, latency and circuit; a replica whose concurrency cap changed
+        starts afresh."""
+        old = {**(previous or {}), **self.by_url}
+        cap = self.target.max_concurrency_per_backend
+        listed = set(urls)
+        fresh: list[R] = []
+        for url in sorted(listed):
+            r = old.get(url)
+            if r is None or r.cap != cap:
+                if r is not None:
+                    self.retire(r)
+                r = self.new_replica(url, cap)
+            fresh.append(r)
+        for url, r in old.items():
+            if url not in listed:
+                self.retire(r)
+                self.probe_failures.pop(url, None)
+                if self.on_departed is not None:
+                    self.on_departed(self.name, url)
+        self.replicas = fresh
+        self.by_url = {r.url: r for r in fresh}
+        self.replicas_changed()
+
+    def healthy_count(self) -> int:
+        return sum(1 for r in self.replicas if r.healthy)
+
+    def probed(self, replica: R, answered: bool, signals: Mapping[Signal, float]) -> bool:
+        """Record the front end's own look at a replica (while the health feed is away). True when that
+        changed whether it may take traffic."""
+        fails = 0 if answered else self.probe_failures.get(replica.url, 0) + 1
+        self.probe_failures[replica.url] = fails
+        was = replica.healthy
+        replica.update_signals(
+            healthy=fails < PROBE_FAILURES_TO_UNHEALTHY,
+            queued=signals.get(Signal.QUEUED),
+            running=signals.get(Signal.RUNNING),
+            kv_usage=signals.get(Signal.KV_USAGE),
+        )
+        if replica.healthy == was:
+            return False
+        log.warning(
+            "replica %s of %s is now %s",
+            replica.url,
+            self.name,
+            "healthy" if replica.healthy else "unhealthy",
+        )
+        return True
+
+    def warm_for(self, adapter: str) -> frozenset[str]:
+        """Replicas holding ``adapter`` loaded (a front end that tracks adapters says which)."""
+        return frozenset()
+
+    def context(
+        self,
+        now: float,
+        payload: dict[str, Any],
+        header: Callable[[str], str | None],
+        adapter: str | None = None,
+        kind: str = "",
+    ) -> Context:
+        """The scheduling context of one request, filled with only what the strategy's scorers read.
+        ``header`` looks a request header up by its lower-case name; ``kind`` is the API called (chat,
+        completions, embeddings)."""
+        ctx = Context(model=self.name, now=now, adapter=adapter)
+        ctx.notes["kind"] = kind
+        if adapter is not None and self.needs_adapter:
+            ctx.warm = self.warm_for(adapter)
+        if self.needs_prompt:
+            ctx.prompt = prompt_text(payload)
+        if self.needs_session:
+            ctx.session = header(self.session_header)
+        self.add_context(ctx, payload)
+        return ctx
+
+    def add_context(self, ctx: Context, payload: dict[str, Any]) -> None:
+        """What a front end adds to the context of its own (the router: the engines' cached blocks)."""
+
+    def busy_message(self) -> str:
+        return f"all replicas of {self.name!r} are at capacity; try again shortly"
+
+    def no_replica_message(self, why: str = "") -> str:
+        return f"no healthy replica of {self.name!r} right now{why}"
