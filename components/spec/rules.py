@@ -10,16 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from components.enums import Target
 from components.problems import Problem
-from components.spec import (
-    HF_REPO,
-    MAX_EKS_CLUSTER_NAME,
-    Autoscaler,
-    GatewayMode,
-    ModelSpec,
-    PlatformSpec,
-    Target,
-)
+from components.spec.base import HF_REPO, MAX_EKS_CLUSTER_NAME
+from components.spec.gateway import GatewayMode
+from components.spec.model import ModelSpec
+from components.spec.platform import Autoscaler, PlatformSpec
 from runtime.config import S3Files
 from runtime.engines import Signal, facts
 

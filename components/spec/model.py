@@ -1,0 +1,569 @@
+"""The models section: a model to serve, with its weights, scaling, objectives, routing, GPU share and adapters
+(its engine is in ``engine``, its versions and rollout in ``versions``)."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, ClassVar
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from components import catalog
+from components.enums import Device, DType
+from components.packing import shared_memory_utilization
+from components.spec.base import (
+    AUTO,
+    MAX_MODEL_NAME,
+    DnsLabel,
+    HubCommit,
+    _checked_source,
+    _Spec,
+    is_hub_source,
+    is_local_path,
+)
+from components.spec.engine import ArchitectureSpec, EngineSpec
+from components.spec.versions import (
+    ModelVersionSpec,
+    RolloutSpec,
+    _check_preparation,
+    _engine_of,
+    _version_engine,
+)
+from runtime.config import (
+    BuiltinScorerName,
+    EngineKind,
+    RouterSettings,
+    StrategyName,
+    Task,
+    reads_engine_events,
+    routing_knobs_read,
+    routing_scorers,
+    strategy_field,
+)
+from runtime.engines import ENGINES, facts
+
+
+class WeightsFetch(StrEnum):
+    AUTO = "auto"
+    STREAMER = "streamer"
+    NODE_CACHE = "node-cache"
+
+
+class WeightsSpec(_Spec):
+    """How an engine gets its weights from the platform's model store (never from the hub at start)."""
+
+    fetch: WeightsFetch = WeightsFetch.AUTO
+    """auto (placement picks: vLLM streams from the store, other engines read a node-level cache), streamer
+    (vLLM's Run:ai streamer reads safetensors straight from S3) or node-cache (copied once per node to its
+    local NVMe, or root disk where it has none, and shared by every replica there)."""
+
+
+class ScalingSpec(_Spec):
+    """When to add and remove replicas (the thresholds derive from the SLO and engine limits)."""
+
+    min_replicas: Annotated[int, Field(ge=0)] = 1
+    """0 enables scale-to-zero: the first request wakes the model."""
+    max_replicas: Annotated[int, Field(ge=1)] = 1
+    """Most replicas the autoscaler may run (equal to min_replicas: a fixed count, no autoscaler); the pool's
+    node ceiling and the projected monthly cost assume it."""
+    queue_per_replica: Annotated[float, Field(gt=0)] | None = None
+    """Waiting requests per replica that trigger scale-up; defaults to 10% of max_num_seqs."""
+    kv_cache_usage_target: Annotated[float, Field(gt=0, le=1)] = 0.85
+    """KV cache usage (0-1) above which to scale up."""
+    scale_up_stabilization_s: Annotated[int, Field(ge=0, le=3600)] = 30
+    """Seconds load must stay high before replicas are added (the HPA's scale-up stabilization window)."""
+    scale_down_stabilization_s: Annotated[int, Field(ge=0, le=3600)] = 600
+    """Cooldown: how long load must stay low before replicas are removed."""
+    idle_before_zero_s: Annotated[int, Field(ge=60)] = 900
+    """With min_replicas 0: idle time before the last replica goes."""
+    sleep_after_idle_s: Annotated[int, Field(ge=10, le=86_400)] | None = None
+    """Idle time after which a replica goes to sleep instead of staying hot (vLLM sleep mode, level 1: weights
+    move to host memory, the KV cache is dropped, the GPU memory is freed) and wakes on the next request, which
+    the router holds meanwhile (seconds for a sleeping replica, against minutes for a cold start). None: replicas
+    never sleep. Engines and devices that support it only (vLLM on GPUs)."""
+    cold_start_hold_ms: Annotated[int, Field(ge=0)] = 90_000
+    """With min_replicas 0: how long the router holds a request while the model has no ready replica (one is
+    starting from zero; the waiting request is what wakes it); past it the client gets 503 with Retry-After.
+    At most the router's first-byte timeout. 0 answers 503 at once (the refusals still wake the model), which is
+    what the endpoint picker does in gateway.mode inference-extension (it holds nothing; a hold is refused)."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ScalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas}); "
+                f"raise max_replicas to at least {self.min_replicas}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _hold_fits(self) -> ScalingSpec:
+        first_byte_ms = RouterSettings().first_byte_timeout_ms
+        if self.cold_start_hold_ms > first_byte_ms:
+            raise ValueError(
+                f"cold_start_hold_ms ({self.cold_start_hold_ms}) is longer than the router's first-byte timeout "
+                f"({first_byte_ms} ms), which the load balancer's idle timeout is sized from: a request held "
+                f"longer is cut off upstream while the router still holds it; use at most {first_byte_ms}"
+            )
+        if "cold_start_hold_ms" in self.model_fields_set and self.min_replicas > 0:
+            raise ValueError(
+                f"cold_start_hold_ms has no effect with min_replicas {self.min_replicas} (a model that never "
+                "scales to zero is never started for a waiting request): remove it, or set min_replicas: 0"
+            )
+        return self
+
+
+class SloSpec(_Spec):
+    """Latency objectives; scaling and alerts are derived from them."""
+
+    ttft_p95_ms: Annotated[int, Field(ge=1)] = 2000
+    """95th percentile time to first token."""
+    inter_token_p95_ms: Annotated[int, Field(ge=1)] = 100
+    """95th percentile time between streamed tokens."""
+    allow_cold_starts: bool = True
+    """A request may wait while a replica starts from zero (scaling.min_replicas 0). false: the model must
+    always have a warm replica, and min_replicas 0 is refused."""
+
+
+class RoutingSpec(_Spec):
+    """How the gateway spreads this model's requests over its replicas: a named strategy (a preset blend
+    of scorers), weights that adjust the blend, and the knobs of the scorers it uses. Names, ranges and
+    descriptions come from the router's registry (``runtime.config``), so a typo fails here, at plan."""
+
+    KNOBS: ClassVar[frozenset[str]] = frozenset(
+        {"load_guard_ratio", "prefix_balance_factor", "prefix_block_tokens"}
+    )
+
+    strategy: StrategyName = Field(default="prefix_aware", description=strategy_field("name").description)
+    weights: dict[BuiltinScorerName, Annotated[float, Field(ge=0)]] = strategy_field("weights")
+    load_guard_ratio: float = strategy_field("load_guard_ratio")
+    prefix_balance_factor: float = strategy_field("prefix_balance_factor")
+    prefix_block_tokens: int = strategy_field("prefix_block_tokens")
+    priority: int | None = None
+    """gateway.mode inference-extension: the request priority of this model's InferenceObjective
+    (inference.networking.x-k8s.io/v1alpha2): under load the gateway serves higher first and may shed
+    negative ones. Requests name it with the x-gateway-inference-objective header (the objective is named
+    after the model)."""
+
+    @model_validator(mode="after")
+    def _knobs_take_effect(self) -> RoutingSpec:
+        read = routing_knobs_read(self.strategy, self.weights)
+        for knob in sorted((self.model_fields_set & self.KNOBS) - read):
+            readers = " or ".join(n for n, info in routing_scorers().items() if knob in info.knobs)
+            raise ValueError(
+                f"{knob} has no effect with strategy {self.strategy!r} and these weights (only the {readers}"
+                " scorer reads it): remove it, or choose a strategy or weights that use that scorer"
+            )
+        return self
+
+
+MIG_PROFILE = re.compile(r"^[1-7]g\.\d+gb$")
+
+
+class GpuShareSpec(_Spec):
+    """The part of one GPU a replica takes on a shared pool: a memory fraction (time-slicing) or a MIG profile."""
+
+    fraction: Annotated[float, Field(gt=0, lt=1)] | None = None
+    """Pool sharing time-slicing: the share of one GPU's memory the engine may use, e.g. 0.25. Its
+    gpu_memory_utilization is derived from it (fraction x the safe total), so engines that share a GPU never
+    ask for more than the card has. On a CPU engine (target local): its share of the memory the machine gives
+    its engines (`inferstack local up --engine-memory-gib`), which sizes its KV cache (VLLM_CPU_KVCACHE_SPACE)."""
+    mig_profile: str | None = None
+    """Pool sharing mig: the MIG instance profile each replica runs in, e.g. '1g.10gb' or '3g.40gb' on an H100
+    (`inferstack size <model>` shows the smallest that holds it on each GPU); the engine requests
+    nvidia.com/mig-<profile>."""
+
+    @field_validator("mig_profile")
+    @classmethod
+    def _profile_name(cls, value: str | None) -> str | None:
+        if value is not None and not MIG_PROFILE.match(value):
+            raise ValueError(
+                f"{value!r} is not a MIG profile name; write '<compute slices>g.<memory>gb', e.g. '1g.10gb'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> GpuShareSpec:
+        if (self.fraction is None) == (self.mig_profile is None):
+            raise ValueError(
+                "give exactly one of fraction (a time-slicing pool, e.g. 0.25) or mig_profile (a mig pool, "
+                "e.g. '1g.10gb')"
+            )
+        return self
+
+
+class AdapterSpec(_Spec):
+    """A LoRA adapter of the model: clients ask for it by name; the router loads it onto a replica of
+    the model the first time a request for it lands there."""
+
+    name: DnsLabel
+    """What clients put in `model` for this adapter; unique in the stack, and no model's name."""
+    source: str
+    """Hugging Face repo id ('org/name', pinned by revision), an 's3://bucket/prefix/' holding
+    adapter_config.json and adapter_model.safetensors, or (target local) a local directory."""
+    revision: HubCommit | None = None
+    """Hugging Face sources: the hub commit (40 hex digits) to fetch, as for a model; required on a cluster,
+    where the adapter is copied into the model store at that commit. Not for S3 or local sources."""
+    rank: Annotated[int, Field(ge=1, le=512)]
+    """The adapter's LoRA rank (adapter_config.json "r"); at most engine.lora.max_rank."""
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        return _checked_source(value, "adapter")
+
+    @model_validator(mode="after")
+    def _revision_for_hub(self) -> AdapterSpec:
+        if self.revision is not None and not self.is_hub:
+            raise ValueError(
+                f"revision applies to Hugging Face sources only, not {self.source!r}: remove it "
+                "(an S3 prefix or a directory is pinned by writing a new one per version)"
+            )
+        return self
+
+    @property
+    def is_hub(self) -> bool:
+        return is_hub_source(self.source)
+
+    @property
+    def pinned(self) -> bool:
+        """A source that cannot change under the same spec: a hub commit, an S3 prefix, a local directory."""
+        return not self.is_hub or self.revision is not None
+
+
+class ModelSpec(_Spec):
+    """A model to serve, its engine, placement, scale and objectives."""
+
+    name: DnsLabel
+    """Served model name: what clients put in `model`; a DNS label, unique in the stack."""
+    source: str
+    """Hugging Face repo id ('org/name', with revision), an 's3://bucket/prefix/' of prepared weights in the model
+    store, or (target local) a local path."""
+    revision: HubCommit | None = None
+    """The hub commit (40 hex digits) of a Hugging Face source: the weights the preparation Job copies into the
+    model store, so every replica serves exactly that model. Required for hub sources on a cluster."""
+    weights: WeightsSpec = Field(default_factory=WeightsSpec)
+    """How engines get the weights from the model store (streamer or node-level cache)."""
+    architecture: ArchitectureSpec | None = None
+    """Required when the catalog does not know the source; see `inferstack size --list`."""
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    """The serving engine and its launch knobs: kind, parallelism, precision, length and batch limits."""
+    pool: str = AUTO
+    """GPU pool name, or 'auto' for the cheapest declared pool that fits."""
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    """Replica bounds, and when the autoscaler adds or removes replicas."""
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
+    """How the router picks one of this model's replicas for each request."""
+    slo: SloSpec = Field(default_factory=SloSpec)
+    """Latency objectives; scaling triggers and alerts derive from them."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    """How long its replicas may take to start; how they roll (surge from the pool's spare GPUs)."""
+    task: Task | None = None
+    """generate or embed; defaults from the architecture (embedding models pool)."""
+    gpu_share: GpuShareSpec | None = None
+    """Share a GPU instead of taking whole ones: a memory fraction on a time-slicing pool, a MIG profile on a
+    mig pool. None: each replica takes engine.tensor_parallel_size x pipeline_parallel_size whole GPUs."""
+    team: DnsLabel | None = None
+    """The team or tenant that owns the model. In production the policy pack lets models of different teams
+    share a GPU only through MIG (isolated memory and faults), never time-slicing."""
+
+    adapters: list[AdapterSpec] = Field(default_factory=list)
+    """LoRA adapters of this model, served under their own names from its replicas (vLLM only); each
+    replica loads the ones asked of it, up to engine.lora.max_loaded."""
+
+    versions: list[ModelVersionSpec] = Field(default_factory=list)
+    """Versions served under this one name, with traffic weights adding up to 100; the first is the stable
+    version (rollbacks return to it), the others are canaries (rollout.canary). Each version runs its own
+    replicas within scaling (pool size and cost count them). Empty: one version, the model."""
+
+    # Set on the serving units derived from versions (components.lifecycle), never from a stack file.
+    _served_as: str | None = PrivateAttr(default=None)
+    _version_of: tuple[str, str, int, bool] | None = PrivateAttr(
+        default=None
+    )  # model, version, weight, stable
+    _format_in_checkpoint: bool = PrivateAttr(default=False)
+    _prepared_by: str | None = PrivateAttr(default=None)
+
+    @property
+    def serving_units(self) -> int:
+        """Deployments serving the model: one per version (each scales on its own within scaling), else one."""
+        return max(1, len(self.versions))
+
+    @property
+    def served_name(self) -> str:
+        """What clients send and the engine serves: the model's name, also for each of its versions."""
+        return self._served_as or self.name
+
+    @property
+    def version_of(self) -> tuple[str, str, int, bool] | None:
+        """(model, version, weight, stable) for a serving unit derived from a version; None otherwise."""
+        return self._version_of
+
+    @property
+    def prepared_by(self) -> str | None:
+        """The preparation Job whose output this unit loads (its source), if any."""
+        return self._prepared_by
+
+    @property
+    def format_in_checkpoint(self) -> bool:
+        """The checkpoint says its own quantization (llm-compressor output): no --quantization flag."""
+        return self._format_in_checkpoint
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        return _checked_source(value)
+
+    @model_validator(mode="after")
+    def _weights_rules(self) -> ModelSpec:
+        if self.revision is not None and not self.is_hub:
+            raise ValueError(
+                f"revision pins a Hugging Face source; {self.source!r} is not one: remove revision (an s3:// or "
+                "local source is what it is)"
+            )
+        if self.weights.fetch is WeightsFetch.STREAMER and self.engine.kind is not EngineKind.VLLM:
+            raise ValueError(
+                f"weights.fetch: streamer is vLLM's (runai_streamer); {self.engine.kind.value} reads a node-level "
+                "cache: set weights.fetch to node-cache or auto"
+            )
+        return self
+
+    @property
+    def is_local_path(self) -> bool:
+        return is_local_path(self.source)
+
+    @model_validator(mode="after")
+    def _adapters_servable(self) -> ModelSpec:
+        if not self.adapters:
+            if "lora" in self.engine.model_fields_set:
+                raise ValueError(
+                    "engine.lora has no effect on a model without adapters: remove it, or add adapters"
+                )
+            return self
+        engine = facts(self.engine.kind)
+        if engine.lora is None:
+            raise ValueError(
+                f"adapters: {engine.display_name} {engine.version} (engine.kind {self.engine.kind.value}) is not "
+                "driven with LoRA adapters by inferstack (its adapters cannot be loaded and routed at run time "
+                "here); serve this model with kind: vllm, or remove its adapters"
+            )
+        if self.resolved_task() is Task.EMBED:
+            raise ValueError("adapters: an embedding model serves no LoRA adapters here; remove them")
+        lora = self.engine.lora
+        if lora.max_rank not in engine.lora.ranks:
+            raise ValueError(
+                f"engine.lora.max_rank: {engine.display_name} {engine.version} accepts "
+                f"{', '.join(map(str, engine.lora.ranks))}, not {lora.max_rank}"
+            )
+        names = [a.name for a in self.adapters]
+        for i, adapter in enumerate(self.adapters):
+            if names.index(adapter.name) != i:
+                raise ValueError(f"adapters[{i}].name: {adapter.name!r} is used twice")
+            if adapter.rank > lora.max_rank:
+                raise ValueError(
+                    f"adapters[{i}].rank: {adapter.name} has rank {adapter.rank}, above engine.lora.max_rank "
+                    f"{lora.max_rank}; raise max_rank to at least {adapter.rank} (it sizes every adapter slot)"
+                )
+        if self.engine.device is Device.CPU and self.engine.dtype is not DType.FLOAT32:
+            raise ValueError(
+                "adapters on device: cpu need engine.dtype: float32: vLLM-CPU 0.32.0 with LoRA on dies with "
+                "SIGILL in its bfloat16 (AMX) attention kernel at the first request (bench/lora/README.md)"
+            )
+        return self
+
+    @property
+    def is_hub(self) -> bool:
+        """A Hugging Face repository id (not an S3 URI, not a local path)."""
+        return is_hub_source(self.source)
+
+    def arch(self) -> catalog.ModelArch | None:
+        """The architecture from the stack file, else from the catalog; None when neither knows it."""
+        if self.architecture is not None:
+            return self.architecture.to_catalog()
+        found = catalog.lookup_model(self.source) or catalog.lookup_model(self.name)
+        return found[1] if found else None
+
+    @model_validator(mode="after")
+    def _cold_starts_allowed(self) -> ModelSpec:
+        if self.scaling.min_replicas == 0 and not self.slo.allow_cold_starts:
+            raise ValueError(
+                f"scaling.min_replicas: 0 lets {self.name} scale to zero, so its first request after idle waits "
+                "for a replica to start, but slo.allow_cold_starts is false; set min_replicas to at least 1, "
+                "or allow cold starts"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _versions(self) -> ModelSpec:
+        if not self.versions:
+            if self.rollout.canary is not None:
+                raise ValueError("rollout.canary needs versions: list the stable version and the canary")
+            return self
+        if len(self.versions) < 2:
+            raise ValueError(
+                "versions: list at least two (the stable version first, then the canary), or none"
+            )
+        if self.adapters:
+            raise ValueError(
+                "adapters: a model served in versions carries no LoRA adapters here (the router routes an "
+                "adapter to its base model's replicas, not through the version split); serve the adapters on a "
+                "model without versions"
+            )
+        total = sum(v.weight for v in self.versions)
+        if total != 100:
+            raise ValueError(
+                "versions: the weights add up to "
+                f"{total}, not 100 ({', '.join(f'{v.name}: {v.weight}' for v in self.versions)})"
+            )
+        seen: dict[str, int] = {}
+        served: dict[tuple[str, ...], int] = {}
+        for j, v in enumerate(self.versions):
+            if v.name in seen:
+                raise ValueError(f"versions[{j}].name: {v.name!r} is also versions[{seen[v.name]}].name")
+            unit = f"{self.name}-{v.name}"
+            if len(unit) > MAX_MODEL_NAME:
+                raise ValueError(
+                    f"versions[{j}].name: its engines are named {unit!r}, {len(unit)} characters; model and version "
+                    f"names together may have at most {MAX_MODEL_NAME - 1}"
+                )
+            seen[v.name] = j
+            if v.source is not None:
+                try:
+                    _checked_source(v.source)
+                except ValueError as err:
+                    raise ValueError(f"versions[{j}].source: {err}") from None
+            engine = _version_engine(j, self.engine, v, prepared=False)
+            if v.preparation is not None:
+                _check_preparation(j, v.preparation, engine)
+            engine = _version_engine(j, self.engine, v, prepared=True)
+            if v.revision is not None and v.source is not None and not is_hub_source(v.source):
+                raise ValueError(
+                    f"versions[{j}].revision: revision pins a Hugging Face source; {v.source!r} is not one: "
+                    "remove revision"
+                )
+            key = (
+                self.version_source(v),
+                self.version_revision(v) or "",
+                engine.model_dump_json(),
+                v.preparation.model_dump_json() if v.preparation else "",
+            )
+            if key in served:
+                raise ValueError(
+                    f"versions[{j}]: same source, revision, engine and preparation as versions[{served[key]}]: "
+                    "two versions must differ in what they serve"
+                )
+            served[key] = j
+        if self.rollout.canary is None:
+            raise ValueError(
+                "rollout.canary: versions need a canary rule (steps and rollback), e.g. "
+                "`rollout: {canary: {steps_percent: [10, 25, 50, 100]}}`"
+            )
+        steps = self.rollout.canary.steps_percent
+        for j, v in enumerate(self.versions[1:], start=1):
+            if v.weight and v.weight not in steps:
+                raise ValueError(
+                    f"versions[{j}].weight: {v.weight} is not a step of rollout.canary.steps_percent {steps}; "
+                    "move the canary step by step"
+                )
+        return self
+
+    def version_engine(self, version: ModelVersionSpec) -> EngineSpec:
+        """The engine a version runs: the model's, with the version's overrides and its prepared format."""
+        return _engine_of(self.engine, version)
+
+    def version_source(self, version: ModelVersionSpec) -> str:
+        return version.source or self.source
+
+    def version_revision(self, version: ModelVersionSpec) -> str | None:
+        """The hub commit a version's source is pinned at: its own, or the model's when it keeps the model's
+        source."""
+        if version.revision is not None:
+            return version.revision
+        return self.revision if version.source is None else None
+
+    @model_validator(mode="after")
+    def _sleep_supported(self) -> ModelSpec:
+        if self.scaling.sleep_after_idle_s is None:
+            return self
+        engine, device = facts(self.engine.kind), self.engine.device
+        sleep = engine.sleep
+        if sleep is None or device.value not in sleep.devices:
+            supported = ", ".join(
+                f"{f.display_name} on {'/'.join(sorted(f.sleep.devices))}"
+                for f in ENGINES.values()
+                if f.sleep
+            )
+            raise ValueError(
+                f"scaling.sleep_after_idle_s: {engine.display_name} on {device.value} has no sleep mode "
+                f"(supported: {supported}); remove it (min_replicas: 0 scales to zero instead)"
+            )
+        zero = self.scaling.min_replicas == 0
+        if zero and self.scaling.sleep_after_idle_s >= self.scaling.idle_before_zero_s:
+            raise ValueError(
+                f"scaling.sleep_after_idle_s ({self.scaling.sleep_after_idle_s}) must be shorter than "
+                f"idle_before_zero_s ({self.scaling.idle_before_zero_s}): a replica sleeps first, then goes"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _share_rules(self) -> ModelSpec:
+        share, e = self.gpu_share, self.engine
+        if share is None:
+            return self
+        if e.device is Device.CPU and share.mig_profile is not None:
+            raise ValueError(
+                "gpu_share.mig_profile: a CPU engine has no GPU to cut into MIG instances; on CPU (target local) "
+                "give gpu_share.fraction, its share of the memory the machine gives its engines"
+            )
+        if e.device is Device.GPU and e.gpus != 1:
+            raise ValueError(
+                f"gpu_share: a replica that shares a GPU runs on one GPU, but tensor x pipeline parallel size is "
+                f"{e.gpus}; set both to 1 or remove gpu_share"
+            )
+        if share.fraction is not None and e.kind is EngineKind.TRTLLM:
+            raise ValueError(
+                "gpu_share.fraction: trtllm-serve sizes its KV cache from the memory left free after loading "
+                "(kv_cache_free_gpu_memory_fraction), so a time-sliced share cannot bound it; use kind vllm or "
+                "sglang, or a MIG profile (gpu_share.mig_profile on a mig pool)"
+            )
+        if share.fraction is not None and "gpu_memory_utilization" in e.model_fields_set:
+            raise ValueError(
+                "engine.gpu_memory_utilization is derived from gpu_share.fraction on a time-sliced GPU (so the "
+                "engines sharing it fit together); remove it and set the fraction"
+            )
+        return self
+
+    @property
+    def memory_utilization(self) -> float:
+        """The engine's gpu_memory_utilization: the spec's, or derived from a time-sliced share."""
+        if self.gpu_share is not None and self.gpu_share.fraction is not None:
+            return shared_memory_utilization(self.gpu_share.fraction)
+        return self.engine.gpu_memory_utilization
+
+    def resolved_task(self) -> Task:
+        if self.task is not None:
+            return self.task
+        arch = self.arch()
+        return Task.EMBED if arch is not None and arch.pooling else Task.GENERATE
+
+    @property
+    def publishes_kv_events(self) -> bool:
+        """Its routing weighs the engines' own KV-cache events (``precise_prefix``): the engines publish
+        them and every router replica follows them."""
+        return reads_engine_events(self.routing.strategy, self.routing.weights)
+
+    @model_validator(mode="after")
+    def _kv_events_possible(self) -> ModelSpec:
+        if self.publishes_kv_events:
+            if self.engine.kind is not EngineKind.VLLM:
+                raise ValueError(
+                    f"routing: precise_prefix reads the engines' KV-cache events, which only vLLM publishes"
+                    f" here, not {self.engine.kind.value}; use strategy prefix_aware"
+                )
+            if not self.engine.enable_prefix_caching:
+                raise ValueError(
+                    "routing: precise_prefix routes to the engine caching the prompt's prefix, but"
+                    " engine.enable_prefix_caching is false; turn it on or use another strategy"
+                )
+        return self
