@@ -845,18 +845,6 @@ def reads_engine_events(strategy: str, weights: Mapping[str, float]) -> bool:
     )
 
 
-def kv_events_publisher(events: str, replay: str) -> dict[str, Any]:
-    """vLLM's --kv-events-config for a publisher at these endpoints (``tcp://*:PORT`` binds every interface,
-    ``ipc://PATH`` a socket file; vLLM *connects* a PUB socket to any other tcp address)."""
-    return {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": events,
-        "replay_endpoint": replay,
-        "topic": KvEventsSource.model_fields["topic"].default,
-    }
-
-
 def strategy_field(name: str) -> Any:
     """``StrategyConfig``'s field ``name`` (default, range, description) for another model to declare:
     a knob is defined once, here, and the spec offers it as it is."""

@@ -132,9 +132,9 @@ class EngineCli:
     engine takes one value (``master_port`` None)."""
     master_port: Flag | None = None
     rendezvous_port: int = 0
+    """The port of the rendezvous on the leader."""
     revision: Flag | None = None
     """The option that pins a Hugging Face source to a revision (a version's ``revision``), where there is one."""
-    """The port of the rendezvous on the leader."""
     worker_args: tuple[str, ...] = ()
     """Arguments only the workers of a group carry (vLLM: no API server on them)."""
     multi_node_note: str = ""
@@ -194,6 +194,36 @@ class SleepMode:
     """The earliest release inferstack allows it on."""
 
 
+class Prepared(StrEnum):
+    """What a version's preparation step writes, for an engine to load."""
+
+    COMPRESSED = "compressed-tensors"  # llm-compressor's quantized checkpoints
+    TRTLLM_ENGINE = "trtllm-engine"  # trtllm-build's serialized engines
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do here, as the spec's rules ask it: derived from ``EngineFacts``, never kept twice."""
+
+    devices: frozenset[str]
+    """Devices it has a pinned image for (spec ``engine.device`` values)."""
+    quantizations: frozenset[str]
+    """Checkpoint formats it serves (spec ``engine.quantization`` values, ``none`` included)."""
+    prepared: frozenset[Prepared]
+    """What a preparation step may hand it."""
+    weight_streamer: bool
+    """Streams safetensors from the model store while loading (no copy on disk)."""
+    kv_events: bool
+    """Publishes its KV-cache events (for routing by what each engine holds)."""
+    kv_offload: bool
+    """Keeps evicted KV blocks in host memory."""
+    memory_share: bool
+    """Sizes its KV cache from a fraction of the device memory, so a time-sliced share bounds it."""
+    lora: bool
+    sleep: bool
+    multi_node: bool
+
+
 @dataclass(frozen=True)
 class EngineFacts:
     """One engine: how to start it, its endpoints and its metric names."""
@@ -201,6 +231,15 @@ class EngineFacts:
     display_name: str
     """How people write its name (in messages)."""
     cli: EngineCli
+    images: Mapping[str, str]
+    """Device (spec ``engine.device``) -> the pinned image that runs it there; a device it lacks, it cannot run on."""
+    quantizations: frozenset[str]
+    """Checkpoint formats it serves (spec ``engine.quantization`` values, ``none`` included)."""
+    prepared: frozenset[Prepared]
+    """What a preparation step may hand it to load."""
+    memory_share: bool
+    """True: its KV cache is sized from a fraction of the device memory (``gpu_memory_utilization``), so a
+    time-sliced GPU share bounds it; False: it takes what loading left free."""
     health_path: str
     metrics_path: str
     models_path: str
@@ -216,6 +255,34 @@ class EngineFacts:
 
     def names(self, signal: Signal) -> tuple[str, ...]:
         return self.metrics.get(signal, ())
+
+    @property
+    def can(self) -> Capabilities:
+        return Capabilities(
+            devices=frozenset(self.images),
+            quantizations=self.quantizations,
+            prepared=self.prepared,
+            weight_streamer=bool(self.cli.stream_from_s3),
+            kv_events=self.cli.kv_events is not None,
+            kv_offload=self.cli.cpu_kv_offload_gib is not None,
+            memory_share=self.memory_share,
+            lora=self.lora is not None,
+            sleep=self.sleep is not None,
+            multi_node=self.cli.multi_node_supported,
+        )
+
+    def kv_events_config(self, events: str, replay: str, topic: str) -> dict[str, object]:
+        """The value of its KV-events option for a publisher at these endpoints (``tcp://*:PORT`` binds every
+        interface, ``ipc://PATH`` a socket file; vLLM *connects* a PUB socket to any other tcp address)."""
+        if self.cli.kv_events is None:
+            raise ValueError(f"{self.display_name} publishes no KV-cache events")
+        return {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": events,
+            "replay_endpoint": replay,
+            "topic": topic,
+        }
 
 
 _HOST, _PORT = Flag("--host"), Flag("--port")
@@ -378,6 +445,15 @@ ENGINES: dict[EngineKind, EngineFacts] = {
     EngineKind.VLLM: EngineFacts(
         display_name="vLLM",
         cli=VLLM_CLI,
+        images=_frozen(
+            {
+                "gpu": "vllm/vllm-openai:v0.32.0",
+                "cpu": "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0",
+            }
+        ),
+        quantizations=frozenset({"none", "awq", "gptq", "fp8", "int8"}),
+        prepared=frozenset({Prepared.COMPRESSED}),
+        memory_share=True,
         version="0.32.0",
         lora=VLLM_LORA,
         health_path="/health",
@@ -402,6 +478,10 @@ ENGINES: dict[EngineKind, EngineFacts] = {
     EngineKind.SGLANG: EngineFacts(
         display_name="SGLang",
         cli=SGLANG_CLI,
+        images=_frozen({"gpu": "lmsysorg/sglang:v0.5.3-cu126"}),
+        quantizations=frozenset({"none", "awq", "gptq", "fp8", "int8"}),
+        prepared=frozenset({Prepared.COMPRESSED}),
+        memory_share=True,
         version="0.5.3",
         health_path="/health",
         metrics_path="/metrics",
@@ -426,6 +506,13 @@ ENGINES: dict[EngineKind, EngineFacts] = {
     EngineKind.TRTLLM: EngineFacts(
         display_name="TensorRT-LLM",
         cli=TRTLLM_CLI,
+        images=_frozen({"gpu": "nvcr.io/nvidia/tensorrt-llm/release:1.0.0"}),
+        # Pre-quantized TensorRT-LLM checkpoints (the format is in the checkpoint); trtllm-serve 1.0 does not
+        # load AWQ or GPTQ Hugging Face checkpoints, nor llm-compressor's.
+        quantizations=frozenset({"none", "fp8", "int8"}),
+        prepared=frozenset({Prepared.TRTLLM_ENGINE}),
+        # trtllm-serve sizes its KV cache from the memory left free after loading (kv_cache_free_gpu_memory_fraction)
+        memory_share=False,
         version="1.0.0",
         health_path="/health",
         # trtllm-serve 1.0.0 (nvcr.io/nvidia/tensorrt-llm/release:1.0.0) exports no Prometheus serving metric:

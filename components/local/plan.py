@@ -45,7 +45,7 @@ from components.render.envoy import EnvoyPool, envoy_config
 from components.spec import ModelSpec, PickerFailureMode, PlatformSpec, Target
 from components.stackfile import Stack
 from components.weights import store
-from runtime.config import BodyMode, EngineKind, FileDiscovery, RuntimeConfig, Task
+from runtime.config import BodyMode, FileDiscovery, RuntimeConfig, Task
 
 HOST = "127.0.0.1"
 #: Several routers listen from here above the router's port (8090, 8091, ...), clear of health and batcher.
@@ -398,12 +398,6 @@ def check_stack(stack: Stack) -> None:
             f"(stacks/Pulumi.local.yaml); deploy this one with `pulumi up -s {stack.name}`",
         )
     for i, model in enumerate(spec.models):
-        if model.engine.kind is not EngineKind.VLLM:
-            raise _problem(
-                stack,
-                f"models[{i}].engine.kind",
-                f"{model.engine.kind.value}: the local target runs vLLM on CPU only; set kind: vllm",
-            )
         if model.publishes_kv_events and scaling.scales(model):
             raise _problem(
                 stack,

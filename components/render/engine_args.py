@@ -19,7 +19,7 @@ from os import PathLike
 from components.render.common import ENGINE_PORT
 from components.sizing import DEFAULT_BATCHED_TOKENS
 from components.spec import Device, EngineSpec, KvCacheDType, ModelSpec
-from runtime.config import EngineKind, KvEventsSource, Task, kv_events_publisher
+from runtime.config import EngineKind, KvEventsSource, Task
 from runtime.engines import TELEMETRY_OFF_ENV, EngineCli, Flag, Switch, facts
 
 MODEL_DIR = "/models"  # where an engine pod sees its node-level cache copy (components.render.weights)
@@ -138,7 +138,11 @@ def _kv_events(cli: EngineCli, model: ModelSpec, where: Where) -> list[str]:
         return []
     if where.kv_events is None:
         raise ValueError(f"model {model.name}: its routing reads KV events, but no endpoints were given")
-    config = json.dumps(kv_events_publisher(*where.kv_events), separators=(",", ":"))
+    events, replay = where.kv_events
+    topic = KvEventsSource.model_fields["topic"].default
+    config = json.dumps(
+        facts(model.engine.kind).kv_events_config(events, replay, topic), separators=(",", ":")
+    )
     return _valued(cli.kv_events, config) + _valued(cli.block_hash_algo, _KV["hash_algo"].default)
 
 

@@ -63,8 +63,6 @@ from components.spec.cluster import (
     ClusterSpec,
 )
 from components.spec.engine import (
-    CPU_IMAGES,
-    DEFAULT_IMAGES,
     ArchitectureSpec,
     EngineSpec,
     LoraSpec,
@@ -131,9 +129,7 @@ __all__ = [
     "AWS_ACCOUNT",
     "CAPACITY_RESERVATION_ID",
     "CLOUDWATCH_RETENTION_DAYS",
-    "CPU_IMAGES",
     "CPU_QUANTIZE_FORMATS",
-    "DEFAULT_IMAGES",
     "DNS_LABEL",
     "ENVOY_GATEWAY_CLASS",
     "HF_REPO",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
@@ -11,15 +12,12 @@ from components.enums import Device, DType, KvCacheDType, Quantization
 from components.spec.base import PinnedImage, _Spec
 from runtime.config import EngineKind
 from runtime.defaults import DEFAULT_MAX_NUM_SEQS
+from runtime.engines import ENGINES, Capabilities, facts
 
-DEFAULT_IMAGES: dict[EngineKind, str] = {
-    EngineKind.VLLM: "vllm/vllm-openai:v0.32.0",
-    EngineKind.SGLANG: "lmsysorg/sglang:v0.5.3-cu126",
-    EngineKind.TRTLLM: "nvcr.io/nvidia/tensorrt-llm/release:1.0.0",
-}
-CPU_IMAGES: dict[EngineKind, str] = {
-    EngineKind.VLLM: "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0",
-}
+
+def engines_that(can: Callable[[Capabilities], bool]) -> str:
+    """The engine kinds with a capability, for a message's "use kind: ..." (the engine table decides)."""
+    return " or ".join(kind.value for kind, engine in ENGINES.items() if can(engine.can)) or "none here"
 
 
 class ArchitectureSpec(_Spec):
@@ -158,18 +156,28 @@ class EngineSpec(_Spec):
 
     @model_validator(mode="after")
     def _engine_rules(self) -> EngineSpec:
-        if self.device is Device.CPU and self.kind is not EngineKind.VLLM:
-            raise ValueError(f"device: cpu is supported for vllm only, not {self.kind.value}; use kind: vllm")
+        can = facts(self.kind).can
+        device = self.device.value
+        if device not in can.devices:
+            raise ValueError(
+                f"device: {device} is supported for {engines_that(lambda c: device in c.devices)} only, not "
+                f"{self.kind.value}; use kind: {engines_that(lambda c: device in c.devices)}"
+            )
         if self.device is Device.CPU and (self.tensor_parallel_size, self.pipeline_parallel_size) != (1, 1):
             raise ValueError(
                 "device: cpu runs one engine process; set tensor_parallel_size and pipeline_parallel_size to 1"
             )
-        if self.cpu_kv_offload_gib and (self.kind is not EngineKind.VLLM or self.device is Device.CPU):
-            raise ValueError("cpu_kv_offload_gib works with kind: vllm on GPUs only; set it to 0")
-        if self.kind is EngineKind.TRTLLM and self.quantization in (Quantization.AWQ, Quantization.GPTQ):
+        if self.cpu_kv_offload_gib and (not can.kv_offload or self.device is Device.CPU):
             raise ValueError(
-                f"quantization: {self.quantization.value} checkpoints are not served by trtllm-serve here; "
-                "use a pre-quantized TensorRT-LLM checkpoint with quantization: fp8, or kind: vllm"
+                f"cpu_kv_offload_gib works with kind: {engines_that(lambda c: c.kv_offload)} on GPUs only, not "
+                f"{self.kind.value} on {device}; set it to 0"
+            )
+        if (q := self.quantization.value) not in can.quantizations:
+            raise ValueError(
+                f"quantization: {q} checkpoints are not served by {facts(self.kind).display_name} ({self.kind.value}) "
+                "here (it serves "
+                f"{', '.join(sorted(can.quantizations - {'none'}))} checkpoints); use one of those, or kind: "
+                f"{engines_that(lambda c: q in c.quantizations)}"
             )
         if (
             not self.enable_chunked_prefill
@@ -191,5 +199,4 @@ class EngineSpec(_Spec):
     def resolved_image(self) -> str:
         if self.image:
             return self.image
-        table = CPU_IMAGES if self.device is Device.CPU else DEFAULT_IMAGES
-        return table[self.kind]
+        return facts(self.kind).images[self.device.value]

@@ -22,7 +22,7 @@ from components.spec.base import (
     is_hub_source,
     is_local_path,
 )
-from components.spec.engine import ArchitectureSpec, EngineSpec
+from components.spec.engine import ArchitectureSpec, EngineSpec, engines_that
 from components.spec.versions import (
     ModelVersionSpec,
     RolloutSpec,
@@ -32,7 +32,6 @@ from components.spec.versions import (
 )
 from runtime.config import (
     BuiltinScorerName,
-    EngineKind,
     RouterSettings,
     StrategyName,
     Task,
@@ -322,9 +321,10 @@ class ModelSpec(_Spec):
                 f"revision pins a Hugging Face source; {self.source!r} is not one: remove revision (an s3:// or "
                 "local source is what it is)"
             )
-        if self.weights.fetch is WeightsFetch.STREAMER and self.engine.kind is not EngineKind.VLLM:
+        if self.weights.fetch is WeightsFetch.STREAMER and not facts(self.engine.kind).can.weight_streamer:
             raise ValueError(
-                f"weights.fetch: streamer is vLLM's (runai_streamer); {self.engine.kind.value} reads a node-level "
+                f"weights.fetch: streamer is for engines that stream weights from the store "
+                f"({engines_that(lambda c: c.weight_streamer)}); {self.engine.kind.value} reads a node-level "
                 "cache: set weights.fetch to node-cache or auto"
             )
         return self
@@ -521,11 +521,11 @@ class ModelSpec(_Spec):
                 f"gpu_share: a replica that shares a GPU runs on one GPU, but tensor x pipeline parallel size is "
                 f"{e.gpus}; set both to 1 or remove gpu_share"
             )
-        if share.fraction is not None and e.kind is EngineKind.TRTLLM:
+        if share.fraction is not None and not facts(e.kind).can.memory_share:
             raise ValueError(
-                "gpu_share.fraction: trtllm-serve sizes its KV cache from the memory left free after loading "
-                "(kv_cache_free_gpu_memory_fraction), so a time-sliced share cannot bound it; use kind vllm or "
-                "sglang, or a MIG profile (gpu_share.mig_profile on a mig pool)"
+                f"gpu_share.fraction: {facts(e.kind).display_name} sizes its KV cache from the memory left free "
+                "after loading, so a time-sliced share cannot bound it; use kind "
+                f"{engines_that(lambda c: c.memory_share)}, or a MIG profile (gpu_share.mig_profile on a mig pool)"
             )
         if share.fraction is not None and "gpu_memory_utilization" in e.model_fields_set:
             raise ValueError(
@@ -556,10 +556,11 @@ class ModelSpec(_Spec):
     @model_validator(mode="after")
     def _kv_events_possible(self) -> ModelSpec:
         if self.publishes_kv_events:
-            if self.engine.kind is not EngineKind.VLLM:
+            if not facts(self.engine.kind).can.kv_events:
                 raise ValueError(
-                    f"routing: precise_prefix reads the engines' KV-cache events, which only vLLM publishes"
-                    f" here, not {self.engine.kind.value}; use strategy prefix_aware"
+                    "routing: precise_prefix reads the engines' KV-cache events, which only"
+                    f" {engines_that(lambda c: c.kv_events)} publishes here, not {self.engine.kind.value}; use"
+                    " strategy prefix_aware"
                 )
             if not self.engine.enable_prefix_caching:
                 raise ValueError(

@@ -11,8 +11,8 @@ from pydantic import Field, ValidationError, field_validator
 
 from components.enums import Device, Quantization
 from components.spec.base import DnsLabel, HubCommit, PinnedImage, _Spec
-from components.spec.engine import EngineSpec
-from runtime.config import EngineKind
+from components.spec.engine import EngineSpec, engines_that
+from runtime.engines import Prepared, facts
 
 
 class RollbackRuleSpec(_Spec):
@@ -167,14 +167,24 @@ def _version_engine(
 CPU_QUANTIZE_FORMATS = frozenset({Quantization.INT8, Quantization.GPTQ})
 
 
+#: What each preparation writes (the engine table says which engines load it).
+PREPARED: dict[PreparationKind, Prepared] = {
+    PreparationKind.QUANTIZE: Prepared.COMPRESSED,
+    PreparationKind.TRTLLM_BUILD: Prepared.TRTLLM_ENGINE,
+}
+
+
 def _check_preparation(j: int, prep: PreparationSpec, engine: EngineSpec) -> None:
     """A preparation must produce something the version's engine loads."""
     where = f"versions[{j}].preparation"
+    writes = PREPARED[prep.kind]
+    loads = facts(engine.kind).can.prepared
+    loaders = engines_that(lambda c: writes in c.prepared)
     if prep.kind is PreparationKind.TRTLLM_BUILD:
-        if engine.kind is not EngineKind.TRTLLM:
+        if writes not in loads:
             raise ValueError(
                 f"{where}.kind: trtllm-build makes a TensorRT-LLM engine, which {engine.kind.value} does not load; "
-                "set the version's engine kind to trtllm, or use kind: quantize"
+                f"set the version's engine kind to {loaders}, or use kind: quantize"
             )
         if prep.format not in (Quantization.NONE, Quantization.FP8):
             raise ValueError(
@@ -183,10 +193,11 @@ def _check_preparation(j: int, prep: PreparationSpec, engine: EngineSpec) -> Non
         return
     if prep.format is Quantization.NONE:
         raise ValueError(f"{where}.format: quantize needs a format (awq, gptq, fp8 or int8), not none")
-    if engine.kind is EngineKind.TRTLLM:
+    if writes not in loads:
         raise ValueError(
-            f"{where}.format: trtllm-serve does not load llm-compressor's {prep.format.value} checkpoints; "
-            "use kind: trtllm-build, or engine kind vllm or sglang"
+            f"{where}.format: {facts(engine.kind).display_name} does not load llm-compressor's "
+            f"{prep.format.value} checkpoints; use kind: {' or '.join(k.value for k, w in PREPARED.items() if w in loads)}"
+            f", or engine kind {loaders}"
         )
     if engine.device is Device.CPU and prep.format not in CPU_QUANTIZE_FORMATS:
         raise ValueError(

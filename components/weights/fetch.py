@@ -14,7 +14,7 @@ from enum import StrEnum
 
 from components import catalog
 from components.spec import ModelSpec, WeightsFetch
-from runtime.config import EngineKind
+from runtime.engines import facts
 
 GIB = 1024**3
 
@@ -56,13 +56,14 @@ def cache_medium(instance: catalog.InstanceType | None) -> tuple[CacheMedium, st
 def decide(model: ModelSpec, instance: catalog.InstanceType | None) -> Fetch:
     """The streamer for vLLM, a node-level cache for the others, unless the stack file says which."""
     chosen = model.weights.fetch
-    vllm = model.engine.kind is EngineKind.VLLM
-    if chosen is WeightsFetch.STREAMER or (chosen is WeightsFetch.AUTO and vllm):
+    engine = facts(model.engine.kind)
+    if chosen is WeightsFetch.STREAMER or (chosen is WeightsFetch.AUTO and engine.can.weight_streamer):
         why = "set in the stack file" if chosen is WeightsFetch.STREAMER else "auto"
         return Fetch(
             FetchPath.STREAMER,
             None,
-            f"{why}: vLLM streams safetensors from the store (runai_streamer): no copy on disk, fetch overlaps load",
+            f"{why}: {engine.display_name} streams safetensors from the store ({engine.cli.stream_from_s3[-1]}): "
+            "no copy on disk, fetch overlaps load",
         )
     medium, where = cache_medium(instance)
     why = (

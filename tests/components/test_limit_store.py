@@ -122,7 +122,7 @@ def test_precise_prefix_is_refused_where_it_cannot_work() -> None:
     with pytest.raises(ValidationError, match="enable_prefix_caching is false"):
         PlatformSpec.model_validate(doc)
     doc["models"][0]["engine"] = {"kind": "sglang", "max_model_len": 8192}
-    with pytest.raises(ValidationError, match="only vLLM publishes"):
+    with pytest.raises(ValidationError, match="only vllm publishes"):
         PlatformSpec.model_validate(doc)
     doc = minimal()
     doc["models"][0]["routing"] = {"strategy": "precise_prefix"}

@@ -306,7 +306,7 @@ BAD_INPUTS: list[tuple[str, Callable[[dict[str, Any]], None], str, list[str]]] =
         "awq on trtllm",
         _set("models.0.engine", {"kind": "trtllm", "quantization": "awq"}),
         "models[0].engine",
-        ["trtllm-serve"],
+        ["not served by TensorRT-LLM", "fp8", "kind: vllm or sglang"],
     ),
     (
         "hub source without a pinned revision",
@@ -348,7 +348,7 @@ BAD_INPUTS: list[tuple[str, Callable[[dict[str, Any]], None], str, list[str]]] =
         "streamer for an engine that cannot stream",
         _sglang_streamer,
         "models[0]",
-        ["streamer is vLLM's", "node-cache"],
+        ["streamer is for engines that stream weights from the store (vllm)", "node-cache"],
     ),
     (
         "hpa for an engine without a load metric",

@@ -78,7 +78,7 @@ BAD: list[tuple[str, dict[str, Any], str, list[str]]] = [
         "quantized format the engine cannot load",
         _versioned([STABLE, {**AWQ, "engine": {"kind": "trtllm"}}]),
         "models[0]",
-        ["versions[1].preparation.format", "trtllm-serve does not load"],
+        ["versions[1].preparation.format", "TensorRT-LLM does not load"],
     ),
     (
         "engine build for an engine that is not trtllm",
