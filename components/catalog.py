@@ -509,28 +509,15 @@ def comparable_api_prices(arch: ModelArch) -> list[ApiPrice]:
 
 # Cold start of one engine replica, from nothing to ready: what `pulumi up` waits for (``components.startup``).
 # Estimates, read 2026-02-09, rounded up: nothing here was measured on AWS by this project.
+# Each engine's image sizes and its start after the weights are its profile's (components/engines).
 STARTUP_READ_ON = "2026-02-09"
-ENGINE_IMAGE_GIB: dict[str, float] = {
-    # Compressed images of the default engines: "vLLM, SGLang, and TensorRT-LLM are large, typically exceeding
-    # 10 GB" (tensorfuse.io/docs/blogs/snapshotter_graphs); TensorRT-LLM's NGC release image is the largest.
-    "vllm": 10.0,
-    "sglang": 12.0,
-    "trtllm": 20.0,
-}
-CPU_ENGINE_IMAGE_GIB = 3.0
 IMAGE_PULL_MIBPS = 25.0
-"""Pull and unpack together: "pulling a 10 GB image ... takes 7-10 minutes" with overlayfs (tensorfuse, above);
+"""Pull and unpack together: "pulling a 10 GB image ... takes 7-10 minutes" with overlayfs
+(tensorfuse.io/docs/blogs/snapshotter_graphs);
 a 20 GB image took 5-6 min to pull and 3-4 to extract (bentoml.com/blog/cold-starting-llms-on-kubernetes-in-under-30-seconds)."""
 # The weights (fetch from the model store and load into the engine) are the model store's estimate per fetch path,
 # from the bandwidth figures above (InstanceType.network_gbps, NVME_READ_GBPS_PER_DISK, LOAD_GBPS_PER_GPU;
 # components/weights).
-ENGINE_INIT_S: dict[str, int] = {
-    # After the weights: torch.compile, CUDA graph capture, KV cache profiling. vLLM's start-up is dominated by such
-    # CPU-bound steps ("Breaking the Ice: Analyzing Cold Start Latency in vLLM", arxiv.org/html/2606.07362).
-    "vllm": 120,
-    "sglang": 120,
-    "trtllm": 180,
-}
 STARTUP_MARGIN = 0.25
 """Budget = estimate x (1 + margin), rounded up to whole minutes."""
 

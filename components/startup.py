@@ -19,9 +19,10 @@ import math
 from dataclasses import dataclass
 
 from components import catalog, sizing
+from components.engines import profile
 from components.placement import Layout, Placement
 from components.problems import Problem
-from components.spec import Device, ModelSpec, PlatformSpec
+from components.spec import ModelSpec, PlatformSpec
 from components.weights import coldstart, fetch
 
 MIB_PER_GIB = 1024
@@ -74,11 +75,7 @@ def node_start(placement: Placement) -> Phase:
 
 def image_pull(model: ModelSpec) -> Phase:
     """The engine image, pulled and unpacked on a node that has never had it."""
-    gib = (
-        catalog.CPU_ENGINE_IMAGE_GIB
-        if model.engine.device is Device.CPU
-        else catalog.ENGINE_IMAGE_GIB[model.engine.kind]
-    )
+    gib = profile(model.engine.kind).image_gib[model.engine.device.value]
     seconds = _transfer_s(gib, catalog.IMAGE_PULL_MIBPS)
     return Phase("image", seconds, f"{gib:g} GiB at {catalog.IMAGE_PULL_MIBPS:g} MiB/s")
 
@@ -103,7 +100,7 @@ def weights_fetch(model: ModelSpec, placement: Placement) -> Phase:
 
 def engine_start(model: ModelSpec) -> Phase:
     """The engine's own start once the weights are in: compile, CUDA graph capture, KV cache profiling."""
-    init = catalog.ENGINE_INIT_S[model.engine.kind]
+    init = profile(model.engine.kind).init_s
     return Phase("engine", init, f"{init} s engine start ({model.engine.kind.value})")
 
 

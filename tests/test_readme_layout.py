@@ -27,7 +27,7 @@ def _layout() -> list[tuple[str, str]]:
 
 
 def _exists_under(folder: Path, name: str) -> bool:
-    if (folder / name).exists():
+    if (folder / name).exists() or ("/" in name.rstrip("/") and (REPO / name).exists()):
         return True
     return any(p.is_dir() if name.endswith("/") else p.is_file() for p in folder.rglob(name.rstrip("/")))
 

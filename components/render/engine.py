@@ -12,7 +12,7 @@ from components.placement import Placement, PoolPlan, host_memory_needed_gib, ho
 from components.render import common, groups, hardening, scaling, weights
 from components.render.common import Manifest
 from components.render.engine_args import (
-    TRTLLM_CONFIG_DIR,
+    ENGINE_CONFIG_DIR,
     EngineCommand,
     engine_command,
     group_command,
@@ -162,7 +162,7 @@ def pod_template(
         mounts.append({"name": "adapters", "mountPath": weights.ADAPTER_DIR, "readOnly": True})
         volumes += adapter_volumes
     if cmd.files:
-        mounts.append({"name": "engine-config", "mountPath": TRTLLM_CONFIG_DIR, "readOnly": True})
+        mounts.append({"name": "engine-config", "mountPath": ENGINE_CONFIG_DIR, "readOnly": True})
         volumes.append({"name": "engine-config", "configMap": {"name": name}})
     startup_failures = math.ceil(rollout.startup.budget_s / _PROBE_PERIOD_S)
     health = facts(model.engine.kind).health_path

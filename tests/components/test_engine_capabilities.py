@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from components.engines import profile
 from components.spec import PlatformSpec
 from runtime.config import EngineKind
 from runtime.engines import ENGINES, Capabilities
@@ -104,3 +105,10 @@ def test_a_stack_is_refused_exactly_when_the_engine_table_says_the_engine_cannot
 def test_every_engine_serves_unquantized_checkpoints_on_gpus() -> None:
     for kind, engine in ENGINES.items():
         assert "none" in engine.can.quantizations and "gpu" in engine.can.devices, kind
+
+
+def test_every_engine_kind_has_a_profile_sized_for_each_device_it_has_an_image_for() -> None:
+    """components/engines finds one profile per kind by module; its image sizes (the cold-start estimate) and
+    the engine table's images (what runs) name the same devices."""
+    for kind, engine in ENGINES.items():
+        assert set(profile(kind).image_gib) == engine.can.devices, kind

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from components.engines import profile
 from components.render import common, engine_images
 from components.spec import PlatformSpec
 from runtime.config import EngineKind
@@ -35,7 +36,7 @@ def test_every_place_the_image_writes_is_a_writable_mount_of_the_rendered_pod(ki
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True
     assert security["runAsUser"] == common.RUNTIME_UID and security["runAsNonRoot"] is True
-    assert engine_images.IMAGE_FACTS[EngineKind(kind)].user == "root"  # so our UID has no passwd entry
+    assert profile(EngineKind(kind)).image.user == "root"  # so our UID has no passwd entry
     env = {e["name"]: e["value"] for e in container["env"]}
     assert engine_images.unwritable(EngineKind(kind), env, _writable(container)) == []
 

@@ -14,12 +14,14 @@ from typer.testing import CliRunner
 from components import catalog, plan, rollout, startup
 from components import report as report_columns
 from components.cli import app
+from components.engines import profile
 from components.placement import place
 from components.problems import SpecError
 from components.report import plan_report
 from components.spec import PlatformSpec
 from components.stackfile import STACKS_DIR, available_stacks, load
 from components.weights import coldstart
+from runtime.config import EngineKind
 from tests.components.helpers import (
     SOME_COMMIT,
     engine_deployments,
@@ -103,13 +105,15 @@ def test_the_budget_adds_node_start_image_weights_and_engine_start_with_their_ca
     placement = stack.layout.placements[model.name]
     node, image, weights, engine = startup.estimate(model, placement)
     assert node.seconds == catalog.P5.node_start_s
-    assert image.seconds == math.ceil(catalog.ENGINE_IMAGE_GIB["vllm"] * 1024 / catalog.IMAGE_PULL_MIBPS)
+    assert image.seconds == math.ceil(
+        profile(EngineKind.VLLM).image_gib["gpu"] * 1024 / catalog.IMAGE_PULL_MIBPS
+    )
     gib = placement.weights_gib
     assert 30 < gib < 45  # ~38 GiB of 4-bit weights
     # The weights term is the model store's cold start (fetch + load) by the path placement chose: one owner.
     cold = coldstart.cold_start_s(model, placement.instance, gib, placement.gpus_per_replica)
     assert weights.seconds == math.ceil(cold) and "by streamer" in weights.basis
-    assert engine.seconds == catalog.ENGINE_INIT_S["vllm"]
+    assert engine.seconds == profile(EngineKind.VLLM).init_s
     budget = startup.budget(model, placement)
     assert budget.estimate_s == sum(p.seconds for p in (node, image, weights, engine))
     assert budget.budget_s % 60 == 0
