@@ -24,7 +24,7 @@ from components import (
 from components.placement import Layout, Placement, PoolPlan
 from components.plan import Synthesis
 from components.render import inference_extension, ingress, scaling
-from components.spec import GatewayMode, ModelSpec, PlatformSpec, Target
+from components.spec import ModelSpec, PlatformSpec, Target
 from components.stackfile import Stack
 from components.startup import minutes, weights_fetch, weights_gib
 from components.weights import coldstart, fetch, store
@@ -289,9 +289,7 @@ def plan_report(stack: Stack) -> PlanReport:
         notes.append(f"{model.name} weights: {fetch.decide(model, placement.instance).reason}")
         if note := scaling.scaling_note(spec, model):
             notes.append(note)
-    if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION and (
-        note := inference_extension.routing_note(spec)
-    ):
+    if not spec.gateway.runs_router and (note := inference_extension.routing_note(spec)):
         notes.append(note)
     for pool in layout.pools.values():
         cache = (

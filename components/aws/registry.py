@@ -18,7 +18,7 @@ import pulumi_aws as aws
 from components import images as builds
 from components.images import dockerfile
 from components.render.gateway import RuntimeImage
-from components.spec import GatewayMode, PlatformSpec
+from components.spec import PlatformSpec
 
 if TYPE_CHECKING:
     import pulumi_docker_build as docker_build
@@ -30,7 +30,7 @@ KEEP_IMAGES = 30
 def images_for(spec: PlatformSpec) -> tuple[str, ...]:
     """The runtime images a stack pushes to ECR: the batch service's only when it runs, the endpoint picker's
     only in inference-extension mode."""
-    picker = (builds.PICKER_IMAGE,) if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION else ()
+    picker = (builds.PICKER_IMAGE,) if not spec.gateway.runs_router else ()
     return (*builds.runtime_images(spec), *picker)
 
 

@@ -207,7 +207,7 @@ def _runtime_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
     engine, router = component(spec, ENGINE), component(spec, common.ROUTER)
     health = component(spec, common.HEALTH)
     # behind an inference-extension gateway the picker reads the fleet the router's way (and sends nothing)
-    picked = gateway.inference_extension_mode(spec)
+    picked = not spec.gateway.runs_router
     front_name = inference_extension.PICKER if picked else common.ROUTER
     front = component(spec, front_name)
     out: list[Flow] = []
@@ -328,7 +328,7 @@ def _ingress_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
         clients = Peer("load balancer and in-cluster clients", cidrs=sources, includes_pods=True)
         return [Flow(clients, router, port, "requests from the load balancer (or clients in the cluster)")]
     proxies = gateway_proxies(spec)
-    if gateway.inference_extension_mode(spec):
+    if not spec.gateway.runs_router:
         picker = component(spec, inference_extension.PICKER)
         ext_proc = tcp(inference_extension.picker_settings().port)
         out = [

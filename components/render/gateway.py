@@ -32,7 +32,7 @@ from components.render import (
 from components.render.common import Manifest
 from components.render.runtime_config import has_batcher, runtime_config
 from components.render.tokenizers import RouterTokenizers
-from components.spec import GatewayMode, PlatformSpec
+from components.spec import PlatformSpec
 from runtime.config import RuntimeConfig
 
 CONFIG_CHECKSUM_ANNOTATION = "inferstack.io/config-sha256"
@@ -275,14 +275,10 @@ def router_hpa(spec: PlatformSpec) -> Manifest:
 # Everything -----------------------------------------------------------------------------------------
 
 
-def inference_extension_mode(spec: PlatformSpec) -> bool:
-    return spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION
-
-
 def parts(spec: PlatformSpec) -> list[str]:
     """The runtime services this stack runs: the router (and the batcher for embedding models), or, behind
     an inference-extension gateway, the endpoint picker; the health monitor either way."""
-    if inference_extension_mode(spec):
+    if not spec.gateway.runs_router:
         return [common.HEALTH, inference_extension.PICKER]
     return [common.ROUTER, common.HEALTH, *([common.BATCHER] if has_batcher(spec) else [])]
 
@@ -310,7 +306,7 @@ def render(
                 {"name": "api-keys", "secret": {"secretName": common.api_keys_secret_name(spec)}},
             ),
         )
-    if inference_extension_mode(spec):
+    if not spec.gateway.runs_router:
         picker = inference_extension.PICKER
         s = config.picker
         out += [

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from components.render import batches, common, weights
-from components.spec import AdapterSpec, GatewayMode, ModelSpec, PlatformSpec
+from components.spec import AdapterSpec, ModelSpec, PlatformSpec
 from runtime.config import (
     AdapterTarget,
     BatcherSettings,
@@ -60,7 +60,7 @@ def embedding_models(spec: PlatformSpec) -> list[ModelSpec]:
 def has_batcher(spec: PlatformSpec) -> bool:
     """Embedding models get a batcher behind the router (behind an inference-extension gateway the picker
     sends each request to a replica itself)."""
-    return bool(embedding_models(spec)) and spec.gateway.mode is GatewayMode.ROUTER
+    return bool(embedding_models(spec)) and spec.gateway.runs_router
 
 
 def _adapter_path(spec: PlatformSpec, adapter: AdapterSpec, *, in_cluster: bool) -> str:
@@ -117,7 +117,7 @@ def _route(spec: PlatformSpec, model: ModelSpec) -> ModelRoute:
     )
     # the activator: a model that scales to zero holds its requests while a replica starts; the picker
     # holds nothing (the gateway's ext_proc call must answer within its message timeout): 503 at once
-    holds = model.scaling.min_replicas == 0 and spec.gateway.mode is GatewayMode.ROUTER
+    holds = model.scaling.min_replicas == 0 and spec.gateway.runs_router
     hold = model.scaling.cold_start_hold_ms if holds else 0
     # sleep mode: the router puts idle replicas to sleep and wakes one for a waiting request
     idle = model.scaling.sleep_after_idle_s
@@ -212,7 +212,7 @@ def runtime_config(
     checks = canary_checks(spec)
     # Behind an inference-extension gateway the picker is the only component that sees a request's key.
     picker = PickerSettings()
-    if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION and keys_file is not None:
+    if not spec.gateway.runs_router and keys_file is not None:
         picker = PickerSettings(require_api_key=spec.gateway.require_api_key, api_keys_file=keys_file)
     return RuntimeConfig(
         models=[

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from components.placement import place
 from components.render import common
-from components.spec import GatewayMode, ModelSpec, PlatformSpec
+from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import Signal, facts
 
 RATE_WINDOW = "2m"
@@ -123,7 +123,7 @@ def zero_if_absent(expr: str) -> str:
 def front(spec: PlatformSpec) -> str:
     """The runtime part that routes each request and counts it: the router, or behind an inference-extension
     gateway the endpoint picker (no router runs; its series are ``inferstack_picker_*``, same labels)."""
-    return common.PICKER if spec.gateway.mode is GatewayMode.INFERENCE_EXTENSION else common.ROUTER
+    return common.PICKER if not spec.gateway.runs_router else common.ROUTER
 
 
 def front_metric(spec: PlatformSpec, name: str) -> str:

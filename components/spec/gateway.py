@@ -136,6 +136,12 @@ class GatewaySpec(_Spec):
             )
         return value
 
+    @property
+    def runs_router(self) -> bool:
+        """inferstack's router serves the API; else a Gateway API Inference Extension gateway does, asking the
+        endpoint picker. The one place the rest of the code asks which."""
+        return self.mode is GatewayMode.ROUTER
+
     @model_validator(mode="after")
     def _gateway_class_of_the_installed_implementation(self) -> GatewaySpec:
         if (

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from components.enums import Target
 from components.problems import Problem
 from components.spec.base import HF_REPO, MAX_EKS_CLUSTER_NAME
-from components.spec.gateway import GatewayMode
 from components.spec.model import ModelSpec
 from components.spec.platform import Autoscaler, PlatformSpec
 from runtime.config import S3Files
@@ -32,10 +31,6 @@ def rule(check: Rule) -> Rule:
 def platform_problems(spec: PlatformSpec) -> list[Problem]:
     """Every problem every rule finds."""
     return [problem for check in RULES for problem in check(spec)]
-
-
-def _router_mode(spec: PlatformSpec) -> bool:
-    return spec.gateway.mode is not GatewayMode.INFERENCE_EXTENSION
 
 
 def _models_where(
@@ -104,7 +99,7 @@ def hpa_needs_an_engine_load_metric(spec: PlatformSpec) -> Iterator[Problem]:
 
 @rule
 def versions_need_the_router(spec: PlatformSpec) -> Iterator[Problem]:
-    if not _router_mode(spec):
+    if not spec.gateway.runs_router:
         yield from _models_where(
             spec,
             lambda m: bool(m.versions),
@@ -130,7 +125,7 @@ def versions_in_a_cluster(spec: PlatformSpec) -> Iterator[Problem]:
 
 @rule
 def the_picker_holds_nothing(spec: PlatformSpec) -> Iterator[Problem]:
-    if not _router_mode(spec):
+    if not spec.gateway.runs_router:
         yield from _models_where(
             spec,
             lambda m: "cold_start_hold_ms" in m.scaling.model_fields_set and m.scaling.cold_start_hold_ms > 0,
@@ -143,7 +138,7 @@ def the_picker_holds_nothing(spec: PlatformSpec) -> Iterator[Problem]:
 
 @rule
 def sleep_needs_the_router(spec: PlatformSpec) -> Iterator[Problem]:
-    if not _router_mode(spec):
+    if not spec.gateway.runs_router:
         yield from _models_where(
             spec,
             lambda m: m.scaling.sleep_after_idle_s is not None,
@@ -156,7 +151,7 @@ def sleep_needs_the_router(spec: PlatformSpec) -> Iterator[Problem]:
 
 @rule
 def adapters_need_the_router(spec: PlatformSpec) -> Iterator[Problem]:
-    if not _router_mode(spec):
+    if not spec.gateway.runs_router:
         yield from _models_where(
             spec,
             lambda m: bool(m.adapters),
@@ -169,7 +164,7 @@ def adapters_need_the_router(spec: PlatformSpec) -> Iterator[Problem]:
 
 @rule
 def the_picker_follows_no_kv_events(spec: PlatformSpec) -> Iterator[Problem]:
-    if not _router_mode(spec):
+    if not spec.gateway.runs_router:
         yield from _models_where(
             spec,
             lambda m: m.publishes_kv_events,
@@ -182,7 +177,7 @@ def the_picker_follows_no_kv_events(spec: PlatformSpec) -> Iterator[Problem]:
 
 @rule
 def priorities_need_the_inference_extension(spec: PlatformSpec) -> Iterator[Problem]:
-    if _router_mode(spec):
+    if spec.gateway.runs_router:
         yield from _models_where(
             spec,
             lambda m: m.routing.priority is not None,
@@ -194,7 +189,7 @@ def priorities_need_the_inference_extension(spec: PlatformSpec) -> Iterator[Prob
 
 @rule
 def batches_need_the_router(spec: PlatformSpec) -> Iterator[Problem]:
-    if spec.batch.enabled and not _router_mode(spec):
+    if spec.batch.enabled and not spec.gateway.runs_router:
         yield Problem(
             "batch.enabled",
             "the Batch API is served by inferstack's router, and the batch service sends its requests through it; "
