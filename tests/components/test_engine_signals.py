@@ -131,10 +131,11 @@ def test_a_node_cache_copy_is_served_under_its_models_own_name(kind: str) -> Non
     assert fill["args"][:3] == ["fetch", "--store", model.source]
     container = pod["containers"][0]
     args = container["args"]
+    cli = facts(model.engine.kind).cli
     location = (
-        args[args.index("--model-path") + 1]
-        if kind == "sglang"
-        else args[len(facts(model.engine.kind).cli.leading_args)]
+        args[len(cli.leading_args)]
+        if cli.model_positional or cli.model is None
+        else args[args.index(cli.model.name) + 1]
     )
     assert location == "/models/llama-8b"  # the node's copy, mounted at a directory named after the model
     assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/models/llama-8b"}
