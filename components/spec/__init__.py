@@ -12,7 +12,8 @@ One module per section of the stack file, so a section's models, defaults and ru
   hub commits, AWS accounts, CIDRs) and the source rules every section uses;
 - ``cluster``: ``cluster`` (network, API endpoint access, log retention);
 - ``pools``: ``gpu_pools`` (capacity reservations, GPU sharing);
-- ``engine``: a model's ``engine`` and ``architecture`` (and the default engine images);
+- ``engine``: a model's ``engine`` and ``architecture`` (its rules ask the engine table's capabilities,
+  ``runtime.engines``);
 - ``versions``: a model's ``versions`` and ``rollout`` (canary, rollback, preparation Jobs);
 - ``model``: ``models`` (weights, scaling, SLO, routing, GPU share, adapters);
 - ``gateway``: ``gateway`` (mode, ingress, runtime images);
