@@ -17,6 +17,11 @@ MAX_BYTES = 4 * 1024 * 1024
 LOAD_SIGNALS = (Signal.QUEUED, Signal.RUNNING, Signal.KV_USAGE)
 
 
+def look_timeout_s(probe_interval_ms: int) -> float:
+    """How long one look at an engine may take: most of a probe period, never under half a second."""
+    return max(0.5, probe_interval_ms / 1000 * 0.8)
+
+
 def load_signals(text: str, engine: EngineKind) -> dict[Signal, float]:
     """Queued and running requests (summed over the engine's label sets) and KV usage (their mean)."""
     names = {s: facts(engine).names(s) for s in LOAD_SIGNALS}

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
+from runtime.breaker import Breaker
 from runtime.config import ModelRoute, ModelTarget, RouterSettings
 from runtime.engines import Signal
 from runtime.openai_request import prompt_text
@@ -55,6 +56,10 @@ class ModelView(ABC, Generic[R]):
     @abstractmethod
     def new_replica(self, url: str, cap: int) -> R:
         """A replica record for a URL discovery reported (fresh counters, a closed circuit)."""
+
+    def new_breaker(self) -> Breaker:
+        """A closed circuit for a new replica record, with the router settings' thresholds."""
+        return Breaker(self.settings.breaker_failures, self.settings.breaker_open_ms / 1000)
 
     def retire(self, replica: R) -> None:
         """A replica record is dropped (it left, or was replaced): release what it holds."""

@@ -159,9 +159,9 @@ class EngineSpec(_Spec):
         can = facts(self.kind).can
         device = self.device.value
         if device not in can.devices:
+            on_device = engines_that(lambda c: device in c.devices)
             raise ValueError(
-                f"device: {device} is supported for {engines_that(lambda c: device in c.devices)} only, not "
-                f"{self.kind.value}; use kind: {engines_that(lambda c: device in c.devices)}"
+                f"device: {device} is supported for {on_device} only, not {self.kind.value}; use kind: {on_device}"
             )
         if self.device is Device.CPU and (self.tensor_parallel_size, self.pipeline_parallel_size) != (1, 1):
             raise ValueError(

@@ -16,7 +16,7 @@ import aiohttp
 
 from runtime.config import ModelTarget, RuntimeConfig
 from runtime.discovery import watch_backends
-from runtime.engine_probe import probe
+from runtime.engine_probe import look_timeout_s, probe
 from runtime.fleet_feed import apply_signals, fetch_feed
 from runtime.picker.replicas import ModelPool, Replica
 
@@ -100,7 +100,7 @@ class Fleet:
             await asyncio.gather(*jobs)
 
     async def _probe(self, pool: ModelPool, replica: Replica) -> None:
-        timeout_s = max(0.5, self.cfg.router.probe_interval_ms / 1000 * 0.8)
+        timeout_s = look_timeout_s(self.cfg.router.probe_interval_ms)
         assert self._session is not None
         answered, signals = await probe(self._session, replica.url, pool.target.engine, timeout_s)
         pool.probed(replica, answered, signals)

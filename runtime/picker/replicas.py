@@ -45,10 +45,7 @@ class ModelPool(ModelView[Replica]):
         self.listed = False  # discovery has reported at least once
 
     def new_replica(self, url: str, cap: int) -> Replica:
-        s = self.settings
-        return Replica(
-            url, cap, Breaker(s.breaker_failures, s.breaker_open_ms / 1000), self.weights.get(url, 1.0)
-        )
+        return Replica(url, cap, self.new_breaker(), self.weights.get(url, 1.0))
 
     def replicas_changed(self) -> None:
         self.by_endpoint = {r.endpoint: r for r in self.replicas}

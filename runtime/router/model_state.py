@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from runtime.config import ModelRoute, ModelTarget, RouterSettings, Task
 from runtime.engines import SleepMode, facts
 from runtime.model_view import ModelView
-from runtime.router.backends import Backend, Breaker
+from runtime.router.backends import Backend
 from runtime.router.waitline import WaitQueue
 from runtime.scheduling import Context, Need
 
@@ -48,10 +48,7 @@ class ModelState(ModelView[Backend]):
         self.kv: ModelCacheView | None = None
 
     def _backend(self, url: str, cap: int) -> Backend:
-        s = self.settings
-        return Backend(
-            url, cap, Breaker(s.breaker_failures, s.breaker_open_ms / 1000), self.weights.get(url, 1.0)
-        )
+        return Backend(url, cap, self.new_breaker(), self.weights.get(url, 1.0))
 
     def new_replica(self, url: str, cap: int) -> Backend:
         return self._backend(url, cap)

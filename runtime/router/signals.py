@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import aiohttp
 
 from runtime.config import RouterSettings
-from runtime.engine_probe import probe
+from runtime.engine_probe import look_timeout_s, probe
 from runtime.engines import facts
 from runtime.fleet_feed import Feed, apply_signals, fetch_feed
 from runtime.router.adapters import listed_adapters
@@ -81,7 +81,7 @@ async def read_feed(
 async def probe_all(
     session: aiohttp.ClientSession, settings: RouterSettings, models: Mapping[str, ModelState]
 ) -> None:
-    timeout_s = max(0.5, settings.probe_interval_ms / 1000 * 0.8)
+    timeout_s = look_timeout_s(settings.probe_interval_ms)
     jobs = [_probe(session, state, b, timeout_s) for state in models.values() for b in state.replicas]
     if jobs:
         await asyncio.gather(*jobs)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 import aiohttp
 
 from runtime.config import RouterSettings
-from runtime.engine_probe import prompt_tokens
+from runtime.engine_probe import look_timeout_s, prompt_tokens
 from runtime.router.backends import Backend
 from runtime.router.model_state import ModelState
 
@@ -35,7 +35,7 @@ class SleepControl:
         self._going_to_sleep: dict[str, asyncio.Event] = {}  # url -> set when its /sleep call has returned
 
     def _timeout(self) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=max(0.5, self.settings.probe_interval_ms / 1000 * 0.8))
+        return aiohttp.ClientTimeout(total=look_timeout_s(self.settings.probe_interval_ms))
 
     async def sweep(self, models: Iterable[ModelState]) -> None:
         jobs = [self._sweep(s, b) for s in models if s.sleep is not None for b in s.replicas]
@@ -90,7 +90,7 @@ class SleepControl:
     async def _took_prompts(self, state: ModelState, b: Backend) -> None:
         """Whether the engine took prompts since the last look, from its own counter: requests through other
         router replicas count, so one router never puts to sleep a replica that another keeps busy."""
-        timeout_s = self._timeout().total or 0.5
+        timeout_s = look_timeout_s(self.settings.probe_interval_ms)
         tokens = await prompt_tokens(self._session(), b.url, state.target.engine, timeout_s)
         if tokens is None:
             return
