@@ -1,5 +1,5 @@
-"""Entry point of `pulumi up`: everything lives in components.program."""
+"""Entry point of `pulumi up`: everything lives in components.deploy.program."""
 
-from components.program import run
+from components.deploy.program import run
 
 run()

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pytest
 
+from components.core.stackfile import load
 from components.local import engine_process
 from components.local.engine_process import (
     EngineError,
@@ -48,7 +49,6 @@ from components.local.plan import LocalOptions, LocalPlan, build_plan
 from components.local.s3_server import LoopbackS3, started
 from components.local.supervisor import Supervisor
 from components.spec import ModelSpec
-from components.stackfile import load
 from tests import leaks, timing
 from tests.local.helpers import free_port_block
 

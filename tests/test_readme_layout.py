@@ -42,3 +42,11 @@ def test_every_module_and_folder_the_readme_layout_names_exists() -> None:
         if not _exists_under(REPO / folder, name)
     ]
     assert not missing, f"README.md's Layout names what is not in the tree: {missing}"
+
+
+def test_the_readme_layout_names_every_package_of_components() -> None:
+    """A layer added to components/ (a package) gets its line in the map."""
+    words = dict(_layout())["components"]
+    packages = sorted(p.name for p in (REPO / "components").iterdir() if (p / "__init__.py").is_file())
+    unnamed = [name for name in packages if f"{name}/" not in words]
+    assert not unnamed, f"README.md's Layout does not name components/{unnamed}: add a line for each"

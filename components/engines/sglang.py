@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from components.core.sizing import DEFAULT_BATCHED_TOKENS
 from components.engines.common import (
     FLASHINFER_JIT,
     POD_ENV,
@@ -15,7 +16,6 @@ from components.engines.common import (
     switched,
     valued,
 )
-from components.sizing import DEFAULT_BATCHED_TOKENS
 from components.spec import ModelSpec
 from runtime.config import EngineKind, Task
 from runtime.engines import facts

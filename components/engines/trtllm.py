@@ -3,6 +3,7 @@ and its start-up figures."""
 
 from __future__ import annotations
 
+from components.core.sizing import DEFAULT_BATCHED_TOKENS
 from components.engines.common import (
     ENGINE_CONFIG_DIR,
     FLASHINFER_JIT,
@@ -15,7 +16,6 @@ from components.engines.common import (
     switched,
     valued,
 )
-from components.sizing import DEFAULT_BATCHED_TOKENS
 from components.spec import EngineSpec, KvCacheDType, ModelSpec
 from runtime.config import EngineKind
 from runtime.engines import facts

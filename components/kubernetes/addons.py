@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.cloud import Cloud
+from components.core.cloud import Cloud
 from components.kubernetes.manifests import apply
 from components.render import addons, common, scaling
 from components.render.common import Manifest

@@ -9,7 +9,7 @@ from typing import Any
 
 import pulumi
 
-from components.cloud import Cloud
+from components.core.cloud import Cloud
 from components.kubernetes.manifests import apply
 from components.render import api_keys, batches, gateway
 from components.render.runtime_config import runtime_config

@@ -1,6 +1,6 @@
 """How the Kubernetes side of a stack reaches its cluster: the Pulumi half of the cloud seam.
 
-The layer that makes the cluster fills in a ``ClusterAccess`` (on EKS, ``components.aws.layer.provision``);
+The layer that makes the cluster fills in a ``ClusterAccess`` (on EKS, ``components.clouds.aws.layer.provision``);
 ``InferencePlatform`` registers every Kubernetes resource with it. A cluster you bring needs nothing made
 first, and the defaults say so (``bring_your_own``).
 """
@@ -13,8 +13,8 @@ from typing import Any
 
 import pulumi
 
-from components.images import RegistryImages
-from components.placement import Layout
+from components.core.placement import Layout
+from components.deploy.images import RegistryImages
 from components.render.addons import Release
 from components.render.gateway import RuntimeImage
 from components.spec import PlatformSpec

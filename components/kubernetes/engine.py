@@ -8,12 +8,12 @@ from typing import Any
 
 import pulumi
 
+from components.core.lifecycle import Preparation
+from components.core.placement import Layout, Placement, PoolPlan
+from components.core.rollout import Rollout
 from components.kubernetes.manifests import apply
-from components.lifecycle import Preparation
-from components.placement import Layout, Placement, PoolPlan
 from components.render import common, engine, groups, preparation, weights
 from components.render.gateway import RuntimeImage
-from components.rollout import Rollout
 from components.spec import ModelSpec, PlatformSpec
 
 _AWAITED = frozenset({"Deployment", groups.KIND})

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.cloud import Cloud
+from components.core.cloud import Cloud
 from components.kubernetes.manifests import apply
 from components.render import api_keys, common, gateway, ingress, network
 from components.spec import GatewayApiImplementation, IngressKind, PlatformSpec

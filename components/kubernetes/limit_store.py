@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pulumi
 
-from components.cloud import Cloud
+from components.core.cloud import Cloud
 from components.kubernetes.manifests import apply
 from components.render import limit_store as render
 from components.spec import PlatformSpec

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from components.core.paths import STACKS_DIR
+from components.core.problems import SpecError
 from components.local.defaults import (
     DEFAULT_BATCHER_PORT,
     DEFAULT_BATCHES_PORT,
@@ -33,8 +35,6 @@ from components.local.defaults import (
     EXIT_FAILED,
     EXIT_USAGE,
 )
-from components.paths import STACKS_DIR
-from components.problems import SpecError
 
 if TYPE_CHECKING:
     from components.local.plan import LocalOptions, LocalPlan
@@ -63,8 +63,8 @@ def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
 
 
 def _plan(stack: str, stacks_dir: Path, options: LocalOptions) -> LocalPlan:
+    from components.core.stackfile import load  # noqa: PLC0415
     from components.local.plan import PlanError, build_plan  # noqa: PLC0415 - see the imports
-    from components.stackfile import load  # noqa: PLC0415
 
     try:
         return build_plan(load(stack, stacks_dir), options, Path.cwd())

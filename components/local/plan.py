@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from components import packing, placement, sizing
+from components.core import packing, placement, sizing
+from components.core.stackfile import Stack
+from components.core.weights import store
 from components.local import cpu_kernels
 from components.local.defaults import (
     DEFAULT_BATCHER_PORT,
@@ -43,8 +45,6 @@ from components.render import common, scaling
 from components.render import runtime_config as rendered
 from components.render.envoy import EnvoyPool, envoy_config
 from components.spec import ModelSpec, PickerFailureMode, PlatformSpec, Target
-from components.stackfile import Stack
-from components.weights import store
 from runtime.config import BodyMode, FileDiscovery, RuntimeConfig, Task
 
 HOST = "127.0.0.1"

@@ -4,7 +4,7 @@ Each add-on is a ``Release`` (repository, chart, version, namespace, values) tha
 ``components.kubernetes.addons`` hands to ``helm.v4.Chart``. Which add-ons a stack gets follows from the
 spec: GPU models need a device plugin, KEDA mode needs KEDA, HPA mode needs prometheus-adapter with
 rules rendered from the models. A cloud's own controllers (on EKS the AWS Load Balancer Controller and the
-Cluster Autoscaler, ``components.aws.addons``) come from its layer, through ``ClusterAccess.addons``.
+Cluster Autoscaler, ``components.clouds.aws.addons``) come from its layer, through ``ClusterAccess.addons``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from components import nodes, placement
-from components.cloud import Cloud
-from components.packing import Mechanism
+from components.core import nodes, placement
+from components.core.cloud import Cloud
+from components.core.packing import Mechanism
 from components.render import common
 from components.spec import (
     Autoscaler,

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from components.redaction import REDACTED
+from components.core.redaction import REDACTED
 from components.render import common
 from components.render.common import Manifest
 from components.spec import PlatformSpec

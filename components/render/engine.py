@@ -7,8 +7,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from components import lifecycle, nodes
-from components.placement import Placement, PoolPlan, host_memory_needed_gib, host_share
+from components.core import lifecycle, nodes
+from components.core.placement import Placement, PoolPlan, host_memory_needed_gib, host_share
+from components.core.rollout import Rollout
 from components.render import common, groups, hardening, scaling, weights
 from components.render.common import Manifest
 from components.render.engine_args import (
@@ -20,7 +21,6 @@ from components.render.engine_args import (
     in_group,
     model_dir,
 )
-from components.rollout import Rollout
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import facts
 
@@ -228,7 +228,7 @@ def pod_template(
 def deployment(
     spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout, weights_image: Any = None
 ) -> Manifest:
-    """``rollout`` (``components.rollout``): the strategy, and the startup budget the probe and the progress
+    """``rollout`` (``components.core.rollout``): the strategy, and the startup budget the probe and the progress
     deadline allow a replica."""
     name = common.engine_name(model.name)
     version = common.image_version(model.engine.resolved_image)
@@ -250,7 +250,7 @@ def deployment(
             # A round of the rollout may take a whole cold start before it shows progress.
             "progressDeadlineSeconds": rollout.startup.budget_s,
             "selector": {"matchLabels": common.selector(spec, name, "engine")},
-            # Surge into the pool's spare GPUs, else replace one replica at a time (components.rollout).
+            # Surge into the pool's spare GPUs, else replace one replica at a time (components.core.rollout).
             "strategy": {
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": rollout.max_surge, "maxUnavailable": rollout.max_unavailable},

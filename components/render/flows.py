@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from components.cloud import Cloud
-from components.placement import place
+from components.core.cloud import Cloud
+from components.core.placement import place
 from components.render import (
     batches,
     common,
@@ -159,7 +159,7 @@ GROUP_PREFIX = "group:"
 
 
 def group_models(spec: PlatformSpec) -> list[str]:
-    """Models whose replica spans nodes (``components.placement``), in stack-file order."""
+    """Models whose replica spans nodes (``components.core.placement``), in stack-file order."""
     layout = place(spec)
     return [m.name for m in spec.models if layout.placements[m.name].multi_node]
 
@@ -406,7 +406,7 @@ def _weights_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
         )
     )
     hub_adapters = any(a.is_hub for m in spec.models for a in m.adapters)
-    # A version's preparation (components.lifecycle) reads its source from the store and its calibration data
+    # A version's preparation (components.core.lifecycle) reads its source from the store and its calibration data
     # from the hub.
     prepared = any(m.prepared_by for m in spec.models)
     if any(m.is_hub for m in spec.models) or hub_adapters or prepared:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from components.cloud import Cloud
+from components.core.cloud import Cloud
 from components.render import (
     batches,
     common,

@@ -24,11 +24,11 @@ can request as resources", EKS user guide, node-efa), and NCCL is told to use li
 
 from __future__ import annotations
 
-from components import lifecycle, nodes
-from components.placement import PoolPlan
+from components.core import lifecycle, nodes
+from components.core.placement import PoolPlan
+from components.core.rollout import Rollout
 from components.render import common
 from components.render.common import Manifest
-from components.rollout import Rollout
 from components.spec import ModelSpec, PlatformSpec
 
 API_VERSION = "leaderworkerset.x-k8s.io/v1"

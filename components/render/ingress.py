@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from components.cloud import Cloud, IngressClass
+from components.core.cloud import Cloud, IngressClass
 from components.render import addons, common
 from components.render.common import Manifest
 from components.render.runtime_config import lb_idle_timeout_s, runtime_config

@@ -1,9 +1,9 @@
 """Karpenter's objects: per GPU pool a NodePool and an EC2NodeClass, and the controller's chart values. Pure.
 
 A NodePool asks for nodes of exactly the pool's instance and capacity type, labelled and tainted like a
-managed node group's (``components.nodes``), with a GPU limit from the models' max replicas. Its
+managed node group's (``components.core.nodes``), with a GPU limit from the models' max replicas. Its
 EC2NodeClass launches them the way the AWS layer decides (``NodeLaunch``: role, subnets, IMDSv2, root
-device) with the pool's root disk. ``components.aws.karpenter`` registers these with the controller.
+device) with the pool's root disk. ``components.clouds.aws.karpenter`` registers these with the controller.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from components import nodes
-from components.cloud import RootDisk
-from components.placement import PoolPlan
+from components.core import nodes
+from components.core.cloud import RootDisk
+from components.core.placement import PoolPlan
 from components.render.common import Manifest
 from components.spec import PlatformSpec
 
@@ -28,7 +28,7 @@ CONSOLIDATE_AFTER = "10m"  # only empty GPU nodes go: engines take minutes to lo
 
 @dataclass(frozen=True)
 class NodeLaunch:
-    """How every EC2NodeClass of the cluster launches nodes (``components.aws.decisions.karpenter_launch``)."""
+    """How every EC2NodeClass of the cluster launches nodes (``components.clouds.aws.decisions.karpenter_launch``)."""
 
     role: str
     subnets: list[Manifest]

@@ -7,12 +7,12 @@
   to the flows that start at it.
 
 A flow works only when the caller's egress and the callee's ingress both admit it, so each flow is rendered on both
-sides. On EKS the ``vpc-cni`` add-on enforces them (``components.aws.decisions.VPC_CNI_CONFIGURATION``).
+sides. On EKS the ``vpc-cni`` add-on enforces them (``components.clouds.aws.decisions.VPC_CNI_CONFIGURATION``).
 """
 
 from __future__ import annotations
 
-from components.cloud import Cloud
+from components.core.cloud import Cloud
 from components.render import common, flows
 from components.render.common import Manifest
 from components.render.flows import Flow, Port

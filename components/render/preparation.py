@@ -4,7 +4,7 @@ One more step of the model store (``components.render.weights``), run by its wei
 the first init container fetches the version's source from the store (where its weights Job copied it at the
 pinned revision, checked against its manifest), the tool's steps prepare it, then the Job's container puts the
 result into the store at the input-hashed location the version's engines load from
-(``components.lifecycle``), with a manifest, as any model there. The Job's name carries the input hash, so the
+(``components.core.lifecycle``), with a manifest, as any model there. The Job's name carries the input hash, so the
 same inputs are the same Job (nothing to do on the next `pulumi up`), and its annotations carry the provenance
 (inputs, tool, image, hash). The pod runs on the model's GPU pool when the step needs a GPU, with the engines'
 hardening and no service-account token.
@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from components import lifecycle, nodes
-from components.lifecycle import Preparation
-from components.placement import Placement
+from components.core import lifecycle, nodes
+from components.core.lifecycle import Preparation
+from components.core.placement import Placement
 from components.render import common, hardening, weights
 from components.spec import ModelSpec, PlatformSpec, PreparationKind, Quantization
 

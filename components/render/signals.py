@@ -9,7 +9,7 @@ health-monitor expressions that both alerts and dashboards read are spelled here
 
 from __future__ import annotations
 
-from components.placement import place
+from components.core.placement import place
 from components.render import common
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import Signal, facts

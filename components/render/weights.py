@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from components.placement import Placement
+from components.core.placement import Placement
+from components.core.weights import fetch, store
+from components.core.weights.fetch import CacheMedium, Fetch, FetchPath
 from components.render import common, hardening
 from components.render.common import Manifest
 from components.render.engine_args import model_dir
 from components.spec import AdapterSpec, ModelSpec, PlatformSpec, Target
-from components.weights import fetch, store
-from components.weights.fetch import CacheMedium, Fetch, FetchPath
 
 COMPONENT = "weights"
 CACHE_MOUNT = "/models/cache"

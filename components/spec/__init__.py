@@ -3,7 +3,7 @@
 The one source of truth. Every knob is a documented field with a default and, where it has one, a unit
 in its name. Structure and single-field rules live here (pydantic); rules that span sections live in
 ``components.spec.rules`` (all reported at once); rules that need the hardware catalog (fit, parallelism
-against a node's GPUs, pool placement) live in ``components.placement``, which reports them with the same
+against a node's GPUs, pool placement) live in ``components.core.placement``, which reports them with the same
 field paths.
 
 One module per section of the stack file, so a section's models, defaults and rules read together:
@@ -27,14 +27,14 @@ so ``from components.spec import X`` is the way in.
 
 from __future__ import annotations
 
-# The spec's plain enums, re-exported: they live in components.enums so the CLI starts without pydantic.
-from components.enums import CapacityType as CapacityType
-from components.enums import Device as Device
-from components.enums import DType as DType
-from components.enums import KvCacheDType as KvCacheDType
-from components.enums import NodeProvisioner as NodeProvisioner
-from components.enums import Quantization as Quantization
-from components.enums import Target as Target
+# The spec's plain enums, re-exported: they live in components.core.enums so the CLI starts without pydantic.
+from components.core.enums import CapacityType as CapacityType
+from components.core.enums import Device as Device
+from components.core.enums import DType as DType
+from components.core.enums import KvCacheDType as KvCacheDType
+from components.core.enums import NodeProvisioner as NodeProvisioner
+from components.core.enums import Quantization as Quantization
+from components.core.enums import Target as Target
 from components.spec.base import (
     AUTO,
     AWS_ACCOUNT,

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from components.enums import NodeProvisioner
+from components.core.enums import NodeProvisioner
 from components.spec.base import AwsAccount, DnsLabel, Ipv4Cidr, _all_match, _Spec
 
 # Retention periods CloudWatch Logs accepts, in days.

@@ -9,9 +9,9 @@ from typing import Annotated, ClassVar
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from components import catalog
-from components.enums import Device, DType
-from components.packing import shared_memory_utilization
+from components.core import catalog
+from components.core.enums import Device, DType
+from components.core.packing import shared_memory_utilization
 from components.spec.base import (
     AUTO,
     MAX_MODEL_NAME,
@@ -276,7 +276,7 @@ class ModelSpec(_Spec):
     version (rollbacks return to it), the others are canaries (rollout.canary). Each version runs its own
     replicas within scaling (pool size and cost count them). Empty: one version, the model."""
 
-    # Set on the serving units derived from versions (components.lifecycle), never from a stack file.
+    # Set on the serving units derived from versions (components.core.lifecycle), never from a stack file.
     _served_as: str | None = PrivateAttr(default=None)
     _version_of: tuple[str, str, int, bool] | None = PrivateAttr(
         default=None

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from components.enums import Target
+from components.core.enums import Target
 from components.spec.base import AwsAccount, DnsLabel, PinnedImage, _Spec
 from components.spec.cluster import ClusterSpec
 from components.spec.gateway import RUNTIME_IMAGES, GatewaySpec

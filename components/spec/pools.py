@@ -8,9 +8,9 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from components import catalog
-from components.enums import CapacityType
-from components.packing import MAX_TIME_SLICES, Mechanism
+from components.core import catalog
+from components.core.enums import CapacityType
+from components.core.packing import MAX_TIME_SLICES, Mechanism
 from components.spec.base import AUTO, DnsLabel, _Spec
 
 
@@ -54,7 +54,7 @@ class CapacityReservationSpec(_Spec):
 
 
 GpuSharing = Mechanism
-"""How a pool's GPUs are shared between engines: none, time-slicing or mig (``components.packing``)."""
+"""How a pool's GPUs are shared between engines: none, time-slicing or mig (``components.core.packing``)."""
 
 
 class GpuPoolSpec(_Spec):

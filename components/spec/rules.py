@@ -3,15 +3,15 @@
 A field's own rule lives on its model; a rule that reads two sections (the gateway's mode and a model's routing,
 the target and the cluster's name) lives here, registered with ``@rule``, so a stack file with several such
 mistakes hears of all of them in one run (``PlatformSpec`` runs every rule and reports what they found together).
-Rules that also need the hardware catalog are placement's (``components.placement``), reported with the same paths.
+Rules that also need the hardware catalog are placement's (``components.core.placement``), reported with the same paths.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from components.enums import Target
-from components.problems import Problem
+from components.core.enums import Target
+from components.core.problems import Problem
 from components.spec.base import HF_REPO, MAX_EKS_CLUSTER_NAME
 from components.spec.model import ModelSpec
 from components.spec.platform import Autoscaler, PlatformSpec

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator
 
-from components.enums import Device, Quantization
+from components.core.enums import Device, Quantization
 from components.spec.base import DnsLabel, HubCommit, PinnedImage, _Spec
 from components.spec.engine import EngineSpec, engines_that
 from runtime.engines import Prepared, facts
@@ -63,7 +63,7 @@ class RolloutSpec(_Spec):
     startup_budget_s: Annotated[int, Field(ge=60, le=21_600)] | None = None
     """Seconds one replica may take from a cold node to ready: the engine's startup probe, its Deployment's
     progress deadline and how long `pulumi up` waits for it. Defaults to the estimate (node start, image pull,
-    weights fetch and load; components.startup) plus 25%; a value below the estimate is refused."""
+    weights fetch and load; components.core.startup) plus 25%; a value below the estimate is refused."""
     canary: CanarySpec | None = None
     """With two versions: the canary steps and the automatic rollback rule (required when versions are given)."""
 
@@ -83,7 +83,7 @@ QUANTIZE_SCHEMES: dict[Quantization, str] = {
 }
 QUANTIZE_IMAGE = "prepare-llmcompressor"
 """The quantize step's image, built from runtime/images/prepare-llmcompressor.Dockerfile and published by the
-release workflow (components.images.RELEASED_IMAGES)."""
+release workflow (components.deploy.images.RELEASED_IMAGES)."""
 LLMCOMPRESSOR_VERSION = "0.14.0.1"
 """The llm-compressor it installs (runtime/images/prepare-llmcompressor.requirements.txt pins it, and a test
 holds the two together): its published tag, so the tag says which tool quantized a version."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from components.stackfile import Stack
+from components.core.stackfile import Stack
 from policies.inference import config as policy_config
 from policies.inference.config import PolicyConfigError
 from policies.inference.pack import PACK_NAME
@@ -33,7 +33,7 @@ __all__ = [
 
 
 class Captured(Protocol):
-    """One resource as `inferstack plan` captured it (``components.plan.Resource``)."""
+    """One resource as `inferstack plan` captured it (``components.deploy.synthesis.Resource``)."""
 
     @property
     def type(self) -> str: ...
@@ -46,7 +46,7 @@ class Captured(Protocol):
 
 
 class Synthesized(Protocol):
-    """What `inferstack plan` synthesized (``components.plan.Synthesis``). A protocol, not an import: the plan
+    """What `inferstack plan` synthesized (``components.deploy.synthesis.Synthesis``). A protocol, not an import: the plan
     runs the Pulumi program and calls the pack, so the pack must not import it back."""
 
     @property

@@ -11,7 +11,7 @@ from typing import Any
 import promql_parser
 import yaml
 
-from components import plan
+from components.deploy import synthesis as plan
 from components.render import alerts, common, dashboards, scaling
 from components.spec import ModelSpec, PlatformSpec
 
@@ -151,7 +151,7 @@ def model_queries(spec: PlatformSpec, model: ModelSpec) -> dict[str, list[str]]:
 
 def rendered_engine_deployment(spec: PlatformSpec, model_name: str | None = None) -> dict[str, Any]:
     """The engine Deployment of one model (the first by default), placed and rolled out as the program does."""
-    from components import placement, rollout
+    from components.core import placement, rollout
     from components.render import engine
 
     layout = placement.place(spec)

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from components import placement, sizing
-from components.problems import SpecError
+from components.cli.report import adapters_note
+from components.core import placement, sizing
+from components.core.problems import SpecError
+from components.core.stackfile import load
 from components.render.engine_args import vllm
 from components.render.runtime_config import runtime_config
-from components.report import adapters_note
 from components.spec import PlatformSpec
-from components.stackfile import load
 from tests.components.helpers import minimal, rendered_engine_deployment, write_stack
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -217,9 +217,9 @@ def test_the_plan_prepares_each_adapter_and_only_its_jobs_reach_the_hub() -> Non
     engines depend on all of them, and in the flow table only the preparation Jobs reach the hub.
     (tests/policies: every rule, weights-from-pinned-store included, passes on it; tests/components/test_network:
     the rendered NetworkPolicies allow exactly the table.)"""
-    from components import plan
+    from components.clouds.targets import cloud_for
+    from components.deploy import synthesis as plan
     from components.render import flows, weights
-    from components.targets import cloud_for
 
     stack = load("prod")
     spec = stack.spec
@@ -240,7 +240,7 @@ def test_group_pods_get_the_lora_flags_environment_and_adapters(tmp_path: Path) 
     adapters (each worker loads its shard of an adapter from its own disk)."""
     import yaml
 
-    from components import plan
+    from components.deploy import synthesis as plan
     from components.render import weights
     from tests.components.helpers import engine_workloads, pod_templates
 

@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from components import plan
-from components.aws import addons as aws_addons
-from components.aws.cloud import EKS
-from components.own_cluster import OWN_CLUSTER
-from components.redaction import REDACTED
+from components.clouds.aws import addons as aws_addons
+from components.clouds.aws.cloud import EKS
+from components.clouds.own_cluster import OWN_CLUSTER
+from components.clouds.targets import cloud_for
+from components.core.redaction import REDACTED
+from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.deploy import synthesis as plan
 from components.render import addons, scaling
 from components.spec import PlatformSpec
-from components.stackfile import STACKS_DIR, available_stacks, load
-from components.targets import cloud_for
 from tests.components.helpers import minimal, on_own_cluster, write_stack
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]

@@ -13,12 +13,15 @@ from typing import Any
 
 import pytest
 
-from components import catalog, cost, images, nodes, placement, plan, targets
-from components.aws import addons, decisions, registry
-from components.aws.cloud import EKS
+from components.clouds import targets
+from components.clouds.aws import addons, decisions, registry
+from components.clouds.aws.cloud import EKS
+from components.core import catalog, cost, nodes, placement
+from components.core.stackfile import STACKS_DIR, Stack, available_stacks, load
+from components.core.weights import fetch
+from components.deploy import images
+from components.deploy import synthesis as plan
 from components.spec import ApiAccess, PlatformSpec, Target
-from components.stackfile import STACKS_DIR, Stack, available_stacks, load
-from components.weights import fetch
 from tests.components.helpers import cluster, engine_workloads, minimal, pod_templates, write_stack
 
 
@@ -346,7 +349,7 @@ def test_every_kubernetes_resource_uses_the_provider_built_from_the_cluster(name
 
 
 def test_kubeconfig_authenticates_with_aws_eks_get_token() -> None:
-    from components.aws.cluster import kubeconfig
+    from components.clouds.aws.cluster import kubeconfig
 
     config = kubeconfig("c1", "https://example.eks", "Q0E=", "eu-west-1")
     user = config["users"][0]["user"]["exec"]
@@ -478,7 +481,7 @@ def test_existing_subnets_replace_the_vpc_and_admin_roles_get_access_entries(tmp
 def test_aws_spec_mistakes_are_reported_with_the_field(
     tmp_path: Path, fields: dict[str, Any], message: str
 ) -> None:
-    from components.problems import SpecError
+    from components.core.problems import SpecError
 
     write_stack(tmp_path, "bad", {**minimal(), "cluster": cluster(**fields)})
     with pytest.raises(SpecError) as err:
@@ -618,7 +621,7 @@ def test_load_balancer_controller_gets_the_vpc_and_runs_as_the_pod_identity_acco
 def test_inferstack_plan_shows_the_aws_footprint_with_cost_for_prod_and_none_for_kind(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from components.cli import app
+    from components.cli.main import app
 
     runner = CliRunner()
     prod, kind = tmp_path / "prod", tmp_path / "kind"

@@ -10,10 +10,11 @@ from typing import Any
 
 import yaml
 
-from components import nodes, plan
-from components.aws import audit, decisions, iam, karpenter
+from components.clouds.aws import audit, decisions, iam, karpenter
+from components.core import nodes
+from components.core.stackfile import Stack, load
+from components.deploy import synthesis as plan
 from components.render import karpenter as karpenter_render
-from components.stackfile import Stack, load
 from tests.components.helpers import engine_deployments
 from tests.components.test_aws import _key_arn, _taggable
 

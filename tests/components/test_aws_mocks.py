@@ -10,8 +10,8 @@ from typing import Any
 import pulumi
 import pytest
 
-from components import plan
-from components.stackfile import load
+from components.core.stackfile import load
+from components.deploy import synthesis as plan
 from tests.components.helpers import cluster, minimal, write_stack
 from tests.components.test_aws import EKS_STACKS, _of, _synth
 

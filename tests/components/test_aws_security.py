@@ -11,10 +11,11 @@ from typing import Any
 import pulumi
 import pytest
 
-from components import images, plan
-from components.aws import audit, decisions, iam, key_policies
-from components.redaction import REDACTED
-from components.stackfile import load
+from components.clouds.aws import audit, decisions, iam, key_policies
+from components.core.redaction import REDACTED
+from components.core.stackfile import load
+from components.deploy import images
+from components.deploy import synthesis as plan
 from tests.components.test_aws import EKS_STACKS, _key_arn, _named, _of, _synth
 
 

@@ -12,11 +12,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from components import catalog, cost, plan, targets
-from components.aws import decisions
-from components.cli import app
-from components.problems import SpecError
-from components.stackfile import load
+from components.cli.main import app
+from components.clouds import targets
+from components.clouds.aws import decisions
+from components.core import catalog, cost
+from components.core.problems import SpecError
+from components.core.stackfile import load
+from components.deploy import synthesis as plan
 from tests.components.helpers import SOME_COMMIT, cluster, write_stack
 
 RESERVATION = "cr-0123456789abcdef0"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import plan
-from components.stackfile import STACKS_DIR, available_stacks, load
+from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.deploy import synthesis as plan
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKOV = ROOT / ".venv-tools" / "bin" / "checkov"

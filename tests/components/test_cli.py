@@ -11,8 +11,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from components.cli import SCHEMA_PATH, app, schema_text
-from components.stackfile import STACKS_DIR, available_stacks
+from components.cli.main import SCHEMA_PATH, app, schema_text
+from components.core.stackfile import STACKS_DIR, available_stacks
 from tests.components.helpers import minimal, pod_templates, write_stack
 
 runner = CliRunner()
@@ -83,7 +83,7 @@ def test_plan_of_a_bad_stack_exits_2_with_the_problem_and_writes_nothing(tmp_pat
         [
             sys.executable,
             "-m",
-            "components.cli",
+            "components.cli.main",
             "plan",
             "-s",
             "bad",

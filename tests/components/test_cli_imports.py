@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Runs the command in a fresh interpreter as the `inferstack` script would, then lists what it imported.
 PROBE = """
 import json, sys
-from components import cli
+from components.cli import main as cli
 out, sys.argv = sys.argv[1], ["inferstack", *sys.argv[2:]]
 try:
     cli.main()
@@ -29,7 +29,7 @@ with open(out, "w") as f:
 """
 
 HEAVY = ("pulumi", "pulumi_aws", "pulumi_kubernetes", "pulumi_docker_build", "pulumi_policy", "grpc")
-SPEC_MODELS = ("components.spec", "runtime.config", "components.stackfile")
+SPEC_MODELS = ("components.spec", "runtime.config", "components.core.stackfile")
 
 
 def loaded_by(args: list[str], tmp_path: Path) -> set[str]:
@@ -73,4 +73,10 @@ def test_help_and_size_load_no_pulumi_sdk_and_no_spec_models(args: list[str], tm
 def test_the_probe_sees_what_plan_loads(tmp_path: Path) -> None:
     """The control: `plan` does load the program, its SDKs and the spec, and the probe reports them."""
     modules = loaded_by(["plan", "-s", "local"], tmp_path)
-    assert {"pulumi", "pulumi_kubernetes", "pulumi_aws", "components.spec", "components.program"} <= modules
+    assert {
+        "pulumi",
+        "pulumi_kubernetes",
+        "pulumi_aws",
+        "components.spec",
+        "components.deploy.program",
+    } <= modules

@@ -9,15 +9,18 @@ from typing import Any
 
 import pytest
 
-from components import catalog, cost, nodes, plan, program, rollout, targets
-from components.aws import decisions
-from components.aws.cloud import EKS
-from components.cloud import Cloud, FixedInfrastructure, IngressClass
-from components.own_cluster import OWN_CLUSTER, OwnCluster
-from components.placement import place
+from components.clouds import targets
+from components.clouds.aws import decisions
+from components.clouds.aws.cloud import EKS
+from components.clouds.own_cluster import OWN_CLUSTER, OwnCluster
+from components.core import catalog, cost, nodes, rollout
+from components.core.cloud import Cloud, FixedInfrastructure, IngressClass
+from components.core.placement import place
+from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.deploy import program
+from components.deploy import synthesis as plan
 from components.render import engine, gateway
 from components.spec import PlatformSpec, Target
-from components.stackfile import STACKS_DIR, available_stacks, load
 from tests.components.helpers import minimal, on_own_cluster, pod_templates
 
 CLOUDS: list[Cloud] = [EKS, OWN_CLUSTER]
@@ -133,7 +136,12 @@ def test_a_new_cloud_decides_the_ingress_class_and_network_without_touching_a_re
 
 def test_the_seams_pure_half_loads_without_any_pulumi_sdk() -> None:
     """cost, report, placement and the policies use these cheaply: importing them pulls in no Pulumi."""
-    modules = ["components.targets", "components.cost", "components.nodes", "components.render.karpenter"]
+    modules = [
+        "components.clouds.targets",
+        "components.core.cost",
+        "components.core.nodes",
+        "components.render.karpenter",
+    ]
     code = (
         "import json, sys\n"
         + "".join(f"import {m}\n" for m in modules)

@@ -11,8 +11,8 @@ from datetime import date
 import pytest
 from typer.testing import CliRunner
 
-from components import catalog, compare
-from components.cli import app
+from components.cli.main import app
+from components.core import catalog, compare
 from tests.conftest import REPO_ROOT
 
 runner = CliRunner()
@@ -131,7 +131,7 @@ def test_cost_mistakes_are_one_message_and_exit_2(args):
 
 def test_the_cost_command_never_imports_pulumi():
     probe = (
-        "import sys; from typer.testing import CliRunner; from components.cli import app;"
+        "import sys; from typer.testing import CliRunner; from components.cli.main import app;"
         "r = CliRunner().invoke(app, ['cost', '--compare', '-s', 'prod']); assert r.exit_code == 0, r.output;"
         "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith(('pulumi', 'policies'))}))"
     )

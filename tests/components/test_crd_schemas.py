@@ -20,9 +20,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from components import plan
+from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.deploy import synthesis as plan
 from components.spec import ChartVersionsSpec
-from components.stackfile import STACKS_DIR, available_stacks, load
 from tests.components.helpers import write_stack
 
 ROOT = Path(__file__).resolve().parents[2]

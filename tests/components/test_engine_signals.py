@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from components.cli import app
+from components.cli.main import app
 from components.render import alerts, monitors, scaling
 from components.spec import ModelSpec, PlatformSpec
 from runtime.config import EngineKind

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 import yaml
 
-from components import plan
-from components.problems import SpecError
-from components.redaction import REDACTED
+from components.clouds.targets import cloud_for
+from components.core.problems import SpecError
+from components.core.redaction import REDACTED
+from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.deploy import synthesis as plan
 from components.render import api_keys, common, gateway
 from components.render.runtime_config import runtime_config
 from components.spec import PlatformSpec, Target
-from components.stackfile import STACKS_DIR, available_stacks, load
-from components.targets import cloud_for
 from runtime.config import RuntimeConfig
 from tests.components.helpers import minimal, write_stack
 

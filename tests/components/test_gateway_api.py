@@ -8,10 +8,10 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from components import plan
-from components.cli import app
+from components.cli.main import app
+from components.core.stackfile import load
+from components.deploy import synthesis as plan
 from components.render import addons, ingress
-from components.stackfile import load
 from tests.components.helpers import minimal, write_stack
 
 GATEWAY = {"ingress": "gateway-api", "hostname": "llm.example.com"}

@@ -11,13 +11,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from components import nodes, placement, rollout
-from components.cost import model_cost
-from components.problems import SpecError
+from components.core import nodes, placement, rollout
+from components.core.cost import model_cost
+from components.core.problems import SpecError
+from components.core.stackfile import load as load_stack
 from components.render import addons, engine
 from components.render.engine_args import vllm
 from components.spec import PlatformSpec
-from components.stackfile import load as load_stack
 from tests.components.helpers import LLAMA_8B_COMMIT, OWN_STORE, SOME_COMMIT
 
 BASE: dict[str, Any] = {
@@ -224,7 +224,7 @@ def test_inferstack_size_shows_the_shares_plan_would_suggest() -> None:
     """`inferstack size` and plan's errors name the same smallest share (one function, packing's)."""
     from typer.testing import CliRunner
 
-    from components.cli import app, share_rows
+    from components.cli.main import app, share_rows
 
     spec = _spec()
     chat = spec.models[1]

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from components import plan
-from components.aws import audit, controller_policies, data_policies, decisions, iam, key_policies
-from components.aws.cloud import EKS
+from components.clouds.aws import audit, controller_policies, data_policies, decisions, iam, key_policies
+from components.clouds.aws.cloud import EKS
+from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.deploy import synthesis as plan
 from components.spec import Target
-from components.stackfile import STACKS_DIR, available_stacks, load
 
 
 @functools.cache

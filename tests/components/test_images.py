@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from components import images, plan
-from components.cli import app
-from components.problems import SpecError
+from components.cli.main import app
+from components.core.problems import SpecError
+from components.core.stackfile import load
+from components.deploy import images
+from components.deploy import synthesis as plan
 from components.render import limit_store
-from components.stackfile import load
 from policies.inference.offline import evaluate, resources_of
 from tests.components.helpers import engine_deployments, minimal, on_own_cluster, write_stack
 
@@ -101,7 +102,7 @@ def test_eks_and_kubernetes_build_with_the_same_function() -> None:
     """One builder: ECR passes its login, a registry you name uses the machine's."""
     import inspect
 
-    from components.aws import registry
+    from components.clouds.aws import registry
 
     assert "builds.build(" in inspect.getsource(registry.Registry)
     assert "build(" in inspect.getsource(images.RegistryImages)

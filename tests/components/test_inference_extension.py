@@ -18,13 +18,13 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from components import plan
+from components.clouds.targets import cloud_for
+from components.core.stackfile import load
+from components.deploy import synthesis as plan
 from components.render import flows, scaling
 from components.render.envoy import FAIL_OPEN_NEEDS_BUFFERED, EnvoyPool, envoy_config
 from components.render.runtime_config import runtime_config
 from components.spec import PlatformSpec
-from components.stackfile import load
-from components.targets import cloud_for
 from runtime.config import BodyMode, Task
 from tests.components.test_network import _mismatches
 
@@ -266,7 +266,7 @@ def test_the_cli_plans_the_example_and_the_policy_pack_passes_it(tmp_path: Path)
         [
             sys.executable,
             "-m",
-            "components.cli",
+            "components.cli.main",
             "plan",
             "-s",
             STACK,
@@ -295,8 +295,8 @@ def test_the_cli_plans_the_example_and_the_policy_pack_passes_it(tmp_path: Path)
 
 
 def test_eks_pushes_the_picker_image_only_in_inference_extension_mode() -> None:
-    from components import images
-    from components.aws import registry
+    from components.clouds.aws import registry
+    from components.deploy import images
 
     inference = PlatformSpec.model_validate({**_platform(), "target": "eks"})
     router = PlatformSpec.model_validate(

@@ -18,12 +18,13 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components import catalog, multinode, plan, sizing
-from components.placement import place
-from components.problems import SpecError
+from components.core import catalog, multinode, sizing
+from components.core.placement import place
+from components.core.problems import SpecError
+from components.core.stackfile import load
+from components.deploy import synthesis as plan
 from components.render import addons, common, dashboards, engine_args, groups
 from components.spec import PlatformSpec
-from components.stackfile import load
 from tests.components.helpers import engine_workloads, minimal, pod_templates, write_stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,7 +184,7 @@ def test_a_placement_group_needs_known_zones_and_a_group_needs_managed_node_grou
 def test_the_cli_says_so_and_exits_2(tmp_path: Path) -> None:
     write_stack(tmp_path, "bad", _spec(6, 1, "g6e.12xlarge"))
     result = subprocess.run(
-        [sys.executable, "-m", "components.cli", "plan", "-s", "bad", "--stacks-dir", str(tmp_path)],
+        [sys.executable, "-m", "components.cli.main", "plan", "-s", "bad", "--stacks-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         check=False,
@@ -199,7 +200,7 @@ def test_the_cli_says_so_and_exits_2(tmp_path: Path) -> None:
 
 def test_size_proposes_groups_where_no_single_node_holds_the_model() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "components.cli", "size", "llama-3.1-405b", "--max-model-len", "16384"],
+        [sys.executable, "-m", "components.cli.main", "size", "llama-3.1-405b", "--max-model-len", "16384"],
         capture_output=True,
         text=True,
         check=False,
@@ -303,7 +304,7 @@ def test_the_405b_plan_has_efa_interfaces_a_placement_group_and_the_device_plugi
 
 def test_the_plan_summary_shows_nodes_efa_placement_group_and_cost(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "components.cli", "plan", "-s", STACK, "--out", str(tmp_path)],
+        [sys.executable, "-m", "components.cli.main", "plan", "-s", STACK, "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         check=False,

@@ -8,16 +8,16 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from components.redaction import REDACTED
+from components.core.redaction import REDACTED
+from components.core.stackfile import load
 from components.render import common, limit_store, runtime_config
 from components.spec import PlatformSpec
-from components.stackfile import load
 from tests.components.helpers import minimal
 from tests.components.test_aws import _of, _synth
 
 
 def _manifests(name: str) -> dict[tuple[str, str], dict]:
-    from components import plan
+    from components.deploy import synthesis as plan
 
     return {(m["kind"], m["metadata"]["name"]): m for m in plan.synthesize(load(name)).kubernetes_manifests()}
 

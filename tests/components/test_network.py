@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from components import plan
-from components.aws import decisions
-from components.aws.cloud import POD_IDENTITY_AGENT
-from components.cloud import PRIVATE_CIDRS, Cloud
+from components.clouds.aws import decisions
+from components.clouds.aws.cloud import POD_IDENTITY_AGENT
+from components.clouds.targets import cloud_for
+from components.core.cloud import PRIVATE_CIDRS, Cloud
+from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.deploy import synthesis as plan
 from components.render import batches, common, flows, ingress, network
 from components.spec import PlatformSpec, Target
-from components.stackfile import STACKS_DIR, available_stacks, load
-from components.targets import cloud_for
 from tests.components.helpers import SOME_COMMIT, minimal, on_own_cluster
 from tests.components.netpol import Endpoint, allowed, expected
 
@@ -134,8 +134,8 @@ INGRESSES = [
 
 def _rendered(raw: dict[str, Any]) -> tuple[PlatformSpec, list[dict[str, Any]]]:
     """The stack's NetworkPolicies and the workloads whose pods they govern, rendered without a synthesis."""
-    from components import rollout
-    from components.placement import place
+    from components.core import rollout
+    from components.core.placement import place
     from components.render import engine, gateway, limit_store, weights
     from components.render.runtime_config import runtime_config
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from components import plan
+from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.deploy import synthesis as plan
 from components.render import observability
-from components.stackfile import STACKS_DIR, available_stacks, load
 from runtime.engines import facts
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]

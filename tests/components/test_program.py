@@ -7,11 +7,12 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from components import nodes, plan, startup
-from components.redaction import REDACTED
+from components.core import nodes, startup
+from components.core.redaction import REDACTED
+from components.core.stackfile import STACKS_DIR, Stack, available_stacks, load
+from components.core.weights import store
+from components.deploy import synthesis as plan
 from components.render import common
-from components.stackfile import STACKS_DIR, Stack, available_stacks, load
-from components.weights import store
 from tests.components.helpers import engine_deployments, engine_workloads, pod_templates
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]

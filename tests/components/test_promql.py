@@ -5,9 +5,9 @@ from __future__ import annotations
 import promql_parser
 import pytest
 
+from components.core.stackfile import STACKS_DIR, available_stacks, load
 from components.render import observability, scaling
 from components.spec import PlatformSpec
-from components.stackfile import STACKS_DIR, available_stacks, load
 from tests.components.helpers import minimal
 
 

@@ -29,10 +29,10 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from components.core.stackfile import load
 from components.local import monitor
 from components.render import alerts, batches, common, scaling, signals
 from components.spec import ModelSpec, PlatformSpec
-from components.stackfile import load
 from runtime.config import EngineKind, RuntimeConfig
 from runtime.engines import Signal, facts
 from runtime.health.exposition import registry_for

@@ -20,7 +20,7 @@ from tests.components.helpers import minimal, write_stack
 def _plan(stacks_dir: Path, stack: str) -> tuple[int, str]:
     """Exit status and what the command said (stderr, unwrapped: wide enough that no path is broken)."""
     result = subprocess.run(
-        [sys.executable, "-m", "components.cli", "plan", "-s", stack, "--stacks-dir", str(stacks_dir)],
+        [sys.executable, "-m", "components.cli.main", "plan", "-s", stack, "--stacks-dir", str(stacks_dir)],
         capture_output=True,
         text=True,
         check=False,

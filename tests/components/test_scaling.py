@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from components import plan
-from components.problems import SpecError
+from components.core.problems import SpecError
+from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.deploy import synthesis as plan
 from components.render import scaling
 from components.spec import PlatformSpec
-from components.stackfile import STACKS_DIR, available_stacks, load
 from tests.components.helpers import minimal, write_stack
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from components.problems import SpecError
-from components.stackfile import STACKS_DIR, available_stacks, load
+from components.core.problems import SpecError
+from components.core.stackfile import STACKS_DIR, available_stacks, load
 from tests.components.helpers import LLAMA_8B_COMMIT, minimal, write_stack
 
 COMMITTED = available_stacks(STACKS_DIR)

@@ -11,16 +11,17 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from components import catalog, plan, rollout, startup
-from components import report as report_columns
-from components.cli import app
+from components.cli import report as report_columns
+from components.cli.main import app
+from components.cli.report import plan_report
+from components.core import catalog, rollout, startup
+from components.core.placement import place
+from components.core.problems import SpecError
+from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.core.weights import coldstart
+from components.deploy import synthesis as plan
 from components.engines import profile
-from components.placement import place
-from components.problems import SpecError
-from components.report import plan_report
 from components.spec import PlatformSpec
-from components.stackfile import STACKS_DIR, available_stacks, load
-from components.weights import coldstart
 from runtime.config import EngineKind
 from tests.components.helpers import (
     SOME_COMMIT,

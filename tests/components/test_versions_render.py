@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from components import lifecycle, plan
+from components.core import lifecycle
+from components.core.stackfile import STACKS_DIR, load, validate
+from components.deploy import synthesis as plan
 from components.render import preparation, weights
-from components.stackfile import STACKS_DIR, load, validate
 from runtime.config import RuntimeConfig
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trtllm-build-cli.json"

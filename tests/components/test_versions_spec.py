@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
-from components.problems import SpecError
+from components.core.problems import SpecError
+from components.core.stackfile import load, validate
 from components.spec import ModelSpec, Quantization
-from components.stackfile import load, validate
 from tests.components.helpers import minimal, write_stack
 
 CANARY = {"canary": {"steps_percent": [10, 25, 50, 100], "evaluation_interval_s": 30}}

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from components.core.stackfile import STACKS_DIR, available_stacks, load
 from components.render import engine_args
 from components.render.engine_args import on_this_machine, vllm
 from components.spec import ModelSpec
-from components.stackfile import STACKS_DIR, available_stacks, load
 from tests.conftest import OWN_ENGINES_GROUP
 
 # vLLM's parser only, no engine: beside the session engines' group (tests/conftest.py)

@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
-from components import catalog, plan
-from components.aws import data_policies, decisions
-from components.placement import place
+from components.clouds.aws import data_policies, decisions
+from components.core import catalog
+from components.core.placement import place
+from components.core.stackfile import load
+from components.core.weights import coldstart, fetch, store
+from components.deploy import synthesis as plan
 from components.render import weights
 from components.spec import PlatformSpec
-from components.stackfile import load
-from components.weights import coldstart, fetch, store
 from tests.components.helpers import SOME_COMMIT, engine_deployments, minimal, rendered_engine_deployment
 
 
@@ -78,7 +79,7 @@ def test_cold_start_per_path_orders_as_the_bandwidths_say() -> None:
 def test_plan_summary_shows_every_models_store_fetch_path_and_cold_start() -> None:
     stack = load("dev")
     summary = plan.synthesize(stack)  # the program runs; the summary is the report over the same stack
-    from components.report import plan_report
+    from components.cli.report import plan_report
 
     text = plan_report(stack).markdown(stack, summary)
     assert "## Model weights" in text

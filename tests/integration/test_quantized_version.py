@@ -28,7 +28,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from components import lifecycle
+from components.core import lifecycle
 from components.local.engine_process import EngineProcess, cpu_model_spec
 from components.local.s3_server import LoopbackS3
 from components.render import preparation

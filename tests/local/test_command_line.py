@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components.core.stackfile import Stack, load, validate
 from components.local.plan import HOST, EngineLaunch, LocalOptions, build_plan
 from components.local.supervisor import engine_process
 from components.render.engine_args import engine_command
-from components.stackfile import Stack, load, validate
 from runtime.config import EngineKind
 from runtime.engines import TELEMETRY_OFF_ENV, facts
 

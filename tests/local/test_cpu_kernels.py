@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.enums import Quantization
+from components.core.enums import Quantization
+from components.core.stackfile import Stack, validate
 from components.local.cpu_kernels import (
     CPUINFO,
     KERNEL_OF_FORMAT,
@@ -22,7 +23,6 @@ from components.local.cpu_kernels import (
 )
 from components.local.engine_process import foreign_python_environment
 from components.local.plan import LocalOptions, PlanError, build_plan
-from components.stackfile import Stack, validate
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2"

@@ -28,9 +28,9 @@ from pathlib import Path
 import openai
 import pytest
 
+from components.core.stackfile import load
 from components.local import state
 from components.local.plan import LocalOptions, build_plan
-from components.stackfile import load
 from tests.conftest import STREAM_TOKENS, FreshLocalModels
 from tests.local.helpers import (
     REPO,

@@ -31,9 +31,9 @@ from typing import Any
 import openai
 import pytest
 
+from components.core.stackfile import load
 from components.local import state
 from components.render import alerts, dashboards, scaling
-from components.stackfile import load
 from runtime.config import EngineKind
 from runtime.engines import facts
 from tests.conftest import OWN_ENGINES_GROUP

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components.core.stackfile import Stack, load, validate
 from components.local.plan import (
     HOST,
     LocalOptions,
@@ -20,7 +21,6 @@ from components.local.plan import (
 )
 from components.local.supervisor import StartError, check_ports_free
 from components.render.runtime_config import runtime_config
-from components.stackfile import Stack, load, validate
 from runtime.config import Task
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,9 +11,9 @@ from typing import Any
 from pulumi_policy import PolicyResource, ResourceValidationArgs, StackValidationArgs
 from pulumi_policy.proxy import unknown_checking_proxy
 
-from components import plan
+from components.core.stackfile import available_stacks, load
+from components.deploy import synthesis as plan
 from components.spec import Target
-from components.stackfile import available_stacks, load
 from policies.inference import pack
 from policies.inference.offline import resources_of
 from policies.inference.rules import BY_NAME, Res

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from components.stackfile import available_stacks, load
+from components.core.stackfile import available_stacks, load
 from policies.inference import config
 
 

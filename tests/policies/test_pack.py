@@ -12,7 +12,7 @@ from pulumi_policy import ResourceValidationPolicy, StackValidationPolicy
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, unknown_checking_proxy
 from pulumi_policy.secret import Secret
 
-from components.redaction import REDACTED
+from components.core.redaction import REDACTED
 from policies.inference import pack
 from policies.inference.rules import RULES, Res
 

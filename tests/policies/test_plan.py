@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from components.cli import app
+from components.cli.main import app
 from tests.policies.helpers import BROKEN, COMMITTED
 
 runner = CliRunner()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from components import nodes
+from components.core import nodes
 from tests.policies.helpers import container, crossguard, k8s, mutate, rendered
 
 STACK = "shared"

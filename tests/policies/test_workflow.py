@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from components.stackfile import available_stacks
+from components.core.stackfile import available_stacks
 
 WORKFLOW = Path(".github/workflows/ci.yml")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from components.redaction import REDACTED
+from components.core.redaction import REDACTED
 
 SECRET = REDACTED
 """How a secret value reads once it is plain data: the plan's redaction, and the pack's for Pulumi secrets."""

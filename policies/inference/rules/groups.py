@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from components import nodes
+from components.core import nodes
 from policies.inference.rules.base import (
     Category,
     Config,

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from components import nodes
+from components.core import nodes
 from policies.inference.rules.base import Props, Res, as_list, as_map, dig, number
 
 WORKLOAD_KINDS = (

@@ -1,7 +1,7 @@
 """Model lifecycle: a new version reaches production traffic in bounded canary steps, and every prepared
 checkpoint an engine loads comes from a Job that recorded its provenance.
 
-Both read what the renderers write on the workloads (``components.lifecycle`` annotations) and on the
+Both read what the renderers write on the workloads (``components.core.lifecycle`` annotations) and on the
 preparation Jobs (``components.render.preparation``), so they hold for any program that renders the same.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 
-from components import lifecycle
+from components.core import lifecycle
 from components.render import groups, preparation
 from policies.inference.rules.base import Category, Config, Finding, Res, Rule, Setting, Severity, of_kind
 from policies.inference.rules.k8s import environment_of

@@ -3,7 +3,7 @@ unless allowed.
 
 The bill is read from the resources themselves (node groups at maxSize with their instance and capacity
 types, root disks from launch templates, control planes, NAT gateways, KMS keys) priced with the same
-catalog and formulas as ``components.cost``, so `inferstack plan`'s figure and the policy agree.
+catalog and formulas as ``components.core.cost``, so `inferstack plan`'s figure and the policy agree.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from components import catalog, cost
-from components.nodes import POOL_LABEL
+from components.core import catalog, cost
+from components.core.nodes import POOL_LABEL
 from components.spec import CapacityType
 from policies.inference.rules.base import (
     Category,

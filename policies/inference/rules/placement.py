@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from components import nodes
+from components.core import nodes
 from policies.inference.rules.base import Category, Config, Finding, Res, Rule, Severity, as_list, as_map
 from policies.inference.rules.engines import (
     NODE_GROUP,
@@ -36,7 +36,7 @@ def _tolerations(pod: object) -> list[tuple[str, str, str, str]]:
 
 
 def _tolerates(pod: object, taint: tuple[str, str, str]) -> bool:
-    """Kubernetes' matching rule (``components.nodes.tolerates``) for a pool's (key, value, effect) taint."""
+    """Kubernetes' matching rule (``components.core.nodes.tolerates``) for a pool's (key, value, effect) taint."""
     key, value, effect = taint
     tolerations = [as_map(t) for t in as_list(as_map(pod).get("tolerations"))]
     return nodes.tolerates(tolerations, nodes.Taint(key, effect, value or None))

@@ -1,0 +1,254 @@
+"""`inferstack cost`: a stack's monthly bill and, with ``--compare``, the platform beside pay-per-token APIs.
+
+For a stack (``-s prod``): each model at what its max replicas serve at the expected utilisation (the stack's
+``budget.expected_utilisation``, or ``--utilisation``), or at ``--tokens-per-month``. For a model
+(``--model llama-3.1-70b --tokens-per-month 2e9``): the instance type with the lowest cost per token, as
+many replicas as the volume needs. Every answer prints its sources and assumptions. No Pulumi here: the
+command answers in well under a second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from components.core import catalog, cost, sizing
+from components.core.enums import Quantization
+from components.core.paths import STACKS_DIR
+from components.core.problems import SpecError
+
+if TYPE_CHECKING:
+    from components.core import compare
+    from components.core.stackfile import Stack
+
+# The spec, the placement and the stack file load when the command runs: `inferstack --help` builds this
+# command's options and should not pay for them (tests/components/test_cli_imports.py).
+
+out = Console()
+err = Console(stderr=True)
+EXIT_INVALID = 2
+UNLIMITED_REPLICAS = 10_000
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(message, markup=False, highlight=False)
+    return typer.Exit(EXIT_INVALID)
+
+
+def tokens(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:,.2f}{unit}"
+    return f"{n:,.0f}"
+
+
+def usd(n: float | None) -> str:
+    return "-" if n is None else cost.monthly(n)
+
+
+def per_m(n: float | None) -> str:
+    return "-" if n is None else f"${n:,.3f}"
+
+
+COLUMNS = (
+    "model",
+    "runs on",
+    "replicas",
+    "tokens/month",
+    "platform $/month",
+    "platform $/M",
+    "API (comparable)",
+    "API $/M",
+    "API $/month",
+    "break-even tokens/month",
+)
+
+
+def rows(result: compare.Comparison) -> list[tuple[str, ...]]:
+    h = result.hosted
+    first = (
+        h.model,
+        h.where,
+        "-" if result.replicas is None else str(result.replicas),
+        tokens(result.volume_tokens_month),
+        usd(result.platform_usd_month),
+        per_m(result.platform_usd_per_m),
+    )
+    if not result.apis:
+        return [(*first, "none in the catalog", "-", "-", "-")]
+    out_rows: list[tuple[str, ...]] = []
+    for i, side in enumerate(result.apis):
+        left = first if i == 0 else ("", "", "", "", "", "")
+        even = tokens(side.break_even_tokens_month) if side.break_even_tokens_month else "never"
+        if h.tokens_per_second_per_replica is None:
+            even = "-"
+        out_rows.append(
+            (
+                *left,
+                f"{side.price.model} ({side.price.provider})",
+                per_m(side.usd_per_m),
+                usd(side.usd_month),
+                even,
+            )
+        )
+    return out_rows
+
+
+def print_notes(results: list[compare.Comparison], a: compare.Assumptions) -> None:
+    out.print("Assumptions:")
+    for line in a.lines():
+        out.print(f"  - {line}", markup=False, highlight=False)
+    if any(r.hosted.tokens_per_second_per_replica is None for r in results):
+        out.print(
+            "  - '-': no throughput estimate for this model (embedding models and CPU engines: the roofline "
+            "covers GPU decoding), so no volume or break-even",
+            markup=False,
+            highlight=False,
+        )
+    out.print(
+        f"Sources (API prices read {catalog.API_PRICES_READ_ON}; instance prices read {catalog.PRICE_READ_ON}:"
+        f" {catalog.PRICE_SOURCE}):"
+    )
+    used = {s.price.source for r in results for s in r.apis}
+    for source in sorted(used):
+        out.print(f"  - {source}", markup=False, highlight=False)
+
+
+def _stack(name: str, stacks_dir: Path) -> Stack:
+    from components.core.stackfile import load  # noqa: PLC0415 - see the imports
+
+    try:
+        return load(name, stacks_dir)
+    except SpecError as error:
+        raise _fail(error.render()) from None
+
+
+def compare_stack(loaded: Stack, a: compare.Assumptions, volume: float | None) -> None:
+    from components.clouds import targets  # noqa: PLC0415 - see the imports
+    from components.core import compare  # noqa: PLC0415 - see the imports
+
+    spec, layout = loaded.spec, loaded.layout
+    results = []
+    for model in spec.models:
+        hosted = compare.hosted_in_stack(spec, layout, model)
+        arch = layout.placements[model.name].arch
+        results.append(compare.compare(hosted, arch, a, volume))
+    title = f"inferstack cost --compare: {loaded.name} ({spec.target.value}), utilisation {a.utilisation:.0%}"
+    table = Table(*COLUMNS, title=title)
+    for result in results:
+        for row in rows(result):
+            table.add_row(*row)
+    out.print(table)
+    fixed = cost.fixed_costs(targets.fixed_infrastructure(spec, layout))
+    fixed_usd = sum(i.max_usd_month for i in fixed)
+    gpus = sum(r.platform_usd_month or 0.0 for r in results)
+    served = [r for r in results if r.volume_tokens_month and r.apis]
+    cheapest_api = sum(min(s.usd_month or 0.0 for s in r.apis) for r in served)
+    out.print(
+        f"Stack: GPU replicas {usd(gpus)} + fixed infrastructure {usd(fixed_usd)} (control plane, system nodes,"
+        f" NAT, disks, keys) = {usd(gpus + fixed_usd)} a month; the same tokens from the cheapest comparable API"
+        f" per model: {usd(cheapest_api)}.",
+        markup=False,
+        highlight=False,
+    )
+    print_notes(results, a)
+
+
+def compare_model(
+    name: str, volume: float, a: compare.Assumptions, quant: Quantization, max_model_len: int
+) -> None:
+    from components.core import compare  # noqa: PLC0415 - see the imports
+
+    found = catalog.lookup_model(name)
+    if found is None:
+        raise _fail(
+            f"unknown model {name!r}; known: {', '.join(sorted(catalog.ALIASES))} (or a Hugging Face id of one)"
+        )
+    repo, arch = found
+    shape = sizing.EngineShape(quantization=quant.value, max_model_len=max_model_len)
+    hosted = compare.cheapest_host(repo, arch, shape, UNLIMITED_REPLICAS)
+    if hosted is None:
+        raise _fail(f"{repo} fits no single instance type with these settings; try --quant awq or fp8")
+    result = compare.compare(hosted, arch, a, volume)
+    table = Table(*COLUMNS, title=f"inferstack cost --compare: {repo}, utilisation {a.utilisation:.0%}")
+    for row in rows(result):
+        table.add_row(*row)
+    out.print(table)
+    out.print(
+        f"Runs on the instance type with the lowest on-demand cost per generated token ({hosted.where}); GPU"
+        " instances only: a cluster's fixed infrastructure is not in the platform column.",
+        markup=False,
+        highlight=False,
+    )
+    print_notes([result], a)
+
+
+def cost_command(
+    stack: Annotated[
+        str | None, typer.Option("-s", "--stack", help="Stack name: stacks/Pulumi.<stack>.yaml.")
+    ] = None,
+    compare_apis: Annotated[
+        bool,
+        typer.Option(
+            "--compare", help="Set the platform beside pay-per-token APIs, with break-even volumes."
+        ),
+    ] = False,
+    model: Annotated[
+        str | None, typer.Option(help="A catalog model (alias or Hugging Face id) instead of a stack.")
+    ] = None,
+    tokens_per_month: Annotated[
+        float | None,
+        typer.Option(min=1, help="Monthly tokens (prompt and generated); required with --model."),
+    ] = None,
+    utilisation: Annotated[
+        float | None,
+        typer.Option(
+            min=0.01, max=1.0, help="Share of a replica's capacity used; default: the stack's (or 0.5)."
+        ),
+    ] = None,
+    input_share: Annotated[
+        float, typer.Option(min=0.0, max=0.99, help="Prompt tokens as a share of all tokens.")
+    ] = cost.DEFAULT_INPUT_SHARE,
+    quant: Annotated[
+        Quantization, typer.Option("--quant", help="Weight quantization (--model).")
+    ] = Quantization.NONE,
+    max_model_len: Annotated[int, typer.Option(min=16, help="Context length (--model).")] = 8192,
+    stacks_dir: Annotated[Path, typer.Option(help="Where the stack files are.")] = STACKS_DIR,
+) -> None:
+    """A stack's monthly bill; with --compare, the platform beside pay-per-token APIs and the break-even volume."""
+    from components.clouds import targets  # noqa: PLC0415 - see the imports
+    from components.core import compare  # noqa: PLC0415 - see the imports
+
+    if (stack is None) == (model is None):
+        raise _fail(
+            "give a stack (-s prod) or a model (--model llama-3.1-70b --tokens-per-month 2e9), not both"
+        )
+    if model is not None:
+        if tokens_per_month is None:
+            raise _fail("--model needs --tokens-per-month (prompt and generated tokens a month, e.g. 2e9)")
+        a = compare.Assumptions(utilisation or 0.5, input_share)
+        compare_model(model, tokens_per_month, a, quant, max_model_len)
+        return
+    assert stack is not None
+    loaded = _stack(stack, stacks_dir)
+    if not compare_apis:
+        bill = cost.stack_cost(
+            loaded.spec, loaded.layout, targets.fixed_infrastructure(loaded.spec, loaded.layout)
+        )
+        table = Table("item", "min $/month", "max $/month", title=f"inferstack cost: {stack}")
+        for item in bill.items:
+            table.add_row(item.name, usd(item.min_usd_month), usd(item.max_usd_month))
+        table.add_row("total", usd(bill.min_usd_month), usd(bill.max_usd_month))
+        out.print(table)
+        out.print(
+            f"Prices read {catalog.PRICE_READ_ON}: {catalog.PRICE_SOURCE}. `--compare` sets it beside APIs."
+        )
+        return
+    a = compare.Assumptions(utilisation or loaded.spec.budget.expected_utilisation, input_share)
+    compare_stack(loaded, a, tokens_per_month)

@@ -1,0 +1,91 @@
+"""``target: eks``: the cloud seam's answers for AWS. Pure; the resources themselves are ``components.clouds.aws.layer``.
+
+Every answer reads the same decisions the layer registers (``components.clouds.aws.decisions``), so the bill, the
+network policies and the GPU nodes' labels agree with what `pulumi up` creates.
+"""
+
+from __future__ import annotations
+
+from components.clouds.aws import decisions
+from components.core import nodes
+from components.core.cloud import (
+    PRIVATE_CIDRS,
+    Endpoint,
+    FixedInfrastructure,
+    IngressClass,
+    NodeRootDisks,
+    SystemNodes,
+)
+from components.core.nodes import Taint
+from components.core.placement import Layout, PoolPlan
+from components.render import common, ingress, weights
+from components.spec import PlatformSpec
+from runtime.config import S3Files
+
+BATCH_FILES_PREFIX = "batches/"
+"""The key prefix of the platform bucket that holds the batch service's files, and all it may touch."""
+
+POD_IDENTITY_AGENT = Endpoint(
+    "169.254.170.23/32",
+    80,
+    "EKS Pod Identity agent: credentials for the model store (engines read it, preparation Jobs write it) "
+    "(https://docs.aws.amazon.com/eks/latest/userguide/pod-id-agent-setup.html)",
+)
+
+
+class AwsCloud:
+    """EKS with managed node groups or Karpenter, in a VPC the stack creates or the subnets it is given."""
+
+    gpu_driver_preinstalled = True
+    """The EKS AL2023 NVIDIA AMIs ship the driver and container toolkit."""
+    managed_limit_store = True
+    """ElastiCache (components.clouds.aws.limit_store), in the private subnets."""
+
+    def fixed_infrastructure(self, spec: PlatformSpec, layout: Layout) -> FixedInfrastructure:
+        """The control plane, system nodes, NAT gateways, every node group's root disks and the KMS keys."""
+        system = decisions.system_node_group(spec)
+        return FixedInfrastructure(
+            eks_control_planes=1,
+            system_nodes=SystemNodes(system.min_size, system.max_size),
+            nat_gateways=decisions.network_plan(spec).nat_gateways,
+            root_disks=tuple(
+                NodeRootDisks(g.disk, g.min_size, g.max_size) for g in decisions.node_groups(spec, layout)
+            ),
+            kms_keys=decisions.kms_keys(spec),
+        )
+
+    def gpu_node_labels(self, pool: PoolPlan) -> dict[str, str]:
+        return nodes.gpu_node_labels(pool)
+
+    def gpu_node_taints(self) -> tuple[Taint, ...]:
+        return (nodes.gpu_taint(),)
+
+    def cluster_network(self, spec: PlatformSpec) -> list[str]:
+        """The VPC the stack creates; existing subnets' VPC range is not known, so the private ranges."""
+        if spec.cluster.existing_private_subnet_ids:
+            return list(PRIVATE_CIDRS)
+        return [spec.cluster.vpc_cidr]
+
+    def load_balancer_ingress(self, spec: PlatformSpec) -> IngressClass:
+        return ingress.alb_ingress(spec)
+
+    def credential_endpoints(self, spec: PlatformSpec) -> tuple[Endpoint, ...]:
+        """The Pod Identity agent on every node (its IPv4 address; the cluster is IPv4)."""
+        return (POD_IDENTITY_AGENT,)
+
+    def model_reader(self, spec: PlatformSpec) -> tuple[str, str]:
+        """The engines' service account: EKS Pod Identity gives it read access to the model store
+        (``components.clouds.aws.layer``)."""
+        return spec.cluster.namespace, common.engine_service_account_name(spec)
+
+    def batch_files(self, spec: PlatformSpec) -> S3Files:
+        """The platform bucket (its name comes from the stack at deploy time) under ``batches/``; the batch
+        service's Pod Identity role may touch that prefix only (``components.clouds.aws.layer``)."""
+        return S3Files(prefix=BATCH_FILES_PREFIX, region=spec.cluster.region)
+
+    def model_writer(self, spec: PlatformSpec) -> tuple[str, str]:
+        """The preparation Jobs' service account: EKS Pod Identity lets it write the store's prefix."""
+        return spec.cluster.namespace, weights.service_account_name(spec)
+
+
+EKS = AwsCloud()

@@ -1,0 +1,59 @@
+"""``target: kubernetes``: the cloud seam's answers for a cluster you bring (kind, k3d, an existing one).
+
+The stack creates no infrastructure there, so it bills none, and it runs the spec's pinned images through
+the ambient kubeconfig (``components.kubernetes.cluster.bring_your_own``). Your GPU nodes must carry the
+labels and taint the engines select and tolerate (``gpu_node_labels``, ``gpu_node_taints``).
+"""
+
+from __future__ import annotations
+
+from components.core import nodes
+from components.core.cloud import PRIVATE_CIDRS, Endpoint, FixedInfrastructure, IngressClass
+from components.core.nodes import Taint
+from components.core.placement import Layout, PoolPlan
+from components.render import ingress
+from components.spec import PlatformSpec
+from runtime.config import S3Files
+
+
+class OwnCluster:
+    """A cluster the stack finds rather than creates."""
+
+    gpu_driver_preinstalled = False
+    """Unknown nodes: the GPU operator (addons.gpu_plugin gpu-operator) installs the driver and toolkit."""
+    managed_limit_store = False
+    """No cloud account: the shared rate-limit store runs in the namespace."""
+
+    def fixed_infrastructure(self, spec: PlatformSpec, layout: Layout) -> FixedInfrastructure:
+        return FixedInfrastructure()
+
+    def gpu_node_labels(self, pool: PoolPlan) -> dict[str, str]:
+        """Label your GPU nodes so: engines select ``inferstack.io/pool: <pool>``."""
+        return nodes.gpu_node_labels(pool)
+
+    def gpu_node_taints(self) -> tuple[Taint, ...]:
+        """Taint your GPU nodes so, or anything may fill them; engines tolerate it."""
+        return (nodes.gpu_taint(),)
+
+    def cluster_network(self, spec: PlatformSpec) -> list[str]:
+        """Unknown: nodes, load balancers and the API server are somewhere in the private ranges."""
+        return list(PRIVATE_CIDRS)
+
+    def load_balancer_ingress(self, spec: PlatformSpec) -> IngressClass:
+        """``ingress: alb`` on a cluster you bring means the AWS Load Balancer Controller you run there."""
+        return ingress.alb_ingress(spec)
+
+    def credential_endpoints(self, spec: PlatformSpec) -> tuple[Endpoint, ...]:
+        """None: engines and preparation Jobs carry what they are given (the store's credential Secrets)."""
+        return ()
+
+    def model_reader(self, spec: PlatformSpec) -> None:
+        """None: engines read the model store with the credentials you mount (model_store.reader_secret)."""
+        return None
+
+    def batch_files(self, spec: PlatformSpec) -> S3Files | None:
+        """None: no object store is known here, so batch files live on the batch service's volume."""
+        return None
+
+
+OWN_CLUSTER = OwnCluster()

@@ -1,0 +1,118 @@
+"""Where a GPU pool's nodes come from, in order: a capacity reservation, the pool's own instance and capacity type,
+then fallback instance types. Checks and the plan's sentence. Pure.
+
+The order is what `pulumi up` renders (``components.clouds.aws.decisions.gpu_node_groups``): the reservation is a node
+group of its own that the Cluster Autoscaler's priority expander tries first; the fallback types follow the pool's
+type in its node group, where EC2's prioritized allocation takes them in order. A fallback has the pool type's
+node shape (GPUs, vCPUs, memory): the autoscaler sizes a group by one shape, and every model must fit it; where
+the pool's node-level model cache is on local NVMe, a fallback needs room for it there too.
+"""
+
+from __future__ import annotations
+
+from components.core import catalog
+from components.core.placement import Layout, PoolPlan, misfits
+from components.core.problems import Problem
+from components.core.weights import fetch
+from components.spec import GpuPoolSpec, PlatformSpec, ReservationKind, Target
+
+
+def _shape(instance: catalog.InstanceType) -> tuple[int, int, int]:
+    return instance.gpus, instance.vcpus, instance.memory_gib
+
+
+def _fallback_problems(spec: PlatformSpec, layout: Layout, index: int, pool: GpuPoolSpec) -> list[Problem]:
+    plan = layout.pools[pool.name]
+    out: list[Problem] = []
+    for j, name in enumerate(pool.fallback_instance_types):
+        fallback = catalog.INSTANCE_TYPES[name]
+        path = f"gpu_pools[{index}].fallback_instance_types[{j}]"
+        if _shape(fallback) != _shape(plan.instance):
+            gpus, vcpus, memory = _shape(plan.instance)
+            out.append(
+                Problem(
+                    path,
+                    f"{name} has {fallback.gpus} GPUs, {fallback.vcpus} vCPUs and {fallback.memory_gib} GiB; the pool's "
+                    f"{plan.instance.name} has {gpus}, {vcpus} and {memory} GiB: a fallback needs the same node shape",
+                )
+            )
+            continue
+        for model in spec.models:
+            placement = layout.placements[model.name]
+            if placement.pool == pool.name:
+                why = misfits(model, placement.arch, fallback)
+                if why:
+                    out.append(Problem(path, f"{model.name} does not fit {name}: {why[0]}"))
+        nvme = fetch.nvme_gib(fallback)
+        if plan.cache_medium is fetch.CacheMedium.NVME and nvme < plan.model_cache_gib:
+            out.append(
+                Problem(
+                    path,
+                    f"the pool's {plan.model_cache_gib:,} GiB node cache is on local NVMe, and {name} has "
+                    f"{nvme:,.0f} GiB of it: use a fallback with at least that much NVMe, or stream the models "
+                    "(weights.fetch: streamer, vLLM)",
+                )
+            )
+    return out
+
+
+def _reservation_problems(spec: PlatformSpec, index: int, pool: GpuPoolSpec) -> list[Problem]:
+    reservation = pool.capacity_reservation
+    if reservation is None:
+        return []
+    path = f"gpu_pools[{index}].capacity_reservation.availability_zone"
+    if spec.cluster.existing_private_subnet_ids:
+        return [
+            Problem(
+                path,
+                "with existing_private_subnet_ids the stack cannot tell which subnet is in the reservation's zone; "
+                "reserve capacity in a stack that creates its VPC, or leave capacity_reservation out",
+            )
+        ]
+    if reservation.availability_zone not in spec.cluster.availability_zones:
+        zones = ", ".join(spec.cluster.availability_zones) or "the default ones"
+        return [
+            Problem(
+                path,
+                f"{reservation.availability_zone} is not one of the stack's zones ({zones}); list it in "
+                "cluster.availability_zones so the stack has a subnet there",
+            )
+        ]
+    return []
+
+
+def problems(spec: PlatformSpec, layout: Layout) -> list[Problem]:
+    """Fallbacks that do not match the pool's shape or fit its models; reservations in a zone without a subnet."""
+    if spec.target is not Target.EKS:
+        return []
+    out: list[Problem] = []
+    for i, pool in enumerate(spec.gpu_pools):
+        if pool.name in layout.pools:
+            out += _fallback_problems(spec, layout, i, pool) + _reservation_problems(spec, i, pool)
+    return out
+
+
+def steps(pool: GpuPoolSpec, plan: PoolPlan) -> list[str]:
+    """The pool's sources of nodes, in the order they are tried, for people."""
+    out: list[str] = []
+    reservation = pool.capacity_reservation
+    if reservation is not None:
+        kind = (
+            "Capacity Block" if reservation.kind is ReservationKind.CAPACITY_BLOCK else "capacity reservation"
+        )
+        out.append(f"{kind} {reservation.id} ({plan.instance.name}, {reservation.availability_zone})")
+    for name in [plan.instance.name, *pool.fallback_instance_types]:
+        out.append(f"{name} {plan.capacity_type.value}")
+    return out
+
+
+def notes(spec: PlatformSpec, layout: Layout) -> list[str]:
+    """One sentence per pool with more than one source of nodes."""
+    if spec.target is not Target.EKS:
+        return []
+    out = []
+    for pool in spec.gpu_pools:
+        plan = layout.pools.get(pool.name)
+        if plan is not None and (pool.capacity_reservation or pool.fallback_instance_types):
+            out.append(f"pool {pool.name} capacity, in order: {' -> '.join(steps(pool, plan))}")
+    return out

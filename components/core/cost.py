@@ -1,0 +1,216 @@
+"""Money: monthly cost per model and per stack, and an estimated price per million tokens.
+
+Pure functions over a spec's layout and the catalog's prices. GPU nodes are the bill; a replica is
+charged its share of a node (the GPUs it takes), and a pool is charged whole nodes. Throughput, and so
+USD per million tokens, is an estimate from a decode roofline, and is always labelled as one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from components.core import catalog, sizing
+from components.core.enums import CapacityType
+
+if TYPE_CHECKING:  # annotations only: `inferstack size` prices instance types without loading the spec
+    from components.core.cloud import FixedInfrastructure, RootDisk
+    from components.core.placement import Layout, Placement, PoolPlan
+    from components.spec import PlatformSpec
+
+# The throughput assumption behind USD per million tokens, stated once and printed with the figure.
+ROOFLINE_BANDWIDTH_EFFICIENCY = 0.6
+ROOFLINE_AVG_CONTEXT_TOKENS = 1024
+THROUGHPUT_ASSUMPTION = (
+    f"decode-bound estimate: each step reads the weights and the batch's KV cache at "
+    f"{ROOFLINE_BANDWIDTH_EFFICIENCY:.0%} of memory bandwidth, {ROOFLINE_AVG_CONTEXT_TOKENS:,}-token average context, "
+    "batch = min(max_num_seqs, what the KV cache holds)"
+)
+DEFAULT_INPUT_SHARE = 0.75
+"""Prompt tokens as a share of all tokens: 3 prompt tokens per generated one (chat with context, RAG). Here, not
+in ``components.core.compare``: `inferstack cost` shows it as an option default without loading the spec."""
+
+
+def hourly(instance: catalog.InstanceType, capacity: CapacityType) -> float:
+    fraction = instance.family_facts.spot_fraction if capacity is CapacityType.SPOT else 1.0
+    return instance.on_demand_usd_per_hour * fraction
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    model: str
+    capacity: CapacityType
+    usd_per_replica_month: float
+    min_usd_month: float
+    max_usd_month: float
+    on_demand_max_usd_month: float
+    spot_max_usd_month: float
+    tokens_per_second_per_replica: float | None  # estimate; None for CPU engines and pooling models
+    usd_per_million_tokens: float | None  # estimate at full utilisation
+    unshared_usd_per_replica_month: float = 0.0  # the same replica on a whole GPU of its pool's type
+
+    @property
+    def sharing_saves_usd_month(self) -> float:
+        """What sharing a GPU saves at max replicas, against whole GPUs (0 when it shares none)."""
+        return max(0.0, (self.unshared_usd_per_replica_month - self.usd_per_replica_month)) * (
+            self.max_usd_month / self.usd_per_replica_month if self.usd_per_replica_month else 0
+        )
+
+
+def decode_tokens_per_second(placement: Placement) -> float | None:
+    """Roofline estimate of one replica's generated tokens/s (see THROUGHPUT_ASSUMPTION)."""
+    fit, instance = placement.fit, placement.instance
+    if fit is None or instance is None or placement.arch.pooling:
+        return None
+    per_token_kv = fit.kv_per_token_kib * 1024
+    batch = max(1, min(fit.max_num_seqs, fit.kv_capacity_tokens // ROOFLINE_AVG_CONTEXT_TOKENS))
+    # Mixture-of-experts reads only the active experts' weights per token (upper bound: all of them at batch 1).
+    active = placement.arch.params_per_token_b / placement.arch.params_b
+    bytes_per_step = (
+        fit.weights_gib * sizing.GIB * active + batch * ROOFLINE_AVG_CONTEXT_TOKENS * per_token_kv
+    )
+    bandwidth = instance.gpu_spec.memory_bandwidth_gbps * 1e9 * ROOFLINE_BANDWIDTH_EFFICIENCY
+    share = placement.share
+    if share is not None and share.profile is not None:  # a MIG instance has its slices of the bandwidth
+        bandwidth *= share.profile.memory_slices / catalog.MIG_MEMORY_SLICES
+    elif share is not None:  # time slices take turns: with every slice busy, each gets its turn's worth
+        bandwidth /= share.slots_per_gpu
+    steps_per_second = bandwidth / bytes_per_step
+    return steps_per_second * batch
+
+
+def model_cost(spec: PlatformSpec, layout: Layout, name: str) -> ModelCost:
+    model = next(m for m in spec.models if m.name == name)
+    placement = layout.placements[name]
+    if placement.instance is None or placement.pool is None:
+        return ModelCost(name, CapacityType.ON_DEMAND, 0.0, 0.0, 0.0, 0.0, 0.0, None, None)
+    pool = layout.pools[placement.pool]
+    share = placement.gpu_fraction / placement.instance.gpus
+    per_replica = hourly(placement.instance, pool.capacity_type) * share * catalog.HOURS_PER_MONTH
+    unshared = (
+        hourly(placement.instance, pool.capacity_type) * catalog.HOURS_PER_MONTH / placement.instance.gpus
+        if placement.share is not None
+        else per_replica
+    )
+    on_demand = hourly(placement.instance, CapacityType.ON_DEMAND) * share * catalog.HOURS_PER_MONTH
+    spot = hourly(placement.instance, CapacityType.SPOT) * share * catalog.HOURS_PER_MONTH
+    tps = decode_tokens_per_second(placement)
+    per_million = (per_replica / catalog.HOURS_PER_MONTH / 3600) / tps * 1e6 if tps else None
+    return ModelCost(
+        model=name,
+        capacity=pool.capacity_type,
+        usd_per_replica_month=per_replica,
+        min_usd_month=per_replica * model.scaling.min_replicas * model.serving_units,
+        max_usd_month=per_replica * model.scaling.max_replicas * model.serving_units,
+        on_demand_max_usd_month=on_demand * model.scaling.max_replicas * model.serving_units,
+        spot_max_usd_month=spot * model.scaling.max_replicas * model.serving_units,
+        tokens_per_second_per_replica=tps,
+        usd_per_million_tokens=per_million,
+        unshared_usd_per_replica_month=unshared,
+    )
+
+
+@dataclass(frozen=True)
+class LineItem:
+    """One row of the stack's bill."""
+
+    name: str
+    kind: str  # gpu-pool, eks, system-nodes, nat, ebs, kms
+    min_usd_month: float
+    max_usd_month: float
+
+
+def pool_cost(pool: PoolPlan, fallback_instance_types: Sequence[str] = ()) -> LineItem:
+    """At min the pool's own type; at max the dearest of it and its fallbacks (the pool may end up on those)."""
+    per_node = hourly(pool.instance, pool.capacity_type) * catalog.HOURS_PER_MONTH
+    fallbacks = [catalog.INSTANCE_TYPES[t] for t in fallback_instance_types]
+    dearest = (
+        max(hourly(i, pool.capacity_type) for i in [pool.instance, *fallbacks]) * catalog.HOURS_PER_MONTH
+    )
+    return LineItem(
+        f"pool {pool.name} ({pool.min_nodes}-{pool.max_nodes} x {pool.instance.name}, {pool.capacity_type.value})",
+        "gpu-pool",
+        per_node * pool.min_nodes,
+        dearest * pool.max_nodes,
+    )
+
+
+def gp3_disk_usd_month(gib: float, iops: float, throughput_mibps: float) -> float:
+    """One gp3 volume a month: its size, plus the IOPS and throughput bought above the gp3 baseline."""
+    return (
+        gib * catalog.EBS_GP3_USD_PER_GIB_MONTH
+        + max(0, iops - catalog.EBS_GP3_BASELINE_IOPS) * catalog.EBS_GP3_USD_PER_IOPS_MONTH
+        + max(0, throughput_mibps - catalog.EBS_GP3_BASELINE_THROUGHPUT_MIBPS)
+        * catalog.EBS_GP3_USD_PER_MIBPS_MONTH
+    )
+
+
+def root_disk_usd_month(disk: RootDisk) -> float:
+    return gp3_disk_usd_month(disk.gib, disk.iops, disk.throughput_mibps)
+
+
+def fixed_costs(infrastructure: FixedInfrastructure) -> list[LineItem]:
+    """The bill of what a target runs besides GPU instances (``Cloud.fixed_infrastructure``): control plane,
+    system nodes, NAT gateways, node root disks, KMS keys. Nothing for a cluster you bring."""
+    month = catalog.HOURS_PER_MONTH
+    items: list[LineItem] = []
+    if infrastructure.eks_control_planes:
+        eks = infrastructure.eks_control_planes * catalog.EKS_CONTROL_PLANE_USD_PER_HOUR * month
+        items.append(LineItem("EKS control plane", "eks", eks, eks))
+    system = infrastructure.system_nodes
+    if system is not None:
+        nodes = catalog.SYSTEM_INSTANCE_USD_PER_HOUR * month
+        items.append(
+            LineItem(
+                f"system nodes ({system.min_nodes}-{system.max_nodes} x {catalog.SYSTEM_INSTANCE_TYPE})",
+                "system-nodes",
+                nodes * system.min_nodes,
+                nodes * system.max_nodes,
+            )
+        )
+    nats = infrastructure.nat_gateways
+    if nats:
+        nat = nats * catalog.NAT_GATEWAY_USD_PER_HOUR * month
+        items.append(LineItem(f"NAT gateways ({nats}, hourly; data processed not included)", "nat", nat, nat))
+    disks = infrastructure.root_disks
+    if disks:
+        disks_min = sum(root_disk_usd_month(d.disk) * d.min_count for d in disks)
+        disks_max = sum(root_disk_usd_month(d.disk) * d.max_count for d in disks)
+        items.append(LineItem("node root disks (gp3)", "ebs", disks_min, disks_max))
+    keys = infrastructure.kms_keys
+    if keys:
+        kms = len(keys) * catalog.KMS_KEY_USD_PER_MONTH
+        items.append(LineItem(f"KMS keys ({len(keys)}: {', '.join(keys)})", "kms", kms, kms))
+    return items
+
+
+@dataclass(frozen=True)
+class StackCost:
+    items: tuple[LineItem, ...]
+    models: tuple[ModelCost, ...]
+
+    @property
+    def min_usd_month(self) -> float:
+        return sum(i.min_usd_month for i in self.items)
+
+    @property
+    def max_usd_month(self) -> float:
+        return sum(i.max_usd_month for i in self.items)
+
+
+def _fallbacks(spec: PlatformSpec, pool: str) -> list[str]:
+    found = spec.pool(pool)
+    return list(found.fallback_instance_types) if found is not None else []
+
+
+def stack_cost(spec: PlatformSpec, layout: Layout, infrastructure: FixedInfrastructure) -> StackCost:
+    """The whole bill: GPU pools, the target's fixed infrastructure, and each model's share."""
+    pools = [pool_cost(p, _fallbacks(spec, p.name)) for p in layout.pools.values()]
+    items = pools + fixed_costs(infrastructure)
+    models = [model_cost(spec, layout, m.name) for m in spec.models]
+    return StackCost(tuple(items), tuple(models))
+
+
+def monthly(usd: float) -> str:
+    return f"${usd:,.0f}" if usd >= 1 or usd == 0 else f"${usd:,.2f}"

@@ -1,0 +1,145 @@
+"""Read a stack file into a validated spec and layout, turning every mistake into a ``Problem``.
+
+The CLI reads ``stacks/Pulumi.<stack>.yaml`` directly; the Pulumi program gets the same object from
+stack config. Both go through ``validate``, so `inferstack plan` and `pulumi up` agree on what is valid.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from components.core import capacity, endpoint, lifecycle, startup
+from components.core.paths import STACKS_DIR as STACKS_DIR  # noqa: PLC0414 - re-exported: callers look here
+from components.core.placement import Layout, place
+from components.core.problems import Problem, SpecError
+from components.spec import PlatformSpec
+
+CONFIG_KEY = "inferstack:platform"
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A validated stack: its spec, where everything lands, and its other config (secrets stay opaque)."""
+
+    name: str
+    source: str
+    spec: PlatformSpec
+    layout: Layout
+    config: dict[str, Any]
+
+    @property
+    def served(self) -> tuple[PlatformSpec, Layout]:
+        """The spec and layout the renderers see: each version of a model as a unit of its own."""
+        return lifecycle.expand(self.spec, self.layout)
+
+
+def stack_path(stack: str, stacks_dir: Path = STACKS_DIR) -> Path:
+    return stacks_dir / f"Pulumi.{stack}.yaml"
+
+
+def available_stacks(stacks_dir: Path = STACKS_DIR) -> list[str]:
+    return sorted(
+        p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in stacks_dir.glob("Pulumi.*.yaml")
+    )
+
+
+def load(stack: str, stacks_dir: Path = STACKS_DIR) -> Stack:
+    """Read, parse and validate ``stacks/Pulumi.<stack>.yaml``; raise ``SpecError`` on any problem."""
+    path = stack_path(stack, stacks_dir)
+    source = str(path)
+    if not path.is_file():
+        known = ", ".join(available_stacks(stacks_dir)) or "none"
+        raise SpecError(source, [Problem("", f"no such stack file; stacks in {stacks_dir}/: {known}")])
+    try:
+        document = yaml.safe_load(path.read_text())
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        raise SpecError(source, [Problem("", f"not valid YAML at {where}: {err.problem}")]) from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError(source, [Problem("", f"cannot read the file: {err}")]) from err
+    if not isinstance(document, dict) or not isinstance(document.get("config"), dict):
+        raise SpecError(source, [Problem("", "a stack file needs a top-level 'config:' mapping")])
+    config: dict[str, Any] = document["config"]
+    if CONFIG_KEY not in config:
+        raise SpecError(
+            source, [Problem("config", f"missing the '{CONFIG_KEY}' key that holds the platform spec")]
+        )
+    spec, layout = validate(config[CONFIG_KEY], source)
+    return Stack(name=stack, source=source, spec=spec, layout=layout, config=config)
+
+
+def validate(raw: Any, source: str) -> tuple[PlatformSpec, Layout]:
+    """Structure first (pydantic), then the catalog rules (placement); every problem, with field paths."""
+    if not isinstance(raw, dict):
+        raise SpecError(source, [Problem(CONFIG_KEY, f"must be a mapping, got {type(raw).__name__}")])
+    try:
+        spec = PlatformSpec.model_validate(raw)
+    except ValidationError as err:
+        raise SpecError(source, [_problem(e) for e in err.errors()]) from None
+    problems = endpoint.problems(spec)
+    try:
+        layout = place(spec, source)
+    except SpecError as err:
+        raise SpecError(source, [*err.problems, *problems]) from None
+    problems += (
+        startup.problems(spec, layout) + capacity.problems(spec, layout) + lifecycle.problems(spec, layout)
+    )
+    if problems:
+        raise SpecError(source, problems)
+    return spec, layout
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if part == "[key]":  # pydantic's marker for a mapping's key: the key itself names the field
+            continue
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _problem(error: Any) -> Problem:
+    loc = tuple(error["loc"])
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        known = _known_keys(loc[:-1])
+        hint = f"; known keys here: {', '.join(known)}" if known else ""
+        return Problem(_path(loc), f"unknown key {loc[-1]!r}{hint}")
+    if kind == "missing":
+        return Problem(_path(loc), "required but missing")
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if kind not in ("value_error", "assertion_error"):
+        message = f"{message} (got {error.get('input')!r})"
+    return Problem(_path(loc), message)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as ``list[X]``, ``X | None`` or ``Annotated[X, ...]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is not None:
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _known_keys(loc: tuple[int | str, ...]) -> list[str]:
+    model: type[BaseModel] | None = PlatformSpec
+    for part in loc:
+        if model is None:
+            return []
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        model = _model_in(field.annotation) if field is not None else None
+    return sorted(model.model_fields) if model is not None else []

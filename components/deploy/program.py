@@ -1,0 +1,55 @@
+"""The Pulumi program: stack config -> validated spec -> the target's cloud layer -> InferencePlatform.
+
+``__main__.py`` calls ``run()`` under ``pulumi up``; ``inferstack plan`` calls the same ``run()``
+in-process under Pulumi's mock runtime, so both see exactly the same resources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pulumi
+
+from components.clouds.aws import layer as aws_layer
+from components.clouds.targets import cloud_for
+from components.core import rollout
+from components.core.placement import Layout
+from components.core.problems import SpecError
+from components.core.stackfile import stack_path, validate
+from components.deploy.platform import InferencePlatform, PlatformSecrets
+from components.kubernetes.cluster import ClusterAccess, bring_your_own
+from components.render import ingress
+from components.spec import PlatformSpec, Target
+
+ClusterLayer = Callable[[PlatformSpec, Layout, str], ClusterAccess]
+CLUSTER_LAYERS: dict[Target, ClusterLayer] = {
+    # AWS first; every Kubernetes resource then goes to the new cluster through its provider.
+    Target.EKS: aws_layer.provision,
+    Target.KUBERNETES: bring_your_own,
+}
+"""What each target builds before anything in Kubernetes, and how the Kubernetes side reaches the result."""
+
+
+def run() -> InferencePlatform:
+    source = str(stack_path(pulumi.get_stack()))
+    config = pulumi.Config("inferstack")
+    try:
+        spec, layout = validate(config.require_object("platform"), source)
+    except SpecError as err:
+        # A RunError prints its message without a Python traceback: the user sees only the problems.
+        raise pulumi.RunError(err.render()) from None
+    cluster_layer = CLUSTER_LAYERS.get(spec.target)
+    if cluster_layer is None:
+        raise pulumi.RunError(
+            f"{source}: target {spec.target.value} runs on this machine with `make local`, not with pulumi"
+        )
+    token_key = spec.huggingface_token_config_key
+    secrets = PlatformSecrets(huggingface_token=config.require_secret(token_key) if token_key else None)
+    for warning in rollout.warnings(spec, layout):
+        pulumi.log.warn(warning)  # `pulumi preview` and `up` show what `inferstack plan` does
+    cluster = cluster_layer(spec, layout, pulumi.get_stack())
+    platform = InferencePlatform(spec, layout, secrets, cloud_for(spec), cluster)
+    pulumi.export("gateway_url", ingress.public_url(spec))
+    pulumi.export("namespace", spec.cluster.namespace)
+    pulumi.export("models", [m.name for m in spec.models])
+    return platform
