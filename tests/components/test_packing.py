@@ -11,7 +11,7 @@ from components.core import catalog, packing
 from components.core.packing import Engine, Mechanism
 
 FRACTIONS = st.sampled_from([0.05, 0.1, 0.125, 0.2, 0.25, 0.3, 0.33, 0.4, 0.5, 0.6, 0.75, 0.9])
-MIG_GPUS = st.sampled_from(sorted(catalog.MIG_PROFILES))
+MIG_GPUS = st.sampled_from(sorted(g.name for g in catalog.GPUS.values() if g.mig_profiles))
 
 
 def _engines(draw_fractions: list[float], whole: list[int]) -> list[Engine]:
@@ -60,11 +60,11 @@ def test_time_slicing_never_over_memory_or_slots(
 def test_mig_instances_never_overlap_or_exceed_the_gpu(
     data: st.DataObject, gpu: str, whole: list[int]
 ) -> None:
-    profiles = data.draw(st.lists(st.sampled_from(catalog.MIG_PROFILES[gpu]), max_size=30))
+    profiles = data.draw(st.lists(st.sampled_from(catalog.GPUS[gpu].mig_profiles), max_size=30))
     engines = [Engine(f"m{i}", profile=p) for i, p in enumerate(profiles)] + _engines([], whole)
     p = packing.pack(Mechanism.MIG, engines, gpu, 8)
     _placed_once(engines, p)
-    by_name = {pr.name: pr for pr in catalog.MIG_PROFILES[gpu]}
+    by_name = {pr.name: pr for pr in catalog.GPUS[gpu].mig_profiles}
     for load in p.gpus:
         if any(s.model.startswith("w") for s in load.seats):
             assert len(load.seats) == 1
@@ -89,7 +89,7 @@ def test_a_shared_replica_never_costs_more_than_a_whole_gpu(
 ) -> None:
     slots = packing.slots_for([fraction, *others])
     assert 0 < packing.gpu_share(Engine("m", fraction=fraction), slots) <= packing.gpu_share(Engine("w"), 1)
-    for profiles in catalog.MIG_PROFILES.values():
+    for profiles in (g.mig_profiles for g in catalog.GPUS.values() if g.mig_profiles):
         for profile in profiles:
             assert 0 < packing.gpu_share(Engine("m", profile=profile), 1) <= 1
     assert packing.gpu_share(Engine("w", gpus=gpus), 1) == gpus
@@ -97,10 +97,10 @@ def test_a_shared_replica_never_costs_more_than_a_whole_gpu(
 
 def test_the_guide_s_instance_counts() -> None:
     """Instances available per profile, as the MIG user guide's tables list them (A100-40GB shown)."""
-    counts = {p.name: p.max_instances for p in catalog.MIG_PROFILES["A100-40GB"]}
+    counts = {p.name: p.max_instances for p in catalog.A100_40GB.mig_profiles}
     assert counts == {"1g.5gb": 7, "1g.10gb": 4, "2g.10gb": 3, "3g.20gb": 2, "4g.20gb": 1, "7g.40gb": 1}
     # a 4g and a 3g instance fill a GPU together; two 4g instances never do
-    four, three = catalog.mig_profile("H100", "4g.40gb"), catalog.mig_profile("H100", "3g.40gb")
+    four, three = catalog.H100.mig_profile("4g.40gb"), catalog.H100.mig_profile("3g.40gb")
     assert four is not None and three is not None
     assert len(packing.pack_mig([Engine("a", profile=four), Engine("b", profile=three)])) == 1
     assert len(packing.pack_mig([Engine("a", profile=four), Engine("b", profile=four)])) == 2
@@ -119,7 +119,7 @@ def test_slots_follow_the_largest_fraction() -> None:
 def test_mig_nodes_are_cut_alike_and_together_hold_every_replica(
     data: st.DataObject, gpu: str, gpus_per_node: int
 ) -> None:
-    models = data.draw(st.lists(st.sampled_from(catalog.MIG_PROFILES[gpu]), min_size=1, max_size=4))
+    models = data.draw(st.lists(st.sampled_from(catalog.GPUS[gpu].mig_profiles), min_size=1, max_size=4))
     replicas = data.draw(st.lists(st.integers(1, 12), min_size=len(models), max_size=len(models)))
     engines = [
         Engine(f"m{i}", profile=p)
@@ -142,7 +142,7 @@ def test_mig_nodes_are_cut_alike_and_together_hold_every_replica(
             x
             for s in load.seats
             for x in range(
-                s.start or 0, (s.start or 0) + catalog.mig_profile(gpu, s.profile or "").memory_slices
+                s.start or 0, (s.start or 0) + catalog.GPUS[gpu].mig_profile(s.profile or "").memory_slices
             )
         ]  # type: ignore[union-attr]
         assert len(used) == len(set(used)) <= catalog.MIG_MEMORY_SLICES

@@ -144,12 +144,12 @@ def test_an_instance_type_is_one_record_and_a_missing_fact_is_refused() -> None:
     facts: dict[str, Any] = {
         "name": "g7.xlarge",
         "family_facts": catalog.G6,
-        "gpu": "L4",
+        "gpu_spec": catalog.L4,
         "gpus": 1,
         "vcpus": 4,
     }
     with pytest.raises(TypeError, match="memory_gib"):
         catalog.InstanceType(**facts)
     for instance in catalog.INSTANCE_TYPES.values():
-        assert catalog.FAMILIES[instance.family] is instance.family_facts
+        assert catalog.GPUS[instance.gpu] is instance.gpu_spec
         assert instance.network_gbps > 0 and instance.store_disks >= 1

@@ -225,7 +225,7 @@ class Engine:
         share = self.shared_gpu
         if share is None or not share.startswith(nodes.MIG_RESOURCE_PREFIX):
             return instance.gpu_spec
-        profile = catalog.mig_profile(instance.gpu, share.removeprefix(nodes.MIG_RESOURCE_PREFIX))
+        profile = instance.gpu_spec.mig_profile(share.removeprefix(nodes.MIG_RESOURCE_PREFIX))
         return packing.mig_device(instance.gpu_spec, profile) if profile is not None else None
 
     @property
