@@ -100,7 +100,7 @@ def rows(result: compare.Comparison) -> list[tuple[str, ...]]:
     return out_rows
 
 
-def print_notes(results: list[compare.Comparison], a: compare.Assumptions) -> None:
+def print_notes(results: list[compare.Comparison], a: compare.Assumptions, prices: cost.PriceList) -> None:
     out.print("Assumptions:")
     for line in a.lines():
         out.print(f"  - {line}", markup=False, highlight=False)
@@ -112,8 +112,8 @@ def print_notes(results: list[compare.Comparison], a: compare.Assumptions) -> No
             highlight=False,
         )
     out.print(
-        f"Sources (API prices read {catalog.API_PRICES_READ_ON}; instance prices read {catalog.PRICE_READ_ON}:"
-        f" {catalog.PRICE_SOURCE}):"
+        f"Sources (API prices read {catalog.API_PRICES_READ_ON}; instance prices read {prices.read_on}:"
+        f" {prices.source}):"
     )
     used = {s.price.source for r in results for s in r.apis}
     for source in sorted(used):
@@ -136,7 +136,7 @@ def compare_stack(loaded: Stack, a: compare.Assumptions, volume: float | None) -
     spec, layout = loaded.spec, loaded.layout
     results = []
     for model in spec.models:
-        hosted = compare.hosted_in_stack(spec, layout, model)
+        hosted = compare.hosted_in_stack(spec, layout, model, targets.prices_for(spec))
         arch = layout.placements[model.name].arch
         results.append(compare.compare(hosted, arch, a, volume))
     title = f"inferstack cost --compare: {loaded.name} ({spec.target.value}), utilisation {a.utilisation:.0%}"
@@ -145,7 +145,7 @@ def compare_stack(loaded: Stack, a: compare.Assumptions, volume: float | None) -
         for row in rows(result):
             table.add_row(*row)
     out.print(table)
-    fixed = cost.fixed_costs(targets.fixed_infrastructure(spec, layout))
+    fixed = targets.fixed_costs(spec, layout)
     fixed_usd = sum(i.max_usd_month for i in fixed)
     gpus = sum(r.platform_usd_month or 0.0 for r in results)
     served = [r for r in results if r.volume_tokens_month and r.apis]
@@ -157,7 +157,7 @@ def compare_stack(loaded: Stack, a: compare.Assumptions, volume: float | None) -
         markup=False,
         highlight=False,
     )
-    print_notes(results, a)
+    print_notes(results, a, targets.prices_for(spec))
 
 
 def compare_model(
@@ -186,7 +186,7 @@ def compare_model(
         markup=False,
         highlight=False,
     )
-    print_notes([result], a)
+    print_notes([result], a, catalog.EC2_PRICES)  # the catalog's instance types, at EC2's prices
 
 
 def cost_command(
@@ -238,16 +238,14 @@ def cost_command(
     assert stack is not None
     loaded = _stack(stack, stacks_dir)
     if not compare_apis:
-        bill = cost.stack_cost(
-            loaded.spec, loaded.layout, targets.fixed_infrastructure(loaded.spec, loaded.layout)
-        )
+        bill = targets.stack_cost(loaded.spec, loaded.layout)
         table = Table("item", "min $/month", "max $/month", title=f"inferstack cost: {stack}")
         for item in bill.items:
             table.add_row(item.name, usd(item.min_usd_month), usd(item.max_usd_month))
         table.add_row("total", usd(bill.min_usd_month), usd(bill.max_usd_month))
         out.print(table)
         out.print(
-            f"Prices read {catalog.PRICE_READ_ON}: {catalog.PRICE_SOURCE}. `--compare` sets it beside APIs."
+            f"Prices read {bill.prices.read_on}: {bill.prices.source}. `--compare` sets it beside APIs."
         )
         return
     a = compare.Assumptions(utilisation or loaded.spec.budget.expected_utilisation, input_share)

@@ -129,12 +129,14 @@ def size(
     table = Table(
         *SIZE_COLUMNS,
         title=f"Where a replica fits, one node or a group of nodes, by on-demand cost per replica "
-        f"({catalog.PRICE_REGION})",
+        f"({catalog.EC2_PRICES.region})",
     )
     for row in size_rows(ranked[:top]):
         table.add_row(*row)
     out.print(table)
-    out.print(f"Prices read {catalog.PRICE_READ_ON}: {catalog.PRICE_SOURCE}. Spot is an average estimate.")
+    out.print(
+        f"Prices read {catalog.EC2_PRICES.read_on}: {catalog.EC2_PRICES.source}. Spot is an average estimate."
+    )
     if any(c.nodes > 1 for c in ranked[:top]):
         out.print(
             "A group spans nodes only where no single node of its type holds the model: tensor parallel inside a "

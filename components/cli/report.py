@@ -187,7 +187,7 @@ class PlanReport:
             ),
             f"| **total** | **{cost.monthly(self.bill.min_usd_month)}** | **{cost.monthly(self.bill.max_usd_month)}** |",
             "",
-            f"Prices: {catalog.PRICE_SOURCE}, read {catalog.PRICE_READ_ON}. Spot uses an average discount per family.",
+            f"Prices: {self.bill.prices.source}, read {self.bill.prices.read_on}. Spot uses an average discount per family.",
             f"$/M tokens is an estimate ({cost.THROUGHPUT_ASSUMPTION}).",
             "",
             "## Resources",
@@ -242,7 +242,7 @@ def adapters_note(model: ModelSpec, placement: Placement) -> str:
 
 def plan_report(stack: Stack) -> PlanReport:
     spec, layout = stack.spec, stack.layout
-    bill = cost.stack_cost(spec, layout, targets.fixed_infrastructure(spec, layout))
+    bill = targets.stack_cost(spec, layout)
     by_model = {c.model: c for c in bill.models}
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []

@@ -8,7 +8,8 @@ labels and taint the engines select and tolerate (``gpu_node_labels``, ``gpu_nod
 from __future__ import annotations
 
 from components.core import nodes
-from components.core.cloud import PRIVATE_CIDRS, Endpoint, FixedInfrastructure, IngressClass
+from components.core.cloud import PRIVATE_CIDRS, Endpoint, IngressClass
+from components.core.cost import LineItem
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
 from components.render import ingress
@@ -24,8 +25,9 @@ class OwnCluster:
     managed_limit_store = False
     """No cloud account: the shared rate-limit store runs in the namespace."""
 
-    def fixed_infrastructure(self, spec: PlatformSpec, layout: Layout) -> FixedInfrastructure:
-        return FixedInfrastructure()
+    def fixed_costs(self, spec: PlatformSpec, layout: Layout) -> tuple[LineItem, ...]:
+        """None: the stack creates nothing besides what runs in the cluster (its GPU pools are billed apart)."""
+        return ()
 
     def gpu_node_labels(self, pool: PoolPlan) -> dict[str, str]:
         """Label your GPU nodes so: engines select ``inferstack.io/pool: <pool>``."""

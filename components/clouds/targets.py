@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from components.clouds.aws.cloud import EKS
 from components.clouds.own_cluster import OWN_CLUSTER
-from components.core.cloud import Cloud, FixedInfrastructure
+from components.core import catalog, cost
+from components.core.cloud import Cloud
 from components.core.placement import Layout
 from components.spec import PlatformSpec, Target
 
@@ -20,7 +21,17 @@ def cloud_for(spec: PlatformSpec) -> Cloud:
         raise ValueError(f"target {spec.target.value} runs without a cluster, so without a cloud") from None
 
 
-def fixed_infrastructure(spec: PlatformSpec, layout: Layout) -> FixedInfrastructure:
-    """What the stack's target runs besides GPU nodes, for the bill; nothing on this machine (target local)."""
+def fixed_costs(spec: PlatformSpec, layout: Layout) -> tuple[cost.LineItem, ...]:
+    """What the stack's target runs besides GPU nodes, priced; nothing on this machine (target local)."""
     cloud = CLOUDS.get(spec.target)
-    return cloud.fixed_infrastructure(spec, layout) if cloud is not None else FixedInfrastructure()
+    return cloud.fixed_costs(spec, layout) if cloud is not None else ()
+
+
+def prices_for(spec: PlatformSpec) -> cost.PriceList:
+    """The price list of the stack's GPU instances: EC2's, whose instance types every target sizes with."""
+    return catalog.EC2_PRICES
+
+
+def stack_cost(spec: PlatformSpec, layout: Layout) -> cost.StackCost:
+    """The stack's whole bill: its GPU pools at its prices and what its cloud runs besides them."""
+    return cost.stack_cost(spec, layout, fixed_costs(spec, layout), prices_for(spec))

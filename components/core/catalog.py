@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from components.core.enums import CapacityType
+
 
 class GpuArch(StrEnum):
     TURING = "turing"
@@ -180,12 +182,29 @@ class InstanceType:
         return self.gpu_spec.name
 
 
-PRICE_REGION = "us-east-1"
-PRICE_READ_ON = "2026-02-09"
-PRICE_SOURCE = (
-    "AWS Pricing API, EC2 On-Demand Linux us-east-1 (as snapshotted in Karpenter's generated price table), "
-    "after the June 2025 P4/P5 price reduction"
+@dataclass(frozen=True)
+class RecordPrices:
+    """A price list read off the instance records: each type's on-demand price, times its family's spot fraction
+    for spot capacity (``components.core.cost.PriceList``)."""
+
+    region: str
+    read_on: str
+    source: str
+
+    def hourly(self, instance: InstanceType, capacity: CapacityType) -> float:
+        fraction = instance.family_facts.spot_fraction if capacity is CapacityType.SPOT else 1.0
+        return instance.on_demand_usd_per_hour * fraction
+
+
+EC2_PRICES = RecordPrices(
+    region="us-east-1",
+    read_on="2026-02-09",
+    source=(
+        "AWS Pricing API, EC2 On-Demand Linux us-east-1 (as snapshotted in Karpenter's generated price table), "
+        "after the June 2025 P4/P5 price reduction"
+    ),
 )
+"""EC2's on-demand and spot prices of the GPU types below: the price list of the targets that size with them."""
 
 # Spot fractions: an estimate per family. Node starts (read with STARTUP_READ_ON, rounded up, none measured on AWS
 # by this project): single-GPU families boot in 80-120 s (tensorfuse.io/docs/blogs/lazy_loading_performance_degradation),
@@ -269,19 +288,6 @@ CPU_NODE_NETWORK_GBPS = 12.5
 GPU_ROOT_DISK_THROUGHPUT_MIBPS = 1000  # the gp3 throughput GPU nodes' root disks are given
 BANDWIDTH_READ_ON = "2026-12-01"
 
-# A CPU instance for the system node group (gateway, monitoring) and its price, same source and date.
-SYSTEM_INSTANCE_TYPE = "m7i.xlarge"
-SYSTEM_INSTANCE_USD_PER_HOUR = 0.2016
-EKS_CONTROL_PLANE_USD_PER_HOUR = 0.10
-NAT_GATEWAY_USD_PER_HOUR = 0.045  # per gateway-hour; data processed ($0.045/GB) is usage, not in the plan
-# EBS gp3 (root disks of nodes) and KMS, same region and date: storage, provisioned IOPS above the baseline
-# (3,000) and throughput above the baseline (125 MiB/s) are billed per month.
-EBS_GP3_BASELINE_IOPS = 3000
-EBS_GP3_BASELINE_THROUGHPUT_MIBPS = 125
-EBS_GP3_USD_PER_GIB_MONTH = 0.08
-EBS_GP3_USD_PER_IOPS_MONTH = 0.005
-EBS_GP3_USD_PER_MIBPS_MONTH = 0.04
-KMS_KEY_USD_PER_MONTH = 1.0
 HOURS_PER_MONTH = 730.0
 
 

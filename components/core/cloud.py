@@ -1,7 +1,7 @@
 """The cloud seam: what a deployment target decides, as plain data.
 
-A ``Cloud`` answers the questions on which EKS and a cluster you bring differ: the fixed infrastructure the
-target runs (as quantities: ``components.core.cost`` prices them), the labels and taints of its GPU nodes, where
+A ``Cloud`` answers the questions on which EKS and a cluster you bring differ: what the target runs besides GPU
+nodes, priced (``components.core.cost`` sums the line items and knows no cloud's prices), the labels and taints of its GPU nodes, where
 cluster addresses come from, which Ingress class puts a load balancer in front of the router, which service
 account reads model weights with cloud credentials, and whether GPU nodes come with the NVIDIA driver.
 ``components.clouds.targets.cloud_for`` picks the implementation by ``spec.target``. What a target creates with
@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from components.core.cost import LineItem
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
 from components.spec import PlatformSpec
@@ -27,41 +28,11 @@ PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
 
 @dataclass(frozen=True)
 class RootDisk:
-    """One node's gp3 root volume: size, and provisioned IOPS and throughput."""
+    """One node's root volume: size, and provisioned IOPS and throughput (on AWS a gp3 volume)."""
 
     gib: int
     iops: int
     throughput_mibps: int
-
-
-@dataclass(frozen=True)
-class NodeRootDisks:
-    """The root disks of one node group: one per node, as many as its nodes at min and at max."""
-
-    disk: RootDisk
-    min_count: int
-    max_count: int
-
-
-@dataclass(frozen=True)
-class SystemNodes:
-    """The CPU nodes (``catalog.SYSTEM_INSTANCE_TYPE``) for the gateway, monitoring and controllers."""
-
-    min_nodes: int
-    max_nodes: int
-
-
-@dataclass(frozen=True)
-class FixedInfrastructure:
-    """What a target runs besides GPU nodes, in quantities; nothing at all on a cluster you bring."""
-
-    eks_control_planes: int = 0
-    system_nodes: SystemNodes | None = None
-    nat_gateways: int = 0
-    root_disks: tuple[NodeRootDisks, ...] = ()
-    """Every node group's, GPU pools' included."""
-    kms_keys: tuple[str, ...] = ()
-    """The purposes of the customer-managed keys, one key each."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +66,8 @@ class Cloud(Protocol):
         address reaches the router through a Secret); False: a Redis StatefulSet in the namespace."""
         ...
 
-    def fixed_infrastructure(self, spec: PlatformSpec, layout: Layout) -> FixedInfrastructure:
-        """What the target creates besides GPU instances, for the bill."""
+    def fixed_costs(self, spec: PlatformSpec, layout: Layout) -> tuple[LineItem, ...]:
+        """What the target creates besides GPU instances, priced at the target's prices, for the bill."""
         ...
 
     def gpu_node_labels(self, pool: PoolPlan) -> dict[str, str]:

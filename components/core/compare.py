@@ -134,9 +134,11 @@ def compare(
 
 
 # --- where the numbers come from --------------------------------------------------------------------------
-def hosted_in_stack(spec: PlatformSpec, layout: Layout, model: ModelSpec) -> SelfHosted:
+def hosted_in_stack(
+    spec: PlatformSpec, layout: Layout, model: ModelSpec, prices: cost.PriceList
+) -> SelfHosted:
     placement = layout.placements[model.name]
-    c = cost.model_cost(spec, layout, model.name)
+    c = cost.model_cost(spec, layout, model.name, prices)
     where = placement.instance.name if placement.instance else "cpu"
     return SelfHosted(
         model.name,

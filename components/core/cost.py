@@ -1,21 +1,22 @@
 """Money: monthly cost per model and per stack, and an estimated price per million tokens.
 
-Pure functions over a spec's layout and the catalog's prices. GPU nodes are the bill; a replica is
-charged its share of a node (the GPUs it takes), and a pool is charged whole nodes. Throughput, and so
-USD per million tokens, is an estimate from a decode roofline, and is always labelled as one.
+Pure functions over a spec's layout and a price list (the target profile's, ``components.clouds.targets``).
+GPU nodes are the bill; a replica is charged its share of a node (the GPUs it takes), and a pool is charged whole
+nodes. What a target runs besides GPU nodes comes priced from its cloud (``Cloud.fixed_costs``) as line items:
+this module sums them and knows no cloud's prices. Throughput, and so USD per million tokens, is an estimate
+from a decode roofline, and is always labelled as one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from components.core import catalog, sizing
 from components.core.enums import CapacityType
 
 if TYPE_CHECKING:  # annotations only: `inferstack size` prices instance types without loading the spec
-    from components.core.cloud import FixedInfrastructure, RootDisk
     from components.core.placement import Layout, Placement, PoolPlan
     from components.spec import PlatformSpec
 
@@ -32,9 +33,22 @@ DEFAULT_INPUT_SHARE = 0.75
 in ``components.core.compare``: `inferstack cost` shows it as an option default without loading the spec."""
 
 
-def hourly(instance: catalog.InstanceType, capacity: CapacityType) -> float:
-    fraction = instance.family_facts.spot_fraction if capacity is CapacityType.SPOT else 1.0
-    return instance.on_demand_usd_per_hour * fraction
+class PriceList(Protocol):
+    """What one target's GPU instances cost an hour, and where the figures come from (a profile's price list;
+    ``catalog.EC2_PRICES`` is EC2's)."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def read_on(self) -> str: ...
+
+    @property
+    def region(self) -> str: ...
+
+    def hourly(self, instance: catalog.InstanceType, capacity: CapacityType) -> float:
+        """USD an hour for one node of ``instance`` bought as ``capacity``."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -80,13 +94,14 @@ def decode_tokens_per_second(placement: Placement) -> float | None:
     return steps_per_second * batch
 
 
-def model_cost(spec: PlatformSpec, layout: Layout, name: str) -> ModelCost:
+def model_cost(spec: PlatformSpec, layout: Layout, name: str, prices: PriceList) -> ModelCost:
     model = next(m for m in spec.models if m.name == name)
     placement = layout.placements[name]
     if placement.instance is None or placement.pool is None:
         return ModelCost(name, CapacityType.ON_DEMAND, 0.0, 0.0, 0.0, 0.0, 0.0, None, None)
     pool = layout.pools[placement.pool]
     share = placement.gpu_fraction / placement.instance.gpus
+    hourly = prices.hourly
     per_replica = hourly(placement.instance, pool.capacity_type) * share * catalog.HOURS_PER_MONTH
     unshared = (
         hourly(placement.instance, pool.capacity_type) * catalog.HOURS_PER_MONTH / placement.instance.gpus
@@ -116,17 +131,18 @@ class LineItem:
     """One row of the stack's bill."""
 
     name: str
-    kind: str  # gpu-pool, eks, system-nodes, nat, ebs, kms
+    kind: str  # gpu-pool, or the cloud's: eks, system-nodes, nat, ebs, kms on AWS
     min_usd_month: float
     max_usd_month: float
 
 
-def pool_cost(pool: PoolPlan, fallback_instance_types: Sequence[str] = ()) -> LineItem:
+def pool_cost(pool: PoolPlan, prices: PriceList, fallback_instance_types: Sequence[str] = ()) -> LineItem:
     """At min the pool's own type; at max the dearest of it and its fallbacks (the pool may end up on those)."""
-    per_node = hourly(pool.instance, pool.capacity_type) * catalog.HOURS_PER_MONTH
+    per_node = prices.hourly(pool.instance, pool.capacity_type) * catalog.HOURS_PER_MONTH
     fallbacks = [catalog.INSTANCE_TYPES[t] for t in fallback_instance_types]
     dearest = (
-        max(hourly(i, pool.capacity_type) for i in [pool.instance, *fallbacks]) * catalog.HOURS_PER_MONTH
+        max(prices.hourly(i, pool.capacity_type) for i in [pool.instance, *fallbacks])
+        * catalog.HOURS_PER_MONTH
     )
     return LineItem(
         f"pool {pool.name} ({pool.min_nodes}-{pool.max_nodes} x {pool.instance.name}, {pool.capacity_type.value})",
@@ -136,59 +152,12 @@ def pool_cost(pool: PoolPlan, fallback_instance_types: Sequence[str] = ()) -> Li
     )
 
 
-def gp3_disk_usd_month(gib: float, iops: float, throughput_mibps: float) -> float:
-    """One gp3 volume a month: its size, plus the IOPS and throughput bought above the gp3 baseline."""
-    return (
-        gib * catalog.EBS_GP3_USD_PER_GIB_MONTH
-        + max(0, iops - catalog.EBS_GP3_BASELINE_IOPS) * catalog.EBS_GP3_USD_PER_IOPS_MONTH
-        + max(0, throughput_mibps - catalog.EBS_GP3_BASELINE_THROUGHPUT_MIBPS)
-        * catalog.EBS_GP3_USD_PER_MIBPS_MONTH
-    )
-
-
-def root_disk_usd_month(disk: RootDisk) -> float:
-    return gp3_disk_usd_month(disk.gib, disk.iops, disk.throughput_mibps)
-
-
-def fixed_costs(infrastructure: FixedInfrastructure) -> list[LineItem]:
-    """The bill of what a target runs besides GPU instances (``Cloud.fixed_infrastructure``): control plane,
-    system nodes, NAT gateways, node root disks, KMS keys. Nothing for a cluster you bring."""
-    month = catalog.HOURS_PER_MONTH
-    items: list[LineItem] = []
-    if infrastructure.eks_control_planes:
-        eks = infrastructure.eks_control_planes * catalog.EKS_CONTROL_PLANE_USD_PER_HOUR * month
-        items.append(LineItem("EKS control plane", "eks", eks, eks))
-    system = infrastructure.system_nodes
-    if system is not None:
-        nodes = catalog.SYSTEM_INSTANCE_USD_PER_HOUR * month
-        items.append(
-            LineItem(
-                f"system nodes ({system.min_nodes}-{system.max_nodes} x {catalog.SYSTEM_INSTANCE_TYPE})",
-                "system-nodes",
-                nodes * system.min_nodes,
-                nodes * system.max_nodes,
-            )
-        )
-    nats = infrastructure.nat_gateways
-    if nats:
-        nat = nats * catalog.NAT_GATEWAY_USD_PER_HOUR * month
-        items.append(LineItem(f"NAT gateways ({nats}, hourly; data processed not included)", "nat", nat, nat))
-    disks = infrastructure.root_disks
-    if disks:
-        disks_min = sum(root_disk_usd_month(d.disk) * d.min_count for d in disks)
-        disks_max = sum(root_disk_usd_month(d.disk) * d.max_count for d in disks)
-        items.append(LineItem("node root disks (gp3)", "ebs", disks_min, disks_max))
-    keys = infrastructure.kms_keys
-    if keys:
-        kms = len(keys) * catalog.KMS_KEY_USD_PER_MONTH
-        items.append(LineItem(f"KMS keys ({len(keys)}: {', '.join(keys)})", "kms", kms, kms))
-    return items
-
-
 @dataclass(frozen=True)
 class StackCost:
     items: tuple[LineItem, ...]
     models: tuple[ModelCost, ...]
+    prices: PriceList
+    """What priced the GPU instances (its source and date go with every bill)."""
 
     @property
     def min_usd_month(self) -> float:
@@ -204,12 +173,12 @@ def _fallbacks(spec: PlatformSpec, pool: str) -> list[str]:
     return list(found.fallback_instance_types) if found is not None else []
 
 
-def stack_cost(spec: PlatformSpec, layout: Layout, infrastructure: FixedInfrastructure) -> StackCost:
-    """The whole bill: GPU pools, the target's fixed infrastructure, and each model's share."""
-    pools = [pool_cost(p, _fallbacks(spec, p.name)) for p in layout.pools.values()]
-    items = pools + fixed_costs(infrastructure)
-    models = [model_cost(spec, layout, m.name) for m in spec.models]
-    return StackCost(tuple(items), tuple(models))
+def stack_cost(spec: PlatformSpec, layout: Layout, fixed: Sequence[LineItem], prices: PriceList) -> StackCost:
+    """The whole bill: GPU pools at ``prices``, what the target runs besides them (``fixed``, priced by its
+    cloud), and each model's share."""
+    pools = [pool_cost(p, prices, _fallbacks(spec, p.name)) for p in layout.pools.values()]
+    models = [model_cost(spec, layout, m.name, prices) for m in spec.models]
+    return StackCost((*pools, *fixed), tuple(models), prices)
 
 
 def monthly(usd: float) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from components.clouds import targets
-from components.clouds.aws import addons, decisions, registry
+from components.clouds.aws import addons, decisions, prices, registry
 from components.clouds.aws.cloud import EKS
 from components.core import catalog, cost, nodes, placement
 from components.core.stackfile import STACKS_DIR, Stack, available_stacks, load
@@ -321,7 +321,7 @@ def test_kubernetes_target_stacks_create_nothing_on_aws(name: str) -> None:
     assert cloud == []  # runtime images are built (docker-build) and pushed to gateway.image_registry
     assert not [r for r in synthesis.resources if r.type.startswith("inferstack:aws:")]
     stack = load(name)
-    assert cost.fixed_costs(targets.fixed_infrastructure(stack.spec, stack.layout)) == []
+    assert targets.fixed_costs(stack.spec, stack.layout) == ()
 
 
 class _ProviderMonitor(plan.CapturingMonitor):
@@ -431,9 +431,7 @@ def test_existing_subnets_replace_the_vpc_and_admin_roles_get_access_entries(tmp
     association = _one(synthesis, "aws:eks/accessPolicyAssociation:AccessPolicyAssociation").inputs
     assert association["policyArn"].endswith(":cluster-access-policy/AmazonEKSClusterAdminPolicy")
     assert association["accessScope"] == {"type": "cluster"}
-    assert [i.kind for i in cost.fixed_costs(EKS.fixed_infrastructure(stack.spec, stack.layout))].count(
-        "nat"
-    ) == 0
+    assert [i.kind for i in EKS.fixed_costs(stack.spec, stack.layout)].count("nat") == 0
 
 
 @pytest.mark.parametrize(
@@ -495,27 +493,27 @@ def test_aws_spec_mistakes_are_reported_with_the_field(
 def test_plan_bills_the_aws_items_from_the_resources_it_creates(name: str, tmp_path: Path) -> None:
     stack = load(name)
     synthesis = _synth(stack.name)
-    infrastructure = EKS.fixed_infrastructure(stack.spec, stack.layout)
-    items = {i.kind: i for i in cost.fixed_costs(infrastructure)}
+    fixed = EKS.fixed_costs(stack.spec, stack.layout)
+    items = {i.kind: i for i in fixed}
     month = catalog.HOURS_PER_MONTH
     nats = len(_of(synthesis, "aws:ec2/natGateway:NatGateway"))
-    assert items["nat"].max_usd_month == pytest.approx(nats * catalog.NAT_GATEWAY_USD_PER_HOUR * month)
+    assert items["nat"].max_usd_month == pytest.approx(nats * prices.NAT_GATEWAY_USD_PER_HOUR * month)
     system = _node_groups(synthesis)[decisions.node_group_name(stack.spec, decisions.SYSTEM_POOL)]
-    per_node = catalog.SYSTEM_INSTANCE_USD_PER_HOUR * month
+    per_node = prices.SYSTEM_INSTANCE_USD_PER_HOUR * month
     assert items["system-nodes"].min_usd_month == pytest.approx(system["scalingConfig"]["minSize"] * per_node)
     assert items["system-nodes"].max_usd_month == pytest.approx(system["scalingConfig"]["maxSize"] * per_node)
-    assert items["eks"].min_usd_month == pytest.approx(catalog.EKS_CONTROL_PLANE_USD_PER_HOUR * month)
+    assert items["eks"].min_usd_month == pytest.approx(prices.EKS_CONTROL_PLANE_USD_PER_HOUR * month)
     templates = {r.name: r.inputs for r in _of(synthesis, "aws:ec2/launchTemplate:LaunchTemplate")}
     disk_gib_max = sum(
         templates[n]["blockDeviceMappings"][0]["ebs"]["volumeSize"] * g["scalingConfig"]["maxSize"]
         for n, g in _node_groups(synthesis).items()
     )
-    assert items["ebs"].max_usd_month >= disk_gib_max * catalog.EBS_GP3_USD_PER_GIB_MONTH
-    bill = cost.stack_cost(stack.spec, stack.layout, infrastructure)
+    assert items["ebs"].max_usd_month >= disk_gib_max * prices.EBS_GP3_USD_PER_GIB_MONTH
+    bill = cost.stack_cost(stack.spec, stack.layout, fixed, catalog.EC2_PRICES)
     assert {"gpu-pool", "eks", "system-nodes", "nat", "ebs", "kms"} <= {i.kind for i in bill.items}
     keys = len(_of(synthesis, "aws:kms/key:Key"))
     assert keys == len(decisions.kms_keys(stack.spec))
-    assert items["kms"].max_usd_month == pytest.approx(keys * catalog.KMS_KEY_USD_PER_MONTH)
+    assert items["kms"].max_usd_month == pytest.approx(keys * prices.KMS_KEY_USD_PER_MONTH)
     # resources.json lists the AWS resources the summary prices.
     plan.write(synthesis, tmp_path, "summary\n")
     written = json.loads((tmp_path / "resources.json").read_text())

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from components.cli.main import app
 from components.clouds import targets
 from components.clouds.aws import decisions
-from components.core import catalog, cost
+from components.core import catalog
 from components.core.problems import SpecError
 from components.core.stackfile import load
 from components.deploy import synthesis as plan
@@ -166,13 +166,7 @@ def test_the_plan_says_where_the_pools_nodes_come_from_and_prices_the_dearest_fa
         "on-demand -> p5en.48xlarge on-demand"
     ) in summary
     stack = load("gpu", tmp_path)
-    [pool] = [
-        i
-        for i in cost.stack_cost(
-            stack.spec, stack.layout, targets.fixed_infrastructure(stack.spec, stack.layout)
-        ).items
-        if i.kind == "gpu-pool"
-    ]
+    [pool] = [i for i in targets.stack_cost(stack.spec, stack.layout).items if i.kind == "gpu-pool"]
     p5en = catalog.INSTANCE_TYPES["p5en.48xlarge"].on_demand_usd_per_hour * catalog.HOURS_PER_MONTH
     assert pool.max_usd_month == pytest.approx(p5en * stack.layout.pools["h100"].max_nodes)
 

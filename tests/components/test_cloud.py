@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from components.clouds import targets
-from components.clouds.aws import decisions
+from components.clouds.aws import decisions, prices
 from components.clouds.aws.cloud import EKS
 from components.clouds.own_cluster import OWN_CLUSTER, OwnCluster
 from components.core import catalog, cost, nodes, rollout
-from components.core.cloud import Cloud, FixedInfrastructure, IngressClass
+from components.core.cloud import Cloud, IngressClass
 from components.core.placement import place
 from components.core.stackfile import STACKS_DIR, available_stacks, load
 from components.deploy import program
@@ -39,36 +40,53 @@ def test_each_cluster_target_has_a_cloud_and_a_cluster_layer_and_local_has_neith
     local = load("local")
     with pytest.raises(ValueError, match="without a cluster"):
         targets.cloud_for(local.spec)
-    assert targets.fixed_infrastructure(local.spec, local.layout) == FixedInfrastructure()
+    assert targets.fixed_costs(local.spec, local.layout) == ()
 
 
 def test_a_cluster_you_bring_bills_nothing_but_its_gpu_pools() -> None:
     spec = _spec("kubernetes")
     layout = place(spec)
-    bill = cost.stack_cost(spec, layout, OWN_CLUSTER.fixed_infrastructure(spec, layout))
+    bill = cost.stack_cost(spec, layout, OWN_CLUSTER.fixed_costs(spec, layout), catalog.EC2_PRICES)
     assert {i.kind for i in bill.items} == {"gpu-pool"}
 
 
 def test_eks_bills_what_its_layer_creates_from_the_same_decisions() -> None:
     stack = load("prod")
-    infrastructure = EKS.fixed_infrastructure(stack.spec, stack.layout)
+    items = {i.kind: i for i in EKS.fixed_costs(stack.spec, stack.layout)}
+    assert list(items) == ["eks", "system-nodes", "nat", "ebs", "kms"]
+    month = catalog.HOURS_PER_MONTH
     groups = decisions.node_groups(stack.spec, stack.layout)
-    assert infrastructure.eks_control_planes == 1
-    assert infrastructure.nat_gateways == decisions.network_plan(stack.spec).nat_gateways
-    assert [d.disk for d in infrastructure.root_disks] == [g.disk for g in groups]
-    assert infrastructure.kms_keys == decisions.kms_keys(stack.spec)
-    kinds = [i.kind for i in cost.fixed_costs(infrastructure)]
-    assert kinds == ["eks", "system-nodes", "nat", "ebs", "kms"]
+    nats = decisions.network_plan(stack.spec).nat_gateways
+    keys = decisions.kms_keys(stack.spec)
+    assert items["eks"].max_usd_month == pytest.approx(prices.EKS_CONTROL_PLANE_USD_PER_HOUR * month)
+    assert items["nat"].max_usd_month == pytest.approx(nats * prices.NAT_GATEWAY_USD_PER_HOUR * month)
+    disks = [(prices.root_disk_usd_month(g.disk), g.min_size, g.max_size) for g in groups]
+    assert items["ebs"].min_usd_month == pytest.approx(sum(usd * low for usd, low, _ in disks))
+    assert items["ebs"].max_usd_month == pytest.approx(sum(usd * high for usd, _, high in disks))
+    assert items["kms"].max_usd_month == pytest.approx(len(keys) * prices.KMS_KEY_USD_PER_MONTH)
+    assert ", ".join(keys) in items["kms"].name
 
 
 def test_gp3_disks_are_priced_above_the_baseline_only() -> None:
-    baseline = cost.gp3_disk_usd_month(
-        100, catalog.EBS_GP3_BASELINE_IOPS, catalog.EBS_GP3_BASELINE_THROUGHPUT_MIBPS
+    baseline = prices.gp3_disk_usd_month(
+        100, prices.EBS_GP3_BASELINE_IOPS, prices.EBS_GP3_BASELINE_THROUGHPUT_MIBPS
     )
-    assert baseline == pytest.approx(100 * catalog.EBS_GP3_USD_PER_GIB_MONTH)
-    faster = cost.gp3_disk_usd_month(100, catalog.EBS_GP3_BASELINE_IOPS + 1000, 1000)
-    extra = 1000 * catalog.EBS_GP3_USD_PER_IOPS_MONTH + 875 * catalog.EBS_GP3_USD_PER_MIBPS_MONTH
+    assert baseline == pytest.approx(100 * prices.EBS_GP3_USD_PER_GIB_MONTH)
+    faster = prices.gp3_disk_usd_month(100, prices.EBS_GP3_BASELINE_IOPS + 1000, 1000)
+    extra = 1000 * prices.EBS_GP3_USD_PER_IOPS_MONTH + 875 * prices.EBS_GP3_USD_PER_MIBPS_MONTH
     assert faster == pytest.approx(baseline + extra)
+
+
+def test_cost_holds_no_cloud_prices_it_sums_the_clouds_line_items() -> None:
+    """A stack's bill is its GPU pools at the price list plus exactly the items its cloud priced."""
+    stack = load("prod")
+    fixed = EKS.fixed_costs(stack.spec, stack.layout)
+    bill = cost.stack_cost(stack.spec, stack.layout, fixed, catalog.EC2_PRICES)
+    assert bill.items[len(stack.layout.pools) :] == fixed
+    assert {i.kind for i in bill.items[: len(stack.layout.pools)]} == {"gpu-pool"}
+    assert bill.prices is catalog.EC2_PRICES
+    source = Path(cost.__file__).read_text()
+    assert not [name for name in dir(prices) if name.isupper() and name in source]
 
 
 @pytest.mark.parametrize("cloud", CLOUDS, ids=type)

@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from components.core import nodes, placement, rollout
+from components.core import catalog, nodes, placement, rollout
 from components.core.cost import model_cost
 from components.core.problems import SpecError
 from components.core.stackfile import load as load_stack
@@ -69,7 +69,7 @@ def test_time_sliced_models_pack_two_per_gpu_with_derived_memory() -> None:
     assert len(pool.packing.gpus) == 2 and pool.max_nodes == 2
     args = vllm(spec.models[1]).args
     assert args[args.index("--gpu-memory-utilization") + 1] == "0.45"  # 0.5 of the 0.9 safe total
-    chat = model_cost(spec, layout, "chat")
+    chat = model_cost(spec, layout, "chat", catalog.EC2_PRICES)
     assert chat.usd_per_replica_month == pytest.approx(chat.unshared_usd_per_replica_month / 2)
     assert chat.sharing_saves_usd_month == pytest.approx(chat.usd_per_replica_month * 3)
 

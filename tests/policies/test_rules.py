@@ -708,7 +708,6 @@ def test_spot_in_prod_when_allowed() -> None:
 def test_budget_matches_plan_cost() -> None:
     """The policy prices the resources exactly as `inferstack plan` prices the spec."""
     from components.clouds import targets
-    from components.core import cost
     from components.core.stackfile import load
     from policies.inference.rules.money import bill
 
@@ -716,9 +715,8 @@ def test_budget_matches_plan_cost() -> None:
         loaded = load(stack)
         lines, unpriced = bill(rendered(stack))
         assert unpriced == []
-        infrastructure = targets.fixed_infrastructure(loaded.spec, loaded.layout)
         assert sum(line.usd_month for line in lines) == pytest.approx(
-            cost.stack_cost(loaded.spec, loaded.layout, infrastructure).max_usd_month
+            targets.stack_cost(loaded.spec, loaded.layout).max_usd_month
         )
 
 
@@ -810,7 +808,6 @@ def test_karpenter_node_pools(rule: str, change: Callable[[dict[str, Any]], obje
 
 def test_karpenter_budget_counts_node_pools() -> None:
     from components.clouds import targets
-    from components.core import cost
     from components.core.stackfile import load
     from policies.inference.rules.money import bill
     from tests.policies.helpers import BROKEN
@@ -819,8 +816,7 @@ def test_karpenter_budget_counts_node_pools() -> None:
     lines, _ = bill(rendered("karpenter", BROKEN))
     assert any("Karpenter NodePool h100: 2 x p5.48xlarge" in line.what for line in lines)
     total = sum(line.usd_month for line in lines)
-    infrastructure = targets.fixed_infrastructure(loaded.spec, loaded.layout)
-    assert total == pytest.approx(cost.stack_cost(loaded.spec, loaded.layout, infrastructure).max_usd_month)
+    assert total == pytest.approx(targets.stack_cost(loaded.spec, loaded.layout).max_usd_month)
 
 
 def test_pools_of_clusters_the_stack_does_not_create() -> None:

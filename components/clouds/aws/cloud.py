@@ -6,16 +6,10 @@ network policies and the GPU nodes' labels agree with what `pulumi up` creates.
 
 from __future__ import annotations
 
-from components.clouds.aws import decisions
-from components.core import nodes
-from components.core.cloud import (
-    PRIVATE_CIDRS,
-    Endpoint,
-    FixedInfrastructure,
-    IngressClass,
-    NodeRootDisks,
-    SystemNodes,
-)
+from components.clouds.aws import decisions, prices
+from components.core import catalog, nodes
+from components.core.cloud import PRIVATE_CIDRS, Endpoint, IngressClass
+from components.core.cost import LineItem
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
 from components.render import common, ingress, weights
@@ -41,18 +35,38 @@ class AwsCloud:
     managed_limit_store = True
     """ElastiCache (components.clouds.aws.limit_store), in the private subnets."""
 
-    def fixed_infrastructure(self, spec: PlatformSpec, layout: Layout) -> FixedInfrastructure:
-        """The control plane, system nodes, NAT gateways, every node group's root disks and the KMS keys."""
+    def fixed_costs(self, spec: PlatformSpec, layout: Layout) -> tuple[LineItem, ...]:
+        """The control plane, system nodes, NAT gateways, every node group's root disks (GPU pools' included)
+        and the KMS keys, from the decisions the layer creates them by, at ``prices``."""
+        month = catalog.HOURS_PER_MONTH
+        eks = prices.EKS_CONTROL_PLANE_USD_PER_HOUR * month
         system = decisions.system_node_group(spec)
-        return FixedInfrastructure(
-            eks_control_planes=1,
-            system_nodes=SystemNodes(system.min_size, system.max_size),
-            nat_gateways=decisions.network_plan(spec).nat_gateways,
-            root_disks=tuple(
-                NodeRootDisks(g.disk, g.min_size, g.max_size) for g in decisions.node_groups(spec, layout)
+        node = prices.SYSTEM_INSTANCE_USD_PER_HOUR * month
+        items = [
+            LineItem("EKS control plane", "eks", eks, eks),
+            LineItem(
+                f"system nodes ({system.min_size}-{system.max_size} x {prices.SYSTEM_INSTANCE_TYPE})",
+                "system-nodes",
+                node * system.min_size,
+                node * system.max_size,
             ),
-            kms_keys=decisions.kms_keys(spec),
-        )
+        ]
+        nats = decisions.network_plan(spec).nat_gateways
+        if nats:
+            nat = nats * prices.NAT_GATEWAY_USD_PER_HOUR * month
+            items.append(
+                LineItem(f"NAT gateways ({nats}, hourly; data processed not included)", "nat", nat, nat)
+            )
+        groups = decisions.node_groups(spec, layout)
+        if groups:
+            disks_min = sum(prices.root_disk_usd_month(g.disk) * g.min_size for g in groups)
+            disks_max = sum(prices.root_disk_usd_month(g.disk) * g.max_size for g in groups)
+            items.append(LineItem("node root disks (gp3)", "ebs", disks_min, disks_max))
+        keys = decisions.kms_keys(spec)
+        if keys:
+            kms = len(keys) * prices.KMS_KEY_USD_PER_MONTH
+            items.append(LineItem(f"KMS keys ({len(keys)}: {', '.join(keys)})", "kms", kms, kms))
+        return tuple(items)
 
     def gpu_node_labels(self, pool: PoolPlan) -> dict[str, str]:
         return nodes.gpu_node_labels(pool)

@@ -10,6 +10,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.clouds.aws import prices
 from components.core import catalog, nodes
 from components.core.cloud import RootDisk
 from components.core.placement import Layout, PoolPlan
@@ -353,14 +354,14 @@ def system_node_group(spec: PlatformSpec) -> NodeGroupPlan:
     return NodeGroupPlan(
         pool=SYSTEM_POOL,
         node_group_name=node_group_name(spec, SYSTEM_POOL),
-        instance_types=[catalog.SYSTEM_INSTANCE_TYPE],
+        instance_types=[prices.SYSTEM_INSTANCE_TYPE],
         ami_type=SYSTEM_AMI_TYPE,
         capacity_type="ON_DEMAND",
         min_size=n,
         desired_size=n,
         max_size=2 * n,
         disk=RootDisk(
-            SYSTEM_ROOT_DISK_GIB, catalog.EBS_GP3_BASELINE_IOPS, catalog.EBS_GP3_BASELINE_THROUGHPUT_MIBPS
+            SYSTEM_ROOT_DISK_GIB, prices.EBS_GP3_BASELINE_IOPS, prices.EBS_GP3_BASELINE_THROUGHPUT_MIBPS
         ),
         labels={nodes.ROLE_LABEL: nodes.SYSTEM_ROLE},
         taints=[],

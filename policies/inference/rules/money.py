@@ -3,7 +3,9 @@ unless allowed.
 
 The bill is read from the resources themselves (node groups at maxSize with their instance and capacity
 types, root disks from launch templates, control planes, NAT gateways, KMS keys) priced with the same
-catalog and formulas as ``components.core.cost``, so `inferstack plan`'s figure and the policy agree.
+price lists and formulas as `inferstack plan` (EC2's GPU prices, ``catalog.EC2_PRICES``, and AWS's for the rest,
+``components.clouds.aws.prices``), so the plan's figure and the policy agree. The rule reads AWS resource types:
+it prices AWS, and the AWS price list is the one pure module of the cloud code it may import (pyproject.toml).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from components.clouds.aws import prices
 from components.core import catalog, cost
 from components.core.nodes import POOL_LABEL
 from components.spec import CapacityType
@@ -52,9 +55,9 @@ def _disk_usd(template: Res | None) -> float:
     for mapping in as_list(mappings):
         ebs = as_map(as_map(mapping).get("ebs"))
         size = number(ebs.get("volumeSize")) or memory_gib(ebs.get("volumeSize")) or 0.0
-        iops = number(ebs.get("iops")) or catalog.EBS_GP3_BASELINE_IOPS
-        throughput = number(ebs.get("throughput")) or catalog.EBS_GP3_BASELINE_THROUGHPUT_MIBPS
-        total += cost.gp3_disk_usd_month(size, iops, throughput)
+        iops = number(ebs.get("iops")) or prices.EBS_GP3_BASELINE_IOPS
+        throughput = number(ebs.get("throughput")) or prices.EBS_GP3_BASELINE_THROUGHPUT_MIBPS
+        total += prices.gp3_disk_usd_month(size, iops, throughput)
     return total
 
 
@@ -77,9 +80,9 @@ def bill(resources: Sequence[Res]) -> tuple[list[Line], list[str]]:
             if t in catalog.INSTANCE_TYPES
         ] or ([pool.instance] if pool.instance is not None else [])
         if known:
-            hourly = max(cost.hourly(i, capacity) for i in known)
-        elif pool.instance_type == catalog.SYSTEM_INSTANCE_TYPE:
-            hourly = catalog.SYSTEM_INSTANCE_USD_PER_HOUR
+            hourly = max(catalog.EC2_PRICES.hourly(i, capacity) for i in known)
+        elif pool.instance_type == prices.SYSTEM_INSTANCE_TYPE:
+            hourly = prices.SYSTEM_INSTANCE_USD_PER_HOUR
         else:
             unpriced.append(f"node group {pool.res.name} ({pool.instance_type})")
             continue
@@ -105,16 +108,16 @@ def bill(resources: Sequence[Res]) -> tuple[list[Line], list[str]]:
     lines += gpu_pools.values()
     for r in of_type(resources, "aws:eks/cluster:Cluster"):
         lines.append(
-            Line(f"EKS control plane {r.name}", catalog.EKS_CONTROL_PLANE_USD_PER_HOUR * MONTH, r.urn)
+            Line(f"EKS control plane {r.name}", prices.EKS_CONTROL_PLANE_USD_PER_HOUR * MONTH, r.urn)
         )
     nats = of_type(resources, "aws:ec2/natGateway:NatGateway")
     if nats:
         lines.append(
-            Line(f"{len(nats)} NAT gateways (hourly)", len(nats) * catalog.NAT_GATEWAY_USD_PER_HOUR * MONTH)
+            Line(f"{len(nats)} NAT gateways (hourly)", len(nats) * prices.NAT_GATEWAY_USD_PER_HOUR * MONTH)
         )
     keys = of_type(resources, "aws:kms/key:Key")
     if keys:
-        lines.append(Line(f"KMS keys ({len(keys)})", len(keys) * catalog.KMS_KEY_USD_PER_MONTH))
+        lines.append(Line(f"KMS keys ({len(keys)})", len(keys) * prices.KMS_KEY_USD_PER_MONTH))
     return lines, unpriced
 
 
