@@ -7,13 +7,13 @@ labels and taint the engines select and tolerate (``gpu_node_labels``, ``gpu_nod
 
 from __future__ import annotations
 
-from components.core import nodes
-from components.core.cloud import PRIVATE_CIDRS, Endpoint, IngressClass
+from components.core import catalog, nodes
+from components.core.cloud import PRIVATE_CIDRS, Endpoint, IngressClass, Profile
 from components.core.cost import LineItem
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
 from components.render import ingress
-from components.spec import PlatformSpec
+from components.spec import PlatformSpec, Target
 from runtime.config import S3Files
 
 
@@ -57,5 +57,19 @@ class OwnCluster:
         """None: no object store is known here, so batch files live on the batch service's volume."""
         return None
 
+    def image_build(self, spec: PlatformSpec) -> str | None:
+        """``gateway.image_registry``, with this machine's Docker login; without it, the published images."""
+        registry = spec.gateway.image_registry
+        return f"(Docker with buildx on this machine) and pushes them to {registry}" if registry else None
+
 
 OWN_CLUSTER = OwnCluster()
+PROFILE = Profile(
+    target=Target.KUBERNETES,
+    cloud=OWN_CLUSTER,
+    cluster_layer="components.kubernetes.cluster:bring_your_own",
+    instances=catalog.INSTANCE_TYPES,
+    prices=catalog.EC2_PRICES,
+)
+"""``target: kubernetes``: your GPU pools name EC2 instance types (the catalog's), and the plan prices them at
+EC2's on-demand prices, the estimate of what such nodes cost wherever they run."""

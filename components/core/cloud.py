@@ -1,25 +1,29 @@
 """The cloud seam: what a deployment target decides, as plain data.
 
 A ``Cloud`` answers the questions on which EKS and a cluster you bring differ: what the target runs besides GPU
-nodes, priced (``components.core.cost`` sums the line items and knows no cloud's prices), the labels and taints of its GPU nodes, where
-cluster addresses come from, which Ingress class puts a load balancer in front of the router, which service
-account reads model weights with cloud credentials, and whether GPU nodes come with the NVIDIA driver.
-``components.clouds.targets.cloud_for`` picks the implementation by ``spec.target``. What a target creates with
-Pulumi (the cluster, the Kubernetes provider that reaches it, the runtime images it pushes) is the other half
-of the seam: ``components.kubernetes.cluster.ClusterAccess``.
+nodes, priced (``components.core.cost`` sums the line items and knows no cloud's prices), the labels and taints of
+its GPU nodes, where cluster addresses come from, which Ingress class puts a load balancer in front of the router,
+which service account reads model weights with cloud credentials, whether GPU nodes come with the NVIDIA driver,
+and where the runtime images are built. A ``Profile`` is a whole target: its cloud, its cluster layer (what Pulumi
+creates before anything in Kubernetes: ``components.kubernetes.cluster.ClusterAccess`` is what the layer hands
+over), its instance catalog and its price list. ``components.clouds.targets.PROFILES`` registers one per cluster
+target; the pure code that cannot be handed one (validation and placement, called with the spec alone) asks the
+spec's cluster section, which is chosen by the target too.
 
 No Pulumi SDK and no cloud or render module here: cost, report, placement and the policies import it cheaply.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from components.core.cost import LineItem
+from components.core.catalog import InstanceType
+from components.core.cost import LineItem, PriceList
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
-from components.spec import PlatformSpec
+from components.spec import PlatformSpec, Target
 from runtime.config import S3Files
 
 PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
@@ -100,3 +104,25 @@ class Cloud(Protocol):
         """Where the batch service keeps files in the target's object store (a prefix of the platform's
         bucket, named at deploy time); None when they share the service's volume."""
         ...
+
+    def image_build(self, spec: PlatformSpec) -> str | None:
+        """Where `pulumi up` builds the runtime images from ``runtime/images/`` and pushes them, as the plan
+        says it ('into the stack's ECR'); None: the stack runs the spec's published images as pinned."""
+        ...
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One deployment target, whole: what its cloud decides, what Pulumi creates for it, and the instance types
+    and prices its GPU pools are sized and billed with."""
+
+    target: Target
+    cloud: Cloud
+    cluster_layer: str
+    """``module:function`` of the layer that makes (or finds) the cluster, ``(spec, layout, stack) ->
+    ClusterAccess``. Named, not imported: the bill and the report never load Pulumi, and only the Pulumi program
+    resolves it (``components.deploy.program``)."""
+    instances: Mapping[str, InstanceType]
+    """The instance types its GPU pools may name."""
+    prices: PriceList
+    """What those instance types cost it."""

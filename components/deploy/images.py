@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING
 
 import pulumi
 
+from components.clouds.targets import PROFILES
 from components.render import batches, gateway
 from components.render.gateway import RuntimeImage
-from components.spec import QUANTIZE_IMAGE, PlatformSpec, Target
+from components.spec import QUANTIZE_IMAGE, PlatformSpec
 
 if TYPE_CHECKING:
     import pulumi_docker_build as docker_build
@@ -110,19 +111,15 @@ def images_of(spec: PlatformSpec) -> list[str]:
 
 
 def note(spec: PlatformSpec) -> str | None:
-    """What the plan says about the runtime images: built where, or run as published."""
-    parts = ", ".join(images_of(spec))
-    if spec.target is Target.EKS:
-        return (
-            f"runtime images: builds {parts} from runtime/images/ into the stack's ECR; runs them by digest"
-        )
-    if spec.target is not Target.KUBERNETES:
+    """What the plan says about the runtime images: built where (the target's cloud says), or run as published;
+    nothing on this machine (target local runs no images)."""
+    profile = PROFILES.get(spec.target)
+    if profile is None:
         return None
-    if spec.gateway.image_registry:
-        return (
-            f"runtime images: builds {parts} from runtime/images/ (Docker with buildx on this machine) and pushes "
-            f"them to {spec.gateway.image_registry}; runs them by digest"
-        )
+    parts = ", ".join(images_of(spec))
+    where = profile.cloud.image_build(spec)
+    if where is not None:
+        return f"runtime images: builds {parts} from runtime/images/ {where}; runs them by digest"
     return f"runtime images: runs the spec's published images for {parts} (gateway.image_registry is not set)"
 
 

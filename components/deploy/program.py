@@ -1,4 +1,4 @@
-"""The Pulumi program: stack config -> validated spec -> the target's cloud layer -> InferencePlatform.
+"""The Pulumi program: stack config -> validated spec -> the target's cluster layer -> InferencePlatform.
 
 ``__main__.py`` calls ``run()`` under ``pulumi up``; ``inferstack plan`` calls the same ``run()``
 in-process under Pulumi's mock runtime, so both see exactly the same resources.
@@ -6,28 +6,37 @@ in-process under Pulumi's mock runtime, so both see exactly the same resources.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from typing import cast
 
 import pulumi
 
-from components.clouds.aws import layer as aws_layer
-from components.clouds.targets import cloud_for
+from components.clouds.targets import PROFILES
 from components.core import rollout
+from components.core.cloud import Profile
 from components.core.placement import Layout
 from components.core.problems import SpecError
 from components.core.stackfile import stack_path, validate
 from components.deploy.platform import InferencePlatform, PlatformSecrets
-from components.kubernetes.cluster import ClusterAccess, bring_your_own
+from components.kubernetes.cluster import ClusterAccess
 from components.render import ingress
-from components.spec import PlatformSpec, Target
+from components.spec import PlatformSpec
 
 ClusterLayer = Callable[[PlatformSpec, Layout, str], ClusterAccess]
-CLUSTER_LAYERS: dict[Target, ClusterLayer] = {
-    # AWS first; every Kubernetes resource then goes to the new cluster through its provider.
-    Target.EKS: aws_layer.provision,
-    Target.KUBERNETES: bring_your_own,
-}
-"""What each target builds before anything in Kubernetes, and how the Kubernetes side reaches the result."""
+"""What a target builds before anything in Kubernetes, and how the Kubernetes side reaches the result (on EKS
+the cluster, then every Kubernetes resource goes to it through its provider; a cluster you bring: the kubeconfig's)."""
+
+
+def cluster_layer(profile: Profile) -> ClusterLayer:
+    """The profile's cluster layer, imported here (the profile names it: the bill and the report load no Pulumi)."""
+    module, _, name = profile.cluster_layer.partition(":")
+    layer = getattr(importlib.import_module(module), name)
+    if not callable(layer):
+        raise TypeError(
+            f"{profile.cluster_layer} (the cluster layer of target {profile.target.value}) is not a function"
+        )
+    return cast(ClusterLayer, layer)
 
 
 def run() -> InferencePlatform:
@@ -38,8 +47,8 @@ def run() -> InferencePlatform:
     except SpecError as err:
         # A RunError prints its message without a Python traceback: the user sees only the problems.
         raise pulumi.RunError(err.render()) from None
-    cluster_layer = CLUSTER_LAYERS.get(spec.target)
-    if cluster_layer is None:
+    profile = PROFILES.get(spec.target)
+    if profile is None:
         raise pulumi.RunError(
             f"{source}: target {spec.target.value} runs on this machine with `make local`, not with pulumi"
         )
@@ -47,8 +56,8 @@ def run() -> InferencePlatform:
     secrets = PlatformSecrets(huggingface_token=config.require_secret(token_key) if token_key else None)
     for warning in rollout.warnings(spec, layout):
         pulumi.log.warn(warning)  # `pulumi preview` and `up` show what `inferstack plan` does
-    cluster = cluster_layer(spec, layout, pulumi.get_stack())
-    platform = InferencePlatform(spec, layout, secrets, cloud_for(spec), cluster)
+    cluster = cluster_layer(profile)(spec, layout, pulumi.get_stack())
+    platform = InferencePlatform(spec, layout, secrets, profile.cloud, cluster)
     pulumi.export("gateway_url", ingress.public_url(spec))
     pulumi.export("namespace", spec.cluster.namespace)
     pulumi.export("models", [m.name for m in spec.models])

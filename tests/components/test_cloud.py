@@ -12,6 +12,7 @@ import pytest
 
 from components.clouds import targets
 from components.clouds.aws import decisions, prices
+from components.clouds.aws import layer as aws_layer
 from components.clouds.aws.cloud import EKS
 from components.clouds.own_cluster import OWN_CLUSTER, OwnCluster
 from components.core import catalog, cost, nodes, rollout
@@ -20,8 +21,9 @@ from components.core.placement import place
 from components.core.stackfile import STACKS_DIR, available_stacks, load
 from components.deploy import program
 from components.deploy import synthesis as plan
+from components.kubernetes.cluster import bring_your_own
 from components.render import engine, gateway
-from components.spec import PlatformSpec, Target
+from components.spec import CapacityType, PlatformSpec, Target
 from tests.components.helpers import minimal, on_own_cluster, pod_templates
 
 CLOUDS: list[Cloud] = [EKS, OWN_CLUSTER]
@@ -36,7 +38,13 @@ def _spec(target: str) -> PlatformSpec:
 def test_each_cluster_target_has_a_cloud_and_a_cluster_layer_and_local_has_neither() -> None:
     assert targets.cloud_for(_spec("eks")) is EKS
     assert targets.cloud_for(_spec("kubernetes")) is OWN_CLUSTER
-    assert set(targets.CLOUDS) == set(program.CLUSTER_LAYERS) == {Target.EKS, Target.KUBERNETES}
+    assert set(targets.PROFILES) == {Target.EKS, Target.KUBERNETES}
+    for target, profile in targets.PROFILES.items():
+        assert profile.target is target
+        assert callable(program.cluster_layer(profile))
+        assert all(profile.prices.hourly(i, CapacityType.ON_DEMAND) > 0 for i in profile.instances.values())
+    assert program.cluster_layer(targets.PROFILES[Target.EKS]) is aws_layer.provision
+    assert program.cluster_layer(targets.PROFILES[Target.KUBERNETES]) is bring_your_own
     local = load("local")
     with pytest.raises(ValueError, match="without a cluster"):
         targets.cloud_for(local.spec)

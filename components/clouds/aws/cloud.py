@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from components.clouds.aws import decisions, prices
 from components.core import catalog, nodes
-from components.core.cloud import PRIVATE_CIDRS, Endpoint, IngressClass
+from components.core.cloud import PRIVATE_CIDRS, Endpoint, IngressClass, Profile
 from components.core.cost import LineItem
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
 from components.render import common, ingress, weights
-from components.spec import PlatformSpec
+from components.spec import PlatformSpec, Target
 from runtime.config import S3Files
 
 BATCH_FILES_PREFIX = "batches/"
@@ -101,5 +101,17 @@ class AwsCloud:
         """The preparation Jobs' service account: EKS Pod Identity lets it write the store's prefix."""
         return spec.cluster.namespace, weights.service_account_name(spec)
 
+    def image_build(self, spec: PlatformSpec) -> str:
+        """Every runtime image, into the stack's ECR repositories (``components.clouds.aws.registry``)."""
+        return "into the stack's ECR"
+
 
 EKS = AwsCloud()
+PROFILE = Profile(
+    target=Target.EKS,
+    cloud=EKS,
+    cluster_layer="components.clouds.aws.layer:provision",
+    instances=catalog.INSTANCE_TYPES,
+    prices=catalog.EC2_PRICES,
+)
+"""``target: eks``: EKS in the stack's account, EC2's GPU instance types at EC2's prices."""
