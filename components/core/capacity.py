@@ -14,7 +14,7 @@ from components.core import catalog
 from components.core.placement import Layout, PoolPlan, misfits
 from components.core.problems import Problem
 from components.core.weights import fetch
-from components.spec import GpuPoolSpec, PlatformSpec, ReservationKind, Target
+from components.spec import GpuPoolSpec, PlatformSpec, ReservationKind
 
 
 def _shape(instance: catalog.InstanceType) -> tuple[int, int, int]:
@@ -57,33 +57,18 @@ def _fallback_problems(spec: PlatformSpec, layout: Layout, index: int, pool: Gpu
 
 
 def _reservation_problems(spec: PlatformSpec, index: int, pool: GpuPoolSpec) -> list[Problem]:
+    """The reservation's zone must be one where the target can launch the pool's nodes (its section says)."""
     reservation = pool.capacity_reservation
     if reservation is None:
         return []
-    path = f"gpu_pools[{index}].capacity_reservation.availability_zone"
-    if spec.cluster.existing_private_subnet_ids:
-        return [
-            Problem(
-                path,
-                "with existing_private_subnet_ids the stack cannot tell which subnet is in the reservation's zone; "
-                "reserve capacity in a stack that creates its VPC, or leave capacity_reservation out",
-            )
-        ]
-    if reservation.availability_zone not in spec.cluster.availability_zones:
-        zones = ", ".join(spec.cluster.availability_zones) or "the default ones"
-        return [
-            Problem(
-                path,
-                f"{reservation.availability_zone} is not one of the stack's zones ({zones}); list it in "
-                "cluster.availability_zones so the stack has a subnet there",
-            )
-        ]
-    return []
+    why = spec.cluster.reservation_zone_problem(reservation.availability_zone)
+    return [Problem(f"gpu_pools[{index}].capacity_reservation.availability_zone", why)] if why else []
 
 
 def problems(spec: PlatformSpec, layout: Layout) -> list[Problem]:
-    """Fallbacks that do not match the pool's shape or fit its models; reservations in a zone without a subnet."""
-    if spec.target is not Target.EKS:
+    """Fallbacks that do not match the pool's shape or fit its models; reservations in a zone without a subnet.
+    Only where the stack launches the GPU nodes (on a cluster you bring, they are yours)."""
+    if not spec.cluster.launches_nodes:
         return []
     out: list[Problem] = []
     for i, pool in enumerate(spec.gpu_pools):
@@ -107,8 +92,8 @@ def steps(pool: GpuPoolSpec, plan: PoolPlan) -> list[str]:
 
 
 def notes(spec: PlatformSpec, layout: Layout) -> list[str]:
-    """One sentence per pool with more than one source of nodes."""
-    if spec.target is not Target.EKS:
+    """One sentence per pool with more than one source of nodes (where the stack launches them)."""
+    if not spec.cluster.launches_nodes:
         return []
     out = []
     for pool in spec.gpu_pools:

@@ -22,7 +22,6 @@ from components.spec import (
     GpuPlugin,
     GpuPoolSpec,
     ModelSpec,
-    NodeProvisioner,
     PlatformSpec,
     Target,
     is_hub_source,
@@ -952,14 +951,9 @@ def _group_links(
     multi = any(p.multi_node for p in members)
     link = multinode.interconnect(instance)
     problems: list[Problem] = []
-    if multi and spec.target is Target.EKS and spec.cluster.node_provisioner is NodeProvisioner.KARPENTER:
-        problems.append(
-            Problem(
-                "cluster.node_provisioner",
-                f"pool {pool.name!r} runs a model across nodes, which needs EFA interfaces and a cluster placement "
-                "group in its nodes' launch template: use node_provisioner managed (EKS node groups) for it",
-            )
-        )
+    unlinked = spec.cluster.multi_node_problem(pool.name) if multi else None
+    if unlinked is not None:
+        problems.append(unlinked)
     if pool.efa and not link.has_efa:
         problems.append(
             Problem(
@@ -980,14 +974,9 @@ def _group_links(
         )
     efa = link.has_efa and (pool.efa if pool.efa is not None else multi)
     placed = link.cluster_placement and (pool.placement_group if pool.placement_group is not None else multi)
-    if placed and spec.target is Target.EKS and spec.cluster.existing_private_subnet_ids:
-        problems.append(
-            Problem(
-                f"gpu_pools[{index}].placement_group",
-                "a cluster placement group keeps its nodes in one zone, and the zones of existing_private_subnet_ids "
-                "are not known here; set placement_group: false, or let the stack create the VPC",
-            )
-        )
+    unplaced = spec.cluster.placement_group_problem() if placed else None
+    if unplaced is not None:
+        problems.append(Problem(f"gpu_pools[{index}].placement_group", unplaced))
     return {
         "multi_node": multi,
         "efa_interfaces": link.efa_interfaces if efa else 0,

@@ -27,7 +27,7 @@ from components.core.weights.fetch import CacheMedium, Fetch, FetchPath
 from components.render import common, hardening
 from components.render.common import Manifest
 from components.render.engine_args import model_dir
-from components.spec import AdapterSpec, ModelSpec, PlatformSpec, Target
+from components.spec import AdapterSpec, ModelSpec, PlatformSpec
 
 COMPONENT = "weights"
 CACHE_MOUNT = "/models/cache"
@@ -105,8 +105,9 @@ def store_access(spec: PlatformSpec, writer: bool) -> StoreAccess:
     reader's or the writer's Secret mounted as an AWS shared-credentials file (never environment variables;
     boto3 and the streamer's AWS SDK both read ``AWS_SHARED_CREDENTIALS_FILE``)."""
     env: list[Manifest] = [{"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}]
-    if spec.target is Target.EKS:
-        env.append({"name": "AWS_REGION", "value": spec.cluster.region})
+    region = spec.cluster.store_region
+    if region is not None:
+        env.append({"name": "AWS_REGION", "value": region})
     ms = spec.model_store
     if ms.endpoint_url:
         env.append({"name": "AWS_ENDPOINT_URL", "value": ms.endpoint_url})

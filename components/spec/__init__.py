@@ -10,7 +10,7 @@ One module per section of the stack file, so a section's models, defaults and ru
 
 - ``base``: the base model (``_Spec``), the shared patterns and annotated types (DNS labels, pinned images,
   hub commits, AWS accounts, CIDRs) and the source rules every section uses;
-- ``cluster``: ``cluster`` (network, API endpoint access, log retention);
+- ``cluster``: ``cluster``, one section per target (on eks: network, API endpoint access, log retention);
 - ``pools``: ``gpu_pools`` (capacity reservations, GPU sharing);
 - ``engine``: a model's ``engine`` and ``architecture`` (its rules ask the engine table's capabilities,
   ``runtime.engines``);
@@ -62,6 +62,11 @@ from components.spec.cluster import (
     ApiAccess,
     ApiEndpointSpec,
     ClusterSpec,
+    ClusterSpecBase,
+    EksClusterSpec,
+    KubernetesClusterSpec,
+    LocalClusterSpec,
+    eks_section,
 )
 from components.spec.engine import (
     ArchitectureSpec,
@@ -162,9 +167,11 @@ __all__ = [
     "ChartVersionsSpec",
     "Cidr",
     "ClusterSpec",
+    "ClusterSpecBase",
     "DType",
     "Device",
     "DnsLabel",
+    "EksClusterSpec",
     "EngineSpec",
     "GatewayApiImplementation",
     "GatewayMode",
@@ -176,7 +183,9 @@ __all__ = [
     "HubCommit",
     "IngressKind",
     "Ipv4Cidr",
+    "KubernetesClusterSpec",
     "KvCacheDType",
+    "LocalClusterSpec",
     "LoraSpec",
     "ModelSpec",
     "ModelStoreSpec",
@@ -198,6 +207,7 @@ __all__ = [
     "Target",
     "WeightsFetch",
     "WeightsSpec",
+    "eks_section",
     "hub_commit",
     "is_hub_source",
     "is_local_path",

@@ -1,15 +1,33 @@
-"""The cluster section: where the platform runs, its network and how `pulumi up` reaches the API server."""
+"""The cluster section, one per target: what every cluster has, and each target's own fields and facts.
+
+``target`` chooses the section (``SECTIONS``): ``EksClusterSpec`` holds the AWS fields (region, network, API
+endpoint access, node provisioning, log retention), a cluster you bring (``KubernetesClusterSpec``) and this
+machine (``LocalClusterSpec``) only the common ones. A field of another target's section is refused, naming the
+field and the target (``parse``). The stack file is unchanged: the fields sit under ``cluster`` as before.
+
+Each section also answers the questions pure code asks about its target without a profile in hand (validation
+and placement are called with the spec alone): whether the stack launches the GPU nodes, where the model store's
+bucket is, what the target's own rules find. The base class answers for a cluster the stack finds and does not
+create; the EKS section answers for what the stack creates on AWS.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from components.core.enums import NodeProvisioner
-from components.spec.base import AwsAccount, DnsLabel, Ipv4Cidr, _all_match, _Spec
+from components.core.enums import NodeProvisioner, Target
+from components.core.problems import Problem
+from components.spec.base import MAX_EKS_CLUSTER_NAME, AwsAccount, DnsLabel, Ipv4Cidr, _all_match, _Spec
+from runtime.config import S3Files
+
+if TYPE_CHECKING:
+    from components.spec.platform import PlatformSpec
 
 # Retention periods CloudWatch Logs accepts, in days.
 _RETENTION = "1 3 5 7 14 30 60 90 120 150 180 365 400 545 731 1096 1827 2192 2557 2922 3288 3653"
@@ -92,22 +110,85 @@ def _endpoint_migration(old: dict[str, Any]) -> str:
     )
 
 
-class ClusterSpec(_Spec):
-    """Where the platform runs."""
+class ClusterSpecBase(_Spec):
+    """What every cluster has: its name, Kubernetes version and namespace. As a target's section, a cluster the
+    stack finds and does not create (its facts below answer so)."""
 
     name: str | None = None
     """Cluster name; defaults to '<platform name>-<environment>'."""
-    region: str = "us-east-1"
-    """AWS region (target eks); also the region prices are read for."""
     kubernetes_version: Annotated[str, Field(pattern=r"^1\.(2[5-9]|3[0-7])$")] = "1.33"
     """Kubernetes minor version, e.g. '1.33'; manifests are validated against it."""
     namespace: DnsLabel = "inferstack"
     """Namespace for engines and the gateway."""
+    account_id: AwsAccount | None = None
+    """AWS account the stack deploys into (12 digits): on eks pulumi up refuses the credentials of any other
+    account; the model store must belong to it."""
+
+    launches_nodes: ClassVar[bool] = False
+    """The stack launches the GPU nodes (node groups, Karpenter), so it decides where they come from: capacity
+    reservations and fallback instance types (``components.core.capacity``). False: the cluster's nodes are yours."""
+
+    def model_store_bucket(self, spec: PlatformSpec) -> str | None:
+        """The model store's bucket: an existing one the stack file names (model_store.bucket)."""
+        return spec.model_store.bucket
+
+    @property
+    def store_region(self) -> str | None:
+        """The region the model store's clients name (AWS_REGION); None: the store's endpoint decides."""
+        return None
+
+    def platform_problems(self, spec: PlatformSpec) -> Iterator[Problem]:
+        """The target's own rules across sections (``components.spec.rules``); none here."""
+        return iter(())
+
+    def api_endpoint_problems(self) -> list[Problem]:
+        """How `pulumi up` reaches the API server, when the stack says (``components.core.endpoint``); a cluster
+        the stack finds is reached through the kubeconfig."""
+        return []
+
+    def api_endpoint_note(self) -> str | None:
+        return None
+
+    def reservation_zone_problem(self, zone: str) -> str | None:
+        """Why the stack cannot launch a pool's reserved capacity in ``zone`` (``components.core.capacity``)."""
+        return None
+
+    def multi_node_problem(self, pool: str) -> Problem | None:
+        """Why the target cannot link the nodes of a pool whose replicas span nodes (EFA, placement group)."""
+        return None
+
+    def placement_group_problem(self) -> str | None:
+        """Why the target cannot keep a pool's nodes in one cluster placement group."""
+        return None
+
+
+class KubernetesClusterSpec(ClusterSpecBase):
+    """target kubernetes: a cluster you bring, reached through the kubeconfig; the stack creates no cloud
+    resources, so it has nothing of a cloud to say."""
+
+
+LOCAL_BUCKET = "inferstack-local"
+"""The loopback store of `make local S3=1`."""
+
+
+class LocalClusterSpec(ClusterSpecBase):
+    """target local: no cluster; `make local` runs the data plane on this machine."""
+
+    def model_store_bucket(self, spec: PlatformSpec) -> str:
+        """`make local S3=1`'s loopback store."""
+        return LOCAL_BUCKET
+
+
+class EksClusterSpec(ClusterSpecBase):
+    """target eks: the EKS cluster the stack creates, its network and how `pulumi up` reaches its API server."""
+
+    region: str = "us-east-1"
+    """AWS region of the cluster and everything the stack creates."""
     api_endpoint: ApiEndpointSpec | None = None
-    """How `pulumi up` and kubectl reach the EKS API server (target eks, where it is required): private, from
-    inside the VPC, or public to listed addresses. Nodes always use the private endpoint."""
+    """How `pulumi up` and kubectl reach the EKS API server (required): private, from inside the VPC, or public to
+    listed addresses. Nodes always use the private endpoint."""
     vpc_cidr: str = "10.0.0.0/16"
-    """IPv4 range of the VPC the stack creates (target eks), /16 to /20: three quarters go to private subnets."""
+    """IPv4 range of the VPC the stack creates, /16 to /20: three quarters go to private subnets."""
     availability_zones: list[str] = Field(default_factory=list)
     """Zones for subnets and nodes (2-4, e.g. ['us-east-1a', 'us-east-1b']); defaults to three of the region's."""
     existing_private_subnet_ids: list[str] = Field(default_factory=list)
@@ -121,16 +202,14 @@ class ClusterSpec(_Spec):
     admin_role_arns: list[str] = Field(default_factory=list)
     """IAM roles granted cluster-admin by EKS access entries (the identity running pulumi up is admin already)."""
     system_nodes: Annotated[int, Field(ge=1, le=50)] = 2
-    """CPU nodes (catalog SYSTEM_INSTANCE_TYPE) for the gateway and monitoring; the group may grow to twice this."""
+    """CPU nodes (components.clouds.aws.prices.SYSTEM_INSTANCE_TYPE) for the gateway and monitoring; the group
+    may grow to twice this."""
     control_plane_log_retention_days: int = 90
     """Days CloudWatch keeps the EKS control-plane logs (a CloudWatch retention value: 1, 3, 5, 7, 14, 30, 60,
     90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922, 3288 or 3653)."""
     model_bucket: str | None = None
-    """Name of the S3 bucket the stack creates for the model store (target eks); defaults to
-    '<cluster>-<region>-models' (bucket names are global: set another if that one is taken)."""
-    account_id: AwsAccount | None = None
-    """AWS account the stack deploys into (12 digits, target eks): pulumi up refuses the credentials of any other
-    account, and the model store must belong to it."""
+    """Name of the S3 bucket the stack creates for the model store; defaults to '<cluster>-<region>-models'
+    (bucket names are global: set another if that one is taken)."""
     node_provisioner: NodeProvisioner = NodeProvisioner.MANAGED
     """GPU nodes from 'managed' EKS node groups (one per pool, min/max nodes from the models), or from
     'karpenter' NodePools (nodes of the pool's type launched for pending engines, up to the pool's GPUs)."""
@@ -138,6 +217,109 @@ class ClusterSpec(_Spec):
     """The EKS-optimized AL2023 AMI release Karpenter launches GPU nodes from ('v20250620' is
     amazon-eks-node-al2023-x86_64-nvidia-1.33-v20250620), with node_provisioner karpenter. Pinned like a chart
     version: a new AMI reaches nodes when you change it here, never by drift."""
+
+    launches_nodes: ClassVar[bool] = True
+    """EKS node groups (the Cluster Autoscaler's priority expander tries a reservation's group first, EC2's
+    prioritized allocation the fallbacks in order) or Karpenter NodePools."""
+
+    def model_store_bucket(self, spec: PlatformSpec) -> str:
+        """The bucket the stack creates: cluster.model_bucket, or '<cluster>-<region>-models'."""
+        return self.model_bucket or f"{spec.cluster_name}-{self.region}-models"
+
+    @property
+    def store_region(self) -> str:
+        """The cluster's: EKS Pod Identity gives the credentials, the region says where the bucket is."""
+        return self.region
+
+    def platform_problems(self, spec: PlatformSpec) -> Iterator[Problem]:
+        """The batch service's files and the model store share the platform's bucket; AWS names derive from the
+        cluster's."""
+        files = str(S3Files.model_fields["prefix"].default)
+        if spec.batch.enabled and f"{spec.model_store.prefix}/".startswith(files):
+            yield Problem(
+                "model_store.prefix",
+                f"{spec.model_store.prefix!r} is under {files!r}, where the batch service keeps its files in the same "
+                "bucket (and may delete them); choose another prefix",
+            )
+        # IAM role names (64 characters) are the cluster name, a job suffix and Pulumi's random suffix.
+        if len(spec.cluster_name) > MAX_EKS_CLUSTER_NAME:
+            yield Problem(
+                "cluster.name",
+                f"{spec.cluster_name!r} is {len(spec.cluster_name)} characters; AWS names derived from it allow at "
+                f"most {MAX_EKS_CLUSTER_NAME}: set a shorter cluster.name",
+            )
+
+    def api_endpoint_problems(self) -> list[Problem]:
+        """The way in must be stated, and a private one must lead into a VPC that already exists."""
+        endpoint = self.api_endpoint
+        if endpoint is None:
+            return [
+                Problem(
+                    "cluster.api_endpoint",
+                    "say how `pulumi up` reaches the EKS API: `{access: public, public_cidrs: [<your CI egress>]}`, "
+                    "or `{access: private, deployer_cidrs: [...]}` from inside an existing VPC",
+                )
+            ]
+        if endpoint.access is ApiAccess.PRIVATE and not self.existing_vpc_id:
+            return [
+                Problem(
+                    "cluster.api_endpoint.access",
+                    "a private endpoint answers only inside its VPC, and this stack creates that VPC, so nothing can "
+                    "reach the API on the first `pulumi up`: bring the VPC your runner or VPN is in (existing_vpc_id, "
+                    "existing_private_subnet_ids), or use access: public with public_cidrs",
+                )
+            ]
+        return []
+
+    def api_endpoint_note(self) -> str | None:
+        """Where `pulumi up` must run from."""
+        endpoint = self.api_endpoint
+        if endpoint is None:
+            return None
+        if endpoint.access is ApiAccess.PUBLIC:
+            return (
+                f"API endpoint: public to {', '.join(endpoint.public_cidrs)} only (and private for the nodes): run "
+                "`pulumi up` from there"
+            )
+        sources = [*endpoint.deployer_cidrs, *endpoint.deployer_security_group_ids]
+        return (
+            f"API endpoint: private, in VPC {self.existing_vpc_id}; HTTPS from {', '.join(sources)}: run "
+            "`pulumi up` there (a CI runner in the VPC, or over the VPN)"
+        )
+
+    def reservation_zone_problem(self, zone: str) -> str | None:
+        """The stack needs a subnet in the reservation's zone: one of the zones it creates subnets in."""
+        if self.existing_private_subnet_ids:
+            return (
+                "with existing_private_subnet_ids the stack cannot tell which subnet is in the reservation's zone; "
+                "reserve capacity in a stack that creates its VPC, or leave capacity_reservation out"
+            )
+        if zone not in self.availability_zones:
+            zones = ", ".join(self.availability_zones) or "the default ones"
+            return (
+                f"{zone} is not one of the stack's zones ({zones}); list it in "
+                "cluster.availability_zones so the stack has a subnet there"
+            )
+        return None
+
+    def multi_node_problem(self, pool: str) -> Problem | None:
+        """Karpenter's launch templates carry no EFA interfaces and no placement group; node groups' do."""
+        if self.node_provisioner is not NodeProvisioner.KARPENTER:
+            return None
+        return Problem(
+            "cluster.node_provisioner",
+            f"pool {pool!r} runs a model across nodes, which needs EFA interfaces and a cluster placement "
+            "group in its nodes' launch template: use node_provisioner managed (EKS node groups) for it",
+        )
+
+    def placement_group_problem(self) -> str | None:
+        """A placement group is in one zone, and the zones of existing subnets are not known here."""
+        if not self.existing_private_subnet_ids:
+            return None
+        return (
+            "a cluster placement group keeps its nodes in one zone, and the zones of existing_private_subnet_ids "
+            "are not known here; set placement_group: false, or let the stack create the VPC"
+        )
 
     @field_validator("vpc_cidr")
     @classmethod
@@ -203,7 +385,7 @@ class ClusterSpec(_Spec):
         return value
 
     @model_validator(mode="after")
-    def _network(self) -> ClusterSpec:
+    def _network(self) -> EksClusterSpec:
         zones = self.availability_zones
         if zones and not 2 <= len(zones) <= 4:
             raise ValueError(f"availability_zones: give 2 to 4 zones, not {len(zones)}")
@@ -231,3 +413,60 @@ class ClusterSpec(_Spec):
                 f"existing_vpc_id {self.existing_vpc_id!r} is not a VPC id; write e.g. 'vpc-0123456789abcdef0'"
             )
         return self
+
+
+ClusterSpec = EksClusterSpec | KubernetesClusterSpec | LocalClusterSpec
+"""The cluster section of a stack: the one ``SECTIONS`` names for its target."""
+
+SECTIONS: dict[Target, type[ClusterSpecBase]] = {
+    Target.EKS: EksClusterSpec,
+    Target.KUBERNETES: KubernetesClusterSpec,
+    Target.LOCAL: LocalClusterSpec,
+}
+"""Each target's cluster section. A target without an entry (one a test adds) reads the common fields only, as a
+cluster the stack finds."""
+
+
+def section_for(target: Target) -> type[ClusterSpecBase]:
+    return SECTIONS.get(target, KubernetesClusterSpec)
+
+
+def eks_section(spec: PlatformSpec) -> EksClusterSpec:
+    """The EKS section of a stack of target eks (the AWS code's way to its fields)."""
+    if not isinstance(spec.cluster, EksClusterSpec):
+        raise TypeError(f"target {spec.target.value} has no EKS cluster section")
+    return spec.cluster
+
+
+def parse(target: Target, value: Any) -> ClusterSpecBase:
+    """``value`` (the stack file's ``cluster``) as ``target``'s section. A key that only another target's section
+    has is refused naming the field and both targets, an unknown key listing the section's keys; every other
+    mistake as pydantic reports it, all at once."""
+    section = section_for(target)
+    if isinstance(value, section):
+        return value
+    if isinstance(value, ClusterSpecBase):  # the default, or another target's section: what it was given
+        value = value.model_dump(exclude_unset=True)
+    try:
+        return section.model_validate(value)
+    except ValidationError as err:
+        raise ValidationError.from_exception_data(
+            section.__name__, [_located(target, section, e) for e in err.errors()]
+        ) from None
+
+
+def _located(target: Target, section: type[ClusterSpecBase], error: Any) -> InitErrorDetails:
+    """One of pydantic's errors as it was, but a top-level key the section does not have, said plainly."""
+    loc = tuple(error["loc"])
+    if error["type"] == "extra_forbidden" and len(loc) == 1:
+        key = str(loc[0])
+        owners = [t.value for t, s in SECTIONS.items() if key in s.model_fields]
+        message = (
+            f"{key} is a field of target {' and '.join(owners)}; target {target.value} has no such field: remove it"
+            if owners
+            else f"unknown key {key!r}; known keys here: {', '.join(sorted(section.model_fields))}"
+        )
+        return InitErrorDetails(
+            type=PydanticCustomError("value_error", message), loc=loc, input=error["input"]
+        )
+    return InitErrorDetails(type=error["type"], loc=loc, input=error["input"], ctx=error.get("ctx", {}))

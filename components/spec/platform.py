@@ -7,12 +7,19 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from components.core.enums import Target
 from components.spec.base import AwsAccount, DnsLabel, PinnedImage, _Spec
-from components.spec.cluster import ClusterSpec
+from components.spec.cluster import SECTIONS, ClusterSpec, ClusterSpecBase, EksClusterSpec, parse
 from components.spec.gateway import RUNTIME_IMAGES, GatewaySpec
 from components.spec.model import ModelSpec
 from components.spec.pools import GpuPoolSpec
@@ -216,8 +223,9 @@ class PlatformSpec(_Spec):
     target: Target = Target.EKS
     """Where the stack runs: eks (an EKS cluster the stack creates on AWS), kubernetes (a cluster you bring,
     through Pulumi's default Kubernetes provider) or local (this machine, with `make local`)."""
-    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
-    """The cluster: region, Kubernetes version, namespace, network and access."""
+    cluster: ClusterSpec = Field(default_factory=EksClusterSpec)
+    """The cluster: its name, Kubernetes version and namespace, and the target's own fields (on eks its region,
+    network, API endpoint access and node provisioning); the target chooses which."""
     gpu_pools: list[GpuPoolSpec] = Field(default_factory=list)
     """Groups of identical GPU nodes; each GPU model runs on one (its pool, or the cheapest that fits)."""
     models: list[ModelSpec] = Field(min_length=1)
@@ -239,6 +247,16 @@ class PlatformSpec(_Spec):
     never the engines."""
     tags: dict[str, str] = Field(default_factory=dict)
     """Cost-allocation tags on every cloud resource."""
+
+    @field_validator("cluster", mode="wrap")
+    @classmethod
+    def _cluster_of_the_target(
+        cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> ClusterSpecBase | Any:
+        """The target's section (``components.spec.cluster.parse``); with no valid target, left as given (the
+        target's own error is reported)."""
+        target = info.data.get("target")
+        return parse(target, value) if target is not None else value
 
     @model_validator(mode="after")
     def _cross_section_rules(self) -> PlatformSpec:
@@ -271,9 +289,22 @@ class PlatformSpec(_Spec):
 
 
 def spec_json_schema() -> dict[str, Any]:
-    """JSON Schema of a whole stack file (`config: {inferstack:platform: ...}`), for editor completion."""
+    """JSON Schema of a whole stack file (`config: {inferstack:platform: ...}`), for editor completion. The
+    cluster section is a union discriminated by the sibling ``target``: one ``if``/``then`` per target (an absent
+    target is the default's), so an editor offers and checks exactly the target's cluster fields."""
     platform = PlatformSpec.model_json_schema()
     defs = platform.pop("$defs", {})
+    default = PlatformSpec.model_fields["target"].default
+    platform["allOf"] = [
+        {
+            "if": {
+                "properties": {"target": {"const": target.value}},
+                **({} if target is default else {"required": ["target"]}),
+            },
+            "then": {"properties": {"cluster": {"$ref": f"#/$defs/{section.__name__}"}}},
+        }
+        for target, section in SECTIONS.items()
+    ]
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "inferstack stack file",

@@ -3,7 +3,8 @@
 A field's own rule lives on its model; a rule that reads two sections (the gateway's mode and a model's routing,
 the target and the cluster's name) lives here, registered with ``@rule``, so a stack file with several such
 mistakes hears of all of them in one run (``PlatformSpec`` runs every rule and reports what they found together).
-Rules that also need the hardware catalog are placement's (``components.core.placement``), reported with the same paths.
+Rules that also need the hardware catalog are placement's (``components.core.placement``), reported with the same paths;
+a target's own rules are its cluster section's (``components.spec.cluster``), run by one rule here.
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from collections.abc import Callable, Iterator
 
 from components.core.enums import Target
 from components.core.problems import Problem
-from components.spec.base import HF_REPO, MAX_EKS_CLUSTER_NAME
+from components.spec.base import HF_REPO
 from components.spec.model import ModelSpec
 from components.spec.platform import Autoscaler, PlatformSpec
-from runtime.config import S3Files
 from runtime.engines import Signal, facts
 
 Rule = Callable[[PlatformSpec], Iterator[Problem]]
@@ -198,23 +198,7 @@ def batches_need_the_router(spec: PlatformSpec) -> Iterator[Problem]:
 
 
 @rule
-def batch_files_apart_from_the_store(spec: PlatformSpec) -> Iterator[Problem]:
-    """On eks both live in the platform's bucket, and the batch service may delete anything under its prefix."""
-    files = str(S3Files.model_fields["prefix"].default)
-    if spec.batch.enabled and spec.target is Target.EKS and f"{spec.model_store.prefix}/".startswith(files):
-        yield Problem(
-            "model_store.prefix",
-            f"{spec.model_store.prefix!r} is under {files!r}, where the batch service keeps its files in the same "
-            "bucket (and may delete them); choose another prefix",
-        )
-
-
-@rule
-def eks_name_length(spec: PlatformSpec) -> Iterator[Problem]:
-    """IAM role names (64 characters) are the cluster name, a job suffix and Pulumi's random suffix."""
-    if spec.target is Target.EKS and len(spec.cluster_name) > MAX_EKS_CLUSTER_NAME:
-        yield Problem(
-            "cluster.name",
-            f"{spec.cluster_name!r} is {len(spec.cluster_name)} characters; AWS names derived from it allow at most "
-            f"{MAX_EKS_CLUSTER_NAME}: set a shorter cluster.name",
-        )
+def the_targets_own_rules(spec: PlatformSpec) -> Iterator[Problem]:
+    """What the target's cluster section checks across sections (on eks: the batch service's files apart from
+    the model store in the platform's bucket, the cluster's name short enough for AWS names)."""
+    yield from spec.cluster.platform_problems(spec)

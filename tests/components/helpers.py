@@ -13,7 +13,7 @@ import yaml
 
 from components.deploy import synthesis as plan
 from components.render import alerts, common, dashboards, scaling
-from components.spec import ModelSpec, PlatformSpec
+from components.spec import KubernetesClusterSpec, ModelSpec, PlatformSpec
 
 #: The hub commit of meta-llama/Llama-3.1-8B-Instruct the committed stacks pin.
 LLAMA_8B_COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
@@ -53,8 +53,10 @@ OWN_STORE: dict[str, Any] = {
 
 
 def on_own_cluster(raw: dict[str, Any]) -> dict[str, Any]:
-    """``raw`` as a target kubernetes stack, with its model store."""
-    return {**raw, "target": "kubernetes", "model_store": copy.deepcopy(OWN_STORE)}
+    """``raw`` as a target kubernetes stack, with its model store; its cluster keeps what every cluster has (an
+    eks stack's own fields, such as MINIMAL's api_endpoint, are refused on kubernetes)."""
+    common = {k: v for k, v in raw.get("cluster", {}).items() if k in KubernetesClusterSpec.model_fields}
+    return {**raw, "target": "kubernetes", "cluster": common, "model_store": copy.deepcopy(OWN_STORE)}
 
 
 def cluster(**fields: Any) -> dict[str, Any]:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
+import yaml
 
+from components.cli.main import SCHEMA_PATH
 from components.core.problems import SpecError
 from components.core.stackfile import STACKS_DIR, available_stacks, load
 from tests.components.helpers import LLAMA_8B_COMMIT, minimal, write_stack
@@ -108,6 +112,12 @@ def _fp8_on_ampere(spec: dict[str, Any]) -> None:
 def _pool_too_small(spec: dict[str, Any]) -> None:
     spec["gpu_pools"][0]["max_nodes"] = 1
     spec["models"][0]["scaling"]["max_replicas"] = 3
+
+
+def _on_local(spec: dict[str, Any]) -> None:
+    """The minimal stack on this machine: target local, without the eks cluster section."""
+    spec["target"] = "local"
+    del spec["cluster"]
 
 
 def _unpinned_source(source: str) -> Callable[[dict[str, Any]], None]:
@@ -292,9 +302,21 @@ BAD_INPUTS: list[tuple[str, Callable[[dict[str, Any]], None], str, list[str]]] =
     ),
     (
         "gpu model on target local",
-        _set("target", "local"),
+        _on_local,
         "models[0].engine.device",
         ["set engine.device: cpu"],
+    ),
+    (
+        "an eks field on a cluster you bring",
+        lambda spec: spec.update(target="kubernetes"),
+        "cluster.api_endpoint",
+        ["api_endpoint is a field of target eks", "target kubernetes has no such field"],
+    ),
+    (
+        "an unknown key in the cluster section",
+        lambda spec: spec.update(target="kubernetes", cluster={"namespce": "ml"}),
+        "cluster.namespce",
+        ["unknown key 'namespce'", "known keys here: account_id, kubernetes_version, name, namespace"],
     ),
     (
         "cpu engine with tensor parallelism",
@@ -449,3 +471,29 @@ def test_mistakes_across_three_sections_are_all_reported_in_one_run(tmp_path: Pa
     paths = [p.message.split(":", 1)[0] for p in caught.value.problems]
     assert {"addons.autoscaler", "gateway.shared_limits", "cluster.name"} <= set(paths), caught.value.render()
     assert "Traceback" not in caught.value.render()
+
+
+ROOT = Path(__file__).resolve().parents[2]
+STACK_FILES = sorted(p for d in ("stacks", "examples", "tests") for p in (ROOT / d).rglob("Pulumi.*.yaml"))
+
+
+@pytest.mark.parametrize("path", STACK_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_stack_file_matches_the_committed_json_schema(path: Path) -> None:
+    """The schema editors read (`inferstack schema`): its cluster section is a union chosen by the target."""
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+    errors = [e.message for e in validator.iter_errors(yaml.safe_load(path.read_text()))]
+    assert errors == []
+
+
+def test_the_json_schema_gives_each_target_its_own_cluster_section() -> None:
+    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+    eks_field = {"vpc_cidr": "10.0.0.0/16"}
+
+    def errors(**platform: Any) -> list[str]:
+        document = {"config": {"inferstack:platform": {**minimal(), **platform}}}
+        return [e.message for e in validator.iter_errors(document)]
+
+    assert errors(cluster=eks_field) == []  # eks, the default target
+    assert errors(target="kubernetes", cluster={"namespace": "ml"}) == []
+    assert any("vpc_cidr" in e for e in errors(target="kubernetes", cluster=eks_field))
+    assert any("vpc_cidr" in e for e in errors(target="local", cluster=eks_field))

@@ -17,7 +17,7 @@ from typing import Any
 
 from components.core import nodes
 from components.render.addons import Release
-from components.spec import IngressKind, NodeProvisioner, PlatformSpec
+from components.spec import IngressKind, NodeProvisioner, PlatformSpec, eks_section
 
 LB_CONTROLLER_SERVICE_ACCOUNT = ("kube-system", "aws-load-balancer-controller")
 CLUSTER_AUTOSCALER_SERVICE_ACCOUNT = ("kube-system", "cluster-autoscaler")
@@ -30,7 +30,7 @@ def aws_load_balancer_controller(spec: PlatformSpec, vpc_id: Any = None) -> Rele
     namespace, account = LB_CONTROLLER_SERVICE_ACCOUNT
     values: dict[str, Any] = {
         "clusterName": spec.cluster_name,
-        "region": spec.cluster.region,
+        "region": eks_section(spec).region,
         "serviceAccount": {"create": True, "name": account},
     }
     if vpc_id is not None:
@@ -63,7 +63,7 @@ def cluster_autoscaler(spec: PlatformSpec, priorities: dict[int, list[str]] | No
         namespace=namespace,
         values={
             "autoDiscovery": {"clusterName": spec.cluster_name},
-            "awsRegion": spec.cluster.region,
+            "awsRegion": eks_section(spec).region,
             "cloudProvider": "aws",
             # The autoscaler's minor version must match the cluster's.
             "image": {"tag": f"v{spec.cluster.kubernetes_version}.0"},
@@ -120,7 +120,7 @@ def releases(
     if spec.gateway.ingress is IngressKind.ALB and addons.install_aws_load_balancer_controller:
         out.append(aws_load_balancer_controller(spec, vpc_id))
     if (
-        spec.cluster.node_provisioner is NodeProvisioner.MANAGED
+        eks_section(spec).node_provisioner is NodeProvisioner.MANAGED
         and spec.gpu_pools
         and addons.install_cluster_autoscaler
     ):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pulumi
 
 from components.clouds.aws import addons, controller_policies, iam, identity
-from components.spec import PlatformSpec
+from components.spec import PlatformSpec, eks_section
 
 
 class ClusterAutoscaler(pulumi.ComponentResource):
@@ -31,10 +31,12 @@ class ClusterAutoscaler(pulumi.ComponentResource):
         role = identity.ServiceRole(
             f"{name}-autoscaler",
             iam.pod_identity_trust(),
-            spec.cluster.region,
+            eks_section(spec).region,
             tags,
             on_aws,
-            inline={"scale": iam.dumps(controller_policies.cluster_autoscaler(spec.cluster.region, name))},
+            inline={
+                "scale": iam.dumps(controller_policies.cluster_autoscaler(eks_section(spec).region, name))
+            },
             description=f"Cluster Autoscaler of {name}",
         )
         association = identity.pod_identity(

@@ -13,7 +13,7 @@ from components.core.cost import LineItem
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
 from components.render import common, ingress, weights
-from components.spec import PlatformSpec, Target
+from components.spec import PlatformSpec, Target, eks_section
 from runtime.config import S3Files
 
 BATCH_FILES_PREFIX = "batches/"
@@ -76,9 +76,9 @@ class AwsCloud:
 
     def cluster_network(self, spec: PlatformSpec) -> list[str]:
         """The VPC the stack creates; existing subnets' VPC range is not known, so the private ranges."""
-        if spec.cluster.existing_private_subnet_ids:
+        if eks_section(spec).existing_private_subnet_ids:
             return list(PRIVATE_CIDRS)
-        return [spec.cluster.vpc_cidr]
+        return [eks_section(spec).vpc_cidr]
 
     def load_balancer_ingress(self, spec: PlatformSpec) -> IngressClass:
         return ingress.alb_ingress(spec)
@@ -95,7 +95,7 @@ class AwsCloud:
     def batch_files(self, spec: PlatformSpec) -> S3Files:
         """The platform bucket (its name comes from the stack at deploy time) under ``batches/``; the batch
         service's Pod Identity role may touch that prefix only (``components.clouds.aws.layer``)."""
-        return S3Files(prefix=BATCH_FILES_PREFIX, region=spec.cluster.region)
+        return S3Files(prefix=BATCH_FILES_PREFIX, region=eks_section(spec).region)
 
     def model_writer(self, spec: PlatformSpec) -> tuple[str, str]:
         """The preparation Jobs' service account: EKS Pod Identity lets it write the store's prefix."""

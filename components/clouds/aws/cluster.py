@@ -14,7 +14,7 @@ import pulumi_kubernetes as k8s
 
 from components.clouds.aws import decisions, iam, identity, key_policies
 from components.clouds.aws.keys import rotating_key
-from components.spec import ApiAccess, ApiEndpointSpec, PlatformSpec
+from components.spec import ApiAccess, ApiEndpointSpec, PlatformSpec, eks_section
 
 API_PORT = 443
 
@@ -79,7 +79,7 @@ class Cluster(pulumi.ComponentResource):
         name = spec.cluster_name
         super().__init__("inferstack:aws:Cluster", name, None, opts)
         self.spec, self.tags = spec, tags
-        region = spec.cluster.region
+        region = eks_section(spec).region
         child = pulumi.ResourceOptions(parent=self)
         key = rotating_key(
             f"{name}-secrets",
@@ -92,7 +92,7 @@ class Cluster(pulumi.ComponentResource):
         log_group = aws.cloudwatch.LogGroup(
             f"{name}-control-plane",
             name=decisions.control_plane_log_group(spec),
-            retention_in_days=spec.cluster.control_plane_log_retention_days,
+            retention_in_days=eks_section(spec).control_plane_log_retention_days,
             kms_key_id=logs_key_arn,
             tags=tags,
             opts=child,
@@ -111,7 +111,7 @@ class Cluster(pulumi.ComponentResource):
             },
             description=f"EKS control plane of {name}",
         )
-        endpoint = spec.cluster.api_endpoint
+        endpoint = eks_section(spec).api_endpoint
         if endpoint is None:  # the spec requires it on target eks; never reached from a validated spec
             raise pulumi.RunError("cluster.api_endpoint is required on target eks")
         public = endpoint.access is ApiAccess.PUBLIC
@@ -197,8 +197,8 @@ class Cluster(pulumi.ComponentResource):
     def _admins(self, spec: PlatformSpec) -> list[pulumi.Resource]:
         """Cluster-admin access entries for the spec's admin roles."""
         out: list[pulumi.Resource] = []
-        policy = iam.access_policy_arn(spec.cluster.region, iam.EKS_CLUSTER_ADMIN_POLICY)
-        for arn in spec.cluster.admin_role_arns:
+        policy = iam.access_policy_arn(eks_section(spec).region, iam.EKS_CLUSTER_ADMIN_POLICY)
+        for arn in eks_section(spec).admin_role_arns:
             resource = f"{spec.cluster_name}-admin-{_role_short_name(arn)}"
             entry = aws.eks.AccessEntry(
                 resource,

@@ -22,6 +22,7 @@ from components.spec import (
     GpuPoolSpec,
     PlatformSpec,
     ReservationKind,
+    eks_section,
 )
 
 # Tag keys every AWS resource carries (plus the spec's cost-allocation tags).
@@ -119,9 +120,9 @@ def tags(spec: PlatformSpec, stack: str) -> dict[str, str]:
 
 
 def zones(spec: PlatformSpec) -> list[str]:
-    if spec.cluster.availability_zones:
-        return list(spec.cluster.availability_zones)
-    region = spec.cluster.region
+    if eks_section(spec).availability_zones:
+        return list(eks_section(spec).availability_zones)
+    region = eks_section(spec).region
     letters = _ZONE_LETTERS.get(region, "abc")[:DEFAULT_ZONES]
     return [f"{region}{letter}" for letter in letters]
 
@@ -155,7 +156,7 @@ class NetworkPlan:
 def network_plan(spec: PlatformSpec) -> NetworkPlan:
     """Private subnets take three of the VPC's four quarters (pods get VPC addresses); public ones share the
     fourth in /(prefix+6) blocks: load balancers and NAT gateways need few addresses."""
-    c = spec.cluster
+    c = eks_section(spec)
     if c.existing_private_subnet_ids:
         return NetworkPlan(
             create_vpc=False,
@@ -206,7 +207,7 @@ def karpenter_launch(spec: PlatformSpec, tags: dict[str, str]) -> NodeLaunch:
         imds_hop_limit=IMDS_HOP_LIMIT,
         root_device=ROOT_DEVICE,
         tags=tags,
-        ami_version=spec.cluster.karpenter_ami_version,
+        ami_version=eks_section(spec).karpenter_ami_version,
     )
 
 
@@ -256,7 +257,7 @@ class NodeGroupPlan:
 
 def node_role_name(spec: PlatformSpec) -> str:
     """A fixed name (Karpenter's node classes name the role): IAM is global, so the region is part of it."""
-    return f"{spec.cluster_name}-{spec.cluster.region}-node"[:64]
+    return f"{spec.cluster_name}-{eks_section(spec).region}-node"[:64]
 
 
 def node_group_name(spec: PlatformSpec, pool: str) -> str:
@@ -350,7 +351,7 @@ def autoscaler_priorities(groups: list[NodeGroupPlan]) -> dict[int, list[str]]:
 
 def system_node_group(spec: PlatformSpec) -> NodeGroupPlan:
     """CPU nodes for the gateway, monitoring, CoreDNS and controllers; untainted."""
-    n = spec.cluster.system_nodes
+    n = eks_section(spec).system_nodes
     return NodeGroupPlan(
         pool=SYSTEM_POOL,
         node_group_name=node_group_name(spec, SYSTEM_POOL),

@@ -17,7 +17,7 @@ from components.clouds.aws import controller_policies, data_policies, decisions,
 from components.core.placement import PoolPlan
 from components.kubernetes.manifests import apply
 from components.render import karpenter, weights
-from components.spec import PlatformSpec
+from components.spec import PlatformSpec, eks_section
 
 QUEUE_RETENTION_S = 300
 
@@ -47,7 +47,7 @@ class Karpenter(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         name = spec.cluster_name
-        region = spec.cluster.region
+        region = eks_section(spec).region
         super().__init__("inferstack:aws:Karpenter", name, None, opts)
         on_aws = pulumi.ResourceOptions.merge(aws_opts, pulumi.ResourceOptions(parent=self))
         # The queue's name is what the chart is told; Karpenter reads interruption events from it.

@@ -11,7 +11,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components.clouds.aws import decisions, iam, key_policies
-from components.spec import PlatformSpec
+from components.spec import PlatformSpec, eks_section
 
 
 class PlatformKeys(pulumi.ComponentResource):
@@ -31,7 +31,7 @@ class PlatformKeys(pulumi.ComponentResource):
     ) -> None:
         name = spec.cluster_name
         super().__init__("inferstack:aws:PlatformKeys", name, None, opts)
-        region = spec.cluster.region
+        region = eks_section(spec).region
         log_groups = [decisions.flow_log_group(spec), decisions.control_plane_log_group(spec)]
         self.logs = self._key(
             spec, "logs", account_id.apply(lambda a: key_policies.logs_key(region, a, log_groups)), tags

@@ -29,7 +29,7 @@ from components.core.placement import Layout
 from components.deploy.secrets import limit_store_token
 from components.kubernetes.cluster import ClusterAccess
 from components.render import batches
-from components.spec import NodeProvisioner, PlatformSpec
+from components.spec import NodeProvisioner, PlatformSpec, eks_section
 
 
 class AwsLayer(pulumi.ComponentResource):
@@ -45,7 +45,7 @@ class AwsLayer(pulumi.ComponentResource):
     ) -> None:
         name = spec.cluster_name
         super().__init__("inferstack:aws:AwsLayer", name, None, opts)
-        region = spec.cluster.region
+        region = eks_section(spec).region
         self.tags = tags = decisions.tags(spec, stack)
         account = spec.cluster.account_id
         provider = aws.Provider(
@@ -86,7 +86,7 @@ class AwsLayer(pulumi.ComponentResource):
         )
         before_nodes = [node_role, *self.cluster.addons.values()]
         self.node_groups: dict[str, NodeGroup] = {}
-        karpenter = spec.cluster.node_provisioner is NodeProvisioner.KARPENTER
+        karpenter = eks_section(spec).node_provisioner is NodeProvisioner.KARPENTER
         # With Karpenter, only the system group is managed; GPU nodes come from its NodePools.
         plans = [decisions.system_node_group(spec)] if karpenter else decisions.node_groups(spec, layout)
         self.node_group_plans = plans

@@ -16,7 +16,7 @@ from components.clouds.aws import decisions, iam, key_policies
 from components.clouds.aws.cloud import EKS
 from components.clouds.aws.keys import rotating_key
 from components.render.limit_store import PORT
-from components.spec import PlatformSpec
+from components.spec import PlatformSpec, eks_section
 
 
 class ManagedLimitStore(pulumi.ComponentResource):
@@ -35,7 +35,7 @@ class ManagedLimitStore(pulumi.ComponentResource):
         name = f"{spec.cluster_name}-limits"
         super().__init__("inferstack:aws:ManagedLimitStore", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        region = spec.cluster.region
+        region = eks_section(spec).region
         self.key = rotating_key(
             name,
             alias=f"alias/{name}",

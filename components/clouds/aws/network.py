@@ -16,7 +16,7 @@ import pulumi_aws as aws
 
 from components.clouds.aws import data_policies, decisions, iam
 from components.clouds.aws.identity import ServiceRole
-from components.spec import PlatformSpec
+from components.spec import PlatformSpec, eks_section
 
 
 class Network(pulumi.ComponentResource):
@@ -127,7 +127,7 @@ class Network(pulumi.ComponentResource):
         aws.ec2.VpcEndpoint(
             f"{name}-s3",
             vpc_id=vpc.id,
-            service_name=f"com.amazonaws.{spec.cluster.region}.s3",
+            service_name=f"com.amazonaws.{eks_section(spec).region}.s3",
             vpc_endpoint_type="Gateway",
             route_table_ids=[rt.id for rt in private_tables],
             tags={**tags, "Name": f"{name}-s3"},
@@ -157,7 +157,7 @@ class Network(pulumi.ComponentResource):
     ) -> aws.ec2.FlowLog:
         """Accepted and rejected traffic of the whole VPC into a KMS-encrypted log group kept a year."""
         name = f"{spec.cluster_name}-flow-logs"
-        region = spec.cluster.region
+        region = eks_section(spec).region
         child = pulumi.ResourceOptions(parent=self)
         group = aws.cloudwatch.LogGroup(
             name,

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from components.spec import AdapterSpec, ModelSpec, PlatformSpec, Target
-
-LOCAL_BUCKET = "inferstack-local"
-"""The loopback store of `make local S3=1`."""
+from components.spec import AdapterSpec, ModelSpec, PlatformSpec
 
 
 def store_bucket(spec: PlatformSpec) -> str | None:
-    """The store's bucket: eks names (or defaults) the one it creates; target kubernetes names an existing one."""
-    if spec.target is Target.EKS:
-        return spec.cluster.model_bucket or f"{spec.cluster_name}-{spec.cluster.region}-models"
-    if spec.target is Target.LOCAL:
-        return LOCAL_BUCKET
-    return spec.model_store.bucket
+    """The store's bucket, as the target's cluster section says: eks names (or defaults) the one it creates,
+    target kubernetes names an existing one, `make local S3=1` has its loopback bucket."""
+    return spec.cluster.model_store_bucket(spec)
 
 
 def location(spec: PlatformSpec, model: ModelSpec) -> str:
