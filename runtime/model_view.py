@@ -67,6 +67,10 @@ class ModelView(ABC, Generic[R]):
     def replicas_changed(self) -> None:
         """The replica list was replaced (after ``set_replicas``)."""
 
+    def health_changed(self, replica: R) -> None:
+        """The health feed or a probe changed whether ``replica`` may take traffic (after ``probed`` or
+        ``runtime.fleet_feed.apply_signals`` said so)."""
+
     def set_replicas(self, urls: list[str], previous: Mapping[str, R] | None = None) -> None:
         """The replicas discovery reports now. Survivors (here or in ``previous``, the state a reload
         replaced) keep their counters, latency and circuit; a replica whose concurrency cap changed

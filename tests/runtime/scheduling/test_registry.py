@@ -10,7 +10,7 @@ import pytest
 
 import runtime.scheduling.scorers
 from runtime.config import StrategyConfig
-from runtime.router.backends import Backend, Breaker
+from runtime.router.replicas import Breaker, Replica
 from runtime.scheduling import (
     PRESETS,
     Category,
@@ -112,7 +112,7 @@ def test_a_plugin_that_cannot_be_imported_is_a_problem_naming_it() -> None:
 
 
 def test_the_router_backend_is_an_endpoint_of_the_library() -> None:
-    backends = [Backend(f"http://10.0.0.{i}:8000", 4, Breaker(1, 1.0)) for i in range(2)]
+    backends = [Replica(f"http://10.0.0.{i}:8000", 4, Breaker(1, 1.0)) for i in range(2)]
     backends[0].inflight = 3
     assert build(StrategyConfig(name="least_load")).pick(backends, Context(model="m", now=1.0)) is backends[1]
 
