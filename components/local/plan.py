@@ -522,7 +522,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         if spec.batch.enabled:  # behind Envoy there is no router to serve the Batch API (the banner says so)
             services.append(
                 ServiceLaunch(
-                    "batches", "runtime.batches", options.batches_port, "--batches-port", restart=True
+                    "batches", "runtime.batch_service", options.batches_port, "--batches-port", restart=True
                 )
             )
         services += router_services(options)
