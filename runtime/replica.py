@@ -3,7 +3,7 @@
 Plain mutable state, shared by every front end (each front end's ``Replica``, in ``runtime.router.replicas``
 and ``runtime.picker.replicas``, extends it with what only it needs): updated by the front end (in-flight, TTFT, outcomes)
 and by the health feed or its own probe (engine queue, KV usage, health), and read by the scheduler,
-whose ``Endpoint`` view it satisfies as it is. No I/O here.
+whose ``Replica`` protocol (``runtime.scheduling``) it satisfies as it is. No I/O here.
 """
 
 from __future__ import annotations

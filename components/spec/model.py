@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, ClassVar
+from typing import TYPE_CHECKING, Annotated, ClassVar
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, create_model, field_validator, model_validator
 
 from components.core import catalog
 from components.core.enums import Device, DType
@@ -35,7 +35,9 @@ from runtime.config import (
     RouterSettings,
     StrategyName,
     Task,
+    knob_field,
     reads_engine_events,
+    routing_knobs,
     routing_knobs_read,
     routing_scorers,
     strategy_field,
@@ -125,20 +127,30 @@ class SloSpec(_Spec):
     always have a warm replica, and min_replicas 0 is refused."""
 
 
-class RoutingSpec(_Spec):
+class _RoutingFields(_Spec):
+    strategy: StrategyName = Field(default="prefix_aware", description=strategy_field("name").description)
+    weights: dict[BuiltinScorerName, Annotated[float, Field(ge=0)]] = strategy_field("weights")
+
+
+# then a field per knob a stack file may set per model, from the router's records (``Knob.stack``), by name
+if TYPE_CHECKING:
+    _RoutingKnobs = _RoutingFields
+else:
+    _RoutingKnobs = create_model(
+        "RoutingKnobs",
+        __base__=_RoutingFields,
+        __module__=__name__,
+        **{name: (knob.type, knob_field(knob)) for name, knob in routing_knobs().items()},
+    )
+
+
+class RoutingSpec(_RoutingKnobs):
     """How the gateway spreads this model's requests over its replicas: a named strategy (a preset blend
     of scorers), weights that adjust the blend, and the knobs of the scorers it uses. Names, ranges and
     descriptions come from the router's registry (``runtime.config``), so a typo fails here, at plan."""
 
-    KNOBS: ClassVar[frozenset[str]] = frozenset(
-        {"load_guard_ratio", "prefix_balance_factor", "prefix_block_tokens"}
-    )
+    KNOBS: ClassVar[frozenset[str]] = frozenset(routing_knobs())
 
-    strategy: StrategyName = Field(default="prefix_aware", description=strategy_field("name").description)
-    weights: dict[BuiltinScorerName, Annotated[float, Field(ge=0)]] = strategy_field("weights")
-    load_guard_ratio: float = strategy_field("load_guard_ratio")
-    prefix_balance_factor: float = strategy_field("prefix_balance_factor")
-    prefix_block_tokens: int = strategy_field("prefix_block_tokens")
     priority: int | None = None
     """gateway.mode inference-extension: the request priority of this model's InferenceObjective
     (inference.networking.x-k8s.io/v1alpha2): under load the gateway serves higher first and may shed
@@ -149,7 +161,7 @@ class RoutingSpec(_Spec):
     def _knobs_take_effect(self) -> RoutingSpec:
         read = routing_knobs_read(self.strategy, self.weights)
         for knob in sorted((self.model_fields_set & self.KNOBS) - read):
-            readers = " or ".join(n for n, info in routing_scorers().items() if knob in info.knobs)
+            readers = " or ".join(n for n, info in routing_scorers().items() if knob in info.knob_names)
             raise ValueError(
                 f"{knob} has no effect with strategy {self.strategy!r} and these weights (only the {readers}"
                 " scorer reads it): remove it, or choose a strategy or weights that use that scorer"

@@ -15,6 +15,7 @@ from runtime.model_view import ModelView
 from runtime.router.replicas import Replica
 from runtime.router.waitline import WaitQueue
 from runtime.scheduling import Context, Need
+from runtime.scheduling.scorers.prefix import PREFIX_MAX_BLOCKS
 
 if TYPE_CHECKING:  # imported when a model follows KV events: tokenizers, jinja2 and zmq cost ~10 MiB of RSS
     from runtime.router.cache_view import ModelCacheView
@@ -44,7 +45,7 @@ class ModelState(ModelView[Replica]):
         self.waking: asyncio.Task[None] | None = None
         # the engines' KV events, for a strategy that reads them (set by the fleet: kept across reloads)
         self.needs_blocks = Need.PROMPT_BLOCKS in self.strategy.needs and target.kv_events is not None
-        self.max_blocks = route.strategy.prefix_max_blocks
+        self.max_blocks = PREFIX_MAX_BLOCKS.read(route.strategy)
         self.kv: ModelCacheView | None = None
 
     def _replica(self, url: str, cap: int) -> Replica:
