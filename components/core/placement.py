@@ -27,6 +27,7 @@ from components.spec import (
     Target,
     is_hub_source,
     is_local_path,
+    is_pinned_source,
 )
 
 # Node resources the kubelet, system daemons and DaemonSets keep; the rest is shared by the GPUs' replicas.
@@ -393,7 +394,7 @@ def _store_rules(spec: PlatformSpec) -> list[Problem]:
     for i, model in enumerate(spec.models):
         if spec.target is Target.LOCAL or model.is_local_path:
             continue
-        if model.is_hub and model.revision is None:
+        if not is_pinned_source(model.source, model.revision):
             problems.append(
                 Problem(
                     f"models[{i}].revision",
@@ -424,7 +425,7 @@ def _store_rules(spec: PlatformSpec) -> list[Problem]:
                 )
             if not adapter.is_hub:
                 continue
-            if adapter.revision is None:  # the spec refuses a revision that is not a commit
+            if not is_pinned_source(adapter.source, adapter.revision):
                 problems.append(
                     Problem(
                         f"models[{i}].adapters[{j}].revision",
@@ -444,7 +445,7 @@ def _store_rules(spec: PlatformSpec) -> list[Problem]:
         for j, version in enumerate(model.versions):
             if version.source is None or not is_hub_source(version.source):
                 continue
-            if model.version_revision(version) is None:
+            if not is_pinned_source(version.source, model.version_revision(version)):
                 problems.append(
                     Problem(
                         f"models[{i}].versions[{j}].revision",

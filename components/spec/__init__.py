@@ -55,6 +55,8 @@ from components.spec.base import (
     hub_commit,
     is_hub_source,
     is_local_path,
+    is_pinned_revision,
+    is_pinned_source,
 )
 from components.spec.cluster import (
     ANYWHERE_IPV4,
@@ -201,5 +203,7 @@ __all__ = [
     "hub_commit",
     "is_hub_source",
     "is_local_path",
+    "is_pinned_revision",
+    "is_pinned_source",
     "spec_json_schema",
 ]

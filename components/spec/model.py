@@ -21,6 +21,7 @@ from components.spec.base import (
     _Spec,
     is_hub_source,
     is_local_path,
+    is_pinned_source,
 )
 from components.spec.engine import ArchitectureSpec, EngineSpec, engines_that
 from components.spec.versions import (
@@ -202,8 +203,9 @@ class AdapterSpec(_Spec):
     """Hugging Face repo id ('org/name', pinned by revision), an 's3://bucket/prefix/' holding
     adapter_config.json and adapter_model.safetensors, or (target local) a local directory."""
     revision: HubCommit | None = None
-    """Hugging Face sources: the hub commit (40 hex digits) to fetch, as for a model; required on a cluster,
-    where the adapter is copied into the model store at that commit. Not for S3 or local sources."""
+    """Hugging Face sources: the hub commit (40 hex digits, never a branch or tag, which move) to fetch, as for a
+    model; required on a cluster, where the adapter is copied into the model store at that commit. Not for S3 or
+    local sources."""
     rank: Annotated[int, Field(ge=1, le=512)]
     """The adapter's LoRA rank (adapter_config.json "r"); at most engine.lora.max_rank."""
 
@@ -227,8 +229,9 @@ class AdapterSpec(_Spec):
 
     @property
     def pinned(self) -> bool:
-        """A source that cannot change under the same spec: a hub commit, an S3 prefix, a local directory."""
-        return not self.is_hub or self.revision is not None
+        """A source that cannot change under the same spec: a hub commit, an S3 prefix, a local directory (the one
+        rule, ``is_pinned_source``, that the plan-time rule and the policy pack's adapter rule ask too)."""
+        return is_pinned_source(self.source, self.revision)
 
 
 class ModelSpec(_Spec):
