@@ -1,13 +1,16 @@
-"""What the sections of the spec share: the base model, the name and image patterns, the pinned-source rules."""
+"""What the sections of the spec share: the base model, the name and image patterns, the pinned-source rules, and
+``every_problem``, which runs each of a section's checks so a section hears of all its mistakes."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
 from functools import partial
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from runtime.revision import HUB_COMMIT as HUB_COMMIT  # noqa: PLC0414 - re-exported: the spec's name for it
 from runtime.revision import is_pinned_revision as is_pinned_revision  # noqa: PLC0414 - re-exported
@@ -57,6 +60,32 @@ HubCommit = Annotated[str, AfterValidator(hub_commit)]
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+def every_problem(section: str, *checks: Callable[[], object]) -> None:
+    """Run every check of a section (each raises ValueError at its first problem) and raise what they all found, one
+    error each: pydantic runs a model's validators in turn and stops at the first that raises, so a section with
+    mistakes in two of its parts would hear of one."""
+    found: list[str] = []
+    for check in checks:
+        try:
+            check()
+        except ValidationError:
+            raise  # already located errors (none of the checks raise one): not a check's message
+        except ValueError as err:
+            found.append(str(err))
+    if found:
+        raise ValidationError.from_exception_data(
+            section,
+            [
+                InitErrorDetails(
+                    type=PydanticCustomError("value_error", "{problem}", {"problem": message}),
+                    loc=(),
+                    input=None,
+                )
+                for message in found
+            ],
+        )
 
 
 AUTO = "auto"

@@ -19,6 +19,7 @@ from components.spec.base import (
     HubCommit,
     _checked_source,
     _Spec,
+    every_problem,
     is_hub_source,
     is_local_path,
     is_pinned_source,
@@ -318,6 +319,20 @@ class ModelSpec(_Spec):
         return _checked_source(value)
 
     @model_validator(mode="after")
+    def _rules(self) -> ModelSpec:
+        """Each of the model's rules below runs, and a model with mistakes in several of its parts hears of each."""
+        every_problem(
+            type(self).__name__,
+            self._weights_rules,
+            self._adapters_servable,
+            self._cold_starts_allowed,
+            self._versions,
+            self._sleep_supported,
+            self._share_rules,
+            self._kv_events_possible,
+        )
+        return self
+
     def _weights_rules(self) -> ModelSpec:
         if self.revision is not None and not self.is_hub:
             raise ValueError(
@@ -336,7 +351,6 @@ class ModelSpec(_Spec):
     def is_local_path(self) -> bool:
         return is_local_path(self.source)
 
-    @model_validator(mode="after")
     def _adapters_servable(self) -> ModelSpec:
         if not self.adapters:
             if "lora" in self.engine.model_fields_set:
@@ -387,7 +401,6 @@ class ModelSpec(_Spec):
         found = catalog.lookup_model(self.source) or catalog.lookup_model(self.name)
         return found[1] if found else None
 
-    @model_validator(mode="after")
     def _cold_starts_allowed(self) -> ModelSpec:
         if self.scaling.min_replicas == 0 and not self.slo.allow_cold_starts:
             raise ValueError(
@@ -397,7 +410,6 @@ class ModelSpec(_Spec):
             )
         return self
 
-    @model_validator(mode="after")
     def _versions(self) -> ModelSpec:
         if not self.versions:
             if self.rollout.canary is not None:
@@ -485,7 +497,6 @@ class ModelSpec(_Spec):
             return version.revision
         return self.revision if version.source is None else None
 
-    @model_validator(mode="after")
     def _sleep_supported(self) -> ModelSpec:
         if self.scaling.sleep_after_idle_s is None:
             return self
@@ -509,7 +520,6 @@ class ModelSpec(_Spec):
             )
         return self
 
-    @model_validator(mode="after")
     def _share_rules(self) -> ModelSpec:
         share, e = self.gpu_share, self.engine
         if share is None:
@@ -556,7 +566,6 @@ class ModelSpec(_Spec):
         them and every router replica follows them."""
         return reads_engine_events(self.routing.strategy, self.routing.weights)
 
-    @model_validator(mode="after")
     def _kv_events_possible(self) -> ModelSpec:
         if self.publishes_kv_events:
             if not facts(self.engine.kind).can.kv_events:

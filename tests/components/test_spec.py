@@ -472,6 +472,29 @@ def test_a_mistake_in_each_of_three_sections_own_rules_is_reported_in_one_run(tm
     assert set(_paths(raw, tmp_path)) == {"gateway", "models[0]", "cluster"}
 
 
+def test_a_section_with_mistakes_in_several_of_its_parts_hears_of_each(tmp_path: Path) -> None:
+    """A section's rules all run (pydantic stops at a model's first failing validator): a model's weights and its
+    scale, the gateway's ingress and its replicas."""
+    raw = minimal()
+    model = raw["models"][0]
+    model["engine"]["kind"] = "sglang"
+    model["weights"] = {"fetch": "streamer"}
+    model["scaling"]["min_replicas"] = 0
+    model["slo"] = {"allow_cold_starts": False}
+    raw["gateway"] = {"ingress": "alb", "replicas": 5, "max_replicas": 2}
+    write_stack(tmp_path, "bad", raw)
+    with pytest.raises(SpecError) as caught:
+        load("bad", tmp_path)
+    rendered = caught.value.render()
+    for located in (
+        ": models[0]: weights.fetch: streamer is for engines that stream weights",
+        ": models[0]: scaling.min_replicas: 0 lets llama-8b scale to zero",
+        ": gateway: ingress alb needs a hostname",
+        ": gateway: replicas (5) is above max_replicas (2)",
+    ):
+        assert located in rendered, rendered
+
+
 def test_cross_section_and_plan_time_mistakes_are_reported_in_one_run(tmp_path: Path) -> None:
     """The spec's cross-section rules and the plan-time rules run together on a spec whose sections are valid: the
     autoscaler against a model's scale (spec), the EKS API's way in (the spec and the target), the model store's
