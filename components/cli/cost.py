@@ -121,10 +121,11 @@ def print_notes(results: list[compare.Comparison], a: compare.Assumptions) -> No
 
 
 def _stack(name: str, stacks_dir: Path) -> Stack:
+    from components.clouds.targets import CLOUDS  # noqa: PLC0415 - see the imports
     from components.core.stackfile import load  # noqa: PLC0415 - see the imports
 
     try:
-        return load(name, stacks_dir)
+        return load(name, stacks_dir, CLOUDS)
     except SpecError as error:
         raise _fail(error.render()) from None
 

@@ -11,6 +11,8 @@ from components.core import nodes
 from components.core.cloud import PRIVATE_CIDRS, Endpoint, FixedInfrastructure, IngressClass
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
+from components.core.problems import Problem
+from components.core.weights import store
 from components.render import ingress
 from components.spec import PlatformSpec
 from runtime.config import S3Files
@@ -54,6 +56,35 @@ class OwnCluster:
     def batch_files(self, spec: PlatformSpec) -> S3Files | None:
         """None: no object store is known here, so batch files live on the batch service's volume."""
         return None
+
+    def model_store_problems(self, spec: PlatformSpec) -> list[Problem]:
+        """The stack creates no store here: a hub model or adapter needs the existing bucket it is prepared into
+        (and an S3 bucket with an owner account is the stack's account's)."""
+        problems = store.account_problems(spec)
+        if store.store_bucket(spec) is not None:
+            return problems
+        for i, model in enumerate(spec.models):
+            if model.is_local_path:
+                continue  # placement reports it: a local path only works with target local
+            if model.is_hub:
+                problems.append(
+                    Problem(
+                        "model_store.bucket",
+                        f"models[{i}] ({model.source}) is prepared into the model store, which target "
+                        f"{spec.target.value} does not create: name an existing bucket (with endpoint_url, "
+                        "reader_secret and writer_secret for an S3-compatible store such as MinIO)",
+                    )
+                )
+            for j, adapter in enumerate(model.adapters):
+                if adapter.is_hub:
+                    problems.append(
+                        Problem(
+                            "model_store.bucket",
+                            f"models[{i}].adapters[{j}] ({adapter.source}) is prepared into the model store, which "
+                            f"target {spec.target.value} does not create: name an existing bucket",
+                        )
+                    )
+        return problems
 
 
 OWN_CLUSTER = OwnCluster()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from components.core import catalog
 from components.core.placement import Layout, PoolPlan, misfits
-from components.core.problems import Problem
+from components.core.problems import Planned, PlanRule, Problem
 from components.core.weights import fetch
 from components.spec import GpuPoolSpec, PlatformSpec, ReservationKind, Target
 
@@ -81,8 +81,11 @@ def _reservation_problems(spec: PlatformSpec, index: int, pool: GpuPoolSpec) -> 
     return []
 
 
-def problems(spec: PlatformSpec, layout: Layout) -> list[Problem]:
+def node_sources(planned: Planned) -> list[Problem]:
     """Fallbacks that do not match the pool's shape or fit its models; reservations in a zone without a subnet."""
+    spec, layout = planned.spec, planned.layout
+    if layout is None:
+        return []
     if spec.target is not Target.EKS:
         return []
     out: list[Problem] = []
@@ -116,3 +119,7 @@ def notes(spec: PlatformSpec, layout: Layout) -> list[str]:
         if plan is not None and (pool.capacity_reservation or pool.fallback_instance_types):
             out.append(f"pool {pool.name} capacity, in order: {' -> '.join(steps(pool, plan))}")
     return out
+
+
+RULES: tuple[PlanRule, ...] = (node_sources,)
+"""The pools' node sources' plan-time rule (``components.core.plan_rules``)."""

@@ -3,7 +3,8 @@
 A ``Cloud`` answers the questions on which EKS and a cluster you bring differ: the fixed infrastructure the
 target runs (as quantities: ``components.core.cost`` prices them), the labels and taints of its GPU nodes, where
 cluster addresses come from, which Ingress class puts a load balancer in front of the router, which service
-account reads model weights with cloud credentials, and whether GPU nodes come with the NVIDIA driver.
+account reads model weights with cloud credentials, whether GPU nodes come with the NVIDIA driver, and what its
+model store refuses in a spec (a plan-time rule, ``model_store``).
 ``components.clouds.targets.cloud_for`` picks the implementation by ``spec.target``. What a target creates with
 Pulumi (the cluster, the Kubernetes provider that reaches it, the runtime images it pushes) is the other half
 of the seam: ``components.kubernetes.cluster.ClusterAccess``.
@@ -18,6 +19,7 @@ from typing import Protocol
 
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
+from components.core.problems import Planned, PlanRule, Problem
 from components.spec import PlatformSpec
 from runtime.config import S3Files
 
@@ -129,3 +131,18 @@ class Cloud(Protocol):
         """Where the batch service keeps files in the target's object store (a prefix of the platform's
         bucket, named at deploy time); None when they share the service's volume."""
         ...
+
+    def model_store_problems(self, spec: PlatformSpec) -> list[Problem]:
+        """What the target's model store refuses in ``spec`` (which buckets, which account, which of
+        model_store's fields), at the spec's field paths; the plan-time rule ``model_store`` reports them."""
+        ...
+
+
+def model_store(planned: Planned) -> list[Problem]:
+    """The target's own model-store rules, asked of its cloud (none on target local: no cloud, the loopback store).
+    Core cannot import the clouds: the caller of ``stackfile.validate`` brings them (``components.clouds.targets``)."""
+    return planned.cloud.model_store_problems(planned.spec) if planned.cloud is not None else []
+
+
+RULES: tuple[PlanRule, ...] = (model_store,)
+"""The cloud seam's plan-time rules (``components.core.plan_rules``)."""

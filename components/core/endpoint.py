@@ -8,12 +8,13 @@ to it; a VPC the stack itself creates does not exist before that first `pulumi u
 
 from __future__ import annotations
 
-from components.core.problems import Problem
+from components.core.problems import Planned, PlanRule, Problem
 from components.spec import ApiAccess, PlatformSpec, Target
 
 
-def problems(spec: PlatformSpec) -> list[Problem]:
+def api_reachable(planned: Planned) -> list[Problem]:
     """target eks: the way in must be stated, and a private one must lead into a VPC that already exists."""
+    spec = planned.spec
     endpoint = spec.cluster.api_endpoint
     if spec.target is not Target.EKS:
         return []  # other targets reach their cluster through the kubeconfig
@@ -52,3 +53,7 @@ def note(spec: PlatformSpec) -> str | None:
         f"API endpoint: private, in VPC {spec.cluster.existing_vpc_id}; HTTPS from {', '.join(sources)}: run "
         "`pulumi up` there (a CI runner in the VPC, or over the VPN)"
     )
+
+
+RULES: tuple[PlanRule, ...] = (api_reachable,)
+"""The API endpoint's plan-time rule (``components.core.plan_rules``)."""

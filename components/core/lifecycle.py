@@ -24,7 +24,7 @@ from typing import Any
 
 from components.core import catalog, sizing
 from components.core.placement import Layout, Placement, engine_shape
-from components.core.problems import Problem
+from components.core.problems import Planned, PlanRule, Problem
 from components.core.weights import store
 from components.spec import (
     ArchitectureSpec,
@@ -178,7 +178,7 @@ def preparations(spec: PlatformSpec, layout: Layout) -> list[Preparation]:
 
 def expand(spec: PlatformSpec, layout: Layout) -> tuple[PlatformSpec, Layout]:
     """The spec the renderers see: every versioned model replaced by its units, each placed where the model
-    is (its pool and instance; sized by its own engine in :func:`problems`)."""
+    is (its pool and instance; sized by its own engine in :func:`versions_fit`)."""
     if not any(m.versions for m in spec.models):
         return spec, layout
     models: list[ModelSpec] = []
@@ -197,9 +197,12 @@ def expand(spec: PlatformSpec, layout: Layout) -> tuple[PlatformSpec, Layout]:
     return spec.model_copy(update={"models": models}), replace(layout, placements=placements, pools=pools)
 
 
-def problems(spec: PlatformSpec, layout: Layout) -> list[Problem]:
+def versions_fit(planned: Planned) -> list[Problem]:
     """Each version must fit and run on its model's instance with its own (prepared) format: sizing uses the
     format the version serves, and an fp8 checkpoint needs a GPU with fp8."""
+    spec, layout = planned.spec, planned.layout
+    if layout is None:
+        return []
     out: list[Problem] = []
     for i, m in enumerate(spec.models):
         placed = layout.placements.get(m.name)
@@ -273,6 +276,10 @@ def describe(spec: PlatformSpec, layout: Layout) -> list[str]:
                 f"manifest (input hash {p.input_hash[:HASH_CHARS]}; the same inputs do nothing)"
             )
     return lines
+
+
+RULES: tuple[PlanRule, ...] = (versions_fit,)
+"""The versions' plan-time rule (``components.core.plan_rules``)."""
 
 
 ANNOTATION_VERSION = "inferstack.io/version"

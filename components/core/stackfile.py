@@ -2,12 +2,18 @@
 
 The CLI reads ``stacks/Pulumi.<stack>.yaml`` directly; the Pulumi program gets the same object from
 stack config. Both go through ``validate``, so `inferstack plan` and `pulumi up` agree on what is valid.
+
+Two steps: each section's structure and own rules (pydantic, every section's problems together), then, on a spec
+whose sections are valid, the cross-section rules (``components.spec.rules``) and the plan-time rules
+(``components.core.plan_rules``) together. The plan-time rules include the target cloud's, and core cannot import
+the clouds: the shells pass them (``clouds=components.clouds.targets.CLOUDS``).
 """
 
 from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,13 +21,19 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from components.core import capacity, endpoint, lifecycle, startup
+from components.core import lifecycle, plan_rules
+from components.core.cloud import Cloud
 from components.core.paths import STACKS_DIR as STACKS_DIR  # noqa: PLC0414 - re-exported: callers look here
-from components.core.placement import Layout, place
+from components.core.placement import Layout
 from components.core.problems import Problem, SpecError
-from components.spec import PlatformSpec
+from components.spec import RULES_LATER, PlatformSpec, Target
+from components.spec.rules import platform_problems
 
 CONFIG_KEY = "inferstack:platform"
+
+NO_CLOUDS: Mapping[Target, Cloud] = types.MappingProxyType({})
+"""No target's cloud: its model-store rules are not checked. For tests of other rules, and readers of a stack a
+shell has validated; a shell passes ``components.clouds.targets.CLOUDS``."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +62,9 @@ def available_stacks(stacks_dir: Path = STACKS_DIR) -> list[str]:
     )
 
 
-def load(stack: str, stacks_dir: Path = STACKS_DIR) -> Stack:
-    """Read, parse and validate ``stacks/Pulumi.<stack>.yaml``; raise ``SpecError`` on any problem."""
+def load(stack: str, stacks_dir: Path = STACKS_DIR, clouds: Mapping[Target, Cloud] = NO_CLOUDS) -> Stack:
+    """Read, parse and validate ``stacks/Pulumi.<stack>.yaml`` (with the rules of its target's cloud in
+    ``clouds``); raise ``SpecError`` on any problem."""
     path = stack_path(stack, stacks_dir)
     source = str(path)
     if not path.is_file():
@@ -72,27 +85,24 @@ def load(stack: str, stacks_dir: Path = STACKS_DIR) -> Stack:
         raise SpecError(
             source, [Problem("config", f"missing the '{CONFIG_KEY}' key that holds the platform spec")]
         )
-    spec, layout = validate(config[CONFIG_KEY], source)
+    spec, layout = validate(config[CONFIG_KEY], source, clouds)
     return Stack(name=stack, source=source, spec=spec, layout=layout, config=config)
 
 
-def validate(raw: Any, source: str) -> tuple[PlatformSpec, Layout]:
-    """Structure first (pydantic), then the catalog rules (placement); every problem, with field paths."""
+def validate(
+    raw: Any, source: str, clouds: Mapping[Target, Cloud] = NO_CLOUDS
+) -> tuple[PlatformSpec, Layout]:
+    """Structure first (pydantic: every section's problems), then the cross-section and plan-time rules together
+    (the target cloud's from ``clouds``); every problem, with field paths."""
     if not isinstance(raw, dict):
         raise SpecError(source, [Problem(CONFIG_KEY, f"must be a mapping, got {type(raw).__name__}")])
     try:
-        spec = PlatformSpec.model_validate(raw)
+        spec = PlatformSpec.model_validate(raw, context={RULES_LATER: True})
     except ValidationError as err:
         raise SpecError(source, [_problem(e) for e in err.errors()]) from None
-    problems = endpoint.problems(spec)
-    try:
-        layout = place(spec, source)
-    except SpecError as err:
-        raise SpecError(source, [*err.problems, *problems]) from None
-    problems += (
-        startup.problems(spec, layout) + capacity.problems(spec, layout) + lifecycle.problems(spec, layout)
-    )
-    if problems:
+    layout, found = plan_rules.check(spec, clouds.get(spec.target))
+    problems = [*platform_problems(spec), *found]
+    if problems or layout is None:
         raise SpecError(source, problems)
     return spec, layout
 

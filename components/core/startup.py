@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from components.core import catalog, sizing
 from components.core.placement import Layout, Placement
-from components.core.problems import Problem
+from components.core.problems import Planned, PlanRule, Problem
 from components.core.weights import coldstart, fetch
 from components.engines import profile
 from components.spec import ModelSpec, PlatformSpec
@@ -126,8 +126,11 @@ def budgets(spec: PlatformSpec, layout: Layout) -> dict[str, StartupBudget]:
     return {m.name: budget(m, layout.placements[m.name]) for m in spec.models}
 
 
-def problems(spec: PlatformSpec, layout: Layout) -> list[Problem]:
+def budget_covers_a_cold_start(planned: Planned) -> list[Problem]:
     """A budget set in the stack file that a cold replica cannot meet: the kubelet would kill it mid-load."""
+    spec, layout = planned.spec, planned.layout
+    if layout is None:
+        return []
     out: list[Problem] = []
     for i, model in enumerate(spec.models):
         b = budget(model, layout.placements[model.name])
@@ -174,3 +177,7 @@ def idle_state(model: ModelSpec, placement: Placement) -> IdleState:
     if scaling.min_replicas == 0:
         return IdleState("zero", scaling.idle_before_zero_s, None, cold)
     return IdleState("hot", None, None, cold)
+
+
+RULES: tuple[PlanRule, ...] = (budget_covers_a_cold_start,)
+"""The startup budget's plan-time rule (``components.core.plan_rules``)."""

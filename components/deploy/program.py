@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pulumi
 
 from components.clouds.aws import layer as aws_layer
-from components.clouds.targets import cloud_for
+from components.clouds.targets import CLOUDS, cloud_for
 from components.core import rollout
 from components.core.placement import Layout
 from components.core.problems import SpecError
@@ -34,7 +34,7 @@ def run() -> InferencePlatform:
     source = str(stack_path(pulumi.get_stack()))
     config = pulumi.Config("inferstack")
     try:
-        spec, layout = validate(config.require_object("platform"), source)
+        spec, layout = validate(config.require_object("platform"), source, CLOUDS)
     except SpecError as err:
         # A RunError prints its message without a Python traceback: the user sees only the problems.
         raise pulumi.RunError(err.render()) from None

@@ -19,8 +19,10 @@ from components.spec.base import (
     HubCommit,
     _checked_source,
     _Spec,
+    every_problem,
     is_hub_source,
     is_local_path,
+    is_pinned_source,
 )
 from components.spec.engine import ArchitectureSpec, EngineSpec, engines_that
 from components.spec.versions import (
@@ -214,8 +216,9 @@ class AdapterSpec(_Spec):
     """Hugging Face repo id ('org/name', pinned by revision), an 's3://bucket/prefix/' holding
     adapter_config.json and adapter_model.safetensors, or (target local) a local directory."""
     revision: HubCommit | None = None
-    """Hugging Face sources: the hub commit (40 hex digits) to fetch, as for a model; required on a cluster,
-    where the adapter is copied into the model store at that commit. Not for S3 or local sources."""
+    """Hugging Face sources: the hub commit (40 hex digits, never a branch or tag, which move) to fetch, as for a
+    model; required on a cluster, where the adapter is copied into the model store at that commit. Not for S3 or
+    local sources."""
     rank: Annotated[int, Field(ge=1, le=512)]
     """The adapter's LoRA rank (adapter_config.json "r"); at most engine.lora.max_rank."""
 
@@ -239,8 +242,9 @@ class AdapterSpec(_Spec):
 
     @property
     def pinned(self) -> bool:
-        """A source that cannot change under the same spec: a hub commit, an S3 prefix, a local directory."""
-        return not self.is_hub or self.revision is not None
+        """A source that cannot change under the same spec: a hub commit, an S3 prefix, a local directory (the one
+        rule, ``is_pinned_source``, that the plan-time rule and the policy pack's adapter rule ask too)."""
+        return is_pinned_source(self.source, self.revision)
 
 
 class ModelSpec(_Spec):
@@ -327,6 +331,20 @@ class ModelSpec(_Spec):
         return _checked_source(value)
 
     @model_validator(mode="after")
+    def _rules(self) -> ModelSpec:
+        """Each of the model's rules below runs, and a model with mistakes in several of its parts hears of each."""
+        every_problem(
+            type(self).__name__,
+            self._weights_rules,
+            self._adapters_servable,
+            self._cold_starts_allowed,
+            self._versions,
+            self._sleep_supported,
+            self._share_rules,
+            self._kv_events_possible,
+        )
+        return self
+
     def _weights_rules(self) -> ModelSpec:
         if self.revision is not None and not self.is_hub:
             raise ValueError(
@@ -345,7 +363,6 @@ class ModelSpec(_Spec):
     def is_local_path(self) -> bool:
         return is_local_path(self.source)
 
-    @model_validator(mode="after")
     def _adapters_servable(self) -> ModelSpec:
         if not self.adapters:
             if "lora" in self.engine.model_fields_set:
@@ -396,7 +413,6 @@ class ModelSpec(_Spec):
         found = catalog.lookup_model(self.source) or catalog.lookup_model(self.name)
         return found[1] if found else None
 
-    @model_validator(mode="after")
     def _cold_starts_allowed(self) -> ModelSpec:
         if self.scaling.min_replicas == 0 and not self.slo.allow_cold_starts:
             raise ValueError(
@@ -406,7 +422,6 @@ class ModelSpec(_Spec):
             )
         return self
 
-    @model_validator(mode="after")
     def _versions(self) -> ModelSpec:
         if not self.versions:
             if self.rollout.canary is not None:
@@ -494,7 +509,6 @@ class ModelSpec(_Spec):
             return version.revision
         return self.revision if version.source is None else None
 
-    @model_validator(mode="after")
     def _sleep_supported(self) -> ModelSpec:
         if self.scaling.sleep_after_idle_s is None:
             return self
@@ -518,7 +532,6 @@ class ModelSpec(_Spec):
             )
         return self
 
-    @model_validator(mode="after")
     def _share_rules(self) -> ModelSpec:
         share, e = self.gpu_share, self.engine
         if share is None:
@@ -565,7 +578,6 @@ class ModelSpec(_Spec):
         them and every router replica follows them."""
         return reads_engine_events(self.routing.strategy, self.routing.weights)
 
-    @model_validator(mode="after")
     def _kv_events_possible(self) -> ModelSpec:
         if self.publishes_kv_events:
             if not facts(self.engine.kind).can.kv_events:

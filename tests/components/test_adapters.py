@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from components.cli.report import adapters_note
+from components.clouds.targets import CLOUDS
 from components.core import placement, sizing
 from components.core.problems import SpecError
 from components.core.stackfile import load
@@ -113,7 +114,7 @@ def test_adapter_mistakes_get_located_messages(
 ) -> None:
     write_stack(tmp_path, "bad", spec)
     with pytest.raises(SpecError) as caught:
-        load("bad", tmp_path)
+        load("bad", tmp_path, CLOUDS)
     rendered = caught.value.render()
     assert f": {path}" in rendered, rendered
     for word in words:
