@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pulumi
 
+from components.core.scaling import thresholds
 from components.kubernetes.manifests import apply
 from components.render import common, hardening, scaling
 from components.spec import ModelSpec, PlatformSpec
@@ -31,4 +32,4 @@ class ModelScaling(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         self.manifests = render(spec, model, multi_node)
         self.resources = [apply(m, child) for m in self.manifests]
-        self.register_outputs({"thresholds": scaling.thresholds(model).__dict__})
+        self.register_outputs({"thresholds": thresholds(model).__dict__})

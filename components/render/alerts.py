@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from components.core.scaling import thresholds
 from components.render import batches, common, scaling, signals
 from components.render.common import Manifest
 from components.spec import ModelSpec, PlatformSpec
@@ -52,7 +53,7 @@ def _up(spec: PlatformSpec, service: str) -> str:
 
 def model_alerts(spec: PlatformSpec, model: ModelSpec) -> list[Alert]:
     """Engine down or too few, queue backlog, KV cache full, SLO burn, and scaling pinned at its max."""
-    t = scaling.thresholds(model)
+    t = thresholds(model)
     engine = common.engine_name(model.name)
     n = model.name
     out: list[Alert] = []

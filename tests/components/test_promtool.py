@@ -29,6 +29,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from components.core.scaling import thresholds
 from components.core.stackfile import load
 from components.local import monitor
 from components.render import alerts, batches, common, scaling, signals
@@ -320,7 +321,7 @@ def expected(case: Case) -> list[dict[str, Any]]:
 
 
 def model_cases(spec: PlatformSpec, model: ModelSpec, by_name: dict[str, alerts.Alert]) -> Iterator[Case]:
-    t = scaling.thresholds(model)
+    t = thresholds(model)
     engine = common.engine_name(model.name)
     down = healthy(spec, 40, model)
     down.values[series("up", target(spec, model, 0))] = "1x10 0x30"
