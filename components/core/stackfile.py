@@ -9,6 +9,7 @@ from __future__ import annotations
 import types
 import typing
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from components.core import capacity, endpoint, lifecycle, startup
+from components.core.decisions import Decisions, decide
 from components.core.paths import STACKS_DIR as STACKS_DIR  # noqa: PLC0414 - re-exported: callers look here
 from components.core.placement import Layout, place
 from components.core.problems import Problem, SpecError
@@ -34,10 +36,16 @@ class Stack:
     layout: Layout
     config: dict[str, Any]
 
+    @cached_property
+    def decisions(self) -> Decisions:
+        """Every decision about the stack, made once, when first read (``components.core.decisions``): the plan
+        report, the Pulumi program and the renderers read them."""
+        return decide(self.spec, self.layout)
+
     @property
     def served(self) -> tuple[PlatformSpec, Layout]:
         """The spec and layout the renderers see: each version of a model as a unit of its own."""
-        return lifecycle.expand(self.spec, self.layout)
+        return self.decisions.served_spec, self.decisions.served_layout
 
 
 def stack_path(stack: str, stacks_dir: Path = STACKS_DIR) -> Path:
