@@ -107,9 +107,7 @@ class InferencePlatform(pulumi.ComponentResource):
         self.engines = {
             m.name: ModelEngine(
                 spec,
-                m,
-                units[m.name].placement,
-                units[m.name].rollout,
+                units[m.name],
                 pulumi.ResourceOptions(
                     parent=self,
                     depends_on=[
@@ -120,7 +118,6 @@ class InferencePlatform(pulumi.ComponentResource):
                         *self.addons.installed(addons.LWS_RELEASE),
                     ],
                 ),
-                units[m.name].pool,
                 weights_image=self.weights.image,
                 # A prepared checkpoint does not exist before its Job: the engine's own objects wait for it.
                 after=self.weights.jobs[m.name] if m.prepared_by else None,

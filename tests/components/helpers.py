@@ -151,9 +151,9 @@ def model_queries(spec: PlatformSpec, model: ModelSpec) -> dict[str, list[str]]:
 
 def rendered_engine_deployment(spec: PlatformSpec, model_name: str | None = None) -> dict[str, Any]:
     """The engine Deployment of one model (the first by default), placed and rolled out as the program does."""
-    from components.core import placement, rollout
+    from components.core import decisions, placement
     from components.render import engine
 
-    layout = placement.place(spec)
+    decided = decisions.decide(spec, placement.place(spec))
     model = next(m for m in spec.models if model_name in (None, m.name))
-    return engine.deployment(spec, model, layout.placements[model.name], rollout.plan(spec, layout, model))
+    return engine.deployment(spec, decided.models[model.name])

@@ -134,7 +134,7 @@ INGRESSES = [
 
 def _rendered(raw: dict[str, Any]) -> tuple[PlatformSpec, list[dict[str, Any]]]:
     """The stack's NetworkPolicies and the workloads whose pods they govern, rendered without a synthesis."""
-    from components.core import rollout
+    from components.core.decisions import decide
     from components.core.placement import place
     from components.render import engine, gateway, limit_store, weights
     from components.render.runtime_config import runtime_config
@@ -148,9 +148,10 @@ def _rendered(raw: dict[str, Any]) -> tuple[PlatformSpec, list[dict[str, Any]]]:
     manifests += batches.render(spec, config, "batches:1", "1", "bucket", checksum)
     if flows.in_cluster_limit_store(spec, cloud):
         manifests += limit_store.in_cluster(spec)
+    decided = decide(spec, layout)
     for model in spec.models:
         placement = layout.placements[model.name]
-        manifests += engine.render(spec, model, placement, rollout.plan(spec, layout, model))
+        manifests += engine.render(spec, decided.models[model.name])
         manifests.append(weights.prepare_job(spec, model, placement, spec.model_store.image))
     return spec, manifests
 
