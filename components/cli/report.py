@@ -251,7 +251,8 @@ def plan_report(stack: Stack) -> PlanReport:
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []
     for model in spec.models:
-        placement = layout.placements[model.name]
+        d = decided.models[model.name]
+        placement = d.placement
         c = by_model[model.name]
         e = model.engine
         instance = placement.instance.name if placement.instance else "cpu"
@@ -281,8 +282,8 @@ def plan_report(stack: Stack) -> PlanReport:
                 f"replica (TP {e.tensor_parallel_size} x PP {e.pipeline_parallel_size}, "
                 f"{cost.monthly(c.usd_per_replica_month)}/month per replica = {placement.nodes} nodes)"
             )
-        notes.append(f"{model.name} weights: {decided.models[model.name].fetch.reason}")
-        if note := scaling.scaling_note(spec, model):
+        notes.append(f"{model.name} weights: {d.fetch.reason}")
+        if note := scaling.scaling_note(spec, d):
             notes.append(note)
     if not spec.gateway.runs_router and (note := inference_extension.routing_note(spec)):
         notes.append(note)

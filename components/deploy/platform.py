@@ -145,9 +145,8 @@ class InferencePlatform(pulumi.ComponentResource):
         self.scaling = {
             m.name: ModelScaling(
                 spec,
-                m,
+                units[m.name],
                 pulumi.ResourceOptions(parent=self, depends_on=[self.engines[m.name], *crds]),
-                multi_node=units[m.name].placement.multi_node,
             )
             for m in spec.models
         }

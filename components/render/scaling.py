@@ -1,6 +1,7 @@
 """How each model's engines scale: KEDA ScaledObjects, or autoscaling/v2 HPAs with prometheus-adapter. Pure.
 
-Every number is a threshold of ``components.core.scaling`` (from the spec): this module only renders them.
+Every number is a threshold of ``components.core.scaling`` (from the spec), read from the serving unit's decisions
+(``components.core.decisions.ModelDecisions.scaling``, made once per plan): this module only renders them.
 
 A model whose min and max replicas are equal gets no scaler: its Deployment keeps a fixed count. A
 model with a scaler has no ``replicas`` in its Deployment: the scaler owns the count.
@@ -8,10 +9,12 @@ model with a scaler has no ``replicas`` in its Deployment: the scaler owns the c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from components.core.scaling import Thresholds, thresholds
+from components.core.decisions import ModelDecisions
+from components.core.scaling import Thresholds
 from components.render import addons, common, groups, signals
 from components.render.common import Manifest
 from components.spec import Autoscaler, ModelSpec, PlatformSpec
@@ -94,12 +97,13 @@ class Trigger:
     metric_type: str  # AverageValue: per replica; Value: the whole model
 
 
-def triggers(spec: PlatformSpec, model: ModelSpec) -> list[Trigger]:
-    """The model's scaling signals: the router's queue always, the engine's own only where it exports them.
+def triggers(spec: PlatformSpec, unit: ModelDecisions) -> list[Trigger]:
+    """The model's scaling signals, at its thresholds: the router's queue always, the engine's own only where it
+    exports them.
 
     A trigger must never read a metric the engine lacks: with ``ignoreNullValues`` a missing series reads 0
     and the model would never scale on it."""
-    t = thresholds(model)
+    model, t = unit.model, unit.scaling
     out: list[Trigger] = []
     if signals.has(model, Signal.QUEUED):
         out.append(
@@ -120,13 +124,14 @@ ENGINE_LOAD_SIGNALS = (Signal.QUEUED, Signal.KV_USAGE, Signal.TTFT)
 """The engine signals a scaler reads when the engine exports them."""
 
 
-def scaling_note(spec: PlatformSpec, model: ModelSpec) -> str | None:
+def scaling_note(spec: PlatformSpec, unit: ModelDecisions) -> str | None:
     """What a scaled model cannot scale on because its engine does not export it (for the plan); else None."""
+    model = unit.model
     missing = [s.value for s in ENGINE_LOAD_SIGNALS if not signals.has(model, s)]
     if not scales(model) or not missing:
         return None
     engine = facts(model.engine.kind).display_name
-    used = ", ".join(trig.name for trig in triggers(spec, model))
+    used = ", ".join(trig.name for trig in triggers(spec, unit))
     return f"{model.name}: {engine} exports no {', '.join(missing)} metric; it scales on {used} only"
 
 
@@ -139,12 +144,12 @@ def workload(model: ModelSpec, multi_node: bool = False) -> Manifest:
     return {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
 
 
-def scaled_object(spec: PlatformSpec, model: ModelSpec, multi_node: bool = False) -> Manifest:
-    t = thresholds(model)
+def scaled_object(spec: PlatformSpec, unit: ModelDecisions) -> Manifest:
+    model, t = unit.model, unit.scaling
     name = scaler_name(model)
     server = addons.prometheus_url(spec)
     keda_triggers: list[Manifest] = []
-    for trig in triggers(spec, model):
+    for trig in triggers(spec, unit):
         keda_triggers.append(
             {
                 "type": PROMETHEUS_TRIGGER,
@@ -162,7 +167,7 @@ def scaled_object(spec: PlatformSpec, model: ModelSpec, multi_node: bool = False
             }
         )
     body: Manifest = {
-        "scaleTargetRef": workload(model, multi_node),
+        "scaleTargetRef": workload(model, unit.placement.multi_node),
         "pollingInterval": POLLING_INTERVAL_S,
         "cooldownPeriod": t.idle_before_zero_s,
         "minReplicaCount": t.min_replicas,
@@ -193,9 +198,9 @@ def _milli(value: float) -> str:
     return f"{round(value * 1000)}m"
 
 
-def hpa(spec: PlatformSpec, model: ModelSpec, multi_node: bool = False) -> Manifest:
+def hpa(spec: PlatformSpec, unit: ModelDecisions) -> Manifest:
     """autoscaling/v2 HPA on queue depth and KV usage per pod and TTFT p95 of the Service."""
-    t = thresholds(model)
+    model, t = unit.model, unit.scaling
     name = hpa_name(spec, model)
     metrics: list[Manifest] = []
     for signal, trigger, target in (
@@ -232,7 +237,7 @@ def hpa(spec: PlatformSpec, model: ModelSpec, multi_node: bool = False) -> Manif
         "kind": "HorizontalPodAutoscaler",
         "metadata": common.metadata(spec, name, "autoscaling"),
         "spec": {
-            "scaleTargetRef": workload(model, multi_node),
+            "scaleTargetRef": workload(model, unit.placement.multi_node),
             "minReplicas": t.min_replicas,
             "maxReplicas": t.max_replicas,
             "metrics": metrics,
@@ -284,19 +289,19 @@ def adapter_rules(spec: PlatformSpec) -> list[dict[str, Any]]:
     return rules
 
 
-def render(spec: PlatformSpec, model: ModelSpec, multi_node: bool = False) -> list[Manifest]:
-    """The scaler of one model: a ScaledObject (keda) or an HPA (hpa); nothing when min equals max. ``multi_node``:
-    it scales the model's LeaderWorkerSet (groups), not a Deployment."""
-    if not scales(model):
+def render(spec: PlatformSpec, unit: ModelDecisions) -> list[Manifest]:
+    """The scaler of one serving unit: a ScaledObject (keda) or an HPA (hpa); nothing when min equals max. A replica
+    that spans nodes is scaled as its LeaderWorkerSet (groups), not a Deployment."""
+    if not scales(unit.model):
         return []
     if spec.addons.autoscaler is Autoscaler.KEDA:
-        return [scaled_object(spec, model, multi_node)]
-    return [hpa(spec, model, multi_node)]
+        return [scaled_object(spec, unit)]
+    return [hpa(spec, unit)]
 
 
-def promql(spec: PlatformSpec) -> list[str]:
+def promql(spec: PlatformSpec, units: Mapping[str, ModelDecisions]) -> list[str]:
     """Every PromQL expression this module renders (adapter templates filled in), for the parser check."""
-    out = [trig.query for m in spec.models for trig in triggers(spec, m)]
+    out = [trig.query for m in spec.models for trig in triggers(spec, units[m.name])]
     for rule in adapter_rules(spec):
         out.append(
             rule["metricsQuery"]

@@ -11,6 +11,8 @@ from typing import Any
 import promql_parser
 import yaml
 
+from components.core.decisions import Decisions, decide
+from components.core.placement import place
 from components.deploy import synthesis as plan
 from components.render import alerts, common, dashboards, scaling
 from components.spec import ModelSpec, PlatformSpec
@@ -41,6 +43,11 @@ MINIMAL: dict[str, Any] = {
 
 def minimal() -> dict[str, Any]:
     return copy.deepcopy(MINIMAL)
+
+
+def decided(spec: PlatformSpec) -> Decisions:
+    """The decisions the program makes for a spec a test built: placed, then decided once."""
+    return decide(spec, place(spec))
 
 
 #: The model store of a cluster the stack does not create (target kubernetes): an S3-compatible bucket.
@@ -140,7 +147,7 @@ def model_queries(spec: PlatformSpec, model: ModelSpec) -> dict[str, list[str]]:
         if r["name"]["as"].startswith(f"inferstack_{model.engine.kind.value}_")
     ]
     return {
-        "trigger": [t.query for t in scaling.triggers(spec, model)],
+        "trigger": [t.query for t in scaling.triggers(spec, decided(spec).models[model.name])],
         "adapter rule": [
             r.replace("<<.LabelMatchers>>", 'namespace="x"').replace("<<.GroupBy>>", "pod") for r in rules
         ],

@@ -26,6 +26,7 @@ from components.render.envoy import FAIL_OPEN_NEEDS_BUFFERED, EnvoyPool, envoy_c
 from components.render.runtime_config import runtime_config
 from components.spec import PlatformSpec
 from runtime.config import BodyMode, Task
+from tests.components.helpers import decided
 from tests.components.test_network import _mismatches
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "stacks"
@@ -190,7 +191,9 @@ def test_a_model_at_zero_behind_the_gateway_wakes_on_the_pickers_refusals() -> N
     spec = PlatformSpec.model_validate(doc)
     model = spec.models[0]
     assert runtime_config(spec).route(model.name).cold_start_hold_ms == 0
-    (trigger,) = [t for t in scaling.triggers(spec, model) if t.name == "router-queue"]
+    (trigger,) = [
+        t for t in scaling.triggers(spec, decided(spec).models[model.name]) if t.name == "router-queue"
+    ]
     assert "inferstack_picker_rejections_total" in trigger.query
     assert 'reason="no_backend"' in trigger.query and f'model="{model.name}"' in trigger.query
     assert "inferstack_router_" not in trigger.query
@@ -332,7 +335,7 @@ def test_alerts_dashboards_and_scalers_read_the_picker_behind_the_gateway() -> N
     exported = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
     exported |= {f.name for f in scheduling_families({})}
     queries = [*dashboards.promql(spec), *(a.expr for a in alerts.alerts(spec))]
-    queries += [t.query for m in spec.models for t in scaling.triggers(spec, m)]
+    queries += [t.query for u in decided(spec).models.values() for t in scaling.triggers(spec, u)]
     read = {name for q in queries for name in re.findall(r"inferstack_[a-z_]+", q)}
     assert not {n for n in read if n.startswith("inferstack_router_")}
     picker = {n for n in read if n.startswith("inferstack_picker_")}

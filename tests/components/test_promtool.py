@@ -40,6 +40,7 @@ from runtime.health.exposition import registry_for
 from runtime.health.monitor import Monitor
 from runtime.picker.metrics import PickerMetrics
 from runtime.router.metrics import RouterMetrics
+from tests.components.helpers import decided
 
 REPO = Path(__file__).resolve().parents[2]
 CAPTURE = REPO / "tests" / "fixtures" / "vllm-cpu-metrics.txt"
@@ -520,8 +521,9 @@ def scaling_tests(spec: PlatformSpec) -> list[dict[str, Any]]:
     }
     want_zero = {"queued": None, "router-queue": demand_zero, "kv-cache": None, "ttft-p95": 0.0}
     busy_checks, zero_checks = [], []
+    units = decided(spec).models
     for model in spec.models:
-        for trigger in scaling.triggers(spec, model):
+        for trigger in scaling.triggers(spec, units[model.name]):
             for checks, want in ((busy_checks, want_busy), (zero_checks, want_zero)):
                 value = want[trigger.name]
                 samples = [] if value is None else [{"labels": "{}", "value": value}]

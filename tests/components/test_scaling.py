@@ -14,7 +14,7 @@ from components.core.stackfile import STACKS_DIR, available_stacks, load
 from components.deploy import synthesis as plan
 from components.render import scaling
 from components.spec import PlatformSpec
-from tests.components.helpers import minimal, write_stack
+from tests.components.helpers import decided, minimal, write_stack
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 
@@ -118,7 +118,7 @@ def test_hpa_mode_renders_autoscaling_v2_hpas_and_adapter_rules_instead_of_scale
     raw["addons"] = {"autoscaler": "hpa"}
     spec = PlatformSpec.model_validate(raw)
     model = spec.models[0]
-    [hpa] = scaling.render(spec, model)
+    [hpa] = scaling.render(spec, decided(spec).models[model.name])
     assert hpa["apiVersion"] == "autoscaling/v2" and hpa["kind"] == "HorizontalPodAutoscaler"
     assert hpa["spec"]["minReplicas"] == 1 and hpa["spec"]["maxReplicas"] == 2
     metrics = {m.get("pods", m.get("object", {}))["metric"]["name"]: m for m in hpa["spec"]["metrics"]}
@@ -147,7 +147,7 @@ def test_fixed_size_models_have_no_scaler() -> None:
     raw = minimal()
     raw["models"][0]["scaling"] = {"min_replicas": 2, "max_replicas": 2}
     spec = PlatformSpec.model_validate(raw)
-    assert scaling.render(spec, spec.models[0]) == []
+    assert scaling.render(spec, decided(spec).models[spec.models[0].name]) == []
 
 
 @pytest.mark.parametrize("name", PULUMI_STACKS)
@@ -167,8 +167,8 @@ def test_built_in_scaling_objects_pass_strict_validation_in_both_modes(autoscale
     raw["addons"] = {"autoscaler": autoscaler}
     spec = PlatformSpec.model_validate(raw)
     version = f"{spec.cluster.kubernetes_version}.0"
-    for model in spec.models:
-        for manifest in scaling.render(spec, model):
+    for unit in decided(spec).models.values():
+        for manifest in scaling.render(spec, unit):
             if manifest["apiVersion"].startswith("keda.sh/"):
                 continue  # a custom resource: its fields are checked above
             kubernetes_validate.validate(manifest, version, strict=True)

@@ -183,8 +183,9 @@ def _panel_queries() -> tuple[list[tuple[str, str]], list[str]]:
 
 def test_every_scaling_trigger_and_dashboard_query_returns_data(monitored: Monitored) -> None:
     _drive_load(monitored)
-    spec = load(STACK, STACKS).spec
-    triggers = [(t.name, t.query) for m in spec.models for t in scaling.triggers(spec, m)]
+    stack = load(STACK, STACKS)
+    spec = stack.spec
+    triggers = [(t.name, t.query) for u in stack.decisions.models.values() for t in scaling.triggers(spec, u)]
     checked, skipped = _panel_queries()
     assert sorted(skipped) == ["Replicas", "Router replicas and CPU"]  # kube-state-metrics, cAdvisor
     before_kill = [(n, q) for n, q in triggers + checked if not _after_failures(q)]
