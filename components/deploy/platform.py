@@ -95,7 +95,7 @@ class InferencePlatform(pulumi.ComponentResource):
         )
         self.priority_class = apply(hardening.priority_class(spec), child)
         self.engine_identity = apply(engine.service_account(spec), in_namespace)
-        self.network = NetworkPolicies(spec, cloud, in_namespace)
+        self.network = NetworkPolicies(spec, cloud, layout, in_namespace)
         # The model store first: one preparation Job per model (pulumi waits for it to complete), then engines.
         self.weights = ModelWeights(
             spec,
@@ -152,7 +152,7 @@ class InferencePlatform(pulumi.ComponentResource):
         }
         monitoring = self.addons.installed("kube-prometheus-stack")
         self.observability = Observability(
-            spec, pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, *monitoring])
+            spec, units, pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, *monitoring])
         )
         self.register_outputs(
             {

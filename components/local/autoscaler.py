@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from components.core.scaling import Thresholds, replicas_wanted, thresholds
+from components.core.scaling import Thresholds, replicas_wanted
 from components.local import monitor
 from components.local.engine_process import EngineProcess
 from components.local.plan import HOST, EngineLaunch, LocalPlan
@@ -120,7 +120,8 @@ class Autoscaler:
             model = by_model[launch.model]
             if not scaling.scales(model):
                 continue
-            entry = self.models.setdefault(launch.model, ModelScale(thresholds(model), [], last_busy=now))
+            decided = self.plan.units[launch.model].scaling  # the thresholds the cluster's scaler renders
+            entry = self.models.setdefault(launch.model, ModelScale(decided, [], last_busy=now))
             entry.replicas.append(Replica(launch))
 
     # -- membership --------------------------------------------------------------------------------

@@ -146,13 +146,14 @@ def model_queries(spec: PlatformSpec, model: ModelSpec) -> dict[str, list[str]]:
         for r in scaling.adapter_rules(spec)
         if r["name"]["as"].startswith(f"inferstack_{model.engine.kind.value}_")
     ]
+    unit = decided(spec).models[model.name]
     return {
-        "trigger": [t.query for t in scaling.triggers(spec, decided(spec).models[model.name])],
+        "trigger": [t.query for t in scaling.triggers(spec, unit)],
         "adapter rule": [
             r.replace("<<.LabelMatchers>>", 'namespace="x"').replace("<<.GroupBy>>", "pod") for r in rules
         ],
-        "alert": [a.expr for a in alerts.model_alerts(spec, model)],
-        "dashboard": [q for p in dashboards.model_panels(spec, model) for q, _ in p.targets],
+        "alert": [a.expr for a in alerts.model_alerts(spec, unit)],
+        "dashboard": [q for p in dashboards.model_panels(spec, unit) for q, _ in p.targets],
     }
 
 

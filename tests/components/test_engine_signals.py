@@ -93,7 +93,7 @@ def test_trtllm_scales_on_the_router_queue_alone_and_has_no_engine_scrape() -> N
     [scaled] = scaling.render(spec, unit)
     assert [t["name"] for t in scaled["spec"]["triggers"]] == ["router-queue"]
     assert [m["metadata"]["name"] for m in monitors.render(spec)] == ["inferstack-runtime"]
-    names = {a.name for a in alerts.model_alerts(spec, model)}
+    names = {a.name for a in alerts.model_alerts(spec, unit)}
     assert "InferenceEngineDown" not in names and "InferenceEngineReplicasBelowMin" in names
     assert scaling.scaling_note(spec, unit) == (
         "llama-8b: TensorRT-LLM exports no queued, kv_usage, ttft metric; it scales on router-queue only"

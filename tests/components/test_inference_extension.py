@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from components.clouds.targets import cloud_for
+from components.core.placement import place
 from components.core.stackfile import load
 from components.deploy import synthesis as plan
 from components.render import flows, scaling
@@ -138,7 +139,7 @@ def test_network_policies_let_the_gateway_reach_engines_and_picker_only(manifest
     router; the rendered policies allow exactly the table, pair by pair and port by port."""
     spec = load(STACK, EXAMPLES).spec
     cloud = cloud_for(spec)
-    table = {(f.source.name, f.dest.name, f.ports) for f in flows.flows(spec, cloud)}
+    table = {(f.source.name, f.dest.name, f.ports) for f in flows.flows(spec, cloud, place(spec))}
     assert ("gateway-proxy", "picker", (("TCP", 9002),)) in table
     assert ("gateway-proxy", "engine", (("TCP", 8000),)) in table
     assert ("picker", "health", (("TCP", 8081),)) in table
@@ -326,7 +327,8 @@ def test_alerts_dashboards_and_scalers_read_the_picker_behind_the_gateway() -> N
     from components.render import alerts, dashboards
     from runtime.picker.metrics import PickerMetrics, scheduling_families
 
-    spec = load(STACK, EXAMPLES).spec
+    stack = load(STACK, EXAMPLES)
+    spec, units = stack.spec, stack.decisions.models
     metrics = PickerMetrics()
     metrics.picked("m", "http://e", 0.001)
     metrics.rejected("no_backend", "m")
@@ -334,13 +336,13 @@ def test_alerts_dashboards_and_scalers_read_the_picker_behind_the_gateway() -> N
     text = generate_latest(metrics.registry).decode()
     exported = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
     exported |= {f.name for f in scheduling_families({})}
-    queries = [*dashboards.promql(spec), *(a.expr for a in alerts.alerts(spec))]
-    queries += [t.query for u in decided(spec).models.values() for t in scaling.triggers(spec, u)]
+    queries = [*dashboards.promql(spec, units), *(a.expr for a in alerts.alerts(spec, units))]
+    queries += [t.query for u in units.values() for t in scaling.triggers(spec, u)]
     read = {name for q in queries for name in re.findall(r"inferstack_[a-z_]+", q)}
     assert not {n for n in read if n.startswith("inferstack_router_")}
     picker = {n for n in read if n.startswith("inferstack_picker_")}
     assert picker and picker <= exported, picker - exported
-    assert {"InferencePickerDown", "InferencePicker5xxRate"} <= {a.name for a in alerts.alerts(spec)}
+    assert {"InferencePickerDown", "InferencePicker5xxRate"} <= {a.name for a in alerts.alerts(spec, units)}
 
 
 def test_lora_adapters_need_the_router() -> None:

@@ -24,7 +24,8 @@ def _specs() -> list[tuple[str, PlatformSpec]]:
 
 @pytest.mark.parametrize(("name", "spec"), _specs(), ids=[n for n, _ in _specs()])
 def test_every_rendered_expression_parses(name: str, spec: PlatformSpec) -> None:
-    expressions = scaling.promql(spec, decided(spec).models) + observability.promql(spec)
+    units = decided(spec).models
+    expressions = scaling.promql(spec, units) + observability.promql(spec, units)
     assert len(expressions) > 10
     for expr in expressions:
         try:

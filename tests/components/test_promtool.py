@@ -454,7 +454,8 @@ def batch_cases(spec: PlatformSpec, by_name: dict[str, alerts.Alert]) -> Iterato
 def alert_tests(spec: PlatformSpec) -> list[dict[str, Any]]:
     tests = []
     quiet = healthy(spec, 75)
-    names = sorted({a.name for a in alerts.alerts(spec)})
+    units = decided(spec).models
+    names = sorted({a.name for a in alerts.alerts(spec, units)})
     tests.append(
         {
             "name": "a healthy fleet raises nothing",
@@ -467,12 +468,12 @@ def alert_tests(spec: PlatformSpec) -> list[dict[str, Any]]:
     )
     cases: list[Case] = []
     for model in spec.models:
-        by_name = {a.name: a for a in alerts.model_alerts(spec, model)}
+        by_name = {a.name: a for a in alerts.model_alerts(spec, units[model.name])}
         cases += model_cases(spec, model, by_name)
     cases += gateway_cases(spec, {a.name: a for a in alerts.gateway_alerts(spec)})
     cases += batch_cases(spec, {a.name: a for a in alerts.batch_alerts(spec)})
     covered = {c.alert.name + (c.alert.model or "") for c in cases if c.fires_at}
-    every = {a.name + (a.model or "") for a in alerts.alerts(spec)}
+    every = {a.name + (a.model or "") for a in alerts.alerts(spec, units)}
     assert covered == every, f"alerts without a firing case: {sorted(every - covered)}"
     for case in cases:
         checks = [{"eval_time": case.quiet_at, "alertname": case.alert.name, "exp_alerts": []}]
@@ -565,7 +566,7 @@ def scaling_tests(spec: PlatformSpec) -> list[dict[str, Any]]:
 # --- the tests ------------------------------------------------------------------------------------------------
 def write_rules(spec: PlatformSpec, directory: Path) -> Path:
     path = directory / "rules.yml"
-    path.write_text(yaml.safe_dump(monitor.rule_file(spec), sort_keys=False))
+    path.write_text(yaml.safe_dump(monitor.rule_file(spec, decided(spec).models), sort_keys=False))
     return path
 
 
@@ -577,7 +578,7 @@ def test_promtool_checks_the_rule_file(stack: str, tmp_path: Path) -> None:
         [promtool(), "check", "rules", str(rules)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(alerts.alerts(spec))} rules found" in result.stdout
+    assert f"SUCCESS: {len(alerts.alerts(spec, decided(spec).models))} rules found" in result.stdout
 
 
 @pytest.mark.parametrize("stack", STACKS)
