@@ -308,7 +308,7 @@ def plan_report(stack: Stack) -> PlanReport:
         deploy=deploy_rows(decided),
         deploy_notes=deploy_notes,
         warnings=list(decided.warnings),
-        versions=lifecycle.describe(spec, layout),
+        versions=lifecycle.describe(spec, layout, decided.preparations),
         sharing=sharing_lines(spec, layout, by_model),
         idle=idle_rows(decided),
         weights=weights_rows(decided),
