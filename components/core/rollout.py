@@ -88,10 +88,6 @@ def plan(
     return Rollout(0, 1, most, startup, model.scaling.min_replicas == 0, reason)
 
 
-def plans(spec: PlatformSpec, layout: Layout) -> dict[str, Rollout]:
-    return {m.name: plan(spec, layout, m) for m in spec.models}
-
-
 def warnings(spec: PlatformSpec, layout: Layout, plans: Mapping[str, Rollout] | None = None) -> list[str]:
     """Rollouts that drop a model below its SLO minimum, with the pool size that would prevent it (``plans``: the
     models' rollouts, when the caller made them)."""
