@@ -1,9 +1,9 @@
 """A stack's decisions, made once: where each model runs, how it gets its weights, how long a cold replica may
 take, how it rolls and scales, and what it costs. Pure.
 
-``decide`` makes them right after validation (``components.core.stackfile.Stack.decisions``; under `pulumi up`,
-``components.deploy.program``), from the spec and the placement ``Layout``, by calling each decision module of this
-package once per model. Everything after reads the value: the plan report, the Pulumi program and its components,
+``decide`` makes them once a stack is validated (``components.core.stackfile.Stack.decisions``, when first read;
+under `pulumi up`, ``components.deploy.program``), from the spec and the placement ``Layout``, by calling each
+decision module of this package once per model. Everything after reads the value: the plan report, the Pulumi program and its components,
 the renderers. None of them asks a decision module again, so what the plan shows is what the program deploys.
 
 Decisions are made twice over, once per declared model (``models``: what the plan report shows) and once per
@@ -124,5 +124,6 @@ def decide(spec: PlatformSpec, layout: Layout) -> Decisions:
         units=units,
         preparations=tuple(lifecycle.preparations(spec, layout)),
         warnings=tuple(rollout.warnings(spec, layout, rollouts)),
+        # Without fixed infrastructure the bill has the GPU pools' items only; ``bill`` adds the target's.
         gpu_bill=cost.stack_cost(spec, layout, FixedInfrastructure()),
     )
