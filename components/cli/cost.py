@@ -239,9 +239,7 @@ def cost_command(
     assert stack is not None
     loaded = _stack(stack, stacks_dir)
     if not compare_apis:
-        bill = cost.stack_cost(
-            loaded.spec, loaded.layout, targets.fixed_infrastructure(loaded.spec, loaded.layout)
-        )
+        bill = loaded.decisions.bill(targets.fixed_infrastructure(loaded.spec, loaded.layout))
         table = Table("item", "min $/month", "max $/month", title=f"inferstack cost: {stack}")
         for item in bill.items:
             table.add_row(item.name, usd(item.min_usd_month), usd(item.max_usd_month))

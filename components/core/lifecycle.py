@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -226,10 +227,11 @@ def versions_fit(planned: Planned) -> list[Problem]:
     return out
 
 
-def describe(spec: PlatformSpec, layout: Layout) -> list[str]:
-    """The plan's account of versions: weights, the canary's step, the rollback rule, the preparation Jobs."""
+def describe(spec: PlatformSpec, layout: Layout, prepared: Sequence[Preparation] | None = None) -> list[str]:
+    """The plan's account of versions: weights, the canary's step, the rollback rule, the preparation Jobs
+    (``prepared``: the preparations, when the caller made them)."""
     lines: list[str] = []
-    jobs = {p.unit: p for p in preparations(spec, layout)}
+    jobs = {p.unit: p for p in (prepared if prepared is not None else preparations(spec, layout))}
     for m in spec.models:
         if not m.versions or m.rollout.canary is None:
             continue

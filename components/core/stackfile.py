@@ -15,14 +15,16 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from components.core import lifecycle, plan_rules
+from components.core import plan_rules
 from components.core.cloud import Cloud
+from components.core.decisions import Decisions, decide
 from components.core.paths import STACKS_DIR as STACKS_DIR  # noqa: PLC0414 - re-exported: callers look here
 from components.core.placement import Layout
 from components.core.problems import Problem, SpecError
@@ -46,10 +48,16 @@ class Stack:
     layout: Layout
     config: dict[str, Any]
 
+    @cached_property
+    def decisions(self) -> Decisions:
+        """Every decision about the stack, made once, when first read (``components.core.decisions``): the plan
+        report, the Pulumi program and the renderers read them."""
+        return decide(self.spec, self.layout)
+
     @property
     def served(self) -> tuple[PlatformSpec, Layout]:
         """The spec and layout the renderers see: each version of a model as a unit of its own."""
-        return lifecycle.expand(self.spec, self.layout)
+        return self.decisions.served_spec, self.decisions.served_layout
 
 
 def stack_path(stack: str, stacks_dir: Path = STACKS_DIR) -> Path:

@@ -230,7 +230,7 @@ def test_the_plan_prepares_each_adapter_and_only_its_jobs_reach_the_hub() -> Non
     model = next(m for m in spec.models if m.adapters)
     assert {weights.adapter_job_name(spec, model, a) for a in model.adapters} <= jobs
     assert len(jobs) == len(spec.models) + len(model.adapters)
-    table = flows.flows(spec, cloud_for(spec))
+    table = flows.flows(spec, cloud_for(spec), placement.place(spec))
     to_hub = [f for f in table if "hub" in f.dest.name]
     assert [f.source.name for f in to_hub] == [flows.WEIGHTS] and "LoRA adapters" in to_hub[0].why
     assert any(f.source.name == flows.ENGINE and "LoRA adapters" in f.why for f in table)
