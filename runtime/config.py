@@ -13,13 +13,22 @@ Durations carry their unit in the name (``_ms``, ``_s``); sizes too (``_bytes``)
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, HttpUrl, WithJsonSchema, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    WithJsonSchema,
+    create_model,
+    model_validator,
+)
 
 from runtime import scheduling
 from runtime.defaults import DEFAULT_MAX_NUM_SEQS
@@ -250,65 +259,47 @@ _WEIGHTS_DESCRIPTION = (
 )
 
 
-class StrategyConfig(_Strict):
-    """A routing strategy and its knobs; weights blend affinity scorers against distribution scorers."""
+class _StrategyFields(_Strict):
+    """The fields of every strategy; its knobs come from the scorer registry (``StrategyConfig``)."""
 
     name: StrategyName = Field(default="least_load", description=_STRATEGY_DESCRIPTION)
     weights: dict[str, Annotated[float, Field(ge=0)]] = Field(
         default_factory=dict, description=_WEIGHTS_DESCRIPTION
     )
     session_header: str = Field(default="x-session-id", description="Header that carries the session key.")
-    prefix_block_tokens: int = Field(
-        default=64,
-        ge=1,
-        description=(
-            "Tokens per block of the prefix index: prompts are matched block by block, so a smaller block"
-            " finds shorter shared prefixes, at more hashing per request."
-        ),
+
+
+def knob_field(knob: scheduling.Knob[Any]) -> Any:
+    """The field a knob's record describes (default, range, description), for a model to declare."""
+    bounds: dict[str, Any] = {"ge": knob.ge, "gt": knob.gt, "le": knob.le, "lt": knob.lt}
+    return Field(
+        default=knob.default,
+        description=knob.description,
+        **{bound: value for bound, value in bounds.items() if value is not None},
     )
-    prefix_index_max_entries: int = Field(
-        default=100_000, ge=1, description="Bound of the prefix index (LRU)."
-    )
-    load_guard_ratio: float = Field(
-        default=0.8,
-        gt=0,
-        le=1,
-        description=(
-            "Affinity scorers (prefix, session) are ignored for a replica whose requests in flight exceed"
-            " this share of its concurrency cap: a hot prefix or session moves instead of overloading it."
-        ),
-    )
-    prefix_balance_factor: float = Field(
-        default=1.2,
-        ge=1,
-        description=(
-            "prefix_aware: a new conversation on a shared prefix (a system prompt others went through)"
-            " goes to a replica holding it only while that replica's count of recently started"
-            " conversations, with this one, stays within ceil(this x the average) (bounded loads);"
-            " else to the replica that started the fewest, which copies the prefix. 1.2: at most ~60 %"
-            " of new conversations on one of two replicas. A conversation's follow-ups are not bounded"
-            " by it: they stay home up to load_guard_ratio."
-        ),
-    )
-    prefix_balance_window_s: float = Field(
-        default=30.0,
-        gt=0,
-        description="prefix_aware: time constant of the decaying count of conversations started per replica.",
-    )
-    prefix_chars_per_token: int = Field(
-        default=4,
-        ge=1,
-        description="The router hashes characters, not tokens: a block is prefix_block_tokens x this many.",
-    )
-    prefix_max_blocks: int = Field(
-        default=128, ge=1, description="Blocks of a prompt that are hashed at most (bounds CPU per request)."
-    )
-    session_index_max_entries: int = Field(
-        default=100_000, ge=1, description="Bound of the session -> replica map (LRU)."
-    )
-    latency_ewma_alpha: float = Field(
-        default=0.3, gt=0, le=1, description="Weight of the newest TTFT sample in a replica's latency mean."
-    )
+
+
+def strategy_model(knobs: Iterable[scheduling.Knob[Any]]) -> type[_StrategyFields]:
+    """The strategy's fields, then a field per knob, in the order given: what ``StrategyConfig`` is made of
+    (from every registered scorer's knobs, ``scheduling.freeze_knobs``)."""
+    fields: dict[str, Any] = {knob.name: (knob.type, knob_field(knob)) for knob in knobs}
+    return create_model("StrategyKnobs", __base__=_StrategyFields, __module__=__name__, **fields)
+
+
+# StrategyConfig's knob fields are made from the records of every scorer registered by now (each built-in
+# scorer: the registry imports them all), in their places; a plug-in imported later may add none. mypy sees
+# the fixed fields only, and a knob as Any: read one typed with its record, ``KNOB.read(strategy)``.
+if TYPE_CHECKING:
+
+    class _StrategyKnobs(_StrategyFields):
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    _StrategyKnobs = strategy_model(scheduling.freeze_knobs())
+
+
+class StrategyConfig(_StrategyKnobs):
+    """A routing strategy and its knobs; weights blend affinity scorers against distribution scorers."""
 
 
 class ModelRoute(_Strict):
@@ -831,8 +822,13 @@ def routing_scorers() -> Mapping[str, scheduling.ScorerInfo]:
 
 
 def routing_knobs_read(strategy: str, weights: Mapping[str, float]) -> frozenset[str]:
-    """The ``StrategyConfig`` knobs that make a difference to this blend."""
+    """The names of the ``StrategyConfig`` knobs that make a difference to this blend."""
     return scheduling.knobs_read(strategy, weights)
+
+
+def routing_knobs() -> dict[str, scheduling.Knob[Any]]:
+    """The knobs a stack file may set per model (``Knob.stack``), built-in scorers' only, by name."""
+    return {name: knob for name, knob in sorted(scheduling.builtin_knobs().items()) if knob.stack}
 
 
 def reads_engine_events(strategy: str, weights: Mapping[str, float]) -> bool:
@@ -846,8 +842,8 @@ def reads_engine_events(strategy: str, weights: Mapping[str, float]) -> bool:
 
 
 def strategy_field(name: str) -> Any:
-    """``StrategyConfig``'s field ``name`` (default, range, description) for another model to declare:
-    a knob is defined once, here, and the spec offers it as it is."""
+    """``StrategyConfig``'s field ``name`` (default, range, description) for another model to declare,
+    so the spec offers it as it is (a knob's: ``knob_field``)."""
     return copy.copy(StrategyConfig.model_fields[name])
 
 

@@ -64,11 +64,11 @@ def read_feed(feed: Mapping[str, Any], now_unix_s: float) -> Feed | None:
     """A fresh feed; None when the feed is stale or not a feed at all."""
     generated = _number(feed.get("generated_at"))
     stale_after = _number(feed.get("stale_after_s")) or DEFAULT_STALE_AFTER_S
-    backends = feed.get("backends")
-    if generated is None or now_unix_s - generated > stale_after or not isinstance(backends, list):
+    listed = feed.get("backends")
+    if generated is None or now_unix_s - generated > stale_after or not isinstance(listed, list):
         return None
     out: list[ReplicaSignals] = []
-    for entry in backends:
+    for entry in listed:
         if not isinstance(entry, Mapping):
             continue
         metrics = entry.get("metrics")

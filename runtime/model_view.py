@@ -20,6 +20,7 @@ from runtime.engines import Signal
 from runtime.openai_request import prompt_text
 from runtime.replica import ReplicaState
 from runtime.scheduling import Context, Need, Strategy, build
+from runtime.scheduling.scorers.latency import LATENCY_EWMA_ALPHA
 
 R = TypeVar("R", bound=ReplicaState)
 
@@ -46,7 +47,7 @@ class ModelView(ABC, Generic[R]):
         self.needs_session = Need.SESSION in self.strategy.needs
         self.needs_adapter = Need.ADAPTER in self.strategy.needs
         self.session_header = route.strategy.session_header.lower()
-        self.ewma_alpha = route.strategy.latency_ewma_alpha
+        self.ewma_alpha = LATENCY_EWMA_ALPHA.read(route.strategy)
         self.weights = {str(b.url).rstrip("/"): b.weight for b in target.static_backends}
         self.replicas: list[R] = []
         self.by_url: dict[str, R] = {}
@@ -66,6 +67,10 @@ class ModelView(ABC, Generic[R]):
 
     def replicas_changed(self) -> None:
         """The replica list was replaced (after ``set_replicas``)."""
+
+    def health_changed(self, replica: R) -> None:
+        """The health feed or a probe changed whether ``replica`` may take traffic (after ``probed`` or
+        ``runtime.fleet_feed.apply_signals`` said so)."""
 
     def set_replicas(self, urls: list[str], previous: Mapping[str, R] | None = None) -> None:
         """The replicas discovery reports now. Survivors (here or in ``previous``, the state a reload

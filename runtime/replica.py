@@ -1,9 +1,9 @@
 """What a front end knows about one engine replica: its load, latency, health signals and circuit.
 
-Plain mutable state, shared by every front end (the router's ``Backend`` and the endpoint picker's
-``Replica`` extend it with what only they need): updated by the front end (in-flight, TTFT, outcomes)
+Plain mutable state, shared by every front end (each front end's ``Replica``, in ``runtime.router.replicas``
+and ``runtime.picker.replicas``, extends it with what only it needs): updated by the front end (in-flight, TTFT, outcomes)
 and by the health feed or its own probe (engine queue, KV usage, health), and read by the scheduler,
-whose ``Endpoint`` view it satisfies as it is. No I/O here.
+whose ``Replica`` protocol (``runtime.scheduling``) it satisfies as it is. No I/O here.
 """
 
 from __future__ import annotations

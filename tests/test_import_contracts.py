@@ -22,8 +22,15 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = ROOT / "pyproject.toml"
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
-# What components may read of runtime: the contract, the engine facts and the scorer/filter registry.
-RUNTIME_CONTRACT_MODULES = {"runtime.config", "runtime.defaults", "runtime.engines", "runtime.scheduling"}
+# What components may read of runtime: the contract, the engine facts, what pins a hub revision and the
+# scorer/filter registry.
+RUNTIME_CONTRACT_MODULES = {
+    "runtime.config",
+    "runtime.defaults",
+    "runtime.engines",
+    "runtime.revision",
+    "runtime.scheduling",
+}
 
 
 @cache

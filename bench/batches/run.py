@@ -323,8 +323,8 @@ def main() -> None:
         urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
         env_python = sys.executable
         with contextlib.ExitStack() as stack:
-            for name in ("health", "batches", "router"):
-                argv = [env_python, "-m", f"runtime.{name}", "--config", str(path)]
+            for name, module in (("health", "health"), ("batches", "batch_service"), ("router", "router")):
+                argv = [env_python, "-m", f"runtime.{module}", "--config", str(path)]
                 stack.enter_context(process(argv, work / f"{name}.log"))
                 wait_ok(urls[name] + "/healthz")
             wait_ok(urls["router"] + "/readyz")

@@ -49,7 +49,7 @@ from components.local.engine_process import EngineProcess, cpu_model_spec
 from components.local.tiny_model import GENERATED_MODELS
 from components.render.envoy import EnvoyPool, envoy_config
 from runtime.config import Task
-from runtime.router.backends import backend_tag
+from runtime.router.replicas import replica_tag
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = ROOT / ".venv" / "bin" / "python"
@@ -355,7 +355,7 @@ def summarise(
     ttfts = [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]
     header_share: list[float] | None = None
     if any(r.backend for r in ok):
-        tags = [backend_tag(u) for u in workers]
+        tags = [replica_tag(u) for u in workers]
         header_share = [sum(1 for r in ok if r.backend == t) / max(1, len(ok)) for t in tags]
     return Run(
         target=target,

@@ -16,8 +16,8 @@ import time
 
 from bench.routing import workload as wl
 from runtime.config import StrategyConfig
-from runtime.router.backends import Backend, Breaker
 from runtime.router.payload import prompt_text
+from runtime.router.replicas import Breaker, Replica
 from runtime.scheduling import Context, build
 
 
@@ -29,7 +29,7 @@ def prompts(seed: int) -> list[str]:
 
 def cost_us(name: str, texts: list[str]) -> float:
     strategy = build(StrategyConfig(name=name))
-    backends = [Backend(f"http://127.0.0.1:{9000 + i}", 64, Breaker(5, 1.0)) for i in range(2)]
+    backends = [Replica(f"http://127.0.0.1:{9000 + i}", 64, Breaker(5, 1.0)) for i in range(2)]
     started = time.perf_counter()
     for j, text in enumerate(texts):
         backends[j % 2].inflight = j % 5

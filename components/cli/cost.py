@@ -121,10 +121,11 @@ def print_notes(results: list[compare.Comparison], a: compare.Assumptions, price
 
 
 def _stack(name: str, stacks_dir: Path) -> Stack:
+    from components.clouds.targets import PROFILES  # noqa: PLC0415 - see the imports
     from components.core.stackfile import load  # noqa: PLC0415 - see the imports
 
     try:
-        return load(name, stacks_dir)
+        return load(name, stacks_dir, PROFILES)
     except SpecError as error:
         raise _fail(error.render()) from None
 

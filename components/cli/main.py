@@ -240,12 +240,13 @@ def _cyclic_gc_paused() -> Iterator[None]:
 
 def _plan(stack: str, out_dir: Path | None, stacks_dir: Path, policy_config: Path | None) -> None:
     from components.cli import report  # noqa: PLC0415
+    from components.clouds.targets import PROFILES  # noqa: PLC0415
     from components.core.stackfile import load  # noqa: PLC0415
     from components.deploy import synthesis as planner  # noqa: PLC0415 - see the imports
     from policies.inference import offline  # noqa: PLC0415
 
     try:
-        loaded = load(stack, stacks_dir)
+        loaded = load(stack, stacks_dir, PROFILES)
         policy = offline.prepare(loaded, policy_config)
     except (SpecError, offline.PolicyConfigError) as error:
         raise _fail(error.render() if isinstance(error, SpecError) else str(error)) from None

@@ -1,4 +1,9 @@
-"""What `inferstack plan` and `inferstack size` show: rows and Markdown built from pure data."""
+"""What `inferstack plan` and `inferstack size` show: rows and Markdown built from pure data.
+
+Every figure of a model (placement, weights fetch path and cold starts, startup budget, rollout, idle state, cost) is
+read from the stack's decisions (``Stack.decisions``, ``components.core.decisions``), made once per plan: the report
+asks no decision module again, so it shows what the program deploys.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +15,12 @@ from dataclasses import dataclass, field
 import yaml
 
 from components.clouds import targets
-from components.core import capacity, catalog, cost, endpoint, lifecycle, packing, rollout, startup
+from components.core import capacity, catalog, cost, endpoint, lifecycle, packing
+from components.core.decisions import Decisions
 from components.core.placement import Layout, Placement, PoolPlan
 from components.core.stackfile import Stack
-from components.core.startup import minutes, weights_fetch, weights_gib
-from components.core.weights import coldstart, fetch, store
+from components.core.startup import minutes
+from components.core.weights import store
 from components.deploy import images
 from components.deploy.synthesis import Synthesis
 from components.render import inference_extension, ingress, scaling
@@ -52,25 +58,22 @@ def _seconds(value: float) -> str:
     return f"{math.ceil(value):,} s"
 
 
-def weights_rows(stack: Stack) -> list[tuple[str, ...]]:
+def weights_rows(decided: Decisions) -> list[tuple[str, ...]]:
     """Per model: where its weights are in the store, how the engine gets them, and the cold start of each path
     (the chosen one is the startup budget's weights term: ``components.core.startup.weights_fetch``)."""
-    spec, layout = stack.spec, stack.layout
     rows = []
-    for model in spec.models:
-        placement = layout.placements[model.name]
-        way = fetch.decide(model, placement.instance)
-        gib = weights_gib(model, placement)
-        paths = coldstart.compare(gib, placement.instance, placement.gpus_per_replica)
+    for model in decided.spec.models:
+        d = decided.models[model.name]
+        way = d.fetch
         where = way.path.value + (f" ({way.medium.value})" if way.medium else "")
         rows.append(
             (
                 model.name,
-                f"`{store.location(spec, model)}`",
+                f"`{store.location(decided.spec, model)}`",
                 where,
-                f"{gib:.1f} GiB",
-                f"**{weights_fetch(model, placement).seconds:,} s**",  # the startup budget's weights term
-                *(_seconds(p.total_s) for p in paths),
+                f"{d.weights_gib:.1f} GiB",
+                f"**{d.weights_phase.seconds:,} s**",  # the startup budget's weights term
+                *(_seconds(p.total_s) for p in d.cold_starts),
             )
         )
     return rows
@@ -103,11 +106,11 @@ def markdown_table(
     ]
 
 
-def deploy_rows(spec: PlatformSpec, plans: dict[str, rollout.Rollout]) -> list[tuple[str, ...]]:
+def deploy_rows(decided: Decisions) -> list[tuple[str, ...]]:
     """Per model: the cold start's phases, the budget, how it rolls, and how long `pulumi up` waits for it."""
     rows: list[tuple[str, ...]] = []
-    for model in spec.models:
-        r = plans[model.name]
+    for model in decided.spec.models:
+        r = decided.models[model.name].rollout
         rows.append(
             (
                 model.name,
@@ -241,13 +244,15 @@ def adapters_note(model: ModelSpec, placement: Placement) -> str:
 
 
 def plan_report(stack: Stack) -> PlanReport:
-    spec, layout = stack.spec, stack.layout
+    decided = stack.decisions
+    spec, layout = decided.spec, decided.layout
     bill = targets.stack_cost(spec, layout)
     by_model = {c.model: c for c in bill.models}
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []
     for model in spec.models:
-        placement = layout.placements[model.name]
+        d = decided.models[model.name]
+        placement = d.placement
         c = by_model[model.name]
         e = model.engine
         instance = placement.instance.name if placement.instance else "cpu"
@@ -277,8 +282,8 @@ def plan_report(stack: Stack) -> PlanReport:
                 f"replica (TP {e.tensor_parallel_size} x PP {e.pipeline_parallel_size}, "
                 f"{cost.monthly(c.usd_per_replica_month)}/month per replica = {placement.nodes} nodes)"
             )
-        notes.append(f"{model.name} weights: {fetch.decide(model, placement.instance).reason}")
-        if note := scaling.scaling_note(spec, model):
+        notes.append(f"{model.name} weights: {d.fetch.reason}")
+        if note := scaling.scaling_note(spec, d):
             notes.append(note)
     if not spec.gateway.runs_router and (note := inference_extension.routing_note(spec)):
         notes.append(note)
@@ -294,30 +299,29 @@ def plan_report(stack: Stack) -> PlanReport:
             f"pool {pool.name}: {pool.reason}; {pool.min_nodes}-{pool.max_nodes} nodes, "
             f"{pool.root_disk_gib} GiB root disk{cache}" + _links(pool)
         )
-    plans = rollout.plans(spec, layout)
     deploy_notes = [n for n in (endpoint.note(spec), images.note(spec), ingress.gateway_api_note(spec)) if n]
     deploy_notes += capacity.notes(spec, layout)
     return PlanReport(
         rows=rows,
         bill=bill,
         notes=notes,
-        deploy=deploy_rows(spec, plans),
+        deploy=deploy_rows(decided),
         deploy_notes=deploy_notes,
-        warnings=rollout.warnings(spec, layout),
-        versions=lifecycle.describe(spec, layout),
+        warnings=list(decided.warnings),
+        versions=lifecycle.describe(spec, layout, decided.preparations),
         sharing=sharing_lines(spec, layout, by_model),
-        idle=idle_rows(spec, layout),
-        weights=weights_rows(stack),
+        idle=idle_rows(decided),
+        weights=weights_rows(decided),
     )
 
 
 IDLE_COLUMNS = ("model", "idles as", "after idle (s)", "wake (s, est.)", "cold start (s, est.)")
 
 
-def idle_rows(spec: PlatformSpec, layout: Layout) -> list[tuple[str, ...]]:
+def idle_rows(decided: Decisions) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
-    for model in spec.models:
-        s = startup.idle_state(model, layout.placements[model.name])
+    for model in decided.spec.models:
+        s = decided.models[model.name].idle
         rows.append(
             (
                 model.name,

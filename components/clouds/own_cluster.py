@@ -12,6 +12,8 @@ from components.core.cloud import PRIVATE_CIDRS, Endpoint, IngressClass, Profile
 from components.core.cost import LineItem
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
+from components.core.problems import Problem
+from components.core.weights import store
 from components.render import ingress
 from components.spec import PlatformSpec, Target
 from runtime.config import S3Files
@@ -61,6 +63,35 @@ class OwnCluster:
         """``gateway.image_registry``, with this machine's Docker login; without it, the published images."""
         registry = spec.gateway.image_registry
         return f"(Docker with buildx on this machine) and pushes them to {registry}" if registry else None
+
+    def model_store_problems(self, spec: PlatformSpec) -> list[Problem]:
+        """The stack creates no store here: a hub model or adapter needs the existing bucket it is prepared into
+        (and an S3 bucket with an owner account is the stack's account's)."""
+        problems = store.account_problems(spec)
+        if store.store_bucket(spec) is not None:
+            return problems
+        for i, model in enumerate(spec.models):
+            if model.is_local_path:
+                continue  # placement reports it: a local path only works with target local
+            if model.is_hub:
+                problems.append(
+                    Problem(
+                        "model_store.bucket",
+                        f"models[{i}] ({model.source}) is prepared into the model store, which target "
+                        f"{spec.target.value} does not create: name an existing bucket (with endpoint_url, "
+                        "reader_secret and writer_secret for an S3-compatible store such as MinIO)",
+                    )
+                )
+            for j, adapter in enumerate(model.adapters):
+                if adapter.is_hub:
+                    problems.append(
+                        Problem(
+                            "model_store.bucket",
+                            f"models[{i}].adapters[{j}] ({adapter.source}) is prepared into the model store, which "
+                            f"target {spec.target.value} does not create: name an existing bucket",
+                        )
+                    )
+        return problems
 
 
 OWN_CLUSTER = OwnCluster()

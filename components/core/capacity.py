@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from components.core import catalog
 from components.core.placement import Layout, PoolPlan, misfits
-from components.core.problems import Problem
+from components.core.problems import Planned, PlanRule, Problem
 from components.core.weights import fetch
 from components.spec import GpuPoolSpec, PlatformSpec, ReservationKind
 
@@ -65,10 +65,11 @@ def _reservation_problems(spec: PlatformSpec, index: int, pool: GpuPoolSpec) -> 
     return [Problem(f"gpu_pools[{index}].capacity_reservation.availability_zone", why)] if why else []
 
 
-def problems(spec: PlatformSpec, layout: Layout) -> list[Problem]:
+def node_sources(planned: Planned) -> list[Problem]:
     """Fallbacks that do not match the pool's shape or fit its models; reservations in a zone without a subnet.
     Only where the stack launches the GPU nodes (on a cluster you bring, they are yours)."""
-    if not spec.cluster.launches_nodes:
+    spec, layout = planned.spec, planned.layout
+    if layout is None or not spec.cluster.launches_nodes:
         return []
     out: list[Problem] = []
     for i, pool in enumerate(spec.gpu_pools):
@@ -101,3 +102,7 @@ def notes(spec: PlatformSpec, layout: Layout) -> list[str]:
         if plan is not None and (pool.capacity_reservation or pool.fallback_instance_types):
             out.append(f"pool {pool.name} capacity, in order: {' -> '.join(steps(pool, plan))}")
     return out
+
+
+RULES: tuple[PlanRule, ...] = (node_sources,)
+"""The pools' node sources' plan-time rule (``components.core.plan_rules``)."""

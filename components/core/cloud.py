@@ -9,6 +9,7 @@ creates before anything in Kubernetes: ``components.kubernetes.cluster.ClusterAc
 over), its instance catalog and its price list. ``components.clouds.targets.PROFILES`` registers one per cluster
 target; the pure code that cannot be handed one (validation and placement, called with the spec alone) asks the
 spec's cluster section, which is chosen by the target too.
+What the target's model store refuses in a spec is asked of its cloud by a plan-time rule (``model_store``).
 
 No Pulumi SDK and no cloud or render module here: cost, report, placement and the policies import it cheaply.
 """
@@ -23,6 +24,7 @@ from components.core.catalog import InstanceType
 from components.core.cost import LineItem, PriceList
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
+from components.core.problems import Planned, PlanRule, Problem
 from components.spec import PlatformSpec, Target
 from runtime.config import S3Files
 
@@ -110,6 +112,11 @@ class Cloud(Protocol):
         says it ('into the stack's ECR'); None: the stack runs the spec's published images as pinned."""
         ...
 
+    def model_store_problems(self, spec: PlatformSpec) -> list[Problem]:
+        """What the target's model store refuses in ``spec`` (which buckets, which account, which of
+        model_store's fields), at the spec's field paths; the plan-time rule ``model_store`` reports them."""
+        ...
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -126,3 +133,13 @@ class Profile:
     """The instance types its GPU pools may name."""
     prices: PriceList
     """What those instance types cost it."""
+
+
+def model_store(planned: Planned) -> list[Problem]:
+    """The target's own model-store rules, asked of its cloud (none on target local: no cloud, the loopback store).
+    Core cannot import the clouds: the caller of ``stackfile.validate`` brings them (``components.clouds.targets``)."""
+    return planned.cloud.model_store_problems(planned.spec) if planned.cloud is not None else []
+
+
+RULES: tuple[PlanRule, ...] = (model_store,)
+"""The cloud seam's plan-time rules (``components.core.plan_rules``)."""

@@ -9,15 +9,19 @@ not exist before that first `pulumi up`); a cluster the stack finds is reached t
 
 from __future__ import annotations
 
-from components.core.problems import Problem
+from components.core.problems import Planned, PlanRule, Problem
 from components.spec import PlatformSpec
 
 
-def problems(spec: PlatformSpec) -> list[Problem]:
+def api_reachable(planned: Planned) -> list[Problem]:
     """The way in must be stated where the stack creates the API, and lead somewhere that exists."""
-    return spec.cluster.api_endpoint_problems()
+    return planned.spec.cluster.api_endpoint_problems()
 
 
 def note(spec: PlatformSpec) -> str | None:
     """What the plan says: where `pulumi up` must run from."""
     return spec.cluster.api_endpoint_note()
+
+
+RULES: tuple[PlanRule, ...] = (api_reachable,)
+"""The API endpoint's plan-time rule (``components.core.plan_rules``)."""

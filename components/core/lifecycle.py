@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from components.core import catalog, sizing
 from components.core.placement import Layout, Placement, engine_shape
-from components.core.problems import Problem
+from components.core.problems import Planned, PlanRule, Problem
 from components.core.weights import store
 from components.spec import (
     ArchitectureSpec,
@@ -178,7 +179,7 @@ def preparations(spec: PlatformSpec, layout: Layout) -> list[Preparation]:
 
 def expand(spec: PlatformSpec, layout: Layout) -> tuple[PlatformSpec, Layout]:
     """The spec the renderers see: every versioned model replaced by its units, each placed where the model
-    is (its pool and instance; sized by its own engine in :func:`problems`)."""
+    is (its pool and instance; sized by its own engine in :func:`versions_fit`)."""
     if not any(m.versions for m in spec.models):
         return spec, layout
     models: list[ModelSpec] = []
@@ -197,9 +198,12 @@ def expand(spec: PlatformSpec, layout: Layout) -> tuple[PlatformSpec, Layout]:
     return spec.model_copy(update={"models": models}), replace(layout, placements=placements, pools=pools)
 
 
-def problems(spec: PlatformSpec, layout: Layout) -> list[Problem]:
+def versions_fit(planned: Planned) -> list[Problem]:
     """Each version must fit and run on its model's instance with its own (prepared) format: sizing uses the
     format the version serves, and an fp8 checkpoint needs a GPU with fp8."""
+    spec, layout = planned.spec, planned.layout
+    if layout is None:
+        return []
     out: list[Problem] = []
     for i, m in enumerate(spec.models):
         placed = layout.placements.get(m.name)
@@ -223,10 +227,11 @@ def problems(spec: PlatformSpec, layout: Layout) -> list[Problem]:
     return out
 
 
-def describe(spec: PlatformSpec, layout: Layout) -> list[str]:
-    """The plan's account of versions: weights, the canary's step, the rollback rule, the preparation Jobs."""
+def describe(spec: PlatformSpec, layout: Layout, prepared: Sequence[Preparation] | None = None) -> list[str]:
+    """The plan's account of versions: weights, the canary's step, the rollback rule, the preparation Jobs
+    (``prepared``: the preparations, when the caller made them)."""
     lines: list[str] = []
-    jobs = {p.unit: p for p in preparations(spec, layout)}
+    jobs = {p.unit: p for p in (prepared if prepared is not None else preparations(spec, layout))}
     for m in spec.models:
         if not m.versions or m.rollout.canary is None:
             continue
@@ -273,6 +278,10 @@ def describe(spec: PlatformSpec, layout: Layout) -> list[str]:
                 f"manifest (input hash {p.input_hash[:HASH_CHARS]}; the same inputs do nothing)"
             )
     return lines
+
+
+RULES: tuple[PlanRule, ...] = (versions_fit,)
+"""The versions' plan-time rule (``components.core.plan_rules``)."""
 
 
 ANNOTATION_VERSION = "inferstack.io/version"

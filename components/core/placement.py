@@ -8,13 +8,14 @@ pool capacity) are checked here, once, and reported with the spec's field paths.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from components.core import catalog, multinode, packing, sizing
 from components.core.packing import Mechanism
-from components.core.problems import Problem, SpecError
-from components.core.weights import fetch, store
+from components.core.problems import Planned, PlanRule, Problem, SpecError
+from components.core.weights import fetch
 from components.spec import (
     AUTO,
     CapacityType,
@@ -24,7 +25,6 @@ from components.spec import (
     ModelSpec,
     PlatformSpec,
     Target,
-    is_hub_source,
     is_local_path,
 )
 
@@ -329,10 +329,12 @@ def _resolve_arch(spec: PlatformSpec, model: ModelSpec) -> tuple[catalog.ModelAr
     return arch, []
 
 
-def place(spec: PlatformSpec, source: str = "<spec>") -> Layout:
-    """Resolve pools and placements; raise ``SpecError`` with every problem found."""
+def plan(spec: PlatformSpec) -> tuple[Layout | None, list[Problem]]:
+    """Resolve pools and placements, with every problem found doing it. The layout is None where the spec leaves
+    nothing to place (an unknown architecture or pool, a name used twice, a share on the wrong pool, a model that
+    fits nowhere); where only the pools' sizes are wrong it is there beside the problems, so the plan-time rules
+    that read it still run (``components.core.plan_rules``)."""
     problems: list[Problem] = []
-    problems += _source_rules(spec)
     archs: dict[str, catalog.ModelArch] = {}
     for model in spec.models:
         arch, found = _resolve_arch(spec, model)
@@ -344,7 +346,7 @@ def place(spec: PlatformSpec, source: str = "<spec>") -> Layout:
     if not problems:
         problems += _share_rules(spec)
     if problems:
-        raise SpecError(source, problems)
+        return None, problems
 
     instances, pool_reasons, found = _resolve_pool_instances(spec, archs)
     problems += found
@@ -355,159 +357,53 @@ def place(spec: PlatformSpec, source: str = "<spec>") -> Layout:
         if placement is not None:
             placements[model.name] = placement
     if problems:
-        raise SpecError(source, problems)
+        return None, problems
 
     pools, found = _pool_plans(spec, placements, instances, pool_reasons)
-    found += _sleep_fits_host(spec, placements)
-    if found:
-        raise SpecError(source, found)
-    return Layout(placements=placements, pools=pools)
+    return Layout(placements=placements, pools=pools), found
 
 
-def _store_rules(spec: PlatformSpec) -> list[Problem]:
-    """The model store: in the stack's account, named where the stack does not create it, hub sources pinned."""
-    problems: list[Problem] = []
-    ms, cluster = spec.model_store, spec.cluster
-    if ms.account_id and cluster.account_id and ms.account_id != cluster.account_id:
-        problems.append(
-            Problem(
-                "model_store.account_id",
-                f"the model store bucket belongs to account {ms.account_id}, but the stack deploys into "
-                f"{cluster.account_id} (cluster.account_id): engines and preparation Jobs would read and write "
-                f"weights across accounts; use a store bucket of {cluster.account_id}, or remove "
-                "model_store.account_id on eks (the stack creates the bucket in its own account)",
-            )
-        )
-    if spec.target is Target.EKS:
-        for name in ("bucket", "endpoint_url", "reader_secret", "writer_secret"):
-            if getattr(ms, name) is not None:
-                problems.append(
-                    Problem(
-                        f"model_store.{name}",
-                        "on eks the model store is the bucket the stack creates, read and written through EKS "
-                        "Pod Identity: remove it (name the bucket with cluster.model_bucket)",
-                    )
-                )
-    bucket = store.store_bucket(spec)
+def place(spec: PlatformSpec, source: str = "<spec>") -> Layout:
+    """The layout of a spec at hand; raise ``SpecError`` with every problem placement finds, its rules' included.
+    A stack file goes through ``components.core.stackfile``, which reports these with every other rule's."""
+    layout, problems = plan(spec)
+    problems += [p for rule in RULES for p in rule(Planned(spec, layout))]
+    if problems or layout is None:
+        raise SpecError(source, problems)
+    return layout
+
+
+def local_sources_need_target_local(planned: Planned) -> Iterator[Problem]:
+    """A model or adapter read from a local path exists on this machine only."""
+    spec = planned.spec
+    if spec.target is Target.LOCAL:
+        return
     for i, model in enumerate(spec.models):
-        if spec.target is Target.LOCAL or model.is_local_path:
-            continue
-        if model.is_hub and model.revision is None:
-            problems.append(
-                Problem(
-                    f"models[{i}].revision",
-                    f"{model.source!r} is a Hugging Face source without a pinned revision, so what it serves could "
-                    "change under you: set revision to the exact hub commit (40 hex digits, from the repository's "
-                    "commit history), or prepare the weights into the model store and use its s3:// prefix",
-                )
-            )
-        if model.is_hub and bucket is None:
-            problems.append(
-                Problem(
-                    "model_store.bucket",
-                    f"models[{i}] ({model.source}) is prepared into the model store, which target "
-                    f"{spec.target.value} does not create: name an existing bucket (with endpoint_url, "
-                    "reader_secret and writer_secret for an S3-compatible store such as MinIO)",
-                )
+        if model.is_local_path:
+            yield Problem(
+                f"models[{i}].source",
+                f"a local path ({model.source}) only works with target: local; on {spec.target.value}, "
+                "upload the weights to S3 ('s3://bucket/prefix') or use a Hugging Face repo id",
             )
         for j, adapter in enumerate(model.adapters):
-            adapter_bucket = store.bucket_of(adapter.source) if adapter.source.startswith("s3://") else None
-            if adapter_bucket and spec.target is Target.EKS and adapter_bucket != bucket:
-                problems.append(
-                    Problem(
-                        f"models[{i}].adapters[{j}].source",
-                        f"bucket {adapter_bucket!r} is not the platform's model store ({bucket}): engine pods read "
-                        f"only the store; prepare the adapter into s3://{bucket}/{spec.model_store.prefix}/... "
-                        "(`python -m runtime.weights prepare --from DIR --to URI`), or use a hub source with revision",
-                    )
+            if is_local_path(adapter.source):
+                yield Problem(
+                    f"models[{i}].adapters[{j}].source",
+                    f"a local path ({adapter.source}) only works with target: local; on {spec.target.value}, "
+                    "upload the adapter to S3 ('s3://bucket/prefix/') or use a Hugging Face repo id",
                 )
-            if not adapter.is_hub:
-                continue
-            if adapter.revision is None:  # the spec refuses a revision that is not a commit
-                problems.append(
-                    Problem(
-                        f"models[{i}].adapters[{j}].revision",
-                        f"{adapter.source!r} is copied into the model store at a pinned commit (engine pods never "
-                        "fetch from the hub), and it has no revision: set revision to the exact hub commit "
-                        "(40 hex digits), or use the adapter's s3:// prefix in the store",
-                    )
-                )
-            if bucket is None:
-                problems.append(
-                    Problem(
-                        "model_store.bucket",
-                        f"models[{i}].adapters[{j}] ({adapter.source}) is prepared into the model store, which "
-                        f"target {spec.target.value} does not create: name an existing bucket",
-                    )
-                )
-        for j, version in enumerate(model.versions):
-            if version.source is None or not is_hub_source(version.source):
-                continue
-            if model.version_revision(version) is None:
-                problems.append(
-                    Problem(
-                        f"models[{i}].versions[{j}].revision",
-                        f"{version.source!r} is a Hugging Face source without a pinned revision: set revision to "
-                        "the exact hub commit (40 hex digits), as the model's",
-                    )
-                )
-        version_buckets = [
-            (f"models[{i}].versions[{j}].source", store.bucket_of(v.source))
-            for j, v in enumerate(model.versions)
-            if v.source is not None and v.source.startswith("s3://")
-        ]
-        source_bucket = store.bucket_of(model.source) if model.source.startswith("s3://") else None
-        for where, other in version_buckets:
-            if spec.target is Target.EKS and other != bucket:
-                problems.append(
-                    Problem(
-                        where,
-                        f"bucket {other!r} is not the platform's model store ({bucket}): engines read only the "
-                        f"store; prepare the weights into s3://{bucket}/{spec.model_store.prefix}/... or use a "
-                        "hub source with revision",
-                    )
-                )
-        if source_bucket and spec.target is Target.EKS and source_bucket != bucket:
-            problems.append(
-                Problem(
-                    f"models[{i}].source",
-                    f"bucket {source_bucket!r} is not the platform's model store ({bucket}): engines read only "
-                    "the store, and a bucket outside it may belong to another account; prepare the weights into "
-                    f"s3://{bucket}/{spec.model_store.prefix}/... (`python -m runtime.weights prepare --from DIR "
-                    "--to URI`), or use a hub source with revision",
-                )
-            )
-    return problems
 
 
-def _source_rules(spec: PlatformSpec) -> list[Problem]:
-    problems = _store_rules(spec)
-    for i, model in enumerate(spec.models):
-        if model.is_local_path and spec.target is not Target.LOCAL:
-            problems.append(
-                Problem(
-                    f"models[{i}].source",
-                    f"a local path ({model.source}) only works with target: local; on {spec.target.value}, "
-                    "upload the weights to S3 ('s3://bucket/prefix') or use a Hugging Face repo id",
-                )
+def gpu_engines_need_a_cluster(planned: Planned) -> Iterator[Problem]:
+    """`make local` runs engines on this machine's CPU."""
+    if planned.spec.target is not Target.LOCAL:
+        return
+    for i, model in enumerate(planned.spec.models):
+        if model.engine.device is Device.GPU:
+            yield Problem(
+                f"models[{i}].engine.device",
+                "target: local runs engines on this machine's CPU; set engine.device: cpu",
             )
-        for j, adapter in enumerate(model.adapters):
-            if is_local_path(adapter.source) and spec.target is not Target.LOCAL:
-                problems.append(
-                    Problem(
-                        f"models[{i}].adapters[{j}].source",
-                        f"a local path ({adapter.source}) only works with target: local; on {spec.target.value}, "
-                        "upload the adapter to S3 ('s3://bucket/prefix/') or use a Hugging Face repo id",
-                    )
-                )
-        if model.engine.device is Device.GPU and spec.target is Target.LOCAL:
-            problems.append(
-                Problem(
-                    f"models[{i}].engine.device",
-                    "target: local runs engines on this machine's CPU; set engine.device: cpu",
-                )
-            )
-    return problems
 
 
 def _unique_names(spec: PlatformSpec) -> list[Problem]:
@@ -904,10 +800,14 @@ def host_memory_needed_gib(model: ModelSpec, placement: Placement) -> int:
     return math.ceil(parked + HOST_ENGINE_BASE_GIB) if parked else 0
 
 
-def _sleep_fits_host(spec: PlatformSpec, placements: dict[str, Placement]) -> list[Problem]:
+def sleep_fits_the_host(planned: Planned) -> list[Problem]:
     """A sleeping replica keeps its weights in host memory: its share of the node must hold them. A replica that
     spans nodes does not sleep: the router's sleep and wake calls reach the group's leader, and whether every
     worker of a multi-node engine follows them is not established here."""
+    spec, layout = planned.spec, planned.layout
+    if layout is None:
+        return []
+    placements = layout.placements
     problems = []
     for i, model in enumerate(spec.models):
         placement = placements.get(model.name)
@@ -1032,3 +932,11 @@ def misfits(model: ModelSpec, arch: catalog.ModelArch, instance: catalog.Instanc
     """Why ``model`` cannot run on one node of ``instance`` (parallelism, precision, memory); empty when it can."""
     found, _ = _check_on_instance("", model, arch, instance)
     return [p.message for p in found]
+
+
+RULES: tuple[PlanRule, ...] = (
+    local_sources_need_target_local,
+    gpu_engines_need_a_cluster,
+    sleep_fits_the_host,
+)
+"""Placement's plan-time rules, beside what ``plan`` finds placing (``components.core.plan_rules`` runs them all)."""

@@ -1,8 +1,15 @@
-"""Problems with a stack file, for people: where, what is wrong, how to fix it."""
+"""Problems with a stack file, for people: where, what is wrong, how to fix it; and what a plan-time rule reads."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the rules' modules import this one, and these import them
+    from components.core.cloud import Cloud
+    from components.core.placement import Layout
+    from components.spec import PlatformSpec
 
 
 @dataclass(frozen=True)
@@ -28,3 +35,19 @@ class SpecError(Exception):
 
     def render(self) -> str:
         return "\n\n".join(p.render(self.source) for p in self.problems)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What a plan-time rule reads (``components.core.plan_rules``): a spec that passed its own validation, where
+    everything landed, and the target's cloud."""
+
+    spec: PlatformSpec
+    layout: Layout | None = None
+    """None where placement could not finish (its own problems say why): a rule that reads it finds nothing."""
+    cloud: Cloud | None = None
+    """The target's cloud; None on target local, which has none."""
+
+
+PlanRule = Callable[[Planned], Iterable[Problem]]
+"""A plan-time rule: every problem it finds in a ``Planned`` spec, at the spec's field paths."""

@@ -15,6 +15,7 @@ A rollout takes ``steps`` rounds of up to one startup budget each; `pulumi up` w
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from components.core.placement import Layout, Placement, PoolPlan
@@ -69,9 +70,12 @@ def spare_replicas(spec: PlatformSpec, layout: Layout, model: ModelSpec) -> int:
     return own + (spare_nodes // len(members) // placement.nodes) * slots
 
 
-def plan(spec: PlatformSpec, layout: Layout, model: ModelSpec) -> Rollout:
+def plan(
+    spec: PlatformSpec, layout: Layout, model: ModelSpec, startup: StartupBudget | None = None
+) -> Rollout:
+    """``startup``: the model's startup budget, when the caller made it (``components.core.decisions``)."""
     placement = layout.placements[model.name]
-    startup = budget(model, placement)
+    startup = startup or budget(model, placement)
     most = model.scaling.max_replicas
     if placement.pool is None:
         # CPU engines: the general nodes' room is not known here; one extra replica is assumed to fit.
@@ -84,16 +88,13 @@ def plan(spec: PlatformSpec, layout: Layout, model: ModelSpec) -> Rollout:
     return Rollout(0, 1, most, startup, model.scaling.min_replicas == 0, reason)
 
 
-def plans(spec: PlatformSpec, layout: Layout) -> dict[str, Rollout]:
-    return {m.name: plan(spec, layout, m) for m in spec.models}
-
-
-def warnings(spec: PlatformSpec, layout: Layout) -> list[str]:
-    """Rollouts that drop a model below its SLO minimum, with the pool size that would prevent it."""
+def warnings(spec: PlatformSpec, layout: Layout, plans: Mapping[str, Rollout] | None = None) -> list[str]:
+    """Rollouts that drop a model below its SLO minimum, with the pool size that would prevent it (``plans``: the
+    models' rollouts, when the caller made them)."""
     out: list[str] = []
     pool_index = {p.name: i for i, p in enumerate(spec.gpu_pools)}
     for i, model in enumerate(spec.models):
-        rollout = plan(spec, layout, model)
+        rollout = plans[model.name] if plans is not None else plan(spec, layout, model)
         placement = layout.placements[model.name]
         if rollout.keeps_minimum or placement.pool is None:
             continue

@@ -2,26 +2,40 @@
 
 The CLI reads ``stacks/Pulumi.<stack>.yaml`` directly; the Pulumi program gets the same object from
 stack config. Both go through ``validate``, so `inferstack plan` and `pulumi up` agree on what is valid.
+
+Two steps: each section's structure and own rules (pydantic, every section's problems together), then, on a spec
+whose sections are valid, the cross-section rules (``components.spec.rules``) and the plan-time rules
+(``components.core.plan_rules``) together. The plan-time rules include the target cloud's, and core cannot import
+the clouds: the shells pass their profiles (``profiles=components.clouds.targets.PROFILES``).
 """
 
 from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from components.core import capacity, endpoint, lifecycle, startup
+from components.core import plan_rules
+from components.core.cloud import Profile
+from components.core.decisions import Decisions, decide
 from components.core.paths import STACKS_DIR as STACKS_DIR  # noqa: PLC0414 - re-exported: callers look here
-from components.core.placement import Layout, place
+from components.core.placement import Layout
 from components.core.problems import Problem, SpecError
-from components.spec import PlatformSpec
+from components.spec import RULES_LATER, PlatformSpec, Target
+from components.spec.rules import platform_problems
 
 CONFIG_KEY = "inferstack:platform"
+
+NO_PROFILES: Mapping[Target, Profile] = types.MappingProxyType({})
+"""No target's profile: its cloud's model-store rules are not checked. For tests of other rules, and readers of a
+stack a shell has validated; a shell passes ``components.clouds.targets.PROFILES``."""
 
 
 @dataclass(frozen=True)
@@ -34,10 +48,16 @@ class Stack:
     layout: Layout
     config: dict[str, Any]
 
+    @cached_property
+    def decisions(self) -> Decisions:
+        """Every decision about the stack, made once, when first read (``components.core.decisions``): the plan
+        report, the Pulumi program and the renderers read them."""
+        return decide(self.spec, self.layout)
+
     @property
     def served(self) -> tuple[PlatformSpec, Layout]:
         """The spec and layout the renderers see: each version of a model as a unit of its own."""
-        return lifecycle.expand(self.spec, self.layout)
+        return self.decisions.served_spec, self.decisions.served_layout
 
 
 def stack_path(stack: str, stacks_dir: Path = STACKS_DIR) -> Path:
@@ -50,8 +70,11 @@ def available_stacks(stacks_dir: Path = STACKS_DIR) -> list[str]:
     )
 
 
-def load(stack: str, stacks_dir: Path = STACKS_DIR) -> Stack:
-    """Read, parse and validate ``stacks/Pulumi.<stack>.yaml``; raise ``SpecError`` on any problem."""
+def load(
+    stack: str, stacks_dir: Path = STACKS_DIR, profiles: Mapping[Target, Profile] = NO_PROFILES
+) -> Stack:
+    """Read, parse and validate ``stacks/Pulumi.<stack>.yaml`` (with the rules of its target's cloud in
+    ``profiles``); raise ``SpecError`` on any problem."""
     path = stack_path(stack, stacks_dir)
     source = str(path)
     if not path.is_file():
@@ -72,27 +95,25 @@ def load(stack: str, stacks_dir: Path = STACKS_DIR) -> Stack:
         raise SpecError(
             source, [Problem("config", f"missing the '{CONFIG_KEY}' key that holds the platform spec")]
         )
-    spec, layout = validate(config[CONFIG_KEY], source)
+    spec, layout = validate(config[CONFIG_KEY], source, profiles)
     return Stack(name=stack, source=source, spec=spec, layout=layout, config=config)
 
 
-def validate(raw: Any, source: str) -> tuple[PlatformSpec, Layout]:
-    """Structure first (pydantic), then the catalog rules (placement); every problem, with field paths."""
+def validate(
+    raw: Any, source: str, profiles: Mapping[Target, Profile] = NO_PROFILES
+) -> tuple[PlatformSpec, Layout]:
+    """Structure first (pydantic: every section's problems), then the cross-section and plan-time rules together
+    (the target cloud's, from its profile in ``profiles``); every problem, with field paths."""
     if not isinstance(raw, dict):
         raise SpecError(source, [Problem(CONFIG_KEY, f"must be a mapping, got {type(raw).__name__}")])
     try:
-        spec = PlatformSpec.model_validate(raw)
+        spec = PlatformSpec.model_validate(raw, context={RULES_LATER: True})
     except ValidationError as err:
         raise SpecError(source, [_problem(e) for e in err.errors()]) from None
-    problems = endpoint.problems(spec)
-    try:
-        layout = place(spec, source)
-    except SpecError as err:
-        raise SpecError(source, [*err.problems, *problems]) from None
-    problems += (
-        startup.problems(spec, layout) + capacity.problems(spec, layout) + lifecycle.problems(spec, layout)
-    )
-    if problems:
+    profile = profiles.get(spec.target)
+    layout, found = plan_rules.check(spec, profile.cloud if profile is not None else None)
+    problems = [*platform_problems(spec), *found]
+    if problems or layout is None:
         raise SpecError(source, problems)
     return spec, layout
 

@@ -9,8 +9,9 @@ the estimate). The engine's startup probe, its Deployment's progress deadline an
 create timeout are this one number (``components.render.engine``, ``components.kubernetes.engine``).
 
 The weights term is the model store's cold-start estimate for the fetch path placement chose (the streamer, or a
-node cache missing on a fresh node): ``components.core.weights.coldstart.cold_start_s``, the same figure the plan's
-Model weights table shows.
+node cache missing on a fresh node): ``components.core.weights.coldstart.expected``, the same figure the plan's
+Model weights table shows. A plan makes these once, in ``components.core.decisions``, which passes in the fetch path
+it decided; called without one, they decide it here.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 from components.core import catalog, sizing
 from components.core.placement import Layout, Placement
-from components.core.problems import Problem
+from components.core.problems import Planned, PlanRule, Problem
 from components.core.weights import coldstart, fetch
 from components.engines import profile
 from components.spec import ModelSpec, PlatformSpec
@@ -89,12 +90,13 @@ def weights_gib(model: ModelSpec, placement: Placement) -> float:
     return sizing.weight_bytes(placement.arch, precision, e.dtype.value) / sizing.GIB
 
 
-def weights_fetch(model: ModelSpec, placement: Placement) -> Phase:
+def weights_fetch(model: ModelSpec, placement: Placement, way: fetch.Fetch | None = None) -> Phase:
     """The weights from the model store into the engine on a fresh node (fetch + load), by the path placement
-    chose: the model store's cold-start estimate (``coldstart.cold_start_s``), in whole seconds rounded up."""
+    chose (``way``, decided here when not given): the model store's cold-start estimate (``coldstart.expected``), in
+    whole seconds rounded up."""
     gib = weights_gib(model, placement)
-    way = fetch.decide(model, placement.instance)
-    seconds = math.ceil(coldstart.cold_start_s(model, placement.instance, gib, placement.gpus_per_replica))
+    way = way or fetch.decide(model, placement.instance)
+    seconds = math.ceil(coldstart.expected(way, gib, placement.instance, placement.gpus_per_replica).total_s)
     return Phase("weights", seconds, f"{gib:.1f} GiB by {way.path.value}, fetch + load")
 
 
@@ -104,8 +106,13 @@ def engine_start(model: ModelSpec) -> Phase:
     return Phase("engine", init, f"{init} s engine start ({model.engine.kind.value})")
 
 
-def estimate(model: ModelSpec, placement: Placement) -> tuple[Phase, ...]:
-    return (node_start(placement), image_pull(model), weights_fetch(model, placement), engine_start(model))
+def estimate(model: ModelSpec, placement: Placement, way: fetch.Fetch | None = None) -> tuple[Phase, ...]:
+    return (
+        node_start(placement),
+        image_pull(model),
+        weights_fetch(model, placement, way),
+        engine_start(model),
+    )
 
 
 def with_margin(estimate_s: int) -> int:
@@ -113,8 +120,9 @@ def with_margin(estimate_s: int) -> int:
     return math.ceil(estimate_s * (1 + catalog.STARTUP_MARGIN) / 60) * 60
 
 
-def budget(model: ModelSpec, placement: Placement) -> StartupBudget:
-    phases = estimate(model, placement)
+def budget(model: ModelSpec, placement: Placement, way: fetch.Fetch | None = None) -> StartupBudget:
+    """``way``: the weights' fetch path, when the caller decided it (``components.core.decisions``)."""
+    phases = estimate(model, placement, way)
     total = sum(p.seconds for p in phases)
     chosen = model.rollout.startup_budget_s
     if chosen is not None:
@@ -126,8 +134,11 @@ def budgets(spec: PlatformSpec, layout: Layout) -> dict[str, StartupBudget]:
     return {m.name: budget(m, layout.placements[m.name]) for m in spec.models}
 
 
-def problems(spec: PlatformSpec, layout: Layout) -> list[Problem]:
+def budget_covers_a_cold_start(planned: Planned) -> list[Problem]:
     """A budget set in the stack file that a cold replica cannot meet: the kubelet would kill it mid-load."""
+    spec, layout = planned.spec, planned.layout
+    if layout is None:
+        return []
     out: list[Problem] = []
     for i, model in enumerate(spec.models):
         b = budget(model, layout.placements[model.name])
@@ -166,11 +177,16 @@ def wake_s(model: ModelSpec, placement: Placement) -> int:
     return _transfer_s(weights_gib(model, placement), catalog.SLEEP_WAKE_MIBPS) + catalog.SLEEP_WAKE_FIXED_S
 
 
-def idle_state(model: ModelSpec, placement: Placement) -> IdleState:
-    cold = sum(p.seconds for p in estimate(model, placement))
+def idle_state(model: ModelSpec, placement: Placement, startup: StartupBudget | None = None) -> IdleState:
+    """``startup``: the model's startup budget, when the caller made it (its estimate is the cold start)."""
+    cold = startup.estimate_s if startup is not None else sum(p.seconds for p in estimate(model, placement))
     scaling = model.scaling
     if scaling.sleep_after_idle_s is not None:
         return IdleState("sleep", scaling.sleep_after_idle_s, wake_s(model, placement), cold)
     if scaling.min_replicas == 0:
         return IdleState("zero", scaling.idle_before_zero_s, None, cold)
     return IdleState("hot", None, None, cold)
+
+
+RULES: tuple[PlanRule, ...] = (budget_covers_a_cold_start,)
+"""The startup budget's plan-time rule (``components.core.plan_rules``)."""

@@ -1,7 +1,9 @@
-"""InferencePlatform: the Kubernetes side of a stack, from one validated spec, its layout and its cloud.
+"""InferencePlatform: the Kubernetes side of a stack, from its decisions (a validated spec, its layout and what
+follows from them) and its cloud.
 
-A thin shell: every decision was made by ``components.core.placement``, the cloud (``components.core.cloud``) and the
-renderers; this registers the results in dependency order, through the cluster access the cloud layer gave.
+A thin shell: every decision was made once (``components.core.decisions``: placement, fetch paths, startup budgets,
+rollouts, scaling thresholds), by the cloud (``components.core.cloud``) and by the renderers; this registers the
+results in dependency order, through the cluster access the cloud layer gave.
 """
 
 from __future__ import annotations
@@ -10,9 +12,8 @@ from dataclasses import dataclass
 
 import pulumi
 
-from components.core import lifecycle, rollout
 from components.core.cloud import Cloud
-from components.core.placement import Layout, PoolPlan
+from components.core.decisions import Decisions
 from components.deploy.secrets import limit_store_token, secret_config
 from components.kubernetes.addons import ClusterAddons
 from components.kubernetes.batches import BatchService
@@ -56,27 +57,20 @@ def hf_token_secret(spec: PlatformSpec) -> common.Manifest:
     }
 
 
-def _pool(layout: Layout, model: str) -> PoolPlan | None:
-    placed = layout.placements[model].pool
-    return layout.pools.get(placed) if placed is not None else None
-
-
 class InferencePlatform(pulumi.ComponentResource):
     """Namespace, secrets, add-ons, one ModelEngine per model, the gateway, scaling and observability."""
 
     def __init__(
         self,
-        spec: PlatformSpec,
-        layout: Layout,
+        decided: Decisions,
         secrets: PlatformSecrets,
         cloud: Cloud,
         cluster: ClusterAccess,
     ) -> None:
-        """``cluster`` says how to reach the cluster, which runtime images to run and which cloud controllers
-        to install (``ClusterAccess``)."""
+        """``decided``: the stack's decisions; ``cluster`` says how to reach the cluster, which runtime images to
+        run and which cloud controllers to install (``ClusterAccess``)."""
         # Versions are served as units ('<model>-<version>'): from here on, every renderer sees units.
-        preparations = lifecycle.preparations(spec, layout)
-        spec, layout = lifecycle.expand(spec, layout)
+        spec, layout, units = decided.served_spec, decided.served_layout, decided.units
         super().__init__(
             "inferstack:index:InferencePlatform", f"{spec.name}-{spec.environment}", None, cluster.options
         )
@@ -101,22 +95,19 @@ class InferencePlatform(pulumi.ComponentResource):
         )
         self.priority_class = apply(hardening.priority_class(spec), child)
         self.engine_identity = apply(engine.service_account(spec), in_namespace)
-        self.network = NetworkPolicies(spec, cloud, in_namespace)
+        self.network = NetworkPolicies(spec, cloud, layout, in_namespace)
         # The model store first: one preparation Job per model (pulumi waits for it to complete), then engines.
         self.weights = ModelWeights(
             spec,
             layout,
             cluster.images.get("weights"),
             pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, self.network]),
-            preparations,
+            decided.preparations,
         )
-        rollouts = rollout.plans(spec, layout)
         self.engines = {
             m.name: ModelEngine(
                 spec,
-                m,
-                layout.placements[m.name],
-                rollouts[m.name],
+                units[m.name],
                 pulumi.ResourceOptions(
                     parent=self,
                     depends_on=[
@@ -127,7 +118,6 @@ class InferencePlatform(pulumi.ComponentResource):
                         *self.addons.installed(addons.LWS_RELEASE),
                     ],
                 ),
-                _pool(layout, m.name),
                 weights_image=self.weights.image,
                 # A prepared checkpoint does not exist before its Job: the engine's own objects wait for it.
                 after=self.weights.jobs[m.name] if m.prepared_by else None,
@@ -155,15 +145,14 @@ class InferencePlatform(pulumi.ComponentResource):
         self.scaling = {
             m.name: ModelScaling(
                 spec,
-                m,
+                units[m.name],
                 pulumi.ResourceOptions(parent=self, depends_on=[self.engines[m.name], *crds]),
-                multi_node=layout.placements[m.name].multi_node,
             )
             for m in spec.models
         }
         monitoring = self.addons.installed("kube-prometheus-stack")
         self.observability = Observability(
-            spec, pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, *monitoring])
+            spec, units, pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, *monitoring])
         )
         self.register_outputs(
             {

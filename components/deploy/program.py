@@ -1,7 +1,8 @@
-"""The Pulumi program: stack config -> validated spec -> the target's cluster layer -> InferencePlatform.
+"""The Pulumi program: stack config -> validated spec -> its decisions -> the target's cluster layer -> InferencePlatform.
 
 ``__main__.py`` calls ``run()`` under ``pulumi up``; ``inferstack plan`` calls the same ``run()``
-in-process under Pulumi's mock runtime, so both see exactly the same resources.
+in-process under Pulumi's mock runtime, so both see exactly the same resources. The plan has validated the same
+stack file and made its decisions already (``Stack.decisions``): it passes them in, so a plan decides once.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import cast
 import pulumi
 
 from components.clouds.targets import PROFILES
-from components.core import rollout
 from components.core.cloud import Profile
+from components.core.decisions import Decisions, decide
 from components.core.placement import Layout
 from components.core.problems import SpecError
 from components.core.stackfile import stack_path, validate
@@ -39,14 +40,19 @@ def cluster_layer(profile: Profile) -> ClusterLayer:
     return cast(ClusterLayer, layer)
 
 
-def run() -> InferencePlatform:
+def run(decided: Decisions | None = None) -> InferencePlatform:
+    """``decided``: the stack's decisions, when the caller made them from the same stack config (`inferstack
+    plan`); without them (`pulumi up`), the config is validated and decided here."""
     source = str(stack_path(pulumi.get_stack()))
     config = pulumi.Config("inferstack")
-    try:
-        spec, layout = validate(config.require_object("platform"), source)
-    except SpecError as err:
-        # A RunError prints its message without a Python traceback: the user sees only the problems.
-        raise pulumi.RunError(err.render()) from None
+    if decided is None:
+        try:
+            spec, layout = validate(config.require_object("platform"), source, PROFILES)
+        except SpecError as err:
+            # A RunError prints its message without a Python traceback: the user sees only the problems.
+            raise pulumi.RunError(err.render()) from None
+        decided = decide(spec, layout)
+    spec, layout = decided.spec, decided.layout
     profile = PROFILES.get(spec.target)
     if profile is None:
         raise pulumi.RunError(
@@ -54,10 +60,10 @@ def run() -> InferencePlatform:
         )
     token_key = spec.huggingface_token_config_key
     secrets = PlatformSecrets(huggingface_token=config.require_secret(token_key) if token_key else None)
-    for warning in rollout.warnings(spec, layout):
+    for warning in decided.warnings:
         pulumi.log.warn(warning)  # `pulumi preview` and `up` show what `inferstack plan` does
     cluster = cluster_layer(profile)(spec, layout, pulumi.get_stack())
-    platform = InferencePlatform(spec, layout, secrets, profile.cloud, cluster)
+    platform = InferencePlatform(decided, secrets, profile.cloud, cluster)
     pulumi.export("gateway_url", ingress.public_url(spec))
     pulumi.export("namespace", spec.cluster.namespace)
     pulumi.export("models", [m.name for m in spec.models])

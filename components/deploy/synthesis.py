@@ -33,6 +33,7 @@ from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
 from components.clouds.aws import iam
+from components.core.decisions import Decisions
 from components.core.redaction import REDACTED
 from components.core.stackfile import CONFIG_KEY, Stack
 from components.deploy import program
@@ -289,8 +290,8 @@ def _mock_config(stack: Stack) -> tuple[dict[str, str], list[str]]:
     return values, secret_keys
 
 
-def _run_program() -> None:
-    program.run()
+def _run_program(decided: Decisions) -> None:
+    program.run(decided)
 
 
 def _current_loop() -> asyncio.AbstractEventLoop | None:
@@ -301,7 +302,8 @@ def _current_loop() -> asyncio.AbstractEventLoop | None:
 
 
 def synthesize(stack: Stack) -> Synthesis:
-    """Run the Pulumi program for ``stack`` under mocks and return every resource it registered."""
+    """Run the Pulumi program for ``stack`` under mocks and return every resource it registered. The program
+    reads the stack's decisions (``Stack.decisions``) rather than deciding again from the config it is given."""
     # A fresh event loop per synthesis, closed with its executor: the mock monitor runs in executor threads
     # that each open a loop, and those must end now, while their file descriptors are valid.
     loop = asyncio.new_event_loop()
@@ -318,7 +320,8 @@ def synthesize(stack: Stack) -> Synthesis:
         pulumi.runtime.set_all_config(values, secret_keys)
         SETTINGS.rpc_manager.clear()
         SETTINGS.outputs.clear()
-        _sync_await(run_pulumi_func(_run_program))
+        decided = stack.decisions
+        _sync_await(run_pulumi_func(lambda: _run_program(decided)))
     finally:
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()

@@ -8,13 +8,13 @@ from typing import Any
 
 import pulumi
 
+from components.core.decisions import ModelDecisions
 from components.core.lifecycle import Preparation
-from components.core.placement import Layout, Placement, PoolPlan
-from components.core.rollout import Rollout
+from components.core.placement import Layout
 from components.kubernetes.manifests import apply
 from components.render import common, engine, groups, preparation, weights
 from components.render.gateway import RuntimeImage
-from components.spec import ModelSpec, PlatformSpec
+from components.spec import PlatformSpec
 
 _AWAITED = frozenset({"Deployment", groups.KIND})
 """The workloads `pulumi up` waits for (a LeaderWorkerSet is a custom resource: Pulumi waits for it to exist)."""
@@ -76,7 +76,7 @@ class ModelWeights(pulumi.ComponentResource):
 
 
 class ModelEngine(pulumi.ComponentResource):
-    """The Deployment and Service (and engine ConfigMap) serving one model.
+    """The Deployment and Service (and engine ConfigMap) serving one model (a serving unit, from its decisions).
 
     `pulumi up` waits for the Deployment as long as its replicas may take: one startup budget when it is created
     (replicas start together), every round of a rolling update when it changes (``Rollout.update_timeout_s``).
@@ -87,16 +87,14 @@ class ModelEngine(pulumi.ComponentResource):
     def __init__(
         self,
         spec: PlatformSpec,
-        model: ModelSpec,
-        placement: Placement,
-        rollout: Rollout,
+        unit: ModelDecisions,
         opts: pulumi.ResourceOptions | None = None,
-        pool: PoolPlan | None = None,
         weights_image: Any = None,
         after: list[pulumi.Resource] | None = None,
     ) -> None:
         """``after``: what the engine's own objects wait for (the model store's preparation Jobs that write what
         it loads)."""
+        model, rollout = unit.model, unit.rollout
         super().__init__("inferstack:kubernetes:ModelEngine", model.name, None, opts)
         child = pulumi.ResourceOptions(parent=self, depends_on=after)
         awaited = pulumi.ResourceOptions(
@@ -106,7 +104,7 @@ class ModelEngine(pulumi.ComponentResource):
                 create=f"{rollout.startup.budget_s}s", update=f"{rollout.update_timeout_s}s"
             ),
         )
-        self.manifests = engine.render(spec, model, placement, rollout, pool, weights_image)
+        self.manifests = engine.render(spec, unit, weights_image)
         self.resources = [apply(m, awaited if m["kind"] in _AWAITED else child) for m in self.manifests]
         self.service_name = common.engine_name(model.name)
         self.register_outputs({"service": self.service_name})

@@ -11,6 +11,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.core.cloud import Cloud
+from components.core.placement import Layout
 from components.kubernetes.manifests import apply
 from components.render import api_keys, common, gateway, ingress, network
 from components.spec import GatewayApiImplementation, IngressKind, PlatformSpec
@@ -74,11 +75,14 @@ class Gateway(pulumi.ComponentResource):
 class NetworkPolicies(pulumi.ComponentResource):
     """Default deny in the namespace, then the flows the platform needs."""
 
-    def __init__(self, spec: PlatformSpec, cloud: Cloud, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(
+        self, spec: PlatformSpec, cloud: Cloud, layout: Layout, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        """``layout``: the stack's placement."""
         super().__init__(
             "inferstack:kubernetes:NetworkPolicies", f"{spec.name}-{spec.environment}", None, opts
         )
         child = pulumi.ResourceOptions(parent=self)
-        self.manifests = network.render(spec, cloud)
+        self.manifests = network.render(spec, cloud, layout)
         self.resources = [apply(m, child) for m in self.manifests]
         self.register_outputs({"policies": [m["metadata"]["name"] for m in self.manifests]})

@@ -2,7 +2,7 @@
 ``max_replicas``, e.g. ``min_replicas: 0``), and keeps the replica lists the router and Prometheus read.
 
 Every second it reads the router's ``/metrics`` (requests waiting per model, refusals for want of a replica,
-requests in flight) and asks the cluster's own decision (``components.render.scaling.replicas_wanted``, on the
+requests in flight) and asks the cluster's own decision (``components.core.scaling.replicas_wanted``, on the
 thresholds the ScaledObject renders) how many replicas each model should run; it starts engines for demand and
 stops them after the idle period. Membership is published like Kubernetes publishes it:
 
@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from components.core.scaling import Thresholds, replicas_wanted
 from components.local import monitor
 from components.local.engine_process import EngineProcess
 from components.local.plan import HOST, EngineLaunch, LocalPlan
@@ -85,7 +86,7 @@ class Replica:
 class ModelScale:
     """One scaling model: its thresholds, replicas in launch order, and what the last tick saw."""
 
-    thresholds: scaling.Thresholds
+    thresholds: Thresholds
     replicas: list[Replica]
     last_busy: float
     refused_total: float | None = None
@@ -119,9 +120,8 @@ class Autoscaler:
             model = by_model[launch.model]
             if not scaling.scales(model):
                 continue
-            entry = self.models.setdefault(
-                launch.model, ModelScale(scaling.thresholds(model), [], last_busy=now)
-            )
+            decided = self.plan.units[launch.model].scaling  # the thresholds the cluster's scaler renders
+            entry = self.models.setdefault(launch.model, ModelScale(decided, [], last_busy=now))
             entry.replicas.append(Replica(launch))
 
     # -- membership --------------------------------------------------------------------------------
@@ -210,7 +210,7 @@ class Autoscaler:
             entry.last_busy = now
         present = entry.present
         idle_s = now - entry.last_busy
-        wanted = scaling.replicas_wanted(entry.thresholds, demand, len(present), idle_s)
+        wanted = replicas_wanted(entry.thresholds, demand, len(present), idle_s)
         why = f"{report.waiting:g} requests waiting in the router, {refused_rate:.1f}/s refused"
         if demand > 0:
             for replica in present:

@@ -63,11 +63,12 @@ def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
 
 
 def _plan(stack: str, stacks_dir: Path, options: LocalOptions) -> LocalPlan:
+    from components.clouds.targets import PROFILES  # noqa: PLC0415
     from components.core.stackfile import load  # noqa: PLC0415
     from components.local.plan import PlanError, build_plan  # noqa: PLC0415 - see the imports
 
     try:
-        return build_plan(load(stack, stacks_dir), options, Path.cwd())
+        return build_plan(load(stack, stacks_dir, PROFILES), options, Path.cwd())
     except SpecError as err:
         raise _fail(err.render()) from None
     except PlanError as err:

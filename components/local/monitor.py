@@ -13,11 +13,12 @@ durations, to watch an alert fire on a laptop (promtool's unit tests hold the re
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components.core.decisions import ModelDecisions
 from components.local.defaults import DEFAULT_MONITOR_PORT
 from components.render import alerts, common, signals
 from components.spec import ModelSpec, PlatformSpec
@@ -114,9 +115,12 @@ def seconds(duration: str) -> int:
     return int(match.group(1)) * _SECONDS[match.group(2)]
 
 
-def rule_file(spec: PlatformSpec, alert_for_cap_s: int | None = None) -> dict[str, Any]:
-    """The cluster's rule groups as a Prometheus rule file; ``alert_for_cap_s`` shortens longer ``for:``s."""
-    groups = alerts.rule_groups(spec)
+def rule_file(
+    spec: PlatformSpec, units: Mapping[str, ModelDecisions], alert_for_cap_s: int | None = None
+) -> dict[str, Any]:
+    """The cluster's rule groups as a Prometheus rule file (``units``: the models' decisions); ``alert_for_cap_s``
+    shortens longer ``for:``s."""
+    groups = alerts.rule_groups(spec, units)
     if alert_for_cap_s is not None:
         for group in groups:
             for rule in group["rules"]:

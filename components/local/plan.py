@@ -16,12 +16,13 @@ import json
 import math
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from components.core import packing, placement, sizing
+from components.core.decisions import ModelDecisions
 from components.core.stackfile import Stack
 from components.core.weights import store
 from components.local import cpu_kernels
@@ -222,6 +223,8 @@ class LocalPlan:
     envoy: dict[str, Any] | None = None
     """``--gateway envoy``: Envoy's rendered config (written beside the runtime config)."""
     spec: PlatformSpec | None = None
+    units: Mapping[str, ModelDecisions] = field(default_factory=dict)
+    """The models' decisions (``Stack.decisions``): the alert rules ``monitor`` loads read them."""
     monitor: Monitor | None = None
     engine_memory_gib: float = DEFAULT_ENGINE_MEMORY_GIB
     adapters: tuple[AdapterPrep, ...] = field(default=())
@@ -522,7 +525,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         if spec.batch.enabled:  # behind Envoy there is no router to serve the Batch API (the banner says so)
             services.append(
                 ServiceLaunch(
-                    "batches", "runtime.batches", options.batches_port, "--batches-port", restart=True
+                    "batches", "runtime.batch_service", options.batches_port, "--batches-port", restart=True
                 )
             )
         services += router_services(options)
@@ -558,6 +561,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
         envoy=local_envoy_config(spec, engines, config, options.router_port) if envoy else None,
         spec=spec,
+        units=stack.decisions.models,
         monitor=options.monitor,
         engine_memory_gib=options.engine_memory_gib,
         s3_port=options.s3_port,

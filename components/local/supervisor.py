@@ -417,7 +417,9 @@ class Supervisor:
         shutil.rmtree(data, ignore_errors=True)
         rules, config = directory / "rules.yml", directory / "prometheus.yml"
         rules.write_text(
-            yaml.safe_dump(monitor.rule_file(plan.spec, settings.alert_for_cap_s), sort_keys=False)
+            yaml.safe_dump(
+                monitor.rule_file(plan.spec, plan.units, settings.alert_for_cap_s), sort_keys=False
+            )
         )
         runtime = monitor.runtime_targets(plan.spec, plan.scraped_services())
         doc = monitor.prometheus_config(settings, runtime, plan.engine_targets_path.absolute(), rules)

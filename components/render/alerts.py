@@ -1,16 +1,18 @@
-"""PrometheusRule alerts, from the spec and the engine metric map. Pure.
+"""PrometheusRule alerts, from the spec, the serving units' decisions and the engine metric map. Pure.
 
-Thresholds come from the spec: queue backlog is the scaling queue target held while scaling could not
-relieve it, TTFT and inter-token alerts are the model's SLO, "pinned at max" is the model's own HPA.
+Thresholds come from the spec: queue backlog is the scaling queue target (the unit's decided thresholds) held while
+scaling could not relieve it, TTFT and inter-token alerts are the model's SLO, "pinned at max" is the model's own HPA.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from components.core.decisions import ModelDecisions
 from components.render import batches, common, scaling, signals
 from components.render.common import Manifest
-from components.spec import ModelSpec, PlatformSpec
+from components.spec import PlatformSpec
 from runtime.engines import Signal
 
 KV_CACHE_ALERT_RATIO = 0.9
@@ -50,9 +52,9 @@ def _up(spec: PlatformSpec, service: str) -> str:
     return f'up{{{signals.namespace_label(spec)},service="{service}"}}'
 
 
-def model_alerts(spec: PlatformSpec, model: ModelSpec) -> list[Alert]:
+def model_alerts(spec: PlatformSpec, unit: ModelDecisions) -> list[Alert]:
     """Engine down or too few, queue backlog, KV cache full, SLO burn, and scaling pinned at its max."""
-    t = scaling.thresholds(model)
+    model, t = unit.model, unit.scaling
     engine = common.engine_name(model.name)
     n = model.name
     out: list[Alert] = []
@@ -74,7 +76,7 @@ def model_alerts(spec: PlatformSpec, model: ModelSpec) -> list[Alert]:
         up = (
             f"sum({_up(spec, engine)})"
             if signals.scraped(model)
-            else signals.workload_replicas(spec, model)[0]
+            else signals.workload_replicas(spec, unit)[0]
         )
         out.append(
             Alert(
@@ -252,17 +254,19 @@ def limit_store_alerts(spec: PlatformSpec) -> list[Alert]:
     ]
 
 
-def alerts(spec: PlatformSpec) -> list[Alert]:
-    """Every alert of the stack: each model's, then the gateway's, then the batch service's."""
-    return [a for m in spec.models for a in model_alerts(spec, m)] + gateway_alerts(spec) + batch_alerts(spec)
+def alerts(spec: PlatformSpec, units: Mapping[str, ModelDecisions]) -> list[Alert]:
+    """Every alert of the stack: each model's (``units``: their decisions), then the gateway's, then the batch
+    service's."""
+    models = [a for m in spec.models for a in model_alerts(spec, units[m.name])]
+    return models + gateway_alerts(spec) + batch_alerts(spec)
 
 
-def rule_groups(spec: PlatformSpec) -> list[Manifest]:
+def rule_groups(spec: PlatformSpec, units: Mapping[str, ModelDecisions]) -> list[Manifest]:
     """The rule groups: one per model, one for the gateway, one for the batch service. A Prometheus rule file is
     ``{"groups": ...}``; the cluster gets them in a PrometheusRule, ``make local MONITOR=1`` in a file (promtool
     checks that one)."""
     groups = [
-        {"name": f"inferstack-{m.name}", "rules": [a.rule() for a in model_alerts(spec, m)]}
+        {"name": f"inferstack-{m.name}", "rules": [a.rule() for a in model_alerts(spec, units[m.name])]}
         for m in spec.models
     ]
     groups.append({"name": "inferstack-gateway", "rules": [a.rule() for a in gateway_alerts(spec)]})
@@ -271,16 +275,16 @@ def rule_groups(spec: PlatformSpec) -> list[Manifest]:
     return groups
 
 
-def prometheus_rule(spec: PlatformSpec) -> Manifest:
+def prometheus_rule(spec: PlatformSpec, units: Mapping[str, ModelDecisions]) -> Manifest:
     """One PrometheusRule with every rule group of the stack."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": common.metadata(spec, f"{spec.name}-alerts", "monitoring"),
-        "spec": {"groups": rule_groups(spec)},
+        "spec": {"groups": rule_groups(spec, units)},
     }
 
 
-def promql(spec: PlatformSpec) -> list[str]:
+def promql(spec: PlatformSpec, units: Mapping[str, ModelDecisions]) -> list[str]:
     """Every alert expression, for the parser check."""
-    return [a.expr for a in alerts(spec)]
+    return [a.expr for a in alerts(spec, units)]

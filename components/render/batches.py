@@ -1,4 +1,4 @@
-"""The batch service (``runtime.batches``): its settings in the runtime config, a StatefulSet with its
+"""The batch service (``runtime.batch_service``): its settings in the runtime config, a StatefulSet with its
 volume, a Service and an identity. Pure. (Its NetworkPolicy is in ``network``, its alerts in ``alerts``.)
 
 Why a StatefulSet of one with a volume: the state store is SQLite on that volume, and SQLite (and the
@@ -150,7 +150,7 @@ def stateful_set(
         "command": [
             "python",
             "-m",
-            "runtime.batches",
+            "runtime.batch_service",
             "--config",
             f"{common.RUNTIME_CONFIG_DIR}/{common.RUNTIME_CONFIG_FILE}",
         ],

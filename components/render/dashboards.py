@@ -8,6 +8,7 @@ into the ``DASHBOARD_FOLDER`` folder. Panels only show signals the model's engin
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,9 +17,10 @@ from grafana_foundation_sdk.builders import prometheus, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos
 
+from components.core.decisions import ModelDecisions
 from components.render import addons, common, scaling, signals
 from components.render.common import Manifest
-from components.spec import ModelSpec, PlatformSpec
+from components.spec import PlatformSpec
 from runtime.engines import Signal
 
 DASHBOARD_FOLDER = "inferstack"
@@ -71,8 +73,9 @@ def _dashboard(uid: str, title: str, panels: list[Panel]) -> dict[str, Any]:
     return doc
 
 
-def model_panels(spec: PlatformSpec, model: ModelSpec) -> list[Panel]:
-    """Traffic, latency, queues, KV cache, prefix cache, replicas and GPU use of one model."""
+def model_panels(spec: PlatformSpec, unit: ModelDecisions) -> list[Panel]:
+    """Traffic, latency, queues, KV cache, prefix cache, replicas and GPU use of one model (a serving unit)."""
+    model = unit.model
     ns = signals.namespace_label(spec)
     engine = common.engine_name(model.name)
     router_sel = f'{ns},model="{model.name}"'
@@ -139,7 +142,7 @@ def model_panels(spec: PlatformSpec, model: ModelSpec) -> list[Panel]:
                 ),
             )
         )
-    available, desired = signals.workload_replicas(spec, model)
+    available, desired = signals.workload_replicas(spec, unit)
     panels.append(
         Panel(
             "Replicas",
@@ -262,14 +265,14 @@ def dashboard_config_map(spec: PlatformSpec, name: str, dashboard: dict[str, Any
     }
 
 
-def render(spec: PlatformSpec) -> list[Manifest]:
-    """Every dashboard of the stack: each model's, then the gateway's."""
+def render(spec: PlatformSpec, units: Mapping[str, ModelDecisions]) -> list[Manifest]:
+    """Every dashboard of the stack: each model's (``units``: their decisions), then the gateway's."""
     env = f"{spec.name}-{spec.environment}"
     out = [
         dashboard_config_map(
             spec,
             f"{spec.name}-dashboard-{m.name}",
-            _dashboard(f"{env}-{m.name}", f"{env} / model {m.name}", model_panels(spec, m)),
+            _dashboard(f"{env}-{m.name}", f"{env} / model {m.name}", model_panels(spec, units[m.name])),
         )
         for m in spec.models
     ]
@@ -283,11 +286,11 @@ def render(spec: PlatformSpec) -> list[Manifest]:
     return out
 
 
-def panels(spec: PlatformSpec) -> list[Panel]:
+def panels(spec: PlatformSpec, units: Mapping[str, ModelDecisions]) -> list[Panel]:
     """Every panel of every dashboard of the stack."""
-    return [p for m in spec.models for p in model_panels(spec, m)] + gateway_panels(spec)
+    return [p for m in spec.models for p in model_panels(spec, units[m.name])] + gateway_panels(spec)
 
 
-def promql(spec: PlatformSpec) -> list[str]:
+def promql(spec: PlatformSpec, units: Mapping[str, ModelDecisions]) -> list[str]:
     """Every panel expression, for the parser check."""
-    return [expr for p in panels(spec) for expr, _ in p.targets]
+    return [expr for p in panels(spec, units) for expr, _ in p.targets]

@@ -1,4 +1,8 @@
-"""Engine Deployment, Service (and ConfigMap where the engine takes a file) for one model. Pure."""
+"""Engine Deployment, Service (and ConfigMap where the engine takes a file) for one model. Pure.
+
+What to render comes from the serving unit's decisions (``components.core.decisions.ModelDecisions``): its placement
+and pool, its weights' fetch path, its startup budget and rollout. Nothing is decided again here.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.core import lifecycle, nodes
-from components.core.placement import Placement, PoolPlan, host_memory_needed_gib, host_share
-from components.core.rollout import Rollout
+from components.core.decisions import ModelDecisions
+from components.core.placement import Placement, host_memory_needed_gib, host_share
 from components.render import common, groups, hardening, scaling, weights
 from components.render.common import Manifest
 from components.render.engine_args import (
@@ -97,26 +101,22 @@ class PodShape:
     """Labels beside the engine's own (a group's role)."""
 
 
-def _location(spec: PlatformSpec, model: ModelSpec, placement: Placement) -> str:
+def _location(spec: PlatformSpec, unit: ModelDecisions) -> str:
     """What the engine loads in the cluster: the model store's copy the weights decision picked."""
-    return weights.engine_location(spec, model, weights.decide(model, placement))
+    return weights.engine_location(spec, unit.model, unit.fetch)
 
 
 def pod_template(
-    spec: PlatformSpec,
-    model: ModelSpec,
-    placement: Placement,
-    rollout: Rollout,
-    shape: PodShape,
-    weights_image: Any = None,
+    spec: PlatformSpec, unit: ModelDecisions, shape: PodShape, weights_image: Any = None
 ) -> Manifest:
     """One engine pod's template (labels and spec): the container from ``shape.cmd``, the weights' init container
-    and cache, the hardening, the pool's node selector and the GPU toleration. ``rollout`` gives the startup probe
-    its budget; ``weights_image``: the weights image the init container runs (default: the spec's)."""
+    and cache (by the unit's fetch path), the hardening, the pool's node selector and the GPU toleration. The
+    unit's startup budget is the startup probe's; ``weights_image``: the weights image the init container runs
+    (default: the spec's)."""
+    model, placement, way = unit.model, unit.placement, unit.fetch
     name = common.engine_name(model.name)
     image = model.engine.resolved_image
     version = common.image_version(image)
-    way = weights.decide(model, placement)
     cmd = shape.cmd
     cores, memory_gib = engine_resources(model, placement)
     resources: Manifest = {
@@ -164,7 +164,7 @@ def pod_template(
     if cmd.files:
         mounts.append({"name": "engine-config", "mountPath": ENGINE_CONFIG_DIR, "readOnly": True})
         volumes.append({"name": "engine-config", "configMap": {"name": name}})
-    startup_failures = math.ceil(rollout.startup.budget_s / _PROBE_PERIOD_S)
+    startup_failures = math.ceil(unit.startup.budget_s / _PROBE_PERIOD_S)
     health = facts(model.engine.kind).health_path
     container: Manifest = {
         "name": "engine",
@@ -225,15 +225,14 @@ def pod_template(
     return {"metadata": _pod_metadata(model, pod_labels), "spec": pod_spec}
 
 
-def deployment(
-    spec: PlatformSpec, model: ModelSpec, placement: Placement, rollout: Rollout, weights_image: Any = None
-) -> Manifest:
-    """``rollout`` (``components.core.rollout``): the strategy, and the startup budget the probe and the progress
-    deadline allow a replica."""
+def deployment(spec: PlatformSpec, unit: ModelDecisions, weights_image: Any = None) -> Manifest:
+    """The unit's rollout (``components.core.rollout``): the strategy, and the startup budget the probe and the
+    progress deadline allow a replica."""
+    model, rollout = unit.model, unit.rollout
     name = common.engine_name(model.name)
     version = common.image_version(model.engine.resolved_image)
-    shape = PodShape(engine_command(model, _location(spec, model, placement)))
-    template = pod_template(spec, model, placement, rollout, shape, weights_image)
+    shape = PodShape(engine_command(model, _location(spec, unit)))
+    template = pod_template(spec, unit, shape, weights_image)
     # A scaler (KEDA or HPA) owns the count when min and max differ; a fixed count is set here.
     replicas = {} if scaling.scales(model) else {"replicas": model.scaling.min_replicas}
     return {
@@ -285,22 +284,15 @@ def service_account(spec: PlatformSpec) -> Manifest:
     }
 
 
-def _group(
-    spec: PlatformSpec,
-    model: ModelSpec,
-    placement: Placement,
-    rollout: Rollout,
-    pool: PoolPlan | None,
-    weights_image: Any = None,
-) -> list[Manifest]:
-    """A LeaderWorkerSet whose groups span ``placement.nodes`` nodes, and a Service on the leaders."""
-    where = in_cluster(model, _location(spec, model, placement))  # leader and workers load the same copy
+def _group(spec: PlatformSpec, unit: ModelDecisions, weights_image: Any = None) -> list[Manifest]:
+    """A LeaderWorkerSet whose groups span the placement's nodes, and a Service on the leaders (the pool says
+    whether its nodes have EFA)."""
+    model, placement, pool = unit.model, unit.placement, unit.pool
+    where = in_cluster(model, _location(spec, unit))  # leader and workers load the same copy
     templates = {
         leader: pod_template(
             spec,
-            model,
-            placement,
-            rollout,
+            unit,
             PodShape(
                 group_command(model, in_group(placement.nodes, leader), where),
                 probes=leader,
@@ -314,22 +306,15 @@ def _group(
     }
     replicas = None if scaling.scales(model) else model.scaling.min_replicas
     lws = groups.leader_worker_set(
-        spec, model, placement.nodes, templates[True], templates[False], rollout, replicas
+        spec, model, placement.nodes, templates[True], templates[False], unit.rollout, replicas
     )
     return [lws, service(spec, model, groups.role_labels(leader=True))]
 
 
-def render(
-    spec: PlatformSpec,
-    model: ModelSpec,
-    placement: Placement,
-    rollout: Rollout,
-    pool: PoolPlan | None = None,
-    weights_image: Any = None,
-) -> list[Manifest]:
-    """Every Kubernetes object of one model's engine, in apply order: a Deployment, or for a replica that spans
-    nodes a LeaderWorkerSet (``components.render.groups``; ``pool`` says whether its nodes have EFA)."""
-    out = [m for m in (config_map(spec, model),) if m is not None]
-    if placement.multi_node:
-        return [*out, *_group(spec, model, placement, rollout, pool, weights_image)]
-    return [*out, deployment(spec, model, placement, rollout, weights_image), service(spec, model)]
+def render(spec: PlatformSpec, unit: ModelDecisions, weights_image: Any = None) -> list[Manifest]:
+    """Every Kubernetes object of one serving unit's engine, in apply order: a Deployment, or for a replica that
+    spans nodes a LeaderWorkerSet (``components.render.groups``)."""
+    out = [m for m in (config_map(spec, unit.model),) if m is not None]
+    if unit.placement.multi_node:
+        return [*out, *_group(spec, unit, weights_image)]
+    return [*out, deployment(spec, unit, weights_image), service(spec, unit.model)]

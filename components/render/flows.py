@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from components.core.cloud import Cloud
-from components.core.placement import place
+from components.core.placement import Layout
 from components.render import (
     batches,
     common,
@@ -158,9 +158,8 @@ GROUP_PREFIX = "group:"
 """Subjects named ``group:<model>``: the pods of one model whose replica spans nodes."""
 
 
-def group_models(spec: PlatformSpec) -> list[str]:
-    """Models whose replica spans nodes (``components.core.placement``), in stack-file order."""
-    layout = place(spec)
+def group_models(spec: PlatformSpec, layout: Layout) -> list[str]:
+    """Models whose replica spans nodes (by the stack's placement, ``layout``), in stack-file order."""
     return [m.name for m in spec.models if layout.placements[m.name].multi_node]
 
 
@@ -173,9 +172,9 @@ def in_cluster_limit_store(spec: PlatformSpec, cloud: Cloud) -> bool:
     return spec.gateway.shared_limits and not cloud.managed_limit_store
 
 
-def subjects(spec: PlatformSpec, cloud: Cloud) -> list[str]:
+def subjects(spec: PlatformSpec, cloud: Cloud, layout: Layout) -> list[str]:
     """The components of the stack's namespace that get a policy of their own, in apply order."""
-    out = [ENGINE, WEIGHTS, *(GROUP_PREFIX + m for m in group_models(spec)), *gateway.parts(spec)]
+    out = [ENGINE, WEIGHTS, *(GROUP_PREFIX + m for m in group_models(spec, layout)), *gateway.parts(spec)]
     out += batches.parts(spec)
     out += [GATEWAY_PROXY] if gateway_proxies_in_namespace(spec) else []
     return out + ([limit_store.STORE] if in_cluster_limit_store(spec, cloud) else [])
@@ -351,11 +350,11 @@ def _ingress_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
     return out
 
 
-def _group_flows(spec: PlatformSpec) -> list[Flow]:
+def _group_flows(spec: PlatformSpec, layout: Layout) -> list[Flow]:
     """The engine picks its ports: the rendezvous (vLLM's master port, SGLang's dist-init port), then ZMQ queues
     and NCCL's sockets on ephemeral ones. Only the pods of the same model's groups."""
     out: list[Flow] = []
-    for model in group_models(spec):
+    for model in group_models(spec, layout):
         group = group_peer(spec, model)
         out.append(
             Flow(group, group, (), "the nodes of a multi-node replica talk to each other (rendezvous, NCCL)")
@@ -419,8 +418,9 @@ def _weights_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
     return out
 
 
-def flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
-    """Every flow the stack's namespace allows, DNS first."""
+def flows(spec: PlatformSpec, cloud: Cloud, layout: Layout) -> list[Flow]:
+    """Every flow the stack's namespace allows, DNS first (``layout``: the stack's placement, which says whose
+    replicas span nodes)."""
     dns = Flow(every_pod(), kube_dns(), (("UDP", DNS_PORT), ("TCP", DNS_PORT)), "every pod resolves names")
     return [
         dns,
@@ -428,5 +428,5 @@ def flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
         *_scrape_flows(spec),
         *_ingress_flows(spec, cloud),
         *_weights_flows(spec, cloud),
-        *_group_flows(spec),
+        *_group_flows(spec, layout),
     ]

@@ -13,6 +13,7 @@ sides. On EKS the ``vpc-cni`` add-on enforces them (``components.clouds.aws.deci
 from __future__ import annotations
 
 from components.core.cloud import Cloud
+from components.core.placement import Layout
 from components.render import common, flows
 from components.render.common import Manifest
 from components.render.flows import Flow, Port
@@ -80,11 +81,12 @@ def component_policy(spec: PlatformSpec, subject: str, table: list[Flow]) -> Man
     return _policy(spec, policy_name(spec, subject), dict(me.pods or {}), body)
 
 
-def render(spec: PlatformSpec, cloud: Cloud) -> list[Manifest]:
-    table = flows.flows(spec, cloud)
+def render(spec: PlatformSpec, cloud: Cloud, layout: Layout) -> list[Manifest]:
+    """``layout``: the stack's placement (the groups of a replica that spans nodes get a policy of their own)."""
+    table = flows.flows(spec, cloud, layout)
     dns = next(f for f in table if f.source == flows.every_pod())
     return [
         default_deny(spec),
         allow_dns(spec, dns),
-        *(component_policy(spec, s, table) for s in flows.subjects(spec, cloud)),
+        *(component_policy(spec, s, table) for s in flows.subjects(spec, cloud, layout)),
     ]

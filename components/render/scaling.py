@@ -1,9 +1,7 @@
 """How each model's engines scale: KEDA ScaledObjects, or autoscaling/v2 HPAs with prometheus-adapter. Pure.
 
-Every number comes from the spec: the queue per replica defaults to a tenth of ``max_num_seqs`` (a
-replica with that many requests waiting is saturated for a while), the KV cache target and the TTFT
-target are the model's own (``scaling.kv_cache_usage_target``, ``slo.ttft_p95_ms``), the windows are
-the stabilisation windows the spec sets, and scale-to-zero waits ``idle_before_zero_s``.
+Every number is a threshold of ``components.core.scaling`` (from the spec), read from the serving unit's decisions
+(``components.core.decisions.ModelDecisions.scaling``, made once per plan): this module only renders them.
 
 A model whose min and max replicas are equal gets no scaler: its Deployment keeps a fixed count. A
 model with a scaler has no ``replicas`` in its Deployment: the scaler owns the count.
@@ -11,90 +9,26 @@ model with a scaler has no ``replicas`` in its Deployment: the scaler owns the c
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from components.core.decisions import ModelDecisions
+from components.core.scaling import Thresholds
 from components.render import addons, common, groups, signals
 from components.render.common import Manifest
 from components.spec import Autoscaler, ModelSpec, PlatformSpec
 from runtime.config import EngineKind
 from runtime.engines import Signal, facts
 
-QUEUE_SHARE_OF_MAX_NUM_SEQS = 0.10
-"""Default waiting requests per replica before scaling up, as a share of the engine's max_num_seqs."""
 POLLING_INTERVAL_S = 15
 """How often KEDA evaluates triggers (matches the scrape interval)."""
 SCALE_UP_PERIOD_S = 60
 """Period of the scale-up step policies."""
-SCALE_UP_SHARE_OF_MAX = 0.25
-"""At most this share of max_replicas (at least one) is added per period, or the count doubles."""
 SCALE_DOWN_PERIOD_S = 120
 """One replica removed per period: the engines' termination grace, so drains never overlap."""
 TTFT_QUANTILE = 0.95
 PROMETHEUS_TRIGGER = "prometheus"
-ACTIVATION = 0.0
-"""A trigger value above this wakes a model from zero and keeps it awake (KEDA's activationThreshold): one
-request waiting in the router is enough."""
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """A model's scaling targets, all derived from its spec."""
-
-    min_replicas: int
-    max_replicas: int
-    queue_per_replica: float
-    kv_cache_usage: float
-    ttft_p95_s: float
-    scale_up_window_s: int
-    scale_down_window_s: int
-    scale_up_step_pods: int
-    idle_before_zero_s: int
-    activation: float
-    cold_start_hold_s: float
-
-
-def thresholds(model: ModelSpec) -> Thresholds:
-    s = model.scaling
-    queue = s.queue_per_replica
-    if queue is None:
-        queue = max(1.0, round(model.engine.max_num_seqs * QUEUE_SHARE_OF_MAX_NUM_SEQS, 1))
-    return Thresholds(
-        min_replicas=s.min_replicas,
-        max_replicas=s.max_replicas,
-        queue_per_replica=queue,
-        kv_cache_usage=s.kv_cache_usage_target,
-        ttft_p95_s=model.slo.ttft_p95_ms / 1000,
-        scale_up_window_s=s.scale_up_stabilization_s,
-        scale_down_window_s=s.scale_down_stabilization_s,
-        scale_up_step_pods=max(1, math.ceil(s.max_replicas * SCALE_UP_SHARE_OF_MAX)),
-        idle_before_zero_s=s.idle_before_zero_s,
-        activation=ACTIVATION,
-        cold_start_hold_s=s.cold_start_hold_ms / 1000 if s.min_replicas == 0 else 0.0,
-    )
-
-
-def replicas_wanted(t: Thresholds, demand: float, current: int, idle_s: float) -> int:
-    """The replica count KEDA and its HPA settle on for the router-demand trigger, as one pure decision: the
-    ScaledObject renders these thresholds, and ``make local``'s autoscaler calls this with what the router
-    reports (``demand``: requests waiting in it plus refusals for want of a replica; ``idle_s``: how long
-    demand and in-flight work have been nil).
-
-    Demand above ``activation`` wakes a model at zero and asks ceil(demand / queue_per_replica) replicas
-    (the trigger's AverageValue target), never fewer than run now. Replicas go only when the model is idle:
-    after ``scale_down_window_s`` (the HPA's scale-down stabilisation) down to one, and after
-    ``idle_before_zero_s`` (KEDA's cooldownPeriod, which goes straight to zero) down to none, never below
-    ``min_replicas``."""
-    if demand > t.activation:
-        wanted = max(current, math.ceil(demand / t.queue_per_replica), 1)
-    elif current and t.min_replicas == 0 and idle_s >= t.idle_before_zero_s:
-        wanted = 0
-    elif current and idle_s >= t.scale_down_window_s:
-        wanted = 1
-    else:
-        wanted = current
-    return min(t.max_replicas, max(t.min_replicas, wanted))
 
 
 def scales(model: ModelSpec) -> bool:
@@ -163,12 +97,13 @@ class Trigger:
     metric_type: str  # AverageValue: per replica; Value: the whole model
 
 
-def triggers(spec: PlatformSpec, model: ModelSpec) -> list[Trigger]:
-    """The model's scaling signals: the router's queue always, the engine's own only where it exports them.
+def triggers(spec: PlatformSpec, unit: ModelDecisions) -> list[Trigger]:
+    """The model's scaling signals, at its thresholds: the router's queue always, the engine's own only where it
+    exports them.
 
     A trigger must never read a metric the engine lacks: with ``ignoreNullValues`` a missing series reads 0
     and the model would never scale on it."""
-    t = thresholds(model)
+    model, t = unit.model, unit.scaling
     out: list[Trigger] = []
     if signals.has(model, Signal.QUEUED):
         out.append(
@@ -189,13 +124,14 @@ ENGINE_LOAD_SIGNALS = (Signal.QUEUED, Signal.KV_USAGE, Signal.TTFT)
 """The engine signals a scaler reads when the engine exports them."""
 
 
-def scaling_note(spec: PlatformSpec, model: ModelSpec) -> str | None:
+def scaling_note(spec: PlatformSpec, unit: ModelDecisions) -> str | None:
     """What a scaled model cannot scale on because its engine does not export it (for the plan); else None."""
+    model = unit.model
     missing = [s.value for s in ENGINE_LOAD_SIGNALS if not signals.has(model, s)]
     if not scales(model) or not missing:
         return None
     engine = facts(model.engine.kind).display_name
-    used = ", ".join(trig.name for trig in triggers(spec, model))
+    used = ", ".join(trig.name for trig in triggers(spec, unit))
     return f"{model.name}: {engine} exports no {', '.join(missing)} metric; it scales on {used} only"
 
 
@@ -208,12 +144,12 @@ def workload(model: ModelSpec, multi_node: bool = False) -> Manifest:
     return {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
 
 
-def scaled_object(spec: PlatformSpec, model: ModelSpec, multi_node: bool = False) -> Manifest:
-    t = thresholds(model)
+def scaled_object(spec: PlatformSpec, unit: ModelDecisions) -> Manifest:
+    model, t = unit.model, unit.scaling
     name = scaler_name(model)
     server = addons.prometheus_url(spec)
     keda_triggers: list[Manifest] = []
-    for trig in triggers(spec, model):
+    for trig in triggers(spec, unit):
         keda_triggers.append(
             {
                 "type": PROMETHEUS_TRIGGER,
@@ -231,7 +167,7 @@ def scaled_object(spec: PlatformSpec, model: ModelSpec, multi_node: bool = False
             }
         )
     body: Manifest = {
-        "scaleTargetRef": workload(model, multi_node),
+        "scaleTargetRef": workload(model, unit.placement.multi_node),
         "pollingInterval": POLLING_INTERVAL_S,
         "cooldownPeriod": t.idle_before_zero_s,
         "minReplicaCount": t.min_replicas,
@@ -262,9 +198,9 @@ def _milli(value: float) -> str:
     return f"{round(value * 1000)}m"
 
 
-def hpa(spec: PlatformSpec, model: ModelSpec, multi_node: bool = False) -> Manifest:
+def hpa(spec: PlatformSpec, unit: ModelDecisions) -> Manifest:
     """autoscaling/v2 HPA on queue depth and KV usage per pod and TTFT p95 of the Service."""
-    t = thresholds(model)
+    model, t = unit.model, unit.scaling
     name = hpa_name(spec, model)
     metrics: list[Manifest] = []
     for signal, trigger, target in (
@@ -301,7 +237,7 @@ def hpa(spec: PlatformSpec, model: ModelSpec, multi_node: bool = False) -> Manif
         "kind": "HorizontalPodAutoscaler",
         "metadata": common.metadata(spec, name, "autoscaling"),
         "spec": {
-            "scaleTargetRef": workload(model, multi_node),
+            "scaleTargetRef": workload(model, unit.placement.multi_node),
             "minReplicas": t.min_replicas,
             "maxReplicas": t.max_replicas,
             "metrics": metrics,
@@ -353,19 +289,19 @@ def adapter_rules(spec: PlatformSpec) -> list[dict[str, Any]]:
     return rules
 
 
-def render(spec: PlatformSpec, model: ModelSpec, multi_node: bool = False) -> list[Manifest]:
-    """The scaler of one model: a ScaledObject (keda) or an HPA (hpa); nothing when min equals max. ``multi_node``:
-    it scales the model's LeaderWorkerSet (groups), not a Deployment."""
-    if not scales(model):
+def render(spec: PlatformSpec, unit: ModelDecisions) -> list[Manifest]:
+    """The scaler of one serving unit: a ScaledObject (keda) or an HPA (hpa); nothing when min equals max. A replica
+    that spans nodes is scaled as its LeaderWorkerSet (groups), not a Deployment."""
+    if not scales(unit.model):
         return []
     if spec.addons.autoscaler is Autoscaler.KEDA:
-        return [scaled_object(spec, model, multi_node)]
-    return [hpa(spec, model, multi_node)]
+        return [scaled_object(spec, unit)]
+    return [hpa(spec, unit)]
 
 
-def promql(spec: PlatformSpec) -> list[str]:
+def promql(spec: PlatformSpec, units: Mapping[str, ModelDecisions]) -> list[str]:
     """Every PromQL expression this module renders (adapter templates filled in), for the parser check."""
-    out = [trig.query for m in spec.models for trig in triggers(spec, m)]
+    out = [trig.query for m in spec.models for trig in triggers(spec, units[m.name])]
     for rule in adapter_rules(spec):
         out.append(
             rule["metricsQuery"]

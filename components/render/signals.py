@@ -9,7 +9,7 @@ health-monitor expressions that both alerts and dashboards read are spelled here
 
 from __future__ import annotations
 
-from components.core.placement import place
+from components.core.decisions import ModelDecisions
 from components.render import common
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import Signal, facts
@@ -25,13 +25,14 @@ def namespace_label(spec: PlatformSpec) -> str:
     return f'namespace="{spec.cluster.namespace}"'
 
 
-def workload_replicas(spec: PlatformSpec, model: ModelSpec) -> tuple[str, str]:
+def workload_replicas(spec: PlatformSpec, unit: ModelDecisions) -> tuple[str, str]:
     """kube-state-metrics series of a model's ready and desired replicas, for engines Prometheus does not scrape
-    and for dashboards. A Deployment's, or for a multi-node group (LeaderWorkerSet) its leader StatefulSet's:
-    LWS names that StatefulSet after the set and runs one leader per group, and a leader is ready only once its
-    workers have joined (LWS ``constructLeaderStatefulSetApplyConfiguration``: name and replicas from the set)."""
-    ns, engine = namespace_label(spec), common.engine_name(model.name)
-    if place(spec).placements[model.name].multi_node:
+    and for dashboards. A Deployment's, or for a multi-node group (LeaderWorkerSet, by the unit's placement) its
+    leader StatefulSet's: LWS names that StatefulSet after the set and runs one leader per group, and a leader is
+    ready only once its workers have joined (LWS ``constructLeaderStatefulSetApplyConfiguration``: name and
+    replicas from the set)."""
+    ns, engine = namespace_label(spec), common.engine_name(unit.model.name)
+    if unit.placement.multi_node:
         sel = f'{ns},statefulset="{engine}"'
         return (
             f"sum(kube_statefulset_status_replicas_ready{{{sel}}})",

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from components.core.placement import Placement
-from components.core.weights import fetch, store
+from components.core.weights import store
 from components.core.weights.fetch import CacheMedium, Fetch, FetchPath
 from components.render import common, hardening
 from components.render.common import Manifest
@@ -340,7 +340,3 @@ def service_account(spec: PlatformSpec) -> Manifest:
         "metadata": common.metadata(spec, service_account_name(spec), COMPONENT),
         "automountServiceAccountToken": False,
     }
-
-
-def decide(model: ModelSpec, placement: Placement) -> Fetch:
-    return fetch.decide(model, placement.instance)

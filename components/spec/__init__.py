@@ -2,9 +2,10 @@
 
 The one source of truth. Every knob is a documented field with a default and, where it has one, a unit
 in its name. Structure and single-field rules live here (pydantic); rules that span sections live in
-``components.spec.rules`` (all reported at once); rules that need the hardware catalog (fit, parallelism
-against a node's GPUs, pool placement) live in ``components.core.placement``, which reports them with the same
-field paths.
+``components.spec.rules`` (all reported at once); rules that need the hardware catalog, the layout or the
+target's cloud (fit, parallelism against a node's GPUs, pool placement, startup budgets, the model store's
+buckets) are the plan-time rules of ``components.core.plan_rules``, reported with the same field paths and, for a
+stack file, in the same run (``components.core.stackfile``).
 
 One module per section of the stack file, so a section's models, defaults and rules read together:
 
@@ -55,6 +56,8 @@ from components.spec.base import (
     hub_commit,
     is_hub_source,
     is_local_path,
+    is_pinned_revision,
+    is_pinned_source,
 )
 from components.spec.cluster import (
     ANYWHERE_IPV4,
@@ -95,6 +98,7 @@ from components.spec.model import (
     WeightsSpec,
 )
 from components.spec.platform import (
+    RULES_LATER,
     AddonsSpec,
     Autoscaler,
     BatchSpec,
@@ -150,6 +154,7 @@ __all__ = [
     "PREPARATION_IMAGES",
     "QUANTIZE_IMAGE",
     "QUANTIZE_SCHEMES",
+    "RULES_LATER",
     "RUNTIME_IMAGES",
     "S3_URI",
     "AdapterSpec",
@@ -211,5 +216,7 @@ __all__ = [
     "hub_commit",
     "is_hub_source",
     "is_local_path",
+    "is_pinned_revision",
+    "is_pinned_source",
     "spec_json_schema",
 ]

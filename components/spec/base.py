@@ -1,18 +1,23 @@
-"""What the sections of the spec share: the base model, the name and image patterns, the pinned-source rules."""
+"""What the sections of the spec share: the base model, the name and image patterns, the pinned-source rules, and
+``every_problem``, which runs each of a section's checks so a section hears of all its mistakes."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
 from functools import partial
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from runtime.revision import HUB_COMMIT as HUB_COMMIT  # noqa: PLC0414 - re-exported: the spec's name for it
+from runtime.revision import is_pinned_revision as is_pinned_revision  # noqa: PLC0414 - re-exported
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 HF_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?$")
-HUB_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 AWS_ACCOUNT = re.compile(r"^\d{12}$")
 PINNED_IMAGE = re.compile(r"^[^\s@]+(@sha256:[0-9a-f]{64}|:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})$")
 # Tags that move by convention; an image pinned to one of these is not pinned (the policy pack reuses this).
@@ -32,9 +37,16 @@ def is_hub_source(source: str) -> bool:
     return not source.startswith("s3://") and not is_local_path(source)
 
 
+def is_pinned_source(source: str, revision: object) -> bool:
+    """A source that cannot change under the same spec: an S3 prefix or a directory (pinned by its path, a new one
+    per version), or a hub repository at a commit (``is_pinned_revision``). Models, versions and adapters alike."""
+    return not is_hub_source(source) or is_pinned_revision(revision)
+
+
 def hub_commit(revision: str) -> str:
-    """A hub revision, which must be a commit: a branch or tag moves, and every replica must serve the same bytes."""
-    if not HUB_COMMIT.match(revision):
+    """A hub revision, which must be a commit (``is_pinned_revision``): a branch or tag moves, and every replica
+    must serve the same bytes."""
+    if not is_pinned_revision(revision):
         raise ValueError(
             f"{revision!r} is not a commit hash: pin the exact hub commit (40 hex digits, from the repository's "
             "commit history), never a branch or tag that moves"
@@ -48,6 +60,32 @@ HubCommit = Annotated[str, AfterValidator(hub_commit)]
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+def every_problem(section: str, *checks: Callable[[], object]) -> None:
+    """Run every check of a section (each raises ValueError at its first problem) and raise what they all found, one
+    error each: pydantic runs a model's validators in turn and stops at the first that raises, so a section with
+    mistakes in two of its parts would hear of one."""
+    found: list[str] = []
+    for check in checks:
+        try:
+            check()
+        except ValidationError:
+            raise  # already located errors (none of the checks raise one): not a check's message
+        except ValueError as err:
+            found.append(str(err))
+    if found:
+        raise ValidationError.from_exception_data(
+            section,
+            [
+                InitErrorDetails(
+                    type=PydanticCustomError("value_error", "{problem}", {"problem": message}),
+                    loc=(),
+                    input=None,
+                )
+                for message in found
+            ],
+        )
 
 
 AUTO = "auto"

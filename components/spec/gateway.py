@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from components.spec.base import Cidr, PinnedImage, _Spec
+from components.spec.base import Cidr, PinnedImage, _Spec, every_problem
 
 
 class IngressKind(StrEnum):
@@ -152,6 +152,16 @@ class GatewaySpec(_Spec):
         return self
 
     @model_validator(mode="after")
+    def _rules(self) -> GatewaySpec:
+        """Each of the gateway's rules below runs, and a gateway with several mistakes hears of each."""
+        every_problem(
+            type(self).__name__,
+            self._inference_extension,
+            self._ingress_has_a_hostname,
+            self._replicas_ordered,
+        )
+        return self
+
     def _inference_extension(self) -> GatewaySpec:
         if self.mode is not GatewayMode.INFERENCE_EXTENSION:
             return self
@@ -176,13 +186,15 @@ class GatewaySpec(_Spec):
             )
         return self
 
-    @model_validator(mode="after")
-    def _replicas_ordered(self) -> GatewaySpec:
+    def _ingress_has_a_hostname(self) -> GatewaySpec:
         if self.ingress is not IngressKind.NONE and not self.hostname:
             raise ValueError(
                 f"ingress {self.ingress.value} needs a hostname (the ALB finds its certificate by it, "
                 "the HTTPRoute matches it); set gateway.hostname, e.g. 'llm.example.com'"
             )
+        return self
+
+    def _replicas_ordered(self) -> GatewaySpec:
         if self.replicas > self.max_replicas:
             raise ValueError(
                 f"replicas ({self.replicas}) is above max_replicas ({self.max_replicas}); "

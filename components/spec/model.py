@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, ClassVar
+from typing import TYPE_CHECKING, Annotated, ClassVar
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, create_model, field_validator, model_validator
 
 from components.core import catalog
 from components.core.enums import Device, DType
@@ -19,8 +19,10 @@ from components.spec.base import (
     HubCommit,
     _checked_source,
     _Spec,
+    every_problem,
     is_hub_source,
     is_local_path,
+    is_pinned_source,
 )
 from components.spec.engine import ArchitectureSpec, EngineSpec, engines_that
 from components.spec.versions import (
@@ -35,7 +37,9 @@ from runtime.config import (
     RouterSettings,
     StrategyName,
     Task,
+    knob_field,
     reads_engine_events,
+    routing_knobs,
     routing_knobs_read,
     routing_scorers,
     strategy_field,
@@ -125,20 +129,30 @@ class SloSpec(_Spec):
     always have a warm replica, and min_replicas 0 is refused."""
 
 
-class RoutingSpec(_Spec):
+class _RoutingFields(_Spec):
+    strategy: StrategyName = Field(default="prefix_aware", description=strategy_field("name").description)
+    weights: dict[BuiltinScorerName, Annotated[float, Field(ge=0)]] = strategy_field("weights")
+
+
+# then a field per knob a stack file may set per model, from the router's records (``Knob.stack``), by name
+if TYPE_CHECKING:
+    _RoutingKnobs = _RoutingFields
+else:
+    _RoutingKnobs = create_model(
+        "RoutingKnobs",
+        __base__=_RoutingFields,
+        __module__=__name__,
+        **{name: (knob.type, knob_field(knob)) for name, knob in routing_knobs().items()},
+    )
+
+
+class RoutingSpec(_RoutingKnobs):
     """How the gateway spreads this model's requests over its replicas: a named strategy (a preset blend
     of scorers), weights that adjust the blend, and the knobs of the scorers it uses. Names, ranges and
     descriptions come from the router's registry (``runtime.config``), so a typo fails here, at plan."""
 
-    KNOBS: ClassVar[frozenset[str]] = frozenset(
-        {"load_guard_ratio", "prefix_balance_factor", "prefix_block_tokens"}
-    )
+    KNOBS: ClassVar[frozenset[str]] = frozenset(routing_knobs())
 
-    strategy: StrategyName = Field(default="prefix_aware", description=strategy_field("name").description)
-    weights: dict[BuiltinScorerName, Annotated[float, Field(ge=0)]] = strategy_field("weights")
-    load_guard_ratio: float = strategy_field("load_guard_ratio")
-    prefix_balance_factor: float = strategy_field("prefix_balance_factor")
-    prefix_block_tokens: int = strategy_field("prefix_block_tokens")
     priority: int | None = None
     """gateway.mode inference-extension: the request priority of this model's InferenceObjective
     (inference.networking.x-k8s.io/v1alpha2): under load the gateway serves higher first and may shed
@@ -149,7 +163,7 @@ class RoutingSpec(_Spec):
     def _knobs_take_effect(self) -> RoutingSpec:
         read = routing_knobs_read(self.strategy, self.weights)
         for knob in sorted((self.model_fields_set & self.KNOBS) - read):
-            readers = " or ".join(n for n, info in routing_scorers().items() if knob in info.knobs)
+            readers = " or ".join(n for n, info in routing_scorers().items() if knob in info.knob_names)
             raise ValueError(
                 f"{knob} has no effect with strategy {self.strategy!r} and these weights (only the {readers}"
                 " scorer reads it): remove it, or choose a strategy or weights that use that scorer"
@@ -202,8 +216,9 @@ class AdapterSpec(_Spec):
     """Hugging Face repo id ('org/name', pinned by revision), an 's3://bucket/prefix/' holding
     adapter_config.json and adapter_model.safetensors, or (target local) a local directory."""
     revision: HubCommit | None = None
-    """Hugging Face sources: the hub commit (40 hex digits) to fetch, as for a model; required on a cluster,
-    where the adapter is copied into the model store at that commit. Not for S3 or local sources."""
+    """Hugging Face sources: the hub commit (40 hex digits, never a branch or tag, which move) to fetch, as for a
+    model; required on a cluster, where the adapter is copied into the model store at that commit. Not for S3 or
+    local sources."""
     rank: Annotated[int, Field(ge=1, le=512)]
     """The adapter's LoRA rank (adapter_config.json "r"); at most engine.lora.max_rank."""
 
@@ -227,8 +242,9 @@ class AdapterSpec(_Spec):
 
     @property
     def pinned(self) -> bool:
-        """A source that cannot change under the same spec: a hub commit, an S3 prefix, a local directory."""
-        return not self.is_hub or self.revision is not None
+        """A source that cannot change under the same spec: a hub commit, an S3 prefix, a local directory (the one
+        rule, ``is_pinned_source``, that the plan-time rule and the policy pack's adapter rule ask too)."""
+        return is_pinned_source(self.source, self.revision)
 
 
 class ModelSpec(_Spec):
@@ -315,6 +331,20 @@ class ModelSpec(_Spec):
         return _checked_source(value)
 
     @model_validator(mode="after")
+    def _rules(self) -> ModelSpec:
+        """Each of the model's rules below runs, and a model with mistakes in several of its parts hears of each."""
+        every_problem(
+            type(self).__name__,
+            self._weights_rules,
+            self._adapters_servable,
+            self._cold_starts_allowed,
+            self._versions,
+            self._sleep_supported,
+            self._share_rules,
+            self._kv_events_possible,
+        )
+        return self
+
     def _weights_rules(self) -> ModelSpec:
         if self.revision is not None and not self.is_hub:
             raise ValueError(
@@ -333,7 +363,6 @@ class ModelSpec(_Spec):
     def is_local_path(self) -> bool:
         return is_local_path(self.source)
 
-    @model_validator(mode="after")
     def _adapters_servable(self) -> ModelSpec:
         if not self.adapters:
             if "lora" in self.engine.model_fields_set:
@@ -384,7 +413,6 @@ class ModelSpec(_Spec):
         found = catalog.lookup_model(self.source) or catalog.lookup_model(self.name)
         return found[1] if found else None
 
-    @model_validator(mode="after")
     def _cold_starts_allowed(self) -> ModelSpec:
         if self.scaling.min_replicas == 0 and not self.slo.allow_cold_starts:
             raise ValueError(
@@ -394,7 +422,6 @@ class ModelSpec(_Spec):
             )
         return self
 
-    @model_validator(mode="after")
     def _versions(self) -> ModelSpec:
         if not self.versions:
             if self.rollout.canary is not None:
@@ -482,7 +509,6 @@ class ModelSpec(_Spec):
             return version.revision
         return self.revision if version.source is None else None
 
-    @model_validator(mode="after")
     def _sleep_supported(self) -> ModelSpec:
         if self.scaling.sleep_after_idle_s is None:
             return self
@@ -506,7 +532,6 @@ class ModelSpec(_Spec):
             )
         return self
 
-    @model_validator(mode="after")
     def _share_rules(self) -> ModelSpec:
         share, e = self.gpu_share, self.engine
         if share is None:
@@ -553,7 +578,6 @@ class ModelSpec(_Spec):
         them and every router replica follows them."""
         return reads_engine_events(self.routing.strategy, self.routing.weights)
 
-    @model_validator(mode="after")
     def _kv_events_possible(self) -> ModelSpec:
         if self.publishes_kv_events:
             if not facts(self.engine.kind).can.kv_events:

@@ -1,5 +1,6 @@
 """The platform-wide sections (observability, addons, batch, budget, model_store) and ``PlatformSpec``, a whole
-environment, whose validator runs the cross-section rules of ``rules``; the stack file's JSON Schema."""
+environment, whose validator runs the cross-section rules of ``rules`` (or leaves them to a caller that runs them
+with its plan-time rules, ``RULES_LATER``); the stack file's JSON Schema."""
 
 from __future__ import annotations
 
@@ -212,6 +213,12 @@ class ModelStoreSpec(_Spec):
         return value
 
 
+RULES_LATER = "inferstack.cross_section_rules_later"
+"""A validation context key (``PlatformSpec.model_validate(raw, context={RULES_LATER: True})``): the caller runs the
+cross-section rules (``rules.platform_problems``) itself, with the plan-time rules, so a stack file with mistakes of
+both kinds hears of all of them in one run (``components.core.stackfile``)."""
+
+
 class PlatformSpec(_Spec):
     """One environment of the platform: everything `pulumi up` creates."""
 
@@ -259,10 +266,13 @@ class PlatformSpec(_Spec):
         return parse(target, value) if target is not None else value
 
     @model_validator(mode="after")
-    def _cross_section_rules(self) -> PlatformSpec:
-        """The rules that read several sections (components/spec/rules.py), every problem of every rule at once."""
+    def _cross_section_rules(self, info: ValidationInfo) -> PlatformSpec:
+        """The rules that read several sections (components/spec/rules.py), every problem of every rule at once;
+        unless the caller runs them itself (``RULES_LATER``)."""
         from components.spec.rules import platform_problems  # noqa: PLC0415 - the rules read these models
 
+        if info.context and info.context.get(RULES_LATER):
+            return self
         problems = platform_problems(self)
         if problems:
             raise ValidationError.from_exception_data(

@@ -3,8 +3,10 @@
 A field's own rule lives on its model; a rule that reads two sections (the gateway's mode and a model's routing,
 the target and the cluster's name) lives here, registered with ``@rule``, so a stack file with several such
 mistakes hears of all of them in one run (``PlatformSpec`` runs every rule and reports what they found together).
-Rules that also need the hardware catalog are placement's (``components.core.placement``), reported with the same paths;
-a target's own rules are its cluster section's (``components.spec.cluster``), run by one rule here.
+Rules that also need the hardware catalog, the layout or the target's cloud are the plan-time rules
+(``components.core.plan_rules``), reported with the same paths; a stack file gets both kinds in one run
+(``components.core.stackfile`` runs these with them, ``RULES_LATER``).; a target's own rules are its cluster section's
+(``components.spec.cluster``), run by one rule here.
 """
 
 from __future__ import annotations

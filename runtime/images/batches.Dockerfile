@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The inferstack batch service (OpenAI Files and Batches API): python -m runtime.batches --config /etc/inferstack/runtime.yaml
+# The inferstack batch service (OpenAI Files and Batches API): python -m runtime.batch_service --config /etc/inferstack/runtime.yaml
 # Build from the repository root:  docker build -f runtime/images/batches.Dockerfile -t inferstack-batches .
 
 FROM python:3.11.11-slim-bookworm AS build
@@ -25,12 +25,12 @@ WORKDIR /app
 # plumbing, the shared HTTP helpers, the lean HTTP server and the keep-alive client (to the router), the service.
 COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/http.py runtime/server.py runtime/upstream.py runtime/py.typed /app/runtime/
 COPY runtime/scheduling /app/runtime/scheduling
-COPY runtime/batches /app/runtime/batches
+COPY runtime/batch_service /app/runtime/batch_service
 USER 10001:10001
 EXPOSE 8083
 VOLUME ["/var/lib/inferstack/batches"]
 HEALTHCHECK --interval=10s --timeout=2s --start-period=5s --retries=3 \
     CMD ["python", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8083/healthz', timeout=2).status == 200 else 1)"]
 STOPSIGNAL SIGTERM
-ENTRYPOINT ["python", "-m", "runtime.batches"]
+ENTRYPOINT ["python", "-m", "runtime.batch_service"]
 CMD ["--config", "/etc/inferstack/runtime.yaml"]

@@ -20,9 +20,9 @@ RUN groupadd --system --gid 10001 inferstack \
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 # The contract, the config-file reader and service plumbing, engine facts and metrics reading, discovery,
-# the feed reader, shared HTTP helpers and the lean HTTP server (for /metrics), the breaker and request
-# reading shared with the router, the scheduling library, the picker.
-COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/api_keys.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/metrics_text.py runtime/engine_probe.py runtime/discovery.py runtime/fleet_feed.py runtime/http.py runtime/server.py runtime/breaker.py runtime/replica.py runtime/model_view.py runtime/openai_request.py runtime/py.typed /app/runtime/
+# the feed reader and signal loop, shared HTTP helpers and the lean HTTP server (for /metrics), the breaker
+# and request reading shared with the router, the scheduling library, the picker.
+COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/api_keys.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/metrics_text.py runtime/engine_probe.py runtime/discovery.py runtime/fleet_feed.py runtime/signal_loop.py runtime/http.py runtime/server.py runtime/breaker.py runtime/replica.py runtime/model_view.py runtime/openai_request.py runtime/py.typed /app/runtime/
 COPY runtime/scheduling /app/runtime/scheduling
 COPY runtime/picker /app/runtime/picker
 USER 10001:10001

@@ -21,9 +21,9 @@ COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 # Only what the router imports: the contract, the config-file reader and service plumbing, engine facts,
 # discovery, shared HTTP helpers, the lean HTTP server and engine client (shared with the batcher), the
-# circuit breaker and request reading (shared with the picker), the version split (runtime.versions), the
-# scheduling library (routing decisions), the engines' KV-event view, the router.
-COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/api_keys.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/server.py runtime/upstream.py runtime/breaker.py runtime/replica.py runtime/model_view.py runtime/metrics_text.py runtime/engine_probe.py runtime/fleet_feed.py runtime/openai_request.py runtime/versions.py runtime/py.typed /app/runtime/
+# circuit breaker, request reading and the signal loop (shared with the picker), the version split
+# (runtime.versions), the scheduling library (routing decisions), the engines' KV-event view, the router.
+COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/api_keys.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/server.py runtime/upstream.py runtime/breaker.py runtime/replica.py runtime/model_view.py runtime/metrics_text.py runtime/engine_probe.py runtime/fleet_feed.py runtime/signal_loop.py runtime/openai_request.py runtime/versions.py runtime/py.typed /app/runtime/
 COPY runtime/scheduling /app/runtime/scheduling
 COPY runtime/kvcache /app/runtime/kvcache
 COPY runtime/router /app/runtime/router

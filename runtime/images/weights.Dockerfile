@@ -21,8 +21,9 @@ RUN groupadd --system --gid 10001 inferstack \
     && useradd --system --uid 10001 --gid inferstack --no-create-home --shell /usr/sbin/nologin inferstack
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
-# Only the weights package: it imports nothing else of runtime.
-COPY runtime/__init__.py runtime/py.typed /app/runtime/
+# Only the weights package and the one rule of what pins a hub revision (runtime/revision.py, plain re): it imports
+# nothing else of runtime.
+COPY runtime/__init__.py runtime/py.typed runtime/revision.py /app/runtime/
 COPY runtime/weights /app/runtime/weights
 USER 10001:10001
 ENTRYPOINT ["python", "-m", "runtime.weights"]

@@ -10,8 +10,8 @@ OpenAI-shaped immediate answer (404 unknown model, 429 full, 503 none ready, 400
     protocol.py   the Endpoint Picker Protocol on the generated ext_proc messages (PyPI xds-protos)
     exchange.py   one ext_proc stream = one request: headers -> body -> pick -> outcome
     decide.py     pure: request in, pick (with fallbacks) or the gateway's own answer out
-    replicas.py   per-replica and per-model state the scheduler reads (the router's Endpoint view)
-    fleet.py      replicas from discovery, load and health from the health feed or a probe
+    replicas.py   per-replica and per-model state the scheduler reads (the scheduler's Replica protocol)
+    fleet.py      replicas from discovery, load and health from the health feed or a probe (runtime.signal_loop)
     metrics.py    inferstack_picker_*: the router's scheduling gauges, picks, refusals, outcomes
     service.py    the gRPC server (ext_proc, health) and the HTTP side (/metrics, /healthz, /readyz)
     __main__.py   ``python -m runtime.picker --config FILE``

@@ -1,7 +1,7 @@
 """Which replica serves a request, or what the gateway answers instead. Pure: request in, decision out.
 
 The pick is the router's: the same ``runtime.scheduling`` strategy, fed the same request fields
-(``runtime.openai_request``), over replicas that satisfy the same ``Endpoint`` view. What differs is what
+(``runtime.openai_request``), over replicas that satisfy the same ``Replica`` protocol. What differs is what
 happens when nobody can take the request: the router waits in line, the picker answers at once (the
 Endpoint Picker Protocol: 429 when the replicas are full, 503 when none is ready), and the gateway, not
 the picker, retries, on the fallback endpoints the pick lists after the chosen one.

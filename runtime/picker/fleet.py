@@ -1,6 +1,7 @@
 """The picker's fleet, read the router's way: replicas from discovery (``runtime.discovery``: static
 addresses or the engine Services' EndpointSlices), load and health from the health monitor's feed
-(``runtime.fleet_feed``), or from the engines themselves while the feed is absent or stale.
+(``runtime.fleet_feed``), or from the engines themselves while the feed is absent or stale: the router's
+signal loop (``runtime.signal_loop``), with nothing of the picker's own added.
 
 Reconfiguration is a restart (the picker's ConfigMap carries a checksum that rolls its pods); discovery
 changes keep surviving replicas' counters and circuits.
@@ -16,9 +17,8 @@ import aiohttp
 
 from runtime.config import ModelTarget, RuntimeConfig
 from runtime.discovery import watch_backends
-from runtime.engine_probe import look_timeout_s, probe
-from runtime.fleet_feed import apply_signals, fetch_feed
-from runtime.picker.replicas import ModelPool, Replica
+from runtime.picker.replicas import ModelPool
+from runtime.signal_loop import SignalLoop
 
 log = logging.getLogger("inferstack.picker.fleet")
 
@@ -35,9 +35,22 @@ class Fleet:
             t.name: ModelPool(t, cfg.route(t.name), cfg.router) for t in cfg.models
         }
         self.on_departed: Callable[[str, str], None] | None = None
-        self.feed_ok = False
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
+        self.signals = SignalLoop(
+            lambda: self.models, lambda: self.cfg.router, lambda: self.session, logger=log
+        )
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The HTTP session for looks at replicas; open while started."""
+        assert self._session is not None, "the fleet is not started"
+        return self._session
+
+    @property
+    def feed_ok(self) -> bool:
+        """The last round of the signal loop applied a fresh health feed (else it probed the engines)."""
+        return self.signals.feed_ok
 
     @property
     def listed(self) -> bool:
@@ -48,7 +61,7 @@ class Fleet:
         loop = asyncio.get_running_loop()
         self._session = aiohttp.ClientSession()
         self._tasks = [loop.create_task(self._watch(pool)) for pool in self.models.values()]
-        self._tasks.append(loop.create_task(self._signals_loop()))
+        self._tasks.append(loop.create_task(self.signals.run()))
         for _ in range(3):  # static targets report at once: let the first lists land
             await asyncio.sleep(0)
 
@@ -66,41 +79,3 @@ class Fleet:
             if urls != [r.url for r in pool.replicas]:
                 log.info("replicas of %s: %s", pool.name, urls)
             pool.set_replicas(urls)
-
-    # --- load and health signals -----------------------------------------------------------------
-    async def _signals_loop(self) -> None:
-        while True:
-            try:
-                self.feed_ok = await self._read_feed() if self.cfg.router.health_feed_url else False
-                if not self.feed_ok:
-                    await self._probe_all()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the signal loop must outlive any one bad answer
-                log.exception("signal refresh failed")
-            await asyncio.sleep(self.cfg.router.probe_interval_ms / 1000)
-
-    async def _read_feed(self) -> bool:
-        """Apply the health monitor's feed; False if it is unreachable, stale or not a feed."""
-        assert self._session is not None
-        timeout_s = self.cfg.router.probe_interval_ms / 1000
-        feed = await fetch_feed(self._session, str(self.cfg.router.health_feed_url), timeout_s)
-        if feed is None:
-            return False
-        for entry in feed.replicas:
-            pool = self.models.get(entry.model)
-            replica = pool.by_url.get(entry.url) if pool is not None else None
-            if replica is not None:
-                apply_signals(entry, replica)
-        return True
-
-    async def _probe_all(self) -> None:
-        jobs = [self._probe(pool, r) for pool in self.models.values() for r in pool.replicas]
-        if jobs:
-            await asyncio.gather(*jobs)
-
-    async def _probe(self, pool: ModelPool, replica: Replica) -> None:
-        timeout_s = look_timeout_s(self.cfg.router.probe_interval_ms)
-        assert self._session is not None
-        answered, signals = await probe(self._session, replica.url, pool.target.engine, timeout_s)
-        pool.probed(replica, answered, signals)

@@ -114,23 +114,23 @@ class PickerMetrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def picked(self, model: str, backend: str, decision_s: float) -> None:
-        self._child(self.picks, model, backend).inc()
+    def picked(self, model: str, replica: str, decision_s: float) -> None:
+        self._child(self.picks, model, replica).inc()
         self._child(self.decision, model).observe(max(0.0, decision_s))
 
     def rejected(self, reason: str, model: str = "") -> None:
         self._child(self.rejections, model, reason).inc()
 
-    def finished(self, model: str, backend: str, status: int, duration_s: float) -> None:
-        self._child(self.requests, model, backend, str(status)).inc()
+    def finished(self, model: str, replica: str, status: int, duration_s: float) -> None:
+        self._child(self.requests, model, replica, str(status)).inc()
         self._child(self.duration, model).observe(max(0.0, duration_s))
 
-    def forget_backend(self, model: str, backend: str) -> None:
+    def forget_replica(self, model: str, replica: str) -> None:
         """Drop a departed replica's counters, so pod churn does not grow /metrics without bound."""
         for key in [
             k
             for k in self._children
-            if k[0] in (id(self.picks), id(self.requests)) and k[1:3] == (model, backend)
+            if k[0] in (id(self.picks), id(self.requests)) and k[1:3] == (model, replica)
         ]:
             metric = self.picks if key[0] == id(self.picks) else self.requests
             del self._children[key]

@@ -1,6 +1,6 @@
 """What the picker knows about each replica and each model: plain state the scheduler reads.
 
-``Replica`` is the shared replica state (``runtime.replica``), as the router's ``Backend`` is: the same
+``Replica`` is the shared replica state (``runtime.replica``), as the router's (``runtime.router.replicas``) is: the same
 strategies read the same fields. Its in-flight count is the picker's own (requests it sent there whose
 ext_proc stream is still open), its engine queue and KV usage come from the health feed or a probe, its
 circuit from the outcomes the gateway reports back (the response status of each request).

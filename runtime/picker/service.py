@@ -52,7 +52,7 @@ class Picker(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ig
         self.fleet = Fleet(cfg) if discover is None else Fleet(cfg, discover)
         self.metrics = PickerMetrics()
         self.metrics.attach_live(lambda: self.fleet.models)
-        self.fleet.on_departed = self.metrics.forget_backend
+        self.fleet.on_departed = self.metrics.forget_replica
         self.open_streams = 0
         file = cfg.picker.api_keys_file
         self.keys_file = file if config_path is None else keys_path(file, config_path)

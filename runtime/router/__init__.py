@@ -9,9 +9,10 @@ Request path, one module per job::
     admission.py   a replica with room, or a per-model FIFO wait with a deadline (429 + Retry-After)
     proxy.py       one try on one replica: bytes through, first chunk before headers, accounting
     upstream.py    keep-alive connections to engines; bytes through, never re-serialised
-    backends.py    per-replica state: in-flight, engine queue/KV, TTFT EWMA, circuit breaker
+    replicas.py    per-replica state: in-flight, engine queue/KV, TTFT EWMA, circuit breaker
     retry.py       retry budget and backoff
     fleet.py       replicas from discovery, load/health from the health feed or our own probe
+                   (runtime.signal_loop, shared with the picker; the router's step: signals.py, sleep.py)
     metrics.py     inferstack_router_* in a registry of its own, live gauges at scrape time
     reload.py      config + plug-ins + strategies + API keys read as one checked unit, re-read on change
     __main__.py    ``python -m runtime.router --config FILE``: drain on SIGTERM

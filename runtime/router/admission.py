@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runtime.router.backends import Backend
 from runtime.router.model_state import ModelState
+from runtime.router.replicas import Replica
 from runtime.router.waitline import QueueFullError
 from runtime.scheduling import Context
 
@@ -38,7 +38,7 @@ class Refusal:
 
 async def acquire(
     state: ModelState, ctx: Context, deadline_s: float, on_waited: Callable[[str, float], None]
-) -> Backend | Refusal | None:
+) -> Replica | Refusal | None:
     """A replica with room (the strategy's pick), waiting in line while all are busy.
 
     None when the only usable replicas were already tried by this request: the caller reports the
@@ -51,15 +51,15 @@ async def acquire(
         # first come, first served: a newcomer does not overtake requests already in line
         awake = state.awake()
         jump = not waited_from and bool(state.queue.waiters)
-        if jump and any(b.inflight < b.cap and b.healthy for b in awake):
+        if jump and any(r.inflight < r.cap and r.healthy for r in awake):
             state.queue.wake_one()  # a slot is free: make sure the head of the line gets it
-        backend = None if jump else state.strategy.pick(awake, ctx)
-        if backend is not None:
+        replica = None if jump else state.strategy.pick(awake, ctx)
+        if replica is not None:
             if waited_from:
                 on_waited(state.name, ctx.now - waited_from)
-            return backend
+            return replica
         now = ctx.now
-        usable = [b for b in awake if b.healthy and b.breaker.allows(now) and b.url not in ctx.exclude]
+        usable = [r for r in awake if r.healthy and r.breaker.allows(now) and r.url not in ctx.exclude]
         if usable:
             limit_s, refusal = deadline_s, _busy(state, deadline_s)
         elif ctx.exclude:

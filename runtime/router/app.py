@@ -20,7 +20,6 @@ from runtime.engines import facts
 from runtime.http import LOW_PRIORITY, METRICS_CONTENT_TYPE, PRIORITY_HEADER, error_body, metrics_payload
 from runtime.router.adapters import LoadFailure, ensure_loaded
 from runtime.router.admission import Refusal, acquire
-from runtime.router.backends import Backend
 from runtime.router.batch_api import BatchApiHooks, api_call_model, is_batch_api, low_priority_avoid
 from runtime.router.fleet import Fleet
 from runtime.router.limits import Limits, LocalLimits, make_limits
@@ -28,6 +27,7 @@ from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
 from runtime.router.model_state import ModelState
 from runtime.router.payload import BadRequest, choices_problem, read_request
 from runtime.router.proxy import Call, Forwarder, forwarded_tail
+from runtime.router.replicas import Replica
 from runtime.router.retry import RetryBudget, backoff_s
 from runtime.server import Connection, Headers, Request
 
@@ -68,7 +68,7 @@ class Router:
         self._swapping: asyncio.Task[None] | None = None
         self._configure(cfg)
         self.metrics.attach_live(self.snapshot)
-        self.fleet.on_departed = self.metrics.forget_backend
+        self.fleet.on_departed = self.metrics.forget_replica
         self.fleet.sleep.on_slept = self.metrics.slept
         self.fleet.sleep.on_woke = self.metrics.woke
         self.fleet.on_kv_problem = self.metrics.kv_problem
@@ -295,22 +295,22 @@ class Router:
         return _header(headers, stable.session_header)
 
     async def _adapter_ready(
-        self, state: ModelState, backend: Backend, adapter: str | None
+        self, state: ModelState, replica: Replica, adapter: str | None
     ) -> LoadFailure | None:
-        """For a LoRA adapter request: its adapter loaded on ``backend`` (once, whoever else waits for it)."""
+        """For a LoRA adapter request: its adapter loaded on ``replica`` (once, whoever else waits for it)."""
         lora = facts(state.target.engine).lora
-        if adapter is None or lora is None or backend is state.batcher:
+        if adapter is None or lora is None or replica is state.batcher:
             return None
 
         def counted(name: str, failure: LoadFailure | None, seconds: float) -> None:
             outcome = "ok" if failure is None else "failed" if failure.retryable else "refused"
             self.metrics.adapter_load(state.name, outcome)
-            log.info("adapter %s on %s: %s in %.3fs", name, backend.url, outcome, seconds)
+            log.info("adapter %s on %s: %s in %.3fs", name, replica.url, outcome, seconds)
 
         return await ensure_loaded(
             self.fleet.session,
-            backend.url,
-            backend.adapters,
+            replica.url,
+            replica.adapters,
             lora,
             adapter,
             state.adapters[adapter],
@@ -327,13 +327,13 @@ class Router:
         tried: set[str] = set()
         reloaded = False
         while True:
-            backend = await acquire(state, ctx, self.queue_deadline_s, self.metrics.waited)
-            if isinstance(backend, Refusal) and (stable := self.fleet.fallback(state)) is not None:
+            replica = await acquire(state, ctx, self.queue_deadline_s, self.metrics.waited)
+            if isinstance(replica, Refusal) and (stable := self.fleet.fallback(state)) is not None:
                 call.state = state = stable  # the canary cannot take it now: the stable version can
                 settings = state.settings
                 continue
-            if isinstance(backend, Refusal):
-                r = backend
+            if isinstance(replica, Refusal):
+                r = replica
                 self._fail(
                     conn,
                     r.status,
@@ -344,11 +344,11 @@ class Router:
                     retry_after_s=r.retry_after_s,
                 )
                 return
-            if backend is None:  # every usable replica failed this request already
+            if replica is None:  # every usable replica failed this request already
                 self._fail(conn, last_error[0], last_error[1], "upstream", code="upstream_error")
                 return
             outcome: tuple[int, str] | None
-            failure = None if ctx.adapter is None else await self._adapter_ready(state, backend, ctx.adapter)
+            failure = None if ctx.adapter is None else await self._adapter_ready(state, replica, ctx.adapter)
             if failure is not None and not failure.retryable:  # the engine refused the adapter itself
                 self._fail(
                     conn,
@@ -363,18 +363,18 @@ class Router:
             if failure is not None:
                 outcome = (failure.status, failure.message)
             else:
-                if backend is not state.batcher:
-                    state.strategy.on_routed(backend, ctx)
-                outcome = await self.forwarder.attempt(call, backend)
+                if replica is not state.batcher:
+                    state.strategy.on_routed(replica, ctx)
+                outcome = await self.forwarder.attempt(call, replica)
                 if outcome is None:
                     return
                 if outcome[0] == 404 and ctx.adapter is not None and not reloaded:
-                    backend.adapters.loaded.pop(ctx.adapter, None)  # our view was behind: load it again
+                    replica.adapters.loaded.pop(ctx.adapter, None)  # our view was behind: load it again
                     reloaded = True
                     continue
             # a retryable failure before the client saw anything
             last_error = outcome
-            tried.add(backend.url)
+            tried.add(replica.url)
             attempt += 1
             # A canary's failure is retried on the stable version outside the retry budget: at most the
             # canary's (small) share of traffic, and a bad canary must cost clients nothing.
@@ -383,7 +383,7 @@ class Router:
                 stable is None
                 and (
                     attempt > settings.retries_max
-                    or backend is state.batcher
+                    or replica is state.batcher
                     or not self.retry_budget.withdraw()
                 )
             ):
@@ -392,7 +392,7 @@ class Router:
             self.metrics.retry(state.name, str(last_error[0]))
             log.info(
                 "retrying on another replica",
-                extra={"request_id": rid.decode(), "failed": backend.url, "error": last_error[1]},
+                extra={"request_id": rid.decode(), "failed": replica.url, "error": last_error[1]},
             )
             if stable is not None:  # a canary failed this request: the stable version takes the retry
                 call.state = state = stable

@@ -46,8 +46,8 @@ def low_priority_avoid(state: ModelState, share: float, now: float) -> frozenset
     """Replicas a low-priority request must not go to, or None when it may not go anywhere now."""
     if len(state.queue):
         return None  # interactive requests are waiting: they get every slot that frees
-    busy = frozenset(b.url for b in state.replicas if b.inflight >= b.cap * share)
-    free = any(b.healthy and b.breaker.allows(now) and b.url not in busy for b in state.replicas)
+    busy = frozenset(r.url for r in state.replicas if r.inflight >= r.cap * share)
+    free = any(r.healthy and r.breaker.allows(now) and r.url not in busy for r in state.replicas)
     return busy if free else None
 
 

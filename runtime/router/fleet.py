@@ -1,5 +1,6 @@
 """The live fleet: every model's state (``model_state``), the discovery watches that list their replicas, and
-the loop that keeps the replicas' signals fresh (``signals``) and puts idle ones to sleep (``sleep``).
+the loop that keeps the replicas' signals fresh (``runtime.signal_loop``, shared with the endpoint picker, with
+the router's own step in ``signals``) and puts idle ones to sleep (``sleep``).
 
 Reconfiguration swaps whole ``ModelState`` objects; replicas that survive a change keep their
 counters, pools and circuits, so a config reload or a scale-up does not reset what we learned.
@@ -18,9 +19,10 @@ import aiohttp
 
 from runtime.config import ModelTarget, RuntimeConfig, version_target_name
 from runtime.discovery import watch_backends
-from runtime.router import signals
 from runtime.router.model_state import ModelState
+from runtime.router.signals import RouterSignals
 from runtime.router.sleep import SleepControl
+from runtime.signal_loop import SignalLoop
 from runtime.versions import Split
 
 if TYPE_CHECKING:  # imported when a model follows KV events: tokenizers, jinja2 and zmq cost ~10 MiB of RSS
@@ -44,8 +46,14 @@ class Fleet:
         self._watches: dict[str, tuple[ModelTarget, asyncio.Task[None]]] = {}
         self._signals_task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
-        self.feed_ok = False
         self.sleep = SleepControl(cfg.router, lambda: self.session)
+        self.signals = SignalLoop(
+            lambda: self.models,
+            lambda: self.cfg.router,
+            lambda: self.session,
+            RouterSignals(lambda: self.splits, self.sleep),
+            log,
+        )
         self.apply(cfg)
 
     # --- configuration ---------------------------------------------------------------------------
@@ -70,7 +78,7 @@ class Fleet:
                 target.static_backends,
             )
             if old is not None and same_source:  # keep replicas (and what we learned) across a reload
-                state.set_replicas([b.url for b in old.replicas], old.by_url)
+                state.set_replicas([r.url for r in old.replicas], old.by_url)
         kept = {id(v) for v in views.values()}
         for old in self.models.values():
             if old.kv is not None and id(old.kv) not in kept:
@@ -152,7 +160,7 @@ class Fleet:
         async for urls in self.discover(target):
             state = self.models.get(target.name)
             if state is not None and state.target == target:
-                if urls != [b.url for b in state.replicas]:
+                if urls != [r.url for r in state.replicas]:
                     log.info("replicas of %s: %s", target.name, urls)
                 state.set_replicas(urls)
 
@@ -165,7 +173,7 @@ class Fleet:
     async def start(self) -> None:
         self._sync_watches()
         self._session = aiohttp.ClientSession()
-        self._signals_task = asyncio.get_running_loop().create_task(self._signals_loop())
+        self._signals_task = asyncio.get_running_loop().create_task(self.signals.run())
         # static targets yield at once: let the first lists land before we report ready
         for _ in range(3):
             await asyncio.sleep(0)
@@ -183,28 +191,14 @@ class Fleet:
         for state in self.models.values():
             if state.kv is not None:
                 await state.kv.followers.stop()
-            for b in state.replicas:
-                b.pool.close()
+            for r in state.replicas:
+                r.pool.close()
 
     # --- load and health signals, and sleep -----------------------------------------------------
-    async def _signals_loop(self) -> None:
-        while True:
-            try:
-                settings = self.cfg.router
-                self.feed_ok = bool(settings.health_feed_url) and await signals.read_feed(
-                    self.session, settings, self.models, self.splits
-                )
-                if not self.feed_ok:
-                    await signals.probe_all(self.session, settings, self.models)
-                await self.sleep.sweep(self.models.values())
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the signal loop must outlive any one bad answer
-                log.exception("signal refresh failed")
-            await asyncio.sleep(self.signals_interval_s())  # after the refresh: it may have taken one out
-
-    def signals_interval_s(self) -> float:
-        return signals.interval_s(self.models, self.cfg.router)
+    @property
+    def feed_ok(self) -> bool:
+        """The last round of the signal loop applied a fresh health feed (else it probed the engines)."""
+        return self.signals.feed_ok
 
     def wake(self, state: ModelState) -> None:
         """Wake one sleeping replica of ``state`` for the requests waiting on it (one wake at a time)."""

@@ -65,11 +65,11 @@ def live_gauges(models: Mapping[str, ModelState], splits: Mapping[str, Split] | 
         out["queue_depth"].append(((name,), float(len(m.queue))))
         out["backends"].append(((name,), float(len(m.replicas))))
         if m.sleep is not None:
-            out["backends_asleep"].append(((name,), float(sum(1 for b in m.replicas if b.asleep))))
-        for b in m.replicas:
-            out["backend_inflight"].append(((name, b.url), float(b.inflight)))
-            out["circuit_state"].append(((name, b.url), float(b.breaker.state)))
-            out["backend_healthy"].append(((name, b.url), 1.0 if b.healthy else 0.0))
+            out["backends_asleep"].append(((name,), float(sum(1 for r in m.replicas if r.asleep))))
+        for r in m.replicas:
+            out["backend_inflight"].append(((name, r.url), float(r.inflight)))
+            out["circuit_state"].append(((name, r.url), float(r.breaker.state)))
+            out["backend_healthy"].append(((name, r.url), 1.0 if r.healthy else 0.0))
         hit_rate: float | None = None
         for scorer, report in m.strategy.reports().items():
             if Report.INDEX_ENTRIES in report:
@@ -80,9 +80,9 @@ def live_gauges(models: Mapping[str, ModelState], splits: Mapping[str, Split] | 
             out["prefix_hit_rate"].append(((name,), hit_rate))
         if m.kv is not None:
             index = m.kv.index
-            for b in m.replicas:
-                out["kv_view_blocks"].append(((name, b.url), float(index.held(b.url))))
-                out["kv_view_synced"].append(((name, b.url), 1.0 if b.url in index.synced else 0.0))
+            for r in m.replicas:
+                out["kv_view_blocks"].append(((name, r.url), float(index.held(r.url))))
+                out["kv_view_synced"].append(((name, r.url), 1.0 if r.url in index.synced else 0.0))
     return out
 
 
@@ -261,7 +261,7 @@ class RouterMetrics:
             registry=r,
         )
         self._children: dict[tuple[Any, ...], Any] = {}
-        self._departed: dict[tuple[str, str], float] = {}  # (model, backend) -> when it departed
+        self._departed: dict[tuple[str, str], float] = {}  # (model, replica url) -> when it departed
 
     def attach_live(self, snapshot: Callable[[], Snapshot]) -> None:
         def swept() -> Snapshot:  # every scrape also lets expired departures go
@@ -277,10 +277,10 @@ class RouterMetrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def forget_backend(self, model: str, backend: str, now: float | None = None) -> None:
+    def forget_replica(self, model: str, replica: str, now: float | None = None) -> None:
         """A replica departed: drop its series once ``DEPARTED_KEEP_S`` has passed (unless it comes back)."""
         now = time.monotonic() if now is None else now
-        self._departed[(model, backend)] = now
+        self._departed[(model, replica)] = now
         self.sweep(now)
 
     def sweep(self, now: float) -> None:
@@ -296,12 +296,12 @@ class RouterMetrics:
     # ``version`` is (model clients send, version) for a version of a model: its numbers also go to the
     # inferstack_router_version_* series, where the versions of one model sit side by side.
     def request(
-        self, model: str, backend: str, status: int, duration_s: float, version: tuple[str, str] | None = None
+        self, model: str, replica: str, status: int, duration_s: float, version: tuple[str, str] | None = None
     ) -> None:
         if self._departed:
-            self._departed.pop((model, backend), None)  # it came back
+            self._departed.pop((model, replica), None)  # it came back
         counts = self.requests.values
-        key = (model, backend, status)
+        key = (model, replica, status)
         counts[key] = counts.get(key, 0.0) + 1.0
         if version:
             vcounts = self.version_requests.values

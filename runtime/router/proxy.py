@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from runtime.api_keys import Principal
 from runtime.config import RouterSettings
 from runtime.http import error_body
-from runtime.router.backends import BACKEND_HEADER, Backend
 from runtime.router.metrics import RouterMetrics
 from runtime.router.model_state import ModelState
 from runtime.router.payload import usage_of
+from runtime.router.replicas import BACKEND_HEADER, Replica
 from runtime.scheduling import Context
 from runtime.server import ClientGoneError, Connection
 from runtime.upstream import Exchange, UpstreamError
@@ -93,20 +93,20 @@ class Forwarder:
         self.idle_timeout_s = s.stream_idle_timeout_ms / 1000
         self.access_log = s.access_log
 
-    async def attempt(self, call: Call, b: Backend) -> tuple[int, str] | None:
+    async def attempt(self, call: Call, r: Replica) -> tuple[int, str] | None:
         """One try on one replica. None when the client got its answer (or left); otherwise the
         (status, message) of a failure that is safe to retry elsewhere."""
         conn, state, rid, principal = call.conn, call.state, call.rid, call.principal
-        b.inflight += 1
+        r.inflight += 1
         sent_at = time.monotonic()
-        b.last_used = sent_at
-        b.breaker.on_start(sent_at)
+        r.last_used = sent_at
+        r.breaker.on_start(sent_at)
         ex: Exchange | None = None
         status = 0
         ok = False
         try:
-            head = b"POST %b HTTP/1.1\r\nhost: %b\r\n" % (call.path, b.pool.host_header)
-            ex = await Exchange.open(b.pool, head + call.tail, self.connect_timeout_s)
+            head = b"POST %b HTTP/1.1\r\nhost: %b\r\n" % (call.path, r.pool.host_header)
+            ex = await Exchange.open(r.pool, head + call.tail, self.connect_timeout_s)
             await ex.head(self.first_byte_timeout_s)
             status = ex.status
             ctype = ex.headers.get(b"content-type", b"")
@@ -121,27 +121,27 @@ class Forwarder:
             # A canary's engine errors (500 too) go to the stable version instead of the client.
             if status in RETRY_STATUSES or (status >= 500 and state.canary):
                 body = await ex.read_all(self.idle_timeout_s)
-                b.breaker.on_failure(time.monotonic())
+                r.breaker.on_failure(time.monotonic())
                 return status, f"replica answered {status}: {body[:200].decode('utf-8', 'replace')}"
             if status == 200 and ctype.startswith(b"text/event-stream"):
-                return await self._relay_stream(call, b, ex, sent_at)
+                return await self._relay_stream(call, r, ex, sent_at)
             if status == 200 and not ctype.startswith(_JSON):
                 # neither JSON nor SSE: a proxy error page or a confused engine; try another replica
                 ex.abort()
-                b.breaker.on_failure(time.monotonic())
+                r.breaker.on_failure(time.monotonic())
                 return 502, f"replica answered with content-type {ctype.decode('latin-1')!r}"
             # a JSON answer (or an engine error, passed through as it is)
             whole = ex.whole_body()
             body = whole if whole is not None else (await ex.next_chunk(self.idle_timeout_s) or b"")
             first = time.monotonic()
-            extra = [(self.rid_header, rid), (BACKEND_HEADER, b.tag)]
+            extra = [(self.rid_header, rid), (BACKEND_HEADER, r.tag)]
             if ex.drained or not body:
                 conn.send(status, body, ctype or _JSON, extra)  # the usual case: one write
             else:
-                body = await self._relay_large(call, b, ex, status, ctype or _JSON, body)
+                body = await self._relay_large(call, r, ex, status, ctype or _JSON, body)
             ok = True
             if status == 200:
-                b.observe_ttft(first - sent_at, state.ewma_alpha)
+                r.observe_ttft(first - sent_at, state.ewma_alpha)
                 self.metrics.first_byte(state.name, first - sent_at, state.versioned)
                 p, c = usage_of(body)
                 self.account(state, principal, p, c)
@@ -149,7 +149,7 @@ class Forwarder:
         except UpstreamError as err:
             if ex is not None:
                 ex.abort()
-            b.breaker.on_failure(time.monotonic())
+            r.breaker.on_failure(time.monotonic())
             # the client has seen nothing yet (relay handles failures after the first chunk itself)
             return (504 if err.kind == "timeout" else 502), str(err)
         except (asyncio.CancelledError, ClientGoneError):
@@ -157,16 +157,16 @@ class Forwarder:
                 ex.abort()  # closing the socket is how the engine learns to stop generating
             raise
         finally:
-            b.inflight -= 1
-            b.last_used = time.monotonic()
+            r.inflight -= 1
+            r.last_used = time.monotonic()
             if ok:
-                b.breaker.on_success()
+                r.breaker.on_success()
             else:
-                b.breaker.on_abandon()
+                r.breaker.on_abandon()
             if state.queue.waiters:
                 state.queue.wake_one()
             self.metrics.request(
-                state.name, b.url, status or 502, time.monotonic() - call.started, state.versioned
+                state.name, r.url, status or 502, time.monotonic() - call.started, state.versioned
             )
             if self.access_log:
                 access.info(
@@ -175,19 +175,19 @@ class Forwarder:
                         "request_id": rid.decode(),
                         "model": state.name,
                         "version": state.version,
-                        "backend": b.url,
+                        "backend": r.url,
                         "status": status,
                         "duration_ms": round((time.monotonic() - call.started) * 1000, 2),
                     },
                 )
 
     async def _relay_large(
-        self, call: Call, b: Backend, ex: Exchange, status: int, ctype: bytes, first: bytes
+        self, call: Call, r: Replica, ex: Exchange, status: int, ctype: bytes, first: bytes
     ) -> bytes:
         """Pass a big answer (many embeddings) through piece by piece instead of holding it whole;
         returns its tail, where ``usage`` is."""
         conn = call.conn
-        headers = [(b"content-type", ctype), (self.rid_header, call.rid), (BACKEND_HEADER, b.tag)]
+        headers = [(b"content-type", ctype), (self.rid_header, call.rid), (BACKEND_HEADER, r.tag)]
         length = ex.headers.get(b"content-length", b"")
         sized = length.isdigit()
         if sized:
@@ -211,25 +211,25 @@ class Forwarder:
         return tail
 
     async def _relay_stream(
-        self, call: Call, b: Backend, ex: Exchange, sent_at: float
+        self, call: Call, r: Replica, ex: Exchange, sent_at: float
     ) -> tuple[int, str] | None:
         conn, state, rid = call.conn, call.state, call.rid
         # wait for the first token before answering: until then a failure is retried elsewhere
         first = await ex.next_chunk(self.first_byte_timeout_s)
         if first is None:
-            b.breaker.on_failure(time.monotonic())
+            r.breaker.on_failure(time.monotonic())
             return 502, "replica ended the stream before sending anything"
         now = time.monotonic()
-        b.observe_ttft(now - sent_at, state.ewma_alpha)
+        r.observe_ttft(now - sent_at, state.ewma_alpha)
         self.metrics.first_byte(state.name, now - sent_at, state.versioned)
         headers = [
             (b"content-type", b"text/event-stream"),
             (b"cache-control", b"no-cache"),
             (self.rid_header, rid),
-            (BACKEND_HEADER, b.tag),
+            (BACKEND_HEADER, r.tag),
         ]
         conn.start(200, headers, first)
-        b.breaker.on_success()
+        r.breaker.on_success()
         last = first
         try:
             while (chunk := await ex.next_chunk(self.idle_timeout_s)) is not None:
@@ -238,10 +238,10 @@ class Forwarder:
                     last = chunk
         except UpstreamError as err:
             ex.abort()
-            b.breaker.on_failure(time.monotonic())
+            r.breaker.on_failure(time.monotonic())
             log.warning(
                 "stream broke mid-way",
-                extra={"request_id": rid.decode(), "backend": b.url, "error": str(err)},
+                extra={"request_id": rid.decode(), "backend": r.url, "error": str(err)},
             )
             event = (
                 b"data: " + error_body(502, f"the engine stream broke: {err}", code="stream_error") + b"\n\n"

@@ -1,24 +1,27 @@
-"""Keeping every replica's health and load fresh: the health monitor's feed when it is fresh (``runtime.fleet_feed``,
-which also carries the versions' weights and the adapters each replica holds), else the router's own look at
-each engine (``runtime.engine_probe``), plus, for models with adapters, the engine's model list.
+"""What the router adds to the shared signal loop (``runtime.signal_loop``, which reads the health monitor's
+feed when it is fresh, else looks at each engine): the versions' weights and the adapters each replica holds
+from the feed, the engine's model list after a look (for models with adapters), a faster period while a
+replica is out, and the sleep sweep, handed the round's looks so it reads no engine's metrics page twice.
 """
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import aiohttp
 
 from runtime.config import RouterSettings
-from runtime.engine_probe import look_timeout_s, probe
+from runtime.engine_probe import Look
 from runtime.engines import facts
-from runtime.fleet_feed import Feed, apply_signals, fetch_feed
+from runtime.fleet_feed import Feed
 from runtime.router.adapters import listed_adapters
-from runtime.router.backends import Backend
 from runtime.router.model_state import ModelState
+from runtime.router.replicas import Replica
+from runtime.router.sleep import SleepControl
+from runtime.signal_loop import Extra, Round, feed_replicas
 from runtime.versions import Split
 
 log = logging.getLogger("inferstack.router.fleet")
@@ -27,7 +30,7 @@ log = logging.getLogger("inferstack.router.fleet")
 def interval_s(models: Mapping[str, ModelState], settings: RouterSettings) -> float:
     """The feed (or probe) period: ``recovery_poll_ms`` while some replica is out, so one that comes back
     is routed to again within a fraction of a second of the health monitor readmitting it."""
-    out = any(not b.healthy for state in models.values() for b in state.replicas)
+    out = any(not r.healthy for state in models.values() for r in state.replicas)
     return (
         min(settings.recovery_poll_ms, settings.probe_interval_ms) / 1000
         if out
@@ -35,17 +38,11 @@ def interval_s(models: Mapping[str, ModelState], settings: RouterSettings) -> fl
     )
 
 
-def apply_feed(models: Mapping[str, ModelState], feed: Feed) -> None:
-    """Copy each replica's entry (may it take traffic, its load, the adapters it holds) onto the router's."""
-    for entry in feed.replicas:
-        state = models.get(entry.model)
-        b = state.by_url.get(entry.url) if state is not None else None
-        if state is None or b is None:
-            continue
+def feed_adapters(models: Mapping[str, ModelState], feed: Feed) -> None:
+    """The adapters the feed says each replica holds, for models with adapters."""
+    for state, replica, entry in feed_replicas(models, feed):
         if state.adapters and entry.adapters is not None:
-            b.adapters.sync(list(entry.adapters), feed.generated_at)
-        if apply_signals(entry, b):
-            state.queue.wake_all()
+            replica.adapters.sync(list(entry.adapters), feed.generated_at)
 
 
 def apply_version_weights(splits: Mapping[str, Split], feed: Feed) -> None:
@@ -63,42 +60,42 @@ def apply_version_weights(splits: Mapping[str, Split], feed: Feed) -> None:
             )
 
 
-async def read_feed(
-    session: aiohttp.ClientSession,
-    settings: RouterSettings,
-    models: Mapping[str, ModelState],
-    splits: Mapping[str, Split],
-) -> bool:
-    """Apply the health monitor's feed; False if it is unreachable, stale or not a feed."""
-    feed = await fetch_feed(session, str(settings.health_feed_url), settings.probe_interval_ms / 1000)
-    if feed is None:
-        return False
-    apply_feed(models, feed)
-    apply_version_weights(splits, feed)
-    return True
+class RouterSignals(Extra[ModelState, Replica]):
+    """The router's step in each round of the signal loop."""
 
+    def __init__(self, splits: Callable[[], Mapping[str, Split]], sleep: SleepControl) -> None:
+        self.splits = splits
+        self.sleep = sleep
 
-async def probe_all(
-    session: aiohttp.ClientSession, settings: RouterSettings, models: Mapping[str, ModelState]
-) -> None:
-    timeout_s = look_timeout_s(settings.probe_interval_ms)
-    jobs = [_probe(session, state, b, timeout_s) for state in models.values() for b in state.replicas]
-    if jobs:
-        await asyncio.gather(*jobs)
+    def interval_s(self, models: Mapping[str, ModelState], settings: RouterSettings) -> float:
+        return interval_s(models, settings)
 
+    def took_feed(self, models: Mapping[str, ModelState], feed: Feed) -> None:
+        feed_adapters(models, feed)
+        apply_version_weights(self.splits(), feed)
 
-async def _probe(session: aiohttp.ClientSession, state: ModelState, b: Backend, timeout_s: float) -> None:
-    answered, signals = await probe(session, b.url, state.target.engine, timeout_s)
-    if answered and state.adapters:  # which adapters it holds: its model list says (lost on restart)
+    async def look_further(
+        self,
+        session: aiohttp.ClientSession,
+        model: ModelState,
+        replica: Replica,
+        look: Look,
+        timeout_s: float,
+    ) -> Look:
+        """Which adapters an engine that answered holds: its model list says (they are lost on a restart)."""
+        if not look.answered or not model.adapters:
+            return look
         observed_at = time.time()
         try:
-            url = b.url + facts(state.target.engine).models_path
+            url = replica.url + facts(model.target.engine).models_path
             async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 if resp.status == 200:
-                    b.adapters.sync(
-                        listed_adapters(await resp.json(content_type=None), state.name), observed_at
+                    replica.adapters.sync(
+                        listed_adapters(await resp.json(content_type=None), model.name), observed_at
                     )
         except (aiohttp.ClientError, TimeoutError, ValueError):
-            answered = False
-    if state.probed(b, answered, signals):
-        state.queue.wake_all()
+            return dataclasses.replace(look, answered=False)
+        return look
+
+    async def round_done(self, models: Mapping[str, ModelState], done: Round) -> None:
+        await self.sleep.sweep(models.values(), done.looks)

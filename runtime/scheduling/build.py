@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from runtime.scheduling.inputs import StrategySettings
 from runtime.scheduling.kinds import Problem
-from runtime.scheduling.pipeline import Strategy
+from runtime.scheduling.pipeline import LOAD_GUARD_RATIO, Strategy
 from runtime.scheduling.presets import PRESETS
 from runtime.scheduling.registry import ScorerInfo, registered_filters, registered_scorers
 
@@ -40,10 +40,10 @@ def problems(name: str, weights: Mapping[str, float]) -> list[Problem]:
 
 
 def knobs_read(name: str, weights: Mapping[str, float]) -> frozenset[str]:
-    """The ``StrategyConfig`` knobs that make a difference to this strategy (its scorers' declared knobs)."""
+    """The names of the knobs that make a difference to this strategy (its scorers' declared knobs)."""
     known = registered_scorers()
     return frozenset(
-        knob
+        knob.name
         for scorer, weight in blend(name, weights).items()
         if weight > 0 and scorer in known
         for knob in known[scorer].knobs
@@ -66,6 +66,6 @@ def build(settings: StrategySettings, rng: random.Random | None = None) -> Strat
         settings.name,
         chosen,
         filters=[registered[f].make() for f in PRESETS[settings.name].filters],
-        load_guard_ratio=settings.load_guard_ratio,
+        load_guard_ratio=LOAD_GUARD_RATIO.read(settings),
         rng=rng,
     )

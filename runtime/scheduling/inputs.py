@@ -1,8 +1,10 @@
-"""What a routing decision reads: the endpoints (as a view any front end can satisfy), the request, the knobs.
+"""What a routing decision reads: the replicas (as a view any front end can satisfy), the request, the
+configured strategy.
 
-The scheduling library owns no endpoint state. A front end (the router, an Envoy endpoint picker)
+The scheduling library owns no replica state. A front end (the router, an Envoy endpoint picker)
 keeps its own records and hands them over; anything with these attributes will do, which is why they
-are Protocols with read-only members: the router's ``Backend`` satisfies them as it is.
+are Protocols with read-only members: the front ends' records (``runtime.replica.ReplicaState``)
+satisfy them as they are.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ from typing import Protocol
 
 
 class BreakerView(Protocol):
-    """An endpoint's circuit breaker, as far as a decision cares: may a request go there now?"""
+    """A replica's circuit breaker, as far as a decision cares: may a request go there now?"""
 
     def allows(self, now: float) -> bool: ...
 
 
-class Endpoint(Protocol):
-    """One replica as scorers and filters see it."""
+class Replica(Protocol):
+    """One replica as filters and scorers see it."""
 
     @property
     def url(self) -> str: ...
@@ -62,11 +64,11 @@ class Endpoint(Protocol):
 
 
 class CacheView(Protocol):
-    """What each endpoint's engine holds in its prefix cache, as its own KV events say (kept by the front
+    """What each replica's engine holds in its prefix cache, as its own KV events say (kept by the front
     end; ``runtime.kvcache.view.CacheIndex`` is one)."""
 
     def depths(self, hashes: Sequence[int], urls: Iterable[str]) -> dict[str, int]:
-        """Leading blocks of ``hashes`` each endpoint holds; only endpoints whose events are followed."""
+        """Leading blocks of ``hashes`` each replica holds; only replicas whose events are followed."""
         ...
 
 
@@ -78,45 +80,18 @@ class Context:
     prompt: str = ""  # filled when a scorer needs Need.PROMPT
     session: str | None = None  # filled when a scorer needs Need.SESSION
     adapter: str | None = None  # the LoRA adapter asked for (the request's model names it), if any
-    warm: frozenset[str] = frozenset()  # endpoints holding that adapter loaded (filled for Need.ADAPTER)
+    warm: frozenset[str] = frozenset()  # replicas holding that adapter loaded (filled for Need.ADAPTER)
     prompt_blocks: Sequence[int] = ()  # Need.PROMPT_BLOCKS: the engines' hashes of the prompt's full blocks
     cache: CacheView | None = None  # Need.PROMPT_BLOCKS: the engines' cached blocks
     now: float = 0.0
-    exclude: frozenset[str] = frozenset()  # endpoints already tried by this request
+    exclude: frozenset[str] = frozenset()  # replicas already tried by this request
     notes: dict[str, object] = field(default_factory=dict)  # scorers leave state for on_routed
 
 
-class Knobs(Protocol):
-    """The tuning knobs built-in scorers read when they are made (``runtime.config.StrategyConfig``
-    satisfies this; its fields are the one definition of each knob: type, default, range, meaning)."""
-
-    @property
-    def load_guard_ratio(self) -> float: ...
-
-    @property
-    def prefix_block_tokens(self) -> int: ...
-
-    @property
-    def prefix_chars_per_token(self) -> int: ...
-
-    @property
-    def prefix_max_blocks(self) -> int: ...
-
-    @property
-    def prefix_index_max_entries(self) -> int: ...
-
-    @property
-    def prefix_balance_factor(self) -> float: ...
-
-    @property
-    def prefix_balance_window_s(self) -> float: ...
-
-    @property
-    def session_index_max_entries(self) -> int: ...
-
-
-class StrategySettings(Knobs, Protocol):
-    """A configured strategy: a preset's name, weights that override or extend it, and the knobs."""
+class StrategySettings(Protocol):
+    """A configured strategy (``runtime.config.StrategyConfig`` is one): a preset's name, weights that
+    override or extend it, and an attribute per knob its scorers declared, which each reads with
+    ``Knob.read``."""
 
     @property
     def name(self) -> str: ...

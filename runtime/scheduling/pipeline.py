@@ -15,10 +15,24 @@ from collections.abc import Sequence
 from itertools import compress
 from typing import ClassVar, Self, TypeVar
 
-from runtime.scheduling.inputs import Context, Endpoint, Knobs
-from runtime.scheduling.kinds import Need, Report
+from runtime.scheduling.inputs import Context, Replica, StrategySettings
+from runtime.scheduling.kinds import Knob, Need, Report
 
-E = TypeVar("E", bound=Endpoint)
+R = TypeVar("R", bound=Replica)
+
+#: The load guard: the pipeline's knob, which every affinity scorer is subject to (``register_scorer``
+#: adds it to their knobs), so none declares it itself.
+LOAD_GUARD_RATIO = Knob(
+    "load_guard_ratio",
+    float,
+    0.8,
+    "Affinity scorers (prefix, session) are ignored for a replica whose requests in flight exceed"
+    " this share of its concurrency cap: a hot prefix or session moves instead of overloading it.",
+    gt=0,
+    le=1,
+    stack=True,
+    position=3,
+)
 
 
 class Filter(ABC):
@@ -27,7 +41,7 @@ class Filter(ABC):
     name: ClassVar[str] = ""
 
     @abstractmethod
-    def keep(self, endpoints: Sequence[E], ctx: Context) -> list[E]: ...
+    def keep(self, candidates: Sequence[R], ctx: Context) -> list[R]: ...
 
 
 class Eligible(Filter):
@@ -36,21 +50,21 @@ class Eligible(Filter):
 
     name = "eligible"
 
-    def keep(self, endpoints: Sequence[E], ctx: Context) -> list[E]:
+    def keep(self, candidates: Sequence[R], ctx: Context) -> list[R]:
         now = ctx.now
         exclude = ctx.exclude
         if not exclude:  # the usual case (a first try): one test fewer per replica
-            return [b for b in endpoints if b.healthy and b.inflight < b.cap and b.breaker.allows(now)]
+            return [r for r in candidates if r.healthy and r.inflight < r.cap and r.breaker.allows(now)]
         return [
-            b
-            for b in endpoints
-            if b.healthy and b.inflight < b.cap and b.breaker.allows(now) and b.url not in exclude
+            r
+            for r in candidates
+            if r.healthy and r.inflight < r.cap and r.breaker.allows(now) and r.url not in exclude
         ]
 
 
 class Scorer(ABC):
     """One opinion per candidate, in [0, 1]. ``register_scorer`` sets the class attributes below from
-    its declaration, so a scorer's name, category, needs and reports are written once."""
+    its declaration, so a scorer's name, category, needs, knobs and reports are written once."""
 
     name: ClassVar[str] = ""
     affinity: ClassVar[bool] = False  # subject to the load guard
@@ -58,14 +72,15 @@ class Scorer(ABC):
     reports: ClassVar[tuple[Report, ...]] = ()
 
     @classmethod
-    def from_knobs(cls, knobs: Knobs) -> Self:
-        """A fresh scorer for one strategy; scorers with knobs (index sizes, block sizes) override this."""
+    def from_knobs(cls, settings: StrategySettings) -> Self:
+        """A fresh scorer for one strategy; scorers with knobs (index sizes, block sizes) override this and
+        read each knob they declared from ``settings`` with ``KNOB.read(settings)``."""
         return cls()
 
     @abstractmethod
-    def score(self, endpoints: Sequence[Endpoint], ctx: Context) -> list[float]: ...
+    def score(self, candidates: Sequence[Replica], ctx: Context) -> list[float]: ...
 
-    def on_routed(self, endpoint: Endpoint, ctx: Context) -> None:
+    def on_routed(self, replica: Replica, ctx: Context) -> None:
         """Remember where a request went (affinity scorers); most scorers have no memory."""
         return None
 
@@ -103,8 +118,8 @@ class Strategy:
         self.rng = rng or random.Random()
         self.needs: frozenset[Need] = frozenset().union(*(s.needs for s, _ in self.scorers))
 
-    def pick(self, endpoints: Sequence[E], ctx: Context) -> E | None:
-        candidates: Sequence[E] = endpoints
+    def pick(self, replicas: Sequence[R], ctx: Context) -> R | None:
+        candidates: Sequence[R] = replicas
         for f in self.filters:  # Eligible comes first and builds a new list: the caller's is never changed
             candidates = f.keep(candidates, ctx)
             if not candidates:
@@ -120,19 +135,19 @@ class Strategy:
             if scorer.affinity:
                 # affinity scores are mostly 0 (one home, a few holders): visit only the others
                 for i in compress(range(len(candidates)), scores):
-                    b = candidates[i]
-                    if b.inflight / b.cap <= guard:
+                    r = candidates[i]
+                    if r.inflight / r.cap <= guard:
                         total[i] += weight * scores[i]
             else:
                 total = [t + weight * s for t, s in zip(total, scores, strict=True)]
         best = max(total)
-        winners = [b for b, t in zip(candidates, total, strict=True) if t >= best - 1e-9]
+        winners = [r for r, t in zip(candidates, total, strict=True) if t >= best - 1e-9]
         return winners[0] if len(winners) == 1 else self.rng.choice(winners)
 
-    def on_routed(self, endpoint: Endpoint, ctx: Context) -> None:
+    def on_routed(self, replica: Replica, ctx: Context) -> None:
         """Tell affinity scorers where this request went, so the next one with its prefix follows."""
         for scorer, _ in self.scorers:
-            scorer.on_routed(endpoint, ctx)
+            scorer.on_routed(replica, ctx)
 
     def reports(self) -> dict[str, dict[Report, float]]:
         """Scorer name -> what it reports (only scorers that declared reports)."""

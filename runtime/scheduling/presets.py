@@ -2,7 +2,8 @@
 
 A configured strategy names a preset; its ``weights`` override the preset's and may add any
 registered scorer (weight 0 turns one off). Only ``weighted`` differs: its configured weights are the
-whole blend, written from scratch. Every knob has one default, in ``runtime.config.StrategyConfig``.
+whole blend, written from scratch. Presets set no knobs: every knob has one default, in its record
+(``Knob``, beside the scorer that reads it).
 """
 
 from __future__ import annotations

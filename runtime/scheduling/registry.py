@@ -6,8 +6,10 @@ named in the router's ``plugins`` list; importing one runs its ``@register_score
 ``@register_filter`` decorators, after which config may name what it registered.
 
 A declaration says what the control plane and every front end need to know without running the
-scorer: its category, what it reads from the request (``needs``), which ``StrategyConfig`` knobs it
-reads, and what it reports to metrics.
+scorer: its category, what it reads from the request (``needs``), the knobs it reads (``Knob`` records,
+declared in the module that owns each), and what it reports to metrics. ``runtime.config`` builds
+``StrategyConfig`` from the knobs of the scorers registered when it is imported (``freeze_knobs``): every
+built-in one. A plug-in imported later may read those knobs but declare no new one.
 """
 
 from __future__ import annotations
@@ -15,20 +17,16 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from runtime.scheduling.kinds import Category, Need, Problem, Report
-from runtime.scheduling.pipeline import Filter, Scorer
+from runtime.scheduling.kinds import NAME, Category, Knob, Need, Problem, Report
+from runtime.scheduling.pipeline import LOAD_GUARD_RATIO, Filter, Scorer
 
 S = TypeVar("S", bound=type[Scorer])
 F = TypeVar("F", bound=type[Filter])
 
-#: Knob every affinity scorer is subject to (the pipeline's load guard), so none declares it itself.
-GUARD_KNOB = "load_guard_ratio"
-NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 BUILTIN_PACKAGES = ("runtime.scheduling.scorers", "runtime.scheduling.filters")
 
 
@@ -39,7 +37,7 @@ class ScorerInfo:
     name: str
     category: Category
     needs: frozenset[Need]
-    knobs: tuple[str, ...]  # StrategyConfig fields it reads, the load guard included for affinity
+    knobs: tuple[Knob[Any], ...]  # what it reads, the load guard included for affinity
     reports: tuple[Report, ...]
     summary: str  # first line of the class docstring
     module: str
@@ -48,6 +46,10 @@ class ScorerInfo:
     @property
     def builtin(self) -> bool:
         return self.module.startswith(BUILTIN_PACKAGES)
+
+    @property
+    def knob_names(self) -> frozenset[str]:
+        return frozenset(knob.name for knob in self.knobs)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class FilterInfo:
 
 _scorers: dict[str, ScorerInfo] = {}
 _filters: dict[str, FilterInfo] = {}
+_knobs: dict[str, Knob[Any]] = {}  # every registered scorer's, by name
+_frozen: frozenset[str] | None = None  # the knobs StrategyConfig was built with, once it is
 
 
 def _summary(cls: type) -> str:
@@ -76,21 +80,45 @@ def _check_new(
         raise ValueError(f"{kind} {name!r} is registered twice: by {old.module} and by {module}")
 
 
+def _check_knobs(scorer: str, module: str, knobs: Sequence[Knob[Any]]) -> None:
+    seen = dict(_knobs)
+    for knob in knobs:
+        if not isinstance(knob, Knob):
+            raise TypeError(
+                f"scorer {scorer!r} ({module}): knobs takes Knob records (runtime.scheduling.Knob, declared"
+                f" in the module that owns each), not {knob!r}"
+            )
+        old = seen.setdefault(knob.name, knob)
+        if old != knob:
+            raise ValueError(
+                f"knob {knob.name!r} of scorer {scorer!r} ({module}) is declared twice, differently: declare"
+                " a knob once, in the module that owns it, and import its record where it is read"
+            )
+        if _frozen is not None and knob.name not in _frozen:
+            raise ValueError(
+                f"scorer {scorer!r} ({module}) declares knob {knob.name!r}, which StrategyConfig has no field"
+                " for: it was built from the scorers registered before this module was imported. A plug-in"
+                " may read the built-in knobs; a new knob comes with a module in runtime/scheduling/scorers/"
+            )
+
+
 def register_scorer(
     name: str,
     category: Category,
     *,
     needs: Iterable[Need] = (),
-    knobs: Iterable[str] = (),
+    knobs: Iterable[Knob[Any]] = (),
     reports: Iterable[Report] = (),
 ) -> Callable[[S], S]:
-    """Class decorator: register a ``Scorer`` under ``name`` and set its class attributes from this."""
+    """Class decorator: register a ``Scorer`` under ``name`` and set its class attributes from this.
+    ``knobs`` are the records of the knobs it reads (an affinity scorer gets the load guard's too)."""
 
     def register(cls: S) -> S:
         _check_new("scorer", name, cls.__module__, cls.__qualname__, _scorers)
         declared = tuple(knobs)
-        if category is Category.AFFINITY and GUARD_KNOB not in declared:
-            declared = (*declared, GUARD_KNOB)
+        if category is Category.AFFINITY and LOAD_GUARD_RATIO not in declared:
+            declared = (*declared, LOAD_GUARD_RATIO)
+        _check_knobs(name, cls.__module__, declared)
         info = ScorerInfo(
             name=name,
             category=category,
@@ -106,6 +134,8 @@ def register_scorer(
         cls.needs = info.needs
         cls.reports = info.reports
         _scorers[name] = info
+        for knob in declared:
+            _knobs.setdefault(knob.name, knob)
         return cls
 
     return register
@@ -146,6 +176,31 @@ def builtin_scorers() -> Mapping[str, ScorerInfo]:
 def registered_filters() -> Mapping[str, FilterInfo]:
     _discover()
     return _filters
+
+
+def _place(knob: Knob[Any]) -> tuple[bool, int, str]:
+    return (knob.position is None, knob.position or 0, knob.name)
+
+
+def registered_knobs() -> Mapping[str, Knob[Any]]:
+    """The knobs of every registered scorer, in ``StrategyConfig``'s order (see ``Knob.position``)."""
+    _discover()
+    return {knob.name: knob for knob in sorted(_knobs.values(), key=_place)}
+
+
+def builtin_knobs() -> Mapping[str, Knob[Any]]:
+    """The knobs of the built-in scorers (those a stack file may know of), in ``StrategyConfig``'s order."""
+    read = {knob.name for info in builtin_scorers().values() for knob in info.knobs}
+    return {name: knob for name, knob in registered_knobs().items() if name in read}
+
+
+def freeze_knobs() -> tuple[Knob[Any], ...]:
+    """The registered knobs, for ``StrategyConfig`` to be built from, once: a scorer registered after this
+    may declare only these (a field added later would reach no configuration)."""
+    global _frozen  # noqa: PLW0603 - the registry is module state, like _scorers
+    knobs = tuple(registered_knobs().values())
+    _frozen = frozenset(knob.name for knob in knobs)
+    return knobs
 
 
 def load_plugins(modules: Sequence[str]) -> list[Problem]:

@@ -11,5 +11,6 @@ The manifest is the commit point: a prefix without one is not prepared, and noth
 - ``node_cache``: the store -> a node's local disk, once per node and revision, under a lock.
 - ``__main__``: ``python -m runtime.weights prepare|fetch|verify``, what the Job and init containers run.
 
-No Pulumi, no ``components``: the weights image carries only ``runtime/weights`` and its pinned libraries.
+No Pulumi, no ``components``: the weights image carries only ``runtime/weights``, ``runtime/revision.py`` (what
+pins a hub revision, shared with the spec) and its pinned libraries.
 """

@@ -15,9 +15,10 @@ import json
 import sys
 from pathlib import Path
 
+from runtime.revision import is_pinned_revision
 from runtime.weights import node_cache
 from runtime.weights.manifest import WeightsError
-from runtime.weights.prepare import COMMIT, prepare, prepare_from_hub, prepare_labelled
+from runtime.weights.prepare import prepare, prepare_from_hub, prepare_labelled
 from runtime.weights.store import Location, Store, client
 
 EXIT_BAD_WEIGHTS = 1
@@ -67,7 +68,7 @@ def run(argv: list[str] | None = None) -> int:
         where = Location.parse(uri)
     except WeightsError as exc:
         return _usage(str(exc))
-    if args.command == "prepare" and args.hub and not (args.revision and COMMIT.match(args.revision)):
+    if args.command == "prepare" and args.hub and not is_pinned_revision(args.revision):
         return _usage(
             f"--revision {args.revision!r} is not a commit hash (40 hex digits): pin the exact commit"
         )

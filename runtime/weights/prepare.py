@@ -13,15 +13,14 @@
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.revision import is_pinned_revision
 from runtime.weights.manifest import Manifest, WeightsError, scan
 from runtime.weights.store import Store
 
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
 #: Files a hub download takes: configs, tokenizers, templates and safetensors weights; no pickles.
 HUB_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*/*.json")
 #: Fault injection for the resumability test: exit as if killed after this many uploads.
@@ -38,7 +37,7 @@ class Prepared:
 
 def from_hub(repo: str, revision: str, staging: Path, token_file: str | None = None) -> Path:
     """Download ``repo`` at commit ``revision`` into ``staging`` (resuming what an earlier run left)."""
-    if not COMMIT.match(revision):
+    if not is_pinned_revision(revision):
         raise WeightsError(
             f"revision {revision!r} is not a commit hash (40 hex digits): pin the exact commit"
         )

@@ -11,6 +11,8 @@ from typing import Any
 import promql_parser
 import yaml
 
+from components.core.decisions import Decisions, decide
+from components.core.placement import place
 from components.deploy import synthesis as plan
 from components.render import alerts, common, dashboards, scaling
 from components.spec import KubernetesClusterSpec, ModelSpec, PlatformSpec
@@ -41,6 +43,11 @@ MINIMAL: dict[str, Any] = {
 
 def minimal() -> dict[str, Any]:
     return copy.deepcopy(MINIMAL)
+
+
+def decided(spec: PlatformSpec) -> Decisions:
+    """The decisions the program makes for a spec a test built: placed, then decided once."""
+    return decide(spec, place(spec))
 
 
 #: The model store of a cluster the stack does not create (target kubernetes): an S3-compatible bucket.
@@ -141,21 +148,22 @@ def model_queries(spec: PlatformSpec, model: ModelSpec) -> dict[str, list[str]]:
         for r in scaling.adapter_rules(spec)
         if r["name"]["as"].startswith(f"inferstack_{model.engine.kind.value}_")
     ]
+    unit = decided(spec).models[model.name]
     return {
-        "trigger": [t.query for t in scaling.triggers(spec, model)],
+        "trigger": [t.query for t in scaling.triggers(spec, unit)],
         "adapter rule": [
             r.replace("<<.LabelMatchers>>", 'namespace="x"').replace("<<.GroupBy>>", "pod") for r in rules
         ],
-        "alert": [a.expr for a in alerts.model_alerts(spec, model)],
-        "dashboard": [q for p in dashboards.model_panels(spec, model) for q, _ in p.targets],
+        "alert": [a.expr for a in alerts.model_alerts(spec, unit)],
+        "dashboard": [q for p in dashboards.model_panels(spec, unit) for q, _ in p.targets],
     }
 
 
 def rendered_engine_deployment(spec: PlatformSpec, model_name: str | None = None) -> dict[str, Any]:
     """The engine Deployment of one model (the first by default), placed and rolled out as the program does."""
-    from components.core import placement, rollout
+    from components.core import decisions, placement
     from components.render import engine
 
-    layout = placement.place(spec)
+    decided = decisions.decide(spec, placement.place(spec))
     model = next(m for m in spec.models if model_name in (None, m.name))
-    return engine.deployment(spec, model, layout.placements[model.name], rollout.plan(spec, layout, model))
+    return engine.deployment(spec, decided.models[model.name])

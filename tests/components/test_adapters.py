@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from components.cli.report import adapters_note
+from components.clouds.targets import PROFILES
 from components.core import placement, sizing
 from components.core.problems import SpecError
 from components.core.stackfile import load
@@ -113,7 +114,7 @@ def test_adapter_mistakes_get_located_messages(
 ) -> None:
     write_stack(tmp_path, "bad", spec)
     with pytest.raises(SpecError) as caught:
-        load("bad", tmp_path)
+        load("bad", tmp_path, PROFILES)
     rendered = caught.value.render()
     assert f": {path}" in rendered, rendered
     for word in words:
@@ -229,7 +230,7 @@ def test_the_plan_prepares_each_adapter_and_only_its_jobs_reach_the_hub() -> Non
     model = next(m for m in spec.models if m.adapters)
     assert {weights.adapter_job_name(spec, model, a) for a in model.adapters} <= jobs
     assert len(jobs) == len(spec.models) + len(model.adapters)
-    table = flows.flows(spec, cloud_for(spec))
+    table = flows.flows(spec, cloud_for(spec), placement.place(spec))
     to_hub = [f for f in table if "hub" in f.dest.name]
     assert [f.source.name for f in to_hub] == [flows.WEIGHTS] and "LoRA adapters" in to_hub[0].why
     assert any(f.source.name == flows.ENGINE and "LoRA adapters" in f.why for f in table)

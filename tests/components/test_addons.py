@@ -19,7 +19,7 @@ from components.core.stackfile import STACKS_DIR, available_stacks, load
 from components.deploy import synthesis as plan
 from components.render import addons, scaling
 from components.spec import PlatformSpec
-from tests.components.helpers import minimal, on_own_cluster, write_stack
+from tests.components.helpers import decided, minimal, on_own_cluster, write_stack
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 HELM = "kubernetes:helm.sh/v4:Chart"
@@ -106,7 +106,7 @@ def test_each_add_on_can_be_left_to_an_existing_installation() -> None:
     }
     spec = PlatformSpec.model_validate(raw)
     assert _names(spec) == set()
-    [scaled] = scaling.render(spec, spec.models[0])
+    [scaled] = scaling.render(spec, decided(spec).models[spec.models[0].name])
     assert (
         scaled["spec"]["triggers"][0]["metadata"]["serverAddress"]
         == "http://prometheus-operated.obs.svc:9090"

@@ -573,7 +573,7 @@ def test_images_are_built_from_runtime_images_with_content_tags_and_pushed(
     (root / "pyproject.toml").write_text("[project]\nname='x'\n")
     stack = load("prod")
 
-    def program() -> None:
+    def program(_decided: object) -> None:
         key = "arn:aws:kms:us-east-1:123456789012:key/images"
         registry.Registry(stack.spec, decisions.tags(stack.spec, "prod"), root, key)
 

@@ -15,5 +15,6 @@ def test_batch_alerts_are_rendered_only_where_the_service_runs():
         "InferenceBatchServiceDown",
     ]
     assert alerts.batch_alerts(load("dev").spec) == []
-    groups = alerts.prometheus_rule(load("prod").spec)["spec"]["groups"]
+    prod = load("prod")
+    groups = alerts.prometheus_rule(prod.spec, prod.decisions.models)["spec"]["groups"]
     assert "inferstack-batches" in [g["name"] for g in groups]

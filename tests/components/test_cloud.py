@@ -15,7 +15,7 @@ from components.clouds.aws import decisions, prices
 from components.clouds.aws import layer as aws_layer
 from components.clouds.aws.cloud import EKS
 from components.clouds.own_cluster import OWN_CLUSTER, OwnCluster
-from components.core import catalog, cost, nodes, rollout
+from components.core import catalog, cost, nodes
 from components.core.cloud import Cloud, IngressClass
 from components.core.placement import place
 from components.core.stackfile import STACKS_DIR, available_stacks, load
@@ -108,7 +108,7 @@ def test_every_engine_lands_on_its_own_pools_gpu_nodes_and_nothing_else_does_on_
     }
     for model in stack.spec.models:
         placement = stack.layout.placements[model.name]
-        rendered = engine.render(stack.spec, model, placement, rollout.plan(stack.spec, stack.layout, model))
+        rendered = engine.render(stack.spec, stack.decisions.models[model.name])
         [workload] = [m for m in rendered if m["kind"] in ("Deployment", "LeaderWorkerSet")]
         for template in pod_templates(workload).values():
             pod = template["spec"]

@@ -15,12 +15,14 @@ import pytest
 from typer.testing import CliRunner
 
 from components.cli.main import app
+from components.core.decisions import ModelDecisions
 from components.render import alerts, monitors, scaling
 from components.spec import ModelSpec, PlatformSpec
 from runtime.config import EngineKind
 from runtime.engines import facts
 from tests.components.helpers import (
     OTHER_SOURCES,
+    decided,
     engine_name_of,
     metric_names,
     minimal,
@@ -75,7 +77,7 @@ def test_a_trigger_on_a_metric_the_engine_lacks_is_caught() -> None:
     rogue = scaling.Trigger("rogue", "sum(sglang:num_waiting_reqs)", 1, "AverageValue")
     original = scaling.triggers
     try:
-        scaling.triggers = lambda s, m: [*original(s, m), rogue]  # type: ignore[assignment]
+        scaling.triggers = lambda s, u: [*original(s, u), rogue]  # type: ignore[assignment]
         assert reads_outside_the_table(spec, model) == [
             "trigger reads sglang:num_waiting_reqs, which SGLang does not export"
         ]
@@ -86,20 +88,21 @@ def test_a_trigger_on_a_metric_the_engine_lacks_is_caught() -> None:
 def test_trtllm_scales_on_the_router_queue_alone_and_has_no_engine_scrape() -> None:
     spec = _spec("trtllm")
     model = spec.models[0]
-    assert [t.name for t in scaling.triggers(spec, model)] == ["router-queue"]
-    [scaled] = scaling.render(spec, model)
+    unit = decided(spec).models[model.name]
+    assert [t.name for t in scaling.triggers(spec, unit)] == ["router-queue"]
+    [scaled] = scaling.render(spec, unit)
     assert [t["name"] for t in scaled["spec"]["triggers"]] == ["router-queue"]
     assert [m["metadata"]["name"] for m in monitors.render(spec)] == ["inferstack-runtime"]
-    names = {a.name for a in alerts.model_alerts(spec, model)}
+    names = {a.name for a in alerts.model_alerts(spec, unit)}
     assert "InferenceEngineDown" not in names and "InferenceEngineReplicasBelowMin" in names
-    assert scaling.scaling_note(spec, model) == (
+    assert scaling.scaling_note(spec, unit) == (
         "llama-8b: TensorRT-LLM exports no queued, kv_usage, ttft metric; it scales on router-queue only"
     )
     assert scaling.scaling_note(*_two(_spec("vllm"))) is None
 
 
-def _two(spec: PlatformSpec) -> tuple[PlatformSpec, ModelSpec]:
-    return spec, spec.models[0]
+def _two(spec: PlatformSpec) -> tuple[PlatformSpec, ModelDecisions]:
+    return spec, decided(spec).models[spec.models[0].name]
 
 
 def test_plan_says_what_a_trtllm_model_scales_on(tmp_path: Path) -> None:

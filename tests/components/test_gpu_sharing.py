@@ -11,8 +11,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from components.core import catalog, nodes, placement, rollout
+from components.core import catalog, nodes, placement
 from components.core.cost import model_cost
+from components.core.decisions import decide
 from components.core.problems import SpecError
 from components.core.stackfile import load as load_stack
 from components.render import addons, engine
@@ -198,7 +199,7 @@ def test_a_stack_without_sharing_keeps_the_chart_default_config() -> None:
 
 def test_engines_request_one_slice_or_one_mig_instance_and_pass_strict_validation() -> None:
     stack = load_stack("shared")
-    spec, layout = stack.spec, stack.layout
+    spec = stack.spec
     wanted = {
         "bge-m3": "nvidia.com/gpu.shared",
         "llama-3-8b": "nvidia.com/gpu.shared",
@@ -206,9 +207,7 @@ def test_engines_request_one_slice_or_one_mig_instance_and_pass_strict_validatio
         "llama-3-1b": "nvidia.com/mig-1g.10gb",
     }
     for model in spec.models:
-        deployment = engine.deployment(
-            spec, model, layout.placements[model.name], rollout.plan(spec, layout, model)
-        )
+        deployment = engine.deployment(spec, stack.decisions.models[model.name])
         kubernetes_validate.validate(deployment, f"{spec.cluster.kubernetes_version}.0", strict=True)
         [container] = [
             c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "engine"
@@ -270,7 +269,7 @@ def test_a_sleeping_replica_must_find_room_for_its_weights_in_host_memory() -> N
     spec = PlatformSpec.model_validate(raw)
     layout = placement.place(spec)
     chat = spec.models[1]
-    deployment = engine.deployment(spec, chat, layout.placements["chat"], rollout.plan(spec, layout, chat))
+    deployment = engine.deployment(spec, decide(spec, layout).models[chat.name])
     [container] = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "engine"]
     assert (
         container["resources"]["requests"]["memory"] == f"{57 * 1024}Mi"

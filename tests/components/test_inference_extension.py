@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from components.clouds.targets import cloud_for
+from components.core.placement import place
 from components.core.stackfile import load
 from components.deploy import synthesis as plan
 from components.render import flows, scaling
@@ -26,6 +27,7 @@ from components.render.envoy import FAIL_OPEN_NEEDS_BUFFERED, EnvoyPool, envoy_c
 from components.render.runtime_config import runtime_config
 from components.spec import PlatformSpec
 from runtime.config import BodyMode, Task
+from tests.components.helpers import decided
 from tests.components.test_network import _mismatches
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "stacks"
@@ -137,7 +139,7 @@ def test_network_policies_let_the_gateway_reach_engines_and_picker_only(manifest
     router; the rendered policies allow exactly the table, pair by pair and port by port."""
     spec = load(STACK, EXAMPLES).spec
     cloud = cloud_for(spec)
-    table = {(f.source.name, f.dest.name, f.ports) for f in flows.flows(spec, cloud)}
+    table = {(f.source.name, f.dest.name, f.ports) for f in flows.flows(spec, cloud, place(spec))}
     assert ("gateway-proxy", "picker", (("TCP", 9002),)) in table
     assert ("gateway-proxy", "engine", (("TCP", 8000),)) in table
     assert ("picker", "health", (("TCP", 8081),)) in table
@@ -190,7 +192,9 @@ def test_a_model_at_zero_behind_the_gateway_wakes_on_the_pickers_refusals() -> N
     spec = PlatformSpec.model_validate(doc)
     model = spec.models[0]
     assert runtime_config(spec).route(model.name).cold_start_hold_ms == 0
-    (trigger,) = [t for t in scaling.triggers(spec, model) if t.name == "router-queue"]
+    (trigger,) = [
+        t for t in scaling.triggers(spec, decided(spec).models[model.name]) if t.name == "router-queue"
+    ]
     assert "inferstack_picker_rejections_total" in trigger.query
     assert 'reason="no_backend"' in trigger.query and f'model="{model.name}"' in trigger.query
     assert "inferstack_router_" not in trigger.query
@@ -323,7 +327,8 @@ def test_alerts_dashboards_and_scalers_read_the_picker_behind_the_gateway() -> N
     from components.render import alerts, dashboards
     from runtime.picker.metrics import PickerMetrics, scheduling_families
 
-    spec = load(STACK, EXAMPLES).spec
+    stack = load(STACK, EXAMPLES)
+    spec, units = stack.spec, stack.decisions.models
     metrics = PickerMetrics()
     metrics.picked("m", "http://e", 0.001)
     metrics.rejected("no_backend", "m")
@@ -331,13 +336,13 @@ def test_alerts_dashboards_and_scalers_read_the_picker_behind_the_gateway() -> N
     text = generate_latest(metrics.registry).decode()
     exported = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
     exported |= {f.name for f in scheduling_families({})}
-    queries = [*dashboards.promql(spec), *(a.expr for a in alerts.alerts(spec))]
-    queries += [t.query for m in spec.models for t in scaling.triggers(spec, m)]
+    queries = [*dashboards.promql(spec, units), *(a.expr for a in alerts.alerts(spec, units))]
+    queries += [t.query for u in units.values() for t in scaling.triggers(spec, u)]
     read = {name for q in queries for name in re.findall(r"inferstack_[a-z_]+", q)}
     assert not {n for n in read if n.startswith("inferstack_router_")}
     picker = {n for n in read if n.startswith("inferstack_picker_")}
     assert picker and picker <= exported, picker - exported
-    assert {"InferencePickerDown", "InferencePicker5xxRate"} <= {a.name for a in alerts.alerts(spec)}
+    assert {"InferencePickerDown", "InferencePicker5xxRate"} <= {a.name for a in alerts.alerts(spec, units)}
 
 
 def test_lora_adapters_need_the_router() -> None:

@@ -25,7 +25,7 @@ from components.core.stackfile import load
 from components.deploy import synthesis as plan
 from components.render import addons, common, dashboards, engine_args, groups
 from components.spec import PlatformSpec
-from tests.components.helpers import engine_workloads, minimal, pod_templates, write_stack
+from tests.components.helpers import decided, engine_workloads, minimal, pod_templates, write_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 LWS_SCHEMA = Path(__file__).parent / "schemas" / "leaderworkerset.x-k8s.io_v1.yaml"
@@ -271,11 +271,13 @@ def test_replica_counts_of_a_group_read_its_leader_stateful_set_not_a_deployment
     after the set (one leader per group); a single-node model still reads its Deployment."""
     stack = load(STACK)
     engine = common.engine_name("llama-3-405b")
-    [panel] = [p for p in dashboards.model_panels(stack.spec, stack.spec.models[0]) if p.title == "Replicas"]
+    group = stack.decisions.models[stack.spec.models[0].name]
+    [panel] = [p for p in dashboards.model_panels(stack.spec, group) if p.title == "Replicas"]
     exprs = [expr for expr, _ in panel.targets]
     assert all(f'statefulset="{engine}"' in e for e in exprs) and not any("deployment" in e for e in exprs)
     single = PlatformSpec.model_validate(minimal())
-    [panel] = [p for p in dashboards.model_panels(single, single.models[0]) if p.title == "Replicas"]
+    one = decided(single).models[single.models[0].name]
+    [panel] = [p for p in dashboards.model_panels(single, one) if p.title == "Replicas"]
     assert all("kube_deployment_" in expr for expr, _ in panel.targets)
 
 

@@ -19,6 +19,7 @@ from components.clouds.aws import decisions
 from components.clouds.aws.cloud import POD_IDENTITY_AGENT
 from components.clouds.targets import cloud_for
 from components.core.cloud import PRIVATE_CIDRS, Cloud
+from components.core.placement import place
 from components.core.stackfile import STACKS_DIR, available_stacks, load
 from components.deploy import synthesis as plan
 from components.render import batches, common, flows, ingress, network
@@ -71,7 +72,7 @@ def _endpoints(spec: PlatformSpec, cloud: Cloud, manifests: Any) -> list[Endpoin
     ns = spec.cluster.namespace
     out = [
         Endpoint(part, next(addresses), ns, _pod_labels(manifests, part))
-        for part in flows.subjects(spec, cloud)
+        for part in flows.subjects(spec, cloud, place(spec))
         if part != flows.GATEWAY_PROXY
     ]
     if spec.gateway.ingress.value == "gateway-api":
@@ -95,10 +96,10 @@ def _endpoints(spec: PlatformSpec, cloud: Cloud, manifests: Any) -> list[Endpoin
 
 def _mismatches(spec: PlatformSpec, cloud: Cloud, manifests: Any) -> list[str]:
     """Every connection where the policies and the table disagree, one line each."""
-    table = flows.flows(spec, cloud)
+    table = flows.flows(spec, cloud, place(spec))
     policies = _policies_of(manifests)
     endpoints = _endpoints(spec, cloud, manifests)
-    subjects = set(flows.subjects(spec, cloud))
+    subjects = set(flows.subjects(spec, cloud, place(spec)))
     ports = sorted({p for f in table for p in f.ports} | {("TCP", p) for p in EXTRA_PORTS} | {("UDP", 53)})
     ns = spec.cluster.namespace
     wrong: list[str] = []
@@ -134,23 +135,23 @@ INGRESSES = [
 
 def _rendered(raw: dict[str, Any]) -> tuple[PlatformSpec, list[dict[str, Any]]]:
     """The stack's NetworkPolicies and the workloads whose pods they govern, rendered without a synthesis."""
-    from components.core import rollout
-    from components.core.placement import place
+    from components.core.decisions import decide
     from components.render import engine, gateway, limit_store, weights
     from components.render.runtime_config import runtime_config
 
     spec = PlatformSpec.model_validate(raw)
     cloud = cloud_for(spec)
     layout = place(spec)
-    manifests = network.render(spec, cloud) + gateway.render(spec, cloud)
+    manifests = network.render(spec, cloud, layout) + gateway.render(spec, cloud)
     config = runtime_config(spec, files=cloud.batch_files(spec))
     checksum = gateway.config_checksum(gateway.config_text(config))
     manifests += batches.render(spec, config, "batches:1", "1", "bucket", checksum)
     if flows.in_cluster_limit_store(spec, cloud):
         manifests += limit_store.in_cluster(spec)
+    decided = decide(spec, layout)
     for model in spec.models:
         placement = layout.placements[model.name]
-        manifests += engine.render(spec, model, placement, rollout.plan(spec, layout, model))
+        manifests += engine.render(spec, decided.models[model.name])
         manifests.append(weights.prepare_job(spec, model, placement, spec.model_store.image))
     return spec, manifests
 
@@ -197,9 +198,11 @@ def test_shared_limits_and_kv_events_flows_pass_and_nothing_else(target: str) ->
 
 def test_without_shared_limits_or_kv_events_the_router_has_no_such_flow() -> None:
     spec = PlatformSpec.model_validate(minimal())
-    dests = {f.dest.name for f in flows.flows(spec, cloud_for(spec)) if f.source.name == "router"}
+    dests = {
+        f.dest.name for f in flows.flows(spec, cloud_for(spec), place(spec)) if f.source.name == "router"
+    }
     assert not dests & {"limits", "managed rate-limit store", "tokenizers over HTTPS"}
-    assert all(("TCP", 5557) not in f.ports for f in flows.flows(spec, cloud_for(spec)))
+    assert all(("TCP", 5557) not in f.ports for f in flows.flows(spec, cloud_for(spec), place(spec)))
 
 
 def test_the_evaluator_catches_a_missing_and_an_extra_rule() -> None:
@@ -220,12 +223,16 @@ def test_the_evaluator_catches_a_missing_and_an_extra_rule() -> None:
 
 
 def _flows_between(spec: PlatformSpec, source: str, dest: str) -> list[flows.Flow]:
-    return [f for f in flows.flows(spec, cloud_for(spec)) if f.source.name == source and f.dest.name == dest]
+    return [
+        f
+        for f in flows.flows(spec, cloud_for(spec), place(spec))
+        if f.source.name == source and f.dest.name == dest
+    ]
 
 
 def test_the_table_has_the_calls_the_runtime_makes_and_none_to_instance_metadata() -> None:
     spec = load("prod").spec
-    table = flows.flows(spec, cloud_for(spec))
+    table = flows.flows(spec, cloud_for(spec), place(spec))
     pairs = {(f.source.name, f.dest.name) for f in table}
     assert {
         ("router", "engine"),
@@ -266,7 +273,7 @@ def test_the_batch_service_talks_to_the_router_and_health_monitor_and_on_eks_to_
     metrics port; it never reaches the engines; S3 and the Pod Identity agent only where the files are in S3."""
     spec = load("prod").spec
     assert spec.batch.enabled
-    table = flows.flows(spec, cloud_for(spec))
+    table = flows.flows(spec, cloud_for(spec), place(spec))
     into = {(f.source.name, f.ports) for f in table if f.dest.name == batches.PART}
     assert into == {
         ("router", (("TCP", batches.port()),)),
@@ -276,7 +283,9 @@ def test_the_batch_service_talks_to_the_router_and_health_monitor_and_on_eks_to_
     assert set(out) == {"router", "health", "EKS Pod Identity agent", "files over HTTPS"}
     assert out["files over HTTPS"].dest.except_cidrs == (spec.cluster.vpc_cidr, flows.LINK_LOCAL)
     byo = PlatformSpec.model_validate(on_own_cluster({**minimal(), "batch": {"enabled": True}}))
-    assert {f.dest.name for f in flows.flows(byo, cloud_for(byo)) if f.source.name == batches.PART} == {
+    assert {
+        f.dest.name for f in flows.flows(byo, cloud_for(byo), place(byo)) if f.source.name == batches.PART
+    } == {
         "router",
         "health",
     }
@@ -284,7 +293,7 @@ def test_the_batch_service_talks_to_the_router_and_health_monitor_and_on_eks_to_
 
 def test_a_cluster_you_bring_gives_engines_no_credential_endpoint_and_the_store_at_its_endpoint() -> None:
     spec = PlatformSpec.model_validate(on_own_cluster(minimal()))
-    table = flows.flows(spec, cloud_for(spec))
+    table = flows.flows(spec, cloud_for(spec), place(spec))
     assert [(f.dest.name, f.ports) for f in table if f.source.name == "engine"] == [
         ("the model store at minio.minio.svc", (("TCP", 9000),))
     ]

@@ -12,6 +12,7 @@ from components.core.stackfile import STACKS_DIR, available_stacks, load
 from components.deploy import synthesis as plan
 from components.render import observability
 from runtime.engines import facts
+from tests.components.helpers import decided
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 
@@ -118,7 +119,7 @@ def test_observability_toggles_turn_objects_off() -> None:
             )
         }
     )
-    kinds = {m["kind"] for m in observability.render(spec)}
+    kinds = {m["kind"] for m in observability.render(spec, decided(spec).models)}
     assert kinds == {"ServiceMonitor"}
 
 
@@ -128,7 +129,7 @@ def test_without_the_prometheus_operator_alerts_are_skipped_and_dashboards_stay(
     spec = prod.model_copy(
         update={"observability": prod.observability.model_copy(update={"prometheus": False, "alerts": True})}
     )
-    rendered = observability.render(spec)
+    rendered = observability.render(spec, decided(spec).models)
     assert {m["kind"] for m in rendered} == {"ConfigMap"}
     assert len(rendered) == len(spec.models) + 1
 

@@ -11,6 +11,7 @@ from components.core import nodes, startup
 from components.core.redaction import REDACTED
 from components.core.stackfile import STACKS_DIR, Stack, available_stacks, load
 from components.core.weights import store
+from components.deploy import program
 from components.deploy import synthesis as plan
 from components.render import common
 from tests.components.helpers import engine_deployments, engine_workloads, pod_templates
@@ -229,3 +230,16 @@ def test_every_resource_belongs_to_its_own_stack_when_several_are_planned_in_one
         resources = _synth(load(name)).resources
         parents = {r.parent for r in resources if r.parent is not None}
         assert parents and all(p.startswith(f"urn:pulumi:{name}::") for p in parents), name
+
+
+@pytest.mark.parametrize("name", ["prod", "staging", "kind"])
+def test_pulumi_up_decides_from_stack_config_what_the_plan_passes_in(monkeypatch, name: str) -> None:
+    """`inferstack plan` hands the program the decisions it made from the stack file; `pulumi up` has only the stack
+    config and decides there: both register the same resources (stacks on eks and kubernetes, one with versions)."""
+    stack = load(name)
+    planned = _synth(stack).resources
+    monkeypatch.setattr(plan, "_run_program", lambda _decided: program.run())
+    from_config = _synth(stack).resources
+    assert sorted((r.as_json() for r in from_config), key=lambda r: r["urn"]) == sorted(
+        (r.as_json() for r in planned), key=lambda r: r["urn"]
+    )

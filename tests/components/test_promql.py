@@ -8,7 +8,7 @@ import pytest
 from components.core.stackfile import STACKS_DIR, available_stacks, load
 from components.render import observability, scaling
 from components.spec import PlatformSpec
-from tests.components.helpers import minimal
+from tests.components.helpers import decided, minimal
 
 
 def _specs() -> list[tuple[str, PlatformSpec]]:
@@ -24,7 +24,8 @@ def _specs() -> list[tuple[str, PlatformSpec]]:
 
 @pytest.mark.parametrize(("name", "spec"), _specs(), ids=[n for n, _ in _specs()])
 def test_every_rendered_expression_parses(name: str, spec: PlatformSpec) -> None:
-    expressions = scaling.promql(spec) + observability.promql(spec)
+    units = decided(spec).models
+    expressions = scaling.promql(spec, units) + observability.promql(spec, units)
     assert len(expressions) > 10
     for expr in expressions:
         try:

@@ -29,6 +29,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from components.core.scaling import thresholds
 from components.core.stackfile import load
 from components.local import monitor
 from components.render import alerts, batches, common, scaling, signals
@@ -39,6 +40,7 @@ from runtime.health.exposition import registry_for
 from runtime.health.monitor import Monitor
 from runtime.picker.metrics import PickerMetrics
 from runtime.router.metrics import RouterMetrics
+from tests.components.helpers import decided
 
 REPO = Path(__file__).resolve().parents[2]
 CAPTURE = REPO / "tests" / "fixtures" / "vllm-cpu-metrics.txt"
@@ -320,7 +322,7 @@ def expected(case: Case) -> list[dict[str, Any]]:
 
 
 def model_cases(spec: PlatformSpec, model: ModelSpec, by_name: dict[str, alerts.Alert]) -> Iterator[Case]:
-    t = scaling.thresholds(model)
+    t = thresholds(model)
     engine = common.engine_name(model.name)
     down = healthy(spec, 40, model)
     down.values[series("up", target(spec, model, 0))] = "1x10 0x30"
@@ -452,7 +454,8 @@ def batch_cases(spec: PlatformSpec, by_name: dict[str, alerts.Alert]) -> Iterato
 def alert_tests(spec: PlatformSpec) -> list[dict[str, Any]]:
     tests = []
     quiet = healthy(spec, 75)
-    names = sorted({a.name for a in alerts.alerts(spec)})
+    units = decided(spec).models
+    names = sorted({a.name for a in alerts.alerts(spec, units)})
     tests.append(
         {
             "name": "a healthy fleet raises nothing",
@@ -465,12 +468,12 @@ def alert_tests(spec: PlatformSpec) -> list[dict[str, Any]]:
     )
     cases: list[Case] = []
     for model in spec.models:
-        by_name = {a.name: a for a in alerts.model_alerts(spec, model)}
+        by_name = {a.name: a for a in alerts.model_alerts(spec, units[model.name])}
         cases += model_cases(spec, model, by_name)
     cases += gateway_cases(spec, {a.name: a for a in alerts.gateway_alerts(spec)})
     cases += batch_cases(spec, {a.name: a for a in alerts.batch_alerts(spec)})
     covered = {c.alert.name + (c.alert.model or "") for c in cases if c.fires_at}
-    every = {a.name + (a.model or "") for a in alerts.alerts(spec)}
+    every = {a.name + (a.model or "") for a in alerts.alerts(spec, units)}
     assert covered == every, f"alerts without a firing case: {sorted(every - covered)}"
     for case in cases:
         checks = [{"eval_time": case.quiet_at, "alertname": case.alert.name, "exp_alerts": []}]
@@ -519,8 +522,9 @@ def scaling_tests(spec: PlatformSpec) -> list[dict[str, Any]]:
     }
     want_zero = {"queued": None, "router-queue": demand_zero, "kv-cache": None, "ttft-p95": 0.0}
     busy_checks, zero_checks = [], []
+    units = decided(spec).models
     for model in spec.models:
-        for trigger in scaling.triggers(spec, model):
+        for trigger in scaling.triggers(spec, units[model.name]):
             for checks, want in ((busy_checks, want_busy), (zero_checks, want_zero)):
                 value = want[trigger.name]
                 samples = [] if value is None else [{"labels": "{}", "value": value}]
@@ -562,7 +566,7 @@ def scaling_tests(spec: PlatformSpec) -> list[dict[str, Any]]:
 # --- the tests ------------------------------------------------------------------------------------------------
 def write_rules(spec: PlatformSpec, directory: Path) -> Path:
     path = directory / "rules.yml"
-    path.write_text(yaml.safe_dump(monitor.rule_file(spec), sort_keys=False))
+    path.write_text(yaml.safe_dump(monitor.rule_file(spec, decided(spec).models), sort_keys=False))
     return path
 
 
@@ -574,7 +578,7 @@ def test_promtool_checks_the_rule_file(stack: str, tmp_path: Path) -> None:
         [promtool(), "check", "rules", str(rules)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(alerts.alerts(spec))} rules found" in result.stdout
+    assert f"SUCCESS: {len(alerts.alerts(spec, decided(spec).models))} rules found" in result.stdout
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from components.render.runtime_config import runtime_config
 from components.spec import PlatformSpec, RoutingSpec
 from runtime.config import RuntimeConfig, StrategyConfig, routing_scorers
+from runtime.scheduling import builtin_knobs
 from tests.components.helpers import minimal, write_stack
 
 
@@ -98,6 +99,20 @@ def test_routing_knobs_from_the_spec_reach_the_rendered_runtime_config() -> None
         prefix_balance_factor=1.5,
         prefix_block_tokens=32,
     )
+
+
+def test_the_spec_offers_the_knobs_their_records_mark_for_stack_files() -> None:
+    marked = {name: knob for name, knob in builtin_knobs().items() if knob.stack}
+    assert set(marked) == RoutingSpec.KNOBS
+    fields = RoutingSpec.model_fields
+    assert list(fields) == ["strategy", "weights", *sorted(marked), "priority"]
+    for name, knob in marked.items():
+        field = fields[name]
+        assert (field.annotation, field.default, field.description) == (
+            knob.type,
+            knob.default,
+            knob.description,
+        )
 
 
 def test_routing_defaults_are_the_runtime_defaults() -> None:

@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 
+from components.core import scaling as core_scaling
 from components.core.problems import SpecError
 from components.core.stackfile import STACKS_DIR, available_stacks, load
 from components.deploy import synthesis as plan
 from components.render import scaling
 from components.spec import PlatformSpec
-from tests.components.helpers import minimal, write_stack
+from tests.components.helpers import decided, minimal, write_stack
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 
@@ -29,21 +30,21 @@ def _by_kind(name: str, kind: str) -> dict[str, dict[str, Any]]:
 
 def test_queue_target_defaults_to_a_tenth_of_max_num_seqs_and_ttft_target_is_the_slo() -> None:
     prod = {m.name: m for m in load("prod").spec.models}
-    t = scaling.thresholds(prod["llama-3-70b"])
+    t = core_scaling.thresholds(prod["llama-3-70b"])
     assert t.queue_per_replica == pytest.approx(25.6)  # max_num_seqs 256
     assert t.ttft_p95_s == pytest.approx(1.5)  # slo.ttft_p95_ms 1500
-    assert scaling.thresholds(prod["llama-3-8b"]).queue_per_replica == pytest.approx(12.8)  # 128
-    assert scaling.thresholds(prod["llama-3-8b"]).ttft_p95_s == pytest.approx(0.8)
+    assert core_scaling.thresholds(prod["llama-3-8b"]).queue_per_replica == pytest.approx(12.8)  # 128
+    assert core_scaling.thresholds(prod["llama-3-8b"]).ttft_p95_s == pytest.approx(0.8)
     assert t.scale_down_window_s == 900 and t.scale_up_window_s == 30
 
 
 def test_an_explicit_queue_target_wins_and_a_tiny_engine_still_scales_on_one_waiting_request() -> None:
     raw = minimal()
     raw["models"][0]["scaling"]["queue_per_replica"] = 7
-    assert scaling.thresholds(PlatformSpec.model_validate(raw).models[0]).queue_per_replica == 7
+    assert core_scaling.thresholds(PlatformSpec.model_validate(raw).models[0]).queue_per_replica == 7
     raw = minimal()
     raw["models"][0]["engine"]["max_num_seqs"] = 4
-    assert scaling.thresholds(PlatformSpec.model_validate(raw).models[0]).queue_per_replica == 1
+    assert core_scaling.thresholds(PlatformSpec.model_validate(raw).models[0]).queue_per_replica == 1
 
 
 @pytest.mark.parametrize("name", PULUMI_STACKS)
@@ -72,7 +73,7 @@ def test_every_scaling_model_gets_a_scaled_object_that_follows_its_spec(name: st
         assert behavior["scaleUp"]["stabilizationWindowSeconds"] == model.scaling.scale_up_stabilization_s
         assert behavior["scaleDown"]["stabilizationWindowSeconds"] == model.scaling.scale_down_stabilization_s
         assert behavior["scaleDown"]["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 120}]
-        t = scaling.thresholds(model)
+        t = core_scaling.thresholds(model)
         triggers = {tr["name"]: tr for tr in obj["triggers"]}
         assert {"queued", "router-queue", "kv-cache", "ttft-p95"} <= set(triggers)
         for trigger in triggers.values():
@@ -117,7 +118,7 @@ def test_hpa_mode_renders_autoscaling_v2_hpas_and_adapter_rules_instead_of_scale
     raw["addons"] = {"autoscaler": "hpa"}
     spec = PlatformSpec.model_validate(raw)
     model = spec.models[0]
-    [hpa] = scaling.render(spec, model)
+    [hpa] = scaling.render(spec, decided(spec).models[model.name])
     assert hpa["apiVersion"] == "autoscaling/v2" and hpa["kind"] == "HorizontalPodAutoscaler"
     assert hpa["spec"]["minReplicas"] == 1 and hpa["spec"]["maxReplicas"] == 2
     metrics = {m.get("pods", m.get("object", {}))["metric"]["name"]: m for m in hpa["spec"]["metrics"]}
@@ -146,7 +147,7 @@ def test_fixed_size_models_have_no_scaler() -> None:
     raw = minimal()
     raw["models"][0]["scaling"] = {"min_replicas": 2, "max_replicas": 2}
     spec = PlatformSpec.model_validate(raw)
-    assert scaling.render(spec, spec.models[0]) == []
+    assert scaling.render(spec, decided(spec).models[spec.models[0].name]) == []
 
 
 @pytest.mark.parametrize("name", PULUMI_STACKS)
@@ -166,8 +167,8 @@ def test_built_in_scaling_objects_pass_strict_validation_in_both_modes(autoscale
     raw["addons"] = {"autoscaler": autoscaler}
     spec = PlatformSpec.model_validate(raw)
     version = f"{spec.cluster.kubernetes_version}.0"
-    for model in spec.models:
-        for manifest in scaling.render(spec, model):
+    for unit in decided(spec).models.values():
+        for manifest in scaling.render(spec, unit):
             if manifest["apiVersion"].startswith("keda.sh/"):
                 continue  # a custom resource: its fields are checked above
             kubernetes_validate.validate(manifest, version, strict=True)
@@ -179,14 +180,14 @@ def test_replicas_wanted_is_what_keda_and_its_hpa_settle_on() -> None:
     model = spec.models[0].model_copy(
         update={"scaling": spec.models[0].scaling.model_copy(update={"min_replicas": 0, "max_replicas": 4})}
     )
-    t = scaling.thresholds(model)
+    t = core_scaling.thresholds(model)
     assert (t.activation, t.queue_per_replica, t.idle_before_zero_s, t.scale_down_window_s) == (
         0,
         6.4,
         900,
         600,
     )
-    wanted = scaling.replicas_wanted
+    wanted = core_scaling.replicas_wanted
     assert wanted(t, demand=0, current=0, idle_s=10_000) == 0  # nothing waits: stays at zero
     assert wanted(t, demand=1, current=0, idle_s=0) == 1  # one waiting request wakes it
     assert wanted(t, demand=13, current=1, idle_s=0) == 3  # ceil(13 / 6.4)
@@ -197,13 +198,13 @@ def test_replicas_wanted_is_what_keda_and_its_hpa_settle_on() -> None:
     assert wanted(t, demand=0, current=1, idle_s=899) == 1
     assert wanted(t, demand=0, current=3, idle_s=900) == 0  # KEDA's cooldown: straight to zero
     floor = model.model_copy(update={"scaling": model.scaling.model_copy(update={"min_replicas": 2})})
-    assert wanted(scaling.thresholds(floor), demand=0, current=4, idle_s=10_000) == 2  # never below min
+    assert wanted(core_scaling.thresholds(floor), demand=0, current=4, idle_s=10_000) == 2  # never below min
 
 
 def test_the_scaled_object_renders_the_same_thresholds() -> None:
     spec = load("dev").spec
     for model in spec.models:
-        t = scaling.thresholds(model)
+        t = core_scaling.thresholds(model)
         obj = _by_kind("dev", "ScaledObject")[f"{model.name}-engine"]["spec"]
         assert obj["cooldownPeriod"] == t.idle_before_zero_s and obj["minReplicaCount"] == t.min_replicas
         assert {trig["metadata"]["activationThreshold"] for trig in obj["triggers"]} == {f"{t.activation:g}"}

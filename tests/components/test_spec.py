@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from components.cli.main import SCHEMA_PATH
+from components.clouds.targets import PROFILES
 from components.core.problems import SpecError
 from components.core.stackfile import STACKS_DIR, available_stacks, load
 from tests.components.helpers import LLAMA_8B_COMMIT, minimal, write_stack
@@ -397,7 +398,7 @@ def test_bad_input_gets_a_located_message_that_says_how_to_fix(
     mutate(spec)
     write_stack(tmp_path, "bad", spec)
     with pytest.raises(SpecError) as caught:
-        load("bad", tmp_path)
+        load("bad", tmp_path, PROFILES)
     rendered = caught.value.render()
     assert rendered.startswith(str(tmp_path / "Pulumi.bad.yaml"))
     assert f": {path}: " in rendered
@@ -468,7 +469,7 @@ def test_mistakes_across_three_sections_are_all_reported_in_one_run(tmp_path: Pa
     write_stack(tmp_path, "bad", raw)
     with pytest.raises(SpecError) as caught:
         load("bad", tmp_path)
-    paths = [p.message.split(":", 1)[0] for p in caught.value.problems]
+    paths = [p.path for p in caught.value.problems]
     assert {"addons.autoscaler", "gateway.shared_limits", "cluster.name"} <= set(paths), caught.value.render()
     assert "Traceback" not in caught.value.render()
 
@@ -497,3 +498,84 @@ def test_the_json_schema_gives_each_target_its_own_cluster_section() -> None:
     assert errors(target="kubernetes", cluster={"namespace": "ml"}) == []
     assert any("vpc_cidr" in e for e in errors(target="kubernetes", cluster=eks_field))
     assert any("vpc_cidr" in e for e in errors(target="local", cluster=eks_field))
+
+
+def _paths(raw: dict[str, Any], tmp_path: Path) -> list[str]:
+    """The field paths of every problem one run of the stack file reports (the target's cloud rules included)."""
+    write_stack(tmp_path, "bad", raw)
+    with pytest.raises(SpecError) as caught:
+        load("bad", tmp_path, PROFILES)
+    assert "Traceback" not in caught.value.render()
+    return [p.path for p in caught.value.problems]
+
+
+def test_a_mistake_in_each_of_three_sections_own_rules_is_reported_in_one_run(tmp_path: Path) -> None:
+    """Each section's own rules run whether or not another section's fail: the gateway's replicas, a model's
+    scale against its SLO and the cluster's zones are named together."""
+    raw = minimal()
+    raw["gateway"] = {"replicas": 5, "max_replicas": 2}
+    raw["models"][0]["scaling"]["min_replicas"] = 0
+    raw["models"][0]["slo"] = {"allow_cold_starts": False}
+    raw["cluster"]["availability_zones"] = ["us-east-1a"]
+    assert set(_paths(raw, tmp_path)) == {"gateway", "models[0]", "cluster"}
+
+
+def test_a_section_with_mistakes_in_several_of_its_parts_hears_of_each(tmp_path: Path) -> None:
+    """A section's rules all run (pydantic stops at a model's first failing validator): a model's weights and its
+    scale, the gateway's ingress and its replicas."""
+    raw = minimal()
+    model = raw["models"][0]
+    model["engine"]["kind"] = "sglang"
+    model["weights"] = {"fetch": "streamer"}
+    model["scaling"]["min_replicas"] = 0
+    model["slo"] = {"allow_cold_starts": False}
+    raw["gateway"] = {"ingress": "alb", "replicas": 5, "max_replicas": 2}
+    write_stack(tmp_path, "bad", raw)
+    with pytest.raises(SpecError) as caught:
+        load("bad", tmp_path)
+    rendered = caught.value.render()
+    for located in (
+        ": models[0]: weights.fetch: streamer is for engines that stream weights",
+        ": models[0]: scaling.min_replicas: 0 lets llama-8b scale to zero",
+        ": gateway: ingress alb needs a hostname",
+        ": gateway: replicas (5) is above max_replicas (2)",
+    ):
+        assert located in rendered, rendered
+
+
+def test_cross_section_and_plan_time_mistakes_are_reported_in_one_run(tmp_path: Path) -> None:
+    """The spec's cross-section rules and the plan-time rules run together on a spec whose sections are valid: the
+    autoscaler against a model's scale (spec), the EKS API's way in (the spec and the target), the model store's
+    fields (the target's cloud) and a startup budget below a cold start (the layout), all in one run."""
+    raw = minimal()
+    raw["addons"] = {"autoscaler": "hpa"}
+    raw["models"][0]["scaling"]["min_replicas"] = 0
+    raw["models"][0]["rollout"] = {"startup_budget_s": 60}
+    del raw["cluster"]["api_endpoint"]
+    raw["model_store"] = {"endpoint_url": "http://minio.minio.svc:9000"}
+    assert _paths(raw, tmp_path) == [
+        "addons.autoscaler",
+        "model_store.endpoint_url",
+        "cluster.api_endpoint",
+        "models[0].rollout.startup_budget_s",
+    ]
+
+
+def test_a_pool_too_small_for_its_models_does_not_hide_the_rules_that_read_the_layout(tmp_path: Path) -> None:
+    """Placement reports a pool's size and still hands over the layout, so a startup budget is checked with it."""
+    raw = minimal()
+    raw["gpu_pools"][0]["max_nodes"] = 1
+    raw["models"][0]["scaling"] = {"min_replicas": 1, "max_replicas": 3}
+    raw["models"][0]["rollout"] = {"startup_budget_s": 60}
+    assert _paths(raw, tmp_path) == ["gpu_pools[0].max_nodes", "models[0].rollout.startup_budget_s"]
+
+
+def test_a_model_placement_cannot_place_still_hears_of_the_rules_that_need_no_layout(tmp_path: Path) -> None:
+    """An unknown pool leaves nothing to place: the rules that read the layout find nothing, the others still
+    report (the API's way in, a hub source's revision)."""
+    raw = minimal()
+    raw["models"][0]["pool"] = "missing"
+    raw["models"][0]["rollout"] = {"startup_budget_s": 60}
+    del raw["models"][0]["revision"]
+    del raw["cluster"]["api_endpoint"]
+    assert _paths(raw, tmp_path) == ["models[0].pool", "models[0].revision", "cluster.api_endpoint"]

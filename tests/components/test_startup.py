@@ -18,7 +18,7 @@ from components.core import catalog, rollout, startup
 from components.core.placement import place
 from components.core.problems import SpecError
 from components.core.stackfile import STACKS_DIR, available_stacks, load
-from components.core.weights import coldstart
+from components.core.weights import coldstart, fetch
 from components.deploy import synthesis as plan
 from components.engines import profile
 from components.spec import PlatformSpec
@@ -112,7 +112,8 @@ def test_the_budget_adds_node_start_image_weights_and_engine_start_with_their_ca
     gib = placement.weights_gib
     assert 30 < gib < 45  # ~38 GiB of 4-bit weights
     # The weights term is the model store's cold start (fetch + load) by the path placement chose: one owner.
-    cold = coldstart.cold_start_s(model, placement.instance, gib, placement.gpus_per_replica)
+    way = fetch.decide(model, placement.instance)
+    cold = coldstart.expected(way, gib, placement.instance, placement.gpus_per_replica).total_s
     assert weights.seconds == math.ceil(cold) and "by streamer" in weights.basis
     assert engine.seconds == profile(EngineKind.VLLM).init_s
     budget = startup.budget(model, placement)

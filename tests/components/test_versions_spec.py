@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from components.clouds.targets import PROFILES
 from components.core.problems import SpecError
 from components.core.stackfile import load, validate
 from components.spec import ModelSpec, Quantization
@@ -141,7 +142,7 @@ def test_bad_versions_get_one_located_message(
 ) -> None:
     write_stack(tmp_path, "bad", spec)
     with pytest.raises(SpecError) as caught:
-        load("bad", tmp_path)
+        load("bad", tmp_path, PROFILES)
     assert len(caught.value.problems) == 1, caught.value.render()
     rendered = caught.value.render()
     assert f": {path}: " in rendered, rendered

@@ -71,9 +71,8 @@ def test_cold_start_per_path_orders_as_the_bandwidths_say() -> None:
     big = prod.layout.placements["llama-3-70b"]
     model = next(m for m in prod.spec.models if m.name == "llama-3-70b")
     streamer = next(c for c in coldstart.compare(big.weights_gib, p5, 2) if c.path == "streamer")
-    assert (
-        coldstart.cold_start_s(model, big.instance, big.weights_gib, big.gpus_per_replica) == streamer.total_s
-    )
+    way = fetch.decide(model, big.instance)
+    assert coldstart.expected(way, big.weights_gib, big.instance, big.gpus_per_replica) == streamer
 
 
 def test_plan_summary_shows_every_models_store_fetch_path_and_cold_start() -> None:

@@ -171,9 +171,9 @@ def _after_failures(query: str) -> bool:
 
 
 def _panel_queries() -> tuple[list[tuple[str, str]], list[str]]:
-    spec = load(STACK, STACKS).spec
+    stack = load(STACK, STACKS)
     checked, skipped = [], []
-    for panel in dashboards.panels(spec):
+    for panel in dashboards.panels(stack.spec, stack.decisions.models):
         if panel.cluster_only:
             skipped.append(panel.title)
         else:
@@ -183,14 +183,17 @@ def _panel_queries() -> tuple[list[tuple[str, str]], list[str]]:
 
 def test_every_scaling_trigger_and_dashboard_query_returns_data(monitored: Monitored) -> None:
     _drive_load(monitored)
-    spec = load(STACK, STACKS).spec
-    triggers = [(t.name, t.query) for m in spec.models for t in scaling.triggers(spec, m)]
+    stack = load(STACK, STACKS)
+    spec = stack.spec
+    triggers = [(t.name, t.query) for u in stack.decisions.models.values() for t in scaling.triggers(spec, u)]
     checked, skipped = _panel_queries()
     assert sorted(skipped) == ["Replicas", "Router replicas and CPU"]  # kube-state-metrics, cAdvisor
     before_kill = [(n, q) for n, q in triggers + checked if not _after_failures(q)]
     _wait(lambda: all(monitored.query(q) for _, q in before_kill), 60, "every query to return data")
     loaded = {r["name"] for g in monitored.api("rules")["groups"] for r in g["rules"]}
-    assert loaded == {a.name for a in alerts.alerts(spec)}  # the stack's rule file, every rule
+    assert loaded == {
+        a.name for a in alerts.alerts(spec, stack.decisions.models)
+    }  # the rule file, every rule
     # the engine's live exposition has every metric the engine map names for vLLM (current names)
     names = {
         r["metric"]["__name__"] for r in monitored.query('{__name__=~"vllm:.+", job="tiny-llama-engine"}')

@@ -104,7 +104,7 @@ COVERAGE = [
     Coverage(r"python -m runtime\.picker --config FILE", (("components/local/plan.py", 'ServiceLaunch("picker", "runtime.picker"'), ("tests/local/test_envoy_gateway.py", '"picker" in names')), "what make local GATEWAY=envoy runs"),
     Coverage(r"make local GATEWAY=envoy", ((HERE, '_make_dry("local", "GATEWAY=envoy")'), ("tests/local/test_envoy_gateway.py", '"--gateway", "envoy"')), "dry run here; the command runs in the Envoy gateway test"),
     Coverage(r"inferstack plan -s inference-extension --stacks-dir examples/stacks", (("tests/components/test_inference_extension.py", 'def test_the_cli_plans_the_example'),), "run in the inference-extension test"),
-    Coverage(r"python -m runtime\.(router|health|batcher|batches) --config FILE", (("components/local/plan.py", '"-m", self.module, "--config"'), (LIFECYCLE, '("router", "batcher", "health", "3 engines")')), "what make local runs"),
+    Coverage(r"python -m runtime\.(router|health|batcher|batch_service) --config FILE", (("components/local/plan.py", '"-m", self.module, "--config"'), (LIFECYCLE, '("router", "batcher", "health", "3 engines")')), "what make local runs"),
     Coverage(r"pulumi stack select prod|pulumi config set --secret inferstack:hfToken hf_\.\.\.|pulumi up( -s (kind|prod))?", ((CI, "pulumi preview"), ("tests/components/test_program.py", "under the SDK's mock runtime")), "needs the Pulumi CLI and credentials: CI previews, tests run the program under mocks"),
     Coverage(r"pulumi preview --policy-pack policies/inference --policy-pack-config policies/inference/config/<stack>\.json", ((CI, "--policy-pack policies/inference"), (CI, "--policy-pack-config policies/inference/config/${{ matrix.stack }}.json")), "CI preview job"),
 ]  # fmt: skip

@@ -121,8 +121,8 @@ def test_prometheus_gets_the_clusters_rules_and_every_service_with_cluster_label
     config = monitor.prometheus_config(settings, runtime, tmp_path / "engines.json", tmp_path / "rules.yml")
     assert config["global"] == {"scrape_interval": "5s", "scrape_timeout": "5s", "evaluation_interval": "5s"}
     assert config["scrape_configs"][1]["file_sd_configs"][0]["files"] == [str(tmp_path / "engines.json")]
-    capped = monitor.rule_file(plan.spec, 30)
-    real = monitor.rule_file(plan.spec)
+    capped = monitor.rule_file(plan.spec, plan.units, 30)
+    real = monitor.rule_file(plan.spec, plan.units)
     fors = [
         (r["for"], c["for"])
         for g, h in zip(real["groups"], capped["groups"], strict=True)

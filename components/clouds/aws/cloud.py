@@ -12,6 +12,8 @@ from components.core.cloud import PRIVATE_CIDRS, Endpoint, IngressClass, Profile
 from components.core.cost import LineItem
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
+from components.core.problems import Problem
+from components.core.weights import store
 from components.render import common, ingress, weights
 from components.spec import PlatformSpec, Target, eks_section
 from runtime.config import S3Files
@@ -104,6 +106,62 @@ class AwsCloud:
     def image_build(self, spec: PlatformSpec) -> str:
         """Every runtime image, into the stack's ECR repositories (``components.clouds.aws.registry``)."""
         return "into the stack's ECR"
+
+    def model_store_problems(self, spec: PlatformSpec) -> list[Problem]:
+        """The store is the bucket the stack creates, in its account, read through EKS Pod Identity: no
+        store fields of a bucket you bring, and no weights or adapters in another bucket (engines read only the
+        store, and a bucket outside it may belong to another account)."""
+        problems = store.account_problems(spec)
+        for name in ("bucket", "endpoint_url", "reader_secret", "writer_secret"):
+            if getattr(spec.model_store, name) is not None:
+                problems.append(
+                    Problem(
+                        f"model_store.{name}",
+                        "on eks the model store is the bucket the stack creates, read and written through EKS "
+                        "Pod Identity: remove it (name the bucket with cluster.model_bucket)",
+                    )
+                )
+        bucket = store.store_bucket(spec)
+        prefix = spec.model_store.prefix
+        for i, model in enumerate(spec.models):
+            if model.is_local_path:
+                continue  # placement reports it: a local path only works with target local
+            for j, adapter in enumerate(model.adapters):
+                other = store.bucket_of(adapter.source) if adapter.source.startswith("s3://") else None
+                if other and other != bucket:
+                    problems.append(
+                        Problem(
+                            f"models[{i}].adapters[{j}].source",
+                            f"bucket {other!r} is not the platform's model store ({bucket}): engine pods read "
+                            f"only the store; prepare the adapter into s3://{bucket}/{prefix}/... "
+                            "(`python -m runtime.weights prepare --from DIR --to URI`), or use a hub source with "
+                            "revision",
+                        )
+                    )
+            for j, version in enumerate(model.versions):
+                if version.source is None or not version.source.startswith("s3://"):
+                    continue
+                other = store.bucket_of(version.source)
+                if other != bucket:
+                    problems.append(
+                        Problem(
+                            f"models[{i}].versions[{j}].source",
+                            f"bucket {other!r} is not the platform's model store ({bucket}): engines read only the "
+                            f"store; prepare the weights into s3://{bucket}/{prefix}/... or use a "
+                            "hub source with revision",
+                        )
+                    )
+            if model.source.startswith("s3://") and (other := store.bucket_of(model.source)) != bucket:
+                problems.append(
+                    Problem(
+                        f"models[{i}].source",
+                        f"bucket {other!r} is not the platform's model store ({bucket}): engines read only "
+                        "the store, and a bucket outside it may belong to another account; prepare the weights into "
+                        f"s3://{bucket}/{prefix}/... (`python -m runtime.weights prepare --from DIR "
+                        "--to URI`), or use a hub source with revision",
+                    )
+                )
+        return problems
 
 
 EKS = AwsCloud()

@@ -2,8 +2,9 @@
 fetch path, from the catalog's bandwidth figures (an instance type's ``network_gbps``, ``HUB_DOWNLOAD_GBPS``, NVMe and
 load rates). Image pull and the engine's own warm-up are not counted here.
 
-``expected(fetch, ...)`` is the chosen path's first start on a fresh node (a node cache misses then);
-``cold_start_s(model, ...)`` decides the path and returns that figure: the startup budget's weights term. ``compare(...)`` gives every path side by side for plan.
+``expected(fetch, ...)`` is the chosen path's first start on a fresh node (a node cache misses then): the startup
+budget's weights term (``components.core.startup.weights_fetch``). ``compare(...)`` gives every path side by side for
+plan.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from components.core import catalog
-from components.core.weights.fetch import GIB, Fetch, FetchPath, decide
-from components.spec import ModelSpec
+from components.core.weights.fetch import GIB, Fetch, FetchPath
 
 ROOT_DISK_READ_GBPS = catalog.GPU_ROOT_DISK_THROUGHPUT_MIBPS * 2**20 / 1e9
 
@@ -57,11 +57,3 @@ def expected(fetch: Fetch, weights_gib: float, instance: catalog.InstanceType | 
     """The chosen path's cold start on a fresh node (the one the startup budget must allow for)."""
     paths = {c.path: c for c in compare(weights_gib, instance, gpus)}
     return paths["streamer" if fetch.path is FetchPath.STREAMER else "node cache, first on node"]
-
-
-def cold_start_s(
-    model: ModelSpec, instance: catalog.InstanceType | None, weights_gib: float, gpus: int
-) -> float:
-    """Seconds for one replica's weights on a fresh node by the path placement chose: the weights term of a
-    startup budget (call it with a ``Placement``'s instance, weights_gib and gpus_per_replica)."""
-    return expected(decide(model, instance), weights_gib, instance, gpus).total_s

@@ -1,8 +1,16 @@
-"""Where each model's weights live in the platform's model store (``s3://<bucket>/<prefix>/...``)."""
+"""Where each model's weights live in the platform's model store (``s3://<bucket>/<prefix>/...``), and what may go
+in: a hub source only at a pinned commit (``hub_sources_pinned``, a plan-time rule). Which buckets a target's store
+accepts are its cloud's rules (``Cloud.model_store_problems``)."""
 
 from __future__ import annotations
 
-from components.spec import AdapterSpec, ModelSpec, PlatformSpec
+from collections.abc import Iterator
+
+from components.core.problems import Planned, PlanRule, Problem
+from components.spec import AdapterSpec, ModelSpec, PlatformSpec, Target, is_pinned_source
+
+LOCAL_BUCKET = "inferstack-local"
+"""The loopback store of `make local S3=1`."""
 
 
 def store_bucket(spec: PlatformSpec) -> str | None:
@@ -33,3 +41,60 @@ def adapter_location(spec: PlatformSpec, adapter: AdapterSpec) -> str:
 
 def bucket_of(uri: str) -> str:
     return uri.removeprefix("s3://").split("/", 1)[0]
+
+
+def hub_sources_pinned(planned: Planned) -> Iterator[Problem]:
+    """A hub source is copied into the store at its revision, which must be a commit (``is_pinned_source``): a
+    model's, an adapter's, a version's with a source of its own. The spec refuses a revision that is not a commit;
+    this refuses none on a cluster (target local serves from disk)."""
+    spec = planned.spec
+    if spec.target is Target.LOCAL:
+        return
+    for i, model in enumerate(spec.models):
+        if model.is_local_path:
+            continue
+        if not is_pinned_source(model.source, model.revision):
+            yield Problem(
+                f"models[{i}].revision",
+                f"{model.source!r} is a Hugging Face source without a pinned revision, so what it serves could "
+                "change under you: set revision to the exact hub commit (40 hex digits, from the repository's "
+                "commit history), or prepare the weights into the model store and use its s3:// prefix",
+            )
+        for j, adapter in enumerate(model.adapters):
+            if not is_pinned_source(adapter.source, adapter.revision):
+                yield Problem(
+                    f"models[{i}].adapters[{j}].revision",
+                    f"{adapter.source!r} is copied into the model store at a pinned commit (engine pods never "
+                    "fetch from the hub), and it has no revision: set revision to the exact hub commit "
+                    "(40 hex digits), or use the adapter's s3:// prefix in the store",
+                )
+        for j, version in enumerate(model.versions):
+            if version.source is not None and not is_pinned_source(
+                version.source, model.version_revision(version)
+            ):
+                yield Problem(
+                    f"models[{i}].versions[{j}].revision",
+                    f"{version.source!r} is a Hugging Face source without a pinned revision: set revision to "
+                    "the exact hub commit (40 hex digits), as the model's",
+                )
+
+
+def account_problems(spec: PlatformSpec) -> list[Problem]:
+    """The store's bucket in the stack's account: what the clouds with AWS accounts check (EKS, and a cluster you
+    bring with an S3 store), each in its ``model_store_problems``."""
+    ms, cluster = spec.model_store, spec.cluster
+    if not (ms.account_id and cluster.account_id and ms.account_id != cluster.account_id):
+        return []
+    return [
+        Problem(
+            "model_store.account_id",
+            f"the model store bucket belongs to account {ms.account_id}, but the stack deploys into "
+            f"{cluster.account_id} (cluster.account_id): engines and preparation Jobs would read and write "
+            f"weights across accounts; use a store bucket of {cluster.account_id}, or remove "
+            "model_store.account_id on eks (the stack creates the bucket in its own account)",
+        )
+    ]
+
+
+RULES: tuple[PlanRule, ...] = (hub_sources_pinned,)
+"""The model store's plan-time rules (``components.core.plan_rules``)."""

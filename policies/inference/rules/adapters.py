@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from components.render.common import ADAPTERS_ANNOTATION
-from components.spec import HUB_COMMIT, is_hub_source
+from components.spec import is_pinned_source
 from policies.inference.rules.base import Category, Config, Finding, Res, Rule, Severity, as_map
 from policies.inference.rules.engines import Engine, engine_flags, engines
 from policies.inference.rules.k8s import pod_annotations
@@ -39,9 +39,7 @@ def _pinned(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
     for engine, adapters in _with_adapters(resources):
         for a in adapters:
             source, revision = str(a.get("source")), a.get("revision")
-            if not is_hub_source(source):
-                continue
-            if not isinstance(revision, str) or not HUB_COMMIT.match(revision):
+            if not is_pinned_source(source, revision):
                 shown = f"revision {revision!r}" if revision else "no revision"
                 yield Finding(
                     f"{engine.res.display}: adapter {a.get('name')} ({source}) has {shown}, so each replica may "

@@ -8,14 +8,12 @@ makes the rule mandatory (a pin is required there), other environments see it as
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
+from components.spec import is_pinned_revision
 from policies.inference.rules.base import Category, Config, Res, Rule, Severity, as_list
 from policies.inference.rules.engines import parse_engine
 from policies.inference.rules.k8s import containers, pod_spec
-
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def _argv(props: dict[str, object]) -> list[str]:
@@ -30,7 +28,7 @@ def _pinned(res: Res, config: Config) -> Iterator[str]:
         argv = _argv(dict(c.props))
         if "--hub" in argv:
             revision = argv[argv.index("--revision") + 1] if "--revision" in argv[:-1] else None
-            if revision is None or not COMMIT.match(revision):
+            if not is_pinned_revision(revision):
                 yield (
                     f"{res.display}: container {c.name} copies {argv[argv.index('--hub') + 1]} from the hub at "
                     f"{revision or 'no revision'}, not a commit: set the model's revision to the exact hub commit"

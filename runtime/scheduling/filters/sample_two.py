@@ -6,7 +6,7 @@ import random
 from collections.abc import Sequence
 
 from runtime.scheduling.inputs import Context
-from runtime.scheduling.pipeline import E, Filter
+from runtime.scheduling.pipeline import Filter, R
 from runtime.scheduling.registry import register_filter
 
 
@@ -19,7 +19,7 @@ class SampleTwo(Filter):
     def __init__(self, rng: random.Random | None = None) -> None:
         self.rng = rng or random.Random()
 
-    def keep(self, endpoints: Sequence[E], ctx: Context) -> list[E]:
-        if len(endpoints) <= 2:
-            return list(endpoints)
-        return self.rng.sample(list(endpoints), 2)
+    def keep(self, candidates: Sequence[R], ctx: Context) -> list[R]:
+        if len(candidates) <= 2:
+            return list(candidates)
+        return self.rng.sample(list(candidates), 2)

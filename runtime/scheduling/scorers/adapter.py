@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runtime.scheduling.inputs import Context, Endpoint
+from runtime.scheduling.inputs import Context, Replica
 from runtime.scheduling.kinds import Category, Need
 from runtime.scheduling.pipeline import Scorer
 from runtime.scheduling.registry import register_scorer
@@ -18,8 +18,8 @@ class AdapterAffinityScorer(Scorer):
     Loading costs the engine a read of the adapter's files and a slot: affinity keeps loads (and the
     evictions that make room for them) rare when several adapters share few replicas."""
 
-    def score(self, endpoints: Sequence[Endpoint], ctx: Context) -> list[float]:
+    def score(self, candidates: Sequence[Replica], ctx: Context) -> list[float]:
         if ctx.adapter is None or not ctx.warm:
-            return [0.0] * len(endpoints)
+            return [0.0] * len(candidates)
         warm = ctx.warm
-        return [1.0 if b.url in warm else 0.0 for b in endpoints]
+        return [1.0 if r.url in warm else 0.0 for r in candidates]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runtime.scheduling.inputs import Context, Endpoint
+from runtime.scheduling.inputs import Context, Replica
 from runtime.scheduling.kinds import Category, Need
 from runtime.scheduling.pipeline import Scorer
 from runtime.scheduling.registry import register_scorer
@@ -14,5 +14,5 @@ from runtime.scheduling.registry import register_scorer
 class KvScorer(Scorer):
     """More free KV cache (as the health monitor or the router's probe reports) is better; unknown is neutral."""
 
-    def score(self, endpoints: Sequence[Endpoint], ctx: Context) -> list[float]:
-        return [0.5 if b.kv_usage is None else max(0.0, min(1.0, 1.0 - b.kv_usage)) for b in endpoints]
+    def score(self, candidates: Sequence[Replica], ctx: Context) -> list[float]:
+        return [0.5 if r.kv_usage is None else max(0.0, min(1.0, 1.0 - r.kv_usage)) for r in candidates]

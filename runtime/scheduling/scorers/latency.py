@@ -4,20 +4,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runtime.scheduling.inputs import Context, Endpoint
-from runtime.scheduling.kinds import Category
+from runtime.scheduling.inputs import Context, Replica
+from runtime.scheduling.kinds import Category, Knob
 from runtime.scheduling.pipeline import Scorer, invert_normalised
 from runtime.scheduling.registry import register_scorer
 
+#: Read by the front end, which keeps each replica's average (``Replica.ttft_ewma_s``).
+LATENCY_EWMA_ALPHA = Knob(
+    "latency_ewma_alpha",
+    float,
+    0.3,
+    "Weight of the newest TTFT sample in a replica's latency mean.",
+    gt=0,
+    le=1,
+    position=9,
+)
 
-@register_scorer("latency", Category.DISTRIBUTION, knobs=["latency_ewma_alpha"])
+
+@register_scorer("latency", Category.DISTRIBUTION, knobs=[LATENCY_EWMA_ALPHA])
 class LatencyScorer(Scorer):
     """Lower EWMA of time to first token is better; a replica without samples gets the best score
     (so new replicas are tried and measured). The front end keeps the average (``latency_ewma_alpha``)."""
 
-    def score(self, endpoints: Sequence[Endpoint], ctx: Context) -> list[float]:
-        known = [b.ttft_ewma_s for b in endpoints if b.ttft_ewma_s is not None]
+    def score(self, candidates: Sequence[Replica], ctx: Context) -> list[float]:
+        known = [r.ttft_ewma_s for r in candidates if r.ttft_ewma_s is not None]
         if not known:
-            return [1.0] * len(endpoints)
+            return [1.0] * len(candidates)
         lo = min(known)
-        return invert_normalised([lo if b.ttft_ewma_s is None else b.ttft_ewma_s for b in endpoints])
+        return invert_normalised([lo if r.ttft_ewma_s is None else r.ttft_ewma_s for r in candidates])

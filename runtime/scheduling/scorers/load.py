@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runtime.scheduling.inputs import Context, Endpoint
+from runtime.scheduling.inputs import Context, Replica
 from runtime.scheduling.kinds import Category, Need
 from runtime.scheduling.pipeline import Scorer, invert_normalised
 from runtime.scheduling.registry import register_scorer
@@ -14,5 +14,5 @@ from runtime.scheduling.registry import register_scorer
 class LoadScorer(Scorer):
     """Fewer in-flight requests (plus the engine's own queue) is better."""
 
-    def score(self, endpoints: Sequence[Endpoint], ctx: Context) -> list[float]:
-        return invert_normalised([b.inflight + b.engine_queued for b in endpoints])
+    def score(self, candidates: Sequence[Replica], ctx: Context) -> list[float]:
+        return invert_normalised([r.inflight + r.engine_queued for r in candidates])

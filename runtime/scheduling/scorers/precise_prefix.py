@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Self
 
-from runtime.scheduling.inputs import Context, Endpoint, Knobs
+from runtime.scheduling.inputs import Context, Replica, StrategySettings
 from runtime.scheduling.kinds import Category, Need, Report
 from runtime.scheduling.pipeline import Scorer
 from runtime.scheduling.registry import register_scorer
@@ -41,27 +41,27 @@ class PrecisePrefixScorer(Scorer):
         self.hits = 0
 
     @classmethod
-    def from_knobs(cls, knobs: Knobs) -> Self:
-        return cls(PrefixScorer.from_knobs(knobs))
+    def from_knobs(cls, settings: StrategySettings) -> Self:
+        return cls(PrefixScorer.from_knobs(settings))
 
-    def score(self, endpoints: Sequence[Endpoint], ctx: Context) -> list[float]:
+    def score(self, candidates: Sequence[Replica], ctx: Context) -> list[float]:
         blocks = ctx.prompt_blocks
         cache = ctx.cache
         if not blocks or cache is None:
-            return self.history.score(endpoints, ctx)
-        depths = cache.depths(blocks, [b.url for b in endpoints])
+            return self.history.score(candidates, ctx)
+        depths = cache.depths(blocks, [r.url for r in candidates])
         self.lookups += 1
         if any(depths.values()):
             self.hits += 1
-        fallback = self.history.score(endpoints, ctx) if len(depths) < len(endpoints) else None
+        fallback = self.history.score(candidates, ctx) if len(depths) < len(candidates) else None
         n = len(blocks)
         return [
-            depths[b.url] / n if b.url in depths else (fallback[i] if fallback else 0.0)
-            for i, b in enumerate(endpoints)
+            depths[r.url] / n if r.url in depths else (fallback[i] if fallback else 0.0)
+            for i, r in enumerate(candidates)
         ]
 
-    def on_routed(self, endpoint: Endpoint, ctx: Context) -> None:
-        self.history.on_routed(endpoint, ctx)  # learns only where the history scored this request
+    def on_routed(self, replica: Replica, ctx: Context) -> None:
+        self.history.on_routed(replica, ctx)  # learns only where the history scored this request
 
     def report(self) -> dict[Report, float]:
         return {Report.HIT_RATE: self.hits / self.lookups if self.lookups else 0.0}

@@ -51,8 +51,8 @@ import math
 from collections.abc import Sequence
 from typing import Self
 
-from runtime.scheduling.inputs import Context, Endpoint, Knobs
-from runtime.scheduling.kinds import Category, Need, Report
+from runtime.scheduling.inputs import Context, Replica, StrategySettings
+from runtime.scheduling.kinds import Category, Knob, Need, Report
 from runtime.scheduling.lru import BoundedLru
 from runtime.scheduling.pipeline import Scorer
 from runtime.scheduling.registry import register_scorer
@@ -73,14 +73,65 @@ def block_hashes(prompt: str, block_chars: int, max_blocks: int) -> list[int]:
 #: Replicas remembered per block, oldest first: a popular system prompt lives on several.
 OWNERS_PER_BLOCK = 4
 
-#: The ``StrategyConfig`` knobs the routed-history index reads (``precise_prefix`` falls back on it).
-PREFIX_KNOBS = (
+# The knobs of the routed-history index (``precise_prefix`` falls back on it, so it reads them too).
+PREFIX_BLOCK_TOKENS = Knob(
     "prefix_block_tokens",
-    "prefix_chars_per_token",
-    "prefix_max_blocks",
-    "prefix_index_max_entries",
+    int,
+    64,
+    "Tokens per block of the prefix index: prompts are matched block by block, so a smaller block"
+    " finds shorter shared prefixes, at more hashing per request.",
+    ge=1,
+    stack=True,
+    position=1,
+)
+PREFIX_INDEX_MAX_ENTRIES = Knob(
+    "prefix_index_max_entries", int, 100_000, "Bound of the prefix index (LRU).", ge=1, position=2
+)
+PREFIX_BALANCE_FACTOR = Knob(
     "prefix_balance_factor",
+    float,
+    1.2,
+    "prefix_aware: a new conversation on a shared prefix (a system prompt others went through)"
+    " goes to a replica holding it only while that replica's count of recently started"
+    " conversations, with this one, stays within ceil(this x the average) (bounded loads);"
+    " else to the replica that started the fewest, which copies the prefix. 1.2: at most ~60 %"
+    " of new conversations on one of two replicas. A conversation's follow-ups are not bounded"
+    " by it: they stay home up to load_guard_ratio.",
+    ge=1,
+    stack=True,
+    position=4,
+)
+PREFIX_BALANCE_WINDOW_S = Knob(
     "prefix_balance_window_s",
+    float,
+    30.0,
+    "prefix_aware: time constant of the decaying count of conversations started per replica.",
+    gt=0,
+    position=5,
+)
+PREFIX_CHARS_PER_TOKEN = Knob(
+    "prefix_chars_per_token",
+    int,
+    4,
+    "The router hashes characters, not tokens: a block is prefix_block_tokens x this many.",
+    ge=1,
+    position=6,
+)
+PREFIX_MAX_BLOCKS = Knob(
+    "prefix_max_blocks",
+    int,
+    128,
+    "Blocks of a prompt that are hashed at most (bounds CPU per request).",
+    ge=1,
+    position=7,
+)
+PREFIX_KNOBS = (
+    PREFIX_BLOCK_TOKENS,
+    PREFIX_CHARS_PER_TOKEN,
+    PREFIX_MAX_BLOCKS,
+    PREFIX_INDEX_MAX_ENTRIES,
+    PREFIX_BALANCE_FACTOR,
+    PREFIX_BALANCE_WINDOW_S,
 )
 
 
@@ -131,13 +182,13 @@ class PrefixScorer(Scorer):
         self.spilled = 0  # new conversations that went past a busy holder and copied the prefix
 
     @classmethod
-    def from_knobs(cls, knobs: Knobs) -> Self:
+    def from_knobs(cls, settings: StrategySettings) -> Self:
         return cls(
-            knobs.prefix_block_tokens * knobs.prefix_chars_per_token,
-            knobs.prefix_max_blocks,
-            knobs.prefix_index_max_entries,
-            knobs.prefix_balance_factor,
-            knobs.prefix_balance_window_s,
+            PREFIX_BLOCK_TOKENS.read(settings) * PREFIX_CHARS_PER_TOKEN.read(settings),
+            PREFIX_MAX_BLOCKS.read(settings),
+            PREFIX_INDEX_MAX_ENTRIES.read(settings),
+            PREFIX_BALANCE_FACTOR.read(settings),
+            PREFIX_BALANCE_WINDOW_S.read(settings),
         )
 
     def decay(self, now: float) -> float:
@@ -158,15 +209,15 @@ class PrefixScorer(Scorer):
             self.epoch = epoch = now
         self.grown[url] = self.grown.get(url, 0.0) + math.exp(max(0.0, now - epoch) / self.window_s)
 
-    def score(self, endpoints: Sequence[Endpoint], ctx: Context) -> list[float]:
+    def score(self, candidates: Sequence[Replica], ctx: Context) -> list[float]:
         hashes = block_hashes(ctx.prompt, self.block_chars, self.max_blocks)
         notes = ctx.notes
         notes["prefix_hashes"] = hashes
         notes["prefix_followup"] = False
         if not hashes:
-            return [0.0] * len(endpoints)
+            return [0.0] * len(candidates)
         self.lookups += 1
-        wanted = {b.url for b in endpoints}
+        wanted = {r.url for r in candidates}
         depth_of: dict[str, int] = {}
         order: list[str] = []  # holders, deepest match first; at one depth, the longest holder first
         get = self.index.get
@@ -185,36 +236,36 @@ class PrefixScorer(Scorer):
             if len(depth_of) == len(wanted):
                 break
         if deepest is None:
-            return [0.0] * len(endpoints)  # nothing known: load decides
+            return [0.0] * len(candidates)  # nothing known: load decides
         self.hits += 1
         if deepest.children == 0:
             # a follow-up: the replicas with the deepest match hold this conversation's own history
             self.followups += 1
             notes["prefix_followup"] = True
             top = depth_of[order[0]]
-            return [1.0 if depth_of.get(b.url) == top else 0.0 for b in endpoints]
+            return [1.0 if depth_of.get(r.url) == top else 0.0 for r in candidates]
         # a new conversation on a shared prefix: bounded loads over recently started conversations
         self.shared += 1
         decay = self.decay(ctx.now)
         grown = self.grown.get
-        counts = [grown(b.url, 0.0) * decay for b in endpoints]
+        counts = [grown(r.url, 0.0) * decay for r in candidates]
         total = sum(counts)
-        n = len(endpoints)
+        n = len(candidates)
         factor = self.balance_factor
         # deepest match first; among equally deep holders, the one that started the fewest: a prefix
         # already copied to several replicas is the cheapest way to even them out
         for url in sorted(order, key=lambda u: (-depth_of[u], grown(u, 0.0))):
             if within_bound(grown(url, 0.0) * decay, total, n, factor):
-                return [1.0 if b.url == url else 0.0 for b in endpoints]
+                return [1.0 if r.url == url else 0.0 for r in candidates]
         self.spilled += 1
         fewest = min(counts)
         return [1.0 if c <= fewest else 0.0 for c in counts]
 
-    def on_routed(self, endpoint: Endpoint, ctx: Context) -> None:
+    def on_routed(self, replica: Replica, ctx: Context) -> None:
         hashes = ctx.notes.get("prefix_hashes")
         if not isinstance(hashes, list):
             return
-        url = endpoint.url
+        url = replica.url
         if not ctx.notes.get("prefix_followup"):
             self._count_start(url, ctx.now)
         index = self.index

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runtime.scheduling.inputs import Context, Endpoint
+from runtime.scheduling.inputs import Context, Replica
 from runtime.scheduling.kinds import Category
 from runtime.scheduling.pipeline import Scorer
 from runtime.scheduling.registry import register_scorer
@@ -17,7 +17,7 @@ class RotationScorer(Scorer):
     def __init__(self) -> None:
         self.counter = 0
 
-    def score(self, endpoints: Sequence[Endpoint], ctx: Context) -> list[float]:
-        turn = self.counter % len(endpoints)
+    def score(self, candidates: Sequence[Replica], ctx: Context) -> list[float]:
+        turn = self.counter % len(candidates)
         self.counter += 1
-        return [1.0 if i == turn else 0.0 for i in range(len(endpoints))]
+        return [1.0 if i == turn else 0.0 for i in range(len(candidates))]

@@ -5,18 +5,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Self
 
-from runtime.scheduling.inputs import Context, Endpoint, Knobs
-from runtime.scheduling.kinds import Category, Need, Report
+from runtime.scheduling.inputs import Context, Replica, StrategySettings
+from runtime.scheduling.kinds import Category, Knob, Need, Report
 from runtime.scheduling.lru import BoundedLru
 from runtime.scheduling.pipeline import Scorer
 from runtime.scheduling.registry import register_scorer
+
+SESSION_INDEX_MAX_ENTRIES = Knob(
+    "session_index_max_entries", int, 100_000, "Bound of the session -> replica map (LRU).", ge=1, position=8
+)
 
 
 @register_scorer(
     "session",
     Category.AFFINITY,
     needs=[Need.SESSION],
-    knobs=["session_header", "session_index_max_entries"],
+    knobs=[SESSION_INDEX_MAX_ENTRIES],
     reports=[Report.INDEX_ENTRIES],
 )
 class SessionScorer(Scorer):
@@ -27,18 +31,18 @@ class SessionScorer(Scorer):
         self.index: BoundedLru[str, str] = BoundedLru(max_entries)
 
     @classmethod
-    def from_knobs(cls, knobs: Knobs) -> Self:
-        return cls(knobs.session_index_max_entries)
+    def from_knobs(cls, settings: StrategySettings) -> Self:
+        return cls(SESSION_INDEX_MAX_ENTRIES.read(settings))
 
-    def score(self, endpoints: Sequence[Endpoint], ctx: Context) -> list[float]:
+    def score(self, candidates: Sequence[Replica], ctx: Context) -> list[float]:
         if ctx.session is None:
-            return [0.0] * len(endpoints)
+            return [0.0] * len(candidates)
         url = self.index.get(ctx.session)
-        return [1.0 if b.url == url else 0.0 for b in endpoints]
+        return [1.0 if r.url == url else 0.0 for r in candidates]
 
-    def on_routed(self, endpoint: Endpoint, ctx: Context) -> None:
+    def on_routed(self, replica: Replica, ctx: Context) -> None:
         if ctx.session is not None:
-            self.index.put(ctx.session, endpoint.url)
+            self.index.put(ctx.session, replica.url)
 
     def report(self) -> dict[Report, float]:
         return {Report.INDEX_ENTRIES: float(len(self.index))}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runtime.scheduling.inputs import Context, Endpoint
+from runtime.scheduling.inputs import Context, Replica
 from runtime.scheduling.kinds import Category
 from runtime.scheduling.pipeline import Scorer
 from runtime.scheduling.registry import register_scorer
@@ -14,6 +14,6 @@ from runtime.scheduling.registry import register_scorer
 class WeightScorer(Scorer):
     """Static share from the config (``static_backends[].weight``), relative to the largest."""
 
-    def score(self, endpoints: Sequence[Endpoint], ctx: Context) -> list[float]:
-        top = max(b.weight for b in endpoints)
-        return [b.weight / top for b in endpoints]
+    def score(self, candidates: Sequence[Replica], ctx: Context) -> list[float]:
+        top = max(r.weight for r in candidates)
+        return [r.weight / top for r in candidates]

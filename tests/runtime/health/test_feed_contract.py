@@ -1,4 +1,5 @@
-"""The contract with the router: the monitor's real ``/v1/backends`` JSON, fed to the router's own reader."""
+"""The contract with the router: the monitor's real ``/v1/backends`` JSON, fed to the router's own reader
+(``runtime.signal_loop``, shared with the endpoint picker)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 
 from runtime.fleet_feed import read_feed
 from runtime.router.fleet import Fleet
-from runtime.router.signals import apply_feed
+from runtime.signal_loop import apply_feed
 from tests.runtime.health.conftest import config_for
 from tests.runtime.health.doubles import vllm_metrics
 

@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.routing.workload import shared
 from runtime.api_keys import hash_key
 from runtime.config import BodyMode, Task
-from runtime.router.backends import backend_tag
+from runtime.router.replicas import replica_tag
 from runtime.scheduling import Context, Strategy
 from tests.envoy_gateway import PickerUnderTest, envoy, free_port, gateway_config
 from tests.runtime.router.harness import Double, LoopThread, RouterUnderTest
@@ -248,7 +248,7 @@ def test_the_pickers_choices_equal_the_routers(lt: LoopThread, tmp_path: Path) -
     router = RouterUnderTest(lt, _picker_cfg(chat)).start()
     picker = PickerUnderTest(lt, _picker_cfg(chat)).start()
     port = free_port()
-    tags = {backend_tag(d.url): d.url for d in chat}
+    tags = {replica_tag(d.url): d.url for d in chat}
     try:
         deadline = time.monotonic() + 30
         while not router.call(lambda: len(router.router.fleet.models[CHAT].replicas) == 3):  # type: ignore[union-attr]

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runtime.scheduling import Category, Context, Endpoint, Scorer, register_scorer
+from runtime.scheduling import Category, Context, Replica, Scorer, register_scorer
 
 
 @register_scorer("first_url", Category.DISTRIBUTION)
 class FirstUrlScorer(Scorer):
     """1 for the replica whose URL sorts first, 0 for the others: pins traffic to one replica."""
 
-    def score(self, endpoints: Sequence[Endpoint], ctx: Context) -> list[float]:
-        first = min(b.url for b in endpoints)
-        return [1.0 if b.url == first else 0.0 for b in endpoints]
+    def score(self, candidates: Sequence[Replica], ctx: Context) -> list[float]:
+        first = min(r.url for r in candidates)
+        return [1.0 if r.url == first else 0.0 for r in candidates]

@@ -146,7 +146,7 @@ def test_the_health_feed_tells_the_router_which_adapters_each_replica_holds() ->
     from runtime.config import RuntimeConfig
     from runtime.fleet_feed import read_feed
     from runtime.router.model_state import ModelState
-    from runtime.router.signals import apply_feed
+    from runtime.router.signals import feed_adapters
 
     cfg = RuntimeConfig.model_validate(
         {
@@ -165,10 +165,10 @@ def test_the_health_feed_tells_the_router_which_adapters_each_replica_holds() ->
     entry = {"model": "tiny", "url": b.url, "routable": True, "metrics": {}, "adapters": ["sql"]}
     feed = read_feed({"generated_at": 1000.0, "backends": [entry]}, now_unix_s=1000.5)
     assert feed is not None
-    apply_feed({"tiny": state}, feed)
+    feed_adapters({"tiny": state}, feed)
     assert b.adapters.holds("sql")
     entry["adapters"] = []  # restarted
     feed = read_feed({"generated_at": 2000.0, "backends": [entry]}, now_unix_s=2000.5)
     assert feed is not None
-    apply_feed({"tiny": state}, feed)
+    feed_adapters({"tiny": state}, feed)
     assert not b.adapters.holds("sql")

@@ -253,11 +253,11 @@ def test_head_has_no_body_and_keeps_the_connection_usable(doubles, make_router) 
 
 
 def test_answer_names_the_replica_that_served_it(doubles, make_router) -> None:
-    from runtime.router.backends import backend_tag
+    from runtime.router.replicas import replica_tag
 
     d1, d2 = doubles(2)
     r = make_router([d1.url, d2.url], default_strategy={"name": "round_robin"})
-    tags = {backend_tag(d1.url), backend_tag(d2.url)}
+    tags = {replica_tag(d1.url), replica_tag(d2.url)}
     seen: set[str] = set()
     for _ in range(2):
         status, headers, _ = r.request("POST", "/v1/chat/completions", CHAT)

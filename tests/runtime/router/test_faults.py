@@ -10,7 +10,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from runtime.router.backends import Circuit
+from runtime.router.replicas import Circuit
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.config import StrategyConfig
-from runtime.router.backends import Backend, Breaker, Circuit
+from runtime.router.replicas import Breaker, Circuit, Replica
 from runtime.scheduling import PRESETS, Context, Report, build
 from runtime.scheduling.lru import BoundedLru
 from runtime.scheduling.scorers.prefix import PrefixScorer, block_hashes, within_bound
@@ -29,13 +29,13 @@ replica = st.fixed_dictionaries(
 )
 
 
-def make_backends(specs: list[dict]) -> list[Backend]:
+def make_replicas(specs: list[dict]) -> list[Replica]:
     out = []
     for i, s in enumerate(specs):
         breaker = Breaker(1, 60.0)
         if s["open"]:
             breaker.on_failure(now=0.0)
-        b = Backend(f"http://10.0.0.{i}:8000", s["cap"], breaker, s["weight"])
+        b = Replica(f"http://10.0.0.{i}:8000", s["cap"], breaker, s["weight"])
         b.inflight = min(s["inflight"], s["cap"] + 1)
         b.healthy = s["healthy"]
         b.engine_queued = s["queued"]
@@ -45,7 +45,7 @@ def make_backends(specs: list[dict]) -> list[Backend]:
     return out
 
 
-def eligible(b: Backend, ctx: Context) -> bool:
+def eligible(b: Replica, ctx: Context) -> bool:
     return b.healthy and b.inflight < b.cap and b.breaker.allows(ctx.now) and b.url not in ctx.exclude
 
 
@@ -56,10 +56,10 @@ def eligible(b: Backend, ctx: Context) -> bool:
 )
 def test_only_eligible_replicas_are_picked(name: str, specs, prompt, session) -> None:
     strategy = build(StrategyConfig(name=name, prefix_block_tokens=4, prefix_chars_per_token=1))
-    backends = make_backends(specs)
+    replicas = make_replicas(specs)
     ctx = Context(model="m", prompt=prompt, session=session, now=1.0)
-    picked = strategy.pick(backends, ctx)
-    if any(eligible(b, ctx) for b in backends):
+    picked = strategy.pick(replicas, ctx)
+    if any(eligible(b, ctx) for b in replicas):
         assert picked is not None and eligible(picked, ctx)
         strategy.on_routed(picked, ctx)
     else:
@@ -78,12 +78,12 @@ def test_prefix_aware_sends_equal_prefixes_to_the_same_replica_under_the_load_bo
         name="prefix_aware", prefix_block_tokens=4, prefix_chars_per_token=4, load_guard_ratio=0.5
     )
     strategy = build(cfg)
-    backends = make_backends([{**_idle(), "cap": 100} for _ in range(4)])
+    replicas = make_replicas([{**_idle(), "cap": 100} for _ in range(4)])
     first: dict[str, str] = {}
     tagged = [f"{i:015d}|{p}" for i, p in enumerate(prompts)]  # distinct first blocks: none extends another
     for prompt in tagged * 3:
         ctx = Context(model="m", prompt=prompt, now=1.0)
-        b = strategy.pick(backends, ctx)
+        b = strategy.pick(replicas, ctx)
         assert b is not None
         strategy.on_routed(b, ctx)
         b.inflight += 1  # load grows, but stays under the guard (at most 30 of 100)
@@ -92,14 +92,14 @@ def test_prefix_aware_sends_equal_prefixes_to_the_same_replica_under_the_load_bo
 
 def test_prefix_load_guard_moves_a_hot_prefix_off_an_overloaded_replica() -> None:
     strategy = build(StrategyConfig(name="prefix_aware", prefix_block_tokens=4, load_guard_ratio=0.5))
-    backends = make_backends([{**_idle(), "cap": 10} for _ in range(2)])
+    replicas = make_replicas([{**_idle(), "cap": 10} for _ in range(2)])
     prompt = "system prompt " * 20
     ctx = Context(model="m", prompt=prompt, now=1.0)
-    home = strategy.pick(backends, ctx)
+    home = strategy.pick(replicas, ctx)
     assert home is not None
     strategy.on_routed(home, ctx)
     home.inflight = 6  # above the guard (0.5 x 10)
-    other = strategy.pick(backends, Context(model="m", prompt=prompt, now=1.0))
+    other = strategy.pick(replicas, Context(model="m", prompt=prompt, now=1.0))
     assert other is not None and other is not home
 
 
@@ -113,10 +113,10 @@ def test_prefix_index_never_exceeds_its_bound(bound, prompts) -> None:
         prefix_index_max_entries=bound,
     )
     strategy = build(cfg)
-    backends = make_backends([{**_idle(), "cap": 1000} for _ in range(3)])
+    replicas = make_replicas([{**_idle(), "cap": 1000} for _ in range(3)])
     for p in prompts:
         ctx = Context(model="m", prompt=p, now=1.0)
-        b = strategy.pick(backends, ctx)
+        b = strategy.pick(replicas, ctx)
         assert b is not None
         strategy.on_routed(b, ctx)
         assert strategy.reports()["prefix"][Report.INDEX_ENTRIES] <= bound
@@ -132,24 +132,24 @@ def test_block_hashes_chain_and_bound() -> None:
 
 def test_session_affinity_and_fallback_when_the_replica_leaves() -> None:
     strategy = build(StrategyConfig(name="session"))
-    backends = make_backends([_idle() for _ in range(3)])
+    replicas = make_replicas([_idle() for _ in range(3)])
     ctx = Context(model="m", session="user-1", now=1.0)
-    home = strategy.pick(backends, ctx)
+    home = strategy.pick(replicas, ctx)
     assert home is not None
     strategy.on_routed(home, ctx)
     for _ in range(10):
         c = Context(model="m", session="user-1", now=1.0)
-        assert strategy.pick(backends, c) is home
-    rest = [b for b in backends if b is not home]
+        assert strategy.pick(replicas, c) is home
+    rest = [b for b in replicas if b is not home]
     moved = strategy.pick(rest, Context(model="m", session="user-1", now=1.0))
     assert moved in rest
 
 
 def test_round_robin_cycles_evenly() -> None:
     strategy = build(StrategyConfig(name="round_robin"))
-    backends = make_backends([_idle() for _ in range(3)])
-    picks = [strategy.pick(backends, Context(model="m", now=1.0)) for _ in range(9)]
-    assert all(picks.count(b) == 3 for b in backends)
+    replicas = make_replicas([_idle() for _ in range(3)])
+    picks = [strategy.pick(replicas, Context(model="m", now=1.0)) for _ in range(9)]
+    assert all(picks.count(b) == 3 for b in replicas)
 
 
 @settings(max_examples=100, deadline=None)
@@ -158,11 +158,11 @@ def test_prefix_aware_routes_traffic_with_nothing_in_common_as_least_load_does(s
     """With no prefix shared, ``prefix_aware`` makes ``least_load``'s decision (ties aside): on the
     routing benchmark's control workload any TTFT difference between the two is noise (bench/README.md)."""
     strategy = build(StrategyConfig(name="prefix_aware", prefix_block_tokens=4, prefix_chars_per_token=1))
-    backends = make_backends(specs)
+    replicas = make_replicas(specs)
     for i in range(n):
         ctx = Context(model="m", prompt=f"{i:04d}" + "x" * 28, now=1.0)  # a first block no one else has
-        ok = [b for b in backends if eligible(b, ctx)]
-        picked = strategy.pick(backends, ctx)
+        ok = [b for b in replicas if eligible(b, ctx)]
+        picked = strategy.pick(replicas, ctx)
         if not ok:
             assert picked is None
             continue
@@ -172,34 +172,34 @@ def test_prefix_aware_routes_traffic_with_nothing_in_common_as_least_load_does(s
 
 
 def test_least_load_and_least_latency_and_kv() -> None:
-    backends = make_backends([_idle() for _ in range(3)])
-    backends[0].inflight, backends[1].inflight, backends[2].inflight = 3, 1, 2
-    assert build(StrategyConfig(name="least_load")).pick(backends, Context("m", now=1.0)) is backends[1]
-    backends[0].ttft_ewma_s, backends[1].ttft_ewma_s, backends[2].ttft_ewma_s = 0.5, 0.9, 0.1
-    assert build(StrategyConfig(name="least_latency")).pick(backends, Context("m", now=1.0)) is backends[2]
-    for b in backends:
+    replicas = make_replicas([_idle() for _ in range(3)])
+    replicas[0].inflight, replicas[1].inflight, replicas[2].inflight = 3, 1, 2
+    assert build(StrategyConfig(name="least_load")).pick(replicas, Context("m", now=1.0)) is replicas[1]
+    replicas[0].ttft_ewma_s, replicas[1].ttft_ewma_s, replicas[2].ttft_ewma_s = 0.5, 0.9, 0.1
+    assert build(StrategyConfig(name="least_latency")).pick(replicas, Context("m", now=1.0)) is replicas[2]
+    for b in replicas:
         b.inflight = 0
-    backends[0].kv_usage, backends[1].kv_usage, backends[2].kv_usage = 0.9, 0.1, 0.5
-    assert build(StrategyConfig(name="kv_aware")).pick(backends, Context("m", now=1.0)) is backends[1]
+    replicas[0].kv_usage, replicas[1].kv_usage, replicas[2].kv_usage = 0.9, 0.1, 0.5
+    assert build(StrategyConfig(name="kv_aware")).pick(replicas, Context("m", now=1.0)) is replicas[1]
 
 
 def test_weighted_blends_from_config_and_rejects_unknown_scorers() -> None:
-    backends = make_backends([_idle() for _ in range(2)])
-    backends[0].weight, backends[1].weight = 1.0, 3.0
+    replicas = make_replicas([_idle() for _ in range(2)])
+    replicas[0].weight, replicas[1].weight = 1.0, 3.0
     s = build(StrategyConfig(name="weighted", weights={"weight": 1.0}))
-    assert s.pick(backends, Context("m", now=1.0)) is backends[1]
+    assert s.pick(replicas, Context("m", now=1.0)) is replicas[1]
     with pytest.raises(ValueError, match="unknown scorer 'vibes'"):
         build(StrategyConfig(name="weighted", weights={"vibes": 1.0}))
 
 
 def test_power_of_two_picks_the_lighter_of_its_sample() -> None:
-    backends = make_backends([_idle() for _ in range(5)])
-    for i, b in enumerate(backends):
+    replicas = make_replicas([_idle() for _ in range(5)])
+    for i, b in enumerate(replicas):
         b.inflight = i
     s = build(StrategyConfig(name="power_of_two"))
     s.filters[1].rng = random.Random(1)  # type: ignore[attr-defined]
-    picks = [s.pick(backends, Context("m", now=1.0)) for _ in range(200)]
-    assert backends[4] not in picks  # the busiest replica always loses its pairing
+    picks = [s.pick(replicas, Context("m", now=1.0)) for _ in range(200)]
+    assert replicas[4] not in picks  # the busiest replica always loses its pairing
 
 
 def test_breaker_half_open_allows_one_trial() -> None:
@@ -245,7 +245,7 @@ def _idle() -> dict:
 
 def test_prefix_held_by_two_replicas_goes_to_the_holder_that_started_fewer() -> None:
     strategy = build(StrategyConfig(name="prefix_aware", prefix_block_tokens=4, prefix_chars_per_token=1))
-    a, b, c = make_backends([{**_idle(), "cap": 100} for _ in range(3)])
+    a, b, c = make_replicas([{**_idle(), "cap": 100} for _ in range(3)])
     system = "shared system prompt " * 4
     for home, question in ((a, "question one"), (b, "question two")):  # the prompt was served by a, then b
         _route(strategy, [a, b, c], system + question, to=home)
@@ -271,9 +271,9 @@ def _chat(*turns: str) -> str:
     return "\x1e".join(["system", SYSTEM, *turns])
 
 
-def _route(strategy, backends, prompt: str, to: Backend | None = None) -> Backend:
+def _route(strategy, replicas, prompt: str, to: Replica | None = None) -> Replica:
     ctx = Context(model="m", prompt=prompt, now=1.0)
-    picked = strategy.pick(backends, ctx)
+    picked = strategy.pick(replicas, ctx)
     assert picked is not None
     strategy.on_routed(to or picked, ctx)
     return to or picked
@@ -283,7 +283,7 @@ def test_prefix_new_session_on_a_shared_prompt_goes_to_the_less_loaded_replica()
     """Load, for placing a new conversation, is how many conversations a replica started lately: its
     follow-ups will come back to it, though most of them are between turns (not in flight) now."""
     strategy = build(StrategyConfig(name="prefix_aware", prefix_block_tokens=4))
-    a, b = make_backends([{**_idle(), "cap": 64} for _ in range(2)])
+    a, b = make_replicas([{**_idle(), "cap": 64} for _ in range(2)])
     # conversations started on a and b; the system prompt is a shared prefix (a branch point) held by a
     _route(strategy, [a, b], _chat("user", "conversation 1, first question"), to=a)
     _route(strategy, [a, b], _chat("user", "conversation 2, first question"), to=a)
@@ -304,9 +304,9 @@ def test_prefix_new_conversations_balance_whatever_the_prompts_popularity() -> N
     """One hot system prompt and a cold one: conversations split evenly, and a prompt is copied only
     when its holder is over the bound (sticky follow-ups would otherwise follow the popularity)."""
     strategy = build(StrategyConfig(name="prefix_aware", prefix_block_tokens=4))
-    a, b = make_backends([{**_idle(), "cap": 64} for _ in range(2)])
+    a, b = make_replicas([{**_idle(), "cap": 64} for _ in range(2)])
     rng = random.Random(3)
-    homes: dict[str, Backend] = {}
+    homes: dict[str, Replica] = {}
     for i in range(200):
         system = "hot system prompt. " * 8 if rng.random() < 0.8 else "cold system prompt. " * 8
         prompt = "\x1e".join(["system", system, "user", f"conversation {i}: a first question"])
@@ -317,7 +317,7 @@ def test_prefix_new_conversations_balance_whatever_the_prompts_popularity() -> N
 
 def test_prefix_follow_up_stays_home_under_imbalance_until_the_load_guard() -> None:
     strategy = build(StrategyConfig(name="prefix_aware", prefix_block_tokens=4, load_guard_ratio=0.8))
-    a, b = make_backends([{**_idle(), "cap": 10} for _ in range(2)])
+    a, b = make_replicas([{**_idle(), "cap": 10} for _ in range(2)])
     turn1 = _chat("user", "first conversation, first question")
     _route(strategy, [a, b], turn1, to=a)
     _route(strategy, [a, b], _chat("user", "second conversation, first question"), to=b)  # b holds SYSTEM too
@@ -333,7 +333,7 @@ def test_prefix_match_kind_is_told_by_the_index_tree() -> None:
     """A match ending at a leaf (nothing continued it) is a follow-up; at a branch point, shared."""
     strategy = build(StrategyConfig(name="prefix_aware", prefix_block_tokens=4))
     scorer = strategy.scorers[0][0]
-    a, b = make_backends([{**_idle(), "cap": 64} for _ in range(2)])
+    a, b = make_replicas([{**_idle(), "cap": 64} for _ in range(2)])
     _route(strategy, [a, b], _chat("user", "one: what is the capital of France, and why there?"), to=a)
     strategy.pick(
         [a, b],
@@ -361,15 +361,15 @@ def test_bounded_load_admits_the_least_loaded_replica(loads, factor) -> None:
 
 def test_adapter_aware_prefers_a_replica_holding_the_adapter_until_the_load_guard() -> None:
     strategy = build(StrategyConfig(name="adapter_aware", load_guard_ratio=0.5))
-    backends = make_backends([{**_idle(), "cap": 10} for _ in range(3)])
-    warm = backends[2]
+    replicas = make_replicas([{**_idle(), "cap": 10} for _ in range(3)])
+    warm = replicas[2]
     warm.inflight = 3  # busier than the others, but under the guard: affinity (2) beats load (1)
     ctx = Context(model="m", now=1.0, adapter="sql", warm=frozenset({warm.url}))
-    assert strategy.pick(backends, ctx) is warm
+    assert strategy.pick(replicas, ctx) is warm
     warm.inflight = 6  # past the guard: the adapter is loaded elsewhere instead of piling on
-    assert strategy.pick(backends, ctx) is not warm
+    assert strategy.pick(replicas, ctx) is not warm
     base = Context(model="m", now=1.0)  # base-model requests: plain least load
-    assert strategy.pick(backends, base) is not warm
+    assert strategy.pick(replicas, base) is not warm
 
 
 def test_prefix_counts_of_started_conversations_decay_and_forget_departed_replicas() -> None:

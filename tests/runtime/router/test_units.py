@@ -12,14 +12,14 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from runtime.config import EngineKind, RuntimeConfig
-from runtime.engine_probe import load_signals
+from runtime.engine_probe import page_signals
 from runtime.engines import Signal
 from runtime.fleet_feed import read_feed
 from runtime.router.fleet import Fleet
 from runtime.router.metrics import LATENCY_BUCKETS_S, RouterMetrics
 from runtime.router.payload import prompt_text, usage_of
 from runtime.router.reload import read_router_config
-from runtime.router.signals import apply_feed
+from runtime.signal_loop import apply_feed
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -45,7 +45,7 @@ def test_prompt_text_for_chat_completions_and_embeddings() -> None:
     assert prompt_text(deep) == ""  # not a RecursionError (a 500)
 
 
-def test_load_signals_reads_vllm_old_and_new_names_and_sglang() -> None:
+def test_page_signals_reads_vllm_old_and_new_names_and_sglang() -> None:
     text = """# HELP vllm:num_requests_waiting waiting
 vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
 vllm:num_requests_waiting{engine="1",model_name="m"} 2.0
@@ -55,12 +55,15 @@ vllm:gpu_cache_usage_perc{engine="1"} 0.3
 vllm:num_requests_waiting_by_reason{reason="x"} 99
 garbage line without value
 vllm:num_requests_running NaN
+vllm:prompt_tokens_total{engine="0"} 120.0
+vllm:prompt_tokens_total{engine="1"} 30.0
 """
-    s = load_signals(text, EngineKind.VLLM)
+    s = page_signals(text, EngineKind.VLLM)
     assert s[Signal.QUEUED] == 5.0
     assert s[Signal.RUNNING] == 4.0
     assert abs(s[Signal.KV_USAGE] - 0.4) < 1e-9
-    sg = load_signals('sglang:num_queue_reqs{model_name="m"} 7\nsglang:token_usage 0.25\n', EngineKind.SGLANG)
+    assert s[Signal.PROMPT_TOKENS] == 150.0  # the sleep mode's counter, from the same parse
+    sg = page_signals('sglang:num_queue_reqs{model_name="m"} 7\nsglang:token_usage 0.25\n', EngineKind.SGLANG)
     assert sg[Signal.QUEUED] == 7 and sg[Signal.KV_USAGE] == 0.25
 
 

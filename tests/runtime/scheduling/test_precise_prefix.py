@@ -7,13 +7,13 @@ from __future__ import annotations
 from runtime.config import StrategyConfig
 from runtime.kvcache.events import Stored
 from runtime.kvcache.view import CacheIndex
-from runtime.router.backends import Backend, Breaker
+from runtime.router.replicas import Breaker, Replica
 from runtime.scheduling import Context, Need, Report, build
 from runtime.scheduling.scorers.precise_prefix import PrecisePrefixScorer
 
 
-def backends(n: int) -> list[Backend]:
-    return [Backend(f"http://10.0.0.{i}:8000", 8, Breaker(5, 1.0)) for i in range(n)]
+def backends(n: int) -> list[Replica]:
+    return [Replica(f"http://10.0.0.{i}:8000", 8, Breaker(5, 1.0)) for i in range(n)]
 
 
 def view(held: dict[str, tuple[int, ...]]) -> CacheIndex:

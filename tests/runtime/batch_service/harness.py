@@ -1,5 +1,5 @@
 """A batch service in front of a router and engine doubles: the router in the test's loop thread, the batch
-service as its own process (``python -m runtime.batches``), so a test can kill it -9 and start it again.
+service as its own process (``python -m runtime.batch_service``), so a test can kill it -9 and start it again.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class BatchStack:
         self.config_path.write_text(yaml.safe_dump(self.config()))
         with (self.tmp / "batches.log").open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "runtime.batches", "--config", str(self.config_path)],
+                [sys.executable, "-m", "runtime.batch_service", "--config", str(self.config_path)],
                 cwd=REPO_ROOT,
                 env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
                 stdout=log,

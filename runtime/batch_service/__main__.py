@@ -1,4 +1,4 @@
-"""``python -m runtime.batches --config FILE``: run the batch service.
+"""``python -m runtime.batch_service --config FILE``: run the batch service.
 
 A config without a ``batches`` section, an unreadable API-key file or a state directory that cannot be
 written is a person's mistake: one line each, exit 2. SIGTERM stops accepting, lets API calls in flight
@@ -13,12 +13,12 @@ import contextlib
 import logging
 from pathlib import Path
 
-from runtime.batches.api import BatchApi
-from runtime.batches.blobs import BlobError, open_blobs
-from runtime.batches.client import RouterClient
-from runtime.batches.metrics import BatchMetrics
-from runtime.batches.runner import Runner
-from runtime.batches.store import Db, Store
+from runtime.batch_service.api import BatchApi
+from runtime.batch_service.blobs import BlobError, open_blobs
+from runtime.batch_service.client import RouterClient
+from runtime.batch_service.metrics import BatchMetrics
+from runtime.batch_service.runner import Runner
+from runtime.batch_service.store import Db, Store
 from runtime.config import BatchesSettings, RuntimeConfig
 from runtime.server import Server
 from runtime.service import command_line, exit_bad_config, new_event_loop, stop_on_signals
@@ -76,7 +76,7 @@ async def serve(api: BatchApi, runner: Runner, host: str, port: int, metrics_por
 
 
 def main(argv: list[str] | None = None) -> None:
-    args, config = command_line("python -m runtime.batches", "batches", __doc__, argv)
+    args, config = command_line("python -m runtime.batch_service", "batches", __doc__, argv)
     s = settings_of(config, args.config)
     key = api_key(s, args.config)
     try:

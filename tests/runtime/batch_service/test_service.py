@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from runtime.api_keys import hash_key
-from tests.runtime.batches.harness import chat_line, free_port, jsonl, results, wait_for
+from tests.runtime.batch_service.harness import chat_line, free_port, jsonl, results, wait_for
 
 
 def upload(client: openai.OpenAI, data: bytes, name: str = "in.jsonl") -> str:

@@ -16,14 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types import Batch, FileObject
 
-from runtime.batches import lifecycle, multipart, pacing
-from runtime.batches.blobs import BlobError, LocalBlobs, S3Blobs
-from runtime.batches.lifecycle import Progress, Status, Step
-from runtime.batches.objects import BatchError, BatchRecord, FileRecord, error_line, response_line
-from runtime.batches.store import Result, Store
-from runtime.batches.validate import MAX_ERRORS, check_file
+from runtime.batch_service import lifecycle, multipart, pacing
+from runtime.batch_service.blobs import BlobError, LocalBlobs, S3Blobs
+from runtime.batch_service.lifecycle import Progress, Status, Step
+from runtime.batch_service.objects import BatchError, BatchRecord, FileRecord, error_line, response_line
+from runtime.batch_service.store import Result, Store
+from runtime.batch_service.validate import MAX_ERRORS, check_file
 from runtime.config import S3Files
-from tests.runtime.batches.harness import chat_line, free_port, jsonl
+from tests.runtime.batch_service.harness import chat_line, free_port, jsonl
 
 CHAT = "/v1/chat/completions"
 

@@ -14,19 +14,20 @@ from runtime.replica import ReplicaState
 from runtime.router.adapters import ReplicaAdapters
 from runtime.upstream import Pool
 
-__all__ = ["BACKEND_HEADER", "Backend", "Breaker", "Circuit", "backend_tag"]
+__all__ = ["BACKEND_HEADER", "Breaker", "Circuit", "Replica", "replica_tag"]
 
 
-#: Answer header naming the replica that served a request (by ``backend_tag``).
+#: Answer header naming the replica that served a request (by ``replica_tag``). The header's name is what
+#: clients read, so it keeps the word "backend".
 BACKEND_HEADER = b"x-inferstack-backend"
 
 
-def backend_tag(url: str) -> str:
+def replica_tag(url: str) -> str:
     """The opaque, stable name of a replica in the ``x-inferstack-backend`` header."""
     return hashlib.sha256(url.encode()).hexdigest()[:12]
 
 
-class Backend(ReplicaState):
+class Replica(ReplicaState):
     """One replica of one model, with the router's connection pool to it and its sleep state."""
 
     __slots__ = ("adapters", "asleep", "last_used", "pool", "prompt_tokens", "tag")
@@ -35,7 +36,7 @@ class Backend(ReplicaState):
         super().__init__(url, cap, breaker, weight)
         # what the x-inferstack-backend answer header carries: stable, opaque (no internal address
         # reaches clients), and anyone holding the replica list can compute it: sha256(url)[:12]
-        self.tag = backend_tag(url).encode()
+        self.tag = replica_tag(url).encode()
         parts = urlsplit(url)
         self.pool = Pool(parts.hostname or "127.0.0.1", parts.port or 80, max_idle=cap)
         self.adapters = ReplicaAdapters()
@@ -44,9 +45,6 @@ class Backend(ReplicaState):
         self.asleep = False
         self.last_used = time.monotonic()
         self.prompt_tokens: float | None = None
-
-    def __repr__(self) -> str:
-        return f"Backend({self.url}, inflight={self.inflight})"
 
     @property
     def load(self) -> float:

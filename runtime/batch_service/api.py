@@ -25,11 +25,11 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from runtime.batches import multipart
-from runtime.batches.blobs import BlobError, Blobs
-from runtime.batches.lifecycle import Status
-from runtime.batches.metrics import BatchMetrics
-from runtime.batches.objects import (
+from runtime.batch_service import multipart
+from runtime.batch_service.blobs import BlobError, Blobs
+from runtime.batch_service.lifecycle import Status
+from runtime.batch_service.metrics import BatchMetrics
+from runtime.batch_service.objects import (
     BATCHES_PAGE,
     COMPLETION_WINDOW,
     COMPLETION_WINDOW_S,
@@ -45,8 +45,8 @@ from runtime.batches.objects import (
     new_file_id,
     page,
 )
-from runtime.batches.runner import Runner
-from runtime.batches.store import Db
+from runtime.batch_service.runner import Runner
+from runtime.batch_service.store import Db
 from runtime.config import BatchesSettings
 from runtime.http import (
     METRICS_CONTENT_TYPE,

@@ -1,4 +1,7 @@
-"""The batch service: OpenAI's Files and Batches API (``/v1/files``, ``/v1/batches``) on the platform.
+"""The batch service: OpenAI's offline Files and Batches API (live embedding request coalescing: batcher).
+
+It serves ``/v1/files`` and ``/v1/batches`` on the platform. Not to be confused with ``runtime.batcher``,
+which joins live embedding requests into one engine call while their callers wait.
 
 Clients upload a JSONL file and create a batch for ``/v1/chat/completions``, ``/v1/completions`` or
 ``/v1/embeddings``; the service runs its lines through the router at low priority, only while the model's

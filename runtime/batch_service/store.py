@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from runtime.batches.lifecycle import ACTIVE, CANCELLABLE, Status, cancel_refusal, unfinished_line
-from runtime.batches.objects import BatchError, BatchRecord, FileRecord, error_line
-from runtime.batches.validate import Line
+from runtime.batch_service.lifecycle import ACTIVE, CANCELLABLE, Status, cancel_refusal, unfinished_line
+from runtime.batch_service.objects import BatchError, BatchRecord, FileRecord, error_line
+from runtime.batch_service.validate import Line
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.runtime.batches.harness import BatchStack
+from tests.runtime.batch_service.harness import BatchStack
 from tests.runtime.router.harness import Double, LoopThread
 
 

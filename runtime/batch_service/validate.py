@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.batches.objects import BatchError
+from runtime.batch_service.objects import BatchError
 
 #: Errors listed on a failed batch at most; the last entry says how many more lines had problems.
 MAX_ERRORS = 1000

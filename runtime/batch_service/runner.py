@@ -23,12 +23,12 @@ from typing import Any
 import aiohttp
 import orjson
 
-from runtime.batches import lifecycle, pacing
-from runtime.batches.blobs import BlobError, Blobs
-from runtime.batches.client import Answer, RouterClient
-from runtime.batches.lifecycle import Progress, Status, Step
-from runtime.batches.metrics import BatchMetrics
-from runtime.batches.objects import (
+from runtime.batch_service import lifecycle, pacing
+from runtime.batch_service.blobs import BlobError, Blobs
+from runtime.batch_service.client import Answer, RouterClient
+from runtime.batch_service.lifecycle import Progress, Status, Step
+from runtime.batch_service.metrics import BatchMetrics
+from runtime.batch_service.objects import (
     PURPOSE_OUTPUT,
     BatchError,
     BatchRecord,
@@ -38,8 +38,8 @@ from runtime.batches.objects import (
     response_line,
     result_file_id,
 )
-from runtime.batches.store import Db, Pending, Result, Store
-from runtime.batches.validate import check_file
+from runtime.batch_service.store import Db, Pending, Result, Store
+from runtime.batch_service.validate import check_file
 from runtime.config import BatchesSettings
 from runtime.http import error_body
 from runtime.upstream import UpstreamError
