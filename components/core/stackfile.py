@@ -47,6 +47,9 @@ class Stack:
     spec: PlatformSpec
     layout: Layout
     config: dict[str, Any]
+    judged: bool = False
+    """Read with the targets' profiles, so its cloud's rules ran too. A stack read without them (tests of other
+    rules) is judged again by the Pulumi program before anything is deployed."""
 
     @cached_property
     def decisions(self) -> Decisions:
@@ -96,7 +99,8 @@ def load(
             source, [Problem("config", f"missing the '{CONFIG_KEY}' key that holds the platform spec")]
         )
     spec, layout = validate(config[CONFIG_KEY], source, profiles)
-    return Stack(name=stack, source=source, spec=spec, layout=layout, config=config)
+    judged = profiles is not NO_PROFILES
+    return Stack(name=stack, source=source, spec=spec, layout=layout, config=config, judged=judged)
 
 
 def validate(

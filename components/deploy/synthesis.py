@@ -290,7 +290,7 @@ def _mock_config(stack: Stack) -> tuple[dict[str, str], list[str]]:
     return values, secret_keys
 
 
-def _run_program(decided: Decisions) -> None:
+def _run_program(decided: Decisions | None) -> None:
     program.run(decided)
 
 
@@ -303,7 +303,8 @@ def _current_loop() -> asyncio.AbstractEventLoop | None:
 
 def synthesize(stack: Stack) -> Synthesis:
     """Run the Pulumi program for ``stack`` under mocks and return every resource it registered. The program
-    reads the stack's decisions (``Stack.decisions``) rather than deciding again from the config it is given."""
+    reads the stack's decisions (``Stack.decisions``) rather than deciding again from the config it is given,
+    once the stack was judged against its target's cloud (``Stack.judged``); else the program judges it itself."""
     # A fresh event loop per synthesis, closed with its executor: the mock monitor runs in executor threads
     # that each open a loop, and those must end now, while their file descriptors are valid.
     loop = asyncio.new_event_loop()
@@ -320,7 +321,7 @@ def synthesize(stack: Stack) -> Synthesis:
         pulumi.runtime.set_all_config(values, secret_keys)
         SETTINGS.rpc_manager.clear()
         SETTINGS.outputs.clear()
-        decided = stack.decisions
+        decided = stack.decisions if stack.judged else None
         _sync_await(run_pulumi_func(lambda: _run_program(decided)))
     finally:
         loop.run_until_complete(loop.shutdown_default_executor())

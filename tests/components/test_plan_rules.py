@@ -53,7 +53,7 @@ def test_the_model_store_rules_are_the_targets_clouds() -> None:
         "model_store.reader_secret",
     ]
     assert OWN_CLUSTER.model_store_problems(eks) == []  # bucket named: what a cluster you bring asks for
-    own = PlatformSpec.model_validate({**minimal(), "target": "kubernetes"})
+    own = PlatformSpec.model_validate({**on_own_cluster(minimal()), "model_store": {}})
     [problem] = OWN_CLUSTER.model_store_problems(own)
     assert problem.path == "model_store.bucket" and "target kubernetes does not create" in problem.message
     assert OWN_CLUSTER.model_store_problems(PlatformSpec.model_validate(on_own_cluster(minimal()))) == []

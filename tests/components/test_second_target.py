@@ -18,7 +18,7 @@ from components.core.catalog import InstanceType
 from components.core.cloud import Endpoint, IngressClass, Profile
 from components.core.cost import LineItem
 from components.core.placement import Layout, PoolPlan
-from components.core.problems import SpecError
+from components.core.problems import Problem, SpecError
 from components.core.stackfile import load
 from components.deploy import synthesis as plan
 from components.kubernetes.cluster import ClusterAccess
@@ -67,6 +67,12 @@ class TinyCloud:
 
     def image_build(self, spec: PlatformSpec) -> str | None:
         return None
+
+    def model_store_problems(self, spec: PlatformSpec) -> list[Problem]:
+        """Its store must be named: the stack creates none here."""
+        return (
+            [] if spec.model_store.bucket else [Problem("model_store.bucket", "name the tiny store's bucket")]
+        )
 
 
 @dataclass(frozen=True)
