@@ -18,6 +18,7 @@ its error file as 403s). Mistakes in a request are 400s with the API's error bod
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -284,7 +285,8 @@ class BatchApi:
             )
             await writer.commit()  # the object first: a crash now leaves no id behind
         except BaseException:
-            await writer.abort()
+            # also when the client left and this task is cancelled: the cleanup runs to its end regardless
+            await asyncio.shield(writer.abort())
             raise
         await self.db(self.store.add_file, record, blob)
         return record
