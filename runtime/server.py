@@ -730,6 +730,8 @@ class Connection(asyncio.Protocol):
             late = now - self._write_paused_at > limits.idle_timeout_s  # the client stopped reading
         elif self._read_paused:
             late = False  # waiting on us, not on the client
+        elif self._incoming and self._req is not None and self._req.stream is not None:
+            late = now - self.last_active > limits.idle_timeout_s  # a streamed body that stopped coming
         elif self._head_started is not None and now - self._head_started > limits.head_timeout_s:
             late = True  # a request head that takes this long is trickled on purpose (slowloris)
         else:
