@@ -390,6 +390,40 @@ class LimitStore(_Strict):
         return self
 
 
+# What one client may hold of a service's HTTP listener (runtime/server.py): the same four fields in every
+# service that has one, each with its own default.
+MaxHeaderBytes = Annotated[
+    int,
+    Field(
+        ge=1024, description="Largest request head (request line and headers); beyond it 431, OpenAI-shaped."
+    ),
+]
+MaxHeaders = Annotated[
+    int, Field(ge=8, le=10_000, description="Most header fields one request may carry; beyond them 431.")
+]
+MaxConnections = Annotated[
+    int,
+    Field(
+        ge=1,
+        description=(
+            "Client connections held at once; past it a new connection's request is answered 503"
+            " (too_many_connections, Retry-After) and the connection closed."
+        ),
+    ),
+]
+RequestHeadTimeout = Annotated[
+    float,
+    Field(
+        gt=0,
+        le=300,
+        description=(
+            "Seconds a request head (request line and headers) may take to arrive, from a new connection's"
+            " start or a request's first byte; a client still sending it then is cut off (slowloris)."
+        ),
+    ),
+]
+
+
 class RouterSettings(_Strict):
     """The router's listener, limits and resilience knobs."""
 
@@ -413,11 +447,10 @@ class RouterSettings(_Strict):
         default=None, description="YAML list of ApiKey, mounted from a Kubernetes Secret; re-read on change."
     )
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    max_header_bytes: int = Field(
-        default=16 * 1024,
-        ge=1024,
-        description="Largest request head (request line and headers); beyond it 431, OpenAI-shaped.",
-    )
+    max_header_bytes: MaxHeaderBytes = 16 * 1024
+    max_headers: MaxHeaders = 100
+    max_connections: MaxConnections = 4096
+    request_head_timeout_s: RequestHeadTimeout = 10
     max_choices_per_request: int = Field(
         default=16,
         ge=1,
@@ -581,6 +614,10 @@ class BatcherSettings(_Strict):
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024, ge=1024, description="Largest request body; beyond it 413."
     )
+    max_header_bytes: MaxHeaderBytes = 16 * 1024
+    max_headers: MaxHeaders = 100
+    max_connections: MaxConnections = 1024
+    request_head_timeout_s: RequestHeadTimeout = 10
     connect_timeout_ms: int = Field(default=2_000, ge=1, description="Connect budget towards a replica.")
 
 
@@ -635,6 +672,12 @@ class BatchesSettings(_Strict):
     max_file_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, description="Largest file an upload may carry; beyond it 400."
     )
+    max_header_bytes: MaxHeaderBytes = 16 * 1024
+    max_headers: MaxHeaders = 100
+    max_connections: MaxConnections = Field(
+        default=256, description="Connections held at once (only routers call); past it 503 and closed."
+    )
+    request_head_timeout_s: RequestHeadTimeout = 10
     max_requests_per_batch: int = Field(default=50_000, ge=1, description="Lines of one batch input file.")
     max_inflight_per_replica: int = Field(
         default=2,
@@ -684,6 +727,13 @@ class PickerSettings(_Strict):
         default=9002, ge=1, le=65535, description="gRPC: ext_proc and gRPC health (the extension's EPP port)."
     )
     metrics_port: int = Field(default=9090, ge=1, le=65535, description="HTTP: /metrics, /healthz, /readyz.")
+    max_header_bytes: MaxHeaderBytes = 16 * 1024
+    max_headers: MaxHeaders = 100
+    max_connections: MaxConnections = Field(
+        default=64,
+        description="Connections the HTTP listener (metrics and probes) holds at once; past it 503.",
+    )
+    request_head_timeout_s: RequestHeadTimeout = 10
     body_mode: BodyMode = Field(
         default=BodyMode.FULL_DUPLEX_STREAMED,
         description=(

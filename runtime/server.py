@@ -1,14 +1,30 @@
 """A lean HTTP/1.1 server: asyncio protocol + httptools (llhttp) parser, nothing else.
 
-Shared by the router and the batcher. Why not aiohttp or an ASGI stack: the router's budget is
-~120 us of CPU per proxied request, and a bare aiohttp proxy already spends ~160 us (bench/README.md
-has the numbers). Per request this server does one C parse, one task, and one ``transport.write``
-per response (or per streamed chunk); there is no middleware chain, no request object graph and no
-header multidict.
+Shared by the router, the batch service, the batcher and the picker's metrics listener. Why not aiohttp
+or an ASGI stack: the router's budget is ~120 us of CPU per proxied request, and a bare aiohttp proxy
+already spends ~160 us (bench/README.md has the numbers). Per request this server does one C parse, one
+task, and one ``transport.write`` per response (or per streamed chunk); there is no middleware chain, no
+request object graph and no header multidict.
 
-Scope is deliberately small: keep-alive, Content-Length and chunked request bodies, a body size
-limit (413), chunked streaming responses with write back-pressure, and cancellation of the handler
-when the client goes away (which is how a disconnect reaches the engine).
+Scope is deliberately small: keep-alive, Content-Length and chunked request bodies, chunked streaming
+responses, and cancellation of the handler when the client goes away (which is how a disconnect reaches
+the engine). What one client may hold is bounded (:class:`Limits`):
+
+- the request head: its size and number of headers (431), and the time it may take to arrive (a client
+  trickling it byte by byte is cut off, however often it sends);
+- the body: a limit per request (413), checked at the head when the length is declared; a service's
+  ``head`` hook looks at each request head before any body byte is read, and may refuse it there (a
+  missing API key: 401), give its path a larger limit, or take its body as a stream (uploads), read by
+  the handler as it arrives with no more than :data:`STREAM_BUFFER_BYTES` held here;
+- the connection: requests sent ahead (pipelined) are not read while one is handled, and none is
+  started while the client is not reading its answers (``pause_writing``); answers to the client wait
+  when it reads slower than they are written; a client that stops reading is closed after the idle
+  timeout;
+- the listener: at most ``max_connections`` connections; past it a new connection's request is
+  answered 503 and the connection closed.
+
+A refusal before the body was read ends the connection; what the client still sends is drained for a
+moment (:data:`LINGER_BYTES`) so it reads the answer instead of a reset.
 """
 
 from __future__ import annotations
@@ -20,7 +36,8 @@ import socket
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 import httptools
 
@@ -30,11 +47,104 @@ log = logging.getLogger("inferstack.server")
 
 Headers = dict[bytes, bytes]
 
+#: Body bytes of a streamed request held for its handler before the client is read no further.
+STREAM_BUFFER_BYTES = 1 << 20
+#: Bytes drained (and dropped) after the last answer on a connection the client may still be sending on.
+LINGER_BYTES = 1 << 20
+#: Requests parsed ahead (pipelined) and waiting behind the one being handled; past it no more are read,
+#: the waiting ones are answered and the connection closes (the client retries the rest, RFC 9112 9.3.2).
+MAX_PIPELINED = 16
+
+DEFAULT_MAX_HEADER_BYTES = 16 * 1024
+DEFAULT_MAX_HEADERS = 100
+DEFAULT_HEAD_TIMEOUT_S = 10.0
+DEFAULT_IDLE_TIMEOUT_S = 75.0
+DEFAULT_MAX_CONNECTIONS = 1024
+
+
+class ListenerSettings(Protocol):
+    """The listener fields a service's settings carry (runtime/config.py)."""
+
+    @property
+    def max_header_bytes(self) -> int: ...
+    @property
+    def max_headers(self) -> int: ...
+    @property
+    def max_connections(self) -> int: ...
+    @property
+    def request_head_timeout_s(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one client may hold of the server."""
+
+    max_body_bytes: int
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_headers: int = DEFAULT_MAX_HEADERS
+    head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+
+    @classmethod
+    def of(
+        cls, s: ListenerSettings, max_body_bytes: int, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    ) -> Limits:
+        return cls(
+            max_body_bytes,
+            s.max_header_bytes,
+            s.max_headers,
+            s.request_head_timeout_s,
+            idle_timeout_s,
+            s.max_connections,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An answer given at the request head (a refusal), instead of calling the handler."""
+
+    status: int
+    body: bytes
+    extra: list[tuple[bytes, bytes]] | None = None
+
+    @classmethod
+    def error(
+        cls,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> Answer:
+        return cls(status, error_body(status, message, code=code, param=param), extra)
+
+
+#: ``Request.auth`` before a head hook looked at the request (a handler run without one checks itself).
+NOT_CHECKED: Any = object()
+
 
 class Request:
-    """One parsed request; header names are lower-case bytes."""
+    """One parsed request; header names are lower-case bytes.
 
-    __slots__ = ("body", "headers", "keep_alive", "method", "path", "query")
+    A head hook may raise ``max_body`` (a path that takes uploads), set ``streamed`` (the handler reads
+    ``stream`` as the body arrives, ``body`` stays empty) and keep what it learnt about the caller in
+    ``auth`` (the router: the key's principal)."""
+
+    __slots__ = (
+        "auth",
+        "body",
+        "headers",
+        "keep_alive",
+        "max_body",
+        "method",
+        "path",
+        "query",
+        "refusal",
+        "stream",
+        "streamed",
+    )
 
     def __init__(self, method: bytes, path: bytes, query: bytes, headers: Headers, body: bytes) -> None:
         self.method = method
@@ -43,19 +153,105 @@ class Request:
         self.headers = headers
         self.body = body
         self.keep_alive = True
+        self.max_body = 0
+        self.streamed = False
+        self.stream: Body | None = None
+        self.refusal: Answer | None = None
+        self.auth: Any = NOT_CHECKED
 
 
-class _HeadTooLargeError(Exception):
-    """Raised inside the parser's callbacks: the request head is over the limit (answered 431)."""
+class _HeadRefusedError(Exception):
+    """Raised inside the parser's callbacks: the request head is over a limit (answered 431)."""
+
+
+class _StopParsingError(Exception):
+    """Raised inside the parser's callbacks: nothing more is read from this connection."""
 
 
 class ClientGoneError(Exception):
     """The client closed the connection; whatever we were doing for it can stop."""
 
 
+class BodyError(Exception):
+    """A streamed body cannot be read to its end: too large (413) or malformed (400)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    def body(self) -> bytes:
+        return error_body(self.status, self.message)
+
+
+class Body:
+    """A request body its handler reads as it arrives (``async for chunk in req.stream``). No more than
+    :data:`STREAM_BUFFER_BYTES` wait here: past that the connection stops reading until the handler
+    catches up. Raises :class:`BodyError` past the request's limit, :class:`ClientGoneError` when the
+    client leaves half-way."""
+
+    __slots__ = ("_chunks", "_conn", "_error", "_waiter", "buffered", "done", "received")
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._chunks: deque[bytes] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: Exception | None = None
+        self.buffered = 0
+        self.received = 0
+        self.done = False
+
+    def __aiter__(self) -> Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        data = await self.read()
+        if not data:
+            raise StopAsyncIteration
+        return data
+
+    async def read(self) -> bytes:
+        """The next piece of the body; b"" at its end."""
+        while not self._chunks:
+            if self._error is not None:
+                raise self._error
+            if self.done:
+                return b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        data = self._chunks.popleft()
+        self.buffered -= len(data)
+        self._conn._flow()
+        return data
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self.buffered += len(data)
+        self.received += len(data)
+        self._wake()
+
+    def _finish(self) -> None:
+        self.done = True
+        self._wake()
+
+    def _fail(self, error: Exception) -> None:
+        if not self.done and self._error is None:
+            self._chunks.clear()
+            self.buffered = 0
+            self._error = error
+            self._wake()
+
+
 Handler = Callable[[Request, "Connection"], Awaitable[None]]
-#: The body limit for a request target, when some paths take larger bodies than the rest (uploads).
-BodyLimit = Callable[[bytes], int]
+#: Looks at a request head before its body is read: a refusal to answer instead, or None to go on.
+Head = Callable[[Request], Answer | None]
 
 
 _STATUS_LINES: dict[int, bytes] = {}
@@ -79,40 +275,52 @@ def _head(status: int, headers: list[tuple[bytes, bytes]], tail: bytes) -> bytes
     return b"".join(lines)
 
 
+def _too_large(limit: int) -> Answer:
+    return Answer.error(413, f"request body exceeds {limit} bytes")
+
+
 class Connection(asyncio.Protocol):
     """One client connection; requests on it are handled one at a time, in order."""
 
-    def __init__(
-        self,
-        handler: Handler,
-        max_body_bytes: int,
-        connections: set[Connection],
-        max_header_bytes: int | None = None,
-        body_limit: BodyLimit | None = None,
-    ) -> None:
-        self._handler = handler
-        self._default_max_body = self._max_body = max_body_bytes
-        self._body_limit = body_limit
-        self._max_head = max_header_bytes
+    def __init__(self, server: Server) -> None:
+        limits = server.limits
+        self._server = server
+        self._handler = server.handler
+        self._head_hook = server.head
+        self._max_body = limits.max_body_bytes
+        self._max_head = limits.max_header_bytes
+        self._max_headers = limits.max_headers
         self._head_bytes = 0
-        self._connections = connections
+        self._header_count = 0
         self._transport: asyncio.Transport | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._url = b""
         self._headers: Headers = {}
+        self._req: Request | None = None  # the request being received, once its head was accepted
         self._body: list[bytes] = []
         self._body_len = 0
-        self._too_large = False
+        self._discard = False  # the body being received is not wanted (refused, or over the limit)
+        self._incoming = False  # inside a request (its first byte arrived, its end not yet)
         self._pending: deque[Request] = deque()
+        self._current: Request | None = None
         self._task: asyncio.Task[None] | None = None
         self._drain: asyncio.Future[None] | None = None
-        self._paused = False
+        self._write_paused = False
+        self._write_paused_at = 0.0
+        self._read_paused = False
+        self._no_more = False  # no further request is read on this connection
+        self._parser_dead = False
+        self._linger_at: float | None = None
+        self._lingered = 0
+        self._refuse_all: Answer | None = None  # over the connection cap: every request gets this
+        self._admitted = False
         self.closed = False
         self.idle = True  # no request in flight (graceful shutdown closes idle connections at once)
         self._chunked = False
         self._keep_alive = True
         self._head_only = False
         self.last_active = time.monotonic()
+        self._head_started: float | None = self.last_active  # the deadline for the request head runs
 
     # --- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -121,123 +329,264 @@ class Connection(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # asyncio and uvloop both set this today; a streamed token must never wait for an ACK
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._connections.add(self)
+        server = self._server
+        if server.admitted < server.limits.max_connections:
+            server.admitted += 1
+            self._admitted = True
+        elif server.overflow < max(8, server.limits.max_connections // 8):
+            server.overflow += 1  # read its request head, answer 503, close
+            self._refuse_all = Answer.error(
+                503,
+                f"the server holds its maximum of {server.limits.max_connections} connections; retry later",
+                code="too_many_connections",
+                extra=[(b"retry-after", b"1")],
+            )
+        else:
+            self.closed = True  # far past the cap: not even an answer
+            transport.close()
+            return
+        server.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
         self.last_active = time.monotonic()
+        if self._linger_at is not None:
+            self._lingered += len(data)
+            if self._lingered > LINGER_BYTES:
+                self.close()
+            return
+        if self._parser_dead or self.closed:
+            return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._reject(400, "protocol upgrades are not supported")
+            self._fail_request(400, "protocol upgrades are not supported")
         except httptools.HttpParserCallbackError as err:
-            if isinstance(err.__context__, _HeadTooLargeError):
-                self._reject(431, f"request line and headers exceed {self._max_head} bytes")
+            cause = err.__context__
+            if isinstance(cause, _StopParsingError):
+                self._parser_dead = True
+            elif isinstance(cause, _HeadRefusedError):
+                self._fail_request(431, str(cause))
             else:
-                self._reject(400, "malformed HTTP request")
+                log.error("request parsing failed", exc_info=cause)
+                self._fail_request(400, "malformed HTTP request")
         except httptools.HttpParserError:
-            self._reject(400, "malformed HTTP request")
-        if self._too_large and self._task is None and not self.closed:
-            # answer an oversized body at once instead of reading all of it first
-            self._reject(413, f"request body exceeds {self._max_body} bytes")
+            self._fail_request(400, "malformed HTTP request")
+
+    def eof_received(self) -> bool | None:
+        if self._req is not None and self._req.stream is not None:
+            self._req.stream._fail(ClientGoneError())
+        return None  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        server = self._server
+        if self in server.connections:
+            if self._admitted:
+                server.admitted -= 1
+            elif self._refuse_all is not None:
+                server.overflow -= 1
+            server.connections.discard(self)
         self.closed = True
-        self._connections.discard(self)
+        if self._req is not None and self._req.stream is not None:
+            self._req.stream._fail(ClientGoneError())
         if self._task is not None and not self._task.done():
             self._task.cancel()
         if self._drain is not None and not self._drain.done():
             self._drain.set_exception(ClientGoneError())
 
     def pause_writing(self) -> None:
-        self._paused = True
+        self._write_paused = True
+        self._write_paused_at = time.monotonic()
+        self._flow()
 
     def resume_writing(self) -> None:
-        self._paused = False
+        self._write_paused = False
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
         self._drain = None
+        if self._task is None:
+            self._next()  # requests that waited for the client to read its answers
+        self._flow()
+
+    # --- flow control ----------------------------------------------------------------------------
+    def _flow(self) -> None:
+        """Read from the client only while it is useful: not while it does not read its answers, not
+        ahead of the request being handled (pipelining), not faster than a streamed body is consumed."""
+        transport = self._transport
+        if transport is None or self.closed:
+            return
+        if self._linger_at is not None:
+            pause = False
+        else:
+            req = self._req
+            pause = (
+                self._write_paused
+                or self._no_more
+                or bool(self._pending)
+                or (self._task is not None and self._incoming and req is not self._current)
+                or (req is not None and req.stream is not None and req.stream.buffered >= STREAM_BUFFER_BYTES)
+            )
+        if pause != self._read_paused:
+            self._read_paused = pause
+            if pause:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+                if self._head_started is not None:
+                    self._head_started = time.monotonic()  # a head's deadline runs only while it is read
 
     # --- httptools callbacks ---------------------------------------------------------------------
     def on_message_begin(self) -> None:
-        self._max_body = self._default_max_body
-        self._head_bytes = 0
+        if self._no_more or self.closed:
+            raise _StopParsingError
+        self._incoming = True
         self._url = b""
         self._headers = {}
+        self._head_bytes = 0
+        self._header_count = 0
         self._body = []
         self._body_len = 0
-        self._too_large = False
+        self._discard = False
+        self._req = None
+        if self._head_started is None:
+            self._head_started = self.last_active
+        if self._task is not None:
+            self._flow()  # pipelined: read no further until the request in flight is answered
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._count_head(len(url))
+        self._head_bytes += len(url)
+        if self._head_bytes > self._max_head:
+            raise _HeadRefusedError(f"request line and headers exceed {self._max_head} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.lower()] = value
-        n = self._head_bytes = self._head_bytes + len(name) + len(value) + 4  # _count_head, inlined (hot)
-        if self._max_head is not None and n > self._max_head:
-            raise _HeadTooLargeError
-
-    def _count_head(self, n: int) -> None:
-        self._head_bytes += n
-        if self._max_head is not None and self._head_bytes > self._max_head:
-            raise _HeadTooLargeError
+        n = self._head_bytes = self._head_bytes + len(name) + len(value) + 4
+        c = self._header_count = self._header_count + 1
+        if n > self._max_head:
+            raise _HeadRefusedError(f"request line and headers exceed {self._max_head} bytes")
+        if c > self._max_headers:
+            raise _HeadRefusedError(f"a request may carry at most {self._max_headers} headers")
 
     def on_headers_complete(self) -> None:
-        if self._body_limit is not None:
-            self._max_body = self._body_limit(self._url)
-        length = self._headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self._max_body:
-            self._too_large = True
-        elif self._headers.get(b"expect", b"").lower() == b"100-continue" and self._transport is not None:
-            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits 1 s for this otherwise
-
-    def on_body(self, body: bytes) -> None:
-        if self._too_large:
-            return
-        self._body_len += len(body)
-        if self._body_len > self._max_body:
-            self._too_large = True
-            self._body = []
-            return
-        self._body.append(body)
-
-    def on_message_complete(self) -> None:
+        self._head_started = None
         url = self._url
         qpos = url.find(b"?")
         path, query = (url, b"") if qpos < 0 else (url[:qpos], url[qpos + 1 :])
-        method: bytes = self._parser.get_method()
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        req = Request(method, path, query, self._headers, body)
+        headers = self._headers
+        req = Request(self._parser.get_method(), path, query, headers, b"")
         req.keep_alive = bool(self._parser.should_keep_alive())
-        if self._too_large:
-            req.keep_alive = False
-            req.path = b"\x00too-large"  # answered by the dispatcher without calling the handler
-        self._pending.append(req)
-        if self._task is None:
-            self._next()
+        req.max_body = self._max_body
+        refusal = self._refuse_all
+        if refusal is None and self._head_hook is not None:
+            try:
+                refusal = self._head_hook(req)
+            except Exception:  # a bug must cost one request, not the connection
+                log.exception("head check failed")
+                refusal = Answer.error(500, "internal server error")
+        length = headers.get(b"content-length")
+        if refusal is None and length is not None and length.isdigit() and int(length) > req.max_body:
+            refusal = _too_large(req.max_body)
+        if refusal is not None:
+            req.refusal = refusal
+            self._discard = True
+            if self._refuse_all is not None or b"transfer-encoding" in headers or length not in (None, b"0"):
+                req.keep_alive = False  # its body is not read: the connection ends after the answer
+            self._queue(req)
+            return
+        self._req = req
+        transport = self._transport
+        waits = self._task is not None or bool(self._pending)
+        if not waits and transport is not None and headers.get(b"expect", b"").lower() == b"100-continue":
+            transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits 1 s for this otherwise
+        if req.streamed:
+            req.stream = Body(self)
+            self._queue(req)  # its handler starts now and reads the body as it comes
+
+    def on_body(self, body: bytes) -> None:
+        if self._discard:
+            return
+        req = self._req
+        assert req is not None
+        n = self._body_len = self._body_len + len(body)
+        if n > req.max_body:
+            self._discard = True
+            self._body = []
+            if req.stream is not None:
+                req.stream._fail(BodyError(413, f"request body exceeds {req.max_body} bytes"))
+            else:
+                req.refusal = _too_large(req.max_body)
+                req.keep_alive = False
+                self._queue(req)
+            return
+        stream = req.stream
+        if stream is None:
+            self._body.append(body)
+        else:
+            stream._feed(body)
+            if stream.buffered >= STREAM_BUFFER_BYTES:
+                self._flow()
+
+    def on_message_complete(self) -> None:
+        self._incoming = False
+        req = self._req
+        self._req = None
+        if self._discard or req is None:
+            return
+        if req.stream is not None:
+            req.stream._finish()
+            return
+        body = self._body
+        req.body = body[0] if len(body) == 1 else b"".join(body)
+        self._queue(req)
 
     # --- request dispatch ------------------------------------------------------------------------
+    def _queue(self, req: Request) -> None:
+        if not req.keep_alive:
+            self._no_more = True
+        pending = self._pending
+        pending.append(req)
+        if self._task is None:
+            self._next()
+        elif len(pending) >= MAX_PIPELINED and not self._no_more:
+            self._no_more = True
+            pending[-1].keep_alive = False
+            self._flow()
+
     def _next(self) -> None:
-        if self.closed or not self._pending:
-            self._task = None
-            self.idle = True
-            return
-        self.idle = False
-        req = self._pending.popleft()
-        self._keep_alive = req.keep_alive
-        self._head_only = req.method == b"HEAD"
-        self._chunked = False
-        if req.path == b"\x00too-large":
-            self.send(413, error_body(413, f"request body exceeds {self._max_body} bytes"))
-            self._task = None
-            return
+        """Start the next request, unless none waits or the client is not reading its answers."""
+        self._current = None
+        while True:
+            if self.closed or not self._pending or self._write_paused:
+                self._task = None
+                self._current = None
+                self.idle = not self._pending
+                self._flow()
+                return
+            self.idle = False
+            req = self._pending.popleft()
+            self._keep_alive = req.keep_alive
+            self._head_only = req.method == b"HEAD"
+            self._chunked = False
+            refusal = req.refusal
+            if refusal is None:
+                break
+            self.send(refusal.status, refusal.body, extra=refusal.extra)
+        self._current = req
         self._task = asyncio.get_running_loop().create_task(self._run(req))
+        if self._pending or self._incoming:
+            self._flow()
 
     async def _run(self, req: Request) -> None:
         try:
             await self._handler(req, self)
         except (asyncio.CancelledError, ClientGoneError):
             return
+        except BodyError as err:  # a streamed body over its limit or malformed, not caught by the handler
+            if not self.closed:
+                if self._chunked:
+                    self.close()
+                    return
+                self.send(err.status, err.body())
         except Exception:  # a bug must cost one request, not the connection
             log.exception("handler failed")
             if not self.closed:
@@ -248,11 +597,30 @@ class Connection(asyncio.Protocol):
         self._task = None
         self._next()
 
-    def _reject(self, status: int, message: str) -> None:
-        self._keep_alive = False
-        self.send(status, error_body(status, message))
+    def _fail_request(self, status: int, message: str) -> None:
+        """The client sent what cannot be read on (malformed, too large a head): answer it, in turn, and close."""
+        self._parser_dead = True
+        req = self._req
+        if req is not None and req.stream is not None and not req.stream.done:
+            req.stream._fail(BodyError(status, message))  # its handler answers
+            self._no_more = True
+            self._flow()
+            return
+        failed = Request(b"", b"", b"", {}, b"")
+        failed.keep_alive = False
+        failed.refusal = Answer.error(status, message)
+        self._queue(failed)
 
     # --- responses -------------------------------------------------------------------------------
+    def _answering(self) -> None:
+        """An answer starts: one given before its streamed body was read to the end ends the connection."""
+        current = self._current
+        if current is not None and current.stream is not None and not current.stream.done:
+            self._keep_alive = False
+            self._no_more = True
+            self._discard = True
+            self._body = []
+
     def send(
         self,
         status: int,
@@ -263,6 +631,8 @@ class Connection(asyncio.Protocol):
         """A complete response in one write."""
         if self.closed or self._transport is None:
             return
+        if self._current is not None and self._current.stream is not None:
+            self._answering()
         head = b"%bcontent-type: %b\r\ncontent-length: %d\r\n" % (
             _status_line(status),
             content_type,
@@ -274,12 +644,14 @@ class Connection(asyncio.Protocol):
             head += b"connection: close\r\n"
         self._transport.write(head + b"\r\n" + (b"" if self._head_only else body))
         if not self._keep_alive:
-            self.close()
+            self._end()
 
     def start(self, status: int, headers: list[tuple[bytes, bytes]], first: bytes = b"") -> None:
         """Begin a chunked response (streams); ``first`` is sent as the first chunk in the same write."""
         if self.closed or self._transport is None:
             raise ClientGoneError
+        if self._current is not None and self._current.stream is not None:
+            self._answering()
         self._chunked = True
         hs = [*headers, (b"transfer-encoding", b"chunked")]
         if not self._keep_alive:
@@ -295,6 +667,8 @@ class Connection(asyncio.Protocol):
         """Begin a response of known length whose body follows in pieces (large engine answers)."""
         if self.closed or self._transport is None:
             raise ClientGoneError
+        if self._current is not None and self._current.stream is not None:
+            self._answering()
         hs = [*headers, (b"content-length", b"%d" % length)]
         if not self._keep_alive:
             hs.append((b"connection", b"close"))
@@ -307,7 +681,7 @@ class Connection(asyncio.Protocol):
             raise ClientGoneError
         if data:
             self._transport.write(data)
-        if self._paused:
+        if self._write_paused:
             loop = asyncio.get_running_loop()
             self._drain = loop.create_future()
             await self._drain
@@ -315,7 +689,7 @@ class Connection(asyncio.Protocol):
     def end_sized(self) -> None:
         self._chunked = False
         if not self._keep_alive:
-            self.close()
+            self._end()
 
     def end(self) -> None:
         """Finish a chunked response."""
@@ -324,12 +698,47 @@ class Connection(asyncio.Protocol):
         self._transport.write(b"0\r\n\r\n")
         self._chunked = False
         if not self._keep_alive:
+            self._end()
+
+    def _end(self) -> None:
+        """The last answer on this connection is written. Closing with unread bytes would reset the
+        connection, and the client could lose the answer: when it may still be sending, say we are done
+        (FIN) and drop what it sends until it closes, :data:`LINGER_BYTES` or the head timeout, whichever
+        comes first."""
+        transport = self._transport
+        if transport is None or self.closed:
+            return
+        if not (self._incoming or self._parser_dead) or not transport.can_write_eof():
             self.close()
+            return
+        self._linger_at = time.monotonic()
+        self._pending.clear()
+        transport.write_eof()
+        self._flow()
 
     def close(self) -> None:
         if self._transport is not None and not self.closed:
             self._transport.close()
         self.closed = True
+
+    def expire(self, now: float) -> bool:
+        """Close this connection if it has been silent, slow or stuck for too long; True if it was."""
+        limits = self._server.limits
+        if self._linger_at is not None:
+            late = now - self._linger_at > limits.head_timeout_s
+        elif self._write_paused:
+            late = now - self._write_paused_at > limits.idle_timeout_s  # the client stopped reading
+        elif self._read_paused:
+            late = False  # waiting on us, not on the client
+        elif self._incoming and self._req is not None and self._req.stream is not None:
+            late = now - self.last_active > limits.idle_timeout_s  # a streamed body that stopped coming
+        elif self._head_started is not None and now - self._head_started > limits.head_timeout_s:
+            late = True  # a request head that takes this long is trickled on purpose (slowloris)
+        else:
+            late = self._task is None and now - self.last_active > limits.idle_timeout_s
+        if late:
+            self.close()
+        return late
 
     def idle_for(self, now: float) -> float:
         """Seconds since the client last sent anything, or 0 while a request is being handled."""
@@ -344,29 +753,24 @@ class Connection(asyncio.Protocol):
 class Server:
     """The listener; :meth:`shutdown` stops accepting and closes connections as they go idle."""
 
-    def __init__(
-        self,
-        handler: Handler,
-        max_body_bytes: int,
-        idle_timeout_s: float = 75.0,
-        max_header_bytes: int | None = None,
-        body_limit: BodyLimit | None = None,
-    ) -> None:
+    def __init__(self, handler: Handler, limits: Limits | int, head: Head | None = None) -> None:
         self.handler = handler
-        self.max_body_bytes = max_body_bytes
-        self.max_header_bytes = max_header_bytes
-        self.body_limit = body_limit
-        self.idle_timeout_s = idle_timeout_s
+        self.limits = limits if isinstance(limits, Limits) else Limits(limits)
+        self.head = head
         self.connections: set[Connection] = set()
+        self.admitted = 0
+        self.overflow = 0
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.limits.max_body_bytes
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: Connection(
-                self.handler, self.max_body_bytes, self.connections, self.max_header_bytes, self.body_limit
-            ),
+            lambda: Connection(self),
             host,
             port,
             backlog=2048,
@@ -378,20 +782,16 @@ class Server:
 
     async def _sweep(self) -> None:
         """Close connections that went silent with nothing in flight (abandoned keep-alives, or
-        clients that stopped half-way through a request): one pass every few seconds, no timer per
-        connection on the hot path."""
-        period = min(5.0, self.idle_timeout_s / 2)
+        clients that stopped half-way through a request), that trickle a request head, or that stopped
+        reading: one pass every few seconds, no timer per connection on the hot path."""
+        limits = self.limits
+        period = min(5.0, limits.idle_timeout_s / 2, limits.head_timeout_s / 2)
         while True:
             await asyncio.sleep(period)
             self.close_silent(time.monotonic())
 
     def close_silent(self, now: float) -> int:
-        closed = 0
-        for conn in list(self.connections):
-            if conn.idle_for(now) > self.idle_timeout_s:
-                conn.close()
-                closed += 1
-        return closed
+        return sum(conn.expire(now) for conn in list(self.connections))
 
     async def stop_accepting(self) -> None:
         if self._sweeper is not None:

@@ -47,6 +47,7 @@ class _Conn(asyncio.Protocol):
         "keep_alive",
         "status",
         "transport",
+        "write_paused",
     )
 
     def __init__(self) -> None:
@@ -64,6 +65,7 @@ class _Conn(asyncio.Protocol):
         self.keep_alive = True
         self.got_bytes = False
         self.error: UpstreamError | None = None
+        self.write_paused = False
 
     def reset(self) -> None:
         self._parser = httptools.HttpResponseParser(self)
@@ -94,6 +96,13 @@ class _Conn(asyncio.Protocol):
             self.keep_alive = False
             if self.transport is not None:
                 self.transport.close()
+        self._wake()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
         self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -262,6 +271,26 @@ class Exchange:
         assert conn.transport is not None
         conn.transport.write(request)
         return cls(pool, conn, request, reused, connect_timeout_s)
+
+    @classmethod
+    async def open_streaming(cls, pool: Pool, head: bytes, connect_timeout_s: float) -> Exchange:
+        """Send a request head whose body follows in pieces (:meth:`send`), on a new connection: a body
+        sent in part cannot be sent again on another if a pooled one turns out closed."""
+        conn = await pool._connect(connect_timeout_s)
+        assert conn.transport is not None
+        conn.transport.write(head)
+        return cls(pool, conn, b"", False, connect_timeout_s)
+
+    async def send(self, data: bytes, timeout_s: float) -> bool:
+        """More of the request body; waits while the peer reads slower than we write. False when the peer
+        answered (or failed) already and wants no more of it."""
+        conn = self._conn
+        if conn.headers_done or conn.error is not None or conn.closed or conn.transport is None:
+            return False
+        conn.transport.write(data)
+        while conn.write_paused and not conn.headers_done and conn.error is None:
+            await conn.wait(timeout_s, "progress reading the request body")
+        return not conn.headers_done and conn.error is None
 
     @classmethod
     async def complete(

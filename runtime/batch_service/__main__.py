@@ -13,14 +13,14 @@ import contextlib
 import logging
 from pathlib import Path
 
-from runtime.batch_service.api import BatchApi
+from runtime.batch_service.api import API_BODY_BYTES, BatchApi
 from runtime.batch_service.blobs import BlobError, open_blobs
 from runtime.batch_service.client import RouterClient
 from runtime.batch_service.metrics import BatchMetrics
 from runtime.batch_service.runner import Runner
 from runtime.batch_service.store import Db, Store
 from runtime.config import BatchesSettings, RuntimeConfig
-from runtime.server import Server
+from runtime.server import Limits, Server
 from runtime.service import command_line, exit_bad_config, new_event_loop, stop_on_signals
 
 log = logging.getLogger("inferstack.batches")
@@ -50,8 +50,9 @@ def api_key(s: BatchesSettings, path: Path) -> str | None:
 
 
 async def serve(api: BatchApi, runner: Runner, host: str, port: int, metrics_port: int | None) -> None:
-    server = Server(api.handle, api.max_body_bytes)
-    ops = Server(api.handle_ops, 1024) if metrics_port is not None else None
+    s = api.settings
+    server = Server(api.handle, Limits.of(s, API_BODY_BYTES), head=api.head)
+    ops = Server(api.handle_ops, Limits.of(s, 1024)) if metrics_port is not None else None
     work = asyncio.create_task(runner.run())
     bound = await server.start(host, port)
     if ops is not None and metrics_port is not None:

@@ -18,15 +18,17 @@ its error file as 403s). Mistakes in a request are 400s with the API's error bod
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
 
 from runtime.batch_service import multipart
-from runtime.batch_service.blobs import BlobError, Blobs
+from runtime.batch_service.blobs import BlobError, Blobs, BlobWriter
 from runtime.batch_service.lifecycle import Status
 from runtime.batch_service.metrics import BatchMetrics
 from runtime.batch_service.objects import (
@@ -55,16 +57,29 @@ from runtime.http import (
     error_body,
     metrics_payload,
 )
-from runtime.server import Connection, Request
+from runtime.server import Answer, BodyError, Connection, Request
 
 log = logging.getLogger("inferstack.batches")
 
-#: Multipart framing around an upload, on top of the file itself (the server's body limit allows it).
+#: Multipart framing and form fields around an upload, on top of the file itself (the server's body limit
+#: allows it).
 UPLOAD_SLACK_BYTES = 64 * 1024
+#: The body of any other call (a batch's JSON).
+API_BODY_BYTES = 1 << 20
 #: An upload's own expiry: 1 hour to 30 days after creation (the API's bounds).
 EXPIRY_BOUNDS_S = (3600, 2_592_000)
 READY_CACHE_S = 10.0
 _JSON = b"application/json"
+
+
+async def _pieces(req: Request) -> AsyncIterator[bytes]:
+    """The body as it arrives (streamed), or whole (read already)."""
+    if req.stream is None:
+        if req.body:
+            yield req.body
+        return
+    async for piece in req.stream:
+        yield piece
 
 
 class ApiError(Exception):
@@ -130,7 +145,15 @@ class BatchApi:
 
     @property
     def max_body_bytes(self) -> int:
+        """An upload's body: the largest file and its form."""
         return self.settings.max_file_bytes + UPLOAD_SLACK_BYTES
+
+    def head(self, req: Request) -> Answer | None:
+        """An upload's body is taken as it arrives (written to the file store, never held whole)."""
+        if req.method == b"POST" and req.path.rstrip(b"/") == b"/v1/files":
+            req.max_body = self.max_body_bytes
+            req.streamed = True
+        return None
 
     async def handle(self, req: Request, conn: Connection) -> None:
         self.inflight += 1
@@ -229,64 +252,106 @@ class BatchApi:
         raise ApiError(404, f"no route for {method.decode('latin-1')} {req.path.decode('latin-1')[:100]}")
 
     async def upload(self, req: Request, owner: str) -> FileRecord:
+        """The form's file goes to the store as it arrives, under a running size limit; on any refusal
+        what was written is removed."""
+        record_id = new_file_id()
+        blob = f"files/{record_id}"
+        writer = self.blobs.writer(blob)
         try:
-            form = multipart.fields(multipart.parse(req.headers.get(b"content-type", b""), req.body))
-        except multipart.MultipartError as err:
-            raise _bad(f"upload: {err}") from None
-        purpose_part = form.get("purpose")
-        if purpose_part is None:
-            raise _bad("`purpose` is required", "purpose", "missing_required_parameter")
-        purpose = purpose_part.data.decode("utf-8", "replace")
-        if purpose != PURPOSE_INPUT:
-            raise _bad(
-                f"purpose {purpose!r} is not supported here: this service keeps batch input files"
-                f" (purpose {PURPOSE_INPUT!r})",
-                "purpose",
-                "invalid_value",
-            )
-        file = form.get("file")
-        if file is None:
-            raise _bad("`file` is required", "file", "missing_required_parameter")
-        limit = self.settings.max_file_bytes
-        if len(file.data) > limit:
-            raise _bad(
-                f"the file is {len(file.data):,} bytes; files may be at most {limit:,} bytes",
-                "file",
-                "file_too_large",
-            )
-        now = int(time.time())
-        expires = now + self.settings.file_ttl_s
-        seconds = form.get("expires_after[seconds]")
-        if seconds is not None:
-            anchor = form.get("expires_after[anchor]")
-            if anchor is None or anchor.data != b"created_at":
+            form, size, filename = await self._receive(req, writer)
+            purpose = form.get("purpose")
+            if purpose is None:
+                raise _bad("`purpose` is required", "purpose", "missing_required_parameter")
+            purpose_text = purpose.decode("utf-8", "replace")
+            if purpose_text != PURPOSE_INPUT:
                 raise _bad(
-                    "`expires_after.anchor` must be 'created_at'", "expires_after.anchor", "invalid_value"
-                )
-            try:
-                ttl = int(seconds.data)
-            except ValueError:
-                ttl = -1
-            if not EXPIRY_BOUNDS_S[0] <= ttl <= EXPIRY_BOUNDS_S[1]:
-                raise _bad(
-                    f"`expires_after.seconds` must be between {EXPIRY_BOUNDS_S[0]} and {EXPIRY_BOUNDS_S[1]}",
-                    "expires_after.seconds",
+                    f"purpose {purpose_text!r} is not supported here: this service keeps batch input files"
+                    f" (purpose {PURPOSE_INPUT!r})",
+                    "purpose",
                     "invalid_value",
                 )
-            expires = now + ttl
-        record = FileRecord(
-            id=new_file_id(),
-            owner=owner,
-            filename=(file.filename or "upload.jsonl")[:255],
-            purpose=purpose,
-            bytes=len(file.data),
-            created_at=now,
-            expires_at=expires,
-        )
-        blob = f"files/{record.id}"
-        await self.blobs.put_bytes(blob, file.data)  # the object first: a crash now leaves no id behind
+            if filename is None:
+                raise _bad("`file` is required", "file", "missing_required_parameter")
+            now = int(time.time())
+            expires = now + self._ttl(form)
+            record = FileRecord(
+                id=record_id,
+                owner=owner,
+                filename=(filename or "upload.jsonl")[:255],
+                purpose=purpose_text,
+                bytes=size,
+                created_at=now,
+                expires_at=expires,
+            )
+            await writer.commit()  # the object first: a crash now leaves no id behind
+        except BaseException:
+            # also when the client left and this task is cancelled: the cleanup runs to its end regardless
+            await asyncio.shield(writer.abort())
+            raise
         await self.db(self.store.add_file, record, blob)
         return record
+
+    async def _receive(self, req: Request, writer: BlobWriter) -> tuple[dict[str, bytes], int, str | None]:
+        """Read the form: its fields (small, held) and its file (written). -> fields, file size, file name
+        (None: no file part)."""
+        try:
+            parser = multipart.Parser(multipart.boundary(req.headers.get(b"content-type", b"")))
+        except multipart.MultipartError as err:
+            raise _bad(f"upload: {err}") from None
+        limit = self.settings.max_file_bytes
+        form: dict[str, bytes] = {}
+        held = size = 0
+        filename: str | None = None
+        into: str | None = None  # the field being read; "" the file; None a part we skip (a repeated name)
+        try:
+            async for piece in _pieces(req):
+                for event in parser.feed(piece):
+                    if isinstance(event, multipart.PartHead):
+                        if event.name == "file" and filename is None:
+                            filename, into = event.filename or "", ""
+                        elif event.name != "file" and event.name not in form:
+                            form[event.name], into = b"", event.name
+                        else:
+                            into = None  # a repeated name keeps the first
+                    elif into == "":
+                        size += len(event)
+                        if size > limit:
+                            raise _bad(
+                                f"the file is over {limit:,} bytes; files may be at most {limit:,} bytes",
+                                "file",
+                                "file_too_large",
+                            )
+                        await writer.write(event)
+                    elif into is not None:
+                        held += len(event)
+                        if held > UPLOAD_SLACK_BYTES:
+                            raise _bad(f"upload: the form's fields exceed {UPLOAD_SLACK_BYTES} bytes")
+                        form[into] += event
+            parser.close()
+        except multipart.MultipartError as err:
+            raise _bad(f"upload: {err}") from None
+        except BodyError as err:
+            raise ApiError(err.status, err.message) from None
+        return form, size, filename
+
+    def _ttl(self, form: dict[str, bytes]) -> int:
+        """``expires_after`` of the form, in seconds, or the service's default."""
+        seconds = form.get("expires_after[seconds]")
+        if seconds is None:
+            return self.settings.file_ttl_s
+        if form.get("expires_after[anchor]") != b"created_at":
+            raise _bad("`expires_after.anchor` must be 'created_at'", "expires_after.anchor", "invalid_value")
+        try:
+            ttl = int(seconds)
+        except ValueError:
+            ttl = -1
+        if not EXPIRY_BOUNDS_S[0] <= ttl <= EXPIRY_BOUNDS_S[1]:
+            raise _bad(
+                f"`expires_after.seconds` must be between {EXPIRY_BOUNDS_S[0]} and {EXPIRY_BOUNDS_S[1]}",
+                "expires_after.seconds",
+                "invalid_value",
+            )
+        return ttl
 
     async def list_files(self, req: Request, owner: str) -> dict[str, Any]:
         query = parse_qs(req.query.decode("latin-1"))

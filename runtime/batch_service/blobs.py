@@ -1,8 +1,10 @@
 """Where file contents live: a directory (``make local``, a cluster you bring) or an S3 prefix (EKS).
 
-Both write whole objects atomically (a temporary file renamed into place, fsynced; an S3 PUT), so a
-crash leaves an object either absent or complete, and writing the same key twice leaves the second
-copy. Blocking calls run in threads; the event loop never waits on the disk or on S3.
+Both write whole objects atomically (a temporary file renamed into place, fsynced; an S3 PUT or a
+completed multipart upload), so a crash leaves an object either absent or complete, and writing the same
+key twice leaves the second copy. An upload is written as it arrives (:meth:`Blobs.writer`): no more than
+:data:`CHUNK_BYTES` (a file) or :data:`PART_BYTES` (S3) of it is held in memory. Blocking calls run in
+threads; the event loop never waits on the disk or on S3.
 """
 
 from __future__ import annotations
@@ -17,13 +19,24 @@ from typing import Any, Protocol
 from runtime.config import BATCH_BUCKET_ENV, S3Files
 
 CHUNK_BYTES = 1 << 20
+#: One part of an S3 multipart upload (S3 takes 5 MiB at least, but for the last).
+PART_BYTES = 8 << 20
 
 
 class BlobError(Exception):
     """The store could not be reached or refused; the message says which object and why."""
 
 
+class BlobWriter(Protocol):
+    """One object written piece by piece: it exists once :meth:`commit` returns, never after :meth:`abort`."""
+
+    async def write(self, data: bytes) -> None: ...
+    async def commit(self) -> None: ...
+    async def abort(self) -> None: ...
+
+
 class Blobs(Protocol):
+    def writer(self, key: str) -> BlobWriter: ...
     async def put_bytes(self, key: str, data: bytes) -> None: ...
     async def put_file(self, key: str, path: Path) -> None: ...
     async def read(self, key: str) -> bytes: ...
@@ -39,6 +52,68 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class _Pieces:
+    """Pieces written to a blob, handed on in batches of ``size`` bytes."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.parts: list[bytes] = []
+        self.held = 0
+
+    def add(self, data: bytes) -> bytes | None:
+        self.parts.append(data)
+        self.held += len(data)
+        return self.take() if self.held >= self.size else None
+
+    def take(self) -> bytes:
+        data = b"".join(self.parts)
+        self.parts, self.held = [], 0
+        return data
+
+
+class LocalWriter:
+    """A temporary file beside the object, renamed into place (fsynced) on commit."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.tmp")
+        self._file: Any = None
+        self._pieces = _Pieces(CHUNK_BYTES)
+
+    def _append(self, data: bytes) -> None:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.tmp.open("wb")
+        self._file.write(data)
+
+    async def write(self, data: bytes) -> None:
+        batch = self._pieces.add(data)
+        if batch is not None:
+            await asyncio.to_thread(self._append, batch)
+
+    def _commit(self, rest: bytes) -> None:
+        self._append(rest)
+        f, self._file = self._file, None
+        with f:
+            f.flush()
+            os.fsync(f.fileno())
+        self.tmp.replace(self.path)
+        _fsync_dir(self.path.parent)
+
+    async def commit(self) -> None:
+        await asyncio.to_thread(self._commit, self._pieces.take())
+
+    def _abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.tmp.unlink(missing_ok=True)
+
+    async def abort(self) -> None:
+        self._pieces.take()
+        await asyncio.to_thread(self._abort)
 
 
 class LocalBlobs:
@@ -64,6 +139,9 @@ class LocalBlobs:
             os.fsync(f.fileno())
         tmp.replace(path)
         _fsync_dir(path.parent)
+
+    def writer(self, key: str) -> LocalWriter:
+        return LocalWriter(self._path(key))
 
     async def put_bytes(self, key: str, data: bytes) -> None:
         await asyncio.to_thread(self._put, key, lambda f: f.write(data))
@@ -146,6 +224,9 @@ class S3Blobs:
         except BotoCoreError as err:
             raise BlobError(f"S3 {what} s3://{self.bucket}/{self._key(key)}: {err}") from None
 
+    def writer(self, key: str) -> S3Writer:
+        return S3Writer(self, key)
+
     async def put_bytes(self, key: str, data: bytes) -> None:
         await self._call(
             "put", key, self.client.put_object, Bucket=self.bucket, Key=self._key(key), Body=data
@@ -182,6 +263,72 @@ class S3Blobs:
         await self._call(
             "list", "", self.client.list_objects_v2, Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1
         )
+
+
+class S3Writer:
+    """An S3 multipart upload of :data:`PART_BYTES` parts, or one PUT when the object is smaller."""
+
+    def __init__(self, blobs: S3Blobs, key: str) -> None:
+        self.blobs = blobs
+        self.key = key
+        self._pieces = _Pieces(PART_BYTES)
+        self._upload_id: str | None = None
+        self._etags: list[dict[str, Any]] = []
+
+    def _where(self) -> dict[str, str]:
+        return {"Bucket": self.blobs.bucket, "Key": self.blobs._key(self.key)}
+
+    async def _part(self, data: bytes) -> None:
+        client = self.blobs.client
+        if self._upload_id is None:
+            started = await self.blobs._call(
+                "upload", self.key, client.create_multipart_upload, **self._where()
+            )
+            self._upload_id = started["UploadId"]
+        number = len(self._etags) + 1
+        done = await self.blobs._call(
+            "upload",
+            self.key,
+            client.upload_part,
+            UploadId=self._upload_id,
+            PartNumber=number,
+            Body=data,
+            **self._where(),
+        )
+        self._etags.append({"PartNumber": number, "ETag": done["ETag"]})
+
+    async def write(self, data: bytes) -> None:
+        part = self._pieces.add(data)
+        if part is not None:
+            await self._part(part)
+
+    async def commit(self) -> None:
+        rest = self._pieces.take()
+        if self._upload_id is None:
+            await self.blobs.put_bytes(self.key, rest)
+            return
+        if rest:
+            await self._part(rest)
+        await self.blobs._call(
+            "upload",
+            self.key,
+            self.blobs.client.complete_multipart_upload,
+            UploadId=self._upload_id,
+            MultipartUpload={"Parts": self._etags},
+            **self._where(),
+        )
+
+    async def abort(self) -> None:
+        self._pieces.take()
+        if self._upload_id is not None:
+            upload_id, self._upload_id = self._upload_id, None
+            await self.blobs._call(
+                "abort",
+                self.key,
+                self.blobs.client.abort_multipart_upload,
+                UploadId=upload_id,
+                **self._where(),
+            )
 
 
 def open_blobs(s3: S3Files | None, state_dir: Path) -> Blobs:

@@ -20,7 +20,7 @@ from runtime.batcher.metrics import BatcherMetrics
 from runtime.batcher.service import EngineError, ModelBatcher, QueueFullError, WatchFn, error_body
 from runtime.config import RuntimeConfig
 from runtime.http import METRICS_CONTENT_TYPE, metrics_payload
-from runtime.server import Connection, Request, Server
+from runtime.server import Connection, Limits, Request, Server
 from runtime.upstream import UpstreamError
 
 # Pooling endpoints vLLM serves besides embeddings; forwarded unbatched to a replica of the model.
@@ -249,4 +249,5 @@ def _send_error(conn: Connection, err: ClientError) -> None:
 
 def make_server(batcher: Batcher) -> Server:
     """The listener for ``batcher.handle``; ``start(host, port)`` it after ``batcher.start()``."""
-    return Server(batcher.handle, batcher.config.batcher.max_body_bytes)
+    s = batcher.config.batcher
+    return Server(batcher.handle, Limits.of(s, s.max_body_bytes))

@@ -29,7 +29,7 @@ from runtime.picker.fleet import Discover, Fleet
 from runtime.picker.metrics import PickerMetrics
 from runtime.picker.protocol import EXT_PROC_SERVICE
 from runtime.picker.replicas import ModelPool
-from runtime.server import Connection, Request, Server
+from runtime.server import Connection, Limits, Request, Server
 
 log = logging.getLogger("inferstack.picker")
 
@@ -189,7 +189,7 @@ async def start(picker: Picker, port: int | None = None, metrics_port: int | Non
     bound = server.add_insecure_port(f"{_grpc_host(s.host)}:{s.port if port is None else port}")
     await picker.fleet.start()
     await server.start()
-    http = Server(picker.handle_http, 1024, picker.cfg.router.client_idle_timeout_s)
+    http = Server(picker.handle_http, Limits.of(s, 1024, picker.cfg.router.client_idle_timeout_s))
     http_port = await http.start(s.host, s.metrics_port if metrics_port is None else metrics_port)
     running = Running(picker, server, http, bound, http_port, health)
     log.info(

@@ -21,22 +21,22 @@ from pathlib import Path
 from runtime.config_file import ConfigError
 from runtime.router import reload
 from runtime.router.app import Router
-from runtime.server import Server
+from runtime.server import Limits, Server
 from runtime.service import exit_bad_config, new_event_loop, setup_logging
 
 log = logging.getLogger("inferstack.router")
 
 
+def make_server(router: Router) -> Server:
+    """The router's listener: its limits, and its look at each request head (keys, routes, uploads)."""
+    s = router.cfg.router
+    return Server(router.handle, Limits.of(s, s.max_body_bytes, s.client_idle_timeout_s), head=router.head)
+
+
 async def serve(router: Router, config_path: Path | None, ready: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or cancellation), then drain."""
     s = router.cfg.router
-    server = Server(
-        router.handle,
-        s.max_body_bytes,
-        s.client_idle_timeout_s,
-        s.max_header_bytes,
-        body_limit=router.body_limit,
-    )
+    server = make_server(router)
     await router.start()
     port = router.port = await server.start(s.host, s.port)
     # Everything imported and built so far lives as long as the process: take it out of the cyclic

@@ -29,7 +29,7 @@ from runtime.router.payload import BadRequest, choices_problem, read_request
 from runtime.router.proxy import Call, Forwarder, forwarded_tail
 from runtime.router.replicas import Replica
 from runtime.router.retry import RetryBudget, backoff_s
-from runtime.server import Connection, Headers, Request
+from runtime.server import NOT_CHECKED, Answer, Connection, Headers, Request
 
 log = logging.getLogger("inferstack.router")
 
@@ -97,9 +97,34 @@ class Router:
         self.forwarder.configure(s)
         self.batch_api.configure(cfg)
 
-    def body_limit(self, target: bytes) -> int:
-        """The server's body limit per request target (uploads to /v1/files may be as large as a batch file)."""
-        return self.batch_api.body_limit(target, self.cfg.router.max_body_bytes)
+    def head(self, req: Request) -> Answer | None:
+        """The server's look at a request head, before any body byte is read: the route, and for calls
+        that need one the caller's key (401 without reading the body); uploads take a larger, streamed
+        body. The principal is kept in ``req.auth``."""
+        path, method = req.path, req.method
+        req.auth = None
+        if self.batch_api.forwarder is not None and is_batch_api(path):
+            answer = self._authenticate(req)
+            if answer is None:
+                self.batch_api.on_head(req)
+            return answer
+        if path in PROXY_PATHS:
+            if method != b"POST":
+                return Answer.error(405, f"{path.decode()} accepts POST")
+            return self._authenticate(req)
+        if method not in (b"GET", b"HEAD"):
+            status = 405 if path in _GET_PATHS else 404
+            return Answer.error(status, f"{method.decode('latin-1')} is not allowed here")
+        return None
+
+    def _authenticate(self, req: Request) -> Answer | None:
+        if self.require_key or len(self.keys):
+            who = self.keys.authenticate(req.headers.get(b"authorization"), self.require_key)
+            if isinstance(who, Denied):
+                self.metrics.reject("auth", "")
+                return Answer.error(who.status, who.message, code=who.code)
+            req.auth = who
+        return None
 
     def reconfigure(self, cfg: RuntimeConfig, keys: KeyTable | None = None) -> None:
         """Install a new config (and key table) without dropping a connection; if the fleet cannot
@@ -114,6 +139,11 @@ class Router:
 
     # --- entry point -----------------------------------------------------------------------------
     async def handle(self, req: Request, conn: Connection) -> None:
+        if req.auth is NOT_CHECKED:  # a server without the head hook: check the head now
+            answer = self.head(req)
+            if answer is not None:
+                conn.send(answer.status, answer.body, extra=answer.extra)
+                return
         path = req.path
         if self.batch_api.forwarder is not None and is_batch_api(path):
             self.inflight += 1
@@ -124,18 +154,11 @@ class Router:
             return
         kind = PROXY_PATHS.get(path)
         if kind is not None:
-            if req.method != b"POST":
-                conn.send(405, error_body(405, f"{path.decode()} accepts POST"))
-                return
             self.inflight += 1
             try:
                 await self.proxy(req, conn, kind)
             finally:
                 self.inflight -= 1
-            return
-        if req.method not in (b"GET", b"HEAD"):
-            status = 405 if path in _GET_PATHS else 404
-            conn.send(status, error_body(status, f"{req.method.decode('latin-1')} is not allowed here"))
             return
         if path == b"/v1/models":
             conn.send(200, self.models_body())
@@ -200,13 +223,7 @@ class Router:
         """Files and Batches: the caller's key and rate limits, then the batch service."""
         forwarder = self.batch_api.forwarder
         assert forwarder is not None
-        principal: Principal | None = None
-        if self.require_key or len(self.keys):
-            who = self.keys.authenticate(req.headers.get(b"authorization"), self.require_key)
-            if isinstance(who, Denied):
-                self._fail(conn, who.status, who.message, "auth", code=who.code)
-                return
-            principal = who
+        principal: Principal | None = req.auth  # the key was checked at the request head
         if principal is not None:
             denied = await self.limits.admit(principal, api_call_model(principal))  # shared when shared
             if denied is not None:
@@ -226,14 +243,8 @@ class Router:
         started = time.monotonic()
         headers = req.headers
         rid = self._request_id(req)
-        # 1. who is calling
-        principal: Principal | None = None
-        if self.require_key or len(self.keys):
-            who = self.keys.authenticate(headers.get(b"authorization"), self.require_key)
-            if isinstance(who, Denied):
-                self._fail(conn, who.status, who.message, "auth", code=who.code)
-                return
-            principal = who
+        # 1. who is calling: checked at the request head, before its body was read (``head``)
+        principal: Principal | None = req.auth
         # 2. what they ask for
         asked = read_request(req.body)
         if isinstance(asked, BadRequest):

@@ -8,6 +8,10 @@
    while nobody waits in the model's line and some replica holds fewer requests than ``share`` of its
    cap; it then goes only to such a replica. Otherwise it is refused at once (429 ``no_headroom``),
    never queued ahead of, or beside, interactive requests.
+
+An upload (``POST /v1/files``, exactly) may be as large as a batch input file. Its key is checked at the
+request head (the router's ``head``), and its body is passed on as it arrives, never held whole: the
+router holds at most the server's stream buffer and one socket buffer of it.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ from runtime.api_keys import Principal
 from runtime.config import BatchesSettings, RuntimeConfig
 from runtime.http import PRINCIPAL_HEADER, SCOPES_HEADER, error_body
 from runtime.router.proxy import HOP_BY_HOP
-from runtime.server import Connection, Request
+from runtime.server import Body, BodyError, Connection, Request
 from runtime.upstream import Exchange, Pool, UpstreamError
 
 if TYPE_CHECKING:
     from runtime.router.model_state import ModelState
 
 PATHS = (b"/v1/files", b"/v1/batches")
+UPLOAD = (b"POST", b"/v1/files")
 #: Multipart framing on top of the largest batch input file an upload may carry.
 UPLOAD_SLACK_BYTES = 64 * 1024
 _DROPPED = HOP_BY_HOP | {PRINCIPAL_HEADER, SCOPES_HEADER}
@@ -62,6 +67,13 @@ class BatchApiForwarder:
         self.timeout_s = timeout_s
 
     def request(self, req: Request, principal: Principal | None, rid_header: bytes, rid: bytes) -> bytes:
+        """The whole request, for a body already read."""
+        framing = b"content-length: %d\r\n" % len(req.body)
+        return self.request_head(req, principal, rid_header, rid, framing) + req.body
+
+    def request_head(
+        self, req: Request, principal: Principal | None, rid_header: bytes, rid: bytes, framing: bytes
+    ) -> bytes:
         target = req.path + (b"?" + req.query if req.query else b"")
         lines = [b"%b %b HTTP/1.1\r\nhost: %b\r\n" % (req.method, target, self.pool.host_header)]
         lines += [
@@ -71,8 +83,31 @@ class BatchApiForwarder:
         if principal is not None:
             lines.append(PRINCIPAL_HEADER + b": " + principal.name.encode() + b"\r\n")
             lines.append(SCOPES_HEADER + b": " + ",".join(principal.key.models).encode() + b"\r\n")
-        lines.append(b"content-length: %d\r\n\r\n" % len(req.body))
-        return b"".join(lines) + req.body
+        lines.append(framing + b"\r\n")
+        return b"".join(lines)
+
+    async def _upload(
+        self, req: Request, body: Body, principal: Principal | None, rid_header: bytes, rid: bytes
+    ) -> Exchange:
+        """Open the exchange and pass the client's body on piece by piece, as fast as the batch service
+        takes it; it stops early when the batch service has answered already (a refusal)."""
+        length = req.headers.get(b"content-length", b"")
+        chunked = not length.isdigit()
+        framing = b"transfer-encoding: chunked\r\n" if chunked else b"content-length: %b\r\n" % length
+        head = self.request_head(req, principal, rid_header, rid, framing)
+        ex = await Exchange.open_streaming(self.pool, head, self.connect_timeout_s)
+        try:
+            async for piece in body:
+                if not await ex.send(
+                    b"%x\r\n%b\r\n" % (len(piece), piece) if chunked else piece, self.timeout_s
+                ):
+                    return ex
+            if chunked:
+                await ex.send(b"0\r\n\r\n", self.timeout_s)
+        except BaseException:
+            ex.abort()
+            raise
+        return ex
 
     async def forward(
         self, req: Request, conn: Connection, principal: Principal | None, rid_header: bytes, rid: bytes
@@ -82,9 +117,12 @@ class BatchApiForwarder:
         ex: Exchange | None = None
         started = False
         try:
-            ex = await Exchange.open(
-                self.pool, self.request(req, principal, rid_header, rid), self.connect_timeout_s
-            )
+            if req.stream is None:
+                ex = await Exchange.open(
+                    self.pool, self.request(req, principal, rid_header, rid), self.connect_timeout_s
+                )
+            else:
+                ex = await self._upload(req, req.stream, principal, rid_header, rid)
             await ex.head(self.timeout_s)
             ctype = ex.headers.get(b"content-type", b"application/json")
             first = await ex.next_chunk(self.timeout_s) or b""
@@ -99,6 +137,9 @@ class BatchApiForwarder:
                 await conn.write(piece)
             conn.end_sized()
             return ex.status
+        except BodyError as err:  # the client's upload is over the limit, or malformed
+            conn.send(err.status, err.body())
+            return err.status
         except UpstreamError as err:
             if ex is not None:
                 ex.abort()
@@ -141,7 +182,8 @@ class BatchApiHooks:
             self.low_priority_share = batches.headroom_share
         self.upload_max_bytes = batches.max_file_bytes + UPLOAD_SLACK_BYTES if batches else 0
 
-    def body_limit(self, target: bytes, default: int) -> int:
-        if self.forwarder is not None and target.startswith(PATHS[0]):
-            return max(default, self.upload_max_bytes)
-        return default
+    def on_head(self, req: Request) -> None:
+        """An upload may be as large as a batch input file, and is streamed to the batch service."""
+        if req.path == UPLOAD[1] and req.method == UPLOAD[0] and self.forwarder is not None:
+            req.max_body = max(req.max_body, self.upload_max_bytes)
+            req.streamed = True

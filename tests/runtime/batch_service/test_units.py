@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from openai.types import Batch, FileObject
 
 from runtime.batch_service import lifecycle, multipart, pacing
-from runtime.batch_service.blobs import BlobError, LocalBlobs, S3Blobs
+from runtime.batch_service.blobs import PART_BYTES, BlobError, LocalBlobs, S3Blobs
 from runtime.batch_service.lifecycle import Progress, Status, Step
 from runtime.batch_service.objects import BatchError, BatchRecord, FileRecord, error_line, response_line
 from runtime.batch_service.store import Result, Store
@@ -72,6 +72,26 @@ def test_multipart_parses_what_httpx_encodes(content, filename):
     assert form["file"].data == content
     assert form["purpose"].data == b"batch"
     assert form["file"].filename is not None
+
+
+@settings(max_examples=60)
+@given(
+    content=st.binary(max_size=3000),
+    cuts=st.lists(st.integers(min_value=1, max_value=64), min_size=1, max_size=200),
+)
+def test_multipart_fed_in_any_pieces_reads_as_fed_whole(content, cuts):
+    ctype, body = _encoded({"file": ("in.jsonl", content)}, {"purpose": "batch"})
+    parser = multipart.Parser(multipart.boundary(ctype))
+    events, pos = [], 0
+    for cut in [*cuts, len(body)]:
+        events += parser.feed(body[pos : pos + cut])
+        pos += cut
+    parser.close()
+    heads = [e.name for e in events if isinstance(e, multipart.PartHead)]
+    assert heads == ["purpose", "file"]
+    after = events.index(next(e for e in events if isinstance(e, multipart.PartHead) and e.name == "file"))
+    assert b"".join(events[after + 1 :]) == content
+    assert b"".join(events[1:after]) == b"batch"
 
 
 @pytest.mark.parametrize(
@@ -275,11 +295,30 @@ async def _round_trip(blobs, tmp_path: Path) -> None:
     await blobs.delete("files/a")
     with pytest.raises(BlobError):
         await blobs.read("files/a")
+    # written piece by piece (an upload): small, or in parts; an aborted one leaves nothing behind
+    small = blobs.writer("files/c")
+    await small.write(b"sm")
+    await small.write(b"all")
+    await small.commit()
+    assert await blobs.read("files/c") == b"small"
+    await blobs.delete("files/c")
+    piece = bytes(range(256)) * 4096  # 1 MiB
+    for key, keep in (("files/d", True), ("files/e", False)):
+        writer = blobs.writer(key)
+        for _ in range((PART_BYTES >> 20) + 1):
+            await writer.write(piece)
+        await (writer.commit() if keep else writer.abort())
+    assert await blobs.size("files/d") == PART_BYTES + len(piece)
+    assert b"".join([c async for c in blobs.chunks("files/d")]) == piece * ((PART_BYTES >> 20) + 1)
+    await blobs.delete("files/d")
+    with pytest.raises(BlobError):
+        await blobs.size("files/e")
 
 
 def test_local_files_round_trip_and_stay_inside_their_directory(tmp_path):
     blobs = LocalBlobs(tmp_path / "files")
     asyncio.run(_round_trip(blobs, tmp_path))
+    assert [p.name for p in (tmp_path / "files" / "files").iterdir()] == ["b"]  # no temporary file left
     with pytest.raises(BlobError):
         asyncio.run(blobs.put_bytes("../escape", b"x"))
 
@@ -327,5 +366,6 @@ def test_s3_files_round_trip_under_their_prefix(moto_s3, tmp_path, monkeypatch):
     asyncio.run(_round_trip(blobs, tmp_path))
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="platform-data").get("Contents", [])]
     assert keys == ["batches/files/b"]
+    assert not s3.list_multipart_uploads(Bucket="platform-data").get("Uploads")  # the aborted one is gone
     with pytest.raises(BlobError):
         asyncio.run(S3Blobs(S3Files(bucket="missing", region="us-east-1", endpoint_url=moto_s3)).check())

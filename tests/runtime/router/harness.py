@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from runtime.config import RuntimeConfig
-from runtime.router.__main__ import drain, serve
+from runtime.router.__main__ import drain, make_server, serve
 from runtime.router.app import Router
 from runtime.router.reload import load_router_files
 from runtime.server import Server
@@ -252,14 +252,7 @@ class RouterUnderTest(Loopback):
 
     async def _start(self) -> None:
         self.router = Router(self.cfg)
-        s = self.cfg.router
-        self.server = Server(
-            self.router.handle,
-            s.max_body_bytes,
-            s.client_idle_timeout_s,
-            s.max_header_bytes,
-            body_limit=self.router.body_limit,
-        )
+        self.server = make_server(self.router)
         await self.router.start()
         self.port = await self.server.start("127.0.0.1", 0)
         # static discovery lands within a few loop turns; a deadline for a loaded machine, then it is a fault
