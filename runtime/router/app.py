@@ -230,6 +230,8 @@ class Router:
         principal: Principal | None = None
         if self.require_key or len(self.keys):
             who = self.keys.authenticate(headers.get(b"authorization"), self.require_key)
+            if not isinstance(who, Denied):  # a batch's line: its owner's scopes and limits
+                who = self.batch_api.on_behalf(who, headers, self.keys)
             if isinstance(who, Denied):
                 self._fail(conn, who.status, who.message, "auth", code=who.code)
                 return
