@@ -255,7 +255,14 @@ class Router:
             message = f"The model `{model}` does not exist here; served: {served}"
             self._fail(conn, 404, message, "unknown_model", code="model_not_found", param="model")
             return
-        # 3. may they
+        # 3. may they (a low-priority request without headroom is refused first: that costs nobody's limit)
+        avoid: frozenset[str] | None = None
+        if headers.get(PRIORITY_HEADER) == LOW_PRIORITY:  # the batch service: only into headroom
+            avoid = low_priority_avoid(state, self.batch_api.low_priority_share, started)
+            if avoid is None:
+                message = f"no headroom for low-priority requests to {model!r} now"
+                self._fail(conn, 429, message, "low_priority", code="no_headroom", retry_after_s=1)
+                return
         if principal is not None:
             limits = self.limits
             denied = (
@@ -276,12 +283,7 @@ class Router:
                 return
         # 4. route and proxy: fill only what the strategy's scorers declared they read
         ctx = state.context(started, asked.payload, functools.partial(_header, headers), adapter, kind=kind)
-        if headers.get(PRIORITY_HEADER) == LOW_PRIORITY:  # the batch service: only into headroom
-            avoid = low_priority_avoid(state, self.batch_api.low_priority_share, started)
-            if avoid is None:
-                message = f"no headroom for low-priority requests to {model!r} now"
-                self._fail(conn, 429, message, "low_priority", code="no_headroom", retry_after_s=1)
-                return
+        if avoid is not None:
             ctx.exclude = avoid
         tail = forwarded_tail(headers, self.rid_header, rid, req.body)
         self.retry_budget.deposit()

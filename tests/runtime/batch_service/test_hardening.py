@@ -10,10 +10,12 @@ batch that cannot be processed, injected on demand into the batch service's proc
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -231,6 +233,50 @@ def test_batch_lines_are_charged_to_their_owners_rate_limit_and_only_that_owner_
         headers={"Authorization": f"Bearer {key('batches')}", "x-inferstack-key": "nobody"},
     )
     assert status == 401 and json.loads(raw)["error"]["code"] == "invalid_api_key"
+
+
+def test_a_line_refused_for_lack_of_headroom_costs_its_owner_nothing(
+    make_stack: Callable[..., BatchStack],
+) -> None:
+    """The batch service sends a refused line again and again while replicas are busy; were each refusal
+    charged to the owner's limit, a batch would eat its owner's requests (carol may make one a minute)."""
+    keys = [
+        {"name": "alice", "sha256": hash_key(key("alice"))},
+        {"name": "carol", "sha256": hash_key(key("carol")), "requests_per_minute": 1},
+        {"name": "batches", "sha256": hash_key(key("batches"))},
+    ]
+    stack = make_stack(
+        double={"hold": asyncio.Event()},
+        router={"cap": 2, "require_api_key": True, "api_keys": keys},
+        batches={"headroom_share": 0.5, "router_key_name": "batches"},
+        start=False,
+    )
+    assert stack.router is not None
+    router, (engine,) = stack.router, stack.doubles
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    line = {
+        "Authorization": f"Bearer {key('batches')}",
+        "x-inferstack-key": "carol",
+        "x-inferstack-priority": "low",
+    }
+    busy = threading.Thread(
+        target=router.request,
+        args=("POST", CHAT, chat, {"Authorization": f"Bearer {key('alice')}"}),
+        daemon=True,
+    )
+    try:
+        busy.start()
+        wait_until(lambda: len(engine.requests) == 1, "alice's request held by the engine")
+        for _ in range(3):
+            status, _, raw = router.request("POST", CHAT, chat, line)
+            assert status == 429 and json.loads(raw)["error"]["code"] == "no_headroom"
+    finally:
+        engine.release()
+        busy.join(30)
+    status, _, _ = router.request("POST", CHAT, chat, line)
+    assert status == 200  # carol's one request of the minute was still hers
+    status, _, raw = router.request("POST", CHAT, chat, line)
+    assert status == 429 and json.loads(raw)["error"]["code"] == "rate_limit_exceeded"  # and now it is spent
 
 
 # --- item 6: model names from input files ------------------------------------------------------------
