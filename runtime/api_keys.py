@@ -5,6 +5,10 @@ Decisions are pure functions of (key table, buckets, now); the front end turns t
 Limits are token buckets refilled continuously: ``requests_per_minute`` is charged one per request
 on admission; ``tokens_per_minute`` is charged the real usage (prompt + completion) when the answer
 is known, and a key whose token bucket is below zero is refused until it refills.
+
+A key's name is who holds it: files and batches belong to it, and the batch service names a line's
+owner by it. So names (and keys) are unique across the inline keys and the keys file; the loader
+refuses a table where two entries share either.
 """
 
 from __future__ import annotations
@@ -96,20 +100,53 @@ def files_digest(*paths: Path | None) -> str:
     return h.hexdigest()
 
 
+def key_problems(keys: Iterable[tuple[str, ApiKey]]) -> list[str]:
+    """Why ``keys`` (each with where it was given) cannot be one table: a name or a key used twice (two
+    holders would share one owner's files and batches, or one key would silently stand for two names), or a
+    name that cannot travel in a header. Never shows a key, only names."""
+    problems: list[str] = []
+    names: dict[str, str] = {}
+    hashes: dict[str, str] = {}
+    for where, key in keys:
+        if not key.name or not key.name.isprintable() or key.name != key.name.strip():
+            problems.append(
+                f"{where}: name {key.name!r}: give a non-empty name without control characters or spaces"
+                " at either end (it travels in a header)"
+            )
+        if key.name in names:
+            problems.append(
+                f"{where}: name {key.name!r} is used by {names[key.name]} already; each key needs its own"
+                " name (files and batches belong to a name)"
+            )
+        if key.sha256 in hashes:
+            problems.append(f"{where}: the same key as {hashes[key.sha256]}; give each holder its own key")
+        names.setdefault(key.name, where)
+        hashes.setdefault(key.sha256, f"{where} ({key.name!r})")
+    return problems
+
+
 def load_key_table(
     inline: Iterable[ApiKey], file: Path | None, now: float, previous: KeyTable | None = None
 ) -> KeyTable:
-    """The inline keys plus those of ``file`` (resolved already); ``ConfigError`` when the file is bad."""
-    keys = list(inline)
+    """The inline keys plus those of ``file`` (resolved already); ``ConfigError`` when the file is bad or
+    the keys together are not one table (``key_problems``), one line per problem."""
+    placed = [(f"router.api_keys[{i}]", key) for i, key in enumerate(inline)]
     if file is not None:
-        keys.extend(load_keys_file(file))
-    return KeyTable(keys, now, previous)
+        placed += [(f"{file}: [{i}]", key) for i, key in enumerate(load_keys_file(file))]
+    problems = key_problems(placed)
+    if problems:
+        raise ConfigError(problems)
+    return KeyTable([key for _, key in placed], now, previous)
 
 
 class KeyTable:
-    """Hash -> principal. Rebuilt on reload; buckets of keys that stay are carried over."""
+    """Hash -> principal, and name -> principal. Rebuilt on reload; buckets of keys that stay are carried
+    over. ``ValueError`` for keys that are not one table (``key_problems``: the loader says so first)."""
 
     def __init__(self, keys: list[ApiKey], now: float, previous: KeyTable | None = None) -> None:
+        problems = key_problems((f"keys[{i}]", key) for i, key in enumerate(keys))
+        if problems:
+            raise ValueError("; ".join(problems))
         self.by_hash: dict[str, Principal] = {}
         for key in keys:
             old = previous.by_hash.get(key.sha256) if previous else None
@@ -121,6 +158,7 @@ class KeyTable:
                 Bucket(key.requests_per_minute, now) if key.requests_per_minute else None,
                 Bucket(key.tokens_per_minute, now) if key.tokens_per_minute else None,
             )
+        self.by_name: dict[str, Principal] = {p.name: p for p in self.by_hash.values()}
 
     def __len__(self) -> int:
         return len(self.by_hash)

@@ -666,6 +666,14 @@ class BatchesSettings(_Strict):
     router_api_key_file: Path | None = Field(
         default=None, description="A file holding the API key the batch service sends to the router."
     )
+    router_key_name: str | None = Field(
+        default=None,
+        description=(
+            "The name of that key in the router's key table. The router believes a line's owner (the key"
+            " name the batch service sends in x-inferstack-key) from this key only, and then charges the line"
+            " to the owner's scopes and rate limits; None: lines are charged to the batch service's own key."
+        ),
+    )
     health_feed_url: HttpUrl | None = Field(
         default=None, description="The health monitor's /v1/backends: routable replicas and engine queues."
     )
@@ -679,6 +687,19 @@ class BatchesSettings(_Strict):
     )
     request_head_timeout_s: RequestHeadTimeout = 10
     max_requests_per_batch: int = Field(default=50_000, ge=1, description="Lines of one batch input file.")
+    max_files_per_owner: int = Field(
+        default=1_000,
+        ge=1,
+        description=(
+            "Files one API key may keep (its uploads and its batches' output and error files); an upload"
+            " beyond it is refused (400 quota_exceeded) until files are deleted or expire."
+        ),
+    )
+    max_bytes_per_owner: int = Field(
+        default=4 * 1024**3,
+        ge=1024,
+        description="Bytes of files one API key may keep (as max_files_per_owner counts them); beyond it 400.",
+    )
     max_inflight_per_replica: int = Field(
         default=2,
         ge=1,

@@ -82,6 +82,7 @@ def settings(
             "health_feed_url": health_url,
             "s3": files,
             "router_api_key_file": f"{KEY_DIR}/{KEY_FILE}" if uses_router_key(spec) else None,
+            "router_key_name": b.router_key_name if uses_router_key(spec) else None,
             "metrics_port": METRICS_PORT,
             "max_file_bytes": b.max_file_mib * MIB,
             "max_requests_per_batch": b.max_requests_per_batch,

@@ -156,7 +156,8 @@ class BatchSpec(_Spec):
     service cannot reach the router)."""
     router_key_name: str = "batches"
     """With gateway.require_api_key: the name of the key (in gateway.api_keys_config_key's list) the service
-    sends to the router; its scopes and rate limits bound all batch traffic."""
+    sends to the router. The router believes the owner a batch line names from this key only, and charges
+    the line to the owner's scopes and rate limits."""
     image: PinnedImage = RUNTIME_IMAGES["batches"]
     """Batch service image, pinned by tag or digest (target kubernetes; eks runs its ECR push, by digest)."""
     cpu_cores: Annotated[float, Field(gt=0, le=16)] = 0.5

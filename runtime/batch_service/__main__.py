@@ -19,6 +19,7 @@ from runtime.batch_service.client import RouterClient
 from runtime.batch_service.metrics import BatchMetrics
 from runtime.batch_service.runner import Runner
 from runtime.batch_service.store import Db, Store
+from runtime.batch_service.validate import served_models
 from runtime.config import BatchesSettings, RuntimeConfig
 from runtime.server import Limits, Server
 from runtime.service import command_line, exit_bad_config, new_event_loop, stop_on_signals
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         exit_bad_config([f"{args.config}: batches.{err}"])
     db = Db(store)
     metrics = BatchMetrics()
-    runner = Runner(db, blobs, client, s, metrics, s.state_dir / "scratch")
+    runner = Runner(db, blobs, client, s, metrics, s.state_dir / "scratch", served_models(config))
     api = BatchApi(db, blobs, s, runner, metrics)
     try:
         with asyncio.Runner(loop_factory=new_event_loop) as loop_runner:

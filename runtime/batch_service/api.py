@@ -14,12 +14,15 @@ Clients reach it through the router, which checks their API key, scopes and rate
 who they are: ``x-inferstack-key`` (the key's name: files and batches belong to it, and nobody else sees
 them) and ``x-inferstack-models`` (the models the key may use; a batch's lines for any other model go to
 its error file as 403s). Mistakes in a request are 400s with the API's error body; an unknown id is 404.
+Each key keeps at most ``max_files_per_owner`` files of ``max_bytes_per_owner`` bytes in all (its uploads
+and its batches' results); an upload beyond either is a 400 ``quota_exceeded``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -48,7 +51,7 @@ from runtime.batch_service.objects import (
     page,
 )
 from runtime.batch_service.runner import Runner
-from runtime.batch_service.store import Db
+from runtime.batch_service.store import Db, Quota, QuotaExceededError
 from runtime.config import BatchesSettings
 from runtime.http import (
     METRICS_CONTENT_TYPE,
@@ -189,17 +192,26 @@ class BatchApi:
     async def _ops(self, req: Request) -> tuple[int, bytes, bytes]:
         path, method = req.path.rstrip(b"/"), req.method
         if method in (b"GET", b"HEAD") and path == b"/metrics":
-            await self.runner.snapshot()
+            try:
+                await self.runner.snapshot()
+            except (sqlite3.Error, OSError) as err:  # the counters (loop errors among them) still show
+                log.warning("metrics gauges not refreshed: %s", err)
             return 200, metrics_payload(self.metrics.registry), METRICS_CONTENT_TYPE.encode()
         if method in (b"GET", b"HEAD") and path == b"/healthz":
             return 200, b'{"status":"ok"}', _JSON
         if method in (b"GET", b"HEAD") and path == b"/readyz":
             ready = await self.ready()
-            return (200 if ready else 503), b'{"ready":%s}' % (b"true" if ready else b"false"), _JSON
+            body: dict[str, Any] = {"ready": ready}
+            if self.runner.failing:  # which loop, for whoever reads the probe
+                body["failing"] = sorted(self.runner.failing)
+            return (200 if ready else 503), _json(body), _JSON
         raise ApiError(404, f"no route for {method.decode('latin-1')} {path.decode('latin-1')[:100]}")
 
     async def ready(self) -> bool:
-        """The store answers and the files can be written; cached for a few seconds (probes are frequent)."""
+        """No background loop is failing (known at once), and the store answers and the files can be
+        written (cached for a few seconds: probes are frequent)."""
+        if self.runner.failing:
+            return False
         at, ok = self._ready
         if time.monotonic() - at < READY_CACHE_S:
             return ok
@@ -207,7 +219,7 @@ class BatchApi:
             await self.blobs.check()
             await self.db(self.store.status_counts)
             ok = True
-        except (BlobError, OSError) as err:
+        except (BlobError, OSError, sqlite3.Error) as err:
             log.warning("not ready: %s", err)
             ok = False
         self._ready = (time.monotonic(), ok)
@@ -254,6 +266,7 @@ class BatchApi:
     async def upload(self, req: Request, owner: str) -> FileRecord:
         """The form's file goes to the store as it arrives, under a running size limit; on any refusal
         what was written is removed."""
+        await self.within_quota(owner, 0)  # before writing a byte: the count (the bytes once they are known)
         record_id = new_file_id()
         blob = f"files/{record_id}"
         writer = self.blobs.writer(blob)
@@ -288,8 +301,29 @@ class BatchApi:
             # also when the client left and this task is cancelled: the cleanup runs to its end regardless
             await asyncio.shield(writer.abort())
             raise
-        await self.db(self.store.add_file, record, blob)
+        await self.keep_upload(record, blob)
         return record
+
+    @property
+    def quota(self) -> Quota:
+        return Quota(self.settings.max_files_per_owner, self.settings.max_bytes_per_owner)
+
+    async def within_quota(self, owner: str, size: int) -> None:
+        """400 ``quota_exceeded`` when one more file of ``size`` bytes would take ``owner`` past its quota."""
+        files, used = await self.db(self.store.usage, owner)
+        try:
+            self.quota.check(files, used, size)
+        except QuotaExceededError as err:
+            raise _bad(str(err), "file", "quota_exceeded") from None
+
+    async def keep_upload(self, record: FileRecord, blob: str) -> None:
+        """Record a written upload, the quota checked again in the same transaction (uploads race); a
+        refused one's object is deleted."""
+        try:
+            await self.db(self.store.add_file, record, blob, self.quota)
+        except QuotaExceededError as err:
+            await self.blobs.delete(blob)
+            raise _bad(str(err), "file", "quota_exceeded") from None
 
     async def _receive(self, req: Request, writer: BlobWriter) -> tuple[dict[str, bytes], int, str | None]:
         """Read the form: its fields (small, held) and its file (written). -> fields, file size, file name

@@ -1,7 +1,8 @@
 """The batch state machine of the OpenAI API, as pure decisions. No I/O.
 
     validating --ok--> in_progress --all lines done--> finalizing --files written--> completed
-        |  \\--bad input--> failed              |  \\--window passed--> (files written) --> expired
+        |  |  \\--bad input--> failed           |  \\--window passed--> (files written) --> expired
+        |  \\--window passed (input never read) ---------------------------------------> expired
         \\--cancel--> cancelling <--cancel------/
                           \\--in-flight lines back--> (files written) --> cancelled
 
@@ -63,8 +64,8 @@ def next_step(p: Progress, now: float) -> Step:
     """The one thing to do next with a batch; see the module docstring for the diagram."""
     if p.status in TERMINAL:
         return Step.NOTHING
-    if p.status is Status.VALIDATING:
-        return Step.VALIDATE
+    if p.status is Status.VALIDATING:  # no line is out yet: nothing to wait for
+        return Step.CLOSE_EXPIRED if now >= p.expires_at else Step.VALIDATE
     if p.status is Status.CANCELLING:
         return Step.WAIT if p.inflight else Step.CLOSE_CANCELLED
     if p.status is Status.FINALIZING:

@@ -4,9 +4,16 @@ Counters move as work happens; the gauges (batches by status, pending and in-fli
 window, the oldest batch's progress age) are set from the store and the runner right before a scrape.
 ``inferstack_batches_oldest_progress_age_seconds`` is what the stuck-batch alert reads: the longest any
 unfinished batch has gone without a recorded result (or, validating, since it was created).
+
+Series are per model the platform serves (validation refuses any other name), and the per-model gauges
+of a model no unfinished batch uses any more are dropped: input files cannot grow them. The background
+loops (``loop``: work, flusher, janitor) count their errors, and ``loop_failing`` is 1 while a loop's
+last turn failed (then ``/readyz`` fails too).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -21,8 +28,9 @@ class BatchMetrics:
         self.requests = Counter(
             f"{NS}_requests",
             "Requests of batches sent to the router, by outcome: ok (2xx), error (other answer or none,"
-            " written to the error file), refused (no headroom or rate-limited: sent again later),"
-            " retried (server or transport error: sent again).",
+            " written to the error file), refused (no headroom: sent again later), rate_limited (the"
+            " batch's owner is over its rate limit: its batches wait), retried (server or transport error:"
+            " sent again).",
             ["model", "outcome"],
             registry=r,
         )
@@ -52,8 +60,26 @@ class BatchMetrics:
             ["model"],
             registry=r,
         )
+        self.loop_errors = Counter(
+            f"{NS}_loop_errors",
+            "Turns of a background loop (work, flusher, janitor) that failed; the loop goes on after a backoff.",
+            ["loop"],
+            registry=r,
+        )
+        self.loop_failing = Gauge(
+            f"{NS}_loop_failing",
+            "1 while a background loop's last turn failed (the service is then not ready), else 0.",
+            ["loop"],
+            registry=r,
+        )
         self.oldest_progress_age = Gauge(
             f"{NS}_oldest_progress_age_seconds",
             "Longest time any unfinished batch has gone without progress (0 when none is unfinished).",
             registry=r,
         )
+
+    def forget_model(self, model: str) -> None:
+        """Drop a model's gauges (no unfinished batch uses it now); its counters stay, as counters do."""
+        for gauge in (self.pending, self.inflight, self.window):
+            with contextlib.suppress(KeyError):  # never shown
+                gauge.remove(model)

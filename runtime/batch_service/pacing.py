@@ -9,6 +9,9 @@ Two signals, two speeds:
   and nobody waits in line, and refuses it at once (429) otherwise. A refusal halves the window and
   pauses the model's lane briefly; each answered request grows the window by 1/window (additive
   increase, multiplicative decrease), so batch work follows the headroom interactive traffic leaves.
+
+A 429 for the batch owner's rate limit (``rate_limit_exceeded``) says nothing about headroom: only that
+owner's batches wait (its Retry-After), and the lane goes on with everyone else's.
 """
 
 from __future__ import annotations
@@ -34,21 +37,22 @@ class Capacity:
 def capacity(feed: Mapping[str, Any] | None, model: str, now_unix_s: float) -> Capacity | None:
     """The model's routable replicas and engine queue from a ``/v1/backends`` feed; None when the feed is
     absent, stale or does not know the model (then only the router's admission paces)."""
-    if not feed:
+    if not isinstance(feed, Mapping):  # absent, or not the feed's shape (a health monitor in trouble)
         return None
     try:
         generated = float(feed.get("generated_at") or 0)
         stale_after = float(feed.get("stale_after_s") or 15)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     if now_unix_s - generated > stale_after:
         return None
-    for entry in feed.get("models") or []:
+    models = feed.get("models")
+    for entry in models if isinstance(models, list) else []:
         if isinstance(entry, Mapping) and entry.get("model") == model:
             try:
                 routable = int(entry.get("routable_replicas") or 0)
                 queued = float(entry.get("queue_depth") or 0.0)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 return None
             return Capacity(routable, queued)
     return None
@@ -89,17 +93,23 @@ class Verdict:
     """What the runner does with an answer to one request."""
 
     DONE = "done"  # record it: output file (2xx) or error file (any other answer)
-    REFUSED = "refused"  # no headroom or rate-limited: try again later, no attempt spent
+    REFUSED = "refused"  # no headroom: the model's lane slows down; try again later, no attempt spent
+    LIMITED = "limited"  # the batch's owner is over its rate limit: that owner waits, nobody else
     RETRY = "retry"  # a server or transport error: try again, one attempt spent
 
 
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
+#: The router's error code for a key over its request or token limit (``runtime.api_keys``).
+RATE_LIMITED = "rate_limit_exceeded"
+#: Longest an owner over its limit waits before its lines are tried again (its Retry-After, up to this).
+LIMITED_PAUSE_MAX_S = 60.0
 
 
-def verdict(status: int | None, attempt: int, max_attempts: int) -> str:
-    """``status`` None: no HTTP answer at all (connect error, reset, timeout)."""
+def verdict(status: int | None, attempt: int, max_attempts: int, code: str | None = None) -> str:
+    """``status`` None: no HTTP answer at all (connect error, reset, timeout); ``code`` the error code of
+    the answer's body."""
     if status == 429:
-        return Verdict.REFUSED
+        return Verdict.LIMITED if code == RATE_LIMITED else Verdict.REFUSED
     if status is None or status in RETRY_STATUSES:
         return Verdict.RETRY if attempt < max_attempts else Verdict.DONE
     return Verdict.DONE

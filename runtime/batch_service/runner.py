@@ -6,6 +6,14 @@ needs. Requests go out per model through a *lane*: its window (``pacing``) bound
 and a refusal from the router (no headroom) pauses it. A request stays *in flight* for its batch until
 its result is committed (results are committed in groups by the flusher), so a batch is never closed
 while an answer could still arrive, and a crash leaves uncommitted lines pending: they run again.
+
+Trouble stays where it starts. A line that cannot be sent or answered is that line's error; a batch whose
+step raises is tried again after a backoff, and after ``BATCH_TRIES`` failed tries it ends ``failed`` with
+one ``internal_error``, while every other batch goes on. A batch rate-limited at its owner's key waits
+alone (the Retry-After). The loops (work, flusher, janitor, feed) survive any error: it is logged and
+counted, the loop is *failing* (``/readyz`` fails) until a turn succeeds, and the next turn comes after a
+backoff. Failures of the store or the files (``ENVIRONMENT``) are the service's bad day, not a batch's:
+they never count against one.
 """
 
 from __future__ import annotations
@@ -13,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +62,14 @@ FLUSH_AT = 256
 LOAD_LINES = 256
 FEED_INTERVAL_S = 2.0
 JANITOR_INTERVAL_S = 600.0
+#: A failed loop turn: the next one after this, doubling per failure in a row, up to the maximum.
+LOOP_BACKOFF_S = 1.0
+LOOP_BACKOFF_MAX_S = 30.0
+#: Tries of a batch whose step raises before it fails; the wait before the next try doubles from this.
+BATCH_TRIES = 3
+BATCH_RETRY_S = 1.0
+#: What failing says about the store or the files (the service's day), not about the batch at hand.
+ENVIRONMENT: tuple[type[Exception], ...] = (sqlite3.OperationalError, OSError, BlobError)
 
 
 @dataclass
@@ -69,6 +86,30 @@ class Lane:
         if now < self.paused_until:
             return 0
         return self.window.limit(self.cap) - self.inflight
+
+
+@dataclass
+class Trouble:
+    """A batch whose step raised: how often in a row, and when it may be tried again (monotonic)."""
+
+    failures: int = 0
+    retry_at: float = 0.0
+
+
+def _backoff(base_s: float, failures: int, max_s: float) -> float:
+    return float(min(max_s, base_s * 2 ** min(failures - 1, 16)))
+
+
+def _error_code(answer: Answer | None) -> str | None:
+    """The ``error.code`` of a refusal's body (429s only: the rest are kept as they are)."""
+    if answer is None or answer.status != 429:
+        return None
+    try:
+        error = orjson.loads(answer.body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
 
 
 def _usage(body: Any) -> tuple[int, int, int]:
@@ -92,7 +133,18 @@ def result_of(batch_id: str, pending: Pending, answer: Answer | None, failure: s
     except orjson.JSONDecodeError:
         body = {"error": {"message": answer.body[:2000].decode("utf-8", "replace"), "type": "api_error"}}
     ok = 200 <= answer.status < 300
-    data = response_line(batch_id, pending.line, pending.custom_id, answer.status, answer.request_id, body)
+    try:
+        data = response_line(
+            batch_id, pending.line, pending.custom_id, answer.status, answer.request_id, body
+        )
+    except orjson.JSONEncodeError:  # an answer nested deeper than a file line may be
+        message = f"the endpoint's answer ({answer.status}) could not be written: nested too deeply"
+        return Result(
+            batch_id,
+            pending.line,
+            False,
+            error_line(batch_id, pending.line, pending.custom_id, "server_error", message),
+        )
     tokens = _usage(body) if ok else (0, 0, 0)
     return Result(batch_id, pending.line, ok, data, *tokens)
 
@@ -108,8 +160,10 @@ class Runner:
         settings: BatchesSettings,
         metrics: BatchMetrics,
         scratch: Path,
+        served: Collection[str] | None = None,
     ) -> None:
         self.db = db
+        self.served = served  # the models a line may name (None: any; the router judges)
         self.blobs = blobs
         self.client = client
         self.settings = settings
@@ -126,31 +180,58 @@ class Runner:
         self.wake = asyncio.Event()
         self._flush_now = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.troubles: dict[str, Trouble] = {}  # batch -> its failed tries in a row
+        self.owners_waiting: dict[str, float] = {}  # owner over its rate limit -> until (monotonic)
+        self.failing: set[str] = set()  # loops whose last turn failed
+        self._shown: set[str] = set()  # models with per-model gauges
 
-    # --- the loop ---------------------------------------------------------------------------------
+    # --- the loops --------------------------------------------------------------------------------
     async def run(self) -> None:
-        helpers = [self._flusher(), self._janitor()]
+        helpers = [self._every("flusher", self._flush_turn), self._every("janitor", self._janitor_turn)]
         if self.settings.health_feed_url is not None:
             helpers.append(self._feed_reader(str(self.settings.health_feed_url)))
         background = [asyncio.create_task(h) for h in helpers]
         try:
-            while True:
-                try:
-                    await self.tick()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:  # one bad batch or a store hiccup must not stop the service
-                    log.exception("batch loop failed; trying again")
-                    await asyncio.sleep(1.0)
-                await asyncio.sleep(MIN_TICK_S)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(TICK_S):
-                        await self.wake.wait()
-                self.wake.clear()
+            await self._every("work", self._work_turn)
         finally:
             for task in [*background, *self._tasks]:
                 task.cancel()
             await asyncio.gather(*background, *self._tasks, return_exceptions=True)
+
+    async def _every(self, name: str, turn: Callable[[], Awaitable[float]]) -> None:
+        """Run ``turn`` for ever, waiting the seconds it returns between turns. A turn that raises is logged
+        and counted and marks the loop failing until one succeeds; the next comes after a backoff."""
+        failures = 0
+        self.metrics.loop_failing.labels(name).set(0)
+        while True:
+            try:
+                wait = await turn()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                failures += 1
+                self.failing.add(name)
+                self.metrics.loop_errors.labels(name).inc()
+                self.metrics.loop_failing.labels(name).set(1)
+                wait = _backoff(LOOP_BACKOFF_S, failures, LOOP_BACKOFF_MAX_S)
+                log.exception("the %s loop failed (%d in a row); next try in %.0f s", name, failures, wait)
+            else:
+                if failures:
+                    log.info("the %s loop works again after %d failures", name, failures)
+                failures = 0
+                self.failing.discard(name)
+                self.metrics.loop_failing.labels(name).set(0)
+            if wait > 0:
+                await asyncio.sleep(wait)
+
+    async def _work_turn(self) -> float:
+        await self.tick()
+        await asyncio.sleep(MIN_TICK_S)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(TICK_S):
+                await self.wake.wait()
+        self.wake.clear()
+        return 0.0
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -158,25 +239,79 @@ class Runner:
         task.add_done_callback(self._tasks.discard)
 
     async def tick(self) -> None:
+        """One look at every unfinished batch, oldest first. A batch whose step raises is that batch's
+        trouble (``trouble``); the store or the files failing ends the turn (the work loop reports it)."""
         now = time.time()
         for batch in await self.db(self.db.store.active):
-            progress = Progress(
-                status=Status(batch.status),
-                expires_at=batch.expires_at,
-                pending=batch.total - batch.completed - batch.failed,
-                inflight=len(self.inflight.get(batch.id, ())),
+            trouble = self.troubles.get(batch.id)
+            if trouble is not None and time.monotonic() < trouble.retry_at:
+                continue
+            try:
+                step = await self.step(batch, now)
+            except ENVIRONMENT:
+                raise
+            except Exception as err:
+                await self.trouble(batch, err)
+            else:
+                if step in (Step.VALIDATE, Step.RUN):  # a closing step's own task reports how it went
+                    self.troubles.pop(batch.id, None)
+
+    async def step(self, batch: BatchRecord, now: float) -> Step:
+        progress = Progress(
+            status=Status(batch.status),
+            expires_at=batch.expires_at,
+            pending=batch.total - batch.completed - batch.failed,
+            inflight=len(self.inflight.get(batch.id, ())),
+        )
+        step = lifecycle.next_step(progress, now)
+        if step is Step.VALIDATE:
+            await self.validate(batch)
+        elif step is Step.RUN:
+            await self.fill(batch, now)
+        elif (
+            step in (Step.FINALIZE, Step.CLOSE_EXPIRED, Step.CLOSE_CANCELLED) and batch.id not in self.closing
+        ):
+            self.closing.add(batch.id)
+            self._spawn(self.close(batch, step))
+        return step
+
+    async def trouble(self, batch: BatchRecord, err: Exception) -> None:
+        """A step of ``batch`` raised: try it again after a backoff; after ``BATCH_TRIES`` tries, fail it."""
+        trouble = self.troubles.setdefault(batch.id, Trouble())
+        trouble.failures += 1
+        if trouble.failures < BATCH_TRIES:
+            wait = _backoff(BATCH_RETRY_S, trouble.failures, LOOP_BACKOFF_MAX_S)
+            trouble.retry_at = time.monotonic() + wait
+            log.warning(
+                "batch %s failed (%d of %d tries); next try in %.0f s",
+                batch.id,
+                trouble.failures,
+                BATCH_TRIES,
+                wait,
+                exc_info=err,
             )
-            step = lifecycle.next_step(progress, now)
-            if step is Step.VALIDATE:
-                await self.validate(batch)
-            elif step is Step.RUN:
-                await self.fill(batch, now)
-            elif (
-                step in (Step.FINALIZE, Step.CLOSE_EXPIRED, Step.CLOSE_CANCELLED)
-                and batch.id not in self.closing
-            ):
-                self.closing.add(batch.id)
-                self._spawn(self.close(batch, step))
+            return
+        log.error("batch %s failed %d times; it fails", batch.id, trouble.failures, exc_info=err)
+        error = BatchError(
+            "internal_error",
+            f"The batch service could not process this batch ({type(err).__name__}, {trouble.failures}"
+            " tries); other batches are not affected. Create it again, or tell the platform's operators.",
+        )
+        if await self.db(self.db.store.give_up, batch.id, error, int(time.time())):
+            self.metrics.finished.labels(Status.FAILED.value).inc()
+        self._forget(batch.id)
+
+    def _forget(self, batch_id: str) -> None:
+        """Drop what the runner holds for a batch that ended, and the lanes nobody needs any more."""
+        for key in [k for k in self.buffers if k[0] == batch_id]:
+            self.buffers.pop(key, None)
+            self.cursors.pop(key, None)
+        self.models.pop(batch_id, None)
+        self.inflight.pop(batch_id, None)
+        self.troubles.pop(batch_id, None)
+        used = {model for models in self.models.values() for model in models}
+        for model in [m for m, lane in self.lanes.items() if m not in used and lane.inflight == 0]:
+            del self.lanes[model]
 
     # --- validating -------------------------------------------------------------------------------
     async def validate(self, batch: BatchRecord) -> None:
@@ -193,7 +328,7 @@ class Runner:
             log.warning("cannot read the input file of %s: %s; trying again", batch.id, err)
             return
         checked = await asyncio.to_thread(
-            check_file, data, batch.endpoint, self.settings.max_requests_per_batch
+            check_file, data, batch.endpoint, self.settings.max_requests_per_batch, self.served
         )
         if checked.errors:
             total = sum(1 for raw in data.split(b"\n") if raw.strip())
@@ -217,7 +352,13 @@ class Runner:
         return lane
 
     async def fill(self, batch: BatchRecord, now: float) -> None:
-        """Send this batch's pending requests while its models' lanes have room."""
+        """Send this batch's pending requests while its models' lanes have room (and its owner is not
+        waiting out a rate limit)."""
+        waiting = self.owners_waiting.get(batch.owner)
+        if waiting is not None:
+            if time.monotonic() < waiting:
+                return
+            del self.owners_waiting[batch.owner]
         models = self.models.get(batch.id)
         if models is None:
             models = self.models[batch.id] = sorted(await self.db(self.db.store.pending_models, batch.id))
@@ -267,20 +408,22 @@ class Runner:
         try:
             while True:
                 attempt += 1
-                answer: Answer | None = None
-                failure = ""
                 started = time.monotonic()
-                try:
-                    answer = await self.client.post(batch.endpoint, pending.body, rid, s.request_timeout_s)
-                except (UpstreamError, TimeoutError, OSError) as err:
-                    failure = f"the router gave no answer: {err or type(err).__name__}"
+                answer, failure = await self._post(batch, pending, rid)
                 self.metrics.duration.labels(lane.model).observe(time.monotonic() - started)
-                verdict = pacing.verdict(answer.status if answer else None, attempt, s.max_attempts)
-                if verdict == pacing.Verdict.REFUSED:
-                    lane.paused_until = time.monotonic() + lane.window.refused()
-                    self.buffers.setdefault((batch.id, lane.model), deque()).appendleft(pending)
-                    self.inflight.get(batch.id, set()).discard(pending.line)
-                    self.metrics.requests.labels(lane.model, "refused").inc()
+                status = answer.status if answer else None
+                verdict = pacing.verdict(status, attempt, s.max_attempts, _error_code(answer))
+                if verdict in (pacing.Verdict.REFUSED, pacing.Verdict.LIMITED):
+                    if verdict == pacing.Verdict.LIMITED and answer is not None:  # the owner waits, alone
+                        wait = min(pacing.LIMITED_PAUSE_MAX_S, answer.retry_after_s or 1.0)
+                        self.owners_waiting[batch.owner] = time.monotonic() + wait
+                    else:  # no headroom: the model's lane slows down
+                        lane.paused_until = time.monotonic() + lane.window.refused()
+                    if batch.id in self.inflight:  # (not when the batch ended meanwhile)
+                        self.buffers.setdefault((batch.id, lane.model), deque()).appendleft(pending)
+                        self.inflight[batch.id].discard(pending.line)
+                    outcome = "rate_limited" if verdict == pacing.Verdict.LIMITED else "refused"
+                    self.metrics.requests.labels(lane.model, outcome).inc()
                     return
                 if verdict == pacing.Verdict.RETRY:
                     self.metrics.requests.labels(lane.model, "retried").inc()
@@ -297,20 +440,34 @@ class Runner:
             lane.inflight -= 1
             self.wake.set()
 
+    async def _post(self, batch: BatchRecord, pending: Pending, rid: str) -> tuple[Answer | None, str]:
+        """One try of a line: its answer, or None and why there is none. Never raises (but cancelled): a
+        surprise in one request stays with its line (tried again, then its error line)."""
+        try:
+            answer = await self.client.post(
+                batch.endpoint, pending.body, rid, self.settings.request_timeout_s, batch.owner
+            )
+        except (UpstreamError, TimeoutError, OSError) as err:
+            return None, f"the router gave no answer: {err or type(err).__name__}"
+        except Exception as err:
+            log.exception("line %d of %s could not be sent", pending.line, batch.id)
+            return None, f"the batch service could not send this request ({type(err).__name__})"
+        return answer, ""
+
     def _done(self, result: Result, model: str, outcome: str) -> None:
         self.metrics.requests.labels(model, outcome).inc()
         self.results.append(result)
         if len(self.results) >= FLUSH_AT:
             self._flush_now.set()
 
-    async def _flusher(self) -> None:
+    async def _flush_turn(self) -> float:
         """Commit results in groups; a line leaves ``inflight`` only once its result is committed."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(FLUSH_S):
-                    await self._flush_now.wait()
-            self._flush_now.clear()
-            await self.flush()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FLUSH_S):
+                await self._flush_now.wait()
+        self._flush_now.clear()
+        await self.flush()
+        return 0.0
 
     async def flush(self) -> None:
         if not self.results:
@@ -348,14 +505,13 @@ class Runner:
                     n_out,
                     n_err,
                 )
-            for key in [k for k in self.buffers if k[0] == batch.id]:
-                self.buffers.pop(key, None)
-                self.cursors.pop(key, None)
-            self.models.pop(batch.id, None)
-            self.inflight.pop(batch.id, None)
-        except BlobError as err:
-            log.warning("cannot write the files of %s: %s; trying again", batch.id, err)
+            self._forget(batch.id)
+        except ENVIRONMENT as err:
+            log.warning("cannot close %s yet: %s; trying again", batch.id, err)
             await asyncio.sleep(5.0)
+        except Exception as err:
+            with contextlib.suppress(*ENVIRONMENT):  # then the next tick tries again
+                await self.trouble(batch, err)
         finally:
             for path in (out_path, err_path):
                 path.unlink(missing_ok=True)
@@ -383,28 +539,29 @@ class Runner:
 
     # --- signals and upkeep -----------------------------------------------------------------------
     async def _feed_reader(self, url: str) -> None:
-        """Keep the health monitor's latest feed (routable replicas, engine queues)."""
+        """Keep the health monitor's latest feed (routable replicas, engine queues); a feed that cannot be
+        had, or is not the feed's shape, is none (then only the router's admission paces)."""
         timeout = aiohttp.ClientTimeout(total=FEED_INTERVAL_S)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            while True:
+
+            async def turn() -> float:
                 try:
                     async with session.get(url) as resp:
-                        self.feed = await resp.json(content_type=None) if resp.status == 200 else None
+                        feed = await resp.json(content_type=None) if resp.status == 200 else None
                 except (aiohttp.ClientError, TimeoutError, ValueError):
-                    self.feed = None
-                await asyncio.sleep(FEED_INTERVAL_S)
+                    feed = None
+                self.feed = feed if isinstance(feed, dict) else None
+                return FEED_INTERVAL_S
 
-    async def _janitor(self) -> None:
+            await self._every("feed", turn)
+
+    async def _janitor_turn(self) -> float:
         """Delete files whose expiry passed (uploads after ``file_ttl_s``, results likewise)."""
         store: Store = self.db.store
-        while True:
-            try:
-                for file_id, blob in await self.db(store.expired_files, int(time.time())):
-                    await self.blobs.delete(blob)
-                    await self.db(store.forget_file, file_id)
-            except (BlobError, OSError) as err:
-                log.warning("expired files not deleted yet: %s", err)
-            await asyncio.sleep(JANITOR_INTERVAL_S)
+        for file_id, blob in await self.db(store.expired_files, int(time.time())):
+            await self.blobs.delete(blob)
+            await self.db(store.forget_file, file_id)
+        return JANITOR_INTERVAL_S
 
     async def snapshot(self) -> None:
         """Set the gauges from the store and the lanes (called before each scrape)."""
@@ -414,8 +571,12 @@ class Runner:
         for status in Status:
             m.batches.labels(status.value).set(counts.get(status.value, 0))
         pending = await self.db(store.pending_by_model)
-        for model in set(pending) | set(self.lanes):
+        shown = set(pending) | set(self.lanes)
+        for model in shown:
             m.pending.labels(model).set(pending.get(model, 0))
+        for model in self._shown - shown:  # no unfinished batch uses it: its series go
+            m.forget_model(model)
+        self._shown = shown
         for model, lane in self.lanes.items():
             m.inflight.labels(model).set(lane.inflight)
             m.window.labels(model).set(lane.window.limit(lane.cap))

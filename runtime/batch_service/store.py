@@ -116,6 +116,31 @@ class Result:
     cached_tokens: int = 0
 
 
+class QuotaExceededError(Exception):
+    """An upload would take its owner past its files quota; the message says which limit and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Files and bytes one owner may keep."""
+
+    files: int
+    bytes: int
+
+    def check(self, files: int, used: int, adding: int) -> None:
+        """``QuotaExceededError`` when one more file of ``adding`` bytes does not fit beside ``files`` of ``used``."""
+        if files + 1 > self.files:
+            raise QuotaExceededError(
+                f"this key keeps {files:,} files, the most it may keep; delete some (DELETE /v1/files/{{id}})"
+                " or wait for them to expire"
+            )
+        if used + adding > self.bytes:
+            raise QuotaExceededError(
+                f"this key keeps {used:,} bytes of files and may keep at most {self.bytes:,}; this file of"
+                f" {adding:,} bytes does not fit: delete some (DELETE /v1/files/{{id}}) or wait for them to expire"
+            )
+
+
 @dataclass(frozen=True)
 class Pending:
     line: int
@@ -179,8 +204,27 @@ class Store:
             ),
         )
 
-    def add_file(self, record: FileRecord, blob: str) -> None:
-        self._write(lambda db: self._insert_file(db, record, blob))
+    def add_file(self, record: FileRecord, blob: str, quota: Quota | None = None) -> None:
+        """Keep a file; with ``quota``, only while its owner stays within it (``QuotaExceededError`` otherwise,
+        checked in the same transaction, so concurrent uploads cannot both slip in)."""
+
+        def work(db: sqlite3.Connection) -> None:
+            if quota is not None:
+                quota.check(*self._usage(db, record.owner), record.bytes)
+            self._insert_file(db, record, blob)
+
+        self._write(work)
+
+    @staticmethod
+    def _usage(db: sqlite3.Connection, owner: str) -> tuple[int, int]:
+        row = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM files WHERE owner = ?", (owner,)
+        ).fetchone()
+        return int(row[0]), int(row[1])
+
+    def usage(self, owner: str) -> tuple[int, int]:
+        """(files, bytes) ``owner`` keeps: uploads and its batches' results."""
+        return self._usage(self.db, owner)
 
     @staticmethod
     def _file(row: tuple[Any, ...]) -> FileRecord:
@@ -364,6 +408,25 @@ class Store:
                 return False
             self._update_doc(db, batch_id, Status.FAILED, failed_at=now, errors=[e.to_api() for e in errors])
             db.execute("UPDATE batches SET total = ? WHERE id = ?", (total, batch_id))
+            return True
+
+        ok: bool = self._write(work)
+        return ok
+
+    def give_up(self, batch_id: str, error: BatchError, now: int) -> bool:
+        """The service could not move this batch on, again and again: ``failed`` with ``error``, whatever
+        its status (only while active); lines without a result count as failed, its rows go."""
+
+        def work(db: sqlite3.Connection) -> bool:
+            row = db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            if row is None or Status(row[0]) not in ACTIVE:
+                return False
+            left = db.execute(
+                "SELECT COUNT(*) FROM requests WHERE batch_id = ? AND done = 0", (batch_id,)
+            ).fetchone()[0]
+            self._update_doc(db, batch_id, Status.FAILED, failed_at=now, errors=[error.to_api()])
+            db.execute("UPDATE batches SET failed = failed + ? WHERE id = ?", (left, batch_id))
+            db.execute("DELETE FROM requests WHERE batch_id = ?", (batch_id,))
             return True
 
         ok: bool = self._write(work)

@@ -1,23 +1,35 @@
 """An input file, line by line, against the batch it is for. Pure.
 
 Each non-blank line must be a JSON object ``{"custom_id", "method": "POST", "url": <the batch's endpoint>,
-"body": {"model": ..., ...}}`` with a ``custom_id`` unique in the file. Any line that is not, and a file
-with no requests or more than the limit, fail the batch's validation (status ``failed``) with one
-``errors`` entry per problem and its line number, as the OpenAI API does; nothing runs then. What only the
-endpoint can judge (an unknown model, a bad parameter) is a per-line error in the error file later.
+"body": {"model": <a model the platform serves>, ...}}`` with a ``custom_id`` unique in the file. Any line
+that is not, and a file with no requests or more than the limit, fail the batch's validation (status
+``failed``) with one ``errors`` entry per problem and its line number, as the OpenAI API does; nothing runs
+then. Whatever a line holds (nesting thousands deep, lone surrogates, anything else that trips a parser),
+its problem is that line's error, never an exception. What only the endpoint can judge (a bad parameter)
+is a per-line error in the error file later.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 from runtime.batch_service.objects import BatchError
+from runtime.config import RuntimeConfig
 
 #: Errors listed on a failed batch at most; the last entry says how many more lines had problems.
 MAX_ERRORS = 1000
 CUSTOM_ID_MAX = 512
+#: Served models named in a ``model_not_found`` message at most.
+MODELS_SHOWN = 20
+
+
+def served_models(config: RuntimeConfig) -> frozenset[str]:
+    """The model names a request may ask for, as the router resolves them: each model's served name (a
+    model served in versions by its own name, not its versions'), and each LoRA adapter."""
+    return frozenset({m.served_name for m in config.models} | set(config.adapter_parents()))
 
 
 @dataclass(frozen=True)
@@ -44,12 +56,16 @@ def _problem(number: int, code: str, message: str, param: str | None = None) -> 
     return BatchError(code=code, message=f"Line {number}: {message}", param=param, line=number)
 
 
-def check_line(number: int, raw: bytes, endpoint: str) -> Line | BatchError:
-    """One line of the file (without its newline)."""
+def check_line(
+    number: int, raw: bytes, endpoint: str, models: Collection[str] | None = None
+) -> Line | BatchError:
+    """One line of the file (without its newline); ``models``: those served (None: any)."""
     try:
         obj: Any = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         return _problem(number, "invalid_json_line", f"not valid JSON ({err})")
+    except RecursionError:
+        return _problem(number, "invalid_json_line", "not valid JSON here: nested too deeply")
     if not isinstance(obj, dict):
         return _problem(number, "invalid_json_line", "each line must be a JSON object")
     custom_id = obj.get("custom_id")
@@ -79,14 +95,40 @@ def check_line(number: int, raw: bytes, endpoint: str) -> Line | BatchError:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         return _problem(number, "missing_required_parameter", "`body.model` is required", "body.model")
+    if models is not None and model not in models:
+        shown = ", ".join(sorted(models)[:MODELS_SHOWN]) + (", ..." if len(models) > MODELS_SHOWN else "")
+        return _problem(
+            number,
+            "model_not_found",
+            f"the model {model[:200]!r} is not served here; served: {shown or 'none'}",
+            "body.model",
+        )
     if body.get("stream"):
         return _problem(number, "invalid_body", "streaming is not supported in a batch", "body.stream")
-    encoded = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        encoded = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        custom_id.encode()
+    except UnicodeEncodeError:
+        return _problem(number, "invalid_json_line", "holds a lone surrogate escape (\\ud800-\\udfff)")
+    except RecursionError:
+        return _problem(number, "invalid_json_line", "not valid JSON here: nested too deeply")
     return Line(number, custom_id, model, encoded)
 
 
-def check_file(data: bytes, endpoint: str, max_requests: int) -> Checked:
-    """Every line of ``data``; errors name the line (blank lines are skipped, but counted)."""
+def _guarded(number: int, raw: bytes, endpoint: str, models: Collection[str] | None) -> Line | BatchError:
+    """``check_line``, and whatever else a line may raise is that line's error: one line never stops the
+    file (or, as before, every batch after it)."""
+    try:
+        return check_line(number, raw, endpoint, models)
+    except Exception as err:  # the boundary of one line
+        return _problem(number, "invalid_json_line", f"cannot be read ({type(err).__name__})")
+
+
+def check_file(
+    data: bytes, endpoint: str, max_requests: int, models: Collection[str] | None = None
+) -> Checked:
+    """Every line of ``data``; errors name the line (blank lines are skipped, but counted). ``models``:
+    those the platform serves (None: any)."""
     lines: list[Line] = []
     errors: list[BatchError] = []
     problems = 0
@@ -103,7 +145,7 @@ def check_file(data: bytes, endpoint: str, max_requests: int) -> Checked:
         if not raw.strip():
             continue
         requests += 1
-        checked = check_line(number, raw.rstrip(b"\r"), endpoint)
+        checked = _guarded(number, raw.rstrip(b"\r"), endpoint, models)
         if isinstance(checked, BatchError):
             report(checked)
             continue

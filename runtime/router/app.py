@@ -120,6 +120,8 @@ class Router:
     def _authenticate(self, req: Request) -> Answer | None:
         if self.require_key or len(self.keys):
             who = self.keys.authenticate(req.headers.get(b"authorization"), self.require_key)
+            if not isinstance(who, Denied):  # a batch's line: its owner's scopes and limits
+                who = self.batch_api.on_behalf(who, req.headers, self.keys)
             if isinstance(who, Denied):
                 self.metrics.reject("auth", "")
                 return Answer.error(who.status, who.message, code=who.code)
@@ -264,7 +266,14 @@ class Router:
             message = f"The model `{model}` does not exist here; served: {served}"
             self._fail(conn, 404, message, "unknown_model", code="model_not_found", param="model")
             return
-        # 3. may they
+        # 3. may they (a low-priority request without headroom is refused first: that costs nobody's limit)
+        avoid: frozenset[str] | None = None
+        if headers.get(PRIORITY_HEADER) == LOW_PRIORITY:  # the batch service: only into headroom
+            avoid = low_priority_avoid(state, self.batch_api.low_priority_share, started)
+            if avoid is None:
+                message = f"no headroom for low-priority requests to {model!r} now"
+                self._fail(conn, 429, message, "low_priority", code="no_headroom", retry_after_s=1)
+                return
         if principal is not None:
             limits = self.limits
             denied = (
@@ -285,12 +294,7 @@ class Router:
                 return
         # 4. route and proxy: fill only what the strategy's scorers declared they read
         ctx = state.context(started, asked.payload, functools.partial(_header, headers), adapter, kind=kind)
-        if headers.get(PRIORITY_HEADER) == LOW_PRIORITY:  # the batch service: only into headroom
-            avoid = low_priority_avoid(state, self.batch_api.low_priority_share, started)
-            if avoid is None:
-                message = f"no headroom for low-priority requests to {model!r} now"
-                self._fail(conn, 429, message, "low_priority", code="no_headroom", retry_after_s=1)
-                return
+        if avoid is not None:
             ctx.exclude = avoid
         tail = forwarded_tail(headers, self.rid_header, rid, req.body)
         self.retry_budget.deposit()

@@ -4,10 +4,16 @@
    service) its model scopes apply as to inference calls; the call is then passed to the batch service
    with who made it (``x-inferstack-key``) and what the key may use (``x-inferstack-models``). Headers
    of those names from a client are dropped, never passed on.
-2. Low priority: a request marked ``x-inferstack-priority: low`` (the batch service's) is admitted only
+2. A line's owner: the batch service sends each line of a batch with its own key and the name of the key
+   that owns the batch (``x-inferstack-key``). That name is believed from the batch service's key
+   (``batches.router_key_name``) only, never from anyone else, and the line is then admitted and charged
+   as the owner's: its scopes, its request and token limits (``on_behalf``).
+3. Low priority: a request marked ``x-inferstack-priority: low`` (the batch service's) is admitted only
    while nobody waits in the model's line and some replica holds fewer requests than ``share`` of its
    cap; it then goes only to such a replica. Otherwise it is refused at once (429 ``no_headroom``),
-   never queued ahead of, or beside, interactive requests.
+   never queued ahead of, or beside, interactive requests, and before any rate limit is charged (the
+   batch service sends a refused line again: were each refusal charged, a batch would eat its owner's
+   limit).
 
 An upload (``POST /v1/files``, exactly) may be as large as a batch input file. Its key is checked at the
 request head (the router's ``head``), and its body is passed on as it arrives, never held whole: the
@@ -19,11 +25,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from runtime.api_keys import Principal
+from runtime.api_keys import Denied, KeyTable, Principal
 from runtime.config import BatchesSettings, RuntimeConfig
 from runtime.http import PRINCIPAL_HEADER, SCOPES_HEADER, error_body
 from runtime.router.proxy import HOP_BY_HOP
-from runtime.server import Body, BodyError, Connection, Request
+from runtime.server import Body, BodyError, Connection, Headers, Request
 from runtime.upstream import Exchange, Pool, UpstreamError
 
 if TYPE_CHECKING:
@@ -167,6 +173,19 @@ class BatchApiHooks:
         self.forwarder: BatchApiForwarder | None = None
         self.low_priority_share: float = BatchesSettings.model_fields["headroom_share"].default
         self.upload_max_bytes = 0
+        self.service_key: str | None = None  # the batch service's key name (batches.router_key_name)
+
+    def on_behalf(self, who: Principal | None, headers: Headers, keys: KeyTable) -> Principal | Denied | None:
+        """Whose scopes and limits a request is charged to: the caller's, except that the batch service's key
+        may name the batch's owner in ``x-inferstack-key``: then the owner's (401 when that key is gone)."""
+        owner = headers.get(PRINCIPAL_HEADER)
+        if who is None or owner is None or self.service_key is None or who.name != self.service_key:
+            return who
+        name = owner.decode("utf-8", "replace")
+        found = keys.by_name.get(name)
+        if found is None:
+            return Denied(401, f"the key {name!r} that owns this batch is no longer valid", "invalid_api_key")
+        return found
 
     def configure(self, cfg: RuntimeConfig) -> None:
         s, batches = cfg.router, cfg.batches
@@ -180,6 +199,7 @@ class BatchApiHooks:
             )
         if batches is not None:
             self.low_priority_share = batches.headroom_share
+        self.service_key = batches.router_key_name if batches else None
         self.upload_max_bytes = batches.max_file_bytes + UPLOAD_SLACK_BYTES if batches else 0
 
     def on_head(self, req: Request) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,10 @@ def lt() -> Iterator[LoopThread]:
     loop_thread.stop()
 
 
-@pytest.fixture
-def make_stack(lt: LoopThread, tmp_path: Path) -> Iterator[Callable[..., BatchStack]]:
-    """``make_stack(engines=1, double=dict(...), batches=dict(...), router=dict(...), start=True)``."""
+@contextlib.contextmanager
+def _stacks(lt: LoopThread, root: Path) -> Iterator[Callable[..., BatchStack]]:
+    """``make(engines=1, double=dict(...), batches=dict(...), router=dict(...), service_key=None,
+    preload="", from_file=False, start=True)``; every stack made and its doubles stop at the end."""
     stacks: list[BatchStack] = []
     doubles: list[Double] = []
 
@@ -31,6 +33,8 @@ def make_stack(lt: LoopThread, tmp_path: Path) -> Iterator[Callable[..., BatchSt
         batches: dict[str, Any] | None = None,
         router: dict[str, Any] | None = None,
         service_key: str | None = None,
+        preload: str = "",
+        from_file: bool = False,
         start: bool = True,
     ) -> BatchStack:
         made = []
@@ -41,18 +45,38 @@ def make_stack(lt: LoopThread, tmp_path: Path) -> Iterator[Callable[..., BatchSt
         doubles.extend(made)
         stack = BatchStack(
             lt,
-            tmp_path / f"stack{len(stacks)}",
+            root / f"stack{len(stacks)}",
             made,
             batches=batches or {},
             router_extra=router or {},
             service_key=service_key,
+            preload=preload,
+            from_file=from_file,
         )
         stack.tmp.mkdir(parents=True)
         stacks.append(stack)
         return stack.start() if start else stack.start_router()
 
-    yield make
-    for stack in stacks:
-        stack.stop()
-    for d in doubles:
-        lt.run(d.stop())
+    try:
+        yield make
+    finally:
+        for stack in stacks:
+            stack.stop()
+        for d in doubles:
+            lt.run(d.stop())
+
+
+@pytest.fixture
+def make_stack(lt: LoopThread, tmp_path: Path) -> Iterator[Callable[..., BatchStack]]:
+    """Stacks for one test (see ``_stacks``)."""
+    with _stacks(lt, tmp_path) as make:
+        yield make
+
+
+@pytest.fixture(scope="module")
+def make_module_stack(
+    lt: LoopThread, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., BatchStack]]:
+    """Stacks the tests of one module share (see ``_stacks``): each started once."""
+    with _stacks(lt, tmp_path_factory.mktemp("stacks")) as make:
+        yield make

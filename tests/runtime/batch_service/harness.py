@@ -4,6 +4,7 @@ service as its own process (``python -m runtime.batch_service``), so a test can 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -11,8 +12,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ import openai
 import yaml
 
 from tests.conftest import REPO_ROOT
-from tests.runtime.router.harness import Double, LoopThread, RouterUnderTest, router_cfg
+from tests.runtime.router.harness import Double, LoopThread, RouterFromFile, RouterUnderTest, router_cfg
 
 
 def free_port() -> int:
@@ -55,7 +57,9 @@ class BatchStack:
     batches: dict[str, Any] = field(default_factory=dict)  # extra batches settings
     router_extra: dict[str, Any] = field(default_factory=dict)
     service_key: str | None = None  # the API key the batch service sends to the router
-    router: RouterUnderTest | None = None
+    preload: str = ""  # Python run in the batch service's process before it starts (fault injection)
+    from_file: bool = False  # the router as ``python -m runtime.router`` runs it: keys loaded, files watched
+    router: RouterUnderTest | RouterFromFile | None = None
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
 
@@ -71,13 +75,18 @@ class BatchStack:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def router_url(self) -> str:
+        assert self.router is not None
+        return f"http://127.0.0.1:{self.router.port}"
+
     def config(self) -> dict[str, Any]:
         assert self.router is not None or self.port
         cfg = router_cfg([d.url for d in self.doubles], batches_url=self.url, **self.router_extra)
         batches: dict[str, Any] = {
             "host": "127.0.0.1",
             "port": self.port,
-            "router_url": self.router.base if self.router is not None else "http://127.0.0.1:1",
+            "router_url": self.router_url if self.router is not None else "http://127.0.0.1:1",
             "state_dir": str(self.state_dir),
             **self.batches,
         }
@@ -89,7 +98,11 @@ class BatchStack:
 
     def start_router(self) -> BatchStack:
         self.port = self.port or free_port()
-        self.router = RouterUnderTest(self.lt, self.config()).start()
+        if self.from_file:
+            self.config_path.write_text(yaml.safe_dump(self.config()))
+            self.router = RouterFromFile(self.lt, self.config_path).start()
+        else:
+            self.router = RouterUnderTest(self.lt, self.config()).start()
         return self
 
     def start(self) -> BatchStack:
@@ -99,8 +112,12 @@ class BatchStack:
             self.start_router()
         self.config_path.write_text(yaml.safe_dump(self.config()))
         with (self.tmp / "batches.log").open("ab") as log:
+            command = ["-m", "runtime.batch_service"]
+            if self.preload:
+                start = "import sys\nfrom runtime.batch_service.__main__ import main\nmain(sys.argv[1:])"
+                command = ["-c", f"{self.preload}\n{start}"]
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "runtime.batch_service", "--config", str(self.config_path)],
+                [sys.executable, *command, "--config", str(self.config_path)],
                 cwd=REPO_ROOT,
                 env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
                 stdout=log,
@@ -142,11 +159,41 @@ class BatchStack:
 
     def client(self, key: str = "unused") -> openai.OpenAI:
         assert self.router is not None
-        return openai.OpenAI(base_url=f"{self.router.base}/v1", api_key=key, max_retries=0, timeout=30)
+        return openai.OpenAI(base_url=f"{self.router_url}/v1", api_key=key, max_retries=0, timeout=30)
 
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as resp:
+    def metrics(self, timeout_s: float = 5) -> str:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=timeout_s) as resp:
             return str(resp.read().decode())
+
+    def get(self, path: str, owner: str = "", timeout_s: float = 15, method: str = "GET") -> tuple[int, Any]:
+        """A call straight to the batch service (as the router would pass it on for ``owner``), past the
+        router's rate limits."""
+        request = urllib.request.Request(
+            f"{self.url}{path}", headers={"x-inferstack-key": owner}, method=method
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+
+def upload(client: openai.OpenAI, data: bytes, name: str = "in.jsonl") -> str:
+    return client.files.create(file=(name, io.BytesIO(data)), purpose="batch").id
+
+
+def run_batch(client: openai.OpenAI, data: bytes, endpoint: str = "/v1/chat/completions") -> str:
+    file_id = upload(client, data)
+    return client.batches.create(input_file_id=file_id, endpoint=endpoint, completion_window="24h").id
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    """Poll ``condition`` until it holds; an AssertionError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
+        time.sleep(0.05)
 
 
 def wait_for(client: openai.OpenAI, batch_id: str, statuses: set[str], timeout_s: float = 60.0) -> Any:

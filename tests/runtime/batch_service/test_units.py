@@ -114,6 +114,13 @@ def test_multipart_refuses_what_is_not_a_form(ctype, body):
     ("status", "pending", "inflight", "late", "step"),
     [
         (Status.VALIDATING, 0, 0, False, Step.VALIDATE),
+        (
+            Status.VALIDATING,
+            0,
+            0,
+            True,
+            Step.CLOSE_EXPIRED,
+        ),  # its input never read: the window still closes it
         (Status.IN_PROGRESS, 5, 2, False, Step.RUN),
         (Status.IN_PROGRESS, 0, 0, False, Step.FINALIZE),
         (Status.IN_PROGRESS, 5, 2, True, Step.WAIT),
@@ -169,19 +176,20 @@ def test_the_window_grows_by_one_per_window_of_answers_and_halves_on_refusal():
 
 
 @pytest.mark.parametrize(
-    ("status", "attempt", "verdict"),
+    ("status", "attempt", "code", "verdict"),
     [
-        (200, 1, pacing.Verdict.DONE),
-        (400, 1, pacing.Verdict.DONE),
-        (404, 1, pacing.Verdict.DONE),
-        (429, 9, pacing.Verdict.REFUSED),
-        (503, 1, pacing.Verdict.RETRY),
-        (None, 1, pacing.Verdict.RETRY),
-        (502, 5, pacing.Verdict.DONE),  # out of attempts: the error file
+        (200, 1, None, pacing.Verdict.DONE),
+        (400, 1, None, pacing.Verdict.DONE),
+        (404, 1, None, pacing.Verdict.DONE),
+        (429, 9, "no_headroom", pacing.Verdict.REFUSED),
+        (429, 9, pacing.RATE_LIMITED, pacing.Verdict.LIMITED),  # the owner's limit: the owner waits
+        (503, 1, None, pacing.Verdict.RETRY),
+        (None, 1, None, pacing.Verdict.RETRY),
+        (502, 5, None, pacing.Verdict.DONE),  # out of attempts: the error file
     ],
 )
-def test_verdicts(status, attempt, verdict):
-    assert pacing.verdict(status, attempt, 5) == verdict
+def test_verdicts(status, attempt, code, verdict):
+    assert pacing.verdict(status, attempt, 5, code) == verdict
 
 
 # --- the API's shapes, as the openai SDK reads them -------------------------------------------------------
