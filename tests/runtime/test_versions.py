@@ -46,8 +46,16 @@ def test_a_rollback_puts_all_weight_on_stable_and_says_why() -> None:
     assert not split.set_weights((100.0, 0.0))  # unchanged
 
 
-RULE = Rule(max_error_rate=0.05, max_ttft_ratio=1.5, max_inter_token_ratio=1.5, ttft_slo_s=2.0, min_samples=3)
-GOOD = Window(probes=10, failures=0, ttft_p95_s=0.2, inter_token_p95_s=0.02, routable_replicas=1)
+RULE = Rule(
+    max_error_rate=0.05,
+    max_ttft_ratio=1.5,
+    max_inter_token_ratio=1.5,
+    ttft_slo_s=2.0,
+    min_samples=3,
+    min_requests=20,
+)
+N = {"ttft_samples": 20, "inter_token_samples": 20}  # requests behind the p95s: just enough to judge
+GOOD = Window(probes=10, failures=0, ttft_p95_s=0.2, inter_token_p95_s=0.02, routable_replicas=1, **N)
 
 
 @pytest.mark.parametrize(
@@ -57,9 +65,13 @@ GOOD = Window(probes=10, failures=0, ttft_p95_s=0.2, inter_token_p95_s=0.02, rou
         (Window(probes=2, routable_replicas=1), Verdict.HOLD, ""),
         (Window(probes=10, failures=1, routable_replicas=1), Verdict.ROLLBACK, "error_rate"),
         (Window(probes=4, failures=4, routable_replicas=0), Verdict.ROLLBACK, "routable_replicas"),
-        (Window(probes=10, ttft_p95_s=0.4, routable_replicas=1), Verdict.ROLLBACK, "ttft_p95"),
-        (Window(probes=10, inter_token_p95_s=0.05, routable_replicas=1), Verdict.ROLLBACK, "inter_token_p95"),
-        (Window(probes=10, ttft_p95_s=0.29, routable_replicas=1), Verdict.ADVANCE, ""),
+        (Window(probes=10, ttft_p95_s=0.4, routable_replicas=1, **N), Verdict.ROLLBACK, "ttft_p95"),
+        (
+            Window(probes=10, inter_token_p95_s=0.05, routable_replicas=1, **N),
+            Verdict.ROLLBACK,
+            "inter_token_p95",
+        ),
+        (Window(probes=10, ttft_p95_s=0.29, routable_replicas=1, **N), Verdict.ADVANCE, ""),
     ],
 )
 def test_the_canary_verdict(canary: Window, verdict: Verdict, metric: str) -> None:
@@ -70,7 +82,7 @@ def test_the_canary_verdict(canary: Window, verdict: Verdict, metric: str) -> No
 
 
 def test_the_slo_rolls_back_a_canary_even_when_stable_is_as_slow() -> None:
-    slow = Window(probes=10, ttft_p95_s=2.5, routable_replicas=1)
+    slow = Window(probes=10, ttft_p95_s=2.5, routable_replicas=1, **N)
     d = judge(slow, slow, RULE)
     assert d.verdict is Verdict.ROLLBACK and "SLO" in d.reason
 

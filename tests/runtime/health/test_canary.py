@@ -59,15 +59,18 @@ def _config(stable: str, canary: str, **check: Any) -> RuntimeConfig:
 async def test_a_failing_canary_is_rolled_back_within_one_interval_and_says_why(fakes, monitors) -> None:
     stable, canary = await fakes(), await fakes()
     clock, actions = Clock(), RecordingActions()
-    m = await monitors(_config(stable.url, canary.url), clock=clock, actions=actions)
+    m = await monitors(_config(stable.url, canary.url, restart_grace_s=4), clock=clock, actions=actions)
     for _ in range(3):
         clock.now += 1
         await m.probe_all()
     assert m.feed().versions[0].weights == {"v1": 90, "v2": 10}
     canary.engine.health_status = 500  # the canary's engine starts failing
-    for _ in range(3):  # three failed probes eject its only replica: no need to wait for the interval
+    for _ in range(4):  # three failed probes eject its only replica; out for less than the grace: a restart?
         clock.now += 1
         await m.probe_all()
+        assert not m.feed().versions[0].rolled_back
+    clock.now += 1  # out for longer than a restart: no need to wait for the interval
+    await m.probe_all()
     await m.wait_idle()
     v = m.feed().versions[0]
     assert v.weights == {"v1": 100, "v2": 0} and v.rolled_back
@@ -119,7 +122,7 @@ async def test_rollbacks_and_weights_are_on_the_monitors_metrics(fakes, monitors
 
     stable, canary = await fakes(), await fakes()
     clock = Clock()
-    m = await monitors(_config(stable.url, canary.url), clock=clock)
+    m = await monitors(_config(stable.url, canary.url, restart_grace_s=0), clock=clock)
     canary.engine.health_status = 500
     for _ in range(4):
         clock.now += 1
