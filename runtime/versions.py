@@ -8,9 +8,10 @@ know, and tests call them with numbers.
   while the weights stay (the key hashes to a point in [0, 100), and each version owns a range, stable
   first, so moving weight to the canary moves only the sessions in between). Requests without a key are
   spread by smooth weighted round robin, which hits the weights exactly rather than on average.
-  The hash is public, so a client can choose keys that land on a canary; one client's key may therefore
-  hold at most ``MAX_CLIENT_SHARE`` of a canary's recent requests (past it, its requests go to the stable
-  version), so no one client makes up a canary's traffic, and with it the latency its verdict reads.
+  The hash is public, so a client can choose keys that land on a canary. Where a canary is judged
+  (``client_share``), one client (its API key, else its session key) may hold only a small share of the
+  canary's recent requests; past it its keyed requests go to the stable version. No one client then makes
+  up the tail of the canary's latency, which its verdict reads.
 - :func:`judge` compares a canary's window with the stable version's and with the SLO.
 """
 
@@ -23,12 +24,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 #: A canary's recent requests a split remembers (per version that is not the stable one), and the share of
-#: them one client (a session key, or the caller's client identity) may hold: its requests past it go to the
-#: stable version. One client then cannot make up a canary's latency window, and a session that sends
-#: little keeps its version as before.
+#: them one client may hold when a canary is judged: below the 5 % tail a p95 reads, so one client's
+#: requests, however slow, cannot make the canary's p95 alone (its first request always goes where its key
+#: says). Requests without a key are spread by weight whoever sends them: they count, uncapped.
 CLIENT_WINDOW = 100
-MAX_CLIENT_SHARE = 0.2
-_ANONYMOUS = -1  # a request without a key, in the window: counts towards the canary's traffic, never capped
+MAX_CLIENT_SHARE = 0.04
+_ANONYMOUS = -1
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Split:
     weights: tuple[float, ...]
     configured: tuple[float, ...] = ()  # the weights the config gave (an override may replace ``weights``)
     override_reason: str = ""  # why the weights differ from the config (a rollback), or ""
+    client_share: float = 1.0  # most of a canary's recent keyed requests one client may hold (1: no cap)
     _current: list[float] = field(default_factory=list)  # smooth weighted round robin state
     _recent: dict[int, deque[int]] = field(default_factory=dict)  # version index -> recent clients' digests
     _held: dict[int, Counter[int]] = field(default_factory=dict)  # version index -> digest -> in _recent
@@ -69,27 +71,28 @@ class Split:
         self, session: str | None, usable: Callable[[str], bool] = lambda _: True, client: str | None = None
     ) -> str | None:
         """The version for one request, among those ``usable`` says can serve now; None if none can.
-        ``client`` names who sends it (an API key) when the caller knows; else the session key does."""
+        ``client`` names who sends it (an API key's name) when the caller knows; else the session key does."""
         live = [w if usable(v) else 0.0 for v, w in zip(self.versions, self.weights, strict=True)]
         if sum(live) <= 0:
             fallback = [v for v in self.versions if usable(v)]
             return fallback[0] if fallback else None
         if session is None:
             i = self._round_robin(live)
-            if i > 0:
+            if i > 0 and self.client_share < 1:
                 self._admit(i, _ANONYMOUS)
             return self.versions[i]
         i = _range_of(_point(session), live)
-        if i > 0 and not self._admit(i, _digest(client if client is not None else session)) and live[0] > 0:
+        capped = i > 0 and self.client_share < 1 and live[0] > 0
+        if capped and not self._admit(i, _digest(client if client is not None else session)):
             return self.stable  # this client already holds its share of the canary's recent requests
         return self.versions[i]
 
     def _admit(self, i: int, who: int) -> bool:
-        """Count one request of ``who`` towards version ``i``'s window; False (not counted) when ``who``
-        already holds ``MAX_CLIENT_SHARE`` of it."""
+        """Count one request of ``who`` towards version ``i``'s window; False (not counted) when that would
+        put more than ``client_share`` of the window on ``who`` (its first request is always let through)."""
         recent = self._recent.setdefault(i, deque())
         held = self._held.setdefault(i, Counter())
-        if who != _ANONYMOUS and held[who] >= max(1, int(MAX_CLIENT_SHARE * CLIENT_WINDOW)):
+        if who != _ANONYMOUS and held[who] >= max(1, int(self.client_share * (len(recent) + 1))):
             return False
         recent.append(who)
         held[who] += 1
