@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from runtime.config import RuntimeConfig
-from runtime.versions import Rule, Split, Verdict, Window, judge, rolled_back
+from runtime.versions import MAX_CLIENT_SHARE, Rule, Split, Verdict, Window, judge, rolled_back
 
 
 def test_without_a_session_the_split_hits_the_weights_exactly() -> None:
@@ -44,6 +44,21 @@ def test_a_rollback_puts_all_weight_on_stable_and_says_why() -> None:
     assert split.weights == (100.0, 0.0) and split.override_reason == "canary error rate 100%"
     assert {split.choose(f"s{i}") for i in range(100)} == {"v1"}
     assert not split.set_weights((100.0, 0.0))  # unchanged
+
+
+def test_one_client_holds_a_small_share_of_a_judged_canarys_keyed_requests() -> None:
+    free = Split("chat", ("v1", "v2"), (90.0, 10.0))
+    canary_keys = [k for k in (f"s{i}" for i in range(3000)) if free.choose(k) == "v2"][:60]
+    assert {free.choose(k) for k in canary_keys} == {"v2"}  # no canary judged: sessions choose freely
+    split = Split("chat", ("v1", "v2"), (90.0, 10.0), client_share=MAX_CLIENT_SHARE)
+    got = Counter(split.choose(k, client="attacker") for k in canary_keys[:30])
+    assert got == {"v2": 1, "v1": 29}  # its first request goes where its key says; then stable
+    for _ in range(1000):  # others' traffic without keys: 100 canary requests, never capped
+        split.choose(None)
+    others = Counter(split.choose(k, client=k) for k in canary_keys[30:])  # thirty one-request sessions
+    assert others == {"v2": 30}
+    got = Counter(split.choose(k, client="attacker") for k in canary_keys[:30])
+    assert got["v2"] <= MAX_CLIENT_SHARE * 100 + 1
 
 
 RULE = Rule(

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.config import ModelTarget, RuntimeConfig
+from runtime.health.canary import Canaries
 from runtime.health.kube import REASON_ROLLED_BACK, rollback_event
 
 
@@ -133,3 +134,22 @@ async def test_rollbacks_and_weights_are_on_the_monitors_metrics(fakes, monitors
         in text
     )
     assert 'inferstack_health_version_weight{model="chat",version="v2"} 0.0' in text
+
+
+def test_one_restart_is_let_go_but_a_crash_loop_counts() -> None:
+    canaries = Canaries(_config("http://s:1", "http://c:1", restart_grace_s=60), 0.0)
+    down, up = (False, False), (True, True)  # (probe ok, routable after it)
+
+    def observe(*steps: tuple[bool, bool]) -> None:
+        for ok, routable in steps:
+            observe.now += 1  # type: ignore[attr-defined]
+            canaries.observe("chat-v2", "http://c:1", ok, routable, observe.now)  # type: ignore[attr-defined]
+
+    observe.now = 0.0  # type: ignore[attr-defined]
+    observe(up, down, down, down, up)  # out and back within the grace: a restart
+    tally = canaries.models["chat"].tallies["chat-v2"]
+    assert (tally.probes, tally.failures) == (2, 0)
+    observe(down, down, down, up)  # again, moments later: not a restart any more
+    assert (tally.probes, tally.failures) == (6, 3)
+    observe((False, True), up)  # a failure that took nothing out of rotation is an error, not a restart
+    assert (tally.probes, tally.failures) == (8, 4)
