@@ -143,7 +143,7 @@ async def fetch_feed(session: aiohttp.ClientSession, url: str, timeout_s: float)
             if resp.status != 200:
                 return None
             feed = await resp.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+    except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError) as err:
         log.warning("health feed %s unavailable (%s); probing engines directly", url, err)
         return None
     return read_feed(feed, time.time()) if isinstance(feed, dict) else None
