@@ -184,14 +184,11 @@ def test_bad_input_gets_the_apis_own_error_shapes_and_nothing_is_lost(stack: Bat
     with pytest.raises(openai.BadRequestError) as oversized:
         client.files.create(file=("big.jsonl", io.BytesIO(b"x" * (1024 * 1024 + 1))), purpose="batch")
     assert oversized.value.body["code"] == "file_too_large"
-    # a wrong model: per-line errors in the error file, the other lines answered
+    # a model the platform does not serve: refused at validation, each line named, nothing runs (#34: names
+    # from input files must not grow the service's lanes and metric series)
     lines = [_line(f"ok-{i}") for i in range(3)] + [
         _line(f"nope-{i}", model="no-such-model") for i in range(2)
     ]
     mixed = _wait(client, _submit(client, lines), {"completed", "failed"})
-    assert (mixed.request_counts.completed, mixed.request_counts.failed) == (3, 2)
-    out, err = _jsonl(client, mixed.output_file_id), _jsonl(client, mixed.error_file_id)
-    assert [x["custom_id"] for x in out] == ["ok-0", "ok-1", "ok-2"]
-    assert [x["custom_id"] for x in err] == ["nope-0", "nope-1"]
-    assert {x["response"]["status_code"] for x in err} == {404}
-    assert {x["response"]["body"]["error"]["code"] for x in err} == {"model_not_found"}
+    assert mixed.status == "failed"
+    assert [(e.line, e.code) for e in mixed.errors.data] == [(4, "model_not_found"), (5, "model_not_found")]
