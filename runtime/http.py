@@ -48,6 +48,13 @@ REASONS: dict[int, str] = {
 }
 
 
+#: A request refused for load, not for the caller's own limits (those are 429 ``rate_limit_error``): 503 with a
+#: ``Retry-After`` header and this ``code``, from the router and the endpoint picker alike, so a client (and the
+#: openai SDK's retry) can tell "slow down, you" from "the service is full, try again shortly".
+OVERLOADED = 503
+OVERLOADED_CODE = "overloaded"
+
+
 def error_body(status: int, message: str, *, code: str | None = None, param: str | None = None) -> bytes:
     """The JSON body OpenAI's API returns for an error, so SDKs raise their usual exceptions."""
     payload = {
