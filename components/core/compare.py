@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from components.core import catalog, cost, sizing
-from components.core.placement import Layout, Placement
+from components.core.placement import Layout
 from components.spec import ModelSpec, PlatformSpec
 
 SECONDS_PER_MONTH = catalog.HOURS_PER_MONTH * 3600
@@ -156,16 +156,7 @@ def cheapest_host(
     """The instance type (and tensor-parallel size) with the lowest on-demand cost per generated token."""
     best: tuple[float, SelfHosted] | None = None
     for candidate in sizing.candidates(arch, shape, fixed_parallelism=False):
-        placement = Placement(
-            name,
-            arch,
-            "compare",
-            candidate.instance,
-            candidate.gpus_per_replica,
-            candidate.fit,
-            "cheapest per token",
-        )
-        tps = cost.decode_tokens_per_second(placement)
+        tps = cost.roofline_tokens_per_second(arch, candidate.instance, candidate.fit)
         hosted = SelfHosted(
             name, candidate.instance.name, candidate.usd_per_replica_month, tps, 0, max_replicas
         )

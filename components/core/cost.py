@@ -17,7 +17,7 @@ from components.core import catalog, sizing
 from components.core.enums import CapacityType
 
 if TYPE_CHECKING:  # annotations only: `inferstack size` prices instance types without loading the spec
-    from components.core.placement import Layout, Placement, PoolPlan
+    from components.core.placement import Layout, Placement, PoolPlan, Share
     from components.spec import PlatformSpec
 
 # The throughput assumption behind USD per million tokens, stated once and printed with the figure.
@@ -74,18 +74,26 @@ class ModelCost:
 
 def decode_tokens_per_second(placement: Placement) -> float | None:
     """Roofline estimate of one replica's generated tokens/s (see THROUGHPUT_ASSUMPTION)."""
-    fit, instance = placement.fit, placement.instance
-    if fit is None or instance is None or placement.arch.pooling:
+    return roofline_tokens_per_second(placement.arch, placement.instance, placement.fit, placement.share)
+
+
+def roofline_tokens_per_second(
+    arch: catalog.ModelArch,
+    instance: catalog.InstanceType | None,
+    fit: sizing.MemoryFit | None,
+    share: Share | None = None,
+) -> float | None:
+    """One replica's generated tokens/s on ``instance`` by the roofline (None where it has no GPU fit)."""
+    if fit is None or instance is None or arch.pooling:
         return None
     per_token_kv = fit.kv_per_token_kib * 1024
     batch = max(1, min(fit.max_num_seqs, fit.kv_capacity_tokens // ROOFLINE_AVG_CONTEXT_TOKENS))
     # Mixture-of-experts reads only the active experts' weights per token (upper bound: all of them at batch 1).
-    active = placement.arch.params_per_token_b / placement.arch.params_b
+    active = arch.params_per_token_b / arch.params_b
     bytes_per_step = (
         fit.weights_gib * sizing.GIB * active + batch * ROOFLINE_AVG_CONTEXT_TOKENS * per_token_kv
     )
     bandwidth = instance.gpu_spec.memory_bandwidth_gbps * 1e9 * ROOFLINE_BANDWIDTH_EFFICIENCY
-    share = placement.share
     if share is not None and share.profile is not None:  # a MIG instance has its slices of the bandwidth
         bandwidth *= share.profile.memory_slices / catalog.MIG_MEMORY_SLICES
     elif share is not None:  # time slices take turns: with every slice busy, each gets its turn's worth

@@ -23,7 +23,7 @@ from components.core.placement import Layout, Placement, PoolPlan
 from components.core.rollout import Rollout
 from components.core.scaling import Thresholds
 from components.core.startup import IdleState, Phase, StartupBudget
-from components.core.weights import coldstart, fetch
+from components.core.weights import coldstart
 from components.core.weights.coldstart import ColdStart
 from components.core.weights.fetch import Fetch
 from components.spec import ModelSpec, PlatformSpec
@@ -37,8 +37,6 @@ class ModelDecisions:
     placement: Placement
     pool: PoolPlan | None
     """The GPU pool it runs in (None: a CPU engine on the general nodes)."""
-    fetch: Fetch
-    """How its engines get their weights from the model store, with the reason."""
     weights_gib: float
     """One replica's weights."""
     cold_starts: tuple[ColdStart, ...]
@@ -51,6 +49,12 @@ class ModelDecisions:
     """What its replicas do when nobody asks, and what coming back costs."""
     scaling: Thresholds
     """When replicas are added and removed (what the scaler and the alerts render)."""
+
+    @property
+    def fetch(self) -> Fetch:
+        """How its engines get their weights from the model store, with the reason (placement decided it with the
+        instance)."""
+        return self.placement.fetch
 
     @property
     def weights_phase(self) -> Phase:
@@ -82,14 +86,12 @@ def _decide_models(spec: PlatformSpec, layout: Layout) -> dict[str, ModelDecisio
     out: dict[str, ModelDecisions] = {}
     for model in spec.models:
         placement = layout.placements[model.name]
-        way = fetch.decide(model, placement.instance)
         gib = startup.weights_gib(model, placement)
-        budget = startup.budget(model, placement, way)
+        budget = startup.budget(model, placement)
         out[model.name] = ModelDecisions(
             model=model,
             placement=placement,
             pool=layout.pools[placement.pool] if placement.pool is not None else None,
-            fetch=way,
             weights_gib=gib,
             cold_starts=tuple(coldstart.compare(gib, placement.instance, placement.gpus_per_replica)),
             startup=budget,

@@ -26,7 +26,7 @@ from typing import Any
 from components.core import catalog, sizing
 from components.core.placement import Layout, Placement, engine_shape
 from components.core.problems import Planned, PlanRule, Problem
-from components.core.weights import store
+from components.core.weights import fetch, store
 from components.spec import (
     ArchitectureSpec,
     ModelSpec,
@@ -189,7 +189,10 @@ def expand(spec: PlatformSpec, layout: Layout) -> tuple[PlatformSpec, Layout]:
         placed = layout.placements[m.name]
         for unit in units(spec, m, gpu_of(placed)):
             models.append(unit)
-            placements[unit.name] = replace(placed, model=unit.name)
+            # A unit is placed where its model is; its own engine decides its fetch path on that instance.
+            placements[unit.name] = replace(
+                placed, model=unit.name, fetch=fetch.decide(unit, placed.instance)
+            )
             named.setdefault(m.name, []).append(unit.name)
     pools = {
         name: replace(pool, models=tuple(u for member in pool.models for u in named.get(member, [member])))
@@ -227,11 +230,11 @@ def versions_fit(planned: Planned) -> list[Problem]:
     return out
 
 
-def describe(spec: PlatformSpec, layout: Layout, prepared: Sequence[Preparation] | None = None) -> list[str]:
+def describe(spec: PlatformSpec, layout: Layout, prepared: Sequence[Preparation]) -> list[str]:
     """The plan's account of versions: weights, the canary's step, the rollback rule, the preparation Jobs
-    (``prepared``: the preparations, when the caller made them)."""
+    (``prepared``: the stack's, ``components.core.decisions.Decisions.preparations``)."""
     lines: list[str] = []
-    jobs = {p.unit: p for p in (prepared if prepared is not None else preparations(spec, layout))}
+    jobs = {p.unit: p for p in prepared}
     for m in spec.models:
         if not m.versions or m.rollout.canary is None:
             continue

@@ -110,6 +110,9 @@ class Placement:
     instance: catalog.InstanceType | None
     gpus_per_replica: int
     fit: sizing.MemoryFit | None
+    fetch: fetch.Fetch
+    """How its engines get their weights, decided here with the instance (it depends on the node's disks): the
+    pool's node cache is sized from it, and the startup budget's weights term is its cold start."""
     reason: str
     share: Share | None = None  # on a shared pool: its slice of one GPU
 
@@ -643,7 +646,8 @@ def _place_model(
 ) -> tuple[Placement | None, list[Problem]]:
     path = _model_path(spec, model)
     if model.engine.device is Device.CPU:
-        return Placement(model.name, arch, None, None, 0, None, "CPU engine on the general nodes"), []
+        way = fetch.decide(model, None)
+        return Placement(model.name, arch, None, None, 0, None, way, "CPU engine on the general nodes"), []
     if model.pool != AUTO:
         instance = instances.get(model.pool)
         if instance is None:
@@ -659,6 +663,7 @@ def _place_model(
             instance,
             model.engine.gpus,
             fit,
+            fetch.decide(model, instance),
             f"pool {model.pool} named in the stack file" + (f"; {share.describe()}" if share else ""),
             share,
         ), []
@@ -687,7 +692,8 @@ def _place_model(
     cost, pool_name, fit = min(options)
     instance = instances[pool_name]
     reason = f"auto: cheapest pool that fits ({pool_name}: {instance.name}, ${cost * catalog.HOURS_PER_MONTH:,.0f}/month per replica)"
-    return Placement(model.name, arch, pool_name, instance, model.engine.gpus, fit, reason), []
+    way = fetch.decide(model, instance)
+    return Placement(model.name, arch, pool_name, instance, model.engine.gpus, fit, way, reason), []
 
 
 def _pool_plans(
@@ -895,7 +901,7 @@ def _node_cache(
     placements: dict[str, Placement],
 ) -> tuple[int, fetch.CacheMedium | None, list[Problem]]:
     """Size of a pool's node cache (GiB per node) and where it is; a cache larger than the NVMe is refused."""
-    cached = [m for m in members if fetch.decide(m, instance).path is fetch.FetchPath.NODE_CACHE]
+    cached = [m for m in members if placements[m.name].fetch.path is fetch.FetchPath.NODE_CACHE]
     if not cached and asked_gib is None:
         return 0, None, []
     # A model served in versions keeps a copy per version (each loads its own store prefix).

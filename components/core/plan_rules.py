@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from components.core import capacity, cloud, endpoint, lifecycle, placement, startup
 from components.core.cloud import Cloud
-from components.core.placement import Layout
+from components.core.decisions import Decisions, decide
 from components.core.problems import Planned, PlanRule, Problem
 from components.core.weights import store
 from components.spec import PlatformSpec
@@ -33,9 +33,11 @@ RULES: tuple[PlanRule, ...] = (
 )
 
 
-def check(spec: PlatformSpec, target_cloud: Cloud | None) -> tuple[Layout | None, list[Problem]]:
-    """Where everything lands (None where placement could not finish) and every plan-time problem: placement's,
-    then each rule's, in ``RULES`` order."""
+def check(spec: PlatformSpec, target_cloud: Cloud | None) -> tuple[Decisions | None, list[Problem]]:
+    """Every decision about the spec (None where placement could not finish) and every plan-time problem:
+    placement's, then each rule's, in ``RULES`` order. The decisions are made once, here, and the rules read them;
+    so does everything after validation (``stackfile.Stack.decisions``)."""
     layout, problems = placement.plan(spec)
-    planned = Planned(spec, layout, target_cloud)
-    return layout, [*problems, *(p for rule in RULES for p in rule(planned))]
+    decided = decide(spec, layout) if layout is not None else None
+    planned = Planned(spec, layout, target_cloud, decided)
+    return decided, [*problems, *(p for rule in RULES for p in rule(planned))]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the rules' modules import this one, and these import them
     from components.core.cloud import Cloud
+    from components.core.decisions import Decisions
     from components.core.placement import Layout
     from components.spec import PlatformSpec
 
@@ -47,6 +48,10 @@ class Planned:
     """None where placement could not finish (its own problems say why): a rule that reads it finds nothing."""
     cloud: Cloud | None = None
     """The target's cloud; None on target local, which has none."""
+    decisions: Decisions | None = None
+    """Everything decided about the spec on ``layout`` (``components.core.decisions``), made once before the rules
+    run (``plan_rules.check``): a rule reads what was decided rather than deciding again. None with ``layout``, and
+    for placement's own rules (``placement.place``), which read the layout only."""
 
 
 PlanRule = Callable[[Planned], Iterable[Problem]]

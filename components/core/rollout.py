@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from components.core.placement import Layout, Placement, PoolPlan
-from components.core.startup import StartupBudget, budget, minutes
+from components.core.startup import StartupBudget, minutes
 from components.spec import ModelSpec, PlatformSpec
 
 
@@ -70,12 +70,9 @@ def spare_replicas(spec: PlatformSpec, layout: Layout, model: ModelSpec) -> int:
     return own + (spare_nodes // len(members) // placement.nodes) * slots
 
 
-def plan(
-    spec: PlatformSpec, layout: Layout, model: ModelSpec, startup: StartupBudget | None = None
-) -> Rollout:
-    """``startup``: the model's startup budget, when the caller made it (``components.core.decisions``)."""
+def plan(spec: PlatformSpec, layout: Layout, model: ModelSpec, startup: StartupBudget) -> Rollout:
+    """``startup``: the model's startup budget (a replacement may take that long to serve)."""
     placement = layout.placements[model.name]
-    startup = startup or budget(model, placement)
     most = model.scaling.max_replicas
     if placement.pool is None:
         # CPU engines: the general nodes' room is not known here; one extra replica is assumed to fit.
@@ -88,13 +85,13 @@ def plan(
     return Rollout(0, 1, most, startup, model.scaling.min_replicas == 0, reason)
 
 
-def warnings(spec: PlatformSpec, layout: Layout, plans: Mapping[str, Rollout] | None = None) -> list[str]:
+def warnings(spec: PlatformSpec, layout: Layout, plans: Mapping[str, Rollout]) -> list[str]:
     """Rollouts that drop a model below its SLO minimum, with the pool size that would prevent it (``plans``: the
-    models' rollouts, when the caller made them)."""
+    models' rollouts)."""
     out: list[str] = []
     pool_index = {p.name: i for i, p in enumerate(spec.gpu_pools)}
     for i, model in enumerate(spec.models):
-        rollout = plans[model.name] if plans is not None else plan(spec, layout, model)
+        rollout = plans[model.name]
         placement = layout.placements[model.name]
         if rollout.keeps_minimum or placement.pool is None:
             continue

@@ -15,7 +15,6 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from components.core import plan_rules
 from components.core.cloud import Profile
-from components.core.decisions import Decisions, decide
+from components.core.decisions import Decisions
 from components.core.paths import STACKS_DIR as STACKS_DIR  # noqa: PLC0414 - re-exported: callers look here
 from components.core.placement import Layout
 from components.core.problems import Problem, SpecError
@@ -44,18 +43,22 @@ class Stack:
 
     name: str
     source: str
-    spec: PlatformSpec
-    layout: Layout
+    decisions: Decisions
+    """Every decision about the stack, made once while it was validated (``components.core.decisions``): the
+    plan-time rules, the plan report, the Pulumi program and the renderers read them."""
     config: dict[str, Any]
     judged: bool = False
     """Read with the targets' profiles, so its cloud's rules ran too. A stack read without them (tests of other
     rules) is judged again by the Pulumi program before anything is deployed."""
 
-    @cached_property
-    def decisions(self) -> Decisions:
-        """Every decision about the stack, made once, when first read (``components.core.decisions``): the plan
-        report, the Pulumi program and the renderers read them."""
-        return decide(self.spec, self.layout)
+    @property
+    def spec(self) -> PlatformSpec:
+        return self.decisions.spec
+
+    @property
+    def layout(self) -> Layout:
+        """Where everything lands."""
+        return self.decisions.layout
 
     @property
     def served(self) -> tuple[PlatformSpec, Layout]:
@@ -98,16 +101,15 @@ def load(
         raise SpecError(
             source, [Problem("config", f"missing the '{CONFIG_KEY}' key that holds the platform spec")]
         )
-    spec, layout = validate(config[CONFIG_KEY], source, profiles)
+    decided = validate(config[CONFIG_KEY], source, profiles)
     judged = profiles is not NO_PROFILES
-    return Stack(name=stack, source=source, spec=spec, layout=layout, config=config, judged=judged)
+    return Stack(name=stack, source=source, decisions=decided, config=config, judged=judged)
 
 
-def validate(
-    raw: Any, source: str, profiles: Mapping[Target, Profile] = NO_PROFILES
-) -> tuple[PlatformSpec, Layout]:
+def validate(raw: Any, source: str, profiles: Mapping[Target, Profile] = NO_PROFILES) -> Decisions:
     """Structure first (pydantic: every section's problems), then the cross-section and plan-time rules together
-    (the target cloud's, from its profile in ``profiles``); every problem, with field paths."""
+    (the target cloud's, from its profile in ``profiles``); every problem, with field paths. A valid spec comes
+    back with everything decided about it (its ``spec`` and ``layout`` among them)."""
     if not isinstance(raw, dict):
         raise SpecError(source, [Problem(CONFIG_KEY, f"must be a mapping, got {type(raw).__name__}")])
     try:
@@ -115,11 +117,11 @@ def validate(
     except ValidationError as err:
         raise SpecError(source, [_problem(e) for e in err.errors()]) from None
     profile = profiles.get(spec.target)
-    layout, found = plan_rules.check(spec, profile.cloud if profile is not None else None)
+    decided, found = plan_rules.check(spec, profile.cloud if profile is not None else None)
     problems = [*platform_problems(spec), *found]
-    if problems or layout is None:
+    if problems or decided is None:
         raise SpecError(source, problems)
-    return spec, layout
+    return decided
 
 
 def _path(loc: tuple[int | str, ...]) -> str:

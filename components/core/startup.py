@@ -20,11 +20,11 @@ import math
 from dataclasses import dataclass
 
 from components.core import catalog, sizing
-from components.core.placement import Layout, Placement
+from components.core.placement import Placement
 from components.core.problems import Planned, PlanRule, Problem
-from components.core.weights import coldstart, fetch
+from components.core.weights import coldstart
 from components.engines import profile
-from components.spec import ModelSpec, PlatformSpec
+from components.spec import ModelSpec
 
 MIB_PER_GIB = 1024
 
@@ -90,12 +90,11 @@ def weights_gib(model: ModelSpec, placement: Placement) -> float:
     return sizing.weight_bytes(placement.arch, precision, e.dtype.value) / sizing.GIB
 
 
-def weights_fetch(model: ModelSpec, placement: Placement, way: fetch.Fetch | None = None) -> Phase:
+def weights_fetch(model: ModelSpec, placement: Placement) -> Phase:
     """The weights from the model store into the engine on a fresh node (fetch + load), by the path placement
-    chose (``way``, decided here when not given): the model store's cold-start estimate (``coldstart.expected``), in
-    whole seconds rounded up."""
+    chose: the model store's cold-start estimate (``coldstart.expected``), in whole seconds rounded up."""
     gib = weights_gib(model, placement)
-    way = way or fetch.decide(model, placement.instance)
+    way = placement.fetch
     seconds = math.ceil(coldstart.expected(way, gib, placement.instance, placement.gpus_per_replica).total_s)
     return Phase("weights", seconds, f"{gib:.1f} GiB by {way.path.value}, fetch + load")
 
@@ -106,11 +105,11 @@ def engine_start(model: ModelSpec) -> Phase:
     return Phase("engine", init, f"{init} s engine start ({model.engine.kind.value})")
 
 
-def estimate(model: ModelSpec, placement: Placement, way: fetch.Fetch | None = None) -> tuple[Phase, ...]:
+def estimate(model: ModelSpec, placement: Placement) -> tuple[Phase, ...]:
     return (
         node_start(placement),
         image_pull(model),
-        weights_fetch(model, placement, way),
+        weights_fetch(model, placement),
         engine_start(model),
     )
 
@@ -120,9 +119,9 @@ def with_margin(estimate_s: int) -> int:
     return math.ceil(estimate_s * (1 + catalog.STARTUP_MARGIN) / 60) * 60
 
 
-def budget(model: ModelSpec, placement: Placement, way: fetch.Fetch | None = None) -> StartupBudget:
-    """``way``: the weights' fetch path, when the caller decided it (``components.core.decisions``)."""
-    phases = estimate(model, placement, way)
+def budget(model: ModelSpec, placement: Placement) -> StartupBudget:
+    """A cold replica's phases and the budget allowed for them: the stack file's, else the estimate with margin."""
+    phases = estimate(model, placement)
     total = sum(p.seconds for p in phases)
     chosen = model.rollout.startup_budget_s
     if chosen is not None:
@@ -130,18 +129,14 @@ def budget(model: ModelSpec, placement: Placement, way: fetch.Fetch | None = Non
     return StartupBudget(phases, with_margin(total))
 
 
-def budgets(spec: PlatformSpec, layout: Layout) -> dict[str, StartupBudget]:
-    return {m.name: budget(m, layout.placements[m.name]) for m in spec.models}
-
-
 def budget_covers_a_cold_start(planned: Planned) -> list[Problem]:
     """A budget set in the stack file that a cold replica cannot meet: the kubelet would kill it mid-load."""
-    spec, layout = planned.spec, planned.layout
-    if layout is None:
+    spec, decided = planned.spec, planned.decisions
+    if decided is None:
         return []
     out: list[Problem] = []
     for i, model in enumerate(spec.models):
-        b = budget(model, layout.placements[model.name])
+        b = decided.models[model.name].startup
         if b.set_in_spec and b.budget_s < b.estimate_s:
             out.append(
                 Problem(
@@ -177,9 +172,9 @@ def wake_s(model: ModelSpec, placement: Placement) -> int:
     return _transfer_s(weights_gib(model, placement), catalog.SLEEP_WAKE_MIBPS) + catalog.SLEEP_WAKE_FIXED_S
 
 
-def idle_state(model: ModelSpec, placement: Placement, startup: StartupBudget | None = None) -> IdleState:
-    """``startup``: the model's startup budget, when the caller made it (its estimate is the cold start)."""
-    cold = startup.estimate_s if startup is not None else sum(p.seconds for p in estimate(model, placement))
+def idle_state(model: ModelSpec, placement: Placement, startup: StartupBudget) -> IdleState:
+    """``startup``: the model's startup budget (its estimate is the cold start)."""
+    cold = startup.estimate_s
     scaling = model.scaling
     if scaling.sleep_after_idle_s is not None:
         return IdleState("sleep", scaling.sleep_after_idle_s, wake_s(model, placement), cold)

@@ -15,7 +15,7 @@ import pulumi
 
 from components.clouds.targets import PROFILES
 from components.core.cloud import Profile
-from components.core.decisions import Decisions, decide
+from components.core.decisions import Decisions
 from components.core.placement import Layout
 from components.core.problems import SpecError
 from components.core.stackfile import stack_path, validate
@@ -47,11 +47,10 @@ def run(decided: Decisions | None = None) -> InferencePlatform:
     config = pulumi.Config("inferstack")
     if decided is None:
         try:
-            spec, layout = validate(config.require_object("platform"), source, PROFILES)
+            decided = validate(config.require_object("platform"), source, PROFILES)
         except SpecError as err:
             # A RunError prints its message without a Python traceback: the user sees only the problems.
             raise pulumi.RunError(err.render()) from None
-        decided = decide(spec, layout)
     spec, layout = decided.spec, decided.layout
     profile = PROFILES.get(spec.target)
     if profile is None:

@@ -58,10 +58,11 @@ def _agrees_with_the_decision_modules(spec: PlatformSpec, decided: Decisions, wh
         assert list(d.cold_starts) == coldstart.compare(
             d.weights_gib, placed.instance, placed.gpus_per_replica
         )
-        assert d.startup == startup.budget(model, placed)
+        budget = startup.budget(model, placed)
+        assert d.startup == budget
         assert d.weights_phase == startup.weights_fetch(model, placed)
-        assert d.rollout == rollout.plan(spec, layout, model)
-        assert d.idle == startup.idle_state(model, placed)
+        assert d.rollout == rollout.plan(spec, layout, model, budget)
+        assert d.idle == startup.idle_state(model, placed, budget)
         assert d.scaling == scaling.thresholds(model)
 
 
@@ -76,7 +77,11 @@ def test_the_decisions_are_what_each_decision_module_answers(name: str) -> None:
     assert (decided.served_spec, decided.served_layout) == (served, served_layout)
     _agrees_with_the_decision_modules(decided.served_spec, decided, "units")
     assert list(decided.preparations) == lifecycle.preparations(spec, layout)
-    assert list(decided.warnings) == rollout.warnings(spec, layout)
+    rollouts = {
+        m.name: rollout.plan(spec, layout, m, startup.budget(m, layout.placements[m.name]))
+        for m in spec.models
+    }
+    assert list(decided.warnings) == rollout.warnings(spec, layout, rollouts)
 
 
 def test_a_stack_without_versions_serves_its_models_as_decided() -> None:
@@ -121,6 +126,8 @@ class Calls:
     """Stack of what runs now: 'validate', 'decide' or nothing (everything else)."""
     outside: Counter[str] = field(default_factory=Counter)
     """Watched calls made by neither validation nor ``decide``."""
+    by_validate: Counter[str] = field(default_factory=Counter)
+    """Watched calls made by validation outside ``decide``: placement's, and the plan-time rules'."""
     by_decide: Counter[str] = field(default_factory=Counter)
 
 
@@ -156,8 +163,12 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> Calls:
 
     def leaf(key: str, original: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            if "validate" not in calls.where:
-                (calls.by_decide if "decide" in calls.where else calls.outside)[key] += 1
+            if "decide" in calls.where:
+                calls.by_decide[key] += 1
+            elif "validate" in calls.where:
+                calls.by_validate[key] += 1
+            else:
+                calls.outside[key] += 1
             return original(*args, **kwargs)
 
         return wrapped
@@ -175,9 +186,10 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> Calls:
 def test_a_plan_decides_once_and_reads_the_decisions_everywhere_else(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str
 ) -> None:
-    """`inferstack plan` validates the stack file once, decides once, and then the report, the Pulumi program, its
-    components and the renderers ask no decision module again (staging serves versions as units; local has no
-    program)."""
+    """`inferstack plan` validates the stack file once and decides once, while validating: placement decides each
+    model's fetch path with its instance, ``decide`` the rest, and the plan-time rules, the report, the Pulumi
+    program, its components and the renderers ask no decision module again (staging serves versions as units;
+    local has no program)."""
     expected = load(name).decisions  # made before the counting starts
     per_model = len(expected.spec.models)
     per_unit = 0 if expected.units is expected.models else len(expected.served_spec.models)
@@ -187,8 +199,10 @@ def test_a_plan_decides_once_and_reads_the_decisions_everywhere_else(
     assert (calls.validate, calls.decide) == (1, 1)
     # The bill is the one decision made outside: priced once, by the report, with the target profile's prices.
     assert calls.outside == Counter({"cost.stack_cost": 1}), "decided again outside components.core.decisions"
-    assert calls.by_decide["fetch.decide"] == per_model + per_unit  # one fetch path per model and per unit
+    # One fetch path per model, decided by placement with its instance, and one per unit where it is placed.
+    assert (calls.by_validate["fetch.decide"], calls.by_decide["fetch.decide"]) == (per_model, per_unit)
     assert calls.by_decide["startup.budget"] == per_model + per_unit
+    assert calls.by_validate["startup.budget"] == 0  # the startup rule reads the decided budgets
     assert calls.by_decide["scaling.thresholds"] == per_model + per_unit
     assert calls.by_decide["placement.place"] == 0  # placement is validation's: the Layout
     assert calls.by_decide["cost.stack_cost"] == 0

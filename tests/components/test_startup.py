@@ -15,6 +15,7 @@ from components.cli import report as report_columns
 from components.cli.main import app
 from components.cli.report import plan_report
 from components.core import catalog, rollout, startup
+from components.core.decisions import Decisions, decide
 from components.core.placement import place
 from components.core.problems import SpecError
 from components.core.stackfile import STACKS_DIR, available_stacks, load
@@ -55,9 +56,9 @@ def test_each_engine_deployment_waits_its_budget_and_its_probe_and_deadline_allo
         for r in synthesis.resources
         if r.type.endswith((":Deployment", ":LeaderWorkerSet"))
     }
-    served, layout = stack.served
+    served, _ = stack.served
     for model in served.models:
-        planned = rollout.plan(served, layout, model)
+        planned = stack.decisions.units[model.name].rollout
         budget = planned.startup.budget_s
         manifest = workloads[model.name]
         resource = resources[manifest["metadata"]["name"]]
@@ -90,7 +91,7 @@ def test_the_plan_summary_shows_each_models_budget_and_what_pulumi_up_waits(
     first_deploy = summary.split("## First deploy", 1)[1]
     stack = load(name)
     for model in stack.spec.models:
-        planned = rollout.plan(stack.spec, stack.layout, model)
+        planned = stack.decisions.models[model.name].rollout
         row = next(line for line in first_deploy.splitlines() if line.startswith(f"| {model.name} |"))
         assert f"{planned.startup.estimate_s:,} s" in row
         assert startup.minutes(planned.startup.budget_s) in row
@@ -133,7 +134,9 @@ def test_the_weights_term_follows_the_fetch_path_a_node_cache_counting_its_first
     fetch = startup.weights_fetch(model, placement)
     assert fetch.seconds == math.ceil(paths["node cache, first on node"]) and "by node-cache" in fetch.basis
     streamed = PlatformSpec.model_validate(minimal())
-    assert startup.weights_fetch(streamed.models[0], placement).seconds == math.ceil(paths["streamer"])
+    on_the_same_node = place(streamed).placements["llama-8b"]
+    assert on_the_same_node.instance == placement.instance
+    assert startup.weights_fetch(streamed.models[0], on_the_same_node).seconds == math.ceil(paths["streamer"])
 
 
 @pytest.mark.parametrize("name", PULUMI_STACKS)
@@ -164,7 +167,7 @@ def test_a_budget_set_above_the_estimate_is_the_one_used(tmp_path: Path) -> None
     raw["models"][0]["rollout"] = {"startup_budget_s": 5400}
     write_stack(tmp_path, "patient", raw)
     stack = load("patient", tmp_path)
-    planned = rollout.plan(stack.spec, stack.layout, stack.spec.models[0])
+    planned = stack.decisions.models["llama-8b"].rollout
     assert planned.startup.budget_s == 5400 and planned.startup.set_in_spec
     deployment = engine_deployments(plan.synthesize(stack))["llama-8b"]
     assert deployment["spec"]["progressDeadlineSeconds"] == 5400
@@ -189,34 +192,38 @@ def _two_model_pool(max_nodes: int | None, min_replicas: int = 2) -> dict[str, A
     return raw
 
 
+def _decided(raw: dict[str, Any]) -> Decisions:
+    spec = PlatformSpec.model_validate(raw)
+    return decide(spec, place(spec))
+
+
 def test_without_spare_gpus_a_rollout_replaces_one_at_a_time_and_the_plan_warns_with_the_fix() -> None:
-    spec = PlatformSpec.model_validate(_two_model_pool(None))
-    layout = place(spec)
-    llama = rollout.plan(spec, layout, spec.models[0])
+    decided = _decided(_two_model_pool(None))
+    llama = decided.models["llama-8b"].rollout
     assert (llama.max_surge, llama.max_unavailable, llama.keeps_minimum) == (0, 1, False)
     assert llama.steps == 4
     # qwen's 3 replicas leave one slot of its second node empty: it surges into that.
-    qwen = rollout.plan(spec, layout, spec.models[1])
+    qwen = decided.models["qwen-7b"].rollout
     assert (qwen.max_surge, qwen.max_unavailable, qwen.keeps_minimum) == (1, 0, True)
-    [warning] = rollout.warnings(spec, layout)
+    [warning] = decided.warnings
     assert warning.startswith("models[0] (llama-8b): a rolling update stops one replica")
     assert "serves with 1, below scaling.min_replicas" in warning
     assert "set gpu_pools[0].max_nodes to 3" in warning
 
 
 def test_spare_nodes_are_shared_between_the_pools_models_and_surge_never_exceeds_them() -> None:
-    spec = PlatformSpec.model_validate(_two_model_pool(4))  # 2 nodes in use at max replicas, 2 spare
-    layout = place(spec)
-    llama, qwen = (rollout.plan(spec, layout, m) for m in spec.models)
-    assert rollout.spare_replicas(spec, layout, spec.models[0]) == 4  # one spare node of 4 slots
+    decided = _decided(_two_model_pool(4))  # 2 nodes in use at max replicas, 2 spare
+    llama, qwen = (d.rollout for d in decided.models.values())
+    assert (
+        rollout.spare_replicas(decided.spec, decided.layout, decided.spec.models[0]) == 4
+    )  # a spare node's 4
     assert (llama.max_surge, llama.max_unavailable, llama.steps, llama.keeps_minimum) == (4, 0, 1, True)
     assert (qwen.max_surge, qwen.max_unavailable) == (3, 0)  # capped at its max replicas
-    assert rollout.warnings(spec, layout) == []
+    assert decided.warnings == ()
 
 
 def test_a_model_that_may_scale_to_zero_has_no_minimum_to_keep() -> None:
-    spec = PlatformSpec.model_validate(_two_model_pool(None, min_replicas=0))
-    assert rollout.warnings(spec, place(spec)) == []
+    assert _decided(_two_model_pool(None, min_replicas=0)).warnings == ()
 
 
 def test_the_plan_prints_rollout_warnings_and_writes_them_to_the_summary(tmp_path: Path) -> None:
@@ -234,11 +241,11 @@ def test_the_plan_prints_rollout_warnings_and_writes_them_to_the_summary(tmp_pat
 def test_committed_stacks_plan_without_rollout_warnings() -> None:
     for name in PULUMI_STACKS:
         stack = load(name)
-        assert rollout.warnings(stack.spec, stack.layout) == [], name
+        assert stack.decisions.warnings == (), name
 
 
 def test_the_readme_states_prods_first_deploy_budget_as_planned() -> None:
     stack = load("prod")
-    budget = startup.budget(stack.spec.models[0], stack.layout.placements[stack.spec.models[0].name])
+    budget = stack.decisions.models[stack.spec.models[0].name].startup
     text = Path("README.md").read_text()
     assert f"Llama 3.1 70B on p5.48xlarge it is {budget.budget_s // 60} minutes" in text

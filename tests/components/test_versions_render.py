@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import yaml
 
-from components.core import lifecycle
 from components.core.stackfile import STACKS_DIR, load, validate
 from components.deploy import synthesis as plan
 from components.render import preparation, weights
@@ -114,7 +113,7 @@ def test_the_preparation_job_reads_the_stores_copy_runs_on_the_gpu_pool_and_reco
 def test_the_job_is_named_by_its_inputs(staging) -> None:
     _, manifests, _ = staging
     raw = yaml.safe_load((STACKS_DIR / "Pulumi.staging.yaml").read_text())["config"]["inferstack:platform"]
-    same = lifecycle.preparations(*validate(copy.deepcopy(raw), "again"))
+    same = validate(copy.deepcopy(raw), "again").preparations
     assert [p.job_name for p in same] == [
         m["metadata"]["name"]
         for m in manifests
@@ -122,7 +121,7 @@ def test_the_job_is_named_by_its_inputs(staging) -> None:
     ]
     changed = copy.deepcopy(raw)
     changed["models"][1]["versions"][1]["preparation"]["calibration_samples"] = 256
-    other = lifecycle.preparations(*validate(changed, "changed"))
+    other = validate(changed, "changed").preparations
     assert other[0].job_name != same[0].job_name and other[0].location != same[0].location
 
 
@@ -159,10 +158,10 @@ def test_a_trtllm_engine_build_uses_only_flags_tensorrt_llm_defines() -> None:
         },
     ]
     raw["models"][0]["rollout"] = {"canary": {}}
-    spec, layout = validate(raw, "trt")
-    (prep,) = [p for p in lifecycle.preparations(spec, layout) if p.spec.kind.value == "trtllm-build"]
+    decided = validate(raw, "trt")
+    (prep,) = [p for p in decided.preparations if p.spec.kind.value == "trtllm-build"]
     assert prep.gpu == "H100" and prep.inputs["gpu"] == "H100"  # built for the GPU it will run on
-    expanded, placed = lifecycle.expand(spec, layout)
+    expanded, placed = decided.served_spec, decided.served_layout
     unit = next(m for m in expanded.models if m.name == prep.unit)
     job = preparation.job(expanded, prep, unit, placed.placements[prep.unit], "weights-image")
     steps = {c["name"]: c.get("command", []) for c in job["spec"]["template"]["spec"]["initContainers"]}

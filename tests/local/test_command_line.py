@@ -40,8 +40,12 @@ def _local_stack_with(**engine: object) -> Stack:
     doc = yaml.safe_load((REPO / "stacks" / "Pulumi.local.yaml").read_text())["config"]["inferstack:platform"]
     for model in doc["models"]:
         model["engine"] = {**model["engine"], **engine}
-    spec, layout = validate(doc, "stacks/Pulumi.test.yaml")
-    return Stack(name="test", source="stacks/Pulumi.test.yaml", spec=spec, layout=layout, config={})
+    return Stack(
+        name="test",
+        source="stacks/Pulumi.test.yaml",
+        decisions=validate(doc, "stacks/Pulumi.test.yaml"),
+        config={},
+    )
 
 
 @pytest.mark.parametrize(

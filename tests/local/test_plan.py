@@ -31,8 +31,12 @@ def local_stack() -> Stack:
 
 
 def stack_from(raw: dict) -> Stack:
-    spec, layout = validate(raw, "stacks/Pulumi.test.yaml")
-    return Stack(name="test", source="stacks/Pulumi.test.yaml", spec=spec, layout=layout, config={})
+    return Stack(
+        name="test",
+        source="stacks/Pulumi.test.yaml",
+        decisions=validate(raw, "stacks/Pulumi.test.yaml"),
+        config={},
+    )
 
 
 def raw_local() -> dict:
