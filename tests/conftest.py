@@ -36,7 +36,6 @@ from pathlib import Path
 
 import pytest
 
-from components.core.stackfile import load
 from components.local import engine_process
 from components.local.engine_process import (
     EngineError,
@@ -51,6 +50,7 @@ from components.local.supervisor import Supervisor
 from components.spec import ModelSpec
 from tests import leaks, timing
 from tests.local.helpers import free_port_block
+from tests.stacks import load
 
 # xdist's workers start with COLUMNS=80, which the CLI's module-level rich consoles would freeze as their width
 # at import; the CLI tests give the width they need per call (CliRunner's env), as a terminal would.

@@ -38,10 +38,11 @@ paused = getattr(cli, "_cyclic_gc_paused", contextlib.nullcontext)  # what the t
 with paused():
     from components.deploy import synthesis as planner
     from components.cli import report
+    from components.clouds.targets import PROFILES
     from components.core.stackfile import load
     from policies.inference import offline
     marks["plan's imports (program, SDKs, policy pack)"] = clock()
-    stack = load(sys.argv[1], Path(sys.argv[2]))
+    stack = load(sys.argv[1], Path(sys.argv[2]), profiles=PROFILES)
     policy = offline.prepare(stack, None)
     report.plan_report(stack)
     marks["stack: load, validate, report"] = clock()

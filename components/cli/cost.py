@@ -125,7 +125,7 @@ def _stack(name: str, stacks_dir: Path) -> Stack:
     from components.core.stackfile import load  # noqa: PLC0415 - see the imports
 
     try:
-        return load(name, stacks_dir, PROFILES)
+        return load(name, stacks_dir, profiles=PROFILES)
     except SpecError as error:
         raise _fail(error.render()) from None
 

@@ -246,7 +246,7 @@ def _plan(stack: str, out_dir: Path | None, stacks_dir: Path, policy_config: Pat
     from policies.inference import offline  # noqa: PLC0415
 
     try:
-        loaded = load(stack, stacks_dir, PROFILES)
+        loaded = load(stack, stacks_dir, profiles=PROFILES)
         policy = offline.prepare(loaded, policy_config)
     except (SpecError, offline.PolicyConfigError) as error:
         raise _fail(error.render() if isinstance(error, SpecError) else str(error)) from None

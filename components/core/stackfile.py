@@ -32,10 +32,6 @@ from components.spec.rules import platform_problems
 
 CONFIG_KEY = "inferstack:platform"
 
-NO_PROFILES: Mapping[Target, Profile] = types.MappingProxyType({})
-"""No target's profile: its cloud's model-store rules are not checked. For tests of other rules, and readers of a
-stack a shell has validated; a shell passes ``components.clouds.targets.PROFILES``."""
-
 
 @dataclass(frozen=True)
 class Stack:
@@ -47,9 +43,6 @@ class Stack:
     """Every decision about the stack, made once while it was validated (``components.core.decisions``): the
     plan-time rules, the plan report, the Pulumi program and the renderers read them."""
     config: dict[str, Any]
-    judged: bool = False
-    """Read with the targets' profiles, so its cloud's rules ran too. A stack read without them (tests of other
-    rules) is judged again by the Pulumi program before anything is deployed."""
 
     @property
     def spec(self) -> PlatformSpec:
@@ -76,11 +69,9 @@ def available_stacks(stacks_dir: Path = STACKS_DIR) -> list[str]:
     )
 
 
-def load(
-    stack: str, stacks_dir: Path = STACKS_DIR, profiles: Mapping[Target, Profile] = NO_PROFILES
-) -> Stack:
+def load(stack: str, stacks_dir: Path = STACKS_DIR, *, profiles: Mapping[Target, Profile]) -> Stack:
     """Read, parse and validate ``stacks/Pulumi.<stack>.yaml`` (with the rules of its target's cloud in
-    ``profiles``); raise ``SpecError`` on any problem."""
+    ``profiles``: a shell passes ``components.clouds.targets.PROFILES``); raise ``SpecError`` on any problem."""
     path = stack_path(stack, stacks_dir)
     source = str(path)
     if not path.is_file():
@@ -101,12 +92,11 @@ def load(
         raise SpecError(
             source, [Problem("config", f"missing the '{CONFIG_KEY}' key that holds the platform spec")]
         )
-    decided = validate(config[CONFIG_KEY], source, profiles)
-    judged = profiles is not NO_PROFILES
-    return Stack(name=stack, source=source, decisions=decided, config=config, judged=judged)
+    decided = validate(config[CONFIG_KEY], source, profiles=profiles)
+    return Stack(name=stack, source=source, decisions=decided, config=config)
 
 
-def validate(raw: Any, source: str, profiles: Mapping[Target, Profile] = NO_PROFILES) -> Decisions:
+def validate(raw: Any, source: str, *, profiles: Mapping[Target, Profile]) -> Decisions:
     """Structure first (pydantic: every section's problems), then the cross-section and plan-time rules together
     (the target cloud's, from its profile in ``profiles``); every problem, with field paths. A valid spec comes
     back with everything decided about it (its ``spec`` and ``layout`` among them)."""

@@ -47,7 +47,7 @@ def run(decided: Decisions | None = None) -> InferencePlatform:
     config = pulumi.Config("inferstack")
     if decided is None:
         try:
-            decided = validate(config.require_object("platform"), source, PROFILES)
+            decided = validate(config.require_object("platform"), source, profiles=PROFILES)
         except SpecError as err:
             # A RunError prints its message without a Python traceback: the user sees only the problems.
             raise pulumi.RunError(err.render()) from None

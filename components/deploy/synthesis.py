@@ -303,8 +303,8 @@ def _current_loop() -> asyncio.AbstractEventLoop | None:
 
 def synthesize(stack: Stack) -> Synthesis:
     """Run the Pulumi program for ``stack`` under mocks and return every resource it registered. The program
-    reads the stack's decisions (``Stack.decisions``) rather than deciding again from the config it is given,
-    once the stack was judged against its target's cloud (``Stack.judged``); else the program judges it itself."""
+    reads the stack's decisions (``Stack.decisions``, made when the stack file was validated against its target's
+    cloud) rather than deciding again from the config it is given."""
     # A fresh event loop per synthesis, closed with its executor: the mock monitor runs in executor threads
     # that each open a loop, and those must end now, while their file descriptors are valid.
     loop = asyncio.new_event_loop()
@@ -321,8 +321,7 @@ def synthesize(stack: Stack) -> Synthesis:
         pulumi.runtime.set_all_config(values, secret_keys)
         SETTINGS.rpc_manager.clear()
         SETTINGS.outputs.clear()
-        decided = stack.decisions if stack.judged else None
-        _sync_await(run_pulumi_func(lambda: _run_program(decided)))
+        _sync_await(run_pulumi_func(lambda: _run_program(stack.decisions)))
     finally:
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()

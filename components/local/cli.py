@@ -68,7 +68,7 @@ def _plan(stack: str, stacks_dir: Path, options: LocalOptions) -> LocalPlan:
     from components.local.plan import PlanError, build_plan  # noqa: PLC0415 - see the imports
 
     try:
-        return build_plan(load(stack, stacks_dir, PROFILES), options, Path.cwd())
+        return build_plan(load(stack, stacks_dir, profiles=PROFILES), options, Path.cwd())
     except SpecError as err:
         raise _fail(err.render()) from None
     except PlanError as err:

@@ -9,14 +9,13 @@ from typing import Any
 import pytest
 
 from components.cli.report import adapters_note
-from components.clouds.targets import PROFILES
 from components.core import placement, sizing
 from components.core.problems import SpecError
-from components.core.stackfile import load
 from components.render.engine_args import vllm
 from components.render.runtime_config import runtime_config
 from components.spec import PlatformSpec
 from tests.components.helpers import minimal, rendered_engine_deployment, write_stack
+from tests.stacks import load
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -114,7 +113,7 @@ def test_adapter_mistakes_get_located_messages(
 ) -> None:
     write_stack(tmp_path, "bad", spec)
     with pytest.raises(SpecError) as caught:
-        load("bad", tmp_path, PROFILES)
+        load("bad", tmp_path)
     rendered = caught.value.render()
     assert f": {path}" in rendered, rendered
     for word in words:

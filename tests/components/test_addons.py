@@ -15,11 +15,12 @@ from components.clouds.aws.cloud import EKS
 from components.clouds.own_cluster import OWN_CLUSTER
 from components.clouds.targets import cloud_for
 from components.core.redaction import REDACTED
-from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import synthesis as plan
 from components.render import addons, scaling
 from components.spec import PlatformSpec
 from tests.components.helpers import decided, minimal, on_own_cluster, write_stack
+from tests.stacks import load
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 HELM = "kubernetes:helm.sh/v4:Chart"

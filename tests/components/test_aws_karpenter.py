@@ -12,11 +12,12 @@ import yaml
 
 from components.clouds.aws import audit, decisions, iam, karpenter
 from components.core import nodes
-from components.core.stackfile import Stack, load
+from components.core.stackfile import Stack
 from components.deploy import synthesis as plan
 from components.render import karpenter as karpenter_render
 from tests.components.helpers import engine_deployments
 from tests.components.test_aws import _key_arn, _taggable
+from tests.stacks import load
 
 
 @functools.cache

@@ -10,10 +10,10 @@ from typing import Any
 import pulumi
 import pytest
 
-from components.core.stackfile import load
 from components.deploy import synthesis as plan
 from tests.components.helpers import cluster, minimal, write_stack
 from tests.components.test_aws import EKS_STACKS, _of, _synth
+from tests.stacks import load
 
 ACCOUNT = plan.MOCK_ACCOUNT_ID
 

@@ -13,10 +13,10 @@ import pytest
 
 from components.clouds.aws import audit, decisions, iam, key_policies
 from components.core.redaction import REDACTED
-from components.core.stackfile import load
 from components.deploy import images
 from components.deploy import synthesis as plan
 from tests.components.test_aws import EKS_STACKS, _key_arn, _named, _of, _synth
+from tests.stacks import load
 
 
 def _policy(resource: plan.Resource, key: str = "policy") -> dict[str, Any]:

@@ -4,8 +4,8 @@ other alert (tests/components/test_promtool.py: the stuck-batch alert after the 
 
 from __future__ import annotations
 
-from components.core.stackfile import load
 from components.render import alerts
+from tests.stacks import load
 
 
 def test_batch_alerts_are_rendered_only_where_the_service_runs():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.cli.run import generated_stack
-from components.core.stackfile import load
+from tests.stacks import load
 
 
 def test_the_cli_benchmarks_generated_stack_passes_the_specs_validation(tmp_path: Path) -> None:

@@ -17,9 +17,9 @@ from components.clouds import targets
 from components.clouds.aws import decisions
 from components.core import catalog
 from components.core.problems import SpecError
-from components.core.stackfile import load
 from components.deploy import synthesis as plan
 from tests.components.helpers import SOME_COMMIT, cluster, write_stack
+from tests.stacks import load
 
 RESERVATION = "cr-0123456789abcdef0"
 ZONES = ["us-east-1a", "us-east-1b"]

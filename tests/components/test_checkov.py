@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import synthesis as plan
+from tests.stacks import load
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKOV = ROOT / ".venv-tools" / "bin" / "checkov"

@@ -18,13 +18,14 @@ from components.clouds.own_cluster import OWN_CLUSTER, OwnCluster
 from components.core import catalog, cost, nodes
 from components.core.cloud import Cloud, IngressClass
 from components.core.placement import place
-from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import program
 from components.deploy import synthesis as plan
 from components.kubernetes.cluster import bring_your_own
 from components.render import engine, gateway
 from components.spec import CapacityType, PlatformSpec, Target
 from tests.components.helpers import minimal, on_own_cluster, pod_templates
+from tests.stacks import load
 
 CLOUDS: list[Cloud] = [EKS, OWN_CLUSTER]
 GPU_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).layout.pools]

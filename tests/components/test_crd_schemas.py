@@ -20,10 +20,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import synthesis as plan
 from components.spec import ChartVersionsSpec
 from tests.components.helpers import write_stack
+from tests.stacks import load
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_TOOLS = ROOT / "tools" / "crd-schemas"

@@ -30,7 +30,7 @@ from components.core import (
     startup,
 )
 from components.core.decisions import Decisions, decide
-from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.core.stackfile import STACKS_DIR, available_stacks
 from components.core.startup import minutes
 from components.core.weights import coldstart, fetch
 from components.core.weights.fetch import FetchPath
@@ -39,6 +39,7 @@ from components.render import common
 from components.render import weights as render_weights
 from components.spec import PlatformSpec
 from tests.components.helpers import pod_templates
+from tests.stacks import load
 
 STACKS = available_stacks(STACKS_DIR)
 

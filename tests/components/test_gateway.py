@@ -13,13 +13,14 @@ import yaml
 from components.clouds.targets import cloud_for
 from components.core.problems import SpecError
 from components.core.redaction import REDACTED
-from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import synthesis as plan
 from components.render import api_keys, common, gateway
 from components.render.runtime_config import runtime_config
 from components.spec import PlatformSpec, Target
 from runtime.config import RuntimeConfig
 from tests.components.helpers import minimal, write_stack
+from tests.stacks import load
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 

@@ -9,10 +9,10 @@ from typing import Any
 from typer.testing import CliRunner
 
 from components.cli.main import app
-from components.core.stackfile import load
 from components.deploy import synthesis as plan
 from components.render import addons, ingress
 from tests.components.helpers import minimal, write_stack
+from tests.stacks import load
 
 GATEWAY = {"ingress": "gateway-api", "hostname": "llm.example.com"}
 

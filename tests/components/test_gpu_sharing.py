@@ -15,11 +15,11 @@ from components.core import catalog, nodes, placement
 from components.core.cost import model_cost
 from components.core.decisions import decide
 from components.core.problems import SpecError
-from components.core.stackfile import load as load_stack
 from components.render import addons, engine
 from components.render.engine_args import vllm
 from components.spec import PlatformSpec
 from tests.components.helpers import LLAMA_8B_COMMIT, OWN_STORE, SOME_COMMIT
+from tests.stacks import load as load_stack
 
 BASE: dict[str, Any] = {
     "environment": "dev",

@@ -10,9 +10,10 @@ import pytest
 
 from components.clouds.aws import audit, controller_policies, data_policies, decisions, iam, key_policies
 from components.clouds.aws.cloud import EKS
-from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import synthesis as plan
 from components.spec import Target
+from tests.stacks import load
 
 
 @functools.cache

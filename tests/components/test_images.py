@@ -11,12 +11,12 @@ from typer.testing import CliRunner
 
 from components.cli.main import app
 from components.core.problems import SpecError
-from components.core.stackfile import load
 from components.deploy import images
 from components.deploy import synthesis as plan
 from components.render import limit_store
 from policies.inference.offline import evaluate, resources_of
 from tests.components.helpers import engine_deployments, minimal, on_own_cluster, write_stack
+from tests.stacks import load
 
 
 def _builds(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:

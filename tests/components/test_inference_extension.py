@@ -20,7 +20,6 @@ from pydantic import ValidationError
 
 from components.clouds.targets import cloud_for
 from components.core.placement import place
-from components.core.stackfile import load
 from components.deploy import synthesis as plan
 from components.render import flows, scaling
 from components.render.envoy import FAIL_OPEN_NEEDS_BUFFERED, EnvoyPool, envoy_config
@@ -29,6 +28,7 @@ from components.spec import PlatformSpec
 from runtime.config import BodyMode, Task
 from tests.components.helpers import decided
 from tests.components.test_network import _mismatches
+from tests.stacks import load
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "stacks"
 STACK = "inference-extension"

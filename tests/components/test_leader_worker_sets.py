@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from components.core import catalog, multinode, sizing
 from components.core.placement import place
 from components.core.problems import SpecError
-from components.core.stackfile import load
 from components.deploy import synthesis as plan
 from components.render import addons, common, dashboards, engine_args, groups
 from components.spec import PlatformSpec
 from tests.components.helpers import decided, engine_workloads, minimal, pod_templates, write_stack
+from tests.stacks import load
 
 ROOT = Path(__file__).resolve().parents[2]
 LWS_SCHEMA = Path(__file__).parent / "schemas" / "leaderworkerset.x-k8s.io_v1.yaml"

@@ -9,11 +9,11 @@ import yaml
 from pydantic import ValidationError
 
 from components.core.redaction import REDACTED
-from components.core.stackfile import load
 from components.render import common, limit_store, runtime_config
 from components.spec import PlatformSpec
 from tests.components.helpers import minimal
 from tests.components.test_aws import _of, _synth
+from tests.stacks import load
 
 
 def _manifests(name: str) -> dict[tuple[str, str], dict]:

@@ -20,12 +20,13 @@ from components.clouds.aws.cloud import POD_IDENTITY_AGENT
 from components.clouds.targets import cloud_for
 from components.core.cloud import PRIVATE_CIDRS, Cloud
 from components.core.placement import place
-from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import synthesis as plan
 from components.render import batches, common, flows, ingress, network
 from components.spec import PlatformSpec, Target
 from tests.components.helpers import SOME_COMMIT, minimal, on_own_cluster
 from tests.components.netpol import Endpoint, allowed, expected
+from tests.stacks import load
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target is not Target.LOCAL]
 IMDS = "169.254.169.254"

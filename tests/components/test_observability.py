@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
-from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import synthesis as plan
 from components.render import observability
 from runtime.engines import facts
 from tests.components.helpers import decided
+from tests.stacks import load
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 

@@ -15,11 +15,10 @@ from components.cli.main import app
 from components.clouds.aws.cloud import EKS
 from components.clouds.own_cluster import OWN_CLUSTER
 from components.clouds.targets import PROFILES
-from components.core import capacity, cloud, endpoint, lifecycle, placement, plan_rules, startup
+from components.core import capacity, cloud, endpoint, lifecycle, placement, plan_rules, stackfile, startup
 from components.core.problems import Planned, SpecError
-from components.core.stackfile import load
 from components.core.weights import store
-from components.deploy import synthesis
+from components.deploy import program, synthesis
 from components.spec import PlatformSpec
 from tests.components.helpers import minimal, on_own_cluster, write_stack
 
@@ -64,15 +63,18 @@ def test_the_model_store_rules_are_the_targets_clouds() -> None:
     ]
 
 
-def test_a_stack_is_checked_against_its_targets_cloud_when_the_caller_brings_the_clouds(
+def test_a_stack_is_checked_against_its_targets_cloud_the_caller_must_name_the_clouds(
     tmp_path: Path,
 ) -> None:
     write_stack(tmp_path, "mine", _eks_store_fields())
-    assert load("mine", tmp_path).spec.model_store.bucket == "mine"  # no clouds: the store is not judged
+    with pytest.raises(TypeError, match="profiles"):
+        stackfile.load("mine", tmp_path)  # type: ignore[call-arg]  # no default that skips the clouds' rules
+    without_clouds = stackfile.load("mine", tmp_path, profiles={})  # only when a caller says so
+    assert without_clouds.spec.model_store.bucket == "mine"
     with pytest.raises(
         SpecError, match=r"model_store\.bucket: on eks the model store is the bucket the stack"
     ):
-        load("mine", tmp_path, PROFILES)
+        stackfile.load("mine", tmp_path, profiles=PROFILES)
 
 
 @pytest.mark.parametrize(
@@ -92,11 +94,14 @@ def test_every_command_that_reads_a_stack_judges_it_against_its_cloud(
     assert "Traceback" not in result.output
 
 
-def test_the_pulumi_program_judges_the_stack_against_its_cloud(tmp_path: Path) -> None:
-    """`pulumi up` validates the stack config itself (program.run), with the clouds: a stack read without them
-    is refused there, so a shell that forgot them cannot deploy what the cloud refuses."""
+def test_the_pulumi_program_judges_the_stack_config_against_its_cloud(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`pulumi up` has only the stack config, and validates it itself (program.run) with the clouds: a stack a
+    caller read without them is refused there, so nothing the cloud refuses is deployed."""
     write_stack(tmp_path, "mine", _eks_store_fields())
-    unjudged = load("mine", tmp_path)
+    unjudged = stackfile.load("mine", tmp_path, profiles={})
+    monkeypatch.setattr(synthesis, "_run_program", lambda _decided: program.run())
     with pytest.raises(
         pulumi.RunError, match=r"model_store\.reader_secret: on eks the model store is the bucket"
     ):

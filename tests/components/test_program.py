@@ -9,12 +9,13 @@ import pytest
 
 from components.core import nodes, startup
 from components.core.redaction import REDACTED
-from components.core.stackfile import STACKS_DIR, Stack, available_stacks, load
+from components.core.stackfile import STACKS_DIR, Stack, available_stacks
 from components.core.weights import store
 from components.deploy import program
 from components.deploy import synthesis as plan
 from components.render import common
 from tests.components.helpers import engine_deployments, engine_workloads, pod_templates
+from tests.stacks import load
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 

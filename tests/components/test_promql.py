@@ -5,10 +5,11 @@ from __future__ import annotations
 import promql_parser
 import pytest
 
-from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.core.stackfile import STACKS_DIR, available_stacks
 from components.render import observability, scaling
 from components.spec import PlatformSpec
 from tests.components.helpers import decided, minimal
+from tests.stacks import load
 
 
 def _specs() -> list[tuple[str, PlatformSpec]]:

@@ -30,7 +30,6 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from components.core.scaling import thresholds
-from components.core.stackfile import load
 from components.local import monitor
 from components.render import alerts, batches, common, scaling, signals
 from components.spec import ModelSpec, PlatformSpec
@@ -41,6 +40,7 @@ from runtime.health.monitor import Monitor
 from runtime.picker.metrics import PickerMetrics
 from runtime.router.metrics import RouterMetrics
 from tests.components.helpers import decided
+from tests.stacks import load
 
 REPO = Path(__file__).resolve().parents[2]
 CAPTURE = REPO / "tests" / "fixtures" / "vllm-cpu-metrics.txt"

@@ -10,11 +10,12 @@ import pytest
 
 from components.core import scaling as core_scaling
 from components.core.problems import SpecError
-from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import synthesis as plan
 from components.render import scaling
 from components.spec import PlatformSpec
 from tests.components.helpers import decided, minimal, write_stack
+from tests.stacks import load
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 

@@ -19,12 +19,12 @@ from components.core.cloud import Endpoint, IngressClass, Profile
 from components.core.cost import LineItem
 from components.core.placement import Layout, PoolPlan
 from components.core.problems import Problem, SpecError
-from components.core.stackfile import load
 from components.deploy import synthesis as plan
 from components.kubernetes.cluster import ClusterAccess
 from components.spec import CapacityType, KubernetesClusterSpec, PlatformSpec, Target
 from runtime.config import S3Files
 from tests.components.helpers import LLAMA_8B_COMMIT, OWN_STORE, engine_deployments, write_stack
+from tests.stacks import load
 
 TINY = "tiny-cloud"
 TINY_NETWORK = "100.64.0.0/10"

@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from components.cli.main import SCHEMA_PATH
-from components.clouds.targets import PROFILES
 from components.core.problems import SpecError
-from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.core.stackfile import STACKS_DIR, available_stacks
 from tests.components.helpers import LLAMA_8B_COMMIT, minimal, write_stack
+from tests.stacks import load
 
 COMMITTED = available_stacks(STACKS_DIR)
 
@@ -398,7 +398,7 @@ def test_bad_input_gets_a_located_message_that_says_how_to_fix(
     mutate(spec)
     write_stack(tmp_path, "bad", spec)
     with pytest.raises(SpecError) as caught:
-        load("bad", tmp_path, PROFILES)
+        load("bad", tmp_path)
     rendered = caught.value.render()
     assert rendered.startswith(str(tmp_path / "Pulumi.bad.yaml"))
     assert f": {path}: " in rendered
@@ -504,7 +504,7 @@ def _paths(raw: dict[str, Any], tmp_path: Path) -> list[str]:
     """The field paths of every problem one run of the stack file reports (the target's cloud rules included)."""
     write_stack(tmp_path, "bad", raw)
     with pytest.raises(SpecError) as caught:
-        load("bad", tmp_path, PROFILES)
+        load("bad", tmp_path)
     assert "Traceback" not in caught.value.render()
     return [p.path for p in caught.value.problems]
 

@@ -18,7 +18,7 @@ from components.core import catalog, rollout, startup
 from components.core.decisions import Decisions, decide
 from components.core.placement import place
 from components.core.problems import SpecError
-from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.core.stackfile import STACKS_DIR, available_stacks
 from components.core.weights import coldstart, fetch
 from components.deploy import synthesis as plan
 from components.engines import profile
@@ -32,6 +32,7 @@ from tests.components.helpers import (
     pod_templates,
     write_stack,
 )
+from tests.stacks import load
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 

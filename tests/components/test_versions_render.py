@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from components.core.stackfile import STACKS_DIR, load, validate
+from components.core.stackfile import STACKS_DIR
 from components.deploy import synthesis as plan
 from components.render import preparation, weights
 from runtime.config import RuntimeConfig
+from tests.stacks import load, validate
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trtllm-build-cli.json"
 

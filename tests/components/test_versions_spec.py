@@ -8,11 +8,10 @@ from typing import Any
 import pytest
 import yaml
 
-from components.clouds.targets import PROFILES
 from components.core.problems import SpecError
-from components.core.stackfile import load, validate
 from components.spec import ModelSpec, Quantization
 from tests.components.helpers import minimal, write_stack
+from tests.stacks import load, validate
 
 CANARY = {"canary": {"steps_percent": [10, 25, 50, 100], "evaluation_interval_s": 30}}
 
@@ -142,7 +141,7 @@ def test_bad_versions_get_one_located_message(
 ) -> None:
     write_stack(tmp_path, "bad", spec)
     with pytest.raises(SpecError) as caught:
-        load("bad", tmp_path, PROFILES)
+        load("bad", tmp_path)
     assert len(caught.value.problems) == 1, caught.value.render()
     rendered = caught.value.render()
     assert f": {path}: " in rendered, rendered

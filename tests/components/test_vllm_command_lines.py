@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from components.core.stackfile import STACKS_DIR, available_stacks, load
+from components.core.stackfile import STACKS_DIR, available_stacks
 from components.render import engine_args
 from components.render.engine_args import on_this_machine, vllm
 from components.spec import ModelSpec
 from tests.conftest import OWN_ENGINES_GROUP
+from tests.stacks import load
 
 # vLLM's parser only, no engine: beside the session engines' group (tests/conftest.py)
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP)]

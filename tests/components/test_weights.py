@@ -12,12 +12,12 @@ import pytest
 from components.clouds.aws import data_policies, decisions
 from components.core import catalog
 from components.core.placement import place
-from components.core.stackfile import load
 from components.core.weights import coldstart, fetch, store
 from components.deploy import synthesis as plan
 from components.render import weights
 from components.spec import PlatformSpec
 from tests.components.helpers import SOME_COMMIT, engine_deployments, minimal, rendered_engine_deployment
+from tests.stacks import load
 
 
 def _spec(**model: Any) -> PlatformSpec:

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.core.stackfile import Stack, load, validate
+from components.core.stackfile import Stack
 from components.local.plan import HOST, EngineLaunch, LocalOptions, build_plan
 from components.local.supervisor import engine_process
 from components.render.engine_args import engine_command
 from runtime.config import EngineKind
 from runtime.engines import TELEMETRY_OFF_ENV, facts
+from tests.stacks import load, validate
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = facts(EngineKind.VLLM).cli

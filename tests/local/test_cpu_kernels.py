@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from components.core.enums import Quantization
-from components.core.stackfile import Stack, validate
+from components.core.stackfile import Stack
 from components.local.cpu_kernels import (
     CPUINFO,
     KERNEL_OF_FORMAT,
@@ -23,6 +23,7 @@ from components.local.cpu_kernels import (
 )
 from components.local.engine_process import foreign_python_environment
 from components.local.plan import LocalOptions, PlanError, build_plan
+from tests.stacks import validate
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2"
@@ -83,8 +84,12 @@ def quantized_local_stack(fmt: str) -> Stack:
     raw = doc["config"]["inferstack:platform"]
     chat = next(i for i, m in enumerate(raw["models"]) if m.get("task", "generate") == "generate")
     raw["models"][chat]["engine"]["quantization"] = fmt
-    spec, layout = validate(raw, "stacks/Pulumi.test.yaml")
-    return Stack(name="test", source="stacks/Pulumi.test.yaml", spec=spec, layout=layout, config={})
+    return Stack(
+        name="test",
+        source="stacks/Pulumi.test.yaml",
+        decisions=validate(raw, "stacks/Pulumi.test.yaml"),
+        config={},
+    )
 
 
 def test_make_local_refuses_a_4bit_model_on_an_avx2_cpu_with_the_field_and_the_fix() -> None:

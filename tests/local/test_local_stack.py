@@ -28,7 +28,6 @@ from pathlib import Path
 import openai
 import pytest
 
-from components.core.stackfile import load
 from components.local import state
 from components.local.plan import LocalOptions, build_plan
 from tests.conftest import STREAM_TOKENS, FreshLocalModels
@@ -43,6 +42,7 @@ from tests.local.helpers import (
     stack_pids,
 )
 from tests.local.test_readme import fenced, readme_curls, readme_python_snippet
+from tests.stacks import load
 
 # Engines take a minute to start on a quiet machine, many on a busy one; the fixture's start counts
 # against the first test's timeout.

@@ -31,7 +31,6 @@ from typing import Any
 import openai
 import pytest
 
-from components.core.stackfile import load
 from components.local import state
 from components.render import alerts, dashboards, scaling
 from runtime.config import EngineKind
@@ -44,6 +43,7 @@ from tests.local.helpers import (
     port_args,
     stack_pids,
 )
+from tests.stacks import load
 
 # a make-local stack of its own, sharing no engine: beside the session engines' group (tests/conftest.py)
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP), pytest.mark.timeout(900)]

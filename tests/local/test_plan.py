@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.core.stackfile import Stack, load, validate
+from components.core.stackfile import Stack
 from components.local.plan import (
     HOST,
     LocalOptions,
@@ -22,6 +22,7 @@ from components.local.plan import (
 from components.local.supervisor import StartError, check_ports_free
 from components.render.runtime_config import runtime_config
 from runtime.config import Task
+from tests.stacks import load, validate
 
 REPO = Path(__file__).resolve().parents[2]
 

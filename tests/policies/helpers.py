@@ -11,12 +11,13 @@ from typing import Any
 from pulumi_policy import PolicyResource, ResourceValidationArgs, StackValidationArgs
 from pulumi_policy.proxy import unknown_checking_proxy
 
-from components.core.stackfile import available_stacks, load
+from components.core.stackfile import available_stacks
 from components.deploy import synthesis as plan
 from components.spec import Target
 from policies.inference import pack
 from policies.inference.offline import resources_of
 from policies.inference.rules import BY_NAME, Res
+from tests.stacks import load
 
 BROKEN = Path(__file__).parent / "stacks"
 # Every committed stack with cloud or cluster resources (target local has none to judge).

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from components.core.stackfile import available_stacks, load
+from components.core.stackfile import available_stacks
 from policies.inference import config
+from tests.stacks import load
 
 
 def test_levels_per_environment() -> None:

@@ -680,8 +680,8 @@ def test_every_rule_has_a_failing_case() -> None:
 @pytest.mark.parametrize("stack", COMMITTED)
 @pytest.mark.parametrize("rule", [r.name for r in RULES])
 def test_committed_stacks_pass_every_rule(stack: str, rule: str) -> None:
-    from components.core.stackfile import load
     from policies.inference import config as policy_config
+    from tests.stacks import load
 
     settings = policy_config.resolve(policy_config.for_spec(load(stack).spec))[rule].settings
     assert crossguard(rule, rendered(stack), settings) == []
@@ -708,8 +708,8 @@ def test_spot_in_prod_when_allowed() -> None:
 def test_budget_matches_plan_cost() -> None:
     """The policy prices the resources exactly as `inferstack plan` prices the spec."""
     from components.clouds import targets
-    from components.core.stackfile import load
     from policies.inference.rules.money import bill
+    from tests.stacks import load
 
     for stack in ("prod", "staging", "dev"):
         loaded = load(stack)
@@ -808,9 +808,9 @@ def test_karpenter_node_pools(rule: str, change: Callable[[dict[str, Any]], obje
 
 def test_karpenter_budget_counts_node_pools() -> None:
     from components.clouds import targets
-    from components.core.stackfile import load
     from policies.inference.rules.money import bill
     from tests.policies.helpers import BROKEN
+    from tests.stacks import load
 
     loaded = load("karpenter", BROKEN)
     lines, _ = bill(rendered("karpenter", BROKEN))
