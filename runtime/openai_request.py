@@ -50,6 +50,22 @@ def read_request(body: bytes) -> Routable | BadRequest:
     return Routable(payload, model, stream)
 
 
+def choices_problem(payload: dict[str, Any], limit: int) -> BadRequest | None:
+    """``n`` and ``best_of`` ask the engine for that many completions of one prompt: bounded per request, by
+    the router and the endpoint picker alike (1,000 sequences would hold a replica for minutes)."""
+    for field in ("n", "best_of"):
+        value = payload.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+            return BadRequest(
+                f"'{field}' must be an integer from 1 to {limit} on this gateway, not {str(value)[:20]}",
+                param=field,
+                code="invalid_value",
+            )
+    return None
+
+
 def prompt_text(payload: dict[str, Any]) -> str:
     """The text a prefix cache would see first: chat messages in order, or the completion prompt."""
     messages = payload.get("messages")

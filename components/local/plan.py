@@ -635,6 +635,8 @@ def local_envoy_config(
         fail_open=spec.gateway.picker_failure_mode is PickerFailureMode.FAIL_OPEN,
         retries=config.picker.fallback_endpoints,
         max_body_bytes=config.router.max_body_bytes,
+        max_header_bytes=config.router.max_header_bytes,
+        max_headers=config.router.max_headers,
     )
 
 

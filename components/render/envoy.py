@@ -18,6 +18,9 @@ Gateway API Inference Extension's data path on one machine, with a real Envoy (1
 - Routes: the model the picker names (``x-gateway-model-name``, the extension's body-based-routing
   header) selects its cluster after the picker answered (it clears the route cache); without a pick, the
   path does: embeddings to the first embedding model, everything else to the first generative model.
+- The router's request head limits (``max_request_headers_kb``, ``max_headers_count``), with Envoy's 431 an
+  OpenAI-shaped JSON error (a local reply mapper) and the ext_proc filter skipped for it; the body limit is
+  the picker's (413 on a declared ``Content-Length`` at the headers, or on the bytes it counts).
 - Without a picker (``picker=None``) the same listener and clusters route by path with plain round robin:
   Envoy as a plain proxy, the benchmarks' anchor.
 
@@ -27,6 +30,7 @@ stats sinks, no xDS: nothing leaves the machine.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -153,6 +157,80 @@ def ext_proc_filter(body_mode: BodyMode, fail_open: bool) -> dict[str, Any]:
     }
 
 
+def _status_is(code: int) -> dict[str, Any]:
+    return {
+        "status_code_filter": {
+            "comparison": {"op": "EQ", "value": {"default_value": code, "runtime_key": f"inferstack.{code}"}}
+        }
+    }
+
+
+def headers_kb(max_header_bytes: int) -> int:
+    """Envoy counts the request head in KiB: the router's limit, rounded up."""
+    return math.ceil(max_header_bytes / 1024)
+
+
+def local_replies(max_header_bytes: int, max_headers: int) -> dict[str, Any]:
+    """OpenAI-shaped JSON for what Envoy itself refuses before the picker sees a request: a request head past
+    the limits is a 431, as the router's (``runtime.server``) is. The picker's own answers (its
+    ImmediateResponses, JSON already) are local replies too, so only statuses the picker never answers are
+    rewritten; a 413 is the picker's (it reads ``Content-Length`` at the headers, and counts the body)."""
+    limit = headers_kb(max_header_bytes) * 1024
+    message = f"request headers exceed {limit} bytes or {max_headers} fields; send less in headers"
+    # the shape of runtime.http.error_body (which the control plane does not import): what OpenAI SDKs read
+    body = {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "request_header_fields_too_large",
+        }
+    }
+    return {
+        "mappers": [
+            {
+                "filter": _status_is(431),
+                "body_format_override": {"json_format": body},
+            }
+        ]
+    }
+
+
+def skipped_on_header_errors(ext_proc: dict[str, Any]) -> dict[str, Any]:
+    """The ext_proc filter, skipped for Envoy's own 431. Envoy sends every local reply through the encoder
+    filters; ext_proc then waits on the picker for the reply's headers while the codec error closes the
+    connection, and the client gets no answer at all (envoyproxy/envoy#29440, seen with Envoy 1.40). A
+    request head that never parsed has nothing for the picker, so the filter steps aside."""
+    skip = {
+        "predicate": {
+            "single_predicate": {
+                "input": {
+                    "name": "status",
+                    "typed_config": {
+                        _TYPE: f"{_API}.type.matcher.v3.HttpResponseHeaderMatchInput",
+                        "header_name": ":status",
+                    },
+                },
+                "value_match": {"exact": "431"},
+            }
+        },
+        "on_match": {
+            "action": {
+                "name": "skip",
+                "typed_config": {_TYPE: f"{_API}.extensions.filters.common.matcher.action.v3.SkipFilter"},
+            }
+        },
+    }
+    return {
+        "name": ext_proc["name"],
+        "typed_config": {
+            _TYPE: f"{_API}.extensions.common.matching.v3.ExtensionWithMatcher",
+            "extension_config": ext_proc,
+            "xds_matcher": {"matcher_list": {"matchers": [skip]}},
+        },
+    }
+
+
 def _route(cluster: str, retries: int) -> dict[str, Any]:
     route: dict[str, Any] = {"cluster": cluster, "timeout": "0s"}
     if retries:
@@ -217,16 +295,19 @@ def envoy_config(
     fail_open: bool = False,
     retries: int = 2,
     max_body_bytes: int = 8 * 1024 * 1024,
+    max_header_bytes: int = 16 * 1024,
+    max_headers: int = 100,
     admin_port: int | None = None,
 ) -> dict[str, Any]:
     """Envoy's bootstrap: a listener on ``host:port`` in front of ``pools``; with ``picker`` (``host:port``
-    of its gRPC listener) the endpoint picker chooses each request's replica."""
+    of its gRPC listener) the endpoint picker chooses each request's replica. The request head limits are
+    the router's (``max_header_bytes``, rounded up to Envoy's KiB, and ``max_headers``), answered 431 JSON."""
     if not pools:
         raise ValueError("an Envoy gateway needs at least one model")
     if picker is not None and fail_open and body_mode is BodyMode.FULL_DUPLEX_STREAMED:
         raise ValueError(FAIL_OPEN_NEEDS_BUFFERED)
     picked = picker is not None
-    filters = [ext_proc_filter(body_mode, fail_open)] if picked else []
+    filters = [skipped_on_header_errors(ext_proc_filter(body_mode, fail_open))] if picked else []
     filters.append(
         {
             "name": "envoy.filters.http.router",
@@ -244,6 +325,9 @@ def envoy_config(
             ],
         },
         "http_filters": filters,
+        "max_request_headers_kb": headers_kb(max_header_bytes),
+        "common_http_protocol_options": {"max_headers_count": max_headers},
+        "local_reply_config": local_replies(max_header_bytes, max_headers),
     }
     clusters = [model_cluster(p, picked) for p in pools]
     if picker is not None:

@@ -5,7 +5,7 @@ The gateway (Envoy Gateway, Istio, kgateway, GKE's, or the Envoy ``make local GA
 streams each request's headers and body here; the picker reads the model and the prompt the way the
 router does, asks the same ``runtime.scheduling`` strategy for a replica, and answers with the
 ``x-gateway-destination-endpoint`` header and ``envoy.lb`` metadata (the pick, then fallbacks), or an
-OpenAI-shaped immediate answer (404 unknown model, 429 full, 503 none ready, 400/413 bad body).
+OpenAI-shaped immediate answer (404 unknown model, 503 full or none ready, 400/413 bad body).
 
     protocol.py   the Endpoint Picker Protocol on the generated ext_proc messages (PyPI xds-protos)
     exchange.py   one ext_proc stream = one request: headers -> body -> pick -> outcome

@@ -2,22 +2,23 @@
 
 The pick is the router's: the same ``runtime.scheduling`` strategy, fed the same request fields
 (``runtime.openai_request``), over replicas that satisfy the same ``Replica`` protocol. What differs is what
-happens when nobody can take the request: the router waits in line, the picker answers at once (the
-Endpoint Picker Protocol: 429 when the replicas are full, 503 when none is ready), and the gateway, not
-the picker, retries, on the fallback endpoints the pick lists after the chosen one.
+happens when nobody can take the request: the router waits in line, the picker answers at once (503 with
+``Retry-After``: code ``overloaded`` when the replicas are full, ``no_healthy_backend`` when none is
+ready), and the gateway, not the picker, retries, on the fallback endpoints the pick lists after the
+chosen one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from runtime.http import error_body
-from runtime.openai_request import INFERENCE_PATHS, BadRequest, models_list, read_request
+from runtime.http import OVERLOADED, OVERLOADED_CODE, error_body
+from runtime.openai_request import INFERENCE_PATHS, BadRequest, choices_problem, models_list, read_request
 from runtime.picker.replicas import ModelPool, Replica
 from runtime.scheduling import Context
 
-#: Seconds a client is told to wait after a 429 from full replicas (the router's queue deadline, halved,
+#: Seconds a client is told to wait after an ``overloaded`` 503 from full replicas (the router's queue deadline, halved,
 #: is what it says after waiting; the picker does not wait, so it says the short end).
 OVERLOAD_RETRY_AFTER_S = 1
 
@@ -61,12 +62,13 @@ def refuse(
     return Answer(status, error_body(status, message, code=code, param=param), reason, model, headers)
 
 
-def models_answer(models: Mapping[str, ModelPool]) -> Answer:
-    """``GET /v1/models``: the models with a healthy replica, as the router lists them."""
+def models_answer(models: Mapping[str, ModelPool], scope: frozenset[str] | None = None) -> Answer:
+    """``GET /v1/models``: the models with a healthy replica, as the router lists them (those in the key's
+    scope only)."""
     served = [
         (name, pool.target.max_model_len_tokens)
         for name, pool in models.items()
-        if any(r.healthy for r in pool.replicas)
+        if (scope is None or name in scope) and any(r.healthy for r in pool.replicas)
     ]
     return Answer(200, models_list(served), "")
 
@@ -86,6 +88,11 @@ def fallbacks(
     return usable[:most]
 
 
+def visible(models: Mapping[str, ModelPool], scope: frozenset[str] | None) -> list[str]:
+    """The served models a caller may learn of: all of them, or those its key is scoped to."""
+    return sorted(m for m in models if scope is None or m in scope)
+
+
 def decide(
     models: Mapping[str, ModelPool],
     method: str,
@@ -96,24 +103,38 @@ def decide(
     *,
     subset: frozenset[str] | None = None,
     most_fallbacks: int = 2,
+    max_choices: int = 16,
+    scope: frozenset[str] | None = None,
+    admit: Callable[[str], Answer | None] | None = None,
 ) -> Pick | Answer:
     """The pick for one request (the caller tells the strategy with ``on_routed`` once it is sent), or
-    the answer the gateway gives instead. ``subset`` is the gateway's endpoint subset hint, if any."""
+    the answer the gateway gives instead. ``subset`` is the gateway's endpoint subset hint, if any.
+
+    ``scope``: the models the caller's key may use (None: any), the only ones a 404 names; ``admit``: the
+    key's scope and rate check on the named model, asked before anything touches the model (a 503
+    ``no_backend`` is what wakes a model at zero), as the router asks it before queueing."""
     kind = INFERENCE_PATHS.get(path)
     if kind is None:
         if path == "/v1/models" and method in ("GET", "HEAD"):
-            return models_answer(models)
+            return models_answer(models, scope)
         return refuse(404, f"no route for {path[:100]}", "no_route")
     if method != "POST":
         return refuse(405, f"{path} accepts POST", "method")
     asked = read_request(body)
     if isinstance(asked, BadRequest):
         return refuse(400, asked.message, "bad_request", code=asked.code, param=asked.param)
+    too_many = choices_problem(asked.payload, max_choices)
+    if too_many is not None:
+        return refuse(400, too_many.message, "bad_request", code=too_many.code, param=too_many.param)
     pool = models.get(asked.model)
     if pool is None:
-        served = ", ".join(sorted(models)) or "none"
+        served = ", ".join(visible(models, scope)) or "none"
         message = f"model {asked.model!r} is not served here; served: {served}"
-        return refuse(404, message, "unknown_model", code="model_not_found")
+        return refuse(404, message, "unknown_model", code="model_not_found", param="model")
+    if admit is not None:
+        denied = admit(pool.name)
+        if denied is not None:
+            return denied
     ctx = pool.context(now, asked.payload, headers.get, kind=kind)
     candidates = pool.replicas
     if subset is not None:
@@ -122,12 +143,19 @@ def decide(
     if primary is not None:
         return Pick(pool, primary, fallbacks(pool, primary, candidates, now, most_fallbacks), ctx)
     if any(r.healthy and r.breaker.allows(now) for r in candidates):
+        # Refused for load: 503 + Retry-After with code ``overloaded`` (runtime.http.OVERLOADED), as the router
+        # answers; 429 stays for a key's own limits. The Endpoint Picker Protocol (proposal 004, v1.0.0, its
+        # Destination Endpoint constraints) says the EPP MUST return an ImmediateResponse with 429 "if the
+        # request should be dropped (e.g., a Sheddable request, and the servers under heavy load)", and 503
+        # "if there are no ready endpoints". The gateway hands that status to the client unchanged, so a 429
+        # would tell a client its own limit was hit when the service is full: we deviate on purpose, and
+        # answer the status the router answers for the same condition (README, "Errors").
         return refuse(
-            429,
+            OVERLOADED,
             pool.busy_message(),
             "overloaded",
             pool.name,
-            code="overloaded",
+            code=OVERLOADED_CODE,
             retry_after_s=OVERLOAD_RETRY_AFTER_S,
         )
     return refuse(

@@ -8,9 +8,11 @@ when the request is over, whatever the processing mode, so a stream's end is the
 Bad input never ends in a hang or a crash: an unreadable body is an immediate 400, a body past the
 limit a 413, a stream that ends before its body is complete is logged and forgotten.
 
-API keys are the router's (``runtime.api_keys``): with a key table an inference request is checked at its
-headers (401 before any body is read), then against the key's model scope and request rate once the body
-names the model (403, 429).
+API keys are the router's (``runtime.api_keys``): with a key table an inference request (and the model
+list) is checked at its headers (401 before any body is read), then against the key's model scope and
+request rate once the body names the model (403, 429), before anything touches that model: a key scoped
+to one model can neither wake another (a 503 ``no_backend`` is what wakes a model at zero) nor learn the
+names of the others (a 404 and ``/v1/models`` name only the key's).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from runtime.picker.decide import Answer, Pick, decide, refuse
 from runtime.picker.metrics import PickerMetrics
 from runtime.picker.replicas import ModelPool, Replica
 
+#: The model list: keyed like the inference paths, and listing only the key's models.
+MODELS_PATH = "/v1/models"
+
 log = logging.getLogger("inferstack.picker")
 
 #: Statuses from a replica that count against its circuit (the router retries on the same ones).
@@ -47,6 +52,9 @@ class PickerState(Protocol):
 
     @property
     def max_body_bytes(self) -> int: ...
+
+    @property
+    def max_choices(self) -> int: ...
 
     @property
     def metrics(self) -> PickerMetrics: ...
@@ -125,10 +133,13 @@ class Exchange:
         self.method = self.headers.get(":method", "")
         self.path = self.headers.get(":path", "").split("?", 1)[0]
         self.subset = protocol.subset_hint(request)
-        if self.path in INFERENCE_PATHS:
+        if self.path in INFERENCE_PATHS or self.path == MODELS_PATH:
             denied = self._authenticate()
             if denied is not None:
                 return self._answer(refuse(denied.status, denied.message, "auth", code=denied.code))
+        too_large = self._declared_too_large()
+        if too_large is not None:
+            return self._answer(too_large)
         if request.request_headers.end_of_stream:  # no body: a GET, or a POST without one
             return self._decide()
         return [] if self.full_duplex else [protocol.continue_headers()]
@@ -145,6 +156,27 @@ class Exchange:
             return who
         self.principal = who
         return None
+
+    def _declared_too_large(self) -> Answer | None:
+        """A declared ``Content-Length`` past the limit is a 413 at the headers, before the body is sent: the
+        gateway answers at once instead of taking in (or buffering) a body nobody will read."""
+        declared = self.headers.get("content-length", "")
+        limit = self.state.max_body_bytes
+        if declared.isdigit() and int(declared) > limit:
+            return refuse(413, f"request body of {declared} bytes exceeds {limit} bytes", "too_large")
+        return None
+
+    def _admit(self, model: str) -> Answer | None:
+        """The key's scope and request rate on ``model`` (``decide`` asks before touching the model)."""
+        principal = self.principal
+        if principal is None:
+            return None
+        denied = admit(principal, model, time.monotonic())
+        if denied is None:
+            return None
+        reason = "forbidden" if denied.status == 403 else "rate_limited"
+        retry = None if denied.retry_after_s is None else math.ceil(denied.retry_after_s)
+        return refuse(denied.status, denied.message, reason, model, code=denied.code, retry_after_s=retry)
 
     def _request_body(self, chunk: bytes, end_of_stream: bool) -> list[ProcessingResponse]:
         if self.done:  # answered by the gateway already: nothing more goes anywhere
@@ -165,6 +197,7 @@ class Exchange:
         body = b"".join(self.body)
         state = self.state
         now = time.monotonic()
+        scope = self.principal.key.models if self.principal is not None else None
         decision = decide(
             state.models,
             self.method,
@@ -174,23 +207,12 @@ class Exchange:
             now,
             subset=self.subset,
             most_fallbacks=state.settings.fallback_endpoints,
+            max_choices=state.max_choices,
+            scope=frozenset(scope) if scope else None,
+            admit=self._admit,
         )
         if isinstance(decision, Answer):
             return self._answer(decision)
-        if self.principal is not None:
-            denied = admit(self.principal, decision.pool.name, now)
-            if denied is not None:
-                reason = "forbidden" if denied.status == 403 else "rate_limited"
-                retry = None if denied.retry_after_s is None else math.ceil(denied.retry_after_s)
-                answer = refuse(
-                    denied.status,
-                    denied.message,
-                    reason,
-                    decision.pool.name,
-                    code=denied.code,
-                    retry_after_s=retry,
-                )
-                return self._answer(answer)
         self.answered = True
         self.pick = decision
         primary = decision.primary

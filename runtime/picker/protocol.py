@@ -10,7 +10,8 @@ Protocol (Gateway API Inference Extension, docs/proposals/004-endpoint-picker-pr
   first, then fallbacks the gateway tries in order when retrying;
 - the gateway may restrict the pick to a subset: request filter metadata ``envoy.lb.subset_hint`` /
   ``x-gateway-destination-endpoint-subset`` (a list of ``ip:port``); none of them eligible is a 503;
-- no pick is an ImmediateResponse: 503 when no endpoint is ready, 429 when the request is shed;
+- no pick is an ImmediateResponse: 503 when no endpoint is ready, 429 when the request is shed (the
+  picker answers 503 ``overloaded`` for the latter, as the router does: see ``decide``);
 - the gateway reports the endpoint that served in ``envoy.lb`` / ``x-gateway-destination-endpoint-served``
   (response metadata); Envoy's own ``upstream.address`` attribute says the same where the filter is
   configured to send it (``response_attributes``), which is how the rendered local Envoy reports it.

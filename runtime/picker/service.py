@@ -97,6 +97,10 @@ class Picker(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ig
     def max_body_bytes(self) -> int:
         return self.cfg.router.max_body_bytes
 
+    @property
+    def max_choices(self) -> int:
+        return self.cfg.router.max_choices_per_request
+
     async def Process(  # noqa: N802 - the generated servicer's method name
         self,
         request_iterator: AsyncIterator[ProcessingRequest],

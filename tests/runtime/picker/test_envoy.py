@@ -381,3 +381,114 @@ def test_api_keys_are_checked_at_the_picker_behind_envoy(lt: LoopThread, tmp_pat
     finally:
         picker.stop()
         lt.run(chat[0].stop())
+
+
+def _raw(port: int, head: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send a request head as written (no body follows) and read Envoy's answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head)
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        body = resp.read()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
+
+
+def _keyed(
+    port: int, key: str, body: dict[str, Any], path: str = "/v1/chat/completions", method: str = "POST"
+) -> tuple[int, dict[str, str], dict[str, Any]]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    data = json.dumps(body).encode() if method == "POST" else None
+    conn.request(
+        method,
+        path,
+        body=data,
+        headers={"content-type": "application/json", "authorization": f"Bearer {key}"},
+    )
+    resp = conn.getresponse()
+    out = json.loads(resp.read())
+    conn.close()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, out
+
+
+def test_the_bad_input_battery_through_envoy_gets_the_routers_answers(lt: LoopThread, tmp_path: Path) -> None:
+    """What a new user tries, through the rendered Envoy and the picker: too many completions, a huge header,
+    a huge declared body, another key's model (at zero: the request that would wake it), full replicas."""
+    everything, only_m = "sk-all-0123456789abcdef", "sk-only-m-0123456789abcdef"
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(
+        yaml.safe_dump(
+            [
+                {"name": "all", "sha256": hash_key(everything)},
+                {"name": "only-m", "sha256": hash_key(only_m), "models": [CHAT]},
+            ]
+        )
+    )
+    chat = _doubles(lt, 1, mode="trickle", chunks=40, trickle_s=0.05)
+    asleep = _doubles(lt, 1)
+    cfg = _picker_cfg(chat)
+    cfg["models"][0]["max_concurrency_per_backend"] = 1
+    cfg["models"].append({"name": "z", "static_backends": [{"url": asleep[0].url}]})
+    cfg["picker"] |= {"require_api_key": True, "api_keys_file": str(keys)}
+    picker = PickerUnderTest(lt, cfg).start()
+    lt.run(_in_loop(lambda: picker.picker.models["z"].set_replicas([])))  # scaled to zero
+    port = free_port()
+    models = [(CHAT, Task.GENERATE, [chat[0].url]), ("z", Task.GENERATE, [asleep[0].url])]
+    message = [{"role": "user", "content": "x"}]
+
+    def woken() -> float:
+        sample = picker.picker.metrics.registry.get_sample_value(
+            "inferstack_picker_rejections_total", {"model": "z", "reason": "no_backend"}
+        )
+        return sample or 0.0
+
+    try:
+        with envoy(gateway_config(port, models, picker.port), tmp_path):
+            # n and best_of: the router's bound (max_choices_per_request), not 1,000 sequences on an engine
+            for field in ("n", "best_of"):
+                status, _, error = _keyed(port, everything, {"model": CHAT, "messages": message, field: 1000})
+                assert (status, error["error"]["code"], error["error"]["param"]) == (
+                    400,
+                    "invalid_value",
+                    field,
+                )
+            # a 64 KiB header: Envoy's 431, OpenAI-shaped, as the router's
+            status, headers, body = _raw(
+                port,
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 65536 + b"\r\n"
+                b"content-length: 2\r\n\r\n",
+            )
+            assert status == 431 and headers["content-type"].startswith("application/json")
+            assert json.loads(body)["error"]["code"] == "request_header_fields_too_large"
+            # a declared 100 MB body: 413 at the headers, while the client has sent no byte of it
+            status, headers, body = _raw(
+                port,
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"authorization: Bearer " + everything.encode() + b"\r\ncontent-length: 104857600\r\n\r\n",
+            )
+            assert status == 413 and "exceeds" in json.loads(body)["error"]["message"]
+            # a key scoped to m: another model is a 403 before it is touched (no wake-up), and a 404 names
+            # only m; a key for everything wakes z and is told of both
+            status, _, error = _keyed(port, only_m, {"model": "z", "messages": message})
+            assert (status, error["error"]["code"]) == (403, "model_not_allowed")
+            assert woken() == 0
+            status, _, error = _keyed(port, only_m, {"model": "nope", "messages": message})
+            assert status == 404 and error["error"]["message"].endswith("served: m")
+            status, _, error = _keyed(port, everything, {"model": "nope", "messages": message})
+            assert status == 404 and error["error"]["message"].endswith("served: m, z")
+            status, _, error = _keyed(port, everything, {"model": "z", "messages": message})
+            assert (status, error["error"]["code"]) == (503, "no_healthy_backend")
+            assert woken() == 1
+            # full replicas: 503 overloaded with Retry-After (the service is full), not the 429 of a key's limit
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=everything, max_retries=0)
+            stream = client.chat.completions.create(model=CHAT, messages=message, stream=True)
+            assert next(iter(stream)).choices[0].delta.content == "t0"  # the one replica's one slot is taken
+            status, headers, error = _keyed(port, only_m, {"model": CHAT, "messages": message})
+            assert (status, error["error"]["code"]) == (503, "overloaded") and int(
+                headers["retry-after"]
+            ) >= 1
+            assert len([c for c in stream if c.choices]) == 39
+            assert len(chat[0].requests) == 1 and asleep[0].requests == []
+    finally:
+        picker.stop()
+        for d in [*chat, *asleep]:
+            lt.run(d.stop())

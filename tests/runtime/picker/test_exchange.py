@@ -127,8 +127,9 @@ def test_trailers_end_the_body_in_full_duplex() -> None:
         (b"{not json", 400, "invalid_json"),
         (json.dumps({"model": "other", "messages": []}).encode(), 404, "model_not_found"),
         (b"x" * 5000, 413, None),
+        (json.dumps({"model": "m", "messages": [], "n": 1000}).encode(), 400, "invalid_value"),
     ],
-    ids=["malformed", "unknown-model", "too-large"],
+    ids=["malformed", "unknown-model", "too-large", "too-many-choices"],
 )
 def test_bad_bodies_are_answered_by_the_gateway(body: bytes, status: int, code: str | None, caplog) -> None:
     picker = _picker()
@@ -147,7 +148,7 @@ def test_bad_bodies_are_answered_by_the_gateway(body: bytes, status: int, code: 
     assert all(r.inflight == 0 for r in picker.models["m"].replicas)
 
 
-def test_full_replicas_are_a_429_with_retry_after_and_none_ready_a_503() -> None:
+def test_full_replicas_are_an_overloaded_503_with_retry_after_and_none_ready_a_503() -> None:
     picker = _picker(cap=1)
     held = []
     for _ in URLS:
@@ -158,7 +159,8 @@ def test_full_replicas_are_a_429_with_retry_after_and_none_ready_a_503() -> None
     ex = Exchange(picker)
     ex.on_message(_headers())
     (answer,) = ex.on_message(_body(CHAT))
-    assert answer.immediate_response.status.code == 429
+    assert answer.immediate_response.status.code == 503  # the service is full: not the client's own limit
+    assert json.loads(answer.immediate_response.body)["error"]["code"] == "overloaded"
     assert {h.header.key for h in answer.immediate_response.headers.set_headers} >= {"retry-after"}
     for r in picker.models["m"].replicas:
         r.healthy = False

@@ -98,8 +98,11 @@ def test_a_known_key_is_routed_and_never_reaches_the_engine(keys_file: Path) -> 
     headers, _ = ex.on_message(_body(CHAT))
     assert DESTINATION_HEADER in _set_headers(headers, "request_headers")
     assert "authorization" in headers.request_headers.response.header_mutation.remove_headers
-    # /v1/models is answered without a key, as the router answers it
-    (models,) = Exchange(picker).on_message(_headers("/v1/models", "GET", end=True))
+    # /v1/models needs a key when keys are required, as the router's does
+    status, error = _refusal(Exchange(picker).on_message(_headers("/v1/models", "GET", end=True)))
+    assert (status, error["code"]) == (401, "invalid_api_key")
+    ask = _headers("/v1/models", "GET", end=True, authorization=f"Bearer {GOOD}")
+    (models,) = Exchange(picker).on_message(ask)
     assert models.immediate_response.status.code == 200
 
 
