@@ -96,11 +96,6 @@ def test_bucket_ecr_and_node_disks_use_their_own_rotating_customer_managed_keys(
         assert (ebs["encrypted"], ebs["kmsKeyId"]) == ("true", arns["disks"])
 
 
-def _one_inputs(synthesis: plan.Synthesis, type_: str) -> dict[str, Any]:
-    [resource] = _of(synthesis, type_)
-    return resource.inputs
-
-
 def _allowed(document: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in document["Statement"] if s["Effect"] == "Allow"]
 
