@@ -626,7 +626,8 @@ BATCH_BUCKET_ENV = "INFERSTACK_FILES_BUCKET"
 
 
 class S3Files(_Strict):
-    """Where the batch service keeps files in the cluster: a prefix of the platform's bucket."""
+    """Where the batch service keeps files in the cluster: a prefix of its own bucket (on EKS cluster.batch_bucket,
+    apart from the model bucket engines read)."""
 
     bucket: str | None = Field(
         default=None,

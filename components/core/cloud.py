@@ -31,6 +31,14 @@ from runtime.config import S3Files
 PRIVATE_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
 """Private address ranges: where the node network is when the target does not know it exactly."""
 
+# How the policy pack tells the platform's data apart in a cloud's resources (policies/inference/rules/security.py):
+# each bucket's data tag, each role's workload tag.
+DATA_TAG = "inferstack:data"
+MODEL_DATA = "models"
+BATCH_DATA = "batches"
+WORKLOAD_TAG = "inferstack:workload"
+ENGINE_WORKLOAD = "engine"
+
 
 @dataclass(frozen=True)
 class RootDisk:

@@ -33,7 +33,7 @@ class ClusterAccess:
     """The cloud's own controllers, installed after the cloud-neutral add-ons."""
     files_bucket: Any | None = None
     """The bucket holding the batch service's files where the cloud keeps them in S3 (``Cloud.batch_files``):
-    on EKS the platform bucket's name, an Output known once it exists."""
+    on EKS the batch bucket's name (cluster.batch_bucket, never the model bucket), an Output known once it exists."""
     limit_store_url: pulumi.Output[str] | None = None
     """The managed rate-limit store's URL (``gateway.shared_limits`` on a cloud that manages it)."""
 

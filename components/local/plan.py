@@ -46,7 +46,7 @@ from components.render import common, scaling
 from components.render import runtime_config as rendered
 from components.render.envoy import EnvoyPool, envoy_config
 from components.spec import ModelSpec, PickerFailureMode, PlatformSpec, Target
-from runtime.config import BodyMode, FileDiscovery, RuntimeConfig, Task
+from runtime.config import BodyMode, FileDiscovery, RuntimeConfig, S3Files, Task
 
 HOST = "127.0.0.1"
 #: Several routers listen from here above the router's port (8090, 8091, ...), clear of health and batcher.
@@ -545,6 +545,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
             {s.name: s.port for s in services},
             options.state_dir,
             endpoints_path(options.state_dir.absolute()),
+            options.s3_port,
         ),
         adapters,
     )
@@ -694,10 +695,12 @@ def local_runtime_config(
     ports: dict[str, int],
     state_dir: Path = DEFAULT_STATE_DIR,
     endpoints: Path | None = None,
+    s3_port: int | None = None,
 ) -> RuntimeConfig:
     """The cluster's RuntimeConfig (same renderer), with this machine's addresses: fixed replicas for models
     of a fixed size, the autoscaler's ``endpoints`` file for models that scale (replicas come and go); the batch
-    service's state and files under ``state_dir/batches``."""
+    service's state under ``state_dir/batches``, and its files there too, or (``s3_port``, `make local S3=1`)
+    in the loopback server's batch bucket, apart from the model store's as on EKS."""
     backends: dict[str, list[str]] = {}
     for engine in engines:
         backends.setdefault(engine.model, []).append(engine.url)
@@ -743,6 +746,13 @@ def local_runtime_config(
             state_dir=str((state_dir / "batches").absolute()),
             metrics_port=None,  # on 127.0.0.1 the API port serves /metrics too
         )
+        if s3_port is not None:
+            files = {
+                "bucket": store.LOCAL_BATCH_BUCKET,
+                "region": store.LOOPBACK_REGION,
+                "endpoint_url": f"http://{HOST}:{s3_port}",
+            }
+            doc["batches"]["s3"] = S3Files.model_validate(files).model_dump(mode="json")
     elif doc.get("batches"):  # --gateway envoy: no router, so no batch service
         doc["batches"] = None
         doc["router"]["batches_url"] = None

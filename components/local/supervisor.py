@@ -35,7 +35,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from components.local import monitor, state
+from components.local import monitor, s3_server, state
 from components.local import store as local_store
 from components.local.autoscaler import Autoscaler
 from components.local.defaults import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -341,7 +341,11 @@ class Supervisor:
         try:
             self.store = local_store.start(plan.s3_port, plan.logs_dir, tag, self.python)
             self.say(f"model store (S3) listening on {self.store.endpoint}")
-            for bucket in sorted({b.removeprefix("s3://").split("/", 1)[0] for _, b in plan.store_preps}):
+            buckets = {b.removeprefix("s3://").split("/", 1)[0] for _, b in plan.store_preps}
+            files = plan.config.batches.s3 if plan.config.batches is not None else None
+            if files is not None and files.bucket is not None:  # the batch service's own bucket
+                buckets.add(files.bucket)
+            for bucket in sorted(buckets):
                 local_store.create_bucket(self.store, bucket)
             for path, location in plan.store_preps:
                 self._check_stop()
@@ -445,6 +449,8 @@ class Supervisor:
             TAG_ENV: state.tag_value(self.plan.state_dir),
             "PYTHONUNBUFFERED": "1",
             "LOG_LEVEL": "INFO",
+            # the loopback server's credentials, for the batch service's files (`make local S3=1`)
+            **(s3_server.client_env(self.store.endpoint) if self.store is not None else {}),
         }
         with log.open("ab" if again else "wb") as sink:
             proc = subprocess.Popen(

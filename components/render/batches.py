@@ -5,8 +5,8 @@ Why a StatefulSet of one with a volume: the state store is SQLite on that volume
 service's exactly-once bookkeeping) wants exactly one writer. A StatefulSet never runs two pods of the same
 identity: an update stops the old pod before it starts the new one, which then mounts the same volume
 and resumes every unfinished batch. A Deployment's rolling update would briefly run two. Where the cloud
-has an object store (``Cloud.batch_files``: the platform's bucket on EKS) the files go there under a
-prefix the service alone may touch; elsewhere they share the volume.
+has an object store (``Cloud.batch_files``: on EKS a bucket and KMS key of their own, apart from the model bucket
+engines read) the files go there under a prefix the service alone may touch; elsewhere they share the volume.
 """
 
 from __future__ import annotations

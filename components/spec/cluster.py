@@ -24,7 +24,6 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from components.core.enums import NodeProvisioner, Target
 from components.core.problems import Problem
 from components.spec.base import MAX_EKS_CLUSTER_NAME, AwsAccount, DnsLabel, Ipv4Cidr, _all_match, _Spec
-from runtime.config import S3Files
 
 if TYPE_CHECKING:
     from components.spec.platform import PlatformSpec
@@ -210,6 +209,10 @@ class EksClusterSpec(ClusterSpecBase):
     model_bucket: str | None = None
     """Name of the S3 bucket the stack creates for the model store; defaults to '<cluster>-<region>-models'
     (bucket names are global: set another if that one is taken)."""
+    batch_bucket: str | None = None
+    """Name of the S3 bucket the stack creates for the batch service's files (batch.enabled), with a KMS key of
+    its own: tenants' batch inputs and outputs never share the model bucket, which engines read. Defaults to
+    '<cluster>-<region>-batches'; it must differ from the model bucket."""
     node_provisioner: NodeProvisioner = NodeProvisioner.MANAGED
     """GPU nodes from 'managed' EKS node groups (one per pool, min/max nodes from the models), or from
     'karpenter' NodePools (nodes of the pool's type launched for pending engines, up to the pool's GPUs)."""
@@ -226,20 +229,23 @@ class EksClusterSpec(ClusterSpecBase):
         """The bucket the stack creates: cluster.model_bucket, or '<cluster>-<region>-models'."""
         return self.model_bucket or f"{spec.cluster_name}-{self.region}-models"
 
+    def batch_files_bucket(self, spec: PlatformSpec) -> str:
+        """The batch service's bucket the stack creates: cluster.batch_bucket, or '<cluster>-<region>-batches'."""
+        return self.batch_bucket or f"{spec.cluster_name}-{self.region}-batches"
+
     @property
     def store_region(self) -> str:
         """The cluster's: EKS Pod Identity gives the credentials, the region says where the bucket is."""
         return self.region
 
     def platform_problems(self, spec: PlatformSpec) -> Iterator[Problem]:
-        """The batch service's files and the model store share the platform's bucket; AWS names derive from the
-        cluster's."""
-        files = str(S3Files.model_fields["prefix"].default)
-        if spec.batch.enabled and f"{spec.model_store.prefix}/".startswith(files):
+        """The batch service's files and the model store are two buckets; AWS names derive from the cluster's."""
+        if spec.batch.enabled and self.batch_files_bucket(spec) == self.model_store_bucket(spec):
             yield Problem(
-                "model_store.prefix",
-                f"{spec.model_store.prefix!r} is under {files!r}, where the batch service keeps its files in the same "
-                "bucket (and may delete them); choose another prefix",
+                "cluster.batch_bucket",
+                f"{self.batch_files_bucket(spec)!r} is also the model bucket: engines read the model bucket, and "
+                "tenants' batch files must not be in it; name two different buckets (cluster.batch_bucket and "
+                "cluster.model_bucket)",
             )
         # IAM role names (64 characters) are the cluster name, a job suffix and Pulumi's random suffix.
         if len(spec.cluster_name) > MAX_EKS_CLUSTER_NAME:
@@ -373,7 +379,7 @@ class EksClusterSpec(ClusterSpecBase):
             )
         return value
 
-    @field_validator("model_bucket")
+    @field_validator("model_bucket", "batch_bucket")
     @classmethod
     def _bucket(cls, value: str | None) -> str | None:
         if value is not None and (

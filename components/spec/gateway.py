@@ -64,7 +64,8 @@ class GatewaySpec(_Spec):
     pools; gateway_class is then required)."""
     picker_failure_mode: PickerFailureMode = PickerFailureMode.FAIL_CLOSE
     """inference-extension: what the gateway does when the picker does not answer: FailClose (a 503) or
-    FailOpen (the pool's replicas without a pick)."""
+    FailOpen (the pool's replicas without a pick). The picker checks API keys, so FailOpen needs
+    require_api_key false."""
     picker_image: PinnedImage = RUNTIME_IMAGES["picker"]
     """Endpoint picker image (inference-extension), pinned by tag or digest (eks runs its ECR push, by digest)."""
     replicas: Annotated[int, Field(ge=1)] = 2
@@ -157,6 +158,7 @@ class GatewaySpec(_Spec):
         every_problem(
             type(self).__name__,
             self._inference_extension,
+            self._fail_open_keeps_no_keys,
             self._ingress_has_a_hostname,
             self._replicas_ordered,
         )
@@ -183,6 +185,17 @@ class GatewaySpec(_Spec):
             raise ValueError(
                 "shared_limits shares the router's rate limits, and mode inference-extension runs no router (the "
                 "endpoint picker limits nothing): set shared_limits false, or use mode router"
+            )
+        return self
+
+    def _fail_open_keeps_no_keys(self) -> GatewaySpec:
+        """The picker is what checks API keys behind the gateway: failing open past it serves anyone."""
+        if self.picker_failure_mode is PickerFailureMode.FAIL_OPEN and self.require_api_key:
+            raise ValueError(
+                "gateway.picker_failure_mode FailOpen with gateway.require_api_key: the endpoint picker checks "
+                "the API keys, and FailOpen sends requests to the engines without it whenever it cannot be "
+                "reached, so any client without a key would be served then; set picker_failure_mode FailClose "
+                "(an unreachable picker is a 503), or require_api_key false if the API is meant to be open"
             )
         return self
 

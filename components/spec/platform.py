@@ -140,8 +140,8 @@ class BatchSpec(_Spec):
     replicas' idle capacity at low priority, with the same API keys, scopes and rate limits as the router."""
 
     enabled: bool = False
-    """Run the batch service (a StatefulSet with a volume for its state; on eks its files go to the platform's
-    bucket under batches/, elsewhere to the volume)."""
+    """Run the batch service (a StatefulSet with a volume for its state; on eks its files go to a bucket of
+    their own, cluster.batch_bucket, encrypted with a key of their own; elsewhere to the volume)."""
     storage_gib: Annotated[int, Field(ge=1, le=16_384)] = 20
     """The service's persistent volume: its state store (SQLite) and, where files do not go to S3, the files."""
     storage_class: str | None = None

@@ -201,6 +201,6 @@ def batches_need_the_router(spec: PlatformSpec) -> Iterator[Problem]:
 
 @rule
 def the_targets_own_rules(spec: PlatformSpec) -> Iterator[Problem]:
-    """What the target's cluster section checks across sections (on eks: the batch service's files apart from
-    the model store in the platform's bucket, the cluster's name short enough for AWS names)."""
+    """What the target's cluster section checks across sections (on eks: the batch service's bucket apart from
+    the model bucket, the cluster's name short enough for AWS names)."""
     yield from spec.cluster.platform_problems(spec)

@@ -17,11 +17,15 @@ Why it stays exact, and what it does when it cannot:
   one. **A ``seq`` that goes back** with a newer timestamp: a new publisher (engine restart without a
   visible disconnect): empty and replay from 0. Older duplicates (replay overlap) are skipped.
 - **A malformed batch** is skipped, counted and logged once per cause; the loop never dies of it.
+- **An oversized message** (above ``MAX_MESSAGE_BYTES``) is never received: ZeroMQ reads its length first,
+  refuses it before allocating, and drops the connection (a protocol error, after which ZeroMQ would not
+  reconnect: the follower connects anew), then the reconnect replays as above.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import struct
 from collections.abc import Callable
@@ -41,6 +45,19 @@ HEARTBEAT_MS = 1_000
 HEARTBEAT_TIMEOUT_MS = 3_000
 RECEIVE_HWM = 100_000
 DRAIN_AT_ONCE = 256  # messages taken per wake-up before the monitor socket is looked at again
+
+# What one legitimate message can weigh. vLLM publishes one batch per engine step; a step stores the blocks
+# of at most its token budget (max_num_batched_tokens, or max_model_len without chunked prefill: at most
+# MAX_STEP_TOKENS, a million-token context) and evicts at most as many blocks as it allocates. A BlockStored
+# carries every token id (msgpack: at most 9 bytes each); each block adds its 32-byte hash stored and, at
+# worst, one evicted (2 x 33 bytes over vLLM's default block of 16 tokens: 4 bytes a token);
+# and each running sequence adds a BlockStored and a BlockRemoved map of field names (under 512 bytes each).
+# Twice that (~34 MiB) is the bound: a peer that sends more is not an engine's step. A replay is one
+# message per batch, each under the same bound.
+MAX_STEP_TOKENS = 1 << 20
+MAX_STEP_SEQUENCES = 4096
+_STEP_BYTES = MAX_STEP_TOKENS * (9 + 2 * 33 // 16) + MAX_STEP_SEQUENCES * 2 * 512
+MAX_MESSAGE_BYTES = 2 * _STEP_BYTES
 
 #: (replica url, cause) -> None: a problem worth a metric (cause is a short fixed word).
 ProblemSink = Callable[[str, str], None]
@@ -84,6 +101,7 @@ class Follower:
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, self.topic)
         sub.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+        sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sub.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
         sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         sub.setsockopt(zmq.LINGER, 0)
@@ -101,6 +119,7 @@ class Follower:
                         await self.resync()
                     elif event["event"] == zmq.EVENT_DISCONNECTED:
                         self.lost()
+                        _connect_again(sub, self.where.events)
                 if sub in ready:
                     for _ in range(DRAIN_AT_ONCE):  # what is queued, without a poll per message
                         try:
@@ -166,6 +185,7 @@ class Follower:
         self.replays += 1
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         dealer.connect(self.where.replay)
         first = True
         try:
@@ -192,6 +212,15 @@ class Follower:
             self.on_problem(self.url, "replay_timeout")
         finally:
             dealer.close(linger=0)
+
+
+def _connect_again(sock: zmq.asyncio.Socket, endpoint: str) -> None:
+    """ZeroMQ reconnects by itself after a lost connection, but never after a protocol error, and a message above
+    MAXMSGSIZE is one: connecting anew (the old connection's attempts dropped first, so never two) keeps the
+    follower listening for the publisher's next good message, whichever way it went."""
+    with contextlib.suppress(zmq.ZMQError):  # already gone (a protocol error ends the connection for good)
+        sock.disconnect(endpoint)
+    sock.connect(endpoint)
 
 
 def _batch_ts(payload: bytes) -> float | None:

@@ -13,7 +13,7 @@ import json
 import struct
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 MANIFEST_NAME = "inferstack-weights.json"
@@ -87,7 +87,42 @@ class Manifest:
             raise WeightsError(
                 f"{where}: its content id {stated} does not match its file list; it was edited"
             )
+        for entry in manifest.files:
+            check_relative(entry.path, where)
         return manifest
+
+
+def check_relative(path: str, where: str) -> None:
+    """A manifest path names a file under the model directory: the manifest comes from the store, and whoever
+    can write there must not make a node cache fill write (or a hit read) anywhere else on the node."""
+    parts = PurePosixPath(path).parts
+    if (
+        not path
+        or path.startswith("/")
+        or "\\" in path
+        or "\0" in path
+        or any(part in ("..", ".") for part in parts)
+        or path != "/".join(parts)
+    ):
+        raise WeightsError(
+            f"{where}: file path {path!r} is not a plain relative path inside the model directory (no '..', "
+            "'.', leading '/', backslash or empty part): the manifest was not written by the weights "
+            "preparation; prepare the model again"
+        )
+
+
+def inside(directory: Path, path: str, where: str) -> Path:
+    """``directory / path`` once it is certain to stay in ``directory`` with every symlink followed: a symlink
+    left in a cache directory must not carry a write out of it."""
+    check_relative(path, where)
+    base = directory.resolve()
+    target = (directory / path).resolve()
+    if not target.is_relative_to(base):
+        raise WeightsError(
+            f"{where}: file path {path!r} resolves to {target}, outside {base} (a symlink on the way): "
+            f"remove {directory} and fetch again"
+        )
+    return directory / path
 
 
 def content_id(files: Iterable[FileEntry]) -> str:

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.weights.manifest import CHUNK, MANIFEST_NAME, Manifest, WeightsError, check_safetensors
+from runtime.weights.manifest import CHUNK, MANIFEST_NAME, Manifest, WeightsError, check_safetensors, inside
 from runtime.weights.store import Store
 
 LOCK_TIMEOUT_S = 3600.0
@@ -46,7 +46,10 @@ def _local_problem(directory: Path) -> str | None:
     except WeightsError as exc:
         return str(exc)
     for entry in manifest.files:
-        path = directory / entry.path
+        try:
+            path = inside(directory, entry.path, str(directory))
+        except WeightsError as exc:
+            return str(exc)
         if not path.is_file() or path.stat().st_size != entry.size:
             return f"{path} is missing or not {entry.size} bytes"
         if entry.path.endswith(".safetensors"):
@@ -105,7 +108,9 @@ def fill(root: Path, store: Store, wait_s: float = LOCK_TIMEOUT_S) -> Filled:
         partial = final.parent / f"{final.name}.partial"
         if final.exists():  # an earlier copy that no longer checks out (truncated, half-deleted)
             shutil.rmtree(final)
-        fetched = sum(_fetch_file(store, manifest, f.path, partial / f.path) for f in manifest.files)
+        # Every target is checked before the first byte is written: a symlink in a resumed .partial is refused.
+        targets = {f.path: inside(partial, f.path, store.where.uri()) for f in manifest.files}
+        fetched = sum(_fetch_file(store, manifest, path, target) for path, target in targets.items())
         (partial / MANIFEST_NAME).write_text(manifest.to_json())
         problem = _local_problem(partial)
         if problem is not None:

@@ -524,28 +524,39 @@ def test_plan_bills_the_aws_items_from_the_resources_it_creates(name: str, tmp_p
 
 
 @pytest.mark.parametrize("name", EKS_STACKS)
-def test_model_bucket_is_versioned_sse_kms_with_the_models_key_private_and_tls_only(name: str) -> None:
+def test_buckets_are_versioned_sse_kms_with_their_own_keys_private_and_tls_only(name: str) -> None:
+    """The model bucket with the models key; with batch.enabled the batch files' bucket with the batches key."""
     synthesis = _synth(name)
-    assert _one(synthesis, "aws:s3/bucketVersioning:BucketVersioning").inputs["versioningConfiguration"] == {
-        "status": "Enabled"
-    }
-    sse = _one(
-        synthesis, "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
-    )
-    rule = sse.inputs["rules"][0]
-    assert rule["applyServerSideEncryptionByDefault"] == {
-        "sseAlgorithm": "aws:kms",
-        "kmsMasterKeyId": _key_arn(synthesis, load(name).spec, "models"),
-    }
-    assert rule["bucketKeyEnabled"] is True
-    block = _one(synthesis, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
-    assert all(
-        block[k] is True
-        for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
-    )
-    policy = json.loads(_one(synthesis, "aws:s3/bucketPolicy:BucketPolicy").inputs["policy"])
-    assert policy["Statement"][0]["Effect"] == "Deny"
-    assert policy["Statement"][0]["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    spec = load(name).spec
+    buckets = {f"{spec.cluster_name}-models": "models"}
+    if spec.batch.enabled:
+        buckets[f"{spec.cluster_name}-batches"] = "batches"
+    assert {r.name for r in _of(synthesis, "aws:s3/bucket:Bucket")} == set(buckets)
+
+    def of(type_: str, bucket: str) -> dict[str, Any]:
+        [found] = [r for r in _of(synthesis, type_) if r.name == bucket]
+        return found.inputs
+
+    for bucket, purpose in buckets.items():
+        versioning = of("aws:s3/bucketVersioning:BucketVersioning", bucket)
+        assert versioning["versioningConfiguration"] == {"status": "Enabled"}
+        sse = of(
+            "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", bucket
+        )
+        rule = sse["rules"][0]
+        assert rule["applyServerSideEncryptionByDefault"] == {
+            "sseAlgorithm": "aws:kms",
+            "kmsMasterKeyId": _key_arn(synthesis, spec, purpose),
+        }
+        assert rule["bucketKeyEnabled"] is True
+        block = of("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", bucket)
+        assert all(
+            block[k] is True
+            for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
+        )
+        policy = json.loads(of("aws:s3/bucketPolicy:BucketPolicy", bucket)["policy"])
+        assert policy["Statement"][0]["Effect"] == "Deny"
+        assert policy["Statement"][0]["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
 
 
 @pytest.mark.parametrize("name", EKS_STACKS)

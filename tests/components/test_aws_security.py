@@ -66,11 +66,23 @@ def test_bucket_ecr_and_node_disks_use_their_own_rotating_customer_managed_keys(
     assert all(k["enableKeyRotation"] is True for k in keys.values())
     arns = {purpose: _key_arn(synthesis, spec, purpose) for purpose in decisions.kms_keys(spec)}
     assert len(set(arns.values())) == len(arns)  # one key per purpose
-    sse = _one_inputs(
-        synthesis, "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
-    )
-    assert sse["rules"][0]["applyServerSideEncryptionByDefault"]["kmsMasterKeyId"] == arns["models"]
-    assert sse["rules"][0]["bucketKeyEnabled"] is True
+    sse = {
+        r.name: r.inputs
+        for r in _of(
+            synthesis,
+            "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+        )
+    }
+    # The model bucket with the models key; the batch files' bucket (batch.enabled) with a key of its own.
+    buckets = {f"{spec.cluster_name}-models": "models"}
+    if spec.batch.enabled:
+        buckets[f"{spec.cluster_name}-batches"] = "batches"
+    assert set(sse) == set(buckets)
+    for bucket, purpose in buckets.items():
+        assert (
+            sse[bucket]["rules"][0]["applyServerSideEncryptionByDefault"]["kmsMasterKeyId"] == arns[purpose]
+        )
+        assert sse[bucket]["rules"][0]["bucketKeyEnabled"] is True
     repositories = _of(synthesis, "aws:ecr/repository:Repository")
     assert len(repositories) == len(images.runtime_images(spec))
     for repo in repositories:
@@ -82,11 +94,6 @@ def test_bucket_ecr_and_node_disks_use_their_own_rotating_customer_managed_keys(
     for template in templates:
         ebs = template.inputs["blockDeviceMappings"][0]["ebs"]
         assert (ebs["encrypted"], ebs["kmsKeyId"]) == ("true", arns["disks"])
-
-
-def _one_inputs(synthesis: plan.Synthesis, type_: str) -> dict[str, Any]:
-    [resource] = _of(synthesis, type_)
-    return resource.inputs
 
 
 def _allowed(document: dict[str, Any]) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ EKS_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target is 
 
 
 KEY_POLICY = "aws:kms/key:Key"
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 
 
 def _documents(synthesis: plan.Synthesis) -> list[tuple[str, dict[str, Any]]]:
@@ -95,11 +96,21 @@ def test_model_read_scopes_s3_sources_to_their_prefixes() -> None:
         "us-east-1",
         "arn:aws:s3:::stack-models",
         "arn:aws:kms:us-east-1:123456789012:key/k",
+        ["models", "/ours/"],
         ["s3://weights/llama/70b/", "s3://weights/qwen", "s3://other", "meta-llama/Llama-3.1-8B-Instruct"],
     )
     by_sid = {s["Sid"]: s for s in doc["Statement"]}
-    assert by_sid["ReadModelBucket"]["Resource"] == "arn:aws:s3:::stack-models/*"
+    assert by_sid["ReadModelBucket"]["Resource"] == [
+        "arn:aws:s3:::stack-models/models/*",
+        "arn:aws:s3:::stack-models/ours/*",
+    ]
     assert by_sid["ListModelBucket"]["Resource"] == "arn:aws:s3:::stack-models"
+    assert by_sid["ListModelBucket"]["Condition"] == {"StringLike": {"s3:prefix": ["models/*", "ours/*"]}}
+    for whole in ([], ["/"]):  # never the whole model bucket
+        with pytest.raises(ValueError, match="never all of it"):
+            data_policies.model_read(
+                "us-east-1", "arn:aws:s3:::m", "arn:aws:kms:us-east-1:1:key/k", whole, []
+            )
     assert by_sid["ReadSource0"]["Resource"] == ["arn:aws:s3:::other/*"]
     assert "Condition" not in by_sid["ListSource0"]
     assert by_sid["ReadSource1"]["Resource"] == [
@@ -109,6 +120,49 @@ def test_model_read_scopes_s3_sources_to_their_prefixes() -> None:
     assert by_sid["ListSource1"]["Condition"] == {"StringLike": {"s3:prefix": ["llama/70b/*", "qwen/*"]}}
     assert audit.audit(doc) == []
     json.loads(iam.dumps(doc))
+
+
+def _s3_grants(document: dict[str, Any]) -> list[str]:
+    """Every resource an Allow statement of ``document`` grants an S3 action on."""
+    out: list[str] = []
+    for s in document["Statement"]:
+        actions = s["Action"] if isinstance(s["Action"], list) else [s["Action"]]
+        if s["Effect"] == "Allow" and any(a.startswith("s3:") for a in actions):
+            out += s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]]
+    return out
+
+
+@pytest.mark.parametrize("name", ["prod", "dev"])
+def test_engines_read_the_store_prefix_and_never_the_batch_bucket(name: str) -> None:
+    """Rendered under the mocks: the engines' role reaches only '<model bucket>/<store prefix>/*'; the batch
+    service's files are in a bucket of their own, with a key of their own, that only its role reaches."""
+    stack = load(name)
+    spec = stack.spec
+    synthesis = _synth(name)
+    cluster = spec.cluster_name
+    model_bucket = f"arn:aws:s3:::{spec.cluster.model_store_bucket(spec)}"
+    batch_bucket = f"arn:aws:s3:::{spec.cluster.batch_files_bucket(spec)}"
+    inline = {r.name: json.loads(r.inputs["policy"]) for r in synthesis.resources if r.type == ROLE_POLICY}
+    engine = _s3_grants(inline[f"{cluster}-engine-read-models"])
+    assert engine == [model_bucket, f"{model_bucket}/{spec.model_store.prefix}/*"]
+    assert not any(g.startswith(batch_bucket) for g in engine)
+    buckets = {r.inputs["bucket"]: r.inputs for r in synthesis.resources if r.type == "aws:s3/bucket:Bucket"}
+    if not spec.batch.enabled:
+        assert (
+            batch_bucket.rsplit(":", 1)[-1] not in buckets and f"{cluster}-batches-batch-files" not in inline
+        )
+        return
+    assert batch_bucket != model_bucket
+    assert buckets[batch_bucket.rsplit(":", 1)[-1]]["tags"]["inferstack:data"] == "batches"
+    files = inline[f"{cluster}-batches-batch-files"]
+    assert _s3_grants(files) == [batch_bucket, f"{batch_bucket}/batches/*"]
+    [kms] = [s for s in files["Statement"] if s["Sid"] == "UseBatchKeyViaS3"]
+    [engine_kms] = [
+        s for s in inline[f"{cluster}-engine-read-models"]["Statement"] if s["Action"] == ["kms:Decrypt"]
+    ]
+    assert kms["Resource"] != engine_kms["Resource"]  # the batch key is not the models key
+    keys = [r for r in synthesis.resources if r.type == KEY_POLICY]
+    assert sum(1 for k in keys if k.name == f"{cluster}-batches") == 1
 
 
 def test_partitions_follow_the_region() -> None:

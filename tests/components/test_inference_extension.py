@@ -175,6 +175,20 @@ def test_inference_extension_without_a_gateway_class_is_an_error() -> None:
         PlatformSpec.model_validate(doc)
 
 
+def test_fail_open_with_api_keys_is_an_error() -> None:
+    """The picker checks the keys: a gateway failing open past an unreachable picker would serve keyless clients."""
+    doc = _platform()
+    doc["gateway"]["picker_failure_mode"] = "FailOpen"
+    assert doc["gateway"]["require_api_key"] is True
+    with pytest.raises(ValidationError) as err:
+        PlatformSpec.model_validate(doc)
+    message = str(err.value)
+    assert "gateway.picker_failure_mode FailOpen with gateway.require_api_key" in message
+    assert "set picker_failure_mode FailClose" in message and "require_api_key false" in message
+    doc["gateway"]["require_api_key"] = False  # a deliberately open API may fail open
+    assert PlatformSpec.model_validate(doc).gateway.picker_failure_mode.value == "FailOpen"
+
+
 def test_a_priority_in_router_mode_is_an_error() -> None:
     doc = _platform()
     doc["gateway"] = {"require_api_key": False}

@@ -187,10 +187,15 @@ def test_store_bucket_is_known_at_plan_time() -> None:
     assert store.store_bucket(PlatformSpec.model_validate(raw)) == "acme-weights"
 
 
-def test_on_eks_the_store_prefix_stays_out_of_the_batch_files_prefix() -> None:
-    """Both live in the platform's bucket, and the batch service may delete anything under batches/."""
-    doc = {**minimal(), "batch": {"enabled": True}, "model_store": {"prefix": "batches/models"}}
-    with pytest.raises(ValueError, match=r"model_store.prefix: 'batches/models' is under 'batches/'"):
-        PlatformSpec.model_validate(doc)
-    PlatformSpec.model_validate({**doc, "model_store": {"prefix": "batchesmodels"}})
-    PlatformSpec.model_validate({**doc, "batch": {"enabled": False}})
+def test_on_eks_the_batch_files_have_a_bucket_of_their_own() -> None:
+    """Engines read the model bucket: tenants' batch files must never be in it, so the spec refuses one name."""
+    doc = {**minimal(), "batch": {"enabled": True}}
+    spec = PlatformSpec.model_validate(doc)
+    assert spec.cluster.batch_files_bucket(spec) == "inferstack-test-us-east-1-batches"
+    assert spec.cluster.batch_files_bucket(spec) != store.store_bucket(spec)
+    same = {**doc, "cluster": {"model_bucket": "acme-data", "batch_bucket": "acme-data"}}
+    with pytest.raises(ValueError, match=r"cluster.batch_bucket: 'acme-data' is also the model bucket"):
+        PlatformSpec.model_validate(same)
+    PlatformSpec.model_validate({**same, "batch": {"enabled": False}})
+    with pytest.raises(ValueError, match="is not an S3 bucket name"):
+        PlatformSpec.model_validate({**doc, "cluster": {"batch_bucket": "Acme_Batches"}})

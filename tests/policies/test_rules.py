@@ -60,6 +60,21 @@ def runtime_config(change: Callable[[dict[str, Any]], None]) -> Callable[[dict[s
     return apply
 
 
+def engine_also_reads(resource: str) -> Callable[[dict[str, Any]], None]:
+    """The engines' read policy with one more s3:GetObject grant."""
+
+    def change(props: dict[str, Any]) -> None:
+        document = json.loads(props["policy"])
+        grant = {"Sid": "AlsoRead", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": resource}
+        document["Statement"].append(grant)
+        props["policy"] = json.dumps(document)
+
+    return change
+
+
+ENGINE_READ = aws("rolePolicy:RolePolicy", "inferstack-prod-engine-read-models")
+
+
 def iam_policy(props: dict[str, Any]) -> None:
     props["policy"] = json.dumps(
         {
@@ -442,6 +457,40 @@ CASES = [
             lambda p: p.__setitem__("policyArn", "arn:aws:iam::aws:policy/AdministratorAccess"),
         ),
         ("attaches arn:aws:iam::aws:policy/AdministratorAccess",),
+    ),
+    Case(
+        "engine-reads-batch-files",
+        "batch-data-apart-from-engines",
+        "prod",
+        m(ENGINE_READ, engine_also_reads("arn:aws:s3:::inferstack-prod-us-east-1-batches/batches/*")),
+        (
+            "grants the engine role inferstack-prod-engine",
+            "reaches the batch bucket inferstack-prod-us-east-1-batches",
+        ),
+    ),
+    Case(
+        "engine-reads-every-bucket",
+        "batch-data-apart-from-engines",
+        "prod",
+        m(ENGINE_READ, engine_also_reads("arn:*:s3:::*")),
+        ("reaches the batch bucket", "every object of the model bucket inferstack-prod-us-east-1-models"),
+    ),
+    Case(
+        "engine-reads-the-whole-model-bucket",
+        "batch-data-apart-from-engines",
+        "prod",
+        m(ENGINE_READ, engine_also_reads("arn:aws:s3:::inferstack-prod-us-east-1-models/*")),
+        ("statement AlsoRead", "every object of the model bucket inferstack-prod-us-east-1-models"),
+    ),
+    Case(
+        "batch-bucket-is-the-model-bucket",
+        "batch-data-apart-from-engines",
+        "prod",
+        m(
+            lambda r: r.type == "aws:s3/bucket:Bucket" and r.name == "inferstack-prod-batches",
+            lambda p: p.__setitem__("bucket", "inferstack-prod-us-east-1-models"),
+        ),
+        ("'inferstack-prod-us-east-1-models' is both the model bucket and the batch bucket",),
     ),
     Case(
         "no-secrets-encryption",

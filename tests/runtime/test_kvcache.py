@@ -17,8 +17,9 @@ import zmq
 import zmq.asyncio
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from components.local.engine_process import free_port
 from runtime.kvcache.events import BadEventError, Cleared, Removed, Stored, decode
-from runtime.kvcache.follower import Endpoints, Follower
+from runtime.kvcache.follower import MAX_MESSAGE_BYTES, Endpoints, Follower
 from runtime.kvcache.hashing import BlockHasher, external, sha256_cbor
 from runtime.kvcache.prompts import PromptTokens, TokenizerError
 from runtime.kvcache.view import CacheIndex
@@ -329,6 +330,37 @@ async def test_a_replay_that_never_answers_times_out_and_the_view_stays_live(tmp
         await follower.resync()
         assert problems["replay_timeout"] == 1 and "a" in follower.index.synced
     finally:
+        ctx.term()
+
+
+async def test_an_oversized_message_is_refused_unread_and_the_stream_goes_on() -> None:
+    """A peer on the events port that sends more than any engine step can (MAX_MESSAGE_BYTES) is cut off by
+    ZeroMQ before the message is allocated: the follower never sees it, reconnects, replays, and applies the
+    next good batch."""
+    ctx = zmq.asyncio.Context()
+    where = Endpoints(f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")
+    problems: Counter[str] = Counter()
+    index = CacheIndex(1000)
+    pub = Publisher(ctx, where)
+    pub.pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription reaches the test, a repeated one too
+    await pub.publish(batch(stored([1, 2])), send=False)
+    follower = Follower(ctx, index, "a", where, "kv", 2.0, lambda url, cause: problems.update([cause]))
+    task = asyncio.get_running_loop().create_task(follower.run())
+    try:
+        await until(lambda: "a" in index.synced and index.held("a") == 2)
+        await pub.subscribed()
+        hostile = b"\x00" * (MAX_MESSAGE_BYTES + 1)
+        await pub.pub.send_multipart([b"kv", pub.seq.to_bytes(8, "big"), hostile])
+        del hostile
+        await pub.subscribed()  # the connection was dropped: the follower came back and subscribed again
+        await until(lambda: follower.replays >= 2 and "a" in index.synced and index.held("a") == 2)
+        await pub.publish(batch(stored([3], parent=2)))
+        await until(lambda: index.held("a") == 3)
+        assert not problems["undecodable"] and not problems["malformed"]  # the big message never arrived
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        pub.close()
         ctx.term()
 
 

@@ -19,7 +19,8 @@ from components.spec import PlatformSpec, Target, eks_section
 from runtime.config import S3Files
 
 BATCH_FILES_PREFIX = "batches/"
-"""The key prefix of the platform bucket that holds the batch service's files, and all it may touch."""
+"""The key prefix of the batch bucket (cluster.batch_bucket) that holds the batch service's files, and all it may
+touch."""
 
 POD_IDENTITY_AGENT = Endpoint(
     "169.254.170.23/32",
@@ -95,8 +96,9 @@ class AwsCloud:
         return spec.cluster.namespace, common.engine_service_account_name(spec)
 
     def batch_files(self, spec: PlatformSpec) -> S3Files:
-        """The platform bucket (its name comes from the stack at deploy time) under ``batches/``; the batch
-        service's Pod Identity role may touch that prefix only (``components.clouds.aws.layer``)."""
+        """The batch bucket (cluster.batch_bucket, its name handed over at deploy time) under ``batches/``, never
+        the model bucket; the batch service's Pod Identity role may touch that prefix only
+        (``components.clouds.aws.layer``)."""
         return S3Files(prefix=BATCH_FILES_PREFIX, region=eks_section(spec).region)
 
     def model_writer(self, spec: PlatformSpec) -> tuple[str, str]:

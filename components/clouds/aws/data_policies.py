@@ -1,6 +1,6 @@
-"""Who may read and write the platform's data on AWS: engines reading model weights, the preparation Jobs writing
-them, the batch service its files, VPC Flow Logs writing its log group, EventBridge feeding the interruption queue,
-and TLS-only access to the model bucket.
+"""Who may read and write the platform's data on AWS: engines reading model weights (the store's prefixes only),
+the preparation Jobs writing them, the batch service its files (in a bucket of their own), VPC Flow Logs writing
+its log group, EventBridge feeding the interruption queue, and TLS-only access to the buckets.
 """
 
 from __future__ import annotations
@@ -23,13 +23,21 @@ def s3_sources(sources: list[str]) -> dict[str, set[str]]:
     return out
 
 
-def model_read(region: str, model_bucket_arn: str, key_arn: str, sources: list[str]) -> PolicyDocument:
-    """Engines read weights: the stack's model bucket, plus the exact prefixes of ``s3://`` sources elsewhere.
+def model_read(
+    region: str, model_bucket_arn: str, key_arn: str, store_prefixes: list[str], sources: list[str]
+) -> PolicyDocument:
+    """Engines read weights: the given key prefixes of the stack's model bucket (the store's, never the whole
+    bucket: ``store.engine_read_prefixes``), plus the exact prefixes of ``s3://`` sources elsewhere.
 
     The bucket's objects are SSE-KMS encrypted with ``key_arn``: reading one decrypts its data key, which
     engines may do only through S3 (``kms:ViaService``), never by calling KMS directly.
     """
     p = partition(region)
+    if not store_prefixes or any(not x.strip("/") for x in store_prefixes):
+        raise ValueError(
+            f"engines read key prefixes of the model bucket, never all of it: got {store_prefixes!r}"
+        )
+    scoped = sorted({x.strip("/") for x in store_prefixes})
     statements: list[dict[str, Any]] = [
         {
             "Sid": "DecryptModelWeightsViaS3",
@@ -43,12 +51,13 @@ def model_read(region: str, model_bucket_arn: str, key_arn: str, sources: list[s
             "Effect": "Allow",
             "Action": ["s3:ListBucket"],
             "Resource": model_bucket_arn,
+            "Condition": {"StringLike": {"s3:prefix": [f"{x}/*" for x in scoped]}},
         },
         {
             "Sid": "ReadModelBucket",
             "Effect": "Allow",
             "Action": ["s3:GetObject"],
-            "Resource": f"{model_bucket_arn}/*",
+            "Resource": [f"{model_bucket_arn}/{x}/*" for x in scoped],
         },
     ]
     for i, (bucket, prefixes) in enumerate(sorted(s3_sources(sources).items())):
@@ -111,14 +120,14 @@ def model_prepare(region: str, model_bucket_arn: str, key_arn: str, prefix: str)
 
 
 def batch_files(region: str, bucket_arn: str, key_arn: str, prefix: str) -> PolicyDocument:
-    """The batch service keeps its files under one prefix of the platform bucket: list that prefix, read, write
-    and delete objects under it, nothing else (not the model weights beside it). Objects are SSE-KMS with the
-    bucket's key: writing one makes a data key, reading one decrypts it, both only through S3."""
+    """The batch service keeps its files under one prefix of its own bucket (not the model bucket, which engines
+    read): list that prefix, read, write and delete objects under it, nothing else. Objects are SSE-KMS with the
+    batch bucket's own key: writing one makes a data key, reading one decrypts it, both only through S3."""
     return {
         "Version": VERSION,
         "Statement": [
             {
-                "Sid": "UseBucketKeyViaS3",
+                "Sid": "UseBatchKeyViaS3",
                 "Effect": "Allow",
                 "Action": ["kms:Decrypt", "kms:GenerateDataKey"],
                 "Resource": key_arn,

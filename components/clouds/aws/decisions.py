@@ -89,9 +89,18 @@ LIMITS_KEY_PURPOSE = "the shared rate-limit store (ElastiCache, at rest)"
 LIMIT_STORE_ENGINE_VERSION = "7.1"  # ElastiCache for Redis OSS 7.1: the last Redis OSS major it offers
 
 
+BATCHES_KEY = "batches"
+BATCHES_KEY_PURPOSE = "the batch service's files in their own S3 bucket (SSE-KMS)"
+
+
 def kms_keys(spec: PlatformSpec) -> tuple[str, ...]:
-    """Every key the stack creates: the platform's, and the rate-limit store's with gateway.shared_limits."""
-    return (*KMS_KEYS, *((LIMITS_KEY,) if spec.gateway.shared_limits else ()))
+    """Every key the stack creates: the platform's, the batch files' with batch.enabled, and the rate-limit
+    store's with gateway.shared_limits."""
+    return (
+        *KMS_KEYS,
+        *((BATCHES_KEY,) if spec.batch.enabled else ()),
+        *((LIMITS_KEY,) if spec.gateway.shared_limits else ()),
+    )
 
 
 KMS_DELETION_WINDOW_DAYS = 30

@@ -24,8 +24,10 @@ from components.clouds.aws.limit_store import ManagedLimitStore
 from components.clouds.aws.network import Network
 from components.clouds.aws.nodes import NodeGroup
 from components.clouds.aws.registry import Registry
-from components.clouds.aws.storage import ModelStorage
+from components.clouds.aws.storage import BatchStorage, ModelStorage
+from components.core.cloud import ENGINE_WORKLOAD, WORKLOAD_TAG
 from components.core.placement import Layout
+from components.core.weights import store
 from components.deploy.secrets import limit_store_token
 from components.kubernetes.cluster import ClusterAccess
 from components.render import batches
@@ -141,14 +143,17 @@ class AwsLayer(pulumi.ComponentResource):
 
         self.storage = ModelStorage(spec, self.keys.models.arn, tags, on_aws)
         sources: list[str] = []  # engines read the store only (placement refuses s3:// sources outside it)
+        read_prefixes = store.engine_read_prefixes(spec)  # the store's prefixes, never the whole bucket
         read = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
-            lambda arns: iam.dumps(data_policies.model_read(region, str(arns[0]), str(arns[1]), sources))
+            lambda arns: iam.dumps(
+                data_policies.model_read(region, str(arns[0]), str(arns[1]), read_prefixes, sources)
+            )
         )
         engine_role = ServiceRole(
             f"{name}-engine",
             iam.pod_identity_trust(),
             region,
-            tags,
+            {**tags, WORKLOAD_TAG: ENGINE_WORKLOAD},
             on_aws,
             inline={"read-models": read},
             description=f"Engines of {name}: read model weights",
@@ -164,7 +169,7 @@ class AwsLayer(pulumi.ComponentResource):
             f"{name}-weights",
             iam.pod_identity_trust(),
             region,
-            tags,
+            {**tags, WORKLOAD_TAG: "weights"},
             on_aws,
             inline={"prepare-models": write},
             description=f"Model preparation Jobs of {name}: write weights into the store",
@@ -173,11 +178,12 @@ class AwsLayer(pulumi.ComponentResource):
             f"{name}-weights", cluster_name, EKS.model_writer(spec), weights_role, tags, on_aws
         )
         identities = [engine_identity, weights_identity]
-        if spec.batch.enabled:  # the batch service: its prefix of the bucket, nothing else
-            files_prefix = EKS.batch_files(
-                spec
-            ).prefix  # not `prefix`: the store's policy above reads it late
-            files = pulumi.Output.all(self.storage.bucket.arn, self.keys.models.arn).apply(
+        self.batch_storage: BatchStorage | None = None
+        if spec.batch.enabled:  # the batch service: its own bucket and key, nothing of the models'
+            self.batch_storage = BatchStorage(spec, account_id, tags, on_aws)
+            batch_key = self.batch_storage.key
+            files_prefix = EKS.batch_files(spec).prefix
+            files = pulumi.Output.all(self.batch_storage.bucket.arn, batch_key.arn).apply(
                 lambda arns: iam.dumps(
                     data_policies.batch_files(region, str(arns[0]), str(arns[1]), files_prefix)
                 )
@@ -186,10 +192,10 @@ class AwsLayer(pulumi.ComponentResource):
                 f"{name}-batches",
                 iam.pod_identity_trust(),
                 region,
-                tags,
+                {**tags, WORKLOAD_TAG: "batches"},
                 on_aws,
                 inline={"batch-files": files},
-                description=f"Batch service of {name}: its files under s3://<models bucket>/{files_prefix}",
+                description=f"Batch service of {name}: its files under s3://<batch bucket>/{files_prefix}",
             )
             batches_account = (spec.cluster.namespace, batches.service_account_name(spec))
             identities.append(
@@ -300,7 +306,7 @@ class AwsLayer(pulumi.ComponentResource):
                     efa=any(p.efa_interfaces for p in self.node_group_plans),
                 )
             ),
-            files_bucket=self.storage.bucket.bucket,
+            files_bucket=self.batch_storage.bucket.bucket if self.batch_storage is not None else None,
             limit_store_url=self.limit_store.url if self.limit_store is not None else None,
         )
 
@@ -309,6 +315,8 @@ class AwsLayer(pulumi.ComponentResource):
         pulumi.export("vpc_id", self.network.vpc_id)
         pulumi.export("kubeconfig", self.cluster.kubeconfig)
         pulumi.export("model_bucket", self.storage.bucket.bucket)
+        if self.batch_storage is not None:
+            pulumi.export("batch_bucket", self.batch_storage.bucket.bucket)
         pulumi.export("node_groups", {n: g.node_group.node_group_name for n, g in self.node_groups.items()})
         if self.karpenter is not None:
             pulumi.export("node_pools", self.karpenter.node_pools)

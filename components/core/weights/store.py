@@ -11,6 +11,9 @@ from components.spec import AdapterSpec, ModelSpec, PlatformSpec, Target, is_pin
 
 LOCAL_BUCKET = "inferstack-local"
 """The loopback store of `make local S3=1`."""
+LOCAL_BATCH_BUCKET = "inferstack-local-batches"
+"""The batch service's files with `make local S3=1`: a bucket of their own beside the loopback store, as on EKS."""
+LOOPBACK_REGION = "us-east-1"
 
 
 def store_bucket(spec: PlatformSpec) -> str | None:
@@ -41,6 +44,25 @@ def adapter_location(spec: PlatformSpec, adapter: AdapterSpec) -> str:
 
 def bucket_of(uri: str) -> str:
     return uri.removeprefix("s3://").split("/", 1)[0]
+
+
+def engine_read_prefixes(spec: PlatformSpec) -> list[str]:
+    """The key prefixes of the store's bucket engines read ('dir', no slashes at the ends): the store's prefix,
+    and each ``s3://`` source in the bucket outside it (a model's, an adapter's, a version's). Never the whole
+    bucket: engines read weights, nothing else that may ever be put beside them."""
+    bucket = store_bucket(spec)
+    store_prefix = spec.model_store.prefix.strip("/")
+    sources = [m.source for m in spec.models]
+    sources += [a.source for m in spec.models for a in m.adapters]
+    sources += [v.source for m in spec.models for v in m.versions if v.source is not None]
+    prefixes = {store_prefix}
+    for source in sources:
+        if not source.startswith("s3://") or bucket_of(source) != bucket:
+            continue
+        key = source.removeprefix(f"s3://{bucket}").strip("/")
+        if key and key != store_prefix and not key.startswith(f"{store_prefix}/"):
+            prefixes.add(key)
+    return sorted(prefixes)
 
 
 def hub_sources_pinned(planned: Planned) -> Iterator[Problem]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from components.core.cloud import BATCH_DATA, DATA_TAG, ENGINE_WORKLOAD, MODEL_DATA, WORKLOAD_TAG
 from components.spec import MOVING_TAGS
 from policies.inference.rules.base import (
     SECRET,
@@ -608,6 +609,111 @@ IAM = Rule(
     resource_check=_iam,
 )
 
+ROLE = "aws:iam/role:Role"
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+_PARTITIONS = ("aws", "aws-cn", "aws-us-gov")
+#: A key no store prefix starts with: a pattern that covers it covers every object of the bucket.
+_OUTSIDE_ANY_PREFIX = "\x7finferstack-probe"
+
+
+def _covers(pattern: str, arn: str) -> bool:
+    """IAM's wildcards (``*``, ``?``) in ``pattern`` match ``arn`` in some partition (nothing else is special)."""
+    regex = re.escape(pattern).replace(r"\*", ".*").replace(r"\?", ".")
+    return any(
+        re.fullmatch(regex, arn.replace("arn:aws:", f"arn:{p}:", 1), re.DOTALL) is not None
+        for p in _PARTITIONS
+    )
+
+
+def _reaches_bucket(pattern: str, bucket: str) -> bool:
+    """``pattern`` names the bucket or any object in it: its bucket part (up to the first '/') covers the bucket."""
+    head = pattern.split("/", 1)[0] if ":::" in pattern else pattern
+    arn = f"arn:aws:s3:::{bucket}"
+    return _covers(head, arn) or _covers(pattern, arn) or _covers(pattern, f"{arn}/{_OUTSIDE_ANY_PREFIX}")
+
+
+def _tagged(resources: Sequence[Res], type_: str | tuple[str, ...], tag: str, value: str) -> list[Res]:
+    types = (type_,) if isinstance(type_, str) else type_
+    return [r for r in of_type(resources, *types) if as_map(r.props.get("tags")).get(tag) == value]
+
+
+def _role_documents(resources: Sequence[Res], role: Res) -> Iterator[tuple[Res, str, Any]]:
+    """Every policy document a role holds: its inline policies, and the RolePolicy resources naming it (by id or
+    name; while a preview does not know the id yet, by the logical name ServiceRole gives them)."""
+    for p in as_list(role.props.get("inlinePolicies")):
+        yield role, f"inline policy {as_map(p).get('name')}", as_map(p).get("policy")
+    refs = {f"{role.name}-id", role.name, str(role.props.get("name") or "")} - {""}
+    for policy in of_type(resources, ROLE_POLICY):
+        ref = policy.props.get("role")
+        if (isinstance(ref, str) and ref in refs) or (
+            ref is None and policy.name.startswith(f"{role.name}-")
+        ):
+            yield policy, "policy", policy.props.get("policy")
+
+
+def _s3_resources(statement: Mapping[str, Any]) -> list[str]:
+    """The resources an Allow statement grants S3 actions on (none when it grants no S3 action)."""
+    actions = [str(a) for a in (as_list(statement.get("Action")) or [statement.get("Action")])]
+    if statement.get("Effect") != "Allow" or not any(
+        a == "*" or a.lower().startswith("s3:") for a in actions
+    ):
+        return []
+    return [str(r) for r in (as_list(statement.get("Resource")) or [statement.get("Resource")]) if r]
+
+
+def _batch_data(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
+    """The batch bucket is not the model bucket, and engine roles reach neither it nor all of the model bucket."""
+    model, batch = (
+        {
+            str(b.props["bucket"])
+            for b in _tagged(resources, (BUCKET, BUCKET_V2), DATA_TAG, data)
+            if b.props.get("bucket")
+        }
+        for data in (MODEL_DATA, BATCH_DATA)
+    )
+    for b in _tagged(resources, (BUCKET, BUCKET_V2), DATA_TAG, BATCH_DATA):
+        if b.props.get("bucket") in model:
+            yield Finding(
+                f"S3 bucket {b.name}: {b.props.get('bucket')!r} is both the model bucket and the batch bucket; "
+                "engines read the model bucket, so tenants' batch files must live in a bucket of their own "
+                "(cluster.batch_bucket apart from cluster.model_bucket)",
+                b.urn,
+            )
+    for role in _tagged(resources, ROLE, WORKLOAD_TAG, ENGINE_WORKLOAD):
+        for holder, where, document in _role_documents(resources, role):
+            for statement in _statements(document):
+                sid = f" statement {statement.get('Sid')}" if statement.get("Sid") else ""
+                for pattern in _s3_resources(statement):
+                    for name in sorted(batch):
+                        if _reaches_bucket(pattern, name):
+                            yield Finding(
+                                f"{holder.display}: {where}{sid} grants the engine role {role.name} {pattern!r}, "
+                                f"which reaches the batch bucket {name} (tenants' batch files); engines read the "
+                                "model store's prefixes only",
+                                holder.urn,
+                            )
+                    for name in sorted(model):
+                        if _covers(pattern, f"arn:aws:s3:::{name}/{_OUTSIDE_ANY_PREFIX}"):
+                            yield Finding(
+                                f"{holder.display}: {where}{sid} grants the engine role {role.name} {pattern!r}, "
+                                f"every object of the model bucket {name}; grant the store's prefixes only "
+                                f"(arn:aws:s3:::{name}/<prefix>/*)",
+                                holder.urn,
+                            )
+
+
+BATCH_DATA_APART = Rule(
+    name="batch-data-apart-from-engines",
+    category=Category.SECURITY,
+    severity=Severity.CRITICAL,
+    description="Tenants' batch files are in a bucket of their own (never the model bucket), and no policy "
+    "of an engine role reaches that bucket or every object of the model bucket: engines read the model store's "
+    "prefixes only.",
+    remediation="Keep cluster.batch_bucket apart from cluster.model_bucket, and grant engine roles "
+    "s3:GetObject on arn:aws:s3:::<model bucket>/<store prefix>/* only.",
+    stack_check=_batch_data,
+)
+
 EKS_CLUSTER = "aws:eks/cluster:Cluster"
 
 
@@ -717,6 +823,7 @@ RULES = (
     PUBLIC_AUTH,
     S3,
     IAM,
+    BATCH_DATA_APART,
     EKS_ENCRYPTION,
     EKS_ENDPOINT,
     TELEMETRY,

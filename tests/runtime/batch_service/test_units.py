@@ -377,3 +377,54 @@ def test_s3_files_round_trip_under_their_prefix(moto_s3, tmp_path, monkeypatch):
     assert not s3.list_multipart_uploads(Bucket="platform-data").get("Uploads")  # the aborted one is gone
     with pytest.raises(BlobError):
         asyncio.run(S3Blobs(S3Files(bucket="missing", region="us-east-1", endpoint_url=moto_s3)).check())
+
+
+async def _writes(blobs, tmp_path: Path) -> None:
+    """What the batch service writes: small objects, a file, an upload in parts (s3rver aborts none: not here)."""
+    await blobs.check()
+    await blobs.put_bytes("files/a", b"hello")
+    assert await blobs.read("files/a") == b"hello"
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * (3 << 20) + b"end")
+    await blobs.put_file("files/b", big)
+    assert await blobs.size("files/b") == (3 << 20) + 3
+    writer = blobs.writer("files/c")
+    piece = bytes(range(256)) * 4096  # 1 MiB
+    for _ in range((PART_BYTES >> 20) + 1):
+        await writer.write(piece)
+    await writer.commit()
+    assert await blobs.size("files/c") == PART_BYTES + len(piece)
+    await blobs.delete("files/a")
+
+
+def test_with_the_local_store_batch_files_go_to_their_own_bucket(loopback_s3, tmp_path, monkeypatch):
+    """`make local S3=1` as on EKS: the batch service's files land in the batch bucket on the real s3rver, under
+    its prefix, and nothing of theirs in the model store's bucket the engines read."""
+    from urllib.parse import urlsplit
+
+    import boto3
+
+    from components.core.stackfile import load
+    from components.core.weights.store import LOCAL_BATCH_BUCKET, LOCAL_BUCKET
+    from components.local import s3_server
+    from components.local.plan import LocalOptions, build_plan
+    from tests.conftest import REPO_ROOT
+
+    port = urlsplit(loopback_s3.endpoint).port
+    plan = build_plan(load("local", REPO_ROOT / "stacks"), LocalOptions(s3_port=port), REPO_ROOT)
+    assert plan.config.batches is not None
+    files = plan.config.batches.s3
+    assert files is not None and files.bucket == LOCAL_BATCH_BUCKET != LOCAL_BUCKET
+    assert str(files.endpoint_url).rstrip("/") == loopback_s3.endpoint.rstrip("/")
+    s3 = s3_server.client(loopback_s3.endpoint)
+    for bucket in (LOCAL_BUCKET, LOCAL_BATCH_BUCKET):
+        if bucket not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
+            s3.create_bucket(Bucket=bucket)
+    for name, value in loopback_s3.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # boto3 keeps the credentials it resolved first
+    asyncio.run(_writes(S3Blobs(files), tmp_path))
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=LOCAL_BATCH_BUCKET).get("Contents", [])]
+    assert keys and all(k.startswith(files.prefix) for k in keys)
+    beside_models = s3.list_objects_v2(Bucket=LOCAL_BUCKET, Prefix=files.prefix).get("Contents", [])
+    assert beside_models == []

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from components.local.s3_server import LoopbackS3
-from runtime.weights.manifest import MANIFEST_NAME, scan
+from runtime.weights.manifest import MANIFEST_NAME, FileEntry, Manifest, scan
 from tests.conftest import REPO_ROOT
 from tests.runtime.weights.helpers import client, make_model, new_bucket, since, weights, write_safetensors
 
@@ -257,3 +257,46 @@ def test_a_tensorrt_llm_engine_goes_through_the_store(loopback_s3: LoopbackS3, t
     (engine / "rank0.engine").unlink()
     empty = weights(loopback_s3, "prepare", "--from", str(engine), "--to", uri + "x/")
     assert empty.code == 1 and "no .safetensors weights" in empty.stderr
+
+
+def test_a_hostile_manifest_writes_nothing_outside_the_cache(loopback_s3: LoopbackS3, tmp_path: Path) -> None:
+    """Whoever can write the store's manifest must not steer a node's fill: '..', absolute paths and a symlink
+    left in the cache are refused with one line, before a byte is written anywhere."""
+    model = make_model(tmp_path / "m")
+    bucket = new_bucket(loopback_s3)
+    uri = f"s3://{bucket}/models/m/rev1/"
+    assert weights(loopback_s3, "prepare", "--from", str(model), "--to", uri).code == 0
+    s3 = client(loopback_s3)
+    honest = Manifest.from_json(
+        s3.get_object(Bucket=bucket, Key=f"models/m/rev1/{MANIFEST_NAME}")["Body"].read(), uri
+    )
+    config = honest.entry("config.json")
+    cache = tmp_path / "cache"
+    partial = cache / bucket / "models/m/rev1.partial"
+    for hostile in ("../../../../../escaped.json", str(tmp_path / "escaped.json"), "a/./b.json", "a//b.json"):
+        # The config's bytes again, listed under the hostile name (the store's objects are never reached).
+        files = (*honest.files, FileEntry(hostile, config.size, config.sha256))
+        s3.put_object(
+            Bucket=bucket, Key=f"models/m/rev1/{MANIFEST_NAME}", Body=Manifest(files, honest.source).to_json()
+        )
+        refused = weights(loopback_s3, "fetch", "--store", uri, "--cache-root", str(cache))
+        assert refused.code == 1, hostile
+        assert f"file path {hostile!r} is not a plain relative path" in refused.stderr
+        assert "Traceback" not in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "escaped.json").exists() and not partial.exists()
+    # A symlink in a resumed fill's directory (left by anyone who can write the node's cache) points out.
+    s3.put_object(Bucket=bucket, Key=f"models/m/rev1/{MANIFEST_NAME}", Body=honest.to_json())
+    victim = tmp_path / "victim.json"
+    victim.write_text("not the model's")
+    partial.mkdir(parents=True)
+    (partial / "config.json").symlink_to(victim)
+    followed = weights(loopback_s3, "fetch", "--store", uri, "--cache-root", str(cache))
+    assert (
+        followed.code == 1 and "'config.json' resolves to" in followed.stderr and "outside" in followed.stderr
+    )
+    assert victim.read_text() == "not the model's"
+    assert [p.name for p in partial.iterdir()] == ["config.json"]  # nothing else written either
+    (partial / "config.json").unlink()
+    fetched = weights(loopback_s3, "fetch", "--store", uri, "--cache-root", str(cache))
+    assert fetched.code == 0, fetched.stderr
+    assert scan(Path(fetched.report["path"])).content_id == scan(model).content_id
