@@ -404,11 +404,11 @@ def test_with_the_local_store_batch_files_go_to_their_own_bucket(loopback_s3, tm
 
     import boto3
 
-    from components.core.stackfile import load
     from components.core.weights.store import LOCAL_BATCH_BUCKET, LOCAL_BUCKET
     from components.local import s3_server
     from components.local.plan import LocalOptions, build_plan
     from tests.conftest import REPO_ROOT
+    from tests.stacks import load
 
     port = urlsplit(loopback_s3.endpoint).port
     plan = build_plan(load("local", REPO_ROOT / "stacks"), LocalOptions(s3_port=port), REPO_ROOT)
