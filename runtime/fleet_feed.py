@@ -124,13 +124,15 @@ def _versions(entries: Any) -> list[VersionWeights]:
 
 def apply_signals(entry: ReplicaSignals, replica: ReplicaState, panic: bool = False) -> bool:
     """Copy one entry onto the front end's replica; True when that changed whether it may take traffic. In
-    panic (its model's ``ModelView.panic``) an admitted replica takes traffic whatever the entry says."""
+    panic (its model's ``ModelView.panic``) an admitted replica takes traffic whatever the entry says; an
+    ejected one stays ``ejected`` (reported unhealthy) all the same."""
     was = replica.healthy
     replica.update_signals(
         healthy=entry.routable or (panic and entry.admitted),
         queued=entry.queued,
         running=entry.running,
         kv_usage=entry.kv_usage,
+        ejected=not entry.routable,
     )
     return replica.healthy != was
 

@@ -158,6 +158,7 @@ class Window:
     routable_replicas: int = 0
     ttft_samples: float = 0  # requests behind ``ttft_p95_s`` (the engines' histogram count in the window)
     inter_token_samples: float = 0
+    held_failures: int = 0  # failed probes of a replica that is out, held for its restart grace
 
     @property
     def error_rate(self) -> float | None:
@@ -242,6 +243,13 @@ def judge(canary: Window, stable: Window, rule: Rule) -> Decision:
     if canary.probes < rule.min_samples:
         return Decision(
             Verdict.HOLD, "", f"{canary.probes} of {rule.min_samples} probes needed to judge the canary"
+        )
+    if canary.held_failures:  # a replica is out: a restart, or the start of a failure; not a pass either way
+        return Decision(
+            Verdict.HOLD,
+            "",
+            f"{canary.held_failures} failed probes of a canary replica that is out are held for its restart"
+            " grace",
         )
     return Decision(Verdict.ADVANCE, "", "canary within its error and latency limits")
 

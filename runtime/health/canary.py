@@ -95,7 +95,7 @@ def rule_of(check: CanaryCheck) -> Rule:
     )
 
 
-def window_of(tally: Tally, replicas: Iterable[ReplicaView]) -> Window:
+def window_of(tally: Tally, replicas: Iterable[ReplicaView], held_failures: int = 0) -> Window:
     views = list(replicas)
     ttfts = [r.ttft_p95_s for r in views if r.ttft_p95_s is not None]
     itls = [r.inter_token_p95_s for r in views if r.inter_token_p95_s is not None]
@@ -107,6 +107,7 @@ def window_of(tally: Tally, replicas: Iterable[ReplicaView]) -> Window:
         routable_replicas=sum(r.routable for r in views),
         ttft_samples=sum(r.ttft_samples for r in views),
         inter_token_samples=sum(r.inter_token_samples for r in views),
+        held_failures=held_failures,
     )
 
 
@@ -193,7 +194,8 @@ class Canaries:
             stable = window_of(m.tallies.get(m.stable.name, Tally()), replicas.get(m.stable.name, []))
             for canary in canaries:
                 assert canary.version_of is not None
-                mine = window_of(m.tallies.get(canary.name, Tally()), replicas.get(canary.name, []))
+                held = sum(o.pending for (t, _), o in m.outages.items() if t == canary.name)
+                mine = window_of(m.tallies.get(canary.name, Tally()), replicas.get(canary.name, []), held)
                 decision = judge(mine, stable, rule_of(m.check))
                 m.last[canary.version_of.version] = decision
                 if decision.verdict is Verdict.ROLLBACK:

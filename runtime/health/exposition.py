@@ -26,6 +26,7 @@ class MonitorCollector(Collector):
         self.monitor = monitor
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        self.monitor.sweep_departed()  # departed replicas' counters go once they had their scrapes
         feed = self.monitor.feed()
         lbl = ["model", "backend"]
         state = GaugeMetricFamily(

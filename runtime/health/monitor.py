@@ -39,6 +39,10 @@ DISCOVERY_RETRY_S = 2.0
 #: CPU: 1,024 replicas at 5 s keep ~1 in flight), so it binds only in bursts: a fleet found at start, or many
 #: replicas hanging until their timeouts at once.
 MAX_PROBES_IN_FLIGHT = 128
+#: How long a departed replica's counters stay on ``/metrics`` (as the router keeps its request series): a
+#: replica ejected and then gone (killed, remediated, scaled in) must still be scraped with its last counts, or
+#: its ejection is lost to ``increase()`` and the ejection alert. Then they go, so months of pods cost nothing.
+DEPARTED_KEEP_S = 600.0
 
 
 @dataclass
@@ -78,6 +82,9 @@ class Monitor:
         self._recovery_s: dict[tuple[str, str], float] = {}  # probe interval while ejected
         self._readmitted_at: dict[tuple[str, str], float] = {}
         self.counters = Counters()
+        self._departed: dict[
+            tuple[str, str], float
+        ] = {}  # (model, url) -> when it left (counters still shown)
         self.canaries = Canaries(config, clock())
         self.discovered: set[str] = set()  # models whose discovery has reported at least once
         self._session: aiohttp.ClientSession | None = None
@@ -140,22 +147,37 @@ class Monitor:
                 self._loops[(target.name, url)] = asyncio.create_task(
                     self._probe_loop(target, tracker), name=f"probe:{target.name}:{url}"
                 )
+            self._departed.pop((target.name, url), None)  # back before its counters went: they go on
             log.info("replica joined", extra={"model": target.name, "backend": url})
         self._note_panic(target.name)
+        self.sweep_departed()
 
     def _forget(self, model: str, url: str) -> None:
-        """Drop everything kept about a replica that left: with pods coming and going for months, state keyed
-        by replica must not outlive it (its metric series leave with it too)."""
+        """Drop what is kept about a replica that left: with pods coming and going for months, state keyed by
+        replica must not outlive it. Its counters stay on ``/metrics`` for ``DEPARTED_KEEP_S``
+        (``sweep_departed``)."""
         key = (model, url)
         self._recovery_s.pop(key, None)
         self._readmitted_at.pop(key, None)
         self._remediated = {r for r in self._remediated if r[:2] != key}
-        c = self.counters
-        for probe_key in [k for k in c.probes if k[:2] == key]:
-            del c.probes[probe_key]
-        c.ejections.pop(key, None)
-        c.readmissions.pop(key, None)
         self.canaries.forget(model, url)
+        self._departed[key] = self._clock()
+
+    def sweep_departed(self) -> None:
+        """Drop the counters of replicas that left more than ``DEPARTED_KEEP_S`` ago (called on discovery
+        changes and on every scrape)."""
+        now = self._clock()
+        gone = {key for key, at in self._departed.items() if now - at >= DEPARTED_KEEP_S}
+        if not gone:
+            return
+        for key in gone:
+            del self._departed[key]
+        c = self.counters
+        for probe_key in [k for k in c.probes if k[:2] in gone]:
+            del c.probes[probe_key]
+        for key in gone:
+            c.ejections.pop(key, None)
+            c.readmissions.pop(key, None)
 
     # --- probing -----------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import pytest
 import pytest_asyncio
 from aiohttp import web
@@ -27,10 +28,11 @@ from runtime.discovery import watch_backends
 from runtime.health.app import make_app
 from runtime.health.exposition import registry_for, render
 from runtime.health.kube import KubernetesActions
-from runtime.health.monitor import Monitor
+from runtime.health.monitor import DEPARTED_KEEP_S, Monitor
 from runtime.health.state import Reason, State
 from runtime.picker.decide import Pick, decide
 from runtime.picker.fleet import Fleet as PickerFleet
+from runtime.picker.metrics import scheduling_families
 from tests.runtime.health.conftest import config_for, wait_for
 from tests.runtime.health.doubles import vllm_metrics
 from tests.runtime.health.test_app_and_kube import FakeApiServer, start
@@ -108,6 +110,15 @@ def test_a_monitor_that_cannot_see_the_engines_does_not_empty_the_model_for_rout
         )
         assert isinstance(pick, Pick), pick  # before: a 503 answer
         assert router.call(lambda: all(f.models["m"].panic for f in fleets))
+        # Routed to, yet still reported ejected (as Envoy's health stats stay true in panic): the dashboards'
+        # healthy replicas and the alerts see the ejections
+        metrics = router.request("GET", "/metrics")[2].decode()
+        healthy = [
+            line for line in metrics.splitlines() if line.startswith("inferstack_router_backend_healthy{")
+        ]
+        assert len(healthy) == 3 and all(line.endswith(" 0.0") for line in healthy), healthy  # before: 1.0
+        picker_healthy = router.call(lambda: scheduling_families(picker.models)[2].samples)
+        assert [s.value for s in picker_healthy] == [0.0] * 3
         text = render(registry_for(monitor)).decode()
         assert 'inferstack_health_model_panic{model="m"} 1.0' in text
         assert json.loads(monitor.feed().model_dump_json())["models"][0]["panic"] is True
@@ -289,10 +300,45 @@ async def test_a_single_replica_canary_that_restarts_once_is_not_rolled_back(fak
     assert not m.feed().versions[0].rolled_back  # before: rolled back at the third failed probe
 
 
+async def test_a_canary_that_is_out_when_its_interval_ends_is_held_not_advanced(fakes, monitors) -> None:
+    """Failed probes held for the restart grace are not a pass: a canary out at its verdict is on hold."""
+    stable, canary = await fakes(), await fakes()
+    config = RuntimeConfig.model_validate(
+        {
+            "models": [
+                {
+                    "name": f"chat-{v}",
+                    "static_backends": [{"url": url}],
+                    "version_of": {"model": "chat", "version": v, "weight": w, "stable": v == "v1"},
+                }
+                for v, url, w in (("v1", stable.url, 90), ("v2", canary.url, 10))
+            ],
+            "health": {
+                "eject_after_failures": 3,
+                "canaries": [{"model": "chat", "evaluation_interval_s": 30, "min_samples": 3}],
+            },
+        }
+    )
+    clock = Clock()
+    m = await monitors(config, clock=clock)
+    verdicts: list[str] = []
+    for status in [200] * 13 + [503] * 4 + [200] * 15:  # out across the first verdict (t=30), then back
+        canary.engine.health_status = status
+        clock.now += 2
+        await m.probe_all()
+        verdict = m.feed().versions[0].verdicts.get("v2")
+        if verdict is not None and (not verdicts or verdicts[-1] != verdict):
+            verdicts.append(verdict)
+    assert verdicts == ["hold", "advance"]  # before: ["advance"] while the canary was out
+    assert not m.feed().versions[0].rolled_back
+
+
 # --- item 14: what the monitor keeps -----------------------------------------------------------------
 
 
 async def test_pods_that_come_and_go_leave_no_state_behind(fakes) -> None:
+    """A departed pod's counters stay on /metrics for DEPARTED_KEEP_S (its ejection must reach Prometheus, or
+    ``increase()`` and the ejection alert lose it), then go: months of rollouts keep only what lives."""
     engine = await fakes(health_status=503)
     lists: asyncio.Queue[list[str]] = asyncio.Queue()
 
@@ -300,21 +346,32 @@ async def test_pods_that_come_and_go_leave_no_state_behind(fakes) -> None:
         while True:
             yield await lists.get()
 
-    m = Monitor(config_for([engine.url], eject_after_failures=1), watch=watch, run_loops=False)
+    clock = Clock()
+    m = Monitor(config_for([engine.url], eject_after_failures=1), watch=watch, clock=clock, run_loops=False)
     await m.start()
+    runner, base = await start(make_app(m))
+
+    async def scrape() -> str:
+        async with aiohttp.ClientSession() as session, session.get(f"{base}/metrics") as resp:
+            return await resp.text()
+
     try:
         for generation in range(8):  # a rollout each: five new pods, the old ones gone
             urls = [f"{engine.url}/pod-{generation}-{i}" for i in range(5)]
             await lists.put(urls)
             await wait_for(lambda urls=urls: sorted(t.url for t in m.all_trackers()) == urls)
-            await m.probe_all()
+            await m.probe_all()  # each pod ejected (503)
+            if generation:  # the pods that just left still show their ejections
+                assert f'backend="{engine.url}/pod-{generation - 1}-0"' in await scrape()
+            clock.now += DEPARTED_KEEP_S
+        assert "pod-6-" not in await scrape()  # before: every pod that ever lived, 40 of them
         c = m.counters
         kept = (
             {url for _, url, _ in c.probes} | {url for _, url in c.ejections} | {r[1] for r in m._remediated}
         )
-        assert kept == set(urls)  # before: every pod that ever lived, 40 of them
-        assert "pod-0-" not in render(registry_for(m)).decode()
+        assert kept == set(urls)
     finally:
+        await runner.cleanup()
         await m.stop()
 
 
