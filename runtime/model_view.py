@@ -38,7 +38,11 @@ def in_panic(replicas: int, ejected: int, max_ejected_percent: float) -> bool:
     believed (Envoy's panic threshold): a fault between the health monitor and the engines, or in the
     monitor, looks exactly like every engine failing, and honouring it would empty the model. In panic the
     front ends route to every replica (their circuits and retries still steer around the ones that fail)
-    and the monitor deletes no pod. The health monitor and both front ends decide it here."""
+    and the monitor deletes no pod. The health monitor and both front ends decide it here.
+
+    As in Envoy (0 % healthy is below any panic threshold), a model's only replica ejected is a panic too: it
+    keeps its traffic, there is nowhere else for it to go. Panic decides routing only: an ejected replica
+    stays ejected in what the front ends report (``ReplicaState.ejected``), so dashboards and alerts see it."""
     return ejected > 0 and ejected * 100 > replicas * max_ejected_percent
 
 
