@@ -540,7 +540,31 @@ class CanaryCheck(_Strict):
     )
     inter_token_slo_s: float | None = Field(default=None, gt=0, description="Inter-token p95 objective.")
     min_samples: int = Field(
-        default=3, ge=1, description="Probes a window needs before its error rate counts."
+        default=3,
+        ge=1,
+        description=(
+            "Probes a window needs before any verdict on the canary's errors (its error rate, or all its"
+            " replicas out)."
+        ),
+    )
+    min_requests: int = Field(
+        default=20,
+        ge=1,
+        exclude_if=lambda n: n == 20,  # absent from rendered configs unless changed
+        description=(
+            "Requests a version's engines must have answered in the window before its TTFT / inter-token p95"
+            " is judged (a p95 of a handful of requests is whoever sent them)."
+        ),
+    )
+    restart_grace_s: float = Field(
+        default=120,
+        ge=0,
+        exclude_if=lambda s: s == 120,  # absent from rendered configs unless changed
+        description=(
+            "A canary replica out of rotation for less than this that comes back (a restart) is not by"
+            " itself a failure: its failed probes count only once the outage outlasts it (one restart per"
+            " replica per restart_grace_s or evaluation interval, whichever is longer, is let go)."
+        ),
     )
 
 
@@ -578,6 +602,27 @@ class HealthSettings(_Strict):
     kubernetes_events: bool = Field(default=False, description="Emit Events on ejection and readmission.")
     remediate_after_s: int | None = Field(
         default=None, ge=30, description="Delete a pod wedged this long; None = never (the default)."
+    )
+    remediate_interval_s: int = Field(
+        default=300,
+        ge=30,
+        exclude_if=lambda s: s == 300,  # absent from rendered configs unless changed
+        description=(
+            "Remediation deletes one pod at a time, fleet-wide, and at most one per this many seconds, so a"
+            " fault that makes many replicas look wedged at once costs one pod, not the fleet."
+        ),
+    )
+    max_ejected_percent: float = Field(
+        default=50,
+        ge=0,
+        le=100,
+        exclude_if=lambda p: p == 50,  # absent from rendered configs unless changed
+        description=(
+            "Past this percent of a model's (admitted) replicas ejected, the model is in panic: the front"
+            " ends ignore the ejections and route to all of them, and no pod of it is remediated, since a"
+            " fault between the monitor and the engines looks exactly like every engine failing (Envoy's"
+            " panic threshold). 100 = never."
+        ),
     )
     canaries: list[CanaryCheck] = Field(
         default_factory=list,

@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from runtime.config import HealthSettings
 from runtime.replica import ReplicaState
 
 log = logging.getLogger("inferstack.feed")
@@ -38,6 +39,9 @@ class ReplicaSignals:
     kv_usage: float | None
     adapters: tuple[str, ...] | None = None
     """The LoRA adapters the replica holds, when the monitor says (it lists them for models with adapters)."""
+    admitted: bool = True
+    """The replica passed a probe since it was found: its ejection took it out of rotation, and a panic
+    (``runtime.model_view.in_panic``) puts it back. One never admitted (an engine still loading) stays out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +53,17 @@ class VersionWeights:
     reason: str
 
 
+#: The panic threshold when the feed does not say (the health monitor's default).
+DEFAULT_MAX_EJECTED_PERCENT: float = HealthSettings.model_fields["max_ejected_percent"].default
+
+
 @dataclass(frozen=True, slots=True)
 class Feed:
     generated_at: float
     replicas: list[ReplicaSignals]
     versions: list[VersionWeights]
+    max_ejected_percent: float = DEFAULT_MAX_EJECTED_PERCENT
+    """The monitor's panic threshold, so the front ends and the monitor agree on when a model is in panic."""
 
 
 def _number(value: Any) -> float | None:
@@ -84,9 +94,16 @@ def read_feed(feed: Mapping[str, Any], now_unix_s: float) -> Feed | None:
                 running=_number(m.get("running")),
                 kv_usage=_number(m.get("kv_usage")),
                 adapters=tuple(str(a) for a in adapters) if isinstance(adapters, list) else None,
+                admitted=entry.get("admitted") is not False,
             )
         )
-    return Feed(generated, out, _versions(feed.get("versions")))
+    threshold = _number(feed.get("max_ejected_percent"))
+    return Feed(
+        generated,
+        out,
+        _versions(feed.get("versions")),
+        DEFAULT_MAX_EJECTED_PERCENT if threshold is None else threshold,
+    )
 
 
 def _versions(entries: Any) -> list[VersionWeights]:
@@ -105,11 +122,17 @@ def _versions(entries: Any) -> list[VersionWeights]:
     return out
 
 
-def apply_signals(entry: ReplicaSignals, replica: ReplicaState) -> bool:
-    """Copy one entry onto the front end's replica; True when that changed whether it may take traffic."""
+def apply_signals(entry: ReplicaSignals, replica: ReplicaState, panic: bool = False) -> bool:
+    """Copy one entry onto the front end's replica; True when that changed whether it may take traffic. In
+    panic (its model's ``ModelView.panic``) an admitted replica takes traffic whatever the entry says; an
+    ejected one stays ``ejected`` (reported unhealthy) all the same."""
     was = replica.healthy
     replica.update_signals(
-        healthy=entry.routable, queued=entry.queued, running=entry.running, kv_usage=entry.kv_usage
+        healthy=entry.routable or (panic and entry.admitted),
+        queued=entry.queued,
+        running=entry.running,
+        kv_usage=entry.kv_usage,
+        ejected=not entry.routable,
     )
     return replica.healthy != was
 
@@ -122,7 +145,7 @@ async def fetch_feed(session: aiohttp.ClientSession, url: str, timeout_s: float)
             if resp.status != 200:
                 return None
             feed = await resp.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+    except (aiohttp.ClientError, TimeoutError, ValueError, RecursionError) as err:
         log.warning("health feed %s unavailable (%s); probing engines directly", url, err)
         return None
     return read_feed(feed, time.time()) if isinstance(feed, dict) else None

@@ -8,12 +8,15 @@ anything. So lines are first cut to the wanted metric names and a maximum line l
 block fails to parse, lines are parsed one by one and the bad ones counted.
 
 The body itself is bounded by the caller while reading (``runtime.health.probe``); this module never
-sees more than ``max_bytes``.
+sees more than ``max_bytes``. What is kept is bounded too, since the health monitor keeps each histogram for
+a window per replica: a page with more wanted samples, more series of one name or more buckets of one
+histogram than a real engine has is refused whole (``ParsedMetrics.refused``, no samples), not half-read.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -22,6 +25,10 @@ from prometheus_client.parser import text_string_to_metric_families
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 DEFAULT_MAX_LINE_CHARS = 16 * 1024
 DEFAULT_MAX_SAMPLES = 50_000
+#: Series of one sample name (label sets: vLLM has one per engine, a histogram one per bucket and engine).
+DEFAULT_MAX_SERIES = 2_048
+#: Distinct bucket bounds of one histogram (vLLM's and SGLang's have 10 to 30).
+DEFAULT_MAX_BUCKETS = 128
 
 
 class MetricsTooLargeError(ValueError):
@@ -41,7 +48,7 @@ class ParsedMetrics:
     samples: dict[str, list[Sample]] = field(default_factory=dict)
     bad_lines: int = 0
     skipped_long_lines: int = 0
-    truncated_samples: int = 0
+    refused: str = ""  # why the page was refused whole (a bound exceeded); then there are no samples
 
     def total(self, name: str) -> float | None:
         """Sum of a gauge or counter across label sets (vLLM V1 has one series per ``engine``).
@@ -108,34 +115,50 @@ def parse(
     *,
     max_line_chars: int = DEFAULT_MAX_LINE_CHARS,
     max_samples: int = DEFAULT_MAX_SAMPLES,
+    max_series: int = DEFAULT_MAX_SERIES,
+    max_buckets: int = DEFAULT_MAX_BUCKETS,
 ) -> ParsedMetrics:
-    """Parse the wanted samples out of a text exposition; never raises on bad content."""
+    """Parse the wanted samples out of a text exposition; never raises on bad content. Past a bound (samples
+    in all, series of one name, buckets of one histogram) the page is refused: ``refused`` says why."""
     result = ParsedMetrics()
     kept: list[str] = []
+    series: Counter[str] = Counter()
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        if _sample_name(line) not in wanted:
+        name = _sample_name(line)
+        if name not in wanted:
             continue
         if len(line) > max_line_chars:
             result.skipped_long_lines += 1
             continue
+        series[name] += 1
+        if series[name] > max_series:
+            return _refuse(result, f"more than {max_series} series of {name}")
         if len(kept) >= max_samples:
-            result.truncated_samples += 1
-            continue
+            return _refuse(result, f"more than {max_samples} wanted samples")
         kept.append(line)
     if not kept:
         return result
     try:
         _collect("\n".join(kept) + "\n", result)
-    except ValueError:
+    except Exception:  # the parser's errors are ValueError, but hostile text must never cost more than itself
         result.samples.clear()
         for line in kept:
             try:
                 _collect(line + "\n", result)
-            except ValueError:
+            except Exception:
                 result.bad_lines += 1
+    for name, samples in result.samples.items():
+        if name.endswith("_bucket") and len({s.labels.get("le") for s in samples}) > max_buckets:
+            return _refuse(result, f"more than {max_buckets} buckets of {name.removesuffix('_bucket')}")
+    return result
+
+
+def _refuse(result: ParsedMetrics, why: str) -> ParsedMetrics:
+    result.samples.clear()
+    result.refused = why
     return result
 
 

@@ -33,6 +33,19 @@ PROBE_FAILURES_TO_UNHEALTHY = 2
 DepartedHook = Callable[[str, str], None]
 
 
+def in_panic(replicas: int, ejected: int, max_ejected_percent: float) -> bool:
+    """Are more than ``max_ejected_percent`` of a model's ``replicas`` ejected? Then the ejections are not to be
+    believed (Envoy's panic threshold): a fault between the health monitor and the engines, or in the
+    monitor, looks exactly like every engine failing, and honouring it would empty the model. In panic the
+    front ends route to every replica (their circuits and retries still steer around the ones that fail)
+    and the monitor deletes no pod. The health monitor and both front ends decide it here.
+
+    As in Envoy (0 % healthy is below any panic threshold), a model's only replica ejected is a panic too: it
+    keeps its traffic, there is nowhere else for it to go. Panic decides routing only: an ejected replica
+    stays ejected in what the front ends report (``ReplicaState.ejected``), so dashboards and alerts see it."""
+    return ejected > 0 and ejected * 100 > replicas * max_ejected_percent
+
+
 class ModelView(ABC, Generic[R]):
     """Everything a front end needs to pick a replica of one model."""
 
@@ -53,6 +66,7 @@ class ModelView(ABC, Generic[R]):
         self.by_url: dict[str, R] = {}
         self.probe_failures: dict[str, int] = {}
         self.on_departed: DepartedHook | None = None
+        self.panic = False  # the health feed ejects too many replicas to be believed (``in_panic``)
 
     @abstractmethod
     def new_replica(self, url: str, cap: int) -> R:
@@ -99,6 +113,25 @@ class ModelView(ABC, Generic[R]):
 
     def healthy_count(self) -> int:
         return sum(1 for r in self.replicas if r.healthy)
+
+    def judge_panic(self, replicas: int, ejected: int, max_ejected_percent: float) -> bool:
+        """Record whether the feed's ejections put the model in panic (``in_panic``); says so when that
+        changes. Returns the verdict: in panic, every replica the feed lists as admitted takes traffic."""
+        panic = in_panic(replicas, ejected, max_ejected_percent)
+        if panic != self.panic:
+            if panic:
+                log.warning(
+                    "model %s is in panic: the health feed ejects %d of %d replicas (more than %g%%); "
+                    "routing to all of them",
+                    self.name,
+                    ejected,
+                    replicas,
+                    max_ejected_percent,
+                )
+            else:
+                log.warning("model %s is out of panic: the health feed's ejections apply again", self.name)
+        self.panic = panic
+        return panic
 
     def probed(self, replica: R, answered: bool, signals: Mapping[Signal, float]) -> bool:
         """Record the front end's own look at a replica (while the health feed is away). True when that

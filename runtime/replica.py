@@ -19,6 +19,7 @@ class ReplicaState:
     __slots__ = (
         "breaker",
         "cap",
+        "ejected",
         "engine_queued",
         "engine_running",
         "healthy",
@@ -36,7 +37,10 @@ class ReplicaState:
         self.weight = weight
         self.breaker = breaker
         self.inflight = 0
-        self.healthy = True  # until the feed or a probe says otherwise
+        self.healthy = True  # may take traffic: until the feed or a probe says otherwise
+        # The health feed ejected it. Usually the same as not ``healthy``, but a model in panic
+        # (``runtime.model_view.in_panic``) routes to its ejected replicas: they stay reported unhealthy.
+        self.ejected = False
         self.engine_queued = 0.0
         self.engine_running = 0.0
         self.kv_usage: float | None = None
@@ -46,14 +50,27 @@ class ReplicaState:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url}, inflight={self.inflight})"
 
+    @property
+    def reported_healthy(self) -> bool:
+        """What ``backend_healthy`` says: an ejected replica is not healthy, even while a panic routes to it
+        (as Envoy's health stats stay true in panic), so dashboards and alerts see the ejection."""
+        return self.healthy and not self.ejected
+
     def observe_ttft(self, seconds: float, alpha: float) -> None:
         prev = self.ttft_ewma_s
         self.ttft_ewma_s = seconds if prev is None else prev + alpha * (seconds - prev)
 
     def update_signals(
-        self, *, healthy: bool, queued: float | None, running: float | None, kv_usage: float | None
+        self,
+        *,
+        healthy: bool,
+        queued: float | None,
+        running: float | None,
+        kv_usage: float | None,
+        ejected: bool = False,
     ) -> None:
         self.healthy = healthy
+        self.ejected = ejected
         self.engine_queued = queued or 0.0
         self.engine_running = running or 0.0
         self.kv_usage = kv_usage

@@ -50,9 +50,15 @@ def feed_replicas(models: Mapping[str, M], feed: Feed) -> Iterator[tuple[M, Any,
 
 
 def apply_feed(models: Mapping[str, ModelView[Any]], feed: Feed) -> None:
-    """Copy each replica's entry (may it take traffic, its load) onto the front end's replica."""
-    for model, replica, entry in feed_replicas(models, feed):
-        if apply_signals(entry, replica):
+    """Copy each replica's entry (may it take traffic, its load) onto the front end's replica; a model whose
+    admitted replicas the feed ejects past the panic threshold takes them all (``ModelView.judge_panic``)."""
+    listed = list(feed_replicas(models, feed))
+    for model in models.values():
+        mine = [entry for m, _, entry in listed if m is model and entry.admitted]
+        ejected = sum(not entry.routable for entry in mine)
+        model.judge_panic(len(mine), ejected, feed.max_ejected_percent)
+    for model, replica, entry in listed:
+        if apply_signals(entry, replica, model.panic):
             model.health_changed(replica)
 
 
@@ -124,6 +130,8 @@ class SignalLoop(Generic[M]):
             apply_feed(models, done.feed)
             self.extra.took_feed(models, done.feed)
         else:
+            for model in self.models().values():  # panic is the feed's: the front end's own looks decide now
+                model.panic = False
             done.looks = await self.probe_all()
         await self.extra.round_done(self.models(), done)
         self.rounds += 1

@@ -8,15 +8,28 @@ know, and tests call them with numbers.
   while the weights stay (the key hashes to a point in [0, 100), and each version owns a range, stable
   first, so moving weight to the canary moves only the sessions in between). Requests without a key are
   spread by smooth weighted round robin, which hits the weights exactly rather than on average.
+  The hash is public, so a client can choose keys that land on a canary. Where a canary is judged
+  (``client_share``), one client (its API key, else its session key) may hold only a small share of the
+  canary's recent requests; past it its keyed requests go to the stable version. No one client then makes
+  up the tail of the canary's latency, which its verdict reads.
 - :func:`judge` compares a canary's window with the stable version's and with the SLO.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+#: A canary's recent requests a split remembers (per version that is not the stable one), and the share of
+#: them one client may hold when a canary is judged: below the 5 % tail a p95 reads, so one client's
+#: requests, however slow, cannot make the canary's p95 alone (its first request always goes where its key
+#: says). Requests without a key are spread by weight whoever sends them: they count, uncapped.
+CLIENT_WINDOW = 100
+MAX_CLIENT_SHARE = 0.04
+_ANONYMOUS = -1
 
 
 @dataclass
@@ -28,7 +41,10 @@ class Split:
     weights: tuple[float, ...]
     configured: tuple[float, ...] = ()  # the weights the config gave (an override may replace ``weights``)
     override_reason: str = ""  # why the weights differ from the config (a rollback), or ""
+    client_share: float = 1.0  # most of a canary's recent keyed requests one client may hold (1: no cap)
     _current: list[float] = field(default_factory=list)  # smooth weighted round robin state
+    _recent: dict[int, deque[int]] = field(default_factory=dict)  # version index -> recent clients' digests
+    _held: dict[int, Counter[int]] = field(default_factory=dict)  # version index -> digest -> in _recent
 
     def __post_init__(self) -> None:
         if not self.configured:
@@ -47,17 +63,45 @@ class Split:
         self.weights = new
         self.override_reason = reason if new != self.configured else ""
         self._current = [0.0] * len(self.versions)
+        self._recent.clear()
+        self._held.clear()
         return True
 
-    def choose(self, session: str | None, usable: Callable[[str], bool] = lambda _: True) -> str | None:
-        """The version for one request, among those ``usable`` says can serve now; None if none can."""
+    def choose(
+        self, session: str | None, usable: Callable[[str], bool] = lambda _: True, client: str | None = None
+    ) -> str | None:
+        """The version for one request, among those ``usable`` says can serve now; None if none can.
+        ``client`` names who sends it (an API key's name) when the caller knows; else the session key does."""
         live = [w if usable(v) else 0.0 for v, w in zip(self.versions, self.weights, strict=True)]
         if sum(live) <= 0:
             fallback = [v for v in self.versions if usable(v)]
             return fallback[0] if fallback else None
-        if session is not None:
-            return self.versions[_range_of(_point(session), live)]
-        return self.versions[self._round_robin(live)]
+        if session is None:
+            i = self._round_robin(live)
+            if i > 0 and self.client_share < 1:
+                self._admit(i, _ANONYMOUS)
+            return self.versions[i]
+        i = _range_of(_point(session), live)
+        capped = i > 0 and self.client_share < 1 and live[0] > 0
+        if capped and not self._admit(i, _digest(client if client is not None else session)):
+            return self.stable  # this client already holds its share of the canary's recent requests
+        return self.versions[i]
+
+    def _admit(self, i: int, who: int) -> bool:
+        """Count one request of ``who`` towards version ``i``'s window; False (not counted) when that would
+        put more than ``client_share`` of the window on ``who`` (its first request is always let through)."""
+        recent = self._recent.setdefault(i, deque())
+        held = self._held.setdefault(i, Counter())
+        if who != _ANONYMOUS and held[who] >= max(1, int(self.client_share * (len(recent) + 1))):
+            return False
+        recent.append(who)
+        held[who] += 1
+        if len(recent) > CLIENT_WINDOW:
+            gone = recent.popleft()
+            held[gone] -= 1
+            if not held[gone]:
+                del held[gone]
+        return True
 
     def _round_robin(self, live: list[float]) -> int:
         total = sum(live)
@@ -71,10 +115,13 @@ class Split:
         return best
 
 
+def _digest(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+
+
 def _point(key: str) -> float:
     """A session key's stable place in [0, 100)."""
-    h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
-    return (h / 2**64) * 100.0
+    return (_digest(key) / 2**64) * 100.0
 
 
 def _range_of(point: float, weights: list[float]) -> int:
@@ -109,6 +156,9 @@ class Window:
     ttft_p95_s: float | None = None
     inter_token_p95_s: float | None = None
     routable_replicas: int = 0
+    ttft_samples: float = 0  # requests behind ``ttft_p95_s`` (the engines' histogram count in the window)
+    inter_token_samples: float = 0
+    held_failures: int = 0  # failed probes of a replica that is out, held for its restart grace
 
     @property
     def error_rate(self) -> float | None:
@@ -125,6 +175,7 @@ class Rule:
     ttft_slo_s: float | None = None
     inter_token_slo_s: float | None = None
     min_samples: int = 3
+    min_requests: int = 20
 
 
 @dataclass(frozen=True)
@@ -136,8 +187,12 @@ class Decision:
 
 def judge(canary: Window, stable: Window, rule: Rule) -> Decision:
     """Compare a canary's interval with the stable version's and the SLO: rollback on any breach, hold
-    while evidence is thin, advance when every check passed on enough samples."""
-    if canary.probes and canary.routable_replicas == 0 and canary.failures:
+    while evidence is thin, advance when every check passed on enough samples.
+
+    No signal decides on less than its minimum: the probe checks (all replicas out, the error rate) need
+    ``min_samples`` probes, a latency p95 needs ``min_requests`` requests behind it (and the stable version's
+    too, to compare with), so one request, or one probe that caught a restart, never rolls a canary back."""
+    if canary.probes >= rule.min_samples and canary.routable_replicas == 0 and canary.failures:
         return Decision(
             Verdict.ROLLBACK, "routable_replicas", "no replica of the canary is routable (all ejected)"
         )
@@ -149,12 +204,22 @@ def judge(canary: Window, stable: Window, rule: Rule) -> Decision:
             f"canary error rate {rate:.1%} ({canary.failures}/{canary.probes} probes failed) is above "
             f"{rule.max_error_rate:.1%}",
         )
+
+    def enough(p95: float | None, samples: float) -> float | None:
+        return p95 if samples >= rule.min_requests else None
+
     checks = (
-        ("ttft_p95", canary.ttft_p95_s, stable.ttft_p95_s, rule.max_ttft_ratio, rule.ttft_slo_s),
+        (
+            "ttft_p95",
+            enough(canary.ttft_p95_s, canary.ttft_samples),
+            enough(stable.ttft_p95_s, stable.ttft_samples),
+            rule.max_ttft_ratio,
+            rule.ttft_slo_s,
+        ),
         (
             "inter_token_p95",
-            canary.inter_token_p95_s,
-            stable.inter_token_p95_s,
+            enough(canary.inter_token_p95_s, canary.inter_token_samples),
+            enough(stable.inter_token_p95_s, stable.inter_token_samples),
             rule.max_inter_token_ratio,
             rule.inter_token_slo_s,
         ),
@@ -178,6 +243,13 @@ def judge(canary: Window, stable: Window, rule: Rule) -> Decision:
     if canary.probes < rule.min_samples:
         return Decision(
             Verdict.HOLD, "", f"{canary.probes} of {rule.min_samples} probes needed to judge the canary"
+        )
+    if canary.held_failures:  # a replica is out: a restart, or the start of a failure; not a pass either way
+        return Decision(
+            Verdict.HOLD,
+            "",
+            f"{canary.held_failures} failed probes of a canary replica that is out are held for its restart"
+            " grace",
         )
     return Decision(Verdict.ADVANCE, "", "canary within its error and latency limits")
 

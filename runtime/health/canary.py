@@ -10,7 +10,13 @@ spec change the plan shows. The verdict says why, and the monitor says it three 
 
 Error rate here is what the monitor sees: failed probes (``/health``, and the one-token check when
 ``synthetic_probe_every`` is on) over probes of the version's replicas in the interval. Latency is the
-replicas' own TTFT / inter-token p95 over the monitor's window, worst replica of each version.
+replicas' own TTFT / inter-token p95 over the monitor's window, worst replica of each version, judged only
+on ``min_requests`` requests (``runtime.versions.judge``).
+
+A restart is not a failure by itself: a replica's failed probes are held while it is out, and dropped if it
+comes back within ``restart_grace_s`` after having been taken out of rotation (one restart per replica per
+``restart_grace_s`` or interval, whichever is longer: a crash loop counts). They count once the outage outlasts the grace, or when failures did not take the
+replica out (errors, not a restart).
 """
 
 from __future__ import annotations
@@ -30,12 +36,23 @@ class Tally:
 
 
 @dataclass
+class Outage:
+    """A canary replica's failed probes in a row, held until they prove more than a restart."""
+
+    since: float
+    pending: int = 0
+    out: bool = False  # it was taken out of rotation meanwhile (a restart is)
+
+
+@dataclass
 class ReplicaView:
     """What the controller needs of one replica (the monitor builds it from a tracker)."""
 
     routable: bool
     ttft_p95_s: float | None
     inter_token_p95_s: float | None
+    ttft_samples: float = 0  # requests behind the p95s
+    inter_token_samples: float = 0
 
 
 @dataclass
@@ -53,6 +70,10 @@ class ModelRollout:
     reason: str = ""
     decided_at: float | None = None
     last: dict[str, Decision] = field(default_factory=dict)  # version -> the latest verdict
+    outages: dict[tuple[str, str], Outage] = field(default_factory=dict)  # (target, url) -> held failures
+    forgiven: dict[tuple[str, str], float] = field(
+        default_factory=dict
+    )  # replica -> when a restart was let go
 
     @property
     def stable(self) -> ModelTarget:
@@ -70,10 +91,11 @@ def rule_of(check: CanaryCheck) -> Rule:
         ttft_slo_s=check.ttft_slo_s,
         inter_token_slo_s=check.inter_token_slo_s,
         min_samples=check.min_samples,
+        min_requests=check.min_requests,
     )
 
 
-def window_of(tally: Tally, replicas: Iterable[ReplicaView]) -> Window:
+def window_of(tally: Tally, replicas: Iterable[ReplicaView], held_failures: int = 0) -> Window:
     views = list(replicas)
     ttfts = [r.ttft_p95_s for r in views if r.ttft_p95_s is not None]
     itls = [r.inter_token_p95_s for r in views if r.inter_token_p95_s is not None]
@@ -83,6 +105,9 @@ def window_of(tally: Tally, replicas: Iterable[ReplicaView]) -> Window:
         ttft_p95_s=max(ttfts) if ttfts else None,
         inter_token_p95_s=max(itls) if itls else None,
         routable_replicas=sum(r.routable for r in views),
+        ttft_samples=sum(r.ttft_samples for r in views),
+        inter_token_samples=sum(r.inter_token_samples for r in views),
+        held_failures=held_failures,
     )
 
 
@@ -112,14 +137,41 @@ class Canaries:
             for t in targets:
                 self.of_target[t.name] = model
 
-    def observe(self, target: str, ok: bool) -> None:
-        """One probe of a version's replica."""
+    def observe(self, target: str, url: str, ok: bool, routable: bool, now: float) -> None:
+        """One probe of a version's replica (``routable``: after it)."""
         model = self.of_target.get(target)
         if model is None:
             return
-        tally = self.models[model].tallies.setdefault(target, Tally())
+        m = self.models[model]
+        tally = m.tallies.setdefault(target, Tally())
+        key = (target, url)
+        outage = m.outages.get(key)
+        if not ok:
+            if outage is None:
+                outage = m.outages[key] = Outage(now)
+            outage.pending += 1
+            outage.out |= not routable
+            if now - outage.since >= m.check.restart_grace_s:  # longer than a restart: they all count
+                _count_failures(tally, outage)
+            return
         tally.probes += 1
-        tally.failures += 0 if ok else 1
+        if outage is None:
+            return
+        del m.outages[key]
+        grace = m.check.restart_grace_s
+        last = m.forgiven.get(key)
+        again = last is not None and now - last < max(grace, m.check.evaluation_interval_s)
+        if outage.out and not again and now - outage.since < grace:
+            m.forgiven[key] = now  # a restart within the grace: its failed probes are let go
+        else:
+            _count_failures(tally, outage)
+
+    def forget(self, target: str, url: str) -> None:
+        """A replica left: drop what is held for it."""
+        model = self.of_target.get(target)
+        if model is not None:
+            self.models[model].outages.pop((target, url), None)
+            self.models[model].forgiven.pop((target, url), None)
 
     def evaluate(
         self, now: float, replicas: dict[str, list[ReplicaView]], *, force: bool = False
@@ -142,7 +194,8 @@ class Canaries:
             stable = window_of(m.tallies.get(m.stable.name, Tally()), replicas.get(m.stable.name, []))
             for canary in canaries:
                 assert canary.version_of is not None
-                mine = window_of(m.tallies.get(canary.name, Tally()), replicas.get(canary.name, []))
+                held = sum(o.pending for (t, _), o in m.outages.items() if t == canary.name)
+                mine = window_of(m.tallies.get(canary.name, Tally()), replicas.get(canary.name, []), held)
                 decision = judge(mine, stable, rule_of(m.check))
                 m.last[canary.version_of.version] = decision
                 if decision.verdict is Verdict.ROLLBACK:
@@ -176,3 +229,10 @@ class Canaries:
             }
             for m in self.models.values()
         ]
+
+
+def _count_failures(tally: Tally, outage: Outage) -> None:
+    """The held failed probes of an outage count now (and later ones as they come)."""
+    tally.probes += outage.pending
+    tally.failures += outage.pending
+    outage.pending = 0

@@ -26,6 +26,7 @@ class MonitorCollector(Collector):
         self.monitor = monitor
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        self.monitor.sweep_departed()  # departed replicas' counters go once they had their scrapes
         feed = self.monitor.feed()
         lbl = ["model", "backend"]
         state = GaugeMetricFamily(
@@ -147,8 +148,15 @@ class MonitorCollector(Collector):
         tp95 = GaugeMetricFamily(
             f"{NS}_model_ttft_p95_seconds", "TTFT p95 of the merged window histograms.", labels=ml
         )
+        panic = GaugeMetricFamily(
+            f"{NS}_model_panic",
+            "1 while more than max_ejected_percent of the model's replicas are ejected: the front ends route"
+            " to all of them and no pod is remediated.",
+            labels=ml,
+        )
         for summary in feed.models:
             replicas.add_metric([summary.model], summary.replicas)
+            panic.add_metric([summary.model], 1.0 if summary.panic else 0.0)
             healthy.add_metric([summary.model], summary.healthy_replicas)
             routable.add_metric([summary.model], summary.routable_replicas)
             for fam, value in (
@@ -160,7 +168,7 @@ class MonitorCollector(Collector):
             ):
                 if value is not None:
                     fam.add_metric([summary.model], value)
-        yield from (replicas, healthy, routable, qd, run, kvm, kvx, tp95)
+        yield from (replicas, healthy, routable, qd, run, kvm, kvx, tp95, panic)
 
 
 def registry_for(monitor: Monitor) -> CollectorRegistry:

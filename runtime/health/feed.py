@@ -10,10 +10,10 @@ Shape (``schema_version`` 1)::
     {
       "schema_version": 1,
       "generated_at": 1767225600.123,        # unix seconds
-      "interval_ms": 5000, "stale_after_s": 15.0,
+      "interval_ms": 5000, "stale_after_s": 15.0, "max_ejected_percent": 50.0,
       "backends": [
         {"url": "http://10.0.0.5:8000", "model": "llama", "engine": "vllm",
-         "state": "healthy" | "degraded" | "ejected", "routable": true,
+         "state": "healthy" | "degraded" | "ejected", "routable": true, "admitted": true,
          "reason": null | "timeout" | "connect" | "http_status" | ..., "detail": "",
          "since": 1767225500.0, "consecutive_failures": 0, "consecutive_successes": 12,
          "last_probe_at": 1767225600.0,
@@ -23,7 +23,7 @@ Shape (``schema_version`` 1)::
          "metrics_at": 1767225600.0, "metrics_age_s": 0.1, "metrics_stale": false}
       ],
       "models": [
-        {"model": "llama", "replicas": 2, "healthy_replicas": 2, "routable_replicas": 2,
+        {"model": "llama", "replicas": 2, "healthy_replicas": 2, "routable_replicas": 2, "panic": false,
          "queue_depth": 0.0, "running": 3.0, "kv_usage_mean": 0.1, "kv_usage_max": 0.12,
          "ttft_p95_s": 0.2}
       ]
@@ -72,6 +72,11 @@ class BackendStatus(_Feed):
     engine: str = Field(description="vllm, sglang or trtllm.")
     state: State
     routable: bool = Field(description="False only when ejected; degraded replicas still take traffic.")
+    admitted: bool = Field(
+        default=True,
+        description="The replica passed a probe since it was found; in panic, front ends route to every"
+        " admitted replica whatever `routable` says (one never admitted, e.g. still loading, stays out).",
+    )
     reason: Reason | None = Field(default=None, description="Why degraded/ejected; a bounded code.")
     detail: str = Field(default="", description="Human text for the reason (status code, error).")
     since: float = Field(description="Unix seconds when the current state was entered.")
@@ -98,6 +103,11 @@ class ModelSummary(_Feed):
     replicas: int
     healthy_replicas: int = Field(description="Replicas in state healthy.")
     routable_replicas: int = Field(description="Replicas healthy or degraded.")
+    panic: bool = Field(
+        default=False,
+        description="More than `max_ejected_percent` of the admitted replicas are ejected: front ends route"
+        " to all of them, and no pod of the model is remediated.",
+    )
     queue_depth: float | None = None
     running: float | None = None
     kv_usage_mean: float | None = None
@@ -128,6 +138,9 @@ class BackendsFeed(_Feed):
     generated_at: float = Field(description="Unix seconds.")
     interval_ms: int = Field(description="Probe interval of the monitor.")
     stale_after_s: float = Field(description="Treat the feed as absent when older than this.")
+    max_ejected_percent: float = Field(
+        default=50, description="The panic threshold (health.max_ejected_percent) the front ends apply."
+    )
     backends: list[BackendStatus] = Field(default_factory=list)
     models: list[ModelSummary] = Field(default_factory=list)
     versions: list[VersionWeights] = Field(

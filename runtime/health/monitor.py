@@ -23,12 +23,13 @@ from typing import Any
 import aiohttp
 
 from runtime.config import HealthSettings, ModelTarget, RuntimeConfig
+from runtime.engines import Signal
 from runtime.health import state as st
 from runtime.health.canary import Canaries, ReplicaView, Rollback
 from runtime.health.feed import BackendsFeed, VersionWeights
 from runtime.health.kube import Actions, NoActions
 from runtime.health.probe import ProbeSpec, probe
-from runtime.health.tracker import Tracker, summarize, wanted_for
+from runtime.health.tracker import Tracker, in_panic_now, summarize, wanted_for
 
 log = logging.getLogger("inferstack.health")
 
@@ -38,6 +39,10 @@ DISCOVERY_RETRY_S = 2.0
 #: CPU: 1,024 replicas at 5 s keep ~1 in flight), so it binds only in bursts: a fleet found at start, or many
 #: replicas hanging until their timeouts at once.
 MAX_PROBES_IN_FLIGHT = 128
+#: How long a departed replica's counters stay on ``/metrics`` (as the router keeps its request series): a
+#: replica ejected and then gone (killed, remediated, scaled in) must still be scraped with its last counts, or
+#: its ejection is lost to ``increase()`` and the ejection alert. Then they go, so months of pods cost nothing.
+DEPARTED_KEEP_S = 600.0
 
 
 @dataclass
@@ -70,10 +75,16 @@ class Monitor:
         self._loops: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._discovery: list[asyncio.Task[None]] = []
         self._side_tasks: set[asyncio.Task[Any]] = set()
-        self._remediated: set[tuple[str, str, float]] = set()
+        self._remediated: set[tuple[str, str, float]] = set()  # (model, url, episode): once per episode
+        self._remediation: asyncio.Task[Any] | None = None  # the pod deletion under way (one at a time)
+        self._remediated_at: float | None = None  # when the last one started (one per remediate_interval_s)
+        self.panic: set[str] = set()  # models in panic now (``tracker.in_panic_now``)
         self._recovery_s: dict[tuple[str, str], float] = {}  # probe interval while ejected
         self._readmitted_at: dict[tuple[str, str], float] = {}
         self.counters = Counters()
+        self._departed: dict[
+            tuple[str, str], float
+        ] = {}  # (model, url) -> when it left (counters still shown)
         self.canaries = Canaries(config, clock())
         self.discovered: set[str] = set()  # models whose discovery has reported at least once
         self._session: aiohttp.ClientSession | None = None
@@ -127,8 +138,7 @@ class Monitor:
             if task is not None:
                 task.cancel()
             del current[url]
-            self._recovery_s.pop((target.name, url), None)
-            self._readmitted_at.pop((target.name, url), None)
+            self._forget(target.name, url)
             log.info("replica left", extra={"model": target.name, "backend": url})
         for url in sorted(wanted - set(current)):
             tracker = Tracker.new(url, target.name, target.engine, self.settings.window_s, self._clock())
@@ -137,7 +147,37 @@ class Monitor:
                 self._loops[(target.name, url)] = asyncio.create_task(
                     self._probe_loop(target, tracker), name=f"probe:{target.name}:{url}"
                 )
+            self._departed.pop((target.name, url), None)  # back before its counters went: they go on
             log.info("replica joined", extra={"model": target.name, "backend": url})
+        self._note_panic(target.name)
+        self.sweep_departed()
+
+    def _forget(self, model: str, url: str) -> None:
+        """Drop what is kept about a replica that left: with pods coming and going for months, state keyed by
+        replica must not outlive it. Its counters stay on ``/metrics`` for ``DEPARTED_KEEP_S``
+        (``sweep_departed``)."""
+        key = (model, url)
+        self._recovery_s.pop(key, None)
+        self._readmitted_at.pop(key, None)
+        self._remediated = {r for r in self._remediated if r[:2] != key}
+        self.canaries.forget(model, url)
+        self._departed[key] = self._clock()
+
+    def sweep_departed(self) -> None:
+        """Drop the counters of replicas that left more than ``DEPARTED_KEEP_S`` ago (called on discovery
+        changes and on every scrape)."""
+        now = self._clock()
+        gone = {key for key, at in self._departed.items() if now - at >= DEPARTED_KEEP_S}
+        if not gone:
+            return
+        for key in gone:
+            del self._departed[key]
+        c = self.counters
+        for probe_key in [k for k in c.probes if k[:2] in gone]:
+            del c.probes[probe_key]
+        for key in gone:
+            c.ejections.pop(key, None)
+            c.readmissions.pop(key, None)
 
     # --- probing -----------------------------------------------------------------------------
 
@@ -202,16 +242,23 @@ class Monitor:
         self.counters.probes[(*key, code.value if code else "ok")] += 1
         if transition is not None:
             self._on_transition(target, tracker, transition)
+            self._note_panic(target.name)
         self._maybe_remediate(target, tracker, now)
         if target.version_of is not None:
-            self.canaries.observe(target.name, result.outcome.ok)
+            self.canaries.observe(target.name, tracker.url, result.outcome.ok, tracker.health.routable, now)
             self.judge_canaries(now)
 
     def judge_canaries(self, now: float, *, force: bool = False) -> list[Rollback]:
         """Compare canaries with their stable versions when an interval ends; apply and announce rollbacks."""
         replicas = {
             name: [
-                ReplicaView(t.health.routable, status.metrics.ttft_p95_s, status.metrics.inter_token_p95_s)
+                ReplicaView(
+                    t.health.routable,
+                    status.metrics.ttft_p95_s,
+                    status.metrics.inter_token_p95_s,
+                    t.window_count(Signal.TTFT),
+                    t.window_count(Signal.INTER_TOKEN),
+                )
                 for t in self.trackers.get(name, {}).values()
                 for status in (t.status(now),)
             ]
@@ -232,11 +279,17 @@ class Monitor:
         return rollbacks
 
     async def probe_all(self) -> None:
-        """One round for every known replica, concurrently."""
+        """One round for every known replica, concurrently; one replica's trouble is its own (as in the loops)."""
         targets = {m.name: m for m in self.config.models}
-        await asyncio.gather(
-            *(self.probe_once(targets[t.model], t) for t in self.all_trackers()), return_exceptions=False
+        trackers = self.all_trackers()
+        results = await asyncio.gather(
+            *(self.probe_once(targets[t.model], t) for t in trackers), return_exceptions=True
         )
+        for tracker, result in zip(trackers, results, strict=True):
+            if isinstance(result, Exception):
+                log.error("probe error for %s", tracker.url, exc_info=result)
+            elif isinstance(result, BaseException):
+                raise result
 
     def _on_transition(self, target: ModelTarget, tracker: Tracker, t: st.Transition) -> None:
         key = (target.name, tracker.url)
@@ -271,25 +324,59 @@ class Monitor:
             return
         self._spawn(self.actions.on_transition(target, tracker.url, t))
 
+    def in_panic(self, model: str) -> bool:
+        """More than ``max_ejected_percent`` of the model's admitted replicas are ejected (the front ends then
+        route to all of them: ``runtime.model_view.in_panic``)."""
+        return in_panic_now(list(self.trackers.get(model, {}).values()), self.settings.max_ejected_percent)
+
+    def _note_panic(self, model: str) -> None:
+        """Say when a model enters or leaves panic (a log line here, ``inferstack_health_model_panic``)."""
+        panic = self.in_panic(model)
+        if panic == (model in self.panic):
+            return
+        if panic:
+            self.panic.add(model)
+            log.warning(
+                "model %s is in panic: more than %g%% of its replicas ejected; the front ends route to all of"
+                " them and no pod is remediated (a fault between this monitor and the engines looks the same)",
+                model,
+                self.settings.max_ejected_percent,
+                extra={"model": model},
+            )
+        else:
+            self.panic.discard(model)
+            log.warning("model %s is out of panic", model, extra={"model": model})
+
     def _maybe_remediate(self, target: ModelTarget, tracker: Tracker, now: float) -> None:
-        after = self.settings.remediate_after_s
-        if after is None:
+        """Delete the pod of a replica wedged past ``remediate_after_s``: once per ejection episode, one pod at a
+        time fleet-wide, one per ``remediate_interval_s``, and never in a model in panic (if the monitor's own
+        network fails, every replica looks wedged: deleting them would take down what still serves)."""
+        s = self.settings
+        if s.remediate_after_s is None:
             return
         wedged = st.wedged_for_s(tracker.health, now)
         episode = tracker.health.ejected_since_s
-        if wedged < after or episode is None:
+        if wedged < s.remediate_after_s or episode is None:
             return
         key = (target.name, tracker.url, episode)
         if key in self._remediated:
             return  # once per ejection episode
+        if self.in_panic(target.name):
+            return
+        if self._remediation is not None and not self._remediation.done():
+            return  # one at a time; this replica is looked at again next round
+        if self._remediated_at is not None and now - self._remediated_at < s.remediate_interval_s:
+            return
         self._remediated.add(key)
+        self._remediated_at = now
         self.counters.remediations[target.name] += 1
-        self._spawn(self.actions.remediate(target, tracker.url, wedged))
+        self._remediation = self._spawn(self.actions.remediate(target, tracker.url, wedged))
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
+        return task
 
     # --- outputs -----------------------------------------------------------------------------
 
@@ -303,8 +390,12 @@ class Monitor:
             generated_at=now,
             interval_ms=self.settings.interval_ms,
             stale_after_s=max(3 * interval_s, interval_s + self.settings.timeout_ms / 1000),
+            max_ejected_percent=self.settings.max_ejected_percent,
             backends=[t.status(now) for t in sorted(self.all_trackers(), key=lambda t: (t.model, t.url))],
-            models=[summarize(name, list(ts.values())) for name, ts in self.trackers.items()],
+            models=[
+                summarize(name, list(ts.values()), self.settings.max_ejected_percent)
+                for name, ts in self.trackers.items()
+            ],
             versions=[VersionWeights.model_validate(v) for v in self.canaries.feed()],
         )
 

@@ -127,10 +127,13 @@ async def probe(session: aiohttp.ClientSession, spec: ProbeSpec, *, synthetic: b
         else:
             # Parsing is CPU work; a thread keeps the loop answering /v1/backends meanwhile.
             parsed = await asyncio.to_thread(parse, decode(body), spec.wanted)
-            if not parsed.samples:
+            if parsed.refused:
+                soft, detail = Reason.METRICS_MALFORMED, f"GET {f.metrics_path}: refused: {parsed.refused}"
+                parsed = None
+            elif not parsed.samples:
                 soft, detail = Reason.METRICS_MALFORMED, f"GET {f.metrics_path}: no known metric names"
                 parsed = None
-    except (aiohttp.ClientError, TimeoutError, BodyTooLargeError, OSError, ValueError) as err:
+    except (aiohttp.ClientError, TimeoutError, BodyTooLargeError, OSError, ValueError, RecursionError) as err:
         reason, detail = classify(err)
         soft = Reason.METRICS_MALFORMED if reason is Reason.BODY_TOO_LARGE else Reason.METRICS_UNAVAILABLE
         detail = f"GET {f.metrics_path}: {detail}"
@@ -145,14 +148,21 @@ async def _adapters(session: aiohttp.ClientSession, spec: ProbeSpec, base: str) 
         status, body = await _get(session, base + path, spec.timeout_s, spec.max_metrics_bytes)
         if status != 200:
             return None
-        listed = json.loads(body)
-    except (aiohttp.ClientError, TimeoutError, BodyTooLargeError, OSError, ValueError):
-        return None
+        return listed_adapters(json.loads(body), spec.model)
+    except (aiohttp.ClientError, TimeoutError, BodyTooLargeError, OSError, ValueError, RecursionError):
+        return None  # RecursionError: JSON nested deeper than the interpreter's stack, a hostile body
+
+
+def listed_adapters(listed: Any, model: str) -> list[str]:
+    """The adapter ids a ``/v1/models`` answer lists under ``model`` (as their ``parent``). Ids must be
+    strings: anything else in the engine's answer is not an adapter name."""
     data = listed.get("data") if isinstance(listed, dict) else None
+    if not isinstance(data, list):
+        return []
     return sorted(
-        str(m["id"])
-        for m in data or []
-        if isinstance(m, dict) and m.get("parent") == spec.model and m.get("id")
+        m["id"]
+        for m in data
+        if isinstance(m, dict) and m.get("parent") == model and isinstance(m.get("id"), str) and m["id"]
     )
 
 

@@ -15,6 +15,7 @@ from runtime.health import state as st
 from runtime.health.feed import BackendSignals, BackendStatus, ModelSummary
 from runtime.health.window import WindowedCounter, WindowedHistogram, merge, quantile, ratio
 from runtime.metrics_text import ParsedMetrics, wanted_sample_names
+from runtime.model_view import in_panic
 
 GAUGES = (Signal.QUEUED, Signal.RUNNING, Signal.KV_USAGE, Signal.PREFIX_HIT_RATE)
 COUNTERS = (Signal.PREFIX_HITS, Signal.PREFIX_QUERIES, Signal.PREEMPTIONS)
@@ -83,6 +84,11 @@ class Tracker:
         h = self.histograms.get(sig)
         return h.delta() if h is not None else None
 
+    def window_count(self, sig: Signal) -> float:
+        """Observations of a histogram inside the window (requests answered): how much a p95 stands on."""
+        h = self.window_histogram(sig)
+        return max(h.values(), default=0.0) if h else 0.0
+
     def signals(self) -> BackendSignals:
         ttft = self.window_histogram(Signal.TTFT)
         itl = self.window_histogram(Signal.INTER_TOKEN)
@@ -112,6 +118,7 @@ class Tracker:
             engine=self.engine.value,
             state=h.state,
             routable=h.routable,
+            admitted=h.ever_healthy,
             reason=h.reason,
             detail=h.detail,
             since=h.since_s,
@@ -126,7 +133,14 @@ class Tracker:
         )
 
 
-def summarize(model: str, trackers: list[Tracker]) -> ModelSummary:
+def in_panic_now(trackers: list[Tracker], max_ejected_percent: float) -> bool:
+    """Is the model in panic: more than ``max_ejected_percent`` of its admitted replicas (those that passed a
+    probe since found) ejected? The front ends decide the same from the feed (``runtime.model_view``)."""
+    admitted = [t for t in trackers if t.health.ever_healthy]
+    return in_panic(len(admitted), sum(not t.health.routable for t in admitted), max_ejected_percent)
+
+
+def summarize(model: str, trackers: list[Tracker], max_ejected_percent: float) -> ModelSummary:
     """Per-model aggregates over routable replicas with fresh metrics; stale values are not summed."""
     routable = [t for t in trackers if t.health.routable]
     fresh = [t for t in routable if not t.metrics_stale]
@@ -142,6 +156,7 @@ def summarize(model: str, trackers: list[Tracker]) -> ModelSummary:
         replicas=len(trackers),
         healthy_replicas=sum(1 for t in trackers if t.health.state is st.State.HEALTHY),
         routable_replicas=len(routable),
+        panic=in_panic_now(trackers, max_ejected_percent),
         queue_depth=total(Signal.QUEUED),
         running=total(Signal.RUNNING),
         kv_usage_mean=sum(kv) / len(kv) if kv else None,

@@ -22,7 +22,7 @@ WORKDIR /app
 # Only what the monitor imports: the contract (with the scheduling registry it validates strategies
 # against), the config-file reader and service plumbing, engine facts, discovery, the metrics reader, the canary
 # verdict (runtime.versions), the monitor.
-COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/discovery.py runtime/metrics_text.py runtime/versions.py runtime/py.typed /app/runtime/
+COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/discovery.py runtime/metrics_text.py runtime/versions.py runtime/model_view.py runtime/breaker.py runtime/replica.py runtime/openai_request.py runtime/py.typed /app/runtime/
 COPY runtime/scheduling /app/runtime/scheduling
 COPY runtime/health /app/runtime/health
 USER 10001:10001

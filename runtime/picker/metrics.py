@@ -33,7 +33,11 @@ def scheduling_families(models: Mapping[str, ModelPool]) -> list[GaugeMetricFami
     inflight = family(
         "backend_inflight", "Requests in flight per replica (picked, stream still open)", ["model", "backend"]
     )
-    healthy = family("backend_healthy", "1 if the replica is considered healthy", ["model", "backend"])
+    healthy = family(
+        "backend_healthy",
+        "1 if the replica is considered healthy (0 if ejected, even while a panic routes to it)",
+        ["model", "backend"],
+    )
     circuit = family(
         "circuit_state", "Circuit per replica: 0 closed, 1 half-open, 2 open", ["model", "backend"]
     )
@@ -43,7 +47,7 @@ def scheduling_families(models: Mapping[str, ModelPool]) -> list[GaugeMetricFami
         replicas.add_metric([name], float(len(pool.replicas)))
         for r in pool.replicas:
             inflight.add_metric([name, r.url], float(r.inflight))
-            healthy.add_metric([name, r.url], 1.0 if r.healthy else 0.0)
+            healthy.add_metric([name, r.url], 1.0 if r.reported_healthy else 0.0)
             circuit.add_metric([name, r.url], float(r.breaker.state))
         reported_hit_rate = False
         for scorer, report in pool.strategy.reports().items():

@@ -257,7 +257,8 @@ class Router:
             self._fail(conn, 400, too_many.message, "bad_request", code=too_many.code, param=too_many.param)
             return
         model = asked.model
-        state = self.fleet.lookup(model, self._session_key(headers, model))
+        client = principal.name if principal is not None else None  # a judged canary's share is per client
+        state = self.fleet.lookup(model, self._session_key(headers, model), client)
         adapter: str | None = None
         if state is None and (parent := self.fleet.adapter_parents.get(model)) is not None:
             state, adapter = self.fleet.models.get(parent), model  # a LoRA adapter: its base model's replicas

@@ -23,7 +23,7 @@ from runtime.router.model_state import ModelState
 from runtime.router.signals import RouterSignals
 from runtime.router.sleep import SleepControl
 from runtime.signal_loop import SignalLoop
-from runtime.versions import Split
+from runtime.versions import MAX_CLIENT_SHARE, Split
 
 if TYPE_CHECKING:  # imported when a model follows KV events: tokenizers, jinja2 and zmq cost ~10 MiB of RSS
     from runtime.router.cache_view import ModelCacheView
@@ -91,14 +91,15 @@ class Fleet:
             self._sync_watches()
 
     # --- versions --------------------------------------------------------------------------------
-    def lookup(self, model: str, session: str | None) -> ModelState | None:
+    def lookup(self, model: str, session: str | None, client: str | None = None) -> ModelState | None:
         """The state that takes a request for ``model``: the model itself, or the version its split picks
-        (sticky per session key) among versions that can serve now."""
+        (sticky per session key, within one ``client``'s share of a judged canary) among versions that can
+        serve now."""
         split = self.splits.get(model)
         if split is None:
             state = self.models.get(model)
             return None if state is None or state.version else state  # versions are reached through splits
-        chosen = split.choose(session, lambda v: self.lookup_version(model, v).servable())
+        chosen = split.choose(session, lambda v: self.lookup_version(model, v).servable(), client)
         return self.lookup_version(model, chosen if chosen is not None else split.stable)
 
     def fallback(self, state: ModelState) -> ModelState | None:
@@ -210,6 +211,7 @@ def splits_of(cfg: RuntimeConfig, previous: dict[str, Split]) -> dict[str, Split
     """The splits a config declares; a split whose configured weights did not change keeps its override
     (a rollback stays until the config changes)."""
     out: dict[str, Split] = {}
+    judged = {check.model for check in cfg.health.canaries}
     for model, targets in cfg.versions().items():
         names = tuple(t.version_of.version for t in targets if t.version_of)
         weights = tuple(t.version_of.weight for t in targets if t.version_of)
@@ -218,4 +220,6 @@ def splits_of(cfg: RuntimeConfig, previous: dict[str, Split]) -> dict[str, Split
             out[model] = old
         else:
             out[model] = Split(model, names, weights)
+        # a canary the health monitor judges: no one client may make up its traffic (``runtime.versions``)
+        out[model].client_share = MAX_CLIENT_SHARE if model in judged else 1.0
     return out

@@ -40,7 +40,10 @@ LIVE_GAUGES: dict[str, tuple[str, list[str]]] = {
     "queue_depth": ("Requests waiting for a free replica", ["model"]),
     "backend_inflight": ("Requests in flight per replica", ["model", "backend"]),
     "circuit_state": ("Circuit per replica: 0 closed, 1 half-open, 2 open", ["model", "backend"]),
-    "backend_healthy": ("1 if the replica is considered healthy", ["model", "backend"]),
+    "backend_healthy": (
+        "1 if the replica is considered healthy (0 if ejected, even while a panic routes to it)",
+        ["model", "backend"],
+    ),
     "prefix_index_entries": ("Entries in the prefix / session index", ["model", "index"]),
     "prefix_hit_rate": ("Share of prefix lookups that found a replica", ["model"]),
     "backends": ("Replicas known per model", ["model"]),
@@ -69,7 +72,7 @@ def live_gauges(models: Mapping[str, ModelState], splits: Mapping[str, Split] | 
         for r in m.replicas:
             out["backend_inflight"].append(((name, r.url), float(r.inflight)))
             out["circuit_state"].append(((name, r.url), float(r.breaker.state)))
-            out["backend_healthy"].append(((name, r.url), 1.0 if r.healthy else 0.0))
+            out["backend_healthy"].append(((name, r.url), 1.0 if r.reported_healthy else 0.0))
         hit_rate: float | None = None
         for scorer, report in m.strategy.reports().items():
             if Report.INDEX_ENTRIES in report:

@@ -177,7 +177,15 @@ def test_a_failing_canary_is_rolled_back_within_one_interval_and_no_request_is_l
             "interval_ms": 250,
             "timeout_ms": 2000,
             "eject_after_failures": 3,
-            "canaries": [{"model": model, "evaluation_interval_s": EVALUATION_INTERVAL_S, "min_samples": 3}],
+            # restart_grace_s 0: the canary's engine stays down, no need to wait out a restart's grace
+            "canaries": [
+                {
+                    "model": model,
+                    "evaluation_interval_s": EVALUATION_INTERVAL_S,
+                    "min_samples": 3,
+                    "restart_grace_s": 0,
+                }
+            ],
         },
     }
     RuntimeConfig.model_validate(config)

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from runtime.config import RuntimeConfig
-from runtime.versions import Rule, Split, Verdict, Window, judge, rolled_back
+from runtime.versions import MAX_CLIENT_SHARE, Rule, Split, Verdict, Window, judge, rolled_back
 
 
 def test_without_a_session_the_split_hits_the_weights_exactly() -> None:
@@ -46,8 +46,31 @@ def test_a_rollback_puts_all_weight_on_stable_and_says_why() -> None:
     assert not split.set_weights((100.0, 0.0))  # unchanged
 
 
-RULE = Rule(max_error_rate=0.05, max_ttft_ratio=1.5, max_inter_token_ratio=1.5, ttft_slo_s=2.0, min_samples=3)
-GOOD = Window(probes=10, failures=0, ttft_p95_s=0.2, inter_token_p95_s=0.02, routable_replicas=1)
+def test_one_client_holds_a_small_share_of_a_judged_canarys_keyed_requests() -> None:
+    free = Split("chat", ("v1", "v2"), (90.0, 10.0))
+    canary_keys = [k for k in (f"s{i}" for i in range(3000)) if free.choose(k) == "v2"][:60]
+    assert {free.choose(k) for k in canary_keys} == {"v2"}  # no canary judged: sessions choose freely
+    split = Split("chat", ("v1", "v2"), (90.0, 10.0), client_share=MAX_CLIENT_SHARE)
+    got = Counter(split.choose(k, client="attacker") for k in canary_keys[:30])
+    assert got == {"v2": 1, "v1": 29}  # its first request goes where its key says; then stable
+    for _ in range(1000):  # others' traffic without keys: 100 canary requests, never capped
+        split.choose(None)
+    others = Counter(split.choose(k, client=k) for k in canary_keys[30:])  # thirty one-request sessions
+    assert others == {"v2": 30}
+    got = Counter(split.choose(k, client="attacker") for k in canary_keys[:30])
+    assert got["v2"] <= MAX_CLIENT_SHARE * 100 + 1
+
+
+RULE = Rule(
+    max_error_rate=0.05,
+    max_ttft_ratio=1.5,
+    max_inter_token_ratio=1.5,
+    ttft_slo_s=2.0,
+    min_samples=3,
+    min_requests=20,
+)
+N = {"ttft_samples": 20, "inter_token_samples": 20}  # requests behind the p95s: just enough to judge
+GOOD = Window(probes=10, failures=0, ttft_p95_s=0.2, inter_token_p95_s=0.02, routable_replicas=1, **N)
 
 
 @pytest.mark.parametrize(
@@ -57,9 +80,13 @@ GOOD = Window(probes=10, failures=0, ttft_p95_s=0.2, inter_token_p95_s=0.02, rou
         (Window(probes=2, routable_replicas=1), Verdict.HOLD, ""),
         (Window(probes=10, failures=1, routable_replicas=1), Verdict.ROLLBACK, "error_rate"),
         (Window(probes=4, failures=4, routable_replicas=0), Verdict.ROLLBACK, "routable_replicas"),
-        (Window(probes=10, ttft_p95_s=0.4, routable_replicas=1), Verdict.ROLLBACK, "ttft_p95"),
-        (Window(probes=10, inter_token_p95_s=0.05, routable_replicas=1), Verdict.ROLLBACK, "inter_token_p95"),
-        (Window(probes=10, ttft_p95_s=0.29, routable_replicas=1), Verdict.ADVANCE, ""),
+        (Window(probes=10, ttft_p95_s=0.4, routable_replicas=1, **N), Verdict.ROLLBACK, "ttft_p95"),
+        (
+            Window(probes=10, inter_token_p95_s=0.05, routable_replicas=1, **N),
+            Verdict.ROLLBACK,
+            "inter_token_p95",
+        ),
+        (Window(probes=10, ttft_p95_s=0.29, routable_replicas=1, **N), Verdict.ADVANCE, ""),
     ],
 )
 def test_the_canary_verdict(canary: Window, verdict: Verdict, metric: str) -> None:
@@ -70,7 +97,7 @@ def test_the_canary_verdict(canary: Window, verdict: Verdict, metric: str) -> No
 
 
 def test_the_slo_rolls_back_a_canary_even_when_stable_is_as_slow() -> None:
-    slow = Window(probes=10, ttft_p95_s=2.5, routable_replicas=1)
+    slow = Window(probes=10, ttft_p95_s=2.5, routable_replicas=1, **N)
     d = judge(slow, slow, RULE)
     assert d.verdict is Verdict.ROLLBACK and "SLO" in d.reason
 

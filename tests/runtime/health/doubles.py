@@ -66,6 +66,7 @@ class FakeEngine:
     embed_delay_s: float = 0.0
     calls: list[dict[str, Any]] = field(default_factory=list)
     models: list[dict[str, Any]] = field(default_factory=list)  # what /v1/models lists (vLLM's shape)
+    models_body: bytes | None = None  # raw /v1/models answer instead (hostile JSON)
     embeds_at_once: int = 0  # embedding calls in progress now, and the most seen at once
     max_embeds_at_once: int = 0
     healths_at_once: int = 0  # /health calls in progress now (a hanging one counts until released)
@@ -95,6 +96,8 @@ class FakeEngine:
         return web.Response(status=self.metrics_status, body=body, content_type="text/plain")
 
     async def list_models(self, _: web.Request) -> web.StreamResponse:
+        if self.models_body is not None:
+            return web.Response(body=self.models_body, content_type="application/json")
         return web.json_response({"object": "list", "data": self.models})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:

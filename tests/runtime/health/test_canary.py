@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from runtime.config import ModelTarget, RuntimeConfig
+from runtime.health.canary import Canaries
 from runtime.health.kube import REASON_ROLLED_BACK, rollback_event
 
 
@@ -59,15 +60,18 @@ def _config(stable: str, canary: str, **check: Any) -> RuntimeConfig:
 async def test_a_failing_canary_is_rolled_back_within_one_interval_and_says_why(fakes, monitors) -> None:
     stable, canary = await fakes(), await fakes()
     clock, actions = Clock(), RecordingActions()
-    m = await monitors(_config(stable.url, canary.url), clock=clock, actions=actions)
+    m = await monitors(_config(stable.url, canary.url, restart_grace_s=4), clock=clock, actions=actions)
     for _ in range(3):
         clock.now += 1
         await m.probe_all()
     assert m.feed().versions[0].weights == {"v1": 90, "v2": 10}
     canary.engine.health_status = 500  # the canary's engine starts failing
-    for _ in range(3):  # three failed probes eject its only replica: no need to wait for the interval
+    for _ in range(4):  # three failed probes eject its only replica; out for less than the grace: a restart?
         clock.now += 1
         await m.probe_all()
+        assert not m.feed().versions[0].rolled_back
+    clock.now += 1  # out for longer than a restart: no need to wait for the interval
+    await m.probe_all()
     await m.wait_idle()
     v = m.feed().versions[0]
     assert v.weights == {"v1": 100, "v2": 0} and v.rolled_back
@@ -119,7 +123,7 @@ async def test_rollbacks_and_weights_are_on_the_monitors_metrics(fakes, monitors
 
     stable, canary = await fakes(), await fakes()
     clock = Clock()
-    m = await monitors(_config(stable.url, canary.url), clock=clock)
+    m = await monitors(_config(stable.url, canary.url, restart_grace_s=0), clock=clock)
     canary.engine.health_status = 500
     for _ in range(4):
         clock.now += 1
@@ -130,3 +134,22 @@ async def test_rollbacks_and_weights_are_on_the_monitors_metrics(fakes, monitors
         in text
     )
     assert 'inferstack_health_version_weight{model="chat",version="v2"} 0.0' in text
+
+
+def test_one_restart_is_let_go_but_a_crash_loop_counts() -> None:
+    canaries = Canaries(_config("http://s:1", "http://c:1", restart_grace_s=60), 0.0)
+    down, up = (False, False), (True, True)  # (probe ok, routable after it)
+
+    def observe(*steps: tuple[bool, bool]) -> None:
+        for ok, routable in steps:
+            observe.now += 1  # type: ignore[attr-defined]
+            canaries.observe("chat-v2", "http://c:1", ok, routable, observe.now)  # type: ignore[attr-defined]
+
+    observe.now = 0.0  # type: ignore[attr-defined]
+    observe(up, down, down, down, up)  # out and back within the grace: a restart
+    tally = canaries.models["chat"].tallies["chat-v2"]
+    assert (tally.probes, tally.failures) == (2, 0)
+    observe(down, down, down, up)  # again, moments later: not a restart any more
+    assert (tally.probes, tally.failures) == (6, 3)
+    observe((False, True), up)  # a failure that took nothing out of rotation is an error, not a restart
+    assert (tally.probes, tally.failures) == (8, 4)

@@ -53,9 +53,21 @@ def test_long_lines_and_sample_floods_are_bounded():
     parsed = parse(hostile, WANTED)
     assert parsed.skipped_long_lines == 1 and not parsed.samples
     flood = "".join(f'vllm:num_requests_running{{engine="{i}"}} 1\n' for i in range(100))
-    parsed = parse(flood, WANTED, max_samples=10)
-    assert parsed.total("vllm:num_requests_running") == 10
-    assert parsed.truncated_samples == 90
+    parsed = parse(flood, WANTED, max_samples=10)  # refused whole: a sum of the first ten would be a lie
+    assert parsed.total("vllm:num_requests_running") is None
+    assert parsed.refused == "more than 10 wanted samples"
+    parsed = parse(flood, WANTED, max_series=99)
+    assert not parsed.samples and parsed.refused == "more than 99 series of vllm:num_requests_running"
+    assert parse(flood, WANTED).total("vllm:num_requests_running") == 100
+
+
+def test_a_histogram_with_more_buckets_than_an_engine_has_is_refused_whole():
+    name = "vllm:time_to_first_token_seconds"
+    buckets = "".join(f'{name}_bucket{{le="{i / 1000}"}} {i}\n' for i in range(1, 201))
+    page = f'{buckets}{name}_bucket{{le="+Inf"}} 200\nvllm:num_requests_running 3\n'
+    parsed = parse(page, WANTED, max_buckets=128)
+    assert parsed.refused == f"more than 128 buckets of {name}" and not parsed.samples
+    assert len(parse(page, WANTED, max_buckets=201).buckets(name) or {}) == 201
 
 
 def test_nan_and_inf_are_not_values():

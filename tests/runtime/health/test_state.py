@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as hs
 
 from runtime.health.state import Health, Outcome, Reason, State, Transition, initial, is_ejection, step
+from runtime.model_view import in_panic
 
 OK = Outcome()
 FAIL = Outcome(hard=Reason.TIMEOUT, detail="slow")
@@ -79,3 +81,20 @@ def test_no_flapping(pattern, k, m):
             assert len(history) >= k and not any(history[-k:])
         if t and t.before is State.EJECTED and not t.first_admission:
             assert len(history) >= m and all(history[-m:])
+
+
+@pytest.mark.parametrize(
+    ("replicas", "ejected", "max_percent", "panic"),
+    [
+        (2, 1, 50, False),  # half out: ejections apply
+        (3, 2, 50, True),  # most out: believe none of them
+        (1, 1, 50, True),  # a lone replica is never taken out by the monitor alone
+        (0, 0, 50, False),
+        (4, 4, 100, False),  # 100: never panic
+        (4, 1, 0, True),  # 0: never eject
+    ],
+)
+def test_panic_past_the_threshold_of_ejected_replicas(
+    replicas: int, ejected: int, max_percent: float, panic: bool
+) -> None:
+    assert in_panic(replicas, ejected, max_percent) is panic
