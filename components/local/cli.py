@@ -243,6 +243,9 @@ def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) 
     argv += ["--engine-memory-gib", str(plan.engine_memory_gib)]
     if plan.routers > 1:  # none behind Envoy
         argv += ["--routers", str(plan.routers)]
+    metrics = [s.metrics_port for s in plan.services if s.metrics_port is not None]
+    if metrics:  # the first router's; the others take the next ports
+        argv += ["--router-metrics-port", str(min(metrics))]
     for service in plan.services[:-1]:
         if service.option != "--port":  # router replicas take the ports after --port
             argv += [service.option, str(service.port)]
