@@ -78,7 +78,8 @@ def test_with_several_routers_prometheus_scrapes_each_router_not_the_balancer_or
     assert plan.config.batches is not None and plan.config.batches.router_url is not None
     assert str(plan.config.batches.router_url).rstrip("/") == "http://127.0.0.1:8080"  # the balancer
     targets = monitor.runtime_targets(plan.spec, plan.scraped_services())
-    assert [g["labels"]["endpoint"] for g in targets[-2:]] == ["metrics", "metrics"]  # as their ServiceMonitor
+    endpoints = [g["labels"]["endpoint"] for g in targets[-2:]]
+    assert endpoints == ["metrics", "metrics"]  # the routers', as their ServiceMonitor names it
     pods = [g["labels"]["pod"] for g in targets]
     assert pods == [
         "inferstack-health-0",
