@@ -274,3 +274,15 @@ def test_the_policy_pack_accepts_the_gateway_images(name: str) -> None:
 
     result = offline.prepare(load(name)).run(_synthesis(name))
     assert [v for v in result.verdicts if v.rule == "images-pinned"] == []
+
+
+def test_the_router_metrics_port_is_rendered_and_may_not_take_another_listeners_port() -> None:
+    """``gateway.router_metrics_port`` reaches the runtime config; the API's port (or another service's) is
+    refused at plan time, not found by a router that cannot bind."""
+    doc = minimal()
+    doc["gateway"] = {"router_metrics_port": 9300}
+    assert runtime_config(PlatformSpec.model_validate(doc)).router.metrics_port == 9300
+    for taken, what in ((8080, "router API"), (8081, "health monitor")):
+        doc["gateway"] = {"router_metrics_port": taken}
+        with pytest.raises(ValueError, match=f"gateway.router_metrics_port.*{taken} is the {what}'s port"):
+            PlatformSpec.model_validate(doc)
