@@ -3,8 +3,9 @@ implementation for every front end that checks keys (the router, and the endpoin
 
 Decisions are pure functions of (key table, buckets, now); the front end turns them into 401/403/429.
 Limits are token buckets refilled continuously: ``requests_per_minute`` is charged one per request
-on admission; ``tokens_per_minute`` is charged the real usage (prompt + completion) when the answer
-is known, and a key whose token bucket is below zero is refused until it refills.
+on admission; ``tokens_per_minute`` is charged an estimate on admission (the router reserves what the
+request may cost) and settled to the real usage (prompt + completion) when the answer is known, and a key
+whose token bucket is below zero is refused until it refills.
 
 A key's name is who holds it: files and batches belong to it, and the batch service names a line's
 owner by it. So names (and keys) are unique across the inline keys and the keys file; the loader
@@ -217,7 +218,10 @@ def admit(principal: Principal, model: str, now: float) -> Denied | None:
 
 
 def charge_tokens(principal: Principal | None, tokens: int, now: float) -> None:
-    if principal is None or principal.tokens is None or tokens <= 0:
+    """Take ``tokens`` from the key's token bucket; a negative charge gives back what a reservation took
+    beyond the real usage (never above the bucket's capacity)."""
+    if principal is None or principal.tokens is None or tokens == 0:
         return
-    principal.tokens.refill(now)
-    principal.tokens.level -= tokens
+    bucket = principal.tokens
+    bucket.refill(now)
+    bucket.level = min(bucket.capacity, bucket.level - tokens)

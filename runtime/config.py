@@ -429,6 +429,15 @@ class RouterSettings(_Strict):
 
     host: str = "0.0.0.0"  # in-cluster listener; the NetworkPolicy restricts who reaches it
     port: int = Field(default=8080, ge=1, le=65535)
+    metrics_port: int = Field(
+        default=9091,
+        ge=1,
+        le=65535,
+        description=(
+            "A second listener for /metrics (and /healthz) only: the metrics name every replica's address, so"
+            " they are not on the API port an ingress routes; the network policy lets Prometheus reach it."
+        ),
+    )
     routes: list[ModelRoute] = Field(
         default_factory=list, description="Per-model routing; defaults apply to others."
     )
@@ -468,7 +477,7 @@ class RouterSettings(_Strict):
     queue_max_requests: int = Field(
         default=1024, ge=0, description="Requests that may wait for a free replica."
     )
-    queue_deadline_ms: int = Field(default=10_000, ge=1, description="Longest wait before 429.")
+    queue_deadline_ms: int = Field(default=10_000, ge=1, description="Longest wait before 503 overloaded.")
     connect_timeout_ms: int = Field(default=2_000, ge=1)
     first_byte_timeout_ms: int = Field(default=120_000, ge=1)
     stream_idle_timeout_ms: int = Field(default=60_000, ge=1)
@@ -760,7 +769,7 @@ class BatchesSettings(_Strict):
         le=1,
         description=(
             "The router admits a batch (low-priority) request only while a replica's requests in flight stay"
-            " below this share of its concurrency cap and nobody waits in line; otherwise 429 at once. 0.03:"
+            " below this share of its concurrency cap and nobody waits in line; otherwise 503 at once. 0.03:"
             " on a 32-sequence CPU replica only an idle one takes batch work, on a 256-sequence GPU replica one"
             " with fewer than 8 requests (bench/batches/README.md: 0.5 let a batch add 77 % to interactive"
             " TTFT p95 on CPU engines)."

@@ -116,8 +116,9 @@ def engine_loads(engine: EngineProcess) -> int:
     return len(LOADED.findall(log.read_text(errors="replace"))) if log else 0
 
 
-def router_counter(base: str, outcome: str) -> float:
-    text = _get(f"{base}/metrics").decode()
+def router_counter(metrics_base: str, outcome: str) -> float:
+    """From the router's metrics listener (its API port serves no /metrics)."""
+    text = _get(f"{metrics_base}/metrics").decode()
     found = re.search(
         rf'inferstack_router_adapter_loads_total\{{model="{MODEL}",outcome="{outcome}"\}} (\S+)', text
     )
@@ -166,7 +167,7 @@ def run_strategy(
 ) -> dict[str, Any]:  # fmt: skip
     for e in eng:
         unload_all(e)
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     cfg = {
         "models": [
             {
@@ -181,6 +182,7 @@ def run_strategy(
         "router": {
             "host": "127.0.0.1",
             "port": port,
+            "metrics_port": metrics_port,
             "probe_interval_ms": 1000,
             "routes": [{"model": MODEL, "strategy": strategy}],
         },
@@ -203,7 +205,7 @@ def run_strategy(
         started = time.perf_counter()
         records = asyncio.run(play(base, mix, args.concurrency))
         wall = time.perf_counter() - started
-        router_ok = router_counter(base, "ok")
+        router_ok = router_counter(f"http://127.0.0.1:{metrics_port}", "ok")
     engine_loaded = sum(engine_loads(e) for e in eng) - loads_before
     ok = [r for r in records if r["status"] == 200 and r["ttft_s"] is not None]
     ttfts = [r["ttft_s"] for r in ok]

@@ -91,6 +91,7 @@ def measure(
     target = f"{label}-x{n}"
     with ExitStack() as stack:
         ports = [free_port() for _ in range(n)]
+        metrics_ports = [free_port() for _ in range(n)]
         routers = [
             stack.enter_context(
                 process(
@@ -102,13 +103,15 @@ def measure(
                         str(cfg),
                         "--port",
                         str(p),
+                        "--metrics-port",
+                        str(m),
                         "--log-level",
                         "WARNING",
                     ],
                     logs / f"{target}-router-{i}.log",
                 )
             )
-            for i, p in enumerate(ports)
+            for i, (p, m) in enumerate(zip(ports, metrics_ports, strict=True))
         ]
         to = [a for p in ports for a in ("--to", f"127.0.0.1:{p}")]
         stack.enter_context(
@@ -119,7 +122,7 @@ def measure(
         )
         wait_ready(model)
         if label == "events":  # the replay of the engines' buffers is start-up work, not per-request work
-            wait_synced([f"http://127.0.0.1:{p}" for p in ports], len(urls))
+            wait_synced([f"http://127.0.0.1:{m}" for m in metrics_ports], len(urls))
         wait_idle(urls)
         for u in urls:
             post(f"{u}/reset_prefix_cache")  # the engines publish AllBlocksCleared: the views empty too
@@ -127,7 +130,7 @@ def measure(
 
 
 def wait_synced(routers: list[str], engines: int, timeout_s: float = 120) -> None:
-    """Until every router follows every engine and has applied its replay (``kv_view_synced``)."""
+    """``routers``: their metrics listeners. Until every router follows every engine and has applied its replay (``kv_view_synced``)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         synced = 0

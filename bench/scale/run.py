@@ -67,6 +67,7 @@ from runtime.scheduling.scorers.prefix import PrefixScorer  # noqa: E402
 RESULTS = ROOT / "bench" / "results"
 FLEET_BASE_PORT = 21000  # .. 22023; bench/router uses 191xx-192xx
 ROUTER_PORT = 19300
+ROUTER_METRICS_PORT = 19301
 HEALTH_PORT = 19310
 SYSTEMS = 8
 CONVERSATIONS = 2000
@@ -145,6 +146,7 @@ def router_config(
     workers = [f"http://127.0.0.1:{FLEET_BASE_PORT + i}" for i in range(replicas)]
     cfg: dict[str, Any] = json.loads(inferstack_config(workers, tmp).read_text())
     cfg["router"]["port"] = ROUTER_PORT
+    cfg["router"]["metrics_port"] = ROUTER_METRICS_PORT
     cfg["router"]["probe_interval_ms"] = probe_interval_ms
     cfg.pop("picker", None)
     if index_entries is not None:
@@ -173,7 +175,7 @@ def measure_router(
                 blocks_per_request = 128
                 need = index_entries // blocks_per_request + 1
                 for attempt in range(1, 100):
-                    entries = index_size(ROUTER_PORT)
+                    entries = index_size(ROUTER_METRICS_PORT)
                     if entries >= index_entries * 0.99:
                         break
                     secs = max(1, min(20, int((need - entries / blocks_per_request) / 800) + 1))
@@ -181,7 +183,7 @@ def measure_router(
                     wrk(ROUTER_PORT, "/v1/completions", 32, secs, fill)
                 else:
                     raise RuntimeError(f"the prefix index did not fill to {index_entries}: {entries}")
-                row["index_entries"] = index_size(ROUTER_PORT)
+                row["index_entries"] = index_size(ROUTER_METRICS_PORT)
                 gc_settle()
                 row["rss_fill_mib"] = round(rss_mib(pid) - rss0, 1)
                 row["rss_bytes_per_entry"] = round(
@@ -222,7 +224,7 @@ def measure_router(
                 cpu_us_per_req_runs=[round(r["net"], 1) for r in runs],
                 idle_cpu_cores=round(idle / CLK_TCK, 3),
                 rss_mib=round(rss_mib(pid), 1),
-                index_entries_end=index_size(ROUTER_PORT),
+                index_entries_end=index_size(ROUTER_METRICS_PORT),
                 loadavg=" ".join(f"{x:.2f}" for x in os.getloadavg()),
             )
     print(json.dumps(row), flush=True)
@@ -262,7 +264,8 @@ def gc_settle() -> None:
 
 
 def index_size(port: int) -> int:
-    """The prefix index's entries, from the router's own /metrics (what the scorer reports)."""
+    """The prefix index's entries, from the router's own /metrics on its metrics ``port`` (what the scorer
+    reports)."""
     req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
     with urllib.request.urlopen(req, timeout=10) as resp:
         text = resp.read().decode()

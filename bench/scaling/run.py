@@ -58,8 +58,9 @@ def local(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 def trial(stacks: Path, mode: str, callers: int, work: Path) -> dict[str, Any]:
     state_dir = work / f"{mode}-{callers}"
-    router, health, batcher, engine = (free_port() for _ in range(4))
+    router, health, batcher, engine, metrics = (free_port() for _ in range(5))
     ports = ["--port", str(router), "--health-port", str(health), "--batcher-port", str(batcher)]
+    ports += ["--router-metrics-port", str(metrics)]
     up = local(
         "up", "--detach", "-s", mode, "--stacks-dir", str(stacks), "--state-dir", str(state_dir), *ports,
         "--engine-port", str(engine), timeout=300,
@@ -67,16 +68,19 @@ def trial(stacks: Path, mode: str, callers: int, work: Path) -> dict[str, Any]:
     if up.returncode != 0:
         raise SystemExit(f"local up failed:\n{up.stdout}\n{up.stderr}")
     try:
-        return callers_at_zero(f"http://127.0.0.1:{router}", callers, state_dir)
+        return callers_at_zero(
+            f"http://127.0.0.1:{router}", f"http://127.0.0.1:{metrics}", callers, state_dir
+        )
     finally:
         down = local("down", "--state-dir", str(state_dir), timeout=120)
         if down.returncode != 0:
             print(down.stdout, down.stderr, file=sys.stderr)
 
 
-def refused(router: str) -> int:
-    """503s the router answered for want of a replica (its rejections counter, reason no_backend)."""
-    with urllib.request.urlopen(f"{router}/metrics", timeout=10) as response:
+def refused(router_metrics: str) -> int:
+    """503s the router answered for want of a replica (its rejections counter, reason no_backend), from its
+    metrics listener."""
+    with urllib.request.urlopen(f"{router_metrics}/metrics", timeout=10) as response:
         text = response.read().decode()
     return int(
         sum(
@@ -88,7 +92,7 @@ def refused(router: str) -> int:
     )
 
 
-def callers_at_zero(router: str, callers: int, state_dir: Path) -> dict[str, Any]:
+def callers_at_zero(router: str, router_metrics: str, callers: int, state_dir: Path) -> dict[str, Any]:
     lock = threading.Lock()
     client = openai.OpenAI(base_url=f"{router}/v1", api_key="unused", timeout=TRIAL_LIMIT_S)
     barrier = threading.Barrier(callers)
@@ -120,7 +124,7 @@ def callers_at_zero(router: str, callers: int, state_dir: Path) -> dict[str, Any
         "answered": len(answered),
         "lost": callers - len(answered),
         "errors": sorted({why for ok, _, why in results if not ok}),
-        "seen_503": refused(router),
+        "seen_503": refused(router_metrics),
         "first_answer_s": round(answered[0], 1) if answered else None,
         "median_answer_s": round(statistics.median(answered), 1) if answered else None,
         "last_answer_s": round(answered[-1], 1) if answered else None,

@@ -28,6 +28,7 @@ from components.local.defaults import (
     DEFAULT_MONITOR_PORT,
     DEFAULT_PICKER_PORT,
     DEFAULT_REDIS_PORT,
+    DEFAULT_ROUTER_METRICS_PORT,
     DEFAULT_ROUTER_PORT,
     DEFAULT_ROUTERS,
     DEFAULT_S3_PORT,
@@ -84,6 +85,9 @@ def up(
     port: Annotated[
         int, typer.Option("--port", help="The router's port: the OpenAI API.")
     ] = DEFAULT_ROUTER_PORT,
+    router_metrics_port: Annotated[
+        int, typer.Option(help="The router's /metrics port (several routers: it, + 1, + 2, ...).")
+    ] = DEFAULT_ROUTER_METRICS_PORT,
     health_port: Annotated[int, typer.Option(help="The health monitor's port.")] = DEFAULT_HEALTH_PORT,
     batcher_port: Annotated[int, typer.Option(help="The batcher's port.")] = DEFAULT_BATCHER_PORT,
     batches_port: Annotated[
@@ -173,6 +177,7 @@ def up(
     interval_s = Monitor.interval_s if monitor_interval is None else monitor_interval
     options = LocalOptions(
         router_port=port,
+        router_metrics_port=router_metrics_port,
         health_port=health_port,
         batcher_port=batcher_port,
         batches_port=batches_port,
@@ -238,6 +243,9 @@ def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) 
     argv += ["--engine-memory-gib", str(plan.engine_memory_gib)]
     if plan.routers > 1:  # none behind Envoy
         argv += ["--routers", str(plan.routers)]
+    metrics = [s.metrics_port for s in plan.services if s.metrics_port is not None]
+    if metrics:  # the first router's; the others take the next ports
+        argv += ["--router-metrics-port", str(min(metrics))]
     for service in plan.services[:-1]:
         if service.option != "--port":  # router replicas take the ports after --port
             argv += [service.option, str(service.port)]

@@ -8,6 +8,8 @@ from pathlib import Path
 DEFAULT_ROUTER_PORT = 8080
 DEFAULT_HEALTH_PORT = 8081
 DEFAULT_BATCHER_PORT = 8082
+#: The router's metrics listener (``router.metrics_port``); several routers take it, + 1, + 2, ...
+DEFAULT_ROUTER_METRICS_PORT = 9091
 #: The batch service (``/v1/files``, ``/v1/batches`` reach it through the router). The picker's default below
 #: shares it: the batch service runs behind the router only, never with ``--gateway envoy``.
 DEFAULT_BATCHES_PORT = 8083

@@ -77,7 +77,10 @@ def runtime_targets(spec: PlatformSpec, services: Sequence[tuple[str, int]]) -> 
             "job": service,
             "pod": f"{service}-{replica}",
         }
-        out.append({"targets": [f"127.0.0.1:{port}"], "labels": {**labels, "endpoint": "http"}})
+        endpoint = (
+            "metrics" if part == common.ROUTER else "http"
+        )  # the router's: its metrics listener, as in a cluster
+        out.append({"targets": [f"127.0.0.1:{port}"], "labels": {**labels, "endpoint": endpoint}})
     return out
 
 

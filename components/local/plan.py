@@ -34,6 +34,7 @@ from components.local.defaults import (
     DEFAULT_HEALTH_PORT,
     DEFAULT_PICKER_PORT,
     DEFAULT_REDIS_PORT,
+    DEFAULT_ROUTER_METRICS_PORT,
     DEFAULT_ROUTER_PORT,
     DEFAULT_ROUTERS,
     DEFAULT_STATE_DIR,
@@ -77,6 +78,8 @@ class LocalOptions:
     """What the user can choose on the command line (`inferstack local up --help`)."""
 
     router_port: int = DEFAULT_ROUTER_PORT
+    router_metrics_port: int = DEFAULT_ROUTER_METRICS_PORT
+    """The router's /metrics (not on its API port); several routers listen on it, + 1, + 2, ..."""
     health_port: int = DEFAULT_HEALTH_PORT
     batcher_port: int = DEFAULT_BATCHER_PORT
     batches_port: int = DEFAULT_BATCHES_PORT
@@ -184,6 +187,8 @@ class ServiceLaunch:
     """A program that is not a python module of ours (redis-server): run as it is."""
     probe: Literal["http", "tcp"] = "http"
     """How to tell it listens: ``GET /healthz``, or a TCP connect (redis)."""
+    metrics_port: int | None = None
+    """A listener of its own for /metrics (a router's); None: /metrics is on ``port``."""
 
     def argv(self, python: str, config: Path) -> list[str]:
         if self.command:
@@ -248,9 +253,17 @@ class LocalPlan:
         """(part, port) of the runtime services Prometheus scrapes: every router replica, not the balancer
         in front of them or the store."""
         return [
-            ("router" if s.name.startswith("router-") else s.name, s.port)
+            ("router" if s.name.startswith("router-") else s.name, s.metrics_port or s.port)
             for s in self.services
             if s.module.startswith("runtime.")
+        ]
+
+    def router_metrics_urls(self) -> list[str]:
+        """Each router replica's /metrics (none behind Envoy)."""
+        return [
+            f"http://{HOST}:{s.metrics_port}/metrics"
+            for s in self.services
+            if s.module == "runtime.router" and s.metrics_port is not None
         ]
 
     @property
@@ -293,8 +306,14 @@ class LocalPlan:
     def ports(self) -> list[tuple[int, str, str]]:
         """(port, what listens there, the option that changes it): the router first, engines last."""
         monitor = [(self.monitor.port, "Prometheus", "--monitor-port")] if self.monitor else []
+        metrics = [
+            (s.metrics_port, f"{s.name} metrics", "--router-metrics-port")
+            for s in reversed(self.services)
+            if s.metrics_port is not None
+        ]
         return (
             [(s.port, s.name, s.option) for s in reversed(self.services)]
+            + metrics
             + monitor
             + [(e.port, f"engine {e.name}", "--engine-port") for e in self.engines]
         )
@@ -533,6 +552,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     store_port = [] if options.s3_port is None else [(options.s3_port, "the model store (S3)", "--s3-port")]
     check_ports(
         [(s.port, s.name, s.option) for s in services]
+        + [(s.metrics_port, f"{s.name} metrics", "--router-metrics-port") for s in services if s.metrics_port]
         + ([(options.picker_port + 1, "picker (gRPC)", "--picker-port")] if envoy else [])
         + monitor
         + [(e.port, f"engine {e.name}", "--engine-port") for e in engines]
@@ -594,11 +614,28 @@ def store_service(spec: PlatformSpec, options: LocalOptions, repo_root: Path) ->
 def router_services(options: LocalOptions) -> list[ServiceLaunch]:
     """One router on the router's port; or N from ``ROUTER_REPLICA_OFFSET`` above it, behind the balancer
     on it."""
+    metrics = options.router_metrics_port
     if options.routers == 1:
-        return [ServiceLaunch("router", "runtime.router", options.router_port, "--port")]
+        return [
+            ServiceLaunch(
+                "router",
+                "runtime.router",
+                options.router_port,
+                "--port",
+                extra_args=("--metrics-port", str(metrics)),
+                metrics_port=metrics,
+            )
+        ]
     first = options.router_port + ROUTER_REPLICA_OFFSET
     replicas = [
-        ServiceLaunch(f"router-{i}", "runtime.router", port, "--port", extra_args=("--port", str(port)))
+        ServiceLaunch(
+            f"router-{i}",
+            "runtime.router",
+            port,
+            "--port",
+            extra_args=("--port", str(port), "--metrics-port", str(metrics + i)),
+            metrics_port=metrics + i,
+        )
         for i, port in enumerate(range(first, first + options.routers))
     ]
     to = [a for r in replicas for a in ("--to", f"{HOST}:{r.port}")]
@@ -804,6 +841,9 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
     url = plan.router.url
     chat = plan.generate_models[0] if plan.generate_models else None
     front, metrics = "the router", url
+    routers = plan.router_metrics_urls()  # each router's metrics listener (the API port serves none)
+    if routers:
+        metrics = routers[0].removesuffix("/metrics")
     if plan.routers > 1:
         front = f"{plan.routers} routers (round robin, shared limits in redis)"
     if plan.envoy is not None:  # Envoy answers the API; the picker's HTTP side has the scheduling metrics

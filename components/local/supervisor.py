@@ -558,8 +558,15 @@ class Supervisor:
             self._write_state()
 
     def _router_metrics(self) -> str | None:
-        status, body = http_get(f"{self.plan.router.url}/metrics")
-        return body.decode() if status == 200 else None
+        """Every router replica's /metrics (each on its own metrics port), or None when one does not answer:
+        the autoscaler then waits for the next tick rather than act on a part of the picture."""
+        texts = []
+        for url in self.plan.router_metrics_urls():
+            status, body = http_get(url)
+            if status != 200:
+                return None
+            texts.append(body.decode())
+        return "".join(texts) if texts else None
 
     # -- stopping --------------------------------------------------------------------------------
     def stop(self) -> None:

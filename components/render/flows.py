@@ -299,11 +299,12 @@ def _batch_flows(
 
 
 def _scrape_flows(spec: PlatformSpec) -> list[Flow]:
-    """Prometheus scrapes the components the ServiceMonitors select, on their Services' http ports (the batch
-    service's on its metrics port)."""
+    """Prometheus scrapes the components the ServiceMonitors select, on their Services' http ports (the router's
+    and the batch service's on their metrics ports)."""
     if not spec.observability.prometheus:
         return []
-    ports = {ENGINE: common.ENGINE_PORT, common.ROUTER: router_port(), common.HEALTH: health_port()}
+    router_metrics = spec.gateway.router_metrics_port
+    ports = {ENGINE: common.ENGINE_PORT, common.ROUTER: router_metrics, common.HEALTH: health_port()}
     ports[common.BATCHER] = batcher_port()
     ports[inference_extension.PICKER] = inference_extension.picker_settings().metrics_port
     ports[batches.PART] = batches.METRICS_PORT

@@ -37,6 +37,8 @@ from runtime.config import RuntimeConfig
 
 CONFIG_CHECKSUM_ANNOTATION = "inferstack.io/config-sha256"
 ROUTER_CPU_TARGET_PERCENT = 70
+METRICS_PORT_NAME = "metrics"
+"""The router's metrics listener, on its pods and its Service: Prometheus scrapes it; no ingress routes it."""
 """Router HPA target: the router is CPU-bound (hashing prompts, proxying streams)."""
 # Health monitor and batcher are small, steady services; the router's size is a spec knob.
 _HEALTH_RESOURCES = (0.25, 0.25)  # cores, GiB
@@ -159,8 +161,10 @@ def deployment(
     checksum: str,
     extra_mounts: tuple[tuple[Manifest, Manifest], ...] = (),
     pod: RouterTokenizers | None = None,
+    metrics_port: int | None = None,
 ) -> Manifest:
-    """A runtime service: ``python -m runtime.<part> --config ...`` with the config, a token, and /tmp."""
+    """A runtime service: ``python -m runtime.<part> --config ...`` with the config, a token, and /tmp;
+    ``metrics_port``: a second container port, ``metrics`` (the router's /metrics, apart from its API)."""
     name = common.runtime_name(spec, part)
     version = image.version
     pod_labels = common.labels(spec, name, part, version)
@@ -188,7 +192,14 @@ def deployment(
         "imagePullPolicy": "Always",
         "command": ["python", "-m", f"runtime.{part}", "--config", config_path],
         "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": port, "protocol": "TCP"},
+            *(
+                [{"name": METRICS_PORT_NAME, "containerPort": metrics_port, "protocol": "TCP"}]
+                if metrics_port is not None
+                else []
+            ),
+        ],
         "resources": _resources(*resources),
         "readinessProbe": common.http_probe("/readyz", 5, 2),
         "livenessProbe": common.http_probe("/healthz", 10, 3),
@@ -226,16 +237,24 @@ def deployment(
     }
 
 
-def service(spec: PlatformSpec, part: str, port: int) -> Manifest:
+def service(spec: PlatformSpec, part: str, port: int, metrics_port: int | None = None) -> Manifest:
+    """A runtime service's Service; with ``metrics_port`` a second port, ``metrics``, that no ingress names
+    (the router's: Prometheus scrapes it, the network policy admits only Prometheus to it)."""
+    ports: list[Manifest] = [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}]
+    if metrics_port is not None:
+        ports.append(
+            {
+                "name": METRICS_PORT_NAME,
+                "port": metrics_port,
+                "targetPort": METRICS_PORT_NAME,
+                "protocol": "TCP",
+            }
+        )
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": common.metadata(spec, common.runtime_name(spec, part), part),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": runtime_selector(spec, part),
-            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
-        },
+        "spec": {"type": "ClusterIP", "selector": runtime_selector(spec, part), "ports": ports},
     }
 
 
@@ -344,8 +363,9 @@ def render(
             checksum,
             router_mounts,
             tokenizers.router_parts(spec, image[common.ROUTER].reference),
+            config.router.metrics_port,
         ),
-        service(spec, common.ROUTER, config.router.port),
+        service(spec, common.ROUTER, config.router.port, config.router.metrics_port),
         hardening.pdb(
             spec,
             common.runtime_name(spec, common.ROUTER),

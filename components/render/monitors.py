@@ -1,7 +1,8 @@
 """ServiceMonitors: how the Prometheus operator finds the engines and the runtime services. Pure.
 
-One monitor per model selects its engine Service; one more selects every runtime service (router,
-health monitor, batcher) by component label. Both scrape the ``http`` port every ``SCRAPE_INTERVAL``.
+One monitor per model selects its engine Service; one more selects the runtime services (health monitor,
+batcher) by component label. Both scrape the ``http`` port every ``SCRAPE_INTERVAL``. The router and the batch
+service have one each, on their ``metrics`` ports (their API ports serve no metrics, or only to the router).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 from components.render import batches, common, signals
 from components.render.common import Manifest
-from components.render.gateway import parts
+from components.render.gateway import METRICS_PORT_NAME, parts
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import facts
 
@@ -55,11 +56,18 @@ def runtime_service_monitor(spec: PlatformSpec) -> Manifest:
             {
                 "key": "app.kubernetes.io/component",
                 "operator": "In",
-                "values": parts(spec) + batches.parts(spec),
+                "values": [p for p in parts(spec) if p != common.ROUTER] + batches.parts(spec),
             }
         ],
     }
     return _service_monitor(spec, name, selector, RUNTIME_METRICS_PATH)
+
+
+def router_service_monitor(spec: PlatformSpec) -> Manifest:
+    """Scrapes the router on its metrics port (its API port, the one an ingress routes, serves none)."""
+    name = common.runtime_name(spec, common.ROUTER)
+    selector = {"matchLabels": common.selector(spec, name, common.ROUTER)}
+    return _service_monitor(spec, name, selector, RUNTIME_METRICS_PATH, METRICS_PORT_NAME)
 
 
 def batch_service_monitor(spec: PlatformSpec) -> Manifest:
@@ -74,5 +82,6 @@ def render(spec: PlatformSpec) -> list[Manifest]:
     """Every ServiceMonitor of the stack: one per model whose engine exports metrics, then the runtime services'
     (the batch service's apart: it is scraped on its own metrics port)."""
     engines = [engine_service_monitor(spec, m) for m in spec.models if signals.scraped(m)]
-    own = [batch_service_monitor(spec)] if batches.enabled(spec) else []
+    own = [router_service_monitor(spec)] if spec.gateway.runs_router else []
+    own += [batch_service_monitor(spec)] if batches.enabled(spec) else []
     return [*engines, runtime_service_monitor(spec), *own]

@@ -207,6 +207,7 @@ def runtime_config(
             "batches_url": batches.url(spec) if batches.enabled(spec) else None,
             "client_idle_timeout_s": client_idle_timeout_s(),
             "limit_store": limit_store(spec),
+            "metrics_port": spec.gateway.router_metrics_port,
         }
     )
     checks = canary_checks(spec)

@@ -115,6 +115,9 @@ class GatewaySpec(_Spec):
     """CPU request and limit per router replica."""
     router_memory_gib: Annotated[float, Field(gt=0, le=256)] = 1.0
     """Memory request and limit per router replica."""
+    router_metrics_port: Annotated[int, Field(ge=1024, le=65535)] = 9091
+    """The router's /metrics listener, apart from its API port (8080), which the ingress routes: the metrics name
+    every replica's address, so only Prometheus may reach them (the network policy admits it alone)."""
     shared_limits: bool = False
     """Keep per-key rate limits in one Redis all router replicas use, so N replicas enforce one limit (off:
     each replica limits alone, and a key gets up to replicas x its limit): ElastiCache on eks (two nodes in

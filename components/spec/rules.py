@@ -18,9 +18,17 @@ from components.core.problems import Problem
 from components.spec.base import HF_REPO
 from components.spec.model import ModelSpec
 from components.spec.platform import Autoscaler, PlatformSpec
+from runtime.config import BatcherSettings, BatchesSettings, HealthSettings, RouterSettings
 from runtime.engines import Signal, facts
 
 Rule = Callable[[PlatformSpec], Iterator[Problem]]
+#: The runtime services' fixed ports (their defaults in runtime.config; the spec does not change them).
+RUNTIME_PORTS = {
+    "router API": RouterSettings().port,
+    "health monitor": HealthSettings().port,
+    "batcher": BatcherSettings().port,
+    "batch service": BatchesSettings.model_fields["port"].default,
+}
 RULES: list[Rule] = []
 
 
@@ -52,6 +60,19 @@ def hpa_cannot_reach_zero(spec: PlatformSpec) -> Iterator[Problem]:
             "addons.autoscaler",
             f"hpa cannot scale to zero, but min_replicas is 0 for {', '.join(zero)}; use autoscaler: keda or set "
             "min_replicas to at least 1",
+        )
+
+
+@rule
+def router_metrics_apart(spec: PlatformSpec) -> Iterator[Problem]:
+    """The router's metrics listener cannot share a port with its API (or the health monitor, batcher and batch
+    service, which run in the same network policy's reach)."""
+    taken = {port: what for what, port in RUNTIME_PORTS.items()}
+    what = taken.get(spec.gateway.router_metrics_port)
+    if what is not None:
+        yield Problem(
+            "gateway.router_metrics_port",
+            f"{spec.gateway.router_metrics_port} is the {what}'s port; choose another (the default is 9091)",
         )
 
 

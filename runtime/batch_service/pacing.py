@@ -6,7 +6,8 @@ Two signals, two speeds:
   engines queue requests. A queue in the engine means the replicas are full: no batch work then. Its
   replicas times ``max_inflight_per_replica`` caps the window.
 - The router's answer (per request): it admits a low-priority request only while a replica has headroom
-  and nobody waits in line, and refuses it at once (429) otherwise. A refusal halves the window and
+  and nobody waits in line, and refuses it at once otherwise (503, code ``overloaded``, as for any request
+  refused for load). A refusal halves the window and
   pauses the model's lane briefly; each answered request grows the window by 1/window (additive
   increase, multiplicative decrease), so batch work follows the headroom interactive traffic leaves.
 
@@ -20,6 +21,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from runtime.http import OVERLOADED, OVERLOADED_CODE
 
 #: Pause after a refusal: doubles per refusal in a row, up to the maximum.
 PAUSE_START_S = 0.1
@@ -110,6 +113,10 @@ def verdict(status: int | None, attempt: int, max_attempts: int, code: str | Non
     the answer's body."""
     if status == 429:
         return Verdict.LIMITED if code == RATE_LIMITED else Verdict.REFUSED
+    if (
+        status == OVERLOADED and code == OVERLOADED_CODE
+    ):  # no headroom, or a full line: not this request's fault
+        return Verdict.REFUSED
     if status is None or status in RETRY_STATUSES:
         return Verdict.RETRY if attempt < max_attempts else Verdict.DONE
     return Verdict.DONE

@@ -101,8 +101,8 @@ def _backoff(base_s: float, failures: int, max_s: float) -> float:
 
 
 def _error_code(answer: Answer | None) -> str | None:
-    """The ``error.code`` of a refusal's body (429s only: the rest are kept as they are)."""
-    if answer is None or answer.status != 429:
+    """The ``error.code`` of a refusal's body (429 and 503 only: the rest are kept as they are)."""
+    if answer is None or answer.status not in (429, 503):
         return None
     try:
         error = orjson.loads(answer.body).get("error")

@@ -6,7 +6,7 @@ Request path, one module per job::
     app.py         dispatch; authenticate -> read -> admit -> route with retries
     (runtime.api_keys: API keys, SHA-256 only, model scopes, per-key buckets: shared with the picker)
     payload.py     what a body says: model, stream, the prompt a prefix cache sees, usage in answers
-    admission.py   a replica with room, or a per-model FIFO wait with a deadline (429 + Retry-After)
+    admission.py   a replica with room, or a per-model FIFO wait with a deadline (503 + Retry-After)
     proxy.py       one try on one replica: bytes through, first chunk before headers, accounting
     upstream.py    keep-alive connections to engines; bytes through, never re-serialised
     replicas.py    per-replica state: in-flight, engine queue/KV, TTFT EWMA, circuit breaker

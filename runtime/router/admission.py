@@ -1,7 +1,8 @@
 """Admission: a replica with room for a request, or a bounded wait in line for one, or a refusal.
 
 Waiters are woken one per freed slot, in arrival order; each waits at most until its deadline, then
-the app answers ``429`` with ``Retry-After``. Beyond ``max_waiting`` nobody waits at all.
+the app answers ``503`` with ``Retry-After`` and code ``overloaded`` (the service is full: ``429`` is kept
+for a key's own limits). Beyond ``max_waiting`` nobody waits at all, and gets the same answer.
 
 The same line is the activator: while a model has no ready replica at all (scaled to zero, or every
 replica starting), a request waits up to the model's ``cold_start_hold_ms`` for one to appear (new
@@ -17,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from runtime.http import OVERLOADED, OVERLOADED_CODE
 from runtime.router.model_state import ModelState
 from runtime.router.replicas import Replica
 from runtime.router.waitline import QueueFullError
@@ -95,13 +97,7 @@ async def acquire(
 
 
 def _busy(state: ModelState, deadline_s: float) -> Refusal:
-    return Refusal(
-        429,
-        state.busy_message(),
-        "queue",
-        "overloaded",
-        max(1.0, deadline_s / 2),
-    )
+    return Refusal(OVERLOADED, state.busy_message(), "queue", OVERLOADED_CODE, max(1.0, deadline_s / 2))
 
 
 def _asleep(state: ModelState) -> Refusal:

@@ -17,7 +17,15 @@ import time
 from runtime.api_keys import Denied, KeyTable, Principal
 from runtime.config import RuntimeConfig
 from runtime.engines import facts
-from runtime.http import LOW_PRIORITY, METRICS_CONTENT_TYPE, PRIORITY_HEADER, error_body, metrics_payload
+from runtime.http import (
+    LOW_PRIORITY,
+    METRICS_CONTENT_TYPE,
+    OVERLOADED,
+    OVERLOADED_CODE,
+    PRIORITY_HEADER,
+    error_body,
+    metrics_payload,
+)
 from runtime.router.adapters import LoadFailure, ensure_loaded
 from runtime.router.admission import Refusal, acquire
 from runtime.router.batch_api import BatchApiHooks, api_call_model, is_batch_api, low_priority_avoid
@@ -25,7 +33,7 @@ from runtime.router.fleet import Fleet
 from runtime.router.limits import Limits, LocalLimits, make_limits
 from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
 from runtime.router.model_state import ModelState
-from runtime.router.payload import BadRequest, choices_problem, read_request
+from runtime.router.payload import BadRequest, choices_problem, read_request, token_estimate, with_usage
 from runtime.router.proxy import Call, Forwarder, forwarded_tail
 from runtime.router.replicas import Replica
 from runtime.router.retry import RetryBudget, backoff_s
@@ -38,7 +46,7 @@ PROXY_PATHS = {
     b"/v1/completions": "completions",
     b"/v1/embeddings": "embeddings",
 }
-_GET_PATHS = frozenset((b"/v1/models", b"/healthz", b"/readyz", b"/metrics"))
+_GET_PATHS = frozenset((b"/v1/models", b"/healthz", b"/readyz"))
 _RID_OK = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -61,6 +69,7 @@ class Router:
         self.draining = False
         self.inflight = 0
         self.port = 0  # the bound port, once serving
+        self.metrics_port = 0  # the metrics listener's bound port, once serving
         self._rid_prefix = os.urandom(4).hex()
         self._rid_counter = 0
         self.batch_api = BatchApiHooks()
@@ -74,9 +83,7 @@ class Router:
         self.fleet.on_kv_problem = self.metrics.kv_problem
 
     def _new_limits(self, cfg: RuntimeConfig) -> Limits:
-        limits = make_limits(cfg.router.limit_store, self.metrics.limit_store_error, self.metrics.limit_check)
-        self.forwarder.charge = limits.charge
-        return limits
+        return make_limits(cfg.router.limit_store, self.metrics.limit_store_error, self.metrics.limit_check)
 
     async def start(self) -> None:
         await self.fleet.start()
@@ -115,6 +122,8 @@ class Router:
         if method not in (b"GET", b"HEAD"):
             status = 405 if path in _GET_PATHS else 404
             return Answer.error(status, f"{method.decode('latin-1')} is not allowed here")
+        if path == b"/v1/models":  # which models there are is the keys' business too
+            return self._authenticate(req)
         return None
 
     def _authenticate(self, req: Request) -> Answer | None:
@@ -163,20 +172,32 @@ class Router:
                 self.inflight -= 1
             return
         if path == b"/v1/models":
-            conn.send(200, self.models_body())
+            conn.send(200, self.models_body(req.auth))
         elif path == b"/healthz":
             conn.send(200, b'{"status":"ok"}')
         elif path == b"/readyz":
             ready = not self.draining and any(m.servable() for m in self.fleet.models.values())
             conn.send(200 if ready else 503, b'{"ready":%s}' % (b"true" if ready else b"false"))
-        elif path == b"/metrics":
-            conn.send(200, metrics_payload(self.metrics.registry), METRICS_CONTENT_TYPE.encode())
-        else:
+        else:  # /metrics among them: it names every replica's address, so it has a listener of its own
             conn.send(404, error_body(404, f"no route for {path.decode('latin-1')[:100]}"))
 
-    def models_body(self) -> bytes:
+    async def handle_ops(self, req: Request, conn: Connection) -> None:
+        """The metrics listener (``router.metrics_port``, which no ingress routes): /metrics and /healthz."""
+        if req.method not in (b"GET", b"HEAD"):
+            conn.send(405, error_body(405, f"{req.method.decode('latin-1')} is not allowed here"))
+        elif req.path == b"/metrics":
+            conn.send(200, metrics_payload(self.metrics.registry), METRICS_CONTENT_TYPE.encode())
+        elif req.path == b"/healthz":
+            conn.send(200, b'{"status":"ok"}')
+        else:
+            conn.send(
+                404, error_body(404, f"no route for {req.path.decode('latin-1')[:100]} on the metrics port")
+            )
+
+    def models_body(self, principal: Principal | None = None) -> bytes:
         """Servable models (a model served in versions once), then their LoRA adapters, each with ``parent`` (as
-        vLLM lists them)."""
+        vLLM lists them); for a key scoped to some models, only those."""
+        scopes = set(principal.key.models) if principal is not None and principal.key.models else None
         data: list[dict[str, object]] = []
         for name, states in self.fleet.public_models().items():
             if not any(s.servable() for s in states):
@@ -185,6 +206,8 @@ class Router:
             max_len = min(s.target.max_model_len_tokens for s in states)
             data.append({**entry, "parent": None, "max_model_len": max_len})
             data += [{**entry, "id": adapter, "parent": name} for s in states for adapter in s.adapters]
+        if scopes is not None:
+            data = [d for d in data if d["id"] in scopes]
         return json.dumps({"object": "list", "data": data}).encode()
 
     def snapshot(self) -> Snapshot:
@@ -273,14 +296,18 @@ class Router:
             avoid = low_priority_avoid(state, self.batch_api.low_priority_share, started)
             if avoid is None:
                 message = f"no headroom for low-priority requests to {model!r} now"
-                self._fail(conn, 429, message, "low_priority", code="no_headroom", retry_after_s=1)
+                self._fail(conn, OVERLOADED, message, "low_priority", code=OVERLOADED_CODE, retry_after_s=1)
                 return
+        # a key with a token limit reserves what the request may cost now, settled when it ends (``_settle``)
+        reserve = 0
+        if principal is not None and principal.key.tokens_per_minute:
+            reserve = token_estimate(req.body, asked.payload, kind, state.target.max_model_len_tokens)
         if principal is not None:
             limits = self.limits
             denied = (
-                limits.decide(principal, model)
+                limits.decide(principal, model, reserve)
                 if type(limits) is LocalLimits
-                else await limits.admit(principal, model)
+                else await limits.admit(principal, model, reserve)
             )
             if denied is not None:
                 self._fail(
@@ -297,9 +324,19 @@ class Router:
         ctx = state.context(started, asked.payload, functools.partial(_header, headers), adapter, kind=kind)
         if avoid is not None:
             ctx.exclude = avoid
-        tail = forwarded_tail(headers, self.rid_header, rid, req.body)
+        body, strip = req.body, False
+        if asked.stream and kind != "embeddings":  # the engine reports a stream's usage only when asked
+            asking = with_usage(body, asked.payload)
+            if asking is not None:
+                body, strip = asking, True
+        tail = forwarded_tail(headers, self.rid_header, rid, body)
         self.retry_budget.deposit()
-        await self._route(Call(conn, state, ctx, req.path, tail, asked.stream, rid, principal, started))
+        call = Call(conn, state, ctx, req.path, tail, asked.stream, rid, principal, started, strip, reserve)
+        try:
+            await self._route(call)
+        finally:  # answered, failed, or the client left (cancelled): the key pays what it used
+            if principal is not None and principal.key.tokens_per_minute:
+                self.limits.charge(principal, call.settlement())
 
     def _session_key(self, headers: Headers, model: str) -> str | None:
         """A versioned model's session key (its stable version's session header), so a session stays on

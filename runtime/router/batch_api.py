@@ -10,7 +10,7 @@
    as the owner's: its scopes, its request and token limits (``on_behalf``).
 3. Low priority: a request marked ``x-inferstack-priority: low`` (the batch service's) is admitted only
    while nobody waits in the model's line and some replica holds fewer requests than ``share`` of its
-   cap; it then goes only to such a replica. Otherwise it is refused at once (429 ``no_headroom``),
+   cap; it then goes only to such a replica. Otherwise it is refused at once (503 ``overloaded``),
    never queued ahead of, or beside, interactive requests, and before any rate limit is charged (the
    batch service sends a refused line again: were each refusal charged, a batch would eat its owner's
    limit).

@@ -21,14 +21,20 @@ class LocalLimits:
 
     store_up: float | None = None
 
-    def decide(self, principal: Principal, model: str) -> Denied | None:
-        """The decision, without a coroutine (the router's hot path calls this when limits are local)."""
-        return admit(principal, model, time.monotonic())
+    def decide(self, principal: Principal, model: str, reserve: int = 0) -> Denied | None:
+        """The decision, without a coroutine (the router's hot path calls this when limits are local);
+        when admitted, ``reserve`` tokens are taken from the key's token bucket at once."""
+        now = time.monotonic()
+        denied = admit(principal, model, now)
+        if denied is None and reserve:
+            charge_tokens(principal, reserve, now)
+        return denied
 
-    async def admit(self, principal: Principal, model: str) -> Denied | None:
-        return self.decide(principal, model)
+    async def admit(self, principal: Principal, model: str, reserve: int = 0) -> Denied | None:
+        return self.decide(principal, model, reserve)
 
     def charge(self, principal: Principal | None, tokens: int) -> None:
+        """Take tokens (or, negative, give back what a reservation took beyond the usage)."""
         charge_tokens(principal, tokens, time.monotonic())
 
     async def start(self) -> None:

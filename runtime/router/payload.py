@@ -1,8 +1,11 @@
 """What the router reads from OpenAI-shaped bodies: the request (``runtime.openai_request``, shared with the
-endpoint picker), the per-request bound on completions, and the token ``usage`` of an answer.
+endpoint picker), the per-request bound on completions, the tokens a request may cost, and the token
+``usage`` of an answer.
 
-The body is parsed once (orjson) and never re-serialised: the engine gets the client's bytes. Answers
-are scanned for ``usage`` with a regex rather than parsed.
+The body is parsed once (orjson) and not re-serialised: the engine gets the client's bytes, except that a
+stream is asked for its usage (``stream_options.include_usage``) when the client did not ask, so a key's
+``tokens_per_minute`` is charged for streams too; the usage chunk is then taken out of the stream again
+(``UsageStrip``). Answers are scanned for ``usage`` with a regex rather than parsed.
 """
 
 from __future__ import annotations
@@ -10,9 +13,32 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import orjson
+
 from runtime.openai_request import BadRequest, Routable, prompt_text, read_request
 
-__all__ = ["BadRequest", "Routable", "choices_problem", "prompt_text", "read_request", "usage_of"]
+__all__ = [
+    "BadRequest",
+    "Routable",
+    "UsageStrip",
+    "choices_problem",
+    "prompt_text",
+    "read_request",
+    "token_estimate",
+    "usage_of",
+    "with_usage",
+]
+
+#: Completion tokens reserved per choice for a request that sets no ``max_tokens`` (nor
+#: ``max_completion_tokens``); never more than the model's context. The reservation is settled to the real
+#: usage when the answer ends, so this only bounds how many such requests a key has in flight at once.
+DEFAULT_COMPLETION_ESTIMATE = 1024
+#: Prompt tokens are estimated from the body's size (no tokenizer on the hot path): ~4 bytes of text per
+#: token, and the JSON around the text makes it an over-estimate rather than an under-estimate.
+BYTES_PER_TOKEN = 4
+_INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
+_EVENT_END = re.compile(rb"\r?\n\r?\n")  # a blank line ends a server-sent event
+_USAGE_ONLY = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
@@ -42,3 +68,73 @@ def usage_of(body: bytes) -> tuple[int, int]:
     p = _PROMPT_TOKENS.search(tail)
     c = _COMPLETION_TOKENS.search(tail)
     return (int(p.group(1)) if p else 0), (int(c.group(1)) if c else 0)
+
+
+def _count(value: Any) -> int | None:
+    """A positive JSON integer, else None (the engine answers bad values itself)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def token_estimate(body: bytes, payload: dict[str, Any], kind: str, max_model_len: int) -> int:
+    """What a request may cost a key's ``tokens_per_minute``, reserved at admission: the prompt (estimated
+    from the body's size) plus, for generation, ``max_tokens`` (or ``DEFAULT_COMPLETION_ESTIMATE``, at most
+    the model's context) for each of its ``n``/``best_of`` choices."""
+    prompt = len(body) // BYTES_PER_TOKEN + 1
+    if kind == "embeddings":
+        return prompt
+    per_choice = _count(payload.get("max_completion_tokens")) or _count(payload.get("max_tokens"))
+    per_choice = min(per_choice or DEFAULT_COMPLETION_ESTIMATE, max_model_len)
+    choices = max(_count(payload.get("n")) or 1, _count(payload.get("best_of")) or 1)
+    return prompt + per_choice * choices
+
+
+def with_usage(body: bytes, payload: dict[str, Any]) -> bytes | None:
+    """The body of a stream asking the engine for its usage chunk; None when the client asked already (or
+    sent a ``stream_options`` that is not an object: the engine refuses it as it stands)."""
+    options = payload.get("stream_options")
+    if "stream_options" not in payload:  # the usual case: one splice, the client's bytes otherwise
+        at = body.find(b"{") + 1
+        return body[:at] + _INCLUDE_USAGE + body[at:]
+    if options is not None and not isinstance(options, dict):
+        return None
+    if options is not None and options.get("include_usage") is True:
+        return None
+    return orjson.dumps({**payload, "stream_options": {**(options or {}), "include_usage": True}})
+
+
+class UsageStrip:
+    """Takes the usage-only event (``"choices": []`` and a ``usage``) out of a stream whose client did not
+    ask for it, and keeps it for accounting: the client sees the stream it asked for. Events are passed
+    on whole; a piece of one that has not ended yet waits for the rest (an engine writes whole events, so
+    this holds nothing back in practice)."""
+
+    __slots__ = ("held", "usage")
+
+    def __init__(self) -> None:
+        self.held = b""
+        self.usage: bytes | None = None
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The part of ``chunk`` (and what was held) that goes to the client now."""
+        data = self.held + chunk if self.held else chunk
+        end = 0
+        for m in _EVENT_END.finditer(data):
+            end = m.end()
+        self.held = data[end:]
+        events = data[:end]
+        if b'"usage"' not in events:
+            return events
+        kept: list[bytes] = []
+        start = 0
+        for m in _EVENT_END.finditer(events):
+            event, start = events[start : m.end()], m.end()
+            if b'"usage"' in event and _USAGE_ONLY.search(event):
+                self.usage = event
+            else:
+                kept.append(event)
+        return b"".join(kept)
+
+    def rest(self) -> bytes:
+        """What was held when the stream ended (an unterminated last event): the client gets it as it is."""
+        rest, self.held = self.held, b""
+        return rest

@@ -4,7 +4,8 @@ Only failures before the client has seen a byte come back to the caller, to be r
 connect errors, resets before any response, ``502/503/504``, a wrong content type, or a stream that
 ends before its first chunk. For a stream the first chunk is awaited before headers go out, so a
 replica that accepts and then fails is retried instead of reaching the client as a broken stream.
-Every outcome feeds the replica's circuit breaker and the metrics.
+Every outcome feeds the replica's circuit breaker and the metrics, and the answer's token usage is kept on
+the call (``Call.used``) for the app to settle the key's reservation with.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from runtime.api_keys import Principal
@@ -20,7 +21,7 @@ from runtime.config import RouterSettings
 from runtime.http import error_body
 from runtime.router.metrics import RouterMetrics
 from runtime.router.model_state import ModelState
-from runtime.router.payload import usage_of
+from runtime.router.payload import UsageStrip, usage_of
 from runtime.router.replicas import BACKEND_HEADER, Replica
 from runtime.scheduling import Context
 from runtime.server import ClientGoneError, Connection
@@ -75,6 +76,19 @@ class Call:
     rid: bytes
     principal: Principal | None
     started: float
+    strip_usage: bool = False  # the router asked for the stream's usage, not the client: take it out again
+    reserved: int = 0  # tokens taken from the key's bucket at admission
+    used: int | None = None  # tokens the answer reported (prompt + completion), once known
+    answered: bool = False  # a 200 began to reach the client: the engine generated something
+
+    def settlement(self) -> int:
+        """What to charge the key now that the request ended, beyond its reservation: the difference to the
+        real usage when known; nothing (the reservation stands) when an answer began without one (the
+        client left mid-stream, an engine that reports none); the whole reservation back when no engine
+        answered (refused, failed before the first byte)."""
+        if self.used is not None:
+            return self.used - self.reserved
+        return 0 if self.answered else -self.reserved
 
 
 class Forwarder:
@@ -82,8 +96,6 @@ class Forwarder:
 
     def __init__(self, metrics: RouterMetrics, settings: RouterSettings) -> None:
         self.metrics = metrics
-        # (principal, tokens) -> None: charges a key's token bucket (the router's limits set it)
-        self.charge: Callable[[Principal | None, int], None] = lambda principal, tokens: None
         self.configure(settings)
 
     def configure(self, s: RouterSettings) -> None:
@@ -96,7 +108,7 @@ class Forwarder:
     async def attempt(self, call: Call, r: Replica) -> tuple[int, str] | None:
         """One try on one replica. None when the client got its answer (or left); otherwise the
         (status, message) of a failure that is safe to retry elsewhere."""
-        conn, state, rid, principal = call.conn, call.state, call.rid, call.principal
+        conn, state, rid = call.conn, call.state, call.rid
         r.inflight += 1
         sent_at = time.monotonic()
         r.last_used = sent_at
@@ -135,6 +147,7 @@ class Forwarder:
             body = whole if whole is not None else (await ex.next_chunk(self.idle_timeout_s) or b"")
             first = time.monotonic()
             extra = [(self.rid_header, rid), (BACKEND_HEADER, r.tag)]
+            call.answered = status == 200
             if ex.drained or not body:
                 conn.send(status, body, ctype or _JSON, extra)  # the usual case: one write
             else:
@@ -144,7 +157,7 @@ class Forwarder:
                 r.observe_ttft(first - sent_at, state.ewma_alpha)
                 self.metrics.first_byte(state.name, first - sent_at, state.versioned)
                 p, c = usage_of(body)
-                self.account(state, principal, p, c)
+                self.account(call, p, c)
             return None
         except UpstreamError as err:
             if ex is not None:
@@ -228,14 +241,18 @@ class Forwarder:
             (self.rid_header, rid),
             (BACKEND_HEADER, r.tag),
         ]
-        conn.start(200, headers, first)
+        strip = UsageStrip() if call.strip_usage else None
+        call.answered = True
+        conn.start(200, headers, first if strip is None else strip.feed(first))
         r.breaker.on_success()
         last = first
         try:
             while (chunk := await ex.next_chunk(self.idle_timeout_s)) is not None:
-                await conn.chunk(chunk)
+                await conn.chunk(chunk if strip is None else strip.feed(chunk))
                 if b'"usage"' in chunk:
                     last = chunk
+            if strip is not None:
+                await conn.chunk(strip.rest())
         except UpstreamError as err:
             ex.abort()
             r.breaker.on_failure(time.monotonic())
@@ -248,12 +265,16 @@ class Forwarder:
             )
             await conn.chunk(event)
         conn.end()
+        if strip is not None and strip.usage is not None:
+            last = strip.usage
         if b'"usage"' in last:
             p, c = usage_of(last)
-            self.account(state, call.principal, p, c)
+            self.account(call, p, c)
         return None
 
-    def account(self, state: ModelState, principal: Principal | None, prompt: int, completion: int) -> None:
+    def account(self, call: Call, prompt: int, completion: int) -> None:
+        """The answer's usage: counted, and kept for the app to settle the key's tokens with."""
         if prompt or completion:
+            state = call.state
             self.metrics.usage(state.name, prompt, completion, state.versioned)
-            self.charge(principal, prompt + completion)
+            call.used = prompt + completion

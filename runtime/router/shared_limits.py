@@ -4,8 +4,9 @@ Why Redis and a script: N replicas must draw from one bucket, and "refill, compa
 step, or two replicas both take the last request. A Lua script runs atomically in Redis and reads Redis's
 own clock (``TIME``), so replicas with skewed clocks still agree (the field does the same: Envoy's
 ratelimit service, AIBrix's gateway). Buckets are the ones ``auth`` keeps per replica: ``requests_per_minute``
-is charged one per request on admission, ``tokens_per_minute`` the real usage when the answer is known,
-and a key whose token bucket is below zero is refused until it refills. Keys in Redis carry the API key's
+is charged one per request on admission, ``tokens_per_minute`` an estimate on admission (in the same step)
+that is settled to the real usage when the answer is known, and a key whose token bucket is below zero is
+refused until it refills. Keys in Redis carry the API key's
 hash (never the key), with a hash tag so both buckets of a key live in one Redis Cluster slot, and expire
 once they would be full again (a full bucket needs no state).
 
@@ -41,8 +42,9 @@ from runtime.config import LimitStore
 
 log = logging.getLogger("inferstack.router.limits")
 
-#: One call: refill both buckets to Redis's clock, then admit (check tokens >= 0, take one request) or
-#: charge tokens. Returns {admitted 0/1, which bucket refused, milliseconds until it would admit}.
+#: One call: refill both buckets to Redis's clock, then admit (check tokens >= 0, take one request and
+#: reserve ARGV[4] tokens) or charge tokens (negative: give back, up to the capacity). Returns {admitted
+#: 0/1, which bucket refused, milliseconds until it would admit}.
 BUCKETS_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -57,19 +59,22 @@ local function save(key, l, per_minute)
   redis.call('PEXPIRE', key, math.ceil((per_minute - l) / per_minute * 60000) + 1000)
 end
 local requests, tokens, charge = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-if charge > 0 then
-  if tokens > 0 then save(KEYS[2], level(KEYS[2], tokens) - charge, tokens) end
+local reserve = tonumber(ARGV[4] or '0')
+if charge ~= 0 then
+  if tokens > 0 then save(KEYS[2], math.min(tokens, level(KEYS[2], tokens) - charge), tokens) end
   return {1, '', 0}
 end
+local tl = 0
 if tokens > 0 then
-  local l = level(KEYS[2], tokens)
-  if l < 0 then return {0, 'tokens', math.ceil(-l / tokens * 60000)} end
+  tl = level(KEYS[2], tokens)
+  if tl < 0 then return {0, 'tokens', math.ceil(-tl / tokens * 60000)} end
 end
 if requests > 0 then
   local l = level(KEYS[1], requests)
   if l < 1 then return {0, 'requests', math.ceil((1 - l) / requests * 60000)} end
   save(KEYS[1], l - 1, requests)
 end
+if tokens > 0 and reserve > 0 then save(KEYS[2], tl - reserve, tokens) end
 return {1, '', 0}
 """
 
@@ -187,7 +192,9 @@ class SharedLimits:
         self.up = True
 
     # --- decisions --------------------------------------------------------------------------------
-    async def admit(self, principal: Principal, model: str) -> Denied | None:
+    async def admit(self, principal: Principal, model: str, reserve: int = 0) -> Denied | None:
+        """Scope and limits; when admitted, ``reserve`` tokens are taken from the key's token bucket in the
+        same step (settled later with :meth:`charge`)."""
         denied = scope_denied(principal, model)
         if denied is not None:
             return denied
@@ -199,7 +206,7 @@ class SharedLimits:
                 async with asyncio.timeout(self.timeout_s):
                     ok, which, wait_ms = await self._buckets(
                         keys=self._bucket_keys(principal),
-                        args=[key.requests_per_minute or 0, key.tokens_per_minute or 0, 0],
+                        args=[key.requests_per_minute or 0, key.tokens_per_minute or 0, 0, reserve],
                     )
             except (RedisError, OSError, TimeoutError) as err:
                 self._down(err)
@@ -209,10 +216,15 @@ class SharedLimits:
                     return None
                 return _refusal(principal, _text(which), int(wait_ms) / 1000)
         self.on_check("fallback")
-        return admit(self._local(principal), model, time.monotonic())
+        local, now = self._local(principal), time.monotonic()
+        denied = admit(local, model, now)
+        if denied is None and reserve:
+            charge_tokens(local, reserve, now)
+        return denied
 
     def charge(self, principal: Principal | None, tokens: int) -> None:
-        if principal is None or principal.key.tokens_per_minute is None or tokens <= 0:
+        """Take tokens (or, negative, give back what a reservation took beyond the usage), in the background."""
+        if principal is None or principal.key.tokens_per_minute is None or tokens == 0:
             return
         if not self.up or len(self._pending) >= MAX_PENDING_CHARGES:
             charge_tokens(self._local(principal), tokens, time.monotonic())

@@ -75,13 +75,16 @@ def test_embedding_models_are_routed_through_a_batcher_sized_from_the_engine() -
 @pytest.mark.parametrize("name", PULUMI_STACKS)
 def test_router_and_health_monitor_run_hardened_with_the_config_mounted(name: str) -> None:
     spec = load(name).spec
-    for part, port in (("router", 8080), ("health", 8081)):
+    for part, port, metrics in (("router", 8080, 9091), ("health", 8081, None)):
         deployment = _get(name, "Deployment", f"inferstack-{part}")
         pod = deployment["spec"]["template"]["spec"]
         [container] = pod["containers"]
         assert container["command"][:3] == ["python", "-m", f"runtime.{part}"]
         assert container["command"][-1] == f"{common.RUNTIME_CONFIG_DIR}/{common.RUNTIME_CONFIG_FILE}"
-        assert container["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+        ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+        if metrics is not None:  # the router's /metrics: a port of its own, which no ingress routes
+            ports.append({"name": "metrics", "containerPort": metrics, "protocol": "TCP"})
+        assert container["ports"] == ports
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
         assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
         sc = container["securityContext"]
@@ -95,7 +98,7 @@ def test_router_and_health_monitor_run_hardened_with_the_config_mounted(name: st
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
         assert len(annotations[gateway.CONFIG_CHECKSUM_ANNOTATION]) == 64
         service = _get(name, "Service", f"inferstack-{part}")
-        assert service["spec"]["ports"][0]["port"] == port
+        assert [p["port"] for p in service["spec"]["ports"]] == [port] + ([metrics] if metrics else [])
     role = _get(name, "Role", "inferstack-router")
     assert role["rules"] == [
         {
@@ -272,3 +275,15 @@ def test_the_policy_pack_accepts_the_gateway_images(name: str) -> None:
 
     result = offline.prepare(load(name)).run(_synthesis(name))
     assert [v for v in result.verdicts if v.rule == "images-pinned"] == []
+
+
+def test_the_router_metrics_port_is_rendered_and_may_not_take_another_listeners_port() -> None:
+    """``gateway.router_metrics_port`` reaches the runtime config; the API's port (or another service's) is
+    refused at plan time, not found by a router that cannot bind."""
+    doc = minimal()
+    doc["gateway"] = {"router_metrics_port": 9300}
+    assert runtime_config(PlatformSpec.model_validate(doc)).router.metrics_port == 9300
+    for taken, what in ((8080, "router API"), (8081, "health monitor")):
+        doc["gateway"] = {"router_metrics_port": taken}
+        with pytest.raises(ValueError, match=f"gateway.router_metrics_port.*{taken} is the {what}'s port"):
+            PlatformSpec.model_validate(doc)

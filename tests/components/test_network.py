@@ -206,6 +206,12 @@ def test_without_shared_limits_or_kv_events_the_router_has_no_such_flow() -> Non
     assert all(("TCP", 5557) not in f.ports for f in flows.flows(spec, cloud_for(spec), place(spec)))
 
 
+def _api_sources(router_policy: dict[str, Any]) -> list[dict[str, Any]]:
+    """Who may reach the router's API port (its metrics port has a rule of its own: Prometheus only)."""
+    api = [{"protocol": "TCP", "port": 8080}]
+    return next(rule["from"] for rule in router_policy["ingress"] if rule["ports"] == api)
+
+
 def test_the_evaluator_catches_a_missing_and_an_extra_rule() -> None:
     """The check above can fail: drop the engines' credential rule, or open the router to the internet."""
     spec, manifests = _rendered(minimal())
@@ -217,7 +223,7 @@ def test_the_evaluator_catches_a_missing_and_an_extra_rule() -> None:
     )
     spec, manifests = _rendered(minimal())
     router = next(m for m in manifests if m["metadata"]["name"] == "inferstack-router")
-    router["spec"]["ingress"][0]["from"].append({"ipBlock": {"cidr": "0.0.0.0/0"}})
+    _api_sources(router["spec"]).append({"ipBlock": {"cidr": "0.0.0.0/0"}})
     assert "S3 and the hub -> router TCP/8080: allowed, but no flow explains it" in _mismatches(
         spec, cloud, manifests
     )
@@ -324,7 +330,7 @@ def test_with_gateway_api_the_router_accepts_the_gateway_proxies_where_the_imple
     raw = {**minimal(), "gateway": INGRESSES[2]}
     spec, manifests = _rendered(raw)
     policies = {p["metadata"]["name"]: p["spec"] for p in _policies_of(manifests)}
-    sources = policies["inferstack-router"]["ingress"][0]["from"]
+    sources = _api_sources(policies["inferstack-router"])
     assert {"podSelector": {"matchLabels": {ingress.GATEWAY_NAME_LABEL: "inferstack-gateway"}}} in sources
     assert policies["inferstack-gateway"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 80}]
     spec, manifests = _rendered({**minimal(), "gateway": INGRESSES[3]})
@@ -338,7 +344,7 @@ def test_with_gateway_api_the_router_accepts_the_gateway_proxies_where_the_imple
                 ingress.ENVOY_GATEWAY_NAMESPACE_LABEL: spec.cluster.namespace,
             }
         },
-    } in policies["inferstack-router"]["ingress"][0]["from"]
+    } in _api_sources(policies["inferstack-router"])
 
 
 @pytest.mark.parametrize("gateway_fields", INGRESSES, ids=lambda g: "-".join(map(str, g.values())))
@@ -361,7 +367,7 @@ def test_router_sources_default_to_the_vpc_the_stack_creates_else_the_private_ra
     raw["gateway"] = {"ingress_source_cidrs": ["192.168.10.0/24"]}
     _, manifests = _rendered(raw)
     router = next(p for p in _policies_of(manifests) if p["metadata"]["name"] == "inferstack-router")
-    assert {"ipBlock": {"cidr": "192.168.10.0/24"}} in router["spec"]["ingress"][0]["from"]
+    assert {"ipBlock": {"cidr": "192.168.10.0/24"}} in _api_sources(router["spec"])
 
 
 def test_vpc_cni_enforces_network_policies_on_eks() -> None:

@@ -41,7 +41,11 @@ def test_every_engine_and_runtime_service_is_scraped(name: str) -> None:
         assert monitor["namespaceSelector"] == {"matchNames": [spec.cluster.namespace]}
     runtime = monitors["inferstack-runtime"]["spec"]
     components = set(runtime["selector"]["matchExpressions"][0]["values"])
-    assert {"router", "health"} <= components
+    assert "health" in components and "router" not in components
+    router = monitors["inferstack-router"]["spec"]  # on its metrics port: the API port serves no /metrics
+    assert router["endpoints"][0]["port"] == "metrics"
+    assert router["selector"]["matchLabels"]["app.kubernetes.io/component"] == "router"
+    assert "metrics" in {p["name"] for p in services["inferstack-router"]["spec"]["ports"]}
     for part in components:
         labels = services[f"inferstack-{part}"]["metadata"]["labels"]
         assert labels["app.kubernetes.io/component"] == part

@@ -221,7 +221,7 @@ def test_vllm_cpu_serves_the_quantized_canary_behind_the_router(quantized_engine
         for i in range(REQUESTS):
             out = client.completions.create(model=model, prompt=f"hello {i}", max_tokens=4)
             assert out.usage is not None and out.usage.completion_tokens >= 1
-        text = router.request("GET", "/metrics")[2].decode()
+        text = router.metrics()
     finally:
         router.stop()
         lt.stop()

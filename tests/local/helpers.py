@@ -49,10 +49,12 @@ def free_port_block(count: int) -> int:
 
 
 def port_args(base: int, engines_base: int) -> list[str]:
-    """Router, health monitor, batcher and batch service on ``base`` to ``base + 3``; engines from ``engines_base``."""
+    """Router, health monitor, batcher and batch service on ``base`` to ``base + 3``; engines from ``engines_base``;
+    the routers' metrics listeners on a free block of their own (up to 3 routers)."""
     return [
         "--port", str(base), "--health-port", str(base + 1), "--batcher-port", str(base + 2),
         "--batches-port", str(base + 3), "--engine-port", str(engines_base),
+        "--router-metrics-port", str(free_port_block(3)),
     ]  # fmt: skip
 
 

@@ -302,7 +302,8 @@ def test_several_routers_behind_the_balancer_share_one_redis_and_all_stop(fake) 
     assert up.returncode == 0, up.stdout + up.stderr
     assert "2 routers (round robin, shared limits in redis)" in up.stdout
     pids = stack_pids(state_dir)
-    replicas = [f"http://127.0.0.1:{front + 10 + i}" for i in range(2)]
+    metrics = int(args[args.index("--router-metrics-port") + 1])
+    replicas = [f"http://127.0.0.1:{metrics + i}" for i in range(2)]  # each router's metrics listener
     for _ in range(8):  # a new connection each: the balancer deals them out in turn
         reply = post_json(
             f"http://127.0.0.1:{front}/v1/chat/completions",

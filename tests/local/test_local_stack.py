@@ -63,6 +63,7 @@ class LocalStack:
     make_args: list[str]
     pids: set[int]
     started_s: float
+    router_metrics_url: str
 
     def store_requests(self) -> list[dict[str, object]]:
         """What the model store served: one JSON line per request (method, path, status, bytes sent)."""
@@ -86,16 +87,18 @@ def local_stack(
     state_dir = tmp_path_factory.mktemp("local") / "state"
     base = free_port_block(8)
     engines = base + 5
-    args = " ".join(
-        [*port_args(base, engines), "--s3-port", str(base + 4), "--timeout", str(START_TIMEOUT_S - 20)]
-    )
+    ports = port_args(base, engines)
+    metrics_url = f"http://127.0.0.1:{ports[ports.index('--router-metrics-port') + 1]}/metrics"
+    args = " ".join([*ports, "--s3-port", str(base + 4), "--timeout", str(START_TIMEOUT_S - 20)])
     make_args = [f"LOCAL_STATE={state_dir}", "S3=1", f"LOCAL_ARGS={args}"]
     started = time.monotonic()
     with detached_stack(state_dir, "S3=1", f"LOCAL_ARGS={args}", timeout=START_TIMEOUT_S) as up:
         took = time.monotonic() - started
         assert up.returncode == 0, f"make local S3=1 failed:\n{up.stdout}\n{up.stderr}"
         assert "is ready in" in up.stdout, up.stdout
-        yield LocalStack(state_dir, f"http://127.0.0.1:{base}", make_args, stack_pids(state_dir), took)
+        yield LocalStack(
+            state_dir, f"http://127.0.0.1:{base}", make_args, stack_pids(state_dir), took, metrics_url
+        )
 
 
 def test_models_chat_completion_and_streaming(local_stack: LocalStack) -> None:
@@ -264,8 +267,11 @@ def test_embeddings_are_real_sentence_embeddings(local_stack: LocalStack) -> Non
 
 
 def test_router_metrics_and_status(local_stack: LocalStack) -> None:
-    with urllib.request.urlopen(f"{local_stack.router_url}/metrics", timeout=10) as response:
+    with urllib.request.urlopen(local_stack.router_metrics_url, timeout=10) as response:
         metrics = response.read().decode()
+    with pytest.raises(urllib.error.HTTPError) as public:  # the API port (what an ingress routes) has none
+        urllib.request.urlopen(f"{local_stack.router_url}/metrics", timeout=10)
+    assert public.value.code == 404
     assert "inferstack_router_requests_total{" in metrics and f'model="{CHAT}"' in metrics
     healthy = [line for line in metrics.splitlines() if line.startswith("inferstack_router_backend_healthy")]
     assert len(healthy) == 3 and all(line.endswith(" 1.0") for line in healthy), healthy
@@ -277,9 +283,10 @@ def test_the_readmes_curl_lines_and_openai_snippet_work(local_stack: LocalStack)
     """As written in README.md, with the test stack's ports in place of the defaults."""
     base = int(local_stack.router_url.rsplit(":", 1)[1])
     ports = {"8080": str(base), "8081": str(base + 1), "8082": str(base + 2)}
+    ports["9091"] = local_stack.router_metrics_url.rsplit(":", 1)[1].removesuffix("/metrics")
 
     def here(text: str) -> str:
-        return re.sub(r"127\.0\.0\.1:(808[012])", lambda m: f"127.0.0.1:{ports[m.group(1)]}", text)
+        return re.sub(r"127\.0\.0\.1:(808[012]|9091)", lambda m: f"127.0.0.1:{ports[m.group(1)]}", text)
 
     curls = readme_curls()
     assert len(curls) >= 3

@@ -18,12 +18,13 @@ def test_several_routers_sit_behind_the_balancer_and_share_a_local_redis() -> No
     assert [s.port for s in plan.services if s.name.startswith("router-")] == [8090, 8091, 8092]
     argv = plan.router.argv("python", Path("cfg"))
     assert argv[argv.index("--listen") + 1] == f"{HOST}:8080" and argv.count("--to") == 3
-    assert plan.services[-4].argv("python", Path("cfg"))[-2:] == ["--port", "8090"]
+    assert plan.services[-4].argv("python", Path("cfg"))[-4:] == ["--port", "8090", "--metrics-port", "9091"]
+    assert [s.metrics_port for s in plan.services if s.name.startswith("router-")] == [9091, 9092, 9093]
     redis = plan.services[0]
     assert redis.probe == "tcp" and redis.command[1:5] == ("--bind", "127.0.0.1", "--port", "6390")
     store = plan.config.router.limit_store
     assert store is not None and store.url == "redis://127.0.0.1:6390/0" and store.replicas == 3
-    assert {p for p, _, _ in plan.ports()} >= {8080, 8090, 8091, 8092, 6390}
+    assert {p for p, _, _ in plan.ports()} >= {8080, 8090, 8091, 8092, 6390, 9091, 9092, 9093}
 
 
 def test_one_router_is_the_stack_as_before() -> None:
@@ -70,13 +71,16 @@ def test_with_several_routers_prometheus_scrapes_each_router_not_the_balancer_or
         ("health", 8081),
         ("batcher", 8082),
         ("batches", 8083),  # the batch service (the local stack enables it) sends through the balancer
-        ("router", 8090),
-        ("router", 8091),
+        ("router", 9091),  # each router on its metrics listener: its API port serves no /metrics
+        ("router", 9092),
     ]
     assert plan.spec is not None
     assert plan.config.batches is not None and plan.config.batches.router_url is not None
     assert str(plan.config.batches.router_url).rstrip("/") == "http://127.0.0.1:8080"  # the balancer
-    pods = [g["labels"]["pod"] for g in monitor.runtime_targets(plan.spec, plan.scraped_services())]
+    targets = monitor.runtime_targets(plan.spec, plan.scraped_services())
+    endpoints = [g["labels"]["endpoint"] for g in targets[-2:]]
+    assert endpoints == ["metrics", "metrics"]  # the routers', as their ServiceMonitor names it
+    pods = [g["labels"]["pod"] for g in targets]
     assert pods == [
         "inferstack-health-0",
         "inferstack-batcher-0",

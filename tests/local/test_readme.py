@@ -89,7 +89,7 @@ COVERAGE = [
     Coverage(r"make test", ((".ci/run", "make test"), (CI, "run: make test")), "CI"),
     Coverage(r"make unit", ((HERE, "def test_make_targets_run_the_documented_commands"),), "dry run here"),
     Coverage(r"make bench", ((HERE, 'bench = _make_dry_lines("bench")'),), "dry run here; its results were made by a fresh-clone run"),
-    Coverage(r"curl -s http://127\.0\.0\.1:808[012]/.*", ((LOCAL_TEST, "readme_curls()"),), "against the real stack"),
+    Coverage(r"curl -s http://127\.0\.0\.1:(808[012]|9091)/.*", ((LOCAL_TEST, "readme_curls()"),), "against the real stack"),
     Coverage(r"\.venv/bin/inferstack size .*", ((HERE, "def test_size_prints_what_the_readme_shows"),), "run here"),
     Coverage(r"inferstack size --list", ((HERE, "def test_cheap_commands_run"),), "run here"),
     Coverage(r"\.venv/bin/inferstack plan -s prod --out build/prod", ((HERE, "def test_cheap_commands_run"),), "run here"),

@@ -104,7 +104,7 @@ def lt() -> Iterator[LoopThread]:
 
 def _version_counts(router: RouterUnderTest, model: str) -> dict[str, float]:
     """Answers with 200 per version (the counter counts attempts: a retried one shows a 5xx too)."""
-    text = router.request("GET", "/metrics")[2].decode()
+    text = router.metrics()
     out: dict[str, float] = {}
     for line in text.splitlines():
         if (
@@ -145,8 +145,8 @@ def test_a_90_10_split_over_1000_requests_on_real_engines(lt, vllm_chat_pair) ->
         router.stop()
 
 
-def _weight(router_base: str, model: str, version: str) -> float | None:
-    with urllib.request.urlopen(f"{router_base}/metrics", timeout=5) as r:
+def _weight(router_metrics: str, model: str, version: str) -> float | None:
+    with urllib.request.urlopen(f"{router_metrics}/metrics", timeout=5) as r:
         text = r.read().decode()
     key = f'inferstack_router_version_weight{{model="{model}",version="{version}"}} '
     line = next((x for x in text.splitlines() if x.startswith(key)), None)
@@ -162,12 +162,14 @@ def test_a_failing_canary_is_rolled_back_within_one_interval_and_no_request_is_l
     stable, canary = vllm_chat_pair.base_urls
     proxy = FaultProxy(_port(canary))
     lt.run(proxy.start())
-    router_port, health_port = free_port(), free_port()
+    router_port, health_port, metrics_port = free_port(), free_port(), free_port()
+    router_metrics = f"http://127.0.0.1:{metrics_port}"
     config = {
         "models": _versions(model, stable, f"http://127.0.0.1:{proxy.port}"),
         "router": {
             "host": "127.0.0.1",
             "port": router_port,
+            "metrics_port": metrics_port,
             "probe_interval_ms": 1000,  # the feed read's budget too: a loaded machine's monitor answers late
             "health_feed_url": f"http://127.0.0.1:{health_port}/v1/backends",
         },
@@ -222,12 +224,12 @@ def test_a_failing_canary_is_rolled_back_within_one_interval_and_no_request_is_l
                     for w in range(4):
                         pool.submit(load, w)
                     deadline = time.monotonic() + 60
-                    while (served := _version_counts_at(router_base, model)).get("v2", 0) == 0:
+                    while (served := _version_counts_at(router_metrics, model)).get("v2", 0) == 0:
                         assert time.monotonic() < deadline, served  # the canary took traffic while healthy
                         time.sleep(0.2)
                     lt.run(proxy.fail())  # the canary's engine starts failing
                     failed_at = time.monotonic()
-                    while _weight(router_base, model, "v2") != 0.0:
+                    while _weight(router_metrics, model, "v2") != 0.0:
                         assert time.monotonic() - failed_at < EVALUATION_INTERVAL_S + FEED_SLACK_S, (
                             "not rolled back within one interval"
                         )
@@ -273,8 +275,8 @@ def _feed_routable(health_base: str, n: int) -> bool:
     return len(backends) == n and all(b["routable"] for b in backends)
 
 
-def _version_counts_at(router_base: str, model: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"{router_base}/metrics", timeout=5) as r:
+def _version_counts_at(router_metrics: str, model: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"{router_metrics}/metrics", timeout=5) as r:
         text = r.read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():

@@ -53,6 +53,7 @@ def test_a_replica_back_from_ejection_is_routed_to_within_a_second(
     path = tmp_path / "runtime.yaml"
     path.write_text(yaml.safe_dump(config))
     router_argv = [sys.executable, "-m", "runtime.router", "--config", str(path), "--port", str(router_port)]
+    router_argv += ["--metrics-port", "0"]
     with (  # each stopped on every path: SIGTERM, then SIGKILL
         process([sys.executable, "-m", "runtime.health", "--config", str(path)], tmp_path / "health.log"),
         process(router_argv, tmp_path / "router.log") as router,

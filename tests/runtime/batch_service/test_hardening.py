@@ -269,7 +269,7 @@ def test_a_line_refused_for_lack_of_headroom_costs_its_owner_nothing(
         wait_until(lambda: len(engine.requests) == 1, "alice's request held by the engine")
         for _ in range(3):
             status, _, raw = router.request("POST", CHAT, chat, line)
-            assert status == 429 and json.loads(raw)["error"]["code"] == "no_headroom"
+            assert status == 503 and json.loads(raw)["error"]["code"] == "overloaded"
     finally:
         engine.release()
         busy.join(30)

@@ -303,7 +303,7 @@ def test_keys_scopes_and_rate_limits_apply_to_files_and_batches(make_stack):
 
 def test_low_priority_requests_only_take_headroom(make_stack):
     """With every replica holding interactive requests up to the share, the batch's requests are refused
-    at once (429 no_headroom) and wait; interactive requests are admitted as before."""
+    at once (503 overloaded) and wait; interactive requests are admitted as before."""
     # the double holds every request until released: the interactive ones stay in flight as long as needed
     stack = make_stack(
         double={"hold": asyncio.Event()}, batches={"headroom_share": 0.5}, router={"cap": 4}, start=False
@@ -332,7 +332,7 @@ def test_low_priority_requests_only_take_headroom(make_stack):
         status, headers, raw = stack.router.request(
             "POST", "/v1/chat/completions", body, headers={"x-inferstack-priority": "low"}
         )
-        assert status == 429 and json.loads(raw)["error"]["code"] == "no_headroom" and headers["retry-after"]
+        assert status == 503 and json.loads(raw)["error"]["code"] == "overloaded" and headers["retry-after"]
         threads.append(threading.Thread(target=interactive, daemon=True))  # a third interactive request ...
         threads[-1].start()
         in_flight(3)  # ... still goes through

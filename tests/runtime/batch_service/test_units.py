@@ -182,6 +182,7 @@ def test_the_window_grows_by_one_per_window_of_answers_and_halves_on_refusal():
         (400, 1, None, pacing.Verdict.DONE),
         (404, 1, None, pacing.Verdict.DONE),
         (429, 9, "no_headroom", pacing.Verdict.REFUSED),
+        (503, 9, "overloaded", pacing.Verdict.REFUSED),  # the router's refusal for load: no attempt spent
         (429, 9, pacing.RATE_LIMITED, pacing.Verdict.LIMITED),  # the owner's limit: the owner waits
         (503, 1, None, pacing.Verdict.RETRY),
         (None, 1, None, pacing.Verdict.RETRY),

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from runtime.config import RuntimeConfig
-from runtime.router.__main__ import drain, make_server, serve
+from runtime.router.__main__ import drain, make_metrics_server, make_server, serve
 from runtime.router.app import Router
 from runtime.router.reload import load_router_files
 from runtime.server import Server
@@ -180,7 +180,9 @@ class Double:
                     return resp
                 if mode == "trickle":
                     await asyncio.sleep(self.trickle_s)
-            await resp.write(sse_chunk(0, body.get("model", "m"), usage=True))
+            options = body.get("stream_options")
+            if isinstance(options, dict) and options.get("include_usage"):  # as vLLM: only when asked
+                await resp.write(sse_chunk(0, body.get("model", "m"), usage=True))
             await resp.write(b"data: [DONE]\n\n")
         except (asyncio.CancelledError, ConnectionResetError):
             self.cancelled += 1
@@ -221,6 +223,19 @@ class Loopback:
     """A router listening on 127.0.0.1:``port``; ``request`` sends it one request."""
 
     port = 0
+    metrics_port = 0  # the router's metrics listener (never the API port)
+
+    def metrics(self) -> str:
+        """The router's /metrics text, from its metrics listener."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.metrics_port, timeout=30)
+        try:
+            conn.request("GET", "/metrics")
+            resp = conn.getresponse()
+            body = resp.read()
+            assert resp.status == 200, (resp.status, body[:200])
+            return body.decode()
+        finally:
+            conn.close()
 
     def request(
         self,
@@ -248,6 +263,7 @@ class RouterUnderTest(Loopback):
         self.cfg = RuntimeConfig.model_validate(cfg)
         self.router: Router | None = None
         self.server: Server | None = None
+        self.ops: Server | None = None
         self.port = 0
 
     async def _start(self) -> None:
@@ -255,6 +271,8 @@ class RouterUnderTest(Loopback):
         self.server = make_server(self.router)
         await self.router.start()
         self.port = await self.server.start("127.0.0.1", 0)
+        self.ops = make_metrics_server(self.router)
+        self.metrics_port = self.router.metrics_port = await self.ops.start("127.0.0.1", 0)
         # static discovery lands within a few loop turns; a deadline for a loaded machine, then it is a fault
         deadline = asyncio.get_running_loop().time() + 10
         models = self.router.fleet.models.values()
@@ -271,6 +289,8 @@ class RouterUnderTest(Loopback):
     async def _stop(self) -> None:
         assert self.router is not None and self.server is not None
         await drain(self.router, self.server, 0.5)
+        if self.ops is not None:
+            await self.ops.drain(0.0, lambda: 0)
         await self.router.stop()
 
     def stop(self) -> None:
@@ -298,7 +318,8 @@ class RouterFromFile(Loopback):
         self.lt = lt
         self.path = path
         cfg, keys = load_router_files(path)
-        self.router = Router(cfg.model_copy(update={"router": cfg.router.model_copy(update={"port": 0})}))
+        any_port = {"port": 0, "metrics_port": 0}
+        self.router = Router(cfg.model_copy(update={"router": cfg.router.model_copy(update=any_port)}))
         self.router.keys = keys
         self.task: asyncio.Task[None] | None = None
 
@@ -310,7 +331,7 @@ class RouterFromFile(Loopback):
             return task
 
         self.task = self.lt.run(start())
-        self.port = self.router.port
+        self.port, self.metrics_port = self.router.port, self.router.metrics_port
         return self
 
     def stop(self) -> None:

@@ -30,7 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 @dataclass
 class Replicas:
     front: str  # the balancer: http://127.0.0.1:PORT
-    routers: list[str]  # each router's own address (for /metrics)
+    routers: list[str]  # each router's metrics listener (/metrics; the API port serves none)
     procs: list[subprocess.Popen[bytes]]
 
 
@@ -76,18 +76,20 @@ def router_replicas(config: dict[str, Any], n: int, workdir: Path) -> Iterator[R
     cfg_path.write_text(yaml.safe_dump(config))
     with contextlib.ExitStack() as stack:
         procs: list[subprocess.Popen[bytes]] = []
-        routers = []
+        routers, api = [], []
         for i in range(n):
-            port = free_port()
+            port, metrics_port = free_port(), free_port()
             log = workdir / f"router-{i}.log"
             argv = [sys.executable, "-m", "runtime.router", "--config", str(cfg_path), "--port", str(port)]
+            argv += ["--metrics-port", str(metrics_port)]
             procs.append(stack.enter_context(process(argv, log)))
-            routers.append(f"http://127.0.0.1:{port}")
-            _wait(routers[-1], "/readyz", procs[-1], log)
+            api.append(f"http://127.0.0.1:{port}")
+            routers.append(f"http://127.0.0.1:{metrics_port}")
+            _wait(api[-1], "/readyz", procs[-1], log)
         front_port = free_port()
         log = workdir / "balancer.log"
         argv = [sys.executable, "-m", "components.local.balancer", "--listen", f"127.0.0.1:{front_port}"]
-        for r in routers:
+        for r in api:
             argv += ["--to", r.removeprefix("http://")]
         procs.append(stack.enter_context(process(argv, log)))
         front = f"http://127.0.0.1:{front_port}"

@@ -94,8 +94,7 @@ def test_requests_wait_for_a_replica_to_start_streams_and_not(lt, tmp_path: Path
         _in_background(lambda: r.request("POST", "/v1/completions", {"model": "m", "prompt": "x"})),
     ]
     _wait_for(lambda: _queue_depth(r) == 3)
-    status, _, metrics = r.request("GET", "/metrics")
-    assert 'inferstack_router_queue_depth{model="m"} 3.0' in metrics.decode()
+    assert 'inferstack_router_queue_depth{model="m"} 3.0' in r.metrics()
     time.sleep(0.3)
     assert all(thread.is_alive() for thread, _ in calls)  # held, not refused
 
@@ -110,7 +109,7 @@ def test_requests_wait_for_a_replica_to_start_streams_and_not(lt, tmp_path: Path
     assert [status for status, _, _ in answers] == [200, 200, 200]
     assert b"data: [DONE]" in answers[1][2]
     assert len(engine.requests) == 3 and _queue_depth(r) == 0
-    metrics = r.request("GET", "/metrics")[2].decode()
+    metrics = r.metrics()
     assert 'inferstack_router_queue_wait_seconds_count{model="m"} 3.0' in metrics
 
 
@@ -124,9 +123,7 @@ def test_past_the_hold_deadline_the_answer_is_503_with_retry_after(lt, tmp_path:
     error = json.loads(body)["error"]
     assert error["code"] == "no_healthy_backend" and "none became ready within 0.3s" in error["message"]
     assert _queue_depth(r) == 0
-    assert 'inferstack_router_rejections_total{model="m",reason="no_backend"} 1.0' in (
-        r.request("GET", "/metrics")[2].decode()
-    )
+    assert 'inferstack_router_rejections_total{model="m",reason="no_backend"} 1.0' in (r.metrics())
 
 
 def test_hold_zero_is_the_activator_off_503_at_once(lt, tmp_path: Path, started) -> None:

@@ -93,7 +93,7 @@ def _engine_loads(vllm_lora: VllmLora, name: str) -> int:
 
 
 def _router_loads(router: RouterUnderTest, outcome: str) -> float:
-    text = router.request("GET", "/metrics")[2].decode()
+    text = router.metrics()
     found = re.search(
         rf'inferstack_router_adapter_loads_total\{{model="tiny-llama",outcome="{outcome}"\}} (\S+)', text
     )

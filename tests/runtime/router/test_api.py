@@ -52,7 +52,7 @@ def test_stream_passes_through_chunk_by_chunk(doubles, make_router) -> None:
     ]
     assert events[-1] == b"data: [DONE]"
     conn.close()
-    metrics = r.request("GET", "/metrics")[2].decode()
+    metrics = r.metrics()
     assert 'inferstack_router_tokens_total{direction="out",model="m"} 3.0' in metrics  # from the final chunk
 
 
@@ -100,7 +100,7 @@ def test_methods_paths_and_service_endpoints(doubles, make_router) -> None:
     models = json.loads(body)
     assert status == 200 and models["object"] == "list" and models["data"][0]["id"] == "m"
     r.request("POST", "/v1/chat/completions", CHAT)
-    metrics = r.request("GET", "/metrics")[2].decode()
+    metrics = r.metrics()
     for name in (
         "inferstack_router_requests_total",
         "inferstack_router_request_duration_seconds_bucket",
@@ -211,7 +211,7 @@ def test_large_answers_pass_through_whole_sized_or_chunked(doubles, make_router)
         out = json.loads(body)
         assert len(out["data"]) == 300 and out["data"][299]["index"] == 299
         assert ("content-length" in headers) == (mode == "big")
-        metrics = r.request("GET", "/metrics")[2].decode()
+        metrics = r.metrics()
         assert 'inferstack_router_tokens_total{direction="in",model="m"} 300.0' in metrics
 
 

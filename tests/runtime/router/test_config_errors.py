@@ -43,7 +43,7 @@ def _write(path: Path, config: dict[str, Any]) -> None:
 
 def _start_router_process(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "runtime.router", "--config", str(path), "--port", "0"],
+        [sys.executable, "-m", "runtime.router", "--config", str(path), "--port", "0", "--metrics-port", "0"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -61,7 +61,7 @@ def _wait(cond: Any, timeout_s: float = 10.0) -> bool:
 
 
 def _reload_failures(router: RouterFromFile) -> float:
-    text = router.request("GET", "/metrics")[2].decode()
+    text = router.metrics()
     for family in text_string_to_metric_families(text):
         if family.name == "inferstack_router_config_reload_failures":
             return sum(s.value for s in family.samples if s.name.endswith("_total"))

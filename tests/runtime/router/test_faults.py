@@ -22,7 +22,7 @@ def _free_port() -> int:
 
 
 def _metric(r, prefix: str) -> float:
-    text = r.request("GET", "/metrics")[2].decode()
+    text = r.metrics()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
 
 
@@ -46,10 +46,7 @@ def test_503_is_retried_and_opens_the_breaker(doubles, make_router) -> None:
     assert len(bad.requests) == 2
     state = r.call(lambda: r.router.fleet.models["m"].by_url[bad.url].breaker.state)
     assert state is Circuit.OPEN
-    assert (
-        'inferstack_router_circuit_state{backend="' + bad.url + '",model="m"} 2.0'
-        in r.request("GET", "/metrics")[2].decode()
-    )
+    assert 'inferstack_router_circuit_state{backend="' + bad.url + '",model="m"} 2.0' in r.metrics()
 
 
 def test_all_replicas_failing_gives_a_502_family_error_not_a_hang(doubles, make_router) -> None:
@@ -162,7 +159,7 @@ def _until(cond, timeout_s: float = 20.0) -> bool:
     return True
 
 
-def test_full_replicas_queue_then_429_with_retry_after(doubles, make_router) -> None:
+def test_full_replicas_queue_then_503_overloaded_with_retry_after(doubles, make_router) -> None:
     (d,) = doubles(1, hold=asyncio.Event())  # the first request holds the only slot until released
     r = make_router([d.url], cap=1, queue_max_requests=1, queue_deadline_ms=20000)
     with ThreadPoolExecutor(3) as pool:
@@ -174,21 +171,24 @@ def test_full_replicas_queue_then_429_with_retry_after(doubles, make_router) -> 
             status, headers, body = r.request("POST", "/v1/chat/completions", CHAT)  # line is full
         finally:
             d.release()
-        assert status == 429
+        assert status == 503  # the service is full: not the client's own limit (that is 429)
         assert int(headers["retry-after"]) >= 1
-        assert json.loads(body)["error"]["type"] == "rate_limit_error"
+        error = json.loads(body)["error"]
+        assert (error["type"], error["code"]) == ("service_unavailable", "overloaded")
         assert first.result()[0] == 200
         assert second.result()[0] == 200
 
 
-def test_queue_deadline_gives_429(doubles, make_router) -> None:
+def test_queue_deadline_gives_503_overloaded(doubles, make_router) -> None:
     (d,) = doubles(1, hold=asyncio.Event())  # the first request holds the only slot until released
     r = make_router([d.url], cap=1, queue_deadline_ms=100)
     with ThreadPoolExecutor(2) as pool:
         try:
             first = pool.submit(r.request, "POST", "/v1/chat/completions", CHAT)
             assert _until(lambda: r.call(lambda: r.router.fleet.models["m"].replicas[0].inflight) == 1)
-            assert r.request("POST", "/v1/chat/completions", CHAT)[0] == 429
+            status, headers, body = r.request("POST", "/v1/chat/completions", CHAT)
+            assert status == 503 and int(headers["retry-after"]) >= 1
+            assert json.loads(body)["error"]["code"] == "overloaded"
         finally:
             d.release()
         assert first.result()[0] == 200

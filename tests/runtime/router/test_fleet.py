@@ -9,6 +9,7 @@ import time
 from aiohttp import web
 
 from runtime.config import RuntimeConfig
+from runtime.router.__main__ import make_metrics_server
 from runtime.router.app import Router
 from runtime.router.fleet import Fleet
 from runtime.router.metrics import DEPARTED_KEEP_S
@@ -47,6 +48,8 @@ def test_discovered_replicas_are_followed_without_restart(doubles, lt) -> None:
         rut.server = Server(rut.router.handle, cfg.router.max_body_bytes)
         await rut.router.fleet.start()
         rut.port = await rut.server.start("127.0.0.1", 0)
+        rut.ops = make_metrics_server(rut.router)
+        rut.metrics_port = await rut.ops.start("127.0.0.1", 0)
 
     lt.run(start())
     rut.lt = lt
@@ -54,7 +57,7 @@ def test_discovered_replicas_are_followed_without_restart(doubles, lt) -> None:
         assert rut.request("POST", "/v1/chat/completions", CHAT)[0] == 503  # no replicas yet
         assert rut.request("GET", "/readyz")[0] == 503
         # a model scaled to zero is woken by this counter (KEDA activation): it must carry the model
-        metrics = rut.request("GET", "/metrics")[2].decode()
+        metrics = rut.metrics()
         assert 'inferstack_router_rejections_total{model="m",reason="no_backend"} 1.0' in metrics
         lt.loop.call_soon_threadsafe(updates.put_nowait, [a.url])
         assert _wait(lambda: rut.request("POST", "/v1/chat/completions", CHAT)[0] == 200)
@@ -66,11 +69,11 @@ def test_discovered_replicas_are_followed_without_restart(doubles, lt) -> None:
         for _ in range(5):
             assert rut.request("POST", "/v1/chat/completions", CHAT)[0] == 200
         assert len(a.requests) == before and len(b.requests) == 5
-        metrics = rut.request("GET", "/metrics")[2].decode()
+        metrics = rut.metrics()
         # departed: its counters stay for the alerts' rate windows (its last errors still count) ...
         assert f'backend="{b.url}"' in metrics and f'backend="{a.url}"' in metrics
         rut.call(lambda: rut.router.metrics.sweep(time.monotonic() + DEPARTED_KEEP_S))
-        metrics = rut.request("GET", "/metrics")[2].decode()
+        metrics = rut.metrics()
         assert f'backend="{b.url}"' in metrics and f'backend="{a.url}"' not in metrics  # ... then go
     finally:
         rut.stop()

@@ -90,7 +90,7 @@ def test_sync_streaming_chat_with_usage(real_router, vllm_chat_pair) -> None:
     chunks = list(stream)
     assert len(chunks) >= 2
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
-    metrics = real_router.request("GET", "/metrics")[2].decode()
+    metrics = real_router.metrics()
     assert re.search(r'inferstack_router_tokens_total\{direction="out",model="tiny-llama"\} [1-9]', metrics)
 
 
@@ -143,7 +143,7 @@ def test_shared_prefix_lands_on_one_replica(real_router, vllm_chat_pair) -> None
 
 
 def _per_backend(router: RouterUnderTest) -> dict[str, float]:
-    text = router.request("GET", "/metrics")[2].decode()
+    text = router.metrics()
     out: dict[str, float] = {}
     for m in re.finditer(
         r'inferstack_router_requests_total\{backend="([^"]+)",model="tiny-llama",status="200"\} (\S+)', text
@@ -164,7 +164,7 @@ def test_python_m_runtime_router_serves_the_openai_client(vllm_chat_pair, tmp_pa
                         "static_backends": [{"url": u} for u in vllm_chat_pair.base_urls],
                     }
                 ],
-                "router": {"host": "127.0.0.1", "port": port},
+                "router": {"host": "127.0.0.1", "port": port, "metrics_port": free_port()},
             }
         )
     )

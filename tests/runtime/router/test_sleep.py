@@ -123,7 +123,7 @@ def test_an_idle_replica_sleeps_and_the_next_request_wakes_it_and_waits(
         assert r.request("POST", "/v1/chat/completions", CHAT)[0] == 200
         _wait_for(lambda: engine.asleep)
         assert engine.calls == [("sleep", {"level": "1"})]  # vLLM's level 1: weights kept in host memory
-        metrics = r.request("GET", "/metrics")[2].decode()
+        metrics = r.metrics()
         assert 'inferstack_router_backends_asleep{model="m"} 1.0' in metrics
         assert 'inferstack_router_sleeps_total{model="m"} 1.0' in metrics
 
@@ -134,7 +134,7 @@ def test_an_idle_replica_sleeps_and_the_next_request_wakes_it_and_waits(
         assert waited >= engine.wake_s
         assert [c for c, _ in engine.calls] == ["sleep", "wake_up"]
         assert engine.served_while_asleep == 0  # nothing was sent to it before it woke
-        metrics = r.request("GET", "/metrics")[2].decode()
+        metrics = r.metrics()
         assert 'inferstack_router_backends_asleep{model="m"} 0.0' in metrics
         assert 'inferstack_router_wake_seconds_count{model="m"} 1.0' in metrics
     finally:
@@ -193,11 +193,7 @@ def test_traffic_through_another_router_keeps_it_awake_and_its_state_is_the_engi
         _wait_for(lambda: engine.asleep)  # then idle everywhere: it sleeps
         # someone else wakes it (another router, an operator): the engine's own answer wins
         lt.run(_post(engine.url + "/wake_up"))
-        _wait_for(
-            lambda: (
-                'inferstack_router_backends_asleep{model="m"} 0.0' in r.request("GET", "/metrics")[2].decode()
-            )
-        )
+        _wait_for(lambda: 'inferstack_router_backends_asleep{model="m"} 0.0' in r.metrics())
     finally:
         other.stop()
         r.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from runtime.engines import Signal
 from runtime.fleet_feed import read_feed
 from runtime.router.fleet import Fleet
 from runtime.router.metrics import LATENCY_BUCKETS_S, RouterMetrics
-from runtime.router.payload import prompt_text, usage_of
+from runtime.router.payload import UsageStrip, prompt_text, token_estimate, usage_of, with_usage
 from runtime.router.reload import read_router_config
 from runtime.signal_loop import apply_feed
 
@@ -179,3 +180,40 @@ def test_hot_metric_families_render_as_prometheus_clients_own_types() -> None:
     assert mine == lines(theirs, names)
     assert 'inferstack_router_request_duration_seconds_bucket{le="0.005",model="m"} 6.0' in mine
     assert 'inferstack_router_request_duration_seconds_bucket{le="+Inf",model="m"} 14.0' in mine
+
+
+def test_a_stream_is_asked_for_its_usage_without_losing_what_the_client_sent() -> None:
+    body = b'{"model":"m","stream":true}'
+    assert json.loads(with_usage(body, json.loads(body)) or b"") == {
+        "model": "m",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    for options in (None, {"include_usage": False, "continuous_usage_stats": True}):
+        payload = {"model": "m", "stream": True, "stream_options": options}
+        asked = json.loads(with_usage(json.dumps(payload).encode(), payload) or b"")
+        assert asked["stream_options"] == {**(options or {}), "include_usage": True}
+    payload = {"model": "m", "stream_options": {"include_usage": True}}
+    assert with_usage(json.dumps(payload).encode(), payload) is None  # the client's, untouched
+    assert with_usage(b"{}", {"stream_options": "yes"}) is None  # the engine's 400, as sent
+
+
+def test_the_usage_chunk_is_taken_out_whole_whatever_the_pieces_and_line_ends() -> None:
+    stream = (
+        b'data: {"choices":[{"delta":{"content":"\\"usage\\": []"}}]}\r\n\r\n'
+        b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}\r\n\r\n'
+        b"data: [DONE]\r\n\r\n"
+    )
+    for size in (1, 7, len(stream)):
+        strip = UsageStrip()
+        out = b"".join(strip.feed(stream[i : i + size]) for i in range(0, len(stream), size)) + strip.rest()
+        assert out == stream.replace(stream.split(b"\r\n\r\n")[1] + b"\r\n\r\n", b"")
+        assert strip.usage is not None and usage_of(strip.usage) == (3, 2)
+
+
+def test_the_reservation_counts_the_prompt_and_every_choice() -> None:
+    body = b"x" * 400  # ~100 prompt tokens
+    assert token_estimate(body, {"max_tokens": 50, "n": 2}, "chat", 4096) == 101 + 100
+    assert token_estimate(body, {"max_completion_tokens": 10, "max_tokens": 99}, "chat", 4096) == 111
+    assert token_estimate(body, {}, "completions", 300) == 101 + 300  # the default, at most the context
+    assert token_estimate(body, {"max_tokens": 50}, "embeddings", 4096) == 101

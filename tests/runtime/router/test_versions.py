@@ -33,7 +33,7 @@ def test_requests_split_by_weight_and_the_model_is_listed_once(doubles, make_rou
     assert canary.requests[0]["body"]["model"] == "chat"  # the engine serves the model's name
     models = json.loads(r.request("GET", "/v1/models")[2])["data"]
     assert [m["id"] for m in models] == ["chat"]
-    text = r.request("GET", "/metrics")[2].decode()
+    text = r.metrics()
     assert 'inferstack_router_version_requests_total{model="chat",status="200",version="v2"} 20.0' in text
     assert 'inferstack_router_version_requests_total{model="chat",status="200",version="v1"} 180.0' in text
     assert 'inferstack_router_version_weight{model="chat",version="v2"} 10.0' in text
@@ -61,7 +61,7 @@ def test_a_failing_canary_loses_no_request_its_retries_go_to_stable(doubles, mak
     statuses = [r.request("POST", "/v1/chat/completions", CHAT)[0] for _ in range(40)]
     assert statuses == [200] * 40
     assert len(canary.requests) == 20 and len(stable.requests) == 40
-    text = r.request("GET", "/metrics")[2].decode()
+    text = r.metrics()
     assert 'inferstack_router_version_requests_total{model="chat",status="503",version="v2"} 20.0' in text
 
 
@@ -81,10 +81,7 @@ def test_a_rollback_in_the_health_feed_sends_everything_to_stable(doubles, make_
     for _ in range(50):
         r.request("POST", "/v1/chat/completions", CHAT)
     assert len(canary.requests) == 0 and len(stable.requests) == 50
-    assert (
-        'inferstack_router_version_weight{model="chat",version="v2"} 0.0'
-        in r.request("GET", "/metrics")[2].decode()
-    )
+    assert 'inferstack_router_version_weight{model="chat",version="v2"} 0.0' in r.metrics()
 
 
 def test_a_version_is_not_reachable_by_its_target_name(doubles, make_router) -> None:
