@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from runtime.openai_request import BadRequest, Routable, prompt_text, read_request
+from runtime.openai_request import BadRequest, Routable, choices_problem, prompt_text, read_request
 
 __all__ = [
     "BadRequest",
@@ -42,21 +42,6 @@ _USAGE_ONLY = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-
-
-def choices_problem(payload: dict[str, Any], limit: int) -> BadRequest | None:
-    """``n`` and ``best_of`` ask the engine for that many completions of one prompt: bounded per request."""
-    for field in ("n", "best_of"):
-        value = payload.get(field)
-        if value is None:
-            continue
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
-            return BadRequest(
-                f"'{field}' must be an integer from 1 to {limit} on this gateway, not {str(value)[:20]}",
-                param=field,
-                code="invalid_value",
-            )
-    return None
 
 
 def usage_of(body: bytes) -> tuple[int, int]:
