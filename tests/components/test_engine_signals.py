@@ -92,7 +92,11 @@ def test_trtllm_scales_on_the_router_queue_alone_and_has_no_engine_scrape() -> N
     assert [t.name for t in scaling.triggers(spec, unit)] == ["router-queue"]
     [scaled] = scaling.render(spec, unit)
     assert [t["name"] for t in scaled["spec"]["triggers"]] == ["router-queue"]
-    assert [m["metadata"]["name"] for m in monitors.render(spec)] == ["inferstack-runtime"]
+    # No engine is scraped: only the runtime services (and the router's own metrics listener) are.
+    assert [m["metadata"]["name"] for m in monitors.render(spec)] == [
+        "inferstack-runtime",
+        "inferstack-router",
+    ]
     names = {a.name for a in alerts.model_alerts(spec, unit)}
     assert "InferenceEngineDown" not in names and "InferenceEngineReplicasBelowMin" in names
     assert scaling.scaling_note(spec, unit) == (

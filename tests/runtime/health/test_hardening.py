@@ -112,7 +112,7 @@ def test_a_monitor_that_cannot_see_the_engines_does_not_empty_the_model_for_rout
         assert router.call(lambda: all(f.models["m"].panic for f in fleets))
         # Routed to, yet still reported ejected (as Envoy's health stats stay true in panic): the dashboards'
         # healthy replicas and the alerts see the ejections
-        metrics = router.request("GET", "/metrics")[2].decode()
+        metrics = router.metrics()  # the router's metrics listener
         healthy = [
             line for line in metrics.splitlines() if line.startswith("inferstack_router_backend_healthy{")
         ]
