@@ -45,7 +45,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -232,7 +232,7 @@ def outcome(err: BaseException) -> str:
 
 
 async def exchange(
-    port: int, head: bytes, send: Callable[[asyncio.StreamWriter], Awaitable[None]] | None = None
+    port: int, head: bytes, send: Callable[[asyncio.StreamWriter], Coroutine[Any, Any, None]] | None = None
 ) -> dict[str, Any]:
     """Send ``head`` (then ``send``'s body, while already reading) and read the answer's head and sized body."""
     started = time.monotonic()
@@ -421,7 +421,7 @@ async def concurrent_streams(port: int, key: str, count: int, max_tokens: int | 
     return summary(results)
 
 
-ATTACKS: list[tuple[str, str, Callable[[int], Awaitable[dict[str, Any]]]]] = [
+ATTACKS: list[tuple[str, str, Callable[[int], Coroutine[Any, Any, dict[str, Any]]]]] = [
     ("1a", "5 keyless 64 MiB POSTs to /v1/filesX", lambda p: keyless_uploads(p, "/v1/filesX")),
     ("1b", "5 keyless 64 MiB POSTs to /v1/files", lambda p: keyless_uploads(p, "/v1/files")),
     ("2", "request head trickled 1 byte/s (20 s bound)", slowloris),
@@ -467,7 +467,7 @@ def router_of(tree: Path, tmp: Path) -> Iterator[tuple[int, int, dict[str, Any]]
 def alive(pid: int) -> bool:
     """Whether the router survived the attack (the bench's own child: a dead one is a zombie until reaped)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 
@@ -482,7 +482,7 @@ def run_tree(label: str, tree: Path, only: set[str] | None) -> dict[str, Any]:
                     if only and key not in only and key.rstrip("ab") not in only:
                         continue
                     with RssPeak(pid) as rss:
-                        result = asyncio.run(attack(port))
+                        result: dict[str, Any] = asyncio.run(attack(port))
                     result["rss_growth_mib"] = rss.growth_mib
                     result["rss_start_mib"] = round(rss.start / 1024 / 1024, 1)
                     result["router_alive"] = alive(pid)
