@@ -838,7 +838,19 @@ class PickerSettings(_Strict):
     )
     api_keys_file: Path | None = Field(
         default=None,
-        description="YAML list of ApiKey (the router's keys Secret, mounted); re-read on change.",
+        description=(
+            "YAML list of ApiKey (the router's keys Secret, mounted); re-read on change. A key with"
+            " tokens_per_minute is refused: the picker never sees the answers' usage."
+        ),
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        exclude_if=lambda n: n == 1,  # absent from rendered configs unless changed
+        description=(
+            "Replicas of the picker's Deployment (rendered from it). Each holds its own request buckets, so"
+            " each admits requests_per_minute / replicas of a key: together, the key's limit."
+        ),
     )
 
     @model_validator(mode="after")
