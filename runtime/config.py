@@ -621,6 +621,15 @@ class HealthSettings(_Strict):
             " fault that makes many replicas look wedged at once costs one pod, not the fleet."
         ),
     )
+    remediate_timeout_s: float = Field(
+        default=30,
+        gt=0,
+        exclude_if=lambda s: s == 30,  # absent from rendered configs unless changed
+        description=(
+            "Longest a remediation (find the pod, delete it, its Event) may take; past it the attempt counts"
+            " as failed and the next one may start (a hung API call must not stop remediation for good)."
+        ),
+    )
     max_ejected_percent: float = Field(
         default=50,
         ge=0,
