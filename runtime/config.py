@@ -764,6 +764,23 @@ class BatchesSettings(_Strict):
         ge=1024,
         description="Bytes of files one API key may keep (as max_files_per_owner counts them); beyond it 400.",
     )
+    max_active_batches_per_owner: int = Field(
+        default=16,
+        ge=1,
+        description=(
+            "Unfinished batches one API key may have; a new one beyond it is refused (429"
+            " batch_limit_exceeded). Each copies its input's lines into the state store, and its input's"
+            " bytes count against max_bytes_per_owner while it runs."
+        ),
+    )
+    max_pending_requests_per_owner: int = Field(
+        default=200_000,
+        ge=1,
+        description=(
+            "Requests one API key's unfinished batches may still have to run; while they have this many, a"
+            " new batch is refused (429 batch_limit_exceeded)."
+        ),
+    )
     max_inflight_per_replica: int = Field(
         default=2,
         ge=1,
