@@ -17,6 +17,8 @@ says it is alive every ``check_interval_ms``; before the store ever answered, th
 once per cause, counted (``inferstack_router_limit_store_errors_total{cause}``) and shown
 (``inferstack_router_limit_store_up``); requests stop trying the store until the background check reaches
 it again, so a slow store costs one timeout, not one per request; then the shared buckets are used again.
+A reservation is settled where it was taken (``runtime.router.limits.Ticket``): one taken in the fallback
+share is settled there, one the store took is held back while the store is down and sent to it on return.
 """
 
 from __future__ import annotations

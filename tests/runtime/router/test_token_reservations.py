@@ -221,7 +221,7 @@ def test_a_stream_without_max_tokens_reserves_the_context_and_is_refunded_when_i
     """Without ``max_tokens`` the engine may generate up to the model's context (4096 here): a client that
     left mid-stream paid only the 1024 tokens reserved per choice, however much it had read. It now reserves
     what the context leaves (~4096 with the prompt), and an answer that ends gets the unused part back."""
-    (d,) = doubles(1, mode="trickle", chunks=50, trickle_s=0.01)
+    (d,) = doubles(1, mode="trickle", chunks=100, trickle_s=0.01)
     r = keyed_router([d.url], tokens_per_minute=3000)
     unbounded = stream_body()
     del unbounded["max_tokens"]
