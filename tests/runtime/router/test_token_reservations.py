@@ -312,3 +312,52 @@ def test_a_reservation_taken_in_the_store_is_settled_in_the_store_after_it_faile
     finally:
         admin.config_set("maxmemory", 0)
         admin.close()
+
+
+def test_a_reservation_taken_in_the_fallback_share_is_settled_there_after_the_store_returned(
+    doubles: Callable[..., list[Double]],
+    make_router: Callable[..., RouterUnderTest],
+    redis_store: RedisProcess,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A stream reserved in the fallback share (Redis refusing writes) ends once Redis is back: its refund went
+    to Redis, which never took the reservation, and the share stayed overdrawn for the next outage."""
+    (d,) = doubles(1, hold=asyncio.Event())
+    key = {
+        "name": "streamer",
+        "sha256": hashlib.sha256(RAW_KEY.encode()).hexdigest(),
+        "tokens_per_minute": 200,
+    }
+    store = {
+        "url": redis_store.url,
+        "timeout_ms": 3000,
+        "check_interval_ms": 100,
+        "key_prefix": f"{request.node.name}:",
+    }
+    r = make_router([d.url], require_api_key=True, api_keys=[key], limit_store=store)
+    assert r.router is not None
+    router = r.router
+    admin = sync_redis.Redis(host="127.0.0.1", port=redis_store.port, socket_timeout=30)
+
+    def store_up(up: bool) -> None:
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", 0 if up else 1)  # 1 byte: every write an error reply
+        until(lambda: r.call(lambda: router.limits.store_up) == (1.0 if up else 0.0), f"store up: {up}")
+
+    try:
+        store_up(False)
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                held = pool.submit(post, r, stream_body())
+                until(lambda: len(d.requests) == 1, "the stream reserved in the fallback share")
+                store_up(True)
+            finally:
+                d.release()
+            assert held.result()[0] == 200
+        settled(r)
+        store_up(False)  # the next outage: the share got its refund back
+        status, _, raw = post(r, stream_body())
+        assert status == 200, f"the refund went to the fallback share, where the reservation was: {raw!r}"
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
