@@ -272,9 +272,9 @@ def test_one_api_key_picking_canary_session_keys_cannot_roll_the_canary_back(lt:
             lt.run(e.stop())
 
 
-async def test_a_single_replica_canary_that_restarts_once_is_not_rolled_back(fakes, monitors) -> None:
-    stable, canary = await fakes(), await fakes()
-    config = RuntimeConfig.model_validate(
+def _single_replica_canary(stable_url: str, canary_url: str) -> RuntimeConfig:
+    """Model chat at v1 (90 %) with a one-replica canary v2 (10 %), judged every 30 s on at least 3 probes."""
+    return RuntimeConfig.model_validate(
         {
             "models": [
                 {
@@ -282,7 +282,7 @@ async def test_a_single_replica_canary_that_restarts_once_is_not_rolled_back(fak
                     "static_backends": [{"url": url}],
                     "version_of": {"model": "chat", "version": v, "weight": w, "stable": v == "v1"},
                 }
-                for v, url, w in (("v1", stable.url, 90), ("v2", canary.url, 10))
+                for v, url, w in (("v1", stable_url, 90), ("v2", canary_url, 10))
             ],
             "health": {
                 "eject_after_failures": 3,
@@ -290,6 +290,11 @@ async def test_a_single_replica_canary_that_restarts_once_is_not_rolled_back(fak
             },
         }
     )
+
+
+async def test_a_single_replica_canary_that_restarts_once_is_not_rolled_back(fakes, monitors) -> None:
+    stable, canary = await fakes(), await fakes()
+    config = _single_replica_canary(stable.url, canary.url)
     clock = Clock()
     m = await monitors(config, clock=clock)
     for status in [200] * 3 + [503] * 4 + [200] * 10:  # out for four probes (ejected), then back: a restart
@@ -303,22 +308,7 @@ async def test_a_single_replica_canary_that_restarts_once_is_not_rolled_back(fak
 async def test_a_canary_that_is_out_when_its_interval_ends_is_held_not_advanced(fakes, monitors) -> None:
     """Failed probes held for the restart grace are not a pass: a canary out at its verdict is on hold."""
     stable, canary = await fakes(), await fakes()
-    config = RuntimeConfig.model_validate(
-        {
-            "models": [
-                {
-                    "name": f"chat-{v}",
-                    "static_backends": [{"url": url}],
-                    "version_of": {"model": "chat", "version": v, "weight": w, "stable": v == "v1"},
-                }
-                for v, url, w in (("v1", stable.url, 90), ("v2", canary.url, 10))
-            ],
-            "health": {
-                "eject_after_failures": 3,
-                "canaries": [{"model": "chat", "evaluation_interval_s": 30, "min_samples": 3}],
-            },
-        }
-    )
+    config = _single_replica_canary(stable.url, canary.url)
     clock = Clock()
     m = await monitors(config, clock=clock)
     verdicts: list[str] = []
