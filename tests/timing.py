@@ -16,7 +16,7 @@ import pytest
 
 #: xdist's loadgroup appends "@<group>" to a test's id (tests/conftest.py names the two engine groups).
 UNGROUPED = "the rest"
-TOP_FILES = 3
+TOP_FILES = 10
 
 
 def part_of(nodeid: str) -> str:

@@ -9,9 +9,10 @@ import pytest
 import yaml
 
 from components.core.stackfile import Stack
+from components.local.engine_process import EngineProcess, cpu_list
 from components.local.plan import HOST, EngineLaunch, LocalOptions, build_plan
 from components.local.supervisor import engine_process
-from components.render.engine_args import engine_command
+from components.render.engine_args import LEADER_RANK, GroupMember, engine_command
 from runtime.config import EngineKind
 from runtime.engines import TELEMETRY_OFF_ENV, facts
 from tests.stacks import load, validate
@@ -85,3 +86,18 @@ def test_local_engines_keep_the_clusters_telemetry_opt_out_and_get_their_own_cor
         assert TELEMETRY_OFF_ENV.items() <= engine_command(launch.spec).env.items()
         assert env["VLLM_CPU_OMP_THREADS_BIND"] == launch.cpu_cores
         assert (env["HF_HUB_OFFLINE"], env["VLLM_HOST_IP"]) == ("1", "127.0.0.1")
+
+
+def test_a_one_process_engine_runs_its_worker_in_the_engine_core_with_openmp_sized_to_its_cores(
+    tmp_path: Path,
+) -> None:
+    """A third fewer imports of torch and vLLM per start; the OpenMP sizing vLLM's worker launcher would do, done
+    here (two engines of two threads each on two cores would spin against each other)."""
+    plan = build_plan(load("local", REPO / "stacks"), LocalOptions(cpus=(0, 1)), REPO)
+    for launch in plan.engines:
+        env = engine_process(launch, tmp_path, "tag").environment()
+        assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        assert env["OMP_NUM_THREADS"] == str(len(cpu_list(launch.cpu_cores)))
+    grouped = EngineProcess(plan.engines[0].spec, group=GroupMember(2, LEADER_RANK, "localhost"))
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in grouped.environment()  # a group keeps vLLM's own topology
+    assert cpu_list("0") == [0] and cpu_list("0-3") == [0, 1, 2, 3] and cpu_list("0,2-3") == [0, 2, 3]
