@@ -264,7 +264,10 @@ def check_vllm_args(engine_python: Path) -> Callable[..., list[str | None]]:
         )
         if result.returncode not in (0, 1):
             pytest.fail(f"check_vllm_args.py failed ({result.returncode}):\n{result.stderr[-4000:]}")
-        return [entry["error"] for entry in json.loads(result.stdout)]
+        errors = [entry["error"] for entry in json.loads(result.stdout)]
+        # its exit code says whether any was rejected (0: none)
+        assert result.returncode == int(any(e is not None for e in errors)), result.stderr[-4000:]
+        return errors
 
     return check
 

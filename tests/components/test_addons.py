@@ -20,7 +20,7 @@ from components.deploy import synthesis as plan
 from components.render import addons, scaling
 from components.spec import PlatformSpec
 from tests.components.helpers import decided, minimal, on_own_cluster, write_stack
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 HELM = "kubernetes:helm.sh/v4:Chart"
@@ -29,7 +29,7 @@ EXACT = re.compile(r"^v?\d+\.\d+\.\d+$")
 
 @cache
 def _charts(name: str) -> dict[str, dict[str, Any]]:
-    return {r.name: r.inputs for r in plan.synthesize(load(name)).resources if r.type == HELM}
+    return {r.name: r.inputs for r in synthesized(name).resources if r.type == HELM}
 
 
 def _names(spec: PlatformSpec) -> set[str]:

@@ -23,13 +23,13 @@ from components.deploy import images
 from components.deploy import synthesis as plan
 from components.spec import ApiAccess, PlatformSpec, Target
 from tests.components.helpers import cluster, engine_workloads, minimal, pod_templates, write_stack
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 
 @functools.cache
 def _synth(name: str) -> plan.Synthesis:
     """One synthesis per committed stack (fresh mocks each; the result is plain data, shared read-only)."""
-    return plan.synthesize(load(name))
+    return synthesized(name)
 
 
 EKS_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target is Target.EKS]

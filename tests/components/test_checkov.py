@@ -16,7 +16,7 @@ import yaml
 
 from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import synthesis as plan
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKOV = ROOT / ".venv-tools" / "bin" / "checkov"
@@ -39,7 +39,7 @@ def test_the_skip_file_gives_a_reason_for_every_skipped_check() -> None:
 
 @pytest.mark.parametrize("name", [*PULUMI_STACKS, *EXAMPLE_STACKS])
 def test_checkov_reports_no_failed_check(name: str, tmp_path: Path) -> None:
-    synthesis = plan.synthesize(load(name, EXAMPLE_STACKS.get(name, STACKS_DIR)))
+    synthesis = synthesized(name, EXAMPLE_STACKS.get(name, STACKS_DIR))
     plan.write(synthesis, tmp_path, "")
     env = {**os.environ, "BC_SKIP_MAPPING": "TRUE", "CHECKOV_RUN_SCA_PACKAGE_SCAN_V2": "false"}
     result = subprocess.run(

@@ -20,12 +20,11 @@ from components.core.cloud import Cloud, IngressClass
 from components.core.placement import place
 from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import program
-from components.deploy import synthesis as plan
 from components.kubernetes.cluster import bring_your_own
 from components.render import engine, gateway
 from components.spec import CapacityType, PlatformSpec, Target
 from tests.components.helpers import minimal, on_own_cluster, pod_templates
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 CLOUDS: list[Cloud] = [EKS, OWN_CLUSTER]
 GPU_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).layout.pools]
@@ -131,7 +130,7 @@ def test_eks_gpu_node_groups_carry_exactly_what_the_cloud_promises(name: str) ->
 def test_on_eks_the_engines_service_account_reads_the_weights_and_elsewhere_none_does() -> None:
     stack = load("prod")
     namespace, account = EKS.model_reader(stack.spec)
-    synthesis = plan.synthesize(stack)
+    synthesis = synthesized("prod")
     associations = [r.inputs for r in synthesis.resources if r.type.endswith("PodIdentityAssociation")]
     reader = next(a for a in associations if a["serviceAccount"] == account)
     assert reader["namespace"] == namespace

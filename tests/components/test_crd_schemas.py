@@ -21,10 +21,9 @@ import pytest
 import yaml
 
 from components.core.stackfile import STACKS_DIR, available_stacks
-from components.deploy import synthesis as plan
 from components.spec import ChartVersionsSpec
 from tests.components.helpers import write_stack
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_TOOLS = ROOT / "tools" / "crd-schemas"
@@ -134,7 +133,7 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[s
     cases: dict[str, dict[str, Any]] = {}
     for name, directory in stacks:
         stack = load(name, directory)
-        manifests = plan.synthesize(stack).kubernetes_manifests()
+        manifests = synthesized(name, directory).kubernetes_manifests()
         custom = _custom_resource_kinds(manifests, f"{stack.spec.cluster.kubernetes_version}.0")
         for m in manifests:
             # LeaderWorkerSet has no @kubernetes-models package: test_leader_worker_sets.py checks it against the

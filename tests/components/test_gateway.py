@@ -20,14 +20,14 @@ from components.render.runtime_config import runtime_config
 from components.spec import PlatformSpec, Target
 from runtime.config import RuntimeConfig
 from tests.components.helpers import minimal, write_stack
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 
 
 @cache
 def _synthesis(name: str) -> plan.Synthesis:
-    return plan.synthesize(load(name))
+    return synthesized(name)
 
 
 @cache

@@ -13,13 +13,13 @@ from components.clouds.aws.cloud import EKS
 from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import synthesis as plan
 from components.spec import Target
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 
 @functools.cache
 def _synth(name: str) -> plan.Synthesis:
     """One synthesis per committed stack (fresh mocks each; the result is plain data, shared read-only)."""
-    return plan.synthesize(load(name))
+    return synthesized(name)
 
 
 EKS_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target is Target.EKS]

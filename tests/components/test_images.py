@@ -16,7 +16,7 @@ from components.deploy import synthesis as plan
 from components.render import limit_store
 from policies.inference.offline import evaluate, resources_of
 from tests.components.helpers import engine_deployments, minimal, on_own_cluster, write_stack
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 
 def _builds(synthesis: plan.Synthesis) -> dict[str, dict[str, Any]]:
@@ -43,7 +43,7 @@ def _runtime_images(synthesis: plan.Synthesis) -> dict[str, str]:
 
 def test_kind_runs_only_runtime_images_the_program_builds_and_pushes_to_the_local_registry() -> None:
     stack = load("kind")
-    synthesis = plan.synthesize(stack)
+    synthesis = synthesized("kind")
     builds = _builds(synthesis)
     running = _runtime_images(synthesis)
     assert set(running) == {"router", "health", "batches", "weights"}  # no embedding model: no batcher
@@ -94,7 +94,7 @@ def test_a_cluster_you_bring_without_a_registry_runs_the_spec_images_and_the_pol
 
 @pytest.mark.parametrize("name", ["prod", "kind"])
 def test_committed_stacks_pass_the_runtime_images_rule(name: str) -> None:
-    synthesis = plan.synthesize(load(name))
+    synthesis = synthesized(name)
     assert [v for v in evaluate(resources_of(synthesis), {}) if v.rule == "runtime-images-built"] == []
 
 

@@ -20,7 +20,6 @@ from pydantic import ValidationError
 
 from components.clouds.targets import cloud_for
 from components.core.placement import place
-from components.deploy import synthesis as plan
 from components.render import flows, scaling
 from components.render.envoy import FAIL_OPEN_NEEDS_BUFFERED, EnvoyPool, envoy_config
 from components.render.runtime_config import runtime_config
@@ -28,7 +27,7 @@ from components.spec import PlatformSpec
 from runtime.config import BodyMode, Task
 from tests.components.helpers import decided
 from tests.components.test_network import _mismatches
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "stacks"
 STACK = "inference-extension"
@@ -36,7 +35,7 @@ STACK = "inference-extension"
 
 @pytest.fixture(scope="module")
 def manifests() -> list[dict[str, Any]]:
-    return plan.synthesize(load(STACK, EXAMPLES)).kubernetes_manifests()
+    return synthesized(STACK, EXAMPLES).kubernetes_manifests()
 
 
 def _by_kind(manifests: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -13,13 +13,11 @@ from components.render import common, limit_store, runtime_config
 from components.spec import PlatformSpec
 from tests.components.helpers import minimal
 from tests.components.test_aws import _of, _synth
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 
 def _manifests(name: str) -> dict[tuple[str, str], dict]:
-    from components.deploy import synthesis as plan
-
-    return {(m["kind"], m["metadata"]["name"]): m for m in plan.synthesize(load(name)).kubernetes_manifests()}
+    return {(m["kind"], m["metadata"]["name"]): m for m in synthesized(name).kubernetes_manifests()}
 
 
 def test_prod_keeps_its_limits_in_elasticache_encrypted_in_transit_and_at_rest() -> None:

@@ -21,12 +21,11 @@ from components.clouds.targets import cloud_for
 from components.core.cloud import PRIVATE_CIDRS, Cloud
 from components.core.placement import place
 from components.core.stackfile import STACKS_DIR, available_stacks
-from components.deploy import synthesis as plan
 from components.render import batches, common, flows, ingress, network
 from components.spec import PlatformSpec, Target
 from tests.components.helpers import SOME_COMMIT, minimal, on_own_cluster
 from tests.components.netpol import Endpoint, allowed, expected
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target is not Target.LOCAL]
 IMDS = "169.254.169.254"
@@ -37,7 +36,7 @@ WORKLOADS = ("Deployment", "StatefulSet", "Job")
 
 @cache
 def _manifests(name: str) -> tuple[dict[str, Any], ...]:
-    return tuple(plan.synthesize(load(name)).kubernetes_manifests())
+    return tuple(synthesized(name).kubernetes_manifests())
 
 
 def _policies_of(manifests: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
@@ -374,7 +373,7 @@ def test_vpc_cni_enforces_network_policies_on_eks() -> None:
     """Without enableNetworkPolicy the vpc-cni add-on ignores every NetworkPolicy above."""
     import json
 
-    synthesis = plan.synthesize(load("prod"))
+    synthesis = synthesized("prod")
     [cni] = [
         r
         for r in synthesis.resources

@@ -9,18 +9,17 @@ from typing import Any
 import pytest
 
 from components.core.stackfile import STACKS_DIR, available_stacks
-from components.deploy import synthesis as plan
 from components.render import observability
 from runtime.engines import facts
 from tests.components.helpers import decided
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 
 
 @cache
 def _manifests(name: str) -> tuple[dict[str, Any], ...]:
-    return tuple(plan.synthesize(load(name)).kubernetes_manifests())
+    return tuple(synthesized(name).kubernetes_manifests())
 
 
 def _kind(name: str, kind: str) -> dict[str, dict[str, Any]]:

@@ -15,13 +15,14 @@ from components.deploy import program
 from components.deploy import synthesis as plan
 from components.render import common
 from tests.components.helpers import engine_deployments, engine_workloads, pod_templates
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 
 
 def _synth(stack: Stack) -> plan.Synthesis:
-    return plan.synthesize(stack)
+    """A committed stack's resources (run once per test process: tests/stacks.py)."""
+    return synthesized(stack.name)
 
 
 @pytest.mark.parametrize("name", PULUMI_STACKS)
@@ -228,7 +229,7 @@ def test_the_stack_exports_where_clients_reach_the_gateway(monkeypatch, name: st
 def test_every_resource_belongs_to_its_own_stack_when_several_are_planned_in_one_process() -> None:
     """The snapshot test plans every stack in one process: none may inherit the previous one's root Stack."""
     for name in ("kind", "prod", "kind"):
-        resources = _synth(load(name)).resources
+        resources = plan.synthesize(load(name)).resources
         parents = {r.parent for r in resources if r.parent is not None}
         assert parents and all(p.startswith(f"urn:pulumi:{name}::") for p in parents), name
 
@@ -238,9 +239,9 @@ def test_pulumi_up_decides_from_stack_config_what_the_plan_passes_in(monkeypatch
     """`inferstack plan` hands the program the decisions it made from the stack file; `pulumi up` has only the stack
     config and decides there: both register the same resources (stacks on eks and kubernetes, one with versions)."""
     stack = load(name)
-    planned = _synth(stack).resources
+    planned = plan.synthesize(stack).resources
     monkeypatch.setattr(plan, "_run_program", lambda _decided: program.run())
-    from_config = _synth(stack).resources
+    from_config = plan.synthesize(stack).resources
     assert sorted((r.as_json() for r in from_config), key=lambda r: r["urn"]) == sorted(
         (r.as_json() for r in planned), key=lambda r: r["urn"]
     )

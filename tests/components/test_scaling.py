@@ -11,18 +11,17 @@ import pytest
 from components.core import scaling as core_scaling
 from components.core.problems import SpecError
 from components.core.stackfile import STACKS_DIR, available_stacks
-from components.deploy import synthesis as plan
 from components.render import scaling
 from components.spec import PlatformSpec
 from tests.components.helpers import decided, minimal, write_stack
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 
 
 @cache
 def _manifests(name: str) -> tuple[dict[str, Any], ...]:
-    return tuple(plan.synthesize(load(name)).kubernetes_manifests())
+    return tuple(synthesized(name).kubernetes_manifests())
 
 
 def _by_kind(name: str, kind: str) -> dict[str, dict[str, Any]]:

@@ -32,14 +32,14 @@ from tests.components.helpers import (
     pod_templates,
     write_stack,
 )
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 
 
 @cache
 def _synth(name: str) -> plan.Synthesis:
-    return plan.synthesize(load(name))
+    return synthesized(name)
 
 
 def _seconds(timeout: str) -> int:

@@ -18,7 +18,7 @@ from components.core.stackfile import STACKS_DIR
 from components.deploy import synthesis as plan
 from components.render import preparation, weights
 from runtime.config import RuntimeConfig
-from tests.stacks import load, validate
+from tests.stacks import load, synthesized, validate
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trtllm-build-cli.json"
 
@@ -26,7 +26,7 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trtllm-build-cli.j
 @pytest.fixture(scope="module")
 def staging() -> tuple[Any, list[dict[str, Any]], plan.Synthesis]:
     stack = load("staging")
-    synthesis = plan.synthesize(stack)
+    synthesis = synthesized("staging")
     return stack, synthesis.kubernetes_manifests(), synthesis
 
 

@@ -17,7 +17,7 @@ from components.deploy import synthesis as plan
 from components.render import weights
 from components.spec import PlatformSpec
 from tests.components.helpers import SOME_COMMIT, engine_deployments, minimal, rendered_engine_deployment
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 
 def _spec(**model: Any) -> PlatformSpec:
@@ -77,7 +77,7 @@ def test_cold_start_per_path_orders_as_the_bandwidths_say() -> None:
 
 def test_plan_summary_shows_every_models_store_fetch_path_and_cold_start() -> None:
     stack = load("dev")
-    summary = plan.synthesize(stack)  # the program runs; the summary is the report over the same stack
+    summary = synthesized("dev")  # the program runs; the summary is the report over the same stack
     from components.cli.report import plan_report
 
     text = plan_report(stack).markdown(stack, summary)
@@ -89,7 +89,7 @@ def test_plan_summary_shows_every_models_store_fetch_path_and_cold_start() -> No
 
 def test_the_preparation_job_alone_reads_the_hub_token_and_engines_reach_only_the_store() -> None:
     stack = load("prod")
-    manifests = plan.synthesize(stack).kubernetes_manifests()
+    manifests = synthesized("prod").kubernetes_manifests()
     jobs = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "Job"}
     assert {j["metadata"]["labels"]["inferstack.io/model"] for j in jobs.values()} == {
         m.name for m in stack.spec.models
@@ -107,7 +107,7 @@ def test_the_preparation_job_alone_reads_the_hub_token_and_engines_reach_only_th
             v.get("secret", {}).get("secretName") == weights.hf_token_secret_name(stack.spec)
             for v in pod["volumes"]
         )
-    for deployment in engine_deployments(plan.synthesize(stack)).values():
+    for deployment in engine_deployments(synthesized(stack.name)).values():
         pod = deployment["spec"]["template"]["spec"]
         assert pod["initContainers"][0]["args"][0] == "verify"
         assert pod["containers"][0]["args"][0].startswith("s3://")

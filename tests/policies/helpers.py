@@ -12,12 +12,11 @@ from pulumi_policy import PolicyResource, ResourceValidationArgs, StackValidatio
 from pulumi_policy.proxy import unknown_checking_proxy
 
 from components.core.stackfile import available_stacks
-from components.deploy import synthesis as plan
 from components.spec import Target
 from policies.inference import pack
 from policies.inference.offline import resources_of
 from policies.inference.rules import BY_NAME, Res
-from tests.stacks import load
+from tests.stacks import load, synthesized
 
 BROKEN = Path(__file__).parent / "stacks"
 # Every committed stack with cloud or cluster resources (target local has none to judge).
@@ -26,7 +25,7 @@ COMMITTED = tuple(s for s in available_stacks() if load(s).spec.target is not Ta
 
 @cache
 def _rendered(stack: str, stacks_dir: str) -> tuple[Res, ...]:
-    return tuple(resources_of(plan.synthesize(load(stack, Path(stacks_dir)))))
+    return tuple(resources_of(synthesized(stack, Path(stacks_dir))))
 
 
 def rendered(stack: str, stacks_dir: Path = Path("stacks")) -> list[Res]:

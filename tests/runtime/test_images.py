@@ -162,12 +162,14 @@ GPU_ONLY_WHEELS = re.compile(r"^(nvidia-(?!ml-py)|cuda-|triton==)")
 
 
 def _pip(py: Path, *args: str) -> None:
-    """pip in the image's venv, which sees nothing of ours (PYTHONPATH would show it the checkout).
+    """Our pip, working on the image's venv (``--python``), which sees nothing of ours (PYTHONPATH would show it
+    the checkout). The venv has no pip of its own: ensurepip cost 5 to 15 s per venv, and an image's pip is not
+    what the test is about.
 
     Installs pass ``--no-compile``: the venv lives for one test that runs with PYTHONDONTWRITEBYTECODE, so byte-
     compiling every file of torch and transformers was half the install (74 s against 38 s for the quantize image)."""
     run = subprocess.run(
-        [str(py), "-m", "pip", *args, "--disable-pip-version-check"],
+        [sys.executable, "-m", "pip", "--python", str(py), *args, "--disable-pip-version-check"],
         capture_output=True,
         text=True,
         check=False,
@@ -186,7 +188,7 @@ def _venv_for(requirements: tuple[str, ...], base: Path) -> Path:
     if requirements in _VENVS:
         return _VENVS[requirements]
     env_dir = base / f"venv-{len(_VENVS)}"
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir, with_pip=False)
     py = env_dir / "bin" / "python"
     lines = [line for req in requirements for line in (ROOT / req).read_text().splitlines()]
     if not any(GPU_ONLY_WHEELS.match(line) for line in lines):
