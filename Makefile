@@ -88,18 +88,24 @@ typecheck: venv
 unit: venv crd-tools s3rver prometheus
 	$(BIN)/pytest -m 'not engine' -n 2
 
+# xdist workers of `make test`: the session engines' group, the own-engines group, and a third that runs the
+# short tests from the start. Three on a 2-core machine: the two engine groups spend part of their time waiting
+# (engines starting, health timers, scale-to-zero idles), and the third fills it. A full run took 1,442 s of
+# pytest on two workers and about 1,270 s on three (tests/conftest.py).
+TEST_WORKERS ?= 3
+
 # Accept the plan changes a change makes: rewrites tests/snapshots/plans/ (review and commit the diff).
 snapshots: venv
 	INFERSTACK_UPDATE_SNAPSHOTS=1 $(BIN)/pytest -q tests/components/test_plan_snapshots.py
 
 # What the tests need, installed side by side in one make run (each step starts as soon as what it needs is
 # there: lint once the project venv is, the quantize venv once the engine venv is), then mypy beside pytest on
-# two workers (tests/conftest.py: the engine tests run in two xdist groups, in turn within each). Either
-# failing fails the target.
+# TEST_WORKERS workers (tests/conftest.py: the engine tests run in two xdist groups, in turn within each).
+# Either failing fails the target.
 test:
 	$(MAKE) --no-print-directory -j4 venv engine-venv tools-venv crd-tools prometheus s3rver prepare-venv redis lint
 	$(TYPECHECK) & typecheck=$$!; \
-	  $(BIN)/pytest -n 2 --dist loadgroup; tests=$$?; wait $$typecheck && exit $$tests
+	  $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup; tests=$$?; wait $$typecheck && exit $$tests
 
 ## product -------------------------------------------------------------------------------------
 schema: venv
