@@ -56,6 +56,11 @@ from tests.stacks import load
 # at import; the CLI tests give the width they need per call (CliRunner's env), as a terminal would.
 os.environ.pop("COLUMNS", None)
 os.environ.pop("LINES", None)
+# The tests run beside each other and beside engines on two cores: a torch process with an OpenMP thread per core
+# stalls at every parallel region while the other core is busy elsewhere (the reference chat answers of
+# tests/local took 185 s in a full run, 19 s alone). One thread for every process the tests start, unless it is
+# given its own (an engine gets one per core it is pinned to: components/local/engine_process.py).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO_ROOT / ".cache"
@@ -160,15 +165,15 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
     """Marks every test that uses a real-engine fixture `engine` (before `-m` deselects), and puts every
-    engine test without a group of its own (OWN_ENGINES_GROUP) in ENGINE_GROUP: under `make test` (three
-    workers) those run in turn on one worker, sharing its session engines, the own-engines group on another,
-    and the rest beside and after them.
+    engine test without a group of its own (OWN_ENGINES_GROUP) in ENGINE_GROUP: under `pytest -n 2`
+    (`make test`) those run in turn on one worker, sharing its session engines, while the other worker runs
+    the rest.
 
     The two groups go first, the session engines' first: xdist's loadgroup hands out work in collection order,
     and a group is one unit of work. Collected where their files fall, the groups were handed out after the
     tests before them, and then both workers sat in a group each while a thousand short tests waited for one to
-    finish. First, one worker takes the engines' group, another the own-engines group, and the third the
-    short tests, which fill the time until the longest group ends (longest first). Within a group, files
+    finish. First, one worker takes the engines' group while the other takes the own-engines group and then
+    the short tests, which fill the time until the longest group ends (longest first). Within a group, files
     that need no session engine go first (the make-local stack): its engines are gone before the session
     engines start, which then stay to the end; the two never hold memory at once."""
     for item in items:
