@@ -350,7 +350,7 @@ def test_an_upload_form_of_many_tiny_parts_is_refused(shared: BatchStack) -> Non
         headers={"authorization": f"Bearer {key('ivan')}", "content-type": "multipart/form-data; boundary=b"},
     )
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(request, timeout=15)
+        urllib.request.urlopen(request, timeout=60)
     assert refused.value.code == 400
     message = json.loads(refused.value.read())["error"]["message"]
     assert f"more than {MAX_FORM_PARTS} parts" in message, message
