@@ -51,6 +51,13 @@ class Bucket:
         return max(1.0, (1.0 - self.level) / self.rate_per_s) if self.rate_per_s > 0 else 60.0
 
 
+def replica_share(per_minute: int, replicas: int) -> float:
+    """One front end's share of a key's per-minute limit when ``replicas`` of them hold buckets of their own (the
+    endpoint picker's replicas; the routers while their shared store is down): together they refill at the
+    limit. A share below one still admits a request (``Bucket``)."""
+    return per_minute / max(1, replicas)
+
+
 @dataclass
 class Principal:
     """A known key holder and its live buckets."""
@@ -168,7 +175,9 @@ class KeyTable:
                 continue
             self.by_hash[key.sha256] = Principal(
                 key,
-                Bucket(key.requests_per_minute / replicas, now) if key.requests_per_minute else None,
+                Bucket(replica_share(key.requests_per_minute, replicas), now)
+                if key.requests_per_minute
+                else None,
                 Bucket(key.tokens_per_minute, now) if key.tokens_per_minute else None,
             )
         self.by_name: dict[str, Principal] = {p.name: p for p in self.by_hash.values()}

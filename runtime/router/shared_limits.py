@@ -39,7 +39,7 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from runtime.api_keys import Bucket, Denied, Principal, admit, charge_tokens, scope_denied
+from runtime.api_keys import Bucket, Denied, Principal, admit, charge_tokens, replica_share, scope_denied
 from runtime.config import LimitStore
 from runtime.router.limits import Ticket
 
@@ -316,7 +316,7 @@ class SharedLimits:
         if found is None or found[0] != n:
             now = time.monotonic()
             per = [
-                (-(-limit // n) if limit else None)
+                replica_share(limit, n) if limit else None
                 for limit in (key.requests_per_minute, key.tokens_per_minute)
             ]
             found = (n, Bucket(per[0], now) if per[0] else None, Bucket(per[1], now) if per[1] else None)
