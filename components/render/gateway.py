@@ -335,7 +335,7 @@ def render(
                     picker,
                     image[picker],
                     s.metrics_port,
-                    s.replicas,  # what the picker divides each key's request rate by
+                    1,
                     inference_extension.PICKER_RESOURCES,
                     checksum,
                     keys_mount,  # the picker checks the keys: nothing else in this mode sees a request
