@@ -89,8 +89,8 @@ unit: venv crd-tools s3rver prometheus
 	$(BIN)/pytest -m 'not engine' -n 2
 
 # xdist workers of `make test` (tests/conftest.py): one takes the session engines' group, the other the
-# own-engines group, and both then the short tests. Two on a 2-core machine, which the run keeps busy: a fresh-
-# clone run on three workers took 1,466 s of pytest against 1,442 s on two (and that one lost 90 s to a hang).
+# own-engines group, and both then the short tests. Two on a 2-core machine, which the run keeps busy: fresh-
+# clone runs took 1,442 s and 1,553 s of pytest on two workers, 1,466 s on three; a third buys nothing.
 TEST_WORKERS ?= 2
 
 # Accept the plan changes a change makes: rewrites tests/snapshots/plans/ (review and commit the diff).

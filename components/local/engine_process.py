@@ -19,14 +19,12 @@ What it takes care of, and why:
   its address by a UDP connect to a public resolver. These variables cannot be overridden through ``env``.
 - Two engines on one machine both pin their worker to core 0 unless each gets its own
   ``VLLM_CPU_OMP_THREADS_BIND`` (``cpu_cores``); throughput collapses otherwise.
-- vLLM-CPU runs its one worker in a process of its own unless V1 multiprocessing is off
-  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, :data:`ONE_WORKER_IN_CORE_ENV`); off, the worker runs inside the
-  EngineCore process, and an engine imports torch and vLLM twice instead of three times: ready in 29 s
-  instead of 47 s on a quiet 2-core machine, and the import is most of a start on a busy one. The API
-  server still runs apart from the EngineCore (``vllm serve`` always does), so what a client, the router or
-  the health monitor sees is the same. A group member (multi-node) keeps vLLM's own topology, and so does a
-  rendered pod: vLLM-CPU wants the worker process there to pin its OpenMP threads.
-- vLLM forks an EngineCore, a worker (unless it runs in the EngineCore, above) and a resource tracker. The engine gets its own session and
+- vLLM forks an EngineCore and a resource tracker, and vLLM-CPU a worker process too unless V1
+  multiprocessing is off (:data:`ONE_WORKER_IN_CORE_ENV`). Here it is off for one-process engines: the
+  worker runs inside the EngineCore, and a start imports torch and vLLM twice instead of three times (ready
+  in 29 s instead of 47 s on a quiet 2-core machine). The API server still runs apart, so a client, the
+  router and the health monitor see the same engine. A multi-node group member keeps vLLM's topology, as
+  does a rendered pod, whose worker process pins its OpenMP threads. The engine gets its own session and
   process group; ``stop()`` SIGTERMs the group, SIGKILLs whatever is left after a grace period
   (including descendants that left the group), and removes the engine's private ``TMPDIR`` (vLLM
   leaves its distributed-init file and IPC sockets there). If the process that started the engine
@@ -70,7 +68,7 @@ OFFLINE_ENV: dict[str, str] = {
     "VLLM_HOST_IP": "127.0.0.1",
 }
 
-#: What puts a one-process engine's worker inside its EngineCore process (module docstring: a start a third shorter).
+#: Puts a one-process engine's worker inside its EngineCore process (module docstring: a shorter start).
 ONE_WORKER_IN_CORE_ENV: dict[str, str] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 #: Runs ``vllm serve ARGS`` in the engine venv: vLLM's own serve subcommand and parser

@@ -211,7 +211,7 @@ def test_stop_leaves_no_process_behind(tiny_chat_model, tmp_path, monkeypatch):
         pids = engine.pids()
         pgid = engine.pid
         assert pgid is not None
-        assert len(pids) >= 3, f"API server, EngineCore and worker expected, got {pids}"
+        assert len(pids) >= 3, f"API server, EngineCore and resource tracker expected, got {pids}"
         run_dir = engine.environment()["TMPDIR"]
     assert not engine.running()
     assert [pid for pid in pids if _alive(pid)] == []
