@@ -418,9 +418,15 @@ class Connection(asyncio.Protocol):
             pause = False
         else:
             req = self._req
+            # The streamed body its handler reads is read on to its end, even when no request may follow.
+            body_due = (
+                req is not None
+                and req.stream is not None
+                and not (req.stream.done or self._discard or self._parser_dead)
+            )
             pause = (
                 self._write_paused
-                or self._no_more
+                or (self._no_more and not body_due)
                 or bool(self._pending)
                 or (self._task is not None and self._incoming and req is not self._current)
                 or (req is not None and req.stream is not None and req.stream.buffered >= STREAM_BUFFER_BYTES)

@@ -385,6 +385,40 @@ def test_answers_wait_for_a_client_that_does_not_read_them(lt: LoopThread) -> No
         server.close_all()
 
 
+def test_a_streamed_body_after_its_head_is_read_to_its_end_on_a_closing_connection(lt: LoopThread) -> None:
+    """``Connection: close`` means no request after this one, not that this one's body is done: the server
+    reads the body on to its end. The client sends the body only after the server's ``100 Continue``, so head
+    and body arrive in two reads (as they may under load: the upload that got no answer in a CI run)."""
+
+    def stream(req: Request) -> None:
+        req.streamed = True
+
+    async def count(req: Request, conn: Connection) -> None:
+        assert req.stream is not None
+        size = 0
+        async for chunk in req.stream:
+            size += len(chunk)
+        conn.send(200, str(size).encode(), b"text/plain")
+
+    server = Server(count, 1024, head=stream)
+    port = lt.run(server.start("127.0.0.1", 0))
+    try:
+        with connect(port) as sock:
+            sock.sendall(
+                b"POST /upload HTTP/1.1\r\nhost: x\r\nconnection: close\r\nexpect: 100-continue\r\n"
+                b"content-length: 5\r\n\r\n"
+            )
+            buffer = bytearray()
+            assert read_answer(sock, buffer)[0] == 100  # the head was read and handled
+            sock.sendall(b"hello")
+            status, headers, body = read_answer(sock, buffer)
+            assert (status, body) == (200, b"5")
+            assert headers["connection"] == "close" and closed_by_peer(sock)
+    finally:
+        lt.run(server.stop_accepting())
+        server.close_all()
+
+
 def test_connections_past_the_cap_get_a_503_and_are_closed(make_router) -> None:
     r = make_router(max_connections=4)
     held = [connect(r.port) for _ in range(4)]
