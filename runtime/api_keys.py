@@ -29,14 +29,15 @@ _KEYS = TypeAdapter(list[ApiKey])
 
 
 class Bucket:
-    """A token bucket of ``per_minute`` capacity refilled at ``per_minute / 60`` per second."""
+    """A token bucket of ``per_minute`` capacity refilled at ``per_minute / 60`` per second. A share of a
+    limit below one per minute still holds one (a request must fit), and refills at its own rate."""
 
     __slots__ = ("capacity", "level", "rate_per_s", "updated")
 
-    def __init__(self, per_minute: int, now: float) -> None:
-        self.capacity = float(per_minute)
+    def __init__(self, per_minute: float, now: float) -> None:
+        self.capacity = max(1.0, float(per_minute))
         self.rate_per_s = per_minute / 60.0
-        self.level = float(per_minute)
+        self.level = self.capacity
         self.updated = now
 
     def refill(self, now: float) -> float:
@@ -48,6 +49,13 @@ class Bucket:
 
     def seconds_until_positive(self) -> float:
         return max(1.0, (1.0 - self.level) / self.rate_per_s) if self.rate_per_s > 0 else 60.0
+
+
+def replica_share(per_minute: int, replicas: int) -> float:
+    """One front end's share of a key's per-minute limit when ``replicas`` of them hold buckets of their own (the
+    endpoint picker's replicas; the routers while their shared store is down): together they refill at the
+    limit. A share below one still admits a request (``Bucket``)."""
+    return per_minute / max(1, replicas)
 
 
 @dataclass
@@ -127,24 +135,35 @@ def key_problems(keys: Iterable[tuple[str, ApiKey]]) -> list[str]:
 
 
 def load_key_table(
-    inline: Iterable[ApiKey], file: Path | None, now: float, previous: KeyTable | None = None
+    inline: Iterable[ApiKey],
+    file: Path | None,
+    now: float,
+    previous: KeyTable | None = None,
+    replicas: int = 1,
 ) -> KeyTable:
     """The inline keys plus those of ``file`` (resolved already); ``ConfigError`` when the file is bad or
-    the keys together are not one table (``key_problems``), one line per problem."""
+    the keys together are not one table (``key_problems``), one line per problem. ``replicas``: see
+    ``KeyTable``."""
     placed = [(f"router.api_keys[{i}]", key) for i, key in enumerate(inline)]
     if file is not None:
         placed += [(f"{file}: [{i}]", key) for i, key in enumerate(load_keys_file(file))]
     problems = key_problems(placed)
     if problems:
         raise ConfigError(problems)
-    return KeyTable([key for _, key in placed], now, previous)
+    return KeyTable([key for _, key in placed], now, previous, replicas)
 
 
 class KeyTable:
     """Hash -> principal, and name -> principal. Rebuilt on reload; buckets of keys that stay are carried
-    over. ``ValueError`` for keys that are not one table (``key_problems``: the loader says so first)."""
+    over. ``ValueError`` for keys that are not one table (``key_problems``: the loader says so first).
 
-    def __init__(self, keys: list[ApiKey], now: float, previous: KeyTable | None = None) -> None:
+    ``replicas``: how many front ends of this kind hold buckets of their own with no shared store (the
+    endpoint picker's replicas): each admits ``requests_per_minute / replicas`` of a key, so together they
+    admit no more than the key's limit."""
+
+    def __init__(
+        self, keys: list[ApiKey], now: float, previous: KeyTable | None = None, replicas: int = 1
+    ) -> None:
         problems = key_problems((f"keys[{i}]", key) for i, key in enumerate(keys))
         if problems:
             raise ValueError("; ".join(problems))
@@ -156,7 +175,9 @@ class KeyTable:
                 continue
             self.by_hash[key.sha256] = Principal(
                 key,
-                Bucket(key.requests_per_minute, now) if key.requests_per_minute else None,
+                Bucket(replica_share(key.requests_per_minute, replicas), now)
+                if key.requests_per_minute
+                else None,
                 Bucket(key.tokens_per_minute, now) if key.tokens_per_minute else None,
             )
         self.by_name: dict[str, Principal] = {p.name: p for p in self.by_hash.values()}
@@ -209,12 +230,16 @@ def admit(principal: Principal, model: str, now: float) -> Denied | None:
         if reqs.refill(now) < 1.0:
             return Denied(
                 429,
-                f"key {principal.name!r} exceeded {int(reqs.capacity)} requests per minute",
+                f"key {principal.name!r} exceeded {_per_minute(reqs.capacity)} requests per minute",
                 "rate_limit_exceeded",
                 reqs.seconds_until_positive(),
             )
         reqs.level -= 1.0
     return None
+
+
+def _per_minute(rate: float) -> str:
+    return str(int(rate)) if rate.is_integer() else f"{rate:.1f}"
 
 
 def charge_tokens(principal: Principal | None, tokens: int, now: float) -> None:

@@ -621,6 +621,15 @@ class HealthSettings(_Strict):
             " fault that makes many replicas look wedged at once costs one pod, not the fleet."
         ),
     )
+    remediate_timeout_s: float = Field(
+        default=30,
+        gt=0,
+        exclude_if=lambda s: s == 30,  # absent from rendered configs unless changed
+        description=(
+            "Longest a remediation (find the pod, delete it, its Event) may take; past it the attempt counts"
+            " as failed and the next one may start (a hung API call must not stop remediation for good)."
+        ),
+    )
     max_ejected_percent: float = Field(
         default=50,
         ge=0,
@@ -755,6 +764,23 @@ class BatchesSettings(_Strict):
         ge=1024,
         description="Bytes of files one API key may keep (as max_files_per_owner counts them); beyond it 400.",
     )
+    max_active_batches_per_owner: int = Field(
+        default=16,
+        ge=1,
+        description=(
+            "Unfinished batches one API key may have; a new one beyond it is refused (429"
+            " batch_limit_exceeded). Each copies its input's lines into the state store, and its input's"
+            " bytes count against max_bytes_per_owner while it runs."
+        ),
+    )
+    max_pending_requests_per_owner: int = Field(
+        default=200_000,
+        ge=1,
+        description=(
+            "Requests one API key's unfinished batches may still have to run; while they have this many, a"
+            " new batch is refused (429 batch_limit_exceeded)."
+        ),
+    )
     max_inflight_per_replica: int = Field(
         default=2,
         ge=1,
@@ -838,7 +864,19 @@ class PickerSettings(_Strict):
     )
     api_keys_file: Path | None = Field(
         default=None,
-        description="YAML list of ApiKey (the router's keys Secret, mounted); re-read on change.",
+        description=(
+            "YAML list of ApiKey (the router's keys Secret, mounted); re-read on change. A key with"
+            " tokens_per_minute is refused: the picker never sees the answers' usage."
+        ),
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        exclude_if=lambda n: n == 1,  # absent from rendered configs unless changed
+        description=(
+            "Replicas of the picker's Deployment (rendered from it). Each holds its own request buckets, so"
+            " each admits requests_per_minute / replicas of a key: together, the key's limit."
+        ),
     )
 
     @model_validator(mode="after")

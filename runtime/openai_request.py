@@ -103,6 +103,13 @@ INFERENCE_PATHS: dict[str, str] = {
 }
 
 
+def visible(names: Iterable[str], scope: Iterable[str] | None) -> list[str]:
+    """The served models a caller may learn of (sorted): all of them, or those its key is scoped to. One rule
+    for every front end, so an error naming what is served never names a model outside the key's scope."""
+    allowed = None if scope is None else frozenset(scope)
+    return sorted(n for n in names if allowed is None or n in allowed)
+
+
 def models_list(models: Iterable[tuple[str, int]]) -> bytes:
     """``GET /v1/models``: ``(name, max_model_len)`` of each model the front end can serve now."""
     data = [

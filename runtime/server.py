@@ -16,6 +16,14 @@ the engine). What one client may hold is bounded (:class:`Limits`):
   ``head`` hook looks at each request head before any body byte is read, and may refuse it there (a
   missing API key: 401), give its path a larger limit, or take its body as a stream (uploads), read by
   the handler as it arrives with no more than :data:`STREAM_BUFFER_BYTES` held here;
+- the body's pace: it must arrive at :attr:`Limits.min_body_rate` bytes a second or faster, after a grace of the
+  head timeout (a body of N bytes has ``head_timeout_s + N / min_body_rate`` seconds, time the server itself
+  did not read excluded); a slower one is answered 408 and the connection closed, so a client trickling a
+  byte now and then cannot hold its connection, or a buffered body, forever;
+- the server's memory: the bodies it buffers (not streamed) count against one budget,
+  ``max_buffered_body_bytes`` (by default a quarter of the container's memory limit: :func:`body_budget`); a
+  body declared with its length reserves it at the head. A request whose body does not fit is answered 503
+  ``overloaded`` with Retry-After, so many slow clients together cannot exhaust the service's memory;
 - the connection: requests sent ahead (pipelined) are not read while one is handled, and none is
   started while the client is not reading its answers (``pause_writing``); answers to the client wait
   when it reads slower than they are written; a client that stops reading is closed after the idle
@@ -41,7 +49,7 @@ from typing import Any, Protocol, cast
 
 import httptools
 
-from runtime.http import REASONS, error_body
+from runtime.http import OVERLOADED, OVERLOADED_CODE, REASONS, error_body
 
 log = logging.getLogger("inferstack.server")
 
@@ -60,6 +68,37 @@ DEFAULT_MAX_HEADERS = 100
 DEFAULT_HEAD_TIMEOUT_S = 10.0
 DEFAULT_IDLE_TIMEOUT_S = 75.0
 DEFAULT_MAX_CONNECTIONS = 1024
+#: The slowest a request body may arrive, bytes a second (after a grace of the head timeout). 64 KiB/s is
+#: a slow mobile link; the router's largest body (8 MiB) then has 138 s, and a trickle is cut off in seconds.
+DEFAULT_MIN_BODY_RATE = 64 * 1024
+#: The share of the container's memory limit a server's buffered bodies may hold (the rest: the process,
+#: answers on their way, the handlers' own copies).
+BODY_BUDGET_SHARE = 4
+#: The buffered body budget when the container has no memory limit (a developer's machine).
+DEFAULT_BODY_BUDGET = 256 * 1024 * 1024
+_CGROUP_MEMORY_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def memory_limit() -> int | None:
+    """The container's memory limit in bytes (cgroup v2, else v1), or None when it has none."""
+    for path in _CGROUP_MEMORY_LIMITS:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:  # cgroup v1 says "no limit" with a huge number
+            return int(text)
+        return None
+    return None
+
+
+def body_budget(max_body_bytes: int) -> int:
+    """Bytes of buffered request bodies a server may hold: a quarter of the memory limit (the finding of
+    issue #34: 130 slow 8 MiB bodies exhaust a 1 GiB router), never less than one largest body."""
+    limit = memory_limit()
+    budget = DEFAULT_BODY_BUDGET if limit is None else limit // BODY_BUDGET_SHARE
+    return max(budget, max_body_bytes)
 
 
 class ListenerSettings(Protocol):
@@ -85,6 +124,8 @@ class Limits:
     head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    min_body_rate: int = DEFAULT_MIN_BODY_RATE
+    max_buffered_body_bytes: int | None = None  # None: body_budget(max_body_bytes)
 
     @classmethod
     def of(
@@ -136,6 +177,7 @@ class Request:
         "auth",
         "body",
         "headers",
+        "held",
         "keep_alive",
         "max_body",
         "method",
@@ -158,6 +200,7 @@ class Request:
         self.stream: Body | None = None
         self.refusal: Answer | None = None
         self.auth: Any = NOT_CHECKED
+        self.held = 0  # body bytes counted against the server's budget (Server.body_bytes) for it
 
 
 class _HeadRefusedError(Exception):
@@ -321,6 +364,8 @@ class Connection(asyncio.Protocol):
         self._head_only = False
         self.last_active = time.monotonic()
         self._head_started: float | None = self.last_active  # the deadline for the request head runs
+        self._body_started: float | None = None  # the body's pace is checked (shifted by time not read)
+        self._paused_at = 0.0
 
     # --- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -386,8 +431,12 @@ class Connection(asyncio.Protocol):
                 server.overflow -= 1
             server.connections.discard(self)
         self.closed = True
-        if self._req is not None and self._req.stream is not None:
-            self._req.stream._fail(ClientGoneError())
+        if self._req is not None:
+            self._release(self._req)
+            if self._req.stream is not None:
+                self._req.stream._fail(ClientGoneError())
+        for req in self._pending:
+            self._release(req)
         if self._task is not None and not self._task.done():
             self._task.cancel()
         if self._drain is not None and not self._drain.done():
@@ -435,10 +484,15 @@ class Connection(asyncio.Protocol):
             self._read_paused = pause
             if pause:
                 transport.pause_reading()
+                self._paused_at = time.monotonic()
             else:
                 transport.resume_reading()
+                now = time.monotonic()
                 if self._head_started is not None:
-                    self._head_started = time.monotonic()  # a head's deadline runs only while it is read
+                    self._head_started = now  # a head's deadline runs only while it is read
+                if self._body_started is not None:
+                    # nor a body's, while we do not read it (it may have started while reading was paused)
+                    self._body_started += now - max(self._paused_at, self._body_started)
 
     # --- httptools callbacks ---------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -490,8 +544,11 @@ class Connection(asyncio.Protocol):
                 log.exception("head check failed")
                 refusal = Answer.error(500, "internal server error")
         length = headers.get(b"content-length")
-        if refusal is None and length is not None and length.isdigit() and int(length) > req.max_body:
+        declared = int(length) if length is not None and length.isdigit() else 0
+        if refusal is None and declared > req.max_body:
             refusal = _too_large(req.max_body)
+        if refusal is None and not req.streamed and declared:
+            refusal = self._reserve(req, declared)
         if refusal is not None:
             req.refusal = refusal
             self._discard = True
@@ -500,6 +557,7 @@ class Connection(asyncio.Protocol):
             self._queue(req)
             return
         self._req = req
+        self._body_started = time.monotonic()
         transport = self._transport
         waits = self._task is not None or bool(self._pending)
         if not waits and transport is not None and headers.get(b"expect", b"").lower() == b"100-continue":
@@ -514,13 +572,18 @@ class Connection(asyncio.Protocol):
         req = self._req
         assert req is not None
         n = self._body_len = self._body_len + len(body)
-        if n > req.max_body:
+        refusal = _too_large(req.max_body) if n > req.max_body else None
+        if refusal is None and req.stream is None and n > req.held:  # a body of undeclared length
+            refusal = self._reserve(req, n)
+        if refusal is not None:
             self._discard = True
             self._body = []
+            self._body_started = None
             if req.stream is not None:
                 req.stream._fail(BodyError(413, f"request body exceeds {req.max_body} bytes"))
             else:
-                req.refusal = _too_large(req.max_body)
+                self._release(req)
+                req.refusal = refusal
                 req.keep_alive = False
                 self._queue(req)
             return
@@ -534,6 +597,7 @@ class Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._incoming = False
+        self._body_started = None
         req = self._req
         self._req = None
         if self._discard or req is None:
@@ -576,6 +640,7 @@ class Connection(asyncio.Protocol):
             refusal = req.refusal
             if refusal is None:
                 break
+            self._release(req)
             self.send(refusal.status, refusal.body, extra=refusal.extra)
         self._current = req
         self._task = asyncio.get_running_loop().create_task(self._run(req))
@@ -586,6 +651,7 @@ class Connection(asyncio.Protocol):
         try:
             await self._handler(req, self)
         except (asyncio.CancelledError, ClientGoneError):
+            self._release(req)
             return
         except BodyError as err:  # a streamed body over its limit or malformed, not caught by the handler
             if not self.closed:
@@ -600,8 +666,47 @@ class Connection(asyncio.Protocol):
                     self.close()
                     return
                 self.send(500, error_body(500, "internal server error"))
+        self._release(req)
         self._task = None
         self._next()
+
+    # --- the body budget -----------------------------------------------------------------------
+    def _reserve(self, req: Request, size: int) -> Answer | None:
+        """Count ``size`` bytes of ``req``'s buffered body against the server's budget, or refuse it."""
+        server = self._server
+        more = size - req.held
+        if server.body_bytes + more > server.body_budget:
+            server.bodies_refused += 1
+            return Answer.error(
+                OVERLOADED,
+                "the server holds as many request bodies as its memory allows; retry shortly",
+                code=OVERLOADED_CODE,
+                extra=[(b"retry-after", b"1")],
+            )
+        server.body_bytes += more
+        req.held = size
+        return None
+
+    def _release(self, req: Request) -> None:
+        """``req``'s body no longer counts against the budget (answered, refused or abandoned)."""
+        if req.held:
+            self._server.body_bytes -= req.held
+            req.held = 0
+
+    def _too_slow(self) -> None:
+        """The body being received came slower than the minimum rate: 408, and the connection ends."""
+        rate = self._server.limits.min_body_rate
+        req = self._req
+        self._body_started = None
+        self._discard = True
+        self._body = []
+        if req is not None:
+            self._release(req)
+            self._req = None if req.stream is None else req
+        self._fail_request(
+            408,
+            f"the request body arrived slower than {rate} bytes a second; send it at once, or a smaller one",
+        )
 
     def _fail_request(self, status: int, message: str) -> None:
         """The client sent what cannot be read on (malformed, too large a head): answer it, in turn, and close."""
@@ -718,6 +823,8 @@ class Connection(asyncio.Protocol):
             self.close()
             return
         self._linger_at = time.monotonic()
+        for req in self._pending:
+            self._release(req)
         self._pending.clear()
         transport.write_eof()
         self._flow()
@@ -736,6 +843,12 @@ class Connection(asyncio.Protocol):
             late = now - self._write_paused_at > limits.idle_timeout_s  # the client stopped reading
         elif self._read_paused:
             late = False  # waiting on us, not on the client
+        elif (
+            self._body_started is not None
+            and now - self._body_started > limits.head_timeout_s + self._body_len / limits.min_body_rate
+        ):
+            self._too_slow()  # a body trickled on purpose: each byte would reset the idle timer
+            return True
         elif self._incoming and self._req is not None and self._req.stream is not None:
             late = now - self.last_active > limits.idle_timeout_s  # a streamed body that stopped coming
         elif self._head_started is not None and now - self._head_started > limits.head_timeout_s:
@@ -764,6 +877,10 @@ class Server:
         self.limits = limits if isinstance(limits, Limits) else Limits(limits)
         self.head = head
         self.connections: set[Connection] = set()
+        #: Bytes of buffered request bodies held (reserved at the head when declared), and their budget.
+        self.body_bytes = 0
+        self.body_budget = self.limits.max_buffered_body_bytes or body_budget(self.limits.max_body_bytes)
+        self.bodies_refused = 0
         self.admitted = 0
         self.overflow = 0
         self._server: asyncio.base_events.Server | None = None

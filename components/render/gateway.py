@@ -335,7 +335,7 @@ def render(
                     picker,
                     image[picker],
                     s.metrics_port,
-                    1,
+                    s.replicas,  # what the picker divides each key's request rate by
                     inference_extension.PICKER_RESOURCES,
                     checksum,
                     keys_mount,  # the picker checks the keys: nothing else in this mode sees a request

@@ -33,6 +33,10 @@ from runtime.config import (
     VersionOf,
 )
 
+#: The endpoint picker's replicas (its Deployment's and its config's ``picker.replicas``): one, as its prefix
+#: index is per process, like one router's.
+PICKER_REPLICAS = 1
+
 BATCH_SIZE_CAP = 32
 """Inputs per embedding batch at most (more rarely helps a pooling engine, and delays the first input)."""
 
@@ -212,9 +216,12 @@ def runtime_config(
     )
     checks = canary_checks(spec)
     # Behind an inference-extension gateway the picker is the only component that sees a request's key.
-    picker = PickerSettings()
+    # Its replica count rides along: each replica holds its own request buckets and takes its share of a key.
+    picker = PickerSettings(replicas=PICKER_REPLICAS)
     if not spec.gateway.runs_router and keys_file is not None:
-        picker = PickerSettings(require_api_key=spec.gateway.require_api_key, api_keys_file=keys_file)
+        picker = PickerSettings(
+            require_api_key=spec.gateway.require_api_key, api_keys_file=keys_file, replicas=PICKER_REPLICAS
+        )
     return RuntimeConfig(
         models=[
             model_target(spec, m, None if static_backends is None else static_backends.get(m.name, []))

@@ -51,7 +51,7 @@ from runtime.batch_service.objects import (
     page,
 )
 from runtime.batch_service.runner import Runner
-from runtime.batch_service.store import Db, Quota, QuotaExceededError
+from runtime.batch_service.store import BatchLimitError, BatchLimits, Db, Quota, QuotaExceededError
 from runtime.config import BatchesSettings
 from runtime.http import (
     METRICS_CONTENT_TYPE,
@@ -67,6 +67,8 @@ log = logging.getLogger("inferstack.batches")
 #: Multipart framing and form fields around an upload, on top of the file itself (the server's body limit
 #: allows it).
 UPLOAD_SLACK_BYTES = 64 * 1024
+#: Parts of an upload's form: the SDK sends three (purpose, file, and the expiry); each new name is held.
+MAX_FORM_PARTS = 16
 #: The body of any other call (a batch's JSON).
 API_BODY_BYTES = 1 << 20
 #: An upload's own expiry: 1 hour to 30 days after creation (the API's bounds).
@@ -308,6 +310,13 @@ class BatchApi:
     def quota(self) -> Quota:
         return Quota(self.settings.max_files_per_owner, self.settings.max_bytes_per_owner)
 
+    @property
+    def batch_limits(self) -> BatchLimits:
+        s = self.settings
+        return BatchLimits(
+            s.max_active_batches_per_owner, s.max_pending_requests_per_owner, s.max_bytes_per_owner
+        )
+
     async def within_quota(self, owner: str, size: int) -> None:
         """400 ``quota_exceeded`` when one more file of ``size`` bytes would take ``owner`` past its quota."""
         files, used = await self.db(self.store.usage, owner)
@@ -334,13 +343,22 @@ class BatchApi:
             raise _bad(f"upload: {err}") from None
         limit = self.settings.max_file_bytes
         form: dict[str, bytes] = {}
-        held = size = 0
+        held = size = parts = 0  # held: the fields' names and values and the parts' heads, not the file
         filename: str | None = None
         into: str | None = None  # the field being read; "" the file; None a part we skip (a repeated name)
         try:
             async for piece in _pieces(req):
                 for event in parser.feed(piece):
                     if isinstance(event, multipart.PartHead):
+                        parts += 1
+                        if parts > MAX_FORM_PARTS:
+                            raise _bad(
+                                f"upload: the form has more than {MAX_FORM_PARTS} parts; send the file and"
+                                " its fields (purpose, expires_after) once each"
+                            )
+                        held += len(event.name) + len(event.filename or "") + len(event.content_type or "")
+                        if held > UPLOAD_SLACK_BYTES:
+                            raise _bad(f"upload: the form's fields exceed {UPLOAD_SLACK_BYTES} bytes")
                         if event.name == "file" and filename is None:
                             filename, into = event.filename or "", ""
                         elif event.name != "file" and event.name not in form:
@@ -491,6 +509,9 @@ class BatchApi:
             metadata=metadata,
             allowed_models=self.allowed_models(req),
         )
-        await self.db(self.store.add_batch, record)
+        try:
+            await self.db(self.store.add_batch, record, self.batch_limits, found[0].bytes)
+        except BatchLimitError as err:
+            raise ApiError(429, str(err), code="batch_limit_exceeded") from None
         self.runner.wake.set()
         return record

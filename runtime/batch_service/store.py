@@ -141,6 +141,39 @@ class Quota:
             )
 
 
+class BatchLimitError(Exception):
+    """A new batch would take its owner past its batch limits; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """What one owner's unfinished batches may hold: their number, their lines not yet done, and (with its
+    files) the bytes of their input files, each batch's lines being a copy of its input in the store."""
+
+    batches: int
+    pending: int
+    bytes: int
+
+    def check(self, batches: int, pending: int, used: int, adding: int) -> None:
+        """``BatchLimitError`` when one more batch over an input of ``adding`` bytes does not fit."""
+        if batches + 1 > self.batches:
+            raise BatchLimitError(
+                f"this key has {batches:,} unfinished batches, the most it may have; wait for one to finish or"
+                " cancel one (POST /v1/batches/{batch_id}/cancel)"
+            )
+        if pending >= self.pending:
+            raise BatchLimitError(
+                f"this key's unfinished batches still have {pending:,} requests to run, and it may have at"
+                f" most {self.pending:,}; wait for them to progress or cancel a batch"
+            )
+        if used + adding > self.bytes:
+            raise BatchLimitError(
+                f"this key's files and its unfinished batches' inputs take {used:,} bytes, and it may take at"
+                f" most {self.bytes:,}; this batch's input of {adding:,} bytes does not fit: wait for a batch"
+                " to finish, cancel one, or delete files (DELETE /v1/files/{id})"
+            )
+
+
 @dataclass(frozen=True)
 class Pending:
     line: int
@@ -286,8 +319,22 @@ class Store:
         self._write(lambda db: db.execute("DELETE FROM files WHERE id = ?", (file_id,)))
 
     # --- batches ----------------------------------------------------------------------------------
-    def add_batch(self, record: BatchRecord) -> None:
+    def add_batch(self, record: BatchRecord, limits: BatchLimits | None = None, input_bytes: int = 0) -> None:
+        """Keep a new batch; with ``limits``, only while its owner stays within them (``BatchLimitError``
+        otherwise, checked in the same transaction, so concurrent creations cannot both slip in)."""
+
         def work(db: sqlite3.Connection) -> None:
+            if limits is not None:
+                marks = ",".join("?" * len(ACTIVE))
+                row = db.execute(
+                    "SELECT COUNT(*), COALESCE(SUM(b.total - b.completed - b.failed), 0),"
+                    " COALESCE(SUM(f.bytes), 0) FROM batches b"
+                    " LEFT JOIN files f ON f.id = json_extract(b.doc, '$.input_file_id')"
+                    f" WHERE b.owner = ? AND b.status IN ({marks})",
+                    (record.owner, *ACTIVE),
+                ).fetchone()
+                used = self._usage(db, record.owner)[1]
+                limits.check(int(row[0]), int(row[1]), used + int(row[2]), input_bytes)
             db.execute(
                 "INSERT INTO batches (id, owner, seq, status, doc) VALUES (?, ?, ?, ?, ?)",
                 (record.id, record.owner, self._next_seq(db, "batches"), record.status, _doc(record)),

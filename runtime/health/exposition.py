@@ -108,7 +108,14 @@ class MonitorCollector(Collector):
         rem = CounterMetricFamily(f"{NS}_remediations", "Wedged pods deleted.", labels=["model"])
         for model, n in sorted(c.remediations.items()):
             rem.add_metric([model], n)
-        yield from (probes, ej, re, rem)
+        failed = CounterMetricFamily(
+            f"{NS}_remediation_failures",
+            "Remediation attempts that deleted no pod (API error, timeout, no pod found): retried an interval later.",
+            labels=["model"],
+        )
+        for model, n in sorted(c.remediation_failures.items()):
+            failed.add_metric([model], n)
+        yield from (probes, ej, re, rem, failed)
 
         rb = CounterMetricFamily(
             f"{NS}_canary_rollbacks",

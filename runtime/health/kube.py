@@ -188,25 +188,31 @@ class KubernetesActions:
         log.info("no pod found for canary %s; rollback event not emitted", canary.name)
 
     async def remediate(self, target: ModelTarget, url: str, wedged_s: float) -> bool:
-        """Delete the pod behind ``url``; its controller recreates it. True when a delete was sent."""
+        """Delete the pod behind ``url``; its controller recreates it. True when the API took the delete; False
+        (logged) when there is no pod or the API refused. Unbounded here: the monitor bounds the whole attempt
+        (``health.remediate_timeout_s``)."""
         if not self._remediation:
             return False
         try:
             pod = await self._pod_for(target, url)
             if pod is None:
+                log.info("no pod found for %s; nothing to delete", url)
                 return False
             await self._core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
-            log.warning(
-                "deleted pod %s/%s: ejected for %.0fs", pod.metadata.namespace, pod.metadata.name, wedged_s
-            )
-            if self._events:
+        except Exception as err:  # remediation is best effort
+            log.warning("remediation of %s failed: %s", url, err)
+            return False
+        log.warning(
+            "deleted pod %s/%s: ejected for %.0fs", pod.metadata.namespace, pod.metadata.name, wedged_s
+        )
+        if self._events:  # the pod is gone either way: an Event that fails is only logged
+            try:
                 await self._emit(
                     pod,
                     REASON_REMEDIATED,
                     "Warning",
                     f"model {target.name}: replica {url} ejected for {wedged_s:.0f}s; pod deleted",
                 )
-        except Exception as err:  # remediation is best effort
-            log.warning("remediation of %s failed: %s", url, err)
-            return False
+            except Exception as err:
+                log.warning("could not emit the remediation event for %s: %s", url, err)
         return True

@@ -53,6 +53,7 @@ class Counters:
     ejections: Counter[tuple[str, str]] = field(default_factory=Counter)
     readmissions: Counter[tuple[str, str]] = field(default_factory=Counter)
     remediations: Counter[str] = field(default_factory=Counter)
+    remediation_failures: Counter[str] = field(default_factory=Counter)
 
 
 class Monitor:
@@ -77,7 +78,9 @@ class Monitor:
         self._side_tasks: set[asyncio.Task[Any]] = set()
         self._remediated: set[tuple[str, str, float]] = set()  # (model, url, episode): once per episode
         self._remediation: asyncio.Task[Any] | None = None  # the pod deletion under way (one at a time)
-        self._remediated_at: float | None = None  # when the last one started (one per remediate_interval_s)
+        self._remediated_at: float | None = (
+            None  # when the last attempt started (one per remediate_interval_s)
+        )
         self.panic: set[str] = set()  # models in panic now (``tracker.in_panic_now``)
         self._recovery_s: dict[tuple[str, str], float] = {}  # probe interval while ejected
         self._readmitted_at: dict[tuple[str, str], float] = {}
@@ -350,7 +353,8 @@ class Monitor:
     def _maybe_remediate(self, target: ModelTarget, tracker: Tracker, now: float) -> None:
         """Delete the pod of a replica wedged past ``remediate_after_s``: once per ejection episode, one pod at a
         time fleet-wide, one per ``remediate_interval_s``, and never in a model in panic (if the monitor's own
-        network fails, every replica looks wedged: deleting them would take down what still serves)."""
+        network fails, every replica looks wedged: deleting them would take down what still serves). An attempt
+        that fails or outlasts ``remediate_timeout_s`` leaves the episode open: tried again an interval later."""
         s = self.settings
         if s.remediate_after_s is None:
             return
@@ -367,10 +371,35 @@ class Monitor:
             return  # one at a time; this replica is looked at again next round
         if self._remediated_at is not None and now - self._remediated_at < s.remediate_interval_s:
             return
-        self._remediated.add(key)
         self._remediated_at = now
-        self.counters.remediations[target.name] += 1
-        self._remediation = self._spawn(self.actions.remediate(target, tracker.url, wedged))
+        self._remediation = self._spawn(self._remediate(target, tracker.url, wedged, key))
+
+    async def _remediate(
+        self, target: ModelTarget, url: str, wedged: float, key: tuple[str, str, float]
+    ) -> None:
+        """One remediation attempt, bounded by ``remediate_timeout_s``; only a pod deleted closes the episode."""
+        timeout_s = self.settings.remediate_timeout_s
+        why = "no pod was deleted (none found behind it, or the API refused: logged above)"
+        try:
+            async with asyncio.timeout(timeout_s):
+                deleted = await self.actions.remediate(target, url, wedged)
+        except TimeoutError:
+            deleted, why = False, f"the Kubernetes API did not answer within {timeout_s:g}s"
+        except Exception as err:  # an Actions bug must cost one attempt, not remediation for good
+            deleted, why = False, f"{type(err).__name__}: {err}"
+        if deleted:
+            self._remediated.add(key)
+            self.counters.remediations[target.name] += 1
+            return
+        self.counters.remediation_failures[target.name] += 1
+        log.warning(
+            "remediation of %s %s failed: %s; tried again in %ds if still wedged",
+            target.name,
+            url,
+            why,
+            self.settings.remediate_interval_s,
+            extra={"model": target.name, "backend": url},
+        )
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)

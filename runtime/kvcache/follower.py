@@ -43,7 +43,6 @@ log = logging.getLogger("inferstack.kvcache")
 END_SEQ = -1
 HEARTBEAT_MS = 1_000
 HEARTBEAT_TIMEOUT_MS = 3_000
-RECEIVE_HWM = 100_000
 DRAIN_AT_ONCE = 256  # messages taken per wake-up before the monitor socket is looked at again
 
 # What one legitimate message can weigh. vLLM publishes one batch per engine step; a step stores the blocks
@@ -58,6 +57,15 @@ MAX_STEP_TOKENS = 1 << 20
 MAX_STEP_SEQUENCES = 4096
 _STEP_BYTES = MAX_STEP_TOKENS * (9 + 2 * 33 // 16) + MAX_STEP_SEQUENCES * 2 * 512
 MAX_MESSAGE_BYTES = 2 * _STEP_BYTES
+
+# Batches queued for one replica before ZeroMQ drops the next ones (SUB drops at its high-water mark; the
+# follower then sees a gap in seq and replays it from the engine's buffer of 10,000 batches, so a short queue
+# costs a replay, never a wrong view). Queued messages are held whole, so the worst case is this many of the
+# largest ones: 32 x ~34 MiB, about 1.1 GiB per followed replica, reached only by a peer that sends maximum-size
+# batches faster than the router applies them. An engine's batches are a few KiB (its token throughput bounds
+# them: about 13 bytes a token stored), so 32 cover a few hundred milliseconds of steps at 100 a second: a
+# stalled loop or a running replay overflows it at worst into one more (short) replay.
+RECEIVE_HWM = 32
 
 #: (replica url, cause) -> None: a problem worth a metric (cause is a short fixed word).
 ProblemSink = Callable[[str, str], None]

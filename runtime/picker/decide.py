@@ -14,7 +14,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from runtime.http import OVERLOADED, OVERLOADED_CODE, error_body
-from runtime.openai_request import INFERENCE_PATHS, BadRequest, choices_problem, models_list, read_request
+from runtime.openai_request import (
+    INFERENCE_PATHS,
+    BadRequest,
+    choices_problem,
+    models_list,
+    read_request,
+    visible,
+)
 from runtime.picker.replicas import ModelPool, Replica
 from runtime.scheduling import Context
 
@@ -86,11 +93,6 @@ def fallbacks(
     ]
     usable.sort(key=lambda r: (r.inflight + r.engine_queued, r.url))
     return usable[:most]
-
-
-def visible(models: Mapping[str, ModelPool], scope: frozenset[str] | None) -> list[str]:
-    """The served models a caller may learn of: all of them, or those its key is scoped to."""
-    return sorted(m for m in models if scope is None or m in scope)
 
 
 def decide(

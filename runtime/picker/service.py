@@ -40,6 +40,19 @@ READINESS = "readiness"
 MESSAGE_OVERHEAD_BYTES = 64 * 1024
 
 
+def token_limit_problems(file: Path | None, keys: KeyTable) -> list[str]:
+    """Keys with ``tokens_per_minute``, one line each: the picker only sees requests, never the answers' usage,
+    so such a limit would hold nothing; refused rather than silently not enforced."""
+    return [
+        f"{file}: key {p.name!r} has tokens_per_minute {p.key.tokens_per_minute}, which the endpoint picker "
+        "cannot enforce (behind an inference-extension gateway no one reads the answers' token usage); drop "
+        "tokens_per_minute from the key (requests_per_minute and models are enforced), or use gateway.mode "
+        "router, whose router enforces it"
+        for p in keys.by_hash.values()
+        if p.key.tokens_per_minute
+    ]
+
+
 class Picker(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ignore[misc]  # generated, untyped
     """The endpoint picker: fleet, metrics, and one ``Exchange`` per ext_proc stream."""
 
@@ -59,14 +72,15 @@ class Picker(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ig
         self.keys = self._load_keys()
 
     def _load_keys(self, previous: KeyTable | None = None) -> KeyTable:
+        """The keys file as a table whose request buckets are this replica's share (``picker.replicas``);
+        ``ConfigError`` for a key with ``tokens_per_minute``, which the picker cannot hold (below)."""
         # the digest before the read: a change while reading is seen on the next look
         self.keys_digest = files_digest(self.keys_file)
-        keys = load_key_table((), self.keys_file, time.monotonic(), previous)
-        if any(p.key.tokens_per_minute for p in keys.by_hash.values()):
-            log.warning(
-                "tokens_per_minute is not enforced behind a gateway: the picker never reads the answers' "
-                "usage (requests_per_minute and model scopes are)"
-            )
+        replicas = self.cfg.picker.replicas
+        keys = load_key_table((), self.keys_file, time.monotonic(), previous, replicas)
+        problems = token_limit_problems(self.keys_file, keys)
+        if problems:
+            raise ConfigError(problems)
         return keys
 
     async def watch_keys(self) -> None:

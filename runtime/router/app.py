@@ -26,14 +26,22 @@ from runtime.http import (
     error_body,
     metrics_payload,
 )
+from runtime.openai_request import visible
 from runtime.router.adapters import LoadFailure, ensure_loaded
 from runtime.router.admission import Refusal, acquire
 from runtime.router.batch_api import BatchApiHooks, api_call_model, is_batch_api, low_priority_avoid
 from runtime.router.fleet import Fleet
-from runtime.router.limits import Limits, LocalLimits, make_limits
+from runtime.router.limits import Limits, LocalLimits, Ticket, make_limits
 from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
 from runtime.router.model_state import ModelState
-from runtime.router.payload import BadRequest, choices_problem, read_request, token_estimate, with_usage
+from runtime.router.payload import (
+    BadRequest,
+    choices_problem,
+    prompt_estimate,
+    read_request,
+    token_estimate,
+    with_usage,
+)
 from runtime.router.proxy import Call, Forwarder, forwarded_tail
 from runtime.router.replicas import Replica
 from runtime.router.retry import RetryBudget, backoff_s
@@ -127,14 +135,17 @@ class Router:
         return None
 
     def _authenticate(self, req: Request) -> Answer | None:
+        caller: Principal | Denied | None = None
         if self.require_key or len(self.keys):
-            who = self.keys.authenticate(req.headers.get(b"authorization"), self.require_key)
+            caller = who = self.keys.authenticate(req.headers.get(b"authorization"), self.require_key)
             if not isinstance(who, Denied):  # a batch's line: its owner's scopes and limits
                 who = self.batch_api.on_behalf(who, req.headers, self.keys)
             if isinstance(who, Denied):
                 self.metrics.reject("auth", "")
                 return Answer.error(who.status, who.message, code=who.code)
             req.auth = who
+        if not self.batch_api.may_lower_priority(caller):  # anyone else's mark is dropped, not passed on
+            req.headers.pop(PRIORITY_HEADER, None)
         return None
 
     def reconfigure(self, cfg: RuntimeConfig, keys: KeyTable | None = None) -> None:
@@ -197,7 +208,7 @@ class Router:
     def models_body(self, principal: Principal | None = None) -> bytes:
         """Servable models (a model served in versions once), then their LoRA adapters, each with ``parent`` (as
         vLLM lists them); for a key scoped to some models, only those."""
-        scopes = set(principal.key.models) if principal is not None and principal.key.models else None
+        scope = _scope(principal)
         data: list[dict[str, object]] = []
         for name, states in self.fleet.public_models().items():
             if not any(s.servable() for s in states):
@@ -205,9 +216,12 @@ class Router:
             entry = {"id": name, "object": "model", "created": 0, "owned_by": "inferstack"}
             max_len = min(s.target.max_model_len_tokens for s in states)
             data.append({**entry, "parent": None, "max_model_len": max_len})
-            data += [{**entry, "id": adapter, "parent": name} for s in states for adapter in s.adapters]
-        if scopes is not None:
-            data = [d for d in data if d["id"] in scopes]
+            # an adapter's base model is named only to a key that may use it too
+            parent = name if visible([name], scope) else None
+            data += [{**entry, "id": adapter, "parent": parent} for s in states for adapter in s.adapters]
+        if scope is not None:
+            shown = set(visible([str(d["id"]) for d in data], scope))
+            data = [d for d in data if d["id"] in shown]
         return json.dumps({"object": "list", "data": data}).encode()
 
     def snapshot(self) -> Snapshot:
@@ -285,8 +299,9 @@ class Router:
         adapter: str | None = None
         if state is None and (parent := self.fleet.adapter_parents.get(model)) is not None:
             state, adapter = self.fleet.models.get(parent), model  # a LoRA adapter: its base model's replicas
-        if state is None:
-            served = ", ".join(sorted([*self.fleet.public_models(), *self.fleet.adapter_parents])) or "none"
+        if state is None:  # name only what the key may use: a scoped key learns nothing of other models
+            names = [*self.fleet.public_models(), *self.fleet.adapter_parents]
+            served = ", ".join(visible(names, _scope(principal))) or "none"
             message = f"The model `{model}` does not exist here; served: {served}"
             self._fail(conn, 404, message, "unknown_model", code="model_not_found", param="model")
             return
@@ -298,45 +313,56 @@ class Router:
                 message = f"no headroom for low-priority requests to {model!r} now"
                 self._fail(conn, OVERLOADED, message, "low_priority", code=OVERLOADED_CODE, retry_after_s=1)
                 return
-        # a key with a token limit reserves what the request may cost now, settled when it ends (``_settle``)
+        # a key with a token limit reserves what the request may cost now, settled when it ends where it was
+        # taken (the ticket: the limits of this moment, the store or the fallback share that took it)
         reserve = 0
+        ticket: Ticket | None = None
         if principal is not None and principal.key.tokens_per_minute:
             reserve = token_estimate(req.body, asked.payload, kind, state.target.max_model_len_tokens)
         if principal is not None:
             limits = self.limits
-            denied = (
-                limits.decide(principal, model, reserve)
+            taken = (
+                limits.take(principal, model, reserve)
                 if type(limits) is LocalLimits
-                else await limits.admit(principal, model, reserve)
+                else await limits.reserve(principal, model, reserve)
             )
-            if denied is not None:
+            if isinstance(taken, Ticket):
+                ticket = taken
+            else:
                 self._fail(
                     conn,
-                    denied.status,
-                    denied.message,
-                    "forbidden" if denied.status == 403 else "rate_limited",
+                    taken.status,
+                    taken.message,
+                    "forbidden" if taken.status == 403 else "rate_limited",
                     model=model,
-                    code=denied.code,
-                    retry_after_s=denied.retry_after_s,
+                    code=taken.code,
+                    retry_after_s=taken.retry_after_s,
                 )
                 return
-        # 4. route and proxy: fill only what the strategy's scorers declared they read
-        ctx = state.context(started, asked.payload, functools.partial(_header, headers), adapter, kind=kind)
-        if avoid is not None:
-            ctx.exclude = avoid
-        body, strip = req.body, False
-        if asked.stream and kind != "embeddings":  # the engine reports a stream's usage only when asked
-            asking = with_usage(body, asked.payload)
-            if asking is not None:
-                body, strip = asking, True
-        tail = forwarded_tail(headers, self.rid_header, rid, body)
-        self.retry_budget.deposit()
-        call = Call(conn, state, ctx, req.path, tail, asked.stream, rid, principal, started, strip, reserve)
+        # 4. route and proxy: fill only what the strategy's scorers declared they read. From here on the
+        # reservation is settled whatever happens (answered, failed, the client left, a bug raised)
+        call: Call | None = None
         try:
+            ctx = state.context(
+                started, asked.payload, functools.partial(_header, headers), adapter, kind=kind
+            )
+            if avoid is not None:
+                ctx.exclude = avoid
+            body, strip = req.body, False
+            if asked.stream and kind != "embeddings":  # the engine reports a stream's usage only when asked
+                asking = with_usage(body, asked.payload)
+                if asking is not None:
+                    body, strip = asking, True
+            tail = forwarded_tail(headers, self.rid_header, rid, body)
+            self.retry_budget.deposit()
+            call = Call(
+                conn, state, ctx, req.path, tail, asked.stream, rid, principal, started, strip, reserve
+            )
+            call.prompt = prompt_estimate(req.body) if reserve else 0  # a leaver pays it + what it read
             await self._route(call)
-        finally:  # answered, failed, or the client left (cancelled): the key pays what it used
-            if principal is not None and principal.key.tokens_per_minute:
-                self.limits.charge(principal, call.settlement())
+        finally:  # the key pays what it used; nothing, when no call was made
+            if ticket is not None and principal is not None and principal.key.tokens_per_minute:
+                ticket.settle(principal, call.settlement() if call is not None else -reserve)
 
     def _session_key(self, headers: Headers, model: str) -> str | None:
         """A versioned model's session key (its stable version's session header), so a session stays on
@@ -454,6 +480,11 @@ class Router:
             delay = backoff_s(settings.retry_backoff_ms, attempt)
             if delay:
                 await asyncio.sleep(delay)
+
+
+def _scope(principal: Principal | None) -> tuple[str, ...] | None:
+    """The models a caller's key is scoped to; None: any (no key, or a key without a scope)."""
+    return tuple(principal.key.models) if principal is not None and principal.key.models else None
 
 
 async def _replace(old: Limits, new: Limits) -> None:

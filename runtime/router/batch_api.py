@@ -8,9 +8,9 @@
    that owns the batch (``x-inferstack-key``). That name is believed from the batch service's key
    (``batches.router_key_name``) only, never from anyone else, and the line is then admitted and charged
    as the owner's: its scopes, its request and token limits (``on_behalf``).
-3. Low priority: a request marked ``x-inferstack-priority: low`` (the batch service's) is admitted only
-   while nobody waits in the model's line and some replica holds fewer requests than ``share`` of its
-   cap; it then goes only to such a replica. Otherwise it is refused at once (503 ``overloaded``),
+3. Low priority: a request marked ``x-inferstack-priority: low`` by the batch service's key (anyone else's
+   mark is dropped: ``may_lower_priority``) is admitted only while nobody waits in the model's line and
+   some replica holds fewer requests than ``share`` of its cap; it then goes only to such a replica. Otherwise it is refused at once (503 ``overloaded``),
    never queued ahead of, or beside, interactive requests, and before any rate limit is charged (the
    batch service sends a refused line again: were each refusal charged, a batch would eat its owner's
    limit).
@@ -186,6 +186,15 @@ class BatchApiHooks:
         if found is None:
             return Denied(401, f"the key {name!r} that owns this batch is no longer valid", "invalid_api_key")
         return found
+
+    def may_lower_priority(self, caller: Principal | Denied | None) -> bool:
+        """Whether ``x-inferstack-priority: low`` from this caller (the key it authenticated with, before
+        ``on_behalf``) is honoured: a low-priority refusal costs no rate limit, so only the batch service's
+        key may ask for one. A router without that key (``router_key_name`` None: keys are not required)
+        honours it from callers without a key, who have no limits to spare."""
+        if isinstance(caller, Principal):
+            return self.service_key is not None and caller.name == self.service_key
+        return caller is None and self.service_key is None
 
     def configure(self, cfg: RuntimeConfig) -> None:
         s, batches = cfg.router, cfg.batches

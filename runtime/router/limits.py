@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
 from runtime.api_keys import Denied, Principal, admit, charge_tokens
@@ -16,22 +17,52 @@ if TYPE_CHECKING:
     from runtime.router.shared_limits import SharedLimits
 
 
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """Where an admission took its reservation: the limits object of that moment (a reload may have put
+    another in its place since) and, for shared limits, whether the store took it or this replica's fallback
+    buckets did (the store may have failed, or come back, since). The reservation is settled there and
+    nowhere else: settled elsewhere, tokens reserved in one place are never given back and tokens given
+    back in the other were never taken."""
+
+    limits: Limits
+    shared: bool  # the store took the reservation, not this replica's fallback buckets
+
+    def settle(self, principal: Principal, tokens: int) -> None:
+        """Charge ``tokens`` more (negative: give back) where the reservation was taken."""
+        self.limits.settle(self, principal, tokens)
+
+
 class LocalLimits:
     """Each replica limits alone (no store configured): ``auth``'s buckets, as they are."""
 
     store_up: float | None = None
 
     def decide(self, principal: Principal, model: str, reserve: int = 0) -> Denied | None:
-        """The decision, without a coroutine (the router's hot path calls this when limits are local);
-        when admitted, ``reserve`` tokens are taken from the key's token bucket at once."""
+        """The decision, without a coroutine; when admitted, ``reserve`` tokens are taken from the key's
+        token bucket at once."""
+        taken = self.take(principal, model, reserve)
+        return taken if isinstance(taken, Denied) else None
+
+    def take(self, principal: Principal, model: str, reserve: int = 0) -> Denied | Ticket:
+        """``decide``, with the ticket to settle the reservation with (the router's hot path calls this when
+        limits are local: no coroutine)."""
         now = time.monotonic()
         denied = admit(principal, model, now)
-        if denied is None and reserve:
+        if denied is not None:
+            return denied
+        if reserve:
             charge_tokens(principal, reserve, now)
-        return denied
+        return Ticket(self, shared=False)
 
     async def admit(self, principal: Principal, model: str, reserve: int = 0) -> Denied | None:
         return self.decide(principal, model, reserve)
+
+    async def reserve(self, principal: Principal, model: str, reserve: int = 0) -> Denied | Ticket:
+        return self.take(principal, model, reserve)
+
+    def settle(self, ticket: Ticket, principal: Principal, tokens: int) -> None:
+        self.charge(principal, tokens)
 
     def charge(self, principal: Principal | None, tokens: int) -> None:
         """Take tokens (or, negative, give back what a reservation took beyond the usage)."""

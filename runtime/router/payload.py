@@ -22,6 +22,7 @@ __all__ = [
     "Routable",
     "UsageStrip",
     "choices_problem",
+    "prompt_estimate",
     "prompt_text",
     "read_request",
     "token_estimate",
@@ -29,9 +30,10 @@ __all__ = [
     "with_usage",
 ]
 
-#: Completion tokens reserved per choice for a request that sets no ``max_tokens`` (nor
-#: ``max_completion_tokens``); never more than the model's context. The reservation is settled to the real
-#: usage when the answer ends, so this only bounds how many such requests a key has in flight at once.
+#: The least completion tokens reserved per choice for a request that sets no ``max_tokens`` (nor
+#: ``max_completion_tokens``), which reserves what the model's context leaves after the prompt: the engine
+#: may generate that much. The reservation is settled to the real usage when the answer ends, so this only
+#: bounds how many such requests a key has in flight at once.
 DEFAULT_COMPLETION_ESTIMATE = 1024
 #: Prompt tokens are estimated from the body's size (no tokenizer on the hot path): ~4 bytes of text per
 #: token, and the JSON around the text makes it an over-estimate rather than an under-estimate.
@@ -60,15 +62,22 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def prompt_estimate(body: bytes) -> int:
+    """The prompt tokens of a request, estimated from its body's size (an over-estimate)."""
+    return len(body) // BYTES_PER_TOKEN + 1
+
+
 def token_estimate(body: bytes, payload: dict[str, Any], kind: str, max_model_len: int) -> int:
     """What a request may cost a key's ``tokens_per_minute``, reserved at admission: the prompt (estimated
-    from the body's size) plus, for generation, ``max_tokens`` (or ``DEFAULT_COMPLETION_ESTIMATE``, at most
-    the model's context) for each of its ``n``/``best_of`` choices."""
-    prompt = len(body) // BYTES_PER_TOKEN + 1
+    from the body's size) plus, for generation, ``max_tokens`` (at most the model's context) for each of its
+    ``n``/``best_of`` choices; without one, what the context leaves after the prompt (at least
+    ``DEFAULT_COMPLETION_ESTIMATE``, at most the context): the engine may generate that much, and a client
+    that leaves mid-stream keeps paying at least its reservation."""
+    prompt = prompt_estimate(body)
     if kind == "embeddings":
         return prompt
-    per_choice = _count(payload.get("max_completion_tokens")) or _count(payload.get("max_tokens"))
-    per_choice = min(per_choice or DEFAULT_COMPLETION_ESTIMATE, max_model_len)
+    asked = _count(payload.get("max_completion_tokens")) or _count(payload.get("max_tokens"))
+    per_choice = min(asked or max(max_model_len - prompt, DEFAULT_COMPLETION_ESTIMATE), max_model_len)
     choices = max(_count(payload.get("n")) or 1, _count(payload.get("best_of")) or 1)
     return prompt + per_choice * choices
 
@@ -88,16 +97,20 @@ def with_usage(body: bytes, payload: dict[str, Any]) -> bytes | None:
 
 
 class UsageStrip:
-    """Takes the usage-only event (``"choices": []`` and a ``usage``) out of a stream whose client did not
-    ask for it, and keeps it for accounting: the client sees the stream it asked for. Events are passed
-    on whole; a piece of one that has not ended yet waits for the rest (an engine writes whole events, so
-    this holds nothing back in practice)."""
+    """Reads a stream event by event (however the reads split them): keeps the last ``usage`` for accounting
+    and counts the content events (each carries about one token of one choice), what a client that leaves
+    mid-stream is charged for at least. With ``strip`` (the client did not ask for usage) the usage-only
+    event (``"choices": []`` and a ``usage``) is taken out, so the client sees the stream it asked for, and
+    events are passed on whole: a piece of one that has not ended yet waits for the rest (an engine writes
+    whole events, so this holds nothing back in practice). Without it every byte is passed on as it came."""
 
-    __slots__ = ("held", "usage")
+    __slots__ = ("content_events", "held", "strip", "usage")
 
-    def __init__(self) -> None:
+    def __init__(self, strip: bool = True) -> None:
+        self.strip = strip
         self.held = b""
         self.usage: bytes | None = None
+        self.content_events = 0
 
     def feed(self, chunk: bytes) -> bytes:
         """The part of ``chunk`` (and what was held) that goes to the client now."""
@@ -107,19 +120,20 @@ class UsageStrip:
             end = m.end()
         self.held = data[end:]
         events = data[:end]
-        if b'"usage"' not in events:
-            return events
         kept: list[bytes] = []
         start = 0
         for m in _EVENT_END.finditer(events):
             event, start = events[start : m.end()], m.end()
-            if b'"usage"' in event and _USAGE_ONLY.search(event):
+            usage_only = b'"usage"' in event and _USAGE_ONLY.search(event) is not None
+            if b'"usage"' in event and usage_of(event) != (0, 0):
                 self.usage = event
-            else:
+            if not usage_only and b'"choices"' in event:
+                self.content_events += 1
+            if not (usage_only and self.strip):
                 kept.append(event)
-        return b"".join(kept)
+        return b"".join(kept) if self.strip else chunk
 
     def rest(self) -> bytes:
         """What was held when the stream ended (an unterminated last event): the client gets it as it is."""
         rest, self.held = self.held, b""
-        return rest
+        return rest if self.strip else b""

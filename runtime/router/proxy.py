@@ -78,17 +78,20 @@ class Call:
     started: float
     strip_usage: bool = False  # the router asked for the stream's usage, not the client: take it out again
     reserved: int = 0  # tokens taken from the key's bucket at admission
+    prompt: int = 0  # the prompt's estimate (part of the reservation)
     used: int | None = None  # tokens the answer reported (prompt + completion), once known
     answered: bool = False  # a 200 began to reach the client: the engine generated something
+    relayed: int = 0  # content events of a stream passed on (about one token of one choice each)
 
     def settlement(self) -> int:
         """What to charge the key now that the request ended, beyond its reservation: the difference to the
-        real usage when known; nothing (the reservation stands) when an answer began without one (the
-        client left mid-stream, an engine that reports none); the whole reservation back when no engine
-        answered (refused, failed before the first byte)."""
+        real usage when known; when an answer began without one (the client left mid-stream, an engine that
+        reports none), the reservation or what was relayed (prompt + one token per content event),
+        whichever is more; the whole reservation back when no engine answered (refused, failed before the
+        first byte)."""
         if self.used is not None:
             return self.used - self.reserved
-        return 0 if self.answered else -self.reserved
+        return max(0, self.prompt + self.relayed - self.reserved) if self.answered else -self.reserved
 
 
 class Forwarder:
@@ -241,35 +244,36 @@ class Forwarder:
             (self.rid_header, rid),
             (BACKEND_HEADER, r.tag),
         ]
-        strip = UsageStrip() if call.strip_usage else None
+        # events assembled across reads: the usage (taken out when the router asked for it) and the count of
+        # what was relayed, kept even when the client leaves mid-stream (then cancelled, or ClientGoneError)
+        tally = UsageStrip(strip=call.strip_usage)
         call.answered = True
-        conn.start(200, headers, first if strip is None else strip.feed(first))
-        r.breaker.on_success()
-        last = first
         try:
-            while (chunk := await ex.next_chunk(self.idle_timeout_s)) is not None:
-                await conn.chunk(chunk if strip is None else strip.feed(chunk))
-                if b'"usage"' in chunk:
-                    last = chunk
-            if strip is not None:
-                await conn.chunk(strip.rest())
-        except UpstreamError as err:
-            ex.abort()
-            r.breaker.on_failure(time.monotonic())
-            log.warning(
-                "stream broke mid-way",
-                extra={"request_id": rid.decode(), "backend": r.url, "error": str(err)},
-            )
-            event = (
-                b"data: " + error_body(502, f"the engine stream broke: {err}", code="stream_error") + b"\n\n"
-            )
-            await conn.chunk(event)
-        conn.end()
-        if strip is not None and strip.usage is not None:
-            last = strip.usage
-        if b'"usage"' in last:
-            p, c = usage_of(last)
-            self.account(call, p, c)
+            conn.start(200, headers, tally.feed(first))
+            r.breaker.on_success()
+            try:
+                while (chunk := await ex.next_chunk(self.idle_timeout_s)) is not None:
+                    await conn.chunk(tally.feed(chunk))
+                await conn.chunk(tally.rest())
+            except UpstreamError as err:
+                ex.abort()
+                r.breaker.on_failure(time.monotonic())
+                log.warning(
+                    "stream broke mid-way",
+                    extra={"request_id": rid.decode(), "backend": r.url, "error": str(err)},
+                )
+                event = (
+                    b"data: "
+                    + error_body(502, f"the engine stream broke: {err}", code="stream_error")
+                    + b"\n\n"
+                )
+                await conn.chunk(event)
+            conn.end()
+        finally:
+            call.relayed = tally.content_events
+            if tally.usage is not None:
+                p, c = usage_of(tally.usage)
+                self.account(call, p, c)
         return None
 
     def account(self, call: Call, prompt: int, completion: int) -> None:

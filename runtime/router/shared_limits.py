@@ -17,6 +17,8 @@ says it is alive every ``check_interval_ms``; before the store ever answered, th
 once per cause, counted (``inferstack_router_limit_store_errors_total{cause}``) and shown
 (``inferstack_router_limit_store_up``); requests stop trying the store until the background check reaches
 it again, so a slow store costs one timeout, not one per request; then the shared buckets are used again.
+A reservation is settled where it was taken (``runtime.router.limits.Ticket``): one taken in the fallback
+share is settled there, one the store took is held back while the store is down and sent to it on return.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +39,9 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from runtime.api_keys import Bucket, Denied, Principal, admit, charge_tokens, scope_denied
+from runtime.api_keys import Bucket, Denied, Principal, admit, charge_tokens, replica_share, scope_denied
 from runtime.config import LimitStore
+from runtime.router.limits import Ticket
 
 log = logging.getLogger("inferstack.router.limits")
 
@@ -137,6 +140,7 @@ class SharedLimits:
         self._reported: set[str] = set()
         self._fallback: dict[str, tuple[int, Bucket | None, Bucket | None]] = {}
         self._pending: set[asyncio.Task[None]] = set()
+        self._owed: dict[str, tuple[Principal, int]] = {}  # settlements the store missed, by key hash
         self._checker: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -190,17 +194,25 @@ class SharedLimits:
             log.warning("rate-limit store %s is reachable again: limits are shared", self._where())
             self._reported.clear()
         self.up = True
+        if self._owed and not self._stopping:
+            self._pay_owed()
 
     # --- decisions --------------------------------------------------------------------------------
     async def admit(self, principal: Principal, model: str, reserve: int = 0) -> Denied | None:
         """Scope and limits; when admitted, ``reserve`` tokens are taken from the key's token bucket in the
-        same step (settled later with :meth:`charge`)."""
+        same step (settled later with :meth:`settle` on the ticket :meth:`reserve` gives)."""
+        taken = await self.reserve(principal, model, reserve)
+        return taken if isinstance(taken, Denied) else None
+
+    async def reserve(self, principal: Principal, model: str, reserve: int = 0) -> Denied | Ticket:
+        """``admit``, with the ticket that says which buckets took the reservation: the store's, or (it is
+        down) this replica's fallback share."""
         denied = scope_denied(principal, model)
         if denied is not None:
             return denied
         key = principal.key
         if not (key.requests_per_minute or key.tokens_per_minute):
-            return None
+            return Ticket(self, shared=False)
         if self.up:
             try:
                 async with asyncio.timeout(self.timeout_s):
@@ -213,14 +225,29 @@ class SharedLimits:
             else:
                 self.on_check("shared")
                 if ok:
-                    return None
+                    return Ticket(self, shared=True)
                 return _refusal(principal, _text(which), int(wait_ms) / 1000)
         self.on_check("fallback")
         local, now = self._local(principal), time.monotonic()
         denied = admit(local, model, now)
-        if denied is None and reserve:
+        if denied is not None:
+            return denied
+        if reserve:
             charge_tokens(local, reserve, now)
-        return denied
+        return Ticket(self, shared=False)
+
+    def settle(self, ticket: Ticket, principal: Principal, tokens: int) -> None:
+        """Settle a reservation where it was taken: a fallback one in this replica's share, whatever the
+        store does now; a shared one in the store, held back (``_owed``) while the store is unreachable and
+        sent when it answers again, never to the fallback buckets, which did not take it."""
+        if principal.key.tokens_per_minute is None or tokens == 0:
+            return
+        if not ticket.shared:
+            charge_tokens(self._local(principal), tokens, time.monotonic())
+        elif not self.up or len(self._pending) >= MAX_PENDING_CHARGES:
+            self._owe(principal, tokens)
+        else:
+            self._spawn(self._charge(principal, tokens, owe=True))
 
     def charge(self, principal: Principal | None, tokens: int) -> None:
         """Take tokens (or, negative, give back what a reservation took beyond the usage), in the background."""
@@ -229,11 +256,21 @@ class SharedLimits:
         if not self.up or len(self._pending) >= MAX_PENDING_CHARGES:
             charge_tokens(self._local(principal), tokens, time.monotonic())
             return
-        task = asyncio.get_running_loop().create_task(self._charge(principal, tokens))
+        self._spawn(self._charge(principal, tokens))
+
+    def _spawn(self, charge: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(charge)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _charge(self, principal: Principal, tokens: int) -> None:
+    def _owe(self, principal: Principal, tokens: int) -> None:
+        """Keep a settlement for the store until it answers (one sum per key: bounded by the key table)."""
+        owed = self._owed.get(principal.key.sha256)
+        self._owed[principal.key.sha256] = (principal, tokens + (owed[1] if owed is not None else 0))
+
+    async def _charge(self, principal: Principal, tokens: int, *, owe: bool = False) -> None:
+        """One charge in the store; when it fails, an ``owe`` (a settlement of a reservation the store took)
+        waits for the store, a plain charge goes to the fallback share."""
         key = principal.key
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -243,7 +280,17 @@ class SharedLimits:
                 )
         except (RedisError, OSError, TimeoutError) as err:
             self._down(err)
-            charge_tokens(self._local(principal), tokens, time.monotonic())
+            if owe:
+                self._owe(principal, tokens)
+            else:
+                charge_tokens(self._local(principal), tokens, time.monotonic())
+
+    def _pay_owed(self) -> None:
+        """The store answers again: the settlements it missed go to it now."""
+        owed, self._owed = self._owed, {}
+        for principal, tokens in owed.values():
+            if tokens:
+                self._spawn(self._charge(principal, tokens, owe=True))
 
     # --- helpers ----------------------------------------------------------------------------------
     def _down(self, err: BaseException) -> None:
@@ -269,7 +316,7 @@ class SharedLimits:
         if found is None or found[0] != n:
             now = time.monotonic()
             per = [
-                (-(-limit // n) if limit else None)
+                replica_share(limit, n) if limit else None
                 for limit in (key.requests_per_minute, key.tokens_per_minute)
             ]
             found = (n, Bucket(per[0], now) if per[0] else None, Bucket(per[1], now) if per[1] else None)

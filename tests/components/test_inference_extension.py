@@ -20,11 +20,12 @@ from pydantic import ValidationError
 
 from components.clouds.targets import cloud_for
 from components.core.placement import place
-from components.render import flows, scaling
+from components.render import flows, gateway, scaling
+from components.render import runtime_config as runtime_config_module
 from components.render.envoy import FAIL_OPEN_NEEDS_BUFFERED, EnvoyPool, envoy_config
 from components.render.runtime_config import runtime_config
 from components.spec import PlatformSpec
-from runtime.config import BodyMode, Task
+from runtime.config import BodyMode, RuntimeConfig, Task
 from tests.components.helpers import decided
 from tests.components.test_network import _mismatches
 from tests.stacks import load, synthesized
@@ -131,6 +132,20 @@ def test_the_picker_checks_the_api_keys_from_the_mounted_secret(manifests) -> No
     assert config["picker"]["require_api_key"] is True
     assert Path(config["picker"]["api_keys_file"]).parent == Path(mount["mountPath"])
     assert mount["readOnly"] is True
+    # each replica holds its own request buckets: the picker divides a key's rate by the rendered count
+    replicas = _named(manifests, "Deployment", "inferstack-picker")["spec"]["replicas"]
+    assert RuntimeConfig.model_validate(config).picker.replicas == replicas
+
+
+def test_the_pickers_config_carries_its_deployments_replica_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each picker replica takes requests_per_minute / picker.replicas of a key: the count it divides by is the
+    one its Deployment runs, whatever that becomes."""
+    monkeypatch.setattr(runtime_config_module, "PICKER_REPLICAS", 3)
+    spec = load(STACK, EXAMPLES).spec
+    out = gateway.render(spec, cloud_for(spec))
+    text = _named(out, "ConfigMap", "inferstack-runtime-config")["data"]["runtime.yaml"]
+    config = RuntimeConfig.model_validate(yaml.safe_load(text))
+    assert _named(out, "Deployment", "inferstack-picker")["spec"]["replicas"] == config.picker.replicas == 3
 
 
 def test_network_policies_let_the_gateway_reach_engines_and_picker_only(manifests) -> None:

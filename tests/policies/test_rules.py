@@ -75,6 +75,64 @@ def engine_also_reads(resource: str) -> Callable[[dict[str, Any]], None]:
 ENGINE_READ = aws("rolePolicy:RolePolicy", "inferstack-prod-engine-read-models")
 
 
+ENGINE_ROLE = aws("role:Role", "inferstack-prod-engine")
+BATCH_OBJECTS = "arn:aws:s3:::inferstack-prod-us-east-1-batches/batches/*"
+
+
+def engine_also_allows(statement: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """The engines' read policy with one more statement."""
+
+    def change(props: dict[str, Any]) -> None:
+        document = json.loads(props["policy"])
+        document["Statement"].append(statement)
+        props["policy"] = json.dumps(document)
+
+    return change
+
+
+def _engine_role_name(resources: list[Res]) -> str:
+    """The engine role's physical name, from the ARN its Pod Identity association carries (as AWS names it)."""
+    association = next(r for r in resources if aws("PodIdentityAssociation", "inferstack-prod-engine")(r))
+    return str(association.props["roleArn"]).rsplit("/", 1)[-1]
+
+
+def engine_attaches(policy_arn: str | None, *policy: Res) -> Callable[[list[Res]], list[Res]]:
+    """The stack plus a RolePolicyAttachment of ``policy_arn`` (None: not known yet) to the engine role, and
+    ``policy`` resources of its own."""
+
+    def add(resources: list[Res]) -> list[Res]:
+        attachment = Res(
+            "aws:iam/rolePolicyAttachment:RolePolicyAttachment",
+            "engine-extra",
+            "urn:pulumi:prod::inferstack::aws:iam/rolePolicyAttachment:RolePolicyAttachment::engine-extra",
+            {"role": _engine_role_name(resources), "policyArn": policy_arn},
+        )
+        return [*resources, *policy, attachment]
+
+    return add
+
+
+EXTRA_POLICY = Res(
+    "aws:iam/policy:Policy",
+    "engine-extra-reads",
+    "urn:pulumi:prod::inferstack::aws:iam/policy:Policy::engine-extra-reads",
+    {
+        "policy": json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {"Sid": "Extra", "Effect": "Allow", "Action": "s3:GetObject", "Resource": BATCH_OBJECTS}
+                ],
+            }
+        )
+    },
+)
+
+
+def untag(props: dict[str, Any]) -> None:
+    props["tags"].pop("inferstack:workload")
+
+
 def iam_policy(props: dict[str, Any]) -> None:
     props["policy"] = json.dumps(
         {
@@ -491,6 +549,81 @@ CASES = [
             lambda p: p.__setitem__("bucket", "inferstack-prod-us-east-1-models"),
         ),
         ("'inferstack-prod-us-east-1-models' is both the model bucket and the batch bucket",),
+    ),
+    Case(
+        "engine-role-attaches-s3-read-only",
+        "batch-data-apart-from-engines",
+        "prod",
+        engine_attaches("arn:aws:iam::aws:policy/AmazonS3ReadOnlyAccess"),
+        (
+            "attached AWS managed policy arn:aws:iam::aws:policy/AmazonS3ReadOnlyAccess grants the engine role",
+            "reaches the batch bucket inferstack-prod-us-east-1-batches",
+            "every object of the model bucket inferstack-prod-us-east-1-models",
+        ),
+    ),
+    Case(
+        "engine-role-attaches-a-policy-of-the-stack",
+        "batch-data-apart-from-engines",
+        "prod",
+        engine_attaches("arn:aws:iam::123456789012:policy/engine-extra-reads-0a1b2c3", EXTRA_POLICY),
+        (
+            "Policy engine-extra-reads: policy (attached by RolePolicyAttachment engine-extra) statement Extra",
+        ),
+    ),
+    Case(
+        "engine-role-attaches-a-policy-not-known-yet",
+        "batch-data-apart-from-engines",
+        "prod",
+        engine_attaches(None, EXTRA_POLICY),
+        ("its ARN is not known yet", "reaches the batch bucket inferstack-prod-us-east-1-batches"),
+    ),
+    Case(
+        "engine-not-action",
+        "batch-data-apart-from-engines",
+        "prod",
+        m(
+            ENGINE_READ,
+            engine_also_allows({"Sid": "Not", "Effect": "Allow", "NotAction": "iam:*", "Resource": "*"}),
+        ),
+        (
+            "statement Not grants the engine role",
+            "reaches the batch bucket inferstack-prod-us-east-1-batches",
+        ),
+    ),
+    Case(
+        "engine-not-resource",
+        "batch-data-apart-from-engines",
+        "prod",
+        m(
+            ENGINE_READ,
+            engine_also_allows(
+                {
+                    "Effect": "Allow",
+                    "Action": "s3:GetObject",
+                    "NotResource": "arn:aws:s3:::inferstack-prod-us-east-1-models/x/*",
+                }
+            ),
+        ),
+        ("(NotResource), which reaches the batch bucket inferstack-prod-us-east-1-batches",),
+    ),
+    Case(
+        "engine-role-untagged",
+        "batch-data-apart-from-engines",
+        "prod",
+        m(ENGINE_ROLE, untag),
+        (
+            "Role inferstack-prod-engine: the engines' service account inference/inferstack-engine",
+            "lacks the tag inferstack:workload=engine",
+        ),
+    ),
+    Case(
+        "untagged-engine-role-reads-batch-files",
+        "batch-data-apart-from-engines",
+        "prod",
+        lambda resources: mutate(
+            m(ENGINE_ROLE, untag)(resources), ENGINE_READ, engine_also_reads(BATCH_OBJECTS)
+        ),
+        ("statement AlsoRead grants the engine role inferstack-prod-engine", "reaches the batch bucket"),
     ),
     Case(
         "no-secrets-encryption",

@@ -440,3 +440,88 @@ def test_connections_past_the_cap_get_a_503_and_are_closed(make_router) -> None:
     finally:
         for sock in held:
             sock.close()
+
+
+# --- 13. bodies: a minimum pace, and a budget of buffered bytes (issue #34 hardening) --------------------
+def _trickle_until_answered(sock: socket.socket, limit_s: float = 20) -> tuple[int, dict[str, str], bytes]:
+    """Send one byte each time the socket's 0.2 s read timeout passes, until the server answers; each byte
+    would reset an idle timer, so only a deadline on the body's pace cuts this client off."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            sock.sendall(b" ")
+            first = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except (BrokenPipeError, ConnectionResetError):
+            pytest.fail("the connection was reset instead of answered")
+        assert first, "the connection closed without an answer"
+        sock.settimeout(10)
+        return read_answer(sock, bytearray(first))
+    pytest.fail(f"the server kept reading a body trickled over {limit_s} s")
+
+
+def _buffered(r: RouterUnderTest) -> int:
+    """Bytes of request bodies the router's server counts against its budget now."""
+    server = r.server
+    assert server is not None
+    return r.call(lambda: server.body_bytes)
+
+
+def test_a_trickled_buffered_body_is_answered_408(router: RouterUnderTest) -> None:
+    body = CHAT + b" " * MIB
+    with connect(router.port, timeout_s=0.2) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %b\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
+            % (KEY.encode(), len(body), body[:1024])
+        )
+        status, headers, answer = _trickle_until_answered(sock)
+        assert status == 408 and headers["connection"] == "close", answer
+        assert "slower than" in error_of(answer)["message"]
+    _wait("the body still counts against the budget", lambda: _buffered(router) == 0)
+
+
+def test_a_trickled_upload_is_answered_408(router: RouterUnderTest) -> None:
+    pre, _, lines = _form(16 * 1024)
+    with connect(router.port, timeout_s=0.2) as sock:
+        sock.sendall(
+            f"POST /v1/files HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\n"
+            f"content-type: multipart/form-data; boundary=b\r\ncontent-length: {FILE_LIMIT}\r\n\r\n".encode()
+            + pre
+            + lines
+        )
+        status, headers, answer = _trickle_until_answered(sock)
+        assert status == 408 and headers["connection"] == "close", answer
+
+
+def test_buffered_bodies_past_the_budget_are_refused_503(make_router) -> None:
+    r = make_router()
+    server = r.server
+    assert server is not None
+    r.call(lambda: setattr(server, "body_budget", 2 * MIB))  # as a 8 MiB container's server would have
+    body = CHAT + b" " * (MIB - len(CHAT))
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(body)
+    )
+    held = [connect(r.port) for _ in range(2)]
+    try:
+        for sock in held:  # two slow clients: half a body each, the rest never sent
+            sock.sendall(head + body[: MIB // 2])
+        _wait("the bodies were never counted", lambda: _buffered(r) == 2 * MIB)
+        with connect(r.port) as third:
+            third.sendall(head)
+            status, headers, answer = read_answer(third)
+            assert status == 503 and headers["retry-after"] == "1", answer
+            assert error_of(answer)["code"] == "overloaded"
+            assert closed_by_peer(third)
+        held.pop().close()  # a slow client gone: its reservation is given back
+        _wait("a closed connection's body still counts", lambda: _buffered(r) == MIB)
+        with connect(r.port) as fourth:
+            fourth.sendall(head + body)
+            assert read_answer(fourth)[0] == 200
+        _wait("an answered body still counts", lambda: _buffered(r) == MIB)
+    finally:
+        for sock in held:
+            sock.close()

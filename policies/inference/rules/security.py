@@ -611,9 +611,27 @@ IAM = Rule(
 
 ROLE = "aws:iam/role:Role"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+POLICY = "aws:iam/policy:Policy"
+ROLE_ATTACHMENT = "aws:iam/rolePolicyAttachment:RolePolicyAttachment"
+POLICY_ATTACHMENT = "aws:iam/policyAttachment:PolicyAttachment"
+POD_IDENTITY = "aws:eks/podIdentityAssociation:PodIdentityAssociation"
+IRSA_ANNOTATION = "eks.amazonaws.com/role-arn"
 _PARTITIONS = ("aws", "aws-cn", "aws-us-gov")
 #: A key no store prefix starts with: a pattern that covers it covers every object of the bucket.
 _OUTSIDE_ANY_PREFIX = "\x7finferstack-probe"
+#: AWS managed policies that read (or write) every object of every bucket: as if they granted s3:* on '*'.
+ALL_BUCKETS_POLICIES = frozenset(
+    {
+        "AmazonS3ReadOnlyAccess",
+        "AmazonS3FullAccess",
+        "ReadOnlyAccess",
+        "PowerUserAccess",
+        "AdministratorAccess",
+    }
+)
+_AWS_MANAGED = re.compile(r"arn:aws(?:-cn|-us-gov)?:iam::aws:policy/(?:.*/)?([^/]+)")
+#: The name Pulumi gives a resource without an explicit one: its logical name and 7 hex digits.
+_AUTONAME = "-[0-9a-f]{7}"
 
 
 def _covers(pattern: str, arn: str) -> bool:
@@ -637,32 +655,148 @@ def _tagged(resources: Sequence[Res], type_: str | tuple[str, ...], tag: str, va
     return [r for r in of_type(resources, *types) if as_map(r.props.get("tags")).get(tag) == value]
 
 
+def _named(res: Res, ref: str) -> bool:
+    """``ref`` (a name, an id or the last part of an ARN) is ``res``: its explicit name, its logical name or id, or
+    the name Pulumi generates from the logical name when none is given."""
+    explicit = res.props.get("name")
+    if isinstance(explicit, str) and explicit:
+        return ref in {explicit, res.name, f"{res.name}-id"}
+    return (
+        ref in {res.name, f"{res.name}-id"} or re.fullmatch(re.escape(res.name) + _AUTONAME, ref) is not None
+    )
+
+
+def _arn_names(res: Res, arn: str, kind: str) -> bool:
+    """``arn`` is the ARN of ``res``, an IAM resource of ``kind`` (role, policy), possibly under a path."""
+    head, sep, tail = arn.partition(f":{kind}/")
+    return bool(sep) and head.startswith("arn:") and _named(res, tail.rsplit("/", 1)[-1])
+
+
+def _engine_accounts(resources: Sequence[Res]) -> set[tuple[str, str]]:
+    """(namespace, service account) of every engine workload: whatever role those accounts assume is an engine's."""
+    return {
+        (e.res.namespace or "default", str(e.pod.get("serviceAccountName") or "default"))
+        for e in engines(resources)
+    }
+
+
+def _assumed_by_engines(resources: Sequence[Res]) -> Iterator[tuple[Res, str]]:
+    """Roles the engines' service accounts assume (EKS Pod Identity or an IRSA annotation), with how.
+
+    A Pod Identity association's roleArn is unknown while a preview creates the role: then the association
+    names its role by the stack's convention (both take the same logical name, ``components.clouds.aws.layer``).
+    """
+    accounts = _engine_accounts(resources)
+    roles = of_type(resources, ROLE)
+    for association in of_type(resources, POD_IDENTITY):
+        account = (str(association.props.get("namespace")), str(association.props.get("serviceAccount")))
+        if account not in accounts:
+            continue
+        arn = association.props.get("roleArn")
+        how = f"the engines' service account {account[0]}/{account[1]} (Pod Identity {association.name})"
+        for role in roles:
+            if (isinstance(arn, str) and _arn_names(role, arn, "role")) or (
+                arn is None and role.name == association.name
+            ):
+                yield role, how
+    for account_res in of_kind(resources, "ServiceAccount"):
+        account = (account_res.namespace or "default", account_res.k8s_name)
+        arn = as_map(account_res.metadata.get("annotations")).get(IRSA_ANNOTATION)
+        if account in accounts and isinstance(arn, str):
+            for role in roles:
+                if _arn_names(role, arn, "role"):
+                    yield role, f"the engines' service account {account[0]}/{account[1]} (IRSA)"
+
+
+def _attached(resources: Sequence[Res], role: Res) -> Iterator[tuple[Res, str | None]]:
+    """The policy ARNs attached to ``role`` (None: not known yet), with the resource that attaches each: its
+    managedPolicyArns, RolePolicyAttachments and PolicyAttachments naming it (while a preview does not know the
+    role's name yet, the RolePolicyAttachments ServiceRole names after it)."""
+    for arn in as_list(role.props.get("managedPolicyArns")):
+        yield role, arn if isinstance(arn, str) else None
+    for attachment in of_type(resources, ROLE_ATTACHMENT):
+        ref = attachment.props.get("role")
+        if (isinstance(ref, str) and _named(role, ref)) or (
+            ref is None and attachment.name.startswith(f"{role.name}-")
+        ):
+            arn = attachment.props.get("policyArn")
+            yield attachment, arn if isinstance(arn, str) else None
+    for attachment in of_type(resources, POLICY_ATTACHMENT):
+        if any(isinstance(ref, str) and _named(role, ref) for ref in as_list(attachment.props.get("roles"))):
+            arn = attachment.props.get("policyArn")
+            yield attachment, arn if isinstance(arn, str) else None
+
+
 def _role_documents(resources: Sequence[Res], role: Res) -> Iterator[tuple[Res, str, Any]]:
-    """Every policy document a role holds: its inline policies, and the RolePolicy resources naming it (by id or
-    name; while a preview does not know the id yet, by the logical name ServiceRole gives them)."""
+    """Every policy document a role holds: its inline policies, the RolePolicy resources naming it (by id or
+    name; while a preview does not know the id yet, by the logical name ServiceRole gives them), and the policies
+    attached to it: the stack's own (every one of them when the attached ARN is not known yet, as in a preview
+    creating the policy) and the AWS managed policies that reach every bucket."""
     for p in as_list(role.props.get("inlinePolicies")):
         yield role, f"inline policy {as_map(p).get('name')}", as_map(p).get("policy")
-    refs = {f"{role.name}-id", role.name, str(role.props.get("name") or "")} - {""}
     for policy in of_type(resources, ROLE_POLICY):
         ref = policy.props.get("role")
-        if (isinstance(ref, str) and ref in refs) or (
+        if (isinstance(ref, str) and _named(role, ref)) or (
             ref is None and policy.name.startswith(f"{role.name}-")
         ):
             yield policy, "policy", policy.props.get("policy")
+    for attachment, arn in _attached(resources, role):
+        managed = _AWS_MANAGED.fullmatch(arn) if arn is not None else None
+        if managed is not None:
+            if managed.group(1) in ALL_BUCKETS_POLICIES:
+                grant = {"Effect": "Allow", "Action": "s3:*", "Resource": "*"}
+                yield attachment, f"attached AWS managed policy {arn}", {"Statement": [grant]}
+            continue
+        for policy in of_type(resources, POLICY):
+            if arn is None:
+                yield (
+                    policy,
+                    f"policy (maybe the one {attachment.display} attaches: its ARN is not known yet)",
+                    policy.props.get("policy"),
+                )
+            elif _arn_names(policy, arn, "policy"):
+                yield policy, f"policy (attached by {attachment.display})", policy.props.get("policy")
 
 
-def _s3_resources(statement: Mapping[str, Any]) -> list[str]:
-    """The resources an Allow statement grants S3 actions on (none when it grants no S3 action)."""
-    actions = [str(a) for a in (as_list(statement.get("Action")) or [statement.get("Action")])]
-    if statement.get("Effect") != "Allow" or not any(
-        a == "*" or a.lower().startswith("s3:") for a in actions
-    ):
+def _listed(statement: Mapping[str, Any], key: str) -> list[str]:
+    value = statement.get(key)
+    return [str(v) for v in (as_list(value) or ([value] if value is not None else []))]
+
+
+def _s3_resources(statement: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The resources an Allow statement grants S3 actions on, each as a pattern and how it reads (none when it
+    grants no S3 action). NotAction grants every action it does not list; NotResource every resource it does not
+    list, judged as '*' (list the resources instead)."""
+    if statement.get("Effect") != "Allow":
         return []
-    return [str(r) for r in (as_list(statement.get("Resource")) or [statement.get("Resource")]) if r]
+    if "NotAction" in statement:
+        excluded = [a.lower() for a in _listed(statement, "NotAction")]
+        if any(a in ("*", "s3:*") for a in excluded):
+            return []
+    elif not any(a == "*" or a.lower().startswith("s3:") for a in _listed(statement, "Action")):
+        return []
+    if "NotResource" in statement:
+        return [("*", f"every resource but {_listed(statement, 'NotResource')!r} (NotResource)")]
+    return [(r, repr(r)) for r in _listed(statement, "Resource") if r]
+
+
+def _engine_roles(resources: Sequence[Res]) -> Iterator[tuple[Res, str | None]]:
+    """Every engine role, with the service account assuming it when it lacks the engine workload tag."""
+    tagged = _tagged(resources, ROLE, WORKLOAD_TAG, ENGINE_WORKLOAD)
+    yield from ((role, None) for role in tagged)
+    seen = {role.urn for role in tagged}
+    for role, how in _assumed_by_engines(resources):
+        if role.urn not in seen:
+            seen.add(role.urn)
+            yield role, how
 
 
 def _batch_data(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
-    """The batch bucket is not the model bucket, and engine roles reach neither it nor all of the model bucket."""
+    """The batch bucket is not the model bucket, and engine roles reach neither it nor all of the model bucket.
+
+    An engine role is one tagged as such, or one the engines' service accounts assume: an untagged one is judged
+    all the same, and refused for the missing tag (a preview creating the role knows no ARN to link it by).
+    """
     model, batch = (
         {
             str(b.props["bucket"])
@@ -679,15 +813,21 @@ def _batch_data(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
                 "(cluster.batch_bucket apart from cluster.model_bucket)",
                 b.urn,
             )
-    for role in _tagged(resources, ROLE, WORKLOAD_TAG, ENGINE_WORKLOAD):
+    for role, assumed_by in _engine_roles(resources):
+        if assumed_by is not None:
+            yield Finding(
+                f"{role.display}: {assumed_by} assumes it, but it lacks the tag {WORKLOAD_TAG}={ENGINE_WORKLOAD}; "
+                "tag it, so the pack knows it for an engine role even before its ARN is known",
+                role.urn,
+            )
         for holder, where, document in _role_documents(resources, role):
             for statement in _statements(document):
                 sid = f" statement {statement.get('Sid')}" if statement.get("Sid") else ""
-                for pattern in _s3_resources(statement):
+                for pattern, shown in _s3_resources(statement):
                     for name in sorted(batch):
                         if _reaches_bucket(pattern, name):
                             yield Finding(
-                                f"{holder.display}: {where}{sid} grants the engine role {role.name} {pattern!r}, "
+                                f"{holder.display}: {where}{sid} grants the engine role {role.name} {shown}, "
                                 f"which reaches the batch bucket {name} (tenants' batch files); engines read the "
                                 "model store's prefixes only",
                                 holder.urn,
@@ -695,7 +835,7 @@ def _batch_data(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
                     for name in sorted(model):
                         if _covers(pattern, f"arn:aws:s3:::{name}/{_OUTSIDE_ANY_PREFIX}"):
                             yield Finding(
-                                f"{holder.display}: {where}{sid} grants the engine role {role.name} {pattern!r}, "
+                                f"{holder.display}: {where}{sid} grants the engine role {role.name} {shown}, "
                                 f"every object of the model bucket {name}; grant the store's prefixes only "
                                 f"(arn:aws:s3:::{name}/<prefix>/*)",
                                 holder.urn,
@@ -707,10 +847,12 @@ BATCH_DATA_APART = Rule(
     category=Category.SECURITY,
     severity=Severity.CRITICAL,
     description="Tenants' batch files are in a bucket of their own (never the model bucket), and no policy "
-    "of an engine role reaches that bucket or every object of the model bucket: engines read the model store's "
-    "prefixes only.",
-    remediation="Keep cluster.batch_bucket apart from cluster.model_bucket, and grant engine roles "
-    "s3:GetObject on arn:aws:s3:::<model bucket>/<store prefix>/* only.",
+    "of an engine role (tagged as one, or assumed by the engines' service accounts: then it must carry the tag) "
+    "reaches that bucket or every object of the model bucket: inline, RolePolicy or attached, AWS managed S3 "
+    "read/full access, NotAction/NotResource grants included. Engines read the model store's prefixes only.",
+    remediation="Keep cluster.batch_bucket apart from cluster.model_bucket, tag engine roles "
+    f"{WORKLOAD_TAG}={ENGINE_WORKLOAD}, and grant them s3:GetObject on arn:aws:s3:::<model bucket>/<store "
+    "prefix>/* only (no AWS managed S3 policies, no NotAction/NotResource).",
     stack_check=_batch_data,
 )
 

@@ -17,6 +17,8 @@ import re
 import sqlite3
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ import pytest
 import yaml
 
 from runtime.api_keys import hash_key
+from runtime.batch_service.api import MAX_FORM_PARTS
 from runtime.config_file import ConfigError
 from runtime.router.reload import load_router_files
 from tests.runtime.batch_service.harness import (
@@ -53,10 +56,14 @@ KEYS: dict[str, dict[str, Any]] = {
     "gina": {},
     "hank": {},
     "mallet": {},
+    "ivan": {},
+    "judy": {},
+    "kate": {},
     "batches": {},  # the batch service's own key
 }
 MAX_FILES = 4
 MAX_BYTES = 1024 * 1024
+MAX_BATCHES = 3
 
 #: Fault injection, run in the batch service's process before it starts: while ``flag`` exists the store
 #: fails under the flusher and the janitor as a full or broken disk would; a batch with metadata
@@ -116,6 +123,7 @@ def shared(
             "router_key_name": "batches",
             "max_files_per_owner": MAX_FILES,
             "max_bytes_per_owner": MAX_BYTES,
+            "max_active_batches_per_owner": MAX_BATCHES,
         },
         service_key=key("batches"),
     )
@@ -323,6 +331,71 @@ def test_uploads_beyond_a_keys_file_count_or_bytes_are_refused_until_it_deletes(
         and f"at most {MAX_BYTES:,}" in too_big.value.body["message"]
     )
     assert len(erin.files.list().data) == MAX_FILES and len(gina.files.list().data) == 2  # refused: not kept
+
+
+# --- issue #34 hardening: an upload's form is bounded -------------------------------------------------
+def test_an_upload_form_of_many_tiny_parts_is_refused(shared: BatchStack) -> None:
+    """Each new part name would be held: a form of many tiny named parts is refused, however small."""
+    parts = b"".join(
+        b'--b\r\nContent-Disposition: form-data; name="f%d"\r\n\r\nx\r\n' % i for i in range(MAX_FORM_PARTS)
+    )
+    body = (
+        b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        + parts
+        + b'--b\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n\r\n{}\n\r\n--b--\r\n'
+    )
+    request = urllib.request.Request(
+        f"{shared.router_url}/v1/files",
+        data=body,
+        headers={"authorization": f"Bearer {key('ivan')}", "content-type": "multipart/form-data; boundary=b"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 400
+    message = json.loads(refused.value.read())["error"]["message"]
+    assert f"more than {MAX_FORM_PARTS} parts" in message, message
+    assert not shared.client(key("ivan")).files.list().data  # nothing kept
+
+
+# --- issue #34 hardening: an owner's unfinished batches are bounded ------------------------------------
+def _create(client: openai.OpenAI, file_id: str) -> str:
+    return client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h").id
+
+
+def test_unfinished_batches_beyond_a_keys_limits_are_refused_429(shared: BatchStack) -> None:
+    """Each batch copies its input's lines into the store: a key creating batch after batch over one input
+    is refused past its count of unfinished batches, and past its bytes once their inputs count."""
+    engine = shared.doubles[0]
+    engine.hold = asyncio.Event()  # every line waits in the engine: the batches stay unfinished
+    judy = shared.client(key("judy")).with_options(max_retries=0)
+    kate = shared.client(key("kate")).with_options(max_retries=0)
+    made: list[tuple[openai.OpenAI, str]] = []
+    try:
+        small = upload(judy, jsonl([chat_line("judy-1")]))
+        made += [(judy, _create(judy, small)) for _ in range(MAX_BATCHES)]
+        with pytest.raises(openai.RateLimitError) as refused:
+            _create(judy, small)
+        body = refused.value.body
+        assert isinstance(body, dict) and body["code"] == "batch_limit_exceeded", body
+        assert f"{MAX_BATCHES:,} unfinished batches" in body["message"]
+        # a file of ~0.4 of the quota: its first batch fits (file and copy: 0.8), a second does not
+        big = upload(kate, jsonl([chat_line("kate-1", user="x" * (MAX_BYTES * 2 // 5))]))
+        made.append((kate, _create(kate, big)))
+        with pytest.raises(openai.RateLimitError) as too_big:
+            _create(kate, big)
+        body = too_big.value.body
+        assert isinstance(body, dict) and body["code"] == "batch_limit_exceeded", body
+        assert f"at most {MAX_BYTES:,}" in body["message"]
+        assert len(kate.batches.list().data) == 1  # the refused one was not kept
+    finally:
+        for client, batch_id in made:
+            client.batches.cancel(batch_id)
+        engine.release()
+        engine.hold = None
+    for client, batch_id in made:
+        wait_for(client, batch_id, {"cancelled", "completed"}, timeout_s=30)
+    small_again = _create(judy, small)  # finished batches no longer count
+    wait_for(judy, small_again, {"completed"}, timeout_s=30)
 
 
 # --- item 17: one name, one key --------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,9 @@ class FakeApiServer:
         self.events: list[dict] = []
         self.deleted: list[str] = []
         self.pod_queries: list[str] = []
+        self.delete_fault: str | None = None  # "hang": never answers (until released), "fail": a 500
+        self.refused: list[str] = []  # deletes that hung or failed
+        self.released = asyncio.Event()  # set at teardown: a hung handler ends
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -96,6 +100,11 @@ class FakeApiServer:
         return web.json_response(body, status=201)
 
     async def delete_pod(self, request: web.Request) -> web.Response:
+        if self.delete_fault is not None:
+            self.refused.append(request.match_info["name"])
+            if self.delete_fault == "hang":
+                await self.released.wait()
+            return web.json_response({"kind": "Status", "status": "Failure", "code": 500}, status=500)
         self.deleted.append(request.match_info["name"])
         return web.json_response({"kind": "Status", "status": "Success"})
 
@@ -105,6 +114,7 @@ async def api_server():
     fake = FakeApiServer()
     runner, base = await start(fake.app())
     yield fake, base
+    fake.released.set()
     await runner.cleanup()
 
 
@@ -152,12 +162,13 @@ async def test_monitor_remediates_once_per_episode(fakes, api_server):
     await monitor.start()
     try:
         await wait_for(lambda: monitor.ready)
-        # a static replica has no pod: remediation is attempted, nothing is deleted
+        # a static replica has no pod: remediation is attempted, nothing is deleted, and that is no remediation
         for _ in range(3):
             await monitor.probe_all()
             clock[0] += 40
         await monitor.wait_idle()
-        assert monitor.counters.remediations["tiny"] == 1
+        assert monitor.counters.remediations["tiny"] == 0
+        assert monitor.counters.remediation_failures["tiny"] == 1
         assert fake.deleted == []
     finally:
         await monitor.stop()

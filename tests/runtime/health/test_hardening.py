@@ -177,11 +177,58 @@ async def test_a_monitor_side_fault_deletes_no_pod_and_wedged_pods_go_one_at_a_t
         await m.stop()
 
 
+async def test_a_hung_or_refused_pod_deletion_leaves_the_episode_open_and_is_counted(fakes, api_server):
+    """A delete the API never answers is given up after remediate_timeout_s (before: it held the one-at-a-time
+    slot for good), and one it refuses (500) is counted, not taken for a remediation (before: the episode was
+    closed, the pod never deleted): the wedged pod is deleted an interval later, once the API takes it."""
+    fake_api, api_base = api_server
+    engines = [await fakes() for _ in range(3)]
+    urls = [e.url for e in engines]
+    target = {"name": "m", "discovery": {"namespace": "llm", "service": "m"}}
+    health = {"eject_after_failures": 1, "remediate_after_s": 30, "remediate_timeout_s": 0.2}
+    config = RuntimeConfig.model_validate({"models": [target], "health": health})
+
+    async def watch(_: Any):
+        yield urls
+
+    clock = Clock()
+    actions = KubernetesActions.for_host(api_base, events=False, remediation=True)
+    m = Monitor(config, watch=watch, actions=actions, clock=clock, run_loops=False)
+    await m.start()
+    try:
+        await wait_for(lambda: len(m.all_trackers()) == 3)
+        await m.probe_all()  # all admitted
+        engines[0].engine.health_status = 503  # one of three wedged: no panic
+        await m.probe_all()
+        for fault, refused in (("hang", 1), ("fail", 2)):
+            fake_api.delete_fault = fault
+            clock.now += 301
+            await m.probe_all()
+            await asyncio.wait_for(m.wait_idle(), 20)  # a hang guard: the attempt ends by itself
+            assert len(fake_api.refused) == refused and fake_api.deleted == []
+            assert (m.counters.remediations["m"], m.counters.remediation_failures["m"]) == (0, refused)
+        fake_api.delete_fault = None
+        clock.now += 301
+        await m.probe_all()
+        await m.wait_idle()
+        assert fake_api.deleted == ["engine-0"]
+        assert (m.counters.remediations["m"], m.counters.remediation_failures["m"]) == (1, 2)
+        text = render(registry_for(m)).decode()
+        assert 'inferstack_health_remediation_failures_total{model="m"} 2.0' in text
+        clock.now += 301
+        await m.probe_all()
+        await m.wait_idle()
+        assert fake_api.deleted == ["engine-0"]  # the episode is closed: once per episode
+    finally:
+        await m.stop()
+
+
 @pytest_asyncio.fixture(loop_scope="function")
 async def api_server():
     fake = FakeApiServer()
     runner, base = await start(fake.app())
     yield fake, base
+    fake.released.set()
     await runner.cleanup()
 
 

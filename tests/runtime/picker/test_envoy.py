@@ -347,13 +347,14 @@ def test_a_client_that_leaves_mid_body_ends_the_stream_early_and_the_picker_carr
 
 def test_api_keys_are_checked_at_the_picker_behind_envoy(lt: LoopThread, tmp_path: Path) -> None:
     """Behind the gateway nothing else sees a request: the picker refuses one without a known key (the SDK's
-    AuthenticationError) before any engine sees it, routes one with a key, and the key stays at the gateway."""
+    AuthenticationError) before any engine sees it, routes one with a key, and the key stays at the gateway.
+    One of two picker replicas admits half a key's requests per minute: the two together admit its limit."""
     key = "sk-envoy-0123456789abcdef"
     keys = tmp_path / "keys.yaml"
-    keys.write_text(yaml.safe_dump([{"name": "team", "sha256": hash_key(key)}]))
+    keys.write_text(yaml.safe_dump([{"name": "team", "sha256": hash_key(key), "requests_per_minute": 2}]))
     chat = _doubles(lt, 1)
     cfg = _picker_cfg(chat)
-    cfg["picker"] |= {"require_api_key": True, "api_keys_file": str(keys)}
+    cfg["picker"] |= {"require_api_key": True, "api_keys_file": str(keys), "replicas": 2}
     picker = PickerUnderTest(lt, cfg).start()
     port = free_port()
     try:
@@ -378,6 +379,11 @@ def test_api_keys_are_checked_at_the_picker_behind_envoy(lt: LoopThread, tmp_pat
             )
             (served,) = chat[0].requests
             assert "authorization" not in served["headers"]
+            with pytest.raises(openai.RateLimitError) as limited:  # this replica's share (1 of 2) is spent
+                client.chat.completions.create(model=CHAT, messages=message)
+            assert limited.value.code == "rate_limit_exceeded"
+            assert "key 'team' exceeded 1 requests per minute" in limited.value.message
+            assert len(chat[0].requests) == 1
     finally:
         picker.stop()
         lt.run(chat[0].stop())

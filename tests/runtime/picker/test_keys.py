@@ -169,7 +169,12 @@ def test_require_api_key_needs_a_keys_file() -> None:
     [
         (None, "cannot read API keys file"),
         ("- name: x\n  sha256: short\n", "[0].sha256: String should match pattern"),
+        (
+            yaml.safe_dump([_key("heavy", GOOD, tokens_per_minute=1000)]),
+            "key 'heavy' has tokens_per_minute 1000, which the endpoint picker cannot enforce",
+        ),
     ],
+    ids=["missing", "bad-hash", "token-limit"],
 )
 def test_a_picker_started_with_a_bad_keys_file_prints_one_line_and_exits_2(
     tmp_path: Path, keys: str | None, expected: str

@@ -83,6 +83,7 @@ class Double:
     name: str
     mode: str = (
         "ok"  # ok | 503 | 500 | hang | reset_mid_stream | reset_before | trickle | wrong_ctype | garbage
+        # | split_usage
     )
     chunks: int = 3
     trickle_s: float = 0.05
@@ -182,7 +183,13 @@ class Double:
                     await asyncio.sleep(self.trickle_s)
             options = body.get("stream_options")
             if isinstance(options, dict) and options.get("include_usage"):  # as vLLM: only when asked
-                await resp.write(sse_chunk(0, body.get("model", "m"), usage=True))
+                event = sse_chunk(0, body.get("model", "m"), usage=True)
+                if mode == "split_usage":  # the usage event in two writes, split right after its name
+                    at = event.index(b'"usage"') + len(b'"usage"')
+                    await resp.write(event[:at])
+                    await asyncio.sleep(0.05)  # two reads for the router, not a synchronisation
+                    event = event[at:]
+                await resp.write(event)
             await resp.write(b"data: [DONE]\n\n")
         except (asyncio.CancelledError, ConnectionResetError):
             self.cancelled += 1

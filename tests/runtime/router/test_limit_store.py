@@ -247,3 +247,19 @@ def test_batch_api_calls_draw_on_the_shared_limit(
     statuses = [routers[i % 2].request("GET", "/v1/batches", headers=auth)[0] for i in range(5)]
     assert 429 not in statuses[:3] and statuses[3:] == [429, 429], statuses
     assert all(r.router is not None and r.router.limits.store_up for r in routers)
+
+
+def test_the_routers_fallback_share_is_the_pickers_share() -> None:
+    """Front ends that hold a key's buckets on their own divide its limits one way: routers whose shared store is
+    down, and the endpoint picker's replicas. A ceiling in one of them let three routers admit 12 a minute of a
+    key limited to 10."""
+    key = ApiKey(
+        name="k", sha256=hashlib.sha256(b"k").hexdigest(), requests_per_minute=10, tokens_per_minute=1000
+    )
+    shared = SharedLimits(LimitStore(url="redis://127.0.0.1:9", replicas=3))
+    shared.replicas = 3
+    fallback = shared._local(KeyTable([key], 0.0).by_hash[key.sha256])
+    picker = KeyTable([key], 0.0, replicas=3).by_hash[key.sha256]
+    assert fallback.requests is not None and picker.requests is not None and fallback.tokens is not None
+    assert fallback.requests.rate_per_s == picker.requests.rate_per_s == pytest.approx(10 / 3 / 60)
+    assert fallback.tokens.rate_per_s == pytest.approx(1000 / 3 / 60)

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+import redis as sync_redis
 
 from components.local.engine_process import free_port
 from components.local.redis_process import RedisProcess
@@ -172,3 +173,191 @@ def test_a_client_that_leaves_mid_stream_is_still_charged(
     status, _, raw = post(r, stream_body())
     assert status == 429, "the leaver's reservation stands: the key is ~126 tokens below zero"
     assert json.loads(raw)["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_a_failure_between_admission_and_routing_gives_the_reservation_back(
+    doubles: Callable[..., list[Double]],
+    keyed_router: Callable[..., RouterUnderTest],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reservation taken at admission is settled whatever happens next: a fault injected between admission
+    and routing (a bug; the client gets a 500) must not keep the key's tokens."""
+    (d,) = doubles(1)
+    r = keyed_router([d.url], tokens_per_minute=200)  # one reservation (~226) overdraws the minute
+
+    def broken(*args: object) -> bytes:
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr("runtime.router.app.forwarded_tail", broken)
+    assert post(r, stream_body())[0] == 500
+    monkeypatch.undo()
+    settled(r)
+    assert not d.requests, "nothing reached the engine"
+    status, _, raw = post(r, stream_body())
+    assert status == 200, f"the failed request's reservation was given back: {raw!r}"
+
+
+def leave_after(r: RouterUnderTest, body: dict[str, Any], events: int) -> int:
+    """Stream ``body``, read at least ``events`` content events, hang up; the events read."""
+    conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=30)
+    try:
+        headers = {"Authorization": f"Bearer {RAW_KEY}", "Content-Type": "application/json"}
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(), headers=headers)
+        resp = conn.getresponse()
+        assert resp.status == 200
+        seen = b""
+        while seen.count(b'"choices"') < events:
+            piece = resp.read1(65536)
+            assert piece, "the stream ended before the client left"
+            seen += piece
+        return seen.count(b'"choices"')
+    finally:
+        conn.close()  # gone mid-stream
+
+
+def test_a_stream_without_max_tokens_reserves_the_context_and_is_refunded_when_it_ends(
+    doubles: Callable[..., list[Double]], keyed_router: Callable[..., RouterUnderTest]
+) -> None:
+    """Without ``max_tokens`` the engine may generate up to the model's context (4096 here): a client that
+    left mid-stream paid only the 1024 tokens reserved per choice, however much it had read. It now reserves
+    what the context leaves (~4096 with the prompt), and an answer that ends gets the unused part back."""
+    (d,) = doubles(1, mode="trickle", chunks=100, trickle_s=0.01)
+    r = keyed_router([d.url], tokens_per_minute=3000)
+    unbounded = stream_body()
+    del unbounded["max_tokens"]
+    for _ in range(2):  # each reserves more than the minute, and is settled to its 10 tokens
+        status, _, raw = post(r, unbounded)
+        assert status == 200 and raw.endswith(b"data: [DONE]\n\n"), raw[-200:]
+        settled(r)
+    leave_after(r, unbounded, 1)
+    until(lambda: d.cancelled == 1, "the router stopped the engine's stream")
+    settled(r)
+    status, _, raw = post(r, unbounded)
+    assert status == 429, "the leaver's reservation (the context, ~4096) overdraws the 3000-token minute"
+    assert json.loads(raw)["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_a_client_that_leaves_after_reading_more_than_its_reservation_pays_what_it_read(
+    doubles: Callable[..., list[Double]], keyed_router: Callable[..., RouterUnderTest]
+) -> None:
+    """An engine that streams past the reservation (here it ignores ``max_tokens``: 10): a client that left
+    paid only the reservation (~36). It now pays the prompt plus one token per content event relayed."""
+    (d,) = doubles(1, mode="trickle", chunks=400, trickle_s=0.005)
+    r = keyed_router([d.url], tokens_per_minute=200)  # the reservation leaves ~164; what is read, not
+    read = leave_after(r, stream_body(max_tokens=10), 250)
+    assert read >= 250
+    until(lambda: d.cancelled == 1, "the router stopped the engine's stream")
+    settled(r)
+    status, _, raw = post(r, stream_body(max_tokens=10))
+    assert status == 429, "250+ tokens relayed overdraw the 200-token minute"
+    assert json.loads(raw)["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_a_usage_event_split_across_reads_is_still_counted(
+    doubles: Callable[..., list[Double]], keyed_router: Callable[..., RouterUnderTest]
+) -> None:
+    """The client asked for the usage itself: only the last read naming ``usage`` was scanned, and a usage
+    event split across reads settled to nothing (the reservation stood). Events are now assembled first."""
+    (d,) = doubles(1, mode="split_usage")
+    r = keyed_router([d.url], tokens_per_minute=300)  # one reservation (~226) at a time; 10 tokens used
+    for _ in range(3):  # three reservations kept would overdraw the minute by the third
+        status, _, raw = post(r, stream_body(stream_options={"include_usage": True}))
+        assert status == 200, raw
+        assert b'"completion_tokens": 3' in raw, "the client gets the usage it asked for, whole"
+        settled(r)
+
+
+def test_a_reservation_taken_in_the_store_is_settled_in_the_store_after_it_failed_meanwhile(
+    doubles: Callable[..., list[Double]],
+    make_router: Callable[..., RouterUnderTest],
+    redis_store: RedisProcess,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A stream reserved in Redis ends while Redis refuses writes (``maxmemory``: a real error reply). Its
+    refund went to this replica's fallback share, which never took the reservation: back on Redis the key
+    was still overdrawn. It is now owed to Redis and paid when Redis answers again."""
+    (d,) = doubles(1, hold=asyncio.Event())
+    key = {
+        "name": "streamer",
+        "sha256": hashlib.sha256(RAW_KEY.encode()).hexdigest(),
+        "tokens_per_minute": 200,  # the reservation (~226) overdraws it; the answer uses 10
+    }
+    store = {
+        "url": redis_store.url,
+        "timeout_ms": 3000,
+        "check_interval_ms": 100,
+        "key_prefix": f"{request.node.name}:",
+    }
+    r = make_router([d.url], require_api_key=True, api_keys=[key], limit_store=store)
+    assert r.router is not None
+    router = r.router
+    admin = sync_redis.Redis(host="127.0.0.1", port=redis_store.port, socket_timeout=30)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                held = pool.submit(post, r, stream_body())
+                until(lambda: len(d.requests) == 1, "the stream reserved in Redis and reached the engine")
+                admin.config_set("maxmemory-policy", "noeviction")
+                admin.config_set("maxmemory", 1)  # every write now an error reply
+            finally:
+                d.release()
+            assert held.result()[0] == 200
+            until(lambda: r.call(lambda: router.limits.store_up) == 0.0, "the router saw the store fail")
+        admin.config_set("maxmemory", 0)
+        until(lambda: r.call(lambda: router.limits.store_up) == 1.0, "the store is used again")
+        until(lambda: not r.call(lambda: getattr(router.limits, "_owed", ())), "what was owed was paid")
+        settled(r)
+        status, _, raw = post(r, stream_body())
+        assert status == 200, f"the refund reached Redis, where the reservation was: {raw!r}"
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
+
+
+def test_a_reservation_taken_in_the_fallback_share_is_settled_there_after_the_store_returned(
+    doubles: Callable[..., list[Double]],
+    make_router: Callable[..., RouterUnderTest],
+    redis_store: RedisProcess,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A stream reserved in the fallback share (Redis refusing writes) ends once Redis is back: its refund went
+    to Redis, which never took the reservation, and the share stayed overdrawn for the next outage."""
+    (d,) = doubles(1, hold=asyncio.Event())
+    key = {
+        "name": "streamer",
+        "sha256": hashlib.sha256(RAW_KEY.encode()).hexdigest(),
+        "tokens_per_minute": 200,
+    }
+    store = {
+        "url": redis_store.url,
+        "timeout_ms": 3000,
+        "check_interval_ms": 100,
+        "key_prefix": f"{request.node.name}:",
+    }
+    r = make_router([d.url], require_api_key=True, api_keys=[key], limit_store=store)
+    assert r.router is not None
+    router = r.router
+    admin = sync_redis.Redis(host="127.0.0.1", port=redis_store.port, socket_timeout=30)
+
+    def store_up(up: bool) -> None:
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", 0 if up else 1)  # 1 byte: every write an error reply
+        until(lambda: r.call(lambda: router.limits.store_up) == (1.0 if up else 0.0), f"store up: {up}")
+
+    try:
+        store_up(False)
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                held = pool.submit(post, r, stream_body())
+                until(lambda: len(d.requests) == 1, "the stream reserved in the fallback share")
+                store_up(True)
+            finally:
+                d.release()
+            assert held.result()[0] == 200
+        settled(r)
+        store_up(False)  # the next outage: the share got its refund back
+        status, _, raw = post(r, stream_body())
+        assert status == 200, f"the refund went to the fallback share, where the reservation was: {raw!r}"
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()

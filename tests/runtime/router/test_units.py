@@ -209,6 +209,11 @@ def test_the_usage_chunk_is_taken_out_whole_whatever_the_pieces_and_line_ends() 
         out = b"".join(strip.feed(stream[i : i + size]) for i in range(0, len(stream), size)) + strip.rest()
         assert out == stream.replace(stream.split(b"\r\n\r\n")[1] + b"\r\n\r\n", b"")
         assert strip.usage is not None and usage_of(strip.usage) == (3, 2)
+        assert strip.content_events == 1
+        kept = UsageStrip(strip=False)  # the client asked for it: every byte as it came, the usage still read
+        out = b"".join(kept.feed(stream[i : i + size]) for i in range(0, len(stream), size)) + kept.rest()
+        assert out == stream
+        assert kept.usage is not None and usage_of(kept.usage) == (3, 2)
 
 
 def test_the_reservation_counts_the_prompt_and_every_choice() -> None:
@@ -216,4 +221,6 @@ def test_the_reservation_counts_the_prompt_and_every_choice() -> None:
     assert token_estimate(body, {"max_tokens": 50, "n": 2}, "chat", 4096) == 101 + 100
     assert token_estimate(body, {"max_completion_tokens": 10, "max_tokens": 99}, "chat", 4096) == 111
     assert token_estimate(body, {}, "completions", 300) == 101 + 300  # the default, at most the context
+    assert token_estimate(body, {}, "chat", 4096) == 4096  # no bound: what the context leaves the answer
+    assert token_estimate(body, {"n": 2}, "chat", 4096) == 101 + 2 * (4096 - 101)
     assert token_estimate(body, {"max_tokens": 50}, "embeddings", 4096) == 101
