@@ -97,13 +97,17 @@ TEST_WORKERS ?= 2
 snapshots: venv
 	INFERSTACK_UPDATE_SNAPSHOTS=1 $(BIN)/pytest -q tests/components/test_plan_snapshots.py
 
-# What the tests need, installed side by side in one make run (each step starts as soon as what it needs is
-# there: lint once the project venv is, the quantize venv once the engine venv is), then mypy beside pytest on
-# TEST_WORKERS workers (tests/conftest.py: the engine tests run in two xdist groups, in turn within each).
-# Either failing fails the target.
+# What the tests need, installed side by side (the quantize venv once the engine venv is there), while the
+# project venv is made and linted; then mypy starts, beside the rest of the installs and then beside pytest on
+# TEST_WORKERS workers (tests/conftest.py: the engine tests run in two xdist groups, in turn within each). mypy
+# costs ~4 CPU-minutes on a fresh clone (most of it reading pulumi_aws): started early, it uses the CPU the
+# installs leave idle instead of the tests'. Any step failing fails the target.
+INSTALLS := engine-venv tools-venv crd-tools prometheus s3rver prepare-venv redis
 test:
-	$(MAKE) --no-print-directory -j4 venv engine-venv tools-venv crd-tools prometheus s3rver prepare-venv redis lint
-	$(TYPECHECK) & typecheck=$$!; \
+	$(MAKE) --no-print-directory -j3 $(INSTALLS) & installs=$$!; \
+	  $(MAKE) --no-print-directory venv lint || { wait $$installs; exit 1; }; \
+	  $(TYPECHECK) & typecheck=$$!; \
+	  wait $$installs || { kill $$typecheck; wait $$typecheck; exit 1; }; \
 	  $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup; tests=$$?; wait $$typecheck && exit $$tests
 
 ## product -------------------------------------------------------------------------------------

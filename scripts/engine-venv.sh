@@ -141,7 +141,7 @@ EOF
 chmod +x "$VENV/bin/vllm"
 
 say "checking the venv"
-"$PY" - <<'EOF' || die "the engine venv at $VENV failed its checks (see above)"
+"$PY" - "$VENV/bin/vllm" <<'EOF' || die "the engine venv at $VENV failed its checks (see above)"
 import sys
 from importlib.metadata import distributions, version
 
@@ -168,8 +168,23 @@ import peft  # noqa: E402,F401
 from components.local.tiny_model import smollm2_gguf  # noqa: E402
 
 assert smollm2_gguf()[0].is_file()
+
+# The console script written above answers --version. Run here, in the process that has imported vLLM already:
+# a process of its own would import it all again (~25 s, on the critical path of `make test`).
+import contextlib  # noqa: E402
+import io  # noqa: E402
+import runpy  # noqa: E402
+
+script = sys.argv[1]
+sys.argv = [script, "--version"]
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed):
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exit:
+        assert exit.code in (0, None), f"{script} --version exited with {exit.code}"
+assert printed.getvalue().strip(), f"{script} --version printed nothing"
 print(f"engine-venv: ok: vllm {vllm.__version__}, torch {torch.__version__}, python {sys.version.split()[0]}",
       file=sys.stderr)
 EOF
-"$VENV/bin/vllm" --version >/dev/null 2>&1 || die "$VENV/bin/vllm --version fails"
 say "ready: $VENV ($(du -sh "$VENV" 2>/dev/null | cut -f1))"
