@@ -19,7 +19,7 @@ from runtime.batcher import core
 from runtime.batcher.metrics import BatcherMetrics
 from runtime.batcher.service import EngineError, ModelBatcher, QueueFullError, WatchFn, error_body
 from runtime.config import RuntimeConfig
-from runtime.http import METRICS_CONTENT_TYPE, metrics_payload
+from runtime.http import METRICS_CONTENT_TYPE, OVERLOADED, OVERLOADED_CODE, metrics_payload
 from runtime.server import Connection, Limits, Request, Server
 from runtime.upstream import UpstreamError
 
@@ -37,11 +37,16 @@ class ClientError(Exception):
     """A request the batcher answers itself with a 4xx/5xx; carries the OpenAI-shaped body."""
 
     def __init__(
-        self, status: int, message: str, kind: str, headers: list[tuple[bytes, bytes]] | None = None
+        self,
+        status: int,
+        message: str,
+        kind: str,
+        headers: list[tuple[bytes, bytes]] | None = None,
+        code: str | None = None,
     ):
         super().__init__(message)
         self.status = status
-        self.body = orjson.dumps(error_body(message, kind, status))
+        self.body = orjson.dumps(error_body(message, kind, code or status))
         self.headers = headers
 
 
@@ -226,11 +231,14 @@ class Batcher:
 
 
 def _queue_full(retry_after_s: int) -> ClientError:
+    """A full queue is load, not the caller's own limit: 503 ``overloaded`` with ``Retry-After``, as the router
+    answers its own load refusals (runtime.http.OVERLOADED); 429 would tell a client its key is over its limits."""
     return ClientError(
-        429,
-        "batcher queue is full; retry later",
-        "rate_limit_exceeded",
+        OVERLOADED,
+        "the batcher's queue for this model is full; retry shortly",
+        "service_unavailable",
         [(b"retry-after", str(retry_after_s).encode())],
+        code=OVERLOADED_CODE,
     )
 
 

@@ -73,7 +73,7 @@ class EngineError(Exception):
     body: dict[str, Any]
 
 
-def error_body(message: str, kind: str, code: int) -> dict[str, Any]:
+def error_body(message: str, kind: str, code: int | str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
@@ -259,7 +259,7 @@ class ModelBatcher:
         return sum(n for _, n in self._done_window) / RATE_WINDOW_S
 
     def _forget_done(self, now: float) -> None:
-        # Also called on every delivery: with nobody scraping /metrics and no 429, the window would
+        # Also called on every delivery: with nobody scraping /metrics and no queue-full refusal, the window would
         # otherwise keep one entry per batch for the life of the process.
         window = self._done_window
         while window and window[0][0] < now - RATE_WINDOW_S:

@@ -133,8 +133,9 @@ class Forwarder:
                     404,
                     f"replica does not hold adapter {call.ctx.adapter!r}: {body[:200].decode('utf-8', 'replace')}",
                 )
-            # A canary's engine errors (500 too) go to the stable version instead of the client.
-            if status in RETRY_STATUSES or (status >= 500 and state.canary):
+            # A canary's engine errors (500 too) go to the stable version instead of the client. The batcher's
+            # errors are its own verdicts (a full queue is 503 overloaded): the client gets them as they are.
+            if r is not state.batcher and (status in RETRY_STATUSES or (status >= 500 and state.canary)):
                 body = await ex.read_all(self.idle_timeout_s)
                 r.breaker.on_failure(time.monotonic())
                 return status, f"replica answered {status}: {body[:200].decode('utf-8', 'replace')}"
@@ -150,6 +151,8 @@ class Forwarder:
             body = whole if whole is not None else (await ex.next_chunk(self.idle_timeout_s) or b"")
             first = time.monotonic()
             extra = [(self.rid_header, rid), (BACKEND_HEADER, r.tag)]
+            if (retry_after := ex.headers.get(b"retry-after")) is not None:
+                extra.append((b"retry-after", retry_after))  # when to come back: the upstream knows best
             call.answered = status == 200
             if ex.drained or not body:
                 conn.send(status, body, ctype or _JSON, extra)  # the usual case: one write

@@ -83,7 +83,7 @@ async def test_poison_input_fails_alone(fake_engine, batcher_at):
             assert out["data"][0]["embedding"] == fake_vector(body["input"])
 
 
-async def test_queue_full_is_429_with_retry_after(fake_engine, batcher_at):
+async def test_a_full_queue_is_503_overloaded_with_retry_after(fake_engine, batcher_at):
     engine = await fake_engine(embed_delay_s=30)  # the engine holds the first batch
     b = await batcher_at(
         batcher_config(
@@ -98,8 +98,8 @@ async def test_queue_full_is_429_with_retry_after(fake_engine, batcher_at):
         ]
         await wait_for(lambda: b.batcher.models["emb"].depth == 4)
         status, body, headers = await post(s, b.url, {"model": "emb", "input": "e"})
-        assert status == 429 and int(headers["Retry-After"]) >= 1
-        assert body["error"]["type"] == "rate_limit_exceeded"
+        assert status == 503 and int(headers["Retry-After"]) >= 1  # load: not the caller's own limit (429)
+        assert body["error"]["code"] == "overloaded"
         for t in [*first, *waiting]:
             t.cancel()
         await asyncio.gather(*first, *waiting, return_exceptions=True)
@@ -138,7 +138,7 @@ async def test_a_departed_clients_queue_space_is_free_at_once(fake_engine, batch
         leaver = asyncio.create_task(post(s, b.url, {"model": "emb", "input": ["LEAVER 1", "LEAVER 2"]}))
         await wait_for(lambda: mb.depth == 2)
         status, _, _ = await post(s, b.url, {"model": "emb", "input": ["x", "y"]})
-        assert status == 429  # 2 + 2 > 3: the leaver's inputs hold the queue
+        assert status == 503  # 2 + 2 > 3: the leaver's inputs hold the queue
         leaver.cancel()  # closes its connection; the engine is still busy, so no dispatch happens
         await asyncio.gather(leaver, return_exceptions=True)
         await wait_for(lambda: mb.depth == 0)  # freed by the disconnect itself, not by a later dispatch
@@ -296,7 +296,7 @@ async def test_queued_requests_fail_fast_when_the_last_replica_leaves(fake_engin
         await running.close()
 
 
-async def test_unbatched_requests_share_the_queue_budget_and_get_429_beyond_it(fake_engine, batcher_at):
+async def test_unbatched_requests_share_the_queue_budget_and_get_503_beyond_it(fake_engine, batcher_at):
     engine = await fake_engine(embed_delay_s=0.5)
     b = await batcher_at(batcher_config([engine.url], max_queue=2))
     binary = {"model": "emb", "input": "x", "encoding_format": "bytes"}
@@ -304,10 +304,10 @@ async def test_unbatched_requests_share_the_queue_budget_and_get_429_beyond_it(f
         first = [asyncio.create_task(post(s, b.url, binary)) for _ in range(2)]
         await wait_for(lambda: b.batcher.models["emb"].forwarded == 2)
         status, body, headers = await post(s, b.url, binary)
-        assert status == 429 and body["error"]["type"] == "rate_limit_exceeded"
+        assert status == 503 and body["error"]["code"] == "overloaded"
         assert int(headers["Retry-After"]) >= 1
         status, _, _ = await post(s, b.url, {"model": "emb", "input": "batched"})
-        assert status == 429, "forwarded requests count against the batched queue too"
+        assert status == 503, "forwarded requests count against the batched queue too"
         assert [r[0] for r in await asyncio.gather(*first)] == [200, 200]
     assert b.batcher.models["emb"].forwarded == 0
 

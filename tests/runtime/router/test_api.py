@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+from concurrent.futures import ThreadPoolExecutor
 
+from tests.local.helpers import wait_for
+from tests.runtime.batcher.conftest import batcher_config, start_batcher
 from tests.runtime.router.harness import completion
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
@@ -130,6 +134,34 @@ def test_embeddings_go_through_the_batcher_when_configured(doubles, make_router)
     status, _, _ = r.request("POST", "/v1/embeddings", {"model": "e", "input": "a"})
     assert status == 200
     assert len(batcher.requests) == 1 and not engine.requests
+
+
+def test_a_full_batchers_503_reaches_the_client_with_its_retry_after(doubles, make_router, lt) -> None:
+    """A full batcher queue is load, and the batcher's own verdict: the client gets its 503 ``overloaded`` and
+    ``Retry-After`` as they are, not a 502 ``upstream_error``, and the batcher keeps its place (no breaker trip)."""
+    (engine,) = doubles(1)
+    engine.hold = asyncio.Event()  # the engine holds each call: one in the engine, one queued, then full
+    config = batcher_config([engine.url], max_queue=1, max_wait_ms=0, max_inflight_batches_per_backend=1)
+    batcher = lt.run(start_batcher(config))
+    try:
+        wait_for(lambda: batcher.batcher.ready, 20, "the batcher to see its engine")
+        models = [{"name": "emb", "task": "embed", "static_backends": [{"url": engine.url}]}]
+        r = make_router([], models=models, routes=[{"model": "emb", "batcher_url": batcher.url}])
+        embed = {"model": "emb", "input": "a"}
+        with ThreadPoolExecutor(2) as pool:
+            held = [pool.submit(r.request, "POST", "/v1/embeddings", embed)]
+            wait_for(lambda: len(engine.requests) == 1, 20, "the first request to reach the engine")
+            held.append(pool.submit(r.request, "POST", "/v1/embeddings", embed))
+            wait_for(lambda: batcher.batcher.models["emb"].depth == 1, 20, "the second request to queue")
+            status, headers, body = r.request("POST", "/v1/embeddings", embed)
+            assert status == 503 and json.loads(body)["error"]["code"] == "overloaded", body
+            assert int(headers["retry-after"]) >= 1
+            engine.release()
+            assert [f.result(timeout=30)[0] for f in held] == [200, 200]
+        status, _, _ = r.request("POST", "/v1/embeddings", embed)
+        assert status == 200, "the batcher still takes the model's requests"
+    finally:
+        lt.run(batcher.close())
 
 
 def test_keep_alive_serves_many_requests_on_one_connection(doubles, make_router) -> None:
