@@ -3,7 +3,8 @@ answer exactly once, and close batches with their output and error files.
 
 One loop looks at the unfinished batches, oldest first, and asks ``lifecycle.next_step`` what each
 needs. Requests go out per model through a *lane*: its window (``pacing``) bounds how many are in flight,
-and a refusal from the router (no headroom) pauses it. A request stays *in flight* for its batch until
+and a refusal from the router (no headroom) pauses it. A lane's room goes round the batches' owners one
+request at a time, so a key's big batch does not keep another key's batch waiting until it ends. A request stays *in flight* for its batch until
 its result is committed (results are committed in groups by the flusher), so a batch is never closed
 while an answer could still arrive, and a crash leaves uncommitted lines pending: they run again.
 
@@ -96,6 +97,15 @@ class Trouble:
     retry_at: float = 0.0
 
 
+def owners_in_turn(owners: Collection[str], turn: int) -> list[str]:
+    """The owners in the order they take lane room on tick ``turn``: by name, the first one later each tick."""
+    ordered = sorted(owners)
+    if not ordered:
+        return []
+    first = turn % len(ordered)
+    return ordered[first:] + ordered[:first]
+
+
 def _backoff(base_s: float, failures: int, max_s: float) -> float:
     return float(min(max_s, base_s * 2 ** min(failures - 1, 16)))
 
@@ -184,6 +194,7 @@ class Runner:
         self.owners_waiting: dict[str, float] = {}  # owner over its rate limit -> until (monotonic)
         self.failing: set[str] = set()  # loops whose last turn failed
         self._shown: set[str] = set()  # models with per-model gauges
+        self._turn = 0  # ticks so far: which owner's request goes first (share_lanes)
 
     # --- the loops --------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -239,9 +250,11 @@ class Runner:
         task.add_done_callback(self._tasks.discard)
 
     async def tick(self) -> None:
-        """One look at every unfinished batch, oldest first. A batch whose step raises is that batch's
-        trouble (``trouble``); the store or the files failing ends the turn (the work loop reports it)."""
+        """One look at every unfinished batch, oldest first; then the lanes' room goes to the running ones,
+        shared between their owners (``share_lanes``). A batch whose step raises is that batch's trouble
+        (``trouble``); the store or the files failing ends the turn (the work loop reports it)."""
         now = time.time()
+        running: list[BatchRecord] = []
         for batch in await self.db(self.db.store.active):
             trouble = self.troubles.get(batch.id)
             if trouble is not None and time.monotonic() < trouble.retry_at:
@@ -253,10 +266,15 @@ class Runner:
             except Exception as err:
                 await self.trouble(batch, err)
             else:
-                if step in (Step.VALIDATE, Step.RUN):  # a closing step's own task reports how it went
+                if step is Step.RUN:
+                    running.append(batch)
+                elif step is Step.VALIDATE:  # a closing step's own task reports how it went
                     self.troubles.pop(batch.id, None)
+        for batch in await self.share_lanes(running, now):
+            self.troubles.pop(batch.id, None)
 
     async def step(self, batch: BatchRecord, now: float) -> Step:
+        """What ``batch`` needs now, done, except sending a running batch's requests (``share_lanes`` does)."""
         progress = Progress(
             status=Status(batch.status),
             expires_at=batch.expires_at,
@@ -266,14 +284,41 @@ class Runner:
         step = lifecycle.next_step(progress, now)
         if step is Step.VALIDATE:
             await self.validate(batch)
-        elif step is Step.RUN:
-            await self.fill(batch, now)
         elif (
             step in (Step.FINALIZE, Step.CLOSE_EXPIRED, Step.CLOSE_CANCELLED) and batch.id not in self.closing
         ):
             self.closing.add(batch.id)
             self._spawn(self.close(batch, step))
         return step
+
+    async def share_lanes(self, running: list[BatchRecord], now: float) -> list[BatchRecord]:
+        """Send the running batches' requests while lanes have room, one request per owner in turn (each
+        owner's oldest batch that can send first), so one key's big batch cannot hold a lane while another
+        key's batch waits; the turn starts one owner later every tick. Returns the batches that raised
+        nothing (each that raised is its own trouble)."""
+        by_owner: dict[str, list[BatchRecord]] = {}
+        for batch in running:  # oldest first
+            by_owner.setdefault(batch.owner, []).append(batch)
+        owners = owners_in_turn(by_owner, self._turn)
+        self._turn += 1
+        failed: set[str] = set()
+        while owners:
+            for owner in list(owners):
+                batches = by_owner[owner]
+                while batches:
+                    batch = batches[0]
+                    try:
+                        if await self.send_one(batch, now):
+                            break  # this owner's request of the round
+                    except ENVIRONMENT:
+                        raise
+                    except Exception as err:
+                        failed.add(batch.id)
+                        await self.trouble(batch, err)
+                    batches.pop(0)  # nothing more to send this tick
+                if not batches:
+                    owners.remove(owner)
+        return [batch for batch in running if batch.id not in failed]
 
     async def trouble(self, batch: BatchRecord, err: Exception) -> None:
         """A step of ``batch`` raised: try it again after a backoff; after ``BATCH_TRIES`` tries, fail it."""
@@ -351,13 +396,14 @@ class Runner:
             lane = self.lanes[model] = Lane(model)
         return lane
 
-    async def fill(self, batch: BatchRecord, now: float) -> None:
-        """Send this batch's pending requests while its models' lanes have room (and its owner is not
-        waiting out a rate limit)."""
+    async def send_one(self, batch: BatchRecord, now: float) -> bool:
+        """Send one of this batch's pending requests on a lane with room (or answer one its owner's key may
+        not send); False when it has none to send now (lanes full, nothing pending, its owner waiting out a
+        rate limit)."""
         waiting = self.owners_waiting.get(batch.owner)
         if waiting is not None:
             if time.monotonic() < waiting:
-                return
+                return False
             del self.owners_waiting[batch.owner]
         models = self.models.get(batch.id)
         if models is None:
@@ -369,20 +415,23 @@ class Runner:
                 pacing.capacity(self.feed, model, now), self.settings.max_inflight_per_replica
             )
             forbidden = bool(batch.allowed_models) and model not in batch.allowed_models
-            while forbidden or lane.room(time.monotonic()) > 0:
-                pending = await self._next(batch.id, model, out)
-                if pending is None:
-                    break
-                out.add(pending.line)
-                if forbidden:  # the owner's key may not use this model: answered here, as the router would
-                    body = error_body(
-                        403, f"key {batch.owner!r} may not use model {model!r}", code="model_not_allowed"
-                    )
-                    answer = Answer(403, request_id(batch.id, pending.line), body)
-                    self._done(result_of(batch.id, pending, answer, ""), model, "error")
-                    continue
-                lane.inflight += 1
-                self._spawn(self.send(batch, lane, pending))
+            if not forbidden and lane.room(time.monotonic()) <= 0:
+                continue
+            pending = await self._next(batch.id, model, out)
+            if pending is None:
+                continue
+            out.add(pending.line)
+            if forbidden:  # the owner's key may not use this model: answered here, as the router would
+                body = error_body(
+                    403, f"key {batch.owner!r} may not use model {model!r}", code="model_not_allowed"
+                )
+                answer = Answer(403, request_id(batch.id, pending.line), body)
+                self._done(result_of(batch.id, pending, answer, ""), model, "error")
+                return True
+            lane.inflight += 1
+            self._spawn(self.send(batch, lane, pending))
+            return True
+        return False
 
     async def _next(self, batch_id: str, model: str, out: set[int]) -> Pending | None:
         key = (batch_id, model)

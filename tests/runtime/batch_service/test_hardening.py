@@ -87,16 +87,16 @@ def failing(method):
 
 store.Store.record = failing(store.Store.record)
 store.Store.expired_files = failing(store.Store.expired_files)
-fill = runner.Runner.fill
+send_one = runner.Runner.send_one
 
 
-async def crashing_fill(self, batch, now):
+async def crashing_send_one(self, batch, now):
     if (batch.metadata or {{}}).get("inject") == "crash":
         raise RuntimeError("injected: this batch cannot be processed")
-    return await fill(self, batch, now)
+    return await send_one(self, batch, now)
 
 
-runner.Runner.fill = crashing_fill
+runner.Runner.send_one = crashing_send_one
 """
 
 

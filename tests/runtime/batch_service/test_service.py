@@ -26,6 +26,7 @@ from tests.runtime.batch_service.harness import (
     run_batch,
     upload,
     wait_for,
+    wait_until,
 )
 
 
@@ -299,6 +300,33 @@ def test_keys_scopes_and_rate_limits_apply_to_files_and_batches(make_stack):
         "GET", "/v1/batches", headers={"Authorization": "Bearer sk-bob", "x-inferstack-key": "alice"}
     )
     assert [b["id"] for b in json.loads(forged[2])["data"]] == [refused.id]  # bob's own, never alice's
+
+
+def test_a_keys_big_batch_does_not_keep_another_keys_batch_waiting(make_stack):
+    """A lane's room goes round the batches' owners: a batch another key creates while a big one holds the lane
+    gets its requests out among the big one's next few, not after all of them."""
+    big_lines = 30
+    keys = [{"name": name, "sha256": hash_key(f"sk-{name}")} for name in ("alice", "bob", "batches")]
+    stack = make_stack(
+        double={"hold": asyncio.Event()},  # the engine holds the first request until both batches run
+        batches={"max_inflight_per_replica": 2},
+        router={"require_api_key": True, "api_keys": keys},
+        service_key="sk-batches",
+    )
+    (engine,) = stack.doubles
+    alice, bob = stack.client("sk-alice"), stack.client("sk-bob")
+    big = run_batch(alice, jsonl([chat_line(f"a{i}") for i in range(big_lines)]))
+    wait_until(lambda: len(engine.requests) >= 1, "the big batch's first request at the engine")
+    small = run_batch(bob, jsonl([chat_line(f"b{i}") for i in range(2)]))
+    wait_until(lambda: bob.batches.retrieve(small).status == "in_progress", "the small batch to be validated")
+    engine.release()
+    assert wait_for(bob, small, {"completed"}).request_counts.completed == 2
+    assert wait_for(alice, big, {"completed"}).request_counts.completed == big_lines
+    sent = [r["body"]["messages"][0]["content"].removeprefix("say ") for r in engine.requests]
+    small_at = [i for i, line in enumerate(sent) if line.startswith("b")]
+    assert len(small_at) == 2 and max(small_at) < big_lines // 2, (
+        f"the small batch's requests went out at {small_at} of {len(sent)}: {sent}"
+    )
 
 
 def test_low_priority_requests_only_take_headroom(make_stack):

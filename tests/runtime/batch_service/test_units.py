@@ -20,6 +20,7 @@ from runtime.batch_service import lifecycle, multipart, pacing
 from runtime.batch_service.blobs import PART_BYTES, BlobError, LocalBlobs, S3Blobs
 from runtime.batch_service.lifecycle import Progress, Status, Step
 from runtime.batch_service.objects import BatchError, BatchRecord, FileRecord, error_line, response_line
+from runtime.batch_service.runner import owners_in_turn
 from runtime.batch_service.store import Result, Store
 from runtime.batch_service.validate import MAX_ERRORS, check_file
 from runtime.config import S3Files
@@ -429,3 +430,14 @@ def test_with_the_local_store_batch_files_go_to_their_own_bucket(loopback_s3, tm
     assert keys and all(k.startswith(files.prefix) for k in keys)
     beside_models = s3.list_objects_v2(Bucket=LOCAL_BUCKET, Prefix=files.prefix).get("Contents", [])
     assert beside_models == []
+
+
+@given(
+    st.sets(st.text(min_size=1, max_size=3), min_size=1, max_size=6), st.integers(min_value=0, max_value=50)
+)
+def test_every_owner_goes_first_once_in_as_many_ticks_as_there_are_owners(
+    owners: set[str], start: int
+) -> None:
+    turns = [owners_in_turn(owners, start + i) for i in range(len(owners))]
+    assert all(sorted(turn) == sorted(owners) for turn in turns)  # each tick, every owner once
+    assert {turn[0] for turn in turns} == owners  # and the first place goes round
