@@ -346,6 +346,14 @@ class ApiKey(_Strict):
     tokens_per_minute: int | None = Field(default=None, ge=1, description="Token rate limit (in + out).")
 
 
+#: Why a key's ``tokens_per_minute`` cannot stand behind an inference-extension gateway, and what to do: said by the
+#: endpoint picker at start-up and by ``pulumi up`` before anything is deployed (components.render.api_keys).
+PICKER_HOLDS_NO_TOKEN_LIMIT = (
+    "the endpoint picker cannot enforce it (behind an inference-extension gateway no one reads the answers' "
+    "token usage); drop tokens_per_minute from the key (requests_per_minute and models are enforced), or use "
+    "gateway.mode router, whose router enforces it"
+)
+
 REDIS_URL = r"^rediss?://[^\s/]+:\d{1,5}(/\d{1,2})?$"
 
 

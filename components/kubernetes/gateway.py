@@ -14,12 +14,14 @@ from components.core.cloud import Cloud
 from components.core.placement import Layout
 from components.kubernetes.manifests import apply
 from components.render import api_keys, common, gateway, ingress, network
-from components.spec import GatewayApiImplementation, IngressKind, PlatformSpec
+from components.spec import GatewayApiImplementation, GatewayMode, IngressKind, PlatformSpec
 
 
-def _hashed(raw: str, source: str) -> str:
+def _hashed(raw: str, source: str, spec: PlatformSpec) -> str:
     try:
-        return api_keys.hash_api_keys(raw, source)
+        return api_keys.hash_api_keys(
+            raw, source, token_limits=spec.gateway.mode is not GatewayMode.INFERENCE_EXTENSION
+        )
     except ValueError as err:
         # A RunError prints its message without a Python traceback (and never the key).
         raise pulumi.RunError(str(err)) from None
@@ -47,7 +49,7 @@ class Gateway(pulumi.ComponentResource):
         key = spec.gateway.api_keys_config_key
         if key and keys is not None:
             source = f"inferstack:{key}"
-            hashed = keys.apply(lambda raw: _hashed(raw, source))
+            hashed = keys.apply(lambda raw: _hashed(raw, source, spec))
             manifest = {**api_keys.api_keys_secret(spec), "stringData": {common.API_KEYS_FILE: hashed}}
             depends.append(apply(manifest, child, secret_fields=("stringData",)))
         depends += self._existing_gateway_class(spec)

@@ -16,7 +16,7 @@ from components.core.redaction import REDACTED
 from components.render import common
 from components.render.common import Manifest
 from components.spec import PlatformSpec
-from runtime.config import ApiKey
+from runtime.config import PICKER_HOLDS_NO_TOKEN_LIMIT, ApiKey
 
 
 def api_keys_secret(spec: PlatformSpec) -> Manifest:
@@ -29,11 +29,12 @@ def api_keys_secret(spec: PlatformSpec) -> Manifest:
     }
 
 
-def hash_api_keys(raw: str, source: str) -> str:
+def hash_api_keys(raw: str, source: str, *, token_limits: bool = True) -> str:
     """A YAML/JSON list of {name, key, models?, requests_per_minute?, tokens_per_minute?} -> ApiKey YAML.
 
     Raises ``ValueError`` naming ``source`` (the config key) and the entry for any mistake; the message never
-    contains a key.
+    contains a key. ``token_limits`` False (an inference-extension gateway: no router reads the answers' usage)
+    refuses a ``tokens_per_minute``, which would otherwise hold nothing.
     """
     if raw == REDACTED:  # inferstack plan: the value is not known offline
         return REDACTED
@@ -68,6 +69,8 @@ def hash_api_keys(raw: str, source: str) -> str:
             first = err.errors()[0]
             loc = ".".join(str(p) for p in first["loc"])
             raise ValueError(f"{where}.{loc}: {first['msg']}") from None
+        if hashed.tokens_per_minute and not token_limits:
+            raise ValueError(f"{where}: key {name!r} has tokens_per_minute: {PICKER_HOLDS_NO_TOKEN_LIMIT}")
         out.append(hashed.model_dump(mode="json", exclude_none=True))
     return yaml.safe_dump(out, sort_keys=False)
 

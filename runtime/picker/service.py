@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from runtime.api_keys import KeyTable, files_digest, keys_path, load_key_table
-from runtime.config import PickerSettings, RuntimeConfig
+from runtime.config import PICKER_HOLDS_NO_TOKEN_LIMIT, PickerSettings, RuntimeConfig
 from runtime.config_file import ConfigError
 from runtime.http import METRICS_CONTENT_TYPE, error_body, metrics_payload
 from runtime.picker.exchange import Exchange
@@ -44,10 +44,7 @@ def token_limit_problems(file: Path | None, keys: KeyTable) -> list[str]:
     """Keys with ``tokens_per_minute``, one line each: the picker only sees requests, never the answers' usage,
     so such a limit would hold nothing; refused rather than silently not enforced."""
     return [
-        f"{file}: key {p.name!r} has tokens_per_minute {p.key.tokens_per_minute}, which the endpoint picker "
-        "cannot enforce (behind an inference-extension gateway no one reads the answers' token usage); drop "
-        "tokens_per_minute from the key (requests_per_minute and models are enforced), or use gateway.mode "
-        "router, whose router enforces it"
+        f"{file}: key {p.name!r} has tokens_per_minute {p.key.tokens_per_minute}: {PICKER_HOLDS_NO_TOKEN_LIMIT}"
         for p in keys.by_hash.values()
         if p.key.tokens_per_minute
     ]

@@ -7,6 +7,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import pulumi
 import pytest
 import yaml
 
@@ -15,6 +16,7 @@ from components.core.problems import SpecError
 from components.core.redaction import REDACTED
 from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import synthesis as plan
+from components.kubernetes import gateway as kubernetes_gateway
 from components.render import api_keys, common, gateway
 from components.render.runtime_config import runtime_config
 from components.spec import PlatformSpec, Target
@@ -22,6 +24,7 @@ from runtime.config import RuntimeConfig
 from tests.components.helpers import minimal, write_stack
 from tests.stacks import load, synthesized
 
+REPO = Path(__file__).resolve().parents[2]
 PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.value != "local"]
 
 
@@ -152,6 +155,25 @@ def test_bad_api_keys_get_a_located_message_that_never_echoes_a_key(raw: str, me
         api_keys.hash_api_keys(raw, "inferstack:apiKeys")
     assert message in str(err.value) and str(err.value).startswith("inferstack:apiKeys")
     assert "0123456789abcdef" not in str(err.value)
+
+
+def test_a_token_limit_behind_an_inference_extension_gateway_stops_pulumi_up_naming_the_key() -> None:
+    """The endpoint picker never sees the answers' usage, so it cannot hold a tokens_per_minute: `pulumi up`
+    refuses the key before anything is deployed (the picker would refuse it only at its start), and a router
+    gateway takes the same key."""
+    raw = yaml.safe_dump([{"name": "heavy", "key": "sk-heavy-0123456789abcdef", "tokens_per_minute": 1000}])
+    picker = load("inference-extension", REPO / "examples" / "stacks").spec
+    assert picker.gateway.mode.value == "inference-extension"
+    with pytest.raises(pulumi.RunError) as refused:
+        kubernetes_gateway._hashed(raw, "inferstack:apiKeys", picker)
+    message = str(refused.value)
+    assert message.startswith("inferstack:apiKeys[0]: key 'heavy' has tokens_per_minute"), message
+    assert "gateway.mode router" in message and "0123456789abcdef" not in message
+    router = load("prod").spec
+    assert (
+        yaml.safe_load(kubernetes_gateway._hashed(raw, "inferstack:apiKeys", router))[0]["tokens_per_minute"]
+        == 1000
+    )
 
 
 def test_the_api_keys_secret_is_mounted_and_its_value_stays_secret() -> None:

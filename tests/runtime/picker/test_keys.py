@@ -171,7 +171,7 @@ def test_require_api_key_needs_a_keys_file() -> None:
         ("- name: x\n  sha256: short\n", "[0].sha256: String should match pattern"),
         (
             yaml.safe_dump([_key("heavy", GOOD, tokens_per_minute=1000)]),
-            "key 'heavy' has tokens_per_minute 1000, which the endpoint picker cannot enforce",
+            "key 'heavy' has tokens_per_minute 1000: the endpoint picker cannot enforce it",
         ),
     ],
     ids=["missing", "bad-hash", "token-limit"],
