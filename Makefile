@@ -97,17 +97,17 @@ TEST_WORKERS ?= 2
 snapshots: venv
 	INFERSTACK_UPDATE_SNAPSHOTS=1 $(BIN)/pytest -q tests/components/test_plan_snapshots.py
 
-# What the tests need, installed side by side (the quantize venv once the engine venv is there), while the
-# project venv is made and linted; then mypy starts, beside the rest of the installs and then beside pytest on
-# TEST_WORKERS workers (tests/conftest.py: the engine tests run in two xdist groups, in turn within each). mypy
-# costs ~4 CPU-minutes on a fresh clone (most of it reading pulumi_aws): started early, it uses the CPU the
-# installs leave idle instead of the tests'. Any step failing fails the target.
-INSTALLS := engine-venv tools-venv crd-tools prometheus s3rver prepare-venv redis
+# What the tests need, installed side by side: the engine venv and then the quantize venv (the longest chain,
+# one pip at a time) beside the project venv, its lint and the other installs. mypy starts once those are done,
+# on the CPU the chain's pip leaves idle, and goes on beside pytest on TEST_WORKERS workers (tests/conftest.py:
+# the engine tests run in two xdist groups, in turn within each). Any step failing fails the target.
+ENGINE_CHAIN := engine-venv prepare-venv
+INSTALLS := venv lint tools-venv crd-tools prometheus s3rver redis
 test:
-	$(MAKE) --no-print-directory -j3 $(INSTALLS) & installs=$$!; \
-	  $(MAKE) --no-print-directory venv lint || { wait $$installs; exit 1; }; \
+	$(MAKE) --no-print-directory $(ENGINE_CHAIN) & chain=$$!; \
+	  $(MAKE) --no-print-directory -j3 $(INSTALLS) || { wait $$chain; exit 1; }; \
 	  $(TYPECHECK) & typecheck=$$!; \
-	  wait $$installs || { kill $$typecheck; wait $$typecheck; exit 1; }; \
+	  wait $$chain || { kill $$typecheck; wait $$typecheck; exit 1; }; \
 	  $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup; tests=$$?; wait $$typecheck && exit $$tests
 
 ## product -------------------------------------------------------------------------------------
