@@ -9,7 +9,7 @@ from a decode roofline, and is always labelled as one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -144,10 +144,9 @@ class LineItem:
     max_usd_month: float
 
 
-def pool_cost(pool: PoolPlan, prices: PriceList, fallback_instance_types: Sequence[str] = ()) -> LineItem:
+def pool_cost(pool: PoolPlan, prices: PriceList, fallbacks: Sequence[catalog.InstanceType] = ()) -> LineItem:
     """At min the pool's own type; at max the dearest of it and its fallbacks (the pool may end up on those)."""
     per_node = prices.hourly(pool.instance, pool.capacity_type) * catalog.HOURS_PER_MONTH
-    fallbacks = [catalog.INSTANCE_TYPES[t] for t in fallback_instance_types]
     dearest = (
         max(prices.hourly(i, pool.capacity_type) for i in [pool.instance, *fallbacks])
         * catalog.HOURS_PER_MONTH
@@ -176,15 +175,23 @@ class StackCost:
         return sum(i.max_usd_month for i in self.items)
 
 
-def _fallbacks(spec: PlatformSpec, pool: str) -> list[str]:
+def _fallbacks(
+    spec: PlatformSpec, pool: str, instances: Mapping[str, catalog.InstanceType]
+) -> list[catalog.InstanceType]:
     found = spec.pool(pool)
-    return list(found.fallback_instance_types) if found is not None else []
+    return [instances[name] for name in found.fallback_instance_types] if found is not None else []
 
 
-def stack_cost(spec: PlatformSpec, layout: Layout, fixed: Sequence[LineItem], prices: PriceList) -> StackCost:
+def stack_cost(
+    spec: PlatformSpec,
+    layout: Layout,
+    fixed: Sequence[LineItem],
+    prices: PriceList,
+    instances: Mapping[str, catalog.InstanceType],
+) -> StackCost:
     """The whole bill: GPU pools at ``prices``, what the target runs besides them (``fixed``, priced by its
-    cloud), and each model's share."""
-    pools = [pool_cost(p, prices, _fallbacks(spec, p.name)) for p in layout.pools.values()]
+    cloud), and each model's share. ``instances``: the target's instance types, which a pool's fallbacks name."""
+    pools = [pool_cost(p, prices, _fallbacks(spec, p.name, instances)) for p in layout.pools.values()]
     models = [model_cost(spec, layout, m.name, prices) for m in spec.models]
     return StackCost((*pools, *fixed), tuple(models), prices)
 

@@ -510,7 +510,7 @@ def test_plan_bills_the_aws_items_from_the_resources_it_creates(name: str, tmp_p
         for n, g in _node_groups(synthesis).items()
     )
     assert items["ebs"].max_usd_month >= disk_gib_max * prices.EBS_GP3_USD_PER_GIB_MONTH
-    bill = cost.stack_cost(stack.spec, stack.layout, fixed, catalog.EC2_PRICES)
+    bill = cost.stack_cost(stack.spec, stack.layout, fixed, catalog.EC2_PRICES, catalog.INSTANCE_TYPES)
     assert {"gpu-pool", "eks", "system-nodes", "nat", "ebs", "kms"} <= {i.kind for i in bill.items}
     keys = len(_of(synthesis, "aws:kms/key:Key"))
     assert keys == len(decisions.kms_keys(stack.spec))

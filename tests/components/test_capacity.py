@@ -5,6 +5,7 @@ Karpenter's NodePools; bad input is one located line."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 from components.cli.main import app
 from components.clouds import targets
 from components.clouds.aws import decisions
-from components.core import catalog
+from components.core import catalog, cost
 from components.core.problems import SpecError
 from components.deploy import synthesis as plan
 from tests.components.helpers import SOME_COMMIT, cluster, write_stack
@@ -169,6 +170,24 @@ def test_the_plan_says_where_the_pools_nodes_come_from_and_prices_the_dearest_fa
     [pool] = [i for i in targets.stack_cost(stack.spec, stack.layout).items if i.kind == "gpu-pool"]
     p5en = catalog.INSTANCE_TYPES["p5en.48xlarge"].on_demand_usd_per_hour * catalog.HOURS_PER_MONTH
     assert pool.max_usd_month == pytest.approx(p5en * stack.layout.pools["h100"].max_nodes)
+
+
+def test_a_fallback_is_priced_from_the_targets_own_instance_table(tmp_path: Path) -> None:
+    """The bill reads a pool's fallback types in the target's instance table (``Profile.instances``), not in the
+    AWS catalog behind every target's back: a target whose p5en costs more bills the pool's maximum with it."""
+    write_stack(tmp_path, "gpu", _h100())
+    stack = load("gpu", tmp_path)
+    p5en = catalog.INSTANCE_TYPES["p5en.48xlarge"]
+    dearer = dataclasses.replace(p5en, on_demand_usd_per_hour=p5en.on_demand_usd_per_hour * 10)
+    instances = {**catalog.INSTANCE_TYPES, p5en.name: dearer}
+    bill = cost.stack_cost(stack.spec, stack.layout, (), catalog.EC2_PRICES, instances)
+    [pool] = [i for i in bill.items if i.kind == "gpu-pool"]
+    nodes = stack.layout.pools["h100"].max_nodes
+    assert pool.max_usd_month == pytest.approx(
+        catalog.EC2_PRICES.hourly(dearer, stack.layout.pools["h100"].capacity_type)
+        * catalog.HOURS_PER_MONTH
+        * nodes
+    )
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,9 @@ def test_each_cluster_target_has_a_cloud_and_a_cluster_layer_and_local_has_neith
 def test_a_cluster_you_bring_bills_nothing_but_its_gpu_pools() -> None:
     spec = _spec("kubernetes")
     layout = place(spec)
-    bill = cost.stack_cost(spec, layout, OWN_CLUSTER.fixed_costs(spec, layout), catalog.EC2_PRICES)
+    bill = cost.stack_cost(
+        spec, layout, OWN_CLUSTER.fixed_costs(spec, layout), catalog.EC2_PRICES, catalog.INSTANCE_TYPES
+    )
     assert {i.kind for i in bill.items} == {"gpu-pool"}
 
 
@@ -89,7 +91,7 @@ def test_cost_holds_no_cloud_prices_it_sums_the_clouds_line_items() -> None:
     """A stack's bill is its GPU pools at the price list plus exactly the items its cloud priced."""
     stack = load("prod")
     fixed = EKS.fixed_costs(stack.spec, stack.layout)
-    bill = cost.stack_cost(stack.spec, stack.layout, fixed, catalog.EC2_PRICES)
+    bill = cost.stack_cost(stack.spec, stack.layout, fixed, catalog.EC2_PRICES, catalog.INSTANCE_TYPES)
     assert bill.items[len(stack.layout.pools) :] == fixed
     assert {i.kind for i in bill.items[: len(stack.layout.pools)]} == {"gpu-pool"}
     assert bill.prices is catalog.EC2_PRICES
