@@ -103,11 +103,13 @@ snapshots: venv
 # the engine tests run in two xdist groups, in turn within each). Any step failing fails the target.
 ENGINE_CHAIN := engine-venv prepare-venv
 INSTALLS := venv lint tools-venv crd-tools prometheus s3rver redis
+# Background jobs of a non-interactive shell ignore Ctrl-C: the trap stops them with the target.
 test:
-	$(MAKE) --no-print-directory $(ENGINE_CHAIN) & chain=$$!; \
-	  $(MAKE) --no-print-directory -j3 $(INSTALLS) || { wait $$chain; exit 1; }; \
+	chain=; typecheck=; trap 'kill $$chain $$typecheck 2>/dev/null; wait; exit 130' INT TERM; \
+	  $(MAKE) --no-print-directory $(ENGINE_CHAIN) & chain=$$!; \
+	  $(MAKE) --no-print-directory -j3 $(INSTALLS) || { kill $$chain; wait; exit 1; }; \
 	  $(TYPECHECK) & typecheck=$$!; \
-	  wait $$chain || { kill $$typecheck; wait $$typecheck; exit 1; }; \
+	  wait $$chain || { kill $$typecheck; wait; exit 1; }; \
 	  $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup; tests=$$?; wait $$typecheck && exit $$tests
 
 ## product -------------------------------------------------------------------------------------

@@ -187,4 +187,8 @@ assert printed.getvalue().strip(), f"{script} --version printed nothing"
 print(f"engine-venv: ok: vllm {vllm.__version__}, torch {torch.__version__}, python {sys.version.split()[0]}",
       file=sys.stderr)
 EOF
+# The check above ran the console script's code in-process; its shebang is what a shell runs.
+[[ -x "$VENV/bin/vllm" && "$(head -n1 "$VENV/bin/vllm")" == "#!$(cd "$VENV" && pwd)/bin/python" ]] ||
+	die "$VENV/bin/vllm is not an executable script of $VENV's python"
+[[ "$(cd "$VENV" && pwd)" != *[[:space:]]* ]] || die "$VENV's path has a space, which a shebang cannot hold"
 say "ready: $VENV ($(du -sh "$VENV" 2>/dev/null | cut -f1))"

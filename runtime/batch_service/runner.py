@@ -20,6 +20,7 @@ they never count against one.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import sqlite3
@@ -97,12 +98,12 @@ class Trouble:
     retry_at: float = 0.0
 
 
-def owners_in_turn(owners: Collection[str], turn: int) -> list[str]:
-    """The owners in the order they take lane room on tick ``turn``: by name, the first one later each tick."""
+def owners_in_turn(owners: Collection[str], last_served: str | None) -> list[str]:
+    """The owners in the order they take lane room: by name, starting after the one whose request went out last
+    (a turn per request sent, not per tick: most ticks find the lanes full, and a count of ticks between two free
+    slots that divides by the owners would hand every slot to the same one)."""
     ordered = sorted(owners)
-    if not ordered:
-        return []
-    first = turn % len(ordered)
+    first = bisect.bisect_right(ordered, last_served) if last_served is not None else 0
     return ordered[first:] + ordered[:first]
 
 
@@ -194,7 +195,7 @@ class Runner:
         self.owners_waiting: dict[str, float] = {}  # owner over its rate limit -> until (monotonic)
         self.failing: set[str] = set()  # loops whose last turn failed
         self._shown: set[str] = set()  # models with per-model gauges
-        self._turn = 0  # ticks so far: which owner's request goes first (share_lanes)
+        self._last_served: str | None = None  # the owner whose request went out last (share_lanes)
 
     # --- the loops --------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -294,13 +295,12 @@ class Runner:
     async def share_lanes(self, running: list[BatchRecord], now: float) -> list[BatchRecord]:
         """Send the running batches' requests while lanes have room, one request per owner in turn (each
         owner's oldest batch that can send first), so one key's big batch cannot hold a lane while another
-        key's batch waits; the turn starts one owner later every tick. Returns the batches that raised
+        key's batch waits; a round starts after the owner served last. Returns the batches that raised
         nothing (each that raised is its own trouble)."""
         by_owner: dict[str, list[BatchRecord]] = {}
         for batch in running:  # oldest first
             by_owner.setdefault(batch.owner, []).append(batch)
-        owners = owners_in_turn(by_owner, self._turn)
-        self._turn += 1
+        owners = owners_in_turn(by_owner, self._last_served)
         failed: set[str] = set()
         while owners:
             for owner in list(owners):
@@ -309,6 +309,7 @@ class Runner:
                     batch = batches[0]
                     try:
                         if await self.send_one(batch, now):
+                            self._last_served = owner
                             break  # this owner's request of the round
                     except ENVIRONMENT:
                         raise

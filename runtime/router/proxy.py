@@ -11,6 +11,7 @@ the call (``Call.used``) for the app to settle the key's reservation with.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from runtime.api_keys import Principal
 from runtime.config import RouterSettings
-from runtime.http import error_body
+from runtime.http import OVERLOADED, OVERLOADED_CODE, error_body
 from runtime.router.metrics import RouterMetrics
 from runtime.router.model_state import ModelState
 from runtime.router.payload import UsageStrip, usage_of
@@ -48,6 +49,17 @@ HOP_BY_HOP = frozenset(
     )
 )
 _JSON = b"application/json"
+
+
+def _error_code(body: bytes) -> object:
+    """The ``error.code`` of an OpenAI-shaped error body; None for anything else."""
+    try:
+        error = json.loads(body)["error"]
+        return error.get("code") if isinstance(error, dict) else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 _TAIL_BYTES = 4096  # enough of a large answer's end to find its usage
 
 
@@ -119,6 +131,7 @@ class Forwarder:
         ex: Exchange | None = None
         status = 0
         ok = False
+        refused = False
         try:
             head = b"POST %b HTTP/1.1\r\nhost: %b\r\n" % (call.path, r.pool.host_header)
             ex = await Exchange.open(r.pool, head + call.tail, self.connect_timeout_s)
@@ -133,10 +146,16 @@ class Forwarder:
                     404,
                     f"replica does not hold adapter {call.ctx.adapter!r}: {body[:200].decode('utf-8', 'replace')}",
                 )
-            # A canary's engine errors (500 too) go to the stable version instead of the client. The batcher's
-            # errors are its own verdicts (a full queue is 503 overloaded): the client gets them as they are.
-            if r is not state.batcher and (status in RETRY_STATUSES or (status >= 500 and state.canary)):
+            # A canary's engine errors (500 too) go to the stable version instead of the client.
+            if status in RETRY_STATUSES or (status >= 500 and state.canary):
                 body = await ex.read_all(self.idle_timeout_s)
+                if r is state.batcher and status == OVERLOADED and _error_code(body) == OVERLOADED_CODE:
+                    # the batcher's queue is full: load, its own verdict, for the client as it is (Retry-After
+                    # too), counted as a refusal like the router's own, not as a failed replica or a 5xx
+                    refused = True
+                    self.metrics.reject("batcher_queue", state.name)
+                    conn.send(status, body, ctype or _JSON, self._passed_headers(call, r, ex))
+                    return None
                 r.breaker.on_failure(time.monotonic())
                 return status, f"replica answered {status}: {body[:200].decode('utf-8', 'replace')}"
             if status == 200 and ctype.startswith(b"text/event-stream"):
@@ -150,9 +169,7 @@ class Forwarder:
             whole = ex.whole_body()
             body = whole if whole is not None else (await ex.next_chunk(self.idle_timeout_s) or b"")
             first = time.monotonic()
-            extra = [(self.rid_header, rid), (BACKEND_HEADER, r.tag)]
-            if (retry_after := ex.headers.get(b"retry-after")) is not None:
-                extra.append((b"retry-after", retry_after))  # when to come back: the upstream knows best
+            extra = self._passed_headers(call, r, ex)
             call.answered = status == 200
             if ex.drained or not body:
                 conn.send(status, body, ctype or _JSON, extra)  # the usual case: one write
@@ -178,15 +195,16 @@ class Forwarder:
         finally:
             r.inflight -= 1
             r.last_used = time.monotonic()
-            if ok:
+            if ok or refused:
                 r.breaker.on_success()
             else:
                 r.breaker.on_abandon()
             if state.queue.waiters:
                 state.queue.wake_one()
-            self.metrics.request(
-                state.name, r.url, status or 502, time.monotonic() - call.started, state.versioned
-            )
+            if not refused:
+                self.metrics.request(
+                    state.name, r.url, status or 502, time.monotonic() - call.started, state.versioned
+                )
             if self.access_log:
                 access.info(
                     "request",
@@ -200,13 +218,21 @@ class Forwarder:
                     },
                 )
 
+    def _passed_headers(self, call: Call, r: Replica, ex: Exchange) -> list[tuple[bytes, bytes]]:
+        """The headers an answer passed through carries: the request id, the replica, and the upstream's
+        Retry-After (when to come back: the upstream knows best)."""
+        headers = [(self.rid_header, call.rid), (BACKEND_HEADER, r.tag)]
+        if (retry_after := ex.headers.get(b"retry-after")) is not None:
+            headers.append((b"retry-after", retry_after))
+        return headers
+
     async def _relay_large(
         self, call: Call, r: Replica, ex: Exchange, status: int, ctype: bytes, first: bytes
     ) -> bytes:
         """Pass a big answer (many embeddings) through piece by piece instead of holding it whole;
         returns its tail, where ``usage`` is."""
         conn = call.conn
-        headers = [(b"content-type", ctype), (self.rid_header, call.rid), (BACKEND_HEADER, r.tag)]
+        headers = [(b"content-type", ctype), *self._passed_headers(call, r, ex)]
         length = ex.headers.get(b"content-length", b"")
         sized = length.isdigit()
         if sized:

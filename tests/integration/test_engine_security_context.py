@@ -240,9 +240,10 @@ def test_vllm_serves_under_the_rendered_uid_environment_and_mounts(
     tmp_volume = Path(writable["/tmp"])
     assert (tmp_volume / ".cache" / "vllm").is_dir()
     assert os.stat(tmp_volume / ".cache").st_uid == common.RUNTIME_UID
-    if (
-        fetch == "node-cache"
-    ):  # torch.compile in the same sandbox: its C++ build and cache need no passwd entry
+    if fetch == "node-cache":
+        # torch.compile in the same sandbox: its C++ build and its cache need no passwd entry
+        # (the eager start makes inductor's directory too, but builds nothing in it)
+        built_before = set(tmp_volume.glob("torchinductor_*/**/*.so"))
         probe = subprocess.run(
             [str(wrapper), "-c", COMPILE_PROBE], capture_output=True, text=True, timeout=600, check=False
         )
@@ -250,3 +251,4 @@ def test_vllm_serves_under_the_rendered_uid_environment_and_mounts(
         [cache] = [p for p in tmp_volume.iterdir() if p.name.startswith("torchinductor_")]
         assert probe.stdout.split() == ["compiled", f"/tmp/{cache.name}"], probe.stdout
         assert os.stat(cache).st_uid == common.RUNTIME_UID
+        assert set(cache.rglob("*.so")) - built_before, "inductor built no kernel under the rendered /tmp"

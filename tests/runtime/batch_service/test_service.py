@@ -309,7 +309,7 @@ def test_a_keys_big_batch_does_not_keep_another_keys_batch_waiting(make_stack):
     keys = [{"name": name, "sha256": hash_key(f"sk-{name}")} for name in ("alice", "bob", "batches")]
     stack = make_stack(
         double={"hold": asyncio.Event()},  # the engine holds the first request until both batches run
-        batches={"max_inflight_per_replica": 2},
+        batches={"max_inflight_per_replica": 1},  # one slot: a turn per request sent, not per tick
         router={"require_api_key": True, "api_keys": keys},
         service_key="sk-batches",
     )

@@ -138,7 +138,8 @@ def test_embeddings_go_through_the_batcher_when_configured(doubles, make_router)
 
 def test_a_full_batchers_503_reaches_the_client_with_its_retry_after(doubles, make_router, lt) -> None:
     """A full batcher queue is load, and the batcher's own verdict: the client gets its 503 ``overloaded`` and
-    ``Retry-After`` as they are, not a 502 ``upstream_error``, and the batcher keeps its place (no breaker trip)."""
+    ``Retry-After`` as they are (not ``upstream_error``), it counts as a refusal (not in the 5xx series the error
+    alerts read), and the batcher keeps its place (no breaker strike)."""
     (engine,) = doubles(1)
     engine.hold = asyncio.Event()  # the engine holds each call: one in the engine, one queued, then full
     config = batcher_config([engine.url], max_queue=1, max_wait_ms=0, max_inflight_batches_per_backend=1)
@@ -156,6 +157,9 @@ def test_a_full_batchers_503_reaches_the_client_with_its_retry_after(doubles, ma
             status, headers, body = r.request("POST", "/v1/embeddings", embed)
             assert status == 503 and json.loads(body)["error"]["code"] == "overloaded", body
             assert int(headers["retry-after"]) >= 1
+            metrics = r.metrics()  # a refusal for load, like the router's own: not a 5xx of a replica
+            assert 'inferstack_router_rejections_total{model="emb",reason="batcher_queue"} 1.0' in metrics
+            assert 'status="503"' not in metrics
             engine.release()
             assert [f.result(timeout=30)[0] for f in held] == [200, 200]
         status, _, _ = r.request("POST", "/v1/embeddings", embed)
