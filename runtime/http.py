@@ -68,6 +68,16 @@ def error_body(status: int, message: str, *, code: str | None = None, param: str
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
+def error_code(body: bytes) -> str | None:
+    """The ``error.code`` of an OpenAI-shaped error body (``error_body``'s shape); None for anything else."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError, RecursionError):  # not JSON, not an object, or nested past the parser
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
+
+
 def metrics_payload(registry: CollectorRegistry) -> bytes:
     """Prometheus text exposition of one registry (each service keeps its own, never the global one)."""
     return generate_latest(registry)

@@ -4,9 +4,10 @@ answer exactly once, and close batches with their output and error files.
 One loop looks at the unfinished batches, oldest first, and asks ``lifecycle.next_step`` what each
 needs. Requests go out per model through a *lane*: its window (``pacing``) bounds how many are in flight,
 and a refusal from the router (no headroom) pauses it. A lane's room goes round the batches' owners one
-request at a time, so a key's big batch does not keep another key's batch waiting until it ends. A request stays *in flight* for its batch until
-its result is committed (results are committed in groups by the flusher), so a batch is never closed
-while an answer could still arrive, and a crash leaves uncommitted lines pending: they run again.
+request at a time, so a key's big batch does not keep another key's batch waiting until it ends. A request
+stays *in flight* for its batch until its result is committed (results are committed in groups by the
+flusher), so a batch is never closed while an answer could still arrive, and a crash leaves uncommitted
+lines pending: they run again.
 
 Trouble stays where it starts. A line that cannot be sent or answered is that line's error; a batch whose
 step raises is tried again after a backoff, and after ``BATCH_TRIES`` failed tries it ends ``failed`` with
@@ -52,7 +53,7 @@ from runtime.batch_service.objects import (
 from runtime.batch_service.store import Db, Pending, Result, Store
 from runtime.batch_service.validate import check_file
 from runtime.config import BatchesSettings
-from runtime.http import error_body
+from runtime.http import error_body, error_code
 from runtime.upstream import UpstreamError
 
 log = logging.getLogger("inferstack.batches")
@@ -115,12 +116,7 @@ def _error_code(answer: Answer | None) -> str | None:
     """The ``error.code`` of a refusal's body (429 and 503 only: the rest are kept as they are)."""
     if answer is None or answer.status not in (429, 503):
         return None
-    try:
-        error = orjson.loads(answer.body).get("error")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    code = error.get("code") if isinstance(error, dict) else None
-    return code if isinstance(code, str) else None
+    return error_code(answer.body)
 
 
 def _usage(body: Any) -> tuple[int, int, int]:

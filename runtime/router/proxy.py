@@ -11,7 +11,6 @@ the call (``Call.used``) for the app to settle the key's reservation with.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 
 from runtime.api_keys import Principal
 from runtime.config import RouterSettings
-from runtime.http import OVERLOADED, OVERLOADED_CODE, error_body
+from runtime.http import OVERLOADED, OVERLOADED_CODE, error_body, error_code
 from runtime.router.metrics import RouterMetrics
 from runtime.router.model_state import ModelState
 from runtime.router.payload import UsageStrip, usage_of
@@ -49,17 +48,6 @@ HOP_BY_HOP = frozenset(
     )
 )
 _JSON = b"application/json"
-
-
-def _error_code(body: bytes) -> object:
-    """The ``error.code`` of an OpenAI-shaped error body; None for anything else."""
-    try:
-        error = json.loads(body)["error"]
-        return error.get("code") if isinstance(error, dict) else None
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
 _TAIL_BYTES = 4096  # enough of a large answer's end to find its usage
 
 
@@ -149,7 +137,7 @@ class Forwarder:
             # A canary's engine errors (500 too) go to the stable version instead of the client.
             if status in RETRY_STATUSES or (status >= 500 and state.canary):
                 body = await ex.read_all(self.idle_timeout_s)
-                if r is state.batcher and status == OVERLOADED and _error_code(body) == OVERLOADED_CODE:
+                if r is state.batcher and status == OVERLOADED and error_code(body) == OVERLOADED_CODE:
                     # the batcher's queue is full: load, its own verdict, for the client as it is (Retry-After
                     # too), counted as a refusal like the router's own, not as a failed replica or a 5xx
                     refused = True
