@@ -468,6 +468,17 @@ class RouterSettings(_Strict):
     max_headers: MaxHeaders = 100
     max_connections: MaxConnections = 4096
     request_head_timeout_s: RequestHeadTimeout = 10
+    trusted_proxy_hops: int = Field(
+        default=0,
+        ge=0,
+        le=8,
+        description=(
+            "Proxies in front that append the address they saw to X-Forwarded-For (an ALB or a gateway: 1)."
+            " A request without a key is then from the entry this many from the right, which no client can"
+            " forge; with 0, or fewer entries, from the connection's peer. A judged canary caps each client's"
+            " share of its requests by it."
+        ),
+    )
     max_choices_per_request: int = Field(
         default=16,
         ge=1,

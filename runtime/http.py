@@ -78,6 +78,18 @@ def error_code(body: bytes) -> str | None:
     return code if isinstance(code, str) else None
 
 
+def client_address(forwarded_for: str | None, peer: object, trusted_hops: int) -> str | None:
+    """Where a request came from: the ``X-Forwarded-For`` entry ``trusted_hops`` from the right, which the
+    nearest of that many proxies in front wrote (a client can forge the entries to its left, not that one),
+    else the host of the connection's ``peer`` (a ``peername``); None when neither is known."""
+    hops = [h.strip() for h in forwarded_for.split(",")] if forwarded_for and trusted_hops else []
+    if len(hops) >= trusted_hops > 0 and hops[-trusted_hops]:
+        return hops[-trusted_hops]
+    if isinstance(peer, tuple) and peer:
+        return str(peer[0])
+    return None
+
+
 def metrics_payload(registry: CollectorRegistry) -> bytes:
     """Prometheus text exposition of one registry (each service keeps its own, never the global one)."""
     return generate_latest(registry)

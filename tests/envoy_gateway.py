@@ -85,6 +85,16 @@ def envoy(config: dict[str, Any], workdir: Path) -> Iterator[subprocess.Popen[by
             proc.wait()
 
 
+def raw_request(port: int, head: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send a request head as written (no body follows) and read Envoy's answer: (status, headers, body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head)
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        body = resp.read()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
+
+
 def gateway_config(
     port: int,
     models: Sequence[tuple[str, Task, Sequence[str]]],

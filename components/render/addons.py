@@ -207,14 +207,16 @@ def installs_envoy_gateway(spec: PlatformSpec) -> bool:
 
 def envoy_gateway(spec: PlatformSpec) -> Release:
     """Envoy Gateway from its OCI chart: the controller, and the Gateway API CRDs (standard channel) it ships in
-    the chart's crds/ (https://gateway.envoyproxy.io/docs/install/install-helm/)."""
+    the chart's crds/ (https://gateway.envoyproxy.io/docs/install/install-helm/). EnvoyPatchPolicy, off by
+    default, is on: the request head limits of ``ingress.head_limits_patch`` are one (Helm merges this into the
+    chart's ``config.envoyGateway``, keeping its controller name and provider)."""
     return Release(
         name=ENVOY_GATEWAY_RELEASE,
         chart="oci://docker.io/envoyproxy/gateway-helm",
         repository="",
         version=spec.addons.versions.envoy_gateway,
         namespace=ENVOY_GATEWAY_NAMESPACE,
-        values={},
+        values={"config": {"envoyGateway": {"extensionApis": {"enableEnvoyPatchPolicy": True}}}},
     )
 
 

@@ -17,7 +17,9 @@ ext_proc) which replica serves. Rendered here, with the API versions of the exte
 - the ``Gateway`` of ``gateway.gateway_class`` and an ``HTTPRoute`` whose backends are the pools. With
   one model every request goes to its pool; with several, each rule matches ``x-gateway-model-name``
   (the header the extension's body-based router sets from the body's ``model``), which the gateway must
-  then run in front (its install is the gateway implementation's: the plan's notes say so).
+  then run in front (its install is the gateway implementation's: the plan's notes say so). With the Envoy
+  Gateway the stack installs, its proxies hold request heads to the picker's limits
+  (``ingress.head_limits_patch``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 from components.render import common, ingress
 from components.render.common import Manifest
-from components.spec import GatewayApiImplementation, ModelSpec, PlatformSpec
+from components.spec import ModelSpec, PlatformSpec
 from runtime.config import PickerSettings
 
 POOL_API_GROUP = "inference.networking.k8s.io"
@@ -136,11 +138,10 @@ def routing(spec: PlatformSpec) -> list[Manifest]:
     """Pools, objectives, the Gateway and the route: what the gateway implementation acts on."""
     out: list[Manifest] = [inference_pool(spec, m) for m in spec.models]
     out += [o for m in spec.models if (o := inference_objective(spec, m)) is not None]
-    installed = spec.gateway.gateway_api is GatewayApiImplementation.ENVOY_GATEWAY
+    picker = picker_settings()
     return [
         *out,
-        *([ingress.gateway_class(spec)] if installed else []),
-        ingress.gateway(spec),
+        *ingress.gateway_objects(spec, picker.max_header_bytes, picker.max_headers),
         http_route(spec),
     ]
 

@@ -11,12 +11,13 @@ import json
 from dataclasses import dataclass
 
 from components.core.cloud import Cloud, IngressClass
-from components.render import addons, common
+from components.render import addons, common, envoy
 from components.render.common import Manifest
 from components.render.runtime_config import lb_idle_timeout_s, runtime_config
 from components.spec import GatewayApiImplementation, IngressKind, PlatformSpec
 
 GATEWAY_API_VERSION = "gateway.networking.k8s.io/v1"
+ENVOY_GATEWAY_API_VERSION = "gateway.envoyproxy.io/v1alpha1"
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
 """The label in-cluster Gateway implementations put on the proxy pods they run for a Gateway, in the Gateway's
 namespace (GEP-1762; Istio does)."""
@@ -130,17 +131,21 @@ def gateway_api_note(spec: PlatformSpec) -> str | None:
     )
 
 
+def listener_name(spec: PlatformSpec) -> str:
+    return "https" if spec.gateway.tls_secret_name else "http"
+
+
 def gateway(spec: PlatformSpec) -> Manifest:
     g = spec.gateway
     listener: Manifest = {
-        "name": "http",
+        "name": listener_name(spec),
         "protocol": "HTTP",
         "port": 80,
         "allowedRoutes": {"namespaces": {"from": "Same"}},
     }
     if g.tls_secret_name:
         listener = {
-            "name": "https",
+            "name": listener_name(spec),
             "protocol": "HTTPS",
             "port": 443,
             "tls": {"mode": "Terminate", "certificateRefs": [{"kind": "Secret", "name": g.tls_secret_name}]},
@@ -154,6 +159,56 @@ def gateway(spec: PlatformSpec) -> Manifest:
         "metadata": common.metadata(spec, gateway_name(spec), common.ROUTER),
         "spec": {"gatewayClassName": g.gateway_class, "listeners": [listener]},
     }
+
+
+def head_limits_patch(spec: PlatformSpec, max_header_bytes: int, max_headers: int) -> Manifest:
+    """Envoy Gateway's proxies hold a request head to the limits of the service behind them and refuse one past
+    them with that service's 431 JSON, as the local Envoy does (``envoy.local_replies``). Without it, Envoy's
+    default of 60 KiB lets a head the router or picker would refuse through, and answers a larger one with a
+    plain-text 431 no OpenAI client can read. Envoy Gateway has no field for either (its ClientTrafficPolicy
+    proposal was closed unmerged, envoyproxy/gateway#8825), so this is an ``EnvoyPatchPolicy`` on the listener
+    it generates, named ``<namespace>/<gateway>/<listener>``, whose HTTP connection manager is the first filter
+    of its default chain (HTTP) or of its one TLS chain (HTTPS): the shape of Envoy Gateway's own translator
+    tests. The ext_proc filter of an InferencePool needs no skip here, unlike the local Envoy's: Envoy Gateway
+    adds route filters disabled and enables them per route, and a head that never parsed matched no route."""
+    chain = "filter_chains/0" if spec.gateway.tls_secret_name else "default_filter_chain"
+    manager = f"/{chain}/filters/0/typed_config"
+    listener = f"{spec.cluster.namespace}/{gateway_name(spec)}/{listener_name(spec)}"
+    fields = {
+        "max_request_headers_kb": envoy.headers_kb(max_header_bytes),
+        "common_http_protocol_options/max_headers_count": max_headers,
+        "local_reply_config": envoy.local_replies(max_header_bytes, max_headers),
+    }
+    patches = [
+        {
+            "type": "type.googleapis.com/envoy.config.listener.v3.Listener",
+            "name": listener,
+            "operation": {"op": "add", "path": f"{manager}/{field}", "value": value},
+        }
+        for field, value in fields.items()
+    ]
+    return {
+        "apiVersion": ENVOY_GATEWAY_API_VERSION,
+        "kind": "EnvoyPatchPolicy",
+        "metadata": common.metadata(spec, f"{gateway_name(spec)}-head-limits", common.ROUTER),
+        "spec": {
+            "targetRef": {
+                "group": "gateway.networking.k8s.io",
+                "kind": "Gateway",
+                "name": gateway_name(spec),
+            },
+            "type": "JSONPatch",
+            "jsonPatches": patches,
+        },
+    }
+
+
+def gateway_objects(spec: PlatformSpec, max_header_bytes: int, max_headers: int) -> list[Manifest]:
+    """The Gateway, with what the stack installs around it when it installs Envoy Gateway: the GatewayClass and
+    the request head limits of the service behind it (``max_header_bytes``, ``max_headers``)."""
+    if spec.gateway.gateway_api is not GatewayApiImplementation.ENVOY_GATEWAY:
+        return [gateway(spec)]
+    return [gateway_class(spec), gateway(spec), head_limits_patch(spec, max_header_bytes, max_headers)]
 
 
 def public_url(spec: PlatformSpec) -> str:
@@ -200,6 +255,6 @@ def render(spec: PlatformSpec, cloud: Cloud) -> list[Manifest]:
     if spec.gateway.ingress is IngressKind.ALB:
         return [ingress(spec, cloud)]
     if spec.gateway.ingress is IngressKind.GATEWAY_API:
-        installed = spec.gateway.gateway_api is GatewayApiImplementation.ENVOY_GATEWAY
-        return [*([gateway_class(spec)] if installed else []), gateway(spec), http_route(spec)]
+        router = runtime_config(spec).router
+        return [*gateway_objects(spec, router.max_header_bytes, router.max_headers), http_route(spec)]
     return []

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from components.render import batches, common, weights
-from components.spec import AdapterSpec, ModelSpec, PlatformSpec
+from components.spec import AdapterSpec, IngressKind, ModelSpec, PlatformSpec
 from runtime.config import (
     AdapterTarget,
     BatcherSettings,
@@ -212,6 +212,8 @@ def runtime_config(
             "client_idle_timeout_s": client_idle_timeout_s(),
             "limit_store": limit_store(spec),
             "metrics_port": spec.gateway.router_metrics_port,
+            # the ALB, or the Gateway's Envoy, appends the address it saw to X-Forwarded-For
+            "trusted_proxy_hops": 0 if spec.gateway.ingress is IngressKind.NONE else 1,
         }
     )
     checks = canary_checks(spec)

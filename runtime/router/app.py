@@ -23,6 +23,7 @@ from runtime.http import (
     OVERLOADED,
     OVERLOADED_CODE,
     PRIORITY_HEADER,
+    client_address,
     error_body,
     metrics_payload,
 )
@@ -294,7 +295,7 @@ class Router:
             self._fail(conn, 400, too_many.message, "bad_request", code=too_many.code, param=too_many.param)
             return
         model = asked.model
-        client = principal.name if principal is not None else None  # a judged canary's share is per client
+        client = self._client(principal, headers, conn)  # a judged canary's share is per client
         state = self.fleet.lookup(model, self._session_key(headers, model), client)
         adapter: str | None = None
         if state is None and (parent := self.fleet.adapter_parents.get(model)) is not None:
@@ -363,6 +364,15 @@ class Router:
         finally:  # the key pays what it used; nothing, when no call was made
             if ticket is not None and principal is not None and principal.key.tokens_per_minute:
                 ticket.settle(principal, call.settlement() if call is not None else -reserve)
+
+    def _client(self, principal: Principal | None, headers: Headers, conn: Connection) -> str:
+        """Who sends a request, for a judged canary's per-client share: its key's name, else its address (a
+        session key would not do: a client without a key chooses one per request, each landing on the canary)."""
+        if principal is not None:
+            return principal.name
+        forwarded = _header(headers, "x-forwarded-for")
+        address = client_address(forwarded, conn.peer(), self.cfg.router.trusted_proxy_hops)
+        return f"address:{address}"
 
     def _session_key(self, headers: Headers, model: str) -> str | None:
         """A versioned model's session key (its stable version's session header), so a session stays on

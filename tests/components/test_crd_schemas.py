@@ -39,13 +39,17 @@ PULUMI_STACKS = [s for s in available_stacks(STACKS_DIR) if load(s).spec.target.
 #   ServiceMonitor and PrometheusRule fields we render are older than v0.65 and unchanged since.
 # - karpenter: we install 1.6.0; the only package of the v1 API (2.0.0) is generated from
 #   karpenter-provider-aws v1.12.1. The NodePool/EC2NodeClass fields we render are all in the v1 API of 1.0.
-# - gateway-api: nothing installs Gateway API CRDs yet (gateway.gateway_class names an existing class); the
-#   package covers v1.5.1, which an installation should then pin.
+# - gateway-api: the package covers v1.5.1; Envoy Gateway's chart installs the Gateway API CRDs of its own
+#   release (gateway_api: envoy-gateway), and an existing class brings its own. The Gateway, GatewayClass and
+#   HTTPRoute fields we render are in v1 since Gateway API v1.0.
+# - envoy-gateway: we install v1.4.2; the only package (2.0.0) is generated from Envoy Gateway v1.7.3. The
+#   EnvoyPatchPolicy fields we render (targetRef, type JSONPatch, jsonPatches) are unchanged since v1.0.
 CRD_SOURCES: dict[str, tuple[str, str, str | None, str | None]] = {
     "@kubernetes-models/keda": ("2.0.0", "2.19.0", "keda", "2.19.0"),
     "@kubernetes-models/prometheus-operator": ("5.0.1", "0.90.1", "kube_prometheus_stack", "75.6.1"),
     "@kubernetes-models/karpenter": ("2.0.0", "1.12.1", "karpenter", "1.6.0"),
     "@kubernetes-models/gateway-api": ("2.0.0", "1.5.1", None, None),
+    "@kubernetes-models/envoy-gateway": ("2.0.0", "1.7.3", "envoy_gateway", "v1.4.2"),
 }
 #: Every custom resource kind inferstack can render; the variant stacks below make each appear in a plan.
 RENDERED_KINDS = {
@@ -55,7 +59,9 @@ RENDERED_KINDS = {
     "NodePool",
     "EC2NodeClass",
     "Gateway",
+    "GatewayClass",
     "HTTPRoute",
+    "EnvoyPatchPolicy",
 }
 
 
@@ -92,12 +98,17 @@ def _custom_resource_kinds(manifests: list[dict[str, Any]], version: str) -> set
 
 
 def _variant_stacks(directory: Path) -> list[tuple[str, Path]]:
-    """Stacks that render the kinds the committed ones do not: Karpenter pools, a Gateway API ingress."""
+    """Stacks that render the kinds the committed ones do not: Karpenter pools, a Gateway API ingress (of an
+    existing class, and of the Envoy Gateway the stack installs)."""
     config = yaml.safe_load((STACKS_DIR / "Pulumi.kind.yaml").read_text())["config"]
     gateway_api = copy.deepcopy(config.pop("inferstack:platform"))
     gateway_api["gateway"].update({"ingress": "gateway-api", "hostname": "llm.example.com"})
     write_stack(directory, "gateway-api", gateway_api, config)  # with kind's secrets (the store's token)
-    return [("karpenter", POLICY_STACKS), ("gateway-api", directory)]
+    gateway_api["gateway"].update({"gateway_api": "envoy-gateway", "tls_secret_name": "llm-tls"})
+    write_stack(
+        directory, "envoy-gateway", gateway_api, config
+    )  # installs it: a GatewayClass, a patch policy
+    return [("karpenter", POLICY_STACKS), ("gateway-api", directory), ("envoy-gateway", directory)]
 
 
 def _wrong_scaled_objects(rendered: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -22,6 +22,7 @@ const PACKAGES = [
   "@kubernetes-models/keda",
   "@kubernetes-models/prometheus-operator",
   "@kubernetes-models/gateway-api",
+  "@kubernetes-models/envoy-gateway",
   "@kubernetes-models/karpenter",
 ];
 

@@ -26,7 +26,7 @@ from runtime.api_keys import hash_key
 from runtime.config import BodyMode, Task
 from runtime.router.replicas import replica_tag
 from runtime.scheduling import Context, Strategy
-from tests.envoy_gateway import PickerUnderTest, envoy, free_port, gateway_config
+from tests.envoy_gateway import PickerUnderTest, envoy, free_port, gateway_config, raw_request
 from tests.runtime.router.harness import Double, LoopThread, RouterUnderTest
 
 CHAT, EMBED = "m", "e"
@@ -389,16 +389,6 @@ def test_api_keys_are_checked_at_the_picker_behind_envoy(lt: LoopThread, tmp_pat
         lt.run(chat[0].stop())
 
 
-def _raw(port: int, head: bytes) -> tuple[int, dict[str, str], bytes]:
-    """Send a request head as written (no body follows) and read Envoy's answer."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(head)
-        resp = http.client.HTTPResponse(sock)
-        resp.begin()
-        body = resp.read()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, body
-
-
 def _keyed(
     port: int, key: str, body: dict[str, Any], path: str = "/v1/chat/completions", method: str = "POST"
 ) -> tuple[int, dict[str, str], dict[str, Any]]:
@@ -458,7 +448,7 @@ def test_the_bad_input_battery_through_envoy_gets_the_routers_answers(lt: LoopTh
                     field,
                 )
             # a 64 KiB header: Envoy's 431, OpenAI-shaped, as the router's
-            status, headers, body = _raw(
+            status, headers, body = raw_request(
                 port,
                 b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 65536 + b"\r\n"
                 b"content-length: 2\r\n\r\n",
@@ -466,7 +456,7 @@ def test_the_bad_input_battery_through_envoy_gets_the_routers_answers(lt: LoopTh
             assert status == 431 and headers["content-type"].startswith("application/json")
             assert json.loads(body)["error"]["code"] == "request_header_fields_too_large"
             # a declared 100 MB body: 413 at the headers, while the client has sent no byte of it
-            status, headers, body = _raw(
+            status, headers, body = raw_request(
                 port,
                 b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                 b"authorization: Bearer " + everything.encode() + b"\r\ncontent-length: 104857600\r\n\r\n",

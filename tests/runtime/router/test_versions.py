@@ -9,6 +9,8 @@ import time
 
 from runtime.fleet_feed import read_feed
 from runtime.router.signals import apply_version_weights
+from runtime.versions import Split
+from tests.runtime.router.harness import RouterUnderTest, router_cfg
 
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -103,3 +105,31 @@ def test_a_canary_answering_500_is_retried_on_stable_but_a_stable_500_reaches_th
     canary.mode = "ok"
     statuses = [r.request("POST", "/v1/chat/completions", CHAT)[0] for _ in range(10)]
     assert statuses.count(500) == 5  # the stable version's own errors are the engine's answer, as before
+
+
+def _canary_sessions(n: int) -> list[str]:
+    """Session keys whose public hash lands on the canary of a 90/10 split: what an attacker computes."""
+    free = Split("chat", ("v1", "v2"), (90.0, 10.0))
+    return [k for k in (f"s{i}" for i in range(5000)) if free.choose(k) == "v2"][:n]
+
+
+def test_a_client_without_a_key_cannot_fill_a_judged_canary_by_choosing_session_keys(lt, doubles) -> None:
+    """Without a key, a fresh canary-bound session key per request used to count as a fresh client each time,
+    so one client made up all of the canary's traffic (and its latency tail, which the verdict reads). The
+    client is now its address: the X-Forwarded-For entry the trusted proxy wrote, not the forged ones left
+    of it. That address gets its first canary request, then the stable version; another address gets its own."""
+    stable, canary = doubles(2)
+    cfg = router_cfg([], models=_versions(stable.url, canary.url), trusted_proxy_hops=1)
+    cfg["health"] = {"canaries": [{"model": "chat"}]}
+    r = RouterUnderTest(lt, cfg).start()
+    try:
+        keys = _canary_sessions(31)
+        for i, key in enumerate(keys[:30]):  # a forged entry per request, then the proxy's own
+            headers = {"x-session-id": key, "x-forwarded-for": f"10.0.{i}.1, 203.0.113.7"}
+            assert r.request("POST", "/v1/chat/completions", CHAT, headers=headers)[0] == 200
+        assert (len(canary.requests), len(stable.requests)) == (1, 29)
+        headers = {"x-session-id": keys[30], "x-forwarded-for": "198.51.100.9"}
+        assert r.request("POST", "/v1/chat/completions", CHAT, headers=headers)[0] == 200
+        assert len(canary.requests) == 2
+    finally:
+        r.stop()
