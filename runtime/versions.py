@@ -1,13 +1,16 @@
 """Versions of a model as pure decisions: which version takes a request, and whether a canary holds,
 advances or rolls back.
 
-No I/O, no clock, no randomness of its own: the router and the health monitor call these with what they
-know, and tests call them with numbers.
+No I/O, no clock, no randomness but the order a split is given: the router and the health monitor call
+these with what they know, and tests call them with numbers (and a seeded order).
 
 - :class:`Split` picks a version by weight. A request with a session key always lands on the same version
   while the weights stay (the key hashes to a point in [0, 100), and each version owns a range, stable
   first, so moving weight to the canary moves only the sessions in between). Requests without a key are
-  spread by smooth weighted round robin, which hits the weights exactly rather than on average.
+  spread by smooth weighted round robin over the shortest cycle that holds the weights exactly (10 requests
+  for 90/10), which hits them exactly rather than on average, dealt in an order shuffled per cycle (``order``, the OS's randomness in the
+  router): a fixed order would tell a client that every tenth request lands on a 10 % canary, and it could
+  make exactly those the slow ones its verdict reads.
   The hash is public, so a client can choose keys that land on a canary. Where a canary is judged
   (``client_share``), one client (its API key, else its session key) may hold only a small share of the
   canary's recent requests; past it its keyed requests go to the stable version. No one client then makes
@@ -18,6 +21,8 @@ know, and tests call them with numbers.
 from __future__ import annotations
 
 import hashlib
+import math
+import random
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +35,7 @@ from enum import StrEnum
 CLIENT_WINDOW = 100
 MAX_CLIENT_SHARE = 0.04
 _ANONYMOUS = -1
+CYCLE = 100  # requests dealt per shuffled cycle when the weights are not whole numbers
 
 
 @dataclass
@@ -42,7 +48,9 @@ class Split:
     configured: tuple[float, ...] = ()  # the weights the config gave (an override may replace ``weights``)
     override_reason: str = ""  # why the weights differ from the config (a rollback), or ""
     client_share: float = 1.0  # most of a canary's recent keyed requests one client may hold (1: no cap)
+    order: random.Random = field(default_factory=random.SystemRandom)  # shuffles each cycle's deal
     _current: list[float] = field(default_factory=list)  # smooth weighted round robin state
+    _deck: list[int] = field(default_factory=list)  # this cycle's versions still to deal, last first
     _recent: dict[int, deque[int]] = field(default_factory=dict)  # version index -> recent clients' digests
     _held: dict[int, Counter[int]] = field(default_factory=dict)  # version index -> digest -> in _recent
 
@@ -63,6 +71,7 @@ class Split:
         self.weights = new
         self.override_reason = reason if new != self.configured else ""
         self._current = [0.0] * len(self.versions)
+        self._deck.clear()
         self._recent.clear()
         self._held.clear()
         return True
@@ -77,7 +86,7 @@ class Split:
             fallback = [v for v in self.versions if usable(v)]
             return fallback[0] if fallback else None
         if session is None:
-            i = self._round_robin(live)
+            i = self._deal(live)
             if i > 0 and self.client_share < 1:
                 self._admit(i, _ANONYMOUS)
             return self.versions[i]
@@ -103,6 +112,14 @@ class Split:
                 del held[gone]
         return True
 
+    def _deal(self, live: list[float]) -> int:
+        """The next version of this cycle's shuffled deal; a new cycle when it ran out, or when a version in
+        it cannot serve now (the weights of those that can are dealt afresh)."""
+        if not self._deck or live[self._deck[-1]] <= 0:
+            self._deck = [self._round_robin(live) for _ in range(_cycle(live))]
+            self.order.shuffle(self._deck)
+        return self._deck.pop()
+
     def _round_robin(self, live: list[float]) -> int:
         total = sum(live)
         cur = self._current
@@ -113,6 +130,14 @@ class Split:
                 best = i
         cur[best] -= total
         return best
+
+
+def _cycle(weights: list[float]) -> int:
+    """The fewest requests that hold whole-number weights exactly (90/10: 10; 50/50: 2); else ``CYCLE``."""
+    whole = [int(w) for w in weights if w > 0]
+    if any(w != int(w) for w in weights):
+        return CYCLE
+    return max(1, sum(whole) // math.gcd(*whole))
 
 
 def _digest(key: str) -> int:

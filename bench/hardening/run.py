@@ -21,6 +21,9 @@ order, each bounded in count and time:
 6. 20 concurrent streamed chats (``max_tokens`` 500) from the key limited to 2,000 tokens/min (item 4);
 7. 40 concurrent streams from the unlimited key at a model that takes 32 at once: the queue deadline's answer
    (status, Retry-After) ('Also').
+8. 30 chats from one key, each with a fresh session key chosen (the hash is public) to land on the canary of a
+   model served 90/10 in two versions whose canary the health monitor judges: how many the canary got, read
+   from the router's ``inferstack_router_version_requests_total`` (item 9).
 
 Recorded per attack: the HTTP status of each answer (or ``reset``, ``closed`` without an answer, ``no answer
 within T s``), the time to the slowest answer, and the growth of the router's resident memory (peak over the
@@ -51,15 +54,19 @@ from typing import Any
 
 import psutil
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.machine import describe  # noqa: E402
 from bench.processes import process  # noqa: E402
+from runtime.versions import Split  # noqa: E402  (the hash both trees route sessions by)
 
 PY = Path(sys.executable)
 MODEL = "tiny"  # the fake engine's model
+VERSIONED = "chat"  # a model served in two versions (90/10) at the same fake engine, its canary judged
+CANARY_SESSIONS = 30
 OPEN_KEY = "sk-bench-open"
 TPM_KEY = "sk-bench-tpm"
 TOKENS_PER_MINUTE = 2_000
@@ -137,10 +144,20 @@ def write_config(tree: Path, into: Path, port: int, engine_port: int) -> dict[st
         router["metrics_port"] = free_port()
     if "max_connections" in fields:
         router["max_connections"] = MAX_CONNECTIONS
+    versions = [
+        {
+            "name": f"{VERSIONED}-{v}",
+            "static_backends": [{"url": engine}],
+            "version_of": {"model": VERSIONED, "version": v, "weight": w, "stable": v == "v1"},
+        }
+        for v, w in (("v1", 90), ("v2", 10))
+    ]
     cfg = {
         "models": [
-            {"name": MODEL, "static_backends": [{"url": engine}], "max_concurrency_per_backend": MODEL_CAP}
+            {"name": MODEL, "static_backends": [{"url": engine}], "max_concurrency_per_backend": MODEL_CAP},
+            *versions,
         ],
+        "health": {"canaries": [{"model": VERSIONED}]},
         "router": router,
         "batches": {"router_url": f"http://127.0.0.1:{port}"},
     }
@@ -288,10 +305,11 @@ def summary(results: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return out | extra
 
 
-def chat_head(key: str | None, body: bytes, path: str = "/v1/chat/completions") -> bytes:
+def chat_head(key: str | None, body: bytes, path: str = "/v1/chat/completions", extra: str = "") -> bytes:
+    """A POST's head and body; ``extra``: more header lines, each ending in CRLF."""
     auth = f"authorization: Bearer {key}\r\n" if key else ""
     return (
-        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n{auth}"
+        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n{auth}{extra}"
         f"content-length: {len(body)}\r\n\r\n"
     ).encode() + body
 
@@ -421,23 +439,58 @@ async def concurrent_streams(port: int, key: str, count: int, max_tokens: int | 
     return summary(results)
 
 
-ATTACKS: list[tuple[str, str, Callable[[int], Coroutine[Any, Any, dict[str, Any]]]]] = [
-    ("1a", "5 keyless 64 MiB POSTs to /v1/filesX", lambda p: keyless_uploads(p, "/v1/filesX")),
-    ("1b", "5 keyless 64 MiB POSTs to /v1/files", lambda p: keyless_uploads(p, "/v1/files")),
-    ("2", "request head trickled 1 byte/s (20 s bound)", slowloris),
-    ("3", "300 idle connections, then a request", idle_connections),
-    ("4", "64 KiB header", big_header),
-    ("5a", "GET /metrics without a key (API port)", lambda p: keyless_get(p, "/metrics")),
-    ("5b", "GET /v1/models without a key", lambda p: keyless_get(p, "/v1/models")),
+def canary_served(metrics_url: str) -> float:
+    """The requests the versioned model's canary answered 200, from the router's own counter."""
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            wanted = {"model": VERSIONED, "version": "v2", "status": "200"}
+            if (
+                sample.name == "inferstack_router_version_requests_total"
+                and wanted.items() <= sample.labels.items()
+            ):
+                return float(sample.value)
+    return 0.0
+
+
+async def canary_by_sessions(port: int, metrics_url: str) -> dict[str, Any]:
+    """Attack 8: one key, a fresh canary-bound session key per request, one request at a time."""
+    free = Split(VERSIONED, ("v1", "v2"), (90.0, 10.0))
+    sessions = [k for k in (f"s{i}" for i in range(5000)) if free.choose(k) == "v2"][:CANARY_SESSIONS]
+    before = canary_served(metrics_url)
+    results = []
+    for session in sessions:
+        body = json.dumps({"model": VERSIONED, "messages": [{"role": "user", "content": "hi"}]}).encode()
+        head = chat_head(OPEN_KEY, body, extra=f"x-session-id: {session}\r\n")
+        results.append(await exchange(port, head))
+        close(results[-1:])
+    on_canary = int(canary_served(metrics_url) - before)
+    return summary(results, canary=f"{on_canary} of {len(sessions)}")
+
+
+Attack = Callable[[int, str], Coroutine[Any, Any, dict[str, Any]]]
+ATTACKS: list[tuple[str, str, Attack]] = [
+    ("1a", "5 keyless 64 MiB POSTs to /v1/filesX", lambda p, _m: keyless_uploads(p, "/v1/filesX")),
+    ("1b", "5 keyless 64 MiB POSTs to /v1/files", lambda p, _m: keyless_uploads(p, "/v1/files")),
+    ("2", "request head trickled 1 byte/s (20 s bound)", lambda p, _m: slowloris(p)),
+    ("3", "300 idle connections, then a request", lambda p, _m: idle_connections(p)),
+    ("4", "64 KiB header", lambda p, _m: big_header(p)),
+    ("5a", "GET /metrics without a key (API port)", lambda p, _m: keyless_get(p, "/metrics")),
+    ("5b", "GET /v1/models without a key", lambda p, _m: keyless_get(p, "/v1/models")),
     (
         "6",
         f"20 streams at once, key of {TOKENS_PER_MINUTE:,} tokens/min, max_tokens 500",
-        lambda p: concurrent_streams(p, TPM_KEY, 20, 500),
+        lambda p, _m: concurrent_streams(p, TPM_KEY, 20, 500),
     ),
     (
         "7",
         f"40 streams at once, {MODEL_CAP} served at a time, {QUEUE_DEADLINE_MS} ms queue deadline",
-        lambda p: concurrent_streams(p, OPEN_KEY, 40, None),
+        lambda p, _m: concurrent_streams(p, OPEN_KEY, 40, None),
+    ),
+    (
+        "8",
+        f"{CANARY_SESSIONS} chats from one key, each with a session key chosen to land on a judged 10 % canary",
+        canary_by_sessions,
     ),
 ]
 
@@ -464,6 +517,11 @@ def router_of(tree: Path, tmp: Path) -> Iterator[tuple[int, int, dict[str, Any]]
         yield port, proc.pid, settings
 
 
+def metrics_url(port: int, settings: dict[str, Any]) -> str:
+    """The router's /metrics: its metrics port where the tree has one, else the API port (open there then)."""
+    return f"http://127.0.0.1:{settings.get('metrics_port', port)}/metrics"
+
+
 def alive(pid: int) -> bool:
     """Whether the router survived the attack (the bench's own child: a dead one is a zombie until reaped)."""
     try:
@@ -482,7 +540,7 @@ def run_tree(label: str, tree: Path, only: set[str] | None) -> dict[str, Any]:
                     if only and key not in only and key.rstrip("ab") not in only:
                         continue
                     with RssPeak(pid) as rss:
-                        result: dict[str, Any] = asyncio.run(attack(port))
+                        result: dict[str, Any] = asyncio.run(attack(port, metrics_url(port, settings)))
                     result["rss_growth_mib"] = rss.growth_mib
                     result["rss_start_mib"] = round(rss.start / 1024 / 1024, 1)
                     result["router_alive"] = alive(pid)
@@ -512,6 +570,8 @@ def cell(result: dict[str, Any] | None) -> str:
     if "idle_closed_by_router" in result:
         closed = result["idle_closed_by_router"]
         status += f"; idle cut: {closed}" + (f" by {result['idle_closed_at_s']} s" if closed else "")
+    if "canary" in result:
+        status += f"; on the canary: {result['canary']}"
     if "sent_mib_max" in result:
         status += f"; sent <= {result['sent_mib_max']} MiB"
     return f"{status} | {result['time_s']:.2f} s | +{result['rss_growth_mib']:.1f} MiB"

@@ -21,17 +21,19 @@ and its batches' results); an upload beyond either is a 400 ``quota_exceeded``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import parse_qs
 
 import orjson
+from prometheus_client import Gauge
 
 from runtime.batch_service import multipart
-from runtime.batch_service.blobs import BlobError, Blobs, BlobWriter
+from runtime.batch_service.blobs import PART_BYTES, BlobError, Blobs, BlobWriter
 from runtime.batch_service.lifecycle import Status
 from runtime.batch_service.metrics import BatchMetrics
 from runtime.batch_service.objects import (
@@ -55,12 +57,14 @@ from runtime.batch_service.store import BatchLimitError, BatchLimits, Db, Quota,
 from runtime.config import BatchesSettings
 from runtime.http import (
     METRICS_CONTENT_TYPE,
+    OVERLOADED,
+    OVERLOADED_CODE,
     PRINCIPAL_HEADER,
     SCOPES_HEADER,
     error_body,
     metrics_payload,
 )
-from runtime.server import Answer, BodyError, Connection, Request
+from runtime.server import Answer, BodyError, Connection, Request, body_budget
 
 log = logging.getLogger("inferstack.batches")
 
@@ -74,6 +78,12 @@ API_BODY_BYTES = 1 << 20
 #: An upload's own expiry: 1 hour to 30 days after creation (the API's bounds).
 EXPIRY_BOUNDS_S = (3600, 2_592_000)
 READY_CACHE_S = 10.0
+#: What one upload in progress may hold in memory: an S3 part being filled and the one being joined, and the
+#: server's stream buffer. The uploads at once are what the server's body budget holds of those
+#: (:func:`upload_slots`), and one key may run ``UPLOADS_PER_OWNER`` of them: uploads are streamed, so the
+#: server's own budget for buffered bodies does not count them.
+UPLOAD_HELD_BYTES = 2 * PART_BYTES + (1 << 20)
+UPLOADS_PER_OWNER = 2
 _JSON = b"application/json"
 
 
@@ -88,10 +98,66 @@ async def _pieces(req: Request) -> AsyncIterator[bytes]:
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after_s: int | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.body = error_body(status, message, code=code, param=param)
+        self.headers = [(b"retry-after", b"%d" % retry_after_s)] if retry_after_s is not None else []
+
+
+def upload_slots(max_file_bytes: int) -> int:
+    """Uploads in progress at once: the server's body budget (a quarter of the container's memory) over what
+    one holds; never fewer than two."""
+    return max(2, body_budget(max_file_bytes) // UPLOAD_HELD_BYTES)
+
+
+class Uploads:
+    """Who is uploading: a slot per upload in progress, at most ``slots`` in all and ``per_owner`` per key."""
+
+    def __init__(self, slots: int, gauge: Gauge | None = None, per_owner: int = UPLOADS_PER_OWNER) -> None:
+        self.slots = slots
+        self.per_owner = per_owner
+        self.running: dict[str, int] = {}
+        self.gauge = gauge
+
+    @contextlib.contextmanager
+    def slot(self, owner: str) -> Iterator[None]:
+        if self.running.get(owner, 0) >= self.per_owner:
+            raise ApiError(
+                429,
+                f"this key has {self.per_owner} uploads in progress, the most it may; send the next when one"
+                " has ended",
+                code="too_many_uploads",
+                retry_after_s=1,
+            )
+        if sum(self.running.values()) >= self.slots:
+            raise ApiError(
+                OVERLOADED,
+                f"the batch service is taking {self.slots} uploads, the most it holds at once; try again",
+                code=OVERLOADED_CODE,
+                retry_after_s=1,
+            )
+        self.running[owner] = self.running.get(owner, 0) + 1
+        self._show()
+        try:
+            yield
+        finally:
+            self.running[owner] -= 1
+            if not self.running[owner]:
+                del self.running[owner]
+            self._show()
+
+    def _show(self) -> None:
+        if self.gauge is not None:
+            self.gauge.set(sum(self.running.values()))
 
 
 def _bad(message: str, param: str | None = None, code: str = "invalid_request") -> ApiError:
@@ -147,6 +213,7 @@ class BatchApi:
         self.metrics = metrics
         self.inflight = 0
         self._ready: tuple[float, bool] = (0.0, False)
+        self.uploads = Uploads(upload_slots(settings.max_file_bytes), metrics.uploads)
 
     @property
     def max_body_bytes(self) -> int:
@@ -162,17 +229,18 @@ class BatchApi:
 
     async def handle(self, req: Request, conn: Connection) -> None:
         self.inflight += 1
+        extra: list[tuple[bytes, bytes]] = []
         try:
             status, body, ctype = await self._dispatch(req, conn)
         except ApiError as err:
-            status, body, ctype = err.status, err.body, _JSON
+            status, body, ctype, extra = err.status, err.body, _JSON, err.headers
         except BlobError as err:
             log.warning("file store failed: %s", err)
             status, body, ctype = 503, error_body(503, f"the file store is unavailable: {err}"), _JSON
         finally:
             self.inflight -= 1
         if status:  # 0: the handler streamed its answer itself
-            conn.send(status, body, ctype)
+            conn.send(status, body, ctype, extra)
 
     async def handle_ops(self, req: Request, conn: Connection) -> None:
         """The metrics listener: /metrics, /healthz and /readyz, never the API."""
@@ -269,6 +337,10 @@ class BatchApi:
         """The form's file goes to the store as it arrives, under a running size limit; on any refusal
         what was written is removed."""
         await self.within_quota(owner, 0)  # before writing a byte: the count (the bytes once they are known)
+        with self.uploads.slot(owner):
+            return await self._upload(req, owner)
+
+    async def _upload(self, req: Request, owner: str) -> FileRecord:
         record_id = new_file_id()
         blob = f"files/{record_id}"
         writer = self.blobs.writer(blob)

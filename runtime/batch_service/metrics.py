@@ -37,6 +37,11 @@ class BatchMetrics:
         self.finished = Counter(
             f"{NS}_finished", "Batches that reached a terminal status.", ["status"], registry=r
         )
+        self.uploads = Gauge(
+            f"{NS}_uploads_in_progress",
+            "File uploads being received now (bounded in all and per key: api.Uploads).",
+            registry=r,
+        )
         self.duration = Histogram(
             f"{NS}_request_duration_seconds",
             "Time of one request of a batch through the router.",

@@ -119,6 +119,12 @@ def _error_code(answer: Answer | None) -> str | None:
     return error_code(answer.body)
 
 
+#: The most tokens one answer's usage counts as. A JSON number past it (orjson reads up to 2**64 - 1, SQLite
+#: stores below 2**63) is an engine's bug or hostility: counted as this, it never becomes the store error that
+#: would keep every batch's results from being recorded.
+MAX_COUNTED_TOKENS = 2**53 - 1
+
+
 def _usage(body: Any) -> tuple[int, int, int]:
     usage = body.get("usage") if isinstance(body, dict) else None
     if not isinstance(usage, dict):
@@ -126,7 +132,8 @@ def _usage(body: Any) -> tuple[int, int, int]:
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else 0
     numbers = (usage.get("prompt_tokens"), usage.get("completion_tokens"), cached)
-    return tuple(n if isinstance(n, int) else 0 for n in numbers)  # type: ignore[return-value]
+    counted = (min(max(n, 0), MAX_COUNTED_TOKENS) if type(n) is int else 0 for n in numbers)
+    return tuple(counted)  # type: ignore[return-value]
 
 
 def result_of(batch_id: str, pending: Pending, answer: Answer | None, failure: str) -> Result:
@@ -183,6 +190,7 @@ class Runner:
         self.models: dict[str, list[str]] = {}  # batch -> models with pending lines
         self.results: list[Result] = []
         self.closing: set[str] = set()
+        self.validating: str | None = None  # the batch whose input is being checked (one at a time)
         self.feed: Mapping[str, Any] | None = None
         self.wake = asyncio.Event()
         self._flush_now = asyncio.Event()
@@ -265,13 +273,12 @@ class Runner:
             else:
                 if step is Step.RUN:
                     running.append(batch)
-                elif step is Step.VALIDATE:  # a closing step's own task reports how it went
-                    self.troubles.pop(batch.id, None)
-        for batch in await self.share_lanes(running, now):
-            self.troubles.pop(batch.id, None)
+        for batch_id in await self.share_lanes(running, now):
+            self.troubles.pop(batch_id, None)
 
     async def step(self, batch: BatchRecord, now: float) -> Step:
-        """What ``batch`` needs now, done, except sending a running batch's requests (``share_lanes`` does)."""
+        """What ``batch`` needs now, begun (checking its input and closing it run as tasks of their own),
+        except sending a running batch's requests (``share_lanes`` does)."""
         progress = Progress(
             status=Status(batch.status),
             expires_at=batch.expires_at,
@@ -279,8 +286,9 @@ class Runner:
             inflight=len(self.inflight.get(batch.id, ())),
         )
         step = lifecycle.next_step(progress, now)
-        if step is Step.VALIDATE:
-            await self.validate(batch)
+        if step is Step.VALIDATE and self.validating is None:
+            self.validating = batch.id
+            self._spawn(self._validation(batch))
         elif (
             step in (Step.FINALIZE, Step.CLOSE_EXPIRED, Step.CLOSE_CANCELLED) and batch.id not in self.closing
         ):
@@ -288,16 +296,17 @@ class Runner:
             self._spawn(self.close(batch, step))
         return step
 
-    async def share_lanes(self, running: list[BatchRecord], now: float) -> list[BatchRecord]:
+    async def share_lanes(self, running: list[BatchRecord], now: float) -> set[str]:
         """Send the running batches' requests while lanes have room, one request per owner in turn (each
         owner's oldest batch that can send first), so one key's big batch cannot hold a lane while another
-        key's batch waits; a round starts after the owner served last. Returns the batches that raised
-        nothing (each that raised is its own trouble)."""
+        key's batch waits; a round starts after the owner served last. Returns the batches that sent a
+        request (each that raised is its own trouble; one that had no room this tick proved nothing, so
+        its count of failed tries stays)."""
         by_owner: dict[str, list[BatchRecord]] = {}
         for batch in running:  # oldest first
             by_owner.setdefault(batch.owner, []).append(batch)
         owners = owners_in_turn(by_owner, self._last_served)
-        failed: set[str] = set()
+        sent: set[str] = set()
         while owners:
             for owner in list(owners):
                 batches = by_owner[owner]
@@ -306,16 +315,17 @@ class Runner:
                     try:
                         if await self.send_one(batch, now):
                             self._last_served = owner
+                            sent.add(batch.id)
                             break  # this owner's request of the round
                     except ENVIRONMENT:
                         raise
                     except Exception as err:
-                        failed.add(batch.id)
+                        sent.discard(batch.id)
                         await self.trouble(batch, err)
                     batches.pop(0)  # nothing more to send this tick
                 if not batches:
                     owners.remove(owner)
-        return [batch for batch in running if batch.id not in failed]
+        return sent
 
     async def trouble(self, batch: BatchRecord, err: Exception) -> None:
         """A step of ``batch`` raised: try it again after a backoff; after ``BATCH_TRIES`` tries, fail it."""
@@ -356,6 +366,23 @@ class Runner:
             del self.lanes[model]
 
     # --- validating -------------------------------------------------------------------------------
+    async def _validation(self, batch: BatchRecord) -> None:
+        """``validate`` in a task of its own, one batch at a time (each holds its input file in memory): a
+        big file's check does not hold up the requests of the batches that run. It reports how it went as a
+        closing step does."""
+        try:
+            await self.validate(batch)
+            self.troubles.pop(batch.id, None)
+        except ENVIRONMENT as err:
+            log.warning("cannot validate %s yet: %s; trying again", batch.id, err)
+            await asyncio.sleep(5.0)
+        except Exception as err:
+            with contextlib.suppress(*ENVIRONMENT):  # then the next tick tries again
+                await self.trouble(batch, err)
+        finally:
+            self.validating = None
+            self.wake.set()
+
     async def validate(self, batch: BatchRecord) -> None:
         now = int(time.time())
         found = await self.db(self.db.store.file, batch.input_file_id, batch.owner)
@@ -373,8 +400,7 @@ class Runner:
             check_file, data, batch.endpoint, self.settings.max_requests_per_batch, self.served
         )
         if checked.errors:
-            total = sum(1 for raw in data.split(b"\n") if raw.strip())
-            await self.db(self.db.store.fail, batch.id, checked.errors, total, now)
+            await self.db(self.db.store.fail, batch.id, checked.errors, checked.requests, now)
             self.metrics.finished.labels(Status.FAILED.value).inc()
             log.info("batch %s failed validation: %d errors", batch.id, len(checked.errors))
             return

@@ -135,7 +135,10 @@ class BatchApiForwarder:
             length = ex.headers.get(b"content-length", b"")
             if ex.drained or not length.isdigit():
                 body = first if ex.drained else first + await ex.read_all(self.timeout_s)
-                conn.send(ex.status, body, ctype, [(rid_header, rid)])
+                passed = [(rid_header, rid)]
+                if (retry_after := ex.headers.get(b"retry-after")) is not None:  # a refusal's, for the client
+                    passed.append((b"retry-after", retry_after))
+                conn.send(ex.status, body, ctype, passed)
                 return ex.status
             conn.start_sized(ex.status, [(b"content-type", ctype), (rid_header, rid)], int(length), first)
             started = True

@@ -170,7 +170,8 @@ class RouterMetrics:
         )
         self.rejections = Counter(
             "inferstack_router_rejections",
-            "Requests refused before routing; model is empty unless the model is served (no client-chosen labels)",
+            "Requests refused, not served (reason: before routing, or a batcher's full queue after it); model is"
+            " empty unless the model is served (no client-chosen labels)",
             ["model", "reason"],
             registry=r,
         )

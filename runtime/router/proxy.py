@@ -81,17 +81,20 @@ class Call:
     prompt: int = 0  # the prompt's estimate (part of the reservation)
     used: int | None = None  # tokens the answer reported (prompt + completion), once known
     answered: bool = False  # a 200 began to reach the client: the engine generated something
+    abandoned: bool = False  # the client left while an engine held its request: the engine worked for it
     relayed: int = 0  # content events of a stream passed on (about one token of one choice each)
 
     def settlement(self) -> int:
         """What to charge the key now that the request ended, beyond its reservation: the difference to the
         real usage when known; when an answer began without one (the client left mid-stream, an engine that
-        reports none), the reservation or what was relayed (prompt + one token per content event),
-        whichever is more; the whole reservation back when no engine answered (refused, failed before the
-        first byte)."""
+        reports none), or the client left while an engine was working on it (before its first byte: a
+        prefill, a whole non-streamed answer), the reservation or what was relayed (prompt + one token per
+        content event), whichever is more; the whole reservation back when no engine worked for it (refused,
+        failed before the first byte and not retried to an answer)."""
         if self.used is not None:
             return self.used - self.reserved
-        return max(0, self.prompt + self.relayed - self.reserved) if self.answered else -self.reserved
+        worked = self.answered or self.abandoned
+        return max(0, self.prompt + self.relayed - self.reserved) if worked else -self.reserved
 
 
 class Forwarder:
@@ -178,6 +181,7 @@ class Forwarder:
             return (504 if err.kind == "timeout" else 502), str(err)
         except (asyncio.CancelledError, ClientGoneError):
             if ex is not None:
+                call.abandoned = True  # the request was sent: the engine may have worked for a while
                 ex.abort()  # closing the socket is how the engine learns to stop generating
             raise
         finally:

@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import re
+import socket
 import sqlite3
 import threading
 import time
@@ -28,7 +29,7 @@ import pytest
 import yaml
 
 from runtime.api_keys import hash_key
-from runtime.batch_service.api import MAX_FORM_PARTS
+from runtime.batch_service.api import MAX_FORM_PARTS, UPLOADS_PER_OWNER
 from runtime.config_file import ConfigError
 from runtime.router.reload import load_router_files
 from tests.runtime.batch_service.harness import (
@@ -59,6 +60,8 @@ KEYS: dict[str, dict[str, Any]] = {
     "ivan": {},
     "judy": {},
     "kate": {},
+    "leo": {},
+    "mia": {},
     "batches": {},  # the batch service's own key
 }
 MAX_FILES = 4
@@ -355,6 +358,51 @@ def test_an_upload_form_of_many_tiny_parts_is_refused(shared: BatchStack) -> Non
     message = json.loads(refused.value.read())["error"]["message"]
     assert f"more than {MAX_FORM_PARTS} parts" in message, message
     assert not shared.client(key("ivan")).files.list().data  # nothing kept
+
+
+# --- issue #34, second review: uploads in progress are bounded -----------------------------------------
+def _held_upload(router_url: str, raw_key: str) -> socket.socket:
+    """An upload that has begun and goes on no further: its head and the first bytes of its file, of a body
+    that declares 1 MiB. The batch service holds a slot (and, on S3, a part's buffer) for it."""
+    start = (
+        b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n\r\n{}\n'
+    )
+    host, port = router_url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(
+        b"POST /v1/files HTTP/1.1\r\nhost: x\r\nauthorization: Bearer %b\r\n"
+        b"content-type: multipart/form-data; boundary=b\r\ncontent-length: %d\r\n\r\n%b"
+        % (raw_key.encode(), 1 << 20, start)
+    )
+    return sock
+
+
+def test_a_key_holds_at_most_its_share_of_the_uploads_in_progress(shared: BatchStack) -> None:
+    """Uploads are streamed, so the server's budget for buffered bodies does not count them, and each holds
+    up to two S3 parts (16 MiB): a key with many half-sent uploads could fill the service's memory. A key
+    runs UPLOADS_PER_OWNER at once (429 ``too_many_uploads`` past it, with Retry-After), another key is not
+    affected, and the slots come back when the uploads end, however they end."""
+    held = [_held_upload(shared.router_url, key("leo")) for _ in range(UPLOADS_PER_OWNER)]
+    try:
+        wait_until(
+            lambda: sample(shared.metrics(), "inferstack_batches_uploads_in_progress") == UPLOADS_PER_OWNER,
+            "the held uploads reach the batch service",
+        )
+        with pytest.raises(openai.RateLimitError) as refused:
+            upload(shared.client(key("leo")), b"{}\n")
+        assert refused.value.body["code"] == "too_many_uploads"
+        assert int(refused.value.response.headers["retry-after"]) >= 1
+        upload(shared.client(key("mia")), b"{}\n")  # another key's uploads are its own
+    finally:
+        for sock in held:
+            sock.close()  # gone mid-upload
+    wait_until(
+        lambda: sample(shared.metrics(), "inferstack_batches_uploads_in_progress") == 0,
+        "the abandoned uploads give their slots back",
+    )
+    upload(shared.client(key("leo")), b"{}\n")
+    assert len(shared.client(key("leo")).files.list().data) == 1  # the abandoned ones were not kept
 
 
 # --- issue #34 hardening: an owner's unfinished batches are bounded ------------------------------------

@@ -7,8 +7,10 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx2 as httpx  # the HTTP client (and multipart encoder) the openai SDK uses
 import pytest
@@ -16,14 +18,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types import Batch, FileObject
 
-from runtime.batch_service import lifecycle, multipart, pacing
+from runtime.batch_service import api, lifecycle, multipart, pacing, runner, validate
 from runtime.batch_service.blobs import PART_BYTES, BlobError, LocalBlobs, S3Blobs
+from runtime.batch_service.client import Answer, RouterClient
 from runtime.batch_service.lifecycle import Progress, Status, Step
+from runtime.batch_service.metrics import BatchMetrics
 from runtime.batch_service.objects import BatchError, BatchRecord, FileRecord, error_line, response_line
 from runtime.batch_service.runner import owners_in_turn
-from runtime.batch_service.store import Result, Store
+from runtime.batch_service.store import Db, Pending, Result, Store
 from runtime.batch_service.validate import MAX_ERRORS, check_file
-from runtime.config import S3Files
+from runtime.config import BatchesSettings, S3Files
 from tests.runtime.batch_service.harness import chat_line, free_port, jsonl
 
 CHAT = "/v1/chat/completions"
@@ -444,3 +448,98 @@ def test_lane_room_goes_to_every_owner_before_any_owner_gets_it_twice(wanting: l
         served.append(last)
     for i in range(len(served) - len(owners) + 1):
         assert set(served[i : i + len(owners)]) == owners
+
+
+def test_reading_a_file_stops_at_the_first_request_past_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 64 MiB file of ``{}`` lines is 22 million requests: the check used to split and parse them all
+    (1.3 GB, two minutes of CPU, the pod killed) before it said "too many". It reads no line past the limit."""
+    read: list[int] = []
+    guarded = validate._guarded
+
+    def counting(number: int, *args: object) -> object:
+        read.append(number)
+        return guarded(number, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(validate, "_guarded", counting)
+    checked = check_file(jsonl(chat_line(str(i)) for i in range(100_000)), CHAT, 100)
+    assert [e.code for e in checked.errors] == ["too_many_requests"]
+    assert "more than 100 requests" in checked.errors[0].message
+    assert len(read) == 100 and checked.requests == 101
+
+
+def test_a_slow_input_check_does_not_hold_up_the_work_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The work loop used to check a batch's input inline, so every running batch's requests waited for the
+    largest file anyone uploaded. Now the check is a task of its own: a turn of the loop returns while it runs."""
+    release, started = threading.Event(), threading.Event()
+
+    def held_check(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        release.wait(60)
+        return check_file(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "check_file", held_check)
+
+    async def scenario() -> None:
+        db = Db(Store(tmp_path / "state.sqlite3"))
+        blobs = LocalBlobs(tmp_path / "files")
+        await blobs.put_bytes("files/file-1", jsonl([chat_line("a")]))
+        await db(
+            db.store.add_file, FileRecord("file-1", "o", "in.jsonl", "batch", 10, 1, None), "files/file-1"
+        )
+        batch = BatchRecord("batch-1", "o", CHAT, "file-1", "24h", "validating", 1, int(time.time()) + 86_400)
+        await db(db.store.add_batch, batch)
+        settings_ = BatchesSettings(router_url="http://127.0.0.1:9", state_dir=tmp_path)
+        client = RouterClient("http://127.0.0.1:9", "sk-test", "x-request-id")
+        work = runner.Runner(db, blobs, client, settings_, BatchMetrics(), tmp_path / "scratch")
+        try:
+            await asyncio.wait_for(work.tick(), 20)  # before: held until the check ends (60 s)
+            assert work.validating == "batch-1"
+            assert await asyncio.to_thread(started.wait, 20) and not release.is_set()
+        finally:
+            release.set()
+            await asyncio.gather(*work._tasks, return_exceptions=True)
+            client.close()
+            db.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_engines_impossible_token_count_is_capped_and_every_result_is_still_recorded(
+    tmp_path: Path,
+) -> None:
+    """orjson reads integers up to 2**64 - 1 and SQLite stores below 2**63: one answer claiming 2**64 - 1 prompt
+    tokens made the flusher's write raise for its whole group, again at every flush, so no batch's results were
+    ever recorded. The count is capped; negative and non-integer counts count nothing."""
+    store = Store(tmp_path / "s.db")
+    _batch(store, lines=2)
+    usage = {
+        "prompt_tokens": 2**64 - 1,
+        "completion_tokens": -5,
+        "prompt_tokens_details": {"cached_tokens": True},
+    }
+    body = json.dumps({"id": "x", "object": "chat.completion", "choices": [], "usage": usage}).encode()
+    hostile = runner.result_of("batch_1", Pending(1, "c0", b"{}"), Answer(200, "req-1", body), "")
+    assert (hostile.input_tokens, hostile.output_tokens, hostile.cached_tokens) == (
+        runner.MAX_COUNTED_TOKENS,
+        0,
+        0,
+    )
+    assert store.record([hostile, Result("batch_1", 2, True, b"two\n", 1, 1, 0)]) == 2
+    b = store.batch("batch_1")
+    assert b is not None and b.completed == 2 and b.input_tokens == runner.MAX_COUNTED_TOKENS + 1
+
+
+def test_uploads_past_the_services_slots_are_load_and_past_a_keys_share_its_own_limit() -> None:
+    uploads = api.Uploads(slots=3, per_owner=2)
+    with uploads.slot("a"), uploads.slot("a"), uploads.slot("b"):
+        with pytest.raises(api.ApiError) as own, uploads.slot("a"):
+            pass
+        assert own.value.status == 429 and b"too_many_uploads" in own.value.body
+        with pytest.raises(api.ApiError) as load, uploads.slot("c"):
+            pass
+        assert load.value.status == 503 and b'"overloaded"' in load.value.body
+        assert (b"retry-after", b"1") in load.value.headers
+    assert uploads.running == {}
+    assert api.upload_slots(64 << 20) >= 2  # never fewer than two, whatever the memory

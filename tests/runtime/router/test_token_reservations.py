@@ -175,6 +175,28 @@ def test_a_client_that_leaves_mid_stream_is_still_charged(
     assert json.loads(raw)["error"]["code"] == "rate_limit_exceeded"
 
 
+def test_a_client_that_leaves_before_the_first_byte_is_still_charged(
+    doubles: Callable[..., list[Double]], keyed_router: Callable[..., RouterUnderTest]
+) -> None:
+    """A client that hangs up while the engine works on its request (a prefill, a whole non-streamed answer)
+    had its whole reservation back: the engine's work was free, and a key could keep it busy without limit by
+    leaving just before each answer. The reservation stands once the request reached an engine."""
+    (d,) = doubles(1, mode="hang")  # the engine holds the request without answering
+    r = keyed_router([d.url], tokens_per_minute=100)  # the reservation (~226) overdraws it by ~126
+    conn = http.client.HTTPConnection("127.0.0.1", r.port, timeout=30)
+    try:
+        payload = json.dumps({**stream_body(), "stream": False}).encode()
+        headers = {"Authorization": f"Bearer {RAW_KEY}", "Content-Type": "application/json"}
+        conn.request("POST", "/v1/chat/completions", body=payload, headers=headers)
+        until(lambda: len(d.requests) == 1, "the engine has the request")
+    finally:
+        conn.close()  # gone before any answer
+    settled(r)  # the router saw the client go and let go of the engine's request
+    d.mode = "ok"  # were the key admitted again, it would get its answer (200), not hang
+    status, _, raw = post(r, stream_body())
+    assert status == 429, f"the leaver's reservation stands: the key is ~126 tokens below zero: {raw!r}"
+
+
 def test_a_failure_between_admission_and_routing_gives_the_reservation_back(
     doubles: Callable[..., list[Double]],
     keyed_router: Callable[..., RouterUnderTest],
