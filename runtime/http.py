@@ -78,10 +78,15 @@ def error_code(body: bytes) -> str | None:
     return code if isinstance(code, str) else None
 
 
+FORWARDED_FOR = b"x-forwarded-for"
+"""Kept empty by the server when a request repeats it: which copy a proxy appended to is not known."""
+
+
 def client_address(forwarded_for: str | None, peer: object, trusted_hops: int) -> str | None:
     """Where a request came from: the ``X-Forwarded-For`` entry ``trusted_hops`` from the right, which the
     nearest of that many proxies in front wrote (a client can forge the entries to its left, not that one),
-    else the host of the connection's ``peer`` (a ``peername``); None when neither is known."""
+    else (no header, a repeated one, too few entries) the host of the connection's ``peer`` (a
+    ``peername``); None when neither is known."""
     hops = [h.strip() for h in forwarded_for.split(",")] if forwarded_for and trusted_hops else []
     if len(hops) >= trusted_hops > 0 and hops[-trusted_hops]:
         return hops[-trusted_hops]

@@ -49,7 +49,7 @@ from typing import Any, Protocol, cast
 
 import httptools
 
-from runtime.http import OVERLOADED, OVERLOADED_CODE, REASONS, error_body
+from runtime.http import FORWARDED_FOR, OVERLOADED, OVERLOADED_CODE, REASONS, error_body
 
 log = logging.getLogger("inferstack.server")
 
@@ -519,7 +519,12 @@ class Connection(asyncio.Protocol):
             raise _HeadRefusedError(f"request line and headers exceed {self._max_head} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers[name.lower()] = value
+        key = name.lower()
+        if key == FORWARDED_FOR and key in self._headers:
+            value = (
+                b""  # repeated: which copy the proxy in front appended to is unknown, so neither is trusted
+            )
+        self._headers[key] = value
         n = self._head_bytes = self._head_bytes + len(name) + len(value) + 4
         c = self._header_count = self._header_count + 1
         if n > self._max_head:

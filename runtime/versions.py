@@ -68,6 +68,8 @@ class Split:
         new = tuple(float(w) for w in weights)
         if new == self.weights or len(new) != len(self.versions) or sum(new) <= 0:
             return False
+        if not all(math.isfinite(w) and w >= 0 for w in new):  # a feed's NaN or negative: never installed
+            return False
         self.weights = new
         self.override_reason = reason if new != self.configured else ""
         self._current = [0.0] * len(self.versions)
@@ -133,11 +135,11 @@ class Split:
 
 
 def _cycle(weights: list[float]) -> int:
-    """The fewest requests that hold whole-number weights exactly (90/10: 10; 50/50: 2); else ``CYCLE``."""
+    """The fewest requests that hold whole-number weights exactly (90/10: 10; 50/50: 2), at most ``CYCLE``."""
     whole = [int(w) for w in weights if w > 0]
     if any(w != int(w) for w in weights):
         return CYCLE
-    return max(1, sum(whole) // math.gcd(*whole))
+    return min(CYCLE, max(1, sum(whole) // math.gcd(*whole)))
 
 
 def _digest(key: str) -> int:

@@ -170,7 +170,10 @@ def head_limits_patch(spec: PlatformSpec, max_header_bytes: int, max_headers: in
     it generates, named ``<namespace>/<gateway>/<listener>``, whose HTTP connection manager is the first filter
     of its default chain (HTTP) or of its one TLS chain (HTTPS): the shape of Envoy Gateway's own translator
     tests. The ext_proc filter of an InferencePool needs no skip here, unlike the local Envoy's: Envoy Gateway
-    adds route filters disabled and enables them per route, and a head that never parsed matched no route."""
+    adds route filters disabled and enables them per route, and a head that never parsed matched no route.
+    Envoy Gateway 1.5 brought listener names by port (off by default there): a patch naming a listener that
+    no longer exists applies to nothing, so a bump of ``addons.versions.envoy_gateway`` must check the name
+    (test_crd_schemas pins the chart to the version this was written for)."""
     chain = "filter_chains/0" if spec.gateway.tls_secret_name else "default_filter_chain"
     manager = f"/{chain}/filters/0/typed_config"
     listener = f"{spec.cluster.namespace}/{gateway_name(spec)}/{listener_name(spec)}"

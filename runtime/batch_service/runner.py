@@ -372,7 +372,9 @@ class Runner:
         closing step does."""
         try:
             await self.validate(batch)
-            self.troubles.pop(batch.id, None)
+            trouble = self.troubles.get(batch.id)
+            if trouble is not None and trouble.retry_at <= time.monotonic():
+                del self.troubles[batch.id]  # validated (or failed for good): no trouble left
         except ENVIRONMENT as err:
             log.warning("cannot validate %s yet: %s; trying again", batch.id, err)
             await asyncio.sleep(5.0)
@@ -393,8 +395,10 @@ class Runner:
             return
         try:
             data = await self.blobs.read(found[1])
-        except BlobError as err:
+        except BlobError as err:  # the files' bad day, not the batch's: it waits, the younger ones go on
             log.warning("cannot read the input file of %s: %s; trying again", batch.id, err)
+            wait = self.troubles.setdefault(batch.id, Trouble())
+            wait.retry_at = time.monotonic() + BATCH_RETRY_S  # counts no try against it
             return
         checked = await asyncio.to_thread(
             check_file, data, batch.endpoint, self.settings.max_requests_per_batch, self.served

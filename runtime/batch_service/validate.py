@@ -12,6 +12,7 @@ is a per-line error in the error file later.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -126,16 +127,23 @@ def _guarded(number: int, raw: bytes, endpoint: str, models: Collection[str] | N
         return _problem(number, "invalid_json_line", f"cannot be read ({type(err).__name__})")
 
 
+_NOT_BLANK = re.compile(rb"\S")
+
+
 def _numbered_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
-    """``data``'s lines one at a time, numbered from 1: never the whole list (a 64 MiB file of ``{}`` lines is
-    22 million of them)."""
-    start, number = 0, 1
-    while start <= len(data):
-        end = data.find(b"\n", start)
-        if end < 0:
-            end = len(data)
+    """``data``'s lines that hold more than whitespace, one at a time, with their numbers (from 1, blank
+    lines counted): never the whole list (a 64 MiB file of ``{}`` lines is 22 million of them), and blank
+    runs skipped by the regex engine, not a line at a time (64 MiB of newlines took 31 s that way)."""
+    number, counted_to = 1, 0
+    found = _NOT_BLANK.search(data)
+    while found is not None:
+        start = data.rfind(b"\n", 0, found.start()) + 1
+        end = data.find(b"\n", found.start())
+        end = len(data) if end < 0 else end
+        number += data.count(b"\n", counted_to, start)
+        counted_to = start
         yield number, data[start:end]
-        start, number = end + 1, number + 1
+        found = _NOT_BLANK.search(data, end)
 
 
 def check_file(

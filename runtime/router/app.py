@@ -18,6 +18,7 @@ from runtime.api_keys import Denied, KeyTable, Principal
 from runtime.config import RuntimeConfig
 from runtime.engines import facts
 from runtime.http import (
+    FORWARDED_FOR,
     LOW_PRIORITY,
     METRICS_CONTENT_TYPE,
     OVERLOADED,
@@ -370,7 +371,7 @@ class Router:
         session key would not do: a client without a key chooses one per request, each landing on the canary)."""
         if principal is not None:
             return principal.name
-        forwarded = _header(headers, "x-forwarded-for")
+        forwarded = _header(headers, FORWARDED_FOR.decode())
         address = client_address(forwarded, conn.peer(), self.cfg.router.trusted_proxy_hops)
         return f"address:{address}"
 

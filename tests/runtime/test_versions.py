@@ -136,3 +136,13 @@ def test_which_requests_without_a_session_reach_the_canary_cannot_be_told_from_t
     assert Counter(picks) == {"v1": 4500, "v2": 500}
     canary_at = Counter(i % 10 for i, v in enumerate(picks) if v == "v2")
     assert max(canary_at.values()) < 0.2 * 500  # a fixed deal: all 500 at one position
+
+
+def test_weights_a_feed_cannot_hold_are_never_installed() -> None:
+    """The health monitor's feed is JSON: a NaN or a negative weight would make every request raise, and a
+    weight of ten million would deal a cycle that long; neither is installed, and cycles stay short."""
+    split = Split("chat", ("v1", "v2"), (90.0, 10.0), order=random.Random(1))
+    assert not split.set_weights((float("nan"), 10.0)) and not split.set_weights((-5.0, 10.0))
+    assert split.set_weights((1e7, 1.0))
+    picks = Counter(split.choose(None) for _ in range(1000))
+    assert picks["v1"] >= 990  # dealt from cycles of at most 100

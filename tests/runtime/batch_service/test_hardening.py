@@ -62,6 +62,7 @@ KEYS: dict[str, dict[str, Any]] = {
     "kate": {},
     "leo": {},
     "mia": {},
+    "nina": {},
     "batches": {},  # the batch service's own key
 }
 MAX_FILES = 4
@@ -188,6 +189,12 @@ def test_a_batch_whose_input_cannot_be_read_expires_with_its_window(shared: Batc
     file_id = upload(alice, jsonl([chat_line("lost")]))
     (shared.state_dir / "files" / "files" / file_id).unlink()  # the object is gone (a disk, a bucket rule)
     batch_id = alice.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h").id
+    # the unreadable input waits between tries: a younger batch is checked and run meanwhile (the oldest
+    # batch used to take the one checking slot again at every turn, and no batch after it was ever checked)
+    nina = shared.client(key("nina"))
+    younger = run_batch(nina, jsonl([chat_line("younger")]))
+    assert wait_for(nina, younger, {"completed", "failed"}, timeout_s=20).status == "completed"
+    assert alice.batches.retrieve(batch_id).status == "validating"
     # fault injection: the day passes (the service reads the batch again on its next look)
     with sqlite3.connect(shared.state_dir / "state.sqlite3") as db:
         doc = json.loads(db.execute("SELECT doc FROM batches WHERE id = ?", (batch_id,)).fetchone()[0])

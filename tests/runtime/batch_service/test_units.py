@@ -543,3 +543,12 @@ def test_uploads_past_the_services_slots_are_load_and_past_a_keys_share_its_own_
         assert (b"retry-after", b"1") in load.value.headers
     assert uploads.running == {}
     assert api.upload_slots(64 << 20) >= 2  # never fewer than two, whatever the memory
+
+
+@given(st.lists(st.sampled_from([b"", b" ", b"\t", b"\r", b"{}", b"a b", b" x\r", b"\x0b\x0c"]), max_size=30))
+def test_the_lines_read_are_the_non_blank_lines_of_the_file_with_their_numbers(parts: list[bytes]) -> None:
+    """What check_file reads (blank runs skipped by the regex engine, not a line at a time) is exactly the
+    file's non-blank lines, numbered as a split of the whole file numbers them."""
+    data = b"\n".join(parts)
+    expected = [(n, line) for n, line in enumerate(data.split(b"\n"), start=1) if line.strip()]
+    assert list(validate._numbered_lines(data)) == expected

@@ -4,6 +4,7 @@ from the health monitor's feed."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 
@@ -123,7 +124,7 @@ def test_a_client_without_a_key_cannot_fill_a_judged_canary_by_choosing_session_
     cfg["health"] = {"canaries": [{"model": "chat"}]}
     r = RouterUnderTest(lt, cfg).start()
     try:
-        keys = _canary_sessions(31)
+        keys = _canary_sessions(61)
         for i, key in enumerate(keys[:30]):  # a forged entry per request, then the proxy's own
             headers = {"x-session-id": key, "x-forwarded-for": f"10.0.{i}.1, 203.0.113.7"}
             assert r.request("POST", "/v1/chat/completions", CHAT, headers=headers)[0] == 200
@@ -131,5 +132,31 @@ def test_a_client_without_a_key_cannot_fill_a_judged_canary_by_choosing_session_
         headers = {"x-session-id": keys[30], "x-forwarded-for": "198.51.100.9"}
         assert r.request("POST", "/v1/chat/completions", CHAT, headers=headers)[0] == 200
         assert len(canary.requests) == 2
+        # a second X-Forwarded-For of the client's own: which copy the proxy appended to is unknown, so the
+        # client is the connection's peer (here the test's loopback address), one client however it varies
+        for i, key in enumerate(keys[31:61]):
+            assert _post_with_two_forwarded_for(r.port, key, "203.0.113.8", f"10.1.{i}.1") == 200
+        assert len(canary.requests) == 3
     finally:
         r.stop()
+
+
+def _post_with_two_forwarded_for(port: int, session: str, first: str, second: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        body = json.dumps(CHAT).encode()
+        conn.putrequest("POST", "/v1/chat/completions")
+        for name, value in [
+            ("content-type", "application/json"),
+            ("content-length", str(len(body))),
+            ("x-session-id", session),
+            ("x-forwarded-for", first),
+            ("x-forwarded-for", second),
+        ]:
+            conn.putheader(name, value)
+        conn.endheaders(body)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
