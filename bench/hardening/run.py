@@ -604,6 +604,15 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_results(out: Path, name: str, data: dict[str, Any], text: str) -> None:
+    """``out/<name>-<UTC date and time>.json`` (``data``) and ``.md`` (``text``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    base = out / f"{name}-{time.strftime('%Y%m%d-%H%M', time.gmtime())}"
+    base.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
+    base.with_suffix(".md").write_text(text)
+    print(f"wrote {base}.json and .md")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -630,12 +639,7 @@ def main() -> None:
     for tree in data["trees"].values():
         for result in tree["attacks"].values():
             result["time_s"] = round(result["time_s"], 3)
-    stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
-    args.out.mkdir(parents=True, exist_ok=True)
-    base = args.out / f"hardening-{stamp}"
-    base.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
-    base.with_suffix(".md").write_text(markdown(data))
-    print(f"wrote {base}.json and .md")
+    write_results(args.out, "hardening", data, markdown(data))
 
 
 if __name__ == "__main__":

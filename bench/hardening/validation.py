@@ -17,14 +17,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.hardening.run import commit_of  # noqa: E402
+from bench.hardening.run import commit_of, write_results  # noqa: E402
 from bench.machine import describe  # noqa: E402
 
 FILE_MIB = 64
@@ -97,12 +96,7 @@ def main() -> None:
         tree = Path(path).resolve()
         data["trees"][label] = {"commit": commit_of(tree), **probe(tree)}
         print(label, data["trees"][label], flush=True)
-    stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
-    args.out.mkdir(parents=True, exist_ok=True)
-    base = args.out / f"validation-{stamp}"
-    base.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
-    base.with_suffix(".md").write_text(markdown(data))
-    print(f"wrote {base}.json and .md")
+    write_results(args.out, "validation", data, markdown(data))
 
 
 if __name__ == "__main__":

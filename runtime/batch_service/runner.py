@@ -27,7 +27,7 @@ import logging
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -371,19 +371,27 @@ class Runner:
         big file's check does not hold up the requests of the batches that run. It reports how it went as a
         closing step does."""
         try:
-            await self.validate(batch)
-            trouble = self.troubles.get(batch.id)
-            if trouble is not None and trouble.retry_at <= time.monotonic():
-                del self.troubles[batch.id]  # validated (or failed for good): no trouble left
+            async with self._reported(batch, "validate"):
+                await self.validate(batch)
+                trouble = self.troubles.get(batch.id)
+                if trouble is not None and trouble.retry_at <= time.monotonic():
+                    del self.troubles[batch.id]  # validated (or failed for good): no trouble left
+        finally:
+            self.validating = None
+            self.wake.set()
+
+    @contextlib.asynccontextmanager
+    async def _reported(self, batch: BatchRecord, what: str) -> AsyncIterator[None]:
+        """How a step run as a task of its own ends: the store's or the files' bad day is waited out (the next
+        tick tries again), anything else is the batch's trouble (``trouble``)."""
+        try:
+            yield
         except ENVIRONMENT as err:
-            log.warning("cannot validate %s yet: %s; trying again", batch.id, err)
+            log.warning("cannot %s %s yet: %s; trying again", what, batch.id, err)
             await asyncio.sleep(5.0)
         except Exception as err:
             with contextlib.suppress(*ENVIRONMENT):  # then the next tick tries again
                 await self.trouble(batch, err)
-        finally:
-            self.validating = None
-            self.wake.set()
 
     async def validate(self, batch: BatchRecord) -> None:
         now = int(time.time())
@@ -565,29 +573,24 @@ class Runner:
         out_path = self.scratch / f"{batch.id}.output.jsonl"
         err_path = self.scratch / f"{batch.id}.error.jsonl"
         try:
-            now = int(time.time())
-            if step is Step.FINALIZE and batch.status == Status.IN_PROGRESS.value:
-                await self.db(self.db.store.finalizing, batch.id, now)
-            self.scratch.mkdir(parents=True, exist_ok=True)
-            n_out, n_err = await self.db(self.db.store.write_results, batch, status, out_path, err_path)
-            output = await self._keep(batch, "output", out_path, n_out, now)
-            errors = await self._keep(batch, "error", err_path, n_err, now)
-            if await self.db(self.db.store.finish, batch.id, status, now, output, errors):
-                self.metrics.finished.labels(status.value).inc()
-                log.info(
-                    "batch %s %s: %d results, %d errors",
-                    batch.id,
-                    status.value,
-                    n_out,
-                    n_err,
-                )
-            self._forget(batch.id)
-        except ENVIRONMENT as err:
-            log.warning("cannot close %s yet: %s; trying again", batch.id, err)
-            await asyncio.sleep(5.0)
-        except Exception as err:
-            with contextlib.suppress(*ENVIRONMENT):  # then the next tick tries again
-                await self.trouble(batch, err)
+            async with self._reported(batch, "close"):
+                now = int(time.time())
+                if step is Step.FINALIZE and batch.status == Status.IN_PROGRESS.value:
+                    await self.db(self.db.store.finalizing, batch.id, now)
+                self.scratch.mkdir(parents=True, exist_ok=True)
+                n_out, n_err = await self.db(self.db.store.write_results, batch, status, out_path, err_path)
+                output = await self._keep(batch, "output", out_path, n_out, now)
+                errors = await self._keep(batch, "error", err_path, n_err, now)
+                if await self.db(self.db.store.finish, batch.id, status, now, output, errors):
+                    self.metrics.finished.labels(status.value).inc()
+                    log.info(
+                        "batch %s %s: %d results, %d errors",
+                        batch.id,
+                        status.value,
+                        n_out,
+                        n_err,
+                    )
+                self._forget(batch.id)
         finally:
             for path in (out_path, err_path):
                 path.unlink(missing_ok=True)
