@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 TOP = re.compile(r"^([a-z_]+)/\s")
 NAMED = re.compile(r"(?<![\w./-])([a-z_][a-z0-9_]*(?:/[a-z0-9_]+)*(?:\.py|/))(?![\w])")
@@ -44,9 +46,13 @@ def test_every_module_and_folder_the_readme_layout_names_exists() -> None:
     assert not missing, f"README.md's Layout names what is not in the tree: {missing}"
 
 
-def test_the_readme_layout_names_every_package_of_components() -> None:
-    """A layer added to components/ (a package) gets its line in the map."""
-    words = dict(_layout())["components"]
-    packages = sorted(p.name for p in (REPO / "components").iterdir() if (p / "__init__.py").is_file())
+@pytest.mark.parametrize("top", ["components", "runtime"])
+def test_the_readme_layout_names_every_package_of_the_control_and_data_planes(top: str) -> None:
+    """A layer added to components/ or a service or library added to runtime/ (a package, or the images'
+    folder) gets its words in the map."""
+    words = dict(_layout())[top]
+    packages = sorted(
+        p.name for p in (REPO / top).iterdir() if (p / "__init__.py").is_file() or p.name == "images"
+    )
     unnamed = [name for name in packages if f"{name}/" not in words]
-    assert not unnamed, f"README.md's Layout does not name components/{unnamed}: add a line for each"
+    assert not unnamed, f"README.md's Layout does not name {top}/{unnamed}: add words for each"

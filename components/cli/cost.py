@@ -223,7 +223,6 @@ def cost_command(
     stacks_dir: Annotated[Path, typer.Option(help="Where the stack files are.")] = STACKS_DIR,
 ) -> None:
     """A stack's monthly bill; with --compare, the platform beside pay-per-token APIs and the break-even volume."""
-    from components.clouds import targets  # noqa: PLC0415 - see the imports
     from components.core import compare  # noqa: PLC0415 - see the imports
 
     if (stack is None) == (model is None):
@@ -239,7 +238,7 @@ def cost_command(
     assert stack is not None
     loaded = _stack(stack, stacks_dir)
     if not compare_apis:
-        bill = targets.stack_cost(loaded.spec, loaded.layout)
+        bill = loaded.bill
         table = Table("item", "min $/month", "max $/month", title=f"inferstack cost: {stack}")
         for item in bill.items:
             table.add_row(item.name, usd(item.min_usd_month), usd(item.max_usd_month))

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from components.cli.cost import cost_command
 from components.core import catalog, cost, multinode, packing, sizing
-from components.core.enums import KvCacheDType, Quantization, Target
+from components.core.enums import KvCacheDType, Quantization
 from components.core.paths import STACKS_DIR
 from components.core.problems import SpecError
 from components.local.cli import local_app
@@ -251,7 +251,7 @@ def _plan(stack: str, out_dir: Path | None, stacks_dir: Path, policy_config: Pat
     except (SpecError, offline.PolicyConfigError) as error:
         raise _fail(error.render() if isinstance(error, SpecError) else str(error)) from None
     rep = report.plan_report(loaded)
-    is_local = loaded.spec.target is Target.LOCAL
+    is_local = loaded.spec.cluster.on_this_machine  # no Pulumi program: nothing to synthesize
     synthesis = planner.Synthesis() if is_local else planner.synthesize(loaded)
     table = Table(*report.PLAN_COLUMNS, title=f"inferstack plan: {stack} ({loaded.spec.target.value})")
     for row in rep.rows:

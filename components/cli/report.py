@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from components.clouds import targets
 from components.core import capacity, catalog, cost, endpoint, lifecycle, packing
 from components.core.decisions import Decisions
 from components.core.placement import Layout, Placement, PoolPlan
@@ -24,7 +23,7 @@ from components.core.weights import store
 from components.deploy import images
 from components.deploy.synthesis import Synthesis
 from components.render import inference_extension, ingress, scaling
-from components.spec import ModelSpec, PlatformSpec, Target
+from components.spec import ModelSpec, PlatformSpec
 
 PLAN_COLUMNS = (
     "model",
@@ -208,7 +207,7 @@ class PlanReport:
                 if self.versions
                 else []
             ),
-            *(self._first_deploy(synthesis) if stack.spec.target is not Target.LOCAL else []),
+            *(self._first_deploy(synthesis) if not stack.spec.cluster.on_this_machine else []),
             *(["## Warnings", "", *(f"- {w}" for w in self.warnings), ""] if self.warnings else []),
         ]
         return "\n".join(lines)
@@ -246,7 +245,7 @@ def adapters_note(model: ModelSpec, placement: Placement) -> str:
 def plan_report(stack: Stack) -> PlanReport:
     decided = stack.decisions
     spec, layout = decided.spec, decided.layout
-    bill = targets.stack_cost(spec, layout)
+    bill = stack.bill
     by_model = {c.model: c for c in bill.models}
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []

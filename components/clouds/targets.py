@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from components.clouds import own_cluster
 from components.clouds.aws import cloud as aws
-from components.core import catalog, cost
+from components.core import catalog, cloud, cost
 from components.core.cloud import Cloud, Profile
 from components.core.placement import Layout
 from components.spec import PlatformSpec, Target
@@ -52,5 +52,6 @@ def instances_for(spec: PlatformSpec) -> Mapping[str, catalog.InstanceType]:
 
 
 def stack_cost(spec: PlatformSpec, layout: Layout) -> cost.StackCost:
-    """The stack's whole bill: its GPU pools at its prices and what its cloud runs besides them."""
-    return cost.stack_cost(spec, layout, fixed_costs(spec, layout), prices_for(spec), instances_for(spec))
+    """The stack's whole bill (``components.core.cloud.bill``) at its target's profile; a loaded stack has it
+    already (``Stack.bill``)."""
+    return cloud.bill(spec, layout, PROFILES.get(spec.target))

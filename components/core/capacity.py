@@ -21,11 +21,13 @@ def _shape(instance: catalog.InstanceType) -> tuple[int, int, int]:
     return instance.gpus, instance.vcpus, instance.memory_gib
 
 
-def _fallback_problems(spec: PlatformSpec, layout: Layout, index: int, pool: GpuPoolSpec) -> list[Problem]:
+def _fallback_problems(
+    spec: PlatformSpec, layout: Layout, index: int, pool: GpuPoolSpec, table: catalog.Instances
+) -> list[Problem]:
     plan = layout.pools[pool.name]
     out: list[Problem] = []
     for j, name in enumerate(pool.fallback_instance_types):
-        fallback = catalog.INSTANCE_TYPES[name]
+        fallback = table[name]  # placement refused a name the target does not know
         path = f"gpu_pools[{index}].fallback_instance_types[{j}]"
         if _shape(fallback) != _shape(plan.instance):
             gpus, vcpus, memory = _shape(plan.instance)
@@ -40,7 +42,7 @@ def _fallback_problems(spec: PlatformSpec, layout: Layout, index: int, pool: Gpu
         for model in spec.models:
             placement = layout.placements[model.name]
             if placement.pool == pool.name:
-                why = misfits(model, placement.arch, fallback)
+                why = misfits(model, placement.arch, fallback, table)
                 if why:
                     out.append(Problem(path, f"{model.name} does not fit {name}: {why[0]}"))
         nvme = fetch.nvme_gib(fallback)
@@ -71,10 +73,11 @@ def node_sources(planned: Planned) -> list[Problem]:
     spec, layout = planned.spec, planned.layout
     if layout is None or not spec.cluster.launches_nodes:
         return []
+    table = planned.instances if planned.instances is not None else catalog.INSTANCE_TYPES
     out: list[Problem] = []
     for i, pool in enumerate(spec.gpu_pools):
         if pool.name in layout.pools:
-            out += _fallback_problems(spec, layout, i, pool) + _reservation_problems(spec, i, pool)
+            out += _fallback_problems(spec, layout, i, pool, table) + _reservation_problems(spec, i, pool)
     return out
 
 

@@ -8,6 +8,7 @@ its GPU's records (not their names), a GPU its MIG profiles, so a missing fact i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -180,6 +181,10 @@ class InstanceType:
     def gpu(self) -> str:
         """The GPU model's name (e.g. 'H100')."""
         return self.gpu_spec.name
+
+
+Instances = Mapping[str, InstanceType]
+"""A target's GPU instance types by name (``Profile.instances``): what placement, sizing and the bill read."""
 
 
 @dataclass(frozen=True)

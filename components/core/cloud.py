@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from components.core.catalog import InstanceType
-from components.core.cost import LineItem, PriceList
+from components.core.catalog import EC2_PRICES, INSTANCE_TYPES, InstanceType
+from components.core.cost import LineItem, PriceList, StackCost, stack_cost
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
 from components.core.problems import Planned, PlanRule, Problem
@@ -141,6 +141,17 @@ class Profile:
     """The instance types its GPU pools may name."""
     prices: PriceList
     """What those instance types cost it."""
+
+
+def bill(spec: PlatformSpec, layout: Layout, profile: Profile | None) -> StackCost:
+    """The stack's whole bill: its GPU pools at its target's prices and what its cloud runs besides them. Without a
+    profile (target local: nothing runs in a cloud) the pools at the catalog's EC2 prices, as `inferstack size`
+    quotes them, and nothing else."""
+    if profile is None:
+        return stack_cost(spec, layout, (), EC2_PRICES, INSTANCE_TYPES)
+    return stack_cost(
+        spec, layout, profile.cloud.fixed_costs(spec, layout), profile.prices, profile.instances
+    )
 
 
 def model_store(planned: Planned) -> list[Problem]:

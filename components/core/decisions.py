@@ -9,7 +9,8 @@ the renderers. None of them asks a decision module again, so what the plan shows
 Decisions are made twice over, once per declared model (``models``: what the plan report shows) and once per
 serving unit (``units``: what the renderers see, each version of a model a unit of its own; the same objects when
 no model has versions). The stack's bill is not here: its prices and what the target runs besides GPU nodes are
-the target profile's (``components.clouds.targets.stack_cost``, outside the pure core), priced once per plan.
+the target profile's, which validation does not need; a loaded stack is priced once, beside its decisions
+(``components.core.stackfile.Stack.bill``, by ``components.core.cloud.bill``).
 """
 
 from __future__ import annotations

@@ -74,11 +74,13 @@ def whole_node_sizes(gpus_per_node: int, count: int = 4) -> list[int]:
     return [gpus_per_node * n for n in range(2, count + 2)]
 
 
-def efa_instance_types(gpu: str | None = None) -> list[str]:
-    """Instance types with EFA (of one GPU model, when given), by name."""
+def efa_instance_types(
+    gpu: str | None = None, table: catalog.Instances = catalog.INSTANCE_TYPES
+) -> list[str]:
+    """Instance types of ``table`` with EFA (of one GPU model, when given), by name."""
     return sorted(
         name
-        for name, instance in catalog.INSTANCE_TYPES.items()
+        for name, instance in table.items()
         if instance.efa_interfaces and (gpu is None or instance.gpu == gpu)
     )
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from components.core import catalog, multinode, packing, sizing
+from components.core.catalog import Instances
 from components.core.packing import Mechanism
 from components.core.problems import Planned, PlanRule, Problem, SpecError
 from components.core.weights import fetch
@@ -24,7 +25,6 @@ from components.spec import (
     GpuPoolSpec,
     ModelSpec,
     PlatformSpec,
-    Target,
     is_local_path,
 )
 
@@ -190,9 +190,10 @@ def _model_path(spec: PlatformSpec, model: ModelSpec) -> str:
 
 
 def _check_on_instance(
-    path: str, model: ModelSpec, arch: catalog.ModelArch, instance: catalog.InstanceType
+    path: str, model: ModelSpec, arch: catalog.ModelArch, instance: catalog.InstanceType, table: Instances
 ) -> tuple[list[Problem], sizing.MemoryFit | None]:
-    """Parallelism, precision and memory of ``model`` on one node of ``instance``."""
+    """Parallelism, precision and memory of ``model`` on one node of ``instance`` (``table``: the target's
+    instance types, where advice looks for one that fits)."""
     shape = engine_shape(model)
     gpus = shape.gpus
     group = multinode.group_problems(path, model, instance)
@@ -217,7 +218,7 @@ def _check_on_instance(
             Problem(
                 f"{path}",
                 f"{model.name} does not fit {instance.name} with tensor_parallel_size "
-                f"{model.engine.tensor_parallel_size}: {_fit_advice(model, arch, instance)}",
+                f"{model.engine.tensor_parallel_size}: {_fit_advice(model, arch, instance, table)}",
                 tuple(fit.lines()),
             )
         ], fit
@@ -297,7 +298,9 @@ def _divisors(gpus: int) -> str:
     return ", ".join(options[:-1]) + (" or " if len(options) > 1 else "") + options[-1]
 
 
-def _fit_advice(model: ModelSpec, arch: catalog.ModelArch, instance: catalog.InstanceType) -> str:
+def _fit_advice(
+    model: ModelSpec, arch: catalog.ModelArch, instance: catalog.InstanceType, table: Instances
+) -> str:
     """What would make it fit: a larger tensor-parallel size on this node, quantization, or another type."""
     shape = engine_shape(model)
     for tp in sizing.parallel_options(instance, shape.pipeline_parallel_size):
@@ -306,7 +309,7 @@ def _fit_advice(model: ModelSpec, arch: catalog.ModelArch, instance: catalog.Ins
         trial = sizing.EngineShape(**{**shape.__dict__, "tensor_parallel_size": tp})
         if sizing.memory_fit(arch, trial, instance.gpu_spec).fits:
             return f"set engine.tensor_parallel_size to {tp}"
-    cheaper = sizing.candidates(arch, shape, fixed_parallelism=False)
+    cheaper = sizing.candidates(arch, shape, fixed_parallelism=False, instances=list(table.values()))
     if cheaper:
         best = cheaper[0]
         return (
@@ -332,11 +335,14 @@ def _resolve_arch(spec: PlatformSpec, model: ModelSpec) -> tuple[catalog.ModelAr
     return arch, []
 
 
-def plan(spec: PlatformSpec) -> tuple[Layout | None, list[Problem]]:
-    """Resolve pools and placements, with every problem found doing it. The layout is None where the spec leaves
-    nothing to place (an unknown architecture or pool, a name used twice, a share on the wrong pool, a model that
-    fits nowhere); where only the pools' sizes are wrong it is there beside the problems, so the plan-time rules
-    that read it still run (``components.core.plan_rules``)."""
+def plan(
+    spec: PlatformSpec, table: Instances = catalog.INSTANCE_TYPES
+) -> tuple[Layout | None, list[Problem]]:
+    """Resolve pools and placements on the instance types of ``table`` (the target's: ``Profile.instances``), with
+    every problem found doing it. The layout is None where the spec leaves nothing to place (an unknown
+    architecture, instance type or pool, a name used twice, a share on the wrong pool, a model that fits
+    nowhere); where only the pools' sizes are wrong it is there beside the problems, so the plan-time rules that
+    read it still run (``components.core.plan_rules``)."""
     problems: list[Problem] = []
     archs: dict[str, catalog.ModelArch] = {}
     for model in spec.models:
@@ -345,32 +351,33 @@ def plan(spec: PlatformSpec) -> tuple[Layout | None, list[Problem]]:
         if arch is not None:
             archs[model.name] = arch
     problems += _unique_names(spec)
+    problems += _known_instance_types(spec, table)
     problems += _pool_references(spec)
     if not problems:
         problems += _share_rules(spec)
     if problems:
         return None, problems
 
-    instances, pool_reasons, found = _resolve_pool_instances(spec, archs)
+    instances, pool_reasons, found = _resolve_pool_instances(spec, archs, table)
     problems += found
     placements: dict[str, Placement] = {}
     for model in spec.models:
-        placement, found = _place_model(spec, model, archs[model.name], instances)
+        placement, found = _place_model(spec, model, archs[model.name], instances, table)
         problems += found
         if placement is not None:
             placements[model.name] = placement
     if problems:
         return None, problems
 
-    pools, found = _pool_plans(spec, placements, instances, pool_reasons)
+    pools, found = _pool_plans(spec, placements, instances, pool_reasons, table)
     return Layout(placements=placements, pools=pools), found
 
 
-def place(spec: PlatformSpec, source: str = "<spec>") -> Layout:
+def place(spec: PlatformSpec, source: str = "<spec>", table: Instances = catalog.INSTANCE_TYPES) -> Layout:
     """The layout of a spec at hand; raise ``SpecError`` with every problem placement finds, its rules' included.
     A stack file goes through ``components.core.stackfile``, which reports these with every other rule's."""
-    layout, problems = plan(spec)
-    problems += [p for rule in RULES for p in rule(Planned(spec, layout))]
+    layout, problems = plan(spec, table)
+    problems += [p for rule in RULES for p in rule(Planned(spec, layout, instances=table))]
     if problems or layout is None:
         raise SpecError(source, problems)
     return layout
@@ -379,7 +386,7 @@ def place(spec: PlatformSpec, source: str = "<spec>") -> Layout:
 def local_sources_need_target_local(planned: Planned) -> Iterator[Problem]:
     """A model or adapter read from a local path exists on this machine only."""
     spec = planned.spec
-    if spec.target is Target.LOCAL:
+    if spec.cluster.on_this_machine:
         return
     for i, model in enumerate(spec.models):
         if model.is_local_path:
@@ -399,7 +406,7 @@ def local_sources_need_target_local(planned: Planned) -> Iterator[Problem]:
 
 def gpu_engines_need_a_cluster(planned: Planned) -> Iterator[Problem]:
     """`make local` runs engines on this machine's CPU."""
-    if planned.spec.target is not Target.LOCAL:
+    if not planned.spec.cluster.on_this_machine:
         return
     for i, model in enumerate(planned.spec.models):
         if model.engine.device is Device.GPU:
@@ -487,7 +494,7 @@ def _share_rules(spec: PlatformSpec) -> list[Problem]:
     for i, model in enumerate(spec.models):
         share = model.gpu_share
         if model.engine.device is Device.CPU:
-            if share is not None and spec.target is not Target.LOCAL:
+            if share is not None and not spec.cluster.on_this_machine:
                 problems.append(
                     Problem(
                         f"models[{i}].gpu_share",
@@ -586,8 +593,35 @@ def _share(spec: PlatformSpec, model: ModelSpec, instance: catalog.InstanceType)
     return Share(pool.sharing, model.gpu_share.fraction, profile, pool_slots(spec, pool))
 
 
+def _known_instance_types(spec: PlatformSpec, table: Instances) -> list[Problem]:
+    """Every pool's instance type and fallbacks are the target's (``table``); an unknown one names its
+    families and two of its types."""
+    cheapest = min(table.values(), key=lambda i: i.on_demand_usd_per_hour)
+    largest = max(table.values(), key=lambda i: (i.gpus, i.on_demand_usd_per_hour))
+    problems: list[Problem] = []
+    for i, pool in enumerate(spec.gpu_pools):
+        if pool.instance_type != AUTO and pool.instance_type not in table:
+            families = sorted({t.family for t in table.values()})
+            problems.append(
+                Problem(
+                    f"gpu_pools[{i}].instance_type",
+                    f"unknown GPU instance type {pool.instance_type!r}; use 'auto' or one of the families "
+                    f"{', '.join(families)} (e.g. {cheapest.name!r}, {largest.name!r})",
+                )
+            )
+        unknown = [t for t in pool.fallback_instance_types if t not in table]
+        if unknown:
+            problems.append(
+                Problem(
+                    f"gpu_pools[{i}].fallback_instance_types",
+                    f"unknown GPU instance type(s) {', '.join(map(repr, unknown))}; e.g. {largest.name!r}",
+                )
+            )
+    return problems
+
+
 def _resolve_pool_instances(
-    spec: PlatformSpec, archs: dict[str, catalog.ModelArch]
+    spec: PlatformSpec, archs: dict[str, catalog.ModelArch], table: Instances
 ) -> tuple[dict[str, catalog.InstanceType], dict[str, str], list[Problem]]:
     """Pools with instance_type auto take the cheapest type that fits every model that names them."""
     instances: dict[str, catalog.InstanceType] = {}
@@ -595,7 +629,7 @@ def _resolve_pool_instances(
     problems: list[Problem] = []
     for i, pool in enumerate(spec.gpu_pools):
         if pool.instance_type != AUTO:
-            instances[pool.name] = catalog.INSTANCE_TYPES[pool.instance_type]
+            instances[pool.name] = table[pool.instance_type]
             reasons[pool.name] = "instance type set in the stack file"
             continue
         members = [m for m in spec.models if m.pool == pool.name and m.engine.device is Device.GPU]
@@ -609,10 +643,10 @@ def _resolve_pool_instances(
             )
             continue
         best: tuple[float, catalog.InstanceType] | None = None
-        for instance in catalog.INSTANCE_TYPES.values():
+        for instance in table.values():
             costs = []
             for model in members:
-                found, _ = _check_on_instance("", model, archs[model.name], instance)
+                found, _ = _check_on_instance("", model, archs[model.name], instance, table)
                 if found:
                     break
                 costs.append(instance.on_demand_usd_per_hour * model.engine.gpus / instance.gpus)
@@ -643,6 +677,7 @@ def _place_model(
     model: ModelSpec,
     arch: catalog.ModelArch,
     instances: dict[str, catalog.InstanceType],
+    table: Instances,
 ) -> tuple[Placement | None, list[Problem]]:
     path = _model_path(spec, model)
     if model.engine.device is Device.CPU:
@@ -652,7 +687,7 @@ def _place_model(
         instance = instances.get(model.pool)
         if instance is None:
             return None, []  # the pool's own problem is already reported
-        problems, fit = _check_on_instance(path, model, arch, instance)
+        problems, fit = _check_on_instance(path, model, arch, instance, table)
         if problems:
             return None, problems
         share = _share(spec, model, instance)
@@ -676,7 +711,7 @@ def _place_model(
                 f"{pool_name}: shares its GPUs ({pool_spec.sharing.value}); {model.name} needs whole GPUs"
             )
             continue
-        found, fit = _check_on_instance(path, model, arch, instance)
+        found, fit = _check_on_instance(path, model, arch, instance, table)
         if found or fit is None:
             rejected.append(f"{pool_name} ({instance.name}): {found[0].message.split(': ', 1)[-1]}")
             continue
@@ -701,6 +736,7 @@ def _pool_plans(
     placements: dict[str, Placement],
     instances: dict[str, catalog.InstanceType],
     reasons: dict[str, str],
+    table: Instances,
 ) -> tuple[dict[str, PoolPlan], list[Problem]]:
     plans: dict[str, PoolPlan] = {}
     problems: list[Problem] = []
@@ -743,7 +779,7 @@ def _pool_plans(
             problems.append(
                 Problem(f"gpu_pools[{i}].min_nodes", f"min_nodes {min_nodes} is above max_nodes {max_nodes}")
             )
-        links, found = _group_links(spec, i, pool, instance, [placements[m.name] for m in members])
+        links, found = _group_links(spec, i, pool, instance, [placements[m.name] for m in members], table)
         problems += found
         cache_gib, medium, found = _node_cache(i, pool.model_cache_gib, instance, members, placements)
         problems += found
@@ -851,6 +887,7 @@ def _group_links(
     pool: GpuPoolSpec,
     instance: catalog.InstanceType,
     members: list[Placement],
+    table: Instances,
 ) -> tuple[dict[str, Any], list[Problem]]:
     """EFA and placement group of a pool: on by default where a model spans nodes; asked for where the instance
     type lacks them, a problem naming the types that have them."""
@@ -865,7 +902,7 @@ def _group_links(
             Problem(
                 f"gpu_pools[{index}].efa",
                 f"{instance.name} has no EFA; use an instance type with EFA "
-                f"({', '.join(multinode.efa_instance_types()) or 'none known'}) or set efa: false",
+                f"({', '.join(multinode.efa_instance_types(table=table)) or 'none known'}) or set efa: false",
             )
         )
     if pool.placement_group and not link.cluster_placement:
@@ -873,7 +910,7 @@ def _group_links(
             Problem(
                 f"gpu_pools[{index}].placement_group",
                 f"{instance.family} instances cannot launch into a cluster placement group; use a family that can "
-                f"({', '.join(sorted({i.family for i in catalog.INSTANCE_TYPES.values() if i.family_facts.cluster_placement}))}) "
+                f"({', '.join(sorted({i.family for i in table.values() if i.family_facts.cluster_placement}))}) "
                 "or set "
                 "placement_group: false",
             )
@@ -934,9 +971,11 @@ def _node_cache(
     return size, medium, problems
 
 
-def misfits(model: ModelSpec, arch: catalog.ModelArch, instance: catalog.InstanceType) -> list[str]:
+def misfits(
+    model: ModelSpec, arch: catalog.ModelArch, instance: catalog.InstanceType, table: Instances
+) -> list[str]:
     """Why ``model`` cannot run on one node of ``instance`` (parallelism, precision, memory); empty when it can."""
-    found, _ = _check_on_instance("", model, arch, instance)
+    found, _ = _check_on_instance("", model, arch, instance, table)
     return [p.message for p in found]
 
 

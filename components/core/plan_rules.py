@@ -16,6 +16,7 @@ Placement is not a rule: it computes the layout the rules read, and reports what
 from __future__ import annotations
 
 from components.core import capacity, cloud, endpoint, lifecycle, placement, startup
+from components.core.catalog import Instances
 from components.core.cloud import Cloud
 from components.core.decisions import Decisions, decide
 from components.core.problems import Planned, PlanRule, Problem
@@ -33,11 +34,13 @@ RULES: tuple[PlanRule, ...] = (
 )
 
 
-def check(spec: PlatformSpec, target_cloud: Cloud | None) -> tuple[Decisions | None, list[Problem]]:
+def check(
+    spec: PlatformSpec, target_cloud: Cloud | None, instances: Instances
+) -> tuple[Decisions | None, list[Problem]]:
     """Every decision about the spec (None where placement could not finish) and every plan-time problem:
-    placement's, then each rule's, in ``RULES`` order. The decisions are made once, here, and the rules read them;
-    so does everything after validation (``stackfile.Stack.decisions``)."""
-    layout, problems = placement.plan(spec)
+    placement's on the target's ``instances``, then each rule's, in ``RULES`` order. The decisions are made once,
+    here, and the rules read them; so does everything after validation (``stackfile.Stack.decisions``)."""
+    layout, problems = placement.plan(spec, instances)
     decided = decide(spec, layout) if layout is not None else None
-    planned = Planned(spec, layout, target_cloud, decided)
+    planned = Planned(spec, layout, target_cloud, decided, instances)
     return decided, [*problems, *(p for rule in RULES for p in rule(planned))]

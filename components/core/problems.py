@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the rules' modules import this one, and these import them
+    from components.core.catalog import Instances
     from components.core.cloud import Cloud
     from components.core.decisions import Decisions
     from components.core.placement import Layout
@@ -52,6 +53,9 @@ class Planned:
     """Everything decided about the spec on ``layout`` (``components.core.decisions``), made once before the rules
     run (``plan_rules.check``): a rule reads what was decided rather than deciding again. None with ``layout``, and
     for placement's own rules (``placement.place``), which read the layout only."""
+    instances: Instances | None = None
+    """The target's GPU instance types (``Profile.instances``), which placement planned on; None: EC2's
+    (``catalog.INSTANCE_TYPES``, what a spec placed outside a stack file gets)."""
 
 
 PlanRule = Callable[[Planned], Iterable[Problem]]

@@ -11,6 +11,7 @@ the clouds: the shells pass their profiles (``profiles=components.clouds.targets
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
 from collections.abc import Mapping
@@ -21,8 +22,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from components.core import plan_rules
+from components.core import cloud, plan_rules
+from components.core.catalog import INSTANCE_TYPES
 from components.core.cloud import Profile
+from components.core.cost import StackCost
 from components.core.decisions import Decisions
 from components.core.paths import STACKS_DIR as STACKS_DIR  # noqa: PLC0414 - re-exported: callers look here
 from components.core.placement import Layout
@@ -43,6 +46,14 @@ class Stack:
     """Every decision about the stack, made once while it was validated (``components.core.decisions``): the
     plan-time rules, the plan report, the Pulumi program and the renderers read them."""
     config: dict[str, Any]
+    profile: Profile | None = None
+    """Its target's (None: target local, which has none)."""
+
+    @functools.cached_property
+    def bill(self) -> StackCost:
+        """What it costs at its target's prices (``components.core.cloud.bill``), priced once, when first read: the
+        plan report and `inferstack cost` read it."""
+        return cloud.bill(self.spec, self.layout, self.profile)
 
     @property
     def spec(self) -> PlatformSpec:
@@ -93,7 +104,8 @@ def load(stack: str, stacks_dir: Path = STACKS_DIR, *, profiles: Mapping[Target,
             source, [Problem("config", f"missing the '{CONFIG_KEY}' key that holds the platform spec")]
         )
     decided = validate(config[CONFIG_KEY], source, profiles=profiles)
-    return Stack(name=stack, source=source, decisions=decided, config=config)
+    profile = profiles.get(decided.spec.target)
+    return Stack(name=stack, source=source, decisions=decided, config=config, profile=profile)
 
 
 def validate(raw: Any, source: str, *, profiles: Mapping[Target, Profile]) -> Decisions:
@@ -107,7 +119,10 @@ def validate(raw: Any, source: str, *, profiles: Mapping[Target, Profile]) -> De
     except ValidationError as err:
         raise SpecError(source, [_problem(e) for e in err.errors()]) from None
     profile = profiles.get(spec.target)
-    decided, found = plan_rules.check(spec, profile.cloud if profile is not None else None)
+    target_cloud, instances = (
+        (profile.cloud, profile.instances) if profile is not None else (None, INSTANCE_TYPES)
+    )
+    decided, found = plan_rules.check(spec, target_cloud, instances)
     problems = [*platform_problems(spec), *found]
     if problems or decided is None:
         raise SpecError(source, problems)

@@ -46,7 +46,7 @@ from components.local.tiny_model import GENERATED_MODELS, Kind
 from components.render import common, scaling
 from components.render import runtime_config as rendered
 from components.render.envoy import EnvoyPool, envoy_config
-from components.spec import ModelSpec, PickerFailureMode, PlatformSpec, Target
+from components.spec import ModelSpec, PickerFailureMode, PlatformSpec
 from runtime.config import BodyMode, FileDiscovery, RuntimeConfig, S3Files, Task
 
 HOST = "127.0.0.1"
@@ -412,7 +412,7 @@ def kv_cache_spaces(stack: Stack, engine_memory_gib: float) -> dict[str, int]:
 def check_stack(stack: Stack) -> None:
     """Rejects what the local target cannot run, with the field and the fix."""
     spec = stack.spec
-    if spec.target is not Target.LOCAL:
+    if not spec.cluster.on_this_machine:
         raise _problem(
             stack,
             "target",

@@ -126,6 +126,9 @@ class ClusterSpecBase(_Spec):
     launches_nodes: ClassVar[bool] = False
     """The stack launches the GPU nodes (node groups, Karpenter), so it decides where they come from: capacity
     reservations and fallback instance types (``components.core.capacity``). False: the cluster's nodes are yours."""
+    on_this_machine: ClassVar[bool] = False
+    """No cluster: ``make local`` runs the data plane here (engines on the CPU, weights and tokenizers from local
+    paths, no Pulumi program, one version per model). False: a cluster that pulls from the hub or a store."""
 
     def model_store_bucket(self, spec: PlatformSpec) -> str | None:
         """The model store's bucket: an existing one the stack file names (model_store.bucket)."""
@@ -172,6 +175,8 @@ LOCAL_BUCKET = "inferstack-local"
 
 class LocalClusterSpec(ClusterSpecBase):
     """target local: no cluster; `make local` runs the data plane on this machine."""
+
+    on_this_machine: ClassVar[bool] = True
 
     def model_store_bucket(self, spec: PlatformSpec) -> str:
         """`make local S3=1`'s loopback store."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from components.core.enums import Target
 from components.core.problems import Problem
 from components.spec.base import HF_REPO
 from components.spec.model import ModelSpec
@@ -80,7 +79,7 @@ def router_metrics_apart(spec: PlatformSpec) -> Iterator[Problem]:
 def limit_store_auth(spec: PlatformSpec) -> Iterator[Problem]:
     if (
         spec.gateway.shared_limits
-        and spec.target is not Target.LOCAL
+        and not spec.cluster.on_this_machine  # make local's Redis listens on loopback only
         and not spec.gateway.limit_store_auth_config_key
     ):
         yield Problem(
@@ -94,7 +93,7 @@ def limit_store_auth(spec: PlatformSpec) -> Iterator[Problem]:
 def tokenizers_reachable(spec: PlatformSpec) -> Iterator[Problem]:
     """The router needs each precise_prefix model's tokenizer; its pod fetches it from the hub at start."""
     for i, m in enumerate(spec.models):
-        if m.publishes_kv_events and spec.target is not Target.LOCAL and not HF_REPO.match(m.source):
+        if m.publishes_kv_events and not spec.cluster.on_this_machine and not HF_REPO.match(m.source):
             yield Problem(
                 f"models[{i}].routing",
                 "precise_prefix needs the model's tokenizer in the router, which fetches it from the Hugging Face "
@@ -136,7 +135,7 @@ def versions_need_the_router(spec: PlatformSpec) -> Iterator[Problem]:
 @rule
 def versions_in_a_cluster(spec: PlatformSpec) -> Iterator[Problem]:
     """make local runs one engine per model from a local path: no preparation Jobs, no per-version engines."""
-    if spec.target is Target.LOCAL:
+    if spec.cluster.on_this_machine:
         yield from _models_where(
             spec,
             lambda m: bool(m.versions),

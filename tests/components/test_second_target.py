@@ -1,9 +1,10 @@
-"""The seam holds a second target: one made here (its cloud, its cluster layer, EC2's instance types at a flat
-price), registered for a test and removed after, validates, plans and bills a tiny stack under the Pulumi mocks
-with no edit to the target enum, the spec, placement, the renderers or the program."""
+"""The seam holds a second target: one made here (its cloud, its cluster layer, an instance type of its own at a
+flat price), registered for a test and removed after, validates, plans and bills a tiny stack under the Pulumi
+mocks with no edit to the target enum, the spec, placement, the renderers or the program."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ import pytest
 from components.cli import report
 from components.clouds import targets
 from components.core import catalog, nodes
-from components.core.catalog import InstanceType
+from components.core.catalog import Family, InstanceType
 from components.core.cloud import Endpoint, IngressClass, Profile
 from components.core.cost import LineItem
 from components.core.placement import Layout, PoolPlan
@@ -30,6 +31,13 @@ TINY = "tiny-cloud"
 TINY_NETWORK = "100.64.0.0/10"
 TINY_INGRESS = "tiny-lb"
 TINY_CONTROL_PLANE = LineItem("tiny control plane", "tiny-control-plane", 50.0, 50.0)
+
+TINY_L4 = dataclasses.replace(
+    catalog.INSTANCE_TYPES["g6.xlarge"],
+    name="tiny.l4-1",
+    family_facts=Family("tiny-l4", spot_fraction=1.0, node_start_s=120, cluster_placement=False),
+)
+"""The tiny cloud's one GPU type: an L4 node under a name EC2 does not have."""
 
 LAYER_RUNS: list[str] = []
 """The stacks the tiny cluster layer ran for."""
@@ -97,7 +105,7 @@ def tiny_cluster(spec: PlatformSpec, layout: Layout, stack: str) -> ClusterAcces
 def second_target() -> Iterator[Profile]:
     """The tiny target, registered while the block runs: a target value and one profile entry, nothing else."""
     target = Target.add(TINY)
-    profile = Profile(target, TinyCloud(), f"{__name__}:tiny_cluster", catalog.INSTANCE_TYPES, FlatPrices())
+    profile = Profile(target, TinyCloud(), f"{__name__}:tiny_cluster", {TINY_L4.name: TINY_L4}, FlatPrices())
     targets.PROFILES[target] = profile
     try:
         yield profile
@@ -113,7 +121,7 @@ def _tiny_stack(**platform: object) -> dict[str, object]:
         "target": TINY,
         "model_store": dict(OWN_STORE),
         "gateway": {"ingress": "alb", "hostname": "llm.tiny.example"},
-        "gpu_pools": [{"name": "l4", "instance_type": "g6.xlarge"}],
+        "gpu_pools": [{"name": "l4", "instance_type": TINY_L4.name}],
         "models": [
             {
                 "name": "llama-8b",
@@ -151,6 +159,7 @@ def test_a_second_target_plans_and_bills_a_tiny_stack_under_the_pulumi_mocks(tmp
     assert nodes.schedulable(engine, cloud.gpu_node_labels(stack.layout.pools["l4"]), cloud.gpu_node_taints())
     # The bill: the pool at the tiny cloud's flat price, and the control plane it priced; no AWS item.
     pool = stack.layout.pools["l4"]
+    assert pool.instance is TINY_L4
     month = catalog.HOURS_PER_MONTH
     assert [i.kind for i in bill.items] == ["gpu-pool", TINY_CONTROL_PLANE.kind]
     assert bill.items[0].max_usd_month == pytest.approx(1.0 * pool.instance.gpus * month * pool.max_nodes)
@@ -158,6 +167,21 @@ def test_a_second_target_plans_and_bills_a_tiny_stack_under_the_pulumi_mocks(tmp
     assert bill.prices.source == "the tiny cloud's flat price"
     assert summary.bill == bill
     assert any("runtime images: runs the spec's published images" in note for note in summary.deploy_notes)
+
+
+def test_a_second_target_plans_on_its_own_instance_types_only(tmp_path: Path) -> None:
+    """Placement and the checks read the target's instance table: an EC2 type is unknown on the tiny target,
+    and the error names the tiny target's families and types; auto picks the tiny type."""
+    write_stack(tmp_path, "tiny", _tiny_stack(gpu_pools=[{"name": "l4", "instance_type": "g6.xlarge"}]))
+    with second_target(), pytest.raises(SpecError) as caught:
+        load("tiny", tmp_path)
+    assert (
+        "gpu_pools[0].instance_type: unknown GPU instance type 'g6.xlarge'; use 'auto' or one of the families "
+        "tiny-l4 (e.g. 'tiny.l4-1', 'tiny.l4-1')"
+    ) in caught.value.render()
+    write_stack(tmp_path, "tiny", _tiny_stack(gpu_pools=[{"name": "l4", "instance_type": "auto"}]))
+    with second_target():
+        assert load("tiny", tmp_path).layout.pools["l4"].instance is TINY_L4
 
 
 def test_a_second_target_refuses_an_eks_field_naming_it(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from components.core.problems import Planned, PlanRule, Problem
-from components.spec import AdapterSpec, ModelSpec, PlatformSpec, Target, is_pinned_source
+from components.spec import AdapterSpec, ModelSpec, PlatformSpec, is_pinned_source
 
 LOCAL_BUCKET = "inferstack-local"
 """The loopback store of `make local S3=1`."""
@@ -70,7 +70,7 @@ def hub_sources_pinned(planned: Planned) -> Iterator[Problem]:
     model's, an adapter's, a version's with a source of its own. The spec refuses a revision that is not a commit;
     this refuses none on a cluster (target local serves from disk)."""
     spec = planned.spec
-    if spec.target is Target.LOCAL:
+    if spec.cluster.on_this_machine:
         return
     for i, model in enumerate(spec.models):
         if model.is_local_path:
