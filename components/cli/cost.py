@@ -131,13 +131,12 @@ def _stack(name: str, stacks_dir: Path) -> Stack:
 
 
 def compare_stack(loaded: Stack, a: compare.Assumptions, volume: float | None) -> None:
-    from components.clouds import targets  # noqa: PLC0415 - see the imports
     from components.core import compare  # noqa: PLC0415 - see the imports
 
-    spec, layout = loaded.spec, loaded.layout
+    spec, layout, bill = loaded.spec, loaded.layout, loaded.bill  # priced once, as the plan report reads it
     results = []
     for model in spec.models:
-        hosted = compare.hosted_in_stack(spec, layout, model, targets.prices_for(spec))
+        hosted = compare.hosted_in_stack(spec, layout, model, bill.prices)
         arch = layout.placements[model.name].arch
         results.append(compare.compare(hosted, arch, a, volume))
     title = f"inferstack cost --compare: {loaded.name} ({spec.target.value}), utilisation {a.utilisation:.0%}"
@@ -146,8 +145,7 @@ def compare_stack(loaded: Stack, a: compare.Assumptions, volume: float | None) -
         for row in rows(result):
             table.add_row(*row)
     out.print(table)
-    fixed = targets.fixed_costs(spec, layout)
-    fixed_usd = sum(i.max_usd_month for i in fixed)
+    fixed_usd = sum(i.max_usd_month for i in bill.items if i.kind != cost.GPU_POOL)
     gpus = sum(r.platform_usd_month or 0.0 for r in results)
     served = [r for r in results if r.volume_tokens_month and r.apis]
     cheapest_api = sum(min(s.usd_month or 0.0 for s in r.apis) for r in served)
@@ -158,7 +156,7 @@ def compare_stack(loaded: Stack, a: compare.Assumptions, volume: float | None) -
         markup=False,
         highlight=False,
     )
-    print_notes(results, a, targets.prices_for(spec))
+    print_notes(results, a, bill.prices)
 
 
 def compare_model(

@@ -6,8 +6,6 @@ has none: `make local` runs the data plane on this machine, without a cluster, a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from components.clouds import own_cluster
 from components.clouds.aws import cloud as aws
 from components.core import catalog, cloud, cost
@@ -42,13 +40,6 @@ def prices_for(spec: PlatformSpec) -> cost.PriceList:
     plan quotes the catalog's EC2 prices as `inferstack size` does."""
     profile = PROFILES.get(spec.target)
     return profile.prices if profile is not None else catalog.EC2_PRICES
-
-
-def instances_for(spec: PlatformSpec) -> Mapping[str, catalog.InstanceType]:
-    """The instance types the stack's GPU pools may name: its target's (the catalog's on this machine, as for
-    ``prices_for``)."""
-    profile = PROFILES.get(spec.target)
-    return profile.instances if profile is not None else catalog.INSTANCE_TYPES
 
 
 def stack_cost(spec: PlatformSpec, layout: Layout) -> cost.StackCost:

@@ -7,8 +7,9 @@ which service account reads model weights with cloud credentials, whether GPU no
 and where the runtime images are built. A ``Profile`` is a whole target: its cloud, its cluster layer (what Pulumi
 creates before anything in Kubernetes: ``components.kubernetes.cluster.ClusterAccess`` is what the layer hands
 over), its instance catalog and its price list. ``components.clouds.targets.PROFILES`` registers one per cluster
-target; the pure code that cannot be handed one (validation and placement, called with the spec alone) asks the
-spec's cluster section, which is chosen by the target too.
+target; ``components.core.stackfile`` hands the target's to placement and the plan-time rules (its instance
+types, its cloud) and prices a loaded stack with it (``bill``); the spec's own validators, which cannot be handed
+one, ask the spec's cluster section, which is chosen by the target too.
 What the target's model store refuses in a spec is asked of its cloud by a plan-time rule (``model_store``).
 
 No Pulumi SDK and no cloud or render module here: cost, report, placement and the policies import it cheaply.

@@ -51,6 +51,10 @@ class PriceList(Protocol):
         ...
 
 
+GPU_POOL = "gpu-pool"
+"""The kind of a GPU pool's line item; every other item is what the target runs besides GPU nodes."""
+
+
 @dataclass(frozen=True)
 class ModelCost:
     model: str
@@ -153,7 +157,7 @@ def pool_cost(pool: PoolPlan, prices: PriceList, fallbacks: Sequence[catalog.Ins
     )
     return LineItem(
         f"pool {pool.name} ({pool.min_nodes}-{pool.max_nodes} x {pool.instance.name}, {pool.capacity_type.value})",
-        "gpu-pool",
+        GPU_POOL,
         per_node * pool.min_nodes,
         dearest * pool.max_nodes,
     )

@@ -351,10 +351,10 @@ def plan(
         if arch is not None:
             archs[model.name] = arch
     problems += _unique_names(spec)
-    problems += _known_instance_types(spec, table)
     problems += _pool_references(spec)
     if not problems:
         problems += _share_rules(spec)
+    problems += _known_instance_types(spec, table)  # after the share rules, which it would not stop
     if problems:
         return None, problems
 
@@ -595,18 +595,14 @@ def _share(spec: PlatformSpec, model: ModelSpec, instance: catalog.InstanceType)
 
 def _known_instance_types(spec: PlatformSpec, table: Instances) -> list[Problem]:
     """Every pool's instance type and fallbacks are the target's (``table``); an unknown one names its
-    families and two of its types."""
-    cheapest = min(table.values(), key=lambda i: i.on_demand_usd_per_hour)
-    largest = max(table.values(), key=lambda i: (i.gpus, i.on_demand_usd_per_hour))
+    families and its cheapest and largest types."""
     problems: list[Problem] = []
     for i, pool in enumerate(spec.gpu_pools):
         if pool.instance_type != AUTO and pool.instance_type not in table:
-            families = sorted({t.family for t in table.values()})
             problems.append(
                 Problem(
                     f"gpu_pools[{i}].instance_type",
-                    f"unknown GPU instance type {pool.instance_type!r}; use 'auto' or one of the families "
-                    f"{', '.join(families)} (e.g. {cheapest.name!r}, {largest.name!r})",
+                    f"unknown GPU instance type {pool.instance_type!r}; use 'auto' or {_known_types(table)}",
                 )
             )
         unknown = [t for t in pool.fallback_instance_types if t not in table]
@@ -614,10 +610,20 @@ def _known_instance_types(spec: PlatformSpec, table: Instances) -> list[Problem]
             problems.append(
                 Problem(
                     f"gpu_pools[{i}].fallback_instance_types",
-                    f"unknown GPU instance type(s) {', '.join(map(repr, unknown))}; e.g. {largest.name!r}",
+                    f"unknown GPU instance type(s) {', '.join(map(repr, unknown))}; use {_known_types(table)}",
                 )
             )
     return problems
+
+
+def _known_types(table: Instances) -> str:
+    """What the target has, for a message: its families, and its cheapest and largest types."""
+    if not table:
+        return "nothing else: this target has no GPU instance types"
+    cheapest = min(table.values(), key=lambda i: (i.on_demand_usd_per_hour, i.name))
+    largest = max(table.values(), key=lambda i: (i.gpus, i.on_demand_usd_per_hour, i.name))
+    examples = ", ".join(dict.fromkeys(repr(t.name) for t in (cheapest, largest)))
+    return f"one of the families {', '.join(sorted({t.family for t in table.values()}))} (e.g. {examples})"
 
 
 def _resolve_pool_instances(

@@ -54,8 +54,8 @@ class Planned:
     run (``plan_rules.check``): a rule reads what was decided rather than deciding again. None with ``layout``, and
     for placement's own rules (``placement.place``), which read the layout only."""
     instances: Instances | None = None
-    """The target's GPU instance types (``Profile.instances``), which placement planned on; None: EC2's
-    (``catalog.INSTANCE_TYPES``, what a spec placed outside a stack file gets)."""
+    """The target's GPU instance types (``Profile.instances``), which placement planned on; None (a ``Planned``
+    made by hand): EC2's, ``catalog.INSTANCE_TYPES``."""
 
 
 PlanRule = Callable[[Planned], Iterable[Problem]]

@@ -47,7 +47,8 @@ class Stack:
     plan-time rules, the plan report, the Pulumi program and the renderers read them."""
     config: dict[str, Any]
     profile: Profile | None = None
-    """Its target's (None: target local, which has none)."""
+    """Its target's, from the ``profiles`` it was loaded with (None: target local, which has none, or a target
+    those profiles lack: then it is billed as target local is, at the catalog's EC2 prices with nothing else)."""
 
     @functools.cached_property
     def bill(self) -> StackCost:

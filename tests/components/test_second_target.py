@@ -177,7 +177,7 @@ def test_a_second_target_plans_on_its_own_instance_types_only(tmp_path: Path) ->
         load("tiny", tmp_path)
     assert (
         "gpu_pools[0].instance_type: unknown GPU instance type 'g6.xlarge'; use 'auto' or one of the families "
-        "tiny-l4 (e.g. 'tiny.l4-1', 'tiny.l4-1')"
+        "tiny-l4 (e.g. 'tiny.l4-1')"
     ) in caught.value.render()
     write_stack(tmp_path, "tiny", _tiny_stack(gpu_pools=[{"name": "l4", "instance_type": "auto"}]))
     with second_target():
