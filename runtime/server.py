@@ -520,12 +520,9 @@ class Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         key = name.lower()
-        if key == FORWARDED_FOR and key in self._headers:
-            value = (
-                b""  # repeated: which copy the proxy in front appended to is unknown, so neither is trusted
-            )
-        self._headers[key] = value
         n = self._head_bytes = self._head_bytes + len(name) + len(value) + 4
+        # a repeated X-Forwarded-For: which copy the proxy in front appended to is unknown, so neither is trusted
+        self._headers[key] = b"" if key == FORWARDED_FOR and key in self._headers else value
         c = self._header_count = self._header_count + 1
         if n > self._max_head:
             raise _HeadRefusedError(f"request line and headers exceed {self._max_head} bytes")

@@ -8,13 +8,13 @@ these with what they know, and tests call them with numbers (and a seeded order)
   while the weights stay (the key hashes to a point in [0, 100), and each version owns a range, stable
   first, so moving weight to the canary moves only the sessions in between). Requests without a key are
   spread by smooth weighted round robin over the shortest cycle that holds the weights exactly (10 requests
-  for 90/10), which hits them exactly rather than on average, dealt in an order shuffled per cycle (``order``, the OS's randomness in the
-  router): a fixed order would tell a client that every tenth request lands on a 10 % canary, and it could
-  make exactly those the slow ones its verdict reads.
+  for 90/10), which hits them exactly rather than on average, dealt in an order shuffled per cycle
+  (``order``: the OS's randomness in the router). A fixed order would tell a client that every tenth
+  request lands on a 10 % canary, and it could make exactly those the slow ones its verdict reads.
   The hash is public, so a client can choose keys that land on a canary. Where a canary is judged
-  (``client_share``), one client (its API key, else its session key) may hold only a small share of the
-  canary's recent requests; past it its keyed requests go to the stable version. No one client then makes
-  up the tail of the canary's latency, which its verdict reads.
+  (``client_share``), one client (its API key's name, else its address: the router's ``_client``) may hold
+  only a small share of the canary's recent requests; past it its keyed requests go to the stable version.
+  No one client then makes up the tail of the canary's latency, which its verdict reads.
 - :func:`judge` compares a canary's window with the stable version's and with the SLO.
 """
 
@@ -82,7 +82,8 @@ class Split:
         self, session: str | None, usable: Callable[[str], bool] = lambda _: True, client: str | None = None
     ) -> str | None:
         """The version for one request, among those ``usable`` says can serve now; None if none can.
-        ``client`` names who sends it (an API key's name) when the caller knows; else the session key does."""
+        ``client`` names who sends it (an API key's name, or an address) when the caller knows; else the session
+        key does."""
         live = [w if usable(v) else 0.0 for v, w in zip(self.versions, self.weights, strict=True)]
         if sum(live) <= 0:
             fallback = [v for v in self.versions if usable(v)]

@@ -295,8 +295,13 @@ def services(lt: LoopThread, stack: BatchStack, router: RouterUnderTest) -> Iter
 @pytest.mark.parametrize("service", ["router", "batch service", "batcher", "picker"])
 @pytest.mark.parametrize(
     ("headers", "says"),
-    [(_headers(101), "at most 100 headers"), (_headers(1, 17 * 1024), "exceed 16384 bytes")],
-    ids=["101 headers", "a 17 KiB header"],
+    [
+        (_headers(101), "at most 100 headers"),
+        (_headers(1, 17 * 1024), "exceed 16384 bytes"),
+        # a repeated X-Forwarded-For is kept empty (neither copy is trusted), but its bytes still count
+        (b"".join(b"x-forwarded-for: %b\r\n" % (b"1" * 9 * 1024) for _ in range(2)), "exceed 16384 bytes"),
+    ],
+    ids=["101 headers", "a 17 KiB header", "two 9 KiB X-Forwarded-For"],
 )
 def test_too_many_or_too_large_headers_are_a_431_on_every_service(
     services: dict[str, int], service: str, headers: bytes, says: str
