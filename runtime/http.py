@@ -7,6 +7,7 @@ and batcher on whatever server they choose, answer errors and ``/metrics`` ident
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -76,6 +77,20 @@ def error_code(body: bytes) -> str | None:
         return None
     code = error.get("code") if isinstance(error, dict) else None
     return code if isinstance(code, str) else None
+
+
+RETRY_AFTER = b"retry-after"
+
+
+def retry_after(seconds: int) -> tuple[bytes, bytes]:
+    """A refusal's Retry-After header: when to come back, in whole seconds."""
+    return (RETRY_AFTER, b"%d" % seconds)
+
+
+def passed_retry_after(upstream: Mapping[bytes, bytes]) -> list[tuple[bytes, bytes]]:
+    """An upstream answer's Retry-After, to pass on to the client (the upstream knows best); none without one."""
+    value = upstream.get(RETRY_AFTER)
+    return [(RETRY_AFTER, value)] if value is not None else []
 
 
 FORWARDED_FOR = b"x-forwarded-for"

@@ -49,7 +49,7 @@ from typing import Any, Protocol, cast
 
 import httptools
 
-from runtime.http import FORWARDED_FOR, OVERLOADED, OVERLOADED_CODE, REASONS, error_body
+from runtime.http import FORWARDED_FOR, OVERLOADED, OVERLOADED_CODE, REASONS, error_body, retry_after
 
 log = logging.getLogger("inferstack.server")
 
@@ -384,7 +384,7 @@ class Connection(asyncio.Protocol):
                 503,
                 f"the server holds its maximum of {server.limits.max_connections} connections; retry later",
                 code="too_many_connections",
-                extra=[(b"retry-after", b"1")],
+                extra=[retry_after(1)],
             )
         else:
             self.closed = True  # far past the cap: not even an answer
@@ -683,7 +683,7 @@ class Connection(asyncio.Protocol):
                 OVERLOADED,
                 "the server holds as many request bodies as its memory allows; retry shortly",
                 code=OVERLOADED_CODE,
-                extra=[(b"retry-after", b"1")],
+                extra=[retry_after(1)],
             )
         server.body_bytes += more
         req.held = size

@@ -63,6 +63,7 @@ from runtime.http import (
     SCOPES_HEADER,
     error_body,
     metrics_payload,
+    retry_after,
 )
 from runtime.server import Answer, BodyError, Connection, Request, body_budget
 
@@ -110,7 +111,7 @@ class ApiError(Exception):
         super().__init__(message)
         self.status = status
         self.body = error_body(status, message, code=code, param=param)
-        self.headers = [(b"retry-after", b"%d" % retry_after_s)] if retry_after_s is not None else []
+        self.headers = [retry_after(retry_after_s)] if retry_after_s is not None else []
 
 
 def upload_slots(max_file_bytes: int) -> int:

@@ -19,7 +19,7 @@ from runtime.batcher import core
 from runtime.batcher.metrics import BatcherMetrics
 from runtime.batcher.service import EngineError, ModelBatcher, QueueFullError, WatchFn, error_body
 from runtime.config import RuntimeConfig
-from runtime.http import METRICS_CONTENT_TYPE, OVERLOADED, OVERLOADED_CODE, metrics_payload
+from runtime.http import METRICS_CONTENT_TYPE, OVERLOADED, OVERLOADED_CODE, metrics_payload, retry_after
 from runtime.server import Connection, Limits, Request, Server
 from runtime.upstream import UpstreamError
 
@@ -237,7 +237,7 @@ def _queue_full(retry_after_s: int) -> ClientError:
         OVERLOADED,
         "the batcher's queue for this model is full; retry shortly",
         "service_unavailable",
-        [(b"retry-after", str(retry_after_s).encode())],
+        [retry_after(retry_after_s)],
         code=OVERLOADED_CODE,
     )
 

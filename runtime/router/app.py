@@ -27,6 +27,7 @@ from runtime.http import (
     client_address,
     error_body,
     metrics_payload,
+    retry_after,
 )
 from runtime.openai_request import visible
 from runtime.router.adapters import LoadFailure, ensure_loaded
@@ -250,7 +251,7 @@ class Router:
         self.metrics.reject(reason, model)
         extra = None
         if retry_after_s is not None:
-            extra = [(b"retry-after", b"%d" % max(1, int(retry_after_s + 0.999)))]
+            extra = [retry_after(max(1, int(retry_after_s + 0.999)))]
         conn.send(status, error_body(status, message, code=code, param=param), extra=extra)
 
     def _request_id(self, req: Request) -> bytes:

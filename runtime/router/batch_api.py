@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from runtime.api_keys import Denied, KeyTable, Principal
 from runtime.config import BatchesSettings, RuntimeConfig
-from runtime.http import PRINCIPAL_HEADER, SCOPES_HEADER, error_body
+from runtime.http import PRINCIPAL_HEADER, SCOPES_HEADER, error_body, passed_retry_after
 from runtime.router.proxy import HOP_BY_HOP
 from runtime.server import Body, BodyError, Connection, Headers, Request
 from runtime.upstream import Exchange, Pool, UpstreamError
@@ -135,10 +135,7 @@ class BatchApiForwarder:
             length = ex.headers.get(b"content-length", b"")
             if ex.drained or not length.isdigit():
                 body = first if ex.drained else first + await ex.read_all(self.timeout_s)
-                passed = [(rid_header, rid)]
-                if (retry_after := ex.headers.get(b"retry-after")) is not None:  # a refusal's, for the client
-                    passed.append((b"retry-after", retry_after))
-                conn.send(ex.status, body, ctype, passed)
+                conn.send(ex.status, body, ctype, [(rid_header, rid), *passed_retry_after(ex.headers)])
                 return ex.status
             conn.start_sized(ex.status, [(b"content-type", ctype), (rid_header, rid)], int(length), first)
             started = True

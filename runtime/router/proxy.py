@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from runtime.api_keys import Principal
 from runtime.config import RouterSettings
-from runtime.http import OVERLOADED, OVERLOADED_CODE, error_body, error_code
+from runtime.http import OVERLOADED, OVERLOADED_CODE, error_body, error_code, passed_retry_after
 from runtime.router.metrics import RouterMetrics
 from runtime.router.model_state import ModelState
 from runtime.router.payload import UsageStrip, usage_of
@@ -213,10 +213,7 @@ class Forwarder:
     def _passed_headers(self, call: Call, r: Replica, ex: Exchange) -> list[tuple[bytes, bytes]]:
         """The headers an answer passed through carries: the request id, the replica, and the upstream's
         Retry-After (when to come back: the upstream knows best)."""
-        headers = [(self.rid_header, call.rid), (BACKEND_HEADER, r.tag)]
-        if (retry_after := ex.headers.get(b"retry-after")) is not None:
-            headers.append((b"retry-after", retry_after))
-        return headers
+        return [(self.rid_header, call.rid), (BACKEND_HEADER, r.tag), *passed_retry_after(ex.headers)]
 
     async def _relay_large(
         self, call: Call, r: Replica, ex: Exchange, status: int, ctype: bytes, first: bytes
