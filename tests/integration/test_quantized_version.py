@@ -12,8 +12,8 @@ The checkpoint goes the preparation Job's way through a real S3 API (moto's serv
 copied into the store, fetched from there, quantized, put at the version's input-hashed location with a
 manifest, and the engine loads what a node-cache fill of that location gives.
 
-Needs the preparation venv (`make prepare-venv`: llmcompressor on the engine venv's torch); without it the
-test fails, never skips.
+Needs the preparation venv (`make prepare-venv`: llmcompressor as the quantize image holds it, on torch's CPU
+build); without it the test fails, never skips.
 """
 
 from __future__ import annotations

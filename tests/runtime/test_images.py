@@ -156,20 +156,16 @@ def _lay_out(image: Image, root: Path) -> None:
 
 
 _VENVS: dict[tuple[str, ...], Path] = {}
-#: The CUDA runtime wheels PyPI's torch build pins (a GPU image's payload, ~3 GB): torch loads them only on a GPU,
-#: and this machine's torch of the same version is the CPU build, which needs none of them.
-GPU_ONLY_WHEELS = re.compile(r"^(nvidia-(?!ml-py)|cuda-|triton==)")
+UV = Path(sys.executable).with_name("uv")  # the project venv's (pyproject.toml's dev extra)
+CPU_PINS = ROOT / "scripts" / "cpu_pins.py"
 
 
-def _pip(py: Path, *args: str) -> None:
-    """Our pip, working on the image's venv (``--python``), which sees nothing of ours (PYTHONPATH would show it
-    the checkout). The venv has no pip of its own: ensurepip cost 5 to 15 s per venv, and an image's pip is not
-    what the test is about.
-
-    Installs pass ``--no-compile``: the venv lives for one test that runs with PYTHONDONTWRITEBYTECODE, so byte-
-    compiling every file of torch and transformers was half the install (74 s against 38 s for the quantize image)."""
+def _uv_pip(py: Path, *args: str) -> None:
+    """uv's pip, working on the image's venv (``--python``), which sees nothing of ours (PYTHONPATH would show it
+    the checkout). uv compiles no bytecode (the venv lives for one test that runs with PYTHONDONTWRITEBYTECODE)
+    and links the wheels the engine venv's install already unpacked: pip took 48 s for the quantize image's."""
     run = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(py), *args, "--disable-pip-version-check"],
+        [str(UV), "pip", *args, "--quiet", "--python", str(py)],
         capture_output=True,
         text=True,
         check=False,
@@ -182,32 +178,28 @@ def _pip(py: Path, *args: str) -> None:
 def _venv_for(requirements: tuple[str, ...], base: Path) -> Path:
     """One venv per distinct requirement set (the health and batcher images share the base).
 
-    A set that pins the CUDA runtime wheels (the quantize image's) is installed without them, exactly as pinned
-    (``--no-deps``), and ``pip check`` then proves the pins are complete: every package's requirements are met
-    by the set itself."""
+    A set that pins torch (the quantize image's) is installed as this CPU-only machine can, by
+    scripts/cpu_pins.py, exactly as pinned (``--no-deps``), and ``uv pip check`` then proves the pins are
+    complete: every package's requirements are met by the set itself."""
     if requirements in _VENVS:
         return _VENVS[requirements]
     env_dir = base / f"venv-{len(_VENVS)}"
     venv.create(env_dir, with_pip=False)
     py = env_dir / "bin" / "python"
-    lines = [line for req in requirements for line in (ROOT / req).read_text().splitlines()]
-    if not any(GPU_ONLY_WHEELS.match(line) for line in lines):
-        files = [a for r in requirements for a in ("-r", str(ROOT / r))]
-        _pip(py, "install", "--quiet", "--no-compile", "--only-binary=:all:", *files)
-    else:  # torch's CPU build of the pinned version instead, from where the engine venv gets it
+    files = [str(ROOT / r) for r in requirements]
+    lines = [line for path in files for line in Path(path).read_text().splitlines()]
+    if not any(line.startswith("torch==") for line in lines):
+        _uv_pip(py, "install", "--only-binary=:all:", *(a for path in files for a in ("-r", path)))
+    else:
         pins = env_dir / "requirements-cpu.txt"
-        pins.write_text(
-            "".join(
-                f"{line.strip()}+cpu\n" if line.startswith("torch==") else f"{line}\n"
-                for line in lines
-                if not GPU_ONLY_WHEELS.match(line)
-            )
+        made = subprocess.run(
+            [sys.executable, str(CPU_PINS), *files], capture_output=True, text=True, check=True
         )
+        pins.write_text(made.stdout)
         wheels = os.environ.get("ENGINE_WHEELS", "/opt/wheels")  # scripts/engine-venv.sh's knob
         links = ["--find-links", wheels] if Path(wheels).is_dir() else []
-        quiet = ["--quiet", "--no-compile", "--only-binary=:all:"]
-        _pip(py, "install", *quiet, "--no-deps", *links, "-r", str(pins))
-        _pip(py, "check")
+        _uv_pip(py, "install", "--only-binary=:all:", "--no-deps", *links, "-r", str(pins))
+        _uv_pip(py, "check")
     _VENVS[requirements] = py
     return py
 
