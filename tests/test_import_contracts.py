@@ -48,11 +48,18 @@ def _contracts() -> dict[str, dict[str, Any]]:
     return {c["id"]: c for c in _config()["contracts"]}
 
 
+def _layers(contract: dict[str, Any]) -> list[list[str]]:
+    """A layers contract's layers, top first, each as its modules (siblings split, the container prefixed)."""
+    [container] = contract["containers"]
+    return [[f"{container}.{m.strip()}" for m in re.split(r"[|:]", layer)] for layer in contract["layers"]]
+
+
 def _contract_modules(contract: dict[str, Any]) -> list[str]:
     return [
         *contract.get("source_modules", []),
         *contract.get("forbidden_modules", []),
         *contract.get("modules", []),
+        *(m for layer in (_layers(contract) if contract["type"] == "layers" else []) for m in layer),
     ]
 
 
@@ -99,6 +106,9 @@ def _violation(contract: dict[str, Any]) -> tuple[str, str]:
     if contract["type"] == "independence":
         first, second = contract["modules"][:2]
         return first, second
+    if contract["type"] == "layers":  # the bottom layer reaching up to the top one
+        layers = _layers(contract)
+        return layers[-1][0], layers[0][0]
     raise AssertionError(f"no violation known for a {contract['type']} contract: teach _violation")
 
 
@@ -158,6 +168,14 @@ def test_every_pulumi_sdk_the_project_depends_on_is_forbidden_where_pulumi_is() 
 #: components' layers outside the pure core and the renderers: the cloud code, the Pulumi shells of Kubernetes,
 #: the Pulumi program, the command line and `make local`'s processes.
 SHELLS = frozenset(f"components.{name}" for name in ("clouds", "kubernetes", "deploy", "cli", "local"))
+
+
+def test_a_package_added_to_components_breaks_the_layers_until_it_joins_one(tmp_path: Path) -> None:
+    _skeleton(tmp_path)
+    _write_package(tmp_path, "components.newcomer")
+    result = _lint(tmp_path, "layers")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "components.newcomer" in result.stdout + result.stderr
 
 
 def test_components_is_packages_only_each_a_pure_layer_or_named_a_shell() -> None:

@@ -20,8 +20,8 @@ from components.core.placement import Layout, Placement, PoolPlan
 from components.core.stackfile import Stack
 from components.core.startup import minutes
 from components.core.weights import store
-from components.deploy import images
 from components.deploy.synthesis import Synthesis
+from components.kubernetes import images
 from components.render import inference_extension, ingress, scaling
 from components.spec import ModelSpec, PlatformSpec
 
@@ -298,7 +298,11 @@ def plan_report(stack: Stack) -> PlanReport:
             f"pool {pool.name}: {pool.reason}; {pool.min_nodes}-{pool.max_nodes} nodes, "
             f"{pool.root_disk_gib} GiB root disk{cache}" + _links(pool)
         )
-    deploy_notes = [n for n in (endpoint.note(spec), images.note(spec), ingress.gateway_api_note(spec)) if n]
+    deploy_notes = [
+        n
+        for n in (endpoint.note(spec), images.note(spec, stack.profile), ingress.gateway_api_note(spec))
+        if n
+    ]
     deploy_notes += capacity.notes(spec, layout)
     return PlanReport(
         rows=rows,

@@ -1,3 +1,3 @@
 """What `pulumi up` runs: the Pulumi program (``program``), the ``InferencePlatform`` component it creates
-(``platform``), the runtime images it builds (``images``), the stack's secret config (``secrets``), and the
-same program run offline under Pulumi's mocks for `inferstack plan` and the policy pack (``synthesis``)."""
+(``platform``), and the same program run offline under Pulumi's mocks for `inferstack plan` and the policy pack
+(``synthesis``)."""

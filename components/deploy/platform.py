@@ -14,7 +14,6 @@ import pulumi
 
 from components.core.cloud import Cloud
 from components.core.decisions import Decisions
-from components.deploy.secrets import limit_store_token, secret_config
 from components.kubernetes.addons import ClusterAddons
 from components.kubernetes.batches import BatchService
 from components.kubernetes.cluster import ClusterAccess
@@ -24,6 +23,7 @@ from components.kubernetes.limit_store import LimitStore
 from components.kubernetes.manifests import apply
 from components.kubernetes.observability import Observability
 from components.kubernetes.scaling import ModelScaling
+from components.kubernetes.secrets import limit_store_token, secret_config
 from components.render import addons, common, engine, hardening, weights
 from components.render.namespace import namespace
 from components.spec import PlatformSpec

@@ -14,7 +14,7 @@ from typing import Any
 import pulumi
 
 from components.core.placement import Layout
-from components.deploy.images import RegistryImages
+from components.kubernetes.images import RegistryImages
 from components.render.addons import Release
 from components.render.gateway import RuntimeImage
 from components.spec import PlatformSpec

@@ -83,7 +83,7 @@ QUANTIZE_SCHEMES: dict[Quantization, str] = {
 }
 QUANTIZE_IMAGE = "prepare-llmcompressor"
 """The quantize step's image, built from runtime/images/prepare-llmcompressor.Dockerfile and published by the
-release workflow (components.deploy.images.RELEASED_IMAGES)."""
+release workflow (components.kubernetes.images.RELEASED_IMAGES)."""
 LLMCOMPRESSOR_VERSION = "0.14.0.1"
 """The llm-compressor it installs (runtime/images/prepare-llmcompressor.requirements.txt pins it, and a test
 holds the two together): its published tag, so the tag says which tool quantized a version."""

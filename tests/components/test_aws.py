@@ -19,8 +19,8 @@ from components.clouds.aws.cloud import EKS
 from components.core import catalog, cost, nodes, placement
 from components.core.stackfile import STACKS_DIR, Stack, available_stacks
 from components.core.weights import fetch
-from components.deploy import images
 from components.deploy import synthesis as plan
+from components.kubernetes import images
 from components.spec import ApiAccess, PlatformSpec, Target
 from tests.components.helpers import cluster, engine_workloads, minimal, pod_templates, write_stack
 from tests.stacks import load, synthesized

@@ -13,8 +13,8 @@ import pytest
 
 from components.clouds.aws import audit, decisions, iam, key_policies
 from components.core.redaction import REDACTED
-from components.deploy import images
 from components.deploy import synthesis as plan
+from components.kubernetes import images
 from tests.components.test_aws import EKS_STACKS, _key_arn, _named, _of, _synth
 from tests.stacks import load
 

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from components.cli.main import app
 from components.core.problems import SpecError
-from components.deploy import images
 from components.deploy import synthesis as plan
+from components.kubernetes import images
 from components.render import limit_store
 from policies.inference.offline import evaluate, resources_of
 from tests.components.helpers import engine_deployments, minimal, on_own_cluster, write_stack

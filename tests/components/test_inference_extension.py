@@ -330,7 +330,7 @@ def test_the_cli_plans_the_example_and_the_policy_pack_passes_it(tmp_path: Path)
 
 def test_eks_pushes_the_picker_image_only_in_inference_extension_mode() -> None:
     from components.clouds.aws import registry
-    from components.deploy import images
+    from components.kubernetes import images
 
     inference = PlatformSpec.model_validate({**_platform(), "target": "eks"})
     router = PlatformSpec.model_validate(

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from components.cli.main import app
 from components.core.stackfile import STACKS_DIR, available_stacks
-from components.deploy.images import PICKER_IMAGE, RUNTIME_IMAGES
+from components.kubernetes.images import PICKER_IMAGE, RUNTIME_IMAGES
 
 SNAPSHOTS = Path(__file__).resolve().parents[1] / "snapshots" / "plans"
 FILES = ("summary.md", "resources.json", "policy.json")

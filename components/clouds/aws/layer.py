@@ -28,8 +28,8 @@ from components.clouds.aws.storage import BatchStorage, ModelStorage
 from components.core.cloud import ENGINE_WORKLOAD, WORKLOAD_TAG
 from components.core.placement import Layout
 from components.core.weights import store
-from components.deploy.secrets import limit_store_token
 from components.kubernetes.cluster import ClusterAccess
+from components.kubernetes.secrets import limit_store_token
 from components.render import batches
 from components.spec import NodeProvisioner, PlatformSpec, eks_section
 

@@ -1,6 +1,6 @@
 """ECR repositories for the runtime images, and the images built from ``runtime/images/`` and pushed there.
 
-The build itself is ``components.deploy.images`` (the same on every target); here each image gets an immutable, scanned,
+The build itself is ``components.kubernetes.images`` (the same on every target); here each image gets an immutable, scanned,
 KMS-encrypted repository with a lifecycle policy, and the push authenticates with a short-lived ECR token from
 ``aws.ecr.get_authorization_token`` (the deploying identity's credentials, no ``docker login`` on the host); its
 password travels only as a Pulumi secret. The gateway deployments run the pushed images by digest.
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import pulumi
 import pulumi_aws as aws
 
-from components.deploy import images as builds
-from components.deploy.images import dockerfile
+from components.kubernetes import images as builds
+from components.kubernetes.images import dockerfile
 from components.render.gateway import RuntimeImage
 from components.spec import PlatformSpec
 

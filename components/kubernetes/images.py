@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import pulumi
 
-from components.clouds.targets import PROFILES
+from components.core.cloud import Profile
 from components.render import batches, gateway
 from components.render.gateway import RuntimeImage
 from components.spec import QUANTIZE_IMAGE, PlatformSpec
@@ -110,10 +110,9 @@ def images_of(spec: PlatformSpec) -> list[str]:
     return [*services(spec), WEIGHTS_IMAGE]
 
 
-def note(spec: PlatformSpec) -> str | None:
+def note(spec: PlatformSpec, profile: Profile | None) -> str | None:
     """What the plan says about the runtime images: built where (the target's cloud says), or run as published;
-    nothing on this machine (target local runs no images)."""
-    profile = PROFILES.get(spec.target)
+    nothing on this machine (target local, no profile, runs no images)."""
     if profile is None:
         return None
     parts = ", ".join(images_of(spec))
