@@ -16,10 +16,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from components.core import catalog, cost, sizing
-from components.core.enums import Quantization
+from components.base import catalog, sizing
+from components.base.enums import Quantization
+from components.base.problems import SpecError
+from components.core import cost
 from components.core.paths import STACKS_DIR
-from components.core.problems import SpecError
 
 if TYPE_CHECKING:
     from components.core import compare

@@ -13,11 +13,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from components.base import catalog, packing, sizing
+from components.base.enums import KvCacheDType, Quantization
+from components.base.problems import SpecError
 from components.cli.cost import cost_command
-from components.core import catalog, cost, multinode, packing, sizing
-from components.core.enums import KvCacheDType, Quantization
+from components.core import cost, multinode
 from components.core.paths import STACKS_DIR
-from components.core.problems import SpecError
 from components.local.cli import local_app
 from runtime.defaults import DEFAULT_MAX_NUM_SEQS
 

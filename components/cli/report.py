@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from components.core import capacity, catalog, cost, endpoint, lifecycle, packing
+from components.base import catalog, packing
+from components.core import capacity, cost, endpoint, lifecycle
 from components.core.decisions import Decisions
 from components.core.placement import Layout, Placement, PoolPlan
 from components.core.stackfile import Stack

@@ -7,12 +7,13 @@ labels and taint the engines select and tolerate (``gpu_node_labels``, ``gpu_nod
 
 from __future__ import annotations
 
-from components.core import catalog, nodes
+from components.base import catalog
+from components.base.problems import Problem
+from components.core import nodes
 from components.core.cloud import PRIVATE_CIDRS, Endpoint, IngressClass, Profile
 from components.core.cost import LineItem
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
-from components.core.problems import Problem
 from components.core.weights import store
 from components.render import ingress
 from components.spec import PlatformSpec, Target

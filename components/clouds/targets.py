@@ -6,9 +6,10 @@ has none: `make local` runs the data plane on this machine, without a cluster, a
 
 from __future__ import annotations
 
+from components.base import catalog
 from components.clouds import own_cluster
 from components.clouds.aws import cloud as aws
-from components.core import catalog, cloud, cost
+from components.core import cloud, cost
 from components.core.cloud import Cloud, Profile
 from components.core.placement import Layout
 from components.spec import PlatformSpec, Target

@@ -10,9 +10,10 @@ the pool's node-level model cache is on local NVMe, a fallback needs room for it
 
 from __future__ import annotations
 
-from components.core import catalog
+from components.base import catalog
+from components.base.problems import Problem
 from components.core.placement import Layout, PoolPlan, misfits
-from components.core.problems import Planned, PlanRule, Problem
+from components.core.planned import Planned, PlanRule
 from components.core.weights import fetch
 from components.spec import GpuPoolSpec, PlatformSpec, ReservationKind
 

@@ -21,11 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from components.core.catalog import EC2_PRICES, INSTANCE_TYPES, InstanceType
+from components.base.catalog import EC2_PRICES, INSTANCE_TYPES, InstanceType
+from components.base.problems import Problem
 from components.core.cost import LineItem, PriceList, StackCost, stack_cost
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
-from components.core.problems import Planned, PlanRule, Problem
+from components.core.planned import Planned, PlanRule
 from components.spec import PlatformSpec, Target
 from runtime.config import S3Files
 

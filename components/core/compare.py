@@ -1,6 +1,6 @@
 """Self-hosting against pay-per-token APIs: what the platform costs for a monthly token volume, what comparable
 APIs would charge for it, and the volume above which the platform is cheaper. Pure arithmetic over
-``components.core.cost`` (the platform's prices and throughput estimate) and ``components.core.catalog`` (API prices).
+``components.core.cost`` (the platform's prices and throughput estimate) and ``components.base.catalog`` (API prices).
 
 The model, stated with every answer (``Assumptions.lines``):
 
@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from components.core import catalog, cost, sizing
+from components.base import catalog, sizing
+from components.core import cost
 from components.core.placement import Layout
 from components.spec import ModelSpec, PlatformSpec
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from components.core import catalog, sizing
-from components.core.enums import CapacityType
+from components.base import catalog, sizing
+from components.base.enums import CapacityType
 
 if TYPE_CHECKING:  # annotations only: `inferstack size` prices instance types without loading the spec
     from components.core.placement import Layout, Placement, PoolPlan, Share

@@ -9,7 +9,8 @@ not exist before that first `pulumi up`); a cluster the stack finds is reached t
 
 from __future__ import annotations
 
-from components.core.problems import Planned, PlanRule, Problem
+from components.base.problems import Problem
+from components.core.planned import Planned, PlanRule
 from components.spec import PlatformSpec
 
 

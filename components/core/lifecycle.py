@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from components.core import catalog, sizing
+from components.base import catalog, sizing
+from components.base.problems import Problem
 from components.core.placement import Layout, Placement, engine_shape
-from components.core.problems import Planned, PlanRule, Problem
+from components.core.planned import Planned, PlanRule
 from components.core.weights import fetch, store
 from components.spec import (
     ArchitectureSpec,

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from components.core import catalog, sizing
-from components.core.problems import Problem
+from components.base import catalog, sizing
+from components.base.problems import Problem
 
 if TYPE_CHECKING:  # `inferstack size` ranks groups without loading the spec's models or the engine table
     from components.spec import ModelSpec

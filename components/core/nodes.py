@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from components.core.packing import Mechanism
+from components.base.packing import Mechanism
 from components.core.placement import PoolPlan, Share
 
 POOL_LABEL = "inferstack.io/pool"

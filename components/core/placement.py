@@ -12,10 +12,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from components.core import catalog, multinode, packing, sizing
-from components.core.catalog import Instances
-from components.core.packing import Mechanism
-from components.core.problems import Planned, PlanRule, Problem, SpecError
+from components.base import catalog, packing, sizing
+from components.base.catalog import Instances
+from components.base.packing import Mechanism
+from components.base.problems import Problem, SpecError
+from components.core import multinode
+from components.core.planned import Planned, PlanRule
 from components.core.weights import fetch
 from components.spec import (
     AUTO,

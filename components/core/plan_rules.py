@@ -15,11 +15,12 @@ Placement is not a rule: it computes the layout the rules read, and reports what
 
 from __future__ import annotations
 
+from components.base.catalog import Instances
+from components.base.problems import Problem
 from components.core import capacity, cloud, endpoint, lifecycle, placement, startup
-from components.core.catalog import Instances
 from components.core.cloud import Cloud
 from components.core.decisions import Decisions, decide
-from components.core.problems import Planned, PlanRule, Problem
+from components.core.planned import Planned, PlanRule
 from components.core.weights import store
 from components.spec import PlatformSpec
 

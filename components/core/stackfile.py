@@ -22,16 +22,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from components.base.catalog import INSTANCE_TYPES
+from components.base.problems import Problem, SpecError
 from components.core import cloud, plan_rules
-from components.core.catalog import INSTANCE_TYPES
 from components.core.cloud import Profile
 from components.core.cost import StackCost
 from components.core.decisions import Decisions
 from components.core.paths import STACKS_DIR as STACKS_DIR  # noqa: PLC0414 - re-exported: callers look here
 from components.core.placement import Layout
-from components.core.problems import Problem, SpecError
 from components.spec import RULES_LATER, PlatformSpec, Target
-from components.spec.rules import platform_problems
+from components.spec.platform import platform_problems
 
 CONFIG_KEY = "inferstack:platform"
 

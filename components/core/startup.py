@@ -19,9 +19,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from components.core import catalog, sizing
+from components.base import catalog, sizing
+from components.base.problems import Problem
 from components.core.placement import Placement
-from components.core.problems import Planned, PlanRule, Problem
+from components.core.planned import Planned, PlanRule
 from components.core.weights import coldstart
 from components.engines import profile
 from components.spec import ModelSpec

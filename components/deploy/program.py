@@ -13,11 +13,11 @@ from typing import cast
 
 import pulumi
 
+from components.base.problems import SpecError
 from components.clouds.targets import PROFILES
 from components.core.cloud import Profile
 from components.core.decisions import Decisions
 from components.core.placement import Layout
-from components.core.problems import SpecError
 from components.core.stackfile import stack_path, validate
 from components.deploy.platform import InferencePlatform, PlatformSecrets
 from components.kubernetes.cluster import ClusterAccess

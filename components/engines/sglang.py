@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from components.core.sizing import DEFAULT_BATCHED_TOKENS
+from components.base.sizing import DEFAULT_BATCHED_TOKENS
 from components.engines.common import (
     FLASHINFER_JIT,
     POD_ENV,

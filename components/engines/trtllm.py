@@ -3,7 +3,7 @@ and its start-up figures."""
 
 from __future__ import annotations
 
-from components.core.sizing import DEFAULT_BATCHED_TOKENS
+from components.base.sizing import DEFAULT_BATCHED_TOKENS
 from components.engines.common import (
     ENGINE_CONFIG_DIR,
     FLASHINFER_JIT,

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from components.base.problems import SpecError
 from components.core.paths import STACKS_DIR
-from components.core.problems import SpecError
 from components.local.defaults import (
     DEFAULT_BATCHER_PORT,
     DEFAULT_BATCHES_PORT,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from components.core.enums import Quantization
+from components.base.enums import Quantization
 
 CPUINFO = Path("/proc/cpuinfo")
 #: What torch calls "AVX-512 supported" (``torch.cpu._is_avx512_supported``), which vLLM's choice reads.

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from components.core import packing, placement, sizing
+from components.base import packing, sizing
+from components.core import placement
 from components.core.decisions import ModelDecisions
 from components.core.stackfile import Stack
 from components.core.weights import store

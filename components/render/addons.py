@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from components.base.packing import Mechanism
 from components.core import nodes, placement
 from components.core.cloud import Cloud
-from components.core.packing import Mechanism
 from components.render import common
 from components.spec import (
     Autoscaler,

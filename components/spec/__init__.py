@@ -22,20 +22,24 @@ One module per section of the stack file, so a section's models, defaults and ru
   itself, whose validator runs the cross-section rules of ``rules``; ``spec_json_schema``.
 
 Each module imports only those before it (base, then cluster, pools, engine, versions, model, gateway,
-platform; ``rules`` reads them all and platform calls it at validation). This package re-exports every name,
+platform; ``rules`` reads them all and registers each of its rules with platform, which runs them at
+validation: this package imports it, so no spec is validated without them). This package re-exports every name,
 so ``from components.spec import X`` is the way in.
 """
 
 from __future__ import annotations
 
-# The spec's plain enums, re-exported: they live in components.core.enums so the CLI starts without pydantic.
-from components.core.enums import CapacityType as CapacityType
-from components.core.enums import Device as Device
-from components.core.enums import DType as DType
-from components.core.enums import KvCacheDType as KvCacheDType
-from components.core.enums import NodeProvisioner as NodeProvisioner
-from components.core.enums import Quantization as Quantization
-from components.core.enums import Target as Target
+# The spec's plain enums, re-exported: they live in components.base.enums so the CLI starts without pydantic.
+from components.base.enums import CapacityType as CapacityType
+from components.base.enums import Device as Device
+from components.base.enums import DType as DType
+from components.base.enums import KvCacheDType as KvCacheDType
+from components.base.enums import NodeProvisioner as NodeProvisioner
+from components.base.enums import Quantization as Quantization
+from components.base.enums import Target as Target
+from components.spec import (
+    rules as rules,  # registers the cross-section rules (``platform.CROSS_SECTION_RULES``)
+)
 from components.spec.base import (
     AUTO,
     AWS_ACCOUNT,

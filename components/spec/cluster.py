@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from components.core.enums import NodeProvisioner, Target
-from components.core.problems import Problem
+from components.base.enums import NodeProvisioner, Target
+from components.base.problems import Problem
 from components.spec.base import MAX_EKS_CLUSTER_NAME, AwsAccount, DnsLabel, Ipv4Cidr, _all_match, _Spec
 
 if TYPE_CHECKING:

@@ -7,8 +7,8 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from components.core import catalog
-from components.core.enums import Device, DType, KvCacheDType, Quantization
+from components.base import catalog
+from components.base.enums import Device, DType, KvCacheDType, Quantization
 from components.spec.base import PinnedImage, _Spec
 from runtime.config import EngineKind
 from runtime.defaults import DEFAULT_MAX_NUM_SEQS

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Annotated, ClassVar
 
 from pydantic import Field, PrivateAttr, create_model, field_validator, model_validator
 
-from components.core import catalog
-from components.core.enums import Device, DType
-from components.core.packing import shared_memory_utilization
+from components.base import catalog
+from components.base.enums import Device, DType
+from components.base.packing import shared_memory_utilization
 from components.spec.base import (
     AUTO,
     MAX_MODEL_NAME,

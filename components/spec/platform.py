@@ -5,6 +5,7 @@ with its plan-time rules, ``RULES_LATER``); the stack file's JSON Schema."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -18,7 +19,8 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from components.core.enums import Target
+from components.base.enums import Target
+from components.base.problems import Problem
 from components.spec.base import AwsAccount, DnsLabel, PinnedImage, _Spec
 from components.spec.cluster import SECTIONS, ClusterSpec, ClusterSpecBase, EksClusterSpec, parse
 from components.spec.gateway import RUNTIME_IMAGES, GatewaySpec
@@ -214,9 +216,19 @@ class ModelStoreSpec(_Spec):
         return value
 
 
+CROSS_SECTION_RULES: list[Callable[[PlatformSpec], Iterable[Problem]]] = []
+"""The rules that read several sections, in the order their problems are reported: ``components.spec.rules``
+registers them (``@rule``), and the package imports that module, so they are here before any spec is validated."""
+
+
+def platform_problems(spec: PlatformSpec) -> list[Problem]:
+    """Every problem every cross-section rule finds."""
+    return [problem for check in CROSS_SECTION_RULES for problem in check(spec)]
+
+
 RULES_LATER = "inferstack.cross_section_rules_later"
 """A validation context key (``PlatformSpec.model_validate(raw, context={RULES_LATER: True})``): the caller runs the
-cross-section rules (``rules.platform_problems``) itself, with the plan-time rules, so a stack file with mistakes of
+cross-section rules (``platform_problems``) itself, with the plan-time rules, so a stack file with mistakes of
 both kinds hears of all of them in one run (``components.core.stackfile``)."""
 
 
@@ -270,8 +282,6 @@ class PlatformSpec(_Spec):
     def _cross_section_rules(self, info: ValidationInfo) -> PlatformSpec:
         """The rules that read several sections (components/spec/rules.py), every problem of every rule at once;
         unless the caller runs them itself (``RULES_LATER``)."""
-        from components.spec.rules import platform_problems  # noqa: PLC0415 - the rules read these models
-
         if info.context and info.context.get(RULES_LATER):
             return self
         problems = platform_problems(self)

@@ -8,8 +8,8 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from components.core.enums import CapacityType
-from components.core.packing import MAX_TIME_SLICES, Mechanism
+from components.base.enums import CapacityType
+from components.base.packing import MAX_TIME_SLICES, Mechanism
 from components.spec.base import AUTO, DnsLabel, _Spec
 
 
@@ -53,7 +53,7 @@ class CapacityReservationSpec(_Spec):
 
 
 GpuSharing = Mechanism
-"""How a pool's GPUs are shared between engines: none, time-slicing or mig (``components.core.packing``)."""
+"""How a pool's GPUs are shared between engines: none, time-slicing or mig (``components.base.packing``)."""
 
 
 class GpuPoolSpec(_Spec):

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from components.core.problems import Problem
+from components.base.problems import Problem
 from components.spec.base import HF_REPO
 from components.spec.model import ModelSpec
-from components.spec.platform import Autoscaler, PlatformSpec
+from components.spec.platform import CROSS_SECTION_RULES, Autoscaler, PlatformSpec
 from runtime.config import BatcherSettings, BatchesSettings, HealthSettings, RouterSettings
 from runtime.engines import Signal, facts
 
@@ -28,18 +28,12 @@ RUNTIME_PORTS = {
     "batcher": BatcherSettings().port,
     "batch service": BatchesSettings.model_fields["port"].default,
 }
-RULES: list[Rule] = []
 
 
 def rule(check: Rule) -> Rule:
     """Registers a cross-section rule (in definition order, which is the order its problems are reported)."""
-    RULES.append(check)
+    CROSS_SECTION_RULES.append(check)
     return check
-
-
-def platform_problems(spec: PlatformSpec) -> list[Problem]:
-    """Every problem every rule finds."""
-    return [problem for check in RULES for problem in check(spec)]
 
 
 def _models_where(

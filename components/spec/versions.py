@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator
 
-from components.core.enums import Device, Quantization
+from components.base.enums import Device, Quantization
 from components.spec.base import DnsLabel, HubCommit, PinnedImage, _Spec
 from components.spec.engine import EngineSpec, engines_that
 from runtime.engines import Prepared, facts

@@ -34,7 +34,7 @@ from runtime.router.adapters import LoadFailure, ensure_loaded
 from runtime.router.admission import Refusal, acquire
 from runtime.router.batch_api import BatchApiHooks, api_call_model, is_batch_api, low_priority_avoid
 from runtime.router.fleet import Fleet
-from runtime.router.limits import Limits, LocalLimits, Ticket, make_limits
+from runtime.router.limits import Limits, LocalLimits, Ticket
 from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
 from runtime.router.model_state import ModelState
 from runtime.router.payload import (
@@ -94,7 +94,13 @@ class Router:
         self.fleet.on_kv_problem = self.metrics.kv_problem
 
     def _new_limits(self, cfg: RuntimeConfig) -> Limits:
-        return make_limits(cfg.router.limit_store, self.metrics.limit_store_error, self.metrics.limit_check)
+        """Each replica's own limits, or limits shared through the configured store (imported only then: see
+        ``runtime.router.limits``)."""
+        if cfg.router.limit_store is None:
+            return LocalLimits()
+        from runtime.router.shared_limits import SharedLimits  # noqa: PLC0415 - see the docstring
+
+        return SharedLimits(cfg.router.limit_store, self.metrics.limit_store_error, self.metrics.limit_check)
 
     async def start(self) -> None:
         await self.fleet.start()

@@ -1,20 +1,36 @@
 """Per-key rate limits for the router: each replica on its own (``LocalLimits``), or shared by all of them
-through a store (``runtime.router.shared_limits``, imported only when a store is configured: the Redis
-client costs ~10 MiB of resident memory that a router without one should not carry).
+through a store (``runtime.router.shared_limits``, which the router's app imports only when a store is configured:
+the Redis client costs ~10 MiB of resident memory that a router without one should not carry). Both are
+``Limits``; neither module imports the other's class.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeAlias
+from typing import Protocol
 
 from runtime.api_keys import Denied, Principal, admit, charge_tokens
-from runtime.config import LimitStore
 
-if TYPE_CHECKING:
-    from runtime.router.shared_limits import SharedLimits
+
+class Limits(Protocol):
+    """What the router asks of its rate limits, each replica's own or shared through a store."""
+
+    @property
+    def store_up(self) -> float | None:
+        """1 when the shared store answers, 0 when it does not; None without a store."""
+
+    async def admit(self, principal: Principal, model: str, reserve: int = 0) -> Denied | None: ...
+
+    async def reserve(self, principal: Principal, model: str, reserve: int = 0) -> Denied | Ticket: ...
+
+    def settle(self, ticket: Ticket, principal: Principal, tokens: int) -> None: ...
+
+    def charge(self, principal: Principal | None, tokens: int) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,18 +89,3 @@ class LocalLimits:
 
     async def stop(self) -> None:
         return None
-
-
-Limits: TypeAlias = "LocalLimits | SharedLimits"
-
-
-def make_limits(
-    settings: LimitStore | None,
-    on_error: Callable[[str], None] = lambda cause: None,
-    on_check: Callable[[str], None] = lambda mode: None,
-) -> Limits:
-    if settings is None:
-        return LocalLimits()
-    from runtime.router.shared_limits import SharedLimits  # noqa: PLC0415 - see the module's docstring
-
-    return SharedLimits(settings, on_error, on_check)

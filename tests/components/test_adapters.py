@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from components.base import sizing
+from components.base.problems import SpecError
 from components.cli.report import adapters_note
-from components.core import placement, sizing
-from components.core.problems import SpecError
+from components.core import placement
 from components.render.engine_args import vllm
 from components.render.runtime_config import runtime_config
 from components.spec import PlatformSpec

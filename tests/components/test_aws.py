@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
+from components.base import catalog
 from components.clouds import targets
 from components.clouds.aws import addons, decisions, prices, registry
 from components.clouds.aws.cloud import EKS
-from components.core import catalog, cost, nodes, placement
+from components.core import cost, nodes, placement
 from components.core.stackfile import STACKS_DIR, Stack, available_stacks
 from components.core.weights import fetch
 from components.deploy import synthesis as plan
@@ -480,7 +481,7 @@ def test_existing_subnets_replace_the_vpc_and_admin_roles_get_access_entries(tmp
 def test_aws_spec_mistakes_are_reported_with_the_field(
     tmp_path: Path, fields: dict[str, Any], message: str
 ) -> None:
-    from components.core.problems import SpecError
+    from components.base.problems import SpecError
 
     write_stack(tmp_path, "bad", {**minimal(), "cluster": cluster(**fields)})
     with pytest.raises(SpecError) as err:

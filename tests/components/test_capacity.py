@@ -13,11 +13,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from components.base import catalog
+from components.base.problems import SpecError
 from components.cli.main import app
 from components.clouds import targets
 from components.clouds.aws import decisions
-from components.core import catalog, cost
-from components.core.problems import SpecError
+from components.core import cost
 from components.deploy import synthesis as plan
 from tests.components.helpers import SOME_COMMIT, cluster, write_stack
 from tests.stacks import load

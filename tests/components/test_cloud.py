@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
+from components.base import catalog
 from components.clouds import targets
 from components.clouds.aws import decisions, prices
 from components.clouds.aws import layer as aws_layer
 from components.clouds.aws.cloud import EKS
 from components.clouds.own_cluster import OWN_CLUSTER, OwnCluster
-from components.core import catalog, cost, nodes
+from components.core import cost, nodes
 from components.core.cloud import Cloud, IngressClass
 from components.core.placement import place
 from components.core.stackfile import STACKS_DIR, available_stacks

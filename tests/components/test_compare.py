@@ -11,8 +11,9 @@ from datetime import date
 import pytest
 from typer.testing import CliRunner
 
+from components.base import catalog
 from components.cli.main import app
-from components.core import catalog, compare
+from components.core import compare
 from tests.conftest import REPO_ROOT
 
 runner = CliRunner()

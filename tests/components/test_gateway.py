@@ -11,8 +11,8 @@ import pulumi
 import pytest
 import yaml
 
+from components.base.problems import SpecError
 from components.clouds.targets import cloud_for
-from components.core.problems import SpecError
 from components.core.redaction import REDACTED
 from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import synthesis as plan

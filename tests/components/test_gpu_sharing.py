@@ -11,10 +11,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from components.core import catalog, nodes, placement
+from components.base import catalog
+from components.base.problems import SpecError
+from components.core import nodes, placement
 from components.core.cost import model_cost
 from components.core.decisions import decide
-from components.core.problems import SpecError
 from components.render import addons, engine
 from components.render.engine_args import vllm
 from components.spec import PlatformSpec

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from components.base.problems import SpecError
 from components.cli.main import app
-from components.core.problems import SpecError
 from components.deploy import synthesis as plan
 from components.kubernetes import images
 from components.render import limit_store

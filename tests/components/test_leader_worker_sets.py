@@ -18,9 +18,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components.core import catalog, multinode, sizing
+from components.base import catalog, sizing
+from components.base.problems import SpecError
+from components.core import multinode
 from components.core.placement import place
-from components.core.problems import SpecError
 from components.deploy import synthesis as plan
 from components.render import addons, common, dashboards, engine_args, groups
 from components.spec import PlatformSpec

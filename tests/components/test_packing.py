@@ -7,8 +7,8 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components.core import catalog, packing
-from components.core.packing import Engine, Mechanism
+from components.base import catalog, packing
+from components.base.packing import Engine, Mechanism
 
 FRACTIONS = st.sampled_from([0.05, 0.1, 0.125, 0.2, 0.25, 0.3, 0.33, 0.4, 0.5, 0.6, 0.75, 0.9])
 MIG_GPUS = st.sampled_from(sorted(g.name for g in catalog.GPUS.values() if g.mig_profiles))

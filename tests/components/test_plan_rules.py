@@ -11,12 +11,13 @@ import pulumi
 import pytest
 from typer.testing import CliRunner
 
+from components.base.problems import SpecError
 from components.cli.main import app
 from components.clouds.aws.cloud import EKS
 from components.clouds.own_cluster import OWN_CLUSTER
 from components.clouds.targets import PROFILES
 from components.core import capacity, cloud, endpoint, lifecycle, placement, plan_rules, stackfile, startup
-from components.core.problems import Planned, SpecError
+from components.core.planned import Planned
 from components.core.weights import store
 from components.deploy import program, synthesis
 from components.spec import PlatformSpec

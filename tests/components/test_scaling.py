@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from components.base.problems import SpecError
 from components.core import scaling as core_scaling
-from components.core.problems import SpecError
 from components.core.stackfile import STACKS_DIR, available_stacks
 from components.render import scaling
 from components.spec import PlatformSpec

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from components.base import catalog
+from components.base.catalog import Family, InstanceType
+from components.base.problems import Problem, SpecError
 from components.cli import report
 from components.clouds import targets
-from components.core import catalog, nodes
-from components.core.catalog import Family, InstanceType
+from components.core import nodes
 from components.core.cloud import Endpoint, IngressClass, Profile
 from components.core.cost import LineItem
 from components.core.placement import Layout, PoolPlan
-from components.core.problems import Problem, SpecError
 from components.deploy import synthesis as plan
 from components.kubernetes.cluster import ClusterAccess
 from components.spec import CapacityType, KubernetesClusterSpec, PlatformSpec, Target

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from components.core import catalog, sizing
-from components.core.sizing import EngineShape, Precision
+from components.base import catalog, sizing
+from components.base.sizing import EngineShape, Precision
 
 LLAMA_70B = catalog.MODELS["meta-llama/Llama-3.1-70B-Instruct"]
 LLAMA_8B = catalog.MODELS["meta-llama/Llama-3.1-8B-Instruct"]

@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 import yaml
 
+from components.base.problems import SpecError
 from components.cli.main import SCHEMA_PATH
-from components.core.problems import SpecError
 from components.core.stackfile import STACKS_DIR, available_stacks
 from tests.components.helpers import LLAMA_8B_COMMIT, minimal, write_stack
 from tests.stacks import load

@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from components.base import catalog
+from components.base.problems import SpecError
 from components.cli import report as report_columns
 from components.cli.main import app
 from components.cli.report import plan_report
-from components.core import catalog, rollout, startup
+from components.core import rollout, startup
 from components.core.decisions import Decisions, decide
 from components.core.placement import place
-from components.core.problems import SpecError
 from components.core.stackfile import STACKS_DIR, available_stacks
 from components.core.weights import coldstart, fetch
 from components.deploy import synthesis as plan

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from components.core.problems import SpecError
+from components.base.problems import SpecError
 from components.spec import ModelSpec, Quantization
 from tests.components.helpers import minimal, write_stack
 from tests.stacks import load, validate

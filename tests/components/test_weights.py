@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from components.base import catalog
 from components.clouds.aws import data_policies, decisions
-from components.core import catalog
 from components.core.placement import place
 from components.core.weights import coldstart, fetch, store
 from components.deploy import synthesis as plan

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from components.core import packing
+from components.base import packing
 from components.local.engine_process import EngineProcess, cpu_model_spec
 from components.local.plan import kv_cache_space
 from components.spec import ModelSpec

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.core.enums import Quantization
+from components.base.enums import Quantization
 from components.core.stackfile import Stack
 from components.local.cpu_kernels import (
     CPUINFO,

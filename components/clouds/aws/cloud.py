@@ -6,13 +6,14 @@ network policies and the GPU nodes' labels agree with what `pulumi up` creates.
 
 from __future__ import annotations
 
+from components.base import catalog
+from components.base.problems import Problem
 from components.clouds.aws import decisions, prices
-from components.core import catalog, nodes
+from components.core import nodes
 from components.core.cloud import PRIVATE_CIDRS, Endpoint, IngressClass, Profile
 from components.core.cost import LineItem
 from components.core.nodes import Taint
 from components.core.placement import Layout, PoolPlan
-from components.core.problems import Problem
 from components.core.weights import store
 from components.render import common, ingress, weights
 from components.spec import PlatformSpec, Target, eks_section

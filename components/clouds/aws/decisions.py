@@ -10,8 +10,9 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+from components.base import catalog
 from components.clouds.aws import prices
-from components.core import catalog, nodes
+from components.core import nodes
 from components.core.cloud import RootDisk
 from components.core.placement import Layout, PoolPlan
 from components.render import weights

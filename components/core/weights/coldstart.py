@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components.core import catalog
+from components.base import catalog
 from components.core.weights.fetch import GIB, Fetch, FetchPath
 
 ROOT_DISK_READ_GBPS = catalog.GPU_ROOT_DISK_THROUGHPUT_MIBPS * 2**20 / 1e9

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from components.core import catalog
+from components.base import catalog
 from components.spec import ModelSpec, WeightsFetch
 from runtime.engines import facts
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from components.core.problems import Planned, PlanRule, Problem
+from components.base.problems import Problem
+from components.core.planned import Planned, PlanRule
 from components.spec import AdapterSpec, ModelSpec, PlatformSpec, is_pinned_source
 
 LOCAL_BUCKET = "inferstack-local"

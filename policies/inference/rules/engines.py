@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from components.core import catalog, nodes, packing, sizing
+from components.base import catalog, packing, sizing
+from components.core import nodes
 from policies.inference.rules.base import Config, Props, Res, as_list, as_map, dig, number
 from policies.inference.rules.k8s import Container, containers, gpus_requested, pod_labels, workloads
 from runtime.config import EngineKind

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 
-from components.core import catalog, sizing
+from components.base import catalog, sizing
 from policies.inference.rules.base import Category, Config, Finding, Res, Rule, Setting, Severity, number
 from policies.inference.rules.engines import (
     POOL_INSTANCE_TYPES_SCHEMA,

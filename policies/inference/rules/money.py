@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from components.base import catalog
 from components.clouds.aws import prices
-from components.core import catalog, cost
+from components.core import cost
 from components.core.nodes import POOL_LABEL
 from components.spec import CapacityType
 from policies.inference.rules.base import (

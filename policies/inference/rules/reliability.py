@@ -9,7 +9,7 @@ import json
 import math
 from collections.abc import Iterator, Sequence
 
-from components.core import sizing
+from components.base import sizing
 from components.render import batches, common, preparation
 from components.render.weights import COMPONENT as WEIGHTS_COMPONENT
 from policies.inference.rules.base import (

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
+from components.base.packing import SHARED_GPU_SAFE_TOTAL
 from components.core import nodes
-from components.core.packing import SHARED_GPU_SAFE_TOTAL
 from policies.inference.rules.base import (
     Category,
     Config,

@@ -1,4 +1,4 @@
-"""Problems with a stack file, for people: where, what is wrong, how to fix it; and what a plan-time rule reads."""
+"""What a plan-time rule reads, and what a rule is (``components.core.plan_rules`` runs them in report order)."""
 
 from __future__ import annotations
 
@@ -6,37 +6,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from components.base.problems import Problem
+
 if TYPE_CHECKING:  # annotations only: the rules' modules import this one, and these import them
-    from components.core.catalog import Instances
+    from components.base.catalog import Instances
     from components.core.cloud import Cloud
     from components.core.decisions import Decisions
     from components.core.placement import Layout
     from components.spec import PlatformSpec
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One mistake: ``path`` is the field path in the spec, e.g. ``models[1].engine.tensor_parallel_size``."""
-
-    path: str
-    message: str
-    detail: tuple[str, ...] = ()  # extra lines, e.g. a memory breakdown
-
-    def render(self, source: str) -> str:
-        where = f"{source}: {self.path}" if self.path else source
-        return "\n".join([f"{where}: {self.message}", *(f"    {line}" for line in self.detail)])
-
-
-class SpecError(Exception):
-    """A stack file that cannot be planned; carries every problem found, not just the first."""
-
-    def __init__(self, source: str, problems: list[Problem]) -> None:
-        self.source = source
-        self.problems = problems
-        super().__init__(self.render())
-
-    def render(self) -> str:
-        return "\n\n".join(p.render(self.source) for p in self.problems)
 
 
 @dataclass(frozen=True)

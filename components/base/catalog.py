@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from components.core.enums import CapacityType
+from components.base.enums import CapacityType
 
 
 class GpuArch(StrEnum):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from components.core import catalog, sizing
+from components.base import catalog, sizing
 
 SHARED_GPU_SAFE_TOTAL = 0.90
 """The most of a time-sliced GPU's memory its engines together may take (vLLM's default

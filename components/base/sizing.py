@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from components.core import catalog
+from components.base import catalog
 from runtime.defaults import DEFAULT_MAX_NUM_SEQS
 
 GIB = 1024**3
