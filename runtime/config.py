@@ -87,7 +87,7 @@ BuiltinScorerName = Annotated[
 ZMQ_ENDPOINT = r"^(tcp://[^\s/]+:\d{1,5}|ipc:///[^\s]+)$"
 
 
-class StaticBackend(_Strict):
+class StaticReplica(_Strict):
     """One engine replica at a fixed address (``make local``, tests, or clusters without discovery)."""
 
     url: HttpUrl = Field(
@@ -194,7 +194,7 @@ class ModelTarget(_Strict):
     )
     engine: EngineKind = Field(default=EngineKind.VLLM, description="Which engine serves it.")
     task: Task = Field(default=Task.GENERATE, description="generate (chat/completions) or embed (pooling).")
-    static_backends: list[StaticBackend] = Field(
+    static_backends: list[StaticReplica] = Field(
         default_factory=list, description="Fixed replicas; used when `discovery` is not set."
     )
     discovery: KubernetesDiscovery | FileDiscovery | None = Field(
@@ -237,7 +237,7 @@ class ModelTarget(_Strict):
         return self.version_of.model if self.version_of is not None else self.name
 
     @model_validator(mode="after")
-    def _has_backends(self) -> ModelTarget:
+    def _has_replicas(self) -> ModelTarget:
         if not self.static_backends and self.discovery is None:
             raise ValueError(
                 f"model {self.name!r}: give static_backends or discovery, or the model has no replicas"

@@ -1,6 +1,6 @@
 """Where a model's replicas are: static addresses or Kubernetes EndpointSlices, as a stream of lists.
 
-The router and the health monitor both consume :func:`watch_backends`; each yield is the complete,
+The router and the health monitor both consume :func:`watch_replicas`; each yield is the complete,
 sorted list of replica base URLs (``http://10.0.0.5:8000``), emitted only when it changes.
 
 Why a lean aiohttp watch rather than ``kubernetes_asyncio``: we need exactly one list + one watch
@@ -140,7 +140,7 @@ def file_sd_urls(groups: Any, service: str) -> list[str]:
 # --- the watch ------------------------------------------------------------------------------------
 
 
-async def watch_backends(target: ModelTarget, api: KubeApi | None = None) -> AsyncIterator[list[str]]:
+async def watch_replicas(target: ModelTarget, api: KubeApi | None = None) -> AsyncIterator[list[str]]:
     """Yield the complete current list of replica base URLs each time it changes.
 
     Static targets yield once and then wait forever (the config reloader restarts the watch when the

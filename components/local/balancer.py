@@ -31,9 +31,9 @@ def _address(text: str) -> tuple[str, int]:
 
 
 class Balancer:
-    def __init__(self, backends: list[tuple[str, int]]) -> None:
-        self.backends = backends
-        self._turn = itertools.cycle(range(len(backends)))
+    def __init__(self, replicas: list[tuple[str, int]]) -> None:
+        self.replicas = replicas
+        self._turn = itertools.cycle(range(len(replicas)))
         self.connections = 0
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -48,8 +48,8 @@ class Balancer:
                 writer.close()
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        for _ in range(len(self.backends)):
-            host, port = self.backends[next(self._turn)]
+        for _ in range(len(self.replicas)):
+            host, port = self.replicas[next(self._turn)]
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT_S):
                     return await asyncio.open_connection(host, port)
@@ -71,8 +71,8 @@ class Balancer:
         await asyncio.gather(self._pipe(client_r, up_w), self._pipe(up_r, client_w))
 
 
-async def serve(listen: tuple[str, int], backends: list[tuple[str, int]]) -> None:
-    balancer = Balancer(backends)
+async def serve(listen: tuple[str, int], replicas: list[tuple[str, int]]) -> None:
+    balancer = Balancer(replicas)
     server = await asyncio.start_server(balancer.handle, listen[0], listen[1], reuse_address=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

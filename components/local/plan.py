@@ -5,7 +5,7 @@ models to make, which engines to start (one per replica, each on its own port an
 runtime services to start after them (health monitor, batcher when there is an embedding model,
 router last) and the ``RuntimeConfig`` they all read. That config comes from the same renderer as the
 Kubernetes stacks' ConfigMap (``components.render.runtime_config``); only the addresses differ
-(static 127.0.0.1 backends instead of EndpointSlice discovery, loopback listeners, no Kubernetes
+(static 127.0.0.1 replicas instead of EndpointSlice discovery, loopback listeners, no Kubernetes
 events). Nothing here touches a process, a socket or the disk, so all of it is unit-tested without
 engines; ``components.local.supervisor`` is the thin shell that carries the plan out.
 """
@@ -739,10 +739,10 @@ def local_runtime_config(
     of a fixed size, the autoscaler's ``endpoints`` file for models that scale (replicas come and go); the batch
     service's state under ``state_dir/batches``, and its files there too, or (``s3_port``, `make local S3=1`)
     in the loopback server's batch bucket, apart from the model store's as on EKS."""
-    backends: dict[str, list[str]] = {}
+    replica_urls: dict[str, list[str]] = {}
     for engine in engines:
-        backends.setdefault(engine.model, []).append(engine.url)
-    base = rendered.runtime_config(spec, static_backends=backends)
+        replica_urls.setdefault(engine.model, []).append(engine.url)
+    base = rendered.runtime_config(spec, static_replicas=replica_urls)
     doc = base.model_dump(mode="json", exclude_none=True)
     for model, target in zip(spec.models, doc["models"], strict=True):
         if scaling.scales(model) and endpoints is not None:
@@ -762,10 +762,10 @@ def local_runtime_config(
         if "kv_events" in target:  # the tokenizer is the model directory; events on the engines' sockets
             launches = {e.url: e for e in engines if e.model == model.name}
             target["kv_events"]["tokenizer_dir"] = str(next(iter(launches.values())).path)
-            for backend in target["static_backends"]:
-                events = launches[backend["url"].rstrip("/")].kv_events
+            for replica in target["static_backends"]:
+                events = launches[replica["url"].rstrip("/")].kv_events
                 assert events is not None
-                backend["kv_events_endpoint"], backend["kv_replay_endpoint"] = events
+                replica["kv_events_endpoint"], replica["kv_replay_endpoint"] = events
     for route in doc["router"].get("routes", []):
         if route.get("batcher_url") and "batcher" in ports:
             route["batcher_url"] = f"http://{HOST}:{ports['batcher']}"

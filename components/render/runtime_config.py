@@ -27,7 +27,7 @@ from runtime.config import (
     RouterSettings,
     RuntimeConfig,
     S3Files,
-    StaticBackend,
+    StaticReplica,
     StrategyConfig,
     Task,
     VersionOf,
@@ -79,7 +79,7 @@ def model_target(
     spec: PlatformSpec, model: ModelSpec, static_urls: Sequence[str] | None = None
 ) -> ModelTarget:
     """Replicas from the engine Service's EndpointSlices, or (``make local``) at fixed ``static_urls``."""
-    static = [StaticBackend.model_validate({"url": u}) for u in static_urls or []]
+    static = [StaticReplica.model_validate({"url": u}) for u in static_urls or []]
     discovery = None
     if static_urls is None:
         discovery = KubernetesDiscovery(
@@ -194,10 +194,10 @@ def limit_store(spec: PlatformSpec) -> LimitStore | None:
 
 def runtime_config(
     spec: PlatformSpec,
-    static_backends: Mapping[str, Sequence[str]] | None = None,
+    static_replicas: Mapping[str, Sequence[str]] | None = None,
     files: S3Files | None = None,
 ) -> RuntimeConfig:
-    """``static_backends`` (model name -> engine URLs) replaces Kubernetes discovery (``make local``);
+    """``static_replicas`` (model name -> engine URLs) replaces Kubernetes discovery (``make local``);
     ``files`` is where the cloud keeps the batch service's files (``Cloud.batch_files``), None: its volume."""
     keys_file = f"{common.API_KEYS_DIR}/{common.API_KEYS_FILE}" if spec.gateway.api_keys_config_key else None
     health_feed = f"{service_url(spec, common.HEALTH, health_port())}/v1/backends"
@@ -226,7 +226,7 @@ def runtime_config(
         )
     return RuntimeConfig(
         models=[
-            model_target(spec, m, None if static_backends is None else static_backends.get(m.name, []))
+            model_target(spec, m, None if static_replicas is None else static_replicas.get(m.name, []))
             for m in spec.models
         ],
         router=router,

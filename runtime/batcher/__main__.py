@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from runtime.batcher.app import Batcher, make_server
-from runtime.discovery import watch_backends
+from runtime.discovery import watch_replicas
 from runtime.service import command_line, exit_bad_config, new_event_loop, serve_until_signalled
 
 DRAIN_GRACE_S = 5.0
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
         exit_bad_config(
             [f"{args.config}: batcher.policies: empty; name at least one embedding model to batch"]
         )
-    batcher = Batcher(config, watch=watch_backends)
+    batcher = Batcher(config, watch=watch_replicas)
     host = args.host or config.batcher.host
     port = args.port if args.port is not None else config.batcher.port
     with asyncio.Runner(loop_factory=new_event_loop) as runner:

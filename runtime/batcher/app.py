@@ -78,7 +78,7 @@ class Batcher:
 
     @property
     def ready(self) -> bool:
-        return all(m.backends for m in self.models.values())
+        return all(m.replicas for m in self.models.values())
 
     # --- the handler -------------------------------------------------------------------------
 
@@ -170,7 +170,7 @@ class Batcher:
                 f"{len(inputs)} inputs exceed this model's queue of {mb.policy.max_queue}",
                 "invalid_request_error",
             )
-        if not mb.backends:
+        if not mb.replicas:
             raise ClientError(
                 503, f"model {mb.target.name!r} has no replica right now", "service_unavailable"
             )
@@ -203,17 +203,17 @@ class Batcher:
     async def _forward(self, mb: ModelBatcher, path: bytes, body: bytes) -> Reply:
         """One request to the least busy replica; its answer as it came (status, body, content type,
         and vLLM's ``metadata`` header of binary embedding answers)."""
-        backend = min(mb.backends, key=lambda b: b.inflight) if mb.backends else None
-        if backend is None:
+        replica = min(mb.replicas, key=lambda b: b.inflight) if mb.replicas else None
+        if replica is None:
             raise ClientError(503, "no replica right now", "service_unavailable")
         if mb.depth + mb.forwarded >= mb.policy.max_queue:
             # unbatched requests share the model's queue budget: nothing reaches the engines unbounded
             mb.count_rejected(1)
             raise _queue_full(mb.retry_after_s())
-        backend.inflight += 1
+        replica.inflight += 1
         mb.forwarded += 1
         try:
-            status, headers, payload = await backend.post(
+            status, headers, payload = await replica.post(
                 path, body, mb.policy.engine_timeout_ms / 1000, mb.connect_timeout_s
             )
         except TimeoutError:
@@ -223,7 +223,7 @@ class Batcher:
                 raise ClientError(504, "engine timed out", "timeout") from None
             raise ClientError(502, f"replica failed: {err}", "bad_gateway") from None
         finally:
-            backend.inflight -= 1
+            replica.inflight -= 1
             mb.forwarded -= 1
         meta = headers.get(b"metadata")
         ctype = headers.get(b"content-type") or _JSON

@@ -128,7 +128,7 @@ def _alive(owner: Any) -> bool:
     return bool(owner.wants_results())
 
 
-class Backend:
+class ReplicaClient:
     """One replica and its keep-alive connections."""
 
     def __init__(self, url: str, max_idle: int = 64) -> None:
@@ -171,7 +171,7 @@ class ModelBatcher:
         self.queues: dict[str, deque[core.Item]] = {}
         self.depth = 0  # items waiting (not yet dispatched)
         self.forwarded = 0  # requests passed through unbatched (score, rerank, bytes), now at an engine
-        self.backends: list[Backend] = []
+        self.replicas: list[ReplicaClient] = []
         self._wake = asyncio.Event()  # an arrival, a finished engine call, or new replicas
         # clocks: time.monotonic(), not loop.time() (uvloop's has millisecond steps, too coarse for pauses)
         self._idle_since = 0.0  # when a replica last became free (a call ended, replicas appeared)
@@ -214,7 +214,7 @@ class ModelBatcher:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._fail_queued(503, "batcher shutting down")
-        for b in self.backends:
+        for b in self.replicas:
             b.pool.close()
 
     def _fail_queued(self, status: int, message: str) -> None:
@@ -230,12 +230,12 @@ class ModelBatcher:
         while True:
             try:
                 async for urls in self._watch(self.target):
-                    known = {b.url: b for b in self.backends}
+                    known = {b.url: b for b in self.replicas}
                     unique = dict.fromkeys(u.rstrip("/") for u in urls)  # a URL listed twice is one replica
-                    self.backends = [known.get(u) or Backend(u) for u in unique]
-                    for gone in known.keys() - {b.url for b in self.backends}:
+                    self.replicas = [known.get(u) or ReplicaClient(u) for u in unique]
+                    for gone in known.keys() - {b.url for b in self.replicas}:
                         known[gone].pool.close()  # connections in use close when their call ends
-                    if self.backends:
+                    if self.replicas:
                         self._idle_since = time.monotonic()
                         self._wake.set()
                     else:
@@ -330,7 +330,7 @@ class ModelBatcher:
     # --- dispatch ----------------------------------------------------------------------------
 
     def _capacity(self) -> int:
-        return len(self.backends) * self.policy.max_inflight_batches_per_backend - len(self._calls)
+        return len(self.replicas) * self.policy.max_inflight_batches_per_backend - len(self._calls)
 
     def _oldest_queue(self) -> deque[core.Item] | None:
         for key in [k for k, q in self.queues.items() if not q]:
@@ -338,10 +338,10 @@ class ModelBatcher:
         live = list(self.queues.values())
         return min(live, key=lambda q: q[0].enqueued_s) if live else None
 
-    def _has_idle_backend(self) -> bool:
-        # Counted from dispatched calls, not Backend.inflight: a call just created has not picked its
+    def _has_idle_replica(self) -> bool:
+        # Counted from dispatched calls, not ReplicaClient.inflight: a call just created has not picked its
         # replica yet. With least-in-flight picking, fewer calls than replicas means one is idle.
-        return len(self._calls) < len(self.backends)
+        return len(self._calls) < len(self.replicas)
 
     async def _dispatch_loop(self) -> None:
         """Form and send batches; every wake-up re-evaluates the whole state (no lost wake-ups).
@@ -364,7 +364,7 @@ class ModelBatcher:
                 await self._wake.wait()
                 continue
             if not core.ready_to_send(queue, max_size=p.max_batch_size, max_tokens=p.max_batch_tokens):
-                if not self._has_idle_backend():
+                if not self._has_idle_replica():
                     await self._wake.wait()
                     continue
                 idle, now = self._idle_since, time.monotonic()
@@ -397,16 +397,16 @@ class ModelBatcher:
             task.add_done_callback(self._call_done)
 
     def _call_done(self, task: asyncio.Task[None]) -> None:
-        all_busy = not self._has_idle_backend()
+        all_busy = not self._has_idle_replica()
         self._calls.discard(task)
-        if all_busy and self._has_idle_backend():
+        if all_busy and self._has_idle_replica():
             # only the end of a wait for a replica restarts the clocks: with another replica already
             # idle, a partial batch was waiting for companions all along and max_wait_ms holds
             self._idle_since = time.monotonic()
         self._wake.set()
 
-    def _pick(self, exclude: set[str]) -> Backend | None:
-        choices = [b for b in self.backends if b.url not in exclude]
+    def _pick(self, exclude: set[str]) -> ReplicaClient | None:
+        choices = [b for b in self.replicas if b.url not in exclude]
         return min(choices, key=lambda b: b.inflight) if choices else None
 
     async def _call(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -414,25 +414,25 @@ class ModelBatcher:
         tried: set[str] = set()
         last: EngineError = EngineError(503, error_body("no replica available", "service_unavailable", 503))
         for _ in range(2):
-            backend = self._pick(tried)
-            if backend is None:
+            replica = self._pick(tried)
+            if replica is None:
                 break
-            tried.add(backend.url)
-            backend.inflight += 1
+            tried.add(replica.url)
+            replica.inflight += 1
             started = time.perf_counter()
             try:
-                return await self._post(backend, payload)
+                return await self._post(replica, payload)
             except UpstreamError as err:  # could not connect: nothing reached this replica
                 last = EngineError(502, error_body(f"replica unreachable: {err}", "bad_gateway", 502))
             finally:
-                backend.inflight -= 1
+                replica.inflight -= 1
                 self._m_engine.observe(time.perf_counter() - started)
         raise last
 
-    async def _post(self, backend: Backend, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, replica: ReplicaClient, payload: dict[str, Any]) -> dict[str, Any]:
         """POST one batch; raises ``UpstreamError`` only when the replica could not be reached."""
         try:
-            status, _, raw = await backend.post(
+            status, _, raw = await replica.post(
                 EMBEDDINGS_PATH,
                 orjson.dumps(payload),
                 self.policy.engine_timeout_ms / 1000,

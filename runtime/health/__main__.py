@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from runtime.config import RuntimeConfig
-from runtime.discovery import watch_backends
+from runtime.discovery import watch_replicas
 from runtime.health.app import make_app
 from runtime.health.kube import Actions, KubernetesActions, NoActions
 from runtime.health.monitor import Monitor
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
         exit_bad_config(
             [f"{args.config}: health.kubernetes_events/remediate_after_s need the Kubernetes API: {err}"]
         )
-    monitor = Monitor(config, watch=watch_backends, actions=actions)
+    monitor = Monitor(config, watch=watch_replicas, actions=actions)
     web.run_app(
         make_app(monitor),
         host=args.host or config.health.host,

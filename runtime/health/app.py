@@ -10,7 +10,7 @@ from runtime.health.monitor import Monitor
 MONITOR_KEY = web.AppKey("monitor", Monitor)
 
 
-async def backends(request: web.Request) -> web.Response:
+async def fleet_feed(request: web.Request) -> web.Response:
     feed = request.app[MONITOR_KEY].feed()
     return web.Response(body=feed.model_dump_json().encode(), content_type="application/json")
 
@@ -30,7 +30,7 @@ def make_app(monitor: Monitor) -> web.Application:
 
     app = web.Application()
     app[MONITOR_KEY] = monitor
-    app.router.add_get("/v1/backends", backends)
+    app.router.add_get("/v1/backends", fleet_feed)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

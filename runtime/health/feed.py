@@ -46,7 +46,7 @@ class _Feed(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
-class BackendSignals(_Feed):
+class ReplicaMetrics(_Feed):
     """Load and latency of one replica; ``None`` = not exported by this engine or not seen yet."""
 
     queued: float | None = Field(default=None, description="Requests waiting in the engine's queue.")
@@ -66,7 +66,7 @@ class BackendSignals(_Feed):
     preemptions_window: float | None = Field(default=None, description="Preemptions during the window.")
 
 
-class BackendStatus(_Feed):
+class ReplicaStatus(_Feed):
     url: str = Field(description="Replica base URL, as discovery reports it.")
     model: str
     engine: str = Field(description="vllm, sglang or trtllm.")
@@ -83,7 +83,7 @@ class BackendStatus(_Feed):
     consecutive_failures: int = 0
     consecutive_successes: int = 0
     last_probe_at: float | None = Field(default=None, description="Unix seconds of the last probe round.")
-    metrics: BackendSignals = Field(default_factory=BackendSignals)
+    metrics: ReplicaMetrics = Field(default_factory=ReplicaMetrics)
     metrics_at: float | None = Field(default=None, description="Unix seconds of the last successful scrape.")
     metrics_age_s: float | None = Field(default=None, description="Age of `metrics` at generation time.")
     metrics_stale: bool = Field(
@@ -133,7 +133,7 @@ class VersionWeights(_Feed):
     )
 
 
-class BackendsFeed(_Feed):
+class FleetFeed(_Feed):
     schema_version: Literal[1] = 1
     generated_at: float = Field(description="Unix seconds.")
     interval_ms: int = Field(description="Probe interval of the monitor.")
@@ -141,14 +141,14 @@ class BackendsFeed(_Feed):
     max_ejected_percent: float = Field(
         default=50, description="The panic threshold (health.max_ejected_percent) the front ends apply."
     )
-    backends: list[BackendStatus] = Field(default_factory=list)
+    backends: list[ReplicaStatus] = Field(default_factory=list)
     models: list[ModelSummary] = Field(default_factory=list)
     versions: list[VersionWeights] = Field(
         default_factory=list,
         description="Weights of versioned models with a canary check (router: apply them).",
     )
 
-    def for_model(self, model: str) -> list[BackendStatus]:
+    def for_model(self, model: str) -> list[ReplicaStatus]:
         return [b for b in self.backends if b.model == model]
 
     def is_fresh(self, now_unix_s: float) -> bool:

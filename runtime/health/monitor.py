@@ -26,7 +26,7 @@ from runtime.config import HealthSettings, ModelTarget, RuntimeConfig
 from runtime.engines import Signal
 from runtime.health import state as st
 from runtime.health.canary import Canaries, ReplicaView, Rollback
-from runtime.health.feed import BackendsFeed, VersionWeights
+from runtime.health.feed import FleetFeed, VersionWeights
 from runtime.health.kube import Actions, NoActions
 from runtime.health.probe import ProbeSpec, probe
 from runtime.health.tracker import Tracker, in_panic_now, summarize, wanted_for
@@ -47,7 +47,7 @@ DEPARTED_KEEP_S = 600.0
 
 @dataclass
 class Counters:
-    """Lifetime event counts per (model, backend) for ``/metrics``."""
+    """Lifetime event counts per (model, replica) for ``/metrics``."""
 
     probes: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (model, url, result)
     ejections: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -125,7 +125,7 @@ class Monitor:
         while True:
             try:
                 async for urls in self._watch(target):
-                    self._set_backends(target, urls)
+                    self._set_replicas(target, urls)
                     self.discovered.add(target.name)
             except asyncio.CancelledError:
                 raise
@@ -133,7 +133,7 @@ class Monitor:
                 log.warning("discovery for %s failed: %s; retrying", target.name, err)
             await asyncio.sleep(DISCOVERY_RETRY_S)
 
-    def _set_backends(self, target: ModelTarget, urls: list[str]) -> None:
+    def _set_replicas(self, target: ModelTarget, urls: list[str]) -> None:
         current = self.trackers[target.name]
         wanted = {u.rstrip("/") for u in urls}
         for url in sorted(set(current) - wanted):
@@ -412,10 +412,10 @@ class Monitor:
     def all_trackers(self) -> list[Tracker]:
         return [t for model in self.trackers.values() for t in model.values()]
 
-    def feed(self) -> BackendsFeed:
+    def feed(self) -> FleetFeed:
         now = self._clock()
         interval_s = self.settings.interval_ms / 1000
-        return BackendsFeed(
+        return FleetFeed(
             generated_at=now,
             interval_ms=self.settings.interval_ms,
             stale_after_s=max(3 * interval_s, interval_s + self.settings.timeout_ms / 1000),

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from runtime.config import EngineKind
 from runtime.engines import Signal, facts
 from runtime.health import state as st
-from runtime.health.feed import BackendSignals, BackendStatus, ModelSummary
+from runtime.health.feed import ModelSummary, ReplicaMetrics, ReplicaStatus
 from runtime.health.window import WindowedCounter, WindowedHistogram, merge, quantile, ratio
 from runtime.metrics_text import ParsedMetrics, wanted_sample_names
 from runtime.model_view import in_panic
@@ -89,7 +89,7 @@ class Tracker:
         h = self.window_histogram(sig)
         return max(h.values(), default=0.0) if h else 0.0
 
-    def signals(self) -> BackendSignals:
+    def signals(self) -> ReplicaMetrics:
         ttft = self.window_histogram(Signal.TTFT)
         itl = self.window_histogram(Signal.INTER_TOKEN)
         hit_rate = self.gauges.get(Signal.PREFIX_HIT_RATE)
@@ -98,7 +98,7 @@ class Tracker:
             if hits is not None and queries is not None:
                 hit_rate = ratio(hits.increase(), queries.increase())
         preempt = self.counters.get(Signal.PREEMPTIONS)
-        return BackendSignals(
+        return ReplicaMetrics(
             queued=self.gauges.get(Signal.QUEUED),
             running=self.gauges.get(Signal.RUNNING),
             kv_usage=self.gauges.get(Signal.KV_USAGE),
@@ -110,9 +110,9 @@ class Tracker:
             preemptions_window=preempt.increase() if preempt is not None else None,
         )
 
-    def status(self, now_s: float) -> BackendStatus:
+    def status(self, now_s: float) -> ReplicaStatus:
         h = self.health
-        return BackendStatus(
+        return ReplicaStatus(
             url=self.url,
             model=self.model,
             engine=self.engine.value,

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 
 from runtime.config import ModelTarget, RuntimeConfig
-from runtime.discovery import watch_backends
+from runtime.discovery import watch_replicas
 from runtime.picker.replicas import ModelPool
 from runtime.signal_loop import SignalLoop
 
@@ -28,7 +28,7 @@ Discover = Callable[[ModelTarget], AsyncIterator[list[str]]]
 class Fleet:
     """Every model's pool; owns the discovery watches and the signal loop."""
 
-    def __init__(self, cfg: RuntimeConfig, discover: Discover = watch_backends) -> None:
+    def __init__(self, cfg: RuntimeConfig, discover: Discover = watch_replicas) -> None:
         self.cfg = cfg
         self.discover = discover
         self.models: dict[str, ModelPool] = {

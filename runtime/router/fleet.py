@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from runtime.config import ModelTarget, RuntimeConfig, version_target_name
-from runtime.discovery import watch_backends
+from runtime.discovery import watch_replicas
 from runtime.router.model_state import ModelState
 from runtime.router.signals import RouterSignals
 from runtime.router.sleep import SleepControl
@@ -34,7 +34,7 @@ log = logging.getLogger("inferstack.router.fleet")
 class Fleet:
     """All models; owns the discovery watches and the signal loop."""
 
-    def __init__(self, cfg: RuntimeConfig, discover: Callable[[ModelTarget], Any] = watch_backends) -> None:
+    def __init__(self, cfg: RuntimeConfig, discover: Callable[[ModelTarget], Any] = watch_replicas) -> None:
         self.cfg = cfg
         self.discover = discover
         self.models: dict[str, ModelState] = {}

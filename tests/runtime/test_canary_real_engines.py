@@ -269,10 +269,10 @@ def test_a_failing_canary_is_rolled_back_within_one_interval_and_no_request_is_l
 def _feed_routable(health_base: str, n: int) -> bool:
     try:
         with urllib.request.urlopen(f"{health_base}/v1/backends", timeout=2) as r:
-            backends = json.loads(r.read())["backends"]
+            replicas = json.loads(r.read())["backends"]
     except OSError:
         return False
-    return len(backends) == n and all(b["routable"] for b in backends)
+    return len(replicas) == n and all(b["routable"] for b in replicas)
 
 
 def _version_counts_at(router_metrics: str, model: str) -> dict[str, float]:

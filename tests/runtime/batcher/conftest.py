@@ -9,7 +9,7 @@ import pytest_asyncio
 
 from runtime.batcher.app import Batcher, make_server
 from runtime.config import RuntimeConfig
-from runtime.discovery import watch_backends
+from runtime.discovery import watch_replicas
 from runtime.server import Server
 from tests.runtime.health.conftest import fakes, wait_for
 
@@ -35,7 +35,7 @@ class Running:
         await self.batcher.stop()
 
 
-async def start_batcher(config: RuntimeConfig, watch: Any = watch_backends) -> Running:
+async def start_batcher(config: RuntimeConfig, watch: Any = watch_replicas) -> Running:
     """The batcher on the lean server, on an ephemeral loopback port (not waiting for readiness)."""
     batcher = Batcher(config, watch=watch)
     server = make_server(batcher)

@@ -312,7 +312,7 @@ async def test_unbatched_requests_share_the_queue_budget_and_get_503_beyond_it(f
     assert b.batcher.models["emb"].forwarded == 0
 
 
-async def test_a_replica_listed_twice_is_one_backend(fake_engine):
+async def test_a_replica_listed_twice_is_one_replica(fake_engine):
     from tests.runtime.batcher.conftest import start_batcher
     from tests.runtime.health.conftest import wait_for as wait
 
@@ -327,7 +327,7 @@ async def test_a_replica_listed_twice_is_one_backend(fake_engine):
     try:
         await lists.put([engine.url, engine.url + "/"])
         await wait(lambda: running.batcher.ready)
-        assert [b.url for b in running.batcher.models["emb"].backends] == [engine.url.rstrip("/")]
+        assert [b.url for b in running.batcher.models["emb"].replicas] == [engine.url.rstrip("/")]
     finally:
         await running.close()
 
@@ -465,14 +465,14 @@ async def test_the_rate_window_forgets_old_batches_without_a_scrape(fake_engine,
 
 
 async def test_a_connection_in_use_when_its_replica_leaves_is_closed_not_pooled(fake_engine):
-    from runtime.batcher.service import Backend
+    from runtime.batcher.service import ReplicaClient
     from runtime.upstream import Exchange
 
     engine = await fake_engine(embed_delay_s=0.2)
-    backend = Backend(engine.url)
-    request = backend.request(b"/v1/embeddings", b'{"model":"emb","input":["x"]}')
-    ex = await Exchange.open(backend.pool, request, 2.0)
-    backend.pool.close()  # discovery dropped the replica while its call was running
+    replica = ReplicaClient(engine.url)
+    request = replica.request(b"/v1/embeddings", b'{"model":"emb","input":["x"]}')
+    ex = await Exchange.open(replica.pool, request, 2.0)
+    replica.pool.close()  # discovery dropped the replica while its call was running
     await ex.head(10)
     assert ex.status == 200 and await ex.read_all(10)
-    assert backend.pool._idle == []  # closed when the call ended, not kept open for nobody
+    assert replica.pool._idle == []  # closed when the call ended, not kept open for nobody

@@ -9,7 +9,7 @@ from typing import Any
 import pytest_asyncio
 
 from runtime.config import RuntimeConfig
-from runtime.discovery import watch_backends
+from runtime.discovery import watch_replicas
 from runtime.health.monitor import Monitor
 from tests.runtime.health.doubles import FakeEngine, Served, serve
 
@@ -63,7 +63,7 @@ async def monitors() -> AsyncIterator[Callable[..., Awaitable[Monitor]]]:
 
     async def make(config: RuntimeConfig, **kwargs: Any) -> Monitor:
         kwargs.setdefault("run_loops", False)
-        m = Monitor(config, watch=watch_backends, **kwargs)
+        m = Monitor(config, watch=watch_replicas, **kwargs)
         made.append(m)
         await m.start()
         await wait_for(lambda: m.ready)

@@ -13,9 +13,9 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime.config import KubernetesDiscovery
-from runtime.discovery import watch_backends
+from runtime.discovery import watch_replicas
 from runtime.health.app import make_app
-from runtime.health.feed import BackendsFeed
+from runtime.health.feed import FleetFeed
 from runtime.health.kube import KubernetesActions, event_for
 from runtime.health.monitor import Monitor
 from runtime.health.state import Reason, State, Transition
@@ -36,7 +36,7 @@ async def start(app: web.Application) -> tuple[web.AppRunner, str]:
 
 async def test_feed_and_metrics_endpoints(fakes):
     engine = await fakes(metrics_body=vllm_metrics(waiting=4, kv=0.5))
-    monitor = Monitor(config_for([engine.url]), watch=watch_backends, run_loops=False)
+    monitor = Monitor(config_for([engine.url]), watch=watch_replicas, run_loops=False)
     runner, base = await start(make_app(monitor))
     try:
         await wait_for(lambda: monitor.ready)
@@ -44,7 +44,7 @@ async def test_feed_and_metrics_endpoints(fakes):
         async with aiohttp.ClientSession() as s:
             async with s.get(base + "/v1/backends") as r:
                 assert r.status == 200
-                feed = BackendsFeed.model_validate(await r.json())
+                feed = FleetFeed.model_validate(await r.json())
             async with s.get(base + "/metrics") as r:
                 text = await r.text()
             async with s.get(base + "/readyz") as r:
@@ -158,7 +158,7 @@ async def test_monitor_remediates_once_per_episode(fakes, api_server):
     clock = [1000.0]
     cfg = config_for([engine.url], eject_after_failures=1, remediate_after_s=60)
     actions = KubernetesActions.for_host(api_base, events=False, remediation=True)
-    monitor = Monitor(cfg, watch=watch_backends, actions=actions, clock=lambda: clock[0], run_loops=False)
+    monitor = Monitor(cfg, watch=watch_replicas, actions=actions, clock=lambda: clock[0], run_loops=False)
     await monitor.start()
     try:
         await wait_for(lambda: monitor.ready)

@@ -24,7 +24,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from runtime.config import RuntimeConfig
-from runtime.discovery import watch_backends
+from runtime.discovery import watch_replicas
 from runtime.health.app import make_app
 from runtime.health.exposition import registry_for, render
 from runtime.health.kube import KubernetesActions
@@ -76,7 +76,7 @@ def test_a_monitor_that_cannot_see_the_engines_does_not_empty_the_model_for_rout
     models = [{"name": "m", "static_backends": [{"url": d.url} for d in doubles]}]
     monitor = Monitor(
         RuntimeConfig.model_validate({"models": models, "health": {"eject_after_failures": 1}}),
-        watch=watch_backends,
+        watch=watch_replicas,
         run_loops=False,
     )
     runner, base = lt.run(start(make_app(monitor)))
@@ -291,7 +291,7 @@ def test_one_api_key_picking_canary_session_keys_cannot_roll_the_canary_back(lt:
     }
     router = RouterUnderTest(lt, config).start()
     clock = Clock()
-    m = Monitor(RuntimeConfig.model_validate(config), watch=watch_backends, clock=clock, run_loops=False)
+    m = Monitor(RuntimeConfig.model_validate(config), watch=watch_replicas, clock=clock, run_loops=False)
     try:
         lt.run(m.start())
         until(lambda: m.ready)

@@ -195,11 +195,11 @@ def test_error_classification():
 
 async def test_running_loops_eject_a_dying_engine(fakes):
     """The real loops (not manual rounds), bounded by a generous wait."""
-    from runtime.discovery import watch_backends
+    from runtime.discovery import watch_replicas
     from runtime.health.monitor import Monitor
 
     engine = await fakes()
-    monitor = Monitor(config_for([engine.url], interval_ms=100, eject_after_failures=2), watch=watch_backends)
+    monitor = Monitor(config_for([engine.url], interval_ms=100, eject_after_failures=2), watch=watch_replicas)
     await monitor.start()
     try:
         await wait_for(lambda: any(t.health.state is State.HEALTHY for t in monitor.all_trackers()))
@@ -235,10 +235,10 @@ async def test_discovery_changes_add_and_remove_replicas(fakes):
 
 
 def test_feed_round_trips_through_json():
-    from runtime.health.feed import BackendsFeed
+    from runtime.health.feed import FleetFeed
 
-    feed = BackendsFeed(generated_at=1.0, interval_ms=5000, stale_after_s=15.0)
-    again = BackendsFeed.model_validate_json(feed.model_dump_json())
+    feed = FleetFeed(generated_at=1.0, interval_ms=5000, stale_after_s=15.0)
+    again = FleetFeed.model_validate_json(feed.model_dump_json())
     assert again == feed and again.is_fresh(10.0) and not again.is_fresh(100.0)
     assert math.isclose(again.stale_after_s, 15.0)
 

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from components.local.engine_process import EngineProcess, cpu_model_spec, free_port
-from runtime.discovery import watch_backends
-from runtime.health.feed import BackendsFeed
+from runtime.discovery import watch_replicas
+from runtime.health.feed import FleetFeed
 from runtime.health.monitor import Monitor
 from runtime.health.state import Reason, State
 from tests.conftest import LOGS_DIR, OWN_ENGINES_GROUP
@@ -33,7 +33,7 @@ def _status(monitor: Monitor, url: str):
 
 
 async def _monitor(urls: list[str], model: str, **health) -> Monitor:
-    m = Monitor(config_for(urls, model=model, **health), watch=watch_backends, run_loops=False)
+    m = Monitor(config_for(urls, model=model, **health), watch=watch_replicas, run_loops=False)
     await m.start()
     await wait_for(lambda: m.ready)
     return m
@@ -147,7 +147,7 @@ def test_service_runs_from_the_command_line(vllm_chat_pair, tmp_path):
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/backends", timeout=5) as r:
-                    feed = BackendsFeed.model_validate_json(r.read())
+                    feed = FleetFeed.model_validate_json(r.read())
             except OSError:  # one slow answer from a loaded machine: ask again
                 time.sleep(0.2)
                 continue

@@ -33,11 +33,11 @@ class Monitor:
         self.port = 0
 
     async def start(self) -> None:
-        async def backends(_: web.Request) -> web.Response:
+        async def fleet_feed(_: web.Request) -> web.Response:
             return web.json_response(self.feed)
 
         app = web.Application()
-        app.router.add_get("/v1/backends", backends)
+        app.router.add_get("/v1/backends", fleet_feed)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)

@@ -39,8 +39,8 @@ def doubles(lt: LoopThread) -> Iterator[Callable[..., list[Double]]]:
 def make_router(lt: LoopThread) -> Iterator[Callable[..., RouterUnderTest]]:
     started: list[RouterUnderTest] = []
 
-    def make(backends: list[str], **router: Any) -> RouterUnderTest:
-        r = RouterUnderTest(lt, router_cfg(backends, **router)).start()
+    def make(replica_urls: list[str], **router: Any) -> RouterUnderTest:
+        r = RouterUnderTest(lt, router_cfg(replica_urls, **router)).start()
         started.append(r)
         return r
 

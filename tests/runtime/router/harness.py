@@ -350,7 +350,7 @@ class RouterFromFile(Loopback):
         self.lt.run(stop())
 
 
-def router_cfg(backends: list[str], **router: Any) -> dict[str, Any]:
+def router_cfg(replica_urls: list[str], **router: Any) -> dict[str, Any]:
     models = router.pop("models", None)
     cap = router.pop("cap", 64)
     return {
@@ -358,7 +358,7 @@ def router_cfg(backends: list[str], **router: Any) -> dict[str, Any]:
         or [
             {
                 "name": "m",
-                "static_backends": [{"url": u} for u in backends],
+                "static_backends": [{"url": u} for u in replica_urls],
                 "max_concurrency_per_backend": cap,
             }
         ],

@@ -10,8 +10,8 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from runtime.config import KubernetesDiscovery, ModelTarget, StaticBackend
-from runtime.discovery import KubeApi, fleet_urls, slice_urls, watch_backends
+from runtime.config import KubernetesDiscovery, ModelTarget, StaticReplica
+from runtime.discovery import KubeApi, fleet_urls, slice_urls, watch_replicas
 
 
 def _slice(name: str, addrs: list[tuple[str, bool | None]], rv: str = "1") -> dict[str, Any]:
@@ -113,9 +113,9 @@ def test_slice_urls_ready_only_named_port_ipv6() -> None:
 async def test_static_yields_once() -> None:
     target = ModelTarget(
         name="m",
-        static_backends=[StaticBackend(url="http://127.0.0.1:9/"), StaticBackend(url="http://127.0.0.1:8")],  # type: ignore[arg-type]
+        static_backends=[StaticReplica(url="http://127.0.0.1:9/"), StaticReplica(url="http://127.0.0.1:8")],  # type: ignore[arg-type]
     )
-    it = watch_backends(target)
+    it = watch_replicas(target)
     assert await _next(it) == ["http://127.0.0.1:8", "http://127.0.0.1:9"]
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(anext(it), 0.2)
@@ -126,7 +126,7 @@ async def test_list_then_watch_changes(fake_api: FakeApiServer, tmp_path) -> Non
     token.write_text("tok-1\n")
     fake_api.items = [_slice("llama-a", [("10.0.0.1", True), ("10.0.0.2", False)])]
     api = KubeApi(base_url=fake_api.url, token_path=token)
-    it = watch_backends(_target(), api)
+    it = watch_replicas(_target(), api)
     assert await _next(it) == ["http://10.0.0.1:8000"]
     assert fake_api.seen_auth[0] == "Bearer tok-1"
 
@@ -162,7 +162,7 @@ async def test_expiry_relists_and_errors_back_off(fake_api: FakeApiServer) -> No
     fake_api.items = [_slice("llama-a", [("10.0.0.1", True)])]
     api = KubeApi(base_url=fake_api.url, backoff_start_s=0.01, backoff_max_s=0.05)
     fake_api.fail_next_lists = 2  # the API server is down at first: we retry
-    it = watch_backends(_target(), api)
+    it = watch_replicas(_target(), api)
     assert await _next(it) == ["http://10.0.0.1:8000"]
     assert fake_api.list_calls == 3
 

@@ -17,15 +17,15 @@ from tests.runtime.router.harness import Double, Loopback, RouterUnderTest
 CHAT = {"model": "a", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def _models(*names: str, backend: str) -> list[dict[str, object]]:
-    return [{"name": n, "static_backends": [{"url": backend}]} for n in names]
+def _models(*names: str, replica: str) -> list[dict[str, object]]:
+    return [{"name": n, "static_backends": [{"url": replica}]} for n in names]
 
 
 def test_metrics_are_served_on_their_own_port_only(
     doubles: Callable[..., list[Double]], make_router: Callable[..., RouterUnderTest]
 ) -> None:
     (d,) = doubles(1)
-    r = make_router([d.url], models=_models("a", backend=d.url))
+    r = make_router([d.url], models=_models("a", replica=d.url))
     assert r.request("POST", "/v1/chat/completions", CHAT)[0] == 200
     status, _, body = r.request("GET", "/metrics")  # the API port: what an ingress routes
     assert status == 404 and json.loads(body)["error"]["type"] == "not_found_error"
@@ -47,7 +47,7 @@ def test_the_model_list_needs_a_key_and_shows_a_scoped_key_its_models_only(
         {"name": "all", "sha256": hash_key("sk-all")},
         {"name": "only-b", "sha256": hashlib.sha256(b"sk-b").hexdigest(), "models": ["b"]},
     ]
-    r = make_router([d.url], models=_models("a", "b", backend=d.url), require_api_key=True, api_keys=keys)
+    r = make_router([d.url], models=_models("a", "b", replica=d.url), require_api_key=True, api_keys=keys)
 
     def listed(key: str | None) -> tuple[int, list[str]]:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -67,7 +67,7 @@ def test_without_required_keys_the_model_list_stays_open_and_a_known_key_still_s
 ) -> None:
     (d,) = doubles(1)
     keys = [{"name": "only-b", "sha256": hash_key("sk-b"), "models": ["b"]}]
-    r = make_router([d.url], models=_models("a", "b", backend=d.url), require_api_key=False, api_keys=keys)
+    r = make_router([d.url], models=_models("a", "b", replica=d.url), require_api_key=False, api_keys=keys)
     status, _, body = r.request("GET", "/v1/models")
     assert status == 200 and sorted(m["id"] for m in json.loads(body)["data"]) == ["a", "b"]
     status, _, body = r.request("GET", "/v1/models", headers={"Authorization": "Bearer sk-b"})

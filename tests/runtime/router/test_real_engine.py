@@ -130,19 +130,19 @@ def test_errors_are_openai_exceptions(real_router) -> None:
 def test_shared_prefix_lands_on_one_replica(real_router, vllm_chat_pair) -> None:
     client = _client(real_router)
     system = "You are a careful assistant. " * 40
-    before = _per_backend(real_router)
+    before = _per_replica(real_router)
     for i in range(6):
         client.chat.completions.create(
             model=vllm_chat_pair.model,
             messages=[{"role": "system", "content": system}, {"role": "user", "content": f"q{i}"}],
             max_tokens=2,
         )
-    after = _per_backend(real_router)
+    after = _per_replica(real_router)
     grew = [url for url in after if after[url] > before.get(url, 0)]
     assert len(grew) == 1  # sequential requests, far below the load guard: all on the same replica
 
 
-def _per_backend(router: RouterUnderTest) -> dict[str, float]:
+def _per_replica(router: RouterUnderTest) -> dict[str, float]:
     text = router.metrics()
     out: dict[str, float] = {}
     for m in re.finditer(

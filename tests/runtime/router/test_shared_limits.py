@@ -6,7 +6,7 @@ is admitted ``N + N * T / 60``: the bucket, plus what refills. The windows here 
 minute (the arithmetic is the same; the suite stays short), and the expectation must hold within 5 %. With
 per-replica limits the same traffic through three routers would be admitted three times that.
 
-Backends are the benchmarks' fake engine (``bench/router/fake_engine.py``, 9 tokens of usage per answer):
+Replicas are the benchmarks' fake engine (``bench/router/fake_engine.py``, 9 tokens of usage per answer):
 the limits are the router's business, and a real engine would only slow the traffic down.
 """
 

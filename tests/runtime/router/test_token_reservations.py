@@ -60,13 +60,13 @@ def keyed_router(
         # a key prefix per test: each starts from a full bucket
         store = {"limit_store": {"url": redis.url, "timeout_ms": 3000, "key_prefix": f"{request.node.name}:"}}
 
-    def make(backends: list[str], tokens_per_minute: int = TOKENS_PER_MINUTE) -> RouterUnderTest:
+    def make(replica_urls: list[str], tokens_per_minute: int = TOKENS_PER_MINUTE) -> RouterUnderTest:
         key = {
             "name": "streamer",
             "sha256": hashlib.sha256(RAW_KEY.encode()).hexdigest(),
             "tokens_per_minute": tokens_per_minute,
         }
-        r = make_router(backends, require_api_key=True, api_keys=[key], **store)
+        r = make_router(replica_urls, require_api_key=True, api_keys=[key], **store)
         if request.param == "shared":
             assert r.router is not None and r.router.limits.store_up == 1.0
         return r

@@ -12,7 +12,7 @@ from runtime.scheduling import Context, Need, Report, build
 from runtime.scheduling.scorers.precise_prefix import PrecisePrefixScorer
 
 
-def backends(n: int) -> list[Replica]:
+def replicas(n: int) -> list[Replica]:
     return [Replica(f"http://10.0.0.{i}:8000", 8, Breaker(5, 1.0)) for i in range(n)]
 
 
@@ -25,7 +25,7 @@ def view(held: dict[str, tuple[int, ...]]) -> CacheIndex:
 
 
 def test_the_score_is_the_share_of_leading_blocks_held() -> None:
-    b = backends(3)
+    b = replicas(3)
     scorer = PrecisePrefixScorer.from_knobs(StrategyConfig())
     index = view({b[0].url: (1, 2, 3, 4), b[1].url: (1, 2), b[2].url: ()})
     ctx = Context(model="m", prompt_blocks=[1, 2, 3, 4], cache=index)
@@ -34,7 +34,7 @@ def test_the_score_is_the_share_of_leading_blocks_held() -> None:
 
 
 def test_replicas_without_events_are_scored_by_the_routed_history() -> None:
-    b = backends(2)
+    b = replicas(2)
     scorer = PrecisePrefixScorer.from_knobs(StrategyConfig(prefix_block_tokens=1, prefix_chars_per_token=4))
     index = view({b[0].url: (7,)})  # b[1] has no event stream
     prompt = "a shared system prompt, long enough for a few blocks"
@@ -49,7 +49,7 @@ def test_replicas_without_events_are_scored_by_the_routed_history() -> None:
 
 def test_router_replicas_following_the_same_events_choose_alike() -> None:
     # three routers, each with its own strategy object, one shared truth (the engines' events)
-    b = backends(3)
+    b = replicas(3)
     index = view({b[1].url: (1, 2, 3, 4, 5, 6)})
     routers = [build(StrategyConfig(name="precise_prefix")) for _ in range(3)]
     picks = {
