@@ -125,7 +125,13 @@ class InferencePlatform(pulumi.ComponentResource):
             for m in spec.models
         }
         keys = _api_keys(spec, secrets)
-        before_gateway: list[pulumi.Resource] = [self.namespace]
+        # The gateway after the cloud's controllers: on EKS the Load Balancer Controller's validating webhook
+        # (vingress.elbv2.k8s.aws, failurePolicy Fail, not configurable) refuses the router's Ingress until the
+        # controller serves.
+        before_gateway: list[pulumi.Resource] = [
+            self.namespace,
+            *self.addons.installed(*(r.name for r in cluster.addons)),
+        ]
         if spec.gateway.shared_limits:
             token = limit_store_token(spec.gateway.limit_store_auth_config_key)
             self.limit_store = LimitStore(spec, cloud, cluster.limit_store_url, token, in_namespace)

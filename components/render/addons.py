@@ -19,6 +19,7 @@ from components.base.packing import Mechanism
 from components.core import nodes, placement
 from components.core.cloud import Cloud
 from components.render import common
+from components.render.gateway import router_scales
 from components.spec import (
     Autoscaler,
     Device,
@@ -200,6 +201,23 @@ def keda(spec: PlatformSpec) -> Release:
     )
 
 
+METRICS_SERVER_NAMESPACE = "kube-system"
+
+
+def metrics_server(spec: PlatformSpec) -> Release:
+    """The resource metrics API (metrics.k8s.io) for the router's CPU autoscaler. The chart creates no hook
+    resources (its serving certificate is the server's own, self-signed at start: apiService.insecureSkipTLSVerify
+    in its values.yaml), so a release without hooks is complete."""
+    return Release(
+        name="metrics-server",
+        chart="metrics-server",
+        repository="https://kubernetes-sigs.github.io/metrics-server/",
+        version=spec.addons.versions.metrics_server,
+        namespace=METRICS_SERVER_NAMESPACE,
+        values={},
+    )
+
+
 def installs_envoy_gateway(spec: PlatformSpec) -> bool:
     g = spec.gateway
     return g.ingress is IngressKind.GATEWAY_API and g.gateway_api is GatewayApiImplementation.ENVOY_GATEWAY
@@ -335,4 +353,6 @@ def releases(
         out.append(prometheus_adapter(spec, adapter_rules))
     if installs_envoy_gateway(spec):
         out.append(envoy_gateway(spec))
+    if spec.gateway.runs_router and router_scales(spec) and addons.install_metrics_server:
+        out.append(metrics_server(spec))
     return out

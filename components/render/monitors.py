@@ -47,7 +47,8 @@ def engine_service_monitor(spec: PlatformSpec, model: ModelSpec) -> Manifest:
 
 
 def runtime_service_monitor(spec: PlatformSpec) -> Manifest:
-    """Scrapes every runtime service this stack runs, selected by its component label."""
+    """Scrapes the runtime services this stack runs on their ``http`` ports, selected by their component label: the
+    router and the batch service have monitors of their own, on their metrics ports (each Service has one)."""
     name = common.runtime_name(spec, "runtime")
     instance = common.labels(spec, name, "monitoring")["app.kubernetes.io/instance"]
     selector = {
@@ -56,7 +57,7 @@ def runtime_service_monitor(spec: PlatformSpec) -> Manifest:
             {
                 "key": "app.kubernetes.io/component",
                 "operator": "In",
-                "values": [p for p in parts(spec) if p != common.ROUTER] + batches.parts(spec),
+                "values": [p for p in parts(spec) if p != common.ROUTER],
             }
         ],
     }

@@ -102,6 +102,9 @@ class ChartVersionsSpec(_Spec):
     aws_efa_k8s_device_plugin: str = "0.5.10"
     """Chart aws-efa-k8s-device-plugin, from https://aws.github.io/eks-charts (target eks, pools with EFA): advertises
     vpc.amazonaws.com/efa on the nodes it supports (its supportedInstanceLabels)."""
+    metrics_server: str = "3.12.2"
+    """Chart metrics-server, from https://kubernetes-sigs.github.io/metrics-server/: the resource metrics API
+    (metrics.k8s.io) the router's CPU HorizontalPodAutoscaler reads (gateway.max_replicas above gateway.replicas)."""
     envoy_gateway: str = "v1.4.2"
     """Chart gateway-helm, from oci://docker.io/envoyproxy: Envoy Gateway and the Gateway API CRDs it ships
     (gateway.ingress gateway-api with gateway.gateway_api envoy-gateway)."""
@@ -133,6 +136,11 @@ class AddonsSpec(_Spec):
     """Install the AWS Load Balancer Controller (target eks with ingress alb)."""
     install_cluster_autoscaler: bool = True
     """Install the Cluster Autoscaler (target eks, managed node groups): GPU groups grow when engines are pending."""
+    install_metrics_server: bool = True
+    """Install metrics-server where the router autoscales on CPU (gateway.max_replicas above gateway.replicas):
+    neither EKS nor most clusters serve the resource metrics API without it, and an HPA without them never
+    scales. False when the cluster already serves metrics.k8s.io (EKS's metrics-server add-on, an existing
+    install)."""
     versions: ChartVersionsSpec = Field(default_factory=ChartVersionsSpec)
     """Exact Helm chart version of each add-on."""
 

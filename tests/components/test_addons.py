@@ -58,6 +58,7 @@ def test_prod_gets_gpu_plugin_dcgm_keda_prometheus_and_the_alb_controller() -> N
         "kube-prometheus-stack",
         "aws-load-balancer-controller",
         "cluster-autoscaler",
+        "metrics-server",
     }
     spec = load("prod").spec
     assert charts["keda"]["version"] == spec.addons.versions.keda
@@ -70,6 +71,39 @@ def test_prod_gets_gpu_plugin_dcgm_keda_prometheus_and_the_alb_controller() -> N
     assert prom["ruleSelectorNilUsesHelmValues"] is False
     grafana = charts["kube-prometheus-stack"]["values"]["grafana"]["sidecar"]["dashboards"]
     assert grafana["label"] == addons.GRAFANA_DASHBOARD_LABEL and grafana["searchNamespace"] == "ALL"
+
+
+def test_the_first_apply_creates_services_and_the_ingress_around_the_load_balancer_controller() -> None:
+    """Its service webhook lets a Service through while the controller starts (Fail refused the Services created
+    beside it), and the router's Ingress, which its ingress webhook refuses until it serves, waits for it."""
+    lb = _charts("prod")["aws-load-balancer-controller"]["values"]
+    assert lb["serviceMutatorWebhookConfig"]["failurePolicy"] == "Ignore"
+    synthesis = synthesized("prod")
+    [chart] = [r for r in synthesis.resources if r.type == HELM and r.name == "aws-load-balancer-controller"]
+    [ingress] = [r for r in synthesis.resources if r.type == "kubernetes:networking.k8s.io/v1:Ingress"]
+    waits: set[str] = set()
+    parent: str | None = ingress.urn
+    by_urn = {r.urn: r for r in synthesis.resources}
+    while parent is not None:  # a component's dependencies hold for its children
+        waits.update(by_urn[parent].dependencies)
+        parent = by_urn[parent].parent if by_urn[parent].parent in by_urn else None
+    assert chart.urn in waits
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_a_router_that_autoscales_on_cpu_gets_the_resource_metrics_it_reads(name: str) -> None:
+    """An HPA on CPU reads metrics.k8s.io, which neither EKS nor most clusters serve without metrics-server: the
+    router's never scaled."""
+    on_cpu = [
+        m
+        for m in synthesized(name).kubernetes_manifests()
+        if m["kind"] == "HorizontalPodAutoscaler"
+        and any(x["type"] == "Resource" for x in m["spec"]["metrics"])
+    ]
+    assert ("metrics-server" in _charts(name)) == bool(on_cpu), on_cpu
+    if on_cpu:
+        chart = _charts(name)["metrics-server"]
+        assert chart["version"] == load(name).spec.addons.versions.metrics_server
 
 
 def test_a_cpu_only_stack_without_dcgm_gets_no_gpu_add_ons() -> None:
@@ -99,6 +133,7 @@ def test_each_add_on_can_be_left_to_an_existing_installation() -> None:
         "install_keda": False,
         "install_prometheus_stack": False,
         "install_cluster_autoscaler": False,
+        "install_metrics_server": False,
         "gpu_plugin": "none",
     }
     raw["observability"] = {

@@ -50,6 +50,34 @@ def test_every_engine_and_runtime_service_is_scraped(name: str) -> None:
         assert labels["app.kubernetes.io/component"] == part
 
 
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector's verdict on a Service's labels (matchLabels, and the In/NotIn expressions we render)."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        present = labels.get(expression["key"]) in expression["values"]
+        if present != (expression["operator"] == "In"):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_every_scraped_service_is_scraped_once_on_a_port_it_has(name: str) -> None:
+    """Two monitors on one Service scrape it twice: the second on the batch service's API port, which its
+    NetworkPolicy closes to Prometheus, was a target down for ever (TargetDown fired in the first hour)."""
+    services = _kind(name, "Service")
+    scrapes: dict[str, list[str]] = {}
+    for monitor_name, monitor in _kind(name, "ServiceMonitor").items():
+        [endpoint] = monitor["spec"]["endpoints"]
+        for service_name, service in services.items():
+            if _selects(monitor["spec"]["selector"], service["metadata"].get("labels", {})):
+                ports = {p.get("name") for p in service["spec"]["ports"]}
+                assert endpoint["port"] in ports, f"{monitor_name} scrapes {service_name} on a port it lacks"
+                scrapes.setdefault(service_name, []).append(monitor_name)
+    twice = {service: monitors for service, monitors in scrapes.items() if len(monitors) > 1}
+    assert not twice, f"Services scraped by more than one ServiceMonitor: {twice}"
+
+
 @pytest.mark.parametrize("name", PULUMI_STACKS)
 def test_alerts_cover_every_failure_the_issue_names_with_spec_thresholds(name: str) -> None:
     spec, _ = load(name).served

@@ -32,6 +32,12 @@ def aws_load_balancer_controller(spec: PlatformSpec, vpc_id: Any = None) -> Rele
         "clusterName": spec.cluster_name,
         "region": eks_section(spec).region,
         "serviceAccount": {"create": True, "name": account},
+        # The chart's mutating webhook mservice.elbv2.k8s.aws (templates/webhook.yaml: ``failurePolicy: {{
+        # .Values.serviceMutatorWebhookConfig.failurePolicy }}``, Fail in its values.yaml) sees every Service
+        # created, and refuses it while the controller is not serving yet: the engines' and the runtime services'
+        # Services, created beside the chart, failed the first `pulumi up` (Pulumi does not retry). It only
+        # defaults the class of LoadBalancer Services, which this platform does not create.
+        "serviceMutatorWebhookConfig": {"failurePolicy": "Ignore"},
     }
     if vpc_id is not None:
         values["vpcId"] = vpc_id
