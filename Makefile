@@ -20,7 +20,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # uv installs every venv: pip took 203 s for the engine venv alone on the 2-core machine, uv 19 s for the same
 # versions (it downloads and links in parallel, and links a wheel that another venv already unpacked). Its pin is
 # in pyproject.toml's dev extra; the project venv's pip bootstraps that one version. uv compiles no bytecode: see
-# PYTHONDONTWRITEBYTECODE below.
+# PYTHONDONTWRITEBYTECODE above.
 UV := $(BIN)/uv
 $(UV): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
