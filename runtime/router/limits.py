@@ -1,7 +1,7 @@
 """Per-key rate limits for the router: each replica on its own (``LocalLimits``), or shared by all of them
 through a store (``runtime.router.shared_limits``, which the router's app imports only when a store is configured:
 the Redis client costs ~10 MiB of resident memory that a router without one should not carry). Both are
-``Limits``; neither module imports the other's class.
+``Limits``; this module never imports that one.
 """
 
 from __future__ import annotations
