@@ -34,13 +34,13 @@ $(BIN)/.installed: pyproject.toml $(UV)
 venv: $(BIN)/.installed
 
 # Real vLLM on CPU, in its own venv: its pins clash with the project's (see DESIGN.md).
-$(ENGINE_VENV)/.installed: scripts/engine-venv.sh $(UV)
+$(ENGINE_VENV)/.installed: scripts/engine-venv.sh scripts/venv-lib.sh $(UV)
 	UV=$(UV) bash scripts/engine-venv.sh $(ENGINE_VENV)
 	touch $@
 engine-venv: $(ENGINE_VENV)/.installed
 
 # llm-compressor (quantization jobs) as the quantize image holds it, with torch's CPU build.
-$(PREPARE_VENV)/.installed: scripts/prepare-venv.sh scripts/cpu_pins.py runtime/images/prepare-llmcompressor.requirements.txt $(UV)
+$(PREPARE_VENV)/.installed: scripts/prepare-venv.sh scripts/venv-lib.sh scripts/cpu_pins.py runtime/images/prepare-llmcompressor.requirements.txt $(UV)
 	UV=$(UV) bash scripts/prepare-venv.sh $(PREPARE_VENV)
 	touch $@
 prepare-venv: $(PREPARE_VENV)/.installed

@@ -48,17 +48,10 @@ die() {
 command -v "$PYTHON" >/dev/null || die "$PYTHON not found; install Python 3.11 (torch 2.13.0+cpu is a cp311 wheel)"
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' ||
 	die "$PYTHON is $("$PYTHON" -V 2>&1); the engine venv needs Python 3.11 (set PYTHON=python3.11)"
-command -v "$UV" >/dev/null || die "$UV not found: \`make engine-venv\` installs it; by hand, \`pip install uv\` (or set UV=/path/to/uv)"
-
-# A half-made venv (interrupted run, moved directory) is rebuilt rather than trusted.
-if [[ -d "$VENV" ]] && ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
-	say "$VENV exists but its python is broken: recreating it"
-	rm -rf "$VENV"
-fi
-if [[ ! -x "$VENV/bin/python" ]]; then
-	say "creating $VENV with $("$PYTHON" -V 2>&1)"
-	"$PYTHON" -m venv --without-pip "$VENV"
-fi
+# shellcheck source=scripts/venv-lib.sh
+source "$(dirname "$0")/venv-lib.sh"
+require_uv
+ensure_venv "$VENV"
 PY="$VENV/bin/python"
 
 constraints=$(mktemp)

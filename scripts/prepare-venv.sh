@@ -29,15 +29,10 @@ die() {
 }
 
 grep -q -E '^llmcompressor==' "$REQUIREMENTS" || die "no llmcompressor== pin in $REQUIREMENTS"
-command -v "$UV" >/dev/null || die "$UV not found: \`make prepare-venv\` installs it; by hand, \`pip install uv\` (or set UV=/path/to/uv)"
-if [[ -d "$VENV" ]] && ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
-	say "$VENV exists but its python is broken: recreating it"
-	rm -rf "$VENV"
-fi
-if [[ ! -x "$VENV/bin/python" ]]; then
-	say "creating $VENV with $("$PYTHON" -V 2>&1)"
-	"$PYTHON" -m venv --without-pip "$VENV"
-fi
+# shellcheck source=scripts/venv-lib.sh
+source "$HERE/venv-lib.sh"
+require_uv
+ensure_venv "$VENV"
 # An earlier layout showed this venv the engine venv's packages through a .pth file: no more.
 rm -f "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/engine-venv.pth"
 pins=$(mktemp)

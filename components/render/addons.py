@@ -353,6 +353,6 @@ def releases(
         out.append(prometheus_adapter(spec, adapter_rules))
     if installs_envoy_gateway(spec):
         out.append(envoy_gateway(spec))
-    if spec.gateway.runs_router and router_scales(spec) and addons.install_metrics_server:
+    if router_scales(spec) and addons.install_metrics_server:
         out.append(metrics_server(spec))
     return out

@@ -259,7 +259,8 @@ def service(spec: PlatformSpec, part: str, port: int, metrics_port: int | None =
 
 
 def router_scales(spec: PlatformSpec) -> bool:
-    return spec.gateway.max_replicas > spec.gateway.replicas
+    """The stack runs the router with a CPU autoscaler (its HPA): gateway.max_replicas above gateway.replicas."""
+    return spec.gateway.runs_router and spec.gateway.max_replicas > spec.gateway.replicas
 
 
 def router_hpa(spec: PlatformSpec) -> Manifest:
