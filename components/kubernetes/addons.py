@@ -57,6 +57,10 @@ class ClusterAddons(pulumi.ComponentResource):
                 secret = {**addons.grafana_admin_secret(spec), "stringData": login}
                 after_namespace = pulumi.ResourceOptions(parent=self, depends_on=list(depends))
                 depends.append(apply(secret, after_namespace, secret_fields=("stringData",)))
+            # What the chart would make from hooks, which helm.v4.Chart never runs (chart_hooks.CHARTS): first,
+            # each after the one before (a Job after the access it runs with).
+            for manifest in addons.hook_replacements(spec, release):
+                depends.append(apply(manifest, pulumi.ResourceOptions(parent=self, depends_on=list(depends))))
             self.charts[release.name] = k8s.helm.v4.Chart(
                 release.name,
                 chart=release.chart,

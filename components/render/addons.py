@@ -18,7 +18,9 @@ import yaml
 from components.base.packing import Mechanism
 from components.core import nodes, placement
 from components.core.cloud import Cloud
-from components.render import common
+from components.render import chart_hooks, common, hardening
+from components.render.chart_hooks import ENVOY_GATEWAY_CERTGEN, hook_free_values, merged
+from components.render.common import Manifest
 from components.render.gateway import router_scales
 from components.spec import (
     Autoscaler,
@@ -40,6 +42,8 @@ GPU_NAMESPACE = "gpu-system"
 ENVOY_GATEWAY_RELEASE = "envoy-gateway"
 ENVOY_GATEWAY_NAMESPACE = "envoy-gateway-system"
 """Where Envoy Gateway runs its controller and, by default, the Envoy proxies of every Gateway."""
+ENVOY_GATEWAY_CLUSTER_DOMAIN = "cluster.local"
+"""The cluster DNS domain certgen names the controller's Service in (the chart's kubernetesClusterDomain default)."""
 ENVOY_GATEWAY_CONTROLLER = "gateway.envoyproxy.io/gatewayclass-controller"
 """The controllerName Envoy Gateway claims GatewayClasses by (the chart's config.envoyGateway.gateway default)."""
 
@@ -223,19 +227,130 @@ def installs_envoy_gateway(spec: PlatformSpec) -> bool:
     return g.ingress is IngressKind.GATEWAY_API and g.gateway_api is GatewayApiImplementation.ENVOY_GATEWAY
 
 
+ENVOY_GATEWAY_CHART = "oci://docker.io/envoyproxy/gateway-helm"
+ENVOY_GATEWAY_IMAGE = "docker.io/envoyproxy/gateway"
+"""The controller's image, as the chart is published with it (envoyproxy/gateway .github/workflows/release.yaml:
+``IMAGE=docker.io/envoyproxy/gateway TAG=<release tag>``): the chart runs it, and so does the certgen Job."""
+
+
+def envoy_gateway_image(spec: PlatformSpec) -> str:
+    version = spec.addons.versions.envoy_gateway
+    return f"{ENVOY_GATEWAY_IMAGE}:{version if version.startswith('v') else 'v' + version}"
+
+
 def envoy_gateway(spec: PlatformSpec) -> Release:
     """Envoy Gateway from its OCI chart: the controller, and the Gateway API CRDs (standard channel) it ships in
     the chart's crds/ (https://gateway.envoyproxy.io/docs/install/install-helm/). EnvoyPatchPolicy, off by
     default, is on: the request head limits of ``ingress.head_limits_patch`` are one (Helm merges this into the
-    chart's ``config.envoyGateway``, keeping its controller name and provider)."""
+    chart's ``config.envoyGateway``, keeping its controller name and provider). Its control-plane certificates
+    come from ``envoy_gateway_certgen``, not the chart's hook (``chart_hooks.CHARTS``)."""
+    values: dict[str, Any] = {
+        "config": {"envoyGateway": {"extensionApis": {"enableEnvoyPatchPolicy": True}}},
+        # The image the certgen Job runs too (values.tmpl.yaml: global.images.envoyGateway.image).
+        "global": {"images": {"envoyGateway": {"image": envoy_gateway_image(spec)}}},
+    }
     return Release(
         name=ENVOY_GATEWAY_RELEASE,
-        chart="oci://docker.io/envoyproxy/gateway-helm",
+        chart=ENVOY_GATEWAY_CHART,
         repository="",
         version=spec.addons.versions.envoy_gateway,
         namespace=ENVOY_GATEWAY_NAMESPACE,
-        values={"config": {"envoyGateway": {"extensionApis": {"enableEnvoyPatchPolicy": True}}}},
+        values=merged(values, hook_free_values(ENVOY_GATEWAY_CHART)),
     )
+
+
+def envoy_gateway_certgen(spec: PlatformSpec) -> list[Manifest]:
+    """Envoy Gateway's control-plane certificates, made before its chart as its pre-install hook would have
+    (charts/gateway-helm/templates/certgen.yaml at the pinned version): ``envoy-gateway certgen`` with the chart's
+    image creates the Secrets envoy-gateway, envoy, envoy-rate-limit and envoy-oidc-hmac in the controller's
+    namespace (internal/cmd/certgen.go), never overwriting ones that exist; the chart's Deployment mounts
+    envoy-gateway. Its API access is the hook's own (certgen-rbac.yaml: secrets get/create/update in the
+    namespace); the topology injector is off (``chart_hooks``), so certgen patches no webhook. No TTL: Pulumi keeps
+    the finished Job, so a later `pulumi up` neither recreates it nor regenerates the certificates."""
+    namespace = ENVOY_GATEWAY_NAMESPACE
+
+    def meta(kind_labels: str = "certgen") -> Manifest:
+        out = common.metadata(spec, ENVOY_GATEWAY_CERTGEN, kind_labels)
+        out["namespace"] = namespace
+        return out
+
+    token = hardening.service_account_token_volume()
+    container: Manifest = {
+        "name": "certgen",
+        "image": envoy_gateway_image(spec),
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["envoy-gateway", "certgen", "--disable-topology-injector"],
+        "env": [
+            {
+                "name": "ENVOY_GATEWAY_NAMESPACE",
+                "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}},
+            },
+            {"name": "KUBERNETES_CLUSTER_DOMAIN", "value": ENVOY_GATEWAY_CLUSTER_DOMAIN},
+        ],
+        "resources": {
+            "requests": {"cpu": "50m", "memory": "64Mi"},
+            "limits": {"cpu": "200m", "memory": "128Mi"},
+        },
+        "securityContext": hardening.container_security(),
+        "volumeMounts": [
+            {"name": token["name"], "mountPath": hardening.SERVICE_ACCOUNT_DIR, "readOnly": True}
+        ],
+    }
+    labels = meta()["labels"]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": meta(),
+            "automountServiceAccountToken": False,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta(),
+            "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "update"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta(),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": ENVOY_GATEWAY_CERTGEN,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": ENVOY_GATEWAY_CERTGEN, "namespace": namespace}],
+        },
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": meta(),
+            "spec": {
+                "backoffLimit": 3,
+                "activeDeadlineSeconds": 600,
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": ENVOY_GATEWAY_CERTGEN,
+                        "automountServiceAccountToken": False,
+                        "restartPolicy": "Never",
+                        "nodeSelector": nodes.system_node_selector(),
+                        "securityContext": hardening.pod_security(),
+                        "containers": [container],
+                        "volumes": [token],
+                    },
+                },
+            },
+        },
+    ]
+
+
+def hook_replacements(spec: PlatformSpec, release: Release) -> list[Manifest]:
+    """What the platform renders in place of ``release``'s hooks (``chart_hooks.NeededHook.instead``), applied
+    before the chart."""
+    if chart_hooks.chart_name(release.chart) == chart_hooks.chart_name(ENVOY_GATEWAY_CHART):
+        return envoy_gateway_certgen(spec)
+    return []
 
 
 def grafana_admin_secret(spec: PlatformSpec) -> dict[str, Any]:
@@ -265,37 +380,40 @@ def _grafana_auth(spec: PlatformSpec) -> dict[str, Any]:
 
 
 def kube_prometheus_stack(spec: PlatformSpec) -> Release:
+    """Prometheus, its operator, Grafana and the cluster's exporters. Without the hooks helm.v4.Chart never runs
+    (``chart_hooks.CHARTS``): no admission webhooks and no operator TLS, whose certificate only a hook made."""
+    values: dict[str, Any] = {
+        "prometheus": {
+            "prometheusSpec": {
+                # Select every ServiceMonitor/PodMonitor/PrometheusRule, not only this release's.
+                "serviceMonitorSelectorNilUsesHelmValues": False,
+                "podMonitorSelectorNilUsesHelmValues": False,
+                "ruleSelectorNilUsesHelmValues": False,
+                "retention": "15d",
+            }
+        },
+        "grafana": {
+            "enabled": spec.observability.grafana_dashboards,
+            **_grafana_auth(spec),
+            "sidecar": {
+                "dashboards": {
+                    "enabled": True,
+                    "label": GRAFANA_DASHBOARD_LABEL,
+                    "labelValue": "1",
+                    "searchNamespace": "ALL",
+                    "folderAnnotation": "grafana_folder",
+                    "provider": {"foldersFromFilesStructure": True},
+                }
+            },
+        },
+    }
     return Release(
         name=PROMETHEUS_STACK_RELEASE,
         chart="kube-prometheus-stack",
         repository="https://prometheus-community.github.io/helm-charts",
         version=spec.addons.versions.kube_prometheus_stack,
         namespace=spec.observability.namespace,
-        values={
-            "prometheus": {
-                "prometheusSpec": {
-                    # Select every ServiceMonitor/PodMonitor/PrometheusRule, not only this release's.
-                    "serviceMonitorSelectorNilUsesHelmValues": False,
-                    "podMonitorSelectorNilUsesHelmValues": False,
-                    "ruleSelectorNilUsesHelmValues": False,
-                    "retention": "15d",
-                }
-            },
-            "grafana": {
-                "enabled": spec.observability.grafana_dashboards,
-                **_grafana_auth(spec),
-                "sidecar": {
-                    "dashboards": {
-                        "enabled": True,
-                        "label": GRAFANA_DASHBOARD_LABEL,
-                        "labelValue": "1",
-                        "searchNamespace": "ALL",
-                        "folderAnnotation": "grafana_folder",
-                        "provider": {"foldersFromFilesStructure": True},
-                    }
-                },
-            },
-        },
+        values=merged(values, hook_free_values("kube-prometheus-stack")),
     )
 
 
