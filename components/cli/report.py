@@ -23,7 +23,7 @@ from components.core.startup import minutes
 from components.core.weights import store
 from components.deploy.synthesis import Synthesis
 from components.kubernetes import images
-from components.render import inference_extension, ingress, scaling
+from components.render import addons, inference_extension, ingress, scaling
 from components.spec import ModelSpec, PlatformSpec
 
 PLAN_COLUMNS = (
@@ -301,7 +301,12 @@ def plan_report(stack: Stack) -> PlanReport:
         )
     deploy_notes = [
         n
-        for n in (endpoint.note(spec), images.note(spec, stack.profile), ingress.gateway_api_note(spec))
+        for n in (
+            endpoint.note(spec),
+            images.note(spec, stack.profile),
+            ingress.gateway_api_note(spec),
+            addons.volumes_note(spec, stack.profile.cloud if stack.profile else None),
+        )
         if n
     ]
     deploy_notes += capacity.notes(spec, layout)

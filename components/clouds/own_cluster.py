@@ -56,6 +56,11 @@ class OwnCluster:
         """None: engines read the model store with the credentials you mount (model_store.reader_secret)."""
         return None
 
+    def volume_storage_class(self, spec: PlatformSpec) -> None:
+        """None: the stack creates no StorageClass here, so claims name the spec's (batch.storage_class) or get
+        the cluster's default, which the plan says must exist."""
+        return None
+
     def batch_files(self, spec: PlatformSpec) -> S3Files | None:
         """None: no object store is known here, so batch files live on the batch service's volume."""
         return None

@@ -117,6 +117,11 @@ class Cloud(Protocol):
         bucket, named at deploy time); None when they share the service's volume."""
         ...
 
+    def volume_storage_class(self, spec: PlatformSpec) -> str | None:
+        """The StorageClass the platform's persistent volumes claim (the batch service's state, Prometheus's
+        TSDB) where the target's layer creates one; None: the cluster's default class (which must exist)."""
+        ...
+
     def image_build(self, spec: PlatformSpec) -> str | None:
         """Where `pulumi up` builds the runtime images from ``runtime/images/`` and pushes them, as the plan
         says it ('into the stack's ECR'); None: the stack runs the spec's published images as pinned."""

@@ -52,7 +52,10 @@ class BatchService(pulumi.ComponentResource):
         image = {**gateway.spec_images(spec), **images}[batches.PART]
         config = runtime_config(spec, files=cloud.batch_files(spec))
         checksum = gateway.config_checksum(gateway.config_text(config))  # the gateway's ConfigMap's
-        self.manifests = batches.render(spec, config, image.reference, image.version, bucket, checksum)
+        storage = batches.storage_class(spec, cloud)
+        self.manifests = batches.render(
+            spec, config, image.reference, image.version, bucket, checksum, storage
+        )
         after = pulumi.ResourceOptions(parent=self, depends_on=depends)
         self.resources = [apply(m, after) for m in self.manifests]
         self.register_outputs({"service": batches.url(spec)})

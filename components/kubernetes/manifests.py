@@ -34,6 +34,7 @@ _TYPED: dict[tuple[str, str], Any] = {
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): k8s.rbac.v1.ClusterRole,
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): k8s.rbac.v1.ClusterRoleBinding,
     ("scheduling.k8s.io/v1", "PriorityClass"): k8s.scheduling.v1.PriorityClass,
+    ("storage.k8s.io/v1", "StorageClass"): k8s.storage.v1.StorageClass,
 }
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
 

@@ -9,6 +9,7 @@ Cluster Autoscaler, ``components.clouds.aws.addons``) come from its layer, throu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -379,9 +380,41 @@ def _grafana_auth(spec: PlatformSpec) -> dict[str, Any]:
     }
 
 
-def kube_prometheus_stack(spec: PlatformSpec) -> Release:
+PROMETHEUS_RETENTION_DAYS = 15
+PROMETHEUS_SAMPLES_PER_S = 10_000
+"""The ingestion Prometheus's volume is sized for: about 300k active series at the chart's 30 s scrape interval
+(prometheusSpec.scrapeInterval, "Defaults to 30s" in kube-prometheus-stack's values.yaml), far above what the
+cluster's exporters, the engines and the runtime services of these stacks export. Past it, ``retentionSize``
+drops the oldest blocks first, never the newest samples, and the volume never fills."""
+PROMETHEUS_BYTES_PER_SAMPLE = 2
+"""The top of Prometheus's own figure (docs/storage.md, "Operational aspects": "an average of only 1-2 bytes per
+sample"; needed_disk_space = retention_time_seconds * ingested_samples_per_second * bytes_per_sample)."""
+PROMETHEUS_VOLUME_HEADROOM = 0.8
+"""The TSDB's share of the volume: the rest for the write-ahead log and compaction's temporary blocks."""
+
+
+def prometheus_storage() -> tuple[int, int]:
+    """(retentionSize in GiB, the volume's size in GiB) for ``PROMETHEUS_RETENTION_DAYS`` days of
+    ``PROMETHEUS_SAMPLES_PER_S``."""
+    tsdb = PROMETHEUS_RETENTION_DAYS * 86_400 * PROMETHEUS_SAMPLES_PER_S * PROMETHEUS_BYTES_PER_SAMPLE
+    tsdb_gib = math.ceil(tsdb / 2**30)
+    return tsdb_gib, math.ceil(tsdb_gib / PROMETHEUS_VOLUME_HEADROOM)
+
+
+def kube_prometheus_stack(spec: PlatformSpec, cloud: Cloud) -> Release:
     """Prometheus, its operator, Grafana and the cluster's exporters. Without the hooks helm.v4.Chart never runs
-    (``chart_hooks.CHARTS``): no admission webhooks and no operator TLS, whose certificate only a hook made."""
+    (``chart_hooks.CHARTS``): no admission webhooks and no operator TLS, whose certificate only a hook made.
+
+    Prometheus keeps its TSDB on a volume of the class ``cloud.volume_storage_class`` names (on EKS the layer's
+    encrypted gp3 class; elsewhere the cluster's default), not on an emptyDir on the node's root disk: a restart
+    or a rescheduled pod kept nothing, and 15 days of samples filled the system nodes' disks."""
+    retained_gib, volume_gib = prometheus_storage()
+    claim: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": f"{volume_gib}Gi"}},
+    }
+    if (storage_class := cloud.volume_storage_class(spec)) is not None:
+        claim["storageClassName"] = storage_class
     values: dict[str, Any] = {
         "prometheus": {
             "prometheusSpec": {
@@ -389,7 +422,12 @@ def kube_prometheus_stack(spec: PlatformSpec) -> Release:
                 "serviceMonitorSelectorNilUsesHelmValues": False,
                 "podMonitorSelectorNilUsesHelmValues": False,
                 "ruleSelectorNilUsesHelmValues": False,
-                "retention": "15d",
+                "retention": f"{PROMETHEUS_RETENTION_DAYS}d",
+                # Prometheus's units are powers of two (GB = GiB): the TSDB stays within its share of the volume.
+                "retentionSize": f"{retained_gib}GB",
+                # The chart's storageSpec becomes the Prometheus resource's storage (templates/prometheus/
+                # prometheus.yaml); the operator gives the StatefulSet this claim template.
+                "storageSpec": {"volumeClaimTemplate": {"spec": claim}},
             }
         },
         "grafana": {
@@ -415,6 +453,40 @@ def kube_prometheus_stack(spec: PlatformSpec) -> Release:
         namespace=spec.observability.namespace,
         values=merged(values, hook_free_values("kube-prometheus-stack")),
     )
+
+
+def installs_prometheus(spec: PlatformSpec) -> bool:
+    return spec.observability.prometheus and spec.addons.install_prometheus_stack
+
+
+def volumes_note(spec: PlatformSpec, cloud: Cloud | None) -> str | None:
+    """What the plan says about the stack's persistent volumes and the StorageClass they claim; nothing where the
+    stack has none, or runs in no cluster (target local)."""
+    if cloud is None:
+        return None
+    made = cloud.volume_storage_class(spec)
+    claims: list[str] = []
+    if installs_prometheus(spec):
+        retained, volume = prometheus_storage()
+        claims.append(
+            f"Prometheus {volume} GiB ({PROMETHEUS_RETENTION_DAYS} days, at most {retained} GiB of samples)"
+        )
+    if spec.batch.enabled:
+        named = f" on {spec.batch.storage_class} (batch.storage_class)" if spec.batch.storage_class else ""
+        claims.append(f"the batch service {spec.batch.storage_gib} GiB{named}")
+    if not claims:
+        return None
+    if made is not None:
+        where = (
+            f"StorageClass {made}, which `pulumi up` creates (gp3 on the EBS CSI driver, encrypted with the "
+            "stack's disks key, bound in the zone the pod lands in)"
+        )
+    else:
+        where = (
+            "the cluster's default StorageClass (the stack creates none on a cluster you bring: `kubectl get "
+            "storageclass` must show one marked (default), or the claims stay Pending)"
+        )
+    return f"persistent volumes: {'; '.join(claims)}; they claim {where}"
 
 
 def prometheus_adapter(spec: PlatformSpec, rules: list[dict[str, Any]]) -> Release:
@@ -461,8 +533,8 @@ def releases(
         out.append(device_plugin(spec))
     if uses_gpus(spec) and addons.gpu_plugin is GpuPlugin.GPU_OPERATOR:
         out.append(gpu_operator(spec, cloud))
-    if spec.observability.prometheus and addons.install_prometheus_stack:
-        out.append(kube_prometheus_stack(spec))
+    if installs_prometheus(spec):
+        out.append(kube_prometheus_stack(spec, cloud))
     if uses_gpus(spec) and spec.observability.dcgm_exporter:
         out.append(dcgm_exporter(spec))
     if addons.autoscaler is Autoscaler.KEDA and addons.install_keda:

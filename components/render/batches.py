@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.core.cloud import Cloud
 from components.render import common, hardening
 from components.render.common import Manifest
 from components.spec import PlatformSpec
@@ -116,11 +117,25 @@ def selector(spec: PlatformSpec) -> dict[str, str]:
     return common.selector(spec, name(spec), PART)
 
 
+def storage_class(spec: PlatformSpec, cloud: Cloud) -> str | None:
+    """The class the service's volume claims: the spec's (batch.storage_class), else the one the target's layer
+    creates (on EKS its encrypted gp3 class: EKS 1.30+ has no default class, and a claim naming none never bound),
+    else None: the cluster's default."""
+    return spec.batch.storage_class or cloud.volume_storage_class(spec)
+
+
 def stateful_set(
-    spec: PlatformSpec, config: RuntimeConfig, image: Any, version: str, bucket: Any | None, checksum: str
+    spec: PlatformSpec,
+    config: RuntimeConfig,
+    image: Any,
+    version: str,
+    bucket: Any | None,
+    checksum: str,
+    storage: str | None,
 ) -> Manifest:
-    """One pod, its volume from a claim template; ``image`` and ``bucket`` may be Pulumi Outputs (EKS);
-    ``checksum`` is the runtime config's (``gateway.config_checksum``): a changed config rolls the pod."""
+    """One pod, its volume from a claim template of class ``storage`` (``storage_class``; None: the cluster's
+    default); ``image`` and ``bucket`` may be Pulumi Outputs (EKS); ``checksum`` is the runtime config's
+    (``gateway.config_checksum``): a changed config rolls the pod."""
     b = spec.batch
     labels = common.labels(spec, name(spec), PART, version)
     quantities = {"cpu": common.quantity_cpu(b.cpu_cores), "memory": common.quantity_gib(b.memory_gib)}
@@ -173,8 +188,8 @@ def stateful_set(
             "resources": {"requests": {"storage": f"{b.storage_gib}Gi"}},
         },
     }
-    if b.storage_class:
-        claim["spec"]["storageClassName"] = b.storage_class
+    if storage:
+        claim["spec"]["storageClassName"] = storage
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -231,14 +246,21 @@ def pdb(spec: PlatformSpec) -> Manifest:
 
 
 def render(
-    spec: PlatformSpec, config: RuntimeConfig, image: Any, version: str, bucket: Any | None, checksum: str
+    spec: PlatformSpec,
+    config: RuntimeConfig,
+    image: Any,
+    version: str,
+    bucket: Any | None,
+    checksum: str,
+    storage: str | None = None,
 ) -> list[Manifest]:
-    """The batch service's objects (the router key Secret aside: its value is a Pulumi secret)."""
+    """The batch service's objects (the router key Secret aside: its value is a Pulumi secret); ``storage``: the
+    volume's class (``storage_class``)."""
     if not enabled(spec):
         return []
     return [
         service_account(spec),
-        stateful_set(spec, config, image, version, bucket, checksum),
+        stateful_set(spec, config, image, version, bucket, checksum, storage),
         service(spec),
         pdb(spec),
     ]

@@ -157,7 +157,7 @@ def test_a_chart_version_range_is_refused() -> None:
 
 
 def test_grafana_never_keeps_the_charts_default_admin_password() -> None:
-    values = addons.kube_prometheus_stack(PlatformSpec.model_validate(minimal())).values["grafana"]
+    values = addons.kube_prometheus_stack(PlatformSpec.model_validate(minimal()), EKS).values["grafana"]
     assert "adminPassword" not in values
     ini = values["grafana.ini"]
     assert ini["auth"]["disable_login_form"] is True and ini["auth.basic"]["enabled"] is False

@@ -13,6 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from components.clouds.aws.cloud import EKS
 from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import synthesis as plan
 from components.render import addons, chart_hooks
@@ -56,7 +57,7 @@ def test_the_prometheus_operator_runs_without_the_certificate_only_its_hook_made
     """kube-prometheus-stack 75.6.1: the operator's Deployment mounts Secret <release>-admission while
     prometheusOperator.tls.enabled (templates/prometheus-operator/deployment.yaml), and only the pre-install Job
     admission-create makes it (admission-webhooks/job-patch/job-createSecret.yaml): the operator never started."""
-    values = addons.kube_prometheus_stack(PlatformSpec.model_validate(minimal())).values
+    values = addons.kube_prometheus_stack(PlatformSpec.model_validate(minimal()), EKS).values
     operator = values["prometheusOperator"]
     assert operator["tls"]["enabled"] is False
     assert operator["admissionWebhooks"]["enabled"] is False

@@ -74,6 +74,9 @@ class TinyCloud:
     def batch_files(self, spec: PlatformSpec) -> S3Files | None:
         return None
 
+    def volume_storage_class(self, spec: PlatformSpec) -> str | None:
+        return None
+
     def image_build(self, spec: PlatformSpec) -> str | None:
         return None
 

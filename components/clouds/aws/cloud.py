@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from components.base import catalog
 from components.base.problems import Problem
-from components.clouds.aws import decisions, prices
+from components.clouds.aws import decisions, prices, volumes
 from components.core import nodes
 from components.core.cloud import PRIVATE_CIDRS, Endpoint, IngressClass, Profile
 from components.core.cost import LineItem
@@ -95,6 +95,11 @@ class AwsCloud:
         """The engines' service account: EKS Pod Identity gives it read access to the model store
         (``components.clouds.aws.layer``)."""
         return spec.cluster.namespace, common.engine_service_account_name(spec)
+
+    def volume_storage_class(self, spec: PlatformSpec) -> str:
+        """The encrypted gp3 class the layer creates (``components.clouds.aws.volumes``): EKS 1.30+ has no
+        default class, so a claim naming none never binds."""
+        return volumes.STORAGE_CLASS
 
     def batch_files(self, spec: PlatformSpec) -> S3Files:
         """The batch bucket (cluster.batch_bucket, its name handed over at deploy time) under ``batches/``, never

@@ -83,7 +83,7 @@ KMS_KEYS: dict[str, str] = {
     "logs": "CloudWatch log groups: VPC flow logs and the EKS control plane",
     "models": "model weights in the S3 bucket (SSE-KMS)",
     "images": "runtime images in ECR",
-    "disks": "EBS root volumes of the nodes",
+    "disks": "EBS volumes: the nodes' root disks and the platform's persistent volumes (its StorageClass)",
 }
 LIMITS_KEY = "limits"
 LIMITS_KEY_PURPOSE = "the shared rate-limit store (ElastiCache, at rest)"

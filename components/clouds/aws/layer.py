@@ -1,7 +1,8 @@
 """The AWS layer of a ``target: eks`` stack, built before anything in Kubernetes.
 
 KMS keys -> network (+ flow logs) -> cluster (+ add-ons that run before nodes) -> node role -> system and GPU
-node groups -> add-ons that need nodes, node scaling (the Cluster Autoscaler's identity, or Karpenter) ->
+node groups -> add-ons that need nodes (then the persistent volumes' StorageClass, on the EBS CSI driver), node
+scaling (the Cluster Autoscaler's identity, or Karpenter) ->
 model bucket, engine and load-balancer identities -> registry and images. ``access()`` hands the Kubernetes
 side the cluster's provider, the images the gateway runs (pushed to ECR) and the AWS controllers to install.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 import pulumi
 import pulumi_aws as aws
 
-from components.clouds.aws import addons, controller_policies, data_policies, decisions, iam
+from components.clouds.aws import addons, controller_policies, data_policies, decisions, iam, volumes
 from components.clouds.aws.autoscaler import ClusterAutoscaler
 from components.clouds.aws.cloud import EKS
 from components.clouds.aws.cluster import Cluster
@@ -29,6 +30,7 @@ from components.core.cloud import ENGINE_WORKLOAD, WORKLOAD_TAG
 from components.core.placement import Layout
 from components.core.weights import store
 from components.kubernetes.cluster import ClusterAccess
+from components.kubernetes.manifests import apply
 from components.kubernetes.secrets import limit_store_token
 from components.render import batches
 from components.spec import NodeProvisioner, PlatformSpec, eks_section
@@ -119,6 +121,8 @@ class AwsLayer(pulumi.ComponentResource):
             )
         system = self.node_groups[decisions.system_node_group(spec).node_group_name]
 
+        # The persistent volumes' class encrypts with the disks key: the driver's controller may use it.
+        volumes_kms = self.keys.disks.arn.apply(lambda arn: iam.dumps(volumes.ebs_csi_kms(region, str(arn))))
         ebs_role = ServiceRole(
             f"{name}-ebs-csi",
             iam.pod_identity_trust(),
@@ -126,20 +130,24 @@ class AwsLayer(pulumi.ComponentResource):
             tags,
             on_aws,
             managed=iam.EBS_CSI_MANAGED_POLICIES,
+            inline={"volume-key": volumes_kms},
             description=f"EBS CSI controller of {name}",
         )
-        self.late_addons = [
-            self.cluster.addon("coredns", depends_on=[system]),
-            self.cluster.addon(
-                "aws-ebs-csi-driver",
-                pod_identities=[
-                    aws.eks.AddonPodIdentityAssociationArgs(
-                        role_arn=ebs_role.arn, service_account=decisions.EBS_CSI_SERVICE_ACCOUNT[1]
-                    )
-                ],
-                depends_on=[system, ebs_role],
-            ),
-        ]
+        ebs_csi = self.cluster.addon(
+            "aws-ebs-csi-driver",
+            pod_identities=[
+                aws.eks.AddonPodIdentityAssociationArgs(
+                    role_arn=ebs_role.arn, service_account=decisions.EBS_CSI_SERVICE_ACCOUNT[1]
+                )
+            ],
+            depends_on=[system, ebs_role],
+        )
+        self.late_addons = [self.cluster.addon("coredns", depends_on=[system]), ebs_csi]
+        # The class the platform's volumes claim (Cloud.volume_storage_class): EKS 1.30+ has none by default.
+        self.storage_class = apply(
+            volumes.storage_class(spec, self.keys.disks.arn),
+            pulumi.ResourceOptions(parent=self, provider=self.cluster.provider, depends_on=[ebs_csi]),
+        )
 
         self.storage = ModelStorage(spec, self.keys.models.arn, tags, on_aws)
         sources: list[str] = []  # engines read the store only (placement refuses s3:// sources outside it)
@@ -249,7 +257,12 @@ class AwsLayer(pulumi.ComponentResource):
             )
         # Engines fetch weights and the controller manages load balancers from their first start.
         identities.append(lb_identity)
-        self.ready: list[pulumi.Resource] = [*self.node_groups.values(), *self.late_addons, *identities]
+        self.ready: list[pulumi.Resource] = [
+            *self.node_groups.values(),
+            *self.late_addons,
+            self.storage_class,
+            *identities,
+        ]
         self.ready += [c for c in (self.karpenter, self.autoscaler) if c is not None]
         self.register_outputs({"cluster_name": cluster_name})
 
