@@ -58,7 +58,7 @@ def test_every_claim_names_a_class_that_exists_where_the_cluster_has_no_default(
     named = {stack.spec.batch.storage_class} - {None}
     if stack.spec.batch.enabled:
         assert any(k.endswith(f"/{batches.DATA_VOLUME}") for k in claims), claims
-    if addons.installs_prometheus(stack.spec):
+    if stack.spec.observability.prometheus and stack.spec.addons.install_prometheus_stack:
         assert "prometheus" in claims
     for claim_name, claim in claims.items():
         if stack.spec.target.value == "eks":
