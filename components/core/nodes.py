@@ -61,15 +61,25 @@ def gpu_toleration() -> dict[str, str]:
     return {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": GPU_TAINT_EFFECT}
 
 
+def gpu_product(pool: PoolPlan) -> str | None:
+    """The GPU product every node of the pool has; None when its fallback instance types carry another GPU (a
+    pool of p5.48xlarge falling back to p5en.48xlarge has H100 or H200 nodes)."""
+    products = {i.gpu_spec.product_label for i in pool.instance_types}
+    return products.pop() if len(products) == 1 else None
+
+
 def gpu_node_labels(pool: PoolPlan) -> dict[str, str]:
     """The labels of a GPU pool's nodes: the pool's own, then the pool, role and GPU product (ours win); a pool
-    that shares its GPUs also names its device plugin config."""
-    labels = {
-        **pool.labels,
-        POOL_LABEL: pool.name,
-        ROLE_LABEL: GPU_ROLE,
-        GPU_PRODUCT_LABEL: pool.instance.gpu_spec.product_label,
-    }
+    that shares its GPUs also names its device plugin config.
+
+    Node group and NodePool labels are static, on every node whichever instance type EC2 or Karpenter launched, so
+    the product is named only when every type of the pool has it: a fallback node must not claim the pool type's
+    GPU. Nothing selects on it (engines select the pool); the node's own GPU is then read off it (Karpenter's
+    karpenter.k8s.aws/instance-gpu-name, or GPU feature discovery's nvidia.com/gpu.product where it runs)."""
+    labels = {**pool.labels, POOL_LABEL: pool.name, ROLE_LABEL: GPU_ROLE}
+    product = gpu_product(pool)
+    if product is not None:
+        labels[GPU_PRODUCT_LABEL] = product
     if pool.sharing is not Mechanism.NONE:
         labels[DEVICE_PLUGIN_CONFIG_LABEL] = device_plugin_config_name(pool.name)
     return labels

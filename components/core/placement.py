@@ -175,6 +175,14 @@ class PoolPlan:
     model_cache_gib: int = 0
     """Node-level cache per node: one copy of each node-cache model's weights, whatever its replicas per node."""
     cache_medium: fetch.CacheMedium | None = None
+    fallbacks: tuple[catalog.InstanceType, ...] = ()
+    """The pool's fallback instance types (gpu_pools[].fallback_instance_types), in order: its nodes may be any of
+    these or ``instance``, so what is static about them (node labels) holds for all."""
+
+    @property
+    def instance_types(self) -> tuple[catalog.InstanceType, ...]:
+        """Every instance type its nodes may be: its own, then the fallbacks."""
+        return (self.instance, *self.fallbacks)
 
 
 @dataclass(frozen=True)
@@ -811,6 +819,7 @@ def _pool_plans(
             **links,
             model_cache_gib=cache_gib,
             cache_medium=medium,
+            fallbacks=tuple(table[n] for n in pool.fallback_instance_types if n in table),
         )
     return plans, problems
 

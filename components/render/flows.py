@@ -8,7 +8,7 @@ Each flow is read off the part that makes the call, not written down twice:
   service sends its requests through the router, reads the health monitor's feed and, where the cloud keeps its
   files in an object store, reaches it over HTTPS with credentials from the cloud's endpoint;
 - the runtime services' Roles: each watches EndpointSlices (and the health monitor lists pods), so each talks
-  to the Kubernetes API;
+  to the Kubernetes API, at the ``kubernetes`` Service's address and at the endpoints behind it;
 - the ServiceMonitors: Prometheus scrapes what they select, on the port they name (the batch service's metrics
   listen apart from its API, which admits the router only);
 - the ingress: the load balancer (or in-cluster clients) or the Gateway's proxies send requests to the router;
@@ -27,6 +27,7 @@ Each flow is read off the part that makes the call, not written down twice:
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -51,7 +52,10 @@ ANYWHERE = "0.0.0.0/0"
 LINK_LOCAL = "169.254.0.0/16"
 """The instance metadata service (169.254.169.254) and the node-local agents: never reached over HTTPS."""
 API_SERVER_PORTS = (443, 6443)
+"""Where the API's endpoints listen: EKS's private endpoint on 443, a kubeadm or k3s server on 6443."""
 HTTPS = 443
+API_SERVICE_PORT = HTTPS
+"""The ``kubernetes`` Service's port."""
 DNS_PORT = 53
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 ENGINE = "engine"
@@ -133,9 +137,35 @@ def prometheus(spec: PlatformSpec) -> Peer:
     return Peer("prometheus", pods={}, namespace=spec.observability.namespace)
 
 
+API_SERVICE = "kubernetes-api-service"
+
+
 def api_server(spec: PlatformSpec, cloud: Cloud) -> Peer:
-    """The Kubernetes API: EKS's private endpoint sits in the VPC; a cluster you bring, in its node network."""
+    """The Kubernetes API's endpoints: EKS's private endpoint sits in the VPC; a cluster you bring's, in its node
+    network."""
     return Peer("kubernetes-api", cidrs=tuple(cloud.cluster_network(spec)), includes_pods=True)
+
+
+def api_service(spec: PlatformSpec) -> Peer | None:
+    """The ``kubernetes`` Service's ClusterIP, which clients dial (in-cluster config reads it from
+    KUBERNETES_SERVICE_HOST), where the cluster section knows it; None: not known (a cluster you bring without
+    cluster.service_cidr), so the endpoints' private ranges must take it in.
+
+    On EKS, vpc-cni's network policy agent checks a pod's egress at its veth, before kube-proxy translates the
+    Service address, so an ``ipBlock`` of the endpoints never admits it: the policy controller adds a Service's
+    ClusterIP only for peers chosen by pod selectors, and only for Services whose selector matches them
+    (aws/amazon-network-policy-controller-k8s v1.1.7, pkg/resolvers/endpoints.go, getMatchingServiceClusterIPs:
+    "unable to see the pod IP after the DNAT happens for the clusterIPs"); the ``kubernetes`` Service has no
+    selector. Other CNIs check after the translation, so the endpoints stay admitted too (``api_server``)."""
+    ip = spec.cluster.api_service_ip
+    return Peer(API_SERVICE, cidrs=(f"{ip}/32",), includes_pods=True) if ip else None
+
+
+def service_ranges(spec: PlatformSpec) -> tuple[str, ...]:
+    """The cluster's Service range where the section knows it: virtual addresses inside the cluster, never the
+    public internet's."""
+    cidr = spec.cluster.service_range
+    return (cidr,) if cidr else ()
 
 
 def router_source_cidrs(spec: PlatformSpec, cloud: Cloud) -> list[str]:
@@ -250,12 +280,15 @@ def _runtime_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
     if any(m.kv_events for m in config.models):
         why = "the router's init container fetches the tokenizers of the models it follows KV events of"
         out.append(Flow(router, public_https(spec, cloud, "tokenizers over HTTPS"), tcp(HTTPS), why))
-    api = api_server(spec, cloud)
+    api, service = api_server(spec, cloud), api_service(spec)
     for part in gateway.parts(spec):
         if gateway.role(spec, part)["rules"]:
-            out.append(
-                Flow(component(spec, part), api, tcp(*API_SERVER_PORTS), f"the {part} watches the API")
-            )
+            caller = component(spec, part)
+            if service is not None:
+                why = f"the {part} watches the API at the kubernetes Service's address"
+                out.append(Flow(caller, service, tcp(API_SERVICE_PORT), why))
+            why = f"the {part} watches the API (its endpoints, behind the kubernetes Service)"
+            out.append(Flow(caller, api, tcp(*API_SERVER_PORTS), why))
     return out
 
 
@@ -364,10 +397,17 @@ def _group_flows(spec: PlatformSpec, layout: Layout) -> list[Flow]:
 
 
 def public_https(spec: PlatformSpec, cloud: Cloud, name: str) -> Peer:
-    """HTTPS at public addresses only: nothing in the cluster network (the Gateway's listener, the API) and nothing
-    link-local. S3 is reached at its public addresses (a gateway endpoint keeps them), not an interface one."""
+    """HTTPS at public addresses only: nothing in the cluster network (the Gateway's listener, the API), none of the
+    cluster's Service addresses (the API's among them) and nothing link-local. S3 is reached at its public addresses
+    (a gateway endpoint keeps them), not an interface one."""
     private = tuple(cloud.cluster_network(spec))
-    return Peer(name, cidrs=(ANYWHERE,), except_cidrs=(*private, LINK_LOCAL))
+    services = tuple(c for c in service_ranges(spec) if not _within(c, private))
+    return Peer(name, cidrs=(ANYWHERE,), except_cidrs=(*private, *services, LINK_LOCAL))
+
+
+def _within(cidr: str, ranges: tuple[str, ...]) -> bool:
+    network = ipaddress.IPv4Network(cidr)
+    return any(network.subnet_of(ipaddress.IPv4Network(r)) for r in ranges)
 
 
 def model_store(spec: PlatformSpec, cloud: Cloud) -> tuple[Peer, tuple[Port, ...]]:

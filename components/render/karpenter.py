@@ -120,6 +120,8 @@ def node_pool(
         "metadata": {"name": pool.name},
         "spec": {
             "template": {
+                # Not the Cluster Autoscaler's GPU label (k8s.amazonaws.com/accelerator, on managed node groups):
+                # Karpenter reads an instance type's GPUs from EC2 and waits on its own NodeClaims.
                 "metadata": {"labels": nodes.gpu_node_labels(pool)},
                 "spec": {
                     "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": pool.name},

@@ -13,6 +13,7 @@ create; the EKS section answers for what the stack creates on AWS.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterator
 from enum import StrEnum
@@ -39,6 +40,22 @@ class ApiAccess(StrEnum):
 
 
 ANYWHERE_IPV4 = "0.0.0.0/0"
+
+EKS_SERVICE_CIDR = "172.20.0.0/16"
+"""The Service range a stack's EKS cluster gets unless cluster.service_cidr says otherwise: the one EKS itself
+picks for a VPC in 10.0.0.0/8 (the default vpc_cidr's), so pinning it replaces no existing cluster."""
+EKS_SERVICE_CIDR_ALTERNATIVE = "10.100.0.0/16"
+"""EKS's other default Service range: the one to suggest when a VPC overlaps ``EKS_SERVICE_CIDR``."""
+_SERVICE_CIDR_PRIVATE = tuple(
+    ipaddress.IPv4Network(c) for c in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
+)
+
+
+def kubernetes_service_ip(service_cidr: str) -> str:
+    """The address pods dial for the Kubernetes API: the ``kubernetes`` Service's ClusterIP, which the API server
+    takes as the first address of its Service range (kubernetes/kubernetes pkg/controlplane/services.go,
+    ``ServiceIPRange``: ``GetIndexedIP(&serviceClusterIPRange, 1)``): 172.20.0.1 for 172.20.0.0/16."""
+    return str(ipaddress.IPv4Network(service_cidr)[1])
 
 
 class ApiEndpointSpec(_Spec):
@@ -151,6 +168,17 @@ class ClusterSpecBase(_Spec):
     def api_endpoint_note(self) -> str | None:
         return None
 
+    @property
+    def service_range(self) -> str | None:
+        """The cluster's Kubernetes Service range, where the section knows it; None: not known."""
+        return None
+
+    @property
+    def api_service_ip(self) -> str | None:
+        """The ``kubernetes`` Service's ClusterIP, where the Service range is known; None: not known (the
+        NetworkPolicies then admit the API in the private ranges: ``components.render.flows``)."""
+        return kubernetes_service_ip(self.service_range) if self.service_range else None
+
     def reservation_zone_problem(self, zone: str) -> str | None:
         """Why the stack cannot launch a pool's reserved capacity in ``zone`` (``components.core.capacity``)."""
         return None
@@ -167,6 +195,30 @@ class ClusterSpecBase(_Spec):
 class KubernetesClusterSpec(ClusterSpecBase):
     """target kubernetes: a cluster you bring, reached through the kubeconfig; the stack creates no cloud
     resources, so it has nothing of a cloud to say."""
+
+    service_cidr: Ipv4Cidr | None = None
+    """The cluster's Service range (kube-apiserver's --service-cluster-ip-range: kubeadm's default is 10.96.0.0/12,
+    kind's 10.96.0.0/16, k3s's 10.43.0.0/16): the NetworkPolicies let the router, health monitor and batcher reach the API
+    at its first address, the ``kubernetes`` Service's, on 443. Unset: they admit the API anywhere in the private
+    ranges on 443 and 6443, which holds only while the Service range is private (the plan says so)."""
+
+    @property
+    def service_range(self) -> str | None:
+        return self.service_cidr
+
+    def api_endpoint_note(self) -> str | None:
+        """How pods reach the API: through the ``kubernetes`` Service, whose range only the stack file can say."""
+        if self.service_cidr:
+            return (
+                f"Kubernetes API from pods: the `kubernetes` Service at {self.api_service_ip} (cluster.service_cidr "
+                f"{self.service_cidr}) on 443, and the private ranges on 443 and 6443 behind it"
+            )
+        return (
+            "Kubernetes API from pods: the NetworkPolicies assume the `kubernetes` Service's ClusterIP is in a "
+            "private range (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16) and admit those on 443 and 6443; set "
+            "cluster.service_cidr to your cluster's Service range if it is elsewhere (a CNI that checks policy "
+            "before translating a Service address blocks the API otherwise)"
+        )
 
 
 LOCAL_BUCKET = "inferstack-local"
@@ -193,6 +245,11 @@ class EksClusterSpec(ClusterSpecBase):
     listed addresses. Nodes always use the private endpoint."""
     vpc_cidr: str = "10.0.0.0/16"
     """IPv4 range of the VPC the stack creates, /16 to /20: three quarters go to private subnets."""
+    service_cidr: Ipv4Cidr = EKS_SERVICE_CIDR
+    """The cluster's Kubernetes Service range (EKS's kubernetesNetworkConfig.serviceIpv4Cidr), pinned when the
+    cluster is created and fixed for its life: a private /12 to /24 outside the VPC (EKS's rules). Pods reach the
+    API at its first address, the ``kubernetes`` Service's (172.20.0.1 for the default), and the NetworkPolicies
+    admit exactly that: vpc-cni checks a pod's egress before the Service address is translated."""
     availability_zones: list[str] = Field(default_factory=list)
     """Zones for subnets and nodes (2-4, e.g. ['us-east-1a', 'us-east-1b']); defaults to three of the region's."""
     existing_private_subnet_ids: list[str] = Field(default_factory=list)
@@ -298,6 +355,10 @@ class EksClusterSpec(ClusterSpecBase):
             "`pulumi up` there (a CI runner in the VPC, or over the VPN)"
         )
 
+    @property
+    def service_range(self) -> str:
+        return self.service_cidr
+
     def reservation_zone_problem(self, zone: str) -> str | None:
         """The stack needs a subnet in the reservation's zone: one of the zones it creates subnets in."""
         if self.existing_private_subnet_ids:
@@ -342,6 +403,21 @@ class EksClusterSpec(ClusterSpecBase):
             raise ValueError(
                 f"{value!r}: use a /16 to /20 block (EKS pods take VPC addresses), e.g. '10.0.0.0/16'"
             )
+        return value
+
+    @field_validator("service_cidr")
+    @classmethod
+    def _service_cidr(cls, value: str) -> str:
+        """EKS's rules for serviceIpv4Cidr (its API reference, KubernetesNetworkConfigRequest): a /12 to /24 in the
+        private ranges."""
+        network = ipaddress.IPv4Network(value)
+        if not any(network.subnet_of(p) for p in _SERVICE_CIDR_PRIVATE):
+            raise ValueError(
+                f"{value!r}: EKS takes a Service range inside 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16, "
+                f"e.g. '{EKS_SERVICE_CIDR}'"
+            )
+        if not 12 <= network.prefixlen <= 24:
+            raise ValueError(f"{value!r}: EKS takes a /12 to /24 Service range, e.g. '{EKS_SERVICE_CIDR}'")
         return value
 
     @field_validator("karpenter_ami_version")
@@ -422,6 +498,19 @@ class EksClusterSpec(ClusterSpecBase):
         if self.existing_vpc_id and not re.fullmatch(r"vpc-[0-9a-f]{8,17}", self.existing_vpc_id):
             raise ValueError(
                 f"existing_vpc_id {self.existing_vpc_id!r} is not a VPC id; write e.g. 'vpc-0123456789abcdef0'"
+            )
+        service = ipaddress.IPv4Network(self.service_cidr)
+        vpc = ipaddress.IPv4Network(self.vpc_cidr, strict=False)
+        # An existing VPC's range is not known here: EKS refuses an overlap when it creates the cluster.
+        if not self.existing_private_subnet_ids and service.overlaps(vpc):
+            other = next(
+                c
+                for c in (EKS_SERVICE_CIDR, EKS_SERVICE_CIDR_ALTERNATIVE)
+                if not ipaddress.IPv4Network(c).overlaps(vpc)
+            )
+            raise ValueError(
+                f"service_cidr {self.service_cidr} overlaps vpc_cidr {self.vpc_cidr}: EKS refuses a Service range "
+                f"inside the VPC, and a pod could not tell a Service from a node; set service_cidr to e.g. '{other}'"
             )
         return self
 

@@ -228,7 +228,11 @@ def test_gpu_node_groups_follow_the_placement_of_models_and_their_weights(name: 
         assert group["amiType"] == "AL2023_x86_64_NVIDIA"
         assert group["capacityType"] == pool_spec.capacity_type.value.upper().replace("-", "_")
         assert group["labels"][nodes.POOL_LABEL] == pool.name
-        assert group["labels"][nodes.GPU_PRODUCT_LABEL] == pool.instance.gpu_spec.product_label
+        products = {catalog.INSTANCE_TYPES[t].gpu_spec.product_label for t in group["instanceTypes"]}
+        assert group["labels"].get(nodes.GPU_PRODUCT_LABEL) == (
+            products.pop() if len(products) == 1 else None
+        )
+        assert group["labels"][decisions.AUTOSCALER_GPU_LABEL]  # the autoscaler waits for its GPUs
         assert group["taints"] == [{"key": "nvidia.com/gpu", "effect": "NO_SCHEDULE"}]
         template = templates[group["nodeGroupName"]]
         assert group["launchTemplate"]["id"] == f"{group['nodeGroupName']}-id"

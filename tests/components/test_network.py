@@ -10,6 +10,7 @@ an extra one (a connection no flow explains) fails.
 from __future__ import annotations
 
 import ipaddress
+import re
 from functools import cache
 from typing import Any
 
@@ -87,6 +88,11 @@ def _endpoints(spec: PlatformSpec, cloud: Cloud, manifests: Any) -> list[Endpoin
         Endpoint("minio", next(addresses), "minio", {"app": "minio"}),
         Endpoint("load balancer", next(addresses)),
         Endpoint("kubernetes API", next(addresses)),
+        *(
+            [Endpoint("kubernetes Service", spec.cluster.api_service_ip)]
+            if spec.cluster.api_service_ip
+            else []
+        ),
         Endpoint("pod identity agent", POD_IDENTITY_AGENT.cidr.split("/")[0]),
         Endpoint("instance metadata", IMDS),
         Endpoint("S3 and the hub", INTERNET),
@@ -260,7 +266,7 @@ def test_the_table_has_the_calls_the_runtime_makes_and_none_to_instance_metadata
     assert credentials.dest.cidrs == ("169.254.170.23/32",) and credentials.ports == (("TCP", 80),)
     [store] = _flows_between(spec, "engine", "the model store (S3) over HTTPS")
     assert store.ports == (("TCP", 443),)
-    assert store.dest.except_cidrs == (spec.cluster.vpc_cidr, flows.LINK_LOCAL)
+    assert store.dest.except_cidrs == (spec.cluster.vpc_cidr, spec.cluster.service_cidr, flows.LINK_LOCAL)
     assert ipaddress.ip_address(IMDS) in ipaddress.ip_network(flows.LINK_LOCAL)
     assert not [f for f in table if f.dest.cidrs and any(IMDS in c for c in f.dest.cidrs)]
     # Engines never reach the hub; the preparation Jobs do, and write the store, with Pod Identity credentials.
@@ -287,7 +293,11 @@ def test_the_batch_service_talks_to_the_router_and_health_monitor_and_on_eks_to_
     }
     out = {f.dest.name: f for f in table if f.source.name == batches.PART}
     assert set(out) == {"router", "health", "EKS Pod Identity agent", "files over HTTPS"}
-    assert out["files over HTTPS"].dest.except_cidrs == (spec.cluster.vpc_cidr, flows.LINK_LOCAL)
+    assert out["files over HTTPS"].dest.except_cidrs == (
+        spec.cluster.vpc_cidr,
+        spec.cluster.service_cidr,
+        flows.LINK_LOCAL,
+    )
     byo = PlatformSpec.model_validate(on_own_cluster({**minimal(), "batch": {"enabled": True}}))
     assert {
         f.dest.name for f in flows.flows(byo, cloud_for(byo), place(byo)) if f.source.name == batches.PART
@@ -382,3 +392,118 @@ def test_vpc_cni_enforces_network_policies_on_eks() -> None:
     assert json.loads(cni.inputs["configurationValues"]) == {"enableNetworkPolicy": "true"}
     assert decisions.ADDON_CONFIGURATION["vpc-cni"] == {"enableNetworkPolicy": "true"}
     assert common.ENGINE_PORT == 8000
+
+
+def _api_callers(spec: PlatformSpec) -> list[str]:
+    """The runtime services whose Role lets them read the API (each watches EndpointSlices or pods)."""
+    from components.render import gateway
+
+    return [p for p in gateway.parts(spec) if gateway.role(spec, p)["rules"]]
+
+
+@pytest.mark.parametrize("name", PULUMI_STACKS)
+def test_every_policy_that_lets_pods_reach_the_api_admits_the_kubernetes_service_address(name: str) -> None:
+    """Clients dial the `kubernetes` Service's ClusterIP (KUBERNETES_SERVICE_HOST), and vpc-cni checks egress
+    before that address is translated (aws/amazon-network-policy-controller-k8s v1.1.7, pkg/resolvers/endpoints.go,
+    getMatchingServiceClusterIPs): an ipBlock of the VPC alone left the health monitor unready and the router with
+    no replicas. Every pod a policy lets reach the API's endpoints reaches that address on 443 too, the API callers
+    among them, and no other pod of the namespace does."""
+    spec = load(name).spec
+    cloud = cloud_for(spec)
+    manifests = _manifests(name)
+    policies = _policies_of(manifests)
+    network_range = ipaddress.ip_network(cloud.cluster_network(spec)[0])
+    endpoint = Endpoint("kubernetes API", str(next(network_range.hosts())))
+    if (
+        spec.cluster.api_service_ip is None
+    ):  # a cluster you bring, its Service range unstated: the plan says so
+        assert spec.target is Target.KUBERNETES and "assume the `kubernetes` Service's ClusterIP" in str(
+            spec.cluster.api_endpoint_note()
+        )
+        return
+    service = Endpoint("kubernetes Service", spec.cluster.api_service_ip)
+    ns = spec.cluster.namespace
+    reaching: list[str] = []
+    for part in flows.subjects(spec, cloud, place(spec)):
+        if part == flows.GATEWAY_PROXY:
+            continue
+        pod = Endpoint(part, "10.255.255.254", ns, _pod_labels(manifests, part))
+        to_endpoints = any(allowed(policies, pod, endpoint, "TCP", p) for p in flows.API_SERVER_PORTS)
+        to_service = allowed(policies, pod, service, "TCP", 443)
+        assert to_endpoints == to_service, part
+        if to_service:
+            reaching.append(part)
+    assert reaching == _api_callers(spec) and reaching
+
+
+@pytest.mark.parametrize("name", [s for s in PULUMI_STACKS if load(s).spec.target is Target.EKS])
+def test_the_eks_cluster_pins_the_service_range_whose_first_address_the_policies_admit(name: str) -> None:
+    spec = load(name).spec
+    [cluster] = [r for r in synthesized(name).resources if r.type == "aws:eks/cluster:Cluster"]
+    assert cluster.inputs["kubernetesNetworkConfig"] == {
+        "ipFamily": "ipv4",
+        "serviceIpv4Cidr": spec.cluster.service_cidr,
+    }
+    assert spec.cluster.api_service_ip == str(ipaddress.ip_network(spec.cluster.service_cidr)[1])
+    router = next(p for p in _policies_of(_manifests(name)) if p["metadata"]["name"] == "inferstack-router")
+    https = [r["to"] for r in router["spec"]["egress"] if r["ports"] == [{"protocol": "TCP", "port": 443}]]
+    assert [{"ipBlock": {"cidr": f"{spec.cluster.api_service_ip}/32"}} in peers for peers in https] == [True]
+
+
+def test_the_default_service_range_is_172_20_and_its_api_address_172_20_0_1() -> None:
+    spec = PlatformSpec.model_validate(minimal())
+    assert (spec.cluster.service_range, spec.cluster.api_service_ip) == ("172.20.0.0/16", "172.20.0.1")
+
+
+def test_https_to_the_internet_never_takes_in_the_cluster_service_addresses() -> None:
+    """0.0.0.0/0 on 443 without the Service range would let an engine or a preparation Job reach the API (and every
+    Service on 443) at its ClusterIP, checked before translation on EKS."""
+    raw = minimal()
+    raw["cluster"] = {**raw["cluster"], "service_cidr": "10.100.0.0/16", "vpc_cidr": "10.0.0.0/16"}
+    spec = PlatformSpec.model_validate(raw)
+    hub = flows.public_https(spec, cloud_for(spec), "x")
+    assert "10.100.0.0/16" in hub.except_cidrs
+    spec, manifests = _rendered(raw)
+    engines = next(p for p in _policies_of(manifests) if p["metadata"]["name"] == "engines")
+    engine = Endpoint(
+        "engine", "10.0.0.9", spec.cluster.namespace, engines["spec"]["podSelector"]["matchLabels"]
+    )
+    assert not allowed(_policies_of(manifests), engine, Endpoint("api", "10.100.0.1"), "TCP", 443)
+    assert allowed(_policies_of(manifests), engine, Endpoint("s3", INTERNET), "TCP", 443)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"vpc_cidr": "172.20.0.0/16"}, "service_cidr 172.20.0.0/16 overlaps vpc_cidr 172.20.0.0/16"),
+        (
+            {"vpc_cidr": "10.100.0.0/16", "service_cidr": "10.100.128.0/24"},
+            "set service_cidr to e.g. '172.20.0.0/16'",
+        ),
+        ({"service_cidr": "100.64.0.0/16"}, "inside 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16"),
+        ({"service_cidr": "10.0.0.0/8"}, "a /12 to /24 Service range"),
+        ({"service_cidr": "172.20.0.1/16"}, "not an IPv4 CIDR block"),
+    ],
+)
+def test_a_service_range_eks_would_refuse_is_refused_with_what_to_write(
+    fields: dict[str, str], message: str
+) -> None:
+    from pydantic import ValidationError
+
+    raw = minimal()
+    raw["cluster"] = {**raw["cluster"], **fields}
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        PlatformSpec.model_validate(raw)
+
+
+def test_a_cluster_you_bring_states_its_service_range_or_the_plan_says_what_the_policies_assume() -> None:
+    raw = on_own_cluster(minimal())
+    unknown = PlatformSpec.model_validate(raw)
+    assert unknown.cluster.api_service_ip is None and flows.api_service(unknown) is None
+    assert "10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16" in str(unknown.cluster.api_endpoint_note())
+    raw["cluster"] = {**raw["cluster"], "service_cidr": "10.96.0.0/16"}
+    spec, manifests = _rendered(raw)
+    assert spec.cluster.api_service_ip == "10.96.0.1"
+    assert _mismatches(spec, cloud_for(spec), manifests) == []
+    health = next(p for p in _policies_of(manifests) if p["metadata"]["name"] == "inferstack-health")
+    assert {"ipBlock": {"cidr": "10.96.0.1/32"}} in [p for r in health["spec"]["egress"] for p in r["to"]]

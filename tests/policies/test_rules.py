@@ -729,6 +729,21 @@ CASES = [
         m(aws("vpc:Vpc", "inferstack-prod"), lambda p: p["tags"].pop("cost-center")),
         ("Vpc inferstack-prod: missing tag(s) cost-center",),
     ),
+    # names
+    Case(
+        "ecr-repository-named-by-environment",
+        "aws-names-derive-from-cluster",
+        "prod-405b",
+        m(
+            lambda r: r.type == "aws:ecr/repository:Repository" and r.props["name"].endswith("/router"),
+            lambda p: p.__setitem__("name", "inferstack/prod/router"),
+        ),
+        (
+            "Repository name 'inferstack/prod/router'",
+            "cluster's name 'inferstack-405b'",
+            "'inferstack-405b/...'",
+        ),
+    ),
     Case(
         "missing-part-of",
         "workload-recommended-labels",

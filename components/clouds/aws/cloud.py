@@ -73,7 +73,9 @@ class AwsCloud:
         return tuple(items)
 
     def gpu_node_labels(self, pool: PoolPlan) -> dict[str, str]:
-        return nodes.gpu_node_labels(pool)
+        """A managed node group's (Karpenter's NodePools leave out the Cluster Autoscaler's GPU label, which no
+        engine selects)."""
+        return decisions.gpu_node_labels(pool)
 
     def gpu_node_taints(self) -> tuple[Taint, ...]:
         return (nodes.gpu_taint(),)

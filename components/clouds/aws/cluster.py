@@ -129,6 +129,11 @@ class Cluster(pulumi.ComponentResource):
                 public_access_cidrs=list(endpoint.public_cidrs) if public else None,
                 security_group_ids=api_groups or None,
             ),
+            # The Service range, pinned (EKS picks one of two otherwise, fixed at creation): the NetworkPolicies
+            # admit the API at its first address, the `kubernetes` Service's (components.render.flows.api_service).
+            kubernetes_network_config=aws.eks.ClusterKubernetesNetworkConfigArgs(
+                ip_family="ipv4", service_ipv4_cidr=eks_section(spec).service_cidr
+            ),
             encryption_config=aws.eks.ClusterEncryptionConfigArgs(
                 provider=aws.eks.ClusterEncryptionConfigProviderArgs(key_arn=key.arn),
                 resources=["secrets"],

@@ -265,6 +265,41 @@ class NodeGroupPlan:
         return [self.zone] if self.zone is not None else None
 
 
+AUTOSCALER_GPU_LABEL = "k8s.amazonaws.com/accelerator"
+"""The Cluster Autoscaler's GPU label on AWS (kubernetes/autoscaler cluster-autoscaler-1.32.0, the app of chart
+9.46.6: cloudprovider/aws/aws_cloud_provider.go ``GPULabel``). A node carrying it counts as a GPU node whose GPUs
+have not registered yet (utils/gpu/gpu.go ``NodeHasGpu``), so the autoscaler waits for the device plugin instead
+of adding a second node for the same pending engine (cloudprovider/aws/README.md, 'Special note on GPU
+instances': label the node before it joins)."""
+AUTOSCALER_GPU_TYPES: dict[str, str] = {
+    "T4": "nvidia-tesla-t4",
+    "A10G": "nvidia-a10g",
+    "L4": "nvidia-l4",
+    "L40S": "nvidia-l40s",
+    "A100-40GB": "nvidia-tesla-a100",
+    "A100-80GB": "nvidia-tesla-a100",
+    "H100": "nvidia-h100",
+    "H200": "nvidia-h200",
+    "B200": "nvidia-b200",
+}
+"""The label's value per catalog GPU: the spelling of the autoscaler's availableGPUTypes (same file) where it lists
+the GPU; H100, H200 and B200 are not listed there, so its metrics call them unknown (the label's presence is
+what the wait reads)."""
+
+
+def autoscaler_gpu_type(pool: PoolPlan) -> str:
+    """The GPU type of every node the pool launches; a pool whose fallbacks carry another GPU names each, sorted
+    (its nodes are one of them: which, only the launched node knows)."""
+    return "_".join(sorted({AUTOSCALER_GPU_TYPES[i.gpu_spec.name] for i in pool.instance_types}))
+
+
+def gpu_node_labels(pool: PoolPlan) -> dict[str, str]:
+    """A managed node group's labels: every GPU node's (``components.core.nodes``) and the Cluster Autoscaler's GPU
+    label (Karpenter's NodePools do not carry it: Karpenter knows an instance type's GPUs from EC2 and launches
+    for the pending pods it sees, with no template node to wait on)."""
+    return {**nodes.gpu_node_labels(pool), AUTOSCALER_GPU_LABEL: autoscaler_gpu_type(pool)}
+
+
 def node_role_name(spec: PlatformSpec) -> str:
     """A fixed name (Karpenter's node classes name the role): IAM is global, so the region is part of it."""
     return f"{spec.cluster_name}-{eks_section(spec).region}-node"[:64]
@@ -295,7 +330,7 @@ def gpu_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan:
         # EKS needs max >= 1 even for a pool that idles at zero.
         max_size=max(pool.max_nodes, 1),
         disk=RootDisk(pool.root_disk_gib, GPU_DISK_IOPS, GPU_DISK_THROUGHPUT_MIBPS),
-        labels=nodes.gpu_node_labels(pool),
+        labels=gpu_node_labels(pool),
         taints=[nodes.gpu_taint()],
         user_data=weights.node_user_data(pool.cache_medium) if pool.cache_medium else None,
         priority=POOL_PRIORITY,

@@ -34,6 +34,14 @@ def images_for(spec: PlatformSpec) -> tuple[str, ...]:
     return (*builds.runtime_images(spec), *picker)
 
 
+def repository_name(spec: PlatformSpec, image: str) -> str:
+    """'<cluster>/<image>': ECR names are per account and region, and so is the cluster's name, which differs
+    between the stacks of an account (two stacks of one environment, such as prod and prod-405b, shared
+    '<name>/<environment>/...', and the second `pulumi up` failed). The policy pack's
+    ``aws-names-derive-from-cluster`` holds every account-scoped name to this."""
+    return f"{spec.cluster_name}/{image}"
+
+
 def lifecycle_policy() -> str:
     """Expire untagged layers after two weeks; keep the newest tagged images."""
     return json.dumps(
@@ -87,7 +95,7 @@ class Registry(pulumi.ComponentResource):
         for image in images_for(spec):
             repo = aws.ecr.Repository(
                 f"{spec.cluster_name}-{image}",
-                name=f"{spec.name}/{spec.environment}/{image}",
+                name=repository_name(spec, image),
                 image_tag_mutability="IMMUTABLE",
                 image_scanning_configuration=aws.ecr.RepositoryImageScanningConfigurationArgs(
                     scan_on_push=True
