@@ -112,7 +112,7 @@ def test_the_ecr_repository_urls_and_launch_template_versions_come_from_the_mock
         assert group.inputs["launchTemplate"]["version"] == "1"
     for build in _of(synthesis, "docker-build:index:Image"):
         url = build.inputs["tags"][0].rsplit(":", 1)[0]
-        assert url.startswith(f"{ACCOUNT}.dkr.ecr.{spec.cluster.region}.amazonaws.com/{spec.name}/")
+        assert url.startswith(f"{ACCOUNT}.dkr.ecr.{spec.cluster.region}.amazonaws.com/{spec.cluster_name}/")
 
 
 def test_the_mocks_answer_the_programs_invokes_and_refuse_any_other() -> None:

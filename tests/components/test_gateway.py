@@ -284,7 +284,7 @@ def test_gateway_runs_the_pushed_ecr_images_by_digest_on_eks_and_the_spec_images
         [pushed_tag] = images[build]["tags"]
         repository, tag = pushed_tag.rsplit(":", 1)
         url = f"{plan.MOCK_ACCOUNT_ID}.dkr.ecr.{spec.cluster.region}.amazonaws.com/"
-        assert repository == f"{url}{spec.name}/{spec.environment}/{part}"
+        assert repository == f"{url}{spec.cluster_name}/{part}"
         assert container["image"] == f"{repository}@{plan.mock_image_digest(build, [pushed_tag])}"
         assert version == tag and tag.startswith("src-")
         assert deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/version"] == tag
