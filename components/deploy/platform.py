@@ -17,7 +17,7 @@ from components.core.decisions import Decisions
 from components.kubernetes.addons import ClusterAddons
 from components.kubernetes.batches import BatchService
 from components.kubernetes.cluster import ClusterAccess
-from components.kubernetes.engine import ModelEngine, ModelWeights
+from components.kubernetes.engine import ModelEngine, ModelWeights, wait_behind
 from components.kubernetes.gateway import Gateway, NetworkPolicies
 from components.kubernetes.limit_store import LimitStore
 from components.kubernetes.manifests import apply
@@ -26,6 +26,7 @@ from components.kubernetes.scaling import ModelScaling
 from components.kubernetes.secrets import limit_store_token, secret_config
 from components.render import addons, common, engine, hardening, weights
 from components.render.namespace import namespace
+from components.render.runtime_config import embedding_models, has_batcher
 from components.spec import PlatformSpec
 
 
@@ -138,12 +139,16 @@ class InferencePlatform(pulumi.ComponentResource):
             before_gateway.append(self.limit_store)
         # With gateway_api envoy-gateway, its chart brings the Gateway API CRDs the Gateway and HTTPRoute need.
         gateway_crds = self.addons.installed(addons.ENVOY_GATEWAY_RELEASE)
+        # The batcher is ready once every model it batches serves: after their engines, as long as they may take.
+        batched = [m.name for m in embedding_models(spec)] if has_batcher(spec) else []
         self.gateway = Gateway(
             spec,
             cloud,
             keys,
             pulumi.ResourceOptions(parent=self, depends_on=[*before_gateway, *gateway_crds]),
             images=cluster.images,
+            batched=[self.engines[name] for name in batched],
+            batcher_wait=wait_behind(units[name] for name in batched),
         )
         if spec.batch.enabled:
             self.batches = BatchService(spec, cloud, keys, cluster.files_bucket, cluster.images, in_namespace)
