@@ -87,7 +87,8 @@ class ModelWeights(pulumi.ComponentResource):
             if p is None:
                 self.jobs[m.name] = [once(weights.prepare_job(spec, m, placement, self.image), deadline, [])]
             else:
-                copied = once(weights.prepare_job(spec, p.origin, placement, self.image), deadline, [])
+                source = weights.prepare_job(spec, p.origin, placement, self.image, dense=True)
+                copied = once(source, deadline, [])
                 job = preparation.job(spec, p, m, placement, self.image)
                 self.jobs[m.name] = [once(job, preparation.JOB_DEADLINE_S, [copied])]
             self.jobs[m.name] += adapter_jobs
