@@ -21,7 +21,7 @@ from components.core.placement import Layout, Placement, PoolPlan
 from components.core.stackfile import Stack
 from components.core.startup import minutes
 from components.core.weights import store
-from components.deploy.synthesis import Synthesis
+from components.deploy.synthesis import Resource, Synthesis
 from components.kubernetes import images
 from components.render import inference_extension, ingress, scaling
 from components.spec import ModelSpec, PlatformSpec
@@ -218,6 +218,12 @@ class PlanReport:
         return [
             "## First deploy",
             "",
+            "What `pulumi up` waits for, in order: read from the dependencies the program gives each resource (a "
+            "step starts once the steps before it that it depends on are done; the items of one step run side by "
+            "side), with the waits it sets (`pulumi up` fails past them; without one, the provider's default).",
+            "",
+            *(f"{i}. {step}" for i, step in enumerate(wait_steps(synthesis), 1)),
+            "",
             "A cold replica's start (seconds; estimates from the catalog, components/core/startup.py; the weights are "
             "the Model weights table's cold start by the chosen path) and how long `pulumi up` waits for each "
             "engine Deployment, after the model's preparation Job.",
@@ -228,6 +234,87 @@ class PlanReport:
             *(f"- reads (must exist): `{r.type}` {r.inputs.get('id')}" for r in synthesis.reads),
             "",
         ]
+
+
+_WAITED: dict[str, str] = {
+    "aws:eks/cluster:Cluster": "EKS cluster",
+    "aws:eks/addon:Addon": "EKS add-ons",
+    "aws:eks/nodeGroup:NodeGroup": "node groups",
+    "aws:elasticache/replicationGroup:ReplicationGroup": "ElastiCache",
+    "docker-build:index:Image": "images built and pushed",
+    "kubernetes:helm.sh/v4:Chart": "charts",
+    "kubernetes:batch/v1:Job": "model store Jobs (to completion)",
+    "kubernetes:apps/v1:Deployment": "Deployments (ready)",
+    "kubernetes:apps/v1:StatefulSet": "StatefulSets (ready)",
+    "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet": "LeaderWorkerSets",
+}
+"""The resources `pulumi up` spends its time waiting for, by type, and how a step names them."""
+_CHART = "kubernetes:helm.sh/v4:Chart"
+
+
+def _waited(resource: Resource) -> bool:
+    """A chart is a component (its objects are waited for one by one inside it); the rest are resources."""
+    return resource.type in _WAITED and (resource.custom or resource.type == _CHART)
+
+
+def _wait_label(resource: Resource) -> str:
+    inputs = resource.inputs
+    name = str(
+        inputs.get("metadata", {}).get("name")
+        or inputs.get("addonName")
+        or inputs.get("nodeGroupName")
+        or inputs.get("chart")
+        or resource.name
+    )
+    if resource.timeouts and "create" in resource.timeouts:
+        return f"{name} (up to {minutes(int(resource.timeouts['create'].removesuffix('s')))})"
+    return name
+
+
+def wait_steps(synthesis: Synthesis) -> list[str]:
+    """The resources `pulumi up` waits for (``_WAITED``), in the order their dependencies impose: each is one step
+    after the deepest waited-for resource it depends on (directly, through resources nobody waits for, or through
+    a component it or an ancestor depends on), and a step lists its resources by kind."""
+    by_urn = {r.urn: r for r in synthesis.resources}
+    children: dict[str, list[str]] = {}
+    for r in synthesis.resources:
+        if r.parent:
+            children.setdefault(r.parent, []).append(r.urn)
+
+    def expanded(urns: set[str]) -> set[str]:
+        out: set[str] = set()
+        todo = list(urns)
+        while todo:
+            urn = todo.pop()
+            if urn in out:
+                continue
+            out.add(urn)
+            if urn in by_urn and not by_urn[urn].custom:  # a component: its resources are waited for
+                todo += children.get(urn, [])
+        return out
+
+    memo: dict[str, int] = {}
+
+    def depth(urn: str) -> int:
+        """Steps up to and including ``urn`` (0: nothing waited for on the way)."""
+        if urn in memo:
+            return memo[urn]
+        memo[urn] = 0  # a cycle cannot happen in a Pulumi program; this only guards the recursion
+        resource = by_urn.get(urn)
+        if resource is None:
+            return 0
+        before = max((depth(d) for d in expanded(synthesis.waits_for(resource)) if d != urn), default=0)
+        memo[urn] = before + (1 if _waited(resource) else 0)
+        return memo[urn]
+
+    steps: dict[int, dict[str, list[str]]] = {}
+    for r in synthesis.resources:
+        if _waited(r):
+            steps.setdefault(depth(r.urn), {}).setdefault(_WAITED[r.type], []).append(_wait_label(r))
+    return [
+        "; ".join(f"{kind}: {', '.join(sorted(names))}" for kind, names in sorted(steps[level].items()))
+        for level in sorted(steps)
+    ]
 
 
 def adapters_note(model: ModelSpec, placement: Placement) -> str:

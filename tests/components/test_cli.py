@@ -143,3 +143,24 @@ def test_committed_schema_is_current() -> None:
 def test_stack_files_point_editors_at_the_schema(stack: str) -> None:
     first = (STACKS_DIR / f"Pulumi.{stack}.yaml").read_text().splitlines()[0]
     assert first == "# yaml-language-server: $schema=./platform.schema.json"
+
+
+def test_the_first_deploy_section_lists_what_pulumi_up_waits_for_in_dependency_order(tmp_path: Path) -> None:
+    """The plan said how long each engine may take, not what `pulumi up` waits for before it: the order comes
+    from the program's own dependencies (cluster, nodes, add-ons, charts and store Jobs, engines, then the
+    batcher behind the engines it batches), with the waits the program sets."""
+    result = CliRunner().invoke(app, ["plan", "-s", "prod", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    section = (tmp_path / "summary.md").read_text().split("## First deploy", 1)[1].split("\n## ", 1)[0]
+    steps = [line for line in section.splitlines() if line[:1].isdigit() and ". " in line]
+    assert steps, section
+
+    def step(text: str) -> int:
+        return next(i for i, line in enumerate(steps) if text in line)
+
+    assert step("EKS cluster: inferstack-prod") < step("vpc-cni") < step("inferstack-prod-system")
+    assert step("inferstack-prod-system") < step("coredns")
+    assert step("inferstack-prod-system") < step("kube-prometheus-stack")
+    assert step("llama-3-70b-weights-") < step("llama-3-70b-engine (up to 24 min)")
+    assert step("kube-prometheus-stack") < step("llama-3-70b-engine")
+    assert step("bge-large-engine (up to 18 min)") < step("inferstack-batcher (up to 18 min)")
