@@ -7,6 +7,7 @@ asks no decision module again, so it shows what the program deploys.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import math
 from collections import Counter
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from components.base import catalog, packing
-from components.core import capacity, cost, endpoint, lifecycle
+from components.core import capacity, cost, endpoint, lifecycle, startup
 from components.core.decisions import Decisions
 from components.core.placement import Layout, Placement, PoolPlan
 from components.core.stackfile import Stack
@@ -23,7 +24,7 @@ from components.core.startup import minutes
 from components.core.weights import store
 from components.deploy.synthesis import Resource, Synthesis
 from components.kubernetes import images
-from components.render import inference_extension, ingress, scaling
+from components.render import inference_extension, ingress, mig, scaling
 from components.spec import ModelSpec, PlatformSpec
 
 PLAN_COLUMNS = (
@@ -307,14 +308,50 @@ def wait_steps(synthesis: Synthesis) -> list[str]:
         memo[urn] = before + (1 if _waited(resource) else 0)
         return memo[urn]
 
+    partitioned = {  # launch templates whose user data cuts the GPUs into MIG instances (components.render.mig)
+        r.name
+        for r in synthesis.resources
+        if r.type == "aws:ec2/launchTemplate:LaunchTemplate"
+        and mig.MARKER in base64.b64decode(str(r.inputs.get("userData") or "")).decode()
+    }
     steps: dict[int, dict[str, list[str]]] = {}
     for r in synthesis.resources:
         if _waited(r):
-            steps.setdefault(depth(r.urn), {}).setdefault(_WAITED[r.type], []).append(_wait_label(r))
+            label = _wait_label(r)
+            if r.type == "aws:eks/nodeGroup:NodeGroup" and r.name in partitioned:
+                label += " (its GPUs cut into MIG instances at boot, before kubelet)"
+            steps.setdefault(depth(r.urn), {}).setdefault(_WAITED[r.type], []).append(label)
     return [
         "; ".join(f"{kind}: {', '.join(sorted(names))}" for kind, names in sorted(steps[level].items()))
         for level in sorted(steps)
     ]
+
+
+NO_EFA_USERSPACE = ("vllm/vllm-openai",)
+"""Engine image repositories that ship no EFA userspace (libfabric, the aws-ofi-nccl plugin NCCL needs to use EFA):
+vllm-project/vllm issue #55635 (open, September 2026) asks for EFA to work in the vLLM images out of the box, and
+the pull request for it (#55783) adds the EFA userspace only to builds with INSTALL_KV_CONNECTORS."""
+
+
+def efa_image_warnings(spec: PlatformSpec, layout: Layout) -> list[str]:
+    """Models that span nodes over EFA in an image without the EFA userspace: NCCL falls back to TCP sockets."""
+    out = []
+    for model in spec.models:
+        placement = layout.placements[model.name]
+        pool = layout.pools.get(placement.pool) if placement.pool is not None else None
+        image = model.engine.image or ""
+        if not (placement.multi_node and pool is not None and pool.efa_interfaces):
+            continue
+        if image.split(":", 1)[0].split("@", 1)[0] not in NO_EFA_USERSPACE:
+            continue
+        out.append(
+            f"{model.name} spans {placement.nodes} x {pool.instance.name} over EFA, but its image {image} ships no "
+            "EFA userspace (libfabric and the aws-ofi-nccl NCCL plugin; vllm-project/vllm#55635): NCCL falls back "
+            "to TCP sockets between nodes and the EFA interfaces and huge pages are reserved for nothing. Set "
+            "engine.image to an image that ships them (the AWS Deep Learning Containers vLLM image for EC2, or "
+            "llm-d's AWS image), at a tag you have checked carries them"
+        )
+    return out
 
 
 def adapters_note(model: ModelSpec, placement: Placement) -> str:
@@ -398,7 +435,7 @@ def plan_report(stack: Stack) -> PlanReport:
         notes=notes,
         deploy=deploy_rows(decided),
         deploy_notes=deploy_notes,
-        warnings=list(decided.warnings),
+        warnings=[*decided.warnings, *efa_image_warnings(spec, layout)],
         versions=lifecycle.describe(spec, layout, decided.preparations),
         sharing=sharing_lines(spec, layout, by_model),
         idle=idle_rows(decided),
@@ -455,23 +492,22 @@ def sharing_lines(spec: PlatformSpec, layout: Layout, costs: dict[str, cost.Mode
             f"to at most 1 so gpu_memory_utilization sums to at most {packing.SHARED_GPU_SAFE_TOTAL:g}"
             if pack.mechanism is packing.Mechanism.TIME_SLICING
             else "MIG (isolated instances; the device plugin's mixed strategy advertises the instances a node's GPUs "
-            "are cut into, it does not cut them: partition them as below with the GPU operator's MIG manager or "
-            "nvidia-mig-parted on the node)"
+            "are cut into, it does not cut them: on EKS each node's user data cuts them as below at boot, before "
+            "kubelet, with nvidia-smi (the AMI has no nvidia-mig-parted), so new and repaired nodes come up cut; on a "
+            "cluster you bring, apply the config below yourself or with the GPU operator's MIG manager)"
         )
         memory = pool.instance.gpu_spec.memory_gib
         if pack.node_layout is not None:  # MIG: every node is cut alike
             node = dataclasses.replace(pack, gpus=pack.node_layout)
-            config = packing.mig_parted_config(
-                f"inferstack-{pool.name}", pack.node_layout, pool.instance.gpus
-            )
+            config = mig.parted_config(pool)
             lines += [
                 f"Pool `{pool.name}` ({pool.instance.name}, {pool.instance.gpus} x {pool.instance.gpu}): {how}; at max "
                 f"replicas {pack.nodes} node(s), each cut alike:",
                 "",
                 *(f"- {line}" for line in node.lines(memory)),
                 "",
-                "As an nvidia-mig-parted config (`nvidia-mig-parted apply -f <file> -c "
-                f"inferstack-{pool.name}` on each node, or the GPU operator's MIG manager):",
+                "As an nvidia-mig-parted config (on EKS nodes at "
+                f"`{mig.CONFIG}`; `nvidia-mig-parted apply -f <file> -c {mig.config_name(pool)}` elsewhere):",
                 "",
                 "```yaml",
                 *yaml.safe_dump(config, sort_keys=False).splitlines(),
@@ -479,11 +515,20 @@ def sharing_lines(spec: PlatformSpec, layout: Layout, costs: dict[str, cost.Mode
                 "",
             ]
         else:
+            order = startup.staggered(spec, layout)
+            chain = [m for m in pool.models if m not in order] + [m for m in pool.models if m in order]
             lines += [
                 f"Pool `{pool.name}` ({pool.instance.name}, {pool.instance.gpus} x {pool.instance.gpu}): {how}; "
                 f"at max replicas {len(pack.gpus)} GPU(s) on {pack.nodes} node(s):",
                 "",
                 *(f"- {line}" for line in pack.lines(memory)),
+                "",
+                "Engines sharing a GPU start one after another on the first `pulumi up` "
+                f"({' -> '.join(chain)}: each waits for the one before to be ready): vLLM sizes its KV cache from "
+                "the memory it sees change while it profiles at start, so a neighbour loading at the same moment "
+                "shrinks it or leaves no room (the engine exits). Replicas the scaler adds later, or a node's "
+                "engines restarting together, can still start side by side: an engine that exits so is restarted "
+                "by its kubelet once its neighbour is up, within its startup budget.",
                 "",
             ]
         for name in pool.models:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pulumi
 
+from components.core import startup
 from components.core.cloud import Cloud
 from components.core.decisions import Decisions
 from components.kubernetes.addons import ClusterAddons
@@ -105,8 +106,12 @@ class InferencePlatform(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, self.network]),
             decided.preparations,
         )
-        self.engines = {
-            m.name: ModelEngine(
+        # Time-sliced engines that share GPUs start one after another (startup.staggered).
+        after_engine = startup.staggered(spec, layout)
+        self.engines: dict[str, ModelEngine] = {}
+        for m in spec.models:
+            before = [self.engines[after_engine[m.name]]] if m.name in after_engine else []
+            self.engines[m.name] = ModelEngine(
                 spec,
                 units[m.name],
                 pulumi.ResourceOptions(
@@ -117,14 +122,13 @@ class InferencePlatform(pulumi.ComponentResource):
                         self.engine_identity,
                         *self.weights.jobs[m.name],
                         *self.addons.installed(addons.LWS_RELEASE),
+                        *before,
                     ],
                 ),
                 weights_image=self.weights.image,
                 # A prepared checkpoint does not exist before its Job: the engine's own objects wait for it.
                 after=self.weights.jobs[m.name] if m.prepared_by else None,
             )
-            for m in spec.models
-        }
         keys = _api_keys(spec, secrets)
         # The gateway after the cloud's controllers: on EKS the Load Balancer Controller's validating webhook
         # (vingress.elbv2.k8s.aws, failurePolicy Fail, not configurable) refuses the router's Ingress until the

@@ -29,10 +29,10 @@ from urllib.parse import urlsplit
 
 from components.base import catalog, sizing
 from components.core import lifecycle
-from components.core.placement import Placement
+from components.core.placement import Placement, PoolPlan
 from components.core.weights import store
 from components.core.weights.fetch import CacheMedium, Fetch, FetchPath
-from components.render import common, hardening
+from components.render import common, hardening, mig
 from components.render.common import Manifest
 from components.render.engine_args import model_dir
 from components.spec import AdapterSpec, ModelSpec, PlatformSpec
@@ -353,11 +353,14 @@ def cache_host_dir(way: Fetch) -> str:
 _MIME_BOUNDARY = "==INFERSTACK=="
 
 
-def node_user_data(medium: CacheMedium, *, node_config: bool = True) -> str:
-    """EC2 user data (MIME multipart, as EKS AL2023 nodes read it) that readies the node cache: the instance's
-    NVMe striped as RAID0 by nodeadm (mounted at /mnt/k8s-disks/0, where kubelet and containerd move too),
-    then the cache directory owned by the runtime user, so fill containers run unprivileged.
-    ``node_config=False`` leaves the NodeConfig out (Karpenter's ``instanceStorePolicy: RAID0`` sets it)."""
+def node_user_data(
+    medium: CacheMedium | None, *, node_config: bool = True, boot: tuple[str, ...] = ()
+) -> str:
+    """EC2 user data (MIME multipart, as EKS AL2023 nodes read it): with a node cache (``medium``), the instance's
+    NVMe striped as RAID0 by nodeadm (mounted at /mnt/k8s-disks/0, where kubelet and containerd move too), then
+    the cache directory owned by the runtime user, so fill containers run unprivileged; then the ``boot`` shell
+    scripts (a MIG partition: ``components.render.mig``). ``node_config=False`` leaves the NodeConfig out
+    (Karpenter's ``instanceStorePolicy: RAID0`` sets it)."""
     parts = []
     if medium is CacheMedium.NVME and node_config:
         parts.append(
@@ -365,17 +368,29 @@ def node_user_data(medium: CacheMedium, *, node_config: bool = True) -> str:
             "apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\n"
             "spec:\n  instance:\n    localStorage:\n      strategy: RAID0\n"
         )
-    uid = common.RUNTIME_UID
-    directory = NVME_CACHE_DIR if medium is CacheMedium.NVME else ROOT_DISK_CACHE_DIR
-    parts.append(
-        'Content-Type: text/x-shellscript; charset="us-ascii"\n\n'
-        f"#!/bin/bash\nset -euo pipefail\ninstall -d -m 0750 -o {uid} -g {uid} {directory}\n"
-    )
+    shell = 'Content-Type: text/x-shellscript; charset="us-ascii"\n\n'
+    if medium is not None:
+        uid = common.RUNTIME_UID
+        directory = NVME_CACHE_DIR if medium is CacheMedium.NVME else ROOT_DISK_CACHE_DIR
+        parts.append(
+            f"{shell}#!/bin/bash\nset -euo pipefail\ninstall -d -m 0750 -o {uid} -g {uid} {directory}\n"
+        )
+    parts += [f"{shell}{script}" for script in boot]
     body = "".join(f"--{_MIME_BOUNDARY}\n{part}\n" for part in parts)
     return (
         f'MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary="{_MIME_BOUNDARY}"\n\n'
         f"{body}--{_MIME_BOUNDARY}--\n"
     )
+
+
+def pool_user_data(pool: PoolPlan, *, node_config: bool = True) -> str | None:
+    """A GPU pool's nodes' user data: its node cache and its MIG partition, each where it has one; None when
+    neither."""
+    partition = mig.boot_script(pool)
+    if pool.cache_medium is None and partition is None:
+        return None
+    boot = (partition,) if partition is not None else ()
+    return node_user_data(pool.cache_medium, node_config=node_config, boot=boot)
 
 
 def engine_init(spec: PlatformSpec, model: ModelSpec, way: Fetch, image: Any) -> Manifest:

@@ -164,3 +164,16 @@ def test_the_first_deploy_section_lists_what_pulumi_up_waits_for_in_dependency_o
     assert step("llama-3-70b-weights-") < step("llama-3-70b-engine (up to 24 min)")
     assert step("kube-prometheus-stack") < step("llama-3-70b-engine")
     assert step("bge-large-engine (up to 18 min)") < step("inferstack-batcher (up to 18 min)")
+
+
+def test_the_plan_warns_when_a_model_spans_nodes_over_efa_in_an_image_without_the_efa_userspace() -> None:
+    """prod-405b reserves EFA interfaces and huge pages for a two-node replica, but vllm/vllm-openai ships no
+    libfabric or aws-ofi-nccl (vllm-project/vllm#55635): NCCL would talk TCP. The plan says so and which image to
+    use instead; a stack on one node says nothing."""
+    from components.cli import report
+    from tests.stacks import load
+
+    [warning] = [w for w in report.plan_report(load("prod-405b")).warnings if "EFA" in w]
+    assert "llama-3-405b" in warning and "vllm/vllm-openai:v0.32.0" in warning and "TCP" in warning
+    assert "engine.image" in warning
+    assert not [w for w in report.plan_report(load("prod")).warnings if "EFA" in w]

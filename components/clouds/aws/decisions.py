@@ -307,7 +307,7 @@ def gpu_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan:
         disk=RootDisk(pool.root_disk_gib, GPU_DISK_IOPS, GPU_DISK_THROUGHPUT_MIBPS),
         labels=nodes.gpu_node_labels(pool),
         taints=[nodes.gpu_taint()],
-        user_data=weights.node_user_data(pool.cache_medium) if pool.cache_medium else None,
+        user_data=weights.pool_user_data(pool),
         priority=POOL_PRIORITY,
         efa_interfaces=pool.efa_interfaces,
         placement_group=pool.placement_group,
