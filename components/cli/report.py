@@ -327,33 +327,6 @@ def wait_steps(synthesis: Synthesis) -> list[str]:
     ]
 
 
-NO_EFA_USERSPACE = ("vllm/vllm-openai",)
-"""Engine image repositories that ship no EFA userspace (libfabric, the aws-ofi-nccl plugin NCCL needs to use EFA):
-vllm-project/vllm issue #55635 (open, September 2026) asks for EFA to work in the vLLM images out of the box, and
-the pull request for it (#55783) adds the EFA userspace only to builds with INSTALL_KV_CONNECTORS."""
-
-
-def efa_image_warnings(spec: PlatformSpec, layout: Layout) -> list[str]:
-    """Models that span nodes over EFA in an image without the EFA userspace: NCCL falls back to TCP sockets."""
-    out = []
-    for model in spec.models:
-        placement = layout.placements[model.name]
-        pool = layout.pools.get(placement.pool) if placement.pool is not None else None
-        image = model.engine.image or ""
-        if not (placement.multi_node and pool is not None and pool.efa_interfaces):
-            continue
-        if image.split(":", 1)[0].split("@", 1)[0] not in NO_EFA_USERSPACE:
-            continue
-        out.append(
-            f"{model.name} spans {placement.nodes} x {pool.instance.name} over EFA, but its image {image} ships no "
-            "EFA userspace (libfabric and the aws-ofi-nccl NCCL plugin; vllm-project/vllm#55635): NCCL falls back "
-            "to TCP sockets between nodes and the EFA interfaces and huge pages are reserved for nothing. Set "
-            "engine.image to an image that ships them (the AWS Deep Learning Containers vLLM image for EC2, or "
-            "llm-d's AWS image), at a tag you have checked carries them"
-        )
-    return out
-
-
 def adapters_note(model: ModelSpec, placement: Placement) -> str:
     """What a model's LoRA adapters are and what they cost in memory (counted in the fit)."""
     lora = model.engine.lora
@@ -435,7 +408,7 @@ def plan_report(stack: Stack) -> PlanReport:
         notes=notes,
         deploy=deploy_rows(decided),
         deploy_notes=deploy_notes,
-        warnings=[*decided.warnings, *efa_image_warnings(spec, layout)],
+        warnings=list(decided.warnings),
         versions=lifecycle.describe(spec, layout, decided.preparations),
         sharing=sharing_lines(spec, layout, by_model),
         idle=idle_rows(decided),
