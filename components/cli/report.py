@@ -7,6 +7,7 @@ asks no decision module again, so it shows what the program deploys.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import math
 from collections import Counter
@@ -15,15 +16,15 @@ from dataclasses import dataclass, field
 import yaml
 
 from components.base import catalog, packing
-from components.core import capacity, cost, endpoint, lifecycle
+from components.core import capacity, cost, endpoint, lifecycle, startup
 from components.core.decisions import Decisions
 from components.core.placement import Layout, Placement, PoolPlan
 from components.core.stackfile import Stack
 from components.core.startup import minutes
 from components.core.weights import store
-from components.deploy.synthesis import Synthesis
+from components.deploy.synthesis import Resource, Synthesis
 from components.kubernetes import images
-from components.render import addons, inference_extension, ingress, scaling
+from components.render import addons, inference_extension, ingress, mig, scaling
 from components.spec import ModelSpec, PlatformSpec
 
 PLAN_COLUMNS = (
@@ -218,6 +219,12 @@ class PlanReport:
         return [
             "## First deploy",
             "",
+            "What `pulumi up` waits for, in order: read from the dependencies the program gives each resource (a "
+            "step starts once the steps before it that it depends on are done; the items of one step run side by "
+            "side), with the waits it sets (`pulumi up` fails past them; without one, the provider's default).",
+            "",
+            *(f"{i}. {step}" for i, step in enumerate(wait_steps(synthesis), 1)),
+            "",
             "A cold replica's start (seconds; estimates from the catalog, components/core/startup.py; the weights are "
             "the Model weights table's cold start by the chosen path) and how long `pulumi up` waits for each "
             "engine Deployment, after the model's preparation Job.",
@@ -228,6 +235,96 @@ class PlanReport:
             *(f"- reads (must exist): `{r.type}` {r.inputs.get('id')}" for r in synthesis.reads),
             "",
         ]
+
+
+_WAITED: dict[str, str] = {
+    "aws:eks/cluster:Cluster": "EKS cluster",
+    "aws:eks/addon:Addon": "EKS add-ons",
+    "aws:eks/nodeGroup:NodeGroup": "node groups",
+    "aws:elasticache/replicationGroup:ReplicationGroup": "ElastiCache",
+    "docker-build:index:Image": "images built and pushed",
+    "kubernetes:helm.sh/v4:Chart": "charts",
+    "kubernetes:batch/v1:Job": "model store Jobs (to completion)",
+    "kubernetes:apps/v1:Deployment": "Deployments (ready)",
+    "kubernetes:apps/v1:StatefulSet": "StatefulSets (ready)",
+    "kubernetes:leaderworkerset.x-k8s.io/v1:LeaderWorkerSet": "LeaderWorkerSets",
+}
+"""The resources `pulumi up` spends its time waiting for, by type, and how a step names them."""
+_CHART = "kubernetes:helm.sh/v4:Chart"
+
+
+def _waited(resource: Resource) -> bool:
+    """A chart is a component (its objects are waited for one by one inside it); the rest are resources."""
+    return resource.type in _WAITED and (resource.custom or resource.type == _CHART)
+
+
+def _wait_label(resource: Resource) -> str:
+    inputs = resource.inputs
+    name = str(
+        inputs.get("metadata", {}).get("name")
+        or inputs.get("addonName")
+        or inputs.get("nodeGroupName")
+        or inputs.get("chart")
+        or resource.name
+    )
+    if resource.timeouts and "create" in resource.timeouts:
+        return f"{name} (up to {minutes(int(resource.timeouts['create'].removesuffix('s')))})"
+    return name
+
+
+def wait_steps(synthesis: Synthesis) -> list[str]:
+    """The resources `pulumi up` waits for (``_WAITED``), in the order their dependencies impose: each is one step
+    after the deepest waited-for resource it depends on (directly, through resources nobody waits for, or through
+    a component it or an ancestor depends on), and a step lists its resources by kind."""
+    by_urn = {r.urn: r for r in synthesis.resources}
+    children: dict[str, list[str]] = {}
+    for r in synthesis.resources:
+        if r.parent:
+            children.setdefault(r.parent, []).append(r.urn)
+
+    def expanded(urns: set[str]) -> set[str]:
+        out: set[str] = set()
+        todo = list(urns)
+        while todo:
+            urn = todo.pop()
+            if urn in out:
+                continue
+            out.add(urn)
+            if urn in by_urn and not by_urn[urn].custom:  # a component: its resources are waited for
+                todo += children.get(urn, [])
+        return out
+
+    memo: dict[str, int] = {}
+
+    def depth(urn: str) -> int:
+        """Steps up to and including ``urn`` (0: nothing waited for on the way)."""
+        if urn in memo:
+            return memo[urn]
+        memo[urn] = 0  # a cycle cannot happen in a Pulumi program; this only guards the recursion
+        resource = by_urn.get(urn)
+        if resource is None:
+            return 0
+        before = max((depth(d) for d in expanded(synthesis.waits_for(resource)) if d != urn), default=0)
+        memo[urn] = before + (1 if _waited(resource) else 0)
+        return memo[urn]
+
+    partitioned = {  # launch templates whose user data cuts the GPUs into MIG instances (components.render.mig)
+        r.name
+        for r in synthesis.resources
+        if r.type == "aws:ec2/launchTemplate:LaunchTemplate"
+        and mig.MARKER in base64.b64decode(str(r.inputs.get("userData") or "")).decode()
+    }
+    steps: dict[int, dict[str, list[str]]] = {}
+    for r in synthesis.resources:
+        if _waited(r):
+            label = _wait_label(r)
+            if r.type == "aws:eks/nodeGroup:NodeGroup" and r.name in partitioned:
+                label += " (its GPUs cut into MIG instances at boot, before kubelet)"
+            steps.setdefault(depth(r.urn), {}).setdefault(_WAITED[r.type], []).append(label)
+    return [
+        "; ".join(f"{kind}: {', '.join(sorted(names))}" for kind, names in sorted(steps[level].items()))
+        for level in sorted(steps)
+    ]
 
 
 def adapters_note(model: ModelSpec, placement: Placement) -> str:
@@ -373,23 +470,22 @@ def sharing_lines(spec: PlatformSpec, layout: Layout, costs: dict[str, cost.Mode
             f"to at most 1 so gpu_memory_utilization sums to at most {packing.SHARED_GPU_SAFE_TOTAL:g}"
             if pack.mechanism is packing.Mechanism.TIME_SLICING
             else "MIG (isolated instances; the device plugin's mixed strategy advertises the instances a node's GPUs "
-            "are cut into, it does not cut them: partition them as below with the GPU operator's MIG manager or "
-            "nvidia-mig-parted on the node)"
+            "are cut into, it does not cut them: on EKS each node's user data cuts them as below at boot, before "
+            "kubelet, with nvidia-smi (the AMI has no nvidia-mig-parted), so new and repaired nodes come up cut; on a "
+            "cluster you bring, apply the config below yourself or with the GPU operator's MIG manager)"
         )
         memory = pool.instance.gpu_spec.memory_gib
         if pack.node_layout is not None:  # MIG: every node is cut alike
             node = dataclasses.replace(pack, gpus=pack.node_layout)
-            config = packing.mig_parted_config(
-                f"inferstack-{pool.name}", pack.node_layout, pool.instance.gpus
-            )
+            config = mig.parted_config(pool)
             lines += [
                 f"Pool `{pool.name}` ({pool.instance.name}, {pool.instance.gpus} x {pool.instance.gpu}): {how}; at max "
                 f"replicas {pack.nodes} node(s), each cut alike:",
                 "",
                 *(f"- {line}" for line in node.lines(memory)),
                 "",
-                "As an nvidia-mig-parted config (`nvidia-mig-parted apply -f <file> -c "
-                f"inferstack-{pool.name}` on each node, or the GPU operator's MIG manager):",
+                "As an nvidia-mig-parted config (on EKS nodes at "
+                f"`{mig.CONFIG}`; `nvidia-mig-parted apply -f <file> -c {mig.config_name(pool)}` elsewhere):",
                 "",
                 "```yaml",
                 *yaml.safe_dump(config, sort_keys=False).splitlines(),
@@ -397,11 +493,20 @@ def sharing_lines(spec: PlatformSpec, layout: Layout, costs: dict[str, cost.Mode
                 "",
             ]
         else:
+            order = startup.staggered(spec, layout)
+            chain = [m for m in pool.models if m not in order] + [m for m in pool.models if m in order]
             lines += [
                 f"Pool `{pool.name}` ({pool.instance.name}, {pool.instance.gpus} x {pool.instance.gpu}): {how}; "
                 f"at max replicas {len(pack.gpus)} GPU(s) on {pack.nodes} node(s):",
                 "",
                 *(f"- {line}" for line in pack.lines(memory)),
+                "",
+                "Engines sharing a GPU start one after another on the first `pulumi up` "
+                f"({' -> '.join(chain)}: each waits for the one before to be ready): vLLM sizes its KV cache from "
+                "the memory it sees change while it profiles at start, so a neighbour loading at the same moment "
+                "shrinks it or leaves no room (the engine exits). Replicas the scaler adds later, or a node's "
+                "engines restarting together, can still start side by side: an engine that exits so is restarted "
+                "by its kubelet once its neighbour is up, within its startup budget.",
                 "",
             ]
         for name in pool.models:

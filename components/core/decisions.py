@@ -80,7 +80,35 @@ class Decisions:
     preparations: tuple[Preparation, ...]
     """The preparation Jobs the versions need."""
     warnings: tuple[str, ...]
-    """Rollouts that drop a model below its minimum, with the pool size that would prevent it."""
+    """Rollouts that drop a model below its minimum, with the pool size that would prevent it; models that span
+    nodes over EFA in an image without the EFA userspace (``efa_image_warnings``)."""
+
+
+NO_EFA_USERSPACE = ("vllm/vllm-openai",)
+"""Engine image repositories that ship no EFA userspace (libfabric, the aws-ofi-nccl plugin NCCL needs to use EFA):
+vllm-project/vllm issue #55635 (open, September 2026) asks for EFA to work in the vLLM images out of the box, and
+the pull request for it (#55783) adds the EFA userspace only to builds with INSTALL_KV_CONNECTORS."""
+
+
+def efa_image_warnings(spec: PlatformSpec, layout: Layout) -> list[str]:
+    """Models that span nodes over EFA in an image without the EFA userspace: NCCL falls back to TCP sockets."""
+    out = []
+    for model in spec.models:
+        placement = layout.placements[model.name]
+        pool = layout.pools.get(placement.pool) if placement.pool is not None else None
+        image = model.engine.image or ""
+        if not (placement.multi_node and pool is not None and pool.efa_interfaces):
+            continue
+        if image.split(":", 1)[0].split("@", 1)[0] not in NO_EFA_USERSPACE:
+            continue
+        out.append(
+            f"{model.name} spans {placement.nodes} x {pool.instance.name} over EFA, but its image {image} ships no "
+            "EFA userspace (libfabric and the aws-ofi-nccl NCCL plugin; vllm-project/vllm#55635): NCCL falls back "
+            "to TCP sockets between nodes and the EFA interfaces and huge pages are reserved for nothing. Set "
+            "engine.image to an image that ships them (the AWS Deep Learning Containers vLLM image for EC2, or "
+            "llm-d's AWS image), at a tag you have checked carries them"
+        )
+    return out
 
 
 def _decide_models(spec: PlatformSpec, layout: Layout) -> dict[str, ModelDecisions]:
@@ -117,5 +145,5 @@ def decide(spec: PlatformSpec, layout: Layout) -> Decisions:
         served_layout=served_layout,
         units=units,
         preparations=tuple(lifecycle.preparations(spec, layout)),
-        warnings=tuple(rollout.warnings(spec, layout, rollouts)),
+        warnings=(*rollout.warnings(spec, layout, rollouts), *efa_image_warnings(spec, layout)),
     )

@@ -20,12 +20,13 @@ import math
 from dataclasses import dataclass
 
 from components.base import catalog, sizing
+from components.base.packing import Mechanism
 from components.base.problems import Problem
-from components.core.placement import Placement
+from components.core.placement import Layout, Placement
 from components.core.planned import Planned, PlanRule
 from components.core.weights import coldstart
 from components.engines import profile
-from components.spec import ModelSpec
+from components.spec import ModelSpec, PlatformSpec
 
 MIB_PER_GIB = 1024
 
@@ -182,6 +183,22 @@ def idle_state(model: ModelSpec, placement: Placement, startup: StartupBudget) -
     if scaling.min_replicas == 0:
         return IdleState("zero", scaling.idle_before_zero_s, None, cold)
     return IdleState("hot", None, None, cold)
+
+
+def staggered(spec: PlatformSpec, layout: Layout) -> dict[str, str]:
+    """Engines that start after another on the first `pulumi up`: each model of a time-sliced pool after the one
+    before it in the stack file. Time-sliced engines share a GPU's memory, and vLLM sizes its KV cache from the
+    memory it sees change while it profiles at start: a neighbour loading its weights at the same moment counts
+    against it (too small a cache, or no room for one and the engine exits). Ordered, the second starts once the
+    first is ready. This covers the first deploy only: replicas the scaler adds later, or a node's engines coming
+    back together after a restart, may still start side by side (the plan says so)."""
+    out: dict[str, str] = {}
+    for pool in layout.pools.values():
+        if pool.sharing is not Mechanism.TIME_SLICING:
+            continue
+        members = [m.name for m in spec.models if m.name in pool.models]
+        out |= dict(zip(members[1:], members[:-1], strict=True))
+    return out
 
 
 RULES: tuple[PlanRule, ...] = (budget_covers_a_cold_start,)

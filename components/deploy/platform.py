@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 import pulumi
 
+from components.core import startup
 from components.core.cloud import Cloud
 from components.core.decisions import Decisions
 from components.kubernetes.addons import ClusterAddons
 from components.kubernetes.batches import BatchService
 from components.kubernetes.cluster import ClusterAccess
-from components.kubernetes.engine import ModelEngine, ModelWeights
+from components.kubernetes.engine import ModelEngine, ModelWeights, wait_behind
 from components.kubernetes.gateway import Gateway, NetworkPolicies
 from components.kubernetes.limit_store import LimitStore
 from components.kubernetes.manifests import apply
@@ -26,6 +27,7 @@ from components.kubernetes.scaling import ModelScaling
 from components.kubernetes.secrets import limit_store_token, secret_config
 from components.render import addons, common, engine, hardening, weights
 from components.render.namespace import namespace
+from components.render.runtime_config import embedding_models, has_batcher
 from components.spec import PlatformSpec
 
 
@@ -104,8 +106,12 @@ class InferencePlatform(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self, depends_on=[self.namespace, self.network]),
             decided.preparations,
         )
-        self.engines = {
-            m.name: ModelEngine(
+        # Time-sliced engines that share GPUs start one after another (startup.staggered).
+        after_engine = startup.staggered(spec, layout)
+        self.engines: dict[str, ModelEngine] = {}
+        for m in spec.models:
+            before = [self.engines[after_engine[m.name]]] if m.name in after_engine else []
+            self.engines[m.name] = ModelEngine(
                 spec,
                 units[m.name],
                 pulumi.ResourceOptions(
@@ -116,14 +122,13 @@ class InferencePlatform(pulumi.ComponentResource):
                         self.engine_identity,
                         *self.weights.jobs[m.name],
                         *self.addons.installed(addons.LWS_RELEASE),
+                        *before,
                     ],
                 ),
                 weights_image=self.weights.image,
                 # A prepared checkpoint does not exist before its Job: the engine's own objects wait for it.
                 after=self.weights.jobs[m.name] if m.prepared_by else None,
             )
-            for m in spec.models
-        }
         keys = _api_keys(spec, secrets)
         # The gateway after the cloud's controllers: on EKS the Load Balancer Controller's validating webhook
         # (vingress.elbv2.k8s.aws, failurePolicy Fail, not configurable) refuses the router's Ingress until the
@@ -138,12 +143,16 @@ class InferencePlatform(pulumi.ComponentResource):
             before_gateway.append(self.limit_store)
         # With gateway_api envoy-gateway, its chart brings the Gateway API CRDs the Gateway and HTTPRoute need.
         gateway_crds = self.addons.installed(addons.ENVOY_GATEWAY_RELEASE)
+        # The batcher is ready once every model it batches serves: after their engines, as long as they may take.
+        batched = [m.name for m in embedding_models(spec)] if has_batcher(spec) else []
         self.gateway = Gateway(
             spec,
             cloud,
             keys,
             pulumi.ResourceOptions(parent=self, depends_on=[*before_gateway, *gateway_crds]),
             images=cluster.images,
+            batched=[self.engines[name] for name in batched],
+            batcher_wait=wait_behind(units[name] for name in batched),
         )
         if spec.batch.enabled:
             self.batches = BatchService(spec, cloud, keys, cluster.files_bucket, cluster.images, in_namespace)

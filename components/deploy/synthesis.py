@@ -266,6 +266,17 @@ class Synthesis:
     reads: list[Resource] = field(default_factory=list)
     """What the program reads from the cloud or cluster rather than creates (it must exist)."""
 
+    def waits_for(self, resource: Resource) -> set[str]:
+        """URNs `pulumi up` finishes before it creates ``resource``: its own dependencies and its ancestors' (a
+        component's ``depends_on`` holds for its children)."""
+        by_urn = {r.urn: r for r in self.resources}
+        out: set[str] = set()
+        current: Resource | None = resource
+        while current is not None:
+            out.update(current.dependencies)
+            current = by_urn.get(current.parent) if current.parent else None
+        return out
+
     def kubernetes_manifests(self) -> list[dict[str, Any]]:
         out = []
         for r in self.resources:

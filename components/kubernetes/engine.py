@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pulumi
@@ -18,6 +18,25 @@ from components.spec import PlatformSpec
 
 _AWAITED = frozenset({"Deployment", groups.KIND})
 """The workloads `pulumi up` waits for (a LeaderWorkerSet is a custom resource: Pulumi waits for it to exist)."""
+
+
+def engine_wait(unit: ModelDecisions) -> pulumi.CustomTimeouts:
+    """How long `pulumi up` waits for a unit's engine workload: one startup budget when it is created (replicas
+    start together), every round of a rolling update when it changes (``Rollout.update_timeout_s``)."""
+    rollout = unit.rollout
+    return pulumi.CustomTimeouts(create=f"{rollout.startup.budget_s}s", update=f"{rollout.update_timeout_s}s")
+
+
+def wait_behind(units: Iterable[ModelDecisions]) -> pulumi.CustomTimeouts | None:
+    """How long `pulumi up` waits for a workload that is ready only once every one of ``units`` serves (the
+    batcher): the longest of their startup budgets, created or changed (it is applied after their engines, so a
+    change of its own waits for their replicas at most once). None for no units: the provider's default
+    (10 minutes, ``DefaultDeploymentTimeoutMins`` in pulumi-kubernetes provider/pkg/await/deployment.go)."""
+    budgets = [u.rollout.startup.budget_s for u in units]
+    if not budgets:
+        return None
+    longest = f"{max(budgets)}s"
+    return pulumi.CustomTimeouts(create=longest, update=longest)
 
 
 class ModelWeights(pulumi.ComponentResource):
@@ -68,7 +87,8 @@ class ModelWeights(pulumi.ComponentResource):
             if p is None:
                 self.jobs[m.name] = [once(weights.prepare_job(spec, m, placement, self.image), deadline, [])]
             else:
-                copied = once(weights.prepare_job(spec, p.origin, placement, self.image), deadline, [])
+                source = weights.prepare_job(spec, p.origin, placement, self.image, dense=True)
+                copied = once(source, deadline, [])
                 job = preparation.job(spec, p, m, placement, self.image)
                 self.jobs[m.name] = [once(job, preparation.JOB_DEADLINE_S, [copied])]
             self.jobs[m.name] += adapter_jobs
@@ -94,16 +114,10 @@ class ModelEngine(pulumi.ComponentResource):
     ) -> None:
         """``after``: what the engine's own objects wait for (the model store's preparation Jobs that write what
         it loads)."""
-        model, rollout = unit.model, unit.rollout
+        model = unit.model
         super().__init__("inferstack:kubernetes:ModelEngine", model.name, None, opts)
         child = pulumi.ResourceOptions(parent=self, depends_on=after)
-        awaited = pulumi.ResourceOptions(
-            parent=self,
-            depends_on=after,
-            custom_timeouts=pulumi.CustomTimeouts(
-                create=f"{rollout.startup.budget_s}s", update=f"{rollout.update_timeout_s}s"
-            ),
-        )
+        awaited = pulumi.ResourceOptions(parent=self, depends_on=after, custom_timeouts=engine_wait(unit))
         self.manifests = engine.render(spec, unit, weights_image)
         self.resources = [apply(m, awaited if m["kind"] in _AWAITED else child) for m in self.manifests]
         self.service_name = common.engine_name(model.name)

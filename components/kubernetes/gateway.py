@@ -5,7 +5,7 @@ Thin components over ``components.render.gateway``, ``api_keys`` and ``network``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -27,11 +27,20 @@ def _hashed(raw: str, source: str, spec: PlatformSpec) -> str:
         raise pulumi.RunError(str(err)) from None
 
 
+def _is_deployment(manifest: common.Manifest, name: str) -> bool:
+    return bool(manifest["kind"] == "Deployment" and manifest["metadata"]["name"] == name)
+
+
 class Gateway(pulumi.ComponentResource):
     """Everything in front of the engines; ``keys`` is the Pulumi secret with the plain API keys.
 
     ``images`` overrides the spec's images per runtime service: on EKS, the AWS layer's pushed ECR images
     (their references are Outputs with the digest, known once the push is done).
+
+    The batcher is ready only once every model it batches has a replica (``runtime.batcher.app``: ``ready``), so
+    it goes after those models' engines (``batched``) and `pulumi up` waits for it as long as for the slowest of
+    them (``batcher_wait``, from their startup budgets: ``components.kubernetes.engine.wait_behind``); with the
+    provider's default 10 minutes it gave up while a cold embedding engine was still starting.
     """
 
     def __init__(
@@ -41,6 +50,8 @@ class Gateway(pulumi.ComponentResource):
         keys: pulumi.Output[str] | None,
         opts: pulumi.ResourceOptions | None = None,
         images: Mapping[str, gateway.RuntimeImage] | None = None,
+        batched: Sequence[pulumi.Resource] = (),
+        batcher_wait: pulumi.CustomTimeouts | None = None,
     ) -> None:
         super().__init__("inferstack:kubernetes:Gateway", f"{spec.name}-{spec.environment}", None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -54,7 +65,13 @@ class Gateway(pulumi.ComponentResource):
             depends.append(apply(manifest, child, secret_fields=("stringData",)))
         depends += self._existing_gateway_class(spec)
         after = pulumi.ResourceOptions(parent=self, depends_on=depends)
-        self.resources = [apply(m, after) for m in self.manifests]
+        behind_engines = pulumi.ResourceOptions(
+            parent=self, depends_on=[*depends, *batched], custom_timeouts=batcher_wait
+        )
+        batcher = common.runtime_name(spec, common.BATCHER)
+        self.resources = [
+            apply(m, behind_engines if _is_deployment(m, batcher) else after) for m in self.manifests
+        ]
         self.router_service = common.runtime_name(spec, common.ROUTER)
         self.register_outputs({"router_service": self.router_service, "hostname": spec.gateway.hostname})
 

@@ -8,6 +8,12 @@
   same source share its Job (named after the served model).
 - A version with a preparation (quantize, trtllm-build): one more Job of the store, after its source's, that
   makes the checkpoint the version's engines load from the store (``components.render.preparation``).
+- A hub copy stages the whole checkpoint on the node's disk before it uploads (``runtime.weights.prepare`` hashes
+  the snapshot into the content id it compares with what the store holds, and ``huggingface_hub`` resumes its
+  own partial downloads there). So the Job requests that disk as ``ephemeral-storage`` and caps its staging
+  volume at the same size, both from the checkpoint's size (``checkpoint_gib``: the sizing's weight bytes); the
+  scheduler then puts it only on a node whose disk holds it, and on EKS the system nodes' root disks are sized
+  for the stack's Jobs (``staging_disks``, read by ``components.clouds.aws.decisions.system_node_group``).
 - Engine pods never see the hub or its token. Streaming (vLLM): an init container checks the store's objects
   against the manifest, then vLLM streams ``s3://...``. Node cache: an init container fills the node's cache
   (once per node and revision, under a lock; a hit reads nothing) and the engine loads the copy.
@@ -21,10 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from components.core.placement import Placement
+from components.base import catalog, sizing
+from components.core import lifecycle
+from components.core.placement import Placement, PoolPlan
 from components.core.weights import store
 from components.core.weights.fetch import CacheMedium, Fetch, FetchPath
-from components.render import common, hardening
+from components.render import common, hardening, mig
 from components.render.common import Manifest
 from components.render.engine_args import model_dir
 from components.spec import AdapterSpec, ModelSpec, PlatformSpec
@@ -41,6 +49,15 @@ CREDENTIALS_KEY = "credentials"
 """The key of model_store.reader_secret / writer_secret: an AWS shared-credentials file."""
 HF_TOKEN_KEY = "token"
 STAGING_DIR = "/staging"
+STAGING_SLACK = 1.2
+"""Staging over the sized checkpoint: the sizing counts parameters, the files add metadata, tied or untied heads
+and shards that do not split evenly."""
+STAGING_OVERHEAD_GIB = 2
+"""Tokenizer, configs and ``huggingface_hub``'s partial download of the file in flight."""
+STAGING_MIN_GIB = 10
+_SCRATCH_GIB = 2
+"""A Job's disk besides its staging: its 1 GiB /tmp volume, its container's writable layer and logs."""
+_TMP_GIB = 1
 _JOB_SECONDS_PER_GIB = 30  # deadline: a slow hub (~35 MB/s) plus the upload
 _JOB_MIN_SECONDS = 1800
 _WEIGHTS_CONTAINER = {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}}
@@ -134,15 +151,42 @@ def store_container(spec: PlatformSpec, name: str, image: Any, args: list[str], 
     }
 
 
+def checkpoint_gib(model: ModelSpec, arch: catalog.ModelArch, *, dense: bool = False) -> float:
+    """The checkpoint ``model``'s source holds, in GiB: its parameters at the precision its engine loads
+    (``sizing.weight_bytes``, the figure the GPU fit's weights come from). ``dense``: the source of a preparation
+    (a quantize step or an engine build reads the dense checkpoint, at the engine's dtype)."""
+    e = model.engine
+    quantization = "none" if dense else e.quantization.value
+    precision = sizing.weight_precision(quantization, e.dtype.value)
+    return sizing.weight_bytes(arch, precision, e.dtype.value) / sizing.GIB
+
+
+def staging_gib(checkpoint: float) -> int:
+    """The staging volume of a hub copy of ``checkpoint`` GiB."""
+    return max(STAGING_MIN_GIB, math.ceil(checkpoint * STAGING_SLACK + STAGING_OVERHEAD_GIB))
+
+
+def job_disk_gib(staging: int) -> int:
+    """The ``ephemeral-storage`` a store Job requests (and is limited to): its staging and its scratch."""
+    return staging + _SCRATCH_GIB
+
+
 def job_deadline_s(placement: Placement) -> int:
     """Seconds the preparation Job may run (its ``activeDeadlineSeconds``, and how long `pulumi up` waits for it)."""
     return max(_JOB_MIN_SECONDS, int(placement.weights_gib * _JOB_SECONDS_PER_GIB))
 
 
-def prepare_job(spec: PlatformSpec, model: ModelSpec, placement: Placement, image: Any) -> Manifest:
-    """The one-time Job that puts ``model``'s weights into the store (hub), or checks them (s3://)."""
+def _copy_staging_gib(model: ModelSpec, arch: catalog.ModelArch, dense: bool) -> int:
+    """A store Job's staging: the checkpoint for a hub copy; a check (``s3://`` source) stages nothing."""
+    return staging_gib(checkpoint_gib(model, arch, dense=dense)) if model.is_hub else 1
+
+
+def prepare_job(
+    spec: PlatformSpec, model: ModelSpec, placement: Placement, image: Any, *, dense: bool = False
+) -> Manifest:
+    """The one-time Job that puts ``model``'s weights into the store (hub), or checks them (s3://); ``dense``: the
+    source of a version's preparation (``checkpoint_gib``)."""
     hub = (model.source, str(model.revision)) if model.is_hub else None
-    staging_gib = max(10, math.ceil(placement.weights_gib * 1.2 + 2))
     return _prepare(
         spec,
         image,
@@ -150,9 +194,31 @@ def prepare_job(spec: PlatformSpec, model: ModelSpec, placement: Placement, imag
         model.served_name,
         location(spec, model),
         hub,
-        staging_gib,
+        _copy_staging_gib(model, placement.arch, dense),
         job_deadline_s(placement),
     )
+
+
+def staging_disks(spec: PlatformSpec) -> dict[str, int]:
+    """Every store Job of the stack (hub copy or check, of a model, a version's source or an adapter), by Job
+    name, with the ``ephemeral-storage`` it requests: they run on the general (untainted) nodes, together on the
+    first `pulumi up`. The same Jobs as ``components.kubernetes.engine.ModelWeights`` registers; a model whose
+    architecture is unknown is refused by placement and counts nothing here."""
+    out: dict[str, int] = {}
+    for model in spec.models:
+        arch = model.arch()
+        if arch is None:
+            continue
+        copies = (
+            [(lifecycle.source_unit(model, v), v.preparation is not None) for v in model.versions]
+            if model.versions
+            else [(model, False)]
+        )
+        for source, dense in copies:
+            out[job_name(spec, source)] = job_disk_gib(_copy_staging_gib(source, arch, dense))
+        for adapter in model.adapters:
+            out[adapter_job_name(spec, model, adapter)] = job_disk_gib(_adapter_staging_gib(adapter))
+    return out
 
 
 ADAPTER_DIR = "/adapters"
@@ -177,6 +243,10 @@ def adapter_job_name(spec: PlatformSpec, model: ModelSpec, adapter: AdapterSpec)
     )  # Job names leave room for the pod's
 
 
+def _adapter_staging_gib(adapter: AdapterSpec) -> int:
+    return 2 * _ADAPTER_DISK_GIB if not adapter.source.startswith("s3://") else 1
+
+
 def adapter_job(spec: PlatformSpec, model: ModelSpec, adapter: AdapterSpec, image: Any) -> Manifest:
     """The one-time Job that puts a LoRA adapter into the store (hub, at its commit), or checks it (s3://)."""
     hub = (adapter.source, str(adapter.revision)) if not adapter.source.startswith("s3://") else None
@@ -188,7 +258,7 @@ def adapter_job(spec: PlatformSpec, model: ModelSpec, adapter: AdapterSpec, imag
         model.served_name,
         adapter_uri(spec, adapter),
         hub,
-        2 * _ADAPTER_DISK_GIB,
+        _adapter_staging_gib(adapter),
         _JOB_MIN_SECONDS,
     )
 
@@ -203,7 +273,10 @@ def _prepare(
     staging_gib: int,
     deadline: int,
 ) -> Manifest:
-    """A preparation Job: copy ``hub`` (repository, commit) into ``uri``, or (None) verify what ``uri`` holds."""
+    """A preparation Job: copy ``hub`` (repository, commit) into ``uri``, or (None) verify what ``uri`` holds.
+    ``staging_gib``: its staging volume's cap; it requests that and its scratch as ``ephemeral-storage`` (kubelet
+    evicts a pod past its emptyDir's sizeLimit or its containers' limits; the scheduler places it only where
+    the node's allocatable ephemeral storage holds the request)."""
     if hub is not None:
         args = ["prepare", "--to", uri, "--hub", hub[0], "--revision", hub[1], "--staging", STAGING_DIR]
     else:
@@ -212,13 +285,14 @@ def _prepare(
     if token:
         args += ["--token-file", f"{HF_TOKEN_DIR}/{HF_TOKEN_KEY}"]
     container = store_container(spec, "prepare", image, [*args, *owner_args(spec)], writer=hub is not None)
+    disk = f"{job_disk_gib(staging_gib)}Gi"
     container["resources"] = {
-        "requests": {"cpu": "1", "memory": "2Gi"},
-        "limits": {"cpu": "2", "memory": "4Gi"},
+        "requests": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": disk},
+        "limits": {"cpu": "2", "memory": "4Gi", "ephemeral-storage": disk},
     }
     volumes: list[Manifest] = [
-        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
-        {"name": "staging", "emptyDir": {"sizeLimit": f"{staging_gib if hub is not None else 1}Gi"}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": f"{_TMP_GIB}Gi"}},
+        {"name": "staging", "emptyDir": {"sizeLimit": f"{staging_gib}Gi"}},
         *store_access(spec, writer=hub is not None).volumes,
     ]
     container["volumeMounts"].append({"name": "staging", "mountPath": STAGING_DIR})
@@ -279,11 +353,14 @@ def cache_host_dir(way: Fetch) -> str:
 _MIME_BOUNDARY = "==INFERSTACK=="
 
 
-def node_user_data(medium: CacheMedium, *, node_config: bool = True) -> str:
-    """EC2 user data (MIME multipart, as EKS AL2023 nodes read it) that readies the node cache: the instance's
-    NVMe striped as RAID0 by nodeadm (mounted at /mnt/k8s-disks/0, where kubelet and containerd move too),
-    then the cache directory owned by the runtime user, so fill containers run unprivileged.
-    ``node_config=False`` leaves the NodeConfig out (Karpenter's ``instanceStorePolicy: RAID0`` sets it)."""
+def node_user_data(
+    medium: CacheMedium | None, *, node_config: bool = True, boot: tuple[str, ...] = ()
+) -> str:
+    """EC2 user data (MIME multipart, as EKS AL2023 nodes read it): with a node cache (``medium``), the instance's
+    NVMe striped as RAID0 by nodeadm (mounted at /mnt/k8s-disks/0, where kubelet and containerd move too), then
+    the cache directory owned by the runtime user, so fill containers run unprivileged; then the ``boot`` shell
+    scripts (a MIG partition: ``components.render.mig``). ``node_config=False`` leaves the NodeConfig out
+    (Karpenter's ``instanceStorePolicy: RAID0`` sets it)."""
     parts = []
     if medium is CacheMedium.NVME and node_config:
         parts.append(
@@ -291,17 +368,29 @@ def node_user_data(medium: CacheMedium, *, node_config: bool = True) -> str:
             "apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\n"
             "spec:\n  instance:\n    localStorage:\n      strategy: RAID0\n"
         )
-    uid = common.RUNTIME_UID
-    directory = NVME_CACHE_DIR if medium is CacheMedium.NVME else ROOT_DISK_CACHE_DIR
-    parts.append(
-        'Content-Type: text/x-shellscript; charset="us-ascii"\n\n'
-        f"#!/bin/bash\nset -euo pipefail\ninstall -d -m 0750 -o {uid} -g {uid} {directory}\n"
-    )
+    shell = 'Content-Type: text/x-shellscript; charset="us-ascii"\n\n'
+    if medium is not None:
+        uid = common.RUNTIME_UID
+        directory = NVME_CACHE_DIR if medium is CacheMedium.NVME else ROOT_DISK_CACHE_DIR
+        parts.append(
+            f"{shell}#!/bin/bash\nset -euo pipefail\ninstall -d -m 0750 -o {uid} -g {uid} {directory}\n"
+        )
+    parts += [f"{shell}{script}" for script in boot]
     body = "".join(f"--{_MIME_BOUNDARY}\n{part}\n" for part in parts)
     return (
         f'MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary="{_MIME_BOUNDARY}"\n\n'
         f"{body}--{_MIME_BOUNDARY}--\n"
     )
+
+
+def pool_user_data(pool: PoolPlan, *, node_config: bool = True) -> str | None:
+    """A GPU pool's nodes' user data: its node cache and its MIG partition, each where it has one; None when
+    neither."""
+    partition = mig.boot_script(pool)
+    if pool.cache_medium is None and partition is None:
+        return None
+    boot = (partition,) if partition is not None else ()
+    return node_user_data(pool.cache_medium, node_config=node_config, boot=boot)
 
 
 def engine_init(spec: PlatformSpec, model: ModelSpec, way: Fetch, image: Any) -> Manifest:

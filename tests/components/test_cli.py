@@ -143,3 +143,37 @@ def test_committed_schema_is_current() -> None:
 def test_stack_files_point_editors_at_the_schema(stack: str) -> None:
     first = (STACKS_DIR / f"Pulumi.{stack}.yaml").read_text().splitlines()[0]
     assert first == "# yaml-language-server: $schema=./platform.schema.json"
+
+
+def test_the_first_deploy_section_lists_what_pulumi_up_waits_for_in_dependency_order(tmp_path: Path) -> None:
+    """The plan said how long each engine may take, not what `pulumi up` waits for before it: the order comes
+    from the program's own dependencies (cluster, nodes, add-ons, charts and store Jobs, engines, then the
+    batcher behind the engines it batches), with the waits the program sets."""
+    result = CliRunner().invoke(app, ["plan", "-s", "prod", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    section = (tmp_path / "summary.md").read_text().split("## First deploy", 1)[1].split("\n## ", 1)[0]
+    steps = [line for line in section.splitlines() if line[:1].isdigit() and ". " in line]
+    assert steps, section
+
+    def step(text: str) -> int:
+        return next(i for i, line in enumerate(steps) if text in line)
+
+    assert step("EKS cluster: inferstack-prod") < step("vpc-cni") < step("inferstack-prod-system")
+    assert step("inferstack-prod-system") < step("coredns")
+    assert step("inferstack-prod-system") < step("kube-prometheus-stack")
+    assert step("llama-3-70b-weights-") < step("llama-3-70b-engine (up to 24 min)")
+    assert step("kube-prometheus-stack") < step("llama-3-70b-engine")
+    assert step("bge-large-engine (up to 18 min)") < step("inferstack-batcher (up to 18 min)")
+
+
+def test_the_plan_warns_when_a_model_spans_nodes_over_efa_in_an_image_without_the_efa_userspace() -> None:
+    """prod-405b reserves EFA interfaces and huge pages for a two-node replica, but vllm/vllm-openai ships no
+    libfabric or aws-ofi-nccl (vllm-project/vllm#55635): NCCL would talk TCP. The plan says so and which image to
+    use instead; a stack on one node says nothing."""
+    from components.cli import report
+    from tests.stacks import load
+
+    [warning] = [w for w in report.plan_report(load("prod-405b")).warnings if "EFA" in w]
+    assert "llama-3-405b" in warning and "vllm/vllm-openai:v0.32.0" in warning and "TCP" in warning
+    assert "engine.image" in warning
+    assert not [w for w in report.plan_report(load("prod")).warnings if "EFA" in w]

@@ -29,7 +29,7 @@ from components.core import (
     stackfile,
     startup,
 )
-from components.core.decisions import Decisions, decide
+from components.core.decisions import Decisions, decide, efa_image_warnings
 from components.core.stackfile import STACKS_DIR, available_stacks
 from components.core.startup import minutes
 from components.core.weights import coldstart, fetch
@@ -82,7 +82,8 @@ def test_the_decisions_are_what_each_decision_module_answers(name: str) -> None:
         m.name: rollout.plan(spec, layout, m, startup.budget(m, layout.placements[m.name]))
         for m in spec.models
     }
-    assert list(decided.warnings) == rollout.warnings(spec, layout, rollouts)
+    efa = efa_image_warnings(spec, layout)
+    assert list(decided.warnings) == [*rollout.warnings(spec, layout, rollouts), *efa]
 
 
 def test_a_stack_without_versions_serves_its_models_as_decided() -> None:

@@ -18,7 +18,7 @@ from components.core.stackfile import STACKS_DIR, available_stacks
 from components.deploy import synthesis as plan
 from components.kubernetes import gateway as kubernetes_gateway
 from components.render import api_keys, common, gateway
-from components.render.runtime_config import runtime_config
+from components.render.runtime_config import embedding_models, runtime_config
 from components.spec import PlatformSpec, Target
 from runtime.config import RuntimeConfig
 from tests.components.helpers import minimal, write_stack
@@ -309,3 +309,33 @@ def test_the_router_metrics_port_is_rendered_and_may_not_take_another_listeners_
         doc["gateway"] = {"router_metrics_port": taken}
         with pytest.raises(ValueError, match=f"gateway.router_metrics_port.*{taken} is the {what}'s port"):
             PlatformSpec.model_validate(doc)
+
+
+def _seconds(timeout: str) -> int:
+    assert timeout.endswith("s"), timeout
+    return int(timeout[:-1])
+
+
+@pytest.mark.parametrize("name", [s for s in PULUMI_STACKS if gateway.has_batcher(load(s).served[0])])
+def test_the_batcher_waits_behind_the_engines_it_batches_as_long_as_the_slowest_may_take(name: str) -> None:
+    """The batcher is ready only once every batched model has a replica: with the provider's 10-minute default
+    and no order, `pulumi up` gave up on it while bge-large (an 18-minute budget) was still starting."""
+    spec, _ = load(name).served
+    decided = load(name).decisions
+    synthesis = _synthesis(name)
+    deployments = {
+        r.inputs["metadata"]["name"]: r
+        for r in synthesis.resources
+        if r.type == "kubernetes:apps/v1:Deployment"
+    }
+    batcher = deployments[common.runtime_name(spec, common.BATCHER)]
+    waits = synthesis.waits_for(batcher)
+    batched = embedding_models(spec)
+    assert batched
+    for model in batched:
+        engine = deployments[common.engine_name(model.name)]
+        assert engine.urn in waits, f"the batcher does not wait for {model.name}'s engine"
+    assert batcher.timeouts is not None
+    longest = max(decided.units[m.name].rollout.startup.budget_s for m in batched)
+    assert _seconds(batcher.timeouts["create"]) >= longest
+    assert _seconds(batcher.timeouts["update"]) >= longest

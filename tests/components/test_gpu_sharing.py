@@ -275,3 +275,77 @@ def test_a_sleeping_replica_must_find_room_for_its_weights_in_host_memory() -> N
     assert (
         container["resources"]["requests"]["memory"] == f"{57 * 1024}Mi"
     )  # its share, above the 31 it needs
+
+
+def _user_data_scripts(stack: str) -> dict[str, list[str]]:
+    """Each launch template's shell parts of its (MIME multipart) user data, by template name."""
+    import base64
+
+    from tests.stacks import synthesized
+
+    out: dict[str, list[str]] = {}
+    for r in synthesized(stack).resources:
+        if r.type != "aws:ec2/launchTemplate:LaunchTemplate" or not r.inputs.get("userData"):
+            continue
+        text = base64.b64decode(r.inputs["userData"]).decode()
+        parts = [p.split("\n\n", 1)[1] for p in text.split("--==INFERSTACK==")[1:-1]]
+        out[r.name] = [p for p in parts if p.startswith("#!/bin/bash")]
+    return out
+
+
+def test_the_mig_pool_is_cut_at_boot_into_the_instances_its_engines_request() -> None:
+    """The device plugin's mixed strategy advertises only instances that exist, and nothing cut the shared stack's
+    H100s: its MIG models stayed Pending for their whole budget, and a node repair brought back uncut nodes. The
+    pool's user data now installs a unit that cuts each GPU as the placement laid it out, before kubelet."""
+    import re
+    import subprocess
+
+    from components.render import mig
+
+    stack = load_stack("shared")
+    pool = stack.layout.pools["h100-mig"]
+    assert pool.packing is not None and pool.packing.node_layout is not None
+    scripts = _user_data_scripts("shared")
+    [boot] = [s for s in scripts["inferstack-dev-h100-mig"] if mig.MARKER in s]
+    assert not any(mig.MARKER in s for s in scripts.get("inferstack-dev-l40s-shared", []))  # time-sliced
+    subprocess.run(["bash", "-n"], input=boot, text=True, check=True)
+    applied = boot.split("<<'INFERSTACK_MIG_SCRIPT'\n", 1)[1].split("INFERSTACK_MIG_SCRIPT\n", 1)[0]
+    subprocess.run(["bash", "-n"], input=applied, text=True, check=True)
+    created = {
+        int(gpu): sorted(profiles.split(","))
+        for gpu, profiles in re.findall(r"nvidia-smi mig -i (\d+) -cgi (\S+) -C", applied)
+    }
+    wanted = {
+        i: sorted(seat.profile for seat in load.seats if seat.profile is not None)
+        for i, load in enumerate(pool.packing.node_layout)
+    }
+    assert created == wanted
+    for gpu in wanted:
+        assert f"nvidia-smi -i {gpu} -mig 1" in applied
+    for gpu in range(len(wanted), pool.instance.gpus):
+        assert f"nvidia-smi -i {gpu} -mig 0" in applied  # the rest stay whole
+    unit = boot.split("<<'INFERSTACK_MIG_UNIT'\n", 1)[1]
+    assert "Before=nodeadm-run.service" in unit and "After=nvidia-kmod-load.service" in unit
+    assert f"systemctl enable --now {mig.UNIT}" in boot  # first boot; enabled for every boot after
+
+
+def test_time_sliced_engines_on_one_pool_start_one_after_another() -> None:
+    """Two time-sliced vLLM engines profiling one GPU's memory at the same moment each count the other's load
+    against their KV cache: the shared stack's engines on l40s-shared now start in turn, and the plan says what
+    that does not cover."""
+    from components.cli import report
+    from tests.stacks import synthesized
+
+    synthesis = synthesized("shared")
+    engines = {
+        r.inputs["metadata"]["name"]: r
+        for r in synthesis.resources
+        if r.type == "kubernetes:apps/v1:Deployment" and r.inputs["metadata"]["name"].endswith("-engine")
+    }
+    assert engines["bge-m3-engine"].urn in synthesis.waits_for(engines["llama-3-8b-engine"])
+    assert engines["llama-3-8b-engine"].urn not in synthesis.waits_for(engines["bge-m3-engine"])
+    # MIG instances are isolated: those engines start side by side.
+    assert engines["qwen-7b-engine"].urn not in synthesis.waits_for(engines["llama-3-1b-engine"])
+    stack = load_stack("shared")
+    text = "\n".join(report.plan_report(stack).sharing)
+    assert "bge-m3 -> llama-3-8b" in text and "can still start side by side" in text

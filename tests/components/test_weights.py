@@ -199,3 +199,70 @@ def test_on_eks_the_batch_files_have_a_bucket_of_their_own() -> None:
     PlatformSpec.model_validate({**same, "batch": {"enabled": False}})
     with pytest.raises(ValueError, match="is not an S3 bucket name"):
         PlatformSpec.model_validate({**doc, "cluster": {"batch_bucket": "Acme_Batches"}})
+
+
+def _gib(quantity: str) -> float:
+    assert quantity.endswith("Gi"), quantity
+    return float(quantity[:-2])
+
+
+@pytest.mark.parametrize("stack", ["prod", "staging", "shared", "dev", "prod-405b"])
+def test_store_jobs_request_their_staging_disk_and_the_system_nodes_hold_them_all(stack: str) -> None:
+    """The 70B copy staged 37.8 GiB in an emptyDir on a 50 GiB system node without asking for the disk: the
+    kubelet evicted it and every retry started empty. Each store Job now requests (and is limited to) its
+    volumes' disk, its staging holds the checkpoint the sizing knows, and the system nodes' root disks, past
+    their own 50 GiB, leave allocatable room (kubelet: 10% eviction margin, 1 GiB reserved) for all of them."""
+    loaded = load(stack)
+    synthesis = synthesized(stack)
+    jobs = [
+        m
+        for m in synthesis.kubernetes_manifests()
+        if m["kind"] == "Job"
+        and m["metadata"]["labels"]["app.kubernetes.io/component"] == weights.COMPONENT
+        and not m["metadata"]["name"].startswith("prepare-")  # a version's preparation: the GPU pool's
+    ]
+    assert jobs
+    requested = 0.0
+    for job in jobs:
+        pod = job["spec"]["template"]["spec"]
+        [container] = pod["containers"]
+        disk = container["resources"]["requests"]["ephemeral-storage"]
+        assert container["resources"]["limits"]["ephemeral-storage"] == disk
+        volumes = {v["name"]: _gib(v["emptyDir"]["sizeLimit"]) for v in pod["volumes"] if "emptyDir" in v}
+        assert _gib(disk) >= sum(volumes.values()), job["metadata"]["name"]
+        requested += _gib(disk)
+        assert not pod.get("tolerations")  # the general nodes, never a GPU node
+    for model in loaded.spec.models:
+        if not model.is_hub or model.versions:
+            continue
+        [job] = [j for j in jobs if j["metadata"]["name"] == weights.job_name(loaded.spec, model)]
+        staging = next(v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "staging")
+        arch = model.arch()
+        assert arch is not None
+        assert _gib(staging["emptyDir"]["sizeLimit"]) >= weights.checkpoint_gib(model, arch)
+    [group] = [
+        r
+        for r in synthesis.resources
+        if r.type == "aws:eks/nodeGroup:NodeGroup" and r.name.endswith("-system")
+    ]
+    [template] = [
+        r
+        for r in synthesis.resources
+        if r.type == "aws:ec2/launchTemplate:LaunchTemplate" and r.name == group.name
+    ]
+    size = template.inputs["blockDeviceMappings"][0]["ebs"]["volumeSize"]
+    # Below the eviction margin, the disk holds the node's own use (what its former 50 GiB held below theirs),
+    # the kubelet's reservation and every Job's request at once.
+    usable = 1 - decisions.NODEFS_EVICTION_FRACTION
+    own = decisions.SYSTEM_ROOT_DISK_GIB * usable
+    assert size * usable >= own + decisions.KUBE_RESERVED_EPHEMERAL_GIB + requested, (size, requested)
+
+
+def test_a_stack_whose_store_jobs_no_system_disk_holds_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from components.clouds.aws import cloud
+
+    spec = load("prod").spec
+    assert cloud.staging_problems(spec) == []
+    monkeypatch.setattr(decisions, "GP3_MAX_GIB", 100)
+    [problem] = cloud.staging_problems(spec)
+    assert "llama-3-70b-weights" in problem.message and "more than one gp3 volume holds" in problem.message

@@ -31,6 +31,26 @@ POD_IDENTITY_AGENT = Endpoint(
 )
 
 
+def staging_problems(spec: PlatformSpec) -> list[Problem]:
+    """The store's Jobs stage each hub checkpoint whole on a system node's root disk (``weights.staging_disks``),
+    which is sized for them (``decisions.system_root_disk_gib``) up to what one gp3 volume holds; past that no
+    node can run them, and each would be evicted or stay Pending until its deadline."""
+    disk = decisions.system_root_disk_gib(spec)
+    if disk <= decisions.GP3_MAX_GIB:
+        return []
+    jobs = weights.staging_disks(spec)
+    return [
+        Problem(
+            "models",
+            f"the model store's preparation Jobs stage {sum(jobs.values()):,} GiB of checkpoints on the system nodes "
+            f"(largest: {max(jobs, key=lambda j: jobs[j])}, {max(jobs.values()):,} GiB), so their root disks would "
+            f"need {disk:,} GiB, more than one gp3 volume holds ({decisions.GP3_MAX_GIB:,} GiB): prepare the largest "
+            "weights into the store yourself (`python -m runtime.weights prepare --from DIR --to URI`) and name "
+            "its s3:// prefix as the source",
+        )
+    ]
+
+
 class AwsCloud:
     """EKS with managed node groups or Karpenter, in a VPC the stack creates or the subnets it is given."""
 
@@ -122,6 +142,7 @@ class AwsCloud:
         store fields of a bucket you bring, and no weights or adapters in another bucket (engines read only the
         store, and a bucket outside it may belong to another account)."""
         problems = store.account_problems(spec)
+        problems += staging_problems(spec)
         for name in ("bucket", "endpoint_url", "reader_secret", "writer_secret"):
             if getattr(spec.model_store, name) is not None:
                 problems.append(

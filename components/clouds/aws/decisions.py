@@ -7,6 +7,7 @@ decisions the components register. The components in this package only turn thes
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,15 @@ GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"  # drivers included; the device plugin is 
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 SYSTEM_POOL = nodes.SYSTEM_ROLE  # the system node group is named after its nodes' role
 SYSTEM_ROOT_DISK_GIB = 50
+"""The system nodes' own use: the OS, the images of what runs there, logs; the model store's Jobs' disk is added on
+top (``system_root_disk_gib``)."""
+# The kubelet's allocatable ephemeral storage leaves out its hard-eviction margin of the whole disk and its
+# reservation: nodeadm's kubelet defaults (awslabs/amazon-eks-ami nodeadm/internal/kubelet/config.go:
+# evictionHard nodefs.available 10%, kubeReserved ephemeral-storage 1Gi).
+NODEFS_EVICTION_FRACTION = 0.10
+KUBE_RESERVED_EPHEMERAL_GIB = 1
+DISK_STEP_GIB = 10
+GP3_MAX_GIB = 16_384
 ROOT_DEVICE = "/dev/xvda"  # AL2023 EKS AMIs boot from xvda
 # GPU nodes pull ~10 GiB engine images and stage weights on the root disk: buy gp3 throughput (at most
 # iops / 4 MiB/s) so a cold start is not disk-bound; it costs tens of dollars a month next to thousands.
@@ -332,7 +342,7 @@ def gpu_node_group(spec: PlatformSpec, pool: PoolPlan) -> NodeGroupPlan:
         disk=RootDisk(pool.root_disk_gib, GPU_DISK_IOPS, GPU_DISK_THROUGHPUT_MIBPS),
         labels=gpu_node_labels(pool),
         taints=[nodes.gpu_taint()],
-        user_data=weights.node_user_data(pool.cache_medium) if pool.cache_medium else None,
+        user_data=weights.pool_user_data(pool),
         priority=POOL_PRIORITY,
         efa_interfaces=pool.efa_interfaces,
         placement_group=pool.placement_group,
@@ -394,6 +404,16 @@ def autoscaler_priorities(groups: list[NodeGroupPlan]) -> dict[int, list[str]]:
     return dict(sorted(table.items(), reverse=True))
 
 
+def system_root_disk_gib(spec: PlatformSpec) -> int:
+    """Each system node's root disk: its own use, and room for every store Job of the stack at once (they run on
+    the untainted nodes, created together on the first `pulumi up`, each requesting its staging as
+    ephemeral-storage: ``weights.staging_disks``), grown by the kubelet's eviction margin and reservation, in
+    10 GiB steps. Sized for all of them so a single system node still runs them all before their deadlines."""
+    jobs = sum(weights.staging_disks(spec).values())
+    allocatable = (jobs + KUBE_RESERVED_EPHEMERAL_GIB) / (1 - NODEFS_EVICTION_FRACTION) if jobs else 0
+    return SYSTEM_ROOT_DISK_GIB + math.ceil(allocatable / DISK_STEP_GIB) * DISK_STEP_GIB
+
+
 def system_node_group(spec: PlatformSpec) -> NodeGroupPlan:
     """CPU nodes for the gateway, monitoring, CoreDNS and controllers; untainted."""
     n = eks_section(spec).system_nodes
@@ -407,7 +427,9 @@ def system_node_group(spec: PlatformSpec) -> NodeGroupPlan:
         desired_size=n,
         max_size=2 * n,
         disk=RootDisk(
-            SYSTEM_ROOT_DISK_GIB, prices.EBS_GP3_BASELINE_IOPS, prices.EBS_GP3_BASELINE_THROUGHPUT_MIBPS
+            system_root_disk_gib(spec),
+            prices.EBS_GP3_BASELINE_IOPS,
+            prices.EBS_GP3_BASELINE_THROUGHPUT_MIBPS,
         ),
         labels={nodes.ROLE_LABEL: nodes.SYSTEM_ROLE},
         taints=[],

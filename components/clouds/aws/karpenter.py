@@ -120,9 +120,7 @@ class Karpenter(pulumi.ComponentResource):
             reservation = own.capacity_reservation
             reservation_id = reservation.id if reservation is not None else None
             # Karpenter stripes the NVMe itself (instanceStorePolicy); the user data only readies the cache dir.
-            user_data = (
-                weights.node_user_data(pool.cache_medium, node_config=False) if pool.cache_medium else None
-            )
+            user_data = weights.pool_user_data(pool, node_config=False)
             node_class = karpenter.node_class(
                 pool.name, group.disk, launch, volume_key_arn, reservation_id, user_data
             )
