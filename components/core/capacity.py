@@ -97,7 +97,8 @@ def steps(pool: GpuPoolSpec, plan: PoolPlan) -> list[str]:
 
 
 def notes(spec: PlatformSpec, layout: Layout) -> list[str]:
-    """One sentence per pool with more than one source of nodes (where the stack launches them)."""
+    """One sentence per pool with more than one source of nodes, and one per pool in a cluster placement group
+    (where the stack launches them)."""
     if not spec.cluster.launches_nodes:
         return []
     out = []
@@ -105,7 +106,21 @@ def notes(spec: PlatformSpec, layout: Layout) -> list[str]:
         plan = layout.pools.get(pool.name)
         if plan is not None and (pool.capacity_reservation or pool.fallback_instance_types):
             out.append(f"pool {pool.name} capacity, in order: {' -> '.join(steps(pool, plan))}")
+        if plan is not None and plan.placement_group and not pool.capacity_reservation:
+            out.append(placement_zone_note(pool.name, plan.instance.name))
     return out
+
+
+def placement_zone_note(pool: str, instance: str) -> str:
+    """A cluster placement group keeps a pool's nodes in one zone, which the stack names (the first of the
+    cluster's zones). A zone name maps to a different physical zone in each account, so whether that zone offers
+    the instance type is known only in the account: the plan says how to check (a reservation's zone is its own)."""
+    return (
+        f"pool {pool}: one cluster placement group, so one zone, the first of cluster.availability_zones; zone names "
+        "map to different physical zones in each account, so check yours offers it (`aws ec2 "
+        f"describe-instance-type-offerings --location-type availability-zone --filters Name=instance-type,Values={instance}`) "
+        "and list that zone first, or the node group's launches fail with InsufficientInstanceCapacity"
+    )
 
 
 RULES: tuple[PlanRule, ...] = (node_sources,)

@@ -18,7 +18,7 @@ from components.base.problems import SpecError
 from components.cli.main import app
 from components.clouds import targets
 from components.clouds.aws import decisions
-from components.core import cost
+from components.core import capacity, cost
 from components.deploy import synthesis as plan
 from tests.components.helpers import SOME_COMMIT, cluster, write_stack
 from tests.stacks import load
@@ -311,3 +311,14 @@ def test_a_fallback_without_room_for_the_pools_node_cache_on_nvme_is_refused(tmp
         "gpu_pools[0].fallback_instance_types[0]: the pool's 300 GiB node cache is on local NVMe, and "
         "g4dn.2xlarge has 210 GiB of it" in caught.value.render()
     )
+
+
+def test_the_plan_says_which_zone_a_placement_group_pins_and_how_to_check_it_offers_the_instance() -> None:
+    """A cluster placement group is in one zone, named by the stack; a zone name is a different physical zone in
+    each account, so the plan says how to check the instance is offered there (issue #35's placement-group zone)."""
+    decided = load("prod-405b").decisions
+    [pool] = [p for p in decided.layout.pools.values() if p.placement_group]
+    [note] = [n for n in capacity.notes(decided.spec, decided.layout) if "placement group" in n]
+    assert note.startswith(f"pool {pool.name}: one cluster placement group, so one zone")
+    assert f"Values={pool.instance.name}" in note and "list that zone first" in note
+    assert decisions.gpu_node_group(decided.spec, pool).zone == decisions.zones(decided.spec)[0]
