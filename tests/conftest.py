@@ -249,32 +249,49 @@ def embed_model(engine_python: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def check_vllm_args(engine_python: Path) -> Callable[..., list[str | None]]:
-    """Checks `vllm serve` argument lists with vLLM's own parser, all in one process.
+def check_vllm_args(engine_python: Path) -> Iterator[Callable[..., list[str | None]]]:
+    """Checks `vllm serve` argument lists with vLLM's own parser, in one checker process for the session (started
+    at the first check: importing vLLM costs seconds, a check milliseconds).
 
     ``check(commands, parse_only=False) -> [None | "vLLM's error message", ...]``
     """
+    LOGS_DIR.mkdir(parents=True, exist_ok=True)
+    checker: subprocess.Popen[str] | None = None
 
     def check(commands: list[list[str]], *, parse_only: bool = False) -> list[str | None]:
+        nonlocal checker
         if not commands:
             return []
-        argv = [str(engine_python), str(CHECK_VLLM_ARGS), *(["--parse-only"] if parse_only else []), "-"]
-        result = subprocess.run(
-            argv,
-            input=json.dumps(commands),
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        if result.returncode not in (0, 1):
-            pytest.fail(f"check_vllm_args.py failed ({result.returncode}):\n{result.stderr[-4000:]}")
-        errors = [entry["error"] for entry in json.loads(result.stdout)]
-        # its exit code says whether any was rejected (0: none)
-        assert result.returncode == int(any(e is not None for e in errors)), result.stderr[-4000:]
-        return errors
+        if checker is None:
+            with (LOGS_DIR / "check-vllm-args.log").open("w") as log:
+                checker = subprocess.Popen(
+                    [str(engine_python), str(CHECK_VLLM_ARGS), "--serve"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    text=True,
+                )
+        assert checker.stdin is not None and checker.stdout is not None
+        checker.stdin.write(json.dumps({"commands": commands, "parse_only": parse_only}) + "\n")
+        checker.stdin.flush()
+        answer = checker.stdout.readline()
+        if not answer:
+            pytest.fail(
+                f"check_vllm_args.py --serve exited ({checker.wait()}): see {LOGS_DIR}/check-vllm-args.log"
+            )
+        verdicts = json.loads(answer)
+        assert isinstance(verdicts, list), verdicts
+        return [verdict["error"] for verdict in verdicts]
 
-    return check
+    yield check
+    if checker is not None:
+        assert checker.stdin is not None
+        checker.stdin.close()  # the end of its requests: it exits
+        try:
+            checker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            checker.kill()
+            checker.wait()
 
 
 def _start_all(engines: list[EngineProcess]) -> None:
@@ -296,13 +313,17 @@ def _start_all(engines: list[EngineProcess]) -> None:
 
 @pytest.fixture(scope="session")
 def vllm_chat_pair(tiny_chat_model: Path) -> Iterator[VllmChatPair]:
-    """Two tiny-Llama replicas, prefix caching on, max_model_len 4096, pinned to cores 0 and 1."""
+    """Two tiny-Llama replicas, prefix caching on, max_model_len 4096, pinned to cores 0 and 1. Their ports are
+    fixed, below the ephemeral range: a test that stops one (a replica's restart) starts it again at its URL."""
     LOGS_DIR.mkdir(parents=True, exist_ok=True)
     spec = cpu_model_spec(
         CHAT_MODEL_NAME, tiny_chat_model, max_model_len=CHAT_MAX_MODEL_LEN, enable_prefix_caching=True
     )
+    first_port = free_port_block(2)
     engines = [
-        EngineProcess(spec, cpu_cores=str(core), log_path=LOGS_DIR / f"vllm-chat-{core}.log")
+        EngineProcess(
+            spec, port=first_port + core, cpu_cores=str(core), log_path=LOGS_DIR / f"vllm-chat-{core}.log"
+        )
         for core in (0, 1)
     ]
     _start_all(engines)

@@ -22,12 +22,12 @@ from tests.stacks import load
 
 @functools.cache
 def _stack() -> Stack:
-    """prod with Karpenter (a stack file in a temporary directory)."""
-    directory = Path(tempfile.mkdtemp(prefix="inferstack-karpenter-"))
+    """prod with Karpenter (a stack file in a temporary directory, read whole by ``load`` and then removed)."""
     document = yaml.safe_load(Path("stacks/Pulumi.prod.yaml").read_text())
     document["config"]["inferstack:platform"]["cluster"]["node_provisioner"] = "karpenter"
-    (directory / "Pulumi.prodk.yaml").write_text(yaml.safe_dump(document))
-    return load("prodk", directory)
+    with tempfile.TemporaryDirectory(prefix="inferstack-karpenter-") as directory:
+        (Path(directory) / "Pulumi.prodk.yaml").write_text(yaml.safe_dump(document))
+        return load("prodk", Path(directory))
 
 
 @functools.cache

@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -146,9 +147,9 @@ def test_check_vllm_args_many_command_lines(check_vllm_args, tiny_chat_model):
 
 @pytest.mark.engine
 def test_check_vllm_args_cli_exit_codes(engine_python):
-    """The command-line form (JSON as the argument; the check_vllm_args fixture feeds stdin, and pins exit 0 when all
-    pass): one rejected command line exits 1, with each verdict on stdout and vLLM's message on stderr. One run:
-    each costs an import of vLLM."""
+    """The command-line form (JSON as the argument; the check_vllm_args fixture keeps a `--serve` process): one
+    rejected command line exits 1, with each verdict on stdout and vLLM's message on stderr. One run: each costs an
+    import of vLLM."""
     mixed = subprocess.run(
         [str(engine_python), str(CHECK_VLLM_ARGS), json.dumps([GOOD, BAD_VALUE])],
         capture_output=True,
@@ -228,7 +229,7 @@ engine = EngineProcess(spec, log_path=sys.argv[2]).start()
 deadline = time.monotonic() + 300
 while len(engine.pids()) < 3 and engine.running() and time.monotonic() < deadline:
     time.sleep(0.2)
-print(json.dumps({"pgid": engine.pid, "pids": engine.pids()}), flush=True)
+print(json.dumps({"pgid": engine.pid, "pids": engine.pids(), "run_dir": engine.environment()["TMPDIR"]}), flush=True)
 os._exit(0)  # dies without stop(): the engine must notice and go away by itself
 """
 
@@ -253,6 +254,7 @@ def test_engine_goes_away_when_its_parent_dies(tiny_chat_model, tmp_path):
         time.sleep(0.5)
     assert _live_in_group(seen["pgid"]) == []
     assert [pid for pid in seen["pids"] if _alive(pid)] == []
+    shutil.rmtree(seen["run_dir"])  # the engine's private TMPDIR: stop() removes it, and no one called stop()
 
 
 @pytest.mark.engine

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from components.local import state
+from tests.leaks import PORTS_DIR_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -115,11 +115,11 @@ def one_stack_at_a_time() -> Iterator[None]:
     """Holds the run's make-local lock: the two xdist workers never run a make-local stack each at once. A stack is
     three engines of up to 3 GiB; two stacks beside the other worker's engines filled this 24 GiB machine and
     the kernel killed an engine. Without xdist there is one worker and nothing to hold."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:
+    if os.environ.get("PYTEST_XDIST_TESTRUNUID") is None:
         yield
         return
-    with (Path(tempfile.gettempdir()) / f"inferstack-make-local-{run}.lock").open("w") as lock:
+    # in the run's own directory (tests/leaks.py), which the run removes at its end
+    with (Path(os.environ[PORTS_DIR_ENV]) / "make-local.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

