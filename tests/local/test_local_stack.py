@@ -142,11 +142,7 @@ def test_every_engine_streamed_its_weights_from_the_store(local_stack: LocalStac
 
 
 REFERENCE = Path(__file__).with_name("reference_chat.py")
-REFERENCE_PROMPTS = (
-    "What is the capital of France?",
-    "Explain Kubernetes in one sentence.",
-    "Write a haiku about GPUs.",
-)
+REFERENCE_PROMPTS = ("What is the capital of France?", "Explain Kubernetes in one sentence.")
 REFERENCE_TOKENS = 24
 #: Two greedy decoders may choose differently where the top two tokens are this close (float32 rounding of two
 #: implementations is about 1e-5 nats); anywhere else they must agree.
