@@ -292,6 +292,7 @@ def down(state_dir: StateDirOpt = DEFAULT_STATE_DIR) -> None:
         if left:
             state.kill_pids(left)
             state.wait_gone(left, 10.0)
+            state.remove_engine_scratch(state.read_state(state_dir) or {})
             print(f"inferstack local was not running; killed {len(left)} leftover processes")
         else:
             print(f"inferstack local is not running (state dir {state_dir}/)")
@@ -312,6 +313,7 @@ def down(state_dir: StateDirOpt = DEFAULT_STATE_DIR) -> None:
     if left:
         state.kill_pids(left)
         state.wait_gone(left, 10.0)
+    state.remove_engine_scratch(state.read_state(state_dir) or {})  # what a killed supervisor's engines left
     state.clear_state(state_dir)
     print("stopped; no process left")
 

@@ -58,6 +58,8 @@ from runtime.engines import TELEMETRY_OFF_ENV
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINE_VENV = REPO_ROOT / ".venv-engine"
 ENGINE_PYTHON_ENV = "INFERSTACK_ENGINE_PYTHON"
+#: The name of an engine's private TMPDIR: short (vLLM puts IPC sockets in it; a socket path fits in 107 bytes).
+SCRATCH_PREFIX = "inferstack-vllm-"
 
 #: Environment every engine gets, whatever the caller passes: nothing may try to leave the machine. That is
 #: every rendered engine's telemetry opt-out, plus no hub access and no address lookup.
@@ -286,6 +288,11 @@ class EngineProcess:
         return self._proc.pid if self._proc is not None else None
 
     @property
+    def scratch_dir(self) -> Path | None:
+        """The engine's private TMPDIR while it runs (``stop()`` removes it); None before a start and after a stop."""
+        return self._run_dir
+
+    @property
     def log_file(self) -> Path | None:
         """Where the engine's stdout and stderr go (set by ``start()``)."""
         return self._log_file
@@ -302,7 +309,7 @@ class EngineProcess:
         if self.requested_port == 0:
             self.port = free_port(self.host if self.host != "localhost" else "127.0.0.1")
         if self._run_dir is None:
-            self._run_dir = Path(tempfile.mkdtemp(prefix="inferstack-vllm-"))
+            self._run_dir = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
         log = self.log_path or Path(tempfile.gettempdir()) / "inferstack-engines" / (
             f"{self.served_model_name}-{self.port}.log"
         )

@@ -16,12 +16,14 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components.local.engine_process import SCRATCH_PREFIX
 from components.local.plan import TAG_ENV
 
 LOCK_FILE = "lock"
@@ -108,6 +110,27 @@ def read_state(state_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def remove_engine_scratch(state: dict[str, Any]) -> int:
+    """Removes the private TMPDIRs the state's engines had, once their processes are gone: an engine's own stop
+    removes its TMPDIR, and a supervisor killed with SIGKILL stopped none. Only a directory named as an engine's
+    scratch is removed, whatever else a state file names. Returns how many were removed."""
+    removed = 0
+    for proc in state.get("processes", []):
+        scratch = proc.get("scratch") if isinstance(proc, dict) else None
+        if not isinstance(scratch, str):
+            continue
+        path = Path(scratch)
+        if (
+            path.is_absolute()
+            and path.name.startswith(SCRATCH_PREFIX)
+            and path.is_dir()
+            and not path.is_symlink()
+        ):
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 def write_state(state_dir: Path, state: dict[str, Any]) -> None:

@@ -627,6 +627,7 @@ class Supervisor:
                     "port": launch.port,
                     "url": launch.url,
                     "log": str(engine.log_file),
+                    "scratch": str(engine.scratch_dir) if engine.scratch_dir is not None else None,
                 }
             )
         for service in self.services:

@@ -189,8 +189,13 @@ def test_down_cleans_up_after_a_supervisor_killed_with_sigkill(fake) -> None:
     wait_for(lambda: not any(state.pid_alive(p) for p in services), 30, "services to follow their parent")
     status = run_local("status", "--state-dir", str(state_dir), env=env)
     assert status.returncode == 1
+    scratch = [Path(p["scratch"]) for p in current["processes"] if p["kind"] == "engine"]
+    assert scratch and all(d.is_dir() for d in scratch), "each engine ran in its own TMPDIR"
     down = run_local("down", "--state-dir", str(state_dir), env=env)
     assert down.returncode == 0 and "killed" in down.stdout and "leftover" in down.stdout, down.stdout
+    assert not [d for d in scratch if d.exists()], (
+        "down removed the TMPDIRs the killed supervisor's engines had"
+    )
     state.clear_state(state_dir)
     assert_nothing_left(state_dir, pids)
 
@@ -320,3 +325,28 @@ def test_several_routers_behind_the_balancer_share_one_redis_and_all_stop(fake) 
     assert_nothing_left(state_dir, pids)
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", redis_port)) != 0, "redis-server stopped with the stack"
+
+
+def test_down_removes_only_directories_named_as_an_engines_scratch(tmp_path: Path) -> None:
+    """A state file is data on disk: whatever it names, `down` removes only an engine's own TMPDIR."""
+    from components.local.engine_process import SCRATCH_PREFIX
+
+    ours = tmp_path / f"{SCRATCH_PREFIX}abc"
+    ours.mkdir()
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "data").write_text("keep")
+    disguised = tmp_path / f"{SCRATCH_PREFIX}link"
+    disguised.symlink_to(precious)
+    hostile = {
+        "processes": [
+            {"kind": "engine", "scratch": str(ours)},
+            {"kind": "engine", "scratch": str(precious)},
+            {"kind": "engine", "scratch": str(disguised)},
+            {"kind": "engine", "scratch": f"{SCRATCH_PREFIX}relative"},
+            {"kind": "engine", "scratch": None},
+            "not a process",
+        ]
+    }
+    assert state.remove_engine_scratch(hostile) == 1
+    assert not ours.exists() and (precious / "data").read_text() == "keep" and disguised.is_symlink()
