@@ -159,7 +159,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(guard, "inferstack-leak-guard")
     engine_process.free_port = leaks.recording(engine_process.free_port, guard.ports_dir)
     if not hasattr(config, "workerinput"):  # the process that reports: the controller under xdist
-        config.pluginmanager.register(timing.WhereTimeWent(), "inferstack-where-time-went")
+        config.pluginmanager.register(
+            timing.WhereTimeWent(LOGS_DIR / "test-durations.json"), "inferstack-where-time-went"
+        )
 
 
 @pytest.hookimpl(wrapper=True)

@@ -3,13 +3,16 @@
 CI has a budget (25 min on a 2-core machine), and a run's wall time hides which part grew: the session engines'
 group (one worker, in turn), the own-engines group (the other worker, beside the rest), or everything else. The
 line adds each test's setup, call and teardown seconds into those parts, and names the files that cost most.
-Registered by ``tests/conftest.py`` in the process that reports (the controller under xdist).
+Registered by ``tests/conftest.py`` in the process that reports (the controller under xdist). Every test's seconds
+also go to a file (``.cache/logs/test-durations.json``, slowest first), for the tests the table leaves out.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,11 +29,13 @@ def part_of(nodeid: str) -> str:
 
 
 class WhereTimeWent:
-    def __init__(self) -> None:
+    def __init__(self, durations_file: Path) -> None:
         self.started = time.monotonic()
+        self.durations_file = durations_file
         self.parts: Counter[str] = Counter()
         self.setup: Counter[str] = Counter()
         self.files: Counter[str] = Counter()
+        self.tests: Counter[str] = Counter()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         part = part_of(report.nodeid)
@@ -38,6 +43,7 @@ class WhereTimeWent:
         if report.when == "setup":
             self.setup[part] += report.duration
         self.files[report.nodeid.split("::", 1)[0]] += report.duration
+        self.tests[report.nodeid] += report.duration
 
     def line(self) -> str:
         wall = time.monotonic() - self.started
@@ -52,3 +58,6 @@ class WhereTimeWent:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.parts:
             terminalreporter.write_line(self.line())
+            self.durations_file.parent.mkdir(parents=True, exist_ok=True)
+            slowest = {nodeid: round(seconds, 2) for nodeid, seconds in self.tests.most_common()}
+            self.durations_file.write_text(json.dumps(slowest, indent=1) + "\n")
