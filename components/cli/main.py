@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -17,7 +17,7 @@ from components.base import catalog, packing, sizing
 from components.base.enums import KvCacheDType, Quantization
 from components.base.problems import SpecError
 from components.cli.cost import cost_command
-from components.cli.output import OutputFormat, StdoutConsole, json_text
+from components.cli.output import OutputFormat, StdoutConsole, json_text, markdown_table, records
 from components.core import cost, multinode
 from components.core.paths import STACKS_DIR
 from components.local.cli import local_app
@@ -89,16 +89,18 @@ def size(
     gpu_memory_utilization: Annotated[float, typer.Option(min=0.1, max=0.98)] = 0.90,
     top: Annotated[int, typer.Option(min=1, help="How many instance types to list.")] = 10,
     list_models: Annotated[bool, typer.Option("--list", help="List the models the catalog knows.")] = False,
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", help="table (rich; full width in pipes), markdown or json.")
+    ] = OutputFormat.TABLE,
 ) -> None:
     """Memory breakdown of a model and the instance types that fit it, cheapest first."""
     if list_models or not model:
-        table = Table("alias", "model", "params (B)", "layers", "KV heads", "context")
-        for alias, repo in sorted(catalog.ALIASES.items()):
-            a = catalog.MODELS[repo]
-            table.add_row(
-                alias, repo, f"{a.params_b:g}", str(a.layers), str(a.kv_heads), f"{a.max_context_tokens:,}"
-            )
-        out.print(table)
+        rows = [
+            (alias, repo, f"{a.params_b:g}", str(a.layers), str(a.kv_heads), f"{a.max_context_tokens:,}")
+            for alias, repo in sorted(catalog.ALIASES.items())
+            for a in [catalog.MODELS[repo]]
+        ]
+        print_table(LIST_COLUMNS, rows, "models the catalog knows", output_format)
         return
     found = catalog.lookup_model(model)
     if found is None:
@@ -116,6 +118,15 @@ def size(
     )
     weights = sizing.weight_bytes(arch, sizing.weight_precision(quant.value, "auto")) / sizing.GIB
     kv_token = sizing.kv_bytes_per_token(arch, sizing.kv_precision(kv_cache_dtype.value, "auto")) / sizing.KIB
+    ranked = multinode.candidates(arch, shape)
+    if not ranked:
+        raise _fail(
+            f"{repo} does not fit any instance type, nor a group of up to {multinode.MAX_GROUP_NODES} nodes, with "
+            "these settings; quantize (--quant awq|fp8) or lower --max-model-len"
+        )
+    if output_format is not OutputFormat.TABLE:
+        _size_document(repo, arch, shape, ranked[:top], weights, kv_token, output_format)
+        return
     licence = f", licence {arch.licence}" if arch.licence else ""
     out.print(f"[bold]{repo}[/bold] ({arch.params_b:g}B parameters, source {arch.source}{licence})")
     out.print(
@@ -123,12 +134,6 @@ def size(
         f"{kv_token * max_model_len / 1024 / 1024:.2f} GiB per {max_model_len:,}-token sequence, "
         f"{kv_token * max_model_len * max_num_seqs / 1024 / 1024:.1f} GiB for all {max_num_seqs} at full length"
     )
-    ranked = multinode.candidates(arch, shape)
-    if not ranked:
-        raise _fail(
-            f"{repo} does not fit any instance type, nor a group of up to {multinode.MAX_GROUP_NODES} nodes, with "
-            "these settings; quantize (--quant awq|fp8) or lower --max-model-len"
-        )
     best = ranked[0]
     out.print()
     where = best.instance.name if best.nodes == 1 else f"{best.nodes} x {best.instance.name} (one group)"
@@ -159,6 +164,68 @@ def size(
         for share_row in shares:
             share_table.add_row(*share_row)
         out.print(share_table)
+
+
+LIST_COLUMNS = ("alias", "model", "params (B)", "layers", "KV heads", "context")
+
+
+def print_table(
+    columns: Sequence[str], rows: Sequence[Sequence[str]], title: str, output_format: OutputFormat
+) -> None:
+    """One table in the chosen format: rich, a markdown table under its title, or JSON objects keyed by column."""
+    if output_format is OutputFormat.JSON:
+        out.print(json_text(records(columns, rows)), end="", markup=False, highlight=False)
+    elif output_format is OutputFormat.MARKDOWN:
+        text = "\n".join([f"**{title}**", "", *markdown_table(columns, rows)])
+        out.print(text, markup=False, highlight=False)
+    else:
+        table = Table(*columns, title=title)
+        for row in rows:
+            table.add_row(*row)
+        out.print(table)
+
+
+def _size_document(
+    repo: str,
+    arch: catalog.ModelArch,
+    shape: sizing.EngineShape,
+    ranked: list[sizing.Candidate],
+    weights_gib: float,
+    kv_kib_per_token: float,
+    output_format: OutputFormat,
+) -> None:
+    """`size --format markdown|json`: the same figures as the tables, for a file, a comment or a script."""
+    fits, shares = size_rows(ranked), share_rows(arch, shape)
+    prices = (
+        f"Prices read {catalog.EC2_PRICES.read_on}: {catalog.EC2_PRICES.source}. Spot is an average estimate."
+    )
+    if output_format is OutputFormat.JSON:
+        document = {
+            "model": repo,
+            "params_b": arch.params_b,
+            "source": arch.source,
+            "weights_gib": round(weights_gib, 2),
+            "kv_cache_kib_per_token": round(kv_kib_per_token, 2),
+            "fits": records(SIZE_COLUMNS, fits),
+            "gpu_shares": records(SHARE_COLUMNS, shares),
+            "prices": prices,
+        }
+        out.print(json_text(document), end="", markup=False, highlight=False)
+        return
+    lines = [
+        f"## {repo}",
+        "",
+        f"{arch.params_b:g}B parameters (source {arch.source}); weights {weights_gib:.1f} GiB; KV cache "
+        f"{kv_kib_per_token:.0f} KiB per token.",
+        "",
+        f"Where a replica fits, by on-demand cost per replica ({catalog.EC2_PRICES.region}):",
+        "",
+        *markdown_table(SIZE_COLUMNS, fits),
+        "",
+        *(["Or a share of one GPU:", "", *markdown_table(SHARE_COLUMNS, shares), ""] if shares else []),
+        prices,
+    ]
+    out.print("\n".join(lines), markup=False, highlight=False)
 
 
 SIZE_COLUMNS = (
