@@ -9,8 +9,13 @@ from typing import Any
 from components.cli.output import json_text, markdown_table
 from components.cli.plan_diff import Change, PlanDiff, ResourceChange
 
-MARKER = "<!-- inferstack-plan-diff -->"
-"""The first line of diff.md: CI finds its own pull-request comment by it and updates it (examples/ci/)."""
+
+def marker(stack: str) -> str:
+    """The first line of diff.md: CI finds its pull-request comment for the stack by it and updates it
+    (examples/ci/), one comment per stack."""
+    return f"<!-- inferstack-plan-diff: {stack} -->"
+
+
 LONGEST_VALUE = 120
 """Characters of a changed value shown in diff.md; longer ones (base64 user data, whole command lines) are named by
 their size there, and are whole in diff.json."""
@@ -75,7 +80,7 @@ COST_COLUMNS = ("item", "min before", "min after", "min change", "max before", "
 
 def markdown(d: PlanDiff) -> str:
     lines = [
-        MARKER,
+        marker(d.stack),
         f"## inferstack plan diff: {d.stack}",
         "",
         f"Base: {d.base}. Head: {d.head}.",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from components.base import catalog
 from components.base.enums import CapacityType
 from components.cli import diff_render, plan_diff, plan_record
 from components.cli.main import EXIT_GATE, app
+from components.core.stackfile import STACKS_DIR
 from tests.components.helpers import SOME_COMMIT, minimal, write_stack
 
 runner = CliRunner()
@@ -287,7 +289,7 @@ def test_plan_against_a_directory_prints_and_writes_the_diff_and_gates_on_cost(t
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     md = (out / "diff.md").read_text()
-    assert md.startswith(diff_render.MARKER) and md in result.stdout
+    assert md.startswith(diff_render.marker(STACK)) and md in result.stdout
     assert (
         json.loads((out / "diff.json").read_text())["models"][0]["changes"][0]["path"]
         == "scaling.max_replicas"
@@ -366,3 +368,27 @@ def test_plan_against_a_git_revision_plans_the_stack_file_as_it_was(tmp_path: Pa
     assert bad.exit_code == 2, bad.output
     assert "not a directory written by `inferstack plan --out`, nor a git revision" in bad.stderr
     assert "no commit 'no-such-branch'" in bad.stderr and "Traceback" not in bad.output
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readme_shows_the_diff_the_command_prints(tmp_path: Path) -> None:
+    """The README's example diff: `stacks/Pulumi.prod.yaml` with llama-3-70b's max_num_seqs halved, against the
+    committed file, as `plan --against` prints it (less the Base/Head line, which names where each plan came from)."""
+    text = README.read_text()
+    block = text.split("```markdown\n", 1)[1].split("```", 1)[0]
+    base = tmp_path / "base"
+    assert runner.invoke(app, ["plan", "-s", "prod", "--out", str(base)]).exit_code == 0
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    committed = (STACKS_DIR / "Pulumi.prod.yaml").read_text()
+    assert committed.count("max_num_seqs: 256") == 2  # llama-3-70b's is the first
+    (stacks / "Pulumi.prod.yaml").write_text(committed.replace("max_num_seqs: 256", "max_num_seqs: 128", 1))
+    out = tmp_path / "out"
+    args = ["plan", "-s", "prod", "--stacks-dir", str(stacks), "--against", str(base), "--out", str(out)]
+    assert runner.invoke(app, args).exit_code == 0
+    printed = "\n".join(
+        line for line in (out / "diff.md").read_text().splitlines() if not line.startswith("Base: ")
+    )
+    assert re.sub(r"\n{3,}", "\n\n", printed).strip() == block.strip()
