@@ -9,16 +9,17 @@ command answers in well under a second.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from components.base import catalog, sizing
 from components.base.enums import Quantization
 from components.base.problems import SpecError
+from components.cli.output import OutputFormat, StdoutConsole, json_text, markdown_table, records
 from components.core import cost
 from components.core.paths import STACKS_DIR
 
@@ -29,8 +30,8 @@ if TYPE_CHECKING:
 # The spec, the placement and the stack file load when the command runs: `inferstack --help` builds this
 # command's options and should not pay for them (tests/components/test_cli_imports.py).
 
-out = Console()
-err = Console(stderr=True)
+out = StdoutConsole()
+err = StdoutConsole(stderr=True)
 EXIT_INVALID = 2
 UNLIMITED_REPLICAS = 10_000
 
@@ -57,6 +58,7 @@ def per_m(n: float | None) -> str:
     return "-" if n is None else f"${n:,.3f}"
 
 
+BILL_COLUMNS = ("item", "min $/month", "max $/month")
 COLUMNS = (
     "model",
     "runs on",
@@ -101,24 +103,43 @@ def rows(result: compare.Comparison) -> list[tuple[str, ...]]:
     return out_rows
 
 
-def print_notes(results: list[compare.Comparison], a: compare.Assumptions, prices: cost.PriceList) -> None:
-    out.print("Assumptions:")
-    for line in a.lines():
-        out.print(f"  - {line}", markup=False, highlight=False)
+def note_lines(
+    results: list[compare.Comparison], a: compare.Assumptions, prices: cost.PriceList
+) -> list[str]:
+    """Assumptions and sources, as lines (indented items under their heading)."""
+    lines = ["Assumptions:", *(f"  - {line}" for line in a.lines())]
     if any(r.hosted.tokens_per_second_per_replica is None for r in results):
-        out.print(
+        lines.append(
             "  - '-': no throughput estimate for this model (embedding models and CPU engines: the roofline "
-            "covers GPU decoding), so no volume or break-even",
-            markup=False,
-            highlight=False,
+            "covers GPU decoding), so no volume or break-even"
         )
-    out.print(
+    lines.append(
         f"Sources (API prices read {catalog.API_PRICES_READ_ON}; instance prices read {prices.read_on}:"
         f" {prices.source}):"
     )
     used = {s.price.source for r in results for s in r.apis}
-    for source in sorted(used):
-        out.print(f"  - {source}", markup=False, highlight=False)
+    lines += [f"  - {source}" for source in sorted(used)]
+    return lines
+
+
+def emit(
+    columns: Sequence[str], rows: Sequence[Sequence[str]], title: str, notes: list[str], fmt: OutputFormat
+) -> None:
+    """A table and the lines that go with it: rich (full width in pipes), markdown, or JSON."""
+    if fmt is OutputFormat.JSON:
+        document = {"title": title, "rows": records(columns, rows), "notes": notes}
+        out.print(json_text(document), end="", markup=False, highlight=False)
+        return
+    if fmt is OutputFormat.MARKDOWN:
+        text = "\n".join([f"**{title}**", "", *markdown_table(columns, rows), "", *notes])
+        out.print(text, markup=False, highlight=False)
+        return
+    table = Table(*columns, title=title)
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
+    for line in notes:
+        out.print(line, markup=False, highlight=False)
 
 
 def _stack(name: str, stacks_dir: Path) -> Stack:
@@ -131,7 +152,9 @@ def _stack(name: str, stacks_dir: Path) -> Stack:
         raise _fail(error.render()) from None
 
 
-def compare_stack(loaded: Stack, a: compare.Assumptions, volume: float | None) -> None:
+def compare_stack(
+    loaded: Stack, a: compare.Assumptions, volume: float | None, fmt: OutputFormat = OutputFormat.TABLE
+) -> None:
     from components.core import compare  # noqa: PLC0415 - see the imports
 
     spec, layout, bill = loaded.spec, loaded.layout, loaded.bill  # priced once, as the plan report reads it
@@ -141,27 +164,26 @@ def compare_stack(loaded: Stack, a: compare.Assumptions, volume: float | None) -
         arch = layout.placements[model.name].arch
         results.append(compare.compare(hosted, arch, a, volume))
     title = f"inferstack cost --compare: {loaded.name} ({spec.target.value}), utilisation {a.utilisation:.0%}"
-    table = Table(*COLUMNS, title=title)
-    for result in results:
-        for row in rows(result):
-            table.add_row(*row)
-    out.print(table)
+    table_rows = [row for result in results for row in rows(result)]
     fixed_usd = sum(i.max_usd_month for i in bill.items if i.kind != cost.GPU_POOL)
     gpus = sum(r.platform_usd_month or 0.0 for r in results)
     served = [r for r in results if r.volume_tokens_month and r.apis]
     cheapest_api = sum(min(s.usd_month or 0.0 for s in r.apis) for r in served)
-    out.print(
+    stack_line = (
         f"Stack: GPU replicas {usd(gpus)} + fixed infrastructure {usd(fixed_usd)} (control plane, system nodes,"
         f" NAT, disks, keys) = {usd(gpus + fixed_usd)} a month; the same tokens from the cheapest comparable API"
-        f" per model: {usd(cheapest_api)}.",
-        markup=False,
-        highlight=False,
+        f" per model: {usd(cheapest_api)}."
     )
-    print_notes(results, a, bill.prices)
+    emit(COLUMNS, table_rows, title, [stack_line, *note_lines(results, a, bill.prices)], fmt)
 
 
 def compare_model(
-    name: str, volume: float, a: compare.Assumptions, quant: Quantization, max_model_len: int
+    name: str,
+    volume: float,
+    a: compare.Assumptions,
+    quant: Quantization,
+    max_model_len: int,
+    fmt: OutputFormat = OutputFormat.TABLE,
 ) -> None:
     from components.core import compare  # noqa: PLC0415 - see the imports
 
@@ -176,17 +198,13 @@ def compare_model(
     if hosted is None:
         raise _fail(f"{repo} fits no single instance type with these settings; try --quant awq or fp8")
     result = compare.compare(hosted, arch, a, volume)
-    table = Table(*COLUMNS, title=f"inferstack cost --compare: {repo}, utilisation {a.utilisation:.0%}")
-    for row in rows(result):
-        table.add_row(*row)
-    out.print(table)
-    out.print(
+    where = (
         f"Runs on the instance type with the lowest on-demand cost per generated token ({hosted.where}); GPU"
-        " instances only: a cluster's fixed infrastructure is not in the platform column.",
-        markup=False,
-        highlight=False,
+        " instances only: a cluster's fixed infrastructure is not in the platform column."
     )
-    print_notes([result], a, catalog.EC2_PRICES)  # the catalog's instance types, at EC2's prices
+    title = f"inferstack cost --compare: {repo}, utilisation {a.utilisation:.0%}"
+    # The catalog's instance types, at EC2's prices.
+    emit(COLUMNS, rows(result), title, [where, *note_lines([result], a, catalog.EC2_PRICES)], fmt)
 
 
 def cost_command(
@@ -220,6 +238,9 @@ def cost_command(
     ] = Quantization.NONE,
     max_model_len: Annotated[int, typer.Option(min=16, help="Context length (--model).")] = 8192,
     stacks_dir: Annotated[Path, typer.Option(help="Where the stack files are.")] = STACKS_DIR,
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", help="table (rich; full width in pipes), markdown or json.")
+    ] = OutputFormat.TABLE,
 ) -> None:
     """A stack's monthly bill; with --compare, the platform beside pay-per-token APIs and the break-even volume."""
     from components.core import compare  # noqa: PLC0415 - see the imports
@@ -232,20 +253,16 @@ def cost_command(
         if tokens_per_month is None:
             raise _fail("--model needs --tokens-per-month (prompt and generated tokens a month, e.g. 2e9)")
         a = compare.Assumptions(utilisation or 0.5, input_share)
-        compare_model(model, tokens_per_month, a, quant, max_model_len)
+        compare_model(model, tokens_per_month, a, quant, max_model_len, output_format)
         return
     assert stack is not None
     loaded = _stack(stack, stacks_dir)
     if not compare_apis:
         bill = loaded.bill
-        table = Table("item", "min $/month", "max $/month", title=f"inferstack cost: {stack}")
-        for item in bill.items:
-            table.add_row(item.name, usd(item.min_usd_month), usd(item.max_usd_month))
-        table.add_row("total", usd(bill.min_usd_month), usd(bill.max_usd_month))
-        out.print(table)
-        out.print(
-            f"Prices read {bill.prices.read_on}: {bill.prices.source}. `--compare` sets it beside APIs."
-        )
+        bill_rows = [(i.name, usd(i.min_usd_month), usd(i.max_usd_month)) for i in bill.items]
+        bill_rows.append(("total", usd(bill.min_usd_month), usd(bill.max_usd_month)))
+        note = f"Prices read {bill.prices.read_on}: {bill.prices.source}. `--compare` sets it beside APIs."
+        emit(BILL_COLUMNS, bill_rows, f"inferstack cost: {stack}", [note], output_format)
         return
     a = compare.Assumptions(utilisation or loaded.spec.budget.expected_utilisation, input_share)
-    compare_stack(loaded, a, tokens_per_month)
+    compare_stack(loaded, a, tokens_per_month, output_format)

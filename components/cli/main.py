@@ -5,22 +5,31 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from components.base import catalog, packing, sizing
 from components.base.enums import KvCacheDType, Quantization
 from components.base.problems import SpecError
 from components.cli.cost import cost_command
+from components.cli.output import OutputFormat, StdoutConsole, json_text, markdown_table, records
 from components.core import cost, multinode
 from components.core.paths import STACKS_DIR
 from components.local.cli import local_app
 from runtime.defaults import DEFAULT_MAX_NUM_SEQS
+
+if TYPE_CHECKING:
+    from components.cli.plan_diff import Gate
+    from components.cli.plan_record import PlanRecord
+    from components.cli.report import PlanReport
+    from components.core.stackfile import Stack
+    from components.deploy.synthesis import Synthesis
+    from policies.inference.offline import PolicyResult
 
 # Only what every command's options need is imported here: `--help` and `size` answer without pydantic's
 # models or a Pulumi SDK. `plan` and `schema` import the spec, the program and the policy pack when they run.
@@ -31,8 +40,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Typed model specs in, a production LLM inference platform out.",
 )
-out = Console()
-err = Console(stderr=True)
+out = StdoutConsole()
+err = StdoutConsole(stderr=True)
 
 SCHEMA_PATH = STACKS_DIR / "platform.schema.json"
 EXIT_INVALID = 2
@@ -80,16 +89,18 @@ def size(
     gpu_memory_utilization: Annotated[float, typer.Option(min=0.1, max=0.98)] = 0.90,
     top: Annotated[int, typer.Option(min=1, help="How many instance types to list.")] = 10,
     list_models: Annotated[bool, typer.Option("--list", help="List the models the catalog knows.")] = False,
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", help="table (rich; full width in pipes), markdown or json.")
+    ] = OutputFormat.TABLE,
 ) -> None:
     """Memory breakdown of a model and the instance types that fit it, cheapest first."""
     if list_models or not model:
-        table = Table("alias", "model", "params (B)", "layers", "KV heads", "context")
-        for alias, repo in sorted(catalog.ALIASES.items()):
-            a = catalog.MODELS[repo]
-            table.add_row(
-                alias, repo, f"{a.params_b:g}", str(a.layers), str(a.kv_heads), f"{a.max_context_tokens:,}"
-            )
-        out.print(table)
+        rows = [
+            (alias, repo, f"{a.params_b:g}", str(a.layers), str(a.kv_heads), f"{a.max_context_tokens:,}")
+            for alias, repo in sorted(catalog.ALIASES.items())
+            for a in [catalog.MODELS[repo]]
+        ]
+        print_table(LIST_COLUMNS, rows, "models the catalog knows", output_format)
         return
     found = catalog.lookup_model(model)
     if found is None:
@@ -107,6 +118,15 @@ def size(
     )
     weights = sizing.weight_bytes(arch, sizing.weight_precision(quant.value, "auto")) / sizing.GIB
     kv_token = sizing.kv_bytes_per_token(arch, sizing.kv_precision(kv_cache_dtype.value, "auto")) / sizing.KIB
+    ranked = multinode.candidates(arch, shape)
+    if not ranked:
+        raise _fail(
+            f"{repo} does not fit any instance type, nor a group of up to {multinode.MAX_GROUP_NODES} nodes, with "
+            "these settings; quantize (--quant awq|fp8) or lower --max-model-len"
+        )
+    if output_format is not OutputFormat.TABLE:
+        _size_document(repo, arch, shape, ranked[:top], weights, kv_token, output_format)
+        return
     licence = f", licence {arch.licence}" if arch.licence else ""
     out.print(f"[bold]{repo}[/bold] ({arch.params_b:g}B parameters, source {arch.source}{licence})")
     out.print(
@@ -114,12 +134,6 @@ def size(
         f"{kv_token * max_model_len / 1024 / 1024:.2f} GiB per {max_model_len:,}-token sequence, "
         f"{kv_token * max_model_len * max_num_seqs / 1024 / 1024:.1f} GiB for all {max_num_seqs} at full length"
     )
-    ranked = multinode.candidates(arch, shape)
-    if not ranked:
-        raise _fail(
-            f"{repo} does not fit any instance type, nor a group of up to {multinode.MAX_GROUP_NODES} nodes, with "
-            "these settings; quantize (--quant awq|fp8) or lower --max-model-len"
-        )
     best = ranked[0]
     out.print()
     where = best.instance.name if best.nodes == 1 else f"{best.nodes} x {best.instance.name} (one group)"
@@ -150,6 +164,68 @@ def size(
         for share_row in shares:
             share_table.add_row(*share_row)
         out.print(share_table)
+
+
+LIST_COLUMNS = ("alias", "model", "params (B)", "layers", "KV heads", "context")
+
+
+def print_table(
+    columns: Sequence[str], rows: Sequence[Sequence[str]], title: str, output_format: OutputFormat
+) -> None:
+    """One table in the chosen format: rich, a markdown table under its title, or JSON objects keyed by column."""
+    if output_format is OutputFormat.JSON:
+        out.print(json_text(records(columns, rows)), end="", markup=False, highlight=False)
+    elif output_format is OutputFormat.MARKDOWN:
+        text = "\n".join([f"**{title}**", "", *markdown_table(columns, rows)])
+        out.print(text, markup=False, highlight=False)
+    else:
+        table = Table(*columns, title=title)
+        for row in rows:
+            table.add_row(*row)
+        out.print(table)
+
+
+def _size_document(
+    repo: str,
+    arch: catalog.ModelArch,
+    shape: sizing.EngineShape,
+    ranked: list[sizing.Candidate],
+    weights_gib: float,
+    kv_kib_per_token: float,
+    output_format: OutputFormat,
+) -> None:
+    """`size --format markdown|json`: the same figures as the tables, for a file, a comment or a script."""
+    fits, shares = size_rows(ranked), share_rows(arch, shape)
+    prices = (
+        f"Prices read {catalog.EC2_PRICES.read_on}: {catalog.EC2_PRICES.source}. Spot is an average estimate."
+    )
+    if output_format is OutputFormat.JSON:
+        document = {
+            "model": repo,
+            "params_b": arch.params_b,
+            "source": arch.source,
+            "weights_gib": round(weights_gib, 2),
+            "kv_cache_kib_per_token": round(kv_kib_per_token, 2),
+            "fits": records(SIZE_COLUMNS, fits),
+            "gpu_shares": records(SHARE_COLUMNS, shares),
+            "prices": prices,
+        }
+        out.print(json_text(document), end="", markup=False, highlight=False)
+        return
+    lines = [
+        f"## {repo}",
+        "",
+        f"{arch.params_b:g}B parameters (source {arch.source}); weights {weights_gib:.1f} GiB; KV cache "
+        f"{kv_kib_per_token:.0f} KiB per token.",
+        "",
+        f"Where a replica fits, by on-demand cost per replica ({catalog.EC2_PRICES.region}):",
+        "",
+        *markdown_table(SIZE_COLUMNS, fits),
+        "",
+        *(["Or a share of one GPU:", "", *markdown_table(SHARE_COLUMNS, shares), ""] if shares else []),
+        prices,
+    ]
+    out.print("\n".join(lines), markup=False, highlight=False)
 
 
 SIZE_COLUMNS = (
@@ -212,17 +288,41 @@ def share_rows(arch: catalog.ModelArch, shape: sizing.EngineShape) -> list[tuple
 def plan(
     stack: Annotated[str, typer.Option("-s", "--stack", help="Stack name: stacks/Pulumi.<stack>.yaml.")],
     out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Write manifests/, resources.json, summary.md here.")
+        Path | None,
+        typer.Option(
+            "--out", help="Write manifests/, resources.json, summary.md, plan.json, policy.json here."
+        ),
     ] = None,
     stacks_dir: Annotated[Path, typer.Option(help="Where the stack files are.")] = STACKS_DIR,
     policy_config: Annotated[
         Path | None,
         typer.Option("--policy-config", help="Policy config (the pack's --policy-pack-config format)."),
     ] = None,
+    against: Annotated[
+        str | None,
+        typer.Option(
+            "--against",
+            help="Compare with a base: a directory an earlier `plan --out` wrote, or a git revision of the stack "
+            "file (planned offline with this code). Prints the diff and writes diff.md and diff.json (into --out, "
+            "else the current directory).",
+        ),
+    ] = None,
+    fail_on: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fail-on",
+            help="With --against, exit 3 when the change does this: `replacement` (a node group or cluster "
+            "replaced or deleted) or `cost-increase-over=USD` (the monthly cost at min or max replicas rises by "
+            "more). Repeatable.",
+        ),
+    ] = None,
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", help="table (rich; full width in pipes), markdown or json.")
+    ] = OutputFormat.TABLE,
 ) -> None:
     """Run the Pulumi program offline (mock runtime): resources, manifests, cost, policy. No credentials needed."""
     with _cyclic_gc_paused():
-        _plan(stack, out_dir, stacks_dir, policy_config)
+        _plan(stack, out_dir, stacks_dir, policy_config, against, fail_on or [], output_format)
 
 
 @contextlib.contextmanager
@@ -239,22 +339,60 @@ def _cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _plan(stack: str, out_dir: Path | None, stacks_dir: Path, policy_config: Path | None) -> None:
-    from components.cli import report  # noqa: PLC0415
-    from components.clouds.targets import PROFILES  # noqa: PLC0415
-    from components.core.stackfile import load  # noqa: PLC0415
-    from components.deploy import synthesis as planner  # noqa: PLC0415 - see the imports
-    from policies.inference import offline  # noqa: PLC0415
+EXIT_GATE = 3
+"""`plan --against --fail-on ...`: the change trips a gate (1 stays a mandatory policy verdict, 2 a mistake)."""
+
+
+def _plan(
+    stack: str,
+    out_dir: Path | None,
+    stacks_dir: Path,
+    policy_config: Path | None,
+    against: str | None,
+    fail_on: list[str],
+    output_format: OutputFormat,
+) -> None:
+    from components.cli import plan_diff  # noqa: PLC0415 - see the imports
 
     try:
-        loaded = load(stack, stacks_dir, profiles=PROFILES)
-        policy = offline.prepare(loaded, policy_config)
-    except (SpecError, offline.PolicyConfigError) as error:
-        raise _fail(error.render() if isinstance(error, SpecError) else str(error)) from None
-    rep = report.plan_report(loaded)
-    is_local = loaded.spec.cluster.on_this_machine  # no Pulumi program: nothing to synthesize
-    synthesis = planner.Synthesis() if is_local else planner.synthesize(loaded)
-    table = Table(*report.PLAN_COLUMNS, title=f"inferstack plan: {stack} ({loaded.spec.target.value})")
+        gates = [plan_diff.parse_gate(g) for g in fail_on]
+    except plan_diff.GateError as error:
+        raise _fail(str(error)) from None
+    if gates and against is None:
+        raise _fail("--fail-on needs --against BASE: it gates on what changes from the base")
+    base = _base(stack, stacks_dir, policy_config, against) if against is not None else None
+    planned = _planned(stack, stacks_dir, policy_config)
+    if base is not None:
+        _print_diff(planned, base, out_dir, output_format, gates)
+        return
+    loaded, rep, synthesis = planned.stack, planned.report, planned.synthesis
+    if output_format is OutputFormat.JSON:
+        out.print(json_text({"plan": planned.document, "policy": planned.verdicts.as_json()}), end="")
+    elif output_format is OutputFormat.MARKDOWN:
+        out.print(rep.markdown(loaded, synthesis), markup=False, highlight=False)
+    else:
+        _print_plan(planned)
+    if out_dir is not None:
+        planned.write(out_dir)
+        if output_format is OutputFormat.TABLE:
+            out.print(
+                f"wrote {out_dir}/manifests/, {out_dir}/resources.json, {out_dir}/summary.md, "
+                f"{out_dir}/plan.json, {out_dir}/policy.json",
+                markup=False,
+                highlight=False,
+            )
+    if output_format is not OutputFormat.JSON:
+        for line in planned.verdicts.lines():
+            out.print(line, markup=False, highlight=False)
+    if planned.verdicts.failed:
+        raise typer.Exit(1)
+
+
+def _print_plan(planned: Planned) -> None:
+    from components.cli import report  # noqa: PLC0415 - see the imports
+
+    loaded, rep, synthesis = planned.stack, planned.report, planned.synthesis
+    table = Table(*report.PLAN_COLUMNS, title=f"inferstack plan: {loaded.name} ({loaded.spec.target.value})")
     for row in rep.rows:
         table.add_row(*row)
     out.print(table)
@@ -266,22 +404,128 @@ def _plan(stack: str, out_dir: Path | None, stacks_dir: Path, policy_config: Pat
         out.print(f"  - {note}", markup=False, highlight=False)
     for warning in rep.warnings:
         out.print(f"warning: {warning}", markup=False, highlight=False)
-    if is_local:
+    if loaded.spec.cluster.on_this_machine:
         out.print("target local has no cloud or cluster resources; `make local` runs it on this machine")
     else:
         out.print(
             f"{len(synthesis.resources)} resources, {len(synthesis.kubernetes_manifests())} Kubernetes objects"
         )
-    if out_dir is not None:
-        planner.write(synthesis, out_dir, rep.markdown(loaded, synthesis))
-        out.print(f"wrote {out_dir}/manifests/, {out_dir}/resources.json, {out_dir}/summary.md")
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One stack planned: what `plan` prints and writes, and the record a diff compares."""
+
+    stack: Stack
+    report: PlanReport
+    synthesis: Synthesis
+    verdicts: PolicyResult
+    document: dict[str, Any]
+
+    def record(self) -> PlanRecord:
+        from components.cli.plan_record import PlanRecord  # noqa: PLC0415 - see the imports
+
+        resources = [r.as_json() for r in sorted(self.synthesis.resources, key=lambda r: r.urn)]
+        return PlanRecord.of(self.document, resources, self.verdicts.as_json())
+
+    def write(self, out_dir: Path) -> None:
+        from components.cli import plan_record  # noqa: PLC0415 - see the imports
+        from components.deploy import synthesis as planner  # noqa: PLC0415 - see the imports
+
+        planner.write(self.synthesis, out_dir, self.report.markdown(self.stack, self.synthesis))
+        plan_record.write(out_dir, self.document)
+        self.verdicts.write(out_dir)
+
+
+def _planned(
+    stack: str, stacks_dir: Path, policy_config: Path | None, shown_as: str | None = None
+) -> Planned:
+    """Plan ``stack`` (offline, under mocks) and judge it; a mistake in the stack file or the policy config exits 2
+    (``shown_as``: the name the stack file goes by in that message, for a copy of it)."""
+    from components.cli import plan_record, report  # noqa: PLC0415
+    from components.clouds.targets import PROFILES  # noqa: PLC0415
+    from components.core.stackfile import load  # noqa: PLC0415
+    from components.deploy import synthesis as planner  # noqa: PLC0415 - see the imports
+    from policies.inference import offline  # noqa: PLC0415
+
+    try:
+        loaded = load(stack, stacks_dir, profiles=PROFILES)
+        policy = offline.prepare(loaded, policy_config)
+    except (SpecError, offline.PolicyConfigError) as error:
+        message = error.render() if isinstance(error, SpecError) else str(error)
+        if shown_as is not None:
+            message = message.replace(str(stacks_dir / f"Pulumi.{stack}.yaml"), shown_as)
+        raise _fail(message) from None
+    rep = report.plan_report(loaded)
+    is_local = loaded.spec.cluster.on_this_machine  # no Pulumi program: nothing to synthesize
+    synthesis = planner.Synthesis() if is_local else planner.synthesize(loaded)
     verdicts = policy.run(synthesis, has_resources=not is_local)
+    return Planned(loaded, rep, synthesis, verdicts, plan_record.plan_document(loaded, synthesis))
+
+
+@dataclass(frozen=True)
+class Base:
+    record: PlanRecord
+    label: str
+
+
+def _base(stack: str, stacks_dir: Path, policy_config: Path | None, against: str) -> Base:
+    """The plan to compare with: read from a directory `plan --out` wrote, or the stack file at a git revision,
+    planned here (this code, that stack file) in a temporary directory removed after."""
+    import tempfile  # noqa: PLC0415
+
+    from components.cli import gitrev, plan_record  # noqa: PLC0415 - see the imports
+    from components.core.stackfile import stack_path  # noqa: PLC0415
+
+    where = Path(against)
+    if where.is_dir():
+        try:
+            return Base(plan_record.read(where), f"the plan in `{where}`")
+        except plan_record.RecordError as error:
+            raise _fail(str(error)) from None
+    path = stack_path(stack, stacks_dir)
+    try:
+        found = gitrev.stack_file_at(path, against)
+    except gitrev.RevisionError as error:
+        raise _fail(
+            f"--against {against}: not a directory written by `inferstack plan --out`, nor a git revision to read "
+            f"{path} at: {error}"
+        ) from None
+    shown = f"{found.path} at {against}"
+    with tempfile.TemporaryDirectory(prefix="inferstack-base-") as tmp:
+        Path(tmp, path.name).write_text(found.text)
+        planned = _planned(stack, Path(tmp), policy_config, shown_as=shown)
+        label = f"`{found.path}` at `{against}` ({found.commit[:12]}), planned with this inferstack"
+        return Base(planned.record(), label)
+
+
+def _print_diff(
+    planned: Planned, base: Base, out_dir: Path | None, output_format: OutputFormat, gates: list[Gate]
+) -> None:
+    from components.cli import diff_render, plan_diff  # noqa: PLC0415 - see the imports
+
+    head_label = f"`{planned.stack.source}` as it is now"
+    found = plan_diff.diff(base.record, planned.record(), base.label, head_label)
+    md, js = diff_render.markdown(found), diff_render.as_json(found)
+    where = out_dir if out_dir is not None else Path.cwd()
     if out_dir is not None:
-        verdicts.write(out_dir)
-    for line in verdicts.lines():
-        out.print(line, markup=False, highlight=False)
-    if verdicts.failed:
+        planned.write(out_dir)
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "diff.md").write_text(md)
+    (where / "diff.json").write_text(js)
+    err.print(f"wrote {where / 'diff.md'}, {where / 'diff.json'}", markup=False, highlight=False)
+    if output_format is OutputFormat.JSON:
+        out.print(js, end="", markup=False, highlight=False)
+    else:
+        out.print(md, markup=False, highlight=False)
+    lines = planned.verdicts.lines()
+    tripped = [why for g in gates if (why := g.tripped(found))]
+    for line in [*lines, *(f"fail: {why}" for why in tripped)]:
+        err.print(line, markup=False, highlight=False)
+    if planned.verdicts.failed:
         raise typer.Exit(1)
+    if tripped:
+        raise typer.Exit(EXIT_GATE)
 
 
 app.command("cost")(cost_command)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from components.base import catalog, packing
+from components.cli.output import markdown_table
 from components.core import capacity, cost, endpoint, lifecycle, startup
 from components.core.decisions import Decisions
 from components.core.placement import Layout, Placement, PoolPlan
@@ -91,20 +92,6 @@ DEPLOY_COLUMNS = (
     "rollout",
     "pulumi up waits (create / update)",
 )
-
-
-def markdown_table(
-    columns: tuple[str, ...], rows: list[tuple[str, ...]], right_aligned_from: int | None = None
-) -> list[str]:
-    """A markdown table; columns from ``right_aligned_from`` on are aligned right (numbers)."""
-    align = ["---|"] * len(columns)
-    if right_aligned_from is not None:
-        align[right_aligned_from:] = ["---:|"] * (len(columns) - right_aligned_from)
-    return [
-        "| " + " | ".join(columns) + " |",
-        "|" + "".join(align),
-        *("| " + " | ".join(row) + " |" for row in rows),
-    ]
 
 
 def deploy_rows(decided: Decisions) -> list[tuple[str, ...]]:

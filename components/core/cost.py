@@ -146,6 +146,8 @@ class LineItem:
     kind: str  # gpu-pool, or the cloud's: eks, system-nodes, nat, ebs, kms on AWS
     min_usd_month: float
     max_usd_month: float
+    pool: str | None = None
+    """The GPU pool it bills (a ``GPU_POOL`` item), by name; None for the rest."""
 
 
 def pool_cost(pool: PoolPlan, prices: PriceList, fallbacks: Sequence[catalog.InstanceType] = ()) -> LineItem:
@@ -160,6 +162,7 @@ def pool_cost(pool: PoolPlan, prices: PriceList, fallbacks: Sequence[catalog.Ins
         GPU_POOL,
         per_node * pool.min_nodes,
         dearest * pool.max_nodes,
+        pool=pool.name,
     )
 
 
