@@ -11,7 +11,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,6 @@ from pathlib import Path
 import openai
 import pytest
 
-from components.local import engine_process
 from components.local.engine_process import EngineError, EngineProcess, cpu_model_spec
 from tests.conftest import CHECK_VLLM_ARGS, ENGINE_READY_TIMEOUT_S, REPO_ROOT, STREAM_TOKENS
 
@@ -189,65 +187,53 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.engine
-@pytest.mark.timeout(900)  # two engine starts (the first loses its port) on a possibly crowded machine
-def test_stop_leaves_no_process_behind(tiny_chat_model, tmp_path, monkeypatch):
-    # Someone takes the "free" port before vLLM binds it: the engine comes up on another one.
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    ports = iter([taken.getsockname()[1]])
-    real_free_port = engine_process.free_port
-    monkeypatch.setattr(engine_process, "free_port", lambda host: next(ports, None) or real_free_port(host))
-
-    engine = EngineProcess(
-        # Eager starts faster; compilation is not what this test is about.
-        cpu_model_spec("stop-test", tiny_chat_model, max_model_len=512),
-        cpu_cores="0",
-        log_path=tmp_path / "engine.log",
-        ready_timeout=ENGINE_READY_TIMEOUT_S,
-    )
-    with taken, engine:
-        assert engine.port != taken.getsockname()[1]
-        pids = engine.pids()
-        pgid = engine.pid
-        assert pgid is not None
-        assert len(pids) >= 3, f"API server, EngineCore and resource tracker expected, got {pids}"
-        run_dir = engine.environment()["TMPDIR"]
-    assert not engine.running()
-    assert [pid for pid in pids if _alive(pid)] == []
-    assert _live_in_group(pgid) == []
-    assert not Path(run_dir).exists(), "the engine's private TMPDIR is removed"
-    engine.stop()  # a second stop is harmless
-
-
 ORPHANING_PARENT = """
-import json, os, sys, time
+import json, os, socket, sys
+from components.local import engine_process
 from components.local.engine_process import EngineProcess, cpu_model_spec
+# Someone takes the "free" port before vLLM binds it: the engine must come up on another one.
+taken = socket.socket()
+taken.bind(("127.0.0.1", 0))
+taken.listen()
+ports = iter([taken.getsockname()[1]])
+real_free_port = engine_process.free_port
+engine_process.free_port = lambda host: next(ports, None) or real_free_port(host)
 spec = cpu_model_spec("orphan", sys.argv[1], max_model_len=512)
-engine = EngineProcess(spec, log_path=sys.argv[2]).start()
-deadline = time.monotonic() + 300
-while len(engine.pids()) < 3 and engine.running() and time.monotonic() < deadline:
-    time.sleep(0.2)
-print(json.dumps({"pgid": engine.pid, "pids": engine.pids(), "run_dir": engine.environment()["TMPDIR"]}), flush=True)
+engine = EngineProcess(spec, cpu_cores="0", log_path=sys.argv[2], ready_timeout=float(sys.argv[3])).start()
+engine.wait_ready()
+seen = {"taken": taken.getsockname()[1], "port": engine.port, "pgid": engine.pid, "pids": engine.pids()}
+print(json.dumps({**seen, "run_dir": str(engine.scratch_dir)}), flush=True)
 os._exit(0)  # dies without stop(): the engine must notice and go away by itself
 """
 
 
 @pytest.mark.engine
-@pytest.mark.timeout(900)
-def test_engine_goes_away_when_its_parent_dies(tiny_chat_model, tmp_path):
+@pytest.mark.timeout(900)  # two engine starts (the first loses its port) on a possibly crowded machine
+def test_an_engine_that_lost_its_port_serves_elsewhere_and_goes_away_when_its_parent_dies(
+    tiny_chat_model, tmp_path
+):
+    """One engine for two lifecycle facts: a port taken between the pick and vLLM's bind costs a second start
+    on another port, not a failure; and an engine whose parent dies without stop() stops itself, whole group.
+    (stop() itself is pinned below, and every engine fixture's stop is checked by the leak guard.)"""
     parent = subprocess.run(
-        [sys.executable, "-c", ORPHANING_PARENT, str(tiny_chat_model), str(tmp_path / "engine.log")],
+        [
+            sys.executable,
+            "-c",
+            ORPHANING_PARENT,
+            str(tiny_chat_model),
+            str(tmp_path / "engine.log"),
+            str(ENGINE_READY_TIMEOUT_S),
+        ],
         cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=ENGINE_READY_TIMEOUT_S * 2,
         check=True,
     )
     seen = json.loads(parent.stdout)
-    assert len(seen["pids"]) >= 3, seen
+    assert seen["port"] != seen["taken"]
+    assert len(seen["pids"]) >= 3, f"API server, EngineCore and resource tracker expected, got {seen}"
     # Bounded wait (not a timing assertion): the watchdog SIGTERMs, then SIGKILLs after 15 s.
     deadline = time.monotonic() + 90
     while (_live_in_group(seen["pgid"]) or any(map(_alive, seen["pids"]))) and time.monotonic() < deadline:
@@ -263,13 +249,17 @@ def test_engine_that_cannot_start_fails_fast_with_its_log(tmp_path):
         cpu_model_spec("missing", tmp_path / "no-such-model"), log_path=tmp_path / "engine.log"
     )
     engine.start()
+    run_dir = engine.scratch_dir
+    assert run_dir is not None and run_dir.is_dir()
     try:
         with pytest.raises(EngineError, match="exited with code"):
             engine.wait_ready(timeout=ENGINE_READY_TIMEOUT_S)
     finally:
         engine.stop()
     assert engine.pid is not None
-    assert _live_in_group(engine.pid) == []
+    assert not engine.running() and _live_in_group(engine.pid) == []
+    assert not run_dir.exists(), "stop() removes the engine's private TMPDIR"
+    engine.stop()  # a second stop is harmless
 
 
 # -- the tiny model generator ---------------------------------------------------------------------
