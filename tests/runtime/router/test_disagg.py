@@ -8,7 +8,7 @@ import asyncio
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -45,7 +45,32 @@ ERROR_EVENT = (
 
 
 @dataclass
-class Prefill(Double):
+class Engine(Double):
+    """A double that also loads LoRA adapters as vLLM 0.32 does (``/v1/load_lora_adapter``)."""
+
+    loaded: list[str] = field(default_factory=list)
+
+    async def load(self, request: web.Request) -> web.Response:
+        self.loaded.append((await request.json())["lora_name"])
+        return web.Response(text="Success")
+
+    async def start(self) -> None:
+        app = web.Application()
+        for path in ("/v1/chat/completions", "/v1/completions"):
+            app.router.add_post(path, self.generate)
+        app.router.add_post("/v1/load_lora_adapter", self.load)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
+        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.loaded = []
+
+
+@dataclass
+class Prefill(Engine):
     """A prefill engine: a kv_producer answers ``kv_transfer_params`` (or misbehaves as ``mode`` says)."""
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -61,7 +86,7 @@ class Prefill(Double):
 
 
 @dataclass
-class Decode(Double):
+class Decode(Engine):
     """A decode engine (kv_consumer, ``kv_load_failure_policy: fail``): ``kv_mode`` says what it does with a
     request that carries a prefill's KV (ok | fail | hang); one without is answered as ``mode`` says."""
 
@@ -352,3 +377,17 @@ def test_a_non_streamed_decode_waiting_on_a_prefill_that_froze_is_given_up(engin
     assert status == 200 and time.monotonic() - started < 8
     assert "kv_transfer_params" not in d.requests[-1]["body"]
     assert _count(r, "inferstack_router_pd_fallbacks_total", reason="transfer_timeout") == 1
+
+
+def test_a_lora_request_loads_its_adapter_on_both_the_prefill_and_the_decode_replica(
+    engines, pd_router
+) -> None:
+    (p,) = engines(Prefill)
+    (d,) = engines(Decode)
+    cfg = pd_cfg([p.url], [d.url])
+    cfg["models"][0]["adapters"] = [{"name": "sql", "path": "/adapters/sql"}]
+    r = pd_router(cfg)
+    assert r.request("POST", "/v1/chat/completions", {**CHAT, "model": "sql"})[0] == 200
+    assert p.loaded == ["sql"] and d.loaded == ["sql"]
+    assert p.requests[0]["body"]["model"] == "sql" and d.requests[0]["body"]["model"] == "sql"
+    assert d.requests[0]["body"]["kv_transfer_params"]["remote_engine_id"] == "engine-p"
