@@ -1112,6 +1112,11 @@ def strategy_field(name: str) -> Any:
     return copy.copy(StrategyConfig.model_fields[name])
 
 
+def prefill_field(name: str) -> Any:
+    """``PrefillStage``'s field ``name`` (default, range, description), for the spec to offer as it is."""
+    return copy.copy(PrefillStage.model_fields[name])
+
+
 def batches_field(name: str) -> Any:
     """``BatchesSettings``' field ``name`` (default, range, description), for the spec to offer as it is."""
     return copy.copy(BatchesSettings.model_fields[name])

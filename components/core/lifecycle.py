@@ -35,7 +35,9 @@ from components.spec import (
     PlatformSpec,
     PreparationKind,
     PreparationSpec,
+    RoutingSpec,
 )
+from components.spec.model import PREFILL_SUFFIX
 from runtime.config import version_target_name
 
 HASH_CHARS = 12
@@ -136,9 +138,33 @@ def preparation(
     return Preparation(model.name, version.name, prep, inputs, digest, location, source, unit, origin, gpu)
 
 
+def pd_units(model: ModelSpec) -> list[ModelSpec]:
+    """A disaggregated model's serving units: the decode role (the model itself, under its name) and the prefill
+    role ('<model>-prefill': its own replicas, scaling and engine, serving the model's name; prefix-affine routing,
+    as it is the prefill that reuses a cached prefix). Both carry the model's adapters: the router loads one on
+    both engines of a request."""
+    name = f"{model.name}{PREFILL_SUFFIX}"
+    role = model.disaggregation
+    assert role is not None
+    decode = model.model_copy()
+    decode._pd_role, decode._prefill_unit = "decode", name
+    prefill = model.model_copy(
+        update={
+            "name": name,
+            "engine": model.prefill_engine(),
+            "scaling": role.prefill.scaling,
+            "routing": RoutingSpec(strategy="prefix_aware"),
+        }
+    )
+    prefill._served_as, prefill._pd_role = model.name, "prefill"
+    return [decode, prefill]
+
+
 def units(spec: PlatformSpec, model: ModelSpec, gpu: str | None = None) -> list[ModelSpec]:
-    """The serving units of a model: itself, or one per version (``gpu``: its GPU type, which an engine build
-    is for)."""
+    """The serving units of a model: itself, one per version (``gpu``: its GPU type, which an engine build
+    is for), or its decode and prefill roles."""
+    if model.disaggregation is not None:
+        return pd_units(model)
     if not model.versions:
         return [model]
     out = []
@@ -181,7 +207,7 @@ def preparations(spec: PlatformSpec, layout: Layout) -> list[Preparation]:
 def expand(spec: PlatformSpec, layout: Layout) -> tuple[PlatformSpec, Layout]:
     """The spec the renderers see: every versioned model replaced by its units, each placed where the model
     is (its pool and instance; sized by its own engine in :func:`versions_fit`)."""
-    if not any(m.versions for m in spec.models):
+    if not any(m.versions or m.disaggregation for m in spec.models):
         return spec, layout
     models: list[ModelSpec] = []
     placements = dict(layout.placements)

@@ -1,0 +1,167 @@
+"""A model served as separate prefill and decode roles (``models[].disaggregation``): what the spec accepts, the
+two serving units it becomes, their engines' KV connector, the router's pairing, and what pool size and cost
+count. The router's two-phase request is in tests/runtime/router/test_disagg.py, real engines in
+tests/integration/test_pd_nixl.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from components.base.problems import SpecError
+from components.clouds.targets import cloud_for
+from components.core import cost, lifecycle
+from components.core.cloud import EC2_PRICES
+from components.core.stackfile import STACKS_DIR
+from components.render import engine, network, runtime_config
+from components.render.engine_args import model_env, vllm
+from components.spec import ModelSpec
+from tests.stacks import validate
+
+PD = {
+    "prefill": {
+        "scaling": {"min_replicas": 1, "max_replicas": 3},
+        "engine": {"max_num_batched_tokens": 16384},
+    }
+}
+
+
+def _dev(**disaggregation: Any) -> dict[str, Any]:
+    raw = yaml.safe_load((STACKS_DIR / "Pulumi.dev.yaml").read_text())["config"]["inferstack:platform"]
+    raw = copy.deepcopy(raw)
+    raw["models"][0]["disaggregation"] = {**PD, **disaggregation}
+    raw["gpu_pools"][0]["max_nodes"] = 6  # both roles: 2 + 3 replicas of llama-3-8b, 1 of qwen-7b-sglang
+    return raw
+
+
+def _model(**fields: Any) -> ModelSpec:
+    base = {"name": "chat", "source": "/models/tiny", "engine": {"device": "cpu", "dtype": "bfloat16"}}
+    return ModelSpec.model_validate({**base, **fields})
+
+
+def _kv_config(args: list[str]) -> dict[str, Any]:
+    return dict(json.loads(args[args.index("--kv-transfer-config") + 1]))
+
+
+def test_a_disaggregated_model_becomes_a_decode_unit_and_a_prefill_unit_serving_its_name() -> None:
+    decode, prefill = lifecycle.pd_units(_model(disaggregation=PD, scaling={"max_replicas": 2}))
+    assert (decode.name, decode.pd_role, decode.prefill_unit) == ("chat", "decode", "chat-prefill")
+    assert (prefill.name, prefill.served_name, prefill.pd_role) == ("chat-prefill", "chat", "prefill")
+    assert prefill.scaling.max_replicas == 3 and decode.scaling.max_replicas == 2
+    assert prefill.engine.max_num_batched_tokens == 16384 and decode.engine.max_num_batched_tokens is None
+    assert prefill.routing.strategy == "prefix_aware"  # the prefill is what reuses a cached prefix
+
+
+def test_each_role_runs_the_nixl_connector_for_its_role_and_decode_engines_report_failed_loads() -> None:
+    decode, prefill = lifecycle.pd_units(_model(disaggregation=PD))
+    assert _kv_config(vllm(prefill).args) == {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_producer",
+        "kv_buffer_device": "cpu",
+        "kv_load_failure_policy": "fail",
+        "kv_connector_extra_config": {"backends": ["UCX"], "kv_lease_duration": 30},
+    }
+    assert _kv_config(vllm(decode).args)["kv_role"] == "kv_consumer"
+    assert model_env(decode)["UCX_TLS"] == "tcp"  # CPU: auto is TCP
+    plain = _model()
+    assert "--kv-transfer-config" not in vllm(plain).args and "UCX_TLS" not in model_env(plain)
+
+
+def test_the_transport_picks_the_nixl_backend() -> None:
+    gpu = {"device": "gpu", "dtype": "bfloat16"}
+    for transport, backend, tls in (
+        ("auto", "UCX", None),
+        ("libfabric", "LIBFABRIC", None),
+        ("tcp", "UCX", "tcp"),
+    ):
+        model = _model(engine=gpu, disaggregation={**PD, "transport": transport})
+        decode, _ = lifecycle.pd_units(model)
+        config = _kv_config(vllm(decode).args)
+        assert config["kv_connector_extra_config"]["backends"] == [backend]
+        assert config["kv_buffer_device"] == "cuda"
+        assert model_env(decode).get("UCX_TLS") == tls
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"engine": {"kind": "sglang", "device": "gpu"}}, "hands no KV cache to another engine"),
+        ({"engine": {"device": "cpu", "kv_cache_dtype": "fp8"}}, "moves no fp8 KV cache"),
+        (
+            {"disaggregation": {"prefill": {"engine": {"tensor_parallel_size": 2}}}},
+            "tensor_parallel_size are the",
+        ),
+        ({"disaggregation": {"prefill": {"engine": {"max_model_len": 8}}}}, "disaggregation.prefill.engine"),
+        ({"disaggregation": {"transport": "libfabric"}}, "libfabric is for EFA"),
+        ({"name": "a" * 35}, "at most 32"),
+    ],
+)
+def test_the_spec_refuses_what_cannot_be_disaggregated(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        _model(**{"disaggregation": PD, **fields})
+
+
+def test_the_router_pairs_the_roles_and_each_role_gets_its_own_deployment() -> None:
+    decided = validate(_dev(prefill_timeout_ms=5_000), "pd")
+    served = decided.served_spec
+    config = runtime_config.runtime_config(served)
+    targets = {t.name: t for t in config.models}
+    assert config.prefill_targets() == {"llama-3-8b-prefill": "llama-3-8b"}
+    stage = targets["llama-3-8b"].prefill
+    assert stage is not None and stage.timeout_ms == 5_000 and stage.attempts == 2
+    routes = {r.model: r.strategy.name for r in config.router.routes}
+    assert routes["llama-3-8b-prefill"] == "prefix_aware"
+    for name, role in (("llama-3-8b", "kv_consumer"), ("llama-3-8b-prefill", "kv_producer")):
+        manifests = engine.render(served, decided.units[name])
+        deployment = next(m for m in manifests if m["kind"] == "Deployment")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert _kv_config(container["args"])["kv_role"] == role
+        assert container["args"][container["args"].index("--served-model-name") + 1] == "llama-3-8b"
+        env = {e["name"]: e for e in container["env"]}
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+        assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"]["value"] == "5600"
+
+
+def test_pool_size_and_cost_count_both_roles() -> None:
+    raw = _dev()
+    del raw["models"][0]["disaggregation"]
+    plain = validate(raw, "plain")
+    pd = validate(_dev(), "pd")
+    one = cost.model_cost(plain.spec, plain.layout, "llama-3-8b", EC2_PRICES)
+    both = cost.model_cost(pd.spec, pd.layout, "llama-3-8b", EC2_PRICES)
+    assert both.max_usd_month == pytest.approx(one.usd_per_replica_month * (2 + 3))
+    assert both.min_usd_month == pytest.approx(one.usd_per_replica_month * (0 + 1))
+
+
+def test_the_pool_must_hold_both_roles() -> None:
+    raw = _dev()
+    raw["gpu_pools"][0]["max_nodes"] = 4
+    with pytest.raises(SpecError, match=r"cannot hold the max replicas.*6 GPUs"):
+        validate(raw, "pd")
+
+
+def test_the_two_roles_engines_may_reach_each_other_on_any_port_and_no_one_else_gains_a_path() -> None:
+    decided = validate(_dev(), "pd")
+    policies = {
+        p["metadata"]["name"]: p["spec"]
+        for p in network.render(decided.spec, cloud_for(decided.spec), decided.layout)
+        if p["kind"] == "NetworkPolicy"
+    }
+    decode, prefill = (
+        policies["llama-3-8b-engine-kv-transfer"],
+        policies["llama-3-8b-prefill-engine-kv-transfer"],
+    )
+    assert decode["podSelector"]["matchLabels"]["inferstack.io/model"] == "llama-3-8b"
+    assert prefill["podSelector"]["matchLabels"]["inferstack.io/model"] == "llama-3-8b-prefill"
+    for me, peer in ((decode, "llama-3-8b-prefill"), (prefill, "llama-3-8b")):
+        for rules, side in ((me["ingress"], "from"), (me["egress"], "to")):
+            (rule,) = rules
+            assert "ports" not in rule  # the transport picks its ports
+            (selected,) = rule[side]
+            assert selected["podSelector"]["matchLabels"]["inferstack.io/model"] == peer
+    assert not [n for n in policies if n.startswith("qwen-7b-sglang") and n.endswith("kv-transfer")]
