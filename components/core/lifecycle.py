@@ -39,6 +39,7 @@ from components.spec import (
 )
 from components.spec.model import PREFILL_SUFFIX
 from runtime.config import version_target_name
+from runtime.engines import facts
 
 HASH_CHARS = 12
 """Hex digits of the input hash in Job names and store paths (48 bits: no collision among one model's
@@ -258,8 +259,9 @@ def versions_fit(planned: Planned) -> list[Problem]:
 
 
 def describe(spec: PlatformSpec, layout: Layout, prepared: Sequence[Preparation]) -> list[str]:
-    """The plan's account of versions: weights, the canary's step, the rollback rule, the preparation Jobs
-    (``prepared``: the stack's, ``components.core.decisions.Decisions.preparations``)."""
+    """The plan's account of serving units: versions (weights, the canary's step, the rollback rule, the preparation
+    Jobs; ``prepared``: the stack's, ``components.core.decisions.Decisions.preparations``), and disaggregated
+    models' roles (``describe_pd``)."""
     lines: list[str] = []
     jobs = {p.unit: p for p in prepared}
     for m in spec.models:
@@ -307,7 +309,29 @@ def describe(spec: PlatformSpec, layout: Layout, prepared: Sequence[Preparation]
                 f"reads {p.source_location}, {what}, image {p.spec.resolved_image}; writes {p.location} with a "
                 f"manifest (input hash {p.input_hash[:HASH_CHARS]}; the same inputs do nothing)"
             )
-    return lines
+    return lines + [describe_pd(m, layout) for m in spec.models if m.disaggregation is not None]
+
+
+def describe_pd(model: ModelSpec, layout: Layout) -> str:
+    """The plan's account of a disaggregated model: the pairing, the transport, and the router's bounds."""
+    pd = model.disaggregation
+    assert pd is not None
+    decode, prefill = pd_units(model)
+    kv = facts(model.engine.kind).kv_transfer
+    connector = kv.connector if kv is not None else "?"
+    placed = layout.placements.get(model.name)
+    where = f"pool {placed.pool}" if placed is not None and placed.pool else "the general nodes (CPU)"
+
+    def role(unit: ModelSpec) -> str:
+        s = unit.scaling
+        return f"{unit.name} ({s.min_replicas}-{s.max_replicas} replicas, {unit.routing.strategy} routing)"
+
+    return (
+        f"{model.name}: prefill/decode disaggregated in {where}: prefill {role(prefill)} hands each prompt's KV "
+        f"cache to decode {role(decode)} with {connector} over {model.transport().value}; the router gives a "
+        f"prefill {pd.prefill_timeout_ms} ms on each of up to {pd.prefill_attempts} prefill replicas and a streamed "
+        f"decode {pd.transfer_timeout_ms} ms to its first token, then the decode computes the prompt itself"
+    )
 
 
 RULES: tuple[PlanRule, ...] = (versions_fit,)

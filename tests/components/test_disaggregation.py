@@ -165,3 +165,15 @@ def test_the_two_roles_engines_may_reach_each_other_on_any_port_and_no_one_else_
             (selected,) = rule[side]
             assert selected["podSelector"]["matchLabels"]["inferstack.io/model"] == peer
     assert not [n for n in policies if n.startswith("qwen-7b-sglang") and n.endswith("kv-transfer")]
+
+
+def test_the_plan_shows_the_pairing_the_transport_and_the_routers_bounds() -> None:
+    decided = validate(_dev(), "pd")
+    (line,) = [
+        line for line in lifecycle.describe(decided.spec, decided.layout, ()) if "disaggregated" in line
+    ]
+    assert line.startswith(
+        "llama-3-8b: prefill/decode disaggregated in pool g6-spot: prefill llama-3-8b-prefill"
+    )
+    assert "(1-3 replicas, prefix_aware routing)" in line and "decode llama-3-8b (0-2 replicas" in line
+    assert "NixlConnector over ucx" in line and "30000 ms" in line and "20000 ms" in line
