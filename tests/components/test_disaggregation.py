@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from components.base.problems import SpecError
@@ -18,9 +22,12 @@ from components.clouds.targets import cloud_for
 from components.core import cost, lifecycle
 from components.core.cloud import EC2_PRICES
 from components.core.stackfile import STACKS_DIR
-from components.render import engine, network, runtime_config
+from components.render import engine, network, runtime_config, scaling
 from components.render.engine_args import model_env, vllm
 from components.spec import ModelSpec
+from runtime.engines import Signal
+from runtime.router.metrics import RouterMetrics
+from tests.components import test_promtool as promtool_rules
 from tests.stacks import validate
 
 PD = {
@@ -177,3 +184,108 @@ def test_the_plan_shows_the_pairing_the_transport_and_the_routers_bounds() -> No
     )
     assert "(1-3 replicas, prefix_aware routing)" in line and "decode llama-3-8b (0-2 replicas" in line
     assert "NixlConnector over ucx" in line and "30000 ms" in line and "20000 ms" in line
+
+
+def test_each_role_scales_on_its_own_signals_under_promtool(tmp_path: Path) -> None:
+    """Prefill on its engines' queue and TTFT (and, at zero, on the prefills the router could not send), decode on
+    KV usage and inter-token latency (and the router's line, where its requests wait): the KEDA triggers' queries,
+    evaluated by promtool on series shaped like the real ones."""
+    raw = _dev()
+    raw["addons"] = {"autoscaler": "keda"}
+    decided = validate(raw, "pd")
+    spec = decided.served_spec
+    decode, prefill = decided.units["llama-3-8b"], decided.units["llama-3-8b-prefill"]
+    names = {u.model.name: [t.name for t in scaling.triggers(spec, u)] for u in (decode, prefill)}
+    assert names == {
+        "llama-3-8b": ["queued", "router-queue", "kv-cache", "inter-token-p95"],
+        "llama-3-8b-prefill": ["queued", "prefill-demand", "ttft-p95"],
+    }
+    busy = promtool_rules.Inputs(10)
+    for unit in (decode.model, prefill.model):
+        busy.constant(promtool_rules.series("up", promtool_rules.target(spec, unit, 0)), 1)
+        busy.engine(spec, unit, Signal.QUEUED, 0, 2)
+        busy.engine(spec, unit, Signal.KV_USAGE, 0, 0.5)
+        busy.histogram(spec, unit, Signal.TTFT, 0, 8)
+        busy.histogram(spec, unit, Signal.INTER_TOKEN, 0, 3)
+    busy.constant(promtool_rules.router_series(spec, "queue_depth", model="llama-3-8b"), 4)
+    busy.counter(
+        promtool_rules.router_series(spec, "rejections_total", model="llama-3-8b", reason="no_backend")
+    )
+    fallbacks = _router_series(spec, "pd_fallbacks_total", model="llama-3-8b", reason="no_prefill_replica")
+    busy.counter(fallbacks, per_min=120)
+    want = {
+        ("llama-3-8b", "queued"): 2.0,
+        ("llama-3-8b", "router-queue"): 5.0,
+        ("llama-3-8b", "kv-cache"): 0.5,
+        ("llama-3-8b", "inter-token-p95"): promtool_rules.quantile_of(Signal.INTER_TOKEN, 3),
+        ("llama-3-8b-prefill", "queued"): 2.0,
+        ("llama-3-8b-prefill", "prefill-demand"): 2.0,  # two prefills a second went decode-only
+        ("llama-3-8b-prefill", "ttft-p95"): promtool_rules.quantile_of(Signal.TTFT, 8),
+    }
+    checks = [
+        {
+            "expr": t.query,
+            "eval_time": "5m",
+            "exp_samples": [{"labels": "{}", "value": want[(u.model.name, t.name)]}],
+        }
+        for u in (decode, prefill)
+        for t in scaling.triggers(spec, u)
+    ]
+    promtool_rules.write_rules(decided.spec, tmp_path)
+    doc = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": busy.doc(), "promql_expr_test": checks}],
+    }
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = subprocess.run(
+        [promtool_rules.promtool(), "test", "rules", "tests.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
+
+
+def _router_series(spec: Any, name: str, **labels: str) -> str:
+    """A router series in the shape the router's own exposition gives it (the P/D counters have no sample until
+    a P/D request counts)."""
+    metrics = RouterMetrics()
+    metrics.pd_fallback("m", "no_prefill_replica")
+    metrics.pd_request("m", "disaggregated")
+    full = f"inferstack_router_{name}"
+    shape = {
+        x.name: sorted(x.labels)
+        for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+        for x in f.samples
+    }
+    assert shape[full] == sorted(labels)
+    return promtool_rules.series(full, {**promtool_rules.runtime_target(spec, "router"), **labels})
+
+
+@pytest.mark.parametrize(
+    ("gateway", "addons", "message"),
+    [
+        (
+            {
+                "mode": "inference-extension",
+                "gateway_class": "kgateway",
+                "ingress": "gateway-api",
+                "hostname": "llm.example.com",
+            },
+            {},
+            "runs no router",
+        ),
+        ({}, {"autoscaler": "hpa"}, "only KEDA reads"),
+    ],
+)
+def test_the_stack_refuses_disaggregation_without_the_router_or_with_hpa(
+    gateway: dict[str, Any], addons: dict[str, Any], message: str
+) -> None:
+    raw = _dev()
+    raw["gateway"] = {**raw["gateway"], **gateway}
+    raw["addons"] = {**raw.get("addons", {}), **addons}
+    with pytest.raises(SpecError, match=message):
+        validate(raw, "pd")

@@ -13,7 +13,6 @@ Needs NIXL in the engine venv (``make engine-venv`` installs it); without it the
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -28,16 +27,16 @@ from typing import Any
 import openai
 import pytest
 
+from components.core import lifecycle
 from components.local.engine_process import EngineProcess, cpu_model_spec, engine_python
-from runtime.config import EngineKind
-from runtime.engines import facts
+from components.render.engine_args import side_channel_env
+from components.spec import DisaggregationSpec, ModelSpec
 from tests.conftest import CHAT_MODEL_NAME, ENGINE_READY_TIMEOUT_S, LOGS_DIR, OWN_ENGINES_GROUP
 from tests.local.helpers import free_port_block
 from tests.runtime.router.harness import LoopThread, RouterUnderTest
 
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group(OWN_ENGINES_GROUP), pytest.mark.timeout(900)]
 
-KV = facts(EngineKind.VLLM).kv_transfer
 PREFILL_TARGET = f"{CHAT_MODEL_NAME}-prefill"
 #: A prompt of several KV blocks (128 tokens each on CPU), so whole blocks travel.
 PROMPT = "The history of the old harbour town, told by its lighthouse keeper: " + " ".join(
@@ -56,20 +55,16 @@ class PdEngines:
     decode: EngineProcess
 
 
-def _engine(model: Path, role: str, port: int, side_port: int, core: int) -> EngineProcess:
-    assert KV is not None
-    spec = cpu_model_spec(
-        CHAT_MODEL_NAME,
-        model,
-        max_model_len=2048,
-        extra_args=[KV.flag, json.dumps(KV.config(role, "cpu"))],
-    )
+def _engine(unit: ModelSpec, port: int, side_port: int, core: int) -> EngineProcess:
+    """One role's engine as the spec renders it (``lifecycle.pd_units``: its KV connector and transport), on this
+    machine: its own core, and a side channel on loopback at a port of its own."""
     return EngineProcess(
-        spec,
+        unit,
         port=port,
+        served_model_name=unit.served_name,
         cpu_cores=str(core),
-        env=KV.env("127.0.0.1", side_port),
-        log_path=LOGS_DIR / f"vllm-pd-{role}.log",
+        env=side_channel_env(unit, "127.0.0.1", side_port),
+        log_path=LOGS_DIR / f"vllm-pd-{unit.pd_role}.log",
     )
 
 
@@ -86,9 +81,10 @@ def pd_engines(tiny_chat_model: Path) -> Iterator[PdEngines]:
         )
     LOGS_DIR.mkdir(parents=True, exist_ok=True)
     first = free_port_block(4)
+    model = cpu_model_spec(CHAT_MODEL_NAME, tiny_chat_model, max_model_len=2048)
+    decode, prefill = lifecycle.pd_units(model.model_copy(update={"disaggregation": DisaggregationSpec()}))
     engines = PdEngines(
-        prefill=_engine(tiny_chat_model, "prefill", first, first + 2, 0),
-        decode=_engine(tiny_chat_model, "decode", first + 1, first + 3, 1),
+        prefill=_engine(prefill, first, first + 2, 0), decode=_engine(decode, first + 1, first + 3, 1)
     )
     try:
         for engine in (engines.prefill, engines.decode):
