@@ -26,7 +26,10 @@ plain requests too), never in a lost or hung request:
   event before the first token of a stream: ``payload.stream_start``) instead of quietly recomputing, and the
   router sends the decode again without the KV, on any decode replica;
 - a streamed decode whose first token does not come within ``prefill.transfer_timeout_ms`` (a transfer
-  that hangs: NIXL has no deadline of its own on a posted read): cancelled, and sent again without the KV.
+  that hangs: NIXL has no deadline of its own on a posted read; a SIGSTOPped prefill engine held one for as long as
+  it was stopped): cancelled, and sent again without the KV. A non-streamed decode has its first byte only with its
+  whole answer, so no deadline tells a stalled transfer from a long answer: it is given up once its prefill replica
+  turns unhealthy while it waits (``proxy.Forwarder._head``), else ``router.first_byte_timeout_ms`` bounds it.
 
 Each failure the prefill replica is to blame for opens its circuit (``runtime.breaker``) like a failed request
 does, so a prefill replica whose transfers fail stops being paired even while its pod is Ready and its
