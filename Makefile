@@ -135,12 +135,13 @@ plan: venv
 # the model store, as a cluster does: a loopback S3 server, the models prepared into it, engines streaming
 # their weights from it. GATEWAY=envoy puts a real Envoy (1.40) on the router's port with inferstack's
 # endpoint picker as its ext_proc server: the Gateway API Inference Extension's data path
-# (components/render/envoy.py). LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the
+# (components/render/envoy.py). PD=1 serves the chat model disaggregated: one prefill and one decode engine, vLLM's
+# NixlConnector moving the KV cache between them over UCX/TCP on loopback. LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the
 # state directory.
 .PHONY: local local-down local-status local-logs
 LOCAL_STATE_ARG = $(if $(LOCAL_STATE),--state-dir $(LOCAL_STATE))
 local: venv engine-venv $(if $(MONITOR),prometheus) $(if $(filter-out 1,$(ROUTERS)),redis) $(if $(S3),s3rver)
-	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(ROUTERS),--routers $(ROUTERS)) $(if $(GATEWAY),--gateway $(GATEWAY)) $(if $(DETACH),--detach) $(if $(MONITOR),--monitor) $(if $(S3),--s3) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
+	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(ROUTERS),--routers $(ROUTERS)) $(if $(GATEWAY),--gateway $(GATEWAY)) $(if $(DETACH),--detach) $(if $(MONITOR),--monitor) $(if $(S3),--s3) $(if $(PD),--pd) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
 
 local-down: venv
 	$(BIN)/inferstack local down $(LOCAL_STATE_ARG)

@@ -185,6 +185,48 @@ class VersionOf(_Strict):
     )
 
 
+class PrefillStage(_Strict):
+    """The model is served disaggregated (prefill/decode): its own replicas decode (vLLM ``kv_role:
+    kv_consumer``), the replicas of ``target`` compute prompts (``kv_producer``), and the KV cache moves
+    between them (NixlConnector). The router sends each request's prefill first (``max_tokens`` 1,
+    ``kv_transfer_params: {do_remote_decode: true}``), then its decode with the KV's whereabouts the prefill
+    answered; whatever goes wrong on the way (no prefill replica, a failed or slow prefill, a transfer that
+    fails or stalls), the decode computes the prompt itself. See ``runtime.router.disagg``."""
+
+    target: str = Field(
+        description=(
+            "The ModelTarget whose replicas run the prefills. Its engines serve the same model name as this"
+            " one (the prefill carries the client's `model`, an adapter's too); clients never reach it by its"
+            " own name. Its route's strategy picks the prefill replica (prefix affinity), this model's the"
+            " decode replica (load, KV). It lists no adapters: this model's are loaded on its replicas."
+        )
+    )
+    timeout_ms: int = Field(
+        default=30_000,
+        ge=1,
+        description=(
+            "Longest one prefill may take, connect to answer; past it the next prefill replica is tried, or"
+            " the decode computes the prompt itself."
+        ),
+    )
+    attempts: int = Field(
+        default=2,
+        ge=1,
+        le=8,
+        description="Prefill replicas one request tries before its decode computes the prompt itself.",
+    )
+    transfer_timeout_ms: int = Field(
+        default=20_000,
+        ge=1,
+        description=(
+            "A streamed decode that carries a prefill's KV must send its first token within this (the KV's"
+            " transfer plus one step), else it is cancelled and the decode computes the prompt itself, and the"
+            " prefill replica is charged with a failed transfer. A decode that is not streamed has its first"
+            " byte when its answer is whole: router.first_byte_timeout_ms bounds it."
+        ),
+    )
+
+
 class ModelTarget(_Strict):
     """A served model name and where its replicas are; shared by every runtime service."""
 
@@ -229,6 +271,11 @@ class ModelTarget(_Strict):
     kv_events: KvEventsSource | None = Field(
         default=None,
         description="Follow the engines' KV-cache events (the precise_prefix scorer's view); None: off.",
+    )
+    prefill: PrefillStage | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="Serve the model disaggregated: another target's replicas compute the prompts (P/D).",
     )
 
     @property
@@ -934,6 +981,7 @@ class RuntimeConfig(_Strict):
             if route.model not in known:
                 raise ValueError(f"router.routes: unknown model {route.model!r}; known: {sorted(known)}")
         self._versions_consistent(known)
+        self._stages_consistent()
         embed = {m.name for m in self.models if m.task is Task.EMBED}
         for policy in self.batcher.policies:
             if policy.model not in embed:
@@ -964,6 +1012,40 @@ class RuntimeConfig(_Strict):
         for check in self.health.canaries:
             if check.model not in self.versions():
                 raise ValueError(f"health.canaries: {check.model!r} has no versions")
+
+    def _stages_consistent(self) -> None:
+        by_name = {m.name: m for m in self.models}
+        used: dict[str, str] = {}
+        for m in self.models:
+            if m.prefill is None:
+                continue
+            where = f"models[{m.name!r}].prefill"
+            stage = by_name.get(m.prefill.target)
+            if stage is None or stage is m:
+                raise ValueError(f"{where}: {m.prefill.target!r} is not another model target")
+            if m.prefill.target in used:
+                raise ValueError(
+                    f"{where}: {m.prefill.target!r} already computes the prefills of {used[m.prefill.target]!r}"
+                )
+            used[m.prefill.target] = m.name
+            problems = [
+                "it is disaggregated itself" if stage.prefill is not None else "",
+                f"its engine is {stage.engine}, not {m.engine}" if stage.engine != m.engine else "",
+                "it is not a generation model" if stage.task is not Task.GENERATE else "",
+                "it lists adapters (the decode's are loaded on it)" if stage.adapters else "",
+                "versions are not served disaggregated" if stage.version_of or m.version_of else "",
+            ]
+            if m.task is not Task.GENERATE:
+                problems.append(f"{m.name!r} is not a generation model")
+            found = [p for p in problems if p]
+            if found:
+                raise ValueError(
+                    f"{where}: {m.prefill.target!r} cannot compute its prefills: {'; '.join(found)}"
+                )
+
+    def prefill_targets(self) -> dict[str, str]:
+        """Target computing a disaggregated model's prefills -> that model's name; clients never reach them."""
+        return {m.prefill.target: m.name for m in self.models if m.prefill is not None}
 
     def versions(self) -> dict[str, list[ModelTarget]]:
         """Model name -> its version targets, stable first, for models served in versions."""
@@ -1028,6 +1110,11 @@ def strategy_field(name: str) -> Any:
     """``StrategyConfig``'s field ``name`` (default, range, description) for another model to declare,
     so the spec offers it as it is (a knob's: ``knob_field``)."""
     return copy.copy(StrategyConfig.model_fields[name])
+
+
+def prefill_field(name: str) -> Any:
+    """``PrefillStage``'s field ``name`` (default, range, description), for the spec to offer as it is."""
+    return copy.copy(PrefillStage.model_fields[name])
 
 
 def batches_field(name: str) -> Any:

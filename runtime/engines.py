@@ -194,6 +194,71 @@ class SleepMode:
     """The earliest release inferstack allows it on."""
 
 
+@dataclass(frozen=True)
+class KvTransfer:
+    """How an engine hands a prompt's KV cache to another (prefill/decode disaggregation): the connector, the
+    role each side plays and the settings the router's recovery relies on (``runtime.router.disagg``).
+
+    vLLM 0.32's NixlConnector (vllm/distributed/kv_transfer/kv_connector/v1/nixl/, connector.py,
+    base_scheduler.py, base_worker.py; vllm/config/kv_transfer.py): the decode engine pulls the blocks the
+    prefill engine's answer names, after a handshake on the prefill engine's side channel (ZMQ over TCP, a port
+    per engine on a host). The prefill engine keeps the blocks for a lease the decode side renews by heartbeats
+    while it waits (``kv_lease_duration``): a decode that vanished frees them within the lease."""
+
+    flag: str
+    connector: str
+    producer_role: str
+    consumer_role: str
+    failure_policy: str
+    """What a decode engine does with a KV load that failed: ``fail`` answers the request with an error, which
+    the router sees and answers by sending the decode again without the KV (and charging the prefill replica);
+    ``recompute`` would hide it from the router, which then could not stop pairing with a bad prefill replica."""
+    side_channel_host_env: str
+    side_channel_port_env: str
+    side_channel_port: int
+    """The default side-channel port (an engine's data-parallel rank is added to it)."""
+    lease_s: int
+    """How long a prefill engine holds finished blocks for a decode that has not pulled them (heartbeats renew it)."""
+    buffer_device: Mapping[str, str]
+    """Spec ``engine.device`` -> ``kv_buffer_device`` (vLLM-CPU: the KV cache is already in host memory)."""
+    since_version: str
+
+    def config(self, role: str, device: str, backends: tuple[str, ...] = ("UCX",)) -> dict[str, object]:
+        """The ``--kv-transfer-config`` value of a ``prefill`` or ``decode`` engine on ``device``."""
+        if role not in ("prefill", "decode"):
+            raise ValueError(f"role {role!r}: prefill or decode")
+        return {
+            "kv_connector": self.connector,
+            "kv_role": self.producer_role if role == "prefill" else self.consumer_role,
+            "kv_buffer_device": self.buffer_device[device],
+            "kv_load_failure_policy": self.failure_policy,
+            "kv_connector_extra_config": {"backends": list(backends), "kv_lease_duration": self.lease_s},
+        }
+
+    def env(self, host: str, port: int) -> dict[str, str]:
+        """An engine's side channel: the address its peers reach it at (echoed in its ``kv_transfer_params``)."""
+        return {self.side_channel_host_env: host, self.side_channel_port_env: str(port)}
+
+
+# vLLM 0.32: config/kv_transfer.py (kv_role, kv_buffer_device, kv_load_failure_policy "recompute" | "fail",
+# default "fail"); envs.py (VLLM_NIXL_SIDE_CHANNEL_HOST default "localhost", VLLM_NIXL_SIDE_CHANNEL_PORT 5600);
+# nixl/base_scheduler.py (kv_lease_duration, default 30 s). Checked on vLLM-CPU 0.32 with nixl 1.5.1 (UCX over TCP)
+# by tests/integration/test_pd_nixl.py.
+VLLM_KV_TRANSFER = KvTransfer(
+    flag="--kv-transfer-config",
+    connector="NixlConnector",
+    producer_role="kv_producer",
+    consumer_role="kv_consumer",
+    failure_policy="fail",
+    side_channel_host_env="VLLM_NIXL_SIDE_CHANNEL_HOST",
+    side_channel_port_env="VLLM_NIXL_SIDE_CHANNEL_PORT",
+    side_channel_port=5600,
+    lease_s=30,
+    buffer_device=_frozen({"gpu": "cuda", "cpu": "cpu"}),
+    since_version="0.32.0",
+)
+
+
 class Prepared(StrEnum):
     """What a version's preparation step writes, for an engine to load."""
 
@@ -222,6 +287,8 @@ class Capabilities:
     lora: bool
     sleep: bool
     multi_node: bool
+    kv_transfer: bool = False
+    """Hands a prompt's KV cache to another engine (prefill/decode disaggregation)."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +319,8 @@ class EngineFacts:
     """How it serves LoRA adapters loaded at run time; None where inferstack does not drive its adapters."""
     sleep: SleepMode | None = None
     """Its sleep mode, where it has one."""
+    kv_transfer: KvTransfer | None = None
+    """Its KV connector for prefill/decode disaggregation, where inferstack drives one."""
 
     def names(self, signal: Signal) -> tuple[str, ...]:
         return self.metrics.get(signal, ())
@@ -269,6 +338,7 @@ class EngineFacts:
             lora=self.lora is not None,
             sleep=self.sleep is not None,
             multi_node=self.cli.multi_node_supported,
+            kv_transfer=self.kv_transfer is not None,
         )
 
     def kv_events_config(self, events: str, replay: str, topic: str) -> dict[str, object]:
@@ -474,6 +544,7 @@ ENGINES: dict[EngineKind, EngineFacts] = {
             Signal.GENERATION_TOKENS: ("vllm:generation_tokens_total",),
         },
         sleep=VLLM_SLEEP,
+        kv_transfer=VLLM_KV_TRANSFER,
     ),
     EngineKind.SGLANG: EngineFacts(
         display_name="SGLang",

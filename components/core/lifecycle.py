@@ -35,8 +35,11 @@ from components.spec import (
     PlatformSpec,
     PreparationKind,
     PreparationSpec,
+    RoutingSpec,
 )
+from components.spec.model import PREFILL_SUFFIX
 from runtime.config import version_target_name
+from runtime.engines import facts
 
 HASH_CHARS = 12
 """Hex digits of the input hash in Job names and store paths (48 bits: no collision among one model's
@@ -136,9 +139,33 @@ def preparation(
     return Preparation(model.name, version.name, prep, inputs, digest, location, source, unit, origin, gpu)
 
 
+def pd_units(model: ModelSpec) -> list[ModelSpec]:
+    """A disaggregated model's serving units: the decode role (the model itself, under its name) and the prefill
+    role ('<model>-prefill': its own replicas, scaling and engine, serving the model's name; prefix-affine routing,
+    as it is the prefill that reuses a cached prefix). Both carry the model's adapters: the router loads one on
+    both engines of a request."""
+    name = f"{model.name}{PREFILL_SUFFIX}"
+    role = model.disaggregation
+    assert role is not None
+    decode = model.model_copy()
+    decode._pd_role, decode._prefill_unit = "decode", name
+    prefill = model.model_copy(
+        update={
+            "name": name,
+            "engine": model.prefill_engine(),
+            "scaling": role.prefill.scaling,
+            "routing": RoutingSpec(strategy="prefix_aware"),
+        }
+    )
+    prefill._served_as, prefill._pd_role = model.name, "prefill"
+    return [decode, prefill]
+
+
 def units(spec: PlatformSpec, model: ModelSpec, gpu: str | None = None) -> list[ModelSpec]:
-    """The serving units of a model: itself, or one per version (``gpu``: its GPU type, which an engine build
-    is for)."""
+    """The serving units of a model: itself, one per version (``gpu``: its GPU type, which an engine build
+    is for), or its decode and prefill roles."""
+    if model.disaggregation is not None:
+        return pd_units(model)
     if not model.versions:
         return [model]
     out = []
@@ -181,7 +208,7 @@ def preparations(spec: PlatformSpec, layout: Layout) -> list[Preparation]:
 def expand(spec: PlatformSpec, layout: Layout) -> tuple[PlatformSpec, Layout]:
     """The spec the renderers see: every versioned model replaced by its units, each placed where the model
     is (its pool and instance; sized by its own engine in :func:`versions_fit`)."""
-    if not any(m.versions for m in spec.models):
+    if not any(m.versions or m.disaggregation for m in spec.models):
         return spec, layout
     models: list[ModelSpec] = []
     placements = dict(layout.placements)
@@ -232,8 +259,9 @@ def versions_fit(planned: Planned) -> list[Problem]:
 
 
 def describe(spec: PlatformSpec, layout: Layout, prepared: Sequence[Preparation]) -> list[str]:
-    """The plan's account of versions: weights, the canary's step, the rollback rule, the preparation Jobs
-    (``prepared``: the stack's, ``components.core.decisions.Decisions.preparations``)."""
+    """The plan's account of serving units: versions (weights, the canary's step, the rollback rule, the preparation
+    Jobs; ``prepared``: the stack's, ``components.core.decisions.Decisions.preparations``), and disaggregated
+    models' roles (``describe_pd``)."""
     lines: list[str] = []
     jobs = {p.unit: p for p in prepared}
     for m in spec.models:
@@ -281,7 +309,29 @@ def describe(spec: PlatformSpec, layout: Layout, prepared: Sequence[Preparation]
                 f"reads {p.source_location}, {what}, image {p.spec.resolved_image}; writes {p.location} with a "
                 f"manifest (input hash {p.input_hash[:HASH_CHARS]}; the same inputs do nothing)"
             )
-    return lines
+    return lines + [describe_pd(m, layout) for m in spec.models if m.disaggregation is not None]
+
+
+def describe_pd(model: ModelSpec, layout: Layout) -> str:
+    """The plan's account of a disaggregated model: the pairing, the transport, and the router's bounds."""
+    pd = model.disaggregation
+    assert pd is not None
+    decode, prefill = pd_units(model)
+    kv = facts(model.engine.kind).kv_transfer
+    connector = kv.connector if kv is not None else "?"
+    placed = layout.placements.get(model.name)
+    where = f"pool {placed.pool}" if placed is not None and placed.pool else "the general nodes (CPU)"
+
+    def role(unit: ModelSpec) -> str:
+        s = unit.scaling
+        return f"{unit.name} ({s.min_replicas}-{s.max_replicas} replicas, {unit.routing.strategy} routing)"
+
+    return (
+        f"{model.name}: prefill/decode disaggregated in {where}: prefill {role(prefill)} hands each prompt's KV "
+        f"cache to decode {role(decode)} with {connector} over {model.transport().value}; the router gives a "
+        f"prefill {pd.prefill_timeout_ms} ms on each of up to {pd.prefill_attempts} prefill replicas and a streamed "
+        f"decode {pd.transfer_timeout_ms} ms to its first token, then the decode computes the prompt itself"
+    )
 
 
 RULES: tuple[PlanRule, ...] = (versions_fit,)

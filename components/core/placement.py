@@ -763,8 +763,8 @@ def _pool_plans(
         ]
         packed: packing.Packing | None = None
         if pool.sharing is Mechanism.NONE:
-            gpus_min = sum(m.scaling.min_replicas * m.engine.gpus * m.serving_units for m in members)
-            gpus_max = sum(m.scaling.max_replicas * m.engine.gpus * m.serving_units for m in members)
+            gpus_min = sum(m.unit_replicas("min_replicas") * m.engine.gpus for m in members)
+            gpus_max = sum(m.unit_replicas("max_replicas") * m.engine.gpus for m in members)
             need_min = _nodes_for(gpus_min, instance.gpus)
         else:
             packed = _packing(pool, members, placements, instance, "max_replicas")
@@ -838,7 +838,7 @@ def _packing(
         share = placements[m.name].share
         assert share is not None  # _share_rules: every model on a shared pool has one
         slots = share.slots_per_gpu
-        engines += [share.engine(m.name)] * (getattr(m.scaling, bound) * m.serving_units)
+        engines += [share.engine(m.name)] * m.unit_replicas(bound)
     return packing.pack(pool.sharing, engines, instance.gpu, instance.gpus, slots)
 
 

@@ -34,6 +34,7 @@ class Thresholds:
     queue_per_replica: float
     kv_cache_usage: float
     ttft_p95_s: float
+    inter_token_p95_s: float
     scale_up_window_s: int
     scale_down_window_s: int
     scale_up_step_pods: int
@@ -53,6 +54,7 @@ def thresholds(model: ModelSpec) -> Thresholds:
         queue_per_replica=queue,
         kv_cache_usage=s.kv_cache_usage_target,
         ttft_p95_s=model.slo.ttft_p95_ms / 1000,
+        inter_token_p95_s=model.slo.inter_token_p95_ms / 1000,
         scale_up_window_s=s.scale_up_stabilization_s,
         scale_down_window_s=s.scale_down_stabilization_s,
         scale_up_step_pods=max(1, math.ceil(s.max_replicas * SCALE_UP_SHARE_OF_MAX)),

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from components.spec import EngineSpec, KvCacheDType, ModelSpec
+from components.spec import EngineSpec, KvCacheDType, ModelSpec, Transport
 from runtime.config import EngineKind, KvEventsSource
 from runtime.engines import TELEMETRY_OFF_ENV, EngineCli, Flag, Switch, facts
 
@@ -120,6 +120,35 @@ def sleep_args(model: ModelSpec) -> tuple[list[str], dict[str, str]]:
     if model.scaling.sleep_after_idle_s is None or sleep is None:
         return [], {}
     return list(sleep.args), dict(sleep.env)
+
+
+#: NIXL backend per transport (the plugin names of the nixl 1.5.1 wheels: nixl_cu13.libs/nixl/libplugin_UCX.so,
+#: libplugin_LIBFABRIC.so).
+_NIXL_BACKENDS = {Transport.UCX: "UCX", Transport.TCP: "UCX", Transport.LIBFABRIC: "LIBFABRIC"}
+
+
+def kv_transfer_args(model: ModelSpec) -> tuple[list[str], dict[str, str]]:
+    """The KV connector of a disaggregated model's serving unit (its role: ``components.core.lifecycle.pd_units``):
+    the connector's config for its role and transport, and the environment the transport needs (tcp: UCX over TCP
+    only, ``UCX_TLS=tcp``). Where the engine's side channel listens is where it runs (the pod's address, or a
+    loopback port of its own on one machine): the caller's (``side_channel_env``)."""
+    kv = facts(model.engine.kind).kv_transfer
+    role = model.pd_role
+    if role is None or kv is None:  # the spec refuses disaggregation on engines without ``kv_transfer``
+        return [], {}
+    transport = model.transport()
+    config = kv.config(role, model.engine.device.value, (_NIXL_BACKENDS[transport],))
+    env = {"UCX_TLS": "tcp"} if transport is Transport.TCP else {}
+    return [kv.flag, json.dumps(config, separators=(",", ":"))], env
+
+
+def side_channel_env(model: ModelSpec, host: str, port: int | None = None) -> dict[str, str]:
+    """Where a disaggregated model's engine takes its peers' handshakes: ``host`` (reachable from the other role's
+    engines), on ``port`` (the engine's default where not given); nothing for other models."""
+    kv = facts(model.engine.kind).kv_transfer
+    if model.pd_role is None or kv is None:
+        return {}
+    return kv.env(host, kv.side_channel_port if port is None else port)
 
 
 def kv_events(cli: EngineCli, model: ModelSpec, where: Where) -> list[str]:

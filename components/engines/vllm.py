@@ -16,6 +16,7 @@ from components.engines.common import (
     Write,
     kv_cache_dtype,
     kv_events,
+    kv_transfer_args,
     lora_args,
     quantization,
     sleep_args,
@@ -67,8 +68,11 @@ def command(model: ModelSpec, where: Where) -> EngineCommand:
         args += cli.stream_from_s3
     lora, lora_env = lora_args(model)
     sleep, sleep_env = sleep_args(model)
-    args += [*lora, *sleep, *cli.fixed_args, *e.extra_args]
-    return EngineCommand(command=list(cli.command), args=args, env={**POD_ENV, **lora_env, **sleep_env})
+    kv, kv_env = kv_transfer_args(model)
+    args += [*lora, *sleep, *kv, *cli.fixed_args, *e.extra_args]
+    return EngineCommand(
+        command=list(cli.command), args=args, env={**POD_ENV, **lora_env, **sleep_env, **kv_env}
+    )
 
 
 IMAGE = ImageFacts(

@@ -115,10 +115,10 @@ class Autoscaler:
 
     def __post_init__(self) -> None:
         now = self.clock()
-        by_model = {m.name: m for m in self.spec.models}
         for launch in self.plan.engines:
-            model = by_model[launch.model]
-            if not scaling.scales(model):
+            if not scaling.scales(
+                launch.spec
+            ):  # its serving unit: the model, or one role of a disaggregated one
                 continue
             decided = self.plan.units[launch.model].scaling  # the thresholds the cluster's scaler renders
             entry = self.models.setdefault(launch.model, ModelScale(decided, [], last_busy=now))

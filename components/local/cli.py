@@ -7,6 +7,7 @@ other commands find it through its state directory (``.local/``). Mistakes exit 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -65,11 +66,16 @@ def _fail(message: str, code: int = EXIT_USAGE) -> typer.Exit:
 
 def _plan(stack: str, stacks_dir: Path, options: LocalOptions) -> LocalPlan:
     from components.clouds.targets import PROFILES  # noqa: PLC0415
-    from components.core.stackfile import load  # noqa: PLC0415
-    from components.local.plan import PlanError, build_plan  # noqa: PLC0415 - see the imports
+    from components.core.stackfile import CONFIG_KEY, load, validate  # noqa: PLC0415
+    from components.local.plan import PlanError, build_plan, disaggregated  # noqa: PLC0415 - see the imports
 
     try:
-        return build_plan(load(stack, stacks_dir, profiles=PROFILES), options, Path.cwd())
+        loaded = load(stack, stacks_dir, profiles=PROFILES)
+        if options.pd:  # the stack as written, each generation model served as a prefill and a decode engine
+            raw = disaggregated(loaded.config[CONFIG_KEY])
+            decided = validate(raw, f"{loaded.source} (--pd)", profiles=PROFILES)
+            loaded = dataclasses.replace(loaded, decisions=decided, config={**loaded.config, CONFIG_KEY: raw})
+        return build_plan(loaded, options, Path.cwd())
     except SpecError as err:
         raise _fail(err.render()) from None
     except PlanError as err:
@@ -165,6 +171,14 @@ def up(
             help="Shorten every alert's `for:` to at most this many seconds, to watch alerts fire (with --monitor).",
         ),
     ] = None,
+    pd: Annotated[
+        bool,
+        typer.Option(
+            "--pd",
+            help="Serve each generation model disaggregated: one prefill and one decode engine, vLLM's NixlConnector"
+            " moving the KV cache between them (make local PD=1).",
+        ),
+    ] = False,
     detached_child: Annotated[bool, typer.Option("--detached-child", hidden=True)] = False,
 ) -> None:
     """Start the local stack and wait until the router is ready; foreground unless --detach."""
@@ -192,6 +206,7 @@ def up(
         picker_port=picker_port,
         engine_memory_gib=engine_memory_gib,
         monitor=Monitor(monitor_port, interval_s, monitor_alert_for) if monitor else None,
+        pd=pd,
     )
     plan = _plan(stack, stacks_dir, options)
     if detach:
@@ -252,6 +267,8 @@ def _up_detached(plan: LocalPlan, stack: str, stacks_dir: Path, timeout: float) 
     if plan.s3_port is not None:
         argv += ["--s3", "--s3-port", str(plan.s3_port)]
     argv += ["--gateway", "envoy" if plan.envoy is not None else "router"]
+    if plan.pd:
+        argv += ["--pd"]
     if plan.monitor is not None:
         m = plan.monitor
         argv += ["--monitor", "--monitor-port", str(m.port), "--monitor-interval", str(m.interval_s)]

@@ -12,6 +12,7 @@ engines; ``components.local.supervisor`` is the thin shell that carries the plan
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from components.base import packing, sizing
-from components.core import placement
+from components.core import lifecycle, placement
 from components.core.decisions import ModelDecisions
 from components.core.stackfile import Stack
 from components.core.weights import store
@@ -46,9 +47,11 @@ from components.local.redis_process import RedisError, RedisProcess
 from components.local.tiny_model import GENERATED_MODELS, Kind
 from components.render import common, scaling
 from components.render import runtime_config as rendered
+from components.render.engine_args import side_channel_env
 from components.render.envoy import EnvoyPool, envoy_config
 from components.spec import ModelSpec, PickerFailureMode, PlatformSpec
 from runtime.config import BodyMode, FileDiscovery, RuntimeConfig, S3Files, Task
+from runtime.engines import facts
 
 HOST = "127.0.0.1"
 #: Several routers listen from here above the router's port (8090, 8091, ...), clear of health and batcher.
@@ -56,6 +59,11 @@ ROUTER_REPLICA_OFFSET = 10
 #: Generated models live here; a missing model directory elsewhere is the user's to provide.
 GENERATED_MODELS_DIR = Path(".cache/models")
 GENERATED_ADAPTERS_DIR = Path(".cache/adapters")
+#: A disaggregated model's engine takes KV handshakes this far above its HTTP port (vLLM's default, 5600, is one
+#: port per host: two engines on one machine need one each).
+SIDE_CHANNEL_OFFSET = 1000
+#: --pd: each generation model as one prefill and one decode engine (``disaggregated``).
+PD_ROLES: dict[str, Any] = {"prefill": {"scaling": {"min_replicas": 1, "max_replicas": 1}}}
 #: Local routers drain in-flight requests for this long at Ctrl-C (the cluster default is 30 s).
 LOCAL_DRAIN_GRACE_S = 5
 #: vLLM-CPU KV cache per engine (VLLM_CPU_KVCACHE_SPACE), GiB: enough for a tiny model, small on a laptop.
@@ -107,6 +115,9 @@ class LocalOptions:
     """Also run Prometheus (`--monitor`) with the stack's rendered rules."""
     cpu_flags: frozenset[str] | None = None
     """This machine's CPU flags (/proc/cpuinfo): which of vLLM-CPU's kernels its engines get; None: not checked."""
+    pd: bool = False
+    """Serve the stack's generation models disaggregated (`--pd`, `make local PD=1`): one prefill and one decode
+    engine each, NixlConnector between them (``disaggregated``)."""
 
 
 @dataclass(frozen=True)
@@ -159,11 +170,20 @@ class EngineLaunch:
     """The model's ``s3://`` location in the loopback store, streamed instead of ``path``."""
     kv_cache_space_gib: int = KV_CACHE_GIB
     """VLLM_CPU_KVCACHE_SPACE: from the model's gpu_share.fraction of the engines' memory, else KV_CACHE_GIB."""
+    side_channel_port: int | None = None
+    """A disaggregated model's engine: where it takes its peers' KV handshakes (``side_channel_env``)."""
 
     @property
     def model(self) -> str:
-        """The served model name."""
+        """The runtime target it serves: the model, or one role of a disaggregated model ('<model>-prefill')."""
         return self.spec.name
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What this machine adds to the engine's environment: a disaggregated engine's side channel on loopback."""
+        if self.side_channel_port is None:
+            return {}
+        return side_channel_env(self.spec, HOST, self.side_channel_port)
 
     @property
     def url(self) -> str:
@@ -236,6 +256,17 @@ class LocalPlan:
     adapters: tuple[AdapterPrep, ...] = field(default=())
     s3_port: int | None = None
     """The loopback model store's port (``LocalOptions.s3_port``)."""
+    pd: bool = False
+    """``LocalOptions.pd``: the stack's generation models served disaggregated."""
+
+    @property
+    def ready_models(self) -> set[str]:
+        """What the router must list in /v1/models before the stack is ready: models with a replica up, and models at
+        zero whose requests it holds while one starts; a disaggregated model by its name (its prefill role is no
+        model clients see)."""
+        hidden = self.config.prefill_targets()
+        held = {r.model for r in self.config.router.routes if r.cold_start_hold_ms}
+        return {e.spec.served_name for e in self.always_on} | (held - set(hidden))
 
     @property
     def store_preps(self) -> list[tuple[Path, str]]:
@@ -358,6 +389,19 @@ def model_preps(spec: PlatformSpec, repo_root: Path, source: str = "stack file")
             )
         preps.append(ModelPrep(model.name, path, recipe))
     return preps
+
+
+def disaggregated(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A stack's platform document with each generation model served disaggregated (`--pd`): one decode and one
+    prefill engine (the stack's replica counts give way), NixlConnector between them over UCX/TCP on loopback."""
+    doc: dict[str, Any] = copy.deepcopy(dict(raw))
+    for model in doc.get("models", []):
+        embeds = model.get("task") == Task.EMBED.value or (model.get("architecture") or {}).get("pooling")
+        if embeds or "disaggregation" in model:
+            continue
+        model["disaggregation"] = copy.deepcopy(PD_ROLES)
+        model["scaling"] = {**model.get("scaling", {}), "min_replicas": 1, "max_replicas": 1}
+    return doc
 
 
 def replicas(model: ModelSpec) -> int:
@@ -506,27 +550,29 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
     run_dir = (repo_root / options.state_dir / "run").resolve()
     for model, prep in zip(spec.models, preps, strict=True):
         where = store.location(spec, model) if options.s3_port is not None else None
-        for r in range(replicas(model)):
-            core = options.cpus[len(engines) % len(options.cpus)]
-            name = f"{model.name}-{r}"
-            events = None
-            if model.publishes_kv_events:
-                events = (f"ipc://{run_dir}/{name}.events", f"ipc://{run_dir}/{name}.replay")
-            on_demand = scaling.scales(model) and r >= model.scaling.min_replicas
-            engines.append(
-                EngineLaunch(
-                    name,
-                    model,
-                    prep.path,
-                    port,
-                    str(core),
-                    kv_events=events,
-                    on_demand=on_demand,
-                    store=where,
-                    kv_cache_space_gib=kv[model.name],
+        for unit in lifecycle.units(spec, model):  # the model, or its decode and prefill roles
+            for r in range(replicas(unit)):
+                core = options.cpus[len(engines) % len(options.cpus)]
+                name = f"{unit.name}-{r}"
+                events = None
+                if unit.publishes_kv_events:
+                    events = (f"ipc://{run_dir}/{name}.events", f"ipc://{run_dir}/{name}.replay")
+                on_demand = scaling.scales(unit) and r >= unit.scaling.min_replicas
+                engines.append(
+                    EngineLaunch(
+                        name,
+                        unit,
+                        prep.path,
+                        port,
+                        str(core),
+                        kv_events=events,
+                        on_demand=on_demand,
+                        store=where,
+                        kv_cache_space_gib=kv[model.name],
+                        side_channel_port=port + SIDE_CHANNEL_OFFSET if unit.pd_role else None,
+                    )
                 )
-            )
-            port += 1
+                port += 1
     if options.gateway not in GATEWAYS:
         raise PlanError(f"--gateway {options.gateway!r}: use one of {', '.join(GATEWAYS)}")
     envoy = options.gateway == ENVOY
@@ -557,11 +603,16 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         + ([(options.picker_port + 1, "picker (gRPC)", "--picker-port")] if envoy else [])
         + monitor
         + [(e.port, f"engine {e.name}", "--engine-port") for e in engines]
+        + [
+            (e.side_channel_port, f"engine {e.name} KV side channel", "--engine-port")
+            for e in engines
+            if e.side_channel_port is not None
+        ]
         + store_port
     )
     config = _adapter_paths(
         local_runtime_config(
-            spec,
+            stack.decisions.served_spec,  # a disaggregated model's two roles are two targets
             engines,
             {s.name: s.port for s in services},
             options.state_dir,
@@ -583,10 +634,11 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         embed_models=tuple(m.name for m in spec.models if m.resolved_task() is Task.EMBED),
         envoy=local_envoy_config(spec, engines, config, options.router_port) if envoy else None,
         spec=spec,
-        units=stack.decisions.models,
+        units=stack.decisions.units,
         monitor=options.monitor,
         engine_memory_gib=options.engine_memory_gib,
         s3_port=options.s3_port,
+        pd=options.pd,
     )
 
 
@@ -837,6 +889,24 @@ def _adapter_lines(plan: LocalPlan) -> list[str]:
     return [f"  adapters    {names}   (LoRA; ask for one as the model)"]
 
 
+def _pd_lines(plan: LocalPlan) -> list[str]:
+    """Disaggregated models: which engine prefills, which decodes, and what moves the KV between them."""
+    out = []
+    for decode in plan.engines:
+        if decode.spec.pd_role != "decode":
+            continue
+        prefills = [
+            e for e in plan.engines if e.spec.pd_role == "prefill" and e.spec.served_name == decode.model
+        ]
+        kv = facts(decode.spec.engine.kind).kv_transfer
+        via = f"{kv.connector} over {decode.spec.transport().value}" if kv is not None else "?"
+        names = ", ".join(f"{e.name} ({e.url})" for e in prefills)
+        out.append(
+            f"  P/D         {decode.model}: prefill {names} -> decode {decode.name} ({decode.url}), {via}"
+        )
+    return out
+
+
 def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
     """What the user sees once the router is ready: the URL, a curl line and an openai snippet."""
     url = plan.router.url
@@ -872,6 +942,7 @@ def banner(plan: LocalPlan, ready_s: float, detached: bool) -> str:
             else []
         ),
         *_adapter_lines(plan),
+        *_pd_lines(plan),
         f"  metrics     {metrics}/metrics   (health monitor: {plan.service('health').url}/v1/backends)",
         f"  logs        {plan.logs_dir}/",
         "",

@@ -136,7 +136,8 @@ def engine_process(
         port=launch.port,
         cpu_cores=launch.cpu_cores,
         kv_cache_space_gib=launch.kv_cache_space_gib,
-        env={TAG_ENV: tag, **(store_env or {})},
+        served_model_name=launch.spec.served_name,  # a prefill role serves its model's name
+        env={TAG_ENV: tag, **(store_env or {}), **launch.env},
         log_path=logs_dir / f"engine-{launch.name}.log",
         python=python,
         kv_events=launch.kv_events,
@@ -482,9 +483,7 @@ class Supervisor:
 
     def wait_router(self) -> None:
         router = next(s for s in self.services if s.name == self.plan.router.name)
-        # models with a replica up, and models at zero whose requests the router holds while one starts
-        held = {r.model for r in self.plan.config.router.routes if r.cold_start_hold_ms}
-        want = {e.model for e in self.plan.always_on} | held
+        want = self.plan.ready_models
         if not want:  # every model at zero and refused until it wakes (activator off): listening is all
             self.say(
                 "router listening: every model is at zero; a request wakes it (and is refused meanwhile)"

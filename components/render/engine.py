@@ -24,6 +24,7 @@ from components.render.engine_args import (
     in_cluster,
     in_group,
     model_dir,
+    side_channel_env,
 )
 from components.spec import ModelSpec, PlatformSpec
 from runtime.engines import facts
@@ -225,13 +226,26 @@ def pod_template(
     return {"metadata": _pod_metadata(model, pod_labels), "spec": pod_spec}
 
 
+def _side_channel(model: ModelSpec) -> list[Manifest]:
+    """A disaggregated model's engine takes its peers' KV handshakes at its own pod address (the prefill engine
+    names it in every answer's kv_transfer_params: vLLM's default, localhost, would send a decode pod to itself)."""
+    env = side_channel_env(model, "pod-address")
+    kv = facts(model.engine.kind).kv_transfer
+    if not env or kv is None:
+        return []
+    return [
+        {"name": kv.side_channel_host_env, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": kv.side_channel_port_env, "value": env[kv.side_channel_port_env]},
+    ]
+
+
 def deployment(spec: PlatformSpec, unit: ModelDecisions, weights_image: Any = None) -> Manifest:
     """The unit's rollout (``components.core.rollout``): the strategy, and the startup budget the probe and the
     progress deadline allow a replica."""
     model, rollout = unit.model, unit.rollout
     name = common.engine_name(model.name)
     version = common.image_version(model.engine.resolved_image)
-    shape = PodShape(engine_command(model, _location(spec, unit)))
+    shape = PodShape(engine_command(model, _location(spec, unit)), extra_env=_side_channel(model))
     template = pod_template(spec, unit, shape, weights_image)
     # A scaler (KEDA or HPA) owns the count when min and max differ; a fixed count is set here.
     replicas = {} if scaling.scales(model) else {"replicas": model.scaling.min_replicas}

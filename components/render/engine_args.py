@@ -18,7 +18,9 @@ from components.engines.common import (
     POD_ENV,
     EngineCommand,
     Where,
+    kv_transfer_args,
     lora_args,
+    side_channel_env,
     sleep_args,
 )
 from components.render.common import ENGINE_PORT
@@ -40,6 +42,7 @@ __all__ = [
     "model_dir",
     "model_env",
     "on_this_machine",
+    "side_channel_env",
     "vllm",
 ]
 
@@ -55,9 +58,9 @@ def kv_events_in_pod() -> tuple[str, str]:
 
 def model_env(model: ModelSpec) -> dict[str, str]:
     """The environment the spec itself asks of an engine, wherever it runs (a pod adds ``POD_ENV``): what allows
-    loading adapters at run time for a model with adapters, and serving sleep mode's endpoints for one that
-    sleeps."""
-    return {**lora_args(model)[1], **sleep_args(model)[1]}
+    loading adapters at run time for a model with adapters, serving sleep mode's endpoints for one that sleeps,
+    and the KV transport of a disaggregated model's engines."""
+    return {**lora_args(model)[1], **sleep_args(model)[1], **kv_transfer_args(model)[1]}
 
 
 def model_dir(model: ModelSpec) -> str:

@@ -45,7 +45,7 @@ from components.render import (
     weights,
 )
 from components.render.runtime_config import batcher_port, health_port, router_port, runtime_config
-from components.spec import IngressKind, PlatformSpec
+from components.spec import PREFILL_SUFFIX, IngressKind, PlatformSpec
 from runtime.config import RuntimeConfig
 
 ANYWHERE = "0.0.0.0/0"
@@ -197,6 +197,21 @@ def group_peer(spec: PlatformSpec, model: str) -> Peer:
     return Peer(f"{model} group", pods={**component_labels(spec, ENGINE), common.MODEL_LABEL: model})
 
 
+PD_PREFIX = "pd:"
+"""Subjects named ``pd:<unit>``: the engine pods of one role of a disaggregated model (its decode unit, named as the
+model, or its prefill unit)."""
+
+
+def pd_pairs(spec: PlatformSpec) -> list[tuple[str, str]]:
+    """(decode unit, prefill unit) of each disaggregated model, in stack-file order (the declared spec or the
+    served one alike)."""
+    return [
+        (m.name, f"{m.name}{PREFILL_SUFFIX}")
+        for m in spec.models
+        if m.disaggregation is not None and m.pd_role != "prefill"
+    ]
+
+
 def in_cluster_limit_store(spec: PlatformSpec, cloud: Cloud) -> bool:
     """The shared rate-limit store runs as pods of the namespace (a cluster you bring), not as a managed one."""
     return spec.gateway.shared_limits and not cloud.managed_limit_store
@@ -204,7 +219,9 @@ def in_cluster_limit_store(spec: PlatformSpec, cloud: Cloud) -> bool:
 
 def subjects(spec: PlatformSpec, cloud: Cloud, layout: Layout) -> list[str]:
     """The components of the stack's namespace that get a policy of their own, in apply order."""
-    out = [ENGINE, WEIGHTS, *(GROUP_PREFIX + m for m in group_models(spec, layout)), *gateway.parts(spec)]
+    out = [ENGINE, WEIGHTS, *(GROUP_PREFIX + m for m in group_models(spec, layout))]
+    out += [PD_PREFIX + unit for pair in pd_pairs(spec) for unit in pair]
+    out += gateway.parts(spec)
     out += batches.parts(spec)
     out += [GATEWAY_PROXY] if gateway_proxies_in_namespace(spec) else []
     return out + ([limit_store.STORE] if in_cluster_limit_store(spec, cloud) else [])
@@ -213,6 +230,9 @@ def subjects(spec: PlatformSpec, cloud: Cloud, layout: Layout) -> list[str]:
 def subject(spec: PlatformSpec, name: str) -> Peer:
     if name.startswith(GROUP_PREFIX):
         return group_peer(spec, name.removeprefix(GROUP_PREFIX))
+    if name.startswith(PD_PREFIX):
+        unit = name.removeprefix(PD_PREFIX)
+        return Peer(f"{unit} engines", pods={**component_labels(spec, ENGINE), common.MODEL_LABEL: unit})
     return gateway_proxies(spec) if name == GATEWAY_PROXY else component(spec, name)
 
 
@@ -396,6 +416,18 @@ def _group_flows(spec: PlatformSpec, layout: Layout) -> list[Flow]:
     return out
 
 
+def _pd_flows(spec: PlatformSpec) -> list[Flow]:
+    """A disaggregated model's decode engines pull the prefill engines' KV (NixlConnector): the handshake on the
+    prefill engine's side channel, then UCX or libfabric connections on ports the transport picks, in both
+    directions (the decode's reads, the prefill's notifications). Only between the two roles of one model."""
+    out: list[Flow] = []
+    for decode, prefill in pd_pairs(spec):
+        d, p = subject(spec, PD_PREFIX + decode), subject(spec, PD_PREFIX + prefill)
+        out.append(Flow(d, p, (), "a decode engine pulls its prefill engine's KV cache"))
+        out.append(Flow(p, d, (), "a prefill engine notifies the decode engine that pulled its KV cache"))
+    return out
+
+
 def public_https(spec: PlatformSpec, cloud: Cloud, name: str) -> Peer:
     """HTTPS at public addresses only: nothing in the cluster network (the Gateway's listener, the API), none of the
     cluster's Service addresses (the API's among them) and nothing link-local. S3 is reached at its public addresses
@@ -470,4 +502,5 @@ def flows(spec: PlatformSpec, cloud: Cloud, layout: Layout) -> list[Flow]:
         *_ingress_flows(spec, cloud),
         *_weights_flows(spec, cloud),
         *_group_flows(spec, layout),
+        *_pd_flows(spec),
     ]

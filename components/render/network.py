@@ -28,6 +28,8 @@ def policy_name(spec: PlatformSpec, subject: str) -> str:
         return gateway_name(spec)
     if subject.startswith(flows.GROUP_PREFIX):
         return f"{common.engine_name(subject.removeprefix(flows.GROUP_PREFIX))}-group"
+    if subject.startswith(flows.PD_PREFIX):
+        return f"{common.engine_name(subject.removeprefix(flows.PD_PREFIX))}-kv-transfer"
     return POLICY_NAMES.get(subject) or common.runtime_name(spec, subject)
 
 

@@ -24,6 +24,7 @@ from runtime.config import (
     ModelRoute,
     ModelTarget,
     PickerSettings,
+    PrefillStage,
     RouterSettings,
     RuntimeConfig,
     S3Files,
@@ -101,12 +102,27 @@ def model_target(
         discovery=discovery,
         max_concurrency_per_backend=model.engine.max_num_seqs,
         max_model_len_tokens=model.engine.max_model_len,
-        adapters=[
+        adapters=[  # a prefill unit loads its decode unit's (the router's: runtime.config.PrefillStage)
             AdapterTarget(name=a.name, path=_adapter_path(spec, a, in_cluster=static_urls is None))
             for a in model.adapters
+            if model.pd_role != "prefill"
         ],
         max_adapters_per_replica=model.engine.lora.loaded,
         kv_events=events,
+        prefill=_prefill_stage(model),
+    )
+
+
+def _prefill_stage(model: ModelSpec) -> PrefillStage | None:
+    """The decode unit of a disaggregated model: where its prefills go, and the router's bounds on them."""
+    pd = model.disaggregation
+    if model.prefill_unit is None or pd is None:
+        return None
+    return PrefillStage(
+        target=model.prefill_unit,
+        timeout_ms=pd.prefill_timeout_ms,
+        attempts=pd.prefill_attempts,
+        transfer_timeout_ms=pd.transfer_timeout_ms,
     )
 
 

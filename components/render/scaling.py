@@ -104,20 +104,44 @@ def triggers(spec: PlatformSpec, unit: ModelDecisions) -> list[Trigger]:
     A trigger must never read a metric the engine lacks: with ``ignoreNullValues`` a missing series reads 0
     and the model would never scale on it."""
     model, t = unit.model, unit.scaling
+    role = model.pd_role  # a disaggregated model's roles scale on what loads each (``lifecycle.pd_units``)
     out: list[Trigger] = []
     if signals.has(model, Signal.QUEUED):
         out.append(
             Trigger("queued", signals.total(spec, model, Signal.QUEUED), t.queue_per_replica, "AverageValue")
         )
-    out.append(Trigger("router-queue", router_demand(spec, model), t.queue_per_replica, "AverageValue"))
-    if signals.has(model, Signal.KV_USAGE):
+    if (
+        role == "prefill"
+    ):  # requests never wait for a prefill replica: a missing one is a decode-only fallback
+        out.append(
+            Trigger("prefill-demand", prefill_demand(spec, model), t.queue_per_replica, "AverageValue")
+        )
+    else:
+        out.append(Trigger("router-queue", router_demand(spec, model), t.queue_per_replica, "AverageValue"))
+    if (
+        signals.has(model, Signal.KV_USAGE) and role != "prefill"
+    ):  # a prefill engine holds its KV only briefly
         out.append(
             Trigger("kv-cache", signals.average(spec, model, Signal.KV_USAGE), t.kv_cache_usage, "Value")
         )
-    if signals.has(model, Signal.TTFT):
+    if signals.has(model, Signal.TTFT) and role != "decode":  # a decode's first token waits on the transfer
         ttft = signals.quantile(spec, model, Signal.TTFT, TTFT_QUANTILE)
         out.append(Trigger("ttft-p95", signals.zero_if_absent(ttft), t.ttft_p95_s, "Value"))
+    if signals.has(model, Signal.INTER_TOKEN) and role == "decode":
+        itl = signals.quantile(spec, model, Signal.INTER_TOKEN, TTFT_QUANTILE)
+        out.append(Trigger("inter-token-p95", signals.zero_if_absent(itl), t.inter_token_p95_s, "Value"))
     return out
+
+
+def prefill_demand(spec: PlatformSpec, model: ModelSpec) -> str:
+    """Prefills the router could not send for want of a prefill replica (per second over the rate window): the
+    decode computed those prompts itself (``runtime.router.disagg``). The only signal there is while the prefill
+    role has zero replicas, so it is what wakes it from zero."""
+    fallbacks = (
+        f'sum(rate({signals.front_metric(spec, "pd_fallbacks_total")}{{namespace="{spec.cluster.namespace}",'
+        f'model="{model.served_name}",reason="no_prefill_replica"}}[{signals.RATE_WINDOW}]))'
+    )
+    return f"({fallbacks} or on() vector(0))"
 
 
 ENGINE_LOAD_SIGNALS = (Signal.QUEUED, Signal.KV_USAGE, Signal.TTFT)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
-from pydantic import Field, PrivateAttr, create_model, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, create_model, field_validator, model_validator
 
 from components.base import catalog
 from components.base.enums import Device, DType
@@ -38,6 +38,7 @@ from runtime.config import (
     StrategyName,
     Task,
     knob_field,
+    prefill_field,
     reads_engine_events,
     routing_knobs,
     routing_knobs_read,
@@ -115,6 +116,52 @@ class ScalingSpec(_Spec):
                 "scales to zero is never started for a waiting request): remove it, or set min_replicas: 0"
             )
         return self
+
+
+class Transport(StrEnum):
+    """How a disaggregated model's KV cache travels from a prefill engine to a decode engine (NIXL's backend)."""
+
+    AUTO = "auto"
+    UCX = "ucx"
+    LIBFABRIC = "libfabric"
+    TCP = "tcp"
+
+
+#: Engine settings both roles of a disaggregated model share: one engine kind, placed alike (pool size and cost count
+#: the prefill role's replicas as the model's).
+_ROLE_SHAPE = frozenset(
+    {"kind", "device", "tensor_parallel_size", "pipeline_parallel_size", "nodes", "cpu_cores", "memory_gib"}
+)
+
+#: The suffix of the serving unit that runs a disaggregated model's prefill role ('<model>-prefill').
+PREFILL_SUFFIX = "-prefill"
+
+
+class PrefillRoleSpec(_Spec):
+    """The prefill role of a disaggregated model: engines that compute prompts and hand their KV cache to the
+    model's own engines, which decode. It runs in the model's pool, on the model's instance type."""
+
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec)
+    """Its replicas, and when the autoscaler adds or removes them."""
+    engine: dict[str, Any] = Field(default_factory=dict)
+    """Engine settings of the prefill engines that differ from the model's (e.g. a larger max_num_batched_tokens
+    for long prompts); its kind and device are the model's."""
+
+
+class DisaggregationSpec(_Spec):
+    """Serve the model as two roles (prefill/decode disaggregation): prefill engines compute each prompt's KV cache
+    and the model's own engines pull it (vLLM's NixlConnector) and decode. The router sends each request's prefill
+    first, then its decode with the KV's whereabouts; when the prefill or the transfer fails or is late, the decode
+    computes the prompt itself, so no request is lost or hangs (runtime/router/disagg.py)."""
+
+    prefill: PrefillRoleSpec = Field(default_factory=PrefillRoleSpec)
+    """The prefill role: its replicas, scaling and engine overrides."""
+    transport: Transport = Transport.AUTO
+    """How the KV travels: ucx (RDMA where the nodes have it, TCP where they do not), libfabric (EFA pools), tcp
+    (UCX over TCP only: a network without RDMA), or auto (ucx on GPUs, tcp on CPU)."""
+    prefill_timeout_ms: int = prefill_field("timeout_ms")
+    prefill_attempts: int = prefill_field("attempts")
+    transfer_timeout_ms: int = prefill_field("transfer_timeout_ms")
 
 
 class SloSpec(_Spec):
@@ -287,6 +334,9 @@ class ModelSpec(_Spec):
     """LoRA adapters of this model, served under their own names from its replicas (vLLM only); each
     replica loads the ones asked of it, up to engine.lora.max_loaded."""
 
+    disaggregation: DisaggregationSpec | None = None
+    """Serve the model as separate prefill and decode roles (vLLM; NixlConnector). None: every replica does both."""
+
     versions: list[ModelVersionSpec] = Field(default_factory=list)
     """Versions served under this one name, with traffic weights adding up to 100; the first is the stable
     version (rollbacks return to it), the others are canaries (rollout.canary). Each version runs its own
@@ -299,6 +349,9 @@ class ModelSpec(_Spec):
     )  # model, version, weight, stable
     _format_in_checkpoint: bool = PrivateAttr(default=False)
     _prepared_by: str | None = PrivateAttr(default=None)
+    # Set on the serving units of a disaggregated model: "prefill" or "decode", and the decode unit's prefill unit.
+    _pd_role: str | None = PrivateAttr(default=None)
+    _prefill_unit: str | None = PrivateAttr(default=None)
 
     @property
     def serving_units(self) -> int:
@@ -342,8 +395,91 @@ class ModelSpec(_Spec):
             self._sleep_supported,
             self._share_rules,
             self._kv_events_possible,
+            self._disaggregation_rules,
         )
         return self
+
+    def _disaggregation_rules(self) -> ModelSpec:
+        pd = self.disaggregation
+        if pd is None:
+            return self
+        kind, device = self.engine.kind, self.engine.device
+        if not facts(kind).can.kv_transfer:
+            able = engines_that(lambda c: c.kv_transfer)
+            raise ValueError(
+                f"disaggregation: {facts(kind).display_name} hands no KV cache to another engine here; use {able}"
+            )
+        if self.resolved_task() is not Task.GENERATE:
+            raise ValueError("disaggregation: only generation models have a prefill to hand over")
+        if self.versions:
+            raise ValueError("disaggregation: a model served in versions is not served disaggregated (yet)")
+        if self.gpu_share is not None:
+            raise ValueError("disaggregation: engines on a GPU share are not served disaggregated (yet)")
+        if (self.engine.nodes or 1) > 1:
+            raise ValueError("disaggregation: a replica that spans nodes is not served disaggregated (yet)")
+        if device is Device.CPU and self.engine.kv_cache_dtype.value != "auto":
+            raise ValueError(  # vllm/platforms/cpu.py 0.32: NotImplementedError with KV transfer
+                "disaggregation: vLLM-CPU moves no fp8 KV cache between engines; keep engine.kv_cache_dtype auto"
+            )
+        if pd.transport is Transport.LIBFABRIC and device is Device.CPU:
+            raise ValueError(
+                "disaggregation.transport: libfabric is for EFA on GPU pools; on CPU use tcp or auto"
+            )
+        fixed = sorted(_ROLE_SHAPE & set(pd.prefill.engine))
+        if fixed:
+            raise ValueError(
+                f"disaggregation.prefill.engine: {', '.join(fixed)} are the model's (both roles run one engine,"
+                " placed alike)"
+            )
+        try:
+            self.prefill_engine()
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            message = str(first["msg"]).removeprefix("Value error, ")
+            raise ValueError(
+                f"disaggregation.prefill.engine{'.' + where if where else ''}: {message}"
+            ) from None
+        unit = f"{self.name}{PREFILL_SUFFIX}"
+        if len(unit) > MAX_MODEL_NAME:
+            raise ValueError(
+                f"disaggregation: its prefill engines are named {unit!r}, {len(unit)} characters; a disaggregated "
+                f"model's name may have at most {MAX_MODEL_NAME - len(PREFILL_SUFFIX)}"
+            )
+        return self
+
+    def prefill_engine(self) -> EngineSpec:
+        """The engine of a disaggregated model's prefill role: the model's, with the role's overrides."""
+        pd = self.disaggregation
+        overrides = pd.prefill.engine if pd is not None else {}
+        return EngineSpec.model_validate({**self.engine.model_dump(exclude_unset=True), **overrides})
+
+    def transport(self) -> Transport:
+        """The KV transport of a disaggregated model's engines: as set, or for auto UCX on GPUs (RDMA where the
+        nodes have it, TCP where not) and TCP on CPU."""
+        pd = self.disaggregation
+        chosen = pd.transport if pd is not None else Transport.AUTO
+        if chosen is not Transport.AUTO:
+            return chosen
+        return Transport.TCP if self.engine.device is Device.CPU else Transport.UCX
+
+    @property
+    def pd_role(self) -> str | None:
+        """ "prefill" or "decode" on a serving unit of a disaggregated model (components.core.lifecycle)."""
+        return self._pd_role
+
+    @property
+    def prefill_unit(self) -> str | None:
+        """On a disaggregated model's decode unit: the name of its prefill unit."""
+        return self._prefill_unit
+
+    def unit_replicas(self, bound: str) -> int:
+        """``scaling.min_replicas`` or ``max_replicas`` of all the model's serving units together: one per version,
+        or the decode and the prefill role (what pool sizes and cost count)."""
+        own = int(getattr(self.scaling, bound))
+        if self.disaggregation is not None and self._pd_role is None:  # the model, not one of its role units
+            return own + int(getattr(self.disaggregation.prefill.scaling, bound))
+        return own * self.serving_units
 
     def _weights_rules(self) -> ModelSpec:
         if self.revision is not None and not self.is_hub:

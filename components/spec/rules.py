@@ -140,6 +140,41 @@ def versions_in_a_cluster(spec: PlatformSpec) -> Iterator[Problem]:
 
 
 @rule
+def disaggregation_needs_the_router(spec: PlatformSpec) -> Iterator[Problem]:
+    if not spec.gateway.runs_router:
+        yield from _models_where(
+            spec,
+            lambda m: m.disaggregation is not None,
+            "disaggregation",
+            "the router runs a disaggregated model's two phases and recovers when a prefill or its transfer fails; "
+            "gateway.mode inference-extension runs no router: use gateway.mode router",
+        )
+
+
+@rule
+def disaggregation_scales_with_keda(spec: PlatformSpec) -> Iterator[Problem]:
+    """Each role of a disaggregated model scales on its own signals (the prefill also on the prefills the router
+    could not send, the decode on inter-token latency): KEDA's queries; prometheus-adapter serves neither."""
+    if spec.addons.autoscaler is not Autoscaler.HPA:
+        return
+
+    def scales(m: ModelSpec) -> bool:
+        pd = m.disaggregation
+        if pd is None:
+            return False
+        roles = (m.scaling, pd.prefill.scaling)
+        return any(s.min_replicas != s.max_replicas for s in roles)
+
+    yield from _models_where(
+        spec,
+        scales,
+        "disaggregation",
+        "the prefill and decode roles scale on signals only KEDA reads (prefill demand, inter-token latency): use "
+        "addons.autoscaler keda, or fix each role's replica count (min_replicas equal to max_replicas)",
+    )
+
+
+@rule
 def the_picker_holds_nothing(spec: PlatformSpec) -> Iterator[Problem]:
     if not spec.gateway.runs_router:
         yield from _models_where(

@@ -33,6 +33,7 @@ from runtime.openai_request import visible
 from runtime.router.adapters import LoadFailure, ensure_loaded
 from runtime.router.admission import Refusal, acquire
 from runtime.router.batch_api import BatchApiHooks, api_call_model, is_batch_api, low_priority_avoid
+from runtime.router.disagg import Pairing, TwoPhase, without_kv_params
 from runtime.router.fleet import Fleet
 from runtime.router.limits import Limits, LocalLimits, Ticket
 from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
@@ -77,6 +78,7 @@ class Router:
         self.keys = KeyTable(list(cfg.router.api_keys), time.monotonic())
         self.retry_budget = RetryBudget(cfg.router.retry_budget_ratio)
         self.forwarder = Forwarder(self.metrics, cfg.router)
+        self.two_phase = TwoPhase(self.metrics, cfg.router.connect_timeout_ms / 1000)
         self.draining = False
         self.inflight = 0
         self.port = 0  # the bound port, once serving
@@ -119,6 +121,7 @@ class Router:
         self.max_choices = s.max_choices_per_request
         self.retry_budget.ratio = s.retry_budget_ratio
         self.forwarder.configure(s)
+        self.two_phase.connect_timeout_s = s.connect_timeout_ms / 1000
         self.batch_api.configure(cfg)
 
     def head(self, req: Request) -> Answer | None:
@@ -358,6 +361,8 @@ class Router:
             if avoid is not None:
                 ctx.exclude = avoid
             body, strip = req.body, False
+            if state.prefill is not None:  # where a decode pulls KV from is the router's to say
+                body = without_kv_params(body, asked.payload)
             if asked.stream and kind != "embeddings":  # the engine reports a stream's usage only when asked
                 asking = with_usage(body, asked.payload)
                 if asking is not None:
@@ -368,7 +373,20 @@ class Router:
                 conn, state, ctx, req.path, tail, asked.stream, rid, principal, started, strip, reserve
             )
             call.prompt = prompt_estimate(req.body) if reserve else 0  # a leaver pays it + what it read
-            await self._route(call)
+            if state.prefill is not None:  # disaggregated: a prefill phase first (``disagg``)
+                call.pd = Pairing(
+                    asked.payload,
+                    kind,
+                    adapter,
+                    functools.partial(_header, headers),
+                    functools.partial(forwarded_tail, headers, self.rid_header, rid),
+                    body,
+                )
+            try:
+                await self._route(call)
+            finally:
+                if call.pd is not None:  # a prefill replica's circuit is never left waiting for a verdict
+                    self.two_phase.settle(call.pd, None)
         finally:  # the key pays what it used; nothing, when no call was made
             if ticket is not None and principal is not None and principal.key.tokens_per_minute:
                 ticket.settle(principal, call.settlement() if call is not None else -reserve)
@@ -462,9 +480,23 @@ class Router:
             else:
                 if replica is not state.batcher:
                     state.strategy.on_routed(replica, ctx)
+                pd = call.pd
+                if pd is not None and not pd.prefilled and state.prefill is not None:
+                    decode = await self.two_phase.prefill(
+                        pd, state, state.prefill, rid, call.path, self._adapter_ready
+                    )
+                    call.tail = pd.tail_of(decode)
+                carried = call.carries_kv
                 outcome = await self.forwarder.attempt(call, replica)
                 if outcome is None:
+                    if pd is not None:
+                        self.two_phase.served(pd, state)
                     return
+                if pd is not None and carried and not conn.closed:  # the KV did not make it: decode-only
+                    plain, transfer = self.two_phase.decode_failed(pd, state, *outcome, rid)
+                    call.tail = pd.tail_of(plain)
+                    if transfer:  # not the decode replica's fault: any may take it, no retry spent
+                        continue
                 if outcome[0] == 404 and ctx.adapter is not None and not reloaded:
                     replica.adapters.loaded.pop(ctx.adapter, None)  # our view was behind: load it again
                     reloaded = True

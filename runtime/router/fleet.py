@@ -79,6 +79,12 @@ class Fleet:
             )
             if old is not None and same_source:  # keep replicas (and what we learned) across a reload
                 state.set_replicas([r.url for r in old.replicas], old.by_url)
+        for stage, served in cfg.prefill_targets().items():  # P/D: the two roles know each other
+            fresh[served].prefill = fresh[stage]
+            fresh[stage].prefill_for = served
+            fresh[stage].adapters = fresh[
+                served
+            ].adapters  # the decode's adapters, loaded on prefill replicas
         kept = {id(v) for v in views.values()}
         for old in self.models.values():
             if old.kv is not None and id(old.kv) not in kept:
@@ -98,7 +104,8 @@ class Fleet:
         split = self.splits.get(model)
         if split is None:
             state = self.models.get(model)
-            return None if state is None or state.version else state  # versions are reached through splits
+            # versions are reached through splits, a disaggregated model's prefill replicas through it
+            return None if state is None or state.version or state.prefill_for else state
         chosen = split.choose(session, lambda v: self.lookup_version(model, v).servable(), client)
         return self.lookup_version(model, chosen if chosen is not None else split.stable)
 
@@ -116,6 +123,8 @@ class Fleet:
         """Model name clients see -> the states that serve it (one, or its versions)."""
         out: dict[str, list[ModelState]] = {}
         for state in self.models.values():
+            if state.prefill_for:  # a disaggregated model's prefill replicas: reached through it only
+                continue
             out.setdefault(state.served, []).append(state)
         return out
 

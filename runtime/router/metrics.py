@@ -264,6 +264,21 @@ class RouterMetrics:
             ["model", "cause"],
             registry=r,
         )
+        self.pd_requests = Counter(
+            "inferstack_router_pd_requests",
+            "Requests of disaggregated (prefill/decode) models answered, by how: disaggregated (the decode used"
+            " a prefill's KV) or decode_only (a fallback: the decode computed the prompt itself)",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.pd_fallbacks = Counter(
+            "inferstack_router_pd_fallbacks",
+            "Requests of disaggregated models whose decode computed the prompt itself, by reason"
+            " (no_prefill_replica, prefill_error, prefill_timeout, prefill_refused, prefill_adapter,"
+            " transfer_failed, transfer_timeout, decode_error, unsplittable)",
+            ["model", "reason"],
+            registry=r,
+        )
         self._children: dict[tuple[Any, ...], Any] = {}
         self._departed: dict[tuple[str, str], float] = {}  # (model, replica url) -> when it departed
 
@@ -349,6 +364,12 @@ class RouterMetrics:
 
     def kv_problem(self, model: str, cause: str) -> None:
         self._child(self.kv_event_problems, model, cause).inc()
+
+    def pd_request(self, model: str, outcome: str) -> None:
+        self._child(self.pd_requests, model, outcome).inc()
+
+    def pd_fallback(self, model: str, reason: str) -> None:
+        self._child(self.pd_fallbacks, model, reason).inc()
 
     def waited(self, model: str, seconds: float) -> None:
         self._child(self.queue_wait, model).observe(seconds)

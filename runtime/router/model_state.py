@@ -47,6 +47,10 @@ class ModelState(ModelView[Replica]):
         self.needs_blocks = Need.PROMPT_BLOCKS in self.strategy.needs and target.kv_events is not None
         self.max_blocks = PREFIX_MAX_BLOCKS.read(route.strategy)
         self.kv: ModelCacheView | None = None
+        # prefill/decode disaggregation (set by the fleet): the state of the replicas that compute this model's
+        # prompts; for those, the model they compute them for
+        self.prefill: ModelState | None = None
+        self.prefill_for = ""
 
     def _replica(self, url: str, cap: int) -> Replica:
         return Replica(url, cap, self.new_breaker(), self.weights.get(url, 1.0))

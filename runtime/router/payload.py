@@ -137,3 +137,44 @@ class UsageStrip:
         """What was held when the stream ended (an unterminated last event): the client gets it as it is."""
         rest, self.held = self.held, b""
         return rest if self.strip else b""
+
+
+def stream_start(data: bytes) -> str:
+    """What the start of an engine's stream says so far: ``"error"`` (an error event came before any token:
+    vLLM's way of failing a stream it already answered 200), ``"generated"`` (a token, a finish or the end of
+    the stream came first) or ``"wait"`` (only events that say nothing yet, such as a chat stream's opening
+    role event, or an event not yet whole)."""
+    start = 0
+    for m in _EVENT_END.finditer(data):
+        event, start = data[start : m.start()], m.end()
+        for line in event.splitlines():
+            if not line.startswith(b"data:"):
+                continue
+            value = line[5:].strip()
+            if value == b"[DONE]":
+                return "generated"
+            try:
+                parsed = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                return "generated"  # not ours to judge: the client gets it as it is
+            if not isinstance(parsed, dict):
+                return "generated"
+            if "error" in parsed:
+                return "error"
+            if any(_says_something(choice) for choice in parsed.get("choices") or ()):
+                return "generated"
+    return "wait"
+
+
+def _says_something(choice: Any) -> bool:
+    """A stream choice with a token (text, content, a tool call, reasoning) or a finish."""
+    if not isinstance(choice, dict):
+        return True
+    if choice.get("text") or choice.get("finish_reason"):
+        return True
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return False
+    return any(
+        delta.get(k) for k in ("content", "tool_calls", "reasoning_content", "reasoning", "function_call")
+    )

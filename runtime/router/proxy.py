@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from runtime.api_keys import Principal
 from runtime.config import RouterSettings
 from runtime.http import OVERLOADED, OVERLOADED_CODE, error_body, error_code, passed_retry_after
+from runtime.router.disagg import Pairing
 from runtime.router.metrics import RouterMetrics
 from runtime.router.model_state import ModelState
-from runtime.router.payload import UsageStrip, usage_of
+from runtime.router.payload import UsageStrip, stream_start, usage_of
 from runtime.router.replicas import BACKEND_HEADER, Replica
 from runtime.scheduling import Context
 from runtime.server import ClientGoneError, Connection
@@ -49,6 +50,8 @@ HOP_BY_HOP = frozenset(
 )
 _JSON = b"application/json"
 _TAIL_BYTES = 4096  # enough of a large answer's end to find its usage
+#: How often a non-streamed decode waiting on a prefill's KV looks at its prefill replica's health.
+PARTNER_CHECK_S = 1.0
 
 
 def forwarded_tail(headers: Mapping[bytes, bytes], rid_header: bytes, rid: bytes, body: bytes) -> bytes:
@@ -83,6 +86,12 @@ class Call:
     answered: bool = False  # a 200 began to reach the client: the engine generated something
     abandoned: bool = False  # the client left while an engine held its request: the engine worked for it
     relayed: int = 0  # content events of a stream passed on (about one token of one choice each)
+    pd: Pairing | None = None  # a disaggregated model's request: its prefill phase (``disagg``)
+
+    @property
+    def carries_kv(self) -> bool:
+        """This try is a decode with a prefill's KV: a failure to load it is retried without, not passed on."""
+        return self.pd is not None and self.pd.prefill_replica is not None
 
     def settlement(self) -> int:
         """What to charge the key now that the request ended, beyond its reservation: the difference to the
@@ -123,10 +132,11 @@ class Forwarder:
         status = 0
         ok = False
         refused = False
+        kv = call.carries_kv
         try:
             head = b"POST %b HTTP/1.1\r\nhost: %b\r\n" % (call.path, r.pool.host_header)
             ex = await Exchange.open(r.pool, head + call.tail, self.connect_timeout_s)
-            await ex.head(self.first_byte_timeout_s)
+            await self._head(call, ex)
             status = ex.status
             ctype = ex.headers.get(b"content-type", b"")
             if status == 404 and call.ctx.adapter is not None:
@@ -137,8 +147,9 @@ class Forwarder:
                     404,
                     f"replica does not hold adapter {call.ctx.adapter!r}: {body[:200].decode('utf-8', 'replace')}",
                 )
-            # A canary's engine errors (500 too) go to the stable version instead of the client.
-            if status in RETRY_STATUSES or (status >= 500 and state.canary):
+            # A canary's engine errors (500 too) go to the stable version instead of the client; a decode's
+            # failure to load a prefill's KV (500) is sent again without it.
+            if status in RETRY_STATUSES or (status >= 500 and (state.canary or kv)):
                 body = await ex.read_all(self.idle_timeout_s)
                 if r is state.batcher and status == OVERLOADED and error_code(body) == OVERLOADED_CODE:
                     # the batcher's queue is full: load, its own verdict, for the client as it is (Retry-After
@@ -147,7 +158,8 @@ class Forwarder:
                     self.metrics.reject("batcher_queue", state.name)
                     conn.send(status, body, ctype or _JSON, self._passed_headers(call, r, ex))
                     return None
-                r.breaker.on_failure(time.monotonic())
+                if not (kv and status == 500):  # the transfer's failure, not this replica's (``disagg``)
+                    r.breaker.on_failure(time.monotonic())
                 return status, f"replica answered {status}: {body[:200].decode('utf-8', 'replace')}"
             if status == 200 and ctype.startswith(b"text/event-stream"):
                 return await self._relay_stream(call, r, ex, sent_at)
@@ -176,7 +188,8 @@ class Forwarder:
         except UpstreamError as err:
             if ex is not None:
                 ex.abort()
-            r.breaker.on_failure(time.monotonic())
+            if not (kv and err.kind == "timeout"):  # a decode waiting on a stalled transfer is not to blame
+                r.breaker.on_failure(time.monotonic())
             # the client has seen nothing yet (relay handles failures after the first chunk itself)
             return (504 if err.kind == "timeout" else 502), str(err)
         except (asyncio.CancelledError, ClientGoneError):
@@ -209,6 +222,38 @@ class Forwarder:
                         "duration_ms": round((time.monotonic() - call.started) * 1000, 2),
                     },
                 )
+
+    async def _head(self, call: Call, ex: Exchange) -> None:
+        """Wait for the answer's head. A non-streamed decode carrying a prefill's KV has its head only with its
+        whole answer, so no deadline tells a stalled transfer (a frozen prefill engine holds a NIXL read
+        forever) from a long answer: it is given up as a timeout once its prefill replica is unhealthy."""
+        pd = call.pd
+        partner = pd.prefill_replica if pd is not None and not call.stream else None
+        if partner is None:
+            await ex.head(self._first_byte_s(call))
+            return
+        deadline = time.monotonic() + self.first_byte_timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                await ex.head(max(0.001, min(PARTNER_CHECK_S, left)))
+                return
+            except UpstreamError as err:
+                if err.kind != "timeout" or left <= PARTNER_CHECK_S:
+                    raise
+                if not partner.healthy:
+                    raise UpstreamError(
+                        f"prefill replica {partner.url} turned unhealthy before the decode answered",
+                        retryable=True,
+                        kind="timeout",
+                    ) from None
+
+    def _first_byte_s(self, call: Call) -> float:
+        """How long the answer's head (and a stream's first token) may take: a streamed decode carrying a
+        prefill's KV has until its transfer deadline (``disagg``), anything else ``first_byte_timeout_ms``."""
+        if call.stream and call.pd is not None and call.pd.prefill_replica is not None:
+            return max(0.001, min(self.first_byte_timeout_s, call.pd.transfer_deadline - time.monotonic()))
+        return self.first_byte_timeout_s
 
     def _passed_headers(self, call: Call, r: Replica, ex: Exchange) -> list[tuple[bytes, bytes]]:
         """The headers an answer passed through carries: the request id, the replica, and the upstream's
@@ -249,10 +294,19 @@ class Forwarder:
     ) -> tuple[int, str] | None:
         conn, state, rid = call.conn, call.state, call.rid
         # wait for the first token before answering: until then a failure is retried elsewhere
-        first = await ex.next_chunk(self.first_byte_timeout_s)
+        first = await ex.next_chunk(self._first_byte_s(call))
         if first is None:
             r.breaker.on_failure(time.monotonic())
             return 502, "replica ended the stream before sending anything"
+        if call.carries_kv:  # an engine that fails to load the KV says so in the stream: read up to a token
+            while (verdict := stream_start(first)) == "wait":
+                more = await ex.next_chunk(self._first_byte_s(call))
+                if more is None:
+                    break
+                first += more
+            if verdict == "error":
+                ex.abort()
+                return 500, f"decode failed before its first token: {first[:200].decode('utf-8', 'replace')}"
         now = time.monotonic()
         r.observe_ttft(now - sent_at, state.ewma_alpha)
         self.metrics.first_byte(state.name, now - sent_at, state.versioned)

@@ -76,6 +76,8 @@ COVERAGE = [
     Coverage(r"make local S3=1", ((HERE, "_make_dry(\"local\", \"S3=1\")"), (LOCAL_TEST, 'detached_stack(state_dir, "S3=1"')), "run for real; dry run here"),
     Coverage(r"inferstack local up --s3", ((HERE, "_make_dry(\"local\", \"S3=1\")"), ("tests/local/test_plan.py", "LocalOptions(s3_port=9000)")), "dry run and plan tests"),
     Coverage(r"python -m runtime\.weights prepare", (("tests/runtime/weights/test_store.py", '"prepare", "--from"'),), "run against loopback S3"),
+    Coverage(r"make local PD=1", ((HERE, '_make_dry("local", "PD=1")'), ("tests/local/test_local_pd.py", "LocalOptions(cpus=(0, 1), engine_port=9100, pd=True)")), "dry run here; the plan in test_local_pd, the engines in test_pd_nixl"),
+    Coverage(r"inferstack local up --pd", (("tests/local/test_local_pd.py", "LocalOptions(cpus=(0, 1), engine_port=9100, pd=True)"), ("tests/integration/test_pd_nixl.py", "lifecycle.pd_units(")), "plan test; the engines in test_pd_nixl"),
     Coverage(r"make local PORT=\d+", ((HERE, "def test_make_targets_run_the_documented_commands"),), "dry run here"),
     Coverage(r"make local ROUTERS=\d+", ((HERE, '_make_dry("local", "ROUTERS=2")'), (LIFECYCLE, '"--routers", "2"')), "dry run here; --routers runs in the lifecycle test"),
     Coverage(r"inferstack local up --routers \d+", ((LIFECYCLE, '"--routers", "2"'),), "lifecycle test"),
@@ -156,6 +158,7 @@ def test_make_targets_run_the_documented_commands() -> None:
     assert re.fullmatch(r"\.venv/bin/inferstack local up --port 9090\s*", _make_dry("local", "PORT=9090"))
     assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--detach\s*", _make_dry("local", "DETACH=1"))
     assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--s3\s*", _make_dry("local", "S3=1"))
+    assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--pd\s*", _make_dry("local", "PD=1"))
     assert re.fullmatch(
         r"\.venv/bin/inferstack local up\s+--gateway envoy\s*", _make_dry("local", "GATEWAY=envoy")
     )
