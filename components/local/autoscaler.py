@@ -233,6 +233,8 @@ class Autoscaler:
                 self._stop(replica)
 
     def _start(self, replica: Replica, now: float) -> None:
+        if replica.engine is not None:  # an engine that exited: reaped, and its private TMPDIR removed, first
+            replica.engine.stop(0)
         replica.engine = self.make_engine(replica.launch)
         replica.engine.start()
         replica.ready, replica.crashed, replica.started_at = False, False, now

@@ -163,7 +163,8 @@ def test_refusals_wake_the_model_and_a_crashed_engine_is_reported_and_restarted_
     )
     _until_ready(scaler, clock, router_exposition(0, refused=3), 1)
     (launch, engine), *_ = scaler.started()
-    assert engine.pid is not None
+    assert engine.pid is not None and engine.scratch_dir is not None
+    crashed_scratch = engine.scratch_dir
     os.killpg(engine.pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while engine.running():
@@ -175,4 +176,5 @@ def test_refusals_wake_the_model_and_a_crashed_engine_is_reported_and_restarted_
     assert _published(plan.engine_targets_path) == [f"127.0.0.1:{launch.port}"]  # ... Prometheus sees it down
     _tick(scaler, clock, router_exposition(1, refused=3))
     assert said[-1].endswith(f"starting the exited engine {launch.name} again")
+    assert not crashed_scratch.exists(), "the exited engine's TMPDIR goes before its successor starts"
     _until_ready(scaler, clock, router_exposition(1, refused=3), 1)
