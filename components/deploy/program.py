@@ -19,6 +19,7 @@ from components.core.cloud import Profile
 from components.core.decisions import Decisions
 from components.core.placement import Layout
 from components.core.stackfile import stack_path, validate
+from components.deploy import sdk_modules
 from components.deploy.platform import InferencePlatform, PlatformSecrets
 from components.kubernetes.cluster import ClusterAccess
 from components.render import ingress
@@ -61,7 +62,9 @@ def run(decided: Decisions | None = None) -> InferencePlatform:
     secrets = PlatformSecrets(huggingface_token=config.require_secret(token_key) if token_key else None)
     for warning in decided.warnings:
         pulumi.log.warn(warning)  # `pulumi preview` and `up` show what `inferstack plan` does
-    cluster = cluster_layer(profile)(spec, layout, pulumi.get_stack())
+    layer = cluster_layer(profile)
+    sdk_modules.thin("pulumi_aws", "pulumi_kubernetes")  # the SDKs imported by now load only what is used
+    cluster = layer(spec, layout, pulumi.get_stack())
     platform = InferencePlatform(decided, secrets, profile.cloud, cluster)
     pulumi.export("gateway_url", ingress.public_url(spec))
     pulumi.export("namespace", spec.cluster.namespace)

@@ -17,7 +17,6 @@ import asyncio
 import base64
 import hashlib
 import json
-import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from pulumi.runtime.settings import ROOT, SETTINGS
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from components.base.names import camel_to
 from components.clouds.aws import iam
 from components.core.decisions import Decisions
 from components.core.redaction import REDACTED
@@ -107,7 +107,6 @@ _NAME_PROPERTY: dict[str, str] = {  # the physical name, where not "name"
     "aws:s3/bucket:Bucket": "bucket",
     "aws:elasticache/replicationGroup:ReplicationGroup": "replicationGroupId",
 }
-_KEBAB = re.compile(r"(?<!^)(?=[A-Z])")
 
 
 def mock_arn(type_: str, name: str, region: str, account_id: str = MOCK_ACCOUNT_ID) -> str:
@@ -124,7 +123,7 @@ def mock_arn(type_: str, name: str, region: str, account_id: str = MOCK_ACCOUNT_
     if shape is not None:
         return shape.format(**fields)
     where = "" if service in _GLOBAL_SERVICES else region
-    return f"arn:{fields['partition']}:{service}:{where}:{account_id}:{_KEBAB.sub('-', kind).lower()}/{name}"
+    return f"arn:{fields['partition']}:{service}:{where}:{account_id}:{camel_to('-', kind)}/{name}"
 
 
 def _hex(*parts: str) -> str:

@@ -77,3 +77,21 @@ def test_the_probe_sees_what_plan_loads(tmp_path: Path) -> None:
     modules = loaded_by(["plan", "-s", "local"], tmp_path)
     assert {"pulumi", "pulumi_kubernetes", "components.spec", "components.deploy.program"} <= modules
     assert "pulumi_aws" not in modules
+
+
+def test_plan_loads_only_the_sdk_modules_its_resources_need(tmp_path: Path) -> None:
+    """A generated SDK's service package imports all of its resource modules; the program looks each name up in
+    the module that holds it instead (components.deploy.sdk_modules): the prod plan builds VPCs and namespaces
+    without the ~200 other EC2 resources or core/v1's other kinds."""
+    modules = loaded_by(["plan", "-s", "prod"], tmp_path)
+    assert {
+        "pulumi_aws.ec2.vpc",
+        "pulumi_aws.eks.node_group",
+        "pulumi_kubernetes.core.v1.Namespace",
+    } <= modules
+    unused = {
+        "pulumi_aws.ec2.transit_gateway",
+        "pulumi_aws.s3.bucket_object",
+        "pulumi_kubernetes.core.v1.Binding",
+    }
+    assert not unused & modules
