@@ -139,8 +139,13 @@ PREFILL_SUFFIX = "-prefill"
 
 class PrefillRoleSpec(_Spec):
     """The prefill role of a disaggregated model: engines that compute prompts and hand their KV cache to the
-    model's own engines, which decode. It runs in the model's pool, on the model's instance type."""
+    model's own engines, which decode. It runs in the model's pool unless ``pool`` names another."""
 
+    pool: DnsLabel | None = None
+    """The GPU pool its engines run on (a pool of the stack, e.g. one of a cheaper or compute-heavier instance
+    type); None: the model's pool. Sizing, cost and node placement follow it. Across pools the KV crosses the
+    network between them: in prod the policy asks for a fast path (both pools with EFA, one zone, an RDMA
+    transport; ``components.core.disaggregation``)."""
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     """Its replicas, and when the autoscaler adds or removes them."""
     engine: dict[str, Any] = Field(default_factory=dict)
@@ -448,6 +453,34 @@ class ModelSpec(_Spec):
             )
         return self
 
+    @property
+    def prefill_pool(self) -> str | None:
+        """The pool of a disaggregated model's prefill role when it names its own (None: the model's; then the
+        model's placement holds both roles)."""
+        pd = self.disaggregation
+        return pd.prefill.pool if pd is not None else None
+
+    def pd_roles(self) -> tuple[ModelSpec, ModelSpec]:
+        """A disaggregated model's serving units: the decode role (the model itself, under its name) and the
+        prefill role ('<model>-prefill': its own replicas, scaling, engine and pool where it names one, serving the
+        model's name; prefix-affine routing, as it is the prefill that reuses a cached prefix)."""
+        pd = self.disaggregation
+        assert pd is not None
+        name = f"{self.name}{PREFILL_SUFFIX}"
+        decode = self.model_copy()
+        decode._pd_role, decode._prefill_unit = "decode", name
+        prefill = self.model_copy(
+            update={
+                "name": name,
+                "engine": self.prefill_engine(),
+                "scaling": pd.prefill.scaling,
+                "routing": RoutingSpec(strategy="prefix_aware"),
+                "pool": pd.prefill.pool or self.pool,
+            }
+        )
+        prefill._served_as, prefill._pd_role = self.name, "prefill"
+        return decode, prefill
+
     def prefill_engine(self) -> EngineSpec:
         """The engine of a disaggregated model's prefill role: the model's, with the role's overrides."""
         pd = self.disaggregation
@@ -475,10 +508,12 @@ class ModelSpec(_Spec):
 
     def unit_replicas(self, bound: str) -> int:
         """``scaling.min_replicas`` or ``max_replicas`` of all the model's serving units together: one per version,
-        or the decode and the prefill role (what pool sizes and cost count)."""
+        or the decode and the prefill role where both share the model's pool (what pool sizes and cost count; a
+        prefill role in a pool of its own is placed, sized and billed as its own unit: ``placement.members``)."""
         own = int(getattr(self.scaling, bound))
-        if self.disaggregation is not None and self._pd_role is None:  # the model, not one of its role units
-            return own + int(getattr(self.disaggregation.prefill.scaling, bound))
+        pd = self.disaggregation
+        if pd is not None and self._pd_role is None and pd.prefill.pool is None:  # the model, both roles
+            return own + int(getattr(pd.prefill.scaling, bound))
         return own * self.serving_units
 
     def _weights_rules(self) -> ModelSpec:
