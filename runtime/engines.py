@@ -218,13 +218,18 @@ class KvTransfer:
     side_channel_port: int
     """The default side-channel port (an engine's data-parallel rank is added to it)."""
     lease_s: int
-    """How long a prefill engine holds finished blocks for a decode that has not pulled them (heartbeats renew it)."""
+    """The connector's default lease: how long a prefill engine holds finished blocks for a decode that has not
+    pulled them (the decode engine's heartbeats renew it while it waits). inferstack renders its own
+    (``runtime.config.PrefillStage.lease_for``)."""
     buffer_device: Mapping[str, str]
     """Spec ``engine.device`` -> ``kv_buffer_device`` (vLLM-CPU: the KV cache is already in host memory)."""
     since_version: str
 
-    def config(self, role: str, device: str, backends: tuple[str, ...] = ("UCX",)) -> dict[str, object]:
-        """The ``--kv-transfer-config`` value of a ``prefill`` or ``decode`` engine on ``device``."""
+    def config(
+        self, role: str, device: str, backends: tuple[str, ...] = ("UCX",), lease_s: int | None = None
+    ) -> dict[str, object]:
+        """The ``--kv-transfer-config`` value of a ``prefill`` or ``decode`` engine on ``device``, holding a
+        prefill's blocks for ``lease_s`` (None: the connector's default)."""
         if role not in ("prefill", "decode"):
             raise ValueError(f"role {role!r}: prefill or decode")
         return {
@@ -232,7 +237,10 @@ class KvTransfer:
             "kv_role": self.producer_role if role == "prefill" else self.consumer_role,
             "kv_buffer_device": self.buffer_device[device],
             "kv_load_failure_policy": self.failure_policy,
-            "kv_connector_extra_config": {"backends": list(backends), "kv_lease_duration": self.lease_s},
+            "kv_connector_extra_config": {
+                "backends": list(backends),
+                "kv_lease_duration": self.lease_s if lease_s is None else lease_s,
+            },
         }
 
     def env(self, host: str, port: int) -> dict[str, str]:

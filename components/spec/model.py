@@ -34,6 +34,7 @@ from components.spec.versions import (
 )
 from runtime.config import (
     BuiltinScorerName,
+    PrefillStage,
     RouterSettings,
     StrategyName,
     Task,
@@ -480,6 +481,22 @@ class ModelSpec(_Spec):
         )
         prefill._served_as, prefill._pd_role = self.name, "prefill"
         return decode, prefill
+
+    def prefill_stage(self) -> PrefillStage:
+        """The router's bounds on a disaggregated model's prefills (``runtime.config.PrefillStage``) and the KV lease
+        both roles' engines are rendered with, which outlasts them (``PrefillStage.lease_for``): one value, read
+        by the router's config and the engines' connector config alike."""
+        pd = self.disaggregation
+        assert pd is not None
+        stage = PrefillStage(
+            target=f"{self.served_name}{PREFILL_SUFFIX}",
+            timeout_ms=pd.prefill_timeout_ms,
+            attempts=pd.prefill_attempts,
+            transfer_timeout_ms=pd.transfer_timeout_ms,
+        )
+        return stage.model_copy(
+            update={"kv_lease_s": stage.lease_for(RouterSettings().first_byte_timeout_ms)}
+        )
 
     def prefill_engine(self) -> EngineSpec:
         """The engine of a disaggregated model's prefill role: the model's, with the role's overrides."""

@@ -71,7 +71,8 @@ def test_each_role_runs_the_nixl_connector_for_its_role_and_decode_engines_repor
         "kv_role": "kv_producer",
         "kv_buffer_device": "cpu",
         "kv_load_failure_policy": "fail",
-        "kv_connector_extra_config": {"backends": ["UCX"], "kv_lease_duration": 30},
+        # the lease outlasts the router's longest wait: 30 s prefill + 120 s first byte + 10 s
+        "kv_connector_extra_config": {"backends": ["UCX"], "kv_lease_duration": 160},
     }
     assert _kv_config(vllm(decode).args)["kv_role"] == "kv_consumer"
     assert model_env(decode)["UCX_TLS"] == "tcp"  # CPU: auto is TCP
@@ -392,3 +393,21 @@ def test_the_plan_table_counts_the_prefill_roles_replicas_and_gpus() -> None:
         stack = Stack("pd", "pd", decided, {}, PROFILES[decided.spec.target])
         (row,) = [r for r in report.plan_report(stack).rows if r[0] == "llama-3-8b"]
         assert row[2] == instance and row[4] == "0-2 + 1-3 prefill" and row[5] == gpus
+
+
+def test_the_kv_lease_outlasts_every_wait_of_the_router_and_is_one_number_for_router_and_engines() -> None:
+    from runtime.config import RouterSettings
+
+    decided = validate(_dev(prefill_timeout_ms=5_000, transfer_timeout_ms=15_000), "pd")
+    served = decided.served_spec
+    stage = runtime_config.runtime_config(served).models[0].prefill
+    assert stage is not None and stage.kv_lease_s is not None
+    first_byte_s = RouterSettings().first_byte_timeout_ms / 1000
+    # counted from the prefill's sending: the prefill, then the longest wait for the decode's answer head
+    assert stage.kv_lease_s >= (stage.timeout_ms / 1000) + max(first_byte_s, stage.transfer_timeout_ms / 1000)
+    assert stage.kv_lease_s == 5 + 120 + 10
+    for name in ("llama-3-8b", "llama-3-8b-prefill"):
+        manifests = engine.render(served, decided.units[name])
+        container = next(m for m in manifests if m["kind"] == "Deployment")["spec"]["template"]["spec"]
+        args = container["containers"][0]["args"]
+        assert _kv_config(args)["kv_connector_extra_config"]["kv_lease_duration"] == stage.kv_lease_s
