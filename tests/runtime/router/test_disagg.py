@@ -432,3 +432,36 @@ def test_a_non_streamed_decode_never_answers_from_kv_whose_lease_ran_out(engines
     assert _count(r, "inferstack_router_pd_fallbacks_total", reason="kv_lease") == 1
     state = r.call(lambda: r.router.fleet.models["m-prefill"].by_url[p.url].breaker.state)
     assert state is Circuit.CLOSED  # a long answer is not the prefill replica's failure
+
+
+def test_a_batch_runs_through_both_phases_and_every_line_is_answered_once(engines, lt, tmp_path) -> None:
+    """The Batch API through P/D: the batch service (a process) sends each line to the router, which prefills it
+    on the prefill replica and decodes it with the KV, as any client request."""
+    from tests.runtime.batch_service.harness import BatchStack, chat_line, jsonl, results, run_batch, wait_for
+
+    (p,) = engines(Prefill)
+    (d,) = engines(Decode)
+    pd = pd_cfg([p.url], [d.url])
+    stack = BatchStack(
+        lt, tmp_path, [d], router_extra={"models": pd["models"], "routes": pd["router"]["routes"]}
+    )
+    try:
+        stack.start()
+        client = stack.client()
+        ids = [f"line-{i}" for i in range(6)]
+        done = wait_for(client, run_batch(client, jsonl(chat_line(i) for i in ids)), {"completed", "failed"})
+        assert done.status == "completed" and done.request_counts.completed == 6, done
+        out, err = results(client, done)
+        assert err == [] and [line["custom_id"] for line in out] == ids
+        assert all(line["response"]["body"]["choices"][0]["message"]["content"] == "ok" for line in out)
+        assert len(p.requests) == 6 and all(q["body"]["max_tokens"] == 1 for q in p.requests)
+        decoded = _kv_requests(d)
+        assert len(decoded) == 6 and {q["body"]["max_tokens"] for q in decoded} == {2}
+        assert {q["body"]["kv_transfer_params"]["remote_request_id"] for q in decoded} == {
+            f"r{i}" for i in range(1, 7)
+        }
+        assert all(q["headers"].get("x-inferstack-priority") == "low" for q in decoded)
+        assert isinstance(stack.router, RouterUnderTest)
+        assert _count(stack.router, "inferstack_router_pd_requests_total", outcome="disaggregated") == 6
+    finally:
+        stack.stop()
