@@ -465,3 +465,27 @@ def test_a_batch_runs_through_both_phases_and_every_line_is_answered_once(engine
         assert _count(stack.router, "inferstack_router_pd_requests_total", outcome="disaggregated") == 6
     finally:
         stack.stop()
+
+
+def test_the_pd_bench_reads_why_requests_were_not_disaggregated_from_the_routers_counter() -> None:
+    from prometheus_client import generate_latest
+
+    from bench.pd.run import fallback_reasons, report, why_not
+    from runtime.router.metrics import RouterMetrics
+
+    metrics = RouterMetrics()
+    for model, reason in (("m", "prefill_timeout"), ("m", "prefill_timeout"), ("n", "transfer_failed")):
+        metrics.pd_fallback(model, reason)
+    reasons = fallback_reasons(generate_latest(metrics.registry).decode())
+    assert reasons == {"prefill_timeout": 2.0, "transfer_failed": 1.0}
+    pd = {
+        "requests": 48, "errors": 0, "ttft_p50_ms": 1, "ttft_p95_ms": 1, "itl_p50_ms": 1, "itl_p95_ms": 1,
+        "tokens_per_s": 1, "disaggregated": 45.0, "fallbacks_by_reason": reasons,
+    }  # fmt: skip
+    text = report({"machine": {}, "args": {"requests": 48, "concurrency": 4, "prompt_words": 300, "max_tokens": 32},
+                   "modes": {"pd": pd}})  # fmt: skip
+    assert (
+        "45 of 48 requests disaggregated; decode-only fallbacks by reason: prefill_timeout 2, transfer_failed 1"
+        in text
+    )
+    assert why_not({}) == "the fallbacks' reasons were not recorded"
