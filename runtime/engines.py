@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
+from typing import Any
 
 from runtime.config import EngineKind
 
@@ -242,6 +243,37 @@ class KvTransfer:
                 "kv_lease_duration": self.lease_s if lease_s is None else lease_s,
             },
         }
+
+    def role_of(self, config: Mapping[str, Any]) -> str | None:
+        """ "prefill" or "decode": the role a ``--kv-transfer-config`` value gives its engine (None: neither)."""
+        role = config.get("kv_role")
+        return "prefill" if role == self.producer_role else "decode" if role == self.consumer_role else None
+
+    def config_problems(self, config: Mapping[str, Any], device: str) -> list[str]:
+        """What a ``--kv-transfer-config`` value gets wrong for the router's two-phase request (``config`` renders
+        none of these; the policy pack reads rendered engines with it): another connector, a role that is neither
+        producer nor consumer, a buffer on the wrong device."""
+        out = []
+        if config.get("kv_connector") != self.connector:
+            out.append(
+                f"kv_connector {config.get('kv_connector')!r}: inferstack pairs {self.connector} engines only"
+            )
+        if self.role_of(config) is None:
+            out.append(
+                f"kv_role {config.get('kv_role')!r}: a prefill engine is {self.producer_role}, a decode engine "
+                f"{self.consumer_role}"
+            )
+        want = self.buffer_device.get(device)
+        if want is not None and config.get("kv_buffer_device", want) != want:
+            out.append(f"kv_buffer_device {config.get('kv_buffer_device')!r} on {device}: use {want!r}")
+        return out
+
+    def lease_of(self, config: Mapping[str, Any]) -> int:
+        """The KV lease (seconds) a ``--kv-transfer-config`` value gives its engine (the connector's default when
+        it names none)."""
+        extra = config.get("kv_connector_extra_config")
+        lease = extra.get("kv_lease_duration") if isinstance(extra, Mapping) else None
+        return int(lease) if isinstance(lease, int | float) and not isinstance(lease, bool) else self.lease_s
 
     def env(self, host: str, port: int) -> dict[str, str]:
         """An engine's side channel: the address its peers reach it at (echoed in its ``kv_transfer_params``)."""

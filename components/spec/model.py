@@ -34,6 +34,7 @@ from components.spec.versions import (
 )
 from runtime.config import (
     BuiltinScorerName,
+    EngineKind,
     PrefillStage,
     RouterSettings,
     StrategyName,
@@ -136,6 +137,18 @@ _ROLE_SHAPE = frozenset(
 
 #: The suffix of the serving unit that runs a disaggregated model's prefill role ('<model>-prefill').
 PREFILL_SUFFIX = "-prefill"
+
+
+def kv_transfer_refusal(kind: EngineKind, device: Device, kv_cache_dtype: str) -> str | None:
+    """Why an engine of ``kind`` on ``device`` with KV cache ``kv_cache_dtype`` cannot hand its KV cache to another
+    (prefill/decode disaggregation); None: it can. One answer for the spec's rule and the policy pack's, which reads
+    the rendered engines (policies/inference/rules/disaggregation.py)."""
+    if not facts(kind).can.kv_transfer:
+        able = engines_that(lambda c: c.kv_transfer)
+        return f"{facts(kind).display_name} hands no KV cache to another engine here; use {able}"
+    if device is Device.CPU and kv_cache_dtype != "auto":  # vllm/platforms/cpu.py 0.32: NotImplementedError
+        return "vLLM-CPU moves no fp8 KV cache between engines; keep engine.kv_cache_dtype auto"
+    return None
 
 
 class PrefillRoleSpec(_Spec):
@@ -410,11 +423,9 @@ class ModelSpec(_Spec):
         if pd is None:
             return self
         kind, device = self.engine.kind, self.engine.device
-        if not facts(kind).can.kv_transfer:
-            able = engines_that(lambda c: c.kv_transfer)
-            raise ValueError(
-                f"disaggregation: {facts(kind).display_name} hands no KV cache to another engine here; use {able}"
-            )
+        refusal = kv_transfer_refusal(kind, device, self.engine.kv_cache_dtype.value)
+        if refusal is not None:
+            raise ValueError(f"disaggregation: {refusal}")
         if self.resolved_task() is not Task.GENERATE:
             raise ValueError("disaggregation: only generation models have a prefill to hand over")
         if self.versions:
@@ -423,10 +434,6 @@ class ModelSpec(_Spec):
             raise ValueError("disaggregation: engines on a GPU share are not served disaggregated (yet)")
         if (self.engine.nodes or 1) > 1:
             raise ValueError("disaggregation: a replica that spans nodes is not served disaggregated (yet)")
-        if device is Device.CPU and self.engine.kv_cache_dtype.value != "auto":
-            raise ValueError(  # vllm/platforms/cpu.py 0.32: NotImplementedError with KV transfer
-                "disaggregation: vLLM-CPU moves no fp8 KV cache between engines; keep engine.kv_cache_dtype auto"
-            )
         if pd.transport is Transport.LIBFABRIC and device is Device.CPU:
             raise ValueError(
                 "disaggregation.transport: libfabric is for EFA on GPU pools; on CPU use tcp or auto"
