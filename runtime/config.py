@@ -225,6 +225,31 @@ class PrefillStage(_Strict):
             " byte when its answer is whole: router.first_byte_timeout_ms bounds it."
         ),
     )
+    kv_lease_s: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "How long the prefill engines hold a prefill's KV blocks for its decode (NixlConnector"
+            " `kv_lease_duration`; rendered from `lease_for`, which outlasts every wait below). The router never"
+            " lets a decode carrying the KV answer after the lease, counted from the prefill's sending: past it the"
+            " blocks may have been freed and reused, and the decode would read someone else's KV. None: the"
+            " connector's default (vLLM's 30 s)."
+        ),
+    )
+
+    def lease_for(self, first_byte_timeout_ms: int) -> int:
+        """The KV lease (whole seconds) that outlasts the longest the router may wait for a decode carrying the
+        KV, counted from the prefill's sending: the prefill (``timeout_ms``), then the decode's answer head
+        (``first_byte_timeout_ms`` not streamed, ``transfer_timeout_ms`` streamed), plus ``KV_LEASE_MARGIN_S``
+        for what happens between them. The lease is only waited out for a decode that never pulls its KV (a
+        decode engine that died): a live one pulls the blocks, or releases them when its request is aborted."""
+        longest_ms = self.timeout_ms + max(first_byte_timeout_ms, self.transfer_timeout_ms)
+        return -(-longest_ms // 1000) + KV_LEASE_MARGIN_S
+
+
+KV_LEASE_MARGIN_S = 10
+"""Seconds a rendered KV lease outlasts the router's bounds by (``PrefillStage.lease_for``): the router's own
+steps between a prefill's answer and its decode's sending, and the engines' clocks."""
 
 
 class ModelTarget(_Strict):

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
+from typing import Any
 
 from runtime.config import EngineKind
 
@@ -218,13 +219,18 @@ class KvTransfer:
     side_channel_port: int
     """The default side-channel port (an engine's data-parallel rank is added to it)."""
     lease_s: int
-    """How long a prefill engine holds finished blocks for a decode that has not pulled them (heartbeats renew it)."""
+    """The connector's default lease: how long a prefill engine holds finished blocks for a decode that has not
+    pulled them (the decode engine's heartbeats renew it while it waits). inferstack renders its own
+    (``runtime.config.PrefillStage.lease_for``)."""
     buffer_device: Mapping[str, str]
     """Spec ``engine.device`` -> ``kv_buffer_device`` (vLLM-CPU: the KV cache is already in host memory)."""
     since_version: str
 
-    def config(self, role: str, device: str, backends: tuple[str, ...] = ("UCX",)) -> dict[str, object]:
-        """The ``--kv-transfer-config`` value of a ``prefill`` or ``decode`` engine on ``device``."""
+    def config(
+        self, role: str, device: str, backends: tuple[str, ...] = ("UCX",), lease_s: int | None = None
+    ) -> dict[str, object]:
+        """The ``--kv-transfer-config`` value of a ``prefill`` or ``decode`` engine on ``device``, holding a
+        prefill's blocks for ``lease_s`` (None: the connector's default)."""
         if role not in ("prefill", "decode"):
             raise ValueError(f"role {role!r}: prefill or decode")
         return {
@@ -232,8 +238,42 @@ class KvTransfer:
             "kv_role": self.producer_role if role == "prefill" else self.consumer_role,
             "kv_buffer_device": self.buffer_device[device],
             "kv_load_failure_policy": self.failure_policy,
-            "kv_connector_extra_config": {"backends": list(backends), "kv_lease_duration": self.lease_s},
+            "kv_connector_extra_config": {
+                "backends": list(backends),
+                "kv_lease_duration": self.lease_s if lease_s is None else lease_s,
+            },
         }
+
+    def role_of(self, config: Mapping[str, Any]) -> str | None:
+        """ "prefill" or "decode": the role a ``--kv-transfer-config`` value gives its engine (None: neither)."""
+        role = config.get("kv_role")
+        return "prefill" if role == self.producer_role else "decode" if role == self.consumer_role else None
+
+    def config_problems(self, config: Mapping[str, Any], device: str) -> list[str]:
+        """What a ``--kv-transfer-config`` value gets wrong for the router's two-phase request (``config`` renders
+        none of these; the policy pack reads rendered engines with it): another connector, a role that is neither
+        producer nor consumer, a buffer on the wrong device."""
+        out = []
+        if config.get("kv_connector") != self.connector:
+            out.append(
+                f"kv_connector {config.get('kv_connector')!r}: inferstack pairs {self.connector} engines only"
+            )
+        if self.role_of(config) is None:
+            out.append(
+                f"kv_role {config.get('kv_role')!r}: a prefill engine is {self.producer_role}, a decode engine "
+                f"{self.consumer_role}"
+            )
+        want = self.buffer_device.get(device)
+        if want is not None and config.get("kv_buffer_device", want) != want:
+            out.append(f"kv_buffer_device {config.get('kv_buffer_device')!r} on {device}: use {want!r}")
+        return out
+
+    def lease_of(self, config: Mapping[str, Any]) -> int:
+        """The KV lease (seconds) a ``--kv-transfer-config`` value gives its engine (the connector's default when
+        it names none)."""
+        extra = config.get("kv_connector_extra_config")
+        lease = extra.get("kv_lease_duration") if isinstance(extra, Mapping) else None
+        return int(lease) if isinstance(lease, int | float) and not isinstance(lease, bool) else self.lease_s
 
     def env(self, host: str, port: int) -> dict[str, str]:
         """An engine's side channel: the address its peers reach it at (echoed in its ``kv_transfer_params``)."""
@@ -242,8 +282,11 @@ class KvTransfer:
 
 # vLLM 0.32: config/kv_transfer.py (kv_role, kv_buffer_device, kv_load_failure_policy "recompute" | "fail",
 # default "fail"); envs.py (VLLM_NIXL_SIDE_CHANNEL_HOST default "localhost", VLLM_NIXL_SIDE_CHANNEL_PORT 5600);
-# nixl/base_scheduler.py (kv_lease_duration, default 30 s). Checked on vLLM-CPU 0.32 with nixl 1.5.1 (UCX over TCP)
-# by tests/integration/test_pd_nixl.py.
+# nixl/base_scheduler.py (kv_lease_duration, default 30 s; heartbeats every lease // 6 s extend it by 2/3 of it,
+# nixl/base_worker.py _handle_heartbeat). Checked on vLLM-CPU 0.32 with nixl 1.5.1 (UCX over TCP) by
+# tests/integration/test_pd_nixl.py. On CPU the worker pins its KV-transfer thread to the last core of each NUMA node
+# of the host's topology (nixl/base_worker.py, "reserve different cores for start_load_kv()"; vllm-project/vllm#32365):
+# no setting moves it, and a container cpuset without that core fails the engine's start (vllm-project/vllm#58033).
 VLLM_KV_TRANSFER = KvTransfer(
     flag="--kv-transfer-config",
     connector="NixlConnector",

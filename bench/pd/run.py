@@ -70,6 +70,29 @@ def counter(metrics_base: str, name: str, **labels: str) -> float:
     return total
 
 
+FALLBACKS = "inferstack_router_pd_fallbacks_total"
+
+
+def fallback_reasons(text: str) -> dict[str, float]:
+    """The router's decode-only fallbacks by reason (``inferstack_router_pd_fallbacks_total{reason}``, summed over
+    models) in a metrics page: why requests were not disaggregated."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(FALLBACKS + "{"):
+            continue
+        labels, value = line.rsplit(" ", 1)
+        reason = labels.split('reason="', 1)[1].split('"', 1)[0] if 'reason="' in labels else "?"
+        out[reason] = out.get(reason, 0.0) + float(value)
+    return out
+
+
+def reasons_since(metrics_base: str, before: dict[str, float]) -> dict[str, float]:
+    """Fallbacks by reason since ``before`` (a ``fallback_reasons`` reading), the reasons that grew only."""
+    now = fallback_reasons(_get(f"{metrics_base}/metrics").decode())
+    grown = {k: v - before.get(k, 0.0) for k, v in now.items()}
+    return {k: v for k, v in sorted(grown.items()) if v > 0}
+
+
 def engines(mode: str) -> list[EngineProcess]:
     """Two engines, core 0 and core 1: two replicas of the model, or its prefill and decode roles."""
     model = cpu_model_spec(MODEL, MODEL_DIR, max_model_len=MAX_MODEL_LEN)
@@ -300,6 +323,7 @@ def chaos(base: str, metrics: str, prefill: EngineProcess, args: argparse.Namesp
 
     for name, action in (("sigkill", kill_and_restart), ("sigstop", stop_and_continue)):
         fallbacks = counter(metrics, "inferstack_router_pd_fallbacks_total")
+        reasons = fallback_reasons(_get(f"{metrics}/metrics").decode())
         done = threading.Event()
 
         def act(action: Any = action, done: threading.Event = done) -> None:
@@ -320,6 +344,7 @@ def chaos(base: str, metrics: str, prefill: EngineProcess, args: argparse.Namesp
             "hung": len(hung),
             "slowest_s": round(max(r["latency_s"] for r in records), 1) if records else None,
             "fallbacks": counter(metrics, "inferstack_router_pd_fallbacks_total") - fallbacks,
+            "fallbacks_by_reason": reasons_since(metrics, reasons),
             "errors_seen": sorted({r["error"] for r in lost})[:5],
         }
     out["sigkill"]["restart_s"] = round(marks["ready"] - marks["killed"], 1)
@@ -339,12 +364,16 @@ def main() -> None:
     parser.add_argument("--chaos-s", type=float, default=30)
     parser.add_argument("--stop-s", type=float, default=10)
     parser.add_argument("--out", default=f"pd-{dt.date.today().isoformat()}")
+    parser.add_argument(
+        "--modes", default="aggregated,pd", help="which to run, comma-separated (a shorter run: --modes pd)"
+    )
+    parser.add_argument("--no-chaos", action="store_true", help="P/D's steady state only, no kill or freeze")
     args = parser.parse_args()
     LOGS.mkdir(parents=True, exist_ok=True)
     work = LOGS / "bench-pd"
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"machine": describe(), "args": vars(args), "modes": {}}
-    for mode in ("aggregated", "pd"):
+    for mode in [m for m in ("aggregated", "pd") if m in args.modes.split(",")]:
         eng = engines(mode)
         try:
             for e in eng:
@@ -357,13 +386,20 @@ def main() -> None:
                 asyncio.run(
                     play(base, argparse.Namespace(**{**vars(args), "requests": 4}), offset=-10)
                 )  # warm
+                warm = fallback_reasons(_get(f"{metrics}/metrics").decode())
+                disaggregated = counter(
+                    metrics, "inferstack_router_pd_requests_total", outcome="disaggregated"
+                )
                 records, wall = asyncio.run(play(base, args, offset=0))
                 results["modes"][mode] = summary(records, wall)
                 if mode == "pd":
-                    results["modes"][mode]["disaggregated"] = counter(
-                        metrics, "inferstack_router_pd_requests_total", outcome="disaggregated"
+                    results["modes"][mode]["disaggregated"] = (
+                        counter(metrics, "inferstack_router_pd_requests_total", outcome="disaggregated")
+                        - disaggregated
                     )
-                    results["chaos"] = chaos(base, metrics, eng[0], args)
+                    results["modes"][mode]["fallbacks_by_reason"] = reasons_since(metrics, warm)
+                    if not args.no_chaos:
+                        results["chaos"] = chaos(base, metrics, eng[0], args)
                 print(mode, json.dumps(results["modes"][mode]), flush=True)
         finally:
             for e in eng:
@@ -392,6 +428,12 @@ def report(results: dict[str, Any]) -> str:
             f"| {mode} | {r['requests']} | {r['errors']} | {r['ttft_p50_ms']} | {r['ttft_p95_ms']} | {r['itl_p50_ms']} | "
             f"{r['itl_p95_ms']} | {r['tokens_per_s']} |"
         )
+    pd = results["modes"].get("pd")
+    if pd is not None and "disaggregated" in pd:
+        lines += [
+            "",
+            f"P/D: {pd['disaggregated']:g} of {pd['requests']} requests disaggregated; {why_not(pd)}.",
+        ]
     chaos_result = results.get("chaos")
     if chaos_result:
         k, s = chaos_result["sigkill"], chaos_result["sigstop"]
@@ -405,8 +447,20 @@ def report(results: dict[str, Any]) -> str:
             f"{k['slowest_s']} | {k['fallbacks']:g} | {k['resumed_after_ready_s']} s after ready |",
             f"| SIGSTOP prefill {s['stopped_s']} s, SIGCONT | {s['requests']} | {s['lost']} | {s['hung']} | "
             f"{s['slowest_s']} | {s['fallbacks']:g} | {s['resumed_after_sigcont_s']} s after SIGCONT |",
+            "",
+            f"Fallbacks after the SIGKILL: {why_not(k)}; after the SIGSTOP: {why_not(s)}.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def why_not(run: dict[str, Any]) -> str:
+    """The fallbacks of a run by reason, as a sentence ("not recorded" for results written before they were)."""
+    reasons = run.get("fallbacks_by_reason")
+    if reasons is None:
+        return "the fallbacks' reasons were not recorded"
+    if not reasons:
+        return "no decode-only fallbacks"
+    return "decode-only fallbacks by reason: " + ", ".join(f"{k} {v:g}" for k, v in reasons.items())
 
 
 if __name__ == "__main__":

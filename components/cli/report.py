@@ -342,15 +342,26 @@ def plan_report(stack: Stack) -> PlanReport:
         instance = placement.instance.name if placement.instance else "cpu"
         headroom = f"{placement.fit.headroom_gib:.1f} GiB" if placement.fit else "-"
         per_m = f"${c.usd_per_million_tokens:.2f}" if c.usd_per_million_tokens else "-"
+        replicas = f"{model.scaling.min_replicas}-{model.scaling.max_replicas}" + (
+            f" x {model.serving_units} versions" if model.versions else ""
+        )
+        gpus = model.unit_replicas("max_replicas") * placement.gpu_fraction
+        pd = model.disaggregation
+        if pd is not None:  # both roles: the prefill's replicas on its own placement where it has one
+            own = layout.placements.get(model.pd_roles()[1].name) if model.prefill_pool is not None else None
+            prefill = pd.prefill.scaling
+            replicas += f" + {prefill.min_replicas}-{prefill.max_replicas} prefill"
+            if own is not None:
+                gpus += prefill.max_replicas * own.gpu_fraction
+                instance += f" + {own.instance.name if own.instance else 'cpu'} (prefill)"
         rows.append(
             (
                 model.name,
                 f"{e.kind.value} ({model.resolved_task().value})",
                 instance,
                 f"{e.tensor_parallel_size} x {e.pipeline_parallel_size}",
-                f"{model.scaling.min_replicas}-{model.scaling.max_replicas}"
-                + (f" x {model.serving_units} versions" if model.versions else ""),
-                f"{model.scaling.max_replicas * placement.gpu_fraction * model.serving_units:g}",
+                replicas,
+                f"{gpus:g}",
                 headroom,
                 cost.monthly(c.min_usd_month),
                 cost.monthly(c.max_usd_month),

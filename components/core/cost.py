@@ -106,32 +106,53 @@ def roofline_tokens_per_second(
     return steps_per_second * batch
 
 
+def _replica_month(layout: Layout, placement: Placement, prices: PriceList) -> tuple[float, float, float]:
+    """One replica's month on its placement: at its pool's capacity type, on demand, on spot."""
+    assert placement.instance is not None and placement.pool is not None
+    share = placement.gpu_fraction / placement.instance.gpus * catalog.HOURS_PER_MONTH
+    capacity = layout.pools[placement.pool].capacity_type
+    instance = placement.instance
+    return (
+        prices.hourly(instance, capacity) * share,
+        prices.hourly(instance, CapacityType.ON_DEMAND) * share,
+        prices.hourly(instance, CapacityType.SPOT) * share,
+    )
+
+
 def model_cost(spec: PlatformSpec, layout: Layout, name: str, prices: PriceList) -> ModelCost:
+    """A model's bill: its replicas (each version's, or both roles of a disaggregated model where they share its
+    pool) on its placement, plus a prefill role in a pool of its own on that pool's placement."""
     model = next(m for m in spec.models if m.name == name)
     placement = layout.placements[name]
     if placement.instance is None or placement.pool is None:
         return ModelCost(name, CapacityType.ON_DEMAND, 0.0, 0.0, 0.0, 0.0, 0.0, None, None)
     pool = layout.pools[placement.pool]
-    share = placement.gpu_fraction / placement.instance.gpus
-    hourly = prices.hourly
-    per_replica = hourly(placement.instance, pool.capacity_type) * share * catalog.HOURS_PER_MONTH
+    per_replica, on_demand, spot = _replica_month(layout, placement, prices)
     unshared = (
-        hourly(placement.instance, pool.capacity_type) * catalog.HOURS_PER_MONTH / placement.instance.gpus
+        prices.hourly(placement.instance, pool.capacity_type)
+        * catalog.HOURS_PER_MONTH
+        / placement.instance.gpus
         if placement.share is not None
         else per_replica
     )
-    on_demand = hourly(placement.instance, CapacityType.ON_DEMAND) * share * catalog.HOURS_PER_MONTH
-    spot = hourly(placement.instance, CapacityType.SPOT) * share * catalog.HOURS_PER_MONTH
+    low, high = model.unit_replicas("min_replicas"), model.unit_replicas("max_replicas")
+    extra_min = extra_max = extra_on_demand = extra_spot = 0.0
+    if model.prefill_pool is not None:  # the prefill role's own placement (``placement.members``)
+        prefill = model.pd_roles()[1]
+        own, own_on_demand, own_spot = _replica_month(layout, layout.placements[prefill.name], prices)
+        extra_min, extra_max = own * prefill.scaling.min_replicas, own * prefill.scaling.max_replicas
+        extra_on_demand = own_on_demand * prefill.scaling.max_replicas
+        extra_spot = own_spot * prefill.scaling.max_replicas
     tps = decode_tokens_per_second(placement)
     per_million = (per_replica / catalog.HOURS_PER_MONTH / 3600) / tps * 1e6 if tps else None
     return ModelCost(
         model=name,
         capacity=pool.capacity_type,
         usd_per_replica_month=per_replica,
-        min_usd_month=per_replica * model.unit_replicas("min_replicas"),
-        max_usd_month=per_replica * model.unit_replicas("max_replicas"),
-        on_demand_max_usd_month=on_demand * model.unit_replicas("max_replicas"),
-        spot_max_usd_month=spot * model.unit_replicas("max_replicas"),
+        min_usd_month=per_replica * low + extra_min,
+        max_usd_month=per_replica * high + extra_max,
+        on_demand_max_usd_month=on_demand * high + extra_on_demand,
+        spot_max_usd_month=spot * high + extra_spot,
         tokens_per_second_per_replica=tps,
         usd_per_million_tokens=per_million,
         unshared_usd_per_replica_month=unshared,

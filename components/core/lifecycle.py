@@ -25,6 +25,7 @@ from typing import Any
 
 from components.base import catalog, sizing
 from components.base.problems import Problem
+from components.core import disaggregation
 from components.core.placement import Layout, Placement, engine_shape
 from components.core.planned import Planned, PlanRule
 from components.core.weights import fetch, store
@@ -35,9 +36,7 @@ from components.spec import (
     PlatformSpec,
     PreparationKind,
     PreparationSpec,
-    RoutingSpec,
 )
-from components.spec.model import PREFILL_SUFFIX
 from runtime.config import version_target_name
 from runtime.engines import facts
 
@@ -140,25 +139,9 @@ def preparation(
 
 
 def pd_units(model: ModelSpec) -> list[ModelSpec]:
-    """A disaggregated model's serving units: the decode role (the model itself, under its name) and the prefill
-    role ('<model>-prefill': its own replicas, scaling and engine, serving the model's name; prefix-affine routing,
-    as it is the prefill that reuses a cached prefix). Both carry the model's adapters: the router loads one on
-    both engines of a request."""
-    name = f"{model.name}{PREFILL_SUFFIX}"
-    role = model.disaggregation
-    assert role is not None
-    decode = model.model_copy()
-    decode._pd_role, decode._prefill_unit = "decode", name
-    prefill = model.model_copy(
-        update={
-            "name": name,
-            "engine": model.prefill_engine(),
-            "scaling": role.prefill.scaling,
-            "routing": RoutingSpec(strategy="prefix_aware"),
-        }
-    )
-    prefill._served_as, prefill._pd_role = model.name, "prefill"
-    return [decode, prefill]
+    """A disaggregated model's serving units (``ModelSpec.pd_roles``): the decode role and the prefill role. Both
+    carry the model's adapters: the router loads one on both engines of a request."""
+    return list(model.pd_roles())
 
 
 def units(spec: PlatformSpec, model: ModelSpec, gpu: str | None = None) -> list[ModelSpec]:
@@ -217,6 +200,11 @@ def expand(spec: PlatformSpec, layout: Layout) -> tuple[PlatformSpec, Layout]:
         placed = layout.placements[m.name]
         for unit in units(spec, m, gpu_of(placed)):
             models.append(unit)
+            own = layout.placements.get(unit.name) if unit.name != m.name else None
+            if (
+                own is not None
+            ):  # a prefill role in a pool of its own: placed, and a member of that pool, already
+                continue
             # A unit is placed where its model is; its own engine decides its fetch path on that instance.
             placements[unit.name] = replace(
                 placed, model=unit.name, fetch=fetch.decide(unit, placed.instance)
@@ -319,16 +307,18 @@ def describe_pd(model: ModelSpec, layout: Layout) -> str:
     decode, prefill = pd_units(model)
     kv = facts(model.engine.kind).kv_transfer
     connector = kv.connector if kv is not None else "?"
-    placed = layout.placements.get(model.name)
-    where = f"pool {placed.pool}" if placed is not None and placed.pool else "the general nodes (CPU)"
+    pools = {u.name: disaggregation.role_pool(layout, model, u) for u in (decode, prefill)}
+    path = disaggregation.path(model, pools[prefill.name], pools[decode.name])
 
     def role(unit: ModelSpec) -> str:
-        s = unit.scaling
-        return f"{unit.name} ({s.min_replicas}-{s.max_replicas} replicas, {unit.routing.strategy} routing)"
+        s, pool = unit.scaling, pools[unit.name]
+        where = f", {pool.instance.name}" if pool is not None and not path.same_pool else ""
+        return f"{unit.name} ({s.min_replicas}-{s.max_replicas} replicas{where}, {unit.routing.strategy} routing)"
 
     return (
-        f"{model.name}: prefill/decode disaggregated in {where}: prefill {role(prefill)} hands each prompt's KV "
-        f"cache to decode {role(decode)} with {connector} over {model.transport().value}; the router gives a "
+        f"{model.name}: prefill/decode disaggregated {path.where}: prefill {role(prefill)} hands each prompt's KV "
+        f"cache to decode {role(decode)} with {connector} over {model.transport().value} ({path.describe()}); "
+        "the router gives a "
         f"prefill {pd.prefill_timeout_ms} ms on each of up to {pd.prefill_attempts} prefill replicas and a streamed "
         f"decode {pd.transfer_timeout_ms} ms to its first token, then the decode computes the prompt itself"
     )

@@ -199,6 +199,19 @@ def _model_path(spec: PlatformSpec, model: ModelSpec) -> str:
     return f"models[{spec.models.index(model)}]"
 
 
+def members(spec: PlatformSpec) -> list[tuple[ModelSpec, str]]:
+    """What placement places, each with its path in the stack file: every model, and the prefill role of a
+    disaggregated model that names a pool of its own ('<model>-prefill', ``ModelSpec.pd_roles``), placed, sized
+    and billed as a unit of its own in that pool. A prefill role in the model's pool is part of the model's
+    placement (``ModelSpec.unit_replicas`` counts it)."""
+    out: list[tuple[ModelSpec, str]] = []
+    for i, model in enumerate(spec.models):
+        out.append((model, f"models[{i}]"))
+        if model.prefill_pool is not None:
+            out.append((model.pd_roles()[1], f"models[{i}].disaggregation.prefill"))
+    return out
+
+
 def _check_on_instance(
     path: str, model: ModelSpec, arch: catalog.ModelArch, instance: catalog.InstanceType, table: Instances
 ) -> tuple[list[Problem], sizing.MemoryFit | None]:
@@ -368,11 +381,14 @@ def plan(
     if problems:
         return None, problems
 
+    placed = members(spec)
+    for model, _ in placed:  # a prefill role loads its model's weights
+        archs.setdefault(model.name, archs[model.served_name])
     instances, pool_reasons, found = _resolve_pool_instances(spec, archs, table)
     problems += found
     placements: dict[str, Placement] = {}
-    for model in spec.models:
-        placement, found = _place_model(spec, model, archs[model.name], instances, table)
+    for model, path in placed:
+        placement, found = _place_model(spec, model, path, archs[model.name], instances, table)
         problems += found
         if placement is not None:
             placements[model.name] = placement
@@ -468,6 +484,19 @@ def _pool_references(spec: PlatformSpec) -> list[Problem]:
     problems = []
     names = [p.name for p in spec.gpu_pools]
     for i, model in enumerate(spec.models):
+        prefill_pool = model.prefill_pool
+        if prefill_pool is not None and (
+            model.engine.device is Device.CPU or prefill_pool not in [*names, AUTO]
+        ):
+            known = ", ".join(names) if names else "none are declared"
+            problems.append(
+                Problem(
+                    f"models[{i}].disaggregation.prefill.pool",
+                    "CPU engines run on the general nodes; remove the prefill role's pool"
+                    if model.engine.device is Device.CPU
+                    else f"unknown pool {prefill_pool!r}; declared pools: {known} (or remove it: the model's pool)",
+                )
+            )
         if model.engine.device is Device.CPU:
             if model.pool != AUTO:
                 problems.append(
@@ -648,8 +677,8 @@ def _resolve_pool_instances(
             instances[pool.name] = table[pool.instance_type]
             reasons[pool.name] = "instance type set in the stack file"
             continue
-        members = [m for m in spec.models if m.pool == pool.name and m.engine.device is Device.GPU]
-        if not members:
+        on_pool = [m for m, _ in members(spec) if m.pool == pool.name and m.engine.device is Device.GPU]
+        if not on_pool:
             problems.append(
                 Problem(
                     f"gpu_pools[{i}].instance_type",
@@ -661,7 +690,7 @@ def _resolve_pool_instances(
         best: tuple[float, catalog.InstanceType] | None = None
         for instance in table.values():
             costs = []
-            for model in members:
+            for model in on_pool:
                 found, _ = _check_on_instance("", model, archs[model.name], instance, table)
                 if found:
                     break
@@ -675,14 +704,14 @@ def _resolve_pool_instances(
                 Problem(
                     f"gpu_pools[{i}].instance_type",
                     f"no single instance type fits every model on pool {pool.name!r} "
-                    f"({', '.join(m.name for m in members)}) with their parallel sizes; split them across pools "
+                    f"({', '.join(m.name for m in on_pool)}) with their parallel sizes; split them across pools "
                     "or raise tensor_parallel_size",
                 )
             )
             continue
         instances[pool.name] = best[1]
         reasons[pool.name] = (
-            f"auto: {best[1].name} is the cheapest type where {', '.join(m.name for m in members)} fit "
+            f"auto: {best[1].name} is the cheapest type where {', '.join(m.name for m in on_pool)} fit "
             f"({best[1].gpus} x {best[1].gpu}, ${best[1].on_demand_usd_per_hour:.2f}/h on demand)"
         )
     return instances, reasons, problems
@@ -691,11 +720,11 @@ def _resolve_pool_instances(
 def _place_model(
     spec: PlatformSpec,
     model: ModelSpec,
+    path: str,
     arch: catalog.ModelArch,
     instances: dict[str, catalog.InstanceType],
     table: Instances,
 ) -> tuple[Placement | None, list[Problem]]:
-    path = _model_path(spec, model)
     if model.engine.device is Device.CPU:
         way = fetch.decide(model, None)
         return Placement(model.name, arch, None, None, 0, None, way, "CPU engine on the general nodes"), []
@@ -758,24 +787,24 @@ def _pool_plans(
     problems: list[Problem] = []
     for i, pool in enumerate(spec.gpu_pools):
         instance = instances[pool.name]
-        members = [
-            m for m in spec.models if (p := placements.get(m.name)) is not None and p.pool == pool.name
+        on_pool = [
+            m for m, _ in members(spec) if (p := placements.get(m.name)) is not None and p.pool == pool.name
         ]
         packed: packing.Packing | None = None
         if pool.sharing is Mechanism.NONE:
-            gpus_min = sum(m.unit_replicas("min_replicas") * m.engine.gpus for m in members)
-            gpus_max = sum(m.unit_replicas("max_replicas") * m.engine.gpus for m in members)
+            gpus_min = sum(m.unit_replicas("min_replicas") * m.engine.gpus for m in on_pool)
+            gpus_max = sum(m.unit_replicas("max_replicas") * m.engine.gpus for m in on_pool)
             need_min = _nodes_for(gpus_min, instance.gpus)
         else:
-            packed = _packing(pool, members, placements, instance, "max_replicas")
+            packed = _packing(pool, on_pool, placements, instance, "max_replicas")
             gpus_max = packed.nodes * instance.gpus
-            need_min = _packing(pool, members, placements, instance, "min_replicas").nodes
+            need_min = _packing(pool, on_pool, placements, instance, "min_replicas").nodes
             if pool.sharing is Mechanism.MIG and packed.node_layout is None:
                 problems.append(
                     Problem(
                         f"gpu_pools[{i}].sharing",
                         f"a node group's nodes are cut into MIG instances alike, and one {instance.name} cannot hold "
-                        f"a replica of each of {', '.join(m.name for m in members)} ({instance.gpus} GPUs); split "
+                        f"a replica of each of {', '.join(m.name for m in on_pool)} ({instance.gpus} GPUs); split "
                         "them across pools or use smaller profiles",
                     )
                 )
@@ -787,7 +816,7 @@ def _pool_plans(
                 Problem(
                     f"gpu_pools[{i}].max_nodes",
                     f"{pool.max_nodes} nodes of {instance.name} cannot hold the max replicas of "
-                    f"{', '.join(m.name for m in members)} ({gpus_max} GPUs = {need_max} nodes); raise max_nodes to "
+                    f"{', '.join(m.name for m in on_pool)} ({gpus_max} GPUs = {need_max} nodes); raise max_nodes to "
                     f"{need_max} or lower the models' max_replicas",
                 )
             )
@@ -795,9 +824,9 @@ def _pool_plans(
             problems.append(
                 Problem(f"gpu_pools[{i}].min_nodes", f"min_nodes {min_nodes} is above max_nodes {max_nodes}")
             )
-        links, found = _group_links(spec, i, pool, instance, [placements[m.name] for m in members], table)
+        links, found = _group_links(spec, i, pool, instance, [placements[m.name] for m in on_pool], table)
         problems += found
-        cache_gib, medium, found = _node_cache(i, pool.model_cache_gib, instance, members, placements)
+        cache_gib, medium, found = _node_cache(i, pool.model_cache_gib, instance, on_pool, placements)
         problems += found
         # Weights on the root disk: the node cache where the instance has no NVMe (one copy per model, shared
         # by the node's replicas); streamed models and an NVMe cache need none.
@@ -813,7 +842,7 @@ def _pool_plans(
             max_nodes=max_nodes,
             root_disk_gib=disk,
             labels=dict(pool.labels),
-            models=tuple(m.name for m in members),
+            models=tuple(m.name for m in on_pool),
             reason=reasons[pool.name],
             packing=packed,
             **links,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from components.base.catalog import Instances
 from components.base.problems import Problem
-from components.core import capacity, cloud, endpoint, lifecycle, placement, startup
+from components.core import capacity, cloud, disaggregation, endpoint, lifecycle, placement, startup
 from components.core.cloud import Cloud
 from components.core.decisions import Decisions, decide
 from components.core.planned import Planned, PlanRule
@@ -32,6 +32,7 @@ RULES: tuple[PlanRule, ...] = (
     *startup.RULES,
     *capacity.RULES,
     *lifecycle.RULES,
+    *disaggregation.RULES,
 )
 
 

@@ -137,7 +137,10 @@ def kv_transfer_args(model: ModelSpec) -> tuple[list[str], dict[str, str]]:
     if role is None or kv is None:  # the spec refuses disaggregation on engines without ``kv_transfer``
         return [], {}
     transport = model.transport()
-    config = kv.config(role, model.engine.device.value, (_NIXL_BACKENDS[transport],))
+    # the lease outlasts the router's longest wait for a decode carrying the KV (``ModelSpec.prefill_stage``)
+    config = kv.config(
+        role, model.engine.device.value, (_NIXL_BACKENDS[transport],), model.prefill_stage().kv_lease_s
+    )
     env = {"UCX_TLS": "tcp"} if transport is Transport.TCP else {}
     return [kv.flag, json.dumps(config, separators=(",", ":"))], env
 

@@ -115,15 +115,9 @@ def model_target(
 
 def _prefill_stage(model: ModelSpec) -> PrefillStage | None:
     """The decode unit of a disaggregated model: where its prefills go, and the router's bounds on them."""
-    pd = model.disaggregation
-    if model.prefill_unit is None or pd is None:
+    if model.prefill_unit is None or model.disaggregation is None:
         return None
-    return PrefillStage(
-        target=model.prefill_unit,
-        timeout_ms=pd.prefill_timeout_ms,
-        attempts=pd.prefill_attempts,
-        transfer_timeout_ms=pd.transfer_timeout_ms,
-    )
+    return model.prefill_stage()
 
 
 def _route(spec: PlatformSpec, model: ModelSpec) -> ModelRoute:

@@ -104,6 +104,7 @@ from components.spec.model import (
     Transport,
     WeightsFetch,
     WeightsSpec,
+    kv_transfer_refusal,
 )
 from components.spec.platform import (
     RULES_LATER,
@@ -230,5 +231,6 @@ __all__ = [
     "is_local_path",
     "is_pinned_revision",
     "is_pinned_source",
+    "kv_transfer_refusal",
     "spec_json_schema",
 ]

@@ -34,6 +34,8 @@ from components.spec.versions import (
 )
 from runtime.config import (
     BuiltinScorerName,
+    EngineKind,
+    PrefillStage,
     RouterSettings,
     StrategyName,
     Task,
@@ -137,10 +139,27 @@ _ROLE_SHAPE = frozenset(
 PREFILL_SUFFIX = "-prefill"
 
 
+def kv_transfer_refusal(kind: EngineKind, device: Device, kv_cache_dtype: str) -> str | None:
+    """Why an engine of ``kind`` on ``device`` with KV cache ``kv_cache_dtype`` cannot hand its KV cache to another
+    (prefill/decode disaggregation); None: it can. One answer for the spec's rule and the policy pack's, which reads
+    the rendered engines (policies/inference/rules/disaggregation.py)."""
+    if not facts(kind).can.kv_transfer:
+        able = engines_that(lambda c: c.kv_transfer)
+        return f"{facts(kind).display_name} hands no KV cache to another engine here; use {able}"
+    if device is Device.CPU and kv_cache_dtype != "auto":  # vllm/platforms/cpu.py 0.32: NotImplementedError
+        return "vLLM-CPU moves no fp8 KV cache between engines; keep engine.kv_cache_dtype auto"
+    return None
+
+
 class PrefillRoleSpec(_Spec):
     """The prefill role of a disaggregated model: engines that compute prompts and hand their KV cache to the
-    model's own engines, which decode. It runs in the model's pool, on the model's instance type."""
+    model's own engines, which decode. It runs in the model's pool unless ``pool`` names another."""
 
+    pool: DnsLabel | None = None
+    """The GPU pool its engines run on (a pool of the stack, e.g. one of a cheaper or compute-heavier instance
+    type); None: the model's pool. Sizing, cost and node placement follow it. Across pools the KV crosses the
+    network between them: in prod the policy asks for a fast path (both pools with EFA, one zone, an RDMA
+    transport; ``components.core.disaggregation``)."""
     scaling: ScalingSpec = Field(default_factory=ScalingSpec)
     """Its replicas, and when the autoscaler adds or removes them."""
     engine: dict[str, Any] = Field(default_factory=dict)
@@ -404,11 +423,9 @@ class ModelSpec(_Spec):
         if pd is None:
             return self
         kind, device = self.engine.kind, self.engine.device
-        if not facts(kind).can.kv_transfer:
-            able = engines_that(lambda c: c.kv_transfer)
-            raise ValueError(
-                f"disaggregation: {facts(kind).display_name} hands no KV cache to another engine here; use {able}"
-            )
+        refusal = kv_transfer_refusal(kind, device, self.engine.kv_cache_dtype.value)
+        if refusal is not None:
+            raise ValueError(f"disaggregation: {refusal}")
         if self.resolved_task() is not Task.GENERATE:
             raise ValueError("disaggregation: only generation models have a prefill to hand over")
         if self.versions:
@@ -417,10 +434,6 @@ class ModelSpec(_Spec):
             raise ValueError("disaggregation: engines on a GPU share are not served disaggregated (yet)")
         if (self.engine.nodes or 1) > 1:
             raise ValueError("disaggregation: a replica that spans nodes is not served disaggregated (yet)")
-        if device is Device.CPU and self.engine.kv_cache_dtype.value != "auto":
-            raise ValueError(  # vllm/platforms/cpu.py 0.32: NotImplementedError with KV transfer
-                "disaggregation: vLLM-CPU moves no fp8 KV cache between engines; keep engine.kv_cache_dtype auto"
-            )
         if pd.transport is Transport.LIBFABRIC and device is Device.CPU:
             raise ValueError(
                 "disaggregation.transport: libfabric is for EFA on GPU pools; on CPU use tcp or auto"
@@ -447,6 +460,50 @@ class ModelSpec(_Spec):
                 f"model's name may have at most {MAX_MODEL_NAME - len(PREFILL_SUFFIX)}"
             )
         return self
+
+    @property
+    def prefill_pool(self) -> str | None:
+        """The pool of a disaggregated model's prefill role when it names its own (None: the model's; then the
+        model's placement holds both roles)."""
+        pd = self.disaggregation
+        return pd.prefill.pool if pd is not None else None
+
+    def pd_roles(self) -> tuple[ModelSpec, ModelSpec]:
+        """A disaggregated model's serving units: the decode role (the model itself, under its name) and the
+        prefill role ('<model>-prefill': its own replicas, scaling, engine and pool where it names one, serving the
+        model's name; prefix-affine routing, as it is the prefill that reuses a cached prefix)."""
+        pd = self.disaggregation
+        assert pd is not None
+        name = f"{self.name}{PREFILL_SUFFIX}"
+        decode = self.model_copy()
+        decode._pd_role, decode._prefill_unit = "decode", name
+        prefill = self.model_copy(
+            update={
+                "name": name,
+                "engine": self.prefill_engine(),
+                "scaling": pd.prefill.scaling,
+                "routing": RoutingSpec(strategy="prefix_aware"),
+                "pool": pd.prefill.pool or self.pool,
+            }
+        )
+        prefill._served_as, prefill._pd_role = self.name, "prefill"
+        return decode, prefill
+
+    def prefill_stage(self) -> PrefillStage:
+        """The router's bounds on a disaggregated model's prefills (``runtime.config.PrefillStage``) and the KV lease
+        both roles' engines are rendered with, which outlasts them (``PrefillStage.lease_for``): one value, read
+        by the router's config and the engines' connector config alike."""
+        pd = self.disaggregation
+        assert pd is not None
+        stage = PrefillStage(
+            target=f"{self.served_name}{PREFILL_SUFFIX}",
+            timeout_ms=pd.prefill_timeout_ms,
+            attempts=pd.prefill_attempts,
+            transfer_timeout_ms=pd.transfer_timeout_ms,
+        )
+        return stage.model_copy(
+            update={"kv_lease_s": stage.lease_for(RouterSettings().first_byte_timeout_ms)}
+        )
 
     def prefill_engine(self) -> EngineSpec:
         """The engine of a disaggregated model's prefill role: the model's, with the role's overrides."""
@@ -475,10 +532,12 @@ class ModelSpec(_Spec):
 
     def unit_replicas(self, bound: str) -> int:
         """``scaling.min_replicas`` or ``max_replicas`` of all the model's serving units together: one per version,
-        or the decode and the prefill role (what pool sizes and cost count)."""
+        or the decode and the prefill role where both share the model's pool (what pool sizes and cost count; a
+        prefill role in a pool of its own is placed, sized and billed as its own unit: ``placement.members``)."""
         own = int(getattr(self.scaling, bound))
-        if self.disaggregation is not None and self._pd_role is None:  # the model, not one of its role units
-            return own + int(getattr(self.disaggregation.prefill.scaling, bound))
+        pd = self.disaggregation
+        if pd is not None and self._pd_role is None and pd.prefill.pool is None:  # the model, both roles
+            return own + int(getattr(pd.prefill.scaling, bound))
         return own * self.serving_units
 
     def _weights_rules(self) -> ModelSpec:

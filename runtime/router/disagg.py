@@ -29,7 +29,14 @@ plain requests too), never in a lost or hung request:
   that hangs: NIXL has no deadline of its own on a posted read; a SIGSTOPped prefill engine held one for as long as
   it was stopped): cancelled, and sent again without the KV. A non-streamed decode has its first byte only with its
   whole answer, so no deadline tells a stalled transfer from a long answer: it is given up once its prefill replica
-  turns unhealthy while it waits (``proxy.Forwarder._head``), else ``router.first_byte_timeout_ms`` bounds it.
+  turns unhealthy while it waits (``proxy.Forwarder._head``), else ``router.first_byte_timeout_ms`` bounds it;
+- and no decode carrying the KV may answer after the KV's lease (``lease_s``, counted from the prefill's sending,
+  before the engine's own count starts): past it the prefill engine may have freed the blocks and given them to
+  another request, and a decode still reading them would answer from someone else's KV (vLLM logs "Potentially
+  invalid KV blocks ... may have expired" on the prefill side). Its answer head is due by ``Pairing.kv_expires``;
+  past it the decode is sent again without the KV (reason ``kv_lease``, the prefill replica not charged). The
+  rendered lease outlasts every bound above (``runtime.config.PrefillStage.lease_for``), so in a rendered stack this
+  cuts nothing the other bounds would not; it holds the line where a lease is shorter than the router's waits.
 
 Each failure the prefill replica is to blame for opens its circuit (``runtime.breaker``) like a failed request
 does, so a prefill replica whose transfers fail stops being paired even while its pod is Ready and its
@@ -50,6 +57,7 @@ from typing import Any
 
 import orjson
 
+from runtime.engines import facts
 from runtime.router.adapters import LoadFailure
 from runtime.router.metrics import RouterMetrics
 from runtime.router.model_state import ModelState
@@ -71,6 +79,16 @@ _NOT_FOR_PREFILL = ("stream_options", "min_tokens", "min_completion_tokens", "lo
 # How a P/D request was served (``inferstack_router_pd_requests_total{outcome}``).
 DISAGGREGATED = "disaggregated"  # the decode used the prefill's KV
 DECODE_ONLY = "decode_only"  # a fallback: the decode computed the prompt itself
+
+
+def lease_s(decode: ModelState) -> int:
+    """How long a disaggregated model's prefill engines hold a prefill's KV (seconds): as rendered
+    (``PrefillStage.kv_lease_s``), else the connector's default."""
+    stage = decode.target.prefill
+    if stage is not None and stage.kv_lease_s is not None:
+        return stage.kv_lease_s
+    kv = facts(decode.target.engine).kv_transfer
+    return kv.lease_s if kv is not None else 0
 
 
 def unsplittable(payload: dict[str, Any]) -> str | None:
@@ -158,6 +176,7 @@ class Pairing:
     prefill_replica: Replica | None = None  # while the decode carries this replica's KV
     unjudged: Replica | None = None  # the prefill replica whose circuit waits for the decode's verdict
     transfer_deadline: float = 0.0  # a streamed decode's first token is due by then (monotonic)
+    kv_expires: float = 0.0  # the prefill engine may free the KV from then on: the decode's answer is due
 
 
 AdapterReady = Callable[[ModelState, Replica, str | None], Awaitable[LoadFailure | None]]
@@ -203,12 +222,16 @@ class TwoPhase:
                 reason, detail = "prefill_adapter", failure.message
                 continue
             stage.strategy.on_routed(replica, ctx)
+            sent = time.monotonic()  # the engine's lease starts later, when it has computed the prefill
             params, reason, detail = await self._send(
                 stage, replica, path, pairing.tail_of(body), settings.timeout_ms
             )
             if params is not None:
                 pairing.prefill_replica = pairing.unjudged = replica
-                pairing.transfer_deadline = time.monotonic() + settings.transfer_timeout_ms / 1000
+                pairing.kv_expires = sent + lease_s(decode)
+                pairing.transfer_deadline = min(
+                    time.monotonic() + settings.transfer_timeout_ms / 1000, pairing.kv_expires
+                )
                 return decode_body(pairing.plain_body, params)
             if reason == "prefill_refused":
                 break
@@ -274,14 +297,18 @@ class TwoPhase:
         self, pairing: Pairing, decode: ModelState, status: int, message: str, rid: bytes
     ) -> tuple[bytes, bool]:
         """The decode that carried a prefill's KV failed before the client saw anything: (the body it is sent
-        again with, without the KV; True when the failure was the transfer's, not the decode replica's, which
-        may then take it again)."""
+        again with, without the KV; True when the failure was the transfer's or the lease's, not the decode
+        replica's, which may then take it again)."""
         replica = pairing.prefill_replica
         pairing.prefill_replica = None
         reason, blamed = decode_failure(status)
+        lease = reason == "transfer_timeout" and time.monotonic() >= pairing.kv_expires
+        if lease:  # the answer outlasted the KV's lease: no one's failure, the prefill replica not charged
+            reason, blamed = "kv_lease", False
+            message = f"{message}; the prefill's KV lease ran out before the decode answered"
         self.settle(pairing, False if blamed else None)
         detail = f"{message} (prefill replica {replica.url if replica else '?'})"
-        return self._decode_only(pairing, decode, reason, detail, rid), blamed
+        return self._decode_only(pairing, decode, reason, detail, rid), blamed or lease
 
     def served(self, pairing: Pairing, decode: ModelState) -> None:
         """The client got its answer (or the decode's own error): how the request was served. A decode that

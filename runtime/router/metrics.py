@@ -275,7 +275,7 @@ class RouterMetrics:
             "inferstack_router_pd_fallbacks",
             "Requests of disaggregated models whose decode computed the prompt itself, by reason"
             " (no_prefill_replica, prefill_error, prefill_timeout, prefill_refused, prefill_adapter,"
-            " transfer_failed, transfer_timeout, decode_error, unsplittable)",
+            " transfer_failed, transfer_timeout, kv_lease, decode_error, unsplittable)",
             ["model", "reason"],
             registry=r,
         )

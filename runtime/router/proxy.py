@@ -226,13 +226,14 @@ class Forwarder:
     async def _head(self, call: Call, ex: Exchange) -> None:
         """Wait for the answer's head. A non-streamed decode carrying a prefill's KV has its head only with its
         whole answer, so no deadline tells a stalled transfer (a frozen prefill engine holds a NIXL read
-        forever) from a long answer: it is given up as a timeout once its prefill replica is unhealthy."""
+        forever) from a long answer: it is given up as a timeout once its prefill replica is unhealthy, or once the
+        KV's lease ran out (``disagg``: the prefill engine may have freed the blocks)."""
         pd = call.pd
         partner = pd.prefill_replica if pd is not None and not call.stream else None
-        if partner is None:
+        if pd is None or partner is None:
             await ex.head(self._first_byte_s(call))
             return
-        deadline = time.monotonic() + self.first_byte_timeout_s
+        deadline = min(time.monotonic() + self.first_byte_timeout_s, pd.kv_expires)  # within the KV's lease
         while True:
             left = deadline - time.monotonic()
             try:

@@ -41,7 +41,7 @@ PD = {
 def _dev(**disaggregation: Any) -> dict[str, Any]:
     raw = yaml.safe_load((STACKS_DIR / "Pulumi.dev.yaml").read_text())["config"]["inferstack:platform"]
     raw = copy.deepcopy(raw)
-    raw["models"][0]["disaggregation"] = {**PD, **disaggregation}
+    raw["models"][0]["disaggregation"] = copy.deepcopy({**PD, **disaggregation})
     raw["gpu_pools"][0]["max_nodes"] = 6  # both roles: 2 + 3 replicas of llama-3-8b, 1 of qwen-7b-sglang
     return raw
 
@@ -71,7 +71,8 @@ def test_each_role_runs_the_nixl_connector_for_its_role_and_decode_engines_repor
         "kv_role": "kv_producer",
         "kv_buffer_device": "cpu",
         "kv_load_failure_policy": "fail",
-        "kv_connector_extra_config": {"backends": ["UCX"], "kv_lease_duration": 30},
+        # the lease outlasts the router's longest wait: 30 s prefill + 120 s first byte + 10 s
+        "kv_connector_extra_config": {"backends": ["UCX"], "kv_lease_duration": 160},
     }
     assert _kv_config(vllm(decode).args)["kv_role"] == "kv_consumer"
     assert model_env(decode)["UCX_TLS"] == "tcp"  # CPU: auto is TCP
@@ -289,3 +290,124 @@ def test_the_stack_refuses_disaggregation_without_the_router_or_with_hpa(
     raw["addons"] = {**raw.get("addons", {}), **addons}
     with pytest.raises(SpecError, match=message):
         validate(raw, "pd")
+
+
+def _two_pools(**pool: Any) -> dict[str, Any]:
+    """The dev stack with the prefill role in a pool of its own (on-demand L40S beside the model's spot L4s)."""
+    raw = _dev()
+    raw["gpu_pools"].append({"name": "prefill-l40s", "instance_type": "g6e.xlarge", **pool})
+    raw["models"][0]["disaggregation"]["prefill"]["pool"] = "prefill-l40s"
+    return raw
+
+
+def test_a_prefill_role_in_a_pool_of_its_own_is_placed_sized_billed_and_rendered_there() -> None:
+    decided = validate(_two_pools(), "pd")
+    layout = decided.layout
+    prefill = layout.placements["llama-3-8b-prefill"]
+    assert (prefill.pool, prefill.instance.name) == ("prefill-l40s", "g6e.xlarge")
+    # each pool holds its own role: 2 decode replicas + 1 of qwen on g6-spot; 3 prefill replicas on prefill-l40s
+    assert layout.pools["g6-spot"].max_nodes == 6  # as the stack file says
+    assert layout.pools["prefill-l40s"].max_nodes == 3
+    assert layout.pools["prefill-l40s"].models == ("llama-3-8b-prefill",)
+    assert "llama-3-8b-prefill" not in layout.pools["g6-spot"].models
+
+    bill = cost.model_cost(decided.spec, layout, "llama-3-8b", EC2_PRICES)
+    l4 = EC2_PRICES.hourly(layout.pools["g6-spot"].instance, layout.pools["g6-spot"].capacity_type)
+    l40s = EC2_PRICES.hourly(prefill.instance, layout.pools["prefill-l40s"].capacity_type)
+    hours = 730
+    assert bill.max_usd_month == pytest.approx((2 * l4 + 3 * l40s) * hours, rel=1e-3)
+    assert bill.min_usd_month == pytest.approx((0 * l4 + 1 * l40s) * hours, rel=1e-3)
+
+    served = decided.served_spec
+    for unit, pool in (("llama-3-8b", "g6-spot"), ("llama-3-8b-prefill", "prefill-l40s")):
+        manifests = engine.render(served, decided.units[unit])
+        deployment = next(m for m in manifests if m["kind"] == "Deployment")
+        assert deployment["spec"]["template"]["spec"]["nodeSelector"]["inferstack.io/pool"] == pool
+
+    (line,) = [line for line in lifecycle.describe(decided.spec, layout, ()) if "disaggregated" in line]
+    assert "across pools prefill-l40s (prefill) and g6-spot (decode)" in line
+    assert "llama-3-8b-prefill (1-3 replicas, g6e.xlarge" in line
+    assert "no fast path between the pools" in line
+
+
+def test_a_prefill_pool_must_be_a_pool_of_the_stack() -> None:
+    raw = _dev()
+    raw["models"][0]["disaggregation"]["prefill"]["pool"] = "nowhere"
+    with pytest.raises(SpecError, match=r"disaggregation.prefill.pool: unknown pool 'nowhere'"):
+        validate(raw, "pd")
+
+
+def _prod_two_pools(efa: bool, placement_group: bool, transport: str = "auto") -> dict[str, Any]:
+    raw = _dev(transport=transport)
+    raw["environment"] = "prod"
+    raw["gpu_pools"] = [
+        {"name": "decode", "instance_type": "p5.48xlarge", "efa": efa, "placement_group": placement_group},
+        {"name": "prefill", "instance_type": "p5.48xlarge", "efa": efa, "placement_group": placement_group},
+    ]
+    raw["models"] = raw["models"][:1]
+    raw["models"][0]["pool"] = "decode"
+    raw["models"][0]["disaggregation"]["prefill"]["pool"] = "prefill"
+    return raw
+
+
+@pytest.mark.parametrize(
+    ("efa", "placement_group", "transport", "missing"),
+    [
+        (False, True, "auto", "without EFA on pool prefill and decode"),
+        (True, False, "auto", "without both pools in one zone"),
+        (True, True, "tcp", "without an RDMA transport"),
+    ],
+)
+def test_in_prod_roles_in_two_pools_need_a_fast_path(
+    efa: bool, placement_group: bool, transport: str, missing: str
+) -> None:
+    with pytest.raises(SpecError, match=rf"disaggregation.prefill.pool: in prod, .*{missing}"):
+        validate(_prod_two_pools(efa, placement_group, transport), "pd")
+
+
+def test_in_prod_two_pools_with_efa_in_one_zone_are_a_fast_path_and_other_environments_are_told() -> None:
+    decided = validate(_prod_two_pools(efa=True, placement_group=True), "pd")
+    (line,) = [
+        line for line in lifecycle.describe(decided.spec, decided.layout, ()) if "disaggregated" in line
+    ]
+    assert "fast path: EFA on both pools, one zone" in line
+    raw = _prod_two_pools(efa=False, placement_group=False)
+    raw["environment"] = "staging"
+    decided = validate(raw, "pd")  # outside prod, the plan says so and lets it be
+    (line,) = [
+        line for line in lifecycle.describe(decided.spec, decided.layout, ()) if "disaggregated" in line
+    ]
+    assert "no fast path between the pools" in line
+
+
+def test_the_plan_table_counts_the_prefill_roles_replicas_and_gpus() -> None:
+    from components.cli import report
+    from components.clouds.targets import PROFILES
+    from components.core.stackfile import Stack
+
+    for raw, instance, gpus in (
+        (_dev(), "g6.2xlarge", "5"),  # both roles in g6-spot: 2 decode + 3 prefill replicas of 1 GPU
+        (_two_pools(), "g6.2xlarge + g6e.xlarge (prefill)", "5"),
+    ):
+        decided = validate(raw, "pd")
+        stack = Stack("pd", "pd", decided, {}, PROFILES[decided.spec.target])
+        (row,) = [r for r in report.plan_report(stack).rows if r[0] == "llama-3-8b"]
+        assert row[2] == instance and row[4] == "0-2 + 1-3 prefill" and row[5] == gpus
+
+
+def test_the_kv_lease_outlasts_every_wait_of_the_router_and_is_one_number_for_router_and_engines() -> None:
+    from runtime.config import RouterSettings
+
+    decided = validate(_dev(prefill_timeout_ms=5_000, transfer_timeout_ms=15_000), "pd")
+    served = decided.served_spec
+    stage = runtime_config.runtime_config(served).models[0].prefill
+    assert stage is not None and stage.kv_lease_s is not None
+    first_byte_s = RouterSettings().first_byte_timeout_ms / 1000
+    # counted from the prefill's sending: the prefill, then the longest wait for the decode's answer head
+    assert stage.kv_lease_s >= (stage.timeout_ms / 1000) + max(first_byte_s, stage.transfer_timeout_ms / 1000)
+    assert stage.kv_lease_s == 5 + 120 + 10
+    for name in ("llama-3-8b", "llama-3-8b-prefill"):
+        manifests = engine.render(served, decided.units[name])
+        container = next(m for m in manifests if m["kind"] == "Deployment")["spec"]["template"]["spec"]
+        args = container["containers"][0]["args"]
+        assert _kv_config(args)["kv_connector_extra_config"]["kv_lease_duration"] == stage.kv_lease_s

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from policies.inference.rules import RULES, Res
-from tests.policies.helpers import COMMITTED, aws, container, crossguard, drop, k8s, mutate, rendered
+from tests.policies.helpers import BROKEN, COMMITTED, aws, container, crossguard, drop, k8s, mutate, rendered
 
 ENGINE_70B = k8s("Deployment", "llama-3-70b-engine")
 ENGINE_8B = k8s("Deployment", "llama-3-8b-engine")
@@ -150,6 +150,8 @@ class Case:
     broken: Callable[[list[Res]], list[Res]]
     expect: tuple[str, ...]
     config: dict[str, Any] | None = None
+    stacks_dir: Path = Path("stacks")
+    """Where ``stack`` is: the committed stacks, or tests/policies/stacks (``helpers.BROKEN``)."""
 
 
 def m(
@@ -859,9 +861,97 @@ CASES = [
 ]
 
 
+PD_DECODE = k8s("Deployment", "llama-3-8b-engine")
+PD_PREFILL = k8s("Deployment", "llama-3-8b-prefill-engine")
+
+
+def kv_config(change: Callable[[dict[str, Any]], object]) -> Callable[[dict[str, Any]], None]:
+    """An engine's ``--kv-transfer-config`` through ``change``."""
+
+    def apply(props: dict[str, Any]) -> None:
+        args = container(props, "engine")["args"]
+        at = args.index("--kv-transfer-config") + 1
+        config = json.loads(args[at])
+        change(config)
+        args[at] = json.dumps(config)
+
+    return apply
+
+
+def _sglang_prefill(props: dict[str, Any]) -> None:
+    _as_sglang(props)
+    container(props, "engine")["args"] += ["--disaggregation-mode", "prefill"]
+
+
+CASES += [
+    # prefill/decode disaggregation (tests/policies/stacks/Pulumi.pd.yaml: prod, the prefill role in its own pool)
+    Case(
+        "pd-on-sglang",
+        "pd-engines-can-transfer-kv",
+        "pd",
+        m(PD_PREFILL, _sglang_prefill),
+        ("asks for prefill/decode disaggregation, but SGLang", "hands no KV cache to another engine here"),
+        stacks_dir=BROKEN,
+    ),
+    Case(
+        "pd-other-connector",
+        "pd-engines-can-transfer-kv",
+        "pd",
+        m(PD_DECODE, kv_config(lambda c: c.__setitem__("kv_connector", "LMCacheConnectorV1"))),
+        ("kv_connector 'LMCacheConnectorV1': inferstack pairs NixlConnector engines only",),
+        stacks_dir=BROKEN,
+    ),
+    Case(
+        "pd-two-pools-without-efa-in-prod",
+        "pd-cross-pool-fast-path",
+        "pd",
+        m(
+            aws("ec2/launchTemplate:LaunchTemplate", "inferstack-prod-prefill"),
+            lambda p: p.pop("networkInterfaces"),
+        ),
+        (
+            "the prefill role runs in pool prefill and the decode role in pool decode, without EFA on pool prefill",
+        ),
+        stacks_dir=BROKEN,
+    ),
+    Case(
+        "pd-decode-recomputes-quietly",
+        "pd-roles-check-each-other",
+        "pd",
+        m(PD_DECODE, kv_config(lambda c: c.__setitem__("kv_load_failure_policy", "recompute"))),
+        ("kv_load_failure_policy 'recompute'", "keeps pairing with it"),
+        stacks_dir=BROKEN,
+    ),
+    Case(
+        "pd-lease-shorter-than-the-routers-wait",
+        "pd-roles-check-each-other",
+        "pd",
+        m(
+            PD_PREFILL,
+            kv_config(lambda c: c["kv_connector_extra_config"].__setitem__("kv_lease_duration", 30)),
+        ),
+        (
+            "kv_lease_duration 30 s is shorter than the router's longest wait for a decode carrying its KV (150 s",
+        ),
+        stacks_dir=BROKEN,
+    ),
+    Case(
+        "pd-without-the-routers-pairing",
+        "pd-roles-check-each-other",
+        "pd",
+        m(
+            k8s("ConfigMap", "inferstack-runtime-config"),
+            runtime_config(lambda doc: doc["models"][0].pop("prefill")),
+        ),
+        ("no router pairs it with 'llama-3-8b''s prefill engines",),
+        stacks_dir=BROKEN,
+    ),
+]
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_rule_fails_on_broken_resource(case: Case) -> None:
-    resources = rendered(case.stack)
+    resources = rendered(case.stack, case.stacks_dir)
     assert crossguard(case.rule, resources, case.config) == [], "the unbroken stack must pass"
     messages = crossguard(case.rule, case.broken(resources), case.config)
     assert messages, "the broken resource must fail"

@@ -69,7 +69,7 @@ GROUP_GPUS = Rule(
 )
 
 
-def _launch_template(resources: Sequence[Res], pool: NodePool) -> Res | None:
+def launch_template(resources: Sequence[Res], pool: NodePool) -> Res | None:
     """A node group's launch template: the stack names both after the node group."""
     if pool.res is None:
         return None
@@ -84,7 +84,7 @@ def _links(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
         if env not in set(config["environments"]):
             continue
         pool = gpu_pool_of(e, pools)
-        template = _launch_template(resources, pool) if pool is not None else None
+        template = launch_template(resources, pool) if pool is not None else None
         missing = []
         interfaces = [as_map(i) for i in as_list(template.props.get("networkInterfaces"))] if template else []
         if not any(str(i.get("interfaceType")).startswith("efa") for i in interfaces):

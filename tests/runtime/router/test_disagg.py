@@ -86,17 +86,41 @@ class Prefill(Engine):
 
 
 @dataclass
+class LeasingPrefill(Prefill):
+    """A prefill engine that holds each prefill's KV blocks for ``lease_s`` from its answer, then frees them for
+    other requests (NixlConnector's ``kv_lease_duration``; no decode heartbeats renew it here)."""
+
+    lease_s: float = 1.0
+    expires: dict[str, float] = field(default_factory=dict)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        answer = await super().generate(request)
+        self.expires[f"r{len(self.requests)}"] = time.monotonic() + self.lease_s
+        return answer
+
+
+@dataclass
 class Decode(Engine):
     """A decode engine (kv_consumer, ``kv_load_failure_policy: fail``): ``kv_mode`` says what it does with a
-    request that carries a prefill's KV (ok | fail | hang); one without is answered as ``mode`` says."""
+    request that carries a prefill's KV (ok | fail | hang | late: reads the blocks ``late_s`` after it got the
+    request, from ``source``, and answers from whatever they hold by then); one without is answered as ``mode``
+    says."""
 
     kv_mode: str = "ok"
+    late_s: float = 0.0
+    source: LeasingPrefill | None = None
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = json.loads(await request.read())
         if "kv_transfer_params" not in body or self.kv_mode == "ok":
             return await super().generate(request)
         self.requests.append({"path": request.path, "body": body})
+        if self.kv_mode == "late":
+            await asyncio.sleep(self.late_s)
+            assert self.source is not None
+            freed = time.monotonic() >= self.source.expires[body["kv_transfer_params"]["remote_request_id"]]
+            text = "from blocks another request reused" if freed else "ok"
+            return web.json_response({"choices": [{"index": 0, "text": text, "finish_reason": "stop"}]})
         if self.kv_mode == "hang":
             await asyncio.sleep(3600)
         if not body.get("stream"):  # vLLM's GenerationError: an HTTP 500
@@ -391,3 +415,77 @@ def test_a_lora_request_loads_its_adapter_on_both_the_prefill_and_the_decode_rep
     assert p.loaded == ["sql"] and d.loaded == ["sql"]
     assert p.requests[0]["body"]["model"] == "sql" and d.requests[0]["body"]["model"] == "sql"
     assert d.requests[0]["body"]["kv_transfer_params"]["remote_engine_id"] == "engine-p"
+
+
+def test_a_non_streamed_decode_never_answers_from_kv_whose_lease_ran_out(engines, pd_router) -> None:
+    """vLLM's prefill engine frees a prefill's blocks when its lease runs out, and a decode that reads them later
+    reads whatever another request wrote there ("Potentially invalid KV blocks ... may have expired"): a
+    non-streamed decode's answer is due before the lease, else it is sent again without the KV."""
+    (p,) = engines(LeasingPrefill, lease_s=1.0)
+    (d,) = engines(Decode, kv_mode="late", late_s=2.0, source=p)
+    r = pd_router(pd_cfg([p.url], [d.url], kv_lease_s=1))
+    started = time.monotonic()
+    status, _, body = r.request("POST", "/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 3})
+    assert status == 200 and b"reused" not in body
+    assert time.monotonic() - started < 5
+    assert "kv_transfer_params" not in d.requests[-1]["body"]
+    assert _count(r, "inferstack_router_pd_fallbacks_total", reason="kv_lease") == 1
+    state = r.call(lambda: r.router.fleet.models["m-prefill"].by_url[p.url].breaker.state)
+    assert state is Circuit.CLOSED  # a long answer is not the prefill replica's failure
+
+
+def test_a_batch_runs_through_both_phases_and_every_line_is_answered_once(engines, lt, tmp_path) -> None:
+    """The Batch API through P/D: the batch service (a process) sends each line to the router, which prefills it
+    on the prefill replica and decodes it with the KV, as any client request."""
+    from tests.runtime.batch_service.harness import BatchStack, chat_line, jsonl, results, run_batch, wait_for
+
+    (p,) = engines(Prefill)
+    (d,) = engines(Decode)
+    pd = pd_cfg([p.url], [d.url])
+    stack = BatchStack(
+        lt, tmp_path, [d], router_extra={"models": pd["models"], "routes": pd["router"]["routes"]}
+    )
+    try:
+        stack.start()
+        client = stack.client()
+        ids = [f"line-{i}" for i in range(6)]
+        done = wait_for(client, run_batch(client, jsonl(chat_line(i) for i in ids)), {"completed", "failed"})
+        assert done.status == "completed" and done.request_counts.completed == 6, done
+        out, err = results(client, done)
+        assert err == [] and [line["custom_id"] for line in out] == ids
+        assert all(line["response"]["body"]["choices"][0]["message"]["content"] == "ok" for line in out)
+        assert len(p.requests) == 6 and all(q["body"]["max_tokens"] == 1 for q in p.requests)
+        decoded = _kv_requests(d)
+        assert len(decoded) == 6 and {q["body"]["max_tokens"] for q in decoded} == {2}
+        assert {q["body"]["kv_transfer_params"]["remote_request_id"] for q in decoded} == {
+            f"r{i}" for i in range(1, 7)
+        }
+        assert all(q["headers"].get("x-inferstack-priority") == "low" for q in decoded)
+        assert isinstance(stack.router, RouterUnderTest)
+        assert _count(stack.router, "inferstack_router_pd_requests_total", outcome="disaggregated") == 6
+    finally:
+        stack.stop()
+
+
+def test_the_pd_bench_reads_why_requests_were_not_disaggregated_from_the_routers_counter() -> None:
+    from prometheus_client import generate_latest
+
+    from bench.pd.run import fallback_reasons, report, why_not
+    from runtime.router.metrics import RouterMetrics
+
+    metrics = RouterMetrics()
+    for model, reason in (("m", "prefill_timeout"), ("m", "prefill_timeout"), ("n", "transfer_failed")):
+        metrics.pd_fallback(model, reason)
+    reasons = fallback_reasons(generate_latest(metrics.registry).decode())
+    assert reasons == {"prefill_timeout": 2.0, "transfer_failed": 1.0}
+    pd = {
+        "requests": 48, "errors": 0, "ttft_p50_ms": 1, "ttft_p95_ms": 1, "itl_p50_ms": 1, "itl_p95_ms": 1,
+        "tokens_per_s": 1, "disaggregated": 45.0, "fallbacks_by_reason": reasons,
+    }  # fmt: skip
+    text = report({"machine": {}, "args": {"requests": 48, "concurrency": 4, "prompt_words": 300, "max_tokens": 32},
+                   "modes": {"pd": pd}})  # fmt: skip
+    assert (
+        "45 of 48 requests disaggregated; decode-only fallbacks by reason: prefill_timeout 2, transfer_failed 1"
+        in text
+    )
+    assert why_not({}) == "the fallbacks' reasons were not recorded"
