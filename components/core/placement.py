@@ -384,7 +384,7 @@ def plan(
     placed = members(spec)
     for model, _ in placed:  # a prefill role loads its model's weights
         archs.setdefault(model.name, archs[model.served_name])
-    instances, pool_reasons, found = _resolve_pool_instances(spec, archs, table)
+    instances, pool_reasons, found = _resolve_pool_instances(spec, placed, archs, table)
     problems += found
     placements: dict[str, Placement] = {}
     for model, path in placed:
@@ -395,7 +395,7 @@ def plan(
     if problems:
         return None, problems
 
-    pools, found = _pool_plans(spec, placements, instances, pool_reasons, table)
+    pools, found = _pool_plans(spec, placed, placements, instances, pool_reasons, table)
     return Layout(placements=placements, pools=pools), found
 
 
@@ -666,7 +666,10 @@ def _known_types(table: Instances) -> str:
 
 
 def _resolve_pool_instances(
-    spec: PlatformSpec, archs: dict[str, catalog.ModelArch], table: Instances
+    spec: PlatformSpec,
+    placed: list[tuple[ModelSpec, str]],
+    archs: dict[str, catalog.ModelArch],
+    table: Instances,
 ) -> tuple[dict[str, catalog.InstanceType], dict[str, str], list[Problem]]:
     """Pools with instance_type auto take the cheapest type that fits every model that names them."""
     instances: dict[str, catalog.InstanceType] = {}
@@ -677,7 +680,7 @@ def _resolve_pool_instances(
             instances[pool.name] = table[pool.instance_type]
             reasons[pool.name] = "instance type set in the stack file"
             continue
-        on_pool = [m for m, _ in members(spec) if m.pool == pool.name and m.engine.device is Device.GPU]
+        on_pool = [m for m, _ in placed if m.pool == pool.name and m.engine.device is Device.GPU]
         if not on_pool:
             problems.append(
                 Problem(
@@ -778,6 +781,7 @@ def _place_model(
 
 def _pool_plans(
     spec: PlatformSpec,
+    placed: list[tuple[ModelSpec, str]],
     placements: dict[str, Placement],
     instances: dict[str, catalog.InstanceType],
     reasons: dict[str, str],
@@ -787,9 +791,7 @@ def _pool_plans(
     problems: list[Problem] = []
     for i, pool in enumerate(spec.gpu_pools):
         instance = instances[pool.name]
-        on_pool = [
-            m for m, _ in members(spec) if (p := placements.get(m.name)) is not None and p.pool == pool.name
-        ]
+        on_pool = [m for m, _ in placed if (p := placements.get(m.name)) is not None and p.pool == pool.name]
         packed: packing.Packing | None = None
         if pool.sharing is Mechanism.NONE:
             gpus_min = sum(m.unit_replicas("min_replicas") * m.engine.gpus for m in on_pool)

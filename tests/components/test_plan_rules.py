@@ -16,14 +16,24 @@ from components.cli.main import app
 from components.clouds.aws.cloud import EKS
 from components.clouds.own_cluster import OWN_CLUSTER
 from components.clouds.targets import PROFILES
-from components.core import capacity, cloud, endpoint, lifecycle, placement, plan_rules, stackfile, startup
+from components.core import (
+    capacity,
+    cloud,
+    disaggregation,
+    endpoint,
+    lifecycle,
+    placement,
+    plan_rules,
+    stackfile,
+    startup,
+)
 from components.core.planned import Planned
 from components.core.weights import store
 from components.deploy import program, synthesis
 from components.spec import PlatformSpec
 from tests.components.helpers import minimal, on_own_cluster, write_stack
 
-RULE_MODULES = (placement, store, cloud, endpoint, startup, capacity, lifecycle)
+RULE_MODULES = (placement, store, cloud, endpoint, startup, capacity, lifecycle, disaggregation)
 
 
 def test_every_function_that_reads_a_planned_spec_is_a_registered_rule_once() -> None:
