@@ -1,0 +1,301 @@
+"""OpenTelemetry traces for the runtime services: one tracer provider per service, built from ``tracing`` in
+the runtime config, and the few calls the services' code makes to describe a request.
+
+Off (no ``tracing`` in the config) nothing of OpenTelemetry is imported: there is no provider, no exporter
+thread and no export traffic, and every call below costs one context-variable read. On, the provider samples
+parent-based with the configured ratio (a request that arrives with a W3C ``traceparent`` keeps its caller's
+decision; a new trace is kept with probability ``sample_ratio``), batches finished spans and exports them over
+OTLP/gRPC with the SDK's own exporter.
+
+How a service uses it: :meth:`Tracing.request` opens the one span of a request (its parent taken from the
+request's ``traceparent``) and makes it current for the task; :func:`note` sets attributes on the current
+request span, :func:`phase` opens a child span for one phase (a queue wait, an upstream attempt), and
+:func:`inject` writes the current span's ``traceparent`` into the headers sent upstream, so the engine's own
+spans (vLLM's ``--otlp-traces-endpoint``) join the same trace.
+
+What never goes on a span: API keys, headers, and (unless ``capture_prompts``) the prompt or messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Span, Tracer
+
+    from runtime.config import TracingSettings
+
+log = logging.getLogger("inferstack.tracing")
+
+TRACEPARENT = b"traceparent"
+TRACESTATE = b"tracestate"
+#: How much of a prompt a span carries when prompt capture is on.
+PROMPT_CAPTURE_BYTES = 4096
+
+# Attribute names: OpenTelemetry's GenAI semantic conventions where one fits, ``inferstack.*`` otherwise.
+MODEL = "gen_ai.request.model"
+INPUT_TOKENS = "gen_ai.usage.input_tokens"
+OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+PROMPT = "gen_ai.prompt"
+REQUEST_ID = "inferstack.request_id"
+KIND = "inferstack.api"
+VERSION = "inferstack.model_version"
+ADAPTER = "inferstack.adapter"
+TENANT = "inferstack.tenant"
+PRIORITY = "inferstack.priority"
+STRATEGY = "inferstack.strategy"
+REPLICA = "inferstack.replica"
+QUEUE_WAIT_MS = "inferstack.queue_wait_ms"
+RETRIES = "inferstack.retries"
+MIGRATIONS = "inferstack.migrations"
+TTFT_MS = "inferstack.ttft_ms"
+ATTEMPT = "inferstack.attempt"
+STATUS = "http.response.status_code"
+ERROR = "inferstack.error"
+
+# The current request's span and the tracer that made it; None: tracing is off here, or no request is open.
+_CURRENT: ContextVar[tuple[Tracer, Span] | None] = ContextVar("inferstack_span", default=None)
+_OFF: contextlib.nullcontext[None] = contextlib.nullcontext(None)
+
+Attribute = str | bool | int | float
+
+
+class Tracing:
+    """One service's tracing: on with a provider and an exporter, or off with neither."""
+
+    def __init__(
+        self,
+        settings: TracingSettings | None,
+        service: str,
+        *,
+        exporter: SpanExporter | None = None,
+        resource: Mapping[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.service = service
+        self.provider: TracerProvider | None = None
+        self._tracer: Tracer | None = None
+        if settings is not None:
+            self.provider = _provider(settings, service, exporter, resource or {})
+            self._tracer = self.provider.get_tracer("inferstack")
+
+    @property
+    def on(self) -> bool:
+        return self._tracer is not None
+
+    @property
+    def capture_prompts(self) -> bool:
+        return self.settings is not None and self.settings.capture_prompts
+
+    def request(
+        self, name: str, headers: Mapping[bytes, bytes], attributes: Mapping[str, Attribute] | None = None
+    ) -> contextlib.AbstractContextManager[Span | None]:
+        """The span of one request received (a server span), child of the caller's ``traceparent`` when it sent
+        one, current for the task until the block ends. Off: a shared no-op."""
+        if self._tracer is None:
+            return _OFF
+        return _request(self._tracer, name, headers, attributes or {}, server=True)
+
+    def outgoing(
+        self, name: str, attributes: Mapping[str, Attribute] | None = None
+    ) -> contextlib.AbstractContextManager[Span | None]:
+        """The span of one request this service makes on its own (a batch line, an engine batch): the root of
+        its trace, or a child of the request being served; current for the task until the block ends."""
+        if self._tracer is None:
+            return _OFF
+        return _request(self._tracer, name, {}, attributes or {}, server=False)
+
+    def shutdown(self) -> None:
+        """Export what is buffered and stop the exporter thread."""
+        if self.provider is not None:
+            self.provider.shutdown()
+
+
+def _provider(
+    settings: TracingSettings, service: str, exporter: SpanExporter | None, resource: Mapping[str, str]
+) -> TracerProvider:
+    """The SDK's provider: parent-based ratio sampling, a batching processor, the OTLP/gRPC exporter (or the
+    one given, for tests and benchmarks). Imported here, only when tracing is on."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
+    from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
+    from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased  # noqa: PLC0415
+
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service, "service.namespace": "inferstack", **resource}),
+        sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)),
+    )
+    if exporter is None:
+        exporter = OTLPSpanExporter(
+            endpoint=settings.endpoint,
+            insecure=settings.endpoint.startswith("http://"),
+            timeout=settings.export_timeout_ms / 1000,
+        )
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+@contextlib.contextmanager
+def _request(
+    tracer: Tracer,
+    name: str,
+    headers: Mapping[bytes, bytes],
+    attributes: Mapping[str, Attribute],
+    *,
+    server: bool,
+) -> Iterator[Span]:
+    from opentelemetry import trace  # noqa: PLC0415 - loaded once tracing is on
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator  # noqa: PLC0415
+
+    current = _CURRENT.get()
+    parent: Context | None
+    if server:
+        carrier = {
+            k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items() if k in _CONTEXT_HEADERS
+        }
+        parent = TraceContextTextMapPropagator().extract(carrier)
+    else:
+        parent = trace.set_span_in_context(current[1]) if current is not None else None
+    kind = trace.SpanKind.SERVER if server else trace.SpanKind.CLIENT
+    with tracer.start_as_current_span(name, context=parent, kind=kind, attributes=attributes) as span:
+        token = _CURRENT.set((tracer, span))
+        try:
+            yield span
+        finally:
+            _CURRENT.reset(token)
+
+
+_CONTEXT_HEADERS = frozenset((TRACEPARENT, TRACESTATE))
+
+
+def current() -> Span | None:
+    """The request span open in this task, if tracing is on and one is."""
+    held = _CURRENT.get()
+    return held[1] if held is not None else None
+
+
+def note(attributes: Mapping[str, Attribute | None]) -> None:
+    """Set attributes on the current request span (None values are skipped); nothing when off or unsampled."""
+    held = _CURRENT.get()
+    if held is None or not held[1].is_recording():
+        return
+    held[1].set_attributes({k: v for k, v in attributes.items() if v is not None})
+
+
+def add(name: str, amount: int = 1) -> None:
+    """Add to a count attribute of the current request span (retries, migrations)."""
+    held = _CURRENT.get()
+    if held is None or not held[1].is_recording():
+        return
+    span = held[1]
+    was = getattr(span, "attributes", None) or {}
+    span.set_attribute(name, int(was.get(name, 0)) + amount)
+
+
+def event(name: str, attributes: Mapping[str, Attribute] | None = None) -> None:
+    """An event on the current request span (a moment rather than a phase)."""
+    held = _CURRENT.get()
+    if held is not None and held[1].is_recording():
+        held[1].add_event(name, attributes or {})
+
+
+def phase(
+    name: str, attributes: Mapping[str, Attribute] | None = None
+) -> contextlib.AbstractContextManager[Span | None]:
+    """A child span of the current request span for one phase of it; a no-op when there is none."""
+    held = _CURRENT.get()
+    if held is None or not held[1].is_recording():
+        return _OFF
+    return _phase(held[0], held[1], name, attributes or {})
+
+
+@contextlib.contextmanager
+def _phase(tracer: Tracer, parent: Span, name: str, attributes: Mapping[str, Attribute]) -> Iterator[Span]:
+    from opentelemetry import trace  # noqa: PLC0415
+
+    with tracer.start_as_current_span(
+        name, context=trace.set_span_in_context(parent), kind=trace.SpanKind.INTERNAL, attributes=attributes
+    ) as span:
+        yield span
+
+
+def past(name: str, seconds: float, attributes: Mapping[str, Attribute] | None = None) -> None:
+    """A child span of the current request span for a phase that just ended after ``seconds`` (a wait that
+    is only known to have been one once it is over)."""
+    held = _CURRENT.get()
+    if held is None or not held[1].is_recording():
+        return
+    from opentelemetry import trace  # noqa: PLC0415
+
+    end = time.time_ns()
+    span = held[0].start_span(
+        name,
+        context=trace.set_span_in_context(held[1]),
+        start_time=end - int(seconds * 1e9),
+        attributes=attributes or {},
+    )
+    span.end(end_time=end)
+
+
+def hold_kind(awake: Sequence[Any], sleepers: Sequence[Any]) -> str:
+    """What a request that waits for a replica waits for: a free slot on a ready replica, a sleeping replica
+    to wake, or (none ready) a replica to start."""
+    if any(r.healthy for r in awake):
+        return "router.queue_wait"
+    return "router.wake_hold" if sleepers else "router.cold_start_hold"
+
+
+def failed(span: Span | None, outcome: tuple[int, str] | None) -> None:
+    """Mark a phase span (an upstream attempt) with its failure; None: it succeeded."""
+    if span is None or not span.is_recording():
+        return
+    if outcome is None:
+        return
+    from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415
+
+    span.set_attributes({STATUS: outcome[0], ERROR: outcome[1][:200]})
+    span.set_status(Status(StatusCode.ERROR, outcome[1][:200]))
+
+
+def inject(headers: MutableMapping[bytes, bytes]) -> None:
+    """Write the current span's W3C trace context into headers going upstream, replacing the caller's (the
+    upstream's spans are children of this service's span). Nothing when tracing is off: a caller's
+    ``traceparent`` then passes through as it came."""
+    held = _CURRENT.get()
+    if held is None:
+        return
+    from opentelemetry import trace  # noqa: PLC0415
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator  # noqa: PLC0415
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, trace.set_span_in_context(held[1]))
+    headers.pop(TRACESTATE, None)
+    for key, value in carrier.items():
+        headers[key.encode("latin-1")] = value.encode("latin-1")
+
+
+def traceparent() -> bytes | None:
+    """The current span's ``traceparent`` header value, for a request assembled as bytes; None when off."""
+    headers: dict[bytes, bytes] = {}
+    inject(headers)
+    return headers.get(TRACEPARENT)
+
+
+def prompt_text(payload: Mapping[str, Any]) -> str:
+    """What prompt capture records: the messages (or prompt, or input) as JSON, cut to
+    :data:`PROMPT_CAPTURE_BYTES`."""
+    import json  # noqa: PLC0415
+
+    for field in ("messages", "prompt", "input"):
+        if field in payload:
+            return json.dumps(payload[field], ensure_ascii=False)[:PROMPT_CAPTURE_BYTES]
+    return ""
