@@ -116,6 +116,8 @@ from components.spec.platform import (
     ModelStoreSpec,
     ObservabilitySpec,
     PlatformSpec,
+    TraceBackend,
+    TracingSpec,
     spec_json_schema,
 )
 from components.spec.pools import (
@@ -221,6 +223,8 @@ __all__ = [
     "ScalingSpec",
     "SloSpec",
     "Target",
+    "TraceBackend",
+    "TracingSpec",
     "Transport",
     "WeightsFetch",
     "WeightsSpec",

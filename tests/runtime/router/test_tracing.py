@@ -88,7 +88,9 @@ def test_a_retried_request_shows_both_attempts_under_its_span(doubles, traced_ro
     bad, good = doubles(2)
     bad.mode = "503"
     router = traced_router(
-        [bad.url, good.url], {"endpoint": receiver.endpoint, "sample_ratio": 1.0}, default_strategy={"name": "round_robin"}
+        [bad.url, good.url],
+        {"endpoint": receiver.endpoint, "sample_ratio": 1.0},
+        default_strategy={"name": "round_robin"},
     )
     # round robin: the first request goes to the first replica, which fails it; the retry goes to the other
     status, _, _ = router.request("POST", "/v1/chat/completions", CHAT)
@@ -99,8 +101,12 @@ def test_a_retried_request_shows_both_attempts_under_its_span(doubles, traced_ro
     attempts = sorted((s for s in spans if s["name"] == "router.attempt"), key=lambda s: s["start_ns"])
     assert [s["attributes"][tracing.ATTEMPT] for s in attempts] == [1, 2]
     assert [s["attributes"][tracing.REPLICA] for s in attempts] == [bad.url, good.url]
-    assert all(s["trace_id"] == server["trace_id"] and s["parent_span_id"] == server["span_id"] for s in attempts)
-    assert attempts[0]["attributes"][tracing.STATUS] == 503 and attempts[0]["status"] == 2  # STATUS_CODE_ERROR
+    assert all(
+        s["trace_id"] == server["trace_id"] and s["parent_span_id"] == server["span_id"] for s in attempts
+    )
+    assert (
+        attempts[0]["attributes"][tracing.STATUS] == 503 and attempts[0]["status"] == 2
+    )  # STATUS_CODE_ERROR
     assert tracing.STATUS not in attempts[1]["attributes"]
     assert server["attributes"][tracing.RETRIES] == 1
     assert server["attributes"][tracing.REPLICA] == good.url
