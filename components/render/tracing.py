@@ -159,6 +159,6 @@ def plan_line(spec: PlatformSpec) -> str | None:
     }[t.backend]
     prompts = "prompts captured" if t.capture_prompts else "no prompt text"
     return (
-        f"traces: router, picker, batcher, batch service and vLLM engines -> {collector_endpoint(spec)} -> {where} "
+        f"traces: the runtime services and the vLLM engines -> {collector_endpoint(spec)} -> {where} "
         f"at {t.endpoint}; {t.sample_ratio:.2%} of new traces sampled (parent-based), {prompts}"
     )
