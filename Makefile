@@ -27,9 +27,14 @@ $(UV): pyproject.toml
 	$(BIN)/python -m pip install --quiet "$$(grep -o -m1 -E 'uv==[0-9.]+' pyproject.toml)"
 	touch $@
 
-# The project, its runtime services and the dev tools.
+# The project, its runtime services and the dev tools. xds-protos (the picker's Envoy API) ships an old copy of
+# opentelemetry/proto/* (its RECORD lists them) that overwrites opentelemetry-proto's, whichever the installer
+# unpacks last: the OTLP exporter (runtime/tracing.py) then fails to import. opentelemetry-proto's own files go
+# back last; the Envoy messages the picker uses import none of them.
 $(BIN)/.installed: pyproject.toml $(UV)
 	$(UV) pip install --quiet --python $(BIN)/python -e '.[dev]'
+	$(UV) pip install --quiet --python $(BIN)/python --reinstall --no-deps \
+	  "$$($(BIN)/python -c 'from importlib.metadata import version; print("opentelemetry-proto==" + version("opentelemetry-proto"))')"
 	touch $@
 venv: $(BIN)/.installed
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace import Span, SpanContext, Tracer
 
     from runtime.config import TracingSettings
 
@@ -83,6 +83,7 @@ class Tracing:
         self.service = service
         self.provider: TracerProvider | None = None
         self._tracer: Tracer | None = None
+        self._stopped = False
         if settings is not None:
             self.provider = _provider(settings, service, exporter, resource or {})
             self._tracer = self.provider.get_tracer("inferstack")
@@ -105,17 +106,23 @@ class Tracing:
         return _request(self._tracer, name, headers, attributes or {}, server=True)
 
     def outgoing(
-        self, name: str, attributes: Mapping[str, Attribute] | None = None
+        self,
+        name: str,
+        attributes: Mapping[str, Attribute] | None = None,
+        links: Sequence[SpanContext | None] = (),
     ) -> contextlib.AbstractContextManager[Span | None]:
         """The span of one request this service makes on its own (a batch line, an engine batch): the root of
-        its trace, or a child of the request being served; current for the task until the block ends."""
+        its trace, or a child of the request being served; current for the task until the block ends. ``links``:
+        the requests it does work for (an engine batch's members, each in a trace of its own): the span joins the
+        trace of the first sampled one (so it is kept when they are) and links to the others."""
         if self._tracer is None:
             return _OFF
-        return _request(self._tracer, name, {}, attributes or {}, server=False)
+        return _request(self._tracer, name, {}, attributes or {}, server=False, links=links)
 
     def shutdown(self) -> None:
-        """Export what is buffered and stop the exporter thread."""
-        if self.provider is not None:
+        """Export what is buffered and stop the exporter thread (once: later calls do nothing)."""
+        if self.provider is not None and not self._stopped:
+            self._stopped = True
             self.provider.shutdown()
 
 
@@ -152,6 +159,7 @@ def _request(
     attributes: Mapping[str, Attribute],
     *,
     server: bool,
+    links: Sequence[SpanContext | None] = (),
 ) -> Iterator[Span]:
     from opentelemetry import trace  # noqa: PLC0415 - loaded once tracing is on
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator  # noqa: PLC0415
@@ -163,10 +171,17 @@ def _request(
             k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items() if k in _CONTEXT_HEADERS
         }
         parent = TraceContextTextMapPropagator().extract(carrier)
-    else:
-        parent = trace.set_span_in_context(current[1]) if current is not None else None
+    elif current is not None:
+        parent = trace.set_span_in_context(current[1])
+    else:  # work done for other requests: in the trace of the first of them that is sampled, linked to the rest
+        first = next((c for c in links if c is not None and c.trace_flags.sampled), None)
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(first)) if first is not None else None
+        links = [c for c in links if c is not first]
     kind = trace.SpanKind.SERVER if server else trace.SpanKind.CLIENT
-    with tracer.start_as_current_span(name, context=parent, kind=kind, attributes=attributes) as span:
+    linked = [trace.Link(c) for c in links if c is not None]
+    with tracer.start_as_current_span(
+        name, context=parent, kind=kind, attributes=attributes, links=linked
+    ) as span:
         token = _CURRENT.set((tracer, span))
         try:
             yield span
@@ -181,6 +196,14 @@ def current() -> Span | None:
     """The request span open in this task, if tracing is on and one is."""
     held = _CURRENT.get()
     return held[1] if held is not None else None
+
+
+def link_context() -> SpanContext | None:
+    """The current request span's context, kept to link later work done for it (a batch) to its trace."""
+    held = _CURRENT.get()
+    if held is None or not held[1].is_recording():
+        return None
+    return held[1].get_span_context()
 
 
 def note(attributes: Mapping[str, Attribute | None]) -> None:

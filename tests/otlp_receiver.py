@@ -47,6 +47,7 @@ class _Service(trace_service_pb2_grpc.TraceServiceServicer):
                             "status": s.status.code,
                             "attributes": {kv.key: _value(kv.value) for kv in s.attributes},
                             "events": [e.name for e in s.events],
+                            "links": [(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
                             "service": resource.get("service.name"),
                         }
                     )
