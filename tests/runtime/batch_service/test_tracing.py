@@ -31,7 +31,11 @@ def test_each_line_is_a_span_and_the_routers_span_is_its_child(tmp_path: Path):
         )
         lines = {x["span_id"]: x for x in spans if x["name"] == "batch line"}
         assert {x["service"] for x in lines.values()} == {"inferstack-batches"}
-        assert sorted(x["attributes"]["inferstack.batch_line"] for x in lines.values()) == [1, 2, 3]  # lines count from 1
+        assert sorted(x["attributes"]["inferstack.batch_line"] for x in lines.values()) == [
+            1,
+            2,
+            3,
+        ]  # lines count from 1
         assert {x["attributes"]["inferstack.batch_id"] for x in lines.values()} == {batch_id}
         routed = [x for x in spans if x["name"] == "router chat"]
         for span in routed:
