@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
+import re
 import time
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextvars import ContextVar
@@ -84,6 +86,7 @@ class Tracing:
         self.provider: TracerProvider | None = None
         self._tracer: Tracer | None = None
         self._stopped = False
+        self._ratio = settings.sample_ratio if settings is not None else 0.0
         if settings is not None:
             self.provider = _provider(settings, service, exporter, resource or {})
             self._tracer = self.provider.get_tracer("inferstack")
@@ -100,10 +103,24 @@ class Tracing:
         self, name: str, headers: Mapping[bytes, bytes], attributes: Mapping[str, Attribute] | None = None
     ) -> contextlib.AbstractContextManager[Span | None]:
         """The span of one request received (a server span), child of the caller's ``traceparent`` when it sent
-        one, current for the task until the block ends. Off: a shared no-op."""
+        one, current for the task until the block ends. Off: a shared no-op. Not sampled (the caller's decision,
+        or for a new trace the ratio): no span at all, only the ``traceparent`` that tells the engine not to
+        record either (see :func:`inject`)."""
         if self._tracer is None:
             return _OFF
+        caller = headers.get(TRACEPARENT)
+        parsed = _parse(caller) if caller is not None else None
+        if parsed is not None:  # the caller decided
+            if not parsed:
+                assert caller is not None
+                return _Unsampled(caller)
+        elif not self._head():
+            return _Unsampled(_new_traceparent(sampled=False))
         return _request(self._tracer, name, headers, attributes or {}, server=True)
+
+    def _head(self) -> bool:
+        """A new trace's sampling decision: kept with probability ``sample_ratio``."""
+        return self._ratio >= 1.0 or (self._ratio > 0.0 and _RANDOM.random() < self._ratio)
 
     def outgoing(
         self,
@@ -117,6 +134,13 @@ class Tracing:
         trace of the first sampled one (so it is kept when they are) and links to the others."""
         if self._tracer is None:
             return _OFF
+        within = _UNSAMPLED.get()  # the request this work is for is not sampled
+        if (
+            _CURRENT.get() is None
+            and not any(c is not None and c.trace_flags.sampled for c in links)
+            and (within is not None or not self._head())
+        ):
+            return _Unsampled(within or _new_traceparent(sampled=False))
         return _request(self._tracer, name, {}, attributes or {}, server=False, links=links)
 
     def shutdown(self) -> None:
@@ -129,17 +153,19 @@ class Tracing:
 def _provider(
     settings: TracingSettings, service: str, exporter: SpanExporter | None, resource: Mapping[str, str]
 ) -> TracerProvider:
-    """The SDK's provider: parent-based ratio sampling, a batching processor, the OTLP/gRPC exporter (or the
-    one given, for tests and benchmarks). Imported here, only when tracing is on."""
+    """The SDK's provider: parent-based sampling, a batching processor, the OTLP/gRPC exporter (or the one given,
+    for tests and benchmarks). Imported here, only when tracing is on. A new trace's ratio is drawn before the SDK
+    is asked (``Tracing.request``): an unsampled request then costs a random draw and one formatted header, not
+    an SDK span; what reaches the SDK is kept (its root sampler is ALWAYS_ON), and its children follow it."""
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
     from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
     from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
     from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased  # noqa: PLC0415
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased  # noqa: PLC0415
 
     provider = TracerProvider(
         resource=Resource.create({"service.name": service, "service.namespace": "inferstack", **resource}),
-        sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)),
+        sampler=ParentBased(ALWAYS_ON),
     )
     if exporter is None:
         exporter = OTLPSpanExporter(
@@ -190,6 +216,42 @@ def _request(
 
 
 _CONTEXT_HEADERS = frozenset((TRACEPARENT, TRACESTATE))
+# W3C Trace Context: version-traceid-parentid-flags (a later version may append fields, read as version 00 is)
+_TRACEPARENT = re.compile(rb"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[^\s]*)?$")
+_RANDOM = random.Random()
+# The traceparent of an unsampled request in this task: what ``inject`` passes on (no span was made).
+_UNSAMPLED: ContextVar[bytes | None] = ContextVar("inferstack_unsampled", default=None)
+
+
+def _parse(value: bytes) -> bool | None:
+    """A caller's ``traceparent``: whether it is sampled, or None when it is not a valid one (then ignored, as
+    the SDK's propagator ignores it)."""
+    m = _TRACEPARENT.match(value.strip())
+    if m is None or m[1] == b"ff" or m[2] == b"0" * 32 or m[3] == b"0" * 16 or (m[1] == b"00" and m[5]):
+        return None
+    return bool(int(m[4], 16) & 1)
+
+
+def _new_traceparent(*, sampled: bool) -> bytes:
+    trace_id = _RANDOM.getrandbits(128) or 1
+    span_id = _RANDOM.getrandbits(64) or 1
+    return b"00-%032x-%016x-%02x" % (trace_id, span_id, 1 if sampled else 0)
+
+
+class _Unsampled:
+    """The context of a request that is not traced: no span, the ``traceparent`` to pass on kept for
+    :func:`inject` (the engine then does not record it either)."""
+
+    __slots__ = ("_token", "traceparent")
+
+    def __init__(self, traceparent: bytes) -> None:
+        self.traceparent = traceparent
+
+    def __enter__(self) -> None:
+        self._token = _UNSAMPLED.set(self.traceparent)
+
+    def __exit__(self, *exc: object) -> None:
+        _UNSAMPLED.reset(self._token)
 
 
 def current() -> Span | None:
@@ -295,6 +357,10 @@ def inject(headers: MutableMapping[bytes, bytes]) -> None:
     ``traceparent`` then passes through as it came."""
     held = _CURRENT.get()
     if held is None:
+        unsampled = _UNSAMPLED.get()
+        if unsampled is not None:  # traced here but not this request: the engine is told not to record it
+            headers[TRACEPARENT] = unsampled
+            headers.pop(TRACESTATE, None)
         return
     from opentelemetry import trace  # noqa: PLC0415
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator  # noqa: PLC0415

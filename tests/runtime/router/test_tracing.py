@@ -176,3 +176,36 @@ def test_the_runtime_config_takes_tracing_and_checks_its_ratio():
     with pytest.raises(ValueError, match="sample_ratio"):
         RuntimeConfig.model_validate({**base, "tracing": {"endpoint": "http://c:4317", "sample_ratio": 1.5}})
     assert "tracing" not in RuntimeConfig.model_validate(base).to_yaml()
+
+
+def test_a_callers_unsampled_trace_costs_no_span_and_reaches_the_engine_as_it_came(
+    doubles, traced_router, receiver
+):
+    (d,) = doubles(1)
+    router = traced_router([d.url], {"endpoint": receiver.endpoint, "sample_ratio": 1.0})
+    unsampled = f"00-{CALLER_TRACE}-{CALLER_PARENT}-00"
+    assert router.request("POST", "/v1/chat/completions", CHAT, {"traceparent": unsampled})[0] == 200
+    assert d.requests[-1]["headers"]["traceparent"] == unsampled
+    _flush(router)
+    assert receiver.spans == []
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"garbage",
+        b"ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",  # version ff is invalid
+        b"00-00000000000000000000000000000000-b7ad6b7169203331-01",  # all-zero trace id
+        b"00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",  # all-zero parent id
+        b"00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",  # upper case
+        b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",  # version 00 has four fields
+    ],
+)
+def test_an_invalid_traceparent_is_ignored_and_the_ratio_decides(header):
+    assert tracing._parse(header) is None
+
+
+def test_a_valid_traceparent_says_whether_the_caller_sampled():
+    assert tracing._parse(f"00-{CALLER_TRACE}-{CALLER_PARENT}-01".encode()) is True
+    assert tracing._parse(f"00-{CALLER_TRACE}-{CALLER_PARENT}-00".encode()) is False
+    assert tracing._parse(f"01-{CALLER_TRACE}-{CALLER_PARENT}-03-future".encode()) is True  # a later version
