@@ -171,9 +171,8 @@ class Router:
         if cfg.router.limit_store != self.cfg.router.limit_store:  # a new store: start it, stop the old
             old, self.limits = self.limits, self._new_limits(cfg)
             self._swapping = asyncio.get_running_loop().create_task(_replace(old, self.limits))
-        if (
-            cfg.tracing != self.cfg.tracing
-        ):  # new tracing settings: a new provider; the old one flushes and stops
+        # new tracing settings: a new provider; the old one flushes and stops
+        if cfg.tracing != self.cfg.tracing:
             old_tracing, self.tracing = self.tracing, tracing.Tracing(cfg.tracing, "inferstack-router")
             self._swapping_tracing = asyncio.get_running_loop().run_in_executor(None, old_tracing.shutdown)
         self._configure(cfg)
@@ -327,9 +326,8 @@ class Router:
             message = f"The model `{model}` does not exist here; served: {served}"
             self._fail(conn, 404, message, "unknown_model", code="model_not_found", param="model")
             return
-        if (
-            tracing.current() is not None
-        ):  # what the request is, on its span (never the key, never the prompt)
+        # what the request is, on its span (never the key, never the prompt unless asked)
+        if tracing.current() is not None:
             self._trace_request(state, adapter, principal, headers, rid, asked.payload)
         # 3. may they (a low-priority request without headroom is refused first: that costs nobody's limit)
         avoid: frozenset[str] | None = None
@@ -465,19 +463,21 @@ class Router:
             outcome = "ok" if failure is None else "failed" if failure.retryable else "refused"
             self.metrics.adapter_load(state.name, outcome)
             log.info("adapter %s on %s: %s in %.3fs", name, replica.url, outcome, seconds)
-
-        with tracing.phase("router.adapter_load", {tracing.ADAPTER: adapter, tracing.REPLICA: replica.url}):
-            return await ensure_loaded(
-                self.fleet.session,
-                replica.url,
-                replica.adapters,
-                lora,
-                adapter,
-                state.adapters[adapter],
-                limit=state.target.max_adapters_per_replica,
-                backoff_s=self.cfg.router.adapter_load_backoff_ms / 1000,
-                on_load=counted,
+            tracing.past(
+                "router.adapter_load", seconds, {tracing.ADAPTER: name, tracing.REPLICA: replica.url}
             )
+
+        return await ensure_loaded(
+            self.fleet.session,
+            replica.url,
+            replica.adapters,
+            lora,
+            adapter,
+            state.adapters[adapter],
+            limit=state.target.max_adapters_per_replica,
+            backoff_s=self.cfg.router.adapter_load_backoff_ms / 1000,
+            on_load=counted,
+        )
 
     async def _route(self, call: Call) -> None:
         conn, state, ctx, rid = call.conn, call.state, call.ctx, call.rid

@@ -217,9 +217,7 @@ class SharedLimits:
         if self.up:
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    with tracing.phase(
-                        "router.rate_limit_store"
-                    ):  # a child of the request's span, when traced
+                    with tracing.phase("router.rate_limit_store"):  # a child of the request's span
                         ok, which, wait_ms = await self._buckets(
                             keys=self._bucket_keys(principal),
                             args=[key.requests_per_minute or 0, key.tokens_per_minute or 0, 0, reserve],
