@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 ENGINE_VENV := .venv-engine
 PREPARE_VENV := .venv-prepare
 TOOLS_VENV := .venv-tools
+TRACES_VENV := .venv-traces
 STACK ?= prod
 
 # Python writes its bytecode caches (__pycache__) in the venvs and the checkout, once per module: where
@@ -14,7 +15,7 @@ STACK ?= prod
 # install instead cost more than it saved (the three venvs' torch, pulumi_aws and the rest on two cores).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: test lint typecheck unit plan local bench clean venv engine-venv prepare-venv tools-venv crd-tools s3rver schema snapshots prometheus redis
+.PHONY: test lint typecheck unit plan local bench clean venv engine-venv prepare-venv tools-venv traces-venv crd-tools s3rver schema snapshots prometheus redis
 
 ## venvs ---------------------------------------------------------------------------------------
 # uv installs every venv: pip took 203 s for the engine venv alone on the 2-core machine, uv 19 s for the same
@@ -27,9 +28,14 @@ $(UV): pyproject.toml
 	$(BIN)/python -m pip install --quiet "$$(grep -o -m1 -E 'uv==[0-9.]+' pyproject.toml)"
 	touch $@
 
-# The project, its runtime services and the dev tools.
+# The project, its runtime services and the dev tools. xds-protos (the picker's Envoy API) ships an old copy of
+# opentelemetry/proto/* (its RECORD lists them) that overwrites opentelemetry-proto's, whichever the installer
+# unpacks last: the OTLP exporter (runtime/tracing.py) then fails to import. opentelemetry-proto's own files go
+# back last; the Envoy messages the picker uses import none of them.
 $(BIN)/.installed: pyproject.toml $(UV)
 	$(UV) pip install --quiet --python $(BIN)/python -e '.[dev]'
+	$(UV) pip install --quiet --python $(BIN)/python --reinstall --no-deps \
+	  "$$($(BIN)/python -c 'from importlib.metadata import version; print("opentelemetry-proto==" + version("opentelemetry-proto"))')"
 	touch $@
 venv: $(BIN)/.installed
 
@@ -51,6 +57,13 @@ $(TOOLS_VENV)/.installed: scripts/tools-requirements.txt $(UV)
 	$(UV) pip install --quiet --python $(TOOLS_VENV)/bin/python -r scripts/tools-requirements.txt
 	touch $@
 tools-venv: $(TOOLS_VENV)/.installed
+
+# The local trace store of `make local TRACES=1` (Arize Phoenix: scripts/traces-requirements.txt).
+$(TRACES_VENV)/.installed: scripts/traces-requirements.txt $(UV)
+	test -x $(TRACES_VENV)/bin/python || $(PYTHON) -m venv --without-pip $(TRACES_VENV)
+	$(UV) pip install --quiet --python $(TRACES_VENV)/bin/python -r scripts/traces-requirements.txt
+	touch $@
+traces-venv: $(TRACES_VENV)/.installed
 
 # Debian's redis-server: the routers' shared rate-limit store in the tests and in `make local ROUTERS=N`,
 # which start their own on 127.0.0.1 and stop it. The Debian service is stopped and disabled at once:
@@ -136,12 +149,14 @@ plan: venv
 # their weights from it. GATEWAY=envoy puts a real Envoy (1.40) on the router's port with inferstack's
 # endpoint picker as its ext_proc server: the Gateway API Inference Extension's data path
 # (components/render/envoy.py). PD=1 serves the chat model disaggregated: one prefill and one decode engine, vLLM's
-# NixlConnector moving the KV cache between them over UCX/TCP on loopback. LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the
+# NixlConnector moving the KV cache between them over UCX/TCP on loopback. TRACES=1 also runs a trace store (Arize
+# Phoenix) on http://127.0.0.1:6006 that the router, the batcher, the batch service and the engines send every
+# request's spans to (README: "Look at one slow request"). LOCAL_ARGS passes other `inferstack local up` options; LOCAL_STATE picks the
 # state directory.
 .PHONY: local local-down local-status local-logs
 LOCAL_STATE_ARG = $(if $(LOCAL_STATE),--state-dir $(LOCAL_STATE))
-local: venv engine-venv $(if $(MONITOR),prometheus) $(if $(filter-out 1,$(ROUTERS)),redis) $(if $(S3),s3rver)
-	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(ROUTERS),--routers $(ROUTERS)) $(if $(GATEWAY),--gateway $(GATEWAY)) $(if $(DETACH),--detach) $(if $(MONITOR),--monitor) $(if $(S3),--s3) $(if $(PD),--pd) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
+local: venv engine-venv $(if $(MONITOR),prometheus) $(if $(filter-out 1,$(ROUTERS)),redis) $(if $(S3),s3rver) $(if $(TRACES),traces-venv)
+	$(BIN)/inferstack local up $(if $(PORT),--port $(PORT)) $(if $(ROUTERS),--routers $(ROUTERS)) $(if $(GATEWAY),--gateway $(GATEWAY)) $(if $(DETACH),--detach) $(if $(MONITOR),--monitor) $(if $(S3),--s3) $(if $(PD),--pd) $(if $(TRACES),--traces) $(LOCAL_STATE_ARG) $(LOCAL_ARGS)
 
 local-down: venv
 	$(BIN)/inferstack local down $(LOCAL_STATE_ARG)

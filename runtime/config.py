@@ -977,6 +977,30 @@ class PickerSettings(_Strict):
         return self
 
 
+class TracingSettings(_Strict):
+    """OpenTelemetry traces from the router, the picker, the batcher and the batch service (``runtime.tracing``).
+    Absent: no tracer, no exporter thread, no export traffic."""
+
+    endpoint: Annotated[str, Field(pattern=r"^https?://[^/\s]+$")] = Field(
+        description="OTLP/gRPC endpoint the spans go to (the collector), e.g. http://otel-collector:4317."
+    )
+    sample_ratio: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="Share of new traces kept (parent-based: a request arriving with a sampled traceparent is "
+        "kept, one arriving unsampled is not, whatever the ratio).",
+    )
+    capture_prompts: bool = Field(
+        default=False,
+        description="Put the request's messages/prompt (first 4 KiB) on the router's span. Off by default: "
+        "prompts are the users' data.",
+    )
+    export_timeout_ms: int = Field(
+        default=10_000, ge=1, description="Longest one export to the collector may take."
+    )
+
+
 class RuntimeConfig(_Strict):
     """Everything the data plane needs, rendered by the control plane from the platform spec."""
 
@@ -990,6 +1014,7 @@ class RuntimeConfig(_Strict):
         default_factory=PickerSettings,
         exclude_if=lambda picker: picker == PickerSettings(),  # absent from rendered configs unless set
     )
+    tracing: TracingSettings | None = Field(default=None, description="OpenTelemetry traces, when on.")
 
     @model_validator(mode="after")
     def _references_resolve(self) -> RuntimeConfig:

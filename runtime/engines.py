@@ -145,6 +145,9 @@ class EngineCli:
     def multi_node_supported(self) -> bool:
         return self.nnodes is not None
 
+    otlp_traces: Flag | None = None
+    """The option that turns the engine's own OpenTelemetry tracing on, exporting OTLP/gRPC to the URL it takes
+    (spans join a request's trace through its W3C ``traceparent``); None where not wired here."""
     stream_from_s3: tuple[str, ...] = ()
     """Arguments that make the engine stream safetensors straight from an ``s3://`` model location; empty
     where the engine cannot (it then loads a node cache's copy)."""
@@ -431,6 +434,9 @@ VLLM_CLI = EngineCli(
     embedding=("--runner", "pooling", "--convert", "embed"),
     fixed_args=("--disable-uvicorn-access-log",),
     kv_events=Flag("--kv-events-config"),  # vllm/config/kv_events.py (0.32)
+    # vllm/config/observability.py (0.32): otlp_traces_endpoint; the exporter speaks gRPC unless
+    # OTEL_EXPORTER_OTLP_TRACES_PROTOCOL says otherwise (vllm/tracing/otel.py get_span_exporter)
+    otlp_traces=Flag("--otlp-traces-endpoint"),
     block_hash_algo=Flag("--prefix-caching-hash-algo"),  # vllm/config/cache.py (0.32)
     # vLLM 0.32 spans nodes with its multiprocessing executor (vllm/config/parallel.py: nnodes, node_rank,
     # master_addr, master_port "for multi-node distributed inference when distributed_executor_backend is mp"): the

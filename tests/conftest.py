@@ -50,6 +50,7 @@ from components.local.supervisor import Supervisor
 from components.spec import ModelSpec
 from tests import leaks, timing
 from tests.local.helpers import free_port_block
+from tests.otlp_receiver import OtlpReceiver
 from tests.stacks import load
 
 # xdist's workers start with COLUMNS=80, which the CLI's module-level rich consoles would freeze as their width
@@ -390,7 +391,17 @@ class _TinyExtras:
 
 
 @pytest.fixture(scope="session")
-def _tiny_extras(engine_python: Path, tiny_chat_model: Path) -> Iterator[_TinyExtras]:
+def otlp_receiver() -> Iterator[OtlpReceiver]:
+    """The OTLP/gRPC receiver the tiny-extras engine exports its traces to (vLLM's --otlp-traces-endpoint)."""
+    receiver = OtlpReceiver().start()
+    yield receiver
+    receiver.stop()
+
+
+@pytest.fixture(scope="session")
+def _tiny_extras(
+    engine_python: Path, tiny_chat_model: Path, otlp_receiver: OtlpReceiver
+) -> Iterator[_TinyExtras]:
     """One tiny-Llama engine for what the session pair does not do: LoRA adapters loaded at run time and KV events
     from a small cache (vllm_lora and vllm_kv_events are views of it). One start serves both test files; each
     restarts it once, at the same address.
@@ -417,7 +428,13 @@ def _tiny_extras(engine_python: Path, tiny_chat_model: Path) -> Iterator[_TinyEx
                 "enforce_eager": True,
                 "max_model_len": 1024,
                 "enable_prefix_caching": True,
-                "extra_args": ["--num-gpu-blocks-override", str(KV_EVENTS_BLOCKS)],
+                "extra_args": [
+                    "--num-gpu-blocks-override",
+                    str(KV_EVENTS_BLOCKS),
+                    # its traces, for tests/runtime/router/test_tracing_real_engine.py (one span per request)
+                    "--otlp-traces-endpoint",
+                    otlp_receiver.endpoint,
+                ],
                 "lora": {"max_rank": 8, "max_per_batch": 2, "max_loaded": 4},
             },
             "adapters": [{"name": n, "source": str(p), "rank": 8} for n, p in adapters.items()],

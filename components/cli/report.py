@@ -25,7 +25,7 @@ from components.core.startup import minutes
 from components.core.weights import store
 from components.deploy.synthesis import Resource, Synthesis
 from components.kubernetes import images
-from components.render import addons, inference_extension, ingress, mig, scaling
+from components.render import addons, inference_extension, ingress, mig, scaling, tracing
 from components.spec import ModelSpec, PlatformSpec
 
 PLAN_COLUMNS = (
@@ -401,6 +401,7 @@ def plan_report(stack: Stack) -> PlanReport:
             images.note(spec, stack.profile),
             ingress.gateway_api_note(spec),
             addons.volumes_note(spec, stack.profile.cloud if stack.profile else None),
+            tracing.plan_line(spec),
         )
         if n
     ]

@@ -34,6 +34,8 @@ from components.local.defaults import (
     DEFAULT_ROUTERS,
     DEFAULT_S3_PORT,
     DEFAULT_STATE_DIR,
+    DEFAULT_TRACES_GRPC_PORT,
+    DEFAULT_TRACES_PORT,
     EXIT_FAILED,
     EXIT_USAGE,
 )
@@ -68,12 +70,17 @@ def _plan(stack: str, stacks_dir: Path, options: LocalOptions) -> LocalPlan:
     from components.clouds.targets import PROFILES  # noqa: PLC0415
     from components.core.stackfile import CONFIG_KEY, load, validate  # noqa: PLC0415
     from components.local.plan import PlanError, build_plan, disaggregated  # noqa: PLC0415 - see the imports
+    from components.local.traces import traced  # noqa: PLC0415
 
     try:
         loaded = load(stack, stacks_dir, profiles=PROFILES)
         if options.pd:  # the stack as written, each generation model served as a prefill and a decode engine
             raw = disaggregated(loaded.config[CONFIG_KEY])
             decided = validate(raw, f"{loaded.source} (--pd)", profiles=PROFILES)
+            loaded = dataclasses.replace(loaded, decisions=decided, config={**loaded.config, CONFIG_KEY: raw})
+        if options.traces is not None:  # the engines export their spans to the local store too
+            raw = traced(loaded.config[CONFIG_KEY], options.traces)
+            decided = validate(raw, f"{loaded.source} (--traces)", profiles=PROFILES)
             loaded = dataclasses.replace(loaded, decisions=decided, config={**loaded.config, CONFIG_KEY: raw})
         return build_plan(loaded, options, Path.cwd())
     except SpecError as err:
@@ -179,6 +186,20 @@ def up(
             " moving the KV cache between them (make local PD=1).",
         ),
     ] = False,
+    traces: Annotated[
+        bool,
+        typer.Option(
+            "--traces",
+            help="Also run a trace store (Arize Phoenix, `make traces-venv`) on 127.0.0.1 that the router, the batcher,"
+            " the batch service and the engines export every request's spans to (make local TRACES=1).",
+        ),
+    ] = False,
+    traces_port: Annotated[
+        int, typer.Option(help="The trace store's web UI and REST API port (with --traces).")
+    ] = DEFAULT_TRACES_PORT,
+    traces_grpc_port: Annotated[
+        int, typer.Option(help="The trace store's OTLP/gRPC port (with --traces).")
+    ] = DEFAULT_TRACES_GRPC_PORT,
     detached_child: Annotated[bool, typer.Option("--detached-child", hidden=True)] = False,
 ) -> None:
     """Start the local stack and wait until the router is ready; foreground unless --detach."""
@@ -187,6 +208,7 @@ def up(
     from components.local.monitor import Monitor  # noqa: PLC0415
     from components.local.plan import LocalOptions, pick_cpus  # noqa: PLC0415
     from components.local.supervisor import StartError, Supervisor, check_ports_free  # noqa: PLC0415
+    from components.local.traces import TraceStore  # noqa: PLC0415
 
     interval_s = Monitor.interval_s if monitor_interval is None else monitor_interval
     options = LocalOptions(
@@ -207,6 +229,7 @@ def up(
         engine_memory_gib=engine_memory_gib,
         monitor=Monitor(monitor_port, interval_s, monitor_alert_for) if monitor else None,
         pd=pd,
+        traces=TraceStore(traces_port, traces_grpc_port) if traces else None,
     )
     plan = _plan(stack, stacks_dir, options)
     if detach:

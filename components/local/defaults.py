@@ -33,3 +33,6 @@ DEFAULT_STATE_DIR = Path(".local")
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+#: The local trace store's web UI and OTLP/gRPC receiver (`--traces`: components/local/traces.py).
+DEFAULT_TRACES_PORT = 6006
+DEFAULT_TRACES_GRPC_PORT = 4317

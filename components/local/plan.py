@@ -45,6 +45,7 @@ from components.local.defaults import (
 from components.local.monitor import Monitor
 from components.local.redis_process import RedisError, RedisProcess
 from components.local.tiny_model import GENERATED_MODELS, Kind
+from components.local.traces import TraceStore, runtime_tracing
 from components.render import common, scaling
 from components.render import runtime_config as rendered
 from components.render.engine_args import side_channel_env
@@ -118,6 +119,8 @@ class LocalOptions:
     pd: bool = False
     """Serve the stack's generation models disaggregated (`--pd`, `make local PD=1`): one prefill and one decode
     engine each, NixlConnector between them (``disaggregated``)."""
+    traces: TraceStore | None = None
+    """Also run a trace store (`--traces`, `make local TRACES=1`) that the services and the engines export to."""
 
 
 @dataclass(frozen=True)
@@ -258,6 +261,8 @@ class LocalPlan:
     """The loopback model store's port (``LocalOptions.s3_port``)."""
     pd: bool = False
     """``LocalOptions.pd``: the stack's generation models served disaggregated."""
+    traces: TraceStore | None = None
+    """``LocalOptions.traces``: the trace store, started before the engines."""
 
     @property
     def ready_models(self) -> set[str]:
@@ -338,6 +343,7 @@ class LocalPlan:
     def ports(self) -> list[tuple[int, str, str]]:
         """(port, what listens there, the option that changes it): the router first, engines last."""
         monitor = [(self.monitor.port, "Prometheus", "--monitor-port")] if self.monitor else []
+        monitor += trace_ports(self.traces)
         metrics = [
             (s.metrics_port, f"{s.name} metrics", "--router-metrics-port")
             for s in reversed(self.services)
@@ -389,6 +395,16 @@ def model_preps(spec: PlatformSpec, repo_root: Path, source: str = "stack file")
             )
         preps.append(ModelPrep(model.name, path, recipe))
     return preps
+
+
+def trace_ports(traces: TraceStore | None) -> list[tuple[int, str, str]]:
+    """The trace store's ports, for the check that nothing else holds them."""
+    if traces is None:
+        return []
+    return [
+        (traces.port, "the trace store", "--traces-port"),
+        (traces.grpc_port, "the trace store (OTLP)", "--traces-grpc-port"),
+    ]
 
 
 def disaggregated(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -596,6 +612,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
             )
         services += router_services(options)
     monitor = [(options.monitor.port, "Prometheus", "--monitor-port")] if options.monitor else []
+    monitor += trace_ports(options.traces)
     store_port = [] if options.s3_port is None else [(options.s3_port, "the model store (S3)", "--s3-port")]
     check_ports(
         [(s.port, s.name, s.option) for s in services]
@@ -618,6 +635,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
             options.state_dir,
             endpoints_path(options.state_dir.absolute()),
             options.s3_port,
+            options.traces,
         ),
         adapters,
     )
@@ -639,6 +657,7 @@ def build_plan(stack: Stack, options: LocalOptions, repo_root: Path) -> LocalPla
         engine_memory_gib=options.engine_memory_gib,
         s3_port=options.s3_port,
         pd=options.pd,
+        traces=options.traces,
     )
 
 
@@ -786,6 +805,7 @@ def local_runtime_config(
     state_dir: Path = DEFAULT_STATE_DIR,
     endpoints: Path | None = None,
     s3_port: int | None = None,
+    traces: TraceStore | None = None,
 ) -> RuntimeConfig:
     """The cluster's RuntimeConfig (same renderer), with this machine's addresses: fixed replicas for models
     of a fixed size, the autoscaler's ``endpoints`` file for models that scale (replicas come and go); the batch
@@ -807,6 +827,8 @@ def local_runtime_config(
         health_feed_url=f"http://{HOST}:{ports['health']}/v1/backends",
         drain_grace_s=LOCAL_DRAIN_GRACE_S,
     )
+    if traces is not None:  # every request's spans to the local store (`--traces`)
+        doc["tracing"] = runtime_tracing(traces)
     if "redis" in ports:  # the routers share limits through the local store (no AUTH: loopback only)
         routers = sum(1 for name in ports if name.startswith("router-")) or 1
         doc["router"]["limit_store"] = {"url": f"redis://{HOST}:{ports['redis']}/0", "replicas": routers}
@@ -870,6 +892,8 @@ def describe(plan: LocalPlan) -> list[str]:
         lines.append(f"  {s.name:<31} {s.url}")
     if plan.monitor is not None:
         lines.append(f"  {'prometheus':<31} {plan.monitor.url}")
+    if plan.traces is not None:
+        lines.append(f"  {'traces (Phoenix)':<31} {plan.traces.url}  (OTLP/gRPC {plan.traces.endpoint})")
     return lines
 
 

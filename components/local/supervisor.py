@@ -35,7 +35,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from components.local import monitor, s3_server, state
+from components.local import monitor, s3_server, state, traces
 from components.local import store as local_store
 from components.local.autoscaler import Autoscaler
 from components.local.defaults import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -247,6 +247,8 @@ class Supervisor:
         )
         if plan.envoy is not None:
             plan.config_path.with_name(ENVOY_CONFIG).write_text(json.dumps(plan.envoy, indent=1))
+        if plan.traces is not None:  # before the engines: their first spans find it listening
+            self.start_traces(plan.traces)
         self.start_engines(python)
         self.autoscaler = self._autoscaler(python)
         for spec in plan.services:
@@ -431,6 +433,17 @@ class Supervisor:
         config.write_text(yaml.safe_dump(doc, sort_keys=False))
         argv = monitor.argv(binary, config, data, settings.port)
         self.start_service("prometheus", argv, settings.port, ready_path="/-/ready")
+
+    def start_traces(self, store: traces.TraceStore) -> None:
+        """The trace store (Phoenix, in its own virtualenv), answering on its port before anything exports."""
+        repo_root = Path.cwd()
+        if not (repo_root / traces.TRACES_VENV / "bin" / "python").exists():
+            raise StartError(
+                f"--traces needs the trace store's virtualenv {traces.TRACES_VENV}/: run `make traces-venv`",
+                EXIT_USAGE,
+            )
+        argv = store.argv(repo_root, self.plan.state_dir)
+        self.start_service("traces", argv, store.port)
 
     def start_service(
         self,

@@ -19,7 +19,7 @@ import yaml
 from components.base.packing import Mechanism
 from components.core import nodes, placement
 from components.core.cloud import Cloud
-from components.render import chart_hooks, common, hardening
+from components.render import chart_hooks, common, hardening, tracing
 from components.render.chart_hooks import ENVOY_GATEWAY_CERTGEN, hook_free_values, merged
 from components.render.common import Manifest
 from components.render.gateway import router_scales
@@ -522,6 +522,18 @@ def leader_worker_set(spec: PlatformSpec) -> Release:
     )
 
 
+def otel_collector(spec: PlatformSpec) -> Release:
+    """The OpenTelemetry Collector the stack's spans go through (observability.tracing; ``render.tracing``)."""
+    return Release(
+        name=tracing.RELEASE,
+        chart=tracing.CHART,
+        repository=tracing.REPOSITORY,
+        version=spec.addons.versions.opentelemetry_collector,
+        namespace=tracing.namespace(spec),
+        values=tracing.collector_values(spec),
+    )
+
+
 def releases(
     spec: PlatformSpec, adapter_rules: list[dict[str, Any]], cloud: Cloud, multi_node: bool = False
 ) -> list[Release]:
@@ -545,4 +557,6 @@ def releases(
         out.append(envoy_gateway(spec))
     if router_scales(spec) and addons.install_metrics_server:
         out.append(metrics_server(spec))
+    if tracing.enabled(spec):
+        out.append(otel_collector(spec))
     return out

@@ -147,6 +147,11 @@ CHARTS: dict[str, ChartHooks] = {
         source="github.com/kubernetes-sigs/metrics-server, charts/metrics-server (tag metrics-server-helm-chart-<v>)",
         checked=frozenset({"3.12.2"}),
     ),
+    "opentelemetry-collector": ChartHooks(
+        source="github.com/open-telemetry/opentelemetry-helm-charts, charts/opentelemetry-collector "
+        "(tag opentelemetry-collector-<v>)",
+        checked=frozenset({"0.170.0"}),  # no template carries helm.sh/hook
+    ),
     "lws": ChartHooks(
         source="github.com/kubernetes-sigs/lws, charts/lws (tag v<v>)", checked=frozenset({"0.8.0"})
     ),

@@ -14,7 +14,7 @@ from typing import Any
 from components.core import lifecycle, nodes
 from components.core.decisions import ModelDecisions
 from components.core.placement import Placement, host_memory_needed_gib, host_share
-from components.render import common, groups, hardening, scaling, weights
+from components.render import common, groups, hardening, scaling, tracing, weights
 from components.render.common import Manifest
 from components.render.engine_args import (
     ENGINE_CONFIG_DIR,
@@ -245,7 +245,8 @@ def deployment(spec: PlatformSpec, unit: ModelDecisions, weights_image: Any = No
     model, rollout = unit.model, unit.rollout
     name = common.engine_name(model.name)
     version = common.image_version(model.engine.resolved_image)
-    shape = PodShape(engine_command(model, _location(spec, unit)), extra_env=_side_channel(model))
+    cmd = tracing.traced_engine(spec, model, engine_command(model, _location(spec, unit)))
+    shape = PodShape(cmd, extra_env=_side_channel(model))
     template = pod_template(spec, unit, shape, weights_image)
     # A scaler (KEDA or HPA) owns the count when min and max differ; a fixed count is set here.
     replicas = {} if scaling.scales(model) else {"replicas": model.scaling.min_replicas}
@@ -308,7 +309,9 @@ def _group(spec: PlatformSpec, unit: ModelDecisions, weights_image: Any = None) 
             spec,
             unit,
             PodShape(
-                group_command(model, in_group(placement.nodes, leader), where),
+                tracing.traced_engine(
+                    spec, model, group_command(model, in_group(placement.nodes, leader), where)
+                ),
                 probes=leader,
                 extra_resources=groups.node_resources(pool),
                 extra_env=groups.env(pool),

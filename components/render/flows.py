@@ -42,6 +42,7 @@ from components.render import (
     ingress,
     limit_store,
     monitors,
+    tracing,
     weights,
 )
 from components.render.runtime_config import batcher_port, health_port, router_port, runtime_config
@@ -491,6 +492,22 @@ def _weights_flows(spec: PlatformSpec, cloud: Cloud) -> list[Flow]:
     return out
 
 
+def _trace_flows(spec: PlatformSpec, layout: Layout) -> list[Flow]:
+    """Spans to the OpenTelemetry Collector (observability.tracing), on its OTLP/gRPC port: from the runtime
+    services that trace (not the health monitor) and from the engines (vLLM's own tracing), groups' too."""
+    if not tracing.enabled(spec):
+        return []
+    collector = Peer(
+        "the OpenTelemetry Collector", pods=tracing.POD_LABELS, namespace=tracing.namespace(spec)
+    )
+    senders = [ENGINE, *(GROUP_PREFIX + m for m in group_models(spec, layout))]
+    senders += [p for p in [*gateway.parts(spec), *batches.parts(spec)] if p != common.HEALTH]
+    return [
+        Flow(subject(spec, s), collector, tcp(tracing.OTLP_GRPC_PORT), f"the {s} exports its spans")
+        for s in senders
+    ]
+
+
 def flows(spec: PlatformSpec, cloud: Cloud, layout: Layout) -> list[Flow]:
     """Every flow the stack's namespace allows, DNS first (``layout``: the stack's placement, which says whose
     replicas span nodes)."""
@@ -503,4 +520,5 @@ def flows(spec: PlatformSpec, cloud: Cloud, layout: Layout) -> list[Flow]:
         *_weights_flows(spec, cloud),
         *_group_flows(spec, layout),
         *_pd_flows(spec),
+        *_trace_flows(spec, layout),
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from components.render import batches, common, weights
+from components.render import batches, common, tracing, weights
 from components.spec import AdapterSpec, IngressKind, ModelSpec, PlatformSpec
 from runtime.config import (
     AdapterTarget,
@@ -31,6 +31,7 @@ from runtime.config import (
     StaticReplica,
     StrategyConfig,
     Task,
+    TracingSettings,
     VersionOf,
 )
 
@@ -248,4 +249,17 @@ def runtime_config(
         batcher=BatcherSettings(policies=[_batching(m) for m in embedding_models(spec)]),
         picker=picker,
         batches=batches.settings(spec, router_url, health_feed, files),
+        tracing=tracing_settings(spec),
+    )
+
+
+def tracing_settings(spec: PlatformSpec) -> TracingSettings | None:
+    """Where the runtime services send spans and how many (observability.tracing); None: tracing off."""
+    t = spec.observability.tracing
+    if not t.enabled:
+        return None
+    return TracingSettings(
+        endpoint=tracing.collector_endpoint(spec),
+        sample_ratio=t.sample_ratio,
+        capture_prompts=t.capture_prompts,
     )

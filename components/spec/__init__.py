@@ -117,6 +117,8 @@ from components.spec.platform import (
     ModelStoreSpec,
     ObservabilitySpec,
     PlatformSpec,
+    TraceBackend,
+    TracingSpec,
     spec_json_schema,
 )
 from components.spec.pools import (
@@ -222,6 +224,8 @@ __all__ = [
     "ScalingSpec",
     "SloSpec",
     "Target",
+    "TraceBackend",
+    "TracingSpec",
     "Transport",
     "WeightsFetch",
     "WeightsSpec",

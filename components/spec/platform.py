@@ -29,6 +29,52 @@ from components.spec.pools import GpuPoolSpec
 from runtime.config import batches_field
 
 
+class TraceBackend(StrEnum):
+    """Where the collector sends the traces: each takes OTLP/gRPC, so the difference is whose endpoint it is."""
+
+    TEMPO = "tempo"
+    JAEGER = "jaeger"
+    OTLP = "otlp"  # any other OTLP/gRPC endpoint: an ADOT collector in front of CloudWatch/X-Ray on EKS, a vendor
+
+
+class TracingSpec(_Spec):
+    """OpenTelemetry traces from the gateway to the engines: the router, the picker, the batcher and the batch
+    service make spans (``runtime.tracing``), vLLM engines make their own (``--otlp-traces-endpoint``), all export
+    to an OpenTelemetry Collector the stack installs (its upstream Helm chart), which sends them to ``backend``."""
+
+    enabled: bool = False
+    """Install the collector and turn tracing on everywhere. Off: no collector, no exporter, no spans."""
+    sample_ratio: Annotated[float, Field(ge=0, le=1)] = 0.01
+    """Share of new traces kept, parent-based: a request arriving with a sampled W3C traceparent is kept whatever
+    the ratio (so a client can ask for its request to be traced)."""
+    capture_prompts: bool = False
+    """Record each request's messages (first 4 KiB) on the router's span. Prompts are the users' data: off unless
+    you mean it."""
+    backend: TraceBackend = TraceBackend.TEMPO
+    """tempo, jaeger or otlp (any OTLP/gRPC endpoint, e.g. an ADOT collector for X-Ray): shown in the plan."""
+    endpoint: str | None = None
+    """The backend's OTLP/gRPC endpoint, e.g. 'http://tempo.monitoring.svc:4317', 'http://jaeger-collector.tracing.svc:4317'
+    or 'https://adot.example.internal:4317' (https: TLS). Required when enabled."""
+
+    @field_validator("endpoint")
+    @classmethod
+    def _grpc_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[A-Za-z0-9.-]+:\d{1,5}$", value):
+            raise ValueError(
+                f"{value!r} is not an OTLP/gRPC endpoint; write scheme, host and port, e.g. 'http://tempo.monitoring.svc:4317'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _endpoint_when_enabled(self) -> TracingSpec:
+        if self.enabled and self.endpoint is None:
+            raise ValueError(
+                f"tracing is enabled with backend {self.backend.value} but has no endpoint; give the backend's "
+                "OTLP/gRPC endpoint, e.g. 'http://tempo.monitoring.svc:4317'"
+            )
+        return self
+
+
 class ObservabilitySpec(_Spec):
     """What gets installed and rendered to watch the platform."""
 
@@ -49,6 +95,8 @@ class ObservabilitySpec(_Spec):
     grafana_admin_password_config_key: str | None = None
     """Pulumi secret config key with Grafana's admin password. Without it Grafana has no password login at
     all: dashboards are read-only for anyone who reaches it (port-forward), and nobody can change them."""
+    tracing: TracingSpec = Field(default_factory=TracingSpec)
+    """OpenTelemetry traces (off by default)."""
     prometheus_url: str | None = None
     """Prometheus query URL for scaling triggers and adapter rules; defaults to kube-prometheus-stack's
     in `namespace` (e.g. 'http://prometheus-operated.monitoring.svc:9090' for your own)."""
@@ -108,6 +156,10 @@ class ChartVersionsSpec(_Spec):
     envoy_gateway: str = "v1.4.2"
     """Chart gateway-helm, from oci://docker.io/envoyproxy: Envoy Gateway and the Gateway API CRDs it ships
     (gateway.ingress gateway-api with gateway.gateway_api envoy-gateway)."""
+
+    opentelemetry_collector: str = "0.170.0"
+    """Chart opentelemetry-collector, from https://open-telemetry.github.io/opentelemetry-helm-charts
+    (observability.tracing): the collector the runtime services and the engines export their spans to."""
 
     @field_validator("*")
     @classmethod

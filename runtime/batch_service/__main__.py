@@ -13,6 +13,7 @@ import contextlib
 import logging
 from pathlib import Path
 
+from runtime import tracing
 from runtime.batch_service.api import API_BODY_BYTES, BatchApi
 from runtime.batch_service.blobs import BlobError, open_blobs
 from runtime.batch_service.client import RouterClient
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
         exit_bad_config([f"{args.config}: batches.{err}"])
     db = Db(store)
     metrics = BatchMetrics()
-    runner = Runner(db, blobs, client, s, metrics, s.state_dir / "scratch", served_models(config))
+    traces = tracing.Tracing(config.tracing, "inferstack-batches")
+    runner = Runner(db, blobs, client, s, metrics, s.state_dir / "scratch", served_models(config), traces)
     api = BatchApi(db, blobs, s, runner, metrics)
     try:
         with asyncio.Runner(loop_factory=new_event_loop) as loop_runner:
@@ -101,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         client.close()
         db.close()
+        traces.shutdown()  # what is buffered is exported
 
 
 if __name__ == "__main__":

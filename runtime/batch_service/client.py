@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from runtime import tracing
 from runtime.http import LOW_PRIORITY, PRINCIPAL_HEADER, PRIORITY_HEADER
 from runtime.upstream import Exchange, Pool
 
@@ -49,6 +50,8 @@ class RouterClient:
     def _request(self, path: str, body: bytes, request_id: str, owner: str) -> bytes:
         named = self.auth and owner and owner.isprintable()  # a name from a header never holds CR or LF
         on_behalf = PRINCIPAL_HEADER + b": " + owner.encode() + b"\r\n" if named else b""
+        parent = tracing.traceparent()  # the line's span, when traced: the router's span is its child
+        on_behalf += b"traceparent: %b\r\n" % parent if parent is not None else b""
         return (
             b"POST %b HTTP/1.1\r\nhost: %b\r\ncontent-type: application/json\r\n%b%b%b: %b\r\n%b: %b\r\n"
             b"content-length: %d\r\n\r\n%b"

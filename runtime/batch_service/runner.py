@@ -35,6 +35,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from runtime import tracing
 from runtime.batch_service import lifecycle, pacing
 from runtime.batch_service.blobs import BlobError, Blobs
 from runtime.batch_service.client import Answer, RouterClient
@@ -175,7 +176,9 @@ class Runner:
         metrics: BatchMetrics,
         scratch: Path,
         served: Collection[str] | None = None,
+        traces: tracing.Tracing | None = None,
     ) -> None:
+        self.tracing = traces or tracing.Tracing(None, "inferstack-batches")
         self.db = db
         self.served = served  # the models a line may name (None: any; the router judges)
         self.blobs = blobs
@@ -527,16 +530,28 @@ class Runner:
     async def _post(self, batch: BatchRecord, pending: Pending, rid: str) -> tuple[Answer | None, str]:
         """One try of a line: its answer, or None and why there is none. Never raises (but cancelled): a
         surprise in one request stays with its line (tried again, then its error line)."""
-        try:
-            answer = await self.client.post(
-                batch.endpoint, pending.body, rid, self.settings.request_timeout_s, batch.owner
-            )
-        except (UpstreamError, TimeoutError, OSError) as err:
-            return None, f"the router gave no answer: {err or type(err).__name__}"
-        except Exception as err:
-            log.exception("line %d of %s could not be sent", pending.line, batch.id)
-            return None, f"the batch service could not send this request ({type(err).__name__})"
-        return answer, ""
+        attributes: dict[str, tracing.Attribute] = {
+            "inferstack.batch_id": batch.id,
+            "inferstack.batch_line": pending.line,
+            tracing.REQUEST_ID: rid,
+            tracing.TENANT: batch.owner,
+            tracing.PRIORITY: "low",
+        }
+        with self.tracing.outgoing("batch line", attributes) as span:
+            try:
+                answer = await self.client.post(
+                    batch.endpoint, pending.body, rid, self.settings.request_timeout_s, batch.owner
+                )
+            except (UpstreamError, TimeoutError, OSError) as err:
+                tracing.failed(span, (0, f"no answer: {err or type(err).__name__}"))
+                return None, f"the router gave no answer: {err or type(err).__name__}"
+            except Exception as err:
+                log.exception("line %d of %s could not be sent", pending.line, batch.id)
+                return None, f"the batch service could not send this request ({type(err).__name__})"
+            tracing.note({tracing.STATUS: answer.status})
+            if answer.status != 200:
+                tracing.failed(span, (answer.status, "the router refused or failed the line"))
+            return answer, ""
 
     def _done(self, result: Result, model: str, outcome: str) -> None:
         self.metrics.requests.labels(model, outcome).inc()

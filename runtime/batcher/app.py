@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from runtime import tracing
 from runtime.batcher import core
 from runtime.batcher.metrics import BatcherMetrics
 from runtime.batcher.service import EngineError, ModelBatcher, QueueFullError, WatchFn, error_body
@@ -63,18 +64,22 @@ class Batcher:
         self._watch = watch
         self.models: dict[str, ModelBatcher] = {}
         self.inflight = 0  # requests being handled (graceful shutdown waits for them)
+        self.tracing = tracing.Tracing(config.tracing, "inferstack-batcher")
 
     async def start(self) -> None:
         s = self.config.batcher
         for policy in s.policies:
             target = self.config.model(policy.model)
             assert target is not None  # RuntimeConfig validated the reference
-            mb = ModelBatcher(target, policy, self.metrics, self._watch, s.connect_timeout_ms / 1000)
+            mb = ModelBatcher(
+                target, policy, self.metrics, self._watch, s.connect_timeout_ms / 1000, traces=self.tracing
+            )
             mb.start()
             self.models[policy.model] = mb
 
     async def stop(self) -> None:
         await asyncio.gather(*(m.stop() for m in self.models.values()))
+        await asyncio.to_thread(self.tracing.shutdown)  # what is buffered is exported
 
     @property
     def ready(self) -> bool:
@@ -88,7 +93,8 @@ class Batcher:
         try:
             if method == b"POST":
                 if path == EMBEDDINGS:
-                    await self.embeddings(req, conn)
+                    with self.tracing.request("batcher embeddings", req.headers):
+                        await self.embeddings(req, conn)
                 elif path in PASSTHROUGH_PATHS:
                     await self.passthrough(req, conn)
                 elif path in GET_PATHS:

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from runtime import tracing
 from runtime.batcher import core
 from runtime.batcher.metrics import BatcherMetrics
 from runtime.config import BatchingPolicy, ModelTarget
@@ -93,6 +94,7 @@ class Pending:
     remaining: int = 0
     created: int = 0
     model: str = ""
+    trace_link: Any = None  # the request's span context (tracing on): the batches that serve it link to it
 
     def __post_init__(self) -> None:
         self.data = [None] * self.size
@@ -138,10 +140,13 @@ class ReplicaClient:
         self.inflight = 0
 
     def request(self, path: bytes, body: bytes) -> bytes:
-        """A complete HTTP/1.1 POST of a JSON body (head and body in one write)."""
+        """A complete HTTP/1.1 POST of a JSON body (head and body in one write), with the current span's
+        ``traceparent`` when traced (the engine's span of the batch joins its trace)."""
+        parent = tracing.traceparent()
+        trace_line = b"traceparent: %b\r\n" % parent if parent is not None else b""
         return (
-            b"POST %b HTTP/1.1\r\nhost: %b\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%b"
-            % (path, self.pool.host_header, len(body), body)
+            b"POST %b HTTP/1.1\r\nhost: %b\r\ncontent-type: application/json\r\n%bcontent-length: %d\r\n\r\n%b"
+            % (path, self.pool.host_header, trace_line, len(body), body)
         )
 
     async def post(
@@ -162,8 +167,10 @@ class ModelBatcher:
         metrics: BatcherMetrics,
         watch: WatchFn,
         connect_timeout_s: float = 2.0,
+        traces: tracing.Tracing | None = None,
     ) -> None:
         self.target = target
+        self.tracing = traces or tracing.Tracing(None, "inferstack-batcher")
         self.policy = policy
         self.connect_timeout_s = connect_timeout_s
         self._metrics = metrics
@@ -282,6 +289,7 @@ class ModelBatcher:
             engine_body=engine_body,
             fmt=fmt,
             key=key,
+            trace_link=tracing.link_context(),
         )
         queue = self.queues.setdefault(key, deque())
         now = time.monotonic()
@@ -409,7 +417,21 @@ class ModelBatcher:
         choices = [b for b in self.replicas if b.url not in exclude]
         return min(choices, key=lambda b: b.inflight) if choices else None
 
-    async def _call(self, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _call(self, payload: dict[str, Any], owners: list[Pending]) -> dict[str, Any]:
+        """One engine call, a span of its own linked to its members' requests when traced."""
+        attributes: dict[str, tracing.Attribute] = {
+            tracing.MODEL: self.target.name,
+            "inferstack.batch_inputs": len(payload.get("input") or ()),
+            "inferstack.batch_requests": len(owners),
+        }
+        with self.tracing.outgoing("batcher batch", attributes, [o.trace_link for o in owners]) as span:
+            try:
+                return await self._call_replicas(payload)
+            except EngineError as err:
+                tracing.failed(span, (err.status, "engine call failed"))
+                raise
+
+    async def _call_replicas(self, payload: dict[str, Any]) -> dict[str, Any]:
         """One engine call with one retry on another replica when the first cannot be reached."""
         tried: set[str] = set()
         last: EngineError = EngineError(503, error_body("no replica available", "service_unavailable", 503))
@@ -418,6 +440,7 @@ class ModelBatcher:
             if replica is None:
                 break
             tried.add(replica.url)
+            tracing.note({tracing.REPLICA: replica.url})
             replica.inflight += 1
             started = time.perf_counter()
             try:
@@ -475,7 +498,7 @@ class ModelBatcher:
         self._m_size.observe(len(batch))
         self._m_tokens.observe(sum(i.tokens for i in batch))
         try:
-            body = await self._call(payload)
+            body = await self._call(payload, owners)
             self._deliver(batch, body)
             self._m_calls["ok"].inc()
             return
@@ -506,7 +529,7 @@ class ModelBatcher:
             return
         self._m_calls["retry_alone"].inc()
         try:
-            body = await self._call({**owner.engine_body, "input": [i.value for i in items]})
+            body = await self._call({**owner.engine_body, "input": [i.value for i in items]}, [owner])
             self._deliver(items, body)
         except (EngineError, core.EngineResponseError) as err:
             owner.fail(_as_engine_error(err))

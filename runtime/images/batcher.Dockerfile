@@ -4,9 +4,9 @@
 
 FROM python:3.11.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY runtime/images/requirements.txt /tmp/requirements.txt
+COPY runtime/images/requirements.txt runtime/images/tracing.requirements.txt /tmp/
 RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-compile --only-binary=:all: -r /tmp/requirements.txt
+    && /opt/venv/bin/pip install --no-compile --only-binary=:all: -r /tmp/requirements.txt -r /tmp/tracing.requirements.txt
 
 FROM python:3.11.11-slim-bookworm
 LABEL org.opencontainers.image.title="inferstack-batcher" \
@@ -22,7 +22,7 @@ WORKDIR /app
 # The contract (with the scheduling registry it validates strategies against), the config-file reader and
 # service plumbing, discovery (which needs aiohttp for the Kubernetes watch), the lean HTTP server and
 # engine client shared with the router, the batcher.
-COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/server.py runtime/upstream.py runtime/py.typed /app/runtime/
+COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/server.py runtime/upstream.py runtime/tracing.py runtime/py.typed /app/runtime/
 COPY runtime/scheduling /app/runtime/scheduling
 COPY runtime/batcher /app/runtime/batcher
 USER 10001:10001

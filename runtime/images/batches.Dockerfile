@@ -4,7 +4,7 @@
 
 FROM python:3.11.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY runtime/images/requirements.txt runtime/images/batches.requirements.txt /tmp/
+COPY runtime/images/requirements.txt runtime/images/batches.requirements.txt runtime/images/tracing.requirements.txt /tmp/
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-compile --only-binary=:all: -r /tmp/batches.requirements.txt
 
@@ -23,7 +23,7 @@ COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 # The contract (with the scheduling registry it validates against), the config-file reader and service
 # plumbing, the shared HTTP helpers, the lean HTTP server and the keep-alive client (to the router), the service.
-COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/http.py runtime/server.py runtime/upstream.py runtime/py.typed /app/runtime/
+COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/http.py runtime/server.py runtime/upstream.py runtime/tracing.py runtime/py.typed /app/runtime/
 COPY runtime/scheduling /app/runtime/scheduling
 COPY runtime/batch_service /app/runtime/batch_service
 USER 10001:10001

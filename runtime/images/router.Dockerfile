@@ -4,7 +4,7 @@
 
 FROM python:3.11.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY runtime/images/requirements.txt runtime/images/router.requirements.txt /tmp/
+COPY runtime/images/requirements.txt runtime/images/router.requirements.txt runtime/images/tracing.requirements.txt /tmp/
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-compile --only-binary=:all: -r /tmp/router.requirements.txt
 
@@ -23,7 +23,7 @@ WORKDIR /app
 # discovery, shared HTTP helpers, the lean HTTP server and engine client (shared with the batcher), the
 # circuit breaker, request reading and the signal loop (shared with the picker), the version split
 # (runtime.versions), the scheduling library (routing decisions), the engines' KV-event view, the router.
-COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/api_keys.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/server.py runtime/upstream.py runtime/breaker.py runtime/replica.py runtime/model_view.py runtime/metrics_text.py runtime/engine_probe.py runtime/fleet_feed.py runtime/signal_loop.py runtime/openai_request.py runtime/versions.py runtime/py.typed /app/runtime/
+COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/api_keys.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/discovery.py runtime/http.py runtime/server.py runtime/upstream.py runtime/breaker.py runtime/replica.py runtime/model_view.py runtime/metrics_text.py runtime/engine_probe.py runtime/fleet_feed.py runtime/signal_loop.py runtime/openai_request.py runtime/versions.py runtime/tracing.py runtime/py.typed /app/runtime/
 COPY runtime/scheduling /app/runtime/scheduling
 COPY runtime/kvcache /app/runtime/kvcache
 COPY runtime/router /app/runtime/router

@@ -14,6 +14,7 @@ import os
 import re
 import time
 
+from runtime import tracing
 from runtime.api_keys import Denied, KeyTable, Principal
 from runtime.config import RuntimeConfig
 from runtime.engines import facts
@@ -87,7 +88,9 @@ class Router:
         self._rid_counter = 0
         self.batch_api = BatchApiHooks()
         self.limits: Limits = self._new_limits(cfg)
+        self.tracing = tracing.Tracing(cfg.tracing, "inferstack-router")
         self._swapping: asyncio.Task[None] | None = None
+        self._swapping_tracing: asyncio.Future[None] | None = None
         self._configure(cfg)
         self.metrics.attach_live(self.snapshot)
         self.fleet.on_departed = self.metrics.forget_replica
@@ -111,6 +114,7 @@ class Router:
     async def stop(self) -> None:
         await self.fleet.stop()
         await self.limits.stop()
+        await asyncio.to_thread(self.tracing.shutdown)  # what is buffered is exported
 
     def _configure(self, cfg: RuntimeConfig) -> None:
         s = cfg.router
@@ -167,6 +171,10 @@ class Router:
         if cfg.router.limit_store != self.cfg.router.limit_store:  # a new store: start it, stop the old
             old, self.limits = self.limits, self._new_limits(cfg)
             self._swapping = asyncio.get_running_loop().create_task(_replace(old, self.limits))
+        # new tracing settings: a new provider; the old one flushes and stops
+        if cfg.tracing != self.cfg.tracing:
+            old_tracing, self.tracing = self.tracing, tracing.Tracing(cfg.tracing, "inferstack-router")
+            self._swapping_tracing = asyncio.get_running_loop().run_in_executor(None, old_tracing.shutdown)
         self._configure(cfg)
         if keys is not None:
             self.keys = keys
@@ -190,7 +198,8 @@ class Router:
         if kind is not None:
             self.inflight += 1
             try:
-                await self.proxy(req, conn, kind)
+                with self.tracing.request(f"router {kind}", req.headers, {tracing.KIND: kind}):
+                    await self.proxy(req, conn, kind)
             finally:
                 self.inflight -= 1
             return
@@ -317,6 +326,9 @@ class Router:
             message = f"The model `{model}` does not exist here; served: {served}"
             self._fail(conn, 404, message, "unknown_model", code="model_not_found", param="model")
             return
+        # what the request is, on its span (never the key, never the prompt unless asked)
+        if tracing.current() is not None:
+            self._trace_request(state, adapter, principal, headers, rid, asked.payload)
         # 3. may they (a low-priority request without headroom is refused first: that costs nobody's limit)
         avoid: frozenset[str] | None = None
         if headers.get(PRIORITY_HEADER) == LOW_PRIORITY:  # the batch service: only into headroom
@@ -367,6 +379,7 @@ class Router:
                 asking = with_usage(body, asked.payload)
                 if asking is not None:
                     body, strip = asking, True
+            tracing.inject(headers)  # the engine's spans join this request's trace
             tail = forwarded_tail(headers, self.rid_header, rid, body)
             self.retry_budget.deposit()
             call = Call(
@@ -390,6 +403,35 @@ class Router:
         finally:  # the key pays what it used; nothing, when no call was made
             if ticket is not None and principal is not None and principal.key.tokens_per_minute:
                 ticket.settle(principal, call.settlement() if call is not None else -reserve)
+
+    def _trace_request(
+        self,
+        state: ModelState,
+        adapter: str | None,
+        principal: Principal | None,
+        headers: Headers,
+        rid: bytes,
+        payload: dict[str, object],
+    ) -> None:
+        """The request span's attributes: what was asked, by whom (the key's name), how it is routed."""
+        tracing.note(
+            {
+                tracing.MODEL: state.name,
+                tracing.VERSION: state.version if state.versioned else None,
+                tracing.ADAPTER: adapter,
+                tracing.TENANT: principal.name if principal is not None else None,
+                tracing.PRIORITY: "low" if headers.get(PRIORITY_HEADER) == LOW_PRIORITY else "normal",
+                tracing.STRATEGY: state.route.strategy.name,
+                tracing.REQUEST_ID: rid.decode("latin-1"),
+                tracing.PROMPT: tracing.prompt_text(payload) if self.tracing.capture_prompts else None,
+            }
+        )
+
+    def _waited(self, kind: str, model: str, seconds: float) -> None:
+        """A request waited for a replica: counted, and on its span (how long, and what it waited for)."""
+        self.metrics.waited(model, seconds)
+        tracing.note({tracing.QUEUE_WAIT_MS: round(seconds * 1000, 3)})
+        tracing.past(kind, seconds)
 
     def _client(self, principal: Principal | None, headers: Headers, conn: Connection) -> str:
         """Who sends a request, for a judged canary's per-client share: its key's name, else its address (a
@@ -421,6 +463,9 @@ class Router:
             outcome = "ok" if failure is None else "failed" if failure.retryable else "refused"
             self.metrics.adapter_load(state.name, outcome)
             log.info("adapter %s on %s: %s in %.3fs", name, replica.url, outcome, seconds)
+            tracing.past(
+                "router.adapter_load", seconds, {tracing.ADAPTER: name, tracing.REPLICA: replica.url}
+            )
 
         return await ensure_loaded(
             self.fleet.session,
@@ -442,7 +487,10 @@ class Router:
         tried: set[str] = set()
         reloaded = False
         while True:
-            replica = await acquire(state, ctx, self.queue_deadline_s, self.metrics.waited)
+            waited = self.metrics.waited
+            if tracing.current() is not None:
+                waited = functools.partial(self._waited, tracing.hold_kind(state.awake(), state.sleepers()))
+            replica = await acquire(state, ctx, self.queue_deadline_s, waited)
             if isinstance(replica, Refusal) and (stable := self.fleet.fallback(state)) is not None:
                 call.state = state = stable  # the canary cannot take it now: the stable version can
                 settings = state.settings
@@ -487,7 +535,12 @@ class Router:
                     )
                     call.tail = pd.tail_of(decode)
                 carried = call.carries_kv
-                outcome = await self.forwarder.attempt(call, replica)
+                tracing.note({tracing.REPLICA: replica.url})
+                with tracing.phase(
+                    "router.attempt", {tracing.ATTEMPT: attempt + 1, tracing.REPLICA: replica.url}
+                ) as sp:
+                    outcome = await self.forwarder.attempt(call, replica)
+                    tracing.failed(sp, outcome)
                 if outcome is None:
                     if pd is not None:
                         self.two_phase.served(pd, state)
@@ -519,6 +572,7 @@ class Router:
                 self._fail(conn, last_error[0], last_error[1], "upstream", code="upstream_error")
                 return
             self.metrics.retry(state.name, str(last_error[0]))
+            tracing.add(tracing.RETRIES)
             log.info(
                 "retrying on another replica",
                 extra={"request_id": rid.decode(), "failed": replica.url, "error": last_error[1]},

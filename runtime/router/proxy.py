@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from runtime import tracing
 from runtime.api_keys import Principal
 from runtime.config import RouterSettings
 from runtime.http import OVERLOADED, OVERLOADED_CODE, error_body, error_code, passed_retry_after
@@ -182,6 +183,7 @@ class Forwarder:
             if status == 200:
                 r.observe_ttft(first - sent_at, state.ewma_alpha)
                 self.metrics.first_byte(state.name, first - sent_at, state.versioned)
+                tracing.note({tracing.TTFT_MS: round((first - call.started) * 1000, 3)})
                 p, c = usage_of(body)
                 self.account(call, p, c)
             return None
@@ -311,6 +313,7 @@ class Forwarder:
         now = time.monotonic()
         r.observe_ttft(now - sent_at, state.ewma_alpha)
         self.metrics.first_byte(state.name, now - sent_at, state.versioned)
+        tracing.note({tracing.TTFT_MS: round((now - call.started) * 1000, 3)})
         headers = [
             (b"content-type", b"text/event-stream"),
             (b"cache-control", b"no-cache"),
@@ -354,4 +357,5 @@ class Forwarder:
         if prompt or completion:
             state = call.state
             self.metrics.usage(state.name, prompt, completion, state.versioned)
+            tracing.note({tracing.INPUT_TOKENS: prompt, tracing.OUTPUT_TOKENS: completion})
             call.used = prompt + completion

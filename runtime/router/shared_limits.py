@@ -39,6 +39,7 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from runtime import tracing
 from runtime.api_keys import Bucket, Denied, Principal, admit, charge_tokens, replica_share, scope_denied
 from runtime.config import LimitStore
 from runtime.router.limits import Ticket
@@ -216,10 +217,11 @@ class SharedLimits:
         if self.up:
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    ok, which, wait_ms = await self._buckets(
-                        keys=self._bucket_keys(principal),
-                        args=[key.requests_per_minute or 0, key.tokens_per_minute or 0, 0, reserve],
-                    )
+                    with tracing.phase("router.rate_limit_store"):  # a child of the request's span
+                        ok, which, wait_ms = await self._buckets(
+                            keys=self._bucket_keys(principal),
+                            args=[key.requests_per_minute or 0, key.tokens_per_minute or 0, 0, reserve],
+                        )
             except (RedisError, OSError, TimeoutError) as err:
                 self._down(err)
             else:

@@ -92,6 +92,7 @@ def test_every_pinned_chart_version_was_read_for_hooks() -> None:
         "aws_efa_k8s_device_plugin": "aws-efa-k8s-device-plugin",
         "metrics_server": "metrics-server",
         "envoy_gateway": "gateway-helm",
+        "opentelemetry_collector": "opentelemetry-collector",
     }
     assert set(charts) == set(versions)
     for field, chart in charts.items():

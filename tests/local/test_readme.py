@@ -83,6 +83,8 @@ COVERAGE = [
     Coverage(r"inferstack local up --routers \d+", ((LIFECYCLE, '"--routers", "2"'),), "lifecycle test"),
     Coverage(r"make redis", ((HERE, '_make_dry_lines("redis")'),), "dry run here; make test runs it"),
     Coverage(r"make local-down", ((LOCAL_TEST, '_make("local-down"'),), "run for real"),
+    Coverage(r"make traces-venv", ((HERE, '_make_dry_lines("-B", "traces-venv")'),), "dry run here"),
+    Coverage(r"make local TRACES=1", ((HERE, '_make_dry("local", "TRACES=1")'), ("tests/local/test_traces.py", "def test_traces_on_every_request_goes_to_the_local_store")), "dry run here; its plan in the traces test"),
     Coverage(r"make local MONITOR=1", ((MONITOR_TEST, '"MONITOR=1",'), (HERE, '_make_dry("local", "MONITOR=1")')), "run for real; dry run here"),
     Coverage(r"make prometheus", (("Makefile", "INSTALLS := venv engine-venv prepare-venv tools-venv crd-tools prometheus"), (".ci/run", "make test")), "make test runs it first"),
     Coverage(r"make s3rver", (("Makefile", "INSTALLS := venv engine-venv prepare-venv tools-venv crd-tools prometheus s3rver"), (".ci/run", "make test")), "make test runs it first"),
@@ -174,6 +176,8 @@ def test_make_targets_run_the_documented_commands() -> None:
     assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--routers 2\s*", _make_dry("local", "ROUTERS=2"))
     assert any("apt-get install -y -q redis-server" in line for line in _make_dry_lines("redis"))
     assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--monitor\s*", _make_dry("local", "MONITOR=1"))
+    assert re.fullmatch(r"\.venv/bin/inferstack local up\s+--traces\s*", _make_dry("local", "TRACES=1"))
+    assert any("-r scripts/traces-requirements.txt" in line for line in _make_dry_lines("-B", "traces-venv"))
     assert "bash scripts/install-prometheus.sh" in _make_dry_lines("local", "MONITOR=1")
     assert _make_dry("unit") == ".venv/bin/pytest -m 'not engine' -n 2"
     bench = _make_dry_lines("bench")  # ~25 minutes for real: the committed results came from a fresh clone

@@ -25,9 +25,17 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "runtime" / "images"
 DOCKERFILES = sorted(IMAGES.glob("*.Dockerfile"))
 # Modules an image imports only on some paths (lazily): prove the image carries them anyway.
+# runtime.tracing imports OpenTelemetry only when the config turns tracing on
+_TRACING = [
+    "opentelemetry.sdk.trace",
+    "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+    "runtime.tracing",
+]
 LAZY_IMPORTS = {
+    "router": _TRACING,
+    "batcher": _TRACING,
     "health": ["kubernetes_asyncio.client", "kubernetes_asyncio.config"],
-    "batches": ["boto3", "botocore.config", "botocore.exceptions"],  # files in S3 only
+    "batches": ["boto3", "botocore.config", "botocore.exceptions", *_TRACING],  # files in S3 only
     "weights": ["boto3", "botocore.exceptions", "huggingface_hub"],
     # runtime.prepare.quantize imports its tools inside quantize(), so --help alone proves none of them
     "prepare-llmcompressor": [

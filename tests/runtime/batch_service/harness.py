@@ -59,6 +59,9 @@ class BatchStack:
     service_key: str | None = None  # the API key the batch service sends to the router
     preload: str = ""  # Python run in the batch service's process before it starts (fault injection)
     from_file: bool = False  # the router as ``python -m runtime.router`` runs it: keys loaded, files watched
+    tracing: dict[str, Any] | None = (
+        None  # the runtime config's tracing, for the router and the batch service
+    )
     router: RouterUnderTest | RouterFromFile | None = None
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
@@ -94,7 +97,7 @@ class BatchStack:
             key_file = self.tmp / "service-key"
             key_file.write_text(self.service_key)
             batches["router_api_key_file"] = str(key_file)
-        return {**cfg, "batches": batches}
+        return {**cfg, "batches": batches, **({"tracing": self.tracing} if self.tracing else {})}
 
     def start_router(self) -> BatchStack:
         self.port = self.port or free_port()
