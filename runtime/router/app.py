@@ -15,7 +15,7 @@ import re
 import time
 
 from runtime.api_keys import Denied, KeyTable, Principal
-from runtime.config import RuntimeConfig
+from runtime.config import EngineKind, RuntimeConfig
 from runtime.engines import facts
 from runtime.http import (
     FORWARDED_FOR,
@@ -37,6 +37,7 @@ from runtime.router.disagg import Pairing, TwoPhase, without_kv_params
 from runtime.router.fleet import Fleet
 from runtime.router.limits import Limits, LocalLimits, Ticket
 from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
+from runtime.router.migration import Progress, asking_token_ids, migratable
 from runtime.router.model_state import ModelState
 from runtime.router.payload import (
     BadRequest,
@@ -46,7 +47,7 @@ from runtime.router.payload import (
     token_estimate,
     with_usage,
 )
-from runtime.router.proxy import Call, Forwarder, forwarded_tail
+from runtime.router.proxy import Broken, Call, Forwarder, forwarded_tail
 from runtime.router.replicas import Replica
 from runtime.router.retry import RetryBudget, backoff_s
 from runtime.server import NOT_CHECKED, Answer, Connection, Headers, Request
@@ -367,12 +368,34 @@ class Router:
                 asking = with_usage(body, asked.payload)
                 if asking is not None:
                     body, strip = asking, True
+            progress: Progress | None = None
+            if (
+                self.cfg.router.max_migrations_per_request
+                and state.prefill is None
+                and migratable(asked.payload, kind)
+            ):
+                # a stream that can move to another replica mid-way: the engine's token ids make it exact
+                ids = state.target.engine == EngineKind.VLLM
+                asking = asking_token_ids(body, asked.payload) if ids else None
+                if asking is not None:
+                    body = asking
+                resend = functools.partial(forwarded_tail, headers, self.rid_header, rid)
+                progress = Progress(
+                    kind,
+                    asked.payload,
+                    state.target.max_model_len_tokens,
+                    strip,
+                    asking is not None,
+                    resend,
+                    ids,
+                )
             tail = forwarded_tail(headers, self.rid_header, rid, body)
             self.retry_budget.deposit()
             call = Call(
                 conn, state, ctx, req.path, tail, asked.stream, rid, principal, started, strip, reserve
             )
             call.prompt = prompt_estimate(req.body) if reserve else 0  # a leaver pays it + what it read
+            call.progress = progress
             if state.prefill is not None:  # disaggregated: a prefill phase first (``disagg``)
                 call.pd = Pairing(
                     asked.payload,
@@ -443,10 +466,24 @@ class Router:
         reloaded = False
         while True:
             replica = await acquire(state, ctx, self.queue_deadline_s, self.metrics.waited)
+            if (
+                isinstance(replica, Refusal | None)
+                and call.resumed
+                and (stable := self.fleet.fallback(state))
+            ):
+                call.state = state = (
+                    stable  # no other replica of the session's version: the stable one goes on
+                )
+                settings = state.settings
+                continue
             if isinstance(replica, Refusal) and (stable := self.fleet.fallback(state)) is not None:
                 call.state = state = stable  # the canary cannot take it now: the stable version can
                 settings = state.settings
                 continue
+            if call.resumed and not isinstance(replica, Replica):  # no replacement: the stream's error event
+                message = replica.message if replica is not None else last_error[1]
+                await self._end_moved(call, message)
+                return
             if isinstance(replica, Refusal):
                 r = replica
                 self._fail(
@@ -464,6 +501,9 @@ class Router:
                 return
             outcome: tuple[int, str] | None
             failure = None if ctx.adapter is None else await self._adapter_ready(state, replica, ctx.adapter)
+            if failure is not None and not failure.retryable and call.resumed:
+                await self._end_moved(call, failure.message)
+                return
             if failure is not None and not failure.retryable:  # the engine refused the adapter itself
                 self._fail(
                     conn,
@@ -487,7 +527,15 @@ class Router:
                     )
                     call.tail = pd.tail_of(decode)
                 carried = call.carries_kv
-                outcome = await self.forwarder.attempt(call, replica)
+                moved = await self.forwarder.attempt(call, replica)
+                if isinstance(moved, Broken):  # the stream broke after its client got its head: move it
+                    tried.add(replica.url)
+                    ctx.exclude = frozenset(tried)
+                    last_error = (502, moved.message)
+                    if await self._move(call, replica, moved.reason, moved.message):
+                        continue
+                    return
+                outcome = moved
                 if outcome is None:
                     if pd is not None:
                         self.two_phase.served(pd, state)
@@ -501,10 +549,15 @@ class Router:
                     replica.adapters.loaded.pop(ctx.adapter, None)  # our view was behind: load it again
                     reloaded = True
                     continue
-            # a retryable failure before the client saw anything
+            # a retryable failure before the client saw anything (of this replica, for a stream being moved)
             last_error = outcome
             tried.add(replica.url)
             attempt += 1
+            if call.resumed:  # a replacement failed before its first event: the next one, within the limit
+                ctx.exclude = frozenset(tried)
+                if conn.closed or not await self._move(call, replica, "replacement_failed", outcome[1]):
+                    return
+                continue
             # A canary's failure is retried on the stable version outside the retry budget: at most the
             # canary's (small) share of traffic, and a bad canary must cost clients nothing.
             stable = self.fleet.fallback(state)
@@ -530,6 +583,44 @@ class Router:
             delay = backoff_s(settings.retry_backoff_ms, attempt)
             if delay:
                 await asyncio.sleep(delay)
+
+    async def _move(self, call: Call, replica: Replica, reason: str, message: str) -> bool:
+        """A stream's engine failed mid-way: True when its continuation is ready to go to another replica;
+        False when the stream ended here (the limit of moves, nothing left to generate, or it cannot go on)."""
+        progress = call.progress
+        assert progress is not None
+        limit = self.cfg.router.max_migrations_per_request
+        if progress.migrations >= limit or not progress.can_continue():
+            why = (
+                f"moved {progress.migrations} times already" if progress.can_continue() else "it cannot go on"
+            )
+            await self._end_moved(call, f"the engine stream broke ({message}); {why}")
+            return False
+        carried = progress.generated()
+        cont = progress.continuation()
+        if cont is None:  # max_tokens (or the context) is used up: the stream ends as the engine would end it
+            await self.forwarder.end_here(call, "length")
+            return False
+        call.path, call.tail = cont.path, progress.resend(cont.body)
+        self.metrics.migration(call.state.name, reason, carried)
+        log.warning(
+            "stream moved to another replica",
+            extra={
+                "request_id": call.rid.decode(),
+                "model": call.state.name,
+                "failed": replica.url,
+                "reason": reason,
+                "tokens_carried": carried,
+                "migration": progress.migrations,
+                "by": "token_ids" if progress.via_ids else "text",
+            },
+        )
+        return True
+
+    async def _end_moved(self, call: Call, message: str) -> None:
+        """A moved stream no replica can go on with: its client gets an error event, not a cut socket."""
+        self.metrics.reject("upstream", call.state.name)
+        await self.forwarder.end_stream(call, 502, message)
 
 
 def _scope(principal: Principal | None) -> tuple[str, ...] | None:
