@@ -295,7 +295,9 @@ def stream(r: RouterUnderTest, body: dict[str, Any], path: str = "/v1/chat/compl
     except http.client.IncompleteRead as err:
         raw, whole = err.partial, False
     conn.close()
-    events, errors, done = [], [], False
+    events: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    done = False
     for block in raw.split(b"\n\n"):
         if not block.startswith(b"data: "):
             continue
