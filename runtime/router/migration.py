@@ -349,6 +349,8 @@ class Progress:
             self.finished = True
         if self.kind == "chat" and not text and finish is None:
             delta = choice.get("delta")
+            if isinstance(delta, dict) and not delta:  # vLLM sends a token without text only for its ids
+                return None if (self.migrations or (self.strip_ids and ids is not None)) else choice
             if isinstance(delta, dict) and not any(v not in (None, "") for v in delta.values()):
                 return None if self.migrations else choice
         if self.kind == "completions" and not text and finish is None and self.migrations:
