@@ -372,22 +372,16 @@ class Router:
             if (
                 self.cfg.router.max_migrations_per_request
                 and state.prefill is None
+                and state.target.engine == EngineKind.VLLM  # the request fields a continuation uses are vLLM's
                 and migratable(asked.payload, kind)
             ):
                 # a stream that can move to another replica mid-way: the engine's token ids make it exact
-                ids = state.target.engine == EngineKind.VLLM
-                asking = asking_token_ids(body, asked.payload) if ids else None
+                asking = asking_token_ids(body, asked.payload)
                 if asking is not None:
                     body = asking
                 resend = functools.partial(forwarded_tail, headers, self.rid_header, rid)
                 progress = Progress(
-                    kind,
-                    asked.payload,
-                    state.target.max_model_len_tokens,
-                    strip,
-                    asking is not None,
-                    resend,
-                    ids,
+                    kind, asked.payload, state.target.max_model_len_tokens, strip, asking is not None, resend
                 )
             tail = forwarded_tail(headers, self.rid_header, rid, body)
             self.retry_budget.deposit()
