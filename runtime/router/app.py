@@ -372,7 +372,8 @@ class Router:
             if (
                 self.cfg.router.max_migrations_per_request
                 and state.prefill is None
-                and state.target.engine == EngineKind.VLLM  # the request fields a continuation uses are vLLM's
+                and state.target.engine
+                == EngineKind.VLLM  # the request fields a continuation uses are vLLM's
                 and migratable(asked.payload, kind)
             ):
                 # a stream that can move to another replica mid-way: the engine's token ids make it exact
