@@ -555,3 +555,41 @@ def test_an_adapter_and_the_sampling_fields_move_with_the_request() -> None:
     assert body["model"] == "my-adapter" and body["seed"] == 3 and body["top_p"] == 0.5
     assert body["prompt"] == [1, 7, 8] and body["max_tokens"] == 18 and body["min_tokens"] == 2
     assert "messages" not in body and body["return_token_ids"] is True
+
+
+def _versioned(lt: LoopThread, stable: list[str], canary: list[str]) -> RouterUnderTest:
+    models = [
+        {
+            "name": f"chat-{v}",
+            "static_backends": [{"url": u} for u in urls],
+            "version_of": {"model": "chat", "version": v, "weight": w, "stable": v == "v1"},
+        }
+        for v, urls, w in (("v1", stable, 0), ("v2", canary, 100))
+    ]
+    return RouterUnderTest(
+        lt, router_cfg([], models=models, default_strategy={"name": "round_robin"})
+    ).start()
+
+
+def test_a_moved_stream_keeps_its_version_while_a_replica_of_it_is_healthy(lt, models) -> None:
+    f = models(3, ("reset", 3))
+    stable, c1, c2 = f.engines
+    r = _versioned(lt, [stable.url], [c1.url, c2.url])
+    try:
+        got = stream(r, {**CHAT, "model": "chat"})
+        assert got.text() == full(LENGTH) and not got.errors
+        assert [e.name for e, _ in f.log][1] in {c1.name, c2.name} and not stable.requests
+    finally:
+        r.stop()
+
+
+def test_a_moved_stream_falls_back_to_stable_when_no_replica_of_its_version_is_left(lt, models) -> None:
+    f = models(2, ("reset", 3))
+    stable, canary = f.engines
+    r = _versioned(lt, [stable.url], [canary.url])
+    try:
+        got = stream(r, {**CHAT, "model": "chat"})
+        assert got.text() == full(LENGTH) and not got.errors
+        assert [e.name for e, _ in f.log] == [canary.name, stable.name]
+    finally:
+        r.stop()
