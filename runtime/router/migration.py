@@ -180,7 +180,7 @@ class Progress:
     prompt_ids: list[int] | None = None
     ids: list[int] = field(default_factory=list)
     ids_complete: bool = True  # every content event so far carried its ids
-    text: str = ""
+    pieces: list[str] = field(default_factory=list)  # the text the client has, piece by piece (``text``)
     started: bool = False  # the client has the stream's head
     finished: bool = False  # a finish_reason reached the client
     done: bool = False  # the stream's end ([DONE], or the router's own end) reached the client
@@ -340,7 +340,7 @@ class Progress:
                 choice["stop_reason"] = hit
             self._set_text(choice, text)
         if text:
-            self.text += text
+            self.pieces.append(text)
             self.content_events += 1
             if ids is None:
                 self.ids_complete = False
@@ -356,6 +356,13 @@ class Progress:
         if self.kind == "completions" and not text and finish is None and self.migrations:
             return None
         return choice
+
+    @property
+    def text(self) -> str:
+        """The text the client has (joined when asked: a long stream is not copied at each token)."""
+        if len(self.pieces) > 1:
+            self.pieces[:] = ["".join(self.pieces)]
+        return self.pieces[0] if self.pieces else ""
 
     def _set_text(self, choice: dict[str, Any], text: str) -> None:
         if self.kind == "chat":
