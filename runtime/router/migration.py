@@ -180,6 +180,9 @@ class Progress:
     prompt_ids: list[int] | None = None
     ids: list[int] = field(default_factory=list)
     ids_complete: bool = True  # every content event so far carried its ids
+    clean: int = (
+        0  # ids up to the last event with text: the ids after it are bytes of a character not yet whole
+    )
     pieces: list[str] = field(default_factory=list)  # the text the client has, piece by piece (``text``)
     started: bool = False  # the client has the stream's head
     finished: bool = False  # a finish_reason reached the client
@@ -340,6 +343,7 @@ class Progress:
                 choice["stop_reason"] = hit
             self._set_text(choice, text)
         if text:
+            self.clean = len(self.ids)
             self.pieces.append(text)
             self.content_events += 1
             if ids is None:
@@ -424,6 +428,12 @@ class Progress:
     def continuation(self) -> Continuation | None:
         """The request that goes on where the stream stopped; None: nothing left to generate (the router ends
         the stream itself, ``finish_reason: "length"``)."""
+        if self.ids_complete and self.clean < len(self.ids):
+            # the last tokens' text never reached the client (vLLM holds a character's bytes until it is
+            # whole): the replacement generates them again. A token-id prompt that ends inside a character
+            # also makes vLLM 0.32's detokenizer (a DecodeStream primed with the prompt) misplace its text.
+            del self.ids[self.clean :]
+            self.carried, self.ids_here = len(self.ids), 0
         left = self.remaining()
         if left is not None and left <= 0:
             return None

@@ -593,3 +593,19 @@ def test_a_moved_stream_falls_back_to_stable_when_no_replica_of_its_version_is_l
         assert [e.name for e, _ in f.log] == [canary.name, stable.name]
     finally:
         r.stop()
+
+
+def test_tokens_whose_character_had_not_reached_the_client_are_generated_again() -> None:
+    p = _progress({**CHAT, "max_tokens": 50})
+    first = {"id": "A", "created": 1}
+    _feed(
+        p,
+        {**first, "prompt_token_ids": [1, 2], "choices": [{"index": 0, "delta": {"role": "assistant"}}]},
+        {**first, "choices": [{"index": 0, "delta": {"content": "ab"}, "token_ids": [7, 8]}]},
+        {**first, "choices": [{"index": 0, "delta": {}, "token_ids": [9]}]},  # a character's first byte
+    )
+    p.started = True
+    cont = p.continuation()
+    assert cont is not None
+    body = json.loads(cont.body)
+    assert body["prompt"] == [1, 2, 7, 8] and body["max_tokens"] == 48  # token 9 comes again, counted once
