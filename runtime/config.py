@@ -572,6 +572,27 @@ class RouterSettings(_Strict):
     connect_timeout_ms: int = Field(default=2_000, ge=1)
     first_byte_timeout_ms: int = Field(default=120_000, ge=1)
     stream_idle_timeout_ms: int = Field(default=60_000, ge=1)
+    stream_stall_timeout_ms: int = Field(
+        default=10_000,
+        ge=100,
+        exclude_if=lambda ms: ms == 10_000,  # absent from rendered configs unless changed
+        description=(
+            "A stream that can move to another replica (max_migrations_per_request > 0) moves after this long"
+            " without a token (a hung engine keeps its socket open; only silence tells). Far above a healthy"
+            " gap between tokens (tens of ms; a chunked prefill of other requests stalls a decode well under a"
+            " second), far below stream_idle_timeout_ms, which bounds it."
+        ),
+    )
+    max_migrations_per_request: int = Field(
+        default=2,
+        ge=0,
+        le=8,
+        exclude_if=lambda n: n == 2,  # absent from rendered configs unless changed
+        description=(
+            "Times a stream whose engine fails mid-generation may be continued on another replica (each"
+            " replacement counts, one that fails too included); 0: a broken stream ends with an error event."
+        ),
+    )
     retries_max: int = Field(
         default=2, ge=0, description="Extra attempts on another replica, before first byte."
     )

@@ -64,6 +64,9 @@ class Feed:
     versions: list[VersionWeights]
     max_ejected_percent: float = DEFAULT_MAX_EJECTED_PERCENT
     """The monitor's panic threshold, so the front ends and the monitor agree on when a model is in panic."""
+    routing_changes: int | None = None
+    """The monitor's count of replicas turned routable or not; None from a monitor that cannot be waited on
+    (``fetch_feed``'s ``wait``)."""
 
 
 def _number(value: Any) -> float | None:
@@ -98,11 +101,13 @@ def read_feed(feed: Mapping[str, Any], now_unix_s: float) -> Feed | None:
             )
         )
     threshold = _number(feed.get("max_ejected_percent"))
+    changes = feed.get("routing_changes")
     return Feed(
         generated,
         out,
         _versions(feed.get("versions")),
         DEFAULT_MAX_EJECTED_PERCENT if threshold is None else threshold,
+        changes if isinstance(changes, int) and not isinstance(changes, bool) and changes >= 0 else None,
     )
 
 
@@ -137,11 +142,17 @@ def apply_signals(entry: ReplicaSignals, replica: ReplicaState, panic: bool = Fa
     return replica.healthy != was
 
 
-async def fetch_feed(session: aiohttp.ClientSession, url: str, timeout_s: float) -> Feed | None:
+async def fetch_feed(
+    session: aiohttp.ClientSession, url: str, timeout_s: float, wait: tuple[int, float] | None = None
+) -> Feed | None:
     """The feed, or None when the monitor is unreachable, answers badly or is stale (the caller
-    then probes the engines itself)."""
+    then probes the engines itself). ``wait`` = (the ``routing_changes`` the caller has, seconds): the monitor
+    answers once a replica turned routable or not since, or after that long (a long poll; ``timeout_s`` is on
+    top of it)."""
+    params = {"after": str(wait[0]), "wait_ms": str(int(wait[1] * 1000))} if wait is not None else None
+    total = timeout_s + (wait[1] if wait is not None else 0.0)
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with session.get(url, params=params, timeout=aiohttp.ClientTimeout(total=total)) as resp:
             if resp.status != 200:
                 return None
             feed = await resp.json(content_type=None)

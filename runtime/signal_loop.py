@@ -38,6 +38,7 @@ class Round:
 
     feed: Feed | None = None
     looks: dict[ReplicaState, Look] = field(default_factory=dict)
+    waited: bool = False  # the feed was a long poll that a monitor honours: the next round may start at once
 
 
 def feed_replicas(models: Mapping[str, M], feed: Feed) -> Iterator[tuple[M, Any, ReplicaSignals]]:
@@ -102,20 +103,33 @@ class SignalLoop(Generic[M]):
         self.log = logger
         self.feed_ok = False  # the last round applied a fresh feed (else it probed the engines)
         self.rounds = 0  # rounds completed
+        self.routing_changes: int | None = (
+            None  # the last feed's count (None: that monitor cannot be waited on)
+        )
 
     async def run(self) -> None:
         """Round after round until cancelled."""
         while True:
+            waited = False
             try:
-                await self.refresh()
+                waited = (await self.refresh()).waited
             except asyncio.CancelledError:
                 raise
             except Exception:  # the signal loop must outlive any one bad answer
                 self.log.exception("signal refresh failed")
-            await asyncio.sleep(self.interval_s())  # after the refresh: it may have taken one out
+            # after the refresh: it may have taken one out; a long poll waited already (for a readmission)
+            await asyncio.sleep(0.0 if waited else self.interval_s())
 
     def interval_s(self) -> float:
         return self.extra.interval_s(self.models(), self.settings())
+
+    def long_poll(self, settings: RouterSettings) -> tuple[int, float] | None:
+        """While a replica is out and the monitor can be waited on: wait for its next routing change (up to
+        ``probe_interval_ms``), so a readmission is routed to as soon as the monitor decides it."""
+        if self.routing_changes is None:
+            return None
+        out = any(not r.healthy for model in self.models().values() for r in model.replicas)
+        return (self.routing_changes, settings.probe_interval_ms / 1000) if out else None
 
     async def refresh(self) -> Round:
         """One round: the feed if it is fresh, else a look at every replica; then the front end's step."""
@@ -123,7 +137,10 @@ class SignalLoop(Generic[M]):
         settings = self.settings()
         if settings.health_feed_url:
             feed_timeout_s = settings.probe_interval_ms / 1000
-            done.feed = await fetch_feed(self.session(), str(settings.health_feed_url), feed_timeout_s)
+            wait = self.long_poll(settings)
+            done.feed = await fetch_feed(self.session(), str(settings.health_feed_url), feed_timeout_s, wait)
+            self.routing_changes = done.feed.routing_changes if done.feed is not None else None
+            done.waited = wait is not None and self.routing_changes is not None
         self.feed_ok = done.feed is not None
         if done.feed is not None:
             models = self.models()

@@ -10,8 +10,18 @@ from runtime.health.monitor import Monitor
 MONITOR_KEY = web.AppKey("monitor", Monitor)
 
 
+#: The longest a front end's ``GET /v1/backends?after=N&wait_ms=W`` is held.
+MAX_FEED_WAIT_S = 30.0
+
+
 async def fleet_feed(request: web.Request) -> web.Response:
-    feed = request.app[MONITOR_KEY].feed()
+    """The feed; with ``after`` (the ``routing_changes`` the caller has) and ``wait_ms``, once a replica turned
+    routable or not since, or after ``wait_ms`` (a long poll: readmissions reach front ends at once)."""
+    monitor = request.app[MONITOR_KEY]
+    after, wait_ms = request.query.get("after", ""), request.query.get("wait_ms", "")
+    if after.isdigit() and wait_ms.isdigit():
+        await monitor.routing_change_after(int(after), min(int(wait_ms) / 1000, MAX_FEED_WAIT_S))
+    feed = monitor.feed()
     return web.Response(body=feed.model_dump_json().encode(), content_type="application/json")
 
 

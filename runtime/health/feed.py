@@ -147,6 +147,12 @@ class FleetFeed(_Feed):
         default_factory=list,
         description="Weights of versioned models with a canary check (router: apply them).",
     )
+    routing_changes: int = Field(
+        default=0,
+        description="Times a replica turned routable or not since the monitor started. A front end that asks"
+        " `GET /v1/backends?after=N&wait_ms=W` with the count it has is answered when the count moves (a"
+        " readmission reaches it at once) or after W ms, whichever is first.",
+    )
 
     def for_model(self, model: str) -> list[ReplicaStatus]:
         return [b for b in self.backends if b.model == model]

@@ -84,6 +84,8 @@ class Monitor:
         self.panic: set[str] = set()  # models in panic now (``tracker.in_panic_now``)
         self._recovery_s: dict[tuple[str, str], float] = {}  # probe interval while ejected
         self._readmitted_at: dict[tuple[str, str], float] = {}
+        self.routing_changes = 0  # replicas turned routable or not (the feed's ``routing_changes``)
+        self._routing_changed = asyncio.Event()  # set, and replaced, at each such change
         self.counters = Counters()
         self._departed: dict[
             tuple[str, str], float
@@ -237,9 +239,12 @@ class Monitor:
         else:
             tracker.metrics_failed()
         s = self.settings
+        routable = tracker.health.routable
         transition = tracker.apply(
             result.outcome, now, eject_after=s.eject_after_failures, readmit_after=s.readmit_after_successes
         )
+        if tracker.health.routable != routable:
+            self._routing_change()
         key = (target.name, tracker.url)
         code = result.outcome.hard or result.outcome.soft
         self.counters.probes[(*key, code.value if code else "ok")] += 1
@@ -412,6 +417,19 @@ class Monitor:
     def all_trackers(self) -> list[Tracker]:
         return [t for model in self.trackers.values() for t in model.values()]
 
+    def _routing_change(self) -> None:
+        """A replica turned routable or not: front ends waiting on the feed are answered now."""
+        self.routing_changes += 1
+        self._routing_changed.set()
+        self._routing_changed = asyncio.Event()
+
+    async def routing_change_after(self, seen: int, timeout_s: float) -> None:
+        """Returns once ``routing_changes`` differs from ``seen``, or after ``timeout_s``."""
+        if self.routing_changes != seen:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._routing_changed.wait(), timeout_s)
+
     def feed(self) -> FleetFeed:
         now = self._clock()
         interval_s = self.settings.interval_ms / 1000
@@ -426,6 +444,7 @@ class Monitor:
                 for name, ts in self.trackers.items()
             ],
             versions=[VersionWeights.model_validate(v) for v in self.canaries.feed()],
+            routing_changes=self.routing_changes,
         )
 
     async def wait_idle(self) -> None:

@@ -16,7 +16,7 @@ import time
 
 from runtime import tracing
 from runtime.api_keys import Denied, KeyTable, Principal
-from runtime.config import RuntimeConfig
+from runtime.config import EngineKind, RuntimeConfig
 from runtime.engines import facts
 from runtime.http import (
     FORWARDED_FOR,
@@ -38,6 +38,7 @@ from runtime.router.disagg import Pairing, TwoPhase, without_kv_params
 from runtime.router.fleet import Fleet
 from runtime.router.limits import Limits, LocalLimits, Ticket
 from runtime.router.metrics import RouterMetrics, Snapshot, live_gauges
+from runtime.router.migration import Progress, asking_token_ids, migratable
 from runtime.router.model_state import ModelState
 from runtime.router.payload import (
     BadRequest,
@@ -47,7 +48,7 @@ from runtime.router.payload import (
     token_estimate,
     with_usage,
 )
-from runtime.router.proxy import Call, Forwarder, forwarded_tail
+from runtime.router.proxy import Broken, Call, Forwarder, forwarded_tail
 from runtime.router.replicas import Replica
 from runtime.router.retry import RetryBudget, backoff_s
 from runtime.server import NOT_CHECKED, Answer, Connection, Headers, Request
@@ -380,12 +381,29 @@ class Router:
                 if asking is not None:
                     body, strip = asking, True
             tracing.inject(headers)  # the engine's spans join this request's trace
+            progress: Progress | None = None
+            # A stream that can move to another replica mid-way (the continuation's request fields are vLLM's):
+            # the engine's token ids make it exact.
+            if (
+                self.cfg.router.max_migrations_per_request
+                and state.prefill is None
+                and state.target.engine == EngineKind.VLLM
+                and migratable(asked.payload, kind)
+            ):
+                asking = asking_token_ids(body, asked.payload)
+                if asking is not None:
+                    body = asking
+                resend = functools.partial(forwarded_tail, headers, self.rid_header, rid)
+                progress = Progress(
+                    kind, asked.payload, state.target.max_model_len_tokens, strip, asking is not None, resend
+                )
             tail = forwarded_tail(headers, self.rid_header, rid, body)
             self.retry_budget.deposit()
             call = Call(
                 conn, state, ctx, req.path, tail, asked.stream, rid, principal, started, strip, reserve
             )
             call.prompt = prompt_estimate(req.body) if reserve else 0  # a leaver pays it + what it read
+            call.progress = progress
             if state.prefill is not None:  # disaggregated: a prefill phase first (``disagg``)
                 call.pd = Pairing(
                     asked.payload,
@@ -491,10 +509,24 @@ class Router:
             if tracing.current() is not None:
                 waited = functools.partial(self._waited, tracing.hold_kind(state.awake(), state.sleepers()))
             replica = await acquire(state, ctx, self.queue_deadline_s, waited)
+            if (
+                isinstance(replica, Refusal | None)
+                and call.resumed
+                and (stable := self.fleet.fallback(state))
+            ):
+                call.state = state = (
+                    stable  # no other replica of the session's version: the stable one goes on
+                )
+                settings = state.settings
+                continue
             if isinstance(replica, Refusal) and (stable := self.fleet.fallback(state)) is not None:
                 call.state = state = stable  # the canary cannot take it now: the stable version can
                 settings = state.settings
                 continue
+            if call.resumed and not isinstance(replica, Replica):  # no replacement: the stream's error event
+                message = replica.message if replica is not None else last_error[1]
+                await self._end_moved(call, message)
+                return
             if isinstance(replica, Refusal):
                 r = replica
                 self._fail(
@@ -512,6 +544,9 @@ class Router:
                 return
             outcome: tuple[int, str] | None
             failure = None if ctx.adapter is None else await self._adapter_ready(state, replica, ctx.adapter)
+            if failure is not None and not failure.retryable and call.resumed:
+                await self._end_moved(call, failure.message)
+                return
             if failure is not None and not failure.retryable:  # the engine refused the adapter itself
                 self._fail(
                     conn,
@@ -539,8 +574,17 @@ class Router:
                 with tracing.phase(
                     "router.attempt", {tracing.ATTEMPT: attempt + 1, tracing.REPLICA: replica.url}
                 ) as sp:
-                    outcome = await self.forwarder.attempt(call, replica)
-                    tracing.failed(sp, outcome)
+                    moved = await self.forwarder.attempt(call, replica)
+                    tracing.failed(sp, (502, moved.message) if isinstance(moved, Broken) else moved)
+                if isinstance(moved, Broken):  # the stream broke after its client got its head: move it
+                    tried.add(replica.url)
+                    ctx.exclude = frozenset(tried)
+                    last_error = (502, moved.message)
+                    attempt += 1
+                    if await self._move(call, replica, moved.reason, moved.message):
+                        continue
+                    return
+                outcome = moved
                 if outcome is None:
                     if pd is not None:
                         self.two_phase.served(pd, state)
@@ -554,10 +598,15 @@ class Router:
                     replica.adapters.loaded.pop(ctx.adapter, None)  # our view was behind: load it again
                     reloaded = True
                     continue
-            # a retryable failure before the client saw anything
+            # a retryable failure before the client saw anything (of this replica, for a stream being moved)
             last_error = outcome
             tried.add(replica.url)
             attempt += 1
+            if call.resumed:  # a replacement failed before its first event: the next one, within the limit
+                ctx.exclude = frozenset(tried)
+                if conn.closed or not await self._move(call, replica, "replacement_failed", outcome[1]):
+                    return
+                continue
             # A canary's failure is retried on the stable version outside the retry budget: at most the
             # canary's (small) share of traffic, and a bad canary must cost clients nothing.
             stable = self.fleet.fallback(state)
@@ -584,6 +633,45 @@ class Router:
             delay = backoff_s(settings.retry_backoff_ms, attempt)
             if delay:
                 await asyncio.sleep(delay)
+
+    async def _move(self, call: Call, replica: Replica, reason: str, message: str) -> bool:
+        """A stream's engine failed mid-way: True when its continuation is ready to go to another replica;
+        False when the stream ended here (the limit of moves, nothing left to generate, or it cannot go on)."""
+        progress = call.progress
+        assert progress is not None
+        limit = self.cfg.router.max_migrations_per_request
+        if progress.migrations >= limit or not progress.can_continue():
+            why = (
+                f"moved {progress.migrations} times already" if progress.can_continue() else "it cannot go on"
+            )
+            await self._end_moved(call, f"the engine stream broke ({message}); {why}")
+            return False
+        carried = progress.generated()
+        cont = progress.continuation()
+        if cont is None:  # max_tokens (or the context) is used up: the stream ends as the engine would end it
+            await self.forwarder.end_here(call, "length")
+            return False
+        call.path, call.tail = cont.path, progress.resend(cont.body)
+        self.metrics.migration(call.state.name, reason, carried)
+        tracing.add(tracing.MIGRATIONS)
+        log.warning(
+            "stream moved to another replica",
+            extra={
+                "request_id": call.rid.decode(),
+                "model": call.state.name,
+                "failed": replica.url,
+                "reason": reason,
+                "tokens_carried": carried,
+                "migration": progress.migrations,
+                "by": "token_ids" if progress.via_ids else "text",
+            },
+        )
+        return True
+
+    async def _end_moved(self, call: Call, message: str) -> None:
+        """A moved stream no replica can go on with: its client gets an error event, not a cut socket."""
+        self.metrics.reject("upstream", call.state.name)
+        await self.forwarder.end_stream(call, 502, message)
 
 
 def _scope(principal: Principal | None) -> tuple[str, ...] | None:

@@ -279,6 +279,19 @@ class RouterMetrics:
             ["model", "reason"],
             registry=r,
         )
+        self.migrations = Counter(
+            "inferstack_router_migrations",
+            "Streams moved to another replica mid-generation, by model and reason (reset, timeout,"
+            " error_event, truncated, protocol, replacement_failed)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.migrated_tokens = Counter(
+            "inferstack_router_migrated_tokens",
+            "Tokens already generated that moved streams carried over to their replacement",
+            ["model"],
+            registry=r,
+        )
         self._children: dict[tuple[Any, ...], Any] = {}
         self._departed: dict[tuple[str, str], float] = {}  # (model, replica url) -> when it departed
 
@@ -373,3 +386,7 @@ class RouterMetrics:
 
     def waited(self, model: str, seconds: float) -> None:
         self._child(self.queue_wait, model).observe(seconds)
+
+    def migration(self, model: str, reason: str, tokens: int) -> None:
+        self._child(self.migrations, model, reason).inc()
+        self._child(self.migrated_tokens, model).inc(tokens)

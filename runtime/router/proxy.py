@@ -6,6 +6,11 @@ ends before its first chunk. For a stream the first chunk is awaited before head
 replica that accepts and then fails is retried instead of reaching the client as a broken stream.
 Every outcome feeds the replica's circuit breaker and the metrics, and the answer's token usage is kept on
 the call (``Call.used``) for the app to settle the key's reservation with.
+
+A stream the router can continue elsewhere (``Call.progress``, see ``migration``) is relayed event by event
+instead: when its engine fails after the client got its first bytes (a reset, an error event, an end without a
+finish, or no token for ``stream_stall_timeout_ms``), the try ends with :class:`Broken` and the app's routing
+loop sends the continuation to another replica, whose events this relay rewrites into the same stream.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 
 from runtime import tracing
@@ -22,6 +28,7 @@ from runtime.config import RouterSettings
 from runtime.http import OVERLOADED, OVERLOADED_CODE, error_body, error_code, passed_retry_after
 from runtime.router.disagg import Pairing
 from runtime.router.metrics import RouterMetrics
+from runtime.router.migration import Progress
 from runtime.router.model_state import ModelState
 from runtime.router.payload import UsageStrip, stream_start, usage_of
 from runtime.router.replicas import BACKEND_HEADER, Replica
@@ -88,6 +95,12 @@ class Call:
     abandoned: bool = False  # the client left while an engine held its request: the engine worked for it
     relayed: int = 0  # content events of a stream passed on (about one token of one choice each)
     pd: Pairing | None = None  # a disaggregated model's request: its prefill phase (``disagg``)
+    progress: Progress | None = None  # a stream that can be continued on another replica (``migration``)
+
+    @property
+    def resumed(self) -> bool:
+        """The client has this stream's head: whatever happens now reaches it as events of that stream."""
+        return self.progress is not None and self.progress.started
 
     @property
     def carries_kv(self) -> bool:
@@ -107,6 +120,18 @@ class Call:
         return max(0, self.prompt + self.relayed - self.reserved) if worked else -self.reserved
 
 
+@dataclass(frozen=True, slots=True)
+class Broken:
+    """A stream that failed after its client got its first bytes, which can go on elsewhere."""
+
+    reason: str  # reset | timeout | error_event | truncated | protocol (the migrations metric's label)
+    message: str
+
+
+#: How an engine's failure mid-stream is named in the migrations metric.
+_REASON_OF_KIND = {"reset": "reset", "timeout": "timeout", "protocol": "protocol", "connect": "reset"}
+
+
 class Forwarder:
     """Sends calls to replicas with the router's timeouts; reconfigured with the router."""
 
@@ -119,11 +144,14 @@ class Forwarder:
         self.connect_timeout_s = s.connect_timeout_ms / 1000
         self.first_byte_timeout_s = s.first_byte_timeout_ms / 1000
         self.idle_timeout_s = s.stream_idle_timeout_ms / 1000
+        # a stream that can move waits this long for a token before it does (a hung engine: SIGSTOP, a wedged GPU)
+        self.stall_timeout_s = min(s.stream_stall_timeout_ms, s.stream_idle_timeout_ms) / 1000
         self.access_log = s.access_log
 
-    async def attempt(self, call: Call, r: Replica) -> tuple[int, str] | None:
+    async def attempt(self, call: Call, r: Replica) -> tuple[int, str] | Broken | None:
         """One try on one replica. None when the client got its answer (or left); otherwise the
-        (status, message) of a failure that is safe to retry elsewhere."""
+        (status, message) of a failure that is safe to retry elsewhere, or :class:`Broken` for a stream that
+        failed after its client got its first bytes and can be continued elsewhere."""
         conn, state, rid = call.conn, call.state, call.rid
         r.inflight += 1
         sent_at = time.monotonic()
@@ -140,6 +168,14 @@ class Forwarder:
             await self._head(call, ex)
             status = ex.status
             ctype = ex.headers.get(b"content-type", b"")
+            if call.resumed and not (status == 200 and ctype.startswith(b"text/event-stream")):
+                # a continuation's refusal is never passed on: the client is in the middle of a stream
+                body = await ex.read_all(self.idle_timeout_s)
+                if status >= 500 or status == 200:
+                    r.breaker.on_failure(time.monotonic())
+                return (status if status >= 400 else 502), (
+                    f"replacement answered {status}: {body[:200].decode('utf-8', 'replace')}"
+                )
             if status == 404 and call.ctx.adapter is not None:
                 # the replica lost the adapter (a restart) before our view of it caught up: the caller loads
                 # it again; the client has seen nothing
@@ -163,6 +199,8 @@ class Forwarder:
                     r.breaker.on_failure(time.monotonic())
                 return status, f"replica answered {status}: {body[:200].decode('utf-8', 'replace')}"
             if status == 200 and ctype.startswith(b"text/event-stream"):
+                if call.progress is not None:
+                    return await self._relay_movable(call, call.progress, r, ex, sent_at)
                 return await self._relay_stream(call, r, ex, sent_at)
             if status == 200 and not ctype.startswith(_JSON):
                 # neither JSON nor SSE: a proxy error page or a confused engine; try another replica
@@ -351,6 +389,100 @@ class Forwarder:
                 p, c = usage_of(tally.usage)
                 self.account(call, p, c)
         return None
+
+    async def _relay_movable(
+        self, call: Call, progress: Progress, r: Replica, ex: Exchange, sent_at: float
+    ) -> tuple[int, str] | Broken | None:
+        """Relay a stream event by event through ``progress`` (the first engine's, or a replacement's rewritten
+        into it). :class:`Broken` when the engine fails after the client got the stream's head; a failure
+        before this engine's first event is a plain retryable one (the client saw nothing of this engine)."""
+        conn, state = call.conn, call.state
+        first = await ex.next_chunk(self._first_byte_s(call))
+        if first is None:
+            r.breaker.on_failure(time.monotonic())
+            return 502, "replica ended the stream before sending anything"
+        outcome: Broken | None = None
+        try:
+            out = progress.feed(first)
+            if not progress.started and progress.broken is not None:  # an error before anything: retry it
+                ex.abort()
+                r.breaker.on_failure(time.monotonic())
+                progress.broken = None
+                return 502, f"replica failed the stream before its first token: {first[:200]!r}"
+            if not progress.started:
+                now = time.monotonic()
+                r.observe_ttft(now - sent_at, state.ewma_alpha)
+                self.metrics.first_byte(state.name, now - sent_at, state.versioned)
+                headers = [
+                    (b"content-type", b"text/event-stream"),
+                    (b"cache-control", b"no-cache"),
+                    (self.rid_header, call.rid),
+                    (BACKEND_HEADER, r.tag),
+                ]
+                call.answered = True
+                conn.start(200, headers, out)
+                progress.started = True
+            elif out:
+                await conn.chunk(out)
+            r.breaker.on_success()
+            try:
+                while progress.broken is None and not (progress.done and progress.stop_hit):
+                    chunk = await ex.next_chunk(self.stall_timeout_s)
+                    if chunk is None:
+                        break
+                    out = progress.feed(chunk)
+                    if out:
+                        await conn.chunk(out)
+            except UpstreamError as err:
+                ex.abort()
+                r.breaker.on_failure(time.monotonic())
+                outcome = Broken(_REASON_OF_KIND.get(err.kind, "reset"), str(err))
+            else:
+                if progress.broken is not None:
+                    ex.abort()
+                    r.breaker.on_failure(time.monotonic())
+                    outcome = Broken(progress.broken, "the engine sent an error event mid-stream")
+                elif progress.done:
+                    ex.abort()  # ended here on a stop string across a seam (a no-op when the engine ended it)
+                elif not progress.finished:
+                    r.breaker.on_failure(time.monotonic())
+                    outcome = Broken("truncated", "the engine ended the stream before its finish")
+            if outcome is not None and progress.finished and not progress.done:
+                # every token reached the client; only the stream's end was lost: the router writes it
+                await conn.chunk(progress.closing(progress.local_end(with_finish=False)))
+                outcome = None
+            if outcome is not None:
+                log.warning(
+                    "stream broke mid-way",
+                    extra={"request_id": call.rid.decode(), "backend": r.url, "error": outcome.message},
+                )
+                return outcome
+            rest = progress.rest()
+            if rest:
+                await conn.chunk(rest)
+            conn.end()
+        finally:
+            call.relayed = progress.content_events
+            if outcome is None and progress.usage is not None:
+                self.account(call, *progress.usage)
+        return None
+
+    async def end_stream(self, call: Call, status: int, message: str) -> None:
+        """End a stream the client has the head of with an error event: no replacement could go on with it."""
+        event = b"data: " + error_body(status, message, code="stream_error") + b"\n\n"
+        with suppress(ClientGoneError):
+            await call.conn.chunk(event)
+            call.conn.end()
+
+    async def end_here(self, call: Call, reason: str) -> None:
+        """End a stream the router finishes itself (nothing left to generate): its finish, usage, ``[DONE]``."""
+        progress = call.progress
+        assert progress is not None
+        with suppress(ClientGoneError):
+            await call.conn.chunk(progress.closing(progress.local_end(with_finish=True, reason=reason)))
+            call.conn.end()
+        if progress.usage is not None:
+            self.account(call, *progress.usage)
 
     def account(self, call: Call, prompt: int, completion: int) -> None:
         """The answer's usage: counted, and kept for the app to settle the key's tokens with."""
