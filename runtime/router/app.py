@@ -49,6 +49,8 @@ from runtime.router.payload import (
 from runtime.router.proxy import Call, Forwarder, forwarded_tail
 from runtime.router.replicas import Replica
 from runtime.router.retry import RetryBudget, backoff_s
+from runtime.router.waitline import Spot
+from runtime.scheduling.fair_queue import TenantTable, request_cost
 from runtime.server import NOT_CHECKED, Answer, Connection, Headers, Request
 
 log = logging.getLogger("inferstack.router")
@@ -123,6 +125,7 @@ class Router:
         self.forwarder.configure(s)
         self.two_phase.connect_timeout_s = s.connect_timeout_ms / 1000
         self.batch_api.configure(cfg)
+        self.tenants = TenantTable(s.tenants, s.default_band)
 
     def head(self, req: Request) -> Answer | None:
         """The server's look at a request head, before any body byte is read: the route, and for calls
@@ -156,8 +159,8 @@ class Router:
                 self.metrics.reject("auth", "")
                 return Answer.error(who.status, who.message, code=who.code)
             req.auth = who
-        if not self.batch_api.may_lower_priority(caller):  # anyone else's mark is dropped, not passed on
-            req.headers.pop(PRIORITY_HEADER, None)
+        if req.headers.get(PRIORITY_HEADER) == LOW_PRIORITY and not self.batch_api.may_lower_priority(caller):
+            req.headers.pop(PRIORITY_HEADER, None)  # anyone else's batch mark is dropped, not passed on
         return None
 
     def reconfigure(self, cfg: RuntimeConfig, keys: KeyTable | None = None) -> None:
@@ -354,6 +357,10 @@ class Router:
         # 4. route and proxy: fill only what the strategy's scorers declared they read. From here on the
         # reservation is settled whatever happens (answered, failed, the client left, a bug raised)
         call: Call | None = None
+        # its place in line when the replicas are full: its key's tenant and band, or a lower band it asks for
+        asked_band = "batch" if avoid is not None else _header(headers, PRIORITY_HEADER.decode())
+        cost = request_cost(call_prompt := prompt_estimate(req.body), asked.payload, kind)
+        spot = Spot(self.tenants.place(principal.key if principal is not None else None, asked_band, cost))
         try:
             ctx = state.context(
                 started, asked.payload, functools.partial(_header, headers), adapter, kind=kind
@@ -372,7 +379,7 @@ class Router:
             call = Call(
                 conn, state, ctx, req.path, tail, asked.stream, rid, principal, started, strip, reserve
             )
-            call.prompt = prompt_estimate(req.body) if reserve else 0  # a leaver pays it + what it read
+            call.prompt = call_prompt if reserve else 0  # a leaver pays it + what it read
             if state.prefill is not None:  # disaggregated: a prefill phase first (``disagg``)
                 call.pd = Pairing(
                     asked.payload,
@@ -383,11 +390,12 @@ class Router:
                     body,
                 )
             try:
-                await self._route(call)
+                await self._route(call, spot)
             finally:
                 if call.pd is not None:  # a prefill replica's circuit is never left waiting for a verdict
                     self.two_phase.settle(call.pd, None)
-        finally:  # the key pays what it used; nothing, when no call was made
+        finally:  # the key pays what it used; nothing, when no call was made; so does its tenant's fair share
+            spot.settle(_used(call))
             if ticket is not None and principal is not None and principal.key.tokens_per_minute:
                 ticket.settle(principal, call.settlement() if call is not None else -reserve)
 
@@ -434,7 +442,7 @@ class Router:
             on_load=counted,
         )
 
-    async def _route(self, call: Call) -> None:
+    async def _route(self, call: Call, spot: Spot | None = None) -> None:
         conn, state, ctx, rid = call.conn, call.state, call.ctx, call.rid
         settings = state.settings
         last_error: tuple[int, str] = (502, "no replica answered")
@@ -442,13 +450,15 @@ class Router:
         tried: set[str] = set()
         reloaded = False
         while True:
-            replica = await acquire(state, ctx, self.queue_deadline_s, self.metrics.waited)
+            spot = spot if spot is not None else Spot()
+            replica = await acquire(state, ctx, self.queue_deadline_s, self.metrics.waited, spot)
             if isinstance(replica, Refusal) and (stable := self.fleet.fallback(state)) is not None:
                 call.state = state = stable  # the canary cannot take it now: the stable version can
                 settings = state.settings
                 continue
             if isinstance(replica, Refusal):
                 r = replica
+                self.metrics.fair_shed(state.name, spot.place)
                 self._fail(
                     conn,
                     r.status,
@@ -462,6 +472,8 @@ class Router:
             if replica is None:  # every usable replica failed this request already
                 self._fail(conn, last_error[0], last_error[1], "upstream", code="upstream_error")
                 return
+            if spot.admitted(state.queue):
+                self.metrics.fair_admitted(state.name, spot.place)
             outcome: tuple[int, str] | None
             failure = None if ctx.adapter is None else await self._adapter_ready(state, replica, ctx.adapter)
             if failure is not None and not failure.retryable:  # the engine refused the adapter itself
@@ -530,6 +542,14 @@ class Router:
             delay = backoff_s(settings.retry_backoff_ms, attempt)
             if delay:
                 await asyncio.sleep(delay)
+
+
+def _used(call: Call | None) -> int | None:
+    """The tokens a request used, for its tenant's fair share: the answer's usage; nothing when no engine worked
+    for it; None (the admission's charge stands) when one did but said no usage."""
+    if call is None or call.used is not None:
+        return None if call is None else call.used
+    return None if call.answered or call.abandoned else 0
 
 
 def _scope(principal: Principal | None) -> tuple[str, ...] | None:
