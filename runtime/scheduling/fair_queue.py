@@ -8,8 +8,8 @@ queuing between tenants. Pure data structures, no I/O and no clock; the router's
 - **Tenants, within a band.** Each tenant has a virtual token counter, as in VTC ("Fairness in Serving Large
   Language Models", Sheng et al., OSDI 2024): a request is charged its expected cost (prompt + expected output)
   divided by its tenant's weight when it is admitted, and the charge is settled to its real usage when it ends.
-  The next slot goes to the waiting tenant whose counter is lowest; a tenant's own requests keep their arrival
-  order. A tenant that starts waiting has its counter lifted to the lowest counter of the tenants already
+  The next slot goes to the waiting tenant whose counter is lowest (between equal ones, to the cheaper request);
+  a tenant's own requests keep their arrival order. A tenant that starts waiting has its counter lifted to the lowest counter of the tenants already
   waiting (or, when none waits, to the highest counter: the level everyone served reached), so time spent idle
   banks no credit to spend on a burst later.
 - **FIFO** (``fifo=True``): every request alike, in arrival order (the line before bands and tenants).
@@ -189,14 +189,14 @@ class FairQueue(Generic[T]):
         return entry
 
     def peek(self) -> Entry[T] | None:
-        """The entry ``pop`` would hand out: the highest band's waiting tenant with the lowest counter (then the
-        earliest arrival)."""
+        """The entry ``pop`` would hand out: the highest band's waiting tenant with the lowest counter; between
+        equal counters (a tenant that just came back is lifted to the lowest), the cheaper request, which delays
+        the other less; then the earliest arrival."""
         best: Entry[T] | None = None
-        best_order: tuple[int, float, int] | None = None
+        best_order: tuple[int, float, int, int] | None = None
         for (rank, tenant), line in self._lines.items():
-            if not line:
-                continue
-            order = (rank, self.share.counter(tenant), line[0].seq)
+            head = line[0]
+            order = (rank, self.share.counter(tenant), head.place.cost, head.seq)
             if best_order is None or order < best_order:
                 best, best_order = line[0], order
         return best
