@@ -90,6 +90,13 @@ class TenantTable:
         return Place(name, lowered(band, asked), weight, cost)
 
 
+def top_band_only(tenant_bands: Iterable[Band], default_band: Band) -> bool:
+    """Every key's requests are in the top band (the keys of no listed tenant take ``default_band``): bands then
+    order nothing, and a burst of anyone's is as urgent as anyone's chat. The policy pack refuses it in prod
+    (``policies.inference.rules.fairness``)."""
+    return default_band is BANDS[0] and all(band is BANDS[0] for band in tenant_bands)
+
+
 def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 

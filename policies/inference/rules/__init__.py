@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from policies.inference.rules import (
     adapters,
+    fairness,
     fit,
     groups,
     hygiene,
@@ -31,6 +32,7 @@ RULES: tuple[Rule, ...] = (
     *groups.RULES,
     *lifecycle.RULES,
     *adapters.RULES,
+    *fairness.RULES,
 )
 BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
 
