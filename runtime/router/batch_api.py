@@ -31,6 +31,7 @@ from runtime.api_keys import Denied, KeyTable, Principal
 from runtime.config import Band, BatchesSettings, RuntimeConfig
 from runtime.http import PRINCIPAL_HEADER, SCOPES_HEADER, error_body, passed_retry_after
 from runtime.router.proxy import HOP_BY_HOP
+from runtime.scheduling.fair_queue import outside_headroom
 from runtime.server import Body, BodyError, Connection, Headers, Request
 from runtime.upstream import Exchange, Pool, UpstreamError
 
@@ -59,9 +60,7 @@ def low_priority_avoid(state: ModelState, share: float, now: float) -> frozenset
     """Replicas a low-priority request must not go to, or None when it may not go anywhere now."""
     if state.queue.waiters.waiting_above(Band.BATCH):
         return None  # requests of the batch band or above are waiting: they get every slot that frees
-    busy = frozenset(r.url for r in state.replicas if r.inflight >= r.cap * share)
-    free = any(r.healthy and r.breaker.allows(now) and r.url not in busy for r in state.replicas)
-    return busy if free else None
+    return outside_headroom(state.replicas, share, now)
 
 
 class BatchApiForwarder:

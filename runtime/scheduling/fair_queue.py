@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from runtime.config import ApiKey, Band, Tenant
+from runtime.scheduling.inputs import Replica
 
 T = TypeVar("T")
 
@@ -88,6 +89,23 @@ class TenantTable:
         """A request's place: its key's tenant and band, or a lower band it ``asked`` for (a header)."""
         name, weight, band = self.granted(key)
         return Place(name, lowered(band, asked), weight, cost)
+
+
+def fills(band: Band, headroom_share: float) -> float:
+    """The share of a replica's cap a request of ``band`` may take where it cannot wait in line for a slot (the
+    endpoint picker, which answers at once; the router's lane for the batch service's lines): the two upper bands
+    the whole cap, the batch and best-effort bands only ``headroom_share`` of it, so the last slots of a busy
+    replica stay for the upper bands."""
+    return 1.0 if RANK[band] <= RANK[Band.STANDARD] else headroom_share
+
+
+def outside_headroom(replicas: Iterable[Replica], share: float, now: float) -> frozenset[str] | None:
+    """The replicas a request limited to ``share`` of each replica's cap must not go to (those holding that many
+    already); None when no usable replica is left, and it may go nowhere now."""
+    listed = list(replicas)
+    full = frozenset(r.url for r in listed if r.inflight >= r.cap * share)
+    room = any(r.healthy and r.breaker.allows(now) and r.url not in full for r in listed)
+    return full if room else None
 
 
 def top_band_only(tenant_bands: Iterable[Band], default_band: Band) -> bool:
