@@ -6,7 +6,7 @@ Starts a real engine, so run it under the engines lock:
 
     flock /tmp/s13/engine.lock .venv/bin/python bench/fairness/run.py [--seconds 45]
 
-Setup: SmolLM2-135M-Instruct (bfloat16, eager) on core 1, the router (a process of its own) and the load generator
+Setup: the tiny Llama (bfloat16, eager) on core 1, the router (a process of its own) and the load generator
 on core 0. The router holds at most ``--cap`` requests on the engine (``max_concurrency_per_backend``); the rest
 wait in its line (deadline 10 s, the default). Each tenant has its own API key, so each is a tenant of its own,
 equal weights, band standard. The same engine serves every phase; only the router is restarted, with
@@ -50,7 +50,7 @@ from bench.processes import process  # noqa: E402
 from components.local.engine_process import EngineProcess, cpu_model_spec, free_port  # noqa: E402
 from runtime.api_keys import hash_key  # noqa: E402
 
-MODEL = "smollm2-135m-instruct"
+MODEL = "tiny-llama"
 LOGS = ROOT / ".cache" / "logs"
 RESULTS = ROOT / "bench" / "results"
 MAX_MODEL_LEN = 2048
@@ -252,7 +252,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=45)
     parser.add_argument("--cap", type=int, default=4)
-    parser.add_argument("--heavy-words", type=int, default=700)
+    parser.add_argument("--heavy-words", type=int, default=450)
     parser.add_argument("--heavy-tokens", type=int, default=16)
     parser.add_argument("--light-tokens", type=int, default=8)
     parser.add_argument("--model-dir", default=str(ROOT / ".cache" / "models" / MODEL))

@@ -177,3 +177,20 @@ def test_the_cold_start_hold_still_holds_a_low_band_request(doubles, lt, tmp_pat
             assert held.result(10)[0] == 200
     finally:
         r.stop()
+
+
+def test_a_tenants_count_is_settled_to_the_real_usage(doubles, make_router) -> None:
+    """Charged its estimate at admission (prompt from the body's size + max_tokens), a tenant's counter ends at the
+    tokens the answer reported (the double's usage: 5 prompt + 2 completion), divided by its weight."""
+    (d,) = doubles(1)
+    tenants = [{"name": "plain", "weight": 2}]
+    r = make_router([d.url], require_api_key=True, api_keys=_keys(), tenants=tenants)
+    hs = {"Authorization": "Bearer sk-plain-0123456789"}
+    assert r.request("POST", "/v1/chat/completions", {**CHAT, "max_tokens": 500}, hs)[0] == 200
+    assert (
+        r.request("POST", "/v1/chat/completions", CHAT, {"Authorization": "Bearer sk-light-0123456789"})[0]
+        == 200
+    )
+    share = r.call(lambda: r.router.fleet.models["m"].queue.waiters.share)
+    assert share.counter("plain") == 7 / 2
+    assert share.counter("light") == 7
