@@ -405,7 +405,12 @@ class Tenant(_Strict):
     """A tenant's share of a model's replicas when they are full, and its band. Keys name their tenant
     (``ApiKey.tenant``, else their own name); a key of no listed tenant has weight 1 and ``default_band``."""
 
-    name: str = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="The tenant: a key's name, or what keys name as their tenant (a metrics label).",
+    )
     weight: float = Field(
         default=1.0,
         gt=0,

@@ -14,8 +14,8 @@ equal weights, band standard. The same engine serves every phase; only the route
 
 Phases (each ``--seconds`` long, open loop: requests are sent at fixed intervals whatever the answers do):
 
-1. calibration: the heavy tenant alone in a closed loop of ``--cap`` clients: the engine's capacity in heavy
-   requests per second (``C``), and the light tenant alone, one request at a time: its engine time per request;
+1. calibration: the heavy tenant alone in a closed loop of ``4 x --cap`` clients (the line never empty): the
+   engine's capacity in heavy requests per second (``C``), and the light tenant alone, one request at a time: its engine time per request;
 2. light alone: the light tenant at a tenth of the engine's time (rate = 0.1 / its engine time per request);
 3. FIFO, heavy alone: the heavy tenant at ``2C``: its throughput when the light tenant is idle;
 4. FIFO, both tenants; 5. fair, both tenants.
@@ -272,7 +272,8 @@ def main() -> None:
         engine.wait_ready(900)
         with Router(engine, "fifo", args.cap, work) as base:
             asyncio.run(closed_loop(base, "heavy", 1, 3, args))  # warm
-            heavy = asyncio.run(closed_loop(base, "heavy", args.cap, s / 2, args))
+            # four clients per slot: the router's line is never empty, so the engine always holds ``cap``
+            heavy = asyncio.run(closed_loop(base, "heavy", 4 * args.cap, s / 2, args))
             capacity = len([r for r in heavy if not r["error"]]) / (s / 2)
             light = asyncio.run(closed_loop(base, "light", 1, s / 3, args))
             light_engine_s = statistics.median(r["latency_s"] for r in light if not r["error"])
