@@ -325,6 +325,8 @@ class Router:
         if headers.get(PRIORITY_HEADER) == LOW_PRIORITY:  # the batch service: only into headroom
             avoid = low_priority_avoid(state, self.batch_api.low_priority_share, started)
             if avoid is None:
+                batch_line = self.tenants.place(principal.key if principal is not None else None, "batch", 0)
+                self.metrics.fair_shed(state.name, batch_line)
                 message = f"no headroom for low-priority requests to {model!r} now"
                 self._fail(conn, OVERLOADED, message, "low_priority", code=OVERLOADED_CODE, retry_after_s=1)
                 return

@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from runtime.api_keys import hash_key
+from tests.runtime.router.harness import RouterUnderTest, router_cfg
 from tests.runtime.router.test_activator import _cold_router, _publish, _queue_depth
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
@@ -194,3 +195,36 @@ def test_a_tenants_count_is_settled_to_the_real_usage(doubles, make_router) -> N
     share = r.call(lambda: r.router.fleet.models["m"].queue.waiters.share)
     assert share.counter("plain") == 7 / 2
     assert share.counter("light") == 7
+
+
+def test_a_batch_line_refused_for_headroom_is_shed_in_its_owners_batch_band(lt, doubles) -> None:
+    """The batch service's lines are the batch band, charged to the batch's owner (x-inferstack-key): one refused
+    for want of headroom is counted as shed for that owner's tenant in that band."""
+    (d,) = doubles(1, hold=asyncio.Event())
+    keys = [*_keys(), {"name": "batches", "sha256": hash_key("sk-batches-0123456789")}]
+    cfg: dict[str, Any] = {
+        **router_cfg([d.url], cap=2, require_api_key=True, api_keys=keys, tenants=TENANTS),
+        "batches": {"router_url": "http://127.0.0.1:9", "headroom_share": 0.5, "router_key_name": "batches"},
+    }
+    r = RouterUnderTest(lt, cfg).start()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            busy = pool.submit(
+                r.request,
+                "POST",
+                "/v1/chat/completions",
+                CHAT,
+                {"Authorization": "Bearer sk-plain-0123456789"},
+            )
+            assert _until(lambda: len(d.requests) == 1)
+            line = {
+                "Authorization": "Bearer sk-batches-0123456789",
+                "x-inferstack-key": "acme-ci",
+                PRIORITY: "low",
+            }
+            assert r.request("POST", "/v1/chat/completions", CHAT, line)[0] == 503
+            d.release()
+            assert busy.result()[0] == 200
+        assert 'inferstack_router_fair_shed_total{band="batch",model="m",tenant="acme"} 1.0' in r.metrics()
+    finally:
+        r.stop()
