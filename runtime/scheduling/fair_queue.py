@@ -1,7 +1,8 @@
 """Who gets the next free slot when a model's replicas are full: priority bands, then token-weighted fair
 queuing between tenants. Pure data structures, no I/O and no clock; the router's wait line
-(``runtime.router.waitline``) holds its waiters in one, and the endpoint picker reads the same bands
-(``band_of``, ``lowered``) and costs (``request_cost``).
+(``runtime.router.waitline``) holds its waiters in one, and the endpoint picker, which holds no line, reads the
+same tenants and bands (``TenantTable``, ``lowered``) and keeps the last slots for the upper bands (``fills``,
+``outside_headroom``, the router's rule for the batch service's lines too).
 
 - **Bands.** A waiting request of a higher band (``runtime.config.Band``, highest first) always goes before one
   of a lower band.
@@ -9,9 +10,9 @@ queuing between tenants. Pure data structures, no I/O and no clock; the router's
   Language Models", Sheng et al., OSDI 2024): a request is charged its expected cost (prompt + expected output)
   divided by its tenant's weight when it is admitted, and the charge is settled to its real usage when it ends.
   The next slot goes to the waiting tenant whose counter is lowest (between equal ones, to the cheaper request);
-  a tenant's own requests keep their arrival order. A tenant that starts waiting has its counter lifted to the lowest counter of the tenants already
-  waiting (or, when none waits, to the highest counter: the level everyone served reached), so time spent idle
-  banks no credit to spend on a burst later.
+  a tenant's own requests keep their arrival order. A tenant that starts waiting has its counter lifted to the
+  lowest counter of the tenants already waiting (or, when none waits, to the highest counter: the level everyone
+  served reached), so time spent idle banks no credit to spend on a burst later.
 - **FIFO** (``fifo=True``): every request alike, in arrival order (the line before bands and tenants).
 """
 
@@ -30,8 +31,8 @@ T = TypeVar("T")
 #: Bands highest first; a band's rank is its place here.
 BANDS: tuple[Band, ...] = tuple(Band)
 RANK: dict[Band, int] = {band: i for i, band in enumerate(BANDS)}
-#: The tenant label of a request whose key names no configured tenant, or that has no key: tenants come from the
-#: config only, never from request input, so the metrics' label values stay bounded.
+#: The tenant of a request without a key: tenants are key names and the tenants keys name, from the config only,
+#: never from request input, so the metrics' label values stay bounded.
 OTHER_TENANT = "other"
 #: Output tokens a generation request is expected to produce when it sets no ``max_tokens``: what its counter is
 #: charged at admission until the real usage settles it (a request's whole context would over-charge a tenant
