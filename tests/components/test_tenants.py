@@ -44,7 +44,7 @@ def test_a_key_may_name_its_tenant_in_the_secret_list() -> None:
 
 
 def test_the_plan_shows_each_tenants_weight_and_band() -> None:
-    notes = plan_report(load("prod")).notes
+    notes = plan_report(load("staging")).notes
     line = next(n for n in notes if n.startswith("tenants"))
     assert "support-bot weight 2, interactive" in line
     assert "analytics weight 1, batch" in line
