@@ -408,6 +408,43 @@ class ModelRoute(_Strict):
     )
 
 
+class Band(StrEnum):
+    """A request's priority band, highest first: a waiting request of a higher band always gets a free slot
+    before one of a lower band (``runtime.scheduling.fair_queue``)."""
+
+    INTERACTIVE = "interactive"
+    STANDARD = "standard"
+    BATCH = "batch"
+    BEST_EFFORT = "best-effort"
+
+
+class QueueOrder(StrEnum):
+    """How a model's wait line orders its requests: ``fair`` (bands, then token-weighted fair queuing between
+    tenants), or ``fifo`` (arrival order, every request alike)."""
+
+    FAIR = "fair"
+    FIFO = "fifo"
+
+
+class Tenant(_Strict):
+    """A tenant's share of a model's replicas when they are full, and its band. Keys name their tenant
+    (``ApiKey.tenant``, else their own name); a key of no listed tenant has weight 1 and ``default_band``."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="The tenant: a key's name, or what keys name as their tenant (a metrics label).",
+    )
+    weight: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="Share of the tokens served while the replicas are full, relative to the other tenants'.",
+    )
+    band: Band = Field(default=Band.STANDARD, description="Priority band of the tenant's requests.")
+
+
 class ApiKey(_Strict):
     """A client credential; only its SHA-256 is ever stored."""
 
@@ -416,6 +453,12 @@ class ApiKey(_Strict):
     models: list[str] = Field(default_factory=list, description="Models the key may use; empty means all.")
     requests_per_minute: int | None = Field(default=None, ge=1, description="Request rate limit.")
     tokens_per_minute: int | None = Field(default=None, ge=1, description="Token rate limit (in + out).")
+    tenant: str | None = Field(
+        default=None,
+        exclude_if=lambda tenant: tenant is None,
+        description="The tenant whose fair share and band the key's requests take (router.tenants); None:"
+        " the key is a tenant of its own, by its name.",
+    )
 
 
 #: Why a key's ``tokens_per_minute`` cannot stand behind an inference-extension gateway, and what to do: said by the
@@ -569,6 +612,23 @@ class RouterSettings(_Strict):
         default=1024, ge=0, description="Requests that may wait for a free replica."
     )
     queue_deadline_ms: int = Field(default=10_000, ge=1, description="Longest wait before 503 overloaded.")
+    queue_order: QueueOrder = Field(
+        default=QueueOrder.FAIR,
+        exclude_if=lambda order: order is QueueOrder.FAIR,
+        description="fair: a higher band first, then the tenant served the fewest weighted tokens; fifo:"
+        " arrival order.",
+    )
+    tenants: list[Tenant] = Field(
+        default_factory=list,
+        exclude_if=lambda tenants: not tenants,
+        description="Weights and bands of the tenants API keys name (each key is a tenant of its own"
+        " unless it names one).",
+    )
+    default_band: Band = Field(
+        default=Band.STANDARD,
+        exclude_if=lambda band: band is Band.STANDARD,
+        description="Band of a request whose key's tenant is not listed, or without a key.",
+    )
     connect_timeout_ms: int = Field(default=2_000, ge=1)
     first_byte_timeout_ms: int = Field(default=120_000, ge=1)
     stream_idle_timeout_ms: int = Field(default=60_000, ge=1)
@@ -640,6 +700,14 @@ class RouterSettings(_Strict):
         ge=1,
         description="Close a client connection silent this long with nothing in flight (above the LB's 60 s).",
     )
+
+    @model_validator(mode="after")
+    def _tenants_unique(self) -> RouterSettings:
+        names = [t.name for t in self.tenants]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"router.tenants: {', '.join(twice)} listed twice; list each tenant once")
+        return self
 
 
 class CanaryCheck(_Strict):

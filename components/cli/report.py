@@ -25,7 +25,7 @@ from components.core.startup import minutes
 from components.core.weights import store
 from components.deploy.synthesis import Resource, Synthesis
 from components.kubernetes import images
-from components.render import addons, inference_extension, ingress, mig, scaling, tracing
+from components.render import addons, api_keys, inference_extension, ingress, mig, scaling, tracing
 from components.spec import ModelSpec, PlatformSpec
 
 PLAN_COLUMNS = (
@@ -381,6 +381,8 @@ def plan_report(stack: Stack) -> PlanReport:
         if note := scaling.scaling_note(spec, d):
             notes.append(note)
     if not spec.gateway.runs_router and (note := inference_extension.routing_note(spec)):
+        notes.append(note)
+    if note := api_keys.tenants_note(spec):
         notes.append(note)
     for pool in layout.pools.values():
         cache = (

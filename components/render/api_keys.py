@@ -16,7 +16,7 @@ from components.core.redaction import REDACTED
 from components.render import common
 from components.render.common import Manifest
 from components.spec import PlatformSpec
-from runtime.config import PICKER_HOLDS_NO_TOKEN_LIMIT, ApiKey
+from runtime.config import PICKER_HOLDS_NO_TOKEN_LIMIT, ApiKey, Band, QueueOrder
 
 
 def api_keys_secret(spec: PlatformSpec) -> Manifest:
@@ -30,7 +30,7 @@ def api_keys_secret(spec: PlatformSpec) -> Manifest:
 
 
 def hash_api_keys(raw: str, source: str, *, token_limits: bool = True) -> str:
-    """A YAML/JSON list of {name, key, models?, requests_per_minute?, tokens_per_minute?} -> ApiKey YAML.
+    """A YAML/JSON list of {name, key, models?, requests_per_minute?, tokens_per_minute?, tenant?} -> ApiKey YAML.
 
     Raises ``ValueError`` naming ``source`` (the config key) and the entry for any mistake; the message never
     contains a key. ``token_limits`` False (an inference-extension gateway: no router reads the answers' usage)
@@ -59,7 +59,7 @@ def hash_api_keys(raw: str, source: str, *, token_limits: bool = True) -> str:
         if name in names:
             raise ValueError(f"{where}: name {name!r} is used twice")
         names.add(name)
-        unknown = set(entry) - {"name", "key", "models", "requests_per_minute", "tokens_per_minute"}
+        unknown = set(entry) - {"name", "key", "models", "requests_per_minute", "tokens_per_minute", "tenant"}
         if unknown:
             raise ValueError(f"{where}: unknown fields {sorted(unknown)}")
         fields = {k: v for k, v in entry.items() if k != "key"}
@@ -90,4 +90,22 @@ def named_key(raw: str, name: str, source: str, wanted_by: str) -> str:
     raise ValueError(
         f"{source}: no key named {name!r}, which {wanted_by} names; add {{name: {name}, key: ...}} to the list"
         " (its scopes and rate limits bound that service's traffic)"
+    )
+
+
+def tenants_note(spec: PlatformSpec) -> str | None:
+    """The plan's account of who goes first when a model's replicas are full: each tenant's weight and band, and
+    what a key of no listed tenant gets. None when the gateway keeps every default (each key a tenant of its own,
+    weight 1, band standard, fair order)."""
+    g = spec.gateway
+    if not g.tenants and g.default_band is Band.STANDARD and g.queue_order is QueueOrder.FAIR:
+        return None
+    where = "router" if g.runs_router else "endpoint picker"
+    if g.queue_order is QueueOrder.FIFO:
+        return f"tenants: the {where} serves waiting requests in arrival order (queue_order fifo)"
+    listed = "; ".join(f"{t.name} weight {t.weight:g}, {t.band.value}" for t in g.tenants)
+    return (
+        f"tenants, when a model's replicas are full ({where}): {listed + '; ' if listed else ''}any other key weight"
+        f" 1, {g.default_band.value}. A higher band goes first; within a band the tenant served the fewest tokens"
+        " per unit of weight; a request may lower its band (x-inferstack-priority), never raise it"
     )

@@ -225,6 +225,9 @@ def runtime_config(
             "metrics_port": spec.gateway.router_metrics_port,
             # the ALB, or the Gateway's Envoy, appends the address it saw to X-Forwarded-For
             "trusted_proxy_hops": 0 if spec.gateway.ingress is IngressKind.NONE else 1,
+            "tenants": spec.gateway.tenants,
+            "default_band": spec.gateway.default_band,
+            "queue_order": spec.gateway.queue_order,
         }
     )
     checks = canary_checks(spec)

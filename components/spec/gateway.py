@@ -10,6 +10,7 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 
 from components.spec.base import Cidr, PinnedImage, _Spec, every_problem
+from runtime.config import Band, QueueOrder, Tenant
 
 
 class IngressKind(StrEnum):
@@ -82,7 +83,18 @@ class GatewaySpec(_Spec):
     """The router refuses requests without a known API key (the keys of api_keys_config_key); false serves
     anyone who reaches it."""
     api_keys_config_key: str | None = None
-    """Pulumi secret config key holding a YAML/JSON list of {name, key, models} (stored hashed in the cluster)."""
+    """Pulumi secret config key holding a YAML/JSON list of {name, key, models, requests_per_minute,
+    tokens_per_minute, tenant} (stored hashed in the cluster). ``tenant`` names the entry of tenants whose share
+    and band the key's requests take; without it a key is a tenant of its own, by its name."""
+    tenants: list[Tenant] = Field(default_factory=list)
+    """Tenants' weights and priority bands (interactive, standard, batch, best-effort) when a model's replicas are
+    full: a waiting request of a higher band goes first; within a band the tenant served the fewest tokens
+    (prompt + output, divided by its weight) goes next. A key of no listed tenant has weight 1 and
+    default_band. A request may ask for a lower band (header x-inferstack-priority), never a higher one."""
+    default_band: Band = Band.STANDARD
+    """Band of the keys whose tenant is not listed in tenants (and of requests without a key)."""
+    queue_order: QueueOrder = QueueOrder.FAIR
+    """fair (bands, then tenants' token shares) or fifo (arrival order, every request alike)."""
     gateway_api: GatewayApiImplementation = GatewayApiImplementation.EXISTING
     """With ingress gateway-api, who serves the Gateway: 'existing' is a GatewayClass the cluster already runs
     (gateway_class; `pulumi up` reads it before creating the Gateway, and stops there if it is missing),
@@ -164,7 +176,15 @@ class GatewaySpec(_Spec):
             self._fail_open_keeps_no_keys,
             self._ingress_has_a_hostname,
             self._replicas_ordered,
+            self._tenants_listed_once,
         )
+        return self
+
+    def _tenants_listed_once(self) -> GatewaySpec:
+        names = [t.name for t in self.tenants]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"gateway.tenants: {', '.join(twice)} listed twice; list each tenant once")
         return self
 
     def _inference_extension(self) -> GatewaySpec:

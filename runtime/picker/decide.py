@@ -6,6 +6,11 @@ happens when nobody can take the request: the router waits in line, the picker a
 ``Retry-After``: code ``overloaded`` when the replicas are full, ``no_healthy_backend`` when none is
 ready), and the gateway, not the picker, retries, on the fallback endpoints the pick lists after the
 chosen one.
+
+Bands are the router's (``runtime.scheduling.fair_queue``: a key's tenant's band, or a lower one the request asks
+for). With no line to put a higher band ahead in, the picker keeps the last slots for the upper bands instead: a
+batch or best-effort request takes only a replica below ``headroom_share`` of its cap (``fills``), as the router
+admits the batch service's lines, and is refused (503 ``overloaded``) when none is.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from runtime.config import Band
 from runtime.http import OVERLOADED, OVERLOADED_CODE, error_body
 from runtime.openai_request import (
     INFERENCE_PATHS,
@@ -24,6 +30,7 @@ from runtime.openai_request import (
 )
 from runtime.picker.replicas import ModelPool, Replica
 from runtime.scheduling import Context
+from runtime.scheduling.fair_queue import fills, outside_headroom
 
 #: Seconds a client is told to wait after an ``overloaded`` 503 from full replicas (the router's queue deadline, halved,
 #: is what it says after waiting; the picker does not wait, so it says the short end).
@@ -108,13 +115,16 @@ def decide(
     max_choices: int = 16,
     scope: frozenset[str] | None = None,
     admit: Callable[[str], Answer | None] | None = None,
+    band: Band = Band.STANDARD,
+    headroom_share: float = 1.0,
 ) -> Pick | Answer:
     """The pick for one request (the caller tells the strategy with ``on_routed`` once it is sent), or
     the answer the gateway gives instead. ``subset`` is the gateway's endpoint subset hint, if any.
 
     ``scope``: the models the caller's key may use (None: any), the only ones a 404 names; ``admit``: the
     key's scope and rate check on the named model, asked before anything touches the model (a 503
-    ``no_backend`` is what wakes a model at zero), as the router asks it before queueing."""
+    ``no_backend`` is what wakes a model at zero), as the router asks it before queueing. ``band``: the
+    request's; a batch or best-effort one takes only a replica below ``headroom_share`` of its cap."""
     kind = INFERENCE_PATHS.get(path)
     if kind is None:
         if path == "/v1/models" and method in ("GET", "HEAD"):
@@ -141,6 +151,19 @@ def decide(
     candidates = pool.replicas
     if subset is not None:
         candidates = [r for r in candidates if r.endpoint in subset]
+    share = fills(band, headroom_share)
+    if share < 1.0 and any(r.healthy and r.breaker.allows(now) for r in candidates):
+        outside = outside_headroom(candidates, share, now)
+        if outside is None:
+            return refuse(
+                OVERLOADED,
+                f"no headroom for {band.value} requests to {pool.name!r} now",
+                "low_priority",
+                pool.name,
+                code=OVERLOADED_CODE,
+                retry_after_s=OVERLOAD_RETRY_AFTER_S,
+            )
+        candidates = [r for r in candidates if r.url not in outside]
     primary = pool.strategy.pick(candidates, ctx)
     if primary is not None:
         return Pick(pool, primary, fallbacks(pool, primary, candidates, now, most_fallbacks), ctx)

@@ -25,12 +25,14 @@ from typing import Protocol
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
 from runtime.api_keys import Denied, KeyTable, Principal, admit
-from runtime.config import BodyMode, PickerSettings
+from runtime.config import Band, BodyMode, PickerSettings, QueueOrder
+from runtime.http import PRIORITY_HEADER
 from runtime.openai_request import INFERENCE_PATHS
 from runtime.picker import protocol
 from runtime.picker.decide import Answer, Pick, decide, refuse
 from runtime.picker.metrics import PickerMetrics
 from runtime.picker.replicas import ModelPool, Replica
+from runtime.scheduling.fair_queue import Place, TenantTable
 
 #: The model list: keyed like the inference paths, and listing only the key's models.
 MODELS_PATH = "/v1/models"
@@ -39,6 +41,9 @@ log = logging.getLogger("inferstack.picker")
 
 #: Statuses from a replica that count against its circuit (the router retries on the same ones).
 FAILURE_STATUSES = frozenset((502, 503, 504))
+#: Refusals for want of a replica: a tenant's requests shed, in the per-tenant metrics.
+SHED_REASONS = frozenset(("overloaded", "low_priority", "no_backend"))
+_PRIORITY = PRIORITY_HEADER.decode()
 
 
 class PickerState(Protocol):
@@ -61,6 +66,15 @@ class PickerState(Protocol):
 
     @property
     def keys(self) -> KeyTable: ...
+
+    @property
+    def tenants(self) -> TenantTable: ...
+
+    @property
+    def headroom_share(self) -> float: ...
+
+    @property
+    def settings_order(self) -> QueueOrder: ...
 
 
 class Exchange:
@@ -157,6 +171,15 @@ class Exchange:
         self.principal = who
         return None
 
+    def _place(self) -> Place:
+        """The request's tenant and band: its key's, or a lower band its header asks for (never a higher one); the
+        default band for every request when the line is ``fifo``."""
+        key = self.principal.key if self.principal is not None else None
+        place = self.state.tenants.place(key, self.headers.get(_PRIORITY), 0)
+        if self.state.settings_order is QueueOrder.FIFO:
+            return Place(place.tenant, Band.STANDARD, place.weight)
+        return place
+
     def _declared_too_large(self) -> Answer | None:
         """A declared ``Content-Length`` past the limit is a 413 at the headers, before the body is sent: the
         gateway answers at once instead of taking in (or buffering) a body nobody will read."""
@@ -198,6 +221,7 @@ class Exchange:
         state = self.state
         now = time.monotonic()
         scope = self.principal.key.models if self.principal is not None else None
+        place = self._place()
         decision = decide(
             state.models,
             self.method,
@@ -210,9 +234,14 @@ class Exchange:
             max_choices=state.max_choices,
             scope=frozenset(scope) if scope else None,
             admit=self._admit,
+            band=place.band,
+            headroom_share=state.headroom_share,
         )
         if isinstance(decision, Answer):
+            if decision.reason in SHED_REASONS and decision.model:
+                state.metrics.fair("shed", decision.model, place)
             return self._answer(decision)
+        state.metrics.fair("admitted", decision.pool.name, place)
         self.answered = True
         self.pick = decision
         primary = decision.primary

@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from runtime.picker.replicas import ModelPool
 from runtime.scheduling import Report
+from runtime.scheduling.fair_queue import Place
 
 PREFIX = "inferstack_picker_"
 DECISION_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
@@ -106,6 +107,19 @@ class PickerMetrics:
             "Changes to the API keys file that were refused (the keys in use stayed)",
             registry=r,
         )
+        self.fair_admissions = Counter(
+            PREFIX + "fair_admitted",
+            "Requests given a replica, per tenant (from the config; 'other' without a key) and band",
+            ["model", "tenant", "band"],
+            registry=r,
+        )
+        self.fair_sheds = Counter(
+            PREFIX + "fair_shed",
+            "Requests refused for want of a replica (full, no headroom for the band, none ready), per tenant and"
+            " band",
+            ["model", "tenant", "band"],
+            registry=r,
+        )
         self._children: dict[tuple[Any, ...], Any] = {}
 
     def attach_live(self, models: Callable[[], Mapping[str, ModelPool]]) -> None:
@@ -117,6 +131,11 @@ class PickerMetrics:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
+
+    def fair(self, outcome: str, model: str, place: Place) -> None:
+        """A request given a replica (``admitted``) or refused for want of one (``shed``), per tenant and band."""
+        metric = self.fair_admissions if outcome == "admitted" else self.fair_sheds
+        self._child(metric, model, place.tenant, place.band.value).inc()
 
     def picked(self, model: str, replica: str, decision_s: float) -> None:
         self._child(self.picks, model, replica).inc()

@@ -21,7 +21,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from runtime.api_keys import KeyTable, files_digest, keys_path, load_key_table
-from runtime.config import PICKER_HOLDS_NO_TOKEN_LIMIT, PickerSettings, RuntimeConfig
+from runtime.config import (
+    PICKER_HOLDS_NO_TOKEN_LIMIT,
+    BatchesSettings,
+    PickerSettings,
+    QueueOrder,
+    RuntimeConfig,
+)
 from runtime.config_file import ConfigError
 from runtime.http import METRICS_CONTENT_TYPE, error_body, metrics_payload
 from runtime.picker.exchange import Exchange
@@ -29,6 +35,7 @@ from runtime.picker.fleet import Discover, Fleet
 from runtime.picker.metrics import PickerMetrics
 from runtime.picker.protocol import EXT_PROC_SERVICE
 from runtime.picker.replicas import ModelPool
+from runtime.scheduling.fair_queue import TenantTable
 from runtime.server import Connection, Limits, Request, Server
 
 log = logging.getLogger("inferstack.picker")
@@ -67,6 +74,13 @@ class Picker(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ig
         file = cfg.picker.api_keys_file
         self.keys_file = file if config_path is None else keys_path(file, config_path)
         self.keys = self._load_keys()
+        self.tenants = TenantTable(cfg.router.tenants, cfg.router.default_band)
+        #: what a batch or best-effort request may fill of a replica (the batch service's headroom rule)
+        self.headroom_share: float = (
+            cfg.batches.headroom_share
+            if cfg.batches is not None
+            else BatchesSettings.model_fields["headroom_share"].default
+        )
 
     def _load_keys(self, previous: KeyTable | None = None) -> KeyTable:
         """The keys file as a table whose request buckets are this replica's share (``picker.replicas``);
@@ -111,6 +125,10 @@ class Picker(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ig
     @property
     def max_choices(self) -> int:
         return self.cfg.router.max_choices_per_request
+
+    @property
+    def settings_order(self) -> QueueOrder:
+        return self.cfg.router.queue_order
 
     async def Process(  # noqa: N802 - the generated servicer's method name
         self,

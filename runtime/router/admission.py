@@ -1,6 +1,7 @@
 """Admission: a replica with room for a request, or a bounded wait in line for one, or a refusal.
 
-Waiters are woken one per freed slot, in arrival order; each waits at most until its deadline, then
+Waiters are woken one per freed slot, in the line's order (``runtime.router.waitline``: a higher band first,
+then fair shares between tenants, then arrival); each waits at most until its deadline, then
 the app answers ``503`` with ``Retry-After`` and code ``overloaded`` (the service is full: ``429`` is kept
 for a key's own limits). Beyond ``max_waiting`` nobody waits at all, and gets the same answer.
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from runtime.http import OVERLOADED, OVERLOADED_CODE
 from runtime.router.model_state import ModelState
 from runtime.router.replicas import Replica
-from runtime.router.waitline import QueueFullError
+from runtime.router.waitline import QueueFullError, Spot
 from runtime.scheduling import Context
 
 log = logging.getLogger("inferstack.router")
@@ -39,22 +40,28 @@ class Refusal:
 
 
 async def acquire(
-    state: ModelState, ctx: Context, deadline_s: float, on_waited: Callable[[str, float], None]
+    state: ModelState,
+    ctx: Context,
+    deadline_s: float,
+    on_waited: Callable[[str, float], None],
+    spot: Spot | None = None,
 ) -> Replica | Refusal | None:
-    """A replica with room (the strategy's pick), waiting in line while all are busy.
+    """A replica with room (the strategy's pick), waiting in line while all are busy; ``spot``: the
+    request's band and tenant, and its place in line across waits (a fresh one: the default band).
 
     None when the only usable replicas were already tried by this request: the caller reports the
     last failure instead."""
     if state.batcher is not None and ctx.notes.get("kind") == "embeddings":
         return state.batcher
+    spot = spot if spot is not None else Spot()
     waited_from = 0.0
     while True:
         ctx.now = time.monotonic()
-        # first come, first served: a newcomer does not overtake requests already in line
+        # a newcomer does not overtake requests already in line: it joins it, and a free slot goes to
+        # whoever the line puts first (the newcomer too, when its band or its tenant's share says so)
         awake = state.awake()
         jump = not waited_from and bool(state.queue.waiters)
-        if jump and any(r.inflight < r.cap and r.healthy for r in awake):
-            state.queue.wake_one()  # a slot is free: make sure the head of the line gets it
+        free = jump and any(r.inflight < r.cap and r.healthy for r in awake)
         replica = None if jump else state.strategy.pick(awake, ctx)
         if replica is not None:
             if waited_from:
@@ -85,8 +92,10 @@ async def acquire(
         remaining = limit_s - (now - waited_from)
         try:
             # woken but beaten to the slot: back to the front of the line, not the end
-            woke = remaining > 0 and await state.queue.wait(remaining, front=again)
+            woke = remaining > 0 and await state.queue.wait(remaining, again, spot, wake_first=free)
         except QueueFullError:
+            if free:
+                state.queue.wake_one()  # the slot is still free: the line's next gets it
             woke = False
         if not woke:
             if not usable:

@@ -51,6 +51,8 @@ from runtime.router.payload import (
 from runtime.router.proxy import Broken, Call, Forwarder, forwarded_tail
 from runtime.router.replicas import Replica
 from runtime.router.retry import RetryBudget, backoff_s
+from runtime.router.waitline import Spot
+from runtime.scheduling.fair_queue import TenantTable, request_cost
 from runtime.server import NOT_CHECKED, Answer, Connection, Headers, Request
 
 log = logging.getLogger("inferstack.router")
@@ -128,6 +130,7 @@ class Router:
         self.forwarder.configure(s)
         self.two_phase.connect_timeout_s = s.connect_timeout_ms / 1000
         self.batch_api.configure(cfg)
+        self.tenants = TenantTable(s.tenants, s.default_band)
 
     def head(self, req: Request) -> Answer | None:
         """The server's look at a request head, before any body byte is read: the route, and for calls
@@ -161,8 +164,8 @@ class Router:
                 self.metrics.reject("auth", "")
                 return Answer.error(who.status, who.message, code=who.code)
             req.auth = who
-        if not self.batch_api.may_lower_priority(caller):  # anyone else's mark is dropped, not passed on
-            req.headers.pop(PRIORITY_HEADER, None)
+        if req.headers.get(PRIORITY_HEADER) == LOW_PRIORITY and not self.batch_api.may_lower_priority(caller):
+            req.headers.pop(PRIORITY_HEADER, None)  # anyone else's batch mark is dropped, not passed on
         return None
 
     def reconfigure(self, cfg: RuntimeConfig, keys: KeyTable | None = None) -> None:
@@ -335,6 +338,8 @@ class Router:
         if headers.get(PRIORITY_HEADER) == LOW_PRIORITY:  # the batch service: only into headroom
             avoid = low_priority_avoid(state, self.batch_api.low_priority_share, started)
             if avoid is None:
+                batch_line = self.tenants.place(principal.key if principal is not None else None, "batch", 0)
+                self.metrics.fair_shed(state.name, batch_line)
                 message = f"no headroom for low-priority requests to {model!r} now"
                 self._fail(conn, OVERLOADED, message, "low_priority", code=OVERLOADED_CODE, retry_after_s=1)
                 return
@@ -367,6 +372,10 @@ class Router:
         # 4. route and proxy: fill only what the strategy's scorers declared they read. From here on the
         # reservation is settled whatever happens (answered, failed, the client left, a bug raised)
         call: Call | None = None
+        # its place in line when the replicas are full: its key's tenant and band, or a lower band it asks for
+        asked_band = "batch" if avoid is not None else _header(headers, PRIORITY_HEADER.decode())
+        cost = request_cost(call_prompt := prompt_estimate(req.body), asked.payload, kind)
+        spot = Spot(self.tenants.place(principal.key if principal is not None else None, asked_band, cost))
         try:
             ctx = state.context(
                 started, asked.payload, functools.partial(_header, headers), adapter, kind=kind
@@ -402,7 +411,7 @@ class Router:
             call = Call(
                 conn, state, ctx, req.path, tail, asked.stream, rid, principal, started, strip, reserve
             )
-            call.prompt = prompt_estimate(req.body) if reserve else 0  # a leaver pays it + what it read
+            call.prompt = call_prompt if reserve else 0  # a leaver pays it + what it read
             call.progress = progress
             if state.prefill is not None:  # disaggregated: a prefill phase first (``disagg``)
                 call.pd = Pairing(
@@ -414,11 +423,12 @@ class Router:
                     body,
                 )
             try:
-                await self._route(call)
+                await self._route(call, spot)
             finally:
                 if call.pd is not None:  # a prefill replica's circuit is never left waiting for a verdict
                     self.two_phase.settle(call.pd, None)
-        finally:  # the key pays what it used; nothing, when no call was made
+        finally:  # the key pays what it used; nothing, when no call was made; so does its tenant's fair share
+            spot.settle(_used(call))
             if ticket is not None and principal is not None and principal.key.tokens_per_minute:
                 ticket.settle(principal, call.settlement() if call is not None else -reserve)
 
@@ -497,7 +507,7 @@ class Router:
             on_load=counted,
         )
 
-    async def _route(self, call: Call) -> None:
+    async def _route(self, call: Call, spot: Spot | None = None) -> None:
         conn, state, ctx, rid = call.conn, call.state, call.ctx, call.rid
         settings = state.settings
         last_error: tuple[int, str] = (502, "no replica answered")
@@ -505,10 +515,11 @@ class Router:
         tried: set[str] = set()
         reloaded = False
         while True:
+            spot = spot if spot is not None else Spot()
             waited = self.metrics.waited
             if tracing.current() is not None:
                 waited = functools.partial(self._waited, tracing.hold_kind(state.awake(), state.sleepers()))
-            replica = await acquire(state, ctx, self.queue_deadline_s, waited)
+            replica = await acquire(state, ctx, self.queue_deadline_s, waited, spot)
             if (
                 isinstance(replica, Refusal | None)
                 and call.resumed
@@ -529,6 +540,7 @@ class Router:
                 return
             if isinstance(replica, Refusal):
                 r = replica
+                self.metrics.fair_shed(state.name, spot.place)
                 self._fail(
                     conn,
                     r.status,
@@ -542,6 +554,8 @@ class Router:
             if replica is None:  # every usable replica failed this request already
                 self._fail(conn, last_error[0], last_error[1], "upstream", code="upstream_error")
                 return
+            if spot.admitted(state.queue):
+                self.metrics.fair_admitted(state.name, spot.place)
             outcome: tuple[int, str] | None
             failure = None if ctx.adapter is None else await self._adapter_ready(state, replica, ctx.adapter)
             if failure is not None and not failure.retryable and call.resumed:
@@ -672,6 +686,14 @@ class Router:
         """A moved stream no replica can go on with: its client gets an error event, not a cut socket."""
         self.metrics.reject("upstream", call.state.name)
         await self.forwarder.end_stream(call, 502, message)
+
+
+def _used(call: Call | None) -> int | None:
+    """The tokens a request used, for its tenant's fair share: the answer's usage; nothing when no engine worked
+    for it; None (the admission's charge stands) when one did but said no usage."""
+    if call is None or call.used is not None:
+        return None if call is None else call.used
+    return None if call.answered or call.abandoned else 0
 
 
 def _scope(principal: Principal | None) -> tuple[str, ...] | None:

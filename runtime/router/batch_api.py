@@ -9,7 +9,9 @@
    (``batches.router_key_name``) only, never from anyone else, and the line is then admitted and charged
    as the owner's: its scopes, its request and token limits (``on_behalf``).
 3. Low priority: a request marked ``x-inferstack-priority: low`` by the batch service's key (anyone else's
-   mark is dropped: ``may_lower_priority``) is admitted only while nobody waits in the model's line and
+   mark is dropped: ``may_lower_priority``) is in the batch band (``runtime.scheduling.fair_queue``), charged
+   to its batch's owner's tenant; it is admitted only while nobody of its band or a higher one waits in the
+   model's line and
    some replica holds fewer requests than ``share`` of its cap; it then goes only to such a replica. Otherwise it is refused at once (503 ``overloaded``),
    never queued ahead of, or beside, interactive requests, and before any rate limit is charged (the
    batch service sends a refused line again: were each refusal charged, a batch would eat its owner's
@@ -26,9 +28,10 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from runtime.api_keys import Denied, KeyTable, Principal
-from runtime.config import BatchesSettings, RuntimeConfig
+from runtime.config import Band, BatchesSettings, RuntimeConfig
 from runtime.http import PRINCIPAL_HEADER, SCOPES_HEADER, error_body, passed_retry_after
 from runtime.router.proxy import HOP_BY_HOP
+from runtime.scheduling.fair_queue import outside_headroom
 from runtime.server import Body, BodyError, Connection, Headers, Request
 from runtime.upstream import Exchange, Pool, UpstreamError
 
@@ -55,11 +58,9 @@ def api_call_model(principal: Principal) -> str:
 
 def low_priority_avoid(state: ModelState, share: float, now: float) -> frozenset[str] | None:
     """Replicas a low-priority request must not go to, or None when it may not go anywhere now."""
-    if len(state.queue):
-        return None  # interactive requests are waiting: they get every slot that frees
-    busy = frozenset(r.url for r in state.replicas if r.inflight >= r.cap * share)
-    free = any(r.healthy and r.breaker.allows(now) and r.url not in busy for r in state.replicas)
-    return busy if free else None
+    if state.queue.waiters.waiting_above(Band.BATCH):
+        return None  # requests of the batch band or above are waiting: they get every slot that frees
+    return outside_headroom(state.replicas, share, now)
 
 
 class BatchApiForwarder:

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from runtime.scheduling import Report
+from runtime.scheduling.fair_queue import Place
 from runtime.versions import Split
 
 if TYPE_CHECKING:
@@ -38,6 +39,10 @@ WAIT_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: Gauges filled at scrape time from live state: name (after ``inferstack_router_``) -> help, labels.
 LIVE_GAUGES: dict[str, tuple[str, list[str]]] = {
     "queue_depth": ("Requests waiting for a free replica", ["model"]),
+    "queue_waiting": (
+        "Requests waiting for a free replica per tenant (from the config; 'other' without a key) and band",
+        ["model", "tenant", "band"],
+    ),
     "backend_inflight": ("Requests in flight per replica", ["model", "backend"]),
     "circuit_state": ("Circuit per replica: 0 closed, 1 half-open, 2 open", ["model", "backend"]),
     "backend_healthy": (
@@ -66,6 +71,8 @@ def live_gauges(models: Mapping[str, ModelState], splits: Mapping[str, Split] | 
             out["version_weight"].append(((model, version), 100.0 * weight / total))
     for name, m in models.items():
         out["queue_depth"].append(((name,), float(len(m.queue))))
+        for tenant, band, waiting in m.queue.waiters.waiting():
+            out["queue_waiting"].append(((name, tenant, band.value), float(waiting)))
         out["backends"].append(((name,), float(len(m.replicas))))
         if m.sleep is not None:
             out["backends_asleep"].append(((name,), float(sum(1 for r in m.replicas if r.asleep))))
@@ -198,6 +205,18 @@ class RouterMetrics:
             "Time spent waiting for a free replica",
             ["model"],
             buckets=WAIT_BUCKETS_S,
+            registry=r,
+        )
+        self.fair_admissions = Counter(
+            "inferstack_router_fair_admitted",
+            "Requests given a replica, per tenant (from the config; 'other' without a key) and band",
+            ["model", "tenant", "band"],
+            registry=r,
+        )
+        self.fair_sheds = Counter(
+            "inferstack_router_fair_shed",
+            "Requests refused for want of a replica (queue full, deadline, none ready), per tenant and band",
+            ["model", "tenant", "band"],
             registry=r,
         )
         # per version of a model served in versions (the canary's numbers beside the stable's)
@@ -383,6 +402,12 @@ class RouterMetrics:
 
     def pd_fallback(self, model: str, reason: str) -> None:
         self._child(self.pd_fallbacks, model, reason).inc()
+
+    def fair_admitted(self, model: str, place: Place) -> None:
+        self._child(self.fair_admissions, model, place.tenant, place.band.value).inc()
+
+    def fair_shed(self, model: str, place: Place) -> None:
+        self._child(self.fair_sheds, model, place.tenant, place.band.value).inc()
 
     def waited(self, model: str, seconds: float) -> None:
         self._child(self.queue_wait, model).observe(seconds)

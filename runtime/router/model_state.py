@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from runtime.config import ModelRoute, ModelTarget, RouterSettings, Task
+from runtime.config import ModelRoute, ModelTarget, QueueOrder, RouterSettings, Task
 from runtime.engines import SleepMode, facts
 from runtime.model_view import ModelView
 from runtime.router.replicas import Replica
@@ -35,7 +35,7 @@ class ModelState(ModelView[Replica]):
         #: a version that is not the stable one: its failures are retried on the stable version
         self.canary = target.version_of is not None and not target.version_of.stable
         self.adapters = {a.name: a.path for a in target.adapters}  # name -> what a replica loads
-        self.queue = WaitQueue(settings.queue_max_requests)
+        self.queue = WaitQueue(settings.queue_max_requests, fifo=settings.queue_order is QueueOrder.FIFO)
         self.batcher: Replica | None = None
         if route.batcher_url is not None and target.task is Task.EMBED:
             self.batcher = self._replica(str(route.batcher_url).rstrip("/"), cap=1 << 30)

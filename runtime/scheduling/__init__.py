@@ -12,6 +12,7 @@ Pure Python: no I/O, no server or metrics library, so any runtime service may im
     presets.py    named strategies as data (weights, filters)
     build.py      configured strategy -> Strategy, and the checks of its names
     lru.py        the bounded LRU map behind the prefix index and the session map
+    fair_queue.py who gets the next free slot when replicas are full: bands, then tenants' token shares (VTC)
     scorers/      one module per scorer, with the knobs it owns (the registry finds them: builtin_scorers())
     filters/      one module per filter (registered_filters())
 

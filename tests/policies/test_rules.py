@@ -473,6 +473,34 @@ CASES = [
         ),
     ),
     Case(
+        "every-key-in-the-top-band",
+        "tenants-not-all-in-top-band",
+        "prod",
+        m(
+            k8s("ConfigMap", "inferstack-runtime-config"),
+            runtime_config(
+                lambda doc: doc["router"].update(
+                    default_band="interactive",
+                    tenants=[
+                        {"name": "support-bot", "band": "interactive"},
+                        {"name": "ci", "band": "interactive"},
+                    ],
+                )
+            ),
+        ),
+        ("every API key is in the top band (interactive",),
+    ),
+    Case(
+        "keys-of-no-tenant-in-the-top-band",
+        "tenants-not-all-in-top-band",
+        "prod",
+        m(
+            k8s("ConfigMap", "inferstack-runtime-config"),
+            runtime_config(lambda doc: doc["router"].update(default_band="interactive", tenants=[])),
+        ),
+        ("put the keys that can wait in a lower band",),
+    ),
+    Case(
         "public-to-engine",
         "public-ingress-requires-api-key",
         "prod",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from policies.inference.rules import (
     adapters,
     disaggregation,
+    fairness,
     fit,
     groups,
     hygiene,
@@ -33,6 +34,7 @@ RULES: tuple[Rule, ...] = (
     *lifecycle.RULES,
     *adapters.RULES,
     *disaggregation.RULES,
+    *fairness.RULES,
 )
 BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
 
