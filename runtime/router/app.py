@@ -332,7 +332,7 @@ class Router:
             return
         # what the request is, on its span (never the key, never the prompt unless asked)
         if tracing.current() is not None:
-            self._trace_request(state, adapter, principal, headers, rid, asked.payload)
+            self._trace_request(state, adapter, rid, asked.payload)
         # 3. may they (a low-priority request without headroom is refused first: that costs nobody's limit)
         avoid: frozenset[str] | None = None
         if headers.get(PRIORITY_HEADER) == LOW_PRIORITY:  # the batch service: only into headroom
@@ -376,6 +376,7 @@ class Router:
         asked_band = "batch" if avoid is not None else _header(headers, PRIORITY_HEADER.decode())
         cost = request_cost(call_prompt := prompt_estimate(req.body), asked.payload, kind)
         spot = Spot(self.tenants.place(principal.key if principal is not None else None, asked_band, cost))
+        tracing.note({tracing.TENANT: spot.place.tenant, tracing.PRIORITY: spot.place.band.value})
         try:
             ctx = state.context(
                 started, asked.payload, functools.partial(_header, headers), adapter, kind=kind
@@ -436,19 +437,16 @@ class Router:
         self,
         state: ModelState,
         adapter: str | None,
-        principal: Principal | None,
-        headers: Headers,
         rid: bytes,
         payload: dict[str, object],
     ) -> None:
-        """The request span's attributes: what was asked, by whom (the key's name), how it is routed."""
+        """The request span's attributes: what was asked and how it is routed (who asked, its tenant and band,
+        once its place in line is known)."""
         tracing.note(
             {
                 tracing.MODEL: state.name,
                 tracing.VERSION: state.version if state.versioned else None,
                 tracing.ADAPTER: adapter,
-                tracing.TENANT: principal.name if principal is not None else None,
-                tracing.PRIORITY: "low" if headers.get(PRIORITY_HEADER) == LOW_PRIORITY else "normal",
                 tracing.STRATEGY: state.route.strategy.name,
                 tracing.REQUEST_ID: rid.decode("latin-1"),
                 tracing.PROMPT: tracing.prompt_text(payload) if self.tracing.capture_prompts else None,

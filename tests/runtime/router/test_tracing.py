@@ -75,7 +75,7 @@ def test_a_request_is_one_server_span_with_its_attributes_and_the_engine_gets_it
     assert a[tracing.REPLICA] == d.url
     assert a[tracing.INPUT_TOKENS] == 5 and a[tracing.OUTPUT_TOKENS] == 2
     assert a[tracing.TTFT_MS] > 0
-    assert a[tracing.PRIORITY] == "normal"
+    assert (a[tracing.TENANT], a[tracing.PRIORITY]) == ("other", "standard")  # no key: the shared tenant
     assert tracing.RETRIES not in a
     # the engine's spans would be children of the router's: the engine got this span's context, sampled
     trace_id, parent, flags = _traceparent(d)
