@@ -59,6 +59,8 @@ QUEUE_WAIT_MS = "inferstack.queue_wait_ms"
 RETRIES = "inferstack.retries"
 MIGRATIONS = "inferstack.migrations"
 TTFT_MS = "inferstack.ttft_ms"
+#: The endpoint picker's view of an answer: the engine's response headers (it sees no tokens).
+RESPONSE_HEADERS_MS = "inferstack.response_headers_ms"
 ATTEMPT = "inferstack.attempt"
 STATUS = "http.response.status_code"
 ERROR = "inferstack.error"
@@ -117,6 +119,29 @@ class Tracing:
         elif not self._head():
             return _Unsampled(_new_traceparent(sampled=False))
         return _request(self._tracer, name, headers, attributes or {}, server=True)
+
+    def hold(
+        self, name: str, headers: Mapping[bytes, bytes], attributes: Mapping[str, Attribute] | None = None
+    ) -> Held | None:
+        """The span of one request received, held across callbacks rather than a block (the endpoint picker's
+        ext_proc exchange: its headers, its body, the engine's answer, its end), sampled as :meth:`request`
+        samples. None when tracing is off."""
+        if self._tracer is None:
+            return None
+        caller = headers.get(TRACEPARENT)
+        parsed = _parse(caller) if caller is not None else None
+        if parsed is False:
+            assert caller is not None
+            return Held(None, caller)
+        if parsed is None and not self._head():
+            return Held(None, _new_traceparent(sampled=False))
+        from opentelemetry import trace  # noqa: PLC0415 - loaded once tracing is on
+
+        span = self._tracer.start_span(
+            name, context=_callers_context(headers), kind=trace.SpanKind.SERVER, attributes=attributes or {}
+        )
+        sent = span.get_span_context()
+        return Held(span, b"00-%032x-%016x-%02x" % (sent.trace_id, sent.span_id, int(sent.trace_flags)))
 
     def _head(self) -> bool:
         """A new trace's sampling decision: kept with probability ``sample_ratio``."""
@@ -188,15 +213,11 @@ def _request(
     links: Sequence[SpanContext | None] = (),
 ) -> Iterator[Span]:
     from opentelemetry import trace  # noqa: PLC0415 - loaded once tracing is on
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator  # noqa: PLC0415
 
     current = _CURRENT.get()
     parent: Context | None
     if server:
-        carrier = {
-            k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items() if k in _CONTEXT_HEADERS
-        }
-        parent = TraceContextTextMapPropagator().extract(carrier)
+        parent = _callers_context(headers)
     elif current is not None:
         parent = trace.set_span_in_context(current[1])
     else:  # work done for other requests: in the trace of the first of them that is sampled, linked to the rest
@@ -213,6 +234,37 @@ def _request(
             yield span
         finally:
             _CURRENT.reset(token)
+
+
+class Held:
+    """A request span held by its service across callbacks (``Tracing.hold``): what goes on it, the
+    ``traceparent`` its upstream gets (the span's own context; for a request that is not sampled, the caller's or
+    a new unsampled one, so the engine does not record it either), and its end, once."""
+
+    __slots__ = ("span", "traceparent")
+
+    def __init__(self, span: Span | None, traceparent: bytes) -> None:
+        self.span = span
+        self.traceparent = traceparent
+
+    def note(self, attributes: Mapping[str, Attribute | None]) -> None:
+        if self.span is not None:
+            self.span.set_attributes({k: v for k, v in attributes.items() if v is not None})
+
+    def end(self, outcome: tuple[int, str] | None = None) -> None:
+        """The request is over; ``outcome``: its failure (status, why), as :func:`failed` records it."""
+        span, self.span = self.span, None
+        if span is not None:
+            failed(span, outcome)
+            span.end()
+
+
+def _callers_context(headers: Mapping[bytes, bytes]) -> Context:
+    """The trace context a request arrived with (W3C ``traceparent``/``tracestate``): the parent of its span."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator  # noqa: PLC0415
+
+    carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items() if k in _CONTEXT_HEADERS}
+    return TraceContextTextMapPropagator().extract(carrier)
 
 
 _CONTEXT_HEADERS = frozenset((TRACEPARENT, TRACESTATE))

@@ -4,9 +4,12 @@
 
 FROM python:3.11.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY runtime/images/requirements.txt runtime/images/picker.requirements.txt /tmp/
+COPY runtime/images/requirements.txt runtime/images/picker.requirements.txt runtime/images/tracing.requirements.txt /tmp/
+# xds-protos ships an old copy of opentelemetry/proto/* that overwrites opentelemetry-proto's (whichever unpacks
+# last wins) and the OTLP exporter then fails to import: OpenTelemetry's own files go back in last.
 RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-compile --only-binary=:all: -r /tmp/picker.requirements.txt
+    && /opt/venv/bin/pip install --no-compile --only-binary=:all: -r /tmp/picker.requirements.txt \
+    && /opt/venv/bin/pip install --no-compile --only-binary=:all: --force-reinstall --no-deps -r /tmp/tracing.requirements.txt
 
 FROM python:3.11.11-slim-bookworm
 LABEL org.opencontainers.image.title="inferstack-picker" \
@@ -21,8 +24,8 @@ COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 # The contract, the config-file reader and service plumbing, engine facts and metrics reading, discovery,
 # the feed reader and signal loop, shared HTTP helpers and the lean HTTP server (for /metrics), the breaker
-# and request reading shared with the router, the scheduling library, the picker.
-COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/api_keys.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/metrics_text.py runtime/engine_probe.py runtime/discovery.py runtime/fleet_feed.py runtime/signal_loop.py runtime/http.py runtime/server.py runtime/breaker.py runtime/replica.py runtime/model_view.py runtime/openai_request.py runtime/py.typed /app/runtime/
+# and request reading shared with the router, traces (runtime.tracing), the scheduling library, the picker.
+COPY runtime/__init__.py runtime/config.py runtime/defaults.py runtime/api_keys.py runtime/config_file.py runtime/service.py runtime/engines.py runtime/metrics_text.py runtime/engine_probe.py runtime/discovery.py runtime/fleet_feed.py runtime/signal_loop.py runtime/http.py runtime/server.py runtime/breaker.py runtime/replica.py runtime/model_view.py runtime/openai_request.py runtime/tracing.py runtime/py.typed /app/runtime/
 COPY runtime/scheduling /app/runtime/scheduling
 COPY runtime/picker /app/runtime/picker
 USER 10001:10001

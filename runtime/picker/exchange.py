@@ -24,6 +24,7 @@ from typing import Protocol
 
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
+from runtime import tracing
 from runtime.api_keys import Denied, KeyTable, Principal, admit
 from runtime.config import Band, BodyMode, PickerSettings, QueueOrder
 from runtime.http import PRIORITY_HEADER
@@ -33,6 +34,7 @@ from runtime.picker.decide import Answer, Pick, decide, refuse
 from runtime.picker.metrics import PickerMetrics
 from runtime.picker.replicas import ModelPool, Replica
 from runtime.scheduling.fair_queue import Place, TenantTable
+from runtime.tracing import Held, Tracing
 
 #: The model list: keyed like the inference paths, and listing only the key's models.
 MODELS_PATH = "/v1/models"
@@ -44,6 +46,8 @@ FAILURE_STATUSES = frozenset((502, 503, 504))
 #: Refusals for want of a replica: a tenant's requests shed, in the per-tenant metrics.
 SHED_REASONS = frozenset(("overloaded", "low_priority", "no_backend"))
 _PRIORITY = PRIORITY_HEADER.decode()
+#: The trace context a request's span continues (``runtime.tracing``).
+_TRACE_HEADERS = (tracing.TRACEPARENT, tracing.TRACESTATE)
 
 
 class PickerState(Protocol):
@@ -76,6 +80,9 @@ class PickerState(Protocol):
     @property
     def settings_order(self) -> QueueOrder: ...
 
+    @property
+    def tracing(self) -> Tracing: ...
+
 
 class Exchange:
     """The picker's side of one request."""
@@ -96,6 +103,7 @@ class Exchange:
         "state",
         "status",
         "subset",
+        "trace",
     )
 
     def __init__(self, state: PickerState) -> None:
@@ -114,6 +122,7 @@ class Exchange:
         self.served: Replica | None = None
         self.status = 0
         self.done = False
+        self.trace: Held | None = None  # the request's span, from its headers to its end (None: tracing off)
 
     @property
     def request_id(self) -> str:
@@ -147,6 +156,14 @@ class Exchange:
         self.method = self.headers.get(":method", "")
         self.path = self.headers.get(":path", "").split("?", 1)[0]
         self.subset = protocol.subset_hint(request)
+        kind = INFERENCE_PATHS.get(self.path)
+        if kind is not None:  # the request's span, continuing its caller's trace
+            context = {
+                h: self.headers[h.decode()].encode("latin-1")
+                for h in _TRACE_HEADERS
+                if h.decode() in self.headers
+            }
+            self.trace = self.state.tracing.hold(f"picker {kind}", context, {tracing.KIND: kind})
         if self.path in INFERENCE_PATHS or self.path == MODELS_PATH:
             denied = self._authenticate()
             if denied is not None:
@@ -252,13 +269,33 @@ class Exchange:
         state.metrics.picked(decision.pool.name, primary.url, time.monotonic() - now)
         destination = decision.destination()
         model = decision.pool.name
+        passed: tuple[tuple[str, str], ...] = ()
+        if self.trace is not None:  # the engine's spans join this request's trace
+            self.trace.note(
+                {
+                    tracing.MODEL: model,
+                    tracing.TENANT: place.tenant,
+                    tracing.PRIORITY: place.band.value,
+                    tracing.STRATEGY: decision.pool.strategy.name,
+                    tracing.REPLICA: primary.url,
+                }
+            )
+            passed = ((tracing.TRACEPARENT.decode(), self.trace.traceparent.decode("latin-1")),)
         if not self.full_duplex:
-            return [protocol.routed_body(destination, model)]
-        return [protocol.routed_headers(destination, model), protocol.streamed_body(body, not trailers)]
+            return [protocol.routed_body(destination, model, passed)]
+        return [
+            protocol.routed_headers(destination, model, passed),
+            protocol.streamed_body(body, not trailers),
+        ]
 
     def _answer(self, answer: Answer) -> list[ProcessingResponse]:
         self.answered = True
         self.done = True
+        if self.trace is not None:  # answered here: the span ends with the answer
+            self.trace.note({tracing.MODEL: answer.model})
+            self.trace.end(
+                (answer.status, answer.reason or "answered by the picker") if answer.status >= 400 else None
+            )
         if answer.reason:
             self.state.metrics.rejected(answer.reason, answer.model)
             if answer.status < 500:
@@ -296,6 +333,14 @@ class Exchange:
             self.served = served or primary
             if self.status == 200:
                 self.served.observe_ttft(time.monotonic() - self.sent_at, pick.pool.ewma_alpha)
+            if self.trace is not None:
+                self.trace.note(
+                    {
+                        tracing.REPLICA: self.served.url,
+                        tracing.STATUS: self.status,
+                        tracing.RESPONSE_HEADERS_MS: round((time.monotonic() - self.sent_at) * 1000, 3),
+                    }
+                )
         if request.response_headers.end_of_stream:
             self.close()
         return [protocol.continue_headers(request_side=False)]
@@ -307,6 +352,9 @@ class Exchange:
             return
         self.done = True
         pick = self.pick
+        if self.trace is not None:
+            failed = self.status in FAILURE_STATUSES or (pick is not None and self.status == 0)
+            self.trace.end((self.status, "no answer from the replica") if failed else None)
         if pick is None:
             if self.method:
                 log.info(

@@ -128,23 +128,26 @@ def continue_headers(request_side: bool = True) -> ProcessingResponse:
 STRIPPED_HEADERS = ("authorization", "proxy-authorization")
 
 
-def _routed(destination: str, model: str) -> CommonResponse:
-    mutation = _set_headers([(DESTINATION_HEADER, destination), (MODEL_HEADER, model)])
+def _routed(destination: str, model: str, passed: Iterable[tuple[str, str]]) -> CommonResponse:
+    """``passed``: headers the engine gets besides the pick (the request's trace context)."""
+    mutation = _set_headers([(DESTINATION_HEADER, destination), (MODEL_HEADER, model), *passed])
     mutation.remove_headers.extend(STRIPPED_HEADERS)
     return CommonResponse(header_mutation=mutation, clear_route_cache=True)
 
 
-def routed_headers(destination: str, model: str) -> ProcessingResponse:
+def routed_headers(
+    destination: str, model: str, passed: Iterable[tuple[str, str]] = ()
+) -> ProcessingResponse:
     """The request headers' answer carrying the pick (full-duplex mode: sent once the body is in)."""
-    common = _routed(destination, model)
+    common = _routed(destination, model, passed)
     return ProcessingResponse(
         request_headers=HeadersResponse(response=common), dynamic_metadata=_destination_metadata(destination)
     )
 
 
-def routed_body(destination: str, model: str) -> ProcessingResponse:
+def routed_body(destination: str, model: str, passed: Iterable[tuple[str, str]] = ()) -> ProcessingResponse:
     """The buffered request body's answer carrying the pick (headers were let through before it)."""
-    common = _routed(destination, model)
+    common = _routed(destination, model, passed)
     return ProcessingResponse(
         request_body=BodyResponse(response=common), dynamic_metadata=_destination_metadata(destination)
     )

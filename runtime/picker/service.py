@@ -37,6 +37,7 @@ from runtime.picker.protocol import EXT_PROC_SERVICE
 from runtime.picker.replicas import ModelPool
 from runtime.scheduling.fair_queue import TenantTable
 from runtime.server import Connection, Limits, Request, Server
+from runtime.tracing import Tracing
 
 log = logging.getLogger("inferstack.picker")
 
@@ -75,6 +76,7 @@ class Picker(external_processor_pb2_grpc.ExternalProcessorServicer):  # type: ig
         self.keys_file = file if config_path is None else keys_path(file, config_path)
         self.keys = self._load_keys()
         self.tenants = TenantTable(cfg.router.tenants, cfg.router.default_band)
+        self.tracing = Tracing(cfg.tracing, "inferstack-picker")
         #: what a batch or best-effort request may fill of a replica (the batch service's headroom rule)
         self.headroom_share: float = (
             cfg.batches.headroom_share
@@ -203,6 +205,7 @@ class Running:
         await self.grpc_server.stop(grace_s)
         self.http.close_all()
         await self.picker.fleet.stop()
+        await asyncio.to_thread(self.picker.tracing.shutdown)  # what is buffered is exported
 
 
 async def start(picker: Picker, port: int | None = None, metrics_port: int | None = None) -> Running:

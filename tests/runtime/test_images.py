@@ -33,6 +33,8 @@ _TRACING = [
 ]
 LAZY_IMPORTS = {
     "router": _TRACING,
+    # the OTLP exporter beside the Envoy messages: xds-protos's copy of the OpenTelemetry protos must not win
+    "picker": [*_TRACING, "envoy.service.ext_proc.v3.external_processor_pb2"],
     "batcher": _TRACING,
     "health": ["kubernetes_asyncio.client", "kubernetes_asyncio.config"],
     "batches": ["boto3", "botocore.config", "botocore.exceptions", *_TRACING],  # files in S3 only
@@ -66,6 +68,9 @@ class Image:
     copies: tuple[Copy, ...]
     requirements: tuple[str, ...]  # repo paths of the files pip installs with -r
     entrypoint: tuple[str, ...]
+    reinstalled: tuple[
+        str, ...
+    ] = ()  # files installed again last (--force-reinstall --no-deps): their files win
 
     @property
     def final_stage(self) -> int:
@@ -91,6 +96,7 @@ def parse_image(dockerfile: Path) -> Image:
     copies: list[Copy] = []
     stage = -1
     pip_files: list[str] = []
+    reinstalls: list[str] = []
     entry: tuple[str, ...] = ()
     for ins in _instructions(dockerfile.read_text()):
         word, _, rest = ins.partition(" ")
@@ -104,12 +110,17 @@ def parse_image(dockerfile: Path) -> Image:
             parts = [p for p in parts if not p.startswith("--")]
             copies.append(Copy(tuple(parts[:-1]), parts[-1], stage))
         elif word == "RUN":
-            pip_files += re.findall(r"-r\s+(\S+)", rest)
+            for step in rest.split("&&"):
+                (reinstalls if "--force-reinstall" in step else pip_files).extend(
+                    re.findall(r"-r\s+(\S+)", step)
+                )
         elif word == "ENTRYPOINT":
             entry = tuple(json.loads(rest))
     by_name = {Path(src).name: src for c in copies for src in c.sources}
     requirements = tuple(by_name[Path(p).name] for p in pip_files)
-    return Image(dockerfile.name.removesuffix(".Dockerfile"), dockerfile, tuple(copies), requirements, entry)
+    reinstalled = tuple(by_name[Path(p).name] for p in reinstalls)
+    name = dockerfile.name.removesuffix(".Dockerfile")
+    return Image(name, dockerfile, tuple(copies), requirements, entry, reinstalled)
 
 
 IMAGE_LIST = [parse_image(d) for d in DOCKERFILES]
@@ -163,7 +174,7 @@ def _lay_out(image: Image, root: Path) -> None:
                 shutil.copy(path, target)
 
 
-_VENVS: dict[tuple[str, ...], Path] = {}
+_VENVS: dict[tuple[tuple[str, ...], tuple[str, ...]], Path] = {}
 UV = Path(sys.executable).with_name("uv")  # the project venv's (pyproject.toml's dev extra)
 CPU_PINS = ROOT / "scripts" / "cpu_pins.py"
 
@@ -183,14 +194,15 @@ def _uv_pip(py: Path, *args: str) -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
-def _venv_for(requirements: tuple[str, ...], base: Path) -> Path:
+def _venv_for(requirements: tuple[str, ...], base: Path, reinstalled: tuple[str, ...] = ()) -> Path:
     """One venv per distinct requirement set (the health and batcher images share the base).
 
     A set that pins torch (the quantize image's) is installed as this CPU-only machine can, by
     scripts/cpu_pins.py, exactly as pinned (``--no-deps``), and ``uv pip check`` then proves the pins are
     complete: every package's requirements are met by the set itself."""
-    if requirements in _VENVS:
-        return _VENVS[requirements]
+    key = (requirements, reinstalled)
+    if key in _VENVS:
+        return _VENVS[key]
     env_dir = base / f"venv-{len(_VENVS)}"
     venv.create(env_dir, with_pip=False)
     py = env_dir / "bin" / "python"
@@ -208,7 +220,10 @@ def _venv_for(requirements: tuple[str, ...], base: Path) -> Path:
         links = ["--find-links", wheels] if Path(wheels).is_dir() else []
         _uv_pip(py, "install", "--only-binary=:all:", "--no-deps", *links, "-r", str(pins))
         _uv_pip(py, "check")
-    _VENVS[requirements] = py
+    if reinstalled:  # as the Dockerfile does, last
+        again = (a for path in reinstalled for a in ("-r", str(ROOT / path)))
+        _uv_pip(py, "install", "--only-binary=:all:", "--reinstall", "--no-deps", *again)
+    _VENVS[key] = py
     return py
 
 
@@ -219,7 +234,7 @@ def venv_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("image", IMAGE_LIST, ids=lambda i: i.name)
 def test_entry_point_starts_with_only_the_image_requirements(image: Image, venv_root: Path, tmp_path: Path):
-    py = _venv_for(image.requirements, venv_root)
+    py = _venv_for(image.requirements, venv_root, image.reinstalled)
     fs = tmp_path / "fs"
     _lay_out(image, fs)
     app = fs / "app"
