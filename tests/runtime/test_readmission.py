@@ -10,6 +10,8 @@ interval, two successes, a 2 s feed poll); the field's Rust routers take 1-3 s.
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
 import sys
 import threading
 import time
@@ -40,10 +42,21 @@ def engines() -> Iterator[list[Double]]:
     lt.stop()
 
 
+def _listening_port(log: Path, proc: subprocess.Popen[bytes]) -> int:
+    """The port the router bound, from its "router listening" log line."""
+    deadline = time.monotonic() + 120
+    while True:
+        for line in log.read_text().splitlines():
+            if line.startswith("{") and json.loads(line).get("msg") == "router listening":
+                return int(json.loads(line)["port"])
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+
+
 def test_a_replica_back_from_ejection_is_routed_to_within_a_second(
     engines: list[Double], tmp_path: Path
 ) -> None:
-    health_port, router_port = free_port(), free_port()
+    health_port = free_port()
     config = {
         "models": [{"name": "m", "static_backends": [{"url": d.url} for d in engines]}],
         "router": {"host": "127.0.0.1", "health_feed_url": f"http://127.0.0.1:{health_port}/v1/backends"},
@@ -52,13 +65,15 @@ def test_a_replica_back_from_ejection_is_routed_to_within_a_second(
     }
     path = tmp_path / "runtime.yaml"
     path.write_text(yaml.safe_dump(config))
-    router_argv = [sys.executable, "-m", "runtime.router", "--config", str(path), "--port", str(router_port)]
+    # port 0: a port chosen here could be taken by another test before the router binds it (it then exits, and
+    # whatever else listens there answers its /readyz)
+    router_argv = [sys.executable, "-m", "runtime.router", "--config", str(path), "--port", "0"]
     router_argv += ["--metrics-port", "0"]
     with (  # each stopped on every path: SIGTERM, then SIGKILL
         process([sys.executable, "-m", "runtime.health", "--config", str(path)], tmp_path / "health.log"),
         process(router_argv, tmp_path / "router.log") as router,
     ):
-        front = f"http://127.0.0.1:{router_port}"
+        front = f"http://127.0.0.1:{_listening_port(tmp_path / 'router.log', router)}"
         stop = threading.Event()
         client: threading.Thread | None = None
         try:

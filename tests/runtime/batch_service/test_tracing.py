@@ -41,7 +41,7 @@ def test_each_line_is_a_span_and_the_routers_span_is_its_child(tmp_path: Path):
         for span in routed:
             parent = lines[span["parent_span_id"]]
             assert span["trace_id"] == parent["trace_id"]
-            assert span["attributes"][tracing.PRIORITY] == "low"
+            assert span["attributes"][tracing.PRIORITY] == "batch"  # a batch line's band in the router's line
     finally:
         stack.stop()
         lt.run(engine.stop())
