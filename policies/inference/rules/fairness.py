@@ -22,7 +22,7 @@ from policies.inference.rules.base import (
     as_map,
 )
 from policies.inference.rules.k8s import environment_of
-from policies.inference.rules.security import _router_configs
+from policies.inference.rules.security import router_configs
 from runtime.config import Band
 from runtime.scheduling.fair_queue import top_band_only
 
@@ -47,7 +47,7 @@ def _bands(router: Mapping[str, Any]) -> tuple[list[Band], Band] | None:
 
 def _top_band_only(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
     environments = set(config["environments"])
-    for res, router in _router_configs(resources):
+    for res, router in router_configs(resources):
         if environment_of(res) not in environments:
             continue
         found = _bands(router)

@@ -413,7 +413,7 @@ def _runtime_sections(resources: Sequence[Res], section: str) -> list[tuple[Res,
     return out
 
 
-def _router_configs(resources: Sequence[Res]) -> list[tuple[Res, Mapping[str, Any]]]:
+def router_configs(resources: Sequence[Res]) -> list[tuple[Res, Mapping[str, Any]]]:
     return _runtime_sections(resources, "router")
 
 
@@ -440,7 +440,7 @@ def _picker_checks_keys(resources: Sequence[Res], namespace: str | None) -> bool
 
 
 def _public_auth(resources: Sequence[Res], config: Config) -> Iterator[Finding]:
-    routers = _router_configs(resources)
+    routers = router_configs(resources)
     router_services = set(config["router_services"])
     for r in resources:
         if r.kind not in ("Ingress", "HTTPRoute", "Service") or (r.kind != "HTTPRoute" and _is_internal(r)):
